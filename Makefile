@@ -1,0 +1,54 @@
+# Entry points. `make test` is what CI runs (see .ci/run and README.md).
+SHELL := /usr/bin/env bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+BIN := $(CURDIR)/bin
+GO_TEST_FLAGS ?= -count=1 -timeout 25m
+export KUBEBUILDER_ASSETS := $(BIN)
+
+.PHONY: help
+help: ## Show the targets.
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | column -t -s $$'\t'
+
+.PHONY: tools
+tools: ## Build the pinned test-bed tools into bin/ (only those missing).
+	@hack/tools/build.sh
+
+.PHONY: generate
+generate: tools ## Regenerate deepcopy code, CRDs and the ProxyFleet XRDs.
+	cd apis && $(BIN)/controller-gen object:headerFile=../hack/boilerplate.go.txt paths=./... \
+		crd:crdVersions=v1 output:crd:artifacts:config=../package/provider/crds
+	go run ./hack/genxrd -dir apis/fleet
+
+.PHONY: check-generate
+check-generate: generate ## Fail when regeneration changes a checked-in file.
+	@if [ -n "$$(git status --porcelain -- apis package)" ]; then \
+		git status --porcelain -- apis package; git --no-pager diff -- apis package | head -50; \
+		echo "generated files are stale: run make generate and commit"; exit 1; fi
+	@echo "generated files are up to date"
+
+.PHONY: vet
+vet: ## go vet every package.
+	go vet ./...
+	cd hack/tools && go vet ./...
+
+.PHONY: test
+test: tools vet ## Build tools, vet, then run unit and integration tests (real kube-apiserver + etcd).
+	@mkdir -p .cache
+	go test $(GO_TEST_FLAGS) -json ./... 2>&1 | go run ./hack/testsummary
+
+.PHONY: lint
+lint: vet ## gofmt, go vet, and golangci-lint (built from the module proxy when missing).
+	@unformatted=$$(gofmt -l apis cmd internal hack package 2>/dev/null); \
+		if [ -n "$$unformatted" ]; then echo "not gofmt-formatted:"; echo "$$unformatted"; exit 1; fi
+	@hack/tools/build.sh golangci-lint
+	$(BIN)/golangci-lint run ./...
+
+.PHONY: validate
+validate: tools ## Validate the examples offline with crossplane beta validate.
+	hack/validate.sh
+
+.PHONY: packages
+packages: tools ## Build the provider, function and configuration packages into _output/.
+	hack/packages.sh _output

@@ -1,0 +1,459 @@
+package apis_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	corev1 "k8s.io/api/core/v1"
+	extv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
+)
+
+var bed *testbed.Env
+
+func TestMain(m *testing.M) { testbed.Main(m, &bed) }
+
+func TestCRDsEstablished(t *testing.T) {
+	want := []string{
+		"clusterproviderconfigs.egress.crawl.example.com",
+		"clusterproviderconfigusages.egress.crawl.example.com",
+		"providerconfigs.egress.crawl.example.com",
+		"providerconfigusages.egress.crawl.example.com",
+		"proxies.egress.crawl.example.com",
+		"proxyfleetclaims.crawl.example.com",
+		"proxyfleets.crawl.example.com",
+		"xproxyfleets.crawl.example.com",
+	}
+	l := &extv1.CustomResourceDefinitionList{}
+	if err := bed.Client.List(context.Background(), l); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, crd := range l.Items {
+		for _, c := range crd.Status.Conditions {
+			if c.Type == extv1.Established && c.Status == extv1.ConditionTrue {
+				got = append(got, crd.Name)
+			}
+		}
+	}
+	sort.Strings(got)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("established CRDs: -want, +got:\n%s", diff)
+	}
+}
+
+// readObjects reads every object of a multi-document YAML file.
+func readObjects(t *testing.T, path string) []*unstructured.Unstructured {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r := utilyaml.NewYAMLReader(bufio.NewReader(f))
+	var objs []*unstructured.Unstructured
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			return objs
+		}
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if len(bytes.TrimSpace(doc)) == 0 {
+			continue
+		}
+		u := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal(doc, &u.Object); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		if len(u.Object) > 0 {
+			objs = append(objs, u)
+		}
+	}
+}
+
+func TestExamplesAccepted(t *testing.T) {
+	var files []string
+	err := filepath.WalkDir(filepath.Join(bed.Root, "examples"), func(p string, d os.DirEntry, err error) error {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".yaml") {
+			files = append(files, p)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(files) == 0 {
+		t.Fatal("no examples found")
+	}
+
+	var objs []*unstructured.Unstructured
+	for _, f := range files {
+		objs = append(objs, readObjects(t, f)...)
+	}
+	// Namespaces first, as kubectl apply -R would need them.
+	sort.SliceStable(objs, func(i, j int) bool {
+		return objs[i].GetKind() == "Namespace" && objs[j].GetKind() != "Namespace"
+	})
+	ctx := context.Background()
+	for _, o := range objs {
+		if o.GetNamespace() != "" {
+			ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: o.GetNamespace()}}
+			if err := bed.Client.Create(ctx, ns); err != nil && !kerrors.IsAlreadyExists(err) {
+				t.Fatal(err)
+			}
+		}
+		if err := bed.Client.Create(ctx, o); err != nil && !kerrors.IsAlreadyExists(err) {
+			t.Errorf("example %s %s/%s rejected: %v", o.GetKind(), o.GetNamespace(), o.GetName(), err)
+		}
+	}
+}
+
+// validProxy is the smallest Proxy the API accepts.
+const validProxy = `
+apiVersion: egress.crawl.example.com/v1alpha1
+kind: Proxy
+metadata:
+  generateName: p-
+spec:
+  forProvider:
+    local: {}
+    authSecretRef: {name: auth}
+    healthCheck:
+      url: https://example.com/ip
+`
+
+const validProviderConfig = `
+apiVersion: egress.crawl.example.com/v1alpha1
+kind: ProviderConfig
+metadata:
+  generateName: pc-
+spec:
+  backend: Local
+`
+
+const validFleet = `
+apiVersion: crawl.example.com/v1alpha1
+kind: ProxyFleet
+metadata:
+  generateName: f-
+spec:
+  zones: [a]
+  placement:
+    local: {}
+  proxy:
+    authSecretRef: {name: auth}
+  healthCheck:
+    url: https://example.com/ip
+`
+
+// object parses base and sets each path (dot-separated) to its YAML value;
+// a nil value removes the field.
+func object(t *testing.T, base string, set map[string]any) *unstructured.Unstructured {
+	t.Helper()
+	u := &unstructured.Unstructured{}
+	if err := yaml.Unmarshal([]byte(base), &u.Object); err != nil {
+		t.Fatal(err)
+	}
+	for path, v := range set {
+		fields := strings.Split(path, ".")
+		if v == nil {
+			unstructured.RemoveNestedField(u.Object, fields...)
+			continue
+		}
+		if err := unstructured.SetNestedField(u.Object, v, fields...); err != nil {
+			t.Fatalf("cannot set %s: %v", path, err)
+		}
+	}
+	return u
+}
+
+func TestInvalidObjectsRejected(t *testing.T) {
+	cases := map[string]struct {
+		reason string
+		base   string
+		set    map[string]any
+		// want are substrings the apiserver's message must hold: the field
+		// and what to do.
+		want []string
+	}{
+		"ProxyPortZero": {
+			reason: "A port must be between 1 and 65535.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.port": int64(0)},
+			want: []string{"spec.forProvider.port", "greater than or equal to 1"},
+		},
+		"ProxyPortTooHigh": {
+			reason: "A port must be between 1 and 65535.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.port": int64(70000)},
+			want: []string{"spec.forProvider.port", "less than or equal to 65535"},
+		},
+		"ProxyNoPlacement": {
+			reason: "A Managed proxy needs a backend placement.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.local": nil},
+			want: []string{"spec.forProvider", "exactly one backend placement"},
+		},
+		"ProxyTwoPlacements": {
+			reason: "A Managed proxy has exactly one backend placement.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.gcp": map[string]any{"zone": "europe-west1-b"}},
+			want: []string{"spec.forProvider", "exactly one backend placement"},
+		},
+		"ManagedWithEndpoint": {
+			reason: "An endpoint is only for External proxies.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.endpoint": map[string]any{"host": "h", "port": int64(1)}},
+			want: []string{"spec.forProvider", "endpoint is only for mode External"},
+		},
+		"ExternalWithoutEndpoint": {
+			reason: "An External proxy needs an endpoint.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.mode": "External", "spec.forProvider.local": nil},
+			want: []string{"spec.forProvider", "endpoint is required when mode is External"},
+		},
+		"ExternalWithPlacement": {
+			reason: "An External proxy takes no placement.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.mode": "External", "spec.forProvider.endpoint": map[string]any{"host": "h", "port": int64(1)}},
+			want: []string{"spec.forProvider", "External proxy takes no backend placement"},
+		},
+		"UnknownMode": {
+			reason: "Mode is Managed or External.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.mode": "Sometimes"},
+			want: []string{"spec.forProvider.mode", `supported values: "Managed", "External"`},
+		},
+		"SuccessThresholdZero": {
+			reason: "Thresholds are at least 1.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.healthCheck.successThreshold": int64(0)},
+			want: []string{"spec.forProvider.healthCheck.successThreshold", "greater than or equal to 1"},
+		},
+		"FailureThresholdZero": {
+			reason: "Thresholds are at least 1.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.healthCheck.failureThreshold": int64(0)},
+			want: []string{"spec.forProvider.healthCheck.failureThreshold", "greater than or equal to 1"},
+		},
+		"TimeoutNotShorterThanInterval": {
+			reason: "A probe must finish before the next one starts.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.healthCheck.interval": "10s", "spec.forProvider.healthCheck.timeout": "10s"},
+			want: []string{"spec.forProvider.healthCheck", "timeout must be shorter than interval"},
+		},
+		"IntervalNotADuration": {
+			reason: "Durations are Go-style strings.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.healthCheck.interval": "often"},
+			want: []string{"spec.forProvider.healthCheck.interval", "should match"},
+		},
+		"ProbeURLNotHTTP": {
+			reason: "The probe goes through an HTTP proxy, so its URL is http(s).",
+			base:   validProxy, set: map[string]any{"spec.forProvider.healthCheck.url": "ftp://example.com/ip"},
+			want: []string{"spec.forProvider.healthCheck.url", "http:// or https:// URL"},
+		},
+		"ProbeURLRelative": {
+			reason: "The probe URL is absolute.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.healthCheck.url": "/ip"},
+			want: []string{"spec.forProvider.healthCheck.url", "http:// or https:// URL"},
+		},
+		"ProbeURLMissing": {
+			reason: "There is no health without a probe URL.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.healthCheck.url": nil},
+			want: []string{"spec.forProvider.healthCheck.url", "Required value"},
+		},
+		"MaxLeasesZero": {
+			reason: "At least one crawler may hold a proxy.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.maxLeases": int64(0)},
+			want: []string{"spec.forProvider.maxLeases", "greater than or equal to 1"},
+		},
+		"OpenProxy": {
+			reason: "A managed proxy without credentials or source ranges would be open.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.authSecretRef": nil},
+			want: []string{"spec.forProvider", "refusing an open proxy"},
+		},
+		"OpenToTheWorld": {
+			reason: "0.0.0.0/0 without credentials is as open as no restriction.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.authSecretRef": nil, "spec.forProvider.allowedSourceRanges": []any{"0.0.0.0/0"}},
+			want: []string{"spec.forProvider", "0.0.0.0/0 or ::/0 without authSecretRef"},
+		},
+		"BadCIDR": {
+			reason: "Source ranges are CIDRs.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.allowedSourceRanges": []any{"10.0.0.300/8"}},
+			want: []string{"spec.forProvider.allowedSourceRanges[0]", "CIDR notation"},
+		},
+		"BadBindAddress": {
+			reason: "A bind address is an IP.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.local.bindAddress": "localhost"},
+			want: []string{"spec.forProvider.local.bindAddress", "IPv4 or IPv6 address"},
+		},
+		"BadGCPZone": {
+			reason: "A GCP zone looks like europe-west1-b.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.local": nil, "spec.forProvider.gcp": map[string]any{"zone": "Europe West"}},
+			want: []string{"spec.forProvider.gcp.zone", "should match"},
+		},
+		"CloudInitBoth": {
+			reason: "User cloud-init comes inline or from a Secret, not both.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.local": nil, "spec.forProvider.gcp": map[string]any{
+				"zone": "europe-west1-b", "cloudInit": map[string]any{"inline": "#!/bin/sh", "secretRef": map[string]any{"name": "s", "key": "k"}},
+			}},
+			want: []string{"spec.forProvider.gcp", "exactly one of inline or secretRef"},
+		},
+		"ProviderConfigUnknownBackend": {
+			reason: "The backend is one of the three the provider has.",
+			base:   validProviderConfig, set: map[string]any{"spec.backend": "AWS"},
+			want: []string{"spec.backend", `supported values: "Local", "Kubernetes", "GCP"`},
+		},
+		"ProviderConfigMismatchedBlock": {
+			reason: "Settings for another backend are a mistake, not ignored.",
+			base:   validProviderConfig, set: map[string]any{"spec.gcp": map[string]any{"project": "my-project-1", "credentials": map[string]any{"source": "InjectedIdentity"}}},
+			want: []string{"spec", "gcp is set but backend is not GCP"},
+		},
+		"ProviderConfigGCPWithoutSettings": {
+			reason: "The GCP backend needs a project.",
+			base:   validProviderConfig, set: map[string]any{"spec.backend": "GCP"},
+			want: []string{"spec", "gcp is required when backend is GCP"},
+		},
+		"ProviderConfigSecretWithoutRef": {
+			reason: "Secret credentials need a secretRef.",
+			base:   validProviderConfig, set: map[string]any{"spec.backend": "GCP", "spec.gcp": map[string]any{"project": "my-project-1", "credentials": map[string]any{"source": "Secret"}}},
+			want: []string{"spec.gcp.credentials", "secretRef is required when source is Secret"},
+		},
+		"ProviderConfigPortRangeReversed": {
+			reason: "A port range runs upwards.",
+			base:   validProviderConfig, set: map[string]any{"spec.local": map[string]any{"portRange": map[string]any{"from": int64(40000), "to": int64(30000)}}},
+			want: []string{"spec.local.portRange", "from must not be greater than to"},
+		},
+		"ProviderConfigRelativeSquidPath": {
+			reason: "The Squid binary is an absolute path.",
+			base:   validProviderConfig, set: map[string]any{"spec.local": map[string]any{"squidPath": "squid"}},
+			want: []string{"spec.local.squidPath", "absolute path"},
+		},
+		"FleetWithoutZones": {
+			reason: "A fleet with replicas needs zones to spread over.",
+			base:   validFleet, set: map[string]any{"spec.zones": nil},
+			want: []string{"spec", "spec.zones must not be empty when spec.replicas > 0"},
+		},
+		"FleetOpenProxy": {
+			reason: "A fleet of open proxies is refused.",
+			base:   validFleet, set: map[string]any{"spec.proxy": map[string]any{"port": int64(3128)}},
+			want: []string{"spec.proxy", "refusing an open proxy"},
+		},
+		"FleetRotationStuck": {
+			reason: "Replacement with neither surge nor unavailability could never progress.",
+			base:   validFleet, set: map[string]any{"spec.rotation": map[string]any{"maxSurge": int64(0), "maxUnavailable": int64(0)}},
+			want: []string{"spec.rotation", "cannot both be 0"},
+		},
+		"FleetDefaultTTLAboveMax": {
+			reason: "The default TTL cannot exceed the longest allowed.",
+			base:   validFleet, set: map[string]any{"spec.leases": map[string]any{"defaultTTL": "2h", "maxTTL": "1h"}},
+			want: []string{"spec.leases", "defaultTTL must not exceed spec.leases.maxTTL"},
+		},
+		"FleetTwoPlacements": {
+			reason: "A fleet runs on one backend.",
+			base:   validFleet, set: map[string]any{"spec.placement.kubernetes": map[string]any{}},
+			want: []string{"spec.placement", "exactly one of local, kubernetes or gcp"},
+		},
+	}
+
+	ns := bed.Namespace(t)
+	ctx := context.Background()
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			u := object(t, tc.base, tc.set)
+			u.SetNamespace(ns)
+			err := bed.Client.Create(ctx, u)
+			if err == nil {
+				t.Fatalf("%s\nthe apiserver accepted %s", tc.reason, name)
+			}
+			if !kerrors.IsInvalid(err) {
+				t.Fatalf("%s\nwant an Invalid error, got: %v", tc.reason, err)
+			}
+			t.Logf("rejected as expected: %v", err)
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("%s\nthe message must contain %q; got: %v", tc.reason, w, err)
+				}
+			}
+		})
+	}
+
+	// Nothing invalid was half-created.
+	var proxies v1alpha1.ProxyList
+	if err := bed.Client.List(ctx, &proxies, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	if len(proxies.Items) != 0 {
+		t.Errorf("rejected Proxies must not exist; found %d", len(proxies.Items))
+	}
+}
+
+func TestProxyDefaults(t *testing.T) {
+	ctx := context.Background()
+	p := &v1alpha1.Proxy{}
+	if err := yaml.Unmarshal([]byte(validProxy), p); err != nil {
+		t.Fatal(err)
+	}
+	p.SetNamespace(bed.Namespace(t))
+	if err := bed.Client.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	got := &v1alpha1.Proxy{}
+	if err := bed.Client.Get(ctx, client.ObjectKeyFromObject(p), got); err != nil {
+		t.Fatal(err)
+	}
+	want := v1alpha1.ProxySpec{
+		ManagedResourceSpec: xpv2.ManagedResourceSpec{
+			ProviderConfigReference: &xpv2.ProviderConfigReference{Kind: "ClusterProviderConfig", Name: "default"},
+			ManagementPolicies:      xpv2.ManagementPolicies{xpv2.ManagementActionAll},
+		},
+		ForProvider: v1alpha1.ProxyParameters{
+			Mode:          v1alpha1.ProxyModeManaged,
+			Local:         &v1alpha1.LocalPlacement{BindAddress: "127.0.0.1"},
+			Port:          3128,
+			AuthSecretRef: &v1alpha1.AuthSecretReference{Name: "auth", UsernameKey: "username", PasswordKey: "password"},
+			HealthCheck: v1alpha1.HealthCheck{
+				URL:              "https://example.com/ip",
+				Interval:         &metav1.Duration{Duration: 30 * time.Second},
+				Timeout:          &metav1.Duration{Duration: 5 * time.Second},
+				SuccessThreshold: 1,
+				FailureThreshold: 3,
+				ExpectedStatus:   200,
+			},
+			MaxLeases: 1,
+		},
+	}
+	if diff := cmp.Diff(want, got.Spec); diff != "" {
+		t.Errorf("defaulted spec: -want, +got:\n%s", diff)
+	}
+}
+
+func TestProxyModeImmutable(t *testing.T) {
+	ctx := context.Background()
+	p := &v1alpha1.Proxy{}
+	if err := yaml.Unmarshal([]byte(validProxy), p); err != nil {
+		t.Fatal(err)
+	}
+	p.SetNamespace(bed.Namespace(t))
+	if err := bed.Client.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	p.Spec.ForProvider.Mode = v1alpha1.ProxyModeExternal
+	p.Spec.ForProvider.Local = nil
+	p.Spec.ForProvider.Endpoint = &v1alpha1.Endpoint{Host: "proxy.example.net", Port: 8080}
+	err := bed.Client.Update(ctx, p)
+	if err == nil || !strings.Contains(err.Error(), "mode is immutable") {
+		t.Errorf("switching mode must be refused with a clear message; got %v", err)
+	}
+}

@@ -1,0 +1,360 @@
+package v1alpha1
+
+import (
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// ProxyMode says who runs a proxy's instance.
+// +kubebuilder:validation:Enum=Managed;External
+type ProxyMode string
+
+// Proxy modes.
+const (
+	// ProxyModeManaged means the provider creates the instance on the
+	// backend chosen by the ProviderConfig, and deletes it with the Proxy.
+	ProxyModeManaged ProxyMode = "Managed"
+
+	// ProxyModeExternal means somebody else runs the proxy; the provider only
+	// probes its endpoint and never creates or deletes anything.
+	ProxyModeExternal ProxyMode = "External"
+)
+
+// CIDR is an IPv4 or IPv6 network in CIDR notation.
+// +kubebuilder:validation:MaxLength=49
+// +kubebuilder:validation:XValidation:rule="isCIDR(self)",message="must be a network in CIDR notation, such as 10.0.0.0/8 or 2001:db8::/32"
+type CIDR string
+
+// IPAddress is an IPv4 or IPv6 address.
+// +kubebuilder:validation:MaxLength=45
+// +kubebuilder:validation:XValidation:rule="isIP(self)",message="must be an IPv4 or IPv6 address, such as 127.0.0.1"
+type IPAddress string
+
+// NetworkTag is a GCP network tag: lowercase letters, digits and dashes.
+// +kubebuilder:validation:MaxLength=63
+// +kubebuilder:validation:Pattern=`^[a-z]([-a-z0-9]*[a-z0-9])?$`
+type NetworkTag string
+
+// ProxyParameters are the configurable fields of a Proxy.
+// +kubebuilder:validation:XValidation:rule="self.mode != 'External' || has(self.endpoint)",message="endpoint is required when mode is External: set endpoint.host and endpoint.port of the proxy you run"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !(has(self.local) || has(self.kubernetes) || has(self.gcp))",message="an External proxy takes no backend placement: remove local, kubernetes and gcp, or use mode Managed"
+// +kubebuilder:validation:XValidation:rule="self.mode == 'External' || !has(self.endpoint)",message="endpoint is only for mode External: a Managed proxy gets its endpoint from its backend"
+// +kubebuilder:validation:XValidation:rule="self.mode == 'External' || (has(self.local) ? 1 : 0) + (has(self.kubernetes) ? 1 : 0) + (has(self.gcp) ? 1 : 0) == 1",message="a Managed proxy needs exactly one backend placement: set one of local, kubernetes or gcp"
+// +kubebuilder:validation:XValidation:rule="self.mode == 'External' || has(self.authSecretRef) || (has(self.allowedSourceRanges) && size(self.allowedSourceRanges) > 0)",message="refusing an open proxy: set authSecretRef (credentials) and/or allowedSourceRanges"
+// +kubebuilder:validation:XValidation:rule="has(self.authSecretRef) || !has(self.allowedSourceRanges) || !self.allowedSourceRanges.exists(r, r == '0.0.0.0/0' || r == '::/0')",message="allowedSourceRanges 0.0.0.0/0 or ::/0 without authSecretRef is an open proxy: add authSecretRef or narrow the ranges"
+type ProxyParameters struct {
+	// Mode says who runs the proxy. Managed proxies are created on the
+	// ProviderConfig's backend; External proxies are only probed.
+	// +kubebuilder:default=Managed
+	// +kubebuilder:validation:XValidation:rule="self == oldSelf",message="mode is immutable: create a new Proxy instead"
+	// +optional
+	Mode ProxyMode `json:"mode,omitempty"`
+
+	// Local places the proxy as a Squid process on the provider's host.
+	// +optional
+	Local *LocalPlacement `json:"local,omitempty"`
+
+	// Kubernetes places the proxy as a Squid pod.
+	// +optional
+	Kubernetes *KubernetesPlacement `json:"kubernetes,omitempty"`
+
+	// GCP places the proxy on a Compute Engine VM with its own external IP.
+	// +optional
+	GCP *GCPPlacement `json:"gcp,omitempty"`
+
+	// Port the proxy listens on.
+	// +kubebuilder:default=3128
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	Port int32 `json:"port,omitempty"`
+
+	// AuthSecretRef names a Secret in the Proxy's namespace holding the
+	// username and password clients must present (HTTP basic proxy auth).
+	// +optional
+	AuthSecretRef *AuthSecretReference `json:"authSecretRef,omitempty"`
+
+	// AllowedSourceRanges restricts which client networks may use the proxy.
+	// Empty means any source that presents credentials.
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	// +optional
+	AllowedSourceRanges []CIDR `json:"allowedSourceRanges,omitempty"`
+
+	// HealthCheck says how the provider probes through the proxy.
+	HealthCheck HealthCheck `json:"healthCheck"`
+
+	// MaxLeases is how many crawlers may hold a lease on this proxy at once.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	// +optional
+	MaxLeases int32 `json:"maxLeases,omitempty"`
+
+	// Endpoint of a proxy somebody else runs; only for mode External.
+	// +optional
+	Endpoint *Endpoint `json:"endpoint,omitempty"`
+}
+
+// LocalPlacement places a proxy as a Squid process on the provider's host.
+type LocalPlacement struct {
+	// BindAddress is the address Squid listens on.
+	// +kubebuilder:default="127.0.0.1"
+	// +optional
+	BindAddress IPAddress `json:"bindAddress,omitempty"`
+
+	// OutgoingAddress is the local address Squid sends requests from
+	// (tcp_outgoing_address), for hosts with several egress addresses.
+	// +optional
+	OutgoingAddress IPAddress `json:"outgoingAddress,omitempty"`
+}
+
+// KubernetesPlacement places a proxy as a Squid pod.
+type KubernetesPlacement struct {
+	// Namespace the pod runs in. Defaults to the ProviderConfig's pod
+	// namespace, then to the Proxy's own namespace.
+	// +kubebuilder:validation:MaxLength=63
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +optional
+	Namespace string `json:"namespace,omitempty"`
+
+	// NodeSelector constrains the nodes the pod may run on, for example to
+	// nodes whose NAT gives them a distinct egress IP.
+	// +optional
+	NodeSelector map[string]string `json:"nodeSelector,omitempty"`
+
+	// Image overrides the pinned Squid image.
+	// +kubebuilder:validation:MaxLength=512
+	// +optional
+	Image string `json:"image,omitempty"`
+}
+
+// GCPPlacement places a proxy on a Compute Engine VM.
+// +kubebuilder:validation:XValidation:rule="!has(self.cloudInit) || has(self.cloudInit.inline) != has(self.cloudInit.secretRef)",message="cloudInit needs exactly one of inline or secretRef"
+type GCPPlacement struct {
+	// Zone the VM runs in, such as europe-west1-b.
+	// +kubebuilder:validation:Pattern=`^[a-z]+-[a-z]+[0-9]+-[a-z]$`
+	Zone string `json:"zone"`
+
+	// MachineType of the VM.
+	// +kubebuilder:default="e2-micro"
+	// +kubebuilder:validation:MaxLength=64
+	// +optional
+	MachineType string `json:"machineType,omitempty"`
+
+	// Image the VM boots, as a full or partial image URL.
+	// +kubebuilder:default="projects/debian-cloud/global/images/family/debian-12"
+	// +kubebuilder:validation:MaxLength=512
+	// +optional
+	Image string `json:"image,omitempty"`
+
+	// Network the VM's interface attaches to.
+	// +kubebuilder:default="global/networks/default"
+	// +kubebuilder:validation:MaxLength=512
+	// +optional
+	Network string `json:"network,omitempty"`
+
+	// NetworkTags put on the VM; the proxy's firewall rule targets them.
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=set
+	// +optional
+	NetworkTags []NetworkTag `json:"networkTags,omitempty"`
+
+	// CloudInit replaces the generated Squid startup script, for teams with
+	// their own proxy image.
+	// +optional
+	CloudInit *CloudInit `json:"cloudInit,omitempty"`
+}
+
+// CloudInit is user-supplied VM start-up configuration.
+type CloudInit struct {
+	// Inline cloud-init or startup script.
+	// +kubebuilder:validation:MaxLength=262144
+	// +optional
+	Inline *string `json:"inline,omitempty"`
+
+	// SecretRef names a key of a Secret in the Proxy's namespace holding it.
+	// A change to that Secret replaces the VM.
+	// +optional
+	SecretRef *xpv2.LocalSecretKeySelector `json:"secretRef,omitempty"`
+}
+
+// AuthSecretReference names a Secret holding proxy credentials.
+type AuthSecretReference struct {
+	// Name of the Secret, in the Proxy's namespace.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+
+	// UsernameKey is the Secret key holding the username.
+	// +kubebuilder:default=username
+	// +optional
+	UsernameKey string `json:"usernameKey,omitempty"`
+
+	// PasswordKey is the Secret key holding the password.
+	// +kubebuilder:default=password
+	// +optional
+	PasswordKey string `json:"passwordKey,omitempty"`
+}
+
+// HealthCheck says how to probe through a proxy.
+// +kubebuilder:validation:XValidation:rule="!has(self.timeout) || !has(self.interval) || duration(self.timeout) < duration(self.interval)",message="timeout must be shorter than interval"
+type HealthCheck struct {
+	// URL fetched through the proxy: CONNECT for https, GET for http. A
+	// target that answers with the caller's IP as plain text also reveals
+	// the proxy's egress IP.
+	// +kubebuilder:validation:MaxLength=2048
+	// +kubebuilder:validation:XValidation:rule="isURL(self) && url(self).getScheme() in ['http', 'https'] && url(self).getHostname() != ''",message="must be an absolute http:// or https:// URL, such as https://ifconfig.me/ip"
+	URL string `json:"url"`
+
+	// Interval between probes; it also sets how often the Proxy is polled.
+	// +kubebuilder:default="30s"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s')",message="must be at least 1s"
+	// +optional
+	Interval *metav1.Duration `json:"interval,omitempty"`
+
+	// Timeout of one probe.
+	// +kubebuilder:default="5s"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$`
+	// +optional
+	Timeout *metav1.Duration `json:"timeout,omitempty"`
+
+	// SuccessThreshold is how many consecutive passing probes turn an
+	// unhealthy proxy healthy.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	SuccessThreshold int32 `json:"successThreshold,omitempty"`
+
+	// FailureThreshold is how many consecutive failing probes turn a
+	// healthy proxy unhealthy.
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	FailureThreshold int32 `json:"failureThreshold,omitempty"`
+
+	// ExpectedStatus is the HTTP status the probe target must answer.
+	// +kubebuilder:default=200
+	// +kubebuilder:validation:Minimum=100
+	// +kubebuilder:validation:Maximum=599
+	// +optional
+	ExpectedStatus int32 `json:"expectedStatus,omitempty"`
+}
+
+// Endpoint is where a proxy listens.
+type Endpoint struct {
+	// Host name or IP address of the proxy.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Host string `json:"host"`
+
+	// Port of the proxy.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	Port int32 `json:"port"`
+}
+
+// InstancePhase is the lifecycle phase of a proxy's instance on its backend.
+type InstancePhase string
+
+// Instance phases.
+const (
+	// InstancePhaseProvisioning means the instance exists but cannot serve
+	// yet, including a running instance that has no address.
+	InstancePhaseProvisioning InstancePhase = "Provisioning"
+	// InstancePhaseRunning means the instance runs and has an address.
+	InstancePhaseRunning InstancePhase = "Running"
+	// InstancePhaseTerminated means the instance stopped and is recreated.
+	InstancePhaseTerminated InstancePhase = "Terminated"
+)
+
+// ProxyObservation is the observed state of a Proxy.
+type ProxyObservation struct {
+	// ProviderID identifies the instance on its backend: local/<port>,
+	// <namespace>/<pod>, or projects/P/zones/Z/instances/N.
+	ProviderID string `json:"providerID,omitempty"`
+
+	// Host clients connect to.
+	Host string `json:"host,omitempty"`
+
+	// Port clients connect to.
+	Port int32 `json:"port,omitempty"`
+
+	// EgressIP is the address the probe target saw, which is what the
+	// crawled sites see.
+	EgressIP string `json:"egressIP,omitempty"`
+
+	// Phase of the instance on its backend.
+	Phase InstancePhase `json:"phase,omitempty"`
+
+	// Healthy is the probe verdict after thresholds.
+	Healthy bool `json:"healthy,omitempty"`
+
+	// LatencyMilliseconds of the last successful probe.
+	LatencyMilliseconds int64 `json:"latencyMilliseconds,omitempty"`
+
+	// LastProbeTime is when the last probe finished.
+	LastProbeTime *metav1.Time `json:"lastProbeTime,omitempty"`
+
+	// ConsecutiveSuccesses counts passing probes since the last failure.
+	ConsecutiveSuccesses int32 `json:"consecutiveSuccesses,omitempty"`
+
+	// ConsecutiveFailures counts failing probes since the last success.
+	ConsecutiveFailures int32 `json:"consecutiveFailures,omitempty"`
+
+	// LastProbeError says why the last probe failed.
+	LastProbeError string `json:"lastProbeError,omitempty"`
+
+	// InstanceCreatedAt is when the current instance was created.
+	InstanceCreatedAt *metav1.Time `json:"instanceCreatedAt,omitempty"`
+}
+
+// ProxySpec defines the desired state of a Proxy.
+type ProxySpec struct {
+	xpv2.ManagedResourceSpec `json:",inline"`
+
+	// ForProvider holds the proxy's configuration.
+	ForProvider ProxyParameters `json:"forProvider"`
+}
+
+// ProxyStatus represents the observed state of a Proxy.
+type ProxyStatus struct {
+	xpv2.ManagedResourceStatus `json:",inline"`
+
+	// AtProvider holds what the provider observed of the proxy.
+	AtProvider ProxyObservation `json:"atProvider,omitempty"`
+}
+
+// A Proxy is one egress forward proxy, kept healthy by probing through it.
+// +kubebuilder:object:root=true
+// +kubebuilder:subresource:status
+// +kubebuilder:resource:scope=Namespaced,categories={crossplane,managed,egress},shortName=eproxy
+// +kubebuilder:printcolumn:name="READY",type="string",JSONPath=".status.conditions[?(@.type=='Ready')].status"
+// +kubebuilder:printcolumn:name="SYNCED",type="string",JSONPath=".status.conditions[?(@.type=='Synced')].status"
+// +kubebuilder:printcolumn:name="HOST",type="string",JSONPath=".status.atProvider.host"
+// +kubebuilder:printcolumn:name="EGRESS-IP",type="string",JSONPath=".status.atProvider.egressIP"
+// +kubebuilder:printcolumn:name="LATENCY",type="integer",JSONPath=".status.atProvider.latencyMilliseconds",description="Latency of the last passing probe in milliseconds"
+// +kubebuilder:printcolumn:name="AGE",type="date",JSONPath=".metadata.creationTimestamp"
+// +kubebuilder:printcolumn:name="MODE",type="string",JSONPath=".spec.forProvider.mode",priority=1
+// +kubebuilder:printcolumn:name="PHASE",type="string",JSONPath=".status.atProvider.phase",priority=1
+// +kubebuilder:printcolumn:name="PROVIDER-ID",type="string",JSONPath=".status.atProvider.providerID",priority=1
+type Proxy struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec   ProxySpec   `json:"spec"`
+	Status ProxyStatus `json:"status,omitempty"`
+}
+
+// ProxyList contains a list of Proxy.
+// +kubebuilder:object:root=true
+type ProxyList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []Proxy `json:"items"`
+}

@@ -1,0 +1,205 @@
+// Package testbed starts a real kube-apiserver and etcd, built from source by
+// `make tools`, through controller-runtime's envtest, with the product's CRDs
+// and the CRDs Crossplane would derive from the ProxyFleet XRDs installed.
+//
+// Integration tests share one test bed per package through TestMain:
+//
+//	var bed *testbed.Env
+//
+//	func TestMain(m *testing.M) { testbed.Main(m, &bed) }
+//
+// When the binaries are missing the tests fail with a message saying to run
+// `make tools`; they never skip.
+package testbed
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	xpv1 "github.com/crossplane/crossplane/apis/v2/apiextensions/v1"
+	"github.com/pkg/errors"
+	corev1 "k8s.io/api/core/v1"
+	extv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+	"sigs.k8s.io/yaml"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/xcrd"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis"
+)
+
+// Binaries the test bed needs in bin/, all built by `make tools`.
+var requiredBinaries = []string{"kube-apiserver", "etcd"}
+
+// Env is a running test bed.
+type Env struct {
+	// Root is the repository root.
+	Root string
+	// Config reaches the test apiserver as an administrator.
+	Config *rest.Config
+	// Client is a controller-runtime client with the product's types.
+	Client client.Client
+	// Scheme holds client-go's and the product's types.
+	Scheme *runtime.Scheme
+
+	env *envtest.Environment
+}
+
+// RepoRoot finds the repository root by walking up from the working
+// directory to the folder holding go.mod.
+func RepoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", errors.Wrap(err, "cannot get working directory")
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", errors.New("cannot find the repository root: no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// MissingBinaries lists the test-bed binaries absent from dir.
+func MissingBinaries(dir string) []string {
+	var missing []string
+	for _, b := range requiredBinaries {
+		if fi, err := os.Stat(filepath.Join(dir, b)); err != nil || fi.Mode()&0o111 == 0 {
+			missing = append(missing, b)
+		}
+	}
+	return missing
+}
+
+// FleetCRDs derives, the way Crossplane does, the CRDs of every XRD under
+// apis/fleet: the namespaced ProxyFleet, the LegacyCluster XProxyFleet and
+// its ProxyFleetClaim.
+func FleetCRDs(root string) ([]*extv1.CustomResourceDefinition, error) {
+	var crds []*extv1.CustomResourceDefinition
+	for _, rel := range []string{"apis/fleet/definition.yaml", "apis/fleet/legacy/definition.yaml"} {
+		raw, err := os.ReadFile(filepath.Join(root, rel))
+		if err != nil {
+			return nil, errors.Wrapf(err, "cannot read %s", rel)
+		}
+		// The v2 XRD is a superset of v1 in what xcrd reads, and the Go type
+		// keeps the scope, so one type serves both files.
+		xrd := &xpv1.CompositeResourceDefinition{}
+		if err := yaml.Unmarshal(raw, xrd); err != nil {
+			return nil, errors.Wrapf(err, "cannot parse %s", rel)
+		}
+		crd, err := xcrd.ForCompositeResource(xrd)
+		if err != nil {
+			return nil, errors.Wrapf(err, "cannot derive the composite CRD of %s", rel)
+		}
+		crds = append(crds, crd)
+		if xrd.Spec.ClaimNames != nil {
+			claim, err := xcrd.ForCompositeResourceClaim(xrd)
+			if err != nil {
+				return nil, errors.Wrapf(err, "cannot derive the claim CRD of %s", rel)
+			}
+			crds = append(crds, claim)
+		}
+	}
+	for _, crd := range crds {
+		// The derived CRDs are owned by their XRD, which does not exist here.
+		crd.SetOwnerReferences(nil)
+	}
+	return crds, nil
+}
+
+// Start starts a test bed. Stop it with Stop.
+func Start() (*Env, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	bin := filepath.Join(root, "bin")
+	if missing := MissingBinaries(bin); len(missing) > 0 {
+		return nil, errors.Errorf("the test bed needs %s in %s: run `make tools` (it builds them from the Go module proxy)", strings.Join(missing, " and "), bin)
+	}
+
+	fleet, err := FleetCRDs(root)
+	if err != nil {
+		return nil, err
+	}
+
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, errors.Wrap(err, "cannot add client-go types to scheme")
+	}
+	if err := apis.AddToScheme(s); err != nil {
+		return nil, errors.Wrap(err, "cannot add product types to scheme")
+	}
+	if err := extv1.AddToScheme(s); err != nil {
+		return nil, errors.Wrap(err, "cannot add apiextensions types to scheme")
+	}
+
+	env := &envtest.Environment{
+		BinaryAssetsDirectory: bin,
+		CRDDirectoryPaths:     []string{filepath.Join(root, "package", "provider", "crds")},
+		CRDs:                  fleet,
+		ErrorIfCRDPathMissing: true,
+		Scheme:                s,
+	}
+	// A second test package starting in parallel on a loaded 2-core machine
+	// can be slow to bring etcd up.
+	env.ControlPlane.GetAPIServer().StartTimeout = 2 * time.Minute
+
+	cfg, err := env.Start()
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot start kube-apiserver and etcd")
+	}
+	c, err := client.New(cfg, client.Options{Scheme: s})
+	if err != nil {
+		_ = env.Stop()
+		return nil, errors.Wrap(err, "cannot create client")
+	}
+	return &Env{Root: root, Config: cfg, Client: c, Scheme: s, env: env}, nil
+}
+
+// Stop stops the apiserver and etcd and removes their data.
+func (e *Env) Stop() error {
+	return errors.Wrap(e.env.Stop(), "cannot stop test bed")
+}
+
+// Namespace creates a fresh namespace for one test and returns its name.
+func (e *Env) Namespace(t testing.TB) string {
+	t.Helper()
+	name := strings.ToLower(fmt.Sprintf("t-%d", time.Now().UnixNano()))
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: name}}
+	if err := e.Client.Create(context.Background(), ns); err != nil {
+		t.Fatalf("cannot create namespace %s: %v", name, err)
+	}
+	return name
+}
+
+// Main starts one test bed for a test package, runs its tests and stops it.
+// It exits non-zero, so the tests fail rather than skip, when the test bed
+// cannot start.
+func Main(m *testing.M, into **Env) {
+	bed, err := Start()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "FAIL: test bed:", err)
+		os.Exit(1)
+	}
+	*into = bed
+	code := m.Run()
+	if err := bed.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "test bed:", err)
+	}
+	os.Exit(code)
+}

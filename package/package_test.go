@@ -1,0 +1,177 @@
+// Package packaging_test builds the three Crossplane packages with the real
+// `crossplane xpkg build` and checks, with crossplane-runtime's own parser and
+// linters, that each parses and holds what it should.
+package packaging_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/runtime"
+
+	pkgmetav1 "github.com/crossplane/crossplane/apis/v2/pkg/meta/v1"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/xpkg"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/xpkg/parser"
+)
+
+type contents struct {
+	MetaKind string
+	MetaName string
+	Objects  []string // kind/name, sorted
+}
+
+func build(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(root, "bin", "crossplane")); err != nil {
+		t.Fatalf("bin/crossplane is missing: run `make tools` (it builds the Crossplane CLI from the Go module proxy)")
+	}
+	out := t.TempDir()
+	cmd := exec.Command(filepath.Join(root, "hack", "packages.sh"), out)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("hack/packages.sh: %v\n%s", err, b)
+	}
+	return out
+}
+
+func parse(t *testing.T, path string, l parser.Linter) (*parser.Package, contents) {
+	t.Helper()
+	img, err := tarball.ImageFromPath(path, nil)
+	if err != nil {
+		t.Fatalf("cannot read package %s: %v", path, err)
+	}
+	rc, err := xpkg.ExtractPackageYAML(img)
+	if err != nil {
+		t.Fatalf("cannot extract package.yaml from %s: %v", path, err)
+	}
+	metaScheme, err := xpkg.BuildMetaScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	objScheme, err := xpkg.BuildObjectScheme()
+	if err != nil {
+		t.Fatal(err)
+	}
+	pkg, err := parser.New(metaScheme, objScheme).Parse(context.Background(), rc)
+	if err != nil {
+		t.Fatalf("cannot parse %s: %v", path, err)
+	}
+	if err := l.Lint(pkg); err != nil {
+		t.Fatalf("%s does not lint: %v", path, err)
+	}
+
+	got := contents{}
+	for _, m := range pkg.GetMeta() {
+		got.MetaKind = m.GetObjectKind().GroupVersionKind().Kind
+		got.MetaName = name(t, m)
+	}
+	for _, o := range pkg.GetObjects() {
+		got.Objects = append(got.Objects, o.GetObjectKind().GroupVersionKind().Kind+"/"+name(t, o))
+	}
+	sort.Strings(got.Objects)
+	return pkg, got
+}
+
+func name(t *testing.T, o runtime.Object) string {
+	t.Helper()
+	a, err := meta.Accessor(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a.GetName()
+}
+
+func TestPackages(t *testing.T) {
+	out := build(t)
+
+	cases := map[string]struct {
+		reason string
+		file   string
+		linter parser.Linter
+		want   contents
+	}{
+		"Provider": {
+			reason: "The provider package carries its metadata and every CRD of the egress API.",
+			file:   "provider-egressproxy.xpkg",
+			linter: xpkg.NewProviderLinter(),
+			want: contents{
+				MetaKind: "Provider",
+				MetaName: "provider-egressproxy",
+				Objects: []string{
+					"CustomResourceDefinition/clusterproviderconfigs.egress.crawl.example.com",
+					"CustomResourceDefinition/clusterproviderconfigusages.egress.crawl.example.com",
+					"CustomResourceDefinition/providerconfigs.egress.crawl.example.com",
+					"CustomResourceDefinition/providerconfigusages.egress.crawl.example.com",
+					"CustomResourceDefinition/proxies.egress.crawl.example.com",
+				},
+			},
+		},
+		"Function": {
+			reason: "The function package carries its metadata.",
+			file:   "function-proxyfleet.xpkg",
+			linter: xpkg.NewFunctionLinter(),
+			want:   contents{MetaKind: "Function", MetaName: "function-proxyfleet"},
+		},
+		"Configuration": {
+			reason: "The configuration carries both XRDs and both Compositions, and nothing else.",
+			file:   "configuration-proxyfleet.xpkg",
+			linter: xpkg.NewConfigurationLinter(),
+			want: contents{
+				MetaKind: "Configuration",
+				MetaName: "configuration-proxyfleet",
+				Objects: []string{
+					"CompositeResourceDefinition/proxyfleets.crawl.example.com",
+					"CompositeResourceDefinition/xproxyfleets.crawl.example.com",
+					"Composition/proxyfleet",
+					"Composition/xproxyfleet",
+				},
+			},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, got := parse(t, filepath.Join(out, tc.file), tc.linter)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("%s\n%s: -want, +got:\n%s", tc.reason, tc.file, diff)
+			}
+		})
+	}
+
+	t.Run("ConfigurationDependencies", func(t *testing.T) {
+		configurationDependencies(t, out)
+	})
+}
+
+func configurationDependencies(t *testing.T, out string) {
+	t.Helper()
+	pkg, _ := parse(t, filepath.Join(out, "configuration-proxyfleet.xpkg"), xpkg.NewConfigurationLinter())
+	cfg, ok := pkg.GetMeta()[0].(*pkgmetav1.Configuration)
+	if !ok {
+		t.Fatalf("meta is %T, want a v1 Configuration", pkg.GetMeta()[0])
+	}
+	var got []string
+	for _, d := range cfg.Spec.DependsOn {
+		if d.Kind == nil || d.Package == nil {
+			t.Fatalf("dependency %+v must name its kind and package", d)
+		}
+		got = append(got, *d.Kind+" "+*d.Package)
+	}
+	want := []string{
+		"Provider gitea.home.hrajfrisbee.cz/kacerr/provider-egressproxy",
+		"Function gitea.home.hrajfrisbee.cz/kacerr/function-proxyfleet",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("The configuration must depend on the provider and the function: -want, +got:\n%s", diff)
+	}
+}
