@@ -1,0 +1,80 @@
+// Package backend is the boundary between the Proxy reconciler and the
+// places proxies run: local Squid processes, Squid pods, GCP VMs. The
+// reconciler calls a Backend; each backend package implements it.
+package backend
+
+import (
+	"context"
+	"time"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+)
+
+// Ref locates an instance on its backend.
+type Ref struct {
+	// Name is the deterministic instance name (ownership.InstanceName).
+	Name string
+	// Namespace of a pod; empty elsewhere.
+	Namespace string
+	// Zone of a VM; empty elsewhere.
+	Zone string
+}
+
+// Credentials clients present to the proxy.
+type Credentials struct {
+	Username string
+	Password string
+}
+
+// Spec is what the reconciler asks a backend to run.
+type Spec struct {
+	Ref
+	Owner ownership.Owner
+	// Port the proxy listens on (the local backend may allocate another).
+	Port int32
+	// Credentials, when set, are required of every client.
+	Credentials *Credentials
+	// AllowedSourceRanges restrict the clients.
+	AllowedSourceRanges []string
+	// Exactly one placement is set, matching the backend.
+	Local      *v1alpha1.LocalPlacement
+	Kubernetes *v1alpha1.KubernetesPlacement
+	GCP        *v1alpha1.GCPPlacement
+	// Hash covers what forces a replacement: placement, port and the
+	// resolved proxy configuration. Backends store it on the instance.
+	Hash string
+}
+
+// Instance is what a backend observed of one proxy.
+type Instance struct {
+	Ref
+	// ProviderID names the instance on its backend.
+	ProviderID string
+	// Host and Port clients connect to. Host is empty until the instance
+	// has an address.
+	Host string
+	Port int32
+	// Phase is never Running without a Host.
+	Phase     v1alpha1.InstancePhase
+	CreatedAt time.Time
+	// SpecHash is the Spec.Hash the instance was created from.
+	SpecHash string
+	Owner    ownership.Owner
+}
+
+// A Backend creates, observes and deletes proxy instances. Every call is
+// idempotent and none blocks on a long-running operation: Create returns once
+// the backend accepted the request, and later Gets report progress.
+type Backend interface {
+	// Create starts an instance for s. Creating an instance that already
+	// exists returns it rather than making a second one.
+	Create(ctx context.Context, s Spec) (*Instance, error)
+	// Get observes an instance; a missing one is an error of class NotFound.
+	Get(ctx context.Context, r Ref) (*Instance, error)
+	// Delete removes an instance; deleting a missing one succeeds.
+	Delete(ctx context.Context, r Ref) error
+	// ListOwned lists every instance carrying this cluster's ownership
+	// labels, for orphan collection.
+	ListOwned(ctx context.Context) ([]Instance, error)
+}

@@ -1,0 +1,129 @@
+// Package fake is a hand-written in-memory Backend for unit tests. It counts
+// calls, so tests can prove the reconciler never loops on a backend.
+package fake
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+)
+
+// Backend is an in-memory backend.
+type Backend struct {
+	mu        sync.Mutex
+	instances map[string]backend.Instance
+
+	// CreateErr, GetErr and DeleteErr, when set, are returned by every call.
+	CreateErr, GetErr, DeleteErr error
+	// Host is given to created instances; empty means 127.0.0.1.
+	Host string
+	// Phase is given to created instances; empty means Running.
+	Phase v1alpha1.InstancePhase
+	// Now stamps CreatedAt; nil means time.Now.
+	Now func() time.Time
+
+	// Calls counts calls by method name.
+	Calls map[string]int
+}
+
+// New returns an empty fake backend.
+func New() *Backend {
+	return &Backend{instances: map[string]backend.Instance{}, Calls: map[string]int{}}
+}
+
+var _ backend.Backend = &Backend{}
+
+func (b *Backend) count(m string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.Calls[m]++
+}
+
+// Create records an instance.
+func (b *Backend) Create(_ context.Context, s backend.Spec) (*backend.Instance, error) {
+	b.count("Create")
+	if b.CreateErr != nil {
+		return nil, b.CreateErr
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if i, ok := b.instances[s.Name]; ok {
+		return &i, nil
+	}
+	now := time.Now
+	if b.Now != nil {
+		now = b.Now
+	}
+	host, phase := b.Host, b.Phase
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	if phase == "" {
+		phase = v1alpha1.InstancePhaseRunning
+	}
+	i := backend.Instance{
+		Ref: s.Ref, ProviderID: fmt.Sprintf("fake/%s", s.Name), Host: host, Port: s.Port,
+		Phase: phase, CreatedAt: now(), SpecHash: s.Hash, Owner: s.Owner,
+	}
+	b.instances[s.Name] = i
+	return &i, nil
+}
+
+// Get returns a recorded instance.
+func (b *Backend) Get(_ context.Context, r backend.Ref) (*backend.Instance, error) {
+	b.count("Get")
+	if b.GetErr != nil {
+		return nil, b.GetErr
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	i, ok := b.instances[r.Name]
+	if !ok {
+		return nil, backend.Errorf(backend.ClassNotFound, "instance %s not found", r.Name)
+	}
+	return &i, nil
+}
+
+// Delete forgets an instance.
+func (b *Backend) Delete(_ context.Context, r backend.Ref) error {
+	b.count("Delete")
+	if b.DeleteErr != nil {
+		return b.DeleteErr
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.instances, r.Name)
+	return nil
+}
+
+// ListOwned lists every instance, by name.
+func (b *Backend) ListOwned(_ context.Context) ([]backend.Instance, error) {
+	b.count("ListOwned")
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	out := make([]backend.Instance, 0, len(b.instances))
+	for _, i := range b.instances {
+		out = append(out, i)
+	}
+	sort.Slice(out, func(a, c int) bool { return out[a].Name < out[c].Name })
+	return out, nil
+}
+
+// Put stores an instance as it is, for tests that need a given state.
+func (b *Backend) Put(i backend.Instance) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.instances[i.Name] = i
+}
+
+// CallCount returns how often a method was called.
+func (b *Backend) CallCount(method string) int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.Calls[method]
+}

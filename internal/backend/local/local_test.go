@@ -1,0 +1,293 @@
+package local
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/types"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
+)
+
+// stateDir returns a fresh state dir that Squid's user can reach: t.TempDir
+// makes folders only their owner may enter.
+func stateDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func newBackend(t *testing.T, dir string, pr *v1alpha1.PortRange) *Backend {
+	t.Helper()
+	b, err := New(Config{SquidPath: testbed.SquidBinary(t), StateDir: dir, PortRange: pr, ClusterID: "test", RestartDelay: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func spec(uid string, port int32) backend.Spec {
+	o := ownership.Owner{ClusterID: "test", Namespace: "ns", Name: "p-" + uid, UID: types.UID("uid-" + uid)}
+	return backend.Spec{
+		Ref:         backend.Ref{Name: ownership.InstanceName(o.UID)},
+		Owner:       o,
+		Port:        port,
+		Credentials: &backend.Credentials{Username: "crawler", Password: "pw-" + uid},
+		Local:       &v1alpha1.LocalPlacement{BindAddress: "127.0.0.1"},
+		Hash:        "h-" + uid,
+	}
+}
+
+// waitHealthy probes through inst until it passes or the timeout ends.
+func waitProbe(t *testing.T, inst *backend.Instance, s backend.Spec, target testbed.Target, want bool) probe.Result {
+	t.Helper()
+	var last probe.Result
+	deadline := time.Now().Add(15 * time.Second)
+	for time.Now().Before(deadline) {
+		last = probe.Prober{}.Probe(context.Background(), probe.Target{
+			Proxy: inst.Host + ":" + itoa(inst.Port), Username: s.Credentials.Username, Password: s.Credentials.Password,
+			URL: target.URL, Timeout: 2 * time.Second, RootCAs: target.RootCAs,
+		})
+		if last.OK == want {
+			return last
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Fatalf("probe through %s never became OK=%v; last: %+v", inst.ProviderID, want, last)
+	return last
+}
+
+func itoa(p int32) string { return strconv.Itoa(int(p)) }
+
+func squidPids(t *testing.T, dir string) []int {
+	t.Helper()
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	var pids []int
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(b), dir) || !strings.Contains(string(b), "squid") {
+			continue
+		}
+		pid, _ := strconv.Atoi(strings.Split(p, "/")[2])
+		if stat, err := os.ReadFile(filepath.Join("/proc", strings.Split(p, "/")[2], "stat")); err == nil {
+			if f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:])); len(f) > 0 && f[0] == "Z" {
+				continue
+			}
+		}
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+func TestLifecycle(t *testing.T) {
+	dir := stateDir(t)
+	b := newBackend(t, dir, &v1alpha1.PortRange{From: 32100, To: 32120})
+	target := testbed.StartEchoTarget(t)
+	ctx := context.Background()
+	s := spec("a", 3128)
+
+	inst, err := b.Create(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if inst.Port < 32100 || inst.Port > 32120 {
+		t.Errorf("port %d must come from the range", inst.Port)
+	}
+	if want := "local/" + itoa(inst.Port); inst.ProviderID != want {
+		t.Errorf("providerID: want %s, got %s", want, inst.ProviderID)
+	}
+	res := waitProbe(t, inst, s, target, true)
+	if res.EgressIP != "127.0.0.1" {
+		t.Errorf("egress IP: want 127.0.0.1, got %q", res.EgressIP)
+	}
+
+	// A second Create finds the same instance.
+	again, err := b.Create(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(inst.ProviderID, again.ProviderID); diff != "" {
+		t.Errorf("a retried Create must return the same instance: %s", diff)
+	}
+
+	// Wrong credentials are refused by the real Squid.
+	bad := probe.Prober{}.Probe(ctx, probe.Target{Proxy: "127.0.0.1:" + itoa(inst.Port), Username: "crawler", Password: "nope", URL: target.URL, RootCAs: target.RootCAs, Timeout: 2 * time.Second})
+	if bad.OK || !strings.Contains(bad.Error, "407") {
+		t.Errorf("wrong credentials must fail with 407, got %+v", bad)
+	}
+
+	// Killing Squid: the supervisor restarts it.
+	pids := squidPids(t, dir)
+	if len(pids) != 1 {
+		t.Fatalf("want exactly one squid, got %v", pids)
+	}
+	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	waitProbe(t, inst, s, target, true)
+	if got := squidPids(t, dir); len(got) != 1 || got[0] == pids[0] {
+		t.Errorf("want one new squid after the kill, got %v (killed %d)", got, pids[0])
+	}
+
+	// Delete: no process, no files.
+	if err := b.Delete(ctx, s.Ref); err != nil {
+		t.Fatal(err)
+	}
+	if got := squidPids(t, dir); len(got) != 0 {
+		t.Errorf("squid processes left after Delete: %v", got)
+	}
+	var left []string
+	for _, g := range []string{"[^.]*", ".ports/*", ".staging/*"} {
+		m, _ := filepath.Glob(filepath.Join(dir, g))
+		left = append(left, m...)
+	}
+	if len(left) != 0 {
+		t.Errorf("files left after Delete: %v", left)
+	}
+	if _, err := b.Get(ctx, s.Ref); !backend.IsNotFound(err) {
+		t.Errorf("Get after Delete: want NotFound, got %v", err)
+	}
+	if err := b.Delete(ctx, s.Ref); err != nil {
+		t.Errorf("Delete must be idempotent: %v", err)
+	}
+}
+
+func TestRestartReadopts(t *testing.T) {
+	dir := stateDir(t)
+	target := testbed.StartEchoTarget(t)
+	ctx := context.Background()
+	s := spec("b", 32130)
+
+	first := newBackend(t, dir, nil)
+	inst, err := first.Create(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitProbe(t, inst, s, target, true)
+	before := squidPids(t, dir)
+
+	// The provider goes away without stopping its proxies, and a new one
+	// starts on the same state dir.
+	first.Close()
+	second := newBackend(t, dir, nil)
+	time.Sleep(time.Second)
+	after := squidPids(t, dir)
+	if diff := cmp.Diff(before, after); diff != "" {
+		t.Errorf("a restart must re-adopt the running squid, not start a duplicate: -before, +after:\n%s", diff)
+	}
+	got, err := second.Get(ctx, s.Ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Phase != v1alpha1.InstancePhaseRunning {
+		t.Errorf("re-adopted instance phase: want Running, got %s", got.Phase)
+	}
+
+	// The new provider supervises it: a kill is healed.
+	if err := syscall.Kill(after[0], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	waitProbe(t, got, s, target, true)
+	if n := len(squidPids(t, dir)); n != 1 {
+		t.Errorf("want one squid after the re-adopted one was killed, got %d", n)
+	}
+	if err := second.Delete(ctx, s.Ref); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(squidPids(t, dir)); n != 0 {
+		t.Errorf("squid left after Delete: %d", n)
+	}
+}
+
+func TestPortClaims(t *testing.T) {
+	dir := stateDir(t)
+	ctx := context.Background()
+	b := newBackend(t, dir, nil)
+	a := spec("c", 32140)
+	if _, err := b.Create(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Delete(ctx, a.Ref) })
+	clash := spec("d", 32140)
+	_, err := b.Create(ctx, clash)
+	if backend.ClassOf(err) != backend.ClassPermanent || !strings.Contains(err.Error(), "port 32140 is taken") {
+		t.Errorf("a second proxy on a taken port must fail permanently and say so, got %v", err)
+	}
+
+	ranged := newBackend(t, stateDir(t), &v1alpha1.PortRange{From: 32150, To: 32151})
+	var made []backend.Spec
+	t.Cleanup(func() {
+		for _, s := range made {
+			_ = ranged.Delete(ctx, s.Ref)
+		}
+	})
+	ports := map[int32]bool{}
+	for _, id := range []string{"e", "f"} {
+		s := spec(id, 0)
+		inst, err := ranged.Create(ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		made = append(made, s)
+		ports[inst.Port] = true
+	}
+	if len(ports) != 2 {
+		t.Errorf("two proxies must get two ports, got %v", ports)
+	}
+	_, err = ranged.Create(ctx, spec("g", 0))
+	if backend.ClassOf(err) != backend.ClassQuota || !strings.Contains(err.Error(), "no free port") {
+		t.Errorf("an exhausted range is a quota error that says so, got %v", err)
+	}
+}
+
+func TestListOwned(t *testing.T) {
+	dir := stateDir(t)
+	ctx := context.Background()
+	b := newBackend(t, dir, &v1alpha1.PortRange{From: 32160, To: 32169})
+	s := spec("h", 0)
+	if _, err := b.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Delete(ctx, s.Ref) })
+	got, err := b.ListOwned(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 || got[0].Owner.UID != s.Owner.UID {
+		t.Errorf("ListOwned: want the one instance owned by %s, got %+v", s.Owner.UID, got)
+	}
+	other := newBackend(t, dir, nil)
+	other.cfg.ClusterID = "another-cluster"
+	if got, _ := other.ListOwned(ctx); len(got) != 0 {
+		t.Errorf("another cluster must not list this cluster's instances: %+v", got)
+	}
+}
+
+func TestUnreachableStateDir(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Log("running unprivileged: Squid keeps the provider's user, so any state dir works")
+		return
+	}
+	dir := t.TempDir() // mode 0700, owned by root
+	_, err := New(Config{SquidPath: testbed.SquidBinary(t), StateDir: filepath.Join(dir, "state")})
+	if backend.ClassOf(err) != backend.ClassPermanent || !strings.Contains(err.Error(), "chmod o+x") {
+		t.Errorf("a state dir Squid cannot reach must be refused with the fix, got %v", err)
+	}
+}

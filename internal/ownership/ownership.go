@@ -1,0 +1,165 @@
+// Package ownership is the one labelling scheme every backend puts on the
+// instances it creates, so that the orphan collector can tell which Proxy
+// (by UID) owns each pod, VM or process, and which cluster created it.
+package ownership
+
+import (
+	"crypto/sha256"
+	"encoding/base32"
+	"encoding/hex"
+	"regexp"
+	"strings"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Kubernetes label keys of the scheme.
+const (
+	LabelManagedBy = "app.kubernetes.io/managed-by"
+	LabelCluster   = "egress.crawl.example.com/cluster"
+	LabelNamespace = "egress.crawl.example.com/proxy-namespace"
+	LabelName      = "egress.crawl.example.com/proxy-name"
+	LabelUID       = "egress.crawl.example.com/proxy-uid"
+	LabelFleet     = "egress.crawl.example.com/fleet"
+
+	// ManagedBy is the value of LabelManagedBy.
+	ManagedBy = "provider-egressproxy"
+)
+
+// FleetLabel is the label function-proxyfleet puts on the Proxies it
+// composes; the provider copies its value onto the instance.
+const FleetLabel = "crawl.example.com/fleet"
+
+// Owner identifies the Proxy an instance belongs to.
+type Owner struct {
+	// ClusterID names the control plane that created the instance, so that
+	// two clusters sharing a GCP project never collect each other's VMs.
+	ClusterID string
+	Namespace string
+	Name      string
+	UID       types.UID
+	Fleet     string
+}
+
+// keys maps each Kubernetes key to its GCP form: GCP label keys allow
+// neither dots nor slashes.
+var keys = []struct{ k8s, gcp string }{
+	{LabelManagedBy, "managed-by"},
+	{LabelCluster, "egress-cluster"},
+	{LabelNamespace, "egress-proxy-namespace"},
+	{LabelName, "egress-proxy-name"},
+	{LabelUID, "egress-proxy-uid"},
+	{LabelFleet, "egress-fleet"},
+}
+
+func (o Owner) values() map[string]string {
+	return map[string]string{
+		LabelManagedBy: ManagedBy,
+		LabelCluster:   o.ClusterID,
+		LabelNamespace: o.Namespace,
+		LabelName:      o.Name,
+		LabelUID:       string(o.UID),
+		LabelFleet:     o.Fleet,
+	}
+}
+
+var (
+	k8sValue = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$`)
+	gcpValue = regexp.MustCompile(`^[a-z0-9_-]{0,63}$`)
+)
+
+// fit returns v when valid is true of it, and otherwise a readable prefix
+// plus a hash, so that long names still make valid, distinct label values.
+func fit(v string, valid *regexp.Regexp, lower bool) string {
+	if valid.MatchString(v) {
+		return v
+	}
+	sum := sha256.Sum256([]byte(v))
+	h := hex.EncodeToString(sum[:])[:10]
+	p := v
+	if lower {
+		p = strings.ToLower(p)
+	}
+	p = strings.Map(func(r rune) rune {
+		if r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '-' || !lower && (r >= 'A' && r <= 'Z' || r == '.' || r == '_') {
+			return r
+		}
+		return '-'
+	}, p)
+	if len(p) > 40 {
+		p = p[:40]
+	}
+	return strings.Trim(p, "-._") + "-" + h
+}
+
+// Labels returns the owner as Kubernetes labels; empty values are left out.
+func (o Owner) Labels() map[string]string {
+	out := map[string]string{}
+	for k, v := range o.values() {
+		if v != "" {
+			out[k] = fit(v, k8sValue, false)
+		}
+	}
+	return out
+}
+
+// GCPLabels returns the owner as GCP labels: lowercase keys and values of at
+// most 63 characters; empty values are left out.
+func (o Owner) GCPLabels() map[string]string {
+	v := o.values()
+	out := map[string]string{}
+	for _, k := range keys {
+		if v[k.k8s] != "" {
+			out[k.gcp] = fit(v[k.k8s], gcpValue, true)
+		}
+	}
+	return out
+}
+
+// FromLabels reads an owner back from Kubernetes or GCP labels. It reports
+// false when the labels do not carry this scheme. Long names come back in
+// their hashed form; only the UID, which always fits, is exact.
+func FromLabels(l map[string]string) (Owner, bool) {
+	get := func(k8sKey string) string {
+		if v, ok := l[k8sKey]; ok {
+			return v
+		}
+		for _, k := range keys {
+			if k.k8s == k8sKey {
+				return l[k.gcp]
+			}
+		}
+		return ""
+	}
+	if get(LabelManagedBy) != ManagedBy || get(LabelUID) == "" {
+		return Owner{}, false
+	}
+	return Owner{
+		ClusterID: get(LabelCluster),
+		Namespace: get(LabelNamespace),
+		Name:      get(LabelName),
+		UID:       types.UID(get(LabelUID)),
+		Fleet:     get(LabelFleet),
+	}, true
+}
+
+// Selector returns the labels that select everything this cluster owns.
+func Selector(clusterID string) map[string]string {
+	return map[string]string{LabelManagedBy: ManagedBy, LabelCluster: fit(clusterID, k8sValue, false)}
+}
+
+// GCPFilter returns a Compute Engine list filter for everything this
+// cluster owns.
+func GCPFilter(clusterID string) string {
+	return `labels.managed-by = "` + ManagedBy + `" AND labels.egress-cluster = "` + fit(clusterID, gcpValue, true) + `"`
+}
+
+var lowerBase32 = base32.StdEncoding.WithPadding(base32.NoPadding)
+
+// InstanceName derives an instance's name from its owner's UID: SHA-256,
+// base32, 16 lowercase characters. A retried create therefore finds the
+// instance it made before instead of making a second one.
+func InstanceName(uid types.UID) string {
+	sum := sha256.Sum256([]byte(uid))
+	return "egress-" + strings.ToLower(lowerBase32.EncodeToString(sum[:]))[:16]
+}

@@ -1,0 +1,169 @@
+// Package probe checks a proxy by fetching a URL through it: CONNECT for
+// https URLs, a proxied GET for http ones, with the proxy's credentials and a
+// timeout. A target that answers with the caller's IP reveals the proxy's
+// egress IP.
+package probe
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// maxBody bounds how much of the target's answer is read.
+const maxBody = 4 << 10
+
+// Target says what to probe and how.
+type Target struct {
+	// Proxy is the proxy's host:port.
+	Proxy string
+	// Username and Password for proxy auth; empty means none.
+	Username, Password string
+	// URL fetched through the proxy.
+	URL string
+	// Timeout of the whole probe.
+	Timeout time.Duration
+	// ExpectedStatus of the target's answer; zero means 200.
+	ExpectedStatus int
+	// RootCAs verify an https target behind a private CA; nil means the
+	// system pool.
+	RootCAs *x509.CertPool
+}
+
+// Result of one probe.
+type Result struct {
+	// OK is true when the target answered with the expected status in time.
+	OK bool
+	// Latency from start to the end of the answer.
+	Latency time.Duration
+	// EgressIP is the caller address the target echoed, if it did.
+	EgressIP string
+	// Error says why the probe failed, without the credentials.
+	Error string
+}
+
+// Prober probes targets. Its zero value is ready to use.
+type Prober struct {
+	// Dial overrides how the proxy is reached; nil means a net.Dialer.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+}
+
+// Probe fetches t.URL through t.Proxy once. Each probe builds its own
+// transport with keep-alives off, so every probe exercises the proxy
+// handshake (and CONNECT) again rather than reusing a tunnel.
+func (p Prober) Probe(ctx context.Context, t Target) Result {
+	start := time.Now()
+	res := p.probe(ctx, t)
+	res.Latency = time.Since(start)
+	if !res.OK && t.Password != "" {
+		res.Error = strings.ReplaceAll(res.Error, t.Password, "<redacted>")
+		res.Error = strings.ReplaceAll(res.Error, url.QueryEscape(t.Password), "<redacted>")
+	}
+	return res
+}
+
+func (p Prober) probe(ctx context.Context, t Target) Result {
+	timeout := t.Timeout
+	if timeout <= 0 {
+		timeout = 5 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+
+	proxyURL := &url.URL{Scheme: "http", Host: t.Proxy}
+	if t.Username != "" {
+		proxyURL.User = url.UserPassword(t.Username, t.Password)
+	}
+	dial := p.Dial
+	if dial == nil {
+		dial = (&net.Dialer{}).DialContext
+	}
+	tr := &http.Transport{
+		Proxy:               http.ProxyURL(proxyURL),
+		DialContext:         dial,
+		DisableKeepAlives:   true,
+		TLSClientConfig:     &tls.Config{RootCAs: t.RootCAs, MinVersion: tls.VersionTLS12},
+		TLSHandshakeTimeout: timeout,
+		// Probes must see the proxy's answer, not follow it elsewhere.
+		MaxResponseHeaderBytes: 64 << 10,
+	}
+	defer tr.CloseIdleConnections()
+	c := &http.Client{
+		Transport:     tr,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.URL, nil)
+	if err != nil {
+		return Result{Error: fmt.Sprintf("invalid probe URL: %v", err)}
+	}
+	req.Header.Set("User-Agent", "egress-proxy-probe/1")
+	resp, err := c.Do(req)
+	if err != nil {
+		return Result{Error: explain(err, t.Proxy)}
+	}
+	defer resp.Body.Close() //nolint:errcheck // Read-only body.
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+	if err != nil {
+		return Result{Error: fmt.Sprintf("reading the answer through %s: %v", t.Proxy, err)}
+	}
+
+	want := t.ExpectedStatus
+	if want == 0 {
+		want = http.StatusOK
+	}
+	if resp.StatusCode == http.StatusProxyAuthRequired {
+		return Result{Error: fmt.Sprintf("proxy %s rejected the credentials (407 Proxy Authentication Required): check authSecretRef", t.Proxy)}
+	}
+	if resp.StatusCode != want {
+		return Result{Error: fmt.Sprintf("target answered %d through %s, want %d", resp.StatusCode, t.Proxy, want)}
+	}
+	return Result{OK: true, EgressIP: EgressIP(body)}
+}
+
+// explain turns transport errors into messages that say what to check.
+func explain(err error, proxy string) string {
+	msg := err.Error()
+	switch {
+	case strings.Contains(msg, "Proxy Authentication Required"):
+		return fmt.Sprintf("proxy %s rejected the credentials (407 Proxy Authentication Required): check authSecretRef", proxy)
+	case strings.Contains(msg, "connection refused"):
+		return fmt.Sprintf("proxy %s refused the connection: is it running and listening?", proxy)
+	case strings.Contains(msg, "context deadline exceeded"), strings.Contains(msg, "Client.Timeout"):
+		return fmt.Sprintf("probe through %s timed out: %v", proxy, err)
+	case strings.Contains(msg, "Forbidden"):
+		return fmt.Sprintf("proxy %s refused to tunnel (403 Forbidden): check allowedSourceRanges and the target port", proxy)
+	}
+	return fmt.Sprintf("probe through %s failed: %v", proxy, err)
+}
+
+// EgressIP finds the caller address in a target's answer: a bare IP (as
+// ifconfig.me/ip answers) or JSON with an "ip" or "origin" field (as
+// ipify and httpbin do). It returns "" when there is none.
+func EgressIP(body []byte) string {
+	s := strings.TrimSpace(string(body))
+	if ip := net.ParseIP(s); ip != nil {
+		return ip.String()
+	}
+	var j map[string]any
+	if json.Unmarshal(body, &j) == nil {
+		for _, k := range []string{"ip", "origin"} {
+			if v, ok := j[k].(string); ok {
+				// httpbin's origin may list a chain; the first is the caller.
+				first := strings.TrimSpace(strings.Split(v, ",")[0])
+				if ip := net.ParseIP(first); ip != nil {
+					return ip.String()
+				}
+			}
+		}
+	}
+	return ""
+}

@@ -1,0 +1,230 @@
+package probe_test
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
+)
+
+// startSquid runs a real Squid with credentials through the local backend.
+func startSquid(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b, err := local.New(local.Config{SquidPath: testbed.SquidBinary(t), StateDir: dir, ClusterID: "probe-test",
+		PortRange: &v1alpha1.PortRange{From: 32200, To: 32299}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := backend.Spec{
+		Ref: backend.Ref{Name: ownership.InstanceName("probe-test")}, Owner: ownership.Owner{UID: "probe-test"},
+		Credentials: &backend.Credentials{Username: "crawler", Password: "p@ss word"},
+		Local:       &v1alpha1.LocalPlacement{BindAddress: "127.0.0.1"},
+	}
+	inst, err := b.Create(context.Background(), s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Delete(context.Background(), s.Ref) })
+	addr := net.JoinHostPort(inst.Host, strconv.Itoa(int(inst.Port)))
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			_ = c.Close()
+			return addr
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("squid never listened on %s", addr)
+	return ""
+}
+
+func TestProbeThroughRealSquid(t *testing.T) {
+	proxy := startSquid(t)
+	tls := testbed.StartEchoTarget(t)
+	plain := testbed.StartPlainEchoTarget(t)
+	teapot := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) }))
+	t.Cleanup(teapot.Close)
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { time.Sleep(2 * time.Second) }))
+	t.Cleanup(slow.Close)
+	dead, _ := net.Listen("tcp", "127.0.0.1:0")
+	deadAddr := dead.Addr().String()
+	_ = dead.Close()
+
+	cases := map[string]struct {
+		reason   string
+		target   probe.Target
+		wantOK   bool
+		wantIP   string
+		wantErr  string
+		hidePass bool
+	}{
+		"HTTPSConnect": {
+			reason: "An https URL is fetched through a CONNECT tunnel, and the echoed IP is the egress IP.",
+			target: probe.Target{Proxy: proxy, Username: "crawler", Password: "p@ss word", URL: tls.URL, RootCAs: tls.RootCAs},
+			wantOK: true, wantIP: "127.0.0.1",
+		},
+		"HTTPGet": {
+			reason: "An http URL is fetched with a proxied GET.",
+			target: probe.Target{Proxy: proxy, Username: "crawler", Password: "p@ss word", URL: plain.URL},
+			wantOK: true, wantIP: "127.0.0.1",
+		},
+		"WrongPasswordConnect": {
+			reason: "Squid answers CONNECT with 407; the message says to check the credentials and hides them.",
+			target: probe.Target{Proxy: proxy, Username: "crawler", Password: "hunter2", URL: tls.URL, RootCAs: tls.RootCAs},
+			wantErr: "rejected the credentials", hidePass: true,
+		},
+		"WrongPasswordGet": {
+			reason: "A proxied GET gets the same clear message.",
+			target: probe.Target{Proxy: proxy, Username: "crawler", Password: "hunter2", URL: plain.URL},
+			wantErr: "rejected the credentials", hidePass: true,
+		},
+		"NoCredentials": {
+			reason: "A probe without credentials is refused by an authenticated proxy.",
+			target: probe.Target{Proxy: proxy, URL: plain.URL},
+			wantErr: "407",
+		},
+		"UnexpectedStatus": {
+			reason: "A target answering another status fails the probe.",
+			target: probe.Target{Proxy: proxy, Username: "crawler", Password: "p@ss word", URL: teapot.URL},
+			wantErr: "target answered 418",
+		},
+		"ExpectedOtherStatus": {
+			reason: "The expected status is configurable.",
+			target: probe.Target{Proxy: proxy, Username: "crawler", Password: "p@ss word", URL: teapot.URL, ExpectedStatus: 418},
+			wantOK: true,
+		},
+		"Timeout": {
+			reason: "A slow target fails within the timeout.",
+			target: probe.Target{Proxy: proxy, Username: "crawler", Password: "p@ss word", URL: slow.URL, Timeout: 300 * time.Millisecond},
+			wantErr: "timed out",
+		},
+		"ProxyDown": {
+			reason: "A proxy that does not listen is reported as such.",
+			target: probe.Target{Proxy: deadAddr, Username: "crawler", Password: "p@ss word", URL: plain.URL},
+			wantErr: "refused the connection",
+		},
+		"UntrustedTarget": {
+			reason: "An https target with an unknown CA fails TLS verification.",
+			target: probe.Target{Proxy: proxy, Username: "crawler", Password: "p@ss word", URL: tls.URL},
+			wantErr: "certificate",
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			got := probe.Prober{}.Probe(context.Background(), tc.target)
+			if got.OK != tc.wantOK {
+				t.Fatalf("%s\nOK: want %v, got %+v", tc.reason, tc.wantOK, got)
+			}
+			if diff := cmp.Diff(tc.wantIP, got.EgressIP); diff != "" {
+				t.Errorf("%s\negress IP: -want, +got:\n%s", tc.reason, diff)
+			}
+			if !strings.Contains(got.Error, tc.wantErr) {
+				t.Errorf("%s\nerror %q must contain %q", tc.reason, got.Error, tc.wantErr)
+			}
+			if tc.hidePass && strings.Contains(got.Error, tc.target.Password) {
+				t.Errorf("%s\nthe error leaks the password: %q", tc.reason, got.Error)
+			}
+			if got.Latency <= 0 {
+				t.Errorf("%s\nlatency must be measured, got %s", tc.reason, got.Latency)
+			}
+		})
+	}
+}
+
+func TestEgressIP(t *testing.T) {
+	cases := map[string]struct {
+		reason string
+		body   string
+		want   string
+	}{
+		"Plain":     {reason: "ifconfig.me/ip answers a bare IP.", body: "203.0.113.7\n", want: "203.0.113.7"},
+		"IPv6":      {reason: "IPv6 is an IP too.", body: "2001:db8::1", want: "2001:db8::1"},
+		"JSONIP":    {reason: "ipify answers {\"ip\": ...}.", body: `{"ip":"198.51.100.2"}`, want: "198.51.100.2"},
+		"JSONChain": {reason: "httpbin's origin may list a chain; the caller comes first.", body: `{"origin":"198.51.100.2, 10.0.0.1"}`, want: "198.51.100.2"},
+		"HTML":      {reason: "A page that is not an IP reveals nothing.", body: "<html>hello</html>", want: ""},
+		"Empty":     {reason: "No body, no IP.", body: "", want: ""},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			if diff := cmp.Diff(tc.want, probe.EgressIP([]byte(tc.body))); diff != "" {
+				t.Errorf("%s\n-want, +got:\n%s", tc.reason, diff)
+			}
+		})
+	}
+}
+
+func TestVerdict(t *testing.T) {
+	cases := map[string]struct {
+		reason   string
+		start    probe.Verdict
+		outcomes []bool
+		succ     int32
+		fail     int32
+		want     probe.Verdict
+	}{
+		"NeverProbed": {
+			reason: "No verdict yet is not healthy.",
+			want:   probe.Verdict{},
+		},
+		"FirstPass": {
+			reason:   "With successThreshold 1 the first pass makes a proxy healthy.",
+			outcomes: []bool{true}, succ: 1, fail: 3,
+			want: probe.Verdict{Healthy: true, ConsecutiveSuccesses: 1},
+		},
+		"NeedsTwo": {
+			reason:   "With successThreshold 2 one pass is not enough.",
+			outcomes: []bool{true}, succ: 2, fail: 3,
+			want: probe.Verdict{ConsecutiveSuccesses: 1},
+		},
+		"OneBlip": {
+			reason:   "One failure does not flip a healthy proxy when failureThreshold is 3.",
+			start:    probe.Verdict{Healthy: true, ConsecutiveSuccesses: 5},
+			outcomes: []bool{false}, succ: 1, fail: 3,
+			want: probe.Verdict{Healthy: true, ConsecutiveFailures: 1},
+		},
+		"Flips": {
+			reason:   "failureThreshold failures in a row flip it.",
+			start:    probe.Verdict{Healthy: true},
+			outcomes: []bool{false, false, false}, succ: 1, fail: 3,
+			want: probe.Verdict{ConsecutiveFailures: 3},
+		},
+		"Interrupted": {
+			reason:   "A pass in between resets the failure count.",
+			start:    probe.Verdict{Healthy: true},
+			outcomes: []bool{false, false, true, false, false}, succ: 1, fail: 3,
+			want: probe.Verdict{Healthy: true, ConsecutiveFailures: 2},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			v := tc.start
+			for _, ok := range tc.outcomes {
+				v = v.Next(ok, tc.succ, tc.fail)
+			}
+			if diff := cmp.Diff(tc.want, v); diff != "" {
+				t.Errorf("%s\n-want, +got:\n%s", tc.reason, diff)
+			}
+		})
+	}
+}

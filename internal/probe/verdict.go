@@ -1,0 +1,30 @@
+package probe
+
+// Verdict is a proxy's health after thresholds: one failed probe does not
+// make a healthy proxy unhealthy, nor one passing probe a sick one healthy.
+type Verdict struct {
+	Healthy              bool
+	ConsecutiveSuccesses int32
+	ConsecutiveFailures  int32
+}
+
+// Next folds one probe outcome into v. A proxy that was never probed starts
+// unhealthy: no verdict yet is not healthy.
+func (v Verdict) Next(ok bool, successThreshold, failureThreshold int32) Verdict {
+	successThreshold = max(successThreshold, 1)
+	failureThreshold = max(failureThreshold, 1)
+	if ok {
+		v.ConsecutiveSuccesses++
+		v.ConsecutiveFailures = 0
+		if v.ConsecutiveSuccesses >= successThreshold {
+			v.Healthy = true
+		}
+		return v
+	}
+	v.ConsecutiveFailures++
+	v.ConsecutiveSuccesses = 0
+	if v.ConsecutiveFailures >= failureThreshold {
+		v.Healthy = false
+	}
+	return v
+}
