@@ -90,23 +90,23 @@ func TestProbeThroughRealSquid(t *testing.T) {
 			wantOK: true, wantIP: "127.0.0.1",
 		},
 		"WrongPasswordConnect": {
-			reason: "Squid answers CONNECT with 407; the message says to check the credentials and hides them.",
-			target: probe.Target{Proxy: proxy, Username: "crawler", Password: "hunter2", URL: tls.URL, RootCAs: tls.RootCAs},
+			reason:  "Squid answers CONNECT with 407; the message says to check the credentials and hides them.",
+			target:  probe.Target{Proxy: proxy, Username: "crawler", Password: "hunter2", URL: tls.URL, RootCAs: tls.RootCAs},
 			wantErr: "rejected the credentials", hidePass: true,
 		},
 		"WrongPasswordGet": {
-			reason: "A proxied GET gets the same clear message.",
-			target: probe.Target{Proxy: proxy, Username: "crawler", Password: "hunter2", URL: plain.URL},
+			reason:  "A proxied GET gets the same clear message.",
+			target:  probe.Target{Proxy: proxy, Username: "crawler", Password: "hunter2", URL: plain.URL},
 			wantErr: "rejected the credentials", hidePass: true,
 		},
 		"NoCredentials": {
-			reason: "A probe without credentials is refused by an authenticated proxy.",
-			target: probe.Target{Proxy: proxy, URL: plain.URL},
+			reason:  "A probe without credentials is refused by an authenticated proxy.",
+			target:  probe.Target{Proxy: proxy, URL: plain.URL},
 			wantErr: "407",
 		},
 		"UnexpectedStatus": {
-			reason: "A target answering another status fails the probe.",
-			target: probe.Target{Proxy: proxy, Username: "crawler", Password: "p@ss word", URL: teapot.URL},
+			reason:  "A target answering another status fails the probe.",
+			target:  probe.Target{Proxy: proxy, Username: "crawler", Password: "p@ss word", URL: teapot.URL},
 			wantErr: "target answered 418",
 		},
 		"ExpectedOtherStatus": {
@@ -115,18 +115,18 @@ func TestProbeThroughRealSquid(t *testing.T) {
 			wantOK: true,
 		},
 		"Timeout": {
-			reason: "A slow target fails within the timeout.",
-			target: probe.Target{Proxy: proxy, Username: "crawler", Password: "p@ss word", URL: slow.URL, Timeout: 300 * time.Millisecond},
+			reason:  "A slow target fails within the timeout.",
+			target:  probe.Target{Proxy: proxy, Username: "crawler", Password: "p@ss word", URL: slow.URL, Timeout: 300 * time.Millisecond},
 			wantErr: "timed out",
 		},
 		"ProxyDown": {
-			reason: "A proxy that does not listen is reported as such.",
-			target: probe.Target{Proxy: deadAddr, Username: "crawler", Password: "p@ss word", URL: plain.URL},
+			reason:  "A proxy that does not listen is reported as such.",
+			target:  probe.Target{Proxy: deadAddr, Username: "crawler", Password: "p@ss word", URL: plain.URL},
 			wantErr: "refused the connection",
 		},
 		"UntrustedTarget": {
-			reason: "An https target with an unknown CA fails TLS verification.",
-			target: probe.Target{Proxy: proxy, Username: "crawler", Password: "p@ss word", URL: tls.URL},
+			reason:  "An https target with an unknown CA fails TLS verification.",
+			target:  probe.Target{Proxy: proxy, Username: "crawler", Password: "p@ss word", URL: tls.URL},
 			wantErr: "certificate",
 		},
 	}

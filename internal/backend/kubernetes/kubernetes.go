@@ -1,0 +1,267 @@
+// Package kubernetes runs each proxy as a Squid pod. Pods share their node's
+// egress IP, so spread them over nodes with distinct NAT addresses; the
+// observed egress IP makes any sharing visible.
+package kubernetes
+
+import (
+	"context"
+	"net/http"
+	"strings"
+
+	"github.com/pkg/errors"
+	corev1 "k8s.io/api/core/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/squid"
+)
+
+// DefaultImage is the pinned Squid image: Canonical's build of the same Squid
+// 5 series the config generator is tested against.
+const DefaultImage = "docker.io/ubuntu/squid:5.2-22.04_beta"
+
+// AnnotationSpecHash records the Spec.Hash a pod was made from.
+const AnnotationSpecHash = "egress.crawl.example.com/spec-hash"
+
+const (
+	configDir = "/etc/egress-proxy"
+	// squidGID is the proxy group in Debian and Ubuntu images; the htpasswd
+	// file must be readable by the auth helper, which runs as that group.
+	squidGID = 13
+)
+
+// Config configures a kubernetes backend.
+type Config struct {
+	// Client reaches the cluster pods run in.
+	Client client.Client
+	// ClusterID is stamped on every pod.
+	ClusterID string
+	// Image overrides DefaultImage.
+	Image string
+}
+
+// Backend manages Squid pods.
+type Backend struct {
+	cfg Config
+}
+
+var _ backend.Backend = &Backend{}
+
+// New returns a kubernetes backend.
+func New(cfg Config) *Backend {
+	if cfg.Image == "" {
+		cfg.Image = DefaultImage
+	}
+	return &Backend{cfg: cfg}
+}
+
+// Classify sorts a Kubernetes API error into the backend taxonomy. RBAC
+// denial and quota exhaustion both arrive as 403; only the message tells
+// them apart.
+func Classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	var status kerrors.APIStatus
+	code := int32(0)
+	if errors.As(err, &status) {
+		code = status.Status().Code
+	}
+	switch {
+	case kerrors.IsNotFound(err):
+		return backend.Wrap(backend.ClassNotFound, err)
+	case code == http.StatusForbidden && strings.Contains(strings.ToLower(err.Error()), "quota"):
+		return backend.Wrap(backend.ClassQuota, err)
+	case code == http.StatusTooManyRequests:
+		return backend.Wrap(backend.ClassQuota, err)
+	case code == http.StatusForbidden, kerrors.IsInvalid(err), kerrors.IsBadRequest(err):
+		return backend.Wrap(backend.ClassPermanent, err)
+	default:
+		return backend.Wrap(backend.ClassTransient, err)
+	}
+}
+
+func (b *Backend) labels(s backend.Spec) map[string]string {
+	l := s.Owner.Labels()
+	l["app.kubernetes.io/name"] = "egress-proxy"
+	return l
+}
+
+// Create makes the Secret holding the generated config, then the pod.
+func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance, error) {
+	if s.Kubernetes == nil {
+		return nil, backend.Errorf(backend.ClassPermanent, "the kubernetes backend needs spec.forProvider.kubernetes")
+	}
+	if s.Namespace == "" {
+		return nil, backend.Errorf(backend.ClassPermanent, "no namespace for the pod: set spec.forProvider.kubernetes.namespace")
+	}
+	cfg := squid.Config{Port: s.Port, AllowedSourceRanges: s.AllowedSourceRanges}
+	data := map[string][]byte{}
+	if s.Credentials != nil {
+		cfg.HtpasswdPath = configDir + "/htpasswd"
+		h, err := squid.HtpasswdWithSalt(s.Credentials.Username, s.Credentials.Password, saltFor(s.Owner.UID))
+		if err != nil {
+			return nil, backend.Wrap(backend.ClassPermanent, err)
+		}
+		data["htpasswd"] = h
+	}
+	conf, err := squid.Render(cfg)
+	if err != nil {
+		return nil, backend.Wrap(backend.ClassPermanent, err)
+	}
+	data["squid.conf"] = conf
+
+	sec := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: s.Namespace, Labels: b.labels(s)},
+		Type:       corev1.SecretTypeOpaque,
+		Data:       data,
+	}
+	if err := b.cfg.Client.Create(ctx, sec); kerrors.IsAlreadyExists(err) {
+		existing := &corev1.Secret{}
+		if err := b.cfg.Client.Get(ctx, client.ObjectKeyFromObject(sec), existing); err != nil {
+			return nil, Classify(errors.Wrap(err, "cannot get proxy config secret"))
+		}
+		existing.Data = data
+		if err := b.cfg.Client.Update(ctx, existing); err != nil {
+			return nil, Classify(errors.Wrap(err, "cannot update proxy config secret"))
+		}
+	} else if err != nil {
+		return nil, Classify(errors.Wrap(err, "cannot create proxy config secret"))
+	}
+
+	pod := b.pod(s)
+	if err := b.cfg.Client.Create(ctx, pod); err != nil && !kerrors.IsAlreadyExists(err) {
+		return nil, Classify(errors.Wrap(err, "cannot create proxy pod"))
+	}
+	return b.Get(ctx, s.Ref)
+}
+
+func (b *Backend) pod(s backend.Spec) *corev1.Pod {
+	image := b.cfg.Image
+	if s.Kubernetes.Image != "" {
+		image = s.Kubernetes.Image
+	}
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: s.Name, Namespace: s.Namespace, Labels: b.labels(s),
+			Annotations: map[string]string{AnnotationSpecHash: s.Hash},
+		},
+		Spec: corev1.PodSpec{
+			// The backend recreates a pod that ended, so that the
+			// replacement is visible as a new instance with a new verdict.
+			RestartPolicy:                corev1.RestartPolicyNever,
+			AutomountServiceAccountToken: ptr.To(false),
+			EnableServiceLinks:           ptr.To(false),
+			NodeSelector:                 s.Kubernetes.NodeSelector,
+			SecurityContext:              &corev1.PodSecurityContext{FSGroup: ptr.To(int64(squidGID))},
+			Containers: []corev1.Container{{
+				Name:    "squid",
+				Image:   image,
+				Command: []string{"squid", "-N", "-f", configDir + "/squid.conf"},
+				Ports:   []corev1.ContainerPort{{Name: "proxy", ContainerPort: s.Port, Protocol: corev1.ProtocolTCP}},
+				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
+					TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(s.Port)},
+				}, PeriodSeconds: 5},
+				Resources: corev1.ResourceRequirements{
+					Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
+					Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
+				},
+				SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false)},
+				VolumeMounts:    []corev1.VolumeMount{{Name: "config", MountPath: configDir, ReadOnly: true}},
+			}},
+			Volumes: []corev1.Volume{{
+				Name: "config",
+				VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+					SecretName: s.Name, DefaultMode: ptr.To(int32(0o440)),
+				}},
+			}},
+		},
+	}
+}
+
+// Phase maps a pod to an instance phase. A running pod without an IP is
+// still provisioning: an empty address is never published.
+func Phase(p *corev1.Pod) v1alpha1.InstancePhase {
+	if p.DeletionTimestamp != nil {
+		return v1alpha1.InstancePhaseTerminated
+	}
+	switch p.Status.Phase {
+	case corev1.PodRunning:
+		if p.Status.PodIP == "" {
+			return v1alpha1.InstancePhaseProvisioning
+		}
+		return v1alpha1.InstancePhaseRunning
+	case corev1.PodFailed, corev1.PodSucceeded, corev1.PodUnknown:
+		return v1alpha1.InstancePhaseTerminated
+	default:
+		return v1alpha1.InstancePhaseProvisioning
+	}
+}
+
+func (b *Backend) instance(p *corev1.Pod) *backend.Instance {
+	owner, _ := ownership.FromLabels(p.Labels)
+	i := &backend.Instance{
+		Ref:        backend.Ref{Name: p.Name, Namespace: p.Namespace},
+		ProviderID: p.Namespace + "/" + p.Name,
+		Phase:      Phase(p),
+		CreatedAt:  p.CreationTimestamp.Time,
+		SpecHash:   p.Annotations[AnnotationSpecHash],
+		Owner:      owner,
+	}
+	if len(p.Spec.Containers) > 0 && len(p.Spec.Containers[0].Ports) > 0 {
+		i.Port = p.Spec.Containers[0].Ports[0].ContainerPort
+	}
+	if i.Phase == v1alpha1.InstancePhaseRunning {
+		i.Host = p.Status.PodIP
+	}
+	return i
+}
+
+// Get observes a pod.
+func (b *Backend) Get(ctx context.Context, r backend.Ref) (*backend.Instance, error) {
+	p := &corev1.Pod{}
+	if err := b.cfg.Client.Get(ctx, types.NamespacedName{Namespace: r.Namespace, Name: r.Name}, p); err != nil {
+		return nil, Classify(errors.Wrapf(err, "cannot get proxy pod %s/%s", r.Namespace, r.Name))
+	}
+	return b.instance(p), nil
+}
+
+// Delete removes the pod and its config Secret.
+func (b *Backend) Delete(ctx context.Context, r backend.Ref) error {
+	meta := metav1.ObjectMeta{Name: r.Name, Namespace: r.Namespace}
+	if err := b.cfg.Client.Delete(ctx, &corev1.Pod{ObjectMeta: meta}); err != nil && !kerrors.IsNotFound(err) {
+		return Classify(errors.Wrap(err, "cannot delete proxy pod"))
+	}
+	if err := b.cfg.Client.Delete(ctx, &corev1.Secret{ObjectMeta: meta}); err != nil && !kerrors.IsNotFound(err) {
+		return Classify(errors.Wrap(err, "cannot delete proxy config secret"))
+	}
+	return nil
+}
+
+// ListOwned lists this cluster's proxy pods in every namespace, which is why
+// the provider's pod RBAC is a ClusterRole.
+func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
+	l := &corev1.PodList{}
+	if err := b.cfg.Client.List(ctx, l, client.MatchingLabels(ownership.Selector(b.cfg.ClusterID))); err != nil {
+		return nil, Classify(errors.Wrap(err, "cannot list proxy pods"))
+	}
+	out := make([]backend.Instance, 0, len(l.Items))
+	for i := range l.Items {
+		out = append(out, *b.instance(&l.Items[i]))
+	}
+	return out, nil
+}
+
+// saltFor derives a stable htpasswd salt from the owner, so the Secret's
+// bytes change only when the credentials do.
+func saltFor(uid types.UID) string {
+	return ownership.InstanceName(uid)[len("egress-"):][:8]
+}

@@ -1,0 +1,180 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"sync"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	"github.com/pkg/errors"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/resource"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/kubernetes"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
+)
+
+// resolveConfig reads the ProviderConfig or ClusterProviderConfig a Proxy
+// references.
+func resolveConfig(ctx context.Context, kube client.Client, p *v1alpha1.Proxy) (*config, error) {
+	ref := p.GetProviderConfigReference()
+	if ref == nil {
+		return nil, errors.New("spec.providerConfigRef is not set")
+	}
+	switch ref.Kind {
+	case v1alpha1.ClusterProviderConfigKind:
+		pc := &v1alpha1.ClusterProviderConfig{}
+		if err := kube.Get(ctx, types.NamespacedName{Name: ref.Name}, pc); err != nil {
+			return nil, configError(err, ref.Kind, ref.Name)
+		}
+		return &config{Kind: ref.Kind, Name: pc.Name, UID: pc.UID, Version: pc.ResourceVersion, Spec: pc.Spec}, nil
+	case v1alpha1.ProviderConfigKind:
+		pc := &v1alpha1.ProviderConfig{}
+		if err := kube.Get(ctx, types.NamespacedName{Namespace: p.GetNamespace(), Name: ref.Name}, pc); err != nil {
+			return nil, configError(err, ref.Kind, p.GetNamespace()+"/"+ref.Name)
+		}
+		return &config{Kind: ref.Kind, Name: pc.Name, Namespace: pc.Namespace, UID: pc.UID, Version: pc.ResourceVersion, Spec: pc.Spec}, nil
+	default:
+		return nil, errors.Errorf("spec.providerConfigRef.kind %q is neither %s nor %s", ref.Kind, v1alpha1.ProviderConfigKind, v1alpha1.ClusterProviderConfigKind)
+	}
+}
+
+func configError(err error, kind, name string) error {
+	if kerrors.IsNotFound(err) {
+		return errors.Errorf("%s %s not found: create it, or fix spec.providerConfigRef", kind, name)
+	}
+	return errors.Wrapf(err, "cannot get %s %s", kind, name)
+}
+
+// usageTracker records which Proxies use which configuration, with the usage
+// kind that matches the configuration's kind.
+type usageTracker struct {
+	namespaced *resource.ProviderConfigUsageTracker
+	cluster    *resource.ProviderConfigUsageTracker
+}
+
+func newUsageTracker(c client.Client) *usageTracker {
+	return &usageTracker{
+		namespaced: resource.NewProviderConfigUsageTracker(c, &v1alpha1.ProviderConfigUsage{}),
+		cluster:    resource.NewProviderConfigUsageTracker(c, &v1alpha1.ClusterProviderConfigUsage{}),
+	}
+}
+
+// Track records p's usage of its configuration.
+func (u *usageTracker) Track(ctx context.Context, p *v1alpha1.Proxy) error {
+	if ref := p.GetProviderConfigReference(); ref != nil && ref.Kind == v1alpha1.ClusterProviderConfigKind {
+		return u.cluster.Track(ctx, p)
+	}
+	return u.namespaced.Track(ctx, p)
+}
+
+// Backends builds, and keeps, the backend of each configuration. Local
+// backends supervise processes, so there is exactly one per state dir for
+// the life of the provider; clients of other clusters are reused until their
+// configuration changes.
+type Backends struct {
+	// Kube reaches the cluster the provider runs in.
+	Kube client.Client
+	// Config is the provider's own rest config, for in-cluster identity.
+	Config *rest.Config
+	// ClusterID is stamped on every instance.
+	ClusterID string
+	// StateDir is where local proxies live when a ProviderConfig names no
+	// state dir.
+	StateDir string
+	// Logger for backends.
+	Logger logging.Logger
+
+	mu    sync.Mutex
+	local map[string]*local.Backend
+	kube  map[string]backend.Backend
+}
+
+// For returns pc's backend.
+func (b *Backends) For(ctx context.Context, pc *config) (backend.Backend, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.local == nil {
+		b.local, b.kube = map[string]*local.Backend{}, map[string]backend.Backend{}
+	}
+	switch pc.Spec.Backend {
+	case v1alpha1.BackendLocal:
+		cfg := local.Config{StateDir: b.StateDir, ClusterID: b.ClusterID, Logger: b.Logger}
+		if l := pc.Spec.Local; l != nil {
+			cfg.SquidPath, cfg.PortRange = l.SquidPath, l.PortRange
+			if l.StateDir != "" {
+				cfg.StateDir = l.StateDir
+			}
+		}
+		if cfg.StateDir == "" {
+			return nil, backend.Errorf(backend.ClassPermanent, "no state dir: set spec.local.stateDir or start the provider with --state-dir")
+		}
+		cfg.StateDir = filepath.Clean(cfg.StateDir)
+		if lb, ok := b.local[cfg.StateDir]; ok {
+			return lb, nil
+		}
+		lb, err := local.New(cfg)
+		if err != nil {
+			return nil, err
+		}
+		b.local[cfg.StateDir] = lb
+		return lb, nil
+	case v1alpha1.BackendKubernetes:
+		key := fmt.Sprintf("%s/%s", pc.UID, pc.Version)
+		if kb, ok := b.kube[key]; ok {
+			return kb, nil
+		}
+		c, err := b.kubeClient(ctx, pc)
+		if err != nil {
+			return nil, err
+		}
+		kb := kubernetes.New(kubernetes.Config{Client: c, ClusterID: b.ClusterID})
+		b.kube[key] = kb
+		return kb, nil
+	default:
+		return nil, backend.Errorf(backend.ClassPermanent, "the %s backend is not available in this provider version", pc.Spec.Backend)
+	}
+}
+
+// kubeClient returns an uncached client for the pods' cluster: proxy pods
+// are read one at a time, which does not warrant a cluster-wide pod cache.
+func (b *Backends) kubeClient(ctx context.Context, pc *config) (client.Client, error) {
+	cfg := b.Config
+	if k := pc.Spec.Kubernetes; k != nil && k.Credentials != nil && k.Credentials.Source == xpv2.CredentialsSourceSecret {
+		sel := k.Credentials.CommonCredentialSelectors
+		if sel.SecretRef != nil && pc.Namespace != "" {
+			// A namespaced ProviderConfig may only read Secrets of its own
+			// namespace.
+			sel.SecretRef = sel.SecretRef.DeepCopy()
+			sel.SecretRef.Namespace = pc.Namespace
+		}
+		kc, err := resource.CommonCredentialExtractor(ctx, k.Credentials.Source, b.Kube, sel)
+		if err != nil {
+			return nil, errors.Wrap(err, "cannot read kubeconfig")
+		}
+		if cfg, err = clientcmd.RESTConfigFromKubeConfig(kc); err != nil {
+			return nil, backend.Wrap(backend.ClassPermanent, errors.Wrap(err, "cannot parse kubeconfig"))
+		}
+	}
+	c, err := client.New(cfg, client.Options{Scheme: b.Kube.Scheme()})
+	return c, errors.Wrap(err, "cannot create client for the pod cluster")
+}
+
+// Close stops supervising local processes without stopping them, so the
+// next provider re-adopts them.
+func (b *Backends) Close() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, lb := range b.local {
+		lb.Close()
+	}
+}

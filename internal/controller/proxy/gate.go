@@ -1,0 +1,112 @@
+package proxy
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+)
+
+// Create failures are recorded in annotations because crossplane-runtime
+// persists the annotations a Create sets, and nothing else. Observe reads
+// them back and holds off the next Create, so a backend that keeps failing
+// is not asked again and again: quota errors wait a growing backoff, and
+// permanent errors wait until the spec (its generation) changes.
+const (
+	annotationCreateFailures   = "egress.crawl.example.com/create-failures"
+	annotationCreateClass      = "egress.crawl.example.com/create-error-class"
+	annotationCreateError      = "egress.crawl.example.com/create-error"
+	annotationNextCreate       = "egress.crawl.example.com/next-create-attempt"
+	annotationCreateGeneration = "egress.crawl.example.com/create-error-generation"
+)
+
+// Condition reasons of Ready=False.
+const (
+	ReasonProvisioning  xpv2.ConditionReason = "Provisioning"
+	ReasonAwaitingProbe xpv2.ConditionReason = "AwaitingProbe"
+	ReasonProbeFailing  xpv2.ConditionReason = "ProbeFailing"
+	ReasonTerminated    xpv2.ConditionReason = "Terminated"
+	ReasonBackendError  xpv2.ConditionReason = "BackendError"
+)
+
+func unavailable(reason xpv2.ConditionReason, msg string) xpv2.Condition {
+	c := xpv2.Unavailable()
+	c.Reason = reason
+	c.Message = msg
+	return c
+}
+
+// createGate is the recorded state of past create failures.
+type createGate struct {
+	Failures   int
+	Class      backend.Class
+	Message    string
+	Next       time.Time
+	Generation int64
+}
+
+func readGate(p *v1alpha1.Proxy) createGate {
+	a := p.GetAnnotations()
+	g := createGate{Class: backend.Class(a[annotationCreateClass]), Message: a[annotationCreateError]}
+	g.Failures, _ = strconv.Atoi(a[annotationCreateFailures])
+	g.Generation, _ = strconv.ParseInt(a[annotationCreateGeneration], 10, 64)
+	g.Next, _ = time.Parse(time.RFC3339, a[annotationNextCreate])
+	return g
+}
+
+// recordCreateFailure notes a failed Create on the Proxy's annotations.
+func recordCreateFailure(p *v1alpha1.Proxy, err error, now time.Time) {
+	g := readGate(p)
+	class := backend.ClassOf(err)
+	if g.Generation != p.GetGeneration() {
+		g.Failures = 0
+	}
+	g.Failures++
+	next := now.Add(backend.Backoff(class, g.Failures))
+	meta.AddAnnotations(p, map[string]string{
+		annotationCreateFailures:   strconv.Itoa(g.Failures),
+		annotationCreateClass:      string(class),
+		annotationCreateError:      truncate(err.Error(), 512),
+		annotationNextCreate:       next.UTC().Format(time.RFC3339),
+		annotationCreateGeneration: strconv.FormatInt(p.GetGeneration(), 10),
+	})
+}
+
+// clearCreateFailures forgets past failures after a successful Create.
+func clearCreateFailures(p *v1alpha1.Proxy) {
+	meta.RemoveAnnotations(p, annotationCreateFailures, annotationCreateClass, annotationCreateError, annotationNextCreate, annotationCreateGeneration)
+}
+
+// blocked says whether a Create must wait, and returns the condition that
+// tells the user why and what to do.
+func (g createGate) blocked(p *v1alpha1.Proxy, now time.Time) (xpv2.Condition, bool) {
+	if g.Failures == 0 {
+		return xpv2.Condition{}, false
+	}
+	switch g.Class {
+	case backend.ClassPermanent:
+		if g.Generation == p.GetGeneration() {
+			return unavailable(xpv2.ConditionReason(backend.ClassPermanent),
+				fmt.Sprintf("create failed permanently and is not retried until the spec changes: %s", g.Message)), true
+		}
+	case backend.ClassQuota:
+		if now.Before(g.Next) {
+			return unavailable(xpv2.ConditionReason(backend.ClassQuota),
+				fmt.Sprintf("backend quota exceeded (%d attempts); next create attempt at %s: %s", g.Failures, g.Next.Format(time.RFC3339), g.Message)), true
+		}
+	}
+	return xpv2.Condition{}, false
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}

@@ -1,0 +1,528 @@
+// Package proxy is the managed reconciler of Proxy resources: it creates each
+// proxy on the backend its ProviderConfig chooses, and in Observe probes
+// through the proxy to decide whether it is Ready.
+package proxy
+
+import (
+	"context"
+	"crypto/x509"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/url"
+	"strconv"
+	"sync"
+	"time"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	"github.com/pkg/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/resource"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/statemetrics"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
+)
+
+// Defaults for health checks that leave fields unset.
+const (
+	defaultInterval = 30 * time.Second
+	defaultTimeout  = 5 * time.Second
+	// A new instance is probed this often until its first verdict, so a
+	// fresh proxy turns Ready in seconds rather than after a full interval.
+	startupInterval = time.Second
+	// startupWindow bounds the fast probing of a new instance.
+	startupWindow = time.Minute
+	// restartJitter spreads the first probes after a provider restart.
+	restartJitter = 10 * time.Second
+)
+
+// Connection detail keys written to writeConnectionSecretToRef.
+const (
+	ConnectionProxyURL = "proxyURL"
+	ConnectionHost     = "host"
+	ConnectionPort     = "port"
+	ConnectionUsername = "username"
+	ConnectionPassword = "password"
+)
+
+// Options configure the Proxy controller.
+type Options struct {
+	controller.Options
+
+	// Backends gives the backend a ProviderConfig chooses.
+	Backends BackendSource
+	// ClusterID is stamped on every instance.
+	ClusterID string
+	// Prober probes through proxies; its zero value is used as is.
+	Prober probe.Prober
+	// RootCAs verify probe targets behind a private CA; nil means the
+	// system pool.
+	RootCAs *x509.CertPool
+	// Metrics, when set, record probes, instances and backend errors.
+	Metrics *metrics.Provider
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// BackendSource gives the backend a resolved ProviderConfig chooses.
+type BackendSource interface {
+	For(ctx context.Context, pc *config) (backend.Backend, error)
+}
+
+// Setup adds a controller that reconciles Proxies.
+func Setup(mgr ctrl.Manager, o Options) error {
+	name := managed.ControllerName(v1alpha1.ProxyGroupKind)
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+	if o.Metrics == nil {
+		o.Metrics = metrics.NewProvider()
+	}
+	sched := &scheduler{started: o.Now(), seen: map[types.UID]time.Time{}, now: o.Now}
+	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(name))
+	c := &connector{
+		kube: mgr.GetClient(), usage: newUsageTracker(mgr.GetClient()),
+		backends: o.Backends, clusterID: o.ClusterID, prober: o.Prober, rootCAs: o.RootCAs,
+		metrics: o.Metrics, now: o.Now, sched: sched, record: recorder,
+	}
+
+	opts := []managed.ReconcilerOption{
+		managed.WithTypedExternalConnector[*v1alpha1.Proxy](c),
+		managed.WithLogger(o.Logger.WithValues("controller", name)),
+		managed.WithRecorder(recorder),
+		managed.WithPollInterval(o.PollInterval),
+		// The probe cadence follows each Proxy's healthCheck.interval.
+		managed.WithPollIntervalHook(sched.pollAfter),
+		managed.WithManagementPolicies(),
+		// Instance names derive from the Proxy UID, so a create interrupted
+		// before its result was recorded is found again, not duplicated.
+		managed.WithDeterministicExternalName(true),
+		managed.WithInitializers(),
+	}
+	if o.MetricOptions != nil {
+		opts = append(opts, managed.WithMetricRecorder(o.MetricOptions.MRMetrics))
+		if o.MetricOptions.MRStateMetrics != nil {
+			sm := statemetrics.NewMRStateRecorder(mgr.GetClient(), o.Logger, o.MetricOptions.MRStateMetrics, &v1alpha1.ProxyList{}, o.MetricOptions.PollStateMetricInterval)
+			if err := mgr.Add(sm); err != nil {
+				return errors.Wrap(err, "cannot register MR state metrics recorder")
+			}
+		}
+	}
+
+	r := managed.NewReconciler(mgr, resource.ManagedKind(v1alpha1.ProxyGroupVersionKind), opts...)
+	return ctrl.NewControllerManagedBy(mgr).
+		Named(name).
+		WithOptions(o.ForControllerRuntime()).
+		WithEventFilter(resource.DesiredStateChanged()).
+		For(&v1alpha1.Proxy{}).
+		Complete(r)
+}
+
+// scheduler decides when each Proxy is next probed. What it keeps in memory
+// is only timing: the verdict itself lives in the Proxy's status.
+type scheduler struct {
+	started time.Time
+	now     func() time.Time
+
+	mu   sync.Mutex
+	seen map[types.UID]time.Time // first probe time allowed after a restart
+}
+
+func interval(p *v1alpha1.Proxy) time.Duration {
+	if i := p.Spec.ForProvider.HealthCheck.Interval; i != nil && i.Duration > 0 {
+		return i.Duration
+	}
+	return defaultInterval
+}
+
+// nextProbe says when p is next due a probe.
+func (s *scheduler) nextProbe(p *v1alpha1.Proxy) time.Time {
+	ap := p.Status.AtProvider
+	every := interval(p)
+	if !ap.Healthy && ap.ConsecutiveSuccesses == 0 && ap.InstanceCreatedAt != nil && s.now().Sub(ap.InstanceCreatedAt.Time) < startupWindow {
+		every = min(every, startupInterval)
+	}
+	var due time.Time
+	if ap.LastProbeTime != nil {
+		due = ap.LastProbeTime.Add(every)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	first, ok := s.seen[p.GetUID()]
+	if !ok {
+		// First sight since this process started. A proxy overdue for its
+		// probe (the provider was down) gets a jittered slot, so a restart
+		// does not probe the whole fleet at once.
+		first = s.now()
+		if ap.LastProbeTime != nil && due.Before(first) {
+			first = first.Add(rand.N(min(restartJitter, every)))
+		}
+		s.seen[p.GetUID()] = first
+	}
+	if due.Before(first) {
+		return first
+	}
+	return due
+}
+
+func (s *scheduler) forget(uid types.UID) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.seen, uid)
+}
+
+// pollAfter is the managed reconciler's poll hook: come back when the next
+// probe is due.
+func (s *scheduler) pollAfter(mg resource.Managed, _ time.Duration) time.Duration {
+	p, ok := mg.(*v1alpha1.Proxy)
+	if !ok {
+		return defaultInterval
+	}
+	return max(s.nextProbe(p).Sub(s.now()), 200*time.Millisecond)
+}
+
+// connector resolves a Proxy's ProviderConfig into a backend.
+type connector struct {
+	kube      client.Client
+	usage     *usageTracker
+	backends  BackendSource
+	clusterID string
+	prober    probe.Prober
+	rootCAs   *x509.CertPool
+	metrics   *metrics.Provider
+	now       func() time.Time
+	sched     *scheduler
+	record    event.Recorder
+}
+
+// Connect returns the external client of one reconcile. An External Proxy
+// needs no ProviderConfig: nothing is created for it.
+func (c *connector) Connect(ctx context.Context, p *v1alpha1.Proxy) (managed.TypedExternalClient[*v1alpha1.Proxy], error) {
+	e := &external{connector: c}
+	if p.Spec.ForProvider.Mode == v1alpha1.ProxyModeExternal {
+		return e, nil
+	}
+	if err := c.usage.Track(ctx, p); err != nil {
+		return nil, errors.Wrap(err, "cannot track ProviderConfig usage")
+	}
+	pc, err := resolveConfig(ctx, c.kube, p)
+	if err != nil {
+		return nil, err
+	}
+	if err := placementMatches(p, pc); err != nil {
+		return nil, err
+	}
+	b, err := c.backends.For(ctx, pc)
+	if err != nil {
+		return nil, errors.Wrapf(err, "cannot use the %s backend of %s %s", pc.Spec.Backend, pc.Kind, pc.Name)
+	}
+	e.pc, e.backend = pc, b
+	return e, nil
+}
+
+func placementMatches(p *v1alpha1.Proxy, pc *config) error {
+	fp := p.Spec.ForProvider
+	want := map[v1alpha1.BackendType]bool{
+		v1alpha1.BackendLocal:      fp.Local != nil,
+		v1alpha1.BackendKubernetes: fp.Kubernetes != nil,
+		v1alpha1.BackendGCP:        fp.GCP != nil,
+	}
+	if !want[pc.Spec.Backend] {
+		return errors.Errorf("%s %s uses the %s backend, but the Proxy's placement is for another: set spec.forProvider.%s or reference a matching ProviderConfig",
+			pc.Kind, pc.Name, pc.Spec.Backend, placementField(pc.Spec.Backend))
+	}
+	return nil
+}
+
+func placementField(b v1alpha1.BackendType) string {
+	switch b {
+	case v1alpha1.BackendKubernetes:
+		return "kubernetes"
+	case v1alpha1.BackendGCP:
+		return "gcp"
+	default:
+		return "local"
+	}
+}
+
+// external is the client of one reconcile of one Proxy.
+type external struct {
+	*connector
+	pc      *config
+	backend backend.Backend
+}
+
+func (e *external) backendName() string {
+	if e.pc == nil {
+		return "external"
+	}
+	return string(e.pc.Spec.Backend)
+}
+
+func (e *external) countError(op string, err error) {
+	if err != nil && !backend.IsNotFound(err) {
+		e.metrics.BackendErrors.WithLabelValues(e.backendName(), op, string(backend.ClassOf(err))).Inc()
+	}
+}
+
+// Observe gets the instance and, when it runs, probes through it.
+func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.ExternalObservation, error) {
+	if p.Spec.ForProvider.Mode == v1alpha1.ProxyModeExternal {
+		return e.observeExternal(ctx, p)
+	}
+	ref := instanceRef(p, e.pc)
+	inst, err := e.backend.Get(ctx, ref)
+	e.countError("get", err)
+	if backend.IsNotFound(err) {
+		e.metrics.SetPhase(p.GetUID(), "", "")
+		if meta.WasDeleted(p) {
+			e.sched.forget(p.GetUID())
+			return managed.ExternalObservation{ResourceExists: false}, nil
+		}
+		resetInstanceStatus(p)
+		if c, blocked := readGate(p).blocked(p, e.now()); blocked {
+			p.SetConditions(c)
+			return managed.ExternalObservation{}, errors.New(c.Message)
+		}
+		p.SetConditions(unavailable(ReasonProvisioning, "no instance yet: creating one"))
+		return managed.ExternalObservation{ResourceExists: false}, nil
+	}
+	if err != nil {
+		p.SetConditions(unavailable(ReasonBackendError, fmt.Sprintf("cannot observe the instance: %v", err)))
+		return managed.ExternalObservation{}, errors.Wrap(err, "cannot get instance")
+	}
+	e.metrics.SetPhase(p.GetUID(), e.backendName(), string(inst.Phase))
+
+	if meta.WasDeleted(p) {
+		// Tell the truth while deleting: the instance still exists, so the
+		// reconciler calls Delete.
+		return managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, nil
+	}
+
+	if inst.Phase == v1alpha1.InstancePhaseTerminated {
+		// A stopped instance is replaced by a fresh one.
+		e.record.Event(p, event.Warning("InstanceTerminated", errors.Errorf("instance %s terminated; replacing it", inst.ProviderID)))
+		if err := e.backend.Delete(ctx, ref); err != nil {
+			e.countError("delete", err)
+			return managed.ExternalObservation{}, errors.Wrap(err, "cannot delete terminated instance")
+		}
+		resetInstanceStatus(p)
+		p.SetConditions(unavailable(ReasonTerminated, fmt.Sprintf("instance %s terminated; creating a new one", inst.ProviderID)))
+		return managed.ExternalObservation{ResourceExists: false}, nil
+	}
+
+	creds, err := credentials(ctx, e.kube, p)
+	if err != nil {
+		return managed.ExternalObservation{}, err
+	}
+	want := desiredSpec(p, e.pc, e.clusterID, creds)
+	e.observeInstance(ctx, p, inst, creds)
+
+	obs := managed.ExternalObservation{
+		ResourceExists:   true,
+		ResourceUpToDate: inst.SpecHash == want.Hash,
+	}
+	if !obs.ResourceUpToDate {
+		obs.Diff = fmt.Sprintf("instance spec hash %s, desired %s: the instance is replaced", inst.SpecHash, want.Hash)
+	}
+	if inst.Phase == v1alpha1.InstancePhaseRunning && inst.Host != "" {
+		obs.ConnectionDetails = connectionDetails(inst.Host, inst.Port, creds)
+	}
+	return obs, nil
+}
+
+// resetInstanceStatus forgets everything observed of a previous instance:
+// a new instance never inherits its predecessor's verdict or address.
+func resetInstanceStatus(p *v1alpha1.Proxy) {
+	p.Status.AtProvider = v1alpha1.ProxyObservation{}
+}
+
+// observeInstance records the instance and probes it when due.
+func (e *external) observeInstance(ctx context.Context, p *v1alpha1.Proxy, inst *backend.Instance, creds *backend.Credentials) {
+	ap := &p.Status.AtProvider
+	if ap.InstanceCreatedAt == nil || !ap.InstanceCreatedAt.Time.Equal(inst.CreatedAt.Truncate(time.Second)) || ap.ProviderID != inst.ProviderID {
+		resetInstanceStatus(p)
+		ap.InstanceCreatedAt = &metav1.Time{Time: inst.CreatedAt.Truncate(time.Second)}
+	}
+	ap.ProviderID = inst.ProviderID
+	ap.Host = inst.Host
+	ap.Port = inst.Port
+	ap.Phase = inst.Phase
+
+	if inst.Phase != v1alpha1.InstancePhaseRunning || inst.Host == "" {
+		ap.Healthy = false
+		p.SetConditions(unavailable(ReasonProvisioning, fmt.Sprintf("instance %s is provisioning", inst.ProviderID)))
+		return
+	}
+	e.probe(ctx, p, net.JoinHostPort(inst.Host, strconv.Itoa(int(inst.Port))), creds)
+}
+
+// observeExternal probes a proxy somebody else runs. Nothing exists to
+// delete, so a deleted External Proxy is simply let go.
+func (e *external) observeExternal(ctx context.Context, p *v1alpha1.Proxy) (managed.ExternalObservation, error) {
+	if meta.WasDeleted(p) {
+		e.sched.forget(p.GetUID())
+		return managed.ExternalObservation{ResourceExists: false}, nil
+	}
+	creds, err := credentials(ctx, e.kube, p)
+	if err != nil {
+		return managed.ExternalObservation{}, err
+	}
+	ep := p.Spec.ForProvider.Endpoint
+	if ep == nil {
+		return managed.ExternalObservation{}, errors.New("spec.forProvider.endpoint is required when mode is External")
+	}
+	ap := &p.Status.AtProvider
+	ap.ProviderID = "external/" + net.JoinHostPort(ep.Host, strconv.Itoa(int(ep.Port)))
+	ap.Host, ap.Port, ap.Phase = ep.Host, ep.Port, v1alpha1.InstancePhaseRunning
+	if ap.InstanceCreatedAt == nil {
+		ap.InstanceCreatedAt = &metav1.Time{Time: p.GetCreationTimestamp().Time}
+	}
+	e.probe(ctx, p, net.JoinHostPort(ep.Host, strconv.Itoa(int(ep.Port))), creds)
+	return managed.ExternalObservation{
+		ResourceExists: true, ResourceUpToDate: true,
+		ConnectionDetails: connectionDetails(ep.Host, ep.Port, creds),
+	}, nil
+}
+
+// probe runs a probe when one is due and folds it into the verdict.
+func (e *external) probe(ctx context.Context, p *v1alpha1.Proxy, addr string, creds *backend.Credentials) {
+	ap := &p.Status.AtProvider
+	hc := p.Spec.ForProvider.HealthCheck
+	if e.now().Before(e.sched.nextProbe(p)) {
+		e.setReadiness(p)
+		return
+	}
+	t := probe.Target{Proxy: addr, URL: hc.URL, Timeout: defaultTimeout, ExpectedStatus: int(hc.ExpectedStatus), RootCAs: e.rootCAs}
+	if hc.Timeout != nil && hc.Timeout.Duration > 0 {
+		t.Timeout = hc.Timeout.Duration
+	}
+	if creds != nil {
+		t.Username, t.Password = creds.Username, creds.Password
+	}
+	res := e.prober.Probe(ctx, t)
+
+	outcome := "failure"
+	if res.OK {
+		outcome = "success"
+		e.metrics.ProbeDuration.WithLabelValues(e.backendName()).Observe(res.Latency.Seconds())
+	}
+	e.metrics.ProbeResults.WithLabelValues(e.backendName(), outcome).Inc()
+
+	was := ap.Healthy
+	v := probe.Verdict{Healthy: ap.Healthy, ConsecutiveSuccesses: ap.ConsecutiveSuccesses, ConsecutiveFailures: ap.ConsecutiveFailures}.
+		Next(res.OK, hc.SuccessThreshold, hc.FailureThreshold)
+	ap.Healthy, ap.ConsecutiveSuccesses, ap.ConsecutiveFailures = v.Healthy, v.ConsecutiveSuccesses, v.ConsecutiveFailures
+	ap.LastProbeTime = &metav1.Time{Time: e.now()}
+	if res.OK {
+		ap.LatencyMilliseconds = res.Latency.Milliseconds()
+		ap.LastProbeError = ""
+		if res.EgressIP != "" && res.EgressIP != ap.EgressIP {
+			if ap.EgressIP != "" {
+				e.record.Event(p, event.Normal("EgressIPChanged", fmt.Sprintf("egress IP changed from %s to %s", ap.EgressIP, res.EgressIP)))
+			}
+			ap.EgressIP = res.EgressIP
+		}
+	} else {
+		ap.LastProbeError = truncate(res.Error, 512)
+	}
+	switch {
+	case v.Healthy && !was:
+		e.record.Event(p, event.Normal("ProbePassing", fmt.Sprintf("proxy is healthy: probe through %s passed", addr)))
+	case !v.Healthy && was:
+		e.record.Event(p, event.Warning("ProbeFailing", errors.Errorf("proxy is unhealthy after %d failed probes: %s", v.ConsecutiveFailures, res.Error)))
+	}
+	e.setReadiness(p)
+}
+
+// setReadiness sets Ready from the verdict. It changes only when the verdict
+// does, so the condition does not flap with single probe results.
+func (e *external) setReadiness(p *v1alpha1.Proxy) {
+	ap := p.Status.AtProvider
+	switch {
+	case ap.Healthy:
+		p.SetConditions(xpv2.Available())
+	case ap.LastProbeTime == nil:
+		p.SetConditions(unavailable(ReasonAwaitingProbe, fmt.Sprintf("instance %s runs; waiting for the first probe through it", ap.ProviderID)))
+	default:
+		p.SetConditions(unavailable(ReasonProbeFailing, fmt.Sprintf("probe through the proxy is failing: %s", ap.LastProbeError)))
+	}
+}
+
+// Create starts an instance. Failures are recorded so that Observe holds
+// off the next attempt according to their class.
+func (e *external) Create(ctx context.Context, p *v1alpha1.Proxy) (managed.ExternalCreation, error) {
+	creds, err := credentials(ctx, e.kube, p)
+	if err != nil {
+		return managed.ExternalCreation{}, err
+	}
+	inst, err := e.backend.Create(ctx, desiredSpec(p, e.pc, e.clusterID, creds))
+	e.countError("create", err)
+	if err != nil {
+		recordCreateFailure(p, err, e.now())
+		return managed.ExternalCreation{}, errors.Wrapf(err, "cannot create instance (%s)", backend.ClassOf(err))
+	}
+	clearCreateFailures(p)
+	meta.SetExternalName(p, inst.ProviderID)
+	return managed.ExternalCreation{}, nil
+}
+
+// Update replaces the instance: what changed (placement, port, proxy
+// configuration) cannot be changed in place on every backend.
+func (e *external) Update(ctx context.Context, p *v1alpha1.Proxy) (managed.ExternalUpdate, error) {
+	if p.Spec.ForProvider.Mode == v1alpha1.ProxyModeExternal {
+		return managed.ExternalUpdate{}, nil
+	}
+	e.record.Event(p, event.Normal("Replacing", "spec changed: replacing the instance"))
+	err := e.backend.Delete(ctx, instanceRef(p, e.pc))
+	e.countError("delete", err)
+	if err != nil {
+		return managed.ExternalUpdate{}, errors.Wrap(err, "cannot delete the instance being replaced")
+	}
+	_, err = e.Create(ctx, p)
+	return managed.ExternalUpdate{}, err
+}
+
+// Delete removes the instance. Failures are returned every time, never
+// latched: a delete keeps being retried, visibly.
+func (e *external) Delete(ctx context.Context, p *v1alpha1.Proxy) (managed.ExternalDelete, error) {
+	if p.Spec.ForProvider.Mode == v1alpha1.ProxyModeExternal {
+		return managed.ExternalDelete{}, nil
+	}
+	err := e.backend.Delete(ctx, instanceRef(p, e.pc))
+	e.countError("delete", err)
+	if err != nil {
+		return managed.ExternalDelete{}, errors.Wrap(err, "cannot delete instance")
+	}
+	e.metrics.SetPhase(p.GetUID(), "", "")
+	return managed.ExternalDelete{}, nil
+}
+
+// Disconnect does nothing: backends are shared between reconciles.
+func (e *external) Disconnect(context.Context) error { return nil }
+
+func connectionDetails(host string, port int32, creds *backend.Credentials) managed.ConnectionDetails {
+	u := &url.URL{Scheme: "http", Host: net.JoinHostPort(host, strconv.Itoa(int(port)))}
+	cd := managed.ConnectionDetails{
+		ConnectionHost: []byte(host),
+		ConnectionPort: []byte(strconv.Itoa(int(port))),
+	}
+	if creds != nil {
+		u.User = url.UserPassword(creds.Username, creds.Password)
+		cd[ConnectionUsername] = []byte(creds.Username)
+		cd[ConnectionPassword] = []byte(creds.Password)
+	}
+	cd[ConnectionProxyURL] = []byte(u.String())
+	return cd
+}

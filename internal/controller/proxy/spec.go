@@ -1,0 +1,133 @@
+package proxy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"sort"
+
+	"github.com/pkg/errors"
+	corev1 "k8s.io/api/core/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+)
+
+// config is a resolved ProviderConfig or ClusterProviderConfig.
+type config struct {
+	Kind string
+	Name string
+	// Namespace is empty for a ClusterProviderConfig.
+	Namespace string
+	UID       types.UID
+	// Version changes whenever the configuration does.
+	Version string
+	Spec    v1alpha1.ProviderConfigSpec
+}
+
+// instanceRef locates a Proxy's instance. It needs no Secret, so a Proxy
+// whose auth Secret is gone can still be observed and deleted.
+func instanceRef(p *v1alpha1.Proxy, pc *config) backend.Ref {
+	r := backend.Ref{Name: ownership.InstanceName(p.GetUID())}
+	fp := p.Spec.ForProvider
+	switch {
+	case fp.Kubernetes != nil:
+		r.Namespace = fp.Kubernetes.Namespace
+		if r.Namespace == "" && pc.Spec.Kubernetes != nil {
+			r.Namespace = pc.Spec.Kubernetes.Namespace
+		}
+		if r.Namespace == "" {
+			r.Namespace = p.GetNamespace()
+		}
+	case fp.GCP != nil:
+		r.Zone = fp.GCP.Zone
+	}
+	return r
+}
+
+// credentials reads the Proxy's auth Secret; nil when the Proxy has none.
+func credentials(ctx context.Context, kube client.Client, p *v1alpha1.Proxy) (*backend.Credentials, error) {
+	ref := p.Spec.ForProvider.AuthSecretRef
+	if ref == nil {
+		return nil, nil
+	}
+	s := &corev1.Secret{}
+	if err := kube.Get(ctx, types.NamespacedName{Namespace: p.GetNamespace(), Name: ref.Name}, s); err != nil {
+		if kerrors.IsNotFound(err) {
+			return nil, errors.Errorf("auth secret %s/%s not found: create it with keys %q and %q, or fix spec.forProvider.authSecretRef", p.GetNamespace(), ref.Name, keyOr(ref.UsernameKey, "username"), keyOr(ref.PasswordKey, "password"))
+		}
+		return nil, errors.Wrapf(err, "cannot get auth secret %s/%s", p.GetNamespace(), ref.Name)
+	}
+	c := &backend.Credentials{
+		Username: string(s.Data[keyOr(ref.UsernameKey, "username")]),
+		Password: string(s.Data[keyOr(ref.PasswordKey, "password")]),
+	}
+	if c.Username == "" || c.Password == "" {
+		return nil, errors.Errorf("auth secret %s/%s needs non-empty keys %q and %q", p.GetNamespace(), ref.Name, keyOr(ref.UsernameKey, "username"), keyOr(ref.PasswordKey, "password"))
+	}
+	return c, nil
+}
+
+func keyOr(k, def string) string {
+	if k == "" {
+		return def
+	}
+	return k
+}
+
+// desiredSpec is what the Proxy asks of its backend.
+func desiredSpec(p *v1alpha1.Proxy, pc *config, clusterID string, creds *backend.Credentials) backend.Spec {
+	fp := p.Spec.ForProvider
+	ranges := make([]string, 0, len(fp.AllowedSourceRanges))
+	for _, r := range fp.AllowedSourceRanges {
+		ranges = append(ranges, string(r))
+	}
+	sort.Strings(ranges)
+	s := backend.Spec{
+		Ref: instanceRef(p, pc),
+		Owner: ownership.Owner{
+			ClusterID: clusterID, Namespace: p.GetNamespace(), Name: p.GetName(), UID: p.GetUID(),
+			Fleet: p.GetLabels()[ownership.FleetLabel],
+		},
+		Port:                fp.Port,
+		Credentials:         creds,
+		AllowedSourceRanges: ranges,
+		Local:               fp.Local,
+		Kubernetes:          fp.Kubernetes,
+		GCP:                 fp.GCP,
+	}
+	if s.Port == 0 {
+		s.Port = 3128
+	}
+	s.Hash = specHash(s)
+	return s
+}
+
+// specHash covers exactly what replaces an instance when it changes: the
+// placement, the port and the resolved proxy configuration (source ranges
+// and credentials; the password only as its digest). Labels, annotations and
+// health-check settings change nothing on the instance, so they are left out.
+func specHash(s backend.Spec) string {
+	in := struct {
+		Local       *v1alpha1.LocalPlacement      `json:"local,omitempty"`
+		Kubernetes  *v1alpha1.KubernetesPlacement `json:"kubernetes,omitempty"`
+		GCP         *v1alpha1.GCPPlacement        `json:"gcp,omitempty"`
+		Port        int32                         `json:"port"`
+		Ranges      []string                      `json:"ranges,omitempty"`
+		Username    string                        `json:"username,omitempty"`
+		PasswordSum string                        `json:"passwordSum,omitempty"`
+	}{Local: s.Local, Kubernetes: s.Kubernetes, GCP: s.GCP, Port: s.Port, Ranges: s.AllowedSourceRanges}
+	if s.Credentials != nil {
+		in.Username = s.Credentials.Username
+		sum := sha256.Sum256([]byte(s.Credentials.Password))
+		in.PasswordSum = hex.EncodeToString(sum[:])
+	}
+	b, _ := json.Marshal(in) //nolint:errchkjson // Plain structs always marshal.
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])[:16]
+}

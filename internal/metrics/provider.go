@@ -1,0 +1,73 @@
+// Package metrics holds the Prometheus metrics of the provider: probe
+// results and latency, instances by backend and phase, and backend errors by
+// class, which is what an operator alerts on.
+package metrics
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Provider is the provider's metric set.
+type Provider struct {
+	ProbeDuration *prometheus.HistogramVec
+	ProbeResults  *prometheus.CounterVec
+	Instances     *prometheus.GaugeVec
+	BackendErrors *prometheus.CounterVec
+	Orphans       *prometheus.CounterVec
+
+	mu     sync.Mutex
+	phases map[types.UID][2]string // backend, phase
+}
+
+// NewProvider returns the provider's metrics, unregistered.
+func NewProvider() *Provider {
+	return &Provider{
+		ProbeDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "egress_proxy_probe_duration_seconds",
+			Help:    "Time to fetch the probe URL through a proxy.",
+			Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10},
+		}, []string{"backend"}),
+		ProbeResults: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egress_proxy_probes_total",
+			Help: "Probes through proxies by outcome (success, failure).",
+		}, []string{"backend", "outcome"}),
+		Instances: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "egress_proxy_instances",
+			Help: "Proxy instances by backend and phase.",
+		}, []string{"backend", "phase"}),
+		BackendErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egress_proxy_backend_errors_total",
+			Help: "Backend API errors by backend, operation and class (NotFound, Transient, QuotaExceeded, PermanentError).",
+		}, []string{"backend", "operation", "class"}),
+		Orphans: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egress_proxy_orphans_total",
+			Help: "Instances no Proxy owns, by backend and what was done (deleted, dry-run, too-young).",
+		}, []string{"backend", "action"}),
+		phases: map[types.UID][2]string{},
+	}
+}
+
+// Collectors returns every collector, for registration.
+func (p *Provider) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{p.ProbeDuration, p.ProbeResults, p.Instances, p.BackendErrors, p.Orphans}
+}
+
+// SetPhase records that the Proxy with uid has an instance on backend in
+// phase; an empty phase forgets it. The gauge is derived from these records,
+// so a proxy is counted once whatever happens.
+func (p *Provider) SetPhase(uid types.UID, backend, phase string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if old, ok := p.phases[uid]; ok {
+		p.Instances.WithLabelValues(old[0], old[1]).Dec()
+		delete(p.phases, uid)
+	}
+	if phase == "" {
+		return
+	}
+	p.phases[uid] = [2]string{backend, phase}
+	p.Instances.WithLabelValues(backend, phase).Inc()
+}
