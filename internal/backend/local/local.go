@@ -37,6 +37,7 @@ const (
 	fileHtpasswd = "htpasswd"
 	fileRecord   = "instance.json"
 	filePid      = "squid.pid"
+	fileStarted  = "started"
 	dirPorts     = ".ports"
 	dirStaging   = ".staging"
 )
@@ -215,15 +216,17 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	return b.Get(ctx, s.Ref)
 }
 
-// Get reports an instance. It is Running while its Squid process lives and
-// Provisioning while the supervisor (re)starts it.
+// Get reports an instance. It is Provisioning until its Squid is first
+// launched and Running after that, also while the supervisor restarts a
+// Squid that died: like a pod whose container restarts, the instance stays,
+// and the probe (through thresholds) says whether it serves.
 func (b *Backend) Get(_ context.Context, r backend.Ref) (*backend.Instance, error) {
 	rec, err := b.readRecord(r.Name)
 	if err != nil {
 		return nil, err
 	}
 	phase := v1alpha1.InstancePhaseProvisioning
-	if pid := b.livePid(r.Name); pid > 0 {
+	if _, err := os.Stat(filepath.Join(b.dir(r.Name), fileStarted)); err == nil || b.livePid(r.Name) > 0 {
 		phase = v1alpha1.InstancePhaseRunning
 	}
 	return &backend.Instance{
@@ -517,7 +520,7 @@ func (sv *supervisor) start() error {
 		return errors.Wrap(err, "cannot start squid")
 	}
 	sv.cmd = cmd
-	return nil
+	return errors.Wrap(os.WriteFile(filepath.Join(dir, fileStarted), nil, 0o644), "cannot record start")
 }
 
 // stop ends supervision and the process, and waits for both.

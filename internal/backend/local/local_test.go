@@ -81,7 +81,7 @@ func squidPids(t *testing.T, dir string) []int {
 	var pids []int
 	for _, p := range procs {
 		b, err := os.ReadFile(p)
-		if err != nil || !strings.Contains(string(b), dir) || !strings.Contains(string(b), "squid") {
+		if err != nil || !strings.Contains(string(b), dir) || !strings.Contains(string(b), "squid.conf") {
 			continue
 		}
 		pid, _ := strconv.Atoi(strings.Split(p, "/")[2])

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"path/filepath"
 	"sync"
+	"time"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	"github.com/pkg/errors"
@@ -91,6 +92,9 @@ type Backends struct {
 	// StateDir is where local proxies live when a ProviderConfig names no
 	// state dir.
 	StateDir string
+	// RestartDelay is how long a dead local Squid stays down before its
+	// supervisor restarts it; zero means the local backend's default.
+	RestartDelay time.Duration
 	// Logger for backends.
 	Logger logging.Logger
 
@@ -108,7 +112,7 @@ func (b *Backends) For(ctx context.Context, pc *config) (backend.Backend, error)
 	}
 	switch pc.Spec.Backend {
 	case v1alpha1.BackendLocal:
-		cfg := local.Config{StateDir: b.StateDir, ClusterID: b.ClusterID, Logger: b.Logger}
+		cfg := local.Config{StateDir: b.StateDir, ClusterID: b.ClusterID, RestartDelay: b.RestartDelay, Logger: b.Logger}
 		if l := pc.Spec.Local; l != nil {
 			cfg.SquidPath, cfg.PortRange = l.SquidPath, l.PortRange
 			if l.StateDir != "" {

@@ -109,6 +109,10 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		// before its result was recorded is found again, not duplicated.
 		managed.WithDeterministicExternalName(true),
 		managed.WithInitializers(),
+		// Every backend sees its own instances at once, so a missing
+		// instance is missing: no grace period, which would also hold up the
+		// deletion of a Proxy created moments before.
+		managed.WithCreationGracePeriod(0),
 	}
 	if o.MetricOptions != nil {
 		opts = append(opts, managed.WithMetricRecorder(o.MetricOptions.MRMetrics))

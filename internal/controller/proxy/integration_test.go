@@ -1,0 +1,371 @@
+package proxy_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	"github.com/go-logr/logr/funcr"
+	corev1 "k8s.io/api/core/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/util/retry"
+	"k8s.io/utils/ptr"
+	ctrl "sigs.k8s.io/controller-runtime"
+	ctrlconfig "sigs.k8s.io/controller-runtime/pkg/config"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/feature"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/ratelimiter"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	xcontroller "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller/proxy"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
+)
+
+var bed *testbed.Env
+
+func TestMain(m *testing.M) { testbed.Main(m, &bed) }
+
+const password = "Sup3r-Secret-Pa55"
+
+// logBuffer collects everything the provider logs, to prove no secret is
+// ever written there.
+type logBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *logBuffer) write(prefix, args string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	fmt.Fprintln(&l.b, prefix, args)
+}
+
+// currentLogs is the running provider's log, shown when a wait fails.
+var currentLogs atomic.Pointer[logBuffer]
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+func (l *logBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// provider runs the provider's controllers against the test bed until stop.
+type provider struct {
+	cancel   context.CancelFunc
+	done     chan struct{}
+	backends *proxy.Backends
+}
+
+func startProvider(t *testing.T, stateDir string, logs *logBuffer, target testbed.Target) *provider {
+	t.Helper()
+	currentLogs.Store(logs)
+	log := logging.NewLogrLogger(funcr.New(logs.write, funcr.Options{Verbosity: 1}))
+	mgr, err := ctrl.NewManager(bed.Config, ctrl.Options{
+		Scheme:  bed.Scheme,
+		Metrics: metricsserver.Options{BindAddress: "0"},
+		Logger:  funcr.New(logs.write, funcr.Options{}),
+		// A restarted provider registers the same controller names again.
+		Controller: ctrlconfig.Controller{SkipNameValidation: ptr.To(true)},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	backends := &proxy.Backends{Kube: mgr.GetClient(), Config: bed.Config, ClusterID: "it", StateDir: stateDir, RestartDelay: 4 * time.Second, Logger: log}
+	err = xcontroller.Setup(mgr, proxy.Options{
+		Options: controller.Options{
+			Logger: log, GlobalRateLimiter: ratelimiter.NewGlobal(100), PollInterval: time.Minute,
+			MaxConcurrentReconciles: 4, Features: &feature.Flags{},
+		},
+		Backends: backends, ClusterID: "it", RootCAs: target.RootCAs,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &provider{cancel: cancel, done: make(chan struct{}), backends: backends}
+	go func() {
+		defer close(p.done)
+		if err := mgr.Start(ctx); err != nil {
+			t.Errorf("manager: %v", err)
+		}
+	}()
+	return p
+}
+
+// stop stops the provider the way a pod is stopped: controllers end, local
+// Squids keep running for the next provider to adopt.
+func (p *provider) stop() {
+	p.cancel()
+	<-p.done
+	p.backends.Close()
+}
+
+func stateDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+func squidPids(dir string) []int {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	var pids []int
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		// Only Squid itself: its auth helpers name the dir too.
+		if err != nil || !strings.Contains(string(b), filepath.Join(dir, "")) || !strings.Contains(string(b), "squid.conf") {
+			continue
+		}
+		stat, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "stat"))
+		if i := bytes.LastIndexByte(stat, ')'); i > 0 && bytes.HasPrefix(bytes.TrimSpace(stat[i+1:]), []byte("Z")) {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+func get(t *testing.T, key types.NamespacedName) *v1alpha1.Proxy {
+	t.Helper()
+	p := &v1alpha1.Proxy{}
+	if err := bed.Client.Get(context.Background(), key, p); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// eventually polls cond until it holds or the timeout ends, and then fails
+// with what was last seen.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	last := ""
+	for time.Now().Before(deadline) {
+		ok, seen := cond()
+		if ok {
+			return
+		}
+		last = seen
+		time.Sleep(100 * time.Millisecond)
+	}
+	if logs := currentLogs.Load(); logs != nil {
+		t.Logf("provider logs:\n%s", tail(logs.String(), 400))
+	}
+	t.Fatalf("%s: not within %s; last seen: %s", what, timeout, last)
+}
+
+func ready(t *testing.T, key types.NamespacedName, want corev1.ConditionStatus) func() (bool, string) {
+	return func() (bool, string) {
+		p := get(t, key)
+		c := p.GetCondition(xpv2.TypeReady)
+		return c.Status == want, fmt.Sprintf("Ready=%s reason=%s message=%q atProvider=%+v", c.Status, c.Reason, c.Message, p.Status.AtProvider)
+	}
+}
+
+func create(t *testing.T, objs ...client.Object) {
+	t.Helper()
+	for _, o := range objs {
+		if err := bed.Client.Create(context.Background(), o); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+func proxyObject(ns, name string, port int32, healthURL string) *v1alpha1.Proxy {
+	return &v1alpha1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+		Spec: v1alpha1.ProxySpec{
+			ManagedResourceSpec: xpv2.ManagedResourceSpec{
+				ProviderConfigReference:          &xpv2.ProviderConfigReference{Kind: "ProviderConfig", Name: "local"},
+				WriteConnectionSecretToReference: &xpv2.LocalSecretReference{Name: name + "-conn"},
+			},
+			ForProvider: v1alpha1.ProxyParameters{
+				Local:         &v1alpha1.LocalPlacement{BindAddress: "127.0.0.1"},
+				Port:          port,
+				AuthSecretRef: &v1alpha1.AuthSecretReference{Name: "auth"},
+				HealthCheck: v1alpha1.HealthCheck{
+					URL:              healthURL,
+					Interval:         &metav1.Duration{Duration: time.Second},
+					Timeout:          &metav1.Duration{Duration: 500 * time.Millisecond},
+					FailureThreshold: 2,
+				},
+			},
+		},
+	}
+}
+
+func TestLocalProxyLifecycle(t *testing.T) {
+	ns := bed.Namespace(t)
+	dir := stateDir(t)
+	target := testbed.StartEchoTarget(t)
+	logs := &logBuffer{}
+	prov := startProvider(t, dir, logs, target)
+	ctx := context.Background()
+
+	create(t,
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth"}, StringData: map[string]string{"username": "crawler", "password": password}},
+		&v1alpha1.ProviderConfig{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "local"}, Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}},
+		proxyObject(ns, "p1", 32310, target.URL),
+	)
+	key := types.NamespacedName{Namespace: ns, Name: "p1"}
+
+	start := time.Now()
+	eventually(t, 10*time.Second, "Proxy Ready=True", ready(t, key, corev1.ConditionTrue))
+	t.Logf("Ready %s after apply", time.Since(start).Round(time.Millisecond))
+	p := get(t, key)
+	if p.Status.AtProvider.EgressIP != "127.0.0.1" || p.Status.AtProvider.ProviderID != "local/32310" || p.Status.AtProvider.Host != "127.0.0.1" {
+		t.Errorf("atProvider: want egressIP 127.0.0.1 on local/32310, got %+v", p.Status.AtProvider)
+	}
+	conn := &corev1.Secret{}
+	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "p1-conn"}, conn); err != nil {
+		t.Fatalf("connection secret: %v", err)
+	}
+	if got, want := string(conn.Data[proxy.ConnectionProxyURL]), "http://crawler:"+password+"@127.0.0.1:32310"; got != want {
+		t.Errorf("connection proxyURL: want %s, got %s", want, got)
+	}
+	pc := &v1alpha1.ProviderConfig{}
+	eventually(t, 5*time.Second, "ProviderConfig counts its user", func() (bool, string) {
+		_ = bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "local"}, pc)
+		return pc.Status.Users == 1, fmt.Sprintf("users=%d", pc.Status.Users)
+	})
+
+	t.Run("KillSquid", func(t *testing.T) {
+		pids := squidPids(dir)
+		if len(pids) != 1 {
+			t.Fatalf("want one squid, got %v", pids)
+		}
+		if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 10*time.Second, "Ready=False after failureThreshold failed probes", ready(t, key, corev1.ConditionFalse))
+		p := get(t, key)
+		if p.Status.AtProvider.ConsecutiveFailures < 2 || p.GetCondition(xpv2.TypeReady).Reason != proxy.ReasonProbeFailing {
+			t.Errorf("want ProbeFailing after >= 2 failures, got %+v, %+v", p.Status.AtProvider, p.GetCondition(xpv2.TypeReady))
+		}
+		eventually(t, 15*time.Second, "Proxy heals", ready(t, key, corev1.ConditionTrue))
+	})
+
+	t.Run("RestartProvider", func(t *testing.T) {
+		before := squidPids(dir)
+		prov.stop()
+		prov = startProvider(t, dir, logs, target)
+		time.Sleep(3 * time.Second)
+		after := squidPids(dir)
+		if len(before) != 1 || len(after) != 1 || before[0] != after[0] {
+			t.Errorf("a provider restart must re-adopt the squid, not duplicate it: before %v, after %v", before, after)
+		}
+		eventually(t, 10*time.Second, "still Ready after restart", ready(t, key, corev1.ConditionTrue))
+	})
+
+	t.Run("ChangePort", func(t *testing.T) {
+		err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
+			p := get(t, key)
+			p.Spec.ForProvider.Port = 32311
+			return bed.Client.Update(ctx, p)
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 20*time.Second, "replaced on the new port and Ready", func() (bool, string) {
+			p := get(t, key)
+			c := p.GetCondition(xpv2.TypeReady)
+			return p.Status.AtProvider.ProviderID == "local/32311" && c.Status == corev1.ConditionTrue, fmt.Sprintf("%+v %s", p.Status.AtProvider, c.Message)
+		})
+		if n := len(squidPids(dir)); n != 1 {
+			t.Errorf("the old squid must be gone: %d running", n)
+		}
+	})
+
+	t.Run("WrongCredentials", func(t *testing.T) {
+		create(t,
+			&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "wrong"}, StringData: map[string]string{"username": "crawler", "password": "Not-The-" + password}},
+			&v1alpha1.Proxy{
+				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ext"},
+				Spec: v1alpha1.ProxySpec{ForProvider: v1alpha1.ProxyParameters{
+					Mode:          v1alpha1.ProxyModeExternal,
+					Endpoint:      &v1alpha1.Endpoint{Host: "127.0.0.1", Port: 32311},
+					AuthSecretRef: &v1alpha1.AuthSecretReference{Name: "wrong"},
+					HealthCheck:   v1alpha1.HealthCheck{URL: target.URL, Interval: &metav1.Duration{Duration: time.Second}, Timeout: &metav1.Duration{Duration: 500 * time.Millisecond}},
+				}},
+			})
+		extKey := types.NamespacedName{Namespace: ns, Name: "ext"}
+		eventually(t, 10*time.Second, "a clear Unavailable message", func() (bool, string) {
+			c := get(t, extKey).GetCondition(xpv2.TypeReady)
+			return c.Status == corev1.ConditionFalse && strings.Contains(c.Message, "rejected the credentials"), c.Message
+		})
+		if err := bed.Client.Delete(ctx, &v1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ext"}}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("Delete", func(t *testing.T) {
+		if err := bed.Client.Delete(ctx, get(t, key)); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, 15*time.Second, "Proxy gone (finalizer removed)", func() (bool, string) {
+			err := bed.Client.Get(ctx, key, &v1alpha1.Proxy{})
+			return kerrors.IsNotFound(err), fmt.Sprint(err)
+		})
+		if n := squidPids(dir); len(n) != 0 {
+			t.Errorf("squid processes left: %v", n)
+		}
+		var left []string
+		for _, g := range []string{"[^.]*", ".ports/*", ".staging/*"} {
+			m, _ := filepath.Glob(filepath.Join(dir, g))
+			left = append(left, m...)
+		}
+		if len(left) != 0 {
+			t.Errorf("files left: %v", left)
+		}
+	})
+
+	prov.stop()
+
+	t.Run("NoSecretsInLogsOrEvents", func(t *testing.T) {
+		if strings.Contains(logs.String(), password) {
+			t.Error("the password appears in the provider's logs")
+		}
+		events := &corev1.EventList{}
+		if err := bed.Client.List(ctx, events, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		if len(events.Items) == 0 {
+			t.Error("want Kubernetes events on transitions, got none")
+		}
+		for _, e := range events.Items {
+			if strings.Contains(e.Message, password) {
+				t.Errorf("event %s/%s leaks the password: %q", e.Reason, e.InvolvedObject.Name, e.Message)
+			}
+		}
+	})
+}
