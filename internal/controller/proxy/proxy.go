@@ -64,8 +64,8 @@ type Options struct {
 	Backends BackendSource
 	// ClusterID is stamped on every instance.
 	ClusterID string
-	// Prober probes through proxies; its zero value is used as is.
-	Prober probe.Prober
+	// Prober probes through proxies; nil means a probe.Prober.
+	Prober Prober
 	// RootCAs verify probe targets behind a private CA; nil means the
 	// system pool.
 	RootCAs *x509.CertPool
@@ -73,6 +73,11 @@ type Options struct {
 	Metrics *metrics.Provider
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+}
+
+// Prober probes through a proxy.
+type Prober interface {
+	Probe(ctx context.Context, t probe.Target) probe.Result
 }
 
 // BackendSource gives the backend a resolved ProviderConfig chooses.
@@ -88,6 +93,9 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 	if o.Metrics == nil {
 		o.Metrics = metrics.NewProvider()
+	}
+	if o.Prober == nil {
+		o.Prober = probe.Prober{}
 	}
 	sched := &scheduler{started: o.Now(), seen: map[types.UID]time.Time{}, now: o.Now}
 	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(name))
@@ -202,7 +210,7 @@ type connector struct {
 	usage     *usageTracker
 	backends  BackendSource
 	clusterID string
-	prober    probe.Prober
+	prober    Prober
 	rootCAs   *x509.CertPool
 	metrics   *metrics.Provider
 	now       func() time.Time

@@ -1,0 +1,385 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/fake"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
+)
+
+// fakeProber answers every probe with res and counts the calls.
+type fakeProber struct {
+	res   probe.Result
+	calls int
+}
+
+func (f *fakeProber) Probe(context.Context, probe.Target) probe.Result {
+	f.calls++
+	return f.res
+}
+
+// clock is a settable fake clock.
+type clock struct{ t time.Time }
+
+func (c *clock) now() time.Time { return c.t }
+
+var epoch = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func newExternal(b backend.Backend, pr Prober, c *clock) *external {
+	return &external{
+		connector: &connector{
+			clusterID: "unit", prober: pr, metrics: metrics.NewProvider(), now: c.now,
+			sched:  &scheduler{started: c.t, seen: map[types.UID]time.Time{}, now: c.now},
+			record: event.NewNopRecorder(),
+		},
+		pc:      &config{Kind: "ProviderConfig", Name: "local", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}},
+		backend: b,
+	}
+}
+
+// unitProxy restricts sources instead of using credentials, so these tests
+// need no Secret.
+func unitProxy(mods ...func(*v1alpha1.Proxy)) *v1alpha1.Proxy {
+	p := &v1alpha1.Proxy{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: "uid-1", Generation: 1},
+		Spec: v1alpha1.ProxySpec{ForProvider: v1alpha1.ProxyParameters{
+			Local: &v1alpha1.LocalPlacement{BindAddress: "127.0.0.1"}, Port: 3128,
+			AllowedSourceRanges: []v1alpha1.CIDR{"127.0.0.0/8"},
+			HealthCheck: v1alpha1.HealthCheck{
+				URL: "https://target/ip", Interval: &metav1.Duration{Duration: 10 * time.Second},
+				SuccessThreshold: 1, FailureThreshold: 2,
+			},
+		}},
+	}
+	for _, m := range mods {
+		m(p)
+	}
+	return p
+}
+
+func TestObserve(t *testing.T) {
+	pc := &config{Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}}
+	want := desiredSpec(unitProxy(), pc, "unit", nil)
+	running := backend.Instance{
+		Ref: want.Ref, ProviderID: "local/3128", Host: "127.0.0.1", Port: 3128,
+		Phase: v1alpha1.InstancePhaseRunning, CreatedAt: epoch.Add(-time.Hour), SpecHash: want.Hash,
+	}
+
+	type result struct {
+		Obs        managed.ExternalObservation
+		Err        bool
+		Reason     xpv2.ConditionReason
+		Status     corev1.ConditionStatus
+		Probes     int
+		Deletes    int
+		Healthy    bool
+		EgressIP   string
+		ProviderID string
+	}
+	cases := map[string]struct {
+		reason   string
+		proxy    *v1alpha1.Proxy
+		instance *backend.Instance
+		getErr   error
+		probe    probe.Result
+		// restarted: the provider sees this Proxy for the first time.
+		restarted bool
+		want      result
+	}{
+		"NotFound": {
+			reason: "No instance means Create is needed.",
+			proxy:  unitProxy(),
+			want:   result{Obs: managed.ExternalObservation{}, Reason: ReasonProvisioning, Status: corev1.ConditionFalse},
+		},
+		"NotFoundWhileDeleting": {
+			reason: "A deleted Proxy whose instance is gone lets go of its finalizer.",
+			proxy:  unitProxy(func(p *v1alpha1.Proxy) { p.DeletionTimestamp = &metav1.Time{Time: epoch} }),
+			want:   result{Obs: managed.ExternalObservation{}, Status: corev1.ConditionUnknown},
+		},
+		"ExistsWhileDeleting": {
+			reason:   "Observe tells the truth while deleting, so Delete is called.",
+			proxy:    unitProxy(func(p *v1alpha1.Proxy) { p.DeletionTimestamp = &metav1.Time{Time: epoch} }),
+			instance: &running,
+			want:     result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, Status: corev1.ConditionUnknown},
+		},
+		"GetFails": {
+			reason: "A backend error is returned, and says so in Ready.",
+			proxy:  unitProxy(), getErr: backend.Errorf(backend.ClassTransient, "backend down"),
+			want: result{Err: true, Reason: ReasonBackendError, Status: corev1.ConditionFalse},
+		},
+		"Provisioning": {
+			reason:   "A provisioning instance is not probed and not Ready.",
+			proxy:    unitProxy(),
+			instance: &backend.Instance{Ref: want.Ref, ProviderID: "local/3128", Phase: v1alpha1.InstancePhaseProvisioning, SpecHash: want.Hash, CreatedAt: epoch},
+			want:     result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, Reason: ReasonProvisioning, Status: corev1.ConditionFalse, ProviderID: "local/3128"},
+		},
+		"RunningProbePasses": {
+			reason:   "A running instance whose probe passes is Ready, with its egress IP.",
+			proxy:    unitProxy(),
+			instance: &running,
+			probe:    probe.Result{OK: true, Latency: 42 * time.Millisecond, EgressIP: "203.0.113.9"},
+			want: result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, Reason: xpv2.ReasonAvailable, Status: corev1.ConditionTrue,
+				Probes: 1, Healthy: true, EgressIP: "203.0.113.9", ProviderID: "local/3128"},
+		},
+		"RunningProbeFailsOnce": {
+			reason:   "One failed probe of a never-healthy proxy leaves it not Ready, saying why.",
+			proxy:    unitProxy(),
+			instance: &running,
+			probe:    probe.Result{Error: "proxy refused the connection"},
+			want: result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, Reason: ReasonProbeFailing, Status: corev1.ConditionFalse,
+				Probes: 1, ProviderID: "local/3128"},
+		},
+		"HealthyStaysThroughOneFailure": {
+			reason: "failureThreshold 2: one failed probe does not flip a healthy proxy.",
+			proxy: unitProxy(func(p *v1alpha1.Proxy) {
+				p.Status.AtProvider = v1alpha1.ProxyObservation{ProviderID: "local/3128", Healthy: true, ConsecutiveSuccesses: 4,
+					InstanceCreatedAt: &metav1.Time{Time: epoch.Add(-time.Hour)}, LastProbeTime: &metav1.Time{Time: epoch.Add(-time.Minute)}, EgressIP: "203.0.113.9"}
+			}),
+			instance: &running,
+			probe:    probe.Result{Error: "timeout"},
+			want: result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, Reason: xpv2.ReasonAvailable, Status: corev1.ConditionTrue,
+				Probes: 1, Healthy: true, EgressIP: "203.0.113.9", ProviderID: "local/3128"},
+		},
+		"FirstSightAfterRestart": {
+			reason: "A provider that just started does not probe an overdue proxy at once: it jitters, and the verdict from status stands meanwhile.",
+			proxy: unitProxy(func(p *v1alpha1.Proxy) {
+				p.Status.AtProvider = v1alpha1.ProxyObservation{ProviderID: "local/3128", Healthy: true, ConsecutiveSuccesses: 4,
+					InstanceCreatedAt: &metav1.Time{Time: epoch.Add(-time.Hour)}, LastProbeTime: &metav1.Time{Time: epoch.Add(-time.Minute)}, EgressIP: "203.0.113.9"}
+			}),
+			restarted: true,
+			instance:  &running,
+			probe:     probe.Result{Error: "would fail"},
+			want: result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, Reason: xpv2.ReasonAvailable, Status: corev1.ConditionTrue,
+				Healthy: true, EgressIP: "203.0.113.9", ProviderID: "local/3128"},
+		},
+		"NotDueYet": {
+			reason: "A probe is not repeated before its interval, however often Observe runs.",
+			proxy: unitProxy(func(p *v1alpha1.Proxy) {
+				p.Status.AtProvider = v1alpha1.ProxyObservation{ProviderID: "local/3128", Healthy: true, ConsecutiveSuccesses: 1,
+					InstanceCreatedAt: &metav1.Time{Time: epoch.Add(-time.Hour)}, LastProbeTime: &metav1.Time{Time: epoch.Add(-time.Second)}, EgressIP: "203.0.113.9"}
+			}),
+			instance: &running,
+			want: result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, Reason: xpv2.ReasonAvailable, Status: corev1.ConditionTrue,
+				Healthy: true, EgressIP: "203.0.113.9", ProviderID: "local/3128"},
+		},
+		"NewInstanceForgetsOldVerdict": {
+			reason: "A new instance never inherits its predecessor's verdict or egress IP.",
+			proxy: unitProxy(func(p *v1alpha1.Proxy) {
+				p.Status.AtProvider = v1alpha1.ProxyObservation{ProviderID: "local/3999", Healthy: true, ConsecutiveSuccesses: 9,
+					InstanceCreatedAt: &metav1.Time{Time: epoch.Add(-48 * time.Hour)}, LastProbeTime: &metav1.Time{Time: epoch.Add(-time.Second)}, EgressIP: "198.51.100.1"}
+			}),
+			instance: &running,
+			probe:    probe.Result{Error: "refused"},
+			want: result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, Reason: ReasonProbeFailing, Status: corev1.ConditionFalse,
+				Probes: 1, ProviderID: "local/3128"},
+		},
+		"SpecChanged": {
+			reason:   "A different spec hash makes the Proxy not up to date, so Update replaces it.",
+			proxy:    unitProxy(func(p *v1alpha1.Proxy) { p.Spec.ForProvider.Port = 8080 }),
+			instance: &running,
+			probe:    probe.Result{OK: true},
+			want: result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: false}, Reason: xpv2.ReasonAvailable, Status: corev1.ConditionTrue,
+				Probes: 1, Healthy: true, ProviderID: "local/3128"},
+		},
+		"Terminated": {
+			reason:   "A terminated instance is deleted and reported missing, so a fresh one is created.",
+			proxy:    unitProxy(),
+			instance: &backend.Instance{Ref: want.Ref, ProviderID: "local/3128", Phase: v1alpha1.InstancePhaseTerminated, SpecHash: want.Hash},
+			want:     result{Obs: managed.ExternalObservation{}, Reason: ReasonTerminated, Status: corev1.ConditionFalse, Deletes: 1},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			b := fake.New()
+			b.GetErr = tc.getErr
+			if tc.instance != nil {
+				b.Put(*tc.instance)
+			}
+			pr := &fakeProber{res: tc.probe}
+			e := newExternal(b, pr, &clock{t: epoch})
+			if !tc.restarted {
+				e.sched.seen[tc.proxy.GetUID()] = epoch.Add(-time.Hour)
+			}
+			obs, err := e.Observe(context.Background(), tc.proxy)
+			c := tc.proxy.GetCondition(xpv2.TypeReady)
+			ap := tc.proxy.Status.AtProvider
+			got := result{
+				Obs: obs, Err: err != nil, Reason: c.Reason, Status: c.Status, Probes: pr.calls, Deletes: b.CallCount("Delete"),
+				Healthy: ap.Healthy, EgressIP: ap.EgressIP, ProviderID: ap.ProviderID,
+			}
+			if diff := cmp.Diff(tc.want, got, cmpopts.IgnoreFields(managed.ExternalObservation{}, "Diff", "ConnectionDetails")); diff != "" {
+				t.Errorf("%s\n-want, +got:\n%s", tc.reason, diff)
+			}
+		})
+	}
+}
+
+// reconcileFor plays the managed reconciler's loop at one reconcile per
+// second of fake time, the worst case its rate limiter allows, and returns
+// how often the backend was asked to create.
+func reconcileFor(t *testing.T, e *external, b *fake.Backend, c *clock, p *v1alpha1.Proxy, d time.Duration) int {
+	t.Helper()
+	before := b.CallCount("Create")
+	for end := c.t.Add(d); c.t.Before(end); c.t = c.t.Add(time.Second) {
+		obs, err := e.Observe(context.Background(), p)
+		if err != nil || obs.ResourceExists {
+			continue
+		}
+		_, _ = e.Create(context.Background(), p)
+	}
+	return b.CallCount("Create") - before
+}
+
+func TestNoCreateLoop(t *testing.T) {
+	cases := map[string]struct {
+		reason  string
+		err     error
+		maxCall int
+		reason2 xpv2.ConditionReason
+	}{
+		"Quota": {
+			reason:  "Quota errors back off from 30s to 5m: at most 5 creates in 10 minutes (0s, 30s, 1m30s, 3m30s, 7m30s).",
+			err:     backend.Errorf(backend.ClassQuota, "QUOTA_EXCEEDED: instances"),
+			maxCall: 5, reason2: xpv2.ConditionReason(backend.ClassQuota),
+		},
+		"Permanent": {
+			reason:  "A permanent error is tried once and latched until the spec changes.",
+			err:     backend.Errorf(backend.ClassPermanent, "invalid machine type"),
+			maxCall: 1, reason2: xpv2.ConditionReason(backend.ClassPermanent),
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			b := fake.New()
+			b.CreateErr = tc.err
+			c := &clock{t: epoch}
+			e := newExternal(b, &fakeProber{}, c)
+			p := unitProxy()
+			n := reconcileFor(t, e, b, c, p, 10*time.Minute)
+			if n > tc.maxCall || n == 0 {
+				t.Errorf("%s\nbackend Create calls in 10 minutes: got %d, want 1..%d", tc.reason, n, tc.maxCall)
+			}
+			cond := p.GetCondition(xpv2.TypeReady)
+			if cond.Reason != tc.reason2 || !strings.Contains(cond.Message, strings.SplitN(tc.err.Error(), ":", 2)[0]) {
+				t.Errorf("%s\nReady must say why: got %s %q", tc.reason, cond.Reason, cond.Message)
+			}
+			t.Logf("%d Create calls in 10 minutes of fake time; Ready: %s: %s", n, cond.Reason, cond.Message)
+		})
+	}
+
+	t.Run("PermanentClearsOnSpecChange", func(t *testing.T) {
+		b := fake.New()
+		b.CreateErr = backend.Errorf(backend.ClassPermanent, "invalid image")
+		c := &clock{t: epoch}
+		e := newExternal(b, &fakeProber{}, c)
+		p := unitProxy()
+		reconcileFor(t, e, b, c, p, time.Minute)
+		p.Generation++
+		b.CreateErr = nil
+		if n := reconcileFor(t, e, b, c, p, time.Minute); n != 1 {
+			t.Errorf("after a spec change the create must be retried once and succeed; got %d calls", n)
+		}
+		if _, ok := p.GetAnnotations()[annotationCreateFailures]; ok {
+			t.Error("a successful create must clear the recorded failures")
+		}
+	})
+
+	t.Run("TransientUsesControllerBackoff", func(t *testing.T) {
+		b := fake.New()
+		b.CreateErr = errors.New("connection reset")
+		c := &clock{t: epoch}
+		e := newExternal(b, &fakeProber{}, c)
+		p := unitProxy()
+		if n := reconcileFor(t, e, b, c, p, 10*time.Second); n != 10 {
+			t.Errorf("transient errors are not gated here (the controller's rate limiter backs off); got %d calls in 10 reconciles", n)
+		}
+	})
+}
+
+func TestDeleteNeverLatches(t *testing.T) {
+	b := fake.New()
+	b.DeleteErr = backend.Errorf(backend.ClassPermanent, "forbidden")
+	e := newExternal(b, &fakeProber{}, &clock{t: epoch})
+	p := unitProxy(func(p *v1alpha1.Proxy) { p.DeletionTimestamp = &metav1.Time{Time: epoch} })
+	for range 3 {
+		if _, err := e.Delete(context.Background(), p); err == nil {
+			t.Fatal("a failing delete must return its error every time")
+		}
+	}
+	if n := b.CallCount("Delete"); n != 3 {
+		t.Errorf("a failing delete is retried each time, never latched: want 3 backend calls, got %d", n)
+	}
+}
+
+func TestExternalModeNeverCallsBackend(t *testing.T) {
+	b := fake.New()
+	e := newExternal(b, &fakeProber{res: probe.Result{OK: true, EgressIP: "192.0.2.1"}}, &clock{t: epoch})
+	e.backend, e.pc = nil, nil
+	p := unitProxy(func(p *v1alpha1.Proxy) {
+		p.Spec.ForProvider.Mode = v1alpha1.ProxyModeExternal
+		p.Spec.ForProvider.Local = nil
+		p.Spec.ForProvider.Endpoint = &v1alpha1.Endpoint{Host: "proxy.example.net", Port: 8080}
+	})
+	obs, err := e.Observe(context.Background(), p)
+	if err != nil || !obs.ResourceExists || !p.Status.AtProvider.Healthy || p.Status.AtProvider.EgressIP != "192.0.2.1" {
+		t.Errorf("an External proxy is observed by probing its endpoint: obs=%+v err=%v status=%+v", obs, err, p.Status.AtProvider)
+	}
+	if _, err := e.Delete(context.Background(), p); err != nil {
+		t.Errorf("deleting an External Proxy leaves the proxy alone: %v", err)
+	}
+	for _, m := range []string{"Create", "Get", "Delete"} {
+		if n := b.CallCount(m); n != 0 {
+			t.Errorf("External mode must never call the backend; %s was called %d times", m, n)
+		}
+	}
+}
+
+func TestSpecHash(t *testing.T) {
+	pc := &config{Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}}
+	base := desiredSpec(unitProxy(), pc, "unit", &backend.Credentials{Username: "u", Password: "p"}).Hash
+	cases := map[string]struct {
+		reason  string
+		mod     func(*v1alpha1.Proxy)
+		creds   *backend.Credentials
+		changes bool
+	}{
+		"Label":       {reason: "Labels do not replace a proxy.", mod: func(p *v1alpha1.Proxy) { p.Labels = map[string]string{"a": "b"} }, changes: false},
+		"Annotation":  {reason: "Annotations do not replace a proxy.", mod: func(p *v1alpha1.Proxy) { p.Annotations = map[string]string{"a": "b"} }, changes: false},
+		"HealthCheck": {reason: "Probe settings change nothing on the instance.", mod: func(p *v1alpha1.Proxy) { p.Spec.ForProvider.HealthCheck.URL = "http://other/ip" }, changes: false},
+		"MaxLeases":   {reason: "Leases are the discovery service's business.", mod: func(p *v1alpha1.Proxy) { p.Spec.ForProvider.MaxLeases = 5 }, changes: false},
+		"Port":        {reason: "The port replaces the proxy.", mod: func(p *v1alpha1.Proxy) { p.Spec.ForProvider.Port = 9999 }, changes: true},
+		"Placement":   {reason: "The placement replaces the proxy.", mod: func(p *v1alpha1.Proxy) { p.Spec.ForProvider.Local.OutgoingAddress = "127.0.0.2" }, changes: true},
+		"Ranges":      {reason: "The resolved config (source ranges) replaces the proxy.", mod: func(p *v1alpha1.Proxy) { p.Spec.ForProvider.AllowedSourceRanges = []v1alpha1.CIDR{"10.0.0.0/8"} }, changes: true},
+		"Password":    {reason: "New credentials replace the proxy.", mod: func(*v1alpha1.Proxy) {}, creds: &backend.Credentials{Username: "u", Password: "q"}, changes: true},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			p := unitProxy(tc.mod)
+			creds := tc.creds
+			if creds == nil {
+				creds = &backend.Credentials{Username: "u", Password: "p"}
+			}
+			h := desiredSpec(p, pc, "unit", creds).Hash
+			if (h != base) != tc.changes {
+				t.Errorf("%s\nhash changed: %v, want %v", tc.reason, h != base, tc.changes)
+			}
+		})
+	}
+}
