@@ -1,9 +1,15 @@
 package testbed
 
 import (
+	"net"
 	"os"
 	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
+	"time"
 )
 
 // SquidBinary returns the real Squid's path. Tests that need it fail, rather
@@ -23,4 +29,54 @@ func SquidBinary(t testing.TB) string {
 	}
 	t.Fatal("squid is not installed: run `apt-get install -y squid` (.ci/run does this)")
 	return ""
+}
+
+// RunSquid plays a node: it runs a real Squid with conf, rewriting the
+// in-pod config folder to a scratch folder holding files, and waits until it
+// listens on addr. The process is stopped with the test.
+func RunSquid(t testing.TB, conf []byte, podDir string, files map[string][]byte, addr string) {
+	t.Helper()
+	bin := SquidBinary(t)
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for name, b := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c := strings.ReplaceAll(string(conf), podDir, dir)
+	c = strings.ReplaceAll(c, "stdio:/dev/stdout", "stdio:"+filepath.Join(dir, "access.log"))
+	c = strings.ReplaceAll(c, "cache_log /dev/stderr", "cache_log "+filepath.Join(dir, "cache.log"))
+	path := filepath.Join(dir, "squid.conf")
+	if err := os.WriteFile(path, []byte(c), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if os.Geteuid() == 0 {
+		if u, err := user.Lookup("proxy"); err == nil {
+			uid, _ := strconv.Atoi(u.Uid)
+			gid, _ := strconv.Atoi(u.Gid)
+			_ = filepath.Walk(dir, func(p string, _ os.FileInfo, _ error) error { return os.Chown(p, uid, gid) })
+		}
+	}
+	cmd := exec.Command(bin, "-N", "-f", path)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if conn, err := net.Dial("tcp", addr); err == nil {
+			_ = conn.Close()
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("squid never listened on %s", addr)
 }
