@@ -38,6 +38,10 @@ test: tools vet ## Build tools, vet, then run unit and integration tests (real k
 	@mkdir -p .cache
 	go test $(GO_TEST_FLAGS) -json ./... 2>&1 | go run ./hack/testsummary
 
+.PHONY: bench
+bench: tools ## Run the benchmarks recorded in BENCHMARKS.md (minutes; not part of make test).
+	go test ./internal/controller/proxy -run '^$$' -bench BenchmarkProbeFleet -benchtime 1x -timeout 20m
+
 .PHONY: lint
 lint: vet ## gofmt, go vet, and golangci-lint (built from the module proxy when missing).
 	@unformatted=$$(gofmt -l apis cmd internal hack package 2>/dev/null); \

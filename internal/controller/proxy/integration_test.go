@@ -15,6 +15,7 @@ import (
 	"time"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	corev1 "k8s.io/api/core/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
@@ -57,6 +58,10 @@ func (l *logBuffer) write(prefix, args string) {
 	fmt.Fprintln(&l.b, prefix, args)
 }
 
+// silenceRuntimeLog quiets controller-runtime's global logger; the
+// provider's own logs go to a logBuffer.
+var silenceRuntimeLog sync.Once
+
 // currentLogs is the running provider's log, shown when a wait fails.
 var currentLogs atomic.Pointer[logBuffer]
 
@@ -81,8 +86,9 @@ type provider struct {
 	backends *proxy.Backends
 }
 
-func startProvider(t *testing.T, stateDir string, logs *logBuffer, target testbed.Target) *provider {
+func startProvider(t testing.TB, stateDir string, logs *logBuffer, target testbed.Target, tweak ...func(*proxy.Options)) *provider {
 	t.Helper()
+	silenceRuntimeLog.Do(func() { ctrl.SetLogger(logr.Discard()) })
 	currentLogs.Store(logs)
 	log := logging.NewLogrLogger(funcr.New(logs.write, funcr.Options{Verbosity: 1}))
 	mgr, err := ctrl.NewManager(bed.Config, ctrl.Options{
@@ -96,14 +102,17 @@ func startProvider(t *testing.T, stateDir string, logs *logBuffer, target testbe
 		t.Fatal(err)
 	}
 	backends := &proxy.Backends{Kube: mgr.GetClient(), Config: bed.Config, ClusterID: "it", StateDir: stateDir, RestartDelay: 4 * time.Second, Logger: log}
-	err = xcontroller.Setup(mgr, proxy.Options{
+	o := proxy.Options{
 		Options: controller.Options{
 			Logger: log, GlobalRateLimiter: ratelimiter.NewGlobal(100), PollInterval: time.Minute,
 			MaxConcurrentReconciles: 4, Features: &feature.Flags{},
 		},
 		Backends: backends, ClusterID: "it", RootCAs: target.RootCAs,
-	})
-	if err != nil {
+	}
+	for _, f := range tweak {
+		f(&o)
+	}
+	if err := xcontroller.Setup(mgr, o); err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -125,7 +134,7 @@ func (p *provider) stop() {
 	p.backends.Close()
 }
 
-func stateDir(t *testing.T) string {
+func stateDir(t testing.TB) string {
 	t.Helper()
 	dir := t.TempDir()
 	for _, d := range []string{filepath.Dir(dir), dir} {

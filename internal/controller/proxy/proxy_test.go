@@ -10,6 +10,7 @@ import (
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -381,5 +382,39 @@ func TestSpecHash(t *testing.T) {
 				t.Errorf("%s\nhash changed: %v, want %v", tc.reason, h != base, tc.changes)
 			}
 		})
+	}
+}
+
+func TestMetrics(t *testing.T) {
+	pc := &config{Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}}
+	want := desiredSpec(unitProxy(), pc, "unit", nil)
+	b := fake.New()
+	b.Put(backend.Instance{Ref: want.Ref, ProviderID: "local/3128", Host: "127.0.0.1", Port: 3128, Phase: v1alpha1.InstancePhaseRunning, SpecHash: want.Hash})
+	pr := &fakeProber{res: probe.Result{OK: true, Latency: 30 * time.Millisecond}}
+	e := newExternal(b, pr, &clock{t: epoch})
+	p := unitProxy()
+	if _, err := e.Observe(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	pr.res = probe.Result{Error: "refused"}
+	e.now = (&clock{t: epoch.Add(time.Minute)}).now
+	e.sched.now = e.now
+	if _, err := e.Observe(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	b.GetErr = backend.Errorf(backend.ClassQuota, "rate limited")
+	_, _ = e.Observe(context.Background(), p)
+
+	m := e.metrics
+	got := map[string]float64{
+		"success":          testutil.ToFloat64(m.ProbeResults.WithLabelValues("Local", "success")),
+		"failure":          testutil.ToFloat64(m.ProbeResults.WithLabelValues("Local", "failure")),
+		"running":          testutil.ToFloat64(m.Instances.WithLabelValues("Local", "Running")),
+		"quota-get-errors": testutil.ToFloat64(m.BackendErrors.WithLabelValues("Local", "get", "QuotaExceeded")),
+		"latency-samples":  float64(testutil.CollectAndCount(m.ProbeDuration)),
+	}
+	wantM := map[string]float64{"success": 1, "failure": 1, "running": 1, "quota-get-errors": 1, "latency-samples": 1}
+	if diff := cmp.Diff(wantM, got); diff != "" {
+		t.Errorf("metrics: -want, +got:\n%s", diff)
 	}
 }

@@ -1,0 +1,79 @@
+package testbed
+
+import (
+	"bufio"
+	"encoding/base64"
+	"io"
+	"net"
+	"net/http"
+	"sync"
+	"testing"
+)
+
+// StartConnectProxies starts n minimal in-process forward proxies that
+// accept CONNECT with basic auth, for scale tests where n real Squids would
+// not fit on the machine. It returns their host:port addresses; they stop
+// with the test.
+func StartConnectProxies(t testing.TB, n int, username, password string) []string {
+	t.Helper()
+	want := "Basic " + base64.StdEncoding.EncodeToString([]byte(username+":"+password))
+	addrs := make([]string, 0, n)
+	listeners := make([]net.Listener, 0, n)
+	var wg sync.WaitGroup
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		addrs = append(addrs, l.Addr().String())
+		listeners = append(listeners, l)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				go serveConnect(c, want)
+			}
+		}()
+	}
+	t.Cleanup(func() {
+		for _, l := range listeners {
+			_ = l.Close()
+		}
+		wg.Wait()
+	})
+	return addrs
+}
+
+func serveConnect(c net.Conn, wantAuth string) {
+	defer c.Close() //nolint:errcheck // Best effort.
+	br := bufio.NewReader(c)
+	req, err := http.ReadRequest(br)
+	if err != nil {
+		return
+	}
+	if req.Header.Get("Proxy-Authorization") != wantAuth {
+		_, _ = io.WriteString(c, "HTTP/1.1 407 Proxy Authentication Required\r\nProxy-Authenticate: Basic realm=\"test\"\r\nContent-Length: 0\r\n\r\n")
+		return
+	}
+	if req.Method != http.MethodConnect {
+		_, _ = io.WriteString(c, "HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n")
+		return
+	}
+	up, err := net.Dial("tcp", req.Host)
+	if err != nil {
+		_, _ = io.WriteString(c, "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
+		return
+	}
+	defer up.Close() //nolint:errcheck // Best effort.
+	if _, err := io.WriteString(c, "HTTP/1.1 200 Connection Established\r\n\r\n"); err != nil {
+		return
+	}
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(up, br); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
+	<-done
+}
