@@ -26,9 +26,18 @@ const (
 	ManagedBy = "provider-egressproxy"
 )
 
-// FleetLabel is the label function-proxyfleet puts on the Proxies it
-// composes; the provider copies its value onto the instance.
-const FleetLabel = "crawl.example.com/fleet"
+// Labels function-proxyfleet puts on the Proxies it composes, and
+// egress-discovery on the Lease objects it grants, so that both sides and the
+// provider speak of fleets and proxies the same way. The provider copies the
+// fleet onto each instance.
+const (
+	FleetLabel      = "crawl.example.com/fleet"
+	ZoneLabel       = "crawl.example.com/zone"
+	GenerationLabel = "crawl.example.com/rotation-generation"
+	ReplacesLabel   = "crawl.example.com/replaces"
+	// ProxyLabel names the Proxy a Lease is held on.
+	ProxyLabel = "crawl.example.com/proxy"
+)
 
 // Owner identifies the Proxy an instance belongs to.
 type Owner struct {
