@@ -1,0 +1,271 @@
+package function
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
+	"github.com/crossplane/function-sdk-go/resource"
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/testing/protocmp"
+	"google.golang.org/protobuf/types/known/structpb"
+	"k8s.io/utils/ptr"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+)
+
+const validSpec = `{
+  "replicas": 2, "zones": ["a", "b"],
+  "providerConfigRef": {"kind": "ProviderConfig", "name": "local"},
+  "placement": {"local": {"bindAddress": "127.0.0.1"}},
+  "proxy": {"authSecretRef": {"name": "auth"}},
+  "healthCheck": {"url": "https://example.com/ip", "interval": "10s", "timeout": "2s"}
+}`
+
+func xr(spec string) *structpb.Struct {
+	return resource.MustStructJSON(`{"apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyFleet",
+		"metadata": {"name": "crawlers", "namespace": "team"}, "spec": ` + spec + `}`)
+}
+
+// withSpec returns validSpec with field (dotted) set to raw JSON, or
+// removed when raw is "".
+func withSpec(t *testing.T, field, raw string) string {
+	t.Helper()
+	m := map[string]any{}
+	if err := json.Unmarshal([]byte(validSpec), &m); err != nil {
+		t.Fatal(err)
+	}
+	parts := strings.Split(field, ".")
+	cur := m
+	for _, p := range parts[:len(parts)-1] {
+		next, ok := cur[p].(map[string]any)
+		if !ok {
+			next = map[string]any{}
+			cur[p] = next
+		}
+		cur = next
+	}
+	last := parts[len(parts)-1]
+	if raw == "" {
+		delete(cur, last)
+	} else {
+		var v any
+		if err := json.Unmarshal([]byte(raw), &v); err != nil {
+			t.Fatal(err)
+		}
+		cur[last] = v
+	}
+	b, _ := json.Marshal(m)
+	return string(b)
+}
+
+func run(t *testing.T, req *fnv1.RunFunctionRequest) *fnv1.RunFunctionResponse {
+	t.Helper()
+	f := New(logging.NewNopLogger(), func() time.Time { return t0 })
+	rsp, err := f.RunFunction(context.Background(), req)
+	if err != nil {
+		t.Fatalf("RunFunction returned an error instead of a result: %v", err)
+	}
+	return rsp
+}
+
+func fatal(msg string) []*fnv1.Result {
+	return []*fnv1.Result{{Severity: fnv1.Severity_SEVERITY_FATAL, Message: msg, Target: fnv1.Target_TARGET_COMPOSITE.Enum()}}
+}
+
+func TestBadInput(t *testing.T) {
+	cases := map[string]struct {
+		reason string
+		spec   string
+		want   []*fnv1.Result
+	}{
+		"NoZones": {
+			reason: "Replicas without zones cannot be spread.",
+			spec:   `{"replicas": 2, "placement": {"local": {}}, "proxy": {"authSecretRef": {"name": "a"}}, "healthCheck": {"url": "https://e/ip"}}`,
+			want:   fatal("spec.zones must not be empty when spec.replicas > 0: list the zones to spread proxies over"),
+		},
+		"NegativeReplicas": {reason: "Replicas cannot be negative.", spec: "replicas=-1", want: fatal("spec.replicas must be between 0 and 10000, not -1")},
+		"BadZone":          {reason: "Zones are DNS labels.", spec: `zones=["a", "B_1"]`, want: fatal(`spec.zones[1] "B_1" must be a lowercase DNS label such as europe-west1-b`)},
+		"DuplicateZone":    {reason: "A zone listed twice would skew the spread.", spec: `zones=["a", "a"]`, want: fatal(`spec.zones[1] "a" is listed twice`)},
+		"NoPlacement":      {reason: "A fleet runs somewhere.", spec: "placement=", want: fatal("spec.placement needs exactly one of local, kubernetes or gcp")},
+		"TwoPlacements":    {reason: "A fleet runs on one backend.", spec: `placement={"local": {}, "kubernetes": {}}`, want: fatal("spec.placement needs exactly one of local, kubernetes or gcp")},
+		"OpenProxy":        {reason: "Open proxies are refused.", spec: "proxy={}", want: fatal("spec.proxy refuses an open proxy: set authSecretRef (credentials) and/or allowedSourceRanges")},
+		"BadPort":          {reason: "Ports are 1-65535.", spec: "proxy.port=0", want: fatal("spec.proxy.port must be between 1 and 65535, not 0")},
+		"NoURL":            {reason: "Health needs a probe URL.", spec: "healthCheck.url=", want: fatal("spec.healthCheck.url is required: an http(s) URL fetched through each proxy, such as https://ifconfig.me/ip")},
+		"FTPURL":           {reason: "The probe goes through an HTTP proxy.", spec: `healthCheck.url="ftp://e/ip"`, want: fatal(`spec.healthCheck.url must be an absolute http:// or https:// URL, not "ftp://e/ip"`)},
+		"SlowTimeout":      {reason: "A probe must end before the next starts.", spec: `healthCheck.timeout="10s"`, want: fatal("spec.healthCheck.timeout (10s) must be shorter than spec.healthCheck.interval (10s)")},
+		"BadMaxAge":        {reason: "Durations are Go durations.", spec: `rotation={"maxAge": "a day"}`, want: fatal(`spec.rotation.maxAge must be a duration such as 30s, 5m or 24h, not "a day"`)},
+		"StuckRotation":    {reason: "Neither surge nor unavailability: no progress.", spec: `rotation={"maxSurge": 0, "maxUnavailable": 0}`, want: fatal("spec.rotation maxSurge and maxUnavailable cannot both be 0: replacement could never make progress")},
+		"ZeroLeases":       {reason: "At least one crawler per proxy.", spec: `leases={"maxLeasesPerProxy": 0}`, want: fatal("spec.leases.maxLeasesPerProxy must be at least 1, not 0")},
+		"BadConfigKind":    {reason: "Only the two configuration kinds exist.", spec: `providerConfigRef={"kind": "Secret", "name": "x"}`, want: fatal(`spec.providerConfigRef.kind must be ProviderConfig or ClusterProviderConfig, not "Secret"`)},
+		"NotAnObject":      {reason: "A spec of the wrong shape is refused, not a panic.", spec: `{"replicas": "three"}`, want: nil},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			spec := tc.spec
+			if field, raw, ok := strings.Cut(spec, "="); ok && !strings.HasPrefix(spec, "{") {
+				spec = withSpec(t, field, raw)
+			}
+			rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}}})
+			if tc.want == nil {
+				if len(rsp.GetResults()) != 1 || rsp.GetResults()[0].GetSeverity() != fnv1.Severity_SEVERITY_FATAL ||
+					!strings.Contains(rsp.GetResults()[0].GetMessage(), "spec does not match the ProxyFleet schema") {
+					t.Errorf("%s\nwant one Fatal result about the schema, got %v", tc.reason, rsp.GetResults())
+				}
+				return
+			}
+			if diff := cmp.Diff(tc.want, rsp.GetResults(), protocmp.Transform()); diff != "" {
+				t.Errorf("%s\nresults: -want, +got:\n%s", tc.reason, diff)
+			}
+			if len(rsp.GetDesired().GetResources()) != 0 {
+				t.Errorf("%s\nbad input must change nothing, yet %d resources are desired", tc.reason, len(rsp.GetDesired().GetResources()))
+			}
+		})
+	}
+}
+
+// observedProxy is a composed Proxy as Crossplane observes it.
+func observedProxy(ord int, zone string, ready bool, created time.Time, extra string) *fnv1.Resource {
+	status := "False"
+	if ready {
+		status = "True"
+	}
+	return &fnv1.Resource{Resource: resource.MustStructJSON(fmt.Sprintf(`{
+		"apiVersion": "egress.crawl.example.com/v1alpha1", "kind": "Proxy",
+		"metadata": {"name": "crawlers-%d", "namespace": "team", "creationTimestamp": %q,
+			"labels": {"crawl.example.com/zone": %q %s}},
+		"status": {"conditions": [{"type": "Ready", "status": %q, "reason": "x", "lastTransitionTime": %q}],
+			"atProvider": {"healthy": %t, "host": "127.0.0.1", "port": 3128, "egressIP": "203.0.113.%d"}}}`,
+		ord, created.Format(time.RFC3339), zone, extra, status, created.Format(time.RFC3339), ready, ord))}
+}
+
+func TestRunFunction(t *testing.T) {
+	t.Run("RequiresTheFleetsLeases", func(t *testing.T) {
+		rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(validSpec)}}})
+		want := &fnv1.Requirements{Resources: map[string]*fnv1.ResourceSelector{"leases": {
+			ApiVersion: "coordination.k8s.io/v1", Kind: "Lease", Namespace: ptr.To("team"),
+			Match: &fnv1.ResourceSelector_MatchLabels{MatchLabels: &fnv1.MatchLabels{Labels: map[string]string{"crawl.example.com/fleet": "crawlers"}}},
+		}}}
+		if diff := cmp.Diff(want, rsp.GetRequirements(), protocmp.Transform()); diff != "" {
+			t.Errorf("the function asks Crossplane for the fleet's Lease objects: -want, +got:\n%s", diff)
+		}
+	})
+
+	t.Run("StatusReadinessAndPassThrough", func(t *testing.T) {
+		other := &fnv1.Resource{Resource: resource.MustStructJSON(`{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "extra"}}`)}
+		req := &fnv1.RunFunctionRequest{
+			Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(validSpec)}, Resources: map[string]*fnv1.Resource{
+				"proxy-0": observedProxy(0, "a", true, t0.Add(-3*time.Hour), ""),
+				"proxy-1": observedProxy(1, "b", false, t0.Add(-2*time.Minute), ""),
+			}},
+			Desired:           &fnv1.State{Resources: map[string]*fnv1.Resource{"extra": other}},
+			RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+		}
+		rsp := run(t, req)
+		d := rsp.GetDesired().GetResources()
+		if diff := cmp.Diff(other, d["extra"], protocmp.Transform()); diff != "" {
+			t.Errorf("resources of other steps pass through untouched: -want, +got:\n%s", diff)
+		}
+		if d["proxy-0"].GetReady() != fnv1.Ready_READY_TRUE || d["proxy-1"].GetReady() == fnv1.Ready_READY_TRUE {
+			t.Errorf("only the Ready proxy is marked ready: %v, %v", d["proxy-0"].GetReady(), d["proxy-1"].GetReady())
+		}
+		status := rsp.GetDesired().GetComposite().GetResource().GetFields()["status"].GetStructValue().AsMap()
+		want := map[string]any{
+			"replicas": float64(2), "readyReplicas": float64(1), "healthyReplicas": float64(1),
+			"proxies": []any{
+				map[string]any{"name": "crawlers-0", "endpoint": "127.0.0.1:3128", "zone": "a", "egressIP": "203.0.113.0", "healthy": true, "age": "3h"},
+				map[string]any{"name": "crawlers-1", "endpoint": "127.0.0.1:3128", "zone": "b", "egressIP": "203.0.113.1", "healthy": false, "age": "2m"},
+			},
+		}
+		if diff := cmp.Diff(want, status); diff != "" {
+			t.Errorf("XR status: -want, +got:\n%s", diff)
+		}
+		wantCond := []*fnv1.Condition{{
+			Type: "FleetHealthy", Status: fnv1.Status_STATUS_CONDITION_FALSE, Reason: "Degraded",
+			Message: ptr.To("1/2 proxies healthy; proxy crawlers-1 unhealthy for 2m"), Target: fnv1.Target_TARGET_COMPOSITE_AND_CLAIM.Enum(),
+		}}
+		if diff := cmp.Diff(wantCond, rsp.GetConditions(), protocmp.Transform()); diff != "" {
+			t.Errorf("FleetHealthy: -want, +got:\n%s", diff)
+		}
+		if len(rsp.GetResults()) != 0 {
+			t.Errorf("a proxy unhealthy for 2 minutes is not yet real trouble: no Warning, got %v", rsp.GetResults())
+		}
+	})
+
+	t.Run("WarningOnRealTrouble", func(t *testing.T) {
+		req := &fnv1.RunFunctionRequest{
+			Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(validSpec)}, Resources: map[string]*fnv1.Resource{
+				"proxy-0": observedProxy(0, "a", true, t0.Add(-3*time.Hour), ""),
+				"proxy-1": observedProxy(1, "b", false, t0.Add(-20*time.Minute), ""),
+			}},
+			RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+		}
+		rsp := run(t, req)
+		if r := rsp.GetResults(); len(r) != 1 || r[0].GetSeverity() != fnv1.Severity_SEVERITY_WARNING || !strings.Contains(r[0].GetMessage(), "crawlers-1 unhealthy for 20m") {
+			t.Errorf("a proxy down longer than replaceUnhealthyAfter is a Warning: %v", r)
+		}
+		if _, ok := rsp.GetDesired().GetResources()["proxy-2"]; !ok {
+			t.Error("and it gets a replacement")
+		}
+	})
+
+	t.Run("LegacyClusterXR", func(t *testing.T) {
+		legacy := resource.MustStructJSON(`{"apiVersion": "crawl.example.com/v1alpha1", "kind": "XProxyFleet",
+			"metadata": {"name": "legacy-crawlers-x7k2p", "labels": {"crossplane.io/claim-name": "legacy-crawlers", "crossplane.io/claim-namespace": "team"}},
+			"spec": ` + validSpec + `}`)
+		rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: legacy}}})
+		meta := rsp.GetDesired().GetResources()["proxy-0"].GetResource().GetFields()["metadata"].GetStructValue().AsMap()
+		if meta["namespace"] != "team" || meta["name"] != "legacy-crawlers-0" {
+			t.Errorf("a claimed XProxyFleet composes Proxies in the claim's namespace, named after the claim: %v", meta)
+		}
+		unclaimed := resource.MustStructJSON(`{"apiVersion": "crawl.example.com/v1alpha1", "kind": "XProxyFleet", "metadata": {"name": "x"}, "spec": ` + validSpec + `}`)
+		rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: unclaimed}}})
+		want := fatal("metadata.labels[crossplane.io/claim-namespace] is missing: create a XProxyFleet through a ProxyFleetClaim, whose namespace its Proxies live in")
+		if diff := cmp.Diff(want, rsp.GetResults(), protocmp.Transform()); diff != "" {
+			t.Errorf("an unclaimed XProxyFleet: -want, +got:\n%s", diff)
+		}
+	})
+
+	t.Run("ActiveLeaseHoldsRotation", func(t *testing.T) {
+		spec := withSpec(t, "rotation", `{"maxAge": "1h"}`)
+		lease := func(renew time.Time) *fnv1.Resource {
+			return &fnv1.Resource{Resource: resource.MustStructJSON(fmt.Sprintf(`{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+				"metadata": {"name": "l", "namespace": "team", "labels": {"crawl.example.com/fleet": "crawlers", "crawl.example.com/proxy": "crawlers-0"}},
+				"spec": {"holderIdentity": "crawler-1", "leaseDurationSeconds": 600, "renewTime": %q}}`, renew.Format(time.RFC3339Nano)))}
+		}
+		observed := map[string]*fnv1.Resource{
+			"proxy-0": observedProxy(0, "a", true, t0.Add(-3*time.Hour), ""),
+			"proxy-1": observedProxy(1, "b", true, t0.Add(-10*time.Minute), ""),
+			"proxy-2": observedProxy(2, "a", true, t0.Add(-5*time.Minute), `, "crawl.example.com/replaces": "0"`),
+		}
+		for name, tc := range map[string]struct {
+			renew   time.Time
+			oldKept bool
+		}{
+			"Active":  {renew: t0.Add(-time.Minute), oldKept: true},
+			"Expired": {renew: t0.Add(-time.Hour), oldKept: false},
+		} {
+			rsp := run(t, &fnv1.RunFunctionRequest{
+				Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: observed},
+				RequiredResources: map[string]*fnv1.Resources{"leases": {Items: []*fnv1.Resource{lease(tc.renew)}}},
+			})
+			_, kept := rsp.GetDesired().GetResources()["proxy-0"]
+			if kept != tc.oldKept {
+				t.Errorf("%s lease: old proxy kept %v, want %v", name, kept, tc.oldKept)
+			}
+		}
+	})
+
+	t.Run("Deterministic", func(t *testing.T) {
+		req := &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(validSpec)}, Resources: map[string]*fnv1.Resource{
+			"proxy-0": observedProxy(0, "a", true, t0.Add(-3*time.Hour), ""),
+		}}}
+		if diff := cmp.Diff(run(t, req), run(t, req), protocmp.Transform()); diff != "" {
+			t.Errorf("the same request at the same time gives the same response: %s", diff)
+		}
+	})
+}

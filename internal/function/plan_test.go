@@ -1,0 +1,232 @@
+package function
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+var t0 = time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+
+func fleetFor(replicas int, zones []string, mods ...func(*Fleet)) *Fleet {
+	f := &Fleet{Name: "f", Namespace: "ns", Replicas: replicas, Zones: zones, MaxSurge: 1, ReplaceUnhealthyAfter: 5 * time.Minute}
+	for _, m := range mods {
+		m(f)
+	}
+	return f
+}
+
+// m makes an observed member: ready, healthy, an hour old.
+func m(ord int, zone string, mods ...func(*member)) *member {
+	x := &member{Ordinal: ord, Name: fmt.Sprintf("f-%d", ord), Zone: zone, Created: t0.Add(-time.Hour), Ready: true, Healthy: true, Since: t0.Add(-time.Hour), Replaces: -1}
+	for _, mod := range mods {
+		mod(x)
+	}
+	return x
+}
+
+func sick(d time.Duration) func(*member) {
+	return func(x *member) { x.Ready, x.Healthy, x.Since = false, false, t0.Add(-d) }
+}
+
+func age(d time.Duration) func(*member) { return func(x *member) { x.Created = t0.Add(-d) } }
+
+func replaces(o int) func(*member) { return func(x *member) { x.Replaces = o } }
+
+func leased(x *member) { x.Leased = true }
+
+// summary renders kept members as "ordinal:zone" (with ">o" when replacing
+// o), sorted, so cases read like the fleet they describe.
+func summary(p *plan) string {
+	var s []string
+	for _, k := range p.keep {
+		e := fmt.Sprintf("%d:%s", k.Ordinal, k.Zone)
+		if k.Replaces >= 0 {
+			e += fmt.Sprintf(">%d", k.Replaces)
+		}
+		s = append(s, e)
+	}
+	sort.Strings(s)
+	return strings.Join(s, " ")
+}
+
+func TestDecide(t *testing.T) {
+	ab := []string{"a", "b"}
+	cases := map[string]struct {
+		reason      string
+		fleet       *Fleet
+		observed    []*member
+		leasesKnown bool
+		want        string
+		wantBlocked string
+	}{
+		"FreshFleetSpreads": {
+			reason: "Five new proxies spread over two zones as 3+2.",
+			fleet:  fleetFor(5, ab), want: "0:a 1:b 2:a 3:b 4:a",
+		},
+		"ScaleUpKeepsNames": {
+			reason:   "Adding replicas never renames existing proxies; new ones fill the emptiest zone.",
+			fleet:    fleetFor(4, ab),
+			observed: []*member{m(0, "a"), m(1, "b"), m(2, "a")},
+			want:     "0:a 1:b 2:a 3:b",
+		},
+		"ScaleDownNewestFirst": {
+			reason:   "Removing replicas removes the newest from the most crowded zone.",
+			fleet:    fleetFor(2, ab),
+			observed: []*member{m(0, "a"), m(1, "b"), m(2, "a"), m(3, "b")},
+			want:     "0:a 1:b",
+		},
+		"ScaleDownUnhealthiestFirst": {
+			reason:   "An unready proxy goes before healthy ones.",
+			fleet:    fleetFor(2, ab),
+			observed: []*member{m(0, "a", sick(time.Minute)), m(1, "b"), m(2, "a")},
+			want:     "1:b 2:a",
+		},
+		"ScaleToZero": {
+			reason:   "Zero replicas keeps nothing.",
+			fleet:    fleetFor(0, nil),
+			observed: []*member{m(0, "a"), m(1, "b")},
+			want:     "",
+		},
+		"OldProxyGetsSurgeReplacement": {
+			reason:   "A proxy older than maxAge gets a replacement in its zone; the old one stays until it is Ready.",
+			fleet:    fleetFor(2, ab, func(f *Fleet) { f.MaxAge = 30 * time.Minute }),
+			observed: []*member{m(0, "a"), m(1, "b", age(10*time.Minute))},
+			want:     "0:a 1:b 2:a>0",
+		},
+		"SurgeBoundsRotation": {
+			reason:   "With maxSurge 1 only one old proxy is replaced at a time.",
+			fleet:    fleetFor(2, ab, func(f *Fleet) { f.MaxAge = 30 * time.Minute }),
+			observed: []*member{m(0, "a"), m(1, "b")},
+			want:     "0:a 1:b 2:a>0", wantBlocked: "f-1 waits for surge capacity (maxSurge 1)",
+		},
+		"ReplacementNotReadyKeepsOld": {
+			reason:   "The old proxy is kept while its replacement is not Ready.",
+			fleet:    fleetFor(2, ab, func(f *Fleet) { f.MaxAge = 30 * time.Minute }),
+			observed: []*member{m(0, "a"), m(1, "b", age(time.Minute)), m(2, "a", replaces(0), age(time.Minute), sick(time.Minute))},
+			leasesKnown: true,
+			want:        "0:a 1:b 2:a>0",
+		},
+		"ReadyReplacementRetiresDrainedOld": {
+			reason:      "Once the replacement is Ready and nobody holds a lease on the old proxy, the old one goes.",
+			fleet:       fleetFor(2, ab, func(f *Fleet) { f.MaxAge = 30 * time.Minute }),
+			observed:    []*member{m(0, "a"), m(1, "b", age(time.Minute)), m(2, "a", replaces(0), age(time.Minute))},
+			leasesKnown: true,
+			want:        "1:b 2:a>0",
+		},
+		"LeasedOldWaits": {
+			reason:      "An old proxy with an active lease is not deleted, even with a Ready replacement.",
+			fleet:       fleetFor(2, ab, func(f *Fleet) { f.MaxAge = 30 * time.Minute }),
+			observed:    []*member{m(0, "a", leased), m(1, "b", age(time.Minute)), m(2, "a", replaces(0), age(time.Minute))},
+			leasesKnown: true,
+			want:        "0:a 1:b 2:a>0", wantBlocked: "f-0 waits for its leases to drain",
+		},
+		"UnknownLeasesWait": {
+			reason:      "Until Crossplane has provided the Lease objects, leases are assumed held.",
+			fleet:       fleetFor(2, ab, func(f *Fleet) { f.MaxAge = 30 * time.Minute }),
+			observed:    []*member{m(0, "a"), m(1, "b", age(time.Minute)), m(2, "a", replaces(0), age(time.Minute))},
+			leasesKnown: false,
+			want:        "0:a 1:b 2:a>0", wantBlocked: "f-0 waits for its leases to drain",
+		},
+		"UnhealthyReplaced": {
+			reason:      "A proxy unavailable for longer than replaceUnhealthyAfter gets a replacement.",
+			fleet:       fleetFor(2, ab),
+			observed:    []*member{m(0, "a", sick(10*time.Minute)), m(1, "b")},
+			leasesKnown: true,
+			want:        "0:a 1:b 2:a>0",
+		},
+		"BrieflyUnhealthyKept": {
+			reason:      "A proxy unavailable for less than replaceUnhealthyAfter is left to recover.",
+			fleet:       fleetFor(2, ab),
+			observed:    []*member{m(0, "a", sick(time.Minute)), m(1, "b")},
+			leasesKnown: true,
+			want:        "0:a 1:b",
+		},
+		"UnhealthyGoesDespiteLeases": {
+			reason:      "A broken proxy is retired once its replacement is Ready, leases or not: it serves nobody.",
+			fleet:       fleetFor(2, ab),
+			observed:    []*member{m(0, "a", sick(10*time.Minute), leased), m(1, "b"), m(2, "a", replaces(0), age(time.Minute))},
+			leasesKnown: true,
+			want:        "1:b 2:a>0",
+		},
+		"MaxUnavailableWithoutSurge": {
+			reason:      "With maxSurge 0 and maxUnavailable 1, a drained old proxy is replaced in place.",
+			fleet:       fleetFor(2, ab, func(f *Fleet) { f.MaxAge = 30 * time.Minute; f.MaxSurge = 0; f.MaxUnavailable = 1 }),
+			observed:    []*member{m(0, "a"), m(1, "b", age(time.Minute))},
+			leasesKnown: true,
+			want:        "1:b 2:a",
+		},
+		"MaxUnavailableZeroProtectsReady": {
+			reason:      "Rotation never drops the fleet below replicas - maxUnavailable ready proxies.",
+			fleet:       fleetFor(2, ab, func(f *Fleet) { f.MaxAge = 30 * time.Minute; f.MaxSurge = 1; f.MaxUnavailable = 0 }),
+			observed:    []*member{m(0, "a"), m(1, "b", sick(time.Minute), age(time.Minute)), m(2, "a", replaces(0), age(time.Minute))},
+			leasesKnown: true,
+			want:        "0:a 1:b 2:a>0", wantBlocked: "f-0 waits: removing it would leave fewer than 2 ready proxies",
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			p := decide(tc.fleet, tc.observed, tc.leasesKnown, t0)
+			if diff := cmp.Diff(tc.want, summary(p)); diff != "" {
+				t.Errorf("%s\nkept: -want, +got:\n%s", tc.reason, diff)
+			}
+			if diff := cmp.Diff(tc.wantBlocked, strings.Join(p.blocked, "; ")); diff != "" {
+				t.Errorf("%s\nblocked: -want, +got:\n%s", tc.reason, diff)
+			}
+		})
+	}
+}
+
+// TestDecideConverges replays a rotation the way Crossplane would call the
+// function, marking new proxies Ready a call later, and checks the bounds at
+// every step and that the fleet ends fresh.
+func TestDecideConverges(t *testing.T) {
+	f := fleetFor(4, []string{"a", "b"}, func(f *Fleet) { f.MaxAge = 30 * time.Minute; f.MaxSurge = 1; f.MaxUnavailable = 1 })
+	observed := []*member{m(0, "a"), m(1, "b"), m(2, "a"), m(3, "b")}
+	now := t0
+	for step := 0; step < 20; step++ { // less than maxAge: one generation
+		p := decide(f, observed, true, now)
+		if len(p.keep) > f.Replicas+f.MaxSurge {
+			t.Fatalf("step %d: %d proxies exceeds replicas+maxSurge", step, len(p.keep))
+		}
+		// Apply the plan: kept members stay, new ones appear not Ready.
+		prev := map[int]*member{}
+		for _, o := range observed {
+			prev[o.Ordinal] = o
+		}
+		observed = nil
+		ready := 0
+		for _, k := range p.keep {
+			if o, ok := prev[k.Ordinal]; ok {
+				o.Ready, o.Healthy = true, true // one call later, everything is Ready
+				observed = append(observed, o)
+			} else {
+				c := *k
+				c.Name = fmt.Sprintf("f-%d", c.Ordinal)
+				c.Since = now
+				observed = append(observed, &c)
+			}
+		}
+		for _, o := range observed {
+			if o.Ready {
+				ready++
+			}
+		}
+		if ready < f.Replicas-f.MaxUnavailable && step > 0 {
+			t.Fatalf("step %d: %d ready proxies, below replicas - maxUnavailable", step, ready)
+		}
+		now = now.Add(time.Minute)
+	}
+	for _, o := range observed {
+		if o.Ordinal < 4 {
+			t.Errorf("proxy %d should have been rotated out; fleet: %s", o.Ordinal, summary(&plan{keep: observed}))
+		}
+	}
+	if len(observed) != f.Replicas {
+		t.Errorf("the fleet must settle at %d proxies, got %d", f.Replicas, len(observed))
+	}
+}
