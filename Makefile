@@ -40,6 +40,7 @@ test: tools vet ## Build tools, vet, then run unit and integration tests (real k
 
 .PHONY: bench
 bench: tools ## Run the benchmarks recorded in BENCHMARKS.md (minutes; not part of make test).
+	go test ./internal/function -run '^$$' -bench . -benchmem
 	go test ./internal/controller/proxy -run '^$$' -bench BenchmarkProbeFleet -benchtime 1x -timeout 20m
 
 .PHONY: lint
@@ -52,6 +53,10 @@ lint: vet ## gofmt, go vet, and golangci-lint (built from the module proxy when 
 .PHONY: validate
 validate: tools ## Validate the examples offline with crossplane beta validate.
 	hack/validate.sh
+
+.PHONY: render
+render: tools ## Render the example fleet with crossplane render and the function as a local process.
+	hack/render.sh
 
 .PHONY: packages
 packages: tools ## Build the provider, function and configuration packages into _output/.

@@ -95,8 +95,15 @@ func readObjects(t *testing.T, path string) []*unstructured.Unstructured {
 
 func TestExamplesAccepted(t *testing.T) {
 	var files []string
+	// The inputs of crossplane render (the Development-runtime Function and
+	// the observed fixtures) are proven by the render test and make validate;
+	// a bare apiserver has no Function kind to accept them.
+	renderOnly := func(p string) bool {
+		rel, _ := filepath.Rel(filepath.Join(bed.Root, "examples"), p)
+		return rel == "functions.yaml" || strings.HasPrefix(rel, "render"+string(filepath.Separator))
+	}
 	err := filepath.WalkDir(filepath.Join(bed.Root, "examples"), func(p string, d os.DirEntry, err error) error {
-		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".yaml") {
+		if err == nil && !d.IsDir() && strings.HasSuffix(p, ".yaml") && !renderOnly(p) {
 			files = append(files, p)
 		}
 		return err

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Validates the examples offline against the XRDs, the provider's CRDs and
+# Usage: hack/validate.sh [resource files...]
+#
+# Validates the examples (or the given files, such as rendered output) offline against the XRDs, the provider's CRDs and
 # Crossplane's own CRDs with the real `crossplane beta validate`.
 #
 # crossplane beta validate always loads Crossplane's built-in schemas from the
@@ -25,11 +27,16 @@ done >"$seed/package.yaml"
 
 fleet="apis/fleet/definition.yaml,apis/fleet/legacy/definition.yaml,apis/fleet/composition.yaml,apis/fleet/legacy/composition.yaml"
 extensions="$fleet,package/provider/crds"
-# Core Kubernetes objects (apiVersion: v1) have no CRD to validate against;
-# the apiserver integration test accepts those. Everything else must have a
+# Core Kubernetes objects (apiVersion: v1) and the Lease fixtures of the
+# render examples have no CRD to validate against; the apiserver integration
+# test accepts those. Everything else must have a
 # schema, or validation fails. The XRDs and Compositions are validated too,
 # against Crossplane's own CRDs.
-resources="$(grep -rL --include="*.yaml" "^apiVersion: v1$" examples | sort | paste -sd, -),$fleet,cluster/provider-rbac/deploymentruntimeconfig.yaml"
+default_resources="$(grep -rL --include="*.yaml" "^apiVersion: v1$" examples | grep -v required-resources.yaml | sort | paste -sd, -),$fleet,cluster/provider-rbac/deploymentruntimeconfig.yaml"
+resources=$default_resources
+if [ $# -gt 0 ]; then
+	resources=$(IFS=,; echo "$*")
+fi
 
 exec bin/crossplane beta validate --cache-dir "$cache" --crossplane-image "$image" \
 	--error-on-missing-schemas "$extensions" "$resources"

@@ -5,7 +5,6 @@ package function
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"net"
 	"sort"
@@ -13,16 +12,12 @@ import (
 	"strings"
 	"time"
 
-	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
 	"github.com/crossplane/function-sdk-go/request"
-	"github.com/crossplane/function-sdk-go/resource"
-	"github.com/crossplane/function-sdk-go/resource/composed"
 	"github.com/crossplane/function-sdk-go/response"
 	"github.com/pkg/errors"
+	"google.golang.org/protobuf/types/known/structpb"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/util/duration"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
@@ -104,121 +99,99 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 			Match: &fnv1.ResourceSelector_MatchLabels{MatchLabels: &fnv1.MatchLabels{Labels: map[string]string{ownership.FleetLabel: fleetName}}},
 		},
 	}}
-	leaseList, leasesKnown, err := request.GetRequiredResource(req, requiredLeases)
-	if err != nil {
-		response.Fatal(rsp, errors.Wrap(err, "cannot read the fleet's Lease objects"))
-		return rsp, nil
-	}
-	leased := activeLeases(leaseList, now)
-
-	observed, err := request.GetObservedComposedResources(req)
-	if err != nil {
-		response.Fatal(rsp, errors.Wrap(err, "cannot get observed composed resources"))
-		return rsp, nil
-	}
-	members := observedMembers(observed, leased)
+	leaseList, leasesKnown := req.GetRequiredResources()[requiredLeases]
+	members := observedMembers(req.GetObserved().GetResources(), activeLeases(leaseList.GetItems(), now))
 	p := decide(fleet, members, leasesKnown, now)
 
-	desired, err := request.GetDesiredComposedResources(req)
-	if err != nil {
-		response.Fatal(rsp, errors.Wrap(err, "cannot get desired composed resources"))
-		return rsp, nil
+	if rsp.Desired == nil {
+		rsp.Desired = &fnv1.State{}
+	}
+	if rsp.Desired.Resources == nil {
+		rsp.Desired.Resources = map[string]*fnv1.Resource{}
 	}
 	// Resources of other pipeline steps pass through untouched; the
 	// function's own are exactly the plan's members.
-	for name := range desired {
-		if _, ok := ordinalOf(string(name)); ok {
-			delete(desired, name)
+	for name := range rsp.Desired.Resources {
+		if _, ok := ordinalOf(name); ok {
+			delete(rsp.Desired.Resources, name)
 		}
 	}
 	byOrdinal := map[int]*member{}
 	for _, m := range members {
 		byOrdinal[m.Ordinal] = m
 	}
-	for _, m := range p.keep {
-		dc, err := fleet.proxy(m, byOrdinal)
-		if err != nil {
-			response.Fatal(rsp, err)
-			return rsp, nil
-		}
-		desired[resource.Name(resourceName(m.Ordinal))] = dc
-	}
-	if err := response.SetDesiredComposedResources(rsp, desired); err != nil {
-		response.Fatal(rsp, errors.Wrap(err, "cannot set desired composed resources"))
-		return rsp, nil
-	}
-
-	dxr, err := request.GetDesiredCompositeResource(req)
+	c, err := fleet.composer()
 	if err != nil {
-		response.Fatal(rsp, errors.Wrap(err, "cannot get desired composite resource"))
-		return rsp, nil
-	}
-	if err := setStatus(dxr, members, now); err != nil {
 		response.Fatal(rsp, err)
 		return rsp, nil
 	}
-	if err := response.SetDesiredCompositeResource(rsp, dxr); err != nil {
-		response.Fatal(rsp, errors.Wrap(err, "cannot set desired composite resource"))
-		return rsp, nil
+	for _, m := range p.keep {
+		rsp.Desired.Resources[resourceName(m.Ordinal)] = c.proxy(m, byOrdinal)
 	}
+	setStatus(rsp.Desired, members, now)
 	report(rsp, fleet, members, p, now)
 	return rsp, nil
 }
 
 // activeLeases returns the names of proxies a crawler holds an unexpired
 // lease on: a holder, and renewTime + leaseDurationSeconds in the future.
-func activeLeases(leases []resource.Required, now time.Time) map[string]bool {
+func activeLeases(leases []*fnv1.Resource, now time.Time) map[string]bool {
 	out := map[string]bool{}
 	for _, l := range leases {
-		obj := l.Resource.Object
-		holder, _, _ := unstructured.NestedString(obj, "spec", "holderIdentity")
-		renew, _, _ := unstructured.NestedString(obj, "spec", "renewTime")
-		secs, _, _ := unstructured.NestedFieldNoCopy(obj, "spec", "leaseDurationSeconds")
-		var ttl time.Duration
-		switch v := secs.(type) {
-		case int64:
-			ttl = time.Duration(v) * time.Second
-		case float64:
-			ttl = time.Duration(v * float64(time.Second))
-		}
-		t, err := time.Parse(time.RFC3339Nano, renew)
-		if holder == "" || err != nil || !t.Add(ttl).After(now) {
+		r := l.GetResource()
+		renew, err := time.Parse(time.RFC3339Nano, str(r, "spec", "renewTime"))
+		ttl := time.Duration(field(r, "spec", "leaseDurationSeconds").GetNumberValue() * float64(time.Second))
+		if str(r, "spec", "holderIdentity") == "" || err != nil || !renew.Add(ttl).After(now) {
 			continue
 		}
-		out[l.Resource.GetLabels()[ownership.ProxyLabel]] = true
+		out[label(r, ownership.ProxyLabel)] = true
 	}
 	return out
 }
 
-// observedMembers reads the fleet's observed Proxies.
-func observedMembers(observed map[resource.Name]resource.ObservedComposed, leased map[string]bool) []*member {
-	var out []*member
+// observedMembers reads the fleet's observed Proxies. Each nested object is
+// looked up once: with thousands of proxies these lookups are most of the
+// function's work.
+func observedMembers(observed map[string]*fnv1.Resource, leased map[string]bool) []*member {
+	out := make([]*member, 0, len(observed))
 	for name, oc := range observed {
-		ord, ok := ordinalOf(string(name))
-		if !ok || oc.Resource.GetKind() != v1alpha1.ProxyKind {
+		ord, ok := ordinalOf(name)
+		r := oc.GetResource().GetFields()
+		if !ok || r["kind"].GetStringValue() != v1alpha1.ProxyKind {
 			continue
 		}
-		r := oc.Resource
-		labels := r.GetLabels()
-		m := &member{Ordinal: ord, Name: r.GetName(), Zone: labels[ownership.ZoneLabel], Created: r.GetCreationTimestamp().Time, Replaces: -1}
-		if v, err := strconv.Atoi(labels[ownership.ReplacesLabel]); err == nil {
-			m.Replaces = v
+		meta := r["metadata"].GetStructValue().GetFields()
+		labels := meta["labels"].GetStructValue().GetFields()
+		status := r["status"].GetStructValue().GetFields()
+		ap := status["atProvider"].GetStructValue().GetFields()
+		m := &member{
+			Ordinal: ord, Name: meta["name"].GetStringValue(), Zone: labels[ownership.ZoneLabel].GetStringValue(),
+			Replaces: -1, Healthy: ap["healthy"].GetBoolValue(),
+			EgressIP: ap["egressIP"].GetStringValue(), Error: ap["lastProbeError"].GetStringValue(),
 		}
-		m.Generation, _ = strconv.Atoi(labels[ownership.GenerationLabel])
-		c := r.GetCondition(xpv2.TypeReady)
-		m.Ready = c.Status == corev1.ConditionTrue
-		m.Since = c.LastTransitionTime.Time
+		m.Created, _ = time.Parse(time.RFC3339, meta["creationTimestamp"].GetStringValue())
+		if v := labels[ownership.ReplacesLabel].GetStringValue(); v != "" {
+			if o, err := strconv.Atoi(v); err == nil {
+				m.Replaces = o
+			}
+		}
+		if v := labels[ownership.GenerationLabel].GetStringValue(); v != "" {
+			m.Generation, _ = strconv.Atoi(v)
+		}
+		for _, c := range status["conditions"].GetListValue().GetValues() {
+			cf := c.GetStructValue().GetFields()
+			if cf["type"].GetStringValue() == "Ready" {
+				m.Ready = cf["status"].GetStringValue() == string(corev1.ConditionTrue)
+				m.Since, _ = time.Parse(time.RFC3339, cf["lastTransitionTime"].GetStringValue())
+				break
+			}
+		}
 		if m.Since.IsZero() {
 			m.Since = m.Created
 		}
-		m.Healthy, _ = r.GetBool("status.atProvider.healthy")
-		host, _ := r.GetString("status.atProvider.host")
-		port, _ := r.GetInteger("status.atProvider.port")
-		if host != "" && port > 0 {
-			m.Endpoint = net.JoinHostPort(host, strconv.FormatInt(port, 10))
+		if host, port := ap["host"].GetStringValue(), ap["port"].GetNumberValue(); host != "" && port > 0 {
+			m.Endpoint = net.JoinHostPort(host, strconv.Itoa(int(port)))
 		}
-		m.EgressIP, _ = r.GetString("status.atProvider.egressIP")
-		m.Error, _ = r.GetString("status.atProvider.lastProbeError")
 		m.Leased = leased[m.Name]
 		out = append(out, m)
 	}
@@ -226,80 +199,154 @@ func observedMembers(observed map[resource.Name]resource.ObservedComposed, lease
 	return out
 }
 
-// proxy is the desired Proxy of a member.
-func (f *Fleet) proxy(m *member, observed map[int]*member) (*resource.DesiredComposed, error) {
-	s := f.spec
-	labels := map[string]string{
-		ownership.FleetLabel:      f.Name,
-		ownership.ZoneLabel:       m.Zone,
-		ownership.GenerationLabel: strconv.Itoa(m.Generation),
-	}
-	if _, ok := observed[m.Replaces]; ok {
-		labels[ownership.ReplacesLabel] = strconv.Itoa(m.Replaces)
-	}
-	fp := v1alpha1.ProxyParameters{
-		Mode:                v1alpha1.ProxyModeManaged,
-		Port:                i32(s.Proxy.Port, 3128),
-		AuthSecretRef:       s.Proxy.AuthSecretRef,
-		AllowedSourceRanges: s.Proxy.AllowedSourceRanges,
-		HealthCheck:         s.HealthCheck,
-		MaxLeases:           i32(s.Leases.MaxLeasesPerProxy, 1),
-	}
-	switch {
-	case s.Placement.Local != nil:
-		fp.Local = s.Placement.Local.DeepCopy()
-	case s.Placement.Kubernetes != nil:
-		k := s.Placement.Kubernetes.DeepCopy()
-		if k.NodeSelector == nil {
-			k.NodeSelector = map[string]string{}
-		}
-		k.NodeSelector[corev1.LabelTopologyZone] = m.Zone
-		fp.Kubernetes = k
-	case s.Placement.GCP != nil:
-		g := s.Placement.GCP
-		fp.GCP = &v1alpha1.GCPPlacement{Zone: m.Zone, MachineType: g.MachineType, Image: g.Image, Network: g.Network, NetworkTags: g.NetworkTags, CloudInit: g.CloudInit}
-	}
-	ref := &xpv2.ProviderConfigReference{Kind: v1alpha1.ClusterProviderConfigKind, Name: "default"}
-	if r := s.ProviderConfigRef; r != nil {
-		if r.Kind != "" {
-			ref.Kind = r.Kind
-		}
-		if r.Name != "" {
-			ref.Name = r.Name
-		}
-	}
-	p := &v1alpha1.Proxy{
-		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.ProxyKind},
-		ObjectMeta: metav1.ObjectMeta{Name: fmt.Sprintf("%s-%d", f.Name, m.Ordinal), Namespace: f.Namespace, Labels: labels},
-		Spec: v1alpha1.ProxySpec{
-			ManagedResourceSpec: xpv2.ManagedResourceSpec{ProviderConfigReference: ref},
-			ForProvider:         fp,
-		},
-	}
-	// Through JSON rather than the unstructured converter, so that unset
-	// fields stay unset (omitempty) and the apiserver applies the CRD's
-	// defaults; a desired resource carries no status.
-	b, err := json.Marshal(p)
-	if err != nil {
-		return nil, errors.Wrapf(err, "cannot compose %s", p.Name)
-	}
-	u := composed.New()
-	if err := json.Unmarshal(b, &u.Object); err != nil {
-		return nil, errors.Wrapf(err, "cannot compose %s", p.Name)
-	}
-	delete(u.Object, "status")
-	unstructured.RemoveNestedField(u.Object, "metadata", "creationTimestamp")
-	dc := &resource.DesiredComposed{Resource: u, Ready: resource.ReadyUnspecified}
-	if o, ok := observed[m.Ordinal]; ok && o.Ready {
-		dc.Ready = resource.ReadyTrue
-	}
-	return dc, nil
+// composer builds the fleet's desired Proxies. The part of a Proxy's spec
+// that depends only on the fleet and the zone is built once per zone and
+// shared, read-only, by every Proxy of that zone.
+type composer struct {
+	f         *Fleet
+	perZone   map[string]*structpb.Value
+	configRef *structpb.Value
+	// Read-only values shared by many Proxies: a fleet of thousands would
+	// otherwise allocate the same labels and spec thousands of times.
+	apiVersion, kind, namespace, fleet *structpb.Value
+	zones                              map[string]*structpb.Value
+	specs                              map[string]*structpb.Value
+	labels                             map[[2]string]*structpb.Value
 }
 
-// setStatus writes the fleet's observed state to the XR.
-func setStatus(dxr *resource.Composite, members []*member, now time.Time) error {
+func (f *Fleet) composer() (*composer, error) {
+	s := f.spec
+	c := &composer{
+		f: f, perZone: map[string]*structpb.Value{}, zones: map[string]*structpb.Value{},
+		specs: map[string]*structpb.Value{}, labels: map[[2]string]*structpb.Value{},
+		apiVersion: structpb.NewStringValue(v1alpha1.SchemeGroupVersion.String()),
+		kind:       structpb.NewStringValue(v1alpha1.ProxyKind),
+		namespace:  structpb.NewStringValue(f.Namespace),
+		fleet:      structpb.NewStringValue(f.Name),
+	}
+	ref := map[string]string{"kind": v1alpha1.ClusterProviderConfigKind, "name": "default"}
+	if r := s.ProviderConfigRef; r != nil {
+		if r.Kind != "" {
+			ref["kind"] = r.Kind
+		}
+		if r.Name != "" {
+			ref["name"] = r.Name
+		}
+	}
+	c.configRef = structpb.NewStructValue(strings2struct(ref))
+	for _, zone := range f.Zones {
+		fp := v1alpha1.ProxyParameters{
+			Mode:                v1alpha1.ProxyModeManaged,
+			Port:                i32(s.Proxy.Port, 3128),
+			AuthSecretRef:       s.Proxy.AuthSecretRef,
+			AllowedSourceRanges: s.Proxy.AllowedSourceRanges,
+			HealthCheck:         s.HealthCheck,
+			MaxLeases:           i32(s.Leases.MaxLeasesPerProxy, 1),
+		}
+		switch {
+		case s.Placement.Local != nil:
+			fp.Local = s.Placement.Local.DeepCopy()
+		case s.Placement.Kubernetes != nil:
+			k := s.Placement.Kubernetes.DeepCopy()
+			if k.NodeSelector == nil {
+				k.NodeSelector = map[string]string{}
+			}
+			k.NodeSelector[corev1.LabelTopologyZone] = zone
+			fp.Kubernetes = k
+		case s.Placement.GCP != nil:
+			g := s.Placement.GCP
+			fp.GCP = &v1alpha1.GCPPlacement{Zone: zone, MachineType: g.MachineType, Image: g.Image, Network: g.Network, NetworkTags: g.NetworkTags, CloudInit: g.CloudInit}
+		}
+		// Through JSON, so that unset fields stay unset (omitempty) and the
+		// apiserver applies the CRD's defaults.
+		v, err := toValue(fp)
+		if err != nil {
+			return nil, errors.Wrap(err, "cannot compose spec.forProvider")
+		}
+		c.perZone[zone] = v
+		c.zones[zone] = structpb.NewStringValue(zone)
+		c.specs[zone] = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			"providerConfigRef": c.configRef,
+			"forProvider":       v,
+		}})
+	}
+	return c, nil
+}
+
+// proxy is the desired Proxy of a member. A Proxy observed Ready is marked
+// ready, so the XR is Ready once all of its proxies are.
+func (c *composer) proxy(m *member, observed map[int]*member) *fnv1.Resource {
+	spec, ok := c.specs[m.Zone]
+	if !ok {
+		// A zone dropped from spec.zones: its proxies keep their zone label
+		// until they are replaced or scaled away.
+		spec = c.specs[c.f.Zones[0]]
+	}
+	r := &fnv1.Resource{Resource: &structpb.Struct{Fields: map[string]*structpb.Value{
+		"apiVersion": c.apiVersion,
+		"kind":       c.kind,
+		"metadata": structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			"name":      structpb.NewStringValue(c.f.Name + "-" + strconv.Itoa(m.Ordinal)),
+			"namespace": c.namespace,
+			"labels":    c.labelsOf(m, observed),
+		}}),
+		"spec": spec,
+	}}}
+	if o, ok := observed[m.Ordinal]; ok && o.Ready {
+		r.Ready = fnv1.Ready_READY_TRUE
+	}
+	return r
+}
+
+// labelsOf returns a member's labels, shared with every member of the same
+// zone and generation unless it is replacing another.
+func (c *composer) labelsOf(m *member, observed map[int]*member) *structpb.Value {
+	gen := strconv.Itoa(m.Generation)
+	_, replacing := observed[m.Replaces]
+	if v, ok := c.labels[[2]string{m.Zone, gen}]; ok && !replacing {
+		return v
+	}
+	l := &structpb.Struct{Fields: map[string]*structpb.Value{
+		ownership.FleetLabel:      c.fleet,
+		ownership.ZoneLabel:       structpb.NewStringValue(m.Zone),
+		ownership.GenerationLabel: structpb.NewStringValue(gen),
+	}}
+	if replacing {
+		l.Fields[ownership.ReplacesLabel] = structpb.NewStringValue(strconv.Itoa(m.Replaces))
+		return structpb.NewStructValue(l)
+	}
+	v := structpb.NewStructValue(l)
+	c.labels[[2]string{m.Zone, gen}] = v
+	return v
+}
+
+// setStatus writes the fleet's observed state to the desired XR, keeping
+// whatever earlier pipeline steps set.
+func setStatus(desired *fnv1.State, members []*member, now time.Time) {
+	if desired.Composite == nil {
+		desired.Composite = &fnv1.Resource{}
+	}
+	if desired.Composite.Resource == nil {
+		desired.Composite.Resource = &structpb.Struct{Fields: map[string]*structpb.Value{}}
+	}
+	xr := desired.Composite.Resource
+	status := field(xr, "status").GetStructValue()
+	if status == nil {
+		status = &structpb.Struct{Fields: map[string]*structpb.Value{}}
+		xr.Fields["status"] = structpb.NewStructValue(status)
+	}
 	var ready, healthy int
-	proxies := make([]any, 0, len(members))
+	proxies := make([]*structpb.Value, 0, len(members))
+	shared := map[string]*structpb.Value{} // zones and ages repeat
+	intern := func(s string) *structpb.Value {
+		v, ok := shared[s]
+		if !ok {
+			v = structpb.NewStringValue(s)
+			shared[s] = v
+		}
+		return v
+	}
+	healthyValue := map[bool]*structpb.Value{true: structpb.NewBoolValue(true), false: structpb.NewBoolValue(false)}
 	for _, m := range members {
 		if m.Ready {
 			ready++
@@ -307,22 +354,19 @@ func setStatus(dxr *resource.Composite, members []*member, now time.Time) error 
 		if m.Healthy {
 			healthy++
 		}
-		proxies = append(proxies, map[string]any{
-			"name": m.Name, "endpoint": m.Endpoint, "zone": m.Zone, "egressIP": m.EgressIP,
-			"healthy": m.Healthy, "age": duration.HumanDuration(now.Sub(m.Created)),
-		})
+		proxies = append(proxies, structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			"name":     structpb.NewStringValue(m.Name),
+			"endpoint": structpb.NewStringValue(m.Endpoint),
+			"zone":     intern(m.Zone),
+			"egressIP": structpb.NewStringValue(m.EgressIP),
+			"healthy":  healthyValue[m.Healthy],
+			"age":      intern(duration.HumanDuration(now.Sub(m.Created))),
+		}}))
 	}
-	for path, v := range map[string]any{
-		"status.replicas":        int64(len(members)),
-		"status.readyReplicas":   int64(ready),
-		"status.healthyReplicas": int64(healthy),
-		"status.proxies":         proxies,
-	} {
-		if err := dxr.Resource.SetValue(path, v); err != nil {
-			return errors.Wrapf(err, "cannot set %s", path)
-		}
-	}
-	return nil
+	status.Fields["replicas"] = structpb.NewNumberValue(float64(len(members)))
+	status.Fields["readyReplicas"] = structpb.NewNumberValue(float64(ready))
+	status.Fields["healthyReplicas"] = structpb.NewNumberValue(float64(healthy))
+	status.Fields["proxies"] = structpb.NewListValue(&structpb.ListValue{Values: proxies})
 }
 
 // report sets the FleetHealthy condition, and a Warning result only on real
@@ -346,13 +390,18 @@ func report(rsp *fnv1.RunFunctionResponse, f *Fleet, members []*member, p *plan,
 			trouble = true
 		}
 	}
-	parts := []string{fmt.Sprintf("%d/%d proxies healthy", healthy, f.Replicas)}
+	parts := []string{fmt.Sprintf("%d/%d proxies healthy", healthy, max(len(members), f.Replicas))}
+	if len(members) != f.Replicas {
+		parts[0] += fmt.Sprintf(" (replicas %d)", f.Replicas)
+	}
 	if len(sick) > 3 {
 		sick = append(sick[:3], fmt.Sprintf("and %d more", len(sick)-3))
 	}
 	parts = append(parts, sick...)
-	if p.inFlight+p.created > 0 {
-		parts = append(parts, fmt.Sprintf("%d replacements or additions in flight", p.inFlight+p.created))
+	if n := p.inFlight + p.created; n == 1 {
+		parts = append(parts, "1 proxy being added or replaced")
+	} else if n > 1 {
+		parts = append(parts, fmt.Sprintf("%d proxies being added or replaced", n))
 	}
 	parts = append(parts, p.blocked...)
 	msg := strings.Join(parts, "; ")

@@ -105,9 +105,9 @@ func TestDecide(t *testing.T) {
 			want:     "0:a 1:b 2:a>0", wantBlocked: "f-1 waits for surge capacity (maxSurge 1)",
 		},
 		"ReplacementNotReadyKeepsOld": {
-			reason:   "The old proxy is kept while its replacement is not Ready.",
-			fleet:    fleetFor(2, ab, func(f *Fleet) { f.MaxAge = 30 * time.Minute }),
-			observed: []*member{m(0, "a"), m(1, "b", age(time.Minute)), m(2, "a", replaces(0), age(time.Minute), sick(time.Minute))},
+			reason:      "The old proxy is kept while its replacement is not Ready.",
+			fleet:       fleetFor(2, ab, func(f *Fleet) { f.MaxAge = 30 * time.Minute }),
+			observed:    []*member{m(0, "a"), m(1, "b", age(time.Minute)), m(2, "a", replaces(0), age(time.Minute), sick(time.Minute))},
 			leasesKnown: true,
 			want:        "0:a 1:b 2:a>0",
 		},

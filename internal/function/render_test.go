@@ -1,0 +1,190 @@
+package function_test
+
+import (
+	"bytes"
+	"flag"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+var update = flag.Bool("update", false, "rewrite the render golden files")
+
+// fixedTime is the clock of the rendered examples; their fixtures are
+// written relative to it.
+const fixedTime = "2026-11-29T12:00:00Z"
+
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	root, err := filepath.Abs(filepath.Join("..", ".."))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return root
+}
+
+// startFunction builds and runs function-proxyfleet as a local process, the
+// way `crossplane render` expects a Development-runtime function, and returns
+// a functions.yaml pointing at it.
+func startFunction(t *testing.T, root string) string {
+	t.Helper()
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "function")
+	if out, err := exec.Command("go", "build", "-o", bin, filepath.Join(root, "cmd", "function")).CombinedOutput(); err != nil {
+		t.Fatalf("cannot build the function: %v\n%s", err, out)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	_ = l.Close()
+	cmd := exec.Command(bin, "--insecure", "--address", addr, "--metrics-address", "127.0.0.1:0", "--fixed-time", fixedTime)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if c, err := net.Dial("tcp", addr); err == nil {
+			_ = c.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the function never listened on %s", addr)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	src, err := os.ReadFile(filepath.Join(root, "examples", "functions.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fns := filepath.Join(dir, "functions.yaml")
+	if err := os.WriteFile(fns, bytes.ReplaceAll(src, []byte("localhost:9443"), []byte(addr)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return fns
+}
+
+// TestRender runs the real `crossplane render` over the examples with the
+// function as a local process, compares the output with golden files, and
+// validates it with `crossplane beta validate` against the CRDs and XRDs.
+func TestRender(t *testing.T) {
+	root := repoRoot(t)
+	xp := filepath.Join(root, "bin", "crossplane")
+	if _, err := os.Stat(xp); err != nil {
+		t.Fatal("bin/crossplane is missing: run `make tools` (it builds the Crossplane CLI from the Go module proxy)")
+	}
+	fns := startFunction(t, root)
+	namespaced := filepath.Join(root, "apis", "fleet", "composition.yaml")
+	legacy := filepath.Join(root, "apis", "fleet", "legacy", "composition.yaml")
+
+	cases := map[string]struct {
+		reason      string
+		xr          string
+		composition string
+		flags       []string
+		want        []string // substrings the output must hold, beyond the golden file
+	}{
+		"local": {
+			reason: "A fresh local fleet: three Proxies spread over two zones.",
+			xr:     "examples/local/proxyfleet.yaml", composition: namespaced,
+			want: []string{"name: crawlers-0", "name: crawlers-2", "crawl.example.com/zone: local-b"},
+		},
+		"kubernetes": {
+			reason: "Pods are pinned to their zone with a node selector.",
+			xr:     "examples/kubernetes/proxyfleet.yaml", composition: namespaced,
+			want: []string{"topology.kubernetes.io/zone: europe-west1-c"},
+		},
+		"gcp": {
+			reason: "Each VM gets its zone.",
+			xr:     "examples/gcp/proxyfleet.yaml", composition: namespaced,
+			want: []string{"zone: europe-west1-d"},
+		},
+		"legacy": {
+			reason: "A claimed XProxyFleet composes into the claim's namespace.",
+			xr:     "examples/render/legacy/xr.yaml", composition: legacy,
+			want: []string{"name: legacy-crawlers-1", "namespace: crawl-team"},
+		},
+		"rotation": {
+			reason: "An old proxy with a Ready replacement stays while a crawler holds its lease.",
+			xr:     "examples/render/rotation/xr.yaml", composition: namespaced,
+			flags: []string{"--observed-resources=" + filepath.Join(root, "examples/render/rotation/observed-resources.yaml"),
+				"--required-resources=" + filepath.Join(root, "examples/render/rotation/required-resources.yaml")},
+			want: []string{"name: crawlers-0", "crawlers-0 waits for its leases to drain", "crawlers-1 waits for surge capacity"},
+		},
+		"unhealthy": {
+			reason: "A proxy down longer than replaceUnhealthyAfter gets a replacement in its zone.",
+			xr:     "examples/render/unhealthy/xr.yaml", composition: namespaced,
+			flags: []string{"--observed-resources=" + filepath.Join(root, "examples/render/unhealthy/observed-resources.yaml"), "--include-function-results"},
+			want:  []string{"name: crawlers-3", `crawl.example.com/replaces: "1"`, "proxy crawlers-1 unhealthy for 12m", "severity: SEVERITY_WARNING"},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			args := append([]string{"render", filepath.Join(root, tc.xr), tc.composition, fns}, tc.flags...)
+			var stdout, stderr bytes.Buffer
+			cmd := exec.Command(xp, args...)
+			cmd.Stdout, cmd.Stderr = &stdout, &stderr
+			if err := cmd.Run(); err != nil {
+				t.Fatalf("crossplane render: %v\n%s", err, stderr.String())
+			}
+			got := stdout.Bytes()
+			golden := filepath.Join("testdata", "render", name+".yaml")
+			if *update {
+				if err := os.MkdirAll(filepath.Dir(golden), 0o755); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(golden, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(golden)
+			if err != nil {
+				t.Fatalf("%v (run go test ./internal/function -run TestRender -update to create it)", err)
+			}
+			if diff := cmp.Diff(string(want), string(got)); diff != "" {
+				t.Errorf("%s\n-golden, +rendered:\n%s", tc.reason, diff)
+			}
+			// YAML folds long messages; compare with whitespace collapsed.
+			flat := strings.Join(strings.Fields(string(got)), " ")
+			for _, w := range tc.want {
+				if !strings.Contains(flat, w) {
+					t.Errorf("%s\nthe rendered output lacks %q", tc.reason, w)
+				}
+			}
+
+			// Only the composed resources are validated: the XR printed by
+			// render carries just its status.
+			rendered := filepath.Join(t.TempDir(), "rendered.yaml")
+			if err := os.WriteFile(rendered, composedOnly(got), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			out, err := exec.Command(filepath.Join(root, "hack", "validate.sh"), rendered).CombinedOutput()
+			if err != nil || !strings.Contains(string(out), "0 failure cases") {
+				t.Errorf("%s\ncrossplane beta validate rejected the rendered Proxies: %v\n%s", tc.reason, err, out)
+			}
+		})
+	}
+}
+
+// composedOnly keeps the composed Proxies of render's output.
+func composedOnly(out []byte) []byte {
+	var keep []string
+	for _, doc := range strings.Split(string(out), "\n---\n") {
+		if strings.Contains(doc, "kind: Proxy\n") {
+			keep = append(keep, strings.TrimPrefix(doc, "---\n"))
+		}
+	}
+	return []byte(strings.Join(keep, "\n---\n") + "\n")
+}
