@@ -41,6 +41,9 @@ type Spec struct {
 	Local      *v1alpha1.LocalPlacement
 	Kubernetes *v1alpha1.KubernetesPlacement
 	GCP        *v1alpha1.GCPPlacement
+	// UserData is the user's own cloud-init or startup script (GCP), already
+	// read from its Secret; it replaces the generated one.
+	UserData string
 	// Hash covers what forces a replacement: placement, port and the
 	// resolved proxy configuration. Backends store it on the instance.
 	Hash string
