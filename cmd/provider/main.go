@@ -26,6 +26,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/controller"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/feature"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/ratelimiter"
@@ -35,11 +36,14 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis"
 	xcontroller "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller/proxy"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/gc"
 	pmetrics "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 )
 
 // flags are the provider's settings; each can also come from the environment.
 type flags struct {
+	gcInterval, gcGrace           time.Duration
+	gcDryRun                      bool
 	debug, leaderElection         bool
 	poll, stateMetricsInterval    time.Duration
 	maxReconcileRate              int
@@ -75,6 +79,9 @@ func parseFlags(args []string) (*flags, error) {
 	boolEnv(&f.leaderElection, "leader-election", "LEADER_ELECTION", false, "Elect a leader, so that only one of several replicas reconciles.")
 	durEnv(&f.poll, "poll", "POLL_INTERVAL", time.Minute, "How often a Proxy is checked for drift when its health check sets no interval; each Proxy's healthCheck.interval sets its own probe cadence.")
 	durEnv(&f.stateMetricsInterval, "state-metrics-interval", "STATE_METRICS_INTERVAL", 30*time.Second, "How often the managed-resource state metrics are recomputed.")
+	durEnv(&f.gcInterval, "gc-interval", "GC_INTERVAL", 10*time.Minute, "How often the orphan collector looks for instances whose Proxy is gone.")
+	durEnv(&f.gcGrace, "gc-grace-period", "GC_GRACE_PERIOD", 15*time.Minute, "How old an orphaned instance must be before it is deleted.")
+	boolEnv(&f.gcDryRun, "gc-dry-run", "GC_DRY_RUN", false, "Only log, count and record events for orphans; delete nothing.")
 	rate, _ := strconv.Atoi(env("MAX_RECONCILE_RATE", "10"))
 	fs.IntVar(&f.maxReconcileRate, "max-reconcile-rate", rate, "The most reconciles per second across all Proxies, and the number of concurrent reconciles (env MAX_RECONCILE_RATE).")
 	strEnv(&f.stateDir, "state-dir", "STATE_DIR", "/var/lib/provider-egressproxy", "Where local-backend proxies keep their files when a ProviderConfig names no stateDir.")
@@ -186,6 +193,15 @@ func run(ctx context.Context, f *flags) error {
 	}
 	if err := xcontroller.Setup(mgr, o); err != nil {
 		return err
+	}
+	collector := &gc.Collector{
+		Sources:   proxy.CollectorSources{Kube: mgr.GetClient(), Backends: backends},
+		ClusterID: clusterID, Grace: f.gcGrace, DryRun: f.gcDryRun, Interval: f.gcInterval, Now: time.Now,
+		Log: log.WithValues("controller", "orphan-collector"), Metrics: pm,
+		Record: event.NewAPIRecorder(mgr.GetEventRecorderFor("orphan-collector")),
+	}
+	if err := mgr.Add(collector); err != nil {
+		return errors.Wrap(err, "cannot add orphan collector")
 	}
 	log.Info("Starting provider-egressproxy", "cluster-id", clusterID, "state-dir", f.stateDir)
 	return errors.Wrap(mgr.Start(ctx), "cannot run manager")

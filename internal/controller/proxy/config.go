@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	stderrors "errors"
 	"fmt"
 	"path/filepath"
 	"sync"
@@ -9,6 +10,7 @@ import (
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	"github.com/pkg/errors"
+	"google.golang.org/api/option"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/rest"
@@ -20,8 +22,10 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/kubernetes"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/gc"
 )
 
 // resolveConfig reads the ProviderConfig or ClusterProviderConfig a Proxy
@@ -95,12 +99,17 @@ type Backends struct {
 	// RestartDelay is how long a dead local Squid stays down before its
 	// supervisor restarts it; zero means the local backend's default.
 	RestartDelay time.Duration
+	// GCPClientOptions are added to every Compute API client, after the
+	// credentials; tests point them at a fake of the API.
+	GCPClientOptions []option.ClientOption
 	// Logger for backends.
 	Logger logging.Logger
 
 	mu    sync.Mutex
 	local map[string]*local.Backend
-	kube  map[string]backend.Backend
+	// remote holds the backends that are API clients (pods, VMs), by
+	// configuration UID and version.
+	remote map[string]backend.Backend
 }
 
 // For returns pc's backend.
@@ -108,7 +117,7 @@ func (b *Backends) For(ctx context.Context, pc *config) (backend.Backend, error)
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.local == nil {
-		b.local, b.kube = map[string]*local.Backend{}, map[string]backend.Backend{}
+		b.local, b.remote = map[string]*local.Backend{}, map[string]backend.Backend{}
 	}
 	switch pc.Spec.Backend {
 	case v1alpha1.BackendLocal:
@@ -134,7 +143,7 @@ func (b *Backends) For(ctx context.Context, pc *config) (backend.Backend, error)
 		return lb, nil
 	case v1alpha1.BackendKubernetes:
 		key := fmt.Sprintf("%s/%s", pc.UID, pc.Version)
-		if kb, ok := b.kube[key]; ok {
+		if kb, ok := b.remote[key]; ok {
 			return kb, nil
 		}
 		c, err := b.kubeClient(ctx, pc)
@@ -142,8 +151,37 @@ func (b *Backends) For(ctx context.Context, pc *config) (backend.Backend, error)
 			return nil, err
 		}
 		kb := kubernetes.New(kubernetes.Config{Client: c, ClusterID: b.ClusterID})
-		b.kube[key] = kb
+		b.remote[key] = kb
 		return kb, nil
+	case v1alpha1.BackendGCP:
+		key := fmt.Sprintf("%s/%s", pc.UID, pc.Version)
+		if gb, ok := b.remote[key]; ok {
+			return gb, nil
+		}
+		g := pc.Spec.GCP
+		if g == nil {
+			return nil, backend.Errorf(backend.ClassPermanent, "%s %s has no gcp settings: set spec.gcp.project and spec.gcp.credentials", pc.Kind, pc.Name)
+		}
+		var opts []option.ClientOption
+		if g.Credentials.Source == xpv2.CredentialsSourceSecret {
+			sel := g.Credentials.CommonCredentialSelectors
+			if sel.SecretRef != nil && pc.Namespace != "" {
+				sel.SecretRef = sel.SecretRef.DeepCopy()
+				sel.SecretRef.Namespace = pc.Namespace
+			}
+			key, err := resource.CommonCredentialExtractor(ctx, g.Credentials.Source, b.Kube, sel)
+			if err != nil {
+				return nil, errors.Wrap(err, "cannot read the service-account key")
+			}
+			opts = append(opts, option.WithCredentialsJSON(key)) //nolint:staticcheck // The key is the user's own service account.
+		}
+		opts = append(opts, b.GCPClientOptions...)
+		gb, err := gcp.New(ctx, gcp.Config{Project: g.Project, ClusterID: b.ClusterID, ClientOptions: opts})
+		if err != nil {
+			return nil, err
+		}
+		b.remote[key] = gb
+		return gb, nil
 	default:
 		return nil, backend.Errorf(backend.ClassPermanent, "the %s backend is not available in this provider version", pc.Spec.Backend)
 	}
@@ -181,4 +219,68 @@ func (b *Backends) Close() {
 	for _, lb := range b.local {
 		lb.Close()
 	}
+}
+
+// CollectorSources gives the orphan collector the backend of every
+// configuration in the cluster and the UID of every Proxy.
+type CollectorSources struct {
+	Kube     client.Reader
+	Backends BackendSource
+}
+
+var _ gc.Sources = CollectorSources{}
+
+// Targets resolves every ProviderConfig and ClusterProviderConfig to its
+// backend.
+func (s CollectorSources) Targets(ctx context.Context) ([]gc.Target, error) {
+	var configs []struct {
+		c   *config
+		obj client.Object
+	}
+	pcs := &v1alpha1.ProviderConfigList{}
+	if err := s.Kube.List(ctx, pcs); err != nil {
+		return nil, errors.Wrap(err, "cannot list ProviderConfigs")
+	}
+	for i := range pcs.Items {
+		pc := &pcs.Items[i]
+		configs = append(configs, struct {
+			c   *config
+			obj client.Object
+		}{&config{Kind: v1alpha1.ProviderConfigKind, Name: pc.Name, Namespace: pc.Namespace, UID: pc.UID, Version: pc.ResourceVersion, Spec: pc.Spec}, pc})
+	}
+	cpcs := &v1alpha1.ClusterProviderConfigList{}
+	if err := s.Kube.List(ctx, cpcs); err != nil {
+		return nil, errors.Wrap(err, "cannot list ClusterProviderConfigs")
+	}
+	for i := range cpcs.Items {
+		pc := &cpcs.Items[i]
+		configs = append(configs, struct {
+			c   *config
+			obj client.Object
+		}{&config{Kind: v1alpha1.ClusterProviderConfigKind, Name: pc.Name, UID: pc.UID, Version: pc.ResourceVersion, Spec: pc.Spec}, pc})
+	}
+	var out []gc.Target
+	var errs []error
+	for _, c := range configs {
+		b, err := s.Backends.For(ctx, c.c)
+		if err != nil {
+			errs = append(errs, errors.Wrapf(err, "cannot use %s %s", c.c.Kind, c.c.Name))
+			continue
+		}
+		out = append(out, gc.Target{Kind: string(c.c.Spec.Backend), Backend: b, Object: c.obj})
+	}
+	return out, stderrors.Join(errs...)
+}
+
+// Owners lists the UID of every Proxy.
+func (s CollectorSources) Owners(ctx context.Context) (map[types.UID]bool, error) {
+	l := &v1alpha1.ProxyList{}
+	if err := s.Kube.List(ctx, l); err != nil {
+		return nil, errors.Wrap(err, "cannot list Proxies")
+	}
+	out := make(map[types.UID]bool, len(l.Items))
+	for _, p := range l.Items {
+		out[p.UID] = true
+	}
+	return out, nil
 }

@@ -338,7 +338,11 @@ func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 	if err != nil {
 		return managed.ExternalObservation{}, err
 	}
-	want := desiredSpec(p, e.pc, e.clusterID, creds)
+	ud, err := userData(ctx, e.kube, p)
+	if err != nil {
+		return managed.ExternalObservation{}, err
+	}
+	want := desiredSpec(p, e.pc, e.clusterID, creds, ud)
 	e.observeInstance(ctx, p, inst, creds)
 
 	obs := managed.ExternalObservation{
@@ -479,7 +483,11 @@ func (e *external) Create(ctx context.Context, p *v1alpha1.Proxy) (managed.Exter
 	if err != nil {
 		return managed.ExternalCreation{}, err
 	}
-	inst, err := e.backend.Create(ctx, desiredSpec(p, e.pc, e.clusterID, creds))
+	ud, err := userData(ctx, e.kube, p)
+	if err != nil {
+		return managed.ExternalCreation{}, err
+	}
+	inst, err := e.backend.Create(ctx, desiredSpec(p, e.pc, e.clusterID, creds, ud))
 	e.countError("create", err)
 	if err != nil {
 		recordCreateFailure(p, err, e.now())

@@ -77,7 +77,7 @@ func unitProxy(mods ...func(*v1alpha1.Proxy)) *v1alpha1.Proxy {
 
 func TestObserve(t *testing.T) {
 	pc := &config{Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}}
-	want := desiredSpec(unitProxy(), pc, "unit", nil)
+	want := desiredSpec(unitProxy(), pc, "unit", nil, "")
 	running := backend.Instance{
 		Ref: want.Ref, ProviderID: "local/3128", Host: "127.0.0.1", Port: 3128,
 		Phase: v1alpha1.InstancePhaseRunning, CreatedAt: epoch.Add(-time.Hour), SpecHash: want.Hash,
@@ -354,7 +354,7 @@ func TestExternalModeNeverCallsBackend(t *testing.T) {
 
 func TestSpecHash(t *testing.T) {
 	pc := &config{Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}}
-	base := desiredSpec(unitProxy(), pc, "unit", &backend.Credentials{Username: "u", Password: "p"}).Hash
+	base := desiredSpec(unitProxy(), pc, "unit", &backend.Credentials{Username: "u", Password: "p"}, "").Hash
 	cases := map[string]struct {
 		reason  string
 		mod     func(*v1alpha1.Proxy)
@@ -377,7 +377,7 @@ func TestSpecHash(t *testing.T) {
 			if creds == nil {
 				creds = &backend.Credentials{Username: "u", Password: "p"}
 			}
-			h := desiredSpec(p, pc, "unit", creds).Hash
+			h := desiredSpec(p, pc, "unit", creds, "").Hash
 			if (h != base) != tc.changes {
 				t.Errorf("%s\nhash changed: %v, want %v", tc.reason, h != base, tc.changes)
 			}
@@ -387,7 +387,7 @@ func TestSpecHash(t *testing.T) {
 
 func TestMetrics(t *testing.T) {
 	pc := &config{Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}}
-	want := desiredSpec(unitProxy(), pc, "unit", nil)
+	want := desiredSpec(unitProxy(), pc, "unit", nil, "")
 	b := fake.New()
 	b.Put(backend.Instance{Ref: want.Ref, ProviderID: "local/3128", Host: "127.0.0.1", Port: 3128, Phase: v1alpha1.InstancePhaseRunning, SpecHash: want.Hash})
 	pr := &fakeProber{res: probe.Result{OK: true, Latency: 30 * time.Millisecond}}

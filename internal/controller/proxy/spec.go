@@ -80,8 +80,33 @@ func keyOr(k, def string) string {
 	return k
 }
 
-// desiredSpec is what the Proxy asks of its backend.
-func desiredSpec(p *v1alpha1.Proxy, pc *config, clusterID string, creds *backend.Credentials) backend.Spec {
+// userData reads a GCP Proxy's own cloud-init, inline or from its Secret.
+func userData(ctx context.Context, kube client.Client, p *v1alpha1.Proxy) (string, error) {
+	g := p.Spec.ForProvider.GCP
+	if g == nil || g.CloudInit == nil {
+		return "", nil
+	}
+	if g.CloudInit.Inline != nil {
+		return *g.CloudInit.Inline, nil
+	}
+	ref := g.CloudInit.SecretRef
+	if ref == nil {
+		return "", errors.New("spec.forProvider.gcp.cloudInit needs inline or secretRef")
+	}
+	s := &corev1.Secret{}
+	if err := kube.Get(ctx, types.NamespacedName{Namespace: p.GetNamespace(), Name: ref.Name}, s); err != nil {
+		return "", errors.Wrapf(err, "cannot get cloud-init secret %s/%s", p.GetNamespace(), ref.Name)
+	}
+	v, ok := s.Data[ref.Key]
+	if !ok {
+		return "", errors.Errorf("cloud-init secret %s/%s has no key %q", p.GetNamespace(), ref.Name, ref.Key)
+	}
+	return string(v), nil
+}
+
+// desiredSpec is what the Proxy asks of its backend. userData is its own
+// cloud-init, already read; a change to it replaces the VM.
+func desiredSpec(p *v1alpha1.Proxy, pc *config, clusterID string, creds *backend.Credentials, userData string) backend.Spec {
 	fp := p.Spec.ForProvider
 	ranges := make([]string, 0, len(fp.AllowedSourceRanges))
 	for _, r := range fp.AllowedSourceRanges {
@@ -104,6 +129,7 @@ func desiredSpec(p *v1alpha1.Proxy, pc *config, clusterID string, creds *backend
 	if s.Port == 0 {
 		s.Port = 3128
 	}
+	s.UserData = userData
 	s.Hash = specHash(s)
 	return s
 }
@@ -121,7 +147,12 @@ func specHash(s backend.Spec) string {
 		Ranges      []string                      `json:"ranges,omitempty"`
 		Username    string                        `json:"username,omitempty"`
 		PasswordSum string                        `json:"passwordSum,omitempty"`
+		UserDataSum string                        `json:"userDataSum,omitempty"`
 	}{Local: s.Local, Kubernetes: s.Kubernetes, GCP: s.GCP, Port: s.Port, Ranges: s.AllowedSourceRanges}
+	if s.UserData != "" {
+		sum := sha256.Sum256([]byte(s.UserData))
+		in.UserDataSum = hex.EncodeToString(sum[:])
+	}
 	if s.Credentials != nil {
 		in.Username = s.Credentials.Username
 		sum := sha256.Sum256([]byte(s.Credentials.Password))

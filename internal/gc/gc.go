@@ -1,0 +1,143 @@
+// Package gc is the orphan collector: it deletes the instances (processes,
+// pods, VMs) that carry this cluster's ownership labels but whose Proxy,
+// matched by UID, no longer exists, once they are older than a grace period.
+package gc
+
+import (
+	"context"
+	stderrors "errors"
+	"fmt"
+	"time"
+
+	"github.com/pkg/errors"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
+)
+
+// Target is one backend to collect in, and the object (its ProviderConfig)
+// that events about it are recorded on.
+type Target struct {
+	// Kind of backend, for metrics.
+	Kind    string
+	Backend backend.Backend
+	Object  runtime.Object
+}
+
+// Sources are what the collector needs from the cluster.
+type Sources interface {
+	// Targets lists the backends in use.
+	Targets(ctx context.Context) ([]Target, error)
+	// Owners lists the UIDs of every Proxy that exists.
+	Owners(ctx context.Context) (map[types.UID]bool, error)
+}
+
+// Collector finds and deletes orphans.
+type Collector struct {
+	Sources   Sources
+	ClusterID string
+	// Grace is how old an orphan must be before it is deleted, so that an
+	// instance whose Proxy is still being written is never taken.
+	Grace time.Duration
+	// DryRun only logs and counts.
+	DryRun bool
+	// Interval between passes.
+	Interval time.Duration
+	Now      func() time.Time
+	Log      logging.Logger
+	Record   event.Recorder
+	Metrics  *metrics.Provider
+}
+
+// Report counts one pass.
+type Report struct {
+	Owned, Foreign, TooYoung, DryRun, Deleted, Failed int
+}
+
+// Collect runs one pass. It deletes nothing when it cannot list the Proxies:
+// an orphan is only ever decided on a complete list.
+func (c *Collector) Collect(ctx context.Context) (Report, error) {
+	r := Report{}
+	owners, err := c.Sources.Owners(ctx)
+	if err != nil {
+		return r, errors.Wrap(err, "cannot list Proxies; collecting nothing")
+	}
+	targets, err := c.Sources.Targets(ctx)
+	if err != nil {
+		return r, errors.Wrap(err, "cannot list backends")
+	}
+	seen := map[backend.Backend]bool{}
+	var errs []error
+	for _, t := range targets {
+		if seen[t.Backend] {
+			continue
+		}
+		seen[t.Backend] = true
+		instances, err := t.Backend.ListOwned(ctx)
+		if err != nil {
+			errs = append(errs, errors.Wrapf(err, "cannot list %s instances", t.Kind))
+			continue
+		}
+		for _, i := range instances {
+			switch {
+			case i.Owner.ClusterID != c.ClusterID:
+				r.Foreign++
+			case owners[i.Owner.UID]:
+				r.Owned++
+			case c.Now().Sub(i.CreatedAt) < c.Grace:
+				r.TooYoung++
+				c.Metrics.Orphans.WithLabelValues(t.Kind, "too-young").Inc()
+			case c.DryRun:
+				r.DryRun++
+				c.Metrics.Orphans.WithLabelValues(t.Kind, "dry-run").Inc()
+				c.Log.Info("Orphan found (dry run: not deleted)", "instance", i.ProviderID, "proxy", i.Owner.Namespace+"/"+i.Owner.Name, "uid", i.Owner.UID)
+				c.event(t, event.Normal("OrphanFound", fmt.Sprintf("dry run: %s belongs to Proxy %s/%s (uid %s), which no longer exists", i.ProviderID, i.Owner.Namespace, i.Owner.Name, i.Owner.UID)))
+			default:
+				if err := t.Backend.Delete(ctx, i.Ref); err != nil {
+					r.Failed++
+					errs = append(errs, errors.Wrapf(err, "cannot delete orphan %s", i.ProviderID))
+					c.event(t, event.Warning("OrphanDeleteFailed", errors.Wrapf(err, "cannot delete orphan %s", i.ProviderID)))
+					continue
+				}
+				r.Deleted++
+				c.Metrics.Orphans.WithLabelValues(t.Kind, "deleted").Inc()
+				c.Log.Info("Deleted orphan", "instance", i.ProviderID, "proxy", i.Owner.Namespace+"/"+i.Owner.Name, "uid", i.Owner.UID)
+				c.event(t, event.Normal("OrphanDeleted", fmt.Sprintf("deleted %s: its Proxy %s/%s (uid %s) no longer exists", i.ProviderID, i.Owner.Namespace, i.Owner.Name, i.Owner.UID)))
+			}
+		}
+	}
+	return r, stderrors.Join(errs...)
+}
+
+func (c *Collector) event(t Target, e event.Event) {
+	if t.Object != nil && c.Record != nil {
+		c.Record.Event(t.Object, e)
+	}
+}
+
+// Start runs a pass every Interval until ctx ends. It is a manager
+// runnable that only the elected leader runs.
+func (c *Collector) Start(ctx context.Context) error {
+	tick := time.NewTicker(c.Interval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+			r, err := c.Collect(ctx)
+			if err != nil {
+				c.Log.Info("Orphan collection incomplete", "error", err)
+			}
+			c.Log.Debug("Orphan collection done", "owned", r.Owned, "deleted", r.Deleted, "dry-run", r.DryRun, "too-young", r.TooYoung, "foreign", r.Foreign)
+		}
+	}
+}
+
+// NeedLeaderElection makes only the leader collect.
+func (c *Collector) NeedLeaderElection() bool { return true }
