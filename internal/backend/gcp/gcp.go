@@ -107,11 +107,11 @@ func Classify(err error) error {
 	case code == http.StatusNotFound:
 		return backend.Wrap(backend.ClassNotFound, err)
 	case code == http.StatusTooManyRequests, strings.Contains(lower, "quota"), strings.Contains(lower, "ratelimitexceeded"):
-		return backend.Wrap(backend.ClassQuota, fmt.Errorf("%s: %w", msg, err))
+		return backend.Wrap(backend.ClassQuota, err)
 	case code >= 500:
 		return backend.Wrap(backend.ClassTransient, err)
 	case code == http.StatusBadRequest, code == http.StatusForbidden, code == http.StatusUnauthorized:
-		return backend.Wrap(backend.ClassPermanent, fmt.Errorf("%s: %w", msg, err))
+		return backend.Wrap(backend.ClassPermanent, err)
 	default:
 		return backend.Wrap(backend.ClassTransient, err)
 	}

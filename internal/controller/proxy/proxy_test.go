@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"errors"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +22,8 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/fake"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp/gcpfake"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
 )
@@ -237,7 +240,13 @@ func TestObserve(t *testing.T) {
 // how often the backend was asked to create.
 func reconcileFor(t *testing.T, e *external, b *fake.Backend, c *clock, p *v1alpha1.Proxy, d time.Duration) int {
 	t.Helper()
-	before := b.CallCount("Create")
+	count := func() int {
+		if b == nil {
+			return 0
+		}
+		return b.CallCount("Create")
+	}
+	before := count()
 	for end := c.t.Add(d); c.t.Before(end); c.t = c.t.Add(time.Second) {
 		obs, err := e.Observe(context.Background(), p)
 		if err != nil || obs.ResourceExists {
@@ -245,7 +254,7 @@ func reconcileFor(t *testing.T, e *external, b *fake.Backend, c *clock, p *v1alp
 		}
 		_, _ = e.Create(context.Background(), p)
 	}
-	return b.CallCount("Create") - before
+	return count() - before
 }
 
 func TestNoCreateLoop(t *testing.T) {
@@ -370,6 +379,9 @@ func TestSpecHash(t *testing.T) {
 		"Ranges":      {reason: "The resolved config (source ranges) replaces the proxy.", mod: func(p *v1alpha1.Proxy) { p.Spec.ForProvider.AllowedSourceRanges = []v1alpha1.CIDR{"10.0.0.0/8"} }, changes: true},
 		"Password":    {reason: "New credentials replace the proxy.", mod: func(*v1alpha1.Proxy) {}, creds: &backend.Credentials{Username: "u", Password: "q"}, changes: true},
 	}
+	if h := desiredSpec(unitProxy(), pc, "unit", &backend.Credentials{Username: "u", Password: "p"}, "#cloud-config\n").Hash; h == base {
+		t.Error("a change to the user's cloud-init (inline or in its Secret) must replace the VM")
+	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			p := unitProxy(tc.mod)
@@ -416,5 +428,38 @@ func TestMetrics(t *testing.T) {
 	wantM := map[string]float64{"success": 1, "failure": 1, "running": 1, "quota-get-errors": 1, "latency-samples": 1}
 	if diff := cmp.Diff(wantM, got); diff != "" {
 		t.Errorf("metrics: -want, +got:\n%s", diff)
+	}
+}
+
+// TestGCPQuotaBounded drives the reconciler's Observe/Create against the
+// real GCP backend and the fake Compute API answering every insert with
+// QUOTA_EXCEEDED, over ten minutes of fake time, and counts the inserts the
+// API received.
+func TestGCPQuotaBounded(t *testing.T) {
+	api := gcpfake.Start(t)
+	api.Fail("instances.insert", gcpfake.Failure{Code: http.StatusForbidden, Reason: "quotaExceeded", Message: "Quota 'INSTANCES' exceeded.  Limit: 24.0 in region europe-west1.", Times: -1})
+	b, err := gcp.New(context.Background(), gcp.Config{Project: "p", ClusterID: "unit", ClientOptions: api.ClientOptions()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	c := &clock{t: epoch}
+	e := newExternal(b, &fakeProber{}, c)
+	e.pc.Spec.Backend = v1alpha1.BackendGCP
+	p := unitProxy(func(p *v1alpha1.Proxy) {
+		p.Spec.ForProvider.Local = nil
+		p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-b"}
+	})
+	reconcileFor(t, e, nil, c, p, 10*time.Minute)
+	inserts := api.Calls("instances.insert")
+	t.Logf("%d inserts in 10 minutes of fake time; Ready: %s", inserts, p.GetCondition(xpv2.TypeReady).Message)
+	if inserts < 1 || inserts > 5 {
+		t.Errorf("want 1..5 inserts in 10 minutes under a persistent quota error (backoff 30s doubling to 5m), got %d", inserts)
+	}
+	if r := p.GetCondition(xpv2.TypeReady).Reason; r != "QuotaExceeded" {
+		t.Errorf("Ready reason: want QuotaExceeded, got %s", r)
+	}
+	if api.Calls("firewalls.insert") > inserts {
+		t.Errorf("the firewall rule is made once per attempt at most: %d firewall inserts", api.Calls("firewalls.insert"))
 	}
 }
