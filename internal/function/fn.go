@@ -96,7 +96,9 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 	rsp.Requirements = &fnv1.Requirements{Resources: map[string]*fnv1.ResourceSelector{
 		requiredLeases: {
 			ApiVersion: "coordination.k8s.io/v1", Kind: "Lease", Namespace: &namespace,
-			Match: &fnv1.ResourceSelector_MatchLabels{MatchLabels: &fnv1.MatchLabels{Labels: map[string]string{ownership.FleetLabel: fleetName}}},
+			Match: &fnv1.ResourceSelector_MatchLabels{MatchLabels: &fnv1.MatchLabels{Labels: map[string]string{
+				ownership.FleetLabel: fleetName, ownership.LeaseKindLabel: ownership.LeaseKindSlot,
+			}}},
 		},
 	}}
 	leaseList, leasesKnown := req.GetRequiredResources()[requiredLeases]

@@ -148,7 +148,7 @@ func TestRunFunction(t *testing.T) {
 		rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(validSpec)}}})
 		want := &fnv1.Requirements{Resources: map[string]*fnv1.ResourceSelector{"leases": {
 			ApiVersion: "coordination.k8s.io/v1", Kind: "Lease", Namespace: ptr.To("team"),
-			Match: &fnv1.ResourceSelector_MatchLabels{MatchLabels: &fnv1.MatchLabels{Labels: map[string]string{"crawl.example.com/fleet": "crawlers"}}},
+			Match: &fnv1.ResourceSelector_MatchLabels{MatchLabels: &fnv1.MatchLabels{Labels: map[string]string{"crawl.example.com/fleet": "crawlers", "crawl.example.com/lease-kind": "slot"}}},
 		}}}
 		if diff := cmp.Diff(want, rsp.GetRequirements(), protocmp.Transform()); diff != "" {
 			t.Errorf("the function asks Crossplane for the fleet's Lease objects: -want, +got:\n%s", diff)
@@ -234,7 +234,7 @@ func TestRunFunction(t *testing.T) {
 		spec := withSpec(t, "rotation", `{"maxAge": "1h"}`)
 		lease := func(renew time.Time) *fnv1.Resource {
 			return &fnv1.Resource{Resource: resource.MustStructJSON(fmt.Sprintf(`{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-				"metadata": {"name": "l", "namespace": "team", "labels": {"crawl.example.com/fleet": "crawlers", "crawl.example.com/proxy": "crawlers-0"}},
+				"metadata": {"name": "l", "namespace": "team", "labels": {"crawl.example.com/fleet": "crawlers", "crawl.example.com/proxy": "crawlers-0", "crawl.example.com/lease-kind": "slot"}},
 				"spec": {"holderIdentity": "crawler-1", "leaseDurationSeconds": 600, "renewTime": %q}}`, renew.Format(time.RFC3339Nano)))}
 		}
 		observed := map[string]*fnv1.Resource{

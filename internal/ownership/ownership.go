@@ -37,6 +37,11 @@ const (
 	ReplacesLabel   = "crawl.example.com/replaces"
 	// ProxyLabel names the Proxy a Lease is held on.
 	ProxyLabel = "crawl.example.com/proxy"
+	// LeaseKindLabel tells a crawler's slot lease from a domain ban, which
+	// egress-discovery also keeps as a Lease object.
+	LeaseKindLabel = "crawl.example.com/lease-kind"
+	LeaseKindSlot  = "slot"
+	LeaseKindBan   = "ban"
 )
 
 // Owner identifies the Proxy an instance belongs to.

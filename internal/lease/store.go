@@ -1,0 +1,448 @@
+// Package lease hands out proxies to crawlers through coordination.k8s.io
+// Lease objects: one object per (proxy, slot index < maxLeases), so at most
+// maxLeases crawlers hold a proxy at once, across every discovery replica.
+// The API server is the only record: a slot is taken by creating its object
+// (AlreadyExists means taken) or by updating an expired one guarded by its
+// resourceVersion, and a replica can die at any moment without losing or
+// double-granting anything.
+package lease
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pkg/errors"
+	coordv1 "k8s.io/api/coordination/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+)
+
+// Labels and annotations on lease objects.
+const (
+	LabelHolder      = "crawl.example.com/holder"
+	LabelSticky      = "crawl.example.com/sticky"
+	LabelBanDomain   = "crawl.example.com/ban-domain"
+	AnnotationToken  = "crawl.example.com/lease-token"
+	AnnotationHolder = "crawl.example.com/holder"
+	AnnotationDomain = "crawl.example.com/domain"
+)
+
+// Errors the API maps to status codes.
+var (
+	// ErrUnavailable means every candidate slot is taken.
+	ErrUnavailable = errors.New("no proxy slot available")
+	// ErrNotFound means the lease does not exist or is no longer the caller's.
+	ErrNotFound = errors.New("lease not found")
+)
+
+// Candidate is a proxy that may be leased.
+type Candidate struct {
+	Namespace, Fleet, Proxy string
+	MaxLeases               int
+}
+
+// Grant is a lease held by a crawler.
+type Grant struct {
+	ID        string
+	Namespace string
+	Fleet     string
+	Proxy     string
+	Slot      int
+	Holder    string
+	ExpiresAt time.Time
+}
+
+// Store keeps leases and bans in the API server.
+type Store struct {
+	// Client writes, and reads what must be current, from the API server.
+	Client client.Client
+	// Cache is a possibly stale view used only to choose which slots to try
+	// first; nil means Client.
+	Cache client.Reader
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+func (s *Store) now() time.Time {
+	if s.Now != nil {
+		return s.Now()
+	}
+	return time.Now()
+}
+
+func (s *Store) cache() client.Reader {
+	if s.Cache != nil {
+		return s.Cache
+	}
+	return s.Client
+}
+
+// SlotName is the name of a proxy's slot object.
+func SlotName(proxy string, slot int) string {
+	return fmt.Sprintf("%s-slot-%d", proxy, slot)
+}
+
+// labelValue makes any string a valid label value: as is when it is one,
+// else a readable prefix and a hash.
+func labelValue(v string) string {
+	ok := len(v) <= 63
+	for _, r := range v {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+			ok = false
+		}
+	}
+	if ok && (v == "" || isAlnum(v[0]) && isAlnum(v[len(v)-1])) {
+		return v
+	}
+	sum := sha256.Sum256([]byte(v))
+	return "h-" + hex.EncodeToString(sum[:])[:20]
+}
+
+func isAlnum(b byte) bool {
+	return b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z' || b >= '0' && b <= '9'
+}
+
+// Expired reports whether a lease's renewTime + leaseDurationSeconds has
+// passed.
+func Expired(l *coordv1.Lease, now time.Time) bool {
+	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+		return true
+	}
+	return !l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second).After(now)
+}
+
+// ExpiresAt is when a lease runs out.
+func ExpiresAt(l *coordv1.Lease) time.Time {
+	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
+		return time.Time{}
+	}
+	return l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second)
+}
+
+func token() string {
+	b := make([]byte, 12)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// StickyHash is the label value under which a sticky key is remembered.
+func StickyHash(key string) string {
+	if key == "" {
+		return ""
+	}
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:])[:32]
+}
+
+// ParseID splits a lease ID into namespace, object name and token.
+func ParseID(id string) (namespace, name, tok string, err error) {
+	parts := strings.Split(id, "/")
+	if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
+		return "", "", "", errors.Errorf("leaseID %q is not <namespace>/<name>/<token>", id)
+	}
+	return parts[0], parts[1], parts[2], nil
+}
+
+// Request asks for a lease.
+type Request struct {
+	Holder    string
+	TTL       time.Duration
+	StickyKey string
+}
+
+// Slots lists the live slot leases of a fleet's proxies from the cache:
+// proxy name to the slot indexes held.
+func (s *Store) Slots(ctx context.Context, namespace, fleet string) (map[string][]*coordv1.Lease, error) {
+	l := &coordv1.LeaseList{}
+	if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{ownership.FleetLabel: labelValue(fleet), ownership.LeaseKindLabel: ownership.LeaseKindSlot}); err != nil {
+		return nil, errors.Wrap(err, "cannot list leases")
+	}
+	out := map[string][]*coordv1.Lease{}
+	now := s.now()
+	for i := range l.Items {
+		le := &l.Items[i]
+		if Expired(le, now) {
+			continue
+		}
+		p := le.Labels[ownership.ProxyLabel]
+		out[p] = append(out[p], le)
+	}
+	return out, nil
+}
+
+// Acquire takes a free slot on the first candidate that has one; callers
+// order candidates by preference. It fails with ErrUnavailable when all are
+// taken.
+func (s *Store) Acquire(ctx context.Context, cands []Candidate, r Request) (*Grant, error) {
+	if len(cands) == 0 {
+		return nil, ErrUnavailable
+	}
+	held, err := s.Slots(ctx, cands[0].Namespace, cands[0].Fleet)
+	if err != nil {
+		return nil, err
+	}
+	for _, c := range cands {
+		taken := map[int]bool{}
+		for _, le := range held[c.Proxy] {
+			if i, err := strconv.Atoi(strings.TrimPrefix(le.Name, c.Proxy+"-slot-")); err == nil {
+				taken[i] = true
+			}
+		}
+		// Slots the cache shows free first; the cache may be stale, so the
+		// others are still tried after.
+		order := make([]int, 0, c.MaxLeases)
+		for i := range c.MaxLeases {
+			if !taken[i] {
+				order = append(order, i)
+			}
+		}
+		for i := range c.MaxLeases {
+			if taken[i] {
+				order = append(order, i)
+			}
+		}
+		for _, slot := range order {
+			g, err := s.take(ctx, c, slot, r)
+			if err != nil {
+				return nil, err
+			}
+			if g != nil {
+				return g, nil
+			}
+		}
+	}
+	return nil, ErrUnavailable
+}
+
+// take tries one slot: create it, or take over an expired one. It returns
+// nil, nil when the slot is held by someone else.
+func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request) (*Grant, error) {
+	now := s.now()
+	tok := token()
+	want := &coordv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: SlotName(c.Proxy, slot), Namespace: c.Namespace,
+			Labels: map[string]string{
+				ownership.LeaseKindLabel: ownership.LeaseKindSlot, ownership.FleetLabel: labelValue(c.Fleet), ownership.ProxyLabel: c.Proxy,
+				LabelHolder: labelValue(r.Holder),
+			},
+			Annotations: map[string]string{AnnotationToken: tok, AnnotationHolder: r.Holder},
+		},
+		Spec: coordv1.LeaseSpec{
+			HolderIdentity:       ptr.To(r.Holder),
+			LeaseDurationSeconds: ptr.To(int32(r.TTL / time.Second)),
+			AcquireTime:          &metav1.MicroTime{Time: now},
+			RenewTime:            &metav1.MicroTime{Time: now},
+		},
+	}
+	if h := StickyHash(r.StickyKey); h != "" {
+		want.Labels[LabelSticky] = h
+	}
+	err := s.Client.Create(ctx, want)
+	if err == nil {
+		return grant(want, c, slot, tok), nil
+	}
+	if !kerrors.IsAlreadyExists(err) {
+		return nil, errors.Wrap(err, "cannot create lease")
+	}
+	cur := &coordv1.Lease{}
+	if err := s.Client.Get(ctx, types.NamespacedName{Namespace: c.Namespace, Name: want.Name}, cur); err != nil {
+		if kerrors.IsNotFound(err) {
+			return nil, nil // swept meanwhile; another try may create it
+		}
+		return nil, errors.Wrap(err, "cannot get lease")
+	}
+	if !Expired(cur, now) {
+		return nil, nil
+	}
+	// Take over an expired slot. The update carries the resourceVersion we
+	// read, so of two replicas racing for it only one wins.
+	cur.Labels, cur.Annotations, cur.Spec = want.Labels, want.Annotations, want.Spec
+	if err := s.Client.Update(ctx, cur); err != nil {
+		if kerrors.IsConflict(err) || kerrors.IsNotFound(err) {
+			return nil, nil
+		}
+		return nil, errors.Wrap(err, "cannot take over lease")
+	}
+	return grant(cur, c, slot, tok), nil
+}
+
+func grant(l *coordv1.Lease, c Candidate, slot int, tok string) *Grant {
+	return &Grant{
+		ID: l.Namespace + "/" + l.Name + "/" + tok, Namespace: l.Namespace, Fleet: c.Fleet, Proxy: c.Proxy, Slot: slot,
+		Holder: *l.Spec.HolderIdentity, ExpiresAt: ExpiresAt(l),
+	}
+}
+
+// Get returns a live lease by ID, checking that it is still the caller's.
+func (s *Store) Get(ctx context.Context, id string) (*coordv1.Lease, error) {
+	ns, name, tok, err := ParseID(id)
+	if err != nil {
+		return nil, err
+	}
+	l := &coordv1.Lease{}
+	if err := s.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, l); err != nil {
+		if kerrors.IsNotFound(err) {
+			return nil, ErrNotFound
+		}
+		return nil, errors.Wrap(err, "cannot get lease")
+	}
+	if l.Annotations[AnnotationToken] != tok || l.Labels[ownership.LeaseKindLabel] != ownership.LeaseKindSlot || Expired(l, s.now()) {
+		return nil, ErrNotFound
+	}
+	return l, nil
+}
+
+// Renew extends a live lease by ttl from now.
+func (s *Store) Renew(ctx context.Context, id string, ttl time.Duration) (*Grant, error) {
+	l, err := s.Get(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	l.Spec.RenewTime = &metav1.MicroTime{Time: s.now()}
+	l.Spec.LeaseDurationSeconds = ptr.To(int32(ttl / time.Second))
+	if err := s.Client.Update(ctx, l); err != nil {
+		if kerrors.IsConflict(err) || kerrors.IsNotFound(err) {
+			// Expired and taken over, or released, meanwhile.
+			return nil, ErrNotFound
+		}
+		return nil, errors.Wrap(err, "cannot renew lease")
+	}
+	return s.toGrant(l, id), nil
+}
+
+func (s *Store) toGrant(l *coordv1.Lease, id string) *Grant {
+	slot, _ := strconv.Atoi(l.Name[strings.LastIndex(l.Name, "-")+1:])
+	return &Grant{ID: id, Namespace: l.Namespace, Fleet: l.Labels[ownership.FleetLabel], Proxy: l.Labels[ownership.ProxyLabel],
+		Slot: slot, Holder: ptr.Deref(l.Spec.HolderIdentity, ""), ExpiresAt: ExpiresAt(l)}
+}
+
+// Release gives a lease back. The delete is guarded by the lease's UID and
+// resourceVersion, so a slot someone else took over is never freed.
+func (s *Store) Release(ctx context.Context, id string) error {
+	l, err := s.Get(ctx, id)
+	if err != nil {
+		return err
+	}
+	err = s.Client.Delete(ctx, l, client.Preconditions{UID: &l.UID, ResourceVersion: &l.ResourceVersion})
+	if kerrors.IsConflict(err) || kerrors.IsNotFound(err) {
+		return ErrNotFound
+	}
+	return errors.Wrap(err, "cannot release lease")
+}
+
+// Sticky returns the proxy a sticky key last held in a fleet, if any.
+func (s *Store) Sticky(ctx context.Context, namespace, fleet, key string) (string, error) {
+	h := StickyHash(key)
+	if h == "" {
+		return "", nil
+	}
+	l := &coordv1.LeaseList{}
+	if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{ownership.FleetLabel: labelValue(fleet), LabelSticky: h}); err != nil {
+		return "", errors.Wrap(err, "cannot list leases")
+	}
+	sort.Slice(l.Items, func(i, j int) bool {
+		return l.Items[i].Spec.AcquireTime != nil && l.Items[j].Spec.AcquireTime != nil && l.Items[i].Spec.AcquireTime.After(l.Items[j].Spec.AcquireTime.Time)
+	})
+	if len(l.Items) == 0 {
+		return "", nil
+	}
+	return l.Items[0].Labels[ownership.ProxyLabel], nil
+}
+
+// BanName is the name of a (proxy, domain) ban object.
+func BanName(proxy, domain string) string {
+	sum := sha256.Sum256([]byte(strings.ToLower(domain)))
+	return fmt.Sprintf("%s-ban-%s", proxy, hex.EncodeToString(sum[:])[:12])
+}
+
+// Ban records that a proxy is banned for a domain until cooldown passes. It
+// is a Lease object too, so every replica honours it.
+func (s *Store) Ban(ctx context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration) error {
+	domain = strings.ToLower(domain)
+	now := s.now()
+	want := &coordv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: BanName(proxy, domain), Namespace: namespace,
+			Labels: map[string]string{
+				ownership.LeaseKindLabel: ownership.LeaseKindBan, ownership.FleetLabel: labelValue(fleet), ownership.ProxyLabel: proxy,
+				LabelBanDomain: labelValue(domain),
+			},
+			Annotations: map[string]string{AnnotationDomain: domain},
+		},
+		Spec: coordv1.LeaseSpec{
+			HolderIdentity: ptr.To("ban:" + domain), LeaseDurationSeconds: ptr.To(int32(cooldown / time.Second)),
+			AcquireTime: &metav1.MicroTime{Time: now}, RenewTime: &metav1.MicroTime{Time: now},
+		},
+	}
+	err := s.Client.Create(ctx, want)
+	if !kerrors.IsAlreadyExists(err) {
+		return errors.Wrap(err, "cannot record ban")
+	}
+	cur := &coordv1.Lease{}
+	if err := s.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: want.Name}, cur); err != nil {
+		return errors.Wrap(err, "cannot get ban")
+	}
+	cur.Spec = want.Spec
+	return errors.Wrap(s.Client.Update(ctx, cur), "cannot extend ban")
+}
+
+// Unban lifts a proxy's ban for a domain (an "ok" report).
+func (s *Store) Unban(ctx context.Context, namespace, proxy, domain string) error {
+	err := s.Client.Delete(ctx, &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: BanName(proxy, strings.ToLower(domain))}})
+	return errors.Wrap(client.IgnoreNotFound(err), "cannot lift ban")
+}
+
+// Bans lists a fleet's live bans: proxy name to banned domains.
+func (s *Store) Bans(ctx context.Context, namespace, fleet string) (map[string][]string, error) {
+	l := &coordv1.LeaseList{}
+	if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{ownership.FleetLabel: labelValue(fleet), ownership.LeaseKindLabel: ownership.LeaseKindBan}); err != nil {
+		return nil, errors.Wrap(err, "cannot list bans")
+	}
+	out := map[string][]string{}
+	now := s.now()
+	for i := range l.Items {
+		if b := &l.Items[i]; !Expired(b, now) {
+			out[b.Labels[ownership.ProxyLabel]] = append(out[b.Labels[ownership.ProxyLabel]], b.Annotations[AnnotationDomain])
+		}
+	}
+	return out, nil
+}
+
+// Sweep deletes expired slots and bans, and the leases of proxies that no
+// longer exist. Each delete is guarded by the resourceVersion it saw, so a
+// lease renewed or taken over meanwhile survives. Any replica may sweep.
+func (s *Store) Sweep(ctx context.Context, proxyExists func(namespace, name string) bool, grace time.Duration) (int, error) {
+	l := &coordv1.LeaseList{}
+	if err := s.Client.List(ctx, l, client.HasLabels{ownership.LeaseKindLabel}); err != nil {
+		return 0, errors.Wrap(err, "cannot list leases")
+	}
+	now := s.now()
+	n := 0
+	for i := range l.Items {
+		le := &l.Items[i]
+		gone := !proxyExists(le.Namespace, le.Labels[ownership.ProxyLabel])
+		if !gone && !(Expired(le, now.Add(-grace))) {
+			continue
+		}
+		err := s.Client.Delete(ctx, le, client.Preconditions{UID: &le.UID, ResourceVersion: &le.ResourceVersion})
+		if err == nil {
+			n++
+		} else if !kerrors.IsConflict(err) && !kerrors.IsNotFound(err) {
+			return n, errors.Wrap(err, "cannot sweep lease")
+		}
+	}
+	return n, nil
+}

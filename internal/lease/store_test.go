@@ -1,0 +1,333 @@
+package lease_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	coordv1 "k8s.io/api/coordination/v1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
+)
+
+var bed *testbed.Env
+
+func TestMain(m *testing.M) { testbed.Main(m, &bed) }
+
+// clock is a settable clock shared by the stores of a test.
+type clock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *clock) now() time.Time      { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
+func (c *clock) add(d time.Duration) { c.mu.Lock(); defer c.mu.Unlock(); c.t = c.t.Add(d) }
+
+func cands(ns string, max int, proxies ...string) []lease.Candidate {
+	out := make([]lease.Candidate, 0, len(proxies))
+	for _, p := range proxies {
+		out = append(out, lease.Candidate{Namespace: ns, Fleet: "crawlers", Proxy: p, MaxLeases: max})
+	}
+	return out
+}
+
+func TestSemantics(t *testing.T) {
+	ctx := context.Background()
+	ns := bed.Namespace(t)
+	c := &clock{t: time.Now()}
+	s := &lease.Store{Client: bed.Client, Now: c.now}
+	req := lease.Request{Holder: "crawler-a", TTL: time.Minute}
+
+	g1, err := s.Acquire(ctx, cands(ns, 2, "p0"), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	g2, err := s.Acquire(ctx, cands(ns, 2, "p0"), lease.Request{Holder: "crawler-b", TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g1.Slot == g2.Slot || g1.Proxy != "p0" || g2.Proxy != "p0" {
+		t.Fatalf("two holders get two slots of p0: %+v %+v", g1, g2)
+	}
+	if _, err := s.Acquire(ctx, cands(ns, 2, "p0"), lease.Request{Holder: "crawler-c", TTL: time.Minute}); !errors.Is(err, lease.ErrUnavailable) {
+		t.Fatalf("maxLeases 2: a third holder is refused, got %v", err)
+	}
+
+	t.Run("Renew", func(t *testing.T) {
+		c.add(50 * time.Second)
+		g, err := s.Renew(ctx, g1.ID, time.Minute)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !g.ExpiresAt.After(g1.ExpiresAt) {
+			t.Errorf("renew must push expiry out: %s -> %s", g1.ExpiresAt, g.ExpiresAt)
+		}
+	})
+
+	t.Run("ExpiryAndTakeover", func(t *testing.T) {
+		c.add(20 * time.Second) // g2 (not renewed) is now 70 s old: expired
+		g3, err := s.Acquire(ctx, cands(ns, 2, "p0"), lease.Request{Holder: "crawler-c", TTL: time.Minute})
+		if err != nil {
+			t.Fatalf("an expired slot is taken over: %v", err)
+		}
+		if g3.Slot != g2.Slot {
+			t.Errorf("crawler-c takes over g2's slot %d, got slot %d", g2.Slot, g3.Slot)
+		}
+		if _, err := s.Renew(ctx, g2.ID, time.Minute); !errors.Is(err, lease.ErrNotFound) {
+			t.Errorf("the old holder can no longer renew a slot taken over: %v", err)
+		}
+		if err := s.Release(ctx, g2.ID); !errors.Is(err, lease.ErrNotFound) {
+			t.Errorf("nor release it: %v", err)
+		}
+		if _, err := s.Get(ctx, g3.ID); err != nil {
+			t.Errorf("the new holder still holds it: %v", err)
+		}
+	})
+
+	t.Run("Release", func(t *testing.T) {
+		if err := s.Release(ctx, g1.ID); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Renew(ctx, g1.ID, time.Minute); !errors.Is(err, lease.ErrNotFound) {
+			t.Errorf("a released lease cannot be renewed: %v", err)
+		}
+		if _, err := s.Acquire(ctx, cands(ns, 2, "p0"), lease.Request{Holder: "crawler-d", TTL: time.Minute}); err != nil {
+			t.Errorf("a released slot is free again: %v", err)
+		}
+	})
+
+	t.Run("Sticky", func(t *testing.T) {
+		g, err := s.Acquire(ctx, cands(ns, 1, "p1", "p2"), lease.Request{Holder: "crawler-e", TTL: time.Minute, StickyKey: "session-42"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		last, err := s.Sticky(ctx, ns, "crawlers", "session-42")
+		if err != nil || last != g.Proxy {
+			t.Errorf("the sticky key remembers its proxy %s, got %q (%v)", g.Proxy, last, err)
+		}
+	})
+
+	t.Run("Bans", func(t *testing.T) {
+		if err := s.Ban(ctx, ns, "crawlers", "p1", "Example.COM", 10*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+		bans, err := s.Bans(ctx, ns, "crawlers")
+		if err != nil || len(bans["p1"]) != 1 || bans["p1"][0] != "example.com" {
+			t.Errorf("a ban is stored for p1 and example.com: %v (%v)", bans, err)
+		}
+		c.add(11 * time.Minute)
+		if bans, _ := s.Bans(ctx, ns, "crawlers"); len(bans["p1"]) != 0 {
+			t.Errorf("a ban ends with its cooldown: %v", bans)
+		}
+	})
+
+	t.Run("Sweep", func(t *testing.T) {
+		n, err := s.Sweep(ctx, func(_, name string) bool { return name != "p2" }, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := &coordv1.LeaseList{}
+		if err := bed.Client.List(ctx, l, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 || len(l.Items) != 0 {
+			t.Errorf("everything here is expired (11 minutes later) or on a gone proxy: swept %d, %d left", n, len(l.Items))
+		}
+	})
+}
+
+// grantEvent is one line of the grant log.
+type grantEvent struct {
+	proxy, slot       string
+	holder            string
+	granted, released time.Time
+}
+
+// TestConcurrency runs 4 stores (as 4 discovery replicas, each with its own
+// client and cache) and 64 clients against one real apiserver for at least
+// 10 000 acquisitions, one replica dying half-way, and checks from the grant
+// log and from the API objects that no proxy ever had more than maxLeases
+// live holders, and no slot two at once.
+func TestConcurrency(t *testing.T) {
+	ctx := context.Background()
+	ns := bed.Namespace(t)
+	const (
+		replicas  = 4
+		clients   = 64
+		target    = 10000
+		maxLeases = 2
+	)
+	proxies := make([]string, 8)
+	for i := range proxies {
+		proxies[i] = fmt.Sprintf("p%d", i)
+	}
+
+	stores := make([]*lease.Store, replicas)
+	for i := range replicas {
+		c, err := client.New(bed.Config, client.Options{Scheme: bed.Scheme})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ca, err := cache.New(bed.Config, cache.Options{Scheme: bed.Scheme, DefaultNamespaces: map[string]cache.Config{ns: {}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		t.Cleanup(cancel)
+		go func() { _ = ca.Start(cctx) }()
+		if _, err := ca.GetInformer(ctx, &coordv1.Lease{}); err != nil {
+			t.Fatal(err)
+		}
+		ca.WaitForCacheSync(ctx)
+		stores[i] = &lease.Store{Client: c, Cache: ca}
+	}
+
+	var (
+		mu      sync.Mutex
+		log     []grantEvent
+		grants  atomic.Int64
+		refused atomic.Int64
+		dead    atomic.Bool
+	)
+	stop := make(chan struct{})
+	// A watcher counts live holders per proxy from the API objects.
+	var maxSeen atomic.Int64
+	watchDone := make(chan struct{})
+	go func() {
+		defer close(watchDone)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			l := &coordv1.LeaseList{}
+			if err := bed.Client.List(ctx, l, client.InNamespace(ns)); err == nil {
+				per := map[string]int64{}
+				for i := range l.Items {
+					if !lease.Expired(&l.Items[i], time.Now()) {
+						per[l.Items[i].Labels[ownership.ProxyLabel]]++
+					}
+				}
+				for _, n := range per {
+					for {
+						cur := maxSeen.Load()
+						if n <= cur || maxSeen.CompareAndSwap(cur, n) {
+							break
+						}
+					}
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			holder := fmt.Sprintf("crawler-%d", w)
+			for n := 0; grants.Load() < target; n++ {
+				// Replica 0 dies half-way; its clients move to the others.
+				r := w % replicas
+				if r == 0 && dead.Load() {
+					r = 1 + w%(replicas-1)
+				}
+				s := stores[r]
+				order := append([]string(nil), proxies[(w+n)%len(proxies):]...)
+				order = append(order, proxies[:(w+n)%len(proxies)]...)
+				g, err := s.Acquire(ctx, cands(ns, maxLeases, order...), lease.Request{Holder: holder, TTL: time.Minute})
+				if errors.Is(err, lease.ErrUnavailable) {
+					refused.Add(1)
+					continue
+				}
+				if err != nil {
+					t.Errorf("acquire: %v", err)
+					return
+				}
+				granted := time.Now()
+				if grants.Add(1) == target/2 {
+					dead.Store(true)
+				}
+				released := time.Now()
+				if err := s.Release(ctx, g.ID); err != nil {
+					t.Errorf("release %s: %v", g.ID, err)
+					return
+				}
+				mu.Lock()
+				log = append(log, grantEvent{proxy: g.Proxy, slot: fmt.Sprint(g.Slot), holder: holder, granted: granted, released: released})
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	<-watchDone
+	elapsed := time.Since(start)
+	t.Logf("%d acquisitions (+%d refused as full) by %d clients on %d replicas in %s: %.0f/s; max live holders seen on one proxy: %d",
+		grants.Load(), refused.Load(), clients, replicas, elapsed.Round(time.Millisecond), float64(grants.Load())/elapsed.Seconds(), maxSeen.Load())
+
+	if grants.Load() < target {
+		t.Fatalf("want at least %d acquisitions, got %d", target, grants.Load())
+	}
+	if m := maxSeen.Load(); m > maxLeases {
+		t.Errorf("the API objects showed %d live holders on one proxy, more than maxLeases %d", m, maxLeases)
+	}
+	// From the grant log: per slot, holding intervals never overlap; per
+	// proxy, never more than maxLeases at once.
+	bySlot := map[string][]grantEvent{}
+	byProxy := map[string][]grantEvent{}
+	for _, e := range log {
+		bySlot[e.proxy+"/"+e.slot] = append(bySlot[e.proxy+"/"+e.slot], e)
+		byProxy[e.proxy] = append(byProxy[e.proxy], e)
+	}
+	for k, es := range bySlot {
+		sort.Slice(es, func(i, j int) bool { return es[i].granted.Before(es[j].granted) })
+		for i := 1; i < len(es); i++ {
+			if es[i].granted.Before(es[i-1].released) {
+				t.Fatalf("slot %s double-granted: %s held it until %s, %s got it at %s", k, es[i-1].holder, es[i-1].released, es[i].holder, es[i].granted)
+			}
+		}
+	}
+	for p, es := range byProxy {
+		type edge struct {
+			at    time.Time
+			delta int
+		}
+		var edges []edge
+		for _, e := range es {
+			edges = append(edges, edge{e.granted, 1}, edge{e.released, -1})
+		}
+		sort.Slice(edges, func(i, j int) bool {
+			if edges[i].at.Equal(edges[j].at) {
+				return edges[i].delta < edges[j].delta
+			}
+			return edges[i].at.Before(edges[j].at)
+		})
+		live := 0
+		for _, e := range edges {
+			live += e.delta
+			if live > maxLeases {
+				t.Fatalf("proxy %s had %d live holders at %s per the grant log", p, live, e.at)
+			}
+		}
+	}
+	l := &coordv1.LeaseList{}
+	if err := bed.Client.List(ctx, l, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	if len(l.Items) != 0 {
+		t.Errorf("every lease was released, yet %d objects remain", len(l.Items))
+	}
+}
