@@ -1,0 +1,113 @@
+package v1
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+)
+
+// Client talks to egress-discovery.
+type Client struct {
+	// BaseURL of the discovery service, such as http://egress-discovery:8080.
+	BaseURL string
+	// Token is sent as a bearer token: a ServiceAccount token or a static one.
+	Token string
+	// HTTP is the client to use; nil means http.DefaultClient.
+	HTTP *http.Client
+}
+
+// APIError is an error answer.
+type APIError struct {
+	Status     int
+	RetryAfter string
+	Detail     ErrorDetail
+}
+
+func (e *APIError) Error() string {
+	return fmt.Sprintf("egress-discovery: %d %s", e.Status, e.Detail.Message)
+}
+
+func (c *Client) do(ctx context.Context, method, path string, in, out any) error {
+	var body io.Reader
+	if in != nil {
+		b, err := json.Marshal(in)
+		if err != nil {
+			return err
+		}
+		body = bytes.NewReader(b)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(c.BaseURL, "/")+path, body)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	if c.Token != "" {
+		req.Header.Set("Authorization", "Bearer "+c.Token)
+	}
+	h := c.HTTP
+	if h == nil {
+		h = http.DefaultClient
+	}
+	resp, err := h.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close() //nolint:errcheck // Read-only.
+	if resp.StatusCode >= 300 {
+		e := &APIError{Status: resp.StatusCode, RetryAfter: resp.Header.Get("Retry-After")}
+		var eb Error
+		if json.NewDecoder(io.LimitReader(resp.Body, 64<<10)).Decode(&eb) == nil {
+			e.Detail = eb.Error
+		}
+		return e
+	}
+	if out == nil {
+		return nil
+	}
+	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// Acquire takes a lease.
+func (c *Client) Acquire(ctx context.Context, r AcquireRequest) (*Lease, error) {
+	l := &Lease{}
+	return l, c.do(ctx, http.MethodPost, "/v1/leases", r, l)
+}
+
+// Renew extends a lease.
+func (c *Client) Renew(ctx context.Context, leaseID, ttl string) (*Lease, error) {
+	l := &Lease{}
+	return l, c.do(ctx, http.MethodPost, "/v1/leases/"+leaseID+"/renew", RenewRequest{TTL: ttl}, l)
+}
+
+// Release gives a lease back.
+func (c *Client) Release(ctx context.Context, leaseID string) error {
+	return c.do(ctx, http.MethodDelete, "/v1/leases/"+leaseID, nil, nil)
+}
+
+// Report tells how the leased proxy fared with a domain.
+func (c *Client) Report(ctx context.Context, leaseID string, r ReportRequest) error {
+	return c.do(ctx, http.MethodPost, "/v1/leases/"+leaseID+"/report", r, nil)
+}
+
+// Proxies lists a fleet's healthy proxies; fleet is <namespace>/<name>.
+func (c *Client) Proxies(ctx context.Context, fleet string, zone string) (*ProxyList, error) {
+	l := &ProxyList{}
+	q := ""
+	if zone != "" {
+		q = "?zone=" + url.QueryEscape(zone)
+	}
+	return l, c.do(ctx, http.MethodGet, "/v1/fleets/"+fleet+"/proxies"+q, nil, l)
+}
+
+// Fleets lists the fleets the caller may use.
+func (c *Client) Fleets(ctx context.Context) (*FleetList, error) {
+	l := &FleetList{}
+	return l, c.do(ctx, http.MethodGet, "/v1/fleets", nil, l)
+}

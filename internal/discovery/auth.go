@@ -1,0 +1,204 @@
+package discovery
+
+import (
+	"bufio"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pkg/errors"
+	authnv1 "k8s.io/api/authentication/v1"
+	authzv1 "k8s.io/api/authorization/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Errors of authentication and authorisation, answered 401 and 403.
+var (
+	ErrUnauthenticated = errors.New("missing or invalid bearer token")
+	ErrForbidden       = errors.New("not allowed to use this fleet")
+)
+
+// Identity is an authenticated caller.
+type Identity struct {
+	User   string
+	Groups []string
+	// Namespaces a static token may use; nil for Kubernetes identities,
+	// which are authorised per fleet.
+	Namespaces map[string]bool
+	token      string
+}
+
+// Authenticator authenticates callers and authorises their use of fleets.
+type Authenticator interface {
+	Authenticate(ctx context.Context, r *http.Request) (*Identity, error)
+	Authorize(ctx context.Context, id *Identity, namespace, fleet string) error
+}
+
+func bearer(r *http.Request) string {
+	h := r.Header.Get("Authorization")
+	if t, ok := strings.CutPrefix(h, "Bearer "); ok {
+		return strings.TrimSpace(t)
+	}
+	return ""
+}
+
+func tokenKey(t string) string {
+	s := sha256.Sum256([]byte(t))
+	return hex.EncodeToString(s[:])
+}
+
+// Kubernetes authenticates ServiceAccount (or any) bearer tokens with a
+// TokenReview and authorises with a SubjectAccessReview of verb "use" on
+// proxyfleets.crawl.example.com in the fleet's namespace. Answers are
+// cached briefly, keyed by a hash of the token, never the token itself.
+type Kubernetes struct {
+	Client client.Client
+	// TTL of cached answers; zero means 30s.
+	TTL time.Duration
+	// Static, when set, is tried first: tokens for crawlers outside the
+	// cluster.
+	Static *StaticTokens
+	Now    func() time.Time
+
+	mu    sync.Mutex
+	authn map[string]cached[*Identity]
+	authz map[string]cached[bool]
+}
+
+type cached[T any] struct {
+	v   T
+	err error
+	at  time.Time
+}
+
+func (k *Kubernetes) ttl() time.Duration {
+	if k.TTL == 0 {
+		return 30 * time.Second
+	}
+	return k.TTL
+}
+
+func (k *Kubernetes) now() time.Time {
+	if k.Now != nil {
+		return k.Now()
+	}
+	return time.Now()
+}
+
+// Authenticate reviews the request's bearer token.
+func (k *Kubernetes) Authenticate(ctx context.Context, r *http.Request) (*Identity, error) {
+	t := bearer(r)
+	if t == "" {
+		return nil, ErrUnauthenticated
+	}
+	if k.Static != nil {
+		if id := k.Static.lookup(t); id != nil {
+			return id, nil
+		}
+	}
+	key := tokenKey(t)
+	k.mu.Lock()
+	if c, ok := k.authn[key]; ok && k.now().Sub(c.at) < k.ttl() {
+		k.mu.Unlock()
+		return c.v, c.err
+	}
+	k.mu.Unlock()
+
+	tr := &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: t}}
+	if err := k.Client.Create(ctx, tr); err != nil {
+		return nil, errors.Wrap(err, "cannot review token")
+	}
+	var id *Identity
+	var err error
+	if tr.Status.Authenticated {
+		id = &Identity{User: tr.Status.User.Username, Groups: tr.Status.User.Groups, token: key}
+	} else {
+		err = ErrUnauthenticated
+	}
+	k.mu.Lock()
+	if k.authn == nil {
+		k.authn = map[string]cached[*Identity]{}
+	}
+	k.authn[key] = cached[*Identity]{v: id, err: err, at: k.now()}
+	k.mu.Unlock()
+	return id, err
+}
+
+// Authorize asks the API server whether id may use the fleet.
+func (k *Kubernetes) Authorize(ctx context.Context, id *Identity, namespace, fleet string) error {
+	if id.Namespaces != nil {
+		if id.Namespaces[namespace] || id.Namespaces["*"] {
+			return nil
+		}
+		return ErrForbidden
+	}
+	key := id.token + "/" + namespace + "/" + fleet
+	k.mu.Lock()
+	if c, ok := k.authz[key]; ok && k.now().Sub(c.at) < k.ttl() {
+		k.mu.Unlock()
+		if !c.v {
+			return ErrForbidden
+		}
+		return nil
+	}
+	k.mu.Unlock()
+	sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
+		User: id.User, Groups: id.Groups,
+		ResourceAttributes: &authzv1.ResourceAttributes{
+			Namespace: namespace, Verb: "use", Group: "crawl.example.com", Resource: "proxyfleets", Name: fleet,
+		},
+	}}
+	if err := k.Client.Create(ctx, sar); err != nil {
+		return errors.Wrap(err, "cannot review access")
+	}
+	k.mu.Lock()
+	if k.authz == nil {
+		k.authz = map[string]cached[bool]{}
+	}
+	k.authz[key] = cached[bool]{v: sar.Status.Allowed, at: k.now()}
+	k.mu.Unlock()
+	if !sar.Status.Allowed {
+		return ErrForbidden
+	}
+	return nil
+}
+
+// StaticTokens maps tokens to the namespaces whose fleets they may use.
+type StaticTokens struct {
+	byHash map[string]*Identity
+}
+
+// LoadStaticTokens reads a token file: one "token namespace[,namespace...]"
+// per line ("*" for all), # comments allowed.
+func LoadStaticTokens(path string) (*StaticTokens, error) {
+	f, err := os.Open(path) //nolint:gosec // The operator names the file.
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot open token file")
+	}
+	defer f.Close() //nolint:errcheck // Read-only.
+	s := &StaticTokens{byHash: map[string]*Identity{}}
+	sc := bufio.NewScanner(f)
+	for n := 1; sc.Scan(); n++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		fields := strings.Fields(line)
+		if len(fields) != 2 {
+			return nil, errors.Errorf("token file line %d: want \"<token> <namespace>[,<namespace>...]\"", n)
+		}
+		id := &Identity{User: "static:" + tokenKey(fields[0])[:8], Namespaces: map[string]bool{}}
+		for _, ns := range strings.Split(fields[1], ",") {
+			id.Namespaces[ns] = true
+		}
+		s.byHash[tokenKey(fields[0])] = id
+	}
+	return s, errors.Wrap(sc.Err(), "cannot read token file")
+}
+
+func (s *StaticTokens) lookup(t string) *Identity { return s.byHash[tokenKey(t)] }

@@ -1,0 +1,143 @@
+package discovery
+
+import (
+	"context"
+	"net"
+	"net/url"
+	"sort"
+	"strconv"
+	"time"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	"github.com/pkg/errors"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+)
+
+// Lease defaults when a fleet says nothing.
+const (
+	DefaultTTL = 10 * time.Minute
+	MaxTTL     = time.Hour
+)
+
+// member is a Proxy as the catalogue sees it.
+type member struct {
+	Namespace, Fleet, Name, Zone string
+	Host                         string
+	Port                         int32
+	EgressIP                     string
+	LatencyMs                    int64
+	Healthy                      bool
+	MaxLeases                    int
+	AuthSecret                   *v1alpha1.AuthSecretReference
+}
+
+// Endpoint is host:port.
+func (m member) Endpoint() string { return net.JoinHostPort(m.Host, strconv.Itoa(int(m.Port))) }
+
+// Catalog reads fleets and proxies from the cached watch of Proxy objects:
+// fleet -> proxies with health, latency, zone, egress IP and maxLeases.
+type Catalog struct {
+	// Cache is the manager's cached reader (Proxies, fleets).
+	Cache client.Reader
+	// Direct reads Secrets and fleets without a cache.
+	Direct client.Reader
+}
+
+func toMember(p *v1alpha1.Proxy) member {
+	ap := p.Status.AtProvider
+	m := member{
+		Namespace: p.Namespace, Fleet: p.Labels[ownership.FleetLabel], Name: p.Name, Zone: p.Labels[ownership.ZoneLabel],
+		Host: ap.Host, Port: ap.Port, EgressIP: ap.EgressIP, LatencyMs: ap.LatencyMilliseconds,
+		Healthy:    ap.Healthy && p.GetCondition(xpv2.TypeReady).Status == corev1.ConditionTrue && ap.Host != "",
+		MaxLeases:  int(p.Spec.ForProvider.MaxLeases),
+		AuthSecret: p.Spec.ForProvider.AuthSecretRef,
+	}
+	if m.MaxLeases < 1 {
+		m.MaxLeases = 1
+	}
+	return m
+}
+
+// All returns every proxy that belongs to a fleet, by fleet (namespace/name).
+func (c *Catalog) All(ctx context.Context) (map[string][]member, error) {
+	l := &v1alpha1.ProxyList{}
+	if err := c.Cache.List(ctx, l, client.HasLabels{ownership.FleetLabel}); err != nil {
+		return nil, errors.Wrap(err, "cannot list proxies")
+	}
+	out := map[string][]member{}
+	for i := range l.Items {
+		m := toMember(&l.Items[i])
+		out[m.Namespace+"/"+m.Fleet] = append(out[m.Namespace+"/"+m.Fleet], m)
+	}
+	for _, ms := range out {
+		sort.Slice(ms, func(i, j int) bool { return ms[i].Name < ms[j].Name })
+	}
+	return out, nil
+}
+
+// Fleet returns a fleet's proxies, healthy or not.
+func (c *Catalog) Fleet(ctx context.Context, namespace, fleet string) ([]member, error) {
+	l := &v1alpha1.ProxyList{}
+	if err := c.Cache.List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{ownership.FleetLabel: fleet}); err != nil {
+		return nil, errors.Wrap(err, "cannot list proxies")
+	}
+	out := make([]member, 0, len(l.Items))
+	for i := range l.Items {
+		out = append(out, toMember(&l.Items[i]))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out, nil
+}
+
+// TTLs returns a fleet's defaultTTL and maxTTL from its ProxyFleet (or
+// ProxyFleetClaim), or the defaults.
+func (c *Catalog) TTLs(ctx context.Context, namespace, fleet string) (time.Duration, time.Duration) {
+	def, maxTTL := DefaultTTL, MaxTTL
+	for _, kind := range []string{"ProxyFleet", "ProxyFleetClaim"} {
+		u := &unstructured.Unstructured{}
+		u.SetGroupVersionKind(schema.GroupVersionKind{Group: "crawl.example.com", Version: "v1alpha1", Kind: kind})
+		if err := c.Direct.Get(ctx, types.NamespacedName{Namespace: namespace, Name: fleet}, u); err != nil {
+			continue
+		}
+		if s, ok, _ := unstructured.NestedString(u.Object, "spec", "leases", "defaultTTL"); ok {
+			if d, err := time.ParseDuration(s); err == nil {
+				def = d
+			}
+		}
+		if s, ok, _ := unstructured.NestedString(u.Object, "spec", "leases", "maxTTL"); ok {
+			if d, err := time.ParseDuration(s); err == nil {
+				maxTTL = d
+			}
+		}
+		break
+	}
+	return def, maxTTL
+}
+
+// ProxyURL is the proxy's URL with its credentials, read from its auth
+// Secret.
+func (c *Catalog) ProxyURL(ctx context.Context, m member) (string, error) {
+	u := &url.URL{Scheme: "http", Host: m.Endpoint()}
+	if ref := m.AuthSecret; ref != nil {
+		s := &corev1.Secret{}
+		if err := c.Direct.Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: ref.Name}, s); err != nil {
+			return "", errors.Wrapf(err, "cannot read the credentials of proxy %s", m.Name)
+		}
+		uk, pk := ref.UsernameKey, ref.PasswordKey
+		if uk == "" {
+			uk = "username"
+		}
+		if pk == "" {
+			pk = "password"
+		}
+		u.User = url.UserPassword(string(s.Data[uk]), string(s.Data[pk]))
+	}
+	return u.String(), nil
+}
