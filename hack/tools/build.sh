@@ -19,7 +19,7 @@ build() { # name package
 }
 
 if [ $# -eq 0 ]; then
-	set -- controller-gen etcd kube-apiserver crossplane
+	set -- controller-gen etcd kube-apiserver crossplane kubectl
 fi
 for tool in "$@"; do
 	case $tool in
@@ -27,6 +27,7 @@ for tool in "$@"; do
 	etcd) build etcd ./cmd/etcd ;;
 	kube-apiserver) build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver ;;
 	crossplane) build crossplane github.com/crossplane/crossplane/v2/cmd/crank ;;
+	kubectl) build kubectl k8s.io/kubernetes/cmd/kubectl ;;
 	golangci-lint)
 		# Not part of the test bed: built on demand by `make lint`, outside this
 		# module because its dependencies would drag the tools' k8s pins.

@@ -1,0 +1,75 @@
+package discovery_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+)
+
+// TestManifests renders cluster/discovery with the real `kubectl kustomize`
+// and applies every object to the real apiserver with server-side dry-run.
+func TestManifests(t *testing.T) {
+	kubectl := filepath.Join(bed.Root, "bin", "kubectl")
+	if _, err := os.Stat(kubectl); err != nil {
+		t.Fatal("bin/kubectl is missing: run `make tools` (it builds kubectl from the Go module proxy)")
+	}
+	out, err := exec.Command(kubectl, "kustomize", filepath.Join(bed.Root, "cluster", "discovery")).Output()
+	if err != nil {
+		t.Fatalf("kubectl kustomize: %v", err)
+	}
+	ctx := context.Background()
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(out)))
+	kinds := map[string]int{}
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		u := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal(doc, &u.Object); err != nil || len(u.Object) == 0 {
+			continue
+		}
+		kinds[u.GetKind()]++
+		opts := []client.CreateOption{client.DryRunAll}
+		if u.GetKind() == "Namespace" {
+			opts = nil // namespaced objects can only be dry-run into an existing namespace
+		}
+		if err := bed.Client.Create(ctx, u, opts...); err != nil && !kerrors.IsAlreadyExists(err) {
+			t.Errorf("%s %s rejected by the apiserver: %v", u.GetKind(), u.GetName(), err)
+		}
+		if u.GetKind() == "Deployment" {
+			d := &appsv1.Deployment{}
+			if err := runtime.DefaultUnstructuredConverter.FromUnstructured(u.Object, d); err != nil {
+				t.Fatal(err)
+			}
+			c := d.Spec.Template.Spec.Containers[0]
+			sc := d.Spec.Template.Spec.SecurityContext
+			if *d.Spec.Replicas != 2 || sc == nil || sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot ||
+				c.ReadinessProbe == nil || c.LivenessProbe == nil || c.Resources.Requests.Cpu().IsZero() {
+				t.Errorf("the Deployment runs 2 non-root replicas with probes and requests: %+v", d.Spec)
+			}
+		}
+	}
+	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "PodDisruptionBudget"} {
+		if kinds[k] != 1 {
+			t.Errorf("want one %s in cluster/discovery, got %d", k, kinds[k])
+		}
+	}
+}
