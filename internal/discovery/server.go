@@ -13,6 +13,7 @@ import (
 	"html/template"
 	"io"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"regexp"
 	"sort"
@@ -22,10 +23,12 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
@@ -372,7 +375,10 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, id *Identity) {
 		s.fail(w, err)
 		return
 	}
-	// The sticky key's last proxy first, then the least loaded.
+	// The sticky key's last proxy first, then the least loaded; equally
+	// loaded proxies in random order, so that concurrent crawlers (and
+	// replicas) spread out instead of racing for the same slot.
+	rand.Shuffle(len(ok), func(i, j int) { ok[i], ok[j] = ok[j], ok[i] })
 	sort.SliceStable(ok, func(i, j int) bool {
 		if (ok[i].Name == sticky) != (ok[j].Name == sticky) {
 			return ok[i].Name == sticky
@@ -435,21 +441,35 @@ func reason(err error) string {
 	}
 }
 
-// leaseOf finds a lease named in the path and authorises its fleet.
-func (s *Server) leaseOf(r *http.Request, id *Identity) (string, *coordLease, error) {
-	leaseID := r.PathValue("namespace") + "/" + r.PathValue("name") + "/" + r.PathValue("token")
-	l, err := s.Leases.Get(r.Context(), leaseID)
+// leaseOf reads the lease named in the path and authorises its fleet. The
+// fleet comes from the cached Proxy the slot belongs to, so renew and
+// release cost one API call each.
+func (s *Server) leaseOf(r *http.Request, id *Identity) (leaseID, namespace, fleet, proxy string, err error) {
+	leaseID = r.PathValue("namespace") + "/" + r.PathValue("name") + "/" + r.PathValue("token")
+	namespace, name, _, err := lease.ParseID(leaseID)
 	if err != nil {
-		return "", nil, err
+		return "", "", "", "", lease.ErrNotFound
 	}
-	if err := s.Auth.Authorize(r.Context(), id, l.Namespace, l.Labels[ownership.FleetLabel]); err != nil {
-		return "", nil, err
+	proxy, ok := lease.ProxyOf(name)
+	if !ok {
+		return "", "", "", "", lease.ErrNotFound
 	}
-	return leaseID, l, nil
+	p := &v1alpha1.Proxy{}
+	if err := s.Catalog.Cache.Get(r.Context(), types.NamespacedName{Namespace: namespace, Name: proxy}, p); err != nil {
+		if kerrors.IsNotFound(err) {
+			return "", "", "", "", lease.ErrNotFound
+		}
+		return "", "", "", "", err
+	}
+	fleet = p.Labels[ownership.FleetLabel]
+	if err := s.Auth.Authorize(r.Context(), id, namespace, fleet); err != nil {
+		return "", "", "", "", err
+	}
+	return leaseID, namespace, fleet, proxy, nil
 }
 
 func (s *Server) renew(w http.ResponseWriter, r *http.Request, id *Identity) {
-	leaseID, l, err := s.leaseOf(r, id)
+	leaseID, ns, fleet, _, err := s.leaseOf(r, id)
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -459,7 +479,7 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request, id *Identity) {
 		s.fail(w, err)
 		return
 	}
-	def, maxTTL := s.Catalog.TTLs(r.Context(), l.Namespace, l.Labels[ownership.FleetLabel])
+	def, maxTTL := s.Catalog.TTLs(r.Context(), ns, fleet)
 	ttl, err := parseTTL("ttl", req.TTL, def, maxTTL)
 	if err != nil {
 		s.fail(w, err)
@@ -479,7 +499,7 @@ func isEmptyBody(err error) bool {
 }
 
 func (s *Server) release(w http.ResponseWriter, r *http.Request, id *Identity) {
-	leaseID, _, err := s.leaseOf(r, id)
+	leaseID, _, _, _, err := s.leaseOf(r, id)
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -494,8 +514,13 @@ func (s *Server) release(w http.ResponseWriter, r *http.Request, id *Identity) {
 // report records a crawler's verdict on its leased proxy for a domain. A
 // ban is a Lease object in the API server, so every replica honours it.
 func (s *Server) report(w http.ResponseWriter, r *http.Request, id *Identity) {
-	_, l, err := s.leaseOf(r, id)
+	leaseID, ns, fleet, proxy, err := s.leaseOf(r, id)
 	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	// Only a crawler holding the lease may report through it.
+	if _, err := s.Leases.Get(r.Context(), leaseID); err != nil {
 		s.fail(w, err)
 		return
 	}
@@ -508,7 +533,6 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, id *Identity) {
 		s.fail(w, &badRequest{"domain", fmt.Sprintf("%q is not a domain name", req.Domain)})
 		return
 	}
-	proxy, fleet := l.Labels[ownership.ProxyLabel], l.Labels[ownership.FleetLabel]
 	switch req.Outcome {
 	case "banned":
 		cooldown, err := parseTTL("cooldown", req.Cooldown, 30*time.Minute, 7*24*time.Hour)
@@ -516,13 +540,13 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, id *Identity) {
 			s.fail(w, err)
 			return
 		}
-		if err := s.Leases.Ban(r.Context(), l.Namespace, fleet, proxy, req.Domain, cooldown); err != nil {
+		if err := s.Leases.Ban(r.Context(), ns, fleet, proxy, req.Domain, cooldown); err != nil {
 			s.fail(w, err)
 			return
 		}
 		s.Metrics.Bans.Inc()
 	case "ok":
-		if err := s.Leases.Unban(r.Context(), l.Namespace, proxy, req.Domain); err != nil {
+		if err := s.Leases.Unban(r.Context(), ns, proxy, req.Domain); err != nil {
 			s.fail(w, err)
 			return
 		}

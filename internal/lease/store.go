@@ -9,9 +9,9 @@ package lease
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"sort"
 	"strconv"
@@ -34,7 +34,6 @@ const (
 	LabelHolder      = "crawl.example.com/holder"
 	LabelSticky      = "crawl.example.com/sticky"
 	LabelBanDomain   = "crawl.example.com/ban-domain"
-	AnnotationToken  = "crawl.example.com/lease-token"
 	AnnotationHolder = "crawl.example.com/holder"
 	AnnotationDomain = "crawl.example.com/domain"
 )
@@ -89,6 +88,18 @@ func (s *Store) cache() client.Reader {
 	return s.Client
 }
 
+// ProxyOf reads the proxy back from a slot object's name.
+func ProxyOf(slotName string) (string, bool) {
+	i := strings.LastIndex(slotName, "-slot-")
+	if i <= 0 {
+		return "", false
+	}
+	if _, err := strconv.Atoi(slotName[i+len("-slot-"):]); err != nil {
+		return "", false
+	}
+	return slotName[:i], true
+}
+
 // SlotName is the name of a proxy's slot object.
 func SlotName(proxy string, slot int) string {
 	return fmt.Sprintf("%s-slot-%d", proxy, slot)
@@ -131,12 +142,6 @@ func ExpiresAt(l *coordv1.Lease) time.Time {
 	return l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second)
 }
 
-func token() string {
-	b := make([]byte, 12)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
-}
-
 // StickyHash is the label value under which a sticky key is remembered.
 func StickyHash(key string) string {
 	if key == "" {
@@ -146,7 +151,8 @@ func StickyHash(key string) string {
 	return hex.EncodeToString(sum[:])[:32]
 }
 
-// ParseID splits a lease ID into namespace, object name and token.
+// ParseID splits a lease ID into namespace, object name and the UID of the
+// grant's object.
 func ParseID(id string) (namespace, name, tok string, err error) {
 	parts := strings.Split(id, "/")
 	if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
@@ -166,7 +172,9 @@ type Request struct {
 // proxy name to the slot indexes held.
 func (s *Store) Slots(ctx context.Context, namespace, fleet string) (map[string][]*coordv1.Lease, error) {
 	l := &coordv1.LeaseList{}
-	if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{ownership.FleetLabel: labelValue(fleet), ownership.LeaseKindLabel: ownership.LeaseKindSlot}); err != nil {
+	// Read-only use of the cache: no deep copies of every lease per call.
+	if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.UnsafeDisableDeepCopy,
+		client.MatchingLabels{ownership.FleetLabel: labelValue(fleet), ownership.LeaseKindLabel: ownership.LeaseKindSlot}); err != nil {
 		return nil, errors.Wrap(err, "cannot list leases")
 	}
 	out := map[string][]*coordv1.Lease{}
@@ -182,39 +190,48 @@ func (s *Store) Slots(ctx context.Context, namespace, fleet string) (map[string]
 	return out, nil
 }
 
+// slotState is what the (possibly stale) cache says of a slot.
+type slotState int
+
+const (
+	stateAbsent slotState = iota
+	stateExpired
+	stateLive
+)
+
 // Acquire takes a free slot on the first candidate that has one; callers
 // order candidates by preference. It fails with ErrUnavailable when all are
-// taken.
+// taken. The cache only orders the attempts (free slots first, then expired
+// ones, live ones last); every decision is the API server's.
 func (s *Store) Acquire(ctx context.Context, cands []Candidate, r Request) (*Grant, error) {
 	if len(cands) == 0 {
 		return nil, ErrUnavailable
 	}
-	held, err := s.Slots(ctx, cands[0].Namespace, cands[0].Fleet)
-	if err != nil {
-		return nil, err
+	l := &coordv1.LeaseList{}
+	if err := s.cache().List(ctx, l, client.InNamespace(cands[0].Namespace), client.UnsafeDisableDeepCopy,
+		client.MatchingLabels{ownership.FleetLabel: labelValue(cands[0].Fleet), ownership.LeaseKindLabel: ownership.LeaseKindSlot}); err != nil {
+		return nil, errors.Wrap(err, "cannot list leases")
+	}
+	now := s.now()
+	state := map[string]slotState{}
+	for i := range l.Items {
+		st := stateLive
+		if Expired(&l.Items[i], now) {
+			st = stateExpired
+		}
+		state[l.Items[i].Name] = st
 	}
 	for _, c := range cands {
-		taken := map[int]bool{}
-		for _, le := range held[c.Proxy] {
-			if i, err := strconv.Atoi(strings.TrimPrefix(le.Name, c.Proxy+"-slot-")); err == nil {
-				taken[i] = true
-			}
-		}
-		// Slots the cache shows free first; the cache may be stale, so the
-		// others are still tried after.
 		order := make([]int, 0, c.MaxLeases)
-		for i := range c.MaxLeases {
-			if !taken[i] {
-				order = append(order, i)
-			}
-		}
-		for i := range c.MaxLeases {
-			if taken[i] {
-				order = append(order, i)
+		for _, want := range []slotState{stateAbsent, stateExpired, stateLive} {
+			for i := range c.MaxLeases {
+				if state[SlotName(c.Proxy, i)] == want {
+					order = append(order, i)
+				}
 			}
 		}
 		for _, slot := range order {
-			g, err := s.take(ctx, c, slot, r)
+			g, err := s.take(ctx, c, slot, r, state[SlotName(c.Proxy, slot)] == stateExpired)
 			if err != nil {
 				return nil, err
 			}
@@ -226,11 +243,12 @@ func (s *Store) Acquire(ctx context.Context, cands []Candidate, r Request) (*Gra
 	return nil, ErrUnavailable
 }
 
-// take tries one slot: create it, or take over an expired one. It returns
-// nil, nil when the slot is held by someone else.
-func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request) (*Grant, error) {
+// take tries one slot: create it, or replace an expired one. It returns
+// nil, nil when the slot is held by someone else. Only a slot the cache saw
+// expired is read back for a takeover: one the cache saw free or live that
+// exists was just taken, and reading it would only cost a round trip.
+func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, maybeExpired bool) (*Grant, error) {
 	now := s.now()
-	tok := token()
 	want := &coordv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: SlotName(c.Proxy, slot), Namespace: c.Namespace,
@@ -238,7 +256,7 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request) (*Gr
 				ownership.LeaseKindLabel: ownership.LeaseKindSlot, ownership.FleetLabel: labelValue(c.Fleet), ownership.ProxyLabel: c.Proxy,
 				LabelHolder: labelValue(r.Holder),
 			},
-			Annotations: map[string]string{AnnotationToken: tok, AnnotationHolder: r.Holder},
+			Annotations: map[string]string{AnnotationHolder: r.Holder},
 		},
 		Spec: coordv1.LeaseSpec{
 			HolderIdentity:       ptr.To(r.Holder),
@@ -250,12 +268,17 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request) (*Gr
 	if h := StickyHash(r.StickyKey); h != "" {
 		want.Labels[LabelSticky] = h
 	}
-	err := s.Client.Create(ctx, want)
+	// Create fills in the object it is given, UID included.
+	obj := want.DeepCopy()
+	err := s.Client.Create(ctx, obj)
 	if err == nil {
-		return grant(want, c, slot, tok), nil
+		return grant(obj, c, slot), nil
 	}
 	if !kerrors.IsAlreadyExists(err) {
 		return nil, errors.Wrap(err, "cannot create lease")
+	}
+	if !maybeExpired {
+		return nil, nil
 	}
 	cur := &coordv1.Lease{}
 	if err := s.Client.Get(ctx, types.NamespacedName{Namespace: c.Namespace, Name: want.Name}, cur); err != nil {
@@ -267,21 +290,29 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request) (*Gr
 	if !Expired(cur, now) {
 		return nil, nil
 	}
-	// Take over an expired slot. The update carries the resourceVersion we
-	// read, so of two replicas racing for it only one wins.
-	cur.Labels, cur.Annotations, cur.Spec = want.Labels, want.Annotations, want.Spec
-	if err := s.Client.Update(ctx, cur); err != nil {
-		if kerrors.IsConflict(err) || kerrors.IsNotFound(err) {
+	// Replace an expired slot: delete exactly the object we saw (UID and
+	// resourceVersion), then create anew. Of replicas racing for it, one
+	// deletes and one creates; the new object's UID names the new grant, so
+	// the old holder can neither renew nor release it.
+	if err := s.Client.Delete(ctx, cur, client.Preconditions{UID: &cur.UID, ResourceVersion: &cur.ResourceVersion}); err != nil && !kerrors.IsNotFound(err) {
+		if kerrors.IsConflict(err) {
 			return nil, nil
 		}
-		return nil, errors.Wrap(err, "cannot take over lease")
+		return nil, errors.Wrap(err, "cannot replace expired lease")
 	}
-	return grant(cur, c, slot, tok), nil
+	obj = want.DeepCopy()
+	if err := s.Client.Create(ctx, obj); err != nil {
+		if kerrors.IsAlreadyExists(err) {
+			return nil, nil
+		}
+		return nil, errors.Wrap(err, "cannot create lease")
+	}
+	return grant(obj, c, slot), nil
 }
 
-func grant(l *coordv1.Lease, c Candidate, slot int, tok string) *Grant {
+func grant(l *coordv1.Lease, c Candidate, slot int) *Grant {
 	return &Grant{
-		ID: l.Namespace + "/" + l.Name + "/" + tok, Namespace: l.Namespace, Fleet: c.Fleet, Proxy: c.Proxy, Slot: slot,
+		ID: l.Namespace + "/" + l.Name + "/" + string(l.UID), Namespace: l.Namespace, Fleet: c.Fleet, Proxy: c.Proxy, Slot: slot,
 		Holder: *l.Spec.HolderIdentity, ExpiresAt: ExpiresAt(l),
 	}
 }
@@ -299,23 +330,29 @@ func (s *Store) Get(ctx context.Context, id string) (*coordv1.Lease, error) {
 		}
 		return nil, errors.Wrap(err, "cannot get lease")
 	}
-	if l.Annotations[AnnotationToken] != tok || l.Labels[ownership.LeaseKindLabel] != ownership.LeaseKindSlot || Expired(l, s.now()) {
+	if string(l.UID) != tok || l.Labels[ownership.LeaseKindLabel] != ownership.LeaseKindSlot || Expired(l, s.now()) {
 		return nil, ErrNotFound
 	}
 	return l, nil
 }
 
-// Renew extends a live lease by ttl from now.
+// Renew extends a lease by ttl from now, in one guarded call: a JSON patch
+// whose first operation tests the lease's UID, so a slot released or
+// replaced meanwhile is never extended.
 func (s *Store) Renew(ctx context.Context, id string, ttl time.Duration) (*Grant, error) {
-	l, err := s.Get(ctx, id)
+	ns, name, uid, err := ParseID(id)
 	if err != nil {
 		return nil, err
 	}
-	l.Spec.RenewTime = &metav1.MicroTime{Time: s.now()}
-	l.Spec.LeaseDurationSeconds = ptr.To(int32(ttl / time.Second))
-	if err := s.Client.Update(ctx, l); err != nil {
-		if kerrors.IsConflict(err) || kerrors.IsNotFound(err) {
-			// Expired and taken over, or released, meanwhile.
+	patch, _ := json.Marshal([]map[string]any{
+		{"op": "test", "path": "/metadata/uid", "value": uid},
+		{"op": "test", "path": "/metadata/labels/" + strings.ReplaceAll(ownership.LeaseKindLabel, "/", "~1"), "value": ownership.LeaseKindSlot},
+		{"op": "replace", "path": "/spec/renewTime", "value": metav1.MicroTime{Time: s.now()}},
+		{"op": "replace", "path": "/spec/leaseDurationSeconds", "value": int32(ttl / time.Second)},
+	})
+	l := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
+	if err := s.Client.Patch(ctx, l, client.RawPatch(types.JSONPatchType, patch)); err != nil {
+		if kerrors.IsNotFound(err) || kerrors.IsInvalid(err) || kerrors.IsConflict(err) || kerrors.IsBadRequest(err) {
 			return nil, ErrNotFound
 		}
 		return nil, errors.Wrap(err, "cannot renew lease")
@@ -329,14 +366,15 @@ func (s *Store) toGrant(l *coordv1.Lease, id string) *Grant {
 		Slot: slot, Holder: ptr.Deref(l.Spec.HolderIdentity, ""), ExpiresAt: ExpiresAt(l)}
 }
 
-// Release gives a lease back. The delete is guarded by the lease's UID and
-// resourceVersion, so a slot someone else took over is never freed.
+// Release gives a lease back in one call: a delete guarded by the grant's
+// UID, so a slot someone else holds now is never freed.
 func (s *Store) Release(ctx context.Context, id string) error {
-	l, err := s.Get(ctx, id)
+	ns, name, uid, err := ParseID(id)
 	if err != nil {
 		return err
 	}
-	err = s.Client.Delete(ctx, l, client.Preconditions{UID: &l.UID, ResourceVersion: &l.ResourceVersion})
+	u := types.UID(uid)
+	err = s.Client.Delete(ctx, &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}, client.Preconditions{UID: &u})
 	if kerrors.IsConflict(err) || kerrors.IsNotFound(err) {
 		return ErrNotFound
 	}
