@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"sort"
 	"strconv"
+	"sync"
 	"time"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
@@ -48,6 +49,27 @@ type Catalog struct {
 	Cache client.Reader
 	// Direct reads Secrets and fleets without a cache.
 	Direct client.Reader
+
+	// creds remembers proxy credentials briefly, so that granting a lease
+	// does not read a Secret every time. It is a convenience, not a record:
+	// a rotated password is picked up within credentialsTTL.
+	mu    sync.Mutex
+	creds map[string]cachedCreds
+	ttls  map[string]cachedTTLs
+}
+
+type cachedTTLs struct {
+	def, max time.Duration
+	at       time.Time
+}
+
+// credentialsTTL bounds how long remembered credentials and lease TTL
+// settings are used before they are read again.
+const credentialsTTL = 30 * time.Second
+
+type cachedCreds struct {
+	user *url.Userinfo
+	at   time.Time
 }
 
 func toMember(p *v1alpha1.Proxy) member {
@@ -99,6 +121,24 @@ func (c *Catalog) Fleet(ctx context.Context, namespace, fleet string) ([]member,
 // TTLs returns a fleet's defaultTTL and maxTTL from its ProxyFleet (or
 // ProxyFleetClaim), or the defaults.
 func (c *Catalog) TTLs(ctx context.Context, namespace, fleet string) (time.Duration, time.Duration) {
+	key := namespace + "/" + fleet
+	c.mu.Lock()
+	t, ok := c.ttls[key]
+	c.mu.Unlock()
+	if ok && time.Since(t.at) < credentialsTTL {
+		return t.def, t.max
+	}
+	def, maxTTL := c.readTTLs(ctx, namespace, fleet)
+	c.mu.Lock()
+	if c.ttls == nil {
+		c.ttls = map[string]cachedTTLs{}
+	}
+	c.ttls[key] = cachedTTLs{def: def, max: maxTTL, at: time.Now()}
+	c.mu.Unlock()
+	return def, maxTTL
+}
+
+func (c *Catalog) readTTLs(ctx context.Context, namespace, fleet string) (time.Duration, time.Duration) {
 	def, maxTTL := DefaultTTL, MaxTTL
 	for _, kind := range []string{"ProxyFleet", "ProxyFleetClaim"} {
 		u := &unstructured.Unstructured{}
@@ -125,19 +165,34 @@ func (c *Catalog) TTLs(ctx context.Context, namespace, fleet string) (time.Durat
 // Secret.
 func (c *Catalog) ProxyURL(ctx context.Context, m member) (string, error) {
 	u := &url.URL{Scheme: "http", Host: m.Endpoint()}
-	if ref := m.AuthSecret; ref != nil {
+	ref := m.AuthSecret
+	if ref == nil {
+		return u.String(), nil
+	}
+	uk, pk := ref.UsernameKey, ref.PasswordKey
+	if uk == "" {
+		uk = "username"
+	}
+	if pk == "" {
+		pk = "password"
+	}
+	key := m.Namespace + "/" + ref.Name + "/" + uk + "/" + pk
+	c.mu.Lock()
+	cc, ok := c.creds[key]
+	c.mu.Unlock()
+	if !ok || time.Since(cc.at) > credentialsTTL {
 		s := &corev1.Secret{}
 		if err := c.Direct.Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: ref.Name}, s); err != nil {
 			return "", errors.Wrapf(err, "cannot read the credentials of proxy %s", m.Name)
 		}
-		uk, pk := ref.UsernameKey, ref.PasswordKey
-		if uk == "" {
-			uk = "username"
+		cc = cachedCreds{user: url.UserPassword(string(s.Data[uk]), string(s.Data[pk])), at: time.Now()}
+		c.mu.Lock()
+		if c.creds == nil {
+			c.creds = map[string]cachedCreds{}
 		}
-		if pk == "" {
-			pk = "password"
-		}
-		u.User = url.UserPassword(string(s.Data[uk]), string(s.Data[pk]))
+		c.creds[key] = cc
+		c.mu.Unlock()
 	}
+	u.User = cc.user
 	return u.String(), nil
 }

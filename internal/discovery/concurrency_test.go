@@ -1,0 +1,241 @@
+package discovery_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	coordv1 "k8s.io/api/coordination/v1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+
+	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+)
+
+// TestServersConcurrency runs 4 discovery servers (each with its own client
+// and cache, as 4 replicas) against one real apiserver, with 64 crawlers
+// making at least 10 000 acquisitions through the HTTP API. Server 0 is
+// killed half-way, connections and all; its crawlers move to the others and
+// release through them what it granted. Neither the API objects nor the
+// grant log may ever show more than maxLeases holders on a proxy or two on a
+// slot.
+func TestServersConcurrency(t *testing.T) {
+	const (
+		replicas  = 4
+		clients   = 64
+		target    = 10000
+		maxLeases = 2
+		proxies   = 32
+	)
+	ctx := context.Background()
+	ns := bed.Namespace(t)
+	fleet(t, ns, "crawlers", proxies, maxLeases, nil)
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte("t "+ns+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st, err := discovery.LoadStaticTokens(tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	servers := make([]*httptest.Server, replicas)
+	for i := range replicas {
+		c, err := client.New(bed.Config, client.Options{Scheme: bed.Scheme})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ca, err := cache.New(bed.Config, cache.Options{Scheme: bed.Scheme, DefaultNamespaces: map[string]cache.Config{ns: {}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cctx, cancel := context.WithCancel(ctx)
+		t.Cleanup(cancel)
+		go func() { _ = ca.Start(cctx) }()
+		for _, o := range []client.Object{&coordv1.Lease{}, &v1alpha1.Proxy{}} {
+			if _, err := ca.GetInformer(ctx, o); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ca.WaitForCacheSync(ctx)
+		servers[i] = httptest.NewServer((&discovery.Server{
+			Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: &lease.Store{Client: c, Cache: ca},
+			Auth: &discovery.Kubernetes{Client: c, Static: st}, Metrics: discovery.NewMetrics(), Log: logging.NewNopLogger(),
+		}).Handler())
+		t.Cleanup(servers[i].Close)
+	}
+
+	type event struct {
+		slot, holder      string
+		granted, released time.Time
+	}
+	var (
+		mu                       sync.Mutex
+		log                      []event
+		grants, refused, aborted atomic.Int64
+		dead                     atomic.Bool
+		maxSeen                  atomic.Int64
+	)
+	stop := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			l := &coordv1.LeaseList{}
+			if bed.Client.List(ctx, l, client.InNamespace(ns)) == nil {
+				per := map[string]int64{}
+				for i := range l.Items {
+					if !lease.Expired(&l.Items[i], time.Now()) {
+						per[l.Items[i].Labels[ownership.ProxyLabel]]++
+					}
+				}
+				for _, n := range per {
+					for cur := maxSeen.Load(); n > cur && !maxSeen.CompareAndSwap(cur, n); cur = maxSeen.Load() {
+					}
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+
+	server := func(w int, attempt int) *apiv1.Client {
+		r := (w + attempt) % replicas
+		if r == 0 && dead.Load() {
+			r = 1 + (w+attempt)%(replicas-1)
+		}
+		return &apiv1.Client{BaseURL: servers[r].URL, Token: "t"}
+	}
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			holder := fmt.Sprintf("crawler-%d", w)
+			for grants.Load() < target {
+				l, err := server(w, 0).Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/crawlers", Holder: holder, TTL: "30s"})
+				var ae *apiv1.APIError
+				switch {
+				case errors.As(err, &ae) && ae.Status == 409:
+					refused.Add(1)
+					continue
+				case err != nil:
+					// The server died mid-request; a lease it granted is
+					// in the API server and runs out with its TTL.
+					aborted.Add(1)
+					continue
+				}
+				granted := time.Now()
+				if grants.Add(1) == target/2 {
+					dead.Store(true)
+					servers[0].CloseClientConnections()
+					servers[0].Close()
+				}
+				released := time.Now()
+				// Any live replica can release what another granted.
+				var rerr error
+				for attempt := range replicas {
+					rerr = server(w, attempt).Release(ctx, l.LeaseID)
+					var re *apiv1.APIError
+					if attempt > 0 && errors.As(rerr, &re) && re.Status == 404 {
+						// The killed server did release it; only its answer
+						// was lost.
+						rerr = nil
+					}
+					if rerr == nil {
+						break
+					}
+				}
+				if rerr != nil {
+					t.Errorf("release %s: %v", l.LeaseID, rerr)
+					return
+				}
+				_, name, _, _ := lease.ParseID(l.LeaseID)
+				mu.Lock()
+				log = append(log, event{slot: name, holder: holder, granted: granted, released: released})
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	<-watched
+	elapsed := time.Since(start)
+	t.Logf("%d acquisitions through %d HTTP servers (one killed half-way; %d requests aborted, %d refused as full) by %d crawlers in %s: %.0f/s; max live holders seen on one proxy: %d",
+		grants.Load(), replicas, aborted.Load(), refused.Load(), clients, elapsed.Round(time.Millisecond), float64(grants.Load())/elapsed.Seconds(), maxSeen.Load())
+	if grants.Load() < target {
+		t.Fatalf("want %d acquisitions, got %d", target, grants.Load())
+	}
+	if m := maxSeen.Load(); m > maxLeases {
+		t.Errorf("the API objects showed %d live holders on one proxy, more than maxLeases %d", m, maxLeases)
+	}
+	bySlot, byProxy := map[string][]event{}, map[string][]event{}
+	for _, e := range log {
+		bySlot[e.slot] = append(bySlot[e.slot], e)
+		p, _ := lease.ProxyOf(e.slot)
+		byProxy[p] = append(byProxy[p], e)
+	}
+	for k, es := range bySlot {
+		sort.Slice(es, func(i, j int) bool { return es[i].granted.Before(es[j].granted) })
+		for i := 1; i < len(es); i++ {
+			if es[i].granted.Before(es[i-1].released) {
+				t.Fatalf("slot %s double-granted: %s until %s, %s from %s", k, es[i-1].holder, es[i-1].released, es[i].holder, es[i].granted)
+			}
+		}
+	}
+	for p, es := range byProxy {
+		type edge struct {
+			at time.Time
+			d  int
+		}
+		var edges []edge
+		for _, e := range es {
+			edges = append(edges, edge{e.granted, 1}, edge{e.released, -1})
+		}
+		sort.Slice(edges, func(i, j int) bool {
+			if edges[i].at.Equal(edges[j].at) {
+				return edges[i].d < edges[j].d
+			}
+			return edges[i].at.Before(edges[j].at)
+		})
+		live := 0
+		for _, e := range edges {
+			if live += e.d; live > maxLeases {
+				t.Fatalf("proxy %s had %d holders at %s per the grant log", p, live, e.at)
+			}
+		}
+	}
+	l := &coordv1.LeaseList{}
+	if err := bed.Client.List(ctx, l, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	left := 0
+	for i := range l.Items {
+		if strings.Contains(l.Items[i].Name, "-slot-") {
+			left++
+		}
+	}
+	if int64(left) > aborted.Load() {
+		t.Errorf("only leases granted by the killed server with their answer lost may remain (until their TTL): %d remain, %d requests were aborted", left, aborted.Load())
+	}
+}
