@@ -41,6 +41,7 @@ test: tools vet ## Build tools, vet, then run unit and integration tests (real k
 .PHONY: bench
 bench: tools ## Run the benchmarks recorded in BENCHMARKS.md (minutes; not part of make test).
 	go test ./internal/function -run '^$$' -bench . -benchmem
+	go test ./internal/lease -run '^$$' -bench BenchmarkLeaseThroughput -benchtime 1x
 	go test ./internal/controller/proxy -run '^$$' -bench BenchmarkProbeFleet -benchtime 1x -timeout 20m
 
 .PHONY: lint
@@ -57,6 +58,10 @@ validate: tools ## Validate the examples offline with crossplane beta validate.
 .PHONY: render
 render: tools ## Render the example fleet with crossplane render and the function as a local process.
 	hack/render.sh
+
+.PHONY: statuspage
+statuspage: tools ## Screenshot egress-discovery's status page in headless Chromium (apt-get install chromium) into _output/status.png.
+	go run ./hack/statuspage -o _output/status.png
 
 .PHONY: packages
 packages: tools ## Build the provider, function and configuration packages into _output/.

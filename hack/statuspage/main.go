@@ -1,0 +1,128 @@
+// Command statuspage renders egress-discovery's status page in headless
+// Chromium and saves a screenshot: it starts the test bed (real apiserver),
+// creates a fleet with proxies, a lease and a ban, serves the page and
+// points Chromium at it. Needs `make tools` and `apt-get install chromium`.
+//
+//	go run ./hack/statuspage -o _output/status.png
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+
+	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
+)
+
+func main() {
+	out := flag.String("o", "_output/status.png", "Where to write the screenshot.")
+	flag.Parse()
+	if err := run(*out); err != nil {
+		fmt.Fprintln(os.Stderr, "statuspage:", err)
+		os.Exit(1)
+	}
+}
+
+func run(out string) error {
+	bed, err := testbed.Start()
+	if err != nil {
+		return err
+	}
+	defer bed.Stop() //nolint:errcheck // Best effort.
+	ctx := context.Background()
+	c := bed.Client
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "crawl-team"}}); err != nil {
+		return err
+	}
+	if err := c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "crawl-team", Name: "auth"}, StringData: map[string]string{"username": "crawler", "password": "example"}}); err != nil {
+		return err
+	}
+	for i := range 4 {
+		p := &v1alpha1.Proxy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "crawl-team", Name: fmt.Sprintf("crawlers-%d", i), Labels: map[string]string{
+				ownership.FleetLabel: "crawlers", ownership.ZoneLabel: []string{"europe-west1-b", "europe-west1-c"}[i%2]}},
+			Spec: v1alpha1.ProxySpec{ForProvider: v1alpha1.ProxyParameters{Local: &v1alpha1.LocalPlacement{},
+				AuthSecretRef: &v1alpha1.AuthSecretReference{Name: "auth"}, HealthCheck: v1alpha1.HealthCheck{URL: "https://ifconfig.me/ip"}, MaxLeases: 2}},
+		}
+		if err := c.Create(ctx, p); err != nil {
+			return err
+		}
+		healthy := i != 3
+		p.Status.AtProvider = v1alpha1.ProxyObservation{Host: fmt.Sprintf("34.140.%d.%d", 10+i, 20+i), Port: 3128, Healthy: healthy,
+			EgressIP: fmt.Sprintf("34.140.%d.%d", 10+i, 20+i), LatencyMilliseconds: int64(40 + 7*i)}
+		cond := xpv2.Available()
+		if !healthy {
+			cond = xpv2.Unavailable()
+		}
+		p.SetConditions(cond)
+		if err := c.Status().Update(ctx, p); err != nil {
+			return err
+		}
+	}
+	dir, err := os.MkdirTemp("", "statuspage")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir) //nolint:errcheck // Scratch.
+	tokens := filepath.Join(dir, "tokens")
+	if err := os.WriteFile(tokens, []byte("demo crawl-team\n"), 0o600); err != nil {
+		return err
+	}
+	st, err := discovery.LoadStaticTokens(tokens)
+	if err != nil {
+		return err
+	}
+	srv := httptest.NewServer((&discovery.Server{
+		Catalog: &discovery.Catalog{Cache: c, Direct: c}, Leases: &lease.Store{Client: c},
+		Auth: &discovery.Kubernetes{Client: c, Static: st}, Metrics: discovery.NewMetrics(), Log: logging.NewNopLogger(),
+	}).Handler())
+	defer srv.Close()
+	api := &apiv1.Client{BaseURL: srv.URL, Token: "demo"}
+	for _, h := range []string{"scrapy-1", "colly-7", "crawlee-2"} {
+		l, err := api.Acquire(ctx, apiv1.AcquireRequest{Fleet: "crawl-team/crawlers", Holder: h, TTL: "10m"})
+		if err != nil {
+			return err
+		}
+		if h == "colly-7" {
+			if err := api.Report(ctx, l.LeaseID, apiv1.ReportRequest{Domain: "shop.example", Outcome: "banned"}); err != nil {
+				return err
+			}
+		}
+	}
+
+	// Chromium cannot send a bearer token from the command line; a static
+	// token in the page URL would leak, so serve the page through a tiny
+	// authenticating front for the screenshot only.
+	front := httptest.NewServer(authFront(srv.URL, "demo"))
+	defer front.Close()
+	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
+		return err
+	}
+	abs, _ := filepath.Abs(out)
+	cctx, cancel := context.WithTimeout(ctx, 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(cctx, "chromium", "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--user-data-dir="+filepath.Join(dir, "chromium"),
+		"--window-size=1400,700", "--screenshot="+abs, front.URL+"/")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("chromium: %w\n%s", err, b)
+	}
+	fmt.Println("wrote", abs)
+	return nil
+}
