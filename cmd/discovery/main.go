@@ -10,12 +10,14 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"sync/atomic"
 	"time"
 
 	coordv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	toolscache "k8s.io/client-go/tools/cache"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
@@ -92,9 +94,18 @@ func run(ctx context.Context, addr, health, tokenFile string, sweep time.Duratio
 		return nil
 	})
 	// Watch Proxies and Leases: the catalogue and the lease view read the
-	// cache; every write goes to the API server.
+	// cache; every write goes to the API server. Any change bumps the
+	// version that listing snapshots are checked against.
+	var version atomic.Uint64
+	bump := func(any) { version.Add(1) }
 	for _, o := range []client.Object{&v1alpha1.Proxy{}, &coordv1.Lease{}} {
-		if _, err := mgr.GetCache().GetInformer(ctx, o); err != nil {
+		inf, err := mgr.GetCache().GetInformer(ctx, o)
+		if err != nil {
+			return fmt.Errorf("cannot watch %T: %w", o, err)
+		}
+		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+			AddFunc: bump, DeleteFunc: bump, UpdateFunc: func(_, n any) { bump(n) },
+		}); err != nil {
 			return fmt.Errorf("cannot watch %T: %w", o, err)
 		}
 	}
@@ -108,6 +119,7 @@ func run(ctx context.Context, addr, health, tokenFile string, sweep time.Duratio
 	srv := &discovery.Server{
 		Catalog: &discovery.Catalog{Cache: mgr.GetCache(), Direct: mgr.GetAPIReader()},
 		Leases:  store, Auth: auth, Metrics: discovery.NewMetrics(), Log: log,
+		Version: version.Load,
 	}
 	metrics.Registry.MustRegister(srv.Metrics.Collectors()...)
 	metrics.Registry.MustRegister(

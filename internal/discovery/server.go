@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -47,6 +48,49 @@ type Server struct {
 	Metrics *Metrics
 	Log     logging.Logger
 	Now     func() time.Time
+	// Version, when set, changes whenever a watched Proxy or Lease does.
+	// Listings are then answered from a snapshot rendered at the same
+	// version within the same second (leases also expire with time), so a
+	// crawler fleet polling a large fleet costs little.
+	Version func() uint64
+
+	snapMu sync.Mutex
+	snaps  map[string]snapshot
+}
+
+// snapshot is a rendered listing.
+type snapshot struct {
+	version uint64
+	second  int64
+	body    []byte
+}
+
+// maxSnapshots bounds the snapshots kept, whatever queries callers send.
+const maxSnapshots = 1024
+
+func (s *Server) snapshot(key string) ([]byte, bool) {
+	if s.Version == nil {
+		return nil, false
+	}
+	s.snapMu.Lock()
+	defer s.snapMu.Unlock()
+	sn, ok := s.snaps[key]
+	if !ok || sn.version != s.Version() || sn.second != s.now().Unix() {
+		return nil, false
+	}
+	return sn.body, true
+}
+
+func (s *Server) keep(key string, version uint64, second int64, body []byte) {
+	if s.Version == nil {
+		return
+	}
+	s.snapMu.Lock()
+	defer s.snapMu.Unlock()
+	if s.snaps == nil || len(s.snaps) >= maxSnapshots {
+		s.snaps = map[string]snapshot{}
+	}
+	s.snaps[key] = snapshot{version: version, second: second, body: body}
 }
 
 func (s *Server) now() time.Time {
@@ -223,6 +267,21 @@ func (s *Server) proxies(w http.ResponseWriter, r *http.Request, id *Identity) {
 			exclude[e] = true
 		}
 	}
+	if err := s.Auth.Authorize(r.Context(), id, ns, name); err != nil {
+		s.fail(w, err)
+		return
+	}
+	key := ns + "/" + name + "?" + r.URL.RawQuery
+	if body, ok := s.snapshot(key); ok {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write(body)
+		return
+	}
+	var version uint64
+	if s.Version != nil {
+		version = s.Version()
+	}
+	second := s.now().Unix()
 	ms, err := s.fleetOf(r.Context(), id, ns, name)
 	if err != nil {
 		s.fail(w, err)
@@ -245,7 +304,15 @@ func (s *Server) proxies(w http.ResponseWriter, r *http.Request, id *Identity) {
 			Leases: len(slots[m.Name]), MaxLeases: m.MaxLeases, BannedFor: bans[m.Name],
 		})
 	}
-	writeJSON(w, http.StatusOK, out)
+	body, err := json.Marshal(out)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
+	body = append(body, '\n')
+	s.keep(key, version, second, body)
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(body)
 }
 
 // proxiesTxt serves one proxy URL (with credentials) per line, for clients

@@ -36,7 +36,7 @@ var bed *testbed.Env
 func TestMain(m *testing.M) { testbed.Main(m, &bed) }
 
 // fleet creates a fleet's Proxies with the status the provider would write.
-func fleet(t *testing.T, ns, name string, n, maxLeases int, healthy func(i int) bool) {
+func fleet(t testing.TB, ns, name string, n, maxLeases int, healthy func(i int) bool) {
 	t.Helper()
 	ctx := context.Background()
 	if err := bed.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-auth"},
