@@ -7,7 +7,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -24,6 +23,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease/leasetest"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
 
@@ -189,42 +189,12 @@ func TestServersConcurrency(t *testing.T) {
 	if m := maxSeen.Load(); m > maxLeases {
 		t.Errorf("the API objects showed %d live holders on one proxy, more than maxLeases %d", m, maxLeases)
 	}
-	bySlot, byProxy := map[string][]event{}, map[string][]event{}
+	grantLog := make([]leasetest.Grant, 0, len(log))
 	for _, e := range log {
-		bySlot[e.slot] = append(bySlot[e.slot], e)
-		p, _ := lease.ProxyOf(e.slot)
-		byProxy[p] = append(byProxy[p], e)
+		proxy, _ := lease.ProxyOf(e.slot)
+		grantLog = append(grantLog, leasetest.Grant{Proxy: proxy, Slot: e.slot, Holder: e.holder, Granted: e.granted, Released: e.released})
 	}
-	for k, es := range bySlot {
-		sort.Slice(es, func(i, j int) bool { return es[i].granted.Before(es[j].granted) })
-		for i := 1; i < len(es); i++ {
-			if es[i].granted.Before(es[i-1].released) {
-				t.Fatalf("slot %s double-granted: %s until %s, %s from %s", k, es[i-1].holder, es[i-1].released, es[i].holder, es[i].granted)
-			}
-		}
-	}
-	for p, es := range byProxy {
-		type edge struct {
-			at time.Time
-			d  int
-		}
-		var edges []edge
-		for _, e := range es {
-			edges = append(edges, edge{e.granted, 1}, edge{e.released, -1})
-		}
-		sort.Slice(edges, func(i, j int) bool {
-			if edges[i].at.Equal(edges[j].at) {
-				return edges[i].d < edges[j].d
-			}
-			return edges[i].at.Before(edges[j].at)
-		})
-		live := 0
-		for _, e := range edges {
-			if live += e.d; live > maxLeases {
-				t.Fatalf("proxy %s had %d holders at %s per the grant log", p, live, e.at)
-			}
-		}
-	}
+	leasetest.CheckExclusive(t, grantLog, maxLeases)
 	l := &coordv1.LeaseList{}
 	if err := bed.Client.List(ctx, l, client.InNamespace(ns)); err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -15,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease/leasetest"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
@@ -284,45 +284,11 @@ func TestConcurrency(t *testing.T) {
 	if m := maxSeen.Load(); m > maxLeases {
 		t.Errorf("the API objects showed %d live holders on one proxy, more than maxLeases %d", m, maxLeases)
 	}
-	// From the grant log: per slot, holding intervals never overlap; per
-	// proxy, never more than maxLeases at once.
-	bySlot := map[string][]grantEvent{}
-	byProxy := map[string][]grantEvent{}
+	grantLog := make([]leasetest.Grant, 0, len(log))
 	for _, e := range log {
-		bySlot[e.proxy+"/"+e.slot] = append(bySlot[e.proxy+"/"+e.slot], e)
-		byProxy[e.proxy] = append(byProxy[e.proxy], e)
+		grantLog = append(grantLog, leasetest.Grant{Proxy: e.proxy, Slot: e.slot, Holder: e.holder, Granted: e.granted, Released: e.released})
 	}
-	for k, es := range bySlot {
-		sort.Slice(es, func(i, j int) bool { return es[i].granted.Before(es[j].granted) })
-		for i := 1; i < len(es); i++ {
-			if es[i].granted.Before(es[i-1].released) {
-				t.Fatalf("slot %s double-granted: %s held it until %s, %s got it at %s", k, es[i-1].holder, es[i-1].released, es[i].holder, es[i].granted)
-			}
-		}
-	}
-	for p, es := range byProxy {
-		type edge struct {
-			at    time.Time
-			delta int
-		}
-		var edges []edge
-		for _, e := range es {
-			edges = append(edges, edge{e.granted, 1}, edge{e.released, -1})
-		}
-		sort.Slice(edges, func(i, j int) bool {
-			if edges[i].at.Equal(edges[j].at) {
-				return edges[i].delta < edges[j].delta
-			}
-			return edges[i].at.Before(edges[j].at)
-		})
-		live := 0
-		for _, e := range edges {
-			live += e.delta
-			if live > maxLeases {
-				t.Fatalf("proxy %s had %d live holders at %s per the grant log", p, live, e.at)
-			}
-		}
-	}
+	leasetest.CheckExclusive(t, grantLog, maxLeases)
 	l := &coordv1.LeaseList{}
 	if err := bed.Client.List(ctx, l, client.InNamespace(ns)); err != nil {
 		t.Fatal(err)

@@ -5,8 +5,6 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -25,12 +23,7 @@ import (
 // startSquid runs a real Squid with credentials through the local backend.
 func startSquid(t *testing.T) string {
 	t.Helper()
-	dir := t.TempDir()
-	for _, d := range []string{filepath.Dir(dir), dir} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := testbed.SquidStateDir(t)
 	b, err := local.New(local.Config{SquidPath: testbed.SquidBinary(t), StateDir: dir, ClusterID: "probe-test",
 		PortRange: &v1alpha1.PortRange{From: 32200, To: 32299}})
 	if err != nil {

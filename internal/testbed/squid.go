@@ -80,3 +80,36 @@ func RunSquid(t testing.TB, conf []byte, podDir string, files map[string][]byte,
 	}
 	t.Fatalf("squid never listened on %s", addr)
 }
+
+// SquidStateDir returns a fresh folder that Squid's own user can reach:
+// t.TempDir makes folders only their owner may enter, and Squid drops root.
+func SquidStateDir(t testing.TB) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, d := range []string{filepath.Dir(dir), dir} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+// SquidPids lists the live Squid processes running a config under dir. Its
+// auth helpers, which name the folder too, and zombies are left out.
+func SquidPids(dir string) []int {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	var pids []int
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(b), dir) || !strings.Contains(string(b), "squid.conf") {
+			continue
+		}
+		stat, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "stat"))
+		if i := strings.LastIndexByte(string(stat), ')'); i > 0 && strings.HasPrefix(strings.TrimSpace(string(stat[i+1:])), "Z") {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		pids = append(pids, pid)
+	}
+	return pids
+}

@@ -20,19 +20,6 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
-// stateDir returns a fresh state dir that Squid's user can reach: t.TempDir
-// makes folders only their owner may enter.
-func stateDir(t *testing.T) string {
-	t.Helper()
-	dir := t.TempDir()
-	for _, d := range []string{filepath.Dir(dir), dir} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
-
 func newBackend(t *testing.T, dir string, pr *v1alpha1.PortRange) *Backend {
 	t.Helper()
 	b, err := New(Config{SquidPath: testbed.SquidBinary(t), StateDir: dir, PortRange: pr, ClusterID: "test", RestartDelay: 300 * time.Millisecond})
@@ -75,28 +62,8 @@ func waitProbe(t *testing.T, inst *backend.Instance, s backend.Spec, target test
 
 func itoa(p int32) string { return strconv.Itoa(int(p)) }
 
-func squidPids(t *testing.T, dir string) []int {
-	t.Helper()
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	var pids []int
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil || !strings.Contains(string(b), dir) || !strings.Contains(string(b), "squid.conf") {
-			continue
-		}
-		pid, _ := strconv.Atoi(strings.Split(p, "/")[2])
-		if stat, err := os.ReadFile(filepath.Join("/proc", strings.Split(p, "/")[2], "stat")); err == nil {
-			if f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:])); len(f) > 0 && f[0] == "Z" {
-				continue
-			}
-		}
-		pids = append(pids, pid)
-	}
-	return pids
-}
-
 func TestLifecycle(t *testing.T) {
-	dir := stateDir(t)
+	dir := testbed.SquidStateDir(t)
 	b := newBackend(t, dir, &v1alpha1.PortRange{From: 32100, To: 32120})
 	target := testbed.StartEchoTarget(t)
 	ctx := context.Background()
@@ -133,7 +100,7 @@ func TestLifecycle(t *testing.T) {
 	}
 
 	// Killing Squid: the supervisor restarts it.
-	pids := squidPids(t, dir)
+	pids := testbed.SquidPids(dir)
 	if len(pids) != 1 {
 		t.Fatalf("want exactly one squid, got %v", pids)
 	}
@@ -141,7 +108,7 @@ func TestLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitProbe(t, inst, s, target, true)
-	if got := squidPids(t, dir); len(got) != 1 || got[0] == pids[0] {
+	if got := testbed.SquidPids(dir); len(got) != 1 || got[0] == pids[0] {
 		t.Errorf("want one new squid after the kill, got %v (killed %d)", got, pids[0])
 	}
 
@@ -149,7 +116,7 @@ func TestLifecycle(t *testing.T) {
 	if err := b.Delete(ctx, s.Ref); err != nil {
 		t.Fatal(err)
 	}
-	if got := squidPids(t, dir); len(got) != 0 {
+	if got := testbed.SquidPids(dir); len(got) != 0 {
 		t.Errorf("squid processes left after Delete: %v", got)
 	}
 	var left []string
@@ -169,7 +136,7 @@ func TestLifecycle(t *testing.T) {
 }
 
 func TestRestartReadopts(t *testing.T) {
-	dir := stateDir(t)
+	dir := testbed.SquidStateDir(t)
 	target := testbed.StartEchoTarget(t)
 	ctx := context.Background()
 	s := spec("b", 32130)
@@ -180,14 +147,14 @@ func TestRestartReadopts(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitProbe(t, inst, s, target, true)
-	before := squidPids(t, dir)
+	before := testbed.SquidPids(dir)
 
 	// The provider goes away without stopping its proxies, and a new one
 	// starts on the same state dir.
 	first.Close()
 	second := newBackend(t, dir, nil)
 	time.Sleep(time.Second)
-	after := squidPids(t, dir)
+	after := testbed.SquidPids(dir)
 	if diff := cmp.Diff(before, after); diff != "" {
 		t.Errorf("a restart must re-adopt the running squid, not start a duplicate: -before, +after:\n%s", diff)
 	}
@@ -205,19 +172,19 @@ func TestRestartReadopts(t *testing.T) {
 	}
 	time.Sleep(200 * time.Millisecond)
 	waitProbe(t, got, s, target, true)
-	if n := len(squidPids(t, dir)); n != 1 {
+	if n := len(testbed.SquidPids(dir)); n != 1 {
 		t.Errorf("want one squid after the re-adopted one was killed, got %d", n)
 	}
 	if err := second.Delete(ctx, s.Ref); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(squidPids(t, dir)); n != 0 {
+	if n := len(testbed.SquidPids(dir)); n != 0 {
 		t.Errorf("squid left after Delete: %d", n)
 	}
 }
 
 func TestPortClaims(t *testing.T) {
-	dir := stateDir(t)
+	dir := testbed.SquidStateDir(t)
 	ctx := context.Background()
 	b := newBackend(t, dir, nil)
 	a := spec("c", 32140)
@@ -231,7 +198,7 @@ func TestPortClaims(t *testing.T) {
 		t.Errorf("a second proxy on a taken port must fail permanently and say so, got %v", err)
 	}
 
-	ranged := newBackend(t, stateDir(t), &v1alpha1.PortRange{From: 32150, To: 32151})
+	ranged := newBackend(t, testbed.SquidStateDir(t), &v1alpha1.PortRange{From: 32150, To: 32151})
 	var made []backend.Spec
 	t.Cleanup(func() {
 		for _, s := range made {
@@ -258,7 +225,7 @@ func TestPortClaims(t *testing.T) {
 }
 
 func TestListOwned(t *testing.T) {
-	dir := stateDir(t)
+	dir := testbed.SquidStateDir(t)
 	ctx := context.Background()
 	b := newBackend(t, dir, &v1alpha1.PortRange{From: 32160, To: 32169})
 	s := spec("h", 0)

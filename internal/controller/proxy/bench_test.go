@@ -110,7 +110,7 @@ func BenchmarkProbeFleet(b *testing.B) {
 
 	rec := &recorder{times: map[string][]time.Time{}}
 	b.ResetTimer()
-	prov := startProvider(b, stateDir(b), &logBuffer{}, target, func(o *proxy.Options) {
+	prov := startProvider(b, testbed.SquidStateDir(b), &logBuffer{}, target, func(o *proxy.Options) {
 		o.Prober = rec
 		o.MaxConcurrentReconciles = 10
 	})

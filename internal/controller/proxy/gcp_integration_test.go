@@ -47,7 +47,7 @@ func TestGCPProxy(t *testing.T) {
 	ns := bed.Namespace(t)
 	fake := gcpfake.Start(t)
 	target := testbed.StartEchoTarget(t)
-	prov := startProvider(t, stateDir(t), &logBuffer{}, target, func(o *proxy.Options) {
+	prov := startProvider(t, testbed.SquidStateDir(t), &logBuffer{}, target, func(o *proxy.Options) {
 		o.Backends.(*proxy.Backends).GCPClientOptions = fake.ClientOptions()
 	})
 	defer prov.stop()

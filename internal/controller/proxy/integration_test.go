@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -134,36 +132,6 @@ func (p *provider) stop() {
 	p.backends.Close()
 }
 
-func stateDir(t testing.TB) string {
-	t.Helper()
-	dir := t.TempDir()
-	for _, d := range []string{filepath.Dir(dir), dir} {
-		if err := os.Chmod(d, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return dir
-}
-
-func squidPids(dir string) []int {
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	var pids []int
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		// Only Squid itself: its auth helpers name the dir too.
-		if err != nil || !strings.Contains(string(b), filepath.Join(dir, "")) || !strings.Contains(string(b), "squid.conf") {
-			continue
-		}
-		stat, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "stat"))
-		if i := bytes.LastIndexByte(stat, ')'); i > 0 && bytes.HasPrefix(bytes.TrimSpace(stat[i+1:]), []byte("Z")) {
-			continue
-		}
-		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
-		pids = append(pids, pid)
-	}
-	return pids
-}
-
 func get(t *testing.T, key types.NamespacedName) *v1alpha1.Proxy {
 	t.Helper()
 	p := &v1alpha1.Proxy{}
@@ -235,7 +203,7 @@ func proxyObject(ns, name string, port int32, healthURL string) *v1alpha1.Proxy 
 
 func TestLocalProxyLifecycle(t *testing.T) {
 	ns := bed.Namespace(t)
-	dir := stateDir(t)
+	dir := testbed.SquidStateDir(t)
 	target := testbed.StartEchoTarget(t)
 	logs := &logBuffer{}
 	prov := startProvider(t, dir, logs, target)
@@ -269,7 +237,7 @@ func TestLocalProxyLifecycle(t *testing.T) {
 	})
 
 	t.Run("KillSquid", func(t *testing.T) {
-		pids := squidPids(dir)
+		pids := testbed.SquidPids(dir)
 		if len(pids) != 1 {
 			t.Fatalf("want one squid, got %v", pids)
 		}
@@ -285,11 +253,11 @@ func TestLocalProxyLifecycle(t *testing.T) {
 	})
 
 	t.Run("RestartProvider", func(t *testing.T) {
-		before := squidPids(dir)
+		before := testbed.SquidPids(dir)
 		prov.stop()
 		prov = startProvider(t, dir, logs, target)
 		time.Sleep(3 * time.Second)
-		after := squidPids(dir)
+		after := testbed.SquidPids(dir)
 		if len(before) != 1 || len(after) != 1 || before[0] != after[0] {
 			t.Errorf("a provider restart must re-adopt the squid, not duplicate it: before %v, after %v", before, after)
 		}
@@ -310,7 +278,7 @@ func TestLocalProxyLifecycle(t *testing.T) {
 			c := p.GetCondition(xpv2.TypeReady)
 			return p.Status.AtProvider.ProviderID == "local/32311" && c.Status == corev1.ConditionTrue, fmt.Sprintf("%+v %s", p.Status.AtProvider, c.Message)
 		})
-		if n := len(squidPids(dir)); n != 1 {
+		if n := len(testbed.SquidPids(dir)); n != 1 {
 			t.Errorf("the old squid must be gone: %d running", n)
 		}
 	})
@@ -345,7 +313,7 @@ func TestLocalProxyLifecycle(t *testing.T) {
 			err := bed.Client.Get(ctx, key, &v1alpha1.Proxy{})
 			return kerrors.IsNotFound(err), fmt.Sprint(err)
 		})
-		if n := squidPids(dir); len(n) != 0 {
+		if n := testbed.SquidPids(dir); len(n) != 0 {
 			t.Errorf("squid processes left: %v", n)
 		}
 		var left []string

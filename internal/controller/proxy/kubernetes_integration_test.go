@@ -28,7 +28,7 @@ func TestKubernetesProxy(t *testing.T) {
 	podNS := bed.Namespace(t)
 	target := testbed.StartEchoTarget(t)
 	logs := &logBuffer{}
-	prov := startProvider(t, stateDir(t), logs, target)
+	prov := startProvider(t, testbed.SquidStateDir(t), logs, target)
 	defer prov.stop()
 	ctx := context.Background()
 

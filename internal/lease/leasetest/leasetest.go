@@ -1,0 +1,58 @@
+// Package leasetest checks, from a log of grants, that leases were
+// exclusive: no slot ever had two holders and no proxy more than maxLeases.
+package leasetest
+
+import (
+	"sort"
+	"testing"
+	"time"
+)
+
+// Grant is one line of a grant log. Granted is taken after the grant was
+// answered and Released before the release was asked for, so the recorded
+// interval lies inside the real one and any overlap is a real overlap.
+type Grant struct {
+	Proxy, Slot, Holder string
+	Granted, Released   time.Time
+}
+
+// CheckExclusive fails t when the log shows a slot held twice at once or a
+// proxy held by more than maxLeases crawlers at once.
+func CheckExclusive(t testing.TB, log []Grant, maxLeases int) {
+	t.Helper()
+	bySlot, byProxy := map[string][]Grant{}, map[string][]Grant{}
+	for _, g := range log {
+		bySlot[g.Proxy+"/"+g.Slot] = append(bySlot[g.Proxy+"/"+g.Slot], g)
+		byProxy[g.Proxy] = append(byProxy[g.Proxy], g)
+	}
+	for k, gs := range bySlot {
+		sort.Slice(gs, func(i, j int) bool { return gs[i].Granted.Before(gs[j].Granted) })
+		for i := 1; i < len(gs); i++ {
+			if gs[i].Granted.Before(gs[i-1].Released) {
+				t.Fatalf("slot %s double-granted: %s held it until %s, %s got it at %s", k, gs[i-1].Holder, gs[i-1].Released, gs[i].Holder, gs[i].Granted)
+			}
+		}
+	}
+	type edge struct {
+		at    time.Time
+		delta int
+	}
+	for p, gs := range byProxy {
+		edges := make([]edge, 0, 2*len(gs))
+		for _, g := range gs {
+			edges = append(edges, edge{g.Granted, 1}, edge{g.Released, -1})
+		}
+		sort.Slice(edges, func(i, j int) bool {
+			if edges[i].at.Equal(edges[j].at) {
+				return edges[i].delta < edges[j].delta
+			}
+			return edges[i].at.Before(edges[j].at)
+		})
+		live := 0
+		for _, e := range edges {
+			if live += e.delta; live > maxLeases {
+				t.Fatalf("proxy %s had %d live holders at %s per the grant log", p, live, e.at)
+			}
+		}
+	}
+}
