@@ -16,6 +16,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/pkg/errors"
@@ -72,6 +73,31 @@ type Store struct {
 	Cache client.Reader
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+
+	// inflight holds the slots this replica is trying to take right now, so
+	// that its concurrent callers spread over different slots instead of
+	// racing for one; recent holds slots it just granted or found taken,
+	// which its cache may not show yet. Both only order attempts, like the
+	// cache: the API server decides every grant.
+	inflight sync.Map // namespace/name
+	recent   sync.Map // namespace/name -> time.Time (taken until)
+}
+
+// recentlyTaken is how long a slot this replica saw taken is tried last.
+const recentlyTaken = time.Second
+
+func (s *Store) noteTaken(key string) { s.recent.Store(key, s.now().Add(recentlyTaken)) }
+
+func (s *Store) seenTaken(key string) bool {
+	v, ok := s.recent.Load(key)
+	if !ok {
+		return false
+	}
+	if s.now().After(v.(time.Time)) {
+		s.recent.Delete(key)
+		return false
+	}
+	return true
 }
 
 func (s *Store) now() time.Time {
@@ -221,6 +247,18 @@ func (s *Store) Acquire(ctx context.Context, cands []Candidate, r Request) (*Gra
 		}
 		state[l.Items[i].Name] = st
 	}
+	type deferredSlot struct {
+		c    Candidate
+		slot int
+	}
+	var deferred []deferredSlot
+	for _, c := range cands {
+		for i := range c.MaxLeases {
+			if name := SlotName(c.Proxy, i); s.seenTaken(c.Namespace + "/" + name) {
+				state[name] = stateLive
+			}
+		}
+	}
 	for _, c := range cands {
 		order := make([]int, 0, c.MaxLeases)
 		for _, want := range []slotState{stateAbsent, stateExpired, stateLive} {
@@ -231,13 +269,30 @@ func (s *Store) Acquire(ctx context.Context, cands []Candidate, r Request) (*Gra
 			}
 		}
 		for _, slot := range order {
+			key := c.Namespace + "/" + SlotName(c.Proxy, slot)
+			if _, busy := s.inflight.LoadOrStore(key, struct{}{}); busy {
+				// Another caller of this replica is taking it: come back to
+				// it only if nothing else is free.
+				deferred = append(deferred, deferredSlot{c, slot})
+				continue
+			}
 			g, err := s.take(ctx, c, slot, r, state[SlotName(c.Proxy, slot)] == stateExpired)
+			s.inflight.Delete(key)
 			if err != nil {
 				return nil, err
 			}
 			if g != nil {
 				return g, nil
 			}
+		}
+	}
+	for _, d := range deferred {
+		g, err := s.take(ctx, d.c, d.slot, r, state[SlotName(d.c.Proxy, d.slot)] == stateExpired)
+		if err != nil {
+			return nil, err
+		}
+		if g != nil {
+			return g, nil
 		}
 	}
 	return nil, ErrUnavailable
@@ -269,14 +324,17 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 		want.Labels[LabelSticky] = h
 	}
 	// Create fills in the object it is given, UID included.
+	key := c.Namespace + "/" + want.Name
 	obj := want.DeepCopy()
 	err := s.Client.Create(ctx, obj)
 	if err == nil {
+		s.noteTaken(key)
 		return grant(obj, c, slot), nil
 	}
 	if !kerrors.IsAlreadyExists(err) {
 		return nil, errors.Wrap(err, "cannot create lease")
 	}
+	s.noteTaken(key)
 	if !maybeExpired {
 		return nil, nil
 	}
@@ -307,6 +365,7 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 		}
 		return nil, errors.Wrap(err, "cannot create lease")
 	}
+	s.noteTaken(key)
 	return grant(obj, c, slot), nil
 }
 
@@ -377,6 +436,9 @@ func (s *Store) Release(ctx context.Context, id string) error {
 	err = s.Client.Delete(ctx, &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}, client.Preconditions{UID: &u})
 	if kerrors.IsConflict(err) || kerrors.IsNotFound(err) {
 		return ErrNotFound
+	}
+	if err == nil {
+		s.recent.Delete(ns + "/" + name)
 	}
 	return errors.Wrap(err, "cannot release lease")
 }
