@@ -14,11 +14,14 @@ import (
 	"time"
 
 	coordv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	toolscache "k8s.io/client-go/tools/cache"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -109,6 +112,16 @@ func run(ctx context.Context, addr, health, tokenFile string, sweep time.Duratio
 			return fmt.Errorf("cannot watch %T: %w", o, err)
 		}
 	}
+	// Watch ProxyFleet XRs too when Crossplane has made their CRD; without
+	// it, fleets are known from their proxies alone.
+	var fleets client.Reader
+	xr := &unstructured.Unstructured{}
+	xr.SetGroupVersionKind(schema.GroupVersionKind{Group: "crawl.example.com", Version: "v1alpha1", Kind: "ProxyFleet"})
+	if _, err := mgr.GetCache().GetInformer(ctx, xr, cache.BlockUntilSynced(false)); err != nil {
+		log.Info("Not watching ProxyFleets (is the XRD installed?): fleets are known from their proxies", "error", err)
+	} else {
+		fleets = mgr.GetCache()
+	}
 	auth := &discovery.Kubernetes{Client: mgr.GetClient()}
 	if tokenFile != "" {
 		if auth.Static, err = discovery.LoadStaticTokens(tokenFile); err != nil {
@@ -117,7 +130,7 @@ func run(ctx context.Context, addr, health, tokenFile string, sweep time.Duratio
 	}
 	store := &lease.Store{Client: mgr.GetClient(), Cache: mgr.GetCache()}
 	srv := &discovery.Server{
-		Catalog: &discovery.Catalog{Cache: mgr.GetCache(), Direct: mgr.GetAPIReader()},
+		Catalog: &discovery.Catalog{Cache: mgr.GetCache(), Direct: mgr.GetAPIReader(), Fleets: fleets},
 		Leases:  store, Auth: auth, Metrics: discovery.NewMetrics(), Log: log,
 		Version: version.Load,
 	}

@@ -47,8 +47,12 @@ func (m member) Endpoint() string { return net.JoinHostPort(m.Host, strconv.Itoa
 type Catalog struct {
 	// Cache is the manager's cached reader (Proxies, fleets).
 	Cache client.Reader
-	// Direct reads Secrets and fleets without a cache.
+	// Direct reads Secrets (and fleets, when Fleets is nil) without a cache.
 	Direct client.Reader
+	// Fleets, when set, is a cached watch of ProxyFleet XRs (unstructured;
+	// Crossplane may not be installed), so that fleets without proxies yet
+	// are listed and lease TTLs are read without an API call.
+	Fleets client.Reader
 
 	// creds remembers proxy credentials briefly, so that granting a lease
 	// does not read a Secret every time. It is a convenience, not a record:
@@ -94,6 +98,15 @@ func (c *Catalog) All(ctx context.Context) (map[string][]member, error) {
 		return nil, errors.Wrap(err, "cannot list proxies")
 	}
 	out := map[string][]member{}
+	if c.Fleets != nil {
+		xrs := &unstructured.UnstructuredList{}
+		xrs.SetGroupVersionKind(schema.GroupVersionKind{Group: "crawl.example.com", Version: "v1alpha1", Kind: "ProxyFleetList"})
+		if err := c.Fleets.List(ctx, xrs); err == nil {
+			for _, xr := range xrs.Items {
+				out[xr.GetNamespace()+"/"+xr.GetName()] = nil
+			}
+		}
+	}
 	for i := range l.Items {
 		m := toMember(&l.Items[i])
 		out[m.Namespace+"/"+m.Fleet] = append(out[m.Namespace+"/"+m.Fleet], m)
@@ -143,7 +156,11 @@ func (c *Catalog) readTTLs(ctx context.Context, namespace, fleet string) (time.D
 	for _, kind := range []string{"ProxyFleet", "ProxyFleetClaim"} {
 		u := &unstructured.Unstructured{}
 		u.SetGroupVersionKind(schema.GroupVersionKind{Group: "crawl.example.com", Version: "v1alpha1", Kind: kind})
-		if err := c.Direct.Get(ctx, types.NamespacedName{Namespace: namespace, Name: fleet}, u); err != nil {
+		r := c.Direct
+		if c.Fleets != nil && kind == "ProxyFleet" {
+			r = c.Fleets
+		}
+		if err := r.Get(ctx, types.NamespacedName{Namespace: namespace, Name: fleet}, u); err != nil {
 			continue
 		}
 		if s, ok, _ := unstructured.NestedString(u.Object, "spec", "leases", "defaultTTL"); ok {

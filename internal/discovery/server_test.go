@@ -18,6 +18,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 
@@ -83,7 +84,7 @@ func server(t *testing.T, static string) *httptest.Server {
 		}
 	}
 	s := &discovery.Server{
-		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client},
+		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client},
 		Leases:  &lease.Store{Client: bed.Client},
 		Auth:    &discovery.Kubernetes{Client: bed.Client, Static: tokens},
 		Metrics: discovery.NewMetrics(), Log: logging.NewNopLogger(),
@@ -115,13 +116,31 @@ func TestAPI(t *testing.T) {
 	ns, other := bed.Namespace(t), bed.Namespace(t)
 	fleet(t, ns, "crawlers", 3, 1, func(i int) bool { return i != 2 })
 	fleet(t, other, "theirs", 1, 1, nil)
+	// ProxyFleet XRs: one whose leases are capped at 30m, one with no
+	// proxies yet.
+	for _, xr := range []struct{ name, maxTTL string }{{"crawlers", "30m"}, {"empty", "1h"}} {
+		u := &unstructured.Unstructured{Object: map[string]any{
+			"apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyFleet",
+			"metadata": map[string]any{"name": xr.name, "namespace": ns},
+			"spec": map[string]any{
+				"zones": []any{"zone-a"}, "placement": map[string]any{"local": map[string]any{}},
+				"proxy":       map[string]any{"authSecretRef": map[string]any{"name": "crawlers-auth"}},
+				"healthCheck": map[string]any{"url": "https://example.com/ip"},
+				"leases":      map[string]any{"defaultTTL": "10m", "maxTTL": xr.maxTTL},
+			},
+		}}
+		if err := bed.Client.Create(context.Background(), u); err != nil {
+			t.Fatal(err)
+		}
+	}
 	srv := server(t, "team-token "+ns+"\n")
 	c := &apiv1.Client{BaseURL: srv.URL, Token: "team-token"}
 	ctx := context.Background()
 
 	fl, err := c.Fleets(ctx)
-	if err != nil || len(fl.Items) != 1 || fl.Items[0].Name != "crawlers" || fl.Items[0].Healthy != 2 || fl.Items[0].Proxies != 3 {
-		t.Fatalf("a team token sees its own fleet only: %+v %v", fl, err)
+	if err != nil || len(fl.Items) != 2 || fl.Items[0].Name != "crawlers" || fl.Items[0].Healthy != 2 || fl.Items[0].Proxies != 3 ||
+		fl.Items[1].Name != "empty" || fl.Items[1].Proxies != 0 {
+		t.Fatalf("a team token sees its own fleets only, the one without proxies too: %+v %v", fl, err)
 	}
 	pl, err := c.Proxies(ctx, ns+"/crawlers", "zone-a")
 	if err != nil || len(pl.Items) != 1 || pl.Items[0].Name != "crawlers-0" || pl.Items[0].EgressIP != "198.51.100.0" {
@@ -181,7 +200,7 @@ func TestAPI(t *testing.T) {
 		"UnknownLease":   {reason: "An unknown lease is 404.", token: "team-token", method: "DELETE", path: "/v1/leases/" + ns + "/crawlers-0-slot-0/nottoken", wantCode: 404},
 		"BadFleet":       {reason: "The fleet must be ns/name.", token: "team-token", method: "POST", path: "/v1/leases", body: `{"fleet": "crawlers", "holder": "x"}`, wantCode: 400, wantField: "fleet"},
 		"NoHolder":       {reason: "A holder is required.", token: "team-token", method: "POST", path: "/v1/leases", body: `{"fleet": "` + ns + `/crawlers"}`, wantCode: 400, wantField: "holder"},
-		"TTLTooLong":     {reason: "TTL is at most maxTTL.", token: "team-token", method: "POST", path: "/v1/leases", body: `{"fleet": "` + ns + `/crawlers", "holder": "x", "ttl": "48h"}`, wantCode: 400, wantField: "ttl"},
+		"TTLTooLong":     {reason: "TTL is at most the fleet's leases.maxTTL (30m here).", token: "team-token", method: "POST", path: "/v1/leases", body: `{"fleet": "` + ns + `/crawlers", "holder": "x", "ttl": "45m"}`, wantCode: 400, wantField: "ttl"},
 		"WrongType":      {reason: "Types are checked.", token: "team-token", method: "POST", path: "/v1/leases", body: `{"fleet": 7}`, wantCode: 400, wantField: "fleet"},
 		"UnknownField":   {reason: "Typos are not ignored.", token: "team-token", method: "POST", path: "/v1/leases", body: `{"fleet": "` + ns + `/crawlers", "holdr": "x"}`, wantCode: 400, wantField: "holdr"},
 		"NotJSON":        {reason: "Bodies are JSON.", token: "team-token", method: "POST", path: "/v1/leases", body: `fleet=x`, wantCode: 400, wantField: "body"},
