@@ -12,7 +12,6 @@ import (
 
 	coordv1 "k8s.io/api/coordination/v1"
 	toolscache "k8s.io/client-go/tools/cache"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
@@ -31,17 +30,7 @@ func BenchmarkListProxies(b *testing.B) {
 	ctx := context.Background()
 	ns := bed.Namespace(b)
 	fleet(b, ns, "big", 1000, 2, nil)
-	c, err := client.New(bed.Config, client.Options{Scheme: bed.Scheme})
-	if err != nil {
-		b.Fatal(err)
-	}
-	ca, err := cache.New(bed.Config, cache.Options{Scheme: bed.Scheme, DefaultNamespaces: map[string]cache.Config{ns: {}}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() { _ = ca.Start(cctx) }()
+	c, ca := bed.Replica(b, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
 	var version atomic.Uint64
 	for _, o := range []client.Object{&coordv1.Lease{}, &v1alpha1.Proxy{}} {
 		inf, err := ca.GetInformer(ctx, o)
@@ -54,7 +43,6 @@ func BenchmarkListProxies(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	ca.WaitForCacheSync(ctx)
 	tokens := filepath.Join(b.TempDir(), "tokens")
 	if err := os.WriteFile(tokens, []byte("t "+ns+"\n"), 0o600); err != nil {
 		b.Fatal(err)

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	coordv1 "k8s.io/api/coordination/v1"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
@@ -56,23 +55,7 @@ func TestServersConcurrency(t *testing.T) {
 
 	servers := make([]*httptest.Server, replicas)
 	for i := range replicas {
-		c, err := client.New(bed.Config, client.Options{Scheme: bed.Scheme})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ca, err := cache.New(bed.Config, cache.Options{Scheme: bed.Scheme, DefaultNamespaces: map[string]cache.Config{ns: {}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cctx, cancel := context.WithCancel(ctx)
-		t.Cleanup(cancel)
-		go func() { _ = ca.Start(cctx) }()
-		for _, o := range []client.Object{&coordv1.Lease{}, &v1alpha1.Proxy{}} {
-			if _, err := ca.GetInformer(ctx, o); err != nil {
-				t.Fatal(err)
-			}
-		}
-		ca.WaitForCacheSync(ctx)
+		c, ca := bed.Replica(t, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
 		servers[i] = httptest.NewServer((&discovery.Server{
 			Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: &lease.Store{Client: c, Cache: ca},
 			Auth: &discovery.Kubernetes{Client: c, Static: st}, Metrics: discovery.NewMetrics(), Log: logging.NewNopLogger(),

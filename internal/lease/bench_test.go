@@ -13,7 +13,6 @@ import (
 	coordv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
@@ -78,17 +77,7 @@ func BenchmarkLeaseThroughput(b *testing.B) {
 		return d, c.Delete(ctx, l)
 	})
 
-	ca, err := cache.New(bed.Config, cache.Options{Scheme: bed.Scheme, DefaultNamespaces: map[string]cache.Config{ns: {}}})
-	if err != nil {
-		b.Fatal(err)
-	}
-	cctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	go func() { _ = ca.Start(cctx) }()
-	if _, err := ca.GetInformer(ctx, &coordv1.Lease{}); err != nil {
-		b.Fatal(err)
-	}
-	ca.WaitForCacheSync(ctx)
+	_, ca := bed.Replica(b, ns, &coordv1.Lease{})
 	s := &lease.Store{Client: c, Cache: ca}
 	// As many proxies as clients, and maxLeases 2, so that free slots exist;
 	// each call tries them in random order, as the server spreads ties.

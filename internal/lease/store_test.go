@@ -10,7 +10,6 @@ import (
 	"time"
 
 	coordv1 "k8s.io/api/coordination/v1"
-	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
@@ -173,21 +172,7 @@ func TestConcurrency(t *testing.T) {
 
 	stores := make([]*lease.Store, replicas)
 	for i := range replicas {
-		c, err := client.New(bed.Config, client.Options{Scheme: bed.Scheme})
-		if err != nil {
-			t.Fatal(err)
-		}
-		ca, err := cache.New(bed.Config, cache.Options{Scheme: bed.Scheme, DefaultNamespaces: map[string]cache.Config{ns: {}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cctx, cancel := context.WithCancel(ctx)
-		t.Cleanup(cancel)
-		go func() { _ = ca.Start(cctx) }()
-		if _, err := ca.GetInformer(ctx, &coordv1.Lease{}); err != nil {
-			t.Fatal(err)
-		}
-		ca.WaitForCacheSync(ctx)
+		c, ca := bed.Replica(t, ns, &coordv1.Lease{})
 		stores[i] = &lease.Store{Client: c, Cache: ca}
 	}
 

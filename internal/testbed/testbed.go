@@ -29,6 +29,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 	"sigs.k8s.io/yaml"
@@ -202,4 +203,31 @@ func Main(m *testing.M, into **Env) {
 		fmt.Fprintln(os.Stderr, "test bed:", err)
 	}
 	os.Exit(code)
+}
+
+// Replica returns a fresh client and a started, synced cache of objs in
+// namespace, as one replica of a controller or server would have: tests of
+// several replicas give each its own.
+func (e *Env) Replica(t testing.TB, namespace string, objs ...client.Object) (client.Client, cache.Cache) {
+	t.Helper()
+	c, err := client.New(e.Config, client.Options{Scheme: e.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := cache.New(e.Config, cache.Options{Scheme: e.Scheme, DefaultNamespaces: map[string]cache.Config{namespace: {}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go func() { _ = ca.Start(ctx) }()
+	for _, o := range objs {
+		if _, err := ca.GetInformer(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !ca.WaitForCacheSync(ctx) {
+		t.Fatal("the replica's cache did not sync")
+	}
+	return c, ca
 }
