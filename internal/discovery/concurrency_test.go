@@ -23,7 +23,6 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease/leasetest"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
 
 // TestServersConcurrency runs 4 discovery servers (each with its own client
@@ -72,34 +71,8 @@ func TestServersConcurrency(t *testing.T) {
 		log                      []event
 		grants, refused, aborted atomic.Int64
 		dead                     atomic.Bool
-		maxSeen                  atomic.Int64
 	)
-	stop := make(chan struct{})
-	watched := make(chan struct{})
-	go func() {
-		defer close(watched)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			l := &coordv1.LeaseList{}
-			if bed.Client.List(ctx, l, client.InNamespace(ns)) == nil {
-				per := map[string]int64{}
-				for i := range l.Items {
-					if !lease.Expired(&l.Items[i], time.Now()) {
-						per[l.Items[i].Labels[ownership.ProxyLabel]]++
-					}
-				}
-				for _, n := range per {
-					for cur := maxSeen.Load(); n > cur && !maxSeen.CompareAndSwap(cur, n); cur = maxSeen.Load() {
-					}
-				}
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}()
+	watchHolders := leasetest.WatchHolders(ctx, bed.Client, ns)
 
 	server := func(w int, attempt int) *apiv1.Client {
 		r := (w + attempt) % replicas
@@ -161,15 +134,14 @@ func TestServersConcurrency(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	close(stop)
-	<-watched
+	maxSeen := watchHolders()
 	elapsed := time.Since(start)
 	t.Logf("%d acquisitions through %d HTTP servers (one killed half-way; %d requests aborted, %d refused as full) by %d crawlers in %s: %.0f/s; max live holders seen on one proxy: %d",
-		grants.Load(), replicas, aborted.Load(), refused.Load(), clients, elapsed.Round(time.Millisecond), float64(grants.Load())/elapsed.Seconds(), maxSeen.Load())
+		grants.Load(), replicas, aborted.Load(), refused.Load(), clients, elapsed.Round(time.Millisecond), float64(grants.Load())/elapsed.Seconds(), maxSeen)
 	if grants.Load() < target {
 		t.Fatalf("want %d acquisitions, got %d", target, grants.Load())
 	}
-	if m := maxSeen.Load(); m > maxLeases {
+	if m := maxSeen; m > maxLeases {
 		t.Errorf("the API objects showed %d live holders on one proxy, more than maxLeases %d", m, maxLeases)
 	}
 	grantLog := make([]leasetest.Grant, 0, len(log))

@@ -14,7 +14,6 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease/leasetest"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
@@ -183,38 +182,7 @@ func TestConcurrency(t *testing.T) {
 		refused atomic.Int64
 		dead    atomic.Bool
 	)
-	stop := make(chan struct{})
-	// A watcher counts live holders per proxy from the API objects.
-	var maxSeen atomic.Int64
-	watchDone := make(chan struct{})
-	go func() {
-		defer close(watchDone)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			l := &coordv1.LeaseList{}
-			if err := bed.Client.List(ctx, l, client.InNamespace(ns)); err == nil {
-				per := map[string]int64{}
-				for i := range l.Items {
-					if !lease.Expired(&l.Items[i], time.Now()) {
-						per[l.Items[i].Labels[ownership.ProxyLabel]]++
-					}
-				}
-				for _, n := range per {
-					for {
-						cur := maxSeen.Load()
-						if n <= cur || maxSeen.CompareAndSwap(cur, n) {
-							break
-						}
-					}
-				}
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}()
+	watchHolders := leasetest.WatchHolders(ctx, bed.Client, ns)
 
 	start := time.Now()
 	var wg sync.WaitGroup
@@ -257,16 +225,15 @@ func TestConcurrency(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	close(stop)
-	<-watchDone
+	maxSeen := watchHolders()
 	elapsed := time.Since(start)
 	t.Logf("%d acquisitions (+%d refused as full) by %d clients on %d replicas in %s: %.0f/s; max live holders seen on one proxy: %d",
-		grants.Load(), refused.Load(), clients, replicas, elapsed.Round(time.Millisecond), float64(grants.Load())/elapsed.Seconds(), maxSeen.Load())
+		grants.Load(), refused.Load(), clients, replicas, elapsed.Round(time.Millisecond), float64(grants.Load())/elapsed.Seconds(), maxSeen)
 
 	if grants.Load() < target {
 		t.Fatalf("want at least %d acquisitions, got %d", target, grants.Load())
 	}
-	if m := maxSeen.Load(); m > maxLeases {
+	if m := maxSeen; m > maxLeases {
 		t.Errorf("the API objects showed %d live holders on one proxy, more than maxLeases %d", m, maxLeases)
 	}
 	grantLog := make([]leasetest.Grant, 0, len(log))

@@ -3,9 +3,17 @@
 package leasetest
 
 import (
+	"context"
 	"sort"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	coordv1 "k8s.io/api/coordination/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
 
 // Grant is one line of a grant log. Granted is taken after the grant was
@@ -54,5 +62,42 @@ func CheckExclusive(t testing.TB, log []Grant, maxLeases int) {
 				t.Fatalf("proxy %s had %d live holders at %s per the grant log", p, live, e.at)
 			}
 		}
+	}
+}
+
+// WatchHolders polls the Lease objects of namespace until the returned stop
+// is called, which returns the most live holders ever seen on one proxy:
+// the check from the API objects, beside the one from the grant log.
+func WatchHolders(ctx context.Context, c client.Reader, namespace string) (stop func() int64) {
+	var maxSeen atomic.Int64
+	done, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			l := &coordv1.LeaseList{}
+			if c.List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{ownership.LeaseKindLabel: ownership.LeaseKindSlot}) == nil {
+				per := map[string]int64{}
+				for i := range l.Items {
+					if !lease.Expired(&l.Items[i], time.Now()) {
+						per[l.Items[i].Labels[ownership.ProxyLabel]]++
+					}
+				}
+				for _, n := range per {
+					for cur := maxSeen.Load(); n > cur && !maxSeen.CompareAndSwap(cur, n); cur = maxSeen.Load() {
+					}
+				}
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}()
+	return func() int64 {
+		close(done)
+		<-stopped
+		return maxSeen.Load()
 	}
 }
