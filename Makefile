@@ -64,5 +64,25 @@ statuspage: tools ## Screenshot egress-discovery's status page in headless Chrom
 	go run ./hack/statuspage -o _output/status.png
 
 .PHONY: packages
-packages: tools ## Build the provider, function and configuration packages into _output/.
+packages: tools ## Build the runtime images and the provider, function and configuration packages into _output/.
 	hack/packages.sh _output
+
+.PHONY: binaries
+binaries: ## Build provider-egressproxy, function-proxyfleet, egress-discovery and egressctl into bin/.
+	go build -o $(BIN)/provider-egressproxy ./cmd/provider
+	go build -o $(BIN)/function-proxyfleet ./cmd/function
+	go build -o $(BIN)/egress-discovery ./cmd/discovery
+	go build -o $(BIN)/egressctl ./cmd/egressctl
+	go build -o $(BIN)/egress-run ./hack/run
+
+.PHONY: run-deps
+run-deps: tools packages binaries
+	@hack/tools/build.sh crossplane-core
+
+.PHONY: run
+run: run-deps ## Run everything on this machine with real Crossplane until Ctrl-C (state in .local/).
+	$(BIN)/egress-run
+
+.PHONY: e2e
+e2e: run-deps ## Bring everything up in a fresh state folder and check the product end to end.
+	go test -tags e2e -count=1 -timeout 30m -json ./e2e 2>&1 | go run ./hack/testsummary

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds the three Crossplane packages offline with the real
-# `crossplane xpkg build`: provider-egressproxy, function-proxyfleet and the
-# Configuration from the top-level crossplane.yaml.
+# `crossplane xpkg build`: provider-egressproxy and function-proxyfleet, each
+# embedding its runtime image built by cluster/images (no container engine),
+# and the Configuration from the top-level crossplane.yaml. The
+# egress-discovery image tarball is left beside them in images/.
 #
 # Usage: hack/packages.sh [output dir, default _output]
 set -euo pipefail
@@ -11,9 +13,13 @@ xp="$root/bin/crossplane"
 [ -x "$xp" ] || { echo "bin/crossplane is missing: run make tools" >&2; exit 1; }
 cd "$root"
 
+go run ./cluster/images -o "$out/images" provider function discovery
+
 "$xp" xpkg build --package-root=package/provider --examples-root=examples \
+	--embed-runtime-image-tarball="$out/images/provider.tar" \
 	--package-file="$out/provider-egressproxy.xpkg"
 "$xp" xpkg build --package-root=package/function --examples-root=examples \
+	--embed-runtime-image-tarball="$out/images/function.tar" \
 	--package-file="$out/function-proxyfleet.xpkg"
 
 # The Configuration's package root would be the whole repository, which holds

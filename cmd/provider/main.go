@@ -46,6 +46,7 @@ type flags struct {
 	gcDryRun                      bool
 	debug, leaderElection         bool
 	poll, stateMetricsInterval    time.Duration
+	restartDelay                  time.Duration
 	maxReconcileRate              int
 	stateDir, clusterID, caBundle string
 	metricsAddr, healthAddr, leNS string
@@ -85,6 +86,7 @@ func parseFlags(args []string) (*flags, error) {
 	rate, _ := strconv.Atoi(env("MAX_RECONCILE_RATE", "10"))
 	fs.IntVar(&f.maxReconcileRate, "max-reconcile-rate", rate, "The most reconciles per second across all Proxies, and the number of concurrent reconciles (env MAX_RECONCILE_RATE).")
 	strEnv(&f.stateDir, "state-dir", "STATE_DIR", "/var/lib/provider-egressproxy", "Where local-backend proxies keep their files when a ProviderConfig names no stateDir.")
+	durEnv(&f.restartDelay, "local-restart-delay", "LOCAL_RESTART_DELAY", 2*time.Second, "How long a local-backend Squid that died stays down before it is restarted.")
 	strEnv(&f.clusterID, "cluster-id", "CLUSTER_ID", "", "Names this control plane on every instance it creates; empty means the UID of the kube-system namespace.")
 	strEnv(&f.caBundle, "probe-ca-bundle", "PROBE_CA_BUNDLE", "", "PEM file of extra CAs trusted when probing https targets behind a private CA.")
 	strEnv(&f.metricsAddr, "metrics-bind-address", "METRICS_BIND_ADDRESS", ":8080", "Address of the /metrics endpoint.")
@@ -172,7 +174,7 @@ func run(ctx context.Context, f *flags) error {
 	metrics.Registry.MustRegister(mrMetrics, stateMetrics)
 	metrics.Registry.MustRegister(pm.Collectors()...)
 
-	backends := &proxy.Backends{Kube: mgr.GetClient(), Config: cfg, ClusterID: clusterID, StateDir: f.stateDir, Logger: log}
+	backends := &proxy.Backends{Kube: mgr.GetClient(), Config: cfg, ClusterID: clusterID, StateDir: f.stateDir, RestartDelay: f.restartDelay, Logger: log}
 	// Leave local Squids running on exit: the next provider re-adopts them.
 	defer backends.Close()
 

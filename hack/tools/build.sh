@@ -13,7 +13,7 @@ build() { # name package
 		return 0
 	fi
 	echo ">> building $name from $pkg (first build can take minutes)"
-	CGO_ENABLED=0 go build -trimpath -o "$bin/$name.tmp" "$pkg"
+	CGO_ENABLED=0 go build -trimpath -ldflags="${LDFLAGS:-}" -o "$bin/$name.tmp" "$pkg"
 	mv "$bin/$name.tmp" "$bin/$name"
 	echo ">> built $name in $((SECONDS - start))s"
 }
@@ -28,6 +28,19 @@ for tool in "$@"; do
 	kube-apiserver) build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver ;;
 	crossplane) build crossplane github.com/crossplane/crossplane/v2/cmd/crank ;;
 	kubectl) build kubectl k8s.io/kubernetes/cmd/kubectl ;;
+	crossplane-core)
+		# Crossplane core for make run and make e2e, from its own module (see
+		# core/tools.go), with the CRDs core init installs beside it.
+		# Packages declare the Crossplane versions they work with, so core
+		# must know its own, which releases stamp in at link time.
+		(cd core && LDFLAGS="-X github.com/crossplane/crossplane-runtime/v2/pkg/version.version=v2.4.0" \
+			build crossplane-core github.com/crossplane/crossplane/v2/cmd/crossplane)
+		if [ ! -d "$bin/crossplane-crds" ]; then
+			src=$(cd core && go list -m -f '{{.Dir}}' github.com/crossplane/crossplane/v2)/cluster/crds
+			rm -rf "$bin/crossplane-crds.tmp" && cp -r "$src" "$bin/crossplane-crds.tmp"
+			chmod -R u+w "$bin/crossplane-crds.tmp" && mv "$bin/crossplane-crds.tmp" "$bin/crossplane-crds"
+		fi
+		;;
 	golangci-lint)
 		# Not part of the test bed: built on demand by `make lint`, outside this
 		# module because its dependencies would drag the tools' k8s pins.

@@ -1,5 +1,11 @@
 package probe
 
+import (
+	"fmt"
+	"net"
+	"net/http"
+)
+
 // Verdict is a proxy's health after thresholds: one failed probe does not
 // make a healthy proxy unhealthy, nor one passing probe a sick one healthy.
 type Verdict struct {
@@ -27,4 +33,18 @@ func (v Verdict) Next(ok bool, successThreshold, failureThreshold int32) Verdict
 		v.Healthy = false
 	}
 	return v
+}
+
+// EchoIP answers with the caller's IP as plain text, as ifconfig.me/ip does.
+// Reached through a proxy, the caller is the proxy, so the answer is the
+// proxy's egress IP: a probe target for machines without internet access
+// (make run serves it, and tests do).
+func EchoIP(w http.ResponseWriter, r *http.Request) {
+	host, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain")
+	fmt.Fprintln(w, host)
 }

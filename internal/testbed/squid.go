@@ -93,23 +93,3 @@ func SquidStateDir(t testing.TB) string {
 	}
 	return dir
 }
-
-// SquidPids lists the live Squid processes running a config under dir. Its
-// auth helpers, which name the folder too, and zombies are left out.
-func SquidPids(dir string) []int {
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	var pids []int
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil || !strings.Contains(string(b), dir) || !strings.Contains(string(b), "squid.conf") {
-			continue
-		}
-		stat, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "stat"))
-		if i := strings.LastIndexByte(string(stat), ')'); i > 0 && strings.HasPrefix(strings.TrimSpace(string(stat[i+1:])), "Z") {
-			continue
-		}
-		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
-		pids = append(pids, pid)
-	}
-	return pids
-}

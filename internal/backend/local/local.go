@@ -385,6 +385,43 @@ func (b *Backend) livePid(name string) int {
 	return pid
 }
 
+// Processes lists the live Squid processes running a config under stateDir.
+// It looks through /proc rather than the pid files, so it also finds a Squid
+// whose instance record is gone; auth helpers, which name the folder too, and
+// zombies are left out.
+func Processes(stateDir string) []int {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	var pids []int
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(b), stateDir) || !strings.Contains(string(b), fileConf) {
+			continue
+		}
+		stat, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "stat"))
+		if i := strings.LastIndexByte(string(stat), ')'); i > 0 && strings.HasPrefix(strings.TrimSpace(string(stat[i+1:])), "Z") {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+// StopAll terminates every Squid running under stateDir and returns how many
+// it stopped. A provider shutting down leaves its Squids running for the next
+// one to re-adopt, so whoever ends the whole environment (make run on Ctrl-C)
+// stops them with this.
+func StopAll(stateDir string) int {
+	pids := Processes(stateDir)
+	var wg sync.WaitGroup
+	for _, pid := range pids {
+		wg.Add(1)
+		go func() { defer wg.Done(); terminate(pid) }()
+	}
+	wg.Wait()
+	return len(pids)
+}
+
 // terminate stops a Squid quickly: SIGTERM, then SIGKILL after 3s.
 func terminate(pid int) {
 	_ = syscall.Kill(pid, syscall.SIGTERM)

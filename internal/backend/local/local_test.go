@@ -100,7 +100,7 @@ func TestLifecycle(t *testing.T) {
 	}
 
 	// Killing Squid: the supervisor restarts it.
-	pids := testbed.SquidPids(dir)
+	pids := Processes(dir)
 	if len(pids) != 1 {
 		t.Fatalf("want exactly one squid, got %v", pids)
 	}
@@ -108,7 +108,7 @@ func TestLifecycle(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitProbe(t, inst, s, target, true)
-	if got := testbed.SquidPids(dir); len(got) != 1 || got[0] == pids[0] {
+	if got := Processes(dir); len(got) != 1 || got[0] == pids[0] {
 		t.Errorf("want one new squid after the kill, got %v (killed %d)", got, pids[0])
 	}
 
@@ -116,7 +116,7 @@ func TestLifecycle(t *testing.T) {
 	if err := b.Delete(ctx, s.Ref); err != nil {
 		t.Fatal(err)
 	}
-	if got := testbed.SquidPids(dir); len(got) != 0 {
+	if got := Processes(dir); len(got) != 0 {
 		t.Errorf("squid processes left after Delete: %v", got)
 	}
 	var left []string
@@ -147,14 +147,14 @@ func TestRestartReadopts(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitProbe(t, inst, s, target, true)
-	before := testbed.SquidPids(dir)
+	before := Processes(dir)
 
 	// The provider goes away without stopping its proxies, and a new one
 	// starts on the same state dir.
 	first.Close()
 	second := newBackend(t, dir, nil)
 	time.Sleep(time.Second)
-	after := testbed.SquidPids(dir)
+	after := Processes(dir)
 	if diff := cmp.Diff(before, after); diff != "" {
 		t.Errorf("a restart must re-adopt the running squid, not start a duplicate: -before, +after:\n%s", diff)
 	}
@@ -172,13 +172,13 @@ func TestRestartReadopts(t *testing.T) {
 	}
 	time.Sleep(200 * time.Millisecond)
 	waitProbe(t, got, s, target, true)
-	if n := len(testbed.SquidPids(dir)); n != 1 {
+	if n := len(Processes(dir)); n != 1 {
 		t.Errorf("want one squid after the re-adopted one was killed, got %d", n)
 	}
 	if err := second.Delete(ctx, s.Ref); err != nil {
 		t.Fatal(err)
 	}
-	if n := len(testbed.SquidPids(dir)); n != 0 {
+	if n := len(Processes(dir)); n != 0 {
 		t.Errorf("squid left after Delete: %d", n)
 	}
 }

@@ -32,6 +32,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/ratelimiter"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
 	xcontroller "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller/proxy"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
@@ -237,7 +238,7 @@ func TestLocalProxyLifecycle(t *testing.T) {
 	})
 
 	t.Run("KillSquid", func(t *testing.T) {
-		pids := testbed.SquidPids(dir)
+		pids := local.Processes(dir)
 		if len(pids) != 1 {
 			t.Fatalf("want one squid, got %v", pids)
 		}
@@ -253,11 +254,11 @@ func TestLocalProxyLifecycle(t *testing.T) {
 	})
 
 	t.Run("RestartProvider", func(t *testing.T) {
-		before := testbed.SquidPids(dir)
+		before := local.Processes(dir)
 		prov.stop()
 		prov = startProvider(t, dir, logs, target)
 		time.Sleep(3 * time.Second)
-		after := testbed.SquidPids(dir)
+		after := local.Processes(dir)
 		if len(before) != 1 || len(after) != 1 || before[0] != after[0] {
 			t.Errorf("a provider restart must re-adopt the squid, not duplicate it: before %v, after %v", before, after)
 		}
@@ -278,7 +279,7 @@ func TestLocalProxyLifecycle(t *testing.T) {
 			c := p.GetCondition(xpv2.TypeReady)
 			return p.Status.AtProvider.ProviderID == "local/32311" && c.Status == corev1.ConditionTrue, fmt.Sprintf("%+v %s", p.Status.AtProvider, c.Message)
 		})
-		if n := len(testbed.SquidPids(dir)); n != 1 {
+		if n := len(local.Processes(dir)); n != 1 {
 			t.Errorf("the old squid must be gone: %d running", n)
 		}
 	})
@@ -313,7 +314,7 @@ func TestLocalProxyLifecycle(t *testing.T) {
 			err := bed.Client.Get(ctx, key, &v1alpha1.Proxy{})
 			return kerrors.IsNotFound(err), fmt.Sprint(err)
 		})
-		if n := testbed.SquidPids(dir); len(n) != 0 {
+		if n := local.Processes(dir); len(n) != 0 {
 			t.Errorf("squid processes left: %v", n)
 		}
 		var left []string

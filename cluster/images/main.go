@@ -1,0 +1,226 @@
+// Command images builds the runtime images of provider-egressproxy,
+// function-proxyfleet and egress-discovery as OCI image tarballs, without a
+// container engine: a static Go binary, the CA bundle, a non-root user and an
+// entrypoint, assembled with go-containerregistry. `make packages` embeds the
+// provider's and the function's tarballs in their Crossplane packages.
+//
+// Usage: go run ./cluster/images -o _output/images [provider function discovery]
+package main
+
+import (
+	"archive/tar"
+	"bytes"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/empty"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/google/go-containerregistry/pkg/v1/types"
+	"github.com/pkg/errors"
+)
+
+// Registry is where the images are published; the tarballs carry this name.
+const Registry = "gitea.home.hrajfrisbee.cz/kacerr"
+
+// nonRoot is the user every image runs as, as in distroless' nonroot.
+const nonRoot = 65532
+
+// component is one runtime image.
+type component struct {
+	image   string // repository name under Registry
+	pkg     string // Go package of the binary
+	binary  string // file name in /usr/local/bin
+	ports   []string
+	comment string
+}
+
+var components = map[string]component{
+	"provider": {
+		image: "provider-egressproxy-controller", pkg: "./cmd/provider", binary: "provider",
+		ports: []string{"8080/tcp", "8081/tcp"}, comment: "provider-egressproxy controller",
+	},
+	"function": {
+		image: "function-proxyfleet-runtime", pkg: "./cmd/function", binary: "function",
+		ports: []string{"9443/tcp", "8080/tcp"}, comment: "function-proxyfleet gRPC server",
+	},
+	"discovery": {
+		image: "egress-discovery", pkg: "./cmd/discovery", binary: "discovery",
+		ports: []string{"8080/tcp", "8081/tcp"}, comment: "egress-discovery API and lease controller",
+	},
+}
+
+// epoch stamps every file and the image config, so a rebuild from the same
+// source yields the same digests.
+var epoch = time.Unix(0, 0).UTC()
+
+func main() {
+	out := flag.String("o", "_output/images", "Folder for the <name>.tar image tarballs.")
+	version := flag.String("version", "v0.1.0", "Tag of the images.")
+	caBundle := flag.String("ca-bundle", "/etc/ssl/certs/ca-certificates.crt", "CA bundle copied into each image (Debian: apt-get install ca-certificates).")
+	flag.Parse()
+	names := flag.Args()
+	if len(names) == 0 {
+		names = []string{"provider", "function", "discovery"}
+	}
+	if err := run(*out, *version, *caBundle, names); err != nil {
+		fmt.Fprintln(os.Stderr, "images:", err)
+		os.Exit(1)
+	}
+}
+
+func run(out, version, caBundle string, names []string) error {
+	ca, err := os.ReadFile(caBundle)
+	if err != nil {
+		return errors.Wrap(err, "cannot read the CA bundle")
+	}
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return errors.Wrap(err, "cannot create the output folder")
+	}
+	for _, n := range names {
+		c, ok := components[n]
+		if !ok {
+			return errors.Errorf("unknown image %q: want provider, function or discovery", n)
+		}
+		start := time.Now()
+		path := filepath.Join(out, n+".tar")
+		if err := build(c, version, ca, path); err != nil {
+			return errors.Wrapf(err, "cannot build the %s image", n)
+		}
+		fmt.Printf("built %s (%s) in %.1fs\n", path, c.image, time.Since(start).Seconds())
+	}
+	return nil
+}
+
+func build(c component, version string, ca []byte, path string) error {
+	bin, err := compile(c.pkg)
+	if err != nil {
+		return err
+	}
+	img, err := Image(c, bin, ca)
+	if err != nil {
+		return err
+	}
+	tag, err := name.NewTag(fmt.Sprintf("%s/%s:%s", Registry, c.image, version))
+	if err != nil {
+		return errors.Wrap(err, "cannot name the image")
+	}
+	tmp := path + ".tmp"
+	if err := tarball.WriteToFile(tmp, tag, img); err != nil {
+		return errors.Wrap(err, "cannot write the image tarball")
+	}
+	return errors.Wrap(os.Rename(tmp, path), "cannot move the image tarball into place")
+}
+
+// compile builds a static binary for the host's architecture: the images
+// hold no libc, so cgo must be off.
+func compile(pkg string) ([]byte, error) {
+	dir, err := os.MkdirTemp("", "images-")
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot create a build folder")
+	}
+	defer os.RemoveAll(dir) //nolint:errcheck // A temp folder.
+	bin := filepath.Join(dir, "bin")
+	cmd := exec.Command("go", "build", "-trimpath", "-ldflags=-s -w", "-o", bin, pkg)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH="+runtime.GOARCH)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Run(); err != nil {
+		return nil, errors.Wrapf(err, "cannot build %s", pkg)
+	}
+	b, err := os.ReadFile(bin)
+	return b, errors.Wrap(err, "cannot read the binary")
+}
+
+// Image assembles one image: a single layer with the binary, the CA bundle
+// and the user database, and a config that runs the binary as nonroot.
+func Image(c component, bin, ca []byte) (v1.Image, error) {
+	layer, err := rootfs(c, bin, ca)
+	if err != nil {
+		return nil, err
+	}
+	img, err := mutate.AppendLayers(mutate.MediaType(empty.Image, types.OCIManifestSchema1), layer)
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot add the layer")
+	}
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot read the image config")
+	}
+	cfg = cfg.DeepCopy()
+	cfg.Architecture, cfg.OS = runtime.GOARCH, "linux"
+	cfg.Created = v1.Time{Time: epoch}
+	cfg.Config.User = fmt.Sprintf("%d:%d", nonRoot, nonRoot)
+	cfg.Config.Entrypoint = []string{"/usr/local/bin/" + c.binary}
+	cfg.Config.WorkingDir = "/home/nonroot"
+	cfg.Config.Env = []string{
+		"PATH=/usr/local/bin:/usr/bin:/bin",
+		"SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt",
+	}
+	cfg.Config.ExposedPorts = map[string]struct{}{}
+	for _, p := range c.ports {
+		cfg.Config.ExposedPorts[p] = struct{}{}
+	}
+	cfg.Config.Labels = map[string]string{
+		"org.opencontainers.image.source":      "https://gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator",
+		"org.opencontainers.image.description": c.comment,
+	}
+	img, err = mutate.ConfigFile(img, cfg)
+	return img, errors.Wrap(err, "cannot set the image config")
+}
+
+type file struct {
+	name string
+	mode int64
+	uid  int
+	body []byte
+	dir  bool
+}
+
+func rootfs(c component, bin, ca []byte) (v1.Layer, error) {
+	files := []file{
+		{name: "etc/", mode: 0o755, dir: true},
+		{name: "etc/passwd", mode: 0o644, body: []byte(fmt.Sprintf(
+			"root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:%d:%d:nonroot:/home/nonroot:/sbin/nologin\n", nonRoot, nonRoot))},
+		{name: "etc/group", mode: 0o644, body: []byte(fmt.Sprintf("root:x:0:\nnonroot:x:%d:\n", nonRoot))},
+		{name: "etc/ssl/", mode: 0o755, dir: true},
+		{name: "etc/ssl/certs/", mode: 0o755, dir: true},
+		{name: "etc/ssl/certs/ca-certificates.crt", mode: 0o644, body: ca},
+		{name: "home/", mode: 0o755, dir: true},
+		{name: "home/nonroot/", mode: 0o700, uid: nonRoot, dir: true},
+		{name: "tmp/", mode: 0o1777, dir: true},
+		{name: "usr/", mode: 0o755, dir: true},
+		{name: "usr/local/", mode: 0o755, dir: true},
+		{name: "usr/local/bin/", mode: 0o755, dir: true},
+		{name: "usr/local/bin/" + c.binary, mode: 0o755, body: bin},
+	}
+	var buf bytes.Buffer
+	tw := tar.NewWriter(&buf)
+	for _, f := range files {
+		h := &tar.Header{Name: f.name, Mode: f.mode, Uid: f.uid, Gid: f.uid, ModTime: epoch, Typeflag: tar.TypeReg, Size: int64(len(f.body))}
+		if f.dir {
+			h.Typeflag, h.Size = tar.TypeDir, 0
+		}
+		if err := tw.WriteHeader(h); err != nil {
+			return nil, errors.Wrapf(err, "cannot write %s", f.name)
+		}
+		if _, err := tw.Write(f.body); err != nil {
+			return nil, errors.Wrapf(err, "cannot write %s", f.name)
+		}
+	}
+	if err := tw.Close(); err != nil {
+		return nil, errors.Wrap(err, "cannot close the layer")
+	}
+	b := buf.Bytes()
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+		return io.NopCloser(bytes.NewReader(b)), nil
+	}, tarball.WithMediaType(types.OCILayer))
+	return layer, errors.Wrap(err, "cannot make the layer")
+}

@@ -1,0 +1,114 @@
+package devenv
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/pkg/errors"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
+)
+
+// startTarget serves an HTTPS IP echo on TargetAddress with a certificate
+// from a CA made for this run, which the provider trusts for its probes. It
+// stands in for https://ifconfig.me/ip on a machine without internet.
+func (s *Stack) startTarget(_ context.Context) error {
+	ca, err := newAuthority("egress-devenv target CA")
+	if err != nil {
+		return err
+	}
+	crt, key, err := ca.issue("localhost")
+	if err != nil {
+		return err
+	}
+	pair, err := tls.X509KeyPair(crt, key)
+	if err != nil {
+		return errors.Wrap(err, "cannot load the target's certificate")
+	}
+	s.TargetCA = s.path("target-ca.crt")
+	if err := os.WriteFile(s.TargetCA, ca.certPEM, 0o644); err != nil { //nolint:gosec // A CA certificate is public.
+		return errors.Wrap(err, "cannot write the target's CA")
+	}
+	ln, err := net.Listen("tcp", TargetAddress)
+	if err != nil {
+		return errors.Wrapf(err, "cannot listen on %s, which examples/local/proxyfleet.yaml probes; stop what uses it", TargetAddress)
+	}
+	srv := &http.Server{
+		Handler:           http.HandlerFunc(probe.EchoIP),
+		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12},
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	go srv.ServeTLS(ln, "", "") //nolint:errcheck // Ends with Close.
+	s.onDown("probe target", srv.Close)
+	s.TargetURL = "https://" + TargetAddress + "/ip"
+	return nil
+}
+
+func (s *Stack) startProvider(ctx context.Context) error {
+	metrics, err := s.port("provider-metrics")
+	if err != nil {
+		return err
+	}
+	health, err := s.port("provider-health")
+	if err != nil {
+		return err
+	}
+	args := append([]string{
+		"--state-dir=" + s.SquidDir,
+		"--probe-ca-bundle=" + s.TargetCA,
+		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metrics),
+		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", health),
+	}, s.opts.ProviderArgs...)
+	p, err := s.start("provider-egressproxy", s.bin("provider-egressproxy"), args, "POD_NAMESPACE="+crossplaneNamespace)
+	if err != nil {
+		return err
+	}
+	return waitHTTP(ctx, p, fmt.Sprintf("http://127.0.0.1:%d/readyz", health), time.Minute)
+}
+
+func (s *Stack) startDiscovery(ctx context.Context) error {
+	api, err := s.port("discovery")
+	if err != nil {
+		return err
+	}
+	health, err := s.port("discovery-health")
+	if err != nil {
+		return err
+	}
+	tokens := s.path("discovery-tokens")
+	line := fmt.Sprintf("# egress-discovery static tokens: <token> <namespaces>\n%s %s\n", s.Token, ExampleNamespace)
+	if err := os.WriteFile(tokens, []byte(line), 0o600); err != nil {
+		return errors.Wrap(err, "cannot write the discovery token file")
+	}
+	args := append([]string{
+		fmt.Sprintf("--address=127.0.0.1:%d", api),
+		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", health),
+		"--token-file=" + tokens,
+	}, s.opts.DiscoveryArgs...)
+	p, err := s.start("egress-discovery", s.bin("egress-discovery"), args)
+	if err != nil {
+		return err
+	}
+	s.DiscoveryURL = fmt.Sprintf("http://127.0.0.1:%d", api)
+	return waitHTTP(ctx, p, fmt.Sprintf("http://127.0.0.1:%d/readyz", health), time.Minute)
+}
+
+// applyExamples applies examples/local/ with kubectl, as a user would. The
+// Namespace is applied first: kubectl applies a folder in name order.
+func (s *Stack) applyExamples(ctx context.Context) error {
+	dir := filepath.Join(s.opts.Root, "examples", "local")
+	kubectl := func(args ...string) error {
+		return s.run(ctx, "kubectl", s.bin("kubectl"), append([]string{"apply", "--server-side", "--force-conflicts"}, args...)...)
+	}
+	if err := kubectl("-f", filepath.Join(dir, "namespace.yaml")); err != nil {
+		return err
+	}
+	s.ExamplesApplied = time.Now()
+	return kubectl("-f", dir)
+}

@@ -1,0 +1,424 @@
+package devenv
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/pkg/errors"
+	corev1 "k8s.io/api/core/v1"
+	extv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// Secrets `crossplane core init` fills: its CA, and the client certificate
+// Crossplane presents to functions.
+const (
+	caSecret     = "crossplane-root-ca"
+	clientSecret = "crossplane-tls-client"
+	serverSecret = "crossplane-tls-server"
+)
+
+func (s *Stack) startCrossplane(ctx context.Context) error {
+	if err := s.ensureNamespace(ctx, crossplaneNamespace); err != nil {
+		return err
+	}
+	// The first init after the CRDs are created can fail with `no matches
+	// for kind "Lock"`: its REST mapping predates the CRD. A retry sees it.
+	args := []string{"core", "init",
+		"--cr-ds-path=" + s.bin("crossplane-crds"),
+		"--enable-webhooks=false",
+		"--tlsca-secret-name=" + caSecret,
+		"--tls-client-secret-name=" + clientSecret,
+		"--tls-server-secret-name=" + serverSecret,
+		"--activation=*",
+	}
+	var err error
+	for attempt := 1; attempt <= 5; attempt++ {
+		if err = s.run(ctx, "crossplane-init", s.bin("crossplane-core"), args...); err == nil {
+			break
+		}
+		s.Logf("  crossplane core init attempt %d failed, retrying: %s", attempt, firstLine(err.Error()))
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Duration(attempt) * time.Second):
+		}
+	}
+	if err != nil {
+		return errors.Wrap(err, "crossplane core init failed five times")
+	}
+
+	// Crossplane caches pulled packages here and fails to unpack any when
+	// the folder is missing.
+	if err := os.MkdirAll(s.path("crossplane", "xpkg-cache"), 0o700); err != nil {
+		return errors.Wrap(err, "cannot create Crossplane's package cache")
+	}
+	certs := s.path("crossplane", "tls-client")
+	if err := s.writeSecret(ctx, clientSecret, certs); err != nil {
+		return err
+	}
+	metrics, err := s.port("crossplane-metrics")
+	if err != nil {
+		return err
+	}
+	health, err := s.port("crossplane-health")
+	if err != nil {
+		return err
+	}
+	args = append([]string{"core", "start",
+		"--package-runtime=External",
+		"--enable-webhooks=false",
+		"--tls-client-certs-dir=" + certs,
+		"--xpkg-cache-dir=" + s.path("crossplane", "xpkg-cache"),
+		fmt.Sprintf("--metrics-port=%d", metrics),
+		fmt.Sprintf("--health-probe-port=%d", health),
+	}, s.opts.CrossplaneArgs...)
+	p, err := s.start("crossplane", s.bin("crossplane-core"), args, "POD_NAMESPACE="+crossplaneNamespace)
+	if err != nil {
+		return err
+	}
+	return waitHTTP(ctx, p, fmt.Sprintf("http://127.0.0.1:%d/healthz", health), 2*time.Minute)
+}
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+// writeSecret writes a TLS Secret of Crossplane's namespace to a folder as
+// tls.crt, tls.key and ca.crt.
+func (s *Stack) writeSecret(ctx context.Context, name, dir string) error {
+	sec := &corev1.Secret{}
+	if err := s.Client.Get(ctx, types.NamespacedName{Namespace: crossplaneNamespace, Name: name}, sec); err != nil {
+		return errors.Wrapf(err, "cannot get Secret %s", name)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return errors.Wrap(err, "cannot create the certificate folder")
+	}
+	for _, k := range []string{"tls.crt", "tls.key", "ca.crt"} {
+		if len(sec.Data[k]) == 0 {
+			return errors.Errorf("Secret %s has no %s", name, k)
+		}
+		if err := os.WriteFile(filepath.Join(dir, k), sec.Data[k], 0o600); err != nil {
+			return errors.Wrapf(err, "cannot write %s", k)
+		}
+	}
+	return nil
+}
+
+// startRegistry serves an OCI registry on loopback from memory and pushes
+// the three packages into it. go-containerregistry, which Crossplane pulls
+// with, speaks plain http to 127.0.0.1.
+func (s *Stack) startRegistry(ctx context.Context) error {
+	port, err := s.port("registry")
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		return errors.Wrap(err, "cannot listen for the registry")
+	}
+	logf, err := os.OpenFile(s.path("logs", "registry.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return errors.Wrap(err, "cannot open the registry log")
+	}
+	srv := &http.Server{Handler: registry.New(registry.Logger(log.New(logf, "", log.LstdFlags))), ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)                                                              //nolint:errcheck // Ends with Close.
+	s.onDown("registry", func() error { defer logf.Close(); return srv.Close() }) //nolint:errcheck // Only its log.
+	s.Registry = ln.Addr().String()
+	for _, p := range packages {
+		img, err := tarball.ImageFromPath(filepath.Join(s.opts.Root, "_output", p+".xpkg"), nil)
+		if err != nil {
+			return errors.Wrapf(err, "cannot read package %s", p)
+		}
+		ref, err := name.ParseReference(s.ref(p))
+		if err != nil {
+			return errors.Wrap(err, "cannot name the package")
+		}
+		if err := remote.Write(ref, img, remote.WithContext(ctx)); err != nil {
+			return errors.Wrapf(err, "cannot push %s", ref)
+		}
+	}
+	return nil
+}
+
+// ref is where the local registry serves a package.
+func (s *Stack) ref(pkg string) string {
+	return fmt.Sprintf("%s/kacerr/%s:%s", s.Registry, pkg, PackageVersion)
+}
+
+// installConfiguration points Crossplane's pulls of the published packages
+// at the local registry with an ImageConfig, installs the Configuration as a
+// user would, and waits until the Provider and the Function it depends on
+// are installed and the APIs they bring exist.
+func (s *Stack) installConfiguration(ctx context.Context) error {
+	ic := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "pkg.crossplane.io/v1beta1",
+		"kind":       "ImageConfig",
+		"metadata":   map[string]any{"name": "egress-local-registry"},
+		"spec": map[string]any{
+			"matchImages":  []any{map[string]any{"type": "Prefix", "prefix": upstreamPrefix}},
+			"rewriteImage": map[string]any{"prefix": s.Registry + "/kacerr/"},
+		},
+	}}
+	if err := s.Client.Patch(ctx, ic, client.Apply, client.ForceOwnership, client.FieldOwner("egress-devenv")); err != nil {
+		return errors.Wrap(err, "cannot apply the ImageConfig")
+	}
+
+	cfg := &unstructured.Unstructured{}
+	cfg.SetAPIVersion("pkg.crossplane.io/v1")
+	cfg.SetKind("Configuration")
+	err := s.Client.Get(ctx, types.NamespacedName{Name: ConfigurationName}, cfg)
+	switch {
+	case kerrors.IsNotFound(err):
+		if err := s.run(ctx, "crossplane-xpkg-install", s.bin("crossplane"), "xpkg", "install", "configuration", s.ref("configuration-proxyfleet"), ConfigurationName); err != nil {
+			return err
+		}
+	case err != nil:
+		return errors.Wrap(err, "cannot get the Configuration")
+	default:
+		// A second run: the registry may have moved to another port.
+		if pkg, _, _ := unstructured.NestedString(cfg.Object, "spec", "package"); pkg != s.ref("configuration-proxyfleet") {
+			patch := []byte(fmt.Sprintf(`{"spec":{"package":%q}}`, s.ref("configuration-proxyfleet")))
+			if err := s.Client.Patch(ctx, cfg, client.RawPatch(types.MergePatchType, patch)); err != nil {
+				return errors.Wrap(err, "cannot point the Configuration at the local registry")
+			}
+		}
+	}
+
+	for _, pkg := range []struct{ kind, name string }{
+		{"Configuration", ConfigurationName},
+		{"Provider", providerName},
+		{"Function", FunctionName},
+	} {
+		if err := wait(ctx, 3*time.Minute, pkg.kind+" "+pkg.name+" installed", func() (bool, string, error) {
+			return s.packageInstalled(ctx, pkg.kind, pkg.name)
+		}); err != nil {
+			return err
+		}
+	}
+	if err := wait(ctx, time.Minute, "function-proxyfleet serving Crossplane", func() (bool, string, error) {
+		return s.functionReady(ctx)
+	}); err != nil {
+		return err
+	}
+	for _, crd := range []string{"proxyfleets.crawl.example.com", "proxies.egress.crawl.example.com", "providerconfigs.egress.crawl.example.com"} {
+		if err := wait(ctx, 2*time.Minute, "CRD "+crd+" established", func() (bool, string, error) {
+			c := &extv1.CustomResourceDefinition{}
+			if err := s.Client.Get(ctx, types.NamespacedName{Name: crd}, c); err != nil {
+				return false, err.Error(), nil
+			}
+			for _, cond := range c.Status.Conditions {
+				if cond.Type == extv1.Established && cond.Status == extv1.ConditionTrue {
+					return true, "", nil
+				}
+			}
+			return false, "not established", nil
+		}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// packageInstalled reports whether a package object says Installed, and
+// otherwise what its conditions say.
+func (s *Stack) packageInstalled(ctx context.Context, kind, name string) (bool, string, error) {
+	u := &unstructured.Unstructured{}
+	u.SetAPIVersion("pkg.crossplane.io/v1")
+	u.SetKind(kind)
+	if err := s.Client.Get(ctx, types.NamespacedName{Name: name}, u); err != nil {
+		return false, err.Error(), nil
+	}
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	var says []string
+	installed := false
+	for _, c := range conds {
+		m, _ := c.(map[string]any)
+		says = append(says, fmt.Sprintf("%v=%v %v %v", m["type"], m["status"], m["reason"], m["message"]))
+		if m["type"] == "Installed" && m["status"] == "True" {
+			installed = true
+		}
+	}
+	return installed, strings.Join(says, "; "), nil
+}
+
+// Names of the packages Crossplane installs as the Configuration's
+// dependencies, after their repositories.
+const providerName = "kacerr-provider-egressproxy"
+
+// tlsServerSecret names the Secret holding a package's server certificate,
+// as Crossplane's Deployment runtime would.
+func tlsServerSecret(pkg string) string { return pkg + "-tls-server" }
+
+// issueServerSecret issues a server certificate for a package from the CA
+// Crossplane trusts and keeps it in the package's TLS server Secret, which
+// the package revision names in its status.
+func (s *Stack) issueServerSecret(ctx context.Context, pkg string) (*corev1.Secret, error) {
+	ca := &corev1.Secret{}
+	if err := s.Client.Get(ctx, types.NamespacedName{Namespace: crossplaneNamespace, Name: caSecret}, ca); err != nil {
+		return nil, errors.Wrap(err, "cannot get Crossplane's CA")
+	}
+	auth, err := loadAuthority(ca.Data["tls.crt"], ca.Data["tls.key"])
+	if err != nil {
+		return nil, err
+	}
+	crt, key, err := auth.issue(pkg)
+	if err != nil {
+		return nil, err
+	}
+	sec := &corev1.Secret{
+		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
+		ObjectMeta: metav1.ObjectMeta{Namespace: crossplaneNamespace, Name: tlsServerSecret(pkg)},
+		Type:       corev1.SecretTypeOpaque,
+		Data:       map[string][]byte{"tls.crt": crt, "tls.key": key, "ca.crt": auth.certPEM},
+	}
+	err = s.Client.Patch(ctx, sec, client.Apply, client.ForceOwnership, client.FieldOwner("egress-devenv"))
+	return sec, errors.Wrapf(err, "cannot apply Secret %s", sec.Name)
+}
+
+// startFunction runs function-proxyfleet with a server certificate issued
+// from the CA Crossplane trusts (which also signed the client certificate
+// Crossplane presents, and the function checks), then starts acting as the
+// External package runtime.
+func (s *Stack) startFunction(ctx context.Context) error {
+	sec, err := s.issueServerSecret(ctx, FunctionName)
+	if err != nil {
+		return err
+	}
+	dir := s.path("function-tls")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return errors.Wrap(err, "cannot create the function's certificate folder")
+	}
+	for f, b := range sec.Data {
+		if err := os.WriteFile(filepath.Join(dir, f), b, 0o600); err != nil {
+			return errors.Wrapf(err, "cannot write %s", f)
+		}
+	}
+	if _, err := s.issueServerSecret(ctx, providerName); err != nil {
+		return err
+	}
+	grpcPort, err := s.port("function")
+	if err != nil {
+		return err
+	}
+	metrics, err := s.port("function-metrics")
+	if err != nil {
+		return err
+	}
+	endpoint := fmt.Sprintf("127.0.0.1:%d", grpcPort)
+	p, err := s.start("function-proxyfleet", s.bin("function-proxyfleet"), []string{
+		"--tls-certs-dir=" + dir, "--address=" + endpoint, fmt.Sprintf("--metrics-address=127.0.0.1:%d", metrics),
+	})
+	if err != nil {
+		return err
+	}
+	if err := waitTCP(ctx, p, endpoint, 30*time.Second); err != nil {
+		return err
+	}
+	go func() {
+		for {
+			if err := s.externalRuntime(ctx, endpoint); err != nil && ctx.Err() == nil {
+				s.Logf("  external runtime: %v", err)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(time.Second):
+			}
+		}
+	}()
+	return nil
+}
+
+// externalRuntime does for the package revisions what Crossplane's
+// Deployment runtime would, except running anything: it names each
+// revision's TLS server Secret (Crossplane waits for it before it installs
+// the package's objects) and points the active FunctionRevision at the
+// function's endpoint.
+func (s *Stack) externalRuntime(ctx context.Context, endpoint string) error {
+	for _, kind := range []struct{ list, pkg string }{
+		{"FunctionRevisionList", FunctionName},
+		{"ProviderRevisionList", providerName},
+	} {
+		l := &unstructured.UnstructuredList{}
+		l.SetAPIVersion("pkg.crossplane.io/v1")
+		l.SetKind(kind.list)
+		if err := s.Client.List(ctx, l, client.MatchingLabels{"pkg.crossplane.io/package": kind.pkg}); err != nil {
+			return errors.Wrapf(err, "cannot list %s", kind.list)
+		}
+		for i := range l.Items {
+			r := &l.Items[i]
+			status := map[string]any{}
+			if got, _, _ := unstructured.NestedString(r.Object, "status", "tlsServerSecretName"); got != tlsServerSecret(kind.pkg) {
+				status["tlsServerSecretName"] = tlsServerSecret(kind.pkg)
+			}
+			active, _, _ := unstructured.NestedString(r.Object, "spec", "desiredState")
+			if got, _, _ := unstructured.NestedString(r.Object, "status", "endpoint"); kind.pkg == FunctionName && active == "Active" && got != endpoint {
+				status["endpoint"] = endpoint
+			}
+			if len(status) == 0 {
+				continue
+			}
+			patch, _ := json.Marshal(map[string]any{"status": status})
+			if err := s.Client.Status().Patch(ctx, r, client.RawPatch(types.MergePatchType, patch)); err != nil {
+				return errors.Wrapf(err, "cannot update the status of %s", r.GetName())
+			}
+		}
+	}
+	return nil
+}
+
+// functionReady reports whether the active FunctionRevision points at the
+// function and is healthy.
+func (s *Stack) functionReady(ctx context.Context) (bool, string, error) {
+	l := &unstructured.UnstructuredList{}
+	l.SetAPIVersion("pkg.crossplane.io/v1")
+	l.SetKind("FunctionRevisionList")
+	if err := s.Client.List(ctx, l, client.MatchingLabels{"pkg.crossplane.io/package": FunctionName}); err != nil {
+		return false, err.Error(), nil
+	}
+	for _, r := range l.Items {
+		if state, _, _ := unstructured.NestedString(r.Object, "spec", "desiredState"); state != "Active" {
+			continue
+		}
+		if ep, _, _ := unstructured.NestedString(r.Object, "status", "endpoint"); ep == "" {
+			return false, "active FunctionRevision " + r.GetName() + " has no endpoint yet", nil
+		}
+		return true, "", nil
+	}
+	return false, "no active FunctionRevision yet", nil
+}
+
+// waitTCP waits until addr accepts connections.
+func waitTCP(ctx context.Context, p *process, addr string, timeout time.Duration) error {
+	return wait(ctx, timeout, p.name+" listening on "+addr, func() (bool, string, error) {
+		if ok, err := p.exited(); ok {
+			return false, "", errors.Errorf("%s exited (%v); see its log", p.name, err)
+		}
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		_ = c.Close()
+		return true, "", nil
+	})
+}

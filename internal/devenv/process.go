@@ -1,0 +1,123 @@
+package devenv
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"syscall"
+	"time"
+
+	"github.com/pkg/errors"
+)
+
+// process is a child program of the environment, logging to its own file.
+type process struct {
+	name string
+	cmd  *exec.Cmd
+	log  *os.File
+	done chan struct{}
+	err  error
+}
+
+// start runs bin with args and the extra environment, its output going to
+// logs/<name>.log. The child gets its own process group, so stopping it also
+// stops anything it runs, and is killed if this process dies first.
+func (s *Stack) start(name, bin string, args []string, env ...string) (*process, error) {
+	logPath := filepath.Join(s.opts.StateDir, "logs", name+".log")
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, errors.Wrapf(err, "cannot open the log of %s", name)
+	}
+	fmt.Fprintf(f, "\n==> %s %s %v\n", time.Now().Format(time.RFC3339), bin, args)
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(append(os.Environ(), "KUBECONFIG="+s.Kubeconfig), env...)
+	cmd.Stdout, cmd.Stderr = f, f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		_ = f.Close()
+		return nil, errors.Wrapf(err, "cannot start %s", name)
+	}
+	p := &process{name: name, cmd: cmd, log: f, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		close(p.done)
+	}()
+	s.cleanups = append(s.cleanups, cleanup{name: name, fn: p.stop})
+	return p, nil
+}
+
+// exited reports whether the process has ended, and how.
+func (p *process) exited() (bool, error) {
+	select {
+	case <-p.done:
+		return true, p.err
+	default:
+		return false, nil
+	}
+}
+
+// stop sends SIGTERM to the process group and SIGKILL after 10 seconds.
+func (p *process) stop() error {
+	defer p.log.Close() //nolint:errcheck // Only its log.
+	if ok, _ := p.exited(); ok {
+		return nil
+	}
+	_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = syscall.Kill(-p.cmd.Process.Pid, syscall.SIGKILL)
+		<-p.done
+	}
+	return nil
+}
+
+// run runs a short-lived command to completion, its output going to
+// logs/<name>.log, and returns the output's tail in the error when it fails.
+func (s *Stack) run(ctx context.Context, name, bin string, args ...string) error {
+	cmd := exec.CommandContext(ctx, bin, args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+s.Kubeconfig, "POD_NAMESPACE="+crossplaneNamespace)
+	out, err := cmd.CombinedOutput()
+	logPath := filepath.Join(s.opts.StateDir, "logs", name+".log")
+	if f, ferr := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600); ferr == nil {
+		fmt.Fprintf(f, "\n==> %s %s %v\n%s", time.Now().Format(time.RFC3339), bin, args, out)
+		_ = f.Close()
+	}
+	if err != nil {
+		return errors.Errorf("%s %v: %v: %s", filepath.Base(bin), args, err, tail(out, 800))
+	}
+	return nil
+}
+
+func tail(b []byte, n int) string {
+	if len(b) > n {
+		b = b[len(b)-n:]
+	}
+	return string(b)
+}
+
+// waitHTTP waits until url answers 200, or the process exits, or ctx ends.
+func waitHTTP(ctx context.Context, p *process, url string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	for {
+		if ok, err := p.exited(); ok {
+			return errors.Errorf("%s exited (%v); see its log", p.name, err)
+		}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+		if rsp, err := http.DefaultClient.Do(req); err == nil {
+			_ = rsp.Body.Close()
+			if rsp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return errors.Errorf("%s did not answer %s in %s", p.name, url, timeout)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
