@@ -1,17 +1,26 @@
 // Package packaging_test builds the three Crossplane packages with the real
 // `crossplane xpkg build` and checks, with crossplane-runtime's own parser and
-// linters, that each parses and holds what it should.
+// linters, that each parses and holds what it should, and that the provider
+// and function packages embed runtime images that can run.
 package packaging_test
 
 import (
+	"archive/tar"
+	"bytes"
 	"context"
+	"debug/elf"
+	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	v1 "github.com/google/go-containerregistry/pkg/v1"
+	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"k8s.io/apimachinery/pkg/api/meta"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -26,6 +35,76 @@ type contents struct {
 	MetaKind string
 	MetaName string
 	Objects  []string // kind/name, sorted
+}
+
+// runtimeFacts is what a runtime image must hold to run in a cluster.
+type runtimeFacts struct {
+	User       string
+	Entrypoint []string
+	// Files that must exist; a binary among them must be statically linked.
+	Files []string
+	// Static reports whether the entrypoint binary has no ELF interpreter.
+	Static bool
+}
+
+func runtimeFactsFor(binary string) *runtimeFacts {
+	return &runtimeFacts{
+		User:       "65532:65532",
+		Entrypoint: []string{"/usr/local/bin/" + binary},
+		Files:      []string{"etc/passwd", "etc/ssl/certs/ca-certificates.crt", "usr/local/bin/" + binary},
+		Static:     true,
+	}
+}
+
+// inspectRuntime reads an image's config and flattened filesystem.
+func inspectRuntime(t *testing.T, img v1.Image, want []string) *runtimeFacts {
+	t.Helper()
+	cfg, err := img.ConfigFile()
+	if err != nil {
+		t.Fatalf("cannot read the image config: %v", err)
+	}
+	got := &runtimeFacts{User: cfg.Config.User, Entrypoint: cfg.Config.Entrypoint}
+	if len(got.Entrypoint) == 0 {
+		return got
+	}
+	entry := strings.TrimPrefix(got.Entrypoint[0], "/")
+	tr := tar.NewReader(mutate.Extract(img))
+	seen := map[string]bool{}
+	for {
+		h, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("cannot read the image filesystem: %v", err)
+		}
+		name := strings.TrimPrefix(h.Name, "./")
+		if h.Typeflag == tar.TypeReg && h.Size > 0 {
+			seen[name] = true
+		}
+		if name == entry {
+			b, err := io.ReadAll(tr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f, err := elf.NewFile(bytes.NewReader(b))
+			if err != nil {
+				t.Fatalf("%s is not an ELF binary: %v", name, err)
+			}
+			got.Static = true
+			for _, p := range f.Progs {
+				if p.Type == elf.PT_INTERP {
+					got.Static = false
+				}
+			}
+		}
+	}
+	for _, f := range want {
+		if seen[f] {
+			got.Files = append(got.Files, f)
+		}
+	}
+	return got
 }
 
 func build(t *testing.T) string {
@@ -96,10 +175,11 @@ func TestPackages(t *testing.T) {
 	out := build(t)
 
 	cases := map[string]struct {
-		reason string
-		file   string
-		linter parser.Linter
-		want   contents
+		reason  string
+		file    string
+		linter  parser.Linter
+		want    contents
+		runtime *runtimeFacts // nil: no runtime image
 	}{
 		"Provider": {
 			reason: "The provider package carries its metadata and every CRD of the egress API.",
@@ -116,12 +196,14 @@ func TestPackages(t *testing.T) {
 					"CustomResourceDefinition/proxies.egress.crawl.example.com",
 				},
 			},
+			runtime: runtimeFactsFor("provider"),
 		},
 		"Function": {
-			reason: "The function package carries its metadata.",
-			file:   "function-proxyfleet.xpkg",
-			linter: xpkg.NewFunctionLinter(),
-			want:   contents{MetaKind: "Function", MetaName: "function-proxyfleet"},
+			reason:  "The function package carries its metadata.",
+			file:    "function-proxyfleet.xpkg",
+			linter:  xpkg.NewFunctionLinter(),
+			want:    contents{MetaKind: "Function", MetaName: "function-proxyfleet"},
+			runtime: runtimeFactsFor("function"),
 		},
 		"Configuration": {
 			reason: "The configuration carries both XRDs and both Compositions, and nothing else.",
@@ -145,8 +227,29 @@ func TestPackages(t *testing.T) {
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("%s\n%s: -want, +got:\n%s", tc.reason, tc.file, diff)
 			}
+			if tc.runtime == nil {
+				return
+			}
+			img, err := tarball.ImageFromPath(filepath.Join(out, tc.file), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.runtime, inspectRuntime(t, img, tc.runtime.Files)); diff != "" {
+				t.Errorf("%s embeds a runtime image that runs the static binary as nonroot with the CA bundle: -want, +got:\n%s", tc.file, diff)
+			}
 		})
 	}
+
+	t.Run("DiscoveryImage", func(t *testing.T) {
+		img, err := tarball.ImageFromPath(filepath.Join(out, "images", "discovery.tar"), nil)
+		if err != nil {
+			t.Fatalf("make packages must leave the egress-discovery image tarball in images/: %v", err)
+		}
+		want := runtimeFactsFor("discovery")
+		if diff := cmp.Diff(want, inspectRuntime(t, img, want.Files)); diff != "" {
+			t.Errorf("the egress-discovery image: -want, +got:\n%s", diff)
+		}
+	})
 
 	t.Run("ConfigurationDependencies", func(t *testing.T) {
 		configurationDependencies(t, out)
