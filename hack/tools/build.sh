@@ -28,6 +28,7 @@ for tool in "$@"; do
 	kube-apiserver) build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver ;;
 	crossplane) build crossplane github.com/crossplane/crossplane/v2/cmd/crank ;;
 	kubectl) build kubectl k8s.io/kubernetes/cmd/kubectl ;;
+	kube-controller-manager) build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager ;;
 	crossplane-core)
 		# Crossplane core for make run and make e2e, from its own module (see
 		# core/tools.go), with the CRDs core init installs beside it.

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/types/known/durationpb"
+
 	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
 	"github.com/crossplane/function-sdk-go/request"
 	"github.com/crossplane/function-sdk-go/response"
@@ -132,7 +134,47 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 	}
 	setStatus(rsp.Desired, members, now)
 	report(rsp, fleet, members, p, now)
+	rsp.Meta.Ttl = durationpb.New(requeueAfter(fleet, members, p, now))
 	return rsp, nil
+}
+
+// blockedRecheck is how soon a fleet whose due replacement waits (on a
+// lease, or on the ready floor) is composed again: leases are not watched.
+const blockedRecheck = 10 * time.Second
+
+// requeueAfter is how long Crossplane may wait before composing the fleet
+// again. Changes to its Proxies requeue it at once anyway; what nothing
+// announces is time passing, so this is the time until the next proxy
+// reaches maxAge or has been unready for replaceUnhealthyAfter, so that
+// rotation and replacement happen when due rather than up to a poll
+// interval later.
+func requeueAfter(f *Fleet, members []*member, p *plan, now time.Time) time.Duration {
+	d := response.DefaultTTL
+	if len(p.blocked) > 0 {
+		d = blockedRecheck
+	}
+	due := func(at time.Time) {
+		if left := at.Sub(now); left > 0 && left < d {
+			d = left
+		}
+	}
+	for _, m := range members {
+		if f.MaxAge > 0 {
+			due(m.Created.Add(f.MaxAge))
+		}
+		if !m.Ready && !m.Since.IsZero() {
+			due(later(m.Since, m.Created).Add(f.ReplaceUnhealthyAfter))
+		}
+	}
+	// Times are whole seconds; never ask for a busy loop.
+	return max(d, time.Second)
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // activeLeases returns the names of proxies a crawler holds an unexpired

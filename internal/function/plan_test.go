@@ -230,3 +230,63 @@ func TestDecideConverges(t *testing.T) {
 		t.Errorf("the fleet must settle at %d proxies, got %d", f.Replicas, len(observed))
 	}
 }
+
+func TestRequeueAfter(t *testing.T) {
+	maxAge := func(d time.Duration) func(*Fleet) { return func(f *Fleet) { f.MaxAge = d } }
+	cases := map[string]struct {
+		reason  string
+		fleet   *Fleet
+		members []*member
+		blocked bool
+		want    time.Duration
+	}{
+		"Idle": {
+			reason:  "A healthy fleet without maxAge is composed again after the default TTL.",
+			fleet:   fleetFor(2, []string{"a"}),
+			members: []*member{m(0, "a"), m(1, "a")},
+			want:    time.Minute,
+		},
+		"NextRotation": {
+			reason:  "The fleet is composed again when its oldest proxy reaches maxAge, not a poll interval later.",
+			fleet:   fleetFor(2, []string{"a"}, maxAge(90*time.Minute)),
+			members: []*member{m(0, "a", age(89*time.Minute+40*time.Second)), m(1, "a", age(10*time.Minute))},
+			want:    20 * time.Second,
+		},
+		"RotationFarAway": {
+			reason:  "A rotation further away than the default TTL does not lengthen it.",
+			fleet:   fleetFor(1, []string{"a"}, maxAge(24*time.Hour)),
+			members: []*member{m(0, "a")},
+			want:    time.Minute,
+		},
+		"UnhealthyDeadline": {
+			reason:  "An unready proxy is looked at again when replaceUnhealthyAfter passes.",
+			fleet:   fleetFor(2, []string{"a"}),
+			members: []*member{m(0, "a"), m(1, "a", sick(4*time.Minute+45*time.Second))},
+			want:    15 * time.Second,
+		},
+		"Blocked": {
+			reason:  "A due replacement that waits on a lease is rechecked soon: leases are not watched.",
+			fleet:   fleetFor(1, []string{"a"}),
+			members: []*member{m(0, "a")},
+			blocked: true,
+			want:    blockedRecheck,
+		},
+		"NeverBusy": {
+			reason:  "A deadline that is due now never asks for less than a second.",
+			fleet:   fleetFor(1, []string{"a"}, maxAge(time.Hour)),
+			members: []*member{m(0, "a", age(time.Hour-time.Millisecond))},
+			want:    time.Second,
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			p := &plan{}
+			if tc.blocked {
+				p.blocked = []string{"f-0 is leased"}
+			}
+			if diff := cmp.Diff(tc.want, requeueAfter(tc.fleet, tc.members, p, t0)); diff != "" {
+				t.Errorf("%s\n-want, +got:\n%s", tc.reason, diff)
+			}
+		})
+	}
+}
