@@ -77,7 +77,7 @@ binaries: ## Build provider-egressproxy, function-proxyfleet, egress-discovery a
 
 .PHONY: run-deps
 run-deps: tools packages binaries
-	@hack/tools/build.sh crossplane-core
+	@hack/tools/build.sh crossplane-core kube-controller-manager
 
 .PHONY: run
 run: run-deps ## Run everything on this machine with real Crossplane until Ctrl-C (state in .local/).
@@ -85,4 +85,4 @@ run: run-deps ## Run everything on this machine with real Crossplane until Ctrl-
 
 .PHONY: e2e
 e2e: run-deps ## Bring everything up in a fresh state folder and check the product end to end.
-	go test -tags e2e -count=1 -timeout 30m -json ./e2e 2>&1 | go run ./hack/testsummary
+	go test -tags e2e -count=1 -timeout 30m -json ./e2e 2>&1 | go run ./hack/testsummary -v

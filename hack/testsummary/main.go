@@ -2,12 +2,14 @@
 // wants from a long run: each package's result, the full output of failed
 // tests only, and a last line counting tests ("N passed, N failed, N
 // skipped") followed by the failed tests' names. It exits non-zero when any
-// test or package failed, so a pipeline can rely on it.
+// test or package failed, so a pipeline can rely on it. With -v it also
+// prints what passed tests logged (make e2e: its timings are the point).
 package main
 
 import (
 	"bufio"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -30,6 +32,8 @@ type summary struct {
 	packageFailed           bool
 	// output buffers each running test's lines until its verdict.
 	output map[string]*strings.Builder
+	// verbose prints passed tests' output too.
+	verbose bool
 }
 
 func (s *summary) add(w io.Writer, e event) {
@@ -54,6 +58,9 @@ func (s *summary) add(w io.Writer, e event) {
 		b.WriteString(e.Output)
 	case "pass":
 		s.passed++
+		if b, ok := s.output[key]; ok && s.verbose {
+			fmt.Fprint(w, b.String())
+		}
 		delete(s.output, key)
 	case "skip":
 		s.skipped++
@@ -77,7 +84,9 @@ func (s *summary) close(w io.Writer) {
 }
 
 func main() {
-	s := &summary{output: map[string]*strings.Builder{}}
+	verbose := flag.Bool("v", false, "Print the output of passed tests too.")
+	flag.Parse()
+	s := &summary{output: map[string]*strings.Builder{}, verbose: *verbose}
 	sc := bufio.NewScanner(os.Stdin)
 	sc.Buffer(make([]byte, 1<<20), 16<<20)
 	for sc.Scan() {

@@ -122,7 +122,7 @@ type persisted struct {
 
 // Binaries the environment runs, all under bin/.
 var binaries = []string{
-	"etcd", "kube-apiserver", "kubectl", "crossplane", "crossplane-core",
+	"etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "crossplane", "crossplane-core",
 	"provider-egressproxy", "function-proxyfleet", "egress-discovery", "egressctl",
 }
 
@@ -143,6 +143,7 @@ func Up(ctx context.Context, o Options) (*Stack, error) {
 	}{
 		{"checking binaries, packages and state in " + o.StateDir, s.prepare},
 		{"starting etcd and kube-apiserver", s.startControlPlane},
+		{"starting kube-controller-manager (garbage collector, namespaces)", s.startControllerManager},
 		{"initialising and starting Crossplane core", s.startCrossplane},
 		{"serving the packages from an in-process OCI registry", s.startRegistry},
 		{"starting function-proxyfleet with mTLS from Crossplane's CA", s.startFunction},
@@ -330,6 +331,32 @@ func (s *Stack) startControlPlane(_ context.Context) error {
 	}
 	s.Client, err = client.New(cfg, client.Options{Scheme: sch})
 	return errors.Wrap(err, "cannot create a client")
+}
+
+// startControllerManager runs the controllers Crossplane relies on but
+// envtest leaves out: the garbage collector deletes a deleted fleet's
+// Proxies through their owner references, and the namespace controller
+// empties deleted namespaces.
+func (s *Stack) startControllerManager(ctx context.Context) error {
+	port, err := s.port("kube-controller-manager")
+	if err != nil {
+		return err
+	}
+	p, err := s.start("kube-controller-manager", s.bin("kube-controller-manager"), []string{
+		"--kubeconfig=" + s.Kubeconfig,
+		"--authentication-kubeconfig=" + s.Kubeconfig,
+		"--authorization-kubeconfig=" + s.Kubeconfig,
+		"--authentication-skip-lookup",
+		"--controllers=garbagecollector,namespace",
+		"--leader-elect=false",
+		"--use-service-account-credentials=false",
+		"--bind-address=127.0.0.1",
+		fmt.Sprintf("--secure-port=%d", port),
+	})
+	if err != nil {
+		return err
+	}
+	return waitTCP(ctx, p, fmt.Sprintf("127.0.0.1:%d", port), time.Minute)
 }
 
 // ensureNamespace creates a namespace unless it exists.

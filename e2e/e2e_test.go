@@ -1,0 +1,529 @@
+//go:build e2e
+
+// Package e2e checks the whole product on real Crossplane: the environment
+// `make run` starts (internal/devenv), brought up in a fresh state folder,
+// then driven the way a platform team and a crawler would. Run it with
+// `make e2e`; it is not part of `make test`.
+package e2e
+
+import (
+	"context"
+	"encoding/pem"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	corev1 "k8s.io/api/core/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	discoveryv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/devenv"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
+)
+
+var stack *devenv.Stack
+
+// restartDelay keeps a killed Squid down long enough for the probe and
+// the fleet's status to notice before the supervisor restarts it.
+const restartDelay = 6 * time.Second
+
+func TestMain(m *testing.M) {
+	root, err := filepath.Abs("..")
+	if err != nil {
+		panic(err)
+	}
+	state, err := os.MkdirTemp("", "egress-e2e-")
+	if err == nil {
+		err = os.Chmod(state, 0o755) // Squid drops root and must reach it.
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
+		os.Exit(1)
+	}
+	stack, err = devenv.Up(context.Background(), devenv.Options{
+		Root: root, StateDir: state, Progress: os.Stderr, ApplyExamples: true,
+		ProviderArgs:  []string{"--local-restart-delay=" + restartDelay.String()},
+		DiscoveryArgs: []string{"--sweep-interval=2s"},
+	})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: bring-up failed: %v\nlogs kept in %s\n", err, filepath.Join(state, "logs"))
+		os.Exit(1)
+	}
+	code := m.Run()
+	stack.Down()
+	if code == 0 {
+		_ = os.RemoveAll(state)
+	} else {
+		fmt.Fprintf(os.Stderr, "e2e: logs kept in %s\n", filepath.Join(state, "logs"))
+	}
+	os.Exit(code)
+}
+
+// TestEndToEnd runs the steps in order: each builds on the state the one
+// before it left.
+func TestEndToEnd(t *testing.T) {
+	steps := []struct {
+		name string
+		fn   func(*testing.T)
+	}{
+		{"ExampleFleetBecomesReady", exampleFleetBecomesReady},
+		{"LeaseAndFetchThroughProxy", leaseAndFetchThroughProxy},
+		{"SecondFleetBecomesReady", secondFleetBecomesReady},
+		{"KilledSquidHeals", killedSquidHeals},
+		{"ScaleKeepsNames", scaleKeepsNames},
+		{"RotationKeepsReadyFloor", rotationKeepsReadyFloor},
+		{"DeletingFleetsLeavesNothing", deletingFleetsLeavesNothing},
+	}
+	for _, s := range steps {
+		if !t.Run(s.name, s.fn) {
+			t.Fatalf("step %s failed; the later steps depend on it", s.name)
+		}
+	}
+}
+
+const (
+	ns      = devenv.ExampleNamespace
+	example = "crawlers"
+	rotor   = "rotor"
+)
+
+func exampleFleetBecomesReady(t *testing.T) {
+	waitFleet(t, example, 3, time.Minute)
+	took := time.Since(stack.ExamplesApplied)
+	t.Logf("apply to Ready with 3 healthy proxies: %.1fs (goal <= 20s)", took.Seconds())
+	if took > 20*time.Second {
+		t.Errorf("the example fleet took %s from apply to Ready with 3 healthy proxies; the goal is 20s", took.Round(100*time.Millisecond))
+	}
+}
+
+// waitFleet waits until a fleet is Ready with n healthy proxies and n
+// Proxy objects, all Ready, and returns their names.
+func waitFleet(t *testing.T, name string, n int, timeout time.Duration) []string {
+	t.Helper()
+	var names []string
+	eventually(t, timeout, fmt.Sprintf("fleet %s Ready with %d healthy proxies", name, n), func() (bool, string) {
+		st, err := fleetState(name)
+		if err != nil {
+			return false, err.Error()
+		}
+		ps, err := proxies(name)
+		if err != nil {
+			return false, err.Error()
+		}
+		names = nil
+		ready := 0
+		for _, p := range ps {
+			names = append(names, p.Name)
+			if isReady(&p) {
+				ready++
+			}
+		}
+		ok := st.ready && st.healthy == n && len(ps) == n && ready == n
+		return ok, fmt.Sprintf("%+v, %d Proxies of which %d Ready", st, len(ps), ready)
+	})
+	sort.Strings(names)
+	return names
+}
+
+// leaseAndFetchThroughProxy fetches from an HTTPS target of its own, which
+// no health check probes, so the CONNECT in a Squid's access log can only be
+// the crawler's.
+func leaseAndFetchThroughProxy(t *testing.T) {
+	target := httptest.NewTLSServer(http.HandlerFunc(probe.EchoIP))
+	defer target.Close()
+	ca := filepath.Join(t.TempDir(), "target.crt")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: target.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	connect := "CONNECT " + strings.TrimPrefix(target.URL, "https://")
+	script := fmt.Sprintf(`curl -sS --fail --max-time 10 --cacert %q %q && echo "$EGRESS_PROXY"`, ca, target.URL+"/ip")
+	cmd := exec.Command(filepath.Join(stackRoot(), "bin", "egressctl"), "lease", "--fleet", ns+"/"+example, "--holder", "e2e", "--", "sh", "-c", script)
+	cmd.Env = append(os.Environ(), "EGRESS_DISCOVERY_URL="+stack.DiscoveryURL, "EGRESS_DISCOVERY_TOKEN="+stack.Token)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("egressctl lease -- curl: %v\n%s", err, out)
+	}
+	lines := strings.Fields(string(out))
+	if len(lines) != 2 || lines[0] != "127.0.0.1" {
+		t.Fatalf("want the target's answer (the egress IP 127.0.0.1) and the leased proxy's name, got:\n%s", out)
+	}
+	proxy := lines[1]
+	// Squid logs a tunnel when it closes.
+	eventually(t, 10*time.Second, "the leased proxy "+proxy+" logging the crawler's "+connect, func() (bool, string) {
+		logged := connectsLogged(t, connect)
+		return logged[proxy] == 1 && len(logged) == 1, fmt.Sprintf("proxies that logged it: %v", logged)
+	})
+	eventually(t, 10*time.Second, "the lease released when the command ended", func() (bool, string) {
+		held := heldLeases(t, example)
+		return len(held) == 0, fmt.Sprintf("held: %v", held)
+	})
+}
+
+// connectsLogged counts, per Proxy of the example fleet, the access log
+// lines of its Squid that hold connect.
+func connectsLogged(t *testing.T, connect string) map[string]int {
+	t.Helper()
+	ps, err := proxies(example)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := map[string]int{}
+	for _, p := range ps {
+		b, _ := os.ReadFile(filepath.Join(instanceDir(&p), "access.log"))
+		if c := strings.Count(string(b), connect); c > 0 {
+			n[p.Name] = c
+		}
+	}
+	return n
+}
+
+// heldLeases lists the holders of a fleet's Lease objects.
+func heldLeases(t *testing.T, fleet string) []string {
+	t.Helper()
+	ls, err := stack.Leases(context.Background(), ns, fleet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []string
+	for _, l := range ls {
+		if l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity != "" {
+			held = append(held, l.Name+"="+*l.Spec.HolderIdentity)
+		}
+	}
+	return held
+}
+
+// rotorFleet probes every 2s and fails after one miss, so a dead Squid
+// shows within seconds; it replaces an unhealthy proxy only after 10m, so
+// a healing proxy is not replaced meanwhile.
+const rotorFleet = `
+apiVersion: crawl.example.com/v1alpha1
+kind: ProxyFleet
+metadata:
+  name: rotor
+  namespace: crawl-team
+spec:
+  replicas: 3
+  providerConfigRef: {kind: ProviderConfig, name: local}
+  zones: [local-a, local-b]
+  placement: {local: {bindAddress: 127.0.0.1}}
+  proxy:
+    authSecretRef: {name: crawlers-proxy-auth}
+    allowedSourceRanges: [127.0.0.0/8]
+  healthCheck: {url: "https://127.0.0.1:18443/ip", interval: 2s, timeout: 1s, failureThreshold: 1}
+  rotation: {maxSurge: 1, maxUnavailable: 0, replaceUnhealthyAfter: 10m}
+`
+
+func secondFleetBecomesReady(t *testing.T) {
+	u := &unstructured.Unstructured{}
+	if err := yaml.Unmarshal([]byte(rotorFleet), &u.Object); err != nil {
+		t.Fatal(err)
+	}
+	if err := stack.Client.Create(context.Background(), u); err != nil {
+		t.Fatalf("cannot create fleet %s: %v", rotor, err)
+	}
+	waitFleet(t, rotor, 3, time.Minute)
+}
+
+func killedSquidHeals(t *testing.T) {
+	ps, err := proxies(rotor)
+	if err != nil || len(ps) == 0 {
+		t.Fatalf("no proxies of %s: %v", rotor, err)
+	}
+	victim := ps[0]
+	pidFile := filepath.Join(instanceDir(&victim), "squid.pid")
+	raw, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatalf("cannot read the pid of %s's Squid: %v", victim.Name, err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("cannot kill Squid %d of %s: %v", pid, victim.Name, err)
+	}
+	killed := time.Now()
+
+	var said string
+	eventually(t, 30*time.Second, "the fleet's status reporting the dead proxy", func() (bool, string) {
+		st, err := fleetState(rotor)
+		if err != nil {
+			return false, err.Error()
+		}
+		said = st.message
+		return st.healthy < 3 && strings.Contains(st.message, victim.Name), fmt.Sprintf("%+v", st)
+	})
+	t.Logf("%.1fs after the kill the fleet said: %s", time.Since(killed).Seconds(), said)
+
+	names := waitFleet(t, rotor, 3, 90*time.Second)
+	t.Logf("healed %.1fs after the kill; proxies now %v", time.Since(killed).Seconds(), names)
+	if !contains(names, victim.Name) {
+		t.Logf("%s was replaced rather than restarted", victim.Name)
+	}
+	if pids := local.Processes(stack.SquidDir); len(pids) != 6 {
+		t.Errorf("want 6 Squid processes (3 per fleet) after healing, got %d: %v", len(pids), pids)
+	}
+}
+
+func scaleKeepsNames(t *testing.T) {
+	before := waitFleet(t, rotor, 3, 30*time.Second)
+	setReplicas(t, rotor, 5)
+	five := waitFleet(t, rotor, 5, 90*time.Second)
+	for _, n := range before {
+		if !contains(five, n) {
+			t.Errorf("scaling 3 -> 5 renamed or replaced %s: before %v, after %v", n, before, five)
+		}
+	}
+	setReplicas(t, rotor, 2)
+	two := waitFleet(t, rotor, 2, 90*time.Second)
+	for _, n := range two {
+		if !contains(five, n) {
+			t.Errorf("scaling 5 -> 2 kept a proxy that was not there before: %s (5: %v, 2: %v)", n, five, two)
+		}
+	}
+	t.Logf("3 %v -> 5 %v -> 2 %v", before, five, two)
+}
+
+func setReplicas(t *testing.T, fleet string, n int) {
+	t.Helper()
+	patch(t, fleet, fmt.Sprintf(`{"spec":{"replicas":%d}}`, n))
+}
+
+func patch(t *testing.T, fleet, body string) {
+	t.Helper()
+	u := fleetObject(fleet)
+	if err := stack.Client.Patch(context.Background(), u, client.RawPatch(types.MergePatchType, []byte(body))); err != nil {
+		t.Fatalf("cannot patch fleet %s with %s: %v", fleet, body, err)
+	}
+}
+
+// rotationKeepsReadyFloor sets maxAge to its minimum, one minute, and
+// watches the fleet rotate every proxy while never having fewer than
+// replicas - maxUnavailable (2 - 0) Ready proxies.
+func rotationKeepsReadyFloor(t *testing.T) {
+	start := waitFleet(t, rotor, 2, 30*time.Second)
+	const floor = 2
+
+	var mu sync.Mutex
+	minReady, samples := floor, 0
+	var lowAt []string
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			ps, err := proxies(rotor)
+			if err != nil {
+				continue
+			}
+			ready := 0
+			var seen []string
+			for _, p := range ps {
+				if isReady(&p) {
+					ready++
+				}
+				seen = append(seen, fmt.Sprintf("%s(ready=%t)", p.Name, isReady(&p)))
+			}
+			mu.Lock()
+			samples++
+			if ready < minReady {
+				minReady = ready
+				lowAt = seen
+			}
+			mu.Unlock()
+		}
+	}()
+
+	rotated := time.Now()
+	patch(t, rotor, `{"spec":{"rotation":{"maxAge":"1m","maxSurge":1,"maxUnavailable":0}}}`)
+	var now []string
+	eventually(t, 5*time.Minute, "every proxy of the fleet rotated", func() (bool, string) {
+		st, err := fleetState(rotor)
+		if err != nil {
+			return false, err.Error()
+		}
+		ps, err := proxies(rotor)
+		if err != nil {
+			return false, err.Error()
+		}
+		now = nil
+		for _, p := range ps {
+			now = append(now, p.Name)
+		}
+		for _, n := range start {
+			if contains(now, n) {
+				return false, fmt.Sprintf("%s not rotated yet; proxies %v; %+v", n, now, st)
+			}
+		}
+		return st.ready && st.healthy == 2 && len(ps) == 2, fmt.Sprintf("proxies %v; %+v", now, st)
+	})
+	close(stop)
+	<-done
+	t.Logf("rotated %v -> %v in %.1fs after setting maxAge 1m; lowest Ready count %d over %d samples", start, now, time.Since(rotated).Seconds(), minReady, samples)
+	if minReady < floor {
+		t.Errorf("rotation dropped to %d Ready proxies, below replicas - maxUnavailable = %d: %v", minReady, floor, lowAt)
+	}
+}
+
+func deletingFleetsLeavesNothing(t *testing.T) {
+	ctx := context.Background()
+	// A crawler still holds a lease when the fleet goes.
+	c := &discoveryv1.Client{BaseURL: stack.DiscoveryURL, Token: stack.Token}
+	l, err := c.Acquire(ctx, discoveryv1.AcquireRequest{Fleet: ns + "/" + example, Holder: "e2e-left-behind"})
+	if err != nil {
+		t.Fatalf("cannot lease a proxy of %s: %v", example, err)
+	}
+	if held := heldLeases(t, example); len(held) != 1 {
+		t.Fatalf("want the one lease held in a Lease object, got %v", held)
+	}
+	t.Logf("holding %s on %s while deleting the fleets", l.LeaseID, l.Proxy)
+
+	for _, f := range []string{example, rotor} {
+		if err := stack.Client.Delete(ctx, fleetObject(f)); err != nil {
+			t.Fatalf("cannot delete fleet %s: %v", f, err)
+		}
+	}
+	deleted := time.Now()
+	eventually(t, 2*time.Minute, "no fleet, Proxy, Squid, instance folder or Lease left", func() (bool, string) {
+		var left []string
+		for _, f := range []string{example, rotor} {
+			if err := stack.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: f}, fleetObject(f)); !kerrors.IsNotFound(err) {
+				left = append(left, "fleet "+f)
+			}
+			ls, err := stack.Leases(ctx, ns, f)
+			if err != nil {
+				return false, err.Error()
+			}
+			for _, l := range ls {
+				left = append(left, "Lease "+l.Name)
+			}
+		}
+		pl := &v1alpha1.ProxyList{}
+		if err := stack.Client.List(ctx, pl, client.InNamespace(ns)); err != nil {
+			return false, err.Error()
+		}
+		for _, p := range pl.Items {
+			left = append(left, "Proxy "+p.Name)
+		}
+		for _, pid := range local.Processes(stack.SquidDir) {
+			left = append(left, fmt.Sprintf("Squid pid %d", pid))
+		}
+		entries, _ := os.ReadDir(stack.SquidDir)
+		for _, e := range entries {
+			if !strings.HasPrefix(e.Name(), ".") {
+				left = append(left, "instance folder "+e.Name())
+			}
+		}
+		return len(left) == 0, strings.Join(left, ", ")
+	})
+	t.Logf("everything gone %.1fs after deleting the fleets", time.Since(deleted).Seconds())
+}
+
+type fleetStatus struct {
+	ready   bool
+	healthy int
+	message string
+}
+
+func fleetObject(name string) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetAPIVersion("crawl.example.com/v1alpha1")
+	u.SetKind("ProxyFleet")
+	u.SetNamespace(ns)
+	u.SetName(name)
+	return u
+}
+
+func fleetState(name string) (fleetStatus, error) {
+	u := fleetObject(name)
+	if err := stack.Client.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, u); err != nil {
+		return fleetStatus{}, err
+	}
+	st := fleetStatus{}
+	h, _, _ := unstructured.NestedInt64(u.Object, "status", "healthyReplicas")
+	st.healthy = int(h)
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, c := range conds {
+		m, _ := c.(map[string]any)
+		switch m["type"] {
+		case "Ready":
+			st.ready = m["status"] == "True"
+		case "FleetHealthy":
+			st.message, _ = m["message"].(string)
+		}
+	}
+	return st, nil
+}
+
+func proxies(fleet string) ([]v1alpha1.Proxy, error) {
+	l := &v1alpha1.ProxyList{}
+	err := stack.Client.List(context.Background(), l, client.InNamespace(ns), client.MatchingLabels{ownership.FleetLabel: fleet})
+	sort.Slice(l.Items, func(i, j int) bool { return l.Items[i].Name < l.Items[j].Name })
+	return l.Items, err
+}
+
+func isReady(p *v1alpha1.Proxy) bool {
+	return p.GetCondition(xpv2.TypeReady).Status == corev1.ConditionTrue
+}
+
+// instanceDir is the local backend's folder for a Proxy's Squid.
+func instanceDir(p *v1alpha1.Proxy) string {
+	return filepath.Join(stack.SquidDir, ownership.InstanceName(p.UID))
+}
+
+func contains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func stackRoot() string {
+	root, _ := filepath.Abs("..")
+	return root
+}
+
+// eventually polls cond every 200ms until it holds or timeout passes, then
+// fails with the last thing cond said.
+func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	last := ""
+	for {
+		ok, why := cond()
+		if ok {
+			return
+		}
+		last = why
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not after %s: %s", what, timeout, last)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
