@@ -286,21 +286,26 @@ func killedSquidHeals(t *testing.T) {
 
 func scaleKeepsNames(t *testing.T) {
 	before := waitFleet(t, rotor, 3, 30*time.Second)
+	up := time.Now()
 	setReplicas(t, rotor, 5)
 	five := waitFleet(t, rotor, 5, 90*time.Second)
+	t.Logf("3 -> 5 Ready in %.1fs", time.Since(up).Seconds())
 	for _, n := range before {
 		if !contains(five, n) {
 			t.Errorf("scaling 3 -> 5 renamed or replaced %s: before %v, after %v", n, before, five)
 		}
 	}
+	down := time.Now()
 	setReplicas(t, rotor, 2)
 	two := waitFleet(t, rotor, 2, 90*time.Second)
+	t.Logf("5 -> 2 in %.1fs", time.Since(down).Seconds())
 	for _, n := range two {
 		if !contains(five, n) {
 			t.Errorf("scaling 5 -> 2 kept a proxy that was not there before: %s (5: %v, 2: %v)", n, five, two)
 		}
 	}
 	t.Logf("3 %v -> 5 %v -> 2 %v", before, five, two)
+	assertNotThrottled(t, rotor)
 }
 
 func setReplicas(t *testing.T, fleet string, n int) {
@@ -387,6 +392,8 @@ func rotationKeepsReadyFloor(t *testing.T) {
 	if minReady < floor {
 		t.Errorf("rotation dropped to %d Ready proxies, below replicas - maxUnavailable = %d: %v", minReady, floor, lowAt)
 	}
+	assertNotThrottled(t, rotor)
+	assertNotThrottled(t, example)
 }
 
 func deletingFleetsLeavesNothing(t *testing.T) {
@@ -447,6 +454,22 @@ type fleetStatus struct {
 	ready   bool
 	healthy int
 	message string
+	// throttled holds Crossplane's message when it throttles the fleet's
+	// reconciles because the fleet or its Proxies change too often.
+	throttled string
+}
+
+// assertNotThrottled fails when Crossplane's circuit breaker opened for a
+// fleet: then its status lags by up to a minute behind its Proxies.
+func assertNotThrottled(t *testing.T, fleet string) {
+	t.Helper()
+	st, err := fleetState(fleet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.throttled != "" {
+		t.Errorf("Crossplane throttles fleet %s: %s", fleet, st.throttled)
+	}
 }
 
 func fleetObject(name string) *unstructured.Unstructured {
@@ -474,6 +497,10 @@ func fleetState(name string) (fleetStatus, error) {
 			st.ready = m["status"] == "True"
 		case "FleetHealthy":
 			st.message, _ = m["message"].(string)
+		case "Responsive":
+			if m["status"] == "False" {
+				st.throttled, _ = m["message"].(string)
+			}
 		}
 	}
 	return st, nil

@@ -20,7 +20,6 @@ import (
 	"github.com/pkg/errors"
 	"google.golang.org/protobuf/types/known/structpb"
 	corev1 "k8s.io/api/core/v1"
-	"k8s.io/apimachinery/pkg/util/duration"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
@@ -381,7 +380,7 @@ func setStatus(desired *fnv1.State, members []*member, now time.Time) {
 	}
 	var ready, healthy int
 	proxies := make([]*structpb.Value, 0, len(members))
-	shared := map[string]*structpb.Value{} // zones and ages repeat
+	shared := map[string]*structpb.Value{} // zones repeat
 	intern := func(s string) *structpb.Value {
 		v, ok := shared[s]
 		if !ok {
@@ -404,7 +403,10 @@ func setStatus(desired *fnv1.State, members []*member, now time.Time) {
 			"zone":     intern(m.Zone),
 			"egressIP": structpb.NewStringValue(m.EgressIP),
 			"healthy":  healthyValue[m.Healthy],
-			"age":      intern(duration.HumanDuration(now.Sub(m.Created))),
+			// A timestamp, not an age: an age would change the XR on
+			// every reconcile, each change would trigger the next, and
+			// Crossplane's circuit breaker would throttle the fleet.
+			"createdAt": structpb.NewStringValue(m.Created.UTC().Format(time.RFC3339)),
 		}}))
 	}
 	status.Fields["replicas"] = structpb.NewNumberValue(float64(len(members)))
@@ -425,7 +427,8 @@ func report(rsp *fnv1.RunFunctionResponse, f *Fleet, members []*member, p *plan,
 			continue
 		}
 		down := now.Sub(m.Since)
-		msg := fmt.Sprintf("proxy %s unhealthy for %s", m.Name, duration.HumanDuration(down))
+		// "since", not "for": the message must not change while nothing does.
+		msg := fmt.Sprintf("proxy %s unhealthy since %s", m.Name, m.Since.UTC().Format(time.RFC3339))
 		if m.Error != "" {
 			msg += ": " + m.Error
 		}

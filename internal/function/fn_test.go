@@ -177,8 +177,8 @@ func TestRunFunction(t *testing.T) {
 		want := map[string]any{
 			"replicas": float64(2), "readyReplicas": float64(1), "healthyReplicas": float64(1),
 			"proxies": []any{
-				map[string]any{"name": "crawlers-0", "endpoint": "127.0.0.1:3128", "zone": "a", "egressIP": "203.0.113.0", "healthy": true, "age": "3h"},
-				map[string]any{"name": "crawlers-1", "endpoint": "127.0.0.1:3128", "zone": "b", "egressIP": "203.0.113.1", "healthy": false, "age": "2m"},
+				map[string]any{"name": "crawlers-0", "endpoint": "127.0.0.1:3128", "zone": "a", "egressIP": "203.0.113.0", "healthy": true, "createdAt": "2026-11-29T09:00:00Z"},
+				map[string]any{"name": "crawlers-1", "endpoint": "127.0.0.1:3128", "zone": "b", "egressIP": "203.0.113.1", "healthy": false, "createdAt": "2026-11-29T11:58:00Z"},
 			},
 		}
 		if diff := cmp.Diff(want, status); diff != "" {
@@ -186,7 +186,7 @@ func TestRunFunction(t *testing.T) {
 		}
 		wantCond := []*fnv1.Condition{{
 			Type: "FleetHealthy", Status: fnv1.Status_STATUS_CONDITION_FALSE, Reason: "Degraded",
-			Message: ptr.To("1/2 proxies healthy; proxy crawlers-1 unhealthy for 2m"), Target: fnv1.Target_TARGET_COMPOSITE_AND_CLAIM.Enum(),
+			Message: ptr.To("1/2 proxies healthy; proxy crawlers-1 unhealthy since 2026-11-29T11:58:00Z"), Target: fnv1.Target_TARGET_COMPOSITE_AND_CLAIM.Enum(),
 		}}
 		if diff := cmp.Diff(wantCond, rsp.GetConditions(), protocmp.Transform()); diff != "" {
 			t.Errorf("FleetHealthy: -want, +got:\n%s", diff)
@@ -205,7 +205,7 @@ func TestRunFunction(t *testing.T) {
 			RequiredResources: map[string]*fnv1.Resources{"leases": {}},
 		}
 		rsp := run(t, req)
-		if r := rsp.GetResults(); len(r) != 1 || r[0].GetSeverity() != fnv1.Severity_SEVERITY_WARNING || !strings.Contains(r[0].GetMessage(), "crawlers-1 unhealthy for 20m") {
+		if r := rsp.GetResults(); len(r) != 1 || r[0].GetSeverity() != fnv1.Severity_SEVERITY_WARNING || !strings.Contains(r[0].GetMessage(), "crawlers-1 unhealthy since 2026-11-29T11:40:00Z") {
 			t.Errorf("a proxy down longer than replaceUnhealthyAfter is a Warning: %v", r)
 		}
 		if _, ok := rsp.GetDesired().GetResources()["proxy-2"]; !ok {

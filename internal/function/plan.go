@@ -143,7 +143,7 @@ func decide(f *Fleet, observed []*member, leasesKnown bool, now time.Time) *plan
 		}
 		switch {
 		case !h.Ready && !h.Since.IsZero() && now.Sub(h.Since) >= f.ReplaceUnhealthyAfter && now.Sub(h.Created) >= f.ReplaceUnhealthyAfter:
-			s.reason = fmt.Sprintf("unavailable for %s", now.Sub(h.Since).Round(time.Second))
+			s.reason = fmt.Sprintf("unavailable since %s", h.Since.UTC().Format(time.RFC3339))
 		case f.MaxAge > 0 && now.Sub(h.Created) >= f.MaxAge:
 			s.reason = fmt.Sprintf("older than maxAge %s", f.MaxAge)
 		default:

@@ -127,7 +127,7 @@ func TestRender(t *testing.T) {
 			reason: "A proxy down longer than replaceUnhealthyAfter gets a replacement in its zone.",
 			xr:     "examples/render/unhealthy/xr.yaml", composition: namespaced,
 			flags: []string{"--observed-resources=" + filepath.Join(root, "examples/render/unhealthy/observed-resources.yaml"), "--include-function-results"},
-			want:  []string{"name: crawlers-3", `crawl.example.com/replaces: "1"`, "proxy crawlers-1 unhealthy for 12m", "severity: SEVERITY_WARNING"},
+			want:  []string{"name: crawlers-3", `crawl.example.com/replaces: "1"`, "proxy crawlers-1 unhealthy since 2026-11-29T11:48:00Z", "severity: SEVERITY_WARNING"},
 		},
 	}
 	for name, tc := range cases {

@@ -202,6 +202,16 @@ func TestVerdict(t *testing.T) {
 			outcomes: []bool{false, false, false}, succ: 1, fail: 3,
 			want: probe.Verdict{ConsecutiveFailures: 3},
 		},
+		"SteadyStops": {
+			reason:   "Counters stop at their thresholds, so a steady proxy's status stops changing.",
+			outcomes: []bool{true, true, true, true, true, false, false, false, false}, succ: 2, fail: 3,
+			want: probe.Verdict{ConsecutiveFailures: 3},
+		},
+		"SteadyHealthy": {
+			reason:   "A proxy passing every probe keeps the same verdict after the threshold.",
+			outcomes: []bool{true, true, true, true, true}, succ: 2, fail: 3,
+			want: probe.Verdict{Healthy: true, ConsecutiveSuccesses: 2},
+		},
 		"Interrupted": {
 			reason:   "A pass in between resets the failure count.",
 			start:    probe.Verdict{Healthy: true},

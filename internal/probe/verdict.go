@@ -15,19 +15,21 @@ type Verdict struct {
 }
 
 // Next folds one probe outcome into v. A proxy that was never probed starts
-// unhealthy: no verdict yet is not healthy.
+// unhealthy: no verdict yet is not healthy. The counters stop at their
+// thresholds, beyond which they decide nothing, so that a steady proxy's
+// verdict, which is kept in its status, does not change with every probe.
 func (v Verdict) Next(ok bool, successThreshold, failureThreshold int32) Verdict {
 	successThreshold = max(successThreshold, 1)
 	failureThreshold = max(failureThreshold, 1)
 	if ok {
-		v.ConsecutiveSuccesses++
+		v.ConsecutiveSuccesses = min(v.ConsecutiveSuccesses+1, successThreshold)
 		v.ConsecutiveFailures = 0
 		if v.ConsecutiveSuccesses >= successThreshold {
 			v.Healthy = true
 		}
 		return v
 	}
-	v.ConsecutiveFailures++
+	v.ConsecutiveFailures = min(v.ConsecutiveFailures+1, failureThreshold)
 	v.ConsecutiveSuccesses = 0
 	if v.ConsecutiveFailures >= failureThreshold {
 		v.Healthy = false

@@ -295,16 +295,21 @@ type ProxyObservation struct {
 	// Healthy is the probe verdict after thresholds.
 	Healthy bool `json:"healthy,omitempty"`
 
-	// LatencyMilliseconds of the last successful probe.
+	// LatencyMilliseconds of a recent successful probe. It is updated when
+	// a probe's latency differs by more than a quarter (and 5ms), so that
+	// the status does not change with every probe.
 	LatencyMilliseconds int64 `json:"latencyMilliseconds,omitempty"`
 
-	// LastProbeTime is when the last probe finished.
+	// LastProbeTime is when a probe last changed this status; while probes
+	// change nothing it is refreshed every five minutes as a heartbeat.
 	LastProbeTime *metav1.Time `json:"lastProbeTime,omitempty"`
 
-	// ConsecutiveSuccesses counts passing probes since the last failure.
+	// ConsecutiveSuccesses counts passing probes since the last failure, up
+	// to the success threshold.
 	ConsecutiveSuccesses int32 `json:"consecutiveSuccesses,omitempty"`
 
-	// ConsecutiveFailures counts failing probes since the last success.
+	// ConsecutiveFailures counts failing probes since the last success, up
+	// to the failure threshold.
 	ConsecutiveFailures int32 `json:"consecutiveFailures,omitempty"`
 
 	// LastProbeError says why the last probe failed.

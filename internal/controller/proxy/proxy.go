@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/url"
+	"reflect"
 	"strconv"
 	"sync"
 	"time"
@@ -149,6 +150,7 @@ type scheduler struct {
 
 	mu   sync.Mutex
 	seen map[types.UID]time.Time // first probe time allowed after a restart
+	last map[types.UID]time.Time // when each Proxy was last probed
 }
 
 func interval(p *v1alpha1.Proxy) time.Duration {
@@ -165,19 +167,28 @@ func (s *scheduler) nextProbe(p *v1alpha1.Proxy) time.Time {
 	if !ap.Healthy && ap.ConsecutiveSuccesses == 0 && ap.InstanceCreatedAt != nil && s.now().Sub(ap.InstanceCreatedAt.Time) < startupWindow {
 		every = min(every, startupInterval)
 	}
-	var due time.Time
-	if ap.LastProbeTime != nil {
-		due = ap.LastProbeTime.Add(every)
-	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	// The status records probes only when they change something (see
+	// probe), so this process's own memory is the fresher record.
+	var last time.Time
+	if ap.LastProbeTime != nil {
+		last = ap.LastProbeTime.Time
+	}
+	if t, ok := s.last[p.GetUID()]; ok && t.After(last) {
+		last = t
+	}
+	var due time.Time
+	if !last.IsZero() {
+		due = last.Add(every)
+	}
 	first, ok := s.seen[p.GetUID()]
 	if !ok {
 		// First sight since this process started. A proxy overdue for its
 		// probe (the provider was down) gets a jittered slot, so a restart
 		// does not probe the whole fleet at once.
 		first = s.now()
-		if ap.LastProbeTime != nil && due.Before(first) {
+		if !last.IsZero() && due.Before(first) {
 			first = first.Add(rand.N(min(restartJitter, every)))
 		}
 		s.seen[p.GetUID()] = first
@@ -188,10 +199,21 @@ func (s *scheduler) nextProbe(p *v1alpha1.Proxy) time.Time {
 	return due
 }
 
+// probed records that a Proxy was probed at t.
+func (s *scheduler) probed(uid types.UID, t time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.last == nil {
+		s.last = map[types.UID]time.Time{}
+	}
+	s.last[uid] = t
+}
+
 func (s *scheduler) forget(uid types.UID) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	delete(s.seen, uid)
+	delete(s.last, uid)
 }
 
 // pollAfter is the managed reconciler's poll hook: come back when the next
@@ -436,13 +458,20 @@ func (e *external) probe(ctx context.Context, p *v1alpha1.Proxy, addr string, cr
 	}
 	e.metrics.ProbeResults.WithLabelValues(e.backendName(), outcome).Inc()
 
-	was := ap.Healthy
+	was, before := ap.Healthy, *ap
+	now := e.now()
+	e.sched.probed(p.GetUID(), now)
 	v := probe.Verdict{Healthy: ap.Healthy, ConsecutiveSuccesses: ap.ConsecutiveSuccesses, ConsecutiveFailures: ap.ConsecutiveFailures}.
 		Next(res.OK, hc.SuccessThreshold, hc.FailureThreshold)
 	ap.Healthy, ap.ConsecutiveSuccesses, ap.ConsecutiveFailures = v.Healthy, v.ConsecutiveSuccesses, v.ConsecutiveFailures
-	ap.LastProbeTime = &metav1.Time{Time: e.now()}
+	// Every status change of a Proxy makes Crossplane compose its fleet
+	// again, so a probe that finds nothing new must leave the status as it
+	// is: latency moves only on a real change, and lastProbeTime only
+	// with another change or as a heartbeat.
 	if res.OK {
-		ap.LatencyMilliseconds = res.Latency.Milliseconds()
+		if latencyMoved(ap.LatencyMilliseconds, res.Latency.Milliseconds()) {
+			ap.LatencyMilliseconds = res.Latency.Milliseconds()
+		}
 		ap.LastProbeError = ""
 		if res.EgressIP != "" && res.EgressIP != ap.EgressIP {
 			if ap.EgressIP != "" {
@@ -459,7 +488,26 @@ func (e *external) probe(ctx context.Context, p *v1alpha1.Proxy, addr string, cr
 	case !v.Healthy && was:
 		e.record.Event(p, event.Warning("ProbeFailing", errors.Errorf("proxy is unhealthy after %d failed probes: %s", v.ConsecutiveFailures, res.Error)))
 	}
+	before.LastProbeTime = ap.LastProbeTime
+	if ap.LastProbeTime == nil || !reflect.DeepEqual(before, *ap) || now.Sub(ap.LastProbeTime.Time) >= probeHeartbeat {
+		ap.LastProbeTime = &metav1.Time{Time: now}
+	}
 	e.setReadiness(p)
+}
+
+// probeHeartbeat bounds how old status.atProvider.lastProbeTime gets while
+// probes keep passing and change nothing.
+const probeHeartbeat = 5 * time.Minute
+
+// latencyMoved reports whether a probe's latency differs enough from the
+// recorded one to be worth a status update: by more than a quarter and by
+// more than 5ms. Below that it is noise.
+func latencyMoved(recorded, now int64) bool {
+	d := now - recorded
+	if d < 0 {
+		d = -d
+	}
+	return recorded == 0 || (d > 5 && 4*d > recorded)
 }
 
 // setReadiness sets Ready from the verdict. It changes only when the verdict

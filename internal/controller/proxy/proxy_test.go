@@ -463,3 +463,71 @@ func TestGCPQuotaBounded(t *testing.T) {
 		t.Errorf("the firewall rule is made once per attempt at most: %d firewall inserts", api.Calls("firewalls.insert"))
 	}
 }
+
+func TestProbeKeepsStatusQuiet(t *testing.T) {
+	steady := func(latency int64, lastProbe time.Duration) *v1alpha1.Proxy {
+		return unitProxy(func(p *v1alpha1.Proxy) {
+			p.Status.AtProvider = v1alpha1.ProxyObservation{ProviderID: "local/3128", Healthy: true, ConsecutiveSuccesses: 1,
+				InstanceCreatedAt: &metav1.Time{Time: epoch.Add(-time.Hour)}, LastProbeTime: &metav1.Time{Time: epoch.Add(-lastProbe)},
+				EgressIP: "203.0.113.9", LatencyMilliseconds: latency}
+		})
+	}
+	cases := map[string]struct {
+		reason string
+		proxy  *v1alpha1.Proxy
+		probe  probe.Result
+		// wantLatency and wantProbeTime are the status after the probe.
+		wantLatency   int64
+		wantProbeTime time.Time
+	}{
+		"NothingNew": {
+			reason:      "A passing probe of a steady proxy with latency noise leaves the status unchanged, so its fleet is not composed again for nothing.",
+			proxy:       steady(40, time.Minute),
+			probe:       probe.Result{OK: true, Latency: 44 * time.Millisecond, EgressIP: "203.0.113.9"},
+			wantLatency: 40, wantProbeTime: epoch.Add(-time.Minute),
+		},
+		"LatencyMoved": {
+			reason:      "A latency that moved by more than a quarter is recorded, with the probe time.",
+			proxy:       steady(40, time.Minute),
+			probe:       probe.Result{OK: true, Latency: 90 * time.Millisecond, EgressIP: "203.0.113.9"},
+			wantLatency: 90, wantProbeTime: epoch,
+		},
+		"Heartbeat": {
+			reason:      "Every five minutes lastProbeTime shows probes still run, even when nothing changed.",
+			proxy:       steady(40, 6*time.Minute),
+			probe:       probe.Result{OK: true, Latency: 41 * time.Millisecond, EgressIP: "203.0.113.9"},
+			wantLatency: 40, wantProbeTime: epoch,
+		},
+		"FailureIsNews": {
+			reason:      "A failed probe changes the counters and the error, so it is recorded.",
+			proxy:       steady(40, time.Minute),
+			probe:       probe.Result{Error: "refused"},
+			wantLatency: 40, wantProbeTime: epoch,
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			c := &clock{t: epoch}
+			e := newExternal(fake.New(), &fakeProber{res: tc.probe}, c)
+			e.sched.seen[tc.proxy.GetUID()] = epoch.Add(-time.Hour) // not a first sight
+			e.probe(context.Background(), tc.proxy, "127.0.0.1:3128", nil)
+			ap := tc.proxy.Status.AtProvider
+			got := struct {
+				Latency   int64
+				ProbeTime time.Time
+			}{ap.LatencyMilliseconds, ap.LastProbeTime.Time}
+			want := struct {
+				Latency   int64
+				ProbeTime time.Time
+			}{tc.wantLatency, tc.wantProbeTime}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("%s\n-want, +got:\n%s", tc.reason, diff)
+			}
+			// The next probe is due an interval after this one, whatever the
+			// status says.
+			if next := e.sched.nextProbe(tc.proxy); !next.Equal(epoch.Add(10 * time.Second)) {
+				t.Errorf("next probe at %s, want one interval after this probe (%s)", next, epoch.Add(10*time.Second))
+			}
+		})
+	}
+}
