@@ -296,8 +296,8 @@ type ProxyObservation struct {
 	Healthy bool `json:"healthy,omitempty"`
 
 	// LatencyMilliseconds of a recent successful probe. It is updated when
-	// a probe's latency differs by more than a quarter (and 5ms), so that
-	// the status does not change with every probe.
+	// a probe's latency differs by more than half (and 20ms), so that the
+	// status does not change with every probe.
 	LatencyMilliseconds int64 `json:"latencyMilliseconds,omitempty"`
 
 	// LastProbeTime is when a probe last changed this status; while probes

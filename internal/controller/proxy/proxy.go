@@ -500,14 +500,14 @@ func (e *external) probe(ctx context.Context, p *v1alpha1.Proxy, addr string, cr
 const probeHeartbeat = 5 * time.Minute
 
 // latencyMoved reports whether a probe's latency differs enough from the
-// recorded one to be worth a status update: by more than a quarter and by
-// more than 5ms. Below that it is noise.
+// recorded one to be worth a status update: by more than half and by more
+// than 20ms. Below that it is noise, which on a fast network is most of it.
 func latencyMoved(recorded, now int64) bool {
 	d := now - recorded
 	if d < 0 {
 		d = -d
 	}
-	return recorded == 0 || (d > 5 && 4*d > recorded)
+	return recorded == 0 || (d > 20 && 2*d > recorded)
 }
 
 // setReadiness sets Ready from the verdict. It changes only when the verdict

@@ -483,11 +483,11 @@ func TestProbeKeepsStatusQuiet(t *testing.T) {
 		"NothingNew": {
 			reason:      "A passing probe of a steady proxy with latency noise leaves the status unchanged, so its fleet is not composed again for nothing.",
 			proxy:       steady(40, time.Minute),
-			probe:       probe.Result{OK: true, Latency: 44 * time.Millisecond, EgressIP: "203.0.113.9"},
+			probe:       probe.Result{OK: true, Latency: 58 * time.Millisecond, EgressIP: "203.0.113.9"},
 			wantLatency: 40, wantProbeTime: epoch.Add(-time.Minute),
 		},
 		"LatencyMoved": {
-			reason:      "A latency that moved by more than a quarter is recorded, with the probe time.",
+			reason:      "A latency that moved by more than half is recorded, with the probe time.",
 			proxy:       steady(40, time.Minute),
 			probe:       probe.Result{OK: true, Latency: 90 * time.Millisecond, EgressIP: "203.0.113.9"},
 			wantLatency: 90, wantProbeTime: epoch,
