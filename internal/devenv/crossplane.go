@@ -88,6 +88,14 @@ func (s *Stack) startCrossplane(ctx context.Context) error {
 		"--xpkg-cache-dir=" + s.path("crossplane", "xpkg-cache"),
 		fmt.Sprintf("--metrics-port=%d", metrics),
 		fmt.Sprintf("--health-probe-port=%d", health),
+		// Every status change of a fleet's Proxies, and of the fleet, is a
+		// watch event for the fleet, and Crossplane throttles an XR after
+		// 100 events at 1/s. A fleet of N proxies takes about 16N events to
+		// create (more while Crossplane's own status writes ping-pong on a
+		// stale cache), so a few scale-ups would throttle it for minutes.
+		// README says to size this for real clusters too.
+		"--circuit-breaker-burst=1000",
+		"--circuit-breaker-refill-rate=10",
 	}, s.opts.CrossplaneArgs...)
 	p, err := s.start("crossplane", s.bin("crossplane-core"), args, "POD_NAMESPACE="+crossplaneNamespace)
 	if err != nil {
