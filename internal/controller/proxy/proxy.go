@@ -11,9 +11,13 @@ import (
 	"net"
 	"net/url"
 	"reflect"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
+
+	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	"github.com/pkg/errors"
@@ -137,9 +141,25 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(name).
 		WithOptions(o.ForControllerRuntime()).
-		WithEventFilter(resource.DesiredStateChanged()).
+		WithEventFilter(predicate.Or(resource.DesiredStateChanged(), deletionUnblocked())).
 		For(&v1alpha1.Proxy{}).
 		Complete(r)
+}
+
+// deletionUnblocked lets through the update that removes another
+// controller's finalizer from a deleted Proxy. crossplane-runtime waits for
+// those (Crossplane deletes a fleet's Proxies in the foreground, so the
+// garbage collector's finalizer is there first) and would otherwise only
+// notice on a backoff that grows with every look, taking half a minute.
+func deletionUnblocked() predicate.Predicate {
+	return predicate.Funcs{
+		CreateFunc:  func(ctrlevent.CreateEvent) bool { return false },
+		DeleteFunc:  func(ctrlevent.DeleteEvent) bool { return false },
+		GenericFunc: func(ctrlevent.GenericEvent) bool { return false },
+		UpdateFunc: func(e ctrlevent.UpdateEvent) bool {
+			return e.ObjectNew.GetDeletionTimestamp() != nil && !slices.Equal(e.ObjectOld.GetFinalizers(), e.ObjectNew.GetFinalizers())
+		},
+	}
 }
 
 // scheduler decides when each Proxy is next probed. What it keeps in memory

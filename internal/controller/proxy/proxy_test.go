@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
+
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -527,6 +529,47 @@ func TestProbeKeepsStatusQuiet(t *testing.T) {
 			// status says.
 			if next := e.sched.nextProbe(tc.proxy); !next.Equal(epoch.Add(10 * time.Second)) {
 				t.Errorf("next probe at %s, want one interval after this probe (%s)", next, epoch.Add(10*time.Second))
+			}
+		})
+	}
+}
+
+func TestDeletionUnblocked(t *testing.T) {
+	deleting := func(finalizers ...string) *v1alpha1.Proxy {
+		return unitProxy(func(p *v1alpha1.Proxy) {
+			p.DeletionTimestamp = &metav1.Time{Time: epoch}
+			p.Finalizers = finalizers
+		})
+	}
+	cases := map[string]struct {
+		reason   string
+		old, new *v1alpha1.Proxy
+		want     bool
+	}{
+		"GarbageCollectorLetGo": {
+			reason: "The garbage collector removing its finalizer from a deleted Proxy is worth a reconcile: deletion can proceed.",
+			old:    deleting("finalizer.managedresource.crossplane.io", "foregroundDeletion"),
+			new:    deleting("finalizer.managedresource.crossplane.io"),
+			want:   true,
+		},
+		"StatusOnly": {
+			reason: "A status change of a deleted Proxy is not.",
+			old:    deleting("finalizer.managedresource.crossplane.io"),
+			new:    deleting("finalizer.managedresource.crossplane.io"),
+			want:   false,
+		},
+		"NotDeleting": {
+			reason: "Finalizers changing on a live Proxy are not either (the reconciler adds its own).",
+			old:    unitProxy(),
+			new:    unitProxy(func(p *v1alpha1.Proxy) { p.Finalizers = []string{"finalizer.managedresource.crossplane.io"} }),
+			want:   false,
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			got := deletionUnblocked().Update(ctrlevent.UpdateEvent{ObjectOld: tc.old, ObjectNew: tc.new})
+			if got != tc.want {
+				t.Errorf("%s\ngot %t, want %t", tc.reason, got, tc.want)
 			}
 		})
 	}
