@@ -69,7 +69,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	stack.Down()
-	if code == 0 {
+	if code == 0 && os.Getenv("E2E_KEEP_STATE") == "" {
 		_ = os.RemoveAll(state)
 	} else {
 		fmt.Fprintf(os.Stderr, "e2e: logs kept in %s\n", filepath.Join(state, "logs"))

@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/url"
 	"reflect"
-	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -141,23 +140,25 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(name).
 		WithOptions(o.ForControllerRuntime()).
-		WithEventFilter(predicate.Or(resource.DesiredStateChanged(), deletionUnblocked())).
+		WithEventFilter(predicate.Or(resource.DesiredStateChanged(), deletionProgressed())).
 		For(&v1alpha1.Proxy{}).
 		Complete(r)
 }
 
-// deletionUnblocked lets through the update that removes another
-// controller's finalizer from a deleted Proxy. crossplane-runtime waits for
-// those (Crossplane deletes a fleet's Proxies in the foreground, so the
-// garbage collector's finalizer is there first) and would otherwise only
-// notice on a backoff that grows with every look, taking half a minute.
-func deletionUnblocked() predicate.Predicate {
+// deletionProgressed lets through every update of a Proxy being deleted.
+// The desired-state filter drops them all, and crossplane-runtime then
+// notices on a per-object backoff that doubles with every look: first while
+// it waits for the garbage collector's finalizer (Crossplane deletes a
+// fleet's Proxies in the foreground), then while it confirms the instance is
+// gone. That took half a minute; each of these few updates now prompts the
+// next step at once.
+func deletionProgressed() predicate.Predicate {
 	return predicate.Funcs{
 		CreateFunc:  func(ctrlevent.CreateEvent) bool { return false },
 		DeleteFunc:  func(ctrlevent.DeleteEvent) bool { return false },
 		GenericFunc: func(ctrlevent.GenericEvent) bool { return false },
 		UpdateFunc: func(e ctrlevent.UpdateEvent) bool {
-			return e.ObjectNew.GetDeletionTimestamp() != nil && !slices.Equal(e.ObjectOld.GetFinalizers(), e.ObjectNew.GetFinalizers())
+			return e.ObjectNew.GetDeletionTimestamp() != nil
 		},
 	}
 }

@@ -534,7 +534,7 @@ func TestProbeKeepsStatusQuiet(t *testing.T) {
 	}
 }
 
-func TestDeletionUnblocked(t *testing.T) {
+func TestDeletionProgressed(t *testing.T) {
 	deleting := func(finalizers ...string) *v1alpha1.Proxy {
 		return unitProxy(func(p *v1alpha1.Proxy) {
 			p.DeletionTimestamp = &metav1.Time{Time: epoch}
@@ -552,11 +552,15 @@ func TestDeletionUnblocked(t *testing.T) {
 			new:    deleting("finalizer.managedresource.crossplane.io"),
 			want:   true,
 		},
-		"StatusOnly": {
-			reason: "A status change of a deleted Proxy is not.",
+		"Deleting": {
+			reason: "The Deleting status written after the instance was deleted prompts the look that lets the Proxy go.",
 			old:    deleting("finalizer.managedresource.crossplane.io"),
-			new:    deleting("finalizer.managedresource.crossplane.io"),
-			want:   false,
+			new: func() *v1alpha1.Proxy {
+				p := deleting("finalizer.managedresource.crossplane.io")
+				p.SetConditions(xpv2.Deleting())
+				return p
+			}(),
+			want: true,
 		},
 		"NotDeleting": {
 			reason: "Finalizers changing on a live Proxy are not either (the reconciler adds its own).",
@@ -567,7 +571,7 @@ func TestDeletionUnblocked(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			got := deletionUnblocked().Update(ctrlevent.UpdateEvent{ObjectOld: tc.old, ObjectNew: tc.new})
+			got := deletionProgressed().Update(ctrlevent.UpdateEvent{ObjectOld: tc.old, ObjectNew: tc.new})
 			if got != tc.want {
 				t.Errorf("%s\ngot %t, want %t", tc.reason, got, tc.want)
 			}
