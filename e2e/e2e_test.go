@@ -128,14 +128,8 @@ func waitFleet(t *testing.T, name string, n int, timeout time.Duration) []string
 		if err != nil {
 			return false, err.Error()
 		}
-		names = nil
-		ready := 0
-		for _, p := range ps {
-			names = append(names, p.Name)
-			if isReady(&p) {
-				ready++
-			}
-		}
+		var ready int
+		names, ready = namesAndReady(ps)
 		ok := st.ready && st.healthy == n && len(ps) == n && ready == n
 		return ok, fmt.Sprintf("%+v, %d Proxies of which %d Ready", st, len(ps), ready)
 	})
@@ -375,10 +369,7 @@ func rotationKeepsReadyFloor(t *testing.T) {
 		if err != nil {
 			return false, err.Error()
 		}
-		now = nil
-		for _, p := range ps {
-			now = append(now, p.Name)
-		}
+		now, _ = namesAndReady(ps)
 		for _, n := range start {
 			if contains(now, n) {
 				return false, fmt.Sprintf("%s not rotated yet; proxies %v; %+v", n, now, st)
@@ -511,6 +502,19 @@ func proxies(fleet string) ([]v1alpha1.Proxy, error) {
 	err := stack.Client.List(context.Background(), l, client.InNamespace(ns), client.MatchingLabels{ownership.FleetLabel: fleet})
 	sort.Slice(l.Items, func(i, j int) bool { return l.Items[i].Name < l.Items[j].Name })
 	return l.Items, err
+}
+
+// namesAndReady returns the Proxies' names and how many are Ready.
+func namesAndReady(ps []v1alpha1.Proxy) ([]string, int) {
+	names := make([]string, 0, len(ps))
+	ready := 0
+	for _, p := range ps {
+		names = append(names, p.Name)
+		if isReady(&p) {
+			ready++
+		}
+	}
+	return names, ready
 }
 
 func isReady(p *v1alpha1.Proxy) bool {

@@ -51,14 +51,11 @@ func (s *Stack) startTarget(_ context.Context) error {
 }
 
 func (s *Stack) startProvider(ctx context.Context) error {
-	metrics, err := s.port("provider-metrics")
+	ports, err := s.ports("provider-metrics", "provider-health")
 	if err != nil {
 		return err
 	}
-	health, err := s.port("provider-health")
-	if err != nil {
-		return err
-	}
+	metrics, health := ports[0], ports[1]
 	args := append([]string{
 		"--state-dir=" + s.SquidDir,
 		"--probe-ca-bundle=" + s.TargetCA,
@@ -73,14 +70,11 @@ func (s *Stack) startProvider(ctx context.Context) error {
 }
 
 func (s *Stack) startDiscovery(ctx context.Context) error {
-	api, err := s.port("discovery")
+	ports, err := s.ports("discovery", "discovery-health")
 	if err != nil {
 		return err
 	}
-	health, err := s.port("discovery-health")
-	if err != nil {
-		return err
-	}
+	api, health := ports[0], ports[1]
 	tokens := s.path("discovery-tokens")
 	line := fmt.Sprintf("# egress-discovery static tokens: <token> <namespaces>\n%s %s\n", s.Token, ExampleNamespace)
 	if err := os.WriteFile(tokens, []byte(line), 0o600); err != nil {

@@ -73,14 +73,11 @@ func (s *Stack) startCrossplane(ctx context.Context) error {
 	if err := s.writeSecret(ctx, clientSecret, certs); err != nil {
 		return err
 	}
-	metrics, err := s.port("crossplane-metrics")
+	ports, err := s.ports("crossplane-metrics", "crossplane-health")
 	if err != nil {
 		return err
 	}
-	health, err := s.port("crossplane-health")
-	if err != nil {
-		return err
-	}
+	metrics, health := ports[0], ports[1]
 	args = append([]string{"core", "start",
 		"--package-runtime=External",
 		"--enable-webhooks=false",
@@ -324,14 +321,11 @@ func (s *Stack) startFunction(ctx context.Context) error {
 	if _, err := s.issueServerSecret(ctx, providerName); err != nil {
 		return err
 	}
-	grpcPort, err := s.port("function")
+	ports, err := s.ports("function", "function-metrics")
 	if err != nil {
 		return err
 	}
-	metrics, err := s.port("function-metrics")
-	if err != nil {
-		return err
-	}
+	grpcPort, metrics := ports[0], ports[1]
 	endpoint := fmt.Sprintf("127.0.0.1:%d", grpcPort)
 	p, err := s.start("function-proxyfleet", s.bin("function-proxyfleet"), []string{
 		"--tls-certs-dir=" + dir, "--address=" + endpoint, fmt.Sprintf("--metrics-address=127.0.0.1:%d", metrics),

@@ -285,6 +285,19 @@ func (s *Stack) port(name string) (int, error) {
 	return p, s.save()
 }
 
+// ports returns the ports of several listeners, as port does for one.
+func (s *Stack) ports(names ...string) ([]int, error) {
+	out := make([]int, len(names))
+	for i, n := range names {
+		p, err := s.port(n)
+		if err != nil {
+			return nil, err
+		}
+		out[i] = p
+	}
+	return out, nil
+}
+
 func free(p int) bool {
 	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p))
 	if err != nil {
