@@ -46,10 +46,10 @@ bench: tools ## Run the benchmarks recorded in BENCHMARKS.md (minutes; not part 
 
 .PHONY: lint
 lint: vet ## gofmt, go vet, and golangci-lint (built from the module proxy when missing).
-	@unformatted=$$(gofmt -l apis cmd internal hack package 2>/dev/null); \
+	@unformatted=$$(gofmt -l apis cmd internal hack package cluster e2e 2>/dev/null); \
 		if [ -n "$$unformatted" ]; then echo "not gofmt-formatted:"; echo "$$unformatted"; exit 1; fi
 	@hack/tools/build.sh golangci-lint
-	$(BIN)/golangci-lint run ./...
+	$(BIN)/golangci-lint run --build-tags e2e ./...
 
 .PHONY: validate
 validate: tools ## Validate the examples offline with crossplane beta validate.

@@ -69,7 +69,7 @@ func readObjects(t *testing.T, path string) []*unstructured.Unstructured {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
+	defer f.Close() //nolint:errcheck // Read only.
 	r := utilyaml.NewYAMLReader(bufio.NewReader(f))
 	var objs []*unstructured.Unstructured
 	for {

@@ -200,7 +200,7 @@ func run(ctx context.Context, f *flags) error {
 		Sources:   proxy.CollectorSources{Kube: mgr.GetClient(), Backends: backends},
 		ClusterID: clusterID, Grace: f.gcGrace, DryRun: f.gcDryRun, Interval: f.gcInterval, Now: time.Now,
 		Log: log.WithValues("controller", "orphan-collector"), Metrics: pm,
-		Record: event.NewAPIRecorder(mgr.GetEventRecorderFor("orphan-collector")),
+		Record: event.NewAPIRecorder(mgr.GetEventRecorderFor("orphan-collector")), //nolint:staticcheck // crossplane-runtime's recorder takes the old events API.
 	}
 	if err := mgr.Add(collector); err != nil {
 		return errors.Wrap(err, "cannot add orphan collector")

@@ -22,6 +22,7 @@ import (
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
@@ -184,7 +185,7 @@ func (s *Stack) installConfiguration(ctx context.Context) error {
 			"rewriteImage": map[string]any{"prefix": s.Registry + "/kacerr/"},
 		},
 	}}
-	if err := s.Client.Patch(ctx, ic, client.Apply, client.ForceOwnership, client.FieldOwner("egress-devenv")); err != nil {
+	if err := s.apply(ctx, ic); err != nil {
 		return errors.Wrap(err, "cannot apply the ImageConfig")
 	}
 
@@ -296,8 +297,16 @@ func (s *Stack) issueServerSecret(ctx context.Context, pkg string) (*corev1.Secr
 		Type:       corev1.SecretTypeOpaque,
 		Data:       map[string][]byte{"tls.crt": crt, "tls.key": key, "ca.crt": auth.certPEM},
 	}
-	err = s.Client.Patch(ctx, sec, client.Apply, client.ForceOwnership, client.FieldOwner("egress-devenv"))
-	return sec, errors.Wrapf(err, "cannot apply Secret %s", sec.Name)
+	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(sec)
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot convert the Secret")
+	}
+	return sec, errors.Wrapf(s.apply(ctx, &unstructured.Unstructured{Object: obj}), "cannot apply Secret %s", sec.Name)
+}
+
+// apply server-side applies an object as the environment's field manager.
+func (s *Stack) apply(ctx context.Context, u *unstructured.Unstructured) error {
+	return s.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.ForceOwnership, client.FieldOwner("egress-devenv"))
 }
 
 // startFunction runs function-proxyfleet with a server certificate issued

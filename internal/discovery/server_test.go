@@ -107,7 +107,7 @@ func call(t *testing.T, srv *httptest.Server, token, method, path, body string) 
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
+	defer resp.Body.Close() //nolint:errcheck // Read to the end already.
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, resp.Header, b
 }

@@ -136,7 +136,7 @@ func SlotName(proxy string, slot int) string {
 func labelValue(v string) string {
 	ok := len(v) <= 63
 	for _, r := range v {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.') {
+		if (r < 'a' || r > 'z') && (r < 'A' || r > 'Z') && (r < '0' || r > '9') && r != '-' && r != '_' && r != '.' {
 			ok = false
 		}
 	}

@@ -43,7 +43,7 @@ func Setup(mgr ctrl.Manager, o controller.Options) error {
 		name := providerconfig.ControllerName(k.kinds.Config.GroupKind().String())
 		r := providerconfig.NewReconciler(mgr, k.kinds,
 			providerconfig.WithLogger(o.Logger.WithValues("controller", name)),
-			providerconfig.WithRecorder(event.NewAPIRecorder(mgr.GetEventRecorderFor(name))))
+			providerconfig.WithRecorder(event.NewAPIRecorder(mgr.GetEventRecorderFor(name)))) //nolint:staticcheck // crossplane-runtime's recorder takes the old events API.
 		err := ctrl.NewControllerManagedBy(mgr).
 			Named(name).
 			WithOptions(o.ForControllerRuntime()).

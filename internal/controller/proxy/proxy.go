@@ -102,7 +102,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		o.Prober = probe.Prober{}
 	}
 	sched := &scheduler{started: o.Now(), seen: map[types.UID]time.Time{}, now: o.Now}
-	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(name))
+	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(name)) //nolint:staticcheck // crossplane-runtime's recorder takes the old events API.
 	c := &connector{
 		kube: mgr.GetClient(), usage: newUsageTracker(mgr.GetClient()),
 		backends: o.Backends, clusterID: o.ClusterID, prober: o.Prober, rootCAs: o.RootCAs,
