@@ -31,6 +31,7 @@ check-generate: generate ## Fail when regeneration changes a checked-in file.
 .PHONY: vet
 vet: ## go vet every package.
 	go vet ./...
+	go vet -tags e2e ./e2e
 	cd hack/tools && go vet ./...
 
 .PHONY: test
