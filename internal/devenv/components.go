@@ -66,7 +66,11 @@ func (s *Stack) startProvider(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return waitHTTP(ctx, p, fmt.Sprintf("http://127.0.0.1:%d/readyz", health), time.Minute)
+	if err := waitHTTP(ctx, p, fmt.Sprintf("http://127.0.0.1:%d/readyz", health), time.Minute); err != nil {
+		return err
+	}
+	s.providerProc.Store(p)
+	return nil
 }
 
 func (s *Stack) startDiscovery(ctx context.Context) error {

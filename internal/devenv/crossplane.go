@@ -2,7 +2,6 @@ package devenv
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log"
 	"net"
@@ -10,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/go-containerregistry/pkg/name"
@@ -19,6 +19,7 @@ import (
 	"github.com/pkg/errors"
 	corev1 "k8s.io/api/core/v1"
 	extv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -345,6 +346,7 @@ func (s *Stack) startFunction(ctx context.Context) error {
 	if err := waitTCP(ctx, p, endpoint, 30*time.Second); err != nil {
 		return err
 	}
+	s.functionProc.Store(p)
 	go func() {
 		for {
 			if err := s.externalRuntime(ctx, endpoint); err != nil && ctx.Err() == nil {
@@ -363,12 +365,16 @@ func (s *Stack) startFunction(ctx context.Context) error {
 // externalRuntime does for the package revisions what Crossplane's
 // Deployment runtime would, except running anything: it names each
 // revision's TLS server Secret (Crossplane waits for it before it installs
-// the package's objects) and points the active FunctionRevision at the
-// function's endpoint.
+// the package's objects), points the active FunctionRevision at the
+// function's endpoint, and reports whether the local process of an active
+// revision runs, as RuntimeHealthy, which the package's Healthy follows.
 func (s *Stack) externalRuntime(ctx context.Context, endpoint string) error {
-	for _, kind := range []struct{ list, pkg string }{
-		{"FunctionRevisionList", FunctionName},
-		{"ProviderRevisionList", providerName},
+	for _, kind := range []struct {
+		list, pkg string
+		proc      *atomic.Pointer[process]
+	}{
+		{"FunctionRevisionList", FunctionName, &s.functionProc},
+		{"ProviderRevisionList", providerName, &s.providerProc},
 	} {
 		l := &unstructured.UnstructuredList{}
 		l.SetAPIVersion("pkg.crossplane.io/v1")
@@ -378,24 +384,62 @@ func (s *Stack) externalRuntime(ctx context.Context, endpoint string) error {
 		}
 		for i := range l.Items {
 			r := &l.Items[i]
-			status := map[string]any{}
-			if got, _, _ := unstructured.NestedString(r.Object, "status", "tlsServerSecretName"); got != tlsServerSecret(kind.pkg) {
-				status["tlsServerSecretName"] = tlsServerSecret(kind.pkg)
+			before := r.DeepCopy()
+			_ = unstructured.SetNestedField(r.Object, tlsServerSecret(kind.pkg), "status", "tlsServerSecretName")
+			if active, _, _ := unstructured.NestedString(r.Object, "spec", "desiredState"); active == "Active" {
+				if kind.pkg == FunctionName {
+					_ = unstructured.SetNestedField(r.Object, endpoint, "status", "endpoint")
+				}
+				setCondition(r, runtimeHealth(kind.proc.Load()))
 			}
-			active, _, _ := unstructured.NestedString(r.Object, "spec", "desiredState")
-			if got, _, _ := unstructured.NestedString(r.Object, "status", "endpoint"); kind.pkg == FunctionName && active == "Active" && got != endpoint {
-				status["endpoint"] = endpoint
-			}
-			if len(status) == 0 {
+			if equality.Semantic.DeepEqual(before.Object, r.Object) {
 				continue
 			}
-			patch, _ := json.Marshal(map[string]any{"status": status})
-			if err := s.Client.Status().Patch(ctx, r, client.RawPatch(types.MergePatchType, patch)); err != nil {
+			// An update, not a patch: it fails on a conflict with Crossplane's
+			// own status writes instead of undoing them, and is retried.
+			if err := s.Client.Status().Update(ctx, r); err != nil && !kerrors.IsConflict(err) {
 				return errors.Wrapf(err, "cannot update the status of %s", r.GetName())
 			}
 		}
 	}
 	return nil
+}
+
+// runtimeHealth is the RuntimeHealthy condition of a package whose runtime
+// is the local process p (nil: not started yet).
+func runtimeHealth(p *process) map[string]any {
+	c := map[string]any{"type": "RuntimeHealthy", "status": "True", "reason": "HealthyPackageRevision",
+		"message": "runs as a local process (External package runtime)"}
+	switch {
+	case p == nil:
+		c["status"], c["reason"], c["message"] = "Unknown", "UnknownPackageRevisionHealth", "the local process has not started yet"
+	default:
+		if done, err := p.exited(); done {
+			c["status"], c["reason"], c["message"] = "False", "UnhealthyPackageRevision", fmt.Sprintf("the local process exited (%v); see its log", err)
+		}
+	}
+	return c
+}
+
+// setCondition sets a condition on an unstructured object's status, keeping
+// its lastTransitionTime unless its status changes.
+func setCondition(u *unstructured.Unstructured, c map[string]any) {
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for i, x := range conds {
+		old, _ := x.(map[string]any)
+		if old["type"] != c["type"] {
+			continue
+		}
+		c["lastTransitionTime"] = old["lastTransitionTime"]
+		if old["status"] != c["status"] || c["lastTransitionTime"] == nil {
+			c["lastTransitionTime"] = time.Now().UTC().Format(time.RFC3339)
+		}
+		conds[i] = c
+		_ = unstructured.SetNestedSlice(u.Object, conds, "status", "conditions")
+		return
+	}
+	c["lastTransitionTime"] = time.Now().UTC().Format(time.RFC3339)
+	_ = unstructured.SetNestedSlice(u.Object, append(conds, c), "status", "conditions")
 }
 
 // functionReady reports whether the active FunctionRevision points at the

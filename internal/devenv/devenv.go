@@ -23,6 +23,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/pkg/errors"
@@ -101,12 +102,14 @@ type Stack struct {
 	// ExamplesApplied is when examples/local/ was applied.
 	ExamplesApplied time.Time
 
-	opts     Options
-	began    time.Time
-	state    persisted
-	env      *envtest.Environment
-	cleanups []cleanup
-	cancel   context.CancelFunc
+	opts  Options
+	began time.Time
+	// The runtimes of the packages, for their revisions' RuntimeHealthy.
+	functionProc, providerProc atomic.Pointer[process]
+	state                      persisted
+	env                        *envtest.Environment
+	cleanups                   []cleanup
+	cancel                     context.CancelFunc
 }
 
 type cleanup struct {

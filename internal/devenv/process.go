@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -87,16 +88,21 @@ func (s *Stack) run(ctx context.Context, name, bin string, args ...string) error
 		_ = f.Close()
 	}
 	if err != nil {
-		return errors.Errorf("%s %v: %v: %s", filepath.Base(bin), args, err, tail(out, 800))
+		return errors.Errorf("%s %s: %v: %s", filepath.Base(bin), strings.Join(args[:min(2, len(args))], " "), err, why(out))
 	}
 	return nil
 }
 
-func tail(b []byte, n int) string {
-	if len(b) > n {
-		b = b[len(b)-n:]
+// why picks the line of a failed command's output that says why: the last
+// one naming an error, else the last line.
+func why(out []byte) string {
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.Contains(strings.ToLower(lines[i]), "error") {
+			return strings.TrimSpace(lines[i])
+		}
 	}
-	return string(b)
+	return lines[len(lines)-1]
 }
 
 // waitHTTP waits until url answers 200, or the process exits, or ctx ends.
