@@ -410,13 +410,12 @@ func (s *Stack) externalRuntime(ctx context.Context, endpoint string) error {
 func runtimeHealth(p *process) map[string]any {
 	c := map[string]any{"type": "RuntimeHealthy", "status": "True", "reason": "HealthyPackageRevision",
 		"message": "runs as a local process (External package runtime)"}
-	switch {
-	case p == nil:
+	if p == nil {
 		c["status"], c["reason"], c["message"] = "Unknown", "UnknownPackageRevisionHealth", "the local process has not started yet"
-	default:
-		if done, err := p.exited(); done {
-			c["status"], c["reason"], c["message"] = "False", "UnhealthyPackageRevision", fmt.Sprintf("the local process exited (%v); see its log", err)
-		}
+		return c
+	}
+	if done, err := p.exited(); done {
+		c["status"], c["reason"], c["message"] = "False", "UnhealthyPackageRevision", fmt.Sprintf("the local process exited (%v); see its log", err)
 	}
 	return c
 }
