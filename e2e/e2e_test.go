@@ -10,6 +10,7 @@ import (
 	"context"
 	"encoding/pem"
 	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -69,12 +70,32 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	stack.Down()
+	if left := leftBehind(stack); len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "e2e: FAIL: stopping the environment left behind: %s\n", strings.Join(left, ", "))
+		code = 1
+	}
 	if code == 0 && os.Getenv("E2E_KEEP_STATE") == "" {
 		_ = os.RemoveAll(state)
 	} else {
 		fmt.Fprintf(os.Stderr, "e2e: logs kept in %s\n", filepath.Join(state, "logs"))
 	}
 	os.Exit(code)
+}
+
+// leftBehind lists the Squid processes and listeners still there after
+// Down: what Ctrl-C on make run must not leave.
+func leftBehind(s *devenv.Stack) []string {
+	var left []string
+	for _, pid := range local.Processes(s.SquidDir) {
+		left = append(left, fmt.Sprintf("Squid pid %d", pid))
+	}
+	for _, addr := range s.Listeners() {
+		if c, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+			_ = c.Close()
+			left = append(left, "a listener on "+addr)
+		}
+	}
+	return left
 }
 
 // TestEndToEnd runs the steps in order: each builds on the state the one

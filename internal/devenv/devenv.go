@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -286,6 +287,18 @@ func (s *Stack) port(name string) (int, error) {
 	_ = ln.Close()
 	s.state.Ports[name] = p
 	return p, s.save()
+}
+
+// Listeners returns the loopback addresses the environment listens on
+// (beside the apiserver's and etcd's, which envtest picks), so a caller can
+// check that Down left none behind.
+func (s *Stack) Listeners() []string {
+	out := []string{TargetAddress}
+	for _, p := range s.state.Ports {
+		out = append(out, fmt.Sprintf("127.0.0.1:%d", p))
+	}
+	sort.Strings(out)
+	return out
 }
 
 // ports returns the ports of several listeners, as port does for one.
