@@ -141,11 +141,7 @@ func waitFleet(t *testing.T, name string, n int, timeout time.Duration) []string
 	t.Helper()
 	var names []string
 	eventually(t, timeout, fmt.Sprintf("fleet %s Ready with %d healthy proxies", name, n), func() (bool, string) {
-		st, err := fleetState(name)
-		if err != nil {
-			return false, err.Error()
-		}
-		ps, err := proxies(name)
+		st, ps, err := observe(name)
 		if err != nil {
 			return false, err.Error()
 		}
@@ -382,11 +378,7 @@ func rotationKeepsReadyFloor(t *testing.T) {
 	patch(t, rotor, `{"spec":{"rotation":{"maxAge":"1m","maxSurge":1,"maxUnavailable":0}}}`)
 	var now []string
 	eventually(t, 5*time.Minute, "every proxy of the fleet rotated", func() (bool, string) {
-		st, err := fleetState(rotor)
-		if err != nil {
-			return false, err.Error()
-		}
-		ps, err := proxies(rotor)
+		st, ps, err := observe(rotor)
 		if err != nil {
 			return false, err.Error()
 		}
@@ -491,6 +483,16 @@ func fleetObject(name string) *unstructured.Unstructured {
 	u.SetNamespace(ns)
 	u.SetName(name)
 	return u
+}
+
+// observe reads a fleet's status and its Proxies.
+func observe(fleet string) (fleetStatus, []v1alpha1.Proxy, error) {
+	st, err := fleetState(fleet)
+	if err != nil {
+		return st, nil, err
+	}
+	ps, err := proxies(fleet)
+	return st, ps, err
 }
 
 func fleetState(name string) (fleetStatus, error) {

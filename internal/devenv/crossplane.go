@@ -328,9 +328,6 @@ func (s *Stack) startFunction(ctx context.Context) error {
 			return errors.Wrapf(err, "cannot write %s", f)
 		}
 	}
-	if _, err := s.issueServerSecret(ctx, providerName); err != nil {
-		return err
-	}
 	ports, err := s.ports("function", "function-metrics")
 	if err != nil {
 		return err
@@ -347,9 +344,19 @@ func (s *Stack) startFunction(ctx context.Context) error {
 		return err
 	}
 	s.functionProc.Store(p)
+	return s.startExternalRuntime(ctx, endpoint)
+}
+
+// startExternalRuntime issues the provider's TLS server Secret (the
+// function's was issued for its process) and keeps the package revisions'
+// status as a runtime would, every second until ctx ends.
+func (s *Stack) startExternalRuntime(ctx context.Context, functionEndpoint string) error {
+	if _, err := s.issueServerSecret(ctx, providerName); err != nil {
+		return err
+	}
 	go func() {
 		for {
-			if err := s.externalRuntime(ctx, endpoint); err != nil && ctx.Err() == nil {
+			if err := s.externalRuntime(ctx, functionEndpoint); err != nil && ctx.Err() == nil {
 				s.Logf("  external runtime: %v", err)
 			}
 			select {
@@ -376,11 +383,9 @@ func (s *Stack) externalRuntime(ctx context.Context, endpoint string) error {
 		{"FunctionRevisionList", FunctionName, &s.functionProc},
 		{"ProviderRevisionList", providerName, &s.providerProc},
 	} {
-		l := &unstructured.UnstructuredList{}
-		l.SetAPIVersion("pkg.crossplane.io/v1")
-		l.SetKind(kind.list)
-		if err := s.Client.List(ctx, l, client.MatchingLabels{"pkg.crossplane.io/package": kind.pkg}); err != nil {
-			return errors.Wrapf(err, "cannot list %s", kind.list)
+		l, err := s.revisions(ctx, kind.list, kind.pkg)
+		if err != nil {
+			return err
 		}
 		for i := range l.Items {
 			r := &l.Items[i]
@@ -441,13 +446,21 @@ func setCondition(u *unstructured.Unstructured, c map[string]any) {
 	_ = unstructured.SetNestedSlice(u.Object, append(conds, c), "status", "conditions")
 }
 
+// revisions lists the revisions of one package; list is the kind of the
+// list, FunctionRevisionList or ProviderRevisionList.
+func (s *Stack) revisions(ctx context.Context, list, pkg string) (*unstructured.UnstructuredList, error) {
+	l := &unstructured.UnstructuredList{}
+	l.SetAPIVersion("pkg.crossplane.io/v1")
+	l.SetKind(list)
+	err := s.Client.List(ctx, l, client.MatchingLabels{"pkg.crossplane.io/package": pkg})
+	return l, errors.Wrapf(err, "cannot list %s", list)
+}
+
 // functionReady reports whether the active FunctionRevision points at the
 // function and is healthy.
 func (s *Stack) functionReady(ctx context.Context) (bool, string, error) {
-	l := &unstructured.UnstructuredList{}
-	l.SetAPIVersion("pkg.crossplane.io/v1")
-	l.SetKind("FunctionRevisionList")
-	if err := s.Client.List(ctx, l, client.MatchingLabels{"pkg.crossplane.io/package": FunctionName}); err != nil {
+	l, err := s.revisions(ctx, "FunctionRevisionList", FunctionName)
+	if err != nil {
 		return false, err.Error(), nil
 	}
 	for _, r := range l.Items {
@@ -460,19 +473,4 @@ func (s *Stack) functionReady(ctx context.Context) (bool, string, error) {
 		return true, "", nil
 	}
 	return false, "no active FunctionRevision yet", nil
-}
-
-// waitTCP waits until addr accepts connections.
-func waitTCP(ctx context.Context, p *process, addr string, timeout time.Duration) error {
-	return wait(ctx, timeout, p.name+" listening on "+addr, func() (bool, string, error) {
-		if ok, err := p.exited(); ok {
-			return false, "", errors.Errorf("%s exited (%v); see its log", p.name, err)
-		}
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err != nil {
-			return false, err.Error(), nil
-		}
-		_ = c.Close()
-		return true, "", nil
-	})
 }

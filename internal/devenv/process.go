@@ -3,6 +3,7 @@ package devenv
 import (
 	"context"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -107,23 +108,31 @@ func why(out []byte) string {
 
 // waitHTTP waits until url answers 200, or the process exits, or ctx ends.
 func waitHTTP(ctx context.Context, p *process, url string, timeout time.Duration) error {
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	for {
+	return wait(ctx, timeout, p.name+" answering "+url, func() (bool, string, error) {
 		if ok, err := p.exited(); ok {
-			return errors.Errorf("%s exited (%v); see its log", p.name, err)
+			return false, "", errors.Errorf("%s exited (%v); see its log", p.name, err)
 		}
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-		if rsp, err := http.DefaultClient.Do(req); err == nil {
-			_ = rsp.Body.Close()
-			if rsp.StatusCode == http.StatusOK {
-				return nil
-			}
+		rsp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return false, err.Error(), nil
 		}
-		select {
-		case <-ctx.Done():
-			return errors.Errorf("%s did not answer %s in %s", p.name, url, timeout)
-		case <-time.After(200 * time.Millisecond):
+		_ = rsp.Body.Close()
+		return rsp.StatusCode == http.StatusOK, rsp.Status, nil
+	})
+}
+
+// waitTCP waits until addr accepts connections.
+func waitTCP(ctx context.Context, p *process, addr string, timeout time.Duration) error {
+	return wait(ctx, timeout, p.name+" listening on "+addr, func() (bool, string, error) {
+		if ok, err := p.exited(); ok {
+			return false, "", errors.Errorf("%s exited (%v); see its log", p.name, err)
 		}
-	}
+		c, err := net.DialTimeout("tcp", addr, time.Second)
+		if err != nil {
+			return false, err.Error(), nil
+		}
+		_ = c.Close()
+		return true, "", nil
+	})
 }

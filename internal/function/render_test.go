@@ -9,9 +9,10 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/google/go-cmp/cmp"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
 var update = flag.Bool("update", false, "rewrite the render golden files")
@@ -47,24 +48,7 @@ func startFunction(t *testing.T, root string) string {
 	_ = l.Close()
 	cmd := exec.Command(bin, "--insecure", "--address", addr, "--metrics-address", "127.0.0.1:0", "--fixed-time", fixedTime)
 	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-	})
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			_ = c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the function never listened on %s", addr)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	testbed.StartListening(t, cmd, addr)
 	src, err := os.ReadFile(filepath.Join(root, "examples", "functions.yaml"))
 	if err != nil {
 		t.Fatal(err)

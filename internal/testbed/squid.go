@@ -62,7 +62,13 @@ func RunSquid(t testing.TB, conf []byte, podDir string, files map[string][]byte,
 			_ = filepath.Walk(dir, func(p string, _ os.FileInfo, _ error) error { return os.Chown(p, uid, gid) })
 		}
 	}
-	cmd := exec.Command(bin, "-N", "-f", path)
+	StartListening(t, exec.Command(bin, "-N", "-f", path), addr)
+}
+
+// StartListening starts cmd, stops it with the test, and waits up to 10s
+// until it accepts connections on addr.
+func StartListening(t testing.TB, cmd *exec.Cmd, addr string) {
+	t.Helper()
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -78,7 +84,7 @@ func RunSquid(t testing.TB, conf []byte, podDir string, files map[string][]byte,
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Fatalf("squid never listened on %s", addr)
+	t.Fatalf("%s never listened on %s", filepath.Base(cmd.Path), addr)
 }
 
 // SquidStateDir returns a fresh folder that Squid's own user can reach:
