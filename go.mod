@@ -4,6 +4,7 @@ go 1.26.0
 
 require (
 	cloud.google.com/go/compute v1.75.0
+	github.com/alecthomas/kong v1.17.0
 	github.com/crossplane/crossplane-runtime/v2 v2.4.0
 	github.com/crossplane/crossplane/apis/v2 v2.3.4
 	github.com/crossplane/function-sdk-go v0.7.1

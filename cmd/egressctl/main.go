@@ -14,84 +14,132 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
 	"os/exec"
 	"os/signal"
+	"strconv"
 	"syscall"
 	"text/tabwriter"
 	"time"
 
+	"github.com/alecthomas/kong"
+
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli"
 )
 
-const usage = `egressctl talks to egress-discovery.
+// description is what --help says egressctl does.
+const description = `egressctl talks to egress-discovery. The server and token come from --server/--token or EGRESS_DISCOVERY_URL and EGRESS_DISCOVERY_TOKEN (a ServiceAccount token or a static token).`
 
-Usage:
-  egressctl lease   --fleet <namespace>/<name> [flags] -- <command> [args...]
-  egressctl proxies --fleet <namespace>/<name> [--zone z]
+// CLI is egressctl's commands, and the flags they share.
+type CLI struct {
+	Server string `help:"egress-discovery's URL." env:"EGRESS_DISCOVERY_URL" required:"" placeholder:"URL"`
+	Token  string `help:"Bearer token." default:"" env:"EGRESS_DISCOVERY_TOKEN" placeholder:"TOKEN"`
 
-The server and token come from --server/--token or EGRESS_DISCOVERY_URL and
-EGRESS_DISCOVERY_TOKEN (a ServiceAccount token or a static token).
-`
+	Lease   leaseCmd   `cmd:"" help:"Run a command with HTTP_PROXY and HTTPS_PROXY set to a leased proxy, renewing the lease while it runs."`
+	Proxies proxiesCmd `cmd:"" help:"List the fleet's healthy proxies."`
+}
+
+// fleetFlags choose the proxies a command works on.
+type fleetFlags struct {
+	Fleet string `help:"The fleet, as <namespace>/<name>." required:""`
+	Zone  string `help:"Only proxies in this zone." default:""`
+}
+
+type proxiesCmd struct {
+	fleetFlags `embed:""`
+}
+
+type leaseCmd struct {
+	fleetFlags `embed:""`
+	TTL        string `name:"ttl" help:"Lease TTL, such as 10m; empty means the fleet's default." default:""`
+	Holder     string `help:"Names this crawler on the lease; empty means egressctl@<hostname>." default:""`
+	StickyKey  string `help:"Prefer the proxy this key was last given." default:""`
+	Domain     string `help:"Skip proxies banned for this domain." default:""`
+
+	Command []string `arg:"" passthrough:"partial" help:"The command to run, after --, and its arguments."`
+}
+
+// streams are where a command writes.
+type streams struct{ out, err io.Writer }
+
+// exitCode is an exit code a command decided and explained itself, such as
+// the leased command's own.
+type exitCode int
+
+func (e exitCode) Error() string { return "exit status " + strconv.Itoa(int(e)) }
 
 func main() {
 	os.Exit(run(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprint(stderr, usage)
-		return 2
+	c := &CLI{}
+	k, err := cli.New("egressctl", description, c, kong.Writers(stdout, stderr), kong.ShortUsageOnError())
+	if err != nil {
+		panic(err) // The tests build the grammar: never reached in a release.
 	}
-	fs := flag.NewFlagSet(args[0], flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fleet := fs.String("fleet", "", "The fleet, as <namespace>/<name>.")
-	server := fs.String("server", os.Getenv("EGRESS_DISCOVERY_URL"), "egress-discovery's URL (env EGRESS_DISCOVERY_URL).")
-	token := fs.String("token", os.Getenv("EGRESS_DISCOVERY_TOKEN"), "Bearer token (env EGRESS_DISCOVERY_TOKEN).")
-	zone := fs.String("zone", "", "Only proxies in this zone.")
-	ttl := fs.String("ttl", "", "Lease TTL, such as 10m; empty means the fleet's default.")
-	holder := fs.String("holder", "", "Names this crawler on the lease; empty means egressctl@<hostname>.")
-	sticky := fs.String("sticky-key", "", "Prefer the proxy this key was last given.")
-	domain := fs.String("domain", "", "Skip proxies banned for this domain.")
-	if err := fs.Parse(args[1:]); err != nil {
-		return 2
+	kctx, code := cli.ParseArgs(k, args)
+	if kctx == nil {
+		return code
 	}
-	if *fleet == "" || *server == "" {
-		fmt.Fprintln(stderr, "egressctl: --fleet and --server (or EGRESS_DISCOVERY_URL) are required")
-		return 2
+	kctx.BindTo(ctx, (*context.Context)(nil))
+	err = kctx.Run(&apiv1.Client{BaseURL: c.Server, Token: c.Token}, streams{out: stdout, err: stderr})
+	var ec exitCode
+	switch {
+	case errors.As(err, &ec):
+		return int(ec)
+	case err != nil:
+		fmt.Fprintln(stderr, "egressctl:", err)
+		return 1
 	}
-	c := &apiv1.Client{BaseURL: *server, Token: *token}
-	switch args[0] {
-	case "proxies":
-		l, err := c.Proxies(ctx, *fleet, *zone)
-		if err != nil {
-			fmt.Fprintln(stderr, "egressctl:", err)
-			return 1
-		}
-		tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tZONE\tENDPOINT\tEGRESS-IP\tLATENCY\tLEASES")
-		for _, p := range l.Items {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%dms\t%d/%d\n", p.Name, p.Zone, p.Endpoint, p.EgressIP, p.LatencyMs, p.Leases, p.MaxLeases)
-		}
-		_ = tw.Flush()
-		return 0
-	case "lease":
-		if fs.NArg() == 0 {
-			fmt.Fprintln(stderr, "egressctl lease: give the command to run after --")
-			return 2
-		}
-		if *holder == "" {
-			h, _ := os.Hostname()
-			*holder = "egressctl@" + h
-		}
-		return runLeased(ctx, c, apiv1.AcquireRequest{Fleet: *fleet, Holder: *holder, TTL: *ttl, Zone: *zone, StickyKey: *sticky, Domain: *domain}, fs.Args(), stdout, stderr)
-	default:
-		fmt.Fprintf(stderr, "egressctl: unknown command %q\n\n%s", args[0], usage)
-		return 2
+	return 0
+}
+
+// Run lists the fleet's proxies.
+func (p *proxiesCmd) Run(ctx context.Context, c *apiv1.Client, s streams) error {
+	l, err := c.Proxies(ctx, p.Fleet, p.Zone)
+	if err != nil {
+		return err
 	}
+	tw := tabwriter.NewWriter(s.out, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tZONE\tENDPOINT\tEGRESS-IP\tLATENCY\tLEASES")
+	for _, px := range l.Items {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%dms\t%d/%d\n", px.Name, px.Zone, px.Endpoint, px.EgressIP, px.LatencyMs, px.Leases, px.MaxLeases)
+	}
+	return tw.Flush()
+}
+
+// command is the command to run, without the -- that kong keeps in front.
+func (l *leaseCmd) command() []string {
+	if len(l.Command) > 0 && l.Command[0] == "--" {
+		return l.Command[1:]
+	}
+	return l.Command
+}
+
+// Validate requires a command after the --.
+func (l *leaseCmd) Validate() error {
+	if len(l.command()) == 0 {
+		return errors.New("give the command to run after --")
+	}
+	return nil
+}
+
+// Run runs the command through a leased proxy.
+func (l *leaseCmd) Run(ctx context.Context, c *apiv1.Client, s streams) error {
+	holder := l.Holder
+	if holder == "" {
+		h, _ := os.Hostname()
+		holder = "egressctl@" + h
+	}
+	req := apiv1.AcquireRequest{Fleet: l.Fleet, Holder: holder, TTL: l.TTL, Zone: l.Zone, StickyKey: l.StickyKey, Domain: l.Domain}
+	if code := runLeased(ctx, c, req, l.command(), s.out, s.err); code != 0 {
+		return exitCode(code)
+	}
+	return nil
 }
 
 func runLeased(ctx context.Context, c *apiv1.Client, req apiv1.AcquireRequest, argv []string, stdout, stderr io.Writer) int {

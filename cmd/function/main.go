@@ -3,61 +3,72 @@
 package main
 
 import (
-	"flag"
-	"fmt"
-	"os"
 	"strconv"
 	"time"
 
+	"github.com/alecthomas/kong"
 	function "github.com/crossplane/function-sdk-go"
+	"github.com/pkg/errors"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli"
 	proxyfleet "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/function"
 )
 
-func main() {
-	fs := flag.NewFlagSet("function", flag.ContinueOnError)
-	debug := fs.Bool("debug", false, "Log at debug level.")
-	insecure := fs.Bool("insecure", false, "Serve without TLS, as crossplane render expects (never in a cluster).")
-	certs := fs.String("tls-certs-dir", os.Getenv("TLS_SERVER_CERTS_DIR"), "Folder holding tls.crt, tls.key and ca.crt for mTLS with Crossplane (env TLS_SERVER_CERTS_DIR).")
-	address := fs.String("address", ":9443", "gRPC listen address.")
-	metrics := fs.String("metrics-address", ":8080", "Address of the Prometheus /metrics endpoint.")
-	maxRecv := fs.Int("max-recv-message-size", 4, "Largest gRPC request accepted, in MiB.")
-	fixedTime := fs.String("fixed-time", "", "Use this RFC 3339 time as the clock, for reproducible renders; empty means the real clock.")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: function [flags]\n\nfunction-proxyfleet composes ProxyFleets into Proxy managed resources.\n\nFlags:\n")
-		fs.PrintDefaults()
-	}
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		if err == flag.ErrHelp {
-			return
-		}
-		os.Exit(2)
-	}
+// description is what --help says the function does.
+const description = "function-proxyfleet composes ProxyFleets into Proxy managed resources."
 
-	log, err := function.NewLogger(*debug)
+// CLI is the function's settings; each can also come from the environment.
+type CLI struct {
+	Debug              bool    `help:"Log at debug level." default:"false" env:"DEBUG"`
+	Insecure           bool    `help:"Serve without TLS, as crossplane render expects (never in a cluster)." default:"false" env:"INSECURE"`
+	TLSCertsDir        string  `name:"tls-certs-dir" help:"Folder holding tls.crt, tls.key and ca.crt for mTLS with Crossplane." default:"" env:"TLS_SERVER_CERTS_DIR"`
+	Address            string  `help:"gRPC listen address." default:":9443" env:"ADDRESS"`
+	MetricsAddress     string  `help:"Address of the Prometheus /metrics endpoint." default:":8080" env:"METRICS_ADDRESS"`
+	MaxRecvMessageSize int     `help:"Largest gRPC request accepted, in MiB." default:"4" env:"MAX_RECV_MESSAGE_SIZE"`
+	FixedTime          instant `help:"Use this RFC 3339 time as the clock, for reproducible renders; empty means the real clock." default:"" env:"FIXED_TIME" placeholder:"TIME"`
+}
+
+// instant is an RFC 3339 time, or the zero time when empty. Parsing it in
+// the grammar makes a bad --fixed-time or FIXED_TIME an error that names it.
+type instant struct{ time.Time }
+
+// Decode parses an instant from the command line or the environment.
+func (i *instant) Decode(ctx *kong.DecodeContext) error {
+	var s string
+	if err := ctx.Scan.PopValueInto("time", &s); err != nil {
+		return err
+	}
+	if s == "" {
+		i.Time = time.Time{}
+		return nil
+	}
+	t, err := time.Parse(time.RFC3339, s)
+	i.Time = t
+	return err
+}
+
+func main() {
+	ctx := cli.Parse("function", description, &CLI{})
+	ctx.FatalIfErrorf(ctx.Run())
+}
+
+// Run serves the function until the process is stopped.
+func (c *CLI) Run() error {
+	log, err := function.NewLogger(c.Debug)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "function:", err)
-		os.Exit(1)
+		return errors.Wrap(err, "cannot create logger")
 	}
 	var now func() time.Time
-	if *fixedTime != "" {
-		t, err := time.Parse(time.RFC3339, *fixedTime)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "function: --fixed-time:", err)
-			os.Exit(2)
-		}
-		now = func() time.Time { return t }
+	if !c.FixedTime.IsZero() {
+		now = func() time.Time { return c.FixedTime.Time }
 	}
-	log.Info("Starting function-proxyfleet", "address", *address, "insecure", strconv.FormatBool(*insecure))
+	log.Info("Starting function-proxyfleet", "address", c.Address, "insecure", strconv.FormatBool(c.Insecure))
 	err = function.Serve(proxyfleet.New(log, now),
-		function.Listen("tcp", *address),
-		function.MTLSCertificates(*certs),
-		function.Insecure(*insecure),
-		function.MaxRecvMessageSize(*maxRecv*1024*1024),
-		function.WithMetricsServer(*metrics),
+		function.Listen("tcp", c.Address),
+		function.MTLSCertificates(c.TLSCertsDir),
+		function.Insecure(c.Insecure),
+		function.MaxRecvMessageSize(c.MaxRecvMessageSize*1024*1024),
+		function.WithMetricsServer(c.MetricsAddress),
 	)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "function:", err)
-		os.Exit(1)
-	}
+	return errors.Wrap(err, "cannot serve the function")
 }

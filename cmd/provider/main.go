@@ -1,15 +1,12 @@
 // Command provider runs provider-egressproxy: the Crossplane provider that
-// runs each Proxy on a backend (local Squid processes, Squid pods) and probes
-// through it.
+// runs each Proxy on a backend (local Squid processes, Squid pods, GCP VMs)
+// and probes through it.
 package main
 
 import (
 	"context"
 	"crypto/x509"
-	"flag"
-	"fmt"
 	"os"
-	"strconv"
 	"time"
 
 	"github.com/pkg/errors"
@@ -34,87 +31,44 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/statemetrics"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli"
 	xcontroller "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller/proxy"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/gc"
 	pmetrics "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 )
 
-// flags are the provider's settings; each can also come from the environment.
-type flags struct {
-	gcInterval, gcGrace           time.Duration
-	gcDryRun                      bool
-	debug, leaderElection         bool
-	poll, stateMetricsInterval    time.Duration
-	restartDelay                  time.Duration
-	maxReconcileRate              int
-	stateDir, clusterID, caBundle string
-	metricsAddr, healthAddr, leNS string
-}
+// description is what --help says the provider does.
+const description = `provider-egressproxy runs Proxy managed resources on local Squid processes, Squid pods or GCP VMs, and probes through each proxy to decide whether it is Ready.`
 
-func env(name, def string) string {
-	if v, ok := os.LookupEnv(name); ok {
-		return v
-	}
-	return def
-}
-
-func parseFlags(args []string) (*flags, error) {
-	fs := flag.NewFlagSet("provider", flag.ContinueOnError)
-	f := &flags{}
-	boolEnv := func(p *bool, name, envName string, def bool, usage string) {
-		d, _ := strconv.ParseBool(env(envName, strconv.FormatBool(def)))
-		fs.BoolVar(p, name, d, fmt.Sprintf("%s (env %s)", usage, envName))
-	}
-	durEnv := func(p *time.Duration, name, envName string, def time.Duration, usage string) {
-		d, err := time.ParseDuration(env(envName, def.String()))
-		if err != nil {
-			d = def
-		}
-		fs.DurationVar(p, name, d, fmt.Sprintf("%s (env %s)", usage, envName))
-	}
-	strEnv := func(p *string, name, envName, def, usage string) {
-		fs.StringVar(p, name, env(envName, def), fmt.Sprintf("%s (env %s)", usage, envName))
-	}
-	boolEnv(&f.debug, "debug", "DEBUG", false, "Log at debug level.")
-	boolEnv(&f.leaderElection, "leader-election", "LEADER_ELECTION", false, "Elect a leader, so that only one of several replicas reconciles.")
-	durEnv(&f.poll, "poll", "POLL_INTERVAL", time.Minute, "How often a Proxy is checked for drift when its health check sets no interval; each Proxy's healthCheck.interval sets its own probe cadence.")
-	durEnv(&f.stateMetricsInterval, "state-metrics-interval", "STATE_METRICS_INTERVAL", 30*time.Second, "How often the managed-resource state metrics are recomputed.")
-	durEnv(&f.gcInterval, "gc-interval", "GC_INTERVAL", 10*time.Minute, "How often the orphan collector looks for instances whose Proxy is gone.")
-	durEnv(&f.gcGrace, "gc-grace-period", "GC_GRACE_PERIOD", 15*time.Minute, "How old an orphaned instance must be before it is deleted.")
-	boolEnv(&f.gcDryRun, "gc-dry-run", "GC_DRY_RUN", false, "Only log, count and record events for orphans; delete nothing.")
-	rate, _ := strconv.Atoi(env("MAX_RECONCILE_RATE", "10"))
-	fs.IntVar(&f.maxReconcileRate, "max-reconcile-rate", rate, "The most reconciles per second across all Proxies, and the number of concurrent reconciles (env MAX_RECONCILE_RATE).")
-	strEnv(&f.stateDir, "state-dir", "STATE_DIR", "/var/lib/provider-egressproxy", "Where local-backend proxies keep their files when a ProviderConfig names no stateDir.")
-	durEnv(&f.restartDelay, "local-restart-delay", "LOCAL_RESTART_DELAY", 2*time.Second, "How long a local-backend Squid that died stays down before it is restarted.")
-	strEnv(&f.clusterID, "cluster-id", "CLUSTER_ID", "", "Names this control plane on every instance it creates; empty means the UID of the kube-system namespace.")
-	strEnv(&f.caBundle, "probe-ca-bundle", "PROBE_CA_BUNDLE", "", "PEM file of extra CAs trusted when probing https targets behind a private CA.")
-	strEnv(&f.metricsAddr, "metrics-bind-address", "METRICS_BIND_ADDRESS", ":8080", "Address of the /metrics endpoint.")
-	strEnv(&f.healthAddr, "health-probe-bind-address", "HEALTH_PROBE_BIND_ADDRESS", ":8081", "Address of the /healthz and /readyz endpoints.")
-	strEnv(&f.leNS, "leader-election-namespace", "POD_NAMESPACE", "crossplane-system", "Namespace of the leader election lease.")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: provider [flags]\n\nprovider-egressproxy runs Proxy managed resources on local Squid processes or Squid pods\nand probes through each proxy to decide whether it is Ready.\n\nFlags:\n")
-		fs.PrintDefaults()
-	}
-	return f, fs.Parse(args)
+// CLI is the provider's settings; each can also come from the environment.
+type CLI struct {
+	Debug                   bool          `help:"Log at debug level." default:"false" env:"DEBUG"`
+	LeaderElection          bool          `help:"Elect a leader, so that only one of several replicas reconciles." default:"false" env:"LEADER_ELECTION"`
+	Poll                    time.Duration `help:"How often a Proxy is checked for drift when its health check sets no interval; each Proxy's healthCheck.interval sets its own probe cadence." default:"1m" env:"POLL_INTERVAL"`
+	StateMetricsInterval    time.Duration `help:"How often the managed-resource state metrics are recomputed." default:"30s" env:"STATE_METRICS_INTERVAL"`
+	GCInterval              time.Duration `name:"gc-interval" help:"How often the orphan collector looks for instances whose Proxy is gone." default:"10m" env:"GC_INTERVAL"`
+	GCGracePeriod           time.Duration `name:"gc-grace-period" help:"How old an orphaned instance must be before it is deleted." default:"15m" env:"GC_GRACE_PERIOD"`
+	GCDryRun                bool          `name:"gc-dry-run" help:"Only log, count and record events for orphans; delete nothing." default:"false" env:"GC_DRY_RUN"`
+	MaxReconcileRate        int           `help:"The most reconciles per second across all Proxies, and the number of concurrent reconciles." default:"10" env:"MAX_RECONCILE_RATE"`
+	StateDir                string        `help:"Where local-backend proxies keep their files when a ProviderConfig names no stateDir." default:"/var/lib/provider-egressproxy" env:"STATE_DIR"`
+	LocalRestartDelay       time.Duration `help:"How long a local-backend Squid that died stays down before it is restarted." default:"2s" env:"LOCAL_RESTART_DELAY"`
+	ClusterID               string        `name:"cluster-id" help:"Names this control plane on every instance it creates; empty means the UID of the kube-system namespace." default:"" env:"CLUSTER_ID"`
+	ProbeCABundle           string        `name:"probe-ca-bundle" help:"PEM file of extra CAs trusted when probing https targets behind a private CA." default:"" env:"PROBE_CA_BUNDLE"`
+	MetricsBindAddress      string        `help:"Address of the /metrics endpoint." default:":8080" env:"METRICS_BIND_ADDRESS"`
+	HealthProbeBindAddress  string        `help:"Address of the /healthz and /readyz endpoints." default:":8081" env:"HEALTH_PROBE_BIND_ADDRESS"`
+	LeaderElectionNamespace string        `help:"Namespace of the leader election lease." default:"crossplane-system" env:"POD_NAMESPACE"`
 }
 
 func main() {
-	f, err := parseFlags(os.Args[1:])
-	if errors.Is(err, flag.ErrHelp) {
-		return
-	}
-	if err != nil {
-		os.Exit(2)
-	}
-	if err := run(ctrl.SetupSignalHandler(), f); err != nil {
-		fmt.Fprintln(os.Stderr, "provider:", err)
-		os.Exit(1)
-	}
+	ctx := cli.Parse("provider", description, &CLI{})
+	ctx.FatalIfErrorf(ctx.Run())
 }
 
-func run(ctx context.Context, f *flags) error {
-	zl := zap.New(zap.UseDevMode(f.debug))
+// Run runs the provider until it is signalled to stop.
+func (c *CLI) Run() error {
+	ctx := ctrl.SetupSignalHandler()
+	zl := zap.New(zap.UseDevMode(c.Debug))
 	ctrl.SetLogger(zl)
 	log := logging.NewLogrLogger(zl.WithName("provider-egressproxy"))
 
@@ -131,12 +85,12 @@ func run(ctx context.Context, f *flags) error {
 	}
 	mgr, err := ctrl.NewManager(cfg, manager.Options{
 		Scheme:                        s,
-		LeaderElection:                f.leaderElection,
+		LeaderElection:                c.LeaderElection,
 		LeaderElectionID:              "provider-egressproxy",
-		LeaderElectionNamespace:       f.leNS,
+		LeaderElectionNamespace:       c.LeaderElectionNamespace,
 		LeaderElectionReleaseOnCancel: true,
-		Metrics:                       metricsserver.Options{BindAddress: f.metricsAddr},
-		HealthProbeBindAddress:        f.healthAddr,
+		Metrics:                       metricsserver.Options{BindAddress: c.MetricsBindAddress},
+		HealthProbeBindAddress:        c.HealthProbeBindAddress,
 	})
 	if err != nil {
 		return errors.Wrap(err, "cannot create manager")
@@ -148,15 +102,15 @@ func run(ctx context.Context, f *flags) error {
 		return errors.Wrap(err, "cannot add ready check")
 	}
 
-	clusterID := f.clusterID
+	clusterID := c.ClusterID
 	if clusterID == "" {
 		if clusterID, err = defaultClusterID(ctx, mgr.GetAPIReader()); err != nil {
 			return err
 		}
 	}
 	var pool *x509.CertPool
-	if f.caBundle != "" {
-		pem, err := os.ReadFile(f.caBundle)
+	if c.ProbeCABundle != "" {
+		pem, err := os.ReadFile(c.ProbeCABundle)
 		if err != nil {
 			return errors.Wrap(err, "cannot read probe CA bundle")
 		}
@@ -164,7 +118,7 @@ func run(ctx context.Context, f *flags) error {
 			pool = x509.NewCertPool()
 		}
 		if !pool.AppendCertsFromPEM(pem) {
-			return errors.Errorf("no certificates in probe CA bundle %s", f.caBundle)
+			return errors.Errorf("no certificates in probe CA bundle %s", c.ProbeCABundle)
 		}
 	}
 
@@ -174,19 +128,19 @@ func run(ctx context.Context, f *flags) error {
 	metrics.Registry.MustRegister(mrMetrics, stateMetrics)
 	metrics.Registry.MustRegister(pm.Collectors()...)
 
-	backends := &proxy.Backends{Kube: mgr.GetClient(), Config: cfg, ClusterID: clusterID, StateDir: f.stateDir, RestartDelay: f.restartDelay, Logger: log}
+	backends := &proxy.Backends{Kube: mgr.GetClient(), Config: cfg, ClusterID: clusterID, StateDir: c.StateDir, RestartDelay: c.LocalRestartDelay, Logger: log}
 	// Leave local Squids running on exit: the next provider re-adopts them.
 	defer backends.Close()
 
 	o := proxy.Options{
 		Options: controller.Options{
 			Logger:                  log,
-			GlobalRateLimiter:       ratelimiter.NewGlobal(f.maxReconcileRate),
-			PollInterval:            f.poll,
-			MaxConcurrentReconciles: f.maxReconcileRate,
+			GlobalRateLimiter:       ratelimiter.NewGlobal(c.MaxReconcileRate),
+			PollInterval:            c.Poll,
+			MaxConcurrentReconciles: c.MaxReconcileRate,
 			Features:                &feature.Flags{},
 			MetricOptions: &controller.MetricOptions{
-				PollStateMetricInterval: f.stateMetricsInterval,
+				PollStateMetricInterval: c.StateMetricsInterval,
 				MRMetrics:               mrMetrics,
 				MRStateMetrics:          stateMetrics,
 			},
@@ -198,14 +152,14 @@ func run(ctx context.Context, f *flags) error {
 	}
 	collector := &gc.Collector{
 		Sources:   proxy.CollectorSources{Kube: mgr.GetClient(), Backends: backends},
-		ClusterID: clusterID, Grace: f.gcGrace, DryRun: f.gcDryRun, Interval: f.gcInterval, Now: time.Now,
+		ClusterID: clusterID, Grace: c.GCGracePeriod, DryRun: c.GCDryRun, Interval: c.GCInterval, Now: time.Now,
 		Log: log.WithValues("controller", "orphan-collector"), Metrics: pm,
 		Record: event.NewAPIRecorder(mgr.GetEventRecorderFor("orphan-collector")), //nolint:staticcheck // crossplane-runtime's recorder takes the old events API.
 	}
 	if err := mgr.Add(collector); err != nil {
 		return errors.Wrap(err, "cannot add orphan collector")
 	}
-	log.Info("Starting provider-egressproxy", "cluster-id", clusterID, "state-dir", f.stateDir)
+	log.Info("Starting provider-egressproxy", "cluster-id", clusterID, "state-dir", c.StateDir)
 	return errors.Wrap(mgr.Start(ctx), "cannot run manager")
 }
 

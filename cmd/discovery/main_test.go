@@ -1,0 +1,96 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/alecthomas/kong"
+	"github.com/google/go-cmp/cmp"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli/clitest"
+)
+
+func parser(t *testing.T, c *CLI) *kong.Kong {
+	t.Helper()
+	k, err := cli.New("discovery", description, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func TestHelp(t *testing.T) {
+	k := parser(t, &CLI{})
+	// cluster/discovery, devenv and e2e start discovery with these names.
+	want := []clitest.Setting{
+		{Flag: "address", Env: "ADDRESS", Default: `":8080"`},
+		{Flag: "health-probe-bind-address", Env: "HEALTH_PROBE_BIND_ADDRESS", Default: `":8081"`},
+		{Flag: "token-file", Env: "TOKEN_FILE", Default: `""`},
+		{Flag: "sweep-interval", Env: "SWEEP_INTERVAL", Default: "30s"},
+		{Flag: "debug", Env: "DEBUG", Default: "false"},
+	}
+	if diff := cmp.Diff(want, clitest.Settings(k)); diff != "" {
+		t.Errorf("clitest.Settings(...): -want, +got:\n%s", diff)
+	}
+	clitest.CheckEnvs(t, k)
+	clitest.CheckHelp(t, k)
+}
+
+func TestBadEnv(t *testing.T) {
+	cases := map[string]struct {
+		env, value string
+	}{
+		"Duration": {env: "SWEEP_INTERVAL", value: "30"},
+		"Bool":     {env: "DEBUG", value: "verbose"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			clitest.CheckBadEnv(t, parser(t, &CLI{}), tc.env, tc.value)
+		})
+	}
+}
+
+func TestSettings(t *testing.T) {
+	defaults := CLI{Address: ":8080", HealthProbeBindAddress: ":8081", SweepInterval: 30 * time.Second}
+	with := func(f func(c *CLI)) CLI {
+		c := defaults
+		f(&c)
+		return c
+	}
+	cases := map[string]struct {
+		reason string
+		env    map[string]string
+		args   []string
+		want   CLI
+	}{
+		"Defaults": {
+			reason: "With no flags and no environment every setting takes its default.",
+			want:   defaults,
+		},
+		"Env": {
+			reason: "A setting comes from its environment variable when no flag sets it.",
+			env:    map[string]string{"ADDRESS": ":9090", "TOKEN_FILE": "/etc/tokens", "SWEEP_INTERVAL": "1m", "DEBUG": "1"},
+			want: with(func(c *CLI) {
+				c.Address, c.TokenFile, c.SweepInterval, c.Debug = ":9090", "/etc/tokens", time.Minute, true
+			}),
+		},
+		"FlagWinsOverEnv": {
+			reason: "A flag on the command line wins over the environment.",
+			env:    map[string]string{"ADDRESS": ":9090", "SWEEP_INTERVAL": "1m", "DEBUG": "true"},
+			args:   []string{"--address=:8080", "--sweep-interval", "2s", "--debug=false"},
+			want: with(func(c *CLI) {
+				c.SweepInterval = 2 * time.Second
+			}),
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			got := CLI{}
+			clitest.Parse(t, parser(t, &got), tc.env, tc.args...)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("%s\n-want, +got:\n%s", tc.reason, diff)
+			}
+		})
+	}
+}

@@ -1,0 +1,111 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/alecthomas/kong"
+	"github.com/google/go-cmp/cmp"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli/clitest"
+)
+
+func parser(t *testing.T, c *CLI) *kong.Kong {
+	t.Helper()
+	k, err := cli.New("provider", description, c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+func TestHelp(t *testing.T) {
+	k := parser(t, &CLI{})
+	// Manifests, devenv and the README start the provider with these names.
+	want := []clitest.Setting{
+		{Flag: "debug", Env: "DEBUG", Default: "false"},
+		{Flag: "leader-election", Env: "LEADER_ELECTION", Default: "false"},
+		{Flag: "poll", Env: "POLL_INTERVAL", Default: "1m"},
+		{Flag: "state-metrics-interval", Env: "STATE_METRICS_INTERVAL", Default: "30s"},
+		{Flag: "gc-interval", Env: "GC_INTERVAL", Default: "10m"},
+		{Flag: "gc-grace-period", Env: "GC_GRACE_PERIOD", Default: "15m"},
+		{Flag: "gc-dry-run", Env: "GC_DRY_RUN", Default: "false"},
+		{Flag: "max-reconcile-rate", Env: "MAX_RECONCILE_RATE", Default: "10"},
+		{Flag: "state-dir", Env: "STATE_DIR", Default: `"/var/lib/provider-egressproxy"`},
+		{Flag: "local-restart-delay", Env: "LOCAL_RESTART_DELAY", Default: "2s"},
+		{Flag: "cluster-id", Env: "CLUSTER_ID", Default: `""`},
+		{Flag: "probe-ca-bundle", Env: "PROBE_CA_BUNDLE", Default: `""`},
+		{Flag: "metrics-bind-address", Env: "METRICS_BIND_ADDRESS", Default: `":8080"`},
+		{Flag: "health-probe-bind-address", Env: "HEALTH_PROBE_BIND_ADDRESS", Default: `":8081"`},
+		{Flag: "leader-election-namespace", Env: "POD_NAMESPACE", Default: `"crossplane-system"`},
+	}
+	if diff := cmp.Diff(want, clitest.Settings(k)); diff != "" {
+		t.Errorf("clitest.Settings(...): -want, +got:\n%s", diff)
+	}
+	clitest.CheckEnvs(t, k)
+	clitest.CheckHelp(t, k)
+}
+
+func TestBadEnv(t *testing.T) {
+	cases := map[string]struct {
+		env, value string
+	}{
+		"Duration": {env: "POLL_INTERVAL", value: "abc"},
+		"Int":      {env: "MAX_RECONCILE_RATE", value: "ten"},
+		"Bool":     {env: "GC_DRY_RUN", value: "maybe"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			clitest.CheckBadEnv(t, parser(t, &CLI{}), tc.env, tc.value)
+		})
+	}
+}
+
+func TestSettings(t *testing.T) {
+	defaults := CLI{
+		Poll: time.Minute, StateMetricsInterval: 30 * time.Second, GCInterval: 10 * time.Minute, GCGracePeriod: 15 * time.Minute,
+		MaxReconcileRate: 10, StateDir: "/var/lib/provider-egressproxy", LocalRestartDelay: 2 * time.Second,
+		MetricsBindAddress: ":8080", HealthProbeBindAddress: ":8081", LeaderElectionNamespace: "crossplane-system",
+	}
+	with := func(f func(c *CLI)) CLI {
+		c := defaults
+		f(&c)
+		return c
+	}
+	cases := map[string]struct {
+		reason string
+		env    map[string]string
+		args   []string
+		want   CLI
+	}{
+		"Defaults": {
+			reason: "With no flags and no environment every setting takes its default.",
+			want:   defaults,
+		},
+		"Env": {
+			reason: "A setting comes from its environment variable when no flag sets it.",
+			env:    map[string]string{"POLL_INTERVAL": "5m", "MAX_RECONCILE_RATE": "3", "GC_DRY_RUN": "true", "POD_NAMESPACE": "egress"},
+			want: with(func(c *CLI) {
+				c.Poll, c.MaxReconcileRate, c.GCDryRun, c.LeaderElectionNamespace = 5*time.Minute, 3, true, "egress"
+			}),
+		},
+		"FlagWinsOverEnv": {
+			reason: "A flag on the command line wins over the environment.",
+			env:    map[string]string{"POLL_INTERVAL": "5m", "MAX_RECONCILE_RATE": "3", "GC_DRY_RUN": "true", "STATE_DIR": "/env"},
+			args:   []string{"--poll=2m", "--max-reconcile-rate", "7", "--gc-dry-run=false", "--state-dir=/flag"},
+			want: with(func(c *CLI) {
+				c.Poll, c.MaxReconcileRate, c.StateDir = 2*time.Minute, 7, "/flag"
+			}),
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			got := CLI{}
+			clitest.Parse(t, parser(t, &got), tc.env, tc.args...)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("%s\n-want, +got:\n%s", tc.reason, diff)
+			}
+		})
+	}
+}
