@@ -17,9 +17,13 @@ tools: ## Build the pinned test-bed tools into bin/ (only those missing).
 
 .PHONY: generate
 generate: tools ## Regenerate deepcopy code, CRDs and the ProxyFleet XRDs.
-	cd apis && $(BIN)/controller-gen object:headerFile=../hack/boilerplate.go.txt paths=./... \
-		crd:crdVersions=v1 output:crd:artifacts:config=../package/provider/crds
-	go run ./hack/genxrd -dir apis/fleet
+	cd apis && $(BIN)/controller-gen object:headerFile=../hack/boilerplate.go.txt paths=./...
+	cd apis && $(BIN)/controller-gen crd:crdVersions=v1 paths=./egress/... output:crd:artifacts:config=../package/provider/crds
+	@# The ProxyFleet CRD is only an intermediate: Crossplane serves fleets
+	@# from the XRDs genxrd writes from its schema.
+	@rm -rf .cache/fleet-crd
+	cd apis && $(BIN)/controller-gen crd:crdVersions=v1 paths=./fleet/... output:crd:artifacts:config=../.cache/fleet-crd
+	go run ./hack/genxrd -crd .cache/fleet-crd/crawl.example.com_proxyfleets.yaml -dir apis/fleet
 
 .PHONY: check-generate
 check-generate: generate ## Fail when regeneration changes a checked-in file.

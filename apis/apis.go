@@ -8,8 +8,6 @@ import (
 	egressv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 )
 
-//go:generate ../bin/controller-gen object:headerFile=../hack/boilerplate.go.txt paths=./... crd:crdVersions=v1,allowDangerousTypes=false output:crd:artifacts:config=../package/provider/crds
-
 // AddToSchemes may be used to add all resources defined in the project to a
 // Scheme.
 var AddToSchemes = runtime.SchemeBuilder{

@@ -29,11 +29,12 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
-var bed *testbed.Env
+var sharedBed testbed.Lazy
 
-func TestMain(m *testing.M) { testbed.Main(m, &bed) }
+func TestMain(m *testing.M) { sharedBed.Main(m) }
 
 func TestCRDsEstablished(t *testing.T) {
+	bed := sharedBed.Env(t)
 	want := []string{
 		"clusterproviderconfigs.egress.crawl.example.com",
 		"clusterproviderconfigusages.egress.crawl.example.com",
@@ -94,6 +95,7 @@ func readObjects(t *testing.T, path string) []*unstructured.Unstructured {
 }
 
 func TestExamplesAccepted(t *testing.T) {
+	bed := sharedBed.Env(t)
 	var files []string
 	// The inputs of crossplane render (the Development-runtime Function and
 	// the observed fixtures) are proven by the render test and make validate;
@@ -197,6 +199,7 @@ func object(t *testing.T, base string, set map[string]any) *unstructured.Unstruc
 }
 
 func TestInvalidObjectsRejected(t *testing.T) {
+	bed := sharedBed.Env(t)
 	cases := map[string]struct {
 		reason string
 		base   string
@@ -407,6 +410,7 @@ func TestInvalidObjectsRejected(t *testing.T) {
 }
 
 func TestProxyDefaults(t *testing.T) {
+	bed := sharedBed.Env(t)
 	ctx := context.Background()
 	p := &v1alpha1.Proxy{}
 	if err := yaml.Unmarshal([]byte(validProxy), p); err != nil {
@@ -447,6 +451,7 @@ func TestProxyDefaults(t *testing.T) {
 }
 
 func TestProxyModeImmutable(t *testing.T) {
+	bed := sharedBed.Env(t)
 	ctx := context.Background()
 	p := &v1alpha1.Proxy{}
 	if err := yaml.Unmarshal([]byte(validProxy), p); err != nil {

@@ -5,18 +5,14 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
-	"fmt"
 	"net/http"
-	"os"
 	"sync/atomic"
 	"time"
 
+	"github.com/pkg/errors"
 	coordv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	toolscache "k8s.io/client-go/tools/cache"
@@ -35,67 +31,65 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
 
+// description is what --help says discovery does.
+const description = "egress-discovery serves the API crawlers use to list and lease the healthy proxies of ProxyFleets."
+
+// CLI is discovery's settings; each can also come from the environment.
+type CLI struct {
+	Address                string        `help:"Address of the API, the status page and /metrics." default:":8080" env:"ADDRESS"`
+	HealthProbeBindAddress string        `help:"Address of /healthz and /readyz." default:":8081" env:"HEALTH_PROBE_BIND_ADDRESS"`
+	TokenFile              string        `help:"Optional file of static tokens for crawlers outside the cluster: \"<token> <namespace>[,<namespace>...]\" per line." default:"" env:"TOKEN_FILE"`
+	SweepInterval          time.Duration `help:"How often expired leases and the leases of deleted proxies are deleted." default:"30s" env:"SWEEP_INTERVAL"`
+	Debug                  bool          `help:"Log at debug level." default:"false" env:"DEBUG"`
+}
+
 func main() {
-	fs := flag.NewFlagSet("discovery", flag.ContinueOnError)
-	addr := fs.String("address", envOr("ADDRESS", ":8080"), "Address of the API, the status page and /metrics (env ADDRESS).")
-	health := fs.String("health-probe-bind-address", envOr("HEALTH_PROBE_BIND_ADDRESS", ":8081"), "Address of /healthz and /readyz (env HEALTH_PROBE_BIND_ADDRESS).")
-	tokens := fs.String("token-file", os.Getenv("TOKEN_FILE"), "Optional file of static tokens for crawlers outside the cluster: \"<token> <namespace>[,<namespace>...]\" per line (env TOKEN_FILE).")
-	sweep := fs.Duration("sweep-interval", 30*time.Second, "How often expired leases and the leases of deleted proxies are deleted.")
-	debug := fs.Bool("debug", false, "Log at debug level.")
-	if err := fs.Parse(os.Args[1:]); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return
-		}
-		os.Exit(2)
-	}
-	if err := run(ctrl.SetupSignalHandler(), *addr, *health, *tokens, *sweep, *debug); err != nil {
-		fmt.Fprintln(os.Stderr, "discovery:", err)
-		os.Exit(1)
-	}
+	ctx := cli.Parse("discovery", description, &CLI{})
+	ctx.FatalIfErrorf(ctx.Run())
 }
 
-func envOr(k, def string) string {
-	if v, ok := os.LookupEnv(k); ok {
-		return v
-	}
-	return def
-}
-
-func run(ctx context.Context, addr, health, tokenFile string, sweep time.Duration, debug bool) error {
-	zl := zap.New(zap.UseDevMode(debug))
+// Run serves the API until the process is signalled to stop.
+func (c *CLI) Run() error {
+	ctx := ctrl.SetupSignalHandler()
+	zl := zap.New(zap.UseDevMode(c.Debug))
 	ctrl.SetLogger(zl)
 	log := logging.NewLogrLogger(zl.WithName("egress-discovery"))
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
-		return err
+		return errors.Wrap(err, "cannot add client-go types")
 	}
 	if err := apis.AddToScheme(s); err != nil {
-		return err
+		return errors.Wrap(err, "cannot add product types")
 	}
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
-		return fmt.Errorf("cannot get kubeconfig: %w", err)
+		return errors.Wrap(err, "cannot get kubeconfig")
 	}
 	mgr, err := ctrl.NewManager(cfg, manager.Options{
-		Scheme: s, HealthProbeBindAddress: health,
+		Scheme: s, HealthProbeBindAddress: c.HealthProbeBindAddress,
 		// The API serves /metrics itself, on the API address.
 		Metrics: metricsserver.Options{BindAddress: "0"},
 	})
 	if err != nil {
-		return fmt.Errorf("cannot create manager: %w", err)
+		return errors.Wrap(err, "cannot create manager")
 	}
-	_ = mgr.AddHealthzCheck("healthz", healthz.Ping)
-	_ = mgr.AddReadyzCheck("readyz", func(r *http.Request) error {
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return errors.Wrap(err, "cannot add health check")
+	}
+	if err := mgr.AddReadyzCheck("readyz", func(r *http.Request) error {
 		if !mgr.GetCache().WaitForCacheSync(r.Context()) {
 			return errors.New("cache not synced")
 		}
 		return nil
-	})
+	}); err != nil {
+		return errors.Wrap(err, "cannot add ready check")
+	}
 	// Watch Proxies and Leases: the catalogue and the lease view read the
 	// cache; every write goes to the API server. Any change bumps the
 	// version that listing snapshots are checked against.
@@ -104,28 +98,28 @@ func run(ctx context.Context, addr, health, tokenFile string, sweep time.Duratio
 	for _, o := range []client.Object{&v1alpha1.Proxy{}, &coordv1.Lease{}} {
 		inf, err := mgr.GetCache().GetInformer(ctx, o)
 		if err != nil {
-			return fmt.Errorf("cannot watch %T: %w", o, err)
+			return errors.Wrapf(err, "cannot watch %T", o)
 		}
 		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
 			AddFunc: bump, DeleteFunc: bump, UpdateFunc: func(_, n any) { bump(n) },
 		}); err != nil {
-			return fmt.Errorf("cannot watch %T: %w", o, err)
+			return errors.Wrapf(err, "cannot watch %T", o)
 		}
 	}
 	// Watch ProxyFleet XRs too when Crossplane has made their CRD; without
 	// it, fleets are known from their proxies alone.
 	var fleets client.Reader
 	xr := &unstructured.Unstructured{}
-	xr.SetGroupVersionKind(schema.GroupVersionKind{Group: "crawl.example.com", Version: "v1alpha1", Kind: "ProxyFleet"})
+	xr.SetGroupVersionKind(fleetv1alpha1.SchemeGroupVersion.WithKind(fleetv1alpha1.ProxyFleetKind))
 	if _, err := mgr.GetCache().GetInformer(ctx, xr, cache.BlockUntilSynced(false)); err != nil {
 		log.Info("Not watching ProxyFleets (is the XRD installed?): fleets are known from their proxies", "error", err)
 	} else {
 		fleets = mgr.GetCache()
 	}
 	auth := &discovery.Kubernetes{Client: mgr.GetClient()}
-	if tokenFile != "" {
-		if auth.Static, err = discovery.LoadStaticTokens(tokenFile); err != nil {
-			return err
+	if c.TokenFile != "" {
+		if auth.Static, err = discovery.LoadStaticTokens(c.TokenFile); err != nil {
+			return errors.Wrap(err, "cannot load static tokens")
 		}
 	}
 	store := &lease.Store{Client: mgr.GetClient(), Cache: mgr.GetCache()}
@@ -138,7 +132,7 @@ func run(ctx context.Context, addr, health, tokenFile string, sweep time.Duratio
 	metrics.Registry.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "egress_discovery_active_leases", Help: "Unexpired leases held by crawlers."}, func() float64 {
 			l := &coordv1.LeaseList{}
-			if mgr.GetCache().List(context.Background(), l, client.MatchingLabels{ownership.LeaseKindLabel: ownership.LeaseKindSlot}) != nil {
+			if mgr.GetCache().List(context.Background(), l, client.MatchingLabels{fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot}) != nil {
 				return 0
 			}
 			n := 0
@@ -151,7 +145,7 @@ func run(ctx context.Context, addr, health, tokenFile string, sweep time.Duratio
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "egress_discovery_catalog_proxies", Help: "Proxies in the catalogue."}, func() float64 {
 			l := &v1alpha1.ProxyList{}
-			if mgr.GetCache().List(context.Background(), l, client.HasLabels{ownership.FleetLabel}) != nil {
+			if mgr.GetCache().List(context.Background(), l, client.HasLabels{fleetv1alpha1.LabelFleet}) != nil {
 				return 0
 			}
 			return float64(len(l.Items))
@@ -161,7 +155,7 @@ func run(ctx context.Context, addr, health, tokenFile string, sweep time.Duratio
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttpHandler())
 	mux.Handle("/", srv.Handler())
-	httpSrv := &http.Server{Addr: addr, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	httpSrv := &http.Server{Addr: c.Address, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
 		go func() {
 			<-ctx.Done()
@@ -169,18 +163,18 @@ func run(ctx context.Context, addr, health, tokenFile string, sweep time.Duratio
 			defer cancel()
 			_ = httpSrv.Shutdown(sctx)
 		}()
-		log.Info("Serving egress-discovery", "address", addr)
+		log.Info("Serving egress-discovery", "address", c.Address)
 		if err := httpSrv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
-			return err
+			return errors.Wrap(err, "cannot serve the API")
 		}
 		return nil
 	})); err != nil {
-		return err
+		return errors.Wrap(err, "cannot add the API server")
 	}
 	// Every replica sweeps; deletes are guarded by resourceVersion, so two
 	// sweeping at once do no harm.
 	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
-		t := time.NewTicker(sweep)
+		t := time.NewTicker(c.SweepInterval)
 		defer t.Stop()
 		for {
 			select {
@@ -198,7 +192,7 @@ func run(ctx context.Context, addr, health, tokenFile string, sweep time.Duratio
 			}
 		}
 	})); err != nil {
-		return err
+		return errors.Wrap(err, "cannot add the lease sweeper")
 	}
-	return mgr.Start(ctx)
+	return errors.Wrap(mgr.Start(ctx), "cannot run manager")
 }

@@ -24,9 +24,9 @@ import (
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
@@ -56,7 +56,7 @@ func run(out string) error {
 	for i := range 4 {
 		p := &v1alpha1.Proxy{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "crawl-team", Name: fmt.Sprintf("crawlers-%d", i), Labels: map[string]string{
-				ownership.FleetLabel: "crawlers", ownership.ZoneLabel: []string{"europe-west1-b", "europe-west1-c"}[i%2]}},
+				fleetv1alpha1.LabelFleet: "crawlers", fleetv1alpha1.LabelZone: []string{"europe-west1-b", "europe-west1-c"}[i%2]}},
 			Spec: v1alpha1.ProxySpec{ForProvider: v1alpha1.ProxyParameters{Local: &v1alpha1.LocalPlacement{},
 				AuthSecretRef: &v1alpha1.AuthSecretReference{Name: "auth"}, HealthCheck: v1alpha1.HealthCheck{URL: "https://ifconfig.me/ip"}, MaxLeases: 2}},
 		}

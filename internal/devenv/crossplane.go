@@ -26,6 +26,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 )
 
 // Secrets `crossplane core init` fills: its CA, and the client certificate
@@ -227,7 +229,7 @@ func (s *Stack) installConfiguration(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	for _, crd := range []string{"proxyfleets.crawl.example.com", "proxies.egress.crawl.example.com", "providerconfigs.egress.crawl.example.com"} {
+	for _, crd := range []string{fleetv1alpha1.ProxyFleetResource + "." + fleetv1alpha1.Group, "proxies.egress.crawl.example.com", "providerconfigs.egress.crawl.example.com"} {
 		if err := wait(ctx, 2*time.Minute, "CRD "+crd+" established", func() (bool, string, error) {
 			c := &extv1.CustomResourceDefinition{}
 			if err := s.Client.Get(ctx, types.NamespacedName{Name: crd}, c); err != nil {

@@ -40,8 +40,8 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
 
 const (
@@ -427,6 +427,6 @@ func wait(ctx context.Context, timeout time.Duration, what string, cond func() (
 // Leases lists the Lease objects egress-discovery keeps for a fleet.
 func (s *Stack) Leases(ctx context.Context, namespace, fleet string) ([]coordinationv1.Lease, error) {
 	l := &coordinationv1.LeaseList{}
-	err := s.Client.List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{ownership.FleetLabel: fleet})
+	err := s.Client.List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{fleetv1alpha1.LabelFleet: fleet})
 	return l.Items, errors.Wrap(err, "cannot list leases")
 }

@@ -15,6 +15,8 @@ import (
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 )
 
 // Errors of authentication and authorisation, answered 401 and 403.
@@ -150,7 +152,7 @@ func (k *Kubernetes) Authorize(ctx context.Context, id *Identity, namespace, fle
 	sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
 		User: id.User, Groups: id.Groups,
 		ResourceAttributes: &authzv1.ResourceAttributes{
-			Namespace: namespace, Verb: "use", Group: "crawl.example.com", Resource: "proxyfleets", Name: fleet,
+			Namespace: namespace, Verb: "use", Group: fleetv1alpha1.Group, Resource: fleetv1alpha1.ProxyFleetResource, Name: fleet,
 		},
 	}}
 	if err := k.Client.Create(ctx, sar); err != nil {

@@ -13,18 +13,12 @@ import (
 	"github.com/pkg/errors"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
-)
-
-// Lease defaults when a fleet says nothing.
-const (
-	DefaultTTL = 10 * time.Minute
-	MaxTTL     = time.Hour
 )
 
 // member is a Proxy as the catalogue sees it.
@@ -79,7 +73,7 @@ type cachedCreds struct {
 func toMember(p *v1alpha1.Proxy) member {
 	ap := p.Status.AtProvider
 	m := member{
-		Namespace: p.Namespace, Fleet: p.Labels[ownership.FleetLabel], Name: p.Name, Zone: p.Labels[ownership.ZoneLabel],
+		Namespace: p.Namespace, Fleet: fleetv1alpha1.FleetName(p), Name: p.Name, Zone: p.Labels[fleetv1alpha1.LabelZone],
 		Host: ap.Host, Port: ap.Port, EgressIP: ap.EgressIP, LatencyMs: ap.LatencyMilliseconds,
 		Healthy:    ap.Healthy && p.GetCondition(xpv2.TypeReady).Status == corev1.ConditionTrue && ap.Host != "",
 		MaxLeases:  int(p.Spec.ForProvider.MaxLeases),
@@ -94,13 +88,13 @@ func toMember(p *v1alpha1.Proxy) member {
 // All returns every proxy that belongs to a fleet, by fleet (namespace/name).
 func (c *Catalog) All(ctx context.Context) (map[string][]member, error) {
 	l := &v1alpha1.ProxyList{}
-	if err := c.Cache.List(ctx, l, client.HasLabels{ownership.FleetLabel}); err != nil {
+	if err := c.Cache.List(ctx, l, client.HasLabels{fleetv1alpha1.LabelFleet}); err != nil {
 		return nil, errors.Wrap(err, "cannot list proxies")
 	}
 	out := map[string][]member{}
 	if c.Fleets != nil {
 		xrs := &unstructured.UnstructuredList{}
-		xrs.SetGroupVersionKind(schema.GroupVersionKind{Group: "crawl.example.com", Version: "v1alpha1", Kind: "ProxyFleetList"})
+		xrs.SetGroupVersionKind(fleetv1alpha1.SchemeGroupVersion.WithKind(fleetv1alpha1.ProxyFleetKind + "List"))
 		if err := c.Fleets.List(ctx, xrs); err == nil {
 			for _, xr := range xrs.Items {
 				out[xr.GetNamespace()+"/"+xr.GetName()] = nil
@@ -120,12 +114,15 @@ func (c *Catalog) All(ctx context.Context) (map[string][]member, error) {
 // Fleet returns a fleet's proxies, healthy or not.
 func (c *Catalog) Fleet(ctx context.Context, namespace, fleet string) ([]member, error) {
 	l := &v1alpha1.ProxyList{}
-	if err := c.Cache.List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{ownership.FleetLabel: fleet}); err != nil {
+	if err := c.Cache.List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet)}); err != nil {
 		return nil, errors.Wrap(err, "cannot list proxies")
 	}
 	out := make([]member, 0, len(l.Items))
 	for i := range l.Items {
-		out = append(out, toMember(&l.Items[i]))
+		// A long name's label is a hash prefix: the exact name decides.
+		if m := toMember(&l.Items[i]); m.Fleet == fleet {
+			out = append(out, m)
+		}
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, nil
@@ -151,31 +148,28 @@ func (c *Catalog) TTLs(ctx context.Context, namespace, fleet string) (time.Durat
 	return def, maxTTL
 }
 
+// readTTLs reads the lease TTLs of a fleet from its ProxyFleet, else from
+// its ProxyFleetClaim. A fleet that cannot be read, or whose spec does not
+// parse, gets the defaults.
 func (c *Catalog) readTTLs(ctx context.Context, namespace, fleet string) (time.Duration, time.Duration) {
-	def, maxTTL := DefaultTTL, MaxTTL
-	for _, kind := range []string{"ProxyFleet", "ProxyFleetClaim"} {
+	for _, kind := range []string{fleetv1alpha1.ProxyFleetKind, fleetv1alpha1.ProxyFleetClaimKind} {
 		u := &unstructured.Unstructured{}
-		u.SetGroupVersionKind(schema.GroupVersionKind{Group: "crawl.example.com", Version: "v1alpha1", Kind: kind})
+		u.SetGroupVersionKind(fleetv1alpha1.SchemeGroupVersion.WithKind(kind))
 		r := c.Direct
-		if c.Fleets != nil && kind == "ProxyFleet" {
+		if c.Fleets != nil && kind == fleetv1alpha1.ProxyFleetKind {
 			r = c.Fleets
 		}
 		if err := r.Get(ctx, types.NamespacedName{Namespace: namespace, Name: fleet}, u); err != nil {
 			continue
 		}
-		if s, ok, _ := unstructured.NestedString(u.Object, "spec", "leases", "defaultTTL"); ok {
-			if d, err := time.ParseDuration(s); err == nil {
-				def = d
-			}
+		spec, _, _ := unstructured.NestedMap(u.Object, "spec")
+		s, err := fleetv1alpha1.SpecFrom(spec)
+		if err != nil {
+			break
 		}
-		if s, ok, _ := unstructured.NestedString(u.Object, "spec", "leases", "maxTTL"); ok {
-			if d, err := time.ParseDuration(s); err == nil {
-				maxTTL = d
-			}
-		}
-		break
+		return s.Leases.TTLs()
 	}
-	return def, maxTTL
+	return (*fleetv1alpha1.Leases)(nil).TTLs()
 }
 
 // ProxyURL is the proxy's URL with its credentials, read from its auth
@@ -186,13 +180,7 @@ func (c *Catalog) ProxyURL(ctx context.Context, m member) (string, error) {
 	if ref == nil {
 		return u.String(), nil
 	}
-	uk, pk := ref.UsernameKey, ref.PasswordKey
-	if uk == "" {
-		uk = "username"
-	}
-	if pk == "" {
-		pk = "password"
-	}
+	uk, pk := ref.Keys()
 	key := m.Namespace + "/" + ref.Name + "/" + uk + "/" + pk
 	c.mu.Lock()
 	cc, ok := c.creds[key]

@@ -19,11 +19,15 @@ import (
 	"github.com/crossplane/function-sdk-go/response"
 	"github.com/pkg/errors"
 	"google.golang.org/protobuf/types/known/structpb"
+	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
 
@@ -97,13 +101,11 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 	rsp.Requirements = &fnv1.Requirements{Resources: map[string]*fnv1.ResourceSelector{
 		requiredLeases: {
 			ApiVersion: "coordination.k8s.io/v1", Kind: "Lease", Namespace: &namespace,
-			Match: &fnv1.ResourceSelector_MatchLabels{MatchLabels: &fnv1.MatchLabels{Labels: map[string]string{
-				ownership.FleetLabel: fleetName, ownership.LeaseKindLabel: ownership.LeaseKindSlot,
-			}}},
+			Match: &fnv1.ResourceSelector_MatchLabels{MatchLabels: &fnv1.MatchLabels{Labels: lease.SeatSelector(fleetName)}},
 		},
 	}}
 	leaseList, leasesKnown := req.GetRequiredResources()[requiredLeases]
-	members := observedMembers(req.GetObserved().GetResources(), activeLeases(leaseList.GetItems(), now))
+	members := observedMembers(req.GetObserved().GetResources(), heldProxies(leaseList.GetItems(), fleetName, now))
 	p := decide(fleet, members, leasesKnown, now)
 
 	if rsp.Desired == nil {
@@ -176,20 +178,36 @@ func later(a, b time.Time) time.Time {
 	return b
 }
 
-// activeLeases returns the names of proxies a crawler holds an unexpired
-// lease on: a holder, and renewTime + leaseDurationSeconds in the future.
-func activeLeases(leases []*fnv1.Resource, now time.Time) map[string]bool {
+// heldProxies returns the names of the fleet's proxies that a crawler may
+// still hold a lease on, by lease.Holds.
+func heldProxies(leases []*fnv1.Resource, fleet string, now time.Time) map[string]bool {
 	out := map[string]bool{}
-	for _, l := range leases {
-		r := l.GetResource()
-		renew, err := time.Parse(time.RFC3339Nano, str(r, "spec", "renewTime"))
-		ttl := time.Duration(field(r, "spec", "leaseDurationSeconds").GetNumberValue() * float64(time.Second))
-		if str(r, "spec", "holderIdentity") == "" || err != nil || !renew.Add(ttl).After(now) {
-			continue
+	for _, r := range leases {
+		l := leaseOf(r.GetResource())
+		if fleetv1alpha1.FleetName(l) == fleet && lease.Holds(l, now) {
+			out[fleetv1alpha1.ProxyName(l)] = true
 		}
-		out[label(r, ownership.ProxyLabel)] = true
 	}
 	return out
+}
+
+// leaseOf reads the fields of a Lease that say who holds it until when.
+// Times are read as RFC 3339 with any fraction, as written by any client.
+func leaseOf(r *structpb.Struct) *coordv1.Lease {
+	l := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{
+		Labels: strmap(field(r, "metadata", "labels")), Annotations: strmap(field(r, "metadata", "annotations")),
+	}}
+	if h := str(r, "spec", "holderIdentity"); h != "" {
+		l.Spec.HolderIdentity = &h
+	}
+	if renew, err := time.Parse(time.RFC3339Nano, str(r, "spec", "renewTime")); err == nil {
+		l.Spec.RenewTime = &metav1.MicroTime{Time: renew}
+	}
+	if v := field(r, "spec", "leaseDurationSeconds"); v != nil {
+		d := int32(v.GetNumberValue())
+		l.Spec.LeaseDurationSeconds = &d
+	}
+	return l
 }
 
 // observedMembers reads the fleet's observed Proxies. Each nested object is
@@ -208,17 +226,17 @@ func observedMembers(observed map[string]*fnv1.Resource, leased map[string]bool)
 		status := r["status"].GetStructValue().GetFields()
 		ap := status["atProvider"].GetStructValue().GetFields()
 		m := &member{
-			Ordinal: ord, Name: meta["name"].GetStringValue(), Zone: labels[ownership.ZoneLabel].GetStringValue(),
+			Ordinal: ord, Name: meta["name"].GetStringValue(), Zone: labels[fleetv1alpha1.LabelZone].GetStringValue(),
 			Replaces: -1, Healthy: ap["healthy"].GetBoolValue(),
 			EgressIP: ap["egressIP"].GetStringValue(), Error: ap["lastProbeError"].GetStringValue(),
 		}
 		m.Created, _ = time.Parse(time.RFC3339, meta["creationTimestamp"].GetStringValue())
-		if v := labels[ownership.ReplacesLabel].GetStringValue(); v != "" {
+		if v := labels[fleetv1alpha1.LabelReplaces].GetStringValue(); v != "" {
 			if o, err := strconv.Atoi(v); err == nil {
 				m.Replaces = o
 			}
 		}
-		if v := labels[ownership.GenerationLabel].GetStringValue(); v != "" {
+		if v := labels[fleetv1alpha1.LabelRotationGeneration].GetStringValue(); v != "" {
 			m.Generation, _ = strconv.Atoi(v)
 		}
 		for _, c := range status["conditions"].GetListValue().GetValues() {
@@ -252,9 +270,11 @@ type composer struct {
 	// Read-only values shared by many Proxies: a fleet of thousands would
 	// otherwise allocate the same labels and spec thousands of times.
 	apiVersion, kind, namespace, fleet *structpb.Value
-	zones                              map[string]*structpb.Value
-	specs                              map[string]*structpb.Value
-	labels                             map[[2]string]*structpb.Value
+	// annotations name the fleet exactly; the fleet label may be a hash.
+	annotations *structpb.Value
+	zones       map[string]*structpb.Value
+	specs       map[string]*structpb.Value
+	labels      map[[2]string]*structpb.Value
 }
 
 func (f *Fleet) composer() (*composer, error) {
@@ -265,26 +285,21 @@ func (f *Fleet) composer() (*composer, error) {
 		apiVersion: structpb.NewStringValue(v1alpha1.SchemeGroupVersion.String()),
 		kind:       structpb.NewStringValue(v1alpha1.ProxyKind),
 		namespace:  structpb.NewStringValue(f.Namespace),
-		fleet:      structpb.NewStringValue(f.Name),
+		fleet:      structpb.NewStringValue(ownership.LabelValue(f.Name)),
+		annotations: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			fleetv1alpha1.AnnotationFleet: structpb.NewStringValue(f.Name),
+		}}),
 	}
-	ref := map[string]string{"kind": v1alpha1.ClusterProviderConfigKind, "name": "default"}
-	if r := s.ProviderConfigRef; r != nil {
-		if r.Kind != "" {
-			ref["kind"] = r.Kind
-		}
-		if r.Name != "" {
-			ref["name"] = r.Name
-		}
-	}
+	ref := map[string]string{"kind": s.ProviderConfigRef.Kind, "name": s.ProviderConfigRef.Name}
 	c.configRef = structpb.NewStructValue(strings2struct(ref))
 	for _, zone := range f.Zones {
 		fp := v1alpha1.ProxyParameters{
 			Mode:                v1alpha1.ProxyModeManaged,
-			Port:                i32(s.Proxy.Port, 3128),
+			Port:                *s.Proxy.Port,
 			AuthSecretRef:       s.Proxy.AuthSecretRef,
 			AllowedSourceRanges: s.Proxy.AllowedSourceRanges,
 			HealthCheck:         s.HealthCheck,
-			MaxLeases:           i32(s.Leases.MaxLeasesPerProxy, 1),
+			MaxLeases:           *s.Leases.MaxLeasesPerProxy,
 		}
 		switch {
 		case s.Placement.Local != nil:
@@ -297,8 +312,7 @@ func (f *Fleet) composer() (*composer, error) {
 			k.NodeSelector[corev1.LabelTopologyZone] = zone
 			fp.Kubernetes = k
 		case s.Placement.GCP != nil:
-			g := s.Placement.GCP
-			fp.GCP = &v1alpha1.GCPPlacement{Zone: zone, MachineType: g.MachineType, Image: g.Image, Network: g.Network, NetworkTags: g.NetworkTags, CloudInit: g.CloudInit}
+			fp.GCP = &v1alpha1.GCPPlacement{Zone: zone, GCPInstance: *s.Placement.GCP.DeepCopy()}
 		}
 		// Through JSON, so that unset fields stay unset (omitempty) and the
 		// apiserver applies the CRD's defaults.
@@ -329,9 +343,10 @@ func (c *composer) proxy(m *member, observed map[int]*member) *fnv1.Resource {
 		"apiVersion": c.apiVersion,
 		"kind":       c.kind,
 		"metadata": structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-			"name":      structpb.NewStringValue(c.f.Name + "-" + strconv.Itoa(m.Ordinal)),
-			"namespace": c.namespace,
-			"labels":    c.labelsOf(m, observed),
+			"name":        structpb.NewStringValue(c.f.Name + "-" + strconv.Itoa(m.Ordinal)),
+			"namespace":   c.namespace,
+			"labels":      c.labelsOf(m, observed),
+			"annotations": c.annotations,
 		}}),
 		"spec": spec,
 	}}}
@@ -350,12 +365,12 @@ func (c *composer) labelsOf(m *member, observed map[int]*member) *structpb.Value
 		return v
 	}
 	l := &structpb.Struct{Fields: map[string]*structpb.Value{
-		ownership.FleetLabel:      c.fleet,
-		ownership.ZoneLabel:       structpb.NewStringValue(m.Zone),
-		ownership.GenerationLabel: structpb.NewStringValue(gen),
+		fleetv1alpha1.LabelFleet:              c.fleet,
+		fleetv1alpha1.LabelZone:               structpb.NewStringValue(m.Zone),
+		fleetv1alpha1.LabelRotationGeneration: structpb.NewStringValue(gen),
 	}}
 	if replacing {
-		l.Fields[ownership.ReplacesLabel] = structpb.NewStringValue(strconv.Itoa(m.Replaces))
+		l.Fields[fleetv1alpha1.LabelReplaces] = structpb.NewStringValue(strconv.Itoa(m.Replaces))
 		return structpb.NewStructValue(l)
 	}
 	v := structpb.NewStructValue(l)

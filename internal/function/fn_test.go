@@ -16,6 +16,8 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
 const validSpec = `{
@@ -88,7 +90,7 @@ func TestBadInput(t *testing.T) {
 			spec:   `{"replicas": 2, "placement": {"local": {}}, "proxy": {"authSecretRef": {"name": "a"}}, "healthCheck": {"url": "https://e/ip"}}`,
 			want:   fatal("spec.zones must not be empty when spec.replicas > 0: list the zones to spread proxies over"),
 		},
-		"NegativeReplicas": {reason: "Replicas cannot be negative.", spec: "replicas=-1", want: fatal("spec.replicas must be between 0 and 10000, not -1")},
+		"NegativeReplicas": {reason: "Replicas cannot be negative.", spec: "replicas=-1", want: fatal("spec.replicas must be between 0 and 1000, not -1")},
 		"BadZone":          {reason: "Zones are DNS labels.", spec: `zones=["a", "B_1"]`, want: fatal(`spec.zones[1] "B_1" must be a lowercase DNS label such as europe-west1-b`)},
 		"DuplicateZone":    {reason: "A zone listed twice would skew the spread.", spec: `zones=["a", "a"]`, want: fatal(`spec.zones[1] "a" is listed twice`)},
 		"NoPlacement":      {reason: "A fleet runs somewhere.", spec: "placement=", want: fatal("spec.placement needs exactly one of local, kubernetes or gcp")},
@@ -232,7 +234,7 @@ func TestRunFunction(t *testing.T) {
 
 	t.Run("ActiveLeaseHoldsRotation", func(t *testing.T) {
 		spec := withSpec(t, "rotation", `{"maxAge": "1h"}`)
-		lease := func(renew time.Time) *fnv1.Resource {
+		leaseAt := func(renew time.Time) *fnv1.Resource {
 			return &fnv1.Resource{Resource: resource.MustStructJSON(fmt.Sprintf(`{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
 				"metadata": {"name": "l", "namespace": "team", "labels": {"crawl.example.com/fleet": "crawlers", "crawl.example.com/proxy": "crawlers-0", "crawl.example.com/lease-kind": "slot"}},
 				"spec": {"holderIdentity": "crawler-1", "leaseDurationSeconds": 600, "renewTime": %q}}`, renew.Format(time.RFC3339Nano)))}
@@ -246,12 +248,14 @@ func TestRunFunction(t *testing.T) {
 			renew   time.Time
 			oldKept bool
 		}{
-			"Active":  {renew: t0.Add(-time.Minute), oldKept: true},
-			"Expired": {renew: t0.Add(-time.Hour), oldKept: false},
+			"Active": {renew: t0.Add(-time.Minute), oldKept: true},
+			// Renewed by a replica whose clock may run behind ours.
+			"ExpiredWithinSkew": {renew: t0.Add(-600*time.Second - lease.HoldSkew + time.Second), oldKept: true},
+			"Expired":           {renew: t0.Add(-600*time.Second - lease.HoldSkew), oldKept: false},
 		} {
 			rsp := run(t, &fnv1.RunFunctionRequest{
 				Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: observed},
-				RequiredResources: map[string]*fnv1.Resources{"leases": {Items: []*fnv1.Resource{lease(tc.renew)}}},
+				RequiredResources: map[string]*fnv1.Resources{"leases": {Items: []*fnv1.Resource{leaseAt(tc.renew)}}},
 			})
 			_, kept := rsp.GetDesired().GetResources()["proxy-0"]
 			if kept != tc.oldKept {

@@ -27,9 +27,9 @@ type member struct {
 	Leased bool
 }
 
-// slot is one of the fleet's replicas: the member holding it and, while it
-// is being replaced, its replacement.
-type slot struct {
+// replica is one of the spec.replicas places of the fleet: the member
+// holding it and, while it is being replaced, its replacement.
+type replica struct {
 	holder      *member
 	replacement *member
 	reason      string // why the holder is being replaced
@@ -59,19 +59,19 @@ func decide(f *Fleet, observed []*member, leasesKnown bool, now time.Time) *plan
 		next = max(next, m.Ordinal+1)
 	}
 
-	// Members replacing one that still exists belong to that member's slot.
-	var slots []*slot
-	bySlot := map[int]*slot{}
+	// Members replacing one that still exists belong to that member's replica.
+	var replicas []*replica
+	byReplica := map[int]*replica{}
 	for _, m := range observed {
 		if _, ok := byOrdinal[m.Replaces]; ok && m.Replaces != m.Ordinal {
 			continue
 		}
-		s := &slot{holder: m}
-		slots = append(slots, s)
-		bySlot[m.Ordinal] = s
+		s := &replica{holder: m}
+		replicas = append(replicas, s)
+		byReplica[m.Ordinal] = s
 	}
 	for _, m := range observed {
-		if s, ok := bySlot[m.Replaces]; ok && m.Replaces != m.Ordinal {
+		if s, ok := byReplica[m.Replaces]; ok && m.Replaces != m.Ordinal {
 			if s.replacement == nil || m.Ordinal > s.replacement.Ordinal {
 				s.replacement = m
 			}
@@ -86,12 +86,12 @@ func decide(f *Fleet, observed []*member, leasesKnown bool, now time.Time) *plan
 	}
 	total := len(observed)
 
-	// Scale down: drop whole slots, unhealthiest first, then from the most
+	// Scale down: drop whole replicas, unhealthiest first, then from the most
 	// crowded zone, then the newest.
-	if len(slots) > f.Replicas {
-		perZone := zoneCounts(slots)
-		sort.SliceStable(slots, func(i, j int) bool {
-			a, b := slots[i].holder, slots[j].holder
+	if len(replicas) > f.Replicas {
+		perZone := zoneCounts(replicas)
+		sort.SliceStable(replicas, func(i, j int) bool {
+			a, b := replicas[i].holder, replicas[j].holder
 			if a.Ready != b.Ready {
 				return !a.Ready
 			}
@@ -100,8 +100,8 @@ func decide(f *Fleet, observed []*member, leasesKnown bool, now time.Time) *plan
 			}
 			return a.Ordinal > b.Ordinal
 		})
-		drop := len(slots) - f.Replicas
-		for _, s := range slots[:drop] {
+		drop := len(replicas) - f.Replicas
+		for _, s := range replicas[:drop] {
 			p.removed++
 			total--
 			if s.holder.Ready {
@@ -114,12 +114,12 @@ func decide(f *Fleet, observed []*member, leasesKnown bool, now time.Time) *plan
 				}
 			}
 		}
-		slots = slots[drop:]
+		replicas = replicas[drop:]
 	}
 
-	// Scale up: new slots in the least crowded zones.
-	for len(slots) < f.Replicas {
-		perZone := zoneCounts(slots)
+	// Scale up: new replicas in the least crowded zones.
+	for len(replicas) < f.Replicas {
+		perZone := zoneCounts(replicas)
 		zone := f.Zones[0]
 		for _, z := range f.Zones {
 			if perZone[z] < perZone[zone] {
@@ -128,15 +128,15 @@ func decide(f *Fleet, observed []*member, leasesKnown bool, now time.Time) *plan
 		}
 		m := &member{Ordinal: next, Zone: zone, Replaces: -1, Created: now}
 		next++
-		slots = append(slots, &slot{holder: m})
+		replicas = append(replicas, &replica{holder: m})
 		p.created++
 		total++
 	}
 
 	// Replacement: a holder older than maxAge, or unavailable for longer
 	// than replaceUnhealthyAfter, gets a surge replacement in its zone.
-	sort.SliceStable(slots, func(i, j int) bool { return slots[i].holder.Ordinal < slots[j].holder.Ordinal })
-	for _, s := range slots {
+	sort.SliceStable(replicas, func(i, j int) bool { return replicas[i].holder.Ordinal < replicas[j].holder.Ordinal })
+	for _, s := range replicas {
 		h := s.holder
 		if h.Created.Equal(now) {
 			continue // made in this very plan
@@ -154,7 +154,7 @@ func decide(f *Fleet, observed []*member, leasesKnown bool, now time.Time) *plan
 		}
 		if total >= f.Replicas+f.MaxSurge {
 			// No surge left. With maxUnavailable, a drained healthy holder
-			// may go first and its slot is refilled at once.
+			// may go first and its replica is refilled at once.
 			if f.MaxSurge == 0 && h.Ready && (h.Leased || !leasesKnown) {
 				p.blocked = append(p.blocked, fmt.Sprintf("%s waits for its leases to drain", h.Name))
 				continue
@@ -181,7 +181,7 @@ func decide(f *Fleet, observed []*member, leasesKnown bool, now time.Time) *plan
 	// Completion: a holder goes once its replacement is Ready, and, if it
 	// still serves, only when no crawler holds a lease on it and the fleet
 	// stays at or above replicas - maxUnavailable ready proxies.
-	for _, s := range slots {
+	for _, s := range replicas {
 		r := s.replacement
 		if r == nil {
 			continue
@@ -206,7 +206,7 @@ func decide(f *Fleet, observed []*member, leasesKnown bool, now time.Time) *plan
 		}
 	}
 
-	for _, s := range slots {
+	for _, s := range replicas {
 		p.keep = append(p.keep, s.holder)
 		if s.replacement != nil {
 			p.keep = append(p.keep, s.replacement)
@@ -216,9 +216,9 @@ func decide(f *Fleet, observed []*member, leasesKnown bool, now time.Time) *plan
 	return p
 }
 
-func zoneCounts(slots []*slot) map[string]int {
+func zoneCounts(replicas []*replica) map[string]int {
 	c := map[string]int{}
-	for _, s := range slots {
+	for _, s := range replicas {
 		c[s.holder.Zone]++
 	}
 	return c

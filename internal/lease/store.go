@@ -27,16 +27,17 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
 
 // Labels and annotations on lease objects.
 const (
-	LabelHolder      = "crawl.example.com/holder"
-	LabelSticky      = "crawl.example.com/sticky"
-	LabelBanDomain   = "crawl.example.com/ban-domain"
-	AnnotationHolder = "crawl.example.com/holder"
-	AnnotationDomain = "crawl.example.com/domain"
+	LabelHolder      = fleetv1alpha1.Group + "/holder"
+	LabelSticky      = fleetv1alpha1.Group + "/sticky"
+	LabelBanDomain   = fleetv1alpha1.Group + "/ban-domain"
+	AnnotationHolder = fleetv1alpha1.Group + "/holder"
+	AnnotationDomain = fleetv1alpha1.Group + "/domain"
 )
 
 // Errors the API maps to status codes.
@@ -131,33 +132,47 @@ func SlotName(proxy string, slot int) string {
 	return fmt.Sprintf("%s-slot-%d", proxy, slot)
 }
 
-// labelValue makes any string a valid label value: as is when it is one,
-// else a readable prefix and a hash.
-func labelValue(v string) string {
-	ok := len(v) <= 63
-	for _, r := range v {
-		if (r < 'a' || r > 'z') && (r < 'A' || r > 'Z') && (r < '0' || r > '9') && r != '-' && r != '_' && r != '.' {
-			ok = false
-		}
-	}
-	if ok && (v == "" || isAlnum(v[0]) && isAlnum(v[len(v)-1])) {
-		return v
-	}
-	sum := sha256.Sum256([]byte(v))
-	return "h-" + hex.EncodeToString(sum[:])[:20]
-}
-
-func isAlnum(b byte) bool {
-	return b >= 'a' && b <= 'z' || b >= 'A' && b <= 'Z' || b >= '0' && b <= '9'
-}
-
 // Expired reports whether a lease's renewTime + leaseDurationSeconds has
-// passed.
+// passed, by this replica's clock: egress-discovery takes over a seat on it.
+// Anything that must not act while a crawler may still use the proxy asks
+// Holds instead.
 func Expired(l *coordv1.Lease, now time.Time) bool {
 	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
 		return true
 	}
 	return !l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second).After(now)
+}
+
+// HoldSkew is how much longer than its TTL Holds counts a lease as held:
+// the clocks of the discovery replica that renewed it and of the reader may
+// disagree by this much.
+const HoldSkew = 30 * time.Second
+
+// Holds reports whether a seat lease may still hold its proxy at now: it has
+// a holder, and renewTime + leaseDurationSeconds + HoldSkew has not passed.
+// It errs on the side of "held", so that a proxy a crawler may still be
+// using is not rotated away under it.
+func Holds(l *coordv1.Lease, now time.Time) bool {
+	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" || l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
+		return false
+	}
+	return now.Before(ExpiresAt(l).Add(HoldSkew))
+}
+
+// names labels and annotates a lease with its fleet and proxy: labels to
+// select by, annotations to read the names back exactly.
+func names(meta *metav1.ObjectMeta, fleet, proxy string) {
+	meta.Labels[fleetv1alpha1.LabelFleet] = ownership.LabelValue(fleet)
+	meta.Labels[fleetv1alpha1.LabelProxy] = ownership.LabelValue(proxy)
+	meta.Annotations[fleetv1alpha1.AnnotationFleet] = fleet
+	meta.Annotations[fleetv1alpha1.AnnotationProxy] = proxy
+}
+
+// SeatSelector selects the seat leases of a fleet.
+func SeatSelector(fleet string) map[string]string {
+	return map[string]string{
+		fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet), fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot,
+	}
 }
 
 // ExpiresAt is when a lease runs out.
@@ -194,13 +209,13 @@ type Request struct {
 	StickyKey string
 }
 
-// Slots lists the live slot leases of a fleet's proxies from the cache:
-// proxy name to the slot indexes held.
+// Slots lists the live slot leases of a fleet's proxies from the cache, by
+// proxy name.
 func (s *Store) Slots(ctx context.Context, namespace, fleet string) (map[string][]*coordv1.Lease, error) {
 	l := &coordv1.LeaseList{}
 	// Read-only use of the cache: no deep copies of every lease per call.
 	if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.UnsafeDisableDeepCopy,
-		client.MatchingLabels{ownership.FleetLabel: labelValue(fleet), ownership.LeaseKindLabel: ownership.LeaseKindSlot}); err != nil {
+		client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet), fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot}); err != nil {
 		return nil, errors.Wrap(err, "cannot list leases")
 	}
 	out := map[string][]*coordv1.Lease{}
@@ -210,7 +225,7 @@ func (s *Store) Slots(ctx context.Context, namespace, fleet string) (map[string]
 		if Expired(le, now) {
 			continue
 		}
-		p := le.Labels[ownership.ProxyLabel]
+		p := fleetv1alpha1.ProxyName(le)
 		out[p] = append(out[p], le)
 	}
 	return out, nil
@@ -235,7 +250,7 @@ func (s *Store) Acquire(ctx context.Context, cands []Candidate, r Request) (*Gra
 	}
 	l := &coordv1.LeaseList{}
 	if err := s.cache().List(ctx, l, client.InNamespace(cands[0].Namespace), client.UnsafeDisableDeepCopy,
-		client.MatchingLabels{ownership.FleetLabel: labelValue(cands[0].Fleet), ownership.LeaseKindLabel: ownership.LeaseKindSlot}); err != nil {
+		client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(cands[0].Fleet), fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot}); err != nil {
 		return nil, errors.Wrap(err, "cannot list leases")
 	}
 	now := s.now()
@@ -308,8 +323,8 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 		ObjectMeta: metav1.ObjectMeta{
 			Name: SlotName(c.Proxy, slot), Namespace: c.Namespace,
 			Labels: map[string]string{
-				ownership.LeaseKindLabel: ownership.LeaseKindSlot, ownership.FleetLabel: labelValue(c.Fleet), ownership.ProxyLabel: c.Proxy,
-				LabelHolder: labelValue(r.Holder),
+				fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot,
+				LabelHolder:                  ownership.LabelValue(r.Holder),
 			},
 			Annotations: map[string]string{AnnotationHolder: r.Holder},
 		},
@@ -320,6 +335,7 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 			RenewTime:            &metav1.MicroTime{Time: now},
 		},
 	}
+	names(&want.ObjectMeta, c.Fleet, c.Proxy)
 	if h := StickyHash(r.StickyKey); h != "" {
 		want.Labels[LabelSticky] = h
 	}
@@ -389,7 +405,7 @@ func (s *Store) Get(ctx context.Context, id string) (*coordv1.Lease, error) {
 		}
 		return nil, errors.Wrap(err, "cannot get lease")
 	}
-	if string(l.UID) != tok || l.Labels[ownership.LeaseKindLabel] != ownership.LeaseKindSlot || Expired(l, s.now()) {
+	if string(l.UID) != tok || l.Labels[fleetv1alpha1.LabelLeaseKind] != fleetv1alpha1.LeaseKindSlot || Expired(l, s.now()) {
 		return nil, ErrNotFound
 	}
 	return l, nil
@@ -405,7 +421,7 @@ func (s *Store) Renew(ctx context.Context, id string, ttl time.Duration) (*Grant
 	}
 	patch, _ := json.Marshal([]map[string]any{
 		{"op": "test", "path": "/metadata/uid", "value": uid},
-		{"op": "test", "path": "/metadata/labels/" + strings.ReplaceAll(ownership.LeaseKindLabel, "/", "~1"), "value": ownership.LeaseKindSlot},
+		{"op": "test", "path": "/metadata/labels/" + strings.ReplaceAll(fleetv1alpha1.LabelLeaseKind, "/", "~1"), "value": fleetv1alpha1.LeaseKindSlot},
 		{"op": "replace", "path": "/spec/renewTime", "value": metav1.MicroTime{Time: s.now()}},
 		{"op": "replace", "path": "/spec/leaseDurationSeconds", "value": int32(ttl / time.Second)},
 	})
@@ -421,7 +437,7 @@ func (s *Store) Renew(ctx context.Context, id string, ttl time.Duration) (*Grant
 
 func (s *Store) toGrant(l *coordv1.Lease, id string) *Grant {
 	slot, _ := strconv.Atoi(l.Name[strings.LastIndex(l.Name, "-")+1:])
-	return &Grant{ID: id, Namespace: l.Namespace, Fleet: l.Labels[ownership.FleetLabel], Proxy: l.Labels[ownership.ProxyLabel],
+	return &Grant{ID: id, Namespace: l.Namespace, Fleet: fleetv1alpha1.FleetName(l), Proxy: fleetv1alpha1.ProxyName(l),
 		Slot: slot, Holder: ptr.Deref(l.Spec.HolderIdentity, ""), ExpiresAt: ExpiresAt(l)}
 }
 
@@ -450,7 +466,7 @@ func (s *Store) Sticky(ctx context.Context, namespace, fleet, key string) (strin
 		return "", nil
 	}
 	l := &coordv1.LeaseList{}
-	if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{ownership.FleetLabel: labelValue(fleet), LabelSticky: h}); err != nil {
+	if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet), LabelSticky: h}); err != nil {
 		return "", errors.Wrap(err, "cannot list leases")
 	}
 	sort.Slice(l.Items, func(i, j int) bool {
@@ -459,7 +475,7 @@ func (s *Store) Sticky(ctx context.Context, namespace, fleet, key string) (strin
 	if len(l.Items) == 0 {
 		return "", nil
 	}
-	return l.Items[0].Labels[ownership.ProxyLabel], nil
+	return fleetv1alpha1.ProxyName(&l.Items[0]), nil
 }
 
 // BanName is the name of a (proxy, domain) ban object.
@@ -477,8 +493,8 @@ func (s *Store) Ban(ctx context.Context, namespace, fleet, proxy, domain string,
 		ObjectMeta: metav1.ObjectMeta{
 			Name: BanName(proxy, domain), Namespace: namespace,
 			Labels: map[string]string{
-				ownership.LeaseKindLabel: ownership.LeaseKindBan, ownership.FleetLabel: labelValue(fleet), ownership.ProxyLabel: proxy,
-				LabelBanDomain: labelValue(domain),
+				fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindBan,
+				LabelBanDomain:               ownership.LabelValue(domain),
 			},
 			Annotations: map[string]string{AnnotationDomain: domain},
 		},
@@ -487,6 +503,7 @@ func (s *Store) Ban(ctx context.Context, namespace, fleet, proxy, domain string,
 			AcquireTime: &metav1.MicroTime{Time: now}, RenewTime: &metav1.MicroTime{Time: now},
 		},
 	}
+	names(&want.ObjectMeta, fleet, proxy)
 	err := s.Client.Create(ctx, want)
 	if !kerrors.IsAlreadyExists(err) {
 		return errors.Wrap(err, "cannot record ban")
@@ -508,14 +525,14 @@ func (s *Store) Unban(ctx context.Context, namespace, proxy, domain string) erro
 // Bans lists a fleet's live bans: proxy name to banned domains.
 func (s *Store) Bans(ctx context.Context, namespace, fleet string) (map[string][]string, error) {
 	l := &coordv1.LeaseList{}
-	if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{ownership.FleetLabel: labelValue(fleet), ownership.LeaseKindLabel: ownership.LeaseKindBan}); err != nil {
+	if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet), fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindBan}); err != nil {
 		return nil, errors.Wrap(err, "cannot list bans")
 	}
 	out := map[string][]string{}
 	now := s.now()
 	for i := range l.Items {
 		if b := &l.Items[i]; !Expired(b, now) {
-			out[b.Labels[ownership.ProxyLabel]] = append(out[b.Labels[ownership.ProxyLabel]], b.Annotations[AnnotationDomain])
+			out[fleetv1alpha1.ProxyName(b)] = append(out[fleetv1alpha1.ProxyName(b)], b.Annotations[AnnotationDomain])
 		}
 	}
 	return out, nil
@@ -526,14 +543,14 @@ func (s *Store) Bans(ctx context.Context, namespace, fleet string) (map[string][
 // lease renewed or taken over meanwhile survives. Any replica may sweep.
 func (s *Store) Sweep(ctx context.Context, proxyExists func(namespace, name string) bool, grace time.Duration) (int, error) {
 	l := &coordv1.LeaseList{}
-	if err := s.Client.List(ctx, l, client.HasLabels{ownership.LeaseKindLabel}); err != nil {
+	if err := s.Client.List(ctx, l, client.HasLabels{fleetv1alpha1.LabelLeaseKind}); err != nil {
 		return 0, errors.Wrap(err, "cannot list leases")
 	}
 	now := s.now()
 	n := 0
 	for i := range l.Items {
 		le := &l.Items[i]
-		gone := !proxyExists(le.Namespace, le.Labels[ownership.ProxyLabel])
+		gone := !proxyExists(le.Namespace, fleetv1alpha1.ProxyName(le))
 		if !gone && !(Expired(le, now.Add(-grace))) {
 			continue
 		}

@@ -20,28 +20,11 @@ const (
 	LabelNamespace = "egress.crawl.example.com/proxy-namespace"
 	LabelName      = "egress.crawl.example.com/proxy-name"
 	LabelUID       = "egress.crawl.example.com/proxy-uid"
-	LabelFleet     = "egress.crawl.example.com/fleet"
+	// LabelOwnerFleet names the fleet of the owning Proxy on an instance.
+	LabelOwnerFleet = "egress.crawl.example.com/fleet"
 
 	// ManagedBy is the value of LabelManagedBy.
 	ManagedBy = "provider-egressproxy"
-)
-
-// Labels function-proxyfleet puts on the Proxies it composes, and
-// egress-discovery on the Lease objects it grants, so that both sides and the
-// provider speak of fleets and proxies the same way. The provider copies the
-// fleet onto each instance.
-const (
-	FleetLabel      = "crawl.example.com/fleet"
-	ZoneLabel       = "crawl.example.com/zone"
-	GenerationLabel = "crawl.example.com/rotation-generation"
-	ReplacesLabel   = "crawl.example.com/replaces"
-	// ProxyLabel names the Proxy a Lease is held on.
-	ProxyLabel = "crawl.example.com/proxy"
-	// LeaseKindLabel tells a crawler's slot lease from a domain ban, which
-	// egress-discovery also keeps as a Lease object.
-	LeaseKindLabel = "crawl.example.com/lease-kind"
-	LeaseKindSlot  = "slot"
-	LeaseKindBan   = "ban"
 )
 
 // Owner identifies the Proxy an instance belongs to.
@@ -63,17 +46,17 @@ var keys = []struct{ k8s, gcp string }{
 	{LabelNamespace, "egress-proxy-namespace"},
 	{LabelName, "egress-proxy-name"},
 	{LabelUID, "egress-proxy-uid"},
-	{LabelFleet, "egress-fleet"},
+	{LabelOwnerFleet, "egress-fleet"},
 }
 
 func (o Owner) values() map[string]string {
 	return map[string]string{
-		LabelManagedBy: ManagedBy,
-		LabelCluster:   o.ClusterID,
-		LabelNamespace: o.Namespace,
-		LabelName:      o.Name,
-		LabelUID:       string(o.UID),
-		LabelFleet:     o.Fleet,
+		LabelManagedBy:  ManagedBy,
+		LabelCluster:    o.ClusterID,
+		LabelNamespace:  o.Namespace,
+		LabelName:       o.Name,
+		LabelUID:        string(o.UID),
+		LabelOwnerFleet: o.Fleet,
 	}
 }
 
@@ -106,12 +89,19 @@ func fit(v string, valid *regexp.Regexp, lower bool) string {
 	return strings.Trim(p, "-._") + "-" + h
 }
 
+// LabelValue is the one encoding of a name as a Kubernetes label value: the
+// name itself when it is a valid label value, else a readable prefix and a
+// hash. Fleet and proxy names may be up to 253 characters, label values only
+// 63, so every label that carries a name goes through it, on the side that
+// writes the label and on the side that selects by it.
+func LabelValue(name string) string { return fit(name, k8sValue, false) }
+
 // Labels returns the owner as Kubernetes labels; empty values are left out.
 func (o Owner) Labels() map[string]string {
 	out := map[string]string{}
 	for k, v := range o.values() {
 		if v != "" {
-			out[k] = fit(v, k8sValue, false)
+			out[k] = LabelValue(v)
 		}
 	}
 	return out
@@ -153,13 +143,13 @@ func FromLabels(l map[string]string) (Owner, bool) {
 		Namespace: get(LabelNamespace),
 		Name:      get(LabelName),
 		UID:       types.UID(get(LabelUID)),
-		Fleet:     get(LabelFleet),
+		Fleet:     get(LabelOwnerFleet),
 	}, true
 }
 
 // Selector returns the labels that select everything this cluster owns.
 func Selector(clusterID string) map[string]string {
-	return map[string]string{LabelManagedBy: ManagedBy, LabelCluster: fit(clusterID, k8sValue, false)}
+	return map[string]string{LabelManagedBy: ManagedBy, LabelCluster: LabelValue(clusterID)}
 }
 
 // GCPFilter returns a Compute Engine list filter for everything this

@@ -5,6 +5,20 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
+// Defaults that Go code applies where no apiserver has defaulted an object
+// (crossplane render does not). The kubebuilder default markers state the
+// same values; apis_test.go fails when the two disagree.
+const (
+	// DefaultPort is the port a proxy listens on.
+	DefaultPort int32 = 3128
+	// DefaultMaxLeases is how many crawlers may share one proxy.
+	DefaultMaxLeases int32 = 1
+	// DefaultUsernameKey is the auth Secret's key holding the username.
+	DefaultUsernameKey = "username"
+	// DefaultPasswordKey is the auth Secret's key holding the password.
+	DefaultPasswordKey = "password"
+)
+
 // ProxyMode says who runs a proxy's instance.
 // +kubebuilder:validation:Enum=Managed;External
 type ProxyMode string
@@ -130,12 +144,17 @@ type KubernetesPlacement struct {
 }
 
 // GCPPlacement places a proxy on a Compute Engine VM.
-// +kubebuilder:validation:XValidation:rule="!has(self.cloudInit) || has(self.cloudInit.inline) != has(self.cloudInit.secretRef)",message="cloudInit needs exactly one of inline or secretRef"
 type GCPPlacement struct {
 	// Zone the VM runs in, such as europe-west1-b.
 	// +kubebuilder:validation:Pattern=`^[a-z]+-[a-z]+[0-9]+-[a-z]$`
 	Zone string `json:"zone"`
 
+	GCPInstance `json:",inline"`
+}
+
+// GCPInstance is what a proxy's VM is made of, apart from its zone: a
+// ProxyFleet sets it once and spreads its Proxies over zones.
+type GCPInstance struct {
 	// MachineType of the VM.
 	// +kubebuilder:default="e2-micro"
 	// +kubebuilder:validation:MaxLength=64
@@ -167,6 +186,7 @@ type GCPPlacement struct {
 }
 
 // CloudInit is user-supplied VM start-up configuration.
+// +kubebuilder:validation:XValidation:rule="has(self.inline) != has(self.secretRef)",message="cloudInit needs exactly one of inline or secretRef"
 type CloudInit struct {
 	// Inline cloud-init or startup script.
 	// +kubebuilder:validation:MaxLength=262144
@@ -195,6 +215,19 @@ type AuthSecretReference struct {
 	// +kubebuilder:default=password
 	// +optional
 	PasswordKey string `json:"passwordKey,omitempty"`
+}
+
+// Keys returns the Secret keys holding the username and the password, with
+// the defaults for those left empty.
+func (r *AuthSecretReference) Keys() (username, password string) {
+	username, password = r.UsernameKey, r.PasswordKey
+	if username == "" {
+		username = DefaultUsernameKey
+	}
+	if password == "" {
+		password = DefaultPasswordKey
+	}
+	return username, password
 }
 
 // HealthCheck says how to probe through a proxy.

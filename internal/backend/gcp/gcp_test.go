@@ -32,7 +32,7 @@ func spec(uid string) backend.Spec {
 		Ref: backend.Ref{Name: ownership.InstanceName(o.UID), Zone: "europe-west1-b"}, Owner: o, Port: 3128,
 		Credentials:         &backend.Credentials{Username: "crawler", Password: "pw"},
 		AllowedSourceRanges: []string{"203.0.113.0/24"},
-		GCP:                 &v1alpha1.GCPPlacement{Zone: "europe-west1-b", MachineType: "e2-micro", NetworkTags: []v1alpha1.NetworkTag{"crawl"}},
+		GCP:                 &v1alpha1.GCPPlacement{Zone: "europe-west1-b", GCPInstance: v1alpha1.GCPInstance{MachineType: "e2-micro", NetworkTags: []v1alpha1.NetworkTag{"crawl"}}},
 		Hash:                "abc123",
 	}
 }

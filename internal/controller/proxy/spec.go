@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
@@ -56,28 +57,22 @@ func credentials(ctx context.Context, kube client.Client, p *v1alpha1.Proxy) (*b
 	if ref == nil {
 		return nil, nil
 	}
+	uk, pk := ref.Keys()
 	s := &corev1.Secret{}
 	if err := kube.Get(ctx, types.NamespacedName{Namespace: p.GetNamespace(), Name: ref.Name}, s); err != nil {
 		if kerrors.IsNotFound(err) {
-			return nil, errors.Errorf("auth secret %s/%s not found: create it with keys %q and %q, or fix spec.forProvider.authSecretRef", p.GetNamespace(), ref.Name, keyOr(ref.UsernameKey, "username"), keyOr(ref.PasswordKey, "password"))
+			return nil, errors.Errorf("auth secret %s/%s not found: create it with keys %q and %q, or fix spec.forProvider.authSecretRef", p.GetNamespace(), ref.Name, uk, pk)
 		}
 		return nil, errors.Wrapf(err, "cannot get auth secret %s/%s", p.GetNamespace(), ref.Name)
 	}
 	c := &backend.Credentials{
-		Username: string(s.Data[keyOr(ref.UsernameKey, "username")]),
-		Password: string(s.Data[keyOr(ref.PasswordKey, "password")]),
+		Username: string(s.Data[uk]),
+		Password: string(s.Data[pk]),
 	}
 	if c.Username == "" || c.Password == "" {
-		return nil, errors.Errorf("auth secret %s/%s needs non-empty keys %q and %q", p.GetNamespace(), ref.Name, keyOr(ref.UsernameKey, "username"), keyOr(ref.PasswordKey, "password"))
+		return nil, errors.Errorf("auth secret %s/%s needs non-empty keys %q and %q", p.GetNamespace(), ref.Name, uk, pk)
 	}
 	return c, nil
-}
-
-func keyOr(k, def string) string {
-	if k == "" {
-		return def
-	}
-	return k
 }
 
 // userData reads a GCP Proxy's own cloud-init, inline or from its Secret.
@@ -117,7 +112,7 @@ func desiredSpec(p *v1alpha1.Proxy, pc *config, clusterID string, creds *backend
 		Ref: instanceRef(p, pc),
 		Owner: ownership.Owner{
 			ClusterID: clusterID, Namespace: p.GetNamespace(), Name: p.GetName(), UID: p.GetUID(),
-			Fleet: p.GetLabels()[ownership.FleetLabel],
+			Fleet: fleetv1alpha1.FleetName(p),
 		},
 		Port:                fp.Port,
 		Credentials:         creds,
@@ -127,7 +122,7 @@ func desiredSpec(p *v1alpha1.Proxy, pc *config, clusterID string, creds *backend
 		GCP:                 fp.GCP,
 	}
 	if s.Port == 0 {
-		s.Port = 3128
+		s.Port = v1alpha1.DefaultPort
 	}
 	s.UserData = userData
 	s.Hash = specHash(s)

@@ -1,0 +1,79 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+)
+
+// Package type metadata.
+const (
+	// Group is the API group of ProxyFleets, their claims and the labels
+	// the fleet's parts share.
+	Group   = "crawl.example.com"
+	Version = "v1alpha1"
+)
+
+// Kinds of the fleet API. Crossplane serves them from the XRDs; there is no
+// Go scheme registration because Crossplane, not this product, owns them.
+const (
+	// ProxyFleetKind is the namespaced composite resource.
+	ProxyFleetKind = "ProxyFleet"
+	// ProxyFleetResource is its plural, as RBAC names it.
+	ProxyFleetResource = "proxyfleets"
+	// XProxyFleetKind is the LegacyCluster composite resource.
+	XProxyFleetKind = "XProxyFleet"
+	// ProxyFleetClaimKind is the claim of an XProxyFleet.
+	ProxyFleetClaimKind = "ProxyFleetClaim"
+	// ProxyFleetClaimResource is its plural, as RBAC names it.
+	ProxyFleetClaimResource = "proxyfleetclaims"
+)
+
+// SchemeGroupVersion is the group version of the fleet API.
+var SchemeGroupVersion = schema.GroupVersion{Group: Group, Version: Version}
+
+// Labels function-proxyfleet puts on the Proxies it composes and
+// egress-discovery on the Lease objects it grants, so that both sides and the
+// provider speak of fleets and proxies the same way. Values go through
+// ownership.LabelValue, since names may be longer than a label value.
+const (
+	// LabelFleet names the fleet a Proxy or a Lease belongs to.
+	LabelFleet = Group + "/fleet"
+	// AnnotationFleet holds the fleet's name exactly, for names that do not
+	// fit a label value.
+	AnnotationFleet = Group + "/fleet"
+	// LabelZone is a Proxy's zone.
+	LabelZone = Group + "/zone"
+	// LabelRotationGeneration counts the replacements of a fleet ordinal.
+	LabelRotationGeneration = Group + "/rotation-generation"
+	// LabelReplaces names the ordinal a surge Proxy replaces.
+	LabelReplaces = Group + "/replaces"
+	// LabelProxy names the Proxy a Lease is held on.
+	LabelProxy = Group + "/proxy"
+	// AnnotationProxy holds that Proxy's name exactly.
+	AnnotationProxy = Group + "/proxy"
+	// LabelLeaseKind tells a crawler's lease seat from a domain ban, which
+	// egress-discovery also keeps as a Lease object.
+	LabelLeaseKind = Group + "/lease-kind"
+	// LeaseKindSlot is a crawler's seat on a proxy.
+	LeaseKindSlot = "slot"
+	// LeaseKindBan is a domain ban on a proxy.
+	LeaseKindBan = "ban"
+)
+
+// FleetName returns the name of the fleet a Proxy or a Lease belongs to.
+// Labels carry names encoded to fit a label value; the annotation carries
+// them exactly, and objects written before it existed have only the label.
+func FleetName(o metav1.Object) string {
+	if v, ok := o.GetAnnotations()[AnnotationFleet]; ok {
+		return v
+	}
+	return o.GetLabels()[LabelFleet]
+}
+
+// ProxyName returns the name of the proxy a Lease is held on.
+func ProxyName(o metav1.Object) string {
+	if v, ok := o.GetAnnotations()[AnnotationProxy]; ok {
+		return v
+	}
+	return o.GetLabels()[LabelProxy]
+}

@@ -1,0 +1,236 @@
+package v1alpha1
+
+import (
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	egressv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+)
+
+// Defaults that Go code applies where no apiserver has defaulted the XR
+// (crossplane render does not). The kubebuilder default markers state the
+// same values; defaults_test.go fails when the two disagree.
+const (
+	DefaultReplicas              int32 = 3
+	DefaultMaxSurge              int32 = 1
+	DefaultMaxUnavailable        int32 = 0
+	DefaultReplaceUnhealthyAfter       = 5 * time.Minute
+	DefaultLeaseTTL                    = 10 * time.Minute
+	DefaultMaxLeaseTTL                 = time.Hour
+	DefaultProviderConfigName          = "default"
+	// MaxReplicas bounds spec.replicas.
+	MaxReplicas = 1000
+)
+
+// ProviderConfigReference names the ProviderConfig or ClusterProviderConfig
+// that chooses the backend a fleet's proxies run on.
+type ProviderConfigReference struct {
+	// Kind of the referenced configuration.
+	// +kubebuilder:validation:Enum=ProviderConfig;ClusterProviderConfig
+	// +kubebuilder:default=ClusterProviderConfig
+	// +optional
+	Kind string `json:"kind,omitempty"`
+
+	// Name of the referenced configuration.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+}
+
+// Placement says where each proxy runs: exactly one backend block, matching
+// the backend of the referenced ProviderConfig.
+// +kubebuilder:validation:XValidation:rule="(has(self.local) ? 1 : 0) + (has(self.kubernetes) ? 1 : 0) + (has(self.gcp) ? 1 : 0) == 1",message="spec.placement needs exactly one of local, kubernetes or gcp"
+type Placement struct {
+	// Local runs Squid processes on the provider's host.
+	// +optional
+	Local *egressv1alpha1.LocalPlacement `json:"local,omitempty"`
+
+	// Kubernetes runs Squid pods.
+	// +optional
+	Kubernetes *egressv1alpha1.KubernetesPlacement `json:"kubernetes,omitempty"`
+
+	// GCP runs Compute Engine VMs, each with its own external IP; their
+	// zones come from spec.zones.
+	// +optional
+	GCP *egressv1alpha1.GCPInstance `json:"gcp,omitempty"`
+}
+
+// ProxySettings say how each proxy serves crawlers. Set authSecretRef,
+// allowedSourceRanges or both; open proxies are refused.
+// +kubebuilder:validation:XValidation:rule="has(self.authSecretRef) || (has(self.allowedSourceRanges) && size(self.allowedSourceRanges) > 0)",message="spec.proxy: refusing an open proxy: set authSecretRef (credentials) and/or allowedSourceRanges"
+// +kubebuilder:validation:XValidation:rule="has(self.authSecretRef) || !has(self.allowedSourceRanges) || !self.allowedSourceRanges.exists(r, r == '0.0.0.0/0' || r == '::/0')",message="spec.proxy.allowedSourceRanges 0.0.0.0/0 or ::/0 without authSecretRef is an open proxy: add authSecretRef or narrow the ranges"
+type ProxySettings struct {
+	// Port each proxy listens on.
+	// +kubebuilder:default=3128
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=65535
+	// +optional
+	Port *int32 `json:"port,omitempty"`
+
+	// AuthSecretRef names a Secret in the fleet's namespace with the
+	// username and password crawlers present.
+	// +optional
+	AuthSecretRef *egressv1alpha1.AuthSecretReference `json:"authSecretRef,omitempty"`
+
+	// AllowedSourceRanges are the client networks allowed to use the
+	// proxies.
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	// +optional
+	AllowedSourceRanges []egressv1alpha1.CIDR `json:"allowedSourceRanges,omitempty"`
+}
+
+// Rotation says when and how proxies are replaced.
+// +kubebuilder:validation:XValidation:rule="self.maxSurge > 0 || self.maxUnavailable > 0",message="spec.rotation.maxSurge and spec.rotation.maxUnavailable cannot both be 0: replacement could never make progress"
+type Rotation struct {
+	// MaxAge replaces proxies older than this (a fresh egress IP). Unset
+	// means no age-based rotation.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1m')",message="must be at least 1m"
+	// +optional
+	MaxAge *metav1.Duration `json:"maxAge,omitempty"`
+
+	// MaxSurge is how many proxies above replicas may exist during
+	// replacement.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	MaxSurge *int32 `json:"maxSurge,omitempty"`
+
+	// MaxUnavailable is how many ready proxies below replicas replacement
+	// may cause.
+	// +kubebuilder:default=0
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	MaxUnavailable *int32 `json:"maxUnavailable,omitempty"`
+
+	// ReplaceUnhealthyAfter replaces a proxy unhealthy for longer than this.
+	// +kubebuilder:default="5m"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$`
+	// +optional
+	ReplaceUnhealthyAfter *metav1.Duration `json:"replaceUnhealthyAfter,omitempty"`
+}
+
+// Leases say how crawlers lease proxies through egress-discovery.
+// +kubebuilder:validation:XValidation:rule="duration(self.defaultTTL) <= duration(self.maxTTL)",message="spec.leases.defaultTTL must not exceed spec.leases.maxTTL"
+type Leases struct {
+	// MaxLeasesPerProxy is how many crawlers may share one proxy at once.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	// +optional
+	MaxLeasesPerProxy *int32 `json:"maxLeasesPerProxy,omitempty"`
+
+	// DefaultTTL is the lease TTL when a crawler asks for none.
+	// +kubebuilder:default="10m"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$`
+	// +optional
+	DefaultTTL *metav1.Duration `json:"defaultTTL,omitempty"`
+
+	// MaxTTL is the longest TTL a crawler may ask for.
+	// +kubebuilder:default="1h"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$`
+	// +optional
+	MaxTTL *metav1.Duration `json:"maxTTL,omitempty"`
+}
+
+// ProxyFleetSpec is the desired fleet.
+// +kubebuilder:validation:XValidation:rule="self.replicas == 0 || size(self.zones) > 0",message="spec.zones must not be empty when spec.replicas > 0: list the zones to spread proxies over"
+type ProxyFleetSpec struct {
+	// Replicas is how many proxies the fleet keeps.
+	// +kubebuilder:default=3
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1000
+	// +optional
+	Replicas *int32 `json:"replicas,omitempty"`
+
+	// ProviderConfigRef chooses the backend the proxies run on.
+	// +kubebuilder:default={kind: ClusterProviderConfig, name: default}
+	// +optional
+	ProviderConfigRef *ProviderConfigReference `json:"providerConfigRef,omitempty"`
+
+	// Zones the proxies are spread over evenly. For GCP these are Compute
+	// Engine zones; for Kubernetes they select nodes by
+	// topology.kubernetes.io/zone; for the local backend they are labels
+	// only.
+	// +kubebuilder:default={}
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=63
+	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +listType=set
+	// +optional
+	Zones []string `json:"zones,omitempty"`
+
+	// Placement says where each proxy runs. Set exactly one backend block;
+	// it must match the backend of the referenced ProviderConfig.
+	Placement Placement `json:"placement"`
+
+	// Proxy says how each proxy serves crawlers.
+	Proxy ProxySettings `json:"proxy"`
+
+	// HealthCheck says how each proxy is probed, through the proxy itself.
+	HealthCheck egressv1alpha1.HealthCheck `json:"healthCheck"`
+
+	// Rotation says when and how proxies are replaced.
+	// +kubebuilder:default={maxSurge: 1, maxUnavailable: 0, replaceUnhealthyAfter: "5m"}
+	// +optional
+	Rotation *Rotation `json:"rotation,omitempty"`
+
+	// Leases say how crawlers lease proxies through egress-discovery.
+	// +kubebuilder:default={maxLeasesPerProxy: 1, defaultTTL: "10m", maxTTL: "1h"}
+	// +optional
+	Leases *Leases `json:"leases,omitempty"`
+}
+
+// ProxyStatus is one proxy of the fleet as the fleet's status shows it.
+type ProxyStatus struct {
+	// Name of the Proxy.
+	Name string `json:"name,omitempty"`
+	// Endpoint is host:port.
+	Endpoint string `json:"endpoint,omitempty"`
+	// Zone of the proxy.
+	Zone string `json:"zone,omitempty"`
+	// EgressIP the probe target saw.
+	EgressIP string `json:"egressIP,omitempty"`
+	// Healthy is the probe verdict.
+	Healthy bool `json:"healthy,omitempty"`
+	// CreatedAt is when the Proxy was created.
+	// +kubebuilder:validation:Format=date-time
+	CreatedAt string `json:"createdAt,omitempty"`
+}
+
+// ProxyFleetStatus is the observed fleet.
+type ProxyFleetStatus struct {
+	// Replicas is how many proxies exist.
+	Replicas int32 `json:"replicas,omitempty"`
+	// ReadyReplicas is how many proxies run and pass their probe.
+	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
+	// HealthyReplicas is how many proxies' probe verdict is healthy.
+	HealthyReplicas int32 `json:"healthyReplicas,omitempty"`
+	// Proxies has one entry per proxy.
+	// +optional
+	Proxies []ProxyStatus `json:"proxies,omitempty"`
+}
+
+// A ProxyFleet is a fleet of egress forward proxies with distinct egress
+// IPs, kept healthy by probing through each proxy and handed to crawlers
+// through leases.
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Namespaced
+type ProxyFleet struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// Spec is the desired fleet.
+	Spec ProxyFleetSpec `json:"spec"`
+	// Status is the observed fleet.
+	Status ProxyFleetStatus `json:"status,omitempty"`
+}
