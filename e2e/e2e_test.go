@@ -34,10 +34,12 @@ import (
 
 	discoveryv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/devenv"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
 var stack *devenv.Stack
@@ -140,7 +142,7 @@ func exampleFleetBecomesReady(t *testing.T) {
 func waitFleet(t *testing.T, name string, n int, timeout time.Duration) []string {
 	t.Helper()
 	var names []string
-	eventually(t, timeout, fmt.Sprintf("fleet %s Ready with %d healthy proxies", name, n), func() (bool, string) {
+	testbed.Eventually(t, timeout, fmt.Sprintf("fleet %s Ready with %d healthy proxies", name, n), func() (bool, string) {
 		st, ps, err := observe(name)
 		if err != nil {
 			return false, err.Error()
@@ -178,11 +180,11 @@ func leaseAndFetchThroughProxy(t *testing.T) {
 	}
 	proxy := lines[1]
 	// Squid logs a tunnel when it closes.
-	eventually(t, 10*time.Second, "the leased proxy "+proxy+" logging the crawler's "+connect, func() (bool, string) {
+	testbed.Eventually(t, 10*time.Second, "the leased proxy "+proxy+" logging the crawler's "+connect, func() (bool, string) {
 		logged := connectsLogged(t, connect)
 		return logged[proxy] == 1 && len(logged) == 1, fmt.Sprintf("proxies that logged it: %v", logged)
 	})
-	eventually(t, 10*time.Second, "the lease released when the command ended", func() (bool, string) {
+	testbed.Eventually(t, 10*time.Second, "the lease released when the command ended", func() (bool, string) {
 		held := heldLeases(t, example)
 		return len(held) == 0, fmt.Sprintf("held: %v", held)
 	})
@@ -275,7 +277,7 @@ func killedSquidHeals(t *testing.T) {
 	killed := time.Now()
 
 	var said string
-	eventually(t, 30*time.Second, "the fleet's status reporting the dead proxy", func() (bool, string) {
+	testbed.Eventually(t, 30*time.Second, "the fleet's status reporting the dead proxy", func() (bool, string) {
 		st, err := fleetState(rotor)
 		if err != nil {
 			return false, err.Error()
@@ -377,7 +379,7 @@ func rotationKeepsReadyFloor(t *testing.T) {
 	rotated := time.Now()
 	patch(t, rotor, `{"spec":{"rotation":{"maxAge":"1m","maxSurge":1,"maxUnavailable":0}}}`)
 	var now []string
-	eventually(t, 5*time.Minute, "every proxy of the fleet rotated", func() (bool, string) {
+	testbed.Eventually(t, 5*time.Minute, "every proxy of the fleet rotated", func() (bool, string) {
 		st, ps, err := observe(rotor)
 		if err != nil {
 			return false, err.Error()
@@ -419,7 +421,7 @@ func deletingFleetsLeavesNothing(t *testing.T) {
 		}
 	}
 	deleted := time.Now()
-	eventually(t, 2*time.Minute, "no fleet, Proxy, Squid, instance folder or Lease left", func() (bool, string) {
+	testbed.Eventually(t, 2*time.Minute, "no fleet, Proxy, Squid, instance folder or Lease left", func() (bool, string) {
 		var left []string
 		for _, f := range []string{example, rotor} {
 			if err := stack.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: f}, fleetObject(f)); !kerrors.IsNotFound(err) {
@@ -522,7 +524,7 @@ func fleetState(name string) (fleetStatus, error) {
 
 func proxies(fleet string) ([]v1alpha1.Proxy, error) {
 	l := &v1alpha1.ProxyList{}
-	err := stack.Client.List(context.Background(), l, client.InNamespace(ns), client.MatchingLabels{ownership.FleetLabel: fleet})
+	err := stack.Client.List(context.Background(), l, client.InNamespace(ns), client.MatchingLabels{fleetv1alpha1.LabelFleet: fleet})
 	sort.Slice(l.Items, func(i, j int) bool { return l.Items[i].Name < l.Items[j].Name })
 	return l.Items, err
 }
@@ -561,23 +563,4 @@ func contains(s []string, v string) bool {
 func stackRoot() string {
 	root, _ := filepath.Abs("..")
 	return root
-}
-
-// eventually polls cond every 200ms until it holds or timeout passes, then
-// fails with the last thing cond said.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	last := ""
-	for {
-		ok, why := cond()
-		if ok {
-			return
-		}
-		last = why
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not after %s: %s", what, timeout, last)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
 }

@@ -18,27 +18,28 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
-var bed *testbed.Env
+var sharedBed testbed.Lazy
 
-func TestMain(m *testing.M) { testbed.Main(m, &bed) }
+func TestMain(m *testing.M) { sharedBed.Main(m) }
 
 // TestLeaseRunsCommand runs egressctl against a discovery server on the real
 // apiserver: the child sees the proxy variables, and the lease is released
 // when it exits, with its exit code passed on.
 func TestLeaseRunsCommand(t *testing.T) {
+	bed := sharedBed.Env(t)
 	ctx := context.Background()
 	ns := bed.Namespace(t)
 	if err := bed.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth"}, StringData: map[string]string{"username": "u", "password": "p"}}); err != nil {
 		t.Fatal(err)
 	}
 	p := &v1alpha1.Proxy{
-		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "crawlers-0", Labels: map[string]string{ownership.FleetLabel: "crawlers"}},
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "crawlers-0", Labels: map[string]string{fleetv1alpha1.LabelFleet: "crawlers"}},
 		Spec: v1alpha1.ProxySpec{ForProvider: v1alpha1.ProxyParameters{Local: &v1alpha1.LocalPlacement{}, AuthSecretRef: &v1alpha1.AuthSecretReference{Name: "auth"},
 			HealthCheck: v1alpha1.HealthCheck{URL: "https://example.com/ip"}, MaxLeases: 1}},
 	}

@@ -28,6 +28,7 @@ import (
 // discovery ns/op: 1 means as fast as serving a static body.
 func BenchmarkListProxies(b *testing.B) {
 	ctx := context.Background()
+	bed := sharedBed.Env(b)
 	ns := bed.Namespace(b)
 	fleet(b, ns, "big", 1000, 2, nil)
 	c, ca := bed.Replica(b, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})

@@ -41,6 +41,7 @@ func TestServersConcurrency(t *testing.T) {
 		proxies   = 32
 	)
 	ctx := context.Background()
+	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
 	fleet(t, ns, "crawlers", proxies, maxLeases, nil)
 	tokens := filepath.Join(t.TempDir(), "tokens")

@@ -23,6 +23,7 @@ import (
 // TestManifests renders cluster/discovery with the real `kubectl kustomize`
 // and applies every object to the real apiserver with server-side dry-run.
 func TestManifests(t *testing.T) {
+	bed := sharedBed.Env(t)
 	kubectl := filepath.Join(bed.Root, "bin", "kubectl")
 	if _, err := os.Stat(kubectl); err != nil {
 		t.Fatal("bin/kubectl is missing: run `make tools` (it builds kubectl from the Go module proxy)")

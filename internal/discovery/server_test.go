@@ -11,7 +11,6 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	authnv1 "k8s.io/api/authentication/v1"
@@ -26,19 +25,20 @@ import (
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
-var bed *testbed.Env
+var sharedBed testbed.Lazy
 
-func TestMain(m *testing.M) { testbed.Main(m, &bed) }
+func TestMain(m *testing.M) { sharedBed.Main(m) }
 
 // fleet creates a fleet's Proxies with the status the provider would write.
 func fleet(t testing.TB, ns, name string, n, maxLeases int, healthy func(i int) bool) {
 	t.Helper()
+	bed := sharedBed.Env(t)
 	ctx := context.Background()
 	if err := bed.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-auth"},
 		StringData: map[string]string{"username": "crawler", "password": "s3cret"}}); err != nil {
@@ -47,7 +47,7 @@ func fleet(t testing.TB, ns, name string, n, maxLeases int, healthy func(i int) 
 	for i := range n {
 		p := &v1alpha1.Proxy{
 			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("%s-%d", name, i), Labels: map[string]string{
-				ownership.FleetLabel: name, ownership.ZoneLabel: []string{"zone-a", "zone-b"}[i%2],
+				fleetv1alpha1.LabelFleet: name, fleetv1alpha1.LabelZone: []string{"zone-a", "zone-b"}[i%2],
 			}},
 			Spec: v1alpha1.ProxySpec{ForProvider: v1alpha1.ProxyParameters{
 				Local: &v1alpha1.LocalPlacement{}, AuthSecretRef: &v1alpha1.AuthSecretReference{Name: name + "-auth"},
@@ -72,6 +72,7 @@ func fleet(t testing.TB, ns, name string, n, maxLeases int, healthy func(i int) 
 
 func server(t *testing.T, static string) *httptest.Server {
 	t.Helper()
+	bed := sharedBed.Env(t)
 	var tokens *discovery.StaticTokens
 	if static != "" {
 		f := filepath.Join(t.TempDir(), "tokens")
@@ -113,6 +114,7 @@ func call(t *testing.T, srv *httptest.Server, token, method, path, body string) 
 }
 
 func TestAPI(t *testing.T) {
+	bed := sharedBed.Env(t)
 	ns, other := bed.Namespace(t), bed.Namespace(t)
 	fleet(t, ns, "crawlers", 3, 1, func(i int) bool { return i != 2 })
 	fleet(t, other, "theirs", 1, 1, nil)
@@ -247,6 +249,7 @@ func asAPIError(err error, into **apiv1.APIError) bool {
 // TestServiceAccountTokens authenticates with real ServiceAccount tokens
 // (TokenRequest against the test apiserver) and authorises with RBAC.
 func TestServiceAccountTokens(t *testing.T) {
+	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
 	fleet(t, ns, "crawlers", 1, 1, nil)
 	ctx := context.Background()
@@ -257,7 +260,7 @@ func TestServiceAccountTokens(t *testing.T) {
 		}
 	}
 	if err := bed.Client.Create(ctx, &rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "use-fleets"}, Rules: []rbacv1.PolicyRule{{
-		APIGroups: []string{"crawl.example.com"}, Resources: []string{"proxyfleets"}, Verbs: []string{"use"},
+		APIGroups: []string{fleetv1alpha1.Group}, Resources: []string{fleetv1alpha1.ProxyFleetResource}, Verbs: []string{"use"},
 	}}}); err != nil {
 		t.Fatal(err)
 	}
@@ -286,5 +289,4 @@ func TestServiceAccountTokens(t *testing.T) {
 	if code, _, _ := call(t, srv, "eyJhbGciOiJSUzI1NiJ9.garbage.sig", "GET", "/v1/fleets", ""); code != 401 {
 		t.Errorf("a garbage token: want 401, got %d", code)
 	}
-	_ = time.Second
 }

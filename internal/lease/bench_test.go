@@ -30,6 +30,7 @@ func p99(d []time.Duration) time.Duration {
 func BenchmarkLeaseThroughput(b *testing.B) {
 	const clients, perClient = 64, 40
 	ctx := context.Background()
+	bed := sharedBed.Env(b)
 	ns := bed.Namespace(b)
 	c, err := client.New(bed.Config, client.Options{Scheme: bed.Scheme})
 	if err != nil {

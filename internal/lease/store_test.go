@@ -17,9 +17,9 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
-var bed *testbed.Env
+var sharedBed testbed.Lazy
 
-func TestMain(m *testing.M) { testbed.Main(m, &bed) }
+func TestMain(m *testing.M) { sharedBed.Main(m) }
 
 // clock is a settable clock shared by the stores of a test.
 type clock struct {
@@ -39,6 +39,7 @@ func cands(ns string, max int, proxies ...string) []lease.Candidate {
 }
 
 func TestSemantics(t *testing.T) {
+	bed := sharedBed.Env(t)
 	ctx := context.Background()
 	ns := bed.Namespace(t)
 	c := &clock{t: time.Now()}
@@ -156,6 +157,7 @@ type grantEvent struct {
 // log and from the API objects that no proxy ever had more than maxLeases
 // live holders, and no slot two at once.
 func TestConcurrency(t *testing.T) {
+	bed := sharedBed.Env(t)
 	ctx := context.Background()
 	ns := bed.Namespace(t)
 	const (

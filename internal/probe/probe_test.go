@@ -40,16 +40,15 @@ func startSquid(t *testing.T) string {
 	}
 	t.Cleanup(func() { _ = b.Delete(context.Background(), s.Ref) })
 	addr := net.JoinHostPort(inst.Host, strconv.Itoa(int(inst.Port)))
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if c, err := net.Dial("tcp", addr); err == nil {
-			_ = c.Close()
-			return addr
+	testbed.Eventually(t, 10*time.Second, "squid listening on "+addr, func() (bool, string) {
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			return false, err.Error()
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("squid never listened on %s", addr)
-	return ""
+		_ = c.Close()
+		return true, ""
+	})
+	return addr
 }
 
 func TestProbeThroughRealSquid(t *testing.T) {

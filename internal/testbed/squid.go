@@ -76,15 +76,14 @@ func StartListening(t testing.TB, cmd *exec.Cmd, addr string) {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if conn, err := net.Dial("tcp", addr); err == nil {
-			_ = conn.Close()
-			return
+	Eventually(t, 10*time.Second, filepath.Base(cmd.Path)+" listening on "+addr, func() (bool, string) {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			return false, err.Error()
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("%s never listened on %s", filepath.Base(cmd.Path), addr)
+		_ = conn.Close()
+		return true, ""
+	})
 }
 
 // SquidStateDir returns a fresh folder that Squid's own user can reach:

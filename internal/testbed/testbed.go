@@ -2,14 +2,19 @@
 // `make tools`, through controller-runtime's envtest, with the product's CRDs
 // and the CRDs Crossplane would derive from the ProxyFleet XRDs installed.
 //
-// Integration tests share one test bed per package through TestMain:
+// Integration tests share one test bed per package, started by the first
+// test that asks for it, so that the package's unit tests run without one:
 //
-//	var bed *testbed.Env
+//	var sharedBed testbed.Lazy
 //
-//	func TestMain(m *testing.M) { testbed.Main(m, &bed) }
+//	func TestMain(m *testing.M) { sharedBed.Main(m) }
 //
-// When the binaries are missing the tests fail with a message saying to run
-// `make tools`; they never skip.
+//	func TestSomething(t *testing.T) {
+//		bed := sharedBed.Env(t)
+//		...
+//
+// When the binaries are missing the tests that ask for the test bed fail
+// with a message saying to run `make tools`; they never skip.
 package testbed
 
 import (
@@ -18,6 +23,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -188,19 +194,34 @@ func (e *Env) Namespace(t testing.TB) string {
 	return name
 }
 
-// Main starts one test bed for a test package, runs its tests and stops it.
-// It exits non-zero, so the tests fail rather than skip, when the test bed
-// cannot start.
-func Main(m *testing.M, into **Env) {
-	bed, err := Start()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "FAIL: test bed:", err)
-		os.Exit(1)
+// Lazy is a test package's shared test bed, started on first use.
+type Lazy struct {
+	once sync.Once
+	env  *Env
+	err  error
+}
+
+// Env returns the test bed, starting it for the first test that asks. When
+// it cannot start, every test that asks fails with the reason.
+func (l *Lazy) Env(t testing.TB) *Env {
+	t.Helper()
+	l.once.Do(func() { l.env, l.err = Start() })
+	if l.err != nil {
+		t.Fatalf("test bed: %v", l.err)
 	}
-	*into = bed
+	return l.env
+}
+
+// Main runs a test package's tests and stops the test bed if one started it.
+func (l *Lazy) Main(m *testing.M) {
 	code := m.Run()
-	if err := bed.Stop(); err != nil {
-		fmt.Fprintln(os.Stderr, "test bed:", err)
+	// No test runs any more: this only orders the read of env after the
+	// start, and keeps a stray late caller from starting another.
+	l.once.Do(func() {})
+	if l.env != nil {
+		if err := l.env.Stop(); err != nil {
+			fmt.Fprintln(os.Stderr, "test bed:", err)
+		}
 	}
 	os.Exit(code)
 }

@@ -13,13 +13,14 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
-var bed *testbed.Env
+var sharedBed testbed.Lazy
 
-func TestMain(m *testing.M) { testbed.Main(m, &bed) }
+func TestMain(m *testing.M) { sharedBed.Main(m) }
 
 // TestProviderRBAC applies cluster/provider-rbac to the real apiserver and
 // asks it, through SubjectAccessReviews, what the provider may now do.
 func TestProviderRBAC(t *testing.T) {
+	bed := sharedBed.Env(t)
 	ctx := context.Background()
 	dir := filepath.Join(bed.Root, "cluster", "provider-rbac")
 	role, binding := &rbacv1.ClusterRole{}, &rbacv1.ClusterRoleBinding{}

@@ -2,8 +2,11 @@ package local
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -41,23 +44,37 @@ func spec(uid string, port int32) backend.Spec {
 	}
 }
 
-// waitHealthy probes through inst until it passes or the timeout ends.
+// waitProbe probes through inst until the probe's OK is want, for up to
+// 15s, and returns that probe's result.
 func waitProbe(t *testing.T, inst *backend.Instance, s backend.Spec, target testbed.Target, want bool) probe.Result {
 	t.Helper()
 	var last probe.Result
-	deadline := time.Now().Add(15 * time.Second)
-	for time.Now().Before(deadline) {
+	testbed.Eventually(t, 15*time.Second, fmt.Sprintf("a probe through %s with OK=%t", inst.ProviderID, want), func() (bool, string) {
 		last = probe.Prober{}.Probe(context.Background(), probe.Target{
 			Proxy: inst.Host + ":" + itoa(inst.Port), Username: s.Credentials.Username, Password: s.Credentials.Password,
 			URL: target.URL, Timeout: 2 * time.Second, RootCAs: target.RootCAs,
 		})
-		if last.OK == want {
-			return last
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	t.Fatalf("probe through %s never became OK=%v; last: %+v", inst.ProviderID, want, last)
+		return last.OK == want, fmt.Sprintf("%+v", last)
+	})
 	return last
+}
+
+// settledSupervisors counts the supervisor goroutines past their one
+// decision, adopt or start: asleep between checks of the Squid they watch
+// (or before a restart), or waiting on a Squid they started.
+func settledSupervisors() int {
+	buf := make([]byte, 1<<20)
+	n := runtime.Stack(buf, true)
+	for ; n == len(buf); n = runtime.Stack(buf, true) {
+		buf = make([]byte, 2*len(buf))
+	}
+	settled := 0
+	for _, g := range strings.Split(string(buf[:n]), "\n\n") {
+		if strings.Contains(g, ".(*supervisor).run(") && (strings.Contains(g, "\ntime.Sleep(") || strings.Contains(g, "os/exec.(*Cmd).Wait(")) {
+			settled++
+		}
+	}
+	return settled
 }
 
 func itoa(p int32) string { return strconv.Itoa(int(p)) }
@@ -107,10 +124,11 @@ func TestLifecycle(t *testing.T) {
 	if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	testbed.Eventually(t, 10*time.Second, fmt.Sprintf("one new squid in place of the killed %d", pids[0]), func() (bool, string) {
+		got := Processes(dir)
+		return len(got) == 1 && got[0] != pids[0], fmt.Sprintf("squids %v", got)
+	})
 	waitProbe(t, inst, s, target, true)
-	if got := Processes(dir); len(got) != 1 || got[0] == pids[0] {
-		t.Errorf("want one new squid after the kill, got %v (killed %d)", got, pids[0])
-	}
 
 	// Delete: no process, no files.
 	if err := b.Delete(ctx, s.Ref); err != nil {
@@ -149,13 +167,22 @@ func TestRestartReadopts(t *testing.T) {
 	waitProbe(t, inst, s, target, true)
 	before := Processes(dir)
 
+	if len(before) != 1 {
+		t.Fatalf("want one squid, got %v", before)
+	}
+
 	// The provider goes away without stopping its proxies, and a new one
-	// starts on the same state dir.
+	// starts on the same state dir. Its supervisor decides once whether to
+	// adopt the running Squid or start one; once it has settled, a duplicate
+	// would be running.
 	first.Close()
+	settled := settledSupervisors() // the first provider's, waiting on its Squid
 	second := newBackend(t, dir, nil)
-	time.Sleep(time.Second)
-	after := Processes(dir)
-	if diff := cmp.Diff(before, after); diff != "" {
+	testbed.Eventually(t, 10*time.Second, "the new provider's supervisor to settle", func() (bool, string) {
+		n := settledSupervisors()
+		return n > settled, fmt.Sprintf("%d settled supervisors, %d before the new provider", n, settled)
+	})
+	if diff := cmp.Diff(before, Processes(dir)); diff != "" {
 		t.Errorf("a restart must re-adopt the running squid, not start a duplicate: -before, +after:\n%s", diff)
 	}
 	got, err := second.Get(ctx, s.Ref)
@@ -167,14 +194,14 @@ func TestRestartReadopts(t *testing.T) {
 	}
 
 	// The new provider supervises it: a kill is healed.
-	if err := syscall.Kill(after[0], syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(before[0], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(200 * time.Millisecond)
+	testbed.Eventually(t, 10*time.Second, fmt.Sprintf("one new squid in place of the killed %d", before[0]), func() (bool, string) {
+		got := Processes(dir)
+		return len(got) == 1 && got[0] != before[0], fmt.Sprintf("squids %v", got)
+	})
 	waitProbe(t, got, s, target, true)
-	if n := len(Processes(dir)); n != 1 {
-		t.Errorf("want one squid after the re-adopted one was killed, got %d", n)
-	}
 	if err := second.Delete(ctx, s.Ref); err != nil {
 		t.Fatal(err)
 	}
@@ -248,13 +275,66 @@ func TestListOwned(t *testing.T) {
 }
 
 func TestUnreachableStateDir(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Log("running unprivileged: Squid keeps the provider's user, so any state dir works")
-		return
+	type want struct {
+		class backend.Class
+		says  string
+		errno error
 	}
-	dir := t.TempDir() // mode 0700, owned by root
-	_, err := New(Config{SquidPath: testbed.SquidBinary(t), StateDir: filepath.Join(dir, "state")})
-	if backend.ClassOf(err) != backend.ClassPermanent || !strings.Contains(err.Error(), "chmod o+x") {
-		t.Errorf("a state dir Squid cannot reach must be refused with the fix, got %v", err)
+	type unreachable struct {
+		reason   string
+		stateDir func(t *testing.T) string
+		want     want
+	}
+	cases := map[string]unreachable{
+		"UnderAFile": {
+			reason: "A state dir under a regular file cannot be made by anyone, root included.",
+			stateDir: func(t *testing.T) string {
+				f := filepath.Join(t.TempDir(), "file")
+				if err := os.WriteFile(f, nil, 0o600); err != nil {
+					t.Fatal(err)
+				}
+				return filepath.Join(f, "state")
+			},
+			want: want{class: backend.ClassTransient, says: "cannot create state dir", errno: syscall.ENOTDIR},
+		},
+	}
+	if os.Geteuid() == 0 {
+		cases["SquidUserCannotEnter"] = unreachable{
+			reason: "As root the provider reaches any folder, but Squid drops to its own user, which cannot enter a 0700 one: refused, saying the fix.",
+			stateDir: func(t *testing.T) string {
+				return filepath.Join(t.TempDir(), "state") // t.TempDir is 0700, owned by root
+			},
+			want: want{class: backend.ClassPermanent, says: "chmod o+x"},
+		}
+	} else {
+		cases["ProviderCannotEnter"] = unreachable{
+			reason: "Unprivileged, Squid keeps the provider's user: a folder the provider cannot enter is refused.",
+			stateDir: func(t *testing.T) string {
+				dir := t.TempDir()
+				if err := os.Chmod(dir, 0); err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { _ = os.Chmod(dir, 0o700) })
+				return filepath.Join(dir, "state")
+			},
+			want: want{class: backend.ClassTransient, says: "cannot create state dir", errno: syscall.EACCES},
+		}
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, err := New(Config{SquidPath: testbed.SquidBinary(t), StateDir: tc.stateDir(t)})
+			if err == nil {
+				t.Fatalf("%s\nNew must fail", tc.reason)
+			}
+			if c := backend.ClassOf(err); c != tc.want.class {
+				t.Errorf("%s\nwant class %s, got %s: %v", tc.reason, tc.want.class, c, err)
+			}
+			if !strings.Contains(err.Error(), tc.want.says) {
+				t.Errorf("%s\nthe error must say %q, got %v", tc.reason, tc.want.says, err)
+			}
+			if tc.want.errno != nil && !errors.Is(err, tc.want.errno) {
+				t.Errorf("%s\nwant %v, got %v", tc.reason, tc.want.errno, err)
+			}
+		})
 	}
 }

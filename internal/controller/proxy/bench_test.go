@@ -14,7 +14,6 @@ import (
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/wait"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller/proxy"
@@ -75,6 +74,7 @@ func BenchmarkProbeFleet(b *testing.B) {
 	}
 	bareCPU := (cpuTime() - before) / time.Duration(n)
 
+	bed := sharedBed.Env(b)
 	ns := bed.Namespace(b)
 	if err := bed.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth"}, StringData: map[string]string{"username": "crawler", "password": password}}); err != nil {
 		b.Fatal(err)
@@ -110,21 +110,17 @@ func BenchmarkProbeFleet(b *testing.B) {
 
 	rec := &recorder{times: map[string][]time.Time{}}
 	b.ResetTimer()
-	prov := startProvider(b, testbed.SquidStateDir(b), &logBuffer{}, target, func(o *proxy.Options) {
+	prov := startProvider(b, testbed.SquidStateDir(b), providerLogs(b), target, func(o *proxy.Options) {
 		o.Prober = rec
 		o.MaxConcurrentReconciles = 10
 	})
 	defer prov.stop()
 
-	// Warm-up: every proxy probed once.
-	err := wait.PollUntilContextTimeout(ctx, time.Second, 5*time.Minute, true, func(context.Context) (bool, error) {
+	testbed.Eventually(b, 5*time.Minute, "every proxy probed once (warm-up)", func() (bool, string) {
 		rec.mu.Lock()
 		defer rec.mu.Unlock()
-		return len(rec.times) == n, nil
+		return len(rec.times) == n, fmt.Sprintf("%d of %d proxies probed", len(rec.times), n)
 	})
-	if err != nil {
-		b.Fatalf("only %d of %d proxies probed after 5 minutes", len(rec.times), n)
-	}
 	start, startCPU := time.Now(), cpuTime()
 	rec.mu.Lock()
 	probesBefore := 0

@@ -44,10 +44,11 @@ func heredoc(t *testing.T, script, path string) []byte {
 // RUNNING with a NAT IP of 127.0.0.1 and runs a real Squid from the VM's
 // startup script there.
 func TestGCPProxy(t *testing.T) {
+	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
 	fake := gcpfake.Start(t)
 	target := testbed.StartEchoTarget(t)
-	prov := startProvider(t, testbed.SquidStateDir(t), &logBuffer{}, target, func(o *proxy.Options) {
+	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) {
 		o.Backends.(*proxy.Backends).GCPClientOptions = fake.ClientOptions()
 	})
 	defer prov.stop()
@@ -56,7 +57,7 @@ func TestGCPProxy(t *testing.T) {
 	p := proxyObject(ns, "vm-proxy", 32330, target.URL)
 	p.Spec.ProviderConfigReference = &xpv2.ProviderConfigReference{Kind: "ClusterProviderConfig", Name: "gcp-" + ns}
 	p.Spec.ForProvider.Local = nil
-	p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-b", MachineType: "e2-micro", NetworkTags: []v1alpha1.NetworkTag{"crawl"}}
+	p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-b", GCPInstance: v1alpha1.GCPInstance{MachineType: "e2-micro", NetworkTags: []v1alpha1.NetworkTag{"crawl"}}}
 	p.Spec.ForProvider.AllowedSourceRanges = []v1alpha1.CIDR{"127.0.0.0/8"}
 	create(t,
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth"}, StringData: map[string]string{"username": "crawler", "password": password}},
@@ -69,14 +70,14 @@ func TestGCPProxy(t *testing.T) {
 	key := types.NamespacedName{Namespace: ns, Name: "vm-proxy"}
 
 	var name string
-	eventually(t, 10*time.Second, "the fake receives an insert", func() (bool, string) {
+	testbed.Eventually(t, 10*time.Second, "the fake receives an insert", func() (bool, string) {
 		name = ownership.InstanceName(get(t, key).UID)
 		return fake.Instance("europe-west1-b", name) != nil, fmt.Sprintf("%d inserts", fake.Calls("instances.insert"))
 	})
 	if fw := fake.Firewall(name); fw == nil || fw.GetSourceRanges()[0] != "127.0.0.0/8" {
 		t.Fatalf("the firewall rule must exist, letting in only the allowed ranges: %v", fw)
 	}
-	eventually(t, 5*time.Second, "provisioning while the VM boots", func() (bool, string) {
+	testbed.Eventually(t, 5*time.Second, "provisioning while the VM boots", func() (bool, string) {
 		c := get(t, key).GetCondition(xpv2.TypeReady)
 		return c.Reason == proxy.ReasonProvisioning, string(c.Reason)
 	})
@@ -88,7 +89,7 @@ func TestGCPProxy(t *testing.T) {
 	conf = []byte(strings.Replace(string(conf), "http_access deny to_localhost\n", "", 1))
 	testbed.RunSquid(t, conf, "/etc/egress-proxy", map[string][]byte{"htpasswd": heredoc(t, script, "/etc/egress-proxy/htpasswd")}, "127.0.0.1:32330")
 	fake.SetStatus("europe-west1-b", name, "RUNNING", "127.0.0.1")
-	eventually(t, 10*time.Second, "Ready through the VM's Squid", ready(t, key, corev1.ConditionTrue))
+	testbed.Eventually(t, 10*time.Second, "Ready through the VM's Squid", ready(t, key, corev1.ConditionTrue))
 	if ap := get(t, key).Status.AtProvider; ap.ProviderID != "projects/crawl-proj/zones/europe-west1-b/instances/"+name || ap.EgressIP != "127.0.0.1" {
 		t.Errorf("atProvider: %+v", ap)
 	}
@@ -122,7 +123,7 @@ func TestGCPProxy(t *testing.T) {
 		if err := bed.Client.Delete(ctx, get(t, key)); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 10*time.Second, "Proxy, VM and firewall rule gone", func() (bool, string) {
+		testbed.Eventually(t, 10*time.Second, "Proxy, VM and firewall rule gone", func() (bool, string) {
 			err := bed.Client.Get(ctx, key, &v1alpha1.Proxy{})
 			return kerrors.IsNotFound(err) && fake.Instance("europe-west1-b", name) == nil && fake.Firewall(name) == nil,
 				fmt.Sprintf("proxy err=%v vm=%v fw=%v", err, fake.Instance("europe-west1-b", name) != nil, fake.Firewall(name) != nil)

@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -38,9 +37,9 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
-var bed *testbed.Env
+var sharedBed testbed.Lazy
 
-func TestMain(m *testing.M) { testbed.Main(m, &bed) }
+func TestMain(m *testing.M) { sharedBed.Main(m) }
 
 const password = "Sup3r-Secret-Pa55"
 
@@ -57,12 +56,21 @@ func (l *logBuffer) write(prefix, args string) {
 	fmt.Fprintln(&l.b, prefix, args)
 }
 
+// providerLogs returns an empty log for the providers of a test, shown when
+// the test fails.
+func providerLogs(t testing.TB) *logBuffer {
+	l := &logBuffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("provider logs:\n%s", tail(l.String(), 400))
+		}
+	})
+	return l
+}
+
 // silenceRuntimeLog quiets controller-runtime's global logger; the
 // provider's own logs go to a logBuffer.
 var silenceRuntimeLog sync.Once
-
-// currentLogs is the running provider's log, shown when a wait fails.
-var currentLogs atomic.Pointer[logBuffer]
 
 func tail(s string, n int) string {
 	lines := strings.Split(s, "\n")
@@ -78,6 +86,11 @@ func (l *logBuffer) String() string {
 	return l.b.String()
 }
 
+// since returns what was logged after the log was mark bytes long.
+func (l *logBuffer) since(mark int) string {
+	return l.String()[mark:]
+}
+
 // provider runs the provider's controllers against the test bed until stop.
 type provider struct {
 	cancel   context.CancelFunc
@@ -87,8 +100,8 @@ type provider struct {
 
 func startProvider(t testing.TB, stateDir string, logs *logBuffer, target testbed.Target, tweak ...func(*proxy.Options)) *provider {
 	t.Helper()
+	bed := sharedBed.Env(t)
 	silenceRuntimeLog.Do(func() { ctrl.SetLogger(logr.Discard()) })
-	currentLogs.Store(logs)
 	log := logging.NewLogrLogger(funcr.New(logs.write, funcr.Options{Verbosity: 1}))
 	mgr, err := ctrl.NewManager(bed.Config, ctrl.Options{
 		Scheme:  bed.Scheme,
@@ -135,31 +148,12 @@ func (p *provider) stop() {
 
 func get(t *testing.T, key types.NamespacedName) *v1alpha1.Proxy {
 	t.Helper()
+	bed := sharedBed.Env(t)
 	p := &v1alpha1.Proxy{}
 	if err := bed.Client.Get(context.Background(), key, p); err != nil {
 		t.Fatal(err)
 	}
 	return p
-}
-
-// eventually polls cond until it holds or the timeout ends, and then fails
-// with what was last seen.
-func eventually(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	last := ""
-	for time.Now().Before(deadline) {
-		ok, seen := cond()
-		if ok {
-			return
-		}
-		last = seen
-		time.Sleep(100 * time.Millisecond)
-	}
-	if logs := currentLogs.Load(); logs != nil {
-		t.Logf("provider logs:\n%s", tail(logs.String(), 400))
-	}
-	t.Fatalf("%s: not within %s; last seen: %s", what, timeout, last)
 }
 
 func ready(t *testing.T, key types.NamespacedName, want corev1.ConditionStatus) func() (bool, string) {
@@ -172,6 +166,7 @@ func ready(t *testing.T, key types.NamespacedName, want corev1.ConditionStatus) 
 
 func create(t *testing.T, objs ...client.Object) {
 	t.Helper()
+	bed := sharedBed.Env(t)
 	for _, o := range objs {
 		if err := bed.Client.Create(context.Background(), o); err != nil {
 			t.Fatal(err)
@@ -203,10 +198,11 @@ func proxyObject(ns, name string, port int32, healthURL string) *v1alpha1.Proxy 
 }
 
 func TestLocalProxyLifecycle(t *testing.T) {
+	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
 	dir := testbed.SquidStateDir(t)
 	target := testbed.StartEchoTarget(t)
-	logs := &logBuffer{}
+	logs := providerLogs(t)
 	prov := startProvider(t, dir, logs, target)
 	ctx := context.Background()
 
@@ -218,7 +214,7 @@ func TestLocalProxyLifecycle(t *testing.T) {
 	key := types.NamespacedName{Namespace: ns, Name: "p1"}
 
 	start := time.Now()
-	eventually(t, 10*time.Second, "Proxy Ready=True", ready(t, key, corev1.ConditionTrue))
+	testbed.Eventually(t, 10*time.Second, "Proxy Ready=True", ready(t, key, corev1.ConditionTrue))
 	t.Logf("Ready %s after apply", time.Since(start).Round(time.Millisecond))
 	p := get(t, key)
 	if p.Status.AtProvider.EgressIP != "127.0.0.1" || p.Status.AtProvider.ProviderID != "local/32310" || p.Status.AtProvider.Host != "127.0.0.1" {
@@ -232,7 +228,7 @@ func TestLocalProxyLifecycle(t *testing.T) {
 		t.Errorf("connection proxyURL: want %s, got %s", want, got)
 	}
 	pc := &v1alpha1.ProviderConfig{}
-	eventually(t, 5*time.Second, "ProviderConfig counts its user", func() (bool, string) {
+	testbed.Eventually(t, 5*time.Second, "ProviderConfig counts its user", func() (bool, string) {
 		_ = bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "local"}, pc)
 		return pc.Status.Users == 1, fmt.Sprintf("users=%d", pc.Status.Users)
 	})
@@ -245,24 +241,36 @@ func TestLocalProxyLifecycle(t *testing.T) {
 		if err := syscall.Kill(pids[0], syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 10*time.Second, "Ready=False after failureThreshold failed probes", ready(t, key, corev1.ConditionFalse))
+		testbed.Eventually(t, 10*time.Second, "Ready=False after failureThreshold failed probes", ready(t, key, corev1.ConditionFalse))
 		p := get(t, key)
 		if p.Status.AtProvider.ConsecutiveFailures < 2 || p.GetCondition(xpv2.TypeReady).Reason != proxy.ReasonProbeFailing {
 			t.Errorf("want ProbeFailing after >= 2 failures, got %+v, %+v", p.Status.AtProvider, p.GetCondition(xpv2.TypeReady))
 		}
-		eventually(t, 15*time.Second, "Proxy heals", ready(t, key, corev1.ConditionTrue))
+		testbed.Eventually(t, 15*time.Second, "Proxy heals", ready(t, key, corev1.ConditionTrue))
 	})
 
 	t.Run("RestartProvider", func(t *testing.T) {
 		before := local.Processes(dir)
 		prov.stop()
+		mark := len(logs.String())
 		prov = startProvider(t, dir, logs, target)
-		time.Sleep(3 * time.Second)
+		// The new provider re-adopts the Squid, or would start a duplicate,
+		// when it first reaches the local backend: before its first
+		// reconcile of p1 ends.
+		request := fmt.Sprintf(`"request"={"name"=%q "namespace"=%q}`, key.Name, key.Namespace)
+		testbed.Eventually(t, 10*time.Second, "the new provider finding p1 up to date", func() (bool, string) {
+			for _, l := range strings.Split(logs.since(mark), "\n") {
+				if strings.Contains(l, `"msg"="External resource is up to date"`) && strings.Contains(l, request) {
+					return true, ""
+				}
+			}
+			return false, tail(logs.since(mark), 5)
+		})
 		after := local.Processes(dir)
 		if len(before) != 1 || len(after) != 1 || before[0] != after[0] {
 			t.Errorf("a provider restart must re-adopt the squid, not duplicate it: before %v, after %v", before, after)
 		}
-		eventually(t, 10*time.Second, "still Ready after restart", ready(t, key, corev1.ConditionTrue))
+		testbed.Eventually(t, 10*time.Second, "still Ready after restart", ready(t, key, corev1.ConditionTrue))
 	})
 
 	t.Run("ChangePort", func(t *testing.T) {
@@ -274,7 +282,7 @@ func TestLocalProxyLifecycle(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 20*time.Second, "replaced on the new port and Ready", func() (bool, string) {
+		testbed.Eventually(t, 20*time.Second, "replaced on the new port and Ready", func() (bool, string) {
 			p := get(t, key)
 			c := p.GetCondition(xpv2.TypeReady)
 			return p.Status.AtProvider.ProviderID == "local/32311" && c.Status == corev1.ConditionTrue, fmt.Sprintf("%+v %s", p.Status.AtProvider, c.Message)
@@ -297,7 +305,7 @@ func TestLocalProxyLifecycle(t *testing.T) {
 				}},
 			})
 		extKey := types.NamespacedName{Namespace: ns, Name: "ext"}
-		eventually(t, 10*time.Second, "a clear Unavailable message", func() (bool, string) {
+		testbed.Eventually(t, 10*time.Second, "a clear Unavailable message", func() (bool, string) {
 			c := get(t, extKey).GetCondition(xpv2.TypeReady)
 			return c.Status == corev1.ConditionFalse && strings.Contains(c.Message, "rejected the credentials"), c.Message
 		})
@@ -310,7 +318,7 @@ func TestLocalProxyLifecycle(t *testing.T) {
 		if err := bed.Client.Delete(ctx, get(t, key)); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 15*time.Second, "Proxy gone (finalizer removed)", func() (bool, string) {
+		testbed.Eventually(t, 15*time.Second, "Proxy gone (finalizer removed)", func() (bool, string) {
 			err := bed.Client.Get(ctx, key, &v1alpha1.Proxy{})
 			return kerrors.IsNotFound(err), fmt.Sprint(err)
 		})

@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/kubernetes"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
@@ -24,16 +25,17 @@ import (
 // apiserver. There is no kubelet, so the test plays one: it runs a real Squid
 // from the pod's config and patches the pod's status.
 func TestKubernetesProxy(t *testing.T) {
+	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
 	podNS := bed.Namespace(t)
 	target := testbed.StartEchoTarget(t)
-	logs := &logBuffer{}
+	logs := providerLogs(t)
 	prov := startProvider(t, testbed.SquidStateDir(t), logs, target)
 	defer prov.stop()
 	ctx := context.Background()
 
 	p := proxyObject(ns, "pod-proxy", 32320, target.URL)
-	p.Labels = map[string]string{ownership.FleetLabel: "crawlers"}
+	p.Labels = map[string]string{fleetv1alpha1.LabelFleet: "crawlers"}
 	p.Spec.ProviderConfigReference = &xpv2.ProviderConfigReference{Kind: "ClusterProviderConfig", Name: "pods-" + ns}
 	p.Spec.ForProvider.Local = nil
 	p.Spec.ForProvider.Kubernetes = &v1alpha1.KubernetesPlacement{NodeSelector: map[string]string{"topology.kubernetes.io/zone": "zone-a"}}
@@ -49,7 +51,7 @@ func TestKubernetesProxy(t *testing.T) {
 
 	// The pod appears, with the config Secret beside it.
 	pod := &corev1.Pod{}
-	eventually(t, 10*time.Second, "pod created", func() (bool, string) {
+	testbed.Eventually(t, 10*time.Second, "pod created", func() (bool, string) {
 		l := &corev1.PodList{}
 		_ = bed.Client.List(ctx, l, client.InNamespace(podNS))
 		if len(l.Items) == 1 {
@@ -63,7 +65,7 @@ func TestKubernetesProxy(t *testing.T) {
 	}
 	wantLabels := map[string]string{
 		ownership.LabelManagedBy: ownership.ManagedBy, ownership.LabelCluster: "it", ownership.LabelNamespace: ns,
-		ownership.LabelName: "pod-proxy", ownership.LabelUID: string(proxy.UID), ownership.LabelFleet: "crawlers",
+		ownership.LabelName: "pod-proxy", ownership.LabelUID: string(proxy.UID), ownership.LabelOwnerFleet: "crawlers",
 		"app.kubernetes.io/name": "egress-proxy",
 	}
 	if diff := cmp.Diff(wantLabels, pod.Labels); diff != "" {
@@ -108,7 +110,7 @@ func TestKubernetesProxy(t *testing.T) {
 
 	t.Run("RunningWithoutIPIsProvisioning", func(t *testing.T) {
 		setStatus(corev1.PodStatus{Phase: corev1.PodRunning})
-		eventually(t, 5*time.Second, "Provisioning", reason("Provisioning"))
+		testbed.Eventually(t, 5*time.Second, "Provisioning", reason("Provisioning"))
 	})
 
 	t.Run("RunningBecomesReady", func(t *testing.T) {
@@ -117,7 +119,7 @@ func TestKubernetesProxy(t *testing.T) {
 		hostConf := strings.Replace(conf, "http_access deny to_localhost\n", "", 1)
 		testbed.RunSquid(t, []byte(hostConf), "/etc/egress-proxy", map[string][]byte{"htpasswd": sec.Data["htpasswd"]}, "127.0.0.1:32320")
 		setStatus(corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "127.0.0.1"})
-		eventually(t, 10*time.Second, "Ready=True", ready(t, key, corev1.ConditionTrue))
+		testbed.Eventually(t, 10*time.Second, "Ready=True", ready(t, key, corev1.ConditionTrue))
 		ap := get(t, key).Status.AtProvider
 		if ap.ProviderID != podNS+"/"+pod.Name || ap.Host != "127.0.0.1" || ap.EgressIP != "127.0.0.1" {
 			t.Errorf("atProvider: %+v", ap)
@@ -127,12 +129,12 @@ func TestKubernetesProxy(t *testing.T) {
 	t.Run("FailedPodIsRecreated", func(t *testing.T) {
 		old := pod.UID
 		setStatus(corev1.PodStatus{Phase: corev1.PodFailed})
-		eventually(t, 10*time.Second, "a new pod replaces the failed one", func() (bool, string) {
+		testbed.Eventually(t, 10*time.Second, "a new pod replaces the failed one", func() (bool, string) {
 			cur := &corev1.Pod{}
 			err := bed.Client.Get(ctx, client.ObjectKeyFromObject(pod), cur)
 			return err == nil && cur.UID != old, fmt.Sprintf("err=%v uid=%s", err, cur.UID)
 		})
-		eventually(t, 5*time.Second, "the new pod is provisioning, with no inherited verdict", reason("Provisioning"))
+		testbed.Eventually(t, 5*time.Second, "the new pod is provisioning, with no inherited verdict", reason("Provisioning"))
 		if ap := get(t, key).Status.AtProvider; ap.Healthy || ap.EgressIP != "" {
 			t.Errorf("a new instance must not inherit the old verdict: %+v", ap)
 		}
@@ -142,7 +144,7 @@ func TestKubernetesProxy(t *testing.T) {
 		if err := bed.Client.Delete(ctx, get(t, key)); err != nil {
 			t.Fatal(err)
 		}
-		eventually(t, 10*time.Second, "pod and config secret gone", func() (bool, string) {
+		testbed.Eventually(t, 10*time.Second, "pod and config secret gone", func() (bool, string) {
 			pods, secs := &corev1.PodList{}, &corev1.SecretList{}
 			_ = bed.Client.List(ctx, pods, client.InNamespace(podNS))
 			_ = bed.Client.List(ctx, secs, client.InNamespace(podNS), client.MatchingLabels(ownership.Selector("it")))

@@ -12,8 +12,8 @@ import (
 	coordv1 "k8s.io/api/coordination/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
 
 // Grant is one line of a grant log. Granted is taken after the grant was
@@ -80,11 +80,11 @@ func WatchHolders(ctx context.Context, c client.Reader, namespace string) (stop 
 			default:
 			}
 			l := &coordv1.LeaseList{}
-			if c.List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{ownership.LeaseKindLabel: ownership.LeaseKindSlot}) == nil {
+			if c.List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot}) == nil {
 				per := map[string]int64{}
 				for i := range l.Items {
 					if !lease.Expired(&l.Items[i], time.Now()) {
-						per[l.Items[i].Labels[ownership.ProxyLabel]]++
+						per[l.Items[i].Labels[fleetv1alpha1.LabelProxy]]++
 					}
 				}
 				for _, n := range per {

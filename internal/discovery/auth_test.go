@@ -1,0 +1,124 @@
+package discovery
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+func TestBearer(t *testing.T) {
+	cases := map[string]struct {
+		reason string
+		header string
+		want   string
+	}{
+		"Token":       {reason: "A bearer token is read.", header: "Bearer abc.def", want: "abc.def"},
+		"Spaces":      {reason: "Surrounding spaces are not part of it.", header: "Bearer   abc  ", want: "abc"},
+		"None":        {reason: "No header, no token."},
+		"Basic":       {reason: "Other schemes are no bearer token.", header: "Basic dXNlcjpwdw==", want: ""},
+		"LowerCase":   {reason: "The scheme is matched as sent by clients: Bearer.", header: "bearer abc", want: ""},
+		"SchemeAlone": {reason: "A scheme with no token is no token.", header: "Bearer ", want: ""},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			r := httptest.NewRequest(http.MethodGet, "/v1/fleets", nil)
+			if tc.header != "" {
+				r.Header.Set("Authorization", tc.header)
+			}
+			if got := bearer(r); got != tc.want {
+				t.Errorf("%s\nbearer(%q): want %q, got %q", tc.reason, tc.header, tc.want, got)
+			}
+		})
+	}
+}
+
+func writeTokens(t *testing.T, content string) string {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(f, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+func TestStaticTokens(t *testing.T) {
+	st, err := LoadStaticTokens(writeTokens(t, "# crawlers outside the cluster\n\nteam-a  team-a,shared\n  ops *  \n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &Kubernetes{Static: st} // no Client: static tokens never reach the API server
+	ctx := context.Background()
+	authn := func(token string) (*Identity, error) {
+		r := httptest.NewRequest(http.MethodGet, "/v1/fleets", nil)
+		if token != "" {
+			r.Header.Set("Authorization", "Bearer "+token)
+		}
+		return k.Authenticate(ctx, r)
+	}
+
+	if _, err := authn(""); !errors.Is(err, ErrUnauthenticated) {
+		t.Errorf("no token: want ErrUnauthenticated, got %v", err)
+	}
+	team, err := authn("team-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(map[string]bool{"team-a": true, "shared": true}, team.Namespaces); diff != "" {
+		t.Errorf("a static token may use the namespaces of its line: -want, +got:\n%s", diff)
+	}
+	if !strings.HasPrefix(team.User, "static:") || strings.Contains(team.User, "team-a") {
+		t.Errorf("a static identity is named by a hash, never by the token: %q", team.User)
+	}
+	for _, tc := range []struct {
+		id        *Identity
+		namespace string
+		want      error
+	}{
+		{team, "team-a", nil},
+		{team, "shared", nil},
+		{team, "team-b", ErrForbidden},
+	} {
+		if err := k.Authorize(ctx, tc.id, tc.namespace, "crawlers"); !errors.Is(err, tc.want) && err != tc.want {
+			t.Errorf("token team-a in namespace %s: want %v, got %v", tc.namespace, tc.want, err)
+		}
+	}
+	ops, err := authn("ops")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := k.Authorize(ctx, ops, "anything", "crawlers"); err != nil {
+		t.Errorf("a token for * may use every namespace: %v", err)
+	}
+}
+
+func TestLoadStaticTokensErrors(t *testing.T) {
+	cases := map[string]struct {
+		reason  string
+		content string
+		want    string
+	}{
+		"TokenAlone":  {reason: "A token needs its namespaces; the line is named.", content: "# header\nlonely\n", want: "line 2"},
+		"ThreeFields": {reason: "Namespaces are comma-separated, not spaced.", content: "t a b\n", want: "line 1"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, err := LoadStaticTokens(writeTokens(t, tc.content))
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("%s\nwant an error naming %q, got %v", tc.reason, tc.want, err)
+			}
+			if err != nil && strings.Contains(err.Error(), "lonely") {
+				t.Errorf("%s\nthe error must not show the token: %v", tc.reason, err)
+			}
+		})
+	}
+	if _, err := LoadStaticTokens(filepath.Join(t.TempDir(), "missing")); err == nil {
+		t.Error("a missing token file is an error")
+	}
+}

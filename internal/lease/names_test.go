@@ -1,0 +1,173 @@
+package lease
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	coordv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+func TestProxyOf(t *testing.T) {
+	type want struct {
+		proxy string
+		ok    bool
+	}
+	cases := map[string]struct {
+		reason string
+		name   string
+		want   want
+	}{
+		"SlotObject": {
+			reason: "A slot object's name gives back its proxy.",
+			name:   "crawlers-0-slot-1",
+			want:   want{proxy: "crawlers-0", ok: true},
+		},
+		"ProxyNamedSlot": {
+			reason: "Only the last -slot- separates the index, so a proxy may have -slot- in its name.",
+			name:   "a-slot-b-slot-12",
+			want:   want{proxy: "a-slot-b", ok: true},
+		},
+		"BanObject": {
+			reason: "A ban object is not a slot.",
+			name:   BanName("crawlers-0", "example.com"),
+		},
+		"NoIndex": {
+			reason: "A slot name ends in a number.",
+			name:   "crawlers-0-slot-",
+		},
+		"IndexNotANumber": {
+			reason: "A slot name ends in a number.",
+			name:   "crawlers-0-slot-x",
+		},
+		"NoProxy": {
+			reason: "A slot name starts with a proxy name.",
+			name:   "-slot-1",
+		},
+		"Empty": {
+			reason: "An empty name is nobody's slot.",
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			proxy, ok := ProxyOf(tc.name)
+			if diff := cmp.Diff(tc.want, want{proxy, ok}, cmp.AllowUnexported(want{})); diff != "" {
+				t.Errorf("%s\nProxyOf(%q): -want, +got:\n%s", tc.reason, tc.name, diff)
+			}
+		})
+	}
+}
+
+func TestSlotNameRoundTrip(t *testing.T) {
+	for _, proxy := range []string{"p", "crawlers-0", "a-slot-b", "x-slot-1"} {
+		for _, slot := range []int{0, 1, 15} {
+			name := SlotName(proxy, slot)
+			got, ok := ProxyOf(name)
+			if !ok || got != proxy {
+				t.Errorf("ProxyOf(SlotName(%q, %d) = %q): want %q, got %q (ok %t)", proxy, slot, name, proxy, got, ok)
+			}
+			if g := (&Store{}).toGrant(slotLease(name), "id"); g.Slot != slot {
+				t.Errorf("the grant of %s: want slot %d, got %d", name, slot, g.Slot)
+			}
+		}
+	}
+}
+
+func TestParseID(t *testing.T) {
+	type want struct {
+		namespace, name, tok string
+		err                  bool
+	}
+	cases := map[string]struct {
+		reason string
+		id     string
+		want   want
+	}{
+		"Valid":          {reason: "An ID is namespace/name/token.", id: "ns/p-slot-0/uid-1", want: want{namespace: "ns", name: "p-slot-0", tok: "uid-1"}},
+		"TwoParts":       {reason: "The token is required.", id: "ns/p-slot-0", want: want{err: true}},
+		"FourParts":      {reason: "Nothing may follow the token.", id: "ns/p-slot-0/uid/x", want: want{err: true}},
+		"EmptyNamespace": {reason: "Every part is required.", id: "/p-slot-0/uid", want: want{err: true}},
+		"EmptyName":      {reason: "Every part is required.", id: "ns//uid", want: want{err: true}},
+		"EmptyToken":     {reason: "Every part is required.", id: "ns/p-slot-0/", want: want{err: true}},
+		"EmptyID":        {reason: "An empty ID is no lease.", want: want{err: true}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			ns, n, tok, err := ParseID(tc.id)
+			got := want{namespace: ns, name: n, tok: tok, err: err != nil}
+			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(want{})); diff != "" {
+				t.Errorf("%s\nParseID(%q): -want, +got:\n%s", tc.reason, tc.id, diff)
+			}
+			if err != nil && !strings.Contains(err.Error(), "<namespace>/<name>/<token>") {
+				t.Errorf("%s\nthe error must show the expected form, got %q", tc.reason, err)
+			}
+		})
+	}
+}
+
+func TestHolds(t *testing.T) {
+	t0 := time.Date(2026, 11, 30, 10, 0, 0, 0, time.UTC)
+	held := func(holder string, renew time.Time, ttl int32) *coordv1.Lease {
+		return &coordv1.Lease{Spec: coordv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &metav1.MicroTime{Time: renew}, LeaseDurationSeconds: &ttl}}
+	}
+	cases := map[string]struct {
+		reason string
+		l      *coordv1.Lease
+		holds  bool
+	}{
+		"Fresh":        {"A lease renewed a moment ago holds.", held("c", t0.Add(-time.Second), 60), true},
+		"PastTTL":      {"A lease just past its TTL still holds: the renewing replica's clock may run behind.", held("c", t0.Add(-61*time.Second), 60), true},
+		"PastSkew":     {"A lease past TTL and skew margin holds no more.", held("c", t0.Add(-60*time.Second-HoldSkew), 60), false},
+		"NoHolder":     {"A lease without a holder holds nothing.", held("", t0, 60), false},
+		"NoRenewTime":  {"A lease never renewed holds nothing.", &coordv1.Lease{Spec: coordv1.LeaseSpec{HolderIdentity: ptrTo("c"), LeaseDurationSeconds: ptrTo[int32](60)}}, false},
+		"NoTTL":        {"A lease without a duration holds nothing.", &coordv1.Lease{Spec: coordv1.LeaseSpec{HolderIdentity: ptrTo("c"), RenewTime: &metav1.MicroTime{Time: t0}}}, false},
+		"ExpiredHolds": {"Expired is the discovery's takeover rule; Holds outlasts it.", held("c", t0.Add(-70*time.Second), 60), true},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			if got := Holds(tc.l, t0); got != tc.holds {
+				t.Errorf("%s\nHolds = %v, want %v", tc.reason, got, tc.holds)
+			}
+			if Holds(tc.l, t0) && Expired(tc.l, t0) && name != "PastTTL" && name != "ExpiredHolds" {
+				t.Errorf("%s\na lease that holds must not be expired", tc.reason)
+			}
+		})
+	}
+}
+
+func ptrTo[T any](v T) *T { return &v }
+
+func TestStickyHash(t *testing.T) {
+	if got := StickyHash(""); got != "" {
+		t.Errorf("no sticky key has no hash, got %q", got)
+	}
+	a, b := StickyHash("session-42"), StickyHash("session-43")
+	if a == b || a != StickyHash("session-42") {
+		t.Errorf("a sticky key has one hash of its own: %q, %q", a, b)
+	}
+	if errs := validation.IsValidLabelValue(a); len(errs) != 0 || len(a) != 32 {
+		t.Errorf("the hash is a 32-character label value, got %q: %v", a, errs)
+	}
+}
+
+func TestBanName(t *testing.T) {
+	if a, b := BanName("p0", "Example.COM"), BanName("p0", "example.com"); a != b {
+		t.Errorf("a ban's name ignores the domain's case: %q, %q", a, b)
+	}
+	if a, b := BanName("p0", "a.example"), BanName("p0", "b.example"); a == b {
+		t.Errorf("two domains get two bans: %q", a)
+	}
+	got := BanName("p0", "example.com")
+	if !strings.HasPrefix(got, "p0-ban-") || len(got) != len("p0-ban-")+12 {
+		t.Errorf("a ban is <proxy>-ban-<12 hex digits>, got %q", got)
+	}
+	if _, ok := ProxyOf(got); ok {
+		t.Errorf("a ban's name %q must not read as a slot", got)
+	}
+	if errs := validation.IsDNS1123Subdomain(got); len(errs) != 0 {
+		t.Errorf("a ban's name must be an object name, got %q: %v", got, errs)
+	}
+}
