@@ -30,8 +30,8 @@ import (
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
 
 // maxBody bounds request bodies.
@@ -164,7 +164,7 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="egress-discovery"`)
 		writeError(w, http.StatusUnauthorized, "", "authenticate with a bearer token: a ServiceAccount token or a static token")
 	case errors.Is(err, ErrForbidden):
-		writeError(w, http.StatusForbidden, "", err.Error()+": ask for verb \"use\" on proxyfleets.crawl.example.com in the fleet's namespace")
+		writeError(w, http.StatusForbidden, "", err.Error()+": ask for verb \"use\" on "+fleetv1alpha1.ProxyFleetResource+"."+fleetv1alpha1.Group+" in the fleet's namespace")
 	case errors.Is(err, lease.ErrNotFound), errors.Is(err, errFleetNotFound):
 		writeError(w, http.StatusNotFound, "", err.Error())
 	default:
@@ -343,10 +343,17 @@ func (s *Server) proxiesTxt(w http.ResponseWriter, r *http.Request, id *Identity
 	_, _ = io.WriteString(w, b.String())
 }
 
+// errEmptyBody is decode's answer to a request without a body; a renew
+// accepts it, every other request refuses it. A body cut short is not empty.
+var errEmptyBody = &badRequest{"body", "is empty: send a JSON object"}
+
 func decode(r *http.Request, into any) error {
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(into); err != nil {
+		if err == io.EOF { //nolint:errorlint // Decode returns io.EOF itself, unwrapped, only for no input at all.
+			return errEmptyBody
+		}
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return err
@@ -528,7 +535,7 @@ func (s *Server) leaseOf(r *http.Request, id *Identity) (leaseID, namespace, fle
 		}
 		return "", "", "", "", err
 	}
-	fleet = p.Labels[ownership.FleetLabel]
+	fleet = fleetv1alpha1.FleetName(p)
 	if err := s.Auth.Authorize(r.Context(), id, namespace, fleet); err != nil {
 		return "", "", "", "", err
 	}
@@ -542,7 +549,7 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request, id *Identity) {
 		return
 	}
 	req := &apiv1.RenewRequest{}
-	if err := decode(r, req); err != nil && !errors.Is(err, io.EOF) && !isEmptyBody(err) {
+	if err := decode(r, req); err != nil && !errors.Is(err, errEmptyBody) {
 		s.fail(w, err)
 		return
 	}
@@ -558,11 +565,6 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request, id *Identity) {
 		return
 	}
 	writeJSON(w, http.StatusOK, apiv1.Lease{LeaseID: g.ID, Proxy: g.Proxy, ExpiresAt: g.ExpiresAt})
-}
-
-func isEmptyBody(err error) bool {
-	var br *badRequest
-	return errors.As(err, &br) && strings.Contains(br.msg, "EOF")
 }
 
 func (s *Server) release(w http.ResponseWriter, r *http.Request, id *Identity) {
