@@ -43,18 +43,29 @@ type component struct {
 	comment string
 }
 
+// Components by name; the name is also the binary's file name.
+const (
+	provider  = "provider"
+	function  = "function"
+	discovery = "discovery"
+	// Ports: metrics (and discovery's API), health probes, gRPC.
+	port8080 = "8080/tcp"
+	port8081 = "8081/tcp"
+	port9443 = "9443/tcp"
+)
+
 var components = map[string]component{
-	"provider": {
-		image: "provider-egressproxy-controller", pkg: "./cmd/provider", binary: "provider",
-		ports: []string{"8080/tcp", "8081/tcp"}, comment: "provider-egressproxy controller",
+	provider: {
+		image: "provider-egressproxy-controller", pkg: "./cmd/provider", binary: provider,
+		ports: []string{port8080, port8081}, comment: "provider-egressproxy controller",
 	},
-	"function": {
-		image: "function-proxyfleet-runtime", pkg: "./cmd/function", binary: "function",
-		ports: []string{"9443/tcp", "8080/tcp"}, comment: "function-proxyfleet gRPC server",
+	function: {
+		image: "function-proxyfleet-runtime", pkg: "./cmd/function", binary: function,
+		ports: []string{port9443, port8080}, comment: "function-proxyfleet gRPC server",
 	},
-	"discovery": {
-		image: "egress-discovery", pkg: "./cmd/discovery", binary: "discovery",
-		ports: []string{"8080/tcp", "8081/tcp"}, comment: "egress-discovery API and lease controller",
+	discovery: {
+		image: "egress-discovery", pkg: "./cmd/discovery", binary: discovery,
+		ports: []string{port8080, port8081}, comment: "egress-discovery API and lease controller",
 	},
 }
 

@@ -60,51 +60,13 @@ func (c *CLI) Run() error {
 	zl := zap.New(zap.UseDevMode(c.Debug))
 	ctrl.SetLogger(zl)
 	log := logging.NewLogrLogger(zl.WithName("egress-discovery"))
-	s := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
-		return errors.Wrap(err, "cannot add client-go types")
-	}
-	if err := apis.AddToScheme(s); err != nil {
-		return errors.Wrap(err, "cannot add product types")
-	}
-	cfg, err := ctrl.GetConfig()
+	mgr, err := c.newManager()
 	if err != nil {
-		return errors.Wrap(err, "cannot get kubeconfig")
+		return err
 	}
-	mgr, err := ctrl.NewManager(cfg, manager.Options{
-		Scheme: s, HealthProbeBindAddress: c.HealthProbeBindAddress,
-		// The API serves /metrics itself, on the API address.
-		Metrics: metricsserver.Options{BindAddress: "0"},
-	})
+	version, err := watchVersion(ctx, mgr)
 	if err != nil {
-		return errors.Wrap(err, "cannot create manager")
-	}
-	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
-		return errors.Wrap(err, "cannot add health check")
-	}
-	if err := mgr.AddReadyzCheck("readyz", func(r *http.Request) error {
-		if !mgr.GetCache().WaitForCacheSync(r.Context()) {
-			return errors.New("cache not synced")
-		}
-		return nil
-	}); err != nil {
-		return errors.Wrap(err, "cannot add ready check")
-	}
-	// Watch Proxies and Leases: the catalogue and the lease view read the
-	// cache; every write goes to the API server. Any change bumps the
-	// version that listing snapshots are checked against.
-	var version atomic.Uint64
-	bump := func(any) { version.Add(1) }
-	for _, o := range []client.Object{&v1alpha1.Proxy{}, &coordv1.Lease{}} {
-		inf, err := mgr.GetCache().GetInformer(ctx, o)
-		if err != nil {
-			return errors.Wrapf(err, "cannot watch %T", o)
-		}
-		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-			AddFunc: bump, DeleteFunc: bump, UpdateFunc: func(_, n any) { bump(n) },
-		}); err != nil {
-			return errors.Wrapf(err, "cannot watch %T", o)
-		}
+		return err
 	}
 	// Watch ProxyFleet XRs too when Crossplane has made their CRD; without
 	// it, fleets are known from their proxies alone.
@@ -126,13 +88,81 @@ func (c *CLI) Run() error {
 	srv := &discovery.Server{
 		Catalog: &discovery.Catalog{Cache: mgr.GetCache(), Direct: mgr.GetAPIReader(), Fleets: fleets},
 		Leases:  store, Auth: auth, Metrics: discovery.NewMetrics(), Log: log,
-		Version: version.Load,
+		Version: version,
 	}
 	metrics.Registry.MustRegister(srv.Metrics.Collectors()...)
-	metrics.Registry.MustRegister(
+	metrics.Registry.MustRegister(gauges(mgr.GetCache())...)
+	if err := mgr.Add(c.apiServer(srv, log)); err != nil {
+		return errors.Wrap(err, "cannot add the API server")
+	}
+	if err := mgr.Add(c.sweeper(mgr.GetCache(), store, log)); err != nil {
+		return errors.Wrap(err, "cannot add the lease sweeper")
+	}
+	return errors.Wrap(mgr.Start(ctx), "cannot run manager")
+}
+
+// newManager makes the controller manager whose cache the API reads, with
+// health and readiness checks.
+func (c *CLI) newManager() (manager.Manager, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, errors.Wrap(err, "cannot add client-go types")
+	}
+	if err := apis.AddToScheme(s); err != nil {
+		return nil, errors.Wrap(err, "cannot add product types")
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot get kubeconfig")
+	}
+	mgr, err := ctrl.NewManager(cfg, manager.Options{
+		Scheme: s, HealthProbeBindAddress: c.HealthProbeBindAddress,
+		// The API serves /metrics itself, on the API address.
+		Metrics: metricsserver.Options{BindAddress: "0"},
+	})
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot create manager")
+	}
+	if err := mgr.AddHealthzCheck("healthz", healthz.Ping); err != nil {
+		return nil, errors.Wrap(err, "cannot add health check")
+	}
+	if err := mgr.AddReadyzCheck("readyz", func(r *http.Request) error {
+		if !mgr.GetCache().WaitForCacheSync(r.Context()) {
+			return errors.New("cache not synced")
+		}
+		return nil
+	}); err != nil {
+		return nil, errors.Wrap(err, "cannot add ready check")
+	}
+	return mgr, nil
+}
+
+// watchVersion watches Proxies and Leases: the catalog and the lease view
+// read the cache; every write goes to the API server. Any change bumps the
+// version that listing snapshots are checked against.
+func watchVersion(ctx context.Context, mgr manager.Manager) (func() uint64, error) {
+	version := &atomic.Uint64{}
+	bump := func(any) { version.Add(1) }
+	for _, o := range []client.Object{&v1alpha1.Proxy{}, &coordv1.Lease{}} {
+		inf, err := mgr.GetCache().GetInformer(ctx, o)
+		if err != nil {
+			return nil, errors.Wrapf(err, "cannot watch %T", o)
+		}
+		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+			AddFunc: bump, DeleteFunc: bump, UpdateFunc: func(_, n any) { bump(n) },
+		}); err != nil {
+			return nil, errors.Wrapf(err, "cannot watch %T", o)
+		}
+	}
+	return version.Load, nil
+}
+
+// gauges count what the cache holds, read at each scrape.
+func gauges(c client.Reader) []prometheus.Collector {
+	return []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "egress_discovery_active_leases", Help: "Unexpired leases held by crawlers."}, func() float64 {
 			l := &coordv1.LeaseList{}
-			if mgr.GetCache().List(context.Background(), l, client.MatchingLabels{fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot}) != nil {
+			if c.List(context.Background(), l, client.MatchingLabels{fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot}) != nil {
 				return 0
 			}
 			n := 0
@@ -143,20 +173,23 @@ func (c *CLI) Run() error {
 			}
 			return float64(n)
 		}),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "egress_discovery_catalog_proxies", Help: "Proxies in the catalogue."}, func() float64 {
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "egress_discovery_catalog_proxies", Help: "Proxies in the catalog."}, func() float64 {
 			l := &v1alpha1.ProxyList{}
-			if mgr.GetCache().List(context.Background(), l, client.HasLabels{fleetv1alpha1.LabelFleet}) != nil {
+			if c.List(context.Background(), l, client.HasLabels{fleetv1alpha1.LabelFleet}) != nil {
 				return 0
 			}
 			return float64(len(l.Items))
 		}),
-	)
+	}
+}
 
+// apiServer serves the API and /metrics until the manager stops.
+func (c *CLI) apiServer(srv *discovery.Server, log logging.Logger) manager.Runnable {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttpHandler())
 	mux.Handle("/", srv.Handler())
 	httpSrv := &http.Server{Addr: c.Address, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
-	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+	return manager.RunnableFunc(func(ctx context.Context) error {
 		go func() {
 			<-ctx.Done()
 			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -168,12 +201,14 @@ func (c *CLI) Run() error {
 			return errors.Wrap(err, "cannot serve the API")
 		}
 		return nil
-	})); err != nil {
-		return errors.Wrap(err, "cannot add the API server")
-	}
-	// Every replica sweeps; deletes are guarded by resourceVersion, so two
-	// sweeping at once do no harm.
-	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error {
+	})
+}
+
+// sweeper deletes the leases of proxies that are gone. Every replica
+// sweeps; deletes are guarded by resourceVersion, so two sweeping at once do
+// no harm.
+func (c *CLI) sweeper(proxies client.Reader, store *lease.Store, log logging.Logger) manager.Runnable {
+	return manager.RunnableFunc(func(ctx context.Context) error {
 		t := time.NewTicker(c.SweepInterval)
 		defer t.Stop()
 		for {
@@ -182,7 +217,7 @@ func (c *CLI) Run() error {
 				return nil
 			case <-t.C:
 				n, err := store.Sweep(ctx, func(ns, name string) bool {
-					return mgr.GetCache().Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &v1alpha1.Proxy{}) == nil
+					return proxies.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &v1alpha1.Proxy{}) == nil
 				}, time.Minute)
 				if err != nil {
 					log.Info("Sweep incomplete", "error", err)
@@ -191,8 +226,5 @@ func (c *CLI) Run() error {
 				}
 			}
 		}
-	})); err != nil {
-		return errors.Wrap(err, "cannot add the lease sweeper")
-	}
-	return errors.Wrap(mgr.Start(ctx), "cannot run manager")
+	})
 }

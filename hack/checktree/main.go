@@ -19,16 +19,18 @@ import (
 // maxSize is the largest file git may track outside testdata/.
 const maxSize = 1 << 20
 
+const machO = "a Mach-O binary"
+
 // magics are the first bytes of compiled executables and objects.
 var magics = []struct {
 	name  string
 	bytes []byte
 }{
 	{"an ELF binary", []byte{0x7f, 'E', 'L', 'F'}},
-	{"a Mach-O binary", []byte{0xfe, 0xed, 0xfa, 0xce}},
-	{"a Mach-O binary", []byte{0xfe, 0xed, 0xfa, 0xcf}},
-	{"a Mach-O binary", []byte{0xce, 0xfa, 0xed, 0xfe}},
-	{"a Mach-O binary", []byte{0xcf, 0xfa, 0xed, 0xfe}},
+	{machO, []byte{0xfe, 0xed, 0xfa, 0xce}},
+	{machO, []byte{0xfe, 0xed, 0xfa, 0xcf}},
+	{machO, []byte{0xce, 0xfa, 0xed, 0xfe}},
+	{machO, []byte{0xcf, 0xfa, 0xed, 0xfe}},
 	{"a universal Mach-O binary", []byte{0xca, 0xfe, 0xba, 0xbe}},
 	{"a Windows executable", []byte{'M', 'Z'}},
 	{"a WebAssembly module", []byte{0x00, 'a', 's', 'm'}},

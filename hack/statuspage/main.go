@@ -30,6 +30,9 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
+// namespace holds the example fleet.
+const namespace = "crawl-team"
+
 func main() {
 	out := flag.String("o", "_output/status.png", "Where to write the screenshot.")
 	flag.Parse()
@@ -47,15 +50,15 @@ func run(out string) error {
 	defer bed.Stop() //nolint:errcheck // Best effort.
 	ctx := context.Background()
 	c := bed.Client
-	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "crawl-team"}}); err != nil {
+	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
 		return err
 	}
-	if err := c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "crawl-team", Name: "auth"}, StringData: map[string]string{"username": "crawler", "password": "example"}}); err != nil {
+	if err := c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "auth"}, StringData: map[string]string{"username": "crawler", "password": "example"}}); err != nil {
 		return err
 	}
 	for i := range 4 {
 		p := &v1alpha1.Proxy{
-			ObjectMeta: metav1.ObjectMeta{Namespace: "crawl-team", Name: fmt.Sprintf("crawlers-%d", i), Labels: map[string]string{
+			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: fmt.Sprintf("crawlers-%d", i), Labels: map[string]string{
 				fleetv1alpha1.LabelFleet: "crawlers", fleetv1alpha1.LabelZone: []string{"europe-west1-b", "europe-west1-c"}[i%2]}},
 			Spec: v1alpha1.ProxySpec{ForProvider: v1alpha1.ProxyParameters{Local: &v1alpha1.LocalPlacement{},
 				AuthSecretRef: &v1alpha1.AuthSecretReference{Name: "auth"}, HealthCheck: v1alpha1.HealthCheck{URL: "https://ifconfig.me/ip"}, MaxLeases: 2}},

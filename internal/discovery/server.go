@@ -351,7 +351,8 @@ func decode(r *http.Request, into any) error {
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(into); err != nil {
-		if err == io.EOF { //nolint:errorlint // Decode returns io.EOF itself, unwrapped, only for no input at all.
+		// Decode returns io.EOF itself, unwrapped, only for no input at all.
+		if err == io.EOF {
 			return errEmptyBody
 		}
 		var mbe *http.MaxBytesError

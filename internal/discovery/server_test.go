@@ -3,6 +3,7 @@ package discovery_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -239,11 +240,7 @@ func TestAPI(t *testing.T) {
 }
 
 func asAPIError(err error, into **apiv1.APIError) bool {
-	e, ok := err.(*apiv1.APIError)
-	if ok {
-		*into = e
-	}
-	return ok
+	return errors.As(err, into)
 }
 
 // TestServiceAccountTokens authenticates with real ServiceAccount tokens

@@ -45,24 +45,42 @@ func parseFleet(name, namespace string, spec map[string]any) (*Fleet, error) {
 	}
 	s := given.WithDefaults()
 	f := &Fleet{Name: name, Namespace: namespace, spec: s, Replicas: int(*s.Replicas), Zones: s.Zones}
+	c := (*fleetSpec)(s)
+	for _, check := range []func() error{
+		f.checkScale, c.checkPlacement, c.checkProxy, c.checkHealthCheck, f.checkRotation, c.checkLeases,
+	} {
+		if err := check(); err != nil {
+			return nil, err
+		}
+	}
+	return f, nil
+}
 
+// checkScale checks replicas and zones.
+func (f *Fleet) checkScale() error {
 	if f.Replicas < 0 || f.Replicas > fleetv1alpha1.MaxReplicas {
-		return nil, fieldError("spec.replicas", "must be between 0 and %d, not %d", fleetv1alpha1.MaxReplicas, f.Replicas)
+		return fieldError("spec.replicas", "must be between 0 and %d, not %d", fleetv1alpha1.MaxReplicas, f.Replicas)
 	}
 	if f.Replicas > 0 && len(f.Zones) == 0 {
-		return nil, fieldError("spec.zones", "must not be empty when spec.replicas > 0: list the zones to spread proxies over")
+		return fieldError("spec.zones", "must not be empty when spec.replicas > 0: list the zones to spread proxies over")
 	}
 	seen := map[string]bool{}
 	for i, z := range f.Zones {
 		if !zoneName.MatchString(z) || len(z) > 63 {
-			return nil, fieldError(fmt.Sprintf("spec.zones[%d]", i), "%q must be a lowercase DNS label such as europe-west1-b", z)
+			return fieldError(fmt.Sprintf("spec.zones[%d]", i), "%q must be a lowercase DNS label such as europe-west1-b", z)
 		}
 		if seen[z] {
-			return nil, fieldError(fmt.Sprintf("spec.zones[%d]", i), "%q is listed twice", z)
+			return fieldError(fmt.Sprintf("spec.zones[%d]", i), "%q is listed twice", z)
 		}
 		seen[z] = true
 	}
+	return nil
+}
 
+// fleetSpec adds the function's checks to the API type.
+type fleetSpec fleetv1alpha1.ProxyFleetSpec
+
+func (s *fleetSpec) checkPlacement() error {
 	n := 0
 	for _, set := range []bool{s.Placement.Local != nil, s.Placement.Kubernetes != nil, s.Placement.GCP != nil} {
 		if set {
@@ -70,71 +88,79 @@ func parseFleet(name, namespace string, spec map[string]any) (*Fleet, error) {
 		}
 	}
 	if n != 1 {
-		return nil, fieldError("spec.placement", "needs exactly one of local, kubernetes or gcp")
+		return fieldError("spec.placement", "needs exactly one of local, kubernetes or gcp")
 	}
 	if gcp := s.Placement.GCP; gcp != nil && gcp.CloudInit != nil && (gcp.CloudInit.Inline != nil) == (gcp.CloudInit.SecretRef != nil) {
-		return nil, fieldError("spec.placement.gcp.cloudInit", "needs exactly one of inline or secretRef")
+		return fieldError("spec.placement.gcp.cloudInit", "needs exactly one of inline or secretRef")
 	}
 	if ref := s.ProviderConfigRef; ref.Kind != v1alpha1.ProviderConfigKind && ref.Kind != v1alpha1.ClusterProviderConfigKind {
-		return nil, fieldError("spec.providerConfigRef.kind", "must be ProviderConfig or ClusterProviderConfig, not %q", ref.Kind)
+		return fieldError("spec.providerConfigRef.kind", "must be ProviderConfig or ClusterProviderConfig, not %q", ref.Kind)
 	}
+	if s.ProviderConfigRef.Name == "" {
+		return fieldError("spec.providerConfigRef.name", "must name a ProviderConfig or ClusterProviderConfig")
+	}
+	return nil
+}
 
-	if ref := s.ProviderConfigRef; ref.Name == "" {
-		return nil, fieldError("spec.providerConfigRef.name", "must name a ProviderConfig or ClusterProviderConfig")
-	}
+func (s *fleetSpec) checkProxy() error {
 	if p := *s.Proxy.Port; p < 1 || p > 65535 {
-		return nil, fieldError("spec.proxy.port", "must be between 1 and 65535, not %d", p)
+		return fieldError("spec.proxy.port", "must be between 1 and 65535, not %d", p)
 	}
 	if s.Proxy.AuthSecretRef == nil && len(s.Proxy.AllowedSourceRanges) == 0 {
-		return nil, fieldError("spec.proxy", "refuses an open proxy: set authSecretRef (credentials) and/or allowedSourceRanges")
+		return fieldError("spec.proxy", "refuses an open proxy: set authSecretRef (credentials) and/or allowedSourceRanges")
 	}
 	if s.Proxy.AuthSecretRef != nil && s.Proxy.AuthSecretRef.Name == "" {
-		return nil, fieldError("spec.proxy.authSecretRef.name", "must name a Secret in the fleet's namespace")
+		return fieldError("spec.proxy.authSecretRef.name", "must name a Secret in the fleet's namespace")
 	}
+	return nil
+}
 
+func (s *fleetSpec) checkHealthCheck() error {
 	hc := s.HealthCheck
 	if hc.URL == "" {
-		return nil, fieldError("spec.healthCheck.url", "is required: an http(s) URL fetched through each proxy, such as https://ifconfig.me/ip")
+		return fieldError("spec.healthCheck.url", "is required: an http(s) URL fetched through each proxy, such as https://ifconfig.me/ip")
 	}
 	if u, err := url.Parse(hc.URL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return nil, fieldError("spec.healthCheck.url", "must be an absolute http:// or https:// URL, not %q", hc.URL)
+		return fieldError("spec.healthCheck.url", "must be an absolute http:// or https:// URL, not %q", hc.URL)
 	}
-	interval, timeout := 30*time.Second, 5*time.Second
-	if hc.Interval != nil {
-		interval = hc.Interval.Duration
-	}
-	if hc.Timeout != nil {
-		timeout = hc.Timeout.Duration
-	}
-	if timeout >= interval {
-		return nil, fieldError("spec.healthCheck.timeout", "(%s) must be shorter than spec.healthCheck.interval (%s)", timeout, interval)
+	if interval, timeout := hc.IntervalOrDefault(), hc.TimeoutOrDefault(); timeout >= interval {
+		return fieldError("spec.healthCheck.timeout", "(%s) must be shorter than spec.healthCheck.interval (%s)", timeout, interval)
 	}
 	for field, v := range map[string]int32{"spec.healthCheck.successThreshold": hc.SuccessThreshold, "spec.healthCheck.failureThreshold": hc.FailureThreshold} {
 		if v < 0 {
-			return nil, fieldError(field, "must be at least 1, not %d", v)
+			return fieldError(field, "must be at least 1, not %d", v)
 		}
 	}
+	return nil
+}
 
-	if r := s.Rotation; r.MaxAge != nil {
+// checkRotation checks the rotation settings and keeps them on the fleet.
+func (f *Fleet) checkRotation() error {
+	r := f.spec.Rotation
+	if r.MaxAge != nil {
 		if f.MaxAge = r.MaxAge.Duration; f.MaxAge < time.Minute {
-			return nil, fieldError("spec.rotation.maxAge", "must be at least 1m, not %s", f.MaxAge)
+			return fieldError("spec.rotation.maxAge", "must be at least 1m, not %s", f.MaxAge)
 		}
 	}
-	if f.ReplaceUnhealthyAfter = s.Rotation.ReplaceUnhealthyAfter.Duration; f.ReplaceUnhealthyAfter < 0 {
-		return nil, fieldError("spec.rotation.replaceUnhealthyAfter", "must not be negative, not %s", f.ReplaceUnhealthyAfter)
+	if f.ReplaceUnhealthyAfter = r.ReplaceUnhealthyAfter.Duration; f.ReplaceUnhealthyAfter < 0 {
+		return fieldError("spec.rotation.replaceUnhealthyAfter", "must not be negative, not %s", f.ReplaceUnhealthyAfter)
 	}
-	f.MaxSurge, f.MaxUnavailable = int(*s.Rotation.MaxSurge), int(*s.Rotation.MaxUnavailable)
+	f.MaxSurge, f.MaxUnavailable = int(*r.MaxSurge), int(*r.MaxUnavailable)
 	if f.MaxSurge < 0 || f.MaxUnavailable < 0 {
-		return nil, fieldError("spec.rotation", "maxSurge and maxUnavailable must not be negative")
+		return fieldError("spec.rotation", "maxSurge and maxUnavailable must not be negative")
 	}
 	if f.MaxSurge == 0 && f.MaxUnavailable == 0 {
-		return nil, fieldError("spec.rotation", "maxSurge and maxUnavailable cannot both be 0: replacement could never make progress")
+		return fieldError("spec.rotation", "maxSurge and maxUnavailable cannot both be 0: replacement could never make progress")
 	}
+	return nil
+}
+
+func (s *fleetSpec) checkLeases() error {
 	if m := *s.Leases.MaxLeasesPerProxy; m < 1 {
-		return nil, fieldError("spec.leases.maxLeasesPerProxy", "must be at least 1, not %d", m)
+		return fieldError("spec.leases.maxLeasesPerProxy", "must be at least 1, not %d", m)
 	}
 	if def, maxTTL := s.Leases.TTLs(); def <= 0 || def > maxTTL {
-		return nil, fieldError("spec.leases.defaultTTL", "(%s) must be positive and not exceed spec.leases.maxTTL (%s)", def, maxTTL)
+		return fieldError("spec.leases.defaultTTL", "(%s) must be positive and not exceed spec.leases.maxTTL (%s)", def, maxTTL)
 	}
-	return f, nil
+	return nil
 }

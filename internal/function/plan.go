@@ -49,25 +49,48 @@ type plan struct {
 // decide computes the fleet's next state from what was observed. It is a
 // pure function of its arguments: the same observation at the same time
 // gives the same plan, and a decision is only ever taken on observed state,
-// so no create/delete loop can arise.
+// so no create/delete loop can arise. The steps run in this order, each on
+// the replicas the one before left.
 func decide(f *Fleet, observed []*member, leasesKnown bool, now time.Time) *plan {
-	p := &plan{}
+	pl := newPlanner(f, observed, leasesKnown, now)
+	pl.scaleDown()
+	pl.scaleUp()
+	pl.replace()
+	pl.complete()
+	return pl.result()
+}
+
+// planner holds one decision in progress.
+type planner struct {
+	f           *Fleet
+	leasesKnown bool
+	now         time.Time
+	p           *plan
+	replicas    []*replica
+	// next is the next free ordinal; ready and total count the members the
+	// plan keeps so far.
+	next, ready, total int
+}
+
+// newPlanner groups the observed members into replicas: members replacing
+// one that still exists belong to that member's replica.
+func newPlanner(f *Fleet, observed []*member, leasesKnown bool, now time.Time) *planner {
+	pl := &planner{f: f, leasesKnown: leasesKnown, now: now, p: &plan{}, total: len(observed)}
 	byOrdinal := map[int]*member{}
-	next := 0
 	for _, m := range observed {
 		byOrdinal[m.Ordinal] = m
-		next = max(next, m.Ordinal+1)
+		pl.next = max(pl.next, m.Ordinal+1)
+		if m.Ready {
+			pl.ready++
+		}
 	}
-
-	// Members replacing one that still exists belong to that member's replica.
-	var replicas []*replica
 	byReplica := map[int]*replica{}
 	for _, m := range observed {
 		if _, ok := byOrdinal[m.Replaces]; ok && m.Replaces != m.Ordinal {
 			continue
 		}
 		s := &replica{holder: m}
-		replicas = append(replicas, s)
+		pl.replicas = append(pl.replicas, s)
 		byReplica[m.Ordinal] = s
 	}
 	for _, m := range observed {
@@ -77,111 +100,124 @@ func decide(f *Fleet, observed []*member, leasesKnown bool, now time.Time) *plan
 			}
 		}
 	}
+	return pl
+}
 
-	ready := 0
-	for _, m := range observed {
-		if m.Ready {
-			ready++
+// newMember makes a member with the next free ordinal.
+func (pl *planner) newMember(zone string, replaces, generation int) *member {
+	m := &member{Ordinal: pl.next, Zone: zone, Replaces: replaces, Created: pl.now, Generation: generation}
+	pl.next++
+	return m
+}
+
+// forget takes a member out of the counts of what the plan keeps.
+func (pl *planner) forget(m *member) {
+	pl.total--
+	if m.Ready {
+		pl.ready--
+	}
+}
+
+// scaleDown drops whole replicas, unhealthiest first, then from the most
+// crowded zone, then the newest.
+func (pl *planner) scaleDown() {
+	if len(pl.replicas) <= pl.f.Replicas {
+		return
+	}
+	perZone := zoneCounts(pl.replicas)
+	sort.SliceStable(pl.replicas, func(i, j int) bool {
+		a, b := pl.replicas[i].holder, pl.replicas[j].holder
+		if a.Ready != b.Ready {
+			return !a.Ready
+		}
+		if perZone[a.Zone] != perZone[b.Zone] {
+			return perZone[a.Zone] > perZone[b.Zone]
+		}
+		return a.Ordinal > b.Ordinal
+	})
+	drop := len(pl.replicas) - pl.f.Replicas
+	for _, s := range pl.replicas[:drop] {
+		pl.p.removed++
+		pl.forget(s.holder)
+		if s.replacement != nil {
+			pl.forget(s.replacement)
 		}
 	}
-	total := len(observed)
+	pl.replicas = pl.replicas[drop:]
+}
 
-	// Scale down: drop whole replicas, unhealthiest first, then from the most
-	// crowded zone, then the newest.
-	if len(replicas) > f.Replicas {
-		perZone := zoneCounts(replicas)
-		sort.SliceStable(replicas, func(i, j int) bool {
-			a, b := replicas[i].holder, replicas[j].holder
-			if a.Ready != b.Ready {
-				return !a.Ready
-			}
-			if perZone[a.Zone] != perZone[b.Zone] {
-				return perZone[a.Zone] > perZone[b.Zone]
-			}
-			return a.Ordinal > b.Ordinal
-		})
-		drop := len(replicas) - f.Replicas
-		for _, s := range replicas[:drop] {
-			p.removed++
-			total--
-			if s.holder.Ready {
-				ready--
-			}
-			if s.replacement != nil {
-				total--
-				if s.replacement.Ready {
-					ready--
-				}
-			}
-		}
-		replicas = replicas[drop:]
-	}
-
-	// Scale up: new replicas in the least crowded zones.
-	for len(replicas) < f.Replicas {
-		perZone := zoneCounts(replicas)
-		zone := f.Zones[0]
-		for _, z := range f.Zones {
+// scaleUp adds replicas in the least crowded zones.
+func (pl *planner) scaleUp() {
+	for len(pl.replicas) < pl.f.Replicas {
+		perZone := zoneCounts(pl.replicas)
+		zone := pl.f.Zones[0]
+		for _, z := range pl.f.Zones {
 			if perZone[z] < perZone[zone] {
 				zone = z
 			}
 		}
-		m := &member{Ordinal: next, Zone: zone, Replaces: -1, Created: now}
-		next++
-		replicas = append(replicas, &replica{holder: m})
-		p.created++
-		total++
+		pl.replicas = append(pl.replicas, &replica{holder: pl.newMember(zone, -1, 0)})
+		pl.p.created++
+		pl.total++
 	}
+}
 
-	// Replacement: a holder older than maxAge, or unavailable for longer
-	// than replaceUnhealthyAfter, gets a surge replacement in its zone.
-	sort.SliceStable(replicas, func(i, j int) bool { return replicas[i].holder.Ordinal < replicas[j].holder.Ordinal })
-	for _, s := range replicas {
+// dueReason says why a holder is due for replacement: older than maxAge, or
+// unavailable for longer than replaceUnhealthyAfter; "" when it is not.
+func (pl *planner) dueReason(h *member) string {
+	f, now := pl.f, pl.now
+	switch {
+	case h.Created.Equal(now):
+		return "" // made in this very plan
+	case !h.Ready && !h.Since.IsZero() && now.Sub(h.Since) >= f.ReplaceUnhealthyAfter && now.Sub(h.Created) >= f.ReplaceUnhealthyAfter:
+		return fmt.Sprintf("unavailable since %s", h.Since.UTC().Format(time.RFC3339))
+	case f.MaxAge > 0 && now.Sub(h.Created) >= f.MaxAge:
+		return fmt.Sprintf("older than maxAge %s", f.MaxAge)
+	}
+	return ""
+}
+
+// replace gives each holder that is due a surge replacement in its zone,
+// within maxSurge; without surge, a drained holder may go first within
+// maxUnavailable.
+func (pl *planner) replace() {
+	f := pl.f
+	sort.SliceStable(pl.replicas, func(i, j int) bool { return pl.replicas[i].holder.Ordinal < pl.replicas[j].holder.Ordinal })
+	for _, s := range pl.replicas {
 		h := s.holder
-		if h.Created.Equal(now) {
-			continue // made in this very plan
+		if s.reason = pl.dueReason(h); s.reason == "" || s.replacement != nil {
+			continue
 		}
+		if pl.total < f.Replicas+f.MaxSurge {
+			s.replacement = pl.newMember(h.Zone, h.Ordinal, h.Generation+1)
+			pl.p.created++
+			pl.total++
+			continue
+		}
+		// No surge left. With maxUnavailable, a drained healthy holder may
+		// go first and its replica is refilled at once.
 		switch {
-		case !h.Ready && !h.Since.IsZero() && now.Sub(h.Since) >= f.ReplaceUnhealthyAfter && now.Sub(h.Created) >= f.ReplaceUnhealthyAfter:
-			s.reason = fmt.Sprintf("unavailable since %s", h.Since.UTC().Format(time.RFC3339))
-		case f.MaxAge > 0 && now.Sub(h.Created) >= f.MaxAge:
-			s.reason = fmt.Sprintf("older than maxAge %s", f.MaxAge)
+		case f.MaxSurge == 0 && h.Ready && (h.Leased || !pl.leasesKnown):
+			pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits for its leases to drain", h.Name))
+		case f.MaxSurge == 0 && (!h.Ready || pl.ready-1 >= f.Replicas-f.MaxUnavailable):
+			if h.Ready {
+				pl.ready--
+			}
+			s.holder = pl.newMember(h.Zone, -1, h.Generation+1)
+			pl.p.removed++
+			pl.p.created++
 		default:
-			continue
+			pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits for surge capacity (maxSurge %d)", h.Name, f.MaxSurge))
 		}
-		if s.replacement != nil {
-			continue
-		}
-		if total >= f.Replicas+f.MaxSurge {
-			// No surge left. With maxUnavailable, a drained healthy holder
-			// may go first and its replica is refilled at once.
-			if f.MaxSurge == 0 && h.Ready && (h.Leased || !leasesKnown) {
-				p.blocked = append(p.blocked, fmt.Sprintf("%s waits for its leases to drain", h.Name))
-				continue
-			}
-			if f.MaxSurge == 0 && (!h.Ready || ready-1 >= f.Replicas-f.MaxUnavailable) {
-				if h.Ready {
-					ready--
-				}
-				s.holder = &member{Ordinal: next, Zone: h.Zone, Replaces: -1, Created: now, Generation: h.Generation + 1}
-				next++
-				p.removed++
-				p.created++
-				continue
-			}
-			p.blocked = append(p.blocked, fmt.Sprintf("%s waits for surge capacity (maxSurge %d)", h.Name, f.MaxSurge))
-			continue
-		}
-		s.replacement = &member{Ordinal: next, Zone: h.Zone, Replaces: h.Ordinal, Created: now, Generation: h.Generation + 1}
-		next++
-		p.created++
-		total++
 	}
+}
 
-	// Completion: a holder goes once its replacement is Ready, and, if it
-	// still serves, only when no crawler holds a lease on it and the fleet
-	// stays at or above replicas - maxUnavailable ready proxies.
-	for _, s := range replicas {
+// complete lets a holder go once its replacement is Ready, and, if it still
+// serves, only when no crawler holds a lease on it and the fleet stays at or
+// above replicas - maxUnavailable ready proxies.
+func (pl *planner) complete() {
+	f := pl.f
+	for _, s := range pl.replicas {
 		r := s.replacement
 		if r == nil {
 			continue
@@ -189,31 +225,34 @@ func decide(f *Fleet, observed []*member, leasesKnown bool, now time.Time) *plan
 		h := s.holder
 		switch {
 		case !r.Ready:
-			p.inFlight++
+			pl.p.inFlight++
 		case !h.Ready:
 			s.holder, s.replacement = r, nil
-			p.removed++
-		case h.Leased || !leasesKnown:
-			p.inFlight++
-			p.blocked = append(p.blocked, fmt.Sprintf("%s waits for its leases to drain", h.Name))
-		case ready-1 < f.Replicas-f.MaxUnavailable:
-			p.inFlight++
-			p.blocked = append(p.blocked, fmt.Sprintf("%s waits: removing it would leave fewer than %d ready proxies", h.Name, f.Replicas-f.MaxUnavailable))
+			pl.p.removed++
+		case h.Leased || !pl.leasesKnown:
+			pl.p.inFlight++
+			pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits for its leases to drain", h.Name))
+		case pl.ready-1 < f.Replicas-f.MaxUnavailable:
+			pl.p.inFlight++
+			pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits: removing it would leave fewer than %d ready proxies", h.Name, f.Replicas-f.MaxUnavailable))
 		default:
-			ready--
+			pl.ready--
 			s.holder, s.replacement = r, nil
-			p.removed++
+			pl.p.removed++
 		}
 	}
+}
 
-	for _, s := range replicas {
-		p.keep = append(p.keep, s.holder)
+// result lists the members the plan keeps, by ordinal.
+func (pl *planner) result() *plan {
+	for _, s := range pl.replicas {
+		pl.p.keep = append(pl.p.keep, s.holder)
 		if s.replacement != nil {
-			p.keep = append(p.keep, s.replacement)
+			pl.p.keep = append(pl.p.keep, s.replacement)
 		}
 	}
-	sort.Slice(p.keep, func(i, j int) bool { return p.keep[i].Ordinal < p.keep[j].Ordinal })
-	return p
+	sort.Slice(pl.p.keep, func(i, j int) bool { return pl.p.keep[i].Ordinal < pl.p.keep[j].Ordinal })
+	return pl.p
 }
 
 func zoneCounts(replicas []*replica) map[string]int {

@@ -411,6 +411,13 @@ func (s *Store) Get(ctx context.Context, id string) (*coordv1.Lease, error) {
 	return l, nil
 }
 
+// patchOp is one operation of a JSON patch (RFC 6902).
+type patchOp struct {
+	Op    string `json:"op"`
+	Path  string `json:"path"`
+	Value any    `json:"value"`
+}
+
 // Renew extends a lease by ttl from now, in one guarded call: a JSON patch
 // whose first operation tests the lease's UID, so a slot released or
 // replaced meanwhile is never extended.
@@ -419,11 +426,11 @@ func (s *Store) Renew(ctx context.Context, id string, ttl time.Duration) (*Grant
 	if err != nil {
 		return nil, err
 	}
-	patch, _ := json.Marshal([]map[string]any{
-		{"op": "test", "path": "/metadata/uid", "value": uid},
-		{"op": "test", "path": "/metadata/labels/" + strings.ReplaceAll(fleetv1alpha1.LabelLeaseKind, "/", "~1"), "value": fleetv1alpha1.LeaseKindSlot},
-		{"op": "replace", "path": "/spec/renewTime", "value": metav1.MicroTime{Time: s.now()}},
-		{"op": "replace", "path": "/spec/leaseDurationSeconds", "value": int32(ttl / time.Second)},
+	patch, _ := json.Marshal([]patchOp{
+		{"test", "/metadata/uid", uid},
+		{"test", "/metadata/labels/" + strings.ReplaceAll(fleetv1alpha1.LabelLeaseKind, "/", "~1"), fleetv1alpha1.LeaseKindSlot},
+		{"replace", "/spec/renewTime", metav1.MicroTime{Time: s.now()}},
+		{"replace", "/spec/leaseDurationSeconds", int32(ttl / time.Second)},
 	})
 	l := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
 	if err := s.Client.Patch(ctx, l, client.RawPatch(types.JSONPatchType, patch)); err != nil {

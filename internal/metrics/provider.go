@@ -22,6 +22,9 @@ type Provider struct {
 	phases map[types.UID][2]string // backend, phase
 }
 
+// labelBackend is the label that names a proxy's backend.
+const labelBackend = "backend"
+
 // NewProvider returns the provider's metrics, unregistered.
 func NewProvider() *Provider {
 	return &Provider{
@@ -29,23 +32,23 @@ func NewProvider() *Provider {
 			Name:    "egress_proxy_probe_duration_seconds",
 			Help:    "Time to fetch the probe URL through a proxy.",
 			Buckets: []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10},
-		}, []string{"backend"}),
+		}, []string{labelBackend}),
 		ProbeResults: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "egress_proxy_probes_total",
 			Help: "Probes through proxies by outcome (success, failure).",
-		}, []string{"backend", "outcome"}),
+		}, []string{labelBackend, "outcome"}),
 		Instances: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "egress_proxy_instances",
 			Help: "Proxy instances by backend and phase.",
-		}, []string{"backend", "phase"}),
+		}, []string{labelBackend, "phase"}),
 		BackendErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "egress_proxy_backend_errors_total",
 			Help: "Backend API errors by backend, operation and class (NotFound, Transient, QuotaExceeded, PermanentError).",
-		}, []string{"backend", "operation", "class"}),
+		}, []string{labelBackend, "operation", "class"}),
 		Orphans: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "egress_proxy_orphans_total",
 			Help: "Instances no Proxy owns, by backend and what was done (deleted, dry-run, too-young).",
-		}, []string{"backend", "action"}),
+		}, []string{labelBackend, "action"}),
 		phases: map[types.UID][2]string{},
 	}
 }

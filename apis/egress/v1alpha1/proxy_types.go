@@ -1,6 +1,8 @@
 package v1alpha1
 
 import (
+	"time"
+
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
@@ -17,6 +19,10 @@ const (
 	DefaultUsernameKey = "username"
 	// DefaultPasswordKey is the auth Secret's key holding the password.
 	DefaultPasswordKey = "password"
+	// DefaultProbeInterval is the time between probes.
+	DefaultProbeInterval = 30 * time.Second
+	// DefaultProbeTimeout bounds one probe.
+	DefaultProbeTimeout = 5 * time.Second
 )
 
 // ProxyMode says who runs a proxy's instance.
@@ -277,6 +283,22 @@ type HealthCheck struct {
 	// +kubebuilder:validation:Maximum=599
 	// +optional
 	ExpectedStatus int32 `json:"expectedStatus,omitempty"`
+}
+
+// IntervalOrDefault is the time between probes.
+func (h *HealthCheck) IntervalOrDefault() time.Duration {
+	if h.Interval != nil && h.Interval.Duration > 0 {
+		return h.Interval.Duration
+	}
+	return DefaultProbeInterval
+}
+
+// TimeoutOrDefault bounds one probe.
+func (h *HealthCheck) TimeoutOrDefault() time.Duration {
+	if h.Timeout != nil && h.Timeout.Duration > 0 {
+		return h.Timeout.Duration
+	}
+	return DefaultProbeTimeout
 }
 
 // Endpoint is where a proxy listens.

@@ -38,10 +38,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
 )
 
-// Defaults for health checks that leave fields unset.
 const (
-	defaultInterval = 30 * time.Second
-	defaultTimeout  = 5 * time.Second
 	// A new instance is probed this often until its first verdict, so a
 	// fresh proxy turns Ready in seconds rather than after a full interval.
 	startupInterval = time.Second
@@ -175,10 +172,7 @@ type scheduler struct {
 }
 
 func interval(p *v1alpha1.Proxy) time.Duration {
-	if i := p.Spec.ForProvider.HealthCheck.Interval; i != nil && i.Duration > 0 {
-		return i.Duration
-	}
-	return defaultInterval
+	return p.Spec.ForProvider.HealthCheck.IntervalOrDefault()
 }
 
 // nextProbe says when p is next due a probe.
@@ -242,7 +236,7 @@ func (s *scheduler) forget(uid types.UID) {
 func (s *scheduler) pollAfter(mg resource.Managed, _ time.Duration) time.Duration {
 	p, ok := mg.(*v1alpha1.Proxy)
 	if !ok {
-		return defaultInterval
+		return v1alpha1.DefaultProbeInterval
 	}
 	return max(s.nextProbe(p).Sub(s.now()), 200*time.Millisecond)
 }
@@ -463,10 +457,7 @@ func (e *external) probe(ctx context.Context, p *v1alpha1.Proxy, addr string, cr
 		e.setReadiness(p)
 		return
 	}
-	t := probe.Target{Proxy: addr, URL: hc.URL, Timeout: defaultTimeout, ExpectedStatus: int(hc.ExpectedStatus), RootCAs: e.rootCAs}
-	if hc.Timeout != nil && hc.Timeout.Duration > 0 {
-		t.Timeout = hc.Timeout.Duration
-	}
+	t := probe.Target{Proxy: addr, URL: hc.URL, Timeout: hc.TimeoutOrDefault(), ExpectedStatus: int(hc.ExpectedStatus), RootCAs: e.rootCAs}
 	if creds != nil {
 		t.Username, t.Password = creds.Username, creds.Password
 	}

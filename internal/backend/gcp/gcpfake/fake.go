@@ -160,88 +160,119 @@ var (
 	reLabel      = regexp.MustCompile(`labels\.([a-z0-9_-]+)\s*=\s*"([^"]*)"`)
 )
 
+// Method names of the Compute API calls the fake serves, as Calls and
+// failures name them.
+const (
+	opInstancesInsert = "instances.insert"
+	opInstancesGet    = "instances.get"
+	opInstancesDelete = "instances.delete"
+	opInstancesList   = "instances.aggregatedList"
+	opOperationsGet   = "operations.get"
+	opFirewallsInsert = "firewalls.insert"
+	opFirewallsGet    = "firewalls.get"
+	opFirewallsDelete = "firewalls.delete"
+)
+
+// route names the API method of a request and returns its path parameters.
+func route(r *http.Request) (string, []string) {
+	switch {
+	case reInstances.MatchString(r.URL.Path):
+		return map[string]string{http.MethodPost: opInstancesInsert, http.MethodGet: opInstancesGet, http.MethodDelete: opInstancesDelete}[r.Method],
+			reInstances.FindStringSubmatch(r.URL.Path)
+	case reOperation.MatchString(r.URL.Path):
+		return opOperationsGet, reOperation.FindStringSubmatch(r.URL.Path)
+	case reFirewalls.MatchString(r.URL.Path):
+		return map[string]string{http.MethodPost: opFirewallsInsert, http.MethodGet: opFirewallsGet, http.MethodDelete: opFirewallsDelete}[r.Method],
+			reFirewalls.FindStringSubmatch(r.URL.Path)
+	case reAggregated.MatchString(r.URL.Path):
+		return opInstancesList, reAggregated.FindStringSubmatch(r.URL.Path)
+	}
+	return "", nil
+}
+
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var method string
-	var m []string
-	switch {
-	case reInstances.MatchString(r.URL.Path):
-		m = reInstances.FindStringSubmatch(r.URL.Path)
-		method = map[string]string{http.MethodPost: "instances.insert", http.MethodGet: "instances.get", http.MethodDelete: "instances.delete"}[r.Method]
-	case reOperation.MatchString(r.URL.Path):
-		m, method = reOperation.FindStringSubmatch(r.URL.Path), "operations.get"
-	case reFirewalls.MatchString(r.URL.Path):
-		m = reFirewalls.FindStringSubmatch(r.URL.Path)
-		method = map[string]string{http.MethodPost: "firewalls.insert", http.MethodGet: "firewalls.get", http.MethodDelete: "firewalls.delete"}[r.Method]
-	case reAggregated.MatchString(r.URL.Path):
-		m, method = reAggregated.FindStringSubmatch(r.URL.Path), "instances.aggregatedList"
-	}
+	method, m := route(r)
 	if method == "" {
 		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The requested URL %s was not found on this server.", r.URL.Path))
 		return
 	}
 	s.calls[method]++
-	if f := s.failures[method]; f != nil && f.Times != 0 && method != "operations.get" {
+	if f := s.failures[method]; f != nil && f.Times != 0 && method != opOperationsGet {
 		if f.Times > 0 {
 			f.Times--
 		}
 		writeError(w, f.Code, f.Reason, f.Message)
 		return
 	}
-	switch method {
-	case "instances.insert":
-		s.insertInstance(w, r, m[1], m[2])
-	case "instances.get":
-		vm, ok := s.instances[m[2]+"/"+m[3]]
-		if !ok {
-			writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The resource 'projects/%s/zones/%s/instances/%s' was not found", m[1], m[2], m[3]))
-			return
-		}
-		writeProto(w, vm)
-	case "instances.delete":
-		if _, ok := s.instances[m[2]+"/"+m[3]]; !ok {
-			writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The resource 'projects/%s/zones/%s/instances/%s' was not found", m[1], m[2], m[3]))
-			return
-		}
-		delete(s.instances, m[2]+"/"+m[3])
-		writeProto(w, s.op(m[1], m[2], "delete", m[3], nil))
-	case "instances.aggregatedList":
-		s.aggregatedList(w, r)
-	case "operations.get":
-		op, ok := s.ops[m[3]]
-		if !ok {
+	handlers := map[string]func(){
+		opInstancesInsert: func() { s.insertInstance(w, r, m[1], m[2]) },
+		opInstancesGet:    func() { s.getInstance(w, m[1], m[2], m[3]) },
+		opInstancesDelete: func() { s.deleteInstance(w, m[1], m[2], m[3]) },
+		opInstancesList:   func() { s.aggregatedList(w, r) },
+		opOperationsGet: func() {
+			if op, ok := s.ops[m[3]]; ok {
+				writeProto(w, op)
+				return
+			}
 			writeError(w, http.StatusNotFound, "notFound", "operation not found")
-			return
-		}
-		writeProto(w, op)
-	case "firewalls.insert":
-		fw := &computepb.Firewall{}
-		if !readProto(w, r, fw) {
-			return
-		}
-		if _, ok := s.firewalls[fw.GetName()]; ok {
-			writeError(w, http.StatusConflict, "alreadyExists", fmt.Sprintf("The resource 'projects/%s/global/firewalls/%s' already exists", m[1], fw.GetName()))
-			return
-		}
-		fw.CreationTimestamp = ptr.To(s.now().Format(time.RFC3339))
-		s.firewalls[fw.GetName()] = fw
-		writeProto(w, s.op(m[1], "", "insert", fw.GetName(), nil))
-	case "firewalls.get":
-		fw, ok := s.firewalls[m[2]]
-		if !ok {
-			writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The resource 'projects/%s/global/firewalls/%s' was not found", m[1], m[2]))
-			return
-		}
-		writeProto(w, fw)
-	case "firewalls.delete":
-		if _, ok := s.firewalls[m[2]]; !ok {
-			writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The resource 'projects/%s/global/firewalls/%s' was not found", m[1], m[2]))
-			return
-		}
-		delete(s.firewalls, m[2])
-		writeProto(w, s.op(m[1], "", "delete", m[2], nil))
+		},
+		opFirewallsInsert: func() { s.insertFirewall(w, r, m[1]) },
+		opFirewallsGet:    func() { s.getFirewall(w, m[1], m[2]) },
+		opFirewallsDelete: func() { s.deleteFirewall(w, m[1], m[2]) },
 	}
+	handlers[method]()
+}
+
+func (s *Server) getInstance(w http.ResponseWriter, project, zone, name string) {
+	vm, ok := s.instances[zone+"/"+name]
+	if !ok {
+		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The resource 'projects/%s/zones/%s/instances/%s' was not found", project, zone, name))
+		return
+	}
+	writeProto(w, vm)
+}
+
+func (s *Server) deleteInstance(w http.ResponseWriter, project, zone, name string) {
+	if _, ok := s.instances[zone+"/"+name]; !ok {
+		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The resource 'projects/%s/zones/%s/instances/%s' was not found", project, zone, name))
+		return
+	}
+	delete(s.instances, zone+"/"+name)
+	writeProto(w, s.op(project, zone, "delete", name, nil))
+}
+
+func (s *Server) insertFirewall(w http.ResponseWriter, r *http.Request, project string) {
+	fw := &computepb.Firewall{}
+	if !readProto(w, r, fw) {
+		return
+	}
+	if _, ok := s.firewalls[fw.GetName()]; ok {
+		writeError(w, http.StatusConflict, "alreadyExists", fmt.Sprintf("The resource 'projects/%s/global/firewalls/%s' already exists", project, fw.GetName()))
+		return
+	}
+	fw.CreationTimestamp = ptr.To(s.now().Format(time.RFC3339))
+	s.firewalls[fw.GetName()] = fw
+	writeProto(w, s.op(project, "", "insert", fw.GetName(), nil))
+}
+
+func (s *Server) getFirewall(w http.ResponseWriter, project, name string) {
+	fw, ok := s.firewalls[name]
+	if !ok {
+		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The resource 'projects/%s/global/firewalls/%s' was not found", project, name))
+		return
+	}
+	writeProto(w, fw)
+}
+
+func (s *Server) deleteFirewall(w http.ResponseWriter, project, name string) {
+	if _, ok := s.firewalls[name]; !ok {
+		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The resource 'projects/%s/global/firewalls/%s' was not found", project, name))
+		return
+	}
+	delete(s.firewalls, name)
+	writeProto(w, s.op(project, "", "delete", name, nil))
 }
 
 func (s *Server) insertInstance(w http.ResponseWriter, r *http.Request, project, zone string) {
