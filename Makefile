@@ -4,7 +4,7 @@ SHELL := /usr/bin/env bash
 .DEFAULT_GOAL := help
 
 BIN := $(CURDIR)/bin
-GO_TEST_FLAGS ?= -count=1 -timeout 25m
+GO_TEST_FLAGS ?= -race -count=1 -timeout 25m
 export KUBEBUILDER_ASSETS := $(BIN)
 
 .PHONY: help
@@ -39,7 +39,7 @@ vet: ## go vet every package.
 	cd hack/tools && go vet ./...
 
 .PHONY: test
-test: tools vet ## Build tools, vet, then run unit and integration tests (real kube-apiserver + etcd).
+test: tools vet ## Build tools, vet, then run unit and integration tests (real kube-apiserver + etcd) under the race detector.
 	@mkdir -p .cache
 	go test $(GO_TEST_FLAGS) -json ./... 2>&1 | go run ./hack/testsummary
 

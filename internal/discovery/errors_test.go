@@ -61,6 +61,12 @@ func TestFail(t *testing.T) {
 			want:        want{code: http.StatusForbidden, reasonCounted: "forbidden"},
 			wantMessage: `verb "use" on proxyfleets`,
 		},
+		"InvalidTTL": {
+			reason:      "A TTL no Lease object can carry is the caller's fault, not the API server's.",
+			err:         lease.ErrInvalidTTL,
+			want:        want{code: http.StatusBadRequest, field: "ttl", reasonCounted: "error"},
+			wantMessage: "between 1s",
+		},
 		"LeaseNotFound": {
 			reason:      "A lease that is gone or not the caller's is 404.",
 			err:         lease.ErrNotFound,

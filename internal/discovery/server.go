@@ -165,6 +165,8 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 		writeError(w, http.StatusUnauthorized, "", "authenticate with a bearer token: a ServiceAccount token or a static token")
 	case errors.Is(err, ErrForbidden):
 		writeError(w, http.StatusForbidden, "", err.Error()+": ask for verb \"use\" on "+fleetv1alpha1.ProxyFleetResource+"."+fleetv1alpha1.Group+" in the fleet's namespace")
+	case errors.Is(err, lease.ErrInvalidTTL):
+		writeError(w, http.StatusBadRequest, "ttl", err.Error())
 	case errors.Is(err, lease.ErrNotFound), errors.Is(err, errFleetNotFound):
 		writeError(w, http.StatusNotFound, "", err.Error())
 	default:

@@ -159,8 +159,14 @@ func (s *fleetSpec) checkLeases() error {
 	if m := *s.Leases.MaxLeasesPerProxy; m < 1 {
 		return fieldError("spec.leases.maxLeasesPerProxy", "must be at least 1, not %d", m)
 	}
-	if def, maxTTL := s.Leases.TTLs(); def <= 0 || def > maxTTL {
-		return fieldError("spec.leases.defaultTTL", "(%s) must be positive and not exceed spec.leases.maxTTL (%s)", def, maxTTL)
+	def, maxTTL := s.Leases.DefaultTTL.Duration, s.Leases.MaxTTL.Duration
+	for field, d := range map[string]time.Duration{"spec.leases.defaultTTL": def, "spec.leases.maxTTL": maxTTL} {
+		if d < fleetv1alpha1.MinLeaseTTL || d > fleetv1alpha1.MaxLeaseTTL {
+			return fieldError(field, "must be between %s and %s, not %s", fleetv1alpha1.MinLeaseTTL, fleetv1alpha1.MaxLeaseTTL, d)
+		}
+	}
+	if def > maxTTL {
+		return fieldError("spec.leases.defaultTTL", "(%s) must not exceed spec.leases.maxTTL (%s)", def, maxTTL)
 	}
 	return nil
 }

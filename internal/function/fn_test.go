@@ -103,6 +103,9 @@ func TestBadInput(t *testing.T) {
 		"BadMaxAge":        {reason: "Durations are Go durations.", spec: `rotation={"maxAge": "a day"}`, want: fatal(`spec.rotation.maxAge must be a duration such as 30s, 5m or 24h, not "a day"`)},
 		"StuckRotation":    {reason: "Neither surge nor unavailability: no progress.", spec: `rotation={"maxSurge": 0, "maxUnavailable": 0}`, want: fatal("spec.rotation maxSurge and maxUnavailable cannot both be 0: replacement could never make progress")},
 		"ZeroLeases":       {reason: "At least one crawler per proxy.", spec: `leases={"maxLeasesPerProxy": 0}`, want: fatal("spec.leases.maxLeasesPerProxy must be at least 1, not 0")},
+		"SubSecondTTL":     {reason: "A Lease object's duration is whole seconds.", spec: `leases={"defaultTTL": "500ms"}`, want: fatal("spec.leases.defaultTTL must be between 1s and 168h0m0s, not 500ms")},
+		"HugeMaxTTL":       {reason: "A lease is not a way to own a proxy.", spec: `leases={"maxTTL": "1000000h"}`, want: fatal("spec.leases.maxTTL must be between 1s and 168h0m0s, not 1000000h0m0s")},
+		"DefaultOverMax":   {reason: "The default must be a TTL a crawler may ask for.", spec: `leases={"defaultTTL": "2h"}`, want: fatal("spec.leases.defaultTTL (2h0m0s) must not exceed spec.leases.maxTTL (1h0m0s)")},
 		"BadConfigKind":    {reason: "Only the two configuration kinds exist.", spec: `providerConfigRef={"kind": "Secret", "name": "x"}`, want: fatal(`spec.providerConfigRef.kind must be ProviderConfig or ClusterProviderConfig, not "Secret"`)},
 		"NotAnObject":      {reason: "A spec of the wrong shape is refused, not a panic.", spec: `{"replicas": "three"}`, want: nil},
 	}

@@ -1,6 +1,9 @@
 package lease
 
 import (
+	"context"
+	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -169,5 +172,22 @@ func TestBanName(t *testing.T) {
 	}
 	if errs := validation.IsDNS1123Subdomain(got); len(errs) != 0 {
 		t.Errorf("a ban's name must be an object name, got %q: %v", got, errs)
+	}
+}
+
+func TestInvalidTTL(t *testing.T) {
+	// Checked before any API call: the store has no client.
+	s := &Store{}
+	cands := []Candidate{{Namespace: "ns", Fleet: "f", Proxy: "f-0", MaxLeases: 1}}
+	for _, ttl := range []time.Duration{0, 500 * time.Millisecond, -time.Minute, (math.MaxInt32 + 1) * time.Second} {
+		if _, err := s.Acquire(context.Background(), cands, Request{Holder: "c", TTL: ttl}); !errors.Is(err, ErrInvalidTTL) {
+			t.Errorf("Acquire with TTL %s: want ErrInvalidTTL, got %v", ttl, err)
+		}
+		if _, err := s.Renew(context.Background(), "ns/f-0-slot-0/uid", ttl); !errors.Is(err, ErrInvalidTTL) {
+			t.Errorf("Renew with TTL %s: want ErrInvalidTTL, got %v", ttl, err)
+		}
+		if err := s.Ban(context.Background(), "ns", "f", "f-0", "example.com", ttl); !errors.Is(err, ErrInvalidTTL) {
+			t.Errorf("Ban for %s: want ErrInvalidTTL, got %v", ttl, err)
+		}
 	}
 }

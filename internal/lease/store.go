@@ -13,6 +13,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -46,6 +47,9 @@ var (
 	ErrUnavailable = errors.New("no proxy slot available")
 	// ErrNotFound means the lease does not exist or is no longer the caller's.
 	ErrNotFound = errors.New("lease not found")
+	// ErrInvalidTTL means a TTL a Lease object cannot carry: under a second,
+	// or more seconds than its int32 duration holds.
+	ErrInvalidTTL = errors.New("lease TTL must be between 1s and 68 years")
 )
 
 // Candidate is a proxy that may be leased.
@@ -245,6 +249,9 @@ const (
 // taken. The cache only orders the attempts (free slots first, then expired
 // ones, live ones last); every decision is the API server's.
 func (s *Store) Acquire(ctx context.Context, cands []Candidate, r Request) (*Grant, error) {
+	if !validTTL(r.TTL) {
+		return nil, ErrInvalidTTL
+	}
 	if len(cands) == 0 {
 		return nil, ErrUnavailable
 	}
@@ -411,6 +418,11 @@ func (s *Store) Get(ctx context.Context, id string) (*coordv1.Lease, error) {
 	return l, nil
 }
 
+// validTTL says whether a Lease object can carry ttl as its duration.
+func validTTL(ttl time.Duration) bool {
+	return ttl >= time.Second && ttl/time.Second <= math.MaxInt32
+}
+
 // patchOp is one operation of a JSON patch (RFC 6902).
 type patchOp struct {
 	Op    string `json:"op"`
@@ -422,6 +434,9 @@ type patchOp struct {
 // whose first operation tests the lease's UID, so a slot released or
 // replaced meanwhile is never extended.
 func (s *Store) Renew(ctx context.Context, id string, ttl time.Duration) (*Grant, error) {
+	if !validTTL(ttl) {
+		return nil, ErrInvalidTTL
+	}
 	ns, name, uid, err := ParseID(id)
 	if err != nil {
 		return nil, err
@@ -494,6 +509,9 @@ func BanName(proxy, domain string) string {
 // Ban records that a proxy is banned for a domain until cooldown passes. It
 // is a Lease object too, so every replica honours it.
 func (s *Store) Ban(ctx context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration) error {
+	if !validTTL(cooldown) {
+		return ErrInvalidTTL
+	}
 	domain = strings.ToLower(domain)
 	now := s.now()
 	want := &coordv1.Lease{

@@ -86,7 +86,12 @@ func fit(v string, valid *regexp.Regexp, lower bool) string {
 	if len(p) > 40 {
 		p = p[:40]
 	}
-	return strings.Trim(p, "-._") + "-" + h
+	// A value must start with a letter or digit: a name with nothing
+	// readable in it (all punctuation, or not ASCII) gets a fixed prefix.
+	if p = strings.Trim(p, "-._"); p == "" {
+		p = "h"
+	}
+	return p + "-" + h
 }
 
 // LabelValue is the one encoding of a name as a Kubernetes label value: the
@@ -94,7 +99,12 @@ func fit(v string, valid *regexp.Regexp, lower bool) string {
 // hash. Fleet and proxy names may be up to 253 characters, label values only
 // 63, so every label that carries a name goes through it, on the side that
 // writes the label and on the side that selects by it.
-func LabelValue(name string) string { return fit(name, k8sValue, false) }
+func LabelValue(name string) string {
+	if name == "" {
+		return ""
+	}
+	return fit(name, k8sValue, false)
+}
 
 // Labels returns the owner as Kubernetes labels; empty values are left out.
 func (o Owner) Labels() map[string]string {

@@ -81,3 +81,24 @@ func TestInstanceName(t *testing.T) {
 		t.Errorf("name %q must be a DNS label (pods, GCP instances): %v", a, errs)
 	}
 }
+
+// FuzzLabelValue holds LabelValue to its promise for any name: a valid
+// Kubernetes label value, the name itself when that is one, and a GCP label
+// value that fits.
+func FuzzLabelValue(f *testing.F) {
+	for _, seed := range []string{"", "crawlers", "é", "日本語クローラー", "@@@", "-x", "x.", strings.Repeat("a", 64), "system:serviceaccount:ns/sa", "Example.COM"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		v := LabelValue(name)
+		if errs := validation.IsValidLabelValue(v); len(errs) > 0 {
+			t.Fatalf("LabelValue(%q) = %q is not a label value: %v", name, v, errs)
+		}
+		if len(validation.IsValidLabelValue(name)) == 0 && v != name {
+			t.Fatalf("LabelValue(%q) = %q changed a valid label value", name, v)
+		}
+		if g := fit(name, gcpValue, true); !gcpValue.MatchString(g) {
+			t.Fatalf("GCP label value of %q = %q does not fit", name, g)
+		}
+	})
+}

@@ -123,18 +123,19 @@ func (s *ProxyFleetSpec) WithDefaults() *ProxyFleetSpec {
 }
 
 // TTLs returns the lease TTL a crawler gets when it asks for none and the
-// longest it may ask for, with the defaults for those unset.
+// longest it may ask for, with the defaults for those unset, both within
+// [MinLeaseTTL, MaxLeaseTTL] and the first no longer than the second, even
+// for a fleet that no schema validated.
 func (l *Leases) TTLs() (def, maxTTL time.Duration) {
 	def, maxTTL = DefaultLeaseTTL, DefaultMaxLeaseTTL
-	if l == nil {
-		return def, maxTTL
-	}
-	if l.DefaultTTL != nil {
+	if l != nil && l.DefaultTTL != nil {
 		def = l.DefaultTTL.Duration
 	}
-	if l.MaxTTL != nil {
+	if l != nil && l.MaxTTL != nil {
 		maxTTL = l.MaxTTL.Duration
 	}
+	maxTTL = min(max(maxTTL, MinLeaseTTL), MaxLeaseTTL)
+	def = min(max(def, MinLeaseTTL), maxTTL)
 	return def, maxTTL
 }
 

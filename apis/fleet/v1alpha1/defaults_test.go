@@ -156,3 +156,25 @@ func TestSpecFromNamesBadDurations(t *testing.T) {
 		})
 	}
 }
+
+func TestLeaseTTLsBounded(t *testing.T) {
+	d := func(v time.Duration) *metav1.Duration { return &metav1.Duration{Duration: v} }
+	cases := map[string]struct {
+		l           *Leases
+		def, maxTTL time.Duration
+	}{
+		"Unset":          {nil, DefaultLeaseTTL, DefaultMaxLeaseTTL},
+		"SubSecond":      {&Leases{DefaultTTL: d(500 * time.Millisecond)}, MinLeaseTTL, DefaultMaxLeaseTTL},
+		"Huge":           {&Leases{MaxTTL: d(1000000 * time.Hour)}, DefaultLeaseTTL, MaxLeaseTTL},
+		"DefaultOverMax": {&Leases{DefaultTTL: d(2 * time.Hour)}, DefaultMaxLeaseTTL, DefaultMaxLeaseTTL},
+		"Zero":           {&Leases{DefaultTTL: d(0), MaxTTL: d(0)}, MinLeaseTTL, MinLeaseTTL},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			def, maxTTL := tc.l.TTLs()
+			if def != tc.def || maxTTL != tc.maxTTL {
+				t.Errorf("TTLs() = %s, %s; want %s, %s", def, maxTTL, tc.def, tc.maxTTL)
+			}
+		})
+	}
+}

@@ -18,6 +18,10 @@ const (
 	DefaultReplaceUnhealthyAfter       = 5 * time.Minute
 	DefaultLeaseTTL                    = 10 * time.Minute
 	DefaultMaxLeaseTTL                 = time.Hour
+	// MinLeaseTTL and MaxLeaseTTL bound every lease TTL: a Lease object's
+	// duration is whole seconds, and a lease is not a way to own a proxy.
+	MinLeaseTTL = time.Second
+	MaxLeaseTTL = 7 * 24 * time.Hour
 	DefaultProviderConfigName          = "default"
 	// MaxReplicas bounds spec.replicas.
 	MaxReplicas = 1000
@@ -130,6 +134,7 @@ type Leases struct {
 	// +kubebuilder:default="10m"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('168h')",message="must be between 1s and 168h"
 	// +optional
 	DefaultTTL *metav1.Duration `json:"defaultTTL,omitempty"`
 
@@ -137,6 +142,7 @@ type Leases struct {
 	// +kubebuilder:default="1h"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('168h')",message="must be between 1s and 168h"
 	// +optional
 	MaxTTL *metav1.Duration `json:"maxTTL,omitempty"`
 }
