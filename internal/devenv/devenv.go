@@ -42,6 +42,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
 
 const (
@@ -427,6 +428,15 @@ func wait(ctx context.Context, timeout time.Duration, what string, cond func() (
 // Leases lists the Lease objects egress-discovery keeps for a fleet.
 func (s *Stack) Leases(ctx context.Context, namespace, fleet string) ([]coordinationv1.Lease, error) {
 	l := &coordinationv1.LeaseList{}
-	err := s.Client.List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{fleetv1alpha1.LabelFleet: fleet})
-	return l.Items, errors.Wrap(err, "cannot list leases")
+	if err := s.Client.List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet)}); err != nil {
+		return nil, errors.Wrap(err, "cannot list leases")
+	}
+	// A long name's label is a hash prefix: the exact name decides.
+	out := l.Items[:0]
+	for _, le := range l.Items {
+		if fleetv1alpha1.FleetName(&le) == fleet {
+			out = append(out, le)
+		}
+	}
+	return out, nil
 }

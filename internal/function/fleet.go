@@ -39,6 +39,9 @@ func fieldError(field, format string, args ...any) error {
 // parseFleet reads and validates a fleet spec. Every error names the field
 // and says what to do.
 func parseFleet(name, namespace string, spec map[string]any) (*Fleet, error) {
+	if len(name) > fleetv1alpha1.MaxNameLength {
+		return nil, fieldError("metadata.name", "is %d characters long; a fleet's name may have at most %d, so that the names of its Proxies and Leases fit Kubernetes' 253", len(name), fleetv1alpha1.MaxNameLength)
+	}
 	given, err := fleetv1alpha1.SpecFrom(spec)
 	if err != nil {
 		return nil, err

@@ -105,7 +105,7 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 		},
 	}}
 	leaseList, leasesKnown := req.GetRequiredResources()[requiredLeases]
-	members := observedMembers(req.GetObserved().GetResources(), heldProxies(leaseList.GetItems(), fleetName, now))
+	members := observedMembers(req.GetObserved().GetResources(), heldProxies(leaseList.GetItems(), fleet, now))
 	p := decide(fleet, members, leasesKnown, now)
 
 	if rsp.Desired == nil {
@@ -180,11 +180,12 @@ func later(a, b time.Time) time.Time {
 
 // heldProxies returns the names of the fleet's proxies that a crawler may
 // still hold a lease on, by lease.Holds.
-func heldProxies(leases []*fnv1.Resource, fleet string, now time.Time) map[string]bool {
+func heldProxies(leases []*fnv1.Resource, f *Fleet, now time.Time) map[string]bool {
 	out := map[string]bool{}
+	_, maxTTL := f.spec.Leases.TTLs()
 	for _, r := range leases {
 		l := leaseOf(r.GetResource())
-		if fleetv1alpha1.FleetName(l) == fleet && lease.Holds(l, now) {
+		if fleetv1alpha1.FleetName(l) == f.Name && lease.Holds(l, now, maxTTL) {
 			out[fleetv1alpha1.ProxyName(l)] = true
 		}
 	}

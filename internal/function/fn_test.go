@@ -17,6 +17,7 @@ import (
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
@@ -275,4 +276,18 @@ func TestRunFunction(t *testing.T) {
 			t.Errorf("the same request at the same time gives the same response: %s", diff)
 		}
 	})
+}
+
+func TestFleetNameTooLong(t *testing.T) {
+	name := strings.Repeat("x", fleetv1alpha1.MaxNameLength+1)
+	oxr := resource.MustStructJSON(`{"apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyFleet",
+		"metadata": {"name": "` + name + `", "namespace": "team"}, "spec": ` + validSpec + `}`)
+	rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: oxr}}})
+	want := fatal(fmt.Sprintf("metadata.name is %d characters long; a fleet's name may have at most %d, so that the names of its Proxies and Leases fit Kubernetes' 253", len(name), fleetv1alpha1.MaxNameLength))
+	if diff := cmp.Diff(want, rsp.GetResults(), protocmp.Transform()); diff != "" {
+		t.Errorf("a fleet name too long for its Leases' names: -want, +got:\n%s", diff)
+	}
+	if len(rsp.GetDesired().GetResources()) != 0 {
+		t.Error("a refused fleet composes nothing")
+	}
 }

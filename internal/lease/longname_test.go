@@ -22,8 +22,8 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
-// TestLongFleetNameLeasesAndRotates runs a fleet whose name (70 characters)
-// and proxy names are too long for label values through both sides: the
+// TestLongFleetNameLeasesAndRotates runs a fleet whose name (the longest
+// allowed) and proxy names are too long for label values through both sides: the
 // lease store grants a seat on a real apiserver, the function selects the
 // fleet's Leases with the selector it gives Crossplane, holds rotation of
 // the leased proxy, and rotates it once the lease is released.
@@ -31,7 +31,7 @@ func TestLongFleetNameLeasesAndRotates(t *testing.T) {
 	ctx := context.Background()
 	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
-	fleet := "crawlers-" + strings.Repeat("x", 61)
+	fleet := "crawlers-" + strings.Repeat("x", fleetv1alpha1.MaxNameLength-len("crawlers-"))
 	if len(fleet) < 64 || len(validation.IsValidLabelValue(fleet)) == 0 {
 		t.Fatalf("fleet name %q must be too long for a label value", fleet)
 	}
@@ -49,6 +49,13 @@ func TestLongFleetNameLeasesAndRotates(t *testing.T) {
 	slots, err := s.Slots(ctx, ns, fleet)
 	if err != nil || len(slots[old]) != 1 {
 		t.Fatalf("Slots by exact proxy name: %v, %v", slots, err)
+	}
+	// A ban's object name is the longest the fleet makes.
+	if err := s.Ban(ctx, ns, fleet, old, "shop.example", time.Minute); err != nil {
+		t.Fatalf("Ban on a proxy of a long-named fleet: %v", err)
+	}
+	if bans, err := s.Bans(ctx, ns, fleet); err != nil || len(bans[old]) != 1 {
+		t.Fatalf("Bans by exact proxy name: %v, %v", bans, err)
 	}
 
 	// The function composes again some time later: the old proxy is past

@@ -116,6 +116,7 @@ func TestHolds(t *testing.T) {
 	held := func(holder string, renew time.Time, ttl int32) *coordv1.Lease {
 		return &coordv1.Lease{Spec: coordv1.LeaseSpec{HolderIdentity: &holder, RenewTime: &metav1.MicroTime{Time: renew}, LeaseDurationSeconds: &ttl}}
 	}
+	const maxTTL = time.Hour
 	cases := map[string]struct {
 		reason string
 		l      *coordv1.Lease
@@ -127,15 +128,15 @@ func TestHolds(t *testing.T) {
 		"NoHolder":     {"A lease without a holder holds nothing.", held("", t0, 60), false},
 		"NoRenewTime":  {"A lease never renewed holds nothing.", &coordv1.Lease{Spec: coordv1.LeaseSpec{HolderIdentity: ptrTo("c"), LeaseDurationSeconds: ptrTo[int32](60)}}, false},
 		"NoTTL":        {"A lease without a duration holds nothing.", &coordv1.Lease{Spec: coordv1.LeaseSpec{HolderIdentity: ptrTo("c"), RenewTime: &metav1.MicroTime{Time: t0}}}, false},
-		"ExpiredHolds": {"Expired is the discovery's takeover rule; Holds outlasts it.", held("c", t0.Add(-70*time.Second), 60), true},
+		"FutureSkewed": {"A renewTime ahead by less than the skew margin is a fast clock: it holds.", held("c", t0.Add(HoldSkew-time.Second), 60), true},
+		"FutureForged": {"A renewTime far ahead is written by no replica: a forged lease pins nothing.", held("c", time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC), 60), false},
+		"EndlessTTL":   {"A duration longer than the fleet's maxTTL counts as maxTTL.", held("c", t0.Add(-maxTTL-HoldSkew), 2147483647), false},
+		"LongTTL":      {"Within maxTTL a long lease holds.", held("c", t0.Add(-maxTTL+time.Minute), 2147483647), true},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			if got := Holds(tc.l, t0); got != tc.holds {
+			if got := Holds(tc.l, t0, maxTTL); got != tc.holds {
 				t.Errorf("%s\nHolds = %v, want %v", tc.reason, got, tc.holds)
-			}
-			if Holds(tc.l, t0) && Expired(tc.l, t0) && name != "PastTTL" && name != "ExpiredHolds" {
-				t.Errorf("%s\na lease that holds must not be expired", tc.reason)
 			}
 		})
 	}

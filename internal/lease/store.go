@@ -155,12 +155,27 @@ const HoldSkew = 30 * time.Second
 // Holds reports whether a seat lease may still hold its proxy at now: it has
 // a holder, and renewTime + leaseDurationSeconds + HoldSkew has not passed.
 // It errs on the side of "held", so that a proxy a crawler may still be
-// using is not rotated away under it.
-func Holds(l *coordv1.Lease, now time.Time) bool {
+// using is not rotated away under it, but within bounds a lease written by
+// anyone but egress-discovery could exceed: a duration counts for at most
+// maxTTL, the fleet's longest, and a renewTime further ahead of now than
+// HoldSkew, which no replica writes, holds nothing.
+func Holds(l *coordv1.Lease, now time.Time, maxTTL time.Duration) bool {
 	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" || l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
 		return false
 	}
-	return now.Before(ExpiresAt(l).Add(HoldSkew))
+	renew := l.Spec.RenewTime.Time
+	if renew.After(now.Add(HoldSkew)) {
+		return false
+	}
+	ttl := min(time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second, maxTTL)
+	return now.Before(renew.Add(ttl).Add(HoldSkew))
+}
+
+// SeatSelector selects the seat leases of a fleet.
+func SeatSelector(fleet string) map[string]string {
+	return map[string]string{
+		fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet), fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot,
+	}
 }
 
 // names labels and annotates a lease with its fleet and proxy: labels to
@@ -170,13 +185,6 @@ func names(meta *metav1.ObjectMeta, fleet, proxy string) {
 	meta.Labels[fleetv1alpha1.LabelProxy] = ownership.LabelValue(proxy)
 	meta.Annotations[fleetv1alpha1.AnnotationFleet] = fleet
 	meta.Annotations[fleetv1alpha1.AnnotationProxy] = proxy
-}
-
-// SeatSelector selects the seat leases of a fleet.
-func SeatSelector(fleet string) map[string]string {
-	return map[string]string{
-		fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet), fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot,
-	}
 }
 
 // ExpiresAt is when a lease runs out.

@@ -25,6 +25,11 @@ const (
 	DefaultProviderConfigName          = "default"
 	// MaxReplicas bounds spec.replicas.
 	MaxReplicas = 1000
+	// MaxNameLength bounds a fleet's name (a claim's, for a legacy fleet):
+	// its Proxies are named <fleet>-<ordinal> and their Lease objects
+	// <proxy>-slot-<n> and <proxy>-ban-<12 hex>, all within Kubernetes' 253
+	// characters for ordinals of up to ten digits.
+	MaxNameLength = 253 - len("-") - 10 - len("-ban-") - 12
 )
 
 // ProviderConfigReference names the ProviderConfig or ClusterProviderConfig

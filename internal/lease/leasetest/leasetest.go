@@ -84,7 +84,7 @@ func WatchHolders(ctx context.Context, c client.Reader, namespace string) (stop 
 				per := map[string]int64{}
 				for i := range l.Items {
 					if !lease.Expired(&l.Items[i], time.Now()) {
-						per[l.Items[i].Labels[fleetv1alpha1.LabelProxy]]++
+						per[fleetv1alpha1.ProxyName(&l.Items[i])]++
 					}
 				}
 				for _, n := range per {
