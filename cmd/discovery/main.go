@@ -49,6 +49,15 @@ type CLI struct {
 	Debug                  bool          `help:"Log at debug level." default:"false" env:"DEBUG"`
 }
 
+// Validate refuses settings that parse but cannot work: a ticker of zero
+// panics.
+func (c *CLI) Validate() error {
+	if c.SweepInterval <= 0 {
+		return errors.Errorf("--sweep-interval (SWEEP_INTERVAL) must be positive, not %s", c.SweepInterval)
+	}
+	return nil
+}
+
 func main() {
 	ctx := cli.Parse("discovery", description, &CLI{})
 	ctx.FatalIfErrorf(ctx.Run())

@@ -43,6 +43,8 @@ func TestBadEnv(t *testing.T) {
 	}{
 		"Duration": {env: "SWEEP_INTERVAL", value: "30"},
 		"Bool":     {env: "DEBUG", value: "verbose"},
+		// A zero ticker panics.
+		"ZeroSweep": {env: "SWEEP_INTERVAL", value: "0s"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -20,7 +20,7 @@ const description = "function-proxyfleet composes ProxyFleets into Proxy managed
 // CLI is the function's settings; each can also come from the environment.
 type CLI struct {
 	Debug              bool    `help:"Log at debug level." default:"false" env:"DEBUG"`
-	Insecure           bool    `help:"Serve without TLS, as crossplane render expects (never in a cluster)." default:"false" env:"INSECURE"`
+	Insecure           bool    `help:"Serve without TLS, as crossplane render expects (never in a cluster)." default:"false" env:"FUNCTION_INSECURE"`
 	TLSCertsDir        string  `name:"tls-certs-dir" help:"Folder holding tls.crt, tls.key and ca.crt for mTLS with Crossplane." default:"" env:"TLS_SERVER_CERTS_DIR"`
 	Address            string  `help:"gRPC listen address." default:":9443" env:"ADDRESS"`
 	MetricsAddress     string  `help:"Address of the Prometheus /metrics endpoint." default:":8080" env:"METRICS_ADDRESS"`

@@ -26,7 +26,7 @@ func TestHelp(t *testing.T) {
 	// function with these names.
 	want := []clitest.Setting{
 		{Flag: "debug", Env: "DEBUG", Default: "false"},
-		{Flag: "insecure", Env: "INSECURE", Default: "false"},
+		{Flag: "insecure", Env: "FUNCTION_INSECURE", Default: "false"},
 		{Flag: "tls-certs-dir", Env: "TLS_SERVER_CERTS_DIR", Default: `""`},
 		{Flag: "address", Env: "ADDRESS", Default: `":9443"`},
 		{Flag: "metrics-address", Env: "METRICS_ADDRESS", Default: `":8080"`},
@@ -45,7 +45,7 @@ func TestBadEnv(t *testing.T) {
 		env, value string
 	}{
 		"Int":  {env: "MAX_RECV_MESSAGE_SIZE", value: "4MiB"},
-		"Bool": {env: "INSECURE", value: "sure"},
+		"Bool": {env: "FUNCTION_INSECURE", value: "sure"},
 		"Time": {env: "FIXED_TIME", value: "yesterday"},
 	}
 	for name, tc := range cases {
@@ -75,14 +75,14 @@ func TestSettings(t *testing.T) {
 		},
 		"Env": {
 			reason: "A setting comes from its environment variable when no flag sets it.",
-			env:    map[string]string{"TLS_SERVER_CERTS_DIR": "/tls/server", "MAX_RECV_MESSAGE_SIZE": "8", "INSECURE": "true", "FIXED_TIME": "2026-01-02T03:04:05Z"},
+			env:    map[string]string{"TLS_SERVER_CERTS_DIR": "/tls/server", "MAX_RECV_MESSAGE_SIZE": "8", "FUNCTION_INSECURE": "true", "FIXED_TIME": "2026-01-02T03:04:05Z"},
 			want: with(func(c *CLI) {
 				c.TLSCertsDir, c.MaxRecvMessageSize, c.Insecure, c.FixedTime = "/tls/server", 8, true, instant{fixed}
 			}),
 		},
 		"FlagWinsOverEnv": {
 			reason: "A flag on the command line wins over the environment.",
-			env:    map[string]string{"ADDRESS": ":1", "MAX_RECV_MESSAGE_SIZE": "8", "INSECURE": "true", "FIXED_TIME": "2020-01-01T00:00:00Z"},
+			env:    map[string]string{"ADDRESS": ":1", "MAX_RECV_MESSAGE_SIZE": "8", "FUNCTION_INSECURE": "true", "FIXED_TIME": "2020-01-01T00:00:00Z"},
 			args:   []string{"--address", "127.0.0.1:9443", "--max-recv-message-size=16", "--insecure=false", "--fixed-time=2026-01-02T03:04:05Z"},
 			want: with(func(c *CLI) {
 				c.Address, c.MaxRecvMessageSize, c.FixedTime = "127.0.0.1:9443", 16, instant{fixed}

@@ -60,6 +60,26 @@ type CLI struct {
 	LeaderElectionNamespace string        `help:"Namespace of the leader election lease." default:"crossplane-system" env:"POD_NAMESPACE"`
 }
 
+// Validate refuses settings that parse but cannot work: a ticker of zero
+// panics, a rate of zero reconciles nothing.
+func (c *CLI) Validate() error {
+	for name, d := range map[string]time.Duration{
+		"--poll (POLL_INTERVAL)": c.Poll, "--state-metrics-interval (STATE_METRICS_INTERVAL)": c.StateMetricsInterval,
+		"--gc-interval (GC_INTERVAL)": c.GCInterval, "--local-restart-delay (LOCAL_RESTART_DELAY)": c.LocalRestartDelay,
+	} {
+		if d <= 0 {
+			return errors.Errorf("%s must be positive, not %s", name, d)
+		}
+	}
+	if c.GCGracePeriod < 0 {
+		return errors.Errorf("--gc-grace-period (GC_GRACE_PERIOD) must not be negative, not %s", c.GCGracePeriod)
+	}
+	if c.MaxReconcileRate < 1 {
+		return errors.Errorf("--max-reconcile-rate (MAX_RECONCILE_RATE) must be at least 1, not %d", c.MaxReconcileRate)
+	}
+	return nil
+}
+
 func main() {
 	ctx := cli.Parse("provider", description, &CLI{})
 	ctx.FatalIfErrorf(ctx.Run())

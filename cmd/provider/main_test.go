@@ -54,6 +54,12 @@ func TestBadEnv(t *testing.T) {
 		"Duration": {env: "POLL_INTERVAL", value: "abc"},
 		"Int":      {env: "MAX_RECONCILE_RATE", value: "ten"},
 		"Bool":     {env: "GC_DRY_RUN", value: "maybe"},
+		// Values that parse but cannot work: a zero ticker panics.
+		"ZeroGCInterval":   {env: "GC_INTERVAL", value: "0s"},
+		"NegativePoll":     {env: "POLL_INTERVAL", value: "-1m"},
+		"ZeroRate":         {env: "MAX_RECONCILE_RATE", value: "0"},
+		"NegativeGrace":    {env: "GC_GRACE_PERIOD", value: "-1s"},
+		"ZeroRestartDelay": {env: "LOCAL_RESTART_DELAY", value: "0s"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

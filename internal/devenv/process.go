@@ -24,6 +24,21 @@ type process struct {
 	err  error
 }
 
+// inherited are the variables a child takes from this process. The product's
+// binaries read their settings from the environment too, so a developer's
+// DEBUG or ADDRESS must not reach them: each gets what start says and these.
+var inherited = []string{"PATH", "HOME", "USER", "TMPDIR", "LANG", "LC_ALL", "TZ", "SSL_CERT_FILE", "SSL_CERT_DIR", "GOCOVERDIR"}
+
+func baseEnv() []string {
+	var env []string
+	for _, k := range inherited {
+		if v, ok := os.LookupEnv(k); ok {
+			env = append(env, k+"="+v)
+		}
+	}
+	return env
+}
+
 // start runs bin with args and the extra environment, its output going to
 // logs/<name>.log. The child gets its own process group, so stopping it also
 // stops anything it runs, and is killed if this process dies first.
@@ -35,7 +50,7 @@ func (s *Stack) start(name, bin string, args []string, env ...string) (*process,
 	}
 	fmt.Fprintf(f, "\n==> %s %s %v\n", time.Now().Format(time.RFC3339), bin, args)
 	cmd := exec.Command(bin, args...)
-	cmd.Env = append(append(os.Environ(), "KUBECONFIG="+s.Kubeconfig), env...)
+	cmd.Env = append(append(baseEnv(), "KUBECONFIG="+s.Kubeconfig), env...)
 	cmd.Stdout, cmd.Stderr = f, f
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
