@@ -43,6 +43,10 @@ func TestCheckTree(t *testing.T) {
 	write(t, root, "internal/x/testdata/fixture.bin", self, 0o644)
 	write(t, root, "testdata/tiny.elf", []byte("\x7fELF\x02\x01"), 0o644)
 	write(t, root, "empty", nil, 0o644)
+	write(t, root, "data/countries.csv", []byte("MZ,Mozambique\nPE,Peru\n"), 0o644)
+	if err := os.Symlink("does-not-exist", filepath.Join(root, "dangling")); err != nil {
+		t.Fatal(err)
+	}
 	git(t, root, "add", "-A")
 
 	var out bytes.Buffer
@@ -51,9 +55,13 @@ func TestCheckTree(t *testing.T) {
 	}
 
 	bad := map[string][]byte{
-		"function.test":  self,                                    // the file that leaked into main
-		"tiny":           []byte("\x7fELF\x02\x01\x01\x00"),       // small ELF
-		"tool.exe":       []byte("MZ\x90\x00"),                    // Windows
+		"function.test":  self,                              // the file that leaked into main
+		"tiny":           []byte("\x7fELF\x02\x01\x01\x00"), // small ELF
+		"tool.exe":       pe(),                              // Windows
+		"dist.tar.gz":    []byte{0x1f, 0x8b, 0x08, 0x00},
+		"dist.zip":       []byte("PK\x03\x04\x14\x00"),
+		"dist.tar":       tarHeader(),
+		"main.o":         []byte("go object linux amd64 go1.26\n"),
 		"mac":            []byte{0xcf, 0xfa, 0xed, 0xfe, 7, 0, 0}, // Mach-O 64
 		"docs/dump.json": bytes.Repeat([]byte("{}\n"), maxSize/3+1),
 	}
@@ -70,9 +78,27 @@ func TestCheckTree(t *testing.T) {
 			t.Errorf("checker did not name %s:\n%s", p, out.String())
 		}
 	}
-	for _, p := range []string{"main.go", "hack/run.sh", "fixture.bin", "tiny.elf", "empty"} {
+	for _, p := range []string{"main.go", "hack/run.sh", "fixture.bin", "tiny.elf", "empty", "countries.csv", "dangling"} {
 		if strings.Contains(out.String(), p) {
 			t.Errorf("checker named allowed file %s:\n%s", p, out.String())
 		}
 	}
+}
+
+// pe is the start of a Windows executable: MZ, and at 0x3c the offset of
+// the PE signature.
+func pe() []byte {
+	b := make([]byte, 0x80)
+	copy(b, "MZ")
+	b[0x3c] = 0x40
+	copy(b[0x40:], "PE\x00\x00")
+	return b
+}
+
+// tarHeader is the first block of a tar archive.
+func tarHeader() []byte {
+	b := make([]byte, 512)
+	copy(b, "file.txt")
+	copy(b[257:], "ustar\x0000")
+	return b
 }
