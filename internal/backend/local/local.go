@@ -510,18 +510,27 @@ func (sv *supervisor) quit() bool {
 	return sv.stopped || sv.detached
 }
 
+// What a supervisor logs when it takes charge of a Squid: operators see
+// which proxies a restarted provider re-adopted and which it had to start.
+const (
+	msgAdopted = "Adopted running Squid"
+	msgStarted = "Started Squid"
+)
+
 func (sv *supervisor) run() {
 	defer close(sv.done)
 	log := sv.b.log.WithValues("instance", sv.name)
 	for !sv.quit() {
 		if pid := sv.b.livePid(sv.name); pid > 0 {
 			// Re-adopted, or started by us before a restart: watch it.
+			log.Info(msgAdopted, "pid", pid)
 			for !sv.quit() && sv.b.livePid(sv.name) == pid {
 				time.Sleep(200 * time.Millisecond)
 			}
 		} else if err := sv.start(); err != nil {
 			log.Info("Cannot start squid", "error", err)
 		} else {
+			log.Info(msgStarted, "pid", sv.cmd.Process.Pid)
 			err := sv.cmd.Wait()
 			if !sv.quit() {
 				log.Info("Squid exited; restarting", "error", err, "after", sv.b.cfg.RestartDelay)

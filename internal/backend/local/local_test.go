@@ -6,15 +6,17 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
@@ -25,7 +27,12 @@ import (
 
 func newBackend(t *testing.T, dir string, pr *v1alpha1.PortRange) *Backend {
 	t.Helper()
-	b, err := New(Config{SquidPath: testbed.SquidBinary(t), StateDir: dir, PortRange: pr, ClusterID: "test", RestartDelay: 300 * time.Millisecond})
+	return newLoggedBackend(t, dir, pr, nil)
+}
+
+func newLoggedBackend(t *testing.T, dir string, pr *v1alpha1.PortRange, log logging.Logger) *Backend {
+	t.Helper()
+	b, err := New(Config{SquidPath: testbed.SquidBinary(t), StateDir: dir, PortRange: pr, ClusterID: "test", RestartDelay: 300 * time.Millisecond, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,22 +66,38 @@ func waitProbe(t *testing.T, inst *backend.Instance, s backend.Spec, target test
 	return last
 }
 
-// settledSupervisors counts the supervisor goroutines past their one
-// decision, adopt or start: asleep between checks of the Squid they watch
-// (or before a restart), or waiting on a Squid they started.
-func settledSupervisors() int {
-	buf := make([]byte, 1<<20)
-	n := runtime.Stack(buf, true)
-	for ; n == len(buf); n = runtime.Stack(buf, true) {
-		buf = make([]byte, 2*len(buf))
-	}
-	settled := 0
-	for _, g := range strings.Split(string(buf[:n]), "\n\n") {
-		if strings.Contains(g, ".(*supervisor).run(") && (strings.Contains(g, "\ntime.Sleep(") || strings.Contains(g, "os/exec.(*Cmd).Wait(")) {
-			settled++
+// recorder is a logger that keeps every message, with its values.
+type recorder struct {
+	mu    *sync.Mutex
+	lines *[]string
+	kv    []any
+}
+
+func newRecorder() recorder { return recorder{mu: &sync.Mutex{}, lines: &[]string{}} }
+
+func (r recorder) Info(msg string, kv ...any)  { r.add(msg, kv) }
+func (r recorder) Debug(msg string, kv ...any) { r.add(msg, kv) }
+func (r recorder) WithValues(kv ...any) logging.Logger {
+	return recorder{mu: r.mu, lines: r.lines, kv: append(append([]any{}, r.kv...), kv...)}
+}
+
+func (r recorder) add(msg string, kv []any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	*r.lines = append(*r.lines, fmt.Sprint(msg, " ", append(append([]any{}, r.kv...), kv...)))
+}
+
+// count returns how many messages start with msg.
+func (r recorder) count(msg string) (int, string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	n := 0
+	for _, l := range *r.lines {
+		if strings.HasPrefix(l, msg) {
+			n++
 		}
 	}
-	return settled
+	return n, strings.Join(*r.lines, "\n")
 }
 
 func itoa(p int32) string { return strconv.Itoa(int(p)) }
@@ -176,12 +199,15 @@ func TestRestartReadopts(t *testing.T) {
 	// adopt the running Squid or start one; once it has settled, a duplicate
 	// would be running.
 	first.Close()
-	settled := settledSupervisors() // the first provider's, waiting on its Squid
-	second := newBackend(t, dir, nil)
-	testbed.Eventually(t, 10*time.Second, "the new provider's supervisor to settle", func() (bool, string) {
-		n := settledSupervisors()
-		return n > settled, fmt.Sprintf("%d settled supervisors, %d before the new provider", n, settled)
+	log := newRecorder()
+	second := newLoggedBackend(t, dir, nil, log)
+	testbed.Eventually(t, 10*time.Second, "the new provider to adopt the running Squid", func() (bool, string) {
+		n, lines := log.count(msgAdopted)
+		return n == 1, lines
 	})
+	if n, lines := log.count(msgStarted); n != 0 {
+		t.Errorf("the new provider started a Squid of its own:\n%s", lines)
+	}
 	if diff := cmp.Diff(before, Processes(dir)); diff != "" {
 		t.Errorf("a restart must re-adopt the running squid, not start a duplicate: -before, +after:\n%s", diff)
 	}
