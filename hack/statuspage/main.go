@@ -17,6 +17,7 @@ import (
 	"time"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	"github.com/pkg/errors"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
@@ -124,7 +125,7 @@ func run(out string) error {
 		"--disable-background-networking", "--disable-component-update", "--disable-sync", "--user-data-dir="+filepath.Join(dir, "chromium"),
 		"--window-size=1400,700", "--screenshot="+abs, front.URL+"/")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("chromium: %w\n%s", err, b)
+		return errors.Wrapf(err, "chromium said:\n%s", b)
 	}
 	fmt.Println("wrote", abs)
 	return nil

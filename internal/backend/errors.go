@@ -1,9 +1,9 @@
 package backend
 
 import (
-	"errors"
-	"fmt"
 	"time"
+
+	"github.com/pkg/errors"
 )
 
 // Class sorts backend errors by what the reconciler should do about them.
@@ -42,7 +42,7 @@ func Wrap(c Class, err error) error {
 
 // Errorf returns a classified error.
 func Errorf(c Class, format string, args ...any) error {
-	return &Error{Class: c, Err: fmt.Errorf(format, args...)}
+	return &Error{Class: c, Err: errors.Errorf(format, args...)}
 }
 
 // ClassOf returns the class of err. It looks through wrapping and joined

@@ -7,7 +7,7 @@ package gcp
 import (
 	"bytes"
 	"context"
-	"errors"
+	stderrors "errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -18,6 +18,7 @@ import (
 	compute "cloud.google.com/go/compute/apiv1"
 	"cloud.google.com/go/compute/apiv1/computepb"
 	"github.com/googleapis/gax-go/v2/apierror"
+	"github.com/pkg/errors"
 	"google.golang.org/api/googleapi"
 	"google.golang.org/api/iterator"
 	"google.golang.org/api/option"
@@ -61,19 +62,19 @@ var _ backend.Backend = &Backend{}
 func New(ctx context.Context, cfg Config) (*Backend, error) {
 	ic, err := compute.NewInstancesRESTClient(ctx, cfg.ClientOptions...)
 	if err != nil {
-		return nil, backend.Wrap(backend.ClassPermanent, fmt.Errorf("cannot create the Compute instances client: %w", err))
+		return nil, backend.Wrap(backend.ClassPermanent, errors.Wrap(err, "cannot create the Compute instances client"))
 	}
 	fc, err := compute.NewFirewallsRESTClient(ctx, cfg.ClientOptions...)
 	if err != nil {
 		_ = ic.Close()
-		return nil, backend.Wrap(backend.ClassPermanent, fmt.Errorf("cannot create the Compute firewalls client: %w", err))
+		return nil, backend.Wrap(backend.ClassPermanent, errors.Wrap(err, "cannot create the Compute firewalls client"))
 	}
 	return &Backend{cfg: cfg, instances: ic, firewalls: fc}, nil
 }
 
 // Close releases the clients.
 func (b *Backend) Close() error {
-	return errors.Join(b.instances.Close(), b.firewalls.Close())
+	return stderrors.Join(b.instances.Close(), b.firewalls.Close())
 }
 
 // Classify sorts a Compute API error into the backend taxonomy: quota and
@@ -188,7 +189,7 @@ func StartupScript(s backend.Spec) (string, error) {
 	v.Conf = string(conf)
 	var out bytes.Buffer
 	if err := startupTemplate.Execute(&out, v); err != nil {
-		return "", fmt.Errorf("cannot render startup script: %w", err)
+		return "", errors.Wrap(err, "cannot render startup script")
 	}
 	return out.String(), nil
 }
@@ -237,7 +238,7 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 		return nil, err
 	}
 	if _, err := b.firewalls.Insert(ctx, &computepb.InsertFirewallRequest{Project: b.cfg.Project, FirewallResource: b.firewall(s)}); err != nil && !isConflict(err) {
-		return nil, fmt.Errorf("cannot create firewall rule %s: %w", s.Name, Classify(err))
+		return nil, errors.Wrapf(Classify(err), "cannot create firewall rule %s", s.Name)
 	}
 
 	labels := s.Owner.GCPLabels()
@@ -284,10 +285,10 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 		// the Proxy UID.
 		return b.Get(ctx, s.Ref)
 	case err != nil:
-		return nil, fmt.Errorf("cannot insert VM %s: %w", s.Name, Classify(err))
+		return nil, errors.Wrapf(Classify(err), "cannot insert VM %s", s.Name)
 	}
 	if err := op.Poll(ctx); err != nil {
-		return nil, fmt.Errorf("inserting VM %s failed: %w", s.Name, Classify(err))
+		return nil, errors.Wrapf(Classify(err), "inserting VM %s failed", s.Name)
 	}
 	return &backend.Instance{
 		Ref: s.Ref, ProviderID: b.ProviderID(s.Ref), Port: s.Port, Phase: v1alpha1.InstancePhaseProvisioning,
@@ -344,13 +345,13 @@ func (b *Backend) instance(vm *computepb.Instance, zone string) *backend.Instanc
 func (b *Backend) Get(ctx context.Context, r backend.Ref) (*backend.Instance, error) {
 	vm, err := b.instances.Get(ctx, &computepb.GetInstanceRequest{Project: b.cfg.Project, Zone: r.Zone, Instance: r.Name})
 	if err != nil {
-		return nil, fmt.Errorf("cannot get VM %s: %w", r.Name, Classify(err))
+		return nil, errors.Wrapf(Classify(err), "cannot get VM %s", r.Name)
 	}
 	i := b.instance(vm, r.Zone)
 	if i.Phase == v1alpha1.InstancePhaseRunning {
 		if _, err := b.firewalls.Get(ctx, &computepb.GetFirewallRequest{Project: b.cfg.Project, Firewall: r.Name}); err != nil {
 			if backend.ClassOf(Classify(err)) != backend.ClassNotFound {
-				return nil, fmt.Errorf("cannot get firewall rule %s: %w", r.Name, Classify(err))
+				return nil, errors.Wrapf(Classify(err), "cannot get firewall rule %s", r.Name)
 			}
 			i.Phase, i.Host = v1alpha1.InstancePhaseProvisioning, ""
 		}
@@ -363,12 +364,12 @@ func (b *Backend) Get(ctx context.Context, r backend.Ref) (*backend.Instance, er
 func (b *Backend) Delete(ctx context.Context, r backend.Ref) error {
 	if _, err := b.instances.Delete(ctx, &computepb.DeleteInstanceRequest{Project: b.cfg.Project, Zone: r.Zone, Instance: r.Name}); err != nil {
 		if c := Classify(err); backend.ClassOf(c) != backend.ClassNotFound {
-			return fmt.Errorf("cannot delete VM %s: %w", r.Name, c)
+			return errors.Wrapf(c, "cannot delete VM %s", r.Name)
 		}
 	}
 	if _, err := b.firewalls.Delete(ctx, &computepb.DeleteFirewallRequest{Project: b.cfg.Project, Firewall: r.Name}); err != nil {
 		if c := Classify(err); backend.ClassOf(c) != backend.ClassNotFound {
-			return fmt.Errorf("cannot delete firewall rule %s: %w", r.Name, c)
+			return errors.Wrapf(c, "cannot delete firewall rule %s", r.Name)
 		}
 	}
 	return nil
@@ -386,7 +387,7 @@ func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
 			return out, nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("cannot list VMs: %w", Classify(err))
+			return nil, errors.Wrap(Classify(err), "cannot list VMs")
 		}
 		zone := strings.TrimPrefix(pair.Key, "zones/")
 		for _, vm := range pair.Value.GetInstances() {
