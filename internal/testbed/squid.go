@@ -1,6 +1,7 @@
 package testbed
 
 import (
+	"context"
 	"net"
 	"os"
 	"os/exec"
@@ -36,7 +37,15 @@ func SquidBinary(t testing.TB) string {
 // listens on addr. The process is stopped with the test.
 func RunSquid(t testing.TB, conf []byte, podDir string, files map[string][]byte, addr string) {
 	t.Helper()
-	bin := SquidBinary(t)
+	path, _ := squidDir(t, conf, podDir, files)
+	StartListening(t, exec.Command(SquidBinary(t), "-N", "-f", path), addr)
+}
+
+// squidDir writes conf and files into a scratch folder Squid's own user
+// owns, with the in-pod folder and the log streams rewritten to it, and
+// returns the config's path and the folder (access.log is in it).
+func squidDir(t testing.TB, conf []byte, podDir string, files map[string][]byte) (string, string) {
+	t.Helper()
 	dir := t.TempDir()
 	for _, d := range []string{filepath.Dir(dir), dir} {
 		if err := os.Chmod(d, 0o755); err != nil {
@@ -48,7 +57,10 @@ func RunSquid(t testing.TB, conf []byte, podDir string, files map[string][]byte,
 			t.Fatal(err)
 		}
 	}
-	c := strings.ReplaceAll(string(conf), podDir, dir)
+	c := string(conf)
+	if podDir != "" {
+		c = strings.ReplaceAll(c, podDir, dir)
+	}
 	c = strings.ReplaceAll(c, "stdio:/dev/stdout", "stdio:"+filepath.Join(dir, "access.log"))
 	c = strings.ReplaceAll(c, "cache_log /dev/stderr", "cache_log "+filepath.Join(dir, "cache.log"))
 	path := filepath.Join(dir, "squid.conf")
@@ -62,7 +74,34 @@ func RunSquid(t testing.TB, conf []byte, podDir string, files map[string][]byte,
 			_ = filepath.Walk(dir, func(p string, _ os.FileInfo, _ error) error { return os.Chown(p, uid, gid) })
 		}
 	}
-	StartListening(t, exec.Command(bin, "-N", "-f", path), addr)
+	return path, dir
+}
+
+// RunSquid runs a real Squid with conf inside the lab's proxy namespace,
+// files beside its config (podDir in conf is rewritten to their folder),
+// and waits until it listens on addr there. It returns the folder, which
+// holds access.log. The process is stopped with the test.
+func (l *NetLab) RunSquid(t testing.TB, conf []byte, podDir string, files map[string][]byte, addr string) string {
+	t.Helper()
+	path, dir := squidDir(t, conf, podDir, files)
+	cmd := l.Command(l.Proxy, SquidBinary(t), "-N", "-f", path)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	dial := l.DialContext(l.Proxy)
+	Eventually(t, 10*time.Second, "squid listening on "+addr+" in "+l.Proxy, func() (bool, string) {
+		c, err := dial(context.Background(), "tcp", addr)
+		if err != nil {
+			return false, err.Error()
+		}
+		_ = c.Close()
+		return true, ""
+	})
+	return dir
 }
 
 // StartListening starts cmd, stops it with the test, and waits up to 10s
