@@ -296,7 +296,17 @@ func TestInvalidObjectsRejected(t *testing.T) {
 		"OpenToTheWorld": {
 			reason: "0.0.0.0/0 without credentials is as open as no restriction.",
 			base:   validProxy, set: map[string]any{"spec.forProvider.authSecretRef": nil, "spec.forProvider.allowedSourceRanges": []any{"0.0.0.0/0"}},
-			want: []string{"spec.forProvider", "0.0.0.0/0 or ::/0 without authSecretRef"},
+			want: []string{"spec.forProvider", "allowedSourceRanges: without authSecretRef every range must lie in private, loopback or CGNAT space"},
+		},
+		"OpenToHalvesOfTheWorld": {
+			reason: "Two halves of the internet without credentials are as open as 0.0.0.0/0: the rule does arithmetic, not string comparison.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.authSecretRef": nil, "spec.forProvider.allowedSourceRanges": []any{"0.0.0.0/1", "128.0.0.0/1"}},
+			want: []string{"spec.forProvider", "allowedSourceRanges: without authSecretRef every range must lie in private, loopback or CGNAT space"},
+		},
+		"OpenToPublicIPv6": {
+			reason: "A public IPv6 client range needs credentials.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.authSecretRef": nil, "spec.forProvider.allowedSourceRanges": []any{"10.0.0.0/8", "2001:db8::/32"}},
+			want: []string{"spec.forProvider", "allowedSourceRanges: without authSecretRef every range must lie in private, loopback or CGNAT space"},
 		},
 		"BadCIDR": {
 			reason: "Source ranges are CIDRs.",
@@ -359,6 +369,11 @@ func TestInvalidObjectsRejected(t *testing.T) {
 			reason: "A fleet of open proxies is refused.",
 			base:   validFleet, set: map[string]any{"spec.proxy": map[string]any{"port": int64(3128)}},
 			want: []string{"spec.proxy", "refusing an open proxy"},
+		},
+		"FleetOpenToHalvesOfTheWorld": {
+			reason: "A fleet open to 0.0.0.0/1 and 128.0.0.0/1 without credentials is refused by arithmetic.",
+			base:   validFleet, set: map[string]any{"spec.proxy": map[string]any{"allowedSourceRanges": []any{"0.0.0.0/1", "128.0.0.0/1"}}},
+			want: []string{"spec.proxy", "without authSecretRef every range must lie in private, loopback or CGNAT space"},
 		},
 		"FleetRotationStuck": {
 			reason: "Replacement with neither surge nor unavailability could never progress.",

@@ -10,6 +10,7 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/squid"
 )
 
 // Fleet is a validated ProxyFleet spec with every default applied, so the
@@ -111,6 +112,17 @@ func (s *fleetSpec) checkProxy() error {
 	}
 	if s.Proxy.AuthSecretRef == nil && len(s.Proxy.AllowedSourceRanges) == 0 {
 		return fieldError("spec.proxy", "refuses an open proxy: set authSecretRef (credentials) and/or allowedSourceRanges")
+	}
+	ranges := make([]string, 0, len(s.Proxy.AllowedSourceRanges))
+	for _, r := range s.Proxy.AllowedSourceRanges {
+		ranges = append(ranges, string(r))
+	}
+	public, err := squid.PublicSources(ranges)
+	if err != nil {
+		return fieldError("spec.proxy.allowedSourceRanges", "%v", err)
+	}
+	if s.Proxy.AuthSecretRef == nil && len(public) > 0 {
+		return fieldError("spec.proxy.allowedSourceRanges", "%q is not private, loopback or CGNAT space: without authSecretRef that is an open proxy; add authSecretRef or narrow the range", public[0])
 	}
 	if s.Proxy.AuthSecretRef != nil && s.Proxy.AuthSecretRef.Name == "" {
 		return fieldError("spec.proxy.authSecretRef.name", "must name a Secret in the fleet's namespace")

@@ -75,14 +75,12 @@ func (c Config) Validate() error {
 			return errors.Errorf("%s %q is not an IP address", a.field, a.v)
 		}
 	}
-	for _, r := range c.AllowedSourceRanges {
-		p, err := netip.ParsePrefix(r)
-		if err != nil {
-			return errors.Errorf("allowed source range %q is not a CIDR", r)
-		}
-		if p.Bits() == 0 && c.HtpasswdPath == "" {
-			return errors.Errorf("allowed source range %q without credentials is an open proxy", r)
-		}
+	public, err := PublicSources(c.AllowedSourceRanges)
+	if err != nil {
+		return err
+	}
+	if len(public) > 0 && c.HtpasswdPath == "" {
+		return errors.Errorf("allowed source range %q is not private, loopback or CGNAT space: without credentials that is an open proxy; add credentials or narrow the range", public[0])
 	}
 	for _, r := range c.AllowedPrivateDestinations {
 		p, err := netip.ParsePrefix(r)
@@ -119,6 +117,31 @@ var PrivateDestinations = prefixes(
 	"224.0.0.0/4", "240.0.0.0/4",
 	"fc00::/7", "fe80::/10", "ff00::/8",
 )
+
+// PrivateSources are the client networks a proxy without credentials may
+// admit: private, loopback, CGNAT, unique-local and link-local space. A
+// client range reaching outside them needs credentials.
+var PrivateSources = prefixes(
+	"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "127.0.0.0/8",
+	"::1/128", "fc00::/7", "fe80::/10",
+)
+
+// PublicSources returns the ranges that do not lie wholly inside
+// PrivateSources, judged by arithmetic on the prefixes: 0.0.0.0/1 and
+// 128.0.0.0/1 are as public as 0.0.0.0/0.
+func PublicSources(ranges []string) ([]string, error) {
+	var out []string
+	for _, r := range ranges {
+		p, err := netip.ParsePrefix(r)
+		if err != nil {
+			return nil, errors.Errorf("allowed source range %q is not a CIDR", r)
+		}
+		if !within(p.Masked(), PrivateSources) {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
 
 // loopbackDestinations are the proxy host itself.
 var loopbackDestinations = prefixes("127.0.0.0/8", "::1/128")

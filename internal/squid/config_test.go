@@ -121,6 +121,10 @@ func TestValidate(t *testing.T) {
 	}{
 		"Open":            {reason: "No credentials and no ranges is an open proxy.", cfg: Config{Port: 3128}, want: "refusing an open proxy"},
 		"WorldNoAuth":     {reason: "0.0.0.0/0 without credentials is open too.", cfg: Config{Port: 3128, AllowedSourceRanges: []string{"0.0.0.0/0"}}, want: "open proxy"},
+		"HalvesNoAuth":    {reason: "Two halves of the internet are the internet: judged by arithmetic, not strings.", cfg: Config{Port: 3128, AllowedSourceRanges: []string{"10.0.0.0/8", "0.0.0.0/1", "128.0.0.0/1"}}, want: `allowed source range "0.0.0.0/1" is not private`},
+		"WideNoAuth":      {reason: "A range wider than a private block reaches outside it.", cfg: Config{Port: 3128, AllowedSourceRanges: []string{"10.0.0.0/7"}}, want: `"10.0.0.0/7" is not private`},
+		"PublicV6NoAuth":  {reason: "A public IPv6 range needs credentials.", cfg: Config{Port: 3128, AllowedSourceRanges: []string{"2001:db8::/32"}}, want: "open proxy"},
+		"PublicException": {reason: "An exception is for private networks: public ones need none.", cfg: Config{Port: 3128, HtpasswdPath: "/h", AllowedPrivateDestinations: []string{"198.18.0.0/15"}}, want: "is not a private network"},
 		"BadPort":         {reason: "Port 0 cannot be bound.", cfg: Config{Port: 0, HtpasswdPath: "/h"}, want: "port 0"},
 		"BadCIDR":         {reason: "Ranges are CIDRs.", cfg: Config{Port: 1, AllowedSourceRanges: []string{"10.0.0.1"}}, want: "not a CIDR"},
 		"BadBind":         {reason: "Bind addresses are IPs.", cfg: Config{Port: 1, HtpasswdPath: "/h", BindAddress: "localhost"}, want: "bind address"},
@@ -133,6 +137,17 @@ func TestValidate(t *testing.T) {
 				t.Errorf("%s\nwant an error containing %q, got %v", tc.reason, tc.want, err)
 			}
 		})
+	}
+}
+
+func TestPrivateSourcesWithoutCredentials(t *testing.T) {
+	for _, ranges := range [][]string{
+		{"10.0.0.0/8"}, {"10.1.2.0/24", "192.168.0.0/16", "172.16.0.0/12"}, {"100.64.0.0/10"}, {"127.0.0.1/32"},
+		{"fd00::/8"}, {"::1/128"},
+	} {
+		if _, err := Render(Config{Port: 3128, AllowedSourceRanges: ranges}); err != nil {
+			t.Errorf("private client ranges %v need no credentials: %v", ranges, err)
+		}
 	}
 }
 

@@ -61,7 +61,7 @@ type NetworkTag string
 // +kubebuilder:validation:XValidation:rule="self.mode == 'External' || !has(self.endpoint)",message="endpoint is only for mode External: a Managed proxy gets its endpoint from its backend"
 // +kubebuilder:validation:XValidation:rule="self.mode == 'External' || (has(self.local) ? 1 : 0) + (has(self.kubernetes) ? 1 : 0) + (has(self.gcp) ? 1 : 0) == 1",message="a Managed proxy needs exactly one backend placement: set one of local, kubernetes or gcp"
 // +kubebuilder:validation:XValidation:rule="self.mode == 'External' || has(self.authSecretRef) || (has(self.allowedSourceRanges) && size(self.allowedSourceRanges) > 0)",message="refusing an open proxy: set authSecretRef (credentials) and/or allowedSourceRanges"
-// +kubebuilder:validation:XValidation:rule="has(self.authSecretRef) || !has(self.allowedSourceRanges) || !self.allowedSourceRanges.exists(r, r == '0.0.0.0/0' || r == '::/0')",message="allowedSourceRanges 0.0.0.0/0 or ::/0 without authSecretRef is an open proxy: add authSecretRef or narrow the ranges"
+// +kubebuilder:validation:XValidation:rule="has(self.authSecretRef) || !has(self.allowedSourceRanges) || self.allowedSourceRanges.all(r, ['10.0.0.0/8', '172.16.0.0/12', '192.168.0.0/16', '100.64.0.0/10', '127.0.0.0/8', '::1/128', 'fc00::/7', 'fe80::/10'].exists(p, cidr(p).containsCIDR(r)))",message="allowedSourceRanges: without authSecretRef every range must lie in private, loopback or CGNAT space; a public client range is an open proxy: add authSecretRef or narrow the ranges"
 type ProxyParameters struct {
 	// Mode says who runs the proxy. Managed proxies are created on the
 	// ProviderConfig's backend; External proxies are only probed.

@@ -20,9 +20,9 @@ const (
 	DefaultMaxLeaseTTL                 = time.Hour
 	// MinLeaseTTL and MaxLeaseTTL bound every lease TTL: a Lease object's
 	// duration is whole seconds, and a lease is not a way to own a proxy.
-	MinLeaseTTL = time.Second
-	MaxLeaseTTL = 7 * 24 * time.Hour
-	DefaultProviderConfigName          = "default"
+	MinLeaseTTL               = time.Second
+	MaxLeaseTTL               = 7 * 24 * time.Hour
+	DefaultProviderConfigName = "default"
 	// MaxReplicas bounds spec.replicas.
 	MaxReplicas = 1000
 	// MaxNameLength bounds a fleet's name (a claim's, for a legacy fleet):
@@ -68,7 +68,7 @@ type Placement struct {
 // ProxySettings say how each proxy serves crawlers. Set authSecretRef,
 // allowedSourceRanges or both; open proxies are refused.
 // +kubebuilder:validation:XValidation:rule="has(self.authSecretRef) || (has(self.allowedSourceRanges) && size(self.allowedSourceRanges) > 0)",message="spec.proxy: refusing an open proxy: set authSecretRef (credentials) and/or allowedSourceRanges"
-// +kubebuilder:validation:XValidation:rule="has(self.authSecretRef) || !has(self.allowedSourceRanges) || !self.allowedSourceRanges.exists(r, r == '0.0.0.0/0' || r == '::/0')",message="spec.proxy.allowedSourceRanges 0.0.0.0/0 or ::/0 without authSecretRef is an open proxy: add authSecretRef or narrow the ranges"
+// +kubebuilder:validation:XValidation:rule="has(self.authSecretRef) || !has(self.allowedSourceRanges) || self.allowedSourceRanges.all(r, ['10.0.0.0/8', '172.16.0.0/12', '192.168.0.0/16', '100.64.0.0/10', '127.0.0.0/8', '::1/128', 'fc00::/7', 'fe80::/10'].exists(p, cidr(p).containsCIDR(r)))",message="spec.proxy.allowedSourceRanges: without authSecretRef every range must lie in private, loopback or CGNAT space; a public client range is an open proxy: add authSecretRef or narrow the ranges"
 type ProxySettings struct {
 	// Port each proxy listens on.
 	// +kubebuilder:default=3128

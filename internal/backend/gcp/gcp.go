@@ -204,10 +204,22 @@ func zonal(zone, kind, v string) string {
 // firewall lets the proxy port in from the allowed source ranges only,
 // targeting this one VM through a network tag named after it. Without
 // ranges (credentials only) the port is open to any address, and Squid
-// demands credentials.
-func (b *Backend) firewall(s backend.Spec) *computepb.Firewall {
+// demands credentials. It refuses, by arithmetic on the ranges, a rule that
+// would admit public clients to a proxy without credentials, and gives a
+// proxy whose Squid configuration the provider did not write (the user's
+// cloud-init) no default opening at all.
+func (b *Backend) firewall(s backend.Spec) (*computepb.Firewall, error) {
 	ranges := s.AllowedSourceRanges
-	if len(ranges) == 0 {
+	public, err := squid.PublicSources(ranges)
+	if err != nil {
+		return nil, backend.Wrap(backend.ClassPermanent, errors.Wrap(err, "spec.forProvider.allowedSourceRanges"))
+	}
+	switch {
+	case s.UserData != "" && len(ranges) == 0:
+		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.allowedSourceRanges is required with spec.forProvider.gcp.cloudInit: the provider does not write that proxy's Squid configuration, so its firewall opens only to the ranges listed")
+	case s.Credentials == nil && len(public) > 0:
+		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.allowedSourceRanges %q is not private, loopback or CGNAT space: without spec.forProvider.authSecretRef the firewall would open an open proxy to the internet; add credentials or narrow the range", public[0])
+	case len(ranges) == 0:
 		ranges = []string{"0.0.0.0/0"}
 	}
 	network := s.GCP.Network
@@ -222,7 +234,7 @@ func (b *Backend) firewall(s backend.Spec) *computepb.Firewall {
 		Allowed:      []*computepb.Allowed{{IPProtocol: ptr.To("tcp"), Ports: []string{strconv.Itoa(int(s.Port))}}},
 		SourceRanges: ranges,
 		TargetTags:   []string{s.Name},
-	}
+	}, nil
 }
 
 // Create makes the firewall rule first, so that a VM is never reachable
@@ -237,7 +249,11 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	if err != nil {
 		return nil, err
 	}
-	if _, err := b.firewalls.Insert(ctx, &computepb.InsertFirewallRequest{Project: b.cfg.Project, FirewallResource: b.firewall(s)}); err != nil && !isConflict(err) {
+	fw, err := b.firewall(s)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := b.firewalls.Insert(ctx, &computepb.InsertFirewallRequest{Project: b.cfg.Project, FirewallResource: fw}); err != nil && !isConflict(err) {
 		return nil, errors.Wrapf(Classify(err), "cannot create firewall rule %s", s.Name)
 	}
 

@@ -2,6 +2,7 @@ package gcp_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -118,6 +119,82 @@ func TestLifecycle(t *testing.T) {
 	}
 	if _, err := b.Get(ctx, s.Ref); !backend.IsNotFound(err) {
 		t.Errorf("Get after Delete: want NotFound, got %v", err)
+	}
+}
+
+// TestFirewallRefusesOpenProxies checks the firewall builder's arithmetic:
+// a rule admitting public clients to a proxy without credentials, or a
+// default opening for a proxy whose Squid the provider did not configure,
+// is refused before anything is created.
+func TestFirewallRefusesOpenProxies(t *testing.T) {
+	cases := map[string]struct {
+		reason string
+		change func(s *backend.Spec)
+		want   string   // an error containing this, or
+		ranges []string // the rule's source ranges
+	}{
+		"HalvesWithoutCredentials": {
+			reason: "0.0.0.0/1 and 128.0.0.0/1 without credentials open the proxy to the internet.",
+			change: func(s *backend.Spec) {
+				s.Credentials, s.AllowedSourceRanges = nil, []string{"0.0.0.0/1", "128.0.0.0/1"}
+			},
+			want: `"0.0.0.0/1" is not private, loopback or CGNAT space`,
+		},
+		"CloudInitHalvesWithoutCredentials": {
+			reason: "The firewall builder refuses by itself when no generated config stands before it.",
+			change: func(s *backend.Spec) {
+				s.UserData, s.Credentials, s.AllowedSourceRanges = "#cloud-config\n", nil, []string{"0.0.0.0/1", "128.0.0.0/1"}
+			},
+			want: `spec.forProvider.allowedSourceRanges "0.0.0.0/1" is not private`,
+		},
+		"PrivateWithoutCredentials": {
+			reason: "Private client ranges need no credentials.",
+			change: func(s *backend.Spec) { s.Credentials, s.AllowedSourceRanges = nil, []string{"10.0.0.0/8"} },
+			ranges: []string{"10.0.0.0/8"},
+		},
+		"CredentialsOnly": {
+			reason: "With credentials and no ranges the port opens to all; Squid demands the credentials.",
+			change: func(s *backend.Spec) { s.AllowedSourceRanges = nil },
+			ranges: []string{"0.0.0.0/0"},
+		},
+		"CloudInitWithoutRanges": {
+			reason: "A proxy configured by the user's cloud-init gets no default opening.",
+			change: func(s *backend.Spec) { s.UserData, s.AllowedSourceRanges = "#cloud-config\n", nil },
+			want:   "spec.forProvider.allowedSourceRanges is required with spec.forProvider.gcp.cloudInit",
+		},
+		"CloudInitWithRanges": {
+			reason: "A proxy configured by the user's cloud-init opens to its ranges only.",
+			change: func(s *backend.Spec) { s.UserData = "#cloud-config\n" },
+			ranges: []string{"203.0.113.0/24"},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			fake := gcpfake.Start(t)
+			b := newBackend(t, fake, "c1")
+			s := spec("0b7c6a2e-1111-4222-8333-94445555" + fmt.Sprintf("%04d", len(name)))
+			tc.change(&s)
+			_, err := b.Create(context.Background(), s)
+			fw := fake.Firewall(s.Name)
+			if tc.want != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.want) || backend.ClassOf(err) != backend.ClassPermanent {
+					t.Fatalf("%s\nwant a permanent error containing %q, got %v", tc.reason, tc.want, err)
+				}
+				if fw != nil || fake.Instance("europe-west1-b", s.Name) != nil {
+					t.Errorf("%s\na refused proxy must leave no firewall rule and no VM", tc.reason)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("%s\n%v", tc.reason, err)
+			}
+			if fw == nil {
+				t.Fatal("no firewall rule")
+			}
+			if diff := cmp.Diff(tc.ranges, fw.GetSourceRanges()); diff != "" {
+				t.Errorf("%s\nsource ranges: -want +got:\n%s", tc.reason, diff)
+			}
+		})
 	}
 }
 
