@@ -167,7 +167,14 @@ func leaseAndFetchThroughProxy(t *testing.T) {
 		t.Fatal(err)
 	}
 	connect := "CONNECT " + strings.TrimPrefix(target.URL, "https://")
-	script := fmt.Sprintf(`curl -sS --fail --max-time 10 --cacert %q %q && echo "$EGRESS_PROXY"`, ca, target.URL+"/ip")
+	// A request without the proxy's credentials must get 407: the leased
+	// proxy is not open. It goes to a second target, so that the first
+	// one's CONNECT stays the only one logged.
+	other := httptest.NewTLSServer(http.HandlerFunc(probe.EchoIP))
+	defer other.Close()
+	script := fmt.Sprintf(`curl -sS --fail --max-time 10 --cacert %q %q && echo "$EGRESS_PROXY" && `+
+		`curl -s -o /dev/null -w '%%{http_connect}\n' --max-time 10 -k --proxy "$(echo "$HTTPS_PROXY" | sed 's|//[^@]*@|//|')" %q 2>/dev/null; true`,
+		ca, target.URL+"/ip", other.URL+"/ip")
 	cmd := exec.Command(filepath.Join(stackRoot(), "bin", "egressctl"), "lease", "--fleet", ns+"/"+example, "--holder", "e2e", "--", "sh", "-c", script)
 	cmd.Env = append(os.Environ(), "EGRESS_DISCOVERY_URL="+stack.DiscoveryURL, "EGRESS_DISCOVERY_TOKEN="+stack.Token)
 	out, err := cmd.CombinedOutput()
@@ -175,8 +182,11 @@ func leaseAndFetchThroughProxy(t *testing.T) {
 		t.Fatalf("egressctl lease -- curl: %v\n%s", err, out)
 	}
 	lines := strings.Fields(string(out))
-	if len(lines) != 2 || lines[0] != "127.0.0.1" {
-		t.Fatalf("want the target's answer (the egress IP 127.0.0.1) and the leased proxy's name, got:\n%s", out)
+	if len(lines) < 3 || lines[0] != "127.0.0.1" {
+		t.Fatalf("want the target's answer (the egress IP 127.0.0.1), the leased proxy's name and the answer without credentials, got:\n%s", out)
+	}
+	if lines[len(lines)-1] != "407" {
+		t.Fatalf("the leased proxy must answer a CONNECT without credentials with 407, got:\n%s", out)
 	}
 	proxy := lines[1]
 	// Squid logs a tunnel when it closes.

@@ -17,6 +17,9 @@ type Provider struct {
 	Instances     *prometheus.GaugeVec
 	BackendErrors *prometheus.CounterVec
 	Orphans       *prometheus.CounterVec
+	// OpenProxies counts proxies found serving requests without the
+	// credentials they have.
+	OpenProxies *prometheus.CounterVec
 
 	mu     sync.Mutex
 	phases map[types.UID][2]string // backend, phase
@@ -49,13 +52,17 @@ func NewProvider() *Provider {
 			Name: "egress_proxy_orphans_total",
 			Help: "Instances no Proxy owns, by backend and what was done (deleted, dry-run, too-young).",
 		}, []string{labelBackend, "action"}),
+		OpenProxies: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egress_proxy_open_proxies_total",
+			Help: "Times a proxy with credentials was found serving a request without them, by backend.",
+		}, []string{labelBackend}),
 		phases: map[types.UID][2]string{},
 	}
 }
 
 // Collectors returns every collector, for registration.
 func (p *Provider) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{p.ProbeDuration, p.ProbeResults, p.Instances, p.BackendErrors, p.Orphans}
+	return []prometheus.Collector{p.ProbeDuration, p.ProbeResults, p.Instances, p.BackendErrors, p.Orphans, p.OpenProxies}
 }
 
 // SetPhase records that the Proxy with uid has an instance on backend in

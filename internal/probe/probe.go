@@ -16,6 +16,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"github.com/pkg/errors"
 )
 
 // maxBody bounds how much of the target's answer is read.
@@ -71,6 +73,26 @@ func (p Prober) Probe(ctx context.Context, t Target) Result {
 }
 
 func (p Prober) probe(ctx context.Context, t Target) Result {
+	status, body, err := p.fetch(ctx, t)
+	if err != nil {
+		return Result{Error: err.Error()}
+	}
+	want := t.ExpectedStatus
+	if want == 0 {
+		want = http.StatusOK
+	}
+	if status == http.StatusProxyAuthRequired {
+		return Result{Error: fmt.Sprintf("proxy %s rejected the credentials (407 Proxy Authentication Required): check authSecretRef", t.Proxy)}
+	}
+	if status != want {
+		return Result{Error: fmt.Sprintf("target answered %d through %s, want %d", status, t.Proxy, want)}
+	}
+	return Result{OK: true, EgressIP: EgressIP(body)}
+}
+
+// fetch gets t.URL through t.Proxy and returns the answer's status and the
+// start of its body. A CONNECT the proxy refuses comes back as an error.
+func (p Prober) fetch(ctx context.Context, t Target) (int, []byte, error) {
 	timeout := t.Timeout
 	if timeout <= 0 {
 		timeout = 5 * time.Second
@@ -103,30 +125,57 @@ func (p Prober) probe(ctx context.Context, t Target) Result {
 
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.URL, nil)
 	if err != nil {
-		return Result{Error: fmt.Sprintf("invalid probe URL: %v", err)}
+		return 0, nil, errors.Errorf("invalid probe URL: %v", err)
 	}
 	req.Header.Set("User-Agent", "egress-proxy-probe/1")
 	resp, err := c.Do(req)
 	if err != nil {
-		return Result{Error: explain(err, t.Proxy)}
+		return 0, nil, errors.New(explain(err, t.Proxy))
 	}
 	defer resp.Body.Close() //nolint:errcheck // Read-only body.
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	if err != nil {
-		return Result{Error: fmt.Sprintf("reading the answer through %s: %v", t.Proxy, err)}
+		return 0, nil, errors.Errorf("reading the answer through %s: %v", t.Proxy, err)
 	}
+	return resp.StatusCode, body, nil
+}
 
-	want := t.ExpectedStatus
-	if want == 0 {
-		want = http.StatusOK
+// Closure is what a request without credentials got from a proxy.
+type Closure string
+
+// Closures.
+const (
+	// ClosureClosed means the proxy demanded credentials (407) or refused.
+	ClosureClosed Closure = "Closed"
+	// ClosureOpen means the proxy served the request without credentials.
+	ClosureOpen Closure = "Open"
+	// ClosureUnknown means the check could not tell: the proxy or the
+	// target could not be reached.
+	ClosureUnknown Closure = "Unknown"
+)
+
+// Closed asks for t.URL through t.Proxy without credentials: a proxy that
+// has them must answer 407. It is the check that holds even where the
+// provider did not write the proxy's configuration (a user's cloud-init).
+// detail says what the proxy did.
+func (p Prober) Closed(ctx context.Context, t Target) (Closure, string) {
+	t.Username, t.Password = "", ""
+	status, _, err := p.fetch(ctx, t)
+	switch {
+	case err != nil && strings.Contains(err.Error(), "407 Proxy Authentication Required"):
+		return ClosureClosed, "the proxy demanded credentials"
+	case err != nil && strings.Contains(err.Error(), "403 Forbidden"):
+		return ClosureClosed, "the proxy refused the request"
+	case err != nil:
+		return ClosureUnknown, err.Error()
+	case status == http.StatusProxyAuthRequired:
+		return ClosureClosed, "the proxy demanded credentials"
+	case status == http.StatusForbidden:
+		// Squid's own refusal; a target that itself answers 403 through
+		// an open proxy is missed here, and its health probe fails.
+		return ClosureClosed, "the proxy refused the request"
 	}
-	if resp.StatusCode == http.StatusProxyAuthRequired {
-		return Result{Error: fmt.Sprintf("proxy %s rejected the credentials (407 Proxy Authentication Required): check authSecretRef", t.Proxy)}
-	}
-	if resp.StatusCode != want {
-		return Result{Error: fmt.Sprintf("target answered %d through %s, want %d", resp.StatusCode, t.Proxy, want)}
-	}
-	return Result{OK: true, EgressIP: EgressIP(body)}
+	return ClosureOpen, fmt.Sprintf("proxy %s served a request without credentials (the target answered %d)", t.Proxy, status)
 }
 
 // explain turns transport errors into messages that say what to check.

@@ -33,6 +33,16 @@ const (
 	ReasonProbeFailing  xpv2.ConditionReason = "ProbeFailing"
 	ReasonTerminated    xpv2.ConditionReason = "Terminated"
 	ReasonBackendError  xpv2.ConditionReason = "BackendError"
+	// ReasonOpenProxy: the proxy serves requests without credentials.
+	ReasonOpenProxy xpv2.ConditionReason = "OpenProxy"
+)
+
+// The OpenProxy condition says whether a proxy with credentials serves
+// requests without them, as the closure check found.
+const (
+	TypeOpenProxy                  xpv2.ConditionType   = "OpenProxy"
+	ReasonServesWithoutCredentials xpv2.ConditionReason = "ServesWithoutCredentials"
+	ReasonDemandsCredentials       xpv2.ConditionReason = "DemandsCredentials"
 )
 
 func unavailable(reason xpv2.ConditionReason, msg string) xpv2.Condition {

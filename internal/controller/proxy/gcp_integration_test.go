@@ -86,7 +86,7 @@ func TestGCPProxy(t *testing.T) {
 	conf := heredoc(t, script, "/etc/egress-proxy/squid.conf")
 	// A VM's loopback is its own; on this shared host the test lets the
 	// probe reach the echo target on loopback.
-	conf = []byte(strings.Replace(string(conf), "http_access deny to_localhost\n", "", 1))
+	conf = []byte(strings.Replace(string(conf), "http_access deny egress_loopback\n", "", 1))
 	testbed.RunSquid(t, conf, "/etc/egress-proxy", map[string][]byte{"htpasswd": heredoc(t, script, "/etc/egress-proxy/htpasswd")}, "127.0.0.1:32330")
 	fake.SetStatus("europe-west1-b", name, "RUNNING", "127.0.0.1")
 	testbed.Eventually(t, 10*time.Second, "Ready through the VM's Squid", ready(t, key, corev1.ConditionTrue))

@@ -31,9 +31,11 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/ratelimiter"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
 	xcontroller "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller/proxy"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
@@ -310,6 +312,56 @@ func TestLocalProxyLifecycle(t *testing.T) {
 			return c.Status == corev1.ConditionFalse && strings.Contains(c.Message, "rejected the credentials"), c.Message
 		})
 		if err := bed.Client.Delete(ctx, &v1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ext"}}); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("OpenProxyFlagged", func(t *testing.T) {
+		// A Squid whose configuration the provider did not write, as a
+		// user's cloud-init could run: it has credentials on paper but
+		// serves everyone.
+		open := "http_port 127.0.0.1:32312\npid_filename none\ncache deny all\nshutdown_lifetime 1 seconds\naccess_log none\nhttp_access allow all\n"
+		testbed.RunSquid(t, []byte(open), "", nil, "127.0.0.1:32312")
+		create(t, &v1alpha1.Proxy{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "open", Labels: map[string]string{fleetv1alpha1.LabelFleet: "crawlers"}},
+			Spec: v1alpha1.ProxySpec{ForProvider: v1alpha1.ProxyParameters{
+				Mode:          v1alpha1.ProxyModeExternal,
+				Endpoint:      &v1alpha1.Endpoint{Host: "127.0.0.1", Port: 32312},
+				AuthSecretRef: &v1alpha1.AuthSecretReference{Name: "auth"},
+				HealthCheck:   v1alpha1.HealthCheck{URL: target.URL, Interval: &metav1.Duration{Duration: time.Second}, Timeout: &metav1.Duration{Duration: 500 * time.Millisecond}},
+			}},
+		})
+		openKey := types.NamespacedName{Namespace: ns, Name: "open"}
+		testbed.Eventually(t, 10*time.Second, "OpenProxy=True and Ready=False", func() (bool, string) {
+			p := get(t, openKey)
+			o, r := p.GetCondition(proxy.TypeOpenProxy), p.GetCondition(xpv2.TypeReady)
+			return o.Status == corev1.ConditionTrue && r.Status == corev1.ConditionFalse && r.Reason == proxy.ReasonOpenProxy,
+				fmt.Sprintf("OpenProxy=%s (%s) Ready=%s %s: %s healthy=%v", o.Status, o.Message, r.Status, r.Reason, r.Message, p.Status.AtProvider.Healthy)
+		})
+		// Its health probe passes, yet egress-discovery does not hand it out.
+		if !get(t, openKey).Status.AtProvider.Healthy {
+			t.Error("the open proxy's probe should pass: only the closure check flags it")
+		}
+		cat := &discovery.Catalog{Cache: bed.Client, Direct: bed.Client}
+		members, err := cat.Fleet(ctx, ns, "crawlers")
+		if err != nil || len(members) != 1 {
+			t.Fatalf("catalog: %v, %v", members, err)
+		}
+		if members[0].Healthy {
+			t.Error("egress-discovery would hand out an open proxy")
+		}
+		events := &corev1.EventList{}
+		if err := bed.Client.List(ctx, events, client.InNamespace(ns)); err != nil {
+			t.Fatal(err)
+		}
+		warned := false
+		for _, e := range events.Items {
+			warned = warned || (e.InvolvedObject.Name == "open" && e.Type == corev1.EventTypeWarning && e.Reason == string(proxy.ReasonServesWithoutCredentials))
+		}
+		if !warned {
+			t.Error("no Warning event for the open proxy")
+		}
+		if err := bed.Client.Delete(ctx, &v1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "open"}}); err != nil {
 			t.Fatal(err)
 		}
 	})

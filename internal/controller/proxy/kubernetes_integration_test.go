@@ -81,7 +81,7 @@ func TestKubernetesProxy(t *testing.T) {
 		t.Fatalf("config secret: %v", err)
 	}
 	conf := string(sec.Data["squid.conf"])
-	for _, want := range []string{"http_port 32320", "auth_param basic program", "http_access deny to_localhost", "via off", "forwarded_for delete"} {
+	for _, want := range []string{"http_port 32320", "auth_param basic program", "http_access deny egress_loopback", "via off", "forwarded_for delete"} {
 		if !strings.Contains(conf, want) {
 			t.Errorf("pod squid.conf lacks %q", want)
 		}
@@ -116,7 +116,7 @@ func TestKubernetesProxy(t *testing.T) {
 	t.Run("RunningBecomesReady", func(t *testing.T) {
 		// A pod's loopback is its own; on this shared host the test lets the
 		// probe reach the echo target on loopback.
-		hostConf := strings.Replace(conf, "http_access deny to_localhost\n", "", 1)
+		hostConf := strings.Replace(conf, "http_access deny egress_loopback\n", "", 1)
 		testbed.RunSquid(t, []byte(hostConf), "/etc/egress-proxy", map[string][]byte{"htpasswd": sec.Data["htpasswd"]}, "127.0.0.1:32320")
 		setStatus(corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "127.0.0.1"})
 		testbed.Eventually(t, 10*time.Second, "Ready=True", ready(t, key, corev1.ConditionTrue))

@@ -20,6 +20,7 @@ import (
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	"github.com/pkg/errors"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -76,9 +77,11 @@ type Options struct {
 	Now func() time.Time
 }
 
-// Prober probes through a proxy.
+// Prober probes through a proxy: Probe with its credentials, Closed without
+// them.
 type Prober interface {
 	Probe(ctx context.Context, t probe.Target) probe.Result
+	Closed(ctx context.Context, t probe.Target) (probe.Closure, string)
 }
 
 // BackendSource gives the backend a resolved ProviderConfig chooses.
@@ -462,6 +465,9 @@ func (e *external) probe(ctx context.Context, p *v1alpha1.Proxy, addr string, cr
 		t.Username, t.Password = creds.Username, creds.Password
 	}
 	res := e.prober.Probe(ctx, t)
+	if creds != nil {
+		e.checkClosure(ctx, p, t)
+	}
 
 	outcome := "failure"
 	if res.OK {
@@ -507,6 +513,27 @@ func (e *external) probe(ctx context.Context, p *v1alpha1.Proxy, addr string, cr
 	e.setReadiness(p)
 }
 
+// checkClosure asks through the proxy without credentials: one that has
+// them must refuse. An open proxy is flagged with the OpenProxy condition,
+// a Warning event and a metric, and is not Ready, so egress-discovery never
+// hands it out. An inconclusive check changes nothing.
+func (e *external) checkClosure(ctx context.Context, p *v1alpha1.Proxy, t probe.Target) {
+	closure, detail := e.prober.Closed(ctx, t)
+	was := p.GetCondition(TypeOpenProxy).Status
+	switch closure {
+	case probe.ClosureOpen:
+		p.SetConditions(xpv2.Condition{Type: TypeOpenProxy, Status: corev1.ConditionTrue, Reason: ReasonServesWithoutCredentials,
+			Message: detail, LastTransitionTime: metav1.Time{Time: e.now()}})
+		if was != corev1.ConditionTrue {
+			e.metrics.OpenProxies.WithLabelValues(e.backendName()).Inc()
+			e.record.Event(p, event.Warning(event.Reason(ReasonServesWithoutCredentials), errors.New(detail)))
+		}
+	case probe.ClosureClosed:
+		p.SetConditions(xpv2.Condition{Type: TypeOpenProxy, Status: corev1.ConditionFalse, Reason: ReasonDemandsCredentials,
+			Message: detail, LastTransitionTime: metav1.Time{Time: e.now()}})
+	}
+}
+
 // probeHeartbeat bounds how old status.atProvider.lastProbeTime gets while
 // probes keep passing and change nothing.
 const probeHeartbeat = 5 * time.Minute
@@ -526,7 +553,12 @@ func latencyMoved(recorded, now int64) bool {
 // does, so the condition does not flap with single probe results.
 func (e *external) setReadiness(p *v1alpha1.Proxy) {
 	ap := p.Status.AtProvider
+	open := p.GetCondition(TypeOpenProxy)
 	switch {
+	case open.Status == corev1.ConditionTrue:
+		p.SetConditions(unavailable(ReasonOpenProxy, "the proxy serves requests without credentials, so it is never handed out: "+open.Message))
+	case p.Spec.ForProvider.AuthSecretRef != nil && open.Status != corev1.ConditionFalse && ap.Healthy:
+		p.SetConditions(unavailable(ReasonAwaitingProbe, "the proxy passes its probe; waiting to see it refuse a request without credentials"))
 	case ap.Healthy:
 		p.SetConditions(xpv2.Available())
 	case ap.LastProbeTime == nil:

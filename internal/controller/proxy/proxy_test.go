@@ -30,15 +30,24 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
 )
 
-// fakeProber answers every probe with res and counts the calls.
+// fakeProber answers every probe with res and counts the calls; a request
+// without credentials gets closure, Closed when unset.
 type fakeProber struct {
-	res   probe.Result
-	calls int
+	res     probe.Result
+	calls   int
+	closure probe.Closure
 }
 
 func (f *fakeProber) Probe(context.Context, probe.Target) probe.Result {
 	f.calls++
 	return f.res
+}
+
+func (f *fakeProber) Closed(context.Context, probe.Target) (probe.Closure, string) {
+	if f.closure == "" {
+		return probe.ClosureClosed, "the proxy demanded credentials"
+	}
+	return f.closure, "fake closure " + string(f.closure)
 }
 
 // clock is a settable fake clock.
