@@ -37,6 +37,9 @@ type Spec struct {
 	Credentials *Credentials
 	// AllowedSourceRanges restrict the clients.
 	AllowedSourceRanges []string
+	// AllowedPrivateDestinations are private networks the proxy may reach,
+	// already checked against the ProviderConfig's policy.
+	AllowedPrivateDestinations []string
 	// Exactly one placement is set, matching the backend.
 	Local      *v1alpha1.LocalPlacement
 	Kubernetes *v1alpha1.KubernetesPlacement

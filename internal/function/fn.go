@@ -295,12 +295,13 @@ func (f *Fleet) composer() (*composer, error) {
 	c.configRef = structpb.NewStructValue(strings2struct(ref))
 	for _, zone := range f.Zones {
 		fp := v1alpha1.ProxyParameters{
-			Mode:                v1alpha1.ProxyModeManaged,
-			Port:                *s.Proxy.Port,
-			AuthSecretRef:       s.Proxy.AuthSecretRef,
-			AllowedSourceRanges: s.Proxy.AllowedSourceRanges,
-			HealthCheck:         s.HealthCheck,
-			MaxLeases:           *s.Leases.MaxLeasesPerProxy,
+			Mode:                       v1alpha1.ProxyModeManaged,
+			Port:                       *s.Proxy.Port,
+			AuthSecretRef:              s.Proxy.AuthSecretRef,
+			AllowedSourceRanges:        s.Proxy.AllowedSourceRanges,
+			AllowedPrivateDestinations: s.Proxy.AllowedPrivateDestinations,
+			HealthCheck:                s.HealthCheck,
+			MaxLeases:                  *s.Leases.MaxLeasesPerProxy,
 		}
 		switch {
 		case s.Placement.Local != nil:

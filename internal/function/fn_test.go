@@ -292,3 +292,12 @@ func TestFleetNameTooLong(t *testing.T) {
 		t.Error("a refused fleet composes nothing")
 	}
 }
+
+func TestPrivateDestinationsComposed(t *testing.T) {
+	spec := withSpec(t, "proxy", `{"authSecretRef": {"name": "auth"}, "allowedPrivateDestinations": ["10.1.0.0/16"]}`)
+	rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}}})
+	fp := rsp.GetDesired().GetResources()["proxy-0"].GetResource().AsMap()["spec"].(map[string]any)["forProvider"].(map[string]any)
+	if diff := cmp.Diff([]any{"10.1.0.0/16"}, fp["allowedPrivateDestinations"]); diff != "" {
+		t.Errorf("a fleet's private destinations reach its Proxies (the provider checks them against the policy): -want +got:\n%s", diff)
+	}
+}

@@ -39,6 +39,23 @@ type ProviderConfigSpec struct {
 	// GCP backend settings.
 	// +optional
 	GCP *GCPBackend `json:"gcp,omitempty"`
+
+	// Policy bounds what the proxies of this configuration may ask for.
+	// +optional
+	Policy *Policy `json:"policy,omitempty"`
+}
+
+// Policy is what the platform permits the proxies, and so the fleets, of a
+// configuration.
+type Policy struct {
+	// AllowedPrivateDestinations are the private networks a proxy may ask to
+	// reach (spec.forProvider.allowedPrivateDestinations), for crawling an
+	// internal site. Empty: none; every proxy reaches the public internet
+	// only.
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	// +optional
+	AllowedPrivateDestinations []CIDR `json:"allowedPrivateDestinations,omitempty"`
 }
 
 // LocalBackend configures Squid processes on the provider's host.

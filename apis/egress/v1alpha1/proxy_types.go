@@ -101,6 +101,15 @@ type ProxyParameters struct {
 	// +optional
 	AllowedSourceRanges []CIDR `json:"allowedSourceRanges,omitempty"`
 
+	// AllowedPrivateDestinations are private networks the proxy may reach
+	// after all, for crawling an internal site; every one must lie within
+	// the ProviderConfig's spec.policy.allowedPrivateDestinations. By default
+	// a proxy reaches the public internet only.
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=set
+	// +optional
+	AllowedPrivateDestinations []CIDR `json:"allowedPrivateDestinations,omitempty"`
+
 	// HealthCheck says how the provider probes through the proxy.
 	HealthCheck HealthCheck `json:"healthCheck"`
 

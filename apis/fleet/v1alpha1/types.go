@@ -88,6 +88,14 @@ type ProxySettings struct {
 	// +listType=set
 	// +optional
 	AllowedSourceRanges []egressv1alpha1.CIDR `json:"allowedSourceRanges,omitempty"`
+
+	// AllowedPrivateDestinations are private networks the proxies may reach
+	// after all, for crawling an internal site; the ProviderConfig's
+	// spec.policy.allowedPrivateDestinations must permit every one.
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=set
+	// +optional
+	AllowedPrivateDestinations []egressv1alpha1.CIDR `json:"allowedPrivateDestinations,omitempty"`
 }
 
 // Rotation says when and how proxies are replaced.

@@ -172,7 +172,7 @@ func StartupScript(s backend.Spec) (string, error) {
 	if s.UserData != "" {
 		return s.UserData, nil
 	}
-	cfg := squid.Config{Port: s.Port, AllowedSourceRanges: s.AllowedSourceRanges, PidFile: "/run/egress-proxy.pid"}
+	cfg := squid.Config{Port: s.Port, AllowedSourceRanges: s.AllowedSourceRanges, AllowedPrivateDestinations: s.AllowedPrivateDestinations, PidFile: "/run/egress-proxy.pid"}
 	v := struct{ Dir, Conf, Htpasswd string }{Dir: vmConfigDir}
 	if s.Credentials != nil {
 		cfg.HtpasswdPath = vmConfigDir + "/htpasswd"

@@ -103,7 +103,7 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	if s.Namespace == "" {
 		return nil, backend.Errorf(backend.ClassPermanent, "no namespace for the pod: set spec.forProvider.kubernetes.namespace")
 	}
-	cfg := squid.Config{Port: s.Port, AllowedSourceRanges: s.AllowedSourceRanges}
+	cfg := squid.Config{Port: s.Port, AllowedSourceRanges: s.AllowedSourceRanges, AllowedPrivateDestinations: s.AllowedPrivateDestinations}
 	data := map[string][]byte{}
 	if s.Credentials != nil {
 		cfg.HtpasswdPath = configDir + "/htpasswd"

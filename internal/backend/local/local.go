@@ -165,15 +165,16 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	}
 	final := b.dir(s.Name)
 	cfg := squid.Config{
-		Port:                      port,
-		BindAddress:               host,
-		OutgoingAddress:           string(s.Local.OutgoingAddress),
-		AllowedSourceRanges:       s.AllowedSourceRanges,
-		PidFile:                   filepath.Join(final, filePid),
-		AccessLog:                 "stdio:" + filepath.Join(final, "access.log"),
-		CacheLog:                  filepath.Join(final, "cache.log"),
-		CoreDumpDir:               final,
-		AllowLoopbackDestinations: true,
+		Port:                       port,
+		BindAddress:                host,
+		OutgoingAddress:            string(s.Local.OutgoingAddress),
+		AllowedSourceRanges:        s.AllowedSourceRanges,
+		AllowedPrivateDestinations: s.AllowedPrivateDestinations,
+		PidFile:                    filepath.Join(final, filePid),
+		AccessLog:                  "stdio:" + filepath.Join(final, "access.log"),
+		CacheLog:                   filepath.Join(final, "cache.log"),
+		CoreDumpDir:                final,
+		AllowLoopbackDestinations:  true,
 	}
 	files := map[string][]byte{}
 	if s.Credentials != nil {

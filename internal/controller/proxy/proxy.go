@@ -382,6 +382,9 @@ func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 	if err != nil {
 		return managed.ExternalObservation{}, err
 	}
+	if err := permitted(p, e.pc); err != nil {
+		return managed.ExternalObservation{}, err
+	}
 	want := desiredSpec(p, e.pc, e.clusterID, creds, ud)
 	e.observeInstance(ctx, p, inst, creds)
 
@@ -577,6 +580,9 @@ func (e *external) Create(ctx context.Context, p *v1alpha1.Proxy) (managed.Exter
 	}
 	ud, err := userData(ctx, e.kube, p)
 	if err != nil {
+		return managed.ExternalCreation{}, err
+	}
+	if err := permitted(p, e.pc); err != nil {
 		return managed.ExternalCreation{}, err
 	}
 	inst, err := e.backend.Create(ctx, desiredSpec(p, e.pc, e.clusterID, creds, ud))

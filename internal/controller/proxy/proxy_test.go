@@ -587,3 +587,54 @@ func TestDeletionProgressed(t *testing.T) {
 		})
 	}
 }
+
+// TestPrivateDestinationsPermitted holds a Proxy's private destinations to
+// its ProviderConfig's policy, by arithmetic on the CIDRs; a permitted one
+// reaches the backend and changes the spec hash.
+func TestPrivateDestinationsPermitted(t *testing.T) {
+	policy := func(cidrs ...v1alpha1.CIDR) *config {
+		pc := &config{Kind: v1alpha1.ProviderConfigKind, Name: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}}
+		if cidrs != nil {
+			pc.Spec.Policy = &v1alpha1.Policy{AllowedPrivateDestinations: cidrs}
+		}
+		return pc
+	}
+	asks := func(cidrs ...v1alpha1.CIDR) *v1alpha1.Proxy {
+		return unitProxy(func(p *v1alpha1.Proxy) { p.Spec.ForProvider.AllowedPrivateDestinations = cidrs })
+	}
+	cases := map[string]struct {
+		reason string
+		p      *v1alpha1.Proxy
+		pc     *config
+		want   string // an error containing it; "" for none
+	}{
+		"NoneAsked":   {"A proxy asking for nothing needs no policy.", asks(), policy(), ""},
+		"NoPolicy":    {"Without a policy nothing private is permitted.", asks("10.1.0.0/16"), policy(), `spec.forProvider.allowedPrivateDestinations "10.1.0.0/16" is not permitted by ProviderConfig team: its spec.policy.allowedPrivateDestinations allows []`},
+		"Inside":      {"A network inside a permitted one is permitted.", asks("10.1.2.0/24"), policy("10.1.0.0/16"), ""},
+		"Equal":       {"The permitted network itself is permitted.", asks("10.1.0.0/16"), policy("192.168.0.0/16", "10.1.0.0/16"), ""},
+		"Wider":       {"A network wider than the permitted one is not.", asks("10.0.0.0/8"), policy("10.1.0.0/16"), `"10.0.0.0/8" is not permitted by ProviderConfig team`},
+		"Beside":      {"A string prefix is no containment.", asks("10.10.0.0/16"), policy("10.1.0.0/16"), `"10.10.0.0/16" is not permitted`},
+		"OtherFamily": {"An IPv6 network is not inside an IPv4 one.", asks("fd00::/8"), policy("10.0.0.0/8"), `"fd00::/8" is not permitted`},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			err := permitted(tc.p, tc.pc)
+			got := ""
+			if err != nil {
+				got = err.Error()
+			}
+			if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+				t.Errorf("%s\npermitted: want %q, got %q", tc.reason, tc.want, got)
+			}
+		})
+	}
+
+	pc := policy("10.1.0.0/16")
+	plain, private := desiredSpec(asks(), pc, "unit", nil, ""), desiredSpec(asks("10.1.2.0/24"), pc, "unit", nil, "")
+	if plain.Hash == private.Hash {
+		t.Error("a private destination changes the proxy's configuration, so it must change the spec hash")
+	}
+	if diff := cmp.Diff([]string{"10.1.2.0/24"}, private.AllowedPrivateDestinations); diff != "" {
+		t.Errorf("the backend spec carries the destinations: -want +got:\n%s", diff)
+	}
+}

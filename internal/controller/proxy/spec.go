@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"net/netip"
 	"sort"
 
 	"github.com/pkg/errors"
@@ -75,6 +76,52 @@ func credentials(ctx context.Context, kube client.Client, p *v1alpha1.Proxy) (*b
 	return c, nil
 }
 
+// cidrs returns the CIDRs as sorted strings.
+func cidrs(in []v1alpha1.CIDR) []string {
+	out := make([]string, 0, len(in))
+	for _, c := range in {
+		out = append(out, string(c))
+	}
+	sort.Strings(out)
+	return out
+}
+
+// permitted checks that every private destination the Proxy asks for lies
+// within one its ProviderConfig's policy permits, by arithmetic on the
+// CIDRs. Its error names both fields.
+func permitted(p *v1alpha1.Proxy, pc *config) error {
+	want := p.Spec.ForProvider.AllowedPrivateDestinations
+	if len(want) == 0 {
+		return nil
+	}
+	var allowed []netip.Prefix
+	var listed []string
+	if pc.Spec.Policy != nil {
+		for _, c := range pc.Spec.Policy.AllowedPrivateDestinations {
+			if a, err := netip.ParsePrefix(string(c)); err == nil {
+				allowed = append(allowed, a.Masked())
+				listed = append(listed, string(c))
+			}
+		}
+	}
+	for _, c := range want {
+		w, err := netip.ParsePrefix(string(c))
+		if err != nil {
+			return errors.Errorf("spec.forProvider.allowedPrivateDestinations %q is not a CIDR", c)
+		}
+		w = w.Masked()
+		ok := false
+		for _, a := range allowed {
+			ok = ok || (a.Addr().Is4() == w.Addr().Is4() && a.Bits() <= w.Bits() && a.Contains(w.Addr()))
+		}
+		if !ok {
+			return errors.Errorf("spec.forProvider.allowedPrivateDestinations %q is not permitted by %s %s: its spec.policy.allowedPrivateDestinations allows %v; ask the platform team to permit it or remove it",
+				c, pc.Kind, pc.Name, listed)
+		}
+	}
+	return nil
+}
+
 // userData reads a GCP Proxy's own cloud-init, inline or from its Secret.
 func userData(ctx context.Context, kube client.Client, p *v1alpha1.Proxy) (string, error) {
 	g := p.Spec.ForProvider.GCP
@@ -114,12 +161,13 @@ func desiredSpec(p *v1alpha1.Proxy, pc *config, clusterID string, creds *backend
 			ClusterID: clusterID, Namespace: p.GetNamespace(), Name: p.GetName(), UID: p.GetUID(),
 			Fleet: fleetv1alpha1.FleetName(p),
 		},
-		Port:                fp.Port,
-		Credentials:         creds,
-		AllowedSourceRanges: ranges,
-		Local:               fp.Local,
-		Kubernetes:          fp.Kubernetes,
-		GCP:                 fp.GCP,
+		Port:                       fp.Port,
+		Credentials:                creds,
+		AllowedSourceRanges:        ranges,
+		AllowedPrivateDestinations: cidrs(fp.AllowedPrivateDestinations),
+		Local:                      fp.Local,
+		Kubernetes:                 fp.Kubernetes,
+		GCP:                        fp.GCP,
 	}
 	if s.Port == 0 {
 		s.Port = v1alpha1.DefaultPort
@@ -140,10 +188,11 @@ func specHash(s backend.Spec) string {
 		GCP         *v1alpha1.GCPPlacement        `json:"gcp,omitempty"`
 		Port        int32                         `json:"port"`
 		Ranges      []string                      `json:"ranges,omitempty"`
+		Private     []string                      `json:"private,omitempty"`
 		Username    string                        `json:"username,omitempty"`
 		PasswordSum string                        `json:"passwordSum,omitempty"`
 		UserDataSum string                        `json:"userDataSum,omitempty"`
-	}{Local: s.Local, Kubernetes: s.Kubernetes, GCP: s.GCP, Port: s.Port, Ranges: s.AllowedSourceRanges}
+	}{Local: s.Local, Kubernetes: s.Kubernetes, GCP: s.GCP, Port: s.Port, Ranges: s.AllowedSourceRanges, Private: s.AllowedPrivateDestinations}
 	if s.UserData != "" {
 		sum := sha256.Sum256([]byte(s.UserData))
 		in.UserDataSum = hex.EncodeToString(sum[:])
