@@ -6,6 +6,7 @@ package kubernetes
 import (
 	"context"
 	"net/http"
+	"sort"
 	"strings"
 
 	"github.com/pkg/errors"
@@ -33,10 +34,19 @@ const AnnotationSpecHash = "egress.crawl.example.com/spec-hash"
 
 const (
 	configDir = "/etc/egress-proxy"
-	// squidGID is the proxy group in Debian and Ubuntu images; the htpasswd
-	// file must be readable by the auth helper, which runs as that group.
+	// squidUID and squidGID are the proxy user and group in Debian and
+	// Ubuntu images. The pod runs as them, not as root: a real kubelet
+	// refuses runAsNonRoot for an image whose user is root unless the UID
+	// is explicit. The htpasswd file must be readable by the auth helper,
+	// which runs as that group.
+	squidUID = 13
 	squidGID = 13
 )
+
+// writable are the folders Squid writes in a pod with a read-only root
+// filesystem: its IPC sockets and pid, core dumps, and the spool and log
+// folders it checks at start. Each gets an emptyDir.
+var writable = map[string]string{"tmp": "/tmp", "run": "/run/squid", "varrun": "/var/run/squid", "spool": "/var/spool/squid", "cache": "/var/cache/squid", "logs": "/var/log/squid"}
 
 // Config configures a kubernetes backend.
 type Config struct {
@@ -149,6 +159,22 @@ func (b *Backend) pod(s backend.Spec) *corev1.Pod {
 	if s.Kubernetes.Image != "" {
 		image = s.Kubernetes.Image
 	}
+	mounts := []corev1.VolumeMount{{Name: "config", MountPath: configDir, ReadOnly: true}}
+	volumes := []corev1.Volume{{
+		Name: "config",
+		VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
+			SecretName: s.Name, DefaultMode: ptr.To(int32(0o440)),
+		}},
+	}}
+	names := make([]string, 0, len(writable))
+	for name := range writable {
+		names = append(names, name)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		mounts = append(mounts, corev1.VolumeMount{Name: name, MountPath: writable[name]})
+		volumes = append(volumes, corev1.Volume{Name: name, VolumeSource: corev1.VolumeSource{EmptyDir: &corev1.EmptyDirVolumeSource{}}})
+	}
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: s.Name, Namespace: s.Namespace, Labels: b.labels(s),
@@ -161,7 +187,12 @@ func (b *Backend) pod(s backend.Spec) *corev1.Pod {
 			AutomountServiceAccountToken: ptr.To(false),
 			EnableServiceLinks:           ptr.To(false),
 			NodeSelector:                 s.Kubernetes.NodeSelector,
-			SecurityContext:              &corev1.PodSecurityContext{FSGroup: ptr.To(int64(squidGID))},
+			// Pod Security Standard "restricted".
+			SecurityContext: &corev1.PodSecurityContext{
+				RunAsNonRoot: ptr.To(true), RunAsUser: ptr.To(int64(squidUID)), RunAsGroup: ptr.To(int64(squidGID)),
+				FSGroup:        ptr.To(int64(squidGID)),
+				SeccompProfile: &corev1.SeccompProfile{Type: corev1.SeccompProfileTypeRuntimeDefault},
+			},
 			Containers: []corev1.Container{{
 				Name:    "squid",
 				Image:   image,
@@ -174,15 +205,13 @@ func (b *Backend) pod(s backend.Spec) *corev1.Pod {
 					Requests: corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("50m"), corev1.ResourceMemory: resource.MustParse("64Mi")},
 					Limits:   corev1.ResourceList{corev1.ResourceMemory: resource.MustParse("256Mi")},
 				},
-				SecurityContext: &corev1.SecurityContext{AllowPrivilegeEscalation: ptr.To(false)},
-				VolumeMounts:    []corev1.VolumeMount{{Name: "config", MountPath: configDir, ReadOnly: true}},
+				SecurityContext: &corev1.SecurityContext{
+					AllowPrivilegeEscalation: ptr.To(false), RunAsNonRoot: ptr.To(true), ReadOnlyRootFilesystem: ptr.To(true),
+					Capabilities: &corev1.Capabilities{Drop: []corev1.Capability{"ALL"}},
+				},
+				VolumeMounts: mounts,
 			}},
-			Volumes: []corev1.Volume{{
-				Name: "config",
-				VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{
-					SecretName: s.Name, DefaultMode: ptr.To(int32(0o440)),
-				}},
-			}},
+			Volumes: volumes,
 		},
 	}
 }

@@ -1,0 +1,68 @@
+package kubernetes_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/kubernetes"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+)
+
+// TestPodsPassRestrictedPodSecurity creates a proxy's pod in a namespace
+// that enforces the Pod Security Standard "restricted". Pod Security
+// admission runs in kube-apiserver, so the real apiserver judges it. A pod
+// without the hardening is refused there, which shows the check is live.
+func TestPodsPassRestrictedPodSecurity(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ctx := context.Background()
+	ns := &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "psa-restricted", Labels: map[string]string{
+		"pod-security.kubernetes.io/enforce":         "restricted",
+		"pod-security.kubernetes.io/enforce-version": "latest",
+	}}}
+	if err := bed.Client.Create(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+
+	// The check has power: a plain pod running as the image's user is
+	// refused.
+	plain := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns.Name, Name: "plain"},
+		Spec:       corev1.PodSpec{Containers: []corev1.Container{{Name: "squid", Image: "squid"}}},
+	}
+	if err := bed.Client.Create(ctx, plain); !kerrors.IsForbidden(err) || !strings.Contains(err.Error(), "restricted") {
+		t.Fatalf("a pod without hardening must be refused by Pod Security admission, got %v", err)
+	}
+
+	b := kubernetes.New(kubernetes.Config{Client: bed.Client, ClusterID: "psa"})
+	uid := types.UID("5e0a7a4c-1111-4222-8333-944455556666")
+	o := ownership.Owner{ClusterID: "psa", Namespace: ns.Name, Name: "p", UID: uid, Fleet: "crawlers"}
+	s := backend.Spec{
+		Ref:   backend.Ref{Name: ownership.InstanceName(uid), Namespace: ns.Name},
+		Owner: o, Port: 3128,
+		Credentials: &backend.Credentials{Username: "crawler", Password: "pw"},
+		Kubernetes:  &v1alpha1.KubernetesPlacement{},
+		Hash:        "h",
+	}
+	if _, err := b.Create(ctx, s); err != nil {
+		t.Fatalf("the proxy's pod must pass the restricted Pod Security Standard: %v", err)
+	}
+	pod := &corev1.Pod{}
+	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns.Name, Name: s.Name}, pod); err != nil {
+		t.Fatal(err)
+	}
+	sc := pod.Spec.SecurityContext
+	if sc.RunAsUser == nil || *sc.RunAsUser == 0 || sc.RunAsGroup == nil {
+		t.Errorf("the pod must name a non-root user and group explicitly: %+v", sc)
+	}
+	if c := pod.Spec.Containers[0].SecurityContext; c.ReadOnlyRootFilesystem == nil || !*c.ReadOnlyRootFilesystem {
+		t.Errorf("the root filesystem must be read-only: %+v", c)
+	}
+}
