@@ -11,6 +11,7 @@ import (
 
 	"github.com/pkg/errors"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -147,6 +148,10 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 		return nil, Classify(errors.Wrap(err, "cannot create proxy config secret"))
 	}
 
+	// The network policy goes first, so that a pod is never unconfined.
+	if err := b.cfg.Client.Create(ctx, b.networkPolicy(s)); err != nil && !kerrors.IsAlreadyExists(err) {
+		return nil, Classify(errors.Wrap(err, "cannot create proxy network policy"))
+	}
 	pod := b.pod(s)
 	if err := b.cfg.Client.Create(ctx, pod); err != nil && !kerrors.IsAlreadyExists(err) {
 		return nil, Classify(errors.Wrap(err, "cannot create proxy pod"))
@@ -271,6 +276,9 @@ func (b *Backend) Delete(ctx context.Context, r backend.Ref) error {
 	}
 	if err := b.cfg.Client.Delete(ctx, &corev1.Secret{ObjectMeta: meta}); err != nil && !kerrors.IsNotFound(err) {
 		return Classify(errors.Wrap(err, "cannot delete proxy config secret"))
+	}
+	if err := b.cfg.Client.Delete(ctx, &networkingv1.NetworkPolicy{ObjectMeta: meta}); err != nil && !kerrors.IsNotFound(err) {
+		return Classify(errors.Wrap(err, "cannot delete proxy network policy"))
 	}
 	return nil
 }

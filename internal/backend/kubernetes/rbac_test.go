@@ -57,6 +57,8 @@ func TestProviderRBAC(t *testing.T) {
 		"PodLogs":            {reason: "No pod logs.", attrs: authzv1.ResourceAttributes{Namespace: "team-a", Verb: "get", Resource: "pods", Subresource: "log"}, want: false},
 		"OtherNamespaces":    {reason: "Only kube-system may be read.", attrs: authzv1.ResourceAttributes{Verb: "get", Resource: "namespaces", Name: "default"}, want: false},
 		"Secrets":            {reason: "Secrets come from Crossplane's own provider role, not from this file.", attrs: authzv1.ResourceAttributes{Namespace: "team-a", Verb: "get", Resource: "secrets"}, want: false},
+		"NetworkPolicies":    {reason: "It confines each pod with a NetworkPolicy.", attrs: authzv1.ResourceAttributes{Namespace: "team-a", Verb: "create", Group: "networking.k8s.io", Resource: "networkpolicies"}, want: true},
+		"EditNetworkPolicy":  {reason: "Policies are replaced with their pod, never edited.", attrs: authzv1.ResourceAttributes{Namespace: "team-a", Verb: "update", Group: "networking.k8s.io", Resource: "networkpolicies"}, want: false},
 		"Deployments":        {reason: "Nothing beyond pods.", attrs: authzv1.ResourceAttributes{Namespace: "team-a", Verb: "create", Group: "apps", Resource: "deployments"}, want: false},
 		"Nodes":              {reason: "Nothing cluster-wide beyond pods.", attrs: authzv1.ResourceAttributes{Verb: "list", Resource: "nodes"}, want: false},
 		"Escalate":           {reason: "No RBAC rights.", attrs: authzv1.ResourceAttributes{Verb: "create", Group: "rbac.authorization.k8s.io", Resource: "clusterrolebindings"}, want: false},

@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -86,6 +88,20 @@ func TestKubernetesProxy(t *testing.T) {
 			t.Errorf("pod squid.conf lacks %q", want)
 		}
 	}
+	np := &networkingv1.NetworkPolicy{}
+	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: podNS, Name: pod.Name}, np); err != nil {
+		t.Fatalf("network policy beside the pod: %v", err)
+	}
+	if diff := cmp.Diff(wantLabels, np.Labels); diff != "" {
+		t.Errorf("network policy labels, like the pod's: -want, +got:\n%s", diff)
+	}
+	if sel := np.Spec.PodSelector.MatchLabels; sel[ownership.LabelUID] != string(proxy.UID) || len(np.Spec.PolicyTypes) != 2 {
+		t.Errorf("the policy selects exactly this pod, in and out: %+v", np.Spec)
+	}
+	egress := np.Spec.Egress[len(np.Spec.Egress)-1].To[0].IPBlock
+	if egress == nil || egress.CIDR != "0.0.0.0/0" || !slices.Contains(egress.Except, "10.0.0.0/8") || !slices.Contains(egress.Except, "169.254.0.0/16") {
+		t.Errorf("egress goes to the public internet only: %+v", egress)
+	}
 	if strings.Contains(string(sec.Data["htpasswd"]), password) || !strings.HasPrefix(string(sec.Data["htpasswd"]), "crawler:$apr1$") {
 		t.Errorf("htpasswd must hold an APR1 hash, never the password: %q", sec.Data["htpasswd"])
 	}
@@ -144,11 +160,13 @@ func TestKubernetesProxy(t *testing.T) {
 		if err := bed.Client.Delete(ctx, get(t, key)); err != nil {
 			t.Fatal(err)
 		}
-		testbed.Eventually(t, 10*time.Second, "pod and config secret gone", func() (bool, string) {
-			pods, secs := &corev1.PodList{}, &corev1.SecretList{}
+		testbed.Eventually(t, 10*time.Second, "pod, config secret and network policy gone", func() (bool, string) {
+			pods, secs, nps := &corev1.PodList{}, &corev1.SecretList{}, &networkingv1.NetworkPolicyList{}
 			_ = bed.Client.List(ctx, pods, client.InNamespace(podNS))
 			_ = bed.Client.List(ctx, secs, client.InNamespace(podNS), client.MatchingLabels(ownership.Selector("it")))
-			return len(pods.Items) == 0 && len(secs.Items) == 0, fmt.Sprintf("%d pods, %d secrets", len(pods.Items), len(secs.Items))
+			_ = bed.Client.List(ctx, nps, client.InNamespace(podNS), client.MatchingLabels(ownership.Selector("it")))
+			return len(pods.Items) == 0 && len(secs.Items) == 0 && len(nps.Items) == 0,
+				fmt.Sprintf("%d pods, %d secrets, %d network policies", len(pods.Items), len(secs.Items), len(nps.Items))
 		})
 	})
 }
