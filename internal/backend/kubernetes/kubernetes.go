@@ -284,15 +284,35 @@ func (b *Backend) Delete(ctx context.Context, r backend.Ref) error {
 }
 
 // ListOwned lists this cluster's proxy pods in every namespace, which is why
-// the provider's pod RBAC is a ClusterRole.
+// the provider's pod RBAC is a ClusterRole, and the network policies left
+// without their pod.
 func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
 	l := &corev1.PodList{}
 	if err := b.cfg.Client.List(ctx, l, client.MatchingLabels(ownership.Selector(b.cfg.ClusterID))); err != nil {
 		return nil, Classify(errors.Wrap(err, "cannot list proxy pods"))
 	}
 	out := make([]backend.Instance, 0, len(l.Items))
+	pods := map[string]bool{}
 	for i := range l.Items {
 		out = append(out, *b.instance(&l.Items[i]))
+		pods[l.Items[i].Namespace+"/"+l.Items[i].Name] = true
+	}
+	// A network policy whose pod never came, or is gone, is an instance
+	// too: Delete removes what is left of it.
+	nps := &networkingv1.NetworkPolicyList{}
+	if err := b.cfg.Client.List(ctx, nps, client.MatchingLabels(ownership.Selector(b.cfg.ClusterID))); err != nil {
+		return nil, Classify(errors.Wrap(err, "cannot list proxy network policies"))
+	}
+	for i := range nps.Items {
+		np := &nps.Items[i]
+		if pods[np.Namespace+"/"+np.Name] {
+			continue
+		}
+		owner, _ := ownership.FromLabels(np.Labels)
+		out = append(out, backend.Instance{
+			Ref: backend.Ref{Name: np.Name, Namespace: np.Namespace}, ProviderID: np.Namespace + "/" + np.Name,
+			Phase: v1alpha1.InstancePhaseTerminated, CreatedAt: np.CreationTimestamp.Time, Owner: owner,
+		})
 	}
 	return out, nil
 }

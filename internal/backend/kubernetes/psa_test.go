@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -64,5 +65,47 @@ func TestPodsPassRestrictedPodSecurity(t *testing.T) {
 	}
 	if c := pod.Spec.Containers[0].SecurityContext; c.ReadOnlyRootFilesystem == nil || !*c.ReadOnlyRootFilesystem {
 		t.Errorf("the root filesystem must be read-only: %+v", c)
+	}
+}
+
+// TestOrphanedPolicyListed leaves a proxy's network policy without its pod,
+// as a create that failed after the policy would: ListOwned reports it, so
+// that the orphan collector deletes it through Delete.
+func TestOrphanedPolicyListed(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ctx := context.Background()
+	ns := bed.Namespace(t)
+	b := kubernetes.New(kubernetes.Config{Client: bed.Client, ClusterID: "leak"})
+	uid := types.UID("6f1b8b5d-1111-4222-8333-944455556666")
+	s := backend.Spec{
+		Ref:   backend.Ref{Name: ownership.InstanceName(uid), Namespace: ns},
+		Owner: ownership.Owner{ClusterID: "leak", Namespace: ns, Name: "p", UID: uid}, Port: 3128,
+		Credentials: &backend.Credentials{Username: "crawler", Password: "pw"},
+		Kubernetes:  &v1alpha1.KubernetesPlacement{}, Hash: "h",
+	}
+	if _, err := b.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := bed.Client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: s.Name}}); err != nil {
+		t.Fatal(err)
+	}
+	owned, err := b.ListOwned(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found *backend.Instance
+	for i := range owned {
+		if owned[i].Name == s.Name && owned[i].Namespace == ns {
+			found = &owned[i]
+		}
+	}
+	if found == nil || found.Owner.UID != uid {
+		t.Fatalf("the policy left without its pod is not listed with its owner: %+v", owned)
+	}
+	if err := b.Delete(ctx, found.Ref); err != nil {
+		t.Fatal(err)
+	}
+	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: s.Name}, &networkingv1.NetworkPolicy{}); !kerrors.IsNotFound(err) {
+		t.Errorf("Delete must remove the policy: %v", err)
 	}
 }
