@@ -156,6 +156,16 @@ type KubernetesPlacement struct {
 	// +kubebuilder:validation:MaxLength=512
 	// +optional
 	Image string `json:"image,omitempty"`
+
+	// ClientNamespaces are namespaces whose pods may connect to the proxy,
+	// besides allowedSourceRanges, in the pod's NetworkPolicy. With neither,
+	// any client may connect and must present the credentials.
+	// +kubebuilder:validation:MaxItems=32
+	// +kubebuilder:validation:items:MaxLength=63
+	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +listType=set
+	// +optional
+	ClientNamespaces []string `json:"clientNamespaces,omitempty"`
 }
 
 // GCPPlacement places a proxy on a Compute Engine VM.

@@ -15,8 +15,8 @@ import (
 
 // networkPolicy confines one proxy pod at the network layer, apart from
 // Squid's own rules, where the cluster's CNI enforces NetworkPolicy: in
-// only to the proxy port from its allowed source ranges (anyone, when it has
-// credentials and no ranges), out only to DNS and to the public internet,
+// only to the proxy port from its allowed source ranges and client
+// namespaces (anyone, when it has credentials and neither), out only to DNS and to the public internet,
 // plus the private destinations its ProviderConfig permitted. It is named
 // and labelled like the pod and deleted with it.
 func (b *Backend) networkPolicy(s backend.Spec) *networkingv1.NetworkPolicy {
@@ -27,6 +27,11 @@ func (b *Backend) networkPolicy(s backend.Spec) *networkingv1.NetworkPolicy {
 	in := networkingv1.NetworkPolicyIngressRule{Ports: []networkingv1.NetworkPolicyPort{{Protocol: &tcp, Port: &port}}}
 	for _, r := range s.AllowedSourceRanges {
 		in.From = append(in.From, networkingv1.NetworkPolicyPeer{IPBlock: &networkingv1.IPBlock{CIDR: r}})
+	}
+	if ns := s.Kubernetes.ClientNamespaces; len(ns) > 0 {
+		in.From = append(in.From, networkingv1.NetworkPolicyPeer{NamespaceSelector: &metav1.LabelSelector{
+			MatchExpressions: []metav1.LabelSelectorRequirement{{Key: corev1.LabelMetadataName, Operator: metav1.LabelSelectorOpIn, Values: ns}},
+		}})
 	}
 
 	// The public internet: everything but the private destinations, per

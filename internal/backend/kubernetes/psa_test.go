@@ -48,12 +48,27 @@ func TestPodsPassRestrictedPodSecurity(t *testing.T) {
 	s := backend.Spec{
 		Ref:   backend.Ref{Name: ownership.InstanceName(uid), Namespace: ns.Name},
 		Owner: o, Port: 3128,
-		Credentials: &backend.Credentials{Username: "crawler", Password: "pw"},
-		Kubernetes:  &v1alpha1.KubernetesPlacement{},
-		Hash:        "h",
+		Credentials:                &backend.Credentials{Username: "crawler", Password: "pw"},
+		AllowedSourceRanges:        []string{"10.0.0.0/8"},
+		AllowedPrivateDestinations: []string{"10.1.0.0/16"},
+		Kubernetes:                 &v1alpha1.KubernetesPlacement{ClientNamespaces: []string{"crawlers"}},
+		Hash:                       "h",
 	}
 	if _, err := b.Create(ctx, s); err != nil {
 		t.Fatalf("the proxy's pod must pass the restricted Pod Security Standard: %v", err)
+	}
+	np := &networkingv1.NetworkPolicy{}
+	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns.Name, Name: s.Name}, np); err != nil {
+		t.Fatal(err)
+	}
+	from := np.Spec.Ingress[0].From
+	if len(from) != 2 || from[0].IPBlock == nil || from[0].IPBlock.CIDR != "10.0.0.0/8" ||
+		from[1].NamespaceSelector == nil || from[1].NamespaceSelector.MatchExpressions[0].Values[0] != "crawlers" {
+		t.Errorf("ingress from the allowed ranges and the client namespaces only: %+v", from)
+	}
+	to := np.Spec.Egress[1].To
+	if last := to[len(to)-1].IPBlock; last == nil || last.CIDR != "10.1.0.0/16" {
+		t.Errorf("egress to the permitted private destination: %+v", to)
 	}
 	pod := &corev1.Pod{}
 	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns.Name, Name: s.Name}, pod); err != nil {
