@@ -124,6 +124,17 @@ func (s *fleetSpec) checkProxy() error {
 	if s.Proxy.AuthSecretRef == nil && len(public) > 0 {
 		return fieldError("spec.proxy.allowedSourceRanges", "%q is not private, loopback or CGNAT space: without authSecretRef that is an open proxy; add authSecretRef or narrow the range", public[0])
 	}
+	private := make([]string, 0, len(s.Proxy.AllowedPrivateDestinations))
+	for _, c := range s.Proxy.AllowedPrivateDestinations {
+		private = append(private, string(c))
+	}
+	notPrivate, err := squid.NotPrivateDestinations(private)
+	if err != nil {
+		return fieldError("spec.proxy.allowedPrivateDestinations", "%v", err)
+	}
+	if len(notPrivate) > 0 {
+		return fieldError("spec.proxy.allowedPrivateDestinations", "%q is not a private network (nor may it be the proxy host itself): public destinations need no exception", notPrivate[0])
+	}
 	if s.Proxy.AuthSecretRef != nil && s.Proxy.AuthSecretRef.Name == "" {
 		return fieldError("spec.proxy.authSecretRef.name", "must name a Secret in the fleet's namespace")
 	}

@@ -15,6 +15,12 @@ import (
 	"github.com/pkg/errors"
 )
 
+// ConfigGeneration names the rules this generator writes. It is part of
+// every proxy's spec hash, so that when the rules change (the destination
+// policy did in generation 2), existing proxies are replaced with the new
+// configuration instead of keeping the old one.
+const ConfigGeneration = 2
+
 // Paths where Debian and Ubuntu's squid packages (and the ubuntu/squid
 // image) put the basic auth helper.
 const (
@@ -105,18 +111,37 @@ func (c Config) Validate() error {
 }
 
 // PrivateDestinations are the networks a proxy never reaches unless a
-// fleet's exception, permitted by its ProviderConfig, names them: "this"
-// network, RFC 1918, CGNAT, link-local (cloud metadata), the documentation
-// ranges, multicast, reserved and broadcast, and IPv6 unique-local (GCP's
-// metadata server fd20:ce::254), link-local and multicast. Loopback is
-// denied apart from these. The benchmark range 198.18.0.0/15 is public
-// here: tests stand it in for the internet.
+// fleet's exception, permitted by its ProviderConfig, names them: RFC 1918,
+// CGNAT, link-local (cloud metadata), the documentation ranges, multicast,
+// reserved and broadcast; in IPv6 unique-local (GCP's metadata server
+// fd20:ce::254), link-local, multicast, documentation, discard, and the
+// prefixes that embed an IPv4 address (IPv4-compatible, NAT64, 6to4,
+// Teredo), which could carry a private one. The benchmark range
+// 198.18.0.0/15 is public here: tests stand it in for the internet.
 var PrivateDestinations = prefixes(
-	"0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "172.16.0.0/12",
+	"10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "172.16.0.0/12",
 	"192.0.2.0/24", "192.168.0.0/16", "198.51.100.0/24", "203.0.113.0/24",
 	"224.0.0.0/4", "240.0.0.0/4",
-	"fc00::/7", "fe80::/10", "ff00::/8",
+	"fc00::/7", "fe80::/10", "ff00::/8", "2001:db8::/32", "100::/64",
+	"::/96", "64:ff9b::/96", "64:ff9b:1::/48", "2002::/16", "2001::/32",
 )
+
+// NotPrivateDestinations returns the CIDRs that do not lie wholly inside
+// PrivateDestinations: an exception for them would be meaningless or, for
+// the proxy host itself, refused.
+func NotPrivateDestinations(cidrs []string) ([]string, error) {
+	var out []string
+	for _, c := range cidrs {
+		p, err := netip.ParsePrefix(c)
+		if err != nil {
+			return nil, errors.Errorf("%q is not a CIDR", c)
+		}
+		if !within(p.Masked(), PrivateDestinations) {
+			out = append(out, c)
+		}
+	}
+	return out, nil
+}
 
 // PrivateSources are the client networks a proxy without credentials may
 // admit: private, loopback, CGNAT, unique-local and link-local space. A
@@ -143,12 +168,58 @@ func PublicSources(ranges []string) ([]string, error) {
 	return out, nil
 }
 
-// loopbackDestinations are the proxy host itself.
-var loopbackDestinations = prefixes("127.0.0.0/8", "::1/128")
+// hostDestinations are the proxy host itself: loopback, and the
+// unspecified addresses (0.0.0.0/8, ::), which connect to it too. No
+// exception covers them; only a local-backend proxy bound to loopback may
+// reach loopback.
+var (
+	loopbackDestinations    = prefixes("127.0.0.0/8", "::1/128")
+	unspecifiedDestinations = prefixes("0.0.0.0/8", "::/128")
+)
 
-// metadataDestinations are the cloud metadata servers, which hand out the
-// instance's credentials: denied even where an exception covers them.
-var metadataDestinations = prefixes("169.254.169.254/32", "fd00:ec2::254/128", "fd20:ce::254/128")
+// metadataDestinations are the cloud metadata and credential servers, which
+// hand out the instance's credentials: denied even where an exception
+// covers them (AWS, GCP, ECS, Alibaba, Azure's WireServer).
+var metadataDestinations = prefixes(
+	"169.254.169.254/32", "169.254.170.2/32", "100.100.100.200/32", "168.63.129.16/32",
+	"fd00:ec2::254/128", "fd20:ce::254/128",
+)
+
+// subtract returns nets with every exception carved out, as prefixes:
+// Squid's dst ACL matches a name when any of its addresses matches, so an
+// exception must shrink the denied set, never gate it.
+func subtract(nets, exceptions []netip.Prefix) []netip.Prefix {
+	var out []netip.Prefix
+	for _, n := range nets {
+		out = append(out, carve(n, exceptions)...)
+	}
+	return out
+}
+
+// carve splits n into the largest prefixes that overlap no exception.
+func carve(n netip.Prefix, exceptions []netip.Prefix) []netip.Prefix {
+	overlaps := false
+	for _, e := range exceptions {
+		if e.Addr().Is4() != n.Addr().Is4() {
+			continue
+		}
+		if e.Bits() <= n.Bits() && e.Contains(n.Addr()) {
+			return nil // all of n is excepted
+		}
+		if n.Contains(e.Addr()) {
+			overlaps = true
+		}
+	}
+	if !overlaps {
+		return []netip.Prefix{n}
+	}
+	lo := netip.PrefixFrom(n.Addr(), n.Bits()+1)
+	b := n.Addr().AsSlice()
+	b[n.Bits()/8] |= 0x80 >> (n.Bits() % 8)
+	a, _ := netip.AddrFromSlice(b)
+	hi := netip.PrefixFrom(a, n.Bits()+1)
+	return append(carve(lo, exceptions), carve(hi, exceptions)...)
+}
 
 func prefixes(ss ...string) []netip.Prefix {
 	out := make([]netip.Prefix, 0, len(ss))
@@ -213,39 +284,42 @@ acl egress_authenticated proxy_auth REQUIRED
 acl egress_clients src{{ range .AllowedSourceRanges }} {{ . }}{{ end }}
 {{- end }}
 
-# Destinations: the public internet only, on web and unprivileged ports.
-# dst ACLs also match host names, after Squid resolves them.
+# Who: only the allowed clients, and only with credentials. These come
+# first, so that nobody else learns anything about destinations.
+http_access deny manager
+{{- if .AllowedSourceRanges }}
+http_access deny !egress_clients
+{{- end }}
+{{- if .HtpasswdPath }}
+http_access deny !egress_authenticated
+{{- end }}
+
+# Where: the public internet only, on web and unprivileged ports. dst ACLs
+# also match host names, after Squid resolves them, when any of their
+# addresses matches; so exceptions are carved out of the denied networks
+# rather than allowed past them.
 acl egress_ports port 80 443 1024-65535
 acl egress_connect_ports port 443 1024-65535
 acl egress_private dst {{ .Private }}
+acl egress_host dst {{ .Host }}
 acl egress_metadata dst {{ .Metadata }}
 acl egress_loopback dst {{ .Loopback }}
 {{- if .Own }}
 acl egress_self dst {{ .Own }}
 {{- end }}
-{{- if .Exceptions }}
-acl egress_exceptions dst {{ .Exceptions }}
-{{- end }}
 {{- if .HostsFile }}
 hosts_file {{ .HostsFile }}
 {{- end }}
-http_access deny manager
 http_access deny !egress_ports
 http_access deny CONNECT !egress_connect_ports
 http_access deny egress_metadata
+http_access deny egress_host
 {{- if .Own }}
 http_access deny egress_self
 {{- end }}
-{{- if .Exceptions }}
-http_access deny egress_private !egress_exceptions
-{{- else }}
 http_access deny egress_private
-{{- end }}
 {{- if not .AllowLoopback }}
 http_access deny egress_loopback
-{{- end }}
-{{- if .AllowedSourceRanges }}
-http_access deny !egress_clients
 {{- end }}
 {{- if .HtpasswdPath }}
 http_access allow egress_authenticated
@@ -262,12 +336,12 @@ func Render(c Config) ([]byte, error) {
 	}
 	v := struct {
 		Config
-		Listen                                       string
-		Private, Metadata, Loopback, Own, Exceptions string
-		AllowLoopback                                bool
+		Listen                                 string
+		Private, Host, Metadata, Loopback, Own string
+		AllowLoopback                          bool
 	}{
 		Config: c, Listen: fmt.Sprint(c.Port),
-		Private: joinPrefixes(PrivateDestinations), Metadata: joinPrefixes(metadataDestinations), Loopback: joinPrefixes(loopbackDestinations),
+		Host: joinPrefixes(unspecifiedDestinations), Metadata: joinPrefixes(metadataDestinations), Loopback: joinPrefixes(loopbackDestinations),
 	}
 	own := append([]string(nil), c.OwnAddresses...)
 	if c.BindAddress != "" {
@@ -284,9 +358,17 @@ func Render(c Config) ([]byte, error) {
 	}
 	sort.Strings(own)
 	v.Own = strings.Join(own, " ")
-	exceptions := append([]string(nil), c.AllowedPrivateDestinations...)
-	sort.Strings(exceptions)
-	v.Exceptions = strings.Join(exceptions, " ")
+	var exceptions []netip.Prefix
+	for _, e := range c.AllowedPrivateDestinations {
+		exceptions = append(exceptions, netip.MustParsePrefix(e).Masked())
+	}
+	remaining := subtract(PrivateDestinations, exceptions)
+	if len(remaining) == 0 {
+		// Everything excepted; an ACL needs a value, and this one is
+		// reserved space anyway.
+		remaining = prefixes("255.255.255.255/32")
+	}
+	v.Private = joinPrefixes(remaining)
 	v.AllowedSourceRanges = append([]string(nil), c.AllowedSourceRanges...)
 	sort.Strings(v.AllowedSourceRanges)
 	if v.AuthHelper == "" {

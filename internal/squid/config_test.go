@@ -2,6 +2,7 @@ package squid
 
 import (
 	"flag"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -201,5 +202,35 @@ func TestHtpasswdRejectsBadInput(t *testing.T) {
 		if _, err := HtpasswdWithSalt(tc.user, tc.pass, "abc"); err == nil {
 			t.Errorf("HtpasswdWithSalt(%q, %q) must fail", tc.user, tc.pass)
 		}
+	}
+}
+
+// TestSubtract checks the carving of exceptions out of the denied networks
+// address by address: an address is still denied exactly when it is in a
+// private network and in no exception.
+func TestSubtract(t *testing.T) {
+	exceptions := prefixes("10.99.0.0/16", "192.168.7.128/25", "fd12:3456::/32")
+	got := subtract(PrivateDestinations, exceptions)
+	in := func(a netip.Addr, nets []netip.Prefix) bool {
+		for _, n := range nets {
+			if n.Contains(a) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, s := range []string{
+		"10.99.0.1", "10.99.255.255", "10.98.255.255", "10.100.0.0", "10.0.0.1", "10.255.255.255",
+		"192.168.7.127", "192.168.7.128", "192.168.7.255", "192.168.8.0", "172.16.0.1", "8.8.8.8", "198.18.0.2",
+		"fd12:3456::1", "fd12:3457::1", "fc00::1", "2001:db8::1", "2606:4700::1",
+	} {
+		a := netip.MustParseAddr(s)
+		want := in(a, PrivateDestinations) && !in(a, exceptions)
+		if got := in(a, got); got != want {
+			t.Errorf("%s: denied %v, want %v", s, got, want)
+		}
+	}
+	if diff := cmp.Diff(joinPrefixes(PrivateDestinations), joinPrefixes(subtract(PrivateDestinations, nil))); diff != "" {
+		t.Errorf("no exception carves nothing: -want +got:\n%s", diff)
 	}
 }

@@ -28,6 +28,12 @@ var denied = []destination{
 	{"loopback", "127.0.0.2"},
 	{"loopback", "::1"},
 	{"this-network", "0.1.2.3"},
+	{"unspecified", "0.0.0.0"},
+	{"unspecified", "::"},
+	{"ipv4-compatible", "::a09:807"},
+	{"nat64", "64:ff9b::a00:1"},
+	{"6to4", "2002:a00:1::1"},
+	{"ipv6-documentation", "2001:db8::1"},
 	{"rfc1918", "10.9.8.7"},
 	{"rfc1918", "172.16.5.4"},
 	{"rfc1918", "192.168.1.1"},
@@ -103,20 +109,27 @@ func TestDestinationPolicy(t *testing.T) {
 			for _, m := range []struct{ method, port string }{{http.MethodConnect, "443"}, {http.MethodGet, "80"}} {
 				n++
 				target := net.JoinHostPort(host, m.port)
-				// A GET is found in the log by its path, a CONNECT by its
-				// target: Squid logs http://host/ without port 80.
-				path, mark := fmt.Sprintf("/check-%d", n), "CONNECT "+target
-				if m.method == http.MethodGet {
-					mark = path
-				}
-				if got := ask(m.method, target, path); got != http.StatusForbidden {
+				// Requests go one at a time, so the log line Squid writes
+				// next is this request's (Squid rewrites IPv6 literals).
+				offset := logSize(t, dir)
+				if got := ask(m.method, target, fmt.Sprintf("/check-%d", n)); got != http.StatusForbidden {
 					t.Errorf("%s %s (%s): want 403 from the destination policy, got %d", m.method, target, d.class, got)
 				}
-				deniedInLog(t, dir, mark)
+				deniedInLog(t, dir, offset, m.method)
 			}
 		}
 	}
 	t.Logf("%d denied requests over %d addresses", n, len(denied))
+
+	// Without credentials nobody learns anything about destinations: a
+	// private one gets the same 407 as a public one.
+	anonymous := &url.URL{Scheme: "http", Host: proxy.Host, User: url.UserPassword("", "")}
+	for _, target := range []string{"10.9.8.7:80", "198.18.0.2:80", hostName(3) + ":80"} {
+		code, err := request(dial, anonymous, http.MethodGet, target, "/")
+		if err != nil || code != http.StatusProxyAuthRequired {
+			t.Errorf("GET %s without credentials: want 407 before any destination rule, got %d (%v)", target, code, err)
+		}
+	}
 
 	for _, tc := range []struct {
 		reason, method, target string
@@ -131,6 +144,7 @@ func TestDestinationPolicy(t *testing.T) {
 		{"Plain HTTP to a privileged port other than 80 and 443 is refused.", http.MethodGet, "198.18.0.2:25", http.StatusForbidden},
 		{"A tunnel to a port other than 443 and the unprivileged ones is refused.", http.MethodConnect, "198.18.0.2:22", http.StatusForbidden},
 		{"A tunnel to port 80 is refused.", http.MethodConnect, "198.18.0.2:80", http.StatusForbidden},
+		{"Outside the exception a private network stays denied.", http.MethodGet, "10.98.0.1:80", http.StatusForbidden},
 	} {
 		if got := ask(tc.method, tc.target, "/"); got != tc.want {
 			t.Errorf("%s\n%s %s: want %d, got %d", tc.reason, tc.method, tc.target, tc.want, got)
@@ -170,9 +184,11 @@ func request(dial func(context.Context, string, string) (net.Conn, error), proxy
 	} else {
 		req.URL = &url.URL{Scheme: "http", Host: target, Path: path}
 	}
-	req.SetBasicAuth(proxy.User.Username(), pw)
-	req.Header.Set("Proxy-Authorization", req.Header.Get("Authorization"))
-	req.Header.Del("Authorization")
+	if proxy.User.Username() != "" {
+		req.SetBasicAuth(proxy.User.Username(), pw)
+		req.Header.Set("Proxy-Authorization", req.Header.Get("Authorization"))
+		req.Header.Del("Authorization")
+	}
 	if method == http.MethodConnect {
 		err = req.Write(c)
 	} else {
@@ -189,25 +205,41 @@ func request(dial func(context.Context, string, string) (net.Conn, error), proxy
 	return rsp.StatusCode, nil
 }
 
-// deniedInLog waits for Squid's access log line holding mark, and fails the
-// test unless it says TCP_DENIED.
-func deniedInLog(t *testing.T, dir, mark string) {
+func logSize(t *testing.T, dir string) int64 {
+	t.Helper()
+	fi, err := os.Stat(filepath.Join(dir, "access.log"))
+	if err != nil {
+		return 0
+	}
+	return fi.Size()
+}
+
+// deniedInLog waits for the line Squid logs after offset, and fails the
+// test unless it is a TCP_DENIED for method.
+func deniedInLog(t *testing.T, dir string, offset int64, method string) {
 	t.Helper()
 	var line string
-	testbed.Eventually(t, 5*time.Second, "Squid to log "+mark, func() (bool, string) {
+	testbed.Eventually(t, 5*time.Second, "Squid to log the request", func() (bool, string) {
 		b, err := os.ReadFile(filepath.Join(dir, "access.log"))
 		if err != nil {
 			return false, err.Error()
 		}
-		for _, l := range strings.Split(string(b), "\n") {
-			if strings.Contains(l, mark+" ") {
+		rest := string(b[min(offset, int64(len(b))):])
+		for {
+			l, after, complete := strings.Cut(rest, "\n")
+			if !complete {
+				return false, "no new line after byte " + fmt.Sprint(offset)
+			}
+			// A connection closed without a request (the readiness
+			// check's) is logged late; it is no request of the test's.
+			if !strings.Contains(l, "error:transaction-end-before-headers") {
 				line = l
 				return true, ""
 			}
+			rest = after
 		}
-		return false, "no line holds " + mark + " in:\n" + string(b)
 	})
-	if !strings.Contains(line, "TCP_DENIED") {
-		t.Errorf("Squid did not deny %s: %s", mark, line)
+	if !strings.Contains(line, "TCP_DENIED") || !strings.Contains(line, " "+method+" ") {
+		t.Errorf("Squid did not deny the %s: %s", method, line)
 	}
 }

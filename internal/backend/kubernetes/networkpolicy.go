@@ -45,7 +45,7 @@ func (b *Backend) networkPolicy(s backend.Spec) *networkingv1.NetworkPolicy {
 				block.Except = append(block.Except, p.String())
 			}
 		}
-		for _, p := range []string{"127.0.0.0/8", "::1/128"} {
+		for _, p := range []string{"127.0.0.0/8", "0.0.0.0/8", "::1/128", "::/128"} {
 			if netip.MustParsePrefix(p).Addr().Is4() == is4 {
 				block.Except = append(block.Except, p)
 			}

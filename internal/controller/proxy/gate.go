@@ -35,6 +35,9 @@ const (
 	ReasonBackendError  xpv2.ConditionReason = "BackendError"
 	// ReasonOpenProxy: the proxy serves requests without credentials.
 	ReasonOpenProxy xpv2.ConditionReason = "OpenProxy"
+	// ReasonNotPermitted: the Proxy asks for what its ProviderConfig's
+	// policy does not permit.
+	ReasonNotPermitted xpv2.ConditionReason = "NotPermitted"
 )
 
 // The OpenProxy condition says whether a proxy with credentials serves

@@ -383,6 +383,9 @@ func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 		return managed.ExternalObservation{}, err
 	}
 	if err := permitted(p, e.pc); err != nil {
+		// The instance may still reach what is no longer permitted: it is
+		// not handed out until the Proxy is fixed.
+		p.SetConditions(unavailable(ReasonNotPermitted, err.Error()))
 		return managed.ExternalObservation{}, err
 	}
 	want := desiredSpec(p, e.pc, e.clusterID, creds, ud)
@@ -405,6 +408,16 @@ func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 // a new instance never inherits its predecessor's verdict or address.
 func resetInstanceStatus(p *v1alpha1.Proxy) {
 	p.Status.AtProvider = v1alpha1.ProxyObservation{}
+	// A new instance inherits no closure verdict either: it must refuse a
+	// request without credentials itself before it is Ready.
+	forgetClosure(p, "NewInstance", "a new instance has not been checked yet")
+}
+
+// forgetClosure resets a closure verdict the Proxy has to Unknown.
+func forgetClosure(p *v1alpha1.Proxy, reason xpv2.ConditionReason, msg string) {
+	if p.GetCondition(TypeOpenProxy).Status != corev1.ConditionUnknown {
+		p.SetConditions(xpv2.Condition{Type: TypeOpenProxy, Status: corev1.ConditionUnknown, Reason: reason, Message: msg, LastTransitionTime: metav1.Now()})
+	}
 }
 
 // observeInstance records the instance and probes it when due.
@@ -470,6 +483,8 @@ func (e *external) probe(ctx context.Context, p *v1alpha1.Proxy, addr string, cr
 	res := e.prober.Probe(ctx, t)
 	if creds != nil {
 		e.checkClosure(ctx, p, t)
+	} else {
+		forgetClosure(p, "NoCredentials", "the proxy has no credentials to refuse requests without")
 	}
 
 	outcome := "failure"

@@ -213,6 +213,18 @@ func TestObserve(t *testing.T) {
 			want: result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: false}, Reason: xpv2.ReasonAvailable, Status: corev1.ConditionTrue,
 				Probes: 1, Healthy: true, ProviderID: "local/3128"},
 		},
+		"NotPermitted": {
+			reason: "A healthy proxy asking for a private network its ProviderConfig no longer permits is not Ready: its instance may still reach it.",
+			proxy: unitProxy(func(p *v1alpha1.Proxy) {
+				p.Spec.ForProvider.AllowedPrivateDestinations = []v1alpha1.CIDR{"10.1.0.0/16"}
+				p.Status.AtProvider = v1alpha1.ProxyObservation{ProviderID: "local/3128", Healthy: true, ConsecutiveSuccesses: 4,
+					InstanceCreatedAt: &metav1.Time{Time: epoch.Add(-time.Hour)}, LastProbeTime: &metav1.Time{Time: epoch.Add(-time.Minute)}, EgressIP: "203.0.113.9"}
+				p.SetConditions(xpv2.Available())
+			}),
+			instance: &running,
+			want: result{Err: true, Reason: ReasonNotPermitted, Status: corev1.ConditionFalse,
+				Healthy: true, EgressIP: "203.0.113.9", ProviderID: "local/3128"},
+		},
 		"Terminated": {
 			reason:   "A terminated instance is deleted and reported missing, so a fresh one is created.",
 			proxy:    unitProxy(),
@@ -615,6 +627,8 @@ func TestPrivateDestinationsPermitted(t *testing.T) {
 		"Wider":       {"A network wider than the permitted one is not.", asks("10.0.0.0/8"), policy("10.1.0.0/16"), `"10.0.0.0/8" is not permitted by ProviderConfig team`},
 		"Beside":      {"A string prefix is no containment.", asks("10.10.0.0/16"), policy("10.1.0.0/16"), `"10.10.0.0/16" is not permitted`},
 		"OtherFamily": {"An IPv6 network is not inside an IPv4 one.", asks("fd00::/8"), policy("10.0.0.0/8"), `"fd00::/8" is not permitted`},
+		"Public":      {"A public network needs no exception, even where a lax policy lists it.", asks("8.8.8.0/24"), policy("0.0.0.0/0"), `"8.8.8.0/24" is not a private network`},
+		"Loopback":    {"The proxy host itself is never an exception.", asks("127.0.0.0/8"), policy("0.0.0.0/0"), `"127.0.0.0/8" is not a private network`},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -636,5 +650,32 @@ func TestPrivateDestinationsPermitted(t *testing.T) {
 	}
 	if diff := cmp.Diff([]string{"10.1.2.0/24"}, private.AllowedPrivateDestinations); diff != "" {
 		t.Errorf("the backend spec carries the destinations: -want +got:\n%s", diff)
+	}
+}
+
+// TestClosureVerdictBelongsToTheInstance: a replacement instance inherits no
+// closure verdict, so it must refuse a request without credentials itself
+// before it is Ready; and one whose check is inconclusive is not Ready.
+func TestClosureVerdictBelongsToTheInstance(t *testing.T) {
+	p := unitProxy(func(p *v1alpha1.Proxy) {
+		p.Spec.ForProvider.AuthSecretRef = &v1alpha1.AuthSecretReference{Name: "auth"}
+		p.SetConditions(xpv2.Condition{Type: TypeOpenProxy, Status: corev1.ConditionFalse, Reason: ReasonDemandsCredentials})
+	})
+	resetInstanceStatus(p)
+	if s := p.GetCondition(TypeOpenProxy).Status; s != corev1.ConditionUnknown {
+		t.Fatalf("a new instance keeps its predecessor's closure verdict: %s", s)
+	}
+	e := newExternal(fake.New(), &fakeProber{closure: probe.ClosureUnknown}, &clock{t: epoch})
+	p.Status.AtProvider.Healthy = true
+	e.checkClosure(context.Background(), p, probe.Target{})
+	e.setReadiness(p)
+	if c := p.GetCondition(xpv2.TypeReady); c.Status != corev1.ConditionFalse || c.Reason != ReasonAwaitingProbe {
+		t.Errorf("a healthy proxy whose closure is unknown must wait, got %s %s", c.Status, c.Reason)
+	}
+	e = newExternal(fake.New(), &fakeProber{}, &clock{t: epoch})
+	e.checkClosure(context.Background(), p, probe.Target{})
+	e.setReadiness(p)
+	if c := p.GetCondition(xpv2.TypeReady); c.Status != corev1.ConditionTrue {
+		t.Errorf("once it refuses without credentials it is Ready, got %s %s", c.Status, c.Reason)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/squid"
 )
 
 // config is a resolved ProviderConfig or ClusterProviderConfig.
@@ -93,6 +94,13 @@ func permitted(p *v1alpha1.Proxy, pc *config) error {
 	want := p.Spec.ForProvider.AllowedPrivateDestinations
 	if len(want) == 0 {
 		return nil
+	}
+	public, err := squid.NotPrivateDestinations(cidrs(want))
+	if err != nil {
+		return errors.Wrap(err, "spec.forProvider.allowedPrivateDestinations")
+	}
+	if len(public) > 0 {
+		return errors.Errorf("spec.forProvider.allowedPrivateDestinations %q is not a private network (nor may it be the proxy host itself): public destinations need no exception", public[0])
 	}
 	var allowed []netip.Prefix
 	var listed []string
@@ -189,10 +197,11 @@ func specHash(s backend.Spec) string {
 		Port        int32                         `json:"port"`
 		Ranges      []string                      `json:"ranges,omitempty"`
 		Private     []string                      `json:"private,omitempty"`
+		Generation  int                           `json:"generation"`
 		Username    string                        `json:"username,omitempty"`
 		PasswordSum string                        `json:"passwordSum,omitempty"`
 		UserDataSum string                        `json:"userDataSum,omitempty"`
-	}{Local: s.Local, Kubernetes: s.Kubernetes, GCP: s.GCP, Port: s.Port, Ranges: s.AllowedSourceRanges, Private: s.AllowedPrivateDestinations}
+	}{Local: s.Local, Kubernetes: s.Kubernetes, GCP: s.GCP, Port: s.Port, Ranges: s.AllowedSourceRanges, Private: s.AllowedPrivateDestinations, Generation: squid.ConfigGeneration}
 	if s.UserData != "" {
 		sum := sha256.Sum256([]byte(s.UserData))
 		in.UserDataSum = hex.EncodeToString(sum[:])
