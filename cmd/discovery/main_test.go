@@ -7,18 +7,10 @@ import (
 	"github.com/alecthomas/kong"
 	"github.com/google/go-cmp/cmp"
 
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli/clitest"
 )
 
-func parser(t *testing.T, c *CLI) *kong.Kong {
-	t.Helper()
-	k, err := cli.New("discovery", description, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k
-}
+func parser(t *testing.T, c *CLI) *kong.Kong { return clitest.New(t, "discovery", description, c) }
 
 func TestHelp(t *testing.T) {
 	k := parser(t, &CLI{})
@@ -30,11 +22,8 @@ func TestHelp(t *testing.T) {
 		{Flag: "sweep-interval", Env: "SWEEP_INTERVAL", Default: "30s"},
 		{Flag: "debug", Env: "DEBUG", Default: "false"},
 	}
-	if diff := cmp.Diff(want, clitest.Settings(k)); diff != "" {
-		t.Errorf("clitest.Settings(...): -want, +got:\n%s", diff)
-	}
+	clitest.CheckSettings(t, k, want)
 	clitest.CheckEnvs(t, k)
-	clitest.CheckHelp(t, k)
 }
 
 func TestBadEnv(t *testing.T) {

@@ -9,18 +9,10 @@ import (
 	"github.com/alecthomas/kong"
 	"github.com/google/go-cmp/cmp"
 
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli/clitest"
 )
 
-func parser(t *testing.T, c *CLI) *kong.Kong {
-	t.Helper()
-	k, err := cli.New("egressctl", description, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k
-}
+func parser(t *testing.T, c *CLI) *kong.Kong { return clitest.New(t, "egressctl", description, c) }
 
 func TestHelp(t *testing.T) {
 	k := parser(t, &CLI{})
@@ -37,10 +29,7 @@ func TestHelp(t *testing.T) {
 		{Command: "proxies", Flag: "fleet", Default: "required"},
 		{Command: "proxies", Flag: "zone", Default: `""`},
 	}
-	if diff := cmp.Diff(want, clitest.Settings(k)); diff != "" {
-		t.Errorf("clitest.Settings(...): -want, +got:\n%s", diff)
-	}
-	clitest.CheckHelp(t, k)
+	clitest.CheckSettings(t, k, want)
 }
 
 func TestSettings(t *testing.T) {

@@ -7,18 +7,10 @@ import (
 	"github.com/alecthomas/kong"
 	"github.com/google/go-cmp/cmp"
 
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli/clitest"
 )
 
-func parser(t *testing.T, c *CLI) *kong.Kong {
-	t.Helper()
-	k, err := cli.New("provider", description, c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k
-}
+func parser(t *testing.T, c *CLI) *kong.Kong { return clitest.New(t, "provider", description, c) }
 
 func TestHelp(t *testing.T) {
 	k := parser(t, &CLI{})
@@ -40,11 +32,8 @@ func TestHelp(t *testing.T) {
 		{Flag: "health-probe-bind-address", Env: "HEALTH_PROBE_BIND_ADDRESS", Default: `":8081"`},
 		{Flag: "leader-election-namespace", Env: "POD_NAMESPACE", Default: `"crossplane-system"`},
 	}
-	if diff := cmp.Diff(want, clitest.Settings(k)); diff != "" {
-		t.Errorf("clitest.Settings(...): -want, +got:\n%s", diff)
-	}
+	clitest.CheckSettings(t, k, want)
 	clitest.CheckEnvs(t, k)
-	clitest.CheckHelp(t, k)
 }
 
 func TestBadEnv(t *testing.T) {

@@ -93,7 +93,7 @@ func (c Config) Validate() error {
 		if err != nil {
 			return errors.Errorf("allowed private destination %q is not a CIDR", r)
 		}
-		if !within(p.Masked(), PrivateDestinations) {
+		if !Within(p.Masked(), PrivateDestinations) {
 			return errors.Errorf("allowed private destination %q is not a private network: public destinations need no exception", r)
 		}
 	}
@@ -136,7 +136,7 @@ func NotPrivateDestinations(cidrs []string) ([]string, error) {
 		if err != nil {
 			return nil, errors.Errorf("%q is not a CIDR", c)
 		}
-		if !within(p.Masked(), PrivateDestinations) {
+		if !Within(p.Masked(), PrivateDestinations) {
 			out = append(out, c)
 		}
 	}
@@ -161,7 +161,7 @@ func PublicSources(ranges []string) ([]string, error) {
 		if err != nil {
 			return nil, errors.Errorf("allowed source range %q is not a CIDR", r)
 		}
-		if !within(p.Masked(), PrivateSources) {
+		if !Within(p.Masked(), PrivateSources) {
 			out = append(out, r)
 		}
 	}
@@ -229,9 +229,9 @@ func prefixes(ss ...string) []netip.Prefix {
 	return out
 }
 
-// within says whether all of p lies inside one of nets: by arithmetic on
+// Within says whether all of p lies inside one of nets: by arithmetic on
 // addresses and prefix lengths, never by comparing strings.
-func within(p netip.Prefix, nets []netip.Prefix) bool {
+func Within(p netip.Prefix, nets []netip.Prefix) bool {
 	for _, n := range nets {
 		if n.Addr().Is4() == p.Addr().Is4() && n.Bits() <= p.Bits() && n.Contains(p.Addr()) {
 			return true

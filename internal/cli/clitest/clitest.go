@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/alecthomas/kong"
+	"github.com/google/go-cmp/cmp"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli"
 )
@@ -23,6 +24,27 @@ type Setting struct {
 	Env     string
 	// Default as --help shows it; "required" for a required flag.
 	Default string
+}
+
+// New builds a binary's parser for a test, failing the test when the
+// grammar does not build.
+func New(t testing.TB, name, description string, grammar any) *kong.Kong {
+	t.Helper()
+	k, err := cli.New(name, description, grammar)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// CheckSettings fails t unless k's flags are exactly want, in order, and
+// --help shows each with its variable and default.
+func CheckSettings(t testing.TB, k *kong.Kong, want []Setting) {
+	t.Helper()
+	if diff := cmp.Diff(want, Settings(k)); diff != "" {
+		t.Errorf("settings: -want, +got:\n%s", diff)
+	}
+	CheckHelp(t, k)
 }
 
 // Settings lists every flag of k but --help, command by command.

@@ -117,12 +117,7 @@ func permitted(p *v1alpha1.Proxy, pc *config) error {
 		if err != nil {
 			return errors.Errorf("spec.forProvider.allowedPrivateDestinations %q is not a CIDR", c)
 		}
-		w = w.Masked()
-		ok := false
-		for _, a := range allowed {
-			ok = ok || (a.Addr().Is4() == w.Addr().Is4() && a.Bits() <= w.Bits() && a.Contains(w.Addr()))
-		}
-		if !ok {
+		if !squid.Within(w.Masked(), allowed) {
 			return errors.Errorf("spec.forProvider.allowedPrivateDestinations %q is not permitted by %s %s: its spec.policy.allowedPrivateDestinations allows %v; ask the platform team to permit it or remove it",
 				c, pc.Kind, pc.Name, listed)
 		}
