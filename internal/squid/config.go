@@ -19,7 +19,7 @@ import (
 // every proxy's spec hash, so that when the rules change (the destination
 // policy did in generation 2), existing proxies are replaced with the new
 // configuration instead of keeping the old one.
-const ConfigGeneration = 2
+const ConfigGeneration = 3
 
 // Paths where Debian and Ubuntu's squid packages (and the ubuntu/squid
 // image) put the basic auth helper.
@@ -53,6 +53,11 @@ type Config struct {
 	// OwnAddresses are further addresses of the proxy itself, denied as
 	// destinations like its bind and outgoing addresses.
 	OwnAddresses []string
+	// OwnAddressesFile names a file of further own addresses, one per
+	// line, that only the proxy's host knows when it starts (a VM's
+	// external IP, a pod's IPs). Squid reads it with the config; it must
+	// exist then and hold at least one address.
+	OwnAddressesFile string
 	// HostsFile is Squid's hosts_file; empty leaves Squid's default.
 	HostsFile string
 	// PidFile is Squid's pid_filename; empty means "none".
@@ -102,7 +107,10 @@ func (c Config) Validate() error {
 			return errors.Errorf("own address %q is not an IP address", a)
 		}
 	}
-	for _, p := range []string{c.HtpasswdPath, c.AuthHelper, c.PidFile, c.AccessLog, c.CacheLog, c.CoreDumpDir, c.HostsFile} {
+	if c.OwnAddressesFile != "" && !strings.HasPrefix(c.OwnAddressesFile, "/") {
+		return errors.Errorf("own addresses file %q must be an absolute path", c.OwnAddressesFile)
+	}
+	for _, p := range []string{c.HtpasswdPath, c.AuthHelper, c.PidFile, c.AccessLog, c.CacheLog, c.CoreDumpDir, c.HostsFile, c.OwnAddressesFile} {
 		if strings.ContainsAny(p, " \t\n\"") {
 			return errors.Errorf("path %q must not contain whitespace or quotes", p)
 		}
@@ -307,6 +315,9 @@ acl egress_loopback dst {{ .Loopback }}
 {{- if .Own }}
 acl egress_self dst {{ .Own }}
 {{- end }}
+{{- if .OwnAddressesFile }}
+acl egress_self_started dst "{{ .OwnAddressesFile }}"
+{{- end }}
 {{- if .HostsFile }}
 hosts_file {{ .HostsFile }}
 {{- end }}
@@ -316,6 +327,9 @@ http_access deny egress_metadata
 http_access deny egress_host
 {{- if .Own }}
 http_access deny egress_self
+{{- end }}
+{{- if .OwnAddressesFile }}
+http_access deny egress_self_started
 {{- end }}
 http_access deny egress_private
 {{- if not .AllowLoopback }}

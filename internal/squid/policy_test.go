@@ -49,7 +49,15 @@ var denied = []destination{
 	{"documentation", "198.51.100.1"},
 	{"documentation", "203.0.113.1"},
 	{"own-address", testbed.LabProxyAddr},
+	// Known only where the proxy starts, as a VM's external IP is: from
+	// the own-addresses file. It is served on the public side, so only the
+	// rule stands between a request and a 200.
+	{"own-address-at-start", startedAddr},
 }
+
+// startedAddr is a public address of the proxy that its config does not
+// name; the own-addresses file written at start does.
+const startedAddr = "198.18.0.3"
 
 // exception is a private address the test allows explicitly and serves
 // from the stand-in public host.
@@ -67,7 +75,9 @@ func TestDestinationPolicy(t *testing.T) {
 	// The exception lives on the public side, routed from the proxy's.
 	lab.IP(t, lab.Public, "addr", "add", exception+"/32", "dev", "lo")
 	lab.IP(t, lab.Proxy, "route", "add", exception+"/32", "via", testbed.LabPublicAddr)
-	for _, addr := range []string{testbed.LabPublicAddr, exception} {
+	lab.IP(t, lab.Public, "addr", "add", startedAddr+"/32", "dev", "lo")
+	lab.IP(t, lab.Proxy, "route", "add", startedAddr+"/32", "via", testbed.LabPublicAddr)
+	for _, addr := range []string{testbed.LabPublicAddr, exception, startedAddr} {
 		for _, port := range []string{"80", "443", "8443"} {
 			serve(t, lab.Listen(t, lab.Public, net.JoinHostPort(addr, port)))
 		}
@@ -85,12 +95,13 @@ func TestDestinationPolicy(t *testing.T) {
 	conf, err := squid.Render(squid.Config{
 		Port: 3128, BindAddress: "127.0.0.1", OutgoingAddress: testbed.LabProxyAddr,
 		HtpasswdPath: podDir + "/htpasswd", HostsFile: podDir + "/hosts",
+		OwnAddressesFile:           podDir + "/self",
 		AllowedPrivateDestinations: []string{"10.99.0.0/16"},
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir := lab.RunSquid(t, conf, podDir, map[string][]byte{"htpasswd": htpasswd, "hosts": []byte(hosts)}, "127.0.0.1:3128")
+	dir := lab.RunSquid(t, conf, podDir, map[string][]byte{"htpasswd": htpasswd, "hosts": []byte(hosts), "self": []byte(startedAddr + "\n")}, "127.0.0.1:3128")
 
 	proxy := &url.URL{Scheme: "http", Host: "127.0.0.1:3128", User: url.UserPassword("crawler", "s3cret")}
 	dial := lab.DialContext(lab.Proxy)

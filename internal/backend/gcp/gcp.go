@@ -142,6 +142,8 @@ if ! command -v squid >/dev/null 2>&1; then
 fi
 systemctl disable --now squid >/dev/null 2>&1 || true
 mkdir -p {{ .Dir }}
+{{ .OwnFunc }}
+own_addresses | grep -E '^[0-9a-fA-F:.]+$' > {{ .Own }}
 cat > {{ .Dir }}/squid.conf <<'EGRESS_PROXY_EOF'
 {{ .Conf }}EGRESS_PROXY_EOF
 {{- if .Htpasswd }}
@@ -165,6 +167,23 @@ systemctl daemon-reload
 systemctl enable --now egress-proxy
 `))
 
+// ownAddressesScript writes the VM's own addresses, which only the VM
+// knows when it boots, to the file Squid's egress_self_started ACL reads:
+// its interface addresses, and every external IPv4 and IPv6 address the
+// metadata server lists, so that a crawler cannot reach the VM's own
+// services through its public address. The broadcast address keeps the
+// file from being empty when the metadata server does not answer.
+const ownAddressesFunc = `own_addresses() {
+	md=http://169.254.169.254/computeMetadata/v1/instance/network-interfaces
+	get() { curl -fsS -m 5 -H 'Metadata-Flavor: Google' "$md/$1" 2>/dev/null || true; }
+	echo 255.255.255.255
+	hostname -I 2>/dev/null | tr ' ' '\n'
+	for nic in $(get ''); do
+		for ac in $(get "${nic}access-configs/"); do get "${nic}access-configs/${ac}external-ip"; echo; done
+		for ac in $(get "${nic}ipv6-access-configs/"); do get "${nic}ipv6-access-configs/${ac}external-ipv6"; echo; done
+	done
+}`
+
 // StartupScript is the VM's startup script for s: the user's cloud-init
 // when the Proxy brings one, otherwise a script that installs Squid and
 // writes the generated config and htpasswd.
@@ -172,8 +191,11 @@ func StartupScript(s backend.Spec) (string, error) {
 	if s.UserData != "" {
 		return s.UserData, nil
 	}
-	cfg := squid.Config{Port: s.Port, AllowedSourceRanges: s.AllowedSourceRanges, AllowedPrivateDestinations: s.AllowedPrivateDestinations, PidFile: "/run/egress-proxy.pid"}
-	v := struct{ Dir, Conf, Htpasswd string }{Dir: vmConfigDir}
+	cfg := squid.Config{
+		Port: s.Port, AllowedSourceRanges: s.AllowedSourceRanges, AllowedPrivateDestinations: s.AllowedPrivateDestinations,
+		PidFile: "/run/egress-proxy.pid", OwnAddressesFile: vmConfigDir + "/self",
+	}
+	v := struct{ Dir, Conf, Htpasswd, Own, OwnFunc string }{Dir: vmConfigDir, Own: cfg.OwnAddressesFile, OwnFunc: ownAddressesFunc}
 	if s.Credentials != nil {
 		cfg.HtpasswdPath = vmConfigDir + "/htpasswd"
 		h, err := squid.HtpasswdWithSalt(s.Credentials.Username, s.Credentials.Password, ownership.InstanceName(s.Owner.UID)[len("egress-"):][:8])

@@ -47,6 +47,20 @@ const (
 // writable are the folders Squid writes in a pod with a read-only root
 // filesystem: its IPC sockets and pid, core dumps, and the spool and log
 // folders it checks at start. Each gets an emptyDir.
+// ownAddressesFile is where the pod writes its own IPs when it starts,
+// for Squid to deny as destinations: on clusters that give pods public
+// (say, IPv6 global) addresses, a crawler could otherwise reach the pod's
+// own listeners through them.
+const ownAddressesFile = "/tmp/egress-proxy-self"
+
+// startCommand writes the pod's addresses, which the downward API hands
+// it in POD_IPS, to ownAddressesFile and then becomes Squid. The
+// broadcast address keeps the file from being empty.
+func startCommand() []string {
+	return []string{"/bin/sh", "-ec", `{ echo 255.255.255.255; echo "${POD_IPS:-}" | tr ',' '\n'; } | grep -E '^[0-9a-fA-F:.]+$' > ` +
+		ownAddressesFile + `; exec squid -N -f ` + configDir + `/squid.conf`}
+}
+
 var writable = map[string]string{"tmp": "/tmp", "run": "/run/squid", "varrun": "/var/run/squid", "spool": "/var/spool/squid", "cache": "/var/cache/squid", "logs": "/var/log/squid"}
 
 // Config configures a kubernetes backend.
@@ -114,7 +128,10 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	if s.Namespace == "" {
 		return nil, backend.Errorf(backend.ClassPermanent, "no namespace for the pod: set spec.forProvider.kubernetes.namespace")
 	}
-	cfg := squid.Config{Port: s.Port, AllowedSourceRanges: s.AllowedSourceRanges, AllowedPrivateDestinations: s.AllowedPrivateDestinations}
+	cfg := squid.Config{
+		Port: s.Port, AllowedSourceRanges: s.AllowedSourceRanges, AllowedPrivateDestinations: s.AllowedPrivateDestinations,
+		OwnAddressesFile: ownAddressesFile,
+	}
 	data := map[string][]byte{}
 	if s.Credentials != nil {
 		cfg.HtpasswdPath = configDir + "/htpasswd"
@@ -201,8 +218,11 @@ func (b *Backend) pod(s backend.Spec) *corev1.Pod {
 			Containers: []corev1.Container{{
 				Name:    "squid",
 				Image:   image,
-				Command: []string{"squid", "-N", "-f", configDir + "/squid.conf"},
-				Ports:   []corev1.ContainerPort{{Name: "proxy", ContainerPort: s.Port, Protocol: corev1.ProtocolTCP}},
+				Command: startCommand(),
+				Env: []corev1.EnvVar{{Name: "POD_IPS", ValueFrom: &corev1.EnvVarSource{
+					FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIPs"},
+				}}},
+				Ports: []corev1.ContainerPort{{Name: "proxy", ContainerPort: s.Port, Protocol: corev1.ProtocolTCP}},
 				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
 					TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(s.Port)},
 				}, PeriodSeconds: 5},
