@@ -145,35 +145,36 @@ type Closure string
 
 // Closures.
 const (
-	// ClosureClosed means the proxy demanded credentials (407) or refused.
+	// ClosureClosed means the proxy demanded credentials: 407.
 	ClosureClosed Closure = "Closed"
 	// ClosureOpen means the proxy served the request without credentials.
 	ClosureOpen Closure = "Open"
 	// ClosureUnknown means the check could not tell: the proxy or the
-	// target could not be reached.
+	// target could not be reached, or the proxy refused the request (403)
+	// without asking for credentials, which shows nothing about requests
+	// it might serve.
 	ClosureUnknown Closure = "Unknown"
 )
 
 // Closed asks for t.URL through t.Proxy without credentials: a proxy that
-// has them must answer 407. It is the check that holds even where the
-// provider did not write the proxy's configuration (a user's cloud-init).
-// detail says what the proxy did.
+// has them must answer 407, and only that counts as closed. It is the
+// check that holds even where the provider did not write the proxy's
+// configuration (a user's cloud-init). detail says what the proxy did.
 func (p Prober) Closed(ctx context.Context, t Target) (Closure, string) {
 	t.Username, t.Password = "", ""
 	status, _, err := p.fetch(ctx, t)
+	refused := "the proxy refused a request without credentials (403) instead of demanding them (407), so it is not shown to be closed"
 	switch {
 	case err != nil && strings.Contains(err.Error(), "407 Proxy Authentication Required"):
 		return ClosureClosed, "the proxy demanded credentials"
 	case err != nil && strings.Contains(err.Error(), "403 Forbidden"):
-		return ClosureClosed, "the proxy refused the request"
+		return ClosureUnknown, refused
 	case err != nil:
 		return ClosureUnknown, err.Error()
 	case status == http.StatusProxyAuthRequired:
 		return ClosureClosed, "the proxy demanded credentials"
 	case status == http.StatusForbidden:
-		// Squid's own refusal; a target that itself answers 403 through
-		// an open proxy is missed here, and its health probe fails.
-		return ClosureClosed, "the proxy refused the request"
+		return ClosureUnknown, refused
 	}
 	return ClosureOpen, fmt.Sprintf("proxy %s served a request without credentials (the target answered %d)", t.Proxy, status)
 }

@@ -144,6 +144,47 @@ func TestProbeThroughRealSquid(t *testing.T) {
 	}
 }
 
+// TestClosed asks real Squid with credentials, without them, for an https
+// and an http URL: both are closed, since Squid answers 407. Proxies that
+// answer otherwise stand in for hand-written configurations: one that
+// serves anybody is open, and one that refuses with 403 instead of asking
+// for credentials is not shown closed, since another request might pass.
+func TestClosed(t *testing.T) {
+	squid := startSquid(t)
+	tls := testbed.StartEchoTarget(t)
+	plain := testbed.StartPlainEchoTarget(t)
+	answering := func(code int) string {
+		s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(code) }))
+		t.Cleanup(s.Close)
+		return strings.TrimPrefix(s.URL, "http://")
+	}
+	dead, _ := net.Listen("tcp", "127.0.0.1:0")
+	deadAddr := dead.Addr().String()
+	_ = dead.Close()
+	for _, tc := range []struct {
+		name, proxy, url string
+		want             probe.Closure
+		detail           string
+	}{
+		{"SquidConnect", squid, tls.URL, probe.ClosureClosed, "demanded credentials"},
+		{"SquidGet", squid, plain.URL, probe.ClosureClosed, "demanded credentials"},
+		{"ServesAnybody", answering(http.StatusOK), plain.URL, probe.ClosureOpen, "served a request without credentials"},
+		{"ServesAnybodyWithTargetError", answering(http.StatusNotFound), plain.URL, probe.ClosureOpen, "the target answered 404"},
+		{"RefusesWithout407", answering(http.StatusForbidden), plain.URL, probe.ClosureUnknown, "instead of demanding them (407)"},
+		{"RefusesConnectWithout407", answering(http.StatusForbidden), tls.URL, probe.ClosureUnknown, "instead of demanding them (407)"},
+		{"Down", deadAddr, plain.URL, probe.ClosureUnknown, "refused the connection"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, detail := probe.Prober{}.Closed(context.Background(), probe.Target{
+				Proxy: tc.proxy, URL: tc.url, RootCAs: tls.RootCAs, Username: "crawler", Password: "p@ss word", Timeout: 3 * time.Second,
+			})
+			if got != tc.want || !strings.Contains(detail, tc.detail) {
+				t.Errorf("want %s (%q), got %s (%q)", tc.want, tc.detail, got, detail)
+			}
+		})
+	}
+}
+
 func TestEgressIP(t *testing.T) {
 	cases := map[string]struct {
 		reason string

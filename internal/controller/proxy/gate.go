@@ -46,6 +46,8 @@ const (
 	TypeOpenProxy                  xpv2.ConditionType   = "OpenProxy"
 	ReasonServesWithoutCredentials xpv2.ConditionReason = "ServesWithoutCredentials"
 	ReasonDemandsCredentials       xpv2.ConditionReason = "DemandsCredentials"
+	// ReasonClosureUnknown: the check could not tell, and says why.
+	ReasonClosureUnknown xpv2.ConditionReason = "Inconclusive"
 )
 
 func unavailable(reason xpv2.ConditionReason, msg string) xpv2.Condition {

@@ -534,7 +534,9 @@ func (e *external) probe(ctx context.Context, p *v1alpha1.Proxy, addr string, cr
 // checkClosure asks through the proxy without credentials: one that has
 // them must refuse. An open proxy is flagged with the OpenProxy condition,
 // a Warning event and a metric, and is not Ready, so egress-discovery never
-// hands it out. An inconclusive check changes nothing.
+// hands it out. An inconclusive check keeps a verdict the Proxy has, so
+// that one unreachable moment does not flap the condition, and otherwise
+// says why there is none yet.
 func (e *external) checkClosure(ctx context.Context, p *v1alpha1.Proxy, t probe.Target) {
 	closure, detail := e.prober.Closed(ctx, t)
 	was := p.GetCondition(TypeOpenProxy).Status
@@ -549,6 +551,11 @@ func (e *external) checkClosure(ctx context.Context, p *v1alpha1.Proxy, t probe.
 	case probe.ClosureClosed:
 		p.SetConditions(xpv2.Condition{Type: TypeOpenProxy, Status: corev1.ConditionFalse, Reason: ReasonDemandsCredentials,
 			Message: detail, LastTransitionTime: metav1.Time{Time: e.now()}})
+	default:
+		if c := p.GetCondition(TypeOpenProxy); c.Status == corev1.ConditionUnknown && c.Message != truncate(detail, 512) {
+			p.SetConditions(xpv2.Condition{Type: TypeOpenProxy, Status: corev1.ConditionUnknown, Reason: ReasonClosureUnknown,
+				Message: truncate(detail, 512), LastTransitionTime: metav1.Time{Time: e.now()}})
+		}
 	}
 }
 
@@ -576,7 +583,7 @@ func (e *external) setReadiness(p *v1alpha1.Proxy) {
 	case open.Status == corev1.ConditionTrue:
 		p.SetConditions(unavailable(ReasonOpenProxy, "the proxy serves requests without credentials, so it is never handed out: "+open.Message))
 	case p.Spec.ForProvider.AuthSecretRef != nil && open.Status != corev1.ConditionFalse && ap.Healthy:
-		p.SetConditions(unavailable(ReasonAwaitingProbe, "the proxy passes its probe; waiting to see it refuse a request without credentials"))
+		p.SetConditions(unavailable(ReasonAwaitingProbe, "the proxy passes its probe; waiting to see it demand credentials (407) of a request without them: "+open.Message))
 	case ap.Healthy:
 		p.SetConditions(xpv2.Available())
 	case ap.LastProbeTime == nil:

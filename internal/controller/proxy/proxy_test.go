@@ -672,10 +672,27 @@ func TestClosureVerdictBelongsToTheInstance(t *testing.T) {
 	if c := p.GetCondition(xpv2.TypeReady); c.Status != corev1.ConditionFalse || c.Reason != ReasonAwaitingProbe {
 		t.Errorf("a healthy proxy whose closure is unknown must wait, got %s %s", c.Status, c.Reason)
 	}
+	if c := p.GetCondition(TypeOpenProxy); c.Reason != ReasonClosureUnknown || c.Message != "fake closure Unknown" {
+		t.Errorf("an inconclusive check says why on OpenProxy, got %s %q", c.Reason, c.Message)
+	}
+	if c := p.GetCondition(xpv2.TypeReady); !strings.Contains(c.Message, "fake closure Unknown") {
+		t.Errorf("Ready says why the proxy waits, got %q", c.Message)
+	}
 	e = newExternal(fake.New(), &fakeProber{}, &clock{t: epoch})
 	e.checkClosure(context.Background(), p, probe.Target{})
 	e.setReadiness(p)
 	if c := p.GetCondition(xpv2.TypeReady); c.Status != corev1.ConditionTrue {
 		t.Errorf("once it refuses without credentials it is Ready, got %s %s", c.Status, c.Reason)
+	}
+	// One inconclusive check later (the target blinked), the verdict and
+	// Ready stand: conditions do not flap with single results.
+	e = newExternal(fake.New(), &fakeProber{closure: probe.ClosureUnknown}, &clock{t: epoch})
+	e.checkClosure(context.Background(), p, probe.Target{})
+	e.setReadiness(p)
+	if c := p.GetCondition(TypeOpenProxy); c.Status != corev1.ConditionFalse {
+		t.Errorf("an inconclusive check must keep the verdict, got %s %s", c.Status, c.Reason)
+	}
+	if c := p.GetCondition(xpv2.TypeReady); c.Status != corev1.ConditionTrue {
+		t.Errorf("an inconclusive check must keep Ready, got %s %s", c.Status, c.Reason)
 	}
 }
