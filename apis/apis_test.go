@@ -162,6 +162,15 @@ spec:
   backend: Local
 `
 
+const validClusterProviderConfig = `
+apiVersion: egress.crawl.example.com/v1alpha1
+kind: ClusterProviderConfig
+metadata:
+  generateName: cpc-
+spec:
+  backend: Local
+`
+
 const validFleet = `
 apiVersion: crawl.example.com/v1alpha1
 kind: ProxyFleet
@@ -330,6 +339,36 @@ func TestInvalidObjectsRejected(t *testing.T) {
 			}},
 			want: []string{"spec.forProvider.gcp", "exactly one of inline or secretRef"},
 		},
+		"TenantSquidPath": {
+			reason: "A tenant's ProviderConfig cannot choose the binary the provider runs on its host.",
+			base:   validProviderConfig, set: map[string]any{"spec.local": map[string]any{"squidPath": "/tmp/evil"}},
+			want: []string{"spec.local.squidPath, stateDir and portRange may be set only on a ClusterProviderConfig"},
+		},
+		"TenantStateDir": {
+			reason: "A tenant's ProviderConfig cannot choose where the provider writes on its host.",
+			base:   validProviderConfig, set: map[string]any{"spec.local": map[string]any{"stateDir": "/etc"}},
+			want: []string{"may be set only on a ClusterProviderConfig"},
+		},
+		"TenantPortRange": {
+			reason: "A tenant's ProviderConfig cannot choose the provider host's ports.",
+			base:   validProviderConfig, set: map[string]any{"spec.local": map[string]any{"portRange": map[string]any{"from": int64(30000), "to": int64(30010)}}},
+			want: []string{"may be set only on a ClusterProviderConfig"},
+		},
+		"TenantInjectedIdentityPods": {
+			reason: "A tenant's ProviderConfig cannot borrow the provider's identity to make pods.",
+			base:   validProviderConfig, set: map[string]any{"spec.backend": "Kubernetes", "spec.kubernetes": map[string]any{"credentials": map[string]any{"source": "InjectedIdentity"}}},
+			want: []string{"spec.kubernetes.credentials.source must be Secret"},
+		},
+		"TenantDefaultIdentityPods": {
+			reason: "Without credentials a kubernetes ProviderConfig would use the provider's identity.",
+			base:   validProviderConfig, set: map[string]any{"spec.backend": "Kubernetes", "spec.kubernetes": map[string]any{"namespace": "x"}},
+			want: []string{"spec.kubernetes.credentials.source must be Secret"},
+		},
+		"TenantInjectedIdentityGCP": {
+			reason: "A tenant's ProviderConfig cannot borrow the provider's identity in any project.",
+			base:   validProviderConfig, set: map[string]any{"spec.backend": "GCP", "spec.gcp": map[string]any{"project": "platform-proj", "credentials": map[string]any{"source": "InjectedIdentity"}}},
+			want: []string{"spec.gcp.credentials.source must be Secret"},
+		},
 		"ProviderConfigUnknownBackend": {
 			reason: "The backend is one of the three the provider has.",
 			base:   validProviderConfig, set: map[string]any{"spec.backend": "AWS"},
@@ -352,12 +391,12 @@ func TestInvalidObjectsRejected(t *testing.T) {
 		},
 		"ProviderConfigPortRangeReversed": {
 			reason: "A port range runs upwards.",
-			base:   validProviderConfig, set: map[string]any{"spec.local": map[string]any{"portRange": map[string]any{"from": int64(40000), "to": int64(30000)}}},
+			base:   validClusterProviderConfig, set: map[string]any{"spec.local": map[string]any{"portRange": map[string]any{"from": int64(40000), "to": int64(30000)}}},
 			want: []string{"spec.local.portRange", "from must not be greater than to"},
 		},
 		"ProviderConfigRelativeSquidPath": {
 			reason: "The Squid binary is an absolute path.",
-			base:   validProviderConfig, set: map[string]any{"spec.local": map[string]any{"squidPath": "squid"}},
+			base:   validClusterProviderConfig, set: map[string]any{"spec.local": map[string]any{"squidPath": "squid"}},
 			want: []string{"spec.local.squidPath", "absolute path"},
 		},
 		"FleetWithoutZones": {

@@ -245,7 +245,7 @@ metadata:
   namespace: crawl-team
 spec:
   replicas: 3
-  providerConfigRef: {kind: ProviderConfig, name: local}
+  providerConfigRef: {kind: ClusterProviderConfig, name: local}
   zones: [local-a, local-b]
   placement: {local: {bindAddress: 127.0.0.1}}
   proxy:

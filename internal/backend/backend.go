@@ -40,6 +40,11 @@ type Spec struct {
 	// AllowedPrivateDestinations are private networks the proxy may reach,
 	// already checked against the ProviderConfig's policy.
 	AllowedPrivateDestinations []string
+	// AllowLoopbackDestinations lets a local proxy reach its host's
+	// loopback services, as local targets (and tests) need. Only a
+	// ClusterProviderConfig's proxies get it: a tenant's must not reach
+	// the provider's host.
+	AllowLoopbackDestinations bool
 	// Exactly one placement is set, matching the backend.
 	Local      *v1alpha1.LocalPlacement
 	Kubernetes *v1alpha1.KubernetesPlacement

@@ -245,6 +245,13 @@ func observedMembers(observed map[string]*fnv1.Resource, leased map[string]bool)
 			if cf["type"].GetStringValue() == "Ready" {
 				m.Ready = cf["status"].GetStringValue() == string(corev1.ConditionTrue)
 				m.Since, _ = time.Parse(time.RFC3339, cf["lastTransitionTime"].GetStringValue())
+				// The provider refused it by its ProviderConfig's
+				// policy: the fleet says why, and a replacement, which
+				// would be refused alike, is not made.
+				if !m.Ready && cf["reason"].GetStringValue() == v1alpha1.ReasonNotPermitted {
+					m.Refused = true
+					m.Error = cf["message"].GetStringValue()
+				}
 				break
 			}
 		}

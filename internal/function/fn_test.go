@@ -221,6 +221,29 @@ func TestRunFunction(t *testing.T) {
 		}
 	})
 
+	t.Run("RefusedByPolicy", func(t *testing.T) {
+		// The provider refused proxy-1 by its ProviderConfig's policy an
+		// hour ago. The fleet says why, and does not replace it: the
+		// replacement would be refused alike, and again, forever.
+		refused := observedProxy(1, "b", false, t0.Add(-time.Hour), "")
+		cond := refused.GetResource().GetFields()["status"].GetStructValue().GetFields()["conditions"].GetListValue().GetValues()[0].GetStructValue()
+		cond.Fields["reason"] = structpb.NewStringValue("NotPermitted")
+		cond.Fields["message"] = structpb.NewStringValue(`spec.forProvider.kubernetes.namespace "kube-system" is not permitted by ClusterProviderConfig pods`)
+		rsp := run(t, &fnv1.RunFunctionRequest{
+			Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(validSpec)}, Resources: map[string]*fnv1.Resource{
+				"proxy-0": observedProxy(0, "a", true, t0.Add(-3*time.Hour), ""),
+				"proxy-1": refused,
+			}},
+			RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+		})
+		if _, ok := rsp.GetDesired().GetResources()["proxy-2"]; ok {
+			t.Error("a refused proxy must not be replaced")
+		}
+		if c := rsp.GetConditions(); len(c) != 1 || !strings.Contains(c[0].GetMessage(), `crawlers-1 unhealthy since 2026-11-29T11:00:00Z: spec.forProvider.kubernetes.namespace "kube-system" is not permitted`) {
+			t.Errorf("FleetHealthy must repeat the refusal: %v", c)
+		}
+	})
+
 	t.Run("LegacyClusterXR", func(t *testing.T) {
 		legacy := resource.MustStructJSON(`{"apiVersion": "crawl.example.com/v1alpha1", "kind": "XProxyFleet",
 			"metadata": {"name": "legacy-crawlers-x7k2p", "labels": {"crossplane.io/claim-name": "legacy-crawlers", "crossplane.io/claim-namespace": "team"}},

@@ -25,6 +25,8 @@ type member struct {
 	Generation int
 	// Leased is true when a crawler holds an unexpired lease on it.
 	Leased bool
+	// Refused is true when the provider refuses it by policy.
+	Refused bool
 }
 
 // replica is one of the spec.replicas places of the fleet: the member
@@ -169,6 +171,8 @@ func (pl *planner) dueReason(h *member) string {
 	switch {
 	case h.Created.Equal(now):
 		return "" // made in this very plan
+	case h.Refused:
+		return "" // a replacement would be refused alike
 	case !h.Ready && !h.Since.IsZero() && now.Sub(h.Since) >= f.ReplaceUnhealthyAfter && now.Sub(h.Created) >= f.ReplaceUnhealthyAfter:
 		return fmt.Sprintf("unavailable since %s", h.Since.UTC().Format(time.RFC3339))
 	case f.MaxAge > 0 && now.Sub(h.Created) >= f.MaxAge:

@@ -33,6 +33,8 @@ func startSquid(t *testing.T) string {
 		Ref: backend.Ref{Name: ownership.InstanceName("probe-test")}, Owner: ownership.Owner{UID: "probe-test"},
 		Credentials: &backend.Credentials{Username: "crawler", Password: "p@ss word"},
 		Local:       &v1alpha1.LocalPlacement{BindAddress: "127.0.0.1"},
+		// The probe targets live on this host.
+		AllowLoopbackDestinations: true,
 	}
 	inst, err := b.Create(context.Background(), s)
 	if err != nil {

@@ -56,19 +56,110 @@ type Policy struct {
 	// +listType=set
 	// +optional
 	AllowedPrivateDestinations []CIDR `json:"allowedPrivateDestinations,omitempty"`
+
+	// Kubernetes bounds the pods of the kubernetes backend.
+	// +optional
+	Kubernetes *KubernetesPolicy `json:"kubernetes,omitempty"`
+
+	// GCP bounds the VMs of the GCP backend.
+	// +optional
+	GCP *GCPPolicy `json:"gcp,omitempty"`
+}
+
+// KubernetesPolicy is what a Proxy's pod may ask for. The provider refuses
+// a Proxy that asks for more, before anything is created.
+type KubernetesPolicy struct {
+	// AllowedNamespaces pods may run in. Empty: spec.kubernetes.namespace
+	// of a ClusterProviderConfig when set, otherwise the Proxy's own
+	// namespace. A namespaced ProviderConfig never places pods outside its
+	// own namespace.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MaxLength=63
+	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +listType=set
+	// +optional
+	AllowedNamespaces []string `json:"allowedNamespaces,omitempty"`
+
+	// AllowedImages pods may run: a repository (docker.io/ubuntu/squid,
+	// which admits any of its tags and digests), an exact reference, or a
+	// prefix ending in "/" (registry.example.com/proxies/). Empty: the
+	// pinned Squid image only.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=512
+	// +listType=set
+	// +optional
+	AllowedImages []string `json:"allowedImages,omitempty"`
+
+	// AllowedNodeSelectorKeys are the node labels a pod may select on.
+	// Empty: topology.kubernetes.io/zone only, which a fleet's zone spread
+	// sets.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=317
+	// +listType=set
+	// +optional
+	AllowedNodeSelectorKeys []string `json:"allowedNodeSelectorKeys,omitempty"`
+}
+
+// GCPPolicy is what a Proxy's VM may ask for. The provider refuses a Proxy
+// that asks for more, before anything is created.
+type GCPPolicy struct {
+	// AllowedNetworks VMs may attach to, as global/networks/NAME or NAME.
+	// Empty: the default network only.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=512
+	// +listType=set
+	// +optional
+	AllowedNetworks []string `json:"allowedNetworks,omitempty"`
+
+	// AllowedNetworkTags VMs may carry. Tags can match the project's other
+	// firewall rules, so none is allowed unless listed. Empty: none.
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	// +optional
+	AllowedNetworkTags []NetworkTag `json:"allowedNetworkTags,omitempty"`
+
+	// AllowedMachineTypes VMs may use, by name (e2-small). Empty: e2-micro,
+	// e2-small and e2-medium.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=64
+	// +listType=set
+	// +optional
+	AllowedMachineTypes []string `json:"allowedMachineTypes,omitempty"`
+
+	// AllowedImages VMs may boot: an exact image or family URL, or a prefix
+	// ending in "/" (projects/my-project/global/images/). Empty: the
+	// default Debian 12 family only.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=512
+	// +listType=set
+	// +optional
+	AllowedImages []string `json:"allowedImages,omitempty"`
+
+	// AllowCloudInit lets Proxies replace the generated startup script
+	// with their own (spec.forProvider.gcp.cloudInit): code of the fleet
+	// author's choosing on a VM with a public IP in this project. Off by
+	// default.
+	// +optional
+	AllowCloudInit bool `json:"allowCloudInit,omitempty"`
 }
 
 // LocalBackend configures Squid processes on the provider's host.
 type LocalBackend struct {
-	// SquidPath is the Squid binary.
-	// +kubebuilder:default="/usr/sbin/squid"
+	// SquidPath is the Squid binary; empty means /usr/sbin/squid. Only a
+	// ClusterProviderConfig may set it.
 	// +kubebuilder:validation:XValidation:rule="self.startsWith('/')",message="must be an absolute path"
 	// +kubebuilder:validation:MaxLength=4096
 	// +optional
 	SquidPath string `json:"squidPath,omitempty"`
 
 	// StateDir holds one directory per proxy (config, htpasswd, pid file).
-	// Empty means the provider's --state-dir.
+	// Empty means the provider's --state-dir. Only a ClusterProviderConfig
+	// may set it.
 	// +kubebuilder:validation:XValidation:rule="self.startsWith('/')",message="must be an absolute path"
 	// +kubebuilder:validation:MaxLength=4096
 	// +optional
@@ -77,6 +168,7 @@ type LocalBackend struct {
 	// PortRange, when set, makes the local backend give each proxy a free
 	// port from this range instead of spec.forProvider.port, so that many
 	// proxies can share one host. The port in use is in status.atProvider.
+	// Only a ClusterProviderConfig may set it.
 	// +optional
 	PortRange *PortRange `json:"portRange,omitempty"`
 }
@@ -148,6 +240,11 @@ type ProviderConfigStatus struct {
 }
 
 // A ProviderConfig configures the backend of the Proxies in its namespace.
+// It belongs to the namespace's tenant, so it cannot run or write anything
+// on the provider's host, nor borrow the provider's identity.
+// +kubebuilder:validation:XValidation:rule="!has(self.spec.local) || (!has(self.spec.local.squidPath) && !has(self.spec.local.stateDir) && !has(self.spec.local.portRange))",message="spec.local.squidPath, stateDir and portRange may be set only on a ClusterProviderConfig"
+// +kubebuilder:validation:XValidation:rule="self.spec.backend != 'Kubernetes' || (has(self.spec.kubernetes) && has(self.spec.kubernetes.credentials) && self.spec.kubernetes.credentials.source == 'Secret')",message="spec.kubernetes.credentials.source must be Secret: only a ClusterProviderConfig may use the provider's own identity"
+// +kubebuilder:validation:XValidation:rule="!has(self.spec.gcp) || self.spec.gcp.credentials.source == 'Secret'",message="spec.gcp.credentials.source must be Secret: only a ClusterProviderConfig may use the provider's own identity"
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Namespaced,categories={crossplane,provider,egress}

@@ -15,6 +15,15 @@ const (
 	DefaultPort int32 = 3128
 	// DefaultMaxLeases is how many crawlers may share one proxy.
 	DefaultMaxLeases int32 = 1
+	// DefaultGCPMachineType, DefaultGCPImage and DefaultGCPNetwork are
+	// what a proxy's VM is when its Proxy names none.
+	DefaultGCPMachineType = "e2-micro"
+	DefaultGCPImage       = "projects/debian-cloud/global/images/family/debian-12"
+	DefaultGCPNetwork     = "global/networks/default"
+	// ReasonNotPermitted is the Ready reason of a Proxy its
+	// ProviderConfig's policy refuses: nothing is made for it, and a
+	// replacement would be refused alike.
+	ReasonNotPermitted = "NotPermitted"
 	// DefaultUsernameKey is the auth Secret's key holding the username.
 	DefaultUsernameKey = "username"
 	// DefaultPasswordKey is the auth Secret's key holding the password.

@@ -246,7 +246,7 @@ func (b *Backend) firewall(s backend.Spec) (*computepb.Firewall, error) {
 	}
 	network := s.GCP.Network
 	if network == "" {
-		network = "global/networks/default"
+		network = v1alpha1.DefaultGCPNetwork
 	}
 	return &computepb.Firewall{
 		Name:         ptr.To(s.Name),
@@ -284,15 +284,15 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	labels[labelPort] = strconv.Itoa(int(s.Port))
 	network := s.GCP.Network
 	if network == "" {
-		network = "global/networks/default"
+		network = v1alpha1.DefaultGCPNetwork
 	}
 	image := s.GCP.Image
 	if image == "" {
-		image = "projects/debian-cloud/global/images/family/debian-12"
+		image = v1alpha1.DefaultGCPImage
 	}
 	machine := s.GCP.MachineType
 	if machine == "" {
-		machine = "e2-micro"
+		machine = v1alpha1.DefaultGCPMachineType
 	}
 	tags := []string{s.Name}
 	for _, t := range s.GCP.NetworkTags {

@@ -174,7 +174,7 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 		AccessLog:                  "stdio:" + filepath.Join(final, "access.log"),
 		CacheLog:                   filepath.Join(final, "cache.log"),
 		CoreDumpDir:                final,
-		AllowLoopbackDestinations:  true,
+		AllowLoopbackDestinations:  s.AllowLoopbackDestinations,
 	}
 	files := map[string][]byte{}
 	if s.Credentials != nil {

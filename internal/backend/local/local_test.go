@@ -47,7 +47,9 @@ func spec(uid string, port int32) backend.Spec {
 		Port:        port,
 		Credentials: &backend.Credentials{Username: "crawler", Password: "pw-" + uid},
 		Local:       &v1alpha1.LocalPlacement{BindAddress: "127.0.0.1"},
-		Hash:        "h-" + uid,
+		// The probe targets live on this host.
+		AllowLoopbackDestinations: true,
+		Hash:                      "h-" + uid,
 	}
 }
 

@@ -114,6 +114,9 @@ type Backends struct {
 
 // For returns pc's backend.
 func (b *Backends) For(ctx context.Context, pc *config) (backend.Backend, error) {
+	if err := tenantConfig(pc); err != nil {
+		return nil, backend.Wrap(backend.ClassPermanent, err)
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.local == nil {

@@ -37,7 +37,7 @@ const (
 	ReasonOpenProxy xpv2.ConditionReason = "OpenProxy"
 	// ReasonNotPermitted: the Proxy asks for what its ProviderConfig's
 	// policy does not permit.
-	ReasonNotPermitted xpv2.ConditionReason = "NotPermitted"
+	ReasonNotPermitted xpv2.ConditionReason = v1alpha1.ReasonNotPermitted
 )
 
 // The OpenProxy condition says whether a proxy with credentials serves

@@ -64,6 +64,7 @@ func TestGCPProxy(t *testing.T) {
 		&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "gcp-" + ns}, Spec: v1alpha1.ProviderConfigSpec{
 			Backend: v1alpha1.BackendGCP,
 			GCP:     &v1alpha1.GCPBackend{Project: "crawl-proj", Credentials: v1alpha1.GCPCredentials{Source: xpv2.CredentialsSourceInjectedIdentity}},
+			Policy:  &v1alpha1.Policy{GCP: &v1alpha1.GCPPolicy{AllowedNetworkTags: []v1alpha1.NetworkTag{"crawl"}}},
 		}},
 		p,
 	)
@@ -87,7 +88,12 @@ func TestGCPProxy(t *testing.T) {
 	// A VM's loopback is its own; on this shared host the test lets the
 	// probe reach the echo target on loopback.
 	conf = []byte(strings.Replace(string(conf), "http_access deny egress_loopback\n", "", 1))
-	testbed.RunSquid(t, conf, "/etc/egress-proxy", map[string][]byte{"htpasswd": heredoc(t, script, "/etc/egress-proxy/htpasswd")}, "127.0.0.1:32330")
+	testbed.RunSquid(t, conf, "/etc/egress-proxy", map[string][]byte{
+		"htpasswd": heredoc(t, script, "/etc/egress-proxy/htpasswd"),
+		// What own_addresses writes on a VM whose metadata server
+		// does not answer.
+		"self": []byte("255.255.255.255\n"),
+	}, "127.0.0.1:32330")
 	fake.SetStatus("europe-west1-b", name, "RUNNING", "127.0.0.1")
 	testbed.Eventually(t, 10*time.Second, "Ready through the VM's Squid", ready(t, key, corev1.ConditionTrue))
 	if ap := get(t, key).Status.AtProvider; ap.ProviderID != "projects/crawl-proj/zones/europe-west1-b/instances/"+name || ap.EgressIP != "127.0.0.1" {

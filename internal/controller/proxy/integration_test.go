@@ -181,7 +181,10 @@ func proxyObject(ns, name string, port int32, healthURL string) *v1alpha1.Proxy 
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: v1alpha1.ProxySpec{
 			ManagedResourceSpec: xpv2.ManagedResourceSpec{
-				ProviderConfigReference:          &xpv2.ProviderConfigReference{Kind: "ProviderConfig", Name: "local"},
+				// The platform's configuration: a tenant's own
+				// ProviderConfig's proxies may not reach this host's
+				// loopback, where the tests' targets are.
+				ProviderConfigReference:          &xpv2.ProviderConfigReference{Kind: "ClusterProviderConfig", Name: "local-" + ns},
 				WriteConnectionSecretToReference: &xpv2.LocalSecretReference{Name: name + "-conn"},
 			},
 			ForProvider: v1alpha1.ProxyParameters{
@@ -210,7 +213,7 @@ func TestLocalProxyLifecycle(t *testing.T) {
 
 	create(t,
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth"}, StringData: map[string]string{"username": "crawler", "password": password}},
-		&v1alpha1.ProviderConfig{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "local"}, Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}},
+		&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "local-" + ns}, Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}},
 		proxyObject(ns, "p1", 32310, target.URL),
 	)
 	key := types.NamespacedName{Namespace: ns, Name: "p1"}
@@ -229,9 +232,9 @@ func TestLocalProxyLifecycle(t *testing.T) {
 	if got, want := string(conn.Data[proxy.ConnectionProxyURL]), "http://crawler:"+password+"@127.0.0.1:32310"; got != want {
 		t.Errorf("connection proxyURL: want %s, got %s", want, got)
 	}
-	pc := &v1alpha1.ProviderConfig{}
-	testbed.Eventually(t, 5*time.Second, "ProviderConfig counts its user", func() (bool, string) {
-		_ = bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "local"}, pc)
+	pc := &v1alpha1.ClusterProviderConfig{}
+	testbed.Eventually(t, 5*time.Second, "ClusterProviderConfig counts its user", func() (bool, string) {
+		_ = bed.Client.Get(ctx, types.NamespacedName{Name: "local-" + ns}, pc)
 		return pc.Status.Users == 1, fmt.Sprintf("users=%d", pc.Status.Users)
 	})
 

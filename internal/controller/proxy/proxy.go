@@ -343,6 +343,11 @@ func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 			return managed.ExternalObservation{ResourceExists: false}, nil
 		}
 		resetInstanceStatus(p)
+		if err := admit(p, e.pc); err != nil {
+			// Refused before anything is made for it.
+			p.SetConditions(unavailable(ReasonNotPermitted, err.Error()))
+			return managed.ExternalObservation{}, err
+		}
 		if c, blocked := readGate(p).blocked(p, e.now()); blocked {
 			p.SetConditions(c)
 			return managed.ExternalObservation{}, errors.New(c.Message)
@@ -382,9 +387,10 @@ func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 	if err != nil {
 		return managed.ExternalObservation{}, err
 	}
-	if err := permitted(p, e.pc); err != nil {
-		// The instance may still reach what is no longer permitted: it is
-		// not handed out until the Proxy is fixed.
+	if err := admit(p, e.pc); err != nil {
+		// The instance may still do what is no longer permitted: it is
+		// not handed out, nor replaced, until the Proxy or the policy is
+		// fixed.
 		p.SetConditions(unavailable(ReasonNotPermitted, err.Error()))
 		return managed.ExternalObservation{}, err
 	}
@@ -604,7 +610,7 @@ func (e *external) Create(ctx context.Context, p *v1alpha1.Proxy) (managed.Exter
 	if err != nil {
 		return managed.ExternalCreation{}, err
 	}
-	if err := permitted(p, e.pc); err != nil {
+	if err := admit(p, e.pc); err != nil {
 		return managed.ExternalCreation{}, err
 	}
 	inst, err := e.backend.Create(ctx, desiredSpec(p, e.pc, e.clusterID, creds, ud))

@@ -171,6 +171,7 @@ func desiredSpec(p *v1alpha1.Proxy, pc *config, clusterID string, creds *backend
 		Local:                      fp.Local,
 		Kubernetes:                 fp.Kubernetes,
 		GCP:                        fp.GCP,
+		AllowLoopbackDestinations:  pc.Namespace == "",
 	}
 	if s.Port == 0 {
 		s.Port = v1alpha1.DefaultPort
@@ -193,10 +194,11 @@ func specHash(s backend.Spec) string {
 		Ranges      []string                      `json:"ranges,omitempty"`
 		Private     []string                      `json:"private,omitempty"`
 		Generation  int                           `json:"generation"`
+		Loopback    bool                          `json:"loopback,omitempty"`
 		Username    string                        `json:"username,omitempty"`
 		PasswordSum string                        `json:"passwordSum,omitempty"`
 		UserDataSum string                        `json:"userDataSum,omitempty"`
-	}{Local: s.Local, Kubernetes: s.Kubernetes, GCP: s.GCP, Port: s.Port, Ranges: s.AllowedSourceRanges, Private: s.AllowedPrivateDestinations, Generation: squid.ConfigGeneration}
+	}{Local: s.Local, Kubernetes: s.Kubernetes, GCP: s.GCP, Port: s.Port, Ranges: s.AllowedSourceRanges, Private: s.AllowedPrivateDestinations, Generation: squid.ConfigGeneration, Loopback: s.AllowLoopbackDestinations && s.Local != nil}
 	if s.UserData != "" {
 		sum := sha256.Sum256([]byte(s.UserData))
 		in.UserDataSum = hex.EncodeToString(sum[:])

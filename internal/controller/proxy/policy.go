@@ -1,0 +1,257 @@
+package proxy
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	"github.com/pkg/errors"
+	corev1 "k8s.io/api/core/v1"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/kubernetes"
+)
+
+// Defaults of a ProviderConfig's policy, for what it leaves empty.
+var (
+	// defaultNodeSelectorKeys: the zone a fleet's spread selects.
+	defaultNodeSelectorKeys = []string{corev1.LabelTopologyZone}
+	// defaultMachineTypes: small shared-core machines, enough for Squid.
+	defaultMachineTypes = []string{"e2-micro", "e2-small", "e2-medium"}
+)
+
+// admit checks a Proxy against its ProviderConfig before anything is made
+// for it: where its pod may run and what it may run, what its VM may be
+// and join, and which private networks it may reach. The error names the
+// Proxy's field, its value and the policy that refuses it.
+func admit(p *v1alpha1.Proxy, pc *config) error {
+	if err := permitted(p, pc); err != nil {
+		return err
+	}
+	var pol v1alpha1.Policy
+	if pc.Spec.Policy != nil {
+		pol = *pc.Spec.Policy
+	}
+	fp := p.Spec.ForProvider
+	switch {
+	case fp.Kubernetes != nil:
+		return admitPod(p, pc, pol.Kubernetes)
+	case fp.GCP != nil:
+		return admitVM(fp.GCP, pc, pol.GCP)
+	}
+	return nil
+}
+
+// refusal says that the Proxy's field asks for value, which the policy
+// field of pc does not allow, and what it does allow.
+func refusal(field, value string, pc *config, policy string, allowed []string, defaulted bool) error {
+	which := fmt.Sprintf("its spec.policy.%s allows %q", policy, allowed)
+	if defaulted {
+		which = fmt.Sprintf("its spec.policy.%s is unset, which allows %q", policy, allowed)
+	}
+	if len(allowed) == 0 {
+		which = fmt.Sprintf("its spec.policy.%s allows none", policy)
+	}
+	return errors.Errorf("spec.forProvider.%s %q is not permitted by %s %s: %s; ask the platform team to permit it or remove it",
+		field, value, pc.Kind, pc.Name, which)
+}
+
+func admitPod(p *v1alpha1.Proxy, pc *config, pol *v1alpha1.KubernetesPolicy) error {
+	if pol == nil {
+		pol = &v1alpha1.KubernetesPolicy{}
+	}
+	k := p.Spec.ForProvider.Kubernetes
+	ns := instanceRef(p, pc).Namespace
+	namespaces, defaulted := pol.AllowedNamespaces, len(pol.AllowedNamespaces) == 0
+	switch {
+	case pc.Namespace != "":
+		// A tenant's own configuration places pods in its own namespace
+		// only, whatever its policy says.
+		namespaces, defaulted = []string{pc.Namespace}, true
+	case defaulted && pc.Spec.Kubernetes != nil && pc.Spec.Kubernetes.Namespace != "":
+		namespaces = []string{pc.Spec.Kubernetes.Namespace}
+	case defaulted:
+		namespaces = []string{p.GetNamespace()}
+	}
+	if !contains(namespaces, ns) {
+		return refusal("kubernetes.namespace", ns, pc, "kubernetes.allowedNamespaces", namespaces, defaulted)
+	}
+
+	image, images := k.Image, pol.AllowedImages
+	if image == "" {
+		image = kubernetes.DefaultImage
+	}
+	if len(images) == 0 {
+		images = []string{kubernetes.DefaultImage}
+	}
+	if !imageAllowed(image, images) {
+		return refusal("kubernetes.image", image, pc, "kubernetes.allowedImages", images, len(pol.AllowedImages) == 0)
+	}
+
+	keys := pol.AllowedNodeSelectorKeys
+	if len(keys) == 0 {
+		keys = defaultNodeSelectorKeys
+	}
+	selected := make([]string, 0, len(k.NodeSelector))
+	for key := range k.NodeSelector {
+		selected = append(selected, key)
+	}
+	sort.Strings(selected)
+	for _, key := range selected {
+		if !contains(keys, key) {
+			return refusal("kubernetes.nodeSelector", key, pc, "kubernetes.allowedNodeSelectorKeys", keys, len(pol.AllowedNodeSelectorKeys) == 0)
+		}
+	}
+	return nil
+}
+
+func admitVM(g *v1alpha1.GCPPlacement, pc *config, pol *v1alpha1.GCPPolicy) error {
+	if pol == nil {
+		pol = &v1alpha1.GCPPolicy{}
+	}
+	project := ""
+	if pc.Spec.GCP != nil {
+		project = pc.Spec.GCP.Project
+	}
+	if g.CloudInit != nil && !pol.AllowCloudInit {
+		return errors.Errorf("spec.forProvider.gcp.cloudInit is not permitted by %s %s: its spec.policy.gcp.allowCloudInit is false, so VMs run only the generated Squid configuration; ask the platform team to allow it or remove it",
+			pc.Kind, pc.Name)
+	}
+
+	network, networks := g.Network, pol.AllowedNetworks
+	if network == "" {
+		network = v1alpha1.DefaultGCPNetwork
+	}
+	if len(networks) == 0 {
+		networks = []string{v1alpha1.DefaultGCPNetwork}
+	}
+	want := normalNetwork(network, project)
+	ok := false
+	for _, n := range networks {
+		ok = ok || normalNetwork(n, project) == want
+	}
+	if !ok {
+		return refusal("gcp.network", network, pc, "gcp.allowedNetworks", networks, len(pol.AllowedNetworks) == 0)
+	}
+
+	tags := make([]string, 0, len(pol.AllowedNetworkTags))
+	for _, t := range pol.AllowedNetworkTags {
+		tags = append(tags, string(t))
+	}
+	for _, t := range g.NetworkTags {
+		if !contains(tags, string(t)) {
+			return refusal("gcp.networkTags", string(t), pc, "gcp.allowedNetworkTags", tags, false)
+		}
+	}
+
+	machine, machines := g.MachineType, pol.AllowedMachineTypes
+	if machine == "" {
+		machine = v1alpha1.DefaultGCPMachineType
+	}
+	if len(machines) == 0 {
+		machines = defaultMachineTypes
+	}
+	// A machine type may be given as a zonal URL; its name is what counts.
+	if !contains(machines, machine[strings.LastIndex(machine, "/")+1:]) {
+		return refusal("gcp.machineType", machine, pc, "gcp.allowedMachineTypes", machines, len(pol.AllowedMachineTypes) == 0)
+	}
+
+	image, images := g.Image, pol.AllowedImages
+	if image == "" {
+		image = v1alpha1.DefaultGCPImage
+	}
+	if len(images) == 0 {
+		images = []string{v1alpha1.DefaultGCPImage}
+	}
+	if !imageAllowed(normalImage(image), normalImages(images)) {
+		return refusal("gcp.image", image, pc, "gcp.allowedImages", images, len(pol.AllowedImages) == 0)
+	}
+	return nil
+}
+
+// imageAllowed reports whether image matches one of allowed: exactly, as a
+// tag or digest of an allowed repository, or under an allowed prefix that
+// ends in "/". A reference with ".." or whitespace never matches, so that
+// no prefix can be escaped.
+func imageAllowed(image string, allowed []string) bool {
+	if image == "" || strings.Contains(image, "..") || strings.ContainsAny(image, " \t\r\n") {
+		return false
+	}
+	for _, a := range allowed {
+		switch {
+		case a == image:
+			return true
+		case strings.HasSuffix(a, "/") && strings.HasPrefix(image, a):
+			return true
+		case strings.HasPrefix(image, a) && (image[len(a)] == ':' || image[len(a)] == '@') && !strings.ContainsAny(a[strings.LastIndex(a, "/")+1:], ":@"):
+			// A repository admits its tags and digests, but a
+			// reference that already has a tag admits no other.
+			return true
+		}
+	}
+	return false
+}
+
+const computeURL = "https://www.googleapis.com/compute/v1/"
+
+// normalImage strips the API's URL prefix, which GCP accepts on images.
+func normalImage(s string) string { return strings.TrimPrefix(s, computeURL) }
+
+func normalImages(in []string) []string {
+	out := make([]string, len(in))
+	for i, s := range in {
+		out[i] = normalImage(s)
+	}
+	return out
+}
+
+// normalNetwork writes a network the way GCP resolves it in project: a bare
+// name is global/networks/NAME, and the project's own prefix is dropped.
+func normalNetwork(s, project string) string {
+	s = strings.TrimPrefix(s, computeURL)
+	if !strings.Contains(s, "/") {
+		return "global/networks/" + s
+	}
+	if project != "" {
+		s = strings.TrimPrefix(s, "projects/"+project+"/")
+	}
+	return s
+}
+
+func contains(list []string, v string) bool {
+	for _, s := range list {
+		if s == v {
+			return true
+		}
+	}
+	return false
+}
+
+// tenantConfig refuses what only a ClusterProviderConfig, which the
+// platform team writes, may set: a namespaced ProviderConfig belongs to a
+// tenant, who must not run binaries or write directories on the provider's
+// host, nor borrow the provider's own identity.
+func tenantConfig(pc *config) error {
+	if pc.Namespace == "" {
+		return nil
+	}
+	name := fmt.Sprintf("%s %s/%s", pc.Kind, pc.Namespace, pc.Name)
+	if l := pc.Spec.Local; l != nil {
+		for _, f := range []struct {
+			field string
+			set   bool
+		}{{"squidPath", l.SquidPath != ""}, {"stateDir", l.StateDir != ""}, {"portRange", l.PortRange != nil}} {
+			if f.set {
+				return errors.Errorf("%s sets spec.local.%s, which only a ClusterProviderConfig may set: it runs and writes files on the provider's host", name, f.field)
+			}
+		}
+	}
+	if k := pc.Spec.Kubernetes; pc.Spec.Backend == v1alpha1.BackendKubernetes && (k == nil || k.Credentials == nil || k.Credentials.Source != xpv2.CredentialsSourceSecret) {
+		return errors.Errorf("%s must set spec.kubernetes.credentials.source to Secret, naming a kubeconfig in its own namespace: only a ClusterProviderConfig may use the provider's own identity", name)
+	}
+	if g := pc.Spec.GCP; pc.Spec.Backend == v1alpha1.BackendGCP && g != nil && g.Credentials.Source != xpv2.CredentialsSourceSecret {
+		return errors.Errorf("%s must set spec.gcp.credentials.source to Secret, naming a service-account key in its own namespace: only a ClusterProviderConfig may use the provider's own identity", name)
+	}
+	return nil
+}

@@ -1,0 +1,141 @@
+package proxy
+
+import (
+	"strings"
+	"testing"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+)
+
+func TestImageAllowed(t *testing.T) {
+	allowed := []string{"docker.io/ubuntu/squid", "registry.example.com/proxies/", "quay.io/x/squid:6.6", "localhost:5000/squid"}
+	for image, want := range map[string]bool{
+		"docker.io/ubuntu/squid":                       true,
+		"docker.io/ubuntu/squid:5.2-22.04_beta":        true,
+		"docker.io/ubuntu/squid@sha256:abc":            true,
+		"docker.io/ubuntu/squidx":                      false, // shares a prefix, another repository
+		"docker.io/ubuntu/squid/evil":                  false,
+		"docker.io/ubuntu":                             false,
+		"registry.example.com/proxies/squid:6":         true,
+		"registry.example.com/proxies/../attacker/img": false,
+		"registry.example.com/proxiesx/squid":          false,
+		"registry.example.com/proxies/squid:6 --rm":    false,
+		"quay.io/x/squid:6.6":                          true,
+		"quay.io/x/squid:6.6-evil":                     false, // a tagged reference admits no other tag
+		"quay.io/x/squid:6.7":                          false,
+		"localhost:5000/squid:1":                       true,
+		"":                                             false,
+		"attacker/img":                                 false,
+	} {
+		if got := imageAllowed(image, allowed); got != want {
+			t.Errorf("imageAllowed(%q) = %v, want %v", image, got, want)
+		}
+	}
+}
+
+func TestAdmit(t *testing.T) {
+	cluster := func(spec v1alpha1.ProviderConfigSpec) *config {
+		return &config{Kind: v1alpha1.ClusterProviderConfigKind, Name: "platform", Spec: spec}
+	}
+	pods := v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendKubernetes, Kubernetes: &v1alpha1.KubernetesBackend{Namespace: "egress-proxies"}}
+	vms := v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendGCP, GCP: &v1alpha1.GCPBackend{Project: "crawl-proj"}}
+	pod := func(k v1alpha1.KubernetesPlacement) *v1alpha1.Proxy {
+		return unitProxy(func(p *v1alpha1.Proxy) { p.Spec.ForProvider.Local, p.Spec.ForProvider.Kubernetes = nil, &k })
+	}
+	vm := func(g v1alpha1.GCPInstance) *v1alpha1.Proxy {
+		return unitProxy(func(p *v1alpha1.Proxy) {
+			p.Spec.ForProvider.Local = nil
+			p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-b", GCPInstance: g}
+		})
+	}
+	for name, tc := range map[string]struct {
+		p    *v1alpha1.Proxy
+		pc   *config
+		want string // "" admits
+	}{
+		"PodDefaults":                 {pod(v1alpha1.KubernetesPlacement{}), cluster(pods), ""},
+		"PodZoneSelector":             {pod(v1alpha1.KubernetesPlacement{NodeSelector: map[string]string{"topology.kubernetes.io/zone": "a"}}), cluster(pods), ""},
+		"PodConfigNamespaceExplicit":  {pod(v1alpha1.KubernetesPlacement{Namespace: "egress-proxies"}), cluster(pods), ""},
+		"PodOtherNamespace":           {pod(v1alpha1.KubernetesPlacement{Namespace: "kube-system"}), cluster(pods), `spec.forProvider.kubernetes.namespace "kube-system" is not permitted by ClusterProviderConfig platform: its spec.policy.kubernetes.allowedNamespaces is unset, which allows ["egress-proxies"]`},
+		"PodOwnNamespaceWithoutPodNS": {pod(v1alpha1.KubernetesPlacement{}), cluster(v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendKubernetes}), ""},
+		"PodListedNamespace": {pod(v1alpha1.KubernetesPlacement{Namespace: "crawl-b"}), cluster(v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendKubernetes,
+			Policy: &v1alpha1.Policy{Kubernetes: &v1alpha1.KubernetesPolicy{AllowedNamespaces: []string{"crawl-a", "crawl-b"}}}}), ""},
+		"TenantPodElsewhere": {pod(v1alpha1.KubernetesPlacement{Namespace: "kube-system"}), &config{Kind: v1alpha1.ProviderConfigKind, Name: "mine", Namespace: "team",
+			Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendKubernetes, Policy: &v1alpha1.Policy{Kubernetes: &v1alpha1.KubernetesPolicy{AllowedNamespaces: []string{"kube-system"}}}}},
+			`spec.forProvider.kubernetes.namespace "kube-system" is not permitted by ProviderConfig mine`},
+		"PodImage":               {pod(v1alpha1.KubernetesPlacement{Image: "attacker/img"}), cluster(pods), `spec.forProvider.kubernetes.image "attacker/img"`},
+		"PodNodeSelector":        {pod(v1alpha1.KubernetesPlacement{NodeSelector: map[string]string{"node-role.kubernetes.io/control-plane": ""}}), cluster(pods), `spec.forProvider.kubernetes.nodeSelector "node-role.kubernetes.io/control-plane"`},
+		"VMDefaults":             {vm(v1alpha1.GCPInstance{}), cluster(vms), ""},
+		"VMNetworkByName":        {vm(v1alpha1.GCPInstance{Network: "default"}), cluster(vms), ""},
+		"VMNetworkFullURL":       {vm(v1alpha1.GCPInstance{Network: "https://www.googleapis.com/compute/v1/projects/crawl-proj/global/networks/default"}), cluster(vms), ""},
+		"VMOtherProjectsNetwork": {vm(v1alpha1.GCPInstance{Network: "projects/other/global/networks/default"}), cluster(vms), `spec.forProvider.gcp.network "projects/other/global/networks/default"`},
+		"VMTag":                  {vm(v1alpha1.GCPInstance{NetworkTags: []v1alpha1.NetworkTag{"http-server"}}), cluster(vms), `spec.forProvider.gcp.networkTags "http-server" is not permitted by ClusterProviderConfig platform: its spec.policy.gcp.allowedNetworkTags allows none`},
+		"VMMachineZonalURL":      {vm(v1alpha1.GCPInstance{MachineType: "zones/europe-west1-b/machineTypes/e2-small"}), cluster(vms), ""},
+		"VMMachine":              {vm(v1alpha1.GCPInstance{MachineType: "a3-megagpu-8g"}), cluster(vms), `spec.forProvider.gcp.machineType "a3-megagpu-8g"`},
+		"VMImage":                {vm(v1alpha1.GCPInstance{Image: "projects/debian-cloud/global/images/family/debian-12-evil"}), cluster(vms), "spec.forProvider.gcp.image"},
+		"VMCloudInit":            {vm(v1alpha1.GCPInstance{CloudInit: &v1alpha1.CloudInit{}}), cluster(vms), "spec.policy.gcp.allowCloudInit is false"},
+		"VMCloudInitAllowed": {vm(v1alpha1.GCPInstance{CloudInit: &v1alpha1.CloudInit{}}), cluster(v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendGCP,
+			Policy: &v1alpha1.Policy{GCP: &v1alpha1.GCPPolicy{AllowCloudInit: true}}}), ""},
+	} {
+		err := admit(tc.p, tc.pc)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: want admitted, got %v", name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: want refusal containing %q, got %v", name, tc.want, err)
+		}
+	}
+}
+
+func TestTenantConfig(t *testing.T) {
+	secret := xpv2.CredentialsSourceSecret
+	for name, tc := range map[string]struct {
+		pc   *config
+		want string
+	}{
+		"ClusterMaySetAll": {&config{Kind: v1alpha1.ClusterProviderConfigKind, Name: "c", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal,
+			Local: &v1alpha1.LocalBackend{SquidPath: "/usr/sbin/squid", StateDir: "/var/lib/x"}}}, ""},
+		"TenantLocalDefaults": {&config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}}, ""},
+		"TenantSquidPath": {&config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal,
+			Local: &v1alpha1.LocalBackend{SquidPath: "/tmp/evil"}}}, "spec.local.squidPath"},
+		"TenantStateDir": {&config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal,
+			Local: &v1alpha1.LocalBackend{StateDir: "/"}}}, "spec.local.stateDir"},
+		"TenantPortRange": {&config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal,
+			Local: &v1alpha1.LocalBackend{PortRange: &v1alpha1.PortRange{From: 2000, To: 2001}}}}, "spec.local.portRange"},
+		"TenantPodsWithoutCredentials": {&config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendKubernetes}}, "spec.kubernetes.credentials.source"},
+		"TenantPodsWithSecret": {&config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendKubernetes,
+			Kubernetes: &v1alpha1.KubernetesBackend{Credentials: &v1alpha1.KubernetesCredentials{Source: secret}}}}, ""},
+		"TenantGCPInjected": {&config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendGCP,
+			GCP: &v1alpha1.GCPBackend{Project: "platform", Credentials: v1alpha1.GCPCredentials{Source: xpv2.CredentialsSourceInjectedIdentity}}}}, "spec.gcp.credentials.source"},
+	} {
+		err := tenantConfig(tc.pc)
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("%s: want accepted, got %v", name, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("%s: want refusal containing %q, got %v", name, tc.want, err)
+		}
+	}
+	// The backend source refuses before it builds anything.
+	b := &Backends{StateDir: t.TempDir()}
+	if _, err := b.For(t.Context(), &config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal,
+		Local: &v1alpha1.LocalBackend{SquidPath: "/tmp/evil"}}}); err == nil || len(b.local) != 0 {
+		t.Errorf("Backends.For must refuse a tenant's squidPath before making a backend: %v, %d local backends", err, len(b.local))
+	}
+}
+
+// TestTenantLocalProxiesDenyLoopback: only the platform's configuration
+// lets local proxies reach the provider host's loopback services.
+func TestTenantLocalProxiesDenyLoopback(t *testing.T) {
+	p := unitProxy(func(*v1alpha1.Proxy) {})
+	tenant := &config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}}
+	platform := &config{Kind: v1alpha1.ClusterProviderConfigKind, Name: "c", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}}
+	if desiredSpec(p, tenant, "c1", nil, "").AllowLoopbackDestinations {
+		t.Error("a tenant's local proxy must not reach the provider host's loopback")
+	}
+	if !desiredSpec(p, platform, "c1", nil, "").AllowLoopbackDestinations {
+		t.Error("the platform's local proxies reach loopback, where local targets live")
+	}
+}
