@@ -5,6 +5,7 @@
 package probe
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -156,27 +157,68 @@ const (
 	ClosureUnknown Closure = "Unknown"
 )
 
-// Closed asks for t.URL through t.Proxy without credentials: a proxy that
-// has them must answer 407, and only that counts as closed. It is the
+// Closed asks the proxy, without credentials, for a tunnel to the health
+// URL's host and port: a proxy that has credentials must answer 407, and
+// only that counts as closed. The answer to a CONNECT comes from the proxy
+// itself, never from the target, so a target cannot fake it; and a proxy
+// that opens the tunnel is open whatever happens inside it. It is the
 // check that holds even where the provider did not write the proxy's
 // configuration (a user's cloud-init). detail says what the proxy did.
 func (p Prober) Closed(ctx context.Context, t Target) (Closure, string) {
-	t.Username, t.Password = "", ""
-	status, _, err := p.fetch(ctx, t)
-	refused := "the proxy refused a request without credentials (403) instead of demanding them (407), so it is not shown to be closed"
+	status, err := p.connect(ctx, t)
 	switch {
-	case err != nil && strings.Contains(err.Error(), "407 Proxy Authentication Required"):
-		return ClosureClosed, "the proxy demanded credentials"
-	case err != nil && strings.Contains(err.Error(), "403 Forbidden"):
-		return ClosureUnknown, refused
 	case err != nil:
 		return ClosureUnknown, err.Error()
 	case status == http.StatusProxyAuthRequired:
 		return ClosureClosed, "the proxy demanded credentials"
+	case status >= 200 && status < 300:
+		return ClosureOpen, fmt.Sprintf("proxy %s opened a tunnel without credentials (%d)", t.Proxy, status)
 	case status == http.StatusForbidden:
-		return ClosureUnknown, refused
+		return ClosureUnknown, "the proxy refused a request without credentials (403) instead of demanding them (407), so it is not shown to be closed"
 	}
-	return ClosureOpen, fmt.Sprintf("proxy %s served a request without credentials (the target answered %d)", t.Proxy, status)
+	return ClosureUnknown, fmt.Sprintf("the proxy answered a request without credentials with %d instead of demanding them (407), so it is not shown to be closed", status)
+}
+
+// connect sends CONNECT for t.URL's host and port to t.Proxy, without
+// credentials, and returns the status of the proxy's answer.
+func (p Prober) connect(ctx context.Context, t Target) (int, error) {
+	timeout := t.Timeout
+	if timeout <= 0 {
+		timeout = 5 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	u, err := url.Parse(t.URL)
+	if err != nil || u.Hostname() == "" {
+		return 0, errors.Errorf("invalid probe URL %q", t.URL)
+	}
+	port := u.Port()
+	if port == "" {
+		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
+	}
+	target := net.JoinHostPort(u.Hostname(), port)
+	dial := p.Dial
+	if dial == nil {
+		dial = (&net.Dialer{}).DialContext
+	}
+	conn, err := dial(ctx, "tcp", t.Proxy)
+	if err != nil {
+		return 0, errors.New(explain(err, t.Proxy))
+	}
+	defer conn.Close() //nolint:errcheck // Nothing was written through it.
+	if d, ok := ctx.Deadline(); ok {
+		_ = conn.SetDeadline(d)
+	}
+	req := &http.Request{Method: http.MethodConnect, URL: &url.URL{Opaque: target}, Host: target, Header: http.Header{"User-Agent": {"egress-proxy-probe/1"}}}
+	if err := req.Write(conn); err != nil {
+		return 0, errors.New(explain(err, t.Proxy))
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(io.LimitReader(conn, 64<<10)), req)
+	if err != nil {
+		return 0, errors.New(explain(err, t.Proxy))
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode, nil
 }
 
 // explain turns transport errors into messages that say what to check.

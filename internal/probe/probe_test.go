@@ -2,6 +2,7 @@ package probe_test
 
 import (
 	"context"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -146,11 +147,12 @@ func TestProbeThroughRealSquid(t *testing.T) {
 	}
 }
 
-// TestClosed asks real Squid with credentials, without them, for an https
-// and an http URL: both are closed, since Squid answers 407. Proxies that
-// answer otherwise stand in for hand-written configurations: one that
-// serves anybody is open, and one that refuses with 403 instead of asking
-// for credentials is not shown closed, since another request might pass.
+// TestClosed asks real Squid with credentials, without them, for the
+// host of an https and of an http URL: both are closed, since Squid
+// answers 407. Stand-ins for hand-written configurations: a proxy that
+// tunnels for anybody is open, even when its target itself answers 407
+// (which a check of the target's answer would take for the proxy's); one
+// that refuses with 403, or answers oddly, is not shown closed.
 func TestClosed(t *testing.T) {
 	squid := startSquid(t)
 	tls := testbed.StartEchoTarget(t)
@@ -160,6 +162,11 @@ func TestClosed(t *testing.T) {
 		t.Cleanup(s.Close)
 		return strings.TrimPrefix(s.URL, "http://")
 	}
+	forger := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Proxy-Authenticate", `Basic realm="x"`)
+		w.WriteHeader(http.StatusProxyAuthRequired)
+	}))
+	t.Cleanup(forger.Close)
 	dead, _ := net.Listen("tcp", "127.0.0.1:0")
 	deadAddr := dead.Addr().String()
 	_ = dead.Close()
@@ -168,12 +175,13 @@ func TestClosed(t *testing.T) {
 		want             probe.Closure
 		detail           string
 	}{
-		{"SquidConnect", squid, tls.URL, probe.ClosureClosed, "demanded credentials"},
-		{"SquidGet", squid, plain.URL, probe.ClosureClosed, "demanded credentials"},
-		{"ServesAnybody", answering(http.StatusOK), plain.URL, probe.ClosureOpen, "served a request without credentials"},
-		{"ServesAnybodyWithTargetError", answering(http.StatusNotFound), plain.URL, probe.ClosureOpen, "the target answered 404"},
+		{"SquidHTTPS", squid, tls.URL, probe.ClosureClosed, "demanded credentials"},
+		{"SquidHTTP", squid, plain.URL, probe.ClosureClosed, "demanded credentials"},
+		{"TunnelsForAnybody", openTunnel(t), plain.URL, probe.ClosureOpen, "opened a tunnel without credentials"},
+		{"TunnelsForAnybodyToA407Target", openTunnel(t), forger.URL, probe.ClosureOpen, "opened a tunnel without credentials"},
+		{"AnswersAnybody", answering(http.StatusOK), plain.URL, probe.ClosureOpen, "without credentials (200)"},
 		{"RefusesWithout407", answering(http.StatusForbidden), plain.URL, probe.ClosureUnknown, "instead of demanding them (407)"},
-		{"RefusesConnectWithout407", answering(http.StatusForbidden), tls.URL, probe.ClosureUnknown, "instead of demanding them (407)"},
+		{"AnswersOddly", answering(http.StatusNotFound), tls.URL, probe.ClosureUnknown, "with 404 instead of demanding them (407)"},
 		{"Down", deadAddr, plain.URL, probe.ClosureUnknown, "refused the connection"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -185,6 +193,34 @@ func TestClosed(t *testing.T) {
 			}
 		})
 	}
+}
+
+// openTunnel is a proxy that opens a CONNECT tunnel for anybody, as an
+// open hand-written configuration would.
+func openTunnel(t *testing.T) string {
+	s := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodConnect {
+			w.WriteHeader(http.StatusMethodNotAllowed)
+			return
+		}
+		up, err := net.Dial("tcp", r.Host)
+		if err != nil {
+			w.WriteHeader(http.StatusBadGateway)
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+		conn, buf, err := http.NewResponseController(w).Hijack()
+		if err != nil {
+			_ = up.Close()
+			return
+		}
+		_ = buf.Flush()
+		go func() { _, _ = io.Copy(up, conn); _ = up.Close() }()
+		_, _ = io.Copy(conn, up)
+		_ = conn.Close()
+	}))
+	t.Cleanup(s.Close)
+	return strings.TrimPrefix(s.URL, "http://")
 }
 
 func TestEgressIP(t *testing.T) {

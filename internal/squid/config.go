@@ -82,8 +82,8 @@ func (c Config) Validate() error {
 		if a.v == "" {
 			continue
 		}
-		if _, err := netip.ParseAddr(a.v); err != nil {
-			return errors.Errorf("%s %q is not an IP address", a.field, a.v)
+		if err := plainAddr(a.v); err != nil {
+			return errors.Errorf("%s %q %v", a.field, a.v, err)
 		}
 	}
 	public, err := PublicSources(c.AllowedSourceRanges)
@@ -103,8 +103,8 @@ func (c Config) Validate() error {
 		}
 	}
 	for _, a := range c.OwnAddresses {
-		if _, err := netip.ParseAddr(a); err != nil {
-			return errors.Errorf("own address %q is not an IP address", a)
+		if err := plainAddr(a); err != nil {
+			return errors.Errorf("own address %q %v", a, err)
 		}
 	}
 	if c.OwnAddressesFile != "" && !strings.HasPrefix(c.OwnAddressesFile, "/") {
@@ -118,10 +118,29 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// plainAddr accepts an IP address written as netip writes it: no zone
+// (which could carry any text into squid.conf), no IPv4-mapped form, no
+// leading zeros or other spellings Squid might read differently.
+func plainAddr(s string) error {
+	a, err := netip.ParseAddr(s)
+	switch {
+	case err != nil:
+		return errors.New("is not an IP address")
+	case a.Zone() != "":
+		return errors.New("must not have a zone")
+	case a.Is4In6():
+		return errors.New("must be written as IPv4, not IPv4-mapped IPv6")
+	case a.String() != s:
+		return errors.Errorf("must be written as %s", a)
+	}
+	return nil
+}
+
 // PrivateDestinations are the networks a proxy never reaches unless a
 // fleet's exception, permitted by its ProviderConfig, names them: RFC 1918,
-// CGNAT, link-local (cloud metadata), the documentation ranges, multicast,
-// reserved and broadcast; in IPv6 unique-local (GCP's metadata server
+// CGNAT, link-local (cloud metadata), the documentation ranges, the IETF
+// protocol assignments, multicast, reserved and broadcast; in IPv6
+// unique-local, deprecated site-local (GCP's metadata server
 // fd20:ce::254), link-local, multicast, documentation, discard, and the
 // prefixes that embed an IPv4 address (IPv4-compatible, NAT64, 6to4,
 // Teredo), which could carry a private one. The benchmark range
@@ -130,7 +149,8 @@ var PrivateDestinations = prefixes(
 	"10.0.0.0/8", "100.64.0.0/10", "169.254.0.0/16", "172.16.0.0/12",
 	"192.0.2.0/24", "192.168.0.0/16", "198.51.100.0/24", "203.0.113.0/24",
 	"224.0.0.0/4", "240.0.0.0/4",
-	"fc00::/7", "fe80::/10", "ff00::/8", "2001:db8::/32", "100::/64",
+	"192.0.0.0/24",
+	"fc00::/7", "fe80::/10", "fec0::/10", "ff00::/8", "2001:db8::/32", "100::/64",
 	"::/96", "64:ff9b::/96", "64:ff9b:1::/48", "2002::/16", "2001::/32",
 )
 

@@ -130,6 +130,11 @@ func TestValidate(t *testing.T) {
 		"BadCIDR":         {reason: "Ranges are CIDRs.", cfg: Config{Port: 1, AllowedSourceRanges: []string{"10.0.0.1"}}, want: "not a CIDR"},
 		"BadBind":         {reason: "Bind addresses are IPs.", cfg: Config{Port: 1, HtpasswdPath: "/h", BindAddress: "localhost"}, want: "bind address"},
 		"InjectedNewline": {reason: "A path cannot smuggle in a directive.", cfg: Config{Port: 1, HtpasswdPath: "/h\nhttp_access allow all"}, want: "whitespace"},
+		"ZoneSmuggle":     {reason: "An IPv6 zone is free text: it could carry a directive into the config.", cfg: Config{Port: 1, HtpasswdPath: "/h", BindAddress: "fe80::1%x\nhttp_access allow all"}, want: "must not have a zone"},
+		"OwnZone":         {reason: "Own addresses have no zone either.", cfg: Config{Port: 1, HtpasswdPath: "/h", OwnAddresses: []string{"fe80::1%eth0"}}, want: "must not have a zone"},
+		"MappedOutgoing":  {reason: "An IPv4-mapped address is written as IPv4.", cfg: Config{Port: 1, HtpasswdPath: "/h", OutgoingAddress: "::ffff:10.0.0.1"}, want: "IPv4-mapped"},
+		"OddSpelling":     {reason: "Only the canonical spelling, which Squid reads the same way.", cfg: Config{Port: 1, HtpasswdPath: "/h", OwnAddresses: []string{"2001:DB8::1"}}, want: "must be written as 2001:db8::1"},
+		"RelativeOwnFile": {reason: "The own-addresses file is an absolute path.", cfg: Config{Port: 1, HtpasswdPath: "/h", OwnAddressesFile: "self"}, want: "absolute path"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -48,6 +48,8 @@ var denied = []destination{
 	{"documentation", "192.0.2.1"},
 	{"documentation", "198.51.100.1"},
 	{"documentation", "203.0.113.1"},
+	{"ietf-protocol-assignments", "192.0.0.8"},
+	{"site-local", "fec0::1"},
 	{"own-address", testbed.LabProxyAddr},
 	// Known only where the proxy starts, as a VM's external IP is: from
 	// the own-addresses file. It is served on the public side, so only the

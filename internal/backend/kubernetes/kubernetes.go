@@ -53,11 +53,11 @@ const (
 // own listeners through them.
 const ownAddressesFile = "/tmp/egress-proxy-self"
 
-// startCommand writes the pod's addresses, which the downward API hands
-// it in POD_IPS, to ownAddressesFile and then becomes Squid. The
+// startCommand writes the pod's and its node's addresses, which the
+// downward API hands it in POD_IPS and HOST_IPS, to ownAddressesFile and then becomes Squid. The
 // broadcast address keeps the file from being empty.
 func startCommand() []string {
-	return []string{"/bin/sh", "-ec", `{ echo 255.255.255.255; echo "${POD_IPS:-}" | tr ',' '\n'; } | grep -E '^[0-9a-fA-F:.]+$' > ` +
+	return []string{"/bin/sh", "-ec", `{ echo 255.255.255.255; echo "${POD_IPS:-},${HOST_IPS:-}" | tr ',' '\n'; } | grep -E '^[0-9a-fA-F:.]+$' > ` +
 		ownAddressesFile + `; exec squid -N -f ` + configDir + `/squid.conf`}
 }
 
@@ -219,9 +219,12 @@ func (b *Backend) pod(s backend.Spec) *corev1.Pod {
 				Name:    "squid",
 				Image:   image,
 				Command: startCommand(),
-				Env: []corev1.EnvVar{{Name: "POD_IPS", ValueFrom: &corev1.EnvVarSource{
-					FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIPs"},
-				}}},
+				Env: []corev1.EnvVar{
+					{Name: "POD_IPS", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.podIPs"}}},
+					// The node's own addresses, where the kubelet
+					// and NodePorts listen.
+					{Name: "HOST_IPS", ValueFrom: &corev1.EnvVarSource{FieldRef: &corev1.ObjectFieldSelector{FieldPath: "status.hostIPs"}}},
+				},
 				Ports: []corev1.ContainerPort{{Name: "proxy", ContainerPort: s.Port, Protocol: corev1.ProtocolTCP}},
 				ReadinessProbe: &corev1.Probe{ProbeHandler: corev1.ProbeHandler{
 					TCPSocket: &corev1.TCPSocketAction{Port: intstr.FromInt32(s.Port)},

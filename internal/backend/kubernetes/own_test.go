@@ -10,7 +10,8 @@ import (
 
 // TestStartCommandWritesOwnAddresses runs the pod's command with /bin/sh,
 // a stub squid that reports what it was started with, and the addresses
-// the downward API would give a dual-stack pod: both must be in the file
+// the downward API would give a dual-stack pod and its node: all must be
+// in the file
 // Squid's config denies, and Squid must then start with the config.
 func TestStartCommandWritesOwnAddresses(t *testing.T) {
 	dir := t.TempDir()
@@ -20,18 +21,18 @@ func TestStartCommandWritesOwnAddresses(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "squid"), []byte(stub), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, tc := range []struct{ podIPs, want string }{
-		{"10.1.2.3,2600:1f00::7", "255.255.255.255\n10.1.2.3\n2600:1f00::7\n"},
+	for _, tc := range []struct{ podIPs, hostIPs, want string }{
+		{"10.1.2.3,2600:1f00::7", "34.1.2.3,2600:1f00::1", "255.255.255.255\n10.1.2.3\n2600:1f00::7\n34.1.2.3\n2600:1f00::1\n"},
 		// Before the kubelet knows the IPs, the file still holds one
 		// address, so Squid starts.
-		{"", "255.255.255.255\n"},
+		{"", "", "255.255.255.255\n"},
 		// Nothing but addresses reaches Squid's ACL file.
-		{"10.1.2.3,\"/etc/passwd\"", "255.255.255.255\n10.1.2.3\n"},
+		{"10.1.2.3,\"/etc/passwd\"", "$(id)", "255.255.255.255\n10.1.2.3\n"},
 	} {
 		argv := startCommand()
 		argv[len(argv)-1] = strings.ReplaceAll(argv[len(argv)-1], ownAddressesFile, self)
 		cmd := exec.Command(argv[0], argv[1:]...)
-		cmd.Env = []string{"PATH=" + dir + ":/usr/bin:/bin", "POD_IPS=" + tc.podIPs}
+		cmd.Env = []string{"PATH=" + dir + ":/usr/bin:/bin", "POD_IPS=" + tc.podIPs, "HOST_IPS=" + tc.hostIPs}
 		if b, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("POD_IPS=%q: %v\n%s", tc.podIPs, err, b)
 		}

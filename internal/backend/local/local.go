@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"os/user"
@@ -175,6 +176,7 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 		CacheLog:                   filepath.Join(final, "cache.log"),
 		CoreDumpDir:                final,
 		AllowLoopbackDestinations:  s.AllowLoopbackDestinations,
+		OwnAddresses:               hostAddresses(host),
 	}
 	files := map[string][]byte{}
 	if s.Credentials != nil {
@@ -590,4 +592,30 @@ func (sv *supervisor) detach() {
 	sv.mu.Lock()
 	sv.detached = true
 	sv.mu.Unlock()
+}
+
+// hostAddresses are the host's own addresses a proxy listening on all of
+// them (bind 0.0.0.0 or ::) must not reach: every interface address but
+// loopback, which the loopback rule governs. A proxy bound to one address
+// has that one denied by the config generator already.
+func hostAddresses(bind string) []string {
+	if a, err := netip.ParseAddr(bind); err != nil || !a.IsUnspecified() {
+		return nil
+	}
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil
+	}
+	var out []string
+	for _, a := range addrs {
+		n, ok := a.(*net.IPNet)
+		if !ok {
+			continue
+		}
+		ip, ok := netip.AddrFromSlice(n.IP)
+		if ip = ip.Unmap(); ok && !ip.IsLoopback() {
+			out = append(out, ip.String())
+		}
+	}
+	return out
 }
