@@ -93,7 +93,7 @@ func (c *CLI) Run() error {
 			return errors.Wrap(err, "cannot load static tokens")
 		}
 	}
-	store := &lease.Store{Client: mgr.GetClient(), Cache: mgr.GetCache()}
+	store := &lease.Store{Client: mgr.GetClient(), Cache: mgr.GetCache(), OwnerOf: discovery.ProxyOwner(mgr.GetCache())}
 	srv := &discovery.Server{
 		Catalog: &discovery.Catalog{Cache: mgr.GetCache(), Direct: mgr.GetAPIReader(), Fleets: fleets},
 		Leases:  store, Auth: auth, Metrics: discovery.NewMetrics(), Log: log,
@@ -126,6 +126,9 @@ func (c *CLI) newManager() (manager.Manager, error) {
 	}
 	mgr, err := ctrl.NewManager(cfg, manager.Options{
 		Scheme: s, HealthProbeBindAddress: c.HealthProbeBindAddress,
+		// Only the Leases discovery makes, by their label: node
+		// heartbeats and leader elections cost it nothing.
+		Cache: discovery.CacheOptions(),
 		// The API serves /metrics itself, on the API address.
 		Metrics: metricsserver.Options{BindAddress: "0"},
 	})

@@ -9,6 +9,7 @@ import (
 	"github.com/alecthomas/kong"
 	function "github.com/crossplane/function-sdk-go"
 	"github.com/pkg/errors"
+	"k8s.io/apimachinery/pkg/types"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli"
 	proxyfleet "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/function"
@@ -26,6 +27,24 @@ type CLI struct {
 	MetricsAddress     string  `help:"Address of the Prometheus /metrics endpoint." default:":8080" env:"METRICS_ADDRESS"`
 	MaxRecvMessageSize int     `help:"Largest gRPC request accepted, in MiB." default:"4" env:"MAX_RECV_MESSAGE_SIZE"`
 	FixedTime          instant `help:"Use this RFC 3339 time as the clock, for reproducible renders; empty means the real clock." default:"" env:"FIXED_TIME" placeholder:"TIME"`
+	DiscoveryAccount   string  `name:"discovery-service-account" help:"egress-discovery's ServiceAccount (namespace/name), which each fleet grants get on its auth Secret and Lease writes in its namespace; none grants nothing." default:"egress-system/egress-discovery" env:"DISCOVERY_SERVICE_ACCOUNT"`
+}
+
+// Validate checks the settings that the grammar cannot.
+func (c *CLI) Validate() error {
+	_, err := c.discovery()
+	return err
+}
+
+func (c *CLI) discovery() (*types.NamespacedName, error) {
+	if c.DiscoveryAccount == "none" {
+		return nil, nil
+	}
+	sa, err := proxyfleet.ParseServiceAccount(c.DiscoveryAccount)
+	if err != nil {
+		return nil, errors.Wrap(err, "--discovery-service-account (DISCOVERY_SERVICE_ACCOUNT)")
+	}
+	return sa, nil
 }
 
 // instant is an RFC 3339 time, or the zero time when empty. Parsing it in
@@ -63,7 +82,11 @@ func (c *CLI) Run() error {
 		now = func() time.Time { return c.FixedTime.Time }
 	}
 	log.Info("Starting function-proxyfleet", "address", c.Address, "insecure", strconv.FormatBool(c.Insecure))
-	err = function.Serve(proxyfleet.New(log, now),
+	sa, err := c.discovery()
+	if err != nil {
+		return err
+	}
+	err = function.Serve(proxyfleet.New(log, now).WithDiscovery(sa),
 		function.Listen("tcp", c.Address),
 		function.MTLSCertificates(c.TLSCertsDir),
 		function.Insecure(c.Insecure),

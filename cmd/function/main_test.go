@@ -24,6 +24,7 @@ func TestHelp(t *testing.T) {
 		{Flag: "metrics-address", Env: "METRICS_ADDRESS", Default: `":8080"`},
 		{Flag: "max-recv-message-size", Env: "MAX_RECV_MESSAGE_SIZE", Default: "4"},
 		{Flag: "fixed-time", Env: "FIXED_TIME", Default: `""`},
+		{Flag: "discovery-service-account", Env: "DISCOVERY_SERVICE_ACCOUNT", Default: `"egress-system/egress-discovery"`},
 	}
 	clitest.CheckSettings(t, k, want)
 	clitest.CheckEnvs(t, k)
@@ -33,9 +34,10 @@ func TestBadEnv(t *testing.T) {
 	cases := map[string]struct {
 		env, value string
 	}{
-		"Int":  {env: "MAX_RECV_MESSAGE_SIZE", value: "4MiB"},
-		"Bool": {env: "FUNCTION_INSECURE", value: "sure"},
-		"Time": {env: "FIXED_TIME", value: "yesterday"},
+		"Int":            {env: "MAX_RECV_MESSAGE_SIZE", value: "4MiB"},
+		"Bool":           {env: "FUNCTION_INSECURE", value: "sure"},
+		"Time":           {env: "FIXED_TIME", value: "yesterday"},
+		"ServiceAccount": {env: "DISCOVERY_SERVICE_ACCOUNT", value: "egress-discovery"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -45,7 +47,7 @@ func TestBadEnv(t *testing.T) {
 }
 
 func TestSettings(t *testing.T) {
-	defaults := CLI{Address: ":9443", MetricsAddress: ":8080", MaxRecvMessageSize: 4}
+	defaults := CLI{Address: ":9443", MetricsAddress: ":8080", MaxRecvMessageSize: 4, DiscoveryAccount: "egress-system/egress-discovery"}
 	fixed := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	with := func(f func(c *CLI)) CLI {
 		c := defaults

@@ -149,22 +149,30 @@ func (k *Kubernetes) Authorize(ctx context.Context, id *Identity, namespace, fle
 		return nil
 	}
 	k.mu.Unlock()
-	sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
-		User: id.User, Groups: id.Groups,
-		ResourceAttributes: &authzv1.ResourceAttributes{
-			Namespace: namespace, Verb: "use", Group: fleetv1alpha1.Group, Resource: fleetv1alpha1.ProxyFleetResource, Name: fleet,
-		},
-	}}
-	if err := k.Client.Create(ctx, sar); err != nil {
-		return errors.Wrap(err, "cannot review access")
+	// A team may hold "use" on the namespaced ProxyFleet, or, on the
+	// legacy path, on the ProxyFleetClaim of the same name.
+	allowed := false
+	for _, resource := range []string{fleetv1alpha1.ProxyFleetResource, fleetv1alpha1.ProxyFleetClaimResource} {
+		sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
+			User: id.User, Groups: id.Groups,
+			ResourceAttributes: &authzv1.ResourceAttributes{
+				Namespace: namespace, Verb: "use", Group: fleetv1alpha1.Group, Resource: resource, Name: fleet,
+			},
+		}}
+		if err := k.Client.Create(ctx, sar); err != nil {
+			return errors.Wrap(err, "cannot review access")
+		}
+		if allowed = sar.Status.Allowed; allowed {
+			break
+		}
 	}
 	k.mu.Lock()
 	if k.authz == nil {
 		k.authz = map[string]cached[bool]{}
 	}
-	k.authz[key] = cached[bool]{v: sar.Status.Allowed, at: k.now()}
+	k.authz[key] = cached[bool]{v: allowed, at: k.now()}
 	k.mu.Unlock()
-	if !sar.Status.Allowed {
+	if !allowed {
 		return ErrForbidden
 	}
 	return nil

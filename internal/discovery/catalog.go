@@ -11,9 +11,14 @@ import (
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	"github.com/pkg/errors"
+	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
@@ -200,4 +205,29 @@ func (c *Catalog) ProxyURL(ctx context.Context, m member) (string, error) {
 	}
 	u.User = cc.user
 	return u.String(), nil
+}
+
+// ProxyOwner returns the owner reference that makes a proxy's leases and
+// bans go with the Proxy, read from the cache; nil when the Proxy is not
+// there.
+func ProxyOwner(cache client.Reader) func(ctx context.Context, namespace, proxy string) *metav1.OwnerReference {
+	return func(ctx context.Context, namespace, proxy string) *metav1.OwnerReference {
+		p := &v1alpha1.Proxy{}
+		if err := cache.Get(ctx, types.NamespacedName{Namespace: namespace, Name: proxy}, p); err != nil || p.UID == "" {
+			return nil
+		}
+		return &metav1.OwnerReference{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.ProxyKind, Name: p.Name, UID: p.UID}
+	}
+}
+
+// CacheOptions make discovery's cache hold only the Leases it made, found
+// by their kind label, so that the cluster's other Leases (node heartbeats
+// every 10s per node, leader elections) neither cost it memory nor churn
+// its snapshots.
+func CacheOptions() cache.Options {
+	sel := labels.NewSelector()
+	if r, err := labels.NewRequirement(fleetv1alpha1.LabelLeaseKind, selection.Exists, nil); err == nil {
+		sel = sel.Add(*r)
+	}
+	return cache.Options{ByObject: map[client.Object]cache.ByObject{&coordv1.Lease{}: {Label: sel}}}
 }

@@ -15,12 +15,15 @@ import (
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	authnv1 "k8s.io/api/authentication/v1"
+	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
@@ -87,7 +90,7 @@ func server(t *testing.T, static string) *httptest.Server {
 	}
 	s := &discovery.Server{
 		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client},
-		Leases:  &lease.Store{Client: bed.Client},
+		Leases:  &lease.Store{Client: bed.Client, OwnerOf: discovery.ProxyOwner(bed.Client)},
 		Auth:    &discovery.Kubernetes{Client: bed.Client, Static: tokens},
 		Metrics: discovery.NewMetrics(), Log: logging.NewNopLogger(),
 	}
@@ -172,6 +175,21 @@ func TestAPI(t *testing.T) {
 	}
 	if err := c.Report(ctx, l1.LeaseID, apiv1.ReportRequest{Domain: "shop.example", Outcome: "banned", Cooldown: "10m"}); err != nil {
 		t.Fatalf("report: %v", err)
+	}
+	// Leases and bans are owned by their Proxy, so they go with it even
+	// where nobody sweeps: a deleted fleet takes discovery's grant along.
+	owned := &coordv1.LeaseList{}
+	if err := bed.Client.List(ctx, owned, client.InNamespace(ns), client.HasLabels{fleetv1alpha1.LabelLeaseKind}); err != nil || len(owned.Items) < 3 {
+		t.Fatalf("leases: %d %v", len(owned.Items), err)
+	}
+	for _, l := range owned.Items {
+		p := &v1alpha1.Proxy{}
+		if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: l.Annotations[fleetv1alpha1.AnnotationProxy]}, p); err != nil {
+			t.Fatal(err)
+		}
+		if o := l.OwnerReferences; len(o) != 1 || o[0].UID != p.UID || o[0].Kind != v1alpha1.ProxyKind || o[0].Name != p.Name {
+			t.Errorf("lease %s must be owned by its Proxy %s (%s): %+v", l.Name, p.Name, p.UID, o)
+		}
 	}
 	if err := c.Release(ctx, l1.LeaseID); err != nil {
 		t.Fatalf("release: %v", err)

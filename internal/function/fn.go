@@ -22,6 +22,7 @@ import (
 	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
@@ -49,6 +50,9 @@ type Function struct {
 
 	log logging.Logger
 	now func() time.Time
+	// discovery is egress-discovery's ServiceAccount, which each fleet
+	// grants access to its Leases and auth Secret; nil grants none.
+	discovery *types.NamespacedName
 }
 
 // New returns the function. now is its clock; nil means time.Now.
@@ -56,7 +60,15 @@ func New(log logging.Logger, now func() time.Time) *Function {
 	if now == nil {
 		now = time.Now
 	}
-	return &Function{log: log, now: now}
+	return &Function{log: log, now: now, discovery: &DefaultDiscoveryServiceAccount}
+}
+
+// WithDiscovery sets egress-discovery's ServiceAccount, which each fleet
+// grants access to its Leases and auth Secret; nil grants none, for
+// installations without egress-discovery.
+func (f *Function) WithDiscovery(sa *types.NamespacedName) *Function {
+	f.discovery = sa
+	return f
 }
 
 // RunFunction composes one ProxyFleet. Bad input gets a Fatal result that
@@ -132,6 +144,16 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 	}
 	for _, m := range p.keep {
 		rsp.Desired.Resources[resourceName(m.Ordinal)] = c.proxy(m, byOrdinal)
+	}
+	grant, err := f.access(fleet)
+	if err != nil {
+		response.Fatal(rsp, err)
+		return rsp, nil
+	}
+	delete(rsp.Desired.Resources, resourceAccessRole)
+	delete(rsp.Desired.Resources, resourceAccessBinding)
+	for name, r := range grant {
+		rsp.Desired.Resources[name] = r
 	}
 	setStatus(rsp.Desired, members, now)
 	report(rsp, fleet, members, p, now)

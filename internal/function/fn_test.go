@@ -325,3 +325,50 @@ func TestPrivateDestinationsComposed(t *testing.T) {
 		t.Errorf("a fleet's private destinations reach its Proxies (the provider checks them against the policy): -want +got:\n%s", diff)
 	}
 }
+
+// TestDiscoveryAccess: each fleet grants egress-discovery get on exactly
+// its auth Secret and Lease writes in its namespace; a fleet without
+// credentials grants no Secret, and a function told of no discovery
+// grants nothing.
+func TestDiscoveryAccess(t *testing.T) {
+	grants := func(f *Function, spec string) map[string]*fnv1.Resource {
+		rsp, err := f.RunFunction(context.Background(), &fnv1.RunFunctionRequest{
+			Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}}, RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+		})
+		if err != nil || len(rsp.GetResults()) != 0 {
+			t.Fatalf("%v %v", err, rsp.GetResults())
+		}
+		out := map[string]*fnv1.Resource{}
+		for name, r := range rsp.GetDesired().GetResources() {
+			if _, ok := ordinalOf(name); !ok {
+				out[name] = r
+			}
+		}
+		return out
+	}
+	fn := New(logging.NewNopLogger(), func() time.Time { return t0 })
+	got := grants(fn, validSpec)
+	role, binding := got[resourceAccessRole].GetResource().AsMap(), got[resourceAccessBinding].GetResource().AsMap()
+	wantRules := []any{
+		map[string]any{"apiGroups": []any{"coordination.k8s.io"}, "resources": []any{"leases"}, "verbs": []any{"get", "create", "update", "delete"}},
+		map[string]any{"apiGroups": []any{""}, "resources": []any{"secrets"}, "resourceNames": []any{"auth"}, "verbs": []any{"get"}},
+	}
+	if diff := cmp.Diff(wantRules, role["rules"]); diff != "" {
+		t.Errorf("the Role: -want, +got:\n%s", diff)
+	}
+	wantSubjects := []any{map[string]any{"kind": "ServiceAccount", "name": "egress-discovery", "namespace": "egress-system"}}
+	if diff := cmp.Diff(wantSubjects, binding["subjects"]); diff != "" {
+		t.Errorf("the RoleBinding: -want, +got:\n%s", diff)
+	}
+	if ns := role["metadata"].(map[string]any)["namespace"]; ns != "team" {
+		t.Errorf("the grant lives in the fleet's namespace, got %v", ns)
+	}
+
+	noAuth := withSpec(t, "proxy", `{"allowedSourceRanges": ["10.0.0.0/8"]}`)
+	if rules := grants(fn, noAuth)[resourceAccessRole].GetResource().AsMap()["rules"].([]any); len(rules) != 1 {
+		t.Errorf("a fleet without credentials grants no Secret: %v", rules)
+	}
+	if g := grants(New(logging.NewNopLogger(), func() time.Time { return t0 }).WithDiscovery(nil), validSpec); len(g) != 0 {
+		t.Errorf("without egress-discovery nothing is granted: %v", g)
+	}
+}

@@ -78,6 +78,11 @@ type Store struct {
 	Cache client.Reader
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// OwnerOf, when set, names the object that owns a proxy's leases and
+	// bans, so that they are garbage-collected with it: they never outlive
+	// the proxy, even where nobody is left to sweep them. nil, or a nil
+	// answer, makes them unowned.
+	OwnerOf func(ctx context.Context, namespace, proxy string) *metav1.OwnerReference
 
 	// inflight holds the slots this replica is trying to take right now, so
 	// that its concurrent callers spread over different slots instead of
@@ -185,6 +190,16 @@ func names(meta *metav1.ObjectMeta, fleet, proxy string) {
 	meta.Labels[fleetv1alpha1.LabelProxy] = ownership.LabelValue(proxy)
 	meta.Annotations[fleetv1alpha1.AnnotationFleet] = fleet
 	meta.Annotations[fleetv1alpha1.AnnotationProxy] = proxy
+}
+
+// own makes the proxy's owner the owner of a lease or ban about to be made.
+func (s *Store) own(ctx context.Context, meta *metav1.ObjectMeta, proxy string) {
+	if s.OwnerOf == nil {
+		return
+	}
+	if o := s.OwnerOf(ctx, meta.Namespace, proxy); o != nil {
+		meta.OwnerReferences = []metav1.OwnerReference{*o}
+	}
 }
 
 // ExpiresAt is when a lease runs out.
@@ -351,6 +366,7 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 		},
 	}
 	names(&want.ObjectMeta, c.Fleet, c.Proxy)
+	s.own(ctx, &want.ObjectMeta, c.Proxy)
 	if h := StickyHash(r.StickyKey); h != "" {
 		want.Labels[LabelSticky] = h
 	}
@@ -537,6 +553,7 @@ func (s *Store) Ban(ctx context.Context, namespace, fleet, proxy, domain string,
 		},
 	}
 	names(&want.ObjectMeta, fleet, proxy)
+	s.own(ctx, &want.ObjectMeta, proxy)
 	err := s.Client.Create(ctx, want)
 	if !kerrors.IsAlreadyExists(err) {
 		return errors.Wrap(err, "cannot record ban")

@@ -1,0 +1,340 @@
+package discovery_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
+	"github.com/crossplane/function-sdk-go/resource"
+	authzv1 "k8s.io/api/authorization/v1"
+	coordv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/client-go/rest"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/function"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
+)
+
+const (
+	discoverySA  = "system:serviceaccount:egress-system:egress-discovery"
+	crossplaneSA = "system:serviceaccount:crossplane-system:crossplane"
+)
+
+// kustomize renders a folder of cluster/ with the real kubectl and applies
+// every object to the test bed for real, as `kubectl apply -k` would.
+func kustomize(t *testing.T, bed *testbed.Env, dir string) []*unstructured.Unstructured {
+	t.Helper()
+	kubectl := filepath.Join(bed.Root, "bin", "kubectl")
+	if _, err := os.Stat(kubectl); err != nil {
+		t.Fatal("bin/kubectl is missing: run `make tools` (it builds kubectl from the Go module proxy)")
+	}
+	out, err := exec.Command(kubectl, "kustomize", filepath.Join(bed.Root, "cluster", dir)).Output()
+	if err != nil {
+		t.Fatalf("kubectl kustomize cluster/%s: %v", dir, err)
+	}
+	var objs []*unstructured.Unstructured
+	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(out)))
+	for {
+		doc, err := r.Read()
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		u := &unstructured.Unstructured{}
+		if err := yaml.Unmarshal(doc, &u.Object); err != nil || len(u.Object) == 0 {
+			continue
+		}
+		objs = append(objs, u)
+	}
+	return objs
+}
+
+func apply(t *testing.T, c client.Client, objs ...client.Object) {
+	t.Helper()
+	for _, o := range objs {
+		if err := c.Create(context.Background(), o); err != nil && !kerrors.IsAlreadyExists(err) {
+			t.Fatalf("%T %s: %v", o, o.GetName(), err)
+		}
+	}
+}
+
+// crossplaneRules are the rules of Crossplane's own ClusterRole, read from
+// the Helm chart of the Crossplane release the tools module pins: what
+// Crossplane's ServiceAccount holds before any aggregation.
+func crossplaneRules(t *testing.T, root string) []rbacv1.PolicyRule {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "github.com/crossplane/crossplane/v2")
+	cmd.Dir = filepath.Join(root, "hack", "tools")
+	dir, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("cannot find Crossplane's module (run `make tools`): %v", err)
+	}
+	raw, err := os.ReadFile(filepath.Join(strings.TrimSpace(string(dir)), "cluster", "charts", "crossplane", "templates", "clusterrole.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The rules follow the templated metadata.
+	i := bytes.Index(raw, []byte("\nrules:\n"))
+	if i < 0 {
+		t.Fatal("Crossplane's ClusterRole template has no rules")
+	}
+	var doc struct {
+		Rules []rbacv1.PolicyRule `json:"rules"`
+	}
+	if err := yaml.Unmarshal(raw[i+1:], &doc); err != nil || len(doc.Rules) == 0 {
+		t.Fatalf("cannot read Crossplane's ClusterRole rules: %v", err)
+	}
+	return doc.Rules
+}
+
+// impersonating returns a client that acts as user, with the groups a
+// ServiceAccount has.
+func impersonating(t *testing.T, bed *testbed.Env, user string) client.Client {
+	t.Helper()
+	cfg := rest.CopyConfig(bed.Config)
+	parts := strings.Split(user, ":")
+	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + parts[2], "system:authenticated"}}
+	c, err := client.New(cfg, client.Options{Scheme: bed.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// can asks the apiserver whether user may do verb on resource.
+func can(t *testing.T, bed *testbed.Env, user string, a authzv1.ResourceAttributes) bool {
+	t.Helper()
+	parts := strings.Split(user, ":")
+	sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
+		User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + parts[2], "system:authenticated"}, ResourceAttributes: &a,
+	}}
+	if err := bed.Client.Create(context.Background(), sar); err != nil {
+		t.Fatal(err)
+	}
+	return sar.Status.Allowed
+}
+
+// composeAccess runs function-proxyfleet on a fleet and returns the Role
+// and RoleBinding it composes for egress-discovery.
+func composeAccess(t *testing.T, namespace, authSecret string) []*unstructured.Unstructured {
+	t.Helper()
+	xr := resource.MustStructJSON(fmt.Sprintf(`{"apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyFleet",
+		"metadata": {"name": "crawlers", "namespace": %q},
+		"spec": {"zones": ["a"], "placement": {"local": {}}, "proxy": {"authSecretRef": {"name": %q}}, "healthCheck": {"url": "https://example.com/ip"}}}`, namespace, authSecret))
+	rsp, err := function.New(logging.NewNopLogger(), func() time.Time { return time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC) }).
+		RunFunction(context.Background(), &fnv1.RunFunctionRequest{
+			Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: xr}},
+			RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+		})
+	if err != nil || len(rsp.GetResults()) != 0 {
+		t.Fatalf("function: %v %v", err, rsp.GetResults())
+	}
+	var out []*unstructured.Unstructured
+	for name, r := range rsp.GetDesired().GetResources() {
+		if k := r.GetResource().GetFields()["kind"].GetStringValue(); k == "Role" || k == "RoleBinding" {
+			if r.GetReady() != fnv1.Ready_READY_TRUE {
+				t.Errorf("%s: RBAC objects have no status and must be composed ready", name)
+			}
+			out = append(out, &unstructured.Unstructured{Object: r.GetResource().AsMap()})
+		}
+	}
+	if len(out) != 2 {
+		t.Fatalf("want a Role and a RoleBinding for egress-discovery, got %d objects", len(out))
+	}
+	return out
+}
+
+// TestDiscoveryLeastPrivilege installs egress-discovery's RBAC as
+// cluster/discovery renders it and the grant function-proxyfleet composes
+// for one fleet, created under Crossplane's real ServiceAccount (its
+// chart's ClusterRole plus cluster/crossplane-rbac, not an admin), and asks
+// the apiserver what egress-discovery may do: read its fleet's auth Secret
+// and write Leases in its fleet's namespace, and nothing else.
+func TestDiscoveryLeastPrivilege(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ctx := context.Background()
+	team, other := bed.Namespace(t), bed.Namespace(t)
+	for _, u := range append(kustomize(t, bed, "discovery"), kustomize(t, bed, "crossplane-rbac")...) {
+		switch u.GetKind() {
+		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding":
+			apply(t, bed.Client, u)
+		}
+	}
+
+	// Crossplane's ServiceAccount, with its chart's ClusterRole. No
+	// controller-manager runs here to aggregate ClusterRoles, so the
+	// aggregated one is bound directly, as aggregation would grant it.
+	apply(t, bed.Client,
+		&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "crossplane-system"}},
+		&rbacv1.ClusterRole{ObjectMeta: metav1.ObjectMeta{Name: "test:crossplane-chart"}, Rules: crossplaneRules(t, bed.Root)},
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "test:crossplane-chart"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "test:crossplane-chart"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "crossplane-system", Name: "crossplane"}, {Kind: rbacv1.ServiceAccountKind, Namespace: "crossplane-system", Name: "crossplane-unaggregated"}}},
+		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "test:crossplane-aggregated"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "crossplane:aggregate-to-crossplane:egress-proxies"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "crossplane-system", Name: "crossplane"}}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: "crawlers-proxy-auth"}, StringData: map[string]string{"username": "u", "password": "p"}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: "unrelated"}},
+	)
+
+	grant := composeAccess(t, team, "crawlers-proxy-auth")
+	t.Run("ComposedWithoutTheAggregatedRoleIsForbidden", func(t *testing.T) {
+		c := impersonating(t, bed, "system:serviceaccount:crossplane-system:crossplane-unaggregated")
+		if err := c.Create(ctx, grant[0].DeepCopy()); !kerrors.IsForbidden(err) {
+			t.Errorf("Crossplane's chart role alone must not create %s: %v", grant[0].GetKind(), err)
+		}
+	})
+	xp := impersonating(t, bed, crossplaneSA)
+	// The Role first: a binding to a Role that does not exist yet is
+	// refused (Crossplane retries it on its next reconcile).
+	sort.Slice(grant, func(i, j int) bool { return grant[i].GetKind() == "Role" })
+	for _, u := range grant {
+		if err := xp.Create(ctx, u.DeepCopy()); err != nil {
+			t.Fatalf("Crossplane's ServiceAccount cannot create the composed %s: %v", u.GetKind(), err)
+		}
+	}
+
+	lease := func(ns, verb string) authzv1.ResourceAttributes {
+		return authzv1.ResourceAttributes{Namespace: ns, Verb: verb, Group: "coordination.k8s.io", Resource: "leases", Name: "x"}
+	}
+	secret := func(ns, name, verb string) authzv1.ResourceAttributes {
+		return authzv1.ResourceAttributes{Namespace: ns, Verb: verb, Resource: "secrets", Name: name}
+	}
+	for _, tc := range []struct {
+		what string
+		attr authzv1.ResourceAttributes
+		want bool
+	}{
+		{"get its fleet's auth Secret", secret(team, "crawlers-proxy-auth", "get"), true},
+		{"get another Secret of the fleet's namespace", secret(team, "unrelated", "get"), false},
+		{"list the fleet namespace's Secrets", secret(team, "", "list"), false},
+		{"get a Secret of the same name elsewhere", secret(other, "crawlers-proxy-auth", "get"), false},
+		{"get a Secret in kube-system", secret("kube-system", "bootstrap-token-abcdef", "get"), false},
+		{"list Secrets cluster-wide", secret("", "", "list"), false},
+		{"create a Lease in its fleet's namespace", lease(team, "create"), true},
+		{"update a Lease in its fleet's namespace", lease(team, "update"), true},
+		{"delete a Lease in its fleet's namespace", lease(team, "delete"), true},
+		{"update a Lease in kube-system (leader election)", lease("kube-system", "update"), false},
+		{"delete a Lease in kube-system", lease("kube-system", "delete"), false},
+		{"update a node heartbeat in kube-node-lease", lease("kube-node-lease", "update"), false},
+		{"create a Lease in a namespace without a fleet", lease(other, "create"), false},
+		{"update a Lease in a namespace without a fleet", lease(other, "update"), false},
+		{"watch Leases (its informer selects its own by label)", lease("", "watch"), true},
+		{"create pods", authzv1.ResourceAttributes{Namespace: team, Verb: "create", Resource: "pods"}, false},
+		{"create Roles", authzv1.ResourceAttributes{Namespace: team, Verb: "create", Group: "rbac.authorization.k8s.io", Resource: "roles"}, false},
+	} {
+		if got := can(t, bed, discoverySA, tc.attr); got != tc.want {
+			t.Errorf("egress-discovery may %s: want %v, got %v", tc.what, tc.want, got)
+		}
+	}
+
+	// Discovery's ClusterRole itself holds no Secret access and no Lease
+	// writes: only the fleet's Role does.
+	for _, u := range kustomize(t, bed, "discovery") {
+		if u.GetKind() != "ClusterRole" {
+			continue
+		}
+		cr := &rbacv1.ClusterRole{}
+		b, _ := yaml.Marshal(u.Object)
+		if err := yaml.Unmarshal(b, cr); err != nil {
+			t.Fatal(err)
+		}
+		for _, r := range cr.Rules {
+			for _, res := range r.Resources {
+				for _, v := range r.Verbs {
+					if res == "secrets" || (res == "leases" && v != "get" && v != "list" && v != "watch") {
+						t.Errorf("egress-discovery's ClusterRole grants %s on %s", v, res)
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestClaimUseAuthorizes: a crawler team that holds "use" only on the
+// ProxyFleetClaim (the legacy path) may use the fleet of that name in its
+// namespace, and nowhere else.
+func TestClaimUseAuthorizes(t *testing.T) {
+	bed := sharedBed.Env(t)
+	team, other := bed.Namespace(t), bed.Namespace(t)
+	apply(t, bed.Client,
+		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: "claim-user"}, Rules: []rbacv1.PolicyRule{{
+			APIGroups: []string{fleetv1alpha1.Group}, Resources: []string{fleetv1alpha1.ProxyFleetClaimResource}, Verbs: []string{"use"},
+		}}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: "claim-user"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "claim-user"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, Name: "legacy-crawler"}}},
+	)
+	// A fresh authoriser for each question: answers are cached by token,
+	// and these identities have none.
+	authorize := func(user, ns string) error {
+		return (&discovery.Kubernetes{Client: bed.Client}).Authorize(context.Background(), &discovery.Identity{User: user}, ns, "crawlers")
+	}
+	if err := authorize("legacy-crawler", team); err != nil {
+		t.Errorf("use on the claim must authorise its fleet: %v", err)
+	}
+	if err := authorize("legacy-crawler", other); !errors.Is(err, discovery.ErrForbidden) {
+		t.Errorf("use on a claim in one namespace must not reach another: %v", err)
+	}
+	if err := authorize("stranger", team); !errors.Is(err, discovery.ErrForbidden) {
+		t.Errorf("nobody else may use it: %v", err)
+	}
+}
+
+// TestCacheHoldsOnlyDiscoveryLeases: egress-discovery's cache, built with
+// discovery.CacheOptions, sees the Leases it makes and none of the
+// cluster's others (node heartbeats, leader elections).
+func TestCacheHoldsOnlyDiscoveryLeases(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	opts := discovery.CacheOptions()
+	opts.Scheme = bed.Scheme
+	c, err := cache.New(bed.Config, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = c.Start(ctx) }()
+	apply(t, bed.Client,
+		&coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "node-heartbeat"}, Spec: coordv1.LeaseSpec{HolderIdentity: ptr.To("node-1")}},
+		&coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "slot", Labels: map[string]string{fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot}}},
+		&coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ban", Labels: map[string]string{fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindBan}}},
+	)
+	testbed.Eventually(t, 10*time.Second, "the cache holds exactly discovery's Leases", func() (bool, string) {
+		l := &coordv1.LeaseList{}
+		if err := c.List(ctx, l, client.InNamespace(ns)); err != nil {
+			return false, err.Error()
+		}
+		var names []string
+		for _, x := range l.Items {
+			names = append(names, x.Name)
+		}
+		return len(names) == 2 && !strings.Contains(strings.Join(names, ","), "heartbeat"), strings.Join(names, ",")
+	})
+}
