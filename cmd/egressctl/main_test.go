@@ -35,7 +35,7 @@ func TestLeaseRunsCommand(t *testing.T) {
 	bed := sharedBed.Env(t)
 	ctx := context.Background()
 	ns := bed.Namespace(t)
-	if err := bed.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth"}, StringData: map[string]string{"username": "u", "password": "p"}}); err != nil {
+	if err := bed.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "u", "password": "p"}}); err != nil {
 		t.Fatal(err)
 	}
 	p := &v1alpha1.Proxy{

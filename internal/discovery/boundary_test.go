@@ -32,6 +32,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/function"
@@ -198,7 +199,7 @@ func TestDiscoveryLeastPrivilege(t *testing.T) {
 		&rbacv1.ClusterRoleBinding{ObjectMeta: metav1.ObjectMeta{Name: "test:crossplane-aggregated"},
 			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "crossplane:aggregate-to-crossplane:egress-proxies"},
 			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: "crossplane-system", Name: "crossplane"}}},
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: "crawlers-proxy-auth"}, StringData: map[string]string{"username": "u", "password": "p"}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: "crawlers-proxy-auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "u", "password": "p"}},
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: "unrelated"}},
 	)
 
@@ -337,4 +338,32 @@ func TestCacheHoldsOnlyDiscoveryLeases(t *testing.T) {
 		}
 		return len(names) == 2 && !strings.Contains(strings.Join(names, ","), "heartbeat"), strings.Join(names, ",")
 	})
+}
+
+// TestUnlabelledSecretNeverServed: a fleet author names, as the fleet's
+// auth Secret, a Secret its owner did not label for proxies (a
+// ServiceAccount token, say). egress-discovery, which may read it through
+// the fleet's grant, still never hands it to crawlers.
+func TestUnlabelledSecretNeverServed(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	fleet(t, ns, "stolen", 1, 1, nil)
+	ctx := context.Background()
+	s := &corev1.Secret{}
+	if err := bed.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "stolen-auth"}, s); err != nil {
+		t.Fatal(err)
+	}
+	delete(s.Labels, v1alpha1.LabelProxySecret)
+	if err := bed.Client.Update(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	srv := server(t, "team-token "+ns+"\n")
+	code, _, body := call(t, srv, "team-token", "GET", "/v1/fleets/"+ns+"/stolen/proxies.txt", "")
+	if code == 200 || strings.Contains(string(body), "s3cret") {
+		t.Errorf("proxies.txt from an unlabelled Secret: %d %q", code, body)
+	}
+	code, _, body = call(t, srv, "team-token", "POST", "/v1/leases", `{"fleet": "`+ns+`/stolen", "holder": "x"}`)
+	if code < 400 || strings.Contains(string(body), "s3cret") {
+		t.Errorf("a lease on a proxy whose Secret is unlabelled: %d %q", code, body)
+	}
 }

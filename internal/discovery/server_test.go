@@ -44,7 +44,7 @@ func fleet(t testing.TB, ns, name string, n, maxLeases int, healthy func(i int) 
 	t.Helper()
 	bed := sharedBed.Env(t)
 	ctx := context.Background()
-	if err := bed.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-auth"},
+	if err := bed.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}},
 		StringData: map[string]string{"username": "crawler", "password": "s3cret"}}); err != nil {
 		t.Fatal(err)
 	}

@@ -24,6 +24,12 @@ const (
 	// ProviderConfig's policy refuses: nothing is made for it, and a
 	// replacement would be refused alike.
 	ReasonNotPermitted = "NotPermitted"
+	// LabelProxySecret marks a Secret that proxies may use: as credentials
+	// (authSecretRef) or as cloud-init. Only someone who may write the
+	// Secret can set it, so a fleet author cannot point a proxy, and
+	// through egress-discovery its crawlers, at another Secret of the
+	// namespace.
+	LabelProxySecret = "egress.crawl.example.com/proxy-secret"
 	// DefaultUsernameKey is the auth Secret's key holding the username.
 	DefaultUsernameKey = "username"
 	// DefaultPasswordKey is the auth Secret's key holding the password.

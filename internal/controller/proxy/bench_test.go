@@ -76,7 +76,7 @@ func BenchmarkProbeFleet(b *testing.B) {
 
 	bed := sharedBed.Env(b)
 	ns := bed.Namespace(b)
-	if err := bed.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth"}, StringData: map[string]string{"username": "crawler", "password": password}}); err != nil {
+	if err := bed.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": password}}); err != nil {
 		b.Fatal(err)
 	}
 	sem := make(chan struct{}, 16)

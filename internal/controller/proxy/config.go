@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"encoding/json"
 	stderrors "errors"
 	"fmt"
 	"path/filepath"
@@ -176,7 +177,11 @@ func (b *Backends) For(ctx context.Context, pc *config) (backend.Backend, error)
 			if err != nil {
 				return nil, errors.Wrap(err, "cannot read the service-account key")
 			}
-			opts = append(opts, option.WithCredentialsJSON(key)) //nolint:staticcheck // The key is the user's own service account.
+			typ, err := gcpKeyType(key, pc.Namespace != "")
+			if err != nil {
+				return nil, backend.Wrap(backend.ClassPermanent, errors.Wrapf(err, "%s %s", pc.Kind, pc.Name))
+			}
+			opts = append(opts, option.WithAuthCredentialsJSON(typ, key))
 		}
 		opts = append(opts, b.GCPClientOptions...)
 		gb, err := gcp.New(ctx, gcp.Config{Project: g.Project, ClusterID: b.ClusterID, ClientOptions: opts})
@@ -206,8 +211,18 @@ func (b *Backends) kubeClient(ctx context.Context, pc *config) (client.Client, e
 		if err != nil {
 			return nil, errors.Wrap(err, "cannot read kubeconfig")
 		}
+		if pc.Namespace != "" {
+			// A tenant's kubeconfig must not make the provider run a
+			// program, read its files or send its token anywhere.
+			if err := inlineKubeconfig(kc); err != nil {
+				return nil, backend.Wrap(backend.ClassPermanent, errors.Wrapf(err, "%s %s/%s", pc.Kind, pc.Namespace, pc.Name))
+			}
+		}
 		if cfg, err = clientcmd.RESTConfigFromKubeConfig(kc); err != nil {
 			return nil, backend.Wrap(backend.ClassPermanent, errors.Wrap(err, "cannot parse kubeconfig"))
+		}
+		if pc.Namespace != "" {
+			cfg.ExecProvider, cfg.AuthProvider, cfg.BearerTokenFile = nil, nil, ""
 		}
 	}
 	c, err := client.New(cfg, client.Options{Scheme: b.Kube.Scheme()})
@@ -286,4 +301,59 @@ func (s CollectorSources) Owners(ctx context.Context) (map[types.UID]bool, error
 		out[p.UID] = true
 	}
 	return out, nil
+}
+
+// inlineKubeconfig accepts a kubeconfig that carries everything inline:
+// one cluster and one user, authenticated by a token, a client certificate
+// or a password given in the file. Exec and auth-provider plugins, token,
+// certificate and CA files, and proxies are refused, since they would make
+// the provider run a program, read its own files (its ServiceAccount
+// token) or send requests where the kubeconfig's author chose.
+func inlineKubeconfig(raw []byte) error {
+	c, err := clientcmd.Load(raw)
+	if err != nil {
+		return errors.Wrap(err, "cannot parse kubeconfig")
+	}
+	for name, u := range c.AuthInfos {
+		switch {
+		case u.Exec != nil:
+			return errors.Errorf("kubeconfig user %q runs an exec plugin: a namespaced ProviderConfig's kubeconfig must carry its credentials inline", name)
+		case u.AuthProvider != nil:
+			return errors.Errorf("kubeconfig user %q uses an auth provider plugin: a namespaced ProviderConfig's kubeconfig must carry its credentials inline", name)
+		case u.TokenFile != "" || u.ClientCertificate != "" || u.ClientKey != "":
+			return errors.Errorf("kubeconfig user %q names files on the provider's host: a namespaced ProviderConfig's kubeconfig must carry its credentials inline", name)
+		case u.Impersonate != "" || len(u.ImpersonateGroups) > 0 || u.ImpersonateUID != "":
+			return errors.Errorf("kubeconfig user %q impersonates: a namespaced ProviderConfig's kubeconfig acts as itself", name)
+		}
+	}
+	for name, cl := range c.Clusters {
+		if cl.CertificateAuthority != "" || cl.ProxyURL != "" {
+			return errors.Errorf("kubeconfig cluster %q names a CA file or a proxy: a namespaced ProviderConfig's kubeconfig must carry its CA inline and connect directly", name)
+		}
+	}
+	return nil
+}
+
+// gcpKeyType reads the type of a GCP credentials file. A tenant's (a
+// namespaced ProviderConfig's) must be a service-account key: the other
+// kinds make the provider read files, run programs or call URLs (the
+// metadata server) their author chose, and the client library does not
+// check the declared type on every path, so it is checked here.
+func gcpKeyType(key []byte, tenant bool) (option.CredentialsType, error) {
+	var f struct {
+		Type string `json:"type"`
+	}
+	if err := json.Unmarshal(key, &f); err != nil {
+		return "", errors.New("the GCP credentials are not JSON")
+	}
+	switch t := option.CredentialsType(f.Type); {
+	case t == option.ServiceAccount:
+		return t, nil
+	case tenant:
+		return "", errors.Errorf("the GCP credentials are of type %q: a namespaced ProviderConfig takes only a service-account key (type %q)", f.Type, option.ServiceAccount)
+	case t == option.ExternalAccount || t == option.ImpersonatedServiceAccount || t == option.AuthorizedUser:
+		return t, nil
+	default:
+		return "", errors.Errorf("the GCP credentials are of unknown type %q", f.Type)
+	}
 }

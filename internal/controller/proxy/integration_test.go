@@ -212,7 +212,7 @@ func TestLocalProxyLifecycle(t *testing.T) {
 	ctx := context.Background()
 
 	create(t,
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth"}, StringData: map[string]string{"username": "crawler", "password": password}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": password}},
 		&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "local-" + ns}, Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}},
 		proxyObject(ns, "p1", 32310, target.URL),
 	)
@@ -299,7 +299,7 @@ func TestLocalProxyLifecycle(t *testing.T) {
 
 	t.Run("WrongCredentials", func(t *testing.T) {
 		create(t,
-			&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "wrong"}, StringData: map[string]string{"username": "crawler", "password": "Not-The-" + password}},
+			&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "wrong", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": "Not-The-" + password}},
 			&v1alpha1.Proxy{
 				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "ext"},
 				Spec: v1alpha1.ProxySpec{ForProvider: v1alpha1.ProxyParameters{

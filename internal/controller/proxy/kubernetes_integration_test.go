@@ -42,7 +42,7 @@ func TestKubernetesProxy(t *testing.T) {
 	p.Spec.ForProvider.Local = nil
 	p.Spec.ForProvider.Kubernetes = &v1alpha1.KubernetesPlacement{NodeSelector: map[string]string{"topology.kubernetes.io/zone": "zone-a"}}
 	create(t,
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth"}, StringData: map[string]string{"username": "crawler", "password": password}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": password}},
 		&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "pods-" + ns}, Spec: v1alpha1.ProviderConfigSpec{
 			Backend:    v1alpha1.BackendKubernetes,
 			Kubernetes: &v1alpha1.KubernetesBackend{Namespace: podNS, Credentials: &v1alpha1.KubernetesCredentials{Source: xpv2.CredentialsSourceInjectedIdentity}},

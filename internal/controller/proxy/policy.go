@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"regexp"
 	"sort"
 	"strings"
 
@@ -153,7 +154,8 @@ func admitVM(g *v1alpha1.GCPPlacement, pc *config, pol *v1alpha1.GCPPolicy) erro
 		machines = defaultMachineTypes
 	}
 	// A machine type may be given as a zonal URL; its name is what counts.
-	if !contains(machines, machine[strings.LastIndex(machine, "/")+1:]) {
+	m := machineTypeRe.FindStringSubmatch(machine)
+	if m == nil || !contains(machines, m[1]) {
 		return refusal("gcp.machineType", machine, pc, "gcp.allowedMachineTypes", machines, len(pol.AllowedMachineTypes) == 0)
 	}
 
@@ -170,6 +172,9 @@ func admitVM(g *v1alpha1.GCPPlacement, pc *config, pol *v1alpha1.GCPPolicy) erro
 	return nil
 }
 
+// machineTypeRe is a machine type by name or by zonal URL.
+var machineTypeRe = regexp.MustCompile(`^(?:zones/[a-z0-9-]+/machineTypes/)?([a-z0-9-]+)$`)
+
 // imageAllowed reports whether image matches one of allowed: exactly, as a
 // tag or digest of an allowed repository, or under an allowed prefix that
 // ends in "/". A reference with ".." or whitespace never matches, so that
@@ -184,9 +189,12 @@ func imageAllowed(image string, allowed []string) bool {
 			return true
 		case strings.HasSuffix(a, "/") && strings.HasPrefix(image, a):
 			return true
-		case strings.HasPrefix(image, a) && (image[len(a)] == ':' || image[len(a)] == '@') && !strings.ContainsAny(a[strings.LastIndex(a, "/")+1:], ":@"):
+		case strings.HasPrefix(image, a) && (image[len(a)] == ':' || image[len(a)] == '@') &&
+			!strings.ContainsAny(a[strings.LastIndex(a, "/")+1:], ":@") && !strings.Contains(image[len(a):], "/"):
 			// A repository admits its tags and digests, but a
-			// reference that already has a tag admits no other.
+			// reference that already has a tag admits no other, and
+			// a colon followed by a path is a registry's port, not a
+			// tag.
 			return true
 		}
 	}

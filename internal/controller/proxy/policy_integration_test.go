@@ -44,7 +44,7 @@ func TestPolicyRefusesOverrides(t *testing.T) {
 
 	pods, vms, locals := "policy-pods-"+ns, "policy-gcp-"+ns, "policy-local-"+ns
 	create(t,
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth"}, StringData: map[string]string{"username": "crawler", "password": password}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": password}},
 		&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: pods}, Spec: v1alpha1.ProviderConfigSpec{
 			Backend:    v1alpha1.BackendKubernetes,
 			Kubernetes: &v1alpha1.KubernetesBackend{Namespace: podNS, Credentials: &v1alpha1.KubernetesCredentials{Source: xpv2.CredentialsSourceInjectedIdentity}},

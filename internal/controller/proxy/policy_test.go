@@ -74,6 +74,7 @@ func TestAdmit(t *testing.T) {
 		"VMTag":                  {vm(v1alpha1.GCPInstance{NetworkTags: []v1alpha1.NetworkTag{"http-server"}}), cluster(vms), `spec.forProvider.gcp.networkTags "http-server" is not permitted by ClusterProviderConfig platform: its spec.policy.gcp.allowedNetworkTags allows none`},
 		"VMMachineZonalURL":      {vm(v1alpha1.GCPInstance{MachineType: "zones/europe-west1-b/machineTypes/e2-small"}), cluster(vms), ""},
 		"VMMachine":              {vm(v1alpha1.GCPInstance{MachineType: "a3-megagpu-8g"}), cluster(vms), `spec.forProvider.gcp.machineType "a3-megagpu-8g"`},
+		"VMMachineSmuggled":      {vm(v1alpha1.GCPInstance{MachineType: "zones/z/machineTypes/n2-highmem-96#/e2-micro"}), cluster(vms), "spec.forProvider.gcp.machineType"},
 		"VMImage":                {vm(v1alpha1.GCPInstance{Image: "projects/debian-cloud/global/images/family/debian-12-evil"}), cluster(vms), "spec.forProvider.gcp.image"},
 		"VMCloudInit":            {vm(v1alpha1.GCPInstance{CloudInit: &v1alpha1.CloudInit{}}), cluster(vms), "spec.policy.gcp.allowCloudInit is false"},
 		"VMCloudInitAllowed": {vm(v1alpha1.GCPInstance{CloudInit: &v1alpha1.CloudInit{}}), cluster(v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendGCP,

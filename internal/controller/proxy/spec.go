@@ -63,9 +63,12 @@ func credentials(ctx context.Context, kube client.Client, p *v1alpha1.Proxy) (*b
 	s := &corev1.Secret{}
 	if err := kube.Get(ctx, types.NamespacedName{Namespace: p.GetNamespace(), Name: ref.Name}, s); err != nil {
 		if kerrors.IsNotFound(err) {
-			return nil, errors.Errorf("auth secret %s/%s not found: create it with keys %q and %q, or fix spec.forProvider.authSecretRef", p.GetNamespace(), ref.Name, uk, pk)
+			return nil, errors.Errorf("auth secret %s/%s not found: create it with keys %q and %q and the label %s=true, or fix spec.forProvider.authSecretRef", p.GetNamespace(), ref.Name, uk, pk, v1alpha1.LabelProxySecret)
 		}
 		return nil, errors.Wrapf(err, "cannot get auth secret %s/%s", p.GetNamespace(), ref.Name)
+	}
+	if err := ProxySecret(s); err != nil {
+		return nil, errors.Wrap(err, "spec.forProvider.authSecretRef")
 	}
 	c := &backend.Credentials{
 		Username: string(s.Data[uk]),
@@ -75,6 +78,17 @@ func credentials(ctx context.Context, kube client.Client, p *v1alpha1.Proxy) (*b
 		return nil, errors.Errorf("auth secret %s/%s needs non-empty keys %q and %q", p.GetNamespace(), ref.Name, uk, pk)
 	}
 	return c, nil
+}
+
+// ProxySecret refuses a Secret not labelled for proxies' use: a fleet
+// author names Secrets, but only someone who may write a Secret may label
+// it, so no proxy (nor egress-discovery, for the proxy's crawlers) reads
+// another Secret of the namespace on the author's say.
+func ProxySecret(s *corev1.Secret) error {
+	if s.Labels[v1alpha1.LabelProxySecret] != "true" {
+		return errors.Errorf("secret %s/%s is not labelled %s=true: label it to let proxies use it", s.Namespace, s.Name, v1alpha1.LabelProxySecret)
+	}
+	return nil
 }
 
 // cidrs returns the CIDRs as sorted strings.
@@ -141,6 +155,9 @@ func userData(ctx context.Context, kube client.Client, p *v1alpha1.Proxy) (strin
 	s := &corev1.Secret{}
 	if err := kube.Get(ctx, types.NamespacedName{Namespace: p.GetNamespace(), Name: ref.Name}, s); err != nil {
 		return "", errors.Wrapf(err, "cannot get cloud-init secret %s/%s", p.GetNamespace(), ref.Name)
+	}
+	if err := ProxySecret(s); err != nil {
+		return "", errors.Wrap(err, "spec.forProvider.gcp.cloudInit.secretRef")
 	}
 	v, ok := s.Data[ref.Key]
 	if !ok {

@@ -3,6 +3,10 @@ package proxy_test
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -24,6 +28,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp/gcpfake"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller/proxy"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/function"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
@@ -51,7 +56,7 @@ func TestHostileFleetsRefused(t *testing.T) {
 	pods, vms := "tenant-pods-"+ns, "tenant-gcp-"+ns
 	author := "system:serviceaccount:" + ns + ":fleet-author"
 	create(t,
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth"}, StringData: map[string]string{"username": "crawler", "password": password}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": password}},
 		&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: pods}, Spec: v1alpha1.ProviderConfigSpec{
 			Backend:    v1alpha1.BackendKubernetes,
 			Kubernetes: &v1alpha1.KubernetesBackend{Namespace: podNS, Credentials: &v1alpha1.KubernetesCredentials{Source: xpv2.CredentialsSourceInjectedIdentity}},
@@ -163,6 +168,109 @@ spec: {replicas: 1, zones: [europe-west1-b], providerConfigRef: {kind: ClusterPr
 	}
 	for _, key := range proxies {
 		if err := bed.Client.Delete(ctx, &v1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestTenantConfigCannotBorrowTheProvider: a tenant's namespaced
+// ProviderConfig names its own credentials Secret, and through it tries to
+// make the provider run a program (a kubeconfig exec plugin), send its own
+// ServiceAccount token (tokenFile), or read its files and call a URL of
+// the tenant's choosing (a GCP external-account configuration). Each is
+// refused before the credentials are used: the program never runs, and
+// the tenant's token endpoint is never called. A fleet author's proxy that
+// names an unlabelled Secret as credentials is refused too.
+func TestTenantConfigCannotBorrowTheProvider(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	target := testbed.StartEchoTarget(t)
+	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target)
+	defer prov.stop()
+	ctx := context.Background()
+
+	marker := filepath.Join(t.TempDir(), "ran")
+	calls := 0
+	tokenURL := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { calls++; w.WriteHeader(http.StatusTeapot) }))
+	defer tokenURL.Close()
+	kubeconfig := func(user string) string {
+		return `apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+current-context: c
+users: [{name: u, user: ` + user + `}]
+`
+	}
+	for name, data := range map[string]string{
+		"exec":      kubeconfig(`{exec: {apiVersion: client.authentication.k8s.io/v1, command: /bin/sh, args: [-c, "touch ` + marker + `"], interactiveMode: Never}}`),
+		"tokenfile": kubeconfig(`{tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token}`),
+		"external": `{"type": "external_account", "audience": "//iam.googleapis.com/x", "subject_token_type": "urn:ietf:params:oauth:token-type:jwt",
+			"token_url": "` + tokenURL.URL + `", "credential_source": {"file": "/etc/hostname"}}`,
+	} {
+		create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, StringData: map[string]string{"key": data}})
+	}
+	secretCreds := func(name string) xpv2.CommonCredentialSelectors {
+		return xpv2.CommonCredentialSelectors{SecretRef: &xpv2.SecretKeySelector{SecretReference: xpv2.SecretReference{Name: name, Namespace: ns}, Key: "key"}}
+	}
+	for _, name := range []string{"exec", "tokenfile"} {
+		create(t, &v1alpha1.ProviderConfig{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: v1alpha1.ProviderConfigSpec{
+			Backend: v1alpha1.BackendKubernetes, Kubernetes: &v1alpha1.KubernetesBackend{Credentials: &v1alpha1.KubernetesCredentials{Source: xpv2.CredentialsSourceSecret, CommonCredentialSelectors: secretCreds(name)}},
+		}})
+	}
+	create(t,
+		&v1alpha1.ProviderConfig{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "external"}, Spec: v1alpha1.ProviderConfigSpec{
+			Backend: v1alpha1.BackendGCP, GCP: &v1alpha1.GCPBackend{Project: "tenant-proj", Credentials: v1alpha1.GCPCredentials{Source: xpv2.CredentialsSourceSecret, CommonCredentialSelectors: secretCreds("external")}},
+		}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": password}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "platform-token"}, StringData: map[string]string{"username": "system", "password": "token-of-another-team"}},
+		&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "tenant-local-" + ns}, Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}},
+	)
+	cases := map[string]struct {
+		modify func(*v1alpha1.Proxy)
+		want   string
+	}{
+		"exec": {func(p *v1alpha1.Proxy) {
+			p.Spec.ProviderConfigReference = &xpv2.ProviderConfigReference{Kind: "ProviderConfig", Name: "exec"}
+			p.Spec.ForProvider.Local, p.Spec.ForProvider.Kubernetes = nil, &v1alpha1.KubernetesPlacement{}
+		}, "runs an exec plugin"},
+		"tokenfile": {func(p *v1alpha1.Proxy) {
+			p.Spec.ProviderConfigReference = &xpv2.ProviderConfigReference{Kind: "ProviderConfig", Name: "tokenfile"}
+			p.Spec.ForProvider.Local, p.Spec.ForProvider.Kubernetes = nil, &v1alpha1.KubernetesPlacement{}
+		}, "names files on the provider's host"},
+		"external": {func(p *v1alpha1.Proxy) {
+			p.Spec.ProviderConfigReference = &xpv2.ProviderConfigReference{Kind: "ProviderConfig", Name: "external"}
+			p.Spec.ForProvider.Local = nil
+			p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-b"}
+			p.Spec.ForProvider.AllowedSourceRanges = []v1alpha1.CIDR{"127.0.0.0/8"}
+		}, "credentials"},
+		"unlabelled": {func(p *v1alpha1.Proxy) {
+			p.Spec.ProviderConfigReference = &xpv2.ProviderConfigReference{Kind: "ClusterProviderConfig", Name: "tenant-local-" + ns}
+			p.Spec.ForProvider.AuthSecretRef = &v1alpha1.AuthSecretReference{Name: "platform-token"}
+		}, "is not labelled " + v1alpha1.LabelProxySecret + "=true"},
+	}
+	for name, tc := range cases {
+		p := proxyObject(ns, name, 32470, target.URL)
+		tc.modify(p)
+		create(t, p)
+	}
+	for name, tc := range cases {
+		testbed.Eventually(t, 15*time.Second, name+" refused", func() (bool, string) {
+			s := get(t, types.NamespacedName{Namespace: ns, Name: name}).GetCondition(xpv2.TypeSynced)
+			return s.Status == corev1.ConditionFalse && strings.Contains(s.Message, tc.want), fmt.Sprintf("Synced=%s %q", s.Status, s.Message)
+		})
+	}
+	if _, err := os.Stat(marker); err == nil {
+		t.Error("the tenant's kubeconfig made the provider run a program")
+	}
+	if calls != 0 {
+		t.Errorf("the tenant's credentials made the provider call their token URL %d times", calls)
+	}
+	if pids := local.Processes(testbed.SquidStateDir(t)); len(pids) != 0 {
+		t.Errorf("a proxy with unlabelled credentials started Squid: %v", pids)
+	}
+	for name := range cases {
+		if err := bed.Client.Delete(ctx, &v1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}); err != nil {
 			t.Fatal(err)
 		}
 	}
