@@ -369,6 +369,11 @@ func TestInvalidObjectsRejected(t *testing.T) {
 			base:   validProviderConfig, set: map[string]any{"spec.backend": "GCP", "spec.gcp": map[string]any{"project": "platform-proj", "credentials": map[string]any{"source": "InjectedIdentity"}}},
 			want: []string{"spec.gcp.credentials.source must be Secret"},
 		},
+		"TenantLoopback": {
+			reason: "A tenant's ProviderConfig cannot let its proxies reach the provider host's loopback.",
+			base:   validProviderConfig, set: map[string]any{"spec.policy": map[string]any{"local": map[string]any{"allowLoopbackDestinations": true}}},
+			want: []string{"spec.policy.local and spec.policy.allowedProxyNamespaces may be set only on a ClusterProviderConfig"},
+		},
 		"ProviderConfigUnknownBackend": {
 			reason: "The backend is one of the three the provider has.",
 			base:   validProviderConfig, set: map[string]any{"spec.backend": "AWS"},

@@ -57,6 +57,20 @@ type Policy struct {
 	// +optional
 	AllowedPrivateDestinations []CIDR `json:"allowedPrivateDestinations,omitempty"`
 
+	// AllowedProxyNamespaces are the namespaces whose Proxies (and so
+	// fleets) may use this configuration. Empty: every namespace. A
+	// namespaced ProviderConfig serves its own namespace only.
+	// +kubebuilder:validation:MaxItems=256
+	// +kubebuilder:validation:items:MaxLength=63
+	// +kubebuilder:validation:items:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +listType=set
+	// +optional
+	AllowedProxyNamespaces []string `json:"allowedProxyNamespaces,omitempty"`
+
+	// Local bounds the Squid processes of the local backend.
+	// +optional
+	Local *LocalPolicy `json:"local,omitempty"`
+
 	// Kubernetes bounds the pods of the kubernetes backend.
 	// +optional
 	Kubernetes *KubernetesPolicy `json:"kubernetes,omitempty"`
@@ -64,6 +78,26 @@ type Policy struct {
 	// GCP bounds the VMs of the GCP backend.
 	// +optional
 	GCP *GCPPolicy `json:"gcp,omitempty"`
+}
+
+// LocalPolicy is what a Proxy's local Squid may ask for. The provider
+// refuses a Proxy that asks for more, before anything is started.
+type LocalPolicy struct {
+	// AllowedBindAddresses a local proxy may listen on. Empty: loopback
+	// (127.0.0.1 and ::1) only, so that nobody off the provider's host
+	// can reach a local proxy.
+	// +kubebuilder:validation:MaxItems=64
+	// +listType=set
+	// +optional
+	AllowedBindAddresses []IPAddress `json:"allowedBindAddresses,omitempty"`
+
+	// AllowLoopbackDestinations lets local proxies bound to loopback reach
+	// the provider host's own loopback services, where local targets (and
+	// this project's tests) live. Off by default: they would reach every
+	// service of the host that listens on loopback. Only a
+	// ClusterProviderConfig can turn it on.
+	// +optional
+	AllowLoopbackDestinations bool `json:"allowLoopbackDestinations,omitempty"`
 }
 
 // KubernetesPolicy is what a Proxy's pod may ask for. The provider refuses
@@ -245,6 +279,7 @@ type ProviderConfigStatus struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.spec.local) || (!has(self.spec.local.squidPath) && !has(self.spec.local.stateDir) && !has(self.spec.local.portRange))",message="spec.local.squidPath, stateDir and portRange may be set only on a ClusterProviderConfig"
 // +kubebuilder:validation:XValidation:rule="self.spec.backend != 'Kubernetes' || (has(self.spec.kubernetes) && has(self.spec.kubernetes.credentials) && self.spec.kubernetes.credentials.source == 'Secret')",message="spec.kubernetes.credentials.source must be Secret: only a ClusterProviderConfig may use the provider's own identity"
 // +kubebuilder:validation:XValidation:rule="!has(self.spec.gcp) || self.spec.gcp.credentials.source == 'Secret'",message="spec.gcp.credentials.source must be Secret: only a ClusterProviderConfig may use the provider's own identity"
+// +kubebuilder:validation:XValidation:rule="!has(self.spec.policy) || (!has(self.spec.policy.local) && !has(self.spec.policy.allowedProxyNamespaces))",message="spec.policy.local and spec.policy.allowedProxyNamespaces may be set only on a ClusterProviderConfig: a ProviderConfig's local proxies listen on loopback and reach no loopback service, and it serves its own namespace"
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:resource:scope=Namespaced,categories={crossplane,provider,egress}

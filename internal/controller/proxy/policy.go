@@ -34,8 +34,14 @@ func admit(p *v1alpha1.Proxy, pc *config) error {
 	if pc.Spec.Policy != nil {
 		pol = *pc.Spec.Policy
 	}
+	if ns := p.GetNamespace(); pc.Namespace == "" && len(pol.AllowedProxyNamespaces) > 0 && !contains(pol.AllowedProxyNamespaces, ns) {
+		return errors.Errorf("metadata.namespace %q may not use %s %s: its spec.policy.allowedProxyNamespaces allows %q; ask the platform team for a configuration of your own",
+			ns, pc.Kind, pc.Name, pol.AllowedProxyNamespaces)
+	}
 	fp := p.Spec.ForProvider
 	switch {
+	case fp.Local != nil:
+		return admitLocal(fp.Local, pc, pol.Local)
 	case fp.Kubernetes != nil:
 		return admitPod(p, pc, pol.Kubernetes)
 	case fp.GCP != nil:
@@ -56,6 +62,33 @@ func refusal(field, value string, pc *config, policy string, allowed []string, d
 	}
 	return errors.Errorf("spec.forProvider.%s %q is not permitted by %s %s: %s; ask the platform team to permit it or remove it",
 		field, value, pc.Kind, pc.Name, which)
+}
+
+// defaultBindAddresses: loopback, so nobody off the host reaches the proxy.
+var defaultBindAddresses = []string{"127.0.0.1", "::1"}
+
+func admitLocal(l *v1alpha1.LocalPlacement, pc *config, pol *v1alpha1.LocalPolicy) error {
+	allowed := defaultBindAddresses
+	if pol != nil && len(pol.AllowedBindAddresses) > 0 && pc.Namespace == "" {
+		allowed = make([]string, 0, len(pol.AllowedBindAddresses))
+		for _, a := range pol.AllowedBindAddresses {
+			allowed = append(allowed, string(a))
+		}
+	}
+	bind := string(l.BindAddress)
+	if bind == "" {
+		bind = defaultBindAddresses[0]
+	}
+	if !contains(allowed, bind) {
+		return refusal("local.bindAddress", bind, pc, "local.allowedBindAddresses", allowed, pol == nil || len(pol.AllowedBindAddresses) == 0 || pc.Namespace != "")
+	}
+	return nil
+}
+
+// loopbackAllowed says whether pc lets its local proxies reach the host's
+// loopback services: only a ClusterProviderConfig that says so.
+func loopbackAllowed(pc *config) bool {
+	return pc.Namespace == "" && pc.Spec.Policy != nil && pc.Spec.Policy.Local != nil && pc.Spec.Policy.Local.AllowLoopbackDestinations
 }
 
 func admitPod(p *v1alpha1.Proxy, pc *config, pol *v1alpha1.KubernetesPolicy) error {

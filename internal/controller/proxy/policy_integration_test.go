@@ -62,7 +62,7 @@ func TestPolicyRefusesOverrides(t *testing.T) {
 		}},
 		&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: locals}, Spec: v1alpha1.ProviderConfigSpec{
 			Backend: v1alpha1.BackendLocal,
-			Policy:  &v1alpha1.Policy{AllowedPrivateDestinations: []v1alpha1.CIDR{"10.20.0.0/16"}},
+			Policy:  &v1alpha1.Policy{AllowedPrivateDestinations: []v1alpha1.CIDR{"10.20.0.0/16"}, Local: &v1alpha1.LocalPolicy{AllowLoopbackDestinations: true}},
 		}},
 	)
 
@@ -113,6 +113,10 @@ func TestPolicyRefusesOverrides(t *testing.T) {
 			[]string{`spec.forProvider.gcp.image "projects/attacker/global/images/backdoor"`, "spec.policy.gcp.allowedImages"}},
 		{"vm-own-code", vm(v1alpha1.GCPInstance{CloudInit: &v1alpha1.CloudInit{Inline: &script}}),
 			[]string{"spec.forProvider.gcp.cloudInit", "spec.policy.gcp.allowCloudInit is false"}},
+		{"local-on-every-address", func(p *v1alpha1.Proxy) {
+			p.Spec.ProviderConfigReference.Name = locals
+			p.Spec.ForProvider.Local.BindAddress = "0.0.0.0"
+		}, []string{`spec.forProvider.local.bindAddress "0.0.0.0"`, "spec.policy.local.allowedBindAddresses"}},
 		{"private-network", private("10.0.0.0/8"),
 			[]string{`spec.forProvider.allowedPrivateDestinations "10.0.0.0/8"`, locals, "spec.policy.allowedPrivateDestinations"}},
 	}
@@ -189,6 +193,23 @@ func TestPolicyRefusesOverrides(t *testing.T) {
 				return a.made() && s.Status == corev1.ConditionTrue, fmt.Sprintf("Synced=%s %q", s.Status, s.Message)
 			})
 		}
+		// The platform tightens its policy: the pod that runs an image it
+		// no longer permits goes, and no other takes its place.
+		cpc := &v1alpha1.ClusterProviderConfig{}
+		if err := bed.Client.Get(ctx, types.NamespacedName{Name: pods}, cpc); err != nil {
+			t.Fatal(err)
+		}
+		cpc.Spec.Policy.Kubernetes.AllowedImages = []string{"docker.io/ubuntu/squid"}
+		if err := bed.Client.Update(ctx, cpc); err != nil {
+			t.Fatal(err)
+		}
+		testbed.Eventually(t, 15*time.Second, "the pod no longer permitted deleted", func() (bool, string) {
+			p := get(t, types.NamespacedName{Namespace: ns, Name: "pod-listed-prefix"})
+			r := p.GetCondition(xpv2.TypeReady)
+			n := podCount(t, podNS)
+			return n == 0 && r.Reason == proxy.ReasonNotPermitted && strings.Contains(r.Message, "registry.example.com/proxies/squid:6.6"),
+				fmt.Sprintf("pods=%d Ready=%s %q", n, r.Reason, r.Message)
+		})
 		for _, a := range allowed {
 			if err := bed.Client.Delete(ctx, &v1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: a.name}}); err != nil {
 				t.Fatal(err)

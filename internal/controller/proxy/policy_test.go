@@ -132,11 +132,16 @@ func TestTenantConfig(t *testing.T) {
 func TestTenantLocalProxiesDenyLoopback(t *testing.T) {
 	p := unitProxy(func(*v1alpha1.Proxy) {})
 	tenant := &config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}}
+	tenant.Spec.Policy = &v1alpha1.Policy{Local: &v1alpha1.LocalPolicy{AllowLoopbackDestinations: true}}
 	platform := &config{Kind: v1alpha1.ClusterProviderConfigKind, Name: "c", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}}
 	if desiredSpec(p, tenant, "c1", nil, "").AllowLoopbackDestinations {
-		t.Error("a tenant's local proxy must not reach the provider host's loopback")
+		t.Error("a tenant's local proxy must not reach the provider host's loopback, whatever its policy says")
 	}
+	if desiredSpec(p, platform, "c1", nil, "").AllowLoopbackDestinations {
+		t.Error("the platform's local proxies reach loopback only when its policy says so")
+	}
+	platform.Spec.Policy = &v1alpha1.Policy{Local: &v1alpha1.LocalPolicy{AllowLoopbackDestinations: true}}
 	if !desiredSpec(p, platform, "c1", nil, "").AllowLoopbackDestinations {
-		t.Error("the platform's local proxies reach loopback, where local targets live")
+		t.Error("the platform's local proxies reach loopback, where local targets live, when its policy says so")
 	}
 }

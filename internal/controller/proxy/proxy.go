@@ -388,10 +388,17 @@ func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 		return managed.ExternalObservation{}, err
 	}
 	if err := admit(p, e.pc); err != nil {
-		// The instance may still do what is no longer permitted: it is
-		// not handed out, nor replaced, until the Proxy or the policy is
-		// fixed.
+		// The instance does what is no longer permitted (the platform
+		// tightened its policy): it goes, and none replaces it until the
+		// Proxy or the policy is fixed.
+		e.record.Event(p, event.Warning(event.Reason(ReasonNotPermitted), errors.Errorf("deleting instance %s: %v", inst.ProviderID, err)))
+		derr := e.backend.Delete(ctx, ref)
+		e.countError("delete", derr)
+		resetInstanceStatus(p)
 		p.SetConditions(unavailable(ReasonNotPermitted, err.Error()))
+		if derr != nil {
+			return managed.ExternalObservation{}, errors.Wrapf(derr, "cannot delete instance %s, which its ProviderConfig no longer permits", inst.ProviderID)
+		}
 		return managed.ExternalObservation{}, err
 	}
 	want := desiredSpec(p, e.pc, e.clusterID, creds, ud)

@@ -188,7 +188,7 @@ func desiredSpec(p *v1alpha1.Proxy, pc *config, clusterID string, creds *backend
 		Local:                      fp.Local,
 		Kubernetes:                 fp.Kubernetes,
 		GCP:                        fp.GCP,
-		AllowLoopbackDestinations:  pc.Namespace == "",
+		AllowLoopbackDestinations:  loopbackAllowed(pc),
 	}
 	if s.Port == 0 {
 		s.Port = v1alpha1.DefaultPort
