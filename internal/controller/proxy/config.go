@@ -158,41 +158,47 @@ func (b *Backends) For(ctx context.Context, pc *config) (backend.Backend, error)
 		b.remote[key] = kb
 		return kb, nil
 	case v1alpha1.BackendGCP:
-		key := fmt.Sprintf("%s/%s", pc.UID, pc.Version)
-		if gb, ok := b.remote[key]; ok {
-			return gb, nil
-		}
-		g := pc.Spec.GCP
-		if g == nil {
-			return nil, backend.Errorf(backend.ClassPermanent, "%s %s has no gcp settings: set spec.gcp.project and spec.gcp.credentials", pc.Kind, pc.Name)
-		}
-		var opts []option.ClientOption
-		if g.Credentials.Source == xpv2.CredentialsSourceSecret {
-			sel := g.Credentials.CommonCredentialSelectors
-			if sel.SecretRef != nil && pc.Namespace != "" {
-				sel.SecretRef = sel.SecretRef.DeepCopy()
-				sel.SecretRef.Namespace = pc.Namespace
-			}
-			key, err := resource.CommonCredentialExtractor(ctx, g.Credentials.Source, b.Kube, sel)
-			if err != nil {
-				return nil, errors.Wrap(err, "cannot read the service-account key")
-			}
-			typ, err := gcpKeyType(key, pc.Namespace != "")
-			if err != nil {
-				return nil, backend.Wrap(backend.ClassPermanent, errors.Wrapf(err, "%s %s", pc.Kind, pc.Name))
-			}
-			opts = append(opts, option.WithAuthCredentialsJSON(typ, key))
-		}
-		opts = append(opts, b.GCPClientOptions...)
-		gb, err := gcp.New(ctx, gcp.Config{Project: g.Project, ClusterID: b.ClusterID, ClientOptions: opts})
-		if err != nil {
-			return nil, err
-		}
-		b.remote[key] = gb
-		return gb, nil
+		return b.gcpBackend(ctx, pc)
 	default:
 		return nil, backend.Errorf(backend.ClassPermanent, "the %s backend is not available in this provider version", pc.Spec.Backend)
 	}
+}
+
+// gcpBackend returns the GCP backend of pc, made once per configuration
+// version. The caller holds b.mu.
+func (b *Backends) gcpBackend(ctx context.Context, pc *config) (backend.Backend, error) {
+	key := fmt.Sprintf("%s/%s", pc.UID, pc.Version)
+	if gb, ok := b.remote[key]; ok {
+		return gb, nil
+	}
+	g := pc.Spec.GCP
+	if g == nil {
+		return nil, backend.Errorf(backend.ClassPermanent, "%s %s has no gcp settings: set spec.gcp.project and spec.gcp.credentials", pc.Kind, pc.Name)
+	}
+	var opts []option.ClientOption
+	if g.Credentials.Source == xpv2.CredentialsSourceSecret {
+		sel := g.Credentials.CommonCredentialSelectors
+		if sel.SecretRef != nil && pc.Namespace != "" {
+			sel.SecretRef = sel.SecretRef.DeepCopy()
+			sel.SecretRef.Namespace = pc.Namespace
+		}
+		key, err := resource.CommonCredentialExtractor(ctx, g.Credentials.Source, b.Kube, sel)
+		if err != nil {
+			return nil, errors.Wrap(err, "cannot read the service-account key")
+		}
+		typ, err := gcpKeyType(key, pc.Namespace != "")
+		if err != nil {
+			return nil, backend.Wrap(backend.ClassPermanent, errors.Wrapf(err, "%s %s", pc.Kind, pc.Name))
+		}
+		opts = append(opts, option.WithAuthCredentialsJSON(typ, key))
+	}
+	opts = append(opts, b.GCPClientOptions...)
+	gb, err := gcp.New(ctx, gcp.Config{Project: g.Project, ClusterID: b.ClusterID, ClientOptions: opts})
+	if err != nil {
+		return nil, err
+	}
+	b.remote[key] = gb
+	return gb, nil
 }
 
 // kubeClient returns an uncached client for the pods' cluster: proxy pods

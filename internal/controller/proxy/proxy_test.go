@@ -214,7 +214,7 @@ func TestObserve(t *testing.T) {
 				Probes: 1, Healthy: true, ProviderID: "local/3128"},
 		},
 		"NotPermitted": {
-			reason: "A healthy proxy asking for a private network its ProviderConfig no longer permits is not Ready: its instance may still reach it.",
+			reason: "A healthy proxy asking for a private network its ProviderConfig no longer permits is not Ready, and its instance, which may still reach it, is deleted.",
 			proxy: unitProxy(func(p *v1alpha1.Proxy) {
 				p.Spec.ForProvider.AllowedPrivateDestinations = []v1alpha1.CIDR{"10.1.0.0/16"}
 				p.Status.AtProvider = v1alpha1.ProxyObservation{ProviderID: "local/3128", Healthy: true, ConsecutiveSuccesses: 4,
@@ -222,8 +222,7 @@ func TestObserve(t *testing.T) {
 				p.SetConditions(xpv2.Available())
 			}),
 			instance: &running,
-			want: result{Err: true, Reason: ReasonNotPermitted, Status: corev1.ConditionFalse,
-				Healthy: true, EgressIP: "203.0.113.9", ProviderID: "local/3128"},
+			want:     result{Err: true, Reason: ReasonNotPermitted, Status: corev1.ConditionFalse, Deletes: 1},
 		},
 		"Terminated": {
 			reason:   "A terminated instance is deleted and reported missing, so a fresh one is created.",
