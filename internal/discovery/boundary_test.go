@@ -182,7 +182,7 @@ func TestDiscoveryLeastPrivilege(t *testing.T) {
 	team, other := bed.Namespace(t), bed.Namespace(t)
 	for _, u := range append(kustomize(t, bed, "discovery"), kustomize(t, bed, "crossplane-rbac")...) {
 		switch u.GetKind() {
-		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding":
+		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
 			apply(t, bed.Client, u)
 		}
 	}
@@ -253,6 +253,51 @@ func TestDiscoveryLeastPrivilege(t *testing.T) {
 			t.Errorf("egress-discovery may %s: want %v, got %v", tc.what, tc.want, got)
 		}
 	}
+
+	// Within its fleet's namespace, the admission policy keeps it to the
+	// Leases it labels: the team's own leader election is out of reach.
+	t.Run("OnlyItsOwnLeases", func(t *testing.T) {
+		theirs := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: "team-leader-election"}, Spec: coordv1.LeaseSpec{HolderIdentity: ptr.To("team-operator")}}
+		apply(t, bed.Client, theirs)
+		d := impersonating(t, bed, discoverySA)
+		mine := func(name string) *coordv1.Lease {
+			return &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: name, Labels: map[string]string{fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot}}}
+		}
+		// The policy takes effect once the apiserver has loaded it.
+		testbed.Eventually(t, 30*time.Second, "the admission policy refuses an unlabelled Lease", func() (bool, string) {
+			err := d.Create(ctx, &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: "unlabelled"}})
+			if err == nil {
+				_ = bed.Client.Delete(ctx, &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: "unlabelled"}})
+			}
+			return kerrors.IsForbidden(err) || kerrors.IsInvalid(err), fmt.Sprint(err)
+		})
+		cur := &coordv1.Lease{}
+		if err := d.Get(ctx, client.ObjectKeyFromObject(theirs), cur); err != nil {
+			t.Fatal(err)
+		}
+		cur.Spec.HolderIdentity = ptr.To("egress-discovery")
+		if err := d.Update(ctx, cur); err == nil {
+			t.Error("egress-discovery took over the team's leader election Lease")
+		}
+		cur.Labels = map[string]string{fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot}
+		if err := d.Update(ctx, cur); err == nil {
+			t.Error("egress-discovery relabelled the team's Lease as its own")
+		}
+		if err := d.Delete(ctx, theirs.DeepCopy()); err == nil {
+			t.Error("egress-discovery deleted the team's Lease")
+		}
+		m := mine("crawlers-0-slot-0")
+		if err := d.Create(ctx, m); err != nil {
+			t.Fatalf("egress-discovery may create its own Lease: %v", err)
+		}
+		m.Spec.HolderIdentity = ptr.To("crawler")
+		if err := d.Update(ctx, m); err != nil {
+			t.Errorf("egress-discovery may update its own Lease: %v", err)
+		}
+		if err := d.Delete(ctx, m); err != nil {
+			t.Errorf("egress-discovery may delete its own Lease: %v", err)
+		}
+	})
 
 	// Discovery's ClusterRole itself holds no Secret access and no Lease
 	// writes: only the fleet's Role does.

@@ -68,7 +68,7 @@ func TestManifests(t *testing.T) {
 			}
 		}
 	}
-	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "PodDisruptionBudget"} {
+	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "PodDisruptionBudget", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
 		if kinds[k] != 1 {
 			t.Errorf("want one %s in cluster/discovery, got %d", k, kinds[k])
 		}
