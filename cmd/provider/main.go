@@ -50,6 +50,7 @@ type CLI struct {
 	GCInterval              time.Duration `name:"gc-interval" help:"How often the orphan collector looks for instances whose Proxy is gone." default:"10m" env:"GC_INTERVAL"`
 	GCGracePeriod           time.Duration `name:"gc-grace-period" help:"How old an orphaned instance must be before it is deleted." default:"15m" env:"GC_GRACE_PERIOD"`
 	GCDryRun                bool          `name:"gc-dry-run" help:"Only log, count and record events for orphans; delete nothing." default:"false" env:"GC_DRY_RUN"`
+	RefusedGrace            time.Duration `name:"refused-grace" help:"How long an instance its ProviderConfig's policy no longer permits keeps running, not handed out, before it is deleted; 0 deletes it at once." default:"5m" env:"REFUSED_GRACE"`
 	MaxReconcileRate        int           `help:"The most reconciles per second across all Proxies, and the number of concurrent reconciles." default:"10" env:"MAX_RECONCILE_RATE"`
 	StateDir                string        `help:"Where local-backend proxies keep their files when a ProviderConfig names no stateDir." default:"/var/lib/provider-egressproxy" env:"STATE_DIR"`
 	LocalRestartDelay       time.Duration `help:"How long a local-backend Squid that died stays down before it is restarted." default:"2s" env:"LOCAL_RESTART_DELAY"`
@@ -165,7 +166,10 @@ func (c *CLI) Run() error {
 				MRStateMetrics:          stateMetrics,
 			},
 		},
-		Backends: backends, ClusterID: clusterID, RootCAs: pool, Metrics: pm,
+		Backends: backends, ClusterID: clusterID, RootCAs: pool, Metrics: pm, RefusedGrace: c.RefusedGrace,
+	}
+	if c.RefusedGrace <= 0 {
+		o.RefusedGrace = -1 // at once; zero would mean the default
 	}
 	if err := xcontroller.Setup(mgr, o); err != nil {
 		return err

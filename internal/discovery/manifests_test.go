@@ -18,6 +18,8 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/function"
 )
 
 // TestManifests renders cluster/discovery with the real `kubectl kustomize`
@@ -72,5 +74,30 @@ func TestManifests(t *testing.T) {
 		if kinds[k] != 1 {
 			t.Errorf("want one %s in cluster/discovery, got %d", k, kinds[k])
 		}
+	}
+}
+
+// TestAdmissionPolicyNamesDiscovery: the admission policy that keeps
+// egress-discovery to its own Leases matches the ServiceAccount that
+// cluster/discovery creates and that function-proxyfleet grants by
+// default; were they to drift apart, the policy would silently match
+// nobody.
+func TestAdmissionPolicyNamesDiscovery(t *testing.T) {
+	bed := sharedBed.Env(t)
+	raw, err := os.ReadFile(filepath.Join(bed.Root, "cluster", "discovery", "admission.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sa := function.DefaultDiscoveryServiceAccount
+	want := `request.userInfo.username == "system:serviceaccount:` + sa.Namespace + `:` + sa.Name + `"`
+	if !bytes.Contains(raw, []byte(want)) {
+		t.Errorf("cluster/discovery/admission.yaml must match %s", want)
+	}
+	kust, err := os.ReadFile(filepath.Join(bed.Root, "cluster", "discovery", "kustomization.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(kust, []byte("namespace: "+sa.Namespace+"\n")) {
+		t.Errorf("cluster/discovery installs into %s, where the function's default grant names it", sa.Namespace)
 	}
 }

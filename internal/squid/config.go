@@ -205,6 +205,24 @@ var (
 	unspecifiedDestinations = prefixes("0.0.0.0/8", "::/128")
 )
 
+// HostOrMetadata reports whether a is the host itself (loopback,
+// unspecified), link-local, or a cloud metadata or credential server: what
+// nothing a tenant configures may make the provider connect to.
+func HostOrMetadata(a netip.Addr) bool {
+	a = a.Unmap()
+	if a.IsLoopback() || a.IsUnspecified() || a.IsLinkLocalUnicast() || a.IsMulticast() {
+		return true
+	}
+	for _, set := range [][]netip.Prefix{loopbackDestinations, unspecifiedDestinations, metadataDestinations} {
+		for _, p := range set {
+			if p.Contains(a) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // metadataDestinations are the cloud metadata and credential servers, which
 // hand out the instance's credentials: denied even where an exception
 // covers them (AWS, GCP, ECS, Alibaba, Azure's WireServer).

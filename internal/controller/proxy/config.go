@@ -5,8 +5,12 @@ import (
 	"encoding/json"
 	stderrors "errors"
 	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
@@ -27,6 +31,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/kubernetes"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/gc"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/squid"
 )
 
 // resolveConfig reads the ProviderConfig or ClusterProviderConfig a Proxy
@@ -186,7 +191,7 @@ func (b *Backends) gcpBackend(ctx context.Context, pc *config) (backend.Backend,
 		if err != nil {
 			return nil, errors.Wrap(err, "cannot read the service-account key")
 		}
-		typ, err := gcpKeyType(key, pc.Namespace != "")
+		typ, key, err := gcpKey(key, pc.Namespace != "")
 		if err != nil {
 			return nil, backend.Wrap(backend.ClassPermanent, errors.Wrapf(err, "%s %s", pc.Kind, pc.Name))
 		}
@@ -229,6 +234,13 @@ func (b *Backends) kubeClient(ctx context.Context, pc *config) (client.Client, e
 		}
 		if pc.Namespace != "" {
 			cfg.ExecProvider, cfg.AuthProvider, cfg.BearerTokenFile = nil, nil, ""
+			if u, err := url.Parse(cfg.Host); err != nil || u.Scheme != "https" {
+				return nil, backend.Errorf(backend.ClassPermanent, "%s %s/%s: the kubeconfig's server %q must be an https URL", pc.Kind, pc.Namespace, pc.Name, cfg.Host)
+			}
+			// Checked at every connection, after DNS: a name that
+			// resolves to the provider's host or a metadata server
+			// later is refused then.
+			cfg.Dial = (&net.Dialer{Timeout: 30 * time.Second, Control: refuseHostAndMetadata}).DialContext
 		}
 	}
 	c, err := client.New(cfg, client.Options{Scheme: b.Kube.Scheme()})
@@ -309,6 +321,20 @@ func (s CollectorSources) Owners(ctx context.Context) (map[types.UID]bool, error
 	return out, nil
 }
 
+// refuseHostAndMetadata refuses a connection to the provider's own host,
+// link-local addresses or a cloud metadata server, where a tenant's
+// kubeconfig could otherwise point the provider.
+func refuseHostAndMetadata(_, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return errors.Errorf("cannot tell where %s is", address)
+	}
+	if squid.HostOrMetadata(ap.Addr()) {
+		return errors.Errorf("a namespaced ProviderConfig's kubeconfig may not reach %s: it is the provider's host, link-local or a metadata server", ap.Addr())
+	}
+	return nil
+}
+
 // inlineKubeconfig accepts a kubeconfig that carries everything inline:
 // one cluster and one user, authenticated by a token, a client certificate
 // or a password given in the file. Exec and auth-provider plugins, token,
@@ -340,26 +366,43 @@ func inlineKubeconfig(raw []byte) error {
 	return nil
 }
 
-// gcpKeyType reads the type of a GCP credentials file. A tenant's (a
-// namespaced ProviderConfig's) must be a service-account key: the other
-// kinds make the provider read files, run programs or call URLs (the
-// metadata server) their author chose, and the client library does not
-// check the declared type on every path, so it is checked here.
-func gcpKeyType(key []byte, tenant bool) (option.CredentialsType, error) {
+// googleTokenURI is where a service-account key's JWT is exchanged.
+const googleTokenURI = "https://oauth2.googleapis.com/token"
+
+// gcpKey reads a GCP credentials file and returns its type and the key to
+// use. A tenant's (a namespaced ProviderConfig's) must be a service-account
+// key, and it is rebuilt from the fields a key needs, with Google's token
+// URI: the other kinds, and a key's own token_uri, make the provider read
+// files, run programs or send requests (to the metadata server, to its
+// own endpoints) where their author chose, and the client library does not
+// check the declared type on every path.
+func gcpKey(key []byte, tenant bool) (option.CredentialsType, []byte, error) {
 	var f struct {
-		Type string `json:"type"`
+		Type         string `json:"type"`
+		ProjectID    string `json:"project_id,omitempty"`
+		PrivateKeyID string `json:"private_key_id,omitempty"`
+		PrivateKey   string `json:"private_key"`
+		ClientEmail  string `json:"client_email"`
+		ClientID     string `json:"client_id,omitempty"`
+		TokenURI     string `json:"token_uri"`
 	}
 	if err := json.Unmarshal(key, &f); err != nil {
-		return "", errors.New("the GCP credentials are not JSON")
+		return "", nil, errors.New("the GCP credentials are not JSON")
 	}
-	switch t := option.CredentialsType(f.Type); {
+	t := option.CredentialsType(f.Type)
+	switch {
+	case t == option.ServiceAccount && tenant:
+		f.TokenURI = googleTokenURI
+		clean, err := json.Marshal(f)
+		return t, clean, errors.Wrap(err, "cannot rebuild the service-account key")
 	case t == option.ServiceAccount:
-		return t, nil
+		return t, key, nil
 	case tenant:
-		return "", errors.Errorf("the GCP credentials are of type %q: a namespaced ProviderConfig takes only a service-account key (type %q)", f.Type, option.ServiceAccount)
-	case t == option.ExternalAccount || t == option.ImpersonatedServiceAccount || t == option.AuthorizedUser:
-		return t, nil
+		return "", nil, errors.Errorf("the GCP credentials are of type %q: a namespaced ProviderConfig takes only a service-account key (type %q)", f.Type, option.ServiceAccount)
+	case t == option.ExternalAccount || t == option.ImpersonatedServiceAccount || t == option.AuthorizedUser,
+		f.Type == "external_account_authorized_user", f.Type == "gdc_service_account":
+		return t, key, nil
 	default:
-		return "", errors.Errorf("the GCP credentials are of unknown type %q", f.Type)
+		return "", nil, errors.Errorf("the GCP credentials are of unknown type %q", f.Type)
 	}
 }

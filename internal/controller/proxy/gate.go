@@ -38,6 +38,9 @@ const (
 	// ReasonNotPermitted: the Proxy asks for what its ProviderConfig's
 	// policy does not permit.
 	ReasonNotPermitted xpv2.ConditionReason = v1alpha1.ReasonNotPermitted
+	// ReasonSecretUnavailable: the Proxy's auth or cloud-init Secret cannot
+	// be used, so the instance is not handed out.
+	ReasonSecretUnavailable xpv2.ConditionReason = "SecretUnavailable"
 )
 
 // The OpenProxy condition says whether a proxy with credentials serves

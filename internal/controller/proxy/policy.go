@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"fmt"
+	"net/netip"
 	"regexp"
 	"sort"
 	"strings"
@@ -79,10 +80,16 @@ func admitLocal(l *v1alpha1.LocalPlacement, pc *config, pol *v1alpha1.LocalPolic
 	if bind == "" {
 		bind = defaultBindAddresses[0]
 	}
-	if !contains(allowed, bind) {
-		return refusal("local.bindAddress", bind, pc, "local.allowedBindAddresses", allowed, pol == nil || len(pol.AllowedBindAddresses) == 0 || pc.Namespace != "")
+	want, err := netip.ParseAddr(bind)
+	if err != nil {
+		return errors.Errorf("spec.forProvider.local.bindAddress %q is not an IP address", bind)
 	}
-	return nil
+	for _, a := range allowed {
+		if ok, err := netip.ParseAddr(a); err == nil && ok.Unmap() == want.Unmap() {
+			return nil
+		}
+	}
+	return refusal("local.bindAddress", bind, pc, "local.allowedBindAddresses", allowed, pol == nil || len(pol.AllowedBindAddresses) == 0 || pc.Namespace != "")
 }
 
 // loopbackAllowed says whether pc lets its local proxies reach the host's

@@ -38,6 +38,8 @@ func TestPolicyRefusesOverrides(t *testing.T) {
 	stateDir := testbed.SquidStateDir(t)
 	prov := startProvider(t, stateDir, providerLogs(t), target, func(o *proxy.Options) {
 		o.Backends.(*proxy.Backends).GCPClientOptions = fake.ClientOptions()
+		// An instance no longer permitted goes at once here.
+		o.RefusedGrace = -1
 	})
 	defer prov.stop()
 	ctx := context.Background()

@@ -1,12 +1,18 @@
 package proxy
 
 import (
+	"context"
+	"encoding/json"
 	"strings"
 	"testing"
+	"time"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/fake"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
 
 func TestImageAllowed(t *testing.T) {
@@ -143,5 +149,87 @@ func TestTenantLocalProxiesDenyLoopback(t *testing.T) {
 	platform.Spec.Policy = &v1alpha1.Policy{Local: &v1alpha1.LocalPolicy{AllowLoopbackDestinations: true}}
 	if !desiredSpec(p, platform, "c1", nil, "").AllowLoopbackDestinations {
 		t.Error("the platform's local proxies reach loopback, where local targets live, when its policy says so")
+	}
+}
+
+// TestRefusedInstanceGrace: an instance its ProviderConfig no longer
+// permits is not handed out at once, and deleted only once the refusal has
+// stood for the grace period (a policy typo fixed within it costs
+// nothing), and never when the Proxy's management policies keep the
+// provider from deleting.
+func TestRefusedInstanceGrace(t *testing.T) {
+	inst := backend.Instance{Ref: backend.Ref{Name: ownership.InstanceName("uid-1")}, ProviderID: "local/3128", Host: "127.0.0.1", Port: 3128,
+		Phase: v1alpha1.InstancePhaseRunning, CreatedAt: epoch.Add(-time.Hour)}
+	refused := func(mods ...func(*v1alpha1.Proxy)) *v1alpha1.Proxy {
+		return unitProxy(append([]func(*v1alpha1.Proxy){func(p *v1alpha1.Proxy) {
+			p.Spec.ForProvider.AllowedPrivateDestinations = []v1alpha1.CIDR{"10.1.0.0/16"}
+			p.SetConditions(xpv2.Available())
+		}}, mods...)...)
+	}
+	c := &clock{t: epoch}
+	b := fake.New()
+	b.Put(inst)
+	e := newExternal(b, &fakeProber{}, c)
+	e.refusedGrace = 5 * time.Minute
+	p := refused()
+	if _, err := e.Observe(context.Background(), p); err == nil {
+		t.Fatal("a refused Proxy's Observe must fail")
+	}
+	if r := p.GetCondition(xpv2.TypeReady); r.Reason != ReasonNotPermitted || b.CallCount("Delete") != 0 {
+		t.Fatalf("at first refusal: not handed out, not yet deleted; got Ready %s, %d deletes", r.Reason, b.CallCount("Delete"))
+	}
+	c.t = epoch.Add(4 * time.Minute)
+	_, _ = e.Observe(context.Background(), p)
+	if b.CallCount("Delete") != 0 {
+		t.Fatal("deleted within the grace period")
+	}
+	c.t = epoch.Add(5 * time.Minute)
+	_, _ = e.Observe(context.Background(), p)
+	if b.CallCount("Delete") != 1 {
+		t.Fatalf("once the refusal has stood for the grace period the instance goes; %d deletes", b.CallCount("Delete"))
+	}
+
+	// Observe-only: the provider never deletes.
+	b = fake.New()
+	b.Put(inst)
+	e = newExternal(b, &fakeProber{}, &clock{t: epoch})
+	p = refused(func(p *v1alpha1.Proxy) {
+		p.SetManagementPolicies(xpv2.ManagementPolicies{xpv2.ManagementActionObserve})
+	})
+	_, _ = e.Observe(context.Background(), p)
+	if b.CallCount("Delete") != 0 {
+		t.Error("an Observe-only Proxy's instance must never be deleted")
+	}
+	if r := p.GetCondition(xpv2.TypeReady); r.Reason != ReasonNotPermitted {
+		t.Errorf("but it is not handed out either: Ready %s", r.Reason)
+	}
+}
+
+// TestGCPKey: a tenant's key must be a service-account key, and it goes to
+// the client rebuilt with Google's token URI, whatever its own says, so it
+// cannot make the provider send its signed JWT elsewhere.
+func TestGCPKey(t *testing.T) {
+	evil := `{"type": "service_account", "client_email": "x@p.iam.gserviceaccount.com", "private_key": "k", "token_uri": "http://127.0.0.1:8080/metrics", "universe_domain": "evil"}`
+	typ, key, err := gcpKey([]byte(evil), true)
+	if err != nil || typ != "service_account" {
+		t.Fatalf("a tenant's service-account key: %v %v", typ, err)
+	}
+	var got map[string]any
+	if err := json.Unmarshal(key, &got); err != nil {
+		t.Fatal(err)
+	}
+	if got["token_uri"] != googleTokenURI || got["universe_domain"] != nil {
+		t.Errorf("a tenant's key keeps only what a key needs, with Google's token URI: %v", got)
+	}
+	if _, key, _ := gcpKey([]byte(evil), false); string(key) != evil {
+		t.Error("the platform's key is used as it is")
+	}
+	for _, k := range []string{`{"type": "external_account", "credential_source": {"file": "/etc/hostname"}}`, `{"type": "authorized_user"}`, `not json`} {
+		if _, _, err := gcpKey([]byte(k), true); err == nil {
+			t.Errorf("a tenant's %s must be refused", k)
+		}
+	}
+	if _, _, err := gcpKey([]byte(`{"type": "external_account"}`), false); err != nil {
+		t.Errorf("the platform may use workload identity federation: %v", err)
 	}
 }

@@ -75,7 +75,15 @@ type Options struct {
 	Metrics *metrics.Provider
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// RefusedGrace is how long an instance its ProviderConfig no longer
+	// permits keeps running, not handed out, before it is deleted: a
+	// policy typo fixed within it costs nothing. Zero means
+	// DefaultRefusedGrace; negative deletes at once.
+	RefusedGrace time.Duration
 }
+
+// DefaultRefusedGrace is how long a no-longer-permitted instance is kept.
+const DefaultRefusedGrace = 5 * time.Minute
 
 // Prober probes through a proxy: Probe with its credentials, Closed without
 // them.
@@ -101,12 +109,15 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if o.Prober == nil {
 		o.Prober = probe.Prober{}
 	}
+	if o.RefusedGrace == 0 {
+		o.RefusedGrace = DefaultRefusedGrace
+	}
 	sched := &scheduler{started: o.Now(), seen: map[types.UID]time.Time{}, now: o.Now}
 	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(name)) //nolint:staticcheck // crossplane-runtime's recorder takes the old events API.
 	c := &connector{
 		kube: mgr.GetClient(), usage: newUsageTracker(mgr.GetClient()),
 		backends: o.Backends, clusterID: o.ClusterID, prober: o.Prober, rootCAs: o.RootCAs,
-		metrics: o.Metrics, now: o.Now, sched: sched, record: recorder,
+		metrics: o.Metrics, now: o.Now, sched: sched, record: recorder, refusedGrace: o.RefusedGrace,
 	}
 
 	opts := []managed.ReconcilerOption{
@@ -256,6 +267,8 @@ type connector struct {
 	now       func() time.Time
 	sched     *scheduler
 	record    event.Recorder
+	// refusedGrace: see Options.RefusedGrace.
+	refusedGrace time.Duration
 }
 
 // Connect returns the external client of one reconcile. An External Proxy
@@ -379,26 +392,19 @@ func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 		return managed.ExternalObservation{ResourceExists: false}, nil
 	}
 
+	// The policy first: it needs no Secret, so a tenant cannot keep a
+	// refused instance alive by making its Secrets unreadable.
+	if err := admit(p, e.pc); err != nil {
+		return managed.ExternalObservation{}, e.refuse(ctx, p, ref, inst, err)
+	}
 	creds, err := credentials(ctx, e.kube, p)
 	if err != nil {
+		p.SetConditions(unavailable(ReasonSecretUnavailable, err.Error()))
 		return managed.ExternalObservation{}, err
 	}
 	ud, err := userData(ctx, e.kube, p)
 	if err != nil {
-		return managed.ExternalObservation{}, err
-	}
-	if err := admit(p, e.pc); err != nil {
-		// The instance does what is no longer permitted (the platform
-		// tightened its policy): it goes, and none replaces it until the
-		// Proxy or the policy is fixed.
-		e.record.Event(p, event.Warning(event.Reason(ReasonNotPermitted), errors.Errorf("deleting instance %s: %v", inst.ProviderID, err)))
-		derr := e.backend.Delete(ctx, ref)
-		e.countError("delete", derr)
-		resetInstanceStatus(p)
-		p.SetConditions(unavailable(ReasonNotPermitted, err.Error()))
-		if derr != nil {
-			return managed.ExternalObservation{}, errors.Wrapf(derr, "cannot delete instance %s, which its ProviderConfig no longer permits", inst.ProviderID)
-		}
+		p.SetConditions(unavailable(ReasonSecretUnavailable, err.Error()))
 		return managed.ExternalObservation{}, err
 	}
 	want := desiredSpec(p, e.pc, e.clusterID, creds, ud)
@@ -415,6 +421,47 @@ func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 		obs.ConnectionDetails = connectionDetails(inst.Host, inst.Port, creds)
 	}
 	return obs, nil
+}
+
+// refuse handles an instance its ProviderConfig no longer permits (the
+// platform tightened its policy): it is not handed out at once, and it is
+// deleted once the refusal has stood for the grace period, if the Proxy's
+// management policies let the provider delete. None replaces it until the
+// Proxy or the policy is fixed.
+func (e *external) refuse(ctx context.Context, p *v1alpha1.Proxy, ref backend.Ref, inst *backend.Instance, reason error) error {
+	was := p.GetCondition(xpv2.TypeReady)
+	since := e.now()
+	if was.Reason == ReasonNotPermitted && was.Status == corev1.ConditionFalse {
+		since = was.LastTransitionTime.Time
+	}
+	c := unavailable(ReasonNotPermitted, reason.Error())
+	c.LastTransitionTime = metav1.Time{Time: since}
+	p.SetConditions(c)
+	mayDelete := false
+	for _, mp := range p.GetManagementPolicies() {
+		mayDelete = mayDelete || mp == xpv2.ManagementActionAll || mp == xpv2.ManagementActionDelete
+	}
+	if len(p.GetManagementPolicies()) == 0 {
+		mayDelete = true
+	}
+	switch {
+	case !mayDelete:
+		return errors.Wrapf(reason, "instance %s is no longer permitted; its management policies keep it", inst.ProviderID)
+	case e.now().Sub(since) < e.refusedGrace:
+		if was.Reason != ReasonNotPermitted {
+			e.record.Event(p, event.Warning(event.Reason(ReasonNotPermitted), errors.Errorf("instance %s is no longer permitted and is deleted in %s unless this is fixed: %v", inst.ProviderID, e.refusedGrace, reason)))
+		}
+		return reason
+	}
+	e.record.Event(p, event.Warning(event.Reason(ReasonNotPermitted), errors.Errorf("deleting instance %s: %v", inst.ProviderID, reason)))
+	err := e.backend.Delete(ctx, ref)
+	e.countError("delete", err)
+	if err != nil {
+		return errors.Wrapf(err, "cannot delete instance %s, which its ProviderConfig no longer permits", inst.ProviderID)
+	}
+	resetInstanceStatus(p)
+	p.SetConditions(c)
+	return reason
 }
 
 // resetInstanceStatus forgets everything observed of a previous instance:

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -190,21 +191,32 @@ func TestTenantConfigCannotBorrowTheProvider(t *testing.T) {
 	ctx := context.Background()
 
 	marker := filepath.Join(t.TempDir(), "ran")
-	calls := 0
-	tokenURL := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { calls++; w.WriteHeader(http.StatusTeapot) }))
+	var calls, hits atomic.Int32
+	tokenURL := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { calls.Add(1); w.WriteHeader(http.StatusTeapot) }))
 	defer tokenURL.Close()
+	recorder := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { hits.Add(1); w.WriteHeader(http.StatusTeapot) }))
+	defer recorder.Close()
+	server := "https://127.0.0.1:1"
 	kubeconfig := func(user string) string {
 		return `apiVersion: v1
 kind: Config
-clusters: [{name: c, cluster: {server: "https://127.0.0.1:1"}}]
+clusters: [{name: c, cluster: {server: "` + server + `", insecure-skip-tls-verify: true}}]
 contexts: [{name: c, context: {cluster: c, user: u}}]
 current-context: c
 users: [{name: u, user: ` + user + `}]
 `
 	}
+	configs := map[string]string{}
+	server = strings.Replace(recorder.URL, "https://", "http://", 1)
+	configs["plainhttp"] = kubeconfig(`{token: tenant-token}`)
+	server = recorder.URL
+	configs["providerhost"] = kubeconfig(`{token: tenant-token}`)
+	server = "https://127.0.0.1:1"
 	for name, data := range map[string]string{
-		"exec":      kubeconfig(`{exec: {apiVersion: client.authentication.k8s.io/v1, command: /bin/sh, args: [-c, "touch ` + marker + `"], interactiveMode: Never}}`),
-		"tokenfile": kubeconfig(`{tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token}`),
+		"plainhttp":    configs["plainhttp"],
+		"providerhost": configs["providerhost"],
+		"exec":         kubeconfig(`{exec: {apiVersion: client.authentication.k8s.io/v1, command: /bin/sh, args: [-c, "touch ` + marker + `"], interactiveMode: Never}}`),
+		"tokenfile":    kubeconfig(`{tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token}`),
 		"external": `{"type": "external_account", "audience": "//iam.googleapis.com/x", "subject_token_type": "urn:ietf:params:oauth:token-type:jwt",
 			"token_url": "` + tokenURL.URL + `", "credential_source": {"file": "/etc/hostname"}}`,
 	} {
@@ -213,7 +225,7 @@ users: [{name: u, user: ` + user + `}]
 	secretCreds := func(name string) xpv2.CommonCredentialSelectors {
 		return xpv2.CommonCredentialSelectors{SecretRef: &xpv2.SecretKeySelector{SecretReference: xpv2.SecretReference{Name: name, Namespace: ns}, Key: "key"}}
 	}
-	for _, name := range []string{"exec", "tokenfile"} {
+	for _, name := range []string{"exec", "tokenfile", "plainhttp", "providerhost"} {
 		create(t, &v1alpha1.ProviderConfig{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}, Spec: v1alpha1.ProviderConfigSpec{
 			Backend: v1alpha1.BackendKubernetes, Kubernetes: &v1alpha1.KubernetesBackend{Credentials: &v1alpha1.KubernetesCredentials{Source: xpv2.CredentialsSourceSecret, CommonCredentialSelectors: secretCreds(name)}},
 		}})
@@ -238,6 +250,14 @@ users: [{name: u, user: ` + user + `}]
 			p.Spec.ProviderConfigReference = &xpv2.ProviderConfigReference{Kind: "ProviderConfig", Name: "tokenfile"}
 			p.Spec.ForProvider.Local, p.Spec.ForProvider.Kubernetes = nil, &v1alpha1.KubernetesPlacement{}
 		}, "names files on the provider's host"},
+		"plainhttp": {func(p *v1alpha1.Proxy) {
+			p.Spec.ProviderConfigReference = &xpv2.ProviderConfigReference{Kind: "ProviderConfig", Name: "plainhttp"}
+			p.Spec.ForProvider.Local, p.Spec.ForProvider.Kubernetes = nil, &v1alpha1.KubernetesPlacement{}
+		}, "must be an https URL"},
+		"providerhost": {func(p *v1alpha1.Proxy) {
+			p.Spec.ProviderConfigReference = &xpv2.ProviderConfigReference{Kind: "ProviderConfig", Name: "providerhost"}
+			p.Spec.ForProvider.Local, p.Spec.ForProvider.Kubernetes = nil, &v1alpha1.KubernetesPlacement{}
+		}, "may not reach 127.0.0.1"},
 		"external": {func(p *v1alpha1.Proxy) {
 			p.Spec.ProviderConfigReference = &xpv2.ProviderConfigReference{Kind: "ProviderConfig", Name: "external"}
 			p.Spec.ForProvider.Local = nil
@@ -263,8 +283,11 @@ users: [{name: u, user: ` + user + `}]
 	if _, err := os.Stat(marker); err == nil {
 		t.Error("the tenant's kubeconfig made the provider run a program")
 	}
-	if calls != 0 {
-		t.Errorf("the tenant's credentials made the provider call their token URL %d times", calls)
+	if n := hits.Load(); n != 0 {
+		t.Errorf("the tenant's kubeconfig made the provider connect to its own host %d times", n)
+	}
+	if n := calls.Load(); n != 0 {
+		t.Errorf("the tenant's credentials made the provider call their token URL %d times", n)
 	}
 	if pids := local.Processes(testbed.SquidStateDir(t)); len(pids) != 0 {
 		t.Errorf("a proxy with unlabelled credentials started Squid: %v", pids)
