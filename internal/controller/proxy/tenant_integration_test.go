@@ -186,7 +186,8 @@ func TestTenantConfigCannotBorrowTheProvider(t *testing.T) {
 	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
 	target := testbed.StartEchoTarget(t)
-	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target)
+	stateDir := testbed.SquidStateDir(t)
+	prov := startProvider(t, stateDir, providerLogs(t), target)
 	defer prov.stop()
 	ctx := context.Background()
 
@@ -289,7 +290,7 @@ users: [{name: u, user: ` + user + `}]
 	if n := calls.Load(); n != 0 {
 		t.Errorf("the tenant's credentials made the provider call their token URL %d times", n)
 	}
-	if pids := local.Processes(testbed.SquidStateDir(t)); len(pids) != 0 {
+	if pids := local.Processes(stateDir); len(pids) != 0 {
 		t.Errorf("a proxy with unlabelled credentials started Squid: %v", pids)
 	}
 	for name := range cases {
