@@ -355,17 +355,19 @@ func TestLocalProxyLifecycle(t *testing.T) {
 		if members[0].Healthy {
 			t.Error("egress-discovery would hand out an open proxy")
 		}
-		events := &corev1.EventList{}
-		if err := bed.Client.List(ctx, events, client.InNamespace(ns)); err != nil {
-			t.Fatal(err)
-		}
-		warned := false
-		for _, e := range events.Items {
-			warned = warned || (e.InvolvedObject.Name == "open" && e.Type == corev1.EventTypeWarning && e.Reason == string(proxy.ReasonServesWithoutCredentials))
-		}
-		if !warned {
-			t.Error("no Warning event for the open proxy")
-		}
+		// Events are sent asynchronously, after the status.
+		testbed.Eventually(t, 10*time.Second, "a Warning event for the open proxy", func() (bool, string) {
+			events := &corev1.EventList{}
+			if err := bed.Client.List(ctx, events, client.InNamespace(ns)); err != nil {
+				return false, err.Error()
+			}
+			for _, e := range events.Items {
+				if e.InvolvedObject.Name == "open" && e.Type == corev1.EventTypeWarning && e.Reason == string(proxy.ReasonServesWithoutCredentials) {
+					return true, ""
+				}
+			}
+			return false, fmt.Sprintf("%d events", len(events.Items))
+		})
 		if err := bed.Client.Delete(ctx, &v1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "open"}}); err != nil {
 			t.Fatal(err)
 		}

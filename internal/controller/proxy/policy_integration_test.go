@@ -140,17 +140,19 @@ func TestPolicyRefusesOverrides(t *testing.T) {
 				}
 				return ok, fmt.Sprintf("Synced=%s %q; Ready=%s %s", s.Status, s.Message, r.Status, r.Reason)
 			})
-			events := &corev1.EventList{}
-			if err := sharedBed.Env(t).Client.List(ctx, events, client.InNamespace(ns)); err != nil {
-				t.Fatal(err)
-			}
-			warned := false
-			for _, e := range events.Items {
-				warned = warned || (e.InvolvedObject.Name == tc.name && e.Type == corev1.EventTypeWarning && strings.Contains(e.Message, tc.want[0]))
-			}
-			if !warned {
-				t.Errorf("no Warning event names %s", tc.want[0])
-			}
+			// Events are sent asynchronously, after the status.
+			testbed.Eventually(t, 10*time.Second, "a Warning event naming "+tc.want[0], func() (bool, string) {
+				events := &corev1.EventList{}
+				if err := sharedBed.Env(t).Client.List(ctx, events, client.InNamespace(ns)); err != nil {
+					return false, err.Error()
+				}
+				for _, e := range events.Items {
+					if e.InvolvedObject.Name == tc.name && e.Type == corev1.EventTypeWarning && strings.Contains(e.Message, tc.want[0]) {
+						return true, ""
+					}
+				}
+				return false, fmt.Sprintf("%d events in the namespace", len(events.Items))
+			})
 		})
 	}
 
