@@ -203,6 +203,11 @@ func TestDiscoveryLeastPrivilege(t *testing.T) {
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: "unrelated"}},
 	)
 
+	// The apiserver's RBAC authorizer learns of new bindings through its
+	// informers: wait until Crossplane's are in force.
+	testbed.Eventually(t, 10*time.Second, "Crossplane's bindings in force", func() (bool, string) {
+		return can(t, bed, crossplaneSA, authzv1.ResourceAttributes{Namespace: team, Verb: "create", Group: "rbac.authorization.k8s.io", Resource: "roles"}), ""
+	})
 	grant := composeAccess(t, team, "crawlers-proxy-auth")
 	t.Run("ComposedWithoutTheAggregatedRoleIsForbidden", func(t *testing.T) {
 		c := impersonating(t, bed, "system:serviceaccount:crossplane-system:crossplane-unaggregated")
@@ -220,6 +225,9 @@ func TestDiscoveryLeastPrivilege(t *testing.T) {
 		}
 	}
 
+	testbed.Eventually(t, 10*time.Second, "the fleet's grant in force", func() (bool, string) {
+		return can(t, bed, discoverySA, authzv1.ResourceAttributes{Namespace: team, Verb: "get", Resource: "secrets", Name: "crawlers-proxy-auth"}), ""
+	})
 	lease := func(ns, verb string) authzv1.ResourceAttributes {
 		return authzv1.ResourceAttributes{Namespace: ns, Verb: verb, Group: "coordination.k8s.io", Resource: "leases", Name: "x"}
 	}
@@ -336,6 +344,14 @@ func TestClaimUseAuthorizes(t *testing.T) {
 			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "claim-user"},
 			Subjects: []rbacv1.Subject{{Kind: rbacv1.UserKind, Name: "legacy-crawler"}}},
 	)
+	testbed.Eventually(t, 10*time.Second, "the claim Role in force", func() (bool, string) {
+		sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{User: "legacy-crawler", ResourceAttributes: &authzv1.ResourceAttributes{
+			Namespace: team, Verb: "use", Group: fleetv1alpha1.Group, Resource: fleetv1alpha1.ProxyFleetClaimResource, Name: "crawlers"}}}
+		if err := bed.Client.Create(context.Background(), sar); err != nil {
+			return false, err.Error()
+		}
+		return sar.Status.Allowed, sar.Status.Reason
+	})
 	// A fresh authoriser for each question: answers are cached by token,
 	// and these identities have none.
 	authorize := func(user, ns string) error {

@@ -36,8 +36,18 @@ const (
 	labelPort     = "egress-port"
 )
 
-// Where the generated startup script puts Squid's files on the VM.
-const vmConfigDir = "/etc/egress-proxy"
+// Where the generated startup script puts Squid's files on the VM: under
+// /etc/squid, which Debian's AppArmor profile for Squid lets it read, with
+// logs in Squid's own log folder (never /dev/stdout, which Squid cannot
+// open under systemd, where stdout is a socket to the journal).
+const (
+	vmConfigDir = "/etc/squid"
+	vmConfig    = vmConfigDir + "/egress-proxy.conf"
+	vmHtpasswd  = vmConfigDir + "/egress-proxy.htpasswd"
+	vmSelf      = vmConfigDir + "/egress-proxy.self"
+	vmLogDir    = "/var/log/squid"
+	vmUnit      = "/etc/systemd/system/egress-proxy.service"
+)
 
 // Config configures a gcp backend.
 type Config struct {
@@ -137,27 +147,37 @@ var startupTemplate = template.Must(template.New("startup").Parse(`#!/bin/sh
 # distribution and runs it with the generated configuration.
 set -eu
 if ! command -v squid >/dev/null 2>&1; then
-	apt-get update -qq
-	DEBIAN_FRONTEND=noninteractive apt-get install -y -qq squid
+	# On first boot unattended-upgrades may hold the dpkg lock: wait for it,
+	# and retry a failed mirror.
+	for try in 1 2 3 4 5; do
+		if apt-get -o DPkg::Lock::Timeout=300 update -qq &&
+			DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq squid; then
+			break
+		fi
+		sleep $((try * 10))
+	done
+	command -v squid >/dev/null 2>&1 || { echo "egress-proxy: cannot install squid" >&2; exit 1; }
 fi
 systemctl disable --now squid >/dev/null 2>&1 || true
-mkdir -p {{ .Dir }}
+mkdir -p {{ .Dir }} {{ .LogDir }}
+chown proxy:proxy {{ .LogDir }}
 {{ .OwnFunc }}
 own_addresses | grep -E '^[0-9a-fA-F:.]+$' > {{ .Own }}
-cat > {{ .Dir }}/squid.conf <<'EGRESS_PROXY_EOF'
-{{ .Conf }}EGRESS_PROXY_EOF
-{{- if .Htpasswd }}
-cat > {{ .Dir }}/htpasswd <<'EGRESS_PROXY_EOF'
-{{ .Htpasswd }}EGRESS_PROXY_EOF
-chown root:proxy {{ .Dir }}/htpasswd
-chmod 0640 {{ .Dir }}/htpasswd
+cat > {{ .Conf }} <<'EGRESS_PROXY_EOF'
+{{ .ConfText }}EGRESS_PROXY_EOF
+{{- if .HtpasswdText }}
+cat > {{ .Htpasswd }} <<'EGRESS_PROXY_EOF'
+{{ .HtpasswdText }}EGRESS_PROXY_EOF
+chown root:proxy {{ .Htpasswd }}
+chmod 0640 {{ .Htpasswd }}
 {{- end }}
-cat > /etc/systemd/system/egress-proxy.service <<'EGRESS_PROXY_EOF'
+cat > {{ .Unit }} <<'EGRESS_PROXY_EOF'
 [Unit]
 Description=egress proxy (Squid)
 After=network-online.target
+Wants=network-online.target
 [Service]
-ExecStart=/usr/sbin/squid -N -f {{ .Dir }}/squid.conf
+ExecStart=/usr/sbin/squid -N -f {{ .Conf }}
 Restart=always
 RestartSec=2
 [Install]
@@ -193,22 +213,25 @@ func StartupScript(s backend.Spec) (string, error) {
 	}
 	cfg := squid.Config{
 		Port: s.Port, AllowedSourceRanges: s.AllowedSourceRanges, AllowedPrivateDestinations: s.AllowedPrivateDestinations,
-		PidFile: "/run/egress-proxy.pid", OwnAddressesFile: vmConfigDir + "/self",
+		PidFile: "/run/squid.pid", OwnAddressesFile: vmSelf, CoreDumpDir: "/var/spool/squid",
+		AccessLog: "stdio:" + vmLogDir + "/access.log", CacheLog: vmLogDir + "/cache.log",
 	}
-	v := struct{ Dir, Conf, Htpasswd, Own, OwnFunc string }{Dir: vmConfigDir, Own: cfg.OwnAddressesFile, OwnFunc: ownAddressesFunc}
+	v := struct{ Dir, LogDir, Conf, ConfText, Htpasswd, HtpasswdText, Own, OwnFunc, Unit string }{
+		Dir: vmConfigDir, LogDir: vmLogDir, Conf: vmConfig, Htpasswd: vmHtpasswd, Own: vmSelf, OwnFunc: ownAddressesFunc, Unit: vmUnit,
+	}
 	if s.Credentials != nil {
-		cfg.HtpasswdPath = vmConfigDir + "/htpasswd"
+		cfg.HtpasswdPath = vmHtpasswd
 		h, err := squid.HtpasswdWithSalt(s.Credentials.Username, s.Credentials.Password, ownership.InstanceName(s.Owner.UID)[len("egress-"):][:8])
 		if err != nil {
 			return "", backend.Wrap(backend.ClassPermanent, err)
 		}
-		v.Htpasswd = string(h)
+		v.HtpasswdText = string(h)
 	}
 	conf, err := squid.Render(cfg)
 	if err != nil {
 		return "", backend.Wrap(backend.ClassPermanent, err)
 	}
-	v.Conf = string(conf)
+	v.ConfText = string(conf)
 	var out bytes.Buffer
 	if err := startupTemplate.Execute(&out, v); err != nil {
 		return "", errors.Wrap(err, "cannot render startup script")

@@ -70,7 +70,7 @@ func TestLifecycle(t *testing.T) {
 		t.Errorf("labels: -want, +got:\n%s", diff)
 	}
 	script := vm.GetMetadata().GetItems()[0].GetValue()
-	for _, want := range []string{"apt-get install -y -qq squid", "http_port 3128", "acl egress_clients src 203.0.113.0/24", "crawler:$apr1$", "systemctl enable --now egress-proxy"} {
+	for _, want := range []string{"install -y -qq squid", "DPkg::Lock::Timeout", "http_port 3128", "acl egress_clients src 203.0.113.0/24", "crawler:$apr1$", "systemctl enable --now egress-proxy"} {
 		if !strings.Contains(script, want) {
 			t.Errorf("startup script lacks %q", want)
 		}

@@ -96,7 +96,7 @@ func TestStartupScriptDeniesOwnAddresses(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	file := vmConfigDir + "/self"
+	file := vmSelf
 	write := strings.Index(script, "own_addresses | grep -E '^[0-9a-fA-F:.]+$' > "+file)
 	conf := strings.Index(script, "squid.conf <<")
 	if write < 0 || conf < 0 || write > conf {

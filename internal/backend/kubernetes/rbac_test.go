@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	authzv1 "k8s.io/api/authorization/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -41,6 +42,17 @@ func TestProviderRBAC(t *testing.T) {
 	}
 
 	sa := "system:serviceaccount:crossplane-system:provider-egressproxy"
+	// The apiserver's RBAC authorizer learns of new roles through its
+	// informers: wait until the binding counts.
+	testbed.Eventually(t, 10*time.Second, "the binding in force", func() (bool, string) {
+		sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
+			User: sa, ResourceAttributes: &authzv1.ResourceAttributes{Namespace: "team-a", Verb: "create", Resource: "pods"},
+		}}
+		if err := bed.Client.Create(ctx, sar); err != nil {
+			return false, err.Error()
+		}
+		return sar.Status.Allowed, sar.Status.Reason
+	})
 	cases := map[string]struct {
 		reason string
 		attrs  authzv1.ResourceAttributes

@@ -370,12 +370,13 @@ func inlineKubeconfig(raw []byte) error {
 const googleTokenURI = "https://oauth2.googleapis.com/token"
 
 // gcpKey reads a GCP credentials file and returns its type and the key to
-// use. A tenant's (a namespaced ProviderConfig's) must be a service-account
-// key, and it is rebuilt from the fields a key needs, with Google's token
-// URI: the other kinds, and a key's own token_uri, make the provider read
-// files, run programs or send requests (to the metadata server, to its
-// own endpoints) where their author chose, and the client library does not
-// check the declared type on every path.
+// use. It must be a service-account key: the other kinds (external
+// accounts above all) make the provider read files, run programs or send
+// requests where their author chose, and the client library does not check
+// the declared type on every path. A tenant's (a namespaced
+// ProviderConfig's) key is rebuilt from the fields a key needs, with
+// Google's token URI, so that its own token_uri cannot send the provider's
+// requests to the metadata server or the provider's own endpoints.
 func gcpKey(key []byte, tenant bool) (option.CredentialsType, []byte, error) {
 	var f struct {
 		Type         string `json:"type"`
@@ -397,12 +398,7 @@ func gcpKey(key []byte, tenant bool) (option.CredentialsType, []byte, error) {
 		return t, clean, errors.Wrap(err, "cannot rebuild the service-account key")
 	case t == option.ServiceAccount:
 		return t, key, nil
-	case tenant:
-		return "", nil, errors.Errorf("the GCP credentials are of type %q: a namespaced ProviderConfig takes only a service-account key (type %q)", f.Type, option.ServiceAccount)
-	case t == option.ExternalAccount || t == option.ImpersonatedServiceAccount || t == option.AuthorizedUser,
-		f.Type == "external_account_authorized_user", f.Type == "gdc_service_account":
-		return t, key, nil
 	default:
-		return "", nil, errors.Errorf("the GCP credentials are of unknown type %q", f.Type)
+		return "", nil, errors.Errorf("the GCP credentials are of type %q: spec.gcp.credentials takes only a service-account key (type %q); for workload identity use source InjectedIdentity on a ClusterProviderConfig", f.Type, option.ServiceAccount)
 	}
 }

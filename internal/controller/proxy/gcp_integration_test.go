@@ -84,15 +84,17 @@ func TestGCPProxy(t *testing.T) {
 	})
 
 	script := fake.Instance("europe-west1-b", name).GetMetadata().GetItems()[0].GetValue()
-	conf := heredoc(t, script, "/etc/egress-proxy/squid.conf")
+	conf := heredoc(t, script, "/etc/squid/egress-proxy.conf")
 	// A VM's loopback is its own; on this shared host the test lets the
-	// probe reach the echo target on loopback.
-	conf = []byte(strings.Replace(string(conf), "http_access deny egress_loopback\n", "", 1))
-	testbed.RunSquid(t, conf, "/etc/egress-proxy", map[string][]byte{
-		"htpasswd": heredoc(t, script, "/etc/egress-proxy/htpasswd"),
+	// probe reach the echo target on loopback. The VM's log, pid and spool
+	// paths move beside the config.
+	conf = []byte(strings.NewReplacer("http_access deny egress_loopback\n", "", "/var/log/squid/", "/etc/squid/",
+		"/run/squid.pid", "/etc/squid/squid.pid", "/var/spool/squid", "/etc/squid").Replace(string(conf)))
+	testbed.RunSquid(t, conf, "/etc/squid", map[string][]byte{
+		"egress-proxy.htpasswd": heredoc(t, script, "/etc/squid/egress-proxy.htpasswd"),
 		// What own_addresses writes on a VM whose metadata server
 		// does not answer.
-		"self": []byte("255.255.255.255\n"),
+		"egress-proxy.self": []byte("255.255.255.255\n"),
 	}, "127.0.0.1:32330")
 	fake.SetStatus("europe-west1-b", name, "RUNNING", "127.0.0.1")
 	testbed.Eventually(t, 10*time.Second, "Ready through the VM's Squid", ready(t, key, corev1.ConditionTrue))

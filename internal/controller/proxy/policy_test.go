@@ -229,7 +229,7 @@ func TestGCPKey(t *testing.T) {
 			t.Errorf("a tenant's %s must be refused", k)
 		}
 	}
-	if _, _, err := gcpKey([]byte(`{"type": "external_account"}`), false); err != nil {
-		t.Errorf("the platform may use workload identity federation: %v", err)
+	if _, _, err := gcpKey([]byte(`{"type": "external_account", "credential_source": {"file": "/etc/hostname"}}`), false); err == nil || !strings.Contains(err.Error(), "takes only a service-account key") {
+		t.Errorf("an external-account file is refused for the platform too (workload identity is InjectedIdentity): %v", err)
 	}
 }

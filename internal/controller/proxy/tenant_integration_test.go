@@ -75,6 +75,16 @@ func TestHostileFleetsRefused(t *testing.T) {
 			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: "fleet-author"}}},
 	)
 
+	// The apiserver's RBAC authorizer learns of the binding through its
+	// informers: wait until it is in force.
+	testbed.Eventually(t, 10*time.Second, "the author's binding in force", func() (bool, string) {
+		sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{User: author, Groups: []string{"system:serviceaccounts"},
+			ResourceAttributes: &authzv1.ResourceAttributes{Namespace: ns, Verb: "create", Group: fleetv1alpha1.Group, Resource: fleetv1alpha1.ProxyFleetResource}}}
+		if err := bed.Client.Create(ctx, sar); err != nil {
+			return false, err.Error()
+		}
+		return sar.Status.Allowed, sar.Status.Reason
+	})
 	// By itself the author reaches nothing but fleets.
 	for _, a := range []authzv1.ResourceAttributes{
 		{Namespace: ns, Verb: "create", Resource: "pods"},
