@@ -98,7 +98,7 @@ func TestStartupScriptDeniesOwnAddresses(t *testing.T) {
 	}
 	file := vmSelf
 	write := strings.Index(script, "own_addresses | grep -E '^[0-9a-fA-F:.]+$' > "+file)
-	conf := strings.Index(script, "squid.conf <<")
+	conf := strings.Index(script, "cat > "+vmConfig+" <<")
 	if write < 0 || conf < 0 || write > conf {
 		t.Fatalf("the script must write %s before Squid's config:\n%s", file, script)
 	}
