@@ -44,8 +44,8 @@ const (
 	crossplaneSA = "system:serviceaccount:crossplane-system:crossplane"
 )
 
-// kustomize renders a folder of cluster/ with the real kubectl and applies
-// every object to the test bed for real, as `kubectl apply -k` would.
+// kustomize renders a folder of cluster/ with the real kubectl and returns
+// its objects.
 func kustomize(t *testing.T, bed *testbed.Env, dir string) []*unstructured.Unstructured {
 	t.Helper()
 	kubectl := filepath.Join(bed.Root, "bin", "kubectl")

@@ -195,10 +195,10 @@ func (c *Catalog) ProxyURL(ctx context.Context, m member) (string, error) {
 		if err := c.Direct.Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: ref.Name}, s); err != nil {
 			return "", errors.Wrapf(err, "cannot read the credentials of proxy %s", m.Name)
 		}
-		if s.Labels[v1alpha1.LabelProxySecret] != "true" {
-			// Never hand out a Secret its owner did not mark for
-			// proxies: the fleet's author merely named it.
-			return "", errors.Errorf("the credentials of proxy %s are not in a Secret labelled %s=true", m.Name, v1alpha1.LabelProxySecret)
+		// Never hand out a Secret its owner did not mark for proxies:
+		// the fleet's author merely named it.
+		if err := v1alpha1.UsableSecret(s); err != nil {
+			return "", errors.Wrapf(err, "cannot use the credentials of proxy %s", m.Name)
 		}
 		cc = cachedCreds{user: url.UserPassword(string(s.Data[uk]), string(s.Data[pk])), at: time.Now()}
 		c.mu.Lock()

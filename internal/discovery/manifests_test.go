@@ -1,23 +1,16 @@
 package discovery_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"errors"
-	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"testing"
 
 	appsv1 "k8s.io/api/apps/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/yaml"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/function"
 )
@@ -26,29 +19,9 @@ import (
 // and applies every object to the real apiserver with server-side dry-run.
 func TestManifests(t *testing.T) {
 	bed := sharedBed.Env(t)
-	kubectl := filepath.Join(bed.Root, "bin", "kubectl")
-	if _, err := os.Stat(kubectl); err != nil {
-		t.Fatal("bin/kubectl is missing: run `make tools` (it builds kubectl from the Go module proxy)")
-	}
-	out, err := exec.Command(kubectl, "kustomize", filepath.Join(bed.Root, "cluster", "discovery")).Output()
-	if err != nil {
-		t.Fatalf("kubectl kustomize: %v", err)
-	}
 	ctx := context.Background()
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(out)))
 	kinds := map[string]int{}
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		u := &unstructured.Unstructured{}
-		if err := yaml.Unmarshal(doc, &u.Object); err != nil || len(u.Object) == 0 {
-			continue
-		}
+	for _, u := range kustomize(t, bed, "discovery") {
 		kinds[u.GetKind()]++
 		opts := []client.CreateOption{client.DryRunAll}
 		if u.GetKind() == "Namespace" {

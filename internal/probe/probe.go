@@ -59,6 +59,22 @@ type Prober struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
+// timeout is the probe's whole time budget.
+func (t Target) timeout() time.Duration {
+	if t.Timeout <= 0 {
+		return 5 * time.Second
+	}
+	return t.Timeout
+}
+
+// dial reaches the proxy.
+func (p Prober) dial() func(ctx context.Context, network, addr string) (net.Conn, error) {
+	if p.Dial != nil {
+		return p.Dial
+	}
+	return (&net.Dialer{}).DialContext
+}
+
 // Probe fetches t.URL through t.Proxy once. Each probe builds its own
 // transport with keep-alives off, so every probe exercises the proxy
 // handshake (and CONNECT) again rather than reusing a tunnel.
@@ -94,10 +110,7 @@ func (p Prober) probe(ctx context.Context, t Target) Result {
 // fetch gets t.URL through t.Proxy and returns the answer's status and the
 // start of its body. A CONNECT the proxy refuses comes back as an error.
 func (p Prober) fetch(ctx context.Context, t Target) (int, []byte, error) {
-	timeout := t.Timeout
-	if timeout <= 0 {
-		timeout = 5 * time.Second
-	}
+	timeout := t.timeout()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 
@@ -105,13 +118,9 @@ func (p Prober) fetch(ctx context.Context, t Target) (int, []byte, error) {
 	if t.Username != "" {
 		proxyURL.User = url.UserPassword(t.Username, t.Password)
 	}
-	dial := p.Dial
-	if dial == nil {
-		dial = (&net.Dialer{}).DialContext
-	}
 	tr := &http.Transport{
 		Proxy:               http.ProxyURL(proxyURL),
-		DialContext:         dial,
+		DialContext:         p.dial(),
 		DisableKeepAlives:   true,
 		TLSClientConfig:     &tls.Config{RootCAs: t.RootCAs, MinVersion: tls.VersionTLS12},
 		TLSHandshakeTimeout: timeout,
@@ -182,11 +191,7 @@ func (p Prober) Closed(ctx context.Context, t Target) (Closure, string) {
 // connect sends CONNECT for t.URL's host and port to t.Proxy, without
 // credentials, and returns the status of the proxy's answer.
 func (p Prober) connect(ctx context.Context, t Target) (int, error) {
-	timeout := t.Timeout
-	if timeout <= 0 {
-		timeout = 5 * time.Second
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
+	ctx, cancel := context.WithTimeout(ctx, t.timeout())
 	defer cancel()
 	u, err := url.Parse(t.URL)
 	if err != nil || u.Hostname() == "" {
@@ -197,11 +202,7 @@ func (p Prober) connect(ctx context.Context, t Target) (int, error) {
 		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
 	}
 	target := net.JoinHostPort(u.Hostname(), port)
-	dial := p.Dial
-	if dial == nil {
-		dial = (&net.Dialer{}).DialContext
-	}
-	conn, err := dial(ctx, "tcp", t.Proxy)
+	conn, err := p.dial()(ctx, "tcp", t.Proxy)
 	if err != nil {
 		return 0, errors.New(explain(err, t.Proxy))
 	}

@@ -67,14 +67,34 @@ func squidDir(t testing.TB, conf []byte, podDir string, files map[string][]byte)
 	if err := os.WriteFile(path, []byte(c), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	if os.Geteuid() == 0 {
-		if u, err := user.Lookup("proxy"); err == nil {
-			uid, _ := strconv.Atoi(u.Uid)
-			gid, _ := strconv.Atoi(u.Gid)
-			_ = filepath.Walk(dir, func(p string, _ os.FileInfo, _ error) error { return os.Chown(p, uid, gid) })
-		}
-	}
+	OwnByProxy(dir)
 	return path, dir
+}
+
+// OwnByProxy gives dir and everything in it to Squid's own user, which
+// Squid drops to when started as root, so that it may write its logs.
+func OwnByProxy(dir string) {
+	if os.Geteuid() != 0 {
+		return
+	}
+	if u, err := user.Lookup("proxy"); err == nil {
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		_ = filepath.Walk(dir, func(p string, _ os.FileInfo, _ error) error { return os.Chown(p, uid, gid) })
+	}
+}
+
+// Heredoc returns what a generated shell script writes to path with
+// cat > path <<'EGRESS_PROXY_EOF'.
+func Heredoc(t testing.TB, script, path string) string {
+	t.Helper()
+	start := "cat > " + path + " <<'EGRESS_PROXY_EOF'\n"
+	i := strings.Index(script, start)
+	if i < 0 {
+		t.Fatalf("the script writes no %s:\n%s", path, script)
+	}
+	rest := script[i+len(start):]
+	return rest[:strings.Index(rest, "EGRESS_PROXY_EOF")]
 }
 
 // RunSquid runs a real Squid with conf inside the lab's proxy namespace,

@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -21,18 +20,6 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
-
-// heredoc returns what the startup script writes to path.
-func heredoc(t *testing.T, script, path string) string {
-	t.Helper()
-	start := "cat > " + path + " <<'EGRESS_PROXY_EOF'\n"
-	i := strings.Index(script, start)
-	if i < 0 {
-		t.Fatalf("the startup script writes no %s:\n%s", path, script)
-	}
-	rest := script[i+len(start):]
-	return rest[:strings.Index(rest, "EGRESS_PROXY_EOF")]
-}
 
 // TestSquidUnderSystemd runs the VM's Squid the way its systemd unit does:
 // the unit's own ExecStart, with the generated config and htpasswd, and
@@ -56,7 +43,7 @@ func TestSquidUnderSystemd(t *testing.T) {
 	if out, err := exec.Command("sh", "-n", "-c", script).CombinedOutput(); err != nil {
 		t.Fatalf("the startup script does not parse: %v\n%s", err, out)
 	}
-	unit := heredoc(t, script, "/etc/systemd/system/egress-proxy.service")
+	unit := testbed.Heredoc(t, script, "/etc/systemd/system/egress-proxy.service")
 	var execStart []string
 	for _, l := range strings.Split(unit, "\n") {
 		if v, ok := strings.CutPrefix(l, "ExecStart="); ok {
@@ -74,7 +61,7 @@ func TestSquidUnderSystemd(t *testing.T) {
 		}
 	}
 	moved := strings.NewReplacer("/etc/squid/", dir+"/etc-", "/var/log/squid/", dir+"/log-", "/run/squid.pid", dir+"/squid.pid", "/var/spool/squid", dir)
-	conf := heredoc(t, script, "/etc/squid/egress-proxy.conf")
+	conf := testbed.Heredoc(t, script, "/etc/squid/egress-proxy.conf")
 	if strings.Contains(conf, "/dev/stdout") || strings.Contains(conf, "/dev/stderr") {
 		t.Errorf("under systemd Squid cannot open /dev/stdout or /dev/stderr; the config names one:\n%s", conf)
 	}
@@ -83,7 +70,7 @@ func TestSquidUnderSystemd(t *testing.T) {
 	conf = strings.Replace(conf, "http_access deny egress_loopback\n", "", 1)
 	files := map[string]string{
 		"etc-egress-proxy.conf":     moved.Replace(conf),
-		"etc-egress-proxy.htpasswd": heredoc(t, script, "/etc/squid/egress-proxy.htpasswd"),
+		"etc-egress-proxy.htpasswd": testbed.Heredoc(t, script, "/etc/squid/egress-proxy.htpasswd"),
 		"etc-egress-proxy.self":     "255.255.255.255\n",
 	}
 	for name, body := range files {
@@ -91,14 +78,7 @@ func TestSquidUnderSystemd(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if os.Geteuid() == 0 {
-		// Squid drops to the proxy user, which owns its log folder.
-		if u, err := user.Lookup("proxy"); err == nil {
-			uid, _ := strconv.Atoi(u.Uid)
-			gid, _ := strconv.Atoi(u.Gid)
-			_ = filepath.Walk(dir, func(p string, _ os.FileInfo, _ error) error { return os.Chown(p, uid, gid) })
-		}
-	}
+	testbed.OwnByProxy(dir)
 
 	// stdout and stderr: one end of a socket pair, as systemd's journal
 	// stream is; the test drains the other end.

@@ -27,18 +27,6 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
-// heredoc returns what the startup script writes to path.
-func heredoc(t *testing.T, script, path string) []byte {
-	t.Helper()
-	start := "cat > " + path + " <<'EGRESS_PROXY_EOF'\n"
-	i := strings.Index(script, start)
-	if i < 0 {
-		t.Fatalf("the startup script writes no %s", path)
-	}
-	rest := script[i+len(start):]
-	return []byte(rest[:strings.Index(rest, "EGRESS_PROXY_EOF")])
-}
-
 // TestGCPProxy runs a Proxy on the GCP backend: the real Compute client
 // talks to the in-process fake of the Compute API, the test moves the VM to
 // RUNNING with a NAT IP of 127.0.0.1 and runs a real Squid from the VM's
@@ -84,14 +72,14 @@ func TestGCPProxy(t *testing.T) {
 	})
 
 	script := fake.Instance("europe-west1-b", name).GetMetadata().GetItems()[0].GetValue()
-	conf := heredoc(t, script, "/etc/squid/egress-proxy.conf")
+	conf := []byte(testbed.Heredoc(t, script, "/etc/squid/egress-proxy.conf"))
 	// A VM's loopback is its own; on this shared host the test lets the
 	// probe reach the echo target on loopback. The VM's log, pid and spool
 	// paths move beside the config.
 	conf = []byte(strings.NewReplacer("http_access deny egress_loopback\n", "", "/var/log/squid/", "/etc/squid/",
 		"/run/squid.pid", "/etc/squid/squid.pid", "/var/spool/squid", "/etc/squid").Replace(string(conf)))
 	testbed.RunSquid(t, conf, "/etc/squid", map[string][]byte{
-		"egress-proxy.htpasswd": heredoc(t, script, "/etc/squid/egress-proxy.htpasswd"),
+		"egress-proxy.htpasswd": []byte(testbed.Heredoc(t, script, "/etc/squid/egress-proxy.htpasswd")),
 		// What own_addresses writes on a VM whose metadata server
 		// does not answer.
 		"egress-proxy.self": []byte("255.255.255.255\n"),

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 
@@ -35,7 +36,7 @@ func admit(p *v1alpha1.Proxy, pc *config) error {
 	if pc.Spec.Policy != nil {
 		pol = *pc.Spec.Policy
 	}
-	if ns := p.GetNamespace(); pc.Namespace == "" && len(pol.AllowedProxyNamespaces) > 0 && !contains(pol.AllowedProxyNamespaces, ns) {
+	if ns := p.GetNamespace(); pc.Namespace == "" && len(pol.AllowedProxyNamespaces) > 0 && !slices.Contains(pol.AllowedProxyNamespaces, ns) {
 		return errors.Errorf("metadata.namespace %q may not use %s %s: its spec.policy.allowedProxyNamespaces allows %q; ask the platform team for a configuration of your own",
 			ns, pc.Kind, pc.Name, pol.AllowedProxyNamespaces)
 	}
@@ -115,7 +116,7 @@ func admitPod(p *v1alpha1.Proxy, pc *config, pol *v1alpha1.KubernetesPolicy) err
 	case defaulted:
 		namespaces = []string{p.GetNamespace()}
 	}
-	if !contains(namespaces, ns) {
+	if !slices.Contains(namespaces, ns) {
 		return refusal("kubernetes.namespace", ns, pc, "kubernetes.allowedNamespaces", namespaces, defaulted)
 	}
 
@@ -140,7 +141,7 @@ func admitPod(p *v1alpha1.Proxy, pc *config, pol *v1alpha1.KubernetesPolicy) err
 	}
 	sort.Strings(selected)
 	for _, key := range selected {
-		if !contains(keys, key) {
+		if !slices.Contains(keys, key) {
 			return refusal("kubernetes.nodeSelector", key, pc, "kubernetes.allowedNodeSelectorKeys", keys, len(pol.AllowedNodeSelectorKeys) == 0)
 		}
 	}
@@ -181,7 +182,7 @@ func admitVM(g *v1alpha1.GCPPlacement, pc *config, pol *v1alpha1.GCPPolicy) erro
 		tags = append(tags, string(t))
 	}
 	for _, t := range g.NetworkTags {
-		if !contains(tags, string(t)) {
+		if !slices.Contains(tags, string(t)) {
 			return refusal("gcp.networkTags", string(t), pc, "gcp.allowedNetworkTags", tags, false)
 		}
 	}
@@ -195,7 +196,7 @@ func admitVM(g *v1alpha1.GCPPlacement, pc *config, pol *v1alpha1.GCPPolicy) erro
 	}
 	// A machine type may be given as a zonal URL; its name is what counts.
 	m := machineTypeRe.FindStringSubmatch(machine)
-	if m == nil || !contains(machines, m[1]) {
+	if m == nil || !slices.Contains(machines, m[1]) {
 		return refusal("gcp.machineType", machine, pc, "gcp.allowedMachineTypes", machines, len(pol.AllowedMachineTypes) == 0)
 	}
 
@@ -265,15 +266,6 @@ func normalNetwork(s, project string) string {
 		s = strings.TrimPrefix(s, "projects/"+project+"/")
 	}
 	return s
-}
-
-func contains(list []string, v string) bool {
-	for _, s := range list {
-		if s == v {
-			return true
-		}
-	}
-	return false
 }
 
 // tenantConfig refuses what only a ClusterProviderConfig, which the

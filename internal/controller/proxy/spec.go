@@ -67,7 +67,7 @@ func credentials(ctx context.Context, kube client.Client, p *v1alpha1.Proxy) (*b
 		}
 		return nil, errors.Wrapf(err, "cannot get auth secret %s/%s", p.GetNamespace(), ref.Name)
 	}
-	if err := UsableSecret(s); err != nil {
+	if err := v1alpha1.UsableSecret(s); err != nil {
 		return nil, errors.Wrap(err, "spec.forProvider.authSecretRef")
 	}
 	c := &backend.Credentials{
@@ -78,17 +78,6 @@ func credentials(ctx context.Context, kube client.Client, p *v1alpha1.Proxy) (*b
 		return nil, errors.Errorf("auth secret %s/%s needs non-empty keys %q and %q", p.GetNamespace(), ref.Name, uk, pk)
 	}
 	return c, nil
-}
-
-// UsableSecret refuses a Secret not labelled for proxies' use: a fleet
-// author names Secrets, but only someone who may write a Secret may label
-// it, so no proxy (nor egress-discovery, for the proxy's crawlers) reads
-// another Secret of the namespace on the author's say.
-func UsableSecret(s *corev1.Secret) error {
-	if s.Labels[v1alpha1.LabelProxySecret] != "true" {
-		return errors.Errorf("secret %s/%s is not labelled %s=true: label it to let proxies use it", s.Namespace, s.Name, v1alpha1.LabelProxySecret)
-	}
-	return nil
 }
 
 // cidrs returns the CIDRs as sorted strings.
@@ -156,7 +145,7 @@ func userData(ctx context.Context, kube client.Client, p *v1alpha1.Proxy) (strin
 	if err := kube.Get(ctx, types.NamespacedName{Namespace: p.GetNamespace(), Name: ref.Name}, s); err != nil {
 		return "", errors.Wrapf(err, "cannot get cloud-init secret %s/%s", p.GetNamespace(), ref.Name)
 	}
-	if err := UsableSecret(s); err != nil {
+	if err := v1alpha1.UsableSecret(s); err != nil {
 		return "", errors.Wrap(err, "spec.forProvider.gcp.cloudInit.secretRef")
 	}
 	v, ok := s.Data[ref.Key]

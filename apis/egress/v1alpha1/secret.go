@@ -1,0 +1,18 @@
+package v1alpha1
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// UsableSecret refuses a Secret not labelled LabelProxySecret=true: a
+// fleet author names Secrets, but only someone who may write a Secret may
+// label it, so neither a proxy nor egress-discovery (for the proxy's
+// crawlers) reads another Secret of the namespace on the author's say.
+func UsableSecret(s *corev1.Secret) error {
+	if s.Labels[LabelProxySecret] != "true" {
+		return fmt.Errorf("secret %s/%s is not labelled %s=true: label it to let proxies use it", s.Namespace, s.Name, LabelProxySecret)
+	}
+	return nil
+}
