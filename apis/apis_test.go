@@ -332,6 +332,31 @@ func TestInvalidObjectsRejected(t *testing.T) {
 			base:   validProxy, set: map[string]any{"spec.forProvider.local": nil, "spec.forProvider.gcp": map[string]any{"zone": "Europe West"}},
 			want: []string{"spec.forProvider.gcp.zone", "should match"},
 		},
+		"GCPIPv6SourceRange": {
+			reason: "A GCP firewall rule takes IPv4 ranges only.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.local": nil, "spec.forProvider.gcp": map[string]any{"zone": "europe-west1-b"}, "spec.forProvider.allowedSourceRanges": []any{"10.0.0.0/8", "fd00::/8"}},
+			want: []string{"spec.forProvider", "GCP proxy's firewall rule takes IPv4 ranges only"},
+		},
+		"GCPSubnetworkOfAnotherRegion": {
+			reason: "A subnetwork is regional: it must be in the zone's region.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.local": nil, "spec.forProvider.gcp": map[string]any{"zone": "europe-west1-b", "subnetwork": "regions/us-central1/subnetworks/crawl"}},
+			want: []string{"spec.forProvider.gcp", "subnetwork must be in the zone's region"},
+		},
+		"GCPSharedSubnetworkWithoutHostNetwork": {
+			reason: "A host project's subnetwork needs the host project's network, where the rule is made.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.local": nil, "spec.forProvider.gcp": map[string]any{"zone": "europe-west1-b", "subnetwork": "projects/net-host-proj/regions/europe-west1/subnetworks/crawl"}},
+			want: []string{"spec.forProvider.gcp", "Shared VPC"},
+		},
+		"GCPBadSubnetwork": {
+			reason: "A subnetwork is regions/R/subnetworks/NAME.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.local": nil, "spec.forProvider.gcp": map[string]any{"zone": "europe-west1-b", "subnetwork": "crawl"}},
+			want: []string{"spec.forProvider.gcp.subnetwork", "should match"},
+		},
+		"GCPBootDiskType": {
+			reason: "Boot disk types are a closed list.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.local": nil, "spec.forProvider.gcp": map[string]any{"zone": "europe-west1-b", "bootDiskType": "local-ssd"}},
+			want: []string{"spec.forProvider.gcp.bootDiskType", "Unsupported value"},
+		},
 		"CloudInitBoth": {
 			reason: "User cloud-init comes inline or from a Secret, not both.",
 			base:   validProxy, set: map[string]any{"spec.forProvider.local": nil, "spec.forProvider.gcp": map[string]any{
@@ -418,6 +443,16 @@ func TestInvalidObjectsRejected(t *testing.T) {
 			reason: "A fleet open to 0.0.0.0/1 and 128.0.0.0/1 without credentials is refused by arithmetic.",
 			base:   validFleet, set: map[string]any{"spec.proxy": map[string]any{"allowedSourceRanges": []any{"0.0.0.0/1", "128.0.0.0/1"}}},
 			want: []string{"spec.proxy", "without authSecretRef every range must lie in private, loopback or CGNAT space"},
+		},
+		"FleetGCPIPv6SourceRange": {
+			reason: "A GCP fleet's firewall rules take IPv4 ranges only.",
+			base:   validFleet, set: map[string]any{"spec.placement": map[string]any{"gcp": map[string]any{}}, "spec.proxy": map[string]any{"authSecretRef": map[string]any{"name": "a"}, "allowedSourceRanges": []any{"2001:db8::/32"}}},
+			want: []string{"spec", "GCP proxy's firewall rule takes IPv4 ranges only"},
+		},
+		"FleetSubnetworkOutsideZones": {
+			reason: "A fleet's subnetwork must serve every zone it spreads over.",
+			base:   validFleet, set: map[string]any{"spec.zones": []any{"europe-west1-b", "us-central1-a"}, "spec.placement": map[string]any{"gcp": map[string]any{"subnetwork": "regions/europe-west1/subnetworks/crawl"}}},
+			want: []string{"spec", "subnetwork must be in the region of every zone"},
 		},
 		"FleetRotationStuck": {
 			reason: "Replacement with neither surge nor unavailability could never progress.",

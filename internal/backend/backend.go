@@ -72,11 +72,17 @@ type Instance struct {
 	// SpecHash is the Spec.Hash the instance was created from.
 	SpecHash string
 	Owner    ownership.Owner
+	// Operation names a creation still running when Create returned, for
+	// an OperationChecker to look at later.
+	Operation string
+	// Repair, when set, says why the instance is not usable yet although
+	// it runs: something it depends on is being put right.
+	Repair string
 }
 
 // A Backend creates, observes and deletes proxy instances. Every call is
-// idempotent and none blocks on a long-running operation: Create returns once
-// the backend accepted the request, and later Gets report progress.
+// idempotent. Create may wait, for a bounded time, for the backend to report
+// how the creation went; later Gets report progress.
 type Backend interface {
 	// Create starts an instance for s. Creating an instance that already
 	// exists returns it rather than making a second one.
@@ -88,4 +94,18 @@ type Backend interface {
 	// ListOwned lists every instance carrying this cluster's ownership
 	// labels, for orphan collection.
 	ListOwned(ctx context.Context) ([]Instance, error)
+}
+
+// A Repairer puts right, from the spec, what an instance depends on outside
+// itself (a GCP VM's firewall rule), and reports whether it is in place. An
+// instance whose dependencies are not in place is not handed out.
+type Repairer interface {
+	Repair(ctx context.Context, s Spec) (bool, error)
+}
+
+// An OperationChecker reports how a creation that Create left running
+// (Instance.Operation) ended: nil while it runs, when it succeeded or when
+// the backend no longer knows it, else its error, classified.
+type OperationChecker interface {
+	CheckOperation(ctx context.Context, r Ref, operation string) error
 }

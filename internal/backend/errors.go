@@ -15,6 +15,18 @@ const (
 	ClassNotFound Class = "NotFound"
 	// ClassTransient errors are retried with the controller's backoff.
 	ClassTransient Class = "Transient"
+	// ClassThrottled errors (rate limits) are transient, retried after a
+	// short, growing backoff.
+	ClassThrottled Class = "Throttled"
+	// ClassStockout means the zone has no capacity for the instance right
+	// now: transient, retried after a growing backoff. The error names the
+	// zone.
+	ClassStockout Class = "ZoneExhausted"
+	// ClassAccessDenied means the backend refused access in a way that
+	// often heals by itself: an API being enabled, an IAM grant still
+	// propagating. It is retried with a growing backoff, and counts as
+	// permanent after AccessDeniedAttempts failures in a row.
+	ClassAccessDenied Class = "AccessDenied"
 	// ClassQuota errors are retried no sooner than a long, growing backoff.
 	ClassQuota Class = "QuotaExceeded"
 	// ClassPermanent errors latch until the Proxy's spec changes.
@@ -73,18 +85,16 @@ func ClassOf(err error) Class {
 	return best
 }
 
+// AccessDeniedAttempts is how many AccessDenied failures in a row are
+// waited out, about a quarter of an hour with Backoff, before the error
+// counts as permanent.
+const AccessDeniedAttempts = 6
+
 func severity(c Class) int {
-	switch c {
-	case ClassNotFound:
-		return 1
-	case ClassTransient:
-		return 2
-	case ClassQuota:
-		return 3
-	case ClassPermanent:
-		return 4
-	}
-	return 0
+	return map[Class]int{
+		ClassNotFound: 1, ClassTransient: 2, ClassThrottled: 3, ClassStockout: 4,
+		ClassAccessDenied: 5, ClassQuota: 6, ClassPermanent: 7,
+	}[c]
 }
 
 // IsNotFound reports whether err says the instance does not exist.
@@ -92,22 +102,22 @@ func IsNotFound(err error) bool { return err != nil && ClassOf(err) == ClassNotF
 
 // Backoff says how long to wait before retrying a create that failed
 // failures times in a row with an error of class c. Transient errors are left
-// to the controller's own rate limiter (zero); quota errors wait 30s, doubling
-// to a 5 minute cap; permanent errors wait until the spec changes, which the
-// caller handles, so Backoff returns the cap for them.
+// to the controller's own rate limiter (zero); rate limits wait 10s, doubling
+// to 2 minutes; stockouts, access and quota errors wait 30s, doubling to a 5
+// minute cap; permanent errors wait until the spec changes, which the caller
+// handles, so Backoff returns the cap for them.
 func Backoff(c Class, failures int) time.Duration {
-	const (
-		quotaBase = 30 * time.Second
-		quotaCap  = 5 * time.Minute
-	)
+	base, limit := 30*time.Second, 5*time.Minute
 	switch c {
-	case ClassQuota, ClassPermanent:
-		d := quotaBase
-		for i := 1; i < failures && d < quotaCap; i++ {
-			d *= 2
-		}
-		return min(d, quotaCap)
+	case ClassThrottled:
+		base, limit = 10*time.Second, 2*time.Minute
+	case ClassStockout, ClassAccessDenied, ClassQuota, ClassPermanent:
 	default:
 		return 0
 	}
+	d := base
+	for i := 1; i < failures && d < limit; i++ {
+		d *= 2
+	}
+	return min(d, limit)
 }

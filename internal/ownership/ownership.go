@@ -163,9 +163,10 @@ func Selector(clusterID string) map[string]string {
 }
 
 // GCPFilter returns a Compute Engine list filter for everything this
-// cluster owns.
+// cluster owns, in the documented form: each of several expressions in
+// parentheses.
 func GCPFilter(clusterID string) string {
-	return `labels.managed-by = "` + ManagedBy + `" AND labels.egress-cluster = "` + fit(clusterID, gcpValue, true) + `"`
+	return `(labels.managed-by = "` + ManagedBy + `") AND (labels.egress-cluster = "` + fit(clusterID, gcpValue, true) + `")`
 }
 
 var lowerBase32 = base32.StdEncoding.WithPadding(base32.NoPadding)

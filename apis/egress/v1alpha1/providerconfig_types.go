@@ -148,6 +148,17 @@ type GCPPolicy struct {
 	// +optional
 	AllowedNetworks []string `json:"allowedNetworks,omitempty"`
 
+	// AllowedSubnetworks VMs may attach to, as regions/R/subnetworks/NAME
+	// in the ProviderConfig's project or projects/HOST/regions/R/
+	// subnetworks/NAME in a Shared VPC's host project. Empty: none, so VMs
+	// attach only to an auto-mode network's own subnetwork.
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=512
+	// +listType=set
+	// +optional
+	AllowedSubnetworks []string `json:"allowedSubnetworks,omitempty"`
+
 	// AllowedNetworkTags VMs may carry. Tags can match the project's other
 	// firewall rules, so none is allowed unless listed. Empty: none.
 	// +kubebuilder:validation:MaxItems=64

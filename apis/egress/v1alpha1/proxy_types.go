@@ -77,6 +77,7 @@ type NetworkTag string
 // +kubebuilder:validation:XValidation:rule="self.mode == 'External' || (has(self.local) ? 1 : 0) + (has(self.kubernetes) ? 1 : 0) + (has(self.gcp) ? 1 : 0) == 1",message="a Managed proxy needs exactly one backend placement: set one of local, kubernetes or gcp"
 // +kubebuilder:validation:XValidation:rule="self.mode == 'External' || has(self.authSecretRef) || (has(self.allowedSourceRanges) && size(self.allowedSourceRanges) > 0)",message="refusing an open proxy: set authSecretRef (credentials) and/or allowedSourceRanges"
 // +kubebuilder:validation:XValidation:rule="has(self.authSecretRef) || !has(self.allowedSourceRanges) || self.allowedSourceRanges.all(r, ['10.0.0.0/8', '172.16.0.0/12', '192.168.0.0/16', '100.64.0.0/10', '127.0.0.0/8', '::1/128', 'fc00::/7', 'fe80::/10'].exists(p, cidr(p).containsCIDR(r)))",message="allowedSourceRanges: without authSecretRef every range must lie in private, loopback or CGNAT space; a public client range is an open proxy: add authSecretRef or narrow the ranges"
+// +kubebuilder:validation:XValidation:rule="!has(self.gcp) || !has(self.allowedSourceRanges) || self.allowedSourceRanges.all(r, cidr(r).ip().family() == 4)",message="allowedSourceRanges: a GCP proxy's firewall rule takes IPv4 ranges only, and its VM has an IPv4 address only: remove the IPv6 ranges"
 type ProxyParameters struct {
 	// Mode says who runs the proxy. Managed proxies are created on the
 	// ProviderConfig's backend; External proxies are only probed.
@@ -184,8 +185,10 @@ type KubernetesPlacement struct {
 }
 
 // GCPPlacement places a proxy on a Compute Engine VM.
+// +kubebuilder:validation:XValidation:rule="!has(self.subnetwork) || ('/' + self.subnetwork).contains('/regions/' + self.zone.substring(0, self.zone.lastIndexOf('-')) + '/subnetworks/')",message="subnetwork must be in the zone's region: a VM in zone europe-west1-b takes a subnetwork of regions/europe-west1"
 type GCPPlacement struct {
 	// Zone the VM runs in, such as europe-west1-b.
+	// +kubebuilder:validation:MaxLength=63
 	// +kubebuilder:validation:Pattern=`^[a-z]+-[a-z]+[0-9]+-[a-z]$`
 	Zone string `json:"zone"`
 
@@ -194,6 +197,7 @@ type GCPPlacement struct {
 
 // GCPInstance is what a proxy's VM is made of, apart from its zone: a
 // ProxyFleet sets it once and spreads its Proxies over zones.
+// +kubebuilder:validation:XValidation:rule="!has(self.subnetwork) || !self.subnetwork.contains('projects/') || (has(self.network) && self.network.contains('projects/'))",message="a subnetwork of another project (Shared VPC) needs network set to that project's network, projects/HOST/global/networks/NAME: the firewall rule is made there"
 type GCPInstance struct {
 	// MachineType of the VM.
 	// +kubebuilder:default="e2-micro"
@@ -207,11 +211,41 @@ type GCPInstance struct {
 	// +optional
 	Image string `json:"image,omitempty"`
 
-	// Network the VM's interface attaches to.
+	// Network the VM's interface attaches to, and the proxy's firewall
+	// rule belongs to: global/networks/NAME in the ProviderConfig's
+	// project, or projects/HOST/global/networks/NAME, a Shared VPC's host
+	// network (the firewall rule is then made in the host project).
 	// +kubebuilder:default="global/networks/default"
 	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:Pattern=`^((https://www\.googleapis\.com/compute/v1/)?(projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/)?global/networks/)?[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`
 	// +optional
 	Network string `json:"network,omitempty"`
+
+	// Subnetwork the VM's interface attaches to, which custom-mode and
+	// Shared VPC networks need: regions/REGION/subnetworks/NAME, or
+	// projects/HOST/regions/REGION/subnetworks/NAME in a Shared VPC's host
+	// project. It must belong to network, so with a host project's
+	// subnetwork set network to that project's network too. Unset: the
+	// network's auto-mode subnetwork of the zone's region.
+	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:Pattern=`^(https://www\.googleapis\.com/compute/v1/)?(projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/)?regions/[a-z]+-[a-z]+[0-9]+/subnetworks/[a-z]([-a-z0-9]{0,61}[a-z0-9])?$`
+	// +optional
+	Subnetwork string `json:"subnetwork,omitempty"`
+
+	// BootDiskType of the VM's boot disk. pd-balanced suits every
+	// machine family this backend uses; the newer families (c3, n4, ...)
+	// refuse pd-standard, and the older ones (e2, n1) refuse Hyperdisk.
+	// +kubebuilder:default=pd-balanced
+	// +kubebuilder:validation:Enum=pd-balanced;pd-ssd;pd-standard;hyperdisk-balanced
+	// +optional
+	BootDiskType string `json:"bootDiskType,omitempty"`
+
+	// ShieldedVM turns on Secure Boot, vTPM and integrity monitoring, as
+	// the compute.requireShieldedVm organisation policy demands. The image
+	// must support it; Debian's and Ubuntu's public images do.
+	// +kubebuilder:default=true
+	// +optional
+	ShieldedVM *bool `json:"shieldedVM,omitempty"`
 
 	// NetworkTags put on the VM; the proxy's firewall rule targets them.
 	// +kubebuilder:validation:MaxItems=16
@@ -220,7 +254,11 @@ type GCPInstance struct {
 	NetworkTags []NetworkTag `json:"networkTags,omitempty"`
 
 	// CloudInit replaces the generated Squid startup script, for teams with
-	// their own proxy image.
+	// their own proxy image. Content starting with #cloud-config goes to
+	// the user-data metadata key, which cloud-init reads (Ubuntu and
+	// Container-Optimized OS images run cloud-init; Debian's do not);
+	// anything else goes to startup-script, which the guest agent of
+	// every Google public image runs.
 	// +optional
 	CloudInit *CloudInit `json:"cloudInit,omitempty"`
 }

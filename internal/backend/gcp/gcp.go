@@ -10,6 +10,8 @@ import (
 	stderrors "errors"
 	"fmt"
 	"net/http"
+	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"text/template"
@@ -57,7 +59,17 @@ type Config struct {
 	ClusterID string
 	// ClientOptions reach and authenticate to the Compute API.
 	ClientOptions []option.ClientOption
+	// OperationTimeout bounds how long Create waits for an insert
+	// operation; the reconcile's own deadline bounds it too. Zero means
+	// DefaultOperationTimeout. An operation still running then is
+	// returned in Instance.Operation and checked later.
+	OperationTimeout time.Duration
 }
+
+// DefaultOperationTimeout is how long Create waits for an insert to finish:
+// long enough for the usual stockout or quota error to arrive, which
+// Compute Engine reports in the operation, not in the answer to the insert.
+const DefaultOperationTimeout = 2 * time.Minute
 
 // Backend manages proxy VMs.
 type Backend struct {
@@ -66,7 +78,11 @@ type Backend struct {
 	firewalls *compute.FirewallsClient
 }
 
-var _ backend.Backend = &Backend{}
+var (
+	_ backend.Backend          = &Backend{}
+	_ backend.Repairer         = &Backend{}
+	_ backend.OperationChecker = &Backend{}
+)
 
 // New returns a gcp backend.
 func New(ctx context.Context, cfg Config) (*Backend, error) {
@@ -87,10 +103,22 @@ func (b *Backend) Close() error {
 	return stderrors.Join(b.instances.Close(), b.firewalls.Close())
 }
 
-// Classify sorts a Compute API error into the backend taxonomy: quota and
-// rate limits, not found, server trouble, and requests that will never
-// succeed (an invalid machine type, image or zone), whose message is kept
-// as GCP wrote it.
+// Classify sorts a Compute API error into the backend taxonomy. Errors that
+// arrive in an operation (the client library turns them into the same
+// error type, with the operation's codes in the message) are sorted alike:
+//
+//   - a stockout (ZONE_RESOURCE_POOL_EXHAUSTED*, 503) is ZoneExhausted;
+//   - not found is NotFound (Create turns it into Permanent: on an insert
+//     it names a missing network, image or subnetwork);
+//   - quota (quotaExceeded, QUOTA_EXCEEDED, any *_QUOTA) is QuotaExceeded;
+//   - 429 and rate limits are Throttled;
+//   - 400 resourceNotReady (an operation still running) is Transient;
+//   - 412 conditionNotMet (an organisation policy) is Permanent;
+//   - 401 and 403 (API not enabled, IAM not yet propagated) are
+//     AccessDenied, which turns permanent after some tries;
+//   - other 5xx are Transient, other 4xx Permanent.
+//
+// GCP's own message is kept.
 func Classify(err error) error {
 	if err == nil {
 		return nil
@@ -102,8 +130,8 @@ func Classify(err error) error {
 		for _, e := range ge.Errors {
 			reasons += " " + e.Reason
 		}
-		if ge.Message != "" {
-			msg = ge.Message
+		if ge.Message != "" && !strings.Contains(msg, ge.Message) {
+			msg += ": " + ge.Message
 		}
 	}
 	var ae *apierror.APIError
@@ -114,18 +142,49 @@ func Classify(err error) error {
 		reasons += " " + ae.Reason()
 	}
 	lower := strings.ToLower(reasons + " " + msg)
-	switch {
-	case code == http.StatusNotFound:
-		return backend.Wrap(backend.ClassNotFound, err)
-	case code == http.StatusTooManyRequests, strings.Contains(lower, "quota"), strings.Contains(lower, "ratelimitexceeded"):
-		return backend.Wrap(backend.ClassQuota, err)
-	case code >= 500:
-		return backend.Wrap(backend.ClassTransient, err)
-	case code == http.StatusBadRequest, code == http.StatusForbidden, code == http.StatusUnauthorized:
-		return backend.Wrap(backend.ClassPermanent, err)
-	default:
-		return backend.Wrap(backend.ClassTransient, err)
+	has := func(subs ...string) bool {
+		for _, sub := range subs {
+			if strings.Contains(lower, sub) {
+				return true
+			}
+		}
+		return false
 	}
+	var c backend.Class
+	switch {
+	case has("zone_resource_pool_exhausted", "does not have enough resources available"):
+		c = backend.ClassStockout
+	case code == http.StatusNotFound:
+		c = backend.ClassNotFound
+	case has("quotaexceeded", "quota_exceeded", "_quota", "quota '"):
+		c = backend.ClassQuota
+	case code == http.StatusTooManyRequests, has("ratelimitexceeded"):
+		c = backend.ClassThrottled
+	case has("resourcenotready", "is not ready"):
+		c = backend.ClassTransient
+	case code == http.StatusPreconditionFailed:
+		c = backend.ClassPermanent
+	case code == http.StatusUnauthorized, code == http.StatusForbidden:
+		c = backend.ClassAccessDenied
+	case code >= 500, code == 0:
+		c = backend.ClassTransient
+	default:
+		c = backend.ClassPermanent
+	}
+	return backend.Wrap(c, err)
+}
+
+// insertError classifies an error of an insert: not found there means a
+// resource the request refers to is missing, which retrying cannot fix.
+func insertError(err error, what string) error {
+	c := Classify(err)
+	if backend.ClassOf(c) == backend.ClassNotFound {
+		return backend.Wrap(backend.ClassPermanent, errors.Wrapf(err, "%s: a resource it refers to does not exist", what))
+	}
+	if backend.ClassOf(c) == backend.ClassStockout {
+		return errors.Wrapf(c, "%s: the zone has no capacity for it now; it is retried later, or move the proxy to another zone", what)
+	}
+	return errors.Wrap(c, what)
 }
 
 func isConflict(err error) bool {
@@ -267,14 +326,15 @@ func (b *Backend) firewall(s backend.Spec) (*computepb.Firewall, error) {
 	case len(ranges) == 0:
 		ranges = []string{"0.0.0.0/0"}
 	}
-	network := s.GCP.Network
-	if network == "" {
-		network = v1alpha1.DefaultGCPNetwork
+	for _, r := range ranges {
+		if p, err := netip.ParsePrefix(r); err != nil || !p.Addr().Is4() {
+			return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.allowedSourceRanges %q: a GCP firewall rule takes IPv4 ranges only", r)
+		}
 	}
 	return &computepb.Firewall{
 		Name:         ptr.To(s.Name),
 		Description:  ptr.To(fmt.Sprintf("egress proxy %s/%s (managed by provider-egressproxy)", s.Owner.Namespace, s.Owner.Name)),
-		Network:      ptr.To(network),
+		Network:      ptr.To(b.network(s.GCP)),
 		Direction:    ptr.To(computepb.Firewall_INGRESS.String()),
 		Allowed:      []*computepb.Allowed{{IPProtocol: ptr.To("tcp"), Ports: []string{strconv.Itoa(int(s.Port))}}},
 		SourceRanges: ranges,
@@ -282,10 +342,45 @@ func (b *Backend) firewall(s backend.Spec) (*computepb.Firewall, error) {
 	}, nil
 }
 
-// Create makes the firewall rule first, so that a VM is never reachable
-// unguarded, then inserts the VM. It does not wait for the insert: it checks
-// the operation once, so that an immediate failure (quota) is reported, and
-// later Gets see the VM's progress.
+// network is the VM's network in the form firewall rules name it:
+// projects/P/global/networks/N, P being the ProviderConfig's project unless
+// a Shared VPC host project is named.
+func (b *Backend) network(g *v1alpha1.GCPPlacement) string {
+	n := strings.TrimPrefix(g.Network, computeURL)
+	switch {
+	case n == "":
+		n = v1alpha1.DefaultGCPNetwork
+	case !strings.Contains(n, "/"):
+		n = "global/networks/" + n
+	}
+	if !strings.HasPrefix(n, "projects/") {
+		n = fmt.Sprintf("projects/%s/%s", b.cfg.Project, n)
+	}
+	return n
+}
+
+// firewallProject is the project a rule on network lives in: the network's.
+func firewallProject(network string) string {
+	return strings.SplitN(strings.TrimPrefix(network, "projects/"), "/", 2)[0]
+}
+
+const computeURL = "https://www.googleapis.com/compute/v1/"
+
+// metadataKey is where the VM's start-up configuration goes: cloud-init
+// reads #cloud-config from user-data, and the guest agent runs scripts
+// from startup-script.
+func metadataKey(s backend.Spec) string {
+	if strings.HasPrefix(strings.TrimLeft(s.UserData, " \t\r\n"), "#cloud-config") {
+		return "user-data"
+	}
+	return "startup-script"
+}
+
+// Create makes the firewall rule, then inserts the VM, and waits a bounded
+// time for each operation: Compute Engine reports quota errors and
+// stockouts in the operation, after accepting the request. An insert still
+// running when the wait ends is returned in Instance.Operation, for
+// CheckOperation to look at later.
 func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance, error) {
 	if s.GCP == nil {
 		return nil, backend.Errorf(backend.ClassPermanent, "the gcp backend needs spec.forProvider.gcp")
@@ -298,17 +393,40 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	if err != nil {
 		return nil, err
 	}
-	if _, err := b.firewalls.Insert(ctx, &computepb.InsertFirewallRequest{Project: b.cfg.Project, FirewallResource: fw}); err != nil && !isConflict(err) {
-		return nil, errors.Wrapf(Classify(err), "cannot create firewall rule %s", s.Name)
+	vm := b.vm(s, script)
+	if sn := vm.GetNetworkInterfaces()[0].GetSubnetwork(); strings.HasPrefix(sn, "projects/") && firewallProject(sn) != firewallProject(fw.GetNetwork()) {
+		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.gcp.subnetwork %s is in project %s, but network %s is not: with a Shared VPC subnetwork set network to the host project's network",
+			sn, firewallProject(sn), fw.GetNetwork())
 	}
+	if _, err := b.ensureFirewall(ctx, fw, true); err != nil {
+		return nil, err
+	}
+	op, err := b.instances.Insert(ctx, &computepb.InsertInstanceRequest{Project: b.cfg.Project, Zone: s.Zone, InstanceResource: vm})
+	switch {
+	case isConflict(err):
+		return b.adopt(ctx, s)
+	case err != nil:
+		return nil, insertError(err, "cannot insert VM "+s.Name)
+	}
+	done, err := b.wait(ctx, op)
+	if err != nil {
+		return nil, insertError(err, fmt.Sprintf("inserting VM %s in zone %s failed", s.Name, s.Zone))
+	}
+	i := &backend.Instance{
+		Ref: s.Ref, ProviderID: b.ProviderID(s.Ref), Port: s.Port, Phase: v1alpha1.InstancePhaseProvisioning,
+		CreatedAt: time.Now(), SpecHash: s.Hash, Owner: s.Owner,
+	}
+	if !done {
+		i.Operation = op.Name()
+	}
+	return i, nil
+}
 
+// vm is the instance resource of s.
+func (b *Backend) vm(s backend.Spec, script string) *computepb.Instance {
 	labels := s.Owner.GCPLabels()
 	labels[labelSpecHash] = s.Hash
 	labels[labelPort] = strconv.Itoa(int(s.Port))
-	network := s.GCP.Network
-	if network == "" {
-		network = v1alpha1.DefaultGCPNetwork
-	}
 	image := s.GCP.Image
 	if image == "" {
 		image = v1alpha1.DefaultGCPImage
@@ -317,9 +435,22 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	if machine == "" {
 		machine = v1alpha1.DefaultGCPMachineType
 	}
+	disk := s.GCP.BootDiskType
+	if disk == "" {
+		disk = "pd-balanced"
+	}
 	tags := []string{s.Name}
 	for _, t := range s.GCP.NetworkTags {
 		tags = append(tags, string(t))
+	}
+	nic := &computepb.NetworkInterface{
+		Network: ptr.To(b.network(s.GCP)),
+		AccessConfigs: []*computepb.AccessConfig{{
+			Name: ptr.To("External NAT"), Type: ptr.To(computepb.AccessConfig_ONE_TO_ONE_NAT.String()),
+		}},
+	}
+	if sn := strings.TrimPrefix(s.GCP.Subnetwork, computeURL); sn != "" {
+		nic.Subnetwork = ptr.To(sn)
 	}
 	vm := &computepb.Instance{
 		Name:        ptr.To(s.Name),
@@ -329,36 +460,198 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 		Tags:        &computepb.Tags{Items: tags},
 		Disks: []*computepb.AttachedDisk{{
 			Boot: ptr.To(true), AutoDelete: ptr.To(true),
-			InitializeParams: &computepb.AttachedDiskInitializeParams{SourceImage: ptr.To(image)},
+			InitializeParams: &computepb.AttachedDiskInitializeParams{SourceImage: ptr.To(image), DiskType: ptr.To(zonal(s.Zone, "diskTypes", disk))},
 		}},
-		NetworkInterfaces: []*computepb.NetworkInterface{{
-			Network: ptr.To(network),
-			AccessConfigs: []*computepb.AccessConfig{{
-				Name: ptr.To("External NAT"), Type: ptr.To(computepb.AccessConfig_ONE_TO_ONE_NAT.String()),
-			}},
-		}},
-		Metadata: &computepb.Metadata{Items: []*computepb.Items{{Key: ptr.To("startup-script"), Value: ptr.To(script)}}},
+		NetworkInterfaces: []*computepb.NetworkInterface{nic},
+		Metadata:          &computepb.Metadata{Items: []*computepb.Items{{Key: ptr.To(metadataKey(s)), Value: ptr.To(script)}}},
 	}
-	op, err := b.instances.Insert(ctx, &computepb.InsertInstanceRequest{Project: b.cfg.Project, Zone: s.Zone, InstanceResource: vm})
+	if s.GCP.ShieldedVM == nil || *s.GCP.ShieldedVM {
+		vm.ShieldedInstanceConfig = &computepb.ShieldedInstanceConfig{
+			EnableSecureBoot: ptr.To(true), EnableVtpm: ptr.To(true), EnableIntegrityMonitoring: ptr.To(true),
+		}
+	}
+	return vm
+}
+
+// adopt handles an insert answered 409: the name is taken. The VM is this
+// Proxy's own from an earlier attempt only when it carries the Proxy's
+// ownership labels and spec hash and is not on its way out; a VM being
+// deleted keeps its name for a while, and that is worth waiting for.
+func (b *Backend) adopt(ctx context.Context, s backend.Spec) (*backend.Instance, error) {
+	vm, err := b.instances.Get(ctx, &computepb.GetInstanceRequest{Project: b.cfg.Project, Zone: s.Zone, Instance: s.Name})
+	if err != nil {
+		if backend.ClassOf(Classify(err)) == backend.ClassNotFound {
+			return nil, backend.Errorf(backend.ClassTransient, "VM name %s was taken, and its VM is gone now: retrying", s.Name)
+		}
+		return nil, errors.Wrapf(Classify(err), "cannot get VM %s", s.Name)
+	}
+	i := b.instance(vm, s.Zone)
 	switch {
-	case isConflict(err):
-		// A retried create finds the VM it made before: names derive from
-		// the Proxy UID.
-		return b.Get(ctx, s.Ref)
+	case i.Owner.UID != s.Owner.UID:
+		return nil, backend.Errorf(backend.ClassTransient, "VM name %s is held by a VM this Proxy does not own (status %s): retrying until it is gone", s.Name, vm.GetStatus())
+	case i.Phase == v1alpha1.InstancePhaseTerminated:
+		return nil, backend.Errorf(backend.ClassTransient, "VM %s is still being deleted (status %s); its name is free once it is gone: retrying", s.Name, vm.GetStatus())
+	case i.SpecHash != s.Hash:
+		return nil, backend.Errorf(backend.ClassTransient, "VM %s of an earlier spec (hash %s) still holds the name: retrying until it is gone", s.Name, i.SpecHash)
+	}
+	return i, nil
+}
+
+// wait polls op until it is done, the operation timeout passes or ctx
+// ends, leaving a little of ctx for the caller to record the outcome. It
+// reports whether op finished, and the error it finished with. A failure
+// to poll only ends the wait: the operation goes on regardless.
+func (b *Backend) wait(ctx context.Context, op *compute.Operation) (bool, error) {
+	limit := b.cfg.OperationTimeout
+	if limit <= 0 {
+		limit = DefaultOperationTimeout
+	}
+	deadline := time.Now().Add(limit)
+	if d, ok := ctx.Deadline(); ok && d.Add(-5*time.Second).Before(deadline) {
+		deadline = d.Add(-5 * time.Second)
+	}
+	wctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	pause := 100 * time.Millisecond
+	for {
+		if op.Done() {
+			return true, opError(op)
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-wctx.Done():
+			t.Stop()
+			return false, nil
+		case <-t.C:
+		}
+		pause = min(2*pause, 5*time.Second)
+		if err := op.Poll(wctx); err != nil && !op.Done() {
+			return false, nil
+		}
+	}
+}
+
+// opError is the error a finished operation reports, as the client
+// library would return it from Poll.
+func opError(op *compute.Operation) error { return protoError(op.Proto()) }
+
+func protoError(p *computepb.Operation) error {
+	if p.GetError() == nil && (p.HttpErrorStatusCode == nil || p.GetHttpErrorStatusCode() < 300) {
+		return nil
+	}
+	var codes []string
+	for _, e := range p.GetError().GetErrors() {
+		codes = append(codes, e.GetCode()+": "+e.GetMessage())
+	}
+	return &googleapi.Error{Code: int(p.GetHttpErrorStatusCode()), Message: p.GetHttpErrorMessage() + ": " + strings.Join(codes, "; ")}
+}
+
+// CheckOperation reports how an insert Create left running ended: nil
+// while it runs, when it succeeded or when GCP no longer knows it, else
+// its error, classified.
+func (b *Backend) CheckOperation(ctx context.Context, r backend.Ref, name string) error {
+	ops, err := compute.NewZoneOperationsRESTClient(ctx, b.cfg.ClientOptions...)
+	if err != nil {
+		return backend.Wrap(backend.ClassTransient, err)
+	}
+	defer func() { _ = ops.Close() }()
+	op, err := ops.Get(ctx, &computepb.GetZoneOperationRequest{Project: b.cfg.Project, Zone: r.Zone, Operation: name})
+	switch {
+	case err != nil && backend.ClassOf(Classify(err)) == backend.ClassNotFound:
+		return nil
 	case err != nil:
-		return nil, errors.Wrapf(Classify(err), "cannot insert VM %s", s.Name)
+		return errors.Wrapf(Classify(err), "cannot get operation %s", name)
+	case op.GetStatus() != computepb.Operation_DONE:
+		return nil
 	}
-	if err := op.Poll(ctx); err != nil {
-		return nil, errors.Wrapf(Classify(err), "inserting VM %s failed", s.Name)
+	if err := protoError(op); err != nil {
+		return insertError(err, fmt.Sprintf("inserting VM %s in zone %s failed (operation %s)", r.Name, r.Zone, name))
 	}
-	return &backend.Instance{
-		Ref: s.Ref, ProviderID: b.ProviderID(s.Ref), Port: s.Port, Phase: v1alpha1.InstancePhaseProvisioning,
-		CreatedAt: time.Now(), SpecHash: s.Hash, Owner: s.Owner,
-	}, nil
+	return nil
+}
+
+// ensureFirewall makes rule fw exist as given: it inserts it, or updates a
+// rule of its name that differs (left from an earlier spec, or edited by
+// hand). It reports whether the rule is in place now. With wait it waits,
+// bounded, for the operation; without, the next call sees how it went.
+func (b *Backend) ensureFirewall(ctx context.Context, fw *computepb.Firewall, wait bool) (bool, error) {
+	project := firewallProject(fw.GetNetwork())
+	op, err := b.firewalls.Insert(ctx, &computepb.InsertFirewallRequest{Project: project, FirewallResource: fw})
+	if isConflict(err) {
+		cur, gerr := b.firewalls.Get(ctx, &computepb.GetFirewallRequest{Project: project, Firewall: fw.GetName()})
+		switch {
+		case gerr != nil && backend.ClassOf(Classify(gerr)) == backend.ClassNotFound:
+			return false, backend.Errorf(backend.ClassTransient, "firewall rule %s is being created or deleted: retrying", fw.GetName())
+		case gerr != nil:
+			return false, errors.Wrapf(Classify(gerr), "cannot get firewall rule %s", fw.GetName())
+		case sameRule(cur, fw):
+			return true, nil
+		}
+		op, err = b.firewalls.Update(ctx, &computepb.UpdateFirewallRequest{Project: project, Firewall: fw.GetName(), FirewallResource: fw})
+		if err != nil {
+			return false, errors.Wrapf(Classify(err), "cannot update firewall rule %s to this proxy's settings", fw.GetName())
+		}
+	} else if err != nil {
+		return false, insertError(err, "cannot create firewall rule "+fw.GetName())
+	}
+	if !wait {
+		return op.Done(), nil
+	}
+	done, err := b.wait(ctx, op)
+	if err != nil {
+		return false, insertError(err, fmt.Sprintf("firewall rule %s failed", fw.GetName()))
+	}
+	return done, nil
+}
+
+// sameRule reports whether a rule lets in what want lets in, to what it
+// targets.
+func sameRule(got, want *computepb.Firewall) bool {
+	norm := func(f *computepb.Firewall) string {
+		ranges := slices.Clone(f.GetSourceRanges())
+		slices.Sort(ranges)
+		var allowed []string
+		for _, a := range f.GetAllowed() {
+			allowed = append(allowed, a.GetIPProtocol()+":"+strings.Join(a.GetPorts(), ","))
+		}
+		slices.Sort(allowed)
+		tags := slices.Clone(f.GetTargetTags())
+		slices.Sort(tags)
+		return strings.Join([]string{
+			strings.TrimPrefix(f.GetNetwork(), computeURL), f.GetDirection(), strings.Join(ranges, ","), strings.Join(allowed, ";"),
+			strings.Join(tags, ","), strings.Join(f.GetSourceTags(), ","), strings.Join(f.GetSourceServiceAccounts(), ","),
+			strings.Join(f.GetTargetServiceAccounts(), ","), strconv.FormatBool(f.GetDisabled()), fmt.Sprint(len(f.GetDenied())),
+		}, "|")
+	}
+	return norm(got) == norm(want)
+}
+
+// Repair puts the VM's firewall rule right from the spec: it re-creates a
+// rule that is gone (deleted by hand, or by an old rule's delete that
+// finished after a new insert), and resets one that was changed. It
+// reports whether the rule is in place; until it is the proxy is not used.
+// It does not wait for the rule's operation: Observe must stay quick.
+func (b *Backend) Repair(ctx context.Context, s backend.Spec) (bool, error) {
+	if s.GCP == nil {
+		return true, nil
+	}
+	fw, err := b.firewall(s)
+	if err != nil {
+		return false, err
+	}
+	cur, err := b.firewalls.Get(ctx, &computepb.GetFirewallRequest{Project: firewallProject(fw.GetNetwork()), Firewall: fw.GetName()})
+	switch {
+	case err == nil && sameRule(cur, fw):
+		return true, nil
+	case err != nil && backend.ClassOf(Classify(err)) != backend.ClassNotFound:
+		return false, errors.Wrapf(Classify(err), "cannot get firewall rule %s", fw.GetName())
+	}
+	return b.ensureFirewall(ctx, fw, false)
 }
 
 // Phase maps a VM status to an instance phase. A RUNNING VM without an
 // external IP is still provisioning: an empty address is never published.
+// A VM stopping, being deleted or repossessed is on its way out.
 func Phase(status, natIP string) v1alpha1.InstancePhase {
 	switch status {
 	case "RUNNING":
@@ -366,7 +659,7 @@ func Phase(status, natIP string) v1alpha1.InstancePhase {
 			return v1alpha1.InstancePhaseProvisioning
 		}
 		return v1alpha1.InstancePhaseRunning
-	case "STOPPING", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED":
+	case "STOPPING", "PENDING_STOP", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED", "DEPROVISIONING":
 		return v1alpha1.InstancePhaseTerminated
 	default: // PROVISIONING, STAGING, REPAIRING
 		return v1alpha1.InstancePhaseProvisioning
@@ -400,40 +693,70 @@ func (b *Backend) instance(vm *computepb.Instance, zone string) *backend.Instanc
 	return i
 }
 
-// Get observes a VM. A VM whose firewall rule is missing is reported as
-// provisioning, never Running: it is not a usable proxy until the rule lets
-// its clients in.
+// Get observes a VM. Its firewall rule is Repair's business.
 func (b *Backend) Get(ctx context.Context, r backend.Ref) (*backend.Instance, error) {
 	vm, err := b.instances.Get(ctx, &computepb.GetInstanceRequest{Project: b.cfg.Project, Zone: r.Zone, Instance: r.Name})
 	if err != nil {
 		return nil, errors.Wrapf(Classify(err), "cannot get VM %s", r.Name)
 	}
-	i := b.instance(vm, r.Zone)
-	if i.Phase == v1alpha1.InstancePhaseRunning {
-		if _, err := b.firewalls.Get(ctx, &computepb.GetFirewallRequest{Project: b.cfg.Project, Firewall: r.Name}); err != nil {
-			if backend.ClassOf(Classify(err)) != backend.ClassNotFound {
-				return nil, errors.Wrapf(Classify(err), "cannot get firewall rule %s", r.Name)
-			}
-			i.Phase, i.Host = v1alpha1.InstancePhaseProvisioning, ""
-		}
-	}
-	return i, nil
+	return b.instance(vm, r.Zone), nil
 }
 
-// Delete removes the VM and its firewall rule; either being gone already is
-// success. It does not wait for the deletion to finish.
+// Delete removes the firewall rule, waiting a bounded time for that, then
+// the VM; either being gone already is success, and so is a VM already
+// being deleted. It does not wait for the VM: that keeps its name,
+// STOPPING, until it is gone, and Get shows it. The rule goes first so that a
+// failure leaves the VM, which the reconciler sees and deletes again,
+// rather than a rule nobody looks for.
 func (b *Backend) Delete(ctx context.Context, r backend.Ref) error {
-	if _, err := b.instances.Delete(ctx, &computepb.DeleteInstanceRequest{Project: b.cfg.Project, Zone: r.Zone, Instance: r.Name}); err != nil {
-		if c := Classify(err); backend.ClassOf(c) != backend.ClassNotFound {
-			return errors.Wrapf(c, "cannot delete VM %s", r.Name)
+	for _, project := range b.firewallProjects(ctx, r) {
+		op, err := b.firewalls.Delete(ctx, &computepb.DeleteFirewallRequest{Project: project, Firewall: r.Name})
+		if err != nil {
+			if c := Classify(err); backend.ClassOf(c) != backend.ClassNotFound {
+				return errors.Wrapf(c, "cannot delete firewall rule %s", r.Name)
+			}
+			continue
+		}
+		// Wait for it, so that a rule being deleted is not mistaken by the
+		// next Create for one in place.
+		if _, err := b.wait(ctx, op); err != nil {
+			return errors.Wrapf(Classify(err), "deleting firewall rule %s failed", r.Name)
 		}
 	}
-	if _, err := b.firewalls.Delete(ctx, &computepb.DeleteFirewallRequest{Project: b.cfg.Project, Firewall: r.Name}); err != nil {
-		if c := Classify(err); backend.ClassOf(c) != backend.ClassNotFound {
-			return errors.Wrapf(c, "cannot delete firewall rule %s", r.Name)
+	_, err := b.instances.Delete(ctx, &computepb.DeleteInstanceRequest{Project: b.cfg.Project, Zone: r.Zone, Instance: r.Name})
+	if err == nil {
+		return nil
+	}
+	c := Classify(err)
+	switch backend.ClassOf(c) {
+	case backend.ClassNotFound:
+		return nil
+	case backend.ClassTransient:
+		// Not ready: an operation runs on the VM. If it is its deletion,
+		// the VM is as good as gone.
+		if i, gerr := b.Get(ctx, r); gerr == nil && i.Phase == v1alpha1.InstancePhaseTerminated {
+			return nil
 		}
 	}
-	return nil
+	return errors.Wrapf(c, "cannot delete VM %s", r.Name)
+}
+
+// firewallProjects are the projects a VM's rule may live in: the
+// ProviderConfig's, and the host project of a Shared VPC network the VM is
+// attached to.
+func (b *Backend) firewallProjects(ctx context.Context, r backend.Ref) []string {
+	out := []string{b.cfg.Project}
+	vm, err := b.instances.Get(ctx, &computepb.GetInstanceRequest{Project: b.cfg.Project, Zone: r.Zone, Instance: r.Name})
+	if err != nil {
+		return out
+	}
+	for _, ni := range vm.GetNetworkInterfaces() {
+		n := strings.TrimPrefix(ni.GetNetwork(), computeURL)
+		if p := firewallProject(n); strings.HasPrefix(n, "projects/") && p != b.cfg.Project && !slices.Contains(out, p) {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // ListOwned lists this cluster's proxy VMs in every zone of the project.

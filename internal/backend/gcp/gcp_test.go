@@ -6,6 +6,9 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
+
+	"cloud.google.com/go/compute/apiv1/computepb"
 
 	"github.com/google/go-cmp/cmp"
 	"k8s.io/apimachinery/pkg/types"
@@ -15,6 +18,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp/gcpfake"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
 func newBackend(t *testing.T, fake *gcpfake.Server, cluster string) *gcp.Backend {
@@ -60,6 +64,15 @@ func TestLifecycle(t *testing.T) {
 	if ac.GetType() != "ONE_TO_ONE_NAT" || vm.GetMachineType() != "zones/europe-west1-b/machineTypes/e2-micro" ||
 		vm.GetDisks()[0].GetInitializeParams().GetSourceImage() != "projects/debian-cloud/global/images/family/debian-12" {
 		t.Errorf("VM: want an ephemeral external IP, the machine type and image; got %v", vm)
+	}
+	if vm.GetDisks()[0].GetInitializeParams().GetDiskType() != "zones/europe-west1-b/diskTypes/pd-balanced" {
+		t.Errorf("the boot disk is pd-balanced, which every machine family takes: %v", vm.GetDisks()[0])
+	}
+	if sh := vm.GetShieldedInstanceConfig(); !sh.GetEnableSecureBoot() || !sh.GetEnableVtpm() || !sh.GetEnableIntegrityMonitoring() {
+		t.Errorf("Shielded VM is on by default: %v", sh)
+	}
+	if k := vm.GetMetadata().GetItems()[0].GetKey(); k != "startup-script" {
+		t.Errorf("the generated script goes to startup-script, got %s", k)
 	}
 	if diff := cmp.Diff([]string{s.Name, "crawl"}, vm.GetTags().GetItems()); diff != "" {
 		t.Errorf("network tags: -want, +got:\n%s", diff)
@@ -111,9 +124,15 @@ func TestLifecycle(t *testing.T) {
 	if err := b.Delete(ctx, s.Ref); err != nil {
 		t.Fatal(err)
 	}
-	if fake.Instances() != 0 || fake.Firewall(s.Name) != nil {
-		t.Error("Delete removes the VM and its firewall rule")
+	if got, err := b.Get(ctx, s.Ref); err != nil || got.Phase != v1alpha1.InstancePhaseTerminated {
+		t.Errorf("a VM being deleted is STOPPING, on its way out: %+v, %v", got, err)
 	}
+	if err := b.Delete(ctx, s.Ref); err != nil {
+		t.Errorf("deleting a VM already being deleted succeeds: %v", err)
+	}
+	testbed.Eventually(t, 5*time.Second, "the VM and its rule are gone", func() (bool, string) {
+		return fake.Instances() == 0 && fake.Firewall(s.Name) == nil, fmt.Sprintf("%d VMs", fake.Instances())
+	})
 	if err := b.Delete(ctx, s.Ref); err != nil {
 		t.Errorf("Delete is idempotent: %v", err)
 	}
@@ -198,7 +217,11 @@ func TestFirewallRefusesOpenProxies(t *testing.T) {
 	}
 }
 
-func TestFirewallGuardsReadiness(t *testing.T) {
+// TestRepairRestoresFirewall: a VM's rule that is gone (deleted by hand,
+// or by an old rule's delete finishing after a new insert) is re-created
+// from the spec, and one changed by hand is reset; until then the proxy is
+// not in place.
+func TestRepairRestoresFirewall(t *testing.T) {
 	fake := gcpfake.Start(t)
 	b := newBackend(t, fake, "c1")
 	ctx := context.Background()
@@ -206,15 +229,36 @@ func TestFirewallGuardsReadiness(t *testing.T) {
 	if _, err := b.Create(ctx, s); err != nil {
 		t.Fatal(err)
 	}
-	fake.SetStatus("europe-west1-b", s.Name, "RUNNING", "198.51.100.8")
-	fake.Fail("firewalls.get", gcpfake.Failure{Code: http.StatusNotFound, Reason: "notFound", Message: "The resource was not found", Times: -1})
-	got, err := b.Get(ctx, s.Ref)
-	if err != nil {
+	if ok, err := b.Repair(ctx, s); !ok || err != nil {
+		t.Fatalf("a rule as the spec says needs no repair: %v, %v", ok, err)
+	}
+	calls := fake.Calls("firewalls.insert") + fake.Calls("firewalls.update")
+	if ok, _ := b.Repair(ctx, s); !ok || fake.Calls("firewalls.insert")+fake.Calls("firewalls.update") != calls {
+		t.Error("Repair of a rule in place writes nothing")
+	}
+
+	clock := frozen(fake)
+	fake.SetOperationDuration(time.Hour)
+	fake.DeleteFirewall("crawl-proj", s.Name)
+	if ok, err := b.Repair(ctx, s); ok || err != nil {
+		t.Fatalf("a rule being re-inserted is not in place yet, and Repair does not wait for it: %v, %v", ok, err)
+	}
+	clock.add(2 * time.Hour)
+	fake.SetOperationDuration(0)
+	testbed.Eventually(t, 5*time.Second, "the missing rule re-created from the spec", func() (bool, string) {
+		ok, err := b.Repair(ctx, s)
+		fw := fake.Firewall(s.Name)
+		return ok && fw != nil && fw.GetSourceRanges()[0] == "203.0.113.0/24" && fw.GetTargetTags()[0] == s.Name, fmt.Sprint(ok, err, fw)
+	})
+
+	fake.ChangeFirewall("crawl-proj", s.Name, func(f *computepb.Firewall) { f.SourceRanges = []string{"0.0.0.0/0"} })
+	if _, err := b.Repair(ctx, s); err != nil {
 		t.Fatal(err)
 	}
-	if got.Phase != v1alpha1.InstancePhaseProvisioning || got.Host != "" {
-		t.Errorf("a VM without its firewall rule is not Running: %+v", got)
-	}
+	testbed.Eventually(t, 5*time.Second, "the widened rule is reset", func() (bool, string) {
+		fw := fake.Firewall(s.Name)
+		return fw != nil && fw.GetSourceRanges()[0] == "203.0.113.0/24", fmt.Sprint(fw.GetSourceRanges())
+	})
 }
 
 func TestPhase(t *testing.T) {
@@ -229,6 +273,8 @@ func TestPhase(t *testing.T) {
 		"RunningWithIP": {reason: "Running with its external IP.", status: "RUNNING", natIP: "198.51.100.1", want: v1alpha1.InstancePhaseRunning},
 		"RunningNoIP":   {reason: "No empty address is ever published.", status: "RUNNING", want: v1alpha1.InstancePhaseProvisioning},
 		"Stopping":      {reason: "Stopping is terminal for a proxy.", status: "STOPPING", want: v1alpha1.InstancePhaseTerminated},
+		"PendingStop":   {reason: "About to stop.", status: "PENDING_STOP", want: v1alpha1.InstancePhaseTerminated},
+		"Deprovision":   {reason: "Being repossessed.", status: "DEPROVISIONING", want: v1alpha1.InstancePhaseTerminated},
 		"Stopped":       {reason: "Recreated.", status: "STOPPED", want: v1alpha1.InstancePhaseTerminated},
 		"Suspended":     {reason: "Recreated.", status: "SUSPENDED", want: v1alpha1.InstancePhaseTerminated},
 		"Terminated":    {reason: "Recreated.", status: "TERMINATED", natIP: "198.51.100.1", want: v1alpha1.InstancePhaseTerminated},
@@ -243,60 +289,110 @@ func TestPhase(t *testing.T) {
 	}
 }
 
-// TestErrorClasses makes the fake answer with GCP's own error bodies and
-// checks how the backend classifies what the real client library returns.
+// TestErrorClasses makes the fake answer with GCP's own error bodies, at
+// once or in the operation of an accepted insert, and checks how the
+// backend classifies what the real client library returns: the
+// classification table of the README, row by row.
 func TestErrorClasses(t *testing.T) {
+	const zone = "europe-west1-b"
+	createIn := func(change func(*backend.Spec)) func(*gcp.Backend, backend.Spec) error {
+		return func(b *gcp.Backend, s backend.Spec) error {
+			change(&s)
+			_, err := b.Create(context.Background(), s)
+			return err
+		}
+	}
 	cases := map[string]struct {
 		reason  string
 		method  string
 		failure gcpfake.Failure
+		inOp    bool // the failure arrives in the operation
 		call    func(*gcp.Backend, backend.Spec) error
 		want    backend.Class
-		msg     string
+		msg     []string
 	}{
 		"Quota": {
-			reason:  "QUOTA_EXCEEDED on insert is a quota error.",
-			method:  "instances.insert",
-			failure: gcpfake.Failure{Code: http.StatusForbidden, Reason: "quotaExceeded", Message: "Quota 'CPUS' exceeded.  Limit: 8.0 in region europe-west1.", Times: -1},
-			want:    backend.ClassQuota, msg: "Quota 'CPUS' exceeded",
+			reason: "quotaExceeded on insert is a quota error.",
+			method: "instances.insert", failure: gcpfake.Quota("CPUS", "europe-west1"),
+			want: backend.ClassQuota, msg: []string{"Quota 'CPUS' exceeded"},
+		},
+		"QuotaInOperation": {
+			reason: "An insert accepted and then failed for quota is reported from its operation.",
+			method: "instances.insert", failure: gcpfake.QuotaInOperation("IN_USE_ADDRESSES", "europe-west1"), inOp: true,
+			want: backend.ClassQuota, msg: []string{"IN_USE_ADDRESSES"},
+		},
+		"OtherQuota": {
+			reason: "Any *_QUOTA code is quota.",
+			method: "instances.insert", failure: gcpfake.Failure{Code: http.StatusForbidden, Reason: "REGION_QUOTA", Message: "Quota 'SSD_TOTAL_GB' exceeded.", Times: -1}, inOp: true,
+			want: backend.ClassQuota, msg: []string{"SSD_TOTAL_GB"},
+		},
+		"Stockout": {
+			reason: "A stockout arrives in the operation, answered 503; it is transient, and the error names the zone.",
+			method: "instances.insert", failure: gcpfake.Stockout("crawl-proj", zone), inOp: true,
+			want: backend.ClassStockout, msg: []string{"ZONE_RESOURCE_POOL_EXHAUSTED", "zone " + zone, "no capacity"},
+		},
+		"StockoutWithDetails": {
+			reason: "The newer stockout code is a stockout too.",
+			method: "instances.insert", failure: gcpfake.StockoutWithDetails("crawl-proj", zone), inOp: true,
+			want: backend.ClassStockout, msg: []string{"ZONE_RESOURCE_POOL_EXHAUSTED_WITH_DETAILS", "zones/" + zone},
+		},
+		"OrgPolicyExternalIP": {
+			reason: "412 from compute.vmExternalIpAccess is permanent, with GCP's message.",
+			method: "instances.insert", failure: gcpfake.OrgPolicyExternalIP("crawl-proj", zone, "x"),
+			want: backend.ClassPermanent, msg: []string{"constraints/compute.vmExternalIpAccess"},
+		},
+		"OrgPolicyShieldedVM": {
+			reason: "412 from compute.requireShieldedVm is permanent.",
+			method: "instances.insert", failure: gcpfake.OrgPolicyShieldedVM("crawl-proj"),
+			want: backend.ClassPermanent, msg: []string{"constraints/compute.requireShieldedVm"},
+		},
+		"MissingNetwork": {
+			reason: "A 404 on insert names a missing resource: permanent, naming it.",
+			call:   createIn(func(s *backend.Spec) { s.GCP.Network = "global/networks/nope" }),
+			want:   backend.ClassPermanent, msg: []string{"projects/crawl-proj/global/networks/nope", "does not exist"},
+		},
+		"MissingImage": {
+			reason: "A missing image is permanent, naming it.",
+			call:   createIn(func(s *backend.Spec) { s.GCP.Image = "projects/debian-cloud/global/images/family/debian-99" }),
+			want:   backend.ClassPermanent, msg: []string{"family/debian-99"},
+		},
+		"ResourceNotReady": {
+			reason: "400 resourceNotReady (an operation still running) is transient.",
+			method: "firewalls.insert", failure: gcpfake.NotReady("projects/crawl-proj/global/firewalls/x"),
+			want: backend.ClassTransient, msg: []string{"is not ready"},
+		},
+		"AccessNotConfigured": {
+			reason: "403 accessNotConfigured (the API being enabled) is AccessDenied: retried, then permanent.",
+			method: "firewalls.insert", failure: gcpfake.AccessNotConfigured("123456"),
+			want: backend.ClassAccessDenied, msg: []string{"Compute Engine API has not been used"},
+		},
+		"IAMNotPropagated": {
+			reason: "A 403 for a permission (perhaps a grant still propagating) is AccessDenied too.",
+			method: "firewalls.insert", failure: gcpfake.IAMDenied("compute.firewalls.create", "projects/crawl-proj/global/firewalls/x"),
+			want: backend.ClassAccessDenied, msg: []string{"compute.firewalls.create"},
 		},
 		"RateLimited": {
-			reason:  "429 is a quota error too.",
-			method:  "instances.insert",
-			failure: gcpfake.Failure{Code: http.StatusTooManyRequests, Reason: "rateLimitExceeded", Message: "Rate Limit Exceeded", Times: -1},
-			want:    backend.ClassQuota,
+			reason: "429 rateLimitExceeded is throttling: transient with back-off.",
+			method: "instances.insert", failure: gcpfake.RateLimited(),
+			want: backend.ClassThrottled,
 		},
-		"QuotaAfterAccept": {
-			reason:  "An insert accepted and then failed for quota is reported from its operation.",
-			method:  "operations.get",
-			failure: gcpfake.Failure{Code: http.StatusForbidden, Reason: "QUOTA_EXCEEDED", Message: "Quota 'IN_USE_ADDRESSES' exceeded.", Times: -1},
-			want:    backend.ClassQuota, msg: "IN_USE_ADDRESSES",
+		"UserRateLimit403": {
+			reason: "rateLimitExceeded answered 403 is throttling too, not access.",
+			method: "instances.insert", failure: gcpfake.Failure{Code: http.StatusForbidden, Reason: "rateLimitExceeded", Message: "Rate Limit Exceeded", Times: -1},
+			want: backend.ClassThrottled,
 		},
 		"ServerError": {
-			reason:  "5xx is transient.",
-			method:  "instances.insert",
-			failure: gcpfake.Failure{Code: http.StatusServiceUnavailable, Reason: "backendError", Message: "Backend Error", Times: -1},
-			want:    backend.ClassTransient,
+			reason: "5xx is transient.",
+			method: "instances.insert", failure: gcpfake.Failure{Code: http.StatusServiceUnavailable, Reason: "backendError", Message: "Backend Error", Times: -1},
+			want: backend.ClassTransient,
 		},
 		"InvalidMachineType": {
 			reason: "An invalid machine type is permanent, with GCP's message.",
-			method: "instances.insert",
-			call: func(b *gcp.Backend, s backend.Spec) error {
-				s.GCP.MachineType = "bogus"
-				_, err := b.Create(context.Background(), s)
-				return err
-			},
-			want: backend.ClassPermanent, msg: "Machine type with name 'bogus' does not exist",
-		},
-		"Forbidden": {
-			reason:  "A 403 that is not about quota (IAM) is permanent.",
-			method:  "firewalls.insert",
-			failure: gcpfake.Failure{Code: http.StatusForbidden, Reason: "forbidden", Message: "Required 'compute.firewalls.create' permission", Times: -1},
-			want:    backend.ClassPermanent, msg: "compute.firewalls.create",
+			call:   createIn(func(s *backend.Spec) { s.GCP.MachineType = "bogus" }),
+			want:   backend.ClassPermanent, msg: []string{"Machine type with name 'bogus' does not exist"},
 		},
 		"NotFound": {
 			reason: "A missing VM is not found.",
-			method: "instances.get",
 			call: func(b *gcp.Backend, s backend.Spec) error {
 				_, err := b.Get(context.Background(), s.Ref)
 				return err
@@ -307,23 +403,28 @@ func TestErrorClasses(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			fake := gcpfake.Start(t)
-			if tc.failure.Code != 0 {
+			switch {
+			case tc.inOp:
+				fake.FailOperation(tc.method, tc.failure)
+			case tc.failure.Code != 0:
 				fake.Fail(tc.method, tc.failure)
 			}
 			b := newBackend(t, fake, "c1")
 			call := tc.call
 			if call == nil {
-				call = func(b *gcp.Backend, s backend.Spec) error {
-					_, err := b.Create(context.Background(), s)
-					return err
-				}
+				call = createIn(func(*backend.Spec) {})
 			}
 			err := call(b, spec("uid-"+name))
 			if got := backend.ClassOf(err); got != tc.want {
 				t.Errorf("%s\nclass: want %s, got %s (%v)", tc.reason, tc.want, got, err)
 			}
-			if tc.msg != "" && (err == nil || !strings.Contains(err.Error(), tc.msg)) {
-				t.Errorf("%s\nthe error must keep GCP's message %q: %v", tc.reason, tc.msg, err)
+			for _, m := range tc.msg {
+				if err == nil || !strings.Contains(err.Error(), m) {
+					t.Errorf("%s\nthe error must say %q: %v", tc.reason, m, err)
+				}
+			}
+			if tc.inOp && fake.Instances() != 0 {
+				t.Errorf("%s\nthe failed insert leaves no VM", tc.reason)
 			}
 		})
 	}

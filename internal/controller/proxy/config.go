@@ -108,6 +108,9 @@ type Backends struct {
 	// GCPClientOptions are added to every Compute API client, after the
 	// credentials; tests point them at a fake of the API.
 	GCPClientOptions []option.ClientOption
+	// GCPOperationTimeout bounds how long a GCP Create waits for its
+	// insert operations; zero means the backend's default.
+	GCPOperationTimeout time.Duration
 	// Logger for backends.
 	Logger logging.Logger
 
@@ -198,7 +201,7 @@ func (b *Backends) gcpBackend(ctx context.Context, pc *config) (backend.Backend,
 		opts = append(opts, option.WithAuthCredentialsJSON(typ, key))
 	}
 	opts = append(opts, b.GCPClientOptions...)
-	gb, err := gcp.New(ctx, gcp.Config{Project: g.Project, ClusterID: b.ClusterID, ClientOptions: opts})
+	gb, err := gcp.New(ctx, gcp.Config{Project: g.Project, ClusterID: b.ClusterID, ClientOptions: opts, OperationTimeout: b.GCPOperationTimeout})
 	if err != nil {
 		return nil, err
 	}

@@ -24,6 +24,8 @@ const (
 	annotationCreateError      = "egress.crawl.example.com/create-error"
 	annotationNextCreate       = "egress.crawl.example.com/next-create-attempt"
 	annotationCreateGeneration = "egress.crawl.example.com/create-error-generation"
+	// annotationCreateOperation names a creation Create left running.
+	annotationCreateOperation = "egress.crawl.example.com/create-operation"
 )
 
 // Condition reasons of Ready=False.
@@ -113,13 +115,27 @@ func (g createGate) blocked(p *v1alpha1.Proxy, now time.Time) (xpv2.Condition, b
 			return unavailable(xpv2.ConditionReason(backend.ClassPermanent),
 				fmt.Sprintf("create failed permanently and is not retried until the spec changes: %s", g.Message)), true
 		}
-	case backend.ClassQuota:
+	case backend.ClassAccessDenied:
+		if g.Generation == p.GetGeneration() && g.Failures >= backend.AccessDeniedAttempts {
+			return unavailable(xpv2.ConditionReason(backend.ClassPermanent),
+				fmt.Sprintf("access denied %d times in a row, so it is taken as permanent and not retried until the spec changes: %s", g.Failures, g.Message)), true
+		}
+		fallthrough
+	case backend.ClassQuota, backend.ClassStockout, backend.ClassThrottled:
 		if now.Before(g.Next) {
-			return unavailable(xpv2.ConditionReason(backend.ClassQuota),
-				fmt.Sprintf("backend quota exceeded (%d attempts); next create attempt at %s: %s", g.Failures, g.Next.Format(time.RFC3339), g.Message)), true
+			return unavailable(xpv2.ConditionReason(g.Class),
+				fmt.Sprintf("%s (%d attempts); next create attempt at %s: %s", gateWhat[g.Class], g.Failures, g.Next.Format(time.RFC3339), g.Message)), true
 		}
 	}
 	return xpv2.Condition{}, false
+}
+
+// gateWhat says in words what a class of create failure means.
+var gateWhat = map[backend.Class]string{
+	backend.ClassQuota:        "backend quota exceeded",
+	backend.ClassStockout:     "the zone has no capacity for this instance now",
+	backend.ClassThrottled:    "the backend is rate-limiting requests",
+	backend.ClassAccessDenied: "the backend denied access, which may heal once an API is enabled or an IAM grant propagates",
 }
 
 func truncate(s string, n int) string {

@@ -161,20 +161,8 @@ func admitVM(g *v1alpha1.GCPPlacement, pc *config, pol *v1alpha1.GCPPolicy) erro
 			pc.Kind, pc.Name)
 	}
 
-	network, networks := g.Network, pol.AllowedNetworks
-	if network == "" {
-		network = v1alpha1.DefaultGCPNetwork
-	}
-	if len(networks) == 0 {
-		networks = []string{v1alpha1.DefaultGCPNetwork}
-	}
-	want := normalNetwork(network, project)
-	ok := false
-	for _, n := range networks {
-		ok = ok || normalNetwork(n, project) == want
-	}
-	if !ok {
-		return refusal("gcp.network", network, pc, "gcp.allowedNetworks", networks, len(pol.AllowedNetworks) == 0)
+	if err := admitNetwork(g, pc, pol, project); err != nil {
+		return err
 	}
 
 	tags := make([]string, 0, len(pol.AllowedNetworkTags))
@@ -209,6 +197,37 @@ func admitVM(g *v1alpha1.GCPPlacement, pc *config, pol *v1alpha1.GCPPolicy) erro
 	}
 	if !imageAllowed(normalImage(image), normalImages(images)) {
 		return refusal("gcp.image", image, pc, "gcp.allowedImages", images, len(pol.AllowedImages) == 0)
+	}
+	return nil
+}
+
+// admitNetwork checks the VM's network and subnetwork against the policy.
+func admitNetwork(g *v1alpha1.GCPPlacement, pc *config, pol *v1alpha1.GCPPolicy, project string) error {
+	network, networks := g.Network, pol.AllowedNetworks
+	if network == "" {
+		network = v1alpha1.DefaultGCPNetwork
+	}
+	if len(networks) == 0 {
+		networks = []string{v1alpha1.DefaultGCPNetwork}
+	}
+	want := normalNetwork(network, project)
+	ok := false
+	for _, n := range networks {
+		ok = ok || normalNetwork(n, project) == want
+	}
+	if !ok {
+		return refusal("gcp.network", network, pc, "gcp.allowedNetworks", networks, len(pol.AllowedNetworks) == 0)
+	}
+
+	if g.Subnetwork != "" {
+		want := normalSubnetwork(g.Subnetwork, project)
+		ok := false
+		for _, sn := range pol.AllowedSubnetworks {
+			ok = ok || normalSubnetwork(sn, project) == want
+		}
+		if !ok {
+			return refusal("gcp.subnetwork", g.Subnetwork, pc, "gcp.allowedSubnetworks", pol.AllowedSubnetworks, false)
+		}
 	}
 	return nil
 }
@@ -262,6 +281,16 @@ func normalNetwork(s, project string) string {
 	if !strings.Contains(s, "/") {
 		return "global/networks/" + s
 	}
+	if project != "" {
+		s = strings.TrimPrefix(s, "projects/"+project+"/")
+	}
+	return s
+}
+
+// normalSubnetwork writes a subnetwork the way GCP resolves it in
+// project: the API's URL prefix and the project's own prefix are dropped.
+func normalSubnetwork(s, project string) string {
+	s = strings.TrimPrefix(s, computeURL)
 	if project != "" {
 		s = strings.TrimPrefix(s, "projects/"+project+"/")
 	}

@@ -82,7 +82,16 @@ func TestAdmit(t *testing.T) {
 		"VMMachine":              {vm(v1alpha1.GCPInstance{MachineType: "a3-megagpu-8g"}), cluster(vms), `spec.forProvider.gcp.machineType "a3-megagpu-8g"`},
 		"VMMachineSmuggled":      {vm(v1alpha1.GCPInstance{MachineType: "zones/z/machineTypes/n2-highmem-96#/e2-micro"}), cluster(vms), "spec.forProvider.gcp.machineType"},
 		"VMImage":                {vm(v1alpha1.GCPInstance{Image: "projects/debian-cloud/global/images/family/debian-12-evil"}), cluster(vms), "spec.forProvider.gcp.image"},
-		"VMCloudInit":            {vm(v1alpha1.GCPInstance{CloudInit: &v1alpha1.CloudInit{}}), cluster(vms), "spec.policy.gcp.allowCloudInit is false"},
+		"VMSubnetworkByDefault":  {vm(v1alpha1.GCPInstance{Subnetwork: "regions/europe-west1/subnetworks/crawl"}), cluster(vms), `spec.forProvider.gcp.subnetwork "regions/europe-west1/subnetworks/crawl" is not permitted by ClusterProviderConfig platform: its spec.policy.gcp.allowedSubnetworks allows none`},
+		"VMSubnetworkAllowed": {vm(v1alpha1.GCPInstance{Network: "projects/net-host/global/networks/shared", Subnetwork: "https://www.googleapis.com/compute/v1/projects/net-host/regions/europe-west1/subnetworks/crawl"}), cluster(v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendGCP,
+			GCP: &v1alpha1.GCPBackend{Project: "crawl-proj"}, Policy: &v1alpha1.Policy{GCP: &v1alpha1.GCPPolicy{
+				AllowedNetworks: []string{"projects/net-host/global/networks/shared"}, AllowedSubnetworks: []string{"projects/net-host/regions/europe-west1/subnetworks/crawl"},
+			}}}), ""},
+		"VMSubnetworkOtherHost": {vm(v1alpha1.GCPInstance{Network: "projects/net-host/global/networks/shared", Subnetwork: "projects/evil-host/regions/europe-west1/subnetworks/crawl"}), cluster(v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendGCP,
+			GCP: &v1alpha1.GCPBackend{Project: "crawl-proj"}, Policy: &v1alpha1.Policy{GCP: &v1alpha1.GCPPolicy{
+				AllowedNetworks: []string{"projects/net-host/global/networks/shared"}, AllowedSubnetworks: []string{"projects/net-host/regions/europe-west1/subnetworks/crawl"},
+			}}}), "spec.forProvider.gcp.subnetwork"},
+		"VMCloudInit": {vm(v1alpha1.GCPInstance{CloudInit: &v1alpha1.CloudInit{}}), cluster(vms), "spec.policy.gcp.allowCloudInit is false"},
 		"VMCloudInitAllowed": {vm(v1alpha1.GCPInstance{CloudInit: &v1alpha1.CloudInit{}}), cluster(v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendGCP,
 			Policy: &v1alpha1.Policy{GCP: &v1alpha1.GCPPolicy{AllowCloudInit: true}}}), ""},
 	} {

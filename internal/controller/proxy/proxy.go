@@ -408,7 +408,13 @@ func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 		return managed.ExternalObservation{}, err
 	}
 	want := desiredSpec(p, e.pc, e.clusterID, creds, ud)
+	if inst.SpecHash == want.Hash {
+		e.repair(ctx, p, inst, want)
+	}
 	e.observeInstance(ctx, p, inst, creds)
+	if inst.Repair != "" {
+		p.SetConditions(unavailable(ReasonProvisioning, inst.Repair))
+	}
 
 	obs := managed.ExternalObservation{
 		ResourceExists:   true,
@@ -421,6 +427,30 @@ func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 		obs.ConnectionDetails = connectionDetails(inst.Host, inst.Port, creds)
 	}
 	return obs, nil
+}
+
+// repair has the backend put right what the instance depends on outside
+// itself, such as a GCP VM's firewall rule. Until that is in place the
+// instance is not used: it is reported as provisioning, with the reason.
+func (e *external) repair(ctx context.Context, p *v1alpha1.Proxy, inst *backend.Instance, want backend.Spec) {
+	r, ok := e.backend.(backend.Repairer)
+	if !ok || inst.Phase == v1alpha1.InstancePhaseTerminated {
+		return
+	}
+	ready, err := r.Repair(ctx, want)
+	e.countError("repair", err)
+	switch {
+	case err != nil:
+		inst.Repair = fmt.Sprintf("instance %s is not used until its firewall rule is in place: %v", inst.ProviderID, err)
+	case !ready:
+		inst.Repair = fmt.Sprintf("instance %s is not used until its firewall rule, being restored, is in place", inst.ProviderID)
+	default:
+		return
+	}
+	if inst.Phase == v1alpha1.InstancePhaseRunning {
+		e.record.Event(p, event.Warning("RepairingInstance", errors.New(inst.Repair)))
+	}
+	inst.Phase, inst.Host = v1alpha1.InstancePhaseProvisioning, ""
 }
 
 // refuse handles an instance its ProviderConfig no longer permits (the
@@ -667,6 +697,19 @@ func (e *external) Create(ctx context.Context, p *v1alpha1.Proxy) (managed.Exter
 	if err := admit(p, e.pc); err != nil {
 		return managed.ExternalCreation{}, err
 	}
+	// An earlier Create left its creation running, and the instance is
+	// gone now: that creation failed. Report how, and hold off as its
+	// class says, rather than create again blindly.
+	if op := p.GetAnnotations()[annotationCreateOperation]; op != "" {
+		meta.RemoveAnnotations(p, annotationCreateOperation)
+		if oc, ok := e.backend.(backend.OperationChecker); ok {
+			if err := oc.CheckOperation(ctx, instanceRef(p, e.pc), op); err != nil {
+				e.countError("create", err)
+				recordCreateFailure(p, err, e.now())
+				return managed.ExternalCreation{}, errors.Wrapf(err, "the last create failed (%s)", backend.ClassOf(err))
+			}
+		}
+	}
 	inst, err := e.backend.Create(ctx, desiredSpec(p, e.pc, e.clusterID, creds, ud))
 	e.countError("create", err)
 	if err != nil {
@@ -674,6 +717,9 @@ func (e *external) Create(ctx context.Context, p *v1alpha1.Proxy) (managed.Exter
 		return managed.ExternalCreation{}, errors.Wrapf(err, "cannot create instance (%s)", backend.ClassOf(err))
 	}
 	clearCreateFailures(p)
+	if inst.Operation != "" {
+		meta.AddAnnotations(p, map[string]string{annotationCreateOperation: inst.Operation})
+	}
 	meta.SetExternalName(p, inst.ProviderID)
 	return managed.ExternalCreation{}, nil
 }

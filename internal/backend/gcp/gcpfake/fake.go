@@ -1,9 +1,16 @@
 // Package gcpfake is an in-process fake of the parts of the Compute Engine
 // REST API the gcp backend uses: instances (insert, get, delete,
-// aggregatedList with label filters), zone operations and firewalls. It
-// answers with the same JSON bodies and error bodies as GCP, so the real
-// client library runs against it unchanged, and tests can script state
-// transitions and failures.
+// aggregatedList with the documented filter grammar), zone and global
+// operations, firewalls (insert, get, update, delete), and an OAuth token
+// endpoint. It answers with GCP's JSON bodies and error bodies, so the real
+// client library runs against it unchanged.
+//
+// It is as strict as Compute Engine where the backend could go wrong: it
+// validates names, labels, tags, machine types, images, disk types,
+// metadata sizes, networks and subnetworks and firewall ranges; operations
+// stay RUNNING for a while and may fail after the request was accepted;
+// a deleted VM stays STOPPING and keeps its name; and it can demand a
+// bearer token signed by a service-account key.
 package gcpfake
 
 import (
@@ -30,8 +37,11 @@ import (
 type Failure struct {
 	// Code is the HTTP status.
 	Code int
-	// Reason is GCP's machine-readable reason, such as quotaExceeded.
+	// Reason is GCP's machine-readable reason, such as quotaExceeded; in
+	// an operation, its error code, such as QUOTA_EXCEEDED.
 	Reason string
+	// Domain of the reason; empty means GCP's usual one for it.
+	Domain string
 	// Message is GCP's human-readable message.
 	Message string
 	// Times is how many calls fail; a negative number means all of them.
@@ -42,51 +52,133 @@ type Failure struct {
 type Server struct {
 	*httptest.Server
 
-	mu        sync.Mutex
-	now       func() time.Time
-	instances map[string]*computepb.Instance // zone/name
-	firewalls map[string]*computepb.Firewall
-	ops       map[string]*computepb.Operation
-	failures  map[string]*Failure
-	calls     map[string]int
-	seq       int
+	mu          sync.Mutex
+	now         func() time.Time
+	opDuration  time.Duration
+	instances   map[string]*computepb.Instance // zone/name
+	firewalls   map[string]*firewall           // project/name
+	networks    map[string]bool                // projects/P/global/networks/N -> auto mode
+	removed     map[string]bool                // default networks removed
+	subnetworks map[string]string              // projects/P/regions/R/subnetworks/S -> its network
+	ops         map[string]*operation          // name
+	failures    map[string]*Failure
+	opFailures  map[string]*Failure
+	calls       map[string]int
+	seq         int
+	auth        *authority
 	// OnInsert, when set, decides the status a new VM starts in; nil means
 	// PROVISIONING.
 	OnInsert func(vm *computepb.Instance)
 }
 
-// Start starts a fake, stopped with the test.
+// A firewall rule exists once its insert operation is done, and keeps
+// existing, unchangeable, until its delete operation is.
+type firewall struct {
+	fw      *computepb.Firewall
+	ready   bool
+	pending bool // an operation on it is running
+}
+
+// operation is a long-running operation and what happens when it ends.
+type operation struct {
+	op      *computepb.Operation
+	due     time.Time
+	failure *Failure
+	// finish applies the operation's effect; failed says it ended in error.
+	finish func(failed bool)
+}
+
+// DefaultOperationDuration is how long operations run unless a test says
+// otherwise: long enough that a backend which does not wait for them
+// notices.
+const DefaultOperationDuration = 50 * time.Millisecond
+
+// Start starts a fake, stopped with the test. Every project has an
+// auto-mode network named default, as new projects do.
 func Start(t testing.TB) *Server {
 	t.Helper()
 	s := &Server{
-		now: time.Now, instances: map[string]*computepb.Instance{}, firewalls: map[string]*computepb.Firewall{},
-		ops: map[string]*computepb.Operation{}, failures: map[string]*Failure{}, calls: map[string]int{},
+		now: time.Now, opDuration: DefaultOperationDuration,
+		instances: map[string]*computepb.Instance{}, firewalls: map[string]*firewall{},
+		networks: map[string]bool{}, removed: map[string]bool{}, subnetworks: map[string]string{},
+		ops: map[string]*operation{}, failures: map[string]*Failure{}, opFailures: map[string]*Failure{}, calls: map[string]int{},
 	}
 	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
 	t.Cleanup(s.Close)
 	return s
 }
 
-// ClientOptions point the real client library at the fake.
+// ClientOptions point the real client library at the fake, without
+// credentials.
 func (s *Server) ClientOptions() []option.ClientOption {
 	return []option.ClientOption{option.WithEndpoint(s.URL), option.WithoutAuthentication(), option.WithHTTPClient(s.Client())}
 }
 
-// SetClock makes the fake stamp creationTimestamps with now.
+// EndpointOptions point the client library at the fake and leave
+// authentication to the caller's credentials.
+func (s *Server) EndpointOptions() []option.ClientOption {
+	return []option.ClientOption{option.WithEndpoint(s.URL)}
+}
+
+// SetClock makes the fake stamp creationTimestamps, and time operations,
+// with now.
 func (s *Server) SetClock(now func() time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.now = now
 }
 
+// SetOperationDuration sets how long new operations stay RUNNING, and so
+// how long a deleted VM stays STOPPING.
+func (s *Server) SetOperationDuration(d time.Duration) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.opDuration = d
+}
+
+// AddNetwork adds a VPC network: auto mode has a subnetwork in every
+// region; custom mode needs VMs to name one.
+func (s *Server) AddNetwork(project, name string, auto bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.networks[fmt.Sprintf("projects/%s/global/networks/%s", project, name)] = auto
+}
+
+// RemoveNetwork removes a network, as organisations without a default
+// network have.
+func (s *Server) RemoveNetwork(project, name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	key := fmt.Sprintf("projects/%s/global/networks/%s", project, name)
+	delete(s.networks, key)
+	s.removed[key] = true
+}
+
+// AddSubnetwork adds a subnetwork of network (projects/P/global/networks/N)
+// in region.
+func (s *Server) AddSubnetwork(project, region, name, network string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.subnetworks[fmt.Sprintf("projects/%s/regions/%s/subnetworks/%s", project, region, name)] = network
+}
+
 // Fail scripts failures of a method: instances.insert, instances.get,
 // instances.delete, instances.aggregatedList, firewalls.insert,
-// firewalls.get, firewalls.delete, or operations.get (the insert operation
-// then reports the error, as GCP does for failures found after accepting).
+// firewalls.get, firewalls.update, firewalls.delete or operations.get.
 func (s *Server) Fail(method string, f Failure) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.failures[method] = &f
+}
+
+// FailOperation makes the next accepted instances.insert or
+// firewalls.insert end in error: the request is answered with a running
+// operation, which later reports f, as Compute Engine reports quota and
+// stockouts. A VM inserted meanwhile disappears.
+func (s *Server) FailOperation(method string, f Failure) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.opFailures[method] = &f
 }
 
 // Calls returns how often a method was called.
@@ -100,6 +192,7 @@ func (s *Server) Calls(method string) int {
 func (s *Server) SetStatus(zone, name, status, natIP string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.tick()
 	vm, ok := s.instances[zone+"/"+name]
 	if !ok {
 		return false
@@ -120,27 +213,59 @@ func (s *Server) SetStatus(zone, name, status, natIP string) bool {
 func (s *Server) Instance(zone, name string) *computepb.Instance {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.tick()
 	if vm, ok := s.instances[zone+"/"+name]; ok {
 		return proto.Clone(vm).(*computepb.Instance)
 	}
 	return nil
 }
 
-// Instances returns the number of VMs.
+// Instances returns the number of VMs, those being deleted included.
 func (s *Server) Instances() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.tick()
 	return len(s.instances)
 }
 
-// Firewall returns a copy of a firewall rule, or nil.
+// Firewall returns a copy of a firewall rule of any project, or nil.
 func (s *Server) Firewall(name string) *computepb.Firewall {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if fw, ok := s.firewalls[name]; ok {
-		return proto.Clone(fw).(*computepb.Firewall)
+	s.tick()
+	for k, fw := range s.firewalls {
+		if strings.HasSuffix(k, "/"+name) && fw.ready {
+			return proto.Clone(fw.fw).(*computepb.Firewall)
+		}
 	}
 	return nil
+}
+
+// FirewallIn returns a copy of project's firewall rule, or nil.
+func (s *Server) FirewallIn(project, name string) *computepb.Firewall {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tick()
+	if fw, ok := s.firewalls[project+"/"+name]; ok && fw.ready {
+		return proto.Clone(fw.fw).(*computepb.Firewall)
+	}
+	return nil
+}
+
+// DeleteFirewall removes a rule at once, as somebody else might.
+func (s *Server) DeleteFirewall(project, name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.firewalls, project+"/"+name)
+}
+
+// ChangeFirewall edits a rule in place, as somebody else might.
+func (s *Server) ChangeFirewall(project, name string, edit func(*computepb.Firewall)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if fw, ok := s.firewalls[project+"/"+name]; ok {
+		edit(fw.fw)
+	}
 }
 
 // PutInstance stores a VM as it is, for tests that need one the backend did
@@ -152,14 +277,6 @@ func (s *Server) PutInstance(zone string, vm *computepb.Instance) {
 	s.instances[zone+"/"+vm.GetName()] = vm
 }
 
-var (
-	reInstances  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances(?:/([^/]+))?$`)
-	reOperation  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/zones/([^/]+)/operations/([^/]+)$`)
-	reFirewalls  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/global/firewalls(?:/([^/]+))?$`)
-	reAggregated = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/aggregated/instances$`)
-	reLabel      = regexp.MustCompile(`labels\.([a-z0-9_-]+)\s*=\s*"([^"]*)"`)
-)
-
 // Method names of the Compute API calls the fake serves, as Calls and
 // failures name them.
 const (
@@ -170,21 +287,32 @@ const (
 	opOperationsGet   = "operations.get"
 	opFirewallsInsert = "firewalls.insert"
 	opFirewallsGet    = "firewalls.get"
+	opFirewallsUpdate = "firewalls.update"
 	opFirewallsDelete = "firewalls.delete"
+	opToken           = "token"
+)
+
+var (
+	reInstances  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances(?:/([^/]+))?$`)
+	reOperation  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/(?:zones/[^/]+|global)/operations/([^/]+)$`)
+	reFirewalls  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/global/firewalls(?:/([^/]+))?$`)
+	reAggregated = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/aggregated/instances$`)
 )
 
 // route names the API method of a request and returns its path parameters.
 func route(r *http.Request) (string, []string) {
 	switch {
+	case r.URL.Path == tokenPath:
+		return opToken, nil
 	case reInstances.MatchString(r.URL.Path):
 		return map[string]string{http.MethodPost: opInstancesInsert, http.MethodGet: opInstancesGet, http.MethodDelete: opInstancesDelete}[r.Method],
 			reInstances.FindStringSubmatch(r.URL.Path)
-	case reOperation.MatchString(r.URL.Path):
+	case reOperation.MatchString(r.URL.Path) && r.Method == http.MethodGet:
 		return opOperationsGet, reOperation.FindStringSubmatch(r.URL.Path)
 	case reFirewalls.MatchString(r.URL.Path):
-		return map[string]string{http.MethodPost: opFirewallsInsert, http.MethodGet: opFirewallsGet, http.MethodDelete: opFirewallsDelete}[r.Method],
+		return map[string]string{http.MethodPost: opFirewallsInsert, http.MethodGet: opFirewallsGet, http.MethodPut: opFirewallsUpdate, http.MethodDelete: opFirewallsDelete}[r.Method],
 			reFirewalls.FindStringSubmatch(r.URL.Path)
-	case reAggregated.MatchString(r.URL.Path):
+	case reAggregated.MatchString(r.URL.Path) && r.Method == http.MethodGet:
 		return opInstancesList, reAggregated.FindStringSubmatch(r.URL.Path)
 	}
 	return "", nil
@@ -193,86 +321,161 @@ func route(r *http.Request) (string, []string) {
 func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.tick()
 	method, m := route(r)
 	if method == "" {
-		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The requested URL %s was not found on this server.", r.URL.Path))
+		writeError(w, http.StatusNotFound, "notFound", "", fmt.Sprintf("The requested URL %s was not found on this server.", r.URL.Path))
 		return
 	}
 	s.calls[method]++
-	if f := s.failures[method]; f != nil && f.Times != 0 && method != opOperationsGet {
+	if method == opToken {
+		s.token(w, r)
+		return
+	}
+	if !s.authorized(w, r) {
+		return
+	}
+	if f := s.failures[method]; f != nil && f.Times != 0 {
 		if f.Times > 0 {
 			f.Times--
 		}
-		writeError(w, f.Code, f.Reason, f.Message)
+		writeError(w, f.Code, f.Reason, f.Domain, f.Message)
 		return
 	}
-	handlers := map[string]func(){
-		opInstancesInsert: func() { s.insertInstance(w, r, m[1], m[2]) },
-		opInstancesGet:    func() { s.getInstance(w, m[1], m[2], m[3]) },
-		opInstancesDelete: func() { s.deleteInstance(w, m[1], m[2], m[3]) },
-		opInstancesList:   func() { s.aggregatedList(w, r) },
-		opOperationsGet: func() {
-			if op, ok := s.ops[m[3]]; ok {
-				writeProto(w, op)
-				return
-			}
-			writeError(w, http.StatusNotFound, "notFound", "operation not found")
-		},
-		opFirewallsInsert: func() { s.insertFirewall(w, r, m[1]) },
-		opFirewallsGet:    func() { s.getFirewall(w, m[1], m[2]) },
-		opFirewallsDelete: func() { s.deleteFirewall(w, m[1], m[2]) },
+	switch method {
+	case opInstancesInsert:
+		s.insertInstance(w, r, m[1], m[2])
+	case opInstancesGet:
+		s.getInstance(w, m[1], m[2], m[3])
+	case opInstancesDelete:
+		s.deleteInstance(w, m[1], m[2], m[3])
+	case opInstancesList:
+		s.aggregatedList(w, r, m[1])
+	case opOperationsGet:
+		if op, ok := s.ops[m[2]]; ok {
+			writeProto(w, op.op)
+			return
+		}
+		writeError(w, http.StatusNotFound, "notFound", "", fmt.Sprintf("The resource 'projects/%s/global/operations/%s' was not found", m[1], m[2]))
+	case opFirewallsInsert:
+		s.insertFirewall(w, r, m[1])
+	case opFirewallsGet:
+		s.getFirewall(w, m[1], m[2])
+	case opFirewallsUpdate:
+		s.updateFirewall(w, r, m[1], m[2])
+	case opFirewallsDelete:
+		s.deleteFirewall(w, m[1], m[2])
 	}
-	handlers[method]()
+}
+
+// tick ends the operations that are due.
+func (s *Server) tick() {
+	names := make([]string, 0, len(s.ops))
+	for n := range s.ops {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		op := s.ops[n]
+		if op.op.GetStatus() == computepb.Operation_DONE || s.now().Before(op.due) {
+			continue
+		}
+		op.op.Status, op.op.Progress = ptr.To(computepb.Operation_DONE), ptr.To(int32(100))
+		op.op.EndTime = ptr.To(s.now().Format(time.RFC3339Nano))
+		if f := op.failure; f != nil {
+			op.op.Error = &computepb.Error{Errors: []*computepb.Errors{{Code: ptr.To(f.Reason), Message: ptr.To(f.Message)}}}
+			op.op.HttpErrorStatusCode = ptr.To(int32(f.Code))
+			op.op.HttpErrorMessage = ptr.To(strings.ToUpper(http.StatusText(f.Code)))
+		}
+		if op.finish != nil {
+			op.finish(op.failure != nil)
+		}
+	}
+}
+
+// startOp starts an operation on target; finish runs when it ends.
+func (s *Server) startOp(project, zone, kind, target string, failure *Failure, finish func(failed bool)) *computepb.Operation {
+	s.seq++
+	now := s.now()
+	op := &computepb.Operation{
+		Name:          ptr.To(fmt.Sprintf("operation-%d-%d", now.UnixMilli(), s.seq)),
+		OperationType: ptr.To(kind),
+		Status:        ptr.To(computepb.Operation_RUNNING),
+		Progress:      ptr.To(int32(0)),
+		InsertTime:    ptr.To(now.Format(time.RFC3339Nano)),
+		StartTime:     ptr.To(now.Format(time.RFC3339Nano)),
+		TargetLink:    ptr.To(target),
+		SelfLink:      ptr.To(fmt.Sprintf("%s/compute/v1/projects/%s/global/operations/%d", s.URL, project, s.seq)),
+	}
+	if zone != "" {
+		op.Zone = ptr.To(s.URL + "/compute/v1/projects/" + project + "/zones/" + zone)
+		op.SelfLink = ptr.To(fmt.Sprintf("%s/compute/v1/projects/%s/zones/%s/operations/%s", s.URL, project, zone, op.GetName()))
+	}
+	s.ops[op.GetName()] = &operation{op: op, due: now.Add(s.opDuration), failure: failure, finish: finish}
+	s.tick()
+	return proto.Clone(op).(*computepb.Operation)
+}
+
+// takeOpFailure returns the failure scripted for method's next operation.
+func (s *Server) takeOpFailure(method string) *Failure {
+	f := s.opFailures[method]
+	if f == nil || f.Times == 0 {
+		return nil
+	}
+	if f.Times > 0 {
+		f.Times--
+	}
+	c := *f
+	return &c
+}
+
+func notFound(w http.ResponseWriter, resource string) {
+	writeError(w, http.StatusNotFound, "notFound", "", fmt.Sprintf("The resource '%s' was not found", resource))
+}
+
+func notReady(w http.ResponseWriter, resource string) {
+	writeError(w, http.StatusBadRequest, "resourceNotReady", "", fmt.Sprintf("The resource '%s' is not ready", resource))
 }
 
 func (s *Server) getInstance(w http.ResponseWriter, project, zone, name string) {
 	vm, ok := s.instances[zone+"/"+name]
 	if !ok {
-		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The resource 'projects/%s/zones/%s/instances/%s' was not found", project, zone, name))
+		notFound(w, fmt.Sprintf("projects/%s/zones/%s/instances/%s", project, zone, name))
 		return
 	}
 	writeProto(w, vm)
 }
 
+// deleteInstance stops the VM; it keeps its name, STOPPING, until the
+// operation ends.
 func (s *Server) deleteInstance(w http.ResponseWriter, project, zone, name string) {
-	if _, ok := s.instances[zone+"/"+name]; !ok {
-		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The resource 'projects/%s/zones/%s/instances/%s' was not found", project, zone, name))
+	key := zone + "/" + name
+	vm, ok := s.instances[key]
+	resource := fmt.Sprintf("projects/%s/zones/%s/instances/%s", project, zone, name)
+	switch {
+	case !ok:
+		notFound(w, resource)
+		return
+	case vm.GetStatus() == "STOPPING" || vm.GetStatus() == "PROVISIONING" && s.pendingOn(vm.GetSelfLink()):
+		notReady(w, resource)
 		return
 	}
-	delete(s.instances, zone+"/"+name)
-	writeProto(w, s.op(project, zone, "delete", name, nil))
+	vm.Status = ptr.To("STOPPING")
+	writeProto(w, s.startOp(project, zone, "delete", vm.GetSelfLink(), nil, func(bool) {
+		if s.instances[key] == vm {
+			delete(s.instances, key)
+		}
+	}))
 }
 
-func (s *Server) insertFirewall(w http.ResponseWriter, r *http.Request, project string) {
-	fw := &computepb.Firewall{}
-	if !readProto(w, r, fw) {
-		return
+// pendingOn reports whether an operation on target is running.
+func (s *Server) pendingOn(target string) bool {
+	for _, op := range s.ops {
+		if op.op.GetTargetLink() == target && op.op.GetStatus() != computepb.Operation_DONE {
+			return true
+		}
 	}
-	if _, ok := s.firewalls[fw.GetName()]; ok {
-		writeError(w, http.StatusConflict, "alreadyExists", fmt.Sprintf("The resource 'projects/%s/global/firewalls/%s' already exists", project, fw.GetName()))
-		return
-	}
-	fw.CreationTimestamp = ptr.To(s.now().Format(time.RFC3339))
-	s.firewalls[fw.GetName()] = fw
-	writeProto(w, s.op(project, "", "insert", fw.GetName(), nil))
-}
-
-func (s *Server) getFirewall(w http.ResponseWriter, project, name string) {
-	fw, ok := s.firewalls[name]
-	if !ok {
-		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The resource 'projects/%s/global/firewalls/%s' was not found", project, name))
-		return
-	}
-	writeProto(w, fw)
-}
-
-func (s *Server) deleteFirewall(w http.ResponseWriter, project, name string) {
-	if _, ok := s.firewalls[name]; !ok {
-		writeError(w, http.StatusNotFound, "notFound", fmt.Sprintf("The resource 'projects/%s/global/firewalls/%s' was not found", project, name))
-		return
-	}
-	delete(s.firewalls, name)
-	writeProto(w, s.op(project, "", "delete", name, nil))
+	return false
 }
 
 func (s *Server) insertInstance(w http.ResponseWriter, r *http.Request, project, zone string) {
@@ -280,35 +483,13 @@ func (s *Server) insertInstance(w http.ResponseWriter, r *http.Request, project,
 	if !readProto(w, r, vm) {
 		return
 	}
-	for _, check := range []struct {
-		bad bool
-		msg string
-	}{
-		{vm.GetName() == "", "Invalid value for field 'resource.name': ''. Must be a match of regex '(?:[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?)'"},
-		{!strings.HasPrefix(vm.GetMachineType(), "zones/"+zone+"/machineTypes/") || strings.HasSuffix(vm.GetMachineType(), "/bogus"), fmt.Sprintf("Invalid value for field 'resource.machineType': '%s'. Machine type with name 'bogus' does not exist in zone '%s'.", vm.GetMachineType(), zone)},
-	} {
-		if check.bad {
-			writeError(w, http.StatusBadRequest, "invalid", check.msg)
-			return
-		}
+	if bad := s.checkInstance(project, zone, vm); bad != nil {
+		bad.write(w)
+		return
 	}
 	key := zone + "/" + vm.GetName()
 	if _, ok := s.instances[key]; ok {
-		writeError(w, http.StatusConflict, "alreadyExists", fmt.Sprintf("The resource 'projects/%s/zones/%s/instances/%s' already exists", project, zone, vm.GetName()))
-		return
-	}
-	var opErr *computepb.Error
-	if f := s.failures["operations.get"]; f != nil && f.Times != 0 {
-		// Accepted, then failed: the operation carries the error and no VM
-		// appears.
-		if f.Times > 0 {
-			f.Times--
-		}
-		opErr = &computepb.Error{Errors: []*computepb.Errors{{Code: ptr.To(strings.ToUpper(f.Reason)), Message: ptr.To(f.Message)}}}
-		op := s.op(project, zone, "insert", vm.GetName(), opErr)
-		op.HttpErrorStatusCode = ptr.To(int32(f.Code))
-		op.HttpErrorMessage = ptr.To(http.StatusText(f.Code))
-		writeProto(w, op)
+		writeError(w, http.StatusConflict, "alreadyExists", "", fmt.Sprintf("The resource 'projects/%s/zones/%s/instances/%s' already exists", project, zone, vm.GetName()))
 		return
 	}
 	s.seq++
@@ -321,15 +502,21 @@ func (s *Server) insertInstance(w http.ResponseWriter, r *http.Request, project,
 		s.OnInsert(vm)
 	}
 	s.instances[key] = vm
-	writeProto(w, s.op(project, zone, "insert", vm.GetName(), nil))
+	writeProto(w, s.startOp(project, zone, "insert", vm.GetSelfLink(), s.takeOpFailure(opInstancesInsert), func(failed bool) {
+		if failed && s.instances[key] == vm {
+			delete(s.instances, key)
+		}
+	}))
 }
 
-// aggregatedList honours filters of the form labels.K = "V" [AND ...],
-// which is what the backend sends.
-func (s *Server) aggregatedList(w http.ResponseWriter, r *http.Request) {
-	want := map[string]string{}
-	for _, m := range reLabel.FindAllStringSubmatch(r.URL.Query().Get("filter"), -1) {
-		want[m[1]] = m[2]
+// aggregatedList answers with the project's VMs the filter selects, by
+// zone; a filter it cannot parse is refused, as the API refuses it.
+func (s *Server) aggregatedList(w http.ResponseWriter, r *http.Request, project string) {
+	raw := r.URL.Query().Get("filter")
+	f, err := parseFilter(raw)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid", "", fmt.Sprintf("Invalid value for field 'filter': '%s'. Invalid list filter expression: %v", raw, err))
+		return
 	}
 	items := map[string]*computepb.InstancesScopedList{}
 	keys := make([]string, 0, len(s.instances))
@@ -339,13 +526,10 @@ func (s *Server) aggregatedList(w http.ResponseWriter, r *http.Request) {
 	sort.Strings(keys)
 	for _, k := range keys {
 		vm := s.instances[k]
-		match := true
-		for lk, lv := range want {
-			if vm.GetLabels()[lk] != lv {
-				match = false
-			}
-		}
-		if !match {
+		b, _ := protojson.Marshal(vm)
+		var obj map[string]any
+		_ = json.Unmarshal(b, &obj)
+		if !f.match(obj) {
 			continue
 		}
 		zone := "zones/" + strings.SplitN(k, "/", 2)[0]
@@ -354,33 +538,107 @@ func (s *Server) aggregatedList(w http.ResponseWriter, r *http.Request) {
 		}
 		items[zone].Instances = append(items[zone].Instances, vm)
 	}
-	writeProto(w, &computepb.InstanceAggregatedList{Id: ptr.To("projects/p/aggregated/instances"), Items: items})
+	writeProto(w, &computepb.InstanceAggregatedList{Id: ptr.To("projects/" + project + "/aggregated/instances"), Items: items})
 }
 
-func (s *Server) op(project, zone, kind, target string, opErr *computepb.Error) *computepb.Operation {
-	s.seq++
-	op := &computepb.Operation{
-		Name:          ptr.To(fmt.Sprintf("operation-%d", s.seq)),
-		OperationType: ptr.To(kind),
-		Status:        ptr.To(computepb.Operation_DONE),
-		Progress:      ptr.To(int32(100)),
-		TargetLink:    ptr.To(target),
-		Error:         opErr,
+func (s *Server) insertFirewall(w http.ResponseWriter, r *http.Request, project string) {
+	fw := &computepb.Firewall{}
+	if !readProto(w, r, fw) {
+		return
 	}
-	if zone != "" {
-		op.Zone = ptr.To(s.URL + "/compute/v1/projects/" + project + "/zones/" + zone)
-		s.ops[op.GetName()] = op
+	if bad := s.checkFirewall(project, fw); bad != nil {
+		bad.write(w)
+		return
 	}
-	return op
+	key := project + "/" + fw.GetName()
+	if _, ok := s.firewalls[key]; ok {
+		writeError(w, http.StatusConflict, "alreadyExists", "", fmt.Sprintf("The resource 'projects/%s/global/firewalls/%s' already exists", project, fw.GetName()))
+		return
+	}
+	fw.CreationTimestamp = ptr.To(s.now().Format(time.RFC3339))
+	fw.SelfLink = ptr.To(fmt.Sprintf("%s/compute/v1/projects/%s/global/firewalls/%s", s.URL, project, fw.GetName()))
+	e := &firewall{fw: fw, pending: true}
+	s.firewalls[key] = e
+	writeProto(w, s.startOp(project, "", "insert", fw.GetSelfLink(), s.takeOpFailure(opFirewallsInsert), func(failed bool) {
+		e.pending = false
+		if failed {
+			delete(s.firewalls, key)
+			return
+		}
+		e.ready = true
+	}))
+}
+
+func (s *Server) getFirewall(w http.ResponseWriter, project, name string) {
+	fw, ok := s.firewalls[project+"/"+name]
+	if !ok || !fw.ready {
+		notFound(w, fmt.Sprintf("projects/%s/global/firewalls/%s", project, name))
+		return
+	}
+	writeProto(w, fw.fw)
+}
+
+// updateFirewall replaces a rule once the operation ends; a rule with an
+// operation running is not ready.
+func (s *Server) updateFirewall(w http.ResponseWriter, r *http.Request, project, name string) {
+	next := &computepb.Firewall{}
+	if !readProto(w, r, next) {
+		return
+	}
+	resource := fmt.Sprintf("projects/%s/global/firewalls/%s", project, name)
+	e, ok := s.firewalls[project+"/"+name]
+	switch {
+	case !ok || !e.ready && !e.pending:
+		notFound(w, resource)
+		return
+	case e.pending:
+		notReady(w, resource)
+		return
+	case next.GetName() != name:
+		writeError(w, http.StatusBadRequest, "invalid", "", fmt.Sprintf("Invalid value for field 'resource.name': '%s'. Must match the rule being updated.", next.GetName()))
+		return
+	}
+	if bad := s.checkFirewall(project, next); bad != nil {
+		bad.write(w)
+		return
+	}
+	e.pending = true
+	writeProto(w, s.startOp(project, "", "update", e.fw.GetSelfLink(), nil, func(bool) {
+		e.pending = false
+		next.CreationTimestamp, next.SelfLink = e.fw.CreationTimestamp, e.fw.SelfLink
+		e.fw = next
+	}))
+}
+
+// deleteFirewall removes a rule once the operation ends; until then it
+// exists, and a new rule of its name is refused.
+func (s *Server) deleteFirewall(w http.ResponseWriter, project, name string) {
+	key := project + "/" + name
+	e, ok := s.firewalls[key]
+	resource := fmt.Sprintf("projects/%s/global/firewalls/%s", project, name)
+	switch {
+	case !ok || !e.ready && !e.pending:
+		notFound(w, resource)
+		return
+	case e.pending:
+		notReady(w, resource)
+		return
+	}
+	e.pending = true
+	writeProto(w, s.startOp(project, "", "delete", e.fw.GetSelfLink(), nil, func(bool) {
+		if s.firewalls[key] == e {
+			delete(s.firewalls, key)
+		}
+	}))
 }
 
 func readProto(w http.ResponseWriter, r *http.Request, m proto.Message) bool {
 	b, err := io.ReadAll(r.Body)
 	if err == nil {
-		err = protojson.UnmarshalOptions{DiscardUnknown: true}.Unmarshal(b, m)
+		err = protojson.UnmarshalOptions{}.Unmarshal(b, m)
 	}
 	if err != nil {
-		writeError(w, http.StatusBadRequest, "parseError", "Parse Error: "+err.Error())
+		writeError(w, http.StatusBadRequest, "parseError", "", "Parse Error: "+err.Error())
 		return false
 	}
 	return true
@@ -396,16 +654,34 @@ func writeProto(w http.ResponseWriter, m proto.Message) {
 	_, _ = w.Write(b)
 }
 
+// domains are the error domains GCP answers reasons with.
+var domains = map[string]string{
+	"quotaExceeded": domainUsageLimits, "rateLimitExceeded": domainUsageLimits, "userRateLimitExceeded": domainUsageLimits,
+	"accessNotConfigured": domainUsageLimits,
+}
+
+// GCP's error domains and the reason of organisation-policy refusals.
+const (
+	domainUsageLimits     = "usageLimits"
+	domainGlobal          = "global"
+	reasonConditionNotMet = "conditionNotMet"
+)
+
 // writeError answers with GCP's JSON error body.
-func writeError(w http.ResponseWriter, code int, reason, msg string) {
-	domain := "global"
-	if reason == "quotaExceeded" || reason == "rateLimitExceeded" {
-		domain = "usageLimits"
+func writeError(w http.ResponseWriter, code int, reason, domain, msg string) {
+	if domain == "" {
+		domain = domains[reason]
+	}
+	if domain == "" {
+		domain = domainGlobal
+	}
+	item := map[string]any{"message": msg, "domain": domain, "reason": reason}
+	if reason == reasonConditionNotMet {
+		item["location"], item["locationType"] = "If-Match", "header"
 	}
 	w.Header().Set("Content-Type", "application/json; charset=UTF-8")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{
-		"code": code, "message": msg,
-		"errors": []any{map[string]any{"message": msg, "domain": domain, "reason": reason}},
+		"code": code, "message": msg, "errors": []any{item},
 	}})
 }

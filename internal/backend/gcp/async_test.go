@@ -1,0 +1,211 @@
+package gcp_test
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/api/option"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp/gcpfake"
+)
+
+// fakeClock is the fake's time, moved by the test.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) add(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+func frozen(fake *gcpfake.Server) *fakeClock {
+	c := &fakeClock{t: time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)}
+	fake.SetClock(c.now)
+	return c
+}
+
+// TestOperationsWaited: Create waits for the insert operations, so that an
+// error Compute Engine finds after accepting the insert is reported; an
+// insert that outlasts the wait is returned as running, and CheckOperation
+// later reports how it ended instead of a blind re-create.
+func TestOperationsWaited(t *testing.T) {
+	ctx := context.Background()
+
+	t.Run("WaitsForBoth", func(t *testing.T) {
+		fake := gcpfake.Start(t)
+		fake.SetOperationDuration(300 * time.Millisecond)
+		b := newBackend(t, fake, "c1")
+		s := spec("uid-wait")
+		inst, err := b.Create(ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if inst.Operation != "" || fake.Calls("operations.get") < 2 {
+			t.Errorf("Create waits for the firewall and VM inserts: operation %q left, %d polls", inst.Operation, fake.Calls("operations.get"))
+		}
+		if fake.Firewall(s.Name) == nil {
+			t.Error("the firewall rule exists once Create returns")
+		}
+	})
+
+	t.Run("OutlastsTheWait", func(t *testing.T) {
+		fake := gcpfake.Start(t)
+		clock := frozen(fake)
+		fake.SetOperationDuration(10 * time.Minute)
+		b, err := gcp.New(ctx, gcp.Config{Project: "crawl-proj", ClusterID: "c1", ClientOptions: fake.ClientOptions(), OperationTimeout: 300 * time.Millisecond})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = b.Close() }()
+		s := spec("uid-slow")
+		fake.FailOperation("instances.insert", gcpfake.Stockout("crawl-proj", s.Zone))
+		inst, err := b.Create(ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if inst.Operation == "" || inst.Phase != v1alpha1.InstancePhaseProvisioning {
+			t.Fatalf("an insert still running when the wait ends is returned as running, with its operation: %+v", inst)
+		}
+		if err := b.CheckOperation(ctx, s.Ref, inst.Operation); err != nil {
+			t.Errorf("a running operation has no error yet: %v", err)
+		}
+		clock.add(11 * time.Minute)
+		if _, err := b.Get(ctx, s.Ref); !backend.IsNotFound(err) {
+			t.Fatalf("the VM of a failed insert disappears: %v", err)
+		}
+		err = b.CheckOperation(ctx, s.Ref, inst.Operation)
+		if backend.ClassOf(err) != backend.ClassStockout || !strings.Contains(err.Error(), "ZONE_RESOURCE_POOL_EXHAUSTED") || !strings.Contains(err.Error(), inst.Operation) {
+			t.Errorf("the failed insert is reported, classified, naming its operation: %v", err)
+		}
+		if err := b.CheckOperation(ctx, s.Ref, "operation-gone"); err != nil {
+			t.Errorf("an operation GCP no longer knows says nothing: %v", err)
+		}
+	})
+
+	t.Run("Cancellable", func(t *testing.T) {
+		fake := gcpfake.Start(t)
+		fake.SetOperationDuration(time.Hour)
+		b := newBackend(t, fake, "c1")
+		cctx, cancel := context.WithTimeout(ctx, 6*time.Second)
+		defer cancel()
+		start := time.Now()
+		inst, err := b.Create(cctx, spec("uid-cancel"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Errorf("the wait leaves the caller's deadline room to record the outcome: took %s of 6s", time.Since(start))
+		}
+		if inst.Operation == "" {
+			t.Error("the VM insert, cut short by the deadline, is returned as running")
+		}
+	})
+}
+
+// TestNameReuse: a VM being deleted keeps its name, STOPPING, and an insert
+// of that name answers 409; Create must not take that VM for its own.
+func TestNameReuse(t *testing.T) {
+	ctx := context.Background()
+	fake := gcpfake.Start(t)
+	clock := frozen(fake)
+	fake.SetOperationDuration(time.Minute)
+	b, err := gcp.New(ctx, gcp.Config{Project: "crawl-proj", ClusterID: "c1", ClientOptions: fake.ClientOptions(), OperationTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = b.Close() }()
+	s := spec("uid-reuse")
+	if _, err := b.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	clock.add(2 * time.Minute)
+	if err := b.Delete(ctx, s.Ref); err != nil {
+		t.Fatal(err)
+	}
+	if vm := fake.Instance(s.Zone, s.Name); vm.GetStatus() != "STOPPING" {
+		t.Fatalf("a deleted VM stays STOPPING for a while: %v", vm.GetStatus())
+	}
+
+	_, err = b.Create(ctx, s)
+	if backend.ClassOf(err) != backend.ClassTransient || !strings.Contains(err.Error(), "still being deleted") {
+		t.Fatalf("a 409 for a STOPPING VM is transient, not 'mine': %v", err)
+	}
+	clock.add(2 * time.Minute)
+	if _, err := b.Create(ctx, s); err != nil {
+		t.Fatalf("once the old VM is gone the name is free: %v", err)
+	}
+	// The old rule's delete finished after the new Create found a rule of
+	// its name in place: the new VM has none until Repair restores it.
+	if fake.Firewall(s.Name) != nil {
+		t.Fatal("the new rule is still being inserted")
+	}
+	if ok, _ := b.Repair(ctx, s); ok {
+		t.Error("a VM whose rule is not in place is not repaired yet")
+	}
+	clock.add(2 * time.Minute)
+	if ok, err := b.Repair(ctx, s); !ok || err != nil {
+		t.Errorf("the rule is in place once its insert is done: %v, %v", ok, err)
+	}
+
+	newer := s
+	newer.Hash = "def456"
+	_, err = b.Create(ctx, newer)
+	if backend.ClassOf(err) != backend.ClassTransient || !strings.Contains(err.Error(), "earlier spec") {
+		t.Errorf("a 409 for a VM of another spec hash is not this spec's VM: %v", err)
+	}
+	other := spec("uid-reuse")
+	other.Owner.UID = "someone-else"
+	_, err = b.Create(ctx, other)
+	if backend.ClassOf(err) != backend.ClassTransient || !strings.Contains(err.Error(), "does not own") {
+		t.Errorf("a 409 for a VM of another owner is not adopted: %v", err)
+	}
+	inst, err := b.Create(ctx, s)
+	if err != nil || inst.SpecHash != s.Hash || inst.Owner.UID != s.Owner.UID {
+		t.Errorf("a 409 for this Proxy's VM of this spec is adopted: %+v, %v", inst, err)
+	}
+}
+
+// TestCredentials runs the credentials path for real: the fake demands a
+// bearer token signed by a service-account key, and the backend gets one
+// from the key the ProviderConfig would give it.
+func TestCredentials(t *testing.T) {
+	ctx := context.Background()
+	fake := gcpfake.Start(t)
+	key, err := fake.RequireAuth()
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts := append([]option.ClientOption{option.WithAuthCredentialsJSON(option.ServiceAccount, key)}, fake.EndpointOptions()...)
+	b, err := gcp.New(ctx, gcp.Config{Project: "crawl-proj", ClusterID: "c1", ClientOptions: opts})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = b.Close() }()
+	if _, err := b.Create(ctx, spec("uid-auth")); err != nil {
+		t.Fatalf("a valid service-account key authenticates: %v", err)
+	}
+	if fake.Authenticated() == 0 {
+		t.Error("the fake saw no authenticated request")
+	}
+
+	anon := newBackend(t, fake, "c1")
+	_, err = anon.Get(ctx, spec("uid-auth").Ref)
+	if backend.ClassOf(err) != backend.ClassAccessDenied {
+		t.Errorf("a request without credentials is refused, as AccessDenied: %v", err)
+	}
+}

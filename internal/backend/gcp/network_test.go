@@ -1,0 +1,128 @@
+package gcp_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp/gcpfake"
+)
+
+// TestNetworks: custom-mode VPCs need a subnetwork, a Shared VPC's
+// subnetwork lives in the host project, whose network then takes the
+// firewall rule, and organisations may have no default network at all.
+func TestNetworks(t *testing.T) {
+	ctx := context.Background()
+
+	t.Run("NoDefaultNetwork", func(t *testing.T) {
+		fake := gcpfake.Start(t)
+		fake.RemoveNetwork("crawl-proj", "default")
+		_, err := newBackend(t, fake, "c1").Create(ctx, spec("uid-nodefault"))
+		if backend.ClassOf(err) != backend.ClassPermanent || !strings.Contains(err.Error(), "projects/crawl-proj/global/networks/default") {
+			t.Errorf("a project without the default network is a permanent error naming it: %v", err)
+		}
+		if fake.Instances() != 0 {
+			t.Error("nothing is created")
+		}
+	})
+
+	t.Run("CustomModeNeedsSubnetwork", func(t *testing.T) {
+		fake := gcpfake.Start(t)
+		fake.AddNetwork("crawl-proj", "crawl-vpc", false)
+		fake.AddSubnetwork("crawl-proj", "europe-west1", "proxies", "projects/crawl-proj/global/networks/crawl-vpc")
+		b := newBackend(t, fake, "c1")
+		s := spec("uid-custom")
+		s.GCP.Network = "global/networks/crawl-vpc"
+		_, err := b.Create(ctx, s)
+		if backend.ClassOf(err) != backend.ClassPermanent || !strings.Contains(err.Error(), "Subnetwork should be specified") {
+			t.Errorf("a custom-mode network without a subnetwork is refused by GCP, permanently: %v", err)
+		}
+		s.GCP.Subnetwork = "regions/europe-west1/subnetworks/proxies"
+		if _, err := b.Create(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		vm := fake.Instance(s.Zone, s.Name)
+		if ni := vm.GetNetworkInterfaces()[0]; ni.GetSubnetwork() != "regions/europe-west1/subnetworks/proxies" || ni.GetNetwork() != "projects/crawl-proj/global/networks/crawl-vpc" {
+			t.Errorf("the VM attaches to the subnetwork of its network: %v", ni)
+		}
+		if fw := fake.FirewallIn("crawl-proj", s.Name); fw == nil || fw.GetNetwork() != "projects/crawl-proj/global/networks/crawl-vpc" {
+			t.Errorf("the rule is on the VM's network: %v", fw)
+		}
+	})
+
+	t.Run("SharedVPC", func(t *testing.T) {
+		fake := gcpfake.Start(t)
+		fake.AddNetwork("net-host", "shared", false)
+		fake.AddSubnetwork("net-host", "europe-west1", "crawl", "projects/net-host/global/networks/shared")
+		b := newBackend(t, fake, "c1")
+		s := spec("uid-shared")
+		s.GCP.Subnetwork = "projects/net-host/regions/europe-west1/subnetworks/crawl"
+		s.GCP.Network = "global/networks/default"
+		_, err := b.Create(ctx, s)
+		if backend.ClassOf(err) != backend.ClassPermanent || !strings.Contains(err.Error(), "host project's network") {
+			t.Errorf("a host subnetwork with the service project's network is refused before anything is made: %v", err)
+		}
+		s.GCP.Network = "projects/net-host/global/networks/shared"
+		if _, err := b.Create(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		if fake.FirewallIn("net-host", s.Name) == nil || fake.FirewallIn("crawl-proj", s.Name) != nil {
+			t.Error("the rule of a Shared VPC VM is made in the host project, on its network")
+		}
+		if err := b.Delete(ctx, s.Ref); err != nil {
+			t.Fatal(err)
+		}
+		if fake.FirewallIn("net-host", s.Name) != nil {
+			t.Error("Delete removes the host project's rule: nothing leaks")
+		}
+	})
+
+	t.Run("SubnetworkOfAnotherRegion", func(t *testing.T) {
+		fake := gcpfake.Start(t)
+		fake.AddSubnetwork("crawl-proj", "us-central1", "far", "projects/crawl-proj/global/networks/default")
+		s := spec("uid-region")
+		s.GCP.Subnetwork = "regions/us-central1/subnetworks/far"
+		_, err := newBackend(t, fake, "c1").Create(ctx, s)
+		if backend.ClassOf(err) != backend.ClassPermanent || !strings.Contains(err.Error(), "does not match the instance region") {
+			t.Errorf("a subnetwork of another region is refused: %v", err)
+		}
+	})
+
+	t.Run("IPv6Ranges", func(t *testing.T) {
+		fake := gcpfake.Start(t)
+		s := spec("uid-v6")
+		s.AllowedSourceRanges = []string{"203.0.113.0/24", "2001:db8::/32"}
+		_, err := newBackend(t, fake, "c1").Create(ctx, s)
+		if backend.ClassOf(err) != backend.ClassPermanent || !strings.Contains(err.Error(), "IPv4 ranges only") {
+			t.Errorf("IPv6 source ranges are refused before GCP sees them: %v", err)
+		}
+	})
+}
+
+// TestStartupConfigKey: cloud-init reads #cloud-config from user-data; the
+// guest agent runs scripts from startup-script.
+func TestStartupConfigKey(t *testing.T) {
+	cases := map[string]struct {
+		userData, key string
+	}{
+		"Generated":   {key: "startup-script"},
+		"CloudConfig": {userData: "#cloud-config\npackages: [squid]\n", key: "user-data"},
+		"Indented":    {userData: "\n#cloud-config\nruncmd: []\n", key: "user-data"},
+		"Script":      {userData: "#!/bin/bash\napt-get install -y squid\n", key: "startup-script"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			fake := gcpfake.Start(t)
+			s := spec("uid-key-" + strings.ToLower(name))
+			s.UserData = tc.userData
+			if _, err := newBackend(t, fake, "c1").Create(context.Background(), s); err != nil {
+				t.Fatal(err)
+			}
+			items := fake.Instance(s.Zone, s.Name).GetMetadata().GetItems()
+			if len(items) != 1 || items[0].GetKey() != tc.key {
+				t.Errorf("want the start-up configuration under %s, got %v", tc.key, items)
+			}
+		})
+	}
+}
