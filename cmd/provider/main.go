@@ -50,6 +50,7 @@ type CLI struct {
 	GCInterval              time.Duration `name:"gc-interval" help:"How often the orphan collector looks for instances whose Proxy is gone." default:"10m" env:"GC_INTERVAL"`
 	GCGracePeriod           time.Duration `name:"gc-grace-period" help:"How old an orphaned instance must be before it is deleted." default:"15m" env:"GC_GRACE_PERIOD"`
 	GCDryRun                bool          `name:"gc-dry-run" help:"Only log, count and record events for orphans; delete nothing." default:"false" env:"GC_DRY_RUN"`
+	GCPOperationTimeout     time.Duration `name:"gcp-operation-timeout" help:"How long a GCP create waits for its insert operations, where Compute Engine reports quota errors and stockouts; never past the reconcile's deadline. An insert still running then is checked by the next create." default:"2m" env:"GCP_OPERATION_TIMEOUT"`
 	RefusedGrace            time.Duration `name:"refused-grace" help:"How long an instance its ProviderConfig's policy no longer permits keeps running, not handed out, before it is deleted; 0 deletes it at once." default:"5m" env:"REFUSED_GRACE"`
 	MaxReconcileRate        int           `help:"The most reconciles per second across all Proxies, and the number of concurrent reconciles." default:"10" env:"MAX_RECONCILE_RATE"`
 	StateDir                string        `help:"Where local-backend proxies keep their files when a ProviderConfig names no stateDir." default:"/var/lib/provider-egressproxy" env:"STATE_DIR"`
@@ -67,6 +68,7 @@ func (c *CLI) Validate() error {
 	for name, d := range map[string]time.Duration{
 		"--poll (POLL_INTERVAL)": c.Poll, "--state-metrics-interval (STATE_METRICS_INTERVAL)": c.StateMetricsInterval,
 		"--gc-interval (GC_INTERVAL)": c.GCInterval, "--local-restart-delay (LOCAL_RESTART_DELAY)": c.LocalRestartDelay,
+		"--gcp-operation-timeout (GCP_OPERATION_TIMEOUT)": c.GCPOperationTimeout,
 	} {
 		if d <= 0 {
 			return errors.Errorf("%s must be positive, not %s", name, d)
@@ -149,7 +151,8 @@ func (c *CLI) Run() error {
 	metrics.Registry.MustRegister(mrMetrics, stateMetrics)
 	metrics.Registry.MustRegister(pm.Collectors()...)
 
-	backends := &proxy.Backends{Kube: mgr.GetClient(), Config: cfg, ClusterID: clusterID, StateDir: c.StateDir, RestartDelay: c.LocalRestartDelay, Logger: log}
+	backends := &proxy.Backends{Kube: mgr.GetClient(), Config: cfg, ClusterID: clusterID, StateDir: c.StateDir, RestartDelay: c.LocalRestartDelay, Logger: log,
+		GCPOperationTimeout: c.GCPOperationTimeout}
 	// Leave local Squids running on exit: the next provider re-adopts them.
 	defer backends.Close()
 

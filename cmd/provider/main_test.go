@@ -23,6 +23,7 @@ func TestHelp(t *testing.T) {
 		{Flag: "gc-interval", Env: "GC_INTERVAL", Default: "10m"},
 		{Flag: "gc-grace-period", Env: "GC_GRACE_PERIOD", Default: "15m"},
 		{Flag: "gc-dry-run", Env: "GC_DRY_RUN", Default: "false"},
+		{Flag: "gcp-operation-timeout", Env: "GCP_OPERATION_TIMEOUT", Default: "2m"},
 		{Flag: "refused-grace", Env: "REFUSED_GRACE", Default: "5m"},
 		{Flag: "max-reconcile-rate", Env: "MAX_RECONCILE_RATE", Default: "10"},
 		{Flag: "state-dir", Env: "STATE_DIR", Default: `"/var/lib/provider-egressproxy"`},
@@ -50,6 +51,7 @@ func TestBadEnv(t *testing.T) {
 		"ZeroRate":         {env: "MAX_RECONCILE_RATE", value: "0"},
 		"NegativeGrace":    {env: "GC_GRACE_PERIOD", value: "-1s"},
 		"ZeroRestartDelay": {env: "LOCAL_RESTART_DELAY", value: "0s"},
+		"ZeroGCPWait":      {env: "GCP_OPERATION_TIMEOUT", value: "0s"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -61,7 +63,7 @@ func TestBadEnv(t *testing.T) {
 func TestSettings(t *testing.T) {
 	defaults := CLI{
 		Poll: time.Minute, StateMetricsInterval: 30 * time.Second, GCInterval: 10 * time.Minute, GCGracePeriod: 15 * time.Minute,
-		MaxReconcileRate: 10, StateDir: "/var/lib/provider-egressproxy", LocalRestartDelay: 2 * time.Second, RefusedGrace: 5 * time.Minute,
+		MaxReconcileRate: 10, StateDir: "/var/lib/provider-egressproxy", LocalRestartDelay: 2 * time.Second, RefusedGrace: 5 * time.Minute, GCPOperationTimeout: 2 * time.Minute,
 		MetricsBindAddress: ":8080", HealthProbeBindAddress: ":8081", LeaderElectionNamespace: "crossplane-system",
 	}
 	with := func(f func(c *CLI)) CLI {

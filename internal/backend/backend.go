@@ -19,6 +19,9 @@ type Ref struct {
 	Namespace string
 	// Zone of a VM; empty elsewhere.
 	Zone string
+	// NetworkProject is the Shared VPC host project of a VM's network,
+	// where its firewall rule lives; empty for the backend's own project.
+	NetworkProject string
 }
 
 // Credentials clients present to the proxy.

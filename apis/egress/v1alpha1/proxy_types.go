@@ -20,6 +20,9 @@ const (
 	DefaultGCPMachineType = "e2-micro"
 	DefaultGCPImage       = "projects/debian-cloud/global/images/family/debian-12"
 	DefaultGCPNetwork     = "global/networks/default"
+	// DefaultGCPBootDiskType is a VM's boot disk type unless its Proxy
+	// names another.
+	DefaultGCPBootDiskType = "pd-balanced"
 	// ReasonNotPermitted is the Ready reason of a Proxy its
 	// ProviderConfig's policy refuses: nothing is made for it, and a
 	// replacement would be refused alike.

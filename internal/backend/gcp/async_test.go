@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	compute "cloud.google.com/go/compute/apiv1"
+	"cloud.google.com/go/compute/apiv1/computepb"
 	"google.golang.org/api/option"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
@@ -168,6 +170,12 @@ func TestNameReuse(t *testing.T) {
 	if backend.ClassOf(err) != backend.ClassTransient || !strings.Contains(err.Error(), "earlier spec") {
 		t.Errorf("a 409 for a VM of another spec hash is not this spec's VM: %v", err)
 	}
+	restored := spec("uid-reuse")
+	restored.Owner.ClusterID = "c2"
+	_, err = b.Create(ctx, restored)
+	if backend.ClassOf(err) != backend.ClassTransient || !strings.Contains(err.Error(), "does not own") {
+		t.Errorf("a VM of the same UID but another cluster (a restored etcd) is not adopted: %v", err)
+	}
 	other := spec("uid-reuse")
 	other.Owner.UID = "someone-else"
 	_, err = b.Create(ctx, other)
@@ -177,6 +185,64 @@ func TestNameReuse(t *testing.T) {
 	inst, err := b.Create(ctx, s)
 	if err != nil || inst.SpecHash != s.Hash || inst.Owner.UID != s.Owner.UID {
 		t.Errorf("a 409 for this Proxy's VM of this spec is adopted: %+v, %v", inst, err)
+	}
+}
+
+// TestRuleDeletedUnderANewVM: the old rule's delete is still running when
+// the replacement's Create finds a rule of its name, as the spec wants it,
+// and inserts the VM; then the delete finishes and the new VM has no rule.
+// Repair puts it back.
+func TestRuleDeletedUnderANewVM(t *testing.T) {
+	ctx := context.Background()
+	fake := gcpfake.Start(t)
+	clock := frozen(fake)
+	b, err := gcp.New(ctx, gcp.Config{Project: "crawl-proj", ClusterID: "c1", ClientOptions: fake.ClientOptions(), OperationTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = b.Close() }()
+	s := spec("uid-race")
+	if _, err := b.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	clock.add(time.Minute)
+	fc, err := compute.NewFirewallsRESTClient(ctx, fake.ClientOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = fc.Close() }()
+	ic, err := compute.NewInstancesRESTClient(ctx, fake.ClientOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = ic.Close() }()
+	// The old VM goes quickly, its rule slowly.
+	fake.SetOperationDuration(10 * time.Minute)
+	if _, err := fc.Delete(ctx, &computepb.DeleteFirewallRequest{Project: "crawl-proj", Firewall: s.Name}); err != nil {
+		t.Fatal(err)
+	}
+	fake.SetOperationDuration(time.Second)
+	if _, err := ic.Delete(ctx, &computepb.DeleteInstanceRequest{Project: "crawl-proj", Zone: s.Zone, Instance: s.Name}); err != nil {
+		t.Fatal(err)
+	}
+	clock.add(2 * time.Second)
+
+	if _, err := b.Create(ctx, s); err != nil {
+		t.Fatalf("the replacement is created beside the rule being deleted: %v", err)
+	}
+	if ok, err := b.Repair(ctx, s); !ok || err != nil {
+		t.Fatalf("the rule is there for now: %v, %v", ok, err)
+	}
+	clock.add(11 * time.Minute)
+	if fake.Firewall(s.Name) != nil {
+		t.Fatal("the old rule's delete has finished")
+	}
+	if ok, _ := b.Repair(ctx, s); ok {
+		t.Error("the new VM without its rule is not in place")
+	}
+	clock.add(2 * time.Second)
+	if ok, err := b.Repair(ctx, s); !ok || err != nil || fake.Firewall(s.Name) == nil {
+		t.Errorf("Repair restores the rule: %v, %v", ok, err)
 	}
 }
 

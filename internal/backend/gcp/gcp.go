@@ -326,11 +326,16 @@ func (b *Backend) firewall(s backend.Spec) (*computepb.Firewall, error) {
 	case len(ranges) == 0:
 		ranges = []string{"0.0.0.0/0"}
 	}
+	masked := make([]string, 0, len(ranges))
 	for _, r := range ranges {
-		if p, err := netip.ParsePrefix(r); err != nil || !p.Addr().Is4() {
+		p, err := netip.ParsePrefix(r)
+		if err != nil || !p.Addr().Is4() {
 			return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.allowedSourceRanges %q: a GCP firewall rule takes IPv4 ranges only", r)
 		}
+		// GCP refuses a range with host bits set (10.1.2.3/8).
+		masked = append(masked, p.Masked().String())
 	}
+	ranges = masked
 	return &computepb.Firewall{
 		Name:         ptr.To(s.Name),
 		Description:  ptr.To(fmt.Sprintf("egress proxy %s/%s (managed by provider-egressproxy)", s.Owner.Namespace, s.Owner.Name)),
@@ -340,6 +345,16 @@ func (b *Backend) firewall(s backend.Spec) (*computepb.Firewall, error) {
 		SourceRanges: ranges,
 		TargetTags:   []string{s.Name},
 	}, nil
+}
+
+// NetworkProject is the project a network reference names, or empty when
+// it names none (the VM's own project).
+func NetworkProject(network string) string {
+	n := strings.TrimPrefix(network, computeURL)
+	if !strings.HasPrefix(n, "projects/") {
+		return ""
+	}
+	return firewallProject(n)
 }
 
 // network is the VM's network in the form firewall rules name it:
@@ -394,11 +409,26 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 		return nil, err
 	}
 	vm := b.vm(s, script)
-	if sn := vm.GetNetworkInterfaces()[0].GetSubnetwork(); strings.HasPrefix(sn, "projects/") && firewallProject(sn) != firewallProject(fw.GetNetwork()) {
-		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.gcp.subnetwork %s is in project %s, but network %s is not: with a Shared VPC subnetwork set network to the host project's network",
-			sn, firewallProject(sn), fw.GetNetwork())
+	if sn := vm.GetNetworkInterfaces()[0].GetSubnetwork(); sn != "" {
+		snProject := b.cfg.Project
+		if strings.HasPrefix(sn, "projects/") {
+			snProject = firewallProject(sn)
+		}
+		if snProject != firewallProject(fw.GetNetwork()) {
+			return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.gcp.subnetwork %s is in project %s, but network %s is not: a subnetwork belongs to its network's project; with a Shared VPC subnetwork set network to the host project's network",
+				sn, snProject, fw.GetNetwork())
+		}
 	}
-	if _, err := b.ensureFirewall(ctx, fw, true); err != nil {
+	// A VM of this name already: this Proxy's from an earlier attempt, or
+	// one being deleted, which keeps its name for a while. Either way its
+	// firewall rule is left alone here.
+	switch existing, err := b.instances.Get(ctx, &computepb.GetInstanceRequest{Project: b.cfg.Project, Zone: s.Zone, Instance: s.Name}); {
+	case err == nil:
+		return b.adoptVM(existing, s)
+	case backend.ClassOf(Classify(err)) != backend.ClassNotFound:
+		return nil, errors.Wrapf(Classify(err), "cannot get VM %s", s.Name)
+	}
+	if _, err := b.ensureFirewall(ctx, fw, b.operationTimeout()); err != nil {
 		return nil, err
 	}
 	op, err := b.instances.Insert(ctx, &computepb.InsertInstanceRequest{Project: b.cfg.Project, Zone: s.Zone, InstanceResource: vm})
@@ -406,11 +436,23 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	case isConflict(err):
 		return b.adopt(ctx, s)
 	case err != nil:
-		return nil, insertError(err, "cannot insert VM "+s.Name)
+		err = insertError(err, "cannot insert VM "+s.Name)
+		if backend.ClassOf(err) == backend.ClassPermanent {
+			// Not retried until the spec changes: the rule would only
+			// wait for a VM that will not come.
+			b.dropFirewall(ctx, fw)
+		}
+		return nil, err
 	}
-	done, err := b.wait(ctx, op)
+	done, err := b.wait(ctx, op, b.operationTimeout())
 	if err != nil {
-		return nil, insertError(err, fmt.Sprintf("inserting VM %s in zone %s failed", s.Name, s.Zone))
+		err = insertError(err, fmt.Sprintf("inserting VM %s in zone %s failed", s.Name, s.Zone))
+		if backend.ClassOf(err) == backend.ClassPermanent {
+			// Not retried until the spec changes: the rule would only
+			// wait for a VM that will not come.
+			b.dropFirewall(ctx, fw)
+		}
+		return nil, err
 	}
 	i := &backend.Instance{
 		Ref: s.Ref, ProviderID: b.ProviderID(s.Ref), Port: s.Port, Phase: v1alpha1.InstancePhaseProvisioning,
@@ -485,9 +527,15 @@ func (b *Backend) adopt(ctx context.Context, s backend.Spec) (*backend.Instance,
 		}
 		return nil, errors.Wrapf(Classify(err), "cannot get VM %s", s.Name)
 	}
+	return b.adoptVM(vm, s)
+}
+
+// adoptVM decides whether vm, found under s's name, is s's own.
+func (b *Backend) adoptVM(vm *computepb.Instance, s backend.Spec) (*backend.Instance, error) {
 	i := b.instance(vm, s.Zone)
+	want, _ := ownership.FromLabels(s.Owner.GCPLabels())
 	switch {
-	case i.Owner.UID != s.Owner.UID:
+	case i.Owner.UID != s.Owner.UID || i.Owner.ClusterID != want.ClusterID:
 		return nil, backend.Errorf(backend.ClassTransient, "VM name %s is held by a VM this Proxy does not own (status %s): retrying until it is gone", s.Name, vm.GetStatus())
 	case i.Phase == v1alpha1.InstancePhaseTerminated:
 		return nil, backend.Errorf(backend.ClassTransient, "VM %s is still being deleted (status %s); its name is free once it is gone: retrying", s.Name, vm.GetStatus())
@@ -501,11 +549,7 @@ func (b *Backend) adopt(ctx context.Context, s backend.Spec) (*backend.Instance,
 // ends, leaving a little of ctx for the caller to record the outcome. It
 // reports whether op finished, and the error it finished with. A failure
 // to poll only ends the wait: the operation goes on regardless.
-func (b *Backend) wait(ctx context.Context, op *compute.Operation) (bool, error) {
-	limit := b.cfg.OperationTimeout
-	if limit <= 0 {
-		limit = DefaultOperationTimeout
-	}
+func (b *Backend) wait(ctx context.Context, op *compute.Operation, limit time.Duration) (bool, error) {
 	deadline := time.Now().Add(limit)
 	if d, ok := ctx.Deadline(); ok && d.Add(-5*time.Second).Before(deadline) {
 		deadline = d.Add(-5 * time.Second)
@@ -529,6 +573,23 @@ func (b *Backend) wait(ctx context.Context, op *compute.Operation) (bool, error)
 			return false, nil
 		}
 	}
+}
+
+func (b *Backend) operationTimeout() time.Duration {
+	if b.cfg.OperationTimeout > 0 {
+		return b.cfg.OperationTimeout
+	}
+	return DefaultOperationTimeout
+}
+
+// repairWait is how long Repair waits for a rule's operation: long enough
+// to see an error GCP reports at once, short enough to keep Observe quick.
+const repairWait = 3 * time.Second
+
+// dropFirewall deletes fw without waiting, as a best effort: Observe of a
+// deleted Proxy deletes it again.
+func (b *Backend) dropFirewall(ctx context.Context, fw *computepb.Firewall) {
+	_, _ = b.firewalls.Delete(ctx, &computepb.DeleteFirewallRequest{Project: firewallProject(fw.GetNetwork()), Firewall: fw.GetName()})
 }
 
 // opError is the error a finished operation reports, as the client
@@ -572,9 +633,9 @@ func (b *Backend) CheckOperation(ctx context.Context, r backend.Ref, name string
 
 // ensureFirewall makes rule fw exist as given: it inserts it, or updates a
 // rule of its name that differs (left from an earlier spec, or edited by
-// hand). It reports whether the rule is in place now. With wait it waits,
-// bounded, for the operation; without, the next call sees how it went.
-func (b *Backend) ensureFirewall(ctx context.Context, fw *computepb.Firewall, wait bool) (bool, error) {
+// hand). It reports whether the rule is in place now, waiting up to wait
+// for the operation; a later call sees how a longer one went.
+func (b *Backend) ensureFirewall(ctx context.Context, fw *computepb.Firewall, wait time.Duration) (bool, error) {
 	project := firewallProject(fw.GetNetwork())
 	op, err := b.firewalls.Insert(ctx, &computepb.InsertFirewallRequest{Project: project, FirewallResource: fw})
 	if isConflict(err) {
@@ -594,10 +655,7 @@ func (b *Backend) ensureFirewall(ctx context.Context, fw *computepb.Firewall, wa
 	} else if err != nil {
 		return false, insertError(err, "cannot create firewall rule "+fw.GetName())
 	}
-	if !wait {
-		return op.Done(), nil
-	}
-	done, err := b.wait(ctx, op)
+	done, err := b.wait(ctx, op, wait)
 	if err != nil {
 		return false, insertError(err, fmt.Sprintf("firewall rule %s failed", fw.GetName()))
 	}
@@ -630,7 +688,7 @@ func sameRule(got, want *computepb.Firewall) bool {
 // rule that is gone (deleted by hand, or by an old rule's delete that
 // finished after a new insert), and resets one that was changed. It
 // reports whether the rule is in place; until it is the proxy is not used.
-// It does not wait for the rule's operation: Observe must stay quick.
+// It waits only briefly for the rule's operation: Observe must stay quick.
 func (b *Backend) Repair(ctx context.Context, s backend.Spec) (bool, error) {
 	if s.GCP == nil {
 		return true, nil
@@ -646,7 +704,7 @@ func (b *Backend) Repair(ctx context.Context, s backend.Spec) (bool, error) {
 	case err != nil && backend.ClassOf(Classify(err)) != backend.ClassNotFound:
 		return false, errors.Wrapf(Classify(err), "cannot get firewall rule %s", fw.GetName())
 	}
-	return b.ensureFirewall(ctx, fw, false)
+	return b.ensureFirewall(ctx, fw, repairWait)
 }
 
 // Phase maps a VM status to an instance phase. A RUNNING VM without an
@@ -682,6 +740,11 @@ func (b *Backend) instance(vm *computepb.Instance, zone string) *backend.Instanc
 	created, _ := time.Parse(time.RFC3339, vm.GetCreationTimestamp())
 	port, _ := strconv.Atoi(vm.GetLabels()[labelPort])
 	ref := backend.Ref{Name: vm.GetName(), Zone: zone}
+	for _, ni := range vm.GetNetworkInterfaces() {
+		if p := NetworkProject(ni.GetNetwork()); p != b.cfg.Project {
+			ref.NetworkProject = p
+		}
+	}
 	i := &backend.Instance{
 		Ref: ref, ProviderID: b.ProviderID(ref), Port: int32(port), CreatedAt: created,
 		SpecHash: vm.GetLabels()[labelSpecHash], Owner: owner,
@@ -709,7 +772,7 @@ func (b *Backend) Get(ctx context.Context, r backend.Ref) (*backend.Instance, er
 // failure leaves the VM, which the reconciler sees and deletes again,
 // rather than a rule nobody looks for.
 func (b *Backend) Delete(ctx context.Context, r backend.Ref) error {
-	for _, project := range b.firewallProjects(ctx, r) {
+	for _, project := range b.firewallProjects(r) {
 		op, err := b.firewalls.Delete(ctx, &computepb.DeleteFirewallRequest{Project: project, Firewall: r.Name})
 		if err != nil {
 			if c := Classify(err); backend.ClassOf(c) != backend.ClassNotFound {
@@ -719,7 +782,7 @@ func (b *Backend) Delete(ctx context.Context, r backend.Ref) error {
 		}
 		// Wait for it, so that a rule being deleted is not mistaken by the
 		// next Create for one in place.
-		if _, err := b.wait(ctx, op); err != nil {
+		if _, err := b.wait(ctx, op, b.operationTimeout()); err != nil {
 			return errors.Wrapf(Classify(err), "deleting firewall rule %s failed", r.Name)
 		}
 	}
@@ -742,19 +805,11 @@ func (b *Backend) Delete(ctx context.Context, r backend.Ref) error {
 }
 
 // firewallProjects are the projects a VM's rule may live in: the
-// ProviderConfig's, and the host project of a Shared VPC network the VM is
-// attached to.
-func (b *Backend) firewallProjects(ctx context.Context, r backend.Ref) []string {
+// ProviderConfig's, and the Shared VPC host project its Ref names.
+func (b *Backend) firewallProjects(r backend.Ref) []string {
 	out := []string{b.cfg.Project}
-	vm, err := b.instances.Get(ctx, &computepb.GetInstanceRequest{Project: b.cfg.Project, Zone: r.Zone, Instance: r.Name})
-	if err != nil {
-		return out
-	}
-	for _, ni := range vm.GetNetworkInterfaces() {
-		n := strings.TrimPrefix(ni.GetNetwork(), computeURL)
-		if p := firewallProject(n); strings.HasPrefix(n, "projects/") && p != b.cfg.Project && !slices.Contains(out, p) {
-			out = append(out, p)
-		}
+	if r.NetworkProject != "" && r.NetworkProject != b.cfg.Project {
+		out = append(out, r.NetworkProject)
 	}
 	return out
 }

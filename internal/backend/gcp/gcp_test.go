@@ -181,6 +181,11 @@ func TestFirewallRefusesOpenProxies(t *testing.T) {
 			change: func(s *backend.Spec) { s.UserData, s.AllowedSourceRanges = "#cloud-config\n", nil },
 			want:   "spec.forProvider.allowedSourceRanges is required with spec.forProvider.gcp.cloudInit",
 		},
+		"HostBits": {
+			reason: "GCP refuses a range with host bits set; the rule gets the network.",
+			change: func(s *backend.Spec) { s.AllowedSourceRanges = []string{"203.0.113.7/24"} },
+			ranges: []string{"203.0.113.0/24"},
+		},
 		"CloudInitWithRanges": {
 			reason: "A proxy configured by the user's cloud-init opens to its ranges only.",
 			change: func(s *backend.Spec) { s.UserData = "#cloud-config\n" },
@@ -250,6 +255,15 @@ func TestRepairRestoresFirewall(t *testing.T) {
 		fw := fake.Firewall(s.Name)
 		return ok && fw != nil && fw.GetSourceRanges()[0] == "203.0.113.0/24" && fw.GetTargetTags()[0] == s.Name, fmt.Sprint(ok, err, fw)
 	})
+
+	fake.DeleteFirewall("crawl-proj", s.Name)
+	fake.FailOperation("firewalls.insert", gcpfake.Failure{Code: http.StatusForbidden, Reason: "QUOTA_EXCEEDED", Message: "Quota 'FIREWALLS' exceeded.  Limit: 200.0 globally."})
+	if ok, err := b.Repair(ctx, s); ok || backend.ClassOf(err) != backend.ClassQuota || !strings.Contains(err.Error(), "FIREWALLS") {
+		t.Errorf("a re-insert that fails in its operation is reported by Repair: %v, %v", ok, err)
+	}
+	if ok, err := b.Repair(ctx, s); !ok || err != nil {
+		t.Fatalf("and the next Repair restores the rule: %v, %v", ok, err)
+	}
 
 	fake.ChangeFirewall("crawl-proj", s.Name, func(f *computepb.Firewall) { f.SourceRanges = []string{"0.0.0.0/0"} })
 	if _, err := b.Repair(ctx, s); err != nil {
@@ -425,6 +439,11 @@ func TestErrorClasses(t *testing.T) {
 			}
 			if tc.inOp && fake.Instances() != 0 {
 				t.Errorf("%s\nthe failed insert leaves no VM", tc.reason)
+			}
+			if tc.want == backend.ClassPermanent {
+				testbed.Eventually(t, 5*time.Second, "no rule left for a VM that will not come", func() (bool, string) {
+					return fake.Firewall(spec("uid-"+name).Name) == nil, "the rule is there"
+				})
 			}
 		})
 	}

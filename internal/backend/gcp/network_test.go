@@ -2,11 +2,14 @@ package gcp_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp/gcpfake"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
 // TestNetworks: custom-mode VPCs need a subnetwork, a Shared VPC's
@@ -46,9 +49,13 @@ func TestNetworks(t *testing.T) {
 		if ni := vm.GetNetworkInterfaces()[0]; ni.GetSubnetwork() != "regions/europe-west1/subnetworks/proxies" || ni.GetNetwork() != "projects/crawl-proj/global/networks/crawl-vpc" {
 			t.Errorf("the VM attaches to the subnetwork of its network: %v", ni)
 		}
-		if fw := fake.FirewallIn("crawl-proj", s.Name); fw == nil || fw.GetNetwork() != "projects/crawl-proj/global/networks/crawl-vpc" {
-			t.Errorf("the rule is on the VM's network: %v", fw)
-		}
+		// The refused first attempt dropped its rule; that delete may
+		// finish after this Create found the rule, and Repair restores it.
+		testbed.Eventually(t, 5*time.Second, "the rule on the VM's network", func() (bool, string) {
+			ok, err := b.Repair(ctx, s)
+			fw := fake.FirewallIn("crawl-proj", s.Name)
+			return ok && fw.GetNetwork() == "projects/crawl-proj/global/networks/crawl-vpc", fmt.Sprint(ok, err, fw)
+		})
 	})
 
 	t.Run("SharedVPC", func(t *testing.T) {
@@ -67,6 +74,11 @@ func TestNetworks(t *testing.T) {
 		if _, err := b.Create(ctx, s); err != nil {
 			t.Fatal(err)
 		}
+		owned, err := b.ListOwned(ctx)
+		if err != nil || len(owned) != 1 || owned[0].NetworkProject != "net-host" {
+			t.Fatalf("a listed VM names its network's host project, for the orphan collector's Delete: %+v, %v", owned, err)
+		}
+		s.Ref = owned[0].Ref
 		if fake.FirewallIn("net-host", s.Name) == nil || fake.FirewallIn("crawl-proj", s.Name) != nil {
 			t.Error("the rule of a Shared VPC VM is made in the host project, on its network")
 		}
@@ -75,6 +87,21 @@ func TestNetworks(t *testing.T) {
 		}
 		if fake.FirewallIn("net-host", s.Name) != nil {
 			t.Error("Delete removes the host project's rule: nothing leaks")
+		}
+	})
+
+	t.Run("HostNetworkWithOwnSubnetwork", func(t *testing.T) {
+		fake := gcpfake.Start(t)
+		fake.AddNetwork("net-host", "shared", false)
+		s := spec("uid-mixed")
+		s.GCP.Network = "projects/net-host/global/networks/shared"
+		s.GCP.Subnetwork = "regions/europe-west1/subnetworks/crawl"
+		_, err := newBackend(t, fake, "c1").Create(ctx, s)
+		if backend.ClassOf(err) != backend.ClassPermanent || !strings.Contains(err.Error(), "is in project crawl-proj") {
+			t.Errorf("a service-project subnetwork with a host network is refused: %v", err)
+		}
+		if fake.FirewallIn("net-host", s.Name) != nil {
+			t.Error("before any rule is made")
 		}
 	})
 

@@ -84,7 +84,9 @@ func readGate(p *v1alpha1.Proxy) createGate {
 func recordCreateFailure(p *v1alpha1.Proxy, err error, now time.Time) {
 	g := readGate(p)
 	class := backend.ClassOf(err)
-	if g.Generation != p.GetGeneration() {
+	// A new spec, or another kind of failure, starts the count again:
+	// AccessDenied turns permanent only after failures of its own in a row.
+	if g.Generation != p.GetGeneration() || g.Class != class {
 		g.Failures = 0
 	}
 	g.Failures++

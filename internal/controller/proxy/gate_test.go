@@ -37,6 +37,19 @@ func TestCreateGate(t *testing.T) {
 		"PermanentNewSpec":    {reason: "A new generation is tried again.", class: backend.ClassPermanent, failures: 1, at: time.Second},
 		"AccessDeniedNewSpec": {reason: "So is a latched access error, once its backoff is over.", class: backend.ClassAccessDenied, failures: backend.AccessDeniedAttempts, at: time.Hour},
 	}
+	t.Run("AccessDeniedInARowOnly", func(t *testing.T) {
+		p := &v1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Generation: 1}}
+		for i := 0; i < backend.AccessDeniedAttempts-1; i++ {
+			recordCreateFailure(p, backend.Errorf(backend.ClassStockout, "no capacity"), t0)
+		}
+		recordCreateFailure(p, backend.Errorf(backend.ClassAccessDenied, "denied"), t0)
+		if c, _ := readGate(p).blocked(p, t0.Add(time.Hour)); c.Reason == xpv2.ConditionReason(backend.ClassPermanent) {
+			t.Errorf("stockouts before one access error do not make it permanent: %s", c.Message)
+		}
+		if g := readGate(p); g.Failures != 1 || g.Next != t0.Add(30*time.Second) {
+			t.Errorf("a new class starts its own count and backoff: %+v", g)
+		}
+	})
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			p := &v1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Generation: 1}}

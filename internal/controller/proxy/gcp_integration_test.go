@@ -95,14 +95,14 @@ func TestGCPProxy(t *testing.T) {
 	t.Run("FirewallRuleRestored", func(t *testing.T) {
 		// The rule's re-insert takes a while, as on GCP: meanwhile the
 		// proxy is out of service, then back.
-		fake.SetOperationDuration(3 * time.Second)
+		fake.SetOperationDuration(10 * time.Second)
 		defer fake.SetOperationDuration(gcpfake.DefaultOperationDuration)
 		fake.DeleteFirewall("crawl-proj", name)
 		testbed.Eventually(t, 20*time.Second, "not Ready while its rule is missing", func() (bool, string) {
 			c := get(t, key).GetCondition(xpv2.TypeReady)
 			return c.Status == corev1.ConditionFalse && strings.Contains(c.Message, "firewall rule"), c.Message
 		})
-		testbed.Eventually(t, 20*time.Second, "the rule restored from the spec, and Ready again", func() (bool, string) {
+		testbed.Eventually(t, 30*time.Second, "the rule restored from the spec, and Ready again", func() (bool, string) {
 			fw := fake.Firewall(name)
 			c := get(t, key).GetCondition(xpv2.TypeReady)
 			return fw != nil && fw.GetSourceRanges()[0] == "127.0.0.0/8" && c.Status == corev1.ConditionTrue, fmt.Sprintf("rule %v, %s", fw != nil, c.Message)
@@ -204,9 +204,17 @@ func TestGCPCreateFailures(t *testing.T) {
 		if n := fake.Calls("instances.insert"); n != inserts {
 			t.Errorf("a stockout is backed off, not retried in a loop: %d inserts became %d within 3s", inserts, n)
 		}
+		name := ownership.InstanceName(get(t, key).UID)
+		if fake.Firewall(name) == nil {
+			t.Fatal("the rule waits for the retried VM")
+		}
 		if err := bed.Client.Delete(context.Background(), p); err != nil {
 			t.Fatal(err)
 		}
+		testbed.Eventually(t, 15*time.Second, "the Proxy gone, and the rule of its VM that never came with it", func() (bool, string) {
+			err := bed.Client.Get(context.Background(), key, &v1alpha1.Proxy{})
+			return kerrors.IsNotFound(err) && fake.Firewall(name) == nil, fmt.Sprintf("proxy: %v, rule: %v", err, fake.Firewall(name) != nil)
+		})
 	})
 
 	t.Run("FailsAfterTheWait", func(t *testing.T) {

@@ -352,6 +352,15 @@ func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 	if backend.IsNotFound(err) {
 		e.metrics.SetPhase(p.GetUID(), "", "")
 		if meta.WasDeleted(p) {
+			// The instance is gone, but what was made for it may not be:
+			// a GCP firewall rule of a VM whose insert failed, or whose
+			// create was cut short. Delete is idempotent and finds it.
+			if mayDelete(p) {
+				if err := e.backend.Delete(ctx, ref); err != nil {
+					e.countError("delete", err)
+					return managed.ExternalObservation{}, errors.Wrap(err, "cannot delete what remains of the instance")
+				}
+			}
 			e.sched.forget(p.GetUID())
 			return managed.ExternalObservation{ResourceExists: false}, nil
 		}
@@ -467,15 +476,8 @@ func (e *external) refuse(ctx context.Context, p *v1alpha1.Proxy, ref backend.Re
 	c := unavailable(ReasonNotPermitted, reason.Error())
 	c.LastTransitionTime = metav1.Time{Time: since}
 	p.SetConditions(c)
-	mayDelete := false
-	for _, mp := range p.GetManagementPolicies() {
-		mayDelete = mayDelete || mp == xpv2.ManagementActionAll || mp == xpv2.ManagementActionDelete
-	}
-	if len(p.GetManagementPolicies()) == 0 {
-		mayDelete = true
-	}
 	switch {
-	case !mayDelete:
+	case !mayDelete(p):
 		return errors.Wrapf(reason, "instance %s is no longer permitted; its management policies keep it", inst.ProviderID)
 	case e.now().Sub(since) < e.refusedGrace:
 		if was.Reason != ReasonNotPermitted {
@@ -492,6 +494,20 @@ func (e *external) refuse(ctx context.Context, p *v1alpha1.Proxy, ref backend.Re
 	resetInstanceStatus(p)
 	p.SetConditions(c)
 	return reason
+}
+
+// mayDelete reports whether the Proxy's management policies let the
+// provider delete what it made.
+func mayDelete(p *v1alpha1.Proxy) bool {
+	if len(p.GetManagementPolicies()) == 0 {
+		return true
+	}
+	for _, mp := range p.GetManagementPolicies() {
+		if mp == xpv2.ManagementActionAll || mp == xpv2.ManagementActionDelete {
+			return true
+		}
+	}
+	return false
 }
 
 // resetInstanceStatus forgets everything observed of a previous instance:

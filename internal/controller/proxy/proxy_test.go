@@ -17,6 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
@@ -124,9 +125,17 @@ func TestObserve(t *testing.T) {
 			want:   result{Obs: managed.ExternalObservation{}, Reason: ReasonProvisioning, Status: corev1.ConditionFalse},
 		},
 		"NotFoundWhileDeleting": {
-			reason: "A deleted Proxy whose instance is gone lets go of its finalizer.",
+			reason: "A deleted Proxy whose instance is gone deletes what remains of it (a firewall rule) and lets go of its finalizer.",
 			proxy:  unitProxy(func(p *v1alpha1.Proxy) { p.DeletionTimestamp = &metav1.Time{Time: epoch} }),
-			want:   result{Obs: managed.ExternalObservation{}, Status: corev1.ConditionUnknown},
+			want:   result{Obs: managed.ExternalObservation{}, Status: corev1.ConditionUnknown, Deletes: 1},
+		},
+		"NotFoundWhileOrphaning": {
+			reason: "Management policies that exclude Delete leave what remains alone.",
+			proxy: unitProxy(func(p *v1alpha1.Proxy) {
+				p.DeletionTimestamp = &metav1.Time{Time: epoch}
+				p.SetManagementPolicies(xpv2.ManagementPolicies{xpv2.ManagementActionObserve, xpv2.ManagementActionCreate, xpv2.ManagementActionUpdate})
+			}),
+			want: result{Obs: managed.ExternalObservation{}, Status: corev1.ConditionUnknown},
 		},
 		"ExistsWhileDeleting": {
 			reason:   "Observe tells the truth while deleting, so Delete is called.",
@@ -400,6 +409,19 @@ func TestSpecHash(t *testing.T) {
 		"Placement":   {reason: "The placement replaces the proxy.", mod: func(p *v1alpha1.Proxy) { p.Spec.ForProvider.Local.OutgoingAddress = "127.0.0.2" }, changes: true},
 		"Ranges":      {reason: "The resolved config (source ranges) replaces the proxy.", mod: func(p *v1alpha1.Proxy) { p.Spec.ForProvider.AllowedSourceRanges = []v1alpha1.CIDR{"10.0.0.0/8"} }, changes: true},
 		"Password":    {reason: "New credentials replace the proxy.", mod: func(*v1alpha1.Proxy) {}, creds: &backend.Credentials{Username: "u", Password: "q"}, changes: true},
+	}
+	vm := func(g v1alpha1.GCPInstance) string {
+		p := unitProxy(func(p *v1alpha1.Proxy) {
+			p.Spec.ForProvider.Local = nil
+			p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-b", GCPInstance: g}
+		})
+		return desiredSpec(p, pc, "unit", &backend.Credentials{Username: "u", Password: "p"}, "").Hash
+	}
+	if vm(v1alpha1.GCPInstance{}) != vm(v1alpha1.GCPInstance{BootDiskType: v1alpha1.DefaultGCPBootDiskType, ShieldedVM: ptr.To(true)}) {
+		t.Error("fields added with defaults must not change the hash when the apiserver defaults them on existing Proxies: every VM would be replaced at once")
+	}
+	if vm(v1alpha1.GCPInstance{}) == vm(v1alpha1.GCPInstance{ShieldedVM: ptr.To(false)}) || vm(v1alpha1.GCPInstance{}) == vm(v1alpha1.GCPInstance{BootDiskType: "pd-ssd"}) {
+		t.Error("a non-default boot disk or Shielded VM setting replaces the VM")
 	}
 	if h := desiredSpec(unitProxy(), pc, "unit", &backend.Credentials{Username: "u", Password: "p"}, "#cloud-config\n").Hash; h == base {
 		t.Error("a change to the user's cloud-init (inline or in its Secret) must replace the VM")

@@ -17,6 +17,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/squid"
 )
@@ -49,6 +50,7 @@ func instanceRef(p *v1alpha1.Proxy, pc *config) backend.Ref {
 		}
 	case fp.GCP != nil:
 		r.Zone = fp.GCP.Zone
+		r.NetworkProject = gcp.NetworkProject(fp.GCP.Network)
 	}
 	return r
 }
@@ -191,6 +193,24 @@ func desiredSpec(p *v1alpha1.Proxy, pc *config, clusterID string, creds *backend
 // placement, the port and the resolved proxy configuration (source ranges
 // and credentials; the password only as its digest). Labels, annotations and
 // health-check settings change nothing on the instance, so they are left out.
+// hashedGCP is the part of a GCP placement the hash covers: fields added
+// later count only when they differ from their defaults, so that the
+// apiserver defaulting them on existing Proxies after an upgrade does not
+// replace every VM at once.
+func hashedGCP(g *v1alpha1.GCPPlacement) *v1alpha1.GCPPlacement {
+	if g == nil {
+		return nil
+	}
+	c := g.DeepCopy()
+	if c.BootDiskType == v1alpha1.DefaultGCPBootDiskType {
+		c.BootDiskType = ""
+	}
+	if c.ShieldedVM != nil && *c.ShieldedVM {
+		c.ShieldedVM = nil
+	}
+	return c
+}
+
 func specHash(s backend.Spec) string {
 	in := struct {
 		Local       *v1alpha1.LocalPlacement      `json:"local,omitempty"`
@@ -204,7 +224,7 @@ func specHash(s backend.Spec) string {
 		Username    string                        `json:"username,omitempty"`
 		PasswordSum string                        `json:"passwordSum,omitempty"`
 		UserDataSum string                        `json:"userDataSum,omitempty"`
-	}{Local: s.Local, Kubernetes: s.Kubernetes, GCP: s.GCP, Port: s.Port, Ranges: s.AllowedSourceRanges, Private: s.AllowedPrivateDestinations, Generation: squid.ConfigGeneration, Loopback: s.AllowLoopbackDestinations && s.Local != nil}
+	}{Local: s.Local, Kubernetes: s.Kubernetes, GCP: hashedGCP(s.GCP), Port: s.Port, Ranges: s.AllowedSourceRanges, Private: s.AllowedPrivateDestinations, Generation: squid.ConfigGeneration, Loopback: s.AllowLoopbackDestinations && s.Local != nil}
 	if s.UserData != "" {
 		sum := sha256.Sum256([]byte(s.UserData))
 		in.UserDataSum = hex.EncodeToString(sum[:])

@@ -44,7 +44,8 @@ type Failure struct {
 	Domain string
 	// Message is GCP's human-readable message.
 	Message string
-	// Times is how many calls fail; a negative number means all of them.
+	// Times is how many calls fail: zero means one, a negative number
+	// all of them.
 	Times int
 }
 
@@ -82,6 +83,8 @@ type firewall struct {
 // operation is a long-running operation and what happens when it ends.
 type operation struct {
 	op      *computepb.Operation
+	project string
+	scope   string // zones/Z or global
 	due     time.Time
 	failure *Failure
 	// finish applies the operation's effect; failed says it ended in error.
@@ -164,11 +167,22 @@ func (s *Server) AddSubnetwork(project, region, name, network string) {
 
 // Fail scripts failures of a method: instances.insert, instances.get,
 // instances.delete, instances.aggregatedList, firewalls.insert,
-// firewalls.get, firewalls.update, firewalls.delete or operations.get.
+// firewalls.get, firewalls.update, firewalls.delete or operations.get. A
+// Failure without a Code clears the method's script.
 func (s *Server) Fail(method string, f Failure) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.failures[method] = &f
+	s.failures[method] = script(f)
+}
+
+func script(f Failure) *Failure {
+	if f.Code == 0 {
+		return nil
+	}
+	if f.Times == 0 {
+		f.Times = 1
+	}
+	return &f
 }
 
 // FailOperation makes the next accepted instances.insert or
@@ -178,7 +192,7 @@ func (s *Server) Fail(method string, f Failure) {
 func (s *Server) FailOperation(method string, f Failure) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.opFailures[method] = &f
+	s.opFailures[method] = script(f)
 }
 
 // Calls returns how often a method was called.
@@ -294,7 +308,7 @@ const (
 
 var (
 	reInstances  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances(?:/([^/]+))?$`)
-	reOperation  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/(?:zones/[^/]+|global)/operations/([^/]+)$`)
+	reOperation  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/(zones/[^/]+|global)/operations/([^/]+)$`)
 	reFirewalls  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/global/firewalls(?:/([^/]+))?$`)
 	reAggregated = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/aggregated/instances$`)
 )
@@ -352,11 +366,13 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	case opInstancesList:
 		s.aggregatedList(w, r, m[1])
 	case opOperationsGet:
-		if op, ok := s.ops[m[2]]; ok {
+		// An operation is found only where it runs: its project, and its
+		// zone or global scope.
+		if op, ok := s.ops[m[3]]; ok && op.project == m[1] && op.scope == m[2] {
 			writeProto(w, op.op)
 			return
 		}
-		writeError(w, http.StatusNotFound, "notFound", "", fmt.Sprintf("The resource 'projects/%s/global/operations/%s' was not found", m[1], m[2]))
+		notFound(w, fmt.Sprintf("projects/%s/%s/operations/%s", m[1], m[2], m[3]))
 	case opFirewallsInsert:
 		s.insertFirewall(w, r, m[1])
 	case opFirewallsGet:
@@ -405,13 +421,14 @@ func (s *Server) startOp(project, zone, kind, target string, failure *Failure, f
 		InsertTime:    ptr.To(now.Format(time.RFC3339Nano)),
 		StartTime:     ptr.To(now.Format(time.RFC3339Nano)),
 		TargetLink:    ptr.To(target),
-		SelfLink:      ptr.To(fmt.Sprintf("%s/compute/v1/projects/%s/global/operations/%d", s.URL, project, s.seq)),
 	}
+	scope := "global"
 	if zone != "" {
 		op.Zone = ptr.To(s.URL + "/compute/v1/projects/" + project + "/zones/" + zone)
-		op.SelfLink = ptr.To(fmt.Sprintf("%s/compute/v1/projects/%s/zones/%s/operations/%s", s.URL, project, zone, op.GetName()))
+		scope = "zones/" + zone
 	}
-	s.ops[op.GetName()] = &operation{op: op, due: now.Add(s.opDuration), failure: failure, finish: finish}
+	op.SelfLink = ptr.To(fmt.Sprintf("%s/compute/v1/projects/%s/%s/operations/%s", s.URL, project, scope, op.GetName()))
+	s.ops[op.GetName()] = &operation{op: op, project: project, scope: scope, due: now.Add(s.opDuration), failure: failure, finish: finish}
 	s.tick()
 	return proto.Clone(op).(*computepb.Operation)
 }

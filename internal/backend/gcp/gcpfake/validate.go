@@ -297,7 +297,7 @@ func (s *Server) checkFirewall(project string, fw *computepb.Firewall) *problem 
 	v4, v6 := false, false
 	for i, r := range fw.GetSourceRanges() {
 		pfx, err := netip.ParsePrefix(r)
-		if err != nil {
+		if err != nil || pfx != pfx.Masked() {
 			return invalid(fmt.Sprintf("resource.sourceRanges[%d]", i), r, "Must be a CIDR address range that is contained in the network.")
 		}
 		v4, v6 = v4 || pfx.Addr().Is4(), v6 || !pfx.Addr().Is4()
