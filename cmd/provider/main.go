@@ -156,13 +156,18 @@ func (c *CLI) Run() error {
 	// Leave local Squids running on exit: the next provider re-adopts them.
 	defer backends.Close()
 
+	// Proxies honour spec.managementPolicies (Observe-only, keeping the
+	// instance when the Proxy goes): crossplane-runtime obeys them only
+	// with this flag.
+	features := &feature.Flags{}
+	features.Enable(feature.EnableBetaManagementPolicies)
 	o := proxy.Options{
 		Options: controller.Options{
 			Logger:                  log,
 			GlobalRateLimiter:       ratelimiter.NewGlobal(c.MaxReconcileRate),
 			PollInterval:            c.Poll,
 			MaxConcurrentReconciles: c.MaxReconcileRate,
-			Features:                &feature.Flags{},
+			Features:                features,
 			MetricOptions: &controller.MetricOptions{
 				PollStateMetricInterval: c.StateMetricsInterval,
 				MRMetrics:               mrMetrics,

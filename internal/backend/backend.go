@@ -81,6 +81,9 @@ type Instance struct {
 	// Repair, when set, says why the instance is not usable yet although
 	// it runs: something it depends on is being put right.
 	Repair string
+	// Reason is what the backend says of a terminated instance: a VM's
+	// status, a pod's phase and reason.
+	Reason string
 }
 
 // A Backend creates, observes and deletes proxy instances. Every call is
@@ -111,4 +114,11 @@ type Repairer interface {
 // the backend no longer knows it, else its error, classified.
 type OperationChecker interface {
 	CheckOperation(ctx context.Context, r Ref, operation string) error
+}
+
+// A Retainer marks an instance to outlive its Proxy, or not
+// (ownership.LabelRetain), as the Proxy's management policies come to
+// include or leave out Delete after the instance was made.
+type Retainer interface {
+	SetRetain(ctx context.Context, r Ref, retain bool) error
 }

@@ -27,11 +27,16 @@ type Target struct {
 	Kind    string
 	Backend backend.Backend
 	Object  runtime.Object
+	// Err says why the backend of Object cannot be used (a missing key
+	// Secret, a backend this provider image cannot run). Such a target is
+	// reported and skipped; the others are collected all the same.
+	Err error
 }
 
 // Sources are what the collector needs from the cluster.
 type Sources interface {
-	// Targets lists the backends in use.
+	// Targets lists the backends in use, a broken one with its Err. An
+	// error means the list itself is incomplete.
 	Targets(ctx context.Context) ([]Target, error)
 	// Owners lists the UIDs of every Proxy that exists.
 	Owners(ctx context.Context) (map[types.UID]bool, error)
@@ -57,6 +62,9 @@ type Collector struct {
 // Report counts one pass.
 type Report struct {
 	Owned, Foreign, TooYoung, DryRun, Deleted, Failed int
+	// Skipped counts targets that could not be collected: a backend that
+	// cannot be built or cannot list its instances.
+	Skipped int
 }
 
 // Collect runs one pass. It deletes nothing when it cannot list the Proxies:
@@ -74,44 +82,61 @@ func (c *Collector) Collect(ctx context.Context) (Report, error) {
 	seen := map[backend.Backend]bool{}
 	var errs []error
 	for _, t := range targets {
-		if seen[t.Backend] {
+		if t.Err == nil && seen[t.Backend] {
 			continue
 		}
 		seen[t.Backend] = true
-		instances, err := t.Backend.ListOwned(ctx)
-		if err != nil {
-			errs = append(errs, errors.Wrapf(err, "cannot list %s instances", t.Kind))
-			continue
-		}
-		for _, i := range instances {
-			switch {
-			case i.Owner.ClusterID != c.ClusterID:
-				r.Foreign++
-			case owners[i.Owner.UID]:
-				r.Owned++
-			case c.Now().Sub(i.CreatedAt) < c.Grace:
-				r.TooYoung++
-				c.Metrics.Orphans.WithLabelValues(t.Kind, "too-young").Inc()
-			case c.DryRun:
-				r.DryRun++
-				c.Metrics.Orphans.WithLabelValues(t.Kind, "dry-run").Inc()
-				c.Log.Info("Orphan found (dry run: not deleted)", "instance", i.ProviderID, "proxy", i.Owner.Namespace+"/"+i.Owner.Name, "uid", i.Owner.UID)
-				c.event(t, event.Normal("OrphanFound", fmt.Sprintf("dry run: %s belongs to Proxy %s/%s (uid %s), which no longer exists", i.ProviderID, i.Owner.Namespace, i.Owner.Name, i.Owner.UID)))
-			default:
-				if err := t.Backend.Delete(ctx, i.Ref); err != nil {
-					r.Failed++
-					errs = append(errs, errors.Wrapf(err, "cannot delete orphan %s", i.ProviderID))
-					c.event(t, event.Warning("OrphanDeleteFailed", errors.Wrapf(err, "cannot delete orphan %s", i.ProviderID)))
-					continue
-				}
-				r.Deleted++
-				c.Metrics.Orphans.WithLabelValues(t.Kind, "deleted").Inc()
-				c.Log.Info("Deleted orphan", "instance", i.ProviderID, "proxy", i.Owner.Namespace+"/"+i.Owner.Name, "uid", i.Owner.UID)
-				c.event(t, event.Normal("OrphanDeleted", fmt.Sprintf("deleted %s: its Proxy %s/%s (uid %s) no longer exists", i.ProviderID, i.Owner.Namespace, i.Owner.Name, i.Owner.UID)))
+		err := t.Err
+		if err == nil {
+			var instances []backend.Instance
+			if instances, err = t.Backend.ListOwned(ctx); err == nil {
+				errs = append(errs, c.collect(ctx, t, instances, owners, &r)...)
+				continue
 			}
 		}
+		// One broken backend must not switch collection off for the
+		// others: report it and go on.
+		r.Skipped++
+		c.Metrics.Orphans.WithLabelValues(t.Kind, "skipped").Inc()
+		c.Log.Info("Orphan collection skips a backend", "kind", t.Kind, "error", err)
+		c.event(t, event.Warning("OrphanCollectionSkipped", errors.Wrap(err, "orphans of this configuration are not collected")))
+		errs = append(errs, errors.Wrapf(err, "cannot collect %s instances", t.Kind))
 	}
 	return r, stderrors.Join(errs...)
+}
+
+// collect deletes the orphans among one target's instances.
+func (c *Collector) collect(ctx context.Context, t Target, instances []backend.Instance, owners map[types.UID]bool, r *Report) []error {
+	var errs []error
+	for _, i := range instances {
+		switch {
+		case !i.Owner.OfCluster(c.ClusterID):
+			r.Foreign++
+		case owners[i.Owner.UID], i.Owner.Retain:
+			// Retained instances were made to outlive their Proxy.
+			r.Owned++
+		case c.Now().Sub(i.CreatedAt) < c.Grace:
+			r.TooYoung++
+			c.Metrics.Orphans.WithLabelValues(t.Kind, "too-young").Inc()
+		case c.DryRun:
+			r.DryRun++
+			c.Metrics.Orphans.WithLabelValues(t.Kind, "dry-run").Inc()
+			c.Log.Info("Orphan found (dry run: not deleted)", "instance", i.ProviderID, "proxy", i.Owner.Namespace+"/"+i.Owner.Name, "uid", i.Owner.UID)
+			c.event(t, event.Normal("OrphanFound", fmt.Sprintf("dry run: %s belongs to Proxy %s/%s (uid %s), which no longer exists", i.ProviderID, i.Owner.Namespace, i.Owner.Name, i.Owner.UID)))
+		default:
+			if err := t.Backend.Delete(ctx, i.Ref); err != nil {
+				r.Failed++
+				errs = append(errs, errors.Wrapf(err, "cannot delete orphan %s", i.ProviderID))
+				c.event(t, event.Warning("OrphanDeleteFailed", errors.Wrapf(err, "cannot delete orphan %s", i.ProviderID)))
+				continue
+			}
+			r.Deleted++
+			c.Metrics.Orphans.WithLabelValues(t.Kind, "deleted").Inc()
+			c.Log.Info("Deleted orphan", "instance", i.ProviderID, "proxy", i.Owner.Namespace+"/"+i.Owner.Name, "uid", i.Owner.UID)
+			c.event(t, event.Normal("OrphanDeleted", fmt.Sprintf("deleted %s: its Proxy %s/%s (uid %s) no longer exists", i.ProviderID, i.Owner.Namespace, i.Owner.Name, i.Owner.UID)))
+		}
+	}
+	return errs
 }
 
 func (c *Collector) event(t Target, e event.Event) {

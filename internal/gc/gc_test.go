@@ -3,15 +3,19 @@ package gc
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/fake"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
@@ -47,6 +51,11 @@ func TestCollect(t *testing.T) {
 		"OrphanOld":      {reason: "An old orphan is deleted.", instance: inst("c", "me", "gone-uid", time.Hour), want: Report{Deleted: 1}, wantGone: true},
 		"DryRun":         {reason: "Dry run only counts.", instance: inst("d", "me", "gone-uid", time.Hour), dryRun: true, want: Report{DryRun: 1}},
 		"Foreign":        {reason: "Another cluster's instances are never touched.", instance: inst("e", "other-cluster", "gone-uid", time.Hour), want: Report{Foreign: 1}},
+		"Retained": {reason: "An instance made under management policies without Delete outlives its Proxy.", instance: func() backend.Instance {
+			i := inst("f", "me", "gone-uid", time.Hour)
+			i.Owner.Retain = true
+			return i
+		}(), want: Report{Owned: 1}},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -87,3 +96,83 @@ func TestCollectNothingWithoutOwners(t *testing.T) {
 		t.Error("and touch no backend")
 	}
 }
+
+// TestCollectSkipsBrokenTargets: one ProviderConfig whose backend cannot be
+// built, or cannot list, is reported and skipped; every other backend is
+// collected all the same.
+func TestCollectSkipsBrokenTargets(t *testing.T) {
+	good, listless := fake.New(), fake.New()
+	good.Put(inst("orphan", "me", "gone-uid", time.Hour))
+	listless.ListErr = backend.Errorf(backend.ClassTransient, "apiserver of the pods' cluster unreachable")
+	rec := &recorder{}
+	c := &Collector{
+		Sources: sources{targets: []Target{
+			{Kind: "GCP", Err: errors.New("cannot read the service-account key: secret not found"), Object: &v1alpha1.ClusterProviderConfig{}},
+			{Kind: "Kubernetes", Backend: listless, Object: &v1alpha1.ClusterProviderConfig{}},
+			{Kind: "Local", Backend: good},
+		}, owners: map[types.UID]bool{}},
+		ClusterID: "me", Grace: time.Minute, Now: func() time.Time { return now },
+		Log: logging.NewNopLogger(), Record: rec, Metrics: metrics.NewProvider(),
+	}
+	r, err := c.Collect(context.Background())
+	if err == nil || !strings.Contains(err.Error(), "service-account key") || !strings.Contains(err.Error(), "unreachable") {
+		t.Errorf("the broken targets are reported: %v", err)
+	}
+	if r.Deleted != 1 || r.Skipped != 2 {
+		t.Errorf("the good backend is collected and the two broken ones skipped: %+v", r)
+	}
+	if _, err := good.Get(context.Background(), backend.Ref{Name: "orphan"}); !backend.IsNotFound(err) {
+		t.Error("the orphan of the good backend is gone")
+	}
+	if n := testutil.ToFloat64(c.Metrics.Orphans.WithLabelValues("GCP", "skipped")); n != 1 {
+		t.Errorf("a skipped target is counted: %v", n)
+	}
+	skipped := 0
+	for _, e := range rec.events {
+		if e.Reason == "OrphanCollectionSkipped" && e.Type == event.TypeWarning {
+			skipped++
+		}
+	}
+	if skipped != 2 {
+		t.Errorf("each skipped configuration gets a Warning event: %+v", rec.events)
+	}
+}
+
+// TestCollectClusterIDEncoding: a cluster ID that no label value can hold
+// as it is (Prod-EU, upper case, is fine on Kubernetes but not on GCP) is
+// compared through the encoding it was written with.
+func TestCollectClusterIDEncoding(t *testing.T) {
+	for name, labels := range map[string]func(ownership.Owner) map[string]string{
+		"Kubernetes": ownership.Owner.Labels, "GCP": ownership.Owner.GCPLabels,
+	} {
+		t.Run(name, func(t *testing.T) {
+			written := ownership.Owner{ClusterID: "Prod-EU/one", Namespace: "team", Name: "p", UID: "gone-uid"}
+			read, ok := ownership.FromLabels(labels(written))
+			if !ok || read.ClusterID == "Prod-EU/one" {
+				t.Fatalf("the label holds an encoded cluster ID: %+v", read)
+			}
+			b := fake.New()
+			i := inst("x", "", "gone-uid", time.Hour)
+			i.Owner = read
+			b.Put(i)
+			c := &Collector{
+				Sources:   sources{targets: []Target{{Kind: name, Backend: b}}, owners: map[types.UID]bool{}},
+				ClusterID: "Prod-EU/one", Grace: time.Minute, Now: func() time.Time { return now },
+				Log: logging.NewNopLogger(), Record: event.NewNopRecorder(), Metrics: metrics.NewProvider(),
+			}
+			if r, err := c.Collect(context.Background()); err != nil || r.Deleted != 1 || r.Foreign != 0 {
+				t.Errorf("this cluster's orphan is recognised and collected: %+v, %v", r, err)
+			}
+			c.ClusterID = "Prod-US/one"
+			b.Put(i)
+			if r, _ := c.Collect(context.Background()); r.Foreign != 1 {
+				t.Errorf("another cluster's instance stays foreign: %+v", r)
+			}
+		})
+	}
+}
+
+type recorder struct{ events []event.Event }
+
+func (r *recorder) Event(_ runtime.Object, e event.Event)    { r.events = append(r.events, e) }
+func (r *recorder) WithAnnotations(...string) event.Recorder { return r }

@@ -22,6 +22,10 @@ const (
 	LabelUID       = "egress.crawl.example.com/proxy-uid"
 	// LabelOwnerFleet names the fleet of the owning Proxy on an instance.
 	LabelOwnerFleet = "egress.crawl.example.com/fleet"
+	// LabelRetain marks an instance made while its Proxy's management
+	// policies left out Delete: it outlives its Proxy, and the orphan
+	// collector never takes it.
+	LabelRetain = "egress.crawl.example.com/retain"
 
 	// ManagedBy is the value of LabelManagedBy.
 	ManagedBy = "provider-egressproxy"
@@ -36,6 +40,8 @@ type Owner struct {
 	Name      string
 	UID       types.UID
 	Fleet     string
+	// Retain says the instance outlives its Proxy (LabelRetain).
+	Retain bool
 }
 
 // keys maps each Kubernetes key to its GCP form: GCP label keys allow
@@ -47,6 +53,7 @@ var keys = []struct{ k8s, gcp string }{
 	{LabelName, "egress-proxy-name"},
 	{LabelUID, "egress-proxy-uid"},
 	{LabelOwnerFleet, "egress-fleet"},
+	{LabelRetain, "egress-retain"},
 }
 
 func (o Owner) values() map[string]string {
@@ -57,6 +64,7 @@ func (o Owner) values() map[string]string {
 		LabelName:       o.Name,
 		LabelUID:        string(o.UID),
 		LabelOwnerFleet: o.Fleet,
+		LabelRetain:     map[bool]string{true: "true"}[o.Retain],
 	}
 }
 
@@ -92,6 +100,14 @@ func fit(v string, valid *regexp.Regexp, lower bool) string {
 		p = "h"
 	}
 	return p + "-" + h
+}
+
+// OfCluster reports whether the owner, read back from an instance's
+// labels, names clusterID: through the same encoding the label was written
+// with (a Kubernetes or a GCP label value), so that a cluster ID such as
+// Prod-EU, which no label value can hold as it is, still matches.
+func (o Owner) OfCluster(clusterID string) bool {
+	return o.ClusterID == clusterID || o.ClusterID == LabelValue(clusterID) || o.ClusterID == fit(clusterID, gcpValue, true)
 }
 
 // LabelValue is the one encoding of a name as a Kubernetes label value: the
@@ -154,6 +170,7 @@ func FromLabels(l map[string]string) (Owner, bool) {
 		Name:      get(LabelName),
 		UID:       types.UID(get(LabelUID)),
 		Fleet:     get(LabelOwnerFleet),
+		Retain:    get(LabelRetain) == "true",
 	}, true
 }
 

@@ -20,6 +20,10 @@ func TestLabelsRoundTrip(t *testing.T) {
 			reason: "Short names are carried as they are.",
 			owner:  Owner{ClusterID: "c1", Namespace: "crawl-team", Name: "crawlers-abc12", UID: "0b7c6a2e-1111-4222-8333-944455556666", Fleet: "crawlers"},
 		},
+		"Retained": {
+			reason: "An instance made to outlive its Proxy says so on both backends.",
+			owner:  Owner{ClusterID: "c1", Namespace: "crawl-team", Name: "p", UID: "0b7c6a2e-1111-4222-8333-944455556666", Retain: true},
+		},
 		"Long": {
 			reason: "Names longer than a label value are hashed, and the UID still round-trips.",
 			owner:  Owner{ClusterID: "Cluster_ONE", Namespace: "ns", Name: long, UID: "0b7c6a2e-1111-4222-8333-944455556666"},
@@ -45,8 +49,8 @@ func TestLabelsRoundTrip(t *testing.T) {
 				if !ok {
 					t.Fatalf("%s\nFromLabels(%v) did not recognise the scheme", tc.reason, labels)
 				}
-				if got.UID != tc.owner.UID {
-					t.Errorf("%s\nUID: want %s, got %s", tc.reason, tc.owner.UID, got.UID)
+				if got.UID != tc.owner.UID || got.Retain != tc.owner.Retain {
+					t.Errorf("%s\nUID, retain: want %s %v, got %s %v", tc.reason, tc.owner.UID, tc.owner.Retain, got.UID, got.Retain)
 				}
 			}
 		})

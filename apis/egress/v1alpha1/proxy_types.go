@@ -478,6 +478,7 @@ type ProxyStatus struct {
 // +kubebuilder:printcolumn:name="MODE",type="string",JSONPath=".spec.forProvider.mode",priority=1
 // +kubebuilder:printcolumn:name="PHASE",type="string",JSONPath=".status.atProvider.phase",priority=1
 // +kubebuilder:printcolumn:name="PROVIDER-ID",type="string",JSONPath=".status.atProvider.providerID",priority=1
+// +kubebuilder:printcolumn:name="EXTERNAL-NAME",type="string",JSONPath=".metadata.annotations.crossplane\\.io/external-name",priority=1
 type Proxy struct {
 	metav1.TypeMeta   `json:",inline"`
 	metav1.ObjectMeta `json:"metadata,omitempty"`

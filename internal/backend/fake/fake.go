@@ -18,8 +18,9 @@ type Backend struct {
 	mu        sync.Mutex
 	instances map[string]backend.Instance
 
-	// CreateErr, GetErr and DeleteErr, when set, are returned by every call.
-	CreateErr, GetErr, DeleteErr error
+	// CreateErr, GetErr, DeleteErr and ListErr, when set, are returned by
+	// every call.
+	CreateErr, GetErr, DeleteErr, ListErr error
 	// Host is given to created instances; empty means 127.0.0.1.
 	Host string
 	// Phase is given to created instances; empty means Running.
@@ -27,8 +28,14 @@ type Backend struct {
 	// Now stamps CreatedAt; nil means time.Now.
 	Now func() time.Time
 
+	// Linger is how many Gets a deleted instance is still seen, Terminated,
+	// as a VM being deleted keeps its name for a while; zero means none.
+	Linger int
+
 	// Calls counts calls by method name.
 	Calls map[string]int
+
+	lingering map[string]int
 }
 
 // New returns an empty fake backend.
@@ -52,6 +59,9 @@ func (b *Backend) Create(_ context.Context, s backend.Spec) (*backend.Instance, 
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if _, deleting := b.lingering[s.Name]; deleting {
+		return nil, backend.Errorf(backend.ClassTransient, "instance %s is still being deleted", s.Name)
+	}
 	if i, ok := b.instances[s.Name]; ok {
 		return &i, nil
 	}
@@ -86,6 +96,15 @@ func (b *Backend) Get(_ context.Context, r backend.Ref) (*backend.Instance, erro
 	if !ok {
 		return nil, backend.Errorf(backend.ClassNotFound, "instance %s not found", r.Name)
 	}
+	if left, deleting := b.lingering[r.Name]; deleting {
+		if left <= 1 {
+			delete(b.lingering, r.Name)
+			delete(b.instances, r.Name)
+		} else {
+			b.lingering[r.Name] = left - 1
+		}
+		i.Phase, i.Host = v1alpha1.InstancePhaseTerminated, ""
+	}
 	return &i, nil
 }
 
@@ -97,6 +116,15 @@ func (b *Backend) Delete(_ context.Context, r backend.Ref) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if _, ok := b.instances[r.Name]; ok && b.Linger > 0 {
+		if _, deleting := b.lingering[r.Name]; !deleting {
+			if b.lingering == nil {
+				b.lingering = map[string]int{}
+			}
+			b.lingering[r.Name] = b.Linger
+		}
+		return nil
+	}
 	delete(b.instances, r.Name)
 	return nil
 }
@@ -106,6 +134,9 @@ func (b *Backend) ListOwned(_ context.Context) ([]backend.Instance, error) {
 	b.count("ListOwned")
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.ListErr != nil {
+		return nil, b.ListErr
+	}
 	out := make([]backend.Instance, 0, len(b.instances))
 	for _, i := range b.instances {
 		out = append(out, i)

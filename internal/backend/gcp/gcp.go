@@ -36,6 +36,8 @@ import (
 const (
 	labelSpecHash = "egress-spec-hash"
 	labelPort     = "egress-port"
+	// labelRetain is ownership.LabelRetain in GCP's form.
+	labelRetain = "egress-retain"
 )
 
 // Where the generated startup script puts Squid's files on the VM: under
@@ -753,6 +755,12 @@ func (b *Backend) instance(vm *computepb.Instance, zone string) *backend.Instanc
 	if i.Phase == v1alpha1.InstancePhaseRunning {
 		i.Host = natIP(vm)
 	}
+	if i.Phase == v1alpha1.InstancePhaseTerminated {
+		i.Reason = "VM status " + vm.GetStatus()
+		if m := vm.GetStatusMessage(); m != "" {
+			i.Reason += ": " + m
+		}
+	}
 	return i
 }
 
@@ -833,4 +841,26 @@ func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
 			out = append(out, *b.instance(vm, zone))
 		}
 	}
+}
+
+// SetRetain labels the VM to outlive its Proxy or not. It does not wait for
+// the operation: the next Observe sees the label.
+func (b *Backend) SetRetain(ctx context.Context, r backend.Ref, retain bool) error {
+	vm, err := b.instances.Get(ctx, &computepb.GetInstanceRequest{Project: b.cfg.Project, Zone: r.Zone, Instance: r.Name})
+	if err != nil {
+		return errors.Wrapf(Classify(err), "cannot get VM %s", r.Name)
+	}
+	labels := map[string]string{}
+	for k, v := range vm.GetLabels() {
+		labels[k] = v
+	}
+	delete(labels, labelRetain)
+	if retain {
+		labels[labelRetain] = "true"
+	}
+	_, err = b.instances.SetLabels(ctx, &computepb.SetLabelsInstanceRequest{
+		Project: b.cfg.Project, Zone: r.Zone, Instance: r.Name,
+		InstancesSetLabelsRequestResource: &computepb.InstancesSetLabelsRequest{Labels: labels, LabelFingerprint: vm.LabelFingerprint},
+	})
+	return errors.Wrapf(Classify(err), "cannot label VM %s", r.Name)
 }

@@ -5,6 +5,8 @@ package kubernetes
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"net/http"
 	"sort"
 	"strings"
@@ -279,7 +281,30 @@ func (b *Backend) instance(p *corev1.Pod) *backend.Instance {
 	if i.Phase == v1alpha1.InstancePhaseRunning {
 		i.Host = p.Status.PodIP
 	}
+	if i.Phase == v1alpha1.InstancePhaseTerminated {
+		i.Reason = terminationReason(p)
+	}
 	return i
+}
+
+// terminationReason says why a pod stopped, as its status does.
+func terminationReason(p *corev1.Pod) string {
+	why := "pod " + string(p.Status.Phase)
+	if p.DeletionTimestamp != nil {
+		why = "pod being deleted"
+	}
+	if p.Status.Reason != "" {
+		why += ": " + p.Status.Reason
+	}
+	for _, cs := range p.Status.ContainerStatuses {
+		if t := cs.State.Terminated; t != nil {
+			why += fmt.Sprintf("; container %s exited %d (%s) %s", cs.Name, t.ExitCode, t.Reason, t.Message)
+		}
+	}
+	if p.Status.Message != "" {
+		why += ": " + p.Status.Message
+	}
+	return why
 }
 
 // Get observes a pod.
@@ -344,4 +369,24 @@ func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
 // bytes change only when the credentials do.
 func saltFor(uid types.UID) string {
 	return ownership.InstanceName(uid)[len("egress-"):][:8]
+}
+
+// SetRetain labels the pod, and its config Secret and network policy, to
+// outlive the Proxy or not.
+func (b *Backend) SetRetain(ctx context.Context, r backend.Ref, retain bool) error {
+	value := any(nil)
+	if retain {
+		value = "true"
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]any{ownership.LabelRetain: value}}})
+	if err != nil {
+		return err
+	}
+	meta := metav1.ObjectMeta{Name: r.Name, Namespace: r.Namespace}
+	for _, o := range []client.Object{&corev1.Pod{ObjectMeta: meta}, &corev1.Secret{ObjectMeta: meta}, &networkingv1.NetworkPolicy{ObjectMeta: meta}} {
+		if err := b.cfg.Client.Patch(ctx, o, client.RawPatch(types.MergePatchType, patch)); err != nil && !kerrors.IsNotFound(err) {
+			return Classify(errors.Wrapf(err, "cannot label %s/%s", r.Namespace, r.Name))
+		}
+	}
+	return nil
 }

@@ -10,6 +10,7 @@ import (
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
@@ -122,5 +123,43 @@ func TestOrphanedPolicyListed(t *testing.T) {
 	}
 	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: s.Name}, &networkingv1.NetworkPolicy{}); !kerrors.IsNotFound(err) {
 		t.Errorf("Delete must remove the policy: %v", err)
+	}
+}
+
+// TestSetRetain: marking an instance to outlive its Proxy labels its pod,
+// config Secret and network policy, and the mark reads back through
+// ListOwned; unmarking removes the label.
+func TestSetRetain(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ctx := context.Background()
+	ns := bed.Namespace(t)
+	b := kubernetes.New(kubernetes.Config{Client: bed.Client, ClusterID: "keep"})
+	uid := types.UID("7a2c9c6e-1111-4222-8333-944455556666")
+	s := backend.Spec{
+		Ref:   backend.Ref{Name: ownership.InstanceName(uid), Namespace: ns},
+		Owner: ownership.Owner{ClusterID: "keep", Namespace: ns, Name: "p", UID: uid}, Port: 3128,
+		Credentials: &backend.Credentials{Username: "crawler", Password: "pw"},
+		Kubernetes:  &v1alpha1.KubernetesPlacement{}, Hash: "h",
+	}
+	if _, err := b.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	for _, retain := range []bool{true, false} {
+		if err := b.SetRetain(ctx, s.Ref, retain); err != nil {
+			t.Fatal(err)
+		}
+		key := types.NamespacedName{Namespace: ns, Name: s.Name}
+		for _, o := range []client.Object{&corev1.Pod{}, &corev1.Secret{}, &networkingv1.NetworkPolicy{}} {
+			if err := bed.Client.Get(ctx, key, o); err != nil {
+				t.Fatal(err)
+			}
+			if got := o.GetLabels()[ownership.LabelRetain] == "true"; got != retain {
+				t.Errorf("%T retain label: want %v, got %v", o, retain, o.GetLabels())
+			}
+		}
+		i, err := b.Get(ctx, s.Ref)
+		if err != nil || i.Owner.Retain != retain {
+			t.Errorf("the mark reads back: want %v, got %+v, %v", retain, i, err)
+		}
 	}
 }

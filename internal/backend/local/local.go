@@ -619,3 +619,25 @@ func hostAddresses(bind string) []string {
 	}
 	return out
 }
+
+// SetRetain rewrites the instance's record with the retain mark, through a
+// temporary file renamed into place.
+func (b *Backend) SetRetain(_ context.Context, r backend.Ref, retain bool) error {
+	rec, err := b.readRecord(r.Name)
+	if err != nil {
+		return err
+	}
+	if rec.Owner.Retain == retain {
+		return nil
+	}
+	rec.Owner.Retain = retain
+	raw, err := json.Marshal(rec)
+	if err != nil {
+		return errors.Wrap(err, "cannot encode instance record")
+	}
+	tmp := filepath.Join(b.dir(r.Name), fileRecord+".tmp")
+	if err := os.WriteFile(tmp, raw, 0o600); err != nil {
+		return errors.Wrapf(err, "cannot write instance %s", r.Name)
+	}
+	return errors.Wrapf(os.Rename(tmp, filepath.Join(b.dir(r.Name), fileRecord)), "cannot write instance %s", r.Name)
+}

@@ -300,6 +300,15 @@ func TestListOwned(t *testing.T) {
 	if got, _ := other.ListOwned(ctx); len(got) != 0 {
 		t.Errorf("another cluster must not list this cluster's instances: %+v", got)
 	}
+	// The retain mark is kept in the instance's record and listed.
+	for _, retain := range []bool{true, false} {
+		if err := b.SetRetain(ctx, s.Ref, retain); err != nil {
+			t.Fatal(err)
+		}
+		if got, err := b.ListOwned(ctx); err != nil || len(got) != 1 || got[0].Owner.Retain != retain {
+			t.Errorf("retain %v: listed %+v, %v", retain, got, err)
+		}
+	}
 }
 
 func TestUnreachableStateDir(t *testing.T) {

@@ -2,36 +2,17 @@ package proxy
 
 import (
 	"context"
-	"encoding/json"
-	stderrors "errors"
-	"fmt"
-	"net"
-	"net/netip"
-	"net/url"
-	"path/filepath"
-	"sync"
-	"syscall"
-	"time"
+	"strconv"
 
-	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	"github.com/pkg/errors"
-	"google.golang.org/api/option"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/resource"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/kubernetes"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/gc"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/squid"
 )
 
 // resolveConfig reads the ProviderConfig or ClusterProviderConfig a Proxy
@@ -47,13 +28,13 @@ func resolveConfig(ctx context.Context, kube client.Client, p *v1alpha1.Proxy) (
 		if err := kube.Get(ctx, types.NamespacedName{Name: ref.Name}, pc); err != nil {
 			return nil, configError(err, ref.Kind, ref.Name)
 		}
-		return &config{Kind: ref.Kind, Name: pc.Name, UID: pc.UID, Version: pc.ResourceVersion, Spec: pc.Spec}, nil
+		return &config{Kind: ref.Kind, Name: pc.Name, UID: pc.UID, Version: strconv.FormatInt(pc.Generation, 10), Spec: pc.Spec}, nil
 	case v1alpha1.ProviderConfigKind:
 		pc := &v1alpha1.ProviderConfig{}
 		if err := kube.Get(ctx, types.NamespacedName{Namespace: p.GetNamespace(), Name: ref.Name}, pc); err != nil {
 			return nil, configError(err, ref.Kind, p.GetNamespace()+"/"+ref.Name)
 		}
-		return &config{Kind: ref.Kind, Name: pc.Name, Namespace: pc.Namespace, UID: pc.UID, Version: pc.ResourceVersion, Spec: pc.Spec}, nil
+		return &config{Kind: ref.Kind, Name: pc.Name, Namespace: pc.Namespace, UID: pc.UID, Version: strconv.FormatInt(pc.Generation, 10), Spec: pc.Spec}, nil
 	default:
 		return nil, errors.Errorf("spec.providerConfigRef.kind %q is neither %s nor %s", ref.Kind, v1alpha1.ProviderConfigKind, v1alpha1.ClusterProviderConfigKind)
 	}
@@ -88,178 +69,6 @@ func (u *usageTracker) Track(ctx context.Context, p *v1alpha1.Proxy) error {
 	return u.namespaced.Track(ctx, p)
 }
 
-// Backends builds, and keeps, the backend of each configuration. Local
-// backends supervise processes, so there is exactly one per state dir for
-// the life of the provider; clients of other clusters are reused until their
-// configuration changes.
-type Backends struct {
-	// Kube reaches the cluster the provider runs in.
-	Kube client.Client
-	// Config is the provider's own rest config, for in-cluster identity.
-	Config *rest.Config
-	// ClusterID is stamped on every instance.
-	ClusterID string
-	// StateDir is where local proxies live when a ProviderConfig names no
-	// state dir.
-	StateDir string
-	// RestartDelay is how long a dead local Squid stays down before its
-	// supervisor restarts it; zero means the local backend's default.
-	RestartDelay time.Duration
-	// GCPClientOptions are added to every Compute API client, after the
-	// credentials; tests point them at a fake of the API.
-	GCPClientOptions []option.ClientOption
-	// GCPOperationTimeout bounds how long a GCP Create waits for its
-	// insert operations; zero means the backend's default.
-	GCPOperationTimeout time.Duration
-	// Logger for backends.
-	Logger logging.Logger
-
-	mu    sync.Mutex
-	local map[string]*local.Backend
-	// remote holds the backends that are API clients (pods, VMs), by
-	// configuration UID and version.
-	remote map[string]backend.Backend
-}
-
-// For returns pc's backend.
-func (b *Backends) For(ctx context.Context, pc *config) (backend.Backend, error) {
-	if err := tenantConfig(pc); err != nil {
-		return nil, backend.Wrap(backend.ClassPermanent, err)
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.local == nil {
-		b.local, b.remote = map[string]*local.Backend{}, map[string]backend.Backend{}
-	}
-	switch pc.Spec.Backend {
-	case v1alpha1.BackendLocal:
-		cfg := local.Config{StateDir: b.StateDir, ClusterID: b.ClusterID, RestartDelay: b.RestartDelay, Logger: b.Logger}
-		if l := pc.Spec.Local; l != nil {
-			cfg.SquidPath, cfg.PortRange = l.SquidPath, l.PortRange
-			if l.StateDir != "" {
-				cfg.StateDir = l.StateDir
-			}
-		}
-		if cfg.StateDir == "" {
-			return nil, backend.Errorf(backend.ClassPermanent, "no state dir: set spec.local.stateDir or start the provider with --state-dir")
-		}
-		cfg.StateDir = filepath.Clean(cfg.StateDir)
-		if lb, ok := b.local[cfg.StateDir]; ok {
-			return lb, nil
-		}
-		lb, err := local.New(cfg)
-		if err != nil {
-			return nil, err
-		}
-		b.local[cfg.StateDir] = lb
-		return lb, nil
-	case v1alpha1.BackendKubernetes:
-		key := fmt.Sprintf("%s/%s", pc.UID, pc.Version)
-		if kb, ok := b.remote[key]; ok {
-			return kb, nil
-		}
-		c, err := b.kubeClient(ctx, pc)
-		if err != nil {
-			return nil, err
-		}
-		kb := kubernetes.New(kubernetes.Config{Client: c, ClusterID: b.ClusterID})
-		b.remote[key] = kb
-		return kb, nil
-	case v1alpha1.BackendGCP:
-		return b.gcpBackend(ctx, pc)
-	default:
-		return nil, backend.Errorf(backend.ClassPermanent, "the %s backend is not available in this provider version", pc.Spec.Backend)
-	}
-}
-
-// gcpBackend returns the GCP backend of pc, made once per configuration
-// version. The caller holds b.mu.
-func (b *Backends) gcpBackend(ctx context.Context, pc *config) (backend.Backend, error) {
-	key := fmt.Sprintf("%s/%s", pc.UID, pc.Version)
-	if gb, ok := b.remote[key]; ok {
-		return gb, nil
-	}
-	g := pc.Spec.GCP
-	if g == nil {
-		return nil, backend.Errorf(backend.ClassPermanent, "%s %s has no gcp settings: set spec.gcp.project and spec.gcp.credentials", pc.Kind, pc.Name)
-	}
-	var opts []option.ClientOption
-	if g.Credentials.Source == xpv2.CredentialsSourceSecret {
-		sel := g.Credentials.CommonCredentialSelectors
-		if sel.SecretRef != nil && pc.Namespace != "" {
-			sel.SecretRef = sel.SecretRef.DeepCopy()
-			sel.SecretRef.Namespace = pc.Namespace
-		}
-		key, err := resource.CommonCredentialExtractor(ctx, g.Credentials.Source, b.Kube, sel)
-		if err != nil {
-			return nil, errors.Wrap(err, "cannot read the service-account key")
-		}
-		typ, key, err := gcpKey(key, pc.Namespace != "")
-		if err != nil {
-			return nil, backend.Wrap(backend.ClassPermanent, errors.Wrapf(err, "%s %s", pc.Kind, pc.Name))
-		}
-		opts = append(opts, option.WithAuthCredentialsJSON(typ, key))
-	}
-	opts = append(opts, b.GCPClientOptions...)
-	gb, err := gcp.New(ctx, gcp.Config{Project: g.Project, ClusterID: b.ClusterID, ClientOptions: opts, OperationTimeout: b.GCPOperationTimeout})
-	if err != nil {
-		return nil, err
-	}
-	b.remote[key] = gb
-	return gb, nil
-}
-
-// kubeClient returns an uncached client for the pods' cluster: proxy pods
-// are read one at a time, which does not warrant a cluster-wide pod cache.
-func (b *Backends) kubeClient(ctx context.Context, pc *config) (client.Client, error) {
-	cfg := b.Config
-	if k := pc.Spec.Kubernetes; k != nil && k.Credentials != nil && k.Credentials.Source == xpv2.CredentialsSourceSecret {
-		sel := k.Credentials.CommonCredentialSelectors
-		if sel.SecretRef != nil && pc.Namespace != "" {
-			// A namespaced ProviderConfig may only read Secrets of its own
-			// namespace.
-			sel.SecretRef = sel.SecretRef.DeepCopy()
-			sel.SecretRef.Namespace = pc.Namespace
-		}
-		kc, err := resource.CommonCredentialExtractor(ctx, k.Credentials.Source, b.Kube, sel)
-		if err != nil {
-			return nil, errors.Wrap(err, "cannot read kubeconfig")
-		}
-		if pc.Namespace != "" {
-			// A tenant's kubeconfig must not make the provider run a
-			// program, read its files or send its token anywhere.
-			if err := inlineKubeconfig(kc); err != nil {
-				return nil, backend.Wrap(backend.ClassPermanent, errors.Wrapf(err, "%s %s/%s", pc.Kind, pc.Namespace, pc.Name))
-			}
-		}
-		if cfg, err = clientcmd.RESTConfigFromKubeConfig(kc); err != nil {
-			return nil, backend.Wrap(backend.ClassPermanent, errors.Wrap(err, "cannot parse kubeconfig"))
-		}
-		if pc.Namespace != "" {
-			cfg.ExecProvider, cfg.AuthProvider, cfg.BearerTokenFile = nil, nil, ""
-			if u, err := url.Parse(cfg.Host); err != nil || u.Scheme != "https" {
-				return nil, backend.Errorf(backend.ClassPermanent, "%s %s/%s: the kubeconfig's server %q must be an https URL", pc.Kind, pc.Namespace, pc.Name, cfg.Host)
-			}
-			// Checked at every connection, after DNS: a name that
-			// resolves to the provider's host or a metadata server
-			// later is refused then.
-			cfg.Dial = (&net.Dialer{Timeout: 30 * time.Second, Control: refuseHostAndMetadata}).DialContext
-		}
-	}
-	c, err := client.New(cfg, client.Options{Scheme: b.Kube.Scheme()})
-	return c, errors.Wrap(err, "cannot create client for the pod cluster")
-}
-
-// Close stops supervising local processes without stopping them, so the
-// next provider re-adopts them.
-func (b *Backends) Close() {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	for _, lb := range b.local {
-		lb.Close()
-	}
-}
-
 // CollectorSources gives the orphan collector the backend of every
 // configuration in the cluster and the UID of every Proxy.
 type CollectorSources struct {
@@ -285,7 +94,7 @@ func (s CollectorSources) Targets(ctx context.Context) ([]gc.Target, error) {
 		configs = append(configs, struct {
 			c   *config
 			obj client.Object
-		}{&config{Kind: v1alpha1.ProviderConfigKind, Name: pc.Name, Namespace: pc.Namespace, UID: pc.UID, Version: pc.ResourceVersion, Spec: pc.Spec}, pc})
+		}{&config{Kind: v1alpha1.ProviderConfigKind, Name: pc.Name, Namespace: pc.Namespace, UID: pc.UID, Version: strconv.FormatInt(pc.Generation, 10), Spec: pc.Spec}, pc})
 	}
 	cpcs := &v1alpha1.ClusterProviderConfigList{}
 	if err := s.Kube.List(ctx, cpcs); err != nil {
@@ -296,19 +105,25 @@ func (s CollectorSources) Targets(ctx context.Context) ([]gc.Target, error) {
 		configs = append(configs, struct {
 			c   *config
 			obj client.Object
-		}{&config{Kind: v1alpha1.ClusterProviderConfigKind, Name: pc.Name, UID: pc.UID, Version: pc.ResourceVersion, Spec: pc.Spec}, pc})
+		}{&config{Kind: v1alpha1.ClusterProviderConfigKind, Name: pc.Name, UID: pc.UID, Version: strconv.FormatInt(pc.Generation, 10), Spec: pc.Spec}, pc})
 	}
-	var out []gc.Target
-	var errs []error
+	out := make([]gc.Target, 0, len(configs))
+	live := map[types.UID]bool{}
+	for _, c := range configs {
+		live[c.c.UID] = true
+	}
+	// Clients of configurations that are gone are let go.
+	if p, ok := s.Backends.(interface{ prune(map[types.UID]bool) }); ok {
+		p.prune(live)
+	}
 	for _, c := range configs {
 		b, err := s.Backends.For(ctx, c.c)
 		if err != nil {
-			errs = append(errs, errors.Wrapf(err, "cannot use %s %s", c.c.Kind, c.c.Name))
-			continue
+			err = errors.Wrapf(err, "cannot use %s %s", c.c.Kind, c.c.Name)
 		}
-		out = append(out, gc.Target{Kind: string(c.c.Spec.Backend), Backend: b, Object: c.obj})
+		out = append(out, gc.Target{Kind: string(c.c.Spec.Backend), Backend: b, Object: c.obj, Err: err})
 	}
-	return out, stderrors.Join(errs...)
+	return out, nil
 }
 
 // Owners lists the UID of every Proxy.
@@ -322,86 +137,4 @@ func (s CollectorSources) Owners(ctx context.Context) (map[types.UID]bool, error
 		out[p.UID] = true
 	}
 	return out, nil
-}
-
-// refuseHostAndMetadata refuses a connection to the provider's own host,
-// link-local addresses or a cloud metadata server, where a tenant's
-// kubeconfig could otherwise point the provider.
-func refuseHostAndMetadata(_, address string, _ syscall.RawConn) error {
-	ap, err := netip.ParseAddrPort(address)
-	if err != nil {
-		return errors.Errorf("cannot tell where %s is", address)
-	}
-	if squid.HostOrMetadata(ap.Addr()) {
-		return errors.Errorf("a namespaced ProviderConfig's kubeconfig may not reach %s: it is the provider's host, link-local or a metadata server", ap.Addr())
-	}
-	return nil
-}
-
-// inlineKubeconfig accepts a kubeconfig that carries everything inline:
-// one cluster and one user, authenticated by a token, a client certificate
-// or a password given in the file. Exec and auth-provider plugins, token,
-// certificate and CA files, and proxies are refused, since they would make
-// the provider run a program, read its own files (its ServiceAccount
-// token) or send requests where the kubeconfig's author chose.
-func inlineKubeconfig(raw []byte) error {
-	c, err := clientcmd.Load(raw)
-	if err != nil {
-		return errors.Wrap(err, "cannot parse kubeconfig")
-	}
-	for name, u := range c.AuthInfos {
-		switch {
-		case u.Exec != nil:
-			return errors.Errorf("kubeconfig user %q runs an exec plugin: a namespaced ProviderConfig's kubeconfig must carry its credentials inline", name)
-		case u.AuthProvider != nil:
-			return errors.Errorf("kubeconfig user %q uses an auth provider plugin: a namespaced ProviderConfig's kubeconfig must carry its credentials inline", name)
-		case u.TokenFile != "" || u.ClientCertificate != "" || u.ClientKey != "":
-			return errors.Errorf("kubeconfig user %q names files on the provider's host: a namespaced ProviderConfig's kubeconfig must carry its credentials inline", name)
-		case u.Impersonate != "" || len(u.ImpersonateGroups) > 0 || u.ImpersonateUID != "":
-			return errors.Errorf("kubeconfig user %q impersonates: a namespaced ProviderConfig's kubeconfig acts as itself", name)
-		}
-	}
-	for name, cl := range c.Clusters {
-		if cl.CertificateAuthority != "" || cl.ProxyURL != "" {
-			return errors.Errorf("kubeconfig cluster %q names a CA file or a proxy: a namespaced ProviderConfig's kubeconfig must carry its CA inline and connect directly", name)
-		}
-	}
-	return nil
-}
-
-// googleTokenURI is where a service-account key's JWT is exchanged.
-const googleTokenURI = "https://oauth2.googleapis.com/token"
-
-// gcpKey reads a GCP credentials file and returns its type and the key to
-// use. It must be a service-account key: the other kinds (external
-// accounts above all) make the provider read files, run programs or send
-// requests where their author chose, and the client library does not check
-// the declared type on every path. A tenant's (a namespaced
-// ProviderConfig's) key is rebuilt from the fields a key needs, with
-// Google's token URI, so that its own token_uri cannot send the provider's
-// requests to the metadata server or the provider's own endpoints.
-func gcpKey(key []byte, tenant bool) (option.CredentialsType, []byte, error) {
-	var f struct {
-		Type         string `json:"type"`
-		ProjectID    string `json:"project_id,omitempty"`
-		PrivateKeyID string `json:"private_key_id,omitempty"`
-		PrivateKey   string `json:"private_key"`
-		ClientEmail  string `json:"client_email"`
-		ClientID     string `json:"client_id,omitempty"`
-		TokenURI     string `json:"token_uri"`
-	}
-	if err := json.Unmarshal(key, &f); err != nil {
-		return "", nil, errors.New("the GCP credentials are not JSON")
-	}
-	t := option.CredentialsType(f.Type)
-	switch {
-	case t == option.ServiceAccount && tenant:
-		f.TokenURI = googleTokenURI
-		clean, err := json.Marshal(f)
-		return t, clean, errors.Wrap(err, "cannot rebuild the service-account key")
-	case t == option.ServiceAccount:
-		return t, key, nil
-	default:
-		return "", nil, errors.Errorf("the GCP credentials are of type %q: spec.gcp.credentials takes only a service-account key (type %q); for workload identity use source InjectedIdentity on a ClusterProviderConfig", f.Type, option.ServiceAccount)
-	}
 }

@@ -26,7 +26,78 @@ const (
 	annotationCreateGeneration = "egress.crawl.example.com/create-error-generation"
 	// annotationCreateOperation names a creation Create left running.
 	annotationCreateOperation = "egress.crawl.example.com/create-operation"
+	// annotationTerminations counts the instances that terminated in a
+	// row, the last at annotationLastTermination.
+	annotationTerminations    = "egress.crawl.example.com/terminations"
+	annotationLastTermination = "egress.crawl.example.com/last-termination"
+	// annotationTerminatedInstance names the terminated instance Observe
+	// found (its ID and creation time), and annotationCountedTermination
+	// the last one counted: an instance still on its way out is seen by
+	// several reconciles, and counts once.
+	annotationTerminatedInstance = "egress.crawl.example.com/terminated-instance"
+	annotationCountedTermination = "egress.crawl.example.com/counted-termination"
 )
+
+// classTerminated holds off the replacement of an instance that keeps
+// terminating (a pod whose image cannot run, a VM preempted again and
+// again).
+const classTerminated backend.Class = "Terminated"
+
+// maxTerminationHold is the longest a replacement waits.
+const maxTerminationHold = 10 * time.Minute
+
+// terminationMemory is how long an instance must last for its
+// predecessors' terminations to be forgotten.
+const terminationMemory = 30 * time.Minute
+
+// replaceTerminated counts a terminated instance about to be replaced and
+// says how long its replacement must wait: not at all the first time, then
+// 10s doubling to 10 minutes while instances keep terminating.
+func replaceTerminated(p *v1alpha1.Proxy, now time.Time) (int, time.Duration) {
+	a := p.GetAnnotations()
+	n, _ := strconv.Atoi(a[annotationTerminations])
+	if id := a[annotationTerminatedInstance]; id != "" && id == a[annotationCountedTermination] {
+		// Counted already; it is still on its way out.
+		return n, 0
+	}
+	last, _ := time.Parse(time.RFC3339, a[annotationLastTermination])
+	// A time in the future (another replica's skewed clock, a hand edit)
+	// counts as now.
+	if last.After(now) {
+		last = now
+	}
+	if now.Sub(last) > terminationMemory {
+		n = 0
+	}
+	n++
+	meta.AddAnnotations(p, map[string]string{
+		annotationTerminations:       strconv.Itoa(n),
+		annotationLastTermination:    now.UTC().Format(time.RFC3339),
+		annotationCountedTermination: a[annotationTerminatedInstance],
+	})
+	if n == 1 {
+		return n, 0
+	}
+	d := 10 * time.Second
+	for i := 2; i < n && d < maxTerminationHold; i++ {
+		d *= 2
+	}
+	return n, min(d, maxTerminationHold)
+}
+
+// holdTerminated records, in the create gate, that the replacement of a
+// terminated instance waits until now+d.
+func holdTerminated(p *v1alpha1.Proxy, n int, d time.Duration, now time.Time) string {
+	msg := fmt.Sprintf("%d instances terminated in a row; the next is made at %s", n, now.Add(d).UTC().Format(time.RFC3339))
+	meta.AddAnnotations(p, map[string]string{
+		annotationCreateFailures:   strconv.Itoa(n),
+		annotationCreateClass:      string(classTerminated),
+		annotationCreateError:      msg,
+		annotationNextCreate:       now.Add(d).UTC().Format(time.RFC3339),
+		annotationCreateGeneration: strconv.FormatInt(p.GetGeneration(), 10),
+	})
+	return msg
+}
 
 // Condition reasons of Ready=False.
 const (
@@ -43,6 +114,9 @@ const (
 	// ReasonSecretUnavailable: the Proxy's auth or cloud-init Secret cannot
 	// be used, so the instance is not handed out.
 	ReasonSecretUnavailable xpv2.ConditionReason = "SecretUnavailable"
+	// ReasonOutOfDate: the spec changed, and the instance cannot be
+	// replaced to match it.
+	ReasonOutOfDate xpv2.ConditionReason = "OutOfDate"
 )
 
 // The OpenProxy condition says whether a proxy with credentials serves
@@ -112,6 +186,12 @@ func (g createGate) blocked(p *v1alpha1.Proxy, now time.Time) (xpv2.Condition, b
 		return xpv2.Condition{}, false
 	}
 	switch g.Class {
+	case classTerminated:
+		// A hold longer than the longest back-off comes from a skewed
+		// clock or a hand edit: it is not honoured.
+		if now.Before(g.Next) && g.Next.Sub(now) <= maxTerminationHold {
+			return unavailable(ReasonTerminated, g.Message), true
+		}
 	case backend.ClassPermanent:
 		if g.Generation == p.GetGeneration() {
 			return unavailable(xpv2.ConditionReason(backend.ClassPermanent),

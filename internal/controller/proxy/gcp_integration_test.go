@@ -118,13 +118,24 @@ func TestGCPProxy(t *testing.T) {
 				CreationTimestamp: ptr.To(time.Now().Add(-2 * time.Hour).Format(time.RFC3339)),
 			})
 		}
+		// A configuration whose backend cannot be built (its key Secret
+		// is missing) does not switch collection off for the others.
+		broken := &v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "broken-" + ns}, Spec: v1alpha1.ProviderConfigSpec{
+			Backend: v1alpha1.BackendGCP,
+			GCP: &v1alpha1.GCPBackend{Project: "crawl-proj", Credentials: v1alpha1.GCPCredentials{Source: xpv2.CredentialsSourceSecret,
+				CommonCredentialSelectors: xpv2.CommonCredentialSelectors{SecretRef: &xpv2.SecretKeySelector{
+					SecretReference: xpv2.SecretReference{Namespace: ns, Name: "no-such-secret"}, Key: "key.json",
+				}}}},
+		}}
+		create(t, broken)
+		defer func() { _ = bed.Client.Delete(ctx, broken) }()
 		c := &gc.Collector{
 			Sources: proxy.CollectorSources{Kube: bed.Client, Backends: prov.backends}, ClusterID: "it", Grace: 15 * time.Minute,
 			Now: time.Now, Log: logging.NewNopLogger(), Record: event.NewNopRecorder(), Metrics: metrics.NewProvider(),
 		}
 		r, err := c.Collect(ctx)
-		if err != nil {
-			t.Fatal(err)
+		if err == nil || !strings.Contains(err.Error(), "broken-"+ns) || r.Skipped < 1 {
+			t.Errorf("the broken configuration is reported and skipped: %+v, %v", r, err)
 		}
 		if r.Deleted != 1 {
 			t.Errorf("the orphaned VM must be collected: %+v", r)
@@ -167,6 +178,7 @@ func TestGCPCreateFailures(t *testing.T) {
 		o.Backends.(*proxy.Backends).GCPOperationTimeout = 500 * time.Millisecond
 	})
 	defer prov.stop()
+	defer deleteProxies(t, ns)
 	create(t,
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": password}},
 		&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "gcp-" + ns}, Spec: v1alpha1.ProviderConfigSpec{
@@ -266,6 +278,7 @@ func TestGCPServiceAccountKey(t *testing.T) {
 		o.Backends.(*proxy.Backends).GCPClientOptions = fake.EndpointOptions()
 	})
 	defer prov.stop()
+	defer deleteProxies(t, ns)
 	p := proxyObject(ns, "keyed", 32332, target.URL)
 	p.Spec.ProviderConfigReference = &xpv2.ProviderConfigReference{Kind: "ClusterProviderConfig", Name: "gcp-key-" + ns}
 	p.Spec.ForProvider.Local = nil
@@ -287,5 +300,268 @@ func TestGCPServiceAccountKey(t *testing.T) {
 		name := ownership.InstanceName(get(t, key2).UID)
 		return fake.Instance("europe-west1-b", name) != nil && fake.Authenticated() > 0,
 			fmt.Sprintf("%d authenticated requests; Ready: %s", fake.Authenticated(), get(t, key2).GetCondition(xpv2.TypeReady).Message)
+	})
+}
+
+// TestBackendClients: a configuration's API client is built once and
+// reused while only its status changes (every Proxy that starts or stops
+// using it writes status.users), and rebuilt, the old one closed, when its
+// credentials Secret changes.
+func TestBackendClients(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	ctx := context.Background()
+	fake := gcpfake.Start(t)
+	key, err := fake.RequireAuth()
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "gcp-sa"}, Data: map[string][]byte{"key.json": key}}
+	pc := &v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "clients-" + ns}, Spec: v1alpha1.ProviderConfigSpec{
+		Backend: v1alpha1.BackendGCP,
+		GCP: &v1alpha1.GCPBackend{Project: "crawl-proj", Credentials: v1alpha1.GCPCredentials{Source: xpv2.CredentialsSourceSecret,
+			CommonCredentialSelectors: xpv2.CommonCredentialSelectors{SecretRef: &xpv2.SecretKeySelector{
+				SecretReference: xpv2.SecretReference{Namespace: ns, Name: "gcp-sa"}, Key: "key.json",
+			}}}},
+	}}
+	create(t, secret, pc)
+	defer func() { _ = bed.Client.Delete(ctx, pc) }()
+	backends := &proxy.Backends{Kube: bed.Client, Config: bed.Config, ClusterID: "it", GCPClientOptions: fake.EndpointOptions(), RetireAfter: 200 * time.Millisecond}
+	sources := proxy.CollectorSources{Kube: bed.Client, Backends: backends}
+	mine := func() backend.Backend {
+		t.Helper()
+		targets, err := sources.Targets(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, tg := range targets {
+			if o, ok := tg.Object.(*v1alpha1.ClusterProviderConfig); ok && o.Name == pc.Name {
+				if tg.Err != nil {
+					t.Fatal(tg.Err)
+				}
+				return tg.Backend
+			}
+		}
+		t.Fatal("the configuration is not listed")
+		return nil
+	}
+	first := mine()
+	clients := backends.Clients()
+	for i := 0; i < 100; i++ {
+		if err := bed.Client.Get(ctx, types.NamespacedName{Name: pc.Name}, pc); err != nil {
+			t.Fatal(err)
+		}
+		pc.Status.Users = int64(i + 1)
+		if err := bed.Client.Status().Update(ctx, pc); err != nil {
+			t.Fatal(err)
+		}
+		if b := mine(); b != first {
+			t.Fatalf("status write %d built a new client", i+1)
+		}
+	}
+	if n := backends.Clients(); n != clients {
+		t.Errorf("100 status writes keep one client: %d clients, then %d", clients, n)
+	}
+
+	secret.Data["key.json"] = append([]byte(nil), key...)
+	secret.Data["rotated"] = []byte("yes")
+	if err := bed.Client.Update(ctx, secret); err != nil {
+		t.Fatal(err)
+	}
+	if b := mine(); b == first {
+		t.Error("a changed credentials Secret builds a new client")
+	}
+	if n := backends.Clients(); n != clients {
+		t.Errorf("and the old one is let go: %d clients, then %d", clients, n)
+	}
+	if backends.Retired() != 0 {
+		t.Error("a replaced client is not closed at once: reconciles may still be using it")
+	}
+	testbed.Eventually(t, 5*time.Second, "the replaced client closed after its grace", func() (bool, string) {
+		return backends.Retired() == 1, fmt.Sprint(backends.Retired())
+	})
+
+	// A configuration that is gone takes its client with it.
+	if err := bed.Client.Delete(ctx, pc); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 10*time.Second, "the deleted configuration's client closed", func() (bool, string) {
+		if _, err := sources.Targets(ctx); err != nil {
+			return false, err.Error()
+		}
+		return backends.Clients() == clients-1 && backends.Retired() == 2, fmt.Sprintf("%d clients, %d closed", backends.Clients(), backends.Retired())
+	})
+}
+
+// TestGCPZoneChange: moving a Proxy to another zone replaces its VM there
+// and deletes the one in the old zone, which the provider finds where it
+// recorded it (the external-name), not where the spec now points.
+func TestGCPZoneChange(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	ctx := context.Background()
+	fake := gcpfake.Start(t)
+	target := testbed.StartEchoTarget(t)
+	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) {
+		o.Backends.(*proxy.Backends).GCPClientOptions = fake.ClientOptions()
+	})
+	defer prov.stop()
+	defer deleteProxies(t, ns)
+	p := proxyObject(ns, "mover", 32333, target.URL)
+	p.Spec.ProviderConfigReference = &xpv2.ProviderConfigReference{Kind: "ClusterProviderConfig", Name: "gcp-move-" + ns}
+	p.Spec.ForProvider.Local = nil
+	p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-b"}
+	create(t,
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": password}},
+		&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "gcp-move-" + ns}, Spec: v1alpha1.ProviderConfigSpec{
+			Backend: v1alpha1.BackendGCP,
+			GCP:     &v1alpha1.GCPBackend{Project: "crawl-proj", Credentials: v1alpha1.GCPCredentials{Source: xpv2.CredentialsSourceInjectedIdentity}},
+		}},
+		p,
+	)
+	key := types.NamespacedName{Namespace: ns, Name: "mover"}
+	var name string
+	testbed.Eventually(t, 15*time.Second, "the VM in europe-west1-b, recorded", func() (bool, string) {
+		p := get(t, key)
+		name = ownership.InstanceName(p.UID)
+		return fake.Instance("europe-west1-b", name) != nil && strings.Contains(p.Status.AtProvider.ProviderID, "/zones/europe-west1-b/"), p.Status.AtProvider.ProviderID
+	})
+	testbed.Eventually(t, 10*time.Second, "the Proxy moved to europe-west1-c", func() (bool, string) {
+		p := get(t, key)
+		p.Spec.ForProvider.GCP.Zone = "europe-west1-c"
+		err := bed.Client.Update(ctx, p)
+		return err == nil, fmt.Sprint(err)
+	})
+	testbed.Eventually(t, 30*time.Second, "the VM replaced in europe-west1-c, none left in europe-west1-b", func() (bool, string) {
+		old, moved := fake.Instance("europe-west1-b", name), fake.Instance("europe-west1-c", name)
+		recorded := get(t, key).Status.AtProvider.ProviderID
+		return old == nil && moved != nil && fake.Firewall(name) != nil && strings.Contains(recorded, "/zones/europe-west1-c/"),
+			fmt.Sprintf("old %v, new %v, rule %v, recorded %s", old.GetStatus(), moved.GetStatus(), fake.Firewall(name) != nil, recorded)
+	})
+	if err := bed.Client.Delete(ctx, get(t, key)); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 15*time.Second, "nothing left after the Proxy is deleted", func() (bool, string) {
+		return fake.Instances() == 0 && fake.Firewall(name) == nil, fmt.Sprintf("%d VMs", fake.Instances())
+	})
+}
+
+// TestGCPManagementPolicies: Observe-only never creates; without Delete, the
+// VM outlives its Proxy, labelled so, and the orphan collector leaves it.
+func TestGCPManagementPolicies(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	ctx := context.Background()
+	fake := gcpfake.Start(t)
+	target := testbed.StartEchoTarget(t)
+	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) {
+		o.Backends.(*proxy.Backends).GCPClientOptions = fake.ClientOptions()
+	})
+	defer prov.stop()
+	defer deleteProxies(t, ns)
+	create(t,
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": password}},
+		&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "gcp-mp-" + ns}, Spec: v1alpha1.ProviderConfigSpec{
+			Backend: v1alpha1.BackendGCP,
+			GCP:     &v1alpha1.GCPBackend{Project: "crawl-proj", Credentials: v1alpha1.GCPCredentials{Source: xpv2.CredentialsSourceInjectedIdentity}},
+		}},
+	)
+	vmProxy := func(name string, port int32, policies ...xpv2.ManagementAction) *v1alpha1.Proxy {
+		p := proxyObject(ns, name, port, target.URL)
+		p.Spec.ProviderConfigReference = &xpv2.ProviderConfigReference{Kind: "ClusterProviderConfig", Name: "gcp-mp-" + ns}
+		p.Spec.ForProvider.Local = nil
+		p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-b"}
+		p.SetManagementPolicies(policies)
+		return p
+	}
+
+	t.Run("ObserveOnly", func(t *testing.T) {
+		p := vmProxy("watched", 32334, xpv2.ManagementActionObserve)
+		create(t, p)
+		key := types.NamespacedName{Namespace: ns, Name: "watched"}
+		testbed.Eventually(t, 10*time.Second, "observed: no instance, which Observe-only does not create", func() (bool, string) {
+			c := get(t, key).GetCondition(xpv2.TypeSynced)
+			// Not "management policies are not enabled": they are obeyed.
+			return c.Status == corev1.ConditionFalse && strings.Contains(c.Message, "does not exist") && !strings.Contains(c.Message, "not enabled"),
+				string(c.Reason) + ": " + c.Message
+		})
+		time.Sleep(2 * time.Second)
+		if n := fake.Calls("instances.insert") + fake.Calls("firewalls.insert"); n != 0 {
+			t.Errorf("Observe-only creates nothing: %d inserts", n)
+		}
+		if err := bed.Client.Delete(ctx, get(t, key)); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("PoliciesChangedLater", func(t *testing.T) {
+		p := vmProxy("later", 32336)
+		create(t, p)
+		key := types.NamespacedName{Namespace: ns, Name: "later"}
+		var name string
+		testbed.Eventually(t, 15*time.Second, "the VM, not marked", func() (bool, string) {
+			name = ownership.InstanceName(get(t, key).UID)
+			vm := fake.Instance("europe-west1-b", name)
+			return vm != nil && vm.GetLabels()["egress-retain"] == "", fmt.Sprint(vm.GetLabels())
+		})
+		testbed.Eventually(t, 10*time.Second, "Delete left out of the policies", func() (bool, string) {
+			p := get(t, key)
+			p.SetManagementPolicies(xpv2.ManagementPolicies{xpv2.ManagementActionObserve, xpv2.ManagementActionCreate, xpv2.ManagementActionUpdate})
+			err := bed.Client.Update(ctx, p)
+			return err == nil, fmt.Sprint(err)
+		})
+		testbed.Eventually(t, 15*time.Second, "the VM marked to outlive its Proxy", func() (bool, string) {
+			vm := fake.Instance("europe-west1-b", name)
+			return vm.GetLabels()["egress-retain"] == "true", fmt.Sprint(vm.GetLabels())
+		})
+		if err := bed.Client.Delete(ctx, get(t, key)); err != nil {
+			t.Fatal(err)
+		}
+		testbed.Eventually(t, 15*time.Second, "the Proxy gone, its VM kept", func() (bool, string) {
+			err := bed.Client.Get(ctx, key, &v1alpha1.Proxy{})
+			return kerrors.IsNotFound(err) && fake.Instance("europe-west1-b", name) != nil, fmt.Sprint(err)
+		})
+	})
+
+	t.Run("KeptWithoutDelete", func(t *testing.T) {
+		p := vmProxy("kept", 32335, xpv2.ManagementActionObserve, xpv2.ManagementActionCreate, xpv2.ManagementActionUpdate, xpv2.ManagementActionLateInitialize)
+		create(t, p)
+		key := types.NamespacedName{Namespace: ns, Name: "kept"}
+		var name string
+		testbed.Eventually(t, 15*time.Second, "the VM, labelled to be retained", func() (bool, string) {
+			name = ownership.InstanceName(get(t, key).UID)
+			vm := fake.Instance("europe-west1-b", name)
+			return vm != nil && vm.GetLabels()["egress-retain"] == "true", fmt.Sprint(vm.GetLabels())
+		})
+		if err := bed.Client.Delete(ctx, get(t, key)); err != nil {
+			t.Fatal(err)
+		}
+		testbed.Eventually(t, 15*time.Second, "the Proxy gone", func() (bool, string) {
+			err := bed.Client.Get(ctx, key, &v1alpha1.Proxy{})
+			return kerrors.IsNotFound(err), fmt.Sprint(err)
+		})
+		if fake.Instance("europe-west1-b", name) == nil || fake.Firewall(name) == nil {
+			t.Fatal("the VM and its rule outlive the Proxy")
+		}
+		// Beside it, an orphan that was not made to be kept.
+		ghost := ownership.Owner{ClusterID: "it", Namespace: ns, Name: "ghost", UID: "ghost-uid-mp"}
+		fake.PutInstance("europe-west1-b", &computepb.Instance{
+			Name: ptr.To(ownership.InstanceName(ghost.UID)), Status: ptr.To("RUNNING"), Labels: ghost.GCPLabels(),
+			CreationTimestamp: ptr.To(time.Now().Add(-2 * time.Hour).Format(time.RFC3339)),
+		})
+		c := &gc.Collector{
+			Sources: proxy.CollectorSources{Kube: bed.Client, Backends: prov.backends}, ClusterID: "it", Grace: 0,
+			Now: func() time.Time { return time.Now().Add(time.Hour) }, Log: logging.NewNopLogger(), Record: event.NewNopRecorder(), Metrics: metrics.NewProvider(),
+		}
+		r, err := c.Collect(ctx)
+		if err != nil {
+			t.Logf("collect: %v", err)
+		}
+		if r.Deleted < 1 {
+			t.Errorf("the collector ran over this backend and took the plain orphan: %+v", r)
+		}
+		if fake.Instance("europe-west1-b", name) == nil {
+			t.Error("the orphan collector never takes a retained VM")
+		}
 	})
 }

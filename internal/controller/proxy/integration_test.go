@@ -119,7 +119,7 @@ func startProvider(t testing.TB, stateDir string, logs *logBuffer, target testbe
 	o := proxy.Options{
 		Options: controller.Options{
 			Logger: log, GlobalRateLimiter: ratelimiter.NewGlobal(100), PollInterval: time.Minute,
-			MaxConcurrentReconciles: 4, Features: &feature.Flags{},
+			MaxConcurrentReconciles: 4, Features: managementPolicies(),
 		},
 		Backends: backends, ClusterID: "it", RootCAs: target.RootCAs,
 	}
@@ -138,6 +138,13 @@ func startProvider(t testing.TB, stateDir string, logs *logBuffer, target testbe
 		}
 	}()
 	return p
+}
+
+// managementPolicies enables them, as the provider does.
+func managementPolicies() *feature.Flags {
+	f := &feature.Flags{}
+	f.Enable(feature.EnableBetaManagementPolicies)
+	return f
 }
 
 // stop stops the provider the way a pod is stopped: controllers end, local
@@ -174,6 +181,26 @@ func create(t *testing.T, objs ...client.Object) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// deleteProxies deletes every Proxy of ns and waits until they are gone,
+// while the test's provider still runs: a Proxy left behind would be
+// reconciled by the next test's provider, against that test's backends.
+func deleteProxies(t *testing.T, ns string) {
+	t.Helper()
+	bed := sharedBed.Env(t)
+	ctx := context.Background()
+	if err := bed.Client.DeleteAllOf(ctx, &v1alpha1.Proxy{}, client.InNamespace(ns)); err != nil {
+		t.Errorf("cannot delete the test's Proxies: %v", err)
+		return
+	}
+	testbed.Eventually(t, 30*time.Second, "the test's Proxies gone", func() (bool, string) {
+		l := &v1alpha1.ProxyList{}
+		if err := bed.Client.List(ctx, l, client.InNamespace(ns)); err != nil {
+			return false, err.Error()
+		}
+		return len(l.Items) == 0, fmt.Sprintf("%d left", len(l.Items))
+	})
 }
 
 func proxyObject(ns, name string, port int32, healthURL string) *v1alpha1.Proxy {

@@ -346,36 +346,11 @@ func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 	if p.Spec.ForProvider.Mode == v1alpha1.ProxyModeExternal {
 		return e.observeExternal(ctx, p)
 	}
-	ref := instanceRef(p, e.pc)
+	ref := recordedRef(p, e.pc)
 	inst, err := e.backend.Get(ctx, ref)
 	e.countError("get", err)
 	if backend.IsNotFound(err) {
-		e.metrics.SetPhase(p.GetUID(), "", "")
-		if meta.WasDeleted(p) {
-			// The instance is gone, but what was made for it may not be:
-			// a GCP firewall rule of a VM whose insert failed, or whose
-			// create was cut short. Delete is idempotent and finds it.
-			if mayDelete(p) {
-				if err := e.backend.Delete(ctx, ref); err != nil {
-					e.countError("delete", err)
-					return managed.ExternalObservation{}, errors.Wrap(err, "cannot delete what remains of the instance")
-				}
-			}
-			e.sched.forget(p.GetUID())
-			return managed.ExternalObservation{ResourceExists: false}, nil
-		}
-		resetInstanceStatus(p)
-		if err := admit(p, e.pc); err != nil {
-			// Refused before anything is made for it.
-			p.SetConditions(unavailable(ReasonNotPermitted, err.Error()))
-			return managed.ExternalObservation{}, err
-		}
-		if c, blocked := readGate(p).blocked(p, e.now()); blocked {
-			p.SetConditions(c)
-			return managed.ExternalObservation{}, errors.New(c.Message)
-		}
-		p.SetConditions(unavailable(ReasonProvisioning, "no instance yet: creating one"))
-		return managed.ExternalObservation{ResourceExists: false}, nil
+		return e.observeMissing(ctx, p, ref)
 	}
 	if err != nil {
 		p.SetConditions(unavailable(ReasonBackendError, fmt.Sprintf("cannot observe the instance: %v", err)))
@@ -389,16 +364,9 @@ func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 		return managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, nil
 	}
 
+	e.syncRetain(ctx, p, inst)
 	if inst.Phase == v1alpha1.InstancePhaseTerminated {
-		// A stopped instance is replaced by a fresh one.
-		e.record.Event(p, event.Warning("InstanceTerminated", errors.Errorf("instance %s terminated; replacing it", inst.ProviderID)))
-		if err := e.backend.Delete(ctx, ref); err != nil {
-			e.countError("delete", err)
-			return managed.ExternalObservation{}, errors.Wrap(err, "cannot delete terminated instance")
-		}
-		resetInstanceStatus(p)
-		p.SetConditions(unavailable(ReasonTerminated, fmt.Sprintf("instance %s terminated; creating a new one", inst.ProviderID)))
-		return managed.ExternalObservation{ResourceExists: false}, nil
+		return e.observeTerminated(ctx, p, ref, inst)
 	}
 
 	// The policy first: it needs no Secret, so a tenant cannot keep a
@@ -432,6 +400,12 @@ func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 	if !obs.ResourceUpToDate {
 		obs.Diff = fmt.Sprintf("instance spec hash %s, desired %s: the instance is replaced", inst.SpecHash, want.Hash)
 	}
+	if ref.Zone != want.Zone || ref.Namespace != want.Namespace {
+		// Recorded elsewhere than the spec (now) wants it, as after a
+		// change of the ProviderConfig's default namespace: replaced.
+		obs.ResourceUpToDate = false
+		obs.Diff = fmt.Sprintf("instance %s is not where the spec places it (zone %q, namespace %q): the instance is replaced", inst.ProviderID, want.Zone, want.Namespace)
+	}
 	if inst.Phase == v1alpha1.InstancePhaseRunning && inst.Host != "" {
 		obs.ConnectionDetails = connectionDetails(inst.Host, inst.Port, creds)
 	}
@@ -443,7 +417,8 @@ func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 // instance is not used: it is reported as provisioning, with the reason.
 func (e *external) repair(ctx context.Context, p *v1alpha1.Proxy, inst *backend.Instance, want backend.Spec) {
 	r, ok := e.backend.(backend.Repairer)
-	if !ok || inst.Phase == v1alpha1.InstancePhaseTerminated {
+	if !ok || inst.Phase == v1alpha1.InstancePhaseTerminated || !allows(p, xpv2.ManagementActionUpdate) {
+		// Observe-only changes nothing, not even a missing firewall rule.
 		return
 	}
 	ready, err := r.Repair(ctx, want)
@@ -460,6 +435,79 @@ func (e *external) repair(ctx context.Context, p *v1alpha1.Proxy, inst *backend.
 		e.record.Event(p, event.Warning("RepairingInstance", errors.New(inst.Repair)))
 	}
 	inst.Phase, inst.Host = v1alpha1.InstancePhaseProvisioning, ""
+}
+
+// observeMissing handles an instance that does not exist: a deleted Proxy
+// lets go, after deleting what was made for the instance; otherwise one is
+// created, unless the policy refuses it or past failures hold it off.
+func (e *external) observeMissing(ctx context.Context, p *v1alpha1.Proxy, ref backend.Ref) (managed.ExternalObservation, error) {
+	e.metrics.SetPhase(p.GetUID(), "", "")
+	if meta.WasDeleted(p) {
+		// The instance is gone, but what was made for it may not be:
+		// a GCP firewall rule of a VM whose insert failed, or whose
+		// create was cut short. Delete is idempotent and finds it.
+		if mayDelete(p) {
+			if err := e.backend.Delete(ctx, ref); err != nil {
+				e.countError("delete", err)
+				return managed.ExternalObservation{}, errors.Wrap(err, "cannot delete what remains of the instance")
+			}
+		}
+		e.sched.forget(p.GetUID())
+		return managed.ExternalObservation{ResourceExists: false}, nil
+	}
+	resetInstanceStatus(p)
+	if err := admit(p, e.pc); err != nil {
+		// Refused before anything is made for it.
+		p.SetConditions(unavailable(ReasonNotPermitted, err.Error()))
+		return managed.ExternalObservation{}, err
+	}
+	if c, blocked := readGate(p).blocked(p, e.now()); blocked {
+		p.SetConditions(c)
+		return managed.ExternalObservation{}, errors.New(c.Message)
+	}
+	p.SetConditions(unavailable(ReasonProvisioning, "no instance yet: creating one"))
+	return managed.ExternalObservation{ResourceExists: false}, nil
+}
+
+// syncRetain marks the instance to outlive its Proxy for as long as the
+// Proxy's management policies leave out Delete, and unmarks it when they
+// include it again: crossplane-runtime lets go of such a Proxy without a
+// word to the provider, and the mark keeps the orphan collector off it.
+func (e *external) syncRetain(ctx context.Context, p *v1alpha1.Proxy, inst *backend.Instance) {
+	want := !mayDelete(p)
+	r, ok := e.backend.(backend.Retainer)
+	if !ok || inst.Owner.Retain == want {
+		return
+	}
+	err := r.SetRetain(ctx, inst.Ref, want)
+	e.countError("retain", err)
+	if err != nil {
+		e.record.Event(p, event.Warning("CannotMarkInstance", errors.Wrapf(err, "cannot mark instance %s to outlive the Proxy (retain=%v)", inst.ProviderID, want)))
+	}
+}
+
+// observeTerminated replaces a stopped instance by a fresh one, unless the
+// Proxy's management policies keep it.
+func (e *external) observeTerminated(ctx context.Context, p *v1alpha1.Proxy, ref backend.Ref, inst *backend.Instance) (managed.ExternalObservation, error) {
+	if !mayDelete(p) {
+		// Management policies without Delete keep even a stopped
+		// instance: it is reported, never replaced.
+		p.Status.AtProvider.ProviderID, p.Status.AtProvider.Phase, p.Status.AtProvider.Healthy = inst.ProviderID, inst.Phase, false
+		p.SetConditions(unavailable(ReasonTerminated, fmt.Sprintf("instance %s terminated; its management policies do not let the provider delete and replace it", inst.ProviderID)))
+		return managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, nil
+	}
+	id := inst.ProviderID + "@" + inst.CreatedAt.UTC().Format(time.RFC3339)
+	if p.GetAnnotations()[annotationCountedTermination] != id {
+		e.record.Event(p, event.Warning("InstanceTerminated", errors.Errorf("instance %s terminated (%s); replacing it", inst.ProviderID, inst.Reason)))
+	}
+	meta.AddAnnotations(p, map[string]string{annotationTerminatedInstance: id})
+	if err := e.backend.Delete(ctx, ref); err != nil {
+		e.countError("delete", err)
+		return managed.ExternalObservation{}, errors.Wrap(err, "cannot delete terminated instance")
+	}
+	resetInstanceStatus(p)
+	p.SetConditions(unavailable(ReasonTerminated, fmt.Sprintf("instance %s terminated (%s); creating a new one", inst.ProviderID, inst.Reason)))
+	return managed.ExternalObservation{ResourceExists: false}, nil
 }
 
 // refuse handles an instance its ProviderConfig no longer permits (the
@@ -498,12 +546,15 @@ func (e *external) refuse(ctx context.Context, p *v1alpha1.Proxy, ref backend.Re
 
 // mayDelete reports whether the Proxy's management policies let the
 // provider delete what it made.
-func mayDelete(p *v1alpha1.Proxy) bool {
+func mayDelete(p *v1alpha1.Proxy) bool { return allows(p, xpv2.ManagementActionDelete) }
+
+// allows reports whether the Proxy's management policies include action.
+func allows(p *v1alpha1.Proxy, action xpv2.ManagementAction) bool {
 	if len(p.GetManagementPolicies()) == 0 {
 		return true
 	}
 	for _, mp := range p.GetManagementPolicies() {
-		if mp == xpv2.ManagementActionAll || mp == xpv2.ManagementActionDelete {
+		if mp == xpv2.ManagementActionAll || mp == action {
 			return true
 		}
 	}
@@ -713,6 +764,15 @@ func (e *external) Create(ctx context.Context, p *v1alpha1.Proxy) (managed.Exter
 	if err := admit(p, e.pc); err != nil {
 		return managed.ExternalCreation{}, err
 	}
+	// Replacing an instance that terminated: not at once if its
+	// predecessors keep terminating.
+	if p.GetCondition(xpv2.TypeReady).Reason == ReasonTerminated {
+		if n, d := replaceTerminated(p, e.now()); d > 0 {
+			msg := holdTerminated(p, n, d, e.now())
+			p.SetConditions(unavailable(ReasonTerminated, msg))
+			return managed.ExternalCreation{}, errors.New(msg)
+		}
+	}
 	// An earlier Create left its creation running, and the instance is
 	// gone now: that creation failed. Report how, and hold off as its
 	// class says, rather than create again blindly.
@@ -733,6 +793,8 @@ func (e *external) Create(ctx context.Context, p *v1alpha1.Proxy) (managed.Exter
 		return managed.ExternalCreation{}, errors.Wrapf(err, "cannot create instance (%s)", backend.ClassOf(err))
 	}
 	clearCreateFailures(p)
+	// Where the instance is, for Observe, Update and Delete to find it.
+	p.Status.AtProvider.ProviderID = inst.ProviderID
 	if inst.Operation != "" {
 		meta.AddAnnotations(p, map[string]string{annotationCreateOperation: inst.Operation})
 	}
@@ -746,8 +808,14 @@ func (e *external) Update(ctx context.Context, p *v1alpha1.Proxy) (managed.Exter
 	if p.Spec.ForProvider.Mode == v1alpha1.ProxyModeExternal {
 		return managed.ExternalUpdate{}, nil
 	}
+	if !mayDelete(p) {
+		// Replacing means deleting, which the management policies leave
+		// out: the instance stays as it is, and says so.
+		e.record.Event(p, event.Warning(event.Reason(ReasonOutOfDate), errors.New("the spec changed, but the management policies do not let the provider delete the instance to replace it: it keeps serving as it was made; add Delete to spec.managementPolicies to replace it")))
+		return managed.ExternalUpdate{}, nil
+	}
 	e.record.Event(p, event.Normal("Replacing", "spec changed: replacing the instance"))
-	err := e.backend.Delete(ctx, instanceRef(p, e.pc))
+	err := e.backend.Delete(ctx, recordedRef(p, e.pc))
 	e.countError("delete", err)
 	if err != nil {
 		return managed.ExternalUpdate{}, errors.Wrap(err, "cannot delete the instance being replaced")
@@ -762,7 +830,7 @@ func (e *external) Delete(ctx context.Context, p *v1alpha1.Proxy) (managed.Exter
 	if p.Spec.ForProvider.Mode == v1alpha1.ProxyModeExternal {
 		return managed.ExternalDelete{}, nil
 	}
-	err := e.backend.Delete(ctx, instanceRef(p, e.pc))
+	err := e.backend.Delete(ctx, recordedRef(p, e.pc))
 	e.countError("delete", err)
 	if err != nil {
 		return managed.ExternalDelete{}, errors.Wrap(err, "cannot delete instance")

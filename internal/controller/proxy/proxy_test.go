@@ -16,10 +16,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
@@ -28,6 +30,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp/gcpfake"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
 )
 
@@ -238,6 +241,15 @@ func TestObserve(t *testing.T) {
 			proxy:    unitProxy(),
 			instance: &backend.Instance{Ref: want.Ref, ProviderID: "local/3128", Phase: v1alpha1.InstancePhaseTerminated, SpecHash: want.Hash},
 			want:     result{Obs: managed.ExternalObservation{}, Reason: ReasonTerminated, Status: corev1.ConditionFalse, Deletes: 1},
+		},
+		"TerminatedObserveOnly": {
+			reason: "Observe-only never deletes: a terminated instance is reported, and kept.",
+			proxy: unitProxy(func(p *v1alpha1.Proxy) {
+				p.SetManagementPolicies(xpv2.ManagementPolicies{xpv2.ManagementActionObserve})
+			}),
+			instance: &backend.Instance{Ref: want.Ref, ProviderID: "local/3128", Phase: v1alpha1.InstancePhaseTerminated, SpecHash: want.Hash},
+			want: result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, Reason: ReasonTerminated, Status: corev1.ConditionFalse,
+				ProviderID: "local/3128"},
 		},
 	}
 	for name, tc := range cases {
@@ -717,3 +729,202 @@ func TestClosureVerdictBelongsToTheInstance(t *testing.T) {
 		t.Errorf("an inconclusive check must keep Ready, got %s %s", c.Status, c.Reason)
 	}
 }
+
+// repairing is a backend whose instances depend on something outside them
+// (a GCP firewall rule), in place or not.
+type repairing struct {
+	*fake.Backend
+	ready   bool
+	repairs int
+}
+
+func (r *repairing) Repair(context.Context, backend.Spec) (bool, error) {
+	r.repairs++
+	return r.ready, nil
+}
+
+// TestObserveRepair: Observe has the backend put right what a running
+// instance depends on, and does not hand the instance out until it is in
+// place; Observe-only management changes nothing, not even that.
+func TestObserveRepair(t *testing.T) {
+	pc := &config{Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}}
+	want := desiredSpec(unitProxy(), pc, "unit", nil, "")
+	cases := map[string]struct {
+		reason  string
+		ready   bool
+		mod     func(*v1alpha1.Proxy)
+		repairs int
+		host    string
+		cond    xpv2.ConditionReason
+	}{
+		"InPlace":       {reason: "A running instance whose rule is in place is used.", ready: true, repairs: 1, host: "127.0.0.1", cond: ReasonProbeFailing},
+		"BeingPutRight": {reason: "An instance whose rule is being restored is not used.", ready: false, repairs: 1, host: "", cond: ReasonProvisioning},
+		"ObserveOnly": {reason: "Observe-only never writes, so never repairs.", ready: false, repairs: 0, host: "127.0.0.1", cond: ReasonProbeFailing,
+			mod: func(p *v1alpha1.Proxy) {
+				p.SetManagementPolicies(xpv2.ManagementPolicies{xpv2.ManagementActionObserve})
+			}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			b := &repairing{Backend: fake.New(), ready: tc.ready}
+			b.Put(backend.Instance{Ref: want.Ref, ProviderID: "local/3128", Host: "127.0.0.1", Port: 3128,
+				Phase: v1alpha1.InstancePhaseRunning, CreatedAt: epoch.Add(-time.Hour), SpecHash: want.Hash})
+			p := unitProxy()
+			if tc.mod != nil {
+				tc.mod(p)
+			}
+			e := newExternal(b, &fakeProber{res: probe.Result{OK: false, Error: "not yet"}}, &clock{t: epoch})
+			e.sched.seen[p.GetUID()] = epoch
+			if _, err := e.Observe(context.Background(), p); err != nil {
+				t.Fatal(err)
+			}
+			if b.repairs != tc.repairs || p.Status.AtProvider.Host != tc.host || p.GetCondition(xpv2.TypeReady).Reason != tc.cond {
+				t.Errorf("%s\nwant %d repairs, host %q, %s; got %d, %q, %s", tc.reason, tc.repairs, tc.host, tc.cond,
+					b.repairs, p.Status.AtProvider.Host, p.GetCondition(xpv2.TypeReady).Reason)
+			}
+		})
+	}
+}
+
+// TestRecordedRef: the instance is looked for where the provider recorded
+// it (status.atProvider.providerID), but only its location comes from the
+// record, and the external-name annotation, which a tenant may edit, is not
+// read at all: nothing aims the provider at a VM or pod it does not own.
+func TestRecordedRef(t *testing.T) {
+	pc := &config{Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendGCP}}
+	vm := func(ext string) backend.Ref {
+		p := unitProxy(func(p *v1alpha1.Proxy) {
+			p.Spec.ForProvider.Local = nil
+			p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-c"}
+			p.Status.AtProvider.ProviderID = ext
+		})
+		return recordedRef(p, pc)
+	}
+	name := ownership.InstanceName(unitProxy().GetUID())
+	cases := map[string]struct {
+		ext, zone string
+	}{
+		"Unrecorded":    {ext: "", zone: "europe-west1-c"},
+		"DefaultName":   {ext: "my-proxy", zone: "europe-west1-c"},
+		"Recorded":      {ext: "projects/p/zones/europe-west1-b/instances/" + name, zone: "europe-west1-b"},
+		"OtherInstance": {ext: "projects/p/zones/europe-west1-b/instances/their-vm", zone: "europe-west1-c"},
+	}
+	for n, tc := range cases {
+		t.Run(n, func(t *testing.T) {
+			if r := vm(tc.ext); r.Zone != tc.zone || r.Name != name {
+				t.Errorf("external-name %q: want %s/%s, got %s/%s", tc.ext, tc.zone, name, r.Zone, r.Name)
+			}
+		})
+	}
+	pods := &config{Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendKubernetes}}
+	p := unitProxy(func(p *v1alpha1.Proxy) {
+		p.Spec.ForProvider.Local = nil
+		p.Spec.ForProvider.Kubernetes = &v1alpha1.KubernetesPlacement{Namespace: "proxies-new"}
+		p.Status.AtProvider.ProviderID = "proxies-old/" + name
+	})
+	if r := recordedRef(p, pods); r.Namespace != "proxies-old" || r.Name != name {
+		t.Errorf("a pod is found in the namespace it was recorded in: %+v", r)
+	}
+	p.Status.AtProvider.ProviderID = "kube-system/" + "kube-apiserver"
+	if r := recordedRef(p, pods); r.Namespace != "proxies-new" || r.Name != name {
+		t.Errorf("a record naming another pod is ignored: %+v", r)
+	}
+	p.Status.AtProvider.ProviderID = ""
+	meta.SetExternalName(p, "kube-system/"+name)
+	if r := recordedRef(p, pods); r.Namespace != "proxies-new" {
+		t.Errorf("the external-name annotation, which a tenant may write, is not read: %+v", r)
+	}
+}
+
+// TestTerminatedBackoff: an instance that keeps terminating (a pod whose
+// image cannot run) is replaced at once the first time, then after 10s
+// doubling to 10 minutes, and each termination's Event says what the
+// backend said of it.
+func TestTerminatedBackoff(t *testing.T) {
+	b := fake.New()
+	b.Phase = v1alpha1.InstancePhaseTerminated
+	c := &clock{t: epoch}
+	b.Now = c.now
+	e := newExternal(b, &fakeProber{}, c)
+	p := unitProxy()
+	n := reconcileFor(t, e, b, c, p, 10*time.Minute)
+	// 0s, then about 10, 20, 40, 80, 160 and 320s later: 7 in 10 minutes,
+	// against one every two seconds without back-off.
+	if n < 5 || n > 8 {
+		t.Errorf("replacements of an instance that keeps terminating in 10 minutes: got %d, want 5..8", n)
+	}
+	if got := p.GetAnnotations()[annotationTerminations]; got == "" {
+		t.Error("the terminations are counted on the Proxy")
+	}
+	c.t = c.t.Add(time.Hour)
+	if _, d := replaceTerminated(p, c.t); d != 0 {
+		t.Errorf("after an instance lasted %s, the next termination is replaced at once: waits %s", terminationMemory, d)
+	}
+}
+
+// TestUpdateKeepsWithoutDelete: replacing an instance means deleting it,
+// so management policies without Delete keep it as it was made.
+func TestUpdateKeepsWithoutDelete(t *testing.T) {
+	for name, tc := range map[string]struct {
+		policies xpv2.ManagementPolicies
+		deletes  int
+	}{
+		"Default":       {deletes: 1},
+		"WithoutDelete": {policies: xpv2.ManagementPolicies{xpv2.ManagementActionObserve, xpv2.ManagementActionCreate, xpv2.ManagementActionUpdate}, deletes: 0},
+	} {
+		t.Run(name, func(t *testing.T) {
+			b := fake.New()
+			c := &clock{t: epoch}
+			e := newExternal(b, &fakeProber{}, c)
+			p := unitProxy(func(p *v1alpha1.Proxy) { p.SetManagementPolicies(tc.policies) })
+			if _, err := e.Update(context.Background(), p); err != nil {
+				t.Fatal(err)
+			}
+			if n := b.CallCount("Delete"); n != tc.deletes {
+				t.Errorf("deletes: want %d, got %d", tc.deletes, n)
+			}
+		})
+	}
+}
+
+// TestTerminationCountsOnce: an instance on its way out is seen terminated
+// by several reconciles (a VM STOPPING keeps its name); it counts as one
+// termination, with one Event, and its replacement is made at once.
+func TestTerminationCountsOnce(t *testing.T) {
+	b := fake.New()
+	b.Linger = 5
+	c := &clock{t: epoch}
+	b.Now = c.now
+	rec := &countingRecorder{}
+	e := newExternal(b, &fakeProber{}, c)
+	e.record = rec
+	p := unitProxy()
+	reconcileFor(t, e, b, c, p, 3*time.Second)
+	want := desiredSpec(p, e.pc, "unit", nil, "")
+	i, err := b.Get(context.Background(), want.Ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i.Phase = v1alpha1.InstancePhaseTerminated
+	b.Put(*i)
+	reconcileFor(t, e, b, c, p, 20*time.Second)
+	if got := p.GetAnnotations()[annotationTerminations]; got != "1" {
+		t.Errorf("one terminated instance counts once, however many reconciles see it: %s", got)
+	}
+	if rec.reasons["InstanceTerminated"] != 1 {
+		t.Errorf("and gets one Event: %d", rec.reasons["InstanceTerminated"])
+	}
+	if i, err := b.Get(context.Background(), want.Ref); err != nil || i.Phase != v1alpha1.InstancePhaseRunning {
+		t.Errorf("its replacement runs: %+v, %v", i, err)
+	}
+}
+
+type countingRecorder struct{ reasons map[string]int }
+
+func (r *countingRecorder) Event(_ runtime.Object, e event.Event) {
+	if r.reasons == nil {
+		r.reasons = map[string]int{}
+	}
+	r.reasons[string(e.Reason)]++
+}
+func (r *countingRecorder) WithAnnotations(...string) event.Recorder { return r }

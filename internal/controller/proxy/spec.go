@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"net/netip"
+	"regexp"
 	"sort"
 
 	"github.com/pkg/errors"
@@ -29,7 +30,8 @@ type config struct {
 	// Namespace is empty for a ClusterProviderConfig.
 	Namespace string
 	UID       types.UID
-	// Version changes whenever the configuration does.
+	// Version is the configuration's generation: it changes whenever the
+	// spec does, and not with status writes.
 	Version string
 	Spec    v1alpha1.ProviderConfigSpec
 }
@@ -51,6 +53,39 @@ func instanceRef(p *v1alpha1.Proxy, pc *config) backend.Ref {
 	case fp.GCP != nil:
 		r.Zone = fp.GCP.Zone
 		r.NetworkProject = gcp.NetworkProject(fp.GCP.Network)
+	}
+	return r
+}
+
+// Recorded instance references, as the provider writes them to
+// status.atProvider.providerID: a GCP VM's projects/P/zones/Z/instances/N,
+// a pod's NS/NAME.
+var (
+	recordedVM  = regexp.MustCompile(`^projects/[^/]+/zones/([a-z0-9-]+)/instances/([a-z0-9-]+)$`)
+	recordedPod = regexp.MustCompile(`^([a-z0-9-]+)/([a-z0-9.-]+)$`)
+)
+
+// recordedRef locates the instance the Proxy has: where the provider
+// recorded it (status.atProvider.providerID, which the provider writes and
+// a tenant editing the Proxy's spec or annotations cannot), which differs
+// from where the spec now wants it after a placement change (a zone, a
+// namespace). Observe, Update and Delete use it, so that a moved Proxy
+// replaces its instance instead of leaving it behind. Only the location is
+// taken from the record: the name is always the one derived from the
+// Proxy's UID.
+func recordedRef(p *v1alpha1.Proxy, pc *config) backend.Ref {
+	r := instanceRef(p, pc)
+	name := p.Status.AtProvider.ProviderID
+	fp := p.Spec.ForProvider
+	switch {
+	case fp.GCP != nil:
+		if m := recordedVM.FindStringSubmatch(name); m != nil && m[2] == r.Name {
+			r.Zone = m[1]
+		}
+	case fp.Kubernetes != nil:
+		if m := recordedPod.FindStringSubmatch(name); m != nil && m[2] == r.Name {
+			r.Namespace = m[1]
+		}
 	}
 	return r
 }
@@ -170,7 +205,7 @@ func desiredSpec(p *v1alpha1.Proxy, pc *config, clusterID string, creds *backend
 		Ref: instanceRef(p, pc),
 		Owner: ownership.Owner{
 			ClusterID: clusterID, Namespace: p.GetNamespace(), Name: p.GetName(), UID: p.GetUID(),
-			Fleet: fleetv1alpha1.FleetName(p),
+			Fleet: fleetv1alpha1.FleetName(p), Retain: !mayDelete(p),
 		},
 		Port:                       fp.Port,
 		Credentials:                creds,

@@ -16,6 +16,7 @@ package gcpfake
 import (
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -288,6 +289,7 @@ func (s *Server) PutInstance(zone string, vm *computepb.Instance) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	vm.Zone = ptr.To(s.URL + "/compute/v1/projects/p/zones/" + zone)
+	vm.LabelFingerprint = ptr.To(fingerprint(vm.GetLabels()))
 	s.instances[zone+"/"+vm.GetName()] = vm
 }
 
@@ -298,6 +300,7 @@ const (
 	opInstancesGet    = "instances.get"
 	opInstancesDelete = "instances.delete"
 	opInstancesList   = "instances.aggregatedList"
+	opInstancesLabels = "instances.setLabels"
 	opOperationsGet   = "operations.get"
 	opFirewallsInsert = "firewalls.insert"
 	opFirewallsGet    = "firewalls.get"
@@ -308,6 +311,7 @@ const (
 
 var (
 	reInstances  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances(?:/([^/]+))?$`)
+	reSetLabels  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)/setLabels$`)
 	reOperation  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/(zones/[^/]+|global)/operations/([^/]+)$`)
 	reFirewalls  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/global/firewalls(?:/([^/]+))?$`)
 	reAggregated = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/aggregated/instances$`)
@@ -318,6 +322,8 @@ func route(r *http.Request) (string, []string) {
 	switch {
 	case r.URL.Path == tokenPath:
 		return opToken, nil
+	case reSetLabels.MatchString(r.URL.Path) && r.Method == http.MethodPost:
+		return opInstancesLabels, reSetLabels.FindStringSubmatch(r.URL.Path)
 	case reInstances.MatchString(r.URL.Path):
 		return map[string]string{http.MethodPost: opInstancesInsert, http.MethodGet: opInstancesGet, http.MethodDelete: opInstancesDelete}[r.Method],
 			reInstances.FindStringSubmatch(r.URL.Path)
@@ -365,6 +371,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		s.deleteInstance(w, m[1], m[2], m[3])
 	case opInstancesList:
 		s.aggregatedList(w, r, m[1])
+	case opInstancesLabels:
+		s.setLabels(w, r, m[1], m[2], m[3])
 	case opOperationsGet:
 		// An operation is found only where it runs: its project, and its
 		// zone or global scope.
@@ -515,6 +523,7 @@ func (s *Server) insertInstance(w http.ResponseWriter, r *http.Request, project,
 	vm.CreationTimestamp = ptr.To(s.now().Format(time.RFC3339))
 	vm.Zone = ptr.To(s.URL + "/compute/v1/projects/" + project + "/zones/" + zone)
 	vm.SelfLink = ptr.To(s.URL + "/compute/v1/projects/" + project + "/zones/" + zone + "/instances/" + vm.GetName())
+	vm.LabelFingerprint = ptr.To(fingerprint(vm.GetLabels()))
 	if s.OnInsert != nil {
 		s.OnInsert(vm)
 	}
@@ -523,6 +532,46 @@ func (s *Server) insertInstance(w http.ResponseWriter, r *http.Request, project,
 		if failed && s.instances[key] == vm {
 			delete(s.instances, key)
 		}
+	}))
+}
+
+// fingerprint is a VM's label fingerprint: it changes with the labels.
+func fingerprint(labels map[string]string) string {
+	keys := make([]string, 0, len(labels))
+	for k := range labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	h := fnv.New64a()
+	for _, k := range keys {
+		_, _ = h.Write([]byte(k + "=" + labels[k] + ";"))
+	}
+	return fmt.Sprintf("%016x", h.Sum64())
+}
+
+// setLabels replaces a VM's labels, if the caller read the labels it
+// replaces: the fingerprint must match, as on GCP.
+func (s *Server) setLabels(w http.ResponseWriter, r *http.Request, project, zone, name string) {
+	req := &computepb.InstancesSetLabelsRequest{}
+	if !readProto(w, r, req) {
+		return
+	}
+	vm, ok := s.instances[zone+"/"+name]
+	switch {
+	case !ok:
+		notFound(w, fmt.Sprintf("projects/%s/zones/%s/instances/%s", project, zone, name))
+		return
+	case req.GetLabelFingerprint() != fingerprint(vm.GetLabels()):
+		writeError(w, http.StatusPreconditionFailed, reasonConditionNotMet, "", "Labels fingerprint either invalid or resource labels have changed")
+		return
+	}
+	if bad := checkLabels(req.GetLabels()); bad != nil {
+		bad.write(w)
+		return
+	}
+	writeProto(w, s.startOp(project, zone, "setLabels", vm.GetSelfLink(), nil, func(bool) {
+		vm.Labels = req.GetLabels()
+		vm.LabelFingerprint = ptr.To(fingerprint(vm.GetLabels()))
 	}))
 }
 

@@ -1,0 +1,393 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/netip"
+	"net/url"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	"github.com/pkg/errors"
+	"google.golang.org/api/option"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/resource"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/kubernetes"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/squid"
+)
+
+// Backends builds, and keeps, the backend of each configuration. Local
+// backends supervise processes, so there is exactly one per state dir for
+// the life of the provider; clients of other clusters are reused until their
+// configuration changes.
+type Backends struct {
+	// Kube reaches the cluster the provider runs in.
+	Kube client.Client
+	// Config is the provider's own rest config, for in-cluster identity.
+	Config *rest.Config
+	// ClusterID is stamped on every instance.
+	ClusterID string
+	// StateDir is where local proxies live when a ProviderConfig names no
+	// state dir.
+	StateDir string
+	// RestartDelay is how long a dead local Squid stays down before its
+	// supervisor restarts it; zero means the local backend's default.
+	RestartDelay time.Duration
+	// GCPClientOptions are added to every Compute API client, after the
+	// credentials; tests point them at a fake of the API.
+	GCPClientOptions []option.ClientOption
+	// GCPOperationTimeout bounds how long a GCP Create waits for its
+	// insert operations; zero means the backend's default.
+	GCPOperationTimeout time.Duration
+	// RetireAfter is how long a replaced backend is kept open for those
+	// still using it; zero means ten minutes.
+	RetireAfter time.Duration
+	// Logger for backends.
+	Logger logging.Logger
+
+	mu    sync.Mutex
+	local map[string]*local.Backend
+	// remote holds the backends that are API clients (pods, VMs), by
+	// configuration UID; each with the version of the configuration and of
+	// its credentials Secret it was built from.
+	remote map[types.UID]remoteBackend
+	// retired counts replaced backends closed.
+	retired int
+}
+
+type remoteBackend struct {
+	version string
+	backend backend.Backend
+}
+
+// Clients returns how many API-client backends are live.
+func (b *Backends) Clients() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.remote)
+}
+
+// cached returns pc's backend if it was built from pc's current version
+// and credentials; a backend built from an older one is closed and
+// forgotten. The version is the configuration's generation, which status
+// writes (status.users) leave alone, and its Secret's resourceVersion, so a
+// rotated key is picked up.
+func (b *Backends) cached(ctx context.Context, pc *config, sel *xpv2.CommonCredentialSelectors) (backend.Backend, string) {
+	version := pc.Version
+	if sel != nil && sel.SecretRef != nil {
+		s := &corev1.Secret{}
+		ns := sel.SecretRef.Namespace
+		if pc.Namespace != "" {
+			ns = pc.Namespace
+		}
+		if err := b.Kube.Get(ctx, types.NamespacedName{Namespace: ns, Name: sel.SecretRef.Name}, s); err != nil {
+			// A Secret that cannot be read now changes nothing: the
+			// client built from it goes on, and building a new one
+			// reports the error.
+			if old, ok := b.remote[pc.UID]; ok && strings.HasPrefix(old.version, version+"/") {
+				return old.backend, old.version
+			}
+		} else {
+			version += "/" + s.ResourceVersion
+		}
+	}
+	old, ok := b.remote[pc.UID]
+	if ok && old.version == version {
+		return old.backend, version
+	}
+	if ok {
+		b.retire(old.backend)
+		delete(b.remote, pc.UID)
+	}
+	return nil, version
+}
+
+// retire closes a replaced backend once nobody can be using it any more:
+// reconciles and orphan collection that took it before it was replaced
+// run at most a reconcile's deadline (its bounded waits included), and a
+// client closed under them would fail, or worse, mid-create.
+func (b *Backends) retire(old backend.Backend) {
+	c, ok := old.(io.Closer)
+	if !ok {
+		return
+	}
+	delay := b.RetireAfter
+	if delay <= 0 {
+		delay = defaultRetireAfter
+	}
+	time.AfterFunc(delay, func() {
+		_ = c.Close()
+		b.mu.Lock()
+		b.retired++
+		b.mu.Unlock()
+	})
+}
+
+// defaultRetireAfter is well past the reconcile deadline (1 minute) and an
+// orphan collection pass.
+const defaultRetireAfter = 10 * time.Minute
+
+// Retired returns how many replaced backends were closed.
+func (b *Backends) Retired() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.retired
+}
+
+// prune retires the backends of configurations that no longer exist.
+func (b *Backends) prune(live map[types.UID]bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for uid, rb := range b.remote {
+		if !live[uid] {
+			b.retire(rb.backend)
+			delete(b.remote, uid)
+		}
+	}
+}
+
+// For returns pc's backend.
+func (b *Backends) For(ctx context.Context, pc *config) (backend.Backend, error) {
+	if err := tenantConfig(pc); err != nil {
+		return nil, backend.Wrap(backend.ClassPermanent, err)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.local == nil {
+		b.local, b.remote = map[string]*local.Backend{}, map[types.UID]remoteBackend{}
+	}
+	switch pc.Spec.Backend {
+	case v1alpha1.BackendLocal:
+		cfg := local.Config{StateDir: b.StateDir, ClusterID: b.ClusterID, RestartDelay: b.RestartDelay, Logger: b.Logger}
+		if l := pc.Spec.Local; l != nil {
+			cfg.SquidPath, cfg.PortRange = l.SquidPath, l.PortRange
+			if l.StateDir != "" {
+				cfg.StateDir = l.StateDir
+			}
+		}
+		if cfg.StateDir == "" {
+			return nil, backend.Errorf(backend.ClassPermanent, "no state dir: set spec.local.stateDir or start the provider with --state-dir")
+		}
+		cfg.StateDir = filepath.Clean(cfg.StateDir)
+		if lb, ok := b.local[cfg.StateDir]; ok {
+			return lb, nil
+		}
+		lb, err := local.New(cfg)
+		if err != nil {
+			return nil, err
+		}
+		b.local[cfg.StateDir] = lb
+		return lb, nil
+	case v1alpha1.BackendKubernetes:
+		var sel *xpv2.CommonCredentialSelectors
+		if k := pc.Spec.Kubernetes; k != nil && k.Credentials != nil && k.Credentials.Source == xpv2.CredentialsSourceSecret {
+			sel = &k.Credentials.CommonCredentialSelectors
+		}
+		kb, version := b.cached(ctx, pc, sel)
+		if kb != nil {
+			return kb, nil
+		}
+		c, err := b.kubeClient(ctx, pc)
+		if err != nil {
+			return nil, err
+		}
+		kb = kubernetes.New(kubernetes.Config{Client: c, ClusterID: b.ClusterID})
+		b.remote[pc.UID] = remoteBackend{version: version, backend: kb}
+		return kb, nil
+	case v1alpha1.BackendGCP:
+		return b.gcpBackend(ctx, pc)
+	default:
+		return nil, backend.Errorf(backend.ClassPermanent, "the %s backend is not available in this provider version", pc.Spec.Backend)
+	}
+}
+
+// gcpBackend returns the GCP backend of pc, made once per configuration
+// version. The caller holds b.mu.
+func (b *Backends) gcpBackend(ctx context.Context, pc *config) (backend.Backend, error) {
+	g := pc.Spec.GCP
+	if g == nil {
+		return nil, backend.Errorf(backend.ClassPermanent, "%s %s has no gcp settings: set spec.gcp.project and spec.gcp.credentials", pc.Kind, pc.Name)
+	}
+	var sel *xpv2.CommonCredentialSelectors
+	if g.Credentials.Source == xpv2.CredentialsSourceSecret {
+		sel = &g.Credentials.CommonCredentialSelectors
+	}
+	cached, version := b.cached(ctx, pc, sel)
+	if cached != nil {
+		return cached, nil
+	}
+	var opts []option.ClientOption
+	if g.Credentials.Source == xpv2.CredentialsSourceSecret {
+		sel := g.Credentials.CommonCredentialSelectors
+		if sel.SecretRef != nil && pc.Namespace != "" {
+			sel.SecretRef = sel.SecretRef.DeepCopy()
+			sel.SecretRef.Namespace = pc.Namespace
+		}
+		key, err := resource.CommonCredentialExtractor(ctx, g.Credentials.Source, b.Kube, sel)
+		if err != nil {
+			return nil, errors.Wrap(err, "cannot read the service-account key")
+		}
+		typ, key, err := gcpKey(key, pc.Namespace != "")
+		if err != nil {
+			return nil, backend.Wrap(backend.ClassPermanent, errors.Wrapf(err, "%s %s", pc.Kind, pc.Name))
+		}
+		opts = append(opts, option.WithAuthCredentialsJSON(typ, key))
+	}
+	opts = append(opts, b.GCPClientOptions...)
+	gb, err := gcp.New(ctx, gcp.Config{Project: g.Project, ClusterID: b.ClusterID, ClientOptions: opts, OperationTimeout: b.GCPOperationTimeout})
+	if err != nil {
+		return nil, err
+	}
+	b.remote[pc.UID] = remoteBackend{version: version, backend: gb}
+	return gb, nil
+}
+
+// kubeClient returns an uncached client for the pods' cluster: proxy pods
+// are read one at a time, which does not warrant a cluster-wide pod cache.
+func (b *Backends) kubeClient(ctx context.Context, pc *config) (client.Client, error) {
+	cfg := b.Config
+	if k := pc.Spec.Kubernetes; k != nil && k.Credentials != nil && k.Credentials.Source == xpv2.CredentialsSourceSecret {
+		sel := k.Credentials.CommonCredentialSelectors
+		if sel.SecretRef != nil && pc.Namespace != "" {
+			// A namespaced ProviderConfig may only read Secrets of its own
+			// namespace.
+			sel.SecretRef = sel.SecretRef.DeepCopy()
+			sel.SecretRef.Namespace = pc.Namespace
+		}
+		kc, err := resource.CommonCredentialExtractor(ctx, k.Credentials.Source, b.Kube, sel)
+		if err != nil {
+			return nil, errors.Wrap(err, "cannot read kubeconfig")
+		}
+		if pc.Namespace != "" {
+			// A tenant's kubeconfig must not make the provider run a
+			// program, read its files or send its token anywhere.
+			if err := inlineKubeconfig(kc); err != nil {
+				return nil, backend.Wrap(backend.ClassPermanent, errors.Wrapf(err, "%s %s/%s", pc.Kind, pc.Namespace, pc.Name))
+			}
+		}
+		if cfg, err = clientcmd.RESTConfigFromKubeConfig(kc); err != nil {
+			return nil, backend.Wrap(backend.ClassPermanent, errors.Wrap(err, "cannot parse kubeconfig"))
+		}
+		if pc.Namespace != "" {
+			cfg.ExecProvider, cfg.AuthProvider, cfg.BearerTokenFile = nil, nil, ""
+			if u, err := url.Parse(cfg.Host); err != nil || u.Scheme != "https" {
+				return nil, backend.Errorf(backend.ClassPermanent, "%s %s/%s: the kubeconfig's server %q must be an https URL", pc.Kind, pc.Namespace, pc.Name, cfg.Host)
+			}
+			// Checked at every connection, after DNS: a name that
+			// resolves to the provider's host or a metadata server
+			// later is refused then.
+			cfg.Dial = (&net.Dialer{Timeout: 30 * time.Second, Control: refuseHostAndMetadata}).DialContext
+		}
+	}
+	c, err := client.New(cfg, client.Options{Scheme: b.Kube.Scheme()})
+	return c, errors.Wrap(err, "cannot create client for the pod cluster")
+}
+
+// Close stops supervising local processes without stopping them, so the
+// next provider re-adopts them.
+func (b *Backends) Close() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, lb := range b.local {
+		lb.Close()
+	}
+}
+
+// refuseHostAndMetadata refuses a connection to the provider's own host,
+// link-local addresses or a cloud metadata server, where a tenant's
+// kubeconfig could otherwise point the provider.
+func refuseHostAndMetadata(_, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return errors.Errorf("cannot tell where %s is", address)
+	}
+	if squid.HostOrMetadata(ap.Addr()) {
+		return errors.Errorf("a namespaced ProviderConfig's kubeconfig may not reach %s: it is the provider's host, link-local or a metadata server", ap.Addr())
+	}
+	return nil
+}
+
+// inlineKubeconfig accepts a kubeconfig that carries everything inline:
+// one cluster and one user, authenticated by a token, a client certificate
+// or a password given in the file. Exec and auth-provider plugins, token,
+// certificate and CA files, and proxies are refused, since they would make
+// the provider run a program, read its own files (its ServiceAccount
+// token) or send requests where the kubeconfig's author chose.
+func inlineKubeconfig(raw []byte) error {
+	c, err := clientcmd.Load(raw)
+	if err != nil {
+		return errors.Wrap(err, "cannot parse kubeconfig")
+	}
+	for name, u := range c.AuthInfos {
+		switch {
+		case u.Exec != nil:
+			return errors.Errorf("kubeconfig user %q runs an exec plugin: a namespaced ProviderConfig's kubeconfig must carry its credentials inline", name)
+		case u.AuthProvider != nil:
+			return errors.Errorf("kubeconfig user %q uses an auth provider plugin: a namespaced ProviderConfig's kubeconfig must carry its credentials inline", name)
+		case u.TokenFile != "" || u.ClientCertificate != "" || u.ClientKey != "":
+			return errors.Errorf("kubeconfig user %q names files on the provider's host: a namespaced ProviderConfig's kubeconfig must carry its credentials inline", name)
+		case u.Impersonate != "" || len(u.ImpersonateGroups) > 0 || u.ImpersonateUID != "":
+			return errors.Errorf("kubeconfig user %q impersonates: a namespaced ProviderConfig's kubeconfig acts as itself", name)
+		}
+	}
+	for name, cl := range c.Clusters {
+		if cl.CertificateAuthority != "" || cl.ProxyURL != "" {
+			return errors.Errorf("kubeconfig cluster %q names a CA file or a proxy: a namespaced ProviderConfig's kubeconfig must carry its CA inline and connect directly", name)
+		}
+	}
+	return nil
+}
+
+// googleTokenURI is where a service-account key's JWT is exchanged.
+const googleTokenURI = "https://oauth2.googleapis.com/token"
+
+// gcpKey reads a GCP credentials file and returns its type and the key to
+// use. It must be a service-account key: the other kinds (external
+// accounts above all) make the provider read files, run programs or send
+// requests where their author chose, and the client library does not check
+// the declared type on every path. A tenant's (a namespaced
+// ProviderConfig's) key is rebuilt from the fields a key needs, with
+// Google's token URI, so that its own token_uri cannot send the provider's
+// requests to the metadata server or the provider's own endpoints.
+func gcpKey(key []byte, tenant bool) (option.CredentialsType, []byte, error) {
+	var f struct {
+		Type         string `json:"type"`
+		ProjectID    string `json:"project_id,omitempty"`
+		PrivateKeyID string `json:"private_key_id,omitempty"`
+		PrivateKey   string `json:"private_key"`
+		ClientEmail  string `json:"client_email"`
+		ClientID     string `json:"client_id,omitempty"`
+		TokenURI     string `json:"token_uri"`
+	}
+	if err := json.Unmarshal(key, &f); err != nil {
+		return "", nil, errors.New("the GCP credentials are not JSON")
+	}
+	t := option.CredentialsType(f.Type)
+	switch {
+	case t == option.ServiceAccount && tenant:
+		f.TokenURI = googleTokenURI
+		clean, err := json.Marshal(f)
+		return t, clean, errors.Wrap(err, "cannot rebuild the service-account key")
+	case t == option.ServiceAccount:
+		return t, key, nil
+	default:
+		return "", nil, errors.Errorf("the GCP credentials are of type %q: spec.gcp.credentials takes only a service-account key (type %q); for workload identity use source InjectedIdentity on a ClusterProviderConfig", f.Type, option.ServiceAccount)
+	}
+}
