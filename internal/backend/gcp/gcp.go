@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/netip"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -24,6 +25,7 @@ import (
 	"google.golang.org/api/googleapi"
 	"google.golang.org/api/iterator"
 	"google.golang.org/api/option"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
@@ -340,7 +342,7 @@ func (b *Backend) firewall(s backend.Spec) (*computepb.Firewall, error) {
 	ranges = masked
 	return &computepb.Firewall{
 		Name:         ptr.To(s.Name),
-		Description:  ptr.To(fmt.Sprintf("egress proxy %s/%s (managed by provider-egressproxy)", s.Owner.Namespace, s.Owner.Name)),
+		Description:  ptr.To(ruleDescription(s.Owner)),
 		Network:      ptr.To(b.network(s.GCP)),
 		Direction:    ptr.To(computepb.Firewall_INGRESS.String()),
 		Allowed:      []*computepb.Allowed{{IPProtocol: ptr.To("tcp"), Ports: []string{strconv.Itoa(int(s.Port))}}},
@@ -391,6 +393,26 @@ func metadataKey(s backend.Spec) string {
 		return "user-data"
 	}
 	return "startup-script"
+}
+
+// Firewall rules carry no labels: their description names the owner, so
+// that the orphan collector finds a rule whose VM never came or is gone.
+const ruleMarker = "managed by provider-egressproxy"
+
+var reRuleOwner = regexp.MustCompile(`\(uid ([^,()\s]+), cluster ([^,()\s]*), ` + ruleMarker + `\)$`)
+
+func ruleDescription(o ownership.Owner) string {
+	l := o.GCPLabels()
+	return fmt.Sprintf("egress proxy %s/%s (uid %s, cluster %s, %s)", o.Namespace, o.Name, o.UID, l["egress-cluster"], ruleMarker)
+}
+
+// ruleOwner reads a rule's owner back from its description.
+func ruleOwner(description string) (ownership.Owner, bool) {
+	m := reRuleOwner.FindStringSubmatch(description)
+	if m == nil {
+		return ownership.Owner{}, false
+	}
+	return ownership.Owner{UID: types.UID(m[1]), ClusterID: m[2]}, true
 }
 
 // Create makes the firewall rule, then inserts the VM, and waits a bounded
@@ -794,6 +816,10 @@ func (b *Backend) Delete(ctx context.Context, r backend.Ref) error {
 			return errors.Wrapf(Classify(err), "deleting firewall rule %s failed", r.Name)
 		}
 	}
+	if r.Zone == "" {
+		// A rule left without its VM (orphan collection): nothing else.
+		return nil
+	}
 	_, err := b.instances.Delete(ctx, &computepb.DeleteInstanceRequest{Project: b.cfg.Project, Zone: r.Zone, Instance: r.Name})
 	if err == nil {
 		return nil
@@ -831,7 +857,8 @@ func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
 	for {
 		pair, err := it.Next()
 		if errors.Is(err, iterator.Done) {
-			return out, nil
+			rules, err := b.orphanRules(ctx, out)
+			return append(out, rules...), err
 		}
 		if err != nil {
 			return nil, errors.Wrap(Classify(err), "cannot list VMs")
@@ -840,6 +867,38 @@ func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
 		for _, vm := range pair.Value.GetInstances() {
 			out = append(out, *b.instance(vm, zone))
 		}
+	}
+}
+
+// orphanRules lists this cluster's firewall rules in the project that no
+// listed VM has: a rule whose VM never came (a create cut short) or whose
+// VM was deleted by hand. Rules in a Shared VPC host project are not
+// listed: the provider may not list there.
+func (b *Backend) orphanRules(ctx context.Context, vms []backend.Instance) ([]backend.Instance, error) {
+	have := map[string]bool{}
+	for _, i := range vms {
+		have[i.Name] = true
+	}
+	it := b.firewalls.List(ctx, &computepb.ListFirewallsRequest{Project: b.cfg.Project, Filter: ptr.To(`description eq '.*` + ruleMarker + `.*'`)})
+	var out []backend.Instance
+	for {
+		fw, err := it.Next()
+		if errors.Is(err, iterator.Done) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, errors.Wrap(Classify(err), "cannot list firewall rules")
+		}
+		owner, ok := ruleOwner(fw.GetDescription())
+		if !ok || have[fw.GetName()] || !owner.OfCluster(b.cfg.ClusterID) {
+			continue
+		}
+		created, _ := time.Parse(time.RFC3339, fw.GetCreationTimestamp())
+		out = append(out, backend.Instance{
+			Ref:        backend.Ref{Name: fw.GetName()},
+			ProviderID: fmt.Sprintf("projects/%s/global/firewalls/%s", b.cfg.Project, fw.GetName()),
+			Phase:      v1alpha1.InstancePhaseTerminated, CreatedAt: created, Owner: owner,
+		})
 	}
 }
 

@@ -153,3 +153,41 @@ func TestStartupConfigKey(t *testing.T) {
 		})
 	}
 }
+
+// TestOrphanRulesListed: a firewall rule whose VM never came (a stockout
+// after the rule was made, then the Proxy deleted while the provider was
+// down) is listed with its owner, for the orphan collector, and Delete
+// removes it; a rule with its VM is not listed twice.
+func TestOrphanRulesListed(t *testing.T) {
+	ctx := context.Background()
+	fake := gcpfake.Start(t)
+	b := newBackend(t, fake, "c1")
+	kept := spec("uid-with-vm")
+	if _, err := b.Create(ctx, kept); err != nil {
+		t.Fatal(err)
+	}
+	s := spec("uid-no-vm")
+	fake.FailOperation("instances.insert", gcpfake.Stockout("crawl-proj", s.Zone))
+	if _, err := b.Create(ctx, s); backend.ClassOf(err) != backend.ClassStockout {
+		t.Fatalf("want a stockout: %v", err)
+	}
+	owned, err := b.ListOwned(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var rule *backend.Instance
+	for i := range owned {
+		if owned[i].Name == s.Name {
+			rule = &owned[i]
+		}
+	}
+	if len(owned) != 2 || rule == nil || rule.Owner.UID != s.Owner.UID || !rule.Owner.OfCluster("c1") || rule.Zone != "" {
+		t.Fatalf("the VM and the rule left without one, with its owner: %+v", owned)
+	}
+	if err := b.Delete(ctx, rule.Ref); err != nil {
+		t.Fatal(err)
+	}
+	if fake.Firewall(s.Name) != nil || fake.Firewall(kept.Name) == nil {
+		t.Error("Delete removes the orphaned rule, and only it")
+	}
+}

@@ -65,6 +65,8 @@ func TestProviderRBAC(t *testing.T) {
 		"WatchPods":           {reason: "Watching pods is part of managing them.", attrs: authzv1.ResourceAttributes{Verb: "watch", Resource: "pods"}, want: true},
 		"ReadKubeSystem":      {reason: "The kube-system UID names the cluster.", attrs: authzv1.ResourceAttributes{Verb: "get", Resource: "namespaces", Name: "kube-system"}, want: true},
 		"UpdatePods":          {reason: "Pods are replaced, never edited.", attrs: authzv1.ResourceAttributes{Namespace: "team-a", Verb: "update", Resource: "pods"}, want: false},
+		"LabelPods":           {reason: "It marks a pod to outlive its Proxy (the retain label).", attrs: authzv1.ResourceAttributes{Namespace: "team-a", Verb: "patch", Resource: "pods"}, want: true},
+		"LabelNetworkPolicy":  {reason: "And its NetworkPolicy alike.", attrs: authzv1.ResourceAttributes{Namespace: "team-a", Verb: "patch", Group: "networking.k8s.io", Resource: "networkpolicies"}, want: true},
 		"ExecIntoPods":        {reason: "No exec into pods.", attrs: authzv1.ResourceAttributes{Namespace: "team-a", Verb: "create", Resource: "pods", Subresource: "exec"}, want: false},
 		"PodLogs":             {reason: "No pod logs.", attrs: authzv1.ResourceAttributes{Namespace: "team-a", Verb: "get", Resource: "pods", Subresource: "log"}, want: false},
 		"OtherNamespaces":     {reason: "Only kube-system may be read.", attrs: authzv1.ResourceAttributes{Verb: "get", Resource: "namespaces", Name: "default"}, want: false},

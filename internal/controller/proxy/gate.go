@@ -24,6 +24,11 @@ const (
 	annotationCreateError      = "egress.crawl.example.com/create-error"
 	annotationNextCreate       = "egress.crawl.example.com/next-create-attempt"
 	annotationCreateGeneration = "egress.crawl.example.com/create-error-generation"
+	// annotationCreateInputs records the versions of what the failed
+	// create depended on besides the spec (its ProviderConfig, that
+	// config's credentials Secret, the Proxy's auth and cloud-init
+	// Secrets): a change to any of them lifts the hold at once.
+	annotationCreateInputs = "egress.crawl.example.com/create-error-inputs"
 	// annotationCreateOperation names a creation Create left running.
 	annotationCreateOperation = "egress.crawl.example.com/create-operation"
 	// annotationTerminations counts the instances that terminated in a
@@ -138,6 +143,7 @@ func unavailable(reason xpv2.ConditionReason, msg string) xpv2.Condition {
 
 // createGate is the recorded state of past create failures.
 type createGate struct {
+	Inputs     string
 	Failures   int
 	Class      backend.Class
 	Message    string
@@ -147,7 +153,7 @@ type createGate struct {
 
 func readGate(p *v1alpha1.Proxy) createGate {
 	a := p.GetAnnotations()
-	g := createGate{Class: backend.Class(a[annotationCreateClass]), Message: a[annotationCreateError]}
+	g := createGate{Class: backend.Class(a[annotationCreateClass]), Message: a[annotationCreateError], Inputs: a[annotationCreateInputs]}
 	g.Failures, _ = strconv.Atoi(a[annotationCreateFailures])
 	g.Generation, _ = strconv.ParseInt(a[annotationCreateGeneration], 10, 64)
 	g.Next, _ = time.Parse(time.RFC3339, a[annotationNextCreate])
@@ -176,7 +182,7 @@ func recordCreateFailure(p *v1alpha1.Proxy, err error, now time.Time) {
 
 // clearCreateFailures forgets past failures after a successful Create.
 func clearCreateFailures(p *v1alpha1.Proxy) {
-	meta.RemoveAnnotations(p, annotationCreateFailures, annotationCreateClass, annotationCreateError, annotationNextCreate, annotationCreateGeneration)
+	meta.RemoveAnnotations(p, annotationCreateFailures, annotationCreateClass, annotationCreateError, annotationNextCreate, annotationCreateGeneration, annotationCreateInputs)
 }
 
 // blocked says whether a Create must wait, and returns the condition that

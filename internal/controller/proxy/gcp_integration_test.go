@@ -301,6 +301,34 @@ func TestGCPServiceAccountKey(t *testing.T) {
 		return fake.Instance("europe-west1-b", name) != nil && fake.Authenticated() > 0,
 			fmt.Sprintf("%d authenticated requests; Ready: %s", fake.Authenticated(), get(t, key2).GetCondition(xpv2.TypeReady).Message)
 	})
+
+	// A permanent failure (the project's organisation policy) holds until
+	// something it depends on changes: here the credentials Secret, as
+	// when the platform team moves the proxies to another service account.
+	fake.Fail("instances.insert", gcpfake.OrgPolicyExternalIP("crawl-proj", "europe-west1-b", "x"))
+	held := proxyObject(ns, "held", 32337, target.URL)
+	held.Spec.ProviderConfigReference = p.Spec.ProviderConfigReference
+	held.Spec.ForProvider.Local = nil
+	held.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-b"}
+	create(t, held)
+	heldKey := types.NamespacedName{Namespace: ns, Name: "held"}
+	testbed.Eventually(t, 15*time.Second, "held as a permanent error", func() (bool, string) {
+		c := get(t, heldKey).GetCondition(xpv2.TypeReady)
+		return c.Reason == xpv2.ConditionReason(backend.ClassPermanent), string(c.Reason) + ": " + c.Message
+	})
+	fake.Fail("instances.insert", gcpfake.Failure{})
+	sa := &corev1.Secret{}
+	if err := bed.Client.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: "gcp-sa"}, sa); err != nil {
+		t.Fatal(err)
+	}
+	sa.Data["note"] = []byte("moved to another service account")
+	if err := bed.Client.Update(context.Background(), sa); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 15*time.Second, "retried once its credentials changed", func() (bool, string) {
+		name := ownership.InstanceName(get(t, heldKey).UID)
+		return fake.Instance("europe-west1-b", name) != nil, get(t, heldKey).GetCondition(xpv2.TypeReady).Message
+	})
 }
 
 // TestBackendClients: a configuration's API client is built once and

@@ -194,7 +194,9 @@ func deleteProxies(t *testing.T, ns string) {
 		t.Errorf("cannot delete the test's Proxies: %v", err)
 		return
 	}
-	testbed.Eventually(t, 30*time.Second, "the test's Proxies gone", func() (bool, string) {
+	// A Proxy that failed for long is requeued on a long per-object
+	// back-off (up to a minute), which its deletion waits out too.
+	testbed.Eventually(t, 90*time.Second, "the test's Proxies gone", func() (bool, string) {
 		l := &v1alpha1.ProxyList{}
 		if err := bed.Client.List(ctx, l, client.InNamespace(ns)); err != nil {
 			return false, err.Error()

@@ -12,10 +12,13 @@ import (
 	"net/url"
 	"reflect"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
+	"sigs.k8s.io/controller-runtime/pkg/builder"
 	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
@@ -148,11 +151,19 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	}
 
 	r := managed.NewReconciler(mgr, resource.ManagedKind(v1alpha1.ProxyGroupVersionKind), opts...)
+	if err := setupIndexes(context.Background(), mgr); err != nil {
+		return errors.Wrap(err, "cannot index Proxies by their Secrets and ProviderConfigs")
+	}
+	w := watcher{kube: mgr.GetClient()}
 	return ctrl.NewControllerManagedBy(mgr).
 		Named(name).
 		WithOptions(o.ForControllerRuntime()).
-		WithEventFilter(predicate.Or(resource.DesiredStateChanged(), deletionProgressed())).
-		For(&v1alpha1.Proxy{}).
+		For(&v1alpha1.Proxy{}, builder.WithPredicates(predicate.Or(resource.DesiredStateChanged(), deletionProgressed()))).
+		// What a Proxy is made from: a changed Secret or ProviderConfig
+		// reaches its Proxies within seconds.
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(w.forSecret), builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
+		Watches(&v1alpha1.ProviderConfig{}, handler.EnqueueRequestsFromMapFunc(w.forConfig), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		Watches(&v1alpha1.ClusterProviderConfig{}, handler.EnqueueRequestsFromMapFunc(w.forConfig), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Complete(r)
 }
 
@@ -461,12 +472,35 @@ func (e *external) observeMissing(ctx context.Context, p *v1alpha1.Proxy, ref ba
 		p.SetConditions(unavailable(ReasonNotPermitted, err.Error()))
 		return managed.ExternalObservation{}, err
 	}
-	if c, blocked := readGate(p).blocked(p, e.now()); blocked {
+	g := readGate(p)
+	if g.Inputs != "" && g.Inputs != e.inputs(ctx, p) {
+		// The ProviderConfig, its credentials or the Proxy's Secrets
+		// changed since the failure: try again now, whatever it was.
+		g.Failures = 0
+	}
+	if c, blocked := g.blocked(p, e.now()); blocked {
 		p.SetConditions(c)
 		return managed.ExternalObservation{}, errors.New(c.Message)
 	}
 	p.SetConditions(unavailable(ReasonProvisioning, "no instance yet: creating one"))
 	return managed.ExternalObservation{ResourceExists: false}, nil
+}
+
+// inputs versions what a create depends on besides the Proxy's spec: its
+// ProviderConfig (generation), that config's credentials Secret and the
+// Proxy's auth and cloud-init Secrets (resourceVersions; "-" for one that
+// cannot be read).
+func (e *external) inputs(ctx context.Context, p *v1alpha1.Proxy) string {
+	parts := []string{string(e.pc.UID), e.pc.Version}
+	for _, key := range usedSecrets(p, e.pc) {
+		s := &corev1.Secret{}
+		rv := "-"
+		if err := e.kube.Get(ctx, key, s); err == nil {
+			rv = s.ResourceVersion
+		}
+		parts = append(parts, rv)
+	}
+	return strings.Join(parts, "/")
 }
 
 // syncRetain marks the instance to outlive its Proxy for as long as the
@@ -782,6 +816,7 @@ func (e *external) Create(ctx context.Context, p *v1alpha1.Proxy) (managed.Exter
 			if err := oc.CheckOperation(ctx, instanceRef(p, e.pc), op); err != nil {
 				e.countError("create", err)
 				recordCreateFailure(p, err, e.now())
+				meta.AddAnnotations(p, map[string]string{annotationCreateInputs: e.inputs(ctx, p)})
 				return managed.ExternalCreation{}, errors.Wrapf(err, "the last create failed (%s)", backend.ClassOf(err))
 			}
 		}
@@ -790,6 +825,7 @@ func (e *external) Create(ctx context.Context, p *v1alpha1.Proxy) (managed.Exter
 	e.countError("create", err)
 	if err != nil {
 		recordCreateFailure(p, err, e.now())
+		meta.AddAnnotations(p, map[string]string{annotationCreateInputs: e.inputs(ctx, p)})
 		return managed.ExternalCreation{}, errors.Wrapf(err, "cannot create instance (%s)", backend.ClassOf(err))
 	}
 	clearCreateFailures(p)

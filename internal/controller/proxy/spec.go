@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"sort"
 
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	"github.com/pkg/errors"
 	corev1 "k8s.io/api/core/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
@@ -88,6 +89,37 @@ func recordedRef(p *v1alpha1.Proxy, pc *config) backend.Ref {
 		}
 	}
 	return r
+}
+
+// usedSecrets are the Secrets a Proxy's instance is made from: its auth
+// and cloud-init Secrets, and its ProviderConfig's credentials Secret.
+func usedSecrets(p *v1alpha1.Proxy, pc *config) []types.NamespacedName {
+	var out []types.NamespacedName
+	fp := p.Spec.ForProvider
+	if fp.AuthSecretRef != nil {
+		out = append(out, types.NamespacedName{Namespace: p.GetNamespace(), Name: fp.AuthSecretRef.Name})
+	}
+	if fp.GCP != nil && fp.GCP.CloudInit != nil && fp.GCP.CloudInit.SecretRef != nil {
+		out = append(out, types.NamespacedName{Namespace: p.GetNamespace(), Name: fp.GCP.CloudInit.SecretRef.Name})
+	}
+	if pc == nil {
+		return out
+	}
+	var sel *xpv2.CommonCredentialSelectors
+	switch {
+	case pc.Spec.GCP != nil && pc.Spec.GCP.Credentials.Source == xpv2.CredentialsSourceSecret:
+		sel = &pc.Spec.GCP.Credentials.CommonCredentialSelectors
+	case pc.Spec.Kubernetes != nil && pc.Spec.Kubernetes.Credentials != nil && pc.Spec.Kubernetes.Credentials.Source == xpv2.CredentialsSourceSecret:
+		sel = &pc.Spec.Kubernetes.Credentials.CommonCredentialSelectors
+	}
+	if sel != nil && sel.SecretRef != nil {
+		ns := sel.SecretRef.Namespace
+		if pc.Namespace != "" {
+			ns = pc.Namespace
+		}
+		out = append(out, types.NamespacedName{Namespace: ns, Name: sel.SecretRef.Name})
+	}
+	return out
 }
 
 // credentials reads the Proxy's auth Secret; nil when the Proxy has none.

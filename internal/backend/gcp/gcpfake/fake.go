@@ -304,6 +304,7 @@ const (
 	opOperationsGet   = "operations.get"
 	opFirewallsInsert = "firewalls.insert"
 	opFirewallsGet    = "firewalls.get"
+	opFirewallsList   = "firewalls.list"
 	opFirewallsUpdate = "firewalls.update"
 	opFirewallsDelete = "firewalls.delete"
 	opToken           = "token"
@@ -330,8 +331,11 @@ func route(r *http.Request) (string, []string) {
 	case reOperation.MatchString(r.URL.Path) && r.Method == http.MethodGet:
 		return opOperationsGet, reOperation.FindStringSubmatch(r.URL.Path)
 	case reFirewalls.MatchString(r.URL.Path):
-		return map[string]string{http.MethodPost: opFirewallsInsert, http.MethodGet: opFirewallsGet, http.MethodPut: opFirewallsUpdate, http.MethodDelete: opFirewallsDelete}[r.Method],
-			reFirewalls.FindStringSubmatch(r.URL.Path)
+		m := reFirewalls.FindStringSubmatch(r.URL.Path)
+		if m[2] == "" && r.Method == http.MethodGet {
+			return opFirewallsList, m
+		}
+		return map[string]string{http.MethodPost: opFirewallsInsert, http.MethodGet: opFirewallsGet, http.MethodPut: opFirewallsUpdate, http.MethodDelete: opFirewallsDelete}[r.Method], m
 	case reAggregated.MatchString(r.URL.Path) && r.Method == http.MethodGet:
 		return opInstancesList, reAggregated.FindStringSubmatch(r.URL.Path)
 	}
@@ -362,6 +366,11 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		writeError(w, f.Code, f.Reason, f.Domain, f.Message)
 		return
 	}
+	s.dispatch(w, r, method, m)
+}
+
+// dispatch serves an API method.
+func (s *Server) dispatch(w http.ResponseWriter, r *http.Request, method string, m []string) {
 	switch method {
 	case opInstancesInsert:
 		s.insertInstance(w, r, m[1], m[2])
@@ -385,6 +394,8 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		s.insertFirewall(w, r, m[1])
 	case opFirewallsGet:
 		s.getFirewall(w, m[1], m[2])
+	case opFirewallsList:
+		s.listFirewalls(w, r, m[1])
 	case opFirewallsUpdate:
 		s.updateFirewall(w, r, m[1], m[2])
 	case opFirewallsDelete:
@@ -633,6 +644,35 @@ func (s *Server) insertFirewall(w http.ResponseWriter, r *http.Request, project 
 		}
 		e.ready = true
 	}))
+}
+
+// listFirewalls answers with the project's rules the filter selects.
+func (s *Server) listFirewalls(w http.ResponseWriter, r *http.Request, project string) {
+	raw := r.URL.Query().Get("filter")
+	f, err := parseFilter(raw)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "invalid", "", fmt.Sprintf("Invalid value for field 'filter': '%s'. Invalid list filter expression: %v", raw, err))
+		return
+	}
+	keys := make([]string, 0, len(s.firewalls))
+	for k := range s.firewalls {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	out := &computepb.FirewallList{Id: ptr.To("projects/" + project + "/global/firewalls")}
+	for _, k := range keys {
+		fw := s.firewalls[k]
+		if !fw.ready || !strings.HasPrefix(k, project+"/") {
+			continue
+		}
+		b, _ := protojson.Marshal(fw.fw)
+		var obj map[string]any
+		_ = json.Unmarshal(b, &obj)
+		if f.match(obj) {
+			out.Items = append(out.Items, fw.fw)
+		}
+	}
+	writeProto(w, out)
 }
 
 func (s *Server) getFirewall(w http.ResponseWriter, project, name string) {
