@@ -7,13 +7,10 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"net/url"
-	"reflect"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -183,87 +180,6 @@ func deletionProgressed() predicate.Predicate {
 			return e.ObjectNew.GetDeletionTimestamp() != nil
 		},
 	}
-}
-
-// scheduler decides when each Proxy is next probed. What it keeps in memory
-// is only timing: the verdict itself lives in the Proxy's status.
-type scheduler struct {
-	started time.Time
-	now     func() time.Time
-
-	mu   sync.Mutex
-	seen map[types.UID]time.Time // first probe time allowed after a restart
-	last map[types.UID]time.Time // when each Proxy was last probed
-}
-
-func interval(p *v1alpha1.Proxy) time.Duration {
-	return p.Spec.ForProvider.HealthCheck.IntervalOrDefault()
-}
-
-// nextProbe says when p is next due a probe.
-func (s *scheduler) nextProbe(p *v1alpha1.Proxy) time.Time {
-	ap := p.Status.AtProvider
-	every := interval(p)
-	if !ap.Healthy && ap.ConsecutiveSuccesses == 0 && ap.InstanceCreatedAt != nil && s.now().Sub(ap.InstanceCreatedAt.Time) < startupWindow {
-		every = min(every, startupInterval)
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	// The status records probes only when they change something (see
-	// probe), so this process's own memory is the fresher record.
-	var last time.Time
-	if ap.LastProbeTime != nil {
-		last = ap.LastProbeTime.Time
-	}
-	if t, ok := s.last[p.GetUID()]; ok && t.After(last) {
-		last = t
-	}
-	var due time.Time
-	if !last.IsZero() {
-		due = last.Add(every)
-	}
-	first, ok := s.seen[p.GetUID()]
-	if !ok {
-		// First sight since this process started. A proxy overdue for its
-		// probe (the provider was down) gets a jittered slot, so a restart
-		// does not probe the whole fleet at once.
-		first = s.now()
-		if !last.IsZero() && due.Before(first) {
-			first = first.Add(rand.N(min(restartJitter, every)))
-		}
-		s.seen[p.GetUID()] = first
-	}
-	if due.Before(first) {
-		return first
-	}
-	return due
-}
-
-// probed records that a Proxy was probed at t.
-func (s *scheduler) probed(uid types.UID, t time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.last == nil {
-		s.last = map[types.UID]time.Time{}
-	}
-	s.last[uid] = t
-}
-
-func (s *scheduler) forget(uid types.UID) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.seen, uid)
-	delete(s.last, uid)
-}
-
-// pollAfter is the managed reconciler's poll hook: come back when the next
-// probe is due.
-func (s *scheduler) pollAfter(mg resource.Managed, _ time.Duration) time.Duration {
-	p, ok := mg.(*v1alpha1.Proxy)
-	if !ok {
-		return v1alpha1.DefaultProbeInterval
-	}
-	return max(s.nextProbe(p).Sub(s.now()), 200*time.Millisecond)
 }
 
 // connector resolves a Proxy's ProviderConfig into a backend.
@@ -657,131 +573,6 @@ func (e *external) observeExternal(ctx context.Context, p *v1alpha1.Proxy) (mana
 		ResourceExists: true, ResourceUpToDate: true,
 		ConnectionDetails: connectionDetails(ep.Host, ep.Port, creds),
 	}, nil
-}
-
-// probe runs a probe when one is due and folds it into the verdict.
-func (e *external) probe(ctx context.Context, p *v1alpha1.Proxy, addr string, creds *backend.Credentials) {
-	ap := &p.Status.AtProvider
-	hc := p.Spec.ForProvider.HealthCheck
-	if e.now().Before(e.sched.nextProbe(p)) {
-		e.setReadiness(p)
-		return
-	}
-	t := probe.Target{Proxy: addr, URL: hc.URL, Timeout: hc.TimeoutOrDefault(), ExpectedStatus: int(hc.ExpectedStatus), RootCAs: e.rootCAs}
-	if creds != nil {
-		t.Username, t.Password = creds.Username, creds.Password
-	}
-	res := e.prober.Probe(ctx, t)
-	if creds != nil {
-		e.checkClosure(ctx, p, t)
-	} else {
-		forgetClosure(p, "NoCredentials", "the proxy has no credentials to refuse requests without")
-	}
-
-	outcome := "failure"
-	if res.OK {
-		outcome = "success"
-		e.metrics.ProbeDuration.WithLabelValues(e.backendName()).Observe(res.Latency.Seconds())
-	}
-	e.metrics.ProbeResults.WithLabelValues(e.backendName(), outcome).Inc()
-
-	was, before := ap.Healthy, *ap
-	now := e.now()
-	e.sched.probed(p.GetUID(), now)
-	v := probe.Verdict{Healthy: ap.Healthy, ConsecutiveSuccesses: ap.ConsecutiveSuccesses, ConsecutiveFailures: ap.ConsecutiveFailures}.
-		Next(res.OK, hc.SuccessThreshold, hc.FailureThreshold)
-	ap.Healthy, ap.ConsecutiveSuccesses, ap.ConsecutiveFailures = v.Healthy, v.ConsecutiveSuccesses, v.ConsecutiveFailures
-	// Every status change of a Proxy makes Crossplane compose its fleet
-	// again, so a probe that finds nothing new must leave the status as it
-	// is: latency moves only on a real change, and lastProbeTime only
-	// with another change or as a heartbeat.
-	if res.OK {
-		if latencyMoved(ap.LatencyMilliseconds, res.Latency.Milliseconds()) {
-			ap.LatencyMilliseconds = res.Latency.Milliseconds()
-		}
-		ap.LastProbeError = ""
-		if res.EgressIP != "" && res.EgressIP != ap.EgressIP {
-			if ap.EgressIP != "" {
-				e.record.Event(p, event.Normal("EgressIPChanged", fmt.Sprintf("egress IP changed from %s to %s", ap.EgressIP, res.EgressIP)))
-			}
-			ap.EgressIP = res.EgressIP
-		}
-	} else {
-		ap.LastProbeError = truncate(res.Error, 512)
-	}
-	switch {
-	case v.Healthy && !was:
-		e.record.Event(p, event.Normal("ProbePassing", fmt.Sprintf("proxy is healthy: probe through %s passed", addr)))
-	case !v.Healthy && was:
-		e.record.Event(p, event.Warning("ProbeFailing", errors.Errorf("proxy is unhealthy after %d failed probes: %s", v.ConsecutiveFailures, res.Error)))
-	}
-	before.LastProbeTime = ap.LastProbeTime
-	if ap.LastProbeTime == nil || !reflect.DeepEqual(before, *ap) || now.Sub(ap.LastProbeTime.Time) >= probeHeartbeat {
-		ap.LastProbeTime = &metav1.Time{Time: now}
-	}
-	e.setReadiness(p)
-}
-
-// checkClosure asks through the proxy without credentials: one that has
-// them must refuse. An open proxy is flagged with the OpenProxy condition,
-// a Warning event and a metric, and is not Ready, so egress-discovery never
-// hands it out. An inconclusive check keeps a verdict the Proxy has, so
-// that one unreachable moment does not flap the condition, and otherwise
-// says why there is none yet.
-func (e *external) checkClosure(ctx context.Context, p *v1alpha1.Proxy, t probe.Target) {
-	closure, detail := e.prober.Closed(ctx, t)
-	was := p.GetCondition(TypeOpenProxy).Status
-	switch closure {
-	case probe.ClosureOpen:
-		p.SetConditions(xpv2.Condition{Type: TypeOpenProxy, Status: corev1.ConditionTrue, Reason: ReasonServesWithoutCredentials,
-			Message: detail, LastTransitionTime: metav1.Time{Time: e.now()}})
-		if was != corev1.ConditionTrue {
-			e.metrics.OpenProxies.WithLabelValues(e.backendName()).Inc()
-			e.record.Event(p, event.Warning(event.Reason(ReasonServesWithoutCredentials), errors.New(detail)))
-		}
-	case probe.ClosureClosed:
-		p.SetConditions(xpv2.Condition{Type: TypeOpenProxy, Status: corev1.ConditionFalse, Reason: ReasonDemandsCredentials,
-			Message: detail, LastTransitionTime: metav1.Time{Time: e.now()}})
-	default:
-		if c := p.GetCondition(TypeOpenProxy); c.Status == corev1.ConditionUnknown && c.Message != truncate(detail, 512) {
-			p.SetConditions(xpv2.Condition{Type: TypeOpenProxy, Status: corev1.ConditionUnknown, Reason: ReasonClosureUnknown,
-				Message: truncate(detail, 512), LastTransitionTime: metav1.Time{Time: e.now()}})
-		}
-	}
-}
-
-// probeHeartbeat bounds how old status.atProvider.lastProbeTime gets while
-// probes keep passing and change nothing.
-const probeHeartbeat = 5 * time.Minute
-
-// latencyMoved reports whether a probe's latency differs enough from the
-// recorded one to be worth a status update: by more than half and by more
-// than 20ms. Below that it is noise, which on a fast network is most of it.
-func latencyMoved(recorded, now int64) bool {
-	d := now - recorded
-	if d < 0 {
-		d = -d
-	}
-	return recorded == 0 || (d > 20 && 2*d > recorded)
-}
-
-// setReadiness sets Ready from the verdict. It changes only when the verdict
-// does, so the condition does not flap with single probe results.
-func (e *external) setReadiness(p *v1alpha1.Proxy) {
-	ap := p.Status.AtProvider
-	open := p.GetCondition(TypeOpenProxy)
-	switch {
-	case open.Status == corev1.ConditionTrue:
-		p.SetConditions(unavailable(ReasonOpenProxy, "the proxy serves requests without credentials, so it is never handed out: "+open.Message))
-	case p.Spec.ForProvider.AuthSecretRef != nil && open.Status != corev1.ConditionFalse && ap.Healthy:
-		p.SetConditions(unavailable(ReasonAwaitingProbe, "the proxy passes its probe; waiting to see it demand credentials (407) of a request without them: "+open.Message))
-	case ap.Healthy:
-		p.SetConditions(xpv2.Available())
-	case ap.LastProbeTime == nil:
-		p.SetConditions(unavailable(ReasonAwaitingProbe, fmt.Sprintf("instance %s runs; waiting for the first probe through it", ap.ProviderID)))
-	default:
-		p.SetConditions(unavailable(ReasonProbeFailing, fmt.Sprintf("probe through the proxy is failing: %s", ap.LastProbeError)))
-	}
 }
 
 // Create starts an instance. Failures are recorded so that Observe holds

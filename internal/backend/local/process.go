@@ -1,0 +1,139 @@
+package local
+
+import (
+	"fmt"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/pkg/errors"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+)
+
+// livePid returns the pid of the instance's Squid if that process lives and
+// runs this instance's config, else 0. Checking the command line keeps a
+// recycled pid from passing for our Squid.
+func (b *Backend) livePid(name string) int {
+	raw, err := os.ReadFile(filepath.Join(b.dir(name), filePid))
+	if err != nil {
+		return 0
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	if err != nil || pid <= 0 {
+		return 0
+	}
+	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || !strings.Contains(string(cmdline), filepath.Join(b.dir(name), fileConf)) {
+		return 0
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err == nil {
+		// A zombie has exited; it only waits to be reaped.
+		if f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:])); len(f) > 0 && f[0] == "Z" {
+			return 0
+		}
+	}
+	return pid
+}
+
+// Processes lists the live Squid processes running a config under stateDir.
+// It looks through /proc rather than the pid files, so it also finds a Squid
+// whose instance record is gone; auth helpers, which name the folder too, and
+// zombies are left out.
+func Processes(stateDir string) []int {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	var pids []int
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil || !strings.Contains(string(b), stateDir) || !strings.Contains(string(b), fileConf) {
+			continue
+		}
+		stat, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "stat"))
+		if i := strings.LastIndexByte(string(stat), ')'); i > 0 && strings.HasPrefix(strings.TrimSpace(string(stat[i+1:])), "Z") {
+			continue
+		}
+		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		pids = append(pids, pid)
+	}
+	return pids
+}
+
+// StopAll terminates every Squid running under stateDir and returns how many
+// it stopped. A provider shutting down leaves its Squids running for the next
+// one to re-adopt, so whoever ends the whole environment (make run on Ctrl-C)
+// stops them with this.
+func StopAll(stateDir string) int {
+	pids := Processes(stateDir)
+	var wg sync.WaitGroup
+	for _, pid := range pids {
+		wg.Add(1)
+		go func() { defer wg.Done(); terminate(pid) }()
+	}
+	wg.Wait()
+	return len(pids)
+}
+
+// terminate stops a Squid quickly: SIGTERM, then SIGKILL after 3s.
+func terminate(pid int) {
+	_ = syscall.Kill(pid, syscall.SIGTERM)
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) {
+		if syscall.Kill(pid, 0) != nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+}
+
+// chownToSquidUser gives the instance dir to Squid's effective user when the
+// provider runs as root, because Squid then drops to that user and must
+// write its logs and pid file and read the htpasswd file.
+func chownToSquidUser(dir string) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	u, err := user.Lookup("proxy")
+	if err != nil {
+		return backend.Errorf(backend.ClassPermanent, "squid's user 'proxy' does not exist: install squid (apt-get install squid)")
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error {
+		if err != nil {
+			return err
+		}
+		return os.Chown(p, uid, gid)
+	})
+}
+
+// reachableBySquid checks, when the provider runs as root and Squid will
+// drop to its own user, that every folder above the state dir lets that user
+// through; otherwise Squid would die at start-up unable to open its logs.
+func reachableBySquid(dir string) error {
+	if os.Geteuid() != 0 {
+		return nil
+	}
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return errors.Wrap(err, "cannot resolve state dir")
+	}
+	for d := abs; ; d = filepath.Dir(d) {
+		fi, err := os.Stat(d)
+		if err != nil {
+			return errors.Wrapf(err, "cannot stat %s", d)
+		}
+		if fi.Mode().Perm()&0o001 == 0 {
+			return backend.Errorf(backend.ClassPermanent, "squid's user cannot reach state dir %s: %s has mode %o; run chmod o+x %s or choose another stateDir", abs, d, fi.Mode().Perm(), d)
+		}
+		if d == filepath.Dir(d) {
+			return nil
+		}
+	}
+}

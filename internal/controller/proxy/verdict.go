@@ -1,0 +1,144 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"reflect"
+	"time"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	"github.com/pkg/errors"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
+)
+
+// probe runs a probe when one is due and folds it into the verdict.
+func (e *external) probe(ctx context.Context, p *v1alpha1.Proxy, addr string, creds *backend.Credentials) {
+	ap := &p.Status.AtProvider
+	hc := p.Spec.ForProvider.HealthCheck
+	if e.now().Before(e.sched.nextProbe(p)) {
+		e.setReadiness(p)
+		return
+	}
+	t := probe.Target{Proxy: addr, URL: hc.URL, Timeout: hc.TimeoutOrDefault(), ExpectedStatus: int(hc.ExpectedStatus), RootCAs: e.rootCAs}
+	if creds != nil {
+		t.Username, t.Password = creds.Username, creds.Password
+	}
+	res := e.prober.Probe(ctx, t)
+	if creds != nil {
+		e.checkClosure(ctx, p, t)
+	} else {
+		forgetClosure(p, "NoCredentials", "the proxy has no credentials to refuse requests without")
+	}
+
+	outcome := "failure"
+	if res.OK {
+		outcome = "success"
+		e.metrics.ProbeDuration.WithLabelValues(e.backendName()).Observe(res.Latency.Seconds())
+	}
+	e.metrics.ProbeResults.WithLabelValues(e.backendName(), outcome).Inc()
+
+	was, before := ap.Healthy, *ap
+	now := e.now()
+	e.sched.probed(p.GetUID(), now)
+	v := probe.Verdict{Healthy: ap.Healthy, ConsecutiveSuccesses: ap.ConsecutiveSuccesses, ConsecutiveFailures: ap.ConsecutiveFailures}.
+		Next(res.OK, hc.SuccessThreshold, hc.FailureThreshold)
+	ap.Healthy, ap.ConsecutiveSuccesses, ap.ConsecutiveFailures = v.Healthy, v.ConsecutiveSuccesses, v.ConsecutiveFailures
+	// Every status change of a Proxy makes Crossplane compose its fleet
+	// again, so a probe that finds nothing new must leave the status as it
+	// is: latency moves only on a real change, and lastProbeTime only
+	// with another change or as a heartbeat.
+	if res.OK {
+		if latencyMoved(ap.LatencyMilliseconds, res.Latency.Milliseconds()) {
+			ap.LatencyMilliseconds = res.Latency.Milliseconds()
+		}
+		ap.LastProbeError = ""
+		if res.EgressIP != "" && res.EgressIP != ap.EgressIP {
+			if ap.EgressIP != "" {
+				e.record.Event(p, event.Normal("EgressIPChanged", fmt.Sprintf("egress IP changed from %s to %s", ap.EgressIP, res.EgressIP)))
+			}
+			ap.EgressIP = res.EgressIP
+		}
+	} else {
+		ap.LastProbeError = truncate(res.Error, 512)
+	}
+	switch {
+	case v.Healthy && !was:
+		e.record.Event(p, event.Normal("ProbePassing", fmt.Sprintf("proxy is healthy: probe through %s passed", addr)))
+	case !v.Healthy && was:
+		e.record.Event(p, event.Warning("ProbeFailing", errors.Errorf("proxy is unhealthy after %d failed probes: %s", v.ConsecutiveFailures, res.Error)))
+	}
+	before.LastProbeTime = ap.LastProbeTime
+	if ap.LastProbeTime == nil || !reflect.DeepEqual(before, *ap) || now.Sub(ap.LastProbeTime.Time) >= probeHeartbeat {
+		ap.LastProbeTime = &metav1.Time{Time: now}
+	}
+	e.setReadiness(p)
+}
+
+// checkClosure asks through the proxy without credentials: one that has
+// them must refuse. An open proxy is flagged with the OpenProxy condition,
+// a Warning event and a metric, and is not Ready, so egress-discovery never
+// hands it out. An inconclusive check keeps a verdict the Proxy has, so
+// that one unreachable moment does not flap the condition, and otherwise
+// says why there is none yet.
+func (e *external) checkClosure(ctx context.Context, p *v1alpha1.Proxy, t probe.Target) {
+	closure, detail := e.prober.Closed(ctx, t)
+	was := p.GetCondition(TypeOpenProxy).Status
+	switch closure {
+	case probe.ClosureOpen:
+		p.SetConditions(xpv2.Condition{Type: TypeOpenProxy, Status: corev1.ConditionTrue, Reason: ReasonServesWithoutCredentials,
+			Message: detail, LastTransitionTime: metav1.Time{Time: e.now()}})
+		if was != corev1.ConditionTrue {
+			e.metrics.OpenProxies.WithLabelValues(e.backendName()).Inc()
+			e.record.Event(p, event.Warning(event.Reason(ReasonServesWithoutCredentials), errors.New(detail)))
+		}
+	case probe.ClosureClosed:
+		p.SetConditions(xpv2.Condition{Type: TypeOpenProxy, Status: corev1.ConditionFalse, Reason: ReasonDemandsCredentials,
+			Message: detail, LastTransitionTime: metav1.Time{Time: e.now()}})
+	default:
+		if c := p.GetCondition(TypeOpenProxy); c.Status == corev1.ConditionUnknown && c.Message != truncate(detail, 512) {
+			p.SetConditions(xpv2.Condition{Type: TypeOpenProxy, Status: corev1.ConditionUnknown, Reason: ReasonClosureUnknown,
+				Message: truncate(detail, 512), LastTransitionTime: metav1.Time{Time: e.now()}})
+		}
+	}
+}
+
+// probeHeartbeat bounds how old status.atProvider.lastProbeTime gets while
+// probes keep passing and change nothing.
+const probeHeartbeat = 5 * time.Minute
+
+// latencyMoved reports whether a probe's latency differs enough from the
+// recorded one to be worth a status update: by more than half and by more
+// than 20ms. Below that it is noise, which on a fast network is most of it.
+func latencyMoved(recorded, now int64) bool {
+	d := now - recorded
+	if d < 0 {
+		d = -d
+	}
+	return recorded == 0 || (d > 20 && 2*d > recorded)
+}
+
+// setReadiness sets Ready from the verdict. It changes only when the verdict
+// does, so the condition does not flap with single probe results.
+func (e *external) setReadiness(p *v1alpha1.Proxy) {
+	ap := p.Status.AtProvider
+	open := p.GetCondition(TypeOpenProxy)
+	switch {
+	case open.Status == corev1.ConditionTrue:
+		p.SetConditions(unavailable(ReasonOpenProxy, "the proxy serves requests without credentials, so it is never handed out: "+open.Message))
+	case p.Spec.ForProvider.AuthSecretRef != nil && open.Status != corev1.ConditionFalse && ap.Healthy:
+		p.SetConditions(unavailable(ReasonAwaitingProbe, "the proxy passes its probe; waiting to see it demand credentials (407) of a request without them: "+open.Message))
+	case ap.Healthy:
+		p.SetConditions(xpv2.Available())
+	case ap.LastProbeTime == nil:
+		p.SetConditions(unavailable(ReasonAwaitingProbe, fmt.Sprintf("instance %s runs; waiting for the first probe through it", ap.ProviderID)))
+	default:
+		p.SetConditions(unavailable(ReasonProbeFailing, fmt.Sprintf("probe through the proxy is failing: %s", ap.LastProbeError)))
+	}
+}
