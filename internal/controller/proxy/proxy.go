@@ -274,6 +274,12 @@ func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 		return e.observeExternal(ctx, p)
 	}
 	ref := recordedRef(p, e.pc)
+	if elsewhere := recordedElsewhere(p, e.pc); elsewhere != "" && !meta.WasDeleted(p) {
+		// The instance lives where this configuration cannot see it:
+		// creating another would leave it running, unobserved.
+		p.SetConditions(unavailable(ReasonBackendError, elsewhere))
+		return managed.ExternalObservation{}, errors.New(elsewhere)
+	}
 	inst, err := e.backend.Get(ctx, ref)
 	e.countError("get", err)
 	if backend.IsNotFound(err) {

@@ -928,3 +928,29 @@ func (r *countingRecorder) Event(_ runtime.Object, e event.Event) {
 	r.reasons[string(e.Reason)]++
 }
 func (r *countingRecorder) WithAnnotations(...string) event.Recorder { return r }
+
+// TestMovedToAnotherProject: a VM recorded in another project than the
+// Proxy's configuration now uses is out of its reach; no second VM is made
+// while the first runs unobserved, and the Proxy says why.
+func TestMovedToAnotherProject(t *testing.T) {
+	b := fake.New()
+	e := newExternal(b, &fakeProber{}, &clock{t: epoch})
+	e.pc = &config{Kind: v1alpha1.ClusterProviderConfigKind, Name: "gcp", Spec: v1alpha1.ProviderConfigSpec{
+		Backend: v1alpha1.BackendGCP, GCP: &v1alpha1.GCPBackend{Project: "new-proj"}}}
+	p := unitProxy(func(p *v1alpha1.Proxy) {
+		p.Spec.ForProvider.Local = nil
+		p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-b"}
+	})
+	p.Status.AtProvider.ProviderID = "projects/old-proj/zones/europe-west1-b/instances/" + ownership.InstanceName(p.GetUID())
+	obs, err := e.Observe(context.Background(), p)
+	if err == nil || obs.ResourceExists || !strings.Contains(err.Error(), "project old-proj") {
+		t.Fatalf("want an error naming the old project, got %+v, %v", obs, err)
+	}
+	if c := p.GetCondition(xpv2.TypeReady); !strings.Contains(c.Message, "new-proj") || b.CallCount("Get") != 0 {
+		t.Errorf("the condition says so, and nothing is asked of the new project: %q, %d gets", c.Message, b.CallCount("Get"))
+	}
+	p.Status.AtProvider.ProviderID = "projects/new-proj/zones/europe-west1-b/instances/" + ownership.InstanceName(p.GetUID())
+	if _, err := e.Observe(context.Background(), p); err != nil && strings.Contains(err.Error(), "old-proj") {
+		t.Errorf("an instance in the configuration's project is observed as usual: %v", err)
+	}
+}

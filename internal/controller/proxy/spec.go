@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"net/netip"
 	"regexp"
 	"sort"
@@ -90,6 +91,25 @@ func recordedRef(p *v1alpha1.Proxy, pc *config) backend.Ref {
 	}
 	return r
 }
+
+// recordedElsewhere says why the instance the provider recorded cannot be
+// reached through the Proxy's configuration now, or "": a VM recorded in
+// another GCP project than the ProviderConfig's (the Proxy moved to another
+// configuration, or the configuration to another project).
+func recordedElsewhere(p *v1alpha1.Proxy, pc *config) string {
+	if p.Spec.ForProvider.GCP == nil || pc == nil || pc.Spec.GCP == nil {
+		return ""
+	}
+	id := p.Status.AtProvider.ProviderID
+	m := recordedProject.FindStringSubmatch(id)
+	if m == nil || m[1] == pc.Spec.GCP.Project {
+		return ""
+	}
+	return fmt.Sprintf("instance %s is in project %s, but %s %s now uses project %s: no second VM is made while the first runs unobserved; "+
+		"move the Proxy back; or delete it, and the orphan collector of the old configuration removes the VM", id, m[1], pc.Kind, pc.Name, pc.Spec.GCP.Project)
+}
+
+var recordedProject = regexp.MustCompile(`^projects/([^/]+)/zones/[^/]+/instances/[^/]+$`)
 
 // usedSecrets are the Secrets a Proxy's instance is made from: its auth
 // and cloud-init Secrets, and its ProviderConfig's credentials Secret.
