@@ -342,7 +342,7 @@ func (b *Backend) firewall(s backend.Spec) (*computepb.Firewall, error) {
 	ranges = masked
 	return &computepb.Firewall{
 		Name:         ptr.To(s.Name),
-		Description:  ptr.To(ruleDescription(s.Owner)),
+		Description:  ptr.To(b.ruleDescription(s.Owner)),
 		Network:      ptr.To(b.network(s.GCP)),
 		Direction:    ptr.To(computepb.Firewall_INGRESS.String()),
 		Allowed:      []*computepb.Allowed{{IPProtocol: ptr.To("tcp"), Ports: []string{strconv.Itoa(int(s.Port))}}},
@@ -399,20 +399,23 @@ func metadataKey(s backend.Spec) string {
 // that the orphan collector finds a rule whose VM never came or is gone.
 const ruleMarker = "managed by provider-egressproxy"
 
-var reRuleOwner = regexp.MustCompile(`\(uid ([^,()\s]+), cluster ([^,()\s]*), ` + ruleMarker + `\)$`)
+var reRuleOwner = regexp.MustCompile(`^egress proxy ([^/\s]+)/([^\s]+) \(uid ([^,()\s]+), cluster ([^,()\s]*), vm project ([^,()\s]+), ` + ruleMarker + `\)$`)
 
-func ruleDescription(o ownership.Owner) string {
+func (b *Backend) ruleDescription(o ownership.Owner) string {
 	l := o.GCPLabels()
-	return fmt.Sprintf("egress proxy %s/%s (uid %s, cluster %s, %s)", o.Namespace, o.Name, o.UID, l["egress-cluster"], ruleMarker)
+	return fmt.Sprintf("egress proxy %s/%s (uid %s, cluster %s, vm project %s, %s)", o.Namespace, o.Name, o.UID, l["egress-cluster"], b.cfg.Project, ruleMarker)
 }
 
-// ruleOwner reads a rule's owner back from its description.
-func ruleOwner(description string) (ownership.Owner, bool) {
-	m := reRuleOwner.FindStringSubmatch(description)
-	if m == nil {
-		return ownership.Owner{}, false
+// ruleOwner reads a rule's owner back from its description, and the
+// project of its VM. A rule counts as a proxy's only under the name derived
+// from that proxy's UID, so a description copied onto another rule, or
+// edited to name another UID, claims nothing.
+func ruleOwner(fw *computepb.Firewall) (ownership.Owner, string, bool) {
+	m := reRuleOwner.FindStringSubmatch(fw.GetDescription())
+	if m == nil || fw.GetName() != ownership.InstanceName(types.UID(m[3])) {
+		return ownership.Owner{}, "", false
 	}
-	return ownership.Owner{UID: types.UID(m[1]), ClusterID: m[2]}, true
+	return ownership.Owner{Namespace: m[1], Name: m[2], UID: types.UID(m[3]), ClusterID: m[4]}, m[5], true
 }
 
 // Create makes the firewall rule, then inserts the VM, and waits a bounded
@@ -703,6 +706,9 @@ func sameRule(got, want *computepb.Firewall) bool {
 			strings.TrimPrefix(f.GetNetwork(), computeURL), f.GetDirection(), strings.Join(ranges, ","), strings.Join(allowed, ";"),
 			strings.Join(tags, ","), strings.Join(f.GetSourceTags(), ","), strings.Join(f.GetSourceServiceAccounts(), ","),
 			strings.Join(f.GetTargetServiceAccounts(), ","), strconv.FormatBool(f.GetDisabled()), fmt.Sprint(len(f.GetDenied())),
+			// The description names the owner, for orphan collection: an
+			// old or edited one is put right too.
+			f.GetDescription(),
 		}, "|")
 	}
 	return norm(got) == norm(want)
@@ -887,10 +893,15 @@ func (b *Backend) orphanRules(ctx context.Context, vms []backend.Instance) ([]ba
 			return out, nil
 		}
 		if err != nil {
-			return nil, errors.Wrap(Classify(err), "cannot list firewall rules")
+			// Without compute.firewalls.list (a custom role from before
+			// rules were collected) the VMs are still collected.
+			return out, nil
 		}
-		owner, ok := ruleOwner(fw.GetDescription())
-		if !ok || have[fw.GetName()] || !owner.OfCluster(b.cfg.ClusterID) {
+		// A rule of a VM in another project (a Shared VPC host's rule
+		// listed by a configuration of the host project) is that
+		// project's configuration's business: its VM is not in this list.
+		owner, vmProject, ok := ruleOwner(fw)
+		if !ok || have[fw.GetName()] || !owner.OfCluster(b.cfg.ClusterID) || vmProject != b.cfg.Project {
 			continue
 		}
 		created, _ := time.Parse(time.RFC3339, fw.GetCreationTimestamp())

@@ -7,6 +7,10 @@ import (
 	"testing"
 	"time"
 
+	compute "cloud.google.com/go/compute/apiv1"
+	"cloud.google.com/go/compute/apiv1/computepb"
+	"k8s.io/utils/ptr"
+
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp/gcpfake"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
@@ -189,5 +193,28 @@ func TestOrphanRulesListed(t *testing.T) {
 	}
 	if fake.Firewall(s.Name) != nil || fake.Firewall(kept.Name) == nil {
 		t.Error("Delete removes the orphaned rule, and only it")
+	}
+
+	// A rule that copies a proxy's description under another name claims
+	// nothing: the collector never lists it.
+	fc, err := compute.NewFirewallsRESTClient(ctx, fake.ClientOptions()...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = fc.Close() }()
+	copied := fake.Firewall(kept.Name)
+	copied.Name = ptr.To("someone-elses-rule")
+	if _, err := fc.Insert(ctx, &computepb.InsertFirewallRequest{Project: "crawl-proj", FirewallResource: copied}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Delete(ctx, kept.Ref); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 5*time.Second, "only the proxy's own rule is gone", func() (bool, string) {
+		return fake.Instances() == 0, fmt.Sprint(fake.Instances())
+	})
+	owned, err = b.ListOwned(ctx)
+	if err != nil || len(owned) != 0 {
+		t.Errorf("a copied description claims nothing: %+v, %v", owned, err)
 	}
 }

@@ -158,7 +158,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		For(&v1alpha1.Proxy{}, builder.WithPredicates(predicate.Or(resource.DesiredStateChanged(), deletionProgressed()))).
 		// What a Proxy is made from: a changed Secret or ProviderConfig
 		// reaches its Proxies within seconds.
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(w.forSecret), builder.WithPredicates(predicate.ResourceVersionChangedPredicate{})).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(w.forSecret), builder.WithPredicates(secretContentChanged())).
 		Watches(&v1alpha1.ProviderConfig{}, handler.EnqueueRequestsFromMapFunc(w.forConfig), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&v1alpha1.ClusterProviderConfig{}, handler.EnqueueRequestsFromMapFunc(w.forConfig), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Complete(r)
@@ -274,9 +274,10 @@ func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 		return e.observeExternal(ctx, p)
 	}
 	ref := recordedRef(p, e.pc)
-	if elsewhere := recordedElsewhere(p, e.pc); elsewhere != "" && !meta.WasDeleted(p) {
+	if elsewhere := recordedElsewhere(p, e.pc); elsewhere != "" {
 		// The instance lives where this configuration cannot see it:
-		// creating another would leave it running, unobserved.
+		// creating another would leave it running, unobserved, and
+		// letting a deleted Proxy go would leave it running for good.
 		p.SetConditions(unavailable(ReasonBackendError, elsewhere))
 		return managed.ExternalObservation{}, errors.New(elsewhere)
 	}
@@ -395,9 +396,11 @@ func (e *external) observeMissing(ctx context.Context, p *v1alpha1.Proxy, ref ba
 		return managed.ExternalObservation{}, err
 	}
 	g := readGate(p)
-	if g.Inputs != "" && g.Inputs != e.inputs(ctx, p) {
+	if (g.Class == backend.ClassPermanent || g.Class == backend.ClassAccessDenied) && g.Inputs != "" && g.Inputs != e.inputs(ctx, p) {
 		// The ProviderConfig, its credentials or the Proxy's Secrets
-		// changed since the failure: try again now, whatever it was.
+		// changed since the failure, which retrying alone would never
+		// fix: try again now. Time-based holds (quota, stockout, rate
+		// limits) keep their back-off.
 		g.Failures = 0
 	}
 	if c, blocked := g.blocked(p, e.now()); blocked {
@@ -584,6 +587,9 @@ func (e *external) observeExternal(ctx context.Context, p *v1alpha1.Proxy) (mana
 // Create starts an instance. Failures are recorded so that Observe holds
 // off the next attempt according to their class.
 func (e *external) Create(ctx context.Context, p *v1alpha1.Proxy) (managed.ExternalCreation, error) {
+	// What the create is tried with, taken before it is tried: a fix made
+	// while it runs is a change the next Observe sees.
+	in := e.inputs(ctx, p)
 	creds, err := credentials(ctx, e.kube, p)
 	if err != nil {
 		return managed.ExternalCreation{}, err
@@ -613,7 +619,7 @@ func (e *external) Create(ctx context.Context, p *v1alpha1.Proxy) (managed.Exter
 			if err := oc.CheckOperation(ctx, instanceRef(p, e.pc), op); err != nil {
 				e.countError("create", err)
 				recordCreateFailure(p, err, e.now())
-				meta.AddAnnotations(p, map[string]string{annotationCreateInputs: e.inputs(ctx, p)})
+				meta.AddAnnotations(p, map[string]string{annotationCreateInputs: in})
 				return managed.ExternalCreation{}, errors.Wrapf(err, "the last create failed (%s)", backend.ClassOf(err))
 			}
 		}
@@ -622,7 +628,7 @@ func (e *external) Create(ctx context.Context, p *v1alpha1.Proxy) (managed.Exter
 	e.countError("create", err)
 	if err != nil {
 		recordCreateFailure(p, err, e.now())
-		meta.AddAnnotations(p, map[string]string{annotationCreateInputs: e.inputs(ctx, p)})
+		meta.AddAnnotations(p, map[string]string{annotationCreateInputs: in})
 		return managed.ExternalCreation{}, errors.Wrapf(err, "cannot create instance (%s)", backend.ClassOf(err))
 	}
 	clearCreateFailures(p)

@@ -949,8 +949,46 @@ func TestMovedToAnotherProject(t *testing.T) {
 	if c := p.GetCondition(xpv2.TypeReady); !strings.Contains(c.Message, "new-proj") || b.CallCount("Get") != 0 {
 		t.Errorf("the condition says so, and nothing is asked of the new project: %q, %d gets", c.Message, b.CallCount("Get"))
 	}
+	deleted := p.DeepCopy()
+	deleted.DeletionTimestamp = &metav1.Time{Time: epoch}
+	if obs, err := e.Observe(context.Background(), deleted); err == nil || obs.ResourceExists {
+		t.Errorf("a deleted Proxy whose VM may still run elsewhere keeps its finalizer: %+v, %v", obs, err)
+	}
 	p.Status.AtProvider.ProviderID = "projects/new-proj/zones/europe-west1-b/instances/" + ownership.InstanceName(p.GetUID())
-	if _, err := e.Observe(context.Background(), p); err != nil && strings.Contains(err.Error(), "old-proj") {
-		t.Errorf("an instance in the configuration's project is observed as usual: %v", err)
+	if _, err := e.Observe(context.Background(), p); err != nil || b.CallCount("Get") != 1 {
+		t.Errorf("an instance in the configuration's project is observed as usual: %v, %d gets", err, b.CallCount("Get"))
+	}
+}
+
+// TestInputsLiftHolds: a change to what a create depended on lifts a
+// permanent hold, which retrying alone would never fix, but not a quota
+// back-off, which a changed Secret does not make shorter.
+func TestInputsLiftHolds(t *testing.T) {
+	for name, tc := range map[string]struct {
+		class   backend.Class
+		blocked bool
+	}{
+		"Permanent":    {class: backend.ClassPermanent, blocked: false},
+		"AccessDenied": {class: backend.ClassAccessDenied, blocked: false},
+		"Quota":        {class: backend.ClassQuota, blocked: true},
+	} {
+		t.Run(name, func(t *testing.T) {
+			c := &clock{t: epoch}
+			e := newExternal(fake.New(), &fakeProber{}, c)
+			e.pc.UID, e.pc.Version = "pc-uid", "1"
+			p := unitProxy()
+			for i := 0; i < backend.AccessDeniedAttempts; i++ {
+				recordCreateFailure(p, backend.Errorf(tc.class, "boom"), epoch)
+			}
+			meta.AddAnnotations(p, map[string]string{annotationCreateInputs: e.inputs(context.Background(), p)})
+			if _, err := e.Observe(context.Background(), p); err == nil {
+				t.Fatal("held while nothing changed")
+			}
+			e.pc.Version = "2" // the ProviderConfig was edited
+			_, err := e.Observe(context.Background(), p)
+			if (err != nil) != tc.blocked {
+				t.Errorf("after the ProviderConfig changed: held=%v, want %v (%v)", err != nil, tc.blocked, err)
+			}
+		})
 	}
 }

@@ -105,8 +105,9 @@ func recordedElsewhere(p *v1alpha1.Proxy, pc *config) string {
 	if m == nil || m[1] == pc.Spec.GCP.Project {
 		return ""
 	}
-	return fmt.Sprintf("instance %s is in project %s, but %s %s now uses project %s: no second VM is made while the first runs unobserved; "+
-		"move the Proxy back; or delete it, and the orphan collector of the old configuration removes the VM", id, m[1], pc.Kind, pc.Name, pc.Spec.GCP.Project)
+	return fmt.Sprintf("instance %s is in project %s, but %s %s now uses project %s: no second VM is made while the first runs unobserved, "+
+		"and a deleted Proxy keeps its finalizer while its VM may still run; point the configuration back at project %s, "+
+		"or delete the VM there and then remove the Proxy's finalizer", id, m[1], pc.Kind, pc.Name, pc.Spec.GCP.Project, m[1])
 }
 
 var recordedProject = regexp.MustCompile(`^projects/([^/]+)/zones/[^/]+/instances/[^/]+$`)

@@ -2,11 +2,14 @@ package proxy
 
 import (
 	"context"
+	"reflect"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
@@ -56,6 +59,25 @@ func setupIndexes(ctx context.Context, mgr ctrl.Manager) error {
 		return err
 	}
 	return mgr.GetFieldIndexer().IndexField(ctx, &v1alpha1.Proxy{}, indexConfig, proxyConfig)
+}
+
+// secretContentChanged passes a Secret's creation and deletion, and an
+// update of its data or of the label that lets proxies use it: not the
+// metadata writes (annotations, managed fields) that tools make all day,
+// each of which would otherwise reach every Proxy using the Secret.
+func secretContentChanged() predicate.Predicate {
+	return predicate.Funcs{
+		UpdateFunc: func(e ctrlevent.UpdateEvent) bool {
+			o, okOld := e.ObjectOld.(*corev1.Secret)
+			n, okNew := e.ObjectNew.(*corev1.Secret)
+			if !okOld || !okNew {
+				return false
+			}
+			return !reflect.DeepEqual(o.Data, n.Data) || !reflect.DeepEqual(o.StringData, n.StringData) ||
+				o.GetLabels()[v1alpha1.LabelProxySecret] != n.GetLabels()[v1alpha1.LabelProxySecret]
+		},
+		GenericFunc: func(ctrlevent.GenericEvent) bool { return false },
+	}
 }
 
 // watcher maps changes of what Proxies are made from to the Proxies.
