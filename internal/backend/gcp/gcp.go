@@ -80,6 +80,7 @@ type Backend struct {
 	cfg       Config
 	instances *compute.InstancesClient
 	firewalls *compute.FirewallsClient
+	ops       *compute.ZoneOperationsClient
 }
 
 var (
@@ -99,12 +100,17 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		_ = ic.Close()
 		return nil, backend.Wrap(backend.ClassPermanent, errors.Wrap(err, "cannot create the Compute firewalls client"))
 	}
-	return &Backend{cfg: cfg, instances: ic, firewalls: fc}, nil
+	oc, err := compute.NewZoneOperationsRESTClient(ctx, cfg.ClientOptions...)
+	if err != nil {
+		_, _ = ic.Close(), fc.Close()
+		return nil, backend.Wrap(backend.ClassPermanent, errors.Wrap(err, "cannot create the Compute operations client"))
+	}
+	return &Backend{cfg: cfg, instances: ic, firewalls: fc, ops: oc}, nil
 }
 
 // Close releases the clients.
 func (b *Backend) Close() error {
-	return stderrors.Join(b.instances.Close(), b.firewalls.Close())
+	return stderrors.Join(b.instances.Close(), b.firewalls.Close(), b.ops.Close())
 }
 
 // Classify sorts a Compute API error into the backend taxonomy. Errors that
@@ -638,12 +644,7 @@ func protoError(p *computepb.Operation) error {
 // while it runs, when it succeeded or when GCP no longer knows it, else
 // its error, classified.
 func (b *Backend) CheckOperation(ctx context.Context, r backend.Ref, name string) error {
-	ops, err := compute.NewZoneOperationsRESTClient(ctx, b.cfg.ClientOptions...)
-	if err != nil {
-		return backend.Wrap(backend.ClassTransient, err)
-	}
-	defer func() { _ = ops.Close() }()
-	op, err := ops.Get(ctx, &computepb.GetZoneOperationRequest{Project: b.cfg.Project, Zone: r.Zone, Operation: name})
+	op, err := b.ops.Get(ctx, &computepb.GetZoneOperationRequest{Project: b.cfg.Project, Zone: r.Zone, Operation: name})
 	switch {
 	case err != nil && backend.ClassOf(Classify(err)) == backend.ClassNotFound:
 		return nil

@@ -44,13 +44,11 @@ func TestGCPProxy(t *testing.T) {
 	defer prov.stop()
 	ctx := context.Background()
 
-	p := proxyObject(ns, "vm-proxy", 32330, target.URL)
-	p.Spec.ProviderConfigReference = &xpv2.ProviderConfigReference{Kind: "ClusterProviderConfig", Name: "gcp-" + ns}
-	p.Spec.ForProvider.Local = nil
-	p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-b", GCPInstance: v1alpha1.GCPInstance{MachineType: "e2-micro", NetworkTags: []v1alpha1.NetworkTag{"crawl"}}}
+	p := vmProxy(ns, "vm-proxy", 32330, target, "gcp-"+ns, "europe-west1-b")
+	p.Spec.ForProvider.GCP.GCPInstance = v1alpha1.GCPInstance{MachineType: "e2-micro", NetworkTags: []v1alpha1.NetworkTag{"crawl"}}
 	p.Spec.ForProvider.AllowedSourceRanges = []v1alpha1.CIDR{"127.0.0.0/8"}
 	create(t,
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": password}},
+		authSecret(ns),
 		&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "gcp-" + ns}, Spec: v1alpha1.ProviderConfigSpec{
 			Backend: v1alpha1.BackendGCP,
 			GCP:     &v1alpha1.GCPBackend{Project: "crawl-proj", Credentials: v1alpha1.GCPCredentials{Source: xpv2.CredentialsSourceInjectedIdentity}},
@@ -120,13 +118,7 @@ func TestGCPProxy(t *testing.T) {
 		}
 		// A configuration whose backend cannot be built (its key Secret
 		// is missing) does not switch collection off for the others.
-		broken := &v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "broken-" + ns}, Spec: v1alpha1.ProviderConfigSpec{
-			Backend: v1alpha1.BackendGCP,
-			GCP: &v1alpha1.GCPBackend{Project: "crawl-proj", Credentials: v1alpha1.GCPCredentials{Source: xpv2.CredentialsSourceSecret,
-				CommonCredentialSelectors: xpv2.CommonCredentialSelectors{SecretRef: &xpv2.SecretKeySelector{
-					SecretReference: xpv2.SecretReference{Namespace: ns, Name: "no-such-secret"}, Key: "key.json",
-				}}}},
-		}}
+		broken := gcpConfig("broken-"+ns, keyFrom(ns, "no-such-secret"))
 		create(t, broken)
 		defer func() { _ = bed.Client.Delete(ctx, broken) }()
 		c := &gc.Collector{
@@ -180,17 +172,11 @@ func TestGCPCreateFailures(t *testing.T) {
 	defer prov.stop()
 	defer deleteProxies(t, ns)
 	create(t,
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": password}},
-		&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "gcp-" + ns}, Spec: v1alpha1.ProviderConfigSpec{
-			Backend: v1alpha1.BackendGCP,
-			GCP:     &v1alpha1.GCPBackend{Project: "crawl-proj", Credentials: v1alpha1.GCPCredentials{Source: xpv2.CredentialsSourceInjectedIdentity}},
-		}},
+		authSecret(ns),
+		gcpConfig("gcp-"+ns, nil),
 	)
-	vmProxy := func(name, zone string) (*v1alpha1.Proxy, types.NamespacedName) {
-		p := proxyObject(ns, name, 32331, target.URL)
-		p.Spec.ProviderConfigReference = &xpv2.ProviderConfigReference{Kind: "ClusterProviderConfig", Name: "gcp-" + ns}
-		p.Spec.ForProvider.Local = nil
-		p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: zone}
+	limited := func(name, zone string) (*v1alpha1.Proxy, types.NamespacedName) {
+		p := vmProxy(ns, name, 32331, target, "gcp-"+ns, zone)
 		p.Spec.ForProvider.AllowedSourceRanges = []v1alpha1.CIDR{"127.0.0.0/8"}
 		return p, types.NamespacedName{Namespace: ns, Name: name}
 	}
@@ -208,7 +194,7 @@ func TestGCPCreateFailures(t *testing.T) {
 	t.Run("StockoutInOperation", func(t *testing.T) {
 		fake.FailOperation("instances.insert", gcpfake.Stockout("crawl-proj", "europe-west1-d"))
 		defer fake.FailOperation("instances.insert", gcpfake.Failure{})
-		p, key := vmProxy("stockout", "europe-west1-d")
+		p, key := limited("stockout", "europe-west1-d")
 		create(t, p)
 		testbed.Eventually(t, 15*time.Second, "Ready=False ZoneExhausted, naming the zone", reason(key, xpv2.ConditionReason(backend.ClassStockout), "europe-west1-d", "no capacity"))
 		inserts := fake.Calls("instances.insert")
@@ -241,7 +227,7 @@ func TestGCPCreateFailures(t *testing.T) {
 		defer fake.SetOperationDuration(gcpfake.DefaultOperationDuration)
 		fake.FailOperation("instances.insert", gcpfake.QuotaInOperation("IN_USE_ADDRESSES", "europe-west1"))
 		defer fake.FailOperation("instances.insert", gcpfake.Failure{})
-		p, key := vmProxy("slow-quota", "europe-west1-c")
+		p, key := limited("slow-quota", "europe-west1-c")
 		create(t, p)
 		testbed.Eventually(t, 15*time.Second, "Create leaves the insert running and says so", func() (bool, string) {
 			a := get(t, key).GetAnnotations()["egress.crawl.example.com/create-operation"]
@@ -279,20 +265,11 @@ func TestGCPServiceAccountKey(t *testing.T) {
 	})
 	defer prov.stop()
 	defer deleteProxies(t, ns)
-	p := proxyObject(ns, "keyed", 32332, target.URL)
-	p.Spec.ProviderConfigReference = &xpv2.ProviderConfigReference{Kind: "ClusterProviderConfig", Name: "gcp-key-" + ns}
-	p.Spec.ForProvider.Local = nil
-	p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-b"}
+	p := vmProxy(ns, "keyed", 32332, target, "gcp-key-"+ns, "europe-west1-b")
 	create(t,
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": password}},
+		authSecret(ns),
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "gcp-sa"}, Data: map[string][]byte{"key.json": key}},
-		&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "gcp-key-" + ns}, Spec: v1alpha1.ProviderConfigSpec{
-			Backend: v1alpha1.BackendGCP,
-			GCP: &v1alpha1.GCPBackend{Project: "crawl-proj", Credentials: v1alpha1.GCPCredentials{Source: xpv2.CredentialsSourceSecret,
-				CommonCredentialSelectors: xpv2.CommonCredentialSelectors{SecretRef: &xpv2.SecretKeySelector{
-					SecretReference: xpv2.SecretReference{Namespace: ns, Name: "gcp-sa"}, Key: "key.json",
-				}}}},
-		}},
+		gcpConfig("gcp-key-"+ns, keyFrom(ns, "gcp-sa")),
 		p,
 	)
 	key2 := types.NamespacedName{Namespace: ns, Name: "keyed"}
@@ -306,10 +283,7 @@ func TestGCPServiceAccountKey(t *testing.T) {
 	// something it depends on changes: here the credentials Secret, as
 	// when the platform team moves the proxies to another service account.
 	fake.Fail("instances.insert", gcpfake.OrgPolicyExternalIP("crawl-proj", "europe-west1-b", "x"))
-	held := proxyObject(ns, "held", 32337, target.URL)
-	held.Spec.ProviderConfigReference = p.Spec.ProviderConfigReference
-	held.Spec.ForProvider.Local = nil
-	held.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-b"}
+	held := vmProxy(ns, "held", 32337, target, "gcp-key-"+ns, "europe-west1-b")
 	create(t, held)
 	heldKey := types.NamespacedName{Namespace: ns, Name: "held"}
 	testbed.Eventually(t, 15*time.Second, "held as a permanent error", func() (bool, string) {
@@ -345,13 +319,7 @@ func TestBackendClients(t *testing.T) {
 		t.Fatal(err)
 	}
 	secret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "gcp-sa"}, Data: map[string][]byte{"key.json": key}}
-	pc := &v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "clients-" + ns}, Spec: v1alpha1.ProviderConfigSpec{
-		Backend: v1alpha1.BackendGCP,
-		GCP: &v1alpha1.GCPBackend{Project: "crawl-proj", Credentials: v1alpha1.GCPCredentials{Source: xpv2.CredentialsSourceSecret,
-			CommonCredentialSelectors: xpv2.CommonCredentialSelectors{SecretRef: &xpv2.SecretKeySelector{
-				SecretReference: xpv2.SecretReference{Namespace: ns, Name: "gcp-sa"}, Key: "key.json",
-			}}}},
-	}}
+	pc := gcpConfig("clients-"+ns, keyFrom(ns, "gcp-sa"))
 	create(t, secret, pc)
 	defer func() { _ = bed.Client.Delete(ctx, pc) }()
 	backends := &proxy.Backends{Kube: bed.Client, Config: bed.Config, ClusterID: "it", GCPClientOptions: fake.EndpointOptions(), RetireAfter: 200 * time.Millisecond}
@@ -435,16 +403,10 @@ func TestGCPZoneChange(t *testing.T) {
 	})
 	defer prov.stop()
 	defer deleteProxies(t, ns)
-	p := proxyObject(ns, "mover", 32333, target.URL)
-	p.Spec.ProviderConfigReference = &xpv2.ProviderConfigReference{Kind: "ClusterProviderConfig", Name: "gcp-move-" + ns}
-	p.Spec.ForProvider.Local = nil
-	p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-b"}
+	p := vmProxy(ns, "mover", 32333, target, "gcp-move-"+ns, "europe-west1-b")
 	create(t,
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": password}},
-		&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "gcp-move-" + ns}, Spec: v1alpha1.ProviderConfigSpec{
-			Backend: v1alpha1.BackendGCP,
-			GCP:     &v1alpha1.GCPBackend{Project: "crawl-proj", Credentials: v1alpha1.GCPCredentials{Source: xpv2.CredentialsSourceInjectedIdentity}},
-		}},
+		authSecret(ns),
+		gcpConfig("gcp-move-"+ns, nil),
 		p,
 	)
 	key := types.NamespacedName{Namespace: ns, Name: "mover"}
@@ -488,23 +450,17 @@ func TestGCPManagementPolicies(t *testing.T) {
 	defer prov.stop()
 	defer deleteProxies(t, ns)
 	create(t,
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": password}},
-		&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "gcp-mp-" + ns}, Spec: v1alpha1.ProviderConfigSpec{
-			Backend: v1alpha1.BackendGCP,
-			GCP:     &v1alpha1.GCPBackend{Project: "crawl-proj", Credentials: v1alpha1.GCPCredentials{Source: xpv2.CredentialsSourceInjectedIdentity}},
-		}},
+		authSecret(ns),
+		gcpConfig("gcp-mp-"+ns, nil),
 	)
-	vmProxy := func(name string, port int32, policies ...xpv2.ManagementAction) *v1alpha1.Proxy {
-		p := proxyObject(ns, name, port, target.URL)
-		p.Spec.ProviderConfigReference = &xpv2.ProviderConfigReference{Kind: "ClusterProviderConfig", Name: "gcp-mp-" + ns}
-		p.Spec.ForProvider.Local = nil
-		p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-b"}
+	managedAs := func(name string, port int32, policies ...xpv2.ManagementAction) *v1alpha1.Proxy {
+		p := vmProxy(ns, name, port, target, "gcp-mp-"+ns, "europe-west1-b")
 		p.SetManagementPolicies(policies)
 		return p
 	}
 
 	t.Run("ObserveOnly", func(t *testing.T) {
-		p := vmProxy("watched", 32334, xpv2.ManagementActionObserve)
+		p := managedAs("watched", 32334, xpv2.ManagementActionObserve)
 		create(t, p)
 		key := types.NamespacedName{Namespace: ns, Name: "watched"}
 		testbed.Eventually(t, 10*time.Second, "observed: no instance, which Observe-only does not create", func() (bool, string) {
@@ -523,7 +479,7 @@ func TestGCPManagementPolicies(t *testing.T) {
 	})
 
 	t.Run("PoliciesChangedLater", func(t *testing.T) {
-		p := vmProxy("later", 32336)
+		p := managedAs("later", 32336)
 		create(t, p)
 		key := types.NamespacedName{Namespace: ns, Name: "later"}
 		var name string
@@ -552,7 +508,7 @@ func TestGCPManagementPolicies(t *testing.T) {
 	})
 
 	t.Run("KeptWithoutDelete", func(t *testing.T) {
-		p := vmProxy("kept", 32335, xpv2.ManagementActionObserve, xpv2.ManagementActionCreate, xpv2.ManagementActionUpdate, xpv2.ManagementActionLateInitialize)
+		p := managedAs("kept", 32335, xpv2.ManagementActionObserve, xpv2.ManagementActionCreate, xpv2.ManagementActionUpdate, xpv2.ManagementActionLateInitialize)
 		create(t, p)
 		key := types.NamespacedName{Namespace: ns, Name: "kept"}
 		var name string
@@ -592,4 +548,40 @@ func TestGCPManagementPolicies(t *testing.T) {
 			t.Error("the orphan collector never takes a retained VM")
 		}
 	})
+}
+
+// authSecret is the proxies' credentials, usable by them.
+func authSecret(ns string) *corev1.Secret {
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}},
+		StringData: map[string]string{"username": "crawler", "password": password},
+	}
+}
+
+// gcpConfig is a ClusterProviderConfig of the GCP backend in project
+// crawl-proj: with the provider's own identity when creds is nil.
+func gcpConfig(name string, creds *v1alpha1.GCPCredentials) *v1alpha1.ClusterProviderConfig {
+	c := v1alpha1.GCPCredentials{Source: xpv2.CredentialsSourceInjectedIdentity}
+	if creds != nil {
+		c = *creds
+	}
+	return &v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: name}, Spec: v1alpha1.ProviderConfigSpec{
+		Backend: v1alpha1.BackendGCP, GCP: &v1alpha1.GCPBackend{Project: "crawl-proj", Credentials: c},
+	}}
+}
+
+// keyFrom names a service-account key in the Secret name of ns.
+func keyFrom(ns, name string) *v1alpha1.GCPCredentials {
+	return &v1alpha1.GCPCredentials{Source: xpv2.CredentialsSourceSecret, CommonCredentialSelectors: xpv2.CommonCredentialSelectors{
+		SecretRef: &xpv2.SecretKeySelector{SecretReference: xpv2.SecretReference{Namespace: ns, Name: name}, Key: "key.json"},
+	}}
+}
+
+// vmProxy is a Proxy on a VM in zone, through the ClusterProviderConfig pc.
+func vmProxy(ns, name string, port int32, target testbed.Target, pc, zone string) *v1alpha1.Proxy {
+	p := proxyObject(ns, name, port, target.URL)
+	p.Spec.ProviderConfigReference = &xpv2.ProviderConfigReference{Kind: "ClusterProviderConfig", Name: pc}
+	p.Spec.ForProvider.Local = nil
+	p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: zone}
+	return p
 }

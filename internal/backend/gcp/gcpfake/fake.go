@@ -18,10 +18,11 @@ import (
 	"fmt"
 	"hash/fnv"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -405,12 +406,7 @@ func (s *Server) dispatch(w http.ResponseWriter, r *http.Request, method string,
 
 // tick ends the operations that are due.
 func (s *Server) tick() {
-	names := make([]string, 0, len(s.ops))
-	for n := range s.ops {
-		names = append(names, n)
-	}
-	sort.Strings(names)
-	for _, n := range names {
+	for _, n := range slices.Sorted(maps.Keys(s.ops)) {
 		op := s.ops[n]
 		if op.op.GetStatus() == computepb.Operation_DONE || s.now().Before(op.due) {
 			continue
@@ -548,11 +544,7 @@ func (s *Server) insertInstance(w http.ResponseWriter, r *http.Request, project,
 
 // fingerprint is a VM's label fingerprint: it changes with the labels.
 func fingerprint(labels map[string]string) string {
-	keys := make([]string, 0, len(labels))
-	for k := range labels {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
+	keys := slices.Sorted(maps.Keys(labels))
 	h := fnv.New64a()
 	for _, k := range keys {
 		_, _ = h.Write([]byte(k + "=" + labels[k] + ";"))
@@ -586,27 +578,30 @@ func (s *Server) setLabels(w http.ResponseWriter, r *http.Request, project, zone
 	}))
 }
 
-// aggregatedList answers with the project's VMs the filter selects, by
-// zone; a filter it cannot parse is refused, as the API refuses it.
-func (s *Server) aggregatedList(w http.ResponseWriter, r *http.Request, project string) {
+// listFilter reads a list request's filter; one the API would refuse is
+// answered as it answers it.
+func listFilter(w http.ResponseWriter, r *http.Request) (*filterExpr, bool) {
 	raw := r.URL.Query().Get("filter")
 	f, err := parseFilter(raw)
 	if err != nil {
 		writeError(w, http.StatusBadRequest, "invalid", "", fmt.Sprintf("Invalid value for field 'filter': '%s'. Invalid list filter expression: %v", raw, err))
+		return nil, false
+	}
+	return f, true
+}
+
+// aggregatedList answers with the project's VMs the filter selects, by
+// zone; a filter it cannot parse is refused, as the API refuses it.
+func (s *Server) aggregatedList(w http.ResponseWriter, r *http.Request, project string) {
+	f, ok := listFilter(w, r)
+	if !ok {
 		return
 	}
 	items := map[string]*computepb.InstancesScopedList{}
-	keys := make([]string, 0, len(s.instances))
-	for k := range s.instances {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
+	keys := slices.Sorted(maps.Keys(s.instances))
 	for _, k := range keys {
 		vm := s.instances[k]
-		b, _ := protojson.Marshal(vm)
-		var obj map[string]any
-		_ = json.Unmarshal(b, &obj)
-		if !f.match(obj) {
+		if !f.selects(vm) {
 			continue
 		}
 		zone := "zones/" + strings.SplitN(k, "/", 2)[0]
@@ -648,27 +643,18 @@ func (s *Server) insertFirewall(w http.ResponseWriter, r *http.Request, project 
 
 // listFirewalls answers with the project's rules the filter selects.
 func (s *Server) listFirewalls(w http.ResponseWriter, r *http.Request, project string) {
-	raw := r.URL.Query().Get("filter")
-	f, err := parseFilter(raw)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, "invalid", "", fmt.Sprintf("Invalid value for field 'filter': '%s'. Invalid list filter expression: %v", raw, err))
+	f, ok := listFilter(w, r)
+	if !ok {
 		return
 	}
-	keys := make([]string, 0, len(s.firewalls))
-	for k := range s.firewalls {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
+	keys := slices.Sorted(maps.Keys(s.firewalls))
 	out := &computepb.FirewallList{Id: ptr.To("projects/" + project + "/global/firewalls")}
 	for _, k := range keys {
 		fw := s.firewalls[k]
 		if !fw.ready || !strings.HasPrefix(k, project+"/") {
 			continue
 		}
-		b, _ := protojson.Marshal(fw.fw)
-		var obj map[string]any
-		_ = json.Unmarshal(b, &obj)
-		if f.match(obj) {
+		if f.selects(fw.fw) {
 			out.Items = append(out.Items, fw.fw)
 		}
 	}

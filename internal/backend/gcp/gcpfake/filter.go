@@ -1,11 +1,15 @@
 package gcpfake
 
 import (
+	"encoding/json"
 	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
 	"unicode"
+
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 )
 
 // The list filter grammar the Compute API documents for list and
@@ -219,6 +223,16 @@ func (p *filterParser) value() (string, error) {
 		return "", fmt.Errorf("expected a value at offset %d", start)
 	}
 	return p.in[start:p.pos], nil
+}
+
+// selects evaluates e on a resource, in the JSON form the API filters.
+func (e *filterExpr) selects(m proto.Message) bool {
+	b, err := protojson.Marshal(m)
+	var obj map[string]any
+	if err == nil {
+		err = json.Unmarshal(b, &obj)
+	}
+	return err == nil && e.match(obj)
 }
 
 // match evaluates e on a resource in its JSON form.
