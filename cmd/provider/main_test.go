@@ -18,7 +18,7 @@ func TestHelp(t *testing.T) {
 	want := []clitest.Setting{
 		{Flag: "debug", Env: "DEBUG", Default: "false"},
 		{Flag: "leader-election", Env: "LEADER_ELECTION", Default: "false"},
-		{Flag: "poll", Env: "POLL_INTERVAL", Default: "1m"},
+		{Flag: "poll", Env: "POLL_INTERVAL", Default: "5m"},
 		{Flag: "state-metrics-interval", Env: "STATE_METRICS_INTERVAL", Default: "30s"},
 		{Flag: "gc-interval", Env: "GC_INTERVAL", Default: "10m"},
 		{Flag: "gc-grace-period", Env: "GC_GRACE_PERIOD", Default: "15m"},
@@ -29,6 +29,7 @@ func TestHelp(t *testing.T) {
 		{Flag: "state-dir", Env: "STATE_DIR", Default: `"/var/lib/provider-egressproxy"`},
 		{Flag: "local-restart-delay", Env: "LOCAL_RESTART_DELAY", Default: "2s"},
 		{Flag: "cluster-id", Env: "CLUSTER_ID", Default: `""`},
+		{Flag: "probe-concurrency", Env: "PROBE_CONCURRENCY", Default: "128"},
 		{Flag: "probe-ca-bundle", Env: "PROBE_CA_BUNDLE", Default: `""`},
 		{Flag: "metrics-bind-address", Env: "METRICS_BIND_ADDRESS", Default: `":8080"`},
 		{Flag: "health-probe-bind-address", Env: "HEALTH_PROBE_BIND_ADDRESS", Default: `":8081"`},
@@ -52,6 +53,7 @@ func TestBadEnv(t *testing.T) {
 		"NegativeGrace":    {env: "GC_GRACE_PERIOD", value: "-1s"},
 		"ZeroRestartDelay": {env: "LOCAL_RESTART_DELAY", value: "0s"},
 		"ZeroGCPWait":      {env: "GCP_OPERATION_TIMEOUT", value: "0s"},
+		"NoProbeWorkers":   {env: "PROBE_CONCURRENCY", value: "0"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -62,9 +64,9 @@ func TestBadEnv(t *testing.T) {
 
 func TestSettings(t *testing.T) {
 	defaults := CLI{
-		Poll: time.Minute, StateMetricsInterval: 30 * time.Second, GCInterval: 10 * time.Minute, GCGracePeriod: 15 * time.Minute,
+		Poll: 5 * time.Minute, StateMetricsInterval: 30 * time.Second, GCInterval: 10 * time.Minute, GCGracePeriod: 15 * time.Minute,
 		MaxReconcileRate: 10, StateDir: "/var/lib/provider-egressproxy", LocalRestartDelay: 2 * time.Second, RefusedGrace: 5 * time.Minute, GCPOperationTimeout: 2 * time.Minute,
-		MetricsBindAddress: ":8080", HealthProbeBindAddress: ":8081", LeaderElectionNamespace: "crossplane-system",
+		ProbeConcurrency: 128, MetricsBindAddress: ":8080", HealthProbeBindAddress: ":8081", LeaderElectionNamespace: "crossplane-system",
 	}
 	with := func(f func(c *CLI)) CLI {
 		c := defaults
@@ -83,9 +85,9 @@ func TestSettings(t *testing.T) {
 		},
 		"Env": {
 			reason: "A setting comes from its environment variable when no flag sets it.",
-			env:    map[string]string{"POLL_INTERVAL": "5m", "MAX_RECONCILE_RATE": "3", "GC_DRY_RUN": "true", "POD_NAMESPACE": "egress"},
+			env:    map[string]string{"POLL_INTERVAL": "7m", "MAX_RECONCILE_RATE": "3", "GC_DRY_RUN": "true", "POD_NAMESPACE": "egress"},
 			want: with(func(c *CLI) {
-				c.Poll, c.MaxReconcileRate, c.GCDryRun, c.LeaderElectionNamespace = 5*time.Minute, 3, true, "egress"
+				c.Poll, c.MaxReconcileRate, c.GCDryRun, c.LeaderElectionNamespace = 7*time.Minute, 3, true, "egress"
 			}),
 		},
 		"FlagWinsOverEnv": {

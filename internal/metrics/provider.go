@@ -20,6 +20,11 @@ type Provider struct {
 	// OpenProxies counts proxies found serving requests without the
 	// credentials they have.
 	OpenProxies *prometheus.CounterVec
+	// ProbeLateness is how long after it was due each probe started: the
+	// probe pool keeping up, or not.
+	ProbeLateness prometheus.Histogram
+	// ProbesInFlight counts the probe pool's busy workers.
+	ProbesInFlight prometheus.Gauge
 
 	mu     sync.Mutex
 	phases map[types.UID][2]string // backend, phase
@@ -56,13 +61,22 @@ func NewProvider() *Provider {
 			Name: "egress_proxy_open_proxies_total",
 			Help: "Times a proxy with credentials was found serving a request without them, by backend.",
 		}, []string{labelBackend}),
+		ProbeLateness: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "egress_proxy_probe_lateness_seconds",
+			Help:    "How long after it was due each probe started.",
+			Buckets: []float64{0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30},
+		}),
+		ProbesInFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "egress_proxy_probes_in_flight",
+			Help: "Probes running now, out of --probe-concurrency workers.",
+		}),
 		phases: map[types.UID][2]string{},
 	}
 }
 
 // Collectors returns every collector, for registration.
 func (p *Provider) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{p.ProbeDuration, p.ProbeResults, p.Instances, p.BackendErrors, p.Orphans, p.OpenProxies}
+	return []prometheus.Collector{p.ProbeDuration, p.ProbeResults, p.Instances, p.BackendErrors, p.Orphans, p.OpenProxies, p.ProbeLateness, p.ProbesInFlight}
 }
 
 // SetPhase records that the Proxy with uid has an instance on backend in

@@ -7,20 +7,32 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 )
 
+// ConnectProxies are minimal in-process forward proxies.
+type ConnectProxies struct {
+	// Addrs are their host:port addresses.
+	Addrs []string
+	holes []atomic.Bool
+}
+
+// BlackHole makes proxy i accept connections and never answer on them
+// (on), as a proxy behind a broken network path does, or serve again.
+func (c *ConnectProxies) BlackHole(i int, on bool) { c.holes[i].Store(on) }
+
 // StartConnectProxies starts n minimal in-process forward proxies that
 // accept CONNECT with basic auth, for scale tests where n real Squids would
-// not fit on the machine. It returns their host:port addresses; they stop
-// with the test.
-func StartConnectProxies(t testing.TB, n int, username, password string) []string {
+// not fit on the machine. They stop with the test.
+func StartConnectProxies(t testing.TB, n int, username, password string) *ConnectProxies {
 	t.Helper()
 	want := "Basic " + base64.StdEncoding.EncodeToString([]byte(username+":"+password))
+	cp := &ConnectProxies{holes: make([]atomic.Bool, n)}
 	addrs := make([]string, 0, n)
 	listeners := make([]net.Listener, 0, n)
 	var wg sync.WaitGroup
-	for range n {
+	for i := range n {
 		l, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			t.Fatal(err)
@@ -35,6 +47,10 @@ func StartConnectProxies(t testing.TB, n int, username, password string) []strin
 				if err != nil {
 					return
 				}
+				if cp.holes[i].Load() {
+					go swallow(c)
+					continue
+				}
 				go serveConnect(c, want)
 			}
 		}()
@@ -45,7 +61,15 @@ func StartConnectProxies(t testing.TB, n int, username, password string) []strin
 		}
 		wg.Wait()
 	})
-	return addrs
+	cp.Addrs = addrs
+	return cp
+}
+
+// swallow reads what the client sends and never answers, until the client
+// gives up and closes.
+func swallow(c net.Conn) {
+	defer c.Close() //nolint:errcheck // Best effort.
+	_, _ = io.Copy(io.Discard, c)
 }
 
 func serveConnect(c net.Conn, wantAuth string) {

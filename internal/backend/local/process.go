@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -44,23 +45,38 @@ func (b *Backend) livePid(name string) int {
 
 // Processes lists the live Squid processes running a config under stateDir.
 // It looks through /proc rather than the pid files, so it also finds a Squid
-// whose instance record is gone; auth helpers, which name the folder too, and
-// zombies are left out.
+// whose instance record is gone; auth helpers, which name the folder too,
+// zombies, and a Squid's forks that have not yet exec'd their helper are
+// left out.
 func Processes(stateDir string) []int {
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	var pids []int
+	parents := map[int]int{}
 	for _, p := range procs {
 		b, err := os.ReadFile(p)
 		if err != nil || !strings.Contains(string(b), stateDir) || !strings.Contains(string(b), fileConf) {
 			continue
 		}
 		stat, _ := os.ReadFile(filepath.Join(filepath.Dir(p), "stat"))
-		if i := strings.LastIndexByte(string(stat), ')'); i > 0 && strings.HasPrefix(strings.TrimSpace(string(stat[i+1:])), "Z") {
+		i := strings.LastIndexByte(string(stat), ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(string(stat[i+1:])) // state, ppid, ...
+		if len(fields) < 2 || fields[0] == "Z" {
 			continue
 		}
 		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
-		pids = append(pids, pid)
+		parents[pid], _ = strconv.Atoi(fields[1])
 	}
+	var pids []int
+	for pid, ppid := range parents {
+		// A Squid forks to start its helpers; until the fork execs, it
+		// has its parent's command line, and it is not another Squid.
+		if _, forked := parents[ppid]; !forked {
+			pids = append(pids, pid)
+		}
+	}
+	slices.Sort(pids)
 	return pids
 }
 

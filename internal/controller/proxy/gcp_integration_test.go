@@ -40,6 +40,10 @@ func TestGCPProxy(t *testing.T) {
 	target := testbed.StartEchoTarget(t)
 	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) {
 		o.Backends.(*proxy.Backends).GCPClientOptions = fake.ClientOptions()
+		// The fake's firewall blocks nothing, so a proxy whose rule is
+		// gone still passes its probes, and the drift is found at the
+		// poll (on GCP the probes fail at once, which requeues it).
+		o.PollInterval = 2 * time.Second
 	})
 	defer prov.stop()
 	ctx := context.Background()

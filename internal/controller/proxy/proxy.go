@@ -17,6 +17,7 @@ import (
 	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
+	"sigs.k8s.io/controller-runtime/pkg/source"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	"github.com/pkg/errors"
@@ -75,6 +76,9 @@ type Options struct {
 	Metrics *metrics.Provider
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// ProbeConcurrency is how many probes run at once, on workers of their
+	// own; zero means DefaultProbeConcurrency.
+	ProbeConcurrency int
 	// RefusedGrace is how long an instance its ProviderConfig no longer
 	// permits keeps running, not handed out, before it is deleted: a
 	// policy typo fixed within it costs nothing. Zero means
@@ -112,7 +116,24 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if o.RefusedGrace == 0 {
 		o.RefusedGrace = DefaultRefusedGrace
 	}
-	sched := &scheduler{started: o.Now(), seen: map[types.UID]time.Time{}, now: o.Now}
+	if o.ProbeConcurrency <= 0 {
+		o.ProbeConcurrency = DefaultProbeConcurrency
+	}
+	// Each probe outcome requeues its Proxy through this channel, so
+	// Observe folds it in at once.
+	outcomes := make(chan ctrlevent.GenericEvent)
+	pool := newProbePool(o.Prober, o.ProbeConcurrency, o.PollInterval, o.Now, o.Metrics)
+	pool.requeue = func(ctx context.Context, key types.NamespacedName) {
+		select {
+		case outcomes <- ctrlevent.GenericEvent{Object: &v1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}}:
+		case <-ctx.Done():
+		}
+	}
+	if err := mgr.Add(pool); err != nil {
+		return errors.Wrap(err, "cannot add the probe pool")
+	}
+	sched := &scheduler{started: o.Now(), seen: map[types.UID]time.Time{}, now: o.Now, pool: pool}
+	pool.forget = sched.forget
 	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(name)) //nolint:staticcheck // crossplane-runtime's recorder takes the old events API.
 	c := &connector{
 		kube: mgr.GetClient(), usage: newUsageTracker(mgr.GetClient()),
@@ -161,6 +182,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(w.forSecret), builder.WithPredicates(secretContentChanged())).
 		Watches(&v1alpha1.ProviderConfig{}, handler.EnqueueRequestsFromMapFunc(w.forConfig), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
 		Watches(&v1alpha1.ClusterProviderConfig{}, handler.EnqueueRequestsFromMapFunc(w.forConfig), builder.WithPredicates(predicate.GenerationChangedPredicate{})).
+		WatchesRawSource(source.Channel(outcomes, &handler.EnqueueRequestForObject{})).
 		Complete(r)
 }
 
@@ -253,6 +275,9 @@ type external struct {
 	*connector
 	pc      *config
 	backend backend.Backend
+	// probing records that this Observe asked for the instance's probes;
+	// one that did not stops them.
+	probing bool
 }
 
 func (e *external) backendName() string {
@@ -268,8 +293,26 @@ func (e *external) countError(op string, err error) {
 	}
 }
 
-// Observe gets the instance and, when it runs, probes through it.
+// Observe gets the instance and, when it runs, folds the probes through it
+// into its verdict. An instance that does not run is not probed.
 func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.ExternalObservation, error) {
+	e.probing = false
+	obs, err := e.observe(ctx, p)
+	if !e.probing {
+		e.stopProbing(p)
+	}
+	return obs, err
+}
+
+// stopProbing stops the probes of the Proxy's instance, which is not
+// running, or is being deleted or replaced.
+func (e *external) stopProbing(p *v1alpha1.Proxy) {
+	if e.sched.pool != nil {
+		e.sched.pool.stop(p.GetUID())
+	}
+}
+
+func (e *external) observe(ctx context.Context, p *v1alpha1.Proxy) (managed.ExternalObservation, error) {
 	if p.Spec.ForProvider.Mode == v1alpha1.ProxyModeExternal {
 		return e.observeExternal(ctx, p)
 	}
@@ -540,7 +583,9 @@ func forgetClosure(p *v1alpha1.Proxy, reason xpv2.ConditionReason, msg string) {
 func (e *external) observeInstance(ctx context.Context, p *v1alpha1.Proxy, inst *backend.Instance, creds *backend.Credentials) {
 	ap := &p.Status.AtProvider
 	if ap.InstanceCreatedAt == nil || !ap.InstanceCreatedAt.Time.Equal(inst.CreatedAt.Truncate(time.Second)) || ap.ProviderID != inst.ProviderID {
+		// A new instance: probed at once, and judged afresh.
 		resetInstanceStatus(p)
+		e.sched.forget(p.GetUID())
 		ap.InstanceCreatedAt = &metav1.Time{Time: inst.CreatedAt.Truncate(time.Second)}
 	}
 	ap.ProviderID = inst.ProviderID
@@ -553,7 +598,18 @@ func (e *external) observeInstance(ctx context.Context, p *v1alpha1.Proxy, inst 
 		p.SetConditions(unavailable(ReasonProvisioning, fmt.Sprintf("instance %s is provisioning", inst.ProviderID)))
 		return
 	}
-	e.probe(ctx, p, net.JoinHostPort(inst.Host, strconv.Itoa(int(inst.Port))), creds)
+	e.probe(ctx, p, net.JoinHostPort(inst.Host, strconv.Itoa(int(inst.Port))), instanceID(p), creds)
+}
+
+// instanceID identifies the instance a Proxy's status describes, and where
+// it listens.
+func instanceID(p *v1alpha1.Proxy) string {
+	ap := p.Status.AtProvider
+	id := fmt.Sprintf("%s@%s:%d", ap.ProviderID, ap.Host, ap.Port)
+	if ap.InstanceCreatedAt != nil {
+		id += "@" + ap.InstanceCreatedAt.UTC().Format(time.RFC3339)
+	}
+	return id
 }
 
 // observeExternal probes a proxy somebody else runs. Nothing exists to
@@ -572,12 +628,20 @@ func (e *external) observeExternal(ctx context.Context, p *v1alpha1.Proxy) (mana
 		return managed.ExternalObservation{}, errors.New("spec.forProvider.endpoint is required when mode is External")
 	}
 	ap := &p.Status.AtProvider
-	ap.ProviderID = "external/" + net.JoinHostPort(ep.Host, strconv.Itoa(int(ep.Port)))
+	id := "external/" + net.JoinHostPort(ep.Host, strconv.Itoa(int(ep.Port)))
+	if ap.ProviderID != "" && ap.ProviderID != id {
+		// Another endpoint inherits nothing of the old one's verdict:
+		// not its health, nor its refusal of requests without
+		// credentials.
+		resetInstanceStatus(p)
+		e.sched.forget(p.GetUID())
+	}
+	ap.ProviderID = id
 	ap.Host, ap.Port, ap.Phase = ep.Host, ep.Port, v1alpha1.InstancePhaseRunning
 	if ap.InstanceCreatedAt == nil {
 		ap.InstanceCreatedAt = &metav1.Time{Time: p.GetCreationTimestamp().Time}
 	}
-	e.probe(ctx, p, net.JoinHostPort(ep.Host, strconv.Itoa(int(ep.Port))), creds)
+	e.probe(ctx, p, net.JoinHostPort(ep.Host, strconv.Itoa(int(ep.Port))), instanceID(p), creds)
 	return managed.ExternalObservation{
 		ResourceExists: true, ResourceUpToDate: true,
 		ConnectionDetails: connectionDetails(ep.Host, ep.Port, creds),
@@ -654,6 +718,7 @@ func (e *external) Update(ctx context.Context, p *v1alpha1.Proxy) (managed.Exter
 		return managed.ExternalUpdate{}, nil
 	}
 	e.record.Event(p, event.Normal("Replacing", "spec changed: replacing the instance"))
+	e.stopProbing(p)
 	err := e.backend.Delete(ctx, recordedRef(p, e.pc))
 	e.countError("delete", err)
 	if err != nil {
@@ -669,6 +734,7 @@ func (e *external) Delete(ctx context.Context, p *v1alpha1.Proxy) (managed.Exter
 	if p.Spec.ForProvider.Mode == v1alpha1.ProxyModeExternal {
 		return managed.ExternalDelete{}, nil
 	}
+	e.stopProbing(p)
 	err := e.backend.Delete(ctx, recordedRef(p, e.pc))
 	e.countError("delete", err)
 	if err != nil {

@@ -566,7 +566,7 @@ func TestProbeKeepsStatusQuiet(t *testing.T) {
 			c := &clock{t: epoch}
 			e := newExternal(fake.New(), &fakeProber{res: tc.probe}, c)
 			e.sched.seen[tc.proxy.GetUID()] = epoch.Add(-time.Hour) // not a first sight
-			e.probe(context.Background(), tc.proxy, "127.0.0.1:3128", nil)
+			e.probe(context.Background(), tc.proxy, "127.0.0.1:3128", instanceID(tc.proxy), nil)
 			ap := tc.proxy.Status.AtProvider
 			got := struct {
 				Latency   int64
@@ -698,9 +698,13 @@ func TestClosureVerdictBelongsToTheInstance(t *testing.T) {
 	if s := p.GetCondition(TypeOpenProxy).Status; s != corev1.ConditionUnknown {
 		t.Fatalf("a new instance keeps its predecessor's closure verdict: %s", s)
 	}
+	check := func(e *external) {
+		c, detail := e.prober.Closed(context.Background(), probe.Target{})
+		e.closure(p, c, detail)
+	}
 	e := newExternal(fake.New(), &fakeProber{closure: probe.ClosureUnknown}, &clock{t: epoch})
 	p.Status.AtProvider.Healthy = true
-	e.checkClosure(context.Background(), p, probe.Target{})
+	check(e)
 	e.setReadiness(p)
 	if c := p.GetCondition(xpv2.TypeReady); c.Status != corev1.ConditionFalse || c.Reason != ReasonAwaitingProbe {
 		t.Errorf("a healthy proxy whose closure is unknown must wait, got %s %s", c.Status, c.Reason)
@@ -712,7 +716,7 @@ func TestClosureVerdictBelongsToTheInstance(t *testing.T) {
 		t.Errorf("Ready says why the proxy waits, got %q", c.Message)
 	}
 	e = newExternal(fake.New(), &fakeProber{}, &clock{t: epoch})
-	e.checkClosure(context.Background(), p, probe.Target{})
+	check(e)
 	e.setReadiness(p)
 	if c := p.GetCondition(xpv2.TypeReady); c.Status != corev1.ConditionTrue {
 		t.Errorf("once it refuses without credentials it is Ready, got %s %s", c.Status, c.Reason)
@@ -720,7 +724,7 @@ func TestClosureVerdictBelongsToTheInstance(t *testing.T) {
 	// One inconclusive check later (the target blinked), the verdict and
 	// Ready stand: conditions do not flap with single results.
 	e = newExternal(fake.New(), &fakeProber{closure: probe.ClosureUnknown}, &clock{t: epoch})
-	e.checkClosure(context.Background(), p, probe.Target{})
+	check(e)
 	e.setReadiness(p)
 	if c := p.GetCondition(TypeOpenProxy); c.Status != corev1.ConditionFalse {
 		t.Errorf("an inconclusive check must keep the verdict, got %s %s", c.Status, c.Reason)

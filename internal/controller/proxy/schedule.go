@@ -17,6 +17,8 @@ import (
 type scheduler struct {
 	started time.Time
 	now     func() time.Time
+	// pool runs the probes; nil means Observe runs them itself.
+	pool *probePool
 
 	mu   sync.Mutex
 	seen map[types.UID]time.Time // first probe time allowed after a restart
@@ -27,13 +29,21 @@ func interval(p *v1alpha1.Proxy) time.Duration {
 	return p.Spec.ForProvider.HealthCheck.IntervalOrDefault()
 }
 
-// nextProbe says when p is next due a probe.
-func (s *scheduler) nextProbe(p *v1alpha1.Proxy) time.Time {
+// every says how often p is probed now: its interval, or faster while a
+// new instance waits for its first verdict.
+func (s *scheduler) every(p *v1alpha1.Proxy) time.Duration {
 	ap := p.Status.AtProvider
 	every := interval(p)
 	if !ap.Healthy && ap.ConsecutiveSuccesses == 0 && ap.InstanceCreatedAt != nil && s.now().Sub(ap.InstanceCreatedAt.Time) < startupWindow {
 		every = min(every, startupInterval)
 	}
+	return every
+}
+
+// nextProbe says when p is next due a probe.
+func (s *scheduler) nextProbe(p *v1alpha1.Proxy) time.Time {
+	ap := p.Status.AtProvider
+	every := s.every(p)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	// The status records probes only when they change something (see
@@ -42,7 +52,9 @@ func (s *scheduler) nextProbe(p *v1alpha1.Proxy) time.Time {
 	if ap.LastProbeTime != nil {
 		last = ap.LastProbeTime.Time
 	}
-	if t, ok := s.last[p.GetUID()]; ok && t.After(last) {
+	if t, ok := s.last[p.GetUID()]; ok {
+		// This process's own record, on its monotonic clock, beats
+		// a wall time read back from the API.
 		last = t
 	}
 	var due time.Time
@@ -83,12 +95,30 @@ func (s *scheduler) forget(uid types.UID) {
 	delete(s.last, uid)
 }
 
-// pollAfter is the managed reconciler's poll hook: come back when the next
-// probe is due.
-func (s *scheduler) pollAfter(mg resource.Managed, _ time.Duration) time.Duration {
+// pollAfter is the managed reconciler's poll hook. A Proxy the pool probes
+// is requeued by every outcome that changes its verdict (a failing probe of
+// a vanished instance among them), so its poll folds steady passes and
+// looks at the backend for drift (an edited firewall rule, say): every
+// --poll, or every probe when probes are further apart. Any other (provisioning, waiting, kept while terminated)
+// is looked at again soon while it is young and then less and less often:
+// a VM that boots for minutes is not read every second.
+func (s *scheduler) pollAfter(mg resource.Managed, poll time.Duration) time.Duration {
 	p, ok := mg.(*v1alpha1.Proxy)
 	if !ok {
 		return v1alpha1.DefaultProbeInterval
 	}
-	return max(s.nextProbe(p).Sub(s.now()), 200*time.Millisecond)
+	if s.pool == nil {
+		return max(s.nextProbe(p).Sub(s.now()), 200*time.Millisecond)
+	}
+	if every, ok := s.pool.polled(p.GetUID(), poll); ok {
+		return max(poll, every)
+	}
+	since := p.GetCreationTimestamp().Time
+	if ap := p.Status.AtProvider; ap.InstanceCreatedAt != nil {
+		since = ap.InstanceCreatedAt.Time
+	}
+	return min(max(s.now().Sub(since)/4, startupInterval), maxProvisioningPoll)
 }
+
+// maxProvisioningPoll bounds the poll of a Proxy that is not probed.
+const maxProvisioningPoll = 30 * time.Second

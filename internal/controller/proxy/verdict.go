@@ -10,42 +10,70 @@ import (
 	"github.com/pkg/errors"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
 )
 
-// probe runs a probe when one is due and folds it into the verdict.
-func (e *external) probe(ctx context.Context, p *v1alpha1.Proxy, addr string, creds *backend.Credentials) {
-	ap := &p.Status.AtProvider
+// probe folds the outcomes of probes through addr into the verdict and has
+// the next one made when it is due: by the probe pool, off the reconcile
+// path, or here when there is no pool. instance identifies what runs at
+// addr; no other instance's outcomes are folded into its verdict.
+func (e *external) probe(ctx context.Context, p *v1alpha1.Proxy, addr, instance string, creds *backend.Credentials) {
 	hc := p.Spec.ForProvider.HealthCheck
-	if e.now().Before(e.sched.nextProbe(p)) {
-		e.setReadiness(p)
-		return
-	}
 	t := probe.Target{Proxy: addr, URL: hc.URL, Timeout: hc.TimeoutOrDefault(), ExpectedStatus: int(hc.ExpectedStatus), RootCAs: e.rootCAs}
 	if creds != nil {
 		t.Username, t.Password = creds.Username, creds.Password
 	}
-	res := e.prober.Probe(ctx, t)
+	e.probing = true
+	if pool := e.sched.pool; pool != nil {
+		for _, o := range pool.take(p.GetUID(), instance, t) {
+			e.fold(p, addr, o)
+		}
+		e.setReadiness(p)
+		pool.watch(p.GetUID(), probing{
+			key: types.NamespacedName{Namespace: p.GetNamespace(), Name: p.GetName()}, instance: instance,
+			target: t, closure: creds != nil, every: e.sched.every(p), backend: e.backendName(), steady: steady(p),
+		}, e.sched.nextProbe(p))
+		return
+	}
+	if e.now().Before(e.sched.nextProbe(p)) {
+		e.setReadiness(p)
+		return
+	}
+	o := outcome{started: e.now(), res: e.prober.Probe(ctx, t)}
 	if creds != nil {
-		e.checkClosure(ctx, p, t)
+		o.checked = true
+		o.closure, o.detail = e.prober.Closed(ctx, t)
+	}
+	e.fold(p, addr, o)
+	e.setReadiness(p)
+}
+
+// fold adds one probe's outcome to the Proxy's verdict.
+func (e *external) fold(p *v1alpha1.Proxy, addr string, o outcome) {
+	ap := &p.Status.AtProvider
+	hc := p.Spec.ForProvider.HealthCheck
+	res := o.res
+	if o.checked {
+		e.closure(p, o.closure, o.detail)
 	} else {
 		forgetClosure(p, "NoCredentials", "the proxy has no credentials to refuse requests without")
 	}
 
-	outcome := "failure"
-	if res.OK {
-		outcome = "success"
-		e.metrics.ProbeDuration.WithLabelValues(e.backendName()).Observe(res.Latency.Seconds())
+	if !o.counted {
+		countProbe(e.metrics, e.backendName(), res)
 	}
-	e.metrics.ProbeResults.WithLabelValues(e.backendName(), outcome).Inc()
 
 	was, before := ap.Healthy, *ap
-	now := e.now()
+	// A probe counts from when it started, so a slow one does not push
+	// the cadence back.
+	now := o.started
 	e.sched.probed(p.GetUID(), now)
 	v := probe.Verdict{Healthy: ap.Healthy, ConsecutiveSuccesses: ap.ConsecutiveSuccesses, ConsecutiveFailures: ap.ConsecutiveFailures}.
 		Next(res.OK, hc.SuccessThreshold, hc.FailureThreshold)
@@ -78,17 +106,57 @@ func (e *external) probe(ctx context.Context, p *v1alpha1.Proxy, addr string, cr
 	if ap.LastProbeTime == nil || !reflect.DeepEqual(before, *ap) || now.Sub(ap.LastProbeTime.Time) >= probeHeartbeat {
 		ap.LastProbeTime = &metav1.Time{Time: now}
 	}
-	e.setReadiness(p)
 }
 
-// checkClosure asks through the proxy without credentials: one that has
-// them must refuse. An open proxy is flagged with the OpenProxy condition,
-// a Warning event and a metric, and is not Ready, so egress-discovery never
-// hands it out. An inconclusive check keeps a verdict the Proxy has, so
+// countProbe records a probe's result and, for a pass, its latency.
+func countProbe(m *metrics.Provider, backendName string, res probe.Result) {
+	result := "failure"
+	if res.OK {
+		result = "success"
+		m.ProbeDuration.WithLabelValues(backendName).Observe(res.Latency.Seconds())
+	}
+	m.ProbeResults.WithLabelValues(backendName, result).Inc()
+}
+
+// steady returns what tells the outcomes that would change nothing in p's
+// status as it is now: a pass of a proxy healthy at its thresholds, from
+// the same egress IP, at a latency that has not moved, with the same
+// closure verdict, and no heartbeat due. The probe pool requeues a Proxy at
+// once for any other outcome; steady ones wait for the next poll, which
+// folds them all, so a steady fleet costs a probe and no reconcile.
+// TestSteadyChangesNothing holds this to fold.
+func steady(p *v1alpha1.Proxy) func(outcome) bool {
+	ap := p.Status.AtProvider
+	threshold := max(p.Spec.ForProvider.HealthCheck.SuccessThreshold, 1)
+	open := p.GetCondition(TypeOpenProxy)
+	settled := ap.Healthy && ap.ConsecutiveFailures == 0 && ap.ConsecutiveSuccesses == threshold &&
+		ap.LastProbeError == "" && ap.LastProbeTime != nil && p.GetCondition(xpv2.TypeReady).Status == corev1.ConditionTrue
+	var last time.Time
+	if ap.LastProbeTime != nil {
+		// As the API will hand it back to fold: to the second.
+		last = ap.LastProbeTime.Truncate(time.Second)
+	}
+	return func(o outcome) bool {
+		switch {
+		case !settled, !o.res.OK,
+			latencyMoved(ap.LatencyMilliseconds, o.res.Latency.Milliseconds()) && ap.LatencyMilliseconds != o.res.Latency.Milliseconds(),
+			o.res.EgressIP != "" && o.res.EgressIP != ap.EgressIP, o.started.Sub(last) >= probeHeartbeat:
+			return false
+		case o.checked:
+			return o.closure == probe.ClosureClosed && open.Status == corev1.ConditionFalse && open.Reason == ReasonDemandsCredentials && open.Message == o.detail
+		default:
+			return open.Status == corev1.ConditionUnknown
+		}
+	}
+}
+
+// closure folds a closure check, a request sent without credentials
+// through a proxy that has them, which it must refuse. An open proxy is
+// flagged with the OpenProxy condition, a Warning event and a metric, and is
+// not Ready, so egress-discovery never hands it out. An inconclusive check keeps a verdict the Proxy has, so
 // that one unreachable moment does not flap the condition, and otherwise
 // says why there is none yet.
-func (e *external) checkClosure(ctx context.Context, p *v1alpha1.Proxy, t probe.Target) {
-	closure, detail := e.prober.Closed(ctx, t)
+func (e *external) closure(p *v1alpha1.Proxy, closure probe.Closure, detail string) {
 	was := p.GetCondition(TypeOpenProxy).Status
 	switch closure {
 	case probe.ClosureOpen:
