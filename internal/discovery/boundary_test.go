@@ -1,12 +1,10 @@
 package discovery_test
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -25,8 +23,6 @@ import (
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
-	"k8s.io/client-go/rest"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -43,37 +39,6 @@ const (
 	discoverySA  = "system:serviceaccount:egress-system:egress-discovery"
 	crossplaneSA = "system:serviceaccount:crossplane-system:crossplane"
 )
-
-// kustomize renders a folder of cluster/ with the real kubectl and returns
-// its objects.
-func kustomize(t *testing.T, bed *testbed.Env, dir string) []*unstructured.Unstructured {
-	t.Helper()
-	kubectl := filepath.Join(bed.Root, "bin", "kubectl")
-	if _, err := os.Stat(kubectl); err != nil {
-		t.Fatal("bin/kubectl is missing: run `make tools` (it builds kubectl from the Go module proxy)")
-	}
-	out, err := exec.Command(kubectl, "kustomize", filepath.Join(bed.Root, "cluster", dir)).Output()
-	if err != nil {
-		t.Fatalf("kubectl kustomize cluster/%s: %v", dir, err)
-	}
-	var objs []*unstructured.Unstructured
-	r := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(out)))
-	for {
-		doc, err := r.Read()
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		u := &unstructured.Unstructured{}
-		if err := yaml.Unmarshal(doc, &u.Object); err != nil || len(u.Object) == 0 {
-			continue
-		}
-		objs = append(objs, u)
-	}
-	return objs
-}
 
 func apply(t *testing.T, c client.Client, objs ...client.Object) {
 	t.Helper()
@@ -113,26 +78,11 @@ func crossplaneRules(t *testing.T, root string) []rbacv1.PolicyRule {
 	return doc.Rules
 }
 
-// impersonating returns a client that acts as user, with the groups a
-// ServiceAccount has.
-func impersonating(t *testing.T, bed *testbed.Env, user string) client.Client {
-	t.Helper()
-	cfg := rest.CopyConfig(bed.Config)
-	parts := strings.Split(user, ":")
-	cfg.Impersonate = rest.ImpersonationConfig{UserName: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + parts[2], "system:authenticated"}}
-	c, err := client.New(cfg, client.Options{Scheme: bed.Scheme})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
 // can asks the apiserver whether user may do verb on resource.
 func can(t *testing.T, bed *testbed.Env, user string, a authzv1.ResourceAttributes) bool {
 	t.Helper()
-	parts := strings.Split(user, ":")
 	sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
-		User: user, Groups: []string{"system:serviceaccounts", "system:serviceaccounts:" + parts[2], "system:authenticated"}, ResourceAttributes: &a,
+		User: user, Groups: testbed.ServiceAccountGroups(user), ResourceAttributes: &a,
 	}}
 	if err := bed.Client.Create(context.Background(), sar); err != nil {
 		t.Fatal(err)
@@ -180,7 +130,7 @@ func TestDiscoveryLeastPrivilege(t *testing.T) {
 	bed := sharedBed.Env(t)
 	ctx := context.Background()
 	team, other := bed.Namespace(t), bed.Namespace(t)
-	for _, u := range append(kustomize(t, bed, "discovery"), kustomize(t, bed, "crossplane-rbac")...) {
+	for _, u := range append(testbed.Kustomize(t, bed, "discovery"), testbed.Kustomize(t, bed, "crossplane-rbac")...) {
 		switch u.GetKind() {
 		case "Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
 			apply(t, bed.Client, u)
@@ -210,12 +160,12 @@ func TestDiscoveryLeastPrivilege(t *testing.T) {
 	})
 	grant := composeAccess(t, team, "crawlers-proxy-auth")
 	t.Run("ComposedWithoutTheAggregatedRoleIsForbidden", func(t *testing.T) {
-		c := impersonating(t, bed, "system:serviceaccount:crossplane-system:crossplane-unaggregated")
+		c := testbed.Impersonating(t, bed, "system:serviceaccount:crossplane-system:crossplane-unaggregated")
 		if err := c.Create(ctx, grant[0].DeepCopy()); !kerrors.IsForbidden(err) {
 			t.Errorf("Crossplane's chart role alone must not create %s: %v", grant[0].GetKind(), err)
 		}
 	})
-	xp := impersonating(t, bed, crossplaneSA)
+	xp := testbed.Impersonating(t, bed, crossplaneSA)
 	// The Role first: a binding to a Role that does not exist yet is
 	// refused (Crossplane retries it on its next reconcile).
 	sort.Slice(grant, func(i, j int) bool { return grant[i].GetKind() == "Role" })
@@ -267,7 +217,7 @@ func TestDiscoveryLeastPrivilege(t *testing.T) {
 	t.Run("OnlyItsOwnLeases", func(t *testing.T) {
 		theirs := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: "team-leader-election"}, Spec: coordv1.LeaseSpec{HolderIdentity: ptr.To("team-operator")}}
 		apply(t, bed.Client, theirs)
-		d := impersonating(t, bed, discoverySA)
+		d := testbed.Impersonating(t, bed, discoverySA)
 		mine := func(name string) *coordv1.Lease {
 			return &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: name, Labels: map[string]string{fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot}}}
 		}
@@ -309,7 +259,7 @@ func TestDiscoveryLeastPrivilege(t *testing.T) {
 
 	// Discovery's ClusterRole itself holds no Secret access and no Lease
 	// writes: only the fleet's Role does.
-	for _, u := range kustomize(t, bed, "discovery") {
+	for _, u := range testbed.Kustomize(t, bed, "discovery") {
 		if u.GetKind() != "ClusterRole" {
 			continue
 		}

@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/function"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
 // TestManifests renders cluster/discovery with the real `kubectl kustomize`
@@ -21,7 +22,7 @@ func TestManifests(t *testing.T) {
 	bed := sharedBed.Env(t)
 	ctx := context.Background()
 	kinds := map[string]int{}
-	for _, u := range kustomize(t, bed, "discovery") {
+	for _, u := range testbed.Kustomize(t, bed, "discovery") {
 		kinds[u.GetKind()]++
 		opts := []client.CreateOption{client.DryRunAll}
 		if u.GetKind() == "Namespace" {

@@ -159,6 +159,10 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 		if err := b.cfg.Client.Get(ctx, client.ObjectKeyFromObject(sec), existing); err != nil {
 			return nil, Classify(errors.Wrap(err, "cannot get proxy config secret"))
 		}
+		if l := existing.GetLabels(); l[ownership.LabelManagedBy] != ownership.ManagedBy || l[ownership.LabelUID] != sec.Labels[ownership.LabelUID] {
+			// Somebody else's Secret of that name: never overwritten.
+			return nil, backend.Errorf(backend.ClassPermanent, "Secret %s/%s exists and is not this Proxy's config: delete or rename it", sec.Namespace, sec.Name)
+		}
 		existing.Data = data
 		if err := b.cfg.Client.Update(ctx, existing); err != nil {
 			return nil, Classify(errors.Wrap(err, "cannot update proxy config secret"))

@@ -9,6 +9,8 @@ import (
 
 	authzv1 "k8s.io/api/authorization/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
@@ -34,11 +36,11 @@ func TestProviderRBAC(t *testing.T) {
 			t.Fatalf("%s: %v", file, err)
 		}
 	}
-	if err := bed.Client.Create(ctx, role); err != nil {
-		t.Fatal(err)
-	}
-	if err := bed.Client.Create(ctx, binding); err != nil {
-		t.Fatal(err)
+	// TestProviderAdmission applies the same files to the shared apiserver.
+	for _, o := range []client.Object{role, binding} {
+		if err := bed.Client.Create(ctx, o); err != nil && !kerrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
 	}
 
 	sa := "system:serviceaccount:crossplane-system:provider-egressproxy"
