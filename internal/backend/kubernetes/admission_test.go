@@ -15,7 +15,6 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/kubernetes"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
@@ -77,12 +76,7 @@ func TestProviderAdmission(t *testing.T) {
 	// What the backend does, as the provider.
 	b := kubernetes.New(kubernetes.Config{Client: sa, ClusterID: "adm"})
 	uid := types.UID("5d1e7c0a-2222-4333-8444-955566667777")
-	s := backend.Spec{
-		Ref:   backend.Ref{Name: ownership.InstanceName(uid), Namespace: ns},
-		Owner: ownership.Owner{ClusterID: "adm", Namespace: ns, Name: "p", UID: uid}, Port: 3128,
-		Credentials: &backend.Credentials{Username: "crawler", Password: "pw"},
-		Kubernetes:  &v1alpha1.KubernetesPlacement{}, Hash: "h",
-	}
+	s := podSpec(ns, "adm", uid)
 	if _, err := b.Create(ctx, s); err != nil {
 		t.Fatalf("the backend's create is refused: %v", err)
 	}
@@ -200,12 +194,7 @@ func TestForeignSecretNeverOverwritten(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := kubernetes.New(kubernetes.Config{Client: bed.Client, ClusterID: "adm"})
-	_, err := b.Create(ctx, backend.Spec{
-		Ref:   backend.Ref{Name: ownership.InstanceName(uid), Namespace: ns},
-		Owner: ownership.Owner{ClusterID: "adm", Namespace: ns, Name: "p", UID: uid}, Port: 3128,
-		Credentials: &backend.Credentials{Username: "crawler", Password: "pw"},
-		Kubernetes:  &v1alpha1.KubernetesPlacement{}, Hash: "h",
-	})
+	_, err := b.Create(ctx, podSpec(ns, "adm", uid))
 	if backend.ClassOf(err) != backend.ClassPermanent {
 		t.Errorf("want a permanent error, got %v", err)
 	}

@@ -45,16 +45,10 @@ func TestPodsPassRestrictedPodSecurity(t *testing.T) {
 
 	b := kubernetes.New(kubernetes.Config{Client: bed.Client, ClusterID: "psa"})
 	uid := types.UID("5e0a7a4c-1111-4222-8333-944455556666")
-	o := ownership.Owner{ClusterID: "psa", Namespace: ns.Name, Name: "p", UID: uid, Fleet: "crawlers"}
-	s := backend.Spec{
-		Ref:   backend.Ref{Name: ownership.InstanceName(uid), Namespace: ns.Name},
-		Owner: o, Port: 3128,
-		Credentials:                &backend.Credentials{Username: "crawler", Password: "pw"},
-		AllowedSourceRanges:        []string{"10.0.0.0/8"},
-		AllowedPrivateDestinations: []string{"10.1.0.0/16"},
-		Kubernetes:                 &v1alpha1.KubernetesPlacement{ClientNamespaces: []string{"crawlers"}},
-		Hash:                       "h",
-	}
+	s := podSpec(ns.Name, "psa", uid)
+	s.Owner.Fleet = "crawlers"
+	s.AllowedSourceRanges, s.AllowedPrivateDestinations = []string{"10.0.0.0/8"}, []string{"10.1.0.0/16"}
+	s.Kubernetes.ClientNamespaces = []string{"crawlers"}
 	if _, err := b.Create(ctx, s); err != nil {
 		t.Fatalf("the proxy's pod must pass the restricted Pod Security Standard: %v", err)
 	}
@@ -93,12 +87,7 @@ func TestOrphanedPolicyListed(t *testing.T) {
 	ns := bed.Namespace(t)
 	b := kubernetes.New(kubernetes.Config{Client: bed.Client, ClusterID: "leak"})
 	uid := types.UID("6f1b8b5d-1111-4222-8333-944455556666")
-	s := backend.Spec{
-		Ref:   backend.Ref{Name: ownership.InstanceName(uid), Namespace: ns},
-		Owner: ownership.Owner{ClusterID: "leak", Namespace: ns, Name: "p", UID: uid}, Port: 3128,
-		Credentials: &backend.Credentials{Username: "crawler", Password: "pw"},
-		Kubernetes:  &v1alpha1.KubernetesPlacement{}, Hash: "h",
-	}
+	s := podSpec(ns, "leak", uid)
 	if _, err := b.Create(ctx, s); err != nil {
 		t.Fatal(err)
 	}
@@ -135,12 +124,7 @@ func TestSetRetain(t *testing.T) {
 	ns := bed.Namespace(t)
 	b := kubernetes.New(kubernetes.Config{Client: bed.Client, ClusterID: "keep"})
 	uid := types.UID("7a2c9c6e-1111-4222-8333-944455556666")
-	s := backend.Spec{
-		Ref:   backend.Ref{Name: ownership.InstanceName(uid), Namespace: ns},
-		Owner: ownership.Owner{ClusterID: "keep", Namespace: ns, Name: "p", UID: uid}, Port: 3128,
-		Credentials: &backend.Credentials{Username: "crawler", Password: "pw"},
-		Kubernetes:  &v1alpha1.KubernetesPlacement{}, Hash: "h",
-	}
+	s := podSpec(ns, "keep", uid)
 	if _, err := b.Create(ctx, s); err != nil {
 		t.Fatal(err)
 	}
@@ -161,5 +145,16 @@ func TestSetRetain(t *testing.T) {
 		if err != nil || i.Owner.Retain != retain {
 			t.Errorf("the mark reads back: want %v, got %+v, %v", retain, i, err)
 		}
+	}
+}
+
+// podSpec is the spec of a plain proxy pod of the Proxy with uid, in ns,
+// made by the control plane named cluster.
+func podSpec(ns, cluster string, uid types.UID) backend.Spec {
+	return backend.Spec{
+		Ref:   backend.Ref{Name: ownership.InstanceName(uid), Namespace: ns},
+		Owner: ownership.Owner{ClusterID: cluster, Namespace: ns, Name: "p", UID: uid}, Port: 3128,
+		Credentials: &backend.Credentials{Username: "crawler", Password: "pw"},
+		Kubernetes:  &v1alpha1.KubernetesPlacement{}, Hash: "h",
 	}
 }

@@ -49,18 +49,11 @@ type probePool struct {
 	wake    chan struct{}
 }
 
-// probeEntry is one Proxy's probing.
+// probeEntry is one Proxy's probing: what Observe last asked for, and
+// where the pool stands with it.
 type probeEntry struct {
+	probing
 	uid types.UID
-	key types.NamespacedName
-	// instance identifies what is probed; outcomes of another instance are
-	// never folded into this one's verdict.
-	instance string
-	target   probe.Target
-	closure  bool
-	every    time.Duration
-	backend  string
-	steady   func(outcome) bool
 	// poll is how long until the Proxy's next poll, as the reconciler
 	// last asked for it.
 	poll    time.Duration
@@ -96,7 +89,9 @@ func newProbePool(pr Prober, workers int, poll time.Duration, now func() time.Ti
 
 // probing says what Observe wants probed.
 type probing struct {
-	key      types.NamespacedName
+	key types.NamespacedName
+	// instance identifies what is probed; outcomes of another instance are
+	// never folded into this one's verdict.
 	instance string
 	target   probe.Target
 	closure  bool
@@ -146,7 +141,7 @@ func (pp *probePool) watch(uid types.UID, w probing, due time.Time) {
 		e = &probeEntry{uid: uid, index: -1}
 		pp.entries[uid] = e
 	}
-	e.key, e.instance, e.target, e.closure, e.every, e.backend, e.steady = w.key, w.instance, w.target, w.closure, w.every, w.backend, w.steady
+	e.probing = w
 	e.touched = now
 	if !e.running {
 		e.due = now.Add(min(max(due.Sub(now), 0), w.every))
@@ -277,18 +272,18 @@ func (pp *probePool) run(ctx context.Context, e *probeEntry) {
 		pp.mu.Unlock()
 		return
 	}
-	t, closure, backendName, steady := e.target, e.closure, e.backend, e.steady
+	w := e.probing
 	pp.mu.Unlock()
 	pp.metrics.ProbesInFlight.Inc()
-	o := outcome{target: t, started: pp.now(), counted: true}
-	o.res = pp.prober.Probe(ctx, t)
-	if closure {
+	o := outcome{target: w.target, started: pp.now(), counted: true}
+	o.res = pp.prober.Probe(ctx, w.target)
+	if w.closure {
 		o.checked = true
-		o.closure, o.detail = pp.prober.Closed(ctx, t)
+		o.closure, o.detail = pp.prober.Closed(ctx, w.target)
 	}
 	pp.metrics.ProbesInFlight.Dec()
-	countProbe(pp.metrics, backendName, o.res)
-	news := steady == nil || !steady(o)
+	countProbe(pp.metrics, w.backend, o.res)
+	news := w.steady == nil || !w.steady(o)
 
 	pp.mu.Lock()
 	e.running = false
@@ -300,7 +295,7 @@ func (pp *probePool) run(ctx context.Context, e *probeEntry) {
 			// proxy open or failing is kept for Observe.
 			drop := 0
 			for i, old := range e.outcomes {
-				if steady != nil && steady(old) {
+				if w.steady != nil && w.steady(old) {
 					drop = i
 					break
 				}
