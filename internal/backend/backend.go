@@ -7,6 +7,8 @@ import (
 	"context"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
@@ -114,6 +116,16 @@ type Repairer interface {
 // the backend no longer knows it, else its error, classified.
 type OperationChecker interface {
 	CheckOperation(ctx context.Context, r Ref, operation string) error
+}
+
+// An Adopter hands an instance, and everything made for it, to the Proxy
+// that imports it through its external-name: it relabels them with
+// ownership.Owner.AdoptedBy(to), but only while they belong to from (their
+// Holder) or already to to, so that of two Proxies importing one instance
+// at once only one gets it; the other gets an error of class Transient,
+// and finds the instance held when it looks again.
+type Adopter interface {
+	Adopt(ctx context.Context, r Ref, from types.UID, to ownership.Owner) error
 }
 
 // A Retainer marks an instance to outlive its Proxy, or not

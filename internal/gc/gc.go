@@ -112,8 +112,9 @@ func (c *Collector) collect(ctx context.Context, t Target, instances []backend.I
 		switch {
 		case !i.Owner.OfCluster(c.ClusterID):
 			r.Foreign++
-		case owners[i.Owner.UID], i.Owner.Retain:
-			// Retained instances were made to outlive their Proxy.
+		case owners[i.Owner.Holder()], i.Owner.Retain:
+			// An imported instance belongs to its adopter. Retained
+			// instances were made to outlive their Proxy.
 			r.Owned++
 		case c.Now().Sub(i.CreatedAt) < c.Grace:
 			r.TooYoung++

@@ -56,6 +56,16 @@ func TestCollect(t *testing.T) {
 			i.Owner.Retain = true
 			return i
 		}(), want: Report{Owned: 1}},
+		"Adopted": {reason: "An instance imported by a live Proxy is kept, though its maker is gone.", instance: func() backend.Instance {
+			i := inst("g", "me", "gone-uid", time.Hour)
+			i.Owner.Adopter = "live-uid"
+			return i
+		}(), want: Report{Owned: 1}},
+		"AdopterGone": {reason: "An imported instance whose adopter is gone is an orphan, though its maker lives.", instance: func() backend.Instance {
+			i := inst("h", "me", "live-uid", time.Hour)
+			i.Owner.Adopter = "gone-uid"
+			return i
+		}(), want: Report{Deleted: 1}, wantGone: true},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

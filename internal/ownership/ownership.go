@@ -26,6 +26,12 @@ const (
 	// policies left out Delete: it outlives its Proxy, and the orphan
 	// collector never takes it.
 	LabelRetain = "egress.crawl.example.com/retain"
+	// LabelAdopter names the UID of the Proxy that imported an instance
+	// another Proxy made (through its external-name): the instance is the
+	// adopter's from then on, while LabelUID keeps naming its maker, from
+	// whose UID the instance's name and a pod's network policy selector
+	// derive.
+	LabelAdopter = "egress.crawl.example.com/adopted-by"
 
 	// ManagedBy is the value of LabelManagedBy.
 	ManagedBy = "provider-egressproxy"
@@ -42,6 +48,19 @@ type Owner struct {
 	Fleet     string
 	// Retain says the instance outlives its Proxy (LabelRetain).
 	Retain bool
+	// Adopter is the UID of the Proxy that imported the instance
+	// (LabelAdopter); empty while it belongs to the Proxy that made it.
+	// Namespace, Name and Fleet then name the adopter.
+	Adopter types.UID
+}
+
+// Holder is the UID of the Proxy the instance belongs to now: its adopter,
+// or else its maker.
+func (o Owner) Holder() types.UID {
+	if o.Adopter != "" {
+		return o.Adopter
+	}
+	return o.UID
 }
 
 // keys maps each Kubernetes key to its GCP form: GCP label keys allow
@@ -54,6 +73,7 @@ var keys = []struct{ k8s, gcp string }{
 	{LabelUID, "egress-proxy-uid"},
 	{LabelOwnerFleet, "egress-fleet"},
 	{LabelRetain, "egress-retain"},
+	{LabelAdopter, "egress-adopted-by"},
 }
 
 func (o Owner) values() map[string]string {
@@ -65,6 +85,7 @@ func (o Owner) values() map[string]string {
 		LabelUID:        string(o.UID),
 		LabelOwnerFleet: o.Fleet,
 		LabelRetain:     map[bool]string{true: "true"}[o.Retain],
+		LabelAdopter:    string(o.Adopter),
 	}
 }
 
@@ -171,7 +192,41 @@ func FromLabels(l map[string]string) (Owner, bool) {
 		UID:       types.UID(get(LabelUID)),
 		Fleet:     get(LabelOwnerFleet),
 		Retain:    get(LabelRetain) == "true",
+		Adopter:   types.UID(get(LabelAdopter)),
 	}, true
+}
+
+// AdoptedBy is the owner an instance of o's has once the Proxy to imports
+// it: its maker's cluster, namespace and UID stay (the instance's name and
+// a pod's network policy derive from that UID), and the rest names the
+// adopter. An instance handed back to its maker loses the adopter.
+func (o Owner) AdoptedBy(to Owner) Owner {
+	n := Owner{ClusterID: o.ClusterID, Namespace: o.Namespace, UID: o.UID, Name: to.Name, Fleet: to.Fleet, Retain: to.Retain, Adopter: to.UID}
+	if to.UID == o.UID {
+		n.Adopter = ""
+	}
+	return n
+}
+
+// Relabel returns l with the owner labels replaced by o's, as Kubernetes
+// labels or, with gcp, as GCP labels; other labels stay.
+func (o Owner) Relabel(l map[string]string, gcp bool) map[string]string {
+	out := map[string]string{}
+	for k, v := range l {
+		out[k] = v
+	}
+	for _, k := range keys {
+		delete(out, k.k8s)
+		delete(out, k.gcp)
+	}
+	add := o.Labels()
+	if gcp {
+		add = o.GCPLabels()
+	}
+	for k, v := range add {
+		out[k] = v
+	}
+	return out
 }
 
 // Selector returns the labels that select everything this cluster owns.

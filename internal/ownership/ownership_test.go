@@ -24,6 +24,10 @@ func TestLabelsRoundTrip(t *testing.T) {
 			reason: "An instance made to outlive its Proxy says so on both backends.",
 			owner:  Owner{ClusterID: "c1", Namespace: "crawl-team", Name: "p", UID: "0b7c6a2e-1111-4222-8333-944455556666", Retain: true},
 		},
+		"Adopted": {
+			reason: "An imported instance names its adopter, and its maker's UID stays.",
+			owner:  Owner{ClusterID: "c1", Namespace: "crawl-team", Name: "p2", UID: "0b7c6a2e-1111-4222-8333-944455556666", Adopter: "7e1d2c3b-1111-4222-8333-944455556666"},
+		},
 		"Long": {
 			reason: "Names longer than a label value are hashed, and the UID still round-trips.",
 			owner:  Owner{ClusterID: "Cluster_ONE", Namespace: "ns", Name: long, UID: "0b7c6a2e-1111-4222-8333-944455556666"},
@@ -49,8 +53,8 @@ func TestLabelsRoundTrip(t *testing.T) {
 				if !ok {
 					t.Fatalf("%s\nFromLabels(%v) did not recognise the scheme", tc.reason, labels)
 				}
-				if got.UID != tc.owner.UID || got.Retain != tc.owner.Retain {
-					t.Errorf("%s\nUID, retain: want %s %v, got %s %v", tc.reason, tc.owner.UID, tc.owner.Retain, got.UID, got.Retain)
+				if got.UID != tc.owner.UID || got.Retain != tc.owner.Retain || got.Holder() != tc.owner.Holder() {
+					t.Errorf("%s\nUID, retain, holder: want %s %v %s, got %s %v %s", tc.reason, tc.owner.UID, tc.owner.Retain, tc.owner.Holder(), got.UID, got.Retain, got.Holder())
 				}
 			}
 		})

@@ -405,9 +405,14 @@ const (
 
 // ProxyObservation is the observed state of a Proxy.
 type ProxyObservation struct {
-	// ProviderID identifies the instance on its backend: local/<port>,
+	// ProviderID identifies the instance on its backend: local/<name>,
 	// <namespace>/<pod>, or projects/P/zones/Z/instances/N.
 	ProviderID string `json:"providerID,omitempty"`
+
+	// ImportedFrom is the external-name of the instance the Proxy
+	// imported, once it did: it is not imported a second time, and a
+	// Proxy whose imported instance is gone makes one of its own.
+	ImportedFrom string `json:"importedFrom,omitempty"`
 
 	// Host clients connect to.
 	Host string `json:"host,omitempty"`

@@ -914,6 +914,35 @@ func (b *Backend) orphanRules(ctx context.Context, vms []backend.Instance) ([]ba
 	}
 }
 
+// Adopt relabels the VM for the Proxy that imports it, if it still belongs
+// to from. The label fingerprint makes it a compare-and-swap: of two
+// imports racing, the second is refused. Its firewall rule keeps naming the
+// VM's maker, after whose UID the rule (and the VM) are named, so the
+// orphan collector still knows it once the VM is gone.
+func (b *Backend) Adopt(ctx context.Context, r backend.Ref, from types.UID, to ownership.Owner) error {
+	vm, err := b.instances.Get(ctx, &computepb.GetInstanceRequest{Project: b.cfg.Project, Zone: r.Zone, Instance: r.Name})
+	if err != nil {
+		return errors.Wrapf(Classify(err), "cannot get VM %s", r.Name)
+	}
+	cur, _ := ownership.FromLabels(vm.GetLabels())
+	if h := cur.Holder(); h != from && h != to.UID {
+		return backend.Errorf(backend.ClassTransient, "VM %s belongs to Proxy uid %s now, not %s", r.Name, h, from)
+	}
+	labels := cur.AdoptedBy(to).Relabel(vm.GetLabels(), true)
+	op, err := b.instances.SetLabels(ctx, &computepb.SetLabelsInstanceRequest{
+		Project: b.cfg.Project, Zone: r.Zone, Instance: r.Name,
+		InstancesSetLabelsRequestResource: &computepb.InstancesSetLabelsRequest{Labels: labels, LabelFingerprint: vm.LabelFingerprint},
+	})
+	if err != nil {
+		return errors.Wrapf(Classify(err), "cannot label VM %s for its new Proxy", r.Name)
+	}
+	// Wait, so that the import is recorded only once the VM says so.
+	if _, err := b.wait(ctx, op, b.operationTimeout()); err != nil {
+		return errors.Wrapf(Classify(err), "labelling VM %s for its new Proxy failed", r.Name)
+	}
+	return nil
+}
+
 // SetRetain labels the VM to outlive its Proxy or not. It does not wait for
 // the operation: the next Observe sees the label.
 func (b *Backend) SetRetain(ctx context.Context, r backend.Ref, retain bool) error {

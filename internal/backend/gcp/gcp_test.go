@@ -448,3 +448,30 @@ func TestErrorClasses(t *testing.T) {
 		})
 	}
 }
+
+// TestAdoptOnce: an import relabels the VM for its adopter, keeping its
+// maker's UID, after which the VM's name and rule still derive; a second
+// import that read the VM as its maker's is refused, whichever wins.
+func TestAdoptOnce(t *testing.T) {
+	fake := gcpfake.Start(t)
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	s := spec("4a3b2c1d-1111-4222-8333-944455556666")
+	if _, err := b.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	to := ownership.Owner{ClusterID: "c1", Namespace: "team", Name: "importer", UID: "importer-uid"}
+	if err := b.Adopt(ctx, s.Ref, s.Owner.UID, to); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Adopt(ctx, s.Ref, s.Owner.UID, ownership.Owner{ClusterID: "c1", Namespace: "team", Name: "late", UID: "late-uid"}); err == nil {
+		t.Error("a second import of the maker's VM must be refused")
+	}
+	i, err := b.Get(ctx, s.Ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if i.Owner.Holder() != to.UID || i.Owner.UID != s.Owner.UID || i.Owner.Name != "importer" || i.Owner.Fleet != "" || i.SpecHash != s.Hash {
+		t.Errorf("the VM belongs to its adopter, its maker's UID and spec hash kept: %+v", i)
+	}
+}

@@ -85,8 +85,12 @@ func TestProviderAdmission(t *testing.T) {
 			t.Fatalf("the backend's retain mark (%v) is refused: %v", retain, err)
 		}
 	}
-	if _, err := b.Get(ctx, s.Ref); err != nil {
-		t.Fatal(err)
+	importer := ownership.Owner{ClusterID: "adm", Namespace: ns, Name: "importer", UID: "6e2f8d1b-2222-4333-8444-955566667777"}
+	if err := b.Adopt(ctx, s.Ref, uid, importer); err != nil {
+		t.Fatalf("the backend's import is refused: %v", err)
+	}
+	if i, err := b.Get(ctx, s.Ref); err != nil || i.Owner.Holder() != importer.UID {
+		t.Fatalf("the imported pod must belong to its importer: %+v %v", i, err)
 	}
 	if _, err := b.ListOwned(ctx); err != nil {
 		t.Fatalf("the backend's listing is refused: %v", err)
@@ -114,7 +118,13 @@ func TestProviderAdmission(t *testing.T) {
 		"LabelOwnPod":         func() error { return patch(own, `{"metadata":{"labels":{"app":"other"}}}`) },
 		"DropOwnership":       func() error { return patch(own, `{"metadata":{"labels":{"app.kubernetes.io/managed-by":null}}}`) },
 		"RetainOtherThanTrue": func() error { return patch(own, `{"metadata":{"labels":{"egress.crawl.example.com/retain":"false"}}}`) },
-		"AnnotateOwnPod":      func() error { return patch(own, `{"metadata":{"annotations":{"note":"x"}}}`) },
+		"ChangeMakersUID": func() error {
+			return patch(own, `{"metadata":{"labels":{"egress.crawl.example.com/proxy-uid":"other"}}}`)
+		},
+		"MoveToAnotherNamespace": func() error {
+			return patch(own, `{"metadata":{"labels":{"egress.crawl.example.com/proxy-namespace":"kube-system"}}}`)
+		},
+		"AnnotateOwnPod": func() error { return patch(own, `{"metadata":{"annotations":{"note":"x"}}}`) },
 		"RetainAndAnotherLabel": func() error {
 			return patch(own, `{"metadata":{"labels":{"egress.crawl.example.com/retain":"true","app":"other"}}}`)
 		},

@@ -375,6 +375,36 @@ func saltFor(uid types.UID) string {
 	return ownership.InstanceName(uid)[len("egress-"):][:8]
 }
 
+// Adopt relabels the pod, then its config Secret and network policy, for
+// the Proxy that imports them, each only if it still belongs to from or
+// already to to: the patch carries the resourceVersion read, so of two
+// imports racing the second is refused. The network policy keeps selecting
+// the pod by its maker's UID label, which stays.
+func (b *Backend) Adopt(ctx context.Context, r backend.Ref, from types.UID, to ownership.Owner) error {
+	meta := metav1.ObjectMeta{Name: r.Name, Namespace: r.Namespace}
+	kinds := []string{"pod", "config Secret", "NetworkPolicy"}
+	for i, o := range []client.Object{&corev1.Pod{ObjectMeta: meta}, &corev1.Secret{ObjectMeta: meta}, &networkingv1.NetworkPolicy{ObjectMeta: meta}} {
+		if err := b.cfg.Client.Get(ctx, client.ObjectKeyFromObject(o), o); err != nil {
+			if kerrors.IsNotFound(err) && i > 0 {
+				// A pod without its Secret or policy is Repair's and
+				// Create's business, not the import's.
+				continue
+			}
+			return Classify(errors.Wrapf(err, "cannot get %s %s/%s", kinds[i], r.Namespace, r.Name))
+		}
+		cur, ok := ownership.FromLabels(o.GetLabels())
+		if h := cur.Holder(); !ok || h != from && h != to.UID {
+			return backend.Errorf(backend.ClassTransient, "%s %s/%s belongs to Proxy uid %s now, not %s", kinds[i], r.Namespace, r.Name, h, from)
+		}
+		base := o.DeepCopyObject().(client.Object) //nolint:forcetypeassert // A copy of a client.Object is one.
+		o.SetLabels(cur.AdoptedBy(to).Relabel(o.GetLabels(), false))
+		if err := b.cfg.Client.Patch(ctx, o, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+			return Classify(errors.Wrapf(err, "cannot label %s %s/%s for its new Proxy", kinds[i], r.Namespace, r.Name))
+		}
+	}
+	return nil
+}
+
 // SetRetain labels the pod, and its config Secret and network policy, to
 // outlive the Proxy or not.
 func (b *Backend) SetRetain(ctx context.Context, r backend.Ref, retain bool) error {

@@ -10,7 +10,6 @@ package local
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	"github.com/pkg/errors"
+	"k8s.io/apimachinery/pkg/types"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
@@ -73,6 +73,8 @@ type Backend struct {
 
 	mu    sync.Mutex
 	procs map[string]*supervisor
+	// records serialises rewrites of instance records.
+	records sync.Mutex
 }
 
 var _ backend.Backend = &Backend{}
@@ -230,7 +232,7 @@ func (b *Backend) Get(_ context.Context, r backend.Ref) (*backend.Instance, erro
 	}
 	return &backend.Instance{
 		Ref:        backend.Ref{Name: r.Name},
-		ProviderID: fmt.Sprintf("local/%d", rec.Port),
+		ProviderID: "local/" + r.Name,
 		Host:       rec.Host,
 		Port:       rec.Port,
 		Phase:      phase,
@@ -324,9 +326,10 @@ func hostAddresses(bind string) []string {
 	return out
 }
 
-// SetRetain rewrites the instance's record with the retain mark, through a
-// temporary file renamed into place.
+// SetRetain rewrites the instance's record with the retain mark.
 func (b *Backend) SetRetain(_ context.Context, r backend.Ref, retain bool) error {
+	b.records.Lock()
+	defer b.records.Unlock()
 	rec, err := b.readRecord(r.Name)
 	if err != nil {
 		return err
@@ -335,13 +338,35 @@ func (b *Backend) SetRetain(_ context.Context, r backend.Ref, retain bool) error
 		return nil
 	}
 	rec.Owner.Retain = retain
+	return b.writeRecord(r.Name, rec)
+}
+
+// Adopt rewrites the instance's record to name the Proxy that imports it,
+// if it still belongs to from.
+func (b *Backend) Adopt(_ context.Context, r backend.Ref, from types.UID, to ownership.Owner) error {
+	b.records.Lock()
+	defer b.records.Unlock()
+	rec, err := b.readRecord(r.Name)
+	if err != nil {
+		return err
+	}
+	if h := rec.Owner.Holder(); h != from && h != to.UID {
+		return backend.Errorf(backend.ClassTransient, "local instance %s belongs to Proxy uid %s now, not %s", r.Name, h, from)
+	}
+	rec.Owner = rec.Owner.AdoptedBy(to)
+	return b.writeRecord(r.Name, rec)
+}
+
+// writeRecord replaces the instance's record through a temporary file
+// renamed into place.
+func (b *Backend) writeRecord(name string, rec *record) error {
 	raw, err := json.Marshal(rec)
 	if err != nil {
 		return errors.Wrap(err, "cannot encode instance record")
 	}
-	tmp := filepath.Join(b.dir(r.Name), fileRecord+".tmp")
+	tmp := filepath.Join(b.dir(name), fileRecord+".tmp")
 	if err := os.WriteFile(tmp, raw, 0o600); err != nil {
-		return errors.Wrapf(err, "cannot write instance %s", r.Name)
+		return errors.Wrapf(err, "cannot write instance %s", name)
 	}
-	return errors.Wrapf(os.Rename(tmp, filepath.Join(b.dir(r.Name), fileRecord)), "cannot write instance %s", r.Name)
+	return errors.Wrapf(os.Rename(tmp, filepath.Join(b.dir(name), fileRecord)), "cannot write instance %s", name)
 }

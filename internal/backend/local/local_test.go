@@ -118,7 +118,7 @@ func TestLifecycle(t *testing.T) {
 	if inst.Port < 32100 || inst.Port > 32120 {
 		t.Errorf("port %d must come from the range", inst.Port)
 	}
-	if want := "local/" + itoa(inst.Port); inst.ProviderID != want {
+	if want := "local/" + inst.Name; inst.ProviderID != want {
 		t.Errorf("providerID: want %s, got %s", want, inst.ProviderID)
 	}
 	res := waitProbe(t, inst, s, target, true)
@@ -308,6 +308,19 @@ func TestListOwned(t *testing.T) {
 		if got, err := b.ListOwned(ctx); err != nil || len(got) != 1 || got[0].Owner.Retain != retain {
 			t.Errorf("retain %v: listed %+v, %v", retain, got, err)
 		}
+	}
+	// An import hands the instance to its adopter, once: a second
+	// importer, which read it as the maker's, is refused.
+	to := ownership.Owner{ClusterID: "test", Namespace: "ns", Name: "importer", UID: "uid-importer"}
+	if err := b.Adopt(ctx, s.Ref, s.Owner.UID, to); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Adopt(ctx, s.Ref, s.Owner.UID, ownership.Owner{ClusterID: "test", Namespace: "ns", Name: "late", UID: "uid-late"}); err == nil {
+		t.Error("a second import of the maker's instance must be refused")
+	}
+	got, err = b.ListOwned(ctx)
+	if err != nil || len(got) != 1 || got[0].Owner.Holder() != to.UID || got[0].Owner.UID != s.Owner.UID || got[0].Owner.Name != "importer" {
+		t.Errorf("the instance belongs to its adopter, its maker's UID kept: %+v %v", got, err)
 	}
 }
 

@@ -402,9 +402,7 @@ func TestGCPZoneChange(t *testing.T) {
 	ctx := context.Background()
 	fake := gcpfake.Start(t)
 	target := testbed.StartEchoTarget(t)
-	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) {
-		o.Backends.(*proxy.Backends).GCPClientOptions = fake.ClientOptions()
-	})
+	prov := startGCPProvider(t, fake, target)
 	defer prov.stop()
 	defer deleteProxies(t, ns)
 	p := vmProxy(ns, "mover", 32333, target, "gcp-move-"+ns, "europe-west1-b")
@@ -448,9 +446,7 @@ func TestGCPManagementPolicies(t *testing.T) {
 	ctx := context.Background()
 	fake := gcpfake.Start(t)
 	target := testbed.StartEchoTarget(t)
-	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) {
-		o.Backends.(*proxy.Backends).GCPClientOptions = fake.ClientOptions()
-	})
+	prov := startGCPProvider(t, fake, target)
 	defer prov.stop()
 	defer deleteProxies(t, ns)
 	create(t,
@@ -537,10 +533,7 @@ func TestGCPManagementPolicies(t *testing.T) {
 			Name: ptr.To(ownership.InstanceName(ghost.UID)), Status: ptr.To("RUNNING"), Labels: ghost.GCPLabels(),
 			CreationTimestamp: ptr.To(time.Now().Add(-2 * time.Hour).Format(time.RFC3339)),
 		})
-		c := &gc.Collector{
-			Sources: proxy.CollectorSources{Kube: bed.Client, Backends: prov.backends}, ClusterID: "it", Grace: 0,
-			Now: func() time.Time { return time.Now().Add(time.Hour) }, Log: logging.NewNopLogger(), Record: event.NewNopRecorder(), Metrics: metrics.NewProvider(),
-		}
+		c := collectorAnHourAhead(bed, prov)
 		r, err := c.Collect(ctx)
 		if err != nil {
 			t.Logf("collect: %v", err)
@@ -552,6 +545,23 @@ func TestGCPManagementPolicies(t *testing.T) {
 			t.Error("the orphan collector never takes a retained VM")
 		}
 	})
+}
+
+// startGCPProvider starts the provider with its GCP clients aimed at fake.
+func startGCPProvider(t *testing.T, fake *gcpfake.Server, target testbed.Target) *provider {
+	t.Helper()
+	return startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) {
+		o.Backends.(*proxy.Backends).GCPClientOptions = fake.ClientOptions()
+	})
+}
+
+// collectorAnHourAhead is an orphan collector over prov's backends whose
+// clock runs an hour ahead, so that no orphan is too young to collect.
+func collectorAnHourAhead(bed *testbed.Env, prov *provider) *gc.Collector {
+	return &gc.Collector{
+		Sources: proxy.CollectorSources{Kube: bed.Client, Backends: prov.backends}, ClusterID: "it", Grace: 0,
+		Now: func() time.Time { return time.Now().Add(time.Hour) }, Log: logging.NewNopLogger(), Record: event.NewNopRecorder(), Metrics: metrics.NewProvider(),
+	}
 }
 
 // authSecret is the proxies' credentials, usable by them.

@@ -36,6 +36,7 @@ import (
 	xcontroller "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller/proxy"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
@@ -253,8 +254,8 @@ func TestLocalProxyLifecycle(t *testing.T) {
 	testbed.Eventually(t, 10*time.Second, "Proxy Ready=True", ready(t, key, corev1.ConditionTrue))
 	t.Logf("Ready %s after apply", time.Since(start).Round(time.Millisecond))
 	p := get(t, key)
-	if p.Status.AtProvider.EgressIP != "127.0.0.1" || p.Status.AtProvider.ProviderID != "local/32310" || p.Status.AtProvider.Host != "127.0.0.1" {
-		t.Errorf("atProvider: want egressIP 127.0.0.1 on local/32310, got %+v", p.Status.AtProvider)
+	if ap := p.Status.AtProvider; ap.EgressIP != "127.0.0.1" || ap.ProviderID != "local/"+ownership.InstanceName(p.GetUID()) || ap.Host != "127.0.0.1" || ap.Port != 32310 {
+		t.Errorf("atProvider: want egressIP 127.0.0.1 on local/%s at 127.0.0.1:32310, got %+v", ownership.InstanceName(p.GetUID()), ap)
 	}
 	conn := &corev1.Secret{}
 	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "p1-conn"}, conn); err != nil {
@@ -321,7 +322,7 @@ func TestLocalProxyLifecycle(t *testing.T) {
 		testbed.Eventually(t, 20*time.Second, "replaced on the new port and Ready", func() (bool, string) {
 			p := get(t, key)
 			c := p.GetCondition(xpv2.TypeReady)
-			return p.Status.AtProvider.ProviderID == "local/32311" && c.Status == corev1.ConditionTrue, fmt.Sprintf("%+v %s", p.Status.AtProvider, c.Message)
+			return p.Status.AtProvider.Port == 32311 && c.Status == corev1.ConditionTrue, fmt.Sprintf("%+v %s", p.Status.AtProvider, c.Message)
 		})
 		if n := len(local.Processes(dir)); n != 1 {
 			t.Errorf("the old squid must be gone: %d running", n)

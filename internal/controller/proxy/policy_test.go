@@ -167,7 +167,7 @@ func TestTenantLocalProxiesDenyLoopback(t *testing.T) {
 // nothing), and never when the Proxy's management policies keep the
 // provider from deleting.
 func TestRefusedInstanceGrace(t *testing.T) {
-	inst := backend.Instance{Ref: backend.Ref{Name: ownership.InstanceName("uid-1")}, ProviderID: "local/3128", Host: "127.0.0.1", Port: 3128,
+	inst := backend.Instance{Ref: backend.Ref{Name: ownership.InstanceName("uid-1")}, ProviderID: "local/" + ownership.InstanceName("uid-1"), Host: "127.0.0.1", Port: 3128,
 		Phase: v1alpha1.InstancePhaseRunning, CreatedAt: epoch.Add(-time.Hour)}
 	refused := func(mods ...func(*v1alpha1.Proxy)) *v1alpha1.Proxy {
 		return unitProxy(append([]func(*v1alpha1.Proxy){func(p *v1alpha1.Proxy) {

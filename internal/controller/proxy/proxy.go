@@ -333,6 +333,9 @@ func (e *external) observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 		p.SetConditions(unavailable(ReasonBackendError, fmt.Sprintf("cannot observe the instance: %v", err)))
 		return managed.ExternalObservation{}, errors.Wrap(err, "cannot get instance")
 	}
+	if err := e.checkHeld(p, inst); err != nil {
+		return managed.ExternalObservation{}, err
+	}
 	e.metrics.SetPhase(p.GetUID(), e.backendName(), string(inst.Phase))
 
 	if meta.WasDeleted(p) {
@@ -363,7 +366,7 @@ func (e *external) observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 	}
 	want := desiredSpec(p, e.pc, e.clusterID, creds, ud)
 	if inst.SpecHash == want.Hash {
-		e.repair(ctx, p, inst, want)
+		e.repair(ctx, p, inst, repairSpec(p, inst, want))
 	}
 	e.observeInstance(ctx, p, inst, creds)
 	if inst.Repair != "" {
@@ -387,6 +390,18 @@ func (e *external) observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 		obs.ConnectionDetails = connectionDetails(inst.Host, inst.Port, creds)
 	}
 	return obs, nil
+}
+
+// repairSpec is what an instance's dependencies are put right from: the
+// desired spec, for the instance as it is named and owned; an imported
+// instance keeps its name and its maker's UID, from which its firewall
+// rule's name derives.
+func repairSpec(p *v1alpha1.Proxy, inst *backend.Instance, want backend.Spec) backend.Spec {
+	if imported(p, inst.Ref) {
+		want.Ref = inst.Ref
+		want.Owner.UID, want.Owner.Adopter = inst.Owner.UID, inst.Owner.Adopter
+	}
+	return want
 }
 
 // repair has the backend put right what the instance depends on outside
@@ -422,8 +437,10 @@ func (e *external) observeMissing(ctx context.Context, p *v1alpha1.Proxy, ref ba
 	if meta.WasDeleted(p) {
 		// The instance is gone, but what was made for it may not be:
 		// a GCP firewall rule of a VM whose insert failed, or whose
-		// create was cut short. Delete is idempotent and finds it.
-		if mayDelete(p) {
+		// create was cut short. Delete is idempotent and finds it. What
+		// was left of an imported instance, whose labels can no longer
+		// say whose it was, is the orphan collector's.
+		if mayDelete(p) && !imported(p, ref) {
 			if err := e.backend.Delete(ctx, ref); err != nil {
 				e.countError("delete", err)
 				return managed.ExternalObservation{}, errors.Wrap(err, "cannot delete what remains of the instance")
@@ -432,11 +449,17 @@ func (e *external) observeMissing(ctx context.Context, p *v1alpha1.Proxy, ref ba
 		e.sched.forget(p.GetUID())
 		return managed.ExternalObservation{ResourceExists: false}, nil
 	}
+	if imported(p, ref) && p.Status.AtProvider.ProviderID != "" {
+		e.record.Event(p, event.Warning("ImportedInstanceGone", errors.Errorf("imported instance %s is gone; the Proxy makes one of its own", p.Status.AtProvider.ProviderID)))
+	}
 	resetInstanceStatus(p)
 	if err := admit(p, e.pc); err != nil {
 		// Refused before anything is made for it.
 		p.SetConditions(unavailable(ReasonNotPermitted, err.Error()))
 		return managed.ExternalObservation{}, err
+	}
+	if x := wantsImport(p); x != "" {
+		return e.observeImport(ctx, p, x)
 	}
 	g := readGate(p)
 	if (g.Class == backend.ClassPermanent || g.Class == backend.ClassAccessDenied) && g.Inputs != "" && g.Inputs != e.inputs(ctx, p) {
@@ -566,7 +589,8 @@ func allows(p *v1alpha1.Proxy, action xpv2.ManagementAction) bool {
 // resetInstanceStatus forgets everything observed of a previous instance:
 // a new instance never inherits its predecessor's verdict or address.
 func resetInstanceStatus(p *v1alpha1.Proxy) {
-	p.Status.AtProvider = v1alpha1.ProxyObservation{}
+	// What was imported stays known: it is not imported again.
+	p.Status.AtProvider = v1alpha1.ProxyObservation{ImportedFrom: p.Status.AtProvider.ImportedFrom}
 	// A new instance inherits no closure verdict either: it must refuse a
 	// request without credentials itself before it is Ready.
 	forgetClosure(p, "NewInstance", "a new instance has not been checked yet")

@@ -97,7 +97,7 @@ func TestObserve(t *testing.T) {
 	pc := &config{Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}}
 	want := desiredSpec(unitProxy(), pc, "unit", nil, "")
 	running := backend.Instance{
-		Ref: want.Ref, ProviderID: "local/3128", Host: "127.0.0.1", Port: 3128,
+		Ref: want.Ref, ProviderID: localID, Host: "127.0.0.1", Port: 3128,
 		Phase: v1alpha1.InstancePhaseRunning, CreatedAt: epoch.Add(-time.Hour), SpecHash: want.Hash,
 	}
 
@@ -154,8 +154,8 @@ func TestObserve(t *testing.T) {
 		"Provisioning": {
 			reason:   "A provisioning instance is not probed and not Ready.",
 			proxy:    unitProxy(),
-			instance: &backend.Instance{Ref: want.Ref, ProviderID: "local/3128", Phase: v1alpha1.InstancePhaseProvisioning, SpecHash: want.Hash, CreatedAt: epoch},
-			want:     result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, Reason: ReasonProvisioning, Status: corev1.ConditionFalse, ProviderID: "local/3128"},
+			instance: &backend.Instance{Ref: want.Ref, ProviderID: localID, Phase: v1alpha1.InstancePhaseProvisioning, SpecHash: want.Hash, CreatedAt: epoch},
+			want:     result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, Reason: ReasonProvisioning, Status: corev1.ConditionFalse, ProviderID: localID},
 		},
 		"RunningProbePasses": {
 			reason:   "A running instance whose probe passes is Ready, with its egress IP.",
@@ -163,7 +163,7 @@ func TestObserve(t *testing.T) {
 			instance: &running,
 			probe:    probe.Result{OK: true, Latency: 42 * time.Millisecond, EgressIP: "203.0.113.9"},
 			want: result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, Reason: xpv2.ReasonAvailable, Status: corev1.ConditionTrue,
-				Probes: 1, Healthy: true, EgressIP: "203.0.113.9", ProviderID: "local/3128"},
+				Probes: 1, Healthy: true, EgressIP: "203.0.113.9", ProviderID: localID},
 		},
 		"RunningProbeFailsOnce": {
 			reason:   "One failed probe of a never-healthy proxy leaves it not Ready, saying why.",
@@ -171,51 +171,51 @@ func TestObserve(t *testing.T) {
 			instance: &running,
 			probe:    probe.Result{Error: "proxy refused the connection"},
 			want: result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, Reason: ReasonProbeFailing, Status: corev1.ConditionFalse,
-				Probes: 1, ProviderID: "local/3128"},
+				Probes: 1, ProviderID: localID},
 		},
 		"HealthyStaysThroughOneFailure": {
 			reason: "failureThreshold 2: one failed probe does not flip a healthy proxy.",
 			proxy: unitProxy(func(p *v1alpha1.Proxy) {
-				p.Status.AtProvider = v1alpha1.ProxyObservation{ProviderID: "local/3128", Healthy: true, ConsecutiveSuccesses: 4,
+				p.Status.AtProvider = v1alpha1.ProxyObservation{ProviderID: localID, Healthy: true, ConsecutiveSuccesses: 4,
 					InstanceCreatedAt: &metav1.Time{Time: epoch.Add(-time.Hour)}, LastProbeTime: &metav1.Time{Time: epoch.Add(-time.Minute)}, EgressIP: "203.0.113.9"}
 			}),
 			instance: &running,
 			probe:    probe.Result{Error: "timeout"},
 			want: result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, Reason: xpv2.ReasonAvailable, Status: corev1.ConditionTrue,
-				Probes: 1, Healthy: true, EgressIP: "203.0.113.9", ProviderID: "local/3128"},
+				Probes: 1, Healthy: true, EgressIP: "203.0.113.9", ProviderID: localID},
 		},
 		"FirstSightAfterRestart": {
 			reason: "A provider that just started does not probe an overdue proxy at once: it jitters, and the verdict from status stands meanwhile.",
 			proxy: unitProxy(func(p *v1alpha1.Proxy) {
-				p.Status.AtProvider = v1alpha1.ProxyObservation{ProviderID: "local/3128", Healthy: true, ConsecutiveSuccesses: 4,
+				p.Status.AtProvider = v1alpha1.ProxyObservation{ProviderID: localID, Healthy: true, ConsecutiveSuccesses: 4,
 					InstanceCreatedAt: &metav1.Time{Time: epoch.Add(-time.Hour)}, LastProbeTime: &metav1.Time{Time: epoch.Add(-time.Minute)}, EgressIP: "203.0.113.9"}
 			}),
 			restarted: true,
 			instance:  &running,
 			probe:     probe.Result{Error: "would fail"},
 			want: result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, Reason: xpv2.ReasonAvailable, Status: corev1.ConditionTrue,
-				Healthy: true, EgressIP: "203.0.113.9", ProviderID: "local/3128"},
+				Healthy: true, EgressIP: "203.0.113.9", ProviderID: localID},
 		},
 		"NotDueYet": {
 			reason: "A probe is not repeated before its interval, however often Observe runs.",
 			proxy: unitProxy(func(p *v1alpha1.Proxy) {
-				p.Status.AtProvider = v1alpha1.ProxyObservation{ProviderID: "local/3128", Healthy: true, ConsecutiveSuccesses: 1,
+				p.Status.AtProvider = v1alpha1.ProxyObservation{ProviderID: localID, Healthy: true, ConsecutiveSuccesses: 1,
 					InstanceCreatedAt: &metav1.Time{Time: epoch.Add(-time.Hour)}, LastProbeTime: &metav1.Time{Time: epoch.Add(-time.Second)}, EgressIP: "203.0.113.9"}
 			}),
 			instance: &running,
 			want: result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, Reason: xpv2.ReasonAvailable, Status: corev1.ConditionTrue,
-				Healthy: true, EgressIP: "203.0.113.9", ProviderID: "local/3128"},
+				Healthy: true, EgressIP: "203.0.113.9", ProviderID: localID},
 		},
 		"NewInstanceForgetsOldVerdict": {
 			reason: "A new instance never inherits its predecessor's verdict or egress IP.",
 			proxy: unitProxy(func(p *v1alpha1.Proxy) {
-				p.Status.AtProvider = v1alpha1.ProxyObservation{ProviderID: "local/3999", Healthy: true, ConsecutiveSuccesses: 9,
+				p.Status.AtProvider = v1alpha1.ProxyObservation{ProviderID: localID, Healthy: true, ConsecutiveSuccesses: 9,
 					InstanceCreatedAt: &metav1.Time{Time: epoch.Add(-48 * time.Hour)}, LastProbeTime: &metav1.Time{Time: epoch.Add(-time.Second)}, EgressIP: "198.51.100.1"}
 			}),
 			instance: &running,
 			probe:    probe.Result{Error: "refused"},
 			want: result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, Reason: ReasonProbeFailing, Status: corev1.ConditionFalse,
-				Probes: 1, ProviderID: "local/3128"},
+				Probes: 1, ProviderID: localID},
 		},
 		"SpecChanged": {
 			reason:   "A different spec hash makes the Proxy not up to date, so Update replaces it.",
@@ -223,13 +223,13 @@ func TestObserve(t *testing.T) {
 			instance: &running,
 			probe:    probe.Result{OK: true},
 			want: result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: false}, Reason: xpv2.ReasonAvailable, Status: corev1.ConditionTrue,
-				Probes: 1, Healthy: true, ProviderID: "local/3128"},
+				Probes: 1, Healthy: true, ProviderID: localID},
 		},
 		"NotPermitted": {
 			reason: "A healthy proxy asking for a private network its ProviderConfig no longer permits is not Ready, and its instance, which may still reach it, is deleted.",
 			proxy: unitProxy(func(p *v1alpha1.Proxy) {
 				p.Spec.ForProvider.AllowedPrivateDestinations = []v1alpha1.CIDR{"10.1.0.0/16"}
-				p.Status.AtProvider = v1alpha1.ProxyObservation{ProviderID: "local/3128", Healthy: true, ConsecutiveSuccesses: 4,
+				p.Status.AtProvider = v1alpha1.ProxyObservation{ProviderID: localID, Healthy: true, ConsecutiveSuccesses: 4,
 					InstanceCreatedAt: &metav1.Time{Time: epoch.Add(-time.Hour)}, LastProbeTime: &metav1.Time{Time: epoch.Add(-time.Minute)}, EgressIP: "203.0.113.9"}
 				p.SetConditions(xpv2.Available())
 			}),
@@ -239,17 +239,36 @@ func TestObserve(t *testing.T) {
 		"Terminated": {
 			reason:   "A terminated instance is deleted and reported missing, so a fresh one is created.",
 			proxy:    unitProxy(),
-			instance: &backend.Instance{Ref: want.Ref, ProviderID: "local/3128", Phase: v1alpha1.InstancePhaseTerminated, SpecHash: want.Hash},
+			instance: &backend.Instance{Ref: want.Ref, ProviderID: localID, Phase: v1alpha1.InstancePhaseTerminated, SpecHash: want.Hash},
 			want:     result{Obs: managed.ExternalObservation{}, Reason: ReasonTerminated, Status: corev1.ConditionFalse, Deletes: 1},
+		},
+		"RecordNamesAnotherInstance": {
+			reason: "A status naming an instance that is not the Proxy's (another's, as an edited status would) gets nothing done to it.",
+			proxy: unitProxy(func(p *v1alpha1.Proxy) {
+				p.Status.AtProvider.ProviderID = "local/egress-victim"
+			}),
+			instance: &backend.Instance{Ref: backend.Ref{Name: "egress-victim"}, ProviderID: "local/egress-victim", Phase: v1alpha1.InstancePhaseTerminated, SpecHash: "other",
+				Owner: ownership.Owner{ClusterID: "unit", Namespace: "team", Name: "victim", UID: "victim-uid"}},
+			want: result{Err: true, Reason: ReasonImportRefused, Status: corev1.ConditionFalse, ProviderID: "local/egress-victim"},
+		},
+		"RecordNamesAnotherInstanceWhileDeleting": {
+			reason: "Nor does deleting the Proxy delete another's instance its status names.",
+			proxy: unitProxy(func(p *v1alpha1.Proxy) {
+				p.Status.AtProvider.ProviderID = "local/egress-victim"
+				p.SetDeletionTimestamp(&metav1.Time{Time: epoch})
+			}),
+			instance: &backend.Instance{Ref: backend.Ref{Name: "egress-victim"}, ProviderID: "local/egress-victim", Phase: v1alpha1.InstancePhaseRunning, SpecHash: "other",
+				Owner: ownership.Owner{ClusterID: "unit", Namespace: "team", Name: "victim", UID: "victim-uid"}},
+			want: result{Err: true, Reason: ReasonImportRefused, Status: corev1.ConditionFalse, ProviderID: "local/egress-victim"},
 		},
 		"TerminatedObserveOnly": {
 			reason: "Observe-only never deletes: a terminated instance is reported, and kept.",
 			proxy: unitProxy(func(p *v1alpha1.Proxy) {
 				p.SetManagementPolicies(xpv2.ManagementPolicies{xpv2.ManagementActionObserve})
 			}),
-			instance: &backend.Instance{Ref: want.Ref, ProviderID: "local/3128", Phase: v1alpha1.InstancePhaseTerminated, SpecHash: want.Hash},
+			instance: &backend.Instance{Ref: want.Ref, ProviderID: localID, Phase: v1alpha1.InstancePhaseTerminated, SpecHash: want.Hash},
 			want: result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, Reason: ReasonTerminated, Status: corev1.ConditionFalse,
-				ProviderID: "local/3128"},
+				ProviderID: localID},
 		},
 	}
 	for name, tc := range cases {
@@ -457,7 +476,7 @@ func TestMetrics(t *testing.T) {
 	pc := &config{Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}}
 	want := desiredSpec(unitProxy(), pc, "unit", nil, "")
 	b := fake.New()
-	b.Put(backend.Instance{Ref: want.Ref, ProviderID: "local/3128", Host: "127.0.0.1", Port: 3128, Phase: v1alpha1.InstancePhaseRunning, SpecHash: want.Hash})
+	b.Put(backend.Instance{Ref: want.Ref, ProviderID: localID, Host: "127.0.0.1", Port: 3128, Phase: v1alpha1.InstancePhaseRunning, SpecHash: want.Hash})
 	pr := &fakeProber{res: probe.Result{OK: true, Latency: 30 * time.Millisecond}}
 	e := newExternal(b, pr, &clock{t: epoch})
 	p := unitProxy()
@@ -523,7 +542,7 @@ func TestGCPQuotaBounded(t *testing.T) {
 func TestProbeKeepsStatusQuiet(t *testing.T) {
 	steady := func(latency int64, lastProbe time.Duration) *v1alpha1.Proxy {
 		return unitProxy(func(p *v1alpha1.Proxy) {
-			p.Status.AtProvider = v1alpha1.ProxyObservation{ProviderID: "local/3128", Healthy: true, ConsecutiveSuccesses: 1,
+			p.Status.AtProvider = v1alpha1.ProxyObservation{ProviderID: localID, Healthy: true, ConsecutiveSuccesses: 1,
 				InstanceCreatedAt: &metav1.Time{Time: epoch.Add(-time.Hour)}, LastProbeTime: &metav1.Time{Time: epoch.Add(-lastProbe)},
 				EgressIP: "203.0.113.9", LatencyMilliseconds: latency}
 		})
@@ -771,7 +790,7 @@ func TestObserveRepair(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			b := &repairing{Backend: fake.New(), ready: tc.ready}
-			b.Put(backend.Instance{Ref: want.Ref, ProviderID: "local/3128", Host: "127.0.0.1", Port: 3128,
+			b.Put(backend.Instance{Ref: want.Ref, ProviderID: localID, Host: "127.0.0.1", Port: 3128,
 				Phase: v1alpha1.InstancePhaseRunning, CreatedAt: epoch.Add(-time.Hour), SpecHash: want.Hash})
 			p := unitProxy()
 			if tc.mod != nil {
@@ -791,9 +810,11 @@ func TestObserveRepair(t *testing.T) {
 }
 
 // TestRecordedRef: the instance is looked for where the provider recorded
-// it (status.atProvider.providerID), but only its location comes from the
-// record, and the external-name annotation, which a tenant may edit, is not
-// read at all: nothing aims the provider at a VM or pod it does not own.
+// it (status.atProvider.providerID), under the name recorded there (an
+// imported instance's is not derived from the Proxy's UID), and the
+// external-name annotation, which a tenant may edit, is not read at all.
+// Whose the recorded instance is, only its labels say: TestObserve's
+// RecordNamesAnotherInstance.
 func TestRecordedRef(t *testing.T) {
 	pc := &config{Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendGCP}}
 	vm := func(ext string) backend.Ref {
@@ -806,17 +827,21 @@ func TestRecordedRef(t *testing.T) {
 	}
 	name := ownership.InstanceName(unitProxy().GetUID())
 	cases := map[string]struct {
-		ext, zone string
+		ext, zone, name string
 	}{
-		"Unrecorded":    {ext: "", zone: "europe-west1-c"},
-		"DefaultName":   {ext: "my-proxy", zone: "europe-west1-c"},
-		"Recorded":      {ext: "projects/p/zones/europe-west1-b/instances/" + name, zone: "europe-west1-b"},
-		"OtherInstance": {ext: "projects/p/zones/europe-west1-b/instances/their-vm", zone: "europe-west1-c"},
+		"Unrecorded":  {ext: "", zone: "europe-west1-c"},
+		"DefaultName": {ext: "my-proxy", zone: "europe-west1-c"},
+		"Recorded":    {ext: "projects/p/zones/europe-west1-b/instances/" + name, zone: "europe-west1-b"},
+		"Imported":    {ext: "projects/p/zones/europe-west1-b/instances/their-vm", zone: "europe-west1-b", name: "their-vm"},
 	}
 	for n, tc := range cases {
 		t.Run(n, func(t *testing.T) {
-			if r := vm(tc.ext); r.Zone != tc.zone || r.Name != name {
-				t.Errorf("external-name %q: want %s/%s, got %s/%s", tc.ext, tc.zone, name, r.Zone, r.Name)
+			want := name
+			if tc.name != "" {
+				want = tc.name
+			}
+			if r := vm(tc.ext); r.Zone != tc.zone || r.Name != want {
+				t.Errorf("providerID %q: want %s/%s, got %s/%s", tc.ext, tc.zone, want, r.Zone, r.Name)
 			}
 		})
 	}
@@ -829,9 +854,9 @@ func TestRecordedRef(t *testing.T) {
 	if r := recordedRef(p, pods); r.Namespace != "proxies-old" || r.Name != name {
 		t.Errorf("a pod is found in the namespace it was recorded in: %+v", r)
 	}
-	p.Status.AtProvider.ProviderID = "kube-system/" + "kube-apiserver"
-	if r := recordedRef(p, pods); r.Namespace != "proxies-new" || r.Name != name {
-		t.Errorf("a record naming another pod is ignored: %+v", r)
+	p.Status.AtProvider.ProviderID = "team/imported"
+	if r := recordedRef(p, pods); r.Namespace != "team" || r.Name != "imported" {
+		t.Errorf("an imported pod is found where it was recorded: %+v", r)
 	}
 	p.Status.AtProvider.ProviderID = ""
 	meta.SetExternalName(p, "kube-system/"+name)
@@ -996,3 +1021,6 @@ func TestInputsLiftHolds(t *testing.T) {
 		})
 	}
 }
+
+// localID is the providerID of unitProxy's local instance.
+var localID = "local/" + ownership.InstanceName(unitProxy().GetUID())

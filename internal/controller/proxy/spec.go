@@ -61,32 +61,38 @@ func instanceRef(p *v1alpha1.Proxy, pc *config) backend.Ref {
 
 // Recorded instance references, as the provider writes them to
 // status.atProvider.providerID: a GCP VM's projects/P/zones/Z/instances/N,
-// a pod's NS/NAME.
+// a pod's NS/NAME, a local instance's local/NAME.
 var (
-	recordedVM  = regexp.MustCompile(`^projects/[^/]+/zones/([a-z0-9-]+)/instances/([a-z0-9-]+)$`)
-	recordedPod = regexp.MustCompile(`^([a-z0-9-]+)/([a-z0-9.-]+)$`)
+	recordedVM    = regexp.MustCompile(`^projects/[^/]+/zones/([a-z0-9-]+)/instances/([a-z0-9-]+)$`)
+	recordedPod   = regexp.MustCompile(`^([a-z0-9-]+)/([a-z0-9.-]+)$`)
+	recordedLocal = regexp.MustCompile(`^local/([a-z0-9-]+)$`)
 )
 
 // recordedRef locates the instance the Proxy has: where the provider
 // recorded it (status.atProvider.providerID, which the provider writes and
 // a tenant editing the Proxy's spec or annotations cannot), which differs
 // from where the spec now wants it after a placement change (a zone, a
-// namespace). Observe, Update and Delete use it, so that a moved Proxy
-// replaces its instance instead of leaving it behind. Only the location is
-// taken from the record: the name is always the one derived from the
-// Proxy's UID.
+// namespace), and names an imported instance, whose name is not derived
+// from the Proxy's UID. Observe, Update and Delete use it, so that a moved
+// Proxy replaces its instance instead of leaving it behind. The record is
+// not trusted with whose instance it names: Observe acts on an instance of
+// another name only while its labels say it is this Proxy's (checkHeld).
 func recordedRef(p *v1alpha1.Proxy, pc *config) backend.Ref {
 	r := instanceRef(p, pc)
-	name := p.Status.AtProvider.ProviderID
+	id := p.Status.AtProvider.ProviderID
 	fp := p.Spec.ForProvider
 	switch {
 	case fp.GCP != nil:
-		if m := recordedVM.FindStringSubmatch(name); m != nil && m[2] == r.Name {
-			r.Zone = m[1]
+		if m := recordedVM.FindStringSubmatch(id); m != nil {
+			r.Zone, r.Name = m[1], m[2]
 		}
 	case fp.Kubernetes != nil:
-		if m := recordedPod.FindStringSubmatch(name); m != nil && m[2] == r.Name {
-			r.Namespace = m[1]
+		if m := recordedPod.FindStringSubmatch(id); m != nil {
+			r.Namespace, r.Name = m[1], m[2]
+		}
+	case fp.Local != nil:
+		if m := recordedLocal.FindStringSubmatch(id); m != nil {
+			r.Name = m[1]
 		}
 	}
 	return r

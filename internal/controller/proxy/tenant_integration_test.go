@@ -48,9 +48,7 @@ func TestHostileFleetsRefused(t *testing.T) {
 	ns, podNS := bed.Namespace(t), bed.Namespace(t)
 	fake := gcpfake.Start(t)
 	target := testbed.StartEchoTarget(t)
-	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) {
-		o.Backends.(*proxy.Backends).GCPClientOptions = fake.ClientOptions()
-	})
+	prov := startGCPProvider(t, fake, target)
 	defer prov.stop()
 	ctx := context.Background()
 
