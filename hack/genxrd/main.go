@@ -28,6 +28,8 @@ var printerColumns = []map[string]any{
 	{"name": "REPLICAS", "type": "integer", "jsonPath": ".spec.replicas"},
 	{"name": "AVAILABLE", "type": "integer", "jsonPath": ".status.readyReplicas", "description": "Proxies that run and pass their probe"},
 	{"name": "HEALTHY", "type": "integer", "jsonPath": ".status.healthyReplicas"},
+	{"name": "UP-TO-DATE", "type": "integer", "jsonPath": ".status.updatedReplicas", "description": "Proxies made from the current template revision"},
+	{"name": "REVISION", "type": "string", "jsonPath": ".status.observedRevision", "priority": 1},
 }
 
 func version(schema map[string]any) map[string]any {

@@ -1,6 +1,9 @@
 package function
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"net/url"
 	"regexp"
@@ -28,6 +31,30 @@ type Fleet struct {
 	MaxSurge              int
 	MaxUnavailable        int
 	ReplaceUnhealthyAfter time.Duration
+	// Revision names the proxy template (templateRevision).
+	Revision string
+	// Paused holds back the replacements a template change or a removed
+	// zone asks for.
+	Paused bool
+}
+
+// templateRevision hashes what each of a fleet's Proxies is made from,
+// besides its zone, as a Deployment hashes its pod template: the
+// ProviderConfig, the placement, the proxy settings and the health check,
+// all with their defaults applied. A Proxy of another revision is replaced
+// by one of this revision, never rewritten in place. Leases per proxy are
+// left out: they change nothing on the proxy, and reach every Proxy in
+// place.
+func templateRevision(s *fleetv1alpha1.ProxyFleetSpec) string {
+	in := struct {
+		Ref         *fleetv1alpha1.ProviderConfigReference `json:"ref"`
+		Placement   fleetv1alpha1.Placement                `json:"placement"`
+		Proxy       fleetv1alpha1.ProxySettings            `json:"proxy"`
+		HealthCheck v1alpha1.HealthCheck                   `json:"healthCheck"`
+	}{Ref: s.ProviderConfigRef, Placement: s.Placement, Proxy: s.Proxy, HealthCheck: s.HealthCheck}
+	b, _ := json.Marshal(in) //nolint:errchkjson // Plain structs always marshal.
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])[:10]
 }
 
 var zoneName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
@@ -48,7 +75,10 @@ func parseFleet(name, namespace string, spec map[string]any) (*Fleet, error) {
 		return nil, err
 	}
 	s := given.WithDefaults()
-	f := &Fleet{Name: name, Namespace: namespace, spec: s, Replicas: int(*s.Replicas), Zones: s.Zones}
+	f := &Fleet{Name: name, Namespace: namespace, spec: s, Replicas: int(*s.Replicas), Zones: s.Zones, Revision: templateRevision(s)}
+	if s.Rollout != nil {
+		f.Paused = s.Rollout.Paused
+	}
 	c := (*fleetSpec)(s)
 	for _, check := range []func() error{
 		f.checkScale, c.checkPlacement, c.checkProxy, c.checkHealthCheck, f.checkRotation, c.checkLeases,

@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -117,7 +118,7 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 		},
 	}}
 	leaseList, leasesKnown := req.GetRequiredResources()[requiredLeases]
-	members := observedMembers(req.GetObserved().GetResources(), heldProxies(leaseList.GetItems(), fleet, now))
+	members := observedMembers(req.GetObserved().GetResources(), heldProxies(leaseList.GetItems(), fleet, now), fleet.Revision)
 	p := decide(fleet, members, leasesKnown, now)
 
 	if rsp.Desired == nil {
@@ -155,7 +156,7 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 	for name, r := range grant {
 		rsp.Desired.Resources[name] = r
 	}
-	setStatus(rsp.Desired, members, now)
+	setStatus(rsp.Desired, fleet, members, now)
 	report(rsp, fleet, members, p, now)
 	rsp.Meta.Ttl = durationpb.New(requeueAfter(fleet, members, p, now))
 	return rsp, nil
@@ -235,8 +236,10 @@ func leaseOf(r *structpb.Struct) *coordv1.Lease {
 
 // observedMembers reads the fleet's observed Proxies. Each nested object is
 // looked up once: with thousands of proxies these lookups are most of the
-// function's work.
-func observedMembers(observed map[string]*fnv1.Resource, leased map[string]bool) []*member {
+// function's work. A Proxy without a template revision label was made
+// before revisions were, when every Proxy was rewritten to the template of
+// the last composition: it is of the current revision.
+func observedMembers(observed map[string]*fnv1.Resource, leased map[string]bool, current string) []*member {
 	out := make([]*member, 0, len(observed))
 	for name, oc := range observed {
 		ord, ok := ordinalOf(name)
@@ -252,6 +255,10 @@ func observedMembers(observed map[string]*fnv1.Resource, leased map[string]bool)
 			Ordinal: ord, Name: meta["name"].GetStringValue(), Zone: labels[fleetv1alpha1.LabelZone].GetStringValue(),
 			Replaces: -1, Healthy: ap["healthy"].GetBoolValue(),
 			EgressIP: ap["egressIP"].GetStringValue(), Error: ap["lastProbeError"].GetStringValue(),
+			Revision: labels[fleetv1alpha1.LabelTemplateRevision].GetStringValue(), spec: r["spec"],
+		}
+		if m.Revision == "" {
+			m.Revision = current
 		}
 		m.Created, _ = time.Parse(time.RFC3339, meta["creationTimestamp"].GetStringValue())
 		if v := labels[fleetv1alpha1.LabelReplaces].GetStringValue(); v != "" {
@@ -304,14 +311,14 @@ type composer struct {
 	annotations *structpb.Value
 	zones       map[string]*structpb.Value
 	specs       map[string]*structpb.Value
-	labels      map[[2]string]*structpb.Value
+	labels      map[[3]string]*structpb.Value
 }
 
 func (f *Fleet) composer() (*composer, error) {
 	s := f.spec
 	c := &composer{
 		f: f, perZone: map[string]*structpb.Value{}, zones: map[string]*structpb.Value{},
-		specs: map[string]*structpb.Value{}, labels: map[[2]string]*structpb.Value{},
+		specs: map[string]*structpb.Value{}, labels: map[[3]string]*structpb.Value{},
 		apiVersion: structpb.NewStringValue(v1alpha1.SchemeGroupVersion.String()),
 		kind:       structpb.NewStringValue(v1alpha1.ProxyKind),
 		namespace:  structpb.NewStringValue(f.Namespace),
@@ -365,10 +372,10 @@ func (f *Fleet) composer() (*composer, error) {
 // ready, so the XR is Ready once all of its proxies are.
 func (c *composer) proxy(m *member, observed map[int]*member) *fnv1.Resource {
 	spec, ok := c.specs[m.Zone]
-	if !ok {
-		// A zone dropped from spec.zones: its proxies keep their zone label
-		// until they are replaced or scaled away.
-		spec = c.specs[c.f.Zones[0]]
+	if !ok || m.Revision != c.f.Revision {
+		// Of an old template, or of a zone removed from spec.zones: it
+		// keeps the spec it was made with until it is replaced.
+		spec = c.kept(m, spec)
 	}
 	r := &fnv1.Resource{Resource: &structpb.Struct{Fields: map[string]*structpb.Value{
 		"apiVersion": c.apiVersion,
@@ -387,31 +394,58 @@ func (c *composer) proxy(m *member, observed map[int]*member) *fnv1.Resource {
 	return r
 }
 
+// kept is the spec an outdated member keeps: its observed providerConfigRef
+// and forProvider, with the fleet's current leases per proxy, which change
+// nothing on the proxy. Without an observed spec (never the case: members
+// are outdated only through what was observed) it gets current, the
+// current template's spec of its zone, or of the fleet's first zone.
+func (c *composer) kept(m *member, current *structpb.Value) *structpb.Value {
+	old := m.spec.GetStructValue().GetFields()
+	fp := old["forProvider"].GetStructValue()
+	if fp == nil || old["providerConfigRef"] == nil {
+		if current == nil {
+			current = c.specs[c.f.Zones[0]]
+		}
+		return current
+	}
+	fields := make(map[string]*structpb.Value, len(fp.GetFields()))
+	for k, v := range fp.GetFields() {
+		fields[k] = v
+	}
+	fields["maxLeases"] = structpb.NewNumberValue(float64(*c.f.spec.Leases.MaxLeasesPerProxy))
+	return structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+		"providerConfigRef": old["providerConfigRef"],
+		"forProvider":       structpb.NewStructValue(&structpb.Struct{Fields: fields}),
+	}})
+}
+
 // labelsOf returns a member's labels, shared with every member of the same
-// zone and generation unless it is replacing another.
+// zone, generation and revision unless it is replacing another.
 func (c *composer) labelsOf(m *member, observed map[int]*member) *structpb.Value {
 	gen := strconv.Itoa(m.Generation)
 	_, replacing := observed[m.Replaces]
-	if v, ok := c.labels[[2]string{m.Zone, gen}]; ok && !replacing {
+	key := [3]string{m.Zone, gen, m.Revision}
+	if v, ok := c.labels[key]; ok && !replacing {
 		return v
 	}
 	l := &structpb.Struct{Fields: map[string]*structpb.Value{
 		fleetv1alpha1.LabelFleet:              c.fleet,
 		fleetv1alpha1.LabelZone:               structpb.NewStringValue(m.Zone),
 		fleetv1alpha1.LabelRotationGeneration: structpb.NewStringValue(gen),
+		fleetv1alpha1.LabelTemplateRevision:   structpb.NewStringValue(m.Revision),
 	}}
 	if replacing {
 		l.Fields[fleetv1alpha1.LabelReplaces] = structpb.NewStringValue(strconv.Itoa(m.Replaces))
 		return structpb.NewStructValue(l)
 	}
 	v := structpb.NewStructValue(l)
-	c.labels[[2]string{m.Zone, gen}] = v
+	c.labels[key] = v
 	return v
 }
 
 // setStatus writes the fleet's observed state to the desired XR, keeping
 // whatever earlier pipeline steps set.
-func setStatus(desired *fnv1.State, members []*member, now time.Time) {
+func setStatus(desired *fnv1.State, f *Fleet, members []*member, now time.Time) {
 	if desired.Composite == nil {
 		desired.Composite = &fnv1.Resource{}
 	}
@@ -424,7 +458,7 @@ func setStatus(desired *fnv1.State, members []*member, now time.Time) {
 		status = &structpb.Struct{Fields: map[string]*structpb.Value{}}
 		xr.Fields["status"] = structpb.NewStructValue(status)
 	}
-	var ready, healthy int
+	var ready, healthy, updated int
 	proxies := make([]*structpb.Value, 0, len(members))
 	shared := map[string]*structpb.Value{} // zones repeat
 	intern := func(s string) *structpb.Value {
@@ -443,6 +477,9 @@ func setStatus(desired *fnv1.State, members []*member, now time.Time) {
 		if m.Healthy {
 			healthy++
 		}
+		if m.Revision == f.Revision && slices.Contains(f.Zones, m.Zone) {
+			updated++ // outdatedCount's complement
+		}
 		proxies = append(proxies, structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
 			"name":     structpb.NewStringValue(m.Name),
 			"endpoint": structpb.NewStringValue(m.Endpoint),
@@ -458,7 +495,21 @@ func setStatus(desired *fnv1.State, members []*member, now time.Time) {
 	status.Fields["replicas"] = structpb.NewNumberValue(float64(len(members)))
 	status.Fields["readyReplicas"] = structpb.NewNumberValue(float64(ready))
 	status.Fields["healthyReplicas"] = structpb.NewNumberValue(float64(healthy))
+	status.Fields["updatedReplicas"] = structpb.NewNumberValue(float64(updated))
+	status.Fields["observedRevision"] = structpb.NewStringValue(f.Revision)
 	status.Fields["proxies"] = structpb.NewListValue(&structpb.ListValue{Values: proxies})
+}
+
+// outdatedCount counts the members of an old template revision or of a
+// zone removed from spec.zones.
+func outdatedCount(f *Fleet, members []*member) int {
+	n := 0
+	for _, m := range members {
+		if m.Revision != f.Revision || !slices.Contains(f.Zones, m.Zone) {
+			n++
+		}
+	}
+	return n
 }
 
 // report sets the FleetHealthy condition, and a Warning result only on real
@@ -495,6 +546,13 @@ func report(rsp *fnv1.RunFunctionResponse, f *Fleet, members []*member, p *plan,
 		parts = append(parts, "1 proxy being added or replaced")
 	} else if n > 1 {
 		parts = append(parts, fmt.Sprintf("%d proxies being added or replaced", n))
+	}
+	if old := outdatedCount(f, members); old > 0 {
+		r := fmt.Sprintf("rolling out template revision %s: %d of %d proxies to replace", f.Revision, old, len(members))
+		if f.Paused {
+			r += " (paused: spec.rollout.paused)"
+		}
+		parts = append(parts, r)
 	}
 	parts = append(parts, p.blocked...)
 	msg := strings.Join(parts, "; ")

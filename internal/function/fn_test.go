@@ -182,8 +182,12 @@ func TestRunFunction(t *testing.T) {
 			t.Errorf("only the Ready proxy is marked ready: %v, %v", d["proxy-0"].GetReady(), d["proxy-1"].GetReady())
 		}
 		status := rsp.GetDesired().GetComposite().GetResource().GetFields()["status"].GetStructValue().AsMap()
+		if rev, _ := status["observedRevision"].(string); len(rev) != 10 {
+			t.Errorf("the status names the template revision: %q", rev)
+		}
+		delete(status, "observedRevision")
 		want := map[string]any{
-			"replicas": float64(2), "readyReplicas": float64(1), "healthyReplicas": float64(1),
+			"replicas": float64(2), "readyReplicas": float64(1), "healthyReplicas": float64(1), "updatedReplicas": float64(2),
 			"proxies": []any{
 				map[string]any{"name": "crawlers-0", "endpoint": "127.0.0.1:3128", "zone": "a", "egressIP": "203.0.113.0", "healthy": true, "createdAt": "2026-11-29T09:00:00Z"},
 				map[string]any{"name": "crawlers-1", "endpoint": "127.0.0.1:3128", "zone": "b", "egressIP": "203.0.113.1", "healthy": false, "createdAt": "2026-11-29T11:58:00Z"},
@@ -370,5 +374,53 @@ func TestDiscoveryAccess(t *testing.T) {
 	}
 	if g := grants(New(logging.NewNopLogger(), func() time.Time { return t0 }).WithDiscovery(nil), validSpec); len(g) != 0 {
 		t.Errorf("without egress-discovery nothing is granted: %v", g)
+	}
+}
+
+// TestTemplateChangeKeepsOldSpecs: after a template change, a Proxy of the
+// old revision keeps the spec it was made with (with the fleet's current
+// leases per proxy) until it is replaced, and its surge replacement gets
+// the new template, in its zone.
+func TestTemplateChangeKeepsOldSpecs(t *testing.T) {
+	spec := withSpec(t, "leases", `{"maxLeasesPerProxy": 3}`)
+	current := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}}}).
+		GetDesired().GetComposite().GetResource().GetFields()["status"].GetStructValue().GetFields()["observedRevision"].GetStringValue()
+	old := observedProxy(0, "a", true, t0.Add(-3*time.Hour), `, "crawl.example.com/template-revision": "0ld0ld0ld0"`)
+	old.Resource.Fields["spec"] = structpb.NewStructValue(resource.MustStructJSON(`{
+		"providerConfigRef": {"kind": "ProviderConfig", "name": "local"}, "managementPolicies": ["*"],
+		"forProvider": {"mode": "Managed", "port": 9999, "local": {"bindAddress": "127.0.0.1"}, "maxLeases": 1, "authSecretRef": {"name": "auth"}}}`))
+	req := &fnv1.RunFunctionRequest{
+		Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: map[string]*fnv1.Resource{
+			"proxy-0": old,
+			"proxy-1": observedProxy(1, "b", true, t0.Add(-2*time.Hour), `, "crawl.example.com/template-revision": "`+current+`"`),
+		}},
+		RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+	}
+	d := run(t, req).GetDesired().GetResources()
+	fp := func(name string) map[string]any {
+		return d[name].GetResource().AsMap()["spec"].(map[string]any)["forProvider"].(map[string]any)
+	}
+	labels := func(name string) map[string]any {
+		return d[name].GetResource().AsMap()["metadata"].(map[string]any)["labels"].(map[string]any)
+	}
+	if got := fp("proxy-0"); got["port"] != float64(9999) || got["maxLeases"] != float64(3) {
+		t.Errorf("the old Proxy keeps its spec, with the current leases per proxy: %v", got)
+	}
+	if _, ok := d["proxy-0"].GetResource().AsMap()["spec"].(map[string]any)["managementPolicies"]; ok {
+		t.Error("only providerConfigRef and forProvider are the function's to keep")
+	}
+	if l := labels("proxy-0"); l[fleetv1alpha1.LabelTemplateRevision] != "0ld0ld0ld0" {
+		t.Errorf("the old Proxy keeps its revision: %v", l)
+	}
+	if got := fp("proxy-1"); got["port"] != float64(3128) {
+		t.Errorf("a Proxy of the current revision gets the template: %v", got)
+	}
+	r, ok := d["proxy-2"]
+	if !ok {
+		t.Fatalf("the old Proxy gets a surge replacement: %v", d)
+	}
+	l := labels("proxy-2")
+	if l[fleetv1alpha1.LabelTemplateRevision] != current || l[fleetv1alpha1.LabelReplaces] != "0" || l[fleetv1alpha1.LabelZone] != "a" || fp("proxy-2")["port"] != float64(3128) {
+		t.Errorf("the replacement is of the current template, in the old one's zone: %v %v", l, r.GetResource().AsMap()["spec"])
 	}
 }

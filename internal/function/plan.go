@@ -2,10 +2,13 @@ package function
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
+
+	"google.golang.org/protobuf/types/known/structpb"
 )
 
 // member is one observed Proxy of the fleet.
@@ -27,6 +30,11 @@ type member struct {
 	Leased bool
 	// Refused is true when the provider refuses it by policy.
 	Refused bool
+	// Revision is the template revision it was made from.
+	Revision string
+	// spec is its observed spec, which a Proxy of an old revision keeps
+	// until it goes.
+	spec *structpb.Value
 }
 
 // replica is one of the spec.replicas places of the fleet: the member
@@ -105,11 +113,64 @@ func newPlanner(f *Fleet, observed []*member, leasesKnown bool, now time.Time) *
 	return pl
 }
 
-// newMember makes a member with the next free ordinal.
+// newMember makes a member of the current revision with the next free
+// ordinal, in zone if the fleet still has it, else in its least crowded
+// zone.
 func (pl *planner) newMember(zone string, replaces, generation int) *member {
-	m := &member{Ordinal: pl.next, Zone: zone, Replaces: replaces, Created: pl.now, Generation: generation}
+	if !slices.Contains(pl.f.Zones, zone) {
+		zone = pl.emptiestZone()
+	}
+	m := &member{Ordinal: pl.next, Zone: zone, Replaces: replaces, Created: pl.now, Generation: generation, Revision: pl.f.Revision}
 	pl.next++
 	return m
+}
+
+// emptiestZone is the fleet's zone with the fewest members planned so far,
+// replacements included; the first listed among equals.
+func (pl *planner) emptiestZone() string {
+	c := map[string]int{}
+	for _, s := range pl.replicas {
+		c[s.holder.Zone]++
+		if s.replacement != nil {
+			c[s.replacement.Zone]++
+		}
+	}
+	zone := pl.f.Zones[0]
+	for _, z := range pl.f.Zones {
+		if c[z] < c[zone] {
+			zone = z
+		}
+	}
+	return zone
+}
+
+// replacementZone is where h's replacement goes: h's zone, unless the
+// fleet has a zone with at least two members fewer (one added to
+// spec.zones), which a replacement then fills: zones are rebalanced
+// through replacement and scaling, never by moving a running proxy.
+func (pl *planner) replacementZone(h *member) string {
+	c := map[string]int{}
+	for _, s := range pl.replicas {
+		c[s.holder.Zone]++
+	}
+	z := pl.emptiestZone()
+	if !slices.Contains(pl.f.Zones, h.Zone) || c[h.Zone]-1 > c[z] {
+		return z
+	}
+	return h.Zone
+}
+
+// outdated says why a member is not of the fleet's current template: a
+// zone removed from spec.zones, or another template revision; "" when it
+// is current.
+func (pl *planner) outdated(m *member) string {
+	switch {
+	case !slices.Contains(pl.f.Zones, m.Zone):
+		return fmt.Sprintf("zone %s was removed from spec.zones", m.Zone)
+	case m.Revision != pl.f.Revision:
+		return fmt.Sprintf("template revision %s is replaced by %s", m.Revision, pl.f.Revision)
+	}
+	return ""
 }
 
 // forget takes a member out of the counts of what the plan keeps.
@@ -120,8 +181,9 @@ func (pl *planner) forget(m *member) {
 	}
 }
 
-// scaleDown drops whole replicas, unhealthiest first, then from the most
-// crowded zone, then the newest.
+// scaleDown drops whole replicas, unhealthiest first, then those of an old
+// template or a removed zone, then from the most crowded zone, then the
+// newest.
 func (pl *planner) scaleDown() {
 	if len(pl.replicas) <= pl.f.Replicas {
 		return
@@ -131,6 +193,9 @@ func (pl *planner) scaleDown() {
 		a, b := pl.replicas[i].holder, pl.replicas[j].holder
 		if a.Ready != b.Ready {
 			return !a.Ready
+		}
+		if oa, ob := pl.outdated(a) != "", pl.outdated(b) != ""; oa != ob {
+			return oa
 		}
 		if perZone[a.Zone] != perZone[b.Zone] {
 			return perZone[a.Zone] > perZone[b.Zone]
@@ -151,30 +216,30 @@ func (pl *planner) scaleDown() {
 // scaleUp adds replicas in the least crowded zones.
 func (pl *planner) scaleUp() {
 	for len(pl.replicas) < pl.f.Replicas {
-		perZone := zoneCounts(pl.replicas)
-		zone := pl.f.Zones[0]
-		for _, z := range pl.f.Zones {
-			if perZone[z] < perZone[zone] {
-				zone = z
-			}
-		}
-		pl.replicas = append(pl.replicas, &replica{holder: pl.newMember(zone, -1, 0)})
+		pl.replicas = append(pl.replicas, &replica{holder: pl.newMember(pl.emptiestZone(), -1, 0)})
 		pl.p.created++
 		pl.total++
 	}
 }
 
-// dueReason says why a holder is due for replacement: older than maxAge, or
-// unavailable for longer than replaceUnhealthyAfter; "" when it is not.
+// dueReason says why a holder is due for replacement: unavailable for
+// longer than replaceUnhealthyAfter, of an old template or a removed zone
+// (unless the rollout is paused), or older than maxAge; "" when it is not.
 func (pl *planner) dueReason(h *member) string {
 	f, now := pl.f, pl.now
+	outdated := pl.outdated(h)
+	if f.Paused {
+		outdated = ""
+	}
 	switch {
 	case h.Created.Equal(now):
 		return "" // made in this very plan
-	case h.Refused:
+	case h.Refused && outdated == "":
 		return "" // a replacement would be refused alike
 	case !h.Ready && !h.Since.IsZero() && now.Sub(h.Since) >= f.ReplaceUnhealthyAfter && now.Sub(h.Created) >= f.ReplaceUnhealthyAfter:
 		return fmt.Sprintf("unavailable since %s", h.Since.UTC().Format(time.RFC3339))
+	case outdated != "":
+		return outdated
 	case f.MaxAge > 0 && now.Sub(h.Created) >= f.MaxAge:
 		return fmt.Sprintf("older than maxAge %s", f.MaxAge)
 	}
@@ -189,11 +254,18 @@ func (pl *planner) replace() {
 	sort.SliceStable(pl.replicas, func(i, j int) bool { return pl.replicas[i].holder.Ordinal < pl.replicas[j].holder.Ordinal })
 	for _, s := range pl.replicas {
 		h := s.holder
+		if r := s.replacement; r != nil && !r.Ready && !f.Paused && pl.outdated(r) != "" {
+			// A newer template overtakes a replacement of an older one
+			// that is not serving yet: dropping it costs nothing.
+			pl.forget(r)
+			s.replacement = nil
+			pl.p.removed++
+		}
 		if s.reason = pl.dueReason(h); s.reason == "" || s.replacement != nil {
 			continue
 		}
 		if pl.total < f.Replicas+f.MaxSurge {
-			s.replacement = pl.newMember(h.Zone, h.Ordinal, h.Generation+1)
+			s.replacement = pl.newMember(pl.replacementZone(h), h.Ordinal, h.Generation+1)
 			pl.p.created++
 			pl.total++
 			continue
@@ -207,7 +279,7 @@ func (pl *planner) replace() {
 			if h.Ready {
 				pl.ready--
 			}
-			s.holder = pl.newMember(h.Zone, -1, h.Generation+1)
+			s.holder = pl.newMember(pl.replacementZone(h), -1, h.Generation+1)
 			pl.p.removed++
 			pl.p.created++
 		default:
@@ -228,6 +300,8 @@ func (pl *planner) complete() {
 		}
 		h := s.holder
 		switch {
+		case !r.Ready && r.Created.Equal(pl.now):
+			// Made in this very plan: counted as created.
 		case !r.Ready:
 			pl.p.inFlight++
 		case !h.Ready:

@@ -39,6 +39,10 @@ func replaces(o int) func(*member) { return func(x *member) { x.Replaces = o } }
 
 func leased(x *member) { x.Leased = true }
 
+func rev(r string) func(*member) { return func(x *member) { x.Revision = r } }
+
+func revision(r string) func(*Fleet) { return func(f *Fleet) { f.Revision = r } }
+
 // summary renders kept members as "ordinal:zone" (with ">o" when replacing
 // o), sorted, so cases read like the fleet they describe.
 func summary(p *plan) string {
@@ -167,6 +171,76 @@ func TestDecide(t *testing.T) {
 			leasesKnown: true,
 			want:        "0:a 1:b 2:a>0", wantBlocked: "f-0 waits: removing it would leave fewer than 2 ready proxies",
 		},
+		"TemplateChangeSurges": {
+			reason:      "A template change replaces proxies one surge at a time, in their zones; none is rewritten in place.",
+			fleet:       fleetFor(3, ab, revision("r2")),
+			observed:    []*member{m(0, "a", rev("r1")), m(1, "b", rev("r1")), m(2, "a", rev("r1"))},
+			leasesKnown: true,
+			want:        "0:a 1:b 2:a 3:a>0", wantBlocked: "f-1 waits for surge capacity (maxSurge 1); f-2 waits for surge capacity (maxSurge 1)",
+		},
+		"TemplateChangeRetiresOnceReplacementReady": {
+			reason:      "An old proxy goes once its replacement of the new template is Ready.",
+			fleet:       fleetFor(3, ab, revision("r2")),
+			observed:    []*member{m(0, "a", rev("r1")), m(1, "b", rev("r1")), m(2, "a", rev("r1")), m(3, "a", rev("r2"), replaces(0), age(time.Minute))},
+			leasesKnown: true,
+			want:        "1:b 2:a 3:a>0", wantBlocked: "f-1 waits for surge capacity (maxSurge 1); f-2 waits for surge capacity (maxSurge 1)",
+		},
+		"TemplateChangeWaitsForLeases": {
+			reason:      "An old proxy a crawler holds a lease on stays until the lease ends, its Ready replacement beside it.",
+			fleet:       fleetFor(2, ab, revision("r2")),
+			observed:    []*member{m(0, "a", rev("r1"), leased), m(1, "b", rev("r1")), m(2, "a", rev("r2"), replaces(0), age(time.Minute))},
+			leasesKnown: true,
+			want:        "0:a 1:b 2:a>0", wantBlocked: "f-1 waits for surge capacity (maxSurge 1); f-0 waits for its leases to drain",
+		},
+		"SecondChangeOvertakesFirst": {
+			reason:      "A replacement of an older template that is not Ready yet makes way for one of the newest.",
+			fleet:       fleetFor(2, ab, revision("r3")),
+			observed:    []*member{m(0, "a", rev("r1")), m(1, "b", rev("r1")), m(2, "a", rev("r2"), replaces(0), sick(time.Minute), age(time.Minute))},
+			leasesKnown: true,
+			want:        "0:a 1:b 3:a>0", wantBlocked: "f-1 waits for surge capacity (maxSurge 1)",
+		},
+		"ZoneRemoved": {
+			reason:      "A zone removed from spec.zones has its proxies replaced in the remaining zones, surge first.",
+			fleet:       fleetFor(3, []string{"a", "c"}),
+			observed:    []*member{m(0, "a"), m(1, "b"), m(2, "c")},
+			leasesKnown: true,
+			want:        "0:a 1:b 2:c 3:a>1",
+		},
+		"Paused": {
+			reason:      "A paused rollout replaces nothing for a template change or a removed zone.",
+			fleet:       fleetFor(2, []string{"a"}, revision("r2"), func(f *Fleet) { f.Paused = true }),
+			observed:    []*member{m(0, "a", rev("r1")), m(1, "b", rev("r1"))},
+			leasesKnown: true,
+			want:        "0:a 1:b",
+		},
+		"PausedStillReplacesUnhealthy": {
+			reason:      "A paused rollout still replaces a proxy that is down, from the current template.",
+			fleet:       fleetFor(2, ab, revision("r2"), func(f *Fleet) { f.Paused = true }),
+			observed:    []*member{m(0, "a", rev("r1"), sick(10*time.Minute)), m(1, "b", rev("r1"))},
+			leasesKnown: true,
+			want:        "0:a 1:b 2:a>0",
+		},
+		"RefusedOldTemplateReplaced": {
+			reason:      "A proxy its ProviderConfig refuses is replaced when the template changes: the new one may be permitted.",
+			fleet:       fleetFor(1, ab, revision("r2")),
+			observed:    []*member{m(0, "a", rev("r1"), sick(time.Hour), func(x *member) { x.Refused = true })},
+			leasesKnown: true,
+			want:        "0:a 1:a>0",
+		},
+		"ReplacementFillsAddedZone": {
+			reason:      "A zone added to spec.zones is filled by replacements as they come, not by moving running proxies.",
+			fleet:       fleetFor(4, []string{"a", "b", "c"}, revision("r2")),
+			observed:    []*member{m(0, "a", rev("r1")), m(1, "b", rev("r1")), m(2, "a", rev("r1")), m(3, "b", rev("r1"))},
+			leasesKnown: true,
+			want:        "0:a 1:b 2:a 3:b 4:c>0", wantBlocked: "f-1 waits for surge capacity (maxSurge 1); f-2 waits for surge capacity (maxSurge 1); f-3 waits for surge capacity (maxSurge 1)",
+		},
+		"ScaleDownOldTemplateFirst": {
+			reason:      "Scaling down during a rollout removes proxies of the old template first.",
+			fleet:       fleetFor(1, ab, revision("r2")),
+			observed:    []*member{m(0, "a", rev("r1")), m(1, "b", rev("r2"))},
+			leasesKnown: true,
+			want:        "1:b",
+		},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -286,6 +360,129 @@ func TestRequeueAfter(t *testing.T) {
 			}
 			if diff := cmp.Diff(tc.want, requeueAfter(tc.fleet, tc.members, p, t0)); diff != "" {
 				t.Errorf("%s\n-want, +got:\n%s", tc.reason, diff)
+			}
+		})
+	}
+}
+
+// decider is decide, or a broken variant of it for the replay's checks.
+type decider func(f *Fleet, observed []*member, leasesKnown bool, now time.Time) *plan
+
+// replayRollout replays template changes the way Crossplane calls the
+// function, a minute apart: new proxies turn Ready one call after they
+// appear, leases end at the steps leaseEnds gives, and the template changes
+// at the steps changes gives. It checks at every step that at least
+// replicas - maxUnavailable proxies are Ready, that no more than replicas +
+// maxSurge exist, and that no proxy goes while a lease names it; it returns
+// the first violation, and the fleet it ends with.
+func replayRollout(decide decider, f *Fleet, observed []*member, leaseEnds map[int]int, changes map[int]string, steps int) ([]*member, error) {
+	now := t0
+	for step := range steps {
+		if r, ok := changes[step]; ok {
+			f.Revision = r
+		}
+		for _, o := range observed {
+			end, ok := leaseEnds[o.Ordinal]
+			o.Leased = ok && step < end
+		}
+		p := decide(f, observed, true, now)
+		kept := map[int]bool{}
+		for _, k := range p.keep {
+			kept[k.Ordinal] = true
+		}
+		for _, o := range observed {
+			if o.Leased && !kept[o.Ordinal] {
+				return observed, fmt.Errorf("step %d: %s went while a lease named it", step, o.Name)
+			}
+		}
+		if len(p.keep) > f.Replicas+f.MaxSurge {
+			return observed, fmt.Errorf("step %d: %d proxies, above replicas + maxSurge", step, len(p.keep))
+		}
+		prev := map[int]*member{}
+		for _, o := range observed {
+			prev[o.Ordinal] = o
+		}
+		observed = nil
+		ready := 0
+		for _, k := range p.keep {
+			if o, ok := prev[k.Ordinal]; ok {
+				o.Ready, o.Healthy = true, true
+				observed = append(observed, o)
+			} else {
+				c := *k
+				c.Name, c.Since = fmt.Sprintf("f-%d", c.Ordinal), now
+				observed = append(observed, &c)
+			}
+		}
+		for _, o := range observed {
+			if o.Ready {
+				ready++
+			}
+		}
+		if ready < f.Replicas-f.MaxUnavailable {
+			return observed, fmt.Errorf("step %d: %d ready proxies, below replicas - maxUnavailable", step, ready)
+		}
+		now = now.Add(time.Minute)
+	}
+	return observed, nil
+}
+
+// TestRolloutReplay: two template changes in a row, the second while the
+// first is under way, with crawlers holding leases on two old proxies for a
+// while, end with every proxy of the newest template, and the bounds hold
+// at every step. The checker itself is shown to catch a planner that drops
+// a leased proxy, one that surges too far, and one that takes too many
+// Ready proxies away.
+func TestRolloutReplay(t *testing.T) {
+	fleet := func() *Fleet {
+		return fleetFor(4, []string{"a", "b"}, revision("r1"), func(f *Fleet) { f.MaxSurge, f.MaxUnavailable = 1, 1 })
+	}
+	start := func() []*member {
+		return []*member{m(0, "a", rev("r1")), m(1, "b", rev("r1")), m(2, "a", rev("r1")), m(3, "b", rev("r1"))}
+	}
+	leases := map[int]int{0: 12, 3: 6}
+	changes := map[int]string{1: "r2", 4: "r3"}
+	end, err := replayRollout(decide, fleet(), start(), leases, changes, 30)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(end) != 4 {
+		t.Errorf("the fleet settles at 4 proxies: %s", summary(&plan{keep: end}))
+	}
+	for _, o := range end {
+		if o.Revision != "r3" {
+			t.Errorf("every proxy is of the newest template in the end: %s is of %s", o.Name, o.Revision)
+		}
+	}
+
+	broken := map[string]decider{
+		"DropsLeased": func(f *Fleet, observed []*member, lk bool, now time.Time) *plan {
+			p := decide(f, observed, lk, now)
+			for i, k := range p.keep {
+				if k.Leased {
+					p.keep = append(p.keep[:i], p.keep[i+1:]...)
+					break
+				}
+			}
+			return p
+		},
+		"SurgesTooFar": func(f *Fleet, observed []*member, lk bool, now time.Time) *plan {
+			g := *f
+			g.MaxSurge = f.MaxSurge + 2
+			return decide(&g, observed, lk, now)
+		},
+		"TakesTooManyReady": func(f *Fleet, observed []*member, lk bool, now time.Time) *plan {
+			g := *f
+			g.MaxSurge, g.MaxUnavailable = 0, f.Replicas
+			return decide(&g, observed, lk, now)
+		},
+	}
+	for name, d := range broken {
+		t.Run(name, func(t *testing.T) {
+			if _, err := replayRollout(d, fleet(), start(), leases, changes, 30); err == nil {
+				t.Error("the replay's checks must catch this broken planner")
+			} else {
+				t.Logf("caught: %v", err)
 			}
 		})
 	}

@@ -107,6 +107,13 @@ func TestRender(t *testing.T) {
 				"--required-resources=" + filepath.Join(root, "examples/render/rotation/required-resources.yaml")},
 			want: []string{"name: crawlers-0", "crawlers-0 waits for its leases to drain", "crawlers-1 waits for surge capacity"},
 		},
+		"rollout": {
+			reason: "After a template change the old Proxies keep their spec, and a surge Proxy of the new template replaces the first.",
+			xr:     "examples/render/rollout/xr.yaml", composition: namespaced,
+			flags: []string{"--observed-resources=" + filepath.Join(root, "examples/render/rollout/observed-resources.yaml")},
+			want: []string{"name: crawlers-3", `crawl.example.com/replaces: "0"`, "port: 3130", "port: 3128", "template-revision: 0ld0ld0ld0",
+				"rolling out template revision", "3 of 3 proxies to replace", "crawlers-1 waits for surge capacity"},
+		},
 		"unhealthy": {
 			reason: "A proxy down longer than replaceUnhealthyAfter gets a replacement in its zone.",
 			xr:     "examples/render/unhealthy/xr.yaml", composition: namespaced,

@@ -45,6 +45,9 @@ const (
 	LabelZone = Group + "/zone"
 	// LabelRotationGeneration counts the replacements of a fleet ordinal.
 	LabelRotationGeneration = Group + "/rotation-generation"
+	// LabelTemplateRevision names the revision of the fleet's proxy
+	// template a Proxy was made from, as a pod-template-hash does.
+	LabelTemplateRevision = Group + "/template-revision"
 	// LabelReplaces names the ordinal a surge Proxy replaces.
 	LabelReplaces = Group + "/replaces"
 	// LabelProxy names the Proxy a Lease is held on.

@@ -133,6 +133,18 @@ type Rotation struct {
 	ReplaceUnhealthyAfter *metav1.Duration `json:"replaceUnhealthyAfter,omitempty"`
 }
 
+// Rollout says how a template change rolls out. Proxies of the new
+// template replace the old ones as surge replacements, within the rotation's
+// maxSurge and maxUnavailable, and an old proxy goes only once its
+// replacement is Ready and no crawler holds a lease on it.
+type Rollout struct {
+	// Paused holds back the replacements a template change or a removed
+	// zone asks for; unhealthy and aged proxies are still replaced, from
+	// the current template.
+	// +optional
+	Paused bool `json:"paused,omitempty"`
+}
+
 // Leases say how crawlers lease proxies through egress-discovery.
 // +kubebuilder:validation:XValidation:rule="duration(self.defaultTTL) <= duration(self.maxTTL)",message="spec.leases.defaultTTL must not exceed spec.leases.maxTTL"
 type Leases struct {
@@ -205,6 +217,12 @@ type ProxyFleetSpec struct {
 	// +optional
 	Rotation *Rotation `json:"rotation,omitempty"`
 
+	// Rollout says how a change of the proxy template (placement, proxy
+	// settings, health check, ProviderConfig) or of the zones reaches the
+	// fleet's proxies.
+	// +optional
+	Rollout *Rollout `json:"rollout,omitempty"`
+
 	// Leases say how crawlers lease proxies through egress-discovery.
 	// +kubebuilder:default={maxLeasesPerProxy: 1, defaultTTL: "10m", maxTTL: "1h"}
 	// +optional
@@ -236,6 +254,11 @@ type ProxyFleetStatus struct {
 	ReadyReplicas int32 `json:"readyReplicas,omitempty"`
 	// HealthyReplicas is how many proxies' probe verdict is healthy.
 	HealthyReplicas int32 `json:"healthyReplicas,omitempty"`
+	// UpdatedReplicas is how many proxies were made from the current
+	// template revision.
+	UpdatedReplicas int32 `json:"updatedReplicas,omitempty"`
+	// ObservedRevision is the current template revision.
+	ObservedRevision string `json:"observedRevision,omitempty"`
 	// Proxies has one entry per proxy.
 	// +optional
 	Proxies []ProxyStatus `json:"proxies,omitempty"`
