@@ -198,8 +198,8 @@ func (f *Fleet) checkRotation() error {
 			return fieldError("spec.rotation.maxAge", "must be at least 1m, not %s", f.MaxAge)
 		}
 	}
-	if f.ReplaceUnhealthyAfter = r.ReplaceUnhealthyAfter.Duration; f.ReplaceUnhealthyAfter < 0 {
-		return fieldError("spec.rotation.replaceUnhealthyAfter", "must not be negative, not %s", f.ReplaceUnhealthyAfter)
+	if f.ReplaceUnhealthyAfter = r.ReplaceUnhealthyAfter.Duration; f.ReplaceUnhealthyAfter < time.Minute {
+		return fieldError("spec.rotation.replaceUnhealthyAfter", "must be at least 1m, not %s: a proxy needs time to boot", f.ReplaceUnhealthyAfter)
 	}
 	f.MaxSurge, f.MaxUnavailable = int(*r.MaxSurge), int(*r.MaxUnavailable)
 	if f.MaxSurge < 0 || f.MaxUnavailable < 0 {

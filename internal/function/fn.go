@@ -187,7 +187,7 @@ func requeueAfter(f *Fleet, members []*member, p *plan, now time.Time) time.Dura
 			due(m.Created.Add(f.MaxAge))
 		}
 		if !m.Ready && !m.Since.IsZero() {
-			due(later(m.Since, m.Created).Add(f.ReplaceUnhealthyAfter))
+			due(later(m.Since, m.Created).Add(f.unhealthyHold(m)))
 		}
 	}
 	// Times are whole seconds; never ask for a busy loop.
@@ -269,6 +269,10 @@ func observedMembers(observed map[string]*fnv1.Resource, leased map[string]bool,
 		if v := labels[fleetv1alpha1.LabelRotationGeneration].GetStringValue(); v != "" {
 			m.Generation, _ = strconv.Atoi(v)
 		}
+		if v := labels[fleetv1alpha1.LabelUnhealthyStreak].GetStringValue(); v != "" {
+			m.Streak, _ = strconv.Atoi(v)
+			m.Streak = max(m.Streak, 0)
+		}
 		for _, c := range status["conditions"].GetListValue().GetValues() {
 			cf := c.GetStructValue().GetFields()
 			if cf["type"].GetStringValue() == "Ready" {
@@ -311,14 +315,14 @@ type composer struct {
 	annotations *structpb.Value
 	zones       map[string]*structpb.Value
 	specs       map[string]*structpb.Value
-	labels      map[[3]string]*structpb.Value
+	labels      map[[4]string]*structpb.Value
 }
 
 func (f *Fleet) composer() (*composer, error) {
 	s := f.spec
 	c := &composer{
 		f: f, perZone: map[string]*structpb.Value{}, zones: map[string]*structpb.Value{},
-		specs: map[string]*structpb.Value{}, labels: map[[3]string]*structpb.Value{},
+		specs: map[string]*structpb.Value{}, labels: map[[4]string]*structpb.Value{},
 		apiVersion: structpb.NewStringValue(v1alpha1.SchemeGroupVersion.String()),
 		kind:       structpb.NewStringValue(v1alpha1.ProxyKind),
 		namespace:  structpb.NewStringValue(f.Namespace),
@@ -424,7 +428,12 @@ func (c *composer) kept(m *member, current *structpb.Value) *structpb.Value {
 func (c *composer) labelsOf(m *member, observed map[int]*member) *structpb.Value {
 	gen := strconv.Itoa(m.Generation)
 	_, replacing := observed[m.Replaces]
-	key := [3]string{m.Zone, gen, m.Revision}
+	streak := ""
+	if o, seen := observed[m.Ordinal]; m.Streak > 0 && (!seen || !o.Ready) {
+		// Until it has been Ready: a Ready proxy ends the streak.
+		streak = strconv.Itoa(m.Streak)
+	}
+	key := [4]string{m.Zone, gen, m.Revision, streak}
 	if v, ok := c.labels[key]; ok && !replacing {
 		return v
 	}
@@ -434,6 +443,9 @@ func (c *composer) labelsOf(m *member, observed map[int]*member) *structpb.Value
 		fleetv1alpha1.LabelRotationGeneration: structpb.NewStringValue(gen),
 		fleetv1alpha1.LabelTemplateRevision:   structpb.NewStringValue(m.Revision),
 	}}
+	if streak != "" {
+		l.Fields[fleetv1alpha1.LabelUnhealthyStreak] = structpb.NewStringValue(streak)
+	}
 	if replacing {
 		l.Fields[fleetv1alpha1.LabelReplaces] = structpb.NewStringValue(strconv.Itoa(m.Replaces))
 		return structpb.NewStructValue(l)

@@ -32,6 +32,9 @@ type member struct {
 	Refused bool
 	// Revision is the template revision it was made from.
 	Revision string
+	// Streak counts the unhealthy proxies replaced in a row, none of which
+	// turned Ready, that led to this member.
+	Streak int
 	// spec is its observed spec, which a Proxy of an old revision keeps
 	// until it goes.
 	spec *structpb.Value
@@ -236,7 +239,7 @@ func (pl *planner) dueReason(h *member) string {
 		return "" // made in this very plan
 	case h.Refused && outdated == "":
 		return "" // a replacement would be refused alike
-	case !h.Ready && !h.Since.IsZero() && now.Sub(h.Since) >= f.ReplaceUnhealthyAfter && now.Sub(h.Created) >= f.ReplaceUnhealthyAfter:
+	case !h.Ready && !h.Since.IsZero() && now.Sub(h.Since) >= f.unhealthyHold(h) && now.Sub(h.Created) >= f.unhealthyHold(h):
 		return fmt.Sprintf("unavailable since %s", h.Since.UTC().Format(time.RFC3339))
 	case outdated != "":
 		return outdated
@@ -244,6 +247,36 @@ func (pl *planner) dueReason(h *member) string {
 		return fmt.Sprintf("older than maxAge %s", f.MaxAge)
 	}
 	return ""
+}
+
+// maxUnhealthyHold caps the back-off of replacements that never turn Ready.
+const maxUnhealthyHold = time.Hour
+
+// unhealthyHold is how long an unready member is left to recover before it
+// is replaced: replaceUnhealthyAfter, doubled for each replacement in a row
+// that led to it without turning Ready, up to an hour.
+func (f *Fleet) unhealthyHold(m *member) time.Duration {
+	d := f.ReplaceUnhealthyAfter
+	for range min(m.Streak, 16) {
+		if d *= 2; d >= maxUnhealthyHold {
+			return max(maxUnhealthyHold, f.ReplaceUnhealthyAfter)
+		}
+	}
+	return d
+}
+
+// unhealthyInFlight counts the replacements of unhealthy proxies that are
+// not Ready yet, besides except.
+func (pl *planner) unhealthyInFlight(except *member) int {
+	n := 0
+	for _, s := range pl.replicas {
+		for _, m := range []*member{s.holder, s.replacement} {
+			if m != nil && m != except && !m.Ready && m.Streak > 0 {
+				n++
+			}
+		}
+	}
+	return n
 }
 
 // replace gives each holder that is due a surge replacement in its zone,
@@ -254,18 +287,40 @@ func (pl *planner) replace() {
 	sort.SliceStable(pl.replicas, func(i, j int) bool { return pl.replicas[i].holder.Ordinal < pl.replicas[j].holder.Ordinal })
 	for _, s := range pl.replicas {
 		h := s.holder
-		if r := s.replacement; r != nil && !r.Ready && !f.Paused && pl.outdated(r) != "" {
-			// A newer template overtakes a replacement of an older one
-			// that is not serving yet: dropping it costs nothing.
-			pl.forget(r)
-			s.replacement = nil
-			pl.p.removed++
+		failed := 0
+		if r := s.replacement; r != nil && !r.Ready && !r.Created.Equal(pl.now) {
+			stale := !f.Paused && pl.outdated(r) != ""
+			if stale || r.Streak > 0 && pl.now.Sub(later(r.Since, r.Created)) >= f.unhealthyHold(r) {
+				// A newer template overtakes a replacement of an older
+				// one that is not serving yet, and a replacement of a
+				// proxy that is down which never turned Ready makes way
+				// for another, after its own, longer hold: dropping
+				// either costs nothing.
+				if !stale {
+					failed = r.Streak
+				}
+				pl.forget(r)
+				s.replacement = nil
+				pl.p.removed++
+			}
 		}
 		if s.reason = pl.dueReason(h); s.reason == "" || s.replacement != nil {
 			continue
 		}
+		streak := 0
+		if !h.Ready {
+			// Replacing a proxy that is down: at most max(maxSurge, 1)
+			// such replacements are under way at once, so that a backend
+			// that cannot run proxies is not flooded with them.
+			streak = max(h.Streak, failed) + 1
+			if limit := max(f.MaxSurge, 1); pl.unhealthyInFlight(h) >= limit {
+				pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits: %d replacements of unhealthy proxies are not Ready yet", h.Name, limit))
+				continue
+			}
+		}
 		if pl.total < f.Replicas+f.MaxSurge {
 			s.replacement = pl.newMember(pl.replacementZone(h), h.Ordinal, h.Generation+1)
+			s.replacement.Streak = streak
 			pl.p.created++
 			pl.total++
 			continue
@@ -280,6 +335,7 @@ func (pl *planner) replace() {
 				pl.ready--
 			}
 			s.holder = pl.newMember(pl.replacementZone(h), -1, h.Generation+1)
+			s.holder.Streak = streak
 			pl.p.removed++
 			pl.p.created++
 		default:

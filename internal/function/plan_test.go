@@ -487,3 +487,62 @@ func TestRolloutReplay(t *testing.T) {
 		})
 	}
 }
+
+// TestNoReplacementStorm replays the review's storm: a backend whose proxies
+// never turn Ready, maxSurge 0 and the shortest replaceUnhealthyAfter, for
+// five minutes of fake time composed every ten seconds. Without the
+// back-off and the in-flight limit a review counted 22 proxies made in five
+// minutes; now it makes the 3
+// of the fleet and 2 replacements: the first after 1m, its own replacement
+// 2m later, the next would come 4m after that.
+func TestNoReplacementStorm(t *testing.T) {
+	for name, tc := range map[string]struct {
+		surge, unavailable int
+		want               int
+	}{
+		"NoSurge":  {surge: 0, unavailable: 1, want: 5},
+		"OneSurge": {surge: 1, unavailable: 0, want: 5},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := fleetFor(3, []string{"a", "b"}, func(f *Fleet) {
+				f.MaxSurge, f.MaxUnavailable, f.ReplaceUnhealthyAfter = tc.surge, tc.unavailable, time.Minute
+			})
+			var observed []*member
+			created := 0
+			for now := t0; now.Before(t0.Add(5 * time.Minute)); now = now.Add(10 * time.Second) {
+				p := decide(f, observed, true, now)
+				prev := map[int]*member{}
+				for _, o := range observed {
+					prev[o.Ordinal] = o
+				}
+				observed = nil
+				for _, k := range p.keep {
+					if o, ok := prev[k.Ordinal]; ok {
+						observed = append(observed, o)
+						continue
+					}
+					c := *k // never Ready
+					c.Name, c.Since, c.Ready = fmt.Sprintf("f-%d", c.Ordinal), now, false
+					observed = append(observed, &c)
+					created++
+				}
+			}
+			if created != tc.want {
+				t.Errorf("%d proxies created in 5 minutes on a backend that never runs one, want %d", created, tc.want)
+			}
+		})
+	}
+}
+
+func TestUnhealthyHold(t *testing.T) {
+	f := fleetFor(1, []string{"a"}, func(f *Fleet) { f.ReplaceUnhealthyAfter = 5 * time.Minute })
+	for streak, want := range map[int]time.Duration{0: 5 * time.Minute, 1: 10 * time.Minute, 3: 40 * time.Minute, 4: time.Hour, 1000: time.Hour} {
+		if got := f.unhealthyHold(&member{Streak: streak}); got != want {
+			t.Errorf("streak %d: hold %s, want %s", streak, got, want)
+		}
+	}
+	slow := fleetFor(1, []string{"a"}, func(f *Fleet) { f.ReplaceUnhealthyAfter = 2 * time.Hour })
+	if got := slow.unhealthyHold(&member{Streak: 2}); got != 2*time.Hour {
+		t.Errorf("the cap never shortens replaceUnhealthyAfter itself: %s", got)
+	}
+}

@@ -48,6 +48,10 @@ const (
 	// LabelTemplateRevision names the revision of the fleet's proxy
 	// template a Proxy was made from, as a pod-template-hash does.
 	LabelTemplateRevision = Group + "/template-revision"
+	// LabelUnhealthyStreak counts the replacements of unhealthy proxies in
+	// a row that led to a Proxy, none of which turned Ready; absent once
+	// the Proxy has been Ready.
+	LabelUnhealthyStreak = Group + "/unhealthy-streak"
 	// LabelReplaces names the ordinal a surge Proxy replaces.
 	LabelReplaces = Group + "/replaces"
 	// LabelProxy names the Proxy a Lease is held on.

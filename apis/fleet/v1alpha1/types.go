@@ -126,9 +126,13 @@ type Rotation struct {
 	MaxUnavailable *int32 `json:"maxUnavailable,omitempty"`
 
 	// ReplaceUnhealthyAfter replaces a proxy unhealthy for longer than this.
+	// A replacement that never turns Ready is itself replaced after twice
+	// as long, and so on, up to an hour, so that a backend that cannot run
+	// proxies is not flooded with them.
 	// +kubebuilder:default="5m"
 	// +kubebuilder:validation:Type=string
 	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1m')",message="must be at least 1m: a proxy needs time to boot"
 	// +optional
 	ReplaceUnhealthyAfter *metav1.Duration `json:"replaceUnhealthyAfter,omitempty"`
 }
