@@ -279,6 +279,30 @@ func (pl *planner) unhealthyInFlight(except *member) int {
 	return n
 }
 
+// dropReplacement drops a replica's replacement that is not serving yet
+// and should not go on: one of an older template, which a newer one
+// overtakes, and one replacing a proxy that is down which never turned
+// Ready, after its own, longer hold; dropping either costs nothing. It
+// returns the unhealthy streak of a replacement dropped for the latter.
+func (pl *planner) dropReplacement(s *replica) int {
+	r := s.replacement
+	if r == nil || r.Ready || r.Created.Equal(pl.now) {
+		return 0
+	}
+	stale := !pl.f.Paused && pl.outdated(r) != ""
+	failed := r.Streak > 0 && pl.now.Sub(later(r.Since, r.Created)) >= pl.f.unhealthyHold(r)
+	if !stale && !failed {
+		return 0
+	}
+	pl.forget(r)
+	s.replacement = nil
+	pl.p.removed++
+	if stale {
+		return 0
+	}
+	return r.Streak
+}
+
 // replace gives each holder that is due a surge replacement in its zone,
 // within maxSurge; without surge, a drained holder may go first within
 // maxUnavailable.
@@ -287,23 +311,7 @@ func (pl *planner) replace() {
 	sort.SliceStable(pl.replicas, func(i, j int) bool { return pl.replicas[i].holder.Ordinal < pl.replicas[j].holder.Ordinal })
 	for _, s := range pl.replicas {
 		h := s.holder
-		failed := 0
-		if r := s.replacement; r != nil && !r.Ready && !r.Created.Equal(pl.now) {
-			stale := !f.Paused && pl.outdated(r) != ""
-			if stale || r.Streak > 0 && pl.now.Sub(later(r.Since, r.Created)) >= f.unhealthyHold(r) {
-				// A newer template overtakes a replacement of an older
-				// one that is not serving yet, and a replacement of a
-				// proxy that is down which never turned Ready makes way
-				// for another, after its own, longer hold: dropping
-				// either costs nothing.
-				if !stale {
-					failed = r.Streak
-				}
-				pl.forget(r)
-				s.replacement = nil
-				pl.p.removed++
-			}
-		}
+		failed := pl.dropReplacement(s)
 		if s.reason = pl.dueReason(h); s.reason == "" || s.replacement != nil {
 			continue
 		}

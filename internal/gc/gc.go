@@ -16,6 +16,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 )
@@ -71,8 +72,7 @@ type Report struct {
 // an orphan is only ever decided on a complete list.
 func (c *Collector) Collect(ctx context.Context) (Report, error) {
 	r := Report{}
-	owners, err := c.Sources.Owners(ctx)
-	if err != nil {
+	if _, err := c.Sources.Owners(ctx); err != nil {
 		return r, errors.Wrap(err, "cannot list Proxies; collecting nothing")
 	}
 	targets, err := c.Sources.Targets(ctx)
@@ -90,6 +90,13 @@ func (c *Collector) Collect(ctx context.Context) (Report, error) {
 		if err == nil {
 			var instances []backend.Instance
 			if instances, err = t.Backend.ListOwned(ctx); err == nil {
+				// The Proxies are read after the instances: a Proxy that
+				// imported one of them (and so exists) since the last
+				// read is in this list.
+				owners, err := c.Sources.Owners(ctx)
+				if err != nil {
+					return r, stderrors.Join(append(errs, errors.Wrap(err, "cannot list Proxies; collecting no more"))...)
+				}
 				errs = append(errs, c.collect(ctx, t, instances, owners, &r)...)
 				continue
 			}
@@ -124,6 +131,8 @@ func (c *Collector) collect(ctx context.Context, t Target, instances []backend.I
 			c.Metrics.Orphans.WithLabelValues(t.Kind, "dry-run").Inc()
 			c.Log.Info("Orphan found (dry run: not deleted)", "instance", i.ProviderID, "proxy", i.Owner.Namespace+"/"+i.Owner.Name, "uid", i.Owner.UID)
 			c.event(t, event.Normal("OrphanFound", fmt.Sprintf("dry run: %s belongs to Proxy %s/%s (uid %s), which no longer exists", i.ProviderID, i.Owner.Namespace, i.Owner.Name, i.Owner.UID)))
+		case c.adoptedSince(ctx, t, i):
+			r.Owned++
 		default:
 			if err := t.Backend.Delete(ctx, i.Ref); err != nil {
 				r.Failed++
@@ -138,6 +147,24 @@ func (c *Collector) collect(ctx context.Context, t Target, instances []backend.I
 		}
 	}
 	return errs
+}
+
+// adoptedSince reports whether a running orphan has been imported by
+// another Proxy since it was listed, or could not be looked at again: it
+// is left for the next pass. What is left of an instance (a rule, a
+// policy) is not looked at again: nothing imports it.
+func (c *Collector) adoptedSince(ctx context.Context, t Target, i backend.Instance) bool {
+	if i.Phase == v1alpha1.InstancePhaseTerminated {
+		return false
+	}
+	cur, err := t.Backend.Get(ctx, i.Ref)
+	switch {
+	case backend.IsNotFound(err):
+		return false
+	case err != nil:
+		return true
+	}
+	return cur.Owner.Holder() != i.Owner.Holder() || cur.Owner.Retain
 }
 
 func (c *Collector) event(t Target, e event.Event) {

@@ -186,3 +186,69 @@ type recorder struct{ events []event.Event }
 
 func (r *recorder) Event(_ runtime.Object, e event.Event)    { r.events = append(r.events, e) }
 func (r *recorder) WithAnnotations(...string) event.Recorder { return r }
+
+// laterSources answers Owners from its list, one map per call, the last
+// one repeated: the Proxies as they were at each read.
+type laterSources struct {
+	targets []Target
+	reads   []map[types.UID]bool
+	n       int
+}
+
+func (s *laterSources) Targets(context.Context) ([]Target, error) { return s.targets, nil }
+func (s *laterSources) Owners(context.Context) (map[types.UID]bool, error) {
+	o := s.reads[min(s.n, len(s.reads)-1)]
+	s.n++
+	return o, nil
+}
+
+// adoptingBackend lists an instance as its maker's orphan, and then shows it
+// imported by another Proxy, as an import racing the collector does.
+type adoptingBackend struct {
+	*fake.Backend
+	adopter types.UID
+}
+
+func (b adoptingBackend) Get(ctx context.Context, r backend.Ref) (*backend.Instance, error) {
+	i, err := b.Backend.Get(ctx, r)
+	if err == nil {
+		i.Owner.Adopter = b.adopter
+	}
+	return i, err
+}
+
+// TestCollectRacingImport: an instance imported while the collector runs
+// is not taken, whether the import came before the instances were listed
+// (the Proxies are read after them) or between the listing and the delete
+// (the instance is looked at again).
+func TestCollectRacingImport(t *testing.T) {
+	collector := func(s Sources) *Collector {
+		return &Collector{Sources: s, ClusterID: "me", Grace: time.Minute, Now: func() time.Time { return now },
+			Log: logging.NewNopLogger(), Record: event.NewNopRecorder(), Metrics: metrics.NewProvider()}
+	}
+	t.Run("ImportedBeforeListing", func(t *testing.T) {
+		b := fake.New()
+		i := inst("a", "me", "maker-uid", time.Hour)
+		i.Owner.Adopter = "adopter-uid"
+		b.Put(i)
+		s := &laterSources{targets: []Target{{Kind: "Local", Backend: b}}, reads: []map[types.UID]bool{{}, {"adopter-uid": true}}}
+		if _, err := collector(s).Collect(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		if b.CallCount("Delete") != 0 {
+			t.Error("an instance whose adopter appeared after the first read of the Proxies must be kept")
+		}
+	})
+	t.Run("ImportedBeforeDelete", func(t *testing.T) {
+		b := fake.New()
+		b.Put(inst("a", "me", "maker-uid", time.Hour))
+		s := &laterSources{targets: []Target{{Kind: "Local", Backend: adoptingBackend{Backend: b, adopter: "adopter-uid"}}}, reads: []map[types.UID]bool{{}}}
+		r, err := collector(s).Collect(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.CallCount("Delete") != 0 || r.Owned != 1 {
+			t.Errorf("an instance imported after it was listed must be kept: %+v", r)
+		}
+	})
+}

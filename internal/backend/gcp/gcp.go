@@ -937,8 +937,12 @@ func (b *Backend) Adopt(ctx context.Context, r backend.Ref, from types.UID, to o
 		return errors.Wrapf(Classify(err), "cannot label VM %s for its new Proxy", r.Name)
 	}
 	// Wait, so that the import is recorded only once the VM says so.
-	if _, err := b.wait(ctx, op, b.operationTimeout()); err != nil {
+	done, err := b.wait(ctx, op, b.operationTimeout())
+	switch {
+	case err != nil:
 		return errors.Wrapf(Classify(err), "labelling VM %s for its new Proxy failed", r.Name)
+	case !done:
+		return backend.Errorf(backend.ClassTransient, "labelling VM %s for its new Proxy is still running: retrying", r.Name)
 	}
 	return nil
 }

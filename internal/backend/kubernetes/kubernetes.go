@@ -375,20 +375,22 @@ func saltFor(uid types.UID) string {
 	return ownership.InstanceName(uid)[len("egress-"):][:8]
 }
 
-// Adopt relabels the pod, then its config Secret and network policy, for
-// the Proxy that imports them, each only if it still belongs to from or
-// already to to: the patch carries the resourceVersion read, so of two
-// imports racing the second is refused. The network policy keeps selecting
-// the pod by its maker's UID label, which stays.
+// Adopt relabels the pod's config Secret and network policy, then the pod,
+// for the Proxy that imports them, each only if it still belongs to from or
+// already to to: a patch carries the resourceVersion read, so of two imports
+// racing the second is refused. The pod goes last because it is what
+// ListOwned and Get report, so an import cut short is retried from the
+// same holder. A pod without its Secret or network policy is not imported:
+// nothing would put them back while it runs. The network policy keeps
+// selecting the pod by its maker's UID label, which stays.
 func (b *Backend) Adopt(ctx context.Context, r backend.Ref, from types.UID, to ownership.Owner) error {
 	meta := metav1.ObjectMeta{Name: r.Name, Namespace: r.Namespace}
-	kinds := []string{"pod", "config Secret", "NetworkPolicy"}
-	for i, o := range []client.Object{&corev1.Pod{ObjectMeta: meta}, &corev1.Secret{ObjectMeta: meta}, &networkingv1.NetworkPolicy{ObjectMeta: meta}} {
+	kinds := []string{"config Secret", "NetworkPolicy", "pod"}
+	objs := []client.Object{&corev1.Secret{ObjectMeta: meta}, &networkingv1.NetworkPolicy{ObjectMeta: meta}, &corev1.Pod{ObjectMeta: meta}}
+	for i, o := range objs {
 		if err := b.cfg.Client.Get(ctx, client.ObjectKeyFromObject(o), o); err != nil {
-			if kerrors.IsNotFound(err) && i > 0 {
-				// A pod without its Secret or policy is Repair's and
-				// Create's business, not the import's.
-				continue
+			if kerrors.IsNotFound(err) {
+				return backend.Errorf(backend.ClassPermanent, "%s %s/%s is missing: a pod without it is not imported", kinds[i], r.Namespace, r.Name)
 			}
 			return Classify(errors.Wrapf(err, "cannot get %s %s/%s", kinds[i], r.Namespace, r.Name))
 		}
@@ -396,6 +398,9 @@ func (b *Backend) Adopt(ctx context.Context, r backend.Ref, from types.UID, to o
 		if h := cur.Holder(); !ok || h != from && h != to.UID {
 			return backend.Errorf(backend.ClassTransient, "%s %s/%s belongs to Proxy uid %s now, not %s", kinds[i], r.Namespace, r.Name, h, from)
 		}
+	}
+	for i, o := range objs {
+		cur, _ := ownership.FromLabels(o.GetLabels())
 		base := o.DeepCopyObject().(client.Object) //nolint:forcetypeassert // A copy of a client.Object is one.
 		o.SetLabels(cur.AdoptedBy(to).Relabel(o.GetLabels(), false))
 		if err := b.cfg.Client.Patch(ctx, o, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {

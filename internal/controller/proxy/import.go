@@ -3,7 +3,6 @@ package proxy
 import (
 	"context"
 	"fmt"
-	"path"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
@@ -23,13 +22,18 @@ const ReasonImportRefused = "ImportRefused"
 
 // wantsImport returns the external-name of an instance the Proxy asks to
 // import, or "": an external-name set on a Proxy that has no instance
-// recorded, naming another instance than the Proxy's own (Create writes the
-// Proxy's own there), and not imported already. An imported instance that
-// is gone is not looked for again: the Proxy makes its own.
-func wantsImport(p *v1alpha1.Proxy) string {
+// recorded, that reads as a providerID of the Proxy's backend (anything
+// else, such as a name some tool copied there, is not a request), names
+// another instance than the Proxy's own (Create writes the Proxy's own
+// there), and was not imported already. An imported instance that is gone
+// is not looked for again: the Proxy makes its own.
+func wantsImport(p *v1alpha1.Proxy, pc *config) string {
 	x := meta.GetExternalName(p)
 	ap := p.Status.AtProvider
-	if x == "" || ap.ProviderID != "" || x == ap.ImportedFrom || path.Base(x) == ownership.InstanceName(p.GetUID()) {
+	if x == "" || ap.ProviderID != "" || x == ap.ImportedFrom {
+		return ""
+	}
+	if r, ok := parseRecorded(p, pc, x); !ok || !imported(p, r) {
 		return ""
 	}
 	return x
@@ -54,21 +58,19 @@ func (e *external) importInstance(ctx context.Context, p *v1alpha1.Proxy, x stri
 		p.SetConditions(unavailable(ReasonImportRefused, msg))
 		return errors.New(msg)
 	}
-	all, err := e.backend.ListOwned(ctx)
-	e.countError("list", err)
-	if err != nil {
-		p.SetConditions(unavailable(ReasonBackendError, fmt.Sprintf("cannot list instances to import %s: %v", x, err)))
-		return errors.Wrap(err, "cannot list instances to import")
-	}
-	var inst *backend.Instance
-	for i := range all {
-		if all[i].ProviderID == x && all[i].Owner.OfCluster(e.clusterID) {
-			inst = &all[i]
-		}
+	ref, _ := parseRecorded(p, e.pc, x)
+	inst, err := e.backend.Get(ctx, ref)
+	e.countError("get", err)
+	switch {
+	case backend.IsNotFound(err):
+		inst = nil
+	case err != nil:
+		p.SetConditions(unavailable(ReasonBackendError, fmt.Sprintf("cannot look at %s to import it: %v", x, err)))
+		return errors.Wrapf(err, "cannot look at %s to import it", x)
 	}
 	want := instanceRef(p, e.pc)
 	switch {
-	case inst == nil:
+	case inst == nil || inst.ProviderID != x || inst.Owner.UID == "" || !inst.Owner.OfCluster(e.clusterID):
 		return refuse("%s %s has no such instance made by this provider for cluster %q (instances it did not make are never imported)", e.pc.Kind, e.pc.Name, e.clusterID)
 	case inst.Owner.Namespace != p.GetNamespace():
 		return refuse("it belongs to a Proxy of namespace %q, and only a Proxy of that namespace may import it", inst.Owner.Namespace)

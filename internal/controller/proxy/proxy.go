@@ -334,6 +334,13 @@ func (e *external) observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 		return managed.ExternalObservation{}, errors.Wrap(err, "cannot get instance")
 	}
 	if err := e.checkHeld(p, inst); err != nil {
+		if meta.WasDeleted(p) {
+			// Not this Proxy's to delete: it is let go, and the
+			// instance left to whose it is.
+			e.record.Event(p, event.Warning(ReasonImportRefused, err))
+			e.sched.forget(p.GetUID())
+			return managed.ExternalObservation{ResourceExists: false}, nil
+		}
 		return managed.ExternalObservation{}, err
 	}
 	e.metrics.SetPhase(p.GetUID(), e.backendName(), string(inst.Phase))
@@ -458,7 +465,7 @@ func (e *external) observeMissing(ctx context.Context, p *v1alpha1.Proxy, ref ba
 		p.SetConditions(unavailable(ReasonNotPermitted, err.Error()))
 		return managed.ExternalObservation{}, err
 	}
-	if x := wantsImport(p); x != "" {
+	if x := wantsImport(p, e.pc); x != "" {
 		return e.observeImport(ctx, p, x)
 	}
 	g := readGate(p)

@@ -245,21 +245,21 @@ func TestObserve(t *testing.T) {
 		"RecordNamesAnotherInstance": {
 			reason: "A status naming an instance that is not the Proxy's (another's, as an edited status would) gets nothing done to it.",
 			proxy: unitProxy(func(p *v1alpha1.Proxy) {
-				p.Status.AtProvider.ProviderID = "local/egress-victim"
+				p.Status.AtProvider.ProviderID = victimID
 			}),
-			instance: &backend.Instance{Ref: backend.Ref{Name: "egress-victim"}, ProviderID: "local/egress-victim", Phase: v1alpha1.InstancePhaseTerminated, SpecHash: "other",
+			instance: &backend.Instance{Ref: backend.Ref{Name: ownership.InstanceName("victim-uid")}, ProviderID: victimID, Phase: v1alpha1.InstancePhaseTerminated, SpecHash: "other",
 				Owner: ownership.Owner{ClusterID: "unit", Namespace: "team", Name: "victim", UID: "victim-uid"}},
-			want: result{Err: true, Reason: ReasonImportRefused, Status: corev1.ConditionFalse, ProviderID: "local/egress-victim"},
+			want: result{Err: true, Reason: ReasonImportRefused, Status: corev1.ConditionFalse, ProviderID: victimID},
 		},
 		"RecordNamesAnotherInstanceWhileDeleting": {
-			reason: "Nor does deleting the Proxy delete another's instance its status names.",
+			reason: "Nor does deleting the Proxy delete another's instance its status names: the Proxy is let go.",
 			proxy: unitProxy(func(p *v1alpha1.Proxy) {
-				p.Status.AtProvider.ProviderID = "local/egress-victim"
+				p.Status.AtProvider.ProviderID = victimID
 				p.SetDeletionTimestamp(&metav1.Time{Time: epoch})
 			}),
-			instance: &backend.Instance{Ref: backend.Ref{Name: "egress-victim"}, ProviderID: "local/egress-victim", Phase: v1alpha1.InstancePhaseRunning, SpecHash: "other",
+			instance: &backend.Instance{Ref: backend.Ref{Name: ownership.InstanceName("victim-uid")}, ProviderID: victimID, Phase: v1alpha1.InstancePhaseRunning, SpecHash: "other",
 				Owner: ownership.Owner{ClusterID: "unit", Namespace: "team", Name: "victim", UID: "victim-uid"}},
-			want: result{Err: true, Reason: ReasonImportRefused, Status: corev1.ConditionFalse, ProviderID: "local/egress-victim"},
+			want: result{Obs: managed.ExternalObservation{ResourceExists: false}, Reason: ReasonImportRefused, Status: corev1.ConditionFalse, ProviderID: victimID},
 		},
 		"TerminatedObserveOnly": {
 			reason: "Observe-only never deletes: a terminated instance is reported, and kept.",
@@ -1022,5 +1022,43 @@ func TestInputsLiftHolds(t *testing.T) {
 	}
 }
 
+// victimID is the providerID of another Proxy's local instance.
+var victimID = "local/" + ownership.InstanceName("victim-uid")
+
 // localID is the providerID of unitProxy's local instance.
 var localID = "local/" + ownership.InstanceName(unitProxy().GetUID())
+
+// TestWantsImport: only an external-name that reads as a providerID of the
+// Proxy's backend, naming another instance than its own, on a Proxy with no
+// instance recorded, asks for an import; a providerID from before local
+// instance names were recorded (local/PORT) names the Proxy's own.
+func TestWantsImport(t *testing.T) {
+	pc := &config{Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}}
+	cases := map[string]struct {
+		ext, recorded, importedFrom, want string
+	}{
+		"None":            {},
+		"Import":          {ext: victimID, want: victimID},
+		"Own":             {ext: localID},
+		"NameCopied":      {ext: "my-proxy"},
+		"OtherBackend":    {ext: "projects/p/zones/z/instances/" + ownership.InstanceName("victim-uid")},
+		"LegacyLocalPort": {ext: "local/32100"},
+		"Recorded":        {ext: victimID, recorded: localID},
+		"ImportedBefore":  {ext: victimID, importedFrom: victimID},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			p := unitProxy(func(p *v1alpha1.Proxy) {
+				p.Status.AtProvider.ProviderID, p.Status.AtProvider.ImportedFrom = tc.recorded, tc.importedFrom
+			})
+			meta.SetExternalName(p, tc.ext)
+			if got := wantsImport(p, pc); got != tc.want {
+				t.Errorf("external-name %q: import %q, want %q", tc.ext, got, tc.want)
+			}
+		})
+	}
+	legacy := unitProxy(func(p *v1alpha1.Proxy) { p.Status.AtProvider.ProviderID = "local/32100" })
+	if r := recordedRef(legacy, pc); r.Name != ownership.InstanceName(legacy.GetUID()) {
+		t.Errorf("a recorded local/PORT names the Proxy's own instance: %+v", r)
+	}
+}

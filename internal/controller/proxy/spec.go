@@ -61,12 +61,39 @@ func instanceRef(p *v1alpha1.Proxy, pc *config) backend.Ref {
 
 // Recorded instance references, as the provider writes them to
 // status.atProvider.providerID: a GCP VM's projects/P/zones/Z/instances/N,
-// a pod's NS/NAME, a local instance's local/NAME.
+// a pod's NS/NAME, a local instance's local/NAME (local/PORT before
+// instance names were recorded, which names no instance here).
 var (
-	recordedVM    = regexp.MustCompile(`^projects/[^/]+/zones/([a-z0-9-]+)/instances/([a-z0-9-]+)$`)
+	recordedVM    = regexp.MustCompile(`^projects/([^/]+)/zones/([a-z0-9-]+)/instances/([a-z0-9-]+)$`)
 	recordedPod   = regexp.MustCompile(`^([a-z0-9-]+)/([a-z0-9.-]+)$`)
-	recordedLocal = regexp.MustCompile(`^local/([a-z0-9-]+)$`)
+	recordedLocal = regexp.MustCompile(`^local/(egress-[a-z2-7]{16})$`)
 )
+
+// parseRecorded reads a providerID of the Proxy's backend into a
+// reference: the location and name it names, the rest as instanceRef has
+// it. It reports false for anything else.
+func parseRecorded(p *v1alpha1.Proxy, pc *config, id string) (backend.Ref, bool) {
+	r := instanceRef(p, pc)
+	fp := p.Spec.ForProvider
+	switch {
+	case fp.GCP != nil:
+		if m := recordedVM.FindStringSubmatch(id); m != nil {
+			r.Zone, r.Name = m[2], m[3]
+			return r, true
+		}
+	case fp.Kubernetes != nil:
+		if m := recordedPod.FindStringSubmatch(id); m != nil {
+			r.Namespace, r.Name = m[1], m[2]
+			return r, true
+		}
+	case fp.Local != nil:
+		if m := recordedLocal.FindStringSubmatch(id); m != nil {
+			r.Name = m[1]
+			return r, true
+		}
+	}
+	return r, false
+}
 
 // recordedRef locates the instance the Proxy has: where the provider
 // recorded it (status.atProvider.providerID, which the provider writes and
@@ -78,23 +105,7 @@ var (
 // not trusted with whose instance it names: Observe acts on an instance of
 // another name only while its labels say it is this Proxy's (checkHeld).
 func recordedRef(p *v1alpha1.Proxy, pc *config) backend.Ref {
-	r := instanceRef(p, pc)
-	id := p.Status.AtProvider.ProviderID
-	fp := p.Spec.ForProvider
-	switch {
-	case fp.GCP != nil:
-		if m := recordedVM.FindStringSubmatch(id); m != nil {
-			r.Zone, r.Name = m[1], m[2]
-		}
-	case fp.Kubernetes != nil:
-		if m := recordedPod.FindStringSubmatch(id); m != nil {
-			r.Namespace, r.Name = m[1], m[2]
-		}
-	case fp.Local != nil:
-		if m := recordedLocal.FindStringSubmatch(id); m != nil {
-			r.Name = m[1]
-		}
-	}
+	r, _ := parseRecorded(p, pc, p.Status.AtProvider.ProviderID)
 	return r
 }
 
@@ -107,7 +118,7 @@ func recordedElsewhere(p *v1alpha1.Proxy, pc *config) string {
 		return ""
 	}
 	id := p.Status.AtProvider.ProviderID
-	m := recordedProject.FindStringSubmatch(id)
+	m := recordedVM.FindStringSubmatch(id)
 	if m == nil || m[1] == pc.Spec.GCP.Project {
 		return ""
 	}
@@ -115,8 +126,6 @@ func recordedElsewhere(p *v1alpha1.Proxy, pc *config) string {
 		"and a deleted Proxy keeps its finalizer while its VM may still run; point the configuration back at project %s, "+
 		"or delete the VM there and then remove the Proxy's finalizer", id, m[1], pc.Kind, pc.Name, pc.Spec.GCP.Project, m[1])
 }
-
-var recordedProject = regexp.MustCompile(`^projects/([^/]+)/zones/[^/]+/instances/[^/]+$`)
 
 // usedSecrets are the Secrets a Proxy's instance is made from: its auth
 // and cloud-init Secrets, and its ProviderConfig's credentials Secret.
