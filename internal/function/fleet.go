@@ -36,6 +36,11 @@ type Fleet struct {
 	// Paused holds back the replacements a template change or a removed
 	// zone asks for.
 	Paused bool
+	// ProgressDeadline is how long a rollout may make no progress before
+	// it is reported stalled.
+	ProgressDeadline time.Duration
+	// Warnings say what in the spec was taken otherwise than written.
+	Warnings []string
 }
 
 // templateRevision hashes what each of a fleet's Proxies is made from,
@@ -76,9 +81,7 @@ func parseFleet(name, namespace string, spec map[string]any) (*Fleet, error) {
 	}
 	s := given.WithDefaults()
 	f := &Fleet{Name: name, Namespace: namespace, spec: s, Replicas: int(*s.Replicas), Zones: s.Zones, Revision: templateRevision(s)}
-	if s.Rollout != nil {
-		f.Paused = s.Rollout.Paused
-	}
+	f.Paused, f.ProgressDeadline = s.Rollout.Paused, s.Rollout.ProgressDeadline.Duration
 	c := (*fleetSpec)(s)
 	for _, check := range []func() error{
 		f.checkScale, c.checkPlacement, c.checkProxy, c.checkHealthCheck, f.checkRotation, c.checkLeases,
@@ -198,8 +201,18 @@ func (f *Fleet) checkRotation() error {
 			return fieldError("spec.rotation.maxAge", "must be at least 1m, not %s", f.MaxAge)
 		}
 	}
-	if f.ReplaceUnhealthyAfter = r.ReplaceUnhealthyAfter.Duration; f.ReplaceUnhealthyAfter < time.Minute {
-		return fieldError("spec.rotation.replaceUnhealthyAfter", "must be at least 1m, not %s: a proxy needs time to boot", f.ReplaceUnhealthyAfter)
+	switch f.ReplaceUnhealthyAfter = r.ReplaceUnhealthyAfter.Duration; {
+	case f.ReplaceUnhealthyAfter < 0:
+		return fieldError("spec.rotation.replaceUnhealthyAfter", "must not be negative, not %s", f.ReplaceUnhealthyAfter)
+	case f.ReplaceUnhealthyAfter < time.Minute:
+		// The schema refuses it now, but a fleet stored before it did
+		// keeps being composed, with the shortest hold that lets a proxy
+		// boot.
+		f.Warnings = append(f.Warnings, fmt.Sprintf("spec.rotation.replaceUnhealthyAfter %s is shorter than 1m: 1m is used, since a proxy needs time to boot; set it to at least 1m", f.ReplaceUnhealthyAfter))
+		f.ReplaceUnhealthyAfter = time.Minute
+	}
+	if f.ProgressDeadline < time.Minute {
+		return fieldError("spec.rollout.progressDeadline", "must be at least 1m, not %s", f.ProgressDeadline)
 	}
 	f.MaxSurge, f.MaxUnavailable = int(*r.MaxSurge), int(*r.MaxUnavailable)
 	if f.MaxSurge < 0 || f.MaxUnavailable < 0 {

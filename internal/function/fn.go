@@ -7,7 +7,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -156,10 +155,31 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 	for name, r := range grant {
 		rsp.Desired.Resources[name] = r
 	}
-	setStatus(rsp.Desired, fleet, members, now)
-	report(rsp, fleet, members, p, now)
-	rsp.Meta.Ttl = durationpb.New(requeueAfter(fleet, members, p, now))
+	finish(rsp, req, fleet, members, p, now)
 	return rsp, nil
+}
+
+// finish reports the fleet: its status, readiness and conditions, and when
+// to compose it again.
+func finish(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionRequest, fleet *Fleet, members []*member, p *plan, now time.Time) {
+	setStatus(rsp.Desired, fleet, members, now)
+	ro := progress(fleet, members, field(req.GetObserved().GetComposite().GetResource(), "status").GetStructValue(), now)
+	setRollout(field(rsp.Desired.Composite.Resource, "status").GetStructValue(), ro)
+	setReady(rsp.Desired, fleet, members)
+	report(rsp, fleet, members, p, now)
+	for _, w := range fleet.Warnings {
+		response.Warning(rsp, errors.New(w)).TargetCompositeAndClaim()
+	}
+	reportRollout(rsp, fleet, members, p, ro, now)
+	ttl := requeueAfter(fleet, members, p, now)
+	if ro != nil && !fleet.Paused {
+		// RolloutStalled turns True when the deadline passes, not a
+		// poll later.
+		if left := ro.since.Add(fleet.ProgressDeadline).Sub(now); left > 0 && left < ttl {
+			ttl = max(left, time.Second)
+		}
+	}
+	rsp.Meta.Ttl = durationpb.New(ttl)
 }
 
 // blockedRecheck is how soon a fleet whose due replacement waits (on a
@@ -174,7 +194,7 @@ const blockedRecheck = 10 * time.Second
 // interval later.
 func requeueAfter(f *Fleet, members []*member, p *plan, now time.Time) time.Duration {
 	d := response.DefaultTTL
-	if len(p.blocked) > 0 {
+	if p.leaseWait {
 		d = blockedRecheck
 	}
 	due := func(at time.Time) {
@@ -489,8 +509,8 @@ func setStatus(desired *fnv1.State, f *Fleet, members []*member, now time.Time) 
 		if m.Healthy {
 			healthy++
 		}
-		if m.Revision == f.Revision && slices.Contains(f.Zones, m.Zone) {
-			updated++ // outdatedCount's complement
+		if f.current(m) {
+			updated++
 		}
 		proxies = append(proxies, structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
 			"name":     structpb.NewStringValue(m.Name),
@@ -517,7 +537,7 @@ func setStatus(desired *fnv1.State, f *Fleet, members []*member, now time.Time) 
 func outdatedCount(f *Fleet, members []*member) int {
 	n := 0
 	for _, m := range members {
-		if m.Revision != f.Revision || !slices.Contains(f.Zones, m.Zone) {
+		if !f.current(m) {
 			n++
 		}
 	}

@@ -91,27 +91,26 @@ func TestBadInput(t *testing.T) {
 			spec:   `{"replicas": 2, "placement": {"local": {}}, "proxy": {"authSecretRef": {"name": "a"}}, "healthCheck": {"url": "https://e/ip"}}`,
 			want:   fatal("spec.zones must not be empty when spec.replicas > 0: list the zones to spread proxies over"),
 		},
-		"NegativeReplicas":      {reason: "Replicas cannot be negative.", spec: "replicas=-1", want: fatal("spec.replicas must be between 0 and 1000, not -1")},
-		"BadZone":               {reason: "Zones are DNS labels.", spec: `zones=["a", "B_1"]`, want: fatal(`spec.zones[1] "B_1" must be a lowercase DNS label such as europe-west1-b`)},
-		"DuplicateZone":         {reason: "A zone listed twice would skew the spread.", spec: `zones=["a", "a"]`, want: fatal(`spec.zones[1] "a" is listed twice`)},
-		"NoPlacement":           {reason: "A fleet runs somewhere.", spec: "placement=", want: fatal("spec.placement needs exactly one of local, kubernetes or gcp")},
-		"TwoPlacements":         {reason: "A fleet runs on one backend.", spec: `placement={"local": {}, "kubernetes": {}}`, want: fatal("spec.placement needs exactly one of local, kubernetes or gcp")},
-		"OpenProxy":             {reason: "Open proxies are refused.", spec: "proxy={}", want: fatal("spec.proxy refuses an open proxy: set authSecretRef (credentials) and/or allowedSourceRanges")},
-		"BadPort":               {reason: "Ports are 1-65535.", spec: "proxy.port=0", want: fatal("spec.proxy.port must be between 1 and 65535, not 0")},
-		"NoURL":                 {reason: "Health needs a probe URL.", spec: "healthCheck.url=", want: fatal("spec.healthCheck.url is required: an http(s) URL fetched through each proxy, such as https://ifconfig.me/ip")},
-		"FTPURL":                {reason: "The probe goes through an HTTP proxy.", spec: `healthCheck.url="ftp://e/ip"`, want: fatal(`spec.healthCheck.url must be an absolute http:// or https:// URL, not "ftp://e/ip"`)},
-		"SlowTimeout":           {reason: "A probe must end before the next starts.", spec: `healthCheck.timeout="10s"`, want: fatal("spec.healthCheck.timeout (10s) must be shorter than spec.healthCheck.interval (10s)")},
-		"BadMaxAge":             {reason: "Durations are Go durations.", spec: `rotation={"maxAge": "a day"}`, want: fatal(`spec.rotation.maxAge must be a duration such as 30s, 5m or 24h, not "a day"`)},
-		"StuckRotation":         {reason: "Neither surge nor unavailability: no progress.", spec: `rotation={"maxSurge": 0, "maxUnavailable": 0}`, want: fatal("spec.rotation maxSurge and maxUnavailable cannot both be 0: replacement could never make progress")},
-		"QuickUnhealthyReplace": {reason: "A proxy needs time to boot before it is called unhealthy.", spec: `rotation={"replaceUnhealthyAfter": "30s"}`, want: fatal("spec.rotation.replaceUnhealthyAfter must be at least 1m, not 30s: a proxy needs time to boot")},
-		"ZeroLeases":            {reason: "At least one crawler per proxy.", spec: `leases={"maxLeasesPerProxy": 0}`, want: fatal("spec.leases.maxLeasesPerProxy must be at least 1, not 0")},
-		"OpenHalves":            {reason: "Two halves of the internet without credentials are an open proxy.", spec: `proxy={"allowedSourceRanges": ["0.0.0.0/1", "128.0.0.0/1"]}`, want: fatal(`spec.proxy.allowedSourceRanges "0.0.0.0/1" is not private, loopback or CGNAT space: without authSecretRef that is an open proxy; add authSecretRef or narrow the range`)},
-		"PublicException":       {reason: "An exception is for private networks.", spec: `proxy={"authSecretRef": {"name": "auth"}, "allowedPrivateDestinations": ["8.8.8.0/24"]}`, want: fatal(`spec.proxy.allowedPrivateDestinations "8.8.8.0/24" is not a private network (nor may it be the proxy host itself): public destinations need no exception`)},
-		"SubSecondTTL":          {reason: "A Lease object's duration is whole seconds.", spec: `leases={"defaultTTL": "500ms"}`, want: fatal("spec.leases.defaultTTL must be between 1s and 168h0m0s, not 500ms")},
-		"HugeMaxTTL":            {reason: "A lease is not a way to own a proxy.", spec: `leases={"maxTTL": "1000000h"}`, want: fatal("spec.leases.maxTTL must be between 1s and 168h0m0s, not 1000000h0m0s")},
-		"DefaultOverMax":        {reason: "The default must be a TTL a crawler may ask for.", spec: `leases={"defaultTTL": "2h"}`, want: fatal("spec.leases.defaultTTL (2h0m0s) must not exceed spec.leases.maxTTL (1h0m0s)")},
-		"BadConfigKind":         {reason: "Only the two configuration kinds exist.", spec: `providerConfigRef={"kind": "Secret", "name": "x"}`, want: fatal(`spec.providerConfigRef.kind must be ProviderConfig or ClusterProviderConfig, not "Secret"`)},
-		"NotAnObject":           {reason: "A spec of the wrong shape is refused, not a panic.", spec: `{"replicas": "three"}`, want: nil},
+		"NegativeReplicas": {reason: "Replicas cannot be negative.", spec: "replicas=-1", want: fatal("spec.replicas must be between 0 and 1000, not -1")},
+		"BadZone":          {reason: "Zones are DNS labels.", spec: `zones=["a", "B_1"]`, want: fatal(`spec.zones[1] "B_1" must be a lowercase DNS label such as europe-west1-b`)},
+		"DuplicateZone":    {reason: "A zone listed twice would skew the spread.", spec: `zones=["a", "a"]`, want: fatal(`spec.zones[1] "a" is listed twice`)},
+		"NoPlacement":      {reason: "A fleet runs somewhere.", spec: "placement=", want: fatal("spec.placement needs exactly one of local, kubernetes or gcp")},
+		"TwoPlacements":    {reason: "A fleet runs on one backend.", spec: `placement={"local": {}, "kubernetes": {}}`, want: fatal("spec.placement needs exactly one of local, kubernetes or gcp")},
+		"OpenProxy":        {reason: "Open proxies are refused.", spec: "proxy={}", want: fatal("spec.proxy refuses an open proxy: set authSecretRef (credentials) and/or allowedSourceRanges")},
+		"BadPort":          {reason: "Ports are 1-65535.", spec: "proxy.port=0", want: fatal("spec.proxy.port must be between 1 and 65535, not 0")},
+		"NoURL":            {reason: "Health needs a probe URL.", spec: "healthCheck.url=", want: fatal("spec.healthCheck.url is required: an http(s) URL fetched through each proxy, such as https://ifconfig.me/ip")},
+		"FTPURL":           {reason: "The probe goes through an HTTP proxy.", spec: `healthCheck.url="ftp://e/ip"`, want: fatal(`spec.healthCheck.url must be an absolute http:// or https:// URL, not "ftp://e/ip"`)},
+		"SlowTimeout":      {reason: "A probe must end before the next starts.", spec: `healthCheck.timeout="10s"`, want: fatal("spec.healthCheck.timeout (10s) must be shorter than spec.healthCheck.interval (10s)")},
+		"BadMaxAge":        {reason: "Durations are Go durations.", spec: `rotation={"maxAge": "a day"}`, want: fatal(`spec.rotation.maxAge must be a duration such as 30s, 5m or 24h, not "a day"`)},
+		"StuckRotation":    {reason: "Neither surge nor unavailability: no progress.", spec: `rotation={"maxSurge": 0, "maxUnavailable": 0}`, want: fatal("spec.rotation maxSurge and maxUnavailable cannot both be 0: replacement could never make progress")},
+		"ZeroLeases":       {reason: "At least one crawler per proxy.", spec: `leases={"maxLeasesPerProxy": 0}`, want: fatal("spec.leases.maxLeasesPerProxy must be at least 1, not 0")},
+		"OpenHalves":       {reason: "Two halves of the internet without credentials are an open proxy.", spec: `proxy={"allowedSourceRanges": ["0.0.0.0/1", "128.0.0.0/1"]}`, want: fatal(`spec.proxy.allowedSourceRanges "0.0.0.0/1" is not private, loopback or CGNAT space: without authSecretRef that is an open proxy; add authSecretRef or narrow the range`)},
+		"PublicException":  {reason: "An exception is for private networks.", spec: `proxy={"authSecretRef": {"name": "auth"}, "allowedPrivateDestinations": ["8.8.8.0/24"]}`, want: fatal(`spec.proxy.allowedPrivateDestinations "8.8.8.0/24" is not a private network (nor may it be the proxy host itself): public destinations need no exception`)},
+		"SubSecondTTL":     {reason: "A Lease object's duration is whole seconds.", spec: `leases={"defaultTTL": "500ms"}`, want: fatal("spec.leases.defaultTTL must be between 1s and 168h0m0s, not 500ms")},
+		"HugeMaxTTL":       {reason: "A lease is not a way to own a proxy.", spec: `leases={"maxTTL": "1000000h"}`, want: fatal("spec.leases.maxTTL must be between 1s and 168h0m0s, not 1000000h0m0s")},
+		"DefaultOverMax":   {reason: "The default must be a TTL a crawler may ask for.", spec: `leases={"defaultTTL": "2h"}`, want: fatal("spec.leases.defaultTTL (2h0m0s) must not exceed spec.leases.maxTTL (1h0m0s)")},
+		"BadConfigKind":    {reason: "Only the two configuration kinds exist.", spec: `providerConfigRef={"kind": "Secret", "name": "x"}`, want: fatal(`spec.providerConfigRef.kind must be ProviderConfig or ClusterProviderConfig, not "Secret"`)},
+		"NotAnObject":      {reason: "A spec of the wrong shape is refused, not a panic.", spec: `{"replicas": "three"}`, want: nil},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -201,7 +200,7 @@ func TestRunFunction(t *testing.T) {
 			Type: "FleetHealthy", Status: fnv1.Status_STATUS_CONDITION_FALSE, Reason: "Degraded",
 			Message: ptr.To("1/2 proxies healthy; proxy crawlers-1 unhealthy since 2026-11-29T11:58:00Z"), Target: fnv1.Target_TARGET_COMPOSITE_AND_CLAIM.Enum(),
 		}}
-		if diff := cmp.Diff(wantCond, rsp.GetConditions(), protocmp.Transform()); diff != "" {
+		if diff := cmp.Diff(wantCond, conditions(rsp, ConditionFleetHealthy), protocmp.Transform()); diff != "" {
 			t.Errorf("FleetHealthy: -want, +got:\n%s", diff)
 		}
 		if len(rsp.GetResults()) != 0 {
@@ -244,7 +243,7 @@ func TestRunFunction(t *testing.T) {
 		if _, ok := rsp.GetDesired().GetResources()["proxy-2"]; ok {
 			t.Error("a refused proxy must not be replaced")
 		}
-		if c := rsp.GetConditions(); len(c) != 1 || !strings.Contains(c[0].GetMessage(), `crawlers-1 unhealthy since 2026-11-29T11:00:00Z: spec.forProvider.kubernetes.namespace "kube-system" is not permitted`) {
+		if c := conditions(rsp, ConditionFleetHealthy); len(c) != 1 || !strings.Contains(c[0].GetMessage(), `crawlers-1 unhealthy since 2026-11-29T11:00:00Z: spec.forProvider.kubernetes.namespace "kube-system" is not permitted`) {
 			t.Errorf("FleetHealthy must repeat the refusal: %v", c)
 		}
 	})
@@ -424,4 +423,160 @@ func TestTemplateChangeKeepsOldSpecs(t *testing.T) {
 	if l[fleetv1alpha1.LabelTemplateRevision] != current || l[fleetv1alpha1.LabelReplaces] != "0" || l[fleetv1alpha1.LabelZone] != "a" || fp("proxy-2")["port"] != float64(3128) {
 		t.Errorf("the replacement is of the current template, in the old one's zone: %v %v", l, r.GetResource().AsMap()["spec"])
 	}
+}
+
+// TestFleetReadiness: the XR is Ready while at least replicas -
+// maxUnavailable proxies are, so a surge proxy booting during a rollout
+// does not make it unready, and one proxy down beyond that does.
+func TestFleetReadiness(t *testing.T) {
+	cases := map[string]struct {
+		reason    string
+		spec      string
+		resources map[string]*fnv1.Resource
+		want      fnv1.Ready
+	}{
+		"SurgeBooting": {
+			reason: "Two Ready proxies and a surge one booting: Ready.",
+			spec:   validSpec,
+			resources: map[string]*fnv1.Resource{
+				"proxy-0": observedProxy(0, "a", true, t0.Add(-3*time.Hour), ""),
+				"proxy-1": observedProxy(1, "b", true, t0.Add(-3*time.Hour), ""),
+				"proxy-2": observedProxy(2, "a", false, t0.Add(-time.Minute), `, "crawl.example.com/replaces": "0"`),
+			},
+			want: fnv1.Ready_READY_TRUE,
+		},
+		"OneDown": {
+			reason: "One of two proxies down, maxUnavailable 0: not Ready.",
+			spec:   validSpec,
+			resources: map[string]*fnv1.Resource{
+				"proxy-0": observedProxy(0, "a", true, t0.Add(-3*time.Hour), ""),
+				"proxy-1": observedProxy(1, "b", false, t0.Add(-3*time.Hour), ""),
+			},
+			want: fnv1.Ready_READY_FALSE,
+		},
+		"OneDownAllowed": {
+			reason: "One of two proxies down, maxUnavailable 1: Ready.",
+			spec:   withSpec(t, "rotation", `{"maxUnavailable": 1}`),
+			resources: map[string]*fnv1.Resource{
+				"proxy-0": observedProxy(0, "a", true, t0.Add(-3*time.Hour), ""),
+				"proxy-1": observedProxy(1, "b", false, t0.Add(-3*time.Hour), ""),
+			},
+			want: fnv1.Ready_READY_TRUE,
+		},
+		"New": {
+			reason: "A fleet whose proxies are all still booting is not Ready.",
+			spec:   validSpec,
+			want:   fnv1.Ready_READY_FALSE,
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			rsp := run(t, &fnv1.RunFunctionRequest{
+				Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: xr(tc.spec)}, Resources: tc.resources},
+				RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+			})
+			if got := rsp.GetDesired().GetComposite().GetReady(); got != tc.want {
+				t.Errorf("%s\nXR ready: %v, want %v", tc.reason, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestRolloutStalled: a rollout that made no progress for its deadline is
+// reported, naming what blocks it; progress (an old proxy gone, a new one
+// Ready) moves the time on, and a paused rollout never stalls.
+func TestRolloutStalled(t *testing.T) {
+	old := `, "crawl.example.com/template-revision": "0ld0ld0ld0"`
+	stuck := map[string]*fnv1.Resource{
+		"proxy-0": observedProxy(0, "a", true, t0.Add(-3*time.Hour), old),
+		"proxy-1": observedProxy(1, "b", true, t0.Add(-3*time.Hour), old),
+		"proxy-2": observedProxy(2, "a", false, t0.Add(-20*time.Minute), `, "crawl.example.com/replaces": "0"`),
+	}
+	withRollout := func(spec string, remaining, updatedReady int, since time.Time) *structpb.Struct {
+		x := xr(spec)
+		x.Fields["status"] = structpb.NewStructValue(resource.MustStructJSON(fmt.Sprintf(
+			`{"rollout": {"remaining": %d, "updatedReady": %d, "lastProgressTime": %q}}`, remaining, updatedReady, since.Format(time.RFC3339))))
+		return x
+	}
+	cases := map[string]struct {
+		reason     string
+		xr         *structpb.Struct
+		wantStatus fnv1.Status
+		wantReason string
+		wantSince  time.Time
+		says       string
+	}{
+		"Stalled": {
+			reason: "Two old proxies left for 11 minutes, the new one never Ready: stalled.",
+			xr:     withRollout(validSpec, 2, 0, t0.Add(-11*time.Minute)), wantStatus: fnv1.Status_STATUS_CONDITION_TRUE, wantReason: "ProgressDeadlineExceeded",
+			wantSince: t0.Add(-11 * time.Minute), says: "crawlers-2 of the new template is not Ready",
+		},
+		"NotYet": {
+			reason: "Nine minutes without progress: still progressing.",
+			xr:     withRollout(validSpec, 2, 0, t0.Add(-9*time.Minute)), wantStatus: fnv1.Status_STATUS_CONDITION_FALSE, wantReason: "Progressing",
+			wantSince: t0.Add(-9 * time.Minute),
+		},
+		"Progressed": {
+			reason: "Three old proxies left before, two now: progress, from now.",
+			xr:     withRollout(validSpec, 3, 0, t0.Add(-30*time.Minute)), wantStatus: fnv1.Status_STATUS_CONDITION_FALSE, wantReason: "Progressing",
+			wantSince: t0,
+		},
+		"Paused": {
+			reason: "A paused rollout does not stall.",
+			xr:     withRollout(withSpec(t, "rollout", `{"paused": true}`), 2, 0, t0.Add(-time.Hour)), wantStatus: fnv1.Status_STATUS_CONDITION_FALSE, wantReason: "Paused",
+			wantSince: t0.Add(-time.Hour),
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			rsp := run(t, &fnv1.RunFunctionRequest{
+				Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: tc.xr}, Resources: stuck},
+				RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+			})
+			var c *fnv1.Condition
+			for _, x := range rsp.GetConditions() {
+				if x.GetType() == ConditionRolloutStalled {
+					c = x
+				}
+			}
+			if c == nil || c.GetStatus() != tc.wantStatus || c.GetReason() != tc.wantReason || !strings.Contains(c.GetMessage(), tc.says) {
+				t.Fatalf("%s\nRolloutStalled: %v", tc.reason, c)
+			}
+			st := rsp.GetDesired().GetComposite().GetResource().GetFields()["status"].GetStructValue()
+			if got := str(st, "rollout", "lastProgressTime"); got != tc.wantSince.Format(time.RFC3339) {
+				t.Errorf("%s\nstatus.rollout.lastProgressTime %s, want %s", tc.reason, got, tc.wantSince.Format(time.RFC3339))
+			}
+		})
+	}
+}
+
+// TestQuickUnhealthyReplaceClamped: a fleet stored before the schema
+// refused a replaceUnhealthyAfter under 1m is still composed, with 1m and a
+// Warning that says so.
+func TestQuickUnhealthyReplaceClamped(t *testing.T) {
+	rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(withSpec(t, "rotation", `{"replaceUnhealthyAfter": "30s"}`))}}})
+	if len(rsp.GetDesired().GetResources()) == 0 {
+		t.Fatal("the fleet must still be composed")
+	}
+	var warned bool
+	for _, r := range rsp.GetResults() {
+		if r.GetSeverity() == fnv1.Severity_SEVERITY_FATAL {
+			t.Errorf("no Fatal result: %v", r)
+		}
+		warned = warned || r.GetSeverity() == fnv1.Severity_SEVERITY_WARNING && strings.Contains(r.GetMessage(), "replaceUnhealthyAfter 30s is shorter than 1m: 1m is used")
+	}
+	if !warned {
+		t.Errorf("a Warning says the hold was raised to 1m: %v", rsp.GetResults())
+	}
+}
+
+// conditions are the response's conditions of type t.
+func conditions(rsp *fnv1.RunFunctionResponse, t string) []*fnv1.Condition {
+	var out []*fnv1.Condition
+	for _, c := range rsp.GetConditions() {
+		if c.GetType() == t {
+			out = append(out, c)
+		}
+	}
+	return out
 }

@@ -57,6 +57,9 @@ type plan struct {
 	inFlight         int
 	// blocked says why a due replacement is waiting.
 	blocked []string
+	// leaseWait says one waits for a lease to end, which nothing
+	// announces: the fleet is composed again soon.
+	leaseWait bool
 }
 
 // decide computes the fleet's next state from what was observed. It is a
@@ -128,9 +131,9 @@ func (pl *planner) newMember(zone string, replaces, generation int) *member {
 	return m
 }
 
-// emptiestZone is the fleet's zone with the fewest members planned so far,
-// replacements included; the first listed among equals.
-func (pl *planner) emptiestZone() string {
+// zoneLoad counts the members planned so far in each zone, replacements
+// included.
+func (pl *planner) zoneLoad() map[string]int {
 	c := map[string]int{}
 	for _, s := range pl.replicas {
 		c[s.holder.Zone]++
@@ -138,6 +141,13 @@ func (pl *planner) emptiestZone() string {
 			c[s.replacement.Zone]++
 		}
 	}
+	return c
+}
+
+// emptiestZone is the fleet's zone with the fewest members planned so far,
+// replacements included; the first listed among equals.
+func (pl *planner) emptiestZone() string {
+	c := pl.zoneLoad()
 	zone := pl.f.Zones[0]
 	for _, z := range pl.f.Zones {
 		if c[z] < c[zone] {
@@ -152,10 +162,7 @@ func (pl *planner) emptiestZone() string {
 // spec.zones), which a replacement then fills: zones are rebalanced
 // through replacement and scaling, never by moving a running proxy.
 func (pl *planner) replacementZone(h *member) string {
-	c := map[string]int{}
-	for _, s := range pl.replicas {
-		c[s.holder.Zone]++
-	}
+	c := pl.zoneLoad()
 	z := pl.emptiestZone()
 	if !slices.Contains(pl.f.Zones, h.Zone) || c[h.Zone]-1 > c[z] {
 		return z
@@ -271,7 +278,10 @@ func (pl *planner) unhealthyInFlight(except *member) int {
 	n := 0
 	for _, s := range pl.replicas {
 		for _, m := range []*member{s.holder, s.replacement} {
-			if m != nil && m != except && !m.Ready && m.Streak > 0 {
+			// In flight while it has its chance to turn Ready; not a
+			// refused one, which the provider will not make, nor a
+			// holder that only carries on its line's streak.
+			if m != nil && m != except && !m.Ready && m.Streak > 0 && !m.Refused && pl.now.Sub(later(m.Since, m.Created)) < pl.f.unhealthyHold(m) {
 				n++
 			}
 		}
@@ -305,13 +315,23 @@ func (pl *planner) dropReplacement(s *replica) int {
 
 // replace gives each holder that is due a surge replacement in its zone,
 // within maxSurge; without surge, a drained holder may go first within
-// maxUnavailable.
+// maxUnavailable, and a holder that is down is replaced in place whatever
+// maxSurge is, which takes nothing Ready away. Replacements that should not
+// go on are dropped first; then holders that are down come first, the line
+// that failed least first, so that one line that keeps failing does not
+// starve the others of the few replacements of unhealthy proxies allowed
+// in flight.
 func (pl *planner) replace() {
 	f := pl.f
-	sort.SliceStable(pl.replicas, func(i, j int) bool { return pl.replicas[i].holder.Ordinal < pl.replicas[j].holder.Ordinal })
+	for _, s := range pl.replicas {
+		if failed := pl.dropReplacement(s); failed > s.holder.Streak {
+			// The holder carries the line's streak on while it waits.
+			s.holder.Streak = failed
+		}
+	}
+	sort.SliceStable(pl.replicas, func(i, j int) bool { return downFirst(pl.replicas[i].holder, pl.replicas[j].holder) })
 	for _, s := range pl.replicas {
 		h := s.holder
-		failed := pl.dropReplacement(s)
 		if s.reason = pl.dueReason(h); s.reason == "" || s.replacement != nil {
 			continue
 		}
@@ -320,7 +340,7 @@ func (pl *planner) replace() {
 			// Replacing a proxy that is down: at most max(maxSurge, 1)
 			// such replacements are under way at once, so that a backend
 			// that cannot run proxies is not flooded with them.
-			streak = max(h.Streak, failed) + 1
+			streak = h.Streak + 1
 			if limit := max(f.MaxSurge, 1); pl.unhealthyInFlight(h) >= limit {
 				pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits: %d replacements of unhealthy proxies are not Ready yet", h.Name, limit))
 				continue
@@ -333,23 +353,57 @@ func (pl *planner) replace() {
 			pl.total++
 			continue
 		}
-		// No surge left. With maxUnavailable, a drained healthy holder may
-		// go first and its replica is refilled at once.
-		switch {
-		case f.MaxSurge == 0 && h.Ready && (h.Leased || !pl.leasesKnown):
-			pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits for its leases to drain", h.Name))
-		case f.MaxSurge == 0 && (!h.Ready || pl.ready-1 >= f.Replicas-f.MaxUnavailable):
-			if h.Ready {
-				pl.ready--
-			}
-			s.holder = pl.newMember(pl.replacementZone(h), -1, h.Generation+1)
-			s.holder.Streak = streak
-			pl.p.removed++
-			pl.p.created++
-		default:
-			pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits for surge capacity (maxSurge %d)", h.Name, f.MaxSurge))
+		if !pl.goesFirst(h) {
+			continue
 		}
+		if h.Ready {
+			pl.ready--
+		}
+		s.holder = pl.newMember(pl.replacementZone(h), -1, h.Generation+1)
+		s.holder.Streak = streak
+		pl.p.removed++
+		pl.p.created++
 	}
+	sort.SliceStable(pl.replicas, func(i, j int) bool { return pl.replicas[i].holder.Ordinal < pl.replicas[j].holder.Ordinal })
+}
+
+// downFirst orders holders for replacement: those that are down first, the
+// line that failed least first, then by ordinal.
+func downFirst(a, b *member) bool {
+	if a.Ready != b.Ready {
+		return !a.Ready
+	}
+	if !a.Ready && a.Streak != b.Streak {
+		return a.Streak < b.Streak
+	}
+	return a.Ordinal < b.Ordinal
+}
+
+// goesFirst decides, when no surge is left, whether a due holder goes
+// before its replacement is made: one that is down serves nobody and goes
+// at once; with maxUnavailable, a drained healthy one may go first. It
+// records why one that may not waits.
+func (pl *planner) goesFirst(h *member) bool {
+	f := pl.f
+	switch {
+	case !h.Ready && pl.down(h):
+		return true
+	case f.MaxSurge == 0 && (h.Leased || !pl.leasesKnown):
+		pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits for its leases to drain", h.Name))
+		pl.p.leaseWait = true
+		return false
+	case f.MaxSurge == 0 && (!h.Ready || pl.ready-1 >= f.Replicas-f.MaxUnavailable):
+		return true
+	}
+	pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits for surge capacity (maxSurge %d)", h.Name, f.MaxSurge))
+	return false
+}
+
+// down reports whether an unready member has been unready for longer than
+// replaceUnhealthyAfter: one that merely flickered may still serve the
+// crawlers holding leases on it.
+func (pl *planner) down(m *member) bool {
+	return !m.Ready && pl.now.Sub(m.Since) >= pl.f.ReplaceUnhealthyAfter
 }
 
 // complete lets a holder go once its replacement is Ready, and, if it still
@@ -366,14 +420,21 @@ func (pl *planner) complete() {
 		switch {
 		case !r.Ready && r.Created.Equal(pl.now):
 			// Made in this very plan: counted as created.
+		case s.reason == "" && !f.Paused && pl.outdated(r) != "" && pl.outdated(h) == "" && !r.Leased && pl.leasesKnown:
+			// Rolled back: the holder is of the current template again,
+			// and its replacement, of the abandoned one, goes instead.
+			pl.forget(r)
+			s.replacement = nil
+			pl.p.removed++
 		case !r.Ready:
 			pl.p.inFlight++
-		case !h.Ready:
+		case !h.Ready && (!h.Leased || pl.down(h)):
 			s.holder, s.replacement = r, nil
 			pl.p.removed++
 		case h.Leased || !pl.leasesKnown:
 			pl.p.inFlight++
 			pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits for its leases to drain", h.Name))
+			pl.p.leaseWait = true
 		case pl.ready-1 < f.Replicas-f.MaxUnavailable:
 			pl.p.inFlight++
 			pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits: removing it would leave fewer than %d ready proxies", h.Name, f.Replicas-f.MaxUnavailable))

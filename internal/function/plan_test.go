@@ -234,6 +234,27 @@ func TestDecide(t *testing.T) {
 			leasesKnown: true,
 			want:        "0:a 1:b 2:a 3:b 4:c>0", wantBlocked: "f-1 waits for surge capacity (maxSurge 1); f-2 waits for surge capacity (maxSurge 1); f-3 waits for surge capacity (maxSurge 1)",
 		},
+		"DownMidRolloutReplacedInPlace": {
+			reason:      "A proxy that goes down when no surge is left is replaced in place, so the rollout cannot wedge on it.",
+			fleet:       fleetFor(3, ab, revision("r2")),
+			observed:    []*member{m(0, "a", rev("r1")), m(1, "b", rev("r1")), m(2, "a", rev("r1"), sick(10*time.Minute)), m(3, "a", rev("r2"), replaces(0), age(time.Minute))},
+			leasesKnown: true,
+			want:        "0:a 1:b 3:a>0 4:b", wantBlocked: "f-1 waits for surge capacity (maxSurge 1); f-0 waits: removing it would leave fewer than 3 ready proxies",
+		},
+		"RolledBack": {
+			reason:      "After a rollback, the replacement of the abandoned template goes, not the proxy it was to replace.",
+			fleet:       fleetFor(2, ab, revision("r1")),
+			observed:    []*member{m(0, "a", rev("r1")), m(1, "b", rev("r1")), m(2, "a", rev("r2"), replaces(0), age(time.Minute))},
+			leasesKnown: true,
+			want:        "0:a 1:b",
+		},
+		"FlickeringLeasedStays": {
+			reason:      "An old proxy that only just turned unready keeps serving its leases until its Ready replacement may take over.",
+			fleet:       fleetFor(2, ab, revision("r2")),
+			observed:    []*member{m(0, "a", rev("r1"), sick(time.Minute), leased), m(1, "b", rev("r1")), m(2, "a", rev("r2"), replaces(0), age(time.Minute))},
+			leasesKnown: true,
+			want:        "0:a 1:b 2:a>0", wantBlocked: "f-1 waits for surge capacity (maxSurge 1); f-0 waits for its leases to drain",
+		},
 		"ScaleDownOldTemplateFirst": {
 			reason:      "Scaling down during a rollout removes proxies of the old template first.",
 			fleet:       fleetFor(1, ab, revision("r2")),
@@ -356,7 +377,7 @@ func TestRequeueAfter(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			p := &plan{}
 			if tc.blocked {
-				p.blocked = []string{"f-0 is leased"}
+				p.blocked, p.leaseWait = []string{"f-0 is leased"}, true
 			}
 			if diff := cmp.Diff(tc.want, requeueAfter(tc.fleet, tc.members, p, t0)); diff != "" {
 				t.Errorf("%s\n-want, +got:\n%s", tc.reason, diff)
@@ -381,6 +402,12 @@ func replayRollout(decide decider, f *Fleet, observed []*member, leaseEnds map[i
 		if r, ok := changes[step]; ok {
 			f.Revision = r
 		}
+		// What each observed proxy was made from, before the planner
+		// (or a broken one) sees it.
+		made := map[int]string{}
+		for _, o := range observed {
+			made[o.Ordinal] = o.Revision
+		}
 		for _, o := range observed {
 			end, ok := leaseEnds[o.Ordinal]
 			o.Leased = ok && step < end
@@ -402,25 +429,31 @@ func replayRollout(decide decider, f *Fleet, observed []*member, leaseEnds map[i
 		for _, o := range observed {
 			prev[o.Ordinal] = o
 		}
-		observed = nil
+		// What the plan keeps that was Ready when it was made, and that
+		// no kept proxy was rewritten to another template.
 		ready := 0
 		for _, k := range p.keep {
+			o, ok := prev[k.Ordinal]
+			if ok && o.Ready {
+				ready++
+			}
+			if ok && k.Revision != made[k.Ordinal] {
+				return observed, fmt.Errorf("step %d: %s rewritten from revision %s to %s in place", step, o.Name, made[k.Ordinal], k.Revision)
+			}
+		}
+		if ready < f.Replicas-f.MaxUnavailable && step > 0 {
+			return observed, fmt.Errorf("step %d: %d ready proxies kept, below replicas - maxUnavailable", step, ready)
+		}
+		observed = nil
+		for _, k := range p.keep {
 			if o, ok := prev[k.Ordinal]; ok {
-				o.Ready, o.Healthy = true, true
+				o.Ready, o.Healthy = true, true // one call later, everything is Ready
 				observed = append(observed, o)
 			} else {
 				c := *k
 				c.Name, c.Since = fmt.Sprintf("f-%d", c.Ordinal), now
 				observed = append(observed, &c)
 			}
-		}
-		for _, o := range observed {
-			if o.Ready {
-				ready++
-			}
-		}
-		if ready < f.Replicas-f.MaxUnavailable {
-			return observed, fmt.Errorf("step %d: %d ready proxies, below replicas - maxUnavailable", step, ready)
 		}
 		now = now.Add(time.Minute)
 	}
@@ -442,17 +475,30 @@ func TestRolloutReplay(t *testing.T) {
 	}
 	leases := map[int]int{0: 12, 3: 6}
 	changes := map[int]string{1: "r2", 4: "r3"}
-	end, err := replayRollout(decide, fleet(), start(), leases, changes, 30)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(end) != 4 {
-		t.Errorf("the fleet settles at 4 proxies: %s", summary(&plan{keep: end}))
-	}
-	for _, o := range end {
-		if o.Revision != "r3" {
-			t.Errorf("every proxy is of the newest template in the end: %s is of %s", o.Name, o.Revision)
-		}
+	for name, tc := range map[string]struct {
+		changes map[int]string
+		last    string
+	}{
+		"FarApart": {changes: changes, last: "r3"},
+		// The second change comes while the first's replacement is not
+		// Ready yet: it is overtaken.
+		"Overtaking": {changes: map[int]string{1: "r2", 2: "r3"}, last: "r3"},
+		"RolledBack": {changes: map[int]string{1: "r2", 5: "r1"}, last: "r1"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			end, err := replayRollout(decide, fleet(), start(), leases, tc.changes, 30)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(end) != 4 {
+				t.Errorf("the fleet settles at 4 proxies: %s", summary(&plan{keep: end}))
+			}
+			for _, o := range end {
+				if o.Revision != tc.last {
+					t.Errorf("every proxy is of the last template in the end: %s is of %s, want %s", o.Name, o.Revision, tc.last)
+				}
+			}
+		})
 	}
 
 	broken := map[string]decider{
@@ -470,6 +516,13 @@ func TestRolloutReplay(t *testing.T) {
 			g := *f
 			g.MaxSurge = f.MaxSurge + 2
 			return decide(&g, observed, lk, now)
+		},
+		"RewritesInPlace": func(f *Fleet, observed []*member, lk bool, now time.Time) *plan {
+			p := decide(f, observed, lk, now)
+			for _, k := range p.keep {
+				k.Revision = f.Revision
+			}
+			return p
 		},
 		"TakesTooManyReady": func(f *Fleet, observed []*member, lk bool, now time.Time) *plan {
 			g := *f
@@ -544,5 +597,42 @@ func TestUnhealthyHold(t *testing.T) {
 	slow := fleetFor(1, []string{"a"}, func(f *Fleet) { f.ReplaceUnhealthyAfter = 2 * time.Hour })
 	if got := slow.unhealthyHold(&member{Streak: 2}); got != 2*time.Hour {
 		t.Errorf("the cap never shortens replaceUnhealthyAfter itself: %s", got)
+	}
+}
+
+// TestFailingLineDoesNotStarveOthers: two proxies go down at once; new
+// proxies in zone a never turn Ready (a stockout), those in zone b do. The
+// line in zone a keeps failing, but the one in zone b is replaced all the
+// same, within half an hour, though only one replacement of an unhealthy
+// proxy may be in flight at a time.
+func TestFailingLineDoesNotStarveOthers(t *testing.T) {
+	f := fleetFor(2, []string{"a", "b"})
+	observed := []*member{m(0, "a", sick(0)), m(1, "b", sick(0))}
+	fixed := false
+	for now := t0; now.Before(t0.Add(30 * time.Minute)); now = now.Add(30 * time.Second) {
+		p := decide(f, observed, true, now)
+		prev := map[int]*member{}
+		for _, o := range observed {
+			prev[o.Ordinal] = o
+		}
+		observed = nil
+		for _, k := range p.keep {
+			if o, ok := prev[k.Ordinal]; ok {
+				if o.Zone == "b" && o.Ordinal > 1 && !o.Ready {
+					o.Ready, o.Healthy, o.Since = true, true, now
+				}
+				observed = append(observed, o)
+				continue
+			}
+			c := *k
+			c.Name, c.Since, c.Ready = fmt.Sprintf("f-%d", c.Ordinal), now, false
+			observed = append(observed, &c)
+		}
+		for _, o := range observed {
+			fixed = fixed || o.Zone == "b" && o.Ready
+		}
+	}
+	if !fixed {
+		t.Errorf("the proxy in the healthy zone must be replaced while the other zone keeps failing: %s", summary(&plan{keep: observed}))
 	}
 }

@@ -112,7 +112,9 @@ func TestRender(t *testing.T) {
 			xr:     "examples/render/rollout/xr.yaml", composition: namespaced,
 			flags: []string{"--observed-resources=" + filepath.Join(root, "examples/render/rollout/observed-resources.yaml")},
 			want: []string{"name: crawlers-3", `crawl.example.com/replaces: "0"`, "port: 3130", "port: 3128", "template-revision: 0ld0ld0ld0",
-				"rolling out template revision", "3 of 3 proxies to replace", "crawlers-1 waits for surge capacity"},
+				"rolling out template revision", "3 of 3 proxies to replace", "crawlers-1 waits for surge capacity",
+				// Ready while the surge proxy boots, and progressing.
+				"reason: Available status: \"True\" type: Ready", "reason: Progressing status: \"False\" type: RolloutStalled", "remaining: 3"},
 		},
 		"unhealthy": {
 			reason: "A proxy down longer than replaceUnhealthyAfter gets a replacement in its zone.",

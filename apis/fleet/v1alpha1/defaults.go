@@ -107,6 +107,12 @@ func (s *ProxyFleetSpec) WithDefaults() *ProxyFleetSpec {
 	if d.Rotation.ReplaceUnhealthyAfter == nil {
 		d.Rotation.ReplaceUnhealthyAfter = &metav1.Duration{Duration: DefaultReplaceUnhealthyAfter}
 	}
+	if d.Rollout == nil {
+		d.Rollout = &Rollout{}
+	}
+	if d.Rollout.ProgressDeadline == nil {
+		d.Rollout.ProgressDeadline = &metav1.Duration{Duration: DefaultProgressDeadline}
+	}
 	if d.Leases == nil {
 		d.Leases = &Leases{}
 	}

@@ -65,6 +65,8 @@ func TestDefaultsMatchSchema(t *testing.T) {
 		"rotation": {xrd, []string{"spec", "rotation"}, map[string]any{
 			"maxSurge": float64(DefaultMaxSurge), "maxUnavailable": float64(DefaultMaxUnavailable), "replaceUnhealthyAfter": "5m",
 		}},
+		"progressDeadline":  {xrd, []string{"spec", "rollout", "progressDeadline"}, DefaultProgressDeadline.String()},
+		"rollout":           {xrd, []string{"spec", "rollout"}, map[string]any{"progressDeadline": "10m"}},
 		"maxLeasesPerProxy": {xrd, []string{"spec", "leases", "maxLeasesPerProxy"}, float64(egressv1alpha1.DefaultMaxLeases)},
 		"leases": {xrd, []string{"spec", "leases"}, map[string]any{
 			"maxLeasesPerProxy": float64(egressv1alpha1.DefaultMaxLeases), "defaultTTL": "10m", "maxTTL": "1h",
@@ -115,6 +117,7 @@ func TestWithDefaults(t *testing.T) {
 			Name: "auth", UsernameKey: "username", PasswordKey: "password",
 		}},
 		Rotation: &Rotation{MaxSurge: ptr.To[int32](1), MaxUnavailable: ptr.To[int32](0), ReplaceUnhealthyAfter: &metav1.Duration{Duration: 5 * time.Minute}},
+		Rollout:  &Rollout{ProgressDeadline: &metav1.Duration{Duration: 10 * time.Minute}},
 		Leases: &Leases{MaxLeasesPerProxy: ptr.To[int32](1), DefaultTTL: &metav1.Duration{Duration: 10 * time.Minute},
 			MaxTTL: &metav1.Duration{Duration: time.Hour}},
 	}
@@ -133,6 +136,7 @@ func TestSpecFromNamesBadDurations(t *testing.T) {
 	if diff := cmp.Diff([][]string{
 		{"healthCheck", "interval"}, {"healthCheck", "timeout"},
 		{"rotation", "maxAge"}, {"rotation", "replaceUnhealthyAfter"},
+		{"rollout", "progressDeadline"},
 		{"leases", "defaultTTL"}, {"leases", "maxTTL"},
 	}, specDurations); diff != "" {
 		t.Errorf("duration fields: -want +got:\n%s", diff)

@@ -16,6 +16,7 @@ const (
 	DefaultMaxSurge              int32 = 1
 	DefaultMaxUnavailable        int32 = 0
 	DefaultReplaceUnhealthyAfter       = 5 * time.Minute
+	DefaultProgressDeadline            = 10 * time.Minute
 	DefaultLeaseTTL                    = 10 * time.Minute
 	DefaultMaxLeaseTTL                 = time.Hour
 	// MinLeaseTTL and MaxLeaseTTL bound every lease TTL: a Lease object's
@@ -147,6 +148,29 @@ type Rollout struct {
 	// the current template.
 	// +optional
 	Paused bool `json:"paused,omitempty"`
+
+	// ProgressDeadline is how long a rollout may make no progress (no old
+	// proxy replaced, no new one turning Ready) before the fleet reports
+	// RolloutStalled, naming what blocks it.
+	// +kubebuilder:default="10m"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1m')",message="must be at least 1m"
+	// +optional
+	ProgressDeadline *metav1.Duration `json:"progressDeadline,omitempty"`
+}
+
+// RolloutStatus is the progress of a rollout under way.
+type RolloutStatus struct {
+	// Remaining is how many proxies of an old template revision or a
+	// removed zone are left to replace.
+	Remaining int32 `json:"remaining,omitempty"`
+	// UpdatedReady is how many proxies of the current revision are Ready.
+	UpdatedReady int32 `json:"updatedReady,omitempty"`
+	// LastProgressTime is when Remaining last fell or UpdatedReady last
+	// rose.
+	// +kubebuilder:validation:Format=date-time
+	LastProgressTime string `json:"lastProgressTime,omitempty"`
 }
 
 // Leases say how crawlers lease proxies through egress-discovery.
@@ -224,6 +248,7 @@ type ProxyFleetSpec struct {
 	// Rollout says how a change of the proxy template (placement, proxy
 	// settings, health check, ProviderConfig) or of the zones reaches the
 	// fleet's proxies.
+	// +kubebuilder:default={progressDeadline: "10m"}
 	// +optional
 	Rollout *Rollout `json:"rollout,omitempty"`
 
@@ -263,6 +288,9 @@ type ProxyFleetStatus struct {
 	UpdatedReplicas int32 `json:"updatedReplicas,omitempty"`
 	// ObservedRevision is the current template revision.
 	ObservedRevision string `json:"observedRevision,omitempty"`
+	// Rollout is the progress of the rollout under way, if one is.
+	// +optional
+	Rollout *RolloutStatus `json:"rollout,omitempty"`
 	// Proxies has one entry per proxy.
 	// +optional
 	Proxies []ProxyStatus `json:"proxies,omitempty"`
