@@ -36,6 +36,9 @@ type member struct {
 	Healthy                      bool
 	MaxLeases                    int
 	AuthSecret                   *v1alpha1.AuthSecretReference
+	// DrainSince is when the fleet began to replace the proxy (zero when
+	// it does not): it takes no new leases.
+	DrainSince time.Time
 }
 
 // Endpoint is host:port.
@@ -87,7 +90,18 @@ func toMember(p *v1alpha1.Proxy) member {
 	if m.MaxLeases < 1 {
 		m.MaxLeases = 1
 	}
+	m.DrainSince = drainSince(p)
 	return m
+}
+
+// drainSince reads when the fleet began to replace a proxy
+// (fleetv1alpha1.LabelDrainingSince); zero when it does not.
+func drainSince(p *v1alpha1.Proxy) time.Time {
+	v, err := strconv.ParseInt(p.Labels[fleetv1alpha1.LabelDrainingSince], 10, 64)
+	if err != nil || v <= 0 {
+		return time.Time{}
+	}
+	return time.Unix(v, 0).UTC()
 }
 
 // All returns every proxy that belongs to a fleet, by fleet (namespace/name).

@@ -225,8 +225,8 @@ func (s *Server) fleets(w http.ResponseWriter, r *http.Request, id *Identity) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// healthy filters a fleet's proxies: healthy, in the zone, not excluded,
-// not banned for the domain.
+// healthy filters a fleet's proxies: healthy, not draining (being
+// replaced), in the zone, not excluded, not banned for the domain.
 func (s *Server) healthy(ctx context.Context, ms []member, zone string, exclude map[string]bool, domain string) ([]member, map[string][]string, error) {
 	var bans map[string][]string
 	if len(ms) > 0 {
@@ -237,7 +237,7 @@ func (s *Server) healthy(ctx context.Context, ms []member, zone string, exclude 
 	}
 	out := make([]member, 0, len(ms))
 	for _, m := range ms {
-		if !m.Healthy || (zone != "" && m.Zone != zone) || exclude[m.Name] {
+		if !m.Healthy || !m.DrainSince.IsZero() || (zone != "" && m.Zone != zone) || exclude[m.Name] {
 			continue
 		}
 		banned := false
@@ -521,32 +521,32 @@ func reason(err error) string {
 // leaseOf reads the lease named in the path and authorises its fleet. The
 // fleet comes from the cached Proxy the slot belongs to, so renew and
 // release cost one API call each.
-func (s *Server) leaseOf(r *http.Request, id *Identity) (leaseID, namespace, fleet, proxy string, err error) {
+func (s *Server) leaseOf(r *http.Request, id *Identity) (leaseID, namespace, fleet string, p *v1alpha1.Proxy, err error) {
 	leaseID = r.PathValue("namespace") + "/" + r.PathValue("name") + "/" + r.PathValue("token")
 	namespace, name, _, err := lease.ParseID(leaseID)
 	if err != nil {
-		return "", "", "", "", lease.ErrNotFound
+		return "", "", "", nil, lease.ErrNotFound
 	}
 	proxy, ok := lease.ProxyOf(name)
 	if !ok {
-		return "", "", "", "", lease.ErrNotFound
+		return "", "", "", nil, lease.ErrNotFound
 	}
-	p := &v1alpha1.Proxy{}
+	p = &v1alpha1.Proxy{}
 	if err := s.Catalog.Cache.Get(r.Context(), types.NamespacedName{Namespace: namespace, Name: proxy}, p); err != nil {
 		if kerrors.IsNotFound(err) {
-			return "", "", "", "", lease.ErrNotFound
+			return "", "", "", nil, lease.ErrNotFound
 		}
-		return "", "", "", "", err
+		return "", "", "", nil, err
 	}
 	fleet = fleetv1alpha1.FleetName(p)
 	if err := s.Auth.Authorize(r.Context(), id, namespace, fleet); err != nil {
-		return "", "", "", "", err
+		return "", "", "", nil, err
 	}
-	return leaseID, namespace, fleet, proxy, nil
+	return leaseID, namespace, fleet, p, nil
 }
 
 func (s *Server) renew(w http.ResponseWriter, r *http.Request, id *Identity) {
-	leaseID, ns, fleet, _, err := s.leaseOf(r, id)
+	leaseID, ns, fleet, p, err := s.leaseOf(r, id)
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -561,6 +561,17 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request, id *Identity) {
 	if err != nil {
 		s.fail(w, err)
 		return
+	}
+	if since := drainSince(p); !since.IsZero() {
+		// A proxy being replaced: its leases are renewed only up to the
+		// drain start plus maxTTL, so that one crawler renewing forever
+		// cannot hold the rollout up.
+		left := since.Add(maxTTL).Sub(s.now()).Truncate(time.Second)
+		if left < time.Second {
+			writeError(w, http.StatusConflict, "", fmt.Sprintf("proxy %s is being replaced since %s and its leases are no longer renewed: release this lease and take a new one", p.Name, since.Format(time.RFC3339)))
+			return
+		}
+		ttl = min(ttl, left)
 	}
 	g, err := s.Leases.Renew(r.Context(), leaseID, ttl)
 	if err != nil {
@@ -586,11 +597,12 @@ func (s *Server) release(w http.ResponseWriter, r *http.Request, id *Identity) {
 // report records a crawler's verdict on its leased proxy for a domain. A
 // ban is a Lease object in the API server, so every replica honours it.
 func (s *Server) report(w http.ResponseWriter, r *http.Request, id *Identity) {
-	leaseID, ns, fleet, proxy, err := s.leaseOf(r, id)
+	leaseID, ns, fleet, p, err := s.leaseOf(r, id)
 	if err != nil {
 		s.fail(w, err)
 		return
 	}
+	proxy := p.Name
 	// Only a crawler holding the lease may report through it.
 	if _, err := s.Leases.Get(r.Context(), leaseID); err != nil {
 		s.fail(w, err)

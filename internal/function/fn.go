@@ -137,7 +137,7 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 	for _, m := range members {
 		byOrdinal[m.Ordinal] = m
 	}
-	c, err := fleet.composer()
+	c, err := fleet.composer(now)
 	if err != nil {
 		response.Fatal(rsp, err)
 		return rsp, nil
@@ -289,6 +289,9 @@ func observedMembers(observed map[string]*fnv1.Resource, leased map[string]bool,
 		if v := labels[fleetv1alpha1.LabelRotationGeneration].GetStringValue(); v != "" {
 			m.Generation, _ = strconv.Atoi(v)
 		}
+		if v, err := strconv.ParseInt(labels[fleetv1alpha1.LabelDrainingSince].GetStringValue(), 10, 64); err == nil && v > 0 {
+			m.DrainSince = time.Unix(v, 0).UTC()
+		}
 		if v := labels[fleetv1alpha1.LabelUnhealthyStreak].GetStringValue(); v != "" {
 			m.Streak, _ = strconv.Atoi(v)
 			m.Streak = max(m.Streak, 0)
@@ -326,6 +329,7 @@ func observedMembers(observed map[string]*fnv1.Resource, leased map[string]bool,
 // shared, read-only, by every Proxy of that zone.
 type composer struct {
 	f         *Fleet
+	now       time.Time
 	perZone   map[string]*structpb.Value
 	configRef *structpb.Value
 	// Read-only values shared by many Proxies: a fleet of thousands would
@@ -335,14 +339,14 @@ type composer struct {
 	annotations *structpb.Value
 	zones       map[string]*structpb.Value
 	specs       map[string]*structpb.Value
-	labels      map[[4]string]*structpb.Value
+	labels      map[[5]string]*structpb.Value
 }
 
-func (f *Fleet) composer() (*composer, error) {
+func (f *Fleet) composer(now time.Time) (*composer, error) {
 	s := f.spec
 	c := &composer{
-		f: f, perZone: map[string]*structpb.Value{}, zones: map[string]*structpb.Value{},
-		specs: map[string]*structpb.Value{}, labels: map[[4]string]*structpb.Value{},
+		f: f, now: now, perZone: map[string]*structpb.Value{}, zones: map[string]*structpb.Value{},
+		specs: map[string]*structpb.Value{}, labels: map[[5]string]*structpb.Value{},
 		apiVersion: structpb.NewStringValue(v1alpha1.SchemeGroupVersion.String()),
 		kind:       structpb.NewStringValue(v1alpha1.ProxyKind),
 		namespace:  structpb.NewStringValue(f.Namespace),
@@ -453,7 +457,15 @@ func (c *composer) labelsOf(m *member, observed map[int]*member) *structpb.Value
 		// Until it has been Ready: a Ready proxy ends the streak.
 		streak = strconv.Itoa(m.Streak)
 	}
-	key := [4]string{m.Zone, gen, m.Revision, streak}
+	drain := ""
+	if m.Draining {
+		since := m.DrainSince
+		if since.IsZero() || since.After(c.now) {
+			since = c.now
+		}
+		drain = strconv.FormatInt(since.Unix(), 10)
+	}
+	key := [5]string{m.Zone, gen, m.Revision, streak, drain}
 	if v, ok := c.labels[key]; ok && !replacing {
 		return v
 	}
@@ -465,6 +477,9 @@ func (c *composer) labelsOf(m *member, observed map[int]*member) *structpb.Value
 	}}
 	if streak != "" {
 		l.Fields[fleetv1alpha1.LabelUnhealthyStreak] = structpb.NewStringValue(streak)
+	}
+	if drain != "" {
+		l.Fields[fleetv1alpha1.LabelDrainingSince] = structpb.NewStringValue(drain)
 	}
 	if replacing {
 		l.Fields[fleetv1alpha1.LabelReplaces] = structpb.NewStringValue(strconv.Itoa(m.Replaces))

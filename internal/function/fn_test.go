@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -411,6 +412,19 @@ func TestTemplateChangeKeepsOldSpecs(t *testing.T) {
 	}
 	if l := labels("proxy-0"); l[fleetv1alpha1.LabelTemplateRevision] != "0ld0ld0ld0" {
 		t.Errorf("the old Proxy keeps its revision: %v", l)
+	}
+	if l := labels("proxy-0"); l[fleetv1alpha1.LabelDrainingSince] != strconv.FormatInt(t0.Unix(), 10) {
+		t.Errorf("the old Proxy being replaced drains from now: %v", l)
+	}
+	if l := labels("proxy-1"); l[fleetv1alpha1.LabelDrainingSince] != nil {
+		t.Errorf("a Proxy of the current revision does not drain: %v", l)
+	}
+	// Composed again, it keeps the time its drain began.
+	began := strconv.FormatInt(t0.Add(-5*time.Minute).Unix(), 10)
+	old.Resource.Fields["metadata"].GetStructValue().Fields["labels"].GetStructValue().Fields[fleetv1alpha1.LabelDrainingSince] = structpb.NewStringValue(began)
+	again := run(t, req).GetDesired().GetResources()["proxy-0"].GetResource().AsMap()["metadata"].(map[string]any)["labels"].(map[string]any)
+	if again[fleetv1alpha1.LabelDrainingSince] != began {
+		t.Errorf("the drain start stays as observed: %v", again)
 	}
 	if got := fp("proxy-1"); got["port"] != float64(3128) {
 		t.Errorf("a Proxy of the current revision gets the template: %v", got)

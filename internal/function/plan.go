@@ -35,6 +35,10 @@ type member struct {
 	// Streak counts the unhealthy proxies replaced in a row, none of which
 	// turned Ready, that led to this member.
 	Streak int
+	// DrainSince is when it began to drain (LabelDrainingSince), as
+	// observed; Draining says the plan has it drain.
+	DrainSince time.Time
+	Draining   bool
 	// spec is its observed spec, which a Proxy of an old revision keeps
 	// until it goes.
 	spec *structpb.Value
@@ -391,6 +395,7 @@ func (pl *planner) goesFirst(h *member) bool {
 	case f.MaxSurge == 0 && (h.Leased || !pl.leasesKnown):
 		pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits for its leases to drain", h.Name))
 		pl.p.leaseWait = true
+		h.Draining = true
 		return false
 	case f.MaxSurge == 0 && (!h.Ready || pl.ready-1 >= f.Replicas-f.MaxUnavailable):
 		return true
@@ -446,9 +451,13 @@ func (pl *planner) complete() {
 	}
 }
 
-// result lists the members the plan keeps, by ordinal.
+// result lists the members the plan keeps, by ordinal. A holder being
+// replaced drains: it takes no new leases.
 func (pl *planner) result() *plan {
 	for _, s := range pl.replicas {
+		if s.replacement != nil && s.reason != "" {
+			s.holder.Draining = true
+		}
 		pl.p.keep = append(pl.p.keep, s.holder)
 		if s.replacement != nil {
 			pl.p.keep = append(pl.p.keep, s.replacement)

@@ -52,6 +52,12 @@ const (
 	// a row that led to a Proxy, none of which turned Ready; absent once
 	// the Proxy has been Ready.
 	LabelUnhealthyStreak = Group + "/unhealthy-streak"
+	// LabelDrainingSince marks a Proxy that is being replaced (a template
+	// change, a removed zone, its age): egress-discovery hands out no new
+	// leases on it, and renews its leases only until this time (Unix
+	// seconds) plus the fleet's maxTTL, so that no crawler holds a rollout
+	// up for longer.
+	LabelDrainingSince = Group + "/draining-since"
 	// LabelReplaces names the ordinal a surge Proxy replaces.
 	LabelReplaces = Group + "/replaces"
 	// LabelProxy names the Proxy a Lease is held on.
