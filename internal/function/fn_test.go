@@ -413,18 +413,24 @@ func TestTemplateChangeKeepsOldSpecs(t *testing.T) {
 	if l := labels("proxy-0"); l[fleetv1alpha1.LabelTemplateRevision] != "0ld0ld0ld0" {
 		t.Errorf("the old Proxy keeps its revision: %v", l)
 	}
-	if l := labels("proxy-0"); l[fleetv1alpha1.LabelDrainingSince] != strconv.FormatInt(t0.Unix(), 10) {
-		t.Errorf("the old Proxy being replaced drains from now: %v", l)
+	if l := labels("proxy-0"); l[fleetv1alpha1.LabelDrainingSince] != nil {
+		t.Errorf("the old Proxy serves as before while its replacement boots: %v", l)
 	}
-	if l := labels("proxy-1"); l[fleetv1alpha1.LabelDrainingSince] != nil {
-		t.Errorf("a Proxy of the current revision does not drain: %v", l)
+
+	// Its replacement Ready, and a crawler's lease on it, the old Proxy
+	// drains from now; composed again, it keeps the time its drain began.
+	req.Observed.Resources["proxy-2"] = observedProxy(2, "a", true, t0.Add(-time.Minute), `, "crawl.example.com/replaces": "0", "crawl.example.com/template-revision": "`+current+`"`)
+	req.RequiredResources = map[string]*fnv1.Resources{"leases": {Items: []*fnv1.Resource{heldLease("crawlers-0")}}}
+	drained := func() any {
+		return run(t, req).GetDesired().GetResources()["proxy-0"].GetResource().AsMap()["metadata"].(map[string]any)["labels"].(map[string]any)[fleetv1alpha1.LabelDrainingSince]
 	}
-	// Composed again, it keeps the time its drain began.
+	if got := drained(); got != strconv.FormatInt(t0.Unix(), 10) {
+		t.Errorf("the old Proxy, its replacement Ready, drains from now: %v", got)
+	}
 	began := strconv.FormatInt(t0.Add(-5*time.Minute).Unix(), 10)
 	old.Resource.Fields["metadata"].GetStructValue().Fields["labels"].GetStructValue().Fields[fleetv1alpha1.LabelDrainingSince] = structpb.NewStringValue(began)
-	again := run(t, req).GetDesired().GetResources()["proxy-0"].GetResource().AsMap()["metadata"].(map[string]any)["labels"].(map[string]any)
-	if again[fleetv1alpha1.LabelDrainingSince] != began {
-		t.Errorf("the drain start stays as observed: %v", again)
+	if got := drained(); got != began {
+		t.Errorf("the drain start stays as observed: %v", got)
 	}
 	if got := fp("proxy-1"); got["port"] != float64(3128) {
 		t.Errorf("a Proxy of the current revision gets the template: %v", got)
@@ -593,4 +599,11 @@ func conditions(rsp *fnv1.RunFunctionResponse, t string) []*fnv1.Condition {
 		}
 	}
 	return out
+}
+
+// heldLease is a crawler's unexpired lease on the Proxy proxy at t0.
+func heldLease(proxy string) *fnv1.Resource {
+	return &fnv1.Resource{Resource: resource.MustStructJSON(fmt.Sprintf(`{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+		"metadata": {"name": "l-%s", "namespace": "team", "labels": {"crawl.example.com/fleet": "crawlers", "crawl.example.com/proxy": %q, "crawl.example.com/lease-kind": "slot"}},
+		"spec": {"holderIdentity": "crawler-1", "leaseDurationSeconds": 600, "renewTime": %q}}`, proxy, proxy, t0.Add(-time.Minute).Format(time.RFC3339Nano)))}
 }

@@ -451,11 +451,13 @@ func (pl *planner) complete() {
 	}
 }
 
-// result lists the members the plan keeps, by ordinal. A holder being
-// replaced drains: it takes no new leases.
+// result lists the members the plan keeps, by ordinal. A holder whose
+// replacement is Ready, and which only waits for its leases or the Ready
+// floor, drains: it takes no new leases. Until then it serves as before,
+// so a replacement booting costs no capacity.
 func (pl *planner) result() *plan {
 	for _, s := range pl.replicas {
-		if s.replacement != nil && s.reason != "" {
+		if r := s.replacement; r != nil && r.Ready && s.reason != "" {
 			s.holder.Draining = true
 		}
 		pl.p.keep = append(pl.p.keep, s.holder)
