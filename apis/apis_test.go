@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -459,6 +460,16 @@ func TestInvalidObjectsRejected(t *testing.T) {
 			base:   validFleet, set: map[string]any{"spec.rotation": map[string]any{"maxSurge": int64(0), "maxUnavailable": int64(0)}},
 			want: []string{"spec.rotation", "cannot both be 0"},
 		},
+		"FleetTooBigForOneMessage": {
+			reason: "A fleet whose Proxies and leases would not fit Crossplane's message to the function with a 2x margin is refused.",
+			base:   validFleet, set: map[string]any{"spec.replicas": int64(100), "spec.leases": map[string]any{"maxLeasesPerProxy": int64(10)}},
+			want: []string{"must not exceed 2 MiB", "at most 291 replicas with 1 lease per proxy, 97 with 10"},
+		},
+		"FleetTooManyReplicasForOneMessage": {
+			reason: "With one lease per proxy the bound is 291 replicas.",
+			base:   validFleet, set: map[string]any{"spec.replicas": int64(292)},
+			want: []string{"must not exceed 2 MiB"},
+		},
 		"FleetDefaultTTLAboveMax": {
 			reason: "The default TTL cannot exceed the longest allowed.",
 			base:   validFleet, set: map[string]any{"spec.leases": map[string]any{"defaultTTL": "2h", "maxTTL": "1h"}},
@@ -561,5 +572,23 @@ func TestProxyModeImmutable(t *testing.T) {
 	err := bed.Client.Update(ctx, p)
 	if err == nil || !strings.Contains(err.Error(), "mode is immutable") {
 		t.Errorf("switching mode must be refused with a clear message; got %v", err)
+	}
+}
+
+// TestFleetMessageBoundAccepted: fleets right at the message bound are
+// accepted (the rule is not stricter than it says).
+func TestFleetMessageBoundAccepted(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	for i, set := range []map[string]any{
+		{"spec.replicas": int64(291)},
+		{"spec.replicas": int64(97), "spec.leases": map[string]any{"maxLeasesPerProxy": int64(10)}},
+	} {
+		u := object(t, validFleet, set)
+		u.SetNamespace(ns)
+		u.SetName(fmt.Sprintf("at-bound-%d", i))
+		if err := bed.Client.Create(context.Background(), u); err != nil {
+			t.Errorf("a fleet at the bound must be accepted (%v): %v", set, err)
+		}
 	}
 }

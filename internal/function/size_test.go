@@ -1,0 +1,249 @@
+package function
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+	coordv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
+)
+
+var sharedBed testbed.Lazy
+
+func TestMain(m *testing.M) { sharedBed.Main(m) }
+
+// realObjects writes a fleet's Proxy and a crawler's slot Lease to the test
+// apiserver the way Crossplane, the provider and egress-discovery do
+// (server-side apply of the composed Proxy, the provider's finalizer,
+// annotations and status, discovery's create and renewal of the Lease),
+// and reads them back as Crossplane sends them to the function: whole
+// objects, managedFields included.
+func realObjects(tb testing.TB) (proxy, slot map[string]any) {
+	tb.Helper()
+	bed := sharedBed.Env(tb)
+	ctx := context.Background()
+	ns := bed.Namespace(tb)
+	const name = "crawlers-123"
+	composed := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": v1alpha1.SchemeGroupVersion.String(), "kind": v1alpha1.ProxyKind,
+		"metadata": map[string]any{
+			"name": name, "namespace": ns,
+			"labels": map[string]any{
+				fleetv1alpha1.LabelFleet: "crawlers", fleetv1alpha1.LabelZone: "europe-west1-b", fleetv1alpha1.LabelRotationGeneration: "3",
+				fleetv1alpha1.LabelTemplateRevision: "2c14442eb0", fleetv1alpha1.LabelReplaces: "57",
+				"crossplane.io/composite": "crawlers",
+			},
+			"annotations": map[string]any{
+				fleetv1alpha1.AnnotationFleet: "crawlers", "crossplane.io/composition-resource-name": "proxy-123",
+			},
+			"ownerReferences": []any{map[string]any{
+				"apiVersion": fleetv1alpha1.SchemeGroupVersion.String(), "kind": fleetv1alpha1.ProxyFleetKind, "name": "crawlers",
+				"uid": "0b7c6a2e-1111-4222-8333-944455556666", "controller": true, "blockOwnerDeletion": true,
+			}},
+		},
+		"spec": map[string]any{
+			"providerConfigRef": map[string]any{"kind": "ClusterProviderConfig", "name": "gcp"},
+			"forProvider": map[string]any{
+				"mode": "Managed", "port": int64(3128), "maxLeases": int64(10),
+				"authSecretRef":       map[string]any{"name": "crawlers-proxy-auth"},
+				"allowedSourceRanges": []any{"203.0.113.0/24", "198.51.100.0/24"},
+				"healthCheck":         map[string]any{"url": "https://ifconfig.me/ip", "interval": "30s", "timeout": "5s"},
+				"gcp": map[string]any{"zone": "europe-west1-b", "machineType": "e2-small", "networkTags": []any{"crawl"},
+					"network": "projects/crawl-proj/global/networks/crawl", "subnetwork": "projects/crawl-proj/regions/europe-west1/subnetworks/crawl"},
+			},
+		},
+	}}
+	if err := bed.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(composed), client.FieldOwner("apiextensions.crossplane.io/composed/9f2c1e7a0b"), client.ForceOwnership); err != nil {
+		tb.Fatal(err)
+	}
+	p := &v1alpha1.Proxy{}
+	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, p); err != nil {
+		tb.Fatal(err)
+	}
+	p.Finalizers = append(p.Finalizers, "finalizer.managedresource.crossplane.io")
+	p.Annotations["crossplane.io/external-name"] = "projects/crawl-proj/zones/europe-west1-b/instances/egress-jje2z6fgxvzhokcj"
+	p.Annotations["crossplane.io/external-create-pending"] = time.Now().UTC().Format(time.RFC3339)
+	p.Annotations["crossplane.io/external-create-succeeded"] = time.Now().UTC().Format(time.RFC3339)
+	if err := bed.Client.Update(ctx, p, client.FieldOwner("provider-egressproxy")); err != nil {
+		tb.Fatal(err)
+	}
+	now := metav1.Now()
+	p.Status.AtProvider = v1alpha1.ProxyObservation{
+		ProviderID: "projects/crawl-proj/zones/europe-west1-b/instances/egress-jje2z6fgxvzhokcj", Host: "34.140.211.97", Port: 3128,
+		EgressIP: "34.140.211.97", Phase: v1alpha1.InstancePhaseRunning, Healthy: true, LatencyMilliseconds: 142,
+		LastProbeTime: &now, ConsecutiveSuccesses: 12, InstanceCreatedAt: &now,
+	}
+	p.SetConditions(xpv2.Available(), xpv2.ReconcileSuccess(),
+		xpv2.Condition{Type: "OpenProxy", Status: "False", Reason: "RefusesUnauthenticated", Message: "a request without credentials gets 407", LastTransitionTime: now})
+	if err := bed.Client.Status().Update(ctx, p, client.FieldOwner("provider-egressproxy")); err != nil {
+		tb.Fatal(err)
+	}
+
+	l := &coordv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{
+			Namespace: ns, Name: name + "-slot-7",
+			Labels:          map[string]string{fleetv1alpha1.LabelFleet: "crawlers", fleetv1alpha1.LabelProxy: name, fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot},
+			Annotations:     map[string]string{fleetv1alpha1.AnnotationFleet: "crawlers", fleetv1alpha1.AnnotationProxy: name},
+			OwnerReferences: []metav1.OwnerReference{{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.ProxyKind, Name: name, UID: p.UID}},
+		},
+		Spec: coordv1.LeaseSpec{HolderIdentity: ptr.To("scrapy-worker-7f9c4d8b6-x2k9p"), LeaseDurationSeconds: ptr.To[int32](600),
+			AcquireTime: &metav1.MicroTime{Time: time.Now()}, RenewTime: &metav1.MicroTime{Time: time.Now()}},
+	}
+	if err := bed.Client.Create(ctx, l, client.FieldOwner("egress-discovery")); err != nil {
+		tb.Fatal(err)
+	}
+	renew, _ := json.Marshal([]map[string]any{{"op": "replace", "path": "/spec/renewTime", "value": metav1.MicroTime{Time: time.Now()}}})
+	if err := bed.Client.Patch(ctx, l, client.RawPatch(types.JSONPatchType, renew), client.FieldOwner("egress-discovery")); err != nil {
+		tb.Fatal(err)
+	}
+	read := func(obj client.Object) map[string]any {
+		out := map[string]any{}
+		raw, err := json.Marshal(obj)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if err := json.Unmarshal(raw, &out); err != nil {
+			tb.Fatal(err)
+		}
+		return out
+	}
+	if err := bed.Client.Get(ctx, client.ObjectKeyFromObject(p), p); err != nil {
+		tb.Fatal(err)
+	}
+	if err := bed.Client.Get(ctx, client.ObjectKeyFromObject(l), l); err != nil {
+		tb.Fatal(err)
+	}
+	proxy, slot = read(p), read(l)
+	proxy["apiVersion"], proxy["kind"] = v1alpha1.SchemeGroupVersion.String(), v1alpha1.ProxyKind
+	slot["apiVersion"], slot["kind"] = "coordination.k8s.io/v1", "Lease"
+	return proxy, slot
+}
+
+// sizedRequest is the request Crossplane sends for a fleet of n proxies,
+// each with k slot Leases held, built from real objects.
+func sizedRequest(tb testing.TB, proxy, slot map[string]any, n, k int) *fnv1.RunFunctionRequest {
+	tb.Helper()
+	spec := fmt.Sprintf(`{"replicas": %d, "zones": ["europe-west1-b", "europe-west1-c", "europe-west1-d"],
+		"providerConfigRef": {"kind": "ClusterProviderConfig", "name": "gcp"},
+		"placement": {"gcp": {"machineType": "e2-small", "networkTags": ["crawl"]}},
+		"proxy": {"authSecretRef": {"name": "crawlers-proxy-auth"}, "allowedSourceRanges": ["203.0.113.0/24", "198.51.100.0/24"]},
+		"healthCheck": {"url": "https://ifconfig.me/ip"}, "leases": {"maxLeasesPerProxy": %d}}`, n, k)
+	observed := make(map[string]*fnv1.Resource, n)
+	var leases []*fnv1.Resource
+	for i := range n {
+		meta := proxy["metadata"].(map[string]any)
+		meta["name"] = fmt.Sprintf("crawlers-%d", i)
+		s, err := structpb.NewStruct(proxy)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		observed[resourceName(i)] = &fnv1.Resource{Resource: s}
+		for j := range k {
+			lm := slot["metadata"].(map[string]any)
+			lm["name"] = fmt.Sprintf("crawlers-%d-slot-%d", i, j)
+			lm["labels"].(map[string]any)[fleetv1alpha1.LabelProxy] = fmt.Sprintf("crawlers-%d", i)
+			ls, err := structpb.NewStruct(slot)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			leases = append(leases, &fnv1.Resource{Resource: ls})
+		}
+	}
+	return &fnv1.RunFunctionRequest{
+		Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: observed},
+		RequiredResources: map[string]*fnv1.Resources{requiredLeases: {Items: leases}},
+	}
+}
+
+// BenchmarkMessageSizes measures the RunFunctionRequest Crossplane sends
+// (the observed Proxies and the required slot Leases, as the apiserver
+// returns them) and the function's response, for a fleet of the XRD's
+// maximum replicas with 1, 10 and 100 leases per proxy, against gRPC's 4
+// MiB default message limit, which Crossplane v2.4.0 dials functions with.
+// It also reports the bytes one Proxy and one Lease add, from which the
+// XRD's bound on replicas and leases per proxy is derived.
+func BenchmarkMessageSizes(b *testing.B) {
+	proxy, slot := realObjects(b)
+	f := New(logging.NewNopLogger(), func() time.Time { return t0 })
+	size := func(n, k int) (int, int) {
+		req := sizedRequest(b, proxy, slot, n, k)
+		rsp, err := f.RunFunction(context.Background(), req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return proto.Size(req), proto.Size(rsp)
+	}
+	base, _ := size(0, 0)
+	one, _ := size(1, 0)
+	withLease, _ := size(1, 1)
+	type measured struct{ n, k, req, rsp int }
+	var at []measured
+	for _, k := range []int{1, 10, 100} {
+		req, rsp := size(fleetv1alpha1.MaxReplicas, k)
+		at = append(at, measured{fleetv1alpha1.MaxReplicas, k, req, rsp})
+	}
+	for b.Loop() {
+	}
+	// Reported after the loop, which resets what was reported before it.
+	b.ReportMetric(float64(one-base), "B/proxy")
+	b.ReportMetric(float64(withLease-one), "B/lease")
+	for _, m := range at {
+		b.ReportMetric(float64(m.req)/(1<<20), fmt.Sprintf("req-MiB/n=%d,k=%d", m.n, m.k))
+		b.ReportMetric(float64(m.rsp)/(1<<20), fmt.Sprintf("rsp-MiB/n=%d,k=%d", m.n, m.k))
+	}
+}
+
+// TestMessageSizesBounded holds one real Proxy and one real slot Lease to
+// the sizes the XRD's message bound assumes, and checks that a fleet right
+// at the bound fits half of gRPC's 4 MiB limit: if the objects grow (more
+// labels, conditions or managedFields), this fails and the bound must move.
+func TestMessageSizesBounded(t *testing.T) {
+	proxy, slot := realObjects(t)
+	req := func(n, k int) int { return proto.Size(sizedRequest(t, proxy, slot, n, k)) }
+	base := req(0, 0)
+	perProxy, perLease := req(1, 0)-base, req(1, 1)-req(1, 0)
+	t.Logf("one Proxy adds %d bytes, one Lease %d", perProxy, perLease)
+	if perProxy > fleetv1alpha1.ProxyMessageBytes || perLease > fleetv1alpha1.LeaseMessageBytes {
+		t.Fatalf("a Proxy adds %d bytes (bound %d), a Lease %d (bound %d): raise ProxyMessageBytes/LeaseMessageBytes and the XRD rule",
+			perProxy, fleetv1alpha1.ProxyMessageBytes, perLease, fleetv1alpha1.LeaseMessageBytes)
+	}
+	for _, k := range []int{1, 10, 100} {
+		n := fleetv1alpha1.MessageBudget / (fleetv1alpha1.ProxyMessageBytes + k*fleetv1alpha1.LeaseMessageBytes)
+		if size := req(n, k); size > fleetv1alpha1.MessageBudget+base {
+			t.Errorf("%d replicas with %d leases each: %d bytes, above the budget of %d", n, k, size, fleetv1alpha1.MessageBudget)
+		}
+	}
+}
+
+// TestMessageBudgetRule keeps the XRD's rule in step with the constants.
+func TestMessageBudgetRule(t *testing.T) {
+	raw, err := os.ReadFile("../../apis/fleet/definition.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := fmt.Sprintf("self.replicas * (%d + %d * self.leases.maxLeasesPerProxy) <= %d",
+		fleetv1alpha1.ProxyMessageBytes, fleetv1alpha1.LeaseMessageBytes, fleetv1alpha1.MessageBudget)
+	if !strings.Contains(strings.Join(strings.Fields(string(raw)), " "), want) {
+		t.Errorf("apis/fleet/definition.yaml must carry the rule %q", want)
+	}
+}
