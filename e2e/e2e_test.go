@@ -16,6 +16,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -113,6 +114,7 @@ func TestEndToEnd(t *testing.T) {
 		{"KilledSquidHeals", killedSquidHeals},
 		{"ScaleKeepsNames", scaleKeepsNames},
 		{"RotationKeepsReadyFloor", rotationKeepsReadyFloor},
+		{"TemplateChangeRollsOut", templateChangeRollsOut},
 		{"DeletingFleetsLeavesNothing", deletingFleetsLeavesNothing},
 	}
 	for _, s := range steps {
@@ -410,6 +412,130 @@ func rotationKeepsReadyFloor(t *testing.T) {
 	}
 	assertNotThrottled(t, rotor)
 	assertNotThrottled(t, example)
+}
+
+// templateChangeRollsOut changes the rotor fleet's proxy template (its
+// port) while a crawler holds a lease on one proxy: the fleet stays Ready
+// and keeps replicas - maxUnavailable Ready proxies at every sample, the
+// proxies of the old template are replaced, except the leased one, which
+// stops taking leases (draining) and stays until the lease is released.
+func templateChangeRollsOut(t *testing.T) {
+	ctx := context.Background()
+	// Age-based rotation off, so that only the template change replaces.
+	patch(t, rotor, `{"spec":{"rotation":{"maxAge":null}}}`)
+	start := waitFleet(t, rotor, 2, 2*time.Minute)
+	const floor = 2
+	c := &discoveryv1.Client{BaseURL: stack.DiscoveryURL, Token: stack.Token}
+	held, err := c.Acquire(ctx, discoveryv1.AcquireRequest{Fleet: ns + "/" + rotor, Holder: "e2e-rollout", TTL: "10m"})
+	if err != nil {
+		t.Fatalf("acquire: %v", err)
+	}
+	released := false
+	defer func() {
+		if !released {
+			_ = c.Release(ctx, held.LeaseID)
+		}
+	}()
+
+	var mu sync.Mutex
+	minReady, samples, unreadyXR := floor, 0, 0
+	var lowAt []string
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			st, ps, err := observe(rotor)
+			if err != nil {
+				continue
+			}
+			names, ready := namesAndReady(ps)
+			mu.Lock()
+			samples++
+			if !st.ready {
+				unreadyXR++
+			}
+			if ready < minReady {
+				minReady, lowAt = ready, names
+			}
+			mu.Unlock()
+		}
+	}()
+
+	changed := time.Now()
+	patch(t, rotor, `{"spec":{"proxy":{"port":3130}}}`)
+	revision := func() string {
+		u := fleetObject(rotor)
+		if err := stack.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: rotor}, u); err != nil {
+			return ""
+		}
+		r, _, _ := unstructured.NestedString(u.Object, "status", "observedRevision")
+		return r
+	}
+	var rev string
+	testbed.Eventually(t, 3*time.Minute, "every proxy but the leased one replaced, the leased one draining", func() (bool, string) {
+		rev = revision()
+		ps, err := proxies(rotor)
+		if err != nil {
+			return false, err.Error()
+		}
+		newReady, leased := 0, false
+		var seen []string
+		for _, p := range ps {
+			seen = append(seen, fmt.Sprintf("%s(rev=%s ready=%t draining=%q)", p.Name, p.Labels[fleetv1alpha1.LabelTemplateRevision], isReady(&p), p.Labels[fleetv1alpha1.LabelDrainingSince]))
+			switch {
+			case p.Name == held.Proxy:
+				leased = p.Labels[fleetv1alpha1.LabelDrainingSince] != ""
+			case p.Labels[fleetv1alpha1.LabelTemplateRevision] == rev && isReady(&p):
+				newReady++
+			}
+		}
+		return rev != "" && leased && newReady == 2, fmt.Sprintf("revision %s: %v", rev, seen)
+	})
+	// The leased proxy stays while the lease does, and takes no new one.
+	time.Sleep(3 * time.Second)
+	if ps, _ := proxies(rotor); !slices.ContainsFunc(ps, func(p v1alpha1.Proxy) bool { return p.Name == held.Proxy }) {
+		t.Fatalf("the leased proxy %s went while its lease was held", held.Proxy)
+	}
+	if other, err := c.Acquire(ctx, discoveryv1.AcquireRequest{Fleet: ns + "/" + rotor, Holder: "e2e-other", TTL: "1m"}); err == nil {
+		if other.Proxy == held.Proxy {
+			t.Errorf("a draining proxy must take no new lease")
+		}
+		_ = c.Release(ctx, other.LeaseID)
+	}
+	if err := c.Release(ctx, held.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	released = true
+	var now []string
+	testbed.Eventually(t, 2*time.Minute, "the leased proxy gone once released, the fleet all of the new template", func() (bool, string) {
+		st, ps, err := observe(rotor)
+		if err != nil {
+			return false, err.Error()
+		}
+		now, _ = namesAndReady(ps)
+		for _, p := range ps {
+			if p.Labels[fleetv1alpha1.LabelTemplateRevision] != rev {
+				return false, fmt.Sprintf("%s still of revision %s", p.Name, p.Labels[fleetv1alpha1.LabelTemplateRevision])
+			}
+		}
+		return st.ready && len(ps) == 2 && st.healthy == 2, fmt.Sprintf("%v %+v", now, st)
+	})
+	close(stop)
+	<-done
+	t.Logf("port change rolled out %v -> %v in %.1fs with %s leased; lowest Ready count %d over %d samples, the fleet unready in %d of them",
+		start, now, time.Since(changed).Seconds(), held.Proxy, minReady, samples, unreadyXR)
+	if minReady < floor {
+		t.Errorf("the rollout dropped to %d Ready proxies, below replicas - maxUnavailable = %d: %v", minReady, floor, lowAt)
+	}
+	if unreadyXR > 0 {
+		t.Errorf("the fleet was unready in %d of %d samples during a routine rollout", unreadyXR, samples)
+	}
+	assertNotThrottled(t, rotor)
 }
 
 func deletingFleetsLeavesNothing(t *testing.T) {

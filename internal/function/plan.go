@@ -372,13 +372,18 @@ func (pl *planner) replace() {
 }
 
 // downFirst orders holders for replacement: those that are down first, the
-// line that failed least first, then by ordinal.
+// line that failed least first; then those no crawler holds a lease on, so
+// that a leased proxy, which must wait for its leases to end, takes the
+// surge last instead of holding it while others could go; then by ordinal.
 func downFirst(a, b *member) bool {
 	if a.Ready != b.Ready {
 		return !a.Ready
 	}
 	if !a.Ready && a.Streak != b.Streak {
 		return a.Streak < b.Streak
+	}
+	if a.Leased != b.Leased {
+		return !a.Leased
 	}
 	return a.Ordinal < b.Ordinal
 }

@@ -255,6 +255,13 @@ func TestDecide(t *testing.T) {
 			leasesKnown: true,
 			want:        "0:a 1:b 2:a>0", wantBlocked: "f-1 waits for surge capacity (maxSurge 1); f-0 waits for its leases to drain",
 		},
+		"LeasedReplacedLast": {
+			reason:      "A template change gives the surge to a proxy nobody leases first: a leased one would hold it until its leases end.",
+			fleet:       fleetFor(2, ab, revision("r2")),
+			observed:    []*member{m(0, "a", rev("r1"), leased), m(1, "b", rev("r1"))},
+			leasesKnown: true,
+			want:        "0:a 1:b 2:b>1", wantBlocked: "f-0 waits for surge capacity (maxSurge 1)",
+		},
 		"ScaleDownOldTemplateFirst": {
 			reason:      "Scaling down during a rollout removes proxies of the old template first.",
 			fleet:       fleetFor(1, ab, revision("r2")),
