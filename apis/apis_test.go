@@ -20,6 +20,7 @@ import (
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
@@ -463,11 +464,11 @@ func TestInvalidObjectsRejected(t *testing.T) {
 		"FleetTooBigForOneMessage": {
 			reason: "A fleet whose Proxies and leases would not fit Crossplane's message to the function with a 2x margin is refused.",
 			base:   validFleet, set: map[string]any{"spec.replicas": int64(100), "spec.leases": map[string]any{"maxLeasesPerProxy": int64(10)}},
-			want: []string{"must not exceed 2 MiB", "at most 291 replicas with 1 lease per proxy, 97 with 10"},
+			want: []string{"must not exceed 2 MiB", "at most 202 replicas with 1 lease per proxy, 56 with 10"},
 		},
 		"FleetTooManyReplicasForOneMessage": {
-			reason: "With one lease per proxy the bound is 291 replicas.",
-			base:   validFleet, set: map[string]any{"spec.replicas": int64(292)},
+			reason: "With one lease per proxy and maxSurge 1 the bound is 202 replicas.",
+			base:   validFleet, set: map[string]any{"spec.replicas": int64(203)},
 			want: []string{"must not exceed 2 MiB"},
 		},
 		"FleetDefaultTTLAboveMax": {
@@ -576,19 +577,31 @@ func TestProxyModeImmutable(t *testing.T) {
 }
 
 // TestFleetMessageBoundAccepted: fleets right at the message bound are
-// accepted (the rule is not stricter than it says).
+// accepted (the rule is not stricter than it says), and a fleet may not
+// grow past it by an update.
 func TestFleetMessageBoundAccepted(t *testing.T) {
 	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
+	ctx := context.Background()
 	for i, set := range []map[string]any{
-		{"spec.replicas": int64(291)},
-		{"spec.replicas": int64(97), "spec.leases": map[string]any{"maxLeasesPerProxy": int64(10)}},
+		{"spec.replicas": int64(202)},
+		{"spec.replicas": int64(56), "spec.leases": map[string]any{"maxLeasesPerProxy": int64(10)}},
 	} {
 		u := object(t, validFleet, set)
 		u.SetNamespace(ns)
 		u.SetName(fmt.Sprintf("at-bound-%d", i))
-		if err := bed.Client.Create(context.Background(), u); err != nil {
-			t.Errorf("a fleet at the bound must be accepted (%v): %v", set, err)
+		if err := bed.Client.Create(ctx, u); err != nil {
+			t.Fatalf("a fleet at the bound must be accepted (%v): %v", set, err)
 		}
+	}
+	u := object(t, validFleet, nil)
+	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "at-bound-0"}, u); err != nil {
+		t.Fatal(err)
+	}
+	if err := unstructured.SetNestedField(u.Object, int64(2), "spec", "rotation", "maxSurge"); err != nil {
+		t.Fatal(err)
+	}
+	if err := bed.Client.Update(ctx, u); err == nil || !strings.Contains(err.Error(), "must not exceed 2 MiB") {
+		t.Errorf("raising maxSurge past the bound must be refused: %v", err)
 	}
 }

@@ -421,9 +421,19 @@ func rotationKeepsReadyFloor(t *testing.T) {
 // stops taking leases (draining) and stays until the lease is released.
 func templateChangeRollsOut(t *testing.T) {
 	ctx := context.Background()
-	// Age-based rotation off, so that only the template change replaces.
-	patch(t, rotor, `{"spec":{"rotation":{"maxAge":null}}}`)
-	start := waitFleet(t, rotor, 2, 2*time.Minute)
+	// Age-based rotation off, so that only the template change replaces,
+	// and two leases per proxy, so that a proxy left out of a new lease is
+	// left out because it drains, not because it is full.
+	patch(t, rotor, `{"spec":{"rotation":{"maxAge":null},"leases":{"maxLeasesPerProxy":2}}}`)
+	// Settled: the same two proxies twice, seconds apart, so that no
+	// rotation the patch came too late for is still under way.
+	var start []string
+	testbed.Eventually(t, 3*time.Minute, "the fleet settled after rotation", func() (bool, string) {
+		a := waitFleet(t, rotor, 2, 2*time.Minute)
+		time.Sleep(3 * time.Second)
+		start = waitFleet(t, rotor, 2, 2*time.Minute)
+		return slices.Equal(a, start), fmt.Sprintf("%v then %v", a, start)
+	})
 	const floor = 2
 	c := &discoveryv1.Client{BaseURL: stack.DiscoveryURL, Token: stack.Token}
 	held, err := c.Acquire(ctx, discoveryv1.AcquireRequest{Fleet: ns + "/" + rotor, Holder: "e2e-rollout", TTL: "10m"})

@@ -563,6 +563,11 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request, id *Identity) {
 		return
 	}
 	if since := drainSince(p); !since.IsZero() {
+		// A start in the future (a skewed clock, an edited label) counts
+		// as now: it never extends a lease past now plus maxTTL.
+		if now := s.now(); since.After(now) {
+			since = now
+		}
 		// A proxy being replaced: its leases are renewed only up to the
 		// drain start plus maxTTL, so that one crawler renewing forever
 		// cannot hold the rollout up.

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
@@ -169,6 +170,11 @@ func finish(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionRequest, fleet *
 	report(rsp, fleet, members, p, now)
 	for _, w := range fleet.Warnings {
 		response.Warning(rsp, errors.New(w)).TargetCompositeAndClaim()
+	}
+	if n := proto.Size(req); n > fleetv1alpha1.MessageBudget {
+		// What the XRD's bound cannot see (a stored fleet above it, long
+		// error messages, many bans): said before it breaks.
+		response.Warning(rsp, errors.Errorf("Crossplane sent this fleet's Proxies and leases in %.1f MiB, more than half of gRPC's 4 MiB limit: at 4 MiB the fleet can no longer be composed; lower spec.replicas or spec.leases.maxLeasesPerProxy, or split the fleet", float64(n)/(1<<20))).TargetCompositeAndClaim()
 	}
 	reportRollout(rsp, fleet, members, p, ro, now)
 	ttl := requeueAfter(fleet, members, p, now)

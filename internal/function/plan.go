@@ -400,11 +400,20 @@ func (pl *planner) goesFirst(h *member) bool {
 	case f.MaxSurge == 0 && (h.Leased || !pl.leasesKnown):
 		pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits for its leases to drain", h.Name))
 		pl.p.leaseWait = true
-		h.Draining = true
+		// Only as many drain at once as may be unavailable: the
+		// others keep taking leases until it is their turn.
+		if !h.Ready || !h.DrainSince.IsZero() || pl.ready-1 >= f.Replicas-f.MaxUnavailable {
+			h.Draining = true
+			if h.Ready {
+				pl.ready--
+			}
+		}
 		return false
 	case f.MaxSurge == 0 && (!h.Ready || pl.ready-1 >= f.Replicas-f.MaxUnavailable):
 		return true
 	}
+	// A holder that began to drain keeps draining while it waits.
+	h.Draining = !h.DrainSince.IsZero()
 	pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits for surge capacity (maxSurge %d)", h.Name, f.MaxSurge))
 	return false
 }
@@ -458,11 +467,15 @@ func (pl *planner) complete() {
 
 // result lists the members the plan keeps, by ordinal. A holder whose
 // replacement is Ready, and which only waits for its leases or the Ready
-// floor, drains: it takes no new leases. Until then it serves as before,
-// so a replacement booting costs no capacity.
+// floor, drains: it takes no new leases, and once it began to drain it
+// keeps draining while it is being replaced, so that its drain start, which
+// bounds its leases, does not restart. Until then it serves as before, so
+// a replacement booting costs no capacity.
 func (pl *planner) result() *plan {
 	for _, s := range pl.replicas {
-		if r := s.replacement; r != nil && r.Ready && s.reason != "" {
+		if r := s.replacement; r != nil && (r.Ready || !s.holder.DrainSince.IsZero()) {
+			// Its replacement serves (or served, and flickered): the
+			// holder goes once its leases end, whatever made it due.
 			s.holder.Draining = true
 		}
 		pl.p.keep = append(pl.p.keep, s.holder)

@@ -67,6 +67,8 @@ func TestDecide(t *testing.T) {
 		leasesKnown bool
 		want        string
 		wantBlocked string
+		// wantDraining lists the members that drain, when set.
+		wantDraining string
 	}{
 		"FreshFleetSpreads": {
 			reason: "Five new proxies spread over two zones as 3+2.",
@@ -262,6 +264,22 @@ func TestDecide(t *testing.T) {
 			leasesKnown: true,
 			want:        "0:a 1:b 2:b>1", wantBlocked: "f-0 waits for surge capacity (maxSurge 1)",
 		},
+		"NoSurgeDrainsWithinBudget": {
+			reason:      "With maxSurge 0, only as many leased proxies drain at once as may be unavailable; the others keep taking leases.",
+			fleet:       fleetFor(3, ab, revision("r2"), func(f *Fleet) { f.MaxSurge, f.MaxUnavailable = 0, 1 }),
+			observed:    []*member{m(0, "a", rev("r1"), leased), m(1, "b", rev("r1"), leased), m(2, "a", rev("r1"), leased)},
+			leasesKnown: true,
+			want:        "0:a 1:b 2:a", wantBlocked: "f-0 waits for its leases to drain; f-1 waits for its leases to drain; f-2 waits for its leases to drain",
+			wantDraining: "f-0",
+		},
+		"DrainingKeptWhileReplacementFlickers": {
+			reason:      "A holder that began to drain keeps draining when its replacement flickers unready, so its drain start does not restart.",
+			fleet:       fleetFor(2, ab, revision("r2")),
+			observed:    []*member{m(0, "a", rev("r1"), leased, func(x *member) { x.DrainSince = t0.Add(-time.Minute) }), m(1, "b", rev("r1")), m(2, "a", rev("r2"), replaces(0), sick(10*time.Second))},
+			leasesKnown: true,
+			want:        "0:a 1:b 2:a>0", wantBlocked: "f-1 waits for surge capacity (maxSurge 1)",
+			wantDraining: "f-0",
+		},
 		"ScaleDownOldTemplateFirst": {
 			reason:      "Scaling down during a rollout removes proxies of the old template first.",
 			fleet:       fleetFor(1, ab, revision("r2")),
@@ -278,6 +296,17 @@ func TestDecide(t *testing.T) {
 			}
 			if diff := cmp.Diff(tc.wantBlocked, strings.Join(p.blocked, "; ")); diff != "" {
 				t.Errorf("%s\nblocked: -want, +got:\n%s", tc.reason, diff)
+			}
+			if tc.wantDraining != "" {
+				var draining []string
+				for _, k := range p.keep {
+					if k.Draining {
+						draining = append(draining, k.Name)
+					}
+				}
+				if diff := cmp.Diff(tc.wantDraining, strings.Join(draining, " ")); diff != "" {
+					t.Errorf("%s\ndraining: -want, +got:\n%s", tc.reason, diff)
+				}
 			}
 		})
 	}

@@ -25,10 +25,14 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
 var sharedBed testbed.Lazy
+
+// longFleet is a fleet name of the longest length allowed.
+var longFleet = strings.Repeat("f", fleetv1alpha1.MaxNameLength)
 
 func TestMain(m *testing.M) { sharedBed.Main(m) }
 
@@ -43,21 +47,24 @@ func realObjects(tb testing.TB) (proxy, slot map[string]any) {
 	bed := sharedBed.Env(tb)
 	ctx := context.Background()
 	ns := bed.Namespace(tb)
-	const name = "crawlers-123"
+	// The longest names allowed: a fleet of MaxNameLength characters, a
+	// ten-digit ordinal, a holder identity of 253.
+	name := longFleet + "-1234567890"
 	composed := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": v1alpha1.SchemeGroupVersion.String(), "kind": v1alpha1.ProxyKind,
 		"metadata": map[string]any{
 			"name": name, "namespace": ns,
 			"labels": map[string]any{
-				fleetv1alpha1.LabelFleet: "crawlers", fleetv1alpha1.LabelZone: "europe-west1-b", fleetv1alpha1.LabelRotationGeneration: "3",
-				fleetv1alpha1.LabelTemplateRevision: "2c14442eb0", fleetv1alpha1.LabelReplaces: "57",
-				"crossplane.io/composite": "crawlers",
+				fleetv1alpha1.LabelFleet: ownership.LabelValue(longFleet), fleetv1alpha1.LabelZone: "europe-west1-b", fleetv1alpha1.LabelRotationGeneration: "3",
+				fleetv1alpha1.LabelTemplateRevision: "2c14442eb0", fleetv1alpha1.LabelReplaces: "1234567889",
+				fleetv1alpha1.LabelUnhealthyStreak: "3", fleetv1alpha1.LabelDrainingSince: "1764500000",
+				"crossplane.io/composite": ownership.LabelValue(longFleet),
 			},
 			"annotations": map[string]any{
-				fleetv1alpha1.AnnotationFleet: "crawlers", "crossplane.io/composition-resource-name": "proxy-123",
+				fleetv1alpha1.AnnotationFleet: longFleet, "crossplane.io/composition-resource-name": "proxy-1234567890",
 			},
 			"ownerReferences": []any{map[string]any{
-				"apiVersion": fleetv1alpha1.SchemeGroupVersion.String(), "kind": fleetv1alpha1.ProxyFleetKind, "name": "crawlers",
+				"apiVersion": fleetv1alpha1.SchemeGroupVersion.String(), "kind": fleetv1alpha1.ProxyFleetKind, "name": longFleet,
 				"uid": "0b7c6a2e-1111-4222-8333-944455556666", "controller": true, "blockOwnerDeletion": true,
 			}},
 		},
@@ -101,12 +108,12 @@ func realObjects(tb testing.TB) (proxy, slot map[string]any) {
 
 	l := &coordv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{
-			Namespace: ns, Name: name + "-slot-7",
-			Labels:          map[string]string{fleetv1alpha1.LabelFleet: "crawlers", fleetv1alpha1.LabelProxy: name, fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot},
-			Annotations:     map[string]string{fleetv1alpha1.AnnotationFleet: "crawlers", fleetv1alpha1.AnnotationProxy: name},
+			Namespace: ns, Name: name + "-slot-99",
+			Labels:          map[string]string{fleetv1alpha1.LabelFleet: ownership.LabelValue(longFleet), fleetv1alpha1.LabelProxy: ownership.LabelValue(name), fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot},
+			Annotations:     map[string]string{fleetv1alpha1.AnnotationFleet: longFleet, fleetv1alpha1.AnnotationProxy: name},
 			OwnerReferences: []metav1.OwnerReference{{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.ProxyKind, Name: name, UID: p.UID}},
 		},
-		Spec: coordv1.LeaseSpec{HolderIdentity: ptr.To("scrapy-worker-7f9c4d8b6-x2k9p"), LeaseDurationSeconds: ptr.To[int32](600),
+		Spec: coordv1.LeaseSpec{HolderIdentity: ptr.To(strings.Repeat("h", 253)), LeaseDurationSeconds: ptr.To[int32](600),
 			AcquireTime: &metav1.MicroTime{Time: time.Now()}, RenewTime: &metav1.MicroTime{Time: time.Now()}},
 	}
 	if err := bed.Client.Create(ctx, l, client.FieldOwner("egress-discovery")); err != nil {
@@ -150,18 +157,25 @@ func sizedRequest(tb testing.TB, proxy, slot map[string]any, n, k int) *fnv1.Run
 		"healthCheck": {"url": "https://ifconfig.me/ip"}, "leases": {"maxLeasesPerProxy": %d}}`, n, k)
 	observed := make(map[string]*fnv1.Resource, n)
 	var leases []*fnv1.Resource
+	composite := xr(spec)
+	// The XR as Crossplane sends it: a status entry and a resource
+	// reference per proxy.
+	var entries, refs []any
 	for i := range n {
+		pname := fmt.Sprintf("%s-%010d", longFleet, i)
 		meta := proxy["metadata"].(map[string]any)
-		meta["name"] = fmt.Sprintf("crawlers-%d", i)
+		meta["name"] = pname
 		s, err := structpb.NewStruct(proxy)
 		if err != nil {
 			tb.Fatal(err)
 		}
 		observed[resourceName(i)] = &fnv1.Resource{Resource: s}
+		entries = append(entries, map[string]any{"name": pname, "endpoint": "34.140.211.97:3128", "zone": "europe-west1-b",
+			"egressIP": "34.140.211.97", "healthy": true, "createdAt": "2026-11-30T12:00:00Z"})
+		refs = append(refs, map[string]any{"apiVersion": v1alpha1.SchemeGroupVersion.String(), "kind": v1alpha1.ProxyKind, "name": pname, "namespace": "crawl-team"})
 		for j := range k {
 			lm := slot["metadata"].(map[string]any)
-			lm["name"] = fmt.Sprintf("crawlers-%d-slot-%d", i, j)
-			lm["labels"].(map[string]any)[fleetv1alpha1.LabelProxy] = fmt.Sprintf("crawlers-%d", i)
+			lm["name"] = fmt.Sprintf("%s-slot-%d", pname, j)
 			ls, err := structpb.NewStruct(slot)
 			if err != nil {
 				tb.Fatal(err)
@@ -169,8 +183,18 @@ func sizedRequest(tb testing.TB, proxy, slot map[string]any, n, k int) *fnv1.Run
 			leases = append(leases, &fnv1.Resource{Resource: ls})
 		}
 	}
+	status, err := structpb.NewValue(map[string]any{"proxies": entries})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	composite.Fields["status"] = status
+	crossplane, err := structpb.NewValue(map[string]any{"resourceRefs": refs})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	composite.Fields["spec"].GetStructValue().Fields["crossplane"] = crossplane
 	return &fnv1.RunFunctionRequest{
-		Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: observed},
+		Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: composite}, Resources: observed},
 		RequiredResources: map[string]*fnv1.Resources{requiredLeases: {Items: leases}},
 	}
 }
@@ -233,17 +257,34 @@ func TestMessageSizesBounded(t *testing.T) {
 			t.Errorf("%d replicas with %d leases each: %d bytes, above the budget of %d", n, k, size, fleetv1alpha1.MessageBudget)
 		}
 	}
-}
-
-// TestMessageBudgetRule keeps the XRD's rule in step with the constants.
-func TestMessageBudgetRule(t *testing.T) {
-	raw, err := os.ReadFile("../../apis/fleet/definition.yaml")
+	// Past the budget (a fleet stored before the bound), the function says
+	// so before Crossplane can no longer send it.
+	rsp, err := New(logging.NewNopLogger(), func() time.Time { return t0 }).RunFunction(context.Background(), sizedRequest(t, proxy, slot, 400, 1))
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := fmt.Sprintf("self.replicas * (%d + %d * self.leases.maxLeasesPerProxy) <= %d",
-		fleetv1alpha1.ProxyMessageBytes, fleetv1alpha1.LeaseMessageBytes, fleetv1alpha1.MessageBudget)
-	if !strings.Contains(strings.Join(strings.Fields(string(raw)), " "), want) {
-		t.Errorf("apis/fleet/definition.yaml must carry the rule %q", want)
+	warned := false
+	for _, r := range rsp.GetResults() {
+		warned = warned || r.GetSeverity() == fnv1.Severity_SEVERITY_WARNING && strings.Contains(r.GetMessage(), "more than half of gRPC's 4 MiB limit")
+	}
+	if !warned {
+		t.Errorf("a request past the budget must bring a Warning: %v", rsp.GetResults())
+	}
+}
+
+// TestMessageBudgetRule keeps the XRDs' rule in step with the constants.
+func TestMessageBudgetRule(t *testing.T) {
+	want := fmt.Sprintf("(self.replicas + self.rotation.maxSurge) * (%d + %d * self.leases.maxLeasesPerProxy + ",
+		fleetv1alpha1.ProxyMessageBytes, fleetv1alpha1.LeaseMessageBytes)
+	budget := fmt.Sprintf(")) <= %d || (oldSelf.hasValue()", fleetv1alpha1.MessageBudget)
+	for _, f := range []string{"../../apis/fleet/definition.yaml", "../../apis/fleet/legacy/definition.yaml"} {
+		raw, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		flat := strings.Join(strings.Fields(string(raw)), " ")
+		if !strings.Contains(flat, want) || !strings.Contains(flat, budget) {
+			t.Errorf("%s must carry the rule %q ... %q", f, want, budget)
+		}
 	}
 }
