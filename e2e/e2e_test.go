@@ -20,7 +20,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -353,41 +352,7 @@ func rotationKeepsReadyFloor(t *testing.T) {
 	start := waitFleet(t, rotor, 2, 30*time.Second)
 	const floor = 2
 
-	var mu sync.Mutex
-	minReady, samples := floor, 0
-	var lowAt []string
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			ps, err := proxies(rotor)
-			if err != nil {
-				continue
-			}
-			ready := 0
-			var seen []string
-			for _, p := range ps {
-				if isReady(&p) {
-					ready++
-				}
-				seen = append(seen, fmt.Sprintf("%s(ready=%t)", p.Name, isReady(&p)))
-			}
-			mu.Lock()
-			samples++
-			if ready < minReady {
-				minReady = ready
-				lowAt = seen
-			}
-			mu.Unlock()
-		}
-	}()
-
+	sample := sampleReady(rotor, floor)
 	rotated := time.Now()
 	patch(t, rotor, `{"spec":{"rotation":{"maxAge":"1m","maxSurge":1,"maxUnavailable":0}}}`)
 	var now []string
@@ -404,11 +369,10 @@ func rotationKeepsReadyFloor(t *testing.T) {
 		}
 		return st.ready && st.healthy == 2 && len(ps) == 2, fmt.Sprintf("proxies %v; %+v", now, st)
 	})
-	close(stop)
-	<-done
-	t.Logf("rotated %v -> %v in %.1fs after setting maxAge 1m; lowest Ready count %d over %d samples", start, now, time.Since(rotated).Seconds(), minReady, samples)
-	if minReady < floor {
-		t.Errorf("rotation dropped to %d Ready proxies, below replicas - maxUnavailable = %d: %v", minReady, floor, lowAt)
+	r := sample()
+	t.Logf("rotated %v -> %v in %.1fs after setting maxAge 1m; lowest Ready count %d over %d samples", start, now, time.Since(rotated).Seconds(), r.minReady, r.samples)
+	if r.minReady < floor {
+		t.Errorf("rotation dropped to %d Ready proxies, below replicas - maxUnavailable = %d: %v", r.minReady, floor, r.lowAt)
 	}
 	assertNotThrottled(t, rotor)
 	assertNotThrottled(t, example)
@@ -447,35 +411,7 @@ func templateChangeRollsOut(t *testing.T) {
 		}
 	}()
 
-	var mu sync.Mutex
-	minReady, samples, unreadyXR := floor, 0, 0
-	var lowAt []string
-	stop, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			select {
-			case <-stop:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			st, ps, err := observe(rotor)
-			if err != nil {
-				continue
-			}
-			names, ready := namesAndReady(ps)
-			mu.Lock()
-			samples++
-			if !st.ready {
-				unreadyXR++
-			}
-			if ready < minReady {
-				minReady, lowAt = ready, names
-			}
-			mu.Unlock()
-		}
-	}()
-
+	sample := sampleReady(rotor, floor)
 	changed := time.Now()
 	patch(t, rotor, `{"spec":{"proxy":{"port":3130}}}`)
 	revision := func() string {
@@ -535,17 +471,66 @@ func templateChangeRollsOut(t *testing.T) {
 		}
 		return st.ready && len(ps) == 2 && st.healthy == 2, fmt.Sprintf("%v %+v", now, st)
 	})
-	close(stop)
-	<-done
+	r := sample()
 	t.Logf("port change rolled out %v -> %v in %.1fs with %s leased; lowest Ready count %d over %d samples, the fleet unready in %d of them",
-		start, now, time.Since(changed).Seconds(), held.Proxy, minReady, samples, unreadyXR)
-	if minReady < floor {
-		t.Errorf("the rollout dropped to %d Ready proxies, below replicas - maxUnavailable = %d: %v", minReady, floor, lowAt)
+		start, now, time.Since(changed).Seconds(), held.Proxy, r.minReady, r.samples, r.unreadyXR)
+	if r.minReady < floor {
+		t.Errorf("the rollout dropped to %d Ready proxies, below replicas - maxUnavailable = %d: %v", r.minReady, floor, r.lowAt)
 	}
-	if unreadyXR > 0 {
-		t.Errorf("the fleet was unready in %d of %d samples during a routine rollout", unreadyXR, samples)
+	if r.unreadyXR > 0 {
+		t.Errorf("the fleet was unready in %d of %d samples during a routine rollout", r.unreadyXR, r.samples)
 	}
 	assertNotThrottled(t, rotor)
+}
+
+// readySamples is what sampleReady saw.
+type readySamples struct {
+	minReady, samples, unreadyXR int
+	// lowAt names the Proxies, and whether each was Ready, when the
+	// fewest were.
+	lowAt []string
+}
+
+// sampleReady samples a fleet every 100 ms until the returned function is
+// called, which returns the lowest count of Ready Proxies (starting from
+// floor) and how often the fleet itself was not Ready.
+func sampleReady(fleet string, floor int) func() readySamples {
+	r := readySamples{minReady: floor}
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			st, ps, err := observe(fleet)
+			if err != nil {
+				continue
+			}
+			ready := 0
+			var seen []string
+			for _, p := range ps {
+				if isReady(&p) {
+					ready++
+				}
+				seen = append(seen, fmt.Sprintf("%s(ready=%t)", p.Name, isReady(&p)))
+			}
+			r.samples++
+			if !st.ready {
+				r.unreadyXR++
+			}
+			if ready < r.minReady {
+				r.minReady, r.lowAt = ready, seen
+			}
+		}
+	}()
+	return func() readySamples {
+		close(stop)
+		<-done // the sampler has stopped writing r
+		return r
+	}
 }
 
 func deletingFleetsLeavesNothing(t *testing.T) {

@@ -167,7 +167,7 @@ func finish(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionRequest, fleet *
 	ro := progress(fleet, members, field(req.GetObserved().GetComposite().GetResource(), "status").GetStructValue(), now)
 	setRollout(field(rsp.Desired.Composite.Resource, "status").GetStructValue(), ro)
 	setReady(rsp.Desired, fleet, members)
-	report(rsp, fleet, members, p, now)
+	report(rsp, fleet, members, p, ro, now)
 	for _, w := range fleet.Warnings {
 		response.Warning(rsp, errors.New(w)).TargetCompositeAndClaim()
 	}
@@ -553,21 +553,9 @@ func setStatus(desired *fnv1.State, f *Fleet, members []*member, now time.Time) 
 	status.Fields["proxies"] = structpb.NewListValue(&structpb.ListValue{Values: proxies})
 }
 
-// outdatedCount counts the members of an old template revision or of a
-// zone removed from spec.zones.
-func outdatedCount(f *Fleet, members []*member) int {
-	n := 0
-	for _, m := range members {
-		if !f.current(m) {
-			n++
-		}
-	}
-	return n
-}
-
 // report sets the FleetHealthy condition, and a Warning result only on real
 // trouble: a proxy unavailable for longer than replaceUnhealthyAfter.
-func report(rsp *fnv1.RunFunctionResponse, f *Fleet, members []*member, p *plan, now time.Time) {
+func report(rsp *fnv1.RunFunctionResponse, f *Fleet, members []*member, p *plan, ro *rollout, now time.Time) {
 	healthy := 0
 	var sick []string
 	trouble := false
@@ -600,8 +588,8 @@ func report(rsp *fnv1.RunFunctionResponse, f *Fleet, members []*member, p *plan,
 	} else if n > 1 {
 		parts = append(parts, fmt.Sprintf("%d proxies being added or replaced", n))
 	}
-	if old := outdatedCount(f, members); old > 0 {
-		r := fmt.Sprintf("rolling out template revision %s: %d of %d proxies to replace", f.Revision, old, len(members))
+	if ro != nil {
+		r := fmt.Sprintf("rolling out template revision %s: %d of %d proxies to replace", f.Revision, ro.remaining, len(members))
 		if f.Paused {
 			r += " (paused: spec.rollout.paused)"
 		}

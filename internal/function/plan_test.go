@@ -317,40 +317,11 @@ func TestDecide(t *testing.T) {
 // every step and that the fleet ends fresh.
 func TestDecideConverges(t *testing.T) {
 	f := fleetFor(4, []string{"a", "b"}, func(f *Fleet) { f.MaxAge = 30 * time.Minute; f.MaxSurge = 1; f.MaxUnavailable = 1 })
-	observed := []*member{m(0, "a"), m(1, "b"), m(2, "a"), m(3, "b")}
-	now := t0
-	for step := 0; step < 20; step++ { // less than maxAge: one generation
-		p := decide(f, observed, true, now)
-		if len(p.keep) > f.Replicas+f.MaxSurge {
-			t.Fatalf("step %d: %d proxies exceeds replicas+maxSurge", step, len(p.keep))
-		}
-		// Apply the plan: kept members stay, new ones appear not Ready.
-		prev := map[int]*member{}
-		for _, o := range observed {
-			prev[o.Ordinal] = o
-		}
-		observed = nil
-		ready := 0
-		for _, k := range p.keep {
-			if o, ok := prev[k.Ordinal]; ok {
-				o.Ready, o.Healthy = true, true // one call later, everything is Ready
-				observed = append(observed, o)
-			} else {
-				c := *k
-				c.Name = fmt.Sprintf("f-%d", c.Ordinal)
-				c.Since = now
-				observed = append(observed, &c)
-			}
-		}
-		for _, o := range observed {
-			if o.Ready {
-				ready++
-			}
-		}
-		if ready < f.Replicas-f.MaxUnavailable && step > 0 {
-			t.Fatalf("step %d: %d ready proxies, below replicas - maxUnavailable", step, ready)
-		}
-		now = now.Add(time.Minute)
+	// Fewer steps than maxAge in minutes: one generation. The replay checks
+	// the bounds at every step, Ready counted as the plan was made.
+	observed, err := replayRollout(decide, f, []*member{m(0, "a"), m(1, "b"), m(2, "a"), m(3, "b")}, nil, nil, 20)
+	if err != nil {
+		t.Fatal(err)
 	}
 	for _, o := range observed {
 		if o.Ordinal < 4 {
@@ -480,20 +451,37 @@ func replayRollout(decide decider, f *Fleet, observed []*member, leaseEnds map[i
 		if ready < f.Replicas-f.MaxUnavailable && step > 0 {
 			return observed, fmt.Errorf("step %d: %d ready proxies kept, below replicas - maxUnavailable", step, ready)
 		}
-		observed = nil
-		for _, k := range p.keep {
-			if o, ok := prev[k.Ordinal]; ok {
-				o.Ready, o.Healthy = true, true // one call later, everything is Ready
-				observed = append(observed, o)
-			} else {
-				c := *k
-				c.Name, c.Since = fmt.Sprintf("f-%d", c.Ordinal), now
-				observed = append(observed, &c)
-			}
-		}
+		// One call later, everything is Ready.
+		observed, _ = apply(observed, p, now, func(o *member) { o.Ready, o.Healthy = true, true })
 		now = now.Add(time.Minute)
 	}
 	return observed, nil
+}
+
+// apply carries a plan over to the next observation: kept members stay,
+// settle (when set) changing them as time would, and new ones appear, not
+// Ready, at now. It returns the observation and how many were new.
+func apply(observed []*member, p *plan, now time.Time, settle func(*member)) ([]*member, int) {
+	prev := make(map[int]*member, len(observed))
+	for _, o := range observed {
+		prev[o.Ordinal] = o
+	}
+	next := make([]*member, 0, len(p.keep))
+	created := 0
+	for _, k := range p.keep {
+		if o, ok := prev[k.Ordinal]; ok {
+			if settle != nil {
+				settle(o)
+			}
+			next = append(next, o)
+			continue
+		}
+		c := *k
+		c.Name, c.Since, c.Ready = fmt.Sprintf("f-%d", c.Ordinal), now, false
+		next = append(next, &c)
+		created++
+	}
+	return next, created
 }
 
 // TestRolloutReplay: two template changes in a row, the second while the
@@ -599,22 +587,9 @@ func TestNoReplacementStorm(t *testing.T) {
 			var observed []*member
 			created := 0
 			for now := t0; now.Before(t0.Add(5 * time.Minute)); now = now.Add(10 * time.Second) {
-				p := decide(f, observed, true, now)
-				prev := map[int]*member{}
-				for _, o := range observed {
-					prev[o.Ordinal] = o
-				}
-				observed = nil
-				for _, k := range p.keep {
-					if o, ok := prev[k.Ordinal]; ok {
-						observed = append(observed, o)
-						continue
-					}
-					c := *k // never Ready
-					c.Name, c.Since, c.Ready = fmt.Sprintf("f-%d", c.Ordinal), now, false
-					observed = append(observed, &c)
-					created++
-				}
+				var n int
+				observed, n = apply(observed, decide(f, observed, true, now), now, nil) // never Ready
+				created += n
 			}
 			if created != tc.want {
 				t.Errorf("%d proxies created in 5 minutes on a backend that never runs one, want %d", created, tc.want)
@@ -646,24 +621,12 @@ func TestFailingLineDoesNotStarveOthers(t *testing.T) {
 	observed := []*member{m(0, "a", sick(0)), m(1, "b", sick(0))}
 	fixed := false
 	for now := t0; now.Before(t0.Add(30 * time.Minute)); now = now.Add(30 * time.Second) {
-		p := decide(f, observed, true, now)
-		prev := map[int]*member{}
-		for _, o := range observed {
-			prev[o.Ordinal] = o
-		}
-		observed = nil
-		for _, k := range p.keep {
-			if o, ok := prev[k.Ordinal]; ok {
-				if o.Zone == "b" && o.Ordinal > 1 && !o.Ready {
-					o.Ready, o.Healthy, o.Since = true, true, now
-				}
-				observed = append(observed, o)
-				continue
+		// Replacements in zone b turn Ready a call after they appear.
+		observed, _ = apply(observed, decide(f, observed, true, now), now, func(o *member) {
+			if o.Zone == "b" && o.Ordinal > 1 && !o.Ready {
+				o.Ready, o.Healthy, o.Since = true, true, now
 			}
-			c := *k
-			c.Name, c.Since, c.Ready = fmt.Sprintf("f-%d", c.Ordinal), now, false
-			observed = append(observed, &c)
-		}
+		})
 		for _, o := range observed {
 			fixed = fixed || o.Zone == "b" && o.Ready
 		}
