@@ -604,4 +604,16 @@ func TestFleetMessageBoundAccepted(t *testing.T) {
 	if err := bed.Client.Update(ctx, u); err == nil || !strings.Contains(err.Error(), "must not exceed 2 MiB") {
 		t.Errorf("raising maxSurge past the bound must be refused: %v", err)
 	}
+	// Nor may an inline cloud-init, copied into every Proxy, grow past it.
+	vm := object(t, validFleet, map[string]any{"spec.replicas": int64(200), "spec.placement": map[string]any{"gcp": map[string]any{"cloudInit": map[string]any{"inline": "#!/bin/sh"}}}})
+	vm.SetNamespace(ns)
+	if err := bed.Client.Create(ctx, vm); err != nil {
+		t.Fatal(err)
+	}
+	if err := unstructured.SetNestedField(vm.Object, strings.Repeat("#", 5000), "spec", "placement", "gcp", "cloudInit", "inline"); err != nil {
+		t.Fatal(err)
+	}
+	if err := bed.Client.Update(ctx, vm); err == nil || !strings.Contains(err.Error(), "must not exceed 2 MiB") {
+		t.Errorf("growing the inline cloud-init past the bound must be refused: %v", err)
+	}
 }

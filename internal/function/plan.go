@@ -372,7 +372,9 @@ func (pl *planner) replace() {
 }
 
 // downFirst orders holders for replacement: those that are down first, the
-// line that failed least first; then those no crawler holds a lease on, so
+// line that failed least first; then those already draining, which keep
+// their place in the unavailability budget; then those no crawler holds a
+// lease on, so
 // that a leased proxy, which must wait for its leases to end, takes the
 // surge last instead of holding it while others could go; then by ordinal.
 func downFirst(a, b *member) bool {
@@ -381,6 +383,9 @@ func downFirst(a, b *member) bool {
 	}
 	if !a.Ready && a.Streak != b.Streak {
 		return a.Streak < b.Streak
+	}
+	if da, db := !a.DrainSince.IsZero(), !b.DrainSince.IsZero(); da != db {
+		return da
 	}
 	if a.Leased != b.Leased {
 		return !a.Leased
@@ -401,8 +406,9 @@ func (pl *planner) goesFirst(h *member) bool {
 		pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits for its leases to drain", h.Name))
 		pl.p.leaseWait = true
 		// Only as many drain at once as may be unavailable: the
-		// others keep taking leases until it is their turn.
-		if !h.Ready || !h.DrainSince.IsZero() || pl.ready-1 >= f.Replicas-f.MaxUnavailable {
+		// others keep taking leases until it is their turn. Holders
+		// already draining come first (downFirst), so they keep it.
+		if !h.Ready || pl.ready-1 >= f.Replicas-f.MaxUnavailable {
 			h.Draining = true
 			if h.Ready {
 				pl.ready--
@@ -412,8 +418,6 @@ func (pl *planner) goesFirst(h *member) bool {
 	case f.MaxSurge == 0 && (!h.Ready || pl.ready-1 >= f.Replicas-f.MaxUnavailable):
 		return true
 	}
-	// A holder that began to drain keeps draining while it waits.
-	h.Draining = !h.DrainSince.IsZero()
 	pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits for surge capacity (maxSurge %d)", h.Name, f.MaxSurge))
 	return false
 }
@@ -439,9 +443,16 @@ func (pl *planner) complete() {
 		switch {
 		case !r.Ready && r.Created.Equal(pl.now):
 			// Made in this very plan: counted as created.
-		case s.reason == "" && !f.Paused && pl.outdated(r) != "" && pl.outdated(h) == "" && !r.Leased && pl.leasesKnown:
+		case s.reason == "" && !f.Paused && pl.outdated(r) != "" && pl.outdated(h) == "":
 			// Rolled back: the holder is of the current template again,
-			// and its replacement, of the abandoned one, goes instead.
+			// and its replacement, of the abandoned one, goes instead,
+			// once no lease names it; the holder stays meanwhile.
+			if r.Leased || !pl.leasesKnown {
+				pl.p.inFlight++
+				pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s, of an abandoned template, waits for its leases to drain", r.Name))
+				pl.p.leaseWait = true
+				continue
+			}
 			pl.forget(r)
 			s.replacement = nil
 			pl.p.removed++
@@ -473,9 +484,10 @@ func (pl *planner) complete() {
 // a replacement booting costs no capacity.
 func (pl *planner) result() *plan {
 	for _, s := range pl.replicas {
-		if r := s.replacement; r != nil && (r.Ready || !s.holder.DrainSince.IsZero()) {
-			// Its replacement serves (or served, and flickered): the
-			// holder goes once its leases end, whatever made it due.
+		if r := s.replacement; r != nil && s.reason != "" && (r.Ready || !s.holder.DrainSince.IsZero() && !pl.down(r)) {
+			// Its replacement serves, or served and only flickered:
+			// the holder goes once its leases end. A replacement down
+			// for good gives the holder its leases back.
 			s.holder.Draining = true
 		}
 		pl.p.keep = append(pl.p.keep, s.holder)

@@ -280,6 +280,30 @@ func TestDecide(t *testing.T) {
 			want:        "0:a 1:b 2:a>0", wantBlocked: "f-1 waits for surge capacity (maxSurge 1)",
 			wantDraining: "f-0",
 		},
+		"NoSurgeDrainingKeepsItsTurn": {
+			reason:      "With maxSurge 0, a proxy already draining keeps its place in the unavailability budget; an unleased one waits behind it.",
+			fleet:       fleetFor(3, ab, revision("r2"), func(f *Fleet) { f.MaxSurge, f.MaxUnavailable = 0, 1 }),
+			observed:    []*member{m(0, "a", rev("r1"), leased), m(1, "b", rev("r1")), m(2, "a", rev("r1"), leased, func(x *member) { x.DrainSince = t0.Add(-time.Minute) })},
+			leasesKnown: true,
+			want:        "0:a 1:b 2:a", wantBlocked: "f-2 waits for its leases to drain; f-1 waits for surge capacity (maxSurge 0); f-0 waits for its leases to drain",
+			wantDraining: "f-2",
+		},
+		"ReplacementDownGivesLeasesBack": {
+			reason:      "A draining proxy whose replacement is down for good takes leases again.",
+			fleet:       fleetFor(2, ab, revision("r2")),
+			observed:    []*member{m(0, "a", rev("r1"), leased, func(x *member) { x.DrainSince = t0.Add(-time.Hour) }), m(1, "b", rev("r1")), m(2, "a", rev("r2"), replaces(0), sick(10*time.Minute), age(time.Hour))},
+			leasesKnown: true,
+			want:        "0:a 1:b 2:a>0", wantBlocked: "f-1 waits for surge capacity (maxSurge 1)",
+			wantDraining: "-",
+		},
+		"RolledBackLeasedReplacementNoDrain": {
+			reason:      "After a rollback, a current proxy whose leased replacement of the abandoned template is Ready does not drain.",
+			fleet:       fleetFor(2, ab, revision("r1")),
+			observed:    []*member{m(0, "a", rev("r1")), m(1, "b", rev("r1")), m(2, "a", rev("r2"), replaces(0), leased, age(time.Minute))},
+			leasesKnown: true,
+			want:        "0:a 1:b 2:a>0", wantBlocked: "f-2, of an abandoned template, waits for its leases to drain",
+			wantDraining: "-",
+		},
 		"ScaleDownOldTemplateFirst": {
 			reason:      "Scaling down during a rollout removes proxies of the old template first.",
 			fleet:       fleetFor(1, ab, revision("r2")),
@@ -303,6 +327,9 @@ func TestDecide(t *testing.T) {
 					if k.Draining {
 						draining = append(draining, k.Name)
 					}
+				}
+				if len(draining) == 0 {
+					draining = []string{"-"}
 				}
 				if diff := cmp.Diff(tc.wantDraining, strings.Join(draining, " ")); diff != "" {
 					t.Errorf("%s\ndraining: -want, +got:\n%s", tc.reason, diff)
