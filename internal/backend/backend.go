@@ -58,8 +58,12 @@ type Spec struct {
 	// read from its Secret; it replaces the generated one.
 	UserData string
 	// Hash covers what forces a replacement: placement, port and the
-	// resolved proxy configuration. Backends store it on the instance.
+	// resolved proxy configuration, but not the credentials themselves,
+	// only whether there are any. Backends store it on the instance.
 	Hash string
+	// CredentialsSum says which credentials the instance accepts
+	// (squid.CredentialsSum); backends store it on the instance.
+	CredentialsSum string
 }
 
 // Instance is what a backend observed of one proxy.
@@ -76,7 +80,13 @@ type Instance struct {
 	CreatedAt time.Time
 	// SpecHash is the Spec.Hash the instance was created from.
 	SpecHash string
-	Owner    ownership.Owner
+	// CredentialsSum is the Spec.CredentialsSum of the credentials the
+	// instance accepts; empty for an instance recorded before sums were.
+	CredentialsSum string
+	// PreviousCredentialsUntil is when the credentials it accepted before
+	// its last rotation stop being accepted; zero when there are none.
+	PreviousCredentialsUntil time.Time
+	Owner                    ownership.Owner
 	// Operation names a creation still running when Create returned, for
 	// an OperationChecker to look at later.
 	Operation string
@@ -126,6 +136,18 @@ type OperationChecker interface {
 // and finds the instance held when it looks again.
 type Adopter interface {
 	Adopt(ctx context.Context, r Ref, from types.UID, to ownership.Owner) error
+}
+
+// A CredentialRotator changes the credentials a running instance accepts,
+// in place and without a restart, so that no proxy is replaced and no
+// egress IP changes. The instance accepts s.Credentials from now on; the
+// credentials it accepted until now are accepted too until previousUntil,
+// and not at all when previousUntil is zero. Given the credentials it
+// already accepts, it keeps the previous ones, or drops them when
+// previousUntil is zero. Backends that cannot (a VM's startup script runs
+// only at boot) do not implement it, and their proxies are replaced.
+type CredentialRotator interface {
+	RotateCredentials(ctx context.Context, s Spec, previousUntil time.Time) error
 }
 
 // A Retainer marks an instance to outlive its Proxy, or not

@@ -39,6 +39,14 @@ type member struct {
 	// DrainSince is when the fleet began to replace the proxy (zero when
 	// it does not): it takes no new leases.
 	DrainSince time.Time
+	// CredentialGrace is how long the proxy accepts its previous
+	// credentials after they change: remembered credentials are used for
+	// at most half of it, so that none handed out has lapsed.
+	CredentialGrace time.Duration
+	// CredentialsOutdated: the proxy accepts only the auth Secret's
+	// previous credentials, which discovery no longer has, until its
+	// fleet replaces it; it is handed to no new crawler.
+	CredentialsOutdated bool
 }
 
 // Endpoint is host:port.
@@ -86,6 +94,9 @@ func toMember(p *v1alpha1.Proxy) member {
 		Healthy:    ap.Healthy && p.GetCondition(xpv2.TypeReady).Status == corev1.ConditionTrue && ap.Host != "",
 		MaxLeases:  int(p.Spec.ForProvider.MaxLeases),
 		AuthSecret: p.Spec.ForProvider.AuthSecretRef,
+
+		CredentialsOutdated: ap.CredentialsOutdated,
+		CredentialGrace:     p.Spec.ForProvider.GracePeriod(),
 	}
 	if m.MaxLeases < 1 {
 		m.MaxLeases = 1
@@ -192,7 +203,10 @@ func (c *Catalog) readTTLs(ctx context.Context, namespace, fleet string) (time.D
 }
 
 // ProxyURL is the proxy's URL with its credentials, read from its auth
-// Secret.
+// Secret. Credentials remembered from an earlier read are used for up to
+// credentialsTTL, or half the proxy's credential grace period if that is
+// shorter: after a password change a crawler may be handed the previous
+// password for that long, and the proxy accepts it at least twice as long.
 func (c *Catalog) ProxyURL(ctx context.Context, m member) (string, error) {
 	u := &url.URL{Scheme: "http", Host: m.Endpoint()}
 	ref := m.AuthSecret
@@ -204,7 +218,7 @@ func (c *Catalog) ProxyURL(ctx context.Context, m member) (string, error) {
 	c.mu.Lock()
 	cc, ok := c.creds[key]
 	c.mu.Unlock()
-	if !ok || time.Since(cc.at) > credentialsTTL {
+	if !ok || time.Since(cc.at) > min(credentialsTTL, m.CredentialGrace/2) {
 		s := &corev1.Secret{}
 		if err := c.Direct.Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: ref.Name}, s); err != nil {
 			return "", errors.Wrapf(err, "cannot read the credentials of proxy %s", m.Name)

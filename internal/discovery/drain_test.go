@@ -90,3 +90,46 @@ func TestDrainingProxies(t *testing.T) {
 		return asAPIError(err, &ae) && ae.Status == http.StatusConflict && strings.Contains(ae.Detail.Message, "is being replaced"), ""
 	})
 }
+
+// TestOutdatedCredentialsProxies: a proxy that accepts only the auth
+// Secret's previous credentials (a GCP VM its fleet is replacing after a
+// password change) is neither listed nor given a new lease, since
+// discovery would hand out credentials it refuses; a lease taken on it
+// before is still renewed, for its crawler holds the credentials it takes.
+func TestOutdatedCredentialsProxies(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	fleet(t, ns, "vms", 2, 2, nil)
+	srv := server(t, "tok "+ns+"\n")
+	c := &apiv1.Client{BaseURL: srv.URL, Token: "tok"}
+	ctx := context.Background()
+	held, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/vms", Holder: "crawler-1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &v1alpha1.Proxy{}
+	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: held.Proxy}, p); err != nil {
+		t.Fatal(err)
+	}
+	p.Status.AtProvider.CredentialsOutdated = true
+	if err := bed.Client.Status().Update(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 10*time.Second, "the outdated proxy left out of the list", func() (bool, string) {
+		pl, err := c.Proxies(ctx, ns+"/vms", "")
+		return err == nil && len(pl.Items) == 1 && pl.Items[0].Name != held.Proxy, ""
+	})
+	for i := range 2 {
+		g, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/vms", Holder: "crawler-" + strconv.Itoa(i+2)})
+		if err != nil || g.Proxy == held.Proxy {
+			t.Fatalf("a new lease goes to the proxy with current credentials: %+v %v", g, err)
+		}
+	}
+	var ae *apiv1.APIError
+	if _, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/vms", Holder: "crawler-4"}); !asAPIError(err, &ae) || ae.Status != http.StatusConflict {
+		t.Fatalf("the only free slot is on the outdated proxy: want 409, got %v", err)
+	}
+	if _, err := c.Renew(ctx, held.LeaseID, "5m"); err != nil {
+		t.Errorf("the lease on the outdated proxy must still renew: %v", err)
+	}
+}

@@ -226,7 +226,8 @@ func (s *Server) fleets(w http.ResponseWriter, r *http.Request, id *Identity) {
 }
 
 // healthy filters a fleet's proxies: healthy, not draining (being
-// replaced), in the zone, not excluded, not banned for the domain.
+// replaced), accepting the auth Secret's credentials, in the zone, not
+// excluded, not banned for the domain.
 func (s *Server) healthy(ctx context.Context, ms []member, zone string, exclude map[string]bool, domain string) ([]member, map[string][]string, error) {
 	var bans map[string][]string
 	if len(ms) > 0 {
@@ -237,7 +238,7 @@ func (s *Server) healthy(ctx context.Context, ms []member, zone string, exclude 
 	}
 	out := make([]member, 0, len(ms))
 	for _, m := range ms {
-		if !m.Healthy || !m.DrainSince.IsZero() || (zone != "" && m.Zone != zone) || exclude[m.Name] {
+		if !m.Healthy || !m.DrainSince.IsZero() || m.CredentialsOutdated || (zone != "" && m.Zone != zone) || exclude[m.Name] {
 			continue
 		}
 		banned := false

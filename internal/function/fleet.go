@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pkg/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
@@ -49,17 +50,35 @@ type Fleet struct {
 // all with their defaults applied. A Proxy of another revision is replaced
 // by one of this revision, never rewritten in place. Leases per proxy are
 // left out: they change nothing on the proxy, and reach every Proxy in
-// place.
+// place; so is the credential grace period. The credentials themselves are
+// not in the spec: a proxy that cannot change them in place says so in its
+// status (CredentialsOutdated), and is replaced as one of another revision.
 func templateRevision(s *fleetv1alpha1.ProxyFleetSpec) string {
+	proxy := *s.Proxy.DeepCopy()
+	proxy.CredentialGracePeriod = nil
 	in := struct {
 		Ref         *fleetv1alpha1.ProviderConfigReference `json:"ref"`
 		Placement   fleetv1alpha1.Placement                `json:"placement"`
 		Proxy       fleetv1alpha1.ProxySettings            `json:"proxy"`
 		HealthCheck v1alpha1.HealthCheck                   `json:"healthCheck"`
-	}{Ref: s.ProviderConfigRef, Placement: s.Placement, Proxy: s.Proxy, HealthCheck: s.HealthCheck}
+	}{Ref: s.ProviderConfigRef, Placement: s.Placement, Proxy: proxy, HealthCheck: s.HealthCheck}
 	b, _ := json.Marshal(in) //nolint:errchkjson // Plain structs always marshal.
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])[:10]
+}
+
+// credentialGracePeriod is how long the fleet's proxies accept their
+// previous credentials after a change: spec.proxy.credentialGracePeriod,
+// or else the longest lease; nil without credentials.
+func (f *Fleet) credentialGracePeriod() *metav1.Duration {
+	switch {
+	case f.spec.Proxy.AuthSecretRef == nil:
+		return nil
+	case f.spec.Proxy.CredentialGracePeriod != nil:
+		return f.spec.Proxy.CredentialGracePeriod
+	default:
+		return f.spec.Leases.MaxTTL
+	}
 }
 
 var zoneName = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
@@ -145,6 +164,9 @@ func (s *fleetSpec) checkProxy() error {
 	}
 	if s.Proxy.AuthSecretRef == nil && len(s.Proxy.AllowedSourceRanges) == 0 {
 		return fieldError("spec.proxy", "refuses an open proxy: set authSecretRef (credentials) and/or allowedSourceRanges")
+	}
+	if g := s.Proxy.CredentialGracePeriod; g != nil && (g.Duration < 0 || g.Duration > fleetv1alpha1.MaxCredentialGracePeriod) {
+		return fieldError("spec.proxy.credentialGracePeriod", "must be between 0s and %s, not %s", fleetv1alpha1.MaxCredentialGracePeriod, g.Duration)
 	}
 	ranges := make([]string, 0, len(s.Proxy.AllowedSourceRanges))
 	for _, r := range s.Proxy.AllowedSourceRanges {

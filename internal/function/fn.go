@@ -282,6 +282,8 @@ func observedMembers(observed map[string]*fnv1.Resource, leased map[string]bool,
 			Replaces: -1, Healthy: ap["healthy"].GetBoolValue(),
 			EgressIP: ap["egressIP"].GetStringValue(), Error: ap["lastProbeError"].GetStringValue(),
 			Revision: labels[fleetv1alpha1.LabelTemplateRevision].GetStringValue(), spec: r["spec"],
+
+			CredentialsOutdated: ap["credentialsOutdated"].GetBoolValue(),
 		}
 		if m.Revision == "" {
 			m.Revision = current
@@ -372,6 +374,7 @@ func (f *Fleet) composer(now time.Time) (*composer, error) {
 			AllowedPrivateDestinations: s.Proxy.AllowedPrivateDestinations,
 			HealthCheck:                s.HealthCheck,
 			MaxLeases:                  *s.Leases.MaxLeasesPerProxy,
+			CredentialGracePeriod:      f.credentialGracePeriod(),
 		}
 		switch {
 		case s.Placement.Local != nil:
@@ -429,8 +432,8 @@ func (c *composer) proxy(m *member, observed map[int]*member) *fnv1.Resource {
 }
 
 // kept is the spec an outdated member keeps: its observed providerConfigRef
-// and forProvider, with the fleet's current leases per proxy, which change
-// nothing on the proxy. Without an observed spec (never the case: members
+// and forProvider, with the fleet's current leases per proxy and credential
+// grace period, which change nothing on the proxy. Without an observed spec (never the case: members
 // are outdated only through what was observed) it gets current, the
 // current template's spec of its zone, or of the fleet's first zone.
 func (c *composer) kept(m *member, current *structpb.Value) *structpb.Value {
@@ -447,6 +450,9 @@ func (c *composer) kept(m *member, current *structpb.Value) *structpb.Value {
 		fields[k] = v
 	}
 	fields["maxLeases"] = structpb.NewNumberValue(float64(*c.f.spec.Leases.MaxLeasesPerProxy))
+	if fp.GetFields()["authSecretRef"] != nil {
+		fields["credentialGracePeriod"] = structpb.NewStringValue(c.f.credentialGracePeriod().Duration.String())
+	}
 	return structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
 		"providerConfigRef": old["providerConfigRef"],
 		"forProvider":       structpb.NewStructValue(&structpb.Struct{Fields: fields}),

@@ -607,3 +607,53 @@ func heldLease(proxy string) *fnv1.Resource {
 		"metadata": {"name": "l-%s", "namespace": "team", "labels": {"crawl.example.com/fleet": "crawlers", "crawl.example.com/proxy": %q, "crawl.example.com/lease-kind": "slot"}},
 		"spec": {"holderIdentity": "crawler-1", "leaseDurationSeconds": 600, "renewTime": %q}}`, proxy, proxy, t0.Add(-time.Minute).Format(time.RFC3339Nano)))}
 }
+
+// TestCredentials: each Proxy is told how long to accept its previous
+// credentials (spec.proxy.credentialGracePeriod, else the longest lease),
+// which changes no template revision; a Proxy whose instance reports
+// outdated credentials (a VM that cannot change them in place) gets a surge
+// replacement of the same template, as a Proxy of an old revision would;
+// and a grace period outside its bounds is a Fatal naming the field.
+func TestCredentials(t *testing.T) {
+	revisionOf := func(spec string) string {
+		return run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}}}).
+			GetDesired().GetComposite().GetResource().GetFields()["status"].GetStructValue().GetFields()["observedRevision"].GetStringValue()
+	}
+	current := revisionOf(validSpec)
+	withGrace := withSpec(t, "proxy.credentialGracePeriod", `"15m"`)
+	if got := revisionOf(withGrace); got != current {
+		t.Errorf("the grace period must not change the template revision: %s, then %s", current, got)
+	}
+	outdated := observedProxy(0, "a", true, t0.Add(-3*time.Hour), `, "crawl.example.com/template-revision": "`+current+`"`)
+	outdated.Resource.Fields["status"].GetStructValue().Fields["atProvider"].GetStructValue().Fields["credentialsOutdated"] = structpb.NewBoolValue(true)
+	for spec, grace := range map[string]string{validSpec: "1h0m0s", withGrace: "15m0s"} {
+		req := &fnv1.RunFunctionRequest{
+			Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: map[string]*fnv1.Resource{
+				"proxy-0": outdated,
+				"proxy-1": observedProxy(1, "b", true, t0.Add(-2*time.Hour), `, "crawl.example.com/template-revision": "`+current+`"`),
+			}},
+			RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+		}
+		d := run(t, req).GetDesired().GetResources()
+		for _, name := range []string{"proxy-0", "proxy-1", "proxy-2"} {
+			r, ok := d[name]
+			if !ok {
+				t.Fatalf("want %s (proxy-2 replacing the outdated proxy-0): %v", name, d)
+			}
+			fp := r.GetResource().AsMap()["spec"].(map[string]any)["forProvider"].(map[string]any)
+			if fp["credentialGracePeriod"] != grace {
+				t.Errorf("%s: credentialGracePeriod %v, want %s", name, fp["credentialGracePeriod"], grace)
+			}
+		}
+		l := d["proxy-2"].GetResource().AsMap()["metadata"].(map[string]any)["labels"].(map[string]any)
+		if l[fleetv1alpha1.LabelReplaces] != "0" || l[fleetv1alpha1.LabelZone] != "a" || l[fleetv1alpha1.LabelTemplateRevision] != current {
+			t.Errorf("the replacement is of the current template, in the outdated proxy's zone: %v", l)
+		}
+	}
+	for _, bad := range []string{`"-1s"`, `"169h"`} {
+		rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(withSpec(t, "proxy.credentialGracePeriod", bad))}}})
+		if r := rsp.GetResults(); len(r) == 0 || r[0].GetSeverity() != fnv1.Severity_SEVERITY_FATAL || !strings.Contains(r[0].GetMessage(), "spec.proxy.credentialGracePeriod") {
+			t.Errorf("grace %s: want a Fatal naming spec.proxy.credentialGracePeriod, got %v", bad, r)
+		}
+	}
+}

@@ -32,6 +32,10 @@ type member struct {
 	Refused bool
 	// Revision is the template revision it was made from.
 	Revision string
+	// CredentialsOutdated: its instance accepts the auth Secret's previous
+	// credentials only and cannot change them in place (a GCP VM), so it
+	// is replaced as a Proxy of an old revision is.
+	CredentialsOutdated bool
 	// Streak counts the unhealthy proxies replaced in a row, none of which
 	// turned Ready, that led to this member.
 	Streak int
@@ -174,18 +178,9 @@ func (pl *planner) replacementZone(h *member) string {
 	return h.Zone
 }
 
-// outdated says why a member is not of the fleet's current template: a
-// zone removed from spec.zones, or another template revision; "" when it
-// is current.
-func (pl *planner) outdated(m *member) string {
-	switch {
-	case !slices.Contains(pl.f.Zones, m.Zone):
-		return fmt.Sprintf("zone %s was removed from spec.zones", m.Zone)
-	case m.Revision != pl.f.Revision:
-		return fmt.Sprintf("template revision %s is replaced by %s", m.Revision, pl.f.Revision)
-	}
-	return ""
-}
+// outdated says why a member is not of the fleet's current template (see
+// Fleet.outdated); "" when it is current.
+func (pl *planner) outdated(m *member) string { return pl.f.outdated(m) }
 
 // forget takes a member out of the counts of what the plan keeps.
 func (pl *planner) forget(m *member) {

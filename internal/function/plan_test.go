@@ -421,6 +421,11 @@ func TestRequeueAfter(t *testing.T) {
 }
 
 // decider is decide, or a broken variant of it for the replay's checks.
+// secretChange, as a change in replayRollout, is a password change on a
+// backend that cannot change it in place: every proxy running then is
+// reported outdated, and those made after are not.
+const secretChange = "secret"
+
 type decider func(f *Fleet, observed []*member, leasesKnown bool, now time.Time) *plan
 
 // replayRollout replays template changes the way Crossplane calls the
@@ -433,7 +438,13 @@ type decider func(f *Fleet, observed []*member, leasesKnown bool, now time.Time)
 func replayRollout(decide decider, f *Fleet, observed []*member, leaseEnds map[int]int, changes map[int]string, steps int) ([]*member, error) {
 	now := t0
 	for step := range steps {
-		if r, ok := changes[step]; ok {
+		switch r, ok := changes[step]; {
+		case ok && r == secretChange:
+			// The provider reports every proxy then running outdated.
+			for _, o := range observed {
+				o.CredentialsOutdated = true
+			}
+		case ok:
 			f.Revision = r
 		}
 		// What each observed proxy was made from, before the planner
@@ -589,6 +600,53 @@ func TestRolloutReplay(t *testing.T) {
 				t.Logf("caught: %v", err)
 			}
 		})
+	}
+}
+
+// TestCredentialsRollout: a password change where proxies cannot change
+// it in place (GCP VMs) rolls out as a template change does: every proxy
+// is replaced, surge first, within the bounds, never while a lease names
+// it. A planner blind to outdated credentials is caught: it leaves the
+// fleet on the old password.
+func TestCredentialsRollout(t *testing.T) {
+	run := func(d decider) ([]*member, error) {
+		f := fleetFor(4, []string{"a", "b"}, revision("r1"), func(f *Fleet) { f.MaxSurge, f.MaxUnavailable = 1, 0 })
+		start := []*member{m(0, "a", rev("r1")), m(1, "b", rev("r1")), m(2, "a", rev("r1")), m(3, "b", rev("r1"))}
+		return replayRollout(d, f, start, map[int]int{0: 12, 3: 6}, map[int]string{1: secretChange}, 30)
+	}
+	check := func(end []*member) error {
+		if len(end) != 4 {
+			return fmt.Errorf("the fleet settles at 4 proxies: %s", summary(&plan{keep: end}))
+		}
+		for _, o := range end {
+			if o.CredentialsOutdated || o.Ordinal < 4 {
+				return fmt.Errorf("every proxy is replaced by one with the new password: %s (outdated %v) remains", o.Name, o.CredentialsOutdated)
+			}
+		}
+		return nil
+	}
+	end, err := run(decide)
+	if err == nil {
+		err = check(end)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	blind := func(f *Fleet, observed []*member, lk bool, now time.Time) *plan {
+		seen := make([]*member, 0, len(observed))
+		for _, o := range observed {
+			c := *o
+			c.CredentialsOutdated = false
+			seen = append(seen, &c)
+		}
+		return decide(f, seen, lk, now)
+	}
+	end, err = run(blind)
+	if err == nil {
+		err = check(end)
+	}
+	if err == nil {
+		t.Error("the checks must catch a planner blind to outdated credentials")
 	}
 }
 

@@ -26,8 +26,21 @@ type rollout struct {
 
 // current reports whether a member is of the fleet's current template and
 // zones.
-func (f *Fleet) current(m *member) bool {
-	return m.Revision == f.Revision && slices.Contains(f.Zones, m.Zone)
+func (f *Fleet) current(m *member) bool { return f.outdated(m) == "" }
+
+// outdated says why a member is not of the fleet's current template: a
+// zone removed from spec.zones, another template revision, or credentials
+// its instance cannot change in place; "" when it is current.
+func (f *Fleet) outdated(m *member) string {
+	switch {
+	case !slices.Contains(f.Zones, m.Zone):
+		return fmt.Sprintf("zone %s was removed from spec.zones", m.Zone)
+	case m.Revision != f.Revision:
+		return fmt.Sprintf("template revision %s is replaced by %s", m.Revision, f.Revision)
+	case m.CredentialsOutdated:
+		return "its instance accepts the auth Secret's previous credentials only, and cannot change them in place"
+	}
+	return ""
 }
 
 // progress computes the rollout under way from the members and the one the

@@ -6,11 +6,14 @@ package squid
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/netip"
 	"sort"
 	"strings"
 	"text/template"
+	"time"
 
 	"github.com/pkg/errors"
 )
@@ -42,6 +45,17 @@ type Config struct {
 	HtpasswdPath string
 	// AuthHelper is the basic_ncsa_auth binary; empty means DefaultAuthHelper.
 	AuthHelper string
+	// PreviousHtpasswdPath, when set, names a second htpasswd file whose
+	// credentials are accepted too, until the time its first line names
+	// (PreviousHeader), so that a running proxy's credentials rotate
+	// without a restart. Authentication then runs through AuthScript,
+	// which /bin/sh reads from AuthScriptPath, and Squid revalidates
+	// credentials every 10 seconds rather than every hour, so that the
+	// previous ones lapse on time. The file need not exist.
+	PreviousHtpasswdPath string
+	// AuthScriptPath is where AuthScript is written; required with
+	// PreviousHtpasswdPath.
+	AuthScriptPath string
 	// AllowLoopbackDestinations lets clients reach the proxy host's own
 	// loopback services. Only the local backend, whose targets (and tests)
 	// live on this machine, sets it; elsewhere it would expose the host. It
@@ -110,7 +124,10 @@ func (c Config) Validate() error {
 	if c.OwnAddressesFile != "" && !strings.HasPrefix(c.OwnAddressesFile, "/") {
 		return errors.Errorf("own addresses file %q must be an absolute path", c.OwnAddressesFile)
 	}
-	for _, p := range []string{c.HtpasswdPath, c.AuthHelper, c.PidFile, c.AccessLog, c.CacheLog, c.CoreDumpDir, c.HostsFile, c.OwnAddressesFile} {
+	if c.PreviousHtpasswdPath != "" && (c.HtpasswdPath == "" || c.AuthScriptPath == "") {
+		return errors.New("a previous htpasswd file needs the current one and the auth script")
+	}
+	for _, p := range []string{c.HtpasswdPath, c.AuthHelper, c.PreviousHtpasswdPath, c.AuthScriptPath, c.PidFile, c.AccessLog, c.CacheLog, c.CoreDumpDir, c.HostsFile, c.OwnAddressesFile} {
 		if strings.ContainsAny(p, " \t\n\"") {
 			return errors.Errorf("path %q must not contain whitespace or quotes", p)
 		}
@@ -319,10 +336,10 @@ tcp_outgoing_address {{ .OutgoingAddress }}
 {{- end }}
 {{- if .HtpasswdPath }}
 
-auth_param basic program {{ .AuthHelper }} {{ .HtpasswdPath }}
+auth_param basic program {{ if .PreviousHtpasswdPath }}/bin/sh {{ .AuthScriptPath }} {{ end }}{{ .AuthHelper }} {{ .HtpasswdPath }}{{ if .PreviousHtpasswdPath }} {{ .PreviousHtpasswdPath }}{{ end }}
 auth_param basic children 5 startup=1 idle=1
 auth_param basic realm egress-proxy
-auth_param basic credentialsttl 1 hour
+auth_param basic credentialsttl {{ if .PreviousHtpasswdPath }}10 seconds{{ else }}1 hour{{ end }}
 acl egress_authenticated proxy_auth REQUIRED
 {{- end }}
 {{- if .AllowedSourceRanges }}
@@ -445,6 +462,46 @@ func Render(c Config) ([]byte, error) {
 	return b.Bytes(), nil
 }
 
+// AuthScript is the basic auth helper of a proxy whose credentials rotate in
+// place (Config.PreviousHtpasswdPath). It accepts what basic_ncsa_auth ($1)
+// accepts against the current htpasswd file ($2), or against the previous
+// one ($3) until the time that file's first line names. It never evaluates
+// what a client sends: each request line goes verbatim to basic_ncsa_auth,
+// which reads the file afresh each time, so a rewrite takes effect at once.
+const AuthScript = `# egress-proxy credentials helper; see squid.AuthScript.
+helper=$1 current=$2 previous=$3
+check() {
+	case $(printf '%s\n' "$2" | "$helper" "$1" 2>/dev/null) in
+	OK*) return 0 ;;
+	esac
+	return 1
+}
+while IFS= read -r line; do
+	if check "$current" "$line"; then
+		echo OK
+		continue
+	fi
+	deadline=0
+	if [ -s "$previous" ]; then
+		read -r _ _ deadline < "$previous" || deadline=0
+	fi
+	case $deadline in
+	'' | *[!0-9]*) deadline=0 ;;
+	esac
+	if [ "$(date +%s)" -lt "$deadline" ] && check "$previous" "$line"; then
+		echo OK
+	else
+		echo ERR
+	fi
+done
+`
+
+// PreviousHeader is the first line of a previous htpasswd file: the
+// credentials after it are accepted until, not at, the given time.
+func PreviousHeader(until time.Time) []byte {
+	return []byte(fmt.Sprintf("# until %d\n", until.Unix()))
+}
+
 // Htpasswd returns an htpasswd line for username and password with a fresh
 // random salt, so the file's bytes change even when the password does not.
 // Use HtpasswdWithSalt where the output must be stable.
@@ -454,6 +511,20 @@ func Htpasswd(username, password string) ([]byte, error) {
 		return nil, errors.Wrap(err, "cannot generate salt")
 	}
 	return HtpasswdWithSalt(username, password, salt)
+}
+
+// CredentialsSum is a short digest of username and password that an
+// instance named name records to say which credentials it accepts. It is
+// made through apr1 with a salt derived from name, so it is no cheaper to
+// guess a password from than the htpasswd line beside it.
+func CredentialsSum(username, password, name string) string {
+	seed := sha256.Sum256([]byte("egress-proxy credentials salt\x00" + name))
+	salt := make([]byte, 8)
+	for i := range salt {
+		salt[i] = itoa64[int(seed[i])%len(itoa64)]
+	}
+	sum := sha256.Sum256([]byte(username + ":" + apr1(password, string(salt))))
+	return hex.EncodeToString(sum[:])[:16]
 }
 
 // HtpasswdWithSalt returns an htpasswd line with the given salt. Backends

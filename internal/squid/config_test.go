@@ -44,6 +44,13 @@ var configCases = map[string]struct {
 			AllowLoopbackDestinations: true, OutgoingAddress: "127.0.0.1",
 		},
 	},
+	"rotating-credentials": {
+		reason: "Credentials that rotate in place go through the helper script, which also accepts the previous file's until its deadline, and are revalidated every 10 seconds.",
+		cfg: Config{
+			Port: 3128, HtpasswdPath: "/etc/egress-proxy/htpasswd", PreviousHtpasswdPath: "/etc/egress-proxy/htpasswd.previous",
+			AuthScriptPath: "/etc/egress-proxy/auth.sh",
+		},
+	},
 	"ipv6-bind": {
 		reason: "An IPv6 bind address is bracketed.",
 		cfg:    Config{Port: 3128, BindAddress: "::1", AllowedSourceRanges: []string{"::1/128"}},

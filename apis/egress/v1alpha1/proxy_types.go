@@ -113,6 +113,17 @@ type ProxyParameters struct {
 	// +optional
 	AuthSecretRef *AuthSecretReference `json:"authSecretRef,omitempty"`
 
+	// CredentialGracePeriod is how long a proxy whose credentials change
+	// keeps accepting the previous ones besides the new, where its backend
+	// changes them in place (local processes and pods; a GCP VM is
+	// replaced instead). Zero refuses the previous credentials at once.
+	// Defaults to 1h; a fleet sets its leases' maxTTL.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) <= duration('168h')",message="credentialGracePeriod must be at most 168h"
+	// +optional
+	CredentialGracePeriod *metav1.Duration `json:"credentialGracePeriod,omitempty"`
+
 	// AllowedSourceRanges restricts which client networks may use the proxy.
 	// Empty means any source that presents credentials.
 	// +kubebuilder:validation:MaxItems=64
@@ -452,6 +463,29 @@ type ProxyObservation struct {
 
 	// InstanceCreatedAt is when the current instance was created.
 	InstanceCreatedAt *metav1.Time `json:"instanceCreatedAt,omitempty"`
+
+	// PreviousCredentialsUntil is when the instance stops accepting the
+	// credentials it had before they last changed in place; unset when it
+	// accepts only the current ones.
+	PreviousCredentialsUntil *metav1.Time `json:"previousCredentialsUntil,omitempty"`
+
+	// CredentialsOutdated says the instance accepts credentials that are
+	// no longer those of its auth Secret, and cannot change them in place
+	// (a GCP VM): the fleet replaces it, and discovery hands it to no new
+	// crawler meanwhile.
+	CredentialsOutdated bool `json:"credentialsOutdated,omitempty"`
+}
+
+// DefaultCredentialGracePeriod is how long a Proxy outside a fleet keeps
+// accepting its previous credentials after they change in place.
+const DefaultCredentialGracePeriod = time.Hour
+
+// GracePeriod is how long the previous credentials stay accepted.
+func (p *ProxyParameters) GracePeriod() time.Duration {
+	if p.CredentialGracePeriod == nil {
+		return DefaultCredentialGracePeriod
+	}
+	return p.CredentialGracePeriod.Duration
 }
 
 // ProxySpec defines the desired state of a Proxy.

@@ -134,6 +134,7 @@ func TestWithDefaults(t *testing.T) {
 
 func TestSpecFromNamesBadDurations(t *testing.T) {
 	if diff := cmp.Diff([][]string{
+		{"proxy", "credentialGracePeriod"},
 		{"healthCheck", "interval"}, {"healthCheck", "timeout"},
 		{"rotation", "maxAge"}, {"rotation", "replaceUnhealthyAfter"},
 		{"rollout", "progressDeadline"},

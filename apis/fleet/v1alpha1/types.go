@@ -79,6 +79,9 @@ type Placement struct {
 	GCP *egressv1alpha1.GCPInstance `json:"gcp,omitempty"`
 }
 
+// MaxCredentialGracePeriod bounds spec.proxy.credentialGracePeriod.
+const MaxCredentialGracePeriod = 168 * time.Hour
+
 // ProxySettings say how each proxy serves crawlers. Set authSecretRef,
 // allowedSourceRanges or both; open proxies are refused.
 // +kubebuilder:validation:XValidation:rule="has(self.authSecretRef) || (has(self.allowedSourceRanges) && size(self.allowedSourceRanges) > 0)",message="spec.proxy: refusing an open proxy: set authSecretRef (credentials) and/or allowedSourceRanges"
@@ -95,6 +98,19 @@ type ProxySettings struct {
 	// username and password crawlers present.
 	// +optional
 	AuthSecretRef *egressv1alpha1.AuthSecretReference `json:"authSecretRef,omitempty"`
+
+	// CredentialGracePeriod is how long each proxy keeps accepting the
+	// previous credentials after the auth Secret's change, besides the new
+	// ones, where a proxy's credentials change in place (local processes
+	// and pods); GCP VMs are replaced in a rollout instead. Zero refuses
+	// the previous credentials at once. Defaults to spec.leases.maxTTL, so
+	// that a crawler holding a lease taken before the change can finish
+	// with it. Changing it changes no proxy's template.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) <= duration('168h')",message="spec.proxy.credentialGracePeriod must be at most 168h"
+	// +optional
+	CredentialGracePeriod *metav1.Duration `json:"credentialGracePeriod,omitempty"`
 
 	// AllowedSourceRanges are the client networks allowed to use the
 	// proxies.

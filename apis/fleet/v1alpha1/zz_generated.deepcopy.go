@@ -200,6 +200,11 @@ func (in *ProxySettings) DeepCopyInto(out *ProxySettings) {
 		*out = new(egressv1alpha1.AuthSecretReference)
 		**out = **in
 	}
+	if in.CredentialGracePeriod != nil {
+		in, out := &in.CredentialGracePeriod, &out.CredentialGracePeriod
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.AllowedSourceRanges != nil {
 		in, out := &in.AllowedSourceRanges, &out.AllowedSourceRanges
 		*out = make([]egressv1alpha1.CIDR, len(*in))

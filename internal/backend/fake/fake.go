@@ -78,7 +78,7 @@ func (b *Backend) Create(_ context.Context, s backend.Spec) (*backend.Instance, 
 	}
 	i := backend.Instance{
 		Ref: s.Ref, ProviderID: fmt.Sprintf("fake/%s", s.Name), Host: host, Port: s.Port,
-		Phase: phase, CreatedAt: now(), SpecHash: s.Hash, Owner: s.Owner,
+		Phase: phase, CreatedAt: now(), SpecHash: s.Hash, CredentialsSum: s.CredentialsSum, Owner: s.Owner,
 	}
 	b.instances[s.Name] = i
 	return &i, nil
@@ -157,4 +157,33 @@ func (b *Backend) CallCount(method string) int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.Calls[method]
+}
+
+// Rotating is a fake backend that changes credentials in place, as the
+// local and pod backends do; the plain Backend cannot, as GCP cannot.
+type Rotating struct {
+	*Backend
+	// Untils records the previousUntil of each RotateCredentials call.
+	Untils []time.Time
+}
+
+var _ backend.CredentialRotator = &Rotating{}
+
+// RotateCredentials records the credentials' sum and deadline on the
+// instance, as the real backends do.
+func (b *Rotating) RotateCredentials(_ context.Context, s backend.Spec, previousUntil time.Time) error {
+	b.count("RotateCredentials")
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	i, ok := b.instances[s.Name]
+	if !ok {
+		return backend.Errorf(backend.ClassNotFound, "instance %s not found", s.Name)
+	}
+	b.Untils = append(b.Untils, previousUntil)
+	if i.CredentialsSum == s.CredentialsSum && !previousUntil.IsZero() {
+		return nil
+	}
+	i.CredentialsSum, i.PreviousCredentialsUntil = s.CredentialsSum, previousUntil
+	b.instances[s.Name] = i
+	return nil
 }

@@ -37,7 +37,10 @@ import (
 // GCP labels the backend adds to the ownership labels.
 const (
 	labelSpecHash = "egress-spec-hash"
-	labelPort     = "egress-port"
+	// labelCredentials records Spec.CredentialsSum: which credentials the
+	// VM's startup script gave it.
+	labelCredentials = "egress-credentials"
+	labelPort        = "egress-port"
 	// labelRetain is ownership.LabelRetain in GCP's form.
 	labelRetain = "egress-retain"
 )
@@ -489,7 +492,7 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	}
 	i := &backend.Instance{
 		Ref: s.Ref, ProviderID: b.ProviderID(s.Ref), Port: s.Port, Phase: v1alpha1.InstancePhaseProvisioning,
-		CreatedAt: time.Now(), SpecHash: s.Hash, Owner: s.Owner,
+		CreatedAt: time.Now(), SpecHash: s.Hash, CredentialsSum: s.CredentialsSum, Owner: s.Owner,
 	}
 	if !done {
 		i.Operation = op.Name()
@@ -501,6 +504,9 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 func (b *Backend) vm(s backend.Spec, script string) *computepb.Instance {
 	labels := s.Owner.GCPLabels()
 	labels[labelSpecHash] = s.Hash
+	if s.CredentialsSum != "" {
+		labels[labelCredentials] = s.CredentialsSum
+	}
 	labels[labelPort] = strconv.Itoa(int(s.Port))
 	image := s.GCP.Image
 	if image == "" {
@@ -574,6 +580,8 @@ func (b *Backend) adoptVM(vm *computepb.Instance, s backend.Spec) (*backend.Inst
 		return nil, backend.Errorf(backend.ClassTransient, "VM %s is still being deleted (status %s); its name is free once it is gone: retrying", s.Name, vm.GetStatus())
 	case i.SpecHash != s.Hash:
 		return nil, backend.Errorf(backend.ClassTransient, "VM %s of an earlier spec (hash %s) still holds the name: retrying until it is gone", s.Name, i.SpecHash)
+	case i.CredentialsSum != s.CredentialsSum:
+		return nil, backend.Errorf(backend.ClassTransient, "VM %s of earlier credentials still holds the name: retrying until it is gone", s.Name)
 	}
 	return i, nil
 }
@@ -778,7 +786,7 @@ func (b *Backend) instance(vm *computepb.Instance, zone string) *backend.Instanc
 	}
 	i := &backend.Instance{
 		Ref: ref, ProviderID: b.ProviderID(ref), Port: int32(port), CreatedAt: created,
-		SpecHash: vm.GetLabels()[labelSpecHash], Owner: owner,
+		SpecHash: vm.GetLabels()[labelSpecHash], CredentialsSum: vm.GetLabels()[labelCredentials], Owner: owner,
 		Phase: Phase(vm.GetStatus(), natIP(vm)),
 	}
 	if i.Phase == v1alpha1.InstancePhaseRunning {

@@ -92,6 +92,15 @@ func TestProviderAdmission(t *testing.T) {
 	if i, err := b.Get(ctx, s.Ref); err != nil || i.Owner.Holder() != importer.UID {
 		t.Fatalf("the imported pod must belong to its importer: %+v %v", i, err)
 	}
+	rotated := s
+	rotated.Owner = s.Owner.AdoptedBy(importer)
+	rotated.Credentials = &backend.Credentials{Username: "crawler", Password: "rotated"}
+	rotated.CredentialsSum = "rotated"
+	for _, until := range []time.Time{time.Now().Add(time.Hour), {}} {
+		if err := b.RotateCredentials(ctx, rotated, until); err != nil {
+			t.Fatalf("the backend's rotation (previous until %v) is refused: %v", until, err)
+		}
+	}
 	if _, err := b.ListOwned(ctx); err != nil {
 		t.Fatalf("the backend's listing is refused: %v", err)
 	}
@@ -125,6 +134,12 @@ func TestProviderAdmission(t *testing.T) {
 			return patch(own, `{"metadata":{"labels":{"egress.crawl.example.com/proxy-namespace":"kube-system"}}}`)
 		},
 		"AnnotateOwnPod": func() error { return patch(own, `{"metadata":{"annotations":{"note":"x"}}}`) },
+		"CredentialsAndAnotherAnnotation": func() error {
+			return patch(own, `{"metadata":{"annotations":{"egress.crawl.example.com/credentials":"x","note":"x"}}}`)
+		},
+		"DropSpecHash": func() error {
+			return patch(own, `{"metadata":{"annotations":{"egress.crawl.example.com/spec-hash":null}}}`)
+		},
 		"RetainAndAnotherLabel": func() error {
 			return patch(own, `{"metadata":{"labels":{"egress.crawl.example.com/retain":"true","app":"other"}}}`)
 		},

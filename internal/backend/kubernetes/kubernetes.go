@@ -8,8 +8,10 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"reflect"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/pkg/errors"
 	corev1 "k8s.io/api/core/v1"
@@ -34,6 +36,17 @@ const DefaultImage = "docker.io/ubuntu/squid:5.2-22.04_beta"
 
 // AnnotationSpecHash records the Spec.Hash a pod was made from.
 const AnnotationSpecHash = "egress.crawl.example.com/spec-hash"
+
+// AnnotationCredentials records, on a pod and its config Secret, which
+// credentials it accepts (Spec.CredentialsSum), and
+// AnnotationPreviousCredentialsUntil until when it accepts those of before
+// its last rotation (RFC 3339). Changing them on the pod has the kubelet
+// sync it, and so refresh its mounted config Secret, at once rather than
+// within its sync period.
+const (
+	AnnotationCredentials              = "egress.crawl.example.com/credentials"
+	AnnotationPreviousCredentialsUntil = "egress.crawl.example.com/previous-credentials-until"
+)
 
 const (
 	configDir = "/etc/egress-proxy"
@@ -135,13 +148,20 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 		OwnAddressesFile: ownAddressesFile,
 	}
 	data := map[string][]byte{}
+	var annotations map[string]string
 	if s.Credentials != nil {
-		cfg.HtpasswdPath = configDir + "/htpasswd"
+		// Credentials rotate in place: the helper script accepts the
+		// previous file's too, until its deadline.
+		cfg.HtpasswdPath = configDir + "/" + keyHtpasswd
+		cfg.PreviousHtpasswdPath = configDir + "/" + keyPrevious
+		cfg.AuthScriptPath = configDir + "/" + keyAuth
 		h, err := squid.HtpasswdWithSalt(s.Credentials.Username, s.Credentials.Password, saltFor(s.Owner.UID))
 		if err != nil {
 			return nil, backend.Wrap(backend.ClassPermanent, err)
 		}
-		data["htpasswd"] = h
+		data[keyHtpasswd] = h
+		data[keyAuth] = []byte(squid.AuthScript)
+		annotations = map[string]string{AnnotationCredentials: s.CredentialsSum}
 	}
 	conf, err := squid.Render(cfg)
 	if err != nil {
@@ -150,7 +170,7 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	data["squid.conf"] = conf
 
 	sec := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: s.Namespace, Labels: b.labels(s)},
+		ObjectMeta: metav1.ObjectMeta{Name: s.Name, Namespace: s.Namespace, Labels: b.labels(s), Annotations: annotations},
 		Type:       corev1.SecretTypeOpaque,
 		Data:       data,
 	}
@@ -164,6 +184,7 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 			return nil, backend.Errorf(backend.ClassPermanent, "Secret %s/%s exists and is not this Proxy's config: delete or rename it", sec.Namespace, sec.Name)
 		}
 		existing.Data = data
+		existing.Annotations = annotations
 		if err := b.cfg.Client.Update(ctx, existing); err != nil {
 			return nil, Classify(errors.Wrap(err, "cannot update proxy config secret"))
 		}
@@ -180,6 +201,21 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 		return nil, Classify(errors.Wrap(err, "cannot create proxy pod"))
 	}
 	return b.Get(ctx, s.Ref)
+}
+
+// Keys of a pod's config Secret.
+const (
+	keyHtpasswd = "htpasswd"
+	keyPrevious = "htpasswd.previous"
+	keyAuth     = "auth.sh"
+)
+
+func podAnnotations(s backend.Spec) map[string]string {
+	a := map[string]string{AnnotationSpecHash: s.Hash}
+	if s.Credentials != nil {
+		a[AnnotationCredentials] = s.CredentialsSum
+	}
+	return a
 }
 
 func (b *Backend) pod(s backend.Spec) *corev1.Pod {
@@ -206,7 +242,7 @@ func (b *Backend) pod(s backend.Spec) *corev1.Pod {
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: s.Name, Namespace: s.Namespace, Labels: b.labels(s),
-			Annotations: map[string]string{AnnotationSpecHash: s.Hash},
+			Annotations: podAnnotations(s),
 		},
 		Spec: corev1.PodSpec{
 			// The backend recreates a pod that ended, so that the
@@ -278,6 +314,11 @@ func (b *Backend) instance(p *corev1.Pod) *backend.Instance {
 		CreatedAt:  p.CreationTimestamp.Time,
 		SpecHash:   p.Annotations[AnnotationSpecHash],
 		Owner:      owner,
+
+		CredentialsSum: p.Annotations[AnnotationCredentials],
+	}
+	if t, err := time.Parse(time.RFC3339, p.Annotations[AnnotationPreviousCredentialsUntil]); err == nil {
+		i.PreviousCredentialsUntil = t
 	}
 	if len(p.Spec.Containers) > 0 && len(p.Spec.Containers[0].Ports) > 0 {
 		i.Port = p.Spec.Containers[0].Ports[0].ContainerPort
@@ -408,6 +449,86 @@ func (b *Backend) Adopt(ctx context.Context, r backend.Ref, from types.UID, to o
 		}
 	}
 	return nil
+}
+
+// RotateCredentials rewrites the htpasswd files in the pod's config Secret,
+// whose mount the kubelet refreshes, and which the pod's helper reads
+// afresh for every check; then it annotates the pod with what the Secret
+// now holds, which has the kubelet refresh the mount at once. The Secret
+// is written with the resourceVersion read, so of two rotations racing
+// the second is refused and retried. The annotations are put right
+// whenever they lag the Secret, so a rotation cut short between the two
+// writes completes when retried.
+func (b *Backend) RotateCredentials(ctx context.Context, s backend.Spec, previousUntil time.Time) error {
+	if s.Credentials == nil {
+		return backend.Errorf(backend.ClassPermanent, "no credentials to rotate to")
+	}
+	sec := &corev1.Secret{}
+	if err := b.cfg.Client.Get(ctx, types.NamespacedName{Namespace: s.Namespace, Name: s.Name}, sec); err != nil {
+		return Classify(errors.Wrapf(err, "cannot get proxy config secret %s/%s", s.Namespace, s.Name))
+	}
+	if cur, ok := ownership.FromLabels(sec.Labels); !ok || cur.Holder() != s.Owner.Holder() {
+		return backend.Errorf(backend.ClassTransient, "config Secret %s/%s is not Proxy uid %s's", s.Namespace, s.Name, s.Owner.Holder())
+	}
+	if _, ok := sec.Data[keyAuth]; !ok {
+		return backend.Errorf(backend.ClassPermanent, "pod %s/%s was made without credentials that rotate: it is replaced instead", s.Namespace, s.Name)
+	}
+	base := sec.DeepCopy()
+	until := ""
+	if !previousUntil.IsZero() {
+		until = previousUntil.UTC().Format(time.RFC3339)
+	}
+	switch {
+	case sec.Annotations[AnnotationCredentials] != s.CredentialsSum:
+		h, err := squid.HtpasswdWithSalt(s.Credentials.Username, s.Credentials.Password, saltFor(s.Owner.UID))
+		if err != nil {
+			return backend.Wrap(backend.ClassPermanent, err)
+		}
+		if until != "" {
+			sec.Data[keyPrevious] = append(squid.PreviousHeader(previousUntil), sec.Data[keyHtpasswd]...)
+		} else {
+			delete(sec.Data, keyPrevious)
+		}
+		sec.Data[keyHtpasswd] = h
+		setAnnotation(sec, AnnotationCredentials, s.CredentialsSum)
+		setAnnotation(sec, AnnotationPreviousCredentialsUntil, until)
+	case until == "":
+		delete(sec.Data, keyPrevious)
+		setAnnotation(sec, AnnotationPreviousCredentialsUntil, "")
+	}
+	if !reflect.DeepEqual(base, sec) {
+		if err := b.cfg.Client.Patch(ctx, sec, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
+			return Classify(errors.Wrapf(err, "cannot rotate the credentials in config secret %s/%s", s.Namespace, s.Name))
+		}
+	}
+	pod := &corev1.Pod{}
+	if err := b.cfg.Client.Get(ctx, types.NamespacedName{Namespace: s.Namespace, Name: s.Name}, pod); err != nil {
+		return Classify(errors.Wrapf(err, "cannot get proxy pod %s/%s", s.Namespace, s.Name))
+	}
+	podBase := pod.DeepCopy()
+	for _, k := range []string{AnnotationCredentials, AnnotationPreviousCredentialsUntil} {
+		setAnnotation(pod, k, sec.Annotations[k])
+	}
+	if reflect.DeepEqual(podBase.Annotations, pod.Annotations) {
+		return nil
+	}
+	return Classify(errors.Wrapf(b.cfg.Client.Patch(ctx, pod, client.MergeFromWithOptions(podBase, client.MergeFromWithOptimisticLock{})),
+		"cannot annotate proxy pod %s/%s with its credentials", s.Namespace, s.Name))
+}
+
+// setAnnotation sets an annotation, or removes it when v is empty.
+func setAnnotation(o metav1.Object, k, v string) {
+	a := o.GetAnnotations()
+	if v == "" {
+		delete(a, k)
+		o.SetAnnotations(a)
+		return
+	}
+	if a == nil {
+		a = map[string]string{}
+	}
+	a[k] = v
+	o.SetAnnotations(a)
 }
 
 // SetRetain labels the pod, and its config Secret and network policy, to

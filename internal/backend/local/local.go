@@ -32,6 +32,8 @@ import (
 const (
 	fileConf     = "squid.conf"
 	fileHtpasswd = "htpasswd"
+	filePrevious = "htpasswd.previous"
+	fileAuth     = "auth.sh"
 	fileRecord   = "instance.json"
 	filePid      = "squid.pid"
 	fileStarted  = "started"
@@ -64,6 +66,11 @@ type record struct {
 	Host      string          `json:"host"`
 	SpecHash  string          `json:"specHash"`
 	CreatedAt time.Time       `json:"createdAt"`
+	// CredentialsSum says which credentials the instance accepts, and
+	// PreviousUntil until when it accepts those of before its last
+	// rotation.
+	CredentialsSum string     `json:"credentialsSum,omitempty"`
+	PreviousUntil  *time.Time `json:"previousCredentialsUntil,omitempty"`
 }
 
 // Backend supervises local Squid processes.
@@ -178,19 +185,24 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	}
 	files := map[string][]byte{}
 	if s.Credentials != nil {
+		// Credentials rotate in place: the helper script accepts the
+		// previous file's too, until its deadline.
 		cfg.HtpasswdPath = filepath.Join(final, fileHtpasswd)
+		cfg.PreviousHtpasswdPath = filepath.Join(final, filePrevious)
+		cfg.AuthScriptPath = filepath.Join(final, fileAuth)
 		h, err := squid.Htpasswd(s.Credentials.Username, s.Credentials.Password)
 		if err != nil {
 			return nil, backend.Wrap(backend.ClassPermanent, errors.Wrap(err, "cannot write htpasswd"))
 		}
 		files[fileHtpasswd] = h
+		files[fileAuth] = []byte(squid.AuthScript)
 	}
 	conf, err := squid.Render(cfg)
 	if err != nil {
 		return nil, backend.Wrap(backend.ClassPermanent, err)
 	}
 	files[fileConf] = conf
-	rec, err := json.Marshal(record{Owner: s.Owner, Port: port, Host: host, SpecHash: s.Hash, CreatedAt: time.Now().UTC()})
+	rec, err := json.Marshal(record{Owner: s.Owner, Port: port, Host: host, SpecHash: s.Hash, CreatedAt: time.Now().UTC(), CredentialsSum: s.CredentialsSum})
 	if err != nil {
 		return nil, errors.Wrap(err, "cannot encode instance record")
 	}
@@ -230,16 +242,21 @@ func (b *Backend) Get(_ context.Context, r backend.Ref) (*backend.Instance, erro
 	if _, err := os.Stat(filepath.Join(b.dir(r.Name), fileStarted)); err == nil || b.livePid(r.Name) > 0 {
 		phase = v1alpha1.InstancePhaseRunning
 	}
-	return &backend.Instance{
-		Ref:        backend.Ref{Name: r.Name},
-		ProviderID: "local/" + r.Name,
-		Host:       rec.Host,
-		Port:       rec.Port,
-		Phase:      phase,
-		CreatedAt:  rec.CreatedAt,
-		SpecHash:   rec.SpecHash,
-		Owner:      rec.Owner,
-	}, nil
+	i := &backend.Instance{
+		Ref:            backend.Ref{Name: r.Name},
+		ProviderID:     "local/" + r.Name,
+		Host:           rec.Host,
+		Port:           rec.Port,
+		Phase:          phase,
+		CreatedAt:      rec.CreatedAt,
+		SpecHash:       rec.SpecHash,
+		CredentialsSum: rec.CredentialsSum,
+		Owner:          rec.Owner,
+	}
+	if rec.PreviousUntil != nil {
+		i.PreviousCredentialsUntil = *rec.PreviousUntil
+	}
+	return i, nil
 }
 
 // Delete stops the process and removes every file of the instance.
@@ -355,6 +372,83 @@ func (b *Backend) Adopt(_ context.Context, r backend.Ref, from types.UID, to own
 	}
 	rec.Owner = rec.Owner.AdoptedBy(to)
 	return b.writeRecord(r.Name, rec)
+}
+
+// RotateCredentials rewrites the instance's htpasswd files, which its
+// helper reads afresh for every check: the previous file first, holding
+// what the current one held, then the current one, so that at no moment
+// neither set is accepted. Squid is not restarted.
+func (b *Backend) RotateCredentials(_ context.Context, s backend.Spec, previousUntil time.Time) error {
+	if s.Credentials == nil {
+		return backend.Errorf(backend.ClassPermanent, "no credentials to rotate to")
+	}
+	b.records.Lock()
+	defer b.records.Unlock()
+	rec, err := b.readRecord(s.Name)
+	if err != nil {
+		return err
+	}
+	if h := rec.Owner.Holder(); h != s.Owner.Holder() {
+		return backend.Errorf(backend.ClassTransient, "local instance %s belongs to Proxy uid %s, not %s", s.Name, h, s.Owner.Holder())
+	}
+	dir := b.dir(s.Name)
+	if _, err := os.Stat(filepath.Join(dir, fileAuth)); err != nil {
+		return backend.Errorf(backend.ClassPermanent, "local instance %s was made without credentials that rotate: it is replaced instead", s.Name)
+	}
+	if rec.CredentialsSum != s.CredentialsSum {
+		current, err := os.ReadFile(filepath.Join(dir, fileHtpasswd))
+		if err != nil {
+			return errors.Wrapf(err, "cannot read the credentials of instance %s", s.Name)
+		}
+		h, err := squid.Htpasswd(s.Credentials.Username, s.Credentials.Password)
+		if err != nil {
+			return backend.Wrap(backend.ClassPermanent, errors.Wrap(err, "cannot write htpasswd"))
+		}
+		if err := b.keepPrevious(dir, current, previousUntil); err != nil {
+			return err
+		}
+		if err := writeOwned(dir, fileHtpasswd, h); err != nil {
+			return err
+		}
+		rec.CredentialsSum = s.CredentialsSum
+	} else if previousUntil.IsZero() {
+		if err := b.keepPrevious(dir, nil, previousUntil); err != nil {
+			return err
+		}
+	} else {
+		return nil
+	}
+	rec.PreviousUntil = nil
+	if !previousUntil.IsZero() {
+		u := previousUntil.UTC()
+		rec.PreviousUntil = &u
+	}
+	return b.writeRecord(s.Name, rec)
+}
+
+// keepPrevious writes the previous htpasswd file, accepted until until, or
+// removes it when until is zero.
+func (b *Backend) keepPrevious(dir string, htpasswd []byte, until time.Time) error {
+	if until.IsZero() {
+		if err := os.Remove(filepath.Join(dir, filePrevious)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return errors.Wrap(err, "cannot remove the previous credentials")
+		}
+		return nil
+	}
+	return writeOwned(dir, filePrevious, append(squid.PreviousHeader(until), htpasswd...))
+}
+
+// writeOwned replaces a file of an instance directory through a temporary
+// file, given to Squid's user, renamed into place.
+func writeOwned(dir, name string, content []byte) error {
+	tmp := filepath.Join(dir, name+".tmp")
+	if err := os.WriteFile(tmp, content, 0o600); err != nil {
+		return errors.Wrapf(err, "cannot write %s", name)
+	}
+	if err := chownToSquidUser(tmp); err != nil {
+		return err
+	}
+	return errors.Wrapf(os.Rename(tmp, filepath.Join(dir, name)), "cannot write %s", name)
 }
 
 // writeRecord replaces the instance's record through a temporary file

@@ -59,13 +59,18 @@ func waitProbe(t *testing.T, inst *backend.Instance, s backend.Spec, target test
 	t.Helper()
 	var last probe.Result
 	testbed.Eventually(t, 15*time.Second, fmt.Sprintf("a probe through %s with OK=%t", inst.ProviderID, want), func() (bool, string) {
-		last = probe.Prober{}.Probe(context.Background(), probe.Target{
-			Proxy: inst.Host + ":" + itoa(inst.Port), Username: s.Credentials.Username, Password: s.Credentials.Password,
-			URL: target.URL, Timeout: 2 * time.Second, RootCAs: target.RootCAs,
-		})
+		last = probeOnce(inst, s, target)
 		return last.OK == want, fmt.Sprintf("%+v", last)
 	})
 	return last
+}
+
+// probeOnce probes through inst with s's credentials.
+func probeOnce(inst *backend.Instance, s backend.Spec, target testbed.Target) probe.Result {
+	return probe.Prober{}.Probe(context.Background(), probe.Target{
+		Proxy: inst.Host + ":" + itoa(inst.Port), Username: s.Credentials.Username, Password: s.Credentials.Password,
+		URL: target.URL, Timeout: 2 * time.Second, RootCAs: target.RootCAs,
+	})
 }
 
 // recorder is a logger that keeps every message, with its values.

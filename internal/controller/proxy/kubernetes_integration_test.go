@@ -133,7 +133,13 @@ func TestKubernetesProxy(t *testing.T) {
 		// A pod's loopback is its own; on this shared host the test lets the
 		// probe reach the echo target on loopback.
 		hostConf := strings.Replace(conf, "http_access deny egress_loopback\n", "", 1)
-		testbed.RunSquid(t, []byte(hostConf), "/etc/egress-proxy", map[string][]byte{"htpasswd": sec.Data["htpasswd"]}, "127.0.0.1:32320")
+		files := map[string][]byte{}
+		for k, v := range sec.Data {
+			if k != "squid.conf" {
+				files[k] = v
+			}
+		}
+		testbed.RunSquid(t, []byte(hostConf), "/etc/egress-proxy", files, "127.0.0.1:32320")
 		setStatus(corev1.PodStatus{Phase: corev1.PodRunning, PodIP: "127.0.0.1"})
 		testbed.Eventually(t, 10*time.Second, "Ready=True", ready(t, key, corev1.ConditionTrue))
 		ap := get(t, key).Status.AtProvider

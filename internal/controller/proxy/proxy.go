@@ -372,20 +372,31 @@ func (e *external) observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 		return managed.ExternalObservation{}, err
 	}
 	want := desiredSpec(p, e.pc, e.clusterID, creds, ud)
+	verdict := credentialsCurrent
 	if inst.SpecHash == want.Hash {
 		e.repair(ctx, p, inst, repairSpec(p, inst, want))
+		if verdict, err = e.syncCredentials(ctx, p, inst, want); err != nil {
+			return managed.ExternalObservation{}, err
+		}
 	}
-	e.observeInstance(ctx, p, inst, creds)
+	// Probing an outdated instance with credentials it does not accept
+	// would judge it down while it serves its crawlers: its probes stop,
+	// and its last verdict stands until the fleet replaces it.
+	e.observeInstance(ctx, p, inst, creds, verdict != credentialsOutdated)
+	recordCredentials(p, inst, verdict)
 	if inst.Repair != "" {
 		p.SetConditions(unavailable(ReasonProvisioning, inst.Repair))
 	}
 
 	obs := managed.ExternalObservation{
 		ResourceExists:   true,
-		ResourceUpToDate: inst.SpecHash == want.Hash,
+		ResourceUpToDate: inst.SpecHash == want.Hash && verdict != credentialsReplace,
 	}
-	if !obs.ResourceUpToDate {
+	switch {
+	case inst.SpecHash != want.Hash:
 		obs.Diff = fmt.Sprintf("instance spec hash %s, desired %s: the instance is replaced", inst.SpecHash, want.Hash)
+	case verdict == credentialsReplace:
+		obs.Diff = fmt.Sprintf("the credentials of the auth Secret changed, and instance %s cannot change them in place: the instance is replaced", inst.ProviderID)
 	}
 	if ref.Zone != want.Zone || ref.Namespace != want.Namespace {
 		// Recorded elsewhere than the spec (now) wants it, as after a
@@ -393,7 +404,7 @@ func (e *external) observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 		obs.ResourceUpToDate = false
 		obs.Diff = fmt.Sprintf("instance %s is not where the spec places it (zone %q, namespace %q): the instance is replaced", inst.ProviderID, want.Zone, want.Namespace)
 	}
-	if inst.Phase == v1alpha1.InstancePhaseRunning && inst.Host != "" {
+	if inst.Phase == v1alpha1.InstancePhaseRunning && inst.Host != "" && verdict == credentialsCurrent {
 		obs.ConnectionDetails = connectionDetails(inst.Host, inst.Port, creds)
 	}
 	return obs, nil
@@ -611,7 +622,8 @@ func forgetClosure(p *v1alpha1.Proxy, reason xpv2.ConditionReason, msg string) {
 }
 
 // observeInstance records the instance and probes it when due.
-func (e *external) observeInstance(ctx context.Context, p *v1alpha1.Proxy, inst *backend.Instance, creds *backend.Credentials) {
+// With probe false, the instance is not probed and its verdict stands.
+func (e *external) observeInstance(ctx context.Context, p *v1alpha1.Proxy, inst *backend.Instance, creds *backend.Credentials, probe bool) {
 	ap := &p.Status.AtProvider
 	if ap.InstanceCreatedAt == nil || !ap.InstanceCreatedAt.Time.Equal(inst.CreatedAt.Truncate(time.Second)) || ap.ProviderID != inst.ProviderID {
 		// A new instance: probed at once, and judged afresh.
@@ -627,6 +639,9 @@ func (e *external) observeInstance(ctx context.Context, p *v1alpha1.Proxy, inst 
 	if inst.Phase != v1alpha1.InstancePhaseRunning || inst.Host == "" {
 		ap.Healthy = false
 		p.SetConditions(unavailable(ReasonProvisioning, fmt.Sprintf("instance %s is provisioning", inst.ProviderID)))
+		return
+	}
+	if !probe {
 		return
 	}
 	e.probe(ctx, p, net.JoinHostPort(inst.Host, strconv.Itoa(int(inst.Port))), instanceID(p), creds)

@@ -439,7 +439,15 @@ func TestSpecHash(t *testing.T) {
 		"Port":        {reason: "The port replaces the proxy.", mod: func(p *v1alpha1.Proxy) { p.Spec.ForProvider.Port = 9999 }, changes: true},
 		"Placement":   {reason: "The placement replaces the proxy.", mod: func(p *v1alpha1.Proxy) { p.Spec.ForProvider.Local.OutgoingAddress = "127.0.0.2" }, changes: true},
 		"Ranges":      {reason: "The resolved config (source ranges) replaces the proxy.", mod: func(p *v1alpha1.Proxy) { p.Spec.ForProvider.AllowedSourceRanges = []v1alpha1.CIDR{"10.0.0.0/8"} }, changes: true},
-		"Password":    {reason: "New credentials replace the proxy.", mod: func(*v1alpha1.Proxy) {}, creds: &backend.Credentials{Username: "u", Password: "q"}, changes: true},
+		"Password":    {reason: "New credentials are the credentials' sum's: they change in place where the backend can.", mod: func(*v1alpha1.Proxy) {}, creds: &backend.Credentials{Username: "u", Password: "q"}, changes: false},
+		"NoAuth":      {reason: "Dropping credentials changes the config itself: replaced.", mod: func(*v1alpha1.Proxy) {}, creds: &backend.Credentials{}, changes: true},
+	}
+	sum := func(c *backend.Credentials) string { return desiredSpec(unitProxy(), pc, "unit", c, "").CredentialsSum }
+	if a, b := sum(&backend.Credentials{Username: "u", Password: "p"}), sum(&backend.Credentials{Username: "u", Password: "q"}); a == b || a == "" {
+		t.Errorf("the credentials' sum must change with the password: %q, %q", a, b)
+	}
+	if a, b := sum(&backend.Credentials{Username: "u", Password: "p"}), sum(&backend.Credentials{Username: "v", Password: "p"}); a == b {
+		t.Errorf("the credentials' sum must change with the username: %q, %q", a, b)
 	}
 	vm := func(g v1alpha1.GCPInstance) string {
 		p := unitProxy(func(p *v1alpha1.Proxy) {
@@ -461,8 +469,11 @@ func TestSpecHash(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			p := unitProxy(tc.mod)
 			creds := tc.creds
-			if creds == nil {
+			switch {
+			case creds == nil:
 				creds = &backend.Credentials{Username: "u", Password: "p"}
+			case creds.Username == "":
+				creds = nil
 			}
 			h := desiredSpec(p, pc, "unit", creds, "").Hash
 			if (h != base) != tc.changes {

@@ -289,13 +289,24 @@ func desiredSpec(p *v1alpha1.Proxy, pc *config, clusterID string, creds *backend
 	}
 	s.UserData = userData
 	s.Hash = specHash(s)
+	s.CredentialsSum = credentialsSum(creds, s.Name)
 	return s
 }
 
+// credentialsSum says which credentials an instance named name accepts.
+func credentialsSum(c *backend.Credentials, name string) string {
+	if c == nil {
+		return ""
+	}
+	return squid.CredentialsSum(c.Username, c.Password, name)
+}
+
 // specHash covers exactly what replaces an instance when it changes: the
-// placement, the port and the resolved proxy configuration (source ranges
-// and credentials; the password only as its digest). Labels, annotations and
-// health-check settings change nothing on the instance, so they are left out.
+// placement, the port and the resolved proxy configuration (source ranges,
+// and whether there are credentials). The credentials themselves are
+// Spec.CredentialsSum: they change in place where the backend can. Labels,
+// annotations and health-check settings change nothing on the instance, so
+// they are left out.
 // hashedGCP is the part of a GCP placement the hash covers: fields added
 // later count only when they differ from their defaults, so that the
 // apiserver defaulting them on existing Proxies after an upgrade does not
@@ -324,19 +335,14 @@ func specHash(s backend.Spec) string {
 		Private     []string                      `json:"private,omitempty"`
 		Generation  int                           `json:"generation"`
 		Loopback    bool                          `json:"loopback,omitempty"`
-		Username    string                        `json:"username,omitempty"`
-		PasswordSum string                        `json:"passwordSum,omitempty"`
+		Auth        bool                          `json:"auth,omitempty"`
 		UserDataSum string                        `json:"userDataSum,omitempty"`
 	}{Local: s.Local, Kubernetes: s.Kubernetes, GCP: hashedGCP(s.GCP), Port: s.Port, Ranges: s.AllowedSourceRanges, Private: s.AllowedPrivateDestinations, Generation: squid.ConfigGeneration, Loopback: s.AllowLoopbackDestinations && s.Local != nil}
 	if s.UserData != "" {
 		sum := sha256.Sum256([]byte(s.UserData))
 		in.UserDataSum = hex.EncodeToString(sum[:])
 	}
-	if s.Credentials != nil {
-		in.Username = s.Credentials.Username
-		sum := sha256.Sum256([]byte(s.Credentials.Password))
-		in.PasswordSum = hex.EncodeToString(sum[:])
-	}
+	in.Auth = s.Credentials != nil
 	b, _ := json.Marshal(in) //nolint:errchkjson // Plain structs always marshal.
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])[:16]
