@@ -8,11 +8,15 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/pem"
 	"fmt"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -114,6 +118,7 @@ func TestEndToEnd(t *testing.T) {
 		{"ScaleKeepsNames", scaleKeepsNames},
 		{"RotationKeepsReadyFloor", rotationKeepsReadyFloor},
 		{"TemplateChangeRollsOut", templateChangeRollsOut},
+		{"PasswordRotatesInPlace", passwordRotatesInPlace},
 		{"DeletingFleetsLeavesNothing", deletingFleetsLeavesNothing},
 	}
 	for _, s := range steps {
@@ -481,6 +486,191 @@ func templateChangeRollsOut(t *testing.T) {
 		t.Errorf("the fleet was unready in %d of %d samples during a routine rollout", r.unreadyXR, r.samples)
 	}
 	assertNotThrottled(t, rotor)
+}
+
+// passwordRotatesInPlace changes the password in the auth Secret the rotor
+// fleet shares with the example fleet, while a crawler holding a lease
+// keeps fetching through its proxy with the password it was given: it is
+// never refused during the grace period (30s here); discovery soon hands
+// out the new password, which works through the same proxies; no proxy is
+// replaced and no Squid restarted; the fleet stays Ready above its floor;
+// and once the grace is over the old password is refused.
+func passwordRotatesInPlace(t *testing.T) {
+	ctx := context.Background()
+	const grace = 30 * time.Second
+	patch(t, rotor, `{"spec":{"proxy":{"credentialGracePeriod":"30s"}}}`)
+	testbed.Eventually(t, time.Minute, "the rotor fleet's proxies told the grace period", func() (bool, string) {
+		ps, err := proxies(rotor)
+		if err != nil || len(ps) == 0 {
+			return false, fmt.Sprint(err)
+		}
+		for _, p := range ps {
+			if g := p.Spec.ForProvider.CredentialGracePeriod; g == nil || g.Duration != grace {
+				return false, fmt.Sprintf("%s: %v", p.Name, g)
+			}
+		}
+		return true, ""
+	})
+	before := waitFleet(t, rotor, 2, time.Minute)
+	pids := squidPids(t, rotor)
+
+	target := httptest.NewTLSServer(http.HandlerFunc(probe.EchoIP))
+	defer target.Close()
+	pool := x509.NewCertPool()
+	pool.AddCert(target.Certificate())
+	fetch := func(proxyURL string) error {
+		u, err := url.Parse(proxyURL)
+		if err != nil {
+			return err
+		}
+		hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+			Proxy: http.ProxyURL(u), TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, DisableKeepAlives: true,
+		}}
+		rsp, err := hc.Get(target.URL + "/ip")
+		if err != nil {
+			return err
+		}
+		_ = rsp.Body.Close()
+		if rsp.StatusCode != http.StatusOK {
+			return fmt.Errorf("status %d", rsp.StatusCode)
+		}
+		return nil
+	}
+	password := func(proxyURL string) string {
+		u, _ := url.Parse(proxyURL)
+		p, _ := u.User.Password()
+		return p
+	}
+
+	c := &discoveryv1.Client{BaseURL: stack.DiscoveryURL, Token: stack.Token}
+	held, err := c.Acquire(ctx, discoveryv1.AcquireRequest{Fleet: ns + "/" + rotor, Holder: "e2e-password", TTL: "10m"})
+	if err != nil {
+		t.Fatalf("acquire: %v", err)
+	}
+	defer func() { _ = c.Release(ctx, held.LeaseID) }()
+	if err := fetch(held.ProxyURL); err != nil {
+		t.Fatalf("fetch through the leased proxy before the change: %v", err)
+	}
+	oldPassword := password(held.ProxyURL)
+
+	// The crawler keeps fetching with what it was given.
+	type attempt struct {
+		at  time.Time
+		err error
+	}
+	var attempts []attempt
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			attempts = append(attempts, attempt{time.Now(), fetch(held.ProxyURL)})
+		}
+	}()
+	sample := sampleReady(rotor, 2)
+
+	sec := &corev1.Secret{}
+	if err := stack.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "crawlers-proxy-auth"}, sec); err != nil {
+		t.Fatal(err)
+	}
+	newPassword := "rotated-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+	sec.Data["password"] = []byte(newPassword)
+	if err := stack.Client.Update(ctx, sec); err != nil {
+		t.Fatalf("cannot change the password: %v", err)
+	}
+	changed := time.Now()
+
+	var fresh *discoveryv1.Lease
+	testbed.Eventually(t, 45*time.Second, "discovery handing out the new password", func() (bool, string) {
+		l, err := c.Acquire(ctx, discoveryv1.AcquireRequest{Fleet: ns + "/" + rotor, Holder: "e2e-new-password", TTL: "2m"})
+		if err != nil {
+			return false, err.Error()
+		}
+		if password(l.ProxyURL) != newPassword {
+			_ = c.Release(ctx, l.LeaseID)
+			return false, "still the old password"
+		}
+		fresh = l
+		return true, ""
+	})
+	handedOut := time.Since(changed)
+	defer func() { _ = c.Release(ctx, fresh.LeaseID) }()
+	if err := fetch(fresh.ProxyURL); err != nil {
+		t.Errorf("fetch with the new password through %s: %v", fresh.Proxy, err)
+	}
+	if err := fetch(strings.Replace(held.ProxyURL, ":"+oldPassword+"@", ":"+newPassword+"@", 1)); err != nil {
+		t.Errorf("the crawler's own proxy %s must take the new password too: %v", held.Proxy, err)
+	}
+
+	// Until the grace ends (the deadline is taken when the proxy is
+	// rotated, after the change, rounded down to a second), the old
+	// password is never refused.
+	time.Sleep(time.Until(changed.Add(grace - 2*time.Second)))
+	close(stop)
+	<-done
+	refused := 0
+	for _, a := range attempts {
+		if a.err != nil && a.at.After(changed) {
+			refused++
+			t.Errorf("the crawler was refused %.1fs after the change, within the grace: %v", a.at.Sub(changed).Seconds(), a.err)
+		}
+	}
+	var lapsed time.Duration
+	testbed.Eventually(t, grace+30*time.Second, "the old password refused once the grace is over", func() (bool, string) {
+		err := fetch(held.ProxyURL)
+		lapsed = time.Since(changed)
+		return err != nil, fmt.Sprint(err)
+	})
+	testbed.Eventually(t, 30*time.Second, "the proxies' status without previous credentials", func() (bool, string) {
+		ps, err := proxies(rotor)
+		if err != nil {
+			return false, err.Error()
+		}
+		for _, p := range ps {
+			if p.Status.AtProvider.PreviousCredentialsUntil != nil {
+				return false, fmt.Sprintf("%s accepts the previous ones until %v", p.Name, p.Status.AtProvider.PreviousCredentialsUntil)
+			}
+		}
+		return true, ""
+	})
+	r := sample()
+	after := waitFleet(t, rotor, 2, 30*time.Second)
+	if !slices.Equal(before, after) {
+		t.Errorf("a password change replaced proxies: %v, then %v", before, after)
+	}
+	if now := squidPids(t, rotor); !maps.Equal(pids, now) {
+		t.Errorf("a password change restarted Squid: pids %v, then %v", pids, now)
+	}
+	t.Logf("password rotated in place on %v: discovery handed out the new one after %.1fs; the crawler fetched %d times with the old one, refused %d times within the %s grace, and first refused %.1fs after the change; lowest Ready count %d over %d samples, the fleet unready in %d",
+		after, handedOut.Seconds(), len(attempts), refused, grace, lapsed.Seconds(), r.minReady, r.samples, r.unreadyXR)
+	if r.minReady < 2 || r.unreadyXR > 0 {
+		t.Errorf("the rotation dropped to %d Ready proxies, the fleet unready in %d of %d samples: %v", r.minReady, r.unreadyXR, r.samples, r.lowAt)
+	}
+	if len(attempts) < 50 {
+		t.Errorf("the crawler fetched only %d times during the grace: too few to show anything", len(attempts))
+	}
+}
+
+// squidPids reads the pid of each of a fleet's Squids, by Proxy.
+func squidPids(t *testing.T, fleet string) map[string]string {
+	t.Helper()
+	ps, err := proxies(fleet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]string{}
+	for _, p := range ps {
+		raw, err := os.ReadFile(filepath.Join(instanceDir(&p), "squid.pid"))
+		if err != nil {
+			t.Fatalf("cannot read the pid of %s's Squid: %v", p.Name, err)
+		}
+		out[p.Name] = strings.TrimSpace(string(raw))
+	}
+	return out
 }
 
 // readySamples is what sampleReady saw.

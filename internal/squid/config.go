@@ -527,6 +527,17 @@ func CredentialsSum(username, password, name string) string {
 	return hex.EncodeToString(sum[:])[:16]
 }
 
+// HtpasswdMatches says whether an htpasswd file HtpasswdWithSalt wrote (one
+// apr1 line) accepts username and password.
+func HtpasswdMatches(file []byte, username, password string) bool {
+	user, hash, ok := strings.Cut(strings.TrimRight(string(file), "\n"), ":")
+	if !ok || user != username || !strings.HasPrefix(hash, "$apr1$") {
+		return false
+	}
+	salt, _, ok := strings.Cut(strings.TrimPrefix(hash, "$apr1$"), "$")
+	return ok && apr1(password, salt) == hash
+}
+
 // HtpasswdWithSalt returns an htpasswd line with the given salt. Backends
 // derive the salt from the owner's UID so the generated file, and so the
 // spec hash, changes only when the credentials do.

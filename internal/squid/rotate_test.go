@@ -175,3 +175,23 @@ func TestRotateInPlace(t *testing.T) {
 		t.Fatalf("squid (pid %d) exited during the rotation", pid)
 	}
 }
+
+func TestHtpasswdMatches(t *testing.T) {
+	line := htpasswd(t, "crawler", "pass word")
+	for _, tc := range []struct {
+		file       []byte
+		user, pass string
+		want       bool
+	}{
+		{line, "crawler", "pass word", true},
+		{line, "crawler", "pass", false},
+		{line, "other", "pass word", false},
+		{[]byte("crawler:{SHA}x\n"), "crawler", "pass word", false},
+		{nil, "crawler", "pass word", false},
+		{append(PreviousHeader(time.Now()), line...), "crawler", "pass word", false},
+	} {
+		if got := HtpasswdMatches(tc.file, tc.user, tc.pass); got != tc.want {
+			t.Errorf("HtpasswdMatches(%q, %q, %q) = %v, want %v", tc.file, tc.user, tc.pass, got, tc.want)
+		}
+	}
+}

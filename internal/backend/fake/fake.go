@@ -165,6 +165,8 @@ type Rotating struct {
 	*Backend
 	// Untils records the previousUntil of each RotateCredentials call.
 	Untils []time.Time
+	// RotateErr, when set, is returned by every RotateCredentials.
+	RotateErr error
 }
 
 var _ backend.CredentialRotator = &Rotating{}
@@ -173,6 +175,9 @@ var _ backend.CredentialRotator = &Rotating{}
 // instance, as the real backends do.
 func (b *Rotating) RotateCredentials(_ context.Context, s backend.Spec, previousUntil time.Time) error {
 	b.count("RotateCredentials")
+	if b.RotateErr != nil {
+		return b.RotateErr
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	i, ok := b.instances[s.Name]

@@ -377,7 +377,7 @@ func (b *Backend) Adopt(_ context.Context, r backend.Ref, from types.UID, to own
 // RotateCredentials rewrites the instance's htpasswd files, which its
 // helper reads afresh for every check: the previous file first, holding
 // what the current one held, then the current one, so that at no moment
-// neither set is accepted. Squid is not restarted.
+// neither set is accepted, then the record. Squid is not restarted.
 func (b *Backend) RotateCredentials(_ context.Context, s backend.Spec, previousUntil time.Time) error {
 	if s.Credentials == nil {
 		return backend.Errorf(backend.ClassPermanent, "no credentials to rotate to")
@@ -404,11 +404,16 @@ func (b *Backend) RotateCredentials(_ context.Context, s backend.Spec, previousU
 		if err != nil {
 			return backend.Wrap(backend.ClassPermanent, errors.Wrap(err, "cannot write htpasswd"))
 		}
-		if err := b.keepPrevious(dir, current, previousUntil); err != nil {
-			return err
-		}
-		if err := writeOwned(dir, fileHtpasswd, h); err != nil {
-			return err
+		// A rotation cut short after the current file was written
+		// (before the record) finds the new credentials there already:
+		// the previous file, written before it, is kept as it is.
+		if !squid.HtpasswdMatches(current, s.Credentials.Username, s.Credentials.Password) {
+			if err := b.keepPrevious(dir, current, previousUntil); err != nil {
+				return err
+			}
+			if err := writeOwned(dir, fileHtpasswd, h); err != nil {
+				return err
+			}
 		}
 		rec.CredentialsSum = s.CredentialsSum
 	} else if previousUntil.IsZero() {

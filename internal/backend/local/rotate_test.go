@@ -2,6 +2,9 @@ package local
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,5 +87,57 @@ func TestRotateCredentials(t *testing.T) {
 	}
 	if err := b.Delete(ctx, s.Ref); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestRotationCutShort: a provider killed after a rotation wrote the new
+// htpasswd but before it wrote the record rotates again when it comes
+// back; that must not make the new password the "previous" one and so
+// drop the old one before its grace is over.
+func TestRotationCutShort(t *testing.T) {
+	dir := testbed.SquidStateDir(t)
+	b := newBackend(t, dir, &v1alpha1.PortRange{From: 32141, To: 32150})
+	ctx := context.Background()
+	s := spec("cut", 3128)
+	s.CredentialsSum = squid.CredentialsSum(s.Credentials.Username, s.Credentials.Password, s.Name)
+	if _, err := b.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	defer b.Delete(ctx, s.Ref) //nolint:errcheck // Cleanup.
+	next := s
+	next.Credentials = &backend.Credentials{Username: "crawler", Password: "rotated"}
+	next.CredentialsSum = squid.CredentialsSum("crawler", "rotated", s.Name)
+	until := time.Now().Add(time.Hour)
+	// What the cut-short rotation left: both files, the old record.
+	rec, err := b.readRecord(s.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.RotateCredentials(ctx, next, until); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.writeRecord(s.Name, rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.RotateCredentials(ctx, next, until.Add(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	read := func(f string) []byte {
+		raw, err := os.ReadFile(filepath.Join(b.dir(s.Name), f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return raw
+	}
+	previous := read(filePrevious)
+	_, line, _ := strings.Cut(string(previous), "\n")
+	if !squid.HtpasswdMatches([]byte(line), "crawler", s.Credentials.Password) {
+		t.Errorf("the previous file must still hold the old password after the retried rotation: %q", previous)
+	}
+	if !squid.HtpasswdMatches(read(fileHtpasswd), "crawler", "rotated") {
+		t.Error("the current file must hold the new password")
+	}
+	if got, _ := b.Get(ctx, s.Ref); got.CredentialsSum != next.CredentialsSum {
+		t.Errorf("the retried rotation must complete the record: %+v", got)
 	}
 }

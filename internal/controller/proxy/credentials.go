@@ -82,6 +82,11 @@ func (e *external) syncCredentials(ctx context.Context, p *v1alpha1.Proxy, inst 
 		err := rot.RotateCredentials(ctx, want, until)
 		e.countError("rotate", err)
 		if err != nil {
+			if backend.ClassOf(err) == backend.ClassPermanent {
+				// Made before its credentials could rotate (an imported
+				// instance, say): replaced instead, as the diff says.
+				return credentialsReplace, nil
+			}
 			err = errors.Wrapf(err, "cannot change the credentials of instance %s in place", inst.ProviderID)
 			e.record.Event(p, event.Warning(ReasonCannotRotateCredentials, err))
 			return credentialsCurrent, err
@@ -104,12 +109,14 @@ func (e *external) syncCredentials(ctx context.Context, p *v1alpha1.Proxy, inst 
 	}
 }
 
-// recordCredentials writes what syncCredentials found into the status.
-func recordCredentials(p *v1alpha1.Proxy, inst *backend.Instance, v credentialsVerdict) {
+// recordCredentials writes what syncCredentials found into the status. A
+// deadline already past is left out: the helper refuses those credentials
+// by itself, whether or not they could be removed yet.
+func recordCredentials(p *v1alpha1.Proxy, inst *backend.Instance, v credentialsVerdict, now time.Time) {
 	ap := &p.Status.AtProvider
 	ap.CredentialsOutdated = v == credentialsOutdated
 	ap.PreviousCredentialsUntil = nil
-	if !inst.PreviousCredentialsUntil.IsZero() {
+	if now.Before(inst.PreviousCredentialsUntil) {
 		ap.PreviousCredentialsUntil = &metav1.Time{Time: inst.PreviousCredentialsUntil}
 	}
 }

@@ -10,7 +10,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	clientfake "sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
@@ -47,8 +46,14 @@ func TestCredentialsChange(t *testing.T) {
 		fleet    bool
 		grace    *metav1.Duration
 		policies xpv2.ManagementPolicies
+		err      error
 		want     want
 	}{
+		"InPlaceNotPossible": {
+			reason:  "An instance made before its credentials could rotate (the backend says so, permanently) is replaced instead.",
+			inPlace: true, err: backend.Errorf(backend.ClassPermanent, "made without credentials that rotate"),
+			want: want{upToDate: false, probes: true, events: map[string]int{string(ReasonCannotRotateCredentials): 0, string(ReasonCredentialsRotated): 0}},
+		},
 		"InPlace": {
 			reason:  "Local processes and pods change credentials in place: no replacement, the previous ones for the grace period.",
 			inPlace: true, grace: &metav1.Duration{Duration: grace},
@@ -97,7 +102,7 @@ func TestCredentialsChange(t *testing.T) {
 			})
 			base := fake.New()
 			var b backend.Backend = base
-			rot := &fake.Rotating{Backend: base}
+			rot := &fake.Rotating{Backend: base, RotateErr: tc.err}
 			if tc.inPlace {
 				b = rot
 			}
@@ -197,5 +202,3 @@ func TestCredentialsChange(t *testing.T) {
 		})
 	}
 }
-
-var _ client.Client = clientfake.NewClientBuilder().Build()

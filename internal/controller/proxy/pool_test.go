@@ -297,6 +297,16 @@ func TestPollAfter(t *testing.T) {
 			t.Errorf("probed every 30s, --poll %s: poll after %s, want %s", poll, got, want)
 		}
 	}
+	// Previous credentials whose grace ends before the next poll: polled
+	// a second after it ends, to retire them and say so.
+	p.Status.AtProvider.PreviousCredentialsUntil = &metav1.Time{Time: now.Add(20 * time.Second)}
+	if got := s.pollAfter(p, time.Minute); got != 21*time.Second {
+		t.Errorf("previous credentials until 20s from now: poll after %s, want 21s", got)
+	}
+	p.Status.AtProvider.PreviousCredentialsUntil = &metav1.Time{Time: now.Add(-time.Minute)}
+	if got := s.pollAfter(p, time.Minute); got != 200*time.Millisecond {
+		t.Errorf("previous credentials past their grace: poll after %s, want 200ms", got)
+	}
 }
 
 // TestSteadyChangesNothing holds steady to fold: an outcome it calls steady,

@@ -383,7 +383,7 @@ func (e *external) observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 	// would judge it down while it serves its crawlers: its probes stop,
 	// and its last verdict stands until the fleet replaces it.
 	e.observeInstance(ctx, p, inst, creds, verdict != credentialsOutdated)
-	recordCredentials(p, inst, verdict)
+	recordCredentials(p, inst, verdict, e.now())
 	if inst.Repair != "" {
 		p.SetConditions(unavailable(ReasonProvisioning, inst.Repair))
 	}

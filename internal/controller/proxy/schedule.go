@@ -107,6 +107,16 @@ func (s *scheduler) pollAfter(mg resource.Managed, poll time.Duration) time.Dura
 	if !ok {
 		return v1alpha1.DefaultProbeInterval
 	}
+	d := s.pollEvery(p, poll)
+	// Previous credentials are retired when their grace ends, not at the
+	// next poll, so that the status says so on time.
+	if u := p.Status.AtProvider.PreviousCredentialsUntil; u != nil {
+		d = min(d, max(u.Sub(s.now())+time.Second, 200*time.Millisecond))
+	}
+	return d
+}
+
+func (s *scheduler) pollEvery(p *v1alpha1.Proxy, poll time.Duration) time.Duration {
 	if s.pool == nil {
 		return max(s.nextProbe(p).Sub(s.now()), 200*time.Millisecond)
 	}
