@@ -5,6 +5,7 @@ package backend
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -140,17 +141,34 @@ type Adopter interface {
 
 // A CredentialRotator changes the credentials a running instance accepts,
 // in place and without a restart, so that no proxy is replaced and no
-// egress IP changes. The instance accepts s.Credentials from now on; the
-// credentials it accepted until now are accepted too until previousUntil,
-// and not at all when previousUntil is zero. Given the credentials it
-// already accepts, it keeps the previous ones, or drops them when
-// previousUntil is zero. Backends that cannot (a VM's startup script runs
-// only at boot) do not implement it, and their proxies are replaced.
+// egress IP changes. RotateCredentials is called at every observation and
+// compares with what the instance really holds, so a rotation cut short,
+// or a change reverted half-way, is put right when called again:
+//   - when the instance does not accept s.Credentials, it does from now on,
+//     and the credentials it accepted until now are accepted too until
+//     previousUntil (not at all when that is zero): Rotated;
+//   - when it does and the previous credentials' deadline is not after
+//     now, they are removed: Retired.
+//
+// Backends that cannot (a VM's startup script runs only at boot) do not
+// implement it; an instance made before its credentials could rotate
+// answers ErrNoRotation.
 type CredentialRotator interface {
-	RotateCredentials(ctx context.Context, s Spec, previousUntil time.Time) error
+	RotateCredentials(ctx context.Context, s Spec, previousUntil, now time.Time) (Rotation, error)
 }
 
-// A Retainer marks an instance to outlive its Proxy, or not
+// Rotation is what RotateCredentials did, and until when the instance
+// accepts its previous credentials (zero when it accepts none).
+type Rotation struct {
+	Rotated, Retired bool
+	PreviousUntil    time.Time
+}
+
+// ErrNoRotation says an instance was made before its credentials could
+// rotate in place: it must be replaced for new ones.
+var ErrNoRotation = errors.New("the instance was made without credentials that rotate in place")
+
+// A Retainer marks// A Retainer marks an instance to outlive its Proxy, or not
 // (ownership.LabelRetain), as the Proxy's management policies come to
 // include or leave out Delete after the instance was made.
 type Retainer interface {

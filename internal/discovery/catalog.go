@@ -78,8 +78,13 @@ type cachedTTLs struct {
 }
 
 // credentialsTTL bounds how long remembered credentials and lease TTL
-// settings are used before they are read again.
-const credentialsTTL = 30 * time.Second
+// settings are used before they are read again; credentials are
+// remembered for at least minCredentialsTTL, even for a proxy with no grace
+// period, so that no fleet has every hand-out read its Secret.
+const (
+	credentialsTTL    = 30 * time.Second
+	minCredentialsTTL = 2 * time.Second
+)
 
 type cachedCreds struct {
 	user *url.Userinfo
@@ -204,8 +209,8 @@ func (c *Catalog) readTTLs(ctx context.Context, namespace, fleet string) (time.D
 
 // ProxyURL is the proxy's URL with its credentials, read from its auth
 // Secret. Credentials remembered from an earlier read are used for up to
-// credentialsTTL, or half the proxy's credential grace period if that is
-// shorter: after a password change a crawler may be handed the previous
+// credentialsTTL, or half the proxy's credential grace period (but at least
+// minCredentialsTTL) if that is shorter: after a password change a crawler may be handed the previous
 // password for that long, and the proxy accepts it at least twice as long.
 func (c *Catalog) ProxyURL(ctx context.Context, m member) (string, error) {
 	u := &url.URL{Scheme: "http", Host: m.Endpoint()}
@@ -218,7 +223,7 @@ func (c *Catalog) ProxyURL(ctx context.Context, m member) (string, error) {
 	c.mu.Lock()
 	cc, ok := c.creds[key]
 	c.mu.Unlock()
-	if !ok || time.Since(cc.at) > min(credentialsTTL, m.CredentialGrace/2) {
+	if !ok || time.Since(cc.at) > min(credentialsTTL, max(m.CredentialGrace/2, minCredentialsTTL)) {
 		s := &corev1.Secret{}
 		if err := c.Direct.Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: ref.Name}, s); err != nil {
 			return "", errors.Wrapf(err, "cannot read the credentials of proxy %s", m.Name)

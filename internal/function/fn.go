@@ -450,8 +450,8 @@ func (c *composer) kept(m *member, current *structpb.Value) *structpb.Value {
 		fields[k] = v
 	}
 	fields["maxLeases"] = structpb.NewNumberValue(float64(*c.f.spec.Leases.MaxLeasesPerProxy))
-	if fp.GetFields()["authSecretRef"] != nil {
-		fields["credentialGracePeriod"] = structpb.NewStringValue(c.f.credentialGracePeriod().Duration.String())
+	if g := c.f.credentialGracePeriod(); g != nil && fp.GetFields()["authSecretRef"] != nil {
+		fields["credentialGracePeriod"] = structpb.NewStringValue(g.Duration.String())
 	}
 	return structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
 		"providerConfigRef": old["providerConfigRef"],

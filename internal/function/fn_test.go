@@ -650,6 +650,25 @@ func TestCredentials(t *testing.T) {
 			t.Errorf("the replacement is of the current template, in the outdated proxy's zone: %v", l)
 		}
 	}
+	// A fleet that drops its credentials keeps its old Proxies' specs,
+	// credentials and all, until they are replaced.
+	open := withSpec(t, "proxy", `{"allowedSourceRanges": ["10.0.0.0/8"]}`)
+	old := observedProxy(0, "a", true, t0.Add(-3*time.Hour), `, "crawl.example.com/template-revision": "`+current+`"`)
+	old.Resource.Fields["spec"] = structpb.NewStructValue(resource.MustStructJSON(`{
+		"providerConfigRef": {"kind": "ProviderConfig", "name": "local"},
+		"forProvider": {"mode": "Managed", "port": 3128, "local": {"bindAddress": "127.0.0.1"}, "maxLeases": 1, "authSecretRef": {"name": "auth"}, "credentialGracePeriod": "1h0m0s"}}`))
+	rsp := run(t, &fnv1.RunFunctionRequest{
+		Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: xr(open)}, Resources: map[string]*fnv1.Resource{"proxy-0": old}},
+		RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+	})
+	for _, r := range rsp.GetResults() {
+		if r.GetSeverity() == fnv1.Severity_SEVERITY_FATAL {
+			t.Fatalf("dropping the credentials: %s", r.GetMessage())
+		}
+	}
+	if fp := rsp.GetDesired().GetResources()["proxy-0"].GetResource().AsMap()["spec"].(map[string]any)["forProvider"].(map[string]any); fp["credentialGracePeriod"] != "1h0m0s" {
+		t.Errorf("the old Proxy keeps its grace period: %v", fp)
+	}
 	for _, bad := range []string{`"-1s"`, `"169h"`} {
 		rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(withSpec(t, "proxy.credentialGracePeriod", bad))}}})
 		if r := rsp.GetResults(); len(r) == 0 || r[0].GetSeverity() != fnv1.Severity_SEVERITY_FATAL || !strings.Contains(r[0].GetMessage(), "spec.proxy.credentialGracePeriod") {

@@ -72,9 +72,10 @@ func realObjects(tb testing.TB) (proxy, slot map[string]any) {
 			"providerConfigRef": map[string]any{"kind": "ClusterProviderConfig", "name": "gcp"},
 			"forProvider": map[string]any{
 				"mode": "Managed", "port": int64(3128), "maxLeases": int64(10),
-				"authSecretRef":       map[string]any{"name": "crawlers-proxy-auth"},
-				"allowedSourceRanges": []any{"203.0.113.0/24", "198.51.100.0/24"},
-				"healthCheck":         map[string]any{"url": "https://ifconfig.me/ip", "interval": "30s", "timeout": "5s"},
+				"authSecretRef":         map[string]any{"name": "crawlers-proxy-auth"},
+				"credentialGracePeriod": "167h59m59s",
+				"allowedSourceRanges":   []any{"203.0.113.0/24", "198.51.100.0/24"},
+				"healthCheck":           map[string]any{"url": "https://ifconfig.me/ip", "interval": "30s", "timeout": "5s"},
 				"gcp": map[string]any{"zone": "europe-west1-b", "machineType": "e2-small", "networkTags": []any{"crawl"},
 					"network": "projects/crawl-proj/global/networks/crawl", "subnetwork": "projects/crawl-proj/regions/europe-west1/subnetworks/crawl"},
 			},
@@ -99,6 +100,7 @@ func realObjects(tb testing.TB) (proxy, slot map[string]any) {
 		ProviderID: "projects/crawl-proj/zones/europe-west1-b/instances/egress-jje2z6fgxvzhokcj", Host: "34.140.211.97", Port: 3128,
 		EgressIP: "34.140.211.97", Phase: v1alpha1.InstancePhaseRunning, Healthy: true, LatencyMilliseconds: 142,
 		LastProbeTime: &now, ConsecutiveSuccesses: 12, InstanceCreatedAt: &now,
+		PreviousCredentialsUntil: &now, CredentialsOutdated: true,
 	}
 	p.SetConditions(xpv2.Available(), xpv2.ReconcileSuccess(),
 		xpv2.Condition{Type: "OpenProxy", Status: "False", Reason: "RefusesUnauthenticated", Message: "a request without credentials gets 407", LastTransitionTime: now})

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/netip"
 	"sort"
+	"strconv"
 	"strings"
 	"text/template"
 	"time"
@@ -500,6 +501,26 @@ done
 // credentials after it are accepted until, not at, the given time.
 func PreviousHeader(until time.Time) []byte {
 	return []byte(fmt.Sprintf("# until %d\n", until.Unix()))
+}
+
+// PreviousDeadline reads the deadline a previous htpasswd file's header
+// names, as AuthScript does; false when there is none it would honour.
+func PreviousDeadline(file []byte) (time.Time, bool) {
+	line, _, _ := strings.Cut(string(file), "\n")
+	f := strings.Fields(line)
+	if len(f) != 3 || f[0] != "#" || f[1] != "until" {
+		return time.Time{}, false
+	}
+	for _, r := range f[2] {
+		if r < '0' || r > '9' {
+			return time.Time{}, false
+		}
+	}
+	n, err := strconv.ParseInt(f[2], 10, 64)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return time.Unix(n, 0), true
 }
 
 // Htpasswd returns an htpasswd line for username and password with a fresh

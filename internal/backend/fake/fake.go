@@ -163,7 +163,8 @@ func (b *Backend) CallCount(method string) int {
 // local and pod backends do; the plain Backend cannot, as GCP cannot.
 type Rotating struct {
 	*Backend
-	// Untils records the previousUntil of each RotateCredentials call.
+	// Untils records the deadline each rotation set (zero when one
+	// retired the previous credentials).
 	Untils []time.Time
 	// RotateErr, when set, is returned by every RotateCredentials.
 	RotateErr error
@@ -171,24 +172,31 @@ type Rotating struct {
 
 var _ backend.CredentialRotator = &Rotating{}
 
-// RotateCredentials records the credentials' sum and deadline on the
-// instance, as the real backends do.
-func (b *Rotating) RotateCredentials(_ context.Context, s backend.Spec, previousUntil time.Time) error {
+// RotateCredentials rotates or retires as backend.CredentialRotator says,
+// on the instance's recorded sum and deadline.
+func (b *Rotating) RotateCredentials(_ context.Context, s backend.Spec, previousUntil, now time.Time) (backend.Rotation, error) {
 	b.count("RotateCredentials")
+	var r backend.Rotation
 	if b.RotateErr != nil {
-		return b.RotateErr
+		return r, b.RotateErr
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	i, ok := b.instances[s.Name]
 	if !ok {
-		return backend.Errorf(backend.ClassNotFound, "instance %s not found", s.Name)
+		return r, backend.Errorf(backend.ClassNotFound, "instance %s not found", s.Name)
 	}
-	b.Untils = append(b.Untils, previousUntil)
-	if i.CredentialsSum == s.CredentialsSum && !previousUntil.IsZero() {
-		return nil
+	switch {
+	case i.CredentialsSum != s.CredentialsSum:
+		b.Untils = append(b.Untils, previousUntil)
+		i.CredentialsSum, i.PreviousCredentialsUntil = s.CredentialsSum, previousUntil
+		r.Rotated = true
+	case !i.PreviousCredentialsUntil.IsZero() && !now.Before(i.PreviousCredentialsUntil):
+		b.Untils = append(b.Untils, time.Time{})
+		i.PreviousCredentialsUntil = time.Time{}
+		r.Retired = true
 	}
-	i.CredentialsSum, i.PreviousCredentialsUntil = s.CredentialsSum, previousUntil
+	r.PreviousUntil = i.PreviousCredentialsUntil
 	b.instances[s.Name] = i
-	return nil
+	return r, nil
 }

@@ -96,9 +96,10 @@ func TestProviderAdmission(t *testing.T) {
 	rotated.Owner = s.Owner.AdoptedBy(importer)
 	rotated.Credentials = &backend.Credentials{Username: "crawler", Password: "rotated"}
 	rotated.CredentialsSum = "rotated"
-	for _, until := range []time.Time{time.Now().Add(time.Hour), {}} {
-		if err := b.RotateCredentials(ctx, rotated, until); err != nil {
-			t.Fatalf("the backend's rotation (previous until %v) is refused: %v", until, err)
+	until := time.Now().Add(time.Hour)
+	for _, now := range []time.Time{time.Now(), until} {
+		if _, err := b.RotateCredentials(ctx, rotated, until, now); err != nil {
+			t.Fatalf("the backend's rotation (at %v) is refused: %v", now, err)
 		}
 	}
 	if _, err := b.ListOwned(ctx); err != nil {

@@ -451,69 +451,78 @@ func (b *Backend) Adopt(ctx context.Context, r backend.Ref, from types.UID, to o
 	return nil
 }
 
-// RotateCredentials rewrites the htpasswd files in the pod's config Secret,
-// whose mount the kubelet refreshes, and which the pod's helper reads
-// afresh for every check; then it annotates the pod with what the Secret
-// now holds, which has the kubelet refresh the mount at once. The Secret
-// is written with the resourceVersion read, so of two rotations racing
-// the second is refused and retried. The annotations are put right
-// whenever they lag the Secret, so a rotation cut short between the two
-// writes completes when retried.
-func (b *Backend) RotateCredentials(ctx context.Context, s backend.Spec, previousUntil time.Time) error {
+// RotateCredentials compares the htpasswd file in the pod's config Secret
+// (whose mount the kubelet refreshes, and which the pod's helper reads
+// afresh for every check) with s.Credentials, and rotates or retires as
+// backend.CredentialRotator says, in one write of the Secret carrying the
+// resourceVersion read, so of two rotations racing the second is refused
+// and retried. Then it annotates the pod with what the Secret now holds,
+// which has the kubelet refresh the mount at once; the annotations are put
+// right whenever they lag, so a rotation cut short between the two writes
+// completes when called again.
+func (b *Backend) RotateCredentials(ctx context.Context, s backend.Spec, previousUntil, now time.Time) (backend.Rotation, error) {
+	var r backend.Rotation
 	if s.Credentials == nil {
-		return backend.Errorf(backend.ClassPermanent, "no credentials to rotate to")
+		return r, backend.Errorf(backend.ClassPermanent, "no credentials to rotate to")
 	}
 	sec := &corev1.Secret{}
 	if err := b.cfg.Client.Get(ctx, types.NamespacedName{Namespace: s.Namespace, Name: s.Name}, sec); err != nil {
-		return Classify(errors.Wrapf(err, "cannot get proxy config secret %s/%s", s.Namespace, s.Name))
+		return r, Classify(errors.Wrapf(err, "cannot get proxy config secret %s/%s", s.Namespace, s.Name))
 	}
 	if cur, ok := ownership.FromLabels(sec.Labels); !ok || cur.Holder() != s.Owner.Holder() {
-		return backend.Errorf(backend.ClassTransient, "config Secret %s/%s is not Proxy uid %s's", s.Namespace, s.Name, s.Owner.Holder())
+		return r, backend.Errorf(backend.ClassTransient, "config Secret %s/%s is not Proxy uid %s's", s.Namespace, s.Name, s.Owner.Holder())
 	}
 	if _, ok := sec.Data[keyAuth]; !ok {
-		return backend.Errorf(backend.ClassPermanent, "pod %s/%s was made without credentials that rotate: it is replaced instead", s.Namespace, s.Name)
+		return r, backend.Wrap(backend.ClassPermanent, errors.Wrapf(backend.ErrNoRotation, "pod %s/%s", s.Namespace, s.Name))
 	}
 	base := sec.DeepCopy()
-	until := ""
-	if !previousUntil.IsZero() {
-		until = previousUntil.UTC().Format(time.RFC3339)
-	}
+	previous, hasPrevious := sec.Data[keyPrevious]
+	until, held := squid.PreviousDeadline(previous)
 	switch {
-	case sec.Annotations[AnnotationCredentials] != s.CredentialsSum:
+	case !squid.HtpasswdMatches(sec.Data[keyHtpasswd], s.Credentials.Username, s.Credentials.Password):
 		h, err := squid.HtpasswdWithSalt(s.Credentials.Username, s.Credentials.Password, saltFor(s.Owner.UID))
 		if err != nil {
-			return backend.Wrap(backend.ClassPermanent, err)
+			return r, backend.Wrap(backend.ClassPermanent, err)
 		}
-		if until != "" {
+		if !previousUntil.IsZero() {
 			sec.Data[keyPrevious] = append(squid.PreviousHeader(previousUntil), sec.Data[keyHtpasswd]...)
 		} else {
 			delete(sec.Data, keyPrevious)
 		}
 		sec.Data[keyHtpasswd] = h
-		setAnnotation(sec, AnnotationCredentials, s.CredentialsSum)
-		setAnnotation(sec, AnnotationPreviousCredentialsUntil, until)
-	case until == "":
+		r.Rotated = true
+		until, held = previousUntil, !previousUntil.IsZero()
+	case hasPrevious && (!held || !now.Before(until)):
 		delete(sec.Data, keyPrevious)
-		setAnnotation(sec, AnnotationPreviousCredentialsUntil, "")
+		r.Retired = true
+		held = false
+	}
+	if held {
+		r.PreviousUntil = until
+	}
+	setAnnotation(sec, AnnotationCredentials, s.CredentialsSum)
+	setAnnotation(sec, AnnotationPreviousCredentialsUntil, "")
+	if held {
+		setAnnotation(sec, AnnotationPreviousCredentialsUntil, until.UTC().Format(time.RFC3339))
 	}
 	if !reflect.DeepEqual(base, sec) {
 		if err := b.cfg.Client.Patch(ctx, sec, client.MergeFromWithOptions(base, client.MergeFromWithOptimisticLock{})); err != nil {
-			return Classify(errors.Wrapf(err, "cannot rotate the credentials in config secret %s/%s", s.Namespace, s.Name))
+			return backend.Rotation{}, Classify(errors.Wrapf(err, "cannot rotate the credentials in config secret %s/%s", s.Namespace, s.Name))
 		}
 	}
 	pod := &corev1.Pod{}
 	if err := b.cfg.Client.Get(ctx, types.NamespacedName{Namespace: s.Namespace, Name: s.Name}, pod); err != nil {
-		return Classify(errors.Wrapf(err, "cannot get proxy pod %s/%s", s.Namespace, s.Name))
+		return r, Classify(errors.Wrapf(err, "cannot get proxy pod %s/%s", s.Namespace, s.Name))
 	}
 	podBase := pod.DeepCopy()
 	for _, k := range []string{AnnotationCredentials, AnnotationPreviousCredentialsUntil} {
 		setAnnotation(pod, k, sec.Annotations[k])
 	}
 	if reflect.DeepEqual(podBase.Annotations, pod.Annotations) {
-		return nil
+		return r, nil
 	}
-	return Classify(errors.Wrapf(b.cfg.Client.Patch(ctx, pod, client.MergeFromWithOptions(podBase, client.MergeFromWithOptimisticLock{})),
-		"cannot annotate proxy pod %s/%s with its credentials", s.Namespace, s.Name))
+	return r, Classify(errors.Wrapf(b.cfg.Client.Patch(ctx, pod, client.MergeFromWithOptions(podBase, client.MergeFromWithOptimisticLock{})),
+		"cannot annotate proxy pod %s/%s with its credentials, for the kubelet to refresh its config at once (it does within its sync period anyway): is the provider's admission policy up to date?", s.Namespace, s.Name))
 }
 
 // setAnnotation sets an annotation, or removes it when v is empty.

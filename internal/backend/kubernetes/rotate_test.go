@@ -68,8 +68,8 @@ func TestRotateCredentials(t *testing.T) {
 	next.Credentials = &backend.Credentials{Username: "crawler", Password: "next"}
 	next.CredentialsSum = squid.CredentialsSum("crawler", "next", s.Name)
 	until := time.Now().Add(time.Hour).Truncate(time.Second)
-	if err := b.RotateCredentials(ctx, next, until); err != nil {
-		t.Fatal(err)
+	if r, err := b.RotateCredentials(ctx, next, until, time.Now()); err != nil || !r.Rotated {
+		t.Fatalf("want rotated: %+v %v", r, err)
 	}
 	accepts("during the grace", map[string]bool{"pw": true, "next": true})
 	i, err := b.Get(ctx, s.Ref)
@@ -84,8 +84,11 @@ func TestRotateCredentials(t *testing.T) {
 		t.Errorf("the pod must be annotated, not changed: annotations %v, generation %d then %d", after.Annotations, before.Generation, after.Generation)
 	}
 
-	if err := b.RotateCredentials(ctx, next, time.Time{}); err != nil {
-		t.Fatal(err)
+	if r, err := b.RotateCredentials(ctx, next, until.Add(time.Hour), time.Now()); err != nil || r.Rotated || r.Retired || !r.PreviousUntil.Equal(until) {
+		t.Fatalf("observed again: want nothing done, the grace until %v: %+v %v", until, r, err)
+	}
+	if r, err := b.RotateCredentials(ctx, next, until.Add(time.Hour), until); err != nil || !r.Retired {
+		t.Fatalf("at the deadline: want retired: %+v %v", r, err)
 	}
 	accepts("after the grace", map[string]bool{"pw": false, "next": true})
 	if i, _ := b.Get(ctx, s.Ref); !i.PreviousCredentialsUntil.IsZero() {
@@ -94,7 +97,7 @@ func TestRotateCredentials(t *testing.T) {
 
 	intruder := next
 	intruder.Owner.UID = "someone-else"
-	if err := b.RotateCredentials(ctx, intruder, until); backend.ClassOf(err) != backend.ClassTransient {
+	if _, err := b.RotateCredentials(ctx, intruder, until, time.Now()); backend.ClassOf(err) != backend.ClassTransient {
 		t.Errorf("a Proxy not holding the pod must not rotate it: got %v", err)
 	}
 }

@@ -10,12 +10,14 @@ package local
 import (
 	"context"
 	"encoding/json"
+	"io"
 	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
@@ -66,11 +68,9 @@ type record struct {
 	Host      string          `json:"host"`
 	SpecHash  string          `json:"specHash"`
 	CreatedAt time.Time       `json:"createdAt"`
-	// CredentialsSum says which credentials the instance accepts, and
-	// PreviousUntil until when it accepts those of before its last
-	// rotation.
-	CredentialsSum string     `json:"credentialsSum,omitempty"`
-	PreviousUntil  *time.Time `json:"previousCredentialsUntil,omitempty"`
+	// CredentialsSum says which credentials the instance was last given;
+	// the htpasswd files themselves are the record of what it accepts.
+	CredentialsSum string `json:"credentialsSum,omitempty"`
 }
 
 // Backend supervises local Squid processes.
@@ -253,8 +253,10 @@ func (b *Backend) Get(_ context.Context, r backend.Ref) (*backend.Instance, erro
 		CredentialsSum: rec.CredentialsSum,
 		Owner:          rec.Owner,
 	}
-	if rec.PreviousUntil != nil {
-		i.PreviousCredentialsUntil = *rec.PreviousUntil
+	if prev, err := readOwned(filepath.Join(b.dir(r.Name), filePrevious)); err == nil {
+		if until, ok := squid.PreviousDeadline(prev); ok {
+			i.PreviousCredentialsUntil = until
+		}
 	}
 	return i, nil
 }
@@ -374,61 +376,70 @@ func (b *Backend) Adopt(_ context.Context, r backend.Ref, from types.UID, to own
 	return b.writeRecord(r.Name, rec)
 }
 
-// RotateCredentials rewrites the instance's htpasswd files, which its
-// helper reads afresh for every check: the previous file first, holding
-// what the current one held, then the current one, so that at no moment
-// neither set is accepted, then the record. Squid is not restarted.
-func (b *Backend) RotateCredentials(_ context.Context, s backend.Spec, previousUntil time.Time) error {
+// RotateCredentials compares the instance's htpasswd file, which its
+// helper reads afresh for every check, with s.Credentials. To rotate it
+// writes the previous file first, holding what the current one held, then
+// the current one, so that at no moment neither set is accepted; Squid is
+// not restarted. The previous file's header is the record of its
+// deadline, so a rotation cut short anywhere completes when called again.
+func (b *Backend) RotateCredentials(_ context.Context, s backend.Spec, previousUntil, now time.Time) (backend.Rotation, error) {
+	var r backend.Rotation
 	if s.Credentials == nil {
-		return backend.Errorf(backend.ClassPermanent, "no credentials to rotate to")
+		return r, backend.Errorf(backend.ClassPermanent, "no credentials to rotate to")
 	}
 	b.records.Lock()
 	defer b.records.Unlock()
 	rec, err := b.readRecord(s.Name)
 	if err != nil {
-		return err
+		return r, err
 	}
 	if h := rec.Owner.Holder(); h != s.Owner.Holder() {
-		return backend.Errorf(backend.ClassTransient, "local instance %s belongs to Proxy uid %s, not %s", s.Name, h, s.Owner.Holder())
+		return r, backend.Errorf(backend.ClassTransient, "local instance %s belongs to Proxy uid %s, not %s", s.Name, h, s.Owner.Holder())
 	}
 	dir := b.dir(s.Name)
-	if _, err := os.Stat(filepath.Join(dir, fileAuth)); err != nil {
-		return backend.Errorf(backend.ClassPermanent, "local instance %s was made without credentials that rotate: it is replaced instead", s.Name)
+	if _, err := os.Lstat(filepath.Join(dir, fileAuth)); err != nil {
+		return r, backend.Wrap(backend.ClassPermanent, errors.Wrapf(backend.ErrNoRotation, "local instance %s", s.Name))
 	}
-	if rec.CredentialsSum != s.CredentialsSum {
-		current, err := os.ReadFile(filepath.Join(dir, fileHtpasswd))
-		if err != nil {
-			return errors.Wrapf(err, "cannot read the credentials of instance %s", s.Name)
-		}
+	current, err := readOwned(filepath.Join(dir, fileHtpasswd))
+	if err != nil {
+		return r, errors.Wrapf(err, "cannot read the credentials of instance %s", s.Name)
+	}
+	previous, err := readOwned(filepath.Join(dir, filePrevious))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return r, errors.Wrapf(err, "cannot read the previous credentials of instance %s", s.Name)
+	}
+	until, held := squid.PreviousDeadline(previous)
+	switch {
+	case !squid.HtpasswdMatches(current, s.Credentials.Username, s.Credentials.Password):
 		h, err := squid.Htpasswd(s.Credentials.Username, s.Credentials.Password)
 		if err != nil {
-			return backend.Wrap(backend.ClassPermanent, errors.Wrap(err, "cannot write htpasswd"))
+			return r, backend.Wrap(backend.ClassPermanent, errors.Wrap(err, "cannot write htpasswd"))
 		}
-		// A rotation cut short after the current file was written
-		// (before the record) finds the new credentials there already:
-		// the previous file, written before it, is kept as it is.
-		if !squid.HtpasswdMatches(current, s.Credentials.Username, s.Credentials.Password) {
-			if err := b.keepPrevious(dir, current, previousUntil); err != nil {
-				return err
-			}
-			if err := writeOwned(dir, fileHtpasswd, h); err != nil {
-				return err
-			}
+		if err := b.keepPrevious(dir, current, previousUntil); err != nil {
+			return r, err
 		}
+		if err := writeOwned(dir, fileHtpasswd, h, true); err != nil {
+			return r, err
+		}
+		r.Rotated = true
+		until, held = previousUntil, !previousUntil.IsZero()
+	case previous != nil && (!held || !now.Before(until)):
+		if err := b.keepPrevious(dir, nil, time.Time{}); err != nil {
+			return r, err
+		}
+		r.Retired = true
+		held = false
+	}
+	if held {
+		r.PreviousUntil = until
+	}
+	if rec.CredentialsSum != s.CredentialsSum {
 		rec.CredentialsSum = s.CredentialsSum
-	} else if previousUntil.IsZero() {
-		if err := b.keepPrevious(dir, nil, previousUntil); err != nil {
-			return err
+		if err := b.writeRecord(s.Name, rec); err != nil {
+			return r, err
 		}
-	} else {
-		return nil
 	}
-	rec.PreviousUntil = nil
-	if !previousUntil.IsZero() {
-		u := previousUntil.UTC()
-		rec.PreviousUntil = &u
-	}
-	return b.writeRecord(s.Name, rec)
+	return r, nil
 }
 
 // keepPrevious writes the previous htpasswd file, accepted until until, or
@@ -440,20 +451,48 @@ func (b *Backend) keepPrevious(dir string, htpasswd []byte, until time.Time) err
 		}
 		return nil
 	}
-	return writeOwned(dir, filePrevious, append(squid.PreviousHeader(until), htpasswd...))
+	return writeOwned(dir, filePrevious, append(squid.PreviousHeader(until), htpasswd...), true)
 }
 
-// writeOwned replaces a file of an instance directory through a temporary
-// file, given to Squid's user, renamed into place.
-func writeOwned(dir, name string, content []byte) error {
+// writeOwned replaces a file of an instance directory, given to Squid's
+// user when squid is set, through a temporary file renamed into place. The
+// folder is Squid's user's: a file found there under the temporary name
+// (a symlink to one of root's, say) is removed, never written through, and
+// the file is created anew and given away by its descriptor.
+func writeOwned(dir, name string, content []byte, squid bool) error {
 	tmp := filepath.Join(dir, name+".tmp")
-	if err := os.WriteFile(tmp, content, 0o600); err != nil {
+	if err := os.Remove(tmp); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return errors.Wrapf(err, "cannot write %s", name)
 	}
-	if err := chownToSquidUser(tmp); err != nil {
-		return err
+	f, err := os.OpenFile(tmp, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return errors.Wrapf(err, "cannot write %s", name)
+	}
+	_, err = f.Write(content)
+	if uid, gid, idErr := squidIDs(); squid && err == nil {
+		if err = idErr; err == nil && uid >= 0 {
+			err = f.Chown(uid, gid)
+		}
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		_ = os.Remove(tmp)
+		return errors.Wrapf(err, "cannot write %s", name)
 	}
 	return errors.Wrapf(os.Rename(tmp, filepath.Join(dir, name)), "cannot write %s", name)
+}
+
+// readOwned reads a file of an instance directory without following a
+// symlink there, and no more of it than an htpasswd file needs.
+func readOwned(path string) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close() //nolint:errcheck // Read only.
+	return io.ReadAll(io.LimitReader(f, 64<<10))
 }
 
 // writeRecord replaces the instance's record through a temporary file
@@ -463,9 +502,5 @@ func (b *Backend) writeRecord(name string, rec *record) error {
 	if err != nil {
 		return errors.Wrap(err, "cannot encode instance record")
 	}
-	tmp := filepath.Join(b.dir(name), fileRecord+".tmp")
-	if err := os.WriteFile(tmp, raw, 0o600); err != nil {
-		return errors.Wrapf(err, "cannot write instance %s", name)
-	}
-	return errors.Wrapf(os.Rename(tmp, filepath.Join(b.dir(name), fileRecord)), "cannot write instance %s", name)
+	return errors.Wrapf(writeOwned(b.dir(name), fileRecord, raw, false), "cannot write instance %s", name)
 }

@@ -112,21 +112,31 @@ func terminate(pid int) {
 // provider runs as root, because Squid then drops to that user and must
 // write its logs and pid file and read the htpasswd file.
 func chownToSquidUser(dir string) error {
-	if os.Geteuid() != 0 {
-		return nil
+	uid, gid, err := squidIDs()
+	if err != nil || uid < 0 {
+		return err
 	}
-	u, err := user.Lookup("proxy")
-	if err != nil {
-		return backend.Errorf(backend.ClassPermanent, "squid's user 'proxy' does not exist: install squid (apt-get install squid)")
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
 	return filepath.Walk(dir, func(p string, _ os.FileInfo, err error) error {
 		if err != nil {
 			return err
 		}
 		return os.Chown(p, uid, gid)
 	})
+}
+
+// squidIDs are the uid and gid Squid drops to when the provider runs as
+// root; -1 when it does not, and nothing needs to be given away.
+func squidIDs() (int, int, error) {
+	if os.Geteuid() != 0 {
+		return -1, -1, nil
+	}
+	u, err := user.Lookup("proxy")
+	if err != nil {
+		return -1, -1, backend.Errorf(backend.ClassPermanent, "squid's user 'proxy' does not exist: install squid (apt-get install squid)")
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return uid, gid, nil
 }
 
 // reachableBySquid checks, when the provider runs as root and Squid will

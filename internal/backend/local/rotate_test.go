@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -44,12 +45,12 @@ func TestRotateCredentials(t *testing.T) {
 
 	intruder := next
 	intruder.Owner.UID = "someone-else"
-	if err := b.RotateCredentials(ctx, intruder, until); backend.ClassOf(err) != backend.ClassTransient {
+	if _, err := b.RotateCredentials(ctx, intruder, until, time.Now()); backend.ClassOf(err) != backend.ClassTransient {
 		t.Errorf("a Proxy not holding the instance must not rotate it: got %v", err)
 	}
 
-	if err := b.RotateCredentials(ctx, next, until); err != nil {
-		t.Fatal(err)
+	if r, err := b.RotateCredentials(ctx, next, until, time.Now()); err != nil || !r.Rotated || !r.PreviousUntil.Equal(until) {
+		t.Fatalf("want rotated, the previous credentials until %v: %+v %v", until, r, err)
 	}
 	got, err := b.Get(ctx, s.Ref)
 	if err != nil {
@@ -61,9 +62,9 @@ func TestRotateCredentials(t *testing.T) {
 	waitProbe(t, inst, next, target, true)
 	waitProbe(t, inst, old, target, true)
 
-	// Told again (a retried reconcile): nothing changes, the grace holds.
-	if err := b.RotateCredentials(ctx, next, until.Add(time.Hour)); err != nil {
-		t.Fatal(err)
+	// Told again (the next observation): nothing changes, the grace holds.
+	if r, err := b.RotateCredentials(ctx, next, until.Add(time.Hour), time.Now()); err != nil || r.Rotated || r.Retired || !r.PreviousUntil.Equal(until) {
+		t.Fatalf("observed again: want nothing done, the grace until %v: %+v %v", until, r, err)
 	}
 	if got, _ := b.Get(ctx, s.Ref); !got.PreviousCredentialsUntil.Equal(until) {
 		t.Errorf("a repeated rotation must keep the first deadline %v, got %v", until, got.PreviousCredentialsUntil)
@@ -71,8 +72,8 @@ func TestRotateCredentials(t *testing.T) {
 
 	// The grace ends: only the new password. Squid revalidates cached
 	// credentials within 10s.
-	if err := b.RotateCredentials(ctx, next, time.Time{}); err != nil {
-		t.Fatal(err)
+	if r, err := b.RotateCredentials(ctx, next, until.Add(time.Hour), until); err != nil || !r.Retired || !r.PreviousUntil.IsZero() {
+		t.Fatalf("at the deadline: want the previous credentials retired: %+v %v", r, err)
 	}
 	if got, _ := b.Get(ctx, s.Ref); !got.PreviousCredentialsUntil.IsZero() {
 		t.Errorf("the previous credentials must be gone, still until %v", got.PreviousCredentialsUntil)
@@ -113,14 +114,14 @@ func TestRotationCutShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := b.RotateCredentials(ctx, next, until); err != nil {
+	if _, err := b.RotateCredentials(ctx, next, until, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.writeRecord(s.Name, rec); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.RotateCredentials(ctx, next, until.Add(time.Minute)); err != nil {
-		t.Fatal(err)
+	if r, err := b.RotateCredentials(ctx, next, until.Add(time.Minute), time.Now()); err != nil || r.Rotated {
+		t.Fatalf("the retried rotation finds the new password in place: %+v %v", r, err)
 	}
 	read := func(f string) []byte {
 		raw, err := os.ReadFile(filepath.Join(b.dir(s.Name), f))
@@ -137,7 +138,89 @@ func TestRotationCutShort(t *testing.T) {
 	if !squid.HtpasswdMatches(read(fileHtpasswd), "crawler", "rotated") {
 		t.Error("the current file must hold the new password")
 	}
-	if got, _ := b.Get(ctx, s.Ref); got.CredentialsSum != next.CredentialsSum {
-		t.Errorf("the retried rotation must complete the record: %+v", got)
+	if got, _ := b.Get(ctx, s.Ref); got.CredentialsSum != next.CredentialsSum || !got.PreviousCredentialsUntil.Equal(until.Truncate(time.Second)) {
+		t.Errorf("the retried rotation must complete the record and keep the deadline %v: %+v", until, got)
 	}
+
+	// The change reverted half-way (the Secret back to the old password):
+	// the instance takes it again, and keeps the abandoned one for the
+	// grace, rather than trusting its record.
+	if err := b.writeRecord(s.Name, rec); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := b.RotateCredentials(ctx, s, until, time.Now()); err != nil || !r.Rotated {
+		t.Fatalf("reverting: want rotated back: %+v %v", r, err)
+	}
+	if !squid.HtpasswdMatches(read(fileHtpasswd), "crawler", s.Credentials.Password) {
+		t.Error("reverted: the current file must hold the old password again")
+	}
+}
+
+// TestRotationFollowsNoSymlink: the instance folder is Squid's user's, so
+// whoever runs as that user may plant symlinks in it. A rotation by a
+// provider running as root must neither write nor give away the file a
+// planted temporary name points at, nor copy into the folder the file a
+// planted htpasswd points at.
+func TestRotationFollowsNoSymlink(t *testing.T) {
+	dir := testbed.SquidStateDir(t)
+	b := newBackend(t, dir, &v1alpha1.PortRange{From: 32151, To: 32160})
+	ctx := context.Background()
+	s := spec("link", 3128)
+	s.CredentialsSum = squid.CredentialsSum(s.Credentials.Username, s.Credentials.Password, s.Name)
+	if _, err := b.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	defer b.Delete(ctx, s.Ref) //nolint:errcheck // Cleanup.
+	victim := filepath.Join(t.TempDir(), "root-only")
+	if err := os.WriteFile(victim, []byte("root's secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before, err := os.Stat(victim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inst := b.dir(s.Name)
+	for _, name := range []string{filePrevious + ".tmp", fileHtpasswd + ".tmp", fileRecord + ".tmp"} {
+		if err := os.Symlink(victim, filepath.Join(inst, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	next := s
+	next.Credentials = &backend.Credentials{Username: "crawler", Password: "rotated"}
+	next.CredentialsSum = squid.CredentialsSum("crawler", "rotated", s.Name)
+	if _, err := b.RotateCredentials(ctx, next, time.Now().Add(time.Hour), time.Now()); err != nil {
+		t.Fatalf("a rotation past planted temporary names: %v", err)
+	}
+	check := func(step string) {
+		t.Helper()
+		after, err := os.Stat(victim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := os.ReadFile(victim)
+		if string(raw) != "root's secret\n" || !os.SameFile(before, after) || after.Mode() != before.Mode() ||
+			after.Sys().(*syscall.Stat_t).Uid != before.Sys().(*syscall.Stat_t).Uid {
+			t.Errorf("%s: the file a symlink pointed at was changed: %q, %v", step, raw, after.Mode())
+		}
+	}
+	check("planted temporary names")
+
+	// A planted htpasswd pointing at root's file: not read into the
+	// previous file.
+	if err := os.Remove(filepath.Join(inst, fileHtpasswd)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(victim, filepath.Join(inst, fileHtpasswd)); err != nil {
+		t.Fatal(err)
+	}
+	again := next
+	again.Credentials = &backend.Credentials{Username: "crawler", Password: "third"}
+	again.CredentialsSum = squid.CredentialsSum("crawler", "third", s.Name)
+	if _, err := b.RotateCredentials(ctx, again, time.Now().Add(time.Hour), time.Now()); err == nil {
+		t.Error("a rotation must refuse an htpasswd that is a symlink")
+	}
+	if raw, _ := os.ReadFile(filepath.Join(inst, filePrevious)); strings.Contains(string(raw), "root's secret") {
+		t.Error("root's file was copied into the instance folder")
+	}
+	check("planted htpasswd")
 }

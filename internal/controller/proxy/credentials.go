@@ -48,65 +48,100 @@ const (
 // for the fleet to replace within its rollout budget, and any other is
 // replaced. An imported instance keeps its own name and maker, from which
 // its credentials' sum derives.
-func (e *external) syncCredentials(ctx context.Context, p *v1alpha1.Proxy, inst *backend.Instance, want backend.Spec) (credentialsVerdict, error) {
+func (e *external) syncCredentials(ctx context.Context, p *v1alpha1.Proxy, inst *backend.Instance, want backend.Spec) credentialsVerdict {
 	if want.Credentials == nil || inst.Phase == v1alpha1.InstancePhaseTerminated {
-		return credentialsCurrent, nil
+		return credentialsCurrent
 	}
 	want = repairSpec(p, inst, want)
 	want.CredentialsSum = credentialsSum(want.Credentials, inst.Name)
 	rot, inPlace := e.backend.(backend.CredentialRotator)
-	now := e.now()
 	switch {
+	case inPlace && allows(p, xpv2.ManagementActionUpdate):
+		return e.rotate(ctx, p, inst, want, rot)
 	case inst.CredentialsSum == want.CredentialsSum:
-		if !inPlace || inst.PreviousCredentialsUntil.IsZero() || now.Before(inst.PreviousCredentialsUntil) || !allows(p, xpv2.ManagementActionUpdate) {
-			return credentialsCurrent, nil
-		}
-		// The grace is over. The helper refuses the previous ones by
-		// itself from the deadline on; this removes them.
-		err := rot.RotateCredentials(ctx, want, time.Time{})
-		e.countError("rotate", err)
-		if err != nil {
-			return credentialsCurrent, errors.Wrapf(err, "cannot drop the previous credentials of instance %s", inst.ProviderID)
-		}
-		inst.PreviousCredentialsUntil = time.Time{}
-		e.record.Event(p, event.Normal(ReasonPreviousCredentialsRetired, fmt.Sprintf("instance %s accepts only the current credentials now", inst.ProviderID)))
-		return credentialsCurrent, nil
-	case inPlace:
-		if !allows(p, xpv2.ManagementActionUpdate) {
-			return credentialsReplace, nil
-		}
-		var until time.Time
-		if g := p.Spec.ForProvider.GracePeriod(); g > 0 {
-			until = now.Add(g).Truncate(time.Second)
-		}
-		err := rot.RotateCredentials(ctx, want, until)
-		e.countError("rotate", err)
-		if err != nil {
-			if backend.ClassOf(err) == backend.ClassPermanent {
-				// Made before its credentials could rotate (an imported
-				// instance, say): replaced instead, as the diff says.
-				return credentialsReplace, nil
-			}
-			err = errors.Wrapf(err, "cannot change the credentials of instance %s in place", inst.ProviderID)
-			e.record.Event(p, event.Warning(ReasonCannotRotateCredentials, err))
-			return credentialsCurrent, err
-		}
-		inst.CredentialsSum, inst.PreviousCredentialsUntil = want.CredentialsSum, until
-		msg := fmt.Sprintf("instance %s accepts the new credentials, and no longer the previous ones", inst.ProviderID)
-		if !until.IsZero() {
-			msg = fmt.Sprintf("instance %s accepts the new credentials, and the previous ones until %s", inst.ProviderID, until.UTC().Format(time.RFC3339))
-		}
-		e.record.Event(p, event.Normal(ReasonCredentialsRotated, msg))
-		return credentialsCurrent, nil
-	case fleetv1alpha1.FleetName(p) != "":
-		if !p.Status.AtProvider.CredentialsOutdated {
-			e.record.Event(p, event.Normal(ReasonCredentialsOutdated, fmt.Sprintf(
-				"instance %s accepts the previous credentials only and cannot change them in place: it serves the crawlers that hold it until its fleet replaces it", inst.ProviderID)))
-		}
-		return credentialsOutdated, nil
+		return credentialsCurrent
+	case !inPlace && fleetv1alpha1.FleetName(p) != "":
+		return e.outdated(p, inst)
 	default:
-		return credentialsReplace, nil
+		// Observe-only, or a lone VM: out of date, for Crossplane to
+		// report or the provider to replace.
+		return credentialsReplace
 	}
+}
+
+// specCurrent says whether the instance is of the Proxy's current spec. An
+// instance made before credentials rotated in place (it records no
+// credentials' sum) is current when its hash, which held the password,
+// matches with the current one: it runs them. One whose hash matches
+// neither cannot say whether its spec or its credentials changed; in a
+// fleet, which never rewrites a Proxy's spec in place, it is reported
+// outdated, for the fleet to replace within its budget.
+func (e *external) specCurrent(p *v1alpha1.Proxy, inst *backend.Instance, want backend.Spec) (bool, credentialsVerdict) {
+	switch {
+	case inst.SpecHash == want.Hash:
+		return true, credentialsCurrent
+	case inst.CredentialsSum != "" || want.Credentials == nil || inst.Phase == v1alpha1.InstancePhaseTerminated:
+		return false, credentialsCurrent
+	case inst.SpecHash == legacySpecHash(repairSpec(p, inst, want)):
+		inst.CredentialsSum = credentialsSum(want.Credentials, inst.Name)
+		return true, credentialsCurrent
+	case fleetv1alpha1.FleetName(p) != "":
+		return false, e.outdated(p, inst)
+	}
+	return false, credentialsCurrent
+}
+
+// rotate has the backend bring the credentials the instance accepts in line
+// with want, at every observation: it compares with what the instance
+// holds, so a rotation cut short, or a change reverted half-way, is put
+// right. A failure other than the instance being unable to rotate is
+// reported and retried, and the observation goes on: the probe says
+// whether the proxy takes the new credentials.
+func (e *external) rotate(ctx context.Context, p *v1alpha1.Proxy, inst *backend.Instance, want backend.Spec, rot backend.CredentialRotator) credentialsVerdict {
+	now := e.now()
+	var until time.Time
+	if g := p.Spec.ForProvider.GracePeriod(); g > 0 {
+		until = now.Add(g).Truncate(time.Second)
+	}
+	r, err := rot.RotateCredentials(ctx, want, until, now)
+	e.countError("rotate", err)
+	switch {
+	case errors.Is(err, backend.ErrNoRotation) && inst.CredentialsSum == want.CredentialsSum:
+		// Made before its credentials could rotate, and running the
+		// current ones.
+		return credentialsCurrent
+	case errors.Is(err, backend.ErrNoRotation) && fleetv1alpha1.FleetName(p) != "":
+		// Its fleet replaces it, within its budget.
+		return e.outdated(p, inst)
+	case errors.Is(err, backend.ErrNoRotation):
+		return credentialsReplace
+	case err != nil:
+		e.record.Event(p, event.Warning(ReasonCannotRotateCredentials, errors.Wrapf(err, "cannot bring the credentials of instance %s in line with the auth Secret", inst.ProviderID)))
+		if r == (backend.Rotation{}) {
+			// Nothing was done: the instance is as observed.
+			return credentialsCurrent
+		}
+	}
+	inst.CredentialsSum, inst.PreviousCredentialsUntil = want.CredentialsSum, r.PreviousUntil
+	switch {
+	case r.Rotated && r.PreviousUntil.IsZero():
+		e.record.Event(p, event.Normal(ReasonCredentialsRotated, fmt.Sprintf("instance %s accepts the new credentials, and no longer the previous ones", inst.ProviderID)))
+	case r.Rotated:
+		e.record.Event(p, event.Normal(ReasonCredentialsRotated, fmt.Sprintf("instance %s accepts the new credentials, and the previous ones until %s", inst.ProviderID, r.PreviousUntil.UTC().Format(time.RFC3339))))
+	case r.Retired:
+		e.record.Event(p, event.Normal(ReasonPreviousCredentialsRetired, fmt.Sprintf("instance %s accepts only the current credentials now", inst.ProviderID)))
+	}
+	return credentialsCurrent
+}
+
+// outdated reports an instance that accepts the previous credentials only
+// and cannot change them in place, for its fleet to replace.
+func (e *external) outdated(p *v1alpha1.Proxy, inst *backend.Instance) credentialsVerdict {
+	if !p.Status.AtProvider.CredentialsOutdated {
+		e.record.Event(p, event.Normal(ReasonCredentialsOutdated, fmt.Sprintf(
+			"instance %s accepts the previous credentials only and cannot change them in place: it serves the crawlers that hold it until its fleet replaces it", inst.ProviderID)))
+	}
+	return credentialsOutdated
 }
 
 // recordCredentials writes what syncCredentials found into the status. A

@@ -50,9 +50,19 @@ func TestCredentialsChange(t *testing.T) {
 		want     want
 	}{
 		"InPlaceNotPossible": {
-			reason:  "An instance made before its credentials could rotate (the backend says so, permanently) is replaced instead.",
-			inPlace: true, err: backend.Errorf(backend.ClassPermanent, "made without credentials that rotate"),
+			reason:  "A lone instance made before its credentials could rotate is replaced.",
+			inPlace: true, err: backend.Wrap(backend.ClassPermanent, backend.ErrNoRotation),
 			want: want{upToDate: false, probes: true, events: map[string]int{string(ReasonCannotRotateCredentials): 0, string(ReasonCredentialsRotated): 0}},
+		},
+		"InPlaceNotPossibleInFleet": {
+			reason:  "A fleet's instance made before its credentials could rotate is reported outdated, for the fleet to replace within its budget.",
+			inPlace: true, fleet: true, err: backend.Wrap(backend.ClassPermanent, backend.ErrNoRotation),
+			want: want{upToDate: true, outdated: true, probes: false, events: map[string]int{string(ReasonCredentialsOutdated): 1}},
+		},
+		"InPlaceFailing": {
+			reason:  "A rotation that fails for now is reported and retried; the observation goes on, and the probe says whether the proxy takes the new credentials.",
+			inPlace: true, err: backend.Errorf(backend.ClassTransient, "conflict"),
+			want: want{upToDate: true, probes: true, events: map[string]int{string(ReasonCannotRotateCredentials): 2}},
 		},
 		"InPlace": {
 			reason:  "Local processes and pods change credentials in place: no replacement, the previous ones for the grace period.",
@@ -200,5 +210,89 @@ func TestCredentialsChange(t *testing.T) {
 				t.Errorf("after the grace: status %v, events %v", p.Status.AtProvider.PreviousCredentialsUntil, rec.reasons)
 			}
 		})
+	}
+}
+
+// TestUpgradeReplacesNothing: instances made before credentials rotated in
+// place carry the hash of the old formula, which held the password. The
+// values here are what that formula (commit e7b74aa) gave. Such an
+// instance running the current password is current, not replaced by the
+// upgrade; one without credentials hashes as before; and a fleet's
+// instance whose old hash matches nothing any more (its password changed
+// since) is reported outdated, for the fleet to replace within its budget,
+// rather than replaced at once.
+func TestUpgradeReplacesNothing(t *testing.T) {
+	pc := &config{Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}}
+	creds := &backend.Credentials{Username: "crawler", Password: "Sup3r-Secret-Pa55"}
+	gcpProxy := unitProxy(func(p *v1alpha1.Proxy) {
+		p.Spec.ForProvider.Local = nil
+		p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-b"}
+	})
+	for name, tc := range map[string]struct {
+		got, want string
+	}{
+		"Local":  {legacySpecHash(desiredSpec(unitProxy(), pc, "unit", creds, "")), "67bd4d93a845eb7d"},
+		"GCP":    {legacySpecHash(desiredSpec(gcpProxy, pc, "unit", creds, "")), "a85c4bc5823b43b4"},
+		"NoAuth": {specHash(desiredSpec(unitProxy(), pc, "unit", nil, "")), "0d42853344984251"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s: the old formula gave %s, this gives %s", name, tc.want, tc.got)
+		}
+	}
+
+	e := newExternal(fake.New(), &fakeProber{res: probe.Result{OK: true}}, &clock{t: epoch})
+	want := desiredSpec(gcpProxy, pc, "unit", creds, "")
+	old := &backend.Instance{Ref: want.Ref, SpecHash: "a85c4bc5823b43b4", Phase: v1alpha1.InstancePhaseRunning}
+	if current, v := e.specCurrent(gcpProxy, old, want); !current || v != credentialsCurrent || old.CredentialsSum != want.CredentialsSum {
+		t.Errorf("an instance of the old formula with the current password is current: %v %v %q", current, v, old.CredentialsSum)
+	}
+	changed := desiredSpec(gcpProxy, pc, "unit", &backend.Credentials{Username: "crawler", Password: "new"}, "")
+	old = &backend.Instance{Ref: want.Ref, SpecHash: "a85c4bc5823b43b4", Phase: v1alpha1.InstancePhaseRunning}
+	if current, v := e.specCurrent(gcpProxy, old, changed); current || v != credentialsReplace && v != credentialsCurrent {
+		t.Errorf("a lone instance of the old formula whose password changed is replaced: %v %v", current, v)
+	}
+	member := gcpProxy.DeepCopy()
+	member.SetAnnotations(map[string]string{fleetv1alpha1.AnnotationFleet: "vms"})
+	if current, v := e.specCurrent(member, old, changed); current || v != credentialsOutdated {
+		t.Errorf("a fleet's instance of the old formula whose password changed is outdated: %v %v", current, v)
+	}
+}
+
+// TestCredentialsAnHtpasswdCannotHold: a password ending in a newline (a
+// Secret made with --from-file) or a username with ':' is refused when the
+// Secret is read, before anything is done to the instance, rather than
+// found unwritable by the backend, which would replace it.
+func TestCredentialsAnHtpasswdCannotHold(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := corev1.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ user, pass string }{{"crawler", "pw\n"}, {"a:b", "pw"}, {"crawler\r", "pw"}} {
+		secret := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}},
+			Data:       map[string][]byte{"username": []byte(c.user), "password": []byte(c.pass)},
+		}
+		kube := clientfake.NewClientBuilder().WithScheme(scheme).WithObjects(secret).Build()
+		b := &fake.Rotating{Backend: fake.New()}
+		e := newExternal(b, &fakeProber{}, &clock{t: epoch})
+		e.kube = kube
+		p := unitProxy(func(p *v1alpha1.Proxy) {
+			p.Spec.ForProvider.AllowedSourceRanges = nil
+			p.Spec.ForProvider.AuthSecretRef = &v1alpha1.AuthSecretReference{Name: "auth"}
+		})
+		s := desiredSpec(p, e.pc, "unit", &backend.Credentials{Username: "crawler", Password: "old"}, "")
+		if _, err := b.Create(context.Background(), s); err != nil {
+			t.Fatal(err)
+		}
+		_, err := e.Observe(context.Background(), p)
+		if err == nil || !strings.Contains(err.Error(), "line break") {
+			t.Errorf("%q/%q: want the Secret refused, got %v", c.user, c.pass, err)
+		}
+		if n := b.CallCount("RotateCredentials") + b.CallCount("Delete"); n != 0 {
+			t.Errorf("%q/%q: nothing may be done to the instance, %d calls", c.user, c.pass, n)
+		}
+		if r := p.GetCondition(xpv2.TypeReady).Reason; r != ReasonSecretUnavailable {
+			t.Errorf("%q/%q: Ready reason %s, want %s", c.user, c.pass, r, ReasonSecretUnavailable)
+		}
 	}
 }

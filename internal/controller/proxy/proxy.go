@@ -372,12 +372,10 @@ func (e *external) observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 		return managed.ExternalObservation{}, err
 	}
 	want := desiredSpec(p, e.pc, e.clusterID, creds, ud)
-	verdict := credentialsCurrent
-	if inst.SpecHash == want.Hash {
+	current, verdict := e.specCurrent(p, inst, want)
+	if current {
 		e.repair(ctx, p, inst, repairSpec(p, inst, want))
-		if verdict, err = e.syncCredentials(ctx, p, inst, want); err != nil {
-			return managed.ExternalObservation{}, err
-		}
+		verdict = e.syncCredentials(ctx, p, inst, want)
 	}
 	// Probing an outdated instance with credentials it does not accept
 	// would judge it down while it serves its crawlers: its probes stop,
@@ -390,10 +388,12 @@ func (e *external) observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 
 	obs := managed.ExternalObservation{
 		ResourceExists:   true,
-		ResourceUpToDate: inst.SpecHash == want.Hash && verdict != credentialsReplace,
+		ResourceUpToDate: current && verdict != credentialsReplace,
 	}
 	switch {
-	case inst.SpecHash != want.Hash:
+	case !current && verdict == credentialsOutdated:
+		obs.ResourceUpToDate = true
+	case !current:
 		obs.Diff = fmt.Sprintf("instance spec hash %s, desired %s: the instance is replaced", inst.SpecHash, want.Hash)
 	case verdict == credentialsReplace:
 		obs.Diff = fmt.Sprintf("the credentials of the auth Secret changed, and instance %s cannot change them in place: the instance is replaced", inst.ProviderID)

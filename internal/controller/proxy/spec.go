@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"regexp"
 	"sort"
+	"strings"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	"github.com/pkg/errors"
@@ -182,6 +183,11 @@ func credentials(ctx context.Context, kube client.Client, p *v1alpha1.Proxy) (*b
 	if c.Username == "" || c.Password == "" {
 		return nil, errors.Errorf("auth secret %s/%s needs non-empty keys %q and %q", p.GetNamespace(), ref.Name, uk, pk)
 	}
+	// Refused here, before anything is done to the instance: an htpasswd
+	// file cannot hold them.
+	if strings.ContainsAny(c.Username, ":\r\n") || strings.ContainsAny(c.Password, "\r\n") {
+		return nil, errors.Errorf("auth secret %s/%s: the username may not hold ':' or a line break, nor the password a line break (a Secret made with --from-file keeps the file's last newline)", p.GetNamespace(), ref.Name)
+	}
 	return c, nil
 }
 
@@ -325,7 +331,16 @@ func hashedGCP(g *v1alpha1.GCPPlacement) *v1alpha1.GCPPlacement {
 	return c
 }
 
-func specHash(s backend.Spec) string {
+func specHash(s backend.Spec) string { return hashSpec(s, false) }
+
+// legacySpecHash is the spec hash of instances made before credentials
+// rotated in place, which held the username and the password's digest
+// rather than whether there are credentials: such an instance, whose hash
+// matches with the current credentials, runs them, and is not replaced
+// for the change of formula.
+func legacySpecHash(s backend.Spec) string { return hashSpec(s, true) }
+
+func hashSpec(s backend.Spec, legacy bool) string {
 	in := struct {
 		Local       *v1alpha1.LocalPlacement      `json:"local,omitempty"`
 		Kubernetes  *v1alpha1.KubernetesPlacement `json:"kubernetes,omitempty"`
@@ -335,6 +350,8 @@ func specHash(s backend.Spec) string {
 		Private     []string                      `json:"private,omitempty"`
 		Generation  int                           `json:"generation"`
 		Loopback    bool                          `json:"loopback,omitempty"`
+		Username    string                        `json:"username,omitempty"`
+		PasswordSum string                        `json:"passwordSum,omitempty"`
 		Auth        bool                          `json:"auth,omitempty"`
 		UserDataSum string                        `json:"userDataSum,omitempty"`
 	}{Local: s.Local, Kubernetes: s.Kubernetes, GCP: hashedGCP(s.GCP), Port: s.Port, Ranges: s.AllowedSourceRanges, Private: s.AllowedPrivateDestinations, Generation: squid.ConfigGeneration, Loopback: s.AllowLoopbackDestinations && s.Local != nil}
@@ -342,7 +359,14 @@ func specHash(s backend.Spec) string {
 		sum := sha256.Sum256([]byte(s.UserData))
 		in.UserDataSum = hex.EncodeToString(sum[:])
 	}
-	in.Auth = s.Credentials != nil
+	switch {
+	case s.Credentials != nil && legacy:
+		in.Username = s.Credentials.Username
+		sum := sha256.Sum256([]byte(s.Credentials.Password))
+		in.PasswordSum = hex.EncodeToString(sum[:])
+	case s.Credentials != nil:
+		in.Auth = true
+	}
 	b, _ := json.Marshal(in) //nolint:errchkjson // Plain structs always marshal.
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:])[:16]
