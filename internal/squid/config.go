@@ -122,6 +122,11 @@ func (c Config) Validate() error {
 			return errors.Errorf("own address %q %v", a, err)
 		}
 	}
+	return c.validatePaths()
+}
+
+// validatePaths checks the files the config names.
+func (c Config) validatePaths() error {
 	if c.OwnAddressesFile != "" && !strings.HasPrefix(c.OwnAddressesFile, "/") {
 		return errors.Errorf("own addresses file %q must be an absolute path", c.OwnAddressesFile)
 	}

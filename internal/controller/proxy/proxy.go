@@ -355,7 +355,13 @@ func (e *external) observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 	if inst.Phase == v1alpha1.InstancePhaseTerminated {
 		return e.observeTerminated(ctx, p, ref, inst)
 	}
+	return e.observeExisting(ctx, p, ref, inst)
+}
 
+// observeExisting observes an instance that exists and is not terminated,
+// of a Proxy that is not being deleted: it is admitted, brought in line
+// with its Secrets where it can be, probed, and compared with the spec.
+func (e *external) observeExisting(ctx context.Context, p *v1alpha1.Proxy, ref backend.Ref, inst *backend.Instance) (managed.ExternalObservation, error) {
 	// The policy first: it needs no Secret, so a tenant cannot keep a
 	// refused instance alive by making its Secrets unreadable.
 	if err := admit(p, e.pc); err != nil {
