@@ -168,7 +168,7 @@ type Rotation struct {
 // rotate in place: it must be replaced for new ones.
 var ErrNoRotation = errors.New("the instance was made without credentials that rotate in place")
 
-// A Retainer marks// A Retainer marks an instance to outlive its Proxy, or not
+// A Retainer marks an instance to outlive its Proxy, or not
 // (ownership.LabelRetain), as the Proxy's management policies come to
 // include or leave out Delete after the instance was made.
 type Retainer interface {

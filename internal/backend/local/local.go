@@ -129,7 +129,7 @@ func New(cfg Config) (*Backend, error) {
 func (b *Backend) dir(name string) string { return filepath.Join(b.cfg.StateDir, name) }
 
 func (b *Backend) readRecord(name string) (*record, error) {
-	raw, err := os.ReadFile(filepath.Join(b.dir(name), fileRecord))
+	raw, err := readOwned(filepath.Join(b.dir(name), fileRecord))
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, backend.Errorf(backend.ClassNotFound, "local instance %s not found", name)
 	}
@@ -401,12 +401,16 @@ func (b *Backend) RotateCredentials(_ context.Context, s backend.Spec, previousU
 		return r, backend.Wrap(backend.ClassPermanent, errors.Wrapf(backend.ErrNoRotation, "local instance %s", s.Name))
 	}
 	current, err := readOwned(filepath.Join(dir, fileHtpasswd))
-	if err != nil {
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return r, errors.Wrapf(err, "cannot read the credentials of instance %s", s.Name)
 	}
 	previous, err := readOwned(filepath.Join(dir, filePrevious))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return r, errors.Wrapf(err, "cannot read the previous credentials of instance %s", s.Name)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		previous = nil
+	case err != nil:
+		// Not a plain file: replaced, or removed, below.
+		previous = []byte{}
 	}
 	until, held := squid.PreviousDeadline(previous)
 	switch {
@@ -484,14 +488,23 @@ func writeOwned(dir, name string, content []byte, squid bool) error {
 	return errors.Wrapf(os.Rename(tmp, filepath.Join(dir, name)), "cannot write %s", name)
 }
 
-// readOwned reads a file of an instance directory without following a
-// symlink there, and no more of it than an htpasswd file needs.
+// readOwned reads a regular file of an instance directory, which is
+// Squid's user's, as root would read nothing that user planted there: no
+// symlink is followed, a FIFO does not block the open, a device or a file
+// with other links is refused, and no more is read than such a file needs.
 func readOwned(path string) ([]byte, error) {
-	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close() //nolint:errcheck // Read only.
+	fi, err := f.Stat()
+	if err != nil {
+		return nil, err
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); !fi.Mode().IsRegular() || (ok && st.Nlink != 1) {
+		return nil, errors.Errorf("%s is not a plain file", path)
+	}
 	return io.ReadAll(io.LimitReader(f, 64<<10))
 }
 

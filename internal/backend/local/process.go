@@ -21,7 +21,7 @@ import (
 // runs this instance's config, else 0. Checking the command line keeps a
 // recycled pid from passing for our Squid.
 func (b *Backend) livePid(name string) int {
-	raw, err := os.ReadFile(filepath.Join(b.dir(name), filePid))
+	raw, err := readOwned(filepath.Join(b.dir(name), filePid))
 	if err != nil {
 		return 0
 	}

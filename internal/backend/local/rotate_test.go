@@ -223,4 +223,44 @@ func TestRotationFollowsNoSymlink(t *testing.T) {
 		t.Error("root's file was copied into the instance folder")
 	}
 	check("planted htpasswd")
+
+	// A FIFO planted as the previous file blocks nothing, and a missing
+	// htpasswd is written again.
+	if err := os.Remove(filepath.Join(inst, fileHtpasswd)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(inst, filePrevious)); err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(filepath.Join(inst, filePrevious), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Get(ctx, s.Ref)
+		if err == nil {
+			_, err = b.RotateCredentials(ctx, again, time.Now().Add(time.Hour), time.Now())
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("a FIFO as the previous file, a missing htpasswd: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a FIFO planted as the previous file blocked the backend")
+	}
+	if !squid.HtpasswdMatches(readFile(t, filepath.Join(inst, fileHtpasswd)), "crawler", "third") {
+		t.Error("a missing htpasswd must be written again")
+	}
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
 }

@@ -78,7 +78,9 @@ func (sv *supervisor) start() error {
 	// A stale pid file would make Squid refuse to start.
 	_ = os.Remove(filepath.Join(dir, filePid))
 	cmd := exec.Command(sv.b.cfg.SquidPath, "-N", "-f", filepath.Join(dir, fileConf))
-	out, err := os.OpenFile(filepath.Join(dir, "squid.out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	// The folder is Squid's user's: nothing it planted there (a symlink
+	// to a file of root's) is written through.
+	out, err := os.OpenFile(filepath.Join(dir, "squid.out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0o644)
 	if err != nil {
 		return errors.Wrap(err, "cannot open output file")
 	}
@@ -96,7 +98,7 @@ func (sv *supervisor) start() error {
 		return errors.Wrap(err, "cannot start squid")
 	}
 	sv.cmd = cmd
-	return errors.Wrap(os.WriteFile(filepath.Join(dir, fileStarted), nil, 0o644), "cannot record start")
+	return errors.Wrap(writeOwned(dir, fileStarted, nil, false), "cannot record start")
 }
 
 // stop ends supervision and the process, and waits for both.

@@ -104,7 +104,10 @@ func (e *external) rotate(ctx context.Context, p *v1alpha1.Proxy, inst *backend.
 		until = now.Add(g).Truncate(time.Second)
 	}
 	r, err := rot.RotateCredentials(ctx, want, until, now)
-	e.countError("rotate", err)
+	if !errors.Is(err, backend.ErrNoRotation) {
+		// An instance made before rotation is not a backend failure.
+		e.countError("rotate", err)
+	}
 	switch {
 	case errors.Is(err, backend.ErrNoRotation) && inst.CredentialsSum == want.CredentialsSum:
 		// Made before its credentials could rotate, and running the

@@ -267,7 +267,7 @@ func TestCredentialsAnHtpasswdCannotHold(t *testing.T) {
 	if err := corev1.AddToScheme(scheme); err != nil {
 		t.Fatal(err)
 	}
-	for _, c := range []struct{ user, pass string }{{"crawler", "pw\n"}, {"a:b", "pw"}, {"crawler\r", "pw"}} {
+	for _, c := range []struct{ user, pass string }{{"crawler", "pw\n"}, {"a:b", "pw"}, {"crawler\r", "pw"}, {"#crawler", "pw"}, {" crawler", "pw"}} {
 		secret := &corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}},
 			Data:       map[string][]byte{"username": []byte(c.user), "password": []byte(c.pass)},
@@ -285,7 +285,7 @@ func TestCredentialsAnHtpasswdCannotHold(t *testing.T) {
 			t.Fatal(err)
 		}
 		_, err := e.Observe(context.Background(), p)
-		if err == nil || !strings.Contains(err.Error(), "line break") {
+		if err == nil || !strings.Contains(err.Error(), "may not hold") {
 			t.Errorf("%q/%q: want the Secret refused, got %v", c.user, c.pass, err)
 		}
 		if n := b.CallCount("RotateCredentials") + b.CallCount("Delete"); n != 0 {

@@ -110,8 +110,8 @@ func (s *scheduler) pollAfter(mg resource.Managed, poll time.Duration) time.Dura
 	d := s.pollEvery(p, poll)
 	// Previous credentials are retired when their grace ends, not at the
 	// next poll, so that the status says so on time.
-	if u := p.Status.AtProvider.PreviousCredentialsUntil; u != nil {
-		d = min(d, max(u.Sub(s.now())+time.Second, 200*time.Millisecond))
+	if u := p.Status.AtProvider.PreviousCredentialsUntil; u != nil && u.After(s.now()) {
+		d = min(d, u.Sub(s.now())+time.Second)
 	}
 	return d
 }

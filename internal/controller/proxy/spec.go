@@ -185,8 +185,8 @@ func credentials(ctx context.Context, kube client.Client, p *v1alpha1.Proxy) (*b
 	}
 	// Refused here, before anything is done to the instance: an htpasswd
 	// file cannot hold them.
-	if strings.ContainsAny(c.Username, ":\r\n") || strings.ContainsAny(c.Password, "\r\n") {
-		return nil, errors.Errorf("auth secret %s/%s: the username may not hold ':' or a line break, nor the password a line break (a Secret made with --from-file keeps the file's last newline)", p.GetNamespace(), ref.Name)
+	if strings.ContainsAny(c.Username, ":\r\n") || strings.ContainsAny(c.Password, "\r\n") || strings.ContainsAny(c.Username[:1], "# \t") {
+		return nil, errors.Errorf("auth secret %s/%s: the username may not hold ':' or a line break, nor begin with '#', a space or a tab (Squid's helper reads such a line as a comment), nor the password hold a line break (a Secret made with --from-file keeps the file's last newline)", p.GetNamespace(), ref.Name)
 	}
 	return c, nil
 }
