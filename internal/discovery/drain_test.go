@@ -107,6 +107,9 @@ func TestOutdatedCredentialsProxies(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if g, err := c.Renew(ctx, held.LeaseID, "5m"); err != nil || g.ProxyURL != held.ProxyURL {
+		t.Fatalf("a renewal hands out the proxy's URL with the credentials it takes now, %q: %+v %v", held.ProxyURL, g, err)
+	}
 	p := &v1alpha1.Proxy{}
 	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: held.Proxy}, p); err != nil {
 		t.Fatal(err)
@@ -129,7 +132,7 @@ func TestOutdatedCredentialsProxies(t *testing.T) {
 	if _, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/vms", Holder: "crawler-4"}); !asAPIError(err, &ae) || ae.Status != http.StatusConflict {
 		t.Fatalf("the only free slot is on the outdated proxy: want 409, got %v", err)
 	}
-	if _, err := c.Renew(ctx, held.LeaseID, "5m"); err != nil {
-		t.Errorf("the lease on the outdated proxy must still renew: %v", err)
+	if g, err := c.Renew(ctx, held.LeaseID, "5m"); err != nil || g.ProxyURL != "" {
+		t.Errorf("the lease on the outdated proxy must still renew, with no new URL (the crawler keeps the credentials it has): %+v %v", g, err)
 	}
 }

@@ -584,7 +584,18 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request, id *Identity) {
 		s.fail(w, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, apiv1.Lease{LeaseID: g.ID, Proxy: g.Proxy, ExpiresAt: g.ExpiresAt})
+	out := apiv1.Lease{LeaseID: g.ID, Proxy: g.Proxy, ExpiresAt: g.ExpiresAt}
+	// The URL with the credentials the proxy takes now, so that a crawler
+	// renewing across a password change moves to the new one before the
+	// previous one's grace ends; none for a proxy that still takes only
+	// the credentials the crawler was given.
+	if m := toMember(p); !m.CredentialsOutdated {
+		if out.ProxyURL, err = s.Catalog.ProxyURL(r.Context(), m); err != nil {
+			s.fail(w, err)
+			return
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
 }
 
 func (s *Server) release(w http.ResponseWriter, r *http.Request, id *Identity) {
