@@ -605,6 +605,9 @@ func passwordRotatesInPlace(t *testing.T) {
 	if err := fetch(strings.Replace(held.ProxyURL, ":"+oldPassword+"@", ":"+newPassword+"@", 1)); err != nil {
 		t.Errorf("the crawler's own proxy %s must take the new password too: %v", held.Proxy, err)
 	}
+	if g, err := c.Renew(ctx, held.LeaseID, "10m"); err != nil || password(g.ProxyURL) != newPassword {
+		t.Errorf("renewing its lease, the crawler must be given the new password: %+v %v", g, err)
+	}
 
 	// Until the grace ends (the deadline is taken when the proxy is
 	// rotated, after the change, rounded down to a second), the old

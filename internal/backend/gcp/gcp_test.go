@@ -47,6 +47,7 @@ func TestLifecycle(t *testing.T) {
 	b := newBackend(t, fake, "c1")
 	ctx := context.Background()
 	s := spec("0b7c6a2e-1111-4222-8333-944455556666")
+	s.CredentialsSum = "0123456789abcdef"
 
 	inst, err := b.Create(ctx, s)
 	if err != nil {
@@ -79,6 +80,9 @@ func TestLifecycle(t *testing.T) {
 	}
 	wantLabels := s.Owner.GCPLabels()
 	wantLabels["egress-spec-hash"], wantLabels["egress-port"] = "abc123", "3128"
+	// Which credentials the startup script gave it: a VM cannot change
+	// them, so a change shows as a difference from this.
+	wantLabels["egress-credentials"] = s.CredentialsSum
 	if diff := cmp.Diff(wantLabels, vm.GetLabels()); diff != "" {
 		t.Errorf("labels: -want, +got:\n%s", diff)
 	}
@@ -100,6 +104,13 @@ func TestLifecycle(t *testing.T) {
 	if _, err := b.Create(ctx, s); err != nil {
 		t.Fatal(err)
 	}
+	// One with other credentials finds the VM of the earlier ones still
+	// holding the name: it waits, rather than taking it for its own.
+	other := s
+	other.CredentialsSum = "fedcba9876543210"
+	if _, err := b.Create(ctx, other); backend.ClassOf(err) != backend.ClassTransient {
+		t.Errorf("a create with other credentials must wait for the earlier VM to go: %v", err)
+	}
 	if n := fake.Instances(); n != 1 {
 		t.Errorf("a retried create must not make a second VM: %d VMs", n)
 	}
@@ -109,7 +120,7 @@ func TestLifecycle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got.Phase != v1alpha1.InstancePhaseRunning || got.Host != "198.51.100.7" || got.Port != 3128 || got.SpecHash != "abc123" || got.Owner.UID != s.Owner.UID {
+	if got.Phase != v1alpha1.InstancePhaseRunning || got.Host != "198.51.100.7" || got.Port != 3128 || got.SpecHash != "abc123" || got.Owner.UID != s.Owner.UID || got.CredentialsSum != s.CredentialsSum {
 		t.Errorf("running VM: %+v", got)
 	}
 
