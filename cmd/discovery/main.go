@@ -13,7 +13,6 @@ import (
 	coordv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	toolscache "k8s.io/client-go/tools/cache"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -228,9 +227,7 @@ func (c *CLI) sweeper(proxies client.Reader, store *lease.Store, log logging.Log
 			case <-ctx.Done():
 				return nil
 			case <-t.C:
-				n, err := store.Sweep(ctx, func(ns, name string) bool {
-					return proxies.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, &v1alpha1.Proxy{}) == nil
-				}, time.Minute)
+				n, err := store.Sweep(ctx, discovery.ProxyExists(ctx, proxies), time.Minute)
 				if err != nil {
 					log.Info("Sweep incomplete", "error", err)
 				} else if n > 0 {

@@ -377,4 +377,16 @@ func TestUnlabelledSecretNeverServed(t *testing.T) {
 	if code < 400 || strings.Contains(string(body), "s3cret") {
 		t.Errorf("a lease on a proxy whose Secret is unlabelled: %d %q", code, body)
 	}
+	// Not the API server failing, which a 503 would say: the fleet's
+	// owner must label the Secret, or create it.
+	if code != 404 || !strings.Contains(string(body), "is not labelled") {
+		t.Errorf("an unlabelled Secret: want 404 saying so, got %d %q", code, body)
+	}
+	if err := bed.Client.Delete(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 10*time.Second, "a missing Secret answered 404", func() (bool, string) {
+		code, _, body := call(t, srv, "team-token", "GET", "/v1/fleets/"+ns+"/stolen/proxies.txt", "")
+		return code == 404 && strings.Contains(string(body), "stolen-auth does not exist"), fmt.Sprintf("%d %s", code, body)
+	})
 }

@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"net/url"
 	"sort"
@@ -13,6 +14,8 @@ import (
 	"github.com/pkg/errors"
 	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/labels"
@@ -164,29 +167,35 @@ func (c *Catalog) Fleet(ctx context.Context, namespace, fleet string) ([]member,
 }
 
 // TTLs returns a fleet's defaultTTL and maxTTL from its ProxyFleet (or
-// ProxyFleetClaim), or the defaults.
-func (c *Catalog) TTLs(ctx context.Context, namespace, fleet string) (time.Duration, time.Duration) {
+// ProxyFleetClaim), or the defaults when it has neither. It fails closed:
+// a fleet that cannot be read (the API server failing) or whose spec does
+// not parse is an error, never the defaults, which could be longer than
+// the fleet allows; and an error is not remembered.
+func (c *Catalog) TTLs(ctx context.Context, namespace, fleet string) (time.Duration, time.Duration, error) {
 	key := namespace + "/" + fleet
 	c.mu.Lock()
 	t, ok := c.ttls[key]
 	c.mu.Unlock()
 	if ok && time.Since(t.at) < credentialsTTL {
-		return t.def, t.max
+		return t.def, t.max, nil
 	}
-	def, maxTTL := c.readTTLs(ctx, namespace, fleet)
+	def, maxTTL, err := c.readTTLs(ctx, namespace, fleet)
+	if err != nil {
+		return 0, 0, err
+	}
 	c.mu.Lock()
 	if c.ttls == nil {
 		c.ttls = map[string]cachedTTLs{}
 	}
 	c.ttls[key] = cachedTTLs{def: def, max: maxTTL, at: time.Now()}
 	c.mu.Unlock()
-	return def, maxTTL
+	return def, maxTTL, nil
 }
 
 // readTTLs reads the lease TTLs of a fleet from its ProxyFleet, else from
-// its ProxyFleetClaim. A fleet that cannot be read, or whose spec does not
-// parse, gets the defaults.
-func (c *Catalog) readTTLs(ctx context.Context, namespace, fleet string) (time.Duration, time.Duration) {
+// its ProxyFleetClaim; the defaults when it has neither (or their kinds are
+// not installed).
+func (c *Catalog) readTTLs(ctx context.Context, namespace, fleet string) (time.Duration, time.Duration, error) {
 	for _, kind := range []string{fleetv1alpha1.ProxyFleetKind, fleetv1alpha1.ProxyFleetClaimKind} {
 		u := &unstructured.Unstructured{}
 		u.SetGroupVersionKind(fleetv1alpha1.SchemeGroupVersion.WithKind(kind))
@@ -194,17 +203,23 @@ func (c *Catalog) readTTLs(ctx context.Context, namespace, fleet string) (time.D
 		if c.Fleets != nil && kind == fleetv1alpha1.ProxyFleetKind {
 			r = c.Fleets
 		}
-		if err := r.Get(ctx, types.NamespacedName{Namespace: namespace, Name: fleet}, u); err != nil {
+		err := r.Get(ctx, types.NamespacedName{Namespace: namespace, Name: fleet}, u)
+		switch {
+		case kerrors.IsNotFound(err), meta.IsNoMatchError(err):
 			continue
+		case err != nil:
+			return 0, 0, errors.Wrapf(err, "cannot read the lease TTLs of fleet %s/%s", namespace, fleet)
 		}
 		spec, _, _ := unstructured.NestedMap(u.Object, "spec")
 		s, err := fleetv1alpha1.SpecFrom(spec)
 		if err != nil {
-			break
+			return 0, 0, errors.Wrapf(err, "cannot read the lease TTLs of %s %s/%s", kind, namespace, fleet)
 		}
-		return s.Leases.TTLs()
+		def, maxTTL := s.Leases.TTLs()
+		return def, maxTTL, nil
 	}
-	return (*fleetv1alpha1.Leases)(nil).TTLs()
+	def, maxTTL := (*fleetv1alpha1.Leases)(nil).TTLs()
+	return def, maxTTL, nil
 }
 
 // ProxyURL is the proxy's URL with its credentials, read from its auth
@@ -225,13 +240,17 @@ func (c *Catalog) ProxyURL(ctx context.Context, m member) (string, error) {
 	c.mu.Unlock()
 	if !ok || time.Since(cc.at) > min(credentialsTTL, max(m.CredentialGrace/2, minCredentialsTTL)) {
 		s := &corev1.Secret{}
-		if err := c.Direct.Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: ref.Name}, s); err != nil {
+		err := c.Direct.Get(ctx, types.NamespacedName{Namespace: m.Namespace, Name: ref.Name}, s)
+		if kerrors.IsNotFound(err) {
+			return "", &SecretError{Proxy: m.Name, Reason: fmt.Sprintf("its auth Secret %s/%s does not exist", m.Namespace, ref.Name)}
+		}
+		if err != nil {
 			return "", errors.Wrapf(err, "cannot read the credentials of proxy %s", m.Name)
 		}
 		// Never hand out a Secret its owner did not mark for proxies:
 		// the fleet's author merely named it.
 		if err := v1alpha1.UsableSecret(s); err != nil {
-			return "", errors.Wrapf(err, "cannot use the credentials of proxy %s", m.Name)
+			return "", &SecretError{Proxy: m.Name, Reason: err.Error()}
 		}
 		cc = cachedCreds{user: url.UserPassword(string(s.Data[uk]), string(s.Data[pk])), at: time.Now()}
 		c.mu.Lock()
@@ -243,6 +262,24 @@ func (c *Catalog) ProxyURL(ctx context.Context, m member) (string, error) {
 	}
 	u.User = cc.user
 	return u.String(), nil
+}
+
+// A SecretError says a proxy's credentials cannot be handed out for a
+// reason its fleet's owner must put right (not the API server failing).
+type SecretError struct{ Proxy, Reason string }
+
+func (e *SecretError) Error() string {
+	return fmt.Sprintf("cannot hand out the credentials of proxy %s: %s", e.Proxy, e.Reason)
+}
+
+// ProxyExists says, for the lease sweeper, whether a Proxy may still exist:
+// only one the cache knows to be gone does not. An error reading it (the
+// cache not synced, say) is no proof, and sweeping on it would delete the
+// leases of live proxies, so that their slots are granted twice.
+func ProxyExists(ctx context.Context, cache client.Reader) func(namespace, name string) bool {
+	return func(namespace, name string) bool {
+		return !kerrors.IsNotFound(cache.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, &v1alpha1.Proxy{}))
+	}
 }
 
 // ProxyOwner returns the owner reference that makes a proxy's leases and

@@ -169,6 +169,9 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 		writeError(w, http.StatusBadRequest, "ttl", err.Error())
 	case errors.Is(err, lease.ErrNotFound), errors.Is(err, errFleetNotFound):
 		writeError(w, http.StatusNotFound, "", err.Error())
+	case errors.As(err, new(*SecretError)):
+		// The fleet's owner must fix it; retrying changes nothing.
+		writeError(w, http.StatusNotFound, "", err.Error())
 	default:
 		s.Log.Info("Request failed", "error", err)
 		writeError(w, http.StatusServiceUnavailable, "", "the Kubernetes API server is unreachable or failing; try again: "+apiErrorSummary(err))
@@ -431,7 +434,11 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, id *Identity) {
 		s.fail(w, err)
 		return
 	}
-	def, maxTTL := s.Catalog.TTLs(r.Context(), ns, name)
+	def, maxTTL, err := s.Catalog.TTLs(r.Context(), ns, name)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
 	ttl, err := parseTTL("ttl", req.TTL, def, maxTTL)
 	if err != nil {
 		s.Metrics.Denials.WithLabelValues("invalid").Inc()
@@ -557,7 +564,11 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request, id *Identity) {
 		s.fail(w, err)
 		return
 	}
-	def, maxTTL := s.Catalog.TTLs(r.Context(), ns, fleet)
+	def, maxTTL, err := s.Catalog.TTLs(r.Context(), ns, fleet)
+	if err != nil {
+		s.fail(w, err)
+		return
+	}
 	ttl, err := parseTTL("ttl", req.TTL, def, maxTTL)
 	if err != nil {
 		s.fail(w, err)
