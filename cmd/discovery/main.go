@@ -45,6 +45,8 @@ type CLI struct {
 	HealthProbeBindAddress string        `help:"Address of /healthz and /readyz." default:":8081" env:"HEALTH_PROBE_BIND_ADDRESS"`
 	TokenFile              string        `help:"Optional file of static tokens for crawlers outside the cluster: \"<token> <namespace>[,<namespace>...]\" per line." default:"" env:"TOKEN_FILE"`
 	SweepInterval          time.Duration `help:"How often expired leases and the leases of deleted proxies are deleted." default:"30s" env:"SWEEP_INTERVAL"`
+	AuthCacheSize          int           `help:"How many token reviews, and how many access reviews, are remembered (30s each); the least recently used go first." default:"10000" env:"AUTH_CACHE_SIZE"`
+	MaxInFlight            int           `help:"How many API requests are served at once; more are answered 503 with Retry-After." default:"256" env:"MAX_IN_FLIGHT"`
 	Debug                  bool          `help:"Log at debug level." default:"false" env:"DEBUG"`
 }
 
@@ -53,6 +55,12 @@ type CLI struct {
 func (c *CLI) Validate() error {
 	if c.SweepInterval <= 0 {
 		return errors.Errorf("--sweep-interval (SWEEP_INTERVAL) must be positive, not %s", c.SweepInterval)
+	}
+	if c.AuthCacheSize < 1 {
+		return errors.Errorf("--auth-cache-size (AUTH_CACHE_SIZE) must be at least 1, not %d", c.AuthCacheSize)
+	}
+	if c.MaxInFlight < 1 {
+		return errors.Errorf("--max-in-flight (MAX_IN_FLIGHT) must be at least 1, not %d", c.MaxInFlight)
 	}
 	return nil
 }
@@ -86,7 +94,7 @@ func (c *CLI) Run() error {
 	} else {
 		fleets = mgr.GetCache()
 	}
-	auth := &discovery.Kubernetes{Client: mgr.GetClient()}
+	auth := &discovery.Kubernetes{Client: mgr.GetClient(), CacheSize: c.AuthCacheSize}
 	if c.TokenFile != "" {
 		if auth.Static, err = discovery.LoadStaticTokens(c.TokenFile); err != nil {
 			return errors.Wrap(err, "cannot load static tokens")
@@ -198,8 +206,12 @@ func gauges(c client.Reader) []prometheus.Collector {
 func (c *CLI) apiServer(srv *discovery.Server, log logging.Logger) manager.Runnable {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttpHandler())
-	mux.Handle("/", srv.Handler())
-	httpSrv := &http.Server{Addr: c.Address, Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	mux.Handle("/", discovery.LimitInFlight(srv.Handler(), c.MaxInFlight))
+	httpSrv := &http.Server{
+		Addr: c.Address, Handler: mux,
+		ReadHeaderTimeout: discovery.ReadHeaderTimeout, ReadTimeout: discovery.ReadTimeout,
+		WriteTimeout: discovery.WriteTimeout, IdleTimeout: discovery.IdleTimeout,
+	}
 	return manager.RunnableFunc(func(ctx context.Context) error {
 		go func() {
 			<-ctx.Done()

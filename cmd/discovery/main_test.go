@@ -20,6 +20,8 @@ func TestHelp(t *testing.T) {
 		{Flag: "health-probe-bind-address", Env: "HEALTH_PROBE_BIND_ADDRESS", Default: `":8081"`},
 		{Flag: "token-file", Env: "TOKEN_FILE", Default: `""`},
 		{Flag: "sweep-interval", Env: "SWEEP_INTERVAL", Default: "30s"},
+		{Flag: "auth-cache-size", Env: "AUTH_CACHE_SIZE", Default: "10000"},
+		{Flag: "max-in-flight", Env: "MAX_IN_FLIGHT", Default: "256"},
 		{Flag: "debug", Env: "DEBUG", Default: "false"},
 	}
 	clitest.CheckSettings(t, k, want)
@@ -34,6 +36,9 @@ func TestBadEnv(t *testing.T) {
 		"Bool":     {env: "DEBUG", value: "verbose"},
 		// A zero ticker panics.
 		"ZeroSweep": {env: "SWEEP_INTERVAL", value: "0s"},
+		// An empty cache or no request at all could not work.
+		"ZeroCache":    {env: "AUTH_CACHE_SIZE", value: "0"},
+		"ZeroInFlight": {env: "MAX_IN_FLIGHT", value: "0"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -43,7 +48,7 @@ func TestBadEnv(t *testing.T) {
 }
 
 func TestSettings(t *testing.T) {
-	defaults := CLI{Address: ":8080", HealthProbeBindAddress: ":8081", SweepInterval: 30 * time.Second}
+	defaults := CLI{Address: ":8080", HealthProbeBindAddress: ":8081", SweepInterval: 30 * time.Second, AuthCacheSize: 10000, MaxInFlight: 256}
 	with := func(f func(c *CLI)) CLI {
 		c := defaults
 		f(&c)

@@ -62,20 +62,37 @@ type Kubernetes struct {
 	Client client.Client
 	// TTL of cached answers; zero means 30s.
 	TTL time.Duration
+	// CacheSize bounds the answers remembered, of each kind (token
+	// reviews, access reviews); zero means DefaultAuthCacheSize.
+	CacheSize int
 	// Static, when set, is tried first: tokens for crawlers outside the
 	// cluster.
 	Static *StaticTokens
 	Now    func() time.Time
 
 	mu    sync.Mutex
-	authn map[string]cached[*Identity]
-	authz map[string]cached[bool]
+	authn *ttlCache[cached[*Identity]]
+	authz *ttlCache[bool]
 }
+
+// DefaultAuthCacheSize is how many token and access reviews are
+// remembered, of each, by default.
+const DefaultAuthCacheSize = 10000
 
 type cached[T any] struct {
 	v   T
 	err error
-	at  time.Time
+}
+
+// caches makes the caches on first use; k.mu is held.
+func (k *Kubernetes) caches() {
+	if k.authn == nil {
+		size := k.CacheSize
+		if size <= 0 {
+			size = DefaultAuthCacheSize
+		}
+		k.authn, k.authz = newTTLCache[cached[*Identity]](size), newTTLCache[bool](size)
+	}
 }
 
 func (k *Kubernetes) ttl() time.Duration {
@@ -105,7 +122,8 @@ func (k *Kubernetes) Authenticate(ctx context.Context, r *http.Request) (*Identi
 	}
 	key := tokenKey(t)
 	k.mu.Lock()
-	if c, ok := k.authn[key]; ok && k.now().Sub(c.at) < k.ttl() {
+	k.caches()
+	if c, ok := k.authn.get(key, k.now(), k.ttl()); ok {
 		k.mu.Unlock()
 		return c.v, c.err
 	}
@@ -123,10 +141,7 @@ func (k *Kubernetes) Authenticate(ctx context.Context, r *http.Request) (*Identi
 		err = ErrUnauthenticated
 	}
 	k.mu.Lock()
-	if k.authn == nil {
-		k.authn = map[string]cached[*Identity]{}
-	}
-	k.authn[key] = cached[*Identity]{v: id, err: err, at: k.now()}
+	k.authn.add(key, cached[*Identity]{v: id, err: err}, k.now())
 	k.mu.Unlock()
 	return id, err
 }
@@ -141,9 +156,10 @@ func (k *Kubernetes) Authorize(ctx context.Context, id *Identity, namespace, fle
 	}
 	key := id.token + "/" + namespace + "/" + fleet
 	k.mu.Lock()
-	if c, ok := k.authz[key]; ok && k.now().Sub(c.at) < k.ttl() {
+	k.caches()
+	if allowed, ok := k.authz.get(key, k.now(), k.ttl()); ok {
 		k.mu.Unlock()
-		if !c.v {
+		if !allowed {
 			return ErrForbidden
 		}
 		return nil
@@ -167,10 +183,7 @@ func (k *Kubernetes) Authorize(ctx context.Context, id *Identity, namespace, fle
 		}
 	}
 	k.mu.Lock()
-	if k.authz == nil {
-		k.authz = map[string]cached[bool]{}
-	}
-	k.authz[key] = cached[bool]{v: allowed, at: k.now()}
+	k.authz.add(key, allowed, k.now())
 	k.mu.Unlock()
 	if !allowed {
 		return ErrForbidden

@@ -1,0 +1,34 @@
+package discovery
+
+import (
+	"fmt"
+	"net/http"
+	"time"
+)
+
+// Timeouts of the API's HTTP server: a client that sends its headers or
+// body slowly, or reads the answer slowly, holds a connection no longer
+// than these.
+const (
+	ReadHeaderTimeout = 10 * time.Second
+	ReadTimeout       = 30 * time.Second
+	WriteTimeout      = 60 * time.Second
+	IdleTimeout       = 120 * time.Second
+)
+
+// LimitInFlight serves at most n requests at once; one more is answered
+// 503 with Retry-After at once, rather than queued, so that a crowd of
+// crawlers cannot pile up goroutines and API server calls without bound.
+func LimitInFlight(h http.Handler, n int) http.Handler {
+	slots := make(chan struct{}, max(n, 1))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case slots <- struct{}{}:
+			defer func() { <-slots }()
+			h.ServeHTTP(w, r)
+		default:
+			w.Header().Set("Retry-After", "1")
+			writeError(w, http.StatusServiceUnavailable, "", fmt.Sprintf("egress-discovery is serving %d requests already, its limit: try again in a second", cap(slots)))
+		}
+	})
+}

@@ -1,0 +1,100 @@
+package discovery
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"testing"
+	"time"
+
+	authnv1 "k8s.io/api/authentication/v1"
+	authzv1 "k8s.io/api/authorization/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+func TestTTLCache(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := newTTLCache[int](3)
+	for i := range 5 {
+		c.add(fmt.Sprint(i), i, now)
+	}
+	if c.len() != 3 {
+		t.Fatalf("the cache holds %d entries, want at most 3", c.len())
+	}
+	if _, ok := c.get("0", now, time.Minute); ok {
+		t.Error("the least recently used entry must have been evicted")
+	}
+	// Using 2 makes 3 the least recently used.
+	if v, ok := c.get("2", now, time.Minute); !ok || v != 2 {
+		t.Fatalf("entry 2: %d %v", v, ok)
+	}
+	c.add("5", 5, now)
+	if _, ok := c.get("3", now, time.Minute); ok {
+		t.Error("after 2 was used, 3 is the one to go")
+	}
+	if _, ok := c.get("2", now.Add(time.Minute), time.Minute); ok {
+		t.Error("an entry as old as the TTL is expired")
+	}
+	if _, ok := c.get("4", now.Add(-time.Second), time.Minute); ok {
+		t.Error("an entry from the future (a clock set back) is not trusted")
+	}
+}
+
+// reviewer is an API server that authenticates every token and allows
+// every access, counting the reviews.
+type reviewer struct {
+	client.Client
+	tokenReviews, accessReviews int
+}
+
+func (r *reviewer) Create(_ context.Context, obj client.Object, _ ...client.CreateOption) error {
+	switch o := obj.(type) {
+	case *authnv1.TokenReview:
+		r.tokenReviews++
+		o.Status.Authenticated, o.Status.User.Username = true, "user-"+o.Spec.Token
+	case *authzv1.SubjectAccessReview:
+		r.accessReviews++
+		o.Status.Allowed = true
+	}
+	return nil
+}
+
+// TestAuthCachesBounded: random tokens and random fleet names cost a review
+// each, but the answers remembered never exceed the cache size; a token
+// seen again within the TTL costs none.
+func TestAuthCachesBounded(t *testing.T) {
+	api := &reviewer{}
+	now := time.Unix(1000, 0)
+	k := &Kubernetes{Client: api, CacheSize: 100, Now: func() time.Time { return now }}
+	ctx := context.Background()
+	req := func(token string) *http.Request {
+		r, _ := http.NewRequestWithContext(ctx, http.MethodGet, "/", nil)
+		r.Header.Set("Authorization", "Bearer "+token)
+		return r
+	}
+	for i := range 1000 {
+		id, err := k.Authenticate(ctx, req(fmt.Sprintf("random-%d", i)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := k.Authorize(ctx, id, "ns", fmt.Sprintf("fleet-%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n, m := k.authn.len(), k.authz.len(); n > 100 || m > 100 {
+		t.Errorf("remembered %d token and %d access reviews, want at most 100 each", n, m)
+	}
+	before := api.tokenReviews
+	for range 10 {
+		if _, err := k.Authenticate(ctx, req("random-999")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if api.tokenReviews != before {
+		t.Errorf("a token seen within the TTL was reviewed again %d times", api.tokenReviews-before)
+	}
+	now = now.Add(31 * time.Second)
+	if _, err := k.Authenticate(ctx, req("random-999")); err != nil || api.tokenReviews != before+1 {
+		t.Errorf("past the TTL a token is reviewed again: %d reviews, %v", api.tokenReviews-before, err)
+	}
+}
