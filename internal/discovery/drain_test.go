@@ -136,3 +136,37 @@ func TestOutdatedCredentialsProxies(t *testing.T) {
 		t.Errorf("the lease on the outdated proxy must still renew, with no new URL (the crawler keeps the credentials it has): %+v %v", g, err)
 	}
 }
+
+// TestLeasesBoundToIdentity: a lease ID is not a bearer capability. A
+// caller of another identity, even one allowed to use the fleet, who learns
+// the ID cannot renew, release or report through it: 403, and the lease
+// stays its holder's.
+func TestLeasesBoundToIdentity(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	fleet(t, ns, "shared", 1, 2, nil)
+	srv := server(t, "alice-token "+ns+"\nbob-token "+ns+"\n")
+	ctx := context.Background()
+	alice := &apiv1.Client{BaseURL: srv.URL, Token: "alice-token"}
+	bob := &apiv1.Client{BaseURL: srv.URL, Token: "bob-token"}
+	held, err := alice.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/shared", Holder: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ae *apiv1.APIError
+	if _, err := bob.Renew(ctx, held.LeaseID, "5m"); !asAPIError(err, &ae) || ae.Status != http.StatusForbidden {
+		t.Errorf("renew by another identity: want 403, got %v", err)
+	}
+	if err := bob.Release(ctx, held.LeaseID); !asAPIError(err, &ae) || ae.Status != http.StatusForbidden {
+		t.Errorf("release by another identity: want 403, got %v", err)
+	}
+	if err := bob.Report(ctx, held.LeaseID, apiv1.ReportRequest{Domain: "example.com", Outcome: "banned"}); !asAPIError(err, &ae) || ae.Status != http.StatusForbidden {
+		t.Errorf("report by another identity: want 403, got %v", err)
+	}
+	if _, err := alice.Renew(ctx, held.LeaseID, "5m"); err != nil {
+		t.Errorf("the holder's lease survives the attempts: %v", err)
+	}
+	if err := alice.Release(ctx, held.LeaseID); err != nil {
+		t.Errorf("release by the holder: %v", err)
+	}
+}

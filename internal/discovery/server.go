@@ -163,6 +163,10 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 	case errors.Is(err, ErrUnauthenticated):
 		w.Header().Set("WWW-Authenticate", `Bearer realm="egress-discovery"`)
 		writeError(w, http.StatusUnauthorized, "", "authenticate with a bearer token: a ServiceAccount token or a static token")
+	case errors.Is(err, lease.ErrNotYours):
+		writeError(w, http.StatusForbidden, "", err.Error())
+	case errors.Is(err, lease.ErrNotYours):
+		writeError(w, http.StatusForbidden, "", err.Error())
 	case errors.Is(err, ErrForbidden):
 		writeError(w, http.StatusForbidden, "", err.Error()+": ask for verb \"use\" on "+fleetv1alpha1.ProxyFleetResource+"."+fleetv1alpha1.Group+" in the fleet's namespace")
 	case errors.Is(err, lease.ErrInvalidTTL):
@@ -478,7 +482,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, id *Identity) {
 		cands = append(cands, lease.Candidate{Namespace: ns, Fleet: name, Proxy: m.Name, MaxLeases: m.MaxLeases})
 		byName[m.Name] = m
 	}
-	g, err := s.Leases.Acquire(r.Context(), cands, lease.Request{Holder: req.Holder, TTL: ttl, StickyKey: req.StickyKey})
+	g, err := s.Leases.Acquire(r.Context(), cands, lease.Request{Identity: id.User, Holder: req.Holder, TTL: ttl, StickyKey: req.StickyKey})
 	if errors.Is(err, lease.ErrUnavailable) {
 		s.Metrics.Denials.WithLabelValues("unavailable").Inc()
 		retry := s.retryAfter(slots)
@@ -492,7 +496,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, id *Identity) {
 	}
 	u, err := s.Catalog.ProxyURL(r.Context(), byName[g.Proxy])
 	if err != nil {
-		_ = s.Leases.Release(context.WithoutCancel(r.Context()), g.ID)
+		_ = s.Leases.Release(context.WithoutCancel(r.Context()), g.ID, id.User)
 		s.fail(w, err)
 		return
 	}
@@ -590,7 +594,7 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request, id *Identity) {
 		}
 		ttl = min(ttl, left)
 	}
-	g, err := s.Leases.Renew(r.Context(), leaseID, ttl)
+	g, err := s.Leases.Renew(r.Context(), leaseID, id.User, ttl)
 	if err != nil {
 		s.fail(w, err)
 		return
@@ -615,7 +619,7 @@ func (s *Server) release(w http.ResponseWriter, r *http.Request, id *Identity) {
 		s.fail(w, err)
 		return
 	}
-	if err := s.Leases.Release(r.Context(), leaseID); err != nil {
+	if err := s.Leases.Release(r.Context(), leaseID, id.User); err != nil {
 		s.fail(w, err)
 		return
 	}
@@ -632,7 +636,7 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, id *Identity) {
 	}
 	proxy := p.Name
 	// Only a crawler holding the lease may report through it.
-	if _, err := s.Leases.Get(r.Context(), leaseID); err != nil {
+	if _, err := s.Leases.Get(r.Context(), leaseID, id.User); err != nil {
 		s.fail(w, err)
 		return
 	}

@@ -108,7 +108,7 @@ func TestLongFleetNameLeasesAndRotates(t *testing.T) {
 	if _, kept := compose()["proxy-0"]; !kept {
 		t.Fatal("the leased proxy was rotated away under its crawler")
 	}
-	if err := s.Release(ctx, g.ID); err != nil {
+	if err := s.Release(ctx, g.ID, ""); err != nil {
 		t.Fatal(err)
 	}
 	if _, kept := compose()["proxy-0"]; kept {

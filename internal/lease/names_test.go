@@ -184,7 +184,7 @@ func TestInvalidTTL(t *testing.T) {
 		if _, err := s.Acquire(context.Background(), cands, Request{Holder: "c", TTL: ttl}); !errors.Is(err, ErrInvalidTTL) {
 			t.Errorf("Acquire with TTL %s: want ErrInvalidTTL, got %v", ttl, err)
 		}
-		if _, err := s.Renew(context.Background(), "ns/f-0-slot-0/uid", ttl); !errors.Is(err, ErrInvalidTTL) {
+		if _, err := s.Renew(context.Background(), "ns/f-0-slot-0/uid", "", ttl); !errors.Is(err, ErrInvalidTTL) {
 			t.Errorf("Renew with TTL %s: want ErrInvalidTTL, got %v", ttl, err)
 		}
 		if err := s.Ban(context.Background(), "ns", "f", "f-0", "example.com", ttl); !errors.Is(err, ErrInvalidTTL) {

@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pkg/errors"
@@ -38,7 +39,11 @@ const (
 	LabelSticky      = fleetv1alpha1.Group + "/sticky"
 	LabelBanDomain   = fleetv1alpha1.Group + "/ban-domain"
 	AnnotationHolder = fleetv1alpha1.Group + "/holder"
-	AnnotationDomain = fleetv1alpha1.Group + "/domain"
+	// AnnotationIdentity records who was granted a lease (the caller's
+	// authenticated user name): only they may renew, release or report
+	// through it.
+	AnnotationIdentity = fleetv1alpha1.Group + "/identity"
+	AnnotationDomain   = fleetv1alpha1.Group + "/domain"
 )
 
 // Errors the API maps to status codes.
@@ -50,6 +55,8 @@ var (
 	// ErrInvalidTTL means a TTL a Lease object cannot carry: under a second,
 	// or more seconds than its int32 duration holds.
 	ErrInvalidTTL = errors.New("lease TTL must be between 1s and 68 years")
+	// ErrNotYours says a lease was granted to another identity.
+	ErrNotYours = errors.New("the lease was granted to another identity: only its holder may renew, release or report through it")
 )
 
 // Candidate is a proxy that may be leased.
@@ -91,6 +98,33 @@ type Store struct {
 	// cache: the API server decides every grant.
 	inflight sync.Map // namespace/name
 	recent   sync.Map // namespace/name -> time.Time (taken until)
+	// granted remembers the grants this replica made, by ID, with their
+	// identity, so that their holder's release or renewal costs no read;
+	// others are read from the cache or the API server. An identity never
+	// changes on a grant (a new grant is a new object, and ID).
+	granted     sync.Map // ID -> grantedEntry
+	grantsSince atomic.Int64
+}
+
+type grantedEntry struct {
+	identity string
+	until    time.Time
+}
+
+// remember notes a grant; every 1024 grants, those past their first
+// expiry are forgotten (a renewed one is read when next used).
+func (s *Store) remember(g *Grant, identity string) {
+	s.granted.Store(g.ID, grantedEntry{identity: identity, until: g.ExpiresAt})
+	if s.grantsSince.Add(1)%1024 != 0 {
+		return
+	}
+	now := s.now()
+	s.granted.Range(func(k, v any) bool {
+		if now.After(v.(grantedEntry).until) { //nolint:forcetypeassert // Only entries are stored.
+			s.granted.Delete(k)
+		}
+		return true
+	})
 }
 
 // recentlyTaken is how long a slot this replica saw taken is tried last.
@@ -231,6 +265,9 @@ func ParseID(id string) (namespace, name, tok string, err error) {
 
 // Request asks for a lease.
 type Request struct {
+	// Identity is the caller's authenticated user name, recorded on the
+	// lease.
+	Identity  string
 	Holder    string
 	TTL       time.Duration
 	StickyKey string
@@ -365,6 +402,9 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 			RenewTime:            &metav1.MicroTime{Time: now},
 		},
 	}
+	if r.Identity != "" {
+		want.Annotations[AnnotationIdentity] = r.Identity
+	}
 	names(&want.ObjectMeta, c.Fleet, c.Proxy)
 	s.own(ctx, &want.ObjectMeta, c.Proxy)
 	if h := StickyHash(r.StickyKey); h != "" {
@@ -376,7 +416,9 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 	err := s.Client.Create(ctx, obj)
 	if err == nil {
 		s.noteTaken(key)
-		return grant(obj, c, slot), nil
+		g := grant(obj, c, slot)
+		s.remember(g, r.Identity)
+		return g, nil
 	}
 	if !kerrors.IsAlreadyExists(err) {
 		return nil, errors.Wrap(err, "cannot create lease")
@@ -413,7 +455,9 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 		return nil, errors.Wrap(err, "cannot create lease")
 	}
 	s.noteTaken(key)
-	return grant(obj, c, slot), nil
+	g := grant(obj, c, slot)
+	s.remember(g, r.Identity)
+	return g, nil
 }
 
 func grant(l *coordv1.Lease, c Candidate, slot int) *Grant {
@@ -423,8 +467,10 @@ func grant(l *coordv1.Lease, c Candidate, slot int) *Grant {
 	}
 }
 
-// Get returns a live lease by ID, checking that it is still the caller's.
-func (s *Store) Get(ctx context.Context, id string) (*coordv1.Lease, error) {
+// Get returns a live lease by ID, checking that it is still the caller's:
+// the same grant (UID), and granted to identity (leases granted before
+// identities were recorded are anybody's who knows their ID).
+func (s *Store) Get(ctx context.Context, id, identity string) (*coordv1.Lease, error) {
 	ns, name, tok, err := ParseID(id)
 	if err != nil {
 		return nil, err
@@ -439,7 +485,49 @@ func (s *Store) Get(ctx context.Context, id string) (*coordv1.Lease, error) {
 	if string(l.UID) != tok || l.Labels[fleetv1alpha1.LabelLeaseKind] != fleetv1alpha1.LeaseKindSlot || Expired(l, s.now()) {
 		return nil, ErrNotFound
 	}
+	if !grantedTo(l, identity) {
+		return nil, ErrNotYours
+	}
 	return l, nil
+}
+
+// grantedTo says whether a lease was granted to identity.
+func grantedTo(l *coordv1.Lease, identity string) bool {
+	got, ok := l.Annotations[AnnotationIdentity]
+	return !ok || got == identity
+}
+
+// owned checks, from the cache when it holds the grant (an identity never
+// changes on a grant) and else from the API server, that the lease id
+// names was granted to identity.
+func (s *Store) owned(ctx context.Context, id, identity string) error {
+	ns, name, tok, err := ParseID(id)
+	if err != nil {
+		return err
+	}
+	if v, ok := s.granted.Load(id); ok {
+		if e := v.(grantedEntry); e.identity != "" && e.identity != identity { //nolint:forcetypeassert // Only entries are stored.
+			return ErrNotYours
+		}
+		return nil
+	}
+	l := &coordv1.Lease{}
+	key := types.NamespacedName{Namespace: ns, Name: name}
+	if err := s.cache().Get(ctx, key, l); err != nil || string(l.UID) != tok {
+		if err := s.Client.Get(ctx, key, l); err != nil {
+			if kerrors.IsNotFound(err) {
+				return ErrNotFound
+			}
+			return errors.Wrap(err, "cannot get lease")
+		}
+	}
+	if string(l.UID) != tok {
+		return ErrNotFound
+	}
+	if !grantedTo(l, identity) {
+		return ErrNotYours
+	}
+	return nil
 }
 
 // validTTL says whether a Lease object can carry ttl as its duration.
@@ -457,12 +545,15 @@ type patchOp struct {
 // Renew extends a lease by ttl from now, in one guarded call: a JSON patch
 // whose first operation tests the lease's UID, so a slot released or
 // replaced meanwhile is never extended.
-func (s *Store) Renew(ctx context.Context, id string, ttl time.Duration) (*Grant, error) {
+func (s *Store) Renew(ctx context.Context, id, identity string, ttl time.Duration) (*Grant, error) {
 	if !validTTL(ttl) {
 		return nil, ErrInvalidTTL
 	}
 	ns, name, uid, err := ParseID(id)
 	if err != nil {
+		return nil, err
+	}
+	if err := s.owned(ctx, id, identity); err != nil {
 		return nil, err
 	}
 	patch, _ := json.Marshal([]patchOp{
@@ -489,9 +580,12 @@ func (s *Store) toGrant(l *coordv1.Lease, id string) *Grant {
 
 // Release gives a lease back in one call: a delete guarded by the grant's
 // UID, so a slot someone else holds now is never freed.
-func (s *Store) Release(ctx context.Context, id string) error {
+func (s *Store) Release(ctx context.Context, id, identity string) error {
 	ns, name, uid, err := ParseID(id)
 	if err != nil {
+		return err
+	}
+	if err := s.owned(ctx, id, identity); err != nil {
 		return err
 	}
 	u := types.UID(uid)
@@ -501,6 +595,7 @@ func (s *Store) Release(ctx context.Context, id string) error {
 	}
 	if err == nil {
 		s.recent.Delete(ns + "/" + name)
+		s.granted.Delete(id)
 	}
 	return errors.Wrap(err, "cannot release lease")
 }

@@ -63,7 +63,7 @@ func TestSemantics(t *testing.T) {
 
 	t.Run("Renew", func(t *testing.T) {
 		c.add(50 * time.Second)
-		g, err := s.Renew(ctx, g1.ID, time.Minute)
+		g, err := s.Renew(ctx, g1.ID, "", time.Minute)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -81,22 +81,22 @@ func TestSemantics(t *testing.T) {
 		if g3.Slot != g2.Slot {
 			t.Errorf("crawler-c takes over g2's slot %d, got slot %d", g2.Slot, g3.Slot)
 		}
-		if _, err := s.Renew(ctx, g2.ID, time.Minute); !errors.Is(err, lease.ErrNotFound) {
+		if _, err := s.Renew(ctx, g2.ID, "", time.Minute); !errors.Is(err, lease.ErrNotFound) {
 			t.Errorf("the old holder can no longer renew a slot taken over: %v", err)
 		}
-		if err := s.Release(ctx, g2.ID); !errors.Is(err, lease.ErrNotFound) {
+		if err := s.Release(ctx, g2.ID, ""); !errors.Is(err, lease.ErrNotFound) {
 			t.Errorf("nor release it: %v", err)
 		}
-		if _, err := s.Get(ctx, g3.ID); err != nil {
+		if _, err := s.Get(ctx, g3.ID, ""); err != nil {
 			t.Errorf("the new holder still holds it: %v", err)
 		}
 	})
 
 	t.Run("Release", func(t *testing.T) {
-		if err := s.Release(ctx, g1.ID); err != nil {
+		if err := s.Release(ctx, g1.ID, ""); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := s.Renew(ctx, g1.ID, time.Minute); !errors.Is(err, lease.ErrNotFound) {
+		if _, err := s.Renew(ctx, g1.ID, "", time.Minute); !errors.Is(err, lease.ErrNotFound) {
 			t.Errorf("a released lease cannot be renewed: %v", err)
 		}
 		if _, err := s.Acquire(ctx, cands(ns, 2, "p0"), lease.Request{Holder: "crawler-d", TTL: time.Minute}); err != nil {
@@ -216,7 +216,7 @@ func TestConcurrency(t *testing.T) {
 					dead.Store(true)
 				}
 				released := time.Now()
-				if err := s.Release(ctx, g.ID); err != nil {
+				if err := s.Release(ctx, g.ID, ""); err != nil {
 					t.Errorf("release %s: %v", g.ID, err)
 					return
 				}
