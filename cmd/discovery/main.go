@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/pkg/errors"
+	"golang.org/x/time/rate"
 	coordv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -47,6 +48,8 @@ type CLI struct {
 	SweepInterval          time.Duration `help:"How often expired leases and the leases of deleted proxies are deleted." default:"30s" env:"SWEEP_INTERVAL"`
 	AuthCacheSize          int           `help:"How many token reviews, and how many access reviews, are remembered (30s each); the least recently used go first." default:"10000" env:"AUTH_CACHE_SIZE"`
 	MaxInFlight            int           `help:"How many API requests are served at once; more are answered 503 with Retry-After." default:"256" env:"MAX_IN_FLIGHT"`
+	RatePerIdentity        float64       `help:"Requests a second each caller identity may make on average (a token bucket); more are answered 429 with Retry-After. 0 sets no limit." default:"100" env:"RATE_PER_IDENTITY"`
+	BurstPerIdentity       int           `help:"Requests each caller identity may make at once, above its rate." default:"200" env:"BURST_PER_IDENTITY"`
 	Debug                  bool          `help:"Log at debug level." default:"false" env:"DEBUG"`
 }
 
@@ -61,6 +64,9 @@ func (c *CLI) Validate() error {
 	}
 	if c.MaxInFlight < 1 {
 		return errors.Errorf("--max-in-flight (MAX_IN_FLIGHT) must be at least 1, not %d", c.MaxInFlight)
+	}
+	if c.RatePerIdentity < 0 || (c.RatePerIdentity > 0 && c.BurstPerIdentity < 1) {
+		return errors.Errorf("--rate-per-identity (RATE_PER_IDENTITY) must be 0 (no limit) or positive with --burst-per-identity (BURST_PER_IDENTITY) at least 1, not %g and %d", c.RatePerIdentity, c.BurstPerIdentity)
 	}
 	return nil
 }
@@ -105,6 +111,9 @@ func (c *CLI) Run() error {
 		Catalog: &discovery.Catalog{Cache: mgr.GetCache(), Direct: mgr.GetAPIReader(), Fleets: fleets},
 		Leases:  store, Auth: auth, Metrics: discovery.NewMetrics(), Log: log,
 		Version: version,
+	}
+	if c.RatePerIdentity > 0 {
+		srv.Limits = &discovery.IdentityLimits{Rate: rate.Limit(c.RatePerIdentity), Burst: c.BurstPerIdentity, Size: c.AuthCacheSize}
 	}
 	metrics.Registry.MustRegister(srv.Metrics.Collectors()...)
 	metrics.Registry.MustRegister(gauges(mgr.GetCache())...)

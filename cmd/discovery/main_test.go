@@ -22,6 +22,8 @@ func TestHelp(t *testing.T) {
 		{Flag: "sweep-interval", Env: "SWEEP_INTERVAL", Default: "30s"},
 		{Flag: "auth-cache-size", Env: "AUTH_CACHE_SIZE", Default: "10000"},
 		{Flag: "max-in-flight", Env: "MAX_IN_FLIGHT", Default: "256"},
+		{Flag: "rate-per-identity", Env: "RATE_PER_IDENTITY", Default: "100"},
+		{Flag: "burst-per-identity", Env: "BURST_PER_IDENTITY", Default: "200"},
 		{Flag: "debug", Env: "DEBUG", Default: "false"},
 	}
 	clitest.CheckSettings(t, k, want)
@@ -39,6 +41,8 @@ func TestBadEnv(t *testing.T) {
 		// An empty cache or no request at all could not work.
 		"ZeroCache":    {env: "AUTH_CACHE_SIZE", value: "0"},
 		"ZeroInFlight": {env: "MAX_IN_FLIGHT", value: "0"},
+		"NegativeRate": {env: "RATE_PER_IDENTITY", value: "-1"},
+		"ZeroBurst":    {env: "BURST_PER_IDENTITY", value: "0"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -48,7 +52,7 @@ func TestBadEnv(t *testing.T) {
 }
 
 func TestSettings(t *testing.T) {
-	defaults := CLI{Address: ":8080", HealthProbeBindAddress: ":8081", SweepInterval: 30 * time.Second, AuthCacheSize: 10000, MaxInFlight: 256}
+	defaults := CLI{Address: ":8080", HealthProbeBindAddress: ":8081", SweepInterval: 30 * time.Second, AuthCacheSize: 10000, MaxInFlight: 256, RatePerIdentity: 100, BurstPerIdentity: 200}
 	with := func(f func(c *CLI)) CLI {
 		c := defaults
 		f(&c)

@@ -53,6 +53,9 @@ type Server struct {
 	// version within the same second (leases also expire with time), so a
 	// crawler fleet polling a large fleet costs little.
 	Version func() uint64
+	// Limits, when set, bound each identity's request rate: over it, a
+	// request is answered 429 with Retry-After.
+	Limits *IdentityLimits
 
 	snapMu sync.Mutex
 	snaps  map[string]snapshot
@@ -130,6 +133,9 @@ func (s *Server) authed(h handler) http.HandlerFunc {
 		id, err := s.Auth.Authenticate(r.Context(), r)
 		if err != nil {
 			s.fail(w, err)
+			return
+		}
+		if s.limited(w, id) {
 			return
 		}
 		h(w, r, id)

@@ -1,0 +1,45 @@
+package discovery
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// TestIdentityLimits: an identity gets its burst at once and then its rate;
+// one over is answered 429 with a Retry-After that is enough; another
+// identity is not held up by it; and the buckets kept stay within Size.
+func TestIdentityLimits(t *testing.T) {
+	now := time.Unix(1000, 0)
+	s := &Server{Limits: &IdentityLimits{Rate: 2, Burst: 3, Size: 10}, Now: func() time.Time { return now }}
+	alice, bob := &Identity{User: "alice"}, &Identity{User: "bob"}
+	for i := range 3 {
+		if s.limited(httptest.NewRecorder(), alice) {
+			t.Fatalf("request %d of the burst refused", i)
+		}
+	}
+	rec := httptest.NewRecorder()
+	if !s.limited(rec, alice) || rec.Code != http.StatusTooManyRequests {
+		t.Fatalf("one over the burst: want 429, got %d", rec.Code)
+	}
+	wait, err := strconv.Atoi(rec.Header().Get("Retry-After"))
+	if err != nil || wait < 1 {
+		t.Fatalf("Retry-After %q", rec.Header().Get("Retry-After"))
+	}
+	if s.limited(httptest.NewRecorder(), bob) {
+		t.Error("another identity is held up by alice's limit")
+	}
+	// A refused request took no token: after Retry-After one is there.
+	now = now.Add(time.Duration(wait) * time.Second)
+	if s.limited(httptest.NewRecorder(), alice) {
+		t.Error("after Retry-After the request must pass")
+	}
+	for i := range 100 {
+		s.limited(httptest.NewRecorder(), &Identity{User: "random-" + strconv.Itoa(i)})
+	}
+	if n := s.Limits.buckets.len(); n > 10 {
+		t.Errorf("%d buckets kept, want at most 10", n)
+	}
+}
