@@ -106,7 +106,7 @@ func (c *CLI) Run() error {
 			return errors.Wrap(err, "cannot load static tokens")
 		}
 	}
-	store := &lease.Store{Client: mgr.GetClient(), Cache: mgr.GetCache(), OwnerOf: discovery.ProxyOwner(mgr.GetCache())}
+	store := &lease.Store{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Cache: mgr.GetCache(), OwnerOf: discovery.ProxyOwner(mgr.GetCache())}
 	srv := &discovery.Server{
 		Catalog: &discovery.Catalog{Cache: mgr.GetCache(), Direct: mgr.GetAPIReader(), Fleets: fleets},
 		Leases:  store, Auth: auth, Metrics: discovery.NewMetrics(), Log: log,
@@ -215,10 +215,10 @@ func gauges(c client.Reader) []prometheus.Collector {
 func (c *CLI) apiServer(srv *discovery.Server, log logging.Logger) manager.Runnable {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttpHandler())
-	mux.Handle("/", discovery.LimitInFlight(srv.Handler(), c.MaxInFlight))
+	mux.Handle("/", discovery.LimitInFlight(discovery.WithTimeout(srv.Handler()), c.MaxInFlight))
 	httpSrv := &http.Server{
 		Addr: c.Address, Handler: mux,
-		ReadHeaderTimeout: discovery.ReadHeaderTimeout, ReadTimeout: discovery.ReadTimeout,
+		ReadHeaderTimeout: discovery.ReadHeaderTimeout, ReadTimeout: discovery.ReadTimeout, MaxHeaderBytes: discovery.MaxHeaderBytes,
 		WriteTimeout: discovery.WriteTimeout, IdleTimeout: discovery.IdleTimeout,
 	}
 	return manager.RunnableFunc(func(ctx context.Context) error {

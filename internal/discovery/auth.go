@@ -49,6 +49,11 @@ func bearer(r *http.Request) string {
 	return ""
 }
 
+// StaticPrefix begins the user name of a static token's identity; no
+// Kubernetes identity may take such a name (it is refused), so that none
+// can pass for a static token's, nor hold its leases.
+const StaticPrefix = "static:"
+
 func tokenKey(t string) string {
 	s := sha256.Sum256([]byte(t))
 	return hex.EncodeToString(s[:])
@@ -135,8 +140,10 @@ func (k *Kubernetes) Authenticate(ctx context.Context, r *http.Request) (*Identi
 	}
 	var id *Identity
 	var err error
-	if tr.Status.Authenticated {
-		id = &Identity{User: tr.Status.User.Username, Groups: tr.Status.User.Groups, token: key}
+	// An identity without a name could not own a lease, and one named as
+	// a static token's could pass for it.
+	if u := tr.Status.User.Username; tr.Status.Authenticated && u != "" && !strings.HasPrefix(u, StaticPrefix) {
+		id = &Identity{User: u, Groups: tr.Status.User.Groups, token: key}
 	} else {
 		err = ErrUnauthenticated
 	}
@@ -154,7 +161,8 @@ func (k *Kubernetes) Authorize(ctx context.Context, id *Identity, namespace, fle
 		}
 		return ErrForbidden
 	}
-	key := id.token + "/" + namespace + "/" + fleet
+	// Hashed: a key never grows with what the caller sends.
+	key := tokenKey(id.token + "\x00" + namespace + "\x00" + fleet)
 	k.mu.Lock()
 	k.caches()
 	if allowed, ok := k.authz.get(key, k.now(), k.ttl()); ok {
@@ -215,7 +223,9 @@ func LoadStaticTokens(path string) (*StaticTokens, error) {
 		if len(fields) != 2 {
 			return nil, errors.Errorf("token file line %d: want \"<token> <namespace>[,<namespace>...]\"", n)
 		}
-		id := &Identity{User: "static:" + tokenKey(fields[0])[:8], Namespaces: map[string]bool{}}
+		// 64 bits of the token's hash: distinct for any set of tokens,
+		// and no help in guessing one.
+		id := &Identity{User: StaticPrefix + tokenKey(fields[0])[:16], Namespaces: map[string]bool{}}
 		for _, ns := range strings.Split(fields[1], ",") {
 			id.Namespaces[ns] = true
 		}

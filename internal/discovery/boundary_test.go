@@ -197,6 +197,9 @@ func TestDiscoveryLeastPrivilege(t *testing.T) {
 		{"list Secrets cluster-wide", secret("", "", "list"), false},
 		{"create a Lease in its fleet's namespace", lease(team, "create"), true},
 		{"update a Lease in its fleet's namespace", lease(team, "update"), true},
+		// A renewal is a JSON patch: without it every renewal fails.
+		{"patch a Lease in its fleet's namespace", lease(team, "patch"), true},
+		{"patch a Lease in kube-system", lease("kube-system", "patch"), false},
 		{"delete a Lease in its fleet's namespace", lease(team, "delete"), true},
 		{"update a Lease in kube-system (leader election)", lease("kube-system", "update"), false},
 		{"delete a Lease in kube-system", lease("kube-system", "delete"), false},

@@ -66,6 +66,8 @@ type Catalog struct {
 	// Crossplane may not be installed), so that fleets without proxies yet
 	// are listed and lease TTLs are read without an API call.
 	Fleets client.Reader
+	// Now is the clock of the lease TTLs remembered; nil means time.Now.
+	Now func() time.Time
 
 	// creds remembers proxy credentials briefly, so that granting a lease
 	// does not read a Secret every time. It is a convenience, not a record:
@@ -85,7 +87,10 @@ type cachedTTLs struct {
 // remembered for at least minCredentialsTTL, even for a proxy with no grace
 // period, so that no fleet has every hand-out read its Secret.
 const (
-	credentialsTTL    = 30 * time.Second
+	credentialsTTL = 30 * time.Second
+	// staleTTLs is how long lease TTLs read last stand in when they
+	// cannot be read again.
+	staleTTLs         = 5 * time.Minute
 	minCredentialsTTL = 2 * time.Second
 )
 
@@ -170,24 +175,34 @@ func (c *Catalog) Fleet(ctx context.Context, namespace, fleet string) ([]member,
 // ProxyFleetClaim), or the defaults when it has neither. It fails closed:
 // a fleet that cannot be read (the API server failing) or whose spec does
 // not parse is an error, never the defaults, which could be longer than
-// the fleet allows; and an error is not remembered.
+// the fleet allows, unless its TTLs were read less than staleTTLs ago; and
+// an error is not remembered.
 func (c *Catalog) TTLs(ctx context.Context, namespace, fleet string) (time.Duration, time.Duration, error) {
 	key := namespace + "/" + fleet
+	now := time.Now()
+	if c.Now != nil {
+		now = c.Now()
+	}
 	c.mu.Lock()
 	t, ok := c.ttls[key]
 	c.mu.Unlock()
-	if ok && time.Since(t.at) < credentialsTTL {
+	if ok && now.Sub(t.at) < credentialsTTL {
 		return t.def, t.max, nil
 	}
 	def, maxTTL, err := c.readTTLs(ctx, namespace, fleet)
 	if err != nil {
+		// What was read last, for a while, rather than fail every
+		// request while the API server is briefly away.
+		if ok && now.Sub(t.at) < staleTTLs {
+			return t.def, t.max, nil
+		}
 		return 0, 0, err
 	}
 	c.mu.Lock()
 	if c.ttls == nil {
 		c.ttls = map[string]cachedTTLs{}
 	}
-	c.ttls[key] = cachedTTLs{def: def, max: maxTTL, at: time.Now()}
+	c.ttls[key] = cachedTTLs{def: def, max: maxTTL, at: now}
 	c.mu.Unlock()
 	return def, maxTTL, nil
 }

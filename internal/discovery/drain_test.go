@@ -2,6 +2,7 @@ package discovery_test
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strconv"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
@@ -168,5 +170,70 @@ func TestLeasesBoundToIdentity(t *testing.T) {
 	}
 	if err := alice.Release(ctx, held.LeaseID); err != nil {
 		t.Errorf("release by the holder: %v", err)
+	}
+	// A name no fleet can have is not found, before any review.
+	for _, path := range []string{"/v1/fleets/" + ns + "/" + strings.Repeat("x", 300) + "/proxies", "/v1/fleets/" + ns + "/Not_A_Name/proxies.txt", "/v1/fleets/NS/shared/proxies"} {
+		if code, _, body := call(t, srv, "alice-token", "GET", path, ""); code != http.StatusNotFound {
+			t.Errorf("GET %.60s...: want 404, got %d %s", path, code, body)
+		}
+	}
+}
+
+// TestBanLimits: the live bans of a fleet, and of each identity in it, are
+// bounded; a ban over either bound is answered 429 and not recorded, and
+// extending a live ban is always allowed.
+func TestBanLimits(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	fleet(t, ns, "banned", 1, 2, nil)
+	srv := server(t, "alice-token "+ns+"\nbob-token "+ns+"\n", func(s *discovery.Server) { s.MaxBansPerFleet, s.MaxBansPerIdentity = 3, 2 })
+	ctx := context.Background()
+	alice := &apiv1.Client{BaseURL: srv.URL, Token: "alice-token"}
+	bob := &apiv1.Client{BaseURL: srv.URL, Token: "bob-token"}
+	la, err := alice.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/banned", Holder: "alice"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, err := bob.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/banned", Holder: "bob"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ban := func(c *apiv1.Client, id, domain string) error {
+		return c.Report(ctx, id, apiv1.ReportRequest{Domain: domain, Outcome: "banned"})
+	}
+	tooMany := func(err error) bool {
+		var ae *apiv1.APIError
+		return asAPIError(err, &ae) && ae.Status == http.StatusTooManyRequests
+	}
+	for _, d := range []string{"a.example", "b.example"} {
+		if err := ban(alice, la.LeaseID, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The cache counts the bans a moment later.
+	testbed.Eventually(t, 10*time.Second, "alice's third ban refused", func() (bool, string) {
+		err := ban(alice, la.LeaseID, "c.example")
+		return tooMany(err), fmt.Sprint(err)
+	})
+	if err := ban(alice, la.LeaseID, "a.example"); err != nil {
+		t.Errorf("extending a live ban is allowed: %v", err)
+	}
+	if err := ban(bob, lb.LeaseID, "d.example"); err != nil {
+		t.Fatalf("bob's first ban, the fleet's third: %v", err)
+	}
+	testbed.Eventually(t, 10*time.Second, "a fourth ban in the fleet refused", func() (bool, string) {
+		err := ban(bob, lb.LeaseID, "e.example")
+		return tooMany(err), fmt.Sprint(err)
+	})
+	pl, err := alice.Proxies(ctx, ns+"/banned", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range pl.Items {
+		for _, d := range p.BannedFor {
+			if d == "c.example" || d == "e.example" {
+				t.Errorf("a refused ban was recorded: %s on %s", d, p.Name)
+			}
+		}
 	}
 }

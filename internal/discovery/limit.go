@@ -14,7 +14,20 @@ const (
 	ReadTimeout       = 30 * time.Second
 	WriteTimeout      = 60 * time.Second
 	IdleTimeout       = 120 * time.Second
+	// RequestTimeout bounds a request's handling: its context is cancelled
+	// and it is answered 503, so that one stuck on the API server does not
+	// hold its in-flight slot.
+	RequestTimeout = 30 * time.Second
+	// MaxHeaderBytes bounds a request's line and headers: room for a
+	// ServiceAccount token, not for a megabyte of path.
+	MaxHeaderBytes = 64 << 10
 )
+
+// WithTimeout answers a request that takes longer than RequestTimeout 503
+// with a JSON error, cancelling its context.
+func WithTimeout(h http.Handler) http.Handler {
+	return http.TimeoutHandler(h, RequestTimeout, `{"error":{"code":503,"message":"the request took longer than `+RequestTimeout.String()+`: try again"}}`)
+}
 
 // LimitInFlight serves at most n requests at once; one more is answered
 // 503 with Retry-After at once, rather than queued, so that a crowd of

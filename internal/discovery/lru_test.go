@@ -2,8 +2,10 @@ package discovery
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,6 +54,9 @@ func (r *reviewer) Create(_ context.Context, obj client.Object, _ ...client.Crea
 	case *authnv1.TokenReview:
 		r.tokenReviews++
 		o.Status.Authenticated, o.Status.User.Username = true, "user-"+o.Spec.Token
+		if name, ok := strings.CutPrefix(o.Spec.Token, "as:"); ok {
+			o.Status.User.Username = name
+		}
 	case *authzv1.SubjectAccessReview:
 		r.accessReviews++
 		o.Status.Allowed = true
@@ -96,5 +101,21 @@ func TestAuthCachesBounded(t *testing.T) {
 	now = now.Add(31 * time.Second)
 	if _, err := k.Authenticate(ctx, req("random-999")); err != nil || api.tokenReviews != before+1 {
 		t.Errorf("past the TTL a token is reviewed again: %d reviews, %v", api.tokenReviews-before, err)
+	}
+
+	// A fleet name of a megabyte costs a key of a hash, not a megabyte.
+	id, _ := k.Authenticate(ctx, req("long"))
+	_ = k.Authorize(ctx, id, "ns", strings.Repeat("x", 1<<20))
+	for key := range k.authz.items {
+		if len(key) > 64 {
+			t.Fatalf("an access review is remembered under a key of %d bytes", len(key))
+		}
+	}
+	// No Kubernetes identity passes for a static token's, nor goes
+	// without a name.
+	for _, name := range []string{StaticPrefix + "0123456789abcdef", ""} {
+		if _, err := k.Authenticate(ctx, req("as:"+name)); !errors.Is(err, ErrUnauthenticated) {
+			t.Errorf("a token reviewed as user %q: want unauthenticated, got %v", name, err)
+		}
 	}
 }

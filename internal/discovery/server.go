@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/validation"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
@@ -56,6 +57,10 @@ type Server struct {
 	// Limits, when set, bound each identity's request rate: over it, a
 	// request is answered 429 with Retry-After.
 	Limits *IdentityLimits
+	// MaxBansPerFleet and MaxBansPerIdentity bound the live bans of a
+	// fleet, and of the identities reporting them in it; zero sets no
+	// bound. A ban over either is answered 429.
+	MaxBansPerFleet, MaxBansPerIdentity int
 
 	snapMu sync.Mutex
 	snaps  map[string]snapshot
@@ -171,8 +176,10 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 		writeError(w, http.StatusUnauthorized, "", "authenticate with a bearer token: a ServiceAccount token or a static token")
 	case errors.Is(err, lease.ErrNotYours):
 		writeError(w, http.StatusForbidden, "", err.Error())
-	case errors.Is(err, lease.ErrNotYours):
-		writeError(w, http.StatusForbidden, "", err.Error())
+	case errors.As(err, new(*errBanLimit)):
+		writeError(w, http.StatusTooManyRequests, "", err.Error())
+	case errors.As(err, new(*errBanLimit)):
+		writeError(w, http.StatusTooManyRequests, "", err.Error())
 	case errors.Is(err, ErrForbidden):
 		writeError(w, http.StatusForbidden, "", err.Error()+": ask for verb \"use\" on "+fleetv1alpha1.ProxyFleetResource+"."+fleetv1alpha1.Group+" in the fleet's namespace")
 	case errors.Is(err, lease.ErrInvalidTTL):
@@ -195,10 +202,19 @@ func apiErrorSummary(err error) string {
 	return err.Error()
 }
 
+// fleetName says whether a fleet could have this namespace and name.
+func fleetName(namespace, name string) bool {
+	return len(validation.IsDNS1123Label(namespace)) == 0 && len(validation.IsDNS1123Subdomain(name)) == 0
+}
+
 var errFleetNotFound = errors.New("fleet not found (or it has no proxies)")
 
 // fleetOf checks and authorises a fleet named in a path.
 func (s *Server) fleetOf(ctx context.Context, id *Identity, namespace, name string) ([]member, error) {
+	// Names no fleet can have cost no access review, nor a cache entry.
+	if !fleetName(namespace, name) {
+		return nil, errFleetNotFound
+	}
 	if err := s.Auth.Authorize(ctx, id, namespace, name); err != nil {
 		return nil, err
 	}
@@ -282,6 +298,10 @@ func (s *Server) proxies(w http.ResponseWriter, r *http.Request, id *Identity) {
 		if e != "" {
 			exclude[e] = true
 		}
+	}
+	if !fleetName(ns, name) {
+		s.fail(w, errFleetNotFound)
+		return
 	}
 	if err := s.Auth.Authorize(r.Context(), id, ns, name); err != nil {
 		s.fail(w, err)
@@ -525,6 +545,41 @@ func (s *Server) retryAfter(slots map[string][]*coordLease) int {
 	return int(math.Ceil(min(soonest, 60)))
 }
 
+// errBanLimit is a ban over a fleet's or an identity's bound.
+type errBanLimit struct{ msg string }
+
+func (e *errBanLimit) Error() string { return e.msg }
+
+// banAllowed checks a new ban against the fleet's and the identity's
+// bounds; extending a ban that is live already is always allowed. Replicas
+// count from their caches, so the bounds hold up to what they grant at the
+// same moment.
+func (s *Server) banAllowed(ctx context.Context, ns, fleet, proxy, domain string, id *Identity) error {
+	if s.MaxBansPerFleet <= 0 && s.MaxBansPerIdentity <= 0 {
+		return nil
+	}
+	bans, err := s.Leases.ActiveBans(ctx, ns, fleet)
+	if err != nil {
+		return err
+	}
+	mine := 0
+	for _, b := range bans {
+		if b.Proxy == proxy && strings.EqualFold(b.Domain, domain) {
+			return nil
+		}
+		if b.Identity == id.User {
+			mine++
+		}
+	}
+	switch {
+	case s.MaxBansPerFleet > 0 && len(bans) >= s.MaxBansPerFleet:
+		return &errBanLimit{fmt.Sprintf("fleet %s/%s has %d live bans, its bound (--max-bans-per-fleet): lift some with an \"ok\" report, or wait for their cooldowns", ns, fleet, len(bans))}
+	case s.MaxBansPerIdentity > 0 && mine >= s.MaxBansPerIdentity:
+		return &errBanLimit{fmt.Sprintf("%s has %d live bans in fleet %s/%s, its bound (--max-bans-per-identity)", id.User, mine, ns, fleet)}
+	}
+	return nil
+}
+
 func reason(err error) string {
 	switch {
 	case errors.Is(err, ErrForbidden):
@@ -611,9 +666,11 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request, id *Identity) {
 	// previous one's grace ends; none for a proxy that still takes only
 	// the credentials the crawler was given.
 	if m := toMember(p); !m.CredentialsOutdated {
+		// The lease is renewed whatever happens here: a failure to read
+		// the credentials leaves the URL out, never answers an error
+		// that would make the crawler drop a lease it holds.
 		if out.ProxyURL, err = s.Catalog.ProxyURL(r.Context(), m); err != nil {
-			s.fail(w, err)
-			return
+			s.Log.Info("Renewed a lease without its proxy's URL", "lease", leaseID, "error", err)
 		}
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -662,7 +719,11 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, id *Identity) {
 			s.fail(w, err)
 			return
 		}
-		if err := s.Leases.Ban(r.Context(), ns, fleet, proxy, req.Domain, cooldown); err != nil {
+		if err := s.banAllowed(r.Context(), ns, fleet, proxy, req.Domain, id); err != nil {
+			s.fail(w, err)
+			return
+		}
+		if err := s.Leases.Ban(r.Context(), ns, fleet, proxy, req.Domain, cooldown, id.User); err != nil {
 			s.fail(w, err)
 			return
 		}

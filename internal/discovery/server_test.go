@@ -74,7 +74,7 @@ func fleet(t testing.TB, ns, name string, n, maxLeases int, healthy func(i int) 
 	}
 }
 
-func server(t *testing.T, static string) *httptest.Server {
+func server(t *testing.T, static string, mods ...func(*discovery.Server)) *httptest.Server {
 	t.Helper()
 	bed := sharedBed.Env(t)
 	var tokens *discovery.StaticTokens
@@ -93,6 +93,9 @@ func server(t *testing.T, static string) *httptest.Server {
 		Leases:  &lease.Store{Client: bed.Client, OwnerOf: discovery.ProxyOwner(bed.Client)},
 		Auth:    &discovery.Kubernetes{Client: bed.Client, Static: tokens},
 		Metrics: discovery.NewMetrics(), Log: logging.NewNopLogger(),
+	}
+	for _, m := range mods {
+		m(s)
 	}
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)

@@ -94,3 +94,24 @@ func TestProxyExists(t *testing.T) {
 		}
 	}
 }
+
+// TestTTLsStandInBriefly: TTLs read a while ago stand in, for up to five
+// minutes, when they cannot be read again; after that the fleet fails
+// closed.
+func TestTTLsStandInBriefly(t *testing.T) {
+	now := time.Unix(1000, 0)
+	capped := map[string]any{"leases": map[string]any{"defaultTTL": "1m", "maxTTL": "5m"}}
+	c := &discovery.Catalog{Direct: reader{spec: capped}, Now: func() time.Time { return now }}
+	if _, _, err := c.TTLs(context.Background(), "ns", "f"); err != nil {
+		t.Fatal(err)
+	}
+	c.Direct = reader{err: kerrors.NewServiceUnavailable("etcd is down")}
+	now = now.Add(4 * time.Minute)
+	if _, maxTTL, err := c.TTLs(context.Background(), "ns", "f"); err != nil || maxTTL != 5*time.Minute {
+		t.Errorf("4 minutes after a good read: want the TTLs read then, got %s %v", maxTTL, err)
+	}
+	now = now.Add(2 * time.Minute)
+	if _, maxTTL, err := c.TTLs(context.Background(), "ns", "f"); err == nil {
+		t.Errorf("6 minutes after a good read: want an error, got %s", maxTTL)
+	}
+}

@@ -51,7 +51,8 @@ func (f *Function) access(fleet *Fleet) (map[string]*fnv1.Resource, error) {
 	name := fleet.Name + accessSuffix
 	rules := []rbacv1.PolicyRule{{
 		APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"},
-		Verbs: []string{"get", "create", "update", "delete"},
+		// patch: a renewal is a JSON patch guarded by the grant's UID.
+		Verbs: []string{"get", "create", "update", "patch", "delete"},
 	}}
 	if ref := fleet.spec.Proxy.AuthSecretRef; ref != nil {
 		rules = append(rules, rbacv1.PolicyRule{

@@ -355,7 +355,7 @@ func TestDiscoveryAccess(t *testing.T) {
 	got := grants(fn, validSpec)
 	role, binding := got[resourceAccessRole].GetResource().AsMap(), got[resourceAccessBinding].GetResource().AsMap()
 	wantRules := []any{
-		map[string]any{"apiGroups": []any{"coordination.k8s.io"}, "resources": []any{"leases"}, "verbs": []any{"get", "create", "update", "delete"}},
+		map[string]any{"apiGroups": []any{"coordination.k8s.io"}, "resources": []any{"leases"}, "verbs": []any{"get", "create", "update", "patch", "delete"}},
 		map[string]any{"apiGroups": []any{""}, "resources": []any{"secrets"}, "resourceNames": []any{"auth"}, "verbs": []any{"get"}},
 	}
 	if diff := cmp.Diff(wantRules, role["rules"]); diff != "" {

@@ -6,6 +6,10 @@ import (
 	"testing"
 	"time"
 
+	coordv1 "k8s.io/api/coordination/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
@@ -24,8 +28,9 @@ func TestIdentityBound(t *testing.T) {
 	}
 	const mallory = "system:serviceaccount:team-b:crawler"
 	// On the replica that granted it (which remembers the grant) and on
-	// another (which reads it).
-	other := &lease.Store{Client: bed.Client}
+	// another (which reads it), whose client reads a cache that has not
+	// seen the grant yet, as a manager's does: it reads the API server.
+	other := &lease.Store{Client: staleReads{bed.Client}, Reader: bed.Client}
 	for name, st := range map[string]*lease.Store{"granting replica": s, "another replica": other} {
 		if _, err := st.Renew(ctx, g.ID, mallory, time.Hour); !errors.Is(err, lease.ErrNotYours) {
 			t.Errorf("%s: renew by another identity: want ErrNotYours, got %v", name, err)
@@ -61,4 +66,12 @@ func TestIdentityBound(t *testing.T) {
 	if err := s.Release(ctx, old.ID, mallory); err != nil {
 		t.Errorf("a lease without a recorded identity releases for whoever knows its ID: %v", err)
 	}
+}
+
+// staleReads is a client whose reads come from a cache that has seen
+// nothing yet.
+type staleReads struct{ client.Client }
+
+func (staleReads) Get(_ context.Context, key client.ObjectKey, _ client.Object, _ ...client.GetOption) error {
+	return kerrors.NewNotFound(coordv1.Resource("leases"), key.Name)
 }

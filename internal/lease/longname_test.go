@@ -51,7 +51,7 @@ func TestLongFleetNameLeasesAndRotates(t *testing.T) {
 		t.Fatalf("Slots by exact proxy name: %v, %v", slots, err)
 	}
 	// A ban's object name is the longest the fleet makes.
-	if err := s.Ban(ctx, ns, fleet, old, "shop.example", time.Minute); err != nil {
+	if err := s.Ban(ctx, ns, fleet, old, "shop.example", time.Minute, ""); err != nil {
 		t.Fatalf("Ban on a proxy of a long-named fleet: %v", err)
 	}
 	if bans, err := s.Bans(ctx, ns, fleet); err != nil || len(bans[old]) != 1 {

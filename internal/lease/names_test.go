@@ -187,7 +187,7 @@ func TestInvalidTTL(t *testing.T) {
 		if _, err := s.Renew(context.Background(), "ns/f-0-slot-0/uid", "", ttl); !errors.Is(err, ErrInvalidTTL) {
 			t.Errorf("Renew with TTL %s: want ErrInvalidTTL, got %v", ttl, err)
 		}
-		if err := s.Ban(context.Background(), "ns", "f", "f-0", "example.com", ttl); !errors.Is(err, ErrInvalidTTL) {
+		if err := s.Ban(context.Background(), "ns", "f", "f-0", "example.com", ttl, ""); !errors.Is(err, ErrInvalidTTL) {
 			t.Errorf("Ban for %s: want ErrInvalidTTL, got %v", ttl, err)
 		}
 	}

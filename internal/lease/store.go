@@ -78,8 +78,12 @@ type Grant struct {
 
 // Store keeps leases and bans in the API server.
 type Store struct {
-	// Client writes, and reads what must be current, from the API server.
+	// Client writes to the API server (its reads may be a manager's
+	// cache).
 	Client client.Client
+	// Reader reads what must be current from the API server itself; nil
+	// means Client.
+	Reader client.Reader
 	// Cache is a possibly stale view used only to choose which slots to try
 	// first; nil means Client.
 	Cache client.Reader
@@ -106,15 +110,27 @@ type Store struct {
 	grantsSince atomic.Int64
 }
 
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
+
 type grantedEntry struct {
 	identity string
 	until    time.Time
 }
 
-// remember notes a grant; every 1024 grants, those past their first
-// expiry are forgotten (a renewed one is read when next used).
+// grantRemembered is how long a grant's identity is remembered: long
+// enough for a crawler that releases at once; later ones are read.
+const grantRemembered = time.Minute
+
+// remember notes a grant; every 1024 grants, those remembered past
+// grantRemembered (or their expiry) are forgotten, so the map holds at most
+// a minute of grants.
 func (s *Store) remember(g *Grant, identity string) {
-	s.granted.Store(g.ID, grantedEntry{identity: identity, until: g.ExpiresAt})
+	s.granted.Store(g.ID, grantedEntry{identity: identity, until: minTime(g.ExpiresAt, s.now().Add(grantRemembered))})
 	if s.grantsSince.Add(1)%1024 != 0 {
 		return
 	}
@@ -149,6 +165,13 @@ func (s *Store) now() time.Time {
 		return s.Now()
 	}
 	return time.Now()
+}
+
+func (s *Store) reader() client.Reader {
+	if s.Reader != nil {
+		return s.Reader
+	}
+	return s.Client
 }
 
 func (s *Store) cache() client.Reader {
@@ -476,7 +499,7 @@ func (s *Store) Get(ctx context.Context, id, identity string) (*coordv1.Lease, e
 		return nil, err
 	}
 	l := &coordv1.Lease{}
-	if err := s.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, l); err != nil {
+	if err := s.reader().Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, l); err != nil {
 		if kerrors.IsNotFound(err) {
 			return nil, ErrNotFound
 		}
@@ -505,7 +528,7 @@ func (s *Store) owned(ctx context.Context, id, identity string) error {
 	if err != nil {
 		return err
 	}
-	if v, ok := s.granted.Load(id); ok {
+	if v, ok := s.granted.Load(id); ok && !s.now().After(v.(grantedEntry).until) { //nolint:forcetypeassert // Only entries are stored.
 		if e := v.(grantedEntry); e.identity != "" && e.identity != identity { //nolint:forcetypeassert // Only entries are stored.
 			return ErrNotYours
 		}
@@ -514,7 +537,7 @@ func (s *Store) owned(ctx context.Context, id, identity string) error {
 	l := &coordv1.Lease{}
 	key := types.NamespacedName{Namespace: ns, Name: name}
 	if err := s.cache().Get(ctx, key, l); err != nil || string(l.UID) != tok {
-		if err := s.Client.Get(ctx, key, l); err != nil {
+		if err := s.reader().Get(ctx, key, l); err != nil {
 			if kerrors.IsNotFound(err) {
 				return ErrNotFound
 			}
@@ -627,7 +650,7 @@ func BanName(proxy, domain string) string {
 
 // Ban records that a proxy is banned for a domain until cooldown passes. It
 // is a Lease object too, so every replica honours it.
-func (s *Store) Ban(ctx context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration) error {
+func (s *Store) Ban(ctx context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string) error {
 	if !validTTL(cooldown) {
 		return ErrInvalidTTL
 	}
@@ -647,6 +670,9 @@ func (s *Store) Ban(ctx context.Context, namespace, fleet, proxy, domain string,
 			AcquireTime: &metav1.MicroTime{Time: now}, RenewTime: &metav1.MicroTime{Time: now},
 		},
 	}
+	if identity != "" {
+		want.Annotations[AnnotationIdentity] = identity
+	}
 	names(&want.ObjectMeta, fleet, proxy)
 	s.own(ctx, &want.ObjectMeta, proxy)
 	err := s.Client.Create(ctx, want)
@@ -665,6 +691,25 @@ func (s *Store) Ban(ctx context.Context, namespace, fleet, proxy, domain string,
 func (s *Store) Unban(ctx context.Context, namespace, proxy, domain string) error {
 	err := s.Client.Delete(ctx, &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: BanName(proxy, strings.ToLower(domain))}})
 	return errors.Wrap(client.IgnoreNotFound(err), "cannot lift ban")
+}
+
+// Ban is one live ban, and who reported it.
+type Ban struct{ Proxy, Domain, Identity string }
+
+// ActiveBans lists a fleet's live bans, from the cache.
+func (s *Store) ActiveBans(ctx context.Context, namespace, fleet string) ([]Ban, error) {
+	l := &coordv1.LeaseList{}
+	if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet), fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindBan}); err != nil {
+		return nil, errors.Wrap(err, "cannot list bans")
+	}
+	var out []Ban
+	now := s.now()
+	for i := range l.Items {
+		if b := &l.Items[i]; !Expired(b, now) && fleetv1alpha1.FleetName(b) == fleet {
+			out = append(out, Ban{Proxy: fleetv1alpha1.ProxyName(b), Domain: b.Annotations[AnnotationDomain], Identity: b.Annotations[AnnotationIdentity]})
+		}
+	}
+	return out, nil
 }
 
 // Bans lists a fleet's live bans: proxy name to banned domains.

@@ -116,7 +116,7 @@ func TestSemantics(t *testing.T) {
 	})
 
 	t.Run("Bans", func(t *testing.T) {
-		if err := s.Ban(ctx, ns, "crawlers", "p1", "Example.COM", 10*time.Minute); err != nil {
+		if err := s.Ban(ctx, ns, "crawlers", "p1", "Example.COM", 10*time.Minute, "someone"); err != nil {
 			t.Fatal(err)
 		}
 		bans, err := s.Bans(ctx, ns, "crawlers")
