@@ -50,6 +50,8 @@ type CLI struct {
 	MaxInFlight            int           `help:"How many API requests are served at once; more are answered 503 with Retry-After." default:"256" env:"MAX_IN_FLIGHT"`
 	RatePerIdentity        float64       `help:"Requests a second each caller identity may make on average (a token bucket); more are answered 429 with Retry-After. 0 sets no limit." default:"100" env:"RATE_PER_IDENTITY"`
 	BurstPerIdentity       int           `help:"Requests each caller identity may make at once, above its rate." default:"200" env:"BURST_PER_IDENTITY"`
+	MaxBansPerFleet        int           `help:"Live domain bans a fleet may hold; a report over it is answered 429. 0 sets no bound." default:"1000" env:"MAX_BANS_PER_FLEET"`
+	MaxBansPerIdentity     int           `help:"Live domain bans one caller identity may hold in a fleet; a report over it is answered 429. 0 sets no bound." default:"100" env:"MAX_BANS_PER_IDENTITY"`
 	Debug                  bool          `help:"Log at debug level." default:"false" env:"DEBUG"`
 }
 
@@ -64,6 +66,9 @@ func (c *CLI) Validate() error {
 	}
 	if c.MaxInFlight < 1 {
 		return errors.Errorf("--max-in-flight (MAX_IN_FLIGHT) must be at least 1, not %d", c.MaxInFlight)
+	}
+	if c.MaxBansPerFleet < 0 || c.MaxBansPerIdentity < 0 {
+		return errors.Errorf("--max-bans-per-fleet (MAX_BANS_PER_FLEET) and --max-bans-per-identity (MAX_BANS_PER_IDENTITY) must be 0 (no bound) or positive, not %d and %d", c.MaxBansPerFleet, c.MaxBansPerIdentity)
 	}
 	if c.RatePerIdentity < 0 || (c.RatePerIdentity > 0 && c.BurstPerIdentity < 1) {
 		return errors.Errorf("--rate-per-identity (RATE_PER_IDENTITY) must be 0 (no limit) or positive with --burst-per-identity (BURST_PER_IDENTITY) at least 1, not %g and %d", c.RatePerIdentity, c.BurstPerIdentity)
@@ -110,7 +115,7 @@ func (c *CLI) Run() error {
 	srv := &discovery.Server{
 		Catalog: &discovery.Catalog{Cache: mgr.GetCache(), Direct: mgr.GetAPIReader(), Fleets: fleets},
 		Leases:  store, Auth: auth, Metrics: discovery.NewMetrics(), Log: log,
-		Version: version,
+		Version: version, MaxBansPerFleet: c.MaxBansPerFleet, MaxBansPerIdentity: c.MaxBansPerIdentity,
 	}
 	if c.RatePerIdentity > 0 {
 		srv.Limits = &discovery.IdentityLimits{Rate: rate.Limit(c.RatePerIdentity), Burst: c.BurstPerIdentity, Size: c.AuthCacheSize}

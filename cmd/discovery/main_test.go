@@ -24,6 +24,8 @@ func TestHelp(t *testing.T) {
 		{Flag: "max-in-flight", Env: "MAX_IN_FLIGHT", Default: "256"},
 		{Flag: "rate-per-identity", Env: "RATE_PER_IDENTITY", Default: "100"},
 		{Flag: "burst-per-identity", Env: "BURST_PER_IDENTITY", Default: "200"},
+		{Flag: "max-bans-per-fleet", Env: "MAX_BANS_PER_FLEET", Default: "1000"},
+		{Flag: "max-bans-per-identity", Env: "MAX_BANS_PER_IDENTITY", Default: "100"},
 		{Flag: "debug", Env: "DEBUG", Default: "false"},
 	}
 	clitest.CheckSettings(t, k, want)
@@ -43,6 +45,7 @@ func TestBadEnv(t *testing.T) {
 		"ZeroInFlight": {env: "MAX_IN_FLIGHT", value: "0"},
 		"NegativeRate": {env: "RATE_PER_IDENTITY", value: "-1"},
 		"ZeroBurst":    {env: "BURST_PER_IDENTITY", value: "0"},
+		"NegativeBans": {env: "MAX_BANS_PER_FLEET", value: "-1"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -52,7 +55,7 @@ func TestBadEnv(t *testing.T) {
 }
 
 func TestSettings(t *testing.T) {
-	defaults := CLI{Address: ":8080", HealthProbeBindAddress: ":8081", SweepInterval: 30 * time.Second, AuthCacheSize: 10000, MaxInFlight: 256, RatePerIdentity: 100, BurstPerIdentity: 200}
+	defaults := CLI{Address: ":8080", HealthProbeBindAddress: ":8081", SweepInterval: 30 * time.Second, AuthCacheSize: 10000, MaxInFlight: 256, RatePerIdentity: 100, BurstPerIdentity: 200, MaxBansPerFleet: 1000, MaxBansPerIdentity: 100}
 	with := func(f func(c *CLI)) CLI {
 		c := defaults
 		f(&c)
