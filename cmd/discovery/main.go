@@ -46,6 +46,7 @@ type CLI struct {
 	HealthProbeBindAddress string        `help:"Address of /healthz and /readyz." default:":8081" env:"HEALTH_PROBE_BIND_ADDRESS"`
 	TokenFile              string        `help:"Optional file of static tokens for crawlers outside the cluster: \"<token> <namespace>[,<namespace>...]\" per line." default:"" env:"TOKEN_FILE"`
 	SweepInterval          time.Duration `help:"How often expired leases and the leases of deleted proxies are deleted." default:"30s" env:"SWEEP_INTERVAL"`
+	TokenAudience          string        `help:"Audience a ServiceAccount token must be issued for (kubectl create token <sa> --audience egress-discovery, or a projected token volume with it); a token for the API server is refused. Empty accepts any." default:"egress-discovery" env:"TOKEN_AUDIENCE"`
 	AuthCacheSize          int           `help:"How many token reviews, and how many access reviews, are remembered (30s each); the least recently used go first." default:"10000" env:"AUTH_CACHE_SIZE"`
 	MaxInFlight            int           `help:"How many API requests are served at once; more are answered 503 with Retry-After." default:"256" env:"MAX_IN_FLIGHT"`
 	RatePerIdentity        float64       `help:"Requests a second each caller identity may make on average (a token bucket); more are answered 429 with Retry-After. 0 sets no limit." default:"100" env:"RATE_PER_IDENTITY"`
@@ -105,7 +106,7 @@ func (c *CLI) Run() error {
 	} else {
 		fleets = mgr.GetCache()
 	}
-	auth := &discovery.Kubernetes{Client: mgr.GetClient(), CacheSize: c.AuthCacheSize}
+	auth := &discovery.Kubernetes{Client: mgr.GetClient(), CacheSize: c.AuthCacheSize, Audience: c.TokenAudience}
 	if c.TokenFile != "" {
 		if auth.Static, err = discovery.LoadStaticTokens(c.TokenFile); err != nil {
 			return errors.Wrap(err, "cannot load static tokens")

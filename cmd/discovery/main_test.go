@@ -20,6 +20,7 @@ func TestHelp(t *testing.T) {
 		{Flag: "health-probe-bind-address", Env: "HEALTH_PROBE_BIND_ADDRESS", Default: `":8081"`},
 		{Flag: "token-file", Env: "TOKEN_FILE", Default: `""`},
 		{Flag: "sweep-interval", Env: "SWEEP_INTERVAL", Default: "30s"},
+		{Flag: "token-audience", Env: "TOKEN_AUDIENCE", Default: `"egress-discovery"`},
 		{Flag: "auth-cache-size", Env: "AUTH_CACHE_SIZE", Default: "10000"},
 		{Flag: "max-in-flight", Env: "MAX_IN_FLIGHT", Default: "256"},
 		{Flag: "rate-per-identity", Env: "RATE_PER_IDENTITY", Default: "100"},
@@ -55,7 +56,7 @@ func TestBadEnv(t *testing.T) {
 }
 
 func TestSettings(t *testing.T) {
-	defaults := CLI{Address: ":8080", HealthProbeBindAddress: ":8081", SweepInterval: 30 * time.Second, AuthCacheSize: 10000, MaxInFlight: 256, RatePerIdentity: 100, BurstPerIdentity: 200, MaxBansPerFleet: 1000, MaxBansPerIdentity: 100}
+	defaults := CLI{Address: ":8080", HealthProbeBindAddress: ":8081", SweepInterval: 30 * time.Second, TokenAudience: "egress-discovery", AuthCacheSize: 10000, MaxInFlight: 256, RatePerIdentity: 100, BurstPerIdentity: 200, MaxBansPerFleet: 1000, MaxBansPerIdentity: 100}
 	with := func(f func(c *CLI)) CLI {
 		c := defaults
 		f(&c)

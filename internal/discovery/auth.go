@@ -7,6 +7,7 @@ import (
 	"encoding/hex"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -54,6 +55,11 @@ func bearer(r *http.Request) string {
 // can pass for a static token's, nor hold its leases.
 const StaticPrefix = "static:"
 
+// DefaultAudience is the audience discovery's tokens are issued for:
+// kubectl create token <sa> --audience egress-discovery, or a projected
+// serviceAccountToken volume with that audience.
+const DefaultAudience = "egress-discovery"
+
 func tokenKey(t string) string {
 	s := sha256.Sum256([]byte(t))
 	return hex.EncodeToString(s[:])
@@ -70,6 +76,10 @@ type Kubernetes struct {
 	// CacheSize bounds the answers remembered, of each kind (token
 	// reviews, access reviews); zero means DefaultAuthCacheSize.
 	CacheSize int
+	// Audience, when set, is the audience a token must be issued for
+	// (DefaultAudience): a token for the API server is refused, and one
+	// sent here cannot be replayed against the API server.
+	Audience string
 	// Static, when set, is tried first: tokens for crawlers outside the
 	// cluster.
 	Static *StaticTokens
@@ -135,6 +145,9 @@ func (k *Kubernetes) Authenticate(ctx context.Context, r *http.Request) (*Identi
 	k.mu.Unlock()
 
 	tr := &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: t}}
+	if k.Audience != "" {
+		tr.Spec.Audiences = []string{k.Audience}
+	}
 	if err := k.Client.Create(ctx, tr); err != nil {
 		return nil, errors.Wrap(err, "cannot review token")
 	}
@@ -142,7 +155,7 @@ func (k *Kubernetes) Authenticate(ctx context.Context, r *http.Request) (*Identi
 	var err error
 	// An identity without a name could not own a lease, and one named as
 	// a static token's could pass for it.
-	if u := tr.Status.User.Username; tr.Status.Authenticated && u != "" && !strings.HasPrefix(u, StaticPrefix) {
+	if u := tr.Status.User.Username; tr.Status.Authenticated && u != "" && !strings.HasPrefix(u, StaticPrefix) && k.audienceOK(tr.Status.Audiences) {
 		id = &Identity{User: u, Groups: tr.Status.User.Groups, token: key}
 	} else {
 		err = ErrUnauthenticated
@@ -151,6 +164,11 @@ func (k *Kubernetes) Authenticate(ctx context.Context, r *http.Request) (*Identi
 	k.authn.add(key, cached[*Identity]{v: id, err: err}, k.now())
 	k.mu.Unlock()
 	return id, err
+}
+
+// audienceOK says whether a reviewed token was issued for k's audience.
+func (k *Kubernetes) audienceOK(got []string) bool {
+	return k.Audience == "" || slices.Contains(got, k.Audience)
 }
 
 // Authorize asks the API server whether id may use the fleet.

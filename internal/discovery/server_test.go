@@ -287,21 +287,29 @@ func TestServiceAccountTokens(t *testing.T) {
 		Subjects: []rbacv1.Subject{{Kind: "ServiceAccount", Name: "allowed", Namespace: ns}}}); err != nil {
 		t.Fatal(err)
 	}
-	token := func(sa string) string {
-		tr, err := kc.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(600))}}, metav1.CreateOptions{})
+	token := func(sa string, audiences ...string) string {
+		tr, err := kc.CoreV1().ServiceAccounts(ns).CreateToken(ctx, sa, &authnv1.TokenRequest{Spec: authnv1.TokenRequestSpec{ExpirationSeconds: ptr.To(int64(600)), Audiences: audiences}}, metav1.CreateOptions{})
 		if err != nil {
 			t.Fatal(err)
 		}
 		return tr.Status.Token
 	}
-	srv := server(t, "")
+	srv := server(t, "", func(s *discovery.Server) { s.Auth.(*discovery.Kubernetes).Audience = discovery.DefaultAudience })
 	for _, tc := range []struct {
-		sa   string
-		want int
-	}{{"allowed", 200}, {"denied", 403}} {
-		code, _, body := call(t, srv, token(tc.sa), "GET", "/v1/fleets/"+ns+"/crawlers/proxies", "")
+		sa       string
+		audience []string
+		want     int
+	}{
+		{"allowed", []string{discovery.DefaultAudience}, 200},
+		{"denied", []string{discovery.DefaultAudience}, 403},
+		// A token for the API server (its default audience) is refused:
+		// one sent here could be replayed there.
+		{"allowed", nil, 401},
+		{"allowed", []string{"another-service"}, 401},
+	} {
+		code, _, body := call(t, srv, token(tc.sa, tc.audience...), "GET", "/v1/fleets/"+ns+"/crawlers/proxies", "")
 		if code != tc.want {
-			t.Errorf("ServiceAccount %s: want %d, got %d %s", tc.sa, tc.want, code, body)
+			t.Errorf("ServiceAccount %s, audiences %v: want %d, got %d %s", tc.sa, tc.audience, tc.want, code, body)
 		}
 	}
 	if code, _, _ := call(t, srv, "eyJhbGciOiJSUzI1NiJ9.garbage.sig", "GET", "/v1/fleets", ""); code != 401 {
