@@ -278,12 +278,7 @@ func killedSquidHeals(t *testing.T) {
 		t.Fatalf("no proxies of %s: %v", rotor, err)
 	}
 	victim := ps[0]
-	pidFile := filepath.Join(instanceDir(&victim), "squid.pid")
-	raw, err := os.ReadFile(pidFile)
-	if err != nil {
-		t.Fatalf("cannot read the pid of %s's Squid: %v", victim.Name, err)
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
+	pid, err := strconv.Atoi(squidPids(t, rotor)[victim.Name])
 	if err != nil {
 		t.Fatal(err)
 	}

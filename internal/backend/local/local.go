@@ -242,7 +242,10 @@ func (b *Backend) Get(_ context.Context, r backend.Ref) (*backend.Instance, erro
 	if _, err := os.Stat(filepath.Join(b.dir(r.Name), fileStarted)); err == nil || b.livePid(r.Name) > 0 {
 		phase = v1alpha1.InstancePhaseRunning
 	}
-	i := &backend.Instance{
+	// Until when it accepts its previous credentials is what
+	// RotateCredentials reads and answers; Get, which the orphan collector
+	// calls for every instance, reads no more than the record.
+	return &backend.Instance{
 		Ref:            backend.Ref{Name: r.Name},
 		ProviderID:     "local/" + r.Name,
 		Host:           rec.Host,
@@ -252,13 +255,7 @@ func (b *Backend) Get(_ context.Context, r backend.Ref) (*backend.Instance, erro
 		SpecHash:       rec.SpecHash,
 		CredentialsSum: rec.CredentialsSum,
 		Owner:          rec.Owner,
-	}
-	if prev, err := readOwned(filepath.Join(b.dir(r.Name), filePrevious)); err == nil {
-		if until, ok := squid.PreviousDeadline(prev); ok {
-			i.PreviousCredentialsUntil = until
-		}
-	}
-	return i, nil
+	}, nil
 }
 
 // Delete stops the process and removes every file of the instance.

@@ -54,17 +54,24 @@ func (e *external) syncCredentials(ctx context.Context, p *v1alpha1.Proxy, inst 
 	}
 	want = repairSpec(p, inst, want)
 	want.CredentialsSum = credentialsSum(want.Credentials, inst.Name)
-	rot, inPlace := e.backend.(backend.CredentialRotator)
-	switch {
-	case inPlace && allows(p, xpv2.ManagementActionUpdate):
+	if rot, ok := e.backend.(backend.CredentialRotator); ok && allows(p, xpv2.ManagementActionUpdate) {
 		return e.rotate(ctx, p, inst, want, rot)
+	}
+	return e.fixed(p, inst, want)
+}
+
+// fixed judges an instance whose credentials do not change in place (its
+// backend cannot change them, it was made before it could, or the
+// management policies leave out Update): current while it runs the auth
+// Secret's; else outdated, for its fleet to replace within its budget;
+// else out of date, for the provider to replace (or Crossplane to report).
+func (e *external) fixed(p *v1alpha1.Proxy, inst *backend.Instance, want backend.Spec) credentialsVerdict {
+	switch {
 	case inst.CredentialsSum == want.CredentialsSum:
 		return credentialsCurrent
-	case !inPlace && fleetv1alpha1.FleetName(p) != "":
+	case fleetv1alpha1.FleetName(p) != "":
 		return e.outdated(p, inst)
 	default:
-		// Observe-only, or a lone VM: out of date, for Crossplane to
-		// report or the provider to replace.
 		return credentialsReplace
 	}
 }
@@ -109,15 +116,8 @@ func (e *external) rotate(ctx context.Context, p *v1alpha1.Proxy, inst *backend.
 		e.countError("rotate", err)
 	}
 	switch {
-	case errors.Is(err, backend.ErrNoRotation) && inst.CredentialsSum == want.CredentialsSum:
-		// Made before its credentials could rotate, and running the
-		// current ones.
-		return credentialsCurrent
-	case errors.Is(err, backend.ErrNoRotation) && fleetv1alpha1.FleetName(p) != "":
-		// Its fleet replaces it, within its budget.
-		return e.outdated(p, inst)
 	case errors.Is(err, backend.ErrNoRotation):
-		return credentialsReplace
+		return e.fixed(p, inst, want)
 	case err != nil:
 		e.record.Event(p, event.Warning(ReasonCannotRotateCredentials, errors.Wrapf(err, "cannot bring the credentials of instance %s in line with the auth Secret", inst.ProviderID)))
 		if r == (backend.Rotation{}) {
