@@ -25,8 +25,8 @@ func TestHelp(t *testing.T) {
 		{Flag: "max-in-flight", Env: "MAX_IN_FLIGHT", Default: "256"},
 		{Flag: "rate-per-identity", Env: "RATE_PER_IDENTITY", Default: "100"},
 		{Flag: "burst-per-identity", Env: "BURST_PER_IDENTITY", Default: "200"},
-		{Flag: "max-bans-per-fleet", Env: "MAX_BANS_PER_FLEET", Default: "1000"},
-		{Flag: "max-bans-per-identity", Env: "MAX_BANS_PER_IDENTITY", Default: "100"},
+		{Flag: "max-bans-per-fleet", Env: "MAX_BANS_PER_FLEET", Default: "5000"},
+		{Flag: "max-bans-per-identity", Env: "MAX_BANS_PER_IDENTITY", Default: "1000"},
 		{Flag: "debug", Env: "DEBUG", Default: "false"},
 	}
 	clitest.CheckSettings(t, k, want)
@@ -56,7 +56,7 @@ func TestBadEnv(t *testing.T) {
 }
 
 func TestSettings(t *testing.T) {
-	defaults := CLI{Address: ":8080", HealthProbeBindAddress: ":8081", SweepInterval: 30 * time.Second, TokenAudience: "egress-discovery", AuthCacheSize: 10000, MaxInFlight: 256, RatePerIdentity: 100, BurstPerIdentity: 200, MaxBansPerFleet: 1000, MaxBansPerIdentity: 100}
+	defaults := CLI{Address: ":8080", HealthProbeBindAddress: ":8081", SweepInterval: 30 * time.Second, TokenAudience: "egress-discovery", AuthCacheSize: 10000, MaxInFlight: 256, RatePerIdentity: 100, BurstPerIdentity: 200, MaxBansPerFleet: 5000, MaxBansPerIdentity: 1000}
 	with := func(f func(c *CLI)) CLI {
 		c := defaults
 		f(&c)

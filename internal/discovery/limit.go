@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"time"
@@ -14,19 +15,25 @@ const (
 	ReadTimeout       = 30 * time.Second
 	WriteTimeout      = 60 * time.Second
 	IdleTimeout       = 120 * time.Second
-	// RequestTimeout bounds a request's handling: its context is cancelled
-	// and it is answered 503, so that one stuck on the API server does not
-	// hold its in-flight slot.
+	// RequestTimeout bounds a request's handling: its context is
+	// cancelled, so that one stuck on the API server does not hold its
+	// in-flight slot.
 	RequestTimeout = 30 * time.Second
 	// MaxHeaderBytes bounds a request's line and headers: room for a
 	// ServiceAccount token, not for a megabyte of path.
 	MaxHeaderBytes = 64 << 10
 )
 
-// WithTimeout answers a request that takes longer than RequestTimeout 503
-// with a JSON error, cancelling its context.
+// WithTimeout gives a request's context a deadline of RequestTimeout, so
+// that a handler stuck on the API server fails (503) and gives back its
+// in-flight slot. The handler still writes its own answer: a lease granted
+// just before the deadline is answered, not lost.
 func WithTimeout(h http.Handler) http.Handler {
-	return http.TimeoutHandler(h, RequestTimeout, `{"error":{"code":503,"message":"the request took longer than `+RequestTimeout.String()+`: try again"}}`)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), RequestTimeout)
+		defer cancel()
+		h.ServeHTTP(w, r.WithContext(ctx))
+	})
 }
 
 // LimitInFlight serves at most n requests at once; one more is answered

@@ -15,6 +15,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -61,6 +62,12 @@ type Server struct {
 	// fleet, and of the identities reporting them in it; zero sets no
 	// bound. A ban over either is answered 429.
 	MaxBansPerFleet, MaxBansPerIdentity int
+
+	// banRecord serialises the bound check and the write of a ban;
+	// bansMade are the bans this replica recorded lately, by fleet.
+	banRecord sync.Mutex
+	banMu     sync.Mutex
+	bansMade  map[string][]recentBan
 
 	snapMu sync.Mutex
 	snaps  map[string]snapshot
@@ -176,8 +183,6 @@ func (s *Server) fail(w http.ResponseWriter, err error) {
 		writeError(w, http.StatusUnauthorized, "", "authenticate with a bearer token: a ServiceAccount token or a static token")
 	case errors.Is(err, lease.ErrNotYours):
 		writeError(w, http.StatusForbidden, "", err.Error())
-	case errors.As(err, new(*errBanLimit)):
-		writeError(w, http.StatusTooManyRequests, "", err.Error())
 	case errors.As(err, new(*errBanLimit)):
 		writeError(w, http.StatusTooManyRequests, "", err.Error())
 	case errors.Is(err, ErrForbidden):
@@ -545,6 +550,64 @@ func (s *Server) retryAfter(slots map[string][]*coordLease) int {
 	return int(math.Ceil(min(soonest, 60)))
 }
 
+// recentBanTime is how long a ban this replica recorded is counted
+// besides its cache: longer than the cache takes to show it.
+const recentBanTime = 10 * time.Second
+
+type recentBan struct {
+	ban lease.Ban
+	at  time.Time
+}
+
+// recentBans returns the bans this replica recorded in the fleet in the
+// last recentBanTime that listed does not hold yet, forgetting older ones.
+func (s *Server) recentBans(key string, listed []lease.Ban) []lease.Ban {
+	s.banMu.Lock()
+	defer s.banMu.Unlock()
+	var out []lease.Ban
+	kept := s.bansMade[key][:0]
+	for _, r := range s.bansMade[key] {
+		if s.now().Sub(r.at) >= recentBanTime {
+			continue
+		}
+		kept = append(kept, r)
+		if !slices.ContainsFunc(listed, func(b lease.Ban) bool { return b.Proxy == r.ban.Proxy && strings.EqualFold(b.Domain, r.ban.Domain) }) {
+			out = append(out, r.ban)
+		}
+	}
+	if len(kept) == 0 {
+		delete(s.bansMade, key)
+	} else {
+		s.bansMade[key] = kept
+	}
+	return out
+}
+
+// ban checks a new ban against the bounds and records it, one at a time
+// per replica, so that reports racing on it cannot pass a bound together.
+func (s *Server) ban(ctx context.Context, ns, fleet, proxy, domain string, cooldown time.Duration, id *Identity) error {
+	s.banRecord.Lock()
+	defer s.banRecord.Unlock()
+	if err := s.banAllowed(ctx, ns, fleet, proxy, domain, id); err != nil {
+		return err
+	}
+	if err := s.Leases.Ban(ctx, ns, fleet, proxy, domain, cooldown, id.User); err != nil {
+		return err
+	}
+	s.banMu.Lock()
+	defer s.banMu.Unlock()
+	if s.bansMade == nil {
+		s.bansMade = map[string][]recentBan{}
+	}
+	key := ns + "/" + fleet
+	// An extended ban is one ban, not another.
+	made := slices.DeleteFunc(s.bansMade[key], func(r recentBan) bool {
+		return r.ban.Proxy == proxy && strings.EqualFold(r.ban.Domain, domain)
+	})
+	s.bansMade[key] = append(made, recentBan{ban: lease.Ban{Proxy: proxy, Domain: domain, Identity: id.User}, at: s.now()})
+	return nil
+}
+
 // errBanLimit is a ban over a fleet's or an identity's bound.
 type errBanLimit struct{ msg string }
 
@@ -562,6 +625,9 @@ func (s *Server) banAllowed(ctx context.Context, ns, fleet, proxy, domain string
 	if err != nil {
 		return err
 	}
+	// With the bans this replica recorded lately, which its cache may
+	// not show yet: reports racing on one replica count each other.
+	bans = append(bans, s.recentBans(ns+"/"+fleet, bans)...)
 	mine := 0
 	for _, b := range bans {
 		if b.Proxy == proxy && strings.EqualFold(b.Domain, domain) {
@@ -719,11 +785,7 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, id *Identity) {
 			s.fail(w, err)
 			return
 		}
-		if err := s.banAllowed(r.Context(), ns, fleet, proxy, req.Domain, id); err != nil {
-			s.fail(w, err)
-			return
-		}
-		if err := s.Leases.Ban(r.Context(), ns, fleet, proxy, req.Domain, cooldown, id.User); err != nil {
+		if err := s.ban(r.Context(), ns, fleet, proxy, req.Domain, cooldown, id); err != nil {
 			s.fail(w, err)
 			return
 		}

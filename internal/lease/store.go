@@ -683,6 +683,10 @@ func (s *Store) Ban(ctx context.Context, namespace, fleet, proxy, domain string,
 	if err := s.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: want.Name}, cur); err != nil {
 		return errors.Wrap(err, "cannot get ban")
 	}
+	if Expired(cur, now) {
+		// A lapsed ban not swept yet: the new one is the new reporter's.
+		cur.Labels, cur.Annotations = want.Labels, want.Annotations
+	}
 	cur.Spec = want.Spec
 	return errors.Wrap(s.Client.Update(ctx, cur), "cannot extend ban")
 }

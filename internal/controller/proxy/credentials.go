@@ -54,17 +54,24 @@ func (e *external) syncCredentials(ctx context.Context, p *v1alpha1.Proxy, inst 
 	}
 	want = repairSpec(p, inst, want)
 	want.CredentialsSum = credentialsSum(want.Credentials, inst.Name)
-	if rot, ok := e.backend.(backend.CredentialRotator); ok && allows(p, xpv2.ManagementActionUpdate) {
+	rot, inPlace := e.backend.(backend.CredentialRotator)
+	switch {
+	case inPlace && allows(p, xpv2.ManagementActionUpdate):
 		return e.rotate(ctx, p, inst, want, rot)
+	case inPlace && inst.CredentialsSum != want.CredentialsSum:
+		// The management policies leave out Update: out of date, for
+		// Crossplane to report; nothing for a fleet to replace.
+		return credentialsReplace
+	case inPlace:
+		return credentialsCurrent
 	}
 	return e.fixed(p, inst, want)
 }
 
-// fixed judges an instance whose credentials do not change in place (its
-// backend cannot change them, it was made before it could, or the
-// management policies leave out Update): current while it runs the auth
-// Secret's; else outdated, for its fleet to replace within its budget;
-// else out of date, for the provider to replace (or Crossplane to report).
+// fixed judges an instance whose credentials cannot change in place (its
+// backend cannot change them, or it was made before it could): current
+// while it runs the auth Secret's; else outdated, for its fleet to replace
+// within its budget; else out of date, for the provider to replace.
 func (e *external) fixed(p *v1alpha1.Proxy, inst *backend.Instance, want backend.Spec) credentialsVerdict {
 	switch {
 	case inst.CredentialsSum == want.CredentialsSum:

@@ -84,6 +84,11 @@ func TestCredentialsChange(t *testing.T) {
 			inPlace: true, policies: xpv2.ManagementPolicies{xpv2.ManagementActionObserve},
 			want: want{upToDate: false, probes: true, events: map[string]int{}},
 		},
+		"InPlaceObserveOnlyInFleet": {
+			reason:  "Observe-only in a fleet is out of date too, not outdated: the fleet would delete a Proxy whose instance observe-only leaves running.",
+			inPlace: true, fleet: true, policies: xpv2.ManagementPolicies{xpv2.ManagementActionObserve},
+			want: want{upToDate: false, probes: true, events: map[string]int{string(ReasonCredentialsOutdated): 0}},
+		},
 		"FleetMemberCannotRotate": {
 			reason: "A fleet's VM is reported outdated, for the fleet to replace within its budget; it is not probed with credentials it does not accept.",
 			fleet:  true,
