@@ -22,7 +22,7 @@ generate: tools ## Regenerate deepcopy code, CRDs and the ProxyFleet XRDs.
 	@# The ProxyFleet CRD is only an intermediate: Crossplane serves fleets
 	@# from the XRDs genxrd writes from its schema.
 	@rm -rf .cache/fleet-crd
-	cd apis && $(BIN)/controller-gen crd:crdVersions=v1 paths=./fleet/... output:crd:artifacts:config=../.cache/fleet-crd
+	cd apis && $(BIN)/controller-gen crd:crdVersions=v1,allowDangerousTypes=true paths=./fleet/... output:crd:artifacts:config=../.cache/fleet-crd
 	go run ./hack/genxrd -crd .cache/fleet-crd/crawl.example.com_proxyfleets.yaml -dir apis/fleet
 
 .PHONY: check-generate

@@ -52,6 +52,17 @@ var stack *devenv.Stack
 // the fleet's status to notice before the supervisor restarts it.
 const restartDelay = 6 * time.Second
 
+// discoveryClient talks to the stack's egress-discovery, over TLS, trusting
+// the CA the stack made for it.
+func discoveryClient(t *testing.T) *discoveryv1.Client {
+	t.Helper()
+	h, err := discoveryv1.NewHTTPClient(stack.DiscoveryCA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &discoveryv1.Client{BaseURL: stack.DiscoveryURL, Token: stack.Token, HTTP: h}
+}
+
 func TestMain(m *testing.M) {
 	root, err := filepath.Abs("..")
 	if err != nil {
@@ -182,7 +193,7 @@ func leaseAndFetchThroughProxy(t *testing.T) {
 		`curl -s -o /dev/null -w '%%{http_connect}\n' --max-time 10 -k --proxy "$(echo "$HTTPS_PROXY" | sed 's|//[^@]*@|//|')" %q 2>/dev/null; true`,
 		ca, target.URL+"/ip", other.URL+"/ip")
 	cmd := exec.Command(filepath.Join(stackRoot(), "bin", "egressctl"), "lease", "--fleet", ns+"/"+example, "--holder", "e2e", "--", "sh", "-c", script)
-	cmd.Env = append(os.Environ(), "EGRESS_DISCOVERY_URL="+stack.DiscoveryURL, "EGRESS_DISCOVERY_TOKEN="+stack.Token)
+	cmd.Env = append(os.Environ(), "EGRESS_DISCOVERY_URL="+stack.DiscoveryURL, "EGRESS_DISCOVERY_TOKEN="+stack.Token, "EGRESS_DISCOVERY_CA_FILE="+stack.DiscoveryCA)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
 		t.Fatalf("egressctl lease -- curl: %v\n%s", err, out)
@@ -399,7 +410,7 @@ func templateChangeRollsOut(t *testing.T) {
 		return slices.Equal(a, start), fmt.Sprintf("%v then %v", a, start)
 	})
 	const floor = 2
-	c := &discoveryv1.Client{BaseURL: stack.DiscoveryURL, Token: stack.Token}
+	c := discoveryClient(t)
 	held, err := c.Acquire(ctx, discoveryv1.AcquireRequest{Fleet: ns + "/" + rotor, Holder: "e2e-rollout", TTL: "10m"})
 	if err != nil {
 		t.Fatalf("acquire: %v", err)
@@ -537,7 +548,7 @@ func passwordRotatesInPlace(t *testing.T) {
 		return p
 	}
 
-	c := &discoveryv1.Client{BaseURL: stack.DiscoveryURL, Token: stack.Token}
+	c := discoveryClient(t)
 	held, err := c.Acquire(ctx, discoveryv1.AcquireRequest{Fleet: ns + "/" + rotor, Holder: "e2e-password", TTL: "10m"})
 	if err != nil {
 		t.Fatalf("acquire: %v", err)
@@ -724,7 +735,7 @@ func sampleReady(fleet string, floor int) func() readySamples {
 func deletingFleetsLeavesNothing(t *testing.T) {
 	ctx := context.Background()
 	// A crawler still holds a lease when the fleet goes.
-	c := &discoveryv1.Client{BaseURL: stack.DiscoveryURL, Token: stack.Token}
+	c := discoveryClient(t)
 	l, err := c.Acquire(ctx, discoveryv1.AcquireRequest{Fleet: ns + "/" + example, Holder: "e2e-left-behind"})
 	if err != nil {
 		t.Fatalf("cannot lease a proxy of %s: %v", example, err)

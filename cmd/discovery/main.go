@@ -6,7 +6,6 @@ package main
 import (
 	"context"
 	"net/http"
-	"sync/atomic"
 	"time"
 
 	"github.com/pkg/errors"
@@ -15,7 +14,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
-	toolscache "k8s.io/client-go/tools/cache"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -35,6 +33,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	dmetrics "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 )
 
 // description is what --help says discovery does.
@@ -43,6 +42,8 @@ const description = "egress-discovery serves the API crawlers use to list and le
 // CLI is discovery's settings; each can also come from the environment.
 type CLI struct {
 	Address                string        `help:"Address of the API, the status page and /metrics." default:":8080" env:"ADDRESS"`
+	TLSCertFile            string        `name:"tls-cert-file" help:"PEM certificate (chain) to serve the API over HTTPS with, read again when it changes; with --tls-key-file. Empty serves plain HTTP." default:"" env:"TLS_CERT_FILE"`
+	TLSKeyFile             string        `name:"tls-key-file" help:"PEM private key of --tls-cert-file." default:"" env:"TLS_KEY_FILE"`
 	HealthProbeBindAddress string        `help:"Address of /healthz and /readyz." default:":8081" env:"HEALTH_PROBE_BIND_ADDRESS"`
 	TokenFile              string        `help:"Optional file of static tokens for crawlers outside the cluster: \"<token> <namespace>[,<namespace>...]\" per line." default:"" env:"TOKEN_FILE"`
 	SweepInterval          time.Duration `help:"How often expired leases and the leases of deleted proxies are deleted." default:"30s" env:"SWEEP_INTERVAL"`
@@ -54,11 +55,18 @@ type CLI struct {
 	MaxBansPerFleet        int           `help:"Live domain bans a fleet may hold; a report over it is answered 429. 0 sets no bound." default:"5000" env:"MAX_BANS_PER_FLEET"`
 	MaxBansPerIdentity     int           `help:"Live domain bans one caller identity may hold in a fleet; a report over it is answered 429. 0 sets no bound." default:"1000" env:"MAX_BANS_PER_IDENTITY"`
 	Debug                  bool          `help:"Log at debug level." default:"false" env:"DEBUG"`
+	// ClockOffset runs the replica's clock off from the machine's, for
+	// tests of clock skew only (Go reads the time through the vDSO, so
+	// faketime cannot): hidden from --help and the README.
+	ClockOffset time.Duration `hidden:"" default:"0s" env:"EGRESS_DISCOVERY_TEST_CLOCK_OFFSET"`
 }
 
 // Validate refuses settings that parse but cannot work: a ticker of zero
 // panics.
 func (c *CLI) Validate() error {
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		return errors.New("--tls-cert-file (TLS_CERT_FILE) and --tls-key-file (TLS_KEY_FILE) go together: set both or neither")
+	}
 	if c.SweepInterval <= 0 {
 		return errors.Errorf("--sweep-interval (SWEEP_INTERVAL) must be positive, not %s", c.SweepInterval)
 	}
@@ -92,7 +100,7 @@ func (c *CLI) Run() error {
 	if err != nil {
 		return err
 	}
-	version, err := watchVersion(ctx, mgr)
+	version, err := discovery.WatchVersion(ctx, mgr.GetCache())
 	if err != nil {
 		return err
 	}
@@ -106,16 +114,21 @@ func (c *CLI) Run() error {
 	} else {
 		fleets = mgr.GetCache()
 	}
-	auth := &discovery.Kubernetes{Client: mgr.GetClient(), CacheSize: c.AuthCacheSize, Audience: c.TokenAudience}
+	now := time.Now
+	if off := c.ClockOffset; off != 0 {
+		log.Info("Running with a skewed clock, for a test", "offset", off)
+		now = func() time.Time { return time.Now().Add(off) }
+	}
+	auth := &discovery.Kubernetes{Client: mgr.GetClient(), CacheSize: c.AuthCacheSize, Audience: c.TokenAudience, Now: now}
 	if c.TokenFile != "" {
 		if auth.Static, err = discovery.LoadStaticTokens(c.TokenFile); err != nil {
 			return errors.Wrap(err, "cannot load static tokens")
 		}
 	}
-	store := &lease.Store{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Cache: mgr.GetCache(), OwnerOf: discovery.ProxyOwner(mgr.GetCache())}
+	store := &lease.Store{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Cache: mgr.GetCache(), OwnerOf: discovery.ProxyOwner(mgr.GetCache()), Now: now}
 	srv := &discovery.Server{
-		Catalog: &discovery.Catalog{Cache: mgr.GetCache(), Direct: mgr.GetAPIReader(), Fleets: fleets},
-		Leases:  store, Auth: auth, Metrics: discovery.NewMetrics(), Log: log,
+		Catalog: &discovery.Catalog{Cache: mgr.GetCache(), Direct: mgr.GetAPIReader(), Fleets: fleets, Now: now}, Now: now,
+		Leases: store, Auth: auth, Metrics: dmetrics.NewDiscovery(), Log: log,
 		Version: version, MaxBansPerFleet: c.MaxBansPerFleet, MaxBansPerIdentity: c.MaxBansPerIdentity,
 	}
 	if c.RatePerIdentity > 0 {
@@ -126,7 +139,7 @@ func (c *CLI) Run() error {
 	if err := mgr.Add(c.apiServer(srv, log)); err != nil {
 		return errors.Wrap(err, "cannot add the API server")
 	}
-	if err := mgr.Add(c.sweeper(mgr.GetCache(), store, log)); err != nil {
+	if err := mgr.Add(&discovery.Sweeper{Leases: store, Proxies: mgr.GetCache(), Interval: c.SweepInterval, Log: log}); err != nil {
 		return errors.Wrap(err, "cannot add the lease sweeper")
 	}
 	return errors.Wrap(mgr.Start(ctx), "cannot run manager")
@@ -169,26 +182,6 @@ func (c *CLI) newManager() (manager.Manager, error) {
 		return nil, errors.Wrap(err, "cannot add ready check")
 	}
 	return mgr, nil
-}
-
-// watchVersion watches Proxies and Leases: the catalog and the lease view
-// read the cache; every write goes to the API server. Any change bumps the
-// version that listing snapshots are checked against.
-func watchVersion(ctx context.Context, mgr manager.Manager) (func() uint64, error) {
-	version := &atomic.Uint64{}
-	bump := func(any) { version.Add(1) }
-	for _, o := range []client.Object{&v1alpha1.Proxy{}, &coordv1.Lease{}} {
-		inf, err := mgr.GetCache().GetInformer(ctx, o)
-		if err != nil {
-			return nil, errors.Wrapf(err, "cannot watch %T", o)
-		}
-		if _, err := inf.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
-			AddFunc: bump, DeleteFunc: bump, UpdateFunc: func(_, n any) { bump(n) },
-		}); err != nil {
-			return nil, errors.Wrapf(err, "cannot watch %T", o)
-		}
-	}
-	return version.Load, nil
 }
 
 // gauges count what the cache holds, read at each scrape.
@@ -234,33 +227,25 @@ func (c *CLI) apiServer(srv *discovery.Server, log logging.Logger) manager.Runna
 			defer cancel()
 			_ = httpSrv.Shutdown(sctx)
 		}()
-		log.Info("Serving egress-discovery", "address", c.Address)
-		if err := httpSrv.ListenAndServe(); !errors.Is(err, http.ErrServerClosed) {
+		serve := httpSrv.ListenAndServe
+		if c.TLSCertFile != "" {
+			// Tokens and proxy passwords cross this API. The pair is read
+			// again every few seconds, so a renewed Secret is served
+			// without a restart.
+			kp, err := discovery.LoadKeyPair(c.TLSCertFile, c.TLSKeyFile)
+			if err != nil {
+				return err
+			}
+			go kp.Watch(ctx, discovery.KeyPairPollInterval, log)
+			httpSrv.TLSConfig = kp.TLSConfig()
+			serve = func() error { return httpSrv.ListenAndServeTLS("", "") }
+			log.Info("Serving egress-discovery over TLS", append([]any{"address", c.Address}, kp.Describe()...)...)
+		} else {
+			log.Info("Serving egress-discovery", "address", c.Address)
+		}
+		if err := serve(); !errors.Is(err, http.ErrServerClosed) {
 			return errors.Wrap(err, "cannot serve the API")
 		}
 		return nil
-	})
-}
-
-// sweeper deletes the leases of proxies that are gone. Every replica
-// sweeps; deletes are guarded by resourceVersion, so two sweeping at once do
-// no harm.
-func (c *CLI) sweeper(proxies client.Reader, store *lease.Store, log logging.Logger) manager.Runnable {
-	return manager.RunnableFunc(func(ctx context.Context) error {
-		t := time.NewTicker(c.SweepInterval)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-t.C:
-				n, err := store.Sweep(ctx, discovery.ProxyExists(ctx, proxies), time.Minute)
-				if err != nil {
-					log.Info("Sweep incomplete", "error", err)
-				} else if n > 0 {
-					log.Debug("Swept leases", "deleted", n)
-				}
-			}
-		}
 	})
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +18,8 @@ func TestHelp(t *testing.T) {
 	// cluster/discovery, devenv and e2e start discovery with these names.
 	want := []clitest.Setting{
 		{Flag: "address", Env: "ADDRESS", Default: `":8080"`},
+		{Flag: "tls-cert-file", Env: "TLS_CERT_FILE", Default: `""`},
+		{Flag: "tls-key-file", Env: "TLS_KEY_FILE", Default: `""`},
 		{Flag: "health-probe-bind-address", Env: "HEALTH_PROBE_BIND_ADDRESS", Default: `":8081"`},
 		{Flag: "token-file", Env: "TOKEN_FILE", Default: `""`},
 		{Flag: "sweep-interval", Env: "SWEEP_INTERVAL", Default: "30s"},
@@ -51,6 +54,51 @@ func TestBadEnv(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			clitest.CheckBadEnv(t, parser(t, &CLI{}), tc.env, tc.value)
+		})
+	}
+}
+
+// TestValidateTLS: a certificate without its key, or a key without its
+// certificate, cannot serve TLS and must not fall back to plain HTTP, so
+// discovery refuses to start, naming both settings.
+func TestValidateTLS(t *testing.T) {
+	cases := map[string]struct {
+		reason string
+		env    map[string]string
+		ok     bool
+	}{
+		"Neither": {
+			reason: "Without a certificate and key discovery serves plain HTTP.",
+			ok:     true,
+		},
+		"Both": {
+			reason: "A certificate and its key serve TLS.",
+			env:    map[string]string{"TLS_CERT_FILE": "/tls/tls.crt", "TLS_KEY_FILE": "/tls/tls.key"},
+			ok:     true,
+		},
+		"CertOnly": {
+			reason: "A certificate without its key is refused.",
+			env:    map[string]string{"TLS_CERT_FILE": "/tls/tls.crt"},
+		},
+		"KeyOnly": {
+			reason: "A key without its certificate is refused.",
+			env:    map[string]string{"TLS_KEY_FILE": "/tls/tls.key"},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			k := parser(t, &CLI{})
+			clitest.Unsetenv(t, k)
+			for env, v := range tc.env {
+				t.Setenv(env, v)
+			}
+			printed, code := clitest.Run(t, k)
+			if tc.ok && code != -1 {
+				t.Errorf("%s\nwant discovery to run, got exit code %d:\n%s", tc.reason, code, printed)
+			}
+			if !tc.ok && (code <= 0 || !strings.Contains(printed, "TLS_CERT_FILE") || !strings.Contains(printed, "TLS_KEY_FILE")) {
+				t.Errorf("%s\nwant a non-zero exit code and an error naming TLS_CERT_FILE and TLS_KEY_FILE, got %d:\n%s", tc.reason, code, printed)
+			}
 		})
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/alecthomas/kong"
 	"github.com/google/go-cmp/cmp"
@@ -20,12 +21,14 @@ func TestHelp(t *testing.T) {
 	want := []clitest.Setting{
 		{Flag: "server", Env: "EGRESS_DISCOVERY_URL", Default: "required"},
 		{Flag: "token", Env: "EGRESS_DISCOVERY_TOKEN", Default: `""`},
+		{Flag: "ca-file", Env: "EGRESS_DISCOVERY_CA_FILE", Default: `""`},
 		{Command: "lease", Flag: "fleet", Default: "required"},
 		{Command: "lease", Flag: "zone", Default: `""`},
 		{Command: "lease", Flag: "ttl", Default: `""`},
 		{Command: "lease", Flag: "holder", Default: `""`},
 		{Command: "lease", Flag: "sticky-key", Default: `""`},
 		{Command: "lease", Flag: "domain", Default: `""`},
+		{Command: "lease", Flag: "kill-grace", Default: "10s"},
 		{Command: "proxies", Flag: "fleet", Default: "required"},
 		{Command: "proxies", Flag: "zone", Default: `""`},
 	}
@@ -40,24 +43,24 @@ func TestSettings(t *testing.T) {
 		want   CLI
 	}{
 		"Env": {
-			reason: "The server and token come from the environment when no flag sets them.",
-			env:    map[string]string{"EGRESS_DISCOVERY_URL": "http://env", "EGRESS_DISCOVERY_TOKEN": "env-token"},
+			reason: "The server, token and CA bundle come from the environment when no flag sets them.",
+			env:    map[string]string{"EGRESS_DISCOVERY_URL": "https://env", "EGRESS_DISCOVERY_TOKEN": "env-token", "EGRESS_DISCOVERY_CA_FILE": "/etc/ca.crt"},
 			args:   []string{"proxies", "--fleet", "ns/crawlers", "--zone=a"},
-			want:   CLI{Server: "http://env", Token: "env-token", Proxies: proxiesCmd{fleetFlags{Fleet: "ns/crawlers", Zone: "a"}}},
+			want:   CLI{Server: "https://env", Token: "env-token", CAFile: "/etc/ca.crt", Lease: leaseCmd{KillGrace: 10 * time.Second}, Proxies: proxiesCmd{fleetFlags{Fleet: "ns/crawlers", Zone: "a"}}},
 		},
 		"FlagWinsOverEnv": {
 			reason: "A flag wins over the environment, and after -- everything is the command; kong keeps the --, and command() drops it.",
 			env:    map[string]string{"EGRESS_DISCOVERY_URL": "http://env", "EGRESS_DISCOVERY_TOKEN": "env-token"},
-			args:   []string{"lease", "--fleet", "ns/crawlers", "--server", "http://flag", "--token=flag-token", "--ttl", "10m", "--", "sh", "-c", "exit 3"},
+			args:   []string{"lease", "--fleet", "ns/crawlers", "--server", "http://flag", "--token=flag-token", "--ttl", "10m", "--kill-grace=30s", "--", "sh", "-c", "exit 3"},
 			want: CLI{Server: "http://flag", Token: "flag-token", Lease: leaseCmd{
-				fleetFlags: fleetFlags{Fleet: "ns/crawlers"}, TTL: "10m", Command: []string{"--", "sh", "-c", "exit 3"},
+				fleetFlags: fleetFlags{Fleet: "ns/crawlers"}, TTL: "10m", KillGrace: 30 * time.Second, Command: []string{"--", "sh", "-c", "exit 3"},
 			}},
 		},
 		"CommandWithoutDashes": {
 			reason: "Flags end at the command, so that the command's own flags pass through.",
 			args:   []string{"lease", "--server=http://flag", "--fleet", "ns/crawlers", "curl", "-s", "--max-time", "5", "https://example.com"},
 			want: CLI{Server: "http://flag", Lease: leaseCmd{
-				fleetFlags: fleetFlags{Fleet: "ns/crawlers"}, Command: []string{"curl", "-s", "--max-time", "5", "https://example.com"},
+				fleetFlags: fleetFlags{Fleet: "ns/crawlers"}, KillGrace: 10 * time.Second, Command: []string{"curl", "-s", "--max-time", "5", "https://example.com"},
 			}},
 		},
 	}
@@ -87,6 +90,11 @@ func TestUsageErrors(t *testing.T) {
 			reason: "lease needs a command to run after --.",
 			args:   []string{"lease", "--server", "http://127.0.0.1:1", "--fleet", "ns/crawlers", "--"},
 			want:   "give the command to run after --",
+		},
+		"MissingCAFile": {
+			reason: "A CA bundle that cannot be read is an error before anything is sent, not a fall back to the system's CAs.",
+			args:   []string{"proxies", "--server", "https://127.0.0.1:1", "--ca-file", "/nonexistent/ca.crt", "--fleet", "ns/crawlers"},
+			want:   "/nonexistent/ca.crt",
 		},
 		"FlagOfAnotherCommand": {
 			reason: "A flag only lease takes is an error on proxies.",

@@ -4,7 +4,9 @@
 //
 // runs the command with HTTP_PROXY and HTTPS_PROXY set to a leased proxy,
 // renews the lease while the command runs, and releases it when the command
-// ends, also on Ctrl-C.
+// ends, also on Ctrl-C. It renews at a third of the TTL on its own clock,
+// and when the lease cannot be renewed before it expires it stops the
+// command (SIGTERM, then SIGKILL after --kill-grace) and exits with 75.
 //
 //	egressctl proxies --fleet ns/name
 //
@@ -15,6 +17,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -37,6 +40,7 @@ const description = `egressctl talks to egress-discovery. The server and token c
 type CLI struct {
 	Server string `help:"egress-discovery's URL." env:"EGRESS_DISCOVERY_URL" required:"" placeholder:"URL"`
 	Token  string `help:"Bearer token." default:"" env:"EGRESS_DISCOVERY_TOKEN" placeholder:"TOKEN"`
+	CAFile string `name:"ca-file" help:"PEM bundle of the CAs to trust for egress-discovery's certificate, instead of the system's; empty trusts the system's." default:"" env:"EGRESS_DISCOVERY_CA_FILE" placeholder:"FILE"`
 
 	Lease   leaseCmd   `cmd:"" help:"Run a command with HTTP_PROXY and HTTPS_PROXY set to a leased proxy, renewing the lease while it runs."`
 	Proxies proxiesCmd `cmd:"" help:"List the fleet's healthy proxies."`
@@ -54,10 +58,11 @@ type proxiesCmd struct {
 
 type leaseCmd struct {
 	fleetFlags `embed:""`
-	TTL        string `name:"ttl" help:"Lease TTL, such as 10m; empty means the fleet's default." default:""`
-	Holder     string `help:"Names this crawler on the lease; empty means egressctl@<hostname>." default:""`
-	StickyKey  string `help:"Prefer the proxy this key was last given." default:""`
-	Domain     string `help:"Skip proxies banned for this domain." default:""`
+	TTL        string        `name:"ttl" help:"Lease TTL, such as 10m; empty means the fleet's default." default:""`
+	Holder     string        `help:"Names this crawler on the lease; empty means egressctl@<hostname>." default:""`
+	StickyKey  string        `help:"Prefer the proxy this key was last given." default:""`
+	Domain     string        `help:"Skip proxies banned for this domain." default:""`
+	KillGrace  time.Duration `name:"kill-grace" help:"How long the command has to end after SIGTERM, when egressctl stops it because the lease cannot be renewed, before it is sent SIGKILL." default:"10s"`
 
 	Command []string `arg:"" passthrough:"partial" help:"The command to run, after --, and its arguments."`
 }
@@ -86,7 +91,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	kctx.BindTo(ctx, (*context.Context)(nil))
-	err = kctx.Run(&apiv1.Client{BaseURL: c.Server, Token: c.Token}, streams{out: stdout, err: stderr})
+	h, err := apiv1.NewHTTPClient(c.CAFile)
+	if err == nil {
+		err = kctx.Run(&apiv1.Client{BaseURL: c.Server, Token: c.Token, HTTP: h}, streams{out: stdout, err: stderr})
+	}
 	var ec exitCode
 	switch {
 	case errors.As(err, &ec):
@@ -136,14 +144,22 @@ func (l *leaseCmd) Run(ctx context.Context, c *apiv1.Client, s streams) error {
 		holder = "egressctl@" + h
 	}
 	req := apiv1.AcquireRequest{Fleet: l.Fleet, Holder: holder, TTL: l.TTL, Zone: l.Zone, StickyKey: l.StickyKey, Domain: l.Domain}
-	if code := runLeased(ctx, c, req, l.command(), s.out, s.err); code != 0 {
+	if code := runLeased(ctx, c, req, l.command(), l.KillGrace, s.out, s.err); code != 0 {
 		return exitCode(code)
 	}
 	return nil
 }
 
-func runLeased(ctx context.Context, c *apiv1.Client, req apiv1.AcquireRequest, argv []string, stdout, stderr io.Writer) int {
+// exitLeaseLost is egressctl's exit code when it stopped the command because
+// the lease could not be renewed: EX_TEMPFAIL of sysexits.h, so that a
+// wrapper can tell "run it again on a new lease" from the command's own
+// failures, whose codes egressctl passes on.
+const exitLeaseLost = 75
+
+func runLeased(ctx context.Context, c *apiv1.Client, req apiv1.AcquireRequest, argv []string, killGrace time.Duration, stdout, stderr io.Writer) int {
+	asked := time.Now()
 	l, err := c.Acquire(ctx, req)
+	granted := time.Now()
 	if err != nil {
 		var ae *apiv1.APIError
 		if errors.As(err, &ae) && ae.RetryAfter != "" {
@@ -157,47 +173,213 @@ func runLeased(ctx context.Context, c *apiv1.Client, req apiv1.AcquireRequest, a
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		if err := c.Release(rctx, l.LeaseID); err != nil {
+		// A lease that is gone already needs no release.
+		var ae *apiv1.APIError
+		if err := c.Release(rctx, l.LeaseID); err != nil && (!errors.As(err, &ae) || ae.Status != http.StatusNotFound) {
 			fmt.Fprintln(stderr, "egressctl: cannot release the lease:", err)
 		}
 	}()
+	// Renewals are planned on egressctl's own clock, never from expiresAt,
+	// which is on the server's, maybe skewed one: the first comes a third
+	// of the TTL after the grant. The server granted the lease no earlier
+	// than the request left, so the lease is counted from then, which keeps
+	// egressctl's deadline before the real one.
+	sch := &schedule{}
+	sch.renewed(asked, leaseTTL(l))
+	sch.next = granted.Add(sch.ttl / 3)
 
 	cmd := exec.Command(argv[0], argv[1:]...) //nolint:gosec // Running the user's command is the point.
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
 	cmd.Env = append(os.Environ(),
 		"HTTP_PROXY="+l.ProxyURL, "HTTPS_PROXY="+l.ProxyURL, "http_proxy="+l.ProxyURL, "https_proxy="+l.ProxyURL,
 		"EGRESS_LEASE_ID="+l.LeaseID, "EGRESS_PROXY="+l.Proxy)
+	// The command gets its own process group, so that stopping it when the
+	// lease is lost also stops what it started, such as a script's
+	// children, which would otherwise go on using the proxy. Like any
+	// background job, it cannot read the terminal; crawlers do not.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		fmt.Fprintln(stderr, "egressctl:", err)
 		return 127
 	}
+	group := func(s syscall.Signal) { _ = syscall.Kill(-cmd.Process.Pid, s) }
 
+	// Out of the terminal's foreground group the command no longer gets
+	// what the terminal sends, so egressctl passes it on to the whole group.
 	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
 	defer signal.Stop(sigs)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	renewEvery := max(time.Until(l.ExpiresAt)/3, time.Second)
-	tick := time.NewTicker(renewEvery)
-	defer tick.Stop()
+
+	// A renewal runs beside the loop, so that a slow server never holds up
+	// signals or the command's exit; it ends when runLeased does.
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	results := make(chan renewal, 1)
+	stopping := false
+	var lastErr error
+	var renewTimer, killTimer <-chan time.Time
+	arm := func() { renewTimer = time.After(time.Until(sch.next)) }
+	stop := func(why string) {
+		fmt.Fprintf(stderr, "egressctl: lease %s %s: stopping the command\n", l.LeaseID, why)
+		stopping, renewTimer = true, nil
+		group(syscall.SIGTERM)
+		killTimer = time.After(killGrace)
+	}
+	arm()
 	for {
 		select {
 		case s := <-sigs:
-			_ = cmd.Process.Signal(s)
-		case <-tick.C:
-			if _, err := c.Renew(ctx, l.LeaseID, req.TTL); err != nil {
-				fmt.Fprintln(stderr, "egressctl: cannot renew the lease:", err)
+			if ss, ok := s.(syscall.Signal); ok {
+				group(ss)
 			}
+		case <-renewTimer:
+			renewTimer = nil
+			if !time.Now().Before(sch.giveUp()) {
+				stop(expired(sch.deadline, lastErr))
+				continue
+			}
+			// One attempt never runs past the last moment to retry, nor so
+			// long that there would be no time for another.
+			start := time.Now()
+			by := earlier(sch.giveUp(), start.Add(max(sch.ttl/10, time.Second)))
+			go func() {
+				actx, acancel := context.WithDeadline(rctx, by)
+				defer acancel()
+				nl, err := c.Renew(actx, l.LeaseID, req.TTL)
+				results <- renewal{start: start, lease: nl, err: err}
+			}()
+		case r := <-results:
+			// Only one renewal runs at a time, and none once stopping.
+			if r.err == nil {
+				// The child's environment cannot change, so a new ProxyURL
+				// in the answer is not passed on.
+				sch.renewed(r.start, leaseTTL(r.lease))
+				lastErr = nil
+				arm()
+				continue
+			}
+			lastErr = r.err
+			if leaseGone(r.err) {
+				stop(fmt.Sprintf("can no longer be renewed (%v)", r.err))
+				continue
+			}
+			sch.failed(time.Now())
+			fmt.Fprintf(stderr, "egressctl: cannot renew the lease, retrying until %s: %v\n", sch.giveUp().Format("15:04:05 MST"), r.err)
+			arm()
+		case <-killTimer:
+			killTimer = nil
+			fmt.Fprintf(stderr, "egressctl: the command did not end within %s of SIGTERM: sending SIGKILL\n", killGrace)
+			group(syscall.SIGKILL)
 		case err := <-done:
-			var ee *exec.ExitError
-			if errors.As(err, &ee) {
-				return ee.ExitCode()
+			if stopping {
+				return exitLeaseLost
 			}
-			if err != nil {
-				fmt.Fprintln(stderr, "egressctl:", err)
-				return 1
-			}
-			return 0
+			return commandCode(err, stderr)
 		}
 	}
+}
+
+// commandCode is the exit code egressctl passes on for the command's end,
+// err from its Wait.
+func commandCode(err error, stderr io.Writer) int {
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		fmt.Fprintln(stderr, "egressctl:", err)
+		return 1
+	}
+	return 0
+}
+
+// expired says why a lease that expires at deadline, on egressctl's clock,
+// is given up, lastErr being its last renewal's failure.
+func expired(deadline time.Time, lastErr error) string {
+	last := "no renewal was tried in time"
+	if lastErr != nil {
+		last = "last error: " + lastErr.Error()
+	}
+	return fmt.Sprintf("could not be renewed before it expires at %s (local clock; %s)", deadline.Format("15:04:05 MST"), last)
+}
+
+// renewal is the outcome of one renewal request, started at start on
+// egressctl's clock.
+type renewal struct {
+	start time.Time
+	lease *apiv1.Lease
+	err   error
+}
+
+// leaseTTL is how long l runs from its grant or renewal.
+func leaseTTL(l *apiv1.Lease) time.Duration {
+	if l.TTLSeconds > 0 {
+		return time.Duration(l.TTLSeconds) * time.Second
+	}
+	// A server older than ttlSeconds only says when the lease expires, on
+	// its clock: the time left by egressctl's clock is the best guess, right
+	// while the clocks agree, and at least a second so that renewals never
+	// spin.
+	return max(time.Until(l.ExpiresAt), time.Second)
+}
+
+// leaseGone reports whether err says that no retry can renew the lease: it
+// is gone (404), not the caller's (403), or its proxy is being replaced and
+// no longer renews it (409).
+func leaseGone(err error) bool {
+	var ae *apiv1.APIError
+	if !errors.As(err, &ae) {
+		return false
+	}
+	switch ae.Status {
+	case http.StatusNotFound, http.StatusForbidden, http.StatusConflict:
+		return true
+	}
+	return false
+}
+
+// schedule plans a lease's renewals on egressctl's own clock.
+type schedule struct {
+	// ttl is the lease's TTL at its last grant or renewal.
+	ttl time.Duration
+	// deadline is when the lease expires at the latest.
+	deadline time.Time
+	// next is when to renew next.
+	next time.Time
+	// backoff is the wait before the next retry; 0 while renewals succeed.
+	backoff time.Duration
+}
+
+// renewed records a grant or renewal of ttl whose request started at start:
+// the lease runs at least until start plus ttl, and is renewed at a third
+// of it, leaving two more chances before it expires.
+func (s *schedule) renewed(start time.Time, ttl time.Duration) {
+	s.ttl, s.deadline, s.next, s.backoff = ttl, start.Add(ttl), start.Add(ttl/3), 0
+}
+
+// giveUp is the last moment to try a renewal: a margin before the deadline
+// leaves the command time to hear it must stop while the lease still
+// holds.
+func (s *schedule) giveUp() time.Time {
+	return s.deadline.Add(-min(5*time.Second, s.ttl/10))
+}
+
+// failed plans the retry of a renewal that failed at now: soon at first,
+// then less often, never past giveUp.
+func (s *schedule) failed(now time.Time) {
+	if s.backoff == 0 {
+		s.backoff = min(time.Second, s.ttl/10)
+	} else {
+		s.backoff = min(2*s.backoff, s.ttl/10)
+	}
+	s.next = earlier(now.Add(s.backoff), s.giveUp())
+}
+
+func earlier(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }

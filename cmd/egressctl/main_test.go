@@ -21,6 +21,7 @@ import (
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	dmetrics "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
@@ -61,7 +62,7 @@ func TestLeaseRunsCommand(t *testing.T) {
 	}
 	srv := httptest.NewServer((&discovery.Server{
 		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client}, Leases: &lease.Store{Client: bed.Client},
-		Auth: &discovery.Kubernetes{Client: bed.Client, Static: st}, Metrics: discovery.NewMetrics(), Log: logging.NewNopLogger(),
+		Auth: &discovery.Kubernetes{Client: bed.Client, Static: st}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 	}).Handler())
 	t.Cleanup(srv.Close)
 

@@ -39,14 +39,15 @@ Everything runs. Ctrl-C stops it all; make run again resumes from %[1]s.
   kubeconfig      export KUBECONFIG=%[2]s
   watch the fleet bin/kubectl get proxyfleets,proxies -n %[3]s
   discovery API   %[4]s/v1/fleets   (status page: %[4]s/)
+  discovery CA    %[9]s   (curl --cacert, EGRESS_DISCOVERY_CA_FILE)
   logs            %[5]s
 
 Lease a proxy and fetch through it:
 
-  EGRESS_DISCOVERY_URL=%[4]s EGRESS_DISCOVERY_TOKEN=%[6]s \
+  EGRESS_DISCOVERY_URL=%[4]s EGRESS_DISCOVERY_TOKEN=%[6]s EGRESS_DISCOVERY_CA_FILE=%[9]s \
     bin/egressctl lease --fleet %[3]s/crawlers -- curl -s --cacert %[7]s %[8]s
 
-`, rel(*state), s.Kubeconfig, devenv.ExampleNamespace, s.DiscoveryURL, rel(filepath.Join(*state, "logs")), s.Token, rel(s.TargetCA), s.TargetURL)
+`, rel(*state), s.Kubeconfig, devenv.ExampleNamespace, s.DiscoveryURL, rel(filepath.Join(*state, "logs")), s.Token, rel(s.TargetCA), s.TargetURL, rel(s.DiscoveryCA))
 	<-ctx.Done()
 	stop()
 	s.Logf("stopping everything ...")

@@ -11,6 +11,7 @@ import (
 	"encoding/pem"
 	"math/big"
 	"net"
+	"os"
 	"time"
 
 	"github.com/pkg/errors"
@@ -94,6 +95,28 @@ func (a *authority) issue(cn string) (certPEM, keyPEM []byte, err error) {
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
 		pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: kder}), nil
+}
+
+// writeServerFiles makes a CA named caName and a certificate it signs for a
+// server on 127.0.0.1 and localhost, and writes them as PEM: the CA to
+// caFile, for the server's clients to trust, and the certificate and its
+// key to certFile and keyFile, for the server.
+func writeServerFiles(caName, caFile, certFile, keyFile string) error {
+	ca, err := newAuthority(caName)
+	if err != nil {
+		return err
+	}
+	crt, key, err := ca.issue("localhost")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(caFile, ca.certPEM, 0o644); err != nil { //nolint:gosec // A CA certificate is public.
+		return errors.Wrap(err, "cannot write the CA")
+	}
+	if err := os.WriteFile(certFile, crt, 0o644); err != nil { //nolint:gosec // A certificate is public.
+		return errors.Wrap(err, "cannot write the certificate")
+	}
+	return errors.Wrap(os.WriteFile(keyFile, key, 0o600), "cannot write the key")
 }
 
 func serial() *big.Int {

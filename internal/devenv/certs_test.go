@@ -4,6 +4,8 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/pem"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
@@ -109,5 +111,42 @@ func TestLoadAuthority(t *testing.T) {
 				t.Errorf("%s\n%v", tc.reason, err)
 			}
 		})
+	}
+}
+
+// TestWriteServerFiles: the files egress-discovery is started with load as
+// a key pair, the certificate verifies for 127.0.0.1 against the CA file
+// egressctl and the tests are given, and only the owner may read the key.
+func TestWriteServerFiles(t *testing.T) {
+	dir := t.TempDir()
+	caFile, certFile, keyFile := filepath.Join(dir, "ca.crt"), filepath.Join(dir, "tls.crt"), filepath.Join(dir, "tls.key")
+	if err := writeServerFiles("test CA", caFile, certFile, keyFile); err != nil {
+		t.Fatal(err)
+	}
+	pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		t.Fatalf("the written pair does not load: %v", err)
+	}
+	caPEM, err := os.ReadFile(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	roots := x509.NewCertPool()
+	if !roots.AppendCertsFromPEM(caPEM) {
+		t.Fatal("the CA file holds no certificate")
+	}
+	leaf, err := x509.ParseCertificate(pair.Certificate[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := leaf.Verify(x509.VerifyOptions{Roots: roots, DNSName: "127.0.0.1"}); err != nil {
+		t.Errorf("the certificate must verify for 127.0.0.1, the discovery URL's host, against the CA file: %v", err)
+	}
+	fi, err := os.Stat(keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fi.Mode().Perm() != 0o600 {
+		t.Errorf("the key must be readable by its owner only, got %v", fi.Mode())
 	}
 }

@@ -84,16 +84,25 @@ func (s *Stack) startDiscovery(ctx context.Context) error {
 	if err := os.WriteFile(tokens, []byte(line), 0o600); err != nil {
 		return errors.Wrap(err, "cannot write the discovery token file")
 	}
+	// Discovery serves TLS here as in a cluster, with a CA made for this
+	// run that egressctl and the tests trust through DiscoveryCA.
+	s.DiscoveryCA = s.path("discovery-ca.crt")
+	crt, key := s.path("discovery-tls.crt"), s.path("discovery-tls.key")
+	if err := writeServerFiles("egress-devenv discovery CA", s.DiscoveryCA, crt, key); err != nil {
+		return errors.Wrap(err, "cannot make discovery's certificate")
+	}
 	args := append([]string{
 		fmt.Sprintf("--address=127.0.0.1:%d", api),
 		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", health),
 		"--token-file=" + tokens,
+		"--tls-cert-file=" + crt,
+		"--tls-key-file=" + key,
 	}, s.opts.DiscoveryArgs...)
 	p, err := s.start("egress-discovery", s.bin("egress-discovery"), args)
 	if err != nil {
 		return err
 	}
-	s.DiscoveryURL = fmt.Sprintf("http://127.0.0.1:%d", api)
+	s.DiscoveryURL = fmt.Sprintf("https://127.0.0.1:%d", api)
 	return waitHTTP(ctx, p, fmt.Sprintf("http://127.0.0.1:%d/readyz", health), time.Minute)
 }
 

@@ -90,8 +90,11 @@ type Stack struct {
 	Config *rest.Config
 	// Client has client-go's, apiextensions' and the product's types.
 	Client client.Client
-	// DiscoveryURL is egress-discovery's base URL.
+	// DiscoveryURL is egress-discovery's base URL, served over TLS.
 	DiscoveryURL string
+	// DiscoveryCA is the PEM file of the CA of egress-discovery's
+	// certificate, for apiv1.NewHTTPClient and EGRESS_DISCOVERY_CA_FILE.
+	DiscoveryCA string
 	// Token is a static discovery token for the example namespace.
 	Token string
 	// TargetURL is the local HTTPS IP-echo target, trusted through TargetCA.

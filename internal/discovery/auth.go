@@ -4,7 +4,9 @@ import (
 	"bufio"
 	"context"
 	"crypto/sha256"
+	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"net/http"
 	"os"
 	"slices"
@@ -15,6 +17,7 @@ import (
 	"github.com/pkg/errors"
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
@@ -24,6 +27,9 @@ import (
 var (
 	ErrUnauthenticated = errors.New("missing or invalid bearer token")
 	ErrForbidden       = errors.New("not allowed to use this fleet")
+	// ErrWrongAudience is a valid token issued for another audience, such
+	// as the API server's; it is answered 401 too, but says so.
+	ErrWrongAudience = errors.New("the bearer token was not issued for egress-discovery's audience: ask for one with kubectl create token <sa> --audience egress-discovery, or mount a projected token with that audience")
 )
 
 // Identity is an authenticated caller.
@@ -155,15 +161,49 @@ func (k *Kubernetes) Authenticate(ctx context.Context, r *http.Request) (*Identi
 	var err error
 	// An identity without a name could not own a lease, and one named as
 	// a static token's could pass for it.
-	if u := tr.Status.User.Username; tr.Status.Authenticated && u != "" && !strings.HasPrefix(u, StaticPrefix) && k.audienceOK(tr.Status.Audiences) {
+	switch u := tr.Status.User.Username; {
+	case tr.Status.Authenticated && u != "" && !strings.HasPrefix(u, StaticPrefix) && k.audienceOK(tr.Status.Audiences):
 		id = &Identity{User: u, Groups: tr.Status.User.Groups, token: key}
-	} else {
+	case k.Audience != "" && (tr.Status.Authenticated || !jwtFor(t, k.Audience)):
+		// Refused either way; the answer says why, when the token says
+		// whom it was issued for. Its claims are read, never trusted:
+		// the TokenReview decided.
+		err = ErrWrongAudience
+	default:
 		err = ErrUnauthenticated
 	}
 	k.mu.Lock()
 	k.authn.add(key, cached[*Identity]{v: id, err: err}, k.now())
 	k.mu.Unlock()
 	return id, err
+}
+
+// jwtFor says whether a token is not a JWT, or is one whose unverified
+// aud claim names audience: only a JWT for another audience is false.
+func jwtFor(token, audience string) bool {
+	parts := strings.Split(token, ".")
+	if len(parts) != 3 || len(parts[1]) > 8<<10 {
+		return true
+	}
+	raw, err := base64.RawURLEncoding.DecodeString(parts[1])
+	if err != nil {
+		return true
+	}
+	var claims struct {
+		Aud json.RawMessage `json:"aud"`
+	}
+	if json.Unmarshal(raw, &claims) != nil || len(claims.Aud) == 0 {
+		return true
+	}
+	var auds []string
+	if json.Unmarshal(claims.Aud, &auds) != nil {
+		var one string
+		if json.Unmarshal(claims.Aud, &one) != nil {
+			return true
+		}
+		auds = []string{one}
+	}
+	return slices.Contains(auds, audience)
 }
 
 // audienceOK says whether a reviewed token was issued for k's audience.
@@ -222,8 +262,11 @@ type StaticTokens struct {
 	byHash map[string]*Identity
 }
 
-// LoadStaticTokens reads a token file: one "token namespace[,namespace...]"
-// per line ("*" for all), # comments allowed.
+// LoadStaticTokens reads a token file: one "token namespace[,namespace...]
+// [name]" per line ("*" for all), # comments allowed. A named token's
+// identity is static:<name>, which quota overrides (staticToken) and the
+// status page show; an unnamed one's is static: and 16 hex digits of its
+// hash.
 func LoadStaticTokens(path string) (*StaticTokens, error) {
 	f, err := os.Open(path) //nolint:gosec // The operator names the file.
 	if err != nil {
@@ -231,6 +274,7 @@ func LoadStaticTokens(path string) (*StaticTokens, error) {
 	}
 	defer f.Close() //nolint:errcheck // Read-only.
 	s := &StaticTokens{byHash: map[string]*Identity{}}
+	users := map[string]int{}
 	sc := bufio.NewScanner(f)
 	for n := 1; sc.Scan(); n++ {
 		line := strings.TrimSpace(sc.Text())
@@ -238,12 +282,23 @@ func LoadStaticTokens(path string) (*StaticTokens, error) {
 			continue
 		}
 		fields := strings.Fields(line)
-		if len(fields) != 2 {
-			return nil, errors.Errorf("token file line %d: want \"<token> <namespace>[,<namespace>...]\"", n)
+		if len(fields) != 2 && len(fields) != 3 {
+			return nil, errors.Errorf("token file line %d: want \"<token> <namespace>[,<namespace>...] [name]\"", n)
 		}
 		// 64 bits of the token's hash: distinct for any set of tokens,
 		// and no help in guessing one.
-		id := &Identity{User: StaticPrefix + tokenKey(fields[0])[:16], Namespaces: map[string]bool{}}
+		user := StaticPrefix + tokenKey(fields[0])[:16]
+		if len(fields) == 3 {
+			if errs := validation.IsDNS1123Label(fields[2]); len(errs) > 0 {
+				return nil, errors.Errorf("token file line %d: name %q: %s", n, fields[2], strings.Join(errs, "; "))
+			}
+			user = StaticPrefix + fields[2]
+		}
+		if prev, dup := users[user]; dup {
+			return nil, errors.Errorf("token file line %d: the same identity %s as line %d: give each token its own name (and token)", n, user, prev)
+		}
+		users[user] = n
+		id := &Identity{User: user, Namespaces: map[string]bool{}}
 		for _, ns := range strings.Split(fields[1], ",") {
 			id.Namespaces[ns] = true
 		}

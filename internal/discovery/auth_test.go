@@ -49,7 +49,7 @@ func writeTokens(t *testing.T, content string) string {
 }
 
 func TestStaticTokens(t *testing.T) {
-	st, err := LoadStaticTokens(writeTokens(t, "# crawlers outside the cluster\n\nteam-a  team-a,shared\n  ops *  \n"))
+	st, err := LoadStaticTokens(writeTokens(t, "# crawlers outside the cluster\n\nteam-a  team-a,shared\n  ops *  \nsecret-b team-b crawler-b\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,6 +75,9 @@ func TestStaticTokens(t *testing.T) {
 	}
 	if !strings.HasPrefix(team.User, "static:") || strings.Contains(team.User, "team-a") {
 		t.Errorf("a static identity is named by a hash, never by the token: %q", team.User)
+	}
+	if named, err := authn("secret-b"); err != nil || named.User != "static:crawler-b" {
+		t.Errorf("a named static token's identity is static:<name>, for quotas to name: %+v, %v", named, err)
 	}
 	for _, tc := range []struct {
 		id        *Identity
@@ -104,8 +107,10 @@ func TestLoadStaticTokensErrors(t *testing.T) {
 		content string
 		want    string
 	}{
-		"TokenAlone":  {reason: "A token needs its namespaces; the line is named.", content: "# header\nlonely\n", want: "line 2"},
-		"ThreeFields": {reason: "Namespaces are comma-separated, not spaced.", content: "t a b\n", want: "line 1"},
+		"TokenAlone": {reason: "A token needs its namespaces; the line is named.", content: "# header\nlonely\n", want: "line 2"},
+		"FourFields": {reason: "Namespaces are comma-separated, not spaced.", content: "t a b c\n", want: "line 1"},
+		"BadName":    {reason: "A token's name is a DNS label, as quota overrides name it.", content: "t a Team_A\n", want: "line 1: name"},
+		"SameName":   {reason: "Two tokens of one name would share their leases and quota.", content: "t a team-a\nu b team-a\n", want: "line 2: the same identity static:team-a as line 1"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

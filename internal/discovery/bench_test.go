@@ -19,6 +19,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	dmetrics "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 )
 
 // BenchmarkListProxies lists a 1000-proxy fleet through the discovery
@@ -55,7 +56,7 @@ func BenchmarkListProxies(b *testing.B) {
 	srv := func(v func() uint64) http.Handler {
 		return (&discovery.Server{
 			Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: &lease.Store{Client: c, Cache: ca},
-			Auth: &discovery.Kubernetes{Client: c, Static: st}, Metrics: discovery.NewMetrics(), Log: logging.NewNopLogger(),
+			Auth: &discovery.Kubernetes{Client: c, Static: st}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 			Version: v,
 		}).Handler()
 	}

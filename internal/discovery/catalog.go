@@ -52,6 +52,12 @@ type member struct {
 	CredentialsOutdated bool
 }
 
+// serving says whether the proxy may be handed to new crawlers: healthy,
+// not being replaced, and taking the credentials discovery hands out.
+func (m member) serving() bool {
+	return m.Healthy && m.DrainSince.IsZero() && !m.CredentialsOutdated
+}
+
 // Endpoint is host:port.
 func (m member) Endpoint() string { return net.JoinHostPort(m.Host, strconv.Itoa(int(m.Port))) }
 
@@ -74,12 +80,56 @@ type Catalog struct {
 	// a rotated password is picked up within credentialsTTL.
 	mu    sync.Mutex
 	creds map[string]cachedCreds
-	ttls  map[string]cachedTTLs
+	ttls  map[string]cachedPolicy
 }
 
-type cachedTTLs struct {
-	def, max time.Duration
-	at       time.Time
+// Policy is how a fleet's leases are granted, from its spec.leases.
+type Policy struct {
+	// DefaultTTL and MaxTTL bound a lease's TTL.
+	DefaultTTL, MaxTTL time.Duration
+	// Replicas is the fleet's spec.replicas: the share of healthy proxies
+	// is counted against it, so that proxies gone altogether count as
+	// unhealthy ones.
+	Replicas int
+	// MinHealthyFraction and MaxWait are spec.leases.admission's.
+	MinHealthyFraction float64
+	MaxWait            time.Duration
+	// Quotas are spec.leases.quotas; nil sets no bound.
+	Quotas *fleetv1alpha1.Quotas
+}
+
+// defaultPolicy is the policy of a fleet without a ProxyFleet or claim.
+func defaultPolicy() *Policy {
+	return policyOf(&fleetv1alpha1.ProxyFleetSpec{})
+}
+
+func policyOf(s *fleetv1alpha1.ProxyFleetSpec) *Policy {
+	p := &Policy{}
+	p.DefaultTTL, p.MaxTTL = s.Leases.TTLs()
+	if s.Replicas != nil {
+		p.Replicas = int(*s.Replicas)
+	}
+	if s.Leases == nil {
+		return p
+	}
+	if a := s.Leases.Admission; a != nil {
+		if a.MinHealthyFraction != nil {
+			p.MinHealthyFraction = min(max(*a.MinHealthyFraction, 0), 1)
+		}
+		if a.MaxWait != nil {
+			p.MaxWait = min(max(a.MaxWait.Duration, 0), MaxWait)
+		}
+	}
+	p.Quotas = s.Leases.Quotas
+	return p
+}
+
+// MaxWait bounds any acquisition's wait, within the request timeout.
+const MaxWait = 20 * time.Second
+
+type cachedPolicy struct {
+	p  *Policy
+	at time.Time
 }
 
 // credentialsTTL bounds how long remembered credentials and lease TTL
@@ -171,13 +221,22 @@ func (c *Catalog) Fleet(ctx context.Context, namespace, fleet string) ([]member,
 	return out, nil
 }
 
-// TTLs returns a fleet's defaultTTL and maxTTL from its ProxyFleet (or
+// TTLs returns a fleet's defaultTTL and maxTTL: see Policy.
+func (c *Catalog) TTLs(ctx context.Context, namespace, fleet string) (time.Duration, time.Duration, error) {
+	p, err := c.Policy(ctx, namespace, fleet)
+	if err != nil {
+		return 0, 0, err
+	}
+	return p.DefaultTTL, p.MaxTTL, nil
+}
+
+// Policy returns how a fleet's leases are granted, from its ProxyFleet (or
 // ProxyFleetClaim), or the defaults when it has neither. It fails closed:
 // a fleet that cannot be read (the API server failing) or whose spec does
-// not parse is an error, never the defaults, which could be longer than
-// the fleet allows, unless its TTLs were read less than staleTTLs ago; and
-// an error is not remembered.
-func (c *Catalog) TTLs(ctx context.Context, namespace, fleet string) (time.Duration, time.Duration, error) {
+// not parse is an error, never the defaults, which could be longer TTLs,
+// or fewer bounds, than the fleet sets, unless its policy was read less
+// than staleTTLs ago; and an error is not remembered.
+func (c *Catalog) Policy(ctx context.Context, namespace, fleet string) (*Policy, error) {
 	key := namespace + "/" + fleet
 	now := time.Now()
 	if c.Now != nil {
@@ -187,30 +246,34 @@ func (c *Catalog) TTLs(ctx context.Context, namespace, fleet string) (time.Durat
 	t, ok := c.ttls[key]
 	c.mu.Unlock()
 	if ok && now.Sub(t.at) < credentialsTTL {
-		return t.def, t.max, nil
+		return t.p, nil
 	}
-	def, maxTTL, err := c.readTTLs(ctx, namespace, fleet)
+	p, err := c.readPolicy(ctx, namespace, fleet)
 	if err != nil {
 		// What was read last, for a while, rather than fail every
 		// request while the API server is briefly away.
 		if ok && now.Sub(t.at) < staleTTLs {
-			return t.def, t.max, nil
+			return t.p, nil
 		}
-		return 0, 0, err
+		return nil, err
 	}
 	c.mu.Lock()
-	if c.ttls == nil {
-		c.ttls = map[string]cachedTTLs{}
+	if c.ttls == nil || len(c.ttls) >= maxPolicies {
+		c.ttls = map[string]cachedPolicy{}
 	}
-	c.ttls[key] = cachedTTLs{def: def, max: maxTTL, at: now}
+	c.ttls[key] = cachedPolicy{p: p, at: now}
 	c.mu.Unlock()
-	return def, maxTTL, nil
+	return p, nil
 }
 
-// readTTLs reads the lease TTLs of a fleet from its ProxyFleet, else from
-// its ProxyFleetClaim; the defaults when it has neither (or their kinds are
-// not installed).
-func (c *Catalog) readTTLs(ctx context.Context, namespace, fleet string) (time.Duration, time.Duration, error) {
+// maxPolicies bounds the policies remembered; callers reach only fleets
+// that have proxies, but the bound costs nothing.
+const maxPolicies = 4096
+
+// readPolicy reads the lease policy of a fleet from its ProxyFleet, else
+// from its ProxyFleetClaim; the defaults when it has neither (or their
+// kinds are not installed).
+func (c *Catalog) readPolicy(ctx context.Context, namespace, fleet string) (*Policy, error) {
 	for _, kind := range []string{fleetv1alpha1.ProxyFleetKind, fleetv1alpha1.ProxyFleetClaimKind} {
 		u := &unstructured.Unstructured{}
 		u.SetGroupVersionKind(fleetv1alpha1.SchemeGroupVersion.WithKind(kind))
@@ -223,18 +286,16 @@ func (c *Catalog) readTTLs(ctx context.Context, namespace, fleet string) (time.D
 		case kerrors.IsNotFound(err), meta.IsNoMatchError(err):
 			continue
 		case err != nil:
-			return 0, 0, errors.Wrapf(err, "cannot read the lease TTLs of fleet %s/%s", namespace, fleet)
+			return nil, errors.Wrapf(err, "cannot read the lease policy of fleet %s/%s", namespace, fleet)
 		}
 		spec, _, _ := unstructured.NestedMap(u.Object, "spec")
 		s, err := fleetv1alpha1.SpecFrom(spec)
 		if err != nil {
-			return 0, 0, errors.Wrapf(err, "cannot read the lease TTLs of %s %s/%s", kind, namespace, fleet)
+			return nil, errors.Wrapf(err, "cannot read the lease policy of %s %s/%s", kind, namespace, fleet)
 		}
-		def, maxTTL := s.Leases.TTLs()
-		return def, maxTTL, nil
+		return policyOf(s), nil
 	}
-	def, maxTTL := (*fleetv1alpha1.Leases)(nil).TTLs()
-	return def, maxTTL, nil
+	return defaultPolicy(), nil
 }
 
 // ProxyURL is the proxy's URL with its credentials, read from its auth

@@ -23,6 +23,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease/leasetest"
+	dmetrics "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 )
 
 // TestServersConcurrency runs 4 discovery servers (each with its own client
@@ -58,7 +59,7 @@ func TestServersConcurrency(t *testing.T) {
 		c, ca := bed.Replica(t, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
 		servers[i] = httptest.NewServer((&discovery.Server{
 			Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: &lease.Store{Client: c, Cache: ca},
-			Auth: &discovery.Kubernetes{Client: c, Static: st}, Metrics: discovery.NewMetrics(), Log: logging.NewNopLogger(),
+			Auth: &discovery.Kubernetes{Client: c, Static: st}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 		}).Handler())
 		t.Cleanup(servers[i].Close)
 	}

@@ -20,10 +20,10 @@ import (
 
 func TestFail(t *testing.T) {
 	type want struct {
-		code          int
-		field         string
-		authenticate  bool   // a WWW-Authenticate challenge
-		reasonCounted string // the denial reason acquire counts
+		code         int
+		field        string
+		authenticate bool   // a WWW-Authenticate challenge
+		reason       string // the body's reason code
 	}
 	cases := map[string]struct {
 		reason      string
@@ -34,67 +34,97 @@ func TestFail(t *testing.T) {
 		"BadRequest": {
 			reason:      "A bad request is 400 naming its field.",
 			err:         &badRequest{"ttl", "must be at least 1s"},
-			want:        want{code: http.StatusBadRequest, field: "ttl", reasonCounted: "error"},
+			want:        want{code: http.StatusBadRequest, field: "ttl", reason: "Invalid"},
 			wantMessage: "ttl: must be at least 1s",
 		},
 		"WrappedBadRequest": {
 			reason:      "A bad request is found through wrapping.",
 			err:         fmt.Errorf("reading: %w", &badRequest{"holder", "is required"}),
-			want:        want{code: http.StatusBadRequest, field: "holder", reasonCounted: "error"},
+			want:        want{code: http.StatusBadRequest, field: "holder", reason: "Invalid"},
 			wantMessage: "holder: is required",
 		},
 		"TooLarge": {
 			reason:      "A body over the limit is 413 and says the limit.",
 			err:         &http.MaxBytesError{Limit: maxBody},
-			want:        want{code: http.StatusRequestEntityTooLarge, reasonCounted: "error"},
+			want:        want{code: http.StatusRequestEntityTooLarge, reason: "BodyTooLarge"},
 			wantMessage: fmt.Sprint(maxBody),
 		},
 		"Unauthenticated": {
 			reason:      "No valid token is 401 with a Bearer challenge.",
 			err:         ErrUnauthenticated,
-			want:        want{code: http.StatusUnauthorized, authenticate: true, reasonCounted: "error"},
+			want:        want{code: http.StatusUnauthorized, authenticate: true, reason: "Unauthenticated"},
 			wantMessage: "bearer token",
 		},
 		"Forbidden": {
 			reason:      "A fleet the caller may not use is 403 and says which permission to ask for.",
 			err:         errors.Wrap(ErrForbidden, "team-b/crawlers"),
-			want:        want{code: http.StatusForbidden, reasonCounted: "forbidden"},
+			want:        want{code: http.StatusForbidden, reason: "Forbidden"},
 			wantMessage: `verb "use" on proxyfleets`,
 		},
 		"InvalidTTL": {
 			reason:      "A TTL no Lease object can carry is the caller's fault, not the API server's.",
 			err:         lease.ErrInvalidTTL,
-			want:        want{code: http.StatusBadRequest, field: "ttl", reasonCounted: "error"},
+			want:        want{code: http.StatusBadRequest, field: "ttl", reason: "Invalid"},
 			wantMessage: "between 1s",
 		},
 		"LeaseNotFound": {
 			reason:      "A lease that is gone or not the caller's is 404.",
 			err:         lease.ErrNotFound,
-			want:        want{code: http.StatusNotFound, reasonCounted: "error"},
+			want:        want{code: http.StatusNotFound, reason: "LeaseNotFound"},
 			wantMessage: lease.ErrNotFound.Error(),
 		},
 		"FleetNotFound": {
 			reason:      "An unknown fleet is 404.",
 			err:         errFleetNotFound,
-			want:        want{code: http.StatusNotFound, reasonCounted: "not-found"},
+			want:        want{code: http.StatusNotFound, reason: "FleetNotFound"},
 			wantMessage: errFleetNotFound.Error(),
+		},
+		"WrongAudience": {
+			reason:      "A token for another audience is 401 and says so.",
+			err:         ErrWrongAudience,
+			want:        want{code: http.StatusUnauthorized, authenticate: true, reason: "WrongAudience"},
+			wantMessage: "--audience egress-discovery",
+		},
+		"NotYourLease": {
+			reason:      "Another identity's lease is 403.",
+			err:         lease.ErrNotYours,
+			want:        want{code: http.StatusForbidden, reason: "NotYourLease"},
+			wantMessage: "another identity",
+		},
+		"SecretMissing": {
+			reason:      "A fleet whose auth Secret is missing is 404 naming it, not 503: retrying does not mend it.",
+			err:         &SecretError{Proxy: "crawlers-0", Reason: "Secret team-a/auth not found"},
+			want:        want{code: http.StatusNotFound, reason: "SecretNotFound"},
+			wantMessage: "Secret team-a/auth not found",
+		},
+		"DiscoveryRefused": {
+			reason:      "The API server refusing discovery itself is 500: its RBAC is wrong, and a retry does not mend it.",
+			err:         kerrors.NewForbidden(schema.GroupResource{Resource: "leases"}, "x", errors.New("no RBAC")),
+			want:        want{code: http.StatusInternalServerError, reason: "Internal"},
+			wantMessage: "ServiceAccount is refused",
+		},
+		"Decided": {
+			reason:      "An answer decided where it arose keeps its code, reason and Retry-After.",
+			err:         fmt.Errorf("wrapped: %w", &apiError{code: http.StatusTooManyRequests, reason: "QuotaExceeded", msg: "over quota", retryAfter: 5}),
+			want:        want{code: http.StatusTooManyRequests, reason: "QuotaExceeded"},
+			wantMessage: "over quota",
 		},
 		"APITimeout": {
 			reason:      "An API server timeout is 503 saying timeout, not the raw error.",
 			err:         kerrors.NewTimeoutError("etcd is slow", 1),
-			want:        want{code: http.StatusServiceUnavailable, reasonCounted: "error"},
+			want:        want{code: http.StatusServiceUnavailable, reason: "APIServerUnavailable"},
 			wantMessage: "try again: timeout",
 		},
 		"APIServerTimeout": {
 			reason:      "A server-side timeout is 503 saying timeout.",
 			err:         kerrors.NewServerTimeout(schema.GroupResource{Resource: "leases"}, "create", 1),
-			want:        want{code: http.StatusServiceUnavailable, reasonCounted: "error"},
+			want:        want{code: http.StatusServiceUnavailable, reason: "APIServerUnavailable"},
 			wantMessage: "try again: timeout",
 		},
 		"APIError": {
 			reason:      "Any other error is 503 with what went wrong.",
 			err:         errors.New("cannot list leases: connection refused"),
-			want:        want{code: http.StatusServiceUnavailable, reasonCounted: "error"},
+			want:        want{code: http.StatusServiceUnavailable, reason: "APIServerUnavailable"},
 			wantMessage: "try again: cannot list leases: connection refused",
 		},
 	}
@@ -108,7 +138,7 @@ func TestFail(t *testing.T) {
 			}
 			got := want{
 				code: rec.Code, field: body.Error.Field,
-				authenticate: rec.Header().Get("WWW-Authenticate") != "", reasonCounted: reason(tc.err),
+				authenticate: rec.Header().Get("WWW-Authenticate") != "", reason: body.Error.Reason,
 			}
 			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(want{})); diff != "" {
 				t.Errorf("%s\n-want, +got:\n%s", tc.reason, diff)

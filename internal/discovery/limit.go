@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"time"
+
+	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 )
 
 // Timeouts of the API's HTTP server: a client that sends its headers or
@@ -47,8 +49,8 @@ func LimitInFlight(h http.Handler, n int) http.Handler {
 			defer func() { <-slots }()
 			h.ServeHTTP(w, r)
 		default:
-			w.Header().Set("Retry-After", "1")
-			writeError(w, http.StatusServiceUnavailable, "", fmt.Sprintf("egress-discovery is serving %d requests already, its limit: try again in a second", cap(slots)))
+			writeError(w, &apiError{code: http.StatusServiceUnavailable, reason: apiv1.ReasonOverloaded, retryAfter: 1,
+				msg: fmt.Sprintf("egress-discovery is serving %d requests already, its limit: try again in a second", cap(slots))})
 		}
 	})
 }

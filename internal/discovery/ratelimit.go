@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+
+	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 )
 
 // IdentityLimits is a token bucket per authenticated identity: each may
@@ -53,17 +55,19 @@ func (l *IdentityLimits) allow(who string, now time.Time) (bool, time.Duration) 
 	return true, 0
 }
 
-// limited answers 429 with Retry-After to an identity over its limit.
-func (s *Server) limited(w http.ResponseWriter, id *Identity) bool {
+// limit refuses a request of an identity over its limit: 429 with
+// Retry-After.
+func (s *Server) limit(id *Identity) error {
 	if s.Limits == nil {
-		return false
+		return nil
 	}
 	ok, wait := s.Limits.allow(id.User, s.now())
 	if ok {
-		return false
+		return nil
 	}
-	secs := int(math.Ceil(wait.Seconds()))
-	w.Header().Set("Retry-After", fmt.Sprint(max(secs, 1)))
-	writeError(w, http.StatusTooManyRequests, "", fmt.Sprintf("%s is over its limit of %g requests a second (burst %d): try again in %ds", id.User, float64(s.Limits.Rate), s.Limits.Burst, max(secs, 1)))
-	return true
+	secs := max(int(math.Ceil(wait.Seconds())), 1)
+	return &apiError{
+		code: http.StatusTooManyRequests, reason: apiv1.ReasonRateLimited, retryAfter: secs,
+		msg: fmt.Sprintf("%s is over its limit of %g requests a second (burst %d): try again in %ds", id.User, float64(s.Limits.Rate), s.Limits.Burst, secs),
+	}
 }

@@ -32,6 +32,7 @@ import (
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	dmetrics "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
@@ -92,7 +93,7 @@ func server(t *testing.T, static string, mods ...func(*discovery.Server)) *httpt
 		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client},
 		Leases:  &lease.Store{Client: bed.Client, OwnerOf: discovery.ProxyOwner(bed.Client)},
 		Auth:    &discovery.Kubernetes{Client: bed.Client, Static: tokens},
-		Metrics: discovery.NewMetrics(), Log: logging.NewNopLogger(),
+		Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 	}
 	for _, m := range mods {
 		m(s)

@@ -259,5 +259,42 @@ func (s *fleetSpec) checkLeases() error {
 	if def > maxTTL {
 		return fieldError("spec.leases.defaultTTL", "(%s) must not exceed spec.leases.maxTTL (%s)", def, maxTTL)
 	}
+	return s.checkAdmission()
+}
+
+// checkAdmission checks what only egress-discovery reads, so that a fleet
+// the schema would refuse is refused where no API server checks it (crossplane
+// render) too: discovery would otherwise clamp it silently.
+func (s *fleetSpec) checkAdmission() error {
+	if a := s.Leases.Admission; a != nil {
+		if f := a.MinHealthyFraction; f != nil && (*f < 0 || *f > 1) {
+			return fieldError("spec.leases.admission.minHealthyFraction", "must be between 0 and 1, not %g", *f)
+		}
+		if w := a.MaxWait; w != nil && (w.Duration < 0 || w.Duration > 20*time.Second) {
+			return fieldError("spec.leases.admission.maxWait", "must be between 0s and 20s, not %s", w.Duration)
+		}
+	}
+	q := s.Leases.Quotas
+	if q == nil {
+		return nil
+	}
+	if m := q.MaxLeasesPerIdentity; m != nil && *m < 0 {
+		return fieldError("spec.leases.quotas.maxLeasesPerIdentity", "must not be negative, not %d", *m)
+	}
+	for i, o := range q.Overrides {
+		n := 0
+		for _, set := range []bool{o.ServiceAccount != "", o.Group != "", o.StaticToken != ""} {
+			if set {
+				n++
+			}
+		}
+		field := fmt.Sprintf("spec.leases.quotas.overrides[%d]", i)
+		if n != 1 {
+			return fieldError(field, "must name exactly one of serviceAccount, group or staticToken, not %d", n)
+		}
+		if o.MaxLeases < 0 {
+			return fieldError(field+".maxLeases", "must not be negative, not %d", o.MaxLeases)
+		}
+	}
 	return nil
 }

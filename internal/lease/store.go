@@ -74,6 +74,8 @@ type Grant struct {
 	Slot      int
 	Holder    string
 	ExpiresAt time.Time
+	// TTL is how long the lease runs from its grant or last renewal.
+	TTL time.Duration
 }
 
 // Store keeps leases and bans in the API server.
@@ -108,6 +110,73 @@ type Store struct {
 	// changes on a grant (a new grant is a new object, and ID).
 	granted     sync.Map // ID -> grantedEntry
 	grantsSince atomic.Int64
+	// observed records, per slot object, the renewal last seen and when
+	// this replica first saw it, on its own monotonic clock: a slot is
+	// taken over only once its renewal has stood unchanged for its TTL
+	// plus ExpiryMargin, as client-go's leader election judges a leader.
+	// No replica compares another's clock with its own.
+	observed sync.Map // namespace/name -> observation
+}
+
+// observation is a slot's renewal as this replica saw it.
+type observation struct {
+	uid   types.UID
+	renew time.Time
+	ttl   int32
+	// seen is when this replica first saw the renewal, by its clock,
+	// whose monotonic reading Sub uses: a wall clock set forward or back
+	// moves it not at all.
+	seen time.Time
+}
+
+// ExpiryMargin is how long past its TTL a replica waits, from the moment
+// it first saw a slot's last renewal, before it takes the slot over: room
+// for the grant's answer to reach the crawler, and for the crawler's own
+// clock, which its TTL is measured on, to start later.
+const ExpiryMargin = 5 * time.Second
+
+// expired judges a slot over from this replica's own observation: not
+// held, or its renewal unchanged for its TTL plus ExpiryMargin since this
+// replica first saw it. A replica that has just started, or has not seen a
+// slot before, waits the whole TTL: it never takes a slot over early,
+// whatever the clocks of the replica that renewed it and its own say.
+func (s *Store) expired(l *coordv1.Lease) bool { return s.stale(l, 0) }
+
+// stale is expired, extra longer.
+func (s *Store) stale(l *coordv1.Lease, extra time.Duration) bool {
+	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
+		return true
+	}
+	now := s.now()
+	key := l.Namespace + "/" + l.Name
+	cur := observation{uid: l.UID, renew: l.Spec.RenewTime.Time, ttl: *l.Spec.LeaseDurationSeconds, seen: now}
+	if v, ok := s.observed.Load(key); ok {
+		o := v.(observation) //nolint:forcetypeassert // Only observations are stored.
+		if o.uid == cur.uid && o.renew.Equal(cur.renew) && o.ttl == cur.ttl {
+			return now.Sub(o.seen) >= time.Duration(o.ttl)*time.Second+ExpiryMargin+extra
+		}
+	}
+	s.observed.Store(key, cur)
+	return false
+}
+
+// wrote records a slot this replica just wrote (granted or renewed): its
+// renewal is seen now.
+func (s *Store) wrote(l *coordv1.Lease) {
+	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
+		return
+	}
+	s.observed.Store(l.Namespace+"/"+l.Name, observation{uid: l.UID, renew: l.Spec.RenewTime.Time, ttl: *l.Spec.LeaseDurationSeconds, seen: s.now()})
+}
+
+// forget drops the observations of slots that no longer exist.
+func (s *Store) forget(exist map[string]bool) {
+	s.observed.Range(func(k, _ any) bool {
+		if !exist[k.(string)] { //nolint:forcetypeassert // Only strings are keys.
+			s.observed.Delete(k)
+		}
+		return true
+	})
 }
 
 func minTime(a, b time.Time) time.Time {
@@ -199,7 +268,9 @@ func SlotName(proxy string, slot int) string {
 }
 
 // Expired reports whether a lease's renewTime + leaseDurationSeconds has
-// passed, by this replica's clock: egress-discovery takes over a seat on it.
+// passed by the clock now comes from: what a listing shows, and when a ban
+// ends. A slot is never taken over on it, since the replica that renewed it
+// may have another clock: the store judges that from its own observation.
 // Anything that must not act while a crawler may still use the proxy asks
 // Holds instead.
 func Expired(l *coordv1.Lease, now time.Time) bool {
@@ -306,14 +377,30 @@ func (s *Store) Slots(ctx context.Context, namespace, fleet string) (map[string]
 		return nil, errors.Wrap(err, "cannot list leases")
 	}
 	out := map[string][]*coordv1.Lease{}
-	now := s.now()
 	for i := range l.Items {
 		le := &l.Items[i]
-		if Expired(le, now) {
+		if s.expired(le) {
 			continue
 		}
 		p := fleetv1alpha1.ProxyName(le)
 		out[p] = append(out[p], le)
+	}
+	return out, nil
+}
+
+// Held returns the IDs of the live leases of a fleet granted to identity,
+// from the cache.
+func (s *Store) Held(ctx context.Context, namespace, fleet, identity string) (map[string]bool, error) {
+	l := &coordv1.LeaseList{}
+	if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.UnsafeDisableDeepCopy, client.MatchingLabels(SeatSelector(fleet))); err != nil {
+		return nil, errors.Wrap(err, "cannot list leases")
+	}
+	out := map[string]bool{}
+	for i := range l.Items {
+		le := &l.Items[i]
+		if le.Annotations[AnnotationIdentity] == identity && fleetv1alpha1.FleetName(le) == fleet && !s.expired(le) {
+			out[le.Namespace+"/"+le.Name+"/"+string(le.UID)] = true
+		}
 	}
 	return out, nil
 }
@@ -343,12 +430,15 @@ func (s *Store) Acquire(ctx context.Context, cands []Candidate, r Request) (*Gra
 		client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(cands[0].Fleet), fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot}); err != nil {
 		return nil, errors.Wrap(err, "cannot list leases")
 	}
-	now := s.now()
 	state := map[string]slotState{}
+	// expired are the slots the cache shows over: only those are read
+	// back for a takeover, whatever order they are tried in.
+	expired := map[string]bool{}
 	for i := range l.Items {
 		st := stateLive
-		if Expired(&l.Items[i], now) {
+		if s.expired(&l.Items[i]) {
 			st = stateExpired
+			expired[l.Items[i].Name] = true
 		}
 		state[l.Items[i].Name] = st
 	}
@@ -359,6 +449,10 @@ func (s *Store) Acquire(ctx context.Context, cands []Candidate, r Request) (*Gra
 	var deferred []deferredSlot
 	for _, c := range cands {
 		for i := range c.MaxLeases {
+			// Taken lately, by this replica's word: tried last. One
+			// the cache shows expired is still taken over when tried,
+			// or callers hammering a full fleet would keep its expired
+			// slots "taken" for ever.
 			if name := SlotName(c.Proxy, i); s.seenTaken(c.Namespace + "/" + name) {
 				state[name] = stateLive
 			}
@@ -381,7 +475,7 @@ func (s *Store) Acquire(ctx context.Context, cands []Candidate, r Request) (*Gra
 				deferred = append(deferred, deferredSlot{c, slot})
 				continue
 			}
-			g, err := s.take(ctx, c, slot, r, state[SlotName(c.Proxy, slot)] == stateExpired)
+			g, err := s.take(ctx, c, slot, r, expired[SlotName(c.Proxy, slot)])
 			s.inflight.Delete(key)
 			if err != nil {
 				return nil, err
@@ -392,7 +486,7 @@ func (s *Store) Acquire(ctx context.Context, cands []Candidate, r Request) (*Gra
 		}
 	}
 	for _, d := range deferred {
-		g, err := s.take(ctx, d.c, d.slot, r, state[SlotName(d.c.Proxy, d.slot)] == stateExpired)
+		g, err := s.take(ctx, d.c, d.slot, r, expired[SlotName(d.c.Proxy, d.slot)])
 		if err != nil {
 			return nil, err
 		}
@@ -438,6 +532,7 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 	obj := want.DeepCopy()
 	err := s.Client.Create(ctx, obj)
 	if err == nil {
+		s.wrote(obj)
 		s.noteTaken(key)
 		g := grant(obj, c, slot)
 		s.remember(g, r.Identity)
@@ -457,7 +552,7 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 		}
 		return nil, errors.Wrap(err, "cannot get lease")
 	}
-	if !Expired(cur, now) {
+	if !s.expired(cur) {
 		return nil, nil
 	}
 	// Replace an expired slot: delete exactly the object we saw (UID and
@@ -477,6 +572,7 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 		}
 		return nil, errors.Wrap(err, "cannot create lease")
 	}
+	s.wrote(obj)
 	s.noteTaken(key)
 	g := grant(obj, c, slot)
 	s.remember(g, r.Identity)
@@ -486,8 +582,16 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 func grant(l *coordv1.Lease, c Candidate, slot int) *Grant {
 	return &Grant{
 		ID: l.Namespace + "/" + l.Name + "/" + string(l.UID), Namespace: l.Namespace, Fleet: c.Fleet, Proxy: c.Proxy, Slot: slot,
-		Holder: *l.Spec.HolderIdentity, ExpiresAt: ExpiresAt(l),
+		Holder: *l.Spec.HolderIdentity, ExpiresAt: ExpiresAt(l), TTL: leaseTTL(l),
 	}
+}
+
+// leaseTTL is a lease's duration.
+func leaseTTL(l *coordv1.Lease) time.Duration {
+	if l.Spec.LeaseDurationSeconds == nil {
+		return 0
+	}
+	return time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second
 }
 
 // Get returns a live lease by ID, checking that it is still the caller's:
@@ -505,7 +609,7 @@ func (s *Store) Get(ctx context.Context, id, identity string) (*coordv1.Lease, e
 		}
 		return nil, errors.Wrap(err, "cannot get lease")
 	}
-	if string(l.UID) != tok || l.Labels[fleetv1alpha1.LabelLeaseKind] != fleetv1alpha1.LeaseKindSlot || Expired(l, s.now()) {
+	if string(l.UID) != tok || l.Labels[fleetv1alpha1.LabelLeaseKind] != fleetv1alpha1.LeaseKindSlot || s.expired(l) {
 		return nil, ErrNotFound
 	}
 	if !grantedTo(l, identity) {
@@ -592,13 +696,14 @@ func (s *Store) Renew(ctx context.Context, id, identity string, ttl time.Duratio
 		}
 		return nil, errors.Wrap(err, "cannot renew lease")
 	}
+	s.wrote(l)
 	return s.toGrant(l, id), nil
 }
 
 func (s *Store) toGrant(l *coordv1.Lease, id string) *Grant {
 	slot, _ := strconv.Atoi(l.Name[strings.LastIndex(l.Name, "-")+1:])
 	return &Grant{ID: id, Namespace: l.Namespace, Fleet: fleetv1alpha1.FleetName(l), Proxy: fleetv1alpha1.ProxyName(l),
-		Slot: slot, Holder: ptr.Deref(l.Spec.HolderIdentity, ""), ExpiresAt: ExpiresAt(l)}
+		Slot: slot, Holder: ptr.Deref(l.Spec.HolderIdentity, ""), ExpiresAt: ExpiresAt(l), TTL: leaseTTL(l)}
 }
 
 // Release gives a lease back in one call: a delete guarded by the grant's
@@ -742,10 +847,19 @@ func (s *Store) Sweep(ctx context.Context, proxyExists func(namespace, name stri
 	}
 	now := s.now()
 	n := 0
+	slots := map[string]bool{}
+	defer func() { s.forget(slots) }()
 	for i := range l.Items {
 		le := &l.Items[i]
 		gone := !proxyExists(le.Namespace, fleetv1alpha1.ProxyName(le))
-		if !gone && !(Expired(le, now.Add(-grace))) {
+		over := Expired(le, now.Add(-grace))
+		if le.Labels[fleetv1alpha1.LabelLeaseKind] == fleetv1alpha1.LeaseKindSlot {
+			// A slot is over by this replica's observation, never by its
+			// clock.
+			slots[le.Namespace+"/"+le.Name] = true
+			over = s.stale(le, grace)
+		}
+		if !gone && !over {
 			continue
 		}
 		err := s.Client.Delete(ctx, le, client.Preconditions{UID: &le.UID, ResourceVersion: &le.ResourceVersion})

@@ -1,6 +1,6 @@
-// Package metrics holds the Prometheus metrics of the provider: probe
+// Package metrics holds the Prometheus metrics of the provider (probe
 // results and latency, instances by backend and phase, and backend errors by
-// class, which is what an operator alerts on.
+// class, which is what an operator alerts on) and of egress-discovery.
 package metrics
 
 import (

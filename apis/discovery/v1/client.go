@@ -3,22 +3,50 @@ package v1
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 )
 
 // Client talks to egress-discovery.
 type Client struct {
-	// BaseURL of the discovery service, such as http://egress-discovery:8080.
+	// BaseURL of the discovery service, such as
+	// https://egress-discovery.egress-system.svc.
 	BaseURL string
 	// Token is sent as a bearer token: a ServiceAccount token or a static one.
 	Token string
-	// HTTP is the client to use; nil means http.DefaultClient.
+	// HTTP is the client to use; nil means http.DefaultClient. NewHTTPClient
+	// makes one that trusts a private CA.
 	HTTP *http.Client
+}
+
+// NewHTTPClient returns an HTTP client for Client.HTTP that trusts only the
+// CA certificates in the PEM file caFile, such as the CA that signs
+// egress-discovery's certificate: a bearer token must reach discovery and
+// nobody else, so the system's public CAs are not trusted alongside it.
+// An empty caFile returns a client that trusts the system's CAs.
+func NewHTTPClient(caFile string) (*http.Client, error) {
+	if caFile == "" {
+		return &http.Client{}, nil
+	}
+	bundle, err := os.ReadFile(caFile)
+	if err != nil {
+		return nil, fmt.Errorf("cannot read the CA bundle: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(bundle) {
+		return nil, fmt.Errorf("the CA bundle %s holds no PEM certificate", caFile)
+	}
+	// A clone keeps the default's proxy settings, timeouts and HTTP/2.
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.TLSClientConfig = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	return &http.Client{Transport: t}, nil
 }
 
 // APIError is an error answer.

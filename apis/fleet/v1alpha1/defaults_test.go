@@ -138,7 +138,7 @@ func TestSpecFromNamesBadDurations(t *testing.T) {
 		{"healthCheck", "interval"}, {"healthCheck", "timeout"},
 		{"rotation", "maxAge"}, {"rotation", "replaceUnhealthyAfter"},
 		{"rollout", "progressDeadline"},
-		{"leases", "defaultTTL"}, {"leases", "maxTTL"},
+		{"leases", "defaultTTL"}, {"leases", "maxTTL"}, {"leases", "admission", "maxWait"},
 	}, specDurations); diff != "" {
 		t.Errorf("duration fields: -want +got:\n%s", diff)
 	}

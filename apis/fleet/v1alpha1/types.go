@@ -227,6 +227,84 @@ type Leases struct {
 	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('168h')",message="must be between 1s and 168h"
 	// +optional
 	MaxTTL *metav1.Duration `json:"maxTTL,omitempty"`
+
+	// Admission holds new leases back while too few proxies are healthy,
+	// and lets an acquisition wait for a slot instead of being refused at
+	// once, so that when proxies drop out the survivors are not handed
+	// every crawler and banned in turn (the waterfall effect).
+	// +optional
+	Admission *Admission `json:"admission,omitempty"`
+
+	// Quotas bound the leases one caller identity may hold at once, so
+	// that teams sharing a fleet cannot starve each other.
+	// +optional
+	Quotas *Quotas `json:"quotas,omitempty"`
+}
+
+// Admission says when egress-discovery grants new leases. Renewals are
+// always honoured, except on proxies a rollout drains.
+type Admission struct {
+	// MinHealthyFraction is the share of the fleet's proxies (of
+	// spec.replicas, or of the proxies that exist if more) that must be
+	// healthy for a new lease to be granted; below it, acquisitions wait
+	// up to maxWait and are then refused (409, reason TooFewHealthy). 0
+	// admits whatever the fleet's health.
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1
+	// +optional
+	MinHealthyFraction *float64 `json:"minHealthyFraction,omitempty"`
+
+	// MaxWait is how long an acquisition may wait for a free slot, or for
+	// enough healthy proxies, before it is refused (a long poll). Waiting
+	// acquisitions are served first come, first served within a discovery
+	// replica. A request may ask to wait less. 0 refuses at once.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) <= duration('20s')",message="must be at most 20s: a longer wait outlasts discovery's request timeout"
+	// +optional
+	MaxWait *metav1.Duration `json:"maxWait,omitempty"`
+}
+
+// Quotas bound the concurrent leases of each caller identity in a fleet.
+// +kubebuilder:validation:XValidation:rule="!has(self.overrides) || self.overrides.all(o, [has(o.serviceAccount), has(o.group), has(o.staticToken)].filter(x, x).size() == 1)",message="spec.leases.quotas.overrides: each override names exactly one of serviceAccount, group or staticToken"
+type Quotas struct {
+	// MaxLeasesPerIdentity is how many leases of the fleet one identity
+	// may hold at once, unless an override says otherwise. Unset or 0
+	// sets no bound.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	MaxLeasesPerIdentity *int32 `json:"maxLeasesPerIdentity,omitempty"`
+
+	// Overrides set the bound for particular subjects. A ServiceAccount's
+	// or a static token's override wins over a group's; of several
+	// groups' overrides, the largest applies.
+	// +kubebuilder:validation:MaxItems=256
+	// +listType=atomic
+	// +optional
+	Overrides []QuotaOverride `json:"overrides,omitempty"`
+}
+
+// QuotaOverride is the lease bound of one subject.
+type QuotaOverride struct {
+	// ServiceAccount is <namespace>/<name>.
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?/[a-z0-9]([-a-z0-9.]*[a-z0-9])?$`
+	// +kubebuilder:validation:MaxLength=317
+	// +optional
+	ServiceAccount string `json:"serviceAccount,omitempty"`
+	// Group is a Kubernetes group the caller is in.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	// +optional
+	Group string `json:"group,omitempty"`
+	// StaticToken is the name a static token is given in discovery's
+	// token file.
+	// +kubebuilder:validation:Pattern=`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`
+	// +kubebuilder:validation:MaxLength=63
+	// +optional
+	StaticToken string `json:"staticToken,omitempty"`
+	// MaxLeases is the subject's bound; 0 forbids it leases.
+	// +kubebuilder:validation:Minimum=0
+	MaxLeases int32 `json:"maxLeases"`
 }
 
 // ProxyFleetSpec is the desired fleet.

@@ -62,7 +62,8 @@ func Settings(k *kong.Kong) []Setting {
 func flags(k *kong.Kong, n *kong.Node) []*kong.Flag {
 	var out []*kong.Flag
 	for _, f := range n.Flags {
-		if f != k.Model.HelpFlag {
+		// Hidden flags are for tests only: no help, no README entry.
+		if f != k.Model.HelpFlag && !f.Hidden {
 			out = append(out, f)
 		}
 	}

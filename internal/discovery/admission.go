@@ -1,0 +1,176 @@
+package discovery
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+)
+
+// healthyFraction is the share of a fleet's proxies that take new
+// crawlers, counted against spec.replicas (or the proxies that exist, if
+// more), so that proxies gone altogether count as unhealthy.
+func healthyFraction(ms []member, p *Policy) float64 {
+	of := max(len(ms), p.Replicas)
+	if of == 0 {
+		return 0
+	}
+	n := 0
+	for _, m := range ms {
+		if m.serving() {
+			n++
+		}
+	}
+	return float64(n) / float64(of)
+}
+
+// tooFewHealthy is the refusal of a new lease while a fleet is below its
+// admission.minHealthyFraction.
+func tooFewHealthy(ns, name string, frac float64, p *Policy) *apiError {
+	return &apiError{
+		code: http.StatusConflict, reason: apiv1.ReasonTooFewHealthy, retryAfter: 5,
+		msg: fmt.Sprintf("only %.0f%% of fleet %s/%s's proxies are healthy, under its spec.leases.admission.minHealthyFraction %.0f%%: new leases wait until more recover, so that the survivors are not overloaded", 100*frac, ns, name, 100*p.MinHealthyFraction),
+	}
+}
+
+// waitQueues are the acquisitions waiting for a slot, first come, first
+// served, by fleet. Only the one at the head of a fleet's queue tries;
+// the others wait their turn. They are the only state a replica keeps in
+// memory: a replica that dies loses its waiters, which see their
+// connection fail, but no grant, which is in the API server only.
+type waitQueues struct {
+	mu sync.Mutex
+	q  map[string][]*waiter
+	n  int
+}
+
+type waiter struct {
+	// turn is closed when the waiter reaches the head of its queue.
+	turn chan struct{}
+}
+
+// join queues a waiter at the tail of key's queue.
+func (w *waitQueues) join(key string) *waiter {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.q == nil {
+		w.q = map[string][]*waiter{}
+	}
+	wt := &waiter{turn: make(chan struct{})}
+	w.q[key] = append(w.q[key], wt)
+	if len(w.q[key]) == 1 {
+		close(wt.turn)
+	}
+	w.n++
+	return wt
+}
+
+// leave takes a waiter out of key's queue, granted or given up, and gives
+// the next its turn.
+func (w *waitQueues) leave(key string, wt *waiter) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	q := w.q[key]
+	for i, x := range q {
+		if x != wt {
+			continue
+		}
+		q = append(q[:i:i], q[i+1:]...)
+		w.n--
+		if i == 0 && len(q) > 0 {
+			close(q[0].turn)
+		}
+		break
+	}
+	if len(q) == 0 {
+		delete(w.q, key)
+		return
+	}
+	w.q[key] = q
+}
+
+// depth is how many acquisitions wait in key's queue.
+func (w *waitQueues) depth(key string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.q[key])
+}
+
+// total is how many acquisitions wait in every queue.
+func (w *waitQueues) total() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.n
+}
+
+// retryPoll is how often the head of a queue looks for a change that may
+// have freed a slot; retryEvery is how often it tries again regardless
+// (a lease expiring is no change any watch reports).
+const (
+	retryPoll  = 50 * time.Millisecond
+	retryEvery = time.Second
+)
+
+// refusal says whether an acquisition's error is one that waiting may
+// mend: no free slot, or too few healthy proxies.
+func refusal(err error) bool {
+	r := reasonOf(err)
+	return r == apiv1.ReasonNoFreeSlot || r == apiv1.ReasonTooFewHealthy
+}
+
+// wait queues an acquisition that found no slot and tries it again, when
+// its turn comes, whenever the fleet's proxies or leases change, until it
+// is granted or wait has passed. It answers the last refusal then.
+func (s *Server) wait(ctx context.Context, key string, wait time.Duration, try func() (*granted, error), first error) (*granted, error) {
+	start := time.Now()
+	deadline := time.NewTimer(wait)
+	defer deadline.Stop()
+	wt := s.queues.join(key)
+	s.Metrics.QueueDepth.Set(float64(s.queues.total()))
+	defer func() {
+		s.queues.leave(key, wt)
+		s.Metrics.QueueDepth.Set(float64(s.queues.total()))
+		s.Metrics.WaitTime.Observe(time.Since(start).Seconds())
+	}()
+	select {
+	case <-wt.turn:
+	case <-deadline.C:
+		return nil, first
+	case <-ctx.Done():
+		return nil, first
+	}
+	last := first
+	seen := s.version()
+	tick := time.NewTicker(retryPoll)
+	defer tick.Stop()
+	tried := time.Time{}
+	for {
+		if v := s.version(); v != seen || time.Since(tried) >= retryEvery {
+			seen, tried = v, time.Now()
+			g, err := try()
+			if err == nil || !refusal(err) {
+				return g, err
+			}
+			last = err
+		}
+		select {
+		case <-tick.C:
+		case <-deadline.C:
+			return nil, last
+		case <-ctx.Done():
+			return nil, last
+		}
+	}
+}
+
+// version is the watched objects' version; 0 when nothing is watched,
+// which leaves waiters to try every retryEvery.
+func (s *Server) version() uint64 {
+	if s.Version == nil {
+		return 0
+	}
+	return s.Version()
+}

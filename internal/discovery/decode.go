@@ -1,0 +1,105 @@
+package discovery
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/pkg/errors"
+
+	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+)
+
+// errEmptyBody is decode's answer to a request without a body; a renew
+// accepts it, every other request refuses it. A body cut short is not empty.
+var errEmptyBody = &badRequest{fieldBody, "is empty: send a JSON object"}
+
+// fieldBody names the whole body as the field at fault.
+const fieldBody = "body"
+
+var domainRe = regexp.MustCompile(`^[a-zA-Z0-9]([-a-zA-Z0-9.]{0,251}[a-zA-Z0-9])?$`)
+
+func decode(r *http.Request, into any) error {
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(into); err != nil {
+		// Decode returns io.EOF itself, unwrapped, only for no input at all.
+		if err == io.EOF {
+			return errEmptyBody
+		}
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return err
+		}
+		var ute *json.UnmarshalTypeError
+		if errors.As(err, &ute) {
+			return &badRequest{ute.Field, fmt.Sprintf("must be a %s", ute.Type)}
+		}
+		if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			return &badRequest{strings.Trim(f, `"`), "is not a field of this request"}
+		}
+		return &badRequest{fieldBody, "is not valid JSON: " + err.Error()}
+	}
+	// One object, and nothing after it.
+	if dec.More() {
+		return &badRequest{fieldBody, "has more than one JSON value: send one object"}
+	}
+	return nil
+}
+
+// parseDuration reads a duration field: Go's syntax (10m) or seconds (600),
+// at least least and at most most.
+func parseDuration(field, v string, def, least, most time.Duration, limit string) (time.Duration, error) {
+	if v == "" {
+		return def, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		if n, nerr := strconv.Atoi(v); nerr == nil {
+			d, err = time.Duration(n)*time.Second, nil
+		}
+	}
+	switch {
+	case err != nil:
+		return 0, &badRequest{field, fmt.Sprintf("%q is not a duration such as 10m or 600", v)}
+	case d < least:
+		return 0, &badRequest{field, fmt.Sprintf("must be at least %s", least)}
+	case d > most:
+		return 0, &badRequest{field, fmt.Sprintf("%s exceeds %s %s", d, limit, most)}
+	}
+	return d, nil
+}
+
+func parseTTL(field, v string, def, maxTTL time.Duration) (time.Duration, error) {
+	return parseDuration(field, v, def, time.Second, maxTTL, "the fleet's maxTTL")
+}
+
+// DecodeAcquire reads and validates an acquire request.
+func DecodeAcquire(r *http.Request) (*apiv1.AcquireRequest, string, string, error) {
+	req := &apiv1.AcquireRequest{}
+	if err := decode(r, req); err != nil {
+		return nil, "", "", err
+	}
+	ns, name, ok := strings.Cut(req.Fleet, "/")
+	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
+		return nil, "", "", &badRequest{"fleet", fmt.Sprintf("%q must be <namespace>/<name>", req.Fleet)}
+	}
+	if req.Holder == "" || len(req.Holder) > 253 {
+		return nil, "", "", &badRequest{"holder", "must name the crawler, in at most 253 characters"}
+	}
+	if req.Domain != "" && !domainRe.MatchString(req.Domain) {
+		return nil, "", "", &badRequest{"domain", fmt.Sprintf("%q is not a domain name", req.Domain)}
+	}
+	if len(req.StickyKey) > 1024 {
+		return nil, "", "", &badRequest{"stickyKey", "must be at most 1024 characters"}
+	}
+	if len(req.Zone) > 63 {
+		return nil, "", "", &badRequest{"zone", "must be at most 63 characters"}
+	}
+	return req, ns, name, nil
+}

@@ -1,0 +1,286 @@
+package discovery
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/pkg/errors"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
+
+	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+)
+
+// granted is a lease just granted, and its proxy.
+type granted struct {
+	g *lease.Grant
+	m member
+}
+
+// acquisition is one acquire request, validated.
+type acquisition struct {
+	req       *apiv1.AcquireRequest
+	ns, fleet string
+	ttl, wait time.Duration
+	id        *Identity
+	policy    *Policy
+}
+
+func (s *Server) acquire(w http.ResponseWriter, r *http.Request, id *Identity) error {
+	start := time.Now()
+	g, err := s.grant(r, id)
+	if err != nil {
+		s.Metrics.Denials.WithLabelValues(reasonOf(err)).Inc()
+		return err
+	}
+	u, err := s.Catalog.ProxyURL(r.Context(), g.m)
+	if err != nil {
+		_ = s.Leases.Release(context.WithoutCancel(r.Context()), g.g.ID, id.User)
+		s.released(g.g.Namespace, g.g.Fleet, id.User, g.g.ID)
+		s.Metrics.Denials.WithLabelValues(reasonOf(err)).Inc()
+		return err
+	}
+	s.Metrics.Acquisitions.Inc()
+	s.Metrics.AcquireLatency.Observe(time.Since(start).Seconds())
+	writeJSON(w, http.StatusCreated, apiv1.Lease{LeaseID: g.g.ID, Proxy: g.g.Proxy, ProxyURL: u, ExpiresAt: g.g.ExpiresAt, TTLSeconds: int64(g.g.TTL / time.Second)})
+	return nil
+}
+
+// grant validates an acquisition, counts it against the caller's quota,
+// and takes a slot, waiting for one if the fleet and the request allow.
+func (s *Server) grant(r *http.Request, id *Identity) (*granted, error) {
+	a, err := s.decodeAcquisition(r, id)
+	if err != nil {
+		return nil, err
+	}
+	done, err := s.reserve(r.Context(), a.ns, a.fleet, id, a.policy)
+	if err != nil {
+		return nil, err
+	}
+	var g *granted
+	defer func() {
+		if g != nil {
+			done(g.g.ID)
+			return
+		}
+		done("")
+	}()
+	key := a.ns + "/" + a.fleet
+	// Acquisitions waiting on this replica go first: one that may not
+	// wait finds no slot while they do.
+	if s.queues.depth(key) > 0 {
+		err = s.noFreeSlot(r.Context(), a, -1)
+	} else {
+		g, err = s.tryAcquire(r.Context(), a)
+	}
+	if err != nil && refusal(err) && a.wait > 0 {
+		g, err = s.wait(r.Context(), key, a.wait, func() (*granted, error) { return s.tryAcquire(r.Context(), a) }, err)
+	}
+	return g, err
+}
+
+// decodeAcquisition reads an acquire request and the fleet's policy.
+func (s *Server) decodeAcquisition(r *http.Request, id *Identity) (*acquisition, error) {
+	req, ns, name, err := DecodeAcquire(r)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.authorizeFleet(r.Context(), id, ns, name); err != nil {
+		return nil, err
+	}
+	p, err := s.Catalog.Policy(r.Context(), ns, name)
+	if err != nil {
+		return nil, err
+	}
+	a := &acquisition{req: req, ns: ns, fleet: name, id: id, policy: p}
+	if a.ttl, err = parseTTL("ttl", req.TTL, p.DefaultTTL, p.MaxTTL); err != nil {
+		return nil, err
+	}
+	if a.wait, err = parseDuration("maxWait", req.MaxWait, p.MaxWait, 0, p.MaxWait, "the fleet's spec.leases.admission.maxWait"); err != nil {
+		return nil, err
+	}
+	return a, nil
+}
+
+// tryAcquire takes a slot on the best proxy of the fleet, now: the sticky
+// key's last proxy first, then the least loaded. It is refused while the
+// fleet is below its minimum healthy share, and when no slot is free.
+func (s *Server) tryAcquire(ctx context.Context, a *acquisition) (*granted, error) {
+	ms, err := s.Catalog.Fleet(ctx, a.ns, a.fleet)
+	if err != nil {
+		return nil, err
+	}
+	if len(ms) == 0 {
+		return nil, errFleetNotFound
+	}
+	if frac := healthyFraction(ms, a.policy); frac < a.policy.MinHealthyFraction {
+		return nil, tooFewHealthy(a.ns, a.fleet, frac, a.policy)
+	}
+	ok, _, err := s.healthy(ctx, ms, a.req.Zone, nil, a.req.Domain)
+	if err != nil {
+		return nil, err
+	}
+	slots, err := s.Leases.Slots(ctx, a.ns, a.fleet)
+	if err != nil {
+		return nil, err
+	}
+	sticky, err := s.Leases.Sticky(ctx, a.ns, a.fleet, a.req.StickyKey)
+	if err != nil {
+		return nil, err
+	}
+	// Equally loaded proxies in random order, so that concurrent crawlers
+	// (and replicas) spread out instead of racing for the same slot.
+	rand.Shuffle(len(ok), func(i, j int) { ok[i], ok[j] = ok[j], ok[i] })
+	sort.SliceStable(ok, func(i, j int) bool {
+		if (ok[i].Name == sticky) != (ok[j].Name == sticky) {
+			return ok[i].Name == sticky
+		}
+		li := float64(len(slots[ok[i].Name])) / float64(ok[i].MaxLeases)
+		lj := float64(len(slots[ok[j].Name])) / float64(ok[j].MaxLeases)
+		return li < lj
+	})
+	cands := make([]lease.Candidate, 0, len(ok))
+	byName := map[string]member{}
+	for _, m := range ok {
+		cands = append(cands, lease.Candidate{Namespace: a.ns, Fleet: a.fleet, Proxy: m.Name, MaxLeases: m.MaxLeases})
+		byName[m.Name] = m
+	}
+	g, err := s.Leases.Acquire(ctx, cands, lease.Request{Identity: a.id.User, Holder: a.req.Holder, TTL: a.ttl, StickyKey: a.req.StickyKey})
+	if errors.Is(err, lease.ErrUnavailable) {
+		return nil, s.noFreeSlot(ctx, a, len(ok))
+	}
+	if err != nil {
+		return nil, err
+	}
+	return &granted{g: g, m: byName[g.Proxy]}, nil
+}
+
+// noFreeSlot is the refusal when every healthy proxy is taken (healthy < 0:
+// when others wait already), with a Retry-After of the soonest expiry.
+func (s *Server) noFreeSlot(ctx context.Context, a *acquisition, healthy int) error {
+	retry := 5
+	if slots, err := s.Leases.Slots(ctx, a.ns, a.fleet); err == nil {
+		retry = s.retryAfter(slots)
+	}
+	msg := fmt.Sprintf("no healthy proxy of %s/%s has a free slot (%d healthy, none with fewer than maxLeases holders); retry in %ds", a.ns, a.fleet, healthy, retry)
+	if healthy < 0 {
+		msg = fmt.Sprintf("acquisitions of %s/%s are waiting for a slot already, and this one may not wait (maxWait 0); retry in %ds", a.ns, a.fleet, retry)
+	}
+	return &apiError{code: http.StatusConflict, reason: apiv1.ReasonNoFreeSlot, retryAfter: retry, msg: msg}
+}
+
+// retryAfter suggests when a slot is likely free: the soonest expiry.
+func (s *Server) retryAfter(slots map[string][]*coordLease) int {
+	soonest := math.MaxFloat64
+	for _, ls := range slots {
+		for _, l := range ls {
+			soonest = min(soonest, lease.ExpiresAt(l).Sub(s.now()).Seconds())
+		}
+	}
+	if soonest == math.MaxFloat64 || soonest < 1 {
+		return 5
+	}
+	return int(math.Ceil(min(soonest, 60)))
+}
+
+// leaseOf reads the lease named in the path and authorises its fleet. The
+// fleet comes from the cached Proxy the slot belongs to, so renew and
+// release cost one API call each.
+func (s *Server) leaseOf(r *http.Request, id *Identity) (leaseID, namespace, fleet string, p *v1alpha1.Proxy, err error) {
+	leaseID = r.PathValue("namespace") + "/" + r.PathValue("name") + "/" + r.PathValue("token")
+	namespace, name, _, err := lease.ParseID(leaseID)
+	if err != nil {
+		return "", "", "", nil, lease.ErrNotFound
+	}
+	proxy, ok := lease.ProxyOf(name)
+	if !ok {
+		return "", "", "", nil, lease.ErrNotFound
+	}
+	p = &v1alpha1.Proxy{}
+	if err := s.Catalog.Cache.Get(r.Context(), types.NamespacedName{Namespace: namespace, Name: proxy}, p); err != nil {
+		if kerrors.IsNotFound(err) {
+			return "", "", "", nil, lease.ErrNotFound
+		}
+		return "", "", "", nil, err
+	}
+	fleet = fleetv1alpha1.FleetName(p)
+	if err := s.Auth.Authorize(r.Context(), id, namespace, fleet); err != nil {
+		return "", "", "", nil, err
+	}
+	return leaseID, namespace, fleet, p, nil
+}
+
+func (s *Server) renew(w http.ResponseWriter, r *http.Request, id *Identity) error {
+	leaseID, ns, fleet, p, err := s.leaseOf(r, id)
+	if err != nil {
+		return err
+	}
+	req := &apiv1.RenewRequest{}
+	if err := decode(r, req); err != nil && !errors.Is(err, errEmptyBody) {
+		return err
+	}
+	def, maxTTL, err := s.Catalog.TTLs(r.Context(), ns, fleet)
+	if err != nil {
+		return err
+	}
+	ttl, err := parseTTL("ttl", req.TTL, def, maxTTL)
+	if err != nil {
+		return err
+	}
+	if since := drainSince(p); !since.IsZero() {
+		// A start in the future (a skewed clock, an edited label) counts
+		// as now: it never extends a lease past now plus maxTTL.
+		if now := s.now(); since.After(now) {
+			since = now
+		}
+		// A proxy being replaced: its leases are renewed only up to the
+		// drain start plus maxTTL, so that one crawler renewing forever
+		// cannot hold the rollout up.
+		left := since.Add(maxTTL).Sub(s.now()).Truncate(time.Second)
+		if left < time.Second {
+			return &apiError{code: http.StatusConflict, reason: apiv1.ReasonDraining,
+				msg: fmt.Sprintf("proxy %s is being replaced since %s and its leases are no longer renewed: release this lease and take a new one", p.Name, since.Format(time.RFC3339))}
+		}
+		ttl = min(ttl, left)
+	}
+	g, err := s.Leases.Renew(r.Context(), leaseID, id.User, ttl)
+	if err != nil {
+		return err
+	}
+	out := apiv1.Lease{LeaseID: g.ID, Proxy: g.Proxy, ExpiresAt: g.ExpiresAt, TTLSeconds: int64(ttl / time.Second)}
+	// The URL with the credentials the proxy takes now, so that a crawler
+	// renewing across a password change moves to the new one before the
+	// previous one's grace ends; none for a proxy that still takes only
+	// the credentials the crawler was given.
+	if m := toMember(p); !m.CredentialsOutdated {
+		// The lease is renewed whatever happens here: a failure to read
+		// the credentials leaves the URL out, never answers an error
+		// that would make the crawler drop a lease it holds.
+		if out.ProxyURL, err = s.Catalog.ProxyURL(r.Context(), m); err != nil {
+			s.Log.Info("Renewed a lease without its proxy's URL", "lease", leaseID, "error", err)
+		}
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (s *Server) release(w http.ResponseWriter, r *http.Request, id *Identity) error {
+	leaseID, ns, fleet, _, err := s.leaseOf(r, id)
+	if err != nil {
+		return err
+	}
+	if err := s.Leases.Release(r.Context(), leaseID, id.User); err != nil {
+		return err
+	}
+	s.released(ns, fleet, id.User, leaseID)
+	w.WriteHeader(http.StatusNoContent)
+	return nil
+}

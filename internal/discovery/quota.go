@@ -1,0 +1,180 @@
+package discovery
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+)
+
+// serviceAccountPrefix begins a ServiceAccount's user name.
+const serviceAccountPrefix = "system:serviceaccount:"
+
+// quotaOf returns the lease bound of an identity in a fleet and the field
+// it comes from; false when there is none. A ServiceAccount's or a static
+// token's override wins over a group's; of several groups', the largest.
+func quotaOf(q *fleetv1alpha1.Quotas, id *Identity) (int, string, bool) {
+	if q == nil {
+		return 0, "", false
+	}
+	group, groupFrom := -1, ""
+	for i, o := range q.Overrides {
+		from := fmt.Sprintf("spec.leases.quotas.overrides[%d]", i)
+		switch {
+		case o.ServiceAccount != "" && id.User == serviceAccountPrefix+strings.Replace(o.ServiceAccount, "/", ":", 1):
+			return int(o.MaxLeases), from + " (serviceAccount " + o.ServiceAccount + ")", true
+		case o.StaticToken != "" && id.User == StaticPrefix+o.StaticToken:
+			return int(o.MaxLeases), from + " (staticToken " + o.StaticToken + ")", true
+		case o.Group != "" && int(o.MaxLeases) > group && hasGroup(id, o.Group):
+			group, groupFrom = int(o.MaxLeases), from+" (group "+o.Group+")"
+		}
+	}
+	if group >= 0 {
+		return group, groupFrom, true
+	}
+	if q.MaxLeasesPerIdentity != nil && *q.MaxLeasesPerIdentity > 0 {
+		return int(*q.MaxLeasesPerIdentity), "spec.leases.quotas.maxLeasesPerIdentity", true
+	}
+	return 0, "", false
+}
+
+func hasGroup(id *Identity, g string) bool {
+	for _, x := range id.Groups {
+		if x == g {
+			return true
+		}
+	}
+	return false
+}
+
+// quotaBook counts, per fleet and identity, what the cache may not show
+// yet: acquisitions in flight on this replica, and the grants it made
+// lately. With the leases the cache shows, that bounds an identity's leases
+// on one replica exactly; replicas granting at the same moment may each
+// grant up to the bound, as their caches catch up within a second.
+type quotaBook struct {
+	mu      sync.Mutex
+	pending map[string]int
+	recent  map[string]map[string]time.Time // key -> lease ID -> granted at
+	// gone are the leases released through this replica lately, which its
+	// cache may still show: their holder may take another at once.
+	gone map[string]time.Time // lease ID -> released at
+	// goneSince counts releases since gone was last pruned.
+	goneSince int
+}
+
+// recentGrantTime is how long a grant this replica made is counted besides
+// its cache: longer than the cache takes to show it.
+const recentGrantTime = 10 * time.Second
+
+func quotaKey(ns, fleet, identity string) string { return ns + "/" + fleet + "\x00" + identity }
+
+// usage is how many leases of the fleet id holds, or is being granted on
+// this replica.
+func (s *Server) usage(ctx context.Context, ns, fleet string, id *Identity) (int, error) {
+	held, err := s.Leases.Held(ctx, ns, fleet, id.User)
+	if err != nil {
+		return 0, err
+	}
+	s.quotas.mu.Lock()
+	defer s.quotas.mu.Unlock()
+	return s.quotas.count(quotaKey(ns, fleet, id.User), held, s.now()), nil
+}
+
+// count adds to held what key has pending or was granted lately and held
+// does not show; b.mu is held.
+func (b *quotaBook) count(key string, held map[string]bool, now time.Time) int {
+	n := b.pending[key]
+	for id := range held {
+		if at, ok := b.gone[id]; !ok || now.Sub(at) >= recentGrantTime {
+			n++
+		}
+	}
+	for id, at := range b.recent[key] {
+		switch {
+		case now.Sub(at) >= recentGrantTime || now.Before(at):
+			delete(b.recent[key], id)
+		case !held[id]:
+			n++
+		}
+	}
+	if len(b.recent[key]) == 0 {
+		delete(b.recent, key)
+	}
+	return n
+}
+
+// reserve counts an acquisition against id's quota in the fleet, or
+// refuses it (429, QuotaExceeded) when id holds its quota already. done
+// ends the reservation, recording the grant it made, if any.
+func (s *Server) reserve(ctx context.Context, ns, fleet string, id *Identity, p *Policy) (done func(grantID string), err error) {
+	quota, from, ok := quotaOf(p.Quotas, id)
+	if !ok {
+		return func(string) {}, nil
+	}
+	held, err := s.Leases.Held(ctx, ns, fleet, id.User)
+	if err != nil {
+		return nil, err
+	}
+	key := quotaKey(ns, fleet, id.User)
+	b := &s.quotas
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if n := b.count(key, held, s.now()); n >= quota {
+		return nil, &apiError{
+			code: http.StatusTooManyRequests, reason: apiv1.ReasonQuotaExceeded, retryAfter: 5,
+			msg: fmt.Sprintf("%s holds %d leases of fleet %s/%s, its quota of %d (%s): release one first", id.User, n, ns, fleet, quota, from),
+		}
+	}
+	if b.pending == nil {
+		b.pending, b.recent = map[string]int{}, map[string]map[string]time.Time{}
+	}
+	b.pending[key]++
+	return func(grantID string) {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.pending[key]--; b.pending[key] <= 0 {
+			delete(b.pending, key)
+		}
+		if grantID == "" {
+			return
+		}
+		if b.recent[key] == nil {
+			b.recent[key] = map[string]time.Time{}
+		}
+		b.recent[key][grantID] = s.now()
+	}, nil
+}
+
+// released forgets a grant given back, so that its holder may take
+// another at once.
+func (s *Server) released(ns, fleet, identity, grantID string) {
+	b := &s.quotas
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	key := quotaKey(ns, fleet, identity)
+	delete(b.recent[key], grantID)
+	if len(b.recent[key]) == 0 {
+		delete(b.recent, key)
+	}
+	now := s.now()
+	if b.gone == nil {
+		b.gone = map[string]time.Time{}
+	}
+	// Forget what the cache shows by now, every 1024 releases: the map
+	// holds at most recentGrantTime of them.
+	if b.goneSince++; b.goneSince >= 1024 {
+		b.goneSince = 0
+		for id, at := range b.gone {
+			if now.Sub(at) >= recentGrantTime || now.Before(at) {
+				delete(b.gone, id)
+			}
+		}
+	}
+	b.gone[grantID] = now
+}

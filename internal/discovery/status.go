@@ -1,0 +1,75 @@
+package discovery
+
+import (
+	_ "embed"
+	"html/template"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+)
+
+//go:embed status.html
+var statusHTML string
+
+var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap{
+	"pct": func(a, b int) int {
+		if b == 0 {
+			return 0
+		}
+		return 100 * a / b
+	},
+}).Parse(statusHTML))
+
+type statusProxy struct {
+	member
+	Leases int
+	Bans   []string
+}
+
+type statusFleet struct {
+	Namespace, Name string
+	Proxies         []statusProxy
+	Healthy         int
+}
+
+// status renders the status page: fleets, proxies, health, latency, egress
+// IP, lease use against maxLeases and bans, without JavaScript.
+func (s *Server) status(w http.ResponseWriter, r *http.Request, id *Identity) error {
+	all, err := s.Catalog.All(r.Context())
+	if err != nil {
+		return err
+	}
+	var fleets []statusFleet
+	for key, ms := range all {
+		ns, name, _ := strings.Cut(key, "/")
+		if s.Auth.Authorize(r.Context(), id, ns, name) != nil {
+			continue
+		}
+		slots, err := s.Leases.Slots(r.Context(), ns, name)
+		if err != nil {
+			return err
+		}
+		bans, err := s.Leases.Bans(r.Context(), ns, name)
+		if err != nil {
+			return err
+		}
+		f := statusFleet{Namespace: ns, Name: name}
+		for _, m := range ms {
+			if m.Healthy {
+				f.Healthy++
+			}
+			f.Proxies = append(f.Proxies, statusProxy{member: m, Leases: len(slots[m.Name]), Bans: bans[m.Name]})
+		}
+		fleets = append(fleets, f)
+	}
+	sort.Slice(fleets, func(i, j int) bool { return fleets[i].Namespace+fleets[i].Name < fleets[j].Namespace+fleets[j].Name })
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	if err := statusTemplate.Execute(w, struct {
+		Fleets []statusFleet
+		Now    string
+	}{fleets, s.now().UTC().Format(time.RFC3339)}); err != nil {
+		s.Log.Info("Cannot render status page", "error", err)
+	}
+	return nil
+}

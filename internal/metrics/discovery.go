@@ -1,0 +1,44 @@
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Discovery is egress-discovery's metric set: leases granted and refused
+// (by the reason code the API answers), how long acquisitions take and
+// wait, how many wait, and bans reported.
+type Discovery struct {
+	Acquisitions   prometheus.Counter
+	Denials        *prometheus.CounterVec
+	AcquireLatency prometheus.Histogram
+	Bans           prometheus.Counter
+	// WaitTime is how long acquisitions that found no slot (or too few
+	// healthy proxies) waited, granted or not.
+	WaitTime prometheus.Histogram
+	// QueueDepth is how many acquisitions wait on this replica.
+	QueueDepth prometheus.Gauge
+}
+
+// NewDiscovery returns egress-discovery's metrics, unregistered.
+func NewDiscovery() *Discovery {
+	return &Discovery{
+		Acquisitions: prometheus.NewCounter(prometheus.CounterOpts{Name: "egress_discovery_lease_acquisitions_total", Help: "Leases granted."}),
+		Denials: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egress_discovery_lease_denials_total",
+			Help: "Lease requests refused, by the reason code answered (NoFreeSlot, TooFewHealthy, QuotaExceeded, Forbidden, FleetNotFound, Invalid, APIServerUnavailable, ...).",
+		}, []string{"reason"}),
+		AcquireLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "egress_discovery_acquire_duration_seconds", Help: "Time to grant a lease, waiting included.",
+			Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20},
+		}),
+		Bans: prometheus.NewCounter(prometheus.CounterOpts{Name: "egress_discovery_bans_total", Help: "Proxies reported banned for a domain."}),
+		WaitTime: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "egress_discovery_lease_wait_seconds", Help: "How long acquisitions that found no free slot, or too few healthy proxies, waited for one, granted or not.",
+			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20},
+		}),
+		QueueDepth: prometheus.NewGauge(prometheus.GaugeOpts{Name: "egress_discovery_lease_queue_depth", Help: "Acquisitions waiting for a slot on this replica."}),
+	}
+}
+
+// Collectors returns every collector, for registration.
+func (m *Discovery) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.Acquisitions, m.Denials, m.AcquireLatency, m.Bans, m.WaitTime, m.QueueDepth}
+}
