@@ -29,7 +29,7 @@ import (
 )
 
 // fleetXR creates the ProxyFleet XR of a fleet, with its spec.leases.
-func fleetXR(t *testing.T, ns, name string, replicas int, leases map[string]any) {
+func fleetXR(t testing.TB, ns, name string, replicas int, leases map[string]any) {
 	t.Helper()
 	u := &unstructured.Unstructured{Object: map[string]any{
 		"apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyFleet",

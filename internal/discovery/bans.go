@@ -32,7 +32,11 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, id *Identity) er
 	}
 	switch req.Outcome {
 	case "banned":
-		cooldown, err := parseDuration("cooldown", req.Cooldown, 30*time.Minute, time.Second, 7*24*time.Hour, "the longest cooldown,")
+		pol, err := s.Catalog.Policy(r.Context(), ns, fleet)
+		if err != nil {
+			return err
+		}
+		cooldown, err := parseDuration("cooldown", req.Cooldown, min(defaultCooldown, pol.MaxBanCooldown), time.Second, pol.MaxBanCooldown, "the fleet's spec.leases.maxBanCooldown")
 		if err != nil {
 			return err
 		}
@@ -50,6 +54,9 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, id *Identity) er
 	w.WriteHeader(http.StatusNoContent)
 	return nil
 }
+
+// defaultCooldown is a ban's cooldown when the report names none.
+const defaultCooldown = 30 * time.Minute
 
 // recentBanTime is how long a ban this replica recorded is counted
 // besides its cache: longer than the cache takes to show it.

@@ -96,6 +96,8 @@ type Policy struct {
 	MaxWait            time.Duration
 	// Quotas are spec.leases.quotas; nil sets no bound.
 	Quotas *fleetv1alpha1.Quotas
+	// MaxBanCooldown is the longest ban a report may ask for.
+	MaxBanCooldown time.Duration
 }
 
 // defaultPolicy is the policy of a fleet without a ProxyFleet or claim.
@@ -104,7 +106,7 @@ func defaultPolicy() *Policy {
 }
 
 func policyOf(s *fleetv1alpha1.ProxyFleetSpec) *Policy {
-	p := &Policy{}
+	p := &Policy{MaxBanCooldown: s.Leases.BanCooldown()}
 	p.DefaultTTL, p.MaxTTL = s.Leases.TTLs()
 	if s.Replicas != nil {
 		p.Replicas = int(*s.Replicas)
@@ -181,7 +183,7 @@ func drainSince(p *v1alpha1.Proxy) time.Time {
 // All returns every proxy that belongs to a fleet, by fleet (namespace/name).
 func (c *Catalog) All(ctx context.Context) (map[string][]member, error) {
 	l := &v1alpha1.ProxyList{}
-	if err := c.Cache.List(ctx, l, client.HasLabels{fleetv1alpha1.LabelFleet}); err != nil {
+	if err := c.Cache.List(ctx, l, client.UnsafeDisableDeepCopy, client.HasLabels{fleetv1alpha1.LabelFleet}); err != nil {
 		return nil, errors.Wrap(err, "cannot list proxies")
 	}
 	out := map[string][]member{}
@@ -207,7 +209,10 @@ func (c *Catalog) All(ctx context.Context) (map[string][]member, error) {
 // Fleet returns a fleet's proxies, healthy or not.
 func (c *Catalog) Fleet(ctx context.Context, namespace, fleet string) ([]member, error) {
 	l := &v1alpha1.ProxyList{}
-	if err := c.Cache.List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet)}); err != nil {
+	// Read-only use of the cache: members copy what they keep (the auth
+	// Secret reference is only read), so no deep copy of every Proxy per
+	// acquisition.
+	if err := c.Cache.List(ctx, l, client.InNamespace(namespace), client.UnsafeDisableDeepCopy, client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet)}); err != nil {
 		return nil, errors.Wrap(err, "cannot list proxies")
 	}
 	out := make([]member, 0, len(l.Items))

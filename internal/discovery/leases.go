@@ -138,20 +138,23 @@ func (s *Server) tryAcquire(ctx context.Context, a *acquisition) (*granted, erro
 	}
 	// Equally loaded proxies in random order, so that concurrent crawlers
 	// (and replicas) spread out instead of racing for the same slot.
-	rand.Shuffle(len(ok), func(i, j int) { ok[i], ok[j] = ok[j], ok[i] })
-	sort.SliceStable(ok, func(i, j int) bool {
-		if (ok[i].Name == sticky) != (ok[j].Name == sticky) {
-			return ok[i].Name == sticky
+	// Sorted by reference: a member is large to swap.
+	ps := make([]*member, len(ok))
+	for i := range ok {
+		ps[i] = &ok[i]
+	}
+	rand.Shuffle(len(ps), func(i, j int) { ps[i], ps[j] = ps[j], ps[i] })
+	sort.SliceStable(ps, func(i, j int) bool {
+		if (ps[i].Name == sticky) != (ps[j].Name == sticky) {
+			return ps[i].Name == sticky
 		}
-		li := float64(len(slots[ok[i].Name])) / float64(ok[i].MaxLeases)
-		lj := float64(len(slots[ok[j].Name])) / float64(ok[j].MaxLeases)
+		li := float64(len(slots[ps[i].Name])) / float64(ps[i].MaxLeases)
+		lj := float64(len(slots[ps[j].Name])) / float64(ps[j].MaxLeases)
 		return li < lj
 	})
-	cands := make([]lease.Candidate, 0, len(ok))
-	byName := map[string]member{}
-	for _, m := range ok {
+	cands := make([]lease.Candidate, 0, len(ps))
+	for _, m := range ps {
 		cands = append(cands, lease.Candidate{Namespace: a.ns, Fleet: a.fleet, Proxy: m.Name, MaxLeases: m.MaxLeases})
-		byName[m.Name] = m
 	}
 	g, err := s.Leases.Acquire(ctx, cands, lease.Request{Identity: a.id.User, Holder: a.req.Holder, TTL: a.ttl, StickyKey: a.req.StickyKey})
 	if errors.Is(err, lease.ErrUnavailable) {
@@ -160,7 +163,12 @@ func (s *Server) tryAcquire(ctx context.Context, a *acquisition) (*granted, erro
 	if err != nil {
 		return nil, err
 	}
-	return &granted{g: g, m: byName[g.Proxy]}, nil
+	for _, m := range ps {
+		if m.Name == g.Proxy {
+			return &granted{g: g, m: *m}, nil
+		}
+	}
+	return nil, errors.Errorf("granted a lease on %s, which is no candidate", g.Proxy)
 }
 
 // noFreeSlot is the refusal when every healthy proxy is taken (healthy < 0:

@@ -264,7 +264,7 @@ func ProxyOf(slotName string) (string, bool) {
 
 // SlotName is the name of a proxy's slot object.
 func SlotName(proxy string, slot int) string {
-	return fmt.Sprintf("%s-slot-%d", proxy, slot)
+	return proxy + "-slot-" + strconv.Itoa(slot)
 }
 
 // Expired reports whether a lease's renewTime + leaseDurationSeconds has
@@ -448,34 +448,36 @@ func (s *Store) Acquire(ctx context.Context, cands []Candidate, r Request) (*Gra
 	}
 	var deferred []deferredSlot
 	for _, c := range cands {
+		names := make([]string, c.MaxLeases)
+		states := make([]slotState, c.MaxLeases)
 		for i := range c.MaxLeases {
+			names[i] = SlotName(c.Proxy, i)
+			states[i] = state[names[i]]
 			// Taken lately, by this replica's word: tried last. One
 			// the cache shows expired is still taken over when tried,
 			// or callers hammering a full fleet would keep its expired
 			// slots "taken" for ever.
-			if name := SlotName(c.Proxy, i); s.seenTaken(c.Namespace + "/" + name) {
-				state[name] = stateLive
+			if s.seenTaken(c.Namespace + "/" + names[i]) {
+				states[i] = stateLive
 			}
 		}
-	}
-	for _, c := range cands {
 		order := make([]int, 0, c.MaxLeases)
 		for _, want := range []slotState{stateAbsent, stateExpired, stateLive} {
 			for i := range c.MaxLeases {
-				if state[SlotName(c.Proxy, i)] == want {
+				if states[i] == want {
 					order = append(order, i)
 				}
 			}
 		}
 		for _, slot := range order {
-			key := c.Namespace + "/" + SlotName(c.Proxy, slot)
+			key := c.Namespace + "/" + names[slot]
 			if _, busy := s.inflight.LoadOrStore(key, struct{}{}); busy {
 				// Another caller of this replica is taking it: come back to
 				// it only if nothing else is free.
 				deferred = append(deferred, deferredSlot{c, slot})
 				continue
 			}
-			g, err := s.take(ctx, c, slot, r, expired[SlotName(c.Proxy, slot)])
+			g, err := s.take(ctx, c, slot, r, expired[names[slot]])
 			s.inflight.Delete(key)
 			if err != nil {
 				return nil, err

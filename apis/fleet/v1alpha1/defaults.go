@@ -125,7 +125,18 @@ func (s *ProxyFleetSpec) WithDefaults() *ProxyFleetSpec {
 	if d.Leases.MaxTTL == nil {
 		d.Leases.MaxTTL = &metav1.Duration{Duration: DefaultMaxLeaseTTL}
 	}
+	if d.Leases.MaxBanCooldown == nil {
+		d.Leases.MaxBanCooldown = &metav1.Duration{Duration: DefaultMaxBanCooldown}
+	}
 	return d
+}
+
+// BanCooldown is the longest ban a report may ask for in the fleet.
+func (l *Leases) BanCooldown() time.Duration {
+	if l == nil || l.MaxBanCooldown == nil {
+		return DefaultMaxBanCooldown
+	}
+	return min(max(l.MaxBanCooldown.Duration, time.Second), MaxLeaseTTL)
 }
 
 // TTLs returns the lease TTL a crawler gets when it asks for none and the

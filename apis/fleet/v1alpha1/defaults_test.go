@@ -69,7 +69,7 @@ func TestDefaultsMatchSchema(t *testing.T) {
 		"rollout":           {xrd, []string{"spec", "rollout"}, map[string]any{"progressDeadline": "10m"}},
 		"maxLeasesPerProxy": {xrd, []string{"spec", "leases", "maxLeasesPerProxy"}, float64(egressv1alpha1.DefaultMaxLeases)},
 		"leases": {xrd, []string{"spec", "leases"}, map[string]any{
-			"maxLeasesPerProxy": float64(egressv1alpha1.DefaultMaxLeases), "defaultTTL": "10m", "maxTTL": "1h",
+			"maxLeasesPerProxy": float64(egressv1alpha1.DefaultMaxLeases), "defaultTTL": "10m", "maxTTL": "1h", "maxBanCooldown": "24h",
 		}},
 		"providerConfigRef": {xrd, []string{"spec", "providerConfigRef"}, map[string]any{
 			"kind": egressv1alpha1.ClusterProviderConfigKind, "name": DefaultProviderConfigName,
@@ -100,7 +100,7 @@ func TestDefaultsMatchSchema(t *testing.T) {
 	// The object defaults spell durations as the schema does; check they
 	// parse to the constants.
 	leases := defaultAt(t, xrd, "spec", "leases").(map[string]any)
-	for k, want := range map[string]time.Duration{"defaultTTL": DefaultLeaseTTL, "maxTTL": DefaultMaxLeaseTTL} {
+	for k, want := range map[string]time.Duration{"defaultTTL": DefaultLeaseTTL, "maxTTL": DefaultMaxLeaseTTL, "maxBanCooldown": DefaultMaxBanCooldown} {
 		if got, err := time.ParseDuration(leases[k].(string)); err != nil || got != want {
 			t.Errorf("spec.leases default %s = %v, want %s", k, leases[k], want)
 		}
@@ -119,7 +119,7 @@ func TestWithDefaults(t *testing.T) {
 		Rotation: &Rotation{MaxSurge: ptr.To[int32](1), MaxUnavailable: ptr.To[int32](0), ReplaceUnhealthyAfter: &metav1.Duration{Duration: 5 * time.Minute}},
 		Rollout:  &Rollout{ProgressDeadline: &metav1.Duration{Duration: 10 * time.Minute}},
 		Leases: &Leases{MaxLeasesPerProxy: ptr.To[int32](1), DefaultTTL: &metav1.Duration{Duration: 10 * time.Minute},
-			MaxTTL: &metav1.Duration{Duration: time.Hour}},
+			MaxTTL: &metav1.Duration{Duration: time.Hour}, MaxBanCooldown: &metav1.Duration{Duration: 24 * time.Hour}},
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("WithDefaults: -want +got:\n%s", diff)
@@ -138,7 +138,7 @@ func TestSpecFromNamesBadDurations(t *testing.T) {
 		{"healthCheck", "interval"}, {"healthCheck", "timeout"},
 		{"rotation", "maxAge"}, {"rotation", "replaceUnhealthyAfter"},
 		{"rollout", "progressDeadline"},
-		{"leases", "defaultTTL"}, {"leases", "maxTTL"}, {"leases", "admission", "maxWait"},
+		{"leases", "defaultTTL"}, {"leases", "maxTTL"}, {"leases", "maxBanCooldown"}, {"leases", "admission", "maxWait"},
 	}, specDurations); diff != "" {
 		t.Errorf("duration fields: -want +got:\n%s", diff)
 	}

@@ -19,6 +19,7 @@ const (
 	DefaultProgressDeadline            = 10 * time.Minute
 	DefaultLeaseTTL                    = 10 * time.Minute
 	DefaultMaxLeaseTTL                 = time.Hour
+	DefaultMaxBanCooldown              = 24 * time.Hour
 	// MinLeaseTTL and MaxLeaseTTL bound every lease TTL: a Lease object's
 	// duration is whole seconds, and a lease is not a way to own a proxy.
 	MinLeaseTTL               = time.Second
@@ -228,6 +229,17 @@ type Leases struct {
 	// +optional
 	MaxTTL *metav1.Duration `json:"maxTTL,omitempty"`
 
+	// MaxBanCooldown is the longest a crawler's ban report may keep a
+	// proxy from being handed out for a domain; a report asking longer is
+	// refused (400). Live bans are also bounded in number, by
+	// egress-discovery's flags.
+	// +kubebuilder:default="24h"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1s') && duration(self) <= duration('168h')",message="must be between 1s and 168h"
+	// +optional
+	MaxBanCooldown *metav1.Duration `json:"maxBanCooldown,omitempty"`
+
 	// Admission holds new leases back while too few proxies are healthy,
 	// and lets an acquisition wait for a slot instead of being refused at
 	// once, so that when proxies drop out the survivors are not handed
@@ -361,7 +373,7 @@ type ProxyFleetSpec struct {
 	Rollout *Rollout `json:"rollout,omitempty"`
 
 	// Leases say how crawlers lease proxies through egress-discovery.
-	// +kubebuilder:default={maxLeasesPerProxy: 1, defaultTTL: "10m", maxTTL: "1h"}
+	// +kubebuilder:default={maxLeasesPerProxy: 1, defaultTTL: "10m", maxTTL: "1h", maxBanCooldown: "24h"}
 	// +optional
 	Leases *Leases `json:"leases,omitempty"`
 }

@@ -55,6 +55,11 @@ func (in *Leases) DeepCopyInto(out *Leases) {
 		*out = new(v1.Duration)
 		**out = **in
 	}
+	if in.MaxBanCooldown != nil {
+		in, out := &in.MaxBanCooldown, &out.MaxBanCooldown
+		*out = new(v1.Duration)
+		**out = **in
+	}
 	if in.Admission != nil {
 		in, out := &in.Admission, &out.Admission
 		*out = new(Admission)
