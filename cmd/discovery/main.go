@@ -54,6 +54,8 @@ type CLI struct {
 	BurstPerIdentity       int           `help:"Requests each caller identity may make at once, above its rate." default:"200" env:"BURST_PER_IDENTITY"`
 	MaxBansPerFleet        int           `help:"Live domain bans a fleet may hold; a report over it is answered 429. 0 sets no bound." default:"5000" env:"MAX_BANS_PER_FLEET"`
 	MaxBansPerIdentity     int           `help:"Live domain bans one caller identity may hold in a fleet; a report over it is answered 429. 0 sets no bound." default:"1000" env:"MAX_BANS_PER_IDENTITY"`
+	MaxWaiting             int           `help:"Acquisitions that may wait for a slot (spec.leases.admission.maxWait) on this replica at once; a waiting one gives its in-flight slot back. More are refused at once." default:"1024" env:"MAX_WAITING"`
+	MaxWaitingPerIdentity  int           `help:"Acquisitions one caller identity may have waiting on this replica at once; more are refused at once." default:"32" env:"MAX_WAITING_PER_IDENTITY"`
 	Debug                  bool          `help:"Log at debug level." default:"false" env:"DEBUG"`
 	// ClockOffset runs the replica's clock off from the machine's, for
 	// tests of clock skew only (Go reads the time through the vDSO, so
@@ -75,6 +77,9 @@ func (c *CLI) Validate() error {
 	}
 	if c.MaxInFlight < 1 {
 		return errors.Errorf("--max-in-flight (MAX_IN_FLIGHT) must be at least 1, not %d", c.MaxInFlight)
+	}
+	if c.MaxWaiting < 1 || c.MaxWaitingPerIdentity < 1 {
+		return errors.Errorf("--max-waiting (MAX_WAITING) and --max-waiting-per-identity (MAX_WAITING_PER_IDENTITY) must be at least 1, not %d and %d", c.MaxWaiting, c.MaxWaitingPerIdentity)
 	}
 	if c.MaxBansPerFleet < 0 || c.MaxBansPerIdentity < 0 {
 		return errors.Errorf("--max-bans-per-fleet (MAX_BANS_PER_FLEET) and --max-bans-per-identity (MAX_BANS_PER_IDENTITY) must be 0 (no bound) or positive, not %d and %d", c.MaxBansPerFleet, c.MaxBansPerIdentity)
@@ -130,6 +135,7 @@ func (c *CLI) Run() error {
 		Catalog: &discovery.Catalog{Cache: mgr.GetCache(), Direct: mgr.GetAPIReader(), Fleets: fleets, Now: now}, Now: now,
 		Leases: store, Auth: auth, Metrics: dmetrics.NewDiscovery(), Log: log,
 		Version: version, MaxBansPerFleet: c.MaxBansPerFleet, MaxBansPerIdentity: c.MaxBansPerIdentity,
+		MaxWaiting: c.MaxWaiting, MaxWaitingPerIdentity: c.MaxWaitingPerIdentity,
 	}
 	if c.RatePerIdentity > 0 {
 		srv.Limits = &discovery.IdentityLimits{Rate: rate.Limit(c.RatePerIdentity), Burst: c.BurstPerIdentity, Size: c.AuthCacheSize}

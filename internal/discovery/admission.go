@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,27 +46,42 @@ type waitQueues struct {
 	mu sync.Mutex
 	q  map[string][]*waiter
 	n  int
+	// by counts the waiters of each identity.
+	by map[string]int
 }
 
 type waiter struct {
 	// turn is closed when the waiter reaches the head of its queue.
-	turn chan struct{}
+	turn     chan struct{}
+	identity string
 }
 
-// join queues a waiter at the tail of key's queue.
-func (w *waitQueues) join(key string) *waiter {
+// queueKey is the queue an acquisition waits in: its fleet and the
+// filters that choose its proxies, so that one waiting for a zone or a
+// domain no proxy serves does not hold up the others.
+func queueKey(ns, fleet, zone, domain string) string {
+	return ns + "/" + fleet + "\x00" + zone + "\x00" + strings.ToLower(domain)
+}
+
+// join queues a waiter at the tail of key's queue, unless the replica
+// holds maxTotal waiters already, or the identity maxPerIdentity.
+func (w *waitQueues) join(key, identity string, maxTotal, maxPerIdentity int) (*waiter, bool) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.q == nil {
-		w.q = map[string][]*waiter{}
+		w.q, w.by = map[string][]*waiter{}, map[string]int{}
 	}
-	wt := &waiter{turn: make(chan struct{})}
+	if w.n >= maxTotal || w.by[identity] >= maxPerIdentity {
+		return nil, false
+	}
+	w.by[identity]++
+	wt := &waiter{turn: make(chan struct{}), identity: identity}
 	w.q[key] = append(w.q[key], wt)
 	if len(w.q[key]) == 1 {
 		close(wt.turn)
 	}
 	w.n++
-	return wt
+	return wt, true
 }
 
 // leave takes a waiter out of key's queue, granted or given up, and gives
@@ -80,6 +96,9 @@ func (w *waitQueues) leave(key string, wt *waiter) {
 		}
 		q = append(q[:i:i], q[i+1:]...)
 		w.n--
+		if w.by[wt.identity]--; w.by[wt.identity] <= 0 {
+			delete(w.by, wt.identity)
+		}
 		if i == 0 && len(q) > 0 {
 			close(q[0].turn)
 		}
@@ -99,6 +118,20 @@ func (w *waitQueues) depth(key string) int {
 	return len(w.q[key])
 }
 
+// fleetDepth is how many acquisitions wait for any proxy of a fleet.
+func (w *waitQueues) fleetDepth(ns, fleet string) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	prefix := ns + "/" + fleet + "\x00"
+	for k, q := range w.q {
+		if strings.HasPrefix(k, prefix) {
+			n += len(q)
+		}
+	}
+	return n
+}
+
 // total is how many acquisitions wait in every queue.
 func (w *waitQueues) total() int {
 	w.mu.Lock()
@@ -107,11 +140,19 @@ func (w *waitQueues) total() int {
 }
 
 // retryPoll is how often the head of a queue looks for a change that may
-// have freed a slot; retryEvery is how often it tries again regardless
-// (a lease expiring is no change any watch reports).
+// have freed a slot, and tries again on one, at most every retryMin;
+// retryEvery is how often it tries again regardless (a lease expiring is
+// no change any watch reports).
 const (
 	retryPoll  = 50 * time.Millisecond
+	retryMin   = 250 * time.Millisecond
 	retryEvery = time.Second
+)
+
+// Default bounds of the acquisitions waiting on a replica.
+const (
+	DefaultMaxWaiting            = 1024
+	DefaultMaxWaitingPerIdentity = 32
 )
 
 // refusal says whether an acquisition's error is one that waiting may
@@ -123,12 +164,19 @@ func refusal(err error) bool {
 
 // wait queues an acquisition that found no slot and tries it again, when
 // its turn comes, whenever the fleet's proxies or leases change, until it
-// is granted or wait has passed. It answers the last refusal then.
-func (s *Server) wait(ctx context.Context, key string, wait time.Duration, try func() (*granted, error), first error) (*granted, error) {
+// is granted or wait has passed. It answers the last refusal then. A
+// waiting request gives its in-flight slot back: waiters are bounded by
+// MaxWaiting and MaxWaitingPerIdentity instead, and one over either is
+// answered its refusal at once.
+func (s *Server) wait(ctx context.Context, key, identity string, wait time.Duration, try func() (*granted, error), first error) (*granted, error) {
+	wt, ok := s.queues.join(key, identity, orDefault(s.MaxWaiting, DefaultMaxWaiting), orDefault(s.MaxWaitingPerIdentity, DefaultMaxWaitingPerIdentity))
+	if !ok {
+		return nil, first
+	}
 	start := time.Now()
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
-	wt := s.queues.join(key)
+	leaveInFlight(ctx)
 	s.Metrics.QueueDepth.Set(float64(s.queues.total()))
 	defer func() {
 		s.queues.leave(key, wt)
@@ -148,7 +196,7 @@ func (s *Server) wait(ctx context.Context, key string, wait time.Duration, try f
 	defer tick.Stop()
 	tried := time.Time{}
 	for {
-		if v := s.version(); v != seen || time.Since(tried) >= retryEvery {
+		if v, since := s.version(), time.Since(tried); (v != seen && since >= retryMin) || since >= retryEvery {
 			seen, tried = v, time.Now()
 			g, err := try()
 			if err == nil || !refusal(err) {
@@ -164,6 +212,13 @@ func (s *Server) wait(ctx context.Context, key string, wait time.Duration, try f
 			return nil, last
 		}
 	}
+}
+
+func orDefault(v, def int) int {
+	if v > 0 {
+		return v
+	}
+	return def
 }
 
 // version is the watched objects' version; 0 when nothing is watched,

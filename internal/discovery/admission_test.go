@@ -69,6 +69,15 @@ func setHealthy(t *testing.T, ns, name string, ok bool) {
 // cmd/discovery runs it: waiting acquisitions wake on the watch.
 func replicaServer(t *testing.T, ns, static string) *httptest.Server {
 	t.Helper()
+	srv := httptest.NewServer(replicaHandler(t, ns, static))
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// replicaHandler is replicaServer's handler, with mods applied to the
+// server.
+func replicaHandler(t *testing.T, ns, static string, mods ...func(*discovery.Server)) http.Handler {
+	t.Helper()
 	bed := sharedBed.Env(t)
 	f := filepath.Join(t.TempDir(), "tokens")
 	if err := os.WriteFile(f, []byte(static), 0o600); err != nil {
@@ -85,12 +94,14 @@ func replicaServer(t *testing.T, ns, static string) *httptest.Server {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer((&discovery.Server{
+	s := &discovery.Server{
 		Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: &lease.Store{Client: c, Cache: ca},
 		Auth: &discovery.Kubernetes{Client: c, Static: st}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Version: version,
-	}).Handler())
-	t.Cleanup(srv.Close)
-	return srv
+	}
+	for _, m := range mods {
+		m(s)
+	}
+	return s.Handler()
 }
 
 func apiErr(err error) *apiv1.APIError {

@@ -294,12 +294,18 @@ func LoadStaticTokens(path string) (*StaticTokens, error) {
 			}
 			user = StaticPrefix + fields[2]
 		}
+		if _, dup := s.byHash[tokenKey(fields[0])]; dup {
+			return nil, errors.Errorf("token file line %d: a token given on an earlier line: give each line its own token", n)
+		}
 		if prev, dup := users[user]; dup {
 			return nil, errors.Errorf("token file line %d: the same identity %s as line %d: give each token its own name (and token)", n, user, prev)
 		}
 		users[user] = n
 		id := &Identity{User: user, Namespaces: map[string]bool{}}
 		for _, ns := range strings.Split(fields[1], ",") {
+			if ns != "*" && len(validation.IsDNS1123Label(ns)) > 0 {
+				return nil, errors.Errorf("token file line %d: %q is not a namespace (nor *, for all)", n, ns)
+			}
 			id.Namespaces[ns] = true
 		}
 		s.byHash[tokenKey(fields[0])] = id

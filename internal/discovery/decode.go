@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -60,7 +61,9 @@ func parseDuration(field, v string, def, least, most time.Duration, limit string
 	}
 	d, err := time.ParseDuration(v)
 	if err != nil {
-		if n, nerr := strconv.Atoi(v); nerr == nil {
+		// Seconds, within what a duration holds: a number past it would
+		// wrap around to a small one.
+		if n, nerr := strconv.ParseInt(v, 10, 64); nerr == nil && n >= 0 && n <= math.MaxInt64/int64(time.Second) {
 			d, err = time.Duration(n)*time.Second, nil
 		}
 	}

@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -82,27 +83,31 @@ func toAPIError(err error) *apiError {
 		return &apiError{code: http.StatusNotFound, reason: apiv1.ReasonSecretNotFound, msg: err.Error()}
 	case kerrors.IsForbidden(err) || kerrors.IsUnauthorized(err):
 		// The API server refuses discovery itself: its RBAC is wrong,
-		// which a retry does not mend.
-		return &apiError{code: http.StatusInternalServerError, reason: apiv1.ReasonInternal, msg: "egress-discovery's own ServiceAccount is refused by the Kubernetes API server; tell the platform team: " + err.Error()}
+		// which a retry does not mend. The details (its ServiceAccount,
+		// what it was refused) are logged, not told to the caller.
+		return &apiError{code: http.StatusInternalServerError, reason: apiv1.ReasonInternal, msg: "egress-discovery's own ServiceAccount is refused by the Kubernetes API server: tell the platform team, who will find the details in its log"}
 	default:
-		return &apiError{code: http.StatusServiceUnavailable, reason: apiv1.ReasonAPIServerUnavailable, retryAfter: 1, msg: "the Kubernetes API server is unreachable or failing; try again: " + apiErrorSummary(err)}
+		// What failed, and where, is logged: the API server's addresses
+		// and errors are nothing a caller, authenticated or not, needs.
+		return &apiError{code: http.StatusServiceUnavailable, reason: apiv1.ReasonAPIServerUnavailable, retryAfter: 1, msg: "the Kubernetes API server is unreachable or failing; try again" + apiErrorSummary(err)}
 	}
 }
 
-// fail answers an error.
+// fail answers an error; one of discovery's own (5xx) is logged, unless
+// the caller went away.
 func (s *Server) fail(w http.ResponseWriter, err error) {
 	e := toAPIError(err)
-	if e.code >= 500 {
+	if e.code >= 500 && !errors.Is(err, context.Canceled) {
 		s.Log.Info("Request failed", "error", err)
 	}
 	writeError(w, e)
 }
 
 func apiErrorSummary(err error) string {
-	if kerrors.IsTimeout(err) || kerrors.IsServerTimeout(err) {
-		return "timeout"
+	if kerrors.IsTimeout(err) || kerrors.IsServerTimeout(err) || errors.Is(err, context.DeadlineExceeded) {
+		return ": timeout"
 	}
-	return err.Error()
+	return ""
 }
 
 // reasonOf is the reason code an error is answered with, which metrics

@@ -122,10 +122,10 @@ func TestFail(t *testing.T) {
 			wantMessage: "try again: timeout",
 		},
 		"APIError": {
-			reason:      "Any other error is 503 with what went wrong.",
-			err:         errors.New("cannot list leases: connection refused"),
+			reason:      "Any other error is 503, without the API server's address or error, which are logged.",
+			err:         errors.New("cannot list leases: dial tcp 10.96.0.1:443: connection refused"),
 			want:        want{code: http.StatusServiceUnavailable, reason: "APIServerUnavailable"},
-			wantMessage: "try again: cannot list leases: connection refused",
+			wantMessage: "unreachable or failing; try again",
 		},
 	}
 	for name, tc := range cases {
@@ -145,6 +145,9 @@ func TestFail(t *testing.T) {
 			}
 			if body.Error.Code != rec.Code {
 				t.Errorf("%s\nthe body's code %d must be the status %d", tc.reason, body.Error.Code, rec.Code)
+			}
+			if strings.Contains(body.Error.Message, "10.96.0.1") || strings.Contains(body.Error.Message, "no RBAC") {
+				t.Errorf("%s\nthe message tells the caller the API server's internals: %q", tc.reason, body.Error.Message)
 			}
 			if !strings.Contains(body.Error.Message, tc.wantMessage) {
 				t.Errorf("%s\nthe message must say %q, got %q", tc.reason, tc.wantMessage, body.Error.Message)

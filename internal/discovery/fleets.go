@@ -99,7 +99,7 @@ func (s *Server) fleet(w http.ResponseWriter, r *http.Request, id *Identity) err
 		Namespace: ns, Name: name, Proxies: len(ms), Healthy: countHealthy(ms), Usage: u,
 		Admission: &apiv1.Admission{
 			Admitting: frac >= p.MinHealthyFraction, HealthyFraction: frac, MinHealthyFraction: p.MinHealthyFraction,
-			MaxWaitSeconds: p.MaxWait.Seconds(), Waiting: s.queues.depth(ns + "/" + name),
+			MaxWaitSeconds: p.MaxWait.Seconds(), Waiting: s.queues.fleetDepth(ns, name),
 		},
 	})
 	return nil

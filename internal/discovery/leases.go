@@ -43,8 +43,11 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, id *Identity) e
 	}
 	u, err := s.Catalog.ProxyURL(r.Context(), g.m)
 	if err != nil {
-		_ = s.Leases.Release(context.WithoutCancel(r.Context()), g.g.ID, id.User)
-		s.released(g.g.Namespace, g.g.Fleet, id.User, g.g.ID)
+		// Given back at once, not left to its TTL; counted against the
+		// quota until it is.
+		if s.Leases.Release(context.WithoutCancel(r.Context()), g.g.ID, id.User) == nil {
+			s.released(g.g.Namespace, g.g.Fleet, id.User, g.g.ID)
+		}
 		s.Metrics.Denials.WithLabelValues(reasonOf(err)).Inc()
 		return err
 	}
@@ -73,16 +76,18 @@ func (s *Server) grant(r *http.Request, id *Identity) (*granted, error) {
 		}
 		done("")
 	}()
-	key := a.ns + "/" + a.fleet
-	// Acquisitions waiting on this replica go first: one that may not
-	// wait finds no slot while they do.
+	key := queueKey(a.ns, a.fleet, a.req.Zone, a.req.Domain)
+	// Acquisitions waiting on this replica for the same proxies go
+	// first: one that may not wait finds no slot while they do.
 	if s.queues.depth(key) > 0 {
 		err = s.noFreeSlot(r.Context(), a, -1)
 	} else {
-		g, err = s.tryAcquire(r.Context(), a)
+		g, err = s.tryAcquire(r.Context(), a, false)
 	}
 	if err != nil && refusal(err) && a.wait > 0 {
-		g, err = s.wait(r.Context(), key, a.wait, func() (*granted, error) { return s.tryAcquire(r.Context(), a) }, err)
+		// Waiting, it tries only slots its cache shows free, so that a
+		// full fleet costs no write per retry.
+		g, err = s.wait(r.Context(), key, id.User, a.wait, func() (*granted, error) { return s.tryAcquire(r.Context(), a, true) }, err)
 	}
 	return g, err
 }
@@ -113,7 +118,7 @@ func (s *Server) decodeAcquisition(r *http.Request, id *Identity) (*acquisition,
 // tryAcquire takes a slot on the best proxy of the fleet, now: the sticky
 // key's last proxy first, then the least loaded. It is refused while the
 // fleet is below its minimum healthy share, and when no slot is free.
-func (s *Server) tryAcquire(ctx context.Context, a *acquisition) (*granted, error) {
+func (s *Server) tryAcquire(ctx context.Context, a *acquisition, freeOnly bool) (*granted, error) {
 	ms, err := s.Catalog.Fleet(ctx, a.ns, a.fleet)
 	if err != nil {
 		return nil, err
@@ -156,7 +161,7 @@ func (s *Server) tryAcquire(ctx context.Context, a *acquisition) (*granted, erro
 	for _, m := range ps {
 		cands = append(cands, lease.Candidate{Namespace: a.ns, Fleet: a.fleet, Proxy: m.Name, MaxLeases: m.MaxLeases})
 	}
-	g, err := s.Leases.Acquire(ctx, cands, lease.Request{Identity: a.id.User, Holder: a.req.Holder, TTL: a.ttl, StickyKey: a.req.StickyKey})
+	g, err := s.Leases.Acquire(ctx, cands, lease.Request{Identity: a.id.User, Holder: a.req.Holder, TTL: a.ttl, StickyKey: a.req.StickyKey, FreeOnly: freeOnly})
 	if errors.Is(err, lease.ErrUnavailable) {
 		return nil, s.noFreeSlot(ctx, a, len(ok))
 	}
@@ -168,7 +173,7 @@ func (s *Server) tryAcquire(ctx context.Context, a *acquisition) (*granted, erro
 			return &granted{g: g, m: *m}, nil
 		}
 	}
-	return nil, errors.Errorf("granted a lease on %s, which is no candidate", g.Proxy)
+	return nil, &apiError{code: http.StatusInternalServerError, reason: apiv1.ReasonInternal, msg: "granted a lease on a proxy that was no candidate: a bug, please report it"}
 }
 
 // noFreeSlot is the refusal when every healthy proxy is taken (healthy < 0:

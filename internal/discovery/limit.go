@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strings"
+	"sync"
 	"time"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
@@ -41,16 +43,53 @@ func WithTimeout(h http.Handler) http.Handler {
 // LimitInFlight serves at most n requests at once; one more is answered
 // 503 with Retry-After at once, rather than queued, so that a crowd of
 // crawlers cannot pile up goroutines and API server calls without bound.
+// Renewals, releases and reports (what crawlers holding leases send) have
+// n/4 more slots of their own, so that a crowd acquiring cannot make the
+// leases already held lapse. An acquisition that parks to wait for a slot
+// gives its in-flight slot back (see leaveInFlight): waiters are bounded
+// on their own.
 func LimitInFlight(h http.Handler, n int) http.Handler {
 	slots := make(chan struct{}, max(n, 1))
+	held := make(chan struct{}, max(n/4, 1))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var sem chan struct{}
 		select {
 		case slots <- struct{}{}:
-			defer func() { <-slots }()
-			h.ServeHTTP(w, r)
+			sem = slots
 		default:
+			if holding(r) {
+				select {
+				case held <- struct{}{}:
+					sem = held
+				default:
+				}
+			}
+		}
+		if sem == nil {
 			writeError(w, &apiError{code: http.StatusServiceUnavailable, reason: apiv1.ReasonOverloaded, retryAfter: 1,
 				msg: fmt.Sprintf("egress-discovery is serving %d requests already, its limit: try again in a second", cap(slots))})
+			return
 		}
+		var once sync.Once
+		release := func() { once.Do(func() { <-sem }) }
+		defer release()
+		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), inFlightKey{}, release)))
 	})
+}
+
+// inFlightKey keys a request's in-flight slot release in its context.
+type inFlightKey struct{}
+
+// holding says whether a request is sent by a crawler holding a lease:
+// a renewal, release or report.
+func holding(r *http.Request) bool {
+	return strings.HasPrefix(r.URL.Path, "/v1/leases/")
+}
+
+// leaveInFlight gives a request's in-flight slot back, for a request that
+// is about to wait a long while.
+func leaveInFlight(ctx context.Context) {
+	if release, ok := ctx.Value(inFlightKey{}).(func()); ok {
+		release()
+	}
 }

@@ -53,6 +53,11 @@ type Server struct {
 	// fleet, and of the identities reporting them in it; zero sets no
 	// bound. A ban over either is answered 429.
 	MaxBansPerFleet, MaxBansPerIdentity int
+	// MaxWaiting and MaxWaitingPerIdentity bound the acquisitions waiting
+	// for a slot on this replica, in all and of one identity; zero means
+	// DefaultMaxWaiting and DefaultMaxWaitingPerIdentity. Over either, an
+	// acquisition is answered its refusal at once.
+	MaxWaiting, MaxWaitingPerIdentity int
 
 	// banRecord serialises the bound check and the write of a ban;
 	// bansMade are the bans this replica recorded lately, by fleet.

@@ -365,6 +365,9 @@ type Request struct {
 	Holder    string
 	TTL       time.Duration
 	StickyKey string
+	// FreeOnly tries only the slots the cache shows free or expired, so
+	// that a caller retrying on a full fleet costs no write per try.
+	FreeOnly bool
 }
 
 // Slots lists the live slot leases of a fleet's proxies from the cache, by
@@ -462,7 +465,11 @@ func (s *Store) Acquire(ctx context.Context, cands []Candidate, r Request) (*Gra
 			}
 		}
 		order := make([]int, 0, c.MaxLeases)
-		for _, want := range []slotState{stateAbsent, stateExpired, stateLive} {
+		wants := []slotState{stateAbsent, stateExpired, stateLive}
+		if r.FreeOnly {
+			wants = wants[:2]
+		}
+		for _, want := range wants {
 			for i := range c.MaxLeases {
 				if states[i] == want {
 					order = append(order, i)
@@ -488,6 +495,9 @@ func (s *Store) Acquire(ctx context.Context, cands []Candidate, r Request) (*Gra
 		}
 	}
 	for _, d := range deferred {
+		if r.FreeOnly {
+			break
+		}
 		g, err := s.take(ctx, d.c, d.slot, r, expired[SlotName(d.c.Proxy, d.slot)])
 		if err != nil {
 			return nil, err
@@ -685,6 +695,13 @@ func (s *Store) Renew(ctx context.Context, id, identity string, ttl time.Duratio
 	if err := s.owned(ctx, id, identity); err != nil {
 		return nil, err
 	}
+	// A lease this replica has seen expire is over, even if nobody has
+	// taken its slot yet: renewing it would let its holder keep a lease it
+	// no longer counts (against a quota, say) once it lapsed.
+	cur := &coordv1.Lease{}
+	if err := s.cache().Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, cur); err == nil && string(cur.UID) == uid && s.expired(cur) {
+		return nil, ErrNotFound
+	}
 	patch, _ := json.Marshal([]patchOp{
 		{"test", "/metadata/uid", uid},
 		{"test", "/metadata/labels/" + strings.ReplaceAll(fleetv1alpha1.LabelLeaseKind, "/", "~1"), fleetv1alpha1.LeaseKindSlot},
@@ -849,7 +866,10 @@ func (s *Store) Sweep(ctx context.Context, proxyExists func(namespace, name stri
 	}
 	now := s.now()
 	n := 0
+	var firstErr error
 	slots := map[string]bool{}
+	// Every lease was listed: the observations of the others are of
+	// slots that are gone.
 	defer func() { s.forget(slots) }()
 	for i := range l.Items {
 		le := &l.Items[i]
@@ -865,11 +885,16 @@ func (s *Store) Sweep(ctx context.Context, proxyExists func(namespace, name stri
 			continue
 		}
 		err := s.Client.Delete(ctx, le, client.Preconditions{UID: &le.UID, ResourceVersion: &le.ResourceVersion})
-		if err == nil {
+		switch {
+		case err == nil:
 			n++
-		} else if !kerrors.IsConflict(err) && !kerrors.IsNotFound(err) {
-			return n, errors.Wrap(err, "cannot sweep lease")
+		case kerrors.IsConflict(err), kerrors.IsNotFound(err):
+		case firstErr == nil:
+			// On to the others: one lease that cannot be deleted (a
+			// namespace's policy, say) must not keep the rest, nor
+			// stop the pass that keeps observations.
+			firstErr = errors.Wrapf(err, "cannot sweep lease %s/%s", le.Namespace, le.Name)
 		}
 	}
-	return n, nil
+	return n, firstErr
 }
