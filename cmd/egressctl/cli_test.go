@@ -21,6 +21,7 @@ func TestHelp(t *testing.T) {
 	want := []clitest.Setting{
 		{Flag: "server", Env: "EGRESS_DISCOVERY_URL", Default: "required"},
 		{Flag: "token", Env: "EGRESS_DISCOVERY_TOKEN", Default: `""`},
+		{Flag: "token-file", Env: "EGRESS_DISCOVERY_TOKEN_FILE", Default: `""`},
 		{Flag: "ca-file", Env: "EGRESS_DISCOVERY_CA_FILE", Default: `""`},
 		{Command: "lease", Flag: "fleet", Default: "required"},
 		{Command: "lease", Flag: "zone", Default: `""`},
@@ -47,6 +48,12 @@ func TestSettings(t *testing.T) {
 			env:    map[string]string{"EGRESS_DISCOVERY_URL": "https://env", "EGRESS_DISCOVERY_TOKEN": "env-token", "EGRESS_DISCOVERY_CA_FILE": "/etc/ca.crt"},
 			args:   []string{"proxies", "--fleet", "ns/crawlers", "--zone=a"},
 			want:   CLI{Server: "https://env", Token: "env-token", CAFile: "/etc/ca.crt", Lease: leaseCmd{KillGrace: 10 * time.Second}, Proxies: proxiesCmd{fleetFlags{Fleet: "ns/crawlers", Zone: "a"}}},
+		},
+		"TokenFileEnv": {
+			reason: "The token file comes from the environment too.",
+			env:    map[string]string{"EGRESS_DISCOVERY_URL": "https://env", "EGRESS_DISCOVERY_TOKEN_FILE": "/var/run/secrets/egress-discovery/token"},
+			args:   []string{"proxies", "--fleet", "ns/crawlers"},
+			want:   CLI{Server: "https://env", TokenFile: "/var/run/secrets/egress-discovery/token", Lease: leaseCmd{KillGrace: 10 * time.Second}, Proxies: proxiesCmd{fleetFlags{Fleet: "ns/crawlers"}}},
 		},
 		"FlagWinsOverEnv": {
 			reason: "A flag wins over the environment, and after -- everything is the command; kong keeps the --, and command() drops it.",
@@ -78,6 +85,7 @@ func TestSettings(t *testing.T) {
 func TestUsageErrors(t *testing.T) {
 	cases := map[string]struct {
 		reason string
+		env    map[string]string
 		args   []string
 		want   string
 	}{
@@ -96,6 +104,22 @@ func TestUsageErrors(t *testing.T) {
 			args:   []string{"proxies", "--server", "https://127.0.0.1:1", "--ca-file", "/nonexistent/ca.crt", "--fleet", "ns/crawlers"},
 			want:   "/nonexistent/ca.crt",
 		},
+		"TokenAndTokenFile": {
+			reason: "A token and a token file exclude each other: either could be the stale one.",
+			args:   []string{"proxies", "--server", "http://127.0.0.1:1", "--token", "t", "--token-file", "/var/run/secrets/egress-discovery/token", "--fleet", "ns/crawlers"},
+			want:   "exclude each other",
+		},
+		"TokenEnvAndTokenFileFlag": {
+			reason: "They exclude each other also when one comes from the environment.",
+			env:    map[string]string{"EGRESS_DISCOVERY_TOKEN": "t"},
+			args:   []string{"proxies", "--server", "http://127.0.0.1:1", "--token-file", "/var/run/secrets/egress-discovery/token", "--fleet", "ns/crawlers"},
+			want:   "exclude each other",
+		},
+		"MissingTokenFile": {
+			reason: "A token file that cannot be read is an error naming it, before anything is sent.",
+			args:   []string{"proxies", "--server", "http://127.0.0.1:1", "--token-file", "/nonexistent/token", "--fleet", "ns/crawlers"},
+			want:   "/nonexistent/token",
+		},
 		"FlagOfAnotherCommand": {
 			reason: "A flag only lease takes is an error on proxies.",
 			args:   []string{"proxies", "--server", "http://127.0.0.1:1", "--fleet", "ns/crawlers", "--ttl", "1m"},
@@ -105,6 +129,9 @@ func TestUsageErrors(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			clitest.Unsetenv(t, parser(t, &CLI{}))
+			for name, value := range tc.env {
+				t.Setenv(name, value)
+			}
 			var out bytes.Buffer
 			if code := run(context.Background(), tc.args, &out, &out); code == 0 || !strings.Contains(out.String(), tc.want) {
 				t.Errorf("%s\nwant a non-zero exit code and %q, got %d and:\n%s", tc.reason, tc.want, code, out.String())

@@ -7,6 +7,10 @@
 // ends, also on Ctrl-C. It renews at a third of the TTL on its own clock,
 // and when the lease cannot be renewed before it expires it stops the
 // command (SIGTERM, then SIGKILL after --kill-grace) and exits with 75.
+// The command runs in its own process group, to which egressctl passes the
+// signals it gets, Ctrl-Z included; egressctl is for non-interactive
+// commands, as one that reads the terminal is stopped. On Linux the
+// command is killed when egressctl dies.
 //
 //	egressctl proxies --fleet ns/name
 //
@@ -34,13 +38,17 @@ import (
 )
 
 // description is what --help says egressctl does.
-const description = `egressctl talks to egress-discovery. The server and token come from --server/--token or EGRESS_DISCOVERY_URL and EGRESS_DISCOVERY_TOKEN (a ServiceAccount token or a static token).`
+const description = `egressctl talks to egress-discovery. The server and token come from --server and --token or --token-file, or EGRESS_DISCOVERY_URL and EGRESS_DISCOVERY_TOKEN or EGRESS_DISCOVERY_TOKEN_FILE (a ServiceAccount token or a static token; a file is read again for every request, as the kubelet rotates a projected token).`
 
 // CLI is egressctl's commands, and the flags they share.
 type CLI struct {
 	Server string `help:"egress-discovery's URL." env:"EGRESS_DISCOVERY_URL" required:"" placeholder:"URL"`
 	Token  string `help:"Bearer token." default:"" env:"EGRESS_DISCOVERY_TOKEN" placeholder:"TOKEN"`
-	CAFile string `name:"ca-file" help:"PEM bundle of the CAs to trust for egress-discovery's certificate, instead of the system's; empty trusts the system's." default:"" env:"EGRESS_DISCOVERY_CA_FILE" placeholder:"FILE"`
+	// TokenFile is read for every request, not once: a projected
+	// ServiceAccount token is rewritten by the kubelet before it expires,
+	// and a long job must keep renewing its lease after that.
+	TokenFile string `name:"token-file" help:"File holding the bearer token, read again for every request, such as a projected ServiceAccount token that the kubelet rotates; instead of --token." default:"" env:"EGRESS_DISCOVERY_TOKEN_FILE" placeholder:"FILE"`
+	CAFile    string `name:"ca-file" help:"PEM bundle of the CAs to trust for egress-discovery's certificate, instead of the system's; empty trusts the system's." default:"" env:"EGRESS_DISCOVERY_CA_FILE" placeholder:"FILE"`
 
 	Lease   leaseCmd   `cmd:"" help:"Run a command with HTTP_PROXY and HTTPS_PROXY set to a leased proxy, renewing the lease while it runs."`
 	Proxies proxiesCmd `cmd:"" help:"List the fleet's healthy proxies."`
@@ -65,6 +73,16 @@ type leaseCmd struct {
 	KillGrace  time.Duration `name:"kill-grace" help:"How long the command has to end after SIGTERM, when egressctl stops it because the lease cannot be renewed, before it is sent SIGKILL." default:"10s"`
 
 	Command []string `arg:"" passthrough:"partial" help:"The command to run, after --, and its arguments."`
+}
+
+// Validate refuses a token and a token file together, whether from flags
+// or the environment: either could be the stale one, and sending the wrong
+// one fails only later, as a lease that cannot be renewed.
+func (c *CLI) Validate() error {
+	if c.Token != "" && c.TokenFile != "" {
+		return errors.New("--token (EGRESS_DISCOVERY_TOKEN) and --token-file (EGRESS_DISCOVERY_TOKEN_FILE) exclude each other: set one")
+	}
+	return nil
 }
 
 // streams are where a command writes.
@@ -93,7 +111,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	kctx.BindTo(ctx, (*context.Context)(nil))
 	h, err := apiv1.NewHTTPClient(c.CAFile)
 	if err == nil {
-		err = kctx.Run(&apiv1.Client{BaseURL: c.Server, Token: c.Token, HTTP: h}, streams{out: stdout, err: stderr})
+		err = kctx.Run(&apiv1.Client{BaseURL: c.Server, Token: c.Token, TokenFile: c.TokenFile, HTTP: h}, streams{out: stdout, err: stderr})
 	}
 	var ec exitCode
 	switch {
@@ -196,21 +214,35 @@ func runLeased(ctx context.Context, c *apiv1.Client, req apiv1.AcquireRequest, a
 	// The command gets its own process group, so that stopping it when the
 	// lease is lost also stops what it started, such as a script's
 	// children, which would otherwise go on using the proxy. Like any
-	// background job, it cannot read the terminal; crawlers do not.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// background job, it is stopped (SIGTTIN) when it reads the terminal:
+	// egressctl is for non-interactive commands, such as crawlers.
+	cmd.SysProcAttr = sysProcAttr()
+	// Out of the terminal's foreground group the command no longer gets
+	// what the terminal sends, so egressctl passes it on to the whole group.
+	// It listens before the command starts, so that a signal in between is
+	// passed on rather than ending or stopping egressctl alone.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT, syscall.SIGTSTP, syscall.SIGCONT)
+	defer signal.Stop(sigs)
 	if err := cmd.Start(); err != nil {
 		fmt.Fprintln(stderr, "egressctl:", err)
 		return 127
 	}
-	group := func(s syscall.Signal) { _ = syscall.Kill(-cmd.Process.Pid, s) }
+	pgid := cmd.Process.Pid
+	group := func(s syscall.Signal) { _ = syscall.Kill(-pgid, s) }
 
-	// Out of the terminal's foreground group the command no longer gets
-	// what the terminal sends, so egressctl passes it on to the whole group.
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM, syscall.SIGHUP, syscall.SIGQUIT)
-	defer signal.Stop(sigs)
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
+	// Every return below but a panic's comes after the command ended. A
+	// panic releases the lease on its way out, so it kills the command
+	// first, which would otherwise go on using the proxy unrenewed. This
+	// runs before the release, as deferred calls run last first.
+	ended := false
+	defer func() {
+		if !ended {
+			group(syscall.SIGKILL)
+		}
+	}()
 
 	// A renewal runs beside the loop, so that a slow server never holds up
 	// signals or the command's exit; it ends when runLeased does.
@@ -231,9 +263,7 @@ func runLeased(ctx context.Context, c *apiv1.Client, req apiv1.AcquireRequest, a
 	for {
 		select {
 		case s := <-sigs:
-			if ss, ok := s.(syscall.Signal); ok {
-				group(ss)
-			}
+			passOn(s, pgid)
 		case <-renewTimer:
 			renewTimer = nil
 			if !time.Now().Before(sch.giveUp()) {
@@ -273,6 +303,7 @@ func runLeased(ctx context.Context, c *apiv1.Client, req apiv1.AcquireRequest, a
 			fmt.Fprintf(stderr, "egressctl: the command did not end within %s of SIGTERM: sending SIGKILL\n", killGrace)
 			group(syscall.SIGKILL)
 		case err := <-done:
+			ended = true
 			if stopping {
 				return exitLeaseLost
 			}
@@ -281,11 +312,42 @@ func runLeased(ctx context.Context, c *apiv1.Client, req apiv1.AcquireRequest, a
 	}
 }
 
+// passOn passes the signal s that egressctl got on to the command's
+// process group pgid, and stops egressctl too on Ctrl-Z, once the command
+// is stopped: stopped, egressctl renews nothing, and must not leave the
+// command running on the lease. It stops with SIGSTOP, as it catches
+// SIGTSTP; the shell's SIGCONT resumes it, and it then resumes the command.
+func passOn(s os.Signal, pgid int) {
+	if ss, ok := s.(syscall.Signal); ok && forward(ss, pgid) {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGSTOP)
+	}
+}
+
+// forward passes the signal s that egressctl got on to the command's
+// process group pgid, and reports whether egressctl must now stop itself.
+// A SIGTSTP (Ctrl-Z) reaches egressctl alone, out of the terminal's
+// foreground group the command is: the command gets SIGSTOP, which it
+// cannot ignore, since a command left running while egressctl is stopped
+// would use the proxy on a lease nobody renews. The SIGCONT that resumes
+// egressctl is passed on like any other signal.
+func forward(s syscall.Signal, pgid int) (stopSelf bool) {
+	if s == syscall.SIGTSTP {
+		_ = syscall.Kill(-pgid, syscall.SIGSTOP)
+		return true
+	}
+	_ = syscall.Kill(-pgid, s)
+	return false
+}
+
 // commandCode is the exit code egressctl passes on for the command's end,
 // err from its Wait.
 func commandCode(err error, stderr io.Writer) int {
 	var ee *exec.ExitError
 	if errors.As(err, &ee) {
+		// Killed by a signal: 128 plus its number, as a shell says.
+		if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+			return 128 + int(ws.Signal())
+		}
 		return ee.ExitCode()
 	}
 	if err != nil {

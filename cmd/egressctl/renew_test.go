@@ -30,6 +30,8 @@ type fakeDiscovery struct {
 	skew time.Duration
 	// renewStatus is the status of the n-th renewal, from 1; 0 is 200.
 	renewStatus func(n int) int
+	// auth is the status of a request before anything else; 0 goes on.
+	auth func(r *http.Request) int
 
 	mu     sync.Mutex
 	renews []renewCall
@@ -51,6 +53,12 @@ func (f *fakeDiscovery) lease() apiv1.Lease {
 }
 
 func (f *fakeDiscovery) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if f.auth != nil {
+		if status := f.auth(r); status != 0 {
+			w.WriteHeader(status)
+			return
+		}
+	}
 	switch {
 	case r.Method == http.MethodPost && r.URL.Path == "/v1/leases":
 		w.Header().Set("Content-Type", "application/json")
@@ -256,5 +264,14 @@ func TestLeaseStopsAtOnceWhenLeaseGone(t *testing.T) {
 				t.Errorf("%s\nwant the command stopped at once, got %s after the answer", tc.reason, r.stopped.Sub(calls[0].at))
 			}
 		})
+	}
+}
+
+// TestLeaseExitCodeOfKilledCommand: a command killed by a signal makes
+// egressctl exit 128 plus the signal's number, as a shell says, not 255.
+func TestLeaseExitCodeOfKilledCommand(t *testing.T) {
+	r := runLease(t, &fakeDiscovery{ttl: 30}, nil, "sh", "-c", "kill -TERM $$")
+	if r.code != 128+15 {
+		t.Errorf("want exit code 143 for a command killed by SIGTERM, got %d:\n%s", r.code, r.stderr)
 	}
 }

@@ -451,31 +451,7 @@ func (s *Store) Acquire(ctx context.Context, cands []Candidate, r Request) (*Gra
 	}
 	var deferred []deferredSlot
 	for _, c := range cands {
-		names := make([]string, c.MaxLeases)
-		states := make([]slotState, c.MaxLeases)
-		for i := range c.MaxLeases {
-			names[i] = SlotName(c.Proxy, i)
-			states[i] = state[names[i]]
-			// Taken lately, by this replica's word: tried last. One
-			// the cache shows expired is still taken over when tried,
-			// or callers hammering a full fleet would keep its expired
-			// slots "taken" for ever.
-			if s.seenTaken(c.Namespace + "/" + names[i]) {
-				states[i] = stateLive
-			}
-		}
-		order := make([]int, 0, c.MaxLeases)
-		wants := []slotState{stateAbsent, stateExpired, stateLive}
-		if r.FreeOnly {
-			wants = wants[:2]
-		}
-		for _, want := range wants {
-			for i := range c.MaxLeases {
-				if states[i] == want {
-					order = append(order, i)
-				}
-			}
-		}
+		names, order := s.slotOrder(c, state, r.FreeOnly)
 		for _, slot := range order {
 			key := c.Namespace + "/" + names[slot]
 			if _, busy := s.inflight.LoadOrStore(key, struct{}{}); busy {
@@ -507,6 +483,38 @@ func (s *Store) Acquire(ctx context.Context, cands []Candidate, r Request) (*Gra
 		}
 	}
 	return nil, ErrUnavailable
+}
+
+// slotOrder names a candidate's slots and orders them: free first, then
+// expired, then live (unless freeOnly), those this replica took or found
+// taken lately counting as live.
+func (s *Store) slotOrder(c Candidate, state map[string]slotState, freeOnly bool) ([]string, []int) {
+	names := make([]string, c.MaxLeases)
+	states := make([]slotState, c.MaxLeases)
+	for i := range c.MaxLeases {
+		names[i] = SlotName(c.Proxy, i)
+		states[i] = state[names[i]]
+		// Taken lately, by this replica's word: tried last. One the
+		// cache shows expired is still taken over when tried, or callers
+		// hammering a full fleet would keep its expired slots "taken"
+		// for ever.
+		if s.seenTaken(c.Namespace + "/" + names[i]) {
+			states[i] = stateLive
+		}
+	}
+	wants := []slotState{stateAbsent, stateExpired, stateLive}
+	if freeOnly {
+		wants = wants[:2]
+	}
+	order := make([]int, 0, c.MaxLeases)
+	for _, want := range wants {
+		for i := range c.MaxLeases {
+			if states[i] == want {
+				order = append(order, i)
+			}
+		}
+	}
+	return names, order
 }
 
 // take tries one slot: create it, or replace an expired one. It returns

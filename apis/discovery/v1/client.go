@@ -21,6 +21,13 @@ type Client struct {
 	BaseURL string
 	// Token is sent as a bearer token: a ServiceAccount token or a static one.
 	Token string
+	// TokenFile is a file holding the bearer token, such as a projected
+	// ServiceAccount token. It is read again for every request, because
+	// the kubelet rewrites a projected token before it expires, so a token
+	// read once stops working within the hour. Surrounding white space is
+	// trimmed. Setting both Token and TokenFile is an error on every
+	// request, as nothing says which of the two the caller meant.
+	TokenFile string
 	// HTTP is the client to use; nil means http.DefaultClient. NewHTTPClient
 	// makes one that trusts a private CA.
 	HTTP *http.Client
@@ -76,8 +83,12 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 	if in != nil {
 		req.Header.Set("Content-Type", "application/json")
 	}
-	if c.Token != "" {
-		req.Header.Set("Authorization", "Bearer "+c.Token)
+	token, err := c.token()
+	if err != nil {
+		return err
+	}
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
 	}
 	h := c.HTTP
 	if h == nil {
@@ -100,6 +111,26 @@ func (c *Client) do(ctx context.Context, method, path string, in, out any) error
 		return nil
 	}
 	return json.NewDecoder(resp.Body).Decode(out)
+}
+
+// token is the bearer token to send now: Token, or what TokenFile holds.
+func (c *Client) token() (string, error) {
+	if c.TokenFile == "" {
+		return c.Token, nil
+	}
+	if c.Token != "" {
+		return "", fmt.Errorf("both a token and the token file %s are set: set one", c.TokenFile)
+	}
+	b, err := os.ReadFile(c.TokenFile)
+	if err != nil {
+		return "", fmt.Errorf("cannot read the token file: %w", err)
+	}
+	token := strings.TrimSpace(string(b))
+	if token == "" {
+		// Sending no token would only earn a 401 that does not say why.
+		return "", fmt.Errorf("the token file %s is empty", c.TokenFile)
+	}
+	return token, nil
 }
 
 // Acquire takes a lease.
