@@ -88,6 +88,21 @@ run-deps: tools packages binaries
 run: run-deps ## Run everything on this machine with real Crossplane until Ctrl-C (state in .local/).
 	$(BIN)/egress-run
 
+# FUZZ_TARGETS are package:Target pairs; FUZZTIME is their total, shared
+# out evenly. A failing input is kept under the package's testdata/fuzz, a
+# regression test from then on.
+FUZZTIME ?= 600
+FUZZ_TARGETS ?= ./internal/discovery/fuzz:FuzzServer ./internal/discovery/fuzz:FuzzDecodeAcquire ./internal/discovery/fuzz:FuzzParseID ./internal/ownership:FuzzLabelValue
+
+.PHONY: fuzz
+fuzz: tools ## Fuzz every target for FUZZTIME seconds in all (default 600), failing on the first crash.
+	@n=$(words $(FUZZ_TARGETS)); each=$$(( $(FUZZTIME) / n )); \
+	for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; target=$${t##*:}; \
+		echo "fuzzing $$target in $$pkg for $${each}s"; \
+		go test $$pkg -run '^$$' -fuzz "^$$target\$$" -fuzztime $${each}s || exit 1; \
+	done
+
 .PHONY: e2e
 e2e: run-deps ## Bring everything up in a fresh state folder and check the product end to end.
 	go test -tags e2e -count=1 -timeout 30m -json ./e2e 2>&1 | go run ./hack/testsummary -v

@@ -116,6 +116,16 @@ type Store struct {
 	// plus ExpiryMargin, as client-go's leader election judges a leader.
 	// No replica compares another's clock with its own.
 	observed sync.Map // namespace/name -> observation
+
+	// margin replaces ExpiryMargin when set; only tests set it, to make
+	// takeovers quick.
+	margin time.Duration
+	// unguarded, which only a test sets, makes a broken store: it takes
+	// expired slots over without the UID and resourceVersion
+	// preconditions, after waiting unguarded, so that the fault tests can
+	// show their checker catches the double grants that follow.
+	unguarded    bool
+	unguardedGap time.Duration
 }
 
 // observation is a slot's renewal as this replica saw it.
@@ -135,6 +145,13 @@ type observation struct {
 // clock, which its TTL is measured on, to start later.
 const ExpiryMargin = 5 * time.Second
 
+func (s *Store) expiryMargin() time.Duration {
+	if s.margin > 0 {
+		return s.margin
+	}
+	return ExpiryMargin
+}
+
 // expired judges a slot over from this replica's own observation: not
 // held, or its renewal unchanged for its TTL plus ExpiryMargin since this
 // replica first saw it. A replica that has just started, or has not seen a
@@ -153,7 +170,7 @@ func (s *Store) stale(l *coordv1.Lease, extra time.Duration) bool {
 	if v, ok := s.observed.Load(key); ok {
 		o := v.(observation) //nolint:forcetypeassert // Only observations are stored.
 		if o.uid == cur.uid && o.renew.Equal(cur.renew) && o.ttl == cur.ttl {
-			return now.Sub(o.seen) >= time.Duration(o.ttl)*time.Second+ExpiryMargin+extra
+			return now.Sub(o.seen) >= time.Duration(o.ttl)*time.Second+s.expiryMargin()+extra
 		}
 	}
 	s.observed.Store(key, cur)
@@ -579,7 +596,12 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 	// resourceVersion), then create anew. Of replicas racing for it, one
 	// deletes and one creates; the new object's UID names the new grant, so
 	// the old holder can neither renew nor release it.
-	if err := s.Client.Delete(ctx, cur, client.Preconditions{UID: &cur.UID, ResourceVersion: &cur.ResourceVersion}); err != nil && !kerrors.IsNotFound(err) {
+	guard := []client.DeleteOption{client.Preconditions{UID: &cur.UID, ResourceVersion: &cur.ResourceVersion}}
+	if s.unguarded {
+		time.Sleep(s.unguardedGap)
+		guard = nil
+	}
+	if err := s.Client.Delete(ctx, cur, guard...); err != nil && !kerrors.IsNotFound(err) {
 		if kerrors.IsConflict(err) {
 			return nil, nil
 		}

@@ -35,6 +35,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -144,15 +146,9 @@ func Start() (*Env, error) {
 		return nil, err
 	}
 
-	s := runtime.NewScheme()
-	if err := clientgoscheme.AddToScheme(s); err != nil {
-		return nil, errors.Wrap(err, "cannot add client-go types to scheme")
-	}
-	if err := apis.AddToScheme(s); err != nil {
-		return nil, errors.Wrap(err, "cannot add product types to scheme")
-	}
-	if err := extv1.AddToScheme(s); err != nil {
-		return nil, errors.Wrap(err, "cannot add apiextensions types to scheme")
+	s, err := scheme()
+	if err != nil {
+		return nil, err
 	}
 
 	env := &envtest.Environment{
@@ -178,8 +174,68 @@ func Start() (*Env, error) {
 	return &Env{Root: root, Config: cfg, Client: c, Scheme: s, env: env}, nil
 }
 
-// Stop stops the apiserver and etcd and removes their data.
+func scheme() (*runtime.Scheme, error) {
+	s := runtime.NewScheme()
+	if err := clientgoscheme.AddToScheme(s); err != nil {
+		return nil, errors.Wrap(err, "cannot add client-go types to scheme")
+	}
+	if err := apis.AddToScheme(s); err != nil {
+		return nil, errors.Wrap(err, "cannot add product types to scheme")
+	}
+	if err := extv1.AddToScheme(s); err != nil {
+		return nil, errors.Wrap(err, "cannot add apiextensions types to scheme")
+	}
+	return s, nil
+}
+
+// SharedKubeconfig names, in the environment, the kubeconfig of a test bed
+// that a process attaches to instead of starting its own: a fuzzing
+// coordinator starts one for its workers, which it may kill at any
+// moment, leaving an apiserver of their own behind.
+const SharedKubeconfig = "EGRESS_TESTBED_KUBECONFIG"
+
+// Attach returns a test bed running already, from its kubeconfig; its
+// Stop does nothing.
+func Attach(kubeconfig string) (*Env, error) {
+	root, err := RepoRoot()
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot read the shared test bed's kubeconfig")
+	}
+	// As envtest's own config: client-go's default of 5 requests a second
+	// would throttle the tests, not the apiserver.
+	cfg.QPS, cfg.Burst = 1000, 2000
+	s, err := scheme()
+	if err != nil {
+		return nil, err
+	}
+	c, err := client.New(cfg, client.Options{Scheme: s})
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot create client")
+	}
+	return &Env{Root: root, Config: cfg, Client: c, Scheme: s}, nil
+}
+
+// WriteKubeconfig writes a kubeconfig that Attach reads.
+func (e *Env) WriteKubeconfig(path string) error {
+	const name = "testbed"
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters[name] = &clientcmdapi.Cluster{Server: e.Config.Host, CertificateAuthorityData: e.Config.CAData}
+	kc.AuthInfos[name] = &clientcmdapi.AuthInfo{ClientCertificateData: e.Config.CertData, ClientKeyData: e.Config.KeyData, Token: e.Config.BearerToken}
+	kc.Contexts[name] = &clientcmdapi.Context{Cluster: name, AuthInfo: name}
+	kc.CurrentContext = name
+	return errors.Wrap(clientcmd.WriteToFile(*kc, path), "cannot write the test bed's kubeconfig")
+}
+
+// Stop stops the apiserver and etcd and removes their data; a test bed
+// attached to is left running.
 func (e *Env) Stop() error {
+	if e.env == nil {
+		return nil
+	}
 	return errors.Wrap(e.env.Stop(), "cannot stop test bed")
 }
 
@@ -205,7 +261,13 @@ type Lazy struct {
 // it cannot start, every test that asks fails with the reason.
 func (l *Lazy) Env(t testing.TB) *Env {
 	t.Helper()
-	l.once.Do(func() { l.env, l.err = Start() })
+	l.once.Do(func() {
+		if kc := os.Getenv(SharedKubeconfig); kc != "" {
+			l.env, l.err = Attach(kc)
+			return
+		}
+		l.env, l.err = Start()
+	})
 	if l.err != nil {
 		t.Fatalf("test bed: %v", l.err)
 	}

@@ -5,6 +5,7 @@ package fuzz_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -30,6 +31,18 @@ func FuzzDecodeAcquire(f *testing.F) {
 		}
 		if ns == "" || name == "" || strings.Contains(name, "/") || req.Holder == "" || len(req.Holder) > 253 {
 			t.Fatalf("accepted an invalid request: %+v (%q, %q)", req, ns, name)
+		}
+		// What it accepts, sent again as the client would send it, is
+		// accepted again as the same request: nothing the decoder takes
+		// depends on how the JSON was spelled.
+		again, err := json.Marshal(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r2 := httptest.NewRequest(http.MethodPost, "/v1/leases", bytes.NewReader(again))
+		req2, ns2, name2, err := discovery.DecodeAcquire(r2)
+		if err != nil || *req2 != *req || ns2 != ns || name2 != name {
+			t.Fatalf("accepted %q as %+v, but not the same when sent again as %s: %+v, %v", body, req, again, req2, err)
 		}
 	})
 }
