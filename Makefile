@@ -88,6 +88,15 @@ run-deps: tools packages binaries
 run: run-deps ## Run everything on this machine with real Crossplane until Ctrl-C (state in .local/).
 	$(BIN)/egress-run
 
+# FAULTS_ACQUISITIONS is how many acquisitions the combined discovery
+# fault scenario makes; CI runs it with a short default.
+FAULTS_ACQUISITIONS ?= 100000
+
+.PHONY: faults
+faults: tools ## Run the long fault scenarios (not in CI): discovery under combined faults, lease takeovers and the checker's mutation test, 3 times each.
+	FAULTS_ACQUISITIONS=$(FAULTS_ACQUISITIONS) go test ./internal/discovery -run '^TestFaultsCombined$$' -count 1 -timeout 90m -v
+	go test ./internal/lease -run '^(TestExclusiveUnderTakeovers|TestCheckerCatchesUnguardedTakeover)$$' -count 3 -timeout 30m -v
+
 # FUZZ_TARGETS are package:Target pairs; FUZZTIME is their total, shared
 # out evenly. A failing input is kept under the package's testdata/fuzz, a
 # regression test from then on.

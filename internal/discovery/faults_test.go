@@ -1,0 +1,225 @@
+package discovery_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	coordv1 "k8s.io/api/coordination/v1"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+
+	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease/leasetest"
+	dmetrics "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
+)
+
+// faultReplica is one discovery replica that can be killed: its server
+// closed with its connections, its cache stopped, its memory gone.
+type faultReplica struct {
+	srv    *httptest.Server
+	cancel context.CancelFunc
+}
+
+// TestFaultsCombined is egress-discovery with everything going wrong at
+// once: 4 replicas and 64 crawlers; one replica killed (connections and
+// all, mid-request) and replaced by a fresh one every few seconds; one
+// replica's clock 30 s fast and one's 30 s slow; crawlers holding each
+// lease 10-200 ms, renewing it, releasing it or (one in ten) abandoning it to expire
+// and be taken over. FAULTS_ACQUISITIONS sets how many acquisitions
+// (make faults: 100000; by default a short run). Checked: no double grant
+// (by grant UID, from real holds), no lost lease (a renewal within the
+// TTL fails only with the replica it was sent to, and succeeds on
+// another), and every request answered or retried within its deadline.
+func TestFaultsCombined(t *testing.T) {
+	target := 1500
+	if n, err := strconv.Atoi(os.Getenv("FAULTS_ACQUISITIONS")); err == nil && n > 0 {
+		target = n
+	}
+	killEvery := 5 * time.Second
+	if target >= 50000 {
+		killEvery = 20 * time.Second
+	}
+	const (
+		replicas  = 4
+		crawlers  = 64
+		proxies   = 64
+		maxLeases = 2
+	)
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	fleet(t, ns, "crawlers", proxies, maxLeases, nil)
+	tokens := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(tokens, []byte("t "+ns+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st, err := discovery.LoadStaticTokens(tokens)
+	if err != nil {
+		t.Fatal(err)
+	}
+	offsets := []time.Duration{0, 30 * time.Second, -30 * time.Second, 0}
+	start := func(i int) *faultReplica {
+		c, ca := bed.Replica(t, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
+		ctx, cancel := context.WithCancel(context.Background())
+		version, err := discovery.WatchVersion(ctx, ca)
+		if err != nil {
+			t.Fatal(err)
+		}
+		now := offsetClock(offsets[i])
+		return &faultReplica{cancel: cancel, srv: httptest.NewServer((&discovery.Server{
+			Catalog: &discovery.Catalog{Cache: ca, Direct: c, Now: now}, Leases: &lease.Store{Client: c, Cache: ca, Now: now},
+			Auth: &discovery.Kubernetes{Client: c, Static: st, Now: now}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Now: now, Version: version,
+		}).Handler())}
+	}
+	var mu sync.RWMutex
+	live := make([]*faultReplica, replicas)
+	for i := range live {
+		live[i] = start(i)
+	}
+	client := func() *apiv1.Client {
+		mu.RLock()
+		defer mu.RUnlock()
+		return &apiv1.Client{BaseURL: live[rand.IntN(replicas)].srv.URL, Token: "t", HTTP: &http.Client{Timeout: 5 * time.Second}}
+	}
+	var (
+		logMu                                  sync.Mutex
+		log                                    []leasetest.Grant
+		grants, kills, retried, lost, takeover atomic.Int64
+		done                                   = make(chan struct{})
+	)
+	// The killer: every killEvery, one replica dies at once, in the middle
+	// of whatever it serves, and a fresh one takes its place.
+	go func() {
+		tick := time.NewTicker(killEvery)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+				i := rand.IntN(replicas)
+				mu.Lock()
+				old := live[i]
+				live[i] = start(i)
+				mu.Unlock()
+				old.srv.CloseClientConnections()
+				old.srv.Close()
+				old.cancel()
+				kills.Add(1)
+			}
+		}
+	}()
+	// retry sends one request until a replica answers it, within the
+	// crawler's deadline; an answer other than a transport failure is
+	// final.
+	retry := func(deadline time.Time, op func(c *apiv1.Client) error) error {
+		for {
+			err := op(client())
+			var ae *apiv1.APIError
+			if err == nil || errors.As(err, &ae) {
+				return err
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("no replica answered before the deadline: %w", err)
+			}
+			retried.Add(1)
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	const ttl = 2 * time.Second
+	abandoned := sync.Map{}
+	var wg sync.WaitGroup
+	began := time.Now()
+	for w := range crawlers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			holder := fmt.Sprintf("crawler-%d", w)
+			for grants.Load() < int64(target) {
+				asked := time.Now()
+				var l *apiv1.Lease
+				err := retry(asked.Add(10*time.Second), func(c *apiv1.Client) error {
+					var err error
+					l, err = c.Acquire(context.Background(), apiv1.AcquireRequest{Fleet: ns + "/crawlers", Holder: holder, TTL: ttl.String(), MaxWait: "0"})
+					return err
+				})
+				var ae *apiv1.APIError
+				if errors.As(err, &ae) && ae.Status == http.StatusConflict {
+					time.Sleep(10 * time.Millisecond)
+					continue
+				}
+				if err != nil {
+					t.Errorf("acquire: %v", err)
+					return
+				}
+				grants.Add(1)
+				_, slot, _, _ := lease.ParseID(l.LeaseID)
+				proxy, _ := lease.ProxyOf(slot)
+				h := leasetest.Grant{Proxy: proxy, Slot: slot, Holder: holder, Granted: time.Now(), UID: l.LeaseID}
+				until := asked.Add(time.Duration(l.TTLSeconds) * time.Second)
+				if _, was := abandoned.LoadAndDelete(slot); was {
+					takeover.Add(1)
+				}
+				hold := time.Duration(10+rand.IntN(190)) * time.Millisecond
+				// One in ten abandoned, three renewed, the rest released.
+				switch mode := rand.IntN(10); {
+				case mode == 0:
+					h.Released = until
+					abandoned.Store(slot, true)
+				case mode <= 3:
+					time.Sleep(hold / 2)
+					renewAsked := time.Now()
+					err := retry(until.Add(-200*time.Millisecond), func(c *apiv1.Client) error {
+						_, err := c.Renew(context.Background(), l.LeaseID, ttl.String())
+						return err
+					})
+					if err == nil {
+						until = renewAsked.Add(ttl)
+					} else if time.Now().Before(until.Add(-200 * time.Millisecond)) {
+						lost.Add(1)
+						t.Errorf("lease %s lost: renewal within its TTL refused: %v", l.LeaseID, err)
+					}
+					time.Sleep(hold / 2)
+					h.Released = minT(time.Now(), until)
+					_ = retry(time.Now().Add(5*time.Second), func(c *apiv1.Client) error { return c.Release(context.Background(), l.LeaseID) })
+				default:
+					time.Sleep(hold)
+					h.Released = minT(time.Now(), until)
+					_ = retry(time.Now().Add(5*time.Second), func(c *apiv1.Client) error { return c.Release(context.Background(), l.LeaseID) })
+				}
+				logMu.Lock()
+				log = append(log, h)
+				logMu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	close(done)
+	elapsed := time.Since(began)
+	t.Logf("combined faults: %d acquisitions by %d crawlers in %s (%.0f/s) through %d replicas (clocks 0, +30s, -30s, 0); %d replicas killed mid-request and replaced; %d requests retried on another replica; %d expired slots taken over; %d leases lost",
+		grants.Load(), crawlers, elapsed.Round(time.Second), float64(grants.Load())/elapsed.Seconds(), replicas, kills.Load(), retried.Load(), takeover.Load(), lost.Load())
+	if kills.Load() == 0 || takeover.Load() == 0 {
+		t.Errorf("the faults did not happen: %d kills, %d takeovers", kills.Load(), takeover.Load())
+	}
+	leasetest.CheckExclusive(t, log, maxLeases)
+}
+
+func minT(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
+}
