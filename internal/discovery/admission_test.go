@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -79,14 +77,7 @@ func replicaServer(t *testing.T, ns, static string) *httptest.Server {
 func replicaHandler(t *testing.T, ns, static string, mods ...func(*discovery.Server)) http.Handler {
 	t.Helper()
 	bed := sharedBed.Env(t)
-	f := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(f, []byte(static), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	st, err := discovery.LoadStaticTokens(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := staticTokens(t, static)
 	c, ca := bed.Replica(t, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)

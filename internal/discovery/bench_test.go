@@ -4,8 +4,6 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -45,14 +43,7 @@ func BenchmarkListProxies(b *testing.B) {
 			b.Fatal(err)
 		}
 	}
-	tokens := filepath.Join(b.TempDir(), "tokens")
-	if err := os.WriteFile(tokens, []byte("t "+ns+"\n"), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	st, err := discovery.LoadStaticTokens(tokens)
-	if err != nil {
-		b.Fatal(err)
-	}
+	st := staticTokens(b, "t "+ns+"\n")
 	srv := func(v func() uint64) http.Handler {
 		return (&discovery.Server{
 			Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: &lease.Store{Client: c, Cache: ca},

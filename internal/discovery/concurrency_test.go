@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,14 +43,7 @@ func TestServersConcurrency(t *testing.T) {
 	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
 	fleet(t, ns, "crawlers", proxies, maxLeases, nil)
-	tokens := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(tokens, []byte("t "+ns+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	st, err := discovery.LoadStaticTokens(tokens)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := staticTokens(t, "t "+ns+"\n")
 
 	servers := make([]*httptest.Server, replicas)
 	for i := range replicas {

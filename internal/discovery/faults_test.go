@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"path/filepath"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -62,14 +61,7 @@ func TestFaultsCombined(t *testing.T) {
 	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
 	fleet(t, ns, "crawlers", proxies, maxLeases, nil)
-	tokens := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(tokens, []byte("t "+ns+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	st, err := discovery.LoadStaticTokens(tokens)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := staticTokens(t, "t "+ns+"\n")
 	offsets := []time.Duration{0, 30 * time.Second, -30 * time.Second, 0}
 	start := func(i int) *faultReplica {
 		c, ca := bed.Replica(t, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})

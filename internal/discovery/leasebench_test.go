@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
@@ -67,14 +65,7 @@ func BenchmarkLeaseAPI(b *testing.B) {
 	for w := range crawlers {
 		fmt.Fprintf(&tokens, "token-%d %s crawler-%d\n", w, ns, w)
 	}
-	f := filepath.Join(b.TempDir(), "tokens")
-	if err := os.WriteFile(f, []byte(tokens.String()), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	st, err := discovery.LoadStaticTokens(f)
-	if err != nil {
-		b.Fatal(err)
-	}
+	st := staticTokens(b, tokens.String())
 	c, ca := bed.Replica(b, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
 	version, err := discovery.WatchVersion(ctx, ca)
 	if err != nil {

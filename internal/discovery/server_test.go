@@ -75,6 +75,20 @@ func fleet(t testing.TB, ns, name string, n, maxLeases int, healthy func(i int) 
 	}
 }
 
+// staticTokens loads a token file of content.
+func staticTokens(t testing.TB, content string) *discovery.StaticTokens {
+	t.Helper()
+	f := filepath.Join(t.TempDir(), "tokens")
+	if err := os.WriteFile(f, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st, err := discovery.LoadStaticTokens(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
 func server(t *testing.T, static string, mods ...func(*discovery.Server)) *httptest.Server {
 	t.Helper()
 	bed := sharedBed.Env(t)

@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -52,14 +50,7 @@ func TestSkewedClocks(t *testing.T) {
 	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
 	fleet(t, ns, "crawlers", proxies, 1, nil)
-	tokens := filepath.Join(t.TempDir(), "tokens")
-	if err := os.WriteFile(tokens, []byte("t "+ns+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	st, err := discovery.LoadStaticTokens(tokens)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := staticTokens(t, "t "+ns+"\n")
 	offsets := []time.Duration{30 * time.Second, 0, -30 * time.Second}
 	servers := make([]*httptest.Server, len(offsets))
 	for i, off := range offsets {
