@@ -27,7 +27,27 @@ import (
 
 var sharedBed testbed.Lazy
 
-func TestMain(m *testing.M) { sharedBed.Main(m) }
+// egressctlProcess is egressctl, when TestMain finds the test binary run
+// with EGRESSCTL_TEST_PROCESS=1 by the tests below, with its arguments
+// after --.
+func egressctlProcess() int {
+	args := os.Args
+	for i, a := range args {
+		if a == "--" {
+			args = args[i+1:]
+			break
+		}
+	}
+	return run(context.Background(), args, os.Stdout, os.Stderr)
+}
+
+// TestMain runs the tests, or, for the process tests, egressctl itself.
+func TestMain(m *testing.M) {
+	if os.Getenv("EGRESSCTL_TEST_PROCESS") == "1" {
+		os.Exit(egressctlProcess())
+	}
+	sharedBed.Main(m)
+}
 
 // TestLeaseRunsCommand runs egressctl against a discovery server on the real
 // apiserver: the child sees the proxy variables, and the lease is released

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -17,24 +16,8 @@ import (
 )
 
 // These tests run egressctl as a process of its own, the test binary run
-// again as TestEgressctlProcess, since they signal and kill it; they read
+// again as egressctl (see egressctlProcess), since they signal and kill it; they read
 // process states from /proc, so they are Linux's.
-
-// TestEgressctlProcess is egressctl when the tests below run the test
-// binary with EGRESSCTL_TEST_PROCESS=1, with its arguments after --.
-func TestEgressctlProcess(t *testing.T) {
-	if os.Getenv("EGRESSCTL_TEST_PROCESS") != "1" {
-		t.Skip("egressctl run by the other tests of this file")
-	}
-	args := os.Args
-	for i, a := range args {
-		if a == "--" {
-			args = args[i+1:]
-			break
-		}
-	}
-	os.Exit(run(context.Background(), args, os.Stdout, os.Stderr))
-}
 
 // leasedProcess is egressctl lease running sleep 60 as its command.
 type leasedProcess struct {
@@ -62,7 +45,7 @@ func startLeased(t *testing.T) *leasedProcess {
 	}
 	defer errOut.Close() //nolint:errcheck // The child has its own.
 	clitest.Unsetenv(t, parser(t, &CLI{}))
-	cmd := exec.Command(os.Args[0], "-test.run=^TestEgressctlProcess$", "--", //nolint:gosec // The test binary itself.
+	cmd := exec.Command(os.Args[0], "-test.run=^$", "--", //nolint:gosec // The test binary itself.
 		"lease", "--server", srv.URL, "--fleet", "ns/crawlers", "--",
 		"sh", "-c", `echo $$ >"$1.tmp" && mv "$1.tmp" "$1" && exec sleep 60`, "sh", pidFile)
 	cmd.Env = append(os.Environ(), "EGRESSCTL_TEST_PROCESS=1")
