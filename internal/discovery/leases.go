@@ -119,12 +119,9 @@ func (s *Server) decodeAcquisition(r *http.Request, id *Identity) (*acquisition,
 // key's last proxy first, then the least loaded. It is refused while the
 // fleet is below its minimum healthy share, and when no slot is free.
 func (s *Server) tryAcquire(ctx context.Context, a *acquisition, freeOnly bool) (*granted, error) {
-	ms, err := s.Catalog.Fleet(ctx, a.ns, a.fleet)
+	ms, err := s.members(ctx, a.ns, a.fleet)
 	if err != nil {
 		return nil, err
-	}
-	if len(ms) == 0 {
-		return nil, errFleetNotFound
 	}
 	if frac := healthyFraction(ms, a.policy); frac < a.policy.MinHealthyFraction {
 		return nil, tooFewHealthy(a.ns, a.fleet, frac, a.policy)
