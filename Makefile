@@ -101,7 +101,7 @@ faults: tools ## Run the long fault scenarios (not in CI): discovery under combi
 # out evenly. A failing input is kept under the package's testdata/fuzz, a
 # regression test from then on.
 FUZZTIME ?= 600
-FUZZ_TARGETS ?= ./internal/discovery/fuzz:FuzzServer ./internal/discovery/fuzz:FuzzDecodeAcquire ./internal/discovery/fuzz:FuzzParseID ./internal/ownership:FuzzLabelValue
+FUZZ_TARGETS ?= ./internal/discovery/fuzz:FuzzServer ./internal/discovery/fuzz:FuzzDecodeAcquire ./internal/discovery/fuzz:FuzzParseID ./internal/ownership:FuzzLabelValue ./internal/function/fuzz:FuzzFunction ./internal/squid:FuzzRenderParses
 
 .PHONY: fuzz
 fuzz: tools ## Fuzz every target for FUZZTIME seconds in all (default 600), failing on the first crash.

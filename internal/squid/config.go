@@ -15,6 +15,7 @@ import (
 	"strings"
 	"text/template"
 	"time"
+	"unicode/utf8"
 
 	"github.com/pkg/errors"
 )
@@ -133,12 +134,30 @@ func (c Config) validatePaths() error {
 	if c.PreviousHtpasswdPath != "" && (c.HtpasswdPath == "" || c.AuthScriptPath == "") {
 		return errors.New("a previous htpasswd file needs the current one and the auth script")
 	}
-	for _, p := range []string{c.HtpasswdPath, c.AuthHelper, c.PreviousHtpasswdPath, c.AuthScriptPath, c.PidFile, c.AccessLog, c.CacheLog, c.CoreDumpDir, c.HostsFile, c.OwnAddressesFile} {
-		if strings.ContainsAny(p, " \t\n\"") {
-			return errors.Errorf("path %q must not contain whitespace or quotes", p)
+	for _, p := range []string{c.HtpasswdPath, c.AuthHelper, c.PreviousHtpasswdPath, c.AuthScriptPath, c.PidFile, strings.TrimPrefix(c.AccessLog, "stdio:"), c.CacheLog, c.CoreDumpDir, c.HostsFile, c.OwnAddressesFile} {
+		if p == "" {
+			continue
+		}
+		if !strings.HasPrefix(p, "/") {
+			return errors.Errorf("path %q must be absolute", p)
+		}
+		if i := strings.IndexFunc(p, unsafePathRune); i >= 0 {
+			r, _ := utf8.DecodeRuneInString(p[i:])
+			return errors.Errorf("path %q must not contain %q: Squid would read it as syntax", p, r)
 		}
 	}
 	return nil
+}
+
+// unsafePathRune is any rune but those a path in squid.conf may carry
+// literally: whitespace and quotes end a word, and "${" starts a macro Squid
+// expands (found by FuzzRenderParses), so only these are let through.
+func unsafePathRune(r rune) bool {
+	switch {
+	case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
+		return false
+	}
+	return !strings.ContainsRune("/._-+:@=,#~", r)
 }
 
 // plainAddr accepts an IP address written as netip writes it: no zone
@@ -309,6 +328,35 @@ func Within(p netip.Prefix, nets []netip.Prefix) bool {
 	return false
 }
 
+// collapse turns addresses and CIDRs (already validated) into the fewest
+// masked prefixes covering them, sorted: Squid warns about, and drops, an
+// ACL entry that lies inside another (found by FuzzRenderParses with a
+// bind address that is also the outgoing one).
+func collapse(ss []string) []netip.Prefix {
+	var ps []netip.Prefix
+	for _, s := range ss {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			a := netip.MustParseAddr(s)
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		ps = append(ps, p.Masked())
+	}
+	sort.Slice(ps, func(i, j int) bool {
+		if c := ps[i].Addr().Compare(ps[j].Addr()); c != 0 {
+			return c < 0
+		}
+		return ps[i].Bits() < ps[j].Bits()
+	})
+	var out []netip.Prefix
+	for _, p := range ps {
+		if !Within(p, out) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
 func joinPrefixes(ps []netip.Prefix) string {
 	out := make([]string, 0, len(ps))
 	for _, p := range ps {
@@ -431,8 +479,7 @@ func Render(c Config) ([]byte, error) {
 	if c.OutgoingAddress != "" {
 		own = append(own, c.OutgoingAddress)
 	}
-	sort.Strings(own)
-	v.Own = strings.Join(own, " ")
+	v.Own = joinPrefixes(collapse(own))
 	var exceptions []netip.Prefix
 	for _, e := range c.AllowedPrivateDestinations {
 		exceptions = append(exceptions, netip.MustParsePrefix(e).Masked())
@@ -444,8 +491,10 @@ func Render(c Config) ([]byte, error) {
 		remaining = prefixes("255.255.255.255/32")
 	}
 	v.Private = joinPrefixes(remaining)
-	v.AllowedSourceRanges = append([]string(nil), c.AllowedSourceRanges...)
-	sort.Strings(v.AllowedSourceRanges)
+	v.AllowedSourceRanges = nil
+	for _, p := range collapse(c.AllowedSourceRanges) {
+		v.AllowedSourceRanges = append(v.AllowedSourceRanges, p.String())
+	}
 	if v.AuthHelper == "" {
 		v.AuthHelper = DefaultAuthHelper
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"flag"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -32,41 +31,8 @@ import (
 // sharedBed starts an apiserver only in a process that runs FuzzServer.
 var sharedBed testbed.Lazy
 
-// TestMain starts, in a fuzzing coordinator, one test bed for all its
-// workers: the coordinator may kill a worker at any moment (at the end of
-// -fuzztime, say), which would leave an apiserver of the worker's own
-// behind, and hold the coordinator up on its output.
-func TestMain(m *testing.M) {
-	flag.Parse()
-	fuzz, worker := flag.Lookup("test.fuzz"), flag.Lookup("test.fuzzworker")
-	if fuzz == nil || fuzz.Value.String() == "" || (worker != nil && worker.Value.String() == "true") || os.Getenv(testbed.SharedKubeconfig) != "" {
-		sharedBed.Main(m)
-		return
-	}
-	os.Exit(coordinate(m))
-}
-
-func coordinate(m *testing.M) int {
-	env, err := testbed.Start()
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer env.Stop() //nolint:errcheck // Best effort, at exit.
-	dir, err := os.MkdirTemp("", "fuzz-testbed-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	defer os.RemoveAll(dir) //nolint:errcheck // Best effort, at exit.
-	kc := filepath.Join(dir, "kubeconfig")
-	if err := env.WriteKubeconfig(kc); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		return 1
-	}
-	_ = os.Setenv(testbed.SharedKubeconfig, kc)
-	return m.Run()
-}
+// TestMain starts one test bed for a fuzzing coordinator's workers.
+func TestMain(m *testing.M) { sharedBed.FuzzMain(m) }
 
 // fuzzServer is a discovery server on the real apiserver with one fleet of
 // two proxies and two static tokens.
