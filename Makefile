@@ -91,11 +91,13 @@ run: run-deps ## Run everything on this machine with real Crossplane until Ctrl-
 # FAULTS_ACQUISITIONS is how many acquisitions the combined discovery
 # fault scenario makes; CI runs it with a short default.
 FAULTS_ACQUISITIONS ?= 100000
+FAULTS_PROVIDER_KILLS ?= 100
 
 .PHONY: faults
-faults: tools ## Run the long fault scenarios (not in CI): discovery under combined faults, lease takeovers and the checker's mutation test, 3 times each.
+faults: tools ## Run the long fault scenarios (not in CI): discovery under combined faults, lease takeovers and the checker's mutation test 3 times each, the provider killed 100 times per backend.
 	FAULTS_ACQUISITIONS=$(FAULTS_ACQUISITIONS) go test ./internal/discovery -run '^TestFaultsCombined$$' -count 1 -timeout 90m -v
 	go test ./internal/lease -run '^(TestExclusiveUnderTakeovers|TestCheckerCatchesUnguardedTakeover)$$' -count 3 -timeout 30m -v
+	FAULTS_PROVIDER_KILLS=$(FAULTS_PROVIDER_KILLS) go test ./internal/controller/proxy -run '^TestProviderKilledMidOperation$$' -count 1 -timeout 60m -v
 
 # FUZZ_TARGETS are package:Target pairs; FUZZTIME is their total, shared
 # out evenly. A failing input is kept under the package's testdata/fuzz, a

@@ -6,10 +6,13 @@ package main
 import (
 	"context"
 	"crypto/x509"
+	"net/netip"
+	"net/url"
 	"os"
 	"time"
 
 	"github.com/pkg/errors"
+	"google.golang.org/api/option"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -61,6 +64,11 @@ type CLI struct {
 	MetricsBindAddress      string        `help:"Address of the /metrics endpoint." default:":8080" env:"METRICS_BIND_ADDRESS"`
 	HealthProbeBindAddress  string        `help:"Address of the /healthz and /readyz endpoints." default:":8081" env:"HEALTH_PROBE_BIND_ADDRESS"`
 	LeaderElectionNamespace string        `help:"Namespace of the leader election lease." default:"crossplane-system" env:"POD_NAMESPACE"`
+	// GCPTestEndpoint points every Compute API client at a fake of the
+	// API on this host, without credentials, for the fault tests that kill
+	// the provider process: hidden from --help and the README, and
+	// refused for anything but plain HTTP on loopback.
+	GCPTestEndpoint string `name:"gcp-test-endpoint" hidden:"" default:"" env:"EGRESS_PROVIDER_TEST_GCP_ENDPOINT"`
 }
 
 // Validate refuses settings that parse but cannot work: a ticker of zero
@@ -84,7 +92,18 @@ func (c *CLI) Validate() error {
 	if c.ProbeConcurrency < 1 {
 		return errors.Errorf("--probe-concurrency (PROBE_CONCURRENCY) must be at least 1, not %d", c.ProbeConcurrency)
 	}
+	if c.GCPTestEndpoint != "" {
+		u, err := url.Parse(c.GCPTestEndpoint)
+		if err != nil || u.Scheme != "http" || !loopback(u.Hostname()) {
+			return errors.Errorf("EGRESS_PROVIDER_TEST_GCP_ENDPOINT must be an http:// URL on loopback (a test's fake of the Compute API), not %q", c.GCPTestEndpoint)
+		}
+	}
 	return nil
+}
+
+func loopback(host string) bool {
+	a, err := netip.ParseAddr(host)
+	return err == nil && a.IsLoopback()
 }
 
 func main() {
@@ -157,6 +176,9 @@ func (c *CLI) Run() error {
 
 	backends := &proxy.Backends{Kube: mgr.GetClient(), Config: cfg, ClusterID: clusterID, StateDir: c.StateDir, RestartDelay: c.LocalRestartDelay, Logger: log,
 		GCPOperationTimeout: c.GCPOperationTimeout}
+	if c.GCPTestEndpoint != "" {
+		backends.GCPClientOptions = []option.ClientOption{option.WithEndpoint(c.GCPTestEndpoint), option.WithoutAuthentication()}
+	}
 	// Leave local Squids running on exit: the next provider re-adopts them.
 	defer backends.Close()
 

@@ -54,6 +54,9 @@ func TestBadEnv(t *testing.T) {
 		"ZeroRestartDelay": {env: "LOCAL_RESTART_DELAY", value: "0s"},
 		"ZeroGCPWait":      {env: "GCP_OPERATION_TIMEOUT", value: "0s"},
 		"NoProbeWorkers":   {env: "PROBE_CONCURRENCY", value: "0"},
+		// The fault tests' fake Compute API: never off this host.
+		"RemoteGCPEndpoint": {env: "EGRESS_PROVIDER_TEST_GCP_ENDPOINT", value: "https://compute.googleapis.com"},
+		"GCPEndpointByName": {env: "EGRESS_PROVIDER_TEST_GCP_ENDPOINT", value: "http://localhost.example.com:8080"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -97,6 +97,11 @@ type Instance struct {
 	// Reason is what the backend says of a terminated instance: a VM's
 	// status, a pod's phase and reason.
 	Reason string
+	// CrashLoop, when set, says why the instance is crash-looping: its
+	// proxy keeps exiting soon after it starts, and is restarted with a
+	// back-off. It is held out of service, whatever a probe says in a
+	// moment when it is up, until it stays up.
+	CrashLoop string
 }
 
 // A Backend creates, observes and deletes proxy instances. Every call is

@@ -2,6 +2,7 @@ package testbed
 
 import (
 	"crypto/x509"
+	"encoding/pem"
 	"net/http"
 	"net/http/httptest"
 	"testing"
@@ -15,6 +16,9 @@ type Target struct {
 	URL string
 	// RootCAs trusts the target's certificate (nil for http targets).
 	RootCAs *x509.CertPool
+	// CAPEM is that certificate in PEM, for a provider process's
+	// --probe-ca-bundle.
+	CAPEM []byte
 }
 
 // StartEchoTarget starts an https IP-echo target, stopped with the test.
@@ -24,7 +28,7 @@ func StartEchoTarget(t testing.TB) Target {
 	t.Cleanup(srv.Close)
 	pool := x509.NewCertPool()
 	pool.AddCert(srv.Certificate())
-	return Target{URL: srv.URL + "/ip", RootCAs: pool}
+	return Target{URL: srv.URL + "/ip", RootCAs: pool, CAPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw})}
 }
 
 // StartPlainEchoTarget starts an http IP-echo target, stopped with the test.

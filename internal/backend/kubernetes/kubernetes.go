@@ -329,7 +329,31 @@ func (b *Backend) instance(p *corev1.Pod) *backend.Instance {
 	if i.Phase == v1alpha1.InstancePhaseTerminated {
 		i.Reason = terminationReason(p)
 	}
+	i.CrashLoop = crashLoop(p, time.Now())
 	return i
+}
+
+// podCrashWindow is how long a restarted container must stay up before
+// its pod is no longer crash-looping.
+const podCrashWindow = time.Minute
+
+// crashLoop says why a pod's proxy is crash-looping: the kubelet backs
+// its restarts off (CrashLoopBackOff), or it restarted more than once and
+// has not stayed up for podCrashWindow since the last. Empty when it is
+// not.
+func crashLoop(p *corev1.Pod, now time.Time) string {
+	for _, cs := range p.Status.ContainerStatuses {
+		if w := cs.State.Waiting; w != nil && w.Reason == "CrashLoopBackOff" {
+			return fmt.Sprintf("container %s restarted %d times and is in CrashLoopBackOff: %s", cs.Name, cs.RestartCount, w.Message)
+		}
+		if r := cs.State.Running; r != nil && cs.RestartCount >= 2 && now.Sub(r.StartedAt.Time) < podCrashWindow {
+			if t := cs.LastTerminationState.Terminated; t != nil && r.StartedAt.Sub(t.FinishedAt.Time) < podCrashWindow*5 {
+				return fmt.Sprintf("container %s restarted %d times, the last after it exited %d (%s); it is held out of service until it stays up for %s",
+					cs.Name, cs.RestartCount, t.ExitCode, t.Reason, podCrashWindow)
+			}
+		}
+	}
+	return ""
 }
 
 // terminationReason says why a pod stopped, as its status does.

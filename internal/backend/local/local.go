@@ -110,6 +110,7 @@ func New(cfg Config) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{cfg: cfg, log: cfg.Logger, procs: map[string]*supervisor{}}
+	b.sweepLeftovers()
 	entries, err := os.ReadDir(cfg.StateDir)
 	if err != nil {
 		return nil, errors.Wrap(err, "cannot read state dir")
@@ -153,6 +154,21 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	if _, err := b.readRecord(s.Name); err == nil {
 		return b.Get(ctx, s.Ref)
 	}
+
+	// The staging folder comes first, locked for as long as this create
+	// runs: a port claim or folder whose create holds no lock is left over
+	// from a provider killed mid-create, and sweepLeftovers removes it.
+	staging, err := os.MkdirTemp(filepath.Join(b.cfg.StateDir, dirStaging), s.Name+"-")
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot create staging dir")
+	}
+	unlock, err := lockDir(staging)
+	if err != nil {
+		_ = os.RemoveAll(staging)
+		return nil, err
+	}
+	defer unlock()
+	defer os.RemoveAll(staging) //nolint:errcheck // Gone after the rename; cleanup on failure.
 
 	port, err := b.claimPort(s)
 	if err != nil {
@@ -208,11 +224,6 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	}
 	files[fileRecord] = rec
 
-	staging, err := os.MkdirTemp(filepath.Join(b.cfg.StateDir, dirStaging), s.Name+"-")
-	if err != nil {
-		return nil, errors.Wrap(err, "cannot create staging dir")
-	}
-	defer os.RemoveAll(staging) //nolint:errcheck // Gone after the rename; cleanup on failure.
 	for f, content := range files {
 		if err := os.WriteFile(filepath.Join(staging, f), content, 0o600); err != nil {
 			return nil, errors.Wrapf(err, "cannot write %s", f)
@@ -245,7 +256,15 @@ func (b *Backend) Get(_ context.Context, r backend.Ref) (*backend.Instance, erro
 	// Until when it accepts its previous credentials is what
 	// RotateCredentials reads and answers; Get, which the orphan collector
 	// calls for every instance, reads no more than the record.
+	b.mu.Lock()
+	sv := b.procs[r.Name]
+	b.mu.Unlock()
+	var crashLoop string
+	if sv != nil {
+		crashLoop = sv.crashLoop()
+	}
 	return &backend.Instance{
+		CrashLoop:      crashLoop,
 		Ref:            backend.Ref{Name: r.Name},
 		ProviderID:     "local/" + r.Name,
 		Host:           rec.Host,
@@ -287,6 +306,9 @@ func (b *Backend) Delete(_ context.Context, r backend.Ref) error {
 
 // ListOwned lists the instances of this cluster in the state dir.
 func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
+	// The orphan collector calls this now and then: the time to sweep
+	// what killed creates left.
+	b.sweepLeftovers()
 	entries, err := os.ReadDir(b.cfg.StateDir)
 	if err != nil {
 		return nil, errors.Wrap(err, "cannot read state dir")

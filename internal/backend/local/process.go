@@ -20,27 +20,51 @@ import (
 // livePid returns the pid of the instance's Squid if that process lives and
 // runs this instance's config, else 0. Checking the command line keeps a
 // recycled pid from passing for our Squid.
+//
+// A Squid that has not written its pid file yet is found by its command
+// line: one started by a provider killed a moment later would otherwise
+// pass unseen, and the next provider would start a second Squid for the
+// instance, which fails to bind the port for ever after.
 func (b *Backend) livePid(name string) int {
 	raw, err := readOwned(filepath.Join(b.dir(name), filePid))
 	if err != nil {
-		return 0
+		return b.runningConfig(name)
 	}
 	pid, err := strconv.Atoi(strings.TrimSpace(string(raw)))
 	if err != nil || pid <= 0 {
-		return 0
+		return b.runningConfig(name)
 	}
+	if !b.runs(pid, name) {
+		return b.runningConfig(name)
+	}
+	return pid
+}
+
+// runningConfig returns the pid of a live Squid running the instance's
+// config, found through /proc; 0 when there is none.
+func (b *Backend) runningConfig(name string) int {
+	for _, pid := range Processes(b.dir(name)) {
+		if b.runs(pid, name) {
+			return pid
+		}
+	}
+	return 0
+}
+
+// runs says whether pid is a live Squid running the instance's config.
+func (b *Backend) runs(pid int, name string) bool {
 	cmdline, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
-	if err != nil || !strings.Contains(string(cmdline), filepath.Join(b.dir(name), fileConf)) {
-		return 0
+	if err != nil || !slices.Contains(strings.Split(string(cmdline), "\x00"), filepath.Join(b.dir(name), fileConf)) {
+		return false
 	}
 	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err == nil {
 		// A zombie has exited; it only waits to be reaped.
 		if f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:])); len(f) > 0 && f[0] == "Z" {
-			return 0
+			return false
 		}
 	}
-	return pid
+	return true
 }
 
 // Processes lists the live Squid processes running a config under stateDir.

@@ -1,6 +1,7 @@
 package local
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -11,7 +12,18 @@ import (
 	"github.com/pkg/errors"
 )
 
-// supervisor keeps one instance's Squid running.
+// crashWindow is how soon after it started a Squid that exits has
+// crashed: a run of crashes backs its restarts off, and the instance is
+// reported crash-looping until a Squid stays up this long.
+var crashWindow = time.Minute
+
+// maxRestartDelay caps the back-off of a crash-looping Squid's restarts,
+// as the kubelet's of a container's.
+const maxRestartDelay = 5 * time.Minute
+
+// supervisor keeps one instance's Squid running, restarting it when it
+// exits: after RestartDelay, doubled for each crash in a row up to
+// maxRestartDelay, as the kubelet restarts a container in CrashLoopBackOff.
 type supervisor struct {
 	name string
 	b    *Backend
@@ -21,6 +33,13 @@ type supervisor struct {
 	detached bool
 	cmd      *exec.Cmd
 	done     chan struct{}
+	quitting chan struct{} // closed by stop and detach
+	// crashes counts the Squids in a row that exited within crashWindow
+	// of starting; up is when the one running now started or was
+	// adopted, zero while none runs; lastExit is when the last one exited.
+	crashes  int
+	up       time.Time
+	lastExit time.Time
 }
 
 func (b *Backend) supervise(name string) {
@@ -29,7 +48,7 @@ func (b *Backend) supervise(name string) {
 	if _, ok := b.procs[name]; ok {
 		return
 	}
-	sv := &supervisor{name: name, b: b, done: make(chan struct{})}
+	sv := &supervisor{name: name, b: b, done: make(chan struct{}), quitting: make(chan struct{})}
 	b.procs[name] = sv
 	go sv.run()
 }
@@ -54,6 +73,7 @@ func (sv *supervisor) run() {
 		if pid := sv.b.livePid(sv.name); pid > 0 {
 			// Re-adopted, or started by us before a restart: watch it.
 			log.Info(msgAdopted, "pid", pid)
+			sv.started()
 			for !sv.quit() && sv.b.livePid(sv.name) == pid {
 				time.Sleep(200 * time.Millisecond)
 			}
@@ -61,16 +81,61 @@ func (sv *supervisor) run() {
 			log.Info("Cannot start squid", "error", err)
 		} else {
 			log.Info(msgStarted, "pid", sv.cmd.Process.Pid)
-			err := sv.cmd.Wait()
-			if !sv.quit() {
-				log.Info("Squid exited; restarting", "error", err, "after", sv.b.cfg.RestartDelay)
-			}
+			sv.started()
+			_ = sv.cmd.Wait()
 		}
 		if sv.quit() {
 			return
 		}
-		time.Sleep(sv.b.cfg.RestartDelay)
+		delay, crashes := sv.exited()
+		if crashes > 1 {
+			log.Info("Squid keeps exiting soon after it starts; backing off its restarts", "crashes", crashes, "after", delay)
+		} else {
+			log.Info("Squid exited; restarting", "after", delay)
+		}
+		select {
+		case <-sv.quitting:
+		case <-time.After(delay):
+		}
 	}
+}
+
+func (sv *supervisor) started() {
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	sv.up = time.Now()
+}
+
+// exited records that the Squid exited and returns how long to wait before
+// the next one, and how many crashed in a row.
+func (sv *supervisor) exited() (time.Duration, int) {
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	now := time.Now()
+	if !sv.up.IsZero() && now.Sub(sv.up) < crashWindow {
+		sv.crashes++
+	} else {
+		sv.crashes = 1
+	}
+	sv.up, sv.lastExit = time.Time{}, now
+	delay := sv.b.cfg.RestartDelay
+	for i := 1; i < sv.crashes && delay < maxRestartDelay; i++ {
+		delay *= 2
+	}
+	return min(delay, maxRestartDelay), sv.crashes
+}
+
+// crashLoop says why the instance is crash-looping: its Squid crashed
+// more than once in a row, and none has stayed up for crashWindow since.
+// Empty when it is not.
+func (sv *supervisor) crashLoop() string {
+	sv.mu.Lock()
+	defer sv.mu.Unlock()
+	if sv.crashes < 2 || (!sv.up.IsZero() && time.Since(sv.up) >= crashWindow) {
+		return ""
+	}
+	return fmt.Sprintf("Squid exited %d times in a row within %s of starting, the last at %s; its restarts back off up to %s, and it is held out of service until one stays up for %s",
+		sv.crashes, crashWindow, sv.lastExit.UTC().Format(time.RFC3339), maxRestartDelay, crashWindow)
 }
 
 func (sv *supervisor) start() error {
@@ -104,6 +169,9 @@ func (sv *supervisor) start() error {
 // stop ends supervision and the process, and waits for both.
 func (sv *supervisor) stop() {
 	sv.mu.Lock()
+	if !sv.stopped && !sv.detached {
+		close(sv.quitting)
+	}
 	sv.stopped = true
 	cmd := sv.cmd
 	sv.mu.Unlock()
@@ -119,6 +187,9 @@ func (sv *supervisor) stop() {
 // detach ends supervision and leaves the process running.
 func (sv *supervisor) detach() {
 	sv.mu.Lock()
+	if !sv.stopped && !sv.detached {
+		close(sv.quitting)
+	}
 	sv.detached = true
 	sv.mu.Unlock()
 }

@@ -122,6 +122,9 @@ const (
 	// ReasonOutOfDate: the spec changed, and the instance cannot be
 	// replaced to match it.
 	ReasonOutOfDate xpv2.ConditionReason = "OutOfDate"
+	// ReasonCrashLoopBackOff: the proxy keeps exiting soon after it
+	// starts; it is held out of service until it stays up.
+	ReasonCrashLoopBackOff xpv2.ConditionReason = "CrashLoopBackOff"
 )
 
 // The OpenProxy condition says whether a proxy with credentials serves

@@ -75,20 +75,7 @@ func TestGCPProxy(t *testing.T) {
 		return c.Reason == proxy.ReasonProvisioning, string(c.Reason)
 	})
 
-	script := fake.Instance("europe-west1-b", name).GetMetadata().GetItems()[0].GetValue()
-	conf := []byte(testbed.Heredoc(t, script, "/etc/squid/egress-proxy.conf"))
-	// A VM's loopback is its own; on this shared host the test lets the
-	// probe reach the echo target on loopback. The VM's log, pid and spool
-	// paths move beside the config.
-	conf = []byte(strings.NewReplacer("http_access deny egress_loopback\n", "", "/var/log/squid/", "/etc/squid/",
-		"/run/squid.pid", "/etc/squid/squid.pid", "/var/spool/squid", "/etc/squid").Replace(string(conf)))
-	testbed.RunSquid(t, conf, "/etc/squid", map[string][]byte{
-		"egress-proxy.htpasswd": []byte(testbed.Heredoc(t, script, "/etc/squid/egress-proxy.htpasswd")),
-		// What own_addresses writes on a VM whose metadata server
-		// does not answer.
-		"egress-proxy.self": []byte("255.255.255.255\n"),
-	}, "127.0.0.1:32330")
-	fake.SetStatus("europe-west1-b", name, "RUNNING", "127.0.0.1")
+	bootVM(t, fake, "europe-west1-b", name, "127.0.0.1:32330")
 	testbed.Eventually(t, 10*time.Second, "Ready through the VM's Squid", ready(t, key, corev1.ConditionTrue))
 	if ap := get(t, key).Status.AtProvider; ap.ProviderID != "projects/crawl-proj/zones/europe-west1-b/instances/"+name || ap.EgressIP != "127.0.0.1" {
 		t.Errorf("atProvider: %+v", ap)
@@ -553,6 +540,33 @@ func startGCPProvider(t *testing.T, fake *gcpfake.Server, target testbed.Target)
 	return startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) {
 		o.Backends.(*proxy.Backends).GCPClientOptions = fake.ClientOptions()
 	})
+}
+
+// bootVM plays the VM zone/name booting: it runs a real Squid from the VM's
+// startup script, listening on addr, and moves the VM to RUNNING with a NAT
+// IP of 127.0.0.1.
+func bootVM(t testing.TB, fake *gcpfake.Server, zone, name, addr string) {
+	t.Helper()
+	runVMSquid(t, fake, zone, name, addr)
+	fake.SetStatus(zone, name, "RUNNING", "127.0.0.1")
+}
+
+// runVMSquid runs the Squid of VM zone/name, from its startup script.
+func runVMSquid(t testing.TB, fake *gcpfake.Server, zone, name, addr string) {
+	t.Helper()
+	script := fake.Instance(zone, name).GetMetadata().GetItems()[0].GetValue()
+	conf := []byte(testbed.Heredoc(t, script, "/etc/squid/egress-proxy.conf"))
+	// A VM's loopback is its own; on this shared host the test lets the
+	// probe reach the echo target on loopback. The VM's log, pid and spool
+	// paths move beside the config.
+	conf = []byte(strings.NewReplacer("http_access deny egress_loopback\n", "", "/var/log/squid/", "/etc/squid/",
+		"/run/squid.pid", "/etc/squid/squid.pid", "/var/spool/squid", "/etc/squid").Replace(string(conf)))
+	testbed.RunSquid(t, conf, "/etc/squid", map[string][]byte{
+		"egress-proxy.htpasswd": []byte(testbed.Heredoc(t, script, "/etc/squid/egress-proxy.htpasswd")),
+		// What own_addresses writes on a VM whose metadata server
+		// does not answer.
+		"egress-proxy.self": []byte("255.255.255.255\n"),
+	}, addr)
 }
 
 // collectorAnHourAhead is an orphan collector over prov's backends whose

@@ -391,6 +391,14 @@ func (e *external) observeExisting(ctx context.Context, p *v1alpha1.Proxy, ref b
 	if inst.Repair != "" {
 		p.SetConditions(unavailable(ReasonProvisioning, inst.Repair))
 	}
+	if inst.CrashLoop != "" && inst.Repair == "" {
+		// A probe that passes in a moment when it is up changes nothing:
+		// handed out, it would fail its crawlers moments later.
+		if p.GetCondition(xpv2.TypeReady).Reason != ReasonCrashLoopBackOff {
+			e.record.Event(p, event.Warning(event.Reason(ReasonCrashLoopBackOff), errors.New(inst.CrashLoop)))
+		}
+		p.SetConditions(unavailable(ReasonCrashLoopBackOff, inst.CrashLoop))
+	}
 
 	obs := managed.ExternalObservation{
 		ResourceExists:   true,

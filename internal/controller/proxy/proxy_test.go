@@ -165,6 +165,14 @@ func TestObserve(t *testing.T) {
 			want: result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, Reason: xpv2.ReasonAvailable, Status: corev1.ConditionTrue,
 				Probes: 1, Healthy: true, EgressIP: "203.0.113.9", ProviderID: localID},
 		},
+		"CrashLoopingProbePasses": {
+			reason:   "A crash-looping instance whose probe passes in a moment when it is up is not Ready: handed out, it would fail its crawlers moments later.",
+			proxy:    unitProxy(),
+			instance: crashLooping(running),
+			probe:    probe.Result{OK: true, Latency: 42 * time.Millisecond, EgressIP: "203.0.113.9"},
+			want: result{Obs: managed.ExternalObservation{ResourceExists: true, ResourceUpToDate: true}, Reason: ReasonCrashLoopBackOff, Status: corev1.ConditionFalse,
+				Probes: 1, Healthy: true, EgressIP: "203.0.113.9", ProviderID: localID},
+		},
 		"RunningProbeFailsOnce": {
 			reason:   "One failed probe of a never-healthy proxy leaves it not Ready, saying why.",
 			proxy:    unitProxy(),
@@ -1072,4 +1080,9 @@ func TestWantsImport(t *testing.T) {
 	if r := recordedRef(legacy, pc); r.Name != ownership.InstanceName(legacy.GetUID()) {
 		t.Errorf("a recorded local/PORT names the Proxy's own instance: %+v", r)
 	}
+}
+
+func crashLooping(i backend.Instance) *backend.Instance {
+	i.CrashLoop = "Squid exited 3 times in a row within 1m0s of starting"
+	return &i
 }

@@ -23,6 +23,7 @@ import (
 	"net/http/httptest"
 	"regexp"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -242,6 +243,32 @@ func (s *Server) Instances() int {
 	defer s.mu.Unlock()
 	s.tick()
 	return len(s.instances)
+}
+
+// AllInstances returns copies of every VM, keyed by zone/name.
+func (s *Server) AllInstances() map[string]*computepb.Instance {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tick()
+	out := map[string]*computepb.Instance{}
+	for k, vm := range s.instances {
+		out[k] = proto.Clone(vm).(*computepb.Instance)
+	}
+	return out
+}
+
+// FirewallNames returns the project/name of every rule, those being
+// inserted or deleted included.
+func (s *Server) FirewallNames() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.tick()
+	out := make([]string, 0, len(s.firewalls))
+	for k := range s.firewalls {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
 }
 
 // Firewall returns a copy of a firewall rule of any project, or nil.

@@ -1,0 +1,527 @@
+package proxy_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	corev1 "k8s.io/api/core/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp/gcpfake"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
+)
+
+// killRun is one run of the provider-kill scenario against one backend.
+type killRun struct {
+	t     *testing.T
+	bin   string
+	env   []string
+	ns    string
+	logs  string
+	rng   *rand.Rand
+	proxy func(name string, port int32) *v1alpha1.Proxy
+	// progress changes when the backend begins a create; window is how
+	// long after that a targeted kill may come.
+	progress func() int
+	window   time.Duration
+	next     int32 // the last Proxy's number
+	ports    int32 // Proxy k<n> listens on ports+n
+	live     map[string]types.UID
+	gone     map[string]types.UID
+	proc     *exec.Cmd
+	exited   chan struct{}
+	// leftovers counts what a killed create left in the backend.
+	leftovers func() int
+	// What the kills landed in, and left.
+	kills, midCreate, midDelete, leftover int
+}
+
+// providerKills is how many times each backend's provider is killed:
+// FAULTS_PROVIDER_KILLS (make faults: 100), else a few so that CI keeps
+// the scenario working.
+func providerKills(t *testing.T) int {
+	if s := os.Getenv("FAULTS_PROVIDER_KILLS"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 1 {
+			t.Fatalf("FAULTS_PROVIDER_KILLS=%q is not a positive number", s)
+		}
+		return n
+	}
+	return 6
+}
+
+// buildProvider builds cmd/provider: the scenario kills the real process.
+func buildProvider(t *testing.T) string {
+	t.Helper()
+	bin := filepath.Join(t.TempDir(), "provider")
+	root := sharedBed.Env(t).Root
+	if out, err := exec.Command("go", "build", "-o", bin, filepath.Join(root, "cmd", "provider")).CombinedOutput(); err != nil {
+		t.Fatalf("cannot build the provider: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// TestProviderKilledMidOperation SIGKILLs the provider process at random
+// points while Proxies are created and deleted, and restarts it, for the
+// local backend (real Squids) and for GCP (the fake Compute API, with
+// operations that take a while). After the last restart every Proxy
+// becomes Ready, and nothing is left over: each Proxy has exactly one
+// instance (process, state folder, port claim, or VM and firewall rule),
+// deleted Proxies have none, and deleting them all leaves no instance,
+// firewall rule, connection Secret, state folder or process.
+func TestProviderKilledMidOperation(t *testing.T) {
+	bin := buildProvider(t)
+	kills := providerKills(t)
+	t.Run("Local", func(t *testing.T) {
+		r, dir := newKillRun(t, bin)
+		r.env = append(r.env, "STATE_DIR="+dir)
+		// After the provider stops (cleanups run last in, first out):
+		// whatever a failed run left must not hold the next one's ports.
+		t.Cleanup(func() { local.StopAll(dir) })
+		create(t, &v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "kill-" + r.ns}, Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal,
+			Policy: &v1alpha1.Policy{Local: &v1alpha1.LocalPolicy{AllowLoopbackDestinations: true}}}})
+		target := r.target()
+		// A local create claims a port, then stages the instance's folder.
+		r.progress = func() int {
+			ports, _ := os.ReadDir(filepath.Join(dir, ".ports"))
+			staged, _ := os.ReadDir(filepath.Join(dir, ".staging"))
+			return len(ports)*1000 + len(staged)
+		}
+		r.window = 20 * time.Millisecond
+		r.leftovers = func() int {
+			staged, _ := os.ReadDir(filepath.Join(dir, ".staging"))
+			return len(staged)
+		}
+		r.proxy = func(name string, port int32) *v1alpha1.Proxy {
+			p := proxyObject(r.ns, name, port, target)
+			p.Spec.ProviderConfigReference.Name = "kill-" + r.ns
+			return p
+		}
+		r.run(kills)
+		r.settle(nil)
+		r.checkLocal(dir)
+		r.deleteAll()
+		r.checkLocal(dir)
+		r.report()
+	})
+	t.Run("GCP", func(t *testing.T) {
+		r, dir := newKillRun(t, bin)
+		r.ports = 34000
+		fake := gcpfake.Start(t)
+		// Inserts and deletes take a while, as on GCP, so that kills land
+		// while they run.
+		fake.SetOperationDuration(300 * time.Millisecond)
+		r.env = append(r.env, "STATE_DIR="+dir, "EGRESS_PROVIDER_TEST_GCP_ENDPOINT="+fake.URL)
+		pc := gcpConfig("kill-"+r.ns, nil)
+		pc.Spec.Policy = &v1alpha1.Policy{GCP: &v1alpha1.GCPPolicy{AllowedNetworkTags: []v1alpha1.NetworkTag{"crawl"}}}
+		create(t, pc)
+		target := testbed.Target{URL: r.target()}
+		r.progress = func() int { return fake.Calls("instances.insert") + fake.Calls("firewalls.insert") }
+		r.window = 600 * time.Millisecond
+		r.proxy = func(name string, port int32) *v1alpha1.Proxy {
+			p := vmProxy(r.ns, name, port, target, "kill-"+r.ns, "europe-west1-b")
+			p.Spec.ForProvider.GCP.GCPInstance = v1alpha1.GCPInstance{MachineType: "e2-micro", NetworkTags: []v1alpha1.NetworkTag{"crawl"}}
+			p.Spec.ForProvider.AllowedSourceRanges = []v1alpha1.CIDR{"127.0.0.0/8"}
+			return p
+		}
+		r.run(kills)
+		started := map[string]bool{}
+		r.settle(func(p *v1alpha1.Proxy) {
+			// Each VM boots once it exists, and stays RUNNING.
+			name := ownership.InstanceName(p.UID)
+			vm := fake.Instance("europe-west1-b", name)
+			if vm == nil || len(vm.GetMetadata().GetItems()) == 0 {
+				return
+			}
+			if !started[name] {
+				runVMSquid(t, fake, "europe-west1-b", name, fmt.Sprintf("127.0.0.1:%d", p.Spec.ForProvider.Port))
+				started[name] = true
+			}
+			if vm.GetStatus() != "RUNNING" {
+				fake.SetStatus("europe-west1-b", name, "RUNNING", "127.0.0.1")
+			}
+		})
+		r.checkGCP(fake)
+		r.deleteAll()
+		r.checkGCP(fake)
+		r.report()
+	})
+}
+
+func newKillRun(t *testing.T, bin string) (*killRun, string) {
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	dir := testbed.SquidStateDir(t)
+	kc := filepath.Join(t.TempDir(), "kubeconfig")
+	if err := bed.WriteKubeconfig(kc); err != nil {
+		t.Fatal(err)
+	}
+	seed := time.Now().UnixNano()
+	t.Logf("seed %d", seed)
+	r := &killRun{
+		t: t, bin: bin, ns: ns, logs: filepath.Join(t.TempDir(), "provider.log"), ports: 33000,
+		rng:  rand.New(rand.NewPCG(uint64(seed), 17)), //nolint:gosec // Kill points, not secrets.
+		live: map[string]types.UID{}, gone: map[string]types.UID{},
+		env: []string{
+			"KUBECONFIG=" + kc, "CLUSTER_ID=kill-" + ns, "POLL_INTERVAL=2s", "LOCAL_RESTART_DELAY=1s",
+			"METRICS_BIND_ADDRESS=0", "HEALTH_PROBE_BIND_ADDRESS=0", "PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"),
+		},
+	}
+	create(t, authSecret(ns))
+	t.Cleanup(func() {
+		r.stop()
+		if t.Failed() {
+			t.Logf("provider log:\n%s", r.logTail())
+		}
+	})
+	return r, dir
+}
+
+// target starts the probe target and hands the provider its CA.
+func (r *killRun) target() string {
+	target := testbed.StartEchoTarget(r.t)
+	ca := filepath.Join(r.t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, target.CAPEM, 0o644); err != nil {
+		r.t.Fatal(err)
+	}
+	r.env = append(r.env, "PROBE_CA_BUNDLE="+ca)
+	return target.URL
+}
+
+// start runs the provider process, appending to the log.
+func (r *killRun) start() {
+	r.t.Helper()
+	f, err := os.OpenFile(r.logs, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	defer f.Close() //nolint:errcheck // The child holds its own descriptor.
+	cmd := exec.Command(r.bin)
+	cmd.Env, cmd.Stdout, cmd.Stderr = r.env, f, f
+	if err := cmd.Start(); err != nil {
+		r.t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(exited) }()
+	r.proc, r.exited = cmd, exited
+}
+
+// kill SIGKILLs the provider and waits until it is gone.
+func (r *killRun) kill() {
+	_ = r.proc.Process.Signal(syscall.SIGKILL)
+	<-r.exited
+	r.proc = nil
+}
+
+// stop ends the provider the way Kubernetes ends a pod, at the end.
+func (r *killRun) stop() {
+	if r.proc == nil {
+		return
+	}
+	_ = r.proc.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-r.exited:
+	case <-time.After(30 * time.Second):
+		r.kill()
+	}
+	r.proc = nil
+}
+
+// run kills the provider n times. Before each start two Proxies are
+// created and, once there are more than four, as many deleted, so that the provider starts with work to do;
+// it is killed at a random point in its first 2.5 s, which covers its start,
+// creates and deletes under way, and idle time, or, every other time, at a
+// random point soon after the backend began a create. Which of these a
+// kill landed in is judged from the Proxies' annotations and conditions.
+func (r *killRun) run(n int) {
+	ctx := context.Background()
+	bed := sharedBed.Env(r.t)
+	for i := range n {
+		for range 2 {
+			r.next++
+			name := fmt.Sprintf("k%d", r.next)
+			p := r.proxy(name, r.ports+r.next)
+			create(r.t, p)
+			r.live[name] = p.UID
+		}
+		// As many deleted as created, once there are a few: the fleet
+		// stays small however long the run.
+		for len(r.live) > 4 {
+			names := r.liveNames()
+			victim := names[r.rng.IntN(len(names))]
+			if err := bed.Client.Delete(ctx, &v1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: victim}}); err != nil {
+				r.t.Fatal(err)
+			}
+			r.gone[victim] = r.live[victim]
+			delete(r.live, victim)
+		}
+		before := r.progress()
+		r.start()
+		if i%2 == 0 {
+			time.Sleep(time.Duration(r.rng.IntN(2500)) * time.Millisecond)
+		} else {
+			// Aimed at a create: soon after the backend begins one.
+			for deadline := time.Now().Add(5 * time.Second); r.progress() == before && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond)
+			}
+			time.Sleep(time.Duration(r.rng.Int64N(int64(r.window))))
+		}
+		r.kill()
+		r.kills++
+		l := &v1alpha1.ProxyList{}
+		if err := bed.Client.List(ctx, l, client.InNamespace(r.ns)); err != nil {
+			r.t.Fatal(err)
+		}
+		creating, deleting := false, false
+		for i := range l.Items {
+			p := &l.Items[i]
+			creating = creating || meta.ExternalCreateIncomplete(p)
+			deleting = deleting || p.DeletionTimestamp != nil && p.GetCondition(xpv2.TypeReady).Reason == xpv2.ReasonDeleting
+		}
+		if creating {
+			r.midCreate++
+		}
+		if deleting {
+			r.midDelete++
+		}
+		if r.leftovers != nil {
+			r.leftover += r.leftovers()
+		}
+	}
+}
+
+func (r *killRun) liveNames() []string {
+	var out []string
+	for n := range r.live {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// settle starts the provider for good and waits until every live Proxy is
+// Ready and every deleted one gone; boot, asked about each live Proxy not
+// yet Ready, plays its VM booting.
+func (r *killRun) settle(boot func(*v1alpha1.Proxy)) {
+	r.t.Helper()
+	r.start()
+	ctx := context.Background()
+	bed := sharedBed.Env(r.t)
+	testbed.Eventually(r.t, 120*time.Second, fmt.Sprintf("the Proxies to settle after %d kills", r.kills), func() (bool, string) {
+		l := &v1alpha1.ProxyList{}
+		if err := bed.Client.List(ctx, l, client.InNamespace(r.ns)); err != nil {
+			return false, err.Error()
+		}
+		var waiting []string
+		for i := range l.Items {
+			p := &l.Items[i]
+			if _, ok := r.gone[p.Name]; ok {
+				waiting = append(waiting, p.Name+" not deleted")
+				continue
+			}
+			if c := p.GetCondition(xpv2.TypeReady); c.Status != corev1.ConditionTrue {
+				waiting = append(waiting, fmt.Sprintf("%s %s: %s", p.Name, c.Reason, c.Message))
+				if boot != nil {
+					boot(p)
+				}
+			}
+		}
+		if len(l.Items) != len(r.live)+countStill(l, r.gone) {
+			return false, fmt.Sprintf("%d Proxies, want %d", len(l.Items), len(r.live))
+		}
+		return len(waiting) == 0, strings.Join(waiting, "; ")
+	})
+}
+
+func countStill(l *v1alpha1.ProxyList, gone map[string]types.UID) int {
+	n := 0
+	for _, p := range l.Items {
+		if _, ok := gone[p.Name]; ok {
+			n++
+		}
+	}
+	return n
+}
+
+// deleteAll deletes every Proxy with the provider running, and waits until
+// they are gone.
+func (r *killRun) deleteAll() {
+	r.t.Helper()
+	for n, uid := range r.live {
+		r.gone[n] = uid
+	}
+	r.live = map[string]types.UID{}
+	deleteProxies(r.t, r.ns)
+}
+
+// checkSecrets: a live Proxy's connection Secret exists, and every
+// Secret of a Proxy's is controlled by it, so that Kubernetes' garbage
+// collector (which the test bed does not run) deletes it with the Proxy.
+func (r *killRun) checkSecrets() {
+	r.t.Helper()
+	ctx := context.Background()
+	bed := sharedBed.Env(r.t)
+	for _, set := range []map[string]types.UID{r.live, r.gone} {
+		for n, uid := range set {
+			sec := &corev1.Secret{}
+			err := bed.Client.Get(ctx, types.NamespacedName{Namespace: r.ns, Name: n + "-conn"}, sec)
+			switch {
+			case err != nil:
+				if _, live := r.live[n]; live || !kerrors.IsNotFound(err) {
+					r.t.Errorf("Proxy %s's connection Secret: %v", n, err)
+				}
+			case !controlledBy(sec, uid):
+				r.t.Errorf("Proxy %s's connection Secret is not controlled by it, and would outlive it: %v", n, sec.OwnerReferences)
+			}
+		}
+	}
+}
+
+func controlledBy(o metav1.Object, uid types.UID) bool {
+	c := metav1.GetControllerOf(o)
+	return c != nil && c.UID == uid && c.Kind == "Proxy"
+}
+
+// checkLocal: one state folder, port claim and Squid per live Proxy, and
+// nothing else, not even a half-written folder.
+func (r *killRun) checkLocal(dir string) {
+	r.t.Helper()
+	want := map[string]string{}
+	for n, uid := range r.live {
+		want[ownership.InstanceName(uid)] = n
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	folders := map[string]bool{}
+	for _, e := range entries {
+		if strings.HasPrefix(e.Name(), ".") {
+			continue
+		}
+		folders[e.Name()] = true
+		if _, ok := want[e.Name()]; !ok {
+			r.t.Errorf("state folder %s belongs to no live Proxy", e.Name())
+		}
+	}
+	for inst, n := range want {
+		if !folders[inst] {
+			r.t.Errorf("Proxy %s has no state folder %s", n, inst)
+		}
+	}
+	if staged, _ := os.ReadDir(filepath.Join(dir, ".staging")); len(staged) > 0 {
+		r.t.Errorf("half-written instance folders left in .staging: %v", names(staged))
+	}
+	ports, _ := os.ReadDir(filepath.Join(dir, ".ports"))
+	claimed := map[string]int{}
+	for _, p := range ports {
+		b, _ := os.ReadFile(filepath.Join(dir, ".ports", p.Name()))
+		claimed[string(b)]++
+		if _, ok := want[string(b)]; !ok {
+			r.t.Errorf("port %s is claimed by %q, no live Proxy's instance", p.Name(), b)
+		}
+	}
+	for inst, n := range want {
+		if claimed[inst] != 1 {
+			r.t.Errorf("Proxy %s's instance claims %d ports, want 1", n, claimed[inst])
+		}
+	}
+	running := map[string]int{}
+	for _, pid := range local.Processes(dir) {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		for _, arg := range bytes.Split(b, []byte{0}) {
+			if rel, err := filepath.Rel(dir, string(arg)); err == nil && strings.HasSuffix(rel, "/squid.conf") {
+				running[filepath.Dir(rel)]++
+			}
+		}
+	}
+	for inst, n := range running {
+		if _, ok := want[inst]; !ok {
+			r.t.Errorf("%d Squid processes run for %s, no live Proxy's instance", n, inst)
+		}
+	}
+	for inst, n := range want {
+		if running[inst] != 1 {
+			r.t.Errorf("Proxy %s has %d Squid processes, want 1", n, running[inst])
+		}
+	}
+	r.checkSecrets()
+}
+
+// checkGCP: one VM and one firewall rule per live Proxy, and nothing else.
+func (r *killRun) checkGCP(fake *gcpfake.Server) {
+	r.t.Helper()
+	want := map[string]string{}
+	for n, uid := range r.live {
+		want[ownership.InstanceName(uid)] = n
+	}
+	byOwner := map[types.UID][]string{}
+	for key, vm := range fake.AllInstances() {
+		o, ok := ownership.FromLabels(vm.GetLabels())
+		if !ok {
+			r.t.Errorf("VM %s carries no owner", key)
+			continue
+		}
+		byOwner[o.UID] = append(byOwner[o.UID], vm.GetName())
+		if _, ok := want[vm.GetName()]; !ok {
+			r.t.Errorf("VM %s (status %s) belongs to no live Proxy", key, vm.GetStatus())
+		}
+	}
+	for n, uid := range r.live {
+		if vms := byOwner[uid]; len(vms) != 1 {
+			r.t.Errorf("Proxy %s has %d VMs, want 1: %v", n, len(vms), vms)
+		}
+	}
+	rules := map[string]bool{}
+	for _, fw := range fake.FirewallNames() {
+		name := fw[strings.LastIndexByte(fw, '/')+1:]
+		rules[name] = true
+		if _, ok := want[name]; !ok {
+			r.t.Errorf("firewall rule %s belongs to no live Proxy", fw)
+		}
+	}
+	for inst, n := range want {
+		if !rules[inst] {
+			r.t.Errorf("Proxy %s has no firewall rule", n)
+		}
+	}
+	r.checkSecrets()
+}
+
+func (r *killRun) report() {
+	r.t.Logf("%d kills: %d found a create under way (Proxies with create-pending), %d a delete; %d half-written instances left by them and swept; %d Proxies created, %d deleted",
+		r.kills, r.midCreate, r.midDelete, r.leftover, r.next, len(r.gone))
+}
+
+func (r *killRun) logTail() string {
+	b, _ := os.ReadFile(r.logs)
+	return tail(string(b), 60)
+}
+
+func names(es []os.DirEntry) []string {
+	out := make([]string, 0, len(es))
+	for _, e := range es {
+		out = append(out, e.Name())
+	}
+	return out
+}
