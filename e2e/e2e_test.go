@@ -87,6 +87,8 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	stack.Down()
+	// The apiserver and etcd ControlPlaneRestarts started again.
+	testbed.StopRestarted()
 	if left := leftBehind(stack); len(left) > 0 {
 		fmt.Fprintf(os.Stderr, "e2e: FAIL: stopping the environment left behind: %s\n", strings.Join(left, ", "))
 		code = 1
@@ -126,6 +128,8 @@ func TestEndToEnd(t *testing.T) {
 		{"LeaseAndFetchThroughProxy", leaseAndFetchThroughProxy},
 		{"SecondFleetBecomesReady", secondFleetBecomesReady},
 		{"KilledSquidHeals", killedSquidHeals},
+		{"CrashLoopAndBlackHole", crashLoopAndBlackHole},
+		{"ControlPlaneRestarts", controlPlaneRestarts},
 		{"ScaleKeepsNames", scaleKeepsNames},
 		{"RotationKeepsReadyFloor", rotationKeepsReadyFloor},
 		{"TemplateChangeRollsOut", templateChangeRollsOut},

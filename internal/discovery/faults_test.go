@@ -15,6 +15,7 @@ import (
 	"time"
 
 	coordv1 "k8s.io/api/coordination/v1"
+	crclient "sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
@@ -24,6 +25,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease/leasetest"
 	dmetrics "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
 // faultReplica is one discovery replica that can be killed: its server
@@ -90,6 +92,8 @@ func TestFaultsCombined(t *testing.T) {
 		logMu                                  sync.Mutex
 		log                                    []leasetest.Grant
 		grants, kills, retried, lost, takeover atomic.Int64
+		unavailable, expired                   atomic.Int64
+		outage                                 sync.Mutex // held while the apiserver is down
 		done                                   = make(chan struct{})
 	)
 	// The killer: every killEvery, one replica dies at once, in the middle
@@ -102,11 +106,15 @@ func TestFaultsCombined(t *testing.T) {
 			case <-done:
 				return
 			case <-tick.C:
+				// A replacement starts once the apiserver serves: its
+				// cache needs it (as a pod would crash-loop until then).
+				outage.Lock()
 				i := rand.IntN(replicas)
 				mu.Lock()
 				old := live[i]
 				live[i] = start(i)
 				mu.Unlock()
+				outage.Unlock()
 				old.srv.CloseClientConnections()
 				old.srv.Close()
 				old.cancel()
@@ -117,20 +125,50 @@ func TestFaultsCombined(t *testing.T) {
 	// retry sends one request until a replica answers it, within the
 	// crawler's deadline; an answer other than a transport failure is
 	// final.
+	// A 503 (the API server is down) is retried too, as a crawler would
+	// after its Retry-After.
 	retry := func(deadline time.Time, op func(c *apiv1.Client) error) error {
 		for {
 			err := op(client())
 			var ae *apiv1.APIError
-			if err == nil || errors.As(err, &ae) {
+			if err == nil || errors.As(err, &ae) && ae.Status != http.StatusServiceUnavailable {
 				return err
 			}
 			if time.Now().After(deadline) {
 				return fmt.Errorf("no replica answered before the deadline: %w", err)
 			}
-			retried.Add(1)
+			if ae != nil {
+				unavailable.Add(1)
+			} else {
+				retried.Add(1)
+			}
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
+	// The apiserver restarts once, a third of the way through: crashed,
+	// down a second, and started again as it was.
+	var restartedAt, recoveredAt atomic.Int64
+	go func() {
+		for grants.Load() < int64(target/3) {
+			select {
+			case <-done:
+				return
+			case <-time.After(10 * time.Millisecond):
+			}
+		}
+		outage.Lock()
+		defer outage.Unlock()
+		restartedAt.Store(time.Now().UnixNano())
+		if err := testbed.RestartChild("kube-apiserver", time.Second); err != nil {
+			t.Errorf("cannot restart the apiserver: %v", err)
+			return
+		}
+		testbed.Eventually(t, time.Minute, "the apiserver serving again", func() (bool, string) {
+			err := bed.Client.List(context.Background(), &coordv1.LeaseList{}, crclient.InNamespace(ns), crclient.Limit(1))
+			return err == nil, fmt.Sprint(err)
+		})
+		recoveredAt.Store(time.Now().UnixNano())
+	}()
 	const ttl = 2 * time.Second
 	abandoned := sync.Map{}
 	var wg sync.WaitGroup
@@ -143,7 +181,7 @@ func TestFaultsCombined(t *testing.T) {
 			for grants.Load() < int64(target) {
 				asked := time.Now()
 				var l *apiv1.Lease
-				err := retry(asked.Add(10*time.Second), func(c *apiv1.Client) error {
+				err := retry(asked.Add(30*time.Second), func(c *apiv1.Client) error {
 					var err error
 					l, err = c.Acquire(context.Background(), apiv1.AcquireRequest{Fleet: ns + "/crawlers", Holder: holder, TTL: ttl.String(), MaxWait: "0"})
 					return err
@@ -178,9 +216,15 @@ func TestFaultsCombined(t *testing.T) {
 						_, err := c.Renew(context.Background(), l.LeaseID, ttl.String())
 						return err
 					})
-					if err == nil {
+					var ae *apiv1.APIError
+					switch {
+					case err == nil:
 						until = renewAsked.Add(ttl)
-					} else if time.Now().Before(until.Add(-200 * time.Millisecond)) {
+					case errors.As(err, &ae) && ae.Status == http.StatusServiceUnavailable:
+						// Unanswered until it expired: the API server
+						// was down all along.
+						expired.Add(1)
+					case time.Now().Before(until.Add(-200 * time.Millisecond)):
 						lost.Add(1)
 						t.Errorf("lease %s lost: renewal within its TTL refused: %v", l.LeaseID, err)
 					}
@@ -203,8 +247,10 @@ func TestFaultsCombined(t *testing.T) {
 	elapsed := time.Since(began)
 	t.Logf("combined faults: %d acquisitions by %d crawlers in %s (%.0f/s) through %d replicas (clocks 0, +30s, -30s, 0); %d replicas killed mid-request and replaced; %d requests retried on another replica; %d expired slots taken over; %d leases lost",
 		grants.Load(), crawlers, elapsed.Round(time.Second), float64(grants.Load())/elapsed.Seconds(), replicas, kills.Load(), retried.Load(), takeover.Load(), lost.Load())
-	if kills.Load() == 0 || takeover.Load() == 0 {
-		t.Errorf("the faults did not happen: %d kills, %d takeovers", kills.Load(), takeover.Load())
+	t.Logf("the apiserver restarted %.1fs in and served again %.1fs later: %d requests answered 503 and retried, %d renewals unanswered until their lease expired",
+		time.Duration(restartedAt.Load()-began.UnixNano()).Seconds(), time.Duration(recoveredAt.Load()-restartedAt.Load()).Seconds(), unavailable.Load(), expired.Load())
+	if kills.Load() == 0 || takeover.Load() == 0 || recoveredAt.Load() == 0 || unavailable.Load() == 0 {
+		t.Errorf("the faults did not happen: %d kills, %d takeovers, apiserver restarted %t, %d requests answered 503", kills.Load(), takeover.Load(), recoveredAt.Load() != 0, unavailable.Load())
 	}
 	leasetest.CheckExclusive(t, log, maxLeases)
 }

@@ -236,6 +236,7 @@ func (e *Env) Stop() error {
 	if e.env == nil {
 		return nil
 	}
+	StopRestarted()
 	return errors.Wrap(e.env.Stop(), "cannot stop test bed")
 }
 

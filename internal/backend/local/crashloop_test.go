@@ -2,6 +2,7 @@ package local
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -127,7 +128,12 @@ func TestAdoptsSquidWithoutPidFile(t *testing.T) {
 	pid := waitPid(t, first, s.Name, 0)
 	first.Close()
 	defer StopAll(dir)
-	if err := os.Remove(filepath.Join(dir, s.Name, filePid)); err != nil {
+	pidFile := filepath.Join(dir, s.Name, filePid)
+	testbed.Eventually(t, 10*time.Second, "Squid writing its pid file", func() (bool, string) {
+		_, err := os.Stat(pidFile)
+		return err == nil, fmt.Sprint(err)
+	})
+	if err := os.Remove(pidFile); err != nil {
 		t.Fatal(err)
 	}
 

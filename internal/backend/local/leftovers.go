@@ -63,9 +63,15 @@ func (b *Backend) sweepLeftovers() {
 	for _, p := range ports {
 		file := filepath.Join(b.cfg.StateDir, dirPorts, p.Name())
 		owner, err := os.ReadFile(file) //nolint:gosec // A file of our own state dir.
-		if err != nil || len(owner) == 0 {
-			// An empty claim is a create between claiming and naming
-			// itself, or one killed there: too rare to judge safely.
+		if err != nil {
+			continue
+		}
+		if len(owner) == 0 {
+			// Claims appear whole: an empty one was left by a provider
+			// that created it before writing it, killed between the two.
+			if err := os.Remove(file); err == nil {
+				b.log.Info("Released an empty port claim", "port", p.Name())
+			}
 			continue
 		}
 		// The claim exists, so its create locked its staging folder

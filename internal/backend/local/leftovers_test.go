@@ -40,6 +40,9 @@ func TestSweepLeftovers(t *testing.T) {
 	write(filepath.Join(dir, "egress-done", fileRecord), `{"port": 32003}`)
 	write(b.portFile(32003), "egress-done")
 	write(b.portFile(32004), "egress-done")
+	// Empty: left by an older provider killed between creating a claim
+	// and writing it.
+	write(b.portFile(32005), "")
 
 	b.sweepLeftovers()
 
@@ -50,6 +53,7 @@ func TestSweepLeftovers(t *testing.T) {
 		b.portFile(32002): true,
 		b.portFile(32003): true,
 		b.portFile(32004): false,
+		b.portFile(32005): false,
 	} {
 		_, err := os.Stat(path)
 		if got := err == nil; got != want {

@@ -170,7 +170,7 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	defer unlock()
 	defer os.RemoveAll(staging) //nolint:errcheck // Gone after the rename; cleanup on failure.
 
-	port, err := b.claimPort(s)
+	port, err := b.claimPort(s, staging)
 	if err != nil {
 		return nil, err
 	}

@@ -15,7 +15,7 @@ import (
 // is atomic between concurrent creates in this and any other provider
 // process sharing the state dir, so two proxies never get the same port.
 // With a port range, ports another program already listens on are skipped.
-func (b *Backend) claimPort(s backend.Spec) (int32, error) {
+func (b *Backend) claimPort(s backend.Spec, staging string) (int32, error) {
 	candidates := []int32{s.Port}
 	if pr := b.cfg.PortRange; pr != nil {
 		candidates = candidates[:0]
@@ -24,9 +24,18 @@ func (b *Backend) claimPort(s backend.Spec) (int32, error) {
 		}
 	}
 	host := string(s.Local.BindAddress)
+	// A claim appears whole or not at all: it is written beside the
+	// staging folder's files and hard-linked into place, which fails when
+	// the port is claimed. A claim created empty and written after would be
+	// left empty, and its port lost for good, by a provider killed between
+	// the two (found by the provider-kill fault test).
+	tmp := filepath.Join(staging, ".port-claim")
+	if err := os.WriteFile(tmp, []byte(s.Name), 0o644); err != nil { //nolint:gosec // Read by the provider only; no secret.
+		return 0, errors.Wrap(err, "cannot write port claim")
+	}
+	defer os.Remove(tmp) //nolint:errcheck // The claim, if any, is linked.
 	for _, p := range candidates {
-		f, err := os.OpenFile(b.portFile(p), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
-		if err != nil {
+		if err := os.Link(tmp, b.portFile(p)); err != nil {
 			if !errors.Is(err, os.ErrExist) {
 				return 0, errors.Wrap(err, "cannot claim port")
 			}
@@ -35,8 +44,6 @@ func (b *Backend) claimPort(s backend.Spec) (int32, error) {
 			}
 			continue
 		}
-		_, _ = f.WriteString(s.Name)
-		_ = f.Close()
 		if b.cfg.PortRange != nil && !bindable(host, p) {
 			// Someone outside this provider holds it; keep our claim file
 			// out of the way and try the next.
