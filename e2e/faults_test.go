@@ -13,8 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/types"
-
 	discoveryv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
@@ -235,17 +233,25 @@ func since(m map[string]time.Time, start time.Time) map[string]string {
 // fleets recover with the same Proxies, none replaced because of the
 // outage, and crawlers lease again.
 func controlPlaneRestarts(t *testing.T) {
-	before := map[string]types.UID{}
+	// Each Proxy, and the instance it runs on: neither may be replaced.
+	instances := func() map[string]string {
+		out := map[string]string{}
+		for _, f := range []string{example, rotor} {
+			ps, err := proxies(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range ps {
+				ap := p.Status.AtProvider
+				out[p.Name] = fmt.Sprintf("%s %s %v", p.UID, ap.ProviderID, ap.InstanceCreatedAt)
+			}
+		}
+		return out
+	}
 	for _, f := range []string{example, rotor} {
 		waitFleet(t, f, 3, time.Minute)
-		ps, err := proxies(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, p := range ps {
-			before[p.Name] = p.UID
-		}
 	}
+	before := instances()
 	crashed := time.Now()
 	if err := testbed.RestartChild("etcd", 5*time.Second); err != nil {
 		t.Fatal(err)
@@ -263,15 +269,8 @@ func controlPlaneRestarts(t *testing.T) {
 		waitFleet(t, f, 3, 3*time.Minute)
 	}
 	t.Logf("both fleets Ready with 3 healthy proxies %.1fs after the apiserver came back", time.Since(back).Seconds())
-	after := map[string]types.UID{}
-	for _, f := range []string{example, rotor} {
-		ps, _ := proxies(f)
-		for _, p := range ps {
-			after[p.Name] = p.UID
-		}
-	}
-	if !maps.Equal(before, after) {
-		t.Errorf("the outage replaced Proxies: before %v, after %v", before, after)
+	if after := instances(); !maps.Equal(before, after) {
+		t.Errorf("the outage replaced Proxies or their instances: before %v, after %v", before, after)
 	}
 	c := discoveryClient(t)
 	testbed.Eventually(t, time.Minute, "a crawler leasing again", func() (bool, string) {

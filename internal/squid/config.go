@@ -357,6 +357,19 @@ func collapse(ss []string) []netip.Prefix {
 	return out
 }
 
+// aclPrefix writes a prefix as a Squid IP ACL reads it: a whole address
+// family by its name, since Squid refuses 0.0.0.0/0 and takes it for
+// "all", IPv6 included (found in review: FuzzRenderParses lacked the seed).
+func aclPrefix(p netip.Prefix) string {
+	switch {
+	case p.Bits() == 0 && p.Addr().Is4():
+		return "ipv4"
+	case p.Bits() == 0:
+		return "ipv6"
+	}
+	return p.String()
+}
+
 func joinPrefixes(ps []netip.Prefix) string {
 	out := make([]string, 0, len(ps))
 	for _, p := range ps {
@@ -493,7 +506,7 @@ func Render(c Config) ([]byte, error) {
 	v.Private = joinPrefixes(remaining)
 	v.AllowedSourceRanges = nil
 	for _, p := range collapse(c.AllowedSourceRanges) {
-		v.AllowedSourceRanges = append(v.AllowedSourceRanges, p.String())
+		v.AllowedSourceRanges = append(v.AllowedSourceRanges, aclPrefix(p))
 	}
 	if v.AuthHelper == "" {
 		v.AuthHelper = DefaultAuthHelper

@@ -51,6 +51,10 @@ var configCases = map[string]struct {
 			AuthScriptPath: "/etc/egress-proxy/auth.sh",
 		},
 	},
+	"whole-families": {
+		reason: "A whole address family is named, as Squid wants: it refuses 0.0.0.0/0, taking it for both families.",
+		cfg:    Config{Port: 3128, HtpasswdPath: "/etc/squid/htpasswd", AllowedSourceRanges: []string{"0.0.0.0/0"}},
+	},
 	"ipv6-bind": {
 		reason: "An IPv6 bind address is bracketed.",
 		cfg:    Config{Port: 3128, BindAddress: "::1", AllowedSourceRanges: []string{"::1/128"}},

@@ -23,6 +23,7 @@ func FuzzRenderParses(f *testing.F) {
 	}
 	f.Add(int32(3128), "10.1.2.3", "10.1.2.3", "10.0.0.0/8,10.0.0.0/8", false, false, false, "10.1.0.0/16,10.1.0.0/24", "192.168.1.1,fd00::1", "p/h", true)
 	f.Add(int32(3128), "", "", "", true, true, false, "169.254.0.0/16,fc00::/7", "", "${service_name}", true)
+	f.Add(int32(3128), "", "", "0.0.0.0/0,::/0,1.2.3.4/0", true, false, false, "", "", "h", false)
 	f.Fuzz(func(t *testing.T, port int32, bind, outgoing, sources string, auth, previous, loopback bool, privateDests, own, name string, files bool) {
 		dir := t.TempDir()
 		path := func(suffix string) string { return filepath.Join(dir, name+suffix) }

@@ -7,6 +7,8 @@ import (
 	"syscall"
 
 	"github.com/pkg/errors"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 )
 
 // lockDir takes an exclusive lock on a folder for as long as the process
@@ -59,6 +61,14 @@ func (b *Backend) sweepLeftovers() {
 		}
 		unlock()
 	}
+	// Claims are judged under the ports folder's lock, which claimPort
+	// takes too: a create cannot take a claim over between the judgment
+	// and the removal.
+	unlock, err := lockDir(filepath.Join(b.cfg.StateDir, dirPorts))
+	if err != nil {
+		return
+	}
+	defer unlock()
 	ports, _ := os.ReadDir(filepath.Join(b.cfg.StateDir, dirPorts))
 	for _, p := range ports {
 		file := filepath.Join(b.cfg.StateDir, dirPorts, p.Name())
@@ -80,8 +90,16 @@ func (b *Backend) sweepLeftovers() {
 		if b.creating(string(owner)) {
 			continue
 		}
-		if rec, err := b.readRecord(string(owner)); err == nil && strconv.Itoa(int(rec.Port)) == p.Name() {
+		rec, err := b.readRecord(string(owner))
+		switch {
+		case err == nil && strconv.Itoa(int(rec.Port)) == p.Name():
 			continue
+		case err != nil && !backend.IsNotFound(err):
+			continue // unreadable now, not absent: judged at the next sweep
+		case err != nil:
+			if _, serr := os.Lstat(b.dir(string(owner))); serr == nil {
+				continue // a folder without its record: Delete finishes it
+			}
 		}
 		if err := os.Remove(file); err == nil {
 			b.log.Info("Released the port claim of a create that did not finish", "port", p.Name(), "instance", string(owner))

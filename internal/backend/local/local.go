@@ -170,11 +170,11 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	defer unlock()
 	defer os.RemoveAll(staging) //nolint:errcheck // Gone after the rename; cleanup on failure.
 
-	port, err := b.claimPort(s, staging)
+	port, fresh, err := b.claimPort(s, staging)
 	if err != nil {
 		return nil, err
 	}
-	release := true
+	release := fresh
 	defer func() {
 		if release {
 			b.releasePort(port, s.Name)
@@ -292,6 +292,12 @@ func (b *Backend) Delete(_ context.Context, r backend.Ref) error {
 	}
 	rec, err := b.readRecord(r.Name)
 	if backend.IsNotFound(err) {
+		// A Delete killed midway may have removed the record and left
+		// the rest (its config, logs, credentials' hashes): finished
+		// now. Its port claim, if left, goes with the sweep.
+		if err := os.RemoveAll(b.dir(r.Name)); err != nil {
+			return errors.Wrapf(err, "cannot remove instance dir of %s", r.Name)
+		}
 		return nil
 	}
 	if err != nil {

@@ -15,7 +15,13 @@ import (
 // is atomic between concurrent creates in this and any other provider
 // process sharing the state dir, so two proxies never get the same port.
 // With a port range, ports another program already listens on are skipped.
-func (b *Backend) claimPort(s backend.Spec, staging string) (int32, error) {
+//
+// It reports whether the claim is fresh: only a fresh claim is released
+// when the create fails, never one another create of the instance (in
+// another provider process sharing the state dir) made and uses. Claims
+// are made under the lock of the ports folder, which the sweep of
+// leftovers holds while it judges them.
+func (b *Backend) claimPort(s backend.Spec, staging string) (int32, bool, error) {
 	candidates := []int32{s.Port}
 	if pr := b.cfg.PortRange; pr != nil {
 		candidates = candidates[:0]
@@ -31,16 +37,21 @@ func (b *Backend) claimPort(s backend.Spec, staging string) (int32, error) {
 	// the two (found by the provider-kill fault test).
 	tmp := filepath.Join(staging, ".port-claim")
 	if err := os.WriteFile(tmp, []byte(s.Name), 0o644); err != nil { //nolint:gosec // Read by the provider only; no secret.
-		return 0, errors.Wrap(err, "cannot write port claim")
+		return 0, false, errors.Wrap(err, "cannot write port claim")
 	}
+	unlock, err := lockDir(filepath.Join(b.cfg.StateDir, dirPorts))
+	if err != nil {
+		return 0, false, err
+	}
+	defer unlock()
 	defer os.Remove(tmp) //nolint:errcheck // The claim, if any, is linked.
 	for _, p := range candidates {
 		if err := os.Link(tmp, b.portFile(p)); err != nil {
 			if !errors.Is(err, os.ErrExist) {
-				return 0, errors.Wrap(err, "cannot claim port")
+				return 0, false, errors.Wrap(err, "cannot claim port")
 			}
 			if owner, _ := os.ReadFile(b.portFile(p)); string(owner) == s.Name {
-				return p, nil
+				return p, false, nil
 			}
 			continue
 		}
@@ -50,13 +61,13 @@ func (b *Backend) claimPort(s backend.Spec, staging string) (int32, error) {
 			_ = os.Remove(b.portFile(p))
 			continue
 		}
-		return p, nil
+		return p, true, nil
 	}
 	if b.cfg.PortRange != nil {
-		return 0, backend.Errorf(backend.ClassQuota, "no free port in %d-%d: widen spec.local.portRange of the ProviderConfig", b.cfg.PortRange.From, b.cfg.PortRange.To)
+		return 0, false, backend.Errorf(backend.ClassQuota, "no free port in %d-%d: widen spec.local.portRange of the ProviderConfig", b.cfg.PortRange.From, b.cfg.PortRange.To)
 	}
 	owner, _ := os.ReadFile(b.portFile(s.Port))
-	return 0, backend.Errorf(backend.ClassPermanent, "port %d is taken by local proxy %s: choose another spec.forProvider.port or give the ProviderConfig a portRange", s.Port, owner)
+	return 0, false, backend.Errorf(backend.ClassPermanent, "port %d is taken by local proxy %s: choose another spec.forProvider.port or give the ProviderConfig a portRange", s.Port, owner)
 }
 
 func (b *Backend) portFile(p int32) string {

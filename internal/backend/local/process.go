@@ -64,7 +64,15 @@ func (b *Backend) runs(pid int, name string) bool {
 			return false
 		}
 	}
-	return true
+	// The Squid binary, not any process that names the config (an
+	// editor, a tail of it): Delete would kill it, and no Squid would
+	// be started. A binary replaced by an upgrade reads "(deleted)".
+	exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", pid))
+	if err != nil {
+		return false
+	}
+	want, err := filepath.EvalSymlinks(b.cfg.SquidPath)
+	return err == nil && strings.TrimSuffix(exe, " (deleted)") == want
 }
 
 // Processes lists the live Squid processes running a config under stateDir.

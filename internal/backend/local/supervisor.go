@@ -83,6 +83,10 @@ func (sv *supervisor) run() {
 			log.Info(msgStarted, "pid", sv.cmd.Process.Pid)
 			sv.started()
 			_ = sv.cmd.Wait()
+			// Its pid may be anybody's now: stop must not signal it.
+			sv.mu.Lock()
+			sv.cmd = nil
+			sv.mu.Unlock()
 		}
 		if sv.quit() {
 			return

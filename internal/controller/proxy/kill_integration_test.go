@@ -375,8 +375,10 @@ func (r *killRun) deleteAll() {
 }
 
 // checkSecrets: a live Proxy's connection Secret exists, and every
-// Secret of a Proxy's is controlled by it, so that Kubernetes' garbage
-// collector (which the test bed does not run) deletes it with the Proxy.
+// Secret of a Proxy's, live or deleted, is controlled by it: Kubernetes'
+// garbage collector deletes it with the Proxy. The test bed runs no
+// garbage collector, so a deleted Proxy's Secret is there still; the
+// owner reference is what is checked.
 func (r *killRun) checkSecrets() {
 	r.t.Helper()
 	ctx := context.Background()
@@ -509,6 +511,9 @@ func (r *killRun) checkGCP(fake *gcpfake.Server) {
 }
 
 func (r *killRun) report() {
+	if r.midCreate == 0 {
+		r.t.Errorf("no kill landed while a create was under way: the scenario tested nothing it is named for")
+	}
 	r.t.Logf("%d kills: %d found a create under way (Proxies with create-pending), %d a delete; %d half-written instances left by them and swept; %d Proxies created, %d deleted",
 		r.kills, r.midCreate, r.midDelete, r.leftover, r.next, len(r.gone))
 }

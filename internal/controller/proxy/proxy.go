@@ -278,6 +278,9 @@ type external struct {
 	// probing records that this Observe asked for the instance's probes;
 	// one that did not stops them.
 	probing bool
+	// crashLoop is why the instance observed is crash-looping, which
+	// holds it out of service whatever its probes say; empty when not.
+	crashLoop string
 }
 
 func (e *external) backendName() string {
@@ -383,6 +386,12 @@ func (e *external) observeExisting(ctx context.Context, p *v1alpha1.Proxy, ref b
 		e.repair(ctx, p, inst, repairSpec(p, inst, want))
 		verdict = e.syncCredentials(ctx, p, inst, want)
 	}
+	// A probe that passes in a moment when a crash-looping proxy is up
+	// changes nothing: handed out, it would fail its crawlers moments
+	// later. The verdict says so (setReadiness), so that the probe pool
+	// does not take the proxy for steady and wait for the poll.
+	wasReason := p.GetCondition(xpv2.TypeReady).Reason
+	e.crashLoop = inst.CrashLoop
 	// Probing an outdated instance with credentials it does not accept
 	// would judge it down while it serves its crawlers: its probes stop,
 	// and its last verdict stands until the fleet replaces it.
@@ -391,13 +400,8 @@ func (e *external) observeExisting(ctx context.Context, p *v1alpha1.Proxy, ref b
 	if inst.Repair != "" {
 		p.SetConditions(unavailable(ReasonProvisioning, inst.Repair))
 	}
-	if inst.CrashLoop != "" && inst.Repair == "" {
-		// A probe that passes in a moment when it is up changes nothing:
-		// handed out, it would fail its crawlers moments later.
-		if p.GetCondition(xpv2.TypeReady).Reason != ReasonCrashLoopBackOff {
-			e.record.Event(p, event.Warning(event.Reason(ReasonCrashLoopBackOff), errors.New(inst.CrashLoop)))
-		}
-		p.SetConditions(unavailable(ReasonCrashLoopBackOff, inst.CrashLoop))
+	if c := p.GetCondition(xpv2.TypeReady); c.Reason == ReasonCrashLoopBackOff && wasReason != ReasonCrashLoopBackOff {
+		e.record.Event(p, event.Warning(event.Reason(ReasonCrashLoopBackOff), errors.New(c.Message)))
 	}
 
 	obs := managed.ExternalObservation{

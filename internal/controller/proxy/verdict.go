@@ -200,6 +200,8 @@ func (e *external) setReadiness(p *v1alpha1.Proxy) {
 	switch {
 	case open.Status == corev1.ConditionTrue:
 		p.SetConditions(unavailable(ReasonOpenProxy, "the proxy serves requests without credentials, so it is never handed out: "+open.Message))
+	case e.crashLoop != "":
+		p.SetConditions(unavailable(ReasonCrashLoopBackOff, e.crashLoop))
 	case p.Spec.ForProvider.AuthSecretRef != nil && open.Status != corev1.ConditionFalse && ap.Healthy:
 		p.SetConditions(unavailable(ReasonAwaitingProbe, "the proxy passes its probe; waiting to see it demand credentials (407) of a request without them: "+open.Message))
 	case ap.Healthy:
