@@ -115,6 +115,8 @@ func TestBadInput(t *testing.T) {
 		"DefaultOverMax":   {reason: "The default must be a TTL a crawler may ask for.", spec: `leases={"defaultTTL": "2h"}`, want: fatal("spec.leases.defaultTTL (2h0m0s) must not exceed spec.leases.maxTTL (1h0m0s)")},
 		"BadConfigKind":    {reason: "Only the two configuration kinds exist.", spec: `providerConfigRef={"kind": "Secret", "name": "x"}`, want: fatal(`spec.providerConfigRef.kind must be ProviderConfig or ClusterProviderConfig, not "Secret"`)},
 		"NotAnObject":      {reason: "A spec of the wrong shape is refused, not a panic.", spec: `{"replicas": "three"}`, want: nil},
+		"WrongShape": {reason: "A field of the wrong JSON type is named as the author wrote it (found by FuzzFunction).", spec: `healthCheck=[]`,
+			want: fatal("spec.healthCheck must be an object, not an array: spec does not match the ProxyFleet schema")},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

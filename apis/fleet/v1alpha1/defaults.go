@@ -68,9 +68,45 @@ func SpecFrom(spec map[string]any) (*ProxyFleetSpec, error) {
 	}
 	s := &ProxyFleetSpec{}
 	if err := json.Unmarshal(raw, s); err != nil {
+		var te *json.UnmarshalTypeError
+		if errors.As(err, &te) && te.Field != "" {
+			// Named as the fleet's author wrote it, not as Go calls it
+			// (found by FuzzFunction).
+			return nil, errors.Errorf("spec.%s must be %s, not %s: spec does not match the ProxyFleet schema", te.Field, kindOf(te.Type), article(te.Value))
+		}
 		return nil, errors.Wrap(err, "spec does not match the ProxyFleet schema")
 	}
 	return s, nil
+}
+
+// kindOf says what JSON a Go type is read from.
+func kindOf(t reflect.Type) string {
+	for t.Kind() == reflect.Pointer {
+		t = t.Elem()
+	}
+	switch t.Kind() {
+	case reflect.Struct, reflect.Map:
+		return "an object"
+	case reflect.Slice, reflect.Array:
+		return "a list"
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "true or false"
+	case reflect.Float32, reflect.Float64:
+		return "a number"
+	default:
+		return "an integer"
+	}
+}
+
+// article puts "a" or "an" before what encoding/json says it found
+// ("array", "string", "number 1.5").
+func article(v string) string {
+	if v != "" && strings.ContainsRune("aeiou", rune(v[0])) {
+		return "an " + v
+	}
+	return "a " + v
 }
 
 // WithDefaults returns a copy of the spec with every default applied, as
