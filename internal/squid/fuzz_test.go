@@ -58,13 +58,10 @@ func FuzzRenderParses(f *testing.F) {
 				continue
 			}
 			if !strings.HasPrefix(filepath.Clean(p), dir+"/") {
-				t.Skip("path leaves the scratch folder")
+				return // the path leaves the scratch folder: outside the property
 			}
-			if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-				t.Skip(err)
-			}
-			if err := os.WriteFile(p, nil, 0o644); err != nil {
-				t.Skip(err)
+			if os.MkdirAll(filepath.Dir(p), 0o755) != nil || os.WriteFile(p, nil, 0o644) != nil {
+				return // no file can be there: outside the property
 			}
 		}
 		file := filepath.Join(dir, "squid.conf")
