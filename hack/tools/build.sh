@@ -29,6 +29,12 @@ for tool in "$@"; do
 	crossplane) build crossplane github.com/crossplane/crossplane/v2/cmd/crank ;;
 	kubectl) build kubectl k8s.io/kubernetes/cmd/kubectl ;;
 	kube-controller-manager) build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager ;;
+	# The node and the rest of the control plane, for make cluster.
+	kubelet) build kubelet k8s.io/kubernetes/cmd/kubelet ;;
+	kube-scheduler) build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler ;;
+	kube-proxy) build kube-proxy k8s.io/kubernetes/cmd/kube-proxy ;;
+	# The cluster DNS, from its own module (its k8s pins are not ours).
+	coredns) (cd coredns && build coredns .) ;;
 	crossplane-core)
 		# Crossplane core for make run and make e2e, from its own module (see
 		# core/tools.go), with the CRDs core init installs beside it.

@@ -30,9 +30,12 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/squid"
 )
 
-// DefaultImage is the pinned Squid image: Canonical's build of the same Squid
-// 5 series the config generator is tested against.
-const DefaultImage = "docker.io/ubuntu/squid:5.2-22.04_beta"
+// DefaultImage is the pinned Squid image: the project's own, assembled by
+// cluster/images from Debian's squid package and the libraries it loads
+// (the same Squid the config generator is tested against), running as
+// Debian's proxy user. make cluster serves it; publish it with the other
+// images.
+const DefaultImage = "gitea.home.hrajfrisbee.cz/kacerr/egress-squid:v0.1.0"
 
 // AnnotationSpecHash records the Spec.Hash a pod was made from.
 const AnnotationSpecHash = "egress.crawl.example.com/spec-hash"
