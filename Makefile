@@ -88,6 +88,26 @@ run-deps: tools packages binaries
 run: run-deps ## Run everything on this machine with real Crossplane until Ctrl-C (state in .local/).
 	$(BIN)/egress-run
 
+CLUSTER_TOOLS := kubelet kube-scheduler kube-proxy kube-controller-manager coredns crossplane-core
+
+.PHONY: cluster-images
+cluster-images: tools packages ## Build the images make cluster adds (pause, CoreDNS, Crossplane core, Squid from Debian's packages) into _output/images/.
+	@hack/tools/build.sh $(CLUSTER_TOOLS)
+	go run ./cluster/images -o _output/images pause coredns crossplane squid
+
+.PHONY: cluster-deps
+cluster-deps: tools packages binaries cluster-images
+
+.PHONY: cluster
+cluster: cluster-deps ## Run a one-node cluster (kubelet + containerd) with Crossplane installing the packages, until Ctrl-C (as root; state in .local/cluster/).
+	go build -o $(BIN)/egress-cluster ./hack/cluster
+	$(BIN)/egress-cluster
+
+.PHONY: cluster-down
+cluster-down: ## Stop make cluster and clear what a killed one left (processes, mounts, iptables rules, the bridge).
+	go build -o $(BIN)/egress-cluster ./hack/cluster
+	$(BIN)/egress-cluster --down
+
 # FAULTS_ACQUISITIONS is how many acquisitions the combined discovery
 # fault scenario makes; CI runs it with a short default.
 FAULTS_ACQUISITIONS ?= 100000

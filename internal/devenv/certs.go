@@ -71,15 +71,22 @@ func loadAuthority(certPEM, keyPEM []byte) (*authority, error) {
 // as a client certificate too (function servers check Crossplane's, and
 // Crossplane checks theirs).
 func (a *authority) issue(cn string) (certPEM, keyPEM []byte, err error) {
+	return a.issueFor(pkix.Name{CommonName: cn}, []string{cn, "localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)})
+}
+
+// issueFor signs a certificate for subject, valid for the names and
+// addresses given, as a server and as a client: a client certificate's
+// subject is its Kubernetes user (CN) and groups (O).
+func (a *authority) issueFor(subject pkix.Name, names []string, ips []net.IP) (certPEM, keyPEM []byte, err error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, nil, errors.Wrap(err, "cannot generate a key")
 	}
 	tmpl := &x509.Certificate{
 		SerialNumber: serial(),
-		Subject:      pkix.Name{CommonName: cn},
-		DNSNames:     []string{cn, "localhost"},
-		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
+		Subject:      subject,
+		DNSNames:     names,
+		IPAddresses:  ips,
 		NotBefore:    time.Now().Add(-time.Hour),
 		NotAfter:     time.Now().Add(90 * 24 * time.Hour),
 		KeyUsage:     x509.KeyUsageDigitalSignature | x509.KeyUsageKeyEncipherment,

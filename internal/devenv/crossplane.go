@@ -3,19 +3,12 @@ package devenv
 import (
 	"context"
 	"fmt"
-	"log"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
 	"time"
 
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"github.com/pkg/errors"
 	corev1 "k8s.io/api/core/v1"
 	extv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
@@ -141,32 +134,10 @@ func (s *Stack) startRegistry(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
-	if err != nil {
-		return errors.Wrap(err, "cannot listen for the registry")
+	if err := s.serveRegistry(fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
+		return err
 	}
-	logf, err := os.OpenFile(s.path("logs", "registry.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return errors.Wrap(err, "cannot open the registry log")
-	}
-	srv := &http.Server{Handler: registry.New(registry.Logger(log.New(logf, "", log.LstdFlags))), ReadHeaderTimeout: 10 * time.Second}
-	go srv.Serve(ln)                                                              //nolint:errcheck // Ends with Close.
-	s.onDown("registry", func() error { defer logf.Close(); return srv.Close() }) //nolint:errcheck // Only its log.
-	s.Registry = ln.Addr().String()
-	for _, p := range packages {
-		img, err := tarball.ImageFromPath(filepath.Join(s.opts.Root, "_output", p+".xpkg"), nil)
-		if err != nil {
-			return errors.Wrapf(err, "cannot read package %s", p)
-		}
-		ref, err := name.ParseReference(s.ref(p))
-		if err != nil {
-			return errors.Wrap(err, "cannot name the package")
-		}
-		if err := remote.Write(ref, img, remote.WithContext(ctx)); err != nil {
-			return errors.Wrapf(err, "cannot push %s", ref)
-		}
-	}
-	return nil
+	return s.pushPackages(ctx)
 }
 
 // ref is where the local registry serves a package.

@@ -60,7 +60,8 @@ const (
 	// ExampleNamespace holds the example fleet.
 	ExampleNamespace = "crawl-team"
 
-	upstreamPrefix = "gitea.home.hrajfrisbee.cz/kacerr/"
+	upstreamHost   = "gitea.home.hrajfrisbee.cz"
+	upstreamPrefix = upstreamHost + "/kacerr/"
 )
 
 // Options configure an environment.
@@ -110,6 +111,10 @@ type Stack struct {
 
 	opts  Options
 	began time.Time
+	// cluster is set for make cluster's Stack (UpCluster), and clusterCA
+	// is its CA.
+	cluster   bool
+	clusterCA *authority
 	// The runtimes of the packages, for their revisions' RuntimeHealthy.
 	functionProc, providerProc atomic.Pointer[process]
 	state                      persisted

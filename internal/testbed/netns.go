@@ -7,13 +7,11 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/pkg/errors"
-	"golang.org/x/sys/unix"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/netns"
 )
 
 // Addresses of a NetLab: the proxy's side and the stand-in public host, in
@@ -85,44 +83,11 @@ func (l *NetLab) Command(ns, name string, args ...string) *exec.Cmd {
 	return exec.Command("ip", append([]string{"netns", "exec", ns, name}, args...)...)
 }
 
-// in runs f on an OS thread that has joined namespace ns. Sockets f opens
-// stay in ns after the thread leaves it.
-func in(ns string, f func() error) error {
-	runtime.LockOSThread()
-	orig, err := os.Open("/proc/thread-self/ns/net")
-	if err != nil {
-		runtime.UnlockOSThread()
-		return errors.Wrap(err, "cannot open this thread's network namespace")
-	}
-	defer orig.Close() //nolint:errcheck // read-only
-	target, err := os.Open("/var/run/netns/" + ns)
-	if err != nil {
-		runtime.UnlockOSThread()
-		return errors.Wrapf(err, "cannot open network namespace %s", ns)
-	}
-	defer target.Close() //nolint:errcheck // read-only
-	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-		runtime.UnlockOSThread()
-		return errors.Wrapf(err, "cannot enter network namespace %s", ns)
-	}
-	ferr := f()
-	if err := unix.Setns(int(orig.Fd()), unix.CLONE_NEWNET); err != nil {
-		// The thread is stuck in ns: keep it locked, so that it exits with
-		// this goroutine instead of running others there.
-		return errors.Wrap(err, "cannot leave the network namespace")
-	}
-	runtime.UnlockOSThread()
-	return ferr
-}
-
 // Listen listens on addr inside namespace ns.
 func (l *NetLab) Listen(t testing.TB, ns, addr string) net.Listener {
 	t.Helper()
-	var ln net.Listener
-	if err := in(ns, func() (err error) {
-		ln, err = net.Listen("tcp", addr)
-		return err
-	}); err != nil {
+	ln, err := netns.Listen(ns, addr)
+	if err != nil {
 		t.Fatalf("listen on %s in %s: %v", addr, ns, err)
 	}
 	t.Cleanup(func() { _ = ln.Close() })
@@ -133,7 +98,7 @@ func (l *NetLab) Listen(t testing.TB, ns, addr string) net.Listener {
 func (l *NetLab) DialContext(ns string) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
 		var c net.Conn
-		err := in(ns, func() (err error) {
+		err := netns.Do(ns, func() (err error) {
 			c, err = (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, addr)
 			return err
 		})

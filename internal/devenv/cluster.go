@@ -1,0 +1,279 @@
+package devenv
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/pkg/errors"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+)
+
+// The one-node cluster of `make cluster`. Its network is private to this
+// machine: the node's address is the gateway of a bridge of its own (not
+// any address of the machine's interfaces), pods get addresses on that
+// bridge and routes to it and to Service addresses only (no default route,
+// no masquerade), and a guard in the FORWARD chain drops whatever would
+// still cross between the bridge and any other interface.
+const (
+	// NodeName is the node's name, and its kubelet's identity.
+	NodeName = "egress-node"
+	// NodeZone is the node's topology.kubernetes.io/zone.
+	NodeZone = "node-a"
+	// Bridge is the pod network's bridge, made before anything starts so
+	// that the control plane can listen on NodeIP.
+	Bridge = "egress0"
+	// NodeIP is the node's address on Bridge, where the apiserver, the
+	// kubelet and the registry listen, and what pods reach them at.
+	NodeIP = "10.244.0.1"
+	// PodCIDR holds NodeIP, the pods (podRangeStart to podRangeEnd) and
+	// the test target host.
+	PodCIDR       = "10.244.0.0/24"
+	podRangeStart = "10.244.0.10"
+	podRangeEnd   = "10.244.0.239"
+	// ServiceCIDR holds the Services' cluster IPs.
+	ServiceCIDR = "10.96.0.0/24"
+	// DNSServiceIP is CoreDNS's Service, which the kubelet gives pods.
+	DNSServiceIP = "10.96.0.10"
+	// TargetHostIP is the test target host: a network namespace on the
+	// pod network serving an HTTPS IP echo on TargetHostPort. It is a
+	// private address to the proxies, which reach it only where a
+	// ProviderConfig allows exactly it. The node's own address is not
+	// usable as a target: every proxy pod denies its node's addresses.
+	TargetHostIP   = "10.244.0.250"
+	TargetHostPort = 8443
+	// TargetNetns is the target host's network namespace.
+	TargetNetns = "egress-target"
+	// APIServerPort and RegistryPort are on NodeIP.
+	APIServerPort = 6443
+	RegistryPort  = 5000
+	// DiscoveryNodePort is where egress-discovery's API is reached from the
+	// node (and so from this machine): https://NodeIP:DiscoveryNodePort.
+	DiscoveryNodePort = 30443
+	// clusterDomain is the Services' DNS domain.
+	clusterDomain = "cluster.local"
+	// guardChain holds the FORWARD rules that keep the pod network on this
+	// machine.
+	guardChain = "EGRESS-CLUSTER-GUARD"
+)
+
+// ClusterBinaries are the programs make cluster runs from bin/.
+var ClusterBinaries = []string{
+	"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy",
+	"kubectl", "crossplane", "egressctl",
+}
+
+// ClusterImages are the image tarballs make cluster serves, from
+// _output/images/, by file name.
+var ClusterImages = []string{"pause", "coredns", "crossplane", "squid", "discovery"}
+
+// hostTools are the Debian packages' programs the node needs, and where
+// they come from.
+var hostTools = map[string]string{
+	"containerd":            "containerd",
+	"runc":                  "runc",
+	"ctr":                   "containerd",
+	"iptables":              "iptables",
+	"conntrack":             "conntrack",
+	"ip":                    "iproute2",
+	"/usr/lib/cni/bridge":   "containernetworking-plugins",
+	"/usr/lib/cni/loopback": "containernetworking-plugins",
+}
+
+// UpCluster brings up the one-node cluster of make cluster: a control
+// plane, a node with containerd and kubelet, kube-proxy and CoreDNS, the
+// project's images in a registry on the node, Crossplane core as a
+// Deployment with its default (Deployment) package runtime, the
+// Configuration installed from the registry (Crossplane runs the provider
+// and the function as pods), and egress-discovery from cluster/discovery.
+// It starts from nothing every time: the state folder is emptied first.
+// On failure everything already started is stopped again.
+func UpCluster(ctx context.Context, o Options) (*Stack, error) {
+	s := &Stack{opts: o, began: time.Now(), cluster: true}
+	if s.opts.Progress == nil {
+		s.opts.Progress = io.Discard
+	}
+	ctx, s.cancel = context.WithCancel(ctx)
+	steps := []struct {
+		name string
+		fn   func(context.Context) error
+	}{
+		{"checking tools, images and packages; clearing " + o.StateDir, s.prepareCluster},
+		{"making the pod network: bridge " + Bridge + " at " + NodeIP + ", no route off this machine", s.startNetwork},
+		{"issuing the cluster's certificates and kubeconfigs", s.issueClusterPKI},
+		{"starting etcd and kube-apiserver on " + NodeIP, s.startClusterControlPlane},
+		{"starting kube-controller-manager and kube-scheduler", s.startClusterControllers},
+		{"starting containerd (CRI, overlayfs, runc)", s.startContainerd},
+		{"starting kubelet and waiting for the node to be Ready", s.startKubelet},
+		{"starting kube-proxy (iptables)", s.startKubeProxy},
+		{"serving the images and packages from a registry on " + NodeIP, s.startClusterRegistry},
+		{"starting CoreDNS", s.startDNS},
+		{"starting the test target host " + TargetHostIP, s.startTargetHost},
+		{"installing Crossplane core and its RBAC manager", s.startClusterCrossplane},
+		{"installing the Configuration: Crossplane runs the provider and the function as pods", s.installClusterConfiguration},
+		{"installing egress-discovery from cluster/discovery", s.startClusterDiscovery},
+	}
+	for _, st := range steps {
+		if err := s.step(st.name, func() error { return st.fn(ctx) }); err != nil {
+			s.Down()
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func (s *Stack) prepareCluster(ctx context.Context) error {
+	if os.Geteuid() != 0 {
+		return errors.New("make cluster runs containerd, kubelet and kube-proxy, and changes iptables: run it as root")
+	}
+	var missing []string
+	for _, b := range ClusterBinaries {
+		if _, err := os.Stat(s.bin(b)); err != nil {
+			missing = append(missing, "bin/"+b)
+		}
+	}
+	for _, im := range ClusterImages {
+		if _, err := os.Stat(s.image(im)); err != nil {
+			missing = append(missing, "_output/images/"+im+".tar")
+		}
+	}
+	for _, p := range packages {
+		if _, err := os.Stat(filepath.Join(s.opts.Root, "_output", p+".xpkg")); err != nil {
+			missing = append(missing, "_output/"+p+".xpkg")
+		}
+	}
+	if len(missing) > 0 {
+		return errors.Errorf("missing %s: run make cluster (it builds them), or make tools packages binaries cluster-images", strings.Join(missing, ", "))
+	}
+	var apt []string
+	for tool, pkg := range hostTools {
+		if strings.HasPrefix(tool, "/") {
+			if _, err := os.Stat(tool); err == nil {
+				continue
+			}
+		} else if _, err := exec.LookPath(tool); err == nil {
+			continue
+		}
+		apt = append(apt, pkg)
+	}
+	if len(apt) > 0 {
+		return errors.Errorf("the node needs Debian packages: apt-get install -y %s", strings.Join(uniq(apt), " "))
+	}
+	// A cluster that was not stopped (a killed make cluster) leaves its
+	// processes, mounts and network behind: clear them, then its state.
+	s.sweepNode(ctx)
+	if err := os.RemoveAll(s.opts.StateDir); err != nil {
+		return errors.Wrap(err, "cannot clear the state folder")
+	}
+	for _, d := range []string{s.opts.StateDir, s.path("logs"), s.path("pki")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return errors.Wrap(err, "cannot create the state folder")
+		}
+	}
+	s.state.Ports = map[string]int{}
+	// The node is swept once more when everything else has stopped.
+	s.onDown("node", func() error { s.sweepNode(context.Background()); return nil })
+	return nil
+}
+
+func uniq(in []string) []string {
+	seen := map[string]bool{}
+	var out []string
+	for _, s := range in {
+		if !seen[s] {
+			seen[s] = true
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+func (s *Stack) image(name string) string {
+	return filepath.Join(s.opts.Root, "_output", "images", name+".tar")
+}
+
+// kubectl runs bin/kubectl as the cluster's administrator.
+func (s *Stack) kubectl(ctx context.Context, args ...string) error {
+	return s.run(ctx, "kubectl", s.bin("kubectl"), args...)
+}
+
+// waitDeployment waits until a Deployment has all its replicas updated and
+// available, naming what its pods wait for when it does not.
+func (s *Stack) waitDeployment(ctx context.Context, namespace, name string, timeout time.Duration) error {
+	return wait(ctx, timeout, "Deployment "+namespace+"/"+name+" available", func() (bool, string, error) {
+		d := &appsv1.Deployment{}
+		if err := s.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, d); err != nil {
+			return false, err.Error(), nil
+		}
+		want := int32(1)
+		if d.Spec.Replicas != nil {
+			want = *d.Spec.Replicas
+		}
+		if d.Status.ObservedGeneration >= d.Generation && d.Status.UpdatedReplicas == want && d.Status.AvailableReplicas == want && d.Status.Replicas == want {
+			return true, "", nil
+		}
+		return false, fmt.Sprintf("%d/%d available; %s", d.Status.AvailableReplicas, want, s.podTrouble(ctx, namespace, d.Spec.Selector.MatchLabels)), nil
+	})
+}
+
+// podTrouble says why the pods a selector matches are not ready.
+func (s *Stack) podTrouble(ctx context.Context, namespace string, labels map[string]string) string {
+	l := &corev1.PodList{}
+	if err := s.Client.List(ctx, l, client.InNamespace(namespace), client.MatchingLabels(labels)); err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, p := range l.Items {
+		why := string(p.Status.Phase)
+		for _, cs := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
+			switch {
+			case cs.State.Waiting != nil:
+				why += fmt.Sprintf(" %s waiting: %s %s", cs.Name, cs.State.Waiting.Reason, cs.State.Waiting.Message)
+			case cs.State.Terminated != nil && cs.State.Terminated.ExitCode != 0:
+				why += fmt.Sprintf(" %s exited %d: %s", cs.Name, cs.State.Terminated.ExitCode, cs.State.Terminated.Message)
+			}
+		}
+		for _, c := range p.Status.Conditions {
+			if c.Type == corev1.PodScheduled && c.Status != corev1.ConditionTrue {
+				why += " unscheduled: " + c.Message
+			}
+		}
+		out = append(out, p.Name+" "+why)
+	}
+	if len(out) == 0 {
+		return "no pods"
+	}
+	return strings.Join(out, "; ")
+}
+
+// DownCluster stops the make cluster whose pid file is in the state
+// folder, waiting for it to stop everything, then sweeps whatever a killed
+// one left behind.
+func DownCluster(o Options) error {
+	s := &Stack{opts: o, began: time.Now(), cluster: true}
+	if s.opts.Progress == nil {
+		s.opts.Progress = io.Discard
+	}
+	if b, err := os.ReadFile(s.path("pid")); err == nil {
+		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && syscall.Kill(pid, syscall.SIGTERM) == nil {
+			s.Logf("stopping make cluster (pid %d) ...", pid)
+			for syscall.Kill(pid, 0) == nil {
+				time.Sleep(200 * time.Millisecond)
+			}
+		}
+		_ = os.Remove(s.path("pid"))
+	}
+	s.sweepNode(context.Background())
+	s.Logf("nothing of the cluster runs")
+	return nil
+}

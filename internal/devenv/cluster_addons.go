@@ -1,0 +1,325 @@
+package devenv
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509/pkix"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/google/go-containerregistry/pkg/name"
+	"github.com/google/go-containerregistry/pkg/registry"
+	"github.com/google/go-containerregistry/pkg/v1/remote"
+	"github.com/google/go-containerregistry/pkg/v1/tarball"
+	"github.com/pkg/errors"
+	corev1 "k8s.io/api/core/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/netns"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
+)
+
+// serveRegistry serves an in-process OCI registry on addr until Down.
+func (s *Stack) serveRegistry(addr string) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return errors.Wrapf(err, "cannot listen for the registry on %s", addr)
+	}
+	logf, err := os.OpenFile(s.path("logs", "registry.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		_ = ln.Close()
+		return errors.Wrap(err, "cannot open the registry log")
+	}
+	srv := &http.Server{Handler: registry.New(registry.Logger(log.New(logf, "", log.LstdFlags))), ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)                                                              //nolint:errcheck // Ends with Close.
+	s.onDown("registry", func() error { defer logf.Close(); return srv.Close() }) //nolint:errcheck // Only its log.
+	s.Registry = ln.Addr().String()
+	return nil
+}
+
+// pushPackages pushes the three packages into the registry, where ref
+// names them.
+func (s *Stack) pushPackages(ctx context.Context) error {
+	for _, p := range packages {
+		if err := s.push(ctx, filepath.Join(s.opts.Root, "_output", p+".xpkg"), s.ref(p)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Stack) push(ctx context.Context, tarPath, to string) error {
+	img, err := tarball.ImageFromPath(tarPath, nil)
+	if err != nil {
+		return errors.Wrapf(err, "cannot read %s", tarPath)
+	}
+	ref, err := name.ParseReference(to)
+	if err != nil {
+		return errors.Wrapf(err, "cannot name %s", to)
+	}
+	return errors.Wrapf(remote.Write(ref, img, remote.WithContext(ctx)), "cannot push %s", ref)
+}
+
+// startClusterRegistry serves the registry on the node's address, where
+// containerd (through its certs.d hosts) and Crossplane's pod pull from,
+// and pushes the packages and the images under the names the tarballs
+// carry, moved from the published registry to this one.
+func (s *Stack) startClusterRegistry(ctx context.Context) error {
+	if err := s.serveRegistry(registryHost()); err != nil {
+		return err
+	}
+	if err := s.pushPackages(ctx); err != nil {
+		return err
+	}
+	for _, im := range ClusterImages {
+		m, err := tarball.LoadManifest(func() (io.ReadCloser, error) { return os.Open(s.image(im)) })
+		if err != nil || len(m) != 1 || len(m[0].RepoTags) != 1 {
+			return errors.Errorf("cannot read the tag of %s: %v", s.image(im), err)
+		}
+		tag := m[0].RepoTags[0]
+		if !strings.HasPrefix(tag, upstreamHost+"/") {
+			return errors.Errorf("image %s is not under %s", tag, upstreamHost)
+		}
+		if err := s.push(ctx, s.image(im), registryHost()+strings.TrimPrefix(tag, upstreamHost)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// startDNS applies CoreDNS and waits for it to serve.
+func (s *Stack) startDNS(ctx context.Context) error {
+	if err := s.kubectl(ctx, "apply", "-f", filepath.Join(s.opts.Root, "cluster", "node", "coredns.yaml")); err != nil {
+		return err
+	}
+	return s.waitDeployment(ctx, "kube-system", "coredns", 3*time.Minute)
+}
+
+// TargetURL of a cluster is the test target host's IP echo.
+func targetHostURL() string { return fmt.Sprintf("https://%s:%d/ip", TargetHostIP, TargetHostPort) }
+
+// startTargetHost makes the test target host: a network namespace with one
+// veth on the pod network at TargetHostIP and no default route, serving an
+// HTTPS IP echo (in this process) with a certificate from a CA made for
+// this run. The CA is written to TargetCA and, for the provider's probes,
+// to the ConfigMap egress-probe-ca in crossplane-system.
+func (s *Stack) startTargetHost(ctx context.Context) error {
+	for _, args := range [][]string{
+		{"netns", "add", TargetNetns},
+		{"link", "add", "egt-host", "type", "veth", "peer", "name", "eth0", "netns", TargetNetns},
+		{"link", "set", "egt-host", "master", Bridge},
+		{"link", "set", "egt-host", "up"},
+		{"-n", TargetNetns, "addr", "add", TargetHostIP + "/24", "dev", "eth0"},
+		{"-n", TargetNetns, "link", "set", "lo", "up"},
+		{"-n", TargetNetns, "link", "set", "eth0", "up"},
+	} {
+		if err := ipCmd(args...); err != nil {
+			return err
+		}
+	}
+	ca, err := newAuthority("egress-cluster target CA")
+	if err != nil {
+		return err
+	}
+	crt, key, err := ca.issueFor(pkix.Name{CommonName: "egress-target"}, []string{"egress-target"}, []net.IP{net.ParseIP(TargetHostIP)})
+	if err != nil {
+		return err
+	}
+	pair, err := tls.X509KeyPair(crt, key)
+	if err != nil {
+		return errors.Wrap(err, "cannot load the target's certificate")
+	}
+	s.TargetCA = s.path("target-ca.crt")
+	if err := os.WriteFile(s.TargetCA, ca.certPEM, 0o644); err != nil { //nolint:gosec // A CA certificate is public.
+		return errors.Wrap(err, "cannot write the target's CA")
+	}
+	ln, err := netns.Listen(TargetNetns, fmt.Sprintf("%s:%d", TargetHostIP, TargetHostPort))
+	if err != nil {
+		return errors.Wrap(err, "cannot listen on the target host")
+	}
+	srv := &http.Server{
+		Handler:           http.HandlerFunc(probe.EchoIP),
+		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12},
+		ReadHeaderTimeout: 10 * time.Second,
+	}
+	go srv.ServeTLS(ln, "", "") //nolint:errcheck // Ends with Close.
+	s.onDown("target host", srv.Close)
+	s.TargetURL = targetHostURL()
+	if err := s.ensureNamespace(ctx, crossplaneNamespace); err != nil {
+		return err
+	}
+	cm := &corev1.ConfigMap{
+		ObjectMeta: metav1.ObjectMeta{Namespace: crossplaneNamespace, Name: "egress-probe-ca"},
+		Data:       map[string]string{"ca.crt": string(ca.certPEM)},
+	}
+	return errors.Wrap(s.Client.Create(ctx, cm), "cannot create the ConfigMap egress-probe-ca")
+}
+
+// startClusterCrossplane applies cluster/crossplane (core and the RBAC
+// manager) and cluster/crossplane-rbac, and waits for both to run.
+func (s *Stack) startClusterCrossplane(ctx context.Context) error {
+	for _, k := range []string{"crossplane", "crossplane-rbac"} {
+		if err := s.kubectl(ctx, "apply", "-k", filepath.Join(s.opts.Root, "cluster", k)); err != nil {
+			return err
+		}
+	}
+	for _, d := range []string{"crossplane", "crossplane-rbac-manager"} {
+		if err := s.waitDeployment(ctx, crossplaneNamespace, d, 5*time.Minute); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// installClusterConfiguration points Crossplane's pulls at the registry,
+// applies the provider's RBAC and runtime config (cluster/node/provider),
+// installs the Configuration with crossplane xpkg install, has the
+// Provider Crossplane installs as its dependency take that runtime config,
+// and waits for the provider's and the function's pods.
+func (s *Stack) installClusterConfiguration(ctx context.Context) error {
+	if err := s.applyImageConfig(ctx); err != nil {
+		return err
+	}
+	if err := s.kubectl(ctx, "apply", "-f", filepath.Join(s.opts.Root, "cluster", "provider-rbac", "admission.yaml")); err != nil {
+		return err
+	}
+	if err := s.kubectl(ctx, "apply", "-k", filepath.Join(s.opts.Root, "cluster", "node", "provider")); err != nil {
+		return err
+	}
+	if err := s.run(ctx, "crossplane-xpkg-install", s.bin("crossplane"), "xpkg", "install", "configuration", s.ref("configuration-proxyfleet"), ConfigurationName); err != nil {
+		return err
+	}
+	if err := wait(ctx, 5*time.Minute, "Provider "+providerName+" created", func() (bool, string, error) {
+		ok, why, err := s.packageInstalled(ctx, "Configuration", ConfigurationName)
+		if err != nil || ok {
+			return ok, why, err
+		}
+		return false, "Configuration: " + why, nil
+	}); err != nil {
+		return err
+	}
+	prov := &unstructured.Unstructured{}
+	prov.SetAPIVersion("pkg.crossplane.io/v1")
+	prov.SetKind("Provider")
+	prov.SetName(providerName)
+	patch := []byte(`{"spec":{"runtimeConfigRef":{"apiVersion":"pkg.crossplane.io/v1beta1","kind":"DeploymentRuntimeConfig","name":"provider-egressproxy"}}}`)
+	if err := s.Client.Patch(ctx, prov, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		return errors.Wrap(err, "cannot point the Provider at the runtime config provider-egressproxy")
+	}
+	for _, pkg := range []struct{ kind, name string }{{"Provider", providerName}, {"Function", FunctionName}} {
+		if err := wait(ctx, 5*time.Minute, pkg.kind+" "+pkg.name+" healthy", func() (bool, string, error) {
+			return s.packageHealthy(ctx, pkg.kind, pkg.name)
+		}); err != nil {
+			return err
+		}
+	}
+	return s.waitProviderPod(ctx)
+}
+
+// waitProviderPod waits until the provider's Deployment runs with the
+// ServiceAccount of its runtime config, and is available.
+func (s *Stack) waitProviderPod(ctx context.Context) error {
+	var name string
+	if err := wait(ctx, 3*time.Minute, "the provider's Deployment on its runtime config", func() (bool, string, error) {
+		l := &unstructured.UnstructuredList{}
+		l.SetAPIVersion("apps/v1")
+		l.SetKind("DeploymentList")
+		if err := s.Client.List(ctx, l, client.InNamespace(crossplaneNamespace)); err != nil {
+			return false, err.Error(), nil
+		}
+		// Crossplane names it after the active revision: <provider>-<hash>.
+		for _, d := range l.Items {
+			if !strings.HasPrefix(d.GetName(), providerName+"-") {
+				continue
+			}
+			if sa, _, _ := unstructured.NestedString(d.Object, "spec", "template", "spec", "serviceAccountName"); sa == "provider-egressproxy" {
+				name = d.GetName()
+				return true, "", nil
+			}
+		}
+		return false, fmt.Sprintf("%d Deployments, none with ServiceAccount provider-egressproxy", len(l.Items)), nil
+	}); err != nil {
+		return err
+	}
+	return s.waitDeployment(ctx, crossplaneNamespace, name, 3*time.Minute)
+}
+
+// packageHealthy reports whether a package is Installed and Healthy.
+func (s *Stack) packageHealthy(ctx context.Context, kind, name string) (bool, string, error) {
+	u := &unstructured.Unstructured{}
+	u.SetAPIVersion("pkg.crossplane.io/v1")
+	u.SetKind(kind)
+	if err := s.Client.Get(ctx, types.NamespacedName{Name: name}, u); err != nil {
+		return false, err.Error(), nil
+	}
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	var says []string
+	ok := 0
+	for _, c := range conds {
+		m, _ := c.(map[string]any)
+		says = append(says, fmt.Sprintf("%v=%v %v %v", m["type"], m["status"], m["reason"], m["message"]))
+		if (m["type"] == "Installed" || m["type"] == "Healthy") && m["status"] == "True" {
+			ok++
+		}
+	}
+	return ok == 2, strings.Join(says, "; "), nil
+}
+
+// applyImageConfig rewrites Crossplane's pulls of the published packages
+// to the local registry.
+func (s *Stack) applyImageConfig(ctx context.Context) error {
+	ic := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "pkg.crossplane.io/v1beta1",
+		"kind":       "ImageConfig",
+		"metadata":   map[string]any{"name": "egress-local-registry"},
+		"spec": map[string]any{
+			"matchImages":  []any{map[string]any{"type": "Prefix", "prefix": upstreamPrefix}},
+			"rewriteImage": map[string]any{"prefix": s.Registry + "/kacerr/"},
+		},
+	}}
+	return errors.Wrap(s.apply(ctx, ic), "cannot apply the ImageConfig")
+}
+
+// DiscoveryNamespace is where cluster/discovery runs egress-discovery.
+const DiscoveryNamespace = "egress-system"
+
+// startClusterDiscovery applies cluster/discovery with a TLS Secret issued
+// by the cluster's CA (for its Service names and the node's address) and
+// the NodePort of cluster/node, and waits for its replicas.
+func (s *Stack) startClusterDiscovery(ctx context.Context) error {
+	if err := s.kubectl(ctx, "apply", "-k", filepath.Join(s.opts.Root, "cluster", "discovery")); err != nil {
+		return err
+	}
+	crt, key, err := s.clusterCA.issueFor(pkix.Name{CommonName: "egress-discovery"}, []string{
+		"egress-discovery", "egress-discovery." + DiscoveryNamespace, "egress-discovery." + DiscoveryNamespace + ".svc",
+		"egress-discovery." + DiscoveryNamespace + ".svc." + clusterDomain,
+	}, []net.IP{net.ParseIP(NodeIP)})
+	if err != nil {
+		return err
+	}
+	sec := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Namespace: DiscoveryNamespace, Name: "egress-discovery-tls"},
+		Type:       corev1.SecretTypeTLS,
+		Data:       map[string][]byte{corev1.TLSCertKey: crt, corev1.TLSPrivateKeyKey: key},
+	}
+	if err := s.Client.Create(ctx, sec); err != nil && !kerrors.IsAlreadyExists(err) {
+		return errors.Wrap(err, "cannot create discovery's TLS Secret")
+	}
+	if err := s.kubectl(ctx, "apply", "-f", filepath.Join(s.opts.Root, "cluster", "node", "discovery-nodeport.yaml")); err != nil {
+		return err
+	}
+	s.DiscoveryURL = fmt.Sprintf("https://%s:%d", NodeIP, DiscoveryNodePort)
+	s.DiscoveryCA = s.ClusterCA()
+	return s.waitDeployment(ctx, DiscoveryNamespace, "egress-discovery", 3*time.Minute)
+}

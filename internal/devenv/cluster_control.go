@@ -1,0 +1,259 @@
+package devenv
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/rsa"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/pkg/errors"
+	extv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/kubernetes"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis"
+)
+
+// kubernetesServiceIP is the first address of ServiceCIDR, the apiserver's
+// `kubernetes` Service.
+const kubernetesServiceIP = "10.96.0.1"
+
+// serviceAccountIssuer issues and is the audience of the cluster's tokens.
+const serviceAccountIssuer = "https://kubernetes.default.svc." + clusterDomain
+
+// clientCert is one identity of the cluster: a client certificate's CN is
+// the user and O the groups.
+type clientCert struct {
+	file  string
+	user  string
+	group []string
+}
+
+// clusterIdentities are the control plane's and the node's identities,
+// each with a kubeconfig beside its certificate.
+var clusterIdentities = []clientCert{
+	{"admin", "kubernetes-admin", []string{"system:masters"}},
+	{"kube-controller-manager", "system:kube-controller-manager", nil},
+	{"kube-scheduler", "system:kube-scheduler", nil},
+	{"kube-proxy", "system:kube-proxy", nil},
+	// The Node authorizer and NodeRestriction know the kubelet by these.
+	{"kubelet", "system:node:" + NodeName, []string{"system:nodes"}},
+}
+
+// issueClusterPKI makes the cluster's CA and every certificate and key:
+// the apiserver's serving certificate (for its Service address and names
+// too, as pods dial it there), the identities above, the apiserver's
+// client certificate for the kubelet, and the service-account signing key.
+func (s *Stack) issueClusterPKI(_ context.Context) error {
+	ca, err := newAuthority("egress-cluster CA")
+	if err != nil {
+		return err
+	}
+	s.clusterCA = ca
+	dir := s.path("pki")
+	write := func(name string, b []byte, mode os.FileMode) error {
+		return errors.Wrapf(os.WriteFile(filepath.Join(dir, name), b, mode), "cannot write %s", name)
+	}
+	if err := write("ca.crt", ca.certPEM, 0o644); err != nil {
+		return err
+	}
+	pair := func(name string, subject pkix.Name, names []string, ips []net.IP) error {
+		crt, key, err := ca.issueFor(subject, names, ips)
+		if err != nil {
+			return err
+		}
+		if err := write(name+".crt", crt, 0o644); err != nil {
+			return err
+		}
+		return write(name+".key", key, 0o600)
+	}
+	node := net.ParseIP(NodeIP)
+	if err := pair("apiserver", pkix.Name{CommonName: "kube-apiserver"},
+		[]string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc." + clusterDomain, "localhost"},
+		[]net.IP{node, net.ParseIP(kubernetesServiceIP), net.IPv4(127, 0, 0, 1)}); err != nil {
+		return err
+	}
+	if err := pair("apiserver-kubelet-client", pkix.Name{CommonName: "kube-apiserver-kubelet-client", Organization: []string{"system:masters"}}, nil, nil); err != nil {
+		return err
+	}
+	for _, id := range clusterIdentities {
+		var names []string
+		var ips []net.IP
+		if id.file == "kubelet" {
+			// Also the kubelet's serving certificate.
+			names, ips = []string{NodeName}, []net.IP{node}
+		}
+		if err := pair(id.file, pkix.Name{CommonName: id.user, Organization: id.group}, names, ips); err != nil {
+			return err
+		}
+		crt, _ := os.ReadFile(filepath.Join(dir, id.file+".crt"))
+		key, _ := os.ReadFile(filepath.Join(dir, id.file+".key"))
+		kc := clientcmdapi.NewConfig()
+		kc.Clusters["egress-cluster"] = &clientcmdapi.Cluster{Server: s.APIServerURL(), CertificateAuthorityData: ca.certPEM}
+		kc.AuthInfos[id.user] = &clientcmdapi.AuthInfo{ClientCertificateData: crt, ClientKeyData: key}
+		kc.Contexts["egress-cluster"] = &clientcmdapi.Context{Cluster: "egress-cluster", AuthInfo: id.user}
+		kc.CurrentContext = "egress-cluster"
+		if err := clientcmd.WriteToFile(*kc, filepath.Join(dir, id.file+".kubeconfig")); err != nil {
+			return errors.Wrapf(err, "cannot write the kubeconfig of %s", id.user)
+		}
+	}
+	saKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		return errors.Wrap(err, "cannot generate the service-account key")
+	}
+	pub, err := x509.MarshalPKIXPublicKey(&saKey.PublicKey)
+	if err != nil {
+		return errors.Wrap(err, "cannot encode the service-account key")
+	}
+	if err := write("sa.key", pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(saKey)}), 0o600); err != nil {
+		return err
+	}
+	if err := write("sa.pub", pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pub}), 0o644); err != nil {
+		return err
+	}
+	s.Kubeconfig = filepath.Join(dir, "admin.kubeconfig")
+	return nil
+}
+
+// APIServerURL is where the cluster's apiserver serves.
+func (s *Stack) APIServerURL() string { return fmt.Sprintf("https://%s:%d", NodeIP, APIServerPort) }
+
+// ClusterCA is the PEM file of the cluster's CA, which signed the
+// apiserver's and egress-discovery's certificates.
+func (s *Stack) ClusterCA() string { return s.path("pki", "ca.crt") }
+
+// startClusterControlPlane runs etcd on loopback and kube-apiserver on
+// NodeIP, with Node and RBAC authorisation, NodeRestriction, service
+// account tokens and the kubelet client certificate (kubectl logs and
+// exec work).
+func (s *Stack) startClusterControlPlane(ctx context.Context) error {
+	ports, err := s.ports("etcd-client", "etcd-peer")
+	if err != nil {
+		return err
+	}
+	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+	etcd, err := s.start("etcd", s.bin("etcd"), []string{
+		"--name=egress-cluster",
+		"--data-dir=" + s.path("etcd"),
+		"--listen-client-urls=" + etcdURL,
+		"--advertise-client-urls=" + etcdURL,
+		fmt.Sprintf("--listen-peer-urls=http://127.0.0.1:%d", ports[1]),
+		fmt.Sprintf("--initial-advertise-peer-urls=http://127.0.0.1:%d", ports[1]),
+		fmt.Sprintf("--initial-cluster=egress-cluster=http://127.0.0.1:%d", ports[1]),
+		"--unsafe-no-fsync",
+	})
+	if err != nil {
+		return err
+	}
+	if err := waitHTTP(ctx, etcd, etcdURL+"/health", time.Minute); err != nil {
+		return err
+	}
+	pki := func(f string) string { return s.path("pki", f) }
+	api, err := s.start("kube-apiserver", s.bin("kube-apiserver"), []string{
+		"--etcd-servers=" + etcdURL,
+		"--advertise-address=" + NodeIP,
+		"--bind-address=" + NodeIP,
+		fmt.Sprintf("--secure-port=%d", APIServerPort),
+		"--service-cluster-ip-range=" + ServiceCIDR,
+		"--client-ca-file=" + pki("ca.crt"),
+		"--tls-cert-file=" + pki("apiserver.crt"),
+		"--tls-private-key-file=" + pki("apiserver.key"),
+		"--kubelet-client-certificate=" + pki("apiserver-kubelet-client.crt"),
+		"--kubelet-client-key=" + pki("apiserver-kubelet-client.key"),
+		"--kubelet-certificate-authority=" + pki("ca.crt"),
+		"--kubelet-preferred-address-types=InternalIP",
+		"--service-account-issuer=" + serviceAccountIssuer,
+		"--service-account-key-file=" + pki("sa.pub"),
+		"--service-account-signing-key-file=" + pki("sa.key"),
+		"--authorization-mode=Node,RBAC",
+		"--enable-admission-plugins=NodeRestriction",
+		"--allow-privileged=false",
+		"--profiling=false",
+	})
+	if err != nil {
+		return err
+	}
+	sch := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{clientgoscheme.AddToScheme, apis.AddToScheme, extv1.AddToScheme} {
+		if err := add(sch); err != nil {
+			return errors.Wrap(err, "cannot build the scheme")
+		}
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", s.Kubeconfig)
+	if err != nil {
+		return errors.Wrap(err, "cannot read the administrator's kubeconfig")
+	}
+	cfg.QPS, cfg.Burst = 200, 400
+	s.Config = cfg
+	if s.Client, err = client.New(cfg, client.Options{Scheme: sch}); err != nil {
+		return errors.Wrap(err, "cannot create a client")
+	}
+	return wait(ctx, 2*time.Minute, "kube-apiserver ready", func() (bool, string, error) {
+		if done, err := api.exited(); done {
+			return false, "", errors.Errorf("kube-apiserver exited (%v); see logs/kube-apiserver.log", err)
+		}
+		cs, err := kubernetes.NewForConfig(cfg)
+		if err != nil {
+			return false, "", errors.Wrap(err, "cannot create a clientset")
+		}
+		body, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+		if err != nil {
+			return false, err.Error() + " " + string(body), nil
+		}
+		return true, "", nil
+	})
+}
+
+// startClusterControllers runs kube-controller-manager with its default
+// controllers, each with its own service account (the token controller
+// signs with the cluster's key), and kube-scheduler.
+func (s *Stack) startClusterControllers(ctx context.Context) error {
+	ports, err := s.ports("kube-controller-manager", "kube-scheduler")
+	if err != nil {
+		return err
+	}
+	pki := func(f string) string { return s.path("pki", f) }
+	kcm, err := s.start("kube-controller-manager", s.bin("kube-controller-manager"), []string{
+		"--kubeconfig=" + pki("kube-controller-manager.kubeconfig"),
+		"--authentication-kubeconfig=" + pki("kube-controller-manager.kubeconfig"),
+		"--authorization-kubeconfig=" + pki("kube-controller-manager.kubeconfig"),
+		"--authentication-skip-lookup",
+		"--service-account-private-key-file=" + pki("sa.key"),
+		"--root-ca-file=" + pki("ca.crt"),
+		"--use-service-account-credentials=true",
+		"--service-cluster-ip-range=" + ServiceCIDR,
+		"--leader-elect=false",
+		"--bind-address=127.0.0.1",
+		fmt.Sprintf("--secure-port=%d", ports[0]),
+	})
+	if err != nil {
+		return err
+	}
+	sched, err := s.start("kube-scheduler", s.bin("kube-scheduler"), []string{
+		"--kubeconfig=" + pki("kube-scheduler.kubeconfig"),
+		"--authentication-kubeconfig=" + pki("kube-scheduler.kubeconfig"),
+		"--authorization-kubeconfig=" + pki("kube-scheduler.kubeconfig"),
+		"--authentication-skip-lookup",
+		"--leader-elect=false",
+		"--bind-address=127.0.0.1",
+		fmt.Sprintf("--secure-port=%d", ports[1]),
+	})
+	if err != nil {
+		return err
+	}
+	if err := waitTCP(ctx, kcm, fmt.Sprintf("127.0.0.1:%d", ports[0]), time.Minute); err != nil {
+		return err
+	}
+	return waitTCP(ctx, sched, fmt.Sprintf("127.0.0.1:%d", ports[1]), time.Minute)
+}

@@ -1,0 +1,535 @@
+package devenv
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/pkg/errors"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// sysctls the node needs: forwarding (Service traffic is DNATed on the
+// node, then forwarded back onto the bridge), and bridged traffic through
+// iptables (a reply between two pods on the bridge must meet conntrack to
+// be un-DNATed). Their old values are restored on Down.
+var sysctls = map[string]string{
+	"/proc/sys/net/ipv4/ip_forward":                 "1",
+	"/proc/sys/net/bridge/bridge-nf-call-iptables":  "1",
+	"/proc/sys/net/bridge/bridge-nf-call-ip6tables": "1",
+}
+
+// ipCmd runs ip with args, returning its output in the error.
+func ipCmd(args ...string) error {
+	out, err := exec.Command("ip", args...).CombinedOutput()
+	if err != nil {
+		return errors.Errorf("ip %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+func iptables(args ...string) error {
+	out, err := exec.Command("iptables", append([]string{"-w"}, args...)...).CombinedOutput()
+	if err != nil {
+		return errors.Errorf("iptables %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+	}
+	return nil
+}
+
+// startNetwork makes the bridge with NodeIP, routes Service addresses onto
+// it (so that nothing aimed at a cluster IP takes this machine's default
+// route), sets the sysctls, and guards FORWARD: nothing crosses between the
+// bridge and another interface, either way.
+func (s *Stack) startNetwork(_ context.Context) error {
+	for _, args := range [][]string{
+		{"link", "add", Bridge, "type", "bridge"},
+		{"addr", "add", NodeIP + "/24", "dev", Bridge},
+		{"link", "set", Bridge, "up"},
+		{"route", "add", ServiceCIDR, "dev", Bridge, "src", NodeIP},
+	} {
+		if err := ipCmd(args...); err != nil {
+			return err
+		}
+	}
+	old := map[string]string{}
+	for f, v := range sysctls {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			return errors.Wrapf(err, "cannot read %s (is the br_netfilter module loaded? modprobe br_netfilter)", f)
+		}
+		old[f] = strings.TrimSpace(string(b))
+		if err := os.WriteFile(f, []byte(v), 0o644); err != nil { //nolint:gosec // A sysctl.
+			return errors.Wrapf(err, "cannot set %s", f)
+		}
+	}
+	s.onDown("sysctls", func() error {
+		for f, v := range old {
+			_ = os.WriteFile(f, []byte(v), 0o644) //nolint:gosec // A sysctl.
+		}
+		return nil
+	})
+	if err := iptables("-N", guardChain); err != nil {
+		return err
+	}
+	for _, rule := range [][]string{
+		{"-A", guardChain, "-i", Bridge, "!", "-o", Bridge, "-j", "DROP"},
+		{"-A", guardChain, "!", "-i", Bridge, "-o", Bridge, "-j", "DROP"},
+		{"-I", "FORWARD", "1", "-j", guardChain},
+	} {
+		if err := iptables(rule...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// sweepNode removes what a node leaves on this machine, whether or not it
+// was stopped in order: the containers' processes (by their cgroups), the
+// containerd shims, the mounts under the state folder, the pods' network
+// namespaces, kube-proxy's rules, the guard, the routes and the bridge,
+// and the target host's namespace.
+func (s *Stack) sweepNode(ctx context.Context) {
+	// kubelet's cgroups (cgroupfs driver) hold every container process.
+	for _, root := range []string{"/sys/fs/cgroup/pids/kubepods", "/sys/fs/cgroup/memory/kubepods", "/sys/fs/cgroup/kubepods"} {
+		killCgroupTree(root)
+	}
+	// Shims of this node's containerd, named by its socket.
+	sock := s.path("containerd", "containerd.sock")
+	for _, pid := range pidsMatching(func(args []string) bool {
+		return len(args) > 0 && strings.HasSuffix(args[0], "containerd-shim-runc-v2") && contains(args, sock)
+	}) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	unmountUnder(s.opts.StateDir)
+	for _, root := range []string{"/sys/fs/cgroup"} {
+		removeCgroupDirs(root, "kubepods")
+	}
+	// The pods' network namespaces (containerd names them cni-<uuid>): those
+	// with an address on the pod network.
+	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
+		for _, line := range strings.Split(string(out), "\n") {
+			f := strings.Fields(line)
+			if len(f) == 0 || !strings.HasPrefix(f[0], "cni-") {
+				continue
+			}
+			addrs, _ := exec.Command("ip", "-n", f[0], "-4", "-o", "addr").Output()
+			if strings.Contains(string(addrs), " "+strings.TrimSuffix(PodCIDR, "0/24")) {
+				_ = exec.Command("ip", "netns", "del", f[0]).Run()
+			}
+		}
+	}
+	_ = exec.Command("ip", "netns", "del", TargetNetns).Run()
+	if _, err := os.Stat(s.bin("kube-proxy")); err == nil {
+		cmd := exec.CommandContext(ctx, s.bin("kube-proxy"), "--cleanup")
+		_ = cmd.Run()
+	}
+	for iptables("-D", "FORWARD", "-j", guardChain) == nil {
+	}
+	_ = iptables("-F", guardChain)
+	_ = iptables("-X", guardChain)
+	for _, bin := range []string{"iptables", "ip6tables"} {
+		removeChains(bin, kubeletChains)
+	}
+	_ = exec.Command("ip", "link", "del", Bridge).Run()
+	_ = exec.Command("ip", "link", "del", "egt-host").Run()
+}
+
+// kubeletChains are the iptables chains the kubelet makes (kube-proxy
+// --cleanup removes kube-proxy's).
+var kubeletChains = []string{"KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTABLES-HINT"}
+
+// removeChains deletes chains from every table: the rules that jump to
+// them, then their rules, then the chains.
+func removeChains(bin string, chains []string) {
+	for _, table := range []string{"filter", "nat", "mangle", "raw"} {
+		out, err := exec.Command(bin, "-w", "-t", table, "-S").Output()
+		if err != nil {
+			continue
+		}
+		have := map[string]bool{}
+		for _, line := range strings.Split(string(out), "\n") {
+			f := strings.Fields(line)
+			if len(f) >= 2 && f[0] == "-N" {
+				have[f[1]] = true
+			}
+			if len(f) >= 4 && f[0] == "-A" && f[len(f)-2] == "-j" && contains(chains, f[len(f)-1]) && !contains(chains, f[1]) {
+				_ = exec.Command(bin, append([]string{"-w", "-t", table, "-D"}, f[1:]...)...).Run()
+			}
+		}
+		for _, c := range chains {
+			if have[c] {
+				_ = exec.Command(bin, "-w", "-t", table, "-F", c).Run()
+				_ = exec.Command(bin, "-w", "-t", table, "-X", c).Run()
+			}
+		}
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// pidsMatching lists the processes whose argv match.
+func pidsMatching(match func(args []string) bool) []int {
+	ents, _ := os.ReadDir("/proc")
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil || len(b) == 0 {
+			continue
+		}
+		if match(strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// killCgroupTree kills every process of a cgroup folder and those below
+// it, a few times over, as a fork can race the first pass.
+func killCgroupTree(root string) {
+	for range 3 {
+		found := false
+		_ = filepath.WalkDir(root, func(p string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
+				return nil
+			}
+			b, _ := os.ReadFile(p)
+			for _, f := range strings.Fields(string(b)) {
+				if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
+					found = true
+					_ = syscall.Kill(pid, syscall.SIGKILL)
+				}
+			}
+			return nil
+		})
+		if !found {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// removeCgroupDirs removes the name folder, deepest first, under every
+// controller mounted below root.
+func removeCgroupDirs(root, name string) {
+	ctrls, _ := os.ReadDir(root)
+	dirs := []string{filepath.Join(root, name)}
+	for _, c := range ctrls {
+		dirs = append(dirs, filepath.Join(root, c.Name(), name))
+	}
+	for _, d := range dirs {
+		var all []string
+		_ = filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
+			if err == nil && e.IsDir() {
+				all = append(all, p)
+			}
+			return nil
+		})
+		for i := len(all) - 1; i >= 0; i-- {
+			_ = syscall.Rmdir(all[i])
+		}
+	}
+}
+
+// unmountUnder detaches every mount at or below dir, deepest first.
+func unmountUnder(dir string) {
+	abs, err := filepath.Abs(dir)
+	if err != nil {
+		return
+	}
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return
+	}
+	defer f.Close() //nolint:errcheck // read-only
+	var points []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 5 {
+			continue
+		}
+		mp := unescapeMount(fields[4])
+		if mp == abs || strings.HasPrefix(mp, abs+"/") {
+			points = append(points, mp)
+		}
+	}
+	sort.Slice(points, func(i, j int) bool { return len(points[i]) > len(points[j]) })
+	for _, p := range points {
+		_ = syscall.Unmount(p, syscall.MNT_DETACH)
+	}
+}
+
+// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
+func unescapeMount(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// registryHost is where containerd and Crossplane pull from.
+func registryHost() string { return fmt.Sprintf("%s:%d", NodeIP, RegistryPort) }
+
+// startContainerd writes containerd's configuration (CRI with the sandbox
+// image from the registry, overlayfs, runc with cgroupfs, CNI from
+// Debian's plugins with a conf folder of ours, registry hosts under
+// certs.d) and runs it with every path under the state folder.
+func (s *Stack) startContainerd(ctx context.Context) error {
+	dir := s.path("containerd")
+	cni := s.path("cni")
+	certs := filepath.Join(dir, "certs.d")
+	for _, d := range []string{dir, filepath.Join(cni, "net.d"), filepath.Join(cni, "ipam")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return errors.Wrap(err, "cannot create containerd's folders")
+		}
+	}
+	// The published names and the registry's own both resolve to the
+	// registry, over plain HTTP on the node's address.
+	hosts := fmt.Sprintf("server = \"http://%[1]s\"\n\n[host.\"http://%[1]s\"]\n  capabilities = [\"pull\", \"resolve\"]\n", registryHost())
+	for _, h := range []string{upstreamHost, registryHost()} {
+		if err := os.MkdirAll(filepath.Join(certs, h), 0o755); err != nil {
+			return errors.Wrap(err, "cannot create containerd's registry hosts")
+		}
+		if err := os.WriteFile(filepath.Join(certs, h, "hosts.toml"), []byte(hosts), 0o644); err != nil { //nolint:gosec // Not secret.
+			return errors.Wrap(err, "cannot write containerd's registry hosts")
+		}
+	}
+	runc, err := exec.LookPath("runc")
+	if err != nil {
+		return errors.New("runc is not installed: apt-get install -y runc")
+	}
+	cfg := fmt.Sprintf(`version = 2
+root = %[1]q
+state = %[2]q
+# Plugins for other filesystems and for tracing are not needed here.
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing"]
+
+[grpc]
+  address = %[3]q
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = %[4]q
+  # This machine does not let a process lower its oom_score_adj; without
+  # this the sandbox fails ("can't get final child's PID from pipe").
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = %[5]q
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = %[6]q
+    max_conf_num = 1
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = %[7]q
+`, filepath.Join(dir, "root"), filepath.Join(dir, "state"), filepath.Join(dir, "containerd.sock"),
+		upstreamPrefix+"pause:"+PackageVersion, runc, filepath.Join(cni, "net.d"), certs)
+	if err := os.WriteFile(filepath.Join(dir, "config.toml"), []byte(cfg), 0o644); err != nil { //nolint:gosec // Not secret.
+		return errors.Wrap(err, "cannot write containerd's configuration")
+	}
+	// The pod network: Debian's bridge plugin on Bridge, with host-local
+	// addresses and routes to the bridge and Service addresses only.
+	conflist := fmt.Sprintf(`{
+  "cniVersion": "0.4.0",
+  "name": "egress-cluster",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": %q,
+      "isGateway": true,
+      "isDefaultGateway": false,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "dataDir": %q,
+        "ranges": [[{"subnet": %q, "rangeStart": %q, "rangeEnd": %q, "gateway": %q}]],
+        "routes": [{"dst": %q, "gw": %q}]
+      }
+    },
+    {"type": "loopback"}
+  ]
+}
+`, Bridge, filepath.Join(cni, "ipam"), PodCIDR, podRangeStart, podRangeEnd, NodeIP, ServiceCIDR, NodeIP)
+	if err := os.WriteFile(filepath.Join(cni, "net.d", "10-egress-cluster.conflist"), []byte(conflist), 0o644); err != nil { //nolint:gosec // Not secret.
+		return errors.Wrap(err, "cannot write the CNI configuration")
+	}
+	p, err := s.start("containerd", "containerd", []string{"--config", filepath.Join(dir, "config.toml")})
+	if err != nil {
+		return err
+	}
+	return wait(ctx, time.Minute, "containerd serving CRI", func() (bool, string, error) {
+		if done, err := p.exited(); done {
+			return false, "", errors.Errorf("containerd exited (%v); see logs/containerd.log", err)
+		}
+		out, err := exec.CommandContext(ctx, "ctr", "--address", filepath.Join(dir, "containerd.sock"), "plugins", "ls").CombinedOutput()
+		if err != nil {
+			return false, strings.TrimSpace(string(out)), nil
+		}
+		for _, line := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(line); len(f) >= 4 && f[0] == "io.containerd.grpc.v1" && f[1] == "cri" {
+				if f[len(f)-1] == "ok" {
+					return true, "", nil
+				}
+				return false, "cri plugin: " + f[len(f)-1], nil
+			}
+		}
+		return false, "no cri plugin yet", nil
+	})
+}
+
+// startKubelet configures the kubelet as NODE-NOTES.md found it works on
+// this machine kind (cgroupfs, cgroup v1 allowed, swap allowed, no node
+// allocatable enforcement or hard eviction on a 2-core box), serving on
+// NodeIP with webhook authentication and authorisation (pods can reach the
+// node, so its API is not open), and waits for the node to be Ready.
+func (s *Stack) startKubelet(ctx context.Context) error {
+	dir := s.path("kubelet")
+	for _, d := range []string{dir, s.path("pod-logs")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return errors.Wrap(err, "cannot create the kubelet's folders")
+		}
+	}
+	// Pods with dnsPolicy Default (CoreDNS) get this machine's resolver
+	// configuration; there is none to give: nothing resolves off the node.
+	resolv := s.path("kubelet-resolv.conf")
+	if err := os.WriteFile(resolv, []byte("# make cluster: no resolver beyond the cluster DNS\noptions ndots:1\n"), 0o644); err != nil { //nolint:gosec // Not secret.
+		return errors.Wrap(err, "cannot write the kubelet's resolv.conf")
+	}
+	health, err := s.port("kubelet-health")
+	if err != nil {
+		return err
+	}
+	cfg := fmt.Sprintf(`apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: %[1]s
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: %[2]d
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: %[3]q}
+authorization:
+  mode: Webhook
+tlsCertFile: %[4]q
+tlsPrivateKeyFile: %[5]q
+cgroupDriver: cgroupfs
+failCgroupV1: false
+failSwapOn: false
+containerRuntimeEndpoint: unix://%[6]s
+clusterDNS: [%[7]s]
+clusterDomain: %[8]s
+resolvConf: %[9]q
+podLogsDir: %[10]q
+enforceNodeAllocatable: []
+evictionHard: {}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+# Secrets and ConfigMaps reach mounted volumes within this period.
+syncFrequency: 10s
+serializeImagePulls: false
+maxPods: 110
+`, NodeIP, health, s.path("pki", "ca.crt"), s.path("pki", "kubelet.crt"), s.path("pki", "kubelet.key"),
+		s.path("containerd", "containerd.sock"), DNSServiceIP, clusterDomain, resolv, s.path("pod-logs"))
+	if err := os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(cfg), 0o644); err != nil { //nolint:gosec // Not secret.
+		return errors.Wrap(err, "cannot write the kubelet's configuration")
+	}
+	p, err := s.start("kubelet", s.bin("kubelet"), []string{
+		"--config=" + filepath.Join(dir, "config.yaml"),
+		"--kubeconfig=" + s.path("pki", "kubelet.kubeconfig"),
+		"--root-dir=" + filepath.Join(dir, "root"),
+		"--hostname-override=" + NodeName,
+		"--node-ip=" + NodeIP,
+		// Fleets spread proxies over zones by this label.
+		"--node-labels=topology.kubernetes.io/zone=" + NodeZone,
+		"--v=1",
+	})
+	if err != nil {
+		return err
+	}
+	return wait(ctx, 2*time.Minute, "node "+NodeName+" Ready", func() (bool, string, error) {
+		if done, err := p.exited(); done {
+			return false, "", errors.Errorf("kubelet exited (%v); see logs/kubelet.log", err)
+		}
+		n := &corev1.Node{}
+		if err := s.Client.Get(ctx, types.NamespacedName{Name: NodeName}, n); err != nil {
+			return false, err.Error(), nil
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady {
+				return c.Status == corev1.ConditionTrue, c.Reason + ": " + c.Message, nil
+			}
+		}
+		return false, "no Ready condition yet", nil
+	})
+}
+
+// startKubeProxy runs kube-proxy in iptables mode, its NodePorts on NodeIP
+// only.
+func (s *Stack) startKubeProxy(ctx context.Context) error {
+	ports, err := s.ports("kube-proxy-health", "kube-proxy-metrics")
+	if err != nil {
+		return err
+	}
+	cfg := fmt.Sprintf(`apiVersion: kubeproxy.config.k8s.io/v1alpha1
+kind: KubeProxyConfiguration
+clientConnection:
+  kubeconfig: %[1]q
+mode: iptables
+clusterCIDR: %[2]s
+hostnameOverride: %[3]s
+healthzBindAddress: 127.0.0.1:%[4]d
+metricsBindAddress: 127.0.0.1:%[5]d
+nodePortAddresses: [%[6]s/32]
+# Leave the machine's conntrack table sizes alone.
+conntrack:
+  maxPerCore: 0
+`, s.path("pki", "kube-proxy.kubeconfig"), PodCIDR, NodeName, ports[0], ports[1], NodeIP)
+	path := s.path("kube-proxy.yaml")
+	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil { //nolint:gosec // Not secret.
+		return errors.Wrap(err, "cannot write kube-proxy's configuration")
+	}
+	p, err := s.start("kube-proxy", s.bin("kube-proxy"), []string{"--config=" + path})
+	if err != nil {
+		return err
+	}
+	return waitHTTP(ctx, p, fmt.Sprintf("http://127.0.0.1:%d/healthz", ports[0]), time.Minute)
+}
