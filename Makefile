@@ -36,6 +36,7 @@ check-generate: generate ## Fail when regeneration changes a checked-in file.
 vet: ## go vet every package.
 	go vet ./...
 	go vet -tags e2e ./e2e
+	go vet -tags e2ecluster ./e2e/cluster
 	cd hack/tools && go vet ./...
 
 .PHONY: test
@@ -54,7 +55,7 @@ lint: vet ## gofmt, go vet, and golangci-lint (built from the module proxy when 
 	@unformatted=$$(gofmt -l apis cmd internal hack package cluster e2e 2>/dev/null); \
 		if [ -n "$$unformatted" ]; then echo "not gofmt-formatted:"; echo "$$unformatted"; exit 1; fi
 	@hack/tools/build.sh golangci-lint
-	$(BIN)/golangci-lint run --build-tags e2e ./...
+	$(BIN)/golangci-lint run --build-tags e2e,e2ecluster ./...
 
 .PHONY: validate
 validate: tools ## Validate the examples offline with crossplane beta validate.
@@ -102,6 +103,10 @@ cluster-deps: tools packages binaries cluster-images
 cluster: cluster-deps ## Run a one-node cluster (kubelet + containerd) with Crossplane installing the packages, until Ctrl-C (as root; state in .local/cluster/).
 	go build -o $(BIN)/egress-cluster ./hack/cluster
 	$(BIN)/egress-cluster
+
+.PHONY: e2e-cluster
+e2e-cluster: cluster-deps ## Bring up make cluster in a fresh state folder and check the product on it: Squid pods, discovery via the node, a legacy claim, nothing left (as root).
+	go test -tags e2ecluster -count=1 -timeout 40m -json ./e2e/cluster 2>&1 | go run ./hack/testsummary -v
 
 .PHONY: cluster-down
 cluster-down: ## Stop make cluster and clear what a killed one left (processes, mounts, iptables rules, the bridge).

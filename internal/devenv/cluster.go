@@ -274,6 +274,76 @@ func DownCluster(o Options) error {
 		_ = os.Remove(s.path("pid"))
 	}
 	s.sweepNode(context.Background())
+	if left := s.ClusterLeftBehind(); len(left) > 0 {
+		return errors.Errorf("still on this machine: %s", strings.Join(left, ", "))
+	}
 	s.Logf("nothing of the cluster runs")
 	return nil
+}
+
+// ClusterLeftBehind lists what of a cluster is still on this machine: what
+// Down (and make cluster-down) must not leave. It checks the processes
+// running from the state folder (the control plane, containerd, its shims,
+// kubelet) or in the kubelet's cgroups, the mounts under the state folder,
+// the bridge, the target host's and pods' network namespaces, and the
+// iptables chains of the guard, the kubelet and kube-proxy.
+func (s *Stack) ClusterLeftBehind() []string {
+	var left []string
+	abs, _ := filepath.Abs(s.opts.StateDir)
+	for _, pid := range pidsMatching(func(args []string) bool {
+		for _, a := range args {
+			if strings.Contains(a, abs) {
+				return true
+			}
+		}
+		return false
+	}) {
+		if pid != os.Getpid() {
+			left = append(left, fmt.Sprintf("process %d (%s)", pid, cmdline(pid)))
+		}
+	}
+	for _, root := range []string{"/sys/fs/cgroup/pids/kubepods", "/sys/fs/cgroup/memory/kubepods", "/sys/fs/cgroup/kubepods"} {
+		if _, err := os.Stat(root); err == nil {
+			left = append(left, "cgroup "+root)
+		}
+	}
+	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(unescapeMount(f[4]), abs+"/") {
+				left = append(left, "mount "+f[4])
+			}
+		}
+	}
+	for _, link := range []string{Bridge, "egt-host"} {
+		if exec.Command("ip", "link", "show", link).Run() == nil {
+			left = append(left, "link "+link)
+		}
+	}
+	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
+		for _, line := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(line); len(f) > 0 && (f[0] == TargetNetns || strings.HasPrefix(f[0], "cni-")) {
+				left = append(left, "network namespace "+f[0])
+			}
+		}
+	}
+	for _, bin := range []string{"iptables", "ip6tables"} {
+		for _, table := range []string{"filter", "nat", "mangle", "raw"} {
+			out, _ := exec.Command(bin, "-w", "-t", table, "-S").Output()
+			for _, line := range strings.Split(string(out), "\n") {
+				if f := strings.Fields(line); len(f) == 2 && f[0] == "-N" && (f[1] == guardChain || strings.HasPrefix(f[1], "KUBE-")) {
+					left = append(left, bin+" "+table+" chain "+f[1])
+				}
+			}
+		}
+	}
+	return left
+}
+
+func cmdline(pid int) string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	s := strings.ReplaceAll(strings.TrimRight(string(b), "\x00"), "\x00", " ")
+	if len(s) > 120 {
+		s = s[:120] + "..."
+	}
+	return s
 }

@@ -1,0 +1,449 @@
+//go:build e2ecluster
+
+// Package cluster is make e2e-cluster: the product on a real one-node
+// cluster (devenv.UpCluster, the same as make cluster), with Crossplane's
+// default package runtime, Squid pods run by kubelet and containerd, and
+// egress-discovery from cluster/discovery.
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	authenticationv1 "k8s.io/api/authentication/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	discoveryv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/devenv"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
+)
+
+var (
+	stack *devenv.Stack
+	root  string
+	// crawlerToken is the crawler's ServiceAccount token for discovery.
+	crawlerToken string
+)
+
+const (
+	ns         = "crawl-team"
+	proxiesNS  = "egress-proxies"
+	fleet      = "pod-fleet"
+	claim      = "legacy-pods"
+	replicas   = 3
+	crawlerSA  = "crawler"
+	proxyPort  = 3128
+	stepBudget = 5 * time.Minute
+)
+
+func TestMain(m *testing.M) {
+	var err error
+	if root, err = filepath.Abs("../.."); err != nil {
+		panic(err)
+	}
+	state, err := os.MkdirTemp("", "egress-e2e-cluster-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "e2e-cluster:", err)
+		os.Exit(1)
+	}
+	start := time.Now()
+	stack, err = devenv.UpCluster(context.Background(), devenv.Options{Root: root, StateDir: state, Progress: os.Stderr})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "e2e-cluster: bring-up failed: %v\nlogs kept in %s\n", err, filepath.Join(state, "logs"))
+		os.Exit(1)
+	}
+	fmt.Fprintf(os.Stderr, "e2e-cluster: the cluster came up in %.1fs\n", time.Since(start).Seconds())
+	code := m.Run()
+	down := time.Now()
+	stack.Down()
+	fmt.Fprintf(os.Stderr, "e2e-cluster: the cluster stopped in %.1fs\n", time.Since(down).Seconds())
+	if left := stack.ClusterLeftBehind(); len(left) > 0 {
+		fmt.Fprintf(os.Stderr, "e2e-cluster: FAIL: stopping the cluster left behind: %s\n", strings.Join(left, ", "))
+		code = 1
+	}
+	if code == 0 && os.Getenv("E2E_KEEP_STATE") == "" {
+		_ = os.RemoveAll(state)
+	} else {
+		fmt.Fprintf(os.Stderr, "e2e-cluster: logs kept in %s\n", filepath.Join(state, "logs"))
+	}
+	os.Exit(code)
+}
+
+// TestCluster runs the steps in order, each on what the one before left,
+// and prints each one's time.
+func TestCluster(t *testing.T) {
+	steps := []struct {
+		name string
+		fn   func(*testing.T)
+	}{
+		{"PodFleetBecomesReady", podFleetBecomesReady},
+		{"LeaseAndFetchThroughPod", leaseAndFetchThroughPod},
+		{"DeletedPodIsReplaced", deletedPodIsReplaced},
+		{"LegacyClaimBinds", legacyClaimBinds},
+		{"DeletingFleetsLeavesNothing", deletingFleetsLeavesNothing},
+	}
+	for _, s := range steps {
+		began := time.Now()
+		ok := t.Run(s.name, s.fn)
+		fmt.Fprintf(os.Stderr, "e2e-cluster: step %s took %.1fs\n", s.name, time.Since(began).Seconds())
+		if !ok {
+			t.Fatalf("step %s failed; the later steps depend on it", s.name)
+		}
+	}
+}
+
+func kubectl(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(root, "bin", "kubectl"), args...)
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+stack.Kubeconfig)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("kubectl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// podFleetBecomesReady applies examples/cluster, as a user would: a
+// ClusterProviderConfig for pods and a fleet of three. Each Proxy becomes
+// Ready only when the provider, in its pod, probed the target through the
+// Squid pod: the egress IP the target saw is the pod's own address.
+func podFleetBecomesReady(t *testing.T) {
+	dir := filepath.Join(root, "examples", "cluster")
+	kubectl(t, "apply", "-f", filepath.Join(dir, "namespace.yaml"))
+	kubectl(t, "apply", "-f", dir)
+	applied := time.Now()
+	ps := waitFleet(t, fleet, replicas)
+	t.Logf("apply to Ready with %d healthy Squid pods: %.1fs", replicas, time.Since(applied).Seconds())
+	pods := proxyPods(t)
+	if len(pods) != replicas {
+		t.Fatalf("want %d proxy pods in %s, got %d", replicas, proxiesNS, len(pods))
+	}
+	byIP := map[string]corev1.Pod{}
+	for _, p := range pods {
+		if p.Status.Phase != corev1.PodRunning || p.Spec.NodeName != devenv.NodeName {
+			t.Errorf("pod %s is %s on %q, want Running on %s", p.Name, p.Status.Phase, p.Spec.NodeName, devenv.NodeName)
+		}
+		if img := p.Spec.Containers[0].Image; !strings.Contains(img, "egress-squid") {
+			t.Errorf("pod %s runs %s, want the project's Squid image", p.Name, img)
+		}
+		byIP[p.Status.PodIP] = p
+	}
+	for _, p := range ps {
+		at := p.Status.AtProvider
+		if _, ok := byIP[at.Host]; !ok {
+			t.Errorf("Proxy %s has host %q, which is no proxy pod's address", p.Name, at.Host)
+		}
+		if at.EgressIP != at.Host {
+			t.Errorf("Proxy %s: the target saw egress IP %q, want the pod's %q (probed through the pod's Squid)", p.Name, at.EgressIP, at.Host)
+		}
+	}
+}
+
+// leaseAndFetchThroughPod leases a proxy through egress-discovery's
+// Service, reached via the node, as a crawler on this machine would, with
+// a ServiceAccount token for discovery's audience; fetches the target host
+// through the pod's Squid; and finds the CONNECT in the pod's access log
+// (kubectl logs, through the kubelet). The node's own apiserver, a private
+// address no policy opens, is refused by the same proxy.
+func leaseAndFetchThroughPod(t *testing.T) {
+	ctx := context.Background()
+	kubectl(t, "apply", "-f", filepath.Join(root, "examples", "crawler-rbac.yaml"))
+	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: crawlerSA}}
+	if err := stack.Client.Create(ctx, sa); err != nil && !kerrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	cs := clientset(t)
+	tr, err := cs.CoreV1().ServiceAccounts(ns).CreateToken(ctx, crawlerSA, &authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{
+		Audiences: []string{"egress-discovery"}, ExpirationSeconds: ptr.To(int64(3600)),
+	}}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("cannot get a token for %s/%s: %v", ns, crawlerSA, err)
+	}
+	crawlerToken = tr.Status.Token
+	apiserver := fmt.Sprintf("https://%s:%d/version", devenv.NodeIP, devenv.APIServerPort)
+	script := fmt.Sprintf(`set -e
+echo "proxy=${HTTPS_PROXY##*@}"
+echo "seen=$(curl -sS --fail --max-time 10 --cacert %q %q)"
+echo "apiserver=$(curl -s -o /dev/null -w '%%{http_connect}' --max-time 10 -k %q || true)"`, stack.TargetCA, stack.TargetURL, apiserver)
+	cmd := exec.Command(filepath.Join(root, "bin", "egressctl"), "lease", "--fleet", ns+"/"+fleet, "--holder", "e2e-cluster", "--", "sh", "-c", script)
+	cmd.Env = append(os.Environ(), "EGRESS_DISCOVERY_URL="+stack.DiscoveryURL, "EGRESS_DISCOVERY_TOKEN="+tr.Status.Token, "EGRESS_DISCOVERY_CA_FILE="+stack.DiscoveryCA)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("egressctl lease: %v\n%s", err, out)
+	}
+	got := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok {
+			got[k] = v
+		}
+	}
+	host, _, _ := strings.Cut(got["proxy"], ":")
+	if host == "" || got["seen"] != host {
+		t.Fatalf("the target saw %q through the leased proxy %q; want the proxy pod's address\n%s", got["seen"], got["proxy"], out)
+	}
+	if got["apiserver"] != "403" {
+		t.Errorf("CONNECT to the node's apiserver through the proxy answered %q, want 403 (a private address no policy opens)", got["apiserver"])
+	}
+	var pod *corev1.Pod
+	for _, p := range proxyPods(t) {
+		if p.Status.PodIP == host {
+			pod = &p
+		}
+	}
+	if pod == nil {
+		t.Fatalf("no proxy pod has the leased address %s", host)
+	}
+	logs, err := cs.CoreV1().Pods(proxiesNS).GetLogs(pod.Name, &corev1.PodLogOptions{}).DoRaw(ctx)
+	if err != nil {
+		t.Fatalf("cannot read the logs of pod %s: %v", pod.Name, err)
+	}
+	// The crawler on this machine comes from the node's address; the
+	// provider's probes come from its pod.
+	want := []string{devenv.NodeIP + " TCP_TUNNEL/200", fmt.Sprintf("CONNECT %s:%d crawler", devenv.TargetHostIP, devenv.TargetHostPort)}
+	found := false
+	for _, line := range strings.Split(string(logs), "\n") {
+		if strings.Contains(line, want[0]) && strings.Contains(line, want[1]) {
+			found = true
+			t.Logf("access log of %s: %s", pod.Name, strings.TrimSpace(line))
+		}
+	}
+	if !found {
+		t.Errorf("the access log of pod %s has no line with %q and %q:\n%s", pod.Name, want[0], want[1], logs)
+	}
+}
+
+// deletedPodIsReplaced deletes a proxy's pod: the provider sees the
+// instance gone and creates another, which becomes Ready through a new
+// probe.
+func deletedPodIsReplaced(t *testing.T) {
+	ctx := context.Background()
+	pods := proxyPods(t)
+	victim := pods[0]
+	if err := stack.Client.Delete(ctx, &victim); err != nil {
+		t.Fatalf("cannot delete pod %s: %v", victim.Name, err)
+	}
+	deleted := time.Now()
+	testbed.Eventually(t, stepBudget, "a new pod in place of "+victim.Name+", and the fleet Ready again", func() (bool, string) {
+		var running, fresh int
+		for _, p := range proxyPods(t) {
+			if p.UID == victim.UID {
+				return false, "the deleted pod is still there (" + string(p.Status.Phase) + ")"
+			}
+			if p.Status.Phase == corev1.PodRunning {
+				running++
+			}
+			if p.CreationTimestamp.After(victim.CreationTimestamp.Time) {
+				fresh++
+			}
+		}
+		st, ps, err := observe(fleet)
+		if err != nil {
+			return false, err.Error()
+		}
+		_, ready := namesAndReady(ps)
+		ok := fresh == 1 && running == replicas && st.ready && st.healthy == replicas && ready == replicas
+		return ok, fmt.Sprintf("%d new pods, %d Running; fleet %+v, %d Ready Proxies", fresh, running, st, ready)
+	})
+	t.Logf("pod deleted to fleet Ready again: %.1fs", time.Since(deleted).Seconds())
+}
+
+// legacyClaimBinds applies a ProxyFleetClaim: it binds a cluster-scoped
+// XProxyFleet, whose Squid pod becomes Ready, and the claim Ready too.
+func legacyClaimBinds(t *testing.T) {
+	kubectl(t, "apply", "-f", filepath.Join(root, "e2e", "cluster", "testdata", "claim.yaml"))
+	applied := time.Now()
+	testbed.Eventually(t, stepBudget, "claim "+claim+" bound and Ready", func() (bool, string) {
+		u := claimObject()
+		if err := stack.Client.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: claim}, u); err != nil {
+			return false, err.Error()
+		}
+		ref, _, _ := unstructured.NestedString(u.Object, "spec", "resourceRef", "name")
+		ready := condition(u, "Ready")
+		return ref != "" && ready == "True", fmt.Sprintf("resourceRef %q, Ready=%s", ref, ready)
+	})
+	t.Logf("claim apply to Ready: %.1fs", time.Since(applied).Seconds())
+}
+
+// deletingFleetsLeavesNothing deletes the fleet, with a lease still held,
+// and the claim: no Proxy, pod, config Secret, NetworkPolicy or Lease is
+// left of them.
+func deletingFleetsLeavesNothing(t *testing.T) {
+	ctx := context.Background()
+	h, err := discoveryv1.NewHTTPClient(stack.DiscoveryCA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dc := &discoveryv1.Client{BaseURL: stack.DiscoveryURL, Token: crawlerToken, HTTP: h}
+	l, err := dc.Acquire(ctx, discoveryv1.AcquireRequest{Fleet: ns + "/" + fleet, Holder: "e2e-left-behind"})
+	if err != nil {
+		t.Fatalf("cannot lease a proxy of %s: %v", fleet, err)
+	}
+	t.Logf("holding %s on %s while deleting the fleet", l.LeaseID, l.Proxy)
+	u := fleetObject()
+	if err := stack.Client.Delete(ctx, u); err != nil {
+		t.Fatalf("cannot delete fleet %s: %v", fleet, err)
+	}
+	if err := stack.Client.Delete(ctx, claimObject()); err != nil {
+		t.Fatalf("cannot delete claim %s: %v", claim, err)
+	}
+	deleted := time.Now()
+	testbed.Eventually(t, stepBudget, "no fleet, claim, Proxy, pod, Secret, NetworkPolicy or Lease left", func() (bool, string) {
+		var left []string
+		if err := stack.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: fleet}, fleetObject()); !kerrors.IsNotFound(err) {
+			left = append(left, "fleet")
+		}
+		if err := stack.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: claim}, claimObject()); !kerrors.IsNotFound(err) {
+			left = append(left, "claim")
+		}
+		pl := &v1alpha1.ProxyList{}
+		if err := stack.Client.List(ctx, pl); err != nil {
+			return false, err.Error()
+		}
+		for _, p := range pl.Items {
+			left = append(left, "Proxy "+p.Namespace+"/"+p.Name)
+		}
+		for _, p := range proxyPods(t) {
+			left = append(left, "pod "+p.Name)
+		}
+		secrets := &corev1.SecretList{}
+		if err := stack.Client.List(ctx, secrets, client.InNamespace(proxiesNS)); err != nil {
+			return false, err.Error()
+		}
+		for _, s := range secrets.Items {
+			left = append(left, "Secret "+s.Name)
+		}
+		nps := &networkingv1.NetworkPolicyList{}
+		if err := stack.Client.List(ctx, nps, client.InNamespace(proxiesNS)); err != nil {
+			return false, err.Error()
+		}
+		for _, n := range nps.Items {
+			left = append(left, "NetworkPolicy "+n.Name)
+		}
+		leases := &coordinationv1.LeaseList{}
+		if err := stack.Client.List(ctx, leases, client.InNamespace(ns)); err != nil {
+			return false, err.Error()
+		}
+		for _, l := range leases.Items {
+			left = append(left, "Lease "+l.Name)
+		}
+		sort.Strings(left)
+		return len(left) == 0, strings.Join(left, ", ")
+	})
+	t.Logf("everything gone %.1fs after deleting the fleet and the claim", time.Since(deleted).Seconds())
+}
+
+func clientset(t *testing.T) *kubernetes.Clientset {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(stack.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
+
+// proxyPods lists the Squid pods the provider runs.
+func proxyPods(t *testing.T) []corev1.Pod {
+	t.Helper()
+	l := &corev1.PodList{}
+	if err := stack.Client.List(context.Background(), l, client.InNamespace(proxiesNS)); err != nil {
+		t.Fatal(err)
+	}
+	sort.Slice(l.Items, func(i, j int) bool { return l.Items[i].Name < l.Items[j].Name })
+	return l.Items
+}
+
+// waitFleet waits until the fleet is Ready with n healthy proxies and n
+// Ready Proxies, and returns them.
+func waitFleet(t *testing.T, name string, n int) []v1alpha1.Proxy {
+	t.Helper()
+	var ps []v1alpha1.Proxy
+	testbed.Eventually(t, stepBudget, fmt.Sprintf("fleet %s Ready with %d healthy proxies", name, n), func() (bool, string) {
+		st, got, err := observe(name)
+		if err != nil {
+			return false, err.Error()
+		}
+		ps = got
+		_, ready := namesAndReady(ps)
+		return st.ready && st.healthy == n && len(ps) == n && ready == n,
+			fmt.Sprintf("%+v, %d Proxies of which %d Ready", st, len(ps), ready)
+	})
+	return ps
+}
+
+type fleetStatus struct {
+	ready   bool
+	healthy int
+}
+
+func observe(name string) (fleetStatus, []v1alpha1.Proxy, error) {
+	u := fleetObject()
+	u.SetName(name)
+	if err := stack.Client.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: name}, u); err != nil {
+		return fleetStatus{}, nil, err
+	}
+	h, _, _ := unstructured.NestedInt64(u.Object, "status", "healthyReplicas")
+	st := fleetStatus{ready: condition(u, "Ready") == "True", healthy: int(h)}
+	l := &v1alpha1.ProxyList{}
+	err := stack.Client.List(context.Background(), l, client.InNamespace(ns), client.MatchingLabels{fleetv1alpha1.LabelFleet: name})
+	return st, l.Items, err
+}
+
+func namesAndReady(ps []v1alpha1.Proxy) ([]string, int) {
+	names := make([]string, 0, len(ps))
+	ready := 0
+	for _, p := range ps {
+		names = append(names, p.Name)
+		if p.GetCondition(xpv2.TypeReady).Status == corev1.ConditionTrue {
+			ready++
+		}
+	}
+	return names, ready
+}
+
+func condition(u *unstructured.Unstructured, typ string) string {
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, c := range conds {
+		if m, _ := c.(map[string]any); m["type"] == typ {
+			s, _ := m["status"].(string)
+			return s
+		}
+	}
+	return ""
+}
+
+func fleetObject() *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetAPIVersion("crawl.example.com/v1alpha1")
+	u.SetKind("ProxyFleet")
+	u.SetNamespace(ns)
+	u.SetName(fleet)
+	return u
+}
+
+func claimObject() *unstructured.Unstructured {
+	u := &unstructured.Unstructured{}
+	u.SetAPIVersion("crawl.example.com/v1alpha1")
+	u.SetKind("ProxyFleetClaim")
+	u.SetNamespace(ns)
+	u.SetName(claim)
+	return u
+}
