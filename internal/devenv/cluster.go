@@ -99,7 +99,7 @@ var hostTools = map[string]string{
 // It starts from nothing every time: the state folder is emptied first.
 // On failure everything already started is stopped again.
 func UpCluster(ctx context.Context, o Options) (*Stack, error) {
-	s := &Stack{opts: o, began: time.Now(), cluster: true}
+	s := &Stack{opts: o, began: time.Now(), host: defaultHostNames()}
 	if s.opts.Progress == nil {
 		s.opts.Progress = io.Discard
 	}
@@ -109,7 +109,7 @@ func UpCluster(ctx context.Context, o Options) (*Stack, error) {
 		fn   func(context.Context) error
 	}{
 		{"checking tools, images and packages; clearing " + o.StateDir, s.prepareCluster},
-		{"making the pod network: bridge " + Bridge + " at " + NodeIP + ", no route off this machine", s.startNetwork},
+		{"making the pod network: bridge " + s.host.bridge + " at " + NodeIP + ", no route off this machine", s.startNetwork},
 		{"issuing the cluster's certificates and kubeconfigs", s.issueClusterPKI},
 		{"starting etcd and kube-apiserver on " + NodeIP, s.startClusterControlPlane},
 		{"starting kube-controller-manager and kube-scheduler", s.startClusterControllers},
@@ -260,7 +260,7 @@ func (s *Stack) podTrouble(ctx context.Context, namespace string, labels map[str
 // folder, waiting for it to stop everything, then sweeps whatever a killed
 // one left behind.
 func DownCluster(o Options) error {
-	s := &Stack{opts: o, began: time.Now(), cluster: true}
+	s := &Stack{opts: o, began: time.Now(), host: defaultHostNames()}
 	if s.opts.Progress == nil {
 		s.opts.Progress = io.Discard
 	}
@@ -289,24 +289,15 @@ func DownCluster(o Options) error {
 // iptables chains of the guard, the kubelet and kube-proxy.
 func (s *Stack) ClusterLeftBehind() []string {
 	var left []string
-	abs, _ := filepath.Abs(s.opts.StateDir)
-	for _, pid := range pidsMatching(func(args []string) bool {
-		for _, a := range args {
-			if strings.Contains(a, abs) {
-				return true
-			}
-		}
-		return false
-	}) {
-		if pid != os.Getpid() {
-			left = append(left, fmt.Sprintf("process %d (%s)", pid, cmdline(pid)))
-		}
+	for _, pid := range s.strays() {
+		left = append(left, fmt.Sprintf("process %d (%s)", pid, cmdline(pid)))
 	}
-	for _, root := range []string{"/sys/fs/cgroup/pids/kubepods", "/sys/fs/cgroup/memory/kubepods", "/sys/fs/cgroup/kubepods"} {
+	for _, root := range s.cgroupRoots() {
 		if _, err := os.Stat(root); err == nil {
 			left = append(left, "cgroup "+root)
 		}
 	}
+	abs, _ := filepath.Abs(s.opts.StateDir)
 	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {
 			if f := strings.Fields(line); len(f) > 4 && strings.HasPrefix(unescapeMount(f[4]), abs+"/") {
@@ -314,14 +305,15 @@ func (s *Stack) ClusterLeftBehind() []string {
 			}
 		}
 	}
-	for _, link := range []string{Bridge, "egt-host"} {
+	for _, link := range []string{s.host.bridge, s.host.targetVeth} {
 		if exec.Command("ip", "link", "show", link).Run() == nil {
 			left = append(left, "link "+link)
 		}
 	}
 	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
 		for _, line := range strings.Split(string(out), "\n") {
-			if f := strings.Fields(line); len(f) > 0 && (f[0] == TargetNetns || strings.HasPrefix(f[0], "cni-")) {
+			f := strings.Fields(line)
+			if len(f) > 0 && (f[0] == s.host.targetNetns || s.host.machineWide && strings.HasPrefix(f[0], "cni-")) {
 				left = append(left, "network namespace "+f[0])
 			}
 		}
@@ -330,7 +322,8 @@ func (s *Stack) ClusterLeftBehind() []string {
 		for _, table := range []string{"filter", "nat", "mangle", "raw"} {
 			out, _ := exec.Command(bin, "-w", "-t", table, "-S").Output()
 			for _, line := range strings.Split(string(out), "\n") {
-				if f := strings.Fields(line); len(f) == 2 && f[0] == "-N" && (f[1] == guardChain || strings.HasPrefix(f[1], "KUBE-")) {
+				f := strings.Fields(line)
+				if len(f) == 2 && f[0] == "-N" && (f[1] == s.host.guard || contains(s.host.kubeChains, f[1]) || s.host.machineWide && strings.HasPrefix(f[1], "KUBE-")) {
 					left = append(left, bin+" "+table+" chain "+f[1])
 				}
 			}

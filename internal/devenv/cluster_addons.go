@@ -116,13 +116,13 @@ func targetHostURL() string { return fmt.Sprintf("https://%s:%d/ip", TargetHostI
 // to the ConfigMap egress-probe-ca in crossplane-system.
 func (s *Stack) startTargetHost(ctx context.Context) error {
 	for _, args := range [][]string{
-		{"netns", "add", TargetNetns},
-		{"link", "add", "egt-host", "type", "veth", "peer", "name", "eth0", "netns", TargetNetns},
-		{"link", "set", "egt-host", "master", Bridge},
-		{"link", "set", "egt-host", "up"},
-		{"-n", TargetNetns, "addr", "add", TargetHostIP + "/24", "dev", "eth0"},
-		{"-n", TargetNetns, "link", "set", "lo", "up"},
-		{"-n", TargetNetns, "link", "set", "eth0", "up"},
+		{"netns", "add", s.host.targetNetns},
+		{"link", "add", s.host.targetVeth, "type", "veth", "peer", "name", "eth0", "netns", s.host.targetNetns},
+		{"link", "set", s.host.targetVeth, "master", s.host.bridge},
+		{"link", "set", s.host.targetVeth, "up"},
+		{"-n", s.host.targetNetns, "addr", "add", TargetHostIP + "/24", "dev", "eth0"},
+		{"-n", s.host.targetNetns, "link", "set", "lo", "up"},
+		{"-n", s.host.targetNetns, "link", "set", "eth0", "up"},
 	} {
 		if err := ipCmd(args...); err != nil {
 			return err
@@ -144,7 +144,7 @@ func (s *Stack) startTargetHost(ctx context.Context) error {
 	if err := os.WriteFile(s.TargetCA, ca.certPEM, 0o644); err != nil { //nolint:gosec // A CA certificate is public.
 		return errors.Wrap(err, "cannot write the target's CA")
 	}
-	ln, err := netns.Listen(TargetNetns, fmt.Sprintf("%s:%d", TargetHostIP, TargetHostPort))
+	ln, err := netns.Listen(s.host.targetNetns, fmt.Sprintf("%s:%d", TargetHostIP, TargetHostPort))
 	if err != nil {
 		return errors.Wrap(err, "cannot listen on the target host")
 	}

@@ -51,10 +51,10 @@ func iptables(args ...string) error {
 // bridge and another interface, either way.
 func (s *Stack) startNetwork(_ context.Context) error {
 	for _, args := range [][]string{
-		{"link", "add", Bridge, "type", "bridge"},
-		{"addr", "add", NodeIP + "/24", "dev", Bridge},
-		{"link", "set", Bridge, "up"},
-		{"route", "add", ServiceCIDR, "dev", Bridge, "src", NodeIP},
+		{"link", "add", s.host.bridge, "type", "bridge"},
+		{"addr", "add", NodeIP + "/24", "dev", s.host.bridge},
+		{"link", "set", s.host.bridge, "up"},
+		{"route", "add", ServiceCIDR, "dev", s.host.bridge, "src", NodeIP},
 	} {
 		if err := ipCmd(args...); err != nil {
 			return err
@@ -77,13 +77,14 @@ func (s *Stack) startNetwork(_ context.Context) error {
 		}
 		return nil
 	})
-	if err := iptables("-N", guardChain); err != nil {
+	g, br := s.host.guard, s.host.bridge
+	if err := iptables("-N", g); err != nil {
 		return err
 	}
 	for _, rule := range [][]string{
-		{"-A", guardChain, "-i", Bridge, "!", "-o", Bridge, "-j", "DROP"},
-		{"-A", guardChain, "!", "-i", Bridge, "-o", Bridge, "-j", "DROP"},
-		{"-I", "FORWARD", "1", "-j", guardChain},
+		{"-A", g, "-i", br, "!", "-o", br, "-j", "DROP"},
+		{"-A", g, "!", "-i", br, "-o", br, "-j", "DROP"},
+		{"-I", "FORWARD", "1", "-j", g},
 	} {
 		if err := iptables(rule...); err != nil {
 			return err
@@ -92,55 +93,121 @@ func (s *Stack) startNetwork(_ context.Context) error {
 	return nil
 }
 
-// sweepNode removes what a node leaves on this machine, whether or not it
-// was stopped in order: the containers' processes (by their cgroups), the
-// containerd shims, the mounts under the state folder, the pods' network
-// namespaces, kube-proxy's rules, the guard, the routes and the bridge,
-// and the target host's namespace.
-func (s *Stack) sweepNode(ctx context.Context) {
-	// kubelet's cgroups (cgroupfs driver) hold every container process.
-	for _, root := range []string{"/sys/fs/cgroup/pids/kubepods", "/sys/fs/cgroup/memory/kubepods", "/sys/fs/cgroup/kubepods"} {
-		killCgroupTree(root)
+// hostNames are the names a cluster takes on this machine: its bridge,
+// the target host's namespace and veth, the guard chain, the kubelet's
+// top cgroup, and the kubelet's iptables chains. machineWide also sweeps
+// and checks what the node names itself (kube-proxy's rules, the pods'
+// cni-* namespaces, every KUBE- chain); tests of the sweep turn it off so
+// that they never touch a cluster running beside them.
+type hostNames struct {
+	bridge, targetNetns, targetVeth, guard, cgroup string
+	kubeChains                                     []string
+	machineWide                                    bool
+}
+
+func defaultHostNames() hostNames {
+	return hostNames{
+		bridge: Bridge, targetNetns: TargetNetns, targetVeth: "egt-host", guard: guardChain, cgroup: "kubepods",
+		kubeChains: kubeletChains, machineWide: true,
 	}
-	// Shims of this node's containerd, named by its socket.
-	sock := s.path("containerd", "containerd.sock")
-	for _, pid := range pidsMatching(func(args []string) bool {
-		return len(args) > 0 && strings.HasSuffix(args[0], "containerd-shim-runc-v2") && contains(args, sock)
-	}) {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
+}
+
+// nodeBinaries are the programs of a node, by file name: a process of one
+// of them whose arguments name the state folder is the cluster's.
+var nodeBinaries = []string{
+	"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy",
+	"containerd", "containerd-shim-runc-v2",
+}
+
+// strays lists the node's processes that name the state folder.
+func (s *Stack) strays() []int {
+	abs, err := filepath.Abs(s.opts.StateDir)
+	if err != nil {
+		return nil
 	}
-	unmountUnder(s.opts.StateDir)
-	for _, root := range []string{"/sys/fs/cgroup"} {
-		removeCgroupDirs(root, "kubepods")
-	}
-	// The pods' network namespaces (containerd names them cni-<uuid>): those
-	// with an address on the pod network.
-	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
-		for _, line := range strings.Split(string(out), "\n") {
-			f := strings.Fields(line)
-			if len(f) == 0 || !strings.HasPrefix(f[0], "cni-") {
-				continue
-			}
-			addrs, _ := exec.Command("ip", "-n", f[0], "-4", "-o", "addr").Output()
-			if strings.Contains(string(addrs), " "+strings.TrimSuffix(PodCIDR, "0/24")) {
-				_ = exec.Command("ip", "netns", "del", f[0]).Run()
+	return pidsMatching(func(args []string) bool {
+		if !contains(nodeBinaries, filepath.Base(args[0])) {
+			return false
+		}
+		for _, a := range args {
+			if strings.Contains(a, abs) {
+				return true
 			}
 		}
+		return false
+	})
+}
+
+// cgroupRoots are where the kubelet's top cgroup is, per controller.
+func (s *Stack) cgroupRoots() []string {
+	var out []string
+	ctrls, _ := os.ReadDir("/sys/fs/cgroup")
+	for _, c := range ctrls {
+		if c.IsDir() {
+			out = append(out, filepath.Join("/sys/fs/cgroup", c.Name(), s.host.cgroup))
+		}
 	}
-	_ = exec.Command("ip", "netns", "del", TargetNetns).Run()
-	if _, err := os.Stat(s.bin("kube-proxy")); err == nil {
-		cmd := exec.CommandContext(ctx, s.bin("kube-proxy"), "--cleanup")
-		_ = cmd.Run()
+	return append(out, filepath.Join("/sys/fs/cgroup", s.host.cgroup))
+}
+
+// sweepSkip names sweep steps to leave out: only the sweep's own test sets
+// it, to show that ClusterLeftBehind catches what a broken sweep leaves.
+var sweepSkip = map[string]bool{}
+
+// sweepNode removes what a node leaves on this machine, whether or not it
+// was stopped in order: the node's processes still running from the state
+// folder, the containers' processes (by their cgroups), the mounts under
+// the state folder, the cgroups, the pods' network namespaces, kube-proxy's
+// rules, the guard, the routes and the bridge, and the target host's
+// namespace.
+func (s *Stack) sweepNode(ctx context.Context) {
+	if !sweepSkip["processes"] {
+		for _, pid := range s.strays() {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		for _, root := range s.cgroupRoots() {
+			killCgroupTree(root)
+		}
 	}
-	for iptables("-D", "FORWARD", "-j", guardChain) == nil {
+	if !sweepSkip["mounts"] {
+		unmountUnder(s.opts.StateDir)
 	}
-	_ = iptables("-F", guardChain)
-	_ = iptables("-X", guardChain)
-	for _, bin := range []string{"iptables", "ip6tables"} {
-		removeChains(bin, kubeletChains)
+	if !sweepSkip["cgroups"] {
+		for _, root := range s.cgroupRoots() {
+			removeCgroupTree(root)
+		}
 	}
-	_ = exec.Command("ip", "link", "del", Bridge).Run()
-	_ = exec.Command("ip", "link", "del", "egt-host").Run()
+	if s.host.machineWide {
+		// The pods' network namespaces (containerd names them cni-<uuid>):
+		// those with an address on the pod network.
+		if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
+			for _, line := range strings.Split(string(out), "\n") {
+				f := strings.Fields(line)
+				if len(f) == 0 || !strings.HasPrefix(f[0], "cni-") {
+					continue
+				}
+				addrs, _ := exec.Command("ip", "-n", f[0], "-4", "-o", "addr").Output()
+				if strings.Contains(string(addrs), " "+strings.TrimSuffix(PodCIDR, "0/24")) {
+					_ = exec.Command("ip", "netns", "del", f[0]).Run()
+				}
+			}
+		}
+		if _, err := os.Stat(s.bin("kube-proxy")); err == nil {
+			_ = exec.CommandContext(ctx, s.bin("kube-proxy"), "--cleanup").Run()
+		}
+	}
+	if !sweepSkip["network"] {
+		_ = exec.Command("ip", "netns", "del", s.host.targetNetns).Run()
+		for iptables("-D", "FORWARD", "-j", s.host.guard) == nil {
+		}
+		_ = iptables("-F", s.host.guard)
+		_ = iptables("-X", s.host.guard)
+		for _, bin := range []string{"iptables", "ip6tables"} {
+			removeChains(bin, s.host.kubeChains)
+		}
+		_ = exec.Command("ip", "link", "del", s.host.bridge).Run()
+		_ = exec.Command("ip", "link", "del", s.host.targetVeth).Run()
+	}
 }
 
 // kubeletChains are the iptables chains the kubelet makes (kube-proxy
@@ -228,25 +295,18 @@ func killCgroupTree(root string) {
 	}
 }
 
-// removeCgroupDirs removes the name folder, deepest first, under every
-// controller mounted below root.
-func removeCgroupDirs(root, name string) {
-	ctrls, _ := os.ReadDir(root)
-	dirs := []string{filepath.Join(root, name)}
-	for _, c := range ctrls {
-		dirs = append(dirs, filepath.Join(root, c.Name(), name))
-	}
-	for _, d := range dirs {
-		var all []string
-		_ = filepath.WalkDir(d, func(p string, e os.DirEntry, err error) error {
-			if err == nil && e.IsDir() {
-				all = append(all, p)
-			}
-			return nil
-		})
-		for i := len(all) - 1; i >= 0; i-- {
-			_ = syscall.Rmdir(all[i])
+// removeCgroupTree removes a cgroup folder and those below it, deepest
+// first.
+func removeCgroupTree(root string) {
+	var all []string
+	_ = filepath.WalkDir(root, func(p string, e os.DirEntry, err error) error {
+		if err == nil && e.IsDir() {
+			all = append(all, p)
 		}
+		return nil
+	})
+	for i := len(all) - 1; i >= 0; i-- {
+		_ = syscall.Rmdir(all[i])
 	}
 }
 

@@ -111,10 +111,10 @@ type Stack struct {
 
 	opts  Options
 	began time.Time
-	// cluster is set for make cluster's Stack (UpCluster), and clusterCA
-	// is its CA.
-	cluster   bool
+	// clusterCA is the CA of make cluster's cluster (UpCluster), and host
+	// the names it takes on this machine.
 	clusterCA *authority
+	host      hostNames
 	// The runtimes of the packages, for their revisions' RuntimeHealthy.
 	functionProc, providerProc atomic.Pointer[process]
 	state                      persisted
