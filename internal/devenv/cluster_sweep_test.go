@@ -76,7 +76,8 @@ func leftovers(t *testing.T) (*Stack, map[string][]string) {
 	if err := container.Start(); err != nil {
 		t.Fatal(err)
 	}
-	go container.Wait()                                                                                                          //nolint:errcheck // Reaped when killed.
+	go container.Wait() //nolint:errcheck // Reaped when killed.
+
 	if err := os.WriteFile(filepath.Join(pod, "cgroup.procs"), []byte(strconv.Itoa(container.Process.Pid)), 0o644); err != nil { //nolint:gosec // A cgroup file.
 		t.Fatal(err)
 	}
