@@ -86,6 +86,11 @@ func squidImage(cache string) (v1.Image, error) {
 		missing := map[string]bool{}
 		for _, entries := range have {
 			for _, e := range entries {
+				// The loader must be in the image, by the path programs
+				// name, as a file or a link.
+				if interp := interpreter(e); interp != "" && !files[interp] {
+					missing[path.Base(interp)] = true
+				}
 				for _, lib := range needed(e) {
 					// A plugin's own folder (gconv's, through $ORIGIN) counts.
 					if !provided[lib] && !files[path.Join(path.Dir(e.hdr.Name), lib)] {
@@ -174,6 +179,12 @@ func download(cache, pkg string) (string, string, error) {
 	name, _, _ := strings.Cut(pkg, ":")
 	glob := filepath.Join(cache, name+"_*.deb")
 	m, _ := filepath.Glob(glob)
+	// A cached file of another version than apt's candidate is stale (a
+	// security update came since): fetch the candidate.
+	if want := candidate(pkg); want != "" && len(m) == 1 && !strings.HasPrefix(filepath.Base(m[0]), name+"_"+strings.ReplaceAll(want, ":", "%3a")+"_") {
+		_ = os.Remove(m[0])
+		m = nil
+	}
 	if len(m) == 0 {
 		cmd := exec.Command("apt-get", "download", "-q", pkg)
 		cmd.Dir = cache
@@ -189,6 +200,21 @@ func download(cache, pkg string) (string, string, error) {
 	return m[0], strings.TrimSpace(string(ver)), errors.Wrapf(err, "cannot read the version of %s", m[0])
 }
 
+// candidate is the version apt-get would install, or "" when apt does not
+// know.
+func candidate(pkg string) string {
+	out, err := exec.Command("apt-cache", "policy", pkg).Output()
+	if err != nil {
+		return ""
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "Candidate: "); ok && v != "(none)" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
+}
+
 // owner names the installed package holding the shared library soname in
 // a library folder.
 func owner(soname string) (string, error) {
@@ -201,9 +227,19 @@ func owner(soname string) (string, error) {
 		if !ok || path.Base(file) != soname || !isLibDir(strings.TrimPrefix(path.Dir(file), "/")) {
 			continue
 		}
-		// "libfoo:amd64, libfoo-dev:amd64" when several hold the path.
-		pkg, _, _ := strings.Cut(pkgs, ",")
-		return strings.TrimSpace(pkg), nil
+		// "libfoo:amd64, libfoo-dev:amd64" when several hold the path;
+		// a multiarch machine may list a foreign architecture's first.
+		var first string
+		for _, p := range strings.Split(pkgs, ",") {
+			p = strings.TrimSpace(p)
+			if first == "" {
+				first = p
+			}
+			if _, arch, ok := strings.Cut(p, ":"); !ok || arch == nativeArch() {
+				return p, nil
+			}
+		}
+		return first, nil
 	}
 	return "", errors.Errorf("no installed package holds %s in a library folder", soname)
 }
@@ -232,6 +268,36 @@ func needed(e tarEntry) []string {
 	return libs
 }
 
+// interpreter is the dynamic loader an ELF program names (PT_INTERP),
+// relative to the root; "" for other files.
+func interpreter(e tarEntry) string {
+	if e.hdr.Typeflag != tar.TypeReg || len(e.body) < 4 || !bytes.Equal(e.body[:4], []byte(elf.ELFMAG)) {
+		return ""
+	}
+	f, err := elf.NewFile(bytes.NewReader(e.body))
+	if err != nil {
+		return ""
+	}
+	for _, p := range f.Progs {
+		if p.Type == elf.PT_INTERP {
+			b, err := io.ReadAll(p.Open())
+			if err != nil {
+				return ""
+			}
+			return strings.TrimPrefix(strings.TrimRight(string(b), "\x00"), "/")
+		}
+	}
+	return ""
+}
+
+func nativeArch() string {
+	out, err := exec.Command("dpkg", "--print-architecture").Output()
+	if err != nil {
+		return runtime.GOARCH
+	}
+	return strings.TrimSpace(string(out))
+}
+
 // unpack reads a .deb's file tree, as dpkg-deb --fsys-tarfile gives it,
 // without the parts no container reads and with names relative to the root.
 func unpack(deb string) ([]tarEntry, error) {
@@ -253,6 +319,11 @@ func unpack(deb string) ([]tarEntry, error) {
 		if h.Name == "" || skip(h.Name) {
 			continue
 		}
+		if clean := path.Clean(h.Name); path.IsAbs(h.Name) || clean == ".." || strings.HasPrefix(clean, "../") {
+			return nil, errors.Errorf("%s holds %q, outside the root", deb, h.Name)
+		}
+		// No setuid or setgid bits: Squid runs unprivileged.
+		h.Mode &^= 0o6000
 		body, err := io.ReadAll(tr)
 		if err != nil {
 			return nil, err

@@ -9,10 +9,13 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -34,6 +37,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/devenv"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/netns"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
@@ -96,6 +100,7 @@ func TestCluster(t *testing.T) {
 		fn   func(*testing.T)
 	}{
 		{"PodFleetBecomesReady", podFleetBecomesReady},
+		{"PodNetworkStaysOnMachine", podNetworkStaysOnMachine},
 		{"LeaseAndFetchThroughPod", leaseAndFetchThroughPod},
 		{"DeletedPodIsReplaced", deletedPodIsReplaced},
 		{"LegacyClaimBinds", legacyClaimBinds},
@@ -232,38 +237,183 @@ echo "apiserver=$(curl -s -o /dev/null -w '%%{http_connect}' --max-time 10 -k %q
 }
 
 // deletedPodIsReplaced deletes a proxy's pod: the provider sees the
-// instance gone and creates another, which becomes Ready through a new
-// probe.
+// instance gone, marks the Proxy unready, creates another pod, and the
+// Proxy is Ready again only through a new probe of the new pod.
 func deletedPodIsReplaced(t *testing.T) {
 	ctx := context.Background()
-	pods := proxyPods(t)
-	victim := pods[0]
-	if err := stack.Client.Delete(ctx, &victim); err != nil {
-		t.Fatalf("cannot delete pod %s: %v", victim.Name, err)
+	_, ps, err := observe(fleet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy := ps[0]
+	var victim *corev1.Pod
+	for _, p := range proxyPods(t) {
+		if p.Status.PodIP == proxy.Status.AtProvider.Host {
+			victim = &p
+		}
+	}
+	if victim == nil {
+		t.Fatalf("no pod has Proxy %s's address %s", proxy.Name, proxy.Status.AtProvider.Host)
 	}
 	deleted := time.Now()
-	testbed.Eventually(t, stepBudget, "a new pod in place of "+victim.Name+", and the fleet Ready again", func() (bool, string) {
-		var running, fresh int
-		for _, p := range proxyPods(t) {
-			if p.UID == victim.UID {
-				return false, "the deleted pod is still there (" + string(p.Status.Phase) + ")"
+	if err := stack.Client.Delete(ctx, victim); err != nil {
+		t.Fatalf("cannot delete pod %s: %v", victim.Name, err)
+	}
+	testbed.Eventually(t, stepBudget, "Proxy "+proxy.Name+" Ready again on a new pod, and the fleet Ready", func() (bool, string) {
+		p := &v1alpha1.Proxy{}
+		if err := stack.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: proxy.Name}, p); err != nil {
+			return false, err.Error()
+		}
+		ready := p.GetCondition(xpv2.TypeReady)
+		var now *corev1.Pod
+		for _, pod := range proxyPods(t) {
+			if pod.UID == victim.UID {
+				return false, "the deleted pod is still there (" + string(pod.Status.Phase) + ")"
 			}
-			if p.Status.Phase == corev1.PodRunning {
-				running++
+			if pod.Status.PodIP != "" && pod.Status.PodIP == p.Status.AtProvider.Host {
+				now = &pod
 			}
-			if p.CreationTimestamp.After(victim.CreationTimestamp.Time) {
-				fresh++
-			}
+		}
+		if now == nil || !now.CreationTimestamp.After(deleted.Add(-time.Second)) {
+			return false, fmt.Sprintf("Proxy host %q is no pod made after the deletion", p.Status.AtProvider.Host)
+		}
+		// Ready went False when the pod went, and True again after.
+		if ready.Status != corev1.ConditionTrue || !ready.LastTransitionTime.After(deleted) {
+			return false, fmt.Sprintf("Ready=%s since %s", ready.Status, ready.LastTransitionTime.Format(time.RFC3339))
+		}
+		if p.Status.AtProvider.EgressIP != now.Status.PodIP {
+			return false, fmt.Sprintf("egress IP %q, want the new pod's %s", p.Status.AtProvider.EgressIP, now.Status.PodIP)
 		}
 		st, ps, err := observe(fleet)
 		if err != nil {
 			return false, err.Error()
 		}
-		_, ready := namesAndReady(ps)
-		ok := fresh == 1 && running == replicas && st.ready && st.healthy == replicas && ready == replicas
-		return ok, fmt.Sprintf("%d new pods, %d Running; fleet %+v, %d Ready Proxies", fresh, running, st, ready)
+		_, n := namesAndReady(ps)
+		return st.ready && st.healthy == replicas && n == replicas && len(proxyPods(t)) == replicas,
+			fmt.Sprintf("fleet %+v, %d Ready Proxies", st, n)
 	})
-	t.Logf("pod deleted to fleet Ready again: %.1fs", time.Since(deleted).Seconds())
+	t.Logf("pod deleted to Proxy and fleet Ready again: %.1fs", time.Since(deleted).Seconds())
+}
+
+// podNetworkStaysOnMachine checks the node's guard from the test target
+// host, which sits on the pod network as a pod does: it reaches the node's
+// apiserver and the registry, which only serves pulls, but neither a
+// listener of this machine on the node's address nor another address of
+// this machine (with a route through the node, as a pod that could set
+// routes would add). With the guard removed for a moment, the same check
+// must fail: it has the power to see a missing guard.
+func podNetworkStaysOnMachine(t *testing.T) {
+	ln, err := net.Listen("tcp", "0.0.0.0:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close() //nolint:errcheck // A test listener.
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+	port := ln.Addr().(*net.TCPAddr).Port
+	other := otherAddress(t)
+	if other != "" {
+		if out, err := exec.Command("ip", "-n", devenv.TargetNetns, "route", "add", other+"/32", "via", devenv.NodeIP).CombinedOutput(); err != nil {
+			t.Fatalf("cannot route %s through the node in the target host: %v: %s", other, err, out)
+		}
+	}
+	reach := func(addr string) bool {
+		var ok bool
+		_ = netns.Do(devenv.TargetNetns, func() error {
+			c, err := net.DialTimeout("tcp", addr, 2*time.Second)
+			if err == nil {
+				ok = true
+				_ = c.Close()
+			}
+			return nil
+		})
+		return ok
+	}
+	probe := func() map[string]bool {
+		got := map[string]bool{
+			"apiserver": reach(net.JoinHostPort(devenv.NodeIP, strconv.Itoa(devenv.APIServerPort))),
+			"node port": reach(net.JoinHostPort(devenv.NodeIP, strconv.Itoa(port))),
+		}
+		if other != "" {
+			got["other address"] = reach(net.JoinHostPort(other, strconv.Itoa(port)))
+		}
+		return got
+	}
+	if got := probe(); !got["apiserver"] || got["node port"] || got["other address"] {
+		t.Fatalf("from the pod network: %v; want the apiserver only", got)
+	}
+	t.Logf("from the pod network: the apiserver answers; this machine's listener on %s:%d and on %q does not", devenv.NodeIP, port, other)
+
+	// The registry on the node's address serves pulls and refuses pushes.
+	hc := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var c net.Conn
+		err := netns.Do(devenv.TargetNetns, func() (err error) {
+			c, err = (&net.Dialer{Timeout: 2 * time.Second}).DialContext(ctx, network, addr)
+			return err
+		})
+		return c, err
+	}}}
+	base := fmt.Sprintf("http://%s:%d/v2/kacerr/egress-squid", devenv.NodeIP, devenv.RegistryPort)
+	for _, c := range []struct {
+		method, path string
+		want         int
+	}{
+		{http.MethodGet, "/manifests/v0.1.0", http.StatusOK},
+		{http.MethodPut, "/manifests/v0.1.0", http.StatusMethodNotAllowed},
+		{http.MethodDelete, "/manifests/v0.1.0", http.StatusMethodNotAllowed},
+		{http.MethodPost, "/blobs/uploads/", http.StatusMethodNotAllowed},
+	} {
+		req, _ := http.NewRequest(c.method, base+c.path, strings.NewReader("{}"))
+		req.Header.Set("Accept", "application/vnd.oci.image.manifest.v1+json")
+		rsp, err := hc.Do(req)
+		if err != nil {
+			t.Fatalf("%s %s from the pod network: %v", c.method, c.path, err)
+		}
+		_ = rsp.Body.Close()
+		if rsp.StatusCode != c.want {
+			t.Errorf("%s %s from the pod network answered %d, want %d", c.method, c.path, rsp.StatusCode, c.want)
+		}
+	}
+
+	// Mutation: without the guard, the check must see the way open.
+	if err := stack.SetGuard(false); err != nil {
+		t.Fatal(err)
+	}
+	unguarded := probe()
+	if err := stack.SetGuard(true); err != nil {
+		t.Fatalf("cannot put the guard back: %v", err)
+	}
+	if !unguarded["node port"] || other != "" && !unguarded["other address"] {
+		t.Errorf("with the guard removed, the check still found the way closed (%v): it cannot tell a guarded node from an open one", unguarded)
+	}
+	if got := probe(); got["node port"] || got["other address"] {
+		t.Fatalf("with the guard back: %v", got)
+	}
+}
+
+// otherAddress is an IPv4 address of this machine off the pod network and
+// loopback, or "" when it has none.
+func otherAddress(t *testing.T) string {
+	t.Helper()
+	addrs, err := net.InterfaceAddrs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, pods, _ := net.ParseCIDR(devenv.PodCIDR)
+	for _, a := range addrs {
+		if n, ok := a.(*net.IPNet); ok && n.IP.To4() != nil && !n.IP.IsLoopback() && !pods.Contains(n.IP) {
+			return n.IP.String()
+		}
+	}
+	t.Log("this machine has no address off loopback and the pod network: only the node's address is checked")
+	return ""
 }
 
 // legacyClaimBinds applies a ProxyFleetClaim: it binds a cluster-scoped
@@ -313,6 +463,15 @@ func deletingFleetsLeavesNothing(t *testing.T) {
 		}
 		if err := stack.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: claim}, claimObject()); !kerrors.IsNotFound(err) {
 			left = append(left, "claim")
+		}
+		xrs := &unstructured.UnstructuredList{}
+		xrs.SetAPIVersion("crawl.example.com/v1alpha1")
+		xrs.SetKind("XProxyFleetList")
+		if err := stack.Client.List(ctx, xrs); err != nil {
+			return false, err.Error()
+		}
+		for _, x := range xrs.Items {
+			left = append(left, "XProxyFleet "+x.GetName())
 		}
 		pl := &v1alpha1.ProxyList{}
 		if err := stack.Client.List(ctx, pl); err != nil {

@@ -46,9 +46,6 @@ The cluster runs. Ctrl-C (or make cluster-down from another shell) stops it all.
   logs            %[6]s
 
 `, s.Kubeconfig, s.DiscoveryURL, s.DiscoveryCA, s.TargetURL, s.TargetCA, filepath.Join(*state, "logs"))
-	if err := os.WriteFile(filepath.Join(*state, "pid"), []byte(fmt.Sprint(os.Getpid())), 0o644); err != nil { //nolint:gosec // Not secret.
-		fmt.Fprintln(os.Stderr, "cannot write the pid file, make cluster-down will not find this process:", err)
-	}
 	<-ctx.Done()
 	stop()
 	s.Logf("stopping everything ...")

@@ -169,8 +169,21 @@ func (s *Stack) prepareCluster(ctx context.Context) error {
 	if len(apt) > 0 {
 		return errors.Errorf("the node needs Debian packages: apt-get install -y %s", strings.Join(uniq(apt), " "))
 	}
+	if err := s.checkStateDir(); err != nil {
+		return err
+	}
+	prev, err := s.lockHost()
+	if err != nil {
+		return err
+	}
 	// A cluster that was not stopped (a killed make cluster) leaves its
-	// processes, mounts and network behind: clear them, then its state.
+	// processes, mounts, network and sysctls behind: clear them, then
+	// the state.
+	if prev != "" && prev != s.opts.StateDir {
+		old := &Stack{opts: s.opts, host: s.host}
+		old.opts.StateDir = prev
+		old.sweepNode(ctx)
+	}
 	s.sweepNode(ctx)
 	if err := os.RemoveAll(s.opts.StateDir); err != nil {
 		return errors.Wrap(err, "cannot clear the state folder")
@@ -180,10 +193,80 @@ func (s *Stack) prepareCluster(ctx context.Context) error {
 			return errors.Wrap(err, "cannot create the state folder")
 		}
 	}
+	if err := os.WriteFile(s.path(stateMarker), []byte("make cluster's state; emptied at every start\n"), 0o644); err != nil { //nolint:gosec // Not secret.
+		return errors.Wrap(err, "cannot mark the state folder")
+	}
 	s.state.Ports = map[string]int{}
-	// The node is swept once more when everything else has stopped.
+	// The node is swept once more when everything else has stopped, and
+	// the machine's settings restored.
 	s.onDown("node", func() error { s.sweepNode(context.Background()); return nil })
 	return nil
+}
+
+// stateMarker marks a folder as make cluster's state, which it may empty.
+const stateMarker = ".egress-cluster"
+
+// checkStateDir refuses a state folder that is not make cluster's to
+// empty: the root, the home folder, the repository, or a folder with files
+// but no marker. It resolves symbolic links, as the mounts under it are
+// listed by their real paths.
+func (s *Stack) checkStateDir() error {
+	dir, err := filepath.Abs(s.opts.StateDir)
+	if err != nil || s.opts.StateDir == "" {
+		return errors.Errorf("the state folder %q is not a usable path", s.opts.StateDir)
+	}
+	if real, err := filepath.EvalSymlinks(dir); err == nil {
+		dir = real
+	}
+	home, _ := os.UserHomeDir()
+	root, _ := filepath.Abs(s.opts.Root)
+	for _, bad := range []string{"/", home, root, filepath.Dir(root)} {
+		if bad != "" && filepath.Clean(bad) == dir {
+			return errors.Errorf("refusing %s as the state folder: make cluster empties it", dir)
+		}
+	}
+	entries, err := os.ReadDir(dir)
+	if err == nil && len(entries) > 0 {
+		if _, err := os.Stat(filepath.Join(dir, stateMarker)); err != nil {
+			return errors.Errorf("refusing %s as the state folder: it holds files but no %s, and make cluster empties it", dir, stateMarker)
+		}
+	}
+	s.opts.StateDir = dir
+	return nil
+}
+
+// lockHost takes the machine-wide lock of make cluster (one cluster per
+// machine: the bridge, the node address and the ports are fixed), writing
+// this process's pid and state folder into it, and returns the state
+// folder the lock named before, if any. The lock is released, by the
+// kernel, when the process ends, and by Down.
+func (s *Stack) lockHost() (string, error) {
+	if err := os.MkdirAll(s.host.runDir, 0o700); err != nil {
+		return "", errors.Wrap(err, "cannot create the machine-wide lock folder")
+	}
+	f, err := os.OpenFile(filepath.Join(s.host.runDir, "lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return "", errors.Wrap(err, "cannot open the machine-wide lock")
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB); err != nil {
+		b, _ := os.ReadFile(f.Name())
+		_ = f.Close()
+		pid, _, _ := strings.Cut(string(b), "\n")
+		return "", errors.Errorf("another make cluster runs (pid %s): stop it with make cluster-down", pid)
+	}
+	b, _ := io.ReadAll(f)
+	_, prev, _ := strings.Cut(string(b), "\n")
+	if _, err := f.Seek(0, io.SeekStart); err == nil {
+		_ = f.Truncate(0)
+		_, err = fmt.Fprintf(f, "%d\n%s\n", os.Getpid(), s.opts.StateDir)
+		if err != nil {
+			_ = f.Close()
+			return "", errors.Wrap(err, "cannot write the machine-wide lock")
+		}
+	}
+	// Registered first, so released last.
+	s.onDown("machine-wide lock", func() error { return f.Close() })
+	return strings.TrimSpace(prev), nil
 }
 
 func uniq(in []string) []string {
@@ -256,22 +339,51 @@ func (s *Stack) podTrouble(ctx context.Context, namespace string, labels map[str
 	return strings.Join(out, "; ")
 }
 
-// DownCluster stops the make cluster whose pid file is in the state
-// folder, waiting for it to stop everything, then sweeps whatever a killed
-// one left behind.
+// DownCluster stops the make cluster that holds the machine-wide lock,
+// waiting up to two minutes for it to stop everything, then sweeps what a
+// killed one left behind: in the state folder the lock names, and in
+// o.StateDir.
 func DownCluster(o Options) error {
 	s := &Stack{opts: o, began: time.Now(), host: defaultHostNames()}
 	if s.opts.Progress == nil {
 		s.opts.Progress = io.Discard
 	}
-	if b, err := os.ReadFile(s.path("pid")); err == nil {
-		if pid, err := strconv.Atoi(strings.TrimSpace(string(b))); err == nil && syscall.Kill(pid, syscall.SIGTERM) == nil {
+	if real, err := filepath.EvalSymlinks(s.opts.StateDir); err == nil {
+		s.opts.StateDir = real
+	}
+	var recorded string
+	if f, err := os.OpenFile(filepath.Join(s.host.runDir, "lock"), os.O_RDWR, 0); err == nil {
+		b, _ := io.ReadAll(f)
+		pidText, rest, _ := strings.Cut(string(b), "\n")
+		recorded = strings.TrimSpace(rest)
+		// Only a held lock names a live cluster: a pid from a stale file
+		// may be anyone's now.
+		if syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+			pid, err := strconv.Atoi(strings.TrimSpace(pidText))
+			if err != nil || pid <= 1 {
+				_ = f.Close()
+				return errors.Errorf("the machine-wide lock is held but names no pid (%q)", pidText)
+			}
 			s.Logf("stopping make cluster (pid %d) ...", pid)
-			for syscall.Kill(pid, 0) == nil {
+			_ = syscall.Kill(pid, syscall.SIGTERM)
+			deadline := time.Now().Add(2 * time.Minute)
+			for syscall.Flock(int(f.Fd()), syscall.LOCK_EX|syscall.LOCK_NB) != nil {
+				if time.Now().After(deadline) {
+					_ = f.Close()
+					return errors.Errorf("make cluster (pid %d) did not stop within two minutes", pid)
+				}
 				time.Sleep(200 * time.Millisecond)
 			}
 		}
-		_ = os.Remove(s.path("pid"))
+		defer f.Close() //nolint:errcheck // Releases the lock.
+	}
+	if recorded != "" && recorded != s.opts.StateDir {
+		old := &Stack{opts: s.opts, host: s.host}
+		old.opts.StateDir = recorded
+		old.sweepNode(context.Background())
+		if left := old.ClusterLeftBehind(); len(left) > 0 {
+			return errors.Errorf("still on this machine: %s", strings.Join(left, ", "))
+		}
 	}
 	s.sweepNode(context.Background())
 	if left := s.ClusterLeftBehind(); len(left) > 0 {
@@ -305,6 +417,9 @@ func (s *Stack) ClusterLeftBehind() []string {
 			}
 		}
 	}
+	if _, err := os.Stat(s.sysctlSnapshot()); err == nil {
+		left = append(left, "machine settings not restored from "+s.sysctlSnapshot())
+	}
 	for _, link := range []string{s.host.bridge, s.host.targetVeth} {
 		if exec.Command("ip", "link", "show", link).Run() == nil {
 			left = append(left, "link "+link)
@@ -323,7 +438,7 @@ func (s *Stack) ClusterLeftBehind() []string {
 			out, _ := exec.Command(bin, "-w", "-t", table, "-S").Output()
 			for _, line := range strings.Split(string(out), "\n") {
 				f := strings.Fields(line)
-				if len(f) == 2 && f[0] == "-N" && (f[1] == s.host.guard || contains(s.host.kubeChains, f[1]) || s.host.machineWide && strings.HasPrefix(f[1], "KUBE-")) {
+				if len(f) == 2 && f[0] == "-N" && (strings.HasPrefix(f[1], s.host.guard) || contains(s.host.kubeChains, f[1]) || s.host.machineWide && strings.HasPrefix(f[1], "KUBE-")) {
 					left = append(left, bin+" "+table+" chain "+f[1])
 				}
 			}

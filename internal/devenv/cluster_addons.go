@@ -30,29 +30,55 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
 )
 
-// serveRegistry serves an in-process OCI registry on addr until Down.
-func (s *Stack) serveRegistry(addr string) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return errors.Wrapf(err, "cannot listen for the registry on %s", addr)
-	}
+// serveRegistry serves an in-process OCI registry on addr until Down, and
+// returns its handler, for a second listener.
+func (s *Stack) serveRegistry(addr string) (http.Handler, error) {
 	logf, err := os.OpenFile(s.path("logs", "registry.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
-		_ = ln.Close()
-		return errors.Wrap(err, "cannot open the registry log")
+		return nil, errors.Wrap(err, "cannot open the registry log")
 	}
-	srv := &http.Server{Handler: registry.New(registry.Logger(log.New(logf, "", log.LstdFlags))), ReadHeaderTimeout: 10 * time.Second}
-	go srv.Serve(ln)                                                              //nolint:errcheck // Ends with Close.
-	s.onDown("registry", func() error { defer logf.Close(); return srv.Close() }) //nolint:errcheck // Only its log.
-	s.Registry = ln.Addr().String()
+	h := registry.New(registry.Logger(log.New(logf, "", log.LstdFlags)))
+	if err := s.serve("registry", addr, h); err != nil {
+		_ = logf.Close()
+		return nil, err
+	}
+	s.onDown("registry log", logf.Close)
+	s.Registry = addr
+	s.pushTo = addr
+	return h, nil
+}
+
+// serve serves h on addr until Down.
+func (s *Stack) serve(name, addr string, h http.Handler) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return errors.Wrapf(err, "cannot listen for the %s on %s", name, addr)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln) //nolint:errcheck // Ends with Close.
+	s.onDown(name, srv.Close)
 	return nil
+}
+
+// readOnly lets only pulls through: every pod reaches the registry on the
+// node's address, and none may replace what it serves.
+func readOnly(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusMethodNotAllowed)
+			_, _ = io.WriteString(w, `{"errors":[{"code":"DENIED","message":"this registry only serves pulls here"}]}`+"\n")
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // pushPackages pushes the three packages into the registry, where ref
 // names them.
 func (s *Stack) pushPackages(ctx context.Context) error {
 	for _, p := range packages {
-		if err := s.push(ctx, filepath.Join(s.opts.Root, "_output", p+".xpkg"), s.ref(p)); err != nil {
+		if err := s.push(ctx, filepath.Join(s.opts.Root, "_output", p+".xpkg"), s.pushRef(p)); err != nil {
 			return err
 		}
 	}
@@ -76,9 +102,19 @@ func (s *Stack) push(ctx context.Context, tarPath, to string) error {
 // and pushes the packages and the images under the names the tarballs
 // carry, moved from the published registry to this one.
 func (s *Stack) startClusterRegistry(ctx context.Context) error {
-	if err := s.serveRegistry(registryHost()); err != nil {
+	port, err := s.port("registry-push")
+	if err != nil {
 		return err
 	}
+	// Pushes go to loopback; the node's address serves pulls only.
+	h, err := s.serveRegistry(fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		return err
+	}
+	if err := s.serve("registry (pulls)", registryHost(), readOnly(h)); err != nil {
+		return err
+	}
+	s.Registry = registryHost()
 	if err := s.pushPackages(ctx); err != nil {
 		return err
 	}
@@ -91,7 +127,7 @@ func (s *Stack) startClusterRegistry(ctx context.Context) error {
 		if !strings.HasPrefix(tag, upstreamHost+"/") {
 			return errors.Errorf("image %s is not under %s", tag, upstreamHost)
 		}
-		if err := s.push(ctx, s.image(im), registryHost()+strings.TrimPrefix(tag, upstreamHost)); err != nil {
+		if err := s.push(ctx, s.image(im), s.pushTo+strings.TrimPrefix(tag, upstreamHost)); err != nil {
 			return err
 		}
 	}

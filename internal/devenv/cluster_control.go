@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/pkg/errors"
@@ -84,6 +85,14 @@ func (s *Stack) issueClusterPKI(_ context.Context) error {
 		[]net.IP{node, net.ParseIP(kubernetesServiceIP), net.IPv4(127, 0, 0, 1)}); err != nil {
 		return err
 	}
+	// etcd serves TLS to clients with certificates of this CA only, the
+	// apiserver's, so that no other user of this machine reaches it.
+	if err := pair("etcd", pkix.Name{CommonName: "etcd"}, []string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)}); err != nil {
+		return err
+	}
+	if err := pair("apiserver-etcd-client", pkix.Name{CommonName: "kube-apiserver-etcd-client"}, nil, nil); err != nil {
+		return err
+	}
 	if err := pair("apiserver-kubelet-client", pkix.Name{CommonName: "kube-apiserver-kubelet-client", Organization: []string{"system:masters"}}, nil, nil); err != nil {
 		return err
 	}
@@ -142,26 +151,56 @@ func (s *Stack) startClusterControlPlane(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	etcdURL := fmt.Sprintf("http://127.0.0.1:%d", ports[0])
+	pki := func(f string) string { return s.path("pki", f) }
+	etcdURL := fmt.Sprintf("https://127.0.0.1:%d", ports[0])
+	peerURL := fmt.Sprintf("https://127.0.0.1:%d", ports[1])
 	etcd, err := s.start("etcd", s.bin("etcd"), []string{
 		"--name=egress-cluster",
 		"--data-dir=" + s.path("etcd"),
 		"--listen-client-urls=" + etcdURL,
 		"--advertise-client-urls=" + etcdURL,
-		fmt.Sprintf("--listen-peer-urls=http://127.0.0.1:%d", ports[1]),
-		fmt.Sprintf("--initial-advertise-peer-urls=http://127.0.0.1:%d", ports[1]),
-		fmt.Sprintf("--initial-cluster=egress-cluster=http://127.0.0.1:%d", ports[1]),
+		"--listen-peer-urls=" + peerURL,
+		"--initial-advertise-peer-urls=" + peerURL,
+		"--initial-cluster=egress-cluster=" + peerURL,
+		"--cert-file=" + pki("etcd.crt"), "--key-file=" + pki("etcd.key"),
+		"--client-cert-auth", "--trusted-ca-file=" + pki("ca.crt"),
+		"--peer-cert-file=" + pki("etcd.crt"), "--peer-key-file=" + pki("etcd.key"),
+		"--peer-client-cert-auth", "--peer-trusted-ca-file=" + pki("ca.crt"),
 		"--unsafe-no-fsync",
 	})
 	if err != nil {
 		return err
 	}
-	if err := waitHTTP(ctx, etcd, etcdURL+"/health", time.Minute); err != nil {
+	if err := waitTCP(ctx, etcd, strings.TrimPrefix(etcdURL, "https://"), time.Minute); err != nil {
 		return err
 	}
-	pki := func(f string) string { return s.path("pki", f) }
+	// Pods get the baseline Pod Security Standard unless their namespace
+	// says otherwise, and warnings against restricted.
+	admission := s.path("admission.yaml")
+	if err := os.WriteFile(admission, []byte(`apiVersion: apiserver.config.k8s.io/v1
+kind: AdmissionConfiguration
+plugins:
+- name: PodSecurity
+  configuration:
+    apiVersion: pod-security.admission.config.k8s.io/v1
+    kind: PodSecurityConfiguration
+    defaults:
+      enforce: baseline
+      enforce-version: latest
+      audit: restricted
+      audit-version: latest
+      warn: restricted
+      warn-version: latest
+    exemptions: {}
+`), 0o644); err != nil { //nolint:gosec // Not secret.
+		return errors.Wrap(err, "cannot write the admission configuration")
+	}
 	api, err := s.start("kube-apiserver", s.bin("kube-apiserver"), []string{
 		"--etcd-servers=" + etcdURL,
+		"--etcd-cafile=" + pki("ca.crt"),
+		"--etcd-certfile=" + pki("apiserver-etcd-client.crt"),
+		"--etcd-keyfile=" + pki("apiserver-etcd-client.key"),
+		"--admission-control-config-file=" + admission,
 		"--advertise-address=" + NodeIP,
 		"--bind-address=" + NodeIP,
 		fmt.Sprintf("--secure-port=%d", APIServerPort),

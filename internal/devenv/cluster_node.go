@@ -3,6 +3,7 @@ package devenv
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -21,11 +22,70 @@ import (
 // sysctls the node needs: forwarding (Service traffic is DNATed on the
 // node, then forwarded back onto the bridge), and bridged traffic through
 // iptables (a reply between two pods on the bridge must meet conntrack to
-// be un-DNATed). Their old values are restored on Down.
+// be un-DNATed).
 var sysctls = map[string]string{
-	"/proc/sys/net/ipv4/ip_forward":                 "1",
-	"/proc/sys/net/bridge/bridge-nf-call-iptables":  "1",
-	"/proc/sys/net/bridge/bridge-nf-call-ip6tables": "1",
+	"net/ipv4/ip_forward":                 "1",
+	"net/bridge/bridge-nf-call-iptables":  "1",
+	"net/bridge/bridge-nf-call-ip6tables": "1",
+}
+
+// machineSysctls are the machine-wide settings a node changes, under
+// /proc/sys: those above, the kubelet's (it sets the kernel's panic and
+// overcommit behaviour and key quotas at start) and kube-proxy's
+// (conntrack). They are saved before anything starts and put back by the
+// sweep.
+var machineSysctls = []string{
+	"net/ipv4/ip_forward", "net/bridge/bridge-nf-call-iptables", "net/bridge/bridge-nf-call-ip6tables",
+	"kernel/panic", "kernel/panic_on_oops", "vm/overcommit_memory", "vm/panic_on_oom",
+	"kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes",
+	"net/netfilter/nf_conntrack_max", "net/netfilter/nf_conntrack_tcp_timeout_established",
+	"net/netfilter/nf_conntrack_tcp_timeout_close_wait", "net/ipv4/conf/all/route_localnet",
+}
+
+func (s *Stack) sysctlSnapshot() string { return filepath.Join(s.host.runDir, "sysctls.json") }
+
+// saveSysctls records the machine's settings, unless a record is there
+// already: then an earlier cluster was killed before restoring them, and
+// that record holds the machine's own.
+func (s *Stack) saveSysctls() error {
+	if _, err := os.Stat(s.sysctlSnapshot()); err == nil {
+		return nil
+	}
+	saved := map[string]string{}
+	for _, k := range machineSysctls {
+		if b, err := os.ReadFile(filepath.Join(s.host.sysctlRoot, k)); err == nil {
+			saved[k] = strings.TrimSpace(string(b))
+		}
+	}
+	b, _ := json.MarshalIndent(saved, "", "  ")
+	tmp := s.sysctlSnapshot() + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return errors.Wrap(err, "cannot save the machine's settings")
+	}
+	return errors.Wrap(os.Rename(tmp, s.sysctlSnapshot()), "cannot save the machine's settings")
+}
+
+// restoreSysctls puts the recorded settings back and drops the record; a
+// setting it cannot write keeps the record, which ClusterLeftBehind then
+// reports.
+func (s *Stack) restoreSysctls() {
+	b, err := os.ReadFile(s.sysctlSnapshot())
+	if err != nil {
+		return
+	}
+	saved := map[string]string{}
+	if json.Unmarshal(b, &saved) != nil {
+		return
+	}
+	failed := false
+	for k, v := range saved {
+		if err := os.WriteFile(filepath.Join(s.host.sysctlRoot, k), []byte(v), 0o644); err != nil { //nolint:gosec // A sysctl.
+			failed = true
+		}
+	}
+	if !failed {
+		_ = os.Remove(s.sysctlSnapshot())
+	}
 }
 
 // ipCmd runs ip with args, returning its output in the error.
@@ -47,8 +107,7 @@ func iptables(args ...string) error {
 
 // startNetwork makes the bridge with NodeIP, routes Service addresses onto
 // it (so that nothing aimed at a cluster IP takes this machine's default
-// route), sets the sysctls, and guards FORWARD: nothing crosses between the
-// bridge and another interface, either way.
+// route), sets the sysctls, and installs the guard (guardHooks).
 func (s *Stack) startNetwork(_ context.Context) error {
 	for _, args := range [][]string{
 		{"link", "add", s.host.bridge, "type", "bridge"},
@@ -60,33 +119,88 @@ func (s *Stack) startNetwork(_ context.Context) error {
 			return err
 		}
 	}
-	old := map[string]string{}
-	for f, v := range sysctls {
-		b, err := os.ReadFile(f)
-		if err != nil {
+	if err := s.saveSysctls(); err != nil {
+		return err
+	}
+	for k, v := range sysctls {
+		f := filepath.Join(s.host.sysctlRoot, k)
+		if _, err := os.Stat(f); err != nil {
 			return errors.Wrapf(err, "cannot read %s (is the br_netfilter module loaded? modprobe br_netfilter)", f)
 		}
-		old[f] = strings.TrimSpace(string(b))
 		if err := os.WriteFile(f, []byte(v), 0o644); err != nil { //nolint:gosec // A sysctl.
 			return errors.Wrapf(err, "cannot set %s", f)
 		}
 	}
-	s.onDown("sysctls", func() error {
-		for f, v := range old {
-			_ = os.WriteFile(f, []byte(v), 0o644) //nolint:gosec // A sysctl.
-		}
-		return nil
-	})
-	g, br := s.host.guard, s.host.bridge
-	if err := iptables("-N", g); err != nil {
-		return err
+	// No IPv6 on the bridge: pods would reach this machine's services on
+	// its link-local address.
+	if err := os.WriteFile(filepath.Join(s.host.sysctlRoot, "net/ipv6/conf", s.host.bridge, "disable_ipv6"), []byte("1"), 0o644); err != nil { //nolint:gosec // A sysctl.
+		return errors.Wrap(err, "cannot turn IPv6 off on the bridge")
 	}
-	for _, rule := range [][]string{
-		{"-A", g, "-i", br, "!", "-o", br, "-j", "DROP"},
-		{"-A", g, "!", "-i", br, "-o", br, "-j", "DROP"},
-		{"-I", "FORWARD", "1", "-j", g},
-	} {
-		if err := iptables(rule...); err != nil {
+	return s.SetGuard(true)
+}
+
+// guardHook is one chain of the guard, hooked at the top of a built-in
+// chain of a table kube-proxy does not write to.
+type guardHook struct {
+	table, builtin, suffix string
+	rules                  [][]string
+}
+
+// guardHooks are the guard that keeps the pod network on this machine and
+// this machine's services from the pods. kube-proxy prepends its own jumps
+// to FORWARD, INPUT and nat's chains, and accepts marked and established
+// traffic there, so the guard lives where it never writes:
+//   - raw PREROUTING: what comes from the bridge goes only to the pod and
+//     Service networks, and nothing from another interface reaches them;
+//   - mangle PREROUTING: from the bridge, the node's address answers only
+//     on the apiserver, kubelet, registry and NodePort ports (and replies);
+//   - mangle POSTROUTING, before any masquerade: nothing from the pod
+//     network leaves by another interface.
+func (s *Stack) guardHooks() []guardHook {
+	br, node := s.host.bridge, NodeIP
+	return []guardHook{
+		{"raw", "PREROUTING", "-RAW", [][]string{
+			{"-i", br, "-d", PodCIDR, "-j", "RETURN"},
+			{"-i", br, "-d", ServiceCIDR, "-j", "RETURN"},
+			{"-i", br, "-j", "DROP"},
+			// From here on, what came in by another interface.
+			{"!", "-i", "lo", "-d", PodCIDR, "-j", "DROP"},
+			{"!", "-i", "lo", "-d", ServiceCIDR, "-j", "DROP"},
+		}},
+		{"mangle", "PREROUTING", "-IN", [][]string{
+			{"-i", br, "-d", node, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN"},
+			{"-i", br, "-d", node, "-p", "tcp", "-m", "multiport", "--dports", fmt.Sprintf("%d,10250,%d,30000:32767", APIServerPort, RegistryPort), "-j", "RETURN"},
+			{"-i", br, "-d", node, "-j", "DROP"},
+		}},
+		{"mangle", "POSTROUTING", "-OUT", [][]string{
+			{"-o", br, "-j", "RETURN"},
+			{"-o", "lo", "-j", "RETURN"},
+			{"-s", PodCIDR, "-j", "DROP"},
+		}},
+	}
+}
+
+// SetGuard installs the guard, or removes it. make e2e-cluster removes it
+// for a moment to show that its check of the guard fails without it.
+func (s *Stack) SetGuard(on bool) error {
+	for _, h := range s.guardHooks() {
+		chain := s.host.guard + h.suffix
+		for iptables("-t", h.table, "-D", h.builtin, "-j", chain) == nil {
+		}
+		_ = iptables("-t", h.table, "-F", chain)
+		_ = iptables("-t", h.table, "-X", chain)
+		if !on {
+			continue
+		}
+		if err := iptables("-t", h.table, "-N", chain); err != nil {
+			return err
+		}
+		for _, r := range h.rules {
+			if err := iptables(append([]string{"-t", h.table, "-A", chain}, r...)...); err != nil {
+				return err
+			}
+		}
+		if err := iptables("-t", h.table, "-I", h.builtin, "1", "-j", chain); err != nil {
 			return err
 		}
 	}
@@ -103,12 +217,15 @@ type hostNames struct {
 	bridge, targetNetns, targetVeth, guard, cgroup string
 	kubeChains                                     []string
 	machineWide                                    bool
+	// runDir holds the machine-wide lock and the saved settings; sysctlRoot
+	// is /proc/sys.
+	runDir, sysctlRoot string
 }
 
 func defaultHostNames() hostNames {
 	return hostNames{
-		bridge: Bridge, targetNetns: TargetNetns, targetVeth: "egt-host", guard: guardChain, cgroup: "kubepods",
-		kubeChains: kubeletChains, machineWide: true,
+		bridge: Bridge, targetNetns: TargetNetns, targetVeth: "egt-host", guard: guardChain, cgroup: "egress-cluster",
+		kubeChains: kubeletChains, machineWide: true, runDir: "/run/egress-cluster", sysctlRoot: "/proc/sys",
 	}
 }
 
@@ -172,6 +289,9 @@ func (s *Stack) sweepNode(ctx context.Context) {
 	if !sweepSkip["mounts"] {
 		unmountUnder(s.opts.StateDir)
 	}
+	if !sweepSkip["mounts"] {
+		s.removeOutsideFiles()
+	}
 	if !sweepSkip["cgroups"] {
 		for _, root := range s.cgroupRoots() {
 			removeCgroupTree(root)
@@ -198,17 +318,50 @@ func (s *Stack) sweepNode(ctx context.Context) {
 	}
 	if !sweepSkip["network"] {
 		_ = exec.Command("ip", "netns", "del", s.host.targetNetns).Run()
-		for iptables("-D", "FORWARD", "-j", s.host.guard) == nil {
-		}
-		_ = iptables("-F", s.host.guard)
-		_ = iptables("-X", s.host.guard)
+		_ = s.SetGuard(false)
 		for _, bin := range []string{"iptables", "ip6tables"} {
 			removeChains(bin, s.host.kubeChains)
 		}
 		_ = exec.Command("ip", "link", "del", s.host.bridge).Run()
 		_ = exec.Command("ip", "link", "del", s.host.targetVeth).Run()
 	}
+	if !sweepSkip["sysctls"] {
+		s.restoreSysctls()
+	}
 }
+
+// Folders outside the state folder where the node leaves files: the
+// kubelet's links to container logs (a fixed path), and libcni's cache of
+// each sandbox's results (containerd names no other).
+var (
+	containerLogLinks = "/var/log/containers"
+	cniResults        = "/var/lib/cni/results"
+)
+
+// removeOutsideFiles removes the kubelet's log links that point into the
+// state folder, and libcni's results of the cluster's network (and of
+// containerd's loopback, on machineWide).
+func (s *Stack) removeOutsideFiles() {
+	abs, _ := filepath.Abs(s.opts.StateDir)
+	if ents, err := os.ReadDir(containerLogLinks); err == nil {
+		for _, e := range ents {
+			p := filepath.Join(containerLogLinks, e.Name())
+			if to, err := os.Readlink(p); err == nil && strings.HasPrefix(to, abs+"/") {
+				_ = os.Remove(p)
+			}
+		}
+	}
+	if ents, err := os.ReadDir(cniResults); err == nil && s.host.machineWide {
+		for _, e := range ents {
+			if strings.HasPrefix(e.Name(), cniNetwork+"-") || strings.HasPrefix(e.Name(), "cni-loopback-") {
+				_ = os.Remove(filepath.Join(cniResults, e.Name()))
+			}
+		}
+	}
+}
+
+// cniNetwork names the pod network in the CNI configuration.
+const cniNetwork = "egress-cluster"
 
 // kubeletChains are the iptables chains the kubelet makes (kube-proxy
 // --cleanup removes kube-proxy's).
@@ -377,7 +530,9 @@ func (s *Stack) startContainerd(ctx context.Context) error {
 	// The published names and the registry's own both resolve to the
 	// registry, over plain HTTP on the node's address.
 	hosts := fmt.Sprintf("server = \"http://%[1]s\"\n\n[host.\"http://%[1]s\"]\n  capabilities = [\"pull\", \"resolve\"]\n", registryHost())
-	for _, h := range []string{upstreamHost, registryHost()} {
+	// _default catches every other registry: the node pulls from nowhere
+	// but its own.
+	for _, h := range []string{upstreamHost, registryHost(), "_default"} {
 		if err := os.MkdirAll(filepath.Join(certs, h), 0o755); err != nil {
 			return errors.Wrap(err, "cannot create containerd's registry hosts")
 		}
@@ -397,6 +552,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
 [grpc]
   address = %[3]q
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = %[8]q
 
 [plugins."io.containerd.grpc.v1.cri"]
   sandbox_image = %[4]q
@@ -419,7 +577,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   [plugins."io.containerd.grpc.v1.cri".registry]
     config_path = %[7]q
 `, filepath.Join(dir, "root"), filepath.Join(dir, "state"), filepath.Join(dir, "containerd.sock"),
-		upstreamPrefix+"pause:"+PackageVersion, runc, filepath.Join(cni, "net.d"), certs)
+		upstreamPrefix+"pause:"+PackageVersion, runc, filepath.Join(cni, "net.d"), certs, filepath.Join(dir, "opt"))
 	if err := os.WriteFile(filepath.Join(dir, "config.toml"), []byte(cfg), 0o644); err != nil { //nolint:gosec // Not secret.
 		return errors.Wrap(err, "cannot write containerd's configuration")
 	}
@@ -427,7 +585,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 	// addresses and routes to the bridge and Service addresses only.
 	conflist := fmt.Sprintf(`{
   "cniVersion": "0.4.0",
-  "name": "egress-cluster",
+  "name": %q,
   "plugins": [
     {
       "type": "bridge",
@@ -446,7 +604,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     {"type": "loopback"}
   ]
 }
-`, Bridge, filepath.Join(cni, "ipam"), PodCIDR, podRangeStart, podRangeEnd, NodeIP, ServiceCIDR, NodeIP)
+`, cniNetwork, s.host.bridge, filepath.Join(cni, "ipam"), PodCIDR, podRangeStart, podRangeEnd, NodeIP, ServiceCIDR, NodeIP)
 	if err := os.WriteFile(filepath.Join(cni, "net.d", "10-egress-cluster.conflist"), []byte(conflist), 0o644); err != nil { //nolint:gosec // Not secret.
 		return errors.Wrap(err, "cannot write the CNI configuration")
 	}
@@ -512,6 +670,9 @@ authorization:
 tlsCertFile: %[4]q
 tlsPrivateKeyFile: %[5]q
 cgroupDriver: cgroupfs
+# Every pod's cgroup lies below this one of the cluster's own, which the
+# sweep empties and removes.
+cgroupRoot: /%[11]s
 failCgroupV1: false
 failSwapOn: false
 containerRuntimeEndpoint: unix://%[6]s
@@ -528,9 +689,12 @@ syncFrequency: 10s
 serializeImagePulls: false
 maxPods: 110
 `, NodeIP, health, s.path("pki", "ca.crt"), s.path("pki", "kubelet.crt"), s.path("pki", "kubelet.key"),
-		s.path("containerd", "containerd.sock"), DNSServiceIP, clusterDomain, resolv, s.path("pod-logs"))
+		s.path("containerd", "containerd.sock"), DNSServiceIP, clusterDomain, resolv, s.path("pod-logs"), s.host.cgroup)
 	if err := os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(cfg), 0o644); err != nil { //nolint:gosec // Not secret.
 		return errors.Wrap(err, "cannot write the kubelet's configuration")
+	}
+	if err := s.makeCgroupRoot(); err != nil {
+		return err
 	}
 	p, err := s.start("kubelet", s.bin("kubelet"), []string{
 		"--config=" + filepath.Join(dir, "config.yaml"),
@@ -562,6 +726,30 @@ maxPods: 110
 	})
 }
 
+// makeCgroupRoot makes the kubelet's cgroup root under every controller;
+// cpuset's needs its parent's CPUs and memory nodes before it takes tasks.
+func (s *Stack) makeCgroupRoot() error {
+	for _, dir := range s.cgroupRoots() {
+		parent := filepath.Dir(dir)
+		if _, err := os.Stat(parent); err != nil || parent == "/sys/fs/cgroup" && !exists(filepath.Join(parent, "cgroup.procs")) {
+			continue
+		}
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			return errors.Wrapf(err, "cannot make the cgroup %s", dir)
+		}
+		for _, f := range []string{"cpuset.cpus", "cpuset.mems"} {
+			if b, err := os.ReadFile(filepath.Join(parent, f)); err == nil {
+				if err := os.WriteFile(filepath.Join(dir, f), b, 0o644); err != nil { //nolint:gosec // A cgroup file.
+					return errors.Wrapf(err, "cannot set %s of %s", f, dir)
+				}
+			}
+		}
+	}
+	return nil
+}
+
+func exists(p string) bool { _, err := os.Stat(p); return err == nil }
+
 // startKubeProxy runs kube-proxy in iptables mode, its NodePorts on NodeIP
 // only.
 func (s *Stack) startKubeProxy(ctx context.Context) error {
@@ -579,9 +767,11 @@ hostnameOverride: %[3]s
 healthzBindAddress: 127.0.0.1:%[4]d
 metricsBindAddress: 127.0.0.1:%[5]d
 nodePortAddresses: [%[6]s/32]
-# Leave the machine's conntrack table sizes alone.
+# Leave the machine's conntrack table size and timeouts alone.
 conntrack:
   maxPerCore: 0
+  tcpEstablishedTimeout: 0s
+  tcpCloseWaitTimeout: 0s
 `, s.path("pki", "kube-proxy.kubeconfig"), PodCIDR, NodeName, ports[0], ports[1], NodeIP)
 	path := s.path("kube-proxy.yaml")
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil { //nolint:gosec // Not secret.

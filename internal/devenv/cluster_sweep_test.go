@@ -16,8 +16,8 @@ import (
 // on this machine: a node process running from the state folder, a
 // container process in the kubelet's cgroup, a mount under the state
 // folder, the bridge and the target host's veth and namespace, and the
-// guard chain with its jump from FORWARD and an ip6tables chain of the
-// kubelet's. It returns the Stack that owns them and, per sweep step, what
+// guard's chains with their jumps and an ip6tables chain of the kubelet's,
+// and the machine's settings changed after they were saved. It returns the Stack that owns them and, per sweep step, what
 // ClusterLeftBehind must report while that step has not run.
 func leftovers(t *testing.T) (*Stack, map[string][]string) {
 	t.Helper()
@@ -33,10 +33,14 @@ func leftovers(t *testing.T) (*Stack, map[string][]string) {
 	_, _ = rand.Read(b)
 	id := hex.EncodeToString(b)
 	state := t.TempDir()
+	if exec.Command("ip", "link", "show", Bridge).Run() == nil {
+		t.Fatalf("make cluster runs (bridge %s exists), and this test's guard rules would cut its pods off: stop it with make cluster-down first", Bridge)
+	}
 	s := &Stack{opts: Options{StateDir: state}, host: hostNames{
 		bridge: "egtbr" + id, targetNetns: "egt-ns-" + id, targetVeth: "egtv" + id,
 		guard: "EGT-GUARD-" + strings.ToUpper(id), cgroup: "egt-kubepods-" + id,
 		kubeChains: []string{"EGT-KUBE-" + strings.ToUpper(id)},
+		runDir:     t.TempDir(), sysctlRoot: t.TempDir(),
 	}}
 	t.Cleanup(func() { s.sweepNode(t.Context()) })
 	run := func(name string, args ...string) {
@@ -94,14 +98,36 @@ func leftovers(t *testing.T) (*Stack, map[string][]string) {
 	run("ip", "netns", "add", s.host.targetNetns)
 	run("ip", "link", "add", s.host.targetVeth, "type", "veth", "peer", "name", "eth0", "netns", s.host.targetNetns)
 	run("ip", "link", "set", s.host.targetVeth, "master", s.host.bridge)
-	run("iptables", "-w", "-N", s.host.guard)
-	run("iptables", "-w", "-A", s.host.guard, "-i", s.host.bridge, "!", "-o", s.host.bridge, "-j", "DROP")
-	run("iptables", "-w", "-I", "FORWARD", "1", "-j", s.host.guard)
+	if err := s.SetGuard(true); err != nil {
+		t.Fatal(err)
+	}
 	run("ip6tables", "-w", "-t", "raw", "-N", s.host.kubeChains[0])
 	run("ip6tables", "-w", "-t", "raw", "-A", "OUTPUT", "-j", s.host.kubeChains[0])
 	want["network"] = append(want["network"],
 		"link "+s.host.bridge, "link "+s.host.targetVeth, "network namespace "+s.host.targetNetns,
-		"iptables filter chain "+s.host.guard, "ip6tables raw chain "+s.host.kubeChains[0])
+		"iptables raw chain "+s.host.guard+"-RAW", "iptables mangle chain "+s.host.guard+"-IN",
+		"iptables mangle chain "+s.host.guard+"-OUT", "ip6tables raw chain "+s.host.kubeChains[0])
+
+	// The machine's settings, saved, then changed as a node changes them
+	// (in a stand-in /proc/sys).
+	for _, k := range machineSysctls {
+		f := filepath.Join(s.host.sysctlRoot, k)
+		if err := os.MkdirAll(filepath.Dir(f), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(f, []byte("machine's own\n"), 0o644); err != nil { //nolint:gosec // A stand-in.
+			t.Fatal(err)
+		}
+	}
+	if err := s.saveSysctls(); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range machineSysctls {
+		if err := os.WriteFile(filepath.Join(s.host.sysctlRoot, k), []byte("node's"), 0o644); err != nil { //nolint:gosec // A stand-in.
+			t.Fatal(err)
+		}
+	}
+	want["sysctls"] = []string{"machine settings not restored"}
 	return s, want
 }
 
@@ -137,7 +163,7 @@ func TestSweepLeavesNothing(t *testing.T) {
 
 	// Mutations: each step of the sweep left out in turn. Only the step
 	// that removes a thing may leave it, and the checker must say so.
-	for _, step := range []string{"network", "mounts", "cgroups", "processes"} {
+	for _, step := range []string{"network", "mounts", "cgroups", "sysctls", "processes"} {
 		sweepSkip = map[string]bool{step: true}
 		s.sweepNode(t.Context())
 		sweepSkip = map[string]bool{}
@@ -170,5 +196,10 @@ func TestSweepLeavesNothing(t *testing.T) {
 			t.Fatalf("the sweep left %v", left)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+	for _, k := range machineSysctls {
+		if b, _ := os.ReadFile(filepath.Join(s.host.sysctlRoot, k)); string(b) != "machine's own" {
+			t.Errorf("%s is %q after the sweep, want the machine's own value back", k, b)
+		}
 	}
 }

@@ -134,7 +134,7 @@ func (s *Stack) startRegistry(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := s.serveRegistry(fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
+	if _, err := s.serveRegistry(fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
 		return err
 	}
 	return s.pushPackages(ctx)
@@ -143,6 +143,11 @@ func (s *Stack) startRegistry(ctx context.Context) error {
 // ref is where the local registry serves a package.
 func (s *Stack) ref(pkg string) string {
 	return fmt.Sprintf("%s/kacerr/%s:%s", s.Registry, pkg, PackageVersion)
+}
+
+// pushRef is where a package is pushed to the local registry.
+func (s *Stack) pushRef(pkg string) string {
+	return fmt.Sprintf("%s/kacerr/%s:%s", s.pushTo, pkg, PackageVersion)
 }
 
 // installConfiguration points Crossplane's pulls of the published packages

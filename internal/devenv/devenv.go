@@ -106,6 +106,8 @@ type Stack struct {
 	SquidDir string
 	// Registry is host:port of the in-process OCI registry.
 	Registry string
+	// pushTo is host:port where the registry takes pushes.
+	pushTo string
 	// ExamplesApplied is when examples/local/ was applied.
 	ExamplesApplied time.Time
 
