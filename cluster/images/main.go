@@ -62,6 +62,10 @@ const (
 	provider  = "provider"
 	function  = "function"
 	discovery = "discovery"
+	// The images make cluster adds.
+	pause      = "pause"
+	coredns    = "coredns"
+	crossplane = "crossplane"
 	// Ports: metrics (and discovery's API), health probes, gRPC.
 	port8080 = "8080/tcp"
 	port8081 = "8081/tcp"
@@ -81,15 +85,15 @@ var components = map[string]component{
 		image: "egress-discovery", pkg: "./cmd/discovery", binary: discovery,
 		ports: []string{port8080, port8081}, comment: "egress-discovery API and lease controller",
 	},
-	"pause": {
-		image: "pause", pkg: "./cluster/pause", binary: "pause", comment: "make cluster's pod sandbox",
+	pause: {
+		image: pause, pkg: "./cluster/pause", binary: pause, comment: "make cluster's pod sandbox",
 	},
-	"coredns": {
-		image: "coredns", prebuilt: "coredns", binary: "coredns",
+	coredns: {
+		image: coredns, prebuilt: coredns, binary: coredns,
 		ports: []string{"1053/udp", "1053/tcp"}, comment: "make cluster's DNS (CoreDNS, pinned in hack/tools/coredns)", tag: "v1.15.0",
 	},
-	"crossplane": {
-		image: "crossplane", prebuilt: "crossplane-core", binary: "crossplane",
+	crossplane: {
+		image: crossplane, prebuilt: "crossplane-core", binary: crossplane,
 		trees:   map[string]string{"crds": "crossplane-crds"},
 		comment: "Crossplane core (pinned in hack/tools/core) with the CRDs core init installs", tag: "v2.4.0",
 	},
@@ -99,7 +103,7 @@ var components = map[string]component{
 const Squid = "squid"
 
 // Names are every image this command builds, in build order.
-var Names = []string{provider, function, discovery, "pause", "coredns", "crossplane", Squid}
+var Names = []string{provider, function, discovery, pause, coredns, crossplane, Squid}
 
 // epoch stamps every file and the image config, so a rebuild from the same
 // source yields the same digests.

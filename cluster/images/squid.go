@@ -52,70 +52,99 @@ func squidImage(cache string) (v1.Image, error) {
 	if err := os.MkdirAll(cache, 0o755); err != nil {
 		return nil, errors.Wrap(err, "cannot create the package cache")
 	}
-	have := map[string][]tarEntry{} // package -> its files
-	versions := map[string]string{}
-	provided := map[string]bool{} // sonames the image holds in library folders
-	files := map[string]bool{}    // every path the image holds
-	queue := append([]string(nil), squidRoots...)
-	for len(queue) > 0 {
-		for len(queue) > 0 {
-			pkg := queue[0]
-			queue = queue[1:]
-			if _, ok := have[pkg]; ok {
-				continue
-			}
-			deb, ver, err := download(cache, pkg)
-			if err != nil {
+	c := &closure{cache: cache, have: map[string][]tarEntry{}, versions: map[string]string{}, provided: map[string]bool{}, files: map[string]bool{}}
+	for queue := append([]string(nil), squidRoots...); len(queue) > 0; {
+		for _, pkg := range queue {
+			if err := c.add(pkg); err != nil {
 				return nil, err
 			}
-			versions[pkg] = ver
-			entries, err := unpack(deb)
-			if err != nil {
-				return nil, errors.Wrapf(err, "cannot unpack %s", deb)
-			}
-			have[pkg] = entries
-			for _, e := range entries {
-				files[strings.TrimSuffix(e.hdr.Name, "/")] = true
-				if isLibDir(path.Dir(e.hdr.Name)) {
-					provided[path.Base(e.hdr.Name)] = true
-				}
-			}
 		}
-		// Which sonames do the image's programs and libraries need that no
-		// package of it holds?
-		missing := map[string]bool{}
-		for _, entries := range have {
-			for _, e := range entries {
-				// The loader must be in the image, by the path programs
-				// name, as a file or a link.
-				if interp := interpreter(e); interp != "" && !files[interp] {
-					missing[path.Base(interp)] = true
-				}
-				for _, lib := range needed(e) {
-					// A plugin's own folder (gconv's, through $ORIGIN) counts.
-					if !provided[lib] && !files[path.Join(path.Dir(e.hdr.Name), lib)] {
-						missing[lib] = true
-					}
-				}
-			}
-		}
-		libs := make([]string, 0, len(missing))
-		for lib := range missing {
-			libs = append(libs, lib)
-		}
-		sort.Strings(libs)
-		for _, lib := range libs {
+		queue = nil
+		for _, lib := range c.missing() {
 			pkg, err := owner(lib)
 			if err != nil {
 				return nil, err
 			}
-			if _, ok := have[pkg]; ok {
+			if _, ok := c.have[pkg]; ok {
 				return nil, errors.Errorf("package %s holds %s outside the library folders", pkg, lib)
 			}
 			queue = append(queue, pkg)
 		}
 	}
+	return c.image()
+}
 
+// closure is a set of Debian packages, unpacked, and what they hold.
+type closure struct {
+	cache    string
+	have     map[string][]tarEntry // package -> its files
+	versions map[string]string
+	provided map[string]bool // sonames held in library folders
+	files    map[string]bool // every path held
+	loads    []load          // what the ELF files load
+}
+
+// load is what one ELF file needs: its loader and its libraries.
+type load struct {
+	dir, interp string
+	libs        []string
+}
+
+// add downloads and unpacks a package, unless the closure has it.
+func (c *closure) add(pkg string) error {
+	if _, ok := c.have[pkg]; ok {
+		return nil
+	}
+	deb, ver, err := download(c.cache, pkg)
+	if err != nil {
+		return err
+	}
+	entries, err := unpack(deb)
+	if err != nil {
+		return errors.Wrapf(err, "cannot unpack %s", deb)
+	}
+	c.versions[pkg], c.have[pkg] = ver, entries
+	for _, e := range entries {
+		c.files[strings.TrimSuffix(e.hdr.Name, "/")] = true
+		if isLibDir(path.Dir(e.hdr.Name)) {
+			c.provided[path.Base(e.hdr.Name)] = true
+		}
+		if interp, libs := interpreter(e), needed(e); interp != "" || len(libs) > 0 {
+			c.loads = append(c.loads, load{dir: path.Dir(e.hdr.Name), interp: interp, libs: libs})
+		}
+	}
+	return nil
+}
+
+// missing lists, sorted, the sonames the closure's programs and libraries
+// load that none of its packages holds, and their loader when it lacks it.
+func (c *closure) missing() []string {
+	missing := map[string]bool{}
+	for _, l := range c.loads {
+		// The loader must be in the image, by the path programs name, as a
+		// file or a link.
+		if l.interp != "" && !c.files[l.interp] {
+			missing[path.Base(l.interp)] = true
+		}
+		for _, lib := range l.libs {
+			// A plugin's own folder (gconv's, through $ORIGIN) counts.
+			if !c.provided[lib] && !c.files[path.Join(l.dir, lib)] {
+				missing[lib] = true
+			}
+		}
+	}
+	libs := make([]string, 0, len(missing))
+	for lib := range missing {
+		libs = append(libs, lib)
+	}
+	sort.Strings(libs)
+	return libs
+}
+
+// image assembles the closure, one layer per package in name order, with
+// the user database on top.
+func (c *closure) image() (v1.Image, error) {
+	have, versions := c.have, c.versions
 	pkgs := make([]string, 0, len(have))
 	for p := range have {
 		pkgs = append(pkgs, p)
@@ -309,7 +338,7 @@ func unpack(deb string) ([]tarEntry, error) {
 	var entries []tarEntry
 	for {
 		h, err := tr.Next()
-		if err == io.EOF {
+		if errors.Is(err, io.EOF) {
 			return entries, nil
 		}
 		if err != nil {

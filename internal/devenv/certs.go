@@ -71,7 +71,7 @@ func loadAuthority(certPEM, keyPEM []byte) (*authority, error) {
 // as a client certificate too (function servers check Crossplane's, and
 // Crossplane checks theirs).
 func (a *authority) issue(cn string) (certPEM, keyPEM []byte, err error) {
-	return a.issueFor(pkix.Name{CommonName: cn}, []string{cn, "localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)})
+	return a.issueFor(pkix.Name{CommonName: cn}, []string{cn, localhost}, []net.IP{net.IPv4(127, 0, 0, 1)})
 }
 
 // issueFor signs a certificate for subject, valid for the names and
@@ -113,7 +113,7 @@ func writeServerFiles(caName, caFile, certFile, keyFile string) error {
 	if err != nil {
 		return err
 	}
-	crt, key, err := ca.issue("localhost")
+	crt, key, err := ca.issue(localhost)
 	if err != nil {
 		return err
 	}

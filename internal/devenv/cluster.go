@@ -69,22 +69,22 @@ const (
 
 // ClusterBinaries are the programs make cluster runs from bin/.
 var ClusterBinaries = []string{
-	"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy",
-	"kubectl", "crossplane", "egressctl",
+	binEtcd, binAPIServer, binKCM, binScheduler, binKubelet, binKubeProxy,
+	"kubectl", binCrossplane, "egressctl",
 }
 
 // ClusterImages are the image tarballs make cluster serves, from
 // _output/images/, by file name.
-var ClusterImages = []string{"pause", "coredns", "crossplane", "squid", "discovery"}
+var ClusterImages = []string{"pause", "coredns", binCrossplane, "squid", "discovery"}
 
 // hostTools are the Debian packages' programs the node needs, and where
 // they come from.
 var hostTools = map[string]string{
-	"containerd":            "containerd",
+	binContainerd:           binContainerd,
 	"runc":                  "runc",
-	"ctr":                   "containerd",
-	"iptables":              "iptables",
-	"conntrack":             "conntrack",
+	"ctr":                   binContainerd,
+	binIptables:             binIptables,
+	binConntrack:            binConntrack,
 	"ip":                    "iproute2",
 	"/usr/lib/cni/bridge":   "containernetworking-plugins",
 	"/usr/lib/cni/loopback": "containernetworking-plugins",
@@ -133,6 +133,47 @@ func UpCluster(ctx context.Context, o Options) (*Stack, error) {
 }
 
 func (s *Stack) prepareCluster(ctx context.Context) error {
+	if err := s.checkClusterPrereqs(); err != nil {
+		return err
+	}
+	if err := s.checkStateDir(); err != nil {
+		return err
+	}
+	prev, err := s.lockHost()
+	if err != nil {
+		return err
+	}
+	// A cluster that was not stopped (a killed make cluster) leaves its
+	// processes, mounts, network and sysctls behind: clear them, then
+	// the state.
+	if prev != "" && prev != s.opts.StateDir {
+		old := &Stack{opts: s.opts, host: s.host}
+		old.opts.StateDir = prev
+		old.sweepNode(ctx)
+	}
+	s.sweepNode(ctx)
+	if err := os.RemoveAll(s.opts.StateDir); err != nil {
+		return errors.Wrap(err, "cannot clear the state folder")
+	}
+	for _, d := range []string{s.opts.StateDir, s.path("logs"), s.path("pki")} {
+		if err := os.MkdirAll(d, 0o755); err != nil {
+			return errors.Wrap(err, "cannot create the state folder")
+		}
+	}
+	if err := os.WriteFile(s.path(stateMarker), []byte("make cluster's state; emptied at every start\n"), 0o644); err != nil { //nolint:gosec // Not secret.
+		return errors.Wrap(err, "cannot mark the state folder")
+	}
+	s.state.Ports = map[string]int{}
+	// The node is swept once more when everything else has stopped, and
+	// the machine's settings restored.
+	s.onDown("node", func() error { s.sweepNode(context.Background()); return nil })
+	return nil
+}
+
+// checkClusterPrereqs checks for root, and for the binaries, images,
+// packages and Debian tools the cluster needs, naming what is missing and
+// how to get it.
+func (s *Stack) checkClusterPrereqs() error {
 	if os.Geteuid() != 0 {
 		return errors.New("make cluster runs containerd, kubelet and kube-proxy, and changes iptables: run it as root")
 	}
@@ -169,37 +210,6 @@ func (s *Stack) prepareCluster(ctx context.Context) error {
 	if len(apt) > 0 {
 		return errors.Errorf("the node needs Debian packages: apt-get install -y %s", strings.Join(uniq(apt), " "))
 	}
-	if err := s.checkStateDir(); err != nil {
-		return err
-	}
-	prev, err := s.lockHost()
-	if err != nil {
-		return err
-	}
-	// A cluster that was not stopped (a killed make cluster) leaves its
-	// processes, mounts, network and sysctls behind: clear them, then
-	// the state.
-	if prev != "" && prev != s.opts.StateDir {
-		old := &Stack{opts: s.opts, host: s.host}
-		old.opts.StateDir = prev
-		old.sweepNode(ctx)
-	}
-	s.sweepNode(ctx)
-	if err := os.RemoveAll(s.opts.StateDir); err != nil {
-		return errors.Wrap(err, "cannot clear the state folder")
-	}
-	for _, d := range []string{s.opts.StateDir, s.path("logs"), s.path("pki")} {
-		if err := os.MkdirAll(d, 0o755); err != nil {
-			return errors.Wrap(err, "cannot create the state folder")
-		}
-	}
-	if err := os.WriteFile(s.path(stateMarker), []byte("make cluster's state; emptied at every start\n"), 0o644); err != nil { //nolint:gosec // Not secret.
-		return errors.Wrap(err, "cannot mark the state folder")
-	}
-	s.state.Ports = map[string]int{}
-	// The node is swept once more when everything else has stopped, and
-	// the machine's settings restored.
-	s.onDown("node", func() error { s.sweepNode(context.Background()); return nil })
 	return nil
 }
 
@@ -405,10 +415,26 @@ func (s *Stack) ClusterLeftBehind() []string {
 		left = append(left, fmt.Sprintf("process %d (%s)", pid, cmdline(pid)))
 	}
 	for _, root := range s.cgroupRoots() {
-		if _, err := os.Stat(root); err == nil {
+		if exists(root) {
 			left = append(left, "cgroup "+root)
 		}
 	}
+	left = append(left, s.mountsLeft()...)
+	if exists(s.sysctlSnapshot()) {
+		left = append(left, "machine settings not restored from "+s.sysctlSnapshot())
+	}
+	for _, link := range []string{s.host.bridge, s.host.targetVeth} {
+		if exec.Command("ip", "link", "show", link).Run() == nil {
+			left = append(left, "link "+link)
+		}
+	}
+	left = append(left, s.namespacesLeft()...)
+	return append(left, s.chainsLeft()...)
+}
+
+// mountsLeft lists the mounts under the state folder.
+func (s *Stack) mountsLeft() []string {
+	var left []string
 	abs, _ := filepath.Abs(s.opts.StateDir)
 	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
 		for _, line := range strings.Split(string(b), "\n") {
@@ -417,24 +443,32 @@ func (s *Stack) ClusterLeftBehind() []string {
 			}
 		}
 	}
-	if _, err := os.Stat(s.sysctlSnapshot()); err == nil {
-		left = append(left, "machine settings not restored from "+s.sysctlSnapshot())
+	return left
+}
+
+// namespacesLeft lists the target host's network namespace and, machine
+// wide, the pods'.
+func (s *Stack) namespacesLeft() []string {
+	var left []string
+	out, err := exec.Command("ip", "netns", "list").Output()
+	if err != nil {
+		return nil
 	}
-	for _, link := range []string{s.host.bridge, s.host.targetVeth} {
-		if exec.Command("ip", "link", "show", link).Run() == nil {
-			left = append(left, "link "+link)
+	for _, line := range strings.Split(string(out), "\n") {
+		f := strings.Fields(line)
+		if len(f) > 0 && (f[0] == s.host.targetNetns || s.host.machineWide && strings.HasPrefix(f[0], "cni-")) {
+			left = append(left, "network namespace "+f[0])
 		}
 	}
-	if out, err := exec.Command("ip", "netns", "list").Output(); err == nil {
-		for _, line := range strings.Split(string(out), "\n") {
-			f := strings.Fields(line)
-			if len(f) > 0 && (f[0] == s.host.targetNetns || s.host.machineWide && strings.HasPrefix(f[0], "cni-")) {
-				left = append(left, "network namespace "+f[0])
-			}
-		}
-	}
-	for _, bin := range []string{"iptables", "ip6tables"} {
-		for _, table := range []string{"filter", "nat", "mangle", "raw"} {
+	return left
+}
+
+// chainsLeft lists the guard's and the kubelet's chains and, machine wide,
+// any KUBE- chain, in IPv4 and IPv6.
+func (s *Stack) chainsLeft() []string {
+	var left []string
+	for _, bin := range []string{binIptables, "ip6tables"} {
+		for _, table := range iptablesTables {
 			out, _ := exec.Command(bin, "-w", "-t", table, "-S").Output()
 			for _, line := range strings.Split(string(out), "\n") {
 				f := strings.Fields(line)

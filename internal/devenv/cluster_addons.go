@@ -151,16 +151,17 @@ func targetHostURL() string { return fmt.Sprintf("https://%s:%d/ip", TargetHostI
 // this run. The CA is written to TargetCA and, for the provider's probes,
 // to the ConfigMap egress-probe-ca in crossplane-system.
 func (s *Stack) startTargetHost(ctx context.Context) error {
-	for _, args := range [][]string{
-		{"netns", "add", s.host.targetNetns},
-		{"link", "add", s.host.targetVeth, "type", "veth", "peer", "name", "eth0", "netns", s.host.targetNetns},
-		{"link", "set", s.host.targetVeth, "master", s.host.bridge},
-		{"link", "set", s.host.targetVeth, "up"},
-		{"-n", s.host.targetNetns, "addr", "add", TargetHostIP + "/24", "dev", "eth0"},
-		{"-n", s.host.targetNetns, "link", "set", "lo", "up"},
-		{"-n", s.host.targetNetns, "link", "set", "eth0", "up"},
+	ns, veth := s.host.targetNetns, s.host.targetVeth
+	for _, cmd := range []string{
+		"netns add " + ns,
+		"link add " + veth + " type veth peer name eth0 netns " + ns,
+		"link set " + veth + " master " + s.host.bridge,
+		"link set " + veth + " up",
+		"-n " + ns + " addr add " + TargetHostIP + "/24 dev eth0",
+		"-n " + ns + " link set lo up",
+		"-n " + ns + " link set eth0 up",
 	} {
-		if err := ipCmd(args...); err != nil {
+		if err := ipCmd(strings.Fields(cmd)...); err != nil {
 			return err
 		}
 	}
@@ -197,7 +198,7 @@ func (s *Stack) startTargetHost(ctx context.Context) error {
 	}
 	cm := &corev1.ConfigMap{
 		ObjectMeta: metav1.ObjectMeta{Namespace: crossplaneNamespace, Name: "egress-probe-ca"},
-		Data:       map[string]string{"ca.crt": string(ca.certPEM)},
+		Data:       map[string]string{caFile: string(ca.certPEM)},
 	}
 	return errors.Wrap(s.Client.Create(ctx, cm), "cannot create the ConfigMap egress-probe-ca")
 }
@@ -205,12 +206,12 @@ func (s *Stack) startTargetHost(ctx context.Context) error {
 // startClusterCrossplane applies cluster/crossplane (core and the RBAC
 // manager) and cluster/crossplane-rbac, and waits for both to run.
 func (s *Stack) startClusterCrossplane(ctx context.Context) error {
-	for _, k := range []string{"crossplane", "crossplane-rbac"} {
+	for _, k := range []string{binCrossplane, "crossplane-rbac"} {
 		if err := s.kubectl(ctx, "apply", "-k", filepath.Join(s.opts.Root, "cluster", k)); err != nil {
 			return err
 		}
 	}
-	for _, d := range []string{"crossplane", "crossplane-rbac-manager"} {
+	for _, d := range []string{binCrossplane, "crossplane-rbac-manager"} {
 		if err := s.waitDeployment(ctx, crossplaneNamespace, d, 5*time.Minute); err != nil {
 			return err
 		}
@@ -233,7 +234,7 @@ func (s *Stack) installClusterConfiguration(ctx context.Context) error {
 	if err := s.kubectl(ctx, "apply", "-k", filepath.Join(s.opts.Root, "cluster", "node", "provider")); err != nil {
 		return err
 	}
-	if err := s.run(ctx, "crossplane-xpkg-install", s.bin("crossplane"), "xpkg", "install", "configuration", s.ref("configuration-proxyfleet"), ConfigurationName); err != nil {
+	if err := s.run(ctx, "crossplane-xpkg-install", s.bin(binCrossplane), "xpkg", "install", "configuration", s.ref("configuration-proxyfleet"), ConfigurationName); err != nil {
 		return err
 	}
 	if err := wait(ctx, 5*time.Minute, "Provider "+providerName+" created", func() (bool, string, error) {
@@ -249,7 +250,7 @@ func (s *Stack) installClusterConfiguration(ctx context.Context) error {
 	prov.SetAPIVersion("pkg.crossplane.io/v1")
 	prov.SetKind("Provider")
 	prov.SetName(providerName)
-	patch := []byte(`{"spec":{"runtimeConfigRef":{"apiVersion":"pkg.crossplane.io/v1beta1","kind":"DeploymentRuntimeConfig","name":"provider-egressproxy"}}}`)
+	patch := []byte(fmt.Sprintf(`{"spec":{"runtimeConfigRef":{"apiVersion":"pkg.crossplane.io/v1beta1","kind":"DeploymentRuntimeConfig","name":%q}}}`, providerRuntime))
 	if err := s.Client.Patch(ctx, prov, client.RawPatch(types.MergePatchType, patch)); err != nil {
 		return errors.Wrap(err, "cannot point the Provider at the runtime config provider-egressproxy")
 	}
@@ -279,7 +280,7 @@ func (s *Stack) waitProviderPod(ctx context.Context) error {
 			if !strings.HasPrefix(d.GetName(), providerName+"-") {
 				continue
 			}
-			if sa, _, _ := unstructured.NestedString(d.Object, "spec", "template", "spec", "serviceAccountName"); sa == "provider-egressproxy" {
+			if sa, _, _ := unstructured.NestedString(d.Object, "spec", "template", "spec", "serviceAccountName"); sa == providerRuntime {
 				name = d.GetName()
 				return true, "", nil
 			}
@@ -305,7 +306,7 @@ func (s *Stack) packageHealthy(ctx context.Context, kind, name string) (bool, st
 	for _, c := range conds {
 		m, _ := c.(map[string]any)
 		says = append(says, fmt.Sprintf("%v=%v %v %v", m["type"], m["status"], m["reason"], m["message"]))
-		if (m["type"] == "Installed" || m["type"] == "Healthy") && m["status"] == "True" {
+		if (m["type"] == "Installed" || m["type"] == "Healthy") && m["status"] == condTrue {
 			ok++
 		}
 	}
@@ -320,8 +321,8 @@ func (s *Stack) applyImageConfig(ctx context.Context) error {
 		"kind":       "ImageConfig",
 		"metadata":   map[string]any{"name": "egress-local-registry"},
 		"spec": map[string]any{
-			"matchImages":  []any{map[string]any{"type": "Prefix", "prefix": upstreamPrefix}},
-			"rewriteImage": map[string]any{"prefix": s.Registry + "/kacerr/"},
+			"matchImages":  []any{map[string]any{"type": "Prefix", imageConfigMatch: upstreamPrefix}},
+			"rewriteImage": map[string]any{imageConfigMatch: s.Registry + "/kacerr/"},
 		},
 	}}
 	return errors.Wrap(s.apply(ctx, ic), "cannot apply the ImageConfig")
@@ -337,8 +338,8 @@ func (s *Stack) startClusterDiscovery(ctx context.Context) error {
 	if err := s.kubectl(ctx, "apply", "-k", filepath.Join(s.opts.Root, "cluster", "discovery")); err != nil {
 		return err
 	}
-	crt, key, err := s.clusterCA.issueFor(pkix.Name{CommonName: "egress-discovery"}, []string{
-		"egress-discovery", "egress-discovery." + DiscoveryNamespace, "egress-discovery." + DiscoveryNamespace + ".svc",
+	crt, key, err := s.clusterCA.issueFor(pkix.Name{CommonName: binDiscovery}, []string{
+		binDiscovery, "egress-discovery." + DiscoveryNamespace, "egress-discovery." + DiscoveryNamespace + ".svc",
 		"egress-discovery." + DiscoveryNamespace + ".svc." + clusterDomain,
 	}, []net.IP{net.ParseIP(NodeIP)})
 	if err != nil {
@@ -357,5 +358,5 @@ func (s *Stack) startClusterDiscovery(ctx context.Context) error {
 	}
 	s.DiscoveryURL = fmt.Sprintf("https://%s:%d", NodeIP, DiscoveryNodePort)
 	s.DiscoveryCA = s.ClusterCA()
-	return s.waitDeployment(ctx, DiscoveryNamespace, "egress-discovery", 3*time.Minute)
+	return s.waitDeployment(ctx, DiscoveryNamespace, binDiscovery, 3*time.Minute)
 }

@@ -44,12 +44,12 @@ type clientCert struct {
 // clusterIdentities are the control plane's and the node's identities,
 // each with a kubeconfig beside its certificate.
 var clusterIdentities = []clientCert{
-	{"admin", "kubernetes-admin", []string{"system:masters"}},
-	{"kube-controller-manager", "system:kube-controller-manager", nil},
-	{"kube-scheduler", "system:kube-scheduler", nil},
-	{"kube-proxy", "system:kube-proxy", nil},
+	{"admin", "kubernetes-admin", []string{groupMasters}},
+	{binKCM, "system:kube-controller-manager", nil},
+	{binScheduler, "system:kube-scheduler", nil},
+	{binKubeProxy, "system:kube-proxy", nil},
 	// The Node authorizer and NodeRestriction know the kubelet by these.
-	{"kubelet", "system:node:" + NodeName, []string{"system:nodes"}},
+	{binKubelet, "system:node:" + NodeName, []string{"system:nodes"}},
 }
 
 // issueClusterPKI makes the cluster's CA and every certificate and key:
@@ -66,7 +66,7 @@ func (s *Stack) issueClusterPKI(_ context.Context) error {
 	write := func(name string, b []byte, mode os.FileMode) error {
 		return errors.Wrapf(os.WriteFile(filepath.Join(dir, name), b, mode), "cannot write %s", name)
 	}
-	if err := write("ca.crt", ca.certPEM, 0o644); err != nil {
+	if err := write(caFile, ca.certPEM, 0o644); err != nil {
 		return err
 	}
 	pair := func(name string, subject pkix.Name, names []string, ips []net.IP) error {
@@ -80,26 +80,26 @@ func (s *Stack) issueClusterPKI(_ context.Context) error {
 		return write(name+".key", key, 0o600)
 	}
 	node := net.ParseIP(NodeIP)
-	if err := pair("apiserver", pkix.Name{CommonName: "kube-apiserver"},
-		[]string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc." + clusterDomain, "localhost"},
+	if err := pair("apiserver", pkix.Name{CommonName: binAPIServer},
+		[]string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc." + clusterDomain, localhost},
 		[]net.IP{node, net.ParseIP(kubernetesServiceIP), net.IPv4(127, 0, 0, 1)}); err != nil {
 		return err
 	}
 	// etcd serves TLS to clients with certificates of this CA only, the
 	// apiserver's, so that no other user of this machine reaches it.
-	if err := pair("etcd", pkix.Name{CommonName: "etcd"}, []string{"localhost"}, []net.IP{net.IPv4(127, 0, 0, 1)}); err != nil {
+	if err := pair(binEtcd, pkix.Name{CommonName: binEtcd}, []string{localhost}, []net.IP{net.IPv4(127, 0, 0, 1)}); err != nil {
 		return err
 	}
 	if err := pair("apiserver-etcd-client", pkix.Name{CommonName: "kube-apiserver-etcd-client"}, nil, nil); err != nil {
 		return err
 	}
-	if err := pair("apiserver-kubelet-client", pkix.Name{CommonName: "kube-apiserver-kubelet-client", Organization: []string{"system:masters"}}, nil, nil); err != nil {
+	if err := pair("apiserver-kubelet-client", pkix.Name{CommonName: "kube-apiserver-kubelet-client", Organization: []string{groupMasters}}, nil, nil); err != nil {
 		return err
 	}
 	for _, id := range clusterIdentities {
 		var names []string
 		var ips []net.IP
-		if id.file == "kubelet" {
+		if id.file == binKubelet {
 			// Also the kubelet's serving certificate.
 			names, ips = []string{NodeName}, []net.IP{node}
 		}
@@ -109,10 +109,10 @@ func (s *Stack) issueClusterPKI(_ context.Context) error {
 		crt, _ := os.ReadFile(filepath.Join(dir, id.file+".crt"))
 		key, _ := os.ReadFile(filepath.Join(dir, id.file+".key"))
 		kc := clientcmdapi.NewConfig()
-		kc.Clusters["egress-cluster"] = &clientcmdapi.Cluster{Server: s.APIServerURL(), CertificateAuthorityData: ca.certPEM}
+		kc.Clusters[clusterName] = &clientcmdapi.Cluster{Server: s.APIServerURL(), CertificateAuthorityData: ca.certPEM}
 		kc.AuthInfos[id.user] = &clientcmdapi.AuthInfo{ClientCertificateData: crt, ClientKeyData: key}
-		kc.Contexts["egress-cluster"] = &clientcmdapi.Context{Cluster: "egress-cluster", AuthInfo: id.user}
-		kc.CurrentContext = "egress-cluster"
+		kc.Contexts[clusterName] = &clientcmdapi.Context{Cluster: clusterName, AuthInfo: id.user}
+		kc.CurrentContext = clusterName
 		if err := clientcmd.WriteToFile(*kc, filepath.Join(dir, id.file+".kubeconfig")); err != nil {
 			return errors.Wrapf(err, "cannot write the kubeconfig of %s", id.user)
 		}
@@ -140,7 +140,7 @@ func (s *Stack) APIServerURL() string { return fmt.Sprintf("https://%s:%d", Node
 
 // ClusterCA is the PEM file of the cluster's CA, which signed the
 // apiserver's and egress-discovery's certificates.
-func (s *Stack) ClusterCA() string { return s.path("pki", "ca.crt") }
+func (s *Stack) ClusterCA() string { return s.path("pki", caFile) }
 
 // startClusterControlPlane runs etcd on loopback and kube-apiserver on
 // NodeIP, with Node and RBAC authorisation, NodeRestriction, service
@@ -154,18 +154,18 @@ func (s *Stack) startClusterControlPlane(ctx context.Context) error {
 	pki := func(f string) string { return s.path("pki", f) }
 	etcdURL := fmt.Sprintf("https://127.0.0.1:%d", ports[0])
 	peerURL := fmt.Sprintf("https://127.0.0.1:%d", ports[1])
-	etcd, err := s.start("etcd", s.bin("etcd"), []string{
+	etcd, err := s.start(binEtcd, s.bin(binEtcd), []string{
 		"--name=egress-cluster",
-		"--data-dir=" + s.path("etcd"),
+		"--data-dir=" + s.path(binEtcd),
 		"--listen-client-urls=" + etcdURL,
 		"--advertise-client-urls=" + etcdURL,
 		"--listen-peer-urls=" + peerURL,
 		"--initial-advertise-peer-urls=" + peerURL,
 		"--initial-cluster=egress-cluster=" + peerURL,
 		"--cert-file=" + pki("etcd.crt"), "--key-file=" + pki("etcd.key"),
-		"--client-cert-auth", "--trusted-ca-file=" + pki("ca.crt"),
+		"--client-cert-auth", "--trusted-ca-file=" + pki(caFile),
 		"--peer-cert-file=" + pki("etcd.crt"), "--peer-key-file=" + pki("etcd.key"),
-		"--peer-client-cert-auth", "--peer-trusted-ca-file=" + pki("ca.crt"),
+		"--peer-client-cert-auth", "--peer-trusted-ca-file=" + pki(caFile),
 		"--unsafe-no-fsync",
 	})
 	if err != nil {
@@ -195,9 +195,9 @@ plugins:
 `), 0o644); err != nil { //nolint:gosec // Not secret.
 		return errors.Wrap(err, "cannot write the admission configuration")
 	}
-	api, err := s.start("kube-apiserver", s.bin("kube-apiserver"), []string{
+	api, err := s.start(binAPIServer, s.bin(binAPIServer), []string{
 		"--etcd-servers=" + etcdURL,
-		"--etcd-cafile=" + pki("ca.crt"),
+		"--etcd-cafile=" + pki(caFile),
 		"--etcd-certfile=" + pki("apiserver-etcd-client.crt"),
 		"--etcd-keyfile=" + pki("apiserver-etcd-client.key"),
 		"--admission-control-config-file=" + admission,
@@ -205,12 +205,12 @@ plugins:
 		"--bind-address=" + NodeIP,
 		fmt.Sprintf("--secure-port=%d", APIServerPort),
 		"--service-cluster-ip-range=" + ServiceCIDR,
-		"--client-ca-file=" + pki("ca.crt"),
+		"--client-ca-file=" + pki(caFile),
 		"--tls-cert-file=" + pki("apiserver.crt"),
 		"--tls-private-key-file=" + pki("apiserver.key"),
 		"--kubelet-client-certificate=" + pki("apiserver-kubelet-client.crt"),
 		"--kubelet-client-key=" + pki("apiserver-kubelet-client.key"),
-		"--kubelet-certificate-authority=" + pki("ca.crt"),
+		"--kubelet-certificate-authority=" + pki(caFile),
 		"--kubelet-preferred-address-types=InternalIP",
 		"--service-account-issuer=" + serviceAccountIssuer,
 		"--service-account-key-file=" + pki("sa.pub"),
@@ -258,36 +258,32 @@ plugins:
 // controllers, each with its own service account (the token controller
 // signs with the cluster's key), and kube-scheduler.
 func (s *Stack) startClusterControllers(ctx context.Context) error {
-	ports, err := s.ports("kube-controller-manager", "kube-scheduler")
+	ports, err := s.ports(binKCM, binScheduler)
 	if err != nil {
 		return err
 	}
 	pki := func(f string) string { return s.path("pki", f) }
-	kcm, err := s.start("kube-controller-manager", s.bin("kube-controller-manager"), []string{
-		"--kubeconfig=" + pki("kube-controller-manager.kubeconfig"),
-		"--authentication-kubeconfig=" + pki("kube-controller-manager.kubeconfig"),
-		"--authorization-kubeconfig=" + pki("kube-controller-manager.kubeconfig"),
-		"--authentication-skip-lookup",
+	kcmConfig := pki(binKCM + ".kubeconfig")
+	kcm, err := s.start(binKCM, s.bin(binKCM), append([]string{
+		"--kubeconfig=" + kcmConfig,
+		"--authentication-kubeconfig=" + kcmConfig,
+		"--authorization-kubeconfig=" + kcmConfig,
 		"--service-account-private-key-file=" + pki("sa.key"),
-		"--root-ca-file=" + pki("ca.crt"),
+		"--root-ca-file=" + pki(caFile),
 		"--use-service-account-credentials=true",
 		"--service-cluster-ip-range=" + ServiceCIDR,
-		"--leader-elect=false",
-		"--bind-address=127.0.0.1",
 		fmt.Sprintf("--secure-port=%d", ports[0]),
-	})
+	}, delegatedServing...))
 	if err != nil {
 		return err
 	}
-	sched, err := s.start("kube-scheduler", s.bin("kube-scheduler"), []string{
-		"--kubeconfig=" + pki("kube-scheduler.kubeconfig"),
-		"--authentication-kubeconfig=" + pki("kube-scheduler.kubeconfig"),
-		"--authorization-kubeconfig=" + pki("kube-scheduler.kubeconfig"),
-		"--authentication-skip-lookup",
-		"--leader-elect=false",
-		"--bind-address=127.0.0.1",
+	schedConfig := pki(binScheduler + ".kubeconfig")
+	sched, err := s.start(binScheduler, s.bin(binScheduler), append([]string{
+		"--kubeconfig=" + schedConfig,
+		"--authentication-kubeconfig=" + schedConfig,
+		"--authorization-kubeconfig=" + schedConfig,
 		fmt.Sprintf("--secure-port=%d", ports[1]),
-	})
+	}, delegatedServing...))
 	if err != nil {
 		return err
 	}

@@ -98,7 +98,7 @@ func ipCmd(args ...string) error {
 }
 
 func iptables(args ...string) error {
-	out, err := exec.Command("iptables", append([]string{"-w"}, args...)...).CombinedOutput()
+	out, err := exec.Command(binIptables, append([]string{"-w"}, args...)...).CombinedOutput()
 	if err != nil {
 		return errors.Errorf("iptables %s: %v: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}
@@ -109,13 +109,14 @@ func iptables(args ...string) error {
 // it (so that nothing aimed at a cluster IP takes this machine's default
 // route), sets the sysctls, and installs the guard (guardHooks).
 func (s *Stack) startNetwork(_ context.Context) error {
-	for _, args := range [][]string{
-		{"link", "add", s.host.bridge, "type", "bridge"},
-		{"addr", "add", NodeIP + "/24", "dev", s.host.bridge},
-		{"link", "set", s.host.bridge, "up"},
-		{"route", "add", ServiceCIDR, "dev", s.host.bridge, "src", NodeIP},
+	br := s.host.bridge
+	for _, cmd := range []string{
+		"link add " + br + " type bridge",
+		"addr add " + NodeIP + "/24 dev " + br,
+		"link set " + br + " up",
+		"route add " + ServiceCIDR + " dev " + br + " src " + NodeIP,
 	} {
-		if err := ipCmd(args...); err != nil {
+		if err := ipCmd(strings.Fields(cmd)...); err != nil {
 			return err
 		}
 	}
@@ -139,6 +140,14 @@ func (s *Stack) startNetwork(_ context.Context) error {
 	return s.SetGuard(true)
 }
 
+// iptables' tables, and the two the guard uses.
+const (
+	tableRaw    = "raw"
+	tableMangle = "mangle"
+)
+
+var iptablesTables = []string{"filter", "nat", tableMangle, tableRaw}
+
 // guardHook is one chain of the guard, hooked at the top of a built-in
 // chain of a table kube-proxy does not write to.
 type guardHook struct {
@@ -158,25 +167,32 @@ type guardHook struct {
 //     network leaves by another interface.
 func (s *Stack) guardHooks() []guardHook {
 	br, node := s.host.bridge, NodeIP
+	rules := func(lines ...string) [][]string {
+		out := make([][]string, len(lines))
+		for i, l := range lines {
+			out[i] = strings.Fields(l)
+		}
+		return out
+	}
 	return []guardHook{
-		{"raw", "PREROUTING", "-RAW", [][]string{
-			{"-i", br, "-d", PodCIDR, "-j", "RETURN"},
-			{"-i", br, "-d", ServiceCIDR, "-j", "RETURN"},
-			{"-i", br, "-j", "DROP"},
+		{tableRaw, "PREROUTING", "-RAW", rules(
+			"-i "+br+" -d "+PodCIDR+" -j RETURN",
+			"-i "+br+" -d "+ServiceCIDR+" -j RETURN",
+			"-i "+br+" -j DROP",
 			// From here on, what came in by another interface.
-			{"!", "-i", "lo", "-d", PodCIDR, "-j", "DROP"},
-			{"!", "-i", "lo", "-d", ServiceCIDR, "-j", "DROP"},
-		}},
-		{"mangle", "PREROUTING", "-IN", [][]string{
-			{"-i", br, "-d", node, "-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "RETURN"},
-			{"-i", br, "-d", node, "-p", "tcp", "-m", "multiport", "--dports", fmt.Sprintf("%d,10250,%d,30000:32767", APIServerPort, RegistryPort), "-j", "RETURN"},
-			{"-i", br, "-d", node, "-j", "DROP"},
-		}},
-		{"mangle", "POSTROUTING", "-OUT", [][]string{
-			{"-o", br, "-j", "RETURN"},
-			{"-o", "lo", "-j", "RETURN"},
-			{"-s", PodCIDR, "-j", "DROP"},
-		}},
+			"! -i lo -d "+PodCIDR+" -j DROP",
+			"! -i lo -d "+ServiceCIDR+" -j DROP",
+		)},
+		{tableMangle, "PREROUTING", "-IN", rules(
+			"-i "+br+" -d "+node+" -m conntrack --ctstate ESTABLISHED,RELATED -j RETURN",
+			fmt.Sprintf("-i %s -d %s -p tcp -m multiport --dports %d,10250,%d,30000:32767 -j RETURN", br, node, APIServerPort, RegistryPort),
+			"-i "+br+" -d "+node+" -j DROP",
+		)},
+		{tableMangle, "POSTROUTING", "-OUT", rules(
+			"-o "+br+" -j RETURN",
+			"-o lo -j RETURN",
+			"-s "+PodCIDR+" -j DROP",
+		)},
 	}
 }
 
@@ -224,7 +240,7 @@ type hostNames struct {
 
 func defaultHostNames() hostNames {
 	return hostNames{
-		bridge: Bridge, targetNetns: TargetNetns, targetVeth: "egt-host", guard: guardChain, cgroup: "egress-cluster",
+		bridge: Bridge, targetNetns: TargetNetns, targetVeth: "egt-host", guard: guardChain, cgroup: clusterName,
 		kubeChains: kubeletChains, machineWide: true, runDir: "/run/egress-cluster", sysctlRoot: "/proc/sys",
 	}
 }
@@ -232,8 +248,8 @@ func defaultHostNames() hostNames {
 // nodeBinaries are the programs of a node, by file name: a process of one
 // of them whose arguments name the state folder is the cluster's.
 var nodeBinaries = []string{
-	"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet", "kube-proxy",
-	"containerd", "containerd-shim-runc-v2",
+	binEtcd, binAPIServer, binKCM, binScheduler, binKubelet, binKubeProxy,
+	binContainerd, "containerd-shim-runc-v2",
 }
 
 // strays lists the node's processes that name the state folder.
@@ -312,14 +328,14 @@ func (s *Stack) sweepNode(ctx context.Context) {
 				}
 			}
 		}
-		if _, err := os.Stat(s.bin("kube-proxy")); err == nil {
-			_ = exec.CommandContext(ctx, s.bin("kube-proxy"), "--cleanup").Run()
+		if _, err := os.Stat(s.bin(binKubeProxy)); err == nil {
+			_ = exec.CommandContext(ctx, s.bin(binKubeProxy), "--cleanup").Run()
 		}
 	}
 	if !sweepSkip["network"] {
 		_ = exec.Command("ip", "netns", "del", s.host.targetNetns).Run()
 		_ = s.SetGuard(false)
-		for _, bin := range []string{"iptables", "ip6tables"} {
+		for _, bin := range []string{binIptables, "ip6tables"} {
 			removeChains(bin, s.host.kubeChains)
 		}
 		_ = exec.Command("ip", "link", "del", s.host.bridge).Run()
@@ -361,7 +377,7 @@ func (s *Stack) removeOutsideFiles() {
 }
 
 // cniNetwork names the pod network in the CNI configuration.
-const cniNetwork = "egress-cluster"
+const cniNetwork = clusterName
 
 // kubeletChains are the iptables chains the kubelet makes (kube-proxy
 // --cleanup removes kube-proxy's).
@@ -370,7 +386,7 @@ var kubeletChains = []string{"KUBE-FIREWALL", "KUBE-KUBELET-CANARY", "KUBE-IPTAB
 // removeChains deletes chains from every table: the rules that jump to
 // them, then their rules, then the chains.
 func removeChains(bin string, chains []string) {
-	for _, table := range []string{"filter", "nat", "mangle", "raw"} {
+	for _, table := range iptablesTables {
 		out, err := exec.Command(bin, "-w", "-t", table, "-S").Output()
 		if err != nil {
 			continue
@@ -519,7 +535,7 @@ func registryHost() string { return fmt.Sprintf("%s:%d", NodeIP, RegistryPort) }
 // Debian's plugins with a conf folder of ours, registry hosts under
 // certs.d) and runs it with every path under the state folder.
 func (s *Stack) startContainerd(ctx context.Context) error {
-	dir := s.path("containerd")
+	dir := s.path(binContainerd)
 	cni := s.path("cni")
 	certs := filepath.Join(dir, "certs.d")
 	for _, d := range []string{dir, filepath.Join(cni, "net.d"), filepath.Join(cni, "ipam")} {
@@ -608,7 +624,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 	if err := os.WriteFile(filepath.Join(cni, "net.d", "10-egress-cluster.conflist"), []byte(conflist), 0o644); err != nil { //nolint:gosec // Not secret.
 		return errors.Wrap(err, "cannot write the CNI configuration")
 	}
-	p, err := s.start("containerd", "containerd", []string{"--config", filepath.Join(dir, "config.toml")})
+	p, err := s.start(binContainerd, binContainerd, []string{"--config", filepath.Join(dir, "config.toml")})
 	if err != nil {
 		return err
 	}
@@ -638,7 +654,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 // NodeIP with webhook authentication and authorisation (pods can reach the
 // node, so its API is not open), and waits for the node to be Ready.
 func (s *Stack) startKubelet(ctx context.Context) error {
-	dir := s.path("kubelet")
+	dir := s.path(binKubelet)
 	for _, d := range []string{dir, s.path("pod-logs")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return errors.Wrap(err, "cannot create the kubelet's folders")
@@ -688,15 +704,15 @@ imageGCLowThresholdPercent: 99
 syncFrequency: 10s
 serializeImagePulls: false
 maxPods: 110
-`, NodeIP, health, s.path("pki", "ca.crt"), s.path("pki", "kubelet.crt"), s.path("pki", "kubelet.key"),
-		s.path("containerd", "containerd.sock"), DNSServiceIP, clusterDomain, resolv, s.path("pod-logs"), s.host.cgroup)
+`, NodeIP, health, s.path("pki", caFile), s.path("pki", "kubelet.crt"), s.path("pki", "kubelet.key"),
+		s.path(binContainerd, "containerd.sock"), DNSServiceIP, clusterDomain, resolv, s.path("pod-logs"), s.host.cgroup)
 	if err := os.WriteFile(filepath.Join(dir, "config.yaml"), []byte(cfg), 0o644); err != nil { //nolint:gosec // Not secret.
 		return errors.Wrap(err, "cannot write the kubelet's configuration")
 	}
 	if err := s.makeCgroupRoot(); err != nil {
 		return err
 	}
-	p, err := s.start("kubelet", s.bin("kubelet"), []string{
+	p, err := s.start(binKubelet, s.bin(binKubelet), []string{
 		"--config=" + filepath.Join(dir, "config.yaml"),
 		"--kubeconfig=" + s.path("pki", "kubelet.kubeconfig"),
 		"--root-dir=" + filepath.Join(dir, "root"),
@@ -777,7 +793,7 @@ conntrack:
 	if err := os.WriteFile(path, []byte(cfg), 0o644); err != nil { //nolint:gosec // Not secret.
 		return errors.Wrap(err, "cannot write kube-proxy's configuration")
 	}
-	p, err := s.start("kube-proxy", s.bin("kube-proxy"), []string{"--config=" + path})
+	p, err := s.start(binKubeProxy, s.bin(binKubeProxy), []string{"--config=" + path})
 	if err != nil {
 		return err
 	}

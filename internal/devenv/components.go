@@ -23,7 +23,7 @@ func (s *Stack) startTarget(_ context.Context) error {
 	if err != nil {
 		return err
 	}
-	crt, key, err := ca.issue("localhost")
+	crt, key, err := ca.issue(localhost)
 	if err != nil {
 		return err
 	}
@@ -62,7 +62,7 @@ func (s *Stack) startProvider(ctx context.Context) error {
 		fmt.Sprintf("--metrics-bind-address=127.0.0.1:%d", metrics),
 		fmt.Sprintf("--health-probe-bind-address=127.0.0.1:%d", health),
 	}, s.opts.ProviderArgs...)
-	p, err := s.start("provider-egressproxy", s.bin("provider-egressproxy"), args, "POD_NAMESPACE="+crossplaneNamespace)
+	p, err := s.start(binProvider, s.bin(binProvider), args, "POD_NAMESPACE="+crossplaneNamespace)
 	if err != nil {
 		return err
 	}
@@ -98,7 +98,7 @@ func (s *Stack) startDiscovery(ctx context.Context) error {
 		"--tls-cert-file=" + crt,
 		"--tls-key-file=" + key,
 	}, s.opts.DiscoveryArgs...)
-	p, err := s.start("egress-discovery", s.bin("egress-discovery"), args)
+	p, err := s.start(binDiscovery, s.bin(binDiscovery), args)
 	if err != nil {
 		return err
 	}

@@ -63,10 +63,10 @@ func (s *Stack) startCrossplane(ctx context.Context) error {
 
 	// Crossplane caches pulled packages here and fails to unpack any when
 	// the folder is missing.
-	if err := os.MkdirAll(s.path("crossplane", "xpkg-cache"), 0o700); err != nil {
+	if err := os.MkdirAll(s.path(binCrossplane, "xpkg-cache"), 0o700); err != nil {
 		return errors.Wrap(err, "cannot create Crossplane's package cache")
 	}
-	certs := s.path("crossplane", "tls-client")
+	certs := s.path(binCrossplane, "tls-client")
 	if err := s.writeSecret(ctx, clientSecret, certs); err != nil {
 		return err
 	}
@@ -79,7 +79,7 @@ func (s *Stack) startCrossplane(ctx context.Context) error {
 		"--package-runtime=External",
 		"--enable-webhooks=false",
 		"--tls-client-certs-dir=" + certs,
-		"--xpkg-cache-dir=" + s.path("crossplane", "xpkg-cache"),
+		"--xpkg-cache-dir=" + s.path(binCrossplane, "xpkg-cache"),
 		fmt.Sprintf("--metrics-port=%d", metrics),
 		fmt.Sprintf("--health-probe-port=%d", health),
 		// Every status change of a fleet's Proxies, and of the fleet, is a
@@ -91,7 +91,7 @@ func (s *Stack) startCrossplane(ctx context.Context) error {
 		"--circuit-breaker-burst=1000",
 		"--circuit-breaker-refill-rate=10",
 	}, s.opts.CrossplaneArgs...)
-	p, err := s.start("crossplane", s.bin("crossplane-core"), args, "POD_NAMESPACE="+crossplaneNamespace)
+	p, err := s.start(binCrossplane, s.bin("crossplane-core"), args, "POD_NAMESPACE="+crossplaneNamespace)
 	if err != nil {
 		return err
 	}
@@ -115,7 +115,7 @@ func (s *Stack) writeSecret(ctx context.Context, name, dir string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return errors.Wrap(err, "cannot create the certificate folder")
 	}
-	for _, k := range []string{"tls.crt", "tls.key", "ca.crt"} {
+	for _, k := range []string{"tls.crt", "tls.key", caFile} {
 		if len(sec.Data[k]) == 0 {
 			return errors.Errorf("Secret %s has no %s", name, k)
 		}
@@ -155,17 +155,8 @@ func (s *Stack) pushRef(pkg string) string {
 // user would, and waits until the Provider and the Function it depends on
 // are installed and the APIs they bring exist.
 func (s *Stack) installConfiguration(ctx context.Context) error {
-	ic := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "pkg.crossplane.io/v1beta1",
-		"kind":       "ImageConfig",
-		"metadata":   map[string]any{"name": "egress-local-registry"},
-		"spec": map[string]any{
-			"matchImages":  []any{map[string]any{"type": "Prefix", "prefix": upstreamPrefix}},
-			"rewriteImage": map[string]any{"prefix": s.Registry + "/kacerr/"},
-		},
-	}}
-	if err := s.apply(ctx, ic); err != nil {
-		return errors.Wrap(err, "cannot apply the ImageConfig")
+	if err := s.applyImageConfig(ctx); err != nil {
+		return err
 	}
 
 	cfg := &unstructured.Unstructured{}
@@ -174,7 +165,7 @@ func (s *Stack) installConfiguration(ctx context.Context) error {
 	err := s.Client.Get(ctx, types.NamespacedName{Name: ConfigurationName}, cfg)
 	switch {
 	case kerrors.IsNotFound(err):
-		if err := s.run(ctx, "crossplane-xpkg-install", s.bin("crossplane"), "xpkg", "install", "configuration", s.ref("configuration-proxyfleet"), ConfigurationName); err != nil {
+		if err := s.run(ctx, "crossplane-xpkg-install", s.bin(binCrossplane), "xpkg", "install", "configuration", s.ref("configuration-proxyfleet"), ConfigurationName); err != nil {
 			return err
 		}
 	case err != nil:
@@ -239,7 +230,7 @@ func (s *Stack) packageInstalled(ctx context.Context, kind, name string) (bool, 
 	for _, c := range conds {
 		m, _ := c.(map[string]any)
 		says = append(says, fmt.Sprintf("%v=%v %v %v", m["type"], m["status"], m["reason"], m["message"]))
-		if m["type"] == "Installed" && m["status"] == "True" {
+		if m["type"] == "Installed" && m["status"] == condTrue {
 			installed = true
 		}
 	}
@@ -274,7 +265,7 @@ func (s *Stack) issueServerSecret(ctx context.Context, pkg string) (*corev1.Secr
 		TypeMeta:   metav1.TypeMeta{APIVersion: "v1", Kind: "Secret"},
 		ObjectMeta: metav1.ObjectMeta{Namespace: crossplaneNamespace, Name: tlsServerSecret(pkg)},
 		Type:       corev1.SecretTypeOpaque,
-		Data:       map[string][]byte{"tls.crt": crt, "tls.key": key, "ca.crt": auth.certPEM},
+		Data:       map[string][]byte{"tls.crt": crt, "tls.key": key, caFile: auth.certPEM},
 	}
 	obj, err := runtime.DefaultUnstructuredConverter.ToUnstructured(sec)
 	if err != nil {
@@ -391,7 +382,7 @@ func (s *Stack) externalRuntime(ctx context.Context, endpoint string) error {
 // runtimeHealth is the RuntimeHealthy condition of a package whose runtime
 // is the local process p (nil: not started yet).
 func runtimeHealth(p *process) map[string]any {
-	c := map[string]any{"type": "RuntimeHealthy", "status": "True", "reason": "HealthyPackageRevision",
+	c := map[string]any{"type": "RuntimeHealthy", "status": condTrue, "reason": "HealthyPackageRevision",
 		"message": "runs as a local process (External package runtime)"}
 	if p == nil {
 		c["status"], c["reason"], c["message"] = "Unknown", "UnknownPackageRevisionHealth", "the local process has not started yet"

@@ -138,12 +138,12 @@ type persisted struct {
 
 // Binaries the environment runs, all under bin/.
 var binaries = []string{
-	"etcd", "kube-apiserver", "kube-controller-manager", "kubectl", "crossplane", "crossplane-core",
-	"provider-egressproxy", "function-proxyfleet", "egress-discovery", "egressctl",
+	binEtcd, binAPIServer, binKCM, "kubectl", binCrossplane, "crossplane-core",
+	binProvider, "function-proxyfleet", binDiscovery, "egressctl",
 }
 
 // Packages the environment serves, all under _output/.
-var packages = []string{"provider-egressproxy", "function-proxyfleet", "configuration-proxyfleet"}
+var packages = []string{binProvider, "function-proxyfleet", "configuration-proxyfleet"}
 
 // Up brings the environment up. On failure everything already started is
 // stopped again, and the error names the step.
@@ -254,7 +254,7 @@ func (s *Stack) prepare(_ context.Context) error {
 		}
 	}
 	// Squid drops root to its own user, which must reach its state folder.
-	for _, d := range []string{s.opts.StateDir, s.path("squid"), s.path("logs"), s.path("crossplane")} {
+	for _, d := range []string{s.opts.StateDir, s.path("squid"), s.path("logs"), s.path(binCrossplane)} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return errors.Wrap(err, "cannot create the state folder")
 		}
@@ -344,7 +344,7 @@ func (s *Stack) startControlPlane(_ context.Context) error {
 	}
 	// etcd's data persists in the state folder; the apiserver's certificates
 	// are made afresh on every start, and so is the kubeconfig.
-	etcdDir := s.path("etcd")
+	etcdDir := s.path(binEtcd)
 	if err := os.MkdirAll(etcdDir, 0o700); err != nil {
 		return errors.Wrap(err, "cannot create etcd's data folder")
 	}
@@ -358,7 +358,7 @@ func (s *Stack) startControlPlane(_ context.Context) error {
 	s.onDown("kube-apiserver and etcd", s.env.Stop)
 	cfg.QPS, cfg.Burst = 200, 400
 	s.Config = cfg
-	user, err := s.env.ControlPlane.AddUser(envtest.User{Name: "admin", Groups: []string{"system:masters"}}, nil)
+	user, err := s.env.ControlPlane.AddUser(envtest.User{Name: "admin", Groups: []string{groupMasters}}, nil)
 	if err != nil {
 		return errors.Wrap(err, "cannot add an administrator")
 	}
@@ -379,21 +379,18 @@ func (s *Stack) startControlPlane(_ context.Context) error {
 // Proxies through their owner references, and the namespace controller
 // empties deleted namespaces.
 func (s *Stack) startControllerManager(ctx context.Context) error {
-	port, err := s.port("kube-controller-manager")
+	port, err := s.port(binKCM)
 	if err != nil {
 		return err
 	}
-	p, err := s.start("kube-controller-manager", s.bin("kube-controller-manager"), []string{
+	p, err := s.start(binKCM, s.bin(binKCM), append([]string{
 		"--kubeconfig=" + s.Kubeconfig,
 		"--authentication-kubeconfig=" + s.Kubeconfig,
 		"--authorization-kubeconfig=" + s.Kubeconfig,
-		"--authentication-skip-lookup",
 		"--controllers=garbagecollector,namespace",
-		"--leader-elect=false",
 		"--use-service-account-credentials=false",
-		"--bind-address=127.0.0.1",
 		fmt.Sprintf("--secure-port=%d", port),
-	})
+	}, delegatedServing...))
 	if err != nil {
 		return err
 	}
