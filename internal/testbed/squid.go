@@ -1,6 +1,7 @@
 package testbed
 
 import (
+	"bytes"
 	"context"
 	"net"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -128,14 +130,31 @@ func (l *NetLab) RunSquid(t testing.TB, conf []byte, podDir string, files map[st
 // until it accepts connections on addr.
 func StartListening(t testing.TB, cmd *exec.Cmd, addr string) {
 	t.Helper()
+	// What the program says is kept for the failure message: a program
+	// that exits (a config error, a port taken) is reported at once, with
+	// its words, rather than waited for.
+	out := &lockedBuffer{}
+	if cmd.Stdout == nil && cmd.Stderr == nil {
+		cmd.Stdout, cmd.Stderr = out, out
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
+	done := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(done) }()
 	t.Cleanup(func() {
 		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
+		<-done
 	})
-	Eventually(t, 10*time.Second, filepath.Base(cmd.Path)+" listening on "+addr, func() (bool, string) {
+	// Generous: under the race detector with every test package running
+	// at once on two cores, a Squid has taken over ten seconds to listen.
+	Eventually(t, 30*time.Second, filepath.Base(cmd.Path)+" listening on "+addr, func() (bool, string) {
+		select {
+		case <-done:
+			t.Fatalf("%s exited before listening on %s (%v): %s", filepath.Base(cmd.Path), addr, waitErr, out.String())
+		default:
+		}
 		conn, err := net.Dial("tcp", addr)
 		if err != nil {
 			return false, err.Error()
@@ -143,6 +162,25 @@ func StartListening(t testing.TB, cmd *exec.Cmd, addr string) {
 		_ = conn.Close()
 		return true, ""
 	})
+}
+
+// lockedBuffer is a buffer a child process's output goes to while a test
+// may read it.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 // SquidStateDir returns a fresh folder that Squid's own user can reach:

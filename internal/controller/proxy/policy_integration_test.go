@@ -51,7 +51,7 @@ func TestPolicyRefusesOverrides(t *testing.T) {
 			Backend:    v1alpha1.BackendKubernetes,
 			Kubernetes: &v1alpha1.KubernetesBackend{Namespace: podNS, Credentials: &v1alpha1.KubernetesCredentials{Source: xpv2.CredentialsSourceInjectedIdentity}},
 			Policy: &v1alpha1.Policy{Kubernetes: &v1alpha1.KubernetesPolicy{
-				AllowedImages:           []string{"docker.io/ubuntu/squid", "registry.example.com/proxies/"},
+				AllowedImages:           []string{"gitea.home.hrajfrisbee.cz/kacerr/egress-squid", "registry.example.com/proxies/"},
 				AllowedNodeSelectorKeys: []string{"topology.kubernetes.io/zone", "egress.crawl.example.com/nat"},
 			}},
 		}},
@@ -99,8 +99,8 @@ func TestPolicyRefusesOverrides(t *testing.T) {
 			[]string{`spec.forProvider.kubernetes.namespace "kube-system"`, pods, "spec.policy.kubernetes.allowedNamespaces"}},
 		{"pod-any-image", pod(v1alpha1.KubernetesPlacement{Image: "docker.io/attacker/img:latest"}),
 			[]string{`spec.forProvider.kubernetes.image "docker.io/attacker/img:latest"`, "spec.policy.kubernetes.allowedImages"}},
-		{"pod-image-sharing-a-prefix", pod(v1alpha1.KubernetesPlacement{Image: "docker.io/ubuntu/squidx:1"}),
-			[]string{`spec.forProvider.kubernetes.image "docker.io/ubuntu/squidx:1"`}},
+		{"pod-image-sharing-a-prefix", pod(v1alpha1.KubernetesPlacement{Image: "gitea.home.hrajfrisbee.cz/kacerr/egress-squidx:1"}),
+			[]string{`spec.forProvider.kubernetes.image "gitea.home.hrajfrisbee.cz/kacerr/egress-squidx:1"`}},
 		{"pod-image-escaping-a-prefix", pod(v1alpha1.KubernetesPlacement{Image: "registry.example.com/proxies/../attacker/img"}),
 			[]string{`spec.forProvider.kubernetes.image`}},
 		{"pod-any-node", pod(v1alpha1.KubernetesPlacement{NodeSelector: map[string]string{"kubernetes.io/hostname": "control-plane-1"}}),
@@ -203,7 +203,7 @@ func TestPolicyRefusesOverrides(t *testing.T) {
 		if err := bed.Client.Get(ctx, types.NamespacedName{Name: pods}, cpc); err != nil {
 			t.Fatal(err)
 		}
-		cpc.Spec.Policy.Kubernetes.AllowedImages = []string{"docker.io/ubuntu/squid"}
+		cpc.Spec.Policy.Kubernetes.AllowedImages = []string{"gitea.home.hrajfrisbee.cz/kacerr/egress-squid"}
 		if err := bed.Client.Update(ctx, cpc); err != nil {
 			t.Fatal(err)
 		}
