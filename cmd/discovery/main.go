@@ -5,6 +5,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"net/http"
 	"time"
 
@@ -56,6 +57,9 @@ type CLI struct {
 	MaxBansPerIdentity     int           `help:"Live domain bans one caller identity may hold in a fleet; a report over it is answered 429. 0 sets no bound." default:"1000" env:"MAX_BANS_PER_IDENTITY"`
 	MaxWaiting             int           `help:"Acquisitions that may wait for a slot (spec.leases.admission.maxWait) on this replica at once; a waiting one gives its in-flight slot back. More are refused at once." default:"1024" env:"MAX_WAITING"`
 	MaxWaitingPerIdentity  int           `help:"Acquisitions one caller identity may have waiting on this replica at once; more are refused at once." default:"32" env:"MAX_WAITING_PER_IDENTITY"`
+	GatewayAddress         string        `help:"Address of the rotating gateway, an HTTP forward proxy for crawlers: user <namespace>_<fleet>[_session_<key>][_zone_<zone>], password a discovery token. It serves TLS with --tls-cert-file. Empty turns it off." default:"" env:"GATEWAY_ADDRESS"`
+	GatewayPlainHTTP       bool          `name:"gateway-plain-http" help:"Serve the gateway over plain HTTP, tokens in the clear: for loopback and tests only." default:"false" env:"GATEWAY_PLAIN_HTTP"`
+	GatewayIdle            time.Duration `help:"How long a gateway session keeps its lease, and so its proxy, after its last connection closes." default:"1m" env:"GATEWAY_IDLE"`
 	Debug                  bool          `help:"Log at debug level." default:"false" env:"DEBUG"`
 	// ClockOffset runs the replica's clock off from the machine's, for
 	// tests of clock skew only (Go reads the time through the vDSO, so
@@ -83,6 +87,12 @@ func (c *CLI) Validate() error {
 	}
 	if c.MaxBansPerFleet < 0 || c.MaxBansPerIdentity < 0 {
 		return errors.Errorf("--max-bans-per-fleet (MAX_BANS_PER_FLEET) and --max-bans-per-identity (MAX_BANS_PER_IDENTITY) must be 0 (no bound) or positive, not %d and %d", c.MaxBansPerFleet, c.MaxBansPerIdentity)
+	}
+	if c.GatewayAddress != "" && c.TLSCertFile == "" && !c.GatewayPlainHTTP {
+		return errors.New("--gateway-address (GATEWAY_ADDRESS) serves TLS with --tls-cert-file (TLS_CERT_FILE), which is unset: set it, or --gateway-plain-http for loopback and tests")
+	}
+	if c.GatewayIdle <= 0 {
+		return errors.Errorf("--gateway-idle (GATEWAY_IDLE) must be positive, not %s", c.GatewayIdle)
 	}
 	if c.RatePerIdentity < 0 || (c.RatePerIdentity > 0 && c.BurstPerIdentity < 1) {
 		return errors.Errorf("--rate-per-identity (RATE_PER_IDENTITY) must be 0 (no limit) or positive with --burst-per-identity (BURST_PER_IDENTITY) at least 1, not %g and %d", c.RatePerIdentity, c.BurstPerIdentity)
@@ -144,6 +154,13 @@ func (c *CLI) Run() error {
 	metrics.Registry.MustRegister(gauges(mgr.GetCache())...)
 	if err := mgr.Add(c.apiServer(srv, log)); err != nil {
 		return errors.Wrap(err, "cannot add the API server")
+	}
+	if c.GatewayAddress != "" {
+		gw := &discovery.Gateway{Server: srv, Metrics: dmetrics.NewGateway(), Idle: c.GatewayIdle}
+		metrics.Registry.MustRegister(gw.Metrics.Collectors()...)
+		if err := mgr.Add(c.gatewayServer(gw, log)); err != nil {
+			return errors.Wrap(err, "cannot add the gateway")
+		}
 	}
 	if err := mgr.Add(&discovery.Sweeper{Leases: store, Proxies: mgr.GetCache(), Interval: c.SweepInterval, Log: log}); err != nil {
 		return errors.Wrap(err, "cannot add the lease sweeper")
@@ -214,6 +231,48 @@ func gauges(c client.Reader) []prometheus.Collector {
 			return float64(len(l.Items))
 		}),
 	}
+}
+
+// gatewayServer serves the gateway until the manager stops, over TLS with
+// the API's certificate unless plain HTTP was asked for, then releases its
+// sessions' leases.
+func (c *CLI) gatewayServer(gw *discovery.Gateway, log logging.Logger) manager.Runnable {
+	httpSrv := &http.Server{
+		Addr: c.GatewayAddress, Handler: gw,
+		// Tunnels live long: no read or write timeout, only for headers.
+		ReadHeaderTimeout: discovery.ReadHeaderTimeout, MaxHeaderBytes: discovery.MaxHeaderBytes,
+		IdleTimeout: discovery.IdleTimeout,
+		// CONNECT is served over HTTP/1.1 only.
+		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
+	}
+	return manager.RunnableFunc(func(ctx context.Context) error {
+		go gw.Run(ctx)
+		go func() {
+			<-ctx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = httpSrv.Shutdown(sctx)
+		}()
+		var err error
+		if c.TLSCertFile != "" && !c.GatewayPlainHTTP {
+			kp, kerr := discovery.LoadKeyPair(c.TLSCertFile, c.TLSKeyFile)
+			if kerr != nil {
+				return kerr
+			}
+			go kp.Watch(ctx, discovery.KeyPairPollInterval, log)
+			httpSrv.TLSConfig = kp.TLSConfig()
+			httpSrv.TLSConfig.NextProtos = []string{"http/1.1"}
+			log.Info("Serving the gateway over TLS", "address", c.GatewayAddress)
+			err = httpSrv.ListenAndServeTLS("", "")
+		} else {
+			log.Info("Serving the gateway over plain HTTP: tokens cross it in the clear", "address", c.GatewayAddress)
+			err = httpSrv.ListenAndServe()
+		}
+		if errors.Is(err, http.ErrServerClosed) {
+			return nil
+		}
+		return errors.Wrap(err, "gateway server failed")
+	})
 }
 
 // apiServer serves the API and /metrics until the manager stops.

@@ -32,6 +32,9 @@ func TestHelp(t *testing.T) {
 		{Flag: "max-bans-per-identity", Env: "MAX_BANS_PER_IDENTITY", Default: "1000"},
 		{Flag: "max-waiting", Env: "MAX_WAITING", Default: "1024"},
 		{Flag: "max-waiting-per-identity", Env: "MAX_WAITING_PER_IDENTITY", Default: "32"},
+		{Flag: "gateway-address", Env: "GATEWAY_ADDRESS", Default: `""`},
+		{Flag: "gateway-plain-http", Env: "GATEWAY_PLAIN_HTTP", Default: "false"},
+		{Flag: "gateway-idle", Env: "GATEWAY_IDLE", Default: "1m"},
 		{Flag: "debug", Env: "DEBUG", Default: "false"},
 	}
 	clitest.CheckSettings(t, k, want)
@@ -106,7 +109,7 @@ func TestValidateTLS(t *testing.T) {
 }
 
 func TestSettings(t *testing.T) {
-	defaults := CLI{Address: ":8080", HealthProbeBindAddress: ":8081", SweepInterval: 30 * time.Second, TokenAudience: "egress-discovery", AuthCacheSize: 10000, MaxInFlight: 256, RatePerIdentity: 100, BurstPerIdentity: 200, MaxBansPerFleet: 5000, MaxBansPerIdentity: 1000, MaxWaiting: 1024, MaxWaitingPerIdentity: 32}
+	defaults := CLI{Address: ":8080", HealthProbeBindAddress: ":8081", SweepInterval: 30 * time.Second, TokenAudience: "egress-discovery", AuthCacheSize: 10000, MaxInFlight: 256, RatePerIdentity: 100, BurstPerIdentity: 200, MaxBansPerFleet: 5000, MaxBansPerIdentity: 1000, MaxWaiting: 1024, MaxWaitingPerIdentity: 32, GatewayIdle: time.Minute}
 	with := func(f func(c *CLI)) CLI {
 		c := defaults
 		f(&c)

@@ -43,8 +43,12 @@ type Identity struct {
 }
 
 // Authenticator authenticates callers and authorises their use of fleets.
+// AuthenticateToken takes the token itself, as the gateway reads it from
+// Proxy-Authorization; Authenticate reads it from a request's
+// Authorization bearer header.
 type Authenticator interface {
 	Authenticate(ctx context.Context, r *http.Request) (*Identity, error)
+	AuthenticateToken(ctx context.Context, token string) (*Identity, error)
 	Authorize(ctx context.Context, id *Identity, namespace, fleet string) error
 }
 
@@ -132,7 +136,12 @@ func (k *Kubernetes) now() time.Time {
 
 // Authenticate reviews the request's bearer token.
 func (k *Kubernetes) Authenticate(ctx context.Context, r *http.Request) (*Identity, error) {
-	t := bearer(r)
+	return k.AuthenticateToken(ctx, bearer(r))
+}
+
+// AuthenticateToken reviews a bearer token: a static token's, or a
+// ServiceAccount's (TokenReview with discovery's audience, cached).
+func (k *Kubernetes) AuthenticateToken(ctx context.Context, t string) (*Identity, error) {
 	if t == "" {
 		return nil, ErrUnauthenticated
 	}

@@ -32,6 +32,9 @@ type acquisition struct {
 	ttl, wait time.Duration
 	id        *Identity
 	policy    *Policy
+	// exclude are proxies not to grant (the gateway moving a session off
+	// a failed upstream).
+	exclude map[string]bool
 }
 
 func (s *Server) acquire(w http.ResponseWriter, r *http.Request, id *Identity) error {
@@ -64,7 +67,14 @@ func (s *Server) grant(r *http.Request, id *Identity) (*granted, error) {
 	if err != nil {
 		return nil, err
 	}
-	done, err := s.reserve(r.Context(), a.ns, a.fleet, id, a.policy)
+	return s.grantFor(r.Context(), a)
+}
+
+// grantFor grants a validated acquisition: the API's and the gateway's
+// leases go through the same quota, admission and waiting.
+func (s *Server) grantFor(ctx context.Context, a *acquisition) (*granted, error) {
+	id := a.id
+	done, err := s.reserve(ctx, a.ns, a.fleet, id, a.policy)
 	if err != nil {
 		return nil, err
 	}
@@ -80,14 +90,14 @@ func (s *Server) grant(r *http.Request, id *Identity) (*granted, error) {
 	// Acquisitions waiting on this replica for the same proxies go
 	// first: one that may not wait finds no slot while they do.
 	if s.queues.depth(key) > 0 {
-		err = s.noFreeSlot(r.Context(), a, -1)
+		err = s.noFreeSlot(ctx, a, -1)
 	} else {
-		g, err = s.tryAcquire(r.Context(), a, false)
+		g, err = s.tryAcquire(ctx, a, false)
 	}
 	if err != nil && refusal(err) && a.wait > 0 {
 		// Waiting, it tries only slots its cache shows free, so that a
 		// full fleet costs no write per retry.
-		g, err = s.wait(r.Context(), key, id.User, a.wait, func() (*granted, error) { return s.tryAcquire(r.Context(), a, true) }, err)
+		g, err = s.wait(ctx, key, id.User, a.wait, func() (*granted, error) { return s.tryAcquire(ctx, a, true) }, err)
 	}
 	return g, err
 }
@@ -98,10 +108,15 @@ func (s *Server) decodeAcquisition(r *http.Request, id *Identity) (*acquisition,
 	if err != nil {
 		return nil, err
 	}
-	if err := s.authorizeFleet(r.Context(), id, ns, name); err != nil {
+	return s.acquisitionOf(r.Context(), req, ns, name, id)
+}
+
+// acquisitionOf authorises an acquisition of a fleet and reads its policy.
+func (s *Server) acquisitionOf(ctx context.Context, req *apiv1.AcquireRequest, ns, name string, id *Identity) (*acquisition, error) {
+	if err := s.authorizeFleet(ctx, id, ns, name); err != nil {
 		return nil, err
 	}
-	p, err := s.Catalog.Policy(r.Context(), ns, name)
+	p, err := s.Catalog.Policy(ctx, ns, name)
 	if err != nil {
 		return nil, err
 	}
@@ -126,7 +141,7 @@ func (s *Server) tryAcquire(ctx context.Context, a *acquisition, freeOnly bool) 
 	if frac := healthyFraction(ms, a.policy); frac < a.policy.MinHealthyFraction {
 		return nil, tooFewHealthy(a.ns, a.fleet, frac, a.policy)
 	}
-	ok, _, err := s.healthy(ctx, ms, a.req.Zone, nil, a.req.Domain)
+	ok, _, err := s.healthy(ctx, ms, a.req.Zone, a.exclude, a.req.Domain)
 	if err != nil {
 		return nil, err
 	}

@@ -39,8 +39,16 @@ func SquidBinary(t testing.TB) string {
 // listens on addr. The process is stopped with the test.
 func RunSquid(t testing.TB, conf []byte, podDir string, files map[string][]byte, addr string) {
 	t.Helper()
+	StartSquid(t, conf, podDir, files, addr)
+}
+
+// StartSquid is RunSquid, returning the process, for a test that kills it.
+func StartSquid(t testing.TB, conf []byte, podDir string, files map[string][]byte, addr string) *exec.Cmd {
+	t.Helper()
 	path, _ := squidDir(t, conf, podDir, files)
-	StartListening(t, exec.Command(SquidBinary(t), "-N", "-f", path), addr)
+	cmd := exec.Command(SquidBinary(t), "-N", "-f", path)
+	StartListening(t, cmd, addr)
+	return cmd
 }
 
 // squidDir writes conf and files into a scratch folder Squid's own user

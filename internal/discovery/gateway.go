@@ -1,0 +1,647 @@
+package discovery
+
+import (
+	"bufio"
+	"context"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pkg/errors"
+
+	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
+)
+
+// The gateway's username grammar, the one definition:
+//
+//	username = namespace "_" fleet *( "_" option )
+//	option   = "session_" key / "zone_" zone
+//
+// Kubernetes names hold no "_", so it separates the parts. Each option
+// appears at most once, in any order. A session key is 1 to 64 letters,
+// digits, "-" or "."; a zone is a label value without "_".
+var (
+	gwNameRe = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+	gwKeyRe  = regexp.MustCompile(`^[A-Za-z0-9][-A-Za-z0-9.]{0,63}$`)
+	gwZoneRe = regexp.MustCompile(`^[A-Za-z0-9]([-A-Za-z0-9.]{0,61}[A-Za-z0-9])?$`)
+)
+
+// GatewayUser is what a gateway username says: the fleet, and the options.
+type GatewayUser struct {
+	Namespace, Fleet string
+	// Session, when set, keeps every connection of (caller, Session) on one
+	// upstream for as long as its lease lives.
+	Session string
+	// Zone restricts the upstream to proxies of that zone.
+	Zone string
+}
+
+// ParseGatewayUser reads a gateway username, saying what is wrong with a
+// malformed one.
+func ParseGatewayUser(u string) (GatewayUser, error) {
+	parts := strings.Split(u, "_")
+	if len(parts) < 2 {
+		return GatewayUser{}, errors.Errorf("username %q must be <namespace>_<fleet>[_session_<key>][_zone_<zone>]", u)
+	}
+	g := GatewayUser{Namespace: parts[0], Fleet: parts[1]}
+	if !gwNameRe.MatchString(g.Namespace) || len(g.Namespace) > 63 {
+		return GatewayUser{}, errors.Errorf("username %q: namespace %q is not a Kubernetes namespace name", u, g.Namespace)
+	}
+	if !gwNameRe.MatchString(g.Fleet) || len(g.Fleet) > 253 {
+		return GatewayUser{}, errors.Errorf("username %q: fleet %q is not a Kubernetes name", u, g.Fleet)
+	}
+	opts := parts[2:]
+	if len(opts)%2 != 0 {
+		return GatewayUser{}, errors.Errorf("username %q: options come in pairs, session_<key> or zone_<zone>; %q has no value", u, opts[len(opts)-1])
+	}
+	seen := map[string]bool{}
+	for i := 0; i < len(opts); i += 2 {
+		k, v := opts[i], opts[i+1]
+		if seen[k] {
+			return GatewayUser{}, errors.Errorf("username %q: option %q given twice", u, k)
+		}
+		seen[k] = true
+		switch k {
+		case "session":
+			if !gwKeyRe.MatchString(v) {
+				return GatewayUser{}, errors.Errorf("username %q: session key %q must be 1 to 64 letters, digits, '-' or '.'", u, v)
+			}
+			g.Session = v
+		case "zone":
+			if !gwZoneRe.MatchString(v) {
+				return GatewayUser{}, errors.Errorf("username %q: zone %q is not a zone name", u, v)
+			}
+			g.Zone = v
+		default:
+			return GatewayUser{}, errors.Errorf("username %q: unknown option %q; the options are session and zone", u, k)
+		}
+	}
+	return g, nil
+}
+
+// Gateway is egress-discovery's rotating gateway: an HTTP forward proxy
+// that crawlers use as their only proxy URL. It authenticates them with
+// the password of Proxy-Authorization as a bearer token (the API's
+// authenticator and `use` authorisation), leases an upstream of the fleet
+// the username names through the API's own lease path (quotas, admission,
+// waiting, bans for the target's domain), and chains the connection to
+// that upstream with the fleet's credentials, which the crawler never sees.
+//
+// A session keeps its lease, and so its upstream, until it has had no
+// open connection for Idle; it is renewed while it lives. A connection
+// without a session holds a lease of its own for as long as it is open.
+type Gateway struct {
+	Server  *Server
+	Metrics *metrics.Gateway
+	// Idle is how long a session outlives its last connection (default 1m).
+	Idle time.Duration
+	// DialTimeout bounds the connection to an upstream (default 10s).
+	DialTimeout time.Duration
+
+	mu       sync.Mutex
+	sessions map[string]*gwSession
+	// transport forwards plain HTTP through the chosen upstream, which
+	// each request's context names.
+	transport *http.Transport
+	once      sync.Once
+}
+
+// gwSession is a session's lease and upstream.
+type gwSession struct {
+	key   string
+	id    *Identity
+	user  GatewayUser
+	up    *upstream
+	conns int
+	// idle is when the last connection closed.
+	idle time.Time
+	// busy is held while the session is moved or renewed.
+	busy sync.Mutex
+}
+
+// upstream is a leased proxy and how to reach it.
+type upstream struct {
+	g   *granted
+	url *url.URL // http://user:pass@host:port
+}
+
+type upstreamKey struct{}
+
+func (gw *Gateway) init() {
+	gw.once.Do(func() {
+		gw.sessions = map[string]*gwSession{}
+		if gw.Idle <= 0 {
+			gw.Idle = time.Minute
+		}
+		if gw.DialTimeout <= 0 {
+			gw.DialTimeout = 10 * time.Second
+		}
+		gw.transport = &http.Transport{
+			Proxy: func(r *http.Request) (*url.URL, error) {
+				if u, ok := r.Context().Value(upstreamKey{}).(*url.URL); ok {
+					return u, nil
+				}
+				return nil, errors.New("no upstream chosen")
+			},
+			DialContext:           (&net.Dialer{Timeout: gw.DialTimeout}).DialContext,
+			MaxIdleConnsPerHost:   16,
+			IdleConnTimeout:       30 * time.Second,
+			ResponseHeaderTimeout: 60 * time.Second,
+		}
+		if gw.Metrics == nil {
+			gw.Metrics = metrics.NewGateway()
+		}
+	})
+}
+
+// Run renews the sessions' leases and releases idle sessions until ctx
+// ends, then releases every session.
+func (gw *Gateway) Run(ctx context.Context) {
+	gw.init()
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			gw.releaseAll()
+			return
+		case <-t.C:
+			gw.tend(ctx)
+		}
+	}
+}
+
+// tend releases sessions idle for longer than Idle, and renews, at half
+// their TTL, the leases of the others.
+func (gw *Gateway) tend(ctx context.Context) {
+	now := gw.Server.now()
+	gw.mu.Lock()
+	var drop, renew []*gwSession
+	for k, s := range gw.sessions {
+		switch {
+		case s.conns == 0 && now.Sub(s.idle) >= gw.Idle:
+			delete(gw.sessions, k)
+			drop = append(drop, s)
+		case s.up != nil && s.up.g.g.ExpiresAt.Sub(now) < s.up.g.g.TTL/2:
+			renew = append(renew, s)
+		}
+	}
+	gw.Metrics.Sessions.Set(float64(len(gw.sessions)))
+	gw.mu.Unlock()
+	for _, s := range drop {
+		s.busy.Lock()
+		gw.release(ctx, s.id, s.up)
+		s.up = nil
+		s.busy.Unlock()
+	}
+	for _, s := range renew {
+		s.busy.Lock()
+		if s.up != nil {
+			g, err := gw.Server.Leases.Renew(ctx, s.up.g.g.ID, s.id.User, s.up.g.g.TTL)
+			if err != nil {
+				// Lost (expired, taken over): the next connection leases anew.
+				gw.Server.Log.Info("Cannot renew a gateway session's lease", "session", s.user.Session, "error", err)
+				s.up = nil
+			} else {
+				s.up.g.g = g
+			}
+		}
+		s.busy.Unlock()
+	}
+}
+
+func (gw *Gateway) releaseAll() {
+	gw.mu.Lock()
+	all := gw.sessions
+	gw.sessions = map[string]*gwSession{}
+	gw.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for _, s := range all {
+		s.busy.Lock()
+		gw.release(ctx, s.id, s.up)
+		s.busy.Unlock()
+	}
+}
+
+func (gw *Gateway) release(ctx context.Context, id *Identity, up *upstream) {
+	if up == nil {
+		return
+	}
+	if err := gw.Server.Leases.Release(context.WithoutCancel(ctx), up.g.g.ID, id.User); err == nil {
+		gw.Server.released(up.g.g.Namespace, up.g.g.Fleet, id.User, up.g.g.ID)
+	}
+}
+
+// Reasons of the gateway's own refusals.
+const (
+	reasonUpstreamUnavailable = "UpstreamUnavailable"
+	reasonUpstreamRefused     = "UpstreamRefused"
+)
+
+// gwError is a refusal of the gateway: a status, a reason and words, and
+// for 407 the challenge.
+type gwError struct {
+	code       int
+	reason     string
+	msg        string
+	retryAfter int
+}
+
+func (e *gwError) Error() string { return e.msg }
+
+func proxyAuthRequired(msg string) *gwError {
+	return &gwError{code: http.StatusProxyAuthRequired, reason: apiv1.ReasonUnauthenticated, msg: msg}
+}
+
+// refuse answers a refusal, with Proxy-Status (RFC 9209) naming the
+// gateway and the error.
+func (gw *Gateway) refuse(w http.ResponseWriter, err error) {
+	var ge *gwError
+	if !errors.As(err, &ge) {
+		ae := toAPIError(err)
+		ge = &gwError{code: ae.code, reason: ae.reason, msg: ae.msg, retryAfter: ae.retryAfter}
+		switch {
+		case ae.code == http.StatusUnauthorized:
+			ge.code = http.StatusProxyAuthRequired
+		case ae.reason == apiv1.ReasonNoFreeSlot || ae.reason == apiv1.ReasonTooFewHealthy:
+			// A proxy client knows 503 with Retry-After, not the API's 409.
+			ge.code = http.StatusServiceUnavailable
+		}
+	}
+	if ge.code == http.StatusProxyAuthRequired {
+		w.Header().Set("Proxy-Authenticate", `Basic realm="egress-discovery gateway"`)
+	}
+	if ge.retryAfter > 0 {
+		w.Header().Set("Retry-After", fmt.Sprint(ge.retryAfter))
+	}
+	w.Header().Set("Proxy-Status", fmt.Sprintf("egress-discovery; error=%s; details=%q", proxyStatusError(ge.code), ge.reason))
+	writeJSON(w, ge.code, apiv1.Error{Error: apiv1.ErrorDetail{Code: ge.code, Reason: ge.reason, Message: ge.msg}})
+}
+
+// proxyStatusError is RFC 9209's error type for a refusal.
+func proxyStatusError(code int) string {
+	switch code {
+	case http.StatusProxyAuthRequired, http.StatusForbidden:
+		return "http_request_denied"
+	case http.StatusBadGateway:
+		return "proxy_internal_response"
+	case http.StatusGatewayTimeout:
+		return "connection_timeout"
+	case http.StatusBadRequest:
+		return "http_request_error"
+	default:
+		return "proxy_internal_error"
+	}
+}
+
+// ServeHTTP serves CONNECT and absolute-URI requests.
+func (gw *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	gw.init()
+	start := time.Now()
+	caller, user, err := gw.authenticate(r)
+	if err != nil {
+		gw.refuse(w, err)
+		return
+	}
+	target, domain, err := destination(r)
+	if err != nil {
+		gw.refuse(w, err)
+		return
+	}
+	fleet := user.Namespace + "/" + user.Fleet
+	up, done, err := gw.choose(r.Context(), caller, user, domain, nil)
+	if err != nil {
+		gw.Server.Metrics.Denials.WithLabelValues(reasonOf(err)).Inc()
+		gw.refuse(w, err)
+		return
+	}
+	gw.Metrics.ChooseLatency.Observe(time.Since(start).Seconds())
+	gw.Metrics.Connections.WithLabelValues(fleet).Inc()
+	gw.Metrics.ConnectionsTotal.WithLabelValues(fleet).Inc()
+	defer gw.Metrics.Connections.WithLabelValues(fleet).Dec()
+	if r.Method == http.MethodConnect {
+		gw.tunnel(w, r, caller, user, target, domain, up, done)
+		return
+	}
+	gw.forward(w, r, caller, user, domain, up, done)
+}
+
+// authenticate reads Proxy-Authorization: Basic, the username in the
+// gateway's grammar and the password a bearer token, and authorises the
+// caller's use of the fleet.
+func (gw *Gateway) authenticate(r *http.Request) (*Identity, GatewayUser, error) {
+	h := r.Header.Get("Proxy-Authorization")
+	enc, ok := strings.CutPrefix(h, "Basic ")
+	if !ok {
+		return nil, GatewayUser{}, proxyAuthRequired("the gateway needs Proxy-Authorization: Basic, with <namespace>_<fleet>[_session_<key>][_zone_<zone>] as the username and a discovery token as the password")
+	}
+	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(enc))
+	if err != nil {
+		return nil, GatewayUser{}, proxyAuthRequired("Proxy-Authorization is not valid base64")
+	}
+	name, token, ok := strings.Cut(string(b), ":")
+	if !ok || token == "" {
+		return nil, GatewayUser{}, proxyAuthRequired("Proxy-Authorization has no password: give a discovery token as the password")
+	}
+	user, err := ParseGatewayUser(name)
+	if err != nil {
+		return nil, GatewayUser{}, &gwError{code: http.StatusProxyAuthRequired, reason: apiv1.ReasonInvalid, msg: err.Error()}
+	}
+	id, err := gw.Server.Auth.AuthenticateToken(r.Context(), token)
+	if err != nil {
+		return nil, GatewayUser{}, err
+	}
+	if err := gw.Server.limit(id); err != nil {
+		return nil, GatewayUser{}, err
+	}
+	if err := gw.Server.authorizeFleet(r.Context(), id, user.Namespace, user.Fleet); err != nil {
+		return nil, GatewayUser{}, err
+	}
+	return id, user, nil
+}
+
+// destination is where a request goes (host:port) and the domain bans are
+// kept for.
+func destination(r *http.Request) (string, string, error) {
+	var host string
+	switch {
+	case r.Method == http.MethodConnect:
+		host = r.Host
+	case r.URL.IsAbs() && (r.URL.Scheme == "http" || r.URL.Scheme == "https"):
+		host = r.URL.Host
+	default:
+		return "", "", &gwError{code: http.StatusBadRequest, reason: apiv1.ReasonInvalid,
+			msg: "the gateway is a forward proxy: send CONNECT host:port, or a request with an absolute http:// URL"}
+	}
+	h, port, err := net.SplitHostPort(host)
+	if err != nil {
+		h, port = host, "80"
+		if r.URL.Scheme == "https" {
+			port = "443"
+		}
+	}
+	if h == "" || port == "" {
+		return "", "", &gwError{code: http.StatusBadRequest, reason: apiv1.ReasonInvalid, msg: fmt.Sprintf("no host in %q", host)}
+	}
+	return net.JoinHostPort(h, port), strings.ToLower(strings.Trim(h, "[]")), nil
+}
+
+// choose leases an upstream for a connection: the session's (moved off a
+// proxy banned for domain or excluded), or one of its own. done gives it
+// back when the connection ends.
+func (gw *Gateway) choose(ctx context.Context, id *Identity, u GatewayUser, domain string, exclude map[string]bool) (*upstream, func(), error) {
+	if u.Session == "" {
+		up, err := gw.lease(ctx, id, u, domain, "gateway", exclude)
+		if err != nil {
+			return nil, nil, err
+		}
+		return up, func() { gw.release(context.Background(), id, up) }, nil
+	}
+	key := id.User + "\x00" + u.Namespace + "/" + u.Fleet + "\x00" + u.Session
+	gw.mu.Lock()
+	s := gw.sessions[key]
+	if s == nil {
+		s = &gwSession{key: key, id: id, user: u}
+		gw.sessions[key] = s
+	}
+	s.conns++
+	gw.mu.Unlock()
+	done := func() {
+		gw.mu.Lock()
+		s.conns--
+		s.idle = gw.Server.now()
+		gw.mu.Unlock()
+	}
+	s.busy.Lock()
+	defer s.busy.Unlock()
+	if s.up != nil && (exclude[s.up.g.m.Name] || s.user.Zone != u.Zone || gw.banned(ctx, s.up, domain)) {
+		gw.release(ctx, id, s.up)
+		s.up = nil
+	}
+	if s.up == nil {
+		up, err := gw.lease(ctx, id, u, domain, "gateway-session:"+u.Session, exclude)
+		if err != nil {
+			done()
+			return nil, nil, err
+		}
+		s.up, s.user = up, u
+	}
+	return s.up, done, nil
+}
+
+// banned reports whether the upstream's proxy is banned for domain.
+func (gw *Gateway) banned(ctx context.Context, up *upstream, domain string) bool {
+	ok, _, err := gw.Server.healthy(ctx, []member{up.g.m}, "", nil, domain)
+	return err == nil && len(ok) == 0
+}
+
+// lease grants a lease of the user's fleet through the API's own path and
+// reads the upstream's URL with its credentials.
+func (gw *Gateway) lease(ctx context.Context, id *Identity, u GatewayUser, domain, holder string, exclude map[string]bool) (*upstream, error) {
+	req := &apiv1.AcquireRequest{Fleet: u.Namespace + "/" + u.Fleet, Holder: holder, Zone: u.Zone, Domain: domain}
+	a, err := gw.Server.acquisitionOf(ctx, req, u.Namespace, u.Fleet, id)
+	if err != nil {
+		return nil, err
+	}
+	a.exclude = exclude
+	g, err := gw.Server.grantFor(ctx, a)
+	if err != nil {
+		return nil, err
+	}
+	raw, err := gw.Server.Catalog.ProxyURL(ctx, g.m)
+	if err == nil {
+		var pu *url.URL
+		if pu, err = url.Parse(raw); err == nil {
+			gw.Server.Metrics.Acquisitions.Inc()
+			return &upstream{g: g, url: pu}, nil
+		}
+	}
+	gw.release(ctx, id, &upstream{g: g})
+	return nil, err
+}
+
+// tunnel serves CONNECT: it opens a tunnel through the upstream (retried
+// once on another proxy when the upstream fails before any byte reached
+// the crawler), answers 200, and splices both ways.
+func (gw *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id *Identity, u GatewayUser, target, domain string, up *upstream, done func()) {
+	conn, err := gw.connect(r.Context(), up, target)
+	if err != nil {
+		done()
+		up, done, err = gw.choose(r.Context(), id, u, domain, map[string]bool{up.g.m.Name: true})
+		if err == nil {
+			if conn, err = gw.connect(r.Context(), up, target); err != nil {
+				done()
+			}
+		}
+	}
+	if err != nil {
+		gw.refuse(w, err)
+		return
+	}
+	defer done()
+	defer conn.Close() //nolint:errcheck // Closing a tunnel.
+	hj, ok := w.(http.Hijacker)
+	if !ok {
+		gw.refuse(w, &gwError{code: http.StatusHTTPVersionNotSupported, reason: apiv1.ReasonInvalid, msg: "CONNECT needs HTTP/1.1"})
+		return
+	}
+	client, rw, err := hj.Hijack()
+	if err != nil {
+		return
+	}
+	defer client.Close() //nolint:errcheck // Closing a tunnel.
+	_ = client.SetDeadline(time.Time{})
+	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\nX-Egress-Proxy: "+up.g.m.Name+"\r\n\r\n"); err != nil {
+		return
+	}
+	// Bytes the crawler sent after its CONNECT, already buffered.
+	if n := rw.Reader.Buffered(); n > 0 {
+		b, _ := rw.Peek(n)
+		if _, err := conn.Write(b); err != nil {
+			return
+		}
+		gw.Metrics.Bytes.WithLabelValues("up").Add(float64(n))
+	}
+	splice(client, conn, gw.Metrics)
+}
+
+// connect opens a CONNECT tunnel to target through the upstream, with its
+// credentials.
+func (gw *Gateway) connect(ctx context.Context, up *upstream, target string) (net.Conn, error) {
+	d := &net.Dialer{Timeout: gw.DialTimeout}
+	conn, err := d.DialContext(ctx, "tcp", up.url.Host)
+	if err != nil {
+		gw.Metrics.UpstreamErrors.WithLabelValues("dial").Inc()
+		return nil, &gwError{code: http.StatusBadGateway, reason: reasonUpstreamUnavailable, msg: fmt.Sprintf("upstream proxy %s does not answer: %v", up.g.m.Name, err)}
+	}
+	_ = conn.SetDeadline(time.Now().Add(gw.DialTimeout))
+	pass, _ := up.url.User.Password()
+	auth := base64.StdEncoding.EncodeToString([]byte(up.url.User.Username() + ":" + pass))
+	if _, err := fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic %s\r\n\r\n", target, target, auth); err != nil {
+		_ = conn.Close()
+		gw.Metrics.UpstreamErrors.WithLabelValues("handshake").Inc()
+		return nil, &gwError{code: http.StatusBadGateway, reason: reasonUpstreamUnavailable, msg: fmt.Sprintf("upstream proxy %s: %v", up.g.m.Name, err)}
+	}
+	br := bufio.NewReader(conn)
+	rsp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		_ = conn.Close()
+		gw.Metrics.UpstreamErrors.WithLabelValues("handshake").Inc()
+		return nil, &gwError{code: http.StatusBadGateway, reason: reasonUpstreamUnavailable, msg: fmt.Sprintf("upstream proxy %s: %v", up.g.m.Name, err)}
+	}
+	_ = rsp.Body.Close()
+	if rsp.StatusCode != http.StatusOK {
+		_ = conn.Close()
+		gw.Metrics.UpstreamErrors.WithLabelValues("status").Inc()
+		code := http.StatusBadGateway
+		if rsp.StatusCode == http.StatusForbidden {
+			// The upstream's destination policy refused the target.
+			code = http.StatusForbidden
+		}
+		return nil, &gwError{code: code, reason: reasonUpstreamRefused, msg: fmt.Sprintf("upstream proxy %s answered %s to CONNECT %s", up.g.m.Name, rsp.Status, target)}
+	}
+	_ = conn.SetDeadline(time.Time{})
+	if br.Buffered() > 0 {
+		return &bufferedConn{Conn: conn, r: br}, nil
+	}
+	return conn, nil
+}
+
+// bufferedConn reads what the handshake's reader buffered first.
+type bufferedConn struct {
+	net.Conn
+	r *bufio.Reader
+}
+
+func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+
+// splice copies both ways until either side ends, then closes both.
+func splice(a, b net.Conn, m *metrics.Gateway) {
+	var wg sync.WaitGroup
+	cp := func(dst, src net.Conn, dir string) {
+		defer wg.Done()
+		n, _ := io.Copy(dst, src)
+		m.Bytes.WithLabelValues(dir).Add(float64(n))
+		// Half-close where possible, so that the other direction drains.
+		if c, ok := dst.(interface{ CloseWrite() error }); ok {
+			_ = c.CloseWrite()
+		} else {
+			_ = dst.Close()
+		}
+	}
+	wg.Add(2)
+	go cp(b, a, "up")
+	go cp(a, b, "down")
+	wg.Wait()
+}
+
+// hopHeaders are not forwarded (RFC 9110 7.6.1), nor the gateway's own
+// Proxy-Authorization.
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+// forward serves a plain HTTP request through the upstream's absolute-URI
+// mode (retried once on another proxy when the upstream cannot be
+// reached), and names the proxy in X-Egress-Proxy and X-Egress-IP.
+func (gw *Gateway) forward(w http.ResponseWriter, r *http.Request, id *Identity, u GatewayUser, domain string, up *upstream, done func()) {
+	out := r.Clone(r.Context())
+	out.RequestURI = ""
+	for _, h := range hopHeaders {
+		out.Header.Del(h)
+	}
+	if r.Body != nil && r.ContentLength == 0 {
+		out.Body = nil
+	}
+	send := func(up *upstream) (*http.Response, error) {
+		req := out.WithContext(context.WithValue(r.Context(), upstreamKey{}, up.url))
+		rsp, err := gw.transport.RoundTrip(req)
+		if err != nil {
+			gw.Metrics.UpstreamErrors.WithLabelValues("dial").Inc()
+		}
+		return rsp, err
+	}
+	rsp, err := send(up)
+	// Only a request without a body is retried: a body may be half sent.
+	if err != nil && out.Body == nil {
+		done()
+		up, done, err = gw.choose(r.Context(), id, u, domain, map[string]bool{up.g.m.Name: true})
+		if err == nil {
+			rsp, err = send(up)
+		}
+	}
+	if done != nil {
+		defer done()
+	}
+	if err != nil {
+		var ge *gwError
+		if !errors.As(err, &ge) {
+			err = &gwError{code: http.StatusBadGateway, reason: reasonUpstreamUnavailable, msg: fmt.Sprintf("upstream proxy %s: %v", up.g.m.Name, err)}
+		}
+		gw.refuse(w, err)
+		return
+	}
+	defer rsp.Body.Close() //nolint:errcheck // A response body.
+	for _, h := range hopHeaders {
+		rsp.Header.Del(h)
+	}
+	for k, vs := range rsp.Header {
+		for _, v := range vs {
+			w.Header().Add(k, v)
+		}
+	}
+	w.Header().Set("X-Egress-Proxy", up.g.m.Name)
+	if up.g.m.EgressIP != "" {
+		w.Header().Set("X-Egress-IP", up.g.m.EgressIP)
+	}
+	w.WriteHeader(rsp.StatusCode)
+	n, _ := io.Copy(w, rsp.Body)
+	gw.Metrics.Bytes.WithLabelValues("down").Add(float64(n))
+}

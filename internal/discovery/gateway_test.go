@@ -1,0 +1,375 @@
+package discovery_test
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/base64"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	coordv1 "k8s.io/api/coordination/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	dmetrics "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/squid"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
+)
+
+func TestParseGatewayUser(t *testing.T) {
+	for _, c := range []struct {
+		in   string
+		want discovery.GatewayUser
+		err  string
+	}{
+		{in: "crawl-team_crawlers", want: discovery.GatewayUser{Namespace: "crawl-team", Fleet: "crawlers"}},
+		{in: "crawl-team_crawlers_session_s1", want: discovery.GatewayUser{Namespace: "crawl-team", Fleet: "crawlers", Session: "s1"}},
+		{in: "crawl-team_crawlers_zone_local-a_session_s1", want: discovery.GatewayUser{Namespace: "crawl-team", Fleet: "crawlers", Zone: "local-a", Session: "s1"}},
+		{in: "crawlers", err: "must be <namespace>_<fleet>"},
+		{in: "Crawl_crawlers", err: "namespace"},
+		{in: "crawl-team_crawlers_session", err: "has no value"},
+		{in: "crawl-team_crawlers_session_a_session_b", err: "given twice"},
+		{in: "crawl-team_crawlers_country_de", err: "unknown option"},
+		{in: "crawl-team_crawlers_session_a:b", err: "session key"},
+		{in: "crawl-team_crawlers_session_" + strings.Repeat("k", 65), err: "session key"},
+		{in: "crawl-team__crawlers", err: "fleet"},
+	} {
+		got, err := discovery.ParseGatewayUser(c.in)
+		if c.err != "" {
+			if err == nil || !strings.Contains(err.Error(), c.err) {
+				t.Errorf("%q: got %+v, %v; want an error saying %q", c.in, got, err, c.err)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("%q: got %+v, %v; want %+v", c.in, got, err, c.want)
+		}
+	}
+}
+
+// gatewayBed is a fleet of real Squids on loopback, each leaving from an
+// address of its own (127.0.0.2, 127.0.0.3, ...), so that an IP echo
+// target names the upstream that served; and a gateway on top.
+type gatewayBed struct {
+	ns, fleet string
+	gw        *discovery.Gateway
+	url       string // the gateway's address
+	token     string
+	egress    map[string]string // proxy name -> the address targets see
+	squids    map[string]*exec.Cmd
+	store     *lease.Store
+}
+
+func newGatewayBed(t *testing.T, n, maxLeases int) *gatewayBed {
+	t.Helper()
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	b := &gatewayBed{ns: ns, fleet: "gw", token: "gw-token", egress: map[string]string{}, squids: map[string]*exec.Cmd{}}
+	fleet(t, ns, b.fleet, n, maxLeases, nil)
+	htpasswd, err := squid.HtpasswdWithSalt("crawler", "s3cret", "saltsalt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	for i := range n {
+		addr := fmt.Sprintf("127.0.0.%d", i+2)
+		l, err := net.Listen("tcp", addr+":0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		_ = l.Close()
+		conf, err := squid.Render(squid.Config{
+			Port: int32(port), BindAddress: addr, OutgoingAddress: addr, AllowLoopbackDestinations: true,
+			HtpasswdPath: "/etc/egress-proxy/htpasswd",
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cmd := testbed.StartSquid(t, conf, "/etc/egress-proxy", map[string][]byte{"htpasswd": htpasswd}, fmt.Sprintf("%s:%d", addr, port))
+		p := &v1alpha1.Proxy{}
+		name := fmt.Sprintf("%s-%d", b.fleet, i)
+		b.squids[name] = cmd
+		if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, p); err != nil {
+			t.Fatal(err)
+		}
+		p.Status.AtProvider.Host, p.Status.AtProvider.Port, p.Status.AtProvider.EgressIP = addr, int32(port), addr
+		if err := bed.Client.Status().Update(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		b.egress[name] = addr
+	}
+	c, ca := bed.Replica(t, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
+	rctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	version, err := discovery.WatchVersion(rctx, ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.store = &lease.Store{Client: c, Cache: ca}
+	st := staticTokens(t, b.token+" "+ns+"\nother-token some-other-namespace\n")
+	srv := &discovery.Server{
+		Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: b.store,
+		Auth: &discovery.Kubernetes{Client: c, Static: st}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Version: version,
+	}
+	b.gw = &discovery.Gateway{Server: srv, Idle: 2 * time.Second, DialTimeout: 2 * time.Second}
+	go b.gw.Run(rctx)
+	hs := httptest.NewServer(b.gw)
+	t.Cleanup(hs.Close)
+	b.url = hs.Listener.Addr().String()
+	// The cache shows the upstreams' addresses before the first test.
+	testbed.Eventually(t, 10*time.Second, "the replica's cache sees the upstreams", func() (bool, string) {
+		l := &v1alpha1.ProxyList{}
+		if err := ca.List(ctx, l); err != nil {
+			return false, err.Error()
+		}
+		seen := 0
+		for _, p := range l.Items {
+			if p.Namespace == ns && b.egress[p.Name] == p.Status.AtProvider.Host {
+				seen++
+			}
+		}
+		return seen == n, fmt.Sprintf("%d of %d", seen, n)
+	})
+	return b
+}
+
+// client is a crawler whose only setting is the gateway URL; every request
+// opens a new connection.
+func (b *gatewayBed) client(user, token string, target testbed.Target) *http.Client {
+	u := &url.URL{Scheme: "http", Host: b.url, User: url.UserPassword(user, token)}
+	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
+		Proxy: http.ProxyURL(u), DisableKeepAlives: true,
+		TLSClientConfig: &tls.Config{RootCAs: target.RootCAs, MinVersion: tls.VersionTLS12},
+	}}
+}
+
+func (b *gatewayBed) user(opts string) string { return b.ns + "_" + b.fleet + opts }
+
+// fetch gets the target's echo through the gateway: the address the
+// upstream left from, and the answer.
+func fetch(t *testing.T, c *http.Client, target string) (string, *http.Response) {
+	t.Helper()
+	rsp, err := c.Get(target)
+	if err != nil {
+		return "", nil
+	}
+	defer rsp.Body.Close() //nolint:errcheck // A test.
+	body, _ := io.ReadAll(rsp.Body)
+	return strings.TrimSpace(string(body)), rsp
+}
+
+// TestGatewayChains: CONNECT (an HTTPS target) and plain GET (an HTTP
+// target) through the gateway reach the targets through a fleet's Squid,
+// with only the gateway URL and a token; the plain answer names the proxy;
+// the connection's lease is given back when it ends.
+func TestGatewayChains(t *testing.T) {
+	b := newGatewayBed(t, 2, 2)
+	tls := testbed.StartEchoTarget(t)
+	plain := testbed.StartPlainEchoTarget(t)
+	seen, rsp := fetch(t, b.client(b.user(""), b.token, tls), tls.URL)
+	if rsp == nil || rsp.StatusCode != http.StatusOK || !isEgress(b, seen) {
+		t.Fatalf("CONNECT through the gateway: %v, the target saw %q; want 200 from one of %v", status(rsp), seen, b.egress)
+	}
+	seen, rsp = fetch(t, b.client(b.user(""), b.token, plain), plain.URL)
+	if rsp == nil || rsp.StatusCode != http.StatusOK || !isEgress(b, seen) {
+		t.Fatalf("plain GET through the gateway: %v, the target saw %q", status(rsp), seen)
+	}
+	if p := rsp.Header.Get("X-Egress-Proxy"); b.egress[p] != seen || rsp.Header.Get("X-Egress-IP") != seen {
+		t.Errorf("X-Egress-Proxy %q and X-Egress-IP %q, want the proxy that served (egress %s)", p, rsp.Header.Get("X-Egress-IP"), seen)
+	}
+	// Connections without a session hold their lease only while open.
+	testbed.Eventually(t, 5*time.Second, "no lease left of closed connections", func() (bool, string) {
+		n := heldSlots(t, b)
+		return n == 0, fmt.Sprintf("%d slots held", n)
+	})
+}
+
+// TestGatewaySessions: a session keeps one upstream across 20 connections;
+// sessions beyond maxLeases × proxies are refused 503 with Retry-After;
+// two callers' sessions of the same key do not share; a banned domain
+// moves a session off its proxy; an upstream that stops answering moves it
+// on; an idle session gives its lease back.
+func TestGatewaySessions(t *testing.T) {
+	b := newGatewayBed(t, 2, 1)
+	target := testbed.StartEchoTarget(t)
+	first := ""
+	c := b.client(b.user("_session_s1"), b.token, target)
+	for i := range 20 {
+		seen, rsp := fetch(t, c, target.URL)
+		if rsp == nil || rsp.StatusCode != http.StatusOK {
+			t.Fatalf("connection %d of the session: %v", i, status(rsp))
+		}
+		if first == "" {
+			first = seen
+		}
+		if seen != first {
+			t.Fatalf("connection %d of session s1 left from %s, the first from %s: not sticky", i, seen, first)
+		}
+	}
+	// The second proxy's one slot goes to a second session; a third finds
+	// none.
+	seen2, rsp := fetch(t, b.client(b.user("_session_s2"), b.token, target), target.URL)
+	if rsp == nil || rsp.StatusCode != http.StatusOK || seen2 == first {
+		t.Fatalf("session s2: %v from %q; want 200 from the other proxy than s1's %s", status(rsp), seen2, first)
+	}
+	plain := testbed.StartPlainEchoTarget(t)
+	_, rsp = fetch(t, b.client(b.user("_session_s3"), b.token, plain), plain.URL)
+	if rsp == nil || rsp.StatusCode != http.StatusServiceUnavailable || rsp.Header.Get("Retry-After") == "" {
+		t.Fatalf("a third session over maxLeases × proxies: %v, Retry-After %q; want 503 with Retry-After", status(rsp), header(rsp, "Retry-After"))
+	}
+
+	// Banning s1's proxy for the target's domain moves s1 to the other
+	// proxy, once s2 has let it go.
+	var s1Proxy string
+	for p, a := range b.egress {
+		if a == first {
+			s1Proxy = p
+		}
+	}
+	testbed.Eventually(t, 10*time.Second, "session s2 idle and released", func() (bool, string) {
+		n := heldSlots(t, b)
+		return n <= 1, fmt.Sprintf("%d slots held", n)
+	})
+	host, _, _ := net.SplitHostPort(strings.TrimPrefix(strings.TrimSuffix(target.URL, "/ip"), "https://"))
+	if err := b.store.Ban(context.Background(), b.ns, b.fleet, s1Proxy, host, time.Minute, "static:test"); err != nil {
+		t.Fatal(err)
+	}
+	seen, rsp := fetch(t, c, target.URL)
+	if rsp == nil || rsp.StatusCode != http.StatusOK || seen == first {
+		t.Fatalf("session s1 after its proxy was banned for %s: %v from %q; want 200 from the other proxy", host, status(rsp), seen)
+	}
+}
+
+// TestGatewayUpstreamDies: when the session's Squid is killed, the next
+// connection is retried once on another proxy, the session stays there,
+// and no lease of the dead proxy is left held.
+func TestGatewayUpstreamDies(t *testing.T) {
+	b := newGatewayBed(t, 2, 2)
+	target := testbed.StartEchoTarget(t)
+	c := b.client(b.user("_session_die"), b.token, target)
+	first, rsp := fetch(t, c, target.URL)
+	if rsp == nil || rsp.StatusCode != http.StatusOK {
+		t.Fatalf("session: %v", status(rsp))
+	}
+	var dead string
+	for p, a := range b.egress {
+		if a == first {
+			dead = p
+		}
+	}
+	_ = b.squids[dead].Process.Kill()
+	for i := range 5 {
+		seen, rsp := fetch(t, c, target.URL)
+		if rsp == nil || rsp.StatusCode != http.StatusOK || seen == first || !isEgress(b, seen) {
+			t.Fatalf("connection %d after %s died: %v from %q; want 200 from the other proxy", i, dead, status(rsp), seen)
+		}
+	}
+	slots, err := b.store.Slots(context.Background(), b.ns, b.fleet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range slots[dead] {
+		if !lease.Expired(l, time.Now()) {
+			t.Errorf("a lease of the dead proxy %s is still held: %s", dead, l.Name)
+		}
+	}
+}
+
+// TestGatewayRefusals: no credentials, a bad token and a malformed
+// username get 407 with a challenge and a reason; a token without use of
+// the fleet gets 403; a request that is not a proxy request gets 400.
+func TestGatewayRefusals(t *testing.T) {
+	b := newGatewayBed(t, 1, 1)
+	target := testbed.StartEchoTarget(t)
+	plain := testbed.StartPlainEchoTarget(t)
+	for _, c := range []struct {
+		name, user, token string
+		want              int
+		says              string
+	}{
+		{"bad token", b.user(""), "nope", http.StatusProxyAuthRequired, "Unauthenticated"},
+		{"malformed username", b.ns + "-" + b.fleet, b.token, http.StatusProxyAuthRequired, "must be <namespace>_<fleet>"},
+		{"unknown option", b.user("_country_de"), b.token, http.StatusProxyAuthRequired, "unknown option"},
+		{"no use of the fleet", b.user(""), "other-token", http.StatusForbidden, "Forbidden"},
+	} {
+		_, rsp := fetch(t, b.client(c.user, c.token, plain), plain.URL)
+		if rsp == nil || rsp.StatusCode != c.want {
+			t.Errorf("%s: %v, want %d", c.name, status(rsp), c.want)
+			continue
+		}
+		if c.want == http.StatusProxyAuthRequired && !strings.HasPrefix(rsp.Header.Get("Proxy-Authenticate"), "Basic") {
+			t.Errorf("%s: no Basic Proxy-Authenticate challenge", c.name)
+		}
+		if !strings.Contains(rsp.Header.Get("Proxy-Status"), "egress-discovery") {
+			t.Errorf("%s: Proxy-Status %q names no proxy", c.name, rsp.Header.Get("Proxy-Status"))
+		}
+	}
+	// A CONNECT with a bad token: the client sees 407.
+	if _, err := b.client(b.user(""), "nope", target).Get(target.URL); err == nil || !strings.Contains(err.Error(), "Proxy Authentication Required") {
+		t.Errorf("CONNECT with a bad token: %v, want 407", err)
+	}
+	// No Proxy-Authorization at all.
+	req, _ := http.NewRequest(http.MethodGet, plain.URL, nil)
+	rsp, err := (&http.Transport{Proxy: http.ProxyURL(&url.URL{Scheme: "http", Host: b.url})}).RoundTrip(req)
+	if err != nil || rsp.StatusCode != http.StatusProxyAuthRequired {
+		t.Errorf("no credentials: %v, %v; want 407", status(rsp), err)
+	}
+	// An origin-form request is not for a proxy.
+	req, _ = http.NewRequest(http.MethodGet, "http://"+b.url+"/", nil)
+	req.Header.Set("Proxy-Authorization", "Basic "+base64.StdEncoding.EncodeToString([]byte(b.user("")+":"+b.token)))
+	if rsp, err := http.DefaultClient.Do(req); err != nil || rsp.StatusCode != http.StatusBadRequest {
+		t.Errorf("origin-form request: %v, %v; want 400", status(rsp), err)
+	}
+}
+
+func isEgress(b *gatewayBed, addr string) bool {
+	for _, a := range b.egress {
+		if a == addr {
+			return true
+		}
+	}
+	return false
+}
+
+func heldSlots(t *testing.T, b *gatewayBed) int {
+	t.Helper()
+	slots, err := b.store.Slots(context.Background(), b.ns, b.fleet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, ls := range slots {
+		for _, l := range ls {
+			if !lease.Expired(l, time.Now()) {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func status(rsp *http.Response) string {
+	if rsp == nil {
+		return "no answer"
+	}
+	return rsp.Status
+}
+
+func header(rsp *http.Response, h string) string {
+	if rsp == nil {
+		return ""
+	}
+	return rsp.Header.Get(h)
+}

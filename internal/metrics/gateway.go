@@ -1,0 +1,50 @@
+package metrics
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Gateway is the metric set of egress-discovery's forward-proxy gateway.
+type Gateway struct {
+	// Connections are the connections open (CONNECT tunnels and plain HTTP
+	// requests), by fleet; ConnectionsTotal counts them.
+	Connections      *prometheus.GaugeVec
+	ConnectionsTotal *prometheus.CounterVec
+	// Bytes counts what crossed the gateway, by direction (up: from the
+	// crawler to the upstream; down: back).
+	Bytes *prometheus.CounterVec
+	// ChooseLatency is how long choosing an upstream took: authorisation,
+	// a lease (or the session's), its credentials.
+	ChooseLatency prometheus.Histogram
+	// UpstreamErrors counts upstreams that failed, by reason (dial,
+	// refused, status).
+	UpstreamErrors *prometheus.CounterVec
+	// Sessions is how many sessions hold a lease on this replica.
+	Sessions prometheus.Gauge
+}
+
+// NewGateway returns the gateway's metrics, unregistered.
+func NewGateway() *Gateway {
+	return &Gateway{
+		Connections: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "egress_discovery_gateway_connections", Help: "Connections open through the gateway, by fleet (namespace/name).",
+		}, []string{"fleet"}),
+		ConnectionsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egress_discovery_gateway_connections_total", Help: "Connections accepted by the gateway and chained to an upstream proxy, by fleet.",
+		}, []string{"fleet"}),
+		Bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egress_discovery_gateway_bytes_total", Help: "Bytes through the gateway, by direction: up (crawler to upstream) and down.",
+		}, []string{"direction"}),
+		ChooseLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "egress_discovery_gateway_upstream_choice_seconds", Help: "Time to choose an upstream: authorisation, a lease or the session's, its credentials.",
+			Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5},
+		}),
+		UpstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egress_discovery_gateway_upstream_errors_total", Help: "Upstream proxies that failed a connection, by reason (dial, status, handshake).",
+		}, []string{"reason"}),
+		Sessions: prometheus.NewGauge(prometheus.GaugeOpts{Name: "egress_discovery_gateway_sessions", Help: "Gateway sessions holding a lease on this replica."}),
+	}
+}
+
+// Collectors returns every collector, for registration.
+func (g *Gateway) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{g.Connections, g.ConnectionsTotal, g.Bytes, g.ChooseLatency, g.UpstreamErrors, g.Sessions}
+}
