@@ -79,7 +79,7 @@ func TestMain(m *testing.M) {
 	stack, err = devenv.Up(context.Background(), devenv.Options{
 		Root: root, StateDir: state, Progress: os.Stderr, ApplyExamples: true,
 		ProviderArgs:  []string{"--local-restart-delay=" + restartDelay.String()},
-		DiscoveryArgs: []string{"--sweep-interval=2s"},
+		DiscoveryArgs: []string{"--sweep-interval=2s", "--gateway-idle=2s"},
 	})
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "e2e: bring-up failed: %v\nlogs kept in %s\n", err, filepath.Join(state, "logs"))
@@ -126,6 +126,7 @@ func TestEndToEnd(t *testing.T) {
 	}{
 		{"ExampleFleetBecomesReady", exampleFleetBecomesReady},
 		{"LeaseAndFetchThroughProxy", leaseAndFetchThroughProxy},
+		{"GatewaySessionWithCurl", gatewaySessionWithCurl},
 		{"SecondFleetBecomesReady", secondFleetBecomesReady},
 		{"KilledSquidHeals", killedSquidHeals},
 		{"CrashLoopAndBlackHole", crashLoopAndBlackHole},
@@ -216,6 +217,42 @@ func leaseAndFetchThroughProxy(t *testing.T) {
 		return logged[proxy] == 1 && len(logged) == 1, fmt.Sprintf("proxies that logged it: %v", logged)
 	})
 	testbed.Eventually(t, 10*time.Second, "the lease released when the command ended", func() (bool, string) {
+		held := heldLeases(t, example)
+		return len(held) == 0, fmt.Sprintf("held: %v", held)
+	})
+}
+
+// gatewaySessionWithCurl fetches five times through egress-discovery's
+// gateway with curl and nothing but the gateway URL (an HTTPS proxy, the
+// fleet and a session in the username, the token as the password): every
+// request reaches the target, one Squid served them all, and the session's
+// lease is given back once it is idle.
+func gatewaySessionWithCurl(t *testing.T) {
+	target := httptest.NewTLSServer(http.HandlerFunc(probe.EchoIP))
+	defer target.Close()
+	ca := filepath.Join(t.TempDir(), "target.crt")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: target.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	proxyURL := fmt.Sprintf("https://%s_%s_session_a:%s@%s", ns, example, stack.Token, stack.GatewayAddress)
+	for i := range 5 {
+		out, err := exec.Command("curl", "-sS", "--fail", "--max-time", "10", "--proxy", proxyURL, "--proxy-cacert", stack.DiscoveryCA,
+			"--cacert", ca, target.URL+"/ip").CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != "127.0.0.1" {
+			t.Fatalf("curl %d through the gateway: %v: %s", i, err, out)
+		}
+	}
+	connect := "CONNECT " + strings.TrimPrefix(target.URL, "https://")
+	testbed.Eventually(t, 10*time.Second, "one Squid logging all 5 of the session's CONNECTs", func() (bool, string) {
+		logged := connectsLogged(t, connect)
+		for _, n := range logged {
+			if n == 5 && len(logged) == 1 {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("proxies that logged it: %v", logged)
+	})
+	testbed.Eventually(t, 15*time.Second, "the session's lease given back when idle (--gateway-idle=2s)", func() (bool, string) {
 		held := heldLeases(t, example)
 		return len(held) == 0, fmt.Sprintf("held: %v", held)
 	})

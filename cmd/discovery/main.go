@@ -42,25 +42,27 @@ const description = "egress-discovery serves the API crawlers use to list and le
 
 // CLI is discovery's settings; each can also come from the environment.
 type CLI struct {
-	Address                string        `help:"Address of the API, the status page and /metrics." default:":8080" env:"ADDRESS"`
-	TLSCertFile            string        `name:"tls-cert-file" help:"PEM certificate (chain) to serve the API over HTTPS with, read again when it changes; with --tls-key-file. Empty serves plain HTTP." default:"" env:"TLS_CERT_FILE"`
-	TLSKeyFile             string        `name:"tls-key-file" help:"PEM private key of --tls-cert-file." default:"" env:"TLS_KEY_FILE"`
-	HealthProbeBindAddress string        `help:"Address of /healthz and /readyz." default:":8081" env:"HEALTH_PROBE_BIND_ADDRESS"`
-	TokenFile              string        `help:"Optional file of static tokens for crawlers outside the cluster: \"<token> <namespace>[,<namespace>...]\" per line." default:"" env:"TOKEN_FILE"`
-	SweepInterval          time.Duration `help:"How often expired leases and the leases of deleted proxies are deleted." default:"30s" env:"SWEEP_INTERVAL"`
-	TokenAudience          string        `help:"Audience a ServiceAccount token must be issued for (kubectl create token <sa> --audience egress-discovery, or a projected token volume with it); a token for the API server is refused. Empty accepts any." default:"egress-discovery" env:"TOKEN_AUDIENCE"`
-	AuthCacheSize          int           `help:"How many token reviews, and how many access reviews, are remembered (30s each); the least recently used go first." default:"10000" env:"AUTH_CACHE_SIZE"`
-	MaxInFlight            int           `help:"How many API requests are served at once; more are answered 503 with Retry-After." default:"256" env:"MAX_IN_FLIGHT"`
-	RatePerIdentity        float64       `help:"Requests a second each caller identity may make on average (a token bucket); more are answered 429 with Retry-After. 0 sets no limit." default:"100" env:"RATE_PER_IDENTITY"`
-	BurstPerIdentity       int           `help:"Requests each caller identity may make at once, above its rate." default:"200" env:"BURST_PER_IDENTITY"`
-	MaxBansPerFleet        int           `help:"Live domain bans a fleet may hold; a report over it is answered 429. 0 sets no bound." default:"5000" env:"MAX_BANS_PER_FLEET"`
-	MaxBansPerIdentity     int           `help:"Live domain bans one caller identity may hold in a fleet; a report over it is answered 429. 0 sets no bound." default:"1000" env:"MAX_BANS_PER_IDENTITY"`
-	MaxWaiting             int           `help:"Acquisitions that may wait for a slot (spec.leases.admission.maxWait) on this replica at once; a waiting one gives its in-flight slot back. More are refused at once." default:"1024" env:"MAX_WAITING"`
-	MaxWaitingPerIdentity  int           `help:"Acquisitions one caller identity may have waiting on this replica at once; more are refused at once." default:"32" env:"MAX_WAITING_PER_IDENTITY"`
-	GatewayAddress         string        `help:"Address of the rotating gateway, an HTTP forward proxy for crawlers: user <namespace>_<fleet>[_session_<key>][_zone_<zone>], password a discovery token. It serves TLS with --tls-cert-file. Empty turns it off." default:"" env:"GATEWAY_ADDRESS"`
-	GatewayPlainHTTP       bool          `name:"gateway-plain-http" help:"Serve the gateway over plain HTTP, tokens in the clear: for loopback and tests only." default:"false" env:"GATEWAY_PLAIN_HTTP"`
-	GatewayIdle            time.Duration `help:"How long a gateway session keeps its lease, and so its proxy, after its last connection closes." default:"1m" env:"GATEWAY_IDLE"`
-	Debug                  bool          `help:"Log at debug level." default:"false" env:"DEBUG"`
+	Address                    string        `help:"Address of the API, the status page and /metrics." default:":8080" env:"ADDRESS"`
+	TLSCertFile                string        `name:"tls-cert-file" help:"PEM certificate (chain) to serve the API over HTTPS with, read again when it changes; with --tls-key-file. Empty serves plain HTTP." default:"" env:"TLS_CERT_FILE"`
+	TLSKeyFile                 string        `name:"tls-key-file" help:"PEM private key of --tls-cert-file." default:"" env:"TLS_KEY_FILE"`
+	HealthProbeBindAddress     string        `help:"Address of /healthz and /readyz." default:":8081" env:"HEALTH_PROBE_BIND_ADDRESS"`
+	TokenFile                  string        `help:"Optional file of static tokens for crawlers outside the cluster: \"<token> <namespace>[,<namespace>...]\" per line." default:"" env:"TOKEN_FILE"`
+	SweepInterval              time.Duration `help:"How often expired leases and the leases of deleted proxies are deleted." default:"30s" env:"SWEEP_INTERVAL"`
+	TokenAudience              string        `help:"Audience a ServiceAccount token must be issued for (kubectl create token <sa> --audience egress-discovery, or a projected token volume with it); a token for the API server is refused. Empty accepts any." default:"egress-discovery" env:"TOKEN_AUDIENCE"`
+	AuthCacheSize              int           `help:"How many token reviews, and how many access reviews, are remembered (30s each); the least recently used go first." default:"10000" env:"AUTH_CACHE_SIZE"`
+	MaxInFlight                int           `help:"How many API requests are served at once; more are answered 503 with Retry-After." default:"256" env:"MAX_IN_FLIGHT"`
+	RatePerIdentity            float64       `help:"Requests a second each caller identity may make on average (a token bucket); more are answered 429 with Retry-After. 0 sets no limit." default:"100" env:"RATE_PER_IDENTITY"`
+	BurstPerIdentity           int           `help:"Requests each caller identity may make at once, above its rate." default:"200" env:"BURST_PER_IDENTITY"`
+	MaxBansPerFleet            int           `help:"Live domain bans a fleet may hold; a report over it is answered 429. 0 sets no bound." default:"5000" env:"MAX_BANS_PER_FLEET"`
+	MaxBansPerIdentity         int           `help:"Live domain bans one caller identity may hold in a fleet; a report over it is answered 429. 0 sets no bound." default:"1000" env:"MAX_BANS_PER_IDENTITY"`
+	MaxWaiting                 int           `help:"Acquisitions that may wait for a slot (spec.leases.admission.maxWait) on this replica at once; a waiting one gives its in-flight slot back. More are refused at once." default:"1024" env:"MAX_WAITING"`
+	MaxWaitingPerIdentity      int           `help:"Acquisitions one caller identity may have waiting on this replica at once; more are refused at once." default:"32" env:"MAX_WAITING_PER_IDENTITY"`
+	GatewayAddress             string        `help:"Address of the rotating gateway, an HTTP forward proxy for crawlers: user <namespace>_<fleet>[_session_<key>][_zone_<zone>], password a discovery token. It serves TLS with --tls-cert-file. Empty turns it off." default:"" env:"GATEWAY_ADDRESS"`
+	GatewayPlainHTTP           bool          `name:"gateway-plain-http" help:"Serve the gateway over plain HTTP, tokens in the clear: for loopback and tests only." default:"false" env:"GATEWAY_PLAIN_HTTP"`
+	GatewayIdle                time.Duration `help:"How long a gateway session keeps its lease, and so its proxy, after its last connection closes." default:"1m" env:"GATEWAY_IDLE"`
+	GatewayMaxConns            int           `help:"Connections the gateway holds open at once; more are answered 503." default:"4096" env:"GATEWAY_MAX_CONNS"`
+	GatewayMaxConnsPerIdentity int           `help:"Connections one caller identity holds open through the gateway at once; more are answered 429." default:"256" env:"GATEWAY_MAX_CONNS_PER_IDENTITY"`
+	Debug                      bool          `help:"Log at debug level." default:"false" env:"DEBUG"`
 	// ClockOffset runs the replica's clock off from the machine's, for
 	// tests of clock skew only (Go reads the time through the vDSO, so
 	// faketime cannot): hidden from --help and the README.
@@ -90,6 +92,9 @@ func (c *CLI) Validate() error {
 	}
 	if c.GatewayAddress != "" && c.TLSCertFile == "" && !c.GatewayPlainHTTP {
 		return errors.New("--gateway-address (GATEWAY_ADDRESS) serves TLS with --tls-cert-file (TLS_CERT_FILE), which is unset: set it, or --gateway-plain-http for loopback and tests")
+	}
+	if c.GatewayMaxConns < 1 || c.GatewayMaxConnsPerIdentity < 1 {
+		return errors.Errorf("--gateway-max-conns (GATEWAY_MAX_CONNS) and --gateway-max-conns-per-identity (GATEWAY_MAX_CONNS_PER_IDENTITY) must be at least 1, not %d and %d", c.GatewayMaxConns, c.GatewayMaxConnsPerIdentity)
 	}
 	if c.GatewayIdle <= 0 {
 		return errors.Errorf("--gateway-idle (GATEWAY_IDLE) must be positive, not %s", c.GatewayIdle)
@@ -156,7 +161,7 @@ func (c *CLI) Run() error {
 		return errors.Wrap(err, "cannot add the API server")
 	}
 	if c.GatewayAddress != "" {
-		gw := &discovery.Gateway{Server: srv, Metrics: dmetrics.NewGateway(), Idle: c.GatewayIdle}
+		gw := &discovery.Gateway{Server: srv, Metrics: dmetrics.NewGateway(), Idle: c.GatewayIdle, MaxConns: c.GatewayMaxConns, MaxConnsPerIdentity: c.GatewayMaxConnsPerIdentity}
 		metrics.Registry.MustRegister(gw.Metrics.Collectors()...)
 		if err := mgr.Add(c.gatewayServer(gw, log)); err != nil {
 			return errors.Wrap(err, "cannot add the gateway")

@@ -35,6 +35,8 @@ func TestHelp(t *testing.T) {
 		{Flag: "gateway-address", Env: "GATEWAY_ADDRESS", Default: `""`},
 		{Flag: "gateway-plain-http", Env: "GATEWAY_PLAIN_HTTP", Default: "false"},
 		{Flag: "gateway-idle", Env: "GATEWAY_IDLE", Default: "1m"},
+		{Flag: "gateway-max-conns", Env: "GATEWAY_MAX_CONNS", Default: "4096"},
+		{Flag: "gateway-max-conns-per-identity", Env: "GATEWAY_MAX_CONNS_PER_IDENTITY", Default: "256"},
 		{Flag: "debug", Env: "DEBUG", Default: "false"},
 	}
 	clitest.CheckSettings(t, k, want)
@@ -109,7 +111,7 @@ func TestValidateTLS(t *testing.T) {
 }
 
 func TestSettings(t *testing.T) {
-	defaults := CLI{Address: ":8080", HealthProbeBindAddress: ":8081", SweepInterval: 30 * time.Second, TokenAudience: "egress-discovery", AuthCacheSize: 10000, MaxInFlight: 256, RatePerIdentity: 100, BurstPerIdentity: 200, MaxBansPerFleet: 5000, MaxBansPerIdentity: 1000, MaxWaiting: 1024, MaxWaitingPerIdentity: 32, GatewayIdle: time.Minute}
+	defaults := CLI{Address: ":8080", HealthProbeBindAddress: ":8081", SweepInterval: 30 * time.Second, TokenAudience: "egress-discovery", AuthCacheSize: 10000, MaxInFlight: 256, RatePerIdentity: 100, BurstPerIdentity: 200, MaxBansPerFleet: 5000, MaxBansPerIdentity: 1000, MaxWaiting: 1024, MaxWaitingPerIdentity: 32, GatewayIdle: time.Minute, GatewayMaxConns: 4096, GatewayMaxConnsPerIdentity: 256}
 	with := func(f func(c *CLI)) CLI {
 		c := defaults
 		f(&c)

@@ -74,11 +74,11 @@ func (s *Stack) startProvider(ctx context.Context) error {
 }
 
 func (s *Stack) startDiscovery(ctx context.Context) error {
-	ports, err := s.ports("discovery", "discovery-health")
+	ports, err := s.ports("discovery", "discovery-health", "discovery-gateway")
 	if err != nil {
 		return err
 	}
-	api, health := ports[0], ports[1]
+	api, health, gateway := ports[0], ports[1], ports[2]
 	tokens := s.path("discovery-tokens")
 	line := fmt.Sprintf("# egress-discovery static tokens: <token> <namespaces>\n%s %s\n", s.Token, ExampleNamespace)
 	if err := os.WriteFile(tokens, []byte(line), 0o600); err != nil {
@@ -97,12 +97,14 @@ func (s *Stack) startDiscovery(ctx context.Context) error {
 		"--token-file=" + tokens,
 		"--tls-cert-file=" + crt,
 		"--tls-key-file=" + key,
+		fmt.Sprintf("--gateway-address=127.0.0.1:%d", gateway),
 	}, s.opts.DiscoveryArgs...)
 	p, err := s.start(binDiscovery, s.bin(binDiscovery), args)
 	if err != nil {
 		return err
 	}
 	s.DiscoveryURL = fmt.Sprintf("https://127.0.0.1:%d", api)
+	s.GatewayAddress = fmt.Sprintf("127.0.0.1:%d", gateway)
 	return waitHTTP(ctx, p, fmt.Sprintf("http://127.0.0.1:%d/readyz", health), time.Minute)
 }
 

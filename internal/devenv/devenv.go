@@ -93,6 +93,9 @@ type Stack struct {
 	Client client.Client
 	// DiscoveryURL is egress-discovery's base URL, served over TLS.
 	DiscoveryURL string
+	// GatewayAddress is host:port of egress-discovery's gateway, an HTTPS
+	// forward proxy (make run only).
+	GatewayAddress string
 	// DiscoveryCA is the PEM file of the CA of egress-discovery's
 	// certificate, for apiv1.NewHTTPClient and EGRESS_DISCOVERY_CA_FILE.
 	DiscoveryCA string

@@ -95,9 +95,11 @@ func ParseGatewayUser(u string) (GatewayUser, error) {
 // waiting, bans for the target's domain), and chains the connection to
 // that upstream with the fleet's credentials, which the crawler never sees.
 //
-// A session keeps its lease, and so its upstream, until it has had no
-// open connection for Idle; it is renewed while it lives. A connection
-// without a session holds a lease of its own for as long as it is open.
+// A session keeps its upstream until it has had no open connection for
+// Idle. A connection without a session holds a lease of its own while it
+// is open. Every lease in use is renewed at half its TTL, and given back
+// only when no connection uses it any more: a session moved to another
+// proxy keeps its old lease while its old tunnels last.
 type Gateway struct {
 	Server  *Server
 	Metrics *metrics.Gateway
@@ -105,44 +107,70 @@ type Gateway struct {
 	Idle time.Duration
 	// DialTimeout bounds the connection to an upstream (default 10s).
 	DialTimeout time.Duration
+	// TunnelIdle closes a tunnel or request with no byte either way for
+	// this long (default 5m).
+	TunnelIdle time.Duration
+	// MaxConns bounds the connections open through this replica (default
+	// 4096), and MaxConnsPerIdentity those of one caller (default 256).
+	MaxConns, MaxConnsPerIdentity int
 
+	// mu guards everything below, and every session's and upstream's
+	// fields but a session's busy.
 	mu       sync.Mutex
 	sessions map[string]*gwSession
+	// live are the upstreams whose lease is held, for renewal.
+	live     map[*upstream]bool
+	conns    int
+	byCaller map[string]int
 	// transport forwards plain HTTP through the chosen upstream, which
 	// each request's context names.
 	transport *http.Transport
 	once      sync.Once
 }
 
-// gwSession is a session's lease and upstream.
+// gwSession is a session's current upstream.
 type gwSession struct {
-	key   string
 	id    *Identity
 	user  GatewayUser
 	up    *upstream
 	conns int
 	// idle is when the last connection closed.
 	idle time.Time
-	// busy is held while the session is moved or renewed.
+	// busy serialises choosing the session's upstream.
 	busy sync.Mutex
 }
 
-// upstream is a leased proxy and how to reach it.
+// upstream is a leased proxy, how to reach it, and who uses it.
 type upstream struct {
+	id  *Identity
 	g   *granted
 	url *url.URL // http://user:pass@host:port
+	// refs are the connections using it; retired is set when no new one
+	// may (its session moved on, or it belongs to one connection): the
+	// lease goes back when both say so.
+	refs    int
+	retired bool
 }
 
 type upstreamKey struct{}
 
 func (gw *Gateway) init() {
 	gw.once.Do(func() {
-		gw.sessions = map[string]*gwSession{}
+		gw.sessions, gw.live, gw.byCaller = map[string]*gwSession{}, map[*upstream]bool{}, map[string]int{}
 		if gw.Idle <= 0 {
 			gw.Idle = time.Minute
 		}
 		if gw.DialTimeout <= 0 {
 			gw.DialTimeout = 10 * time.Second
+		}
+		if gw.TunnelIdle <= 0 {
+			gw.TunnelIdle = 5 * time.Minute
+		}
+		if gw.MaxConns <= 0 {
+			gw.MaxConns = 4096
+		}
+		if gw.MaxConnsPerIdentity <= 0 {
+			gw.MaxConnsPerIdentity = 256
 		}
 		gw.transport = &http.Transport{
 			Proxy: func(r *http.Request) (*url.URL, error) {
@@ -162,8 +190,8 @@ func (gw *Gateway) init() {
 	})
 }
 
-// Run renews the sessions' leases and releases idle sessions until ctx
-// ends, then releases every session.
+// Run renews the leases in use and releases idle sessions until ctx ends,
+// then releases every lease.
 func (gw *Gateway) Run(ctx context.Context) {
 	gw.init()
 	t := time.NewTicker(time.Second)
@@ -179,66 +207,128 @@ func (gw *Gateway) Run(ctx context.Context) {
 	}
 }
 
-// tend releases sessions idle for longer than Idle, and renews, at half
-// their TTL, the leases of the others.
+// tend retires the upstreams of sessions idle for longer than Idle, and
+// renews, at half their TTL, the leases in use; a lease that cannot be
+// renewed (lost to expiry) is dropped, and its session leases anew.
 func (gw *Gateway) tend(ctx context.Context) {
 	now := gw.Server.now()
+	var drop []*upstream
+	type renewal struct {
+		up       *upstream
+		id, user string
+		ttl      time.Duration
+	}
+	var renew []renewal
 	gw.mu.Lock()
-	var drop, renew []*gwSession
 	for k, s := range gw.sessions {
-		switch {
-		case s.conns == 0 && now.Sub(s.idle) >= gw.Idle:
+		if s.conns == 0 && now.Sub(s.idle) >= gw.Idle && s.busy.TryLock() {
 			delete(gw.sessions, k)
-			drop = append(drop, s)
-		case s.up != nil && s.up.g.g.ExpiresAt.Sub(now) < s.up.g.g.TTL/2:
-			renew = append(renew, s)
+			if s.up != nil {
+				if up := gw.retireLocked(s.up); up != nil {
+					drop = append(drop, up)
+				}
+				s.up = nil
+			}
+			s.busy.Unlock()
+		}
+	}
+	for up := range gw.live {
+		if up.g.g.ExpiresAt.Sub(now) < up.g.g.TTL/2 {
+			renew = append(renew, renewal{up: up, id: up.g.g.ID, user: up.id.User, ttl: up.g.g.TTL})
 		}
 	}
 	gw.Metrics.Sessions.Set(float64(len(gw.sessions)))
 	gw.mu.Unlock()
-	for _, s := range drop {
-		s.busy.Lock()
-		gw.release(ctx, s.id, s.up)
-		s.up = nil
-		s.busy.Unlock()
+	for _, up := range drop {
+		gw.release(ctx, up)
 	}
-	for _, s := range renew {
-		s.busy.Lock()
-		if s.up != nil {
-			g, err := gw.Server.Leases.Renew(ctx, s.up.g.g.ID, s.id.User, s.up.g.g.TTL)
-			if err != nil {
-				// Lost (expired, taken over): the next connection leases anew.
-				gw.Server.Log.Info("Cannot renew a gateway session's lease", "session", s.user.Session, "error", err)
-				s.up = nil
-			} else {
-				s.up.g.g = g
+	for _, r := range renew {
+		g, err := gw.Server.Leases.Renew(ctx, r.id, r.user, r.ttl)
+		gw.mu.Lock()
+		if err != nil {
+			gw.Server.Log.Info("Cannot renew a gateway lease", "proxy", r.up.g.m.Name, "error", err)
+			delete(gw.live, r.up)
+			r.up.retired = true
+			for _, s := range gw.sessions {
+				if s.up == r.up {
+					s.up = nil
+				}
 			}
+		} else if gw.live[r.up] {
+			r.up.g.g = g
 		}
-		s.busy.Unlock()
+		gw.mu.Unlock()
+	}
+}
+
+// retireLocked marks up as taking no new connection and returns it when
+// its lease is to go back now (no connection uses it).
+func (gw *Gateway) retireLocked(up *upstream) *upstream {
+	up.retired = true
+	if up.refs == 0 && gw.live[up] {
+		delete(gw.live, up)
+		return up
+	}
+	return nil
+}
+
+// unref is a connection done with up: the lease goes back when up is
+// retired and this was its last connection.
+func (gw *Gateway) unref(up *upstream) {
+	gw.mu.Lock()
+	up.refs--
+	var back *upstream
+	if up.refs == 0 && up.retired && gw.live[up] {
+		delete(gw.live, up)
+		back = up
+	}
+	gw.mu.Unlock()
+	if back != nil {
+		gw.release(context.Background(), back)
 	}
 }
 
 func (gw *Gateway) releaseAll() {
 	gw.mu.Lock()
-	all := gw.sessions
-	gw.sessions = map[string]*gwSession{}
+	all := gw.live
+	gw.live, gw.sessions = map[*upstream]bool{}, map[string]*gwSession{}
 	gw.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	for _, s := range all {
-		s.busy.Lock()
-		gw.release(ctx, s.id, s.up)
-		s.busy.Unlock()
+	for up := range all {
+		gw.release(ctx, up)
 	}
 }
 
-func (gw *Gateway) release(ctx context.Context, id *Identity, up *upstream) {
-	if up == nil {
-		return
+func (gw *Gateway) release(ctx context.Context, up *upstream) {
+	if err := gw.Server.Leases.Release(context.WithoutCancel(ctx), up.g.g.ID, up.id.User); err == nil {
+		gw.Server.released(up.g.g.Namespace, up.g.g.Fleet, up.id.User, up.g.g.ID)
 	}
-	if err := gw.Server.Leases.Release(context.WithoutCancel(ctx), up.g.g.ID, id.User); err == nil {
-		gw.Server.released(up.g.g.Namespace, up.g.g.Fleet, id.User, up.g.g.ID)
+}
+
+// admit counts a connection against the replica's and the caller's
+// bounds, and returns its end.
+func (gw *Gateway) admit(id *Identity) (func(), error) {
+	gw.mu.Lock()
+	defer gw.mu.Unlock()
+	if gw.conns >= gw.MaxConns {
+		return nil, &gwError{code: http.StatusServiceUnavailable, reason: "GatewayFull", retryAfter: 1,
+			msg: fmt.Sprintf("the gateway holds %d connections, its bound (--gateway-max-conns); retry shortly", gw.conns)}
 	}
+	if gw.byCaller[id.User] >= gw.MaxConnsPerIdentity {
+		return nil, &gwError{code: http.StatusTooManyRequests, reason: apiv1.ReasonRateLimited, retryAfter: 1,
+			msg: fmt.Sprintf("%s holds %d connections through the gateway, its bound; close some first", id.User, gw.byCaller[id.User])}
+	}
+	gw.conns++
+	gw.byCaller[id.User]++
+	return func() {
+		gw.mu.Lock()
+		defer gw.mu.Unlock()
+		gw.conns--
+		if gw.byCaller[id.User]--; gw.byCaller[id.User] <= 0 {
+			delete(gw.byCaller, id.User)
+		}
+	}, nil
 }
 
 // Reasons of the gateway's own refusals.
@@ -254,6 +344,24 @@ type gwError struct {
 	reason     string
 	msg        string
 	retryAfter int
+	// dial marks an upstream that could not be reached, which another
+	// proxy may serve.
+	dial bool
+}
+
+// retriable reports whether a failed CONNECT may be tried on another
+// proxy: the upstream was not reached, or answered other than 403 (its
+// destination policy, the same on every proxy).
+func retriable(err error) bool {
+	var ge *gwError
+	return errors.As(err, &ge) && (ge.dial || ge.reason == reasonUpstreamUnavailable || ge.code == http.StatusBadGateway)
+}
+
+// unreached reports whether a plain request failed before reaching the
+// upstream: dialling it, or its CONNECT for the transport.
+func unreached(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && (op.Op == "dial" || op.Op == "proxyconnect")
 }
 
 func (e *gwError) Error() string { return e.msg }
@@ -317,6 +425,12 @@ func (gw *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		gw.refuse(w, err)
 		return
 	}
+	leave, err := gw.admit(caller)
+	if err != nil {
+		gw.refuse(w, err)
+		return
+	}
+	defer leave()
 	fleet := user.Namespace + "/" + user.Fleet
 	up, done, err := gw.choose(r.Context(), caller, user, domain, nil)
 	if err != nil {
@@ -340,8 +454,8 @@ func (gw *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // caller's use of the fleet.
 func (gw *Gateway) authenticate(r *http.Request) (*Identity, GatewayUser, error) {
 	h := r.Header.Get("Proxy-Authorization")
-	enc, ok := strings.CutPrefix(h, "Basic ")
-	if !ok {
+	scheme, enc, _ := strings.Cut(strings.TrimSpace(h), " ")
+	if !strings.EqualFold(scheme, "Basic") {
 		return nil, GatewayUser{}, proxyAuthRequired("the gateway needs Proxy-Authorization: Basic, with <namespace>_<fleet>[_session_<key>][_zone_<zone>] as the username and a discovery token as the password")
 	}
 	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(enc))
@@ -392,30 +506,34 @@ func destination(r *http.Request) (string, string, error) {
 	if h == "" || port == "" {
 		return "", "", &gwError{code: http.StatusBadRequest, reason: apiv1.ReasonInvalid, msg: fmt.Sprintf("no host in %q", host)}
 	}
-	return net.JoinHostPort(h, port), strings.ToLower(strings.Trim(h, "[]")), nil
+	// A ban on example.com holds for example.com. too.
+	return net.JoinHostPort(h, port), strings.TrimSuffix(strings.ToLower(strings.Trim(h, "[]")), "."), nil
 }
 
-// choose leases an upstream for a connection: the session's (moved off a
-// proxy banned for domain or excluded), or one of its own. done gives it
-// back when the connection ends.
+// choose gives a connection its upstream: the session's (moved off a
+// proxy banned for domain, excluded, or of another zone), or one of its
+// own. done ends the connection's use of it.
 func (gw *Gateway) choose(ctx context.Context, id *Identity, u GatewayUser, domain string, exclude map[string]bool) (*upstream, func(), error) {
 	if u.Session == "" {
 		up, err := gw.lease(ctx, id, u, domain, "gateway", exclude)
 		if err != nil {
 			return nil, nil, err
 		}
-		return up, func() { gw.release(context.Background(), id, up) }, nil
+		gw.mu.Lock()
+		up.refs, up.retired = 1, true
+		gw.mu.Unlock()
+		return up, func() { gw.unref(up) }, nil
 	}
 	key := id.User + "\x00" + u.Namespace + "/" + u.Fleet + "\x00" + u.Session
 	gw.mu.Lock()
 	s := gw.sessions[key]
 	if s == nil {
-		s = &gwSession{key: key, id: id, user: u}
+		s = &gwSession{id: id, user: u}
 		gw.sessions[key] = s
 	}
 	s.conns++
 	gw.mu.Unlock()
-	done := func() {
+	leave := func() {
 		gw.mu.Lock()
 		s.conns--
 		s.idle = gw.Server.now()
@@ -423,19 +541,31 @@ func (gw *Gateway) choose(ctx context.Context, id *Identity, u GatewayUser, doma
 	}
 	s.busy.Lock()
 	defer s.busy.Unlock()
-	if s.up != nil && (exclude[s.up.g.m.Name] || s.user.Zone != u.Zone || gw.banned(ctx, s.up, domain)) {
-		gw.release(ctx, id, s.up)
-		s.up = nil
+	gw.mu.Lock()
+	cur := s.up
+	gw.mu.Unlock()
+	if cur != nil && (exclude[cur.g.m.Name] || s.user.Zone != u.Zone || gw.banned(ctx, cur, domain)) {
+		gw.mu.Lock()
+		back := gw.retireLocked(cur)
+		s.up, cur = nil, nil
+		gw.mu.Unlock()
+		if back != nil {
+			gw.release(ctx, back)
+		}
 	}
-	if s.up == nil {
+	if cur == nil {
 		up, err := gw.lease(ctx, id, u, domain, "gateway-session:"+u.Session, exclude)
 		if err != nil {
-			done()
+			leave()
 			return nil, nil, err
 		}
-		s.up, s.user = up, u
+		cur = up
 	}
-	return s.up, done, nil
+	gw.mu.Lock()
+	s.up, s.user = cur, u
+	cur.refs++
+	gw.mu.Unlock()
+	return cur, func() { gw.unref(cur); leave() }, nil
 }
 
 // banned reports whether the upstream's proxy is banned for domain.
@@ -462,10 +592,14 @@ func (gw *Gateway) lease(ctx context.Context, id *Identity, u GatewayUser, domai
 		var pu *url.URL
 		if pu, err = url.Parse(raw); err == nil {
 			gw.Server.Metrics.Acquisitions.Inc()
-			return &upstream{g: g, url: pu}, nil
+			up := &upstream{id: id, g: g, url: pu}
+			gw.mu.Lock()
+			gw.live[up] = true
+			gw.mu.Unlock()
+			return up, nil
 		}
 	}
-	gw.release(ctx, id, &upstream{g: g})
+	gw.release(ctx, &upstream{id: id, g: g})
 	return nil, err
 }
 
@@ -474,14 +608,17 @@ func (gw *Gateway) lease(ctx context.Context, id *Identity, u GatewayUser, domai
 // the crawler), answers 200, and splices both ways.
 func (gw *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id *Identity, u GatewayUser, target, domain string, up *upstream, done func()) {
 	conn, err := gw.connect(r.Context(), up, target)
-	if err != nil {
+	if err != nil && retriable(err) {
+		failed := up.g.m.Name
 		done()
-		up, done, err = gw.choose(r.Context(), id, u, domain, map[string]bool{up.g.m.Name: true})
+		up, done, err = gw.choose(r.Context(), id, u, domain, map[string]bool{failed: true})
 		if err == nil {
 			if conn, err = gw.connect(r.Context(), up, target); err != nil {
 				done()
 			}
 		}
+	} else if err != nil {
+		done()
 	}
 	if err != nil {
 		gw.refuse(w, err)
@@ -511,7 +648,26 @@ func (gw *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id *Identity, 
 		}
 		gw.Metrics.Bytes.WithLabelValues("up").Add(float64(n))
 	}
-	splice(client, conn, gw.Metrics)
+	splice(&idleConn{Conn: client, idle: gw.TunnelIdle}, &idleConn{Conn: conn, idle: gw.TunnelIdle}, gw.Metrics)
+}
+
+// idleConn ends a tunnel with no byte either way for idle: each read
+// pushes its deadline on.
+type idleConn struct {
+	net.Conn
+	idle time.Duration
+}
+
+func (c *idleConn) Read(p []byte) (int, error) {
+	_ = c.SetReadDeadline(time.Now().Add(c.idle))
+	return c.Conn.Read(p)
+}
+
+func (c *idleConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Close()
 }
 
 // connect opens a CONNECT tunnel to target through the upstream, with its
@@ -521,7 +677,7 @@ func (gw *Gateway) connect(ctx context.Context, up *upstream, target string) (ne
 	conn, err := d.DialContext(ctx, "tcp", up.url.Host)
 	if err != nil {
 		gw.Metrics.UpstreamErrors.WithLabelValues("dial").Inc()
-		return nil, &gwError{code: http.StatusBadGateway, reason: reasonUpstreamUnavailable, msg: fmt.Sprintf("upstream proxy %s does not answer: %v", up.g.m.Name, err)}
+		return nil, &gwError{code: http.StatusBadGateway, reason: reasonUpstreamUnavailable, msg: fmt.Sprintf("upstream proxy %s does not answer", up.g.m.Name), dial: true}
 	}
 	_ = conn.SetDeadline(time.Now().Add(gw.DialTimeout))
 	pass, _ := up.url.User.Password()
@@ -529,14 +685,14 @@ func (gw *Gateway) connect(ctx context.Context, up *upstream, target string) (ne
 	if _, err := fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic %s\r\n\r\n", target, target, auth); err != nil {
 		_ = conn.Close()
 		gw.Metrics.UpstreamErrors.WithLabelValues("handshake").Inc()
-		return nil, &gwError{code: http.StatusBadGateway, reason: reasonUpstreamUnavailable, msg: fmt.Sprintf("upstream proxy %s: %v", up.g.m.Name, err)}
+		return nil, &gwError{code: http.StatusBadGateway, reason: reasonUpstreamUnavailable, msg: fmt.Sprintf("upstream proxy %s broke off the CONNECT handshake", up.g.m.Name)}
 	}
 	br := bufio.NewReader(conn)
 	rsp, err := http.ReadResponse(br, &http.Request{Method: http.MethodConnect})
 	if err != nil {
 		_ = conn.Close()
 		gw.Metrics.UpstreamErrors.WithLabelValues("handshake").Inc()
-		return nil, &gwError{code: http.StatusBadGateway, reason: reasonUpstreamUnavailable, msg: fmt.Sprintf("upstream proxy %s: %v", up.g.m.Name, err)}
+		return nil, &gwError{code: http.StatusBadGateway, reason: reasonUpstreamUnavailable, msg: fmt.Sprintf("upstream proxy %s broke off the CONNECT handshake", up.g.m.Name)}
 	}
 	_ = rsp.Body.Close()
 	if rsp.StatusCode != http.StatusOK {
@@ -608,24 +764,30 @@ func (gw *Gateway) forward(w http.ResponseWriter, r *http.Request, id *Identity,
 		}
 		return rsp, err
 	}
+	name := up.g.m.Name
 	rsp, err := send(up)
-	// Only a request without a body is retried: a body may be half sent.
-	if err != nil && out.Body == nil {
+	// Retried only when the upstream could not be reached: the request
+	// never left, so no origin sees it twice.
+	if err != nil && unreached(err) {
 		done()
-		up, done, err = gw.choose(r.Context(), id, u, domain, map[string]bool{up.g.m.Name: true})
-		if err == nil {
-			rsp, err = send(up)
+		up, done, err = gw.choose(r.Context(), id, u, domain, map[string]bool{name: true})
+		if err != nil {
+			gw.refuse(w, err)
+			return
 		}
+		name = up.g.m.Name
+		rsp, err = send(up)
 	}
-	if done != nil {
-		defer done()
-	}
+	defer done()
 	if err != nil {
-		var ge *gwError
-		if !errors.As(err, &ge) {
-			err = &gwError{code: http.StatusBadGateway, reason: reasonUpstreamUnavailable, msg: fmt.Sprintf("upstream proxy %s: %v", up.g.m.Name, err)}
-		}
-		gw.refuse(w, err)
+		gw.refuse(w, &gwError{code: http.StatusBadGateway, reason: reasonUpstreamUnavailable, msg: fmt.Sprintf("upstream proxy %s did not answer", name)})
+		return
+	}
+	if rsp.StatusCode == http.StatusProxyAuthRequired {
+		// The fleet's credentials, not the crawler's, were refused.
+		_ = rsp.Body.Close()
+		gw.Metrics.UpstreamErrors.WithLabelValues("status").Inc()
+		gw.refuse(w, &gwError{code: http.StatusBadGateway, reason: reasonUpstreamRefused, msg: fmt.Sprintf("upstream proxy %s refused the fleet's credentials", name)})
 		return
 	}
 	defer rsp.Body.Close() //nolint:errcheck // A response body.

@@ -71,7 +71,7 @@ type gatewayBed struct {
 	store     *lease.Store
 }
 
-func newGatewayBed(t *testing.T, n, maxLeases int) *gatewayBed {
+func newGatewayBed(t *testing.T, n, maxLeases int, mods ...func(*discovery.Gateway)) *gatewayBed {
 	t.Helper()
 	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
@@ -124,6 +124,9 @@ func newGatewayBed(t *testing.T, n, maxLeases int) *gatewayBed {
 		Auth: &discovery.Kubernetes{Client: c, Static: st}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Version: version,
 	}
 	b.gw = &discovery.Gateway{Server: srv, Idle: 2 * time.Second, DialTimeout: 2 * time.Second}
+	for _, m := range mods {
+		m(b.gw)
+	}
 	go b.gw.Run(rctx)
 	hs := httptest.NewServer(b.gw)
 	t.Cleanup(hs.Close)
@@ -332,6 +335,37 @@ func TestGatewayRefusals(t *testing.T) {
 	if rsp, err := http.DefaultClient.Do(req); err != nil || rsp.StatusCode != http.StatusBadRequest {
 		t.Errorf("origin-form request: %v, %v; want 400", status(rsp), err)
 	}
+}
+
+// TestGatewayConnectionBound: a caller holding its bound of open
+// connections gets 429 for one more, and may connect again once one
+// closes.
+func TestGatewayConnectionBound(t *testing.T) {
+	b := newGatewayBed(t, 1, 4, func(g *discovery.Gateway) { g.MaxConnsPerIdentity = 1 })
+	target := testbed.StartEchoTarget(t)
+	plain := testbed.StartPlainEchoTarget(t)
+	host := strings.TrimSuffix(strings.TrimPrefix(target.URL, "https://"), "/ip")
+	held, err := net.Dial("tcp", b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth := base64.StdEncoding.EncodeToString([]byte(b.user("") + ":" + b.token))
+	if _, err := fmt.Fprintf(held, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic %s\r\n\r\n", host, host, auth); err != nil {
+		t.Fatal(err)
+	}
+	line := make([]byte, 12)
+	if _, err := io.ReadFull(held, line); err != nil || string(line) != "HTTP/1.1 200" {
+		t.Fatalf("the held tunnel: %q, %v", line, err)
+	}
+	_, rsp := fetch(t, b.client(b.user(""), b.token, plain), plain.URL)
+	if rsp == nil || rsp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("a second connection over the caller's bound: %v, want 429", status(rsp))
+	}
+	_ = held.Close()
+	testbed.Eventually(t, 5*time.Second, "a connection admitted once the tunnel closed", func() (bool, string) {
+		_, rsp := fetch(t, b.client(b.user(""), b.token, plain), plain.URL)
+		return rsp != nil && rsp.StatusCode == http.StatusOK, status(rsp)
+	})
 }
 
 func isEgress(b *gatewayBed, addr string) bool {
