@@ -3,6 +3,8 @@ package main
 import (
 	"bytes"
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -32,6 +34,10 @@ func TestHelp(t *testing.T) {
 		{Command: "lease", Flag: "kill-grace", Default: "10s"},
 		{Command: "proxies", Flag: "fleet", Default: "required"},
 		{Command: "proxies", Flag: "zone", Default: `""`},
+		{Command: "gateway-url", Flag: "fleet", Default: "required"},
+		{Command: "gateway-url", Flag: "zone", Default: `""`},
+		{Command: "gateway-url", Flag: "session", Default: `""`},
+		{Command: "gateway-url", Flag: "gateway", Env: "EGRESS_GATEWAY_URL", Default: "required"},
 	}
 	clitest.CheckSettings(t, k, want)
 }
@@ -137,5 +143,36 @@ func TestUsageErrors(t *testing.T) {
 				t.Errorf("%s\nwant a non-zero exit code and %q, got %d and:\n%s", tc.reason, tc.want, code, out.String())
 			}
 		})
+	}
+}
+
+// TestGatewayURL: gateway-url prints the gateway URL in the gateway's
+// username grammar with the token as the password (escaped), from a token
+// file too, and refuses what the gateway would.
+func TestGatewayURL(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(file, []byte("from-file\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		args []string
+		want string
+		code int
+	}{
+		{"session", []string{"--token", "t:0k/en", "gateway-url", "--fleet", "crawl-team/crawlers", "--session", "s1", "--gateway", "https://gw.example:8888"},
+			"https://crawl-team_crawlers_session_s1:t%3A0k%2Fen@gw.example:8888\n", 0},
+		{"zone and token file", []string{"--token-file", file, "gateway-url", "--fleet", "crawl-team/crawlers", "--zone", "local-a", "--gateway", "https://gw.example:8888/"},
+			"https://crawl-team_crawlers_zone_local-a:from-file@gw.example:8888\n", 0},
+		{"bad session key", []string{"--token", "t", "gateway-url", "--fleet", "crawl-team/crawlers", "--session", "a_b", "--gateway", "https://gw.example"}, "", 1},
+		{"underscore in the fleet", []string{"--token", "t", "gateway-url", "--fleet", "crawl_team/crawlers", "--gateway", "https://gw.example"}, "", 1},
+		{"no token", []string{"gateway-url", "--fleet", "crawl-team/crawlers", "--gateway", "https://gw.example"}, "", 1},
+		{"not a URL", []string{"--token", "t", "gateway-url", "--fleet", "crawl-team/crawlers", "--gateway", "gw.example:8888"}, "", 1},
+	} {
+		var out, errOut bytes.Buffer
+		code := run(context.Background(), append([]string{"--server", "https://discovery.example"}, c.args...), &out, &errOut)
+		if code != c.code || out.String() != c.want {
+			t.Errorf("%s: exit %d, printed %q (%s); want exit %d and %q", c.name, code, out.String(), errOut.String(), c.code, c.want)
+		}
 	}
 }

@@ -22,10 +22,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -52,6 +54,13 @@ type CLI struct {
 
 	Lease   leaseCmd   `cmd:"" help:"Run a command with HTTP_PROXY and HTTPS_PROXY set to a leased proxy, renewing the lease while it runs."`
 	Proxies proxiesCmd `cmd:"" help:"List the fleet's healthy proxies."`
+	GatewayURL gatewayURLCmd `cmd:"" name:"gateway-url" help:"Print the proxy URL of egress-discovery's gateway for a fleet: the one setting a crawler tool needs (HTTPS_PROXY, Scrapy's HTTPPROXY, curl --proxy). It holds the token."`
+}
+
+type gatewayURLCmd struct {
+	fleetFlags `embed:""`
+	Session    string `help:"Keep every connection on one proxy while the session lives." default:""`
+	Gateway    string `help:"The gateway's URL, such as https://egress-discovery.egress-system.svc:8888." env:"EGRESS_GATEWAY_URL" required:"" placeholder:"URL"`
 }
 
 // fleetFlags choose the proxies a command works on.
@@ -122,6 +131,37 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// Run prints the gateway URL: the fleet and options in the username, in
+// the gateway's grammar, and the token as the password.
+func (g *gatewayURLCmd) Run(c *apiv1.Client, s streams) error {
+	u, err := url.Parse(g.Gateway)
+	if err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		return errors.Errorf("--gateway (EGRESS_GATEWAY_URL) must be an https:// (or, on loopback, http://) URL, not %q", g.Gateway)
+	}
+	ns, name, ok := strings.Cut(g.Fleet, "/")
+	if !ok || strings.Contains(g.Fleet, "_") {
+		return errors.Errorf("--fleet must be <namespace>/<name> (Kubernetes names, without '_'), not %q", g.Fleet)
+	}
+	user := apiv1.GatewayUser{Namespace: ns, Fleet: name, Session: g.Session, Zone: g.Zone}.String()
+	if _, err := apiv1.ParseGatewayUser(user); err != nil {
+		return err
+	}
+	token := c.Token
+	if c.TokenFile != "" {
+		b, err := os.ReadFile(c.TokenFile)
+		if err != nil {
+			return errors.Wrap(err, "cannot read the token file")
+		}
+		token = strings.TrimSpace(string(b))
+	}
+	if token == "" {
+		return errors.New("the gateway URL needs a token: --token or --token-file (EGRESS_DISCOVERY_TOKEN, EGRESS_DISCOVERY_TOKEN_FILE)")
+	}
+	out := url.URL{Scheme: u.Scheme, Host: u.Host, User: url.UserPassword(user, token)}
+	_, err = fmt.Fprintln(s.out, out.String())
+	return err
 }
 
 // Run lists the fleet's proxies.

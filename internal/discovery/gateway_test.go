@@ -10,7 +10,9 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -406,4 +408,47 @@ func header(rsp *http.Response, h string) string {
 		return ""
 	}
 	return rsp.Header.Get(h)
+}
+
+// TestGatewayPythonClient: a real client, Python's urllib, with nothing but
+// the gateway URL (a session in the username) fetches a plain and an HTTPS
+// target; all its requests leave through one proxy.
+func TestGatewayPythonClient(t *testing.T) {
+	python, err := exec.LookPath("python3")
+	if err != nil {
+		t.Fatal("python3 is not installed: apt-get install -y python3")
+	}
+	b := newGatewayBed(t, 2, 2)
+	tlsTarget := testbed.StartEchoTarget(t)
+	plain := testbed.StartPlainEchoTarget(t)
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, tlsTarget.CAPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	proxy := (&url.URL{Scheme: "http", Host: b.url, User: url.UserPassword(b.user("_session_py"), b.token)}).String()
+	script := `import ssl, sys, urllib.request
+proxy, ca, urls = sys.argv[1], sys.argv[2], sys.argv[3:]
+opener = urllib.request.build_opener(
+    urllib.request.ProxyHandler({"http": proxy, "https": proxy}),
+    urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=ca)))
+for u in urls:
+    print(opener.open(u, timeout=10).read().decode().strip())
+`
+	args := []string{"-c", script, proxy, ca}
+	for range 3 {
+		args = append(args, plain.URL, tlsTarget.URL)
+	}
+	out, err := exec.Command(python, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("python urllib through the gateway: %v\n%s", err, out)
+	}
+	seen := strings.Fields(string(out))
+	if len(seen) != 6 || !isEgress(b, seen[0]) {
+		t.Fatalf("want 6 answers from one of %v, got:\n%s", b.egress, out)
+	}
+	for _, s := range seen {
+		if s != seen[0] {
+			t.Fatalf("the session's requests left through several proxies: %v", seen)
+		}
+	}
 }
