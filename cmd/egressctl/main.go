@@ -52,8 +52,8 @@ type CLI struct {
 	TokenFile string `name:"token-file" help:"File holding the bearer token, read again for every request, such as a projected ServiceAccount token that the kubelet rotates; instead of --token." default:"" env:"EGRESS_DISCOVERY_TOKEN_FILE" placeholder:"FILE"`
 	CAFile    string `name:"ca-file" help:"PEM bundle of the CAs to trust for egress-discovery's certificate, instead of the system's; empty trusts the system's." default:"" env:"EGRESS_DISCOVERY_CA_FILE" placeholder:"FILE"`
 
-	Lease   leaseCmd   `cmd:"" help:"Run a command with HTTP_PROXY and HTTPS_PROXY set to a leased proxy, renewing the lease while it runs."`
-	Proxies proxiesCmd `cmd:"" help:"List the fleet's healthy proxies."`
+	Lease      leaseCmd      `cmd:"" help:"Run a command with HTTP_PROXY and HTTPS_PROXY set to a leased proxy, renewing the lease while it runs."`
+	Proxies    proxiesCmd    `cmd:"" help:"List the fleet's healthy proxies."`
 	GatewayURL gatewayURLCmd `cmd:"" name:"gateway-url" help:"Print the proxy URL of egress-discovery's gateway for a fleet: the one setting a crawler tool needs (HTTPS_PROXY, Scrapy's HTTPPROXY, curl --proxy). It holds the token."`
 }
 
