@@ -23,6 +23,44 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, id *Identity) er
 	if _, err := s.Leases.Get(r.Context(), leaseID, id.User); err != nil {
 		return err
 	}
+	return s.applyReport(w, r, ns, fleet, p.Name, id)
+}
+
+// reportSession is a report through a gateway session: it bans (or
+// clears) for a domain the proxy that the caller's session of the fleet
+// holds. The session's proxy is read from its Lease, so any replica
+// answers, not only the one serving the session.
+func (s *Server) reportSession(w http.ResponseWriter, r *http.Request, id *Identity) error {
+	ns, fleet, key := r.PathValue("namespace"), r.PathValue("name"), r.PathValue("key")
+	if err := s.authorizeFleet(r.Context(), id, ns, fleet); err != nil {
+		return err
+	}
+	if !apiv1.ValidSessionKey(key) {
+		return &badRequest{"key", fmt.Sprintf("%q is not a gateway session key", key)}
+	}
+	slots, err := s.Leases.Slots(r.Context(), ns, fleet)
+	if err != nil {
+		return err
+	}
+	proxy := ""
+	for p, ls := range slots {
+		for _, l := range ls {
+			if l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == GatewaySessionHolder(key) &&
+				l.Annotations[lease.AnnotationIdentity] == id.User && !lease.Expired(l, s.now()) {
+				proxy = p
+			}
+		}
+	}
+	if proxy == "" {
+		return &apiError{code: http.StatusNotFound, reason: apiv1.ReasonLeaseNotFound,
+			msg: fmt.Sprintf("you hold no gateway session %q of %s/%s (it ends %s after its last connection)", key, ns, fleet, "--gateway-idle")}
+	}
+	return s.applyReport(w, r, ns, fleet, proxy, id)
+}
+
+// applyReport reads a report's body and bans the proxy for its domain, or
+// clears the ban.
+func (s *Server) applyReport(w http.ResponseWriter, r *http.Request, ns, fleet, proxy string, id *Identity) error {
 	req := &apiv1.ReportRequest{}
 	if err := decode(r, req); err != nil {
 		return err
@@ -40,12 +78,12 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, id *Identity) er
 		if err != nil {
 			return err
 		}
-		if err := s.ban(r.Context(), ns, fleet, p.Name, req.Domain, cooldown, id); err != nil {
+		if err := s.ban(r.Context(), ns, fleet, proxy, req.Domain, cooldown, id); err != nil {
 			return err
 		}
 		s.Metrics.Bans.Inc()
 	case "ok":
-		if err := s.Leases.Unban(r.Context(), ns, p.Name, req.Domain); err != nil {
+		if err := s.Leases.Unban(r.Context(), ns, proxy, req.Domain); err != nil {
 			return err
 		}
 	default:

@@ -92,6 +92,10 @@ type upstream struct {
 
 type upstreamKey struct{}
 
+// GatewaySessionHolder is the holder of a gateway session's Lease, by
+// which any replica finds the session's proxy.
+func GatewaySessionHolder(key string) string { return "gateway-session:" + key }
+
 func (gw *Gateway) init() {
 	gw.once.Do(func() {
 		gw.sessions, gw.live, gw.byCaller = map[string]*gwSession{}, map[*upstream]bool{}, map[string]int{}
@@ -492,7 +496,7 @@ func (gw *Gateway) choose(ctx context.Context, id *Identity, u GatewayUser, doma
 		}
 	}
 	if cur == nil {
-		up, err := gw.lease(ctx, id, u, domain, "gateway-session:"+u.Session, exclude)
+		up, err := gw.lease(ctx, id, u, domain, GatewaySessionHolder(u.Session), exclude)
 		if err != nil {
 			leave()
 			return nil, nil, err

@@ -452,3 +452,36 @@ for u in urls:
 		}
 	}
 }
+
+// TestGatewaySessionReport: a crawler reports its session's proxy banned
+// for a domain through the API, on a replica other than the gateway's: the
+// session moves to another proxy; another caller cannot report it (404),
+// and a bad key is a 400.
+func TestGatewaySessionReport(t *testing.T) {
+	b := newGatewayBed(t, 2, 2)
+	target := testbed.StartEchoTarget(t)
+	c := b.client(b.user("_session_rep"), b.token, target)
+	first, rsp := fetch(t, c, target.URL)
+	if rsp == nil || rsp.StatusCode != http.StatusOK {
+		t.Fatalf("session: %v", status(rsp))
+	}
+	host, _, _ := net.SplitHostPort(strings.TrimSuffix(strings.TrimPrefix(target.URL, "https://"), "/ip"))
+	// Another replica of the API, with its own cache, answers the report.
+	other := replicaServer(t, b.ns, b.token+" "+b.ns+"\nother-token "+b.ns+"\n")
+	path := "/v1/gateway/sessions/" + b.ns + "/" + b.fleet
+	body := `{"domain":"` + host + `","outcome":"banned"}`
+	testbed.Eventually(t, 10*time.Second, "the report accepted by another replica", func() (bool, string) {
+		code, _, out := call(t, other, b.token, http.MethodPost, path+"/rep/report", body)
+		return code == http.StatusNoContent, fmt.Sprintf("%d %s", code, out)
+	})
+	if code, _, out := call(t, other, "other-token", http.MethodPost, path+"/rep/report", body); code != http.StatusNotFound {
+		t.Errorf("another caller's report of the session: %d %s, want 404", code, out)
+	}
+	if code, _, out := call(t, other, b.token, http.MethodPost, path+"/bad:key/report", body); code != http.StatusBadRequest {
+		t.Errorf("a bad session key: %d %s, want 400", code, out)
+	}
+	testbed.Eventually(t, 10*time.Second, "the session moved off the proxy reported banned", func() (bool, string) {
+		seen, rsp := fetch(t, c, target.URL)
+		return rsp != nil && rsp.StatusCode == http.StatusOK && seen != first && isEgress(b, seen), fmt.Sprintf("%v from %q", status(rsp), seen)
+	})
+}

@@ -85,3 +85,6 @@ func (g GatewayUser) String() string {
 	}
 	return u
 }
+
+// ValidSessionKey reports whether key is a session key of the grammar.
+func ValidSessionKey(key string) bool { return gwKeyRe.MatchString(key) }
