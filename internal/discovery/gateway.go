@@ -45,8 +45,8 @@ type Gateway struct {
 	Idle time.Duration
 	// DialTimeout bounds the connection to an upstream (default 10s).
 	DialTimeout time.Duration
-	// TunnelIdle closes a tunnel or request with no byte either way for
-	// this long (default 5m).
+	// TunnelIdle is how long a tunnel one side has closed may take to
+	// finish the other way (default 5m).
 	TunnelIdle time.Duration
 	// MaxConns bounds the connections open through this replica (default
 	// 4096), and MaxConnsPerIdentity those of one caller (default 256).
@@ -590,26 +590,7 @@ func (gw *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id *Identity, 
 		}
 		gw.Metrics.Bytes.WithLabelValues("up").Add(float64(n))
 	}
-	splice(&idleConn{Conn: client, idle: gw.TunnelIdle}, &idleConn{Conn: conn, idle: gw.TunnelIdle}, gw.Metrics)
-}
-
-// idleConn ends a tunnel with no byte either way for idle: each read
-// pushes its deadline on.
-type idleConn struct {
-	net.Conn
-	idle time.Duration
-}
-
-func (c *idleConn) Read(p []byte) (int, error) {
-	_ = c.SetReadDeadline(time.Now().Add(c.idle))
-	return c.Conn.Read(p)
-}
-
-func (c *idleConn) CloseWrite() error {
-	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
-		return cw.CloseWrite()
-	}
-	return c.Close()
+	splice(client, conn, gw.TunnelIdle, gw.Metrics)
 }
 
 // connect opens a CONNECT tunnel to target through the upstream, with its
@@ -662,19 +643,27 @@ type bufferedConn struct {
 
 func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
-// splice copies both ways until either side ends, then closes both.
-func splice(a, b net.Conn, m *metrics.Gateway) {
+// splice copies both ways between the raw connections (TCP to TCP, the
+// kernel's splice(2) moves the bytes), half-closing each direction as it
+// ends; once one has ended, the other has linger to finish, so a
+// half-closed tunnel cannot stay open for ever.
+func splice(a, b net.Conn, linger time.Duration, m *metrics.Gateway) {
 	var wg sync.WaitGroup
+	var once sync.Once
 	cp := func(dst, src net.Conn, dir string) {
 		defer wg.Done()
 		n, _ := io.Copy(dst, src)
 		m.Bytes.WithLabelValues(dir).Add(float64(n))
-		// Half-close where possible, so that the other direction drains.
 		if c, ok := dst.(interface{ CloseWrite() error }); ok {
 			_ = c.CloseWrite()
 		} else {
 			_ = dst.Close()
 		}
+		once.Do(func() {
+			end := time.Now().Add(linger)
+			_ = a.SetDeadline(end)
+			_ = b.SetDeadline(end)
+		})
 	}
 	wg.Add(2)
 	go cp(b, a, "up")

@@ -70,14 +70,15 @@ type gatewayBed struct {
 	token     string
 	egress    map[string]string // proxy name -> the address targets see
 	squids    map[string]*exec.Cmd
+	addrs     map[string]string // proxy name -> its Squid's host:port
 	store     *lease.Store
 }
 
-func newGatewayBed(t *testing.T, n, maxLeases int, mods ...func(*discovery.Gateway)) *gatewayBed {
+func newGatewayBed(t testing.TB, n, maxLeases int, mods ...func(*discovery.Gateway)) *gatewayBed {
 	t.Helper()
 	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
-	b := &gatewayBed{ns: ns, fleet: "gw", token: "gw-token", egress: map[string]string{}, squids: map[string]*exec.Cmd{}}
+	b := &gatewayBed{ns: ns, fleet: "gw", token: "gw-token", egress: map[string]string{}, squids: map[string]*exec.Cmd{}, addrs: map[string]string{}}
 	fleet(t, ns, b.fleet, n, maxLeases, nil)
 	htpasswd, err := squid.HtpasswdWithSalt("crawler", "s3cret", "saltsalt")
 	if err != nil {
@@ -103,6 +104,7 @@ func newGatewayBed(t *testing.T, n, maxLeases int, mods ...func(*discovery.Gatew
 		p := &v1alpha1.Proxy{}
 		name := fmt.Sprintf("%s-%d", b.fleet, i)
 		b.squids[name] = cmd
+		b.addrs[name] = fmt.Sprintf("%s:%d", addr, port)
 		if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, p); err != nil {
 			t.Fatal(err)
 		}
