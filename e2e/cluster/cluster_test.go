@@ -102,6 +102,7 @@ func TestCluster(t *testing.T) {
 		{"PodFleetBecomesReady", podFleetBecomesReady},
 		{"PodNetworkStaysOnMachine", podNetworkStaysOnMachine},
 		{"LeaseAndFetchThroughPod", leaseAndFetchThroughPod},
+		{"GatewaySessionThroughPod", gatewaySessionThroughPod},
 		{"DeletedPodIsReplaced", deletedPodIsReplaced},
 		{"LegacyClaimBinds", legacyClaimBinds},
 		{"DeletingFleetsLeavesNothing", deletingFleetsLeavesNothing},
@@ -234,6 +235,36 @@ echo "apiserver=$(curl -s -o /dev/null -w '%%{http_connect}' --max-time 10 -k %q
 	if !found {
 		t.Errorf("the access log of pod %s has no line with %q and %q:\n%s", pod.Name, want[0], want[1], logs)
 	}
+}
+
+// gatewaySessionThroughPod fetches three times with curl through the
+// gateway of cluster/discovery, reached via the node, with nothing but its
+// URL (a session in the username, the crawler's ServiceAccount token as the
+// password): the target sees one Squid pod's address every time.
+func gatewaySessionThroughPod(t *testing.T) {
+	proxyURL := fmt.Sprintf("https://%s_%s_session_c:%s@%s", ns, fleet, crawlerToken, stack.GatewayAddress)
+	var first string
+	for i := range 3 {
+		out, err := exec.Command("curl", "-sS", "--fail", "--max-time", "15", "--proxy", proxyURL, "--proxy-cacert", stack.ClusterCA(),
+			"--cacert", stack.TargetCA, stack.TargetURL).CombinedOutput()
+		seen := strings.TrimSpace(string(out))
+		if err != nil {
+			t.Fatalf("curl %d through the gateway: %v: %s", i, err, out)
+		}
+		if first == "" {
+			first = seen
+		}
+		if seen != first {
+			t.Fatalf("request %d of the session left from %s, the first from %s", i, seen, first)
+		}
+	}
+	for _, p := range proxyPods(t) {
+		if p.Status.PodIP == first {
+			t.Logf("the session's 3 requests left from pod %s (%s)", p.Name, first)
+			return
+		}
+	}
+	t.Fatalf("the target saw %q, no proxy pod's address", first)
 }
 
 // deletedPodIsReplaced deletes a proxy's pod: the provider sees the

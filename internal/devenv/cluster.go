@@ -60,6 +60,8 @@ const (
 	// DiscoveryNodePort is where egress-discovery's API is reached from the
 	// node (and so from this machine): https://NodeIP:DiscoveryNodePort.
 	DiscoveryNodePort = 30443
+	// GatewayNodePort is where its gateway is: https://NodeIP:GatewayNodePort.
+	GatewayNodePort = 30888
 	// clusterDomain is the Services' DNS domain.
 	clusterDomain = "cluster.local"
 	// guardChain holds the FORWARD rules that keep the pod network on this

@@ -357,6 +357,7 @@ func (s *Stack) startClusterDiscovery(ctx context.Context) error {
 		return err
 	}
 	s.DiscoveryURL = fmt.Sprintf("https://%s:%d", NodeIP, DiscoveryNodePort)
+	s.GatewayAddress = fmt.Sprintf("%s:%d", NodeIP, GatewayNodePort)
 	s.DiscoveryCA = s.ClusterCA()
 	return s.waitDeployment(ctx, DiscoveryNamespace, binDiscovery, 3*time.Minute)
 }

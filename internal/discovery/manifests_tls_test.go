@@ -15,7 +15,8 @@ import (
 
 // TestManifestsServeTLS: cluster/discovery serves the API over HTTPS only,
 // with the certificate and key of the Secret egress-discovery-tls mounted
-// read-only, on a port named https that the Service targets, and keeps the
+// read-only, on a port named https that the Service targets, the gateway
+// with the same certificate on the port named gateway, and keeps the
 // container's root filesystem read-only. It only renders the manifests, so
 // it needs no apiserver; TestManifests applies them.
 func TestManifestsServeTLS(t *testing.T) {
@@ -90,8 +91,29 @@ func TestManifestsServeTLS(t *testing.T) {
 	if https == nil || !strings.HasSuffix(flags["--address"], ":"+strconv.Itoa(int(https.ContainerPort))) {
 		t.Errorf("want --address on the port named https, got %q and %+v", flags["--address"], c.Ports)
 	}
-	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Name != "https" || svc.Spec.Ports[0].TargetPort.String() != "https" {
-		t.Errorf("the Service must serve only the port named https, got %+v", svc.Spec.Ports)
+	// The gateway serves TLS too: the port named gateway, without
+	// --gateway-plain-http.
+	var gateway *corev1.ContainerPort
+	for i, p := range c.Ports {
+		if p.Name == "gateway" {
+			gateway = &c.Ports[i]
+		}
+	}
+	if gateway == nil || !strings.HasSuffix(flags["--gateway-address"], ":"+strconv.Itoa(int(gateway.ContainerPort))) {
+		t.Errorf("want --gateway-address on the port named gateway, got %q and %+v", flags["--gateway-address"], c.Ports)
+	}
+	for _, a := range c.Args {
+		if strings.HasPrefix(a, "--gateway-plain-http") {
+			t.Errorf("the gateway must serve TLS, got %s", a)
+		}
+	}
+	if len(svc.Spec.Ports) != 2 {
+		t.Errorf("the Service must serve the ports named https and gateway only, got %+v", svc.Spec.Ports)
+	}
+	for _, p := range svc.Spec.Ports {
+		if (p.Name != "https" && p.Name != "gateway") || p.TargetPort.String() != p.Name {
+			t.Errorf("the Service must serve the ports named https and gateway only, got %+v", svc.Spec.Ports)
+		}
 	}
 
 	if sc := c.SecurityContext; sc == nil || sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem ||
