@@ -15,10 +15,8 @@ package main
 
 import (
 	"archive/tar"
-	"bytes"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -307,8 +305,7 @@ func rootfs(c component, bin, ca []byte, extra []file) (v1.Layer, error) {
 
 // tarLayer writes files, in order, as one uncompressed layer.
 func tarLayer(files []file) (v1.Layer, error) {
-	var buf bytes.Buffer
-	tw := tar.NewWriter(&buf)
+	entries := make([]tarEntry, 0, len(files))
 	for _, f := range files {
 		h := &tar.Header{Name: f.name, Mode: f.mode, Uid: f.uid, Gid: f.uid, ModTime: epoch, Typeflag: tar.TypeReg, Size: int64(len(f.body))}
 		switch {
@@ -317,19 +314,7 @@ func tarLayer(files []file) (v1.Layer, error) {
 		case f.link != "":
 			h.Typeflag, h.Size, h.Linkname = tar.TypeSymlink, 0, f.link
 		}
-		if err := tw.WriteHeader(h); err != nil {
-			return nil, errors.Wrapf(err, "cannot write %s", f.name)
-		}
-		if _, err := tw.Write(f.body); err != nil {
-			return nil, errors.Wrapf(err, "cannot write %s", f.name)
-		}
+		entries = append(entries, tarEntry{hdr: h, body: f.body})
 	}
-	if err := tw.Close(); err != nil {
-		return nil, errors.Wrap(err, "cannot close the layer")
-	}
-	b := buf.Bytes()
-	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
-		return io.NopCloser(bytes.NewReader(b)), nil
-	}, tarball.WithMediaType(types.OCILayer))
-	return layer, errors.Wrap(err, "cannot make the layer")
+	return entriesLayer(entries)
 }

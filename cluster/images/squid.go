@@ -373,6 +373,7 @@ func skip(name string) bool {
 	return false
 }
 
+// entriesLayer writes entries, in order, as one uncompressed layer.
 func entriesLayer(entries []tarEntry) (v1.Layer, error) {
 	var buf bytes.Buffer
 	tw := tar.NewWriter(&buf)
@@ -388,7 +389,8 @@ func entriesLayer(entries []tarEntry) (v1.Layer, error) {
 		return nil, errors.Wrap(err, "cannot close the layer")
 	}
 	b := buf.Bytes()
-	return tarball.LayerFromOpener(func() (io.ReadCloser, error) {
+	layer, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) {
 		return io.NopCloser(bytes.NewReader(b)), nil
 	}, tarball.WithMediaType(types.OCILayer))
+	return layer, errors.Wrap(err, "cannot make the layer")
 }

@@ -81,7 +81,7 @@ func TestSettings(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			got := CLI{}
 			clitest.Parse(t, parser(t, &got), tc.env, tc.args...)
-			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(leaseCmd{}, proxiesCmd{})); diff != "" {
+			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(leaseCmd{}, proxiesCmd{}, gatewayURLCmd{})); diff != "" {
 				t.Errorf("%s\n-want, +got:\n%s", tc.reason, diff)
 			}
 		})

@@ -106,10 +106,7 @@ func UpCluster(ctx context.Context, o Options) (*Stack, error) {
 		s.opts.Progress = io.Discard
 	}
 	ctx, s.cancel = context.WithCancel(ctx)
-	steps := []struct {
-		name string
-		fn   func(context.Context) error
-	}{
+	steps := []namedStep{
 		{"checking tools, images and packages; clearing " + o.StateDir, s.prepareCluster},
 		{"making the pod network: bridge " + s.host.bridge + " at " + NodeIP + ", no route off this machine", s.startNetwork},
 		{"issuing the cluster's certificates and kubeconfigs", s.issueClusterPKI},
@@ -125,11 +122,8 @@ func UpCluster(ctx context.Context, o Options) (*Stack, error) {
 		{"installing the Configuration: Crossplane runs the provider and the function as pods", s.installClusterConfiguration},
 		{"installing egress-discovery from cluster/discovery", s.startClusterDiscovery},
 	}
-	for _, st := range steps {
-		if err := s.step(st.name, func() error { return st.fn(ctx) }); err != nil {
-			s.Down()
-			return nil, err
-		}
+	if err := s.runSteps(ctx, steps); err != nil {
+		return nil, err
 	}
 	return s, nil
 }

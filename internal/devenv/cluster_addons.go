@@ -2,7 +2,6 @@ package devenv
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509/pkix"
 	"fmt"
 	"io"
@@ -27,7 +26,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/netns"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
 )
 
 // serveRegistry serves an in-process OCI registry on addr until Down, and
@@ -165,33 +163,14 @@ func (s *Stack) startTargetHost(ctx context.Context) error {
 			return err
 		}
 	}
-	ca, err := newAuthority("egress-cluster target CA")
-	if err != nil {
-		return err
-	}
-	crt, key, err := ca.issueFor(pkix.Name{CommonName: "egress-target"}, []string{"egress-target"}, []net.IP{net.ParseIP(TargetHostIP)})
-	if err != nil {
-		return err
-	}
-	pair, err := tls.X509KeyPair(crt, key)
-	if err != nil {
-		return errors.Wrap(err, "cannot load the target's certificate")
-	}
-	s.TargetCA = s.path("target-ca.crt")
-	if err := os.WriteFile(s.TargetCA, ca.certPEM, 0o644); err != nil { //nolint:gosec // A CA certificate is public.
-		return errors.Wrap(err, "cannot write the target's CA")
-	}
 	ln, err := netns.Listen(s.host.targetNetns, fmt.Sprintf("%s:%d", TargetHostIP, TargetHostPort))
 	if err != nil {
 		return errors.Wrap(err, "cannot listen on the target host")
 	}
-	srv := &http.Server{
-		Handler:           http.HandlerFunc(probe.EchoIP),
-		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12},
-		ReadHeaderTimeout: 10 * time.Second,
+	ca, err := s.serveEcho(ln, "egress-cluster target CA", pkix.Name{CommonName: "egress-target"}, []string{"egress-target"}, []net.IP{net.ParseIP(TargetHostIP)})
+	if err != nil {
+		return err
 	}
-	go srv.ServeTLS(ln, "", "") //nolint:errcheck // Ends with Close.
-	s.onDown("target host", srv.Close)
 	s.TargetURL = targetHostURL()
 	if err := s.ensureNamespace(ctx, crossplaneNamespace); err != nil {
 		return err
@@ -256,7 +235,7 @@ func (s *Stack) installClusterConfiguration(ctx context.Context) error {
 	}
 	for _, pkg := range []struct{ kind, name string }{{"Provider", providerName}, {"Function", FunctionName}} {
 		if err := wait(ctx, 5*time.Minute, pkg.kind+" "+pkg.name+" healthy", func() (bool, string, error) {
-			return s.packageHealthy(ctx, pkg.kind, pkg.name)
+			return s.packageIs(ctx, pkg.kind, pkg.name, "Installed", "Healthy")
 		}); err != nil {
 			return err
 		}
@@ -290,27 +269,6 @@ func (s *Stack) waitProviderPod(ctx context.Context) error {
 		return err
 	}
 	return s.waitDeployment(ctx, crossplaneNamespace, name, 3*time.Minute)
-}
-
-// packageHealthy reports whether a package is Installed and Healthy.
-func (s *Stack) packageHealthy(ctx context.Context, kind, name string) (bool, string, error) {
-	u := &unstructured.Unstructured{}
-	u.SetAPIVersion("pkg.crossplane.io/v1")
-	u.SetKind(kind)
-	if err := s.Client.Get(ctx, types.NamespacedName{Name: name}, u); err != nil {
-		return false, err.Error(), nil
-	}
-	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
-	var says []string
-	ok := 0
-	for _, c := range conds {
-		m, _ := c.(map[string]any)
-		says = append(says, fmt.Sprintf("%v=%v %v %v", m["type"], m["status"], m["reason"], m["message"]))
-		if (m["type"] == "Installed" || m["type"] == "Healthy") && m["status"] == condTrue {
-			ok++
-		}
-	}
-	return ok == 2, strings.Join(says, "; "), nil
 }
 
 // applyImageConfig rewrites Crossplane's pulls of the published packages

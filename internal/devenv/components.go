@@ -3,6 +3,7 @@ package devenv
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509/pkix"
 	"fmt"
 	"net"
 	"net/http"
@@ -19,25 +20,39 @@ import (
 // from a CA made for this run, which the provider trusts for its probes. It
 // stands in for https://ifconfig.me/ip on a machine without internet.
 func (s *Stack) startTarget(_ context.Context) error {
-	ca, err := newAuthority("egress-devenv target CA")
-	if err != nil {
-		return err
-	}
-	crt, key, err := ca.issue(localhost)
-	if err != nil {
-		return err
-	}
-	pair, err := tls.X509KeyPair(crt, key)
-	if err != nil {
-		return errors.Wrap(err, "cannot load the target's certificate")
-	}
-	s.TargetCA = s.path("target-ca.crt")
-	if err := os.WriteFile(s.TargetCA, ca.certPEM, 0o644); err != nil { //nolint:gosec // A CA certificate is public.
-		return errors.Wrap(err, "cannot write the target's CA")
-	}
 	ln, err := net.Listen("tcp", TargetAddress)
 	if err != nil {
 		return errors.Wrapf(err, "cannot listen on %s, which examples/local/proxyfleet.yaml probes; stop what uses it", TargetAddress)
+	}
+	if _, err := s.serveEcho(ln, "egress-devenv target CA", pkix.Name{CommonName: localhost}, []string{localhost}, []net.IP{net.IPv4(127, 0, 0, 1)}); err != nil {
+		return err
+	}
+	s.TargetURL = "https://" + TargetAddress + "/ip"
+	return nil
+}
+
+// serveEcho serves an HTTPS IP echo on ln until Down, with a certificate
+// for names and ips from a CA made for it, which it writes to TargetCA.
+func (s *Stack) serveEcho(ln net.Listener, caName string, subject pkix.Name, names []string, ips []net.IP) (*authority, error) {
+	ca, err := newAuthority(caName)
+	if err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
+	crt, key, err := ca.issueFor(subject, names, ips)
+	if err != nil {
+		_ = ln.Close()
+		return nil, err
+	}
+	pair, err := tls.X509KeyPair(crt, key)
+	if err != nil {
+		_ = ln.Close()
+		return nil, errors.Wrap(err, "cannot load the target's certificate")
+	}
+	s.TargetCA = s.path("target-ca.crt")
+	if err := os.WriteFile(s.TargetCA, ca.certPEM, 0o644); err != nil { //nolint:gosec // A CA certificate is public.
+		_ = ln.Close()
+		return nil, errors.Wrap(err, "cannot write the target's CA")
 	}
 	srv := &http.Server{
 		Handler:           http.HandlerFunc(probe.EchoIP),
@@ -46,8 +61,7 @@ func (s *Stack) startTarget(_ context.Context) error {
 	}
 	go srv.ServeTLS(ln, "", "") //nolint:errcheck // Ends with Close.
 	s.onDown("probe target", srv.Close)
-	s.TargetURL = "https://" + TargetAddress + "/ip"
-	return nil
+	return ca, nil
 }
 
 func (s *Stack) startProvider(ctx context.Context) error {

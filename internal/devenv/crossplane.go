@@ -218,6 +218,12 @@ func (s *Stack) installConfiguration(ctx context.Context) error {
 // packageInstalled reports whether a package object says Installed, and
 // otherwise what its conditions say.
 func (s *Stack) packageInstalled(ctx context.Context, kind, name string) (bool, string, error) {
+	return s.packageIs(ctx, kind, name, "Installed")
+}
+
+// packageIs reports whether a package object has every one of the
+// conditions True, and otherwise what its conditions say.
+func (s *Stack) packageIs(ctx context.Context, kind, name string, want ...string) (bool, string, error) {
 	u := &unstructured.Unstructured{}
 	u.SetAPIVersion("pkg.crossplane.io/v1")
 	u.SetKind(kind)
@@ -226,15 +232,17 @@ func (s *Stack) packageInstalled(ctx context.Context, kind, name string) (bool, 
 	}
 	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
 	var says []string
-	installed := false
+	met := 0
 	for _, c := range conds {
 		m, _ := c.(map[string]any)
 		says = append(says, fmt.Sprintf("%v=%v %v %v", m["type"], m["status"], m["reason"], m["message"]))
-		if m["type"] == "Installed" && m["status"] == condTrue {
-			installed = true
+		for _, w := range want {
+			if m["type"] == w && m["status"] == condTrue {
+				met++
+			}
 		}
 	}
-	return installed, strings.Join(says, "; "), nil
+	return met == len(want), strings.Join(says, "; "), nil
 }
 
 // Names of the packages Crossplane installs as the Configuration's

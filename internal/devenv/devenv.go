@@ -156,10 +156,7 @@ func Up(ctx context.Context, o Options) (*Stack, error) {
 		s.opts.Progress = io.Discard
 	}
 	ctx, s.cancel = context.WithCancel(ctx)
-	steps := []struct {
-		name string
-		fn   func(context.Context) error
-	}{
+	steps := []namedStep{
 		{"checking binaries, packages and state in " + o.StateDir, s.prepare},
 		{"starting etcd and kube-apiserver", s.startControlPlane},
 		{"starting kube-controller-manager (garbage collector, namespaces)", s.startControllerManager},
@@ -172,18 +169,30 @@ func Up(ctx context.Context, o Options) (*Stack, error) {
 		{"starting egress-discovery", s.startDiscovery},
 	}
 	if o.ApplyExamples {
-		steps = append(steps, struct {
-			name string
-			fn   func(context.Context) error
-		}{"applying examples/local/", s.applyExamples})
+		steps = append(steps, namedStep{"applying examples/local/", s.applyExamples})
 	}
+	if err := s.runSteps(ctx, steps); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// namedStep is one step of a bring-up.
+type namedStep struct {
+	name string
+	fn   func(context.Context) error
+}
+
+// runSteps runs the steps in order, logging each with its time; on a
+// failure it stops everything already started and names the step.
+func (s *Stack) runSteps(ctx context.Context, steps []namedStep) error {
 	for _, st := range steps {
 		if err := s.step(st.name, func() error { return st.fn(ctx) }); err != nil {
 			s.Down()
-			return nil, err
+			return err
 		}
 	}
-	return s, nil
+	return nil
 }
 
 // Logf prints a progress line with the elapsed time.
