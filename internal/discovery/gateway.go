@@ -3,19 +3,27 @@ package discovery
 import (
 	"bufio"
 	"context"
+	"crypto/rand"
 	"encoding/base64"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/textproto"
 	"net/url"
+	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/pkg/errors"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 )
 
@@ -34,10 +42,15 @@ func ParseGatewayUser(u string) (GatewayUser, error) { return apiv1.ParseGateway
 // that upstream with the fleet's credentials, which the crawler never sees.
 //
 // A session keeps its upstream until it has had no open connection for
-// Idle. A connection without a session holds a lease of its own while it
-// is open. Every lease in use is renewed at half its TTL, and given back
-// only when no connection uses it any more: a session moved to another
-// proxy keeps its old lease while its old tunnels last.
+// Idle. Connections without a session run on seats: leases the replica
+// itself holds, one per proxy it uses, shared by every caller of the
+// fleet (and zone), each connection on the least loaded; a seat is added
+// on another proxy when every seat has a connection, and given back after
+// Idle without one. A caller's connections without a session count
+// against its lease quota, one each. Every lease in use is renewed at
+// half its TTL (no further than a draining proxy's deadline), and given
+// back only when no connection uses it any more: a session moved to
+// another proxy keeps its old lease while its old tunnels last.
 type Gateway struct {
 	Server  *Server
 	Metrics *metrics.Gateway
@@ -51,6 +64,9 @@ type Gateway struct {
 	// MaxConns bounds the connections open through this replica (default
 	// 4096), and MaxConnsPerIdentity those of one caller (default 256).
 	MaxConns, MaxConnsPerIdentity int
+	// Replica names this replica in its seats' Lease holder (default the
+	// host name).
+	Replica string
 
 	// mu guards everything below, and every session's and upstream's
 	// fields but a session's busy.
@@ -60,6 +76,19 @@ type Gateway struct {
 	live     map[*upstream]bool
 	conns    int
 	byCaller map[string]int
+	// seats are the replica's own leases for connections without a
+	// session, by fleet and zone; taking marks a seat being leased for a
+	// key (closed when done), and seatHold when the last seat lease for a
+	// key was refused, until which none is tried again while a seat is.
+	seats    map[string][]*upstream
+	taking   map[string]chan struct{}
+	seatHold map[string]time.Time
+	// seatConns counts each caller's connections on seats, by fleet, for
+	// its quota.
+	seatConns map[string]int
+	// seatID is the identity the seats are leased as: this process's own,
+	// which no caller can present, so none can renew or release a seat.
+	seatID *Identity
 	// transport forwards plain HTTP through the chosen upstream, which
 	// each request's context names.
 	transport *http.Transport
@@ -80,17 +109,27 @@ type gwSession struct {
 
 // upstream is a leased proxy, how to reach it, and who uses it.
 type upstream struct {
-	id  *Identity
-	g   *granted
-	url *url.URL // http://user:pass@host:port
+	id *Identity
+	g  *granted
+	// url is http://user:pass@host:port, with the credentials the proxy
+	// takes now.
+	url atomic.Pointer[url.URL]
 	// refs are the connections using it; retired is set when no new one
-	// may (its session moved on, or it belongs to one connection): the
-	// lease goes back when both say so.
+	// may (its session moved on, or its seat went idle): the lease goes
+	// back when both say so.
 	refs    int
 	retired bool
+	// idle is when the last connection closed.
+	idle time.Time
 }
 
 type upstreamKey struct{}
+
+// seatIdentityPrefix begins the identity a replica's seats are leased as.
+const seatIdentityPrefix = "egress-discovery:gateway-seats:"
+
+// GatewaySeatHolder is the holder of a replica's seat Leases.
+func GatewaySeatHolder(replica string) string { return "gateway-seats:" + replica }
 
 // GatewaySessionHolder is the holder of a gateway session's Lease, by
 // which any replica finds the session's proxy.
@@ -99,6 +138,11 @@ func GatewaySessionHolder(key string) string { return "gateway-session:" + key }
 func (gw *Gateway) init() {
 	gw.once.Do(func() {
 		gw.sessions, gw.live, gw.byCaller = map[string]*gwSession{}, map[*upstream]bool{}, map[string]int{}
+		gw.seats, gw.taking, gw.seatHold, gw.seatConns = map[string][]*upstream{}, map[string]chan struct{}{}, map[string]time.Time{}, map[string]int{}
+		if gw.Replica == "" {
+			gw.Replica, _ = os.Hostname()
+		}
+		gw.seatID = &Identity{User: seatIdentityPrefix + rand.Text()}
 		if gw.Idle <= 0 {
 			gw.Idle = time.Minute
 		}
@@ -174,18 +218,28 @@ func (gw *Gateway) tend(ctx context.Context) {
 			s.busy.Unlock()
 		}
 	}
+	drop = append(drop, gw.idleSeatsLocked(now)...)
 	for up := range gw.live {
 		if up.g.g.ExpiresAt.Sub(now) < up.g.g.TTL/2 {
 			renew = append(renew, renewal{up: up, id: up.g.g.ID, user: up.id.User, ttl: up.g.g.TTL})
 		}
 	}
 	gw.Metrics.Sessions.Set(float64(len(gw.sessions)))
+	seats := 0
+	for _, ss := range gw.seats {
+		seats += len(ss)
+	}
+	gw.Metrics.Seats.Set(float64(seats))
 	gw.mu.Unlock()
 	for _, up := range drop {
 		gw.release(ctx, up)
 	}
 	for _, r := range renew {
-		g, err := gw.Server.Leases.Renew(ctx, r.id, r.user, r.ttl)
+		ttl, err := gw.renewalTTL(ctx, r.up, r.ttl)
+		var g *lease.Grant
+		if err == nil {
+			g, err = gw.Server.Leases.Renew(ctx, r.id, r.user, ttl)
+		}
 		gw.mu.Lock()
 		if err != nil {
 			gw.Server.Log.Info("Cannot renew a gateway lease", "proxy", r.up.g.m.Name, "error", err)
@@ -203,6 +257,57 @@ func (gw *Gateway) tend(ctx context.Context) {
 	}
 }
 
+// idleSeatsLocked retires the seats without a connection for Idle and
+// forgets retired ones, returning the leases to give back; gw.mu is held.
+func (gw *Gateway) idleSeatsLocked(now time.Time) []*upstream {
+	var drop []*upstream
+	for k, seats := range gw.seats {
+		kept := seats[:0]
+		for _, up := range seats {
+			if !up.retired && up.refs == 0 && now.Sub(up.idle) >= gw.Idle {
+				if back := gw.retireLocked(up); back != nil {
+					drop = append(drop, back)
+				}
+			}
+			if !up.retired {
+				kept = append(kept, up)
+			}
+		}
+		clear(seats[len(kept):])
+		if gw.seats[k] = kept; len(kept) == 0 {
+			delete(gw.seats, k)
+		}
+	}
+	for k, until := range gw.seatHold {
+		if !now.Before(until) {
+			delete(gw.seatHold, k)
+		}
+	}
+	return drop
+}
+
+// renewalTTL is the TTL to renew up's lease for: its own, but no further
+// than the deadline of a proxy being replaced (as the API renews), so
+// that the gateway cannot hold a rollout up either.
+func (gw *Gateway) renewalTTL(ctx context.Context, up *upstream, ttl time.Duration) (time.Duration, error) {
+	p := &v1alpha1.Proxy{}
+	if err := gw.Server.Catalog.Cache.Get(ctx, types.NamespacedName{Namespace: up.g.m.Namespace, Name: up.g.m.Name}, p); err != nil {
+		if kerrors.IsNotFound(err) {
+			return 0, errors.Errorf("proxy %s is gone", up.g.m.Name)
+		}
+		return ttl, nil
+	}
+	since := drainSince(p)
+	if since.IsZero() {
+		return ttl, nil
+	}
+	_, maxTTL, err := gw.Server.Catalog.TTLs(ctx, up.g.m.Namespace, up.g.m.Fleet)
+	if err != nil {
+		return ttl, nil //nolint:nilerr // Renewed as it was; the next round reads the TTLs again.
+	}
+	return gw.Server.drainedTTL(p.Name, since, maxTTL, ttl)
+}
+
 // retireLocked marks up as taking no new connection and returns it when
 // its lease is to go back now (no connection uses it).
 func (gw *Gateway) retireLocked(up *upstream) *upstream {
@@ -218,12 +323,25 @@ func (gw *Gateway) retireLocked(up *upstream) *upstream {
 // retired and this was its last connection.
 func (gw *Gateway) unref(up *upstream) {
 	gw.mu.Lock()
-	up.refs--
+	if up.refs--; up.refs == 0 {
+		up.idle = gw.Server.now()
+	}
 	var back *upstream
 	if up.refs == 0 && up.retired && gw.live[up] {
 		delete(gw.live, up)
 		back = up
 	}
+	gw.mu.Unlock()
+	if back != nil {
+		gw.release(context.Background(), back)
+	}
+}
+
+// abandon retires an upstream that could not be reached: no connection
+// takes it any more, and its lease goes back when its last one ends.
+func (gw *Gateway) abandon(up *upstream) {
+	gw.mu.Lock()
+	back := gw.retireLocked(up)
 	gw.mu.Unlock()
 	if back != nil {
 		gw.release(context.Background(), back)
@@ -453,18 +571,12 @@ func destination(r *http.Request) (string, string, error) {
 }
 
 // choose gives a connection its upstream: the session's (moved off a
-// proxy banned for domain, excluded, or of another zone), or one of its
-// own. done ends the connection's use of it.
+// proxy banned for domain, excluded, of another zone, or no longer
+// serving), or for a connection without a session a seat. done ends the
+// connection's use of it.
 func (gw *Gateway) choose(ctx context.Context, id *Identity, u GatewayUser, domain string, exclude map[string]bool) (*upstream, func(), error) {
 	if u.Session == "" {
-		up, err := gw.lease(ctx, id, u, domain, "gateway", exclude)
-		if err != nil {
-			return nil, nil, err
-		}
-		gw.mu.Lock()
-		up.refs, up.retired = 1, true
-		gw.mu.Unlock()
-		return up, func() { gw.unref(up) }, nil
+		return gw.seat(ctx, id, u, domain, exclude)
 	}
 	key := id.User + "\x00" + u.Namespace + "/" + u.Fleet + "\x00" + u.Session
 	gw.mu.Lock()
@@ -485,8 +597,12 @@ func (gw *Gateway) choose(ctx context.Context, id *Identity, u GatewayUser, doma
 	defer s.busy.Unlock()
 	gw.mu.Lock()
 	cur := s.up
+	if cur != nil && cur.retired {
+		// Its lease was lost, or its proxy stopped answering.
+		s.up, cur = nil, nil
+	}
 	gw.mu.Unlock()
-	if cur != nil && (exclude[cur.g.m.Name] || s.user.Zone != u.Zone || gw.banned(ctx, cur, domain)) {
+	if cur != nil && (exclude[cur.g.m.Name] || !gw.serves(ctx, cur, u.Zone, domain)) {
 		gw.mu.Lock()
 		back := gw.retireLocked(cur)
 		s.up, cur = nil, nil
@@ -496,7 +612,7 @@ func (gw *Gateway) choose(ctx context.Context, id *Identity, u GatewayUser, doma
 		}
 	}
 	if cur == nil {
-		up, err := gw.lease(ctx, id, u, domain, GatewaySessionHolder(u.Session), exclude)
+		up, err := gw.lease(ctx, id, u, domain, GatewaySessionHolder(u.Session), exclude, false, true)
 		if err != nil {
 			leave()
 			return nil, nil, err
@@ -510,21 +626,212 @@ func (gw *Gateway) choose(ctx context.Context, id *Identity, u GatewayUser, doma
 	return cur, func() { gw.unref(cur); leave() }, nil
 }
 
-// banned reports whether the upstream's proxy is banned for domain.
-func (gw *Gateway) banned(ctx context.Context, up *upstream, domain string) bool {
-	ok, _, err := gw.Server.healthy(ctx, []member{up.g.m}, "", nil, domain)
-	return err == nil && len(ok) == 0
+// serves reports whether up's proxy, as the cache shows it now, may take
+// a new connection for zone and domain: it serves (healthy, not being
+// replaced, taking the credentials discovery hands out), is of the zone
+// and not banned for the domain. It refreshes up's credentials.
+func (gw *Gateway) serves(ctx context.Context, up *upstream, zone, domain string) bool {
+	ok, _ := gw.check(ctx, up, zone, domain)
+	return ok
+}
+
+// check is serves, and gone when the proxy serves no connection at all
+// any more (whatever the zone or domain).
+func (gw *Gateway) check(ctx context.Context, up *upstream, zone, domain string) (ok, gone bool) {
+	p := &v1alpha1.Proxy{}
+	if err := gw.Server.Catalog.Cache.Get(ctx, types.NamespacedName{Namespace: up.g.m.Namespace, Name: up.g.m.Name}, p); err != nil {
+		return false, kerrors.IsNotFound(err)
+	}
+	m := toMember(p)
+	if !m.serving() || m.Fleet != up.g.m.Fleet {
+		return false, true
+	}
+	live, _, err := gw.Server.healthy(ctx, []member{m}, zone, nil, domain)
+	if err != nil || len(live) == 0 {
+		return false, false
+	}
+	// The credentials the proxy takes now, for connections from here on.
+	if raw, err := gw.Server.Catalog.ProxyURL(ctx, m); err == nil {
+		if pu, err := url.Parse(raw); err == nil {
+			up.url.Store(pu)
+		}
+	}
+	return true, false
+}
+
+// seat gives a connection without a session the least loaded of the
+// replica's seats for its fleet and zone that serves domain, leasing one
+// on another proxy when each has a connection already; the connection
+// counts against the caller's quota.
+func (gw *Gateway) seat(ctx context.Context, id *Identity, u GatewayUser, domain string, exclude map[string]bool) (*upstream, func(), error) {
+	leave, err := gw.countSeatConn(ctx, id, u)
+	if err != nil {
+		return nil, nil, err
+	}
+	key := u.Namespace + "/" + u.Fleet + "\x00" + u.Zone
+	for range 3 {
+		up, err := gw.pickSeat(ctx, key, id, u, domain, exclude)
+		if err != nil {
+			leave()
+			return nil, nil, err
+		}
+		if up != nil {
+			return up, func() { gw.unref(up); leave() }, nil
+		}
+	}
+	leave()
+	return nil, nil, &gwError{code: http.StatusServiceUnavailable, reason: reasonUpstreamUnavailable, retryAfter: 1,
+		msg: "the gateway's seats for this fleet changed under three attempts to take one; retry"}
+}
+
+// pickSeat takes a connection's place on a seat; nil (no error) when the
+// seat it chose was retired meanwhile.
+func (gw *Gateway) pickSeat(ctx context.Context, key string, id *Identity, u GatewayUser, domain string, exclude map[string]bool) (*upstream, error) {
+	for {
+		best, held := gw.leastLoaded(ctx, key, u.Zone, domain, exclude)
+		gw.mu.Lock()
+		if best != nil && best.retired {
+			gw.mu.Unlock()
+			return nil, nil
+		}
+		ch, busy := gw.taking[key]
+		hold := gw.Server.now().Before(gw.seatHold[key])
+		if best != nil && (best.refs == 0 || busy || hold) {
+			best.refs++
+			gw.mu.Unlock()
+			return best, nil
+		}
+		if busy {
+			// No seat serves this connection: wait for the one being
+			// leased.
+			gw.mu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		ch = make(chan struct{})
+		gw.taking[key] = ch
+		gw.mu.Unlock()
+		for name := range exclude {
+			held[name] = true
+		}
+		// With a seat to share, a full fleet is not waited for.
+		up, err := gw.lease(ctx, id, u, domain, GatewaySeatHolder(gw.Replica), held, true, best == nil)
+		gw.mu.Lock()
+		delete(gw.taking, key)
+		close(ch)
+		switch {
+		case err == nil:
+			gw.seats[key] = append(gw.seats[key], up)
+			up.refs++
+			gw.mu.Unlock()
+			return up, nil
+		case best != nil && !best.retired:
+			gw.seatHold[key] = gw.Server.now().Add(time.Second)
+			best.refs++
+			gw.mu.Unlock()
+			return best, nil
+		}
+		gw.mu.Unlock()
+		if best != nil {
+			return nil, nil
+		}
+		return nil, err
+	}
+}
+
+// leastLoaded is the seat of key with the fewest connections that serves
+// zone and domain, and held the proxies key has seats on; a seat whose
+// proxy serves no more is retired.
+func (gw *Gateway) leastLoaded(ctx context.Context, key, zone, domain string, exclude map[string]bool) (*upstream, map[string]bool) {
+	gw.mu.Lock()
+	seats := append([]*upstream(nil), gw.seats[key]...)
+	gw.mu.Unlock()
+	held := map[string]bool{}
+	var usable []*upstream
+	for _, up := range seats {
+		held[up.g.m.Name] = true
+		if exclude[up.g.m.Name] {
+			continue
+		}
+		ok, gone := gw.check(ctx, up, zone, domain)
+		if gone {
+			gw.mu.Lock()
+			back := gw.retireLocked(up)
+			gw.mu.Unlock()
+			if back != nil {
+				gw.release(ctx, back)
+			}
+		}
+		if ok {
+			usable = append(usable, up)
+		}
+	}
+	gw.mu.Lock()
+	defer gw.mu.Unlock()
+	var best *upstream
+	for _, up := range usable {
+		if !up.retired && (best == nil || up.refs < best.refs) {
+			best = up
+		}
+	}
+	return best, held
+}
+
+// countSeatConn counts a connection without a session against the
+// caller's quota in the fleet: its leases and its connections on seats,
+// one each, may not pass it (429, QuotaExceeded).
+func (gw *Gateway) countSeatConn(ctx context.Context, id *Identity, u GatewayUser) (func(), error) {
+	p, err := gw.Server.Catalog.Policy(ctx, u.Namespace, u.Fleet)
+	if err != nil {
+		return nil, err
+	}
+	quota, from, bounded := quotaOf(p.Quotas, id)
+	leases := 0
+	if bounded {
+		if leases, err = gw.Server.usage(ctx, u.Namespace, u.Fleet, id); err != nil {
+			return nil, err
+		}
+	}
+	key := quotaKey(u.Namespace, u.Fleet, id.User)
+	gw.mu.Lock()
+	defer gw.mu.Unlock()
+	if n := gw.seatConns[key]; bounded && leases+n >= quota {
+		return nil, &apiError{
+			code: http.StatusTooManyRequests, reason: apiv1.ReasonQuotaExceeded, retryAfter: 5,
+			msg: fmt.Sprintf("%s holds %d leases and %d gateway connections without a session in fleet %s/%s, its quota of %d (%s): close one first", id.User, leases, n, u.Namespace, u.Fleet, quota, from),
+		}
+	}
+	gw.seatConns[key]++
+	return func() {
+		gw.mu.Lock()
+		defer gw.mu.Unlock()
+		if gw.seatConns[key]--; gw.seatConns[key] <= 0 {
+			delete(gw.seatConns, key)
+		}
+	}, nil
 }
 
 // lease grants a lease of the user's fleet through the API's own path and
-// reads the upstream's URL with its credentials.
-func (gw *Gateway) lease(ctx context.Context, id *Identity, u GatewayUser, domain, holder string, exclude map[string]bool) (*upstream, error) {
+// reads the upstream's URL with its credentials: the caller's lease for a
+// session, the replica's for a seat (which waits for a slot only when
+// wait).
+func (gw *Gateway) lease(ctx context.Context, id *Identity, u GatewayUser, domain, holder string, exclude map[string]bool, seat, wait bool) (*upstream, error) {
 	req := &apiv1.AcquireRequest{Fleet: u.Namespace + "/" + u.Fleet, Holder: holder, Zone: u.Zone, Domain: domain}
 	a, err := gw.Server.acquisitionOf(ctx, req, u.Namespace, u.Fleet, id)
 	if err != nil {
 		return nil, err
 	}
 	a.exclude = exclude
+	if seat {
+		a.id, a.seat = gw.seatID, true
+		if !wait {
+			a.wait = 0
+		}
+	}
 	g, err := gw.Server.grantFor(ctx, a)
 	if err != nil {
 		return nil, err
@@ -534,14 +841,15 @@ func (gw *Gateway) lease(ctx context.Context, id *Identity, u GatewayUser, domai
 		var pu *url.URL
 		if pu, err = url.Parse(raw); err == nil {
 			gw.Server.Metrics.Acquisitions.Inc()
-			up := &upstream{id: id, g: g, url: pu}
+			up := &upstream{id: a.id, g: g}
+			up.url.Store(pu)
 			gw.mu.Lock()
 			gw.live[up] = true
 			gw.mu.Unlock()
 			return up, nil
 		}
 	}
-	gw.release(ctx, &upstream{id: id, g: g})
+	gw.release(ctx, &upstream{id: a.id, g: g})
 	return nil, err
 }
 
@@ -552,6 +860,7 @@ func (gw *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id *Identity, 
 	conn, err := gw.connect(r.Context(), up, target)
 	if err != nil && retriable(err) {
 		failed := up.g.m.Name
+		gw.abandon(up)
 		done()
 		up, done, err = gw.choose(r.Context(), id, u, domain, map[string]bool{failed: true})
 		if err == nil {
@@ -597,14 +906,15 @@ func (gw *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id *Identity, 
 // credentials.
 func (gw *Gateway) connect(ctx context.Context, up *upstream, target string) (net.Conn, error) {
 	d := &net.Dialer{Timeout: gw.DialTimeout}
-	conn, err := d.DialContext(ctx, "tcp", up.url.Host)
+	conn, err := d.DialContext(ctx, "tcp", up.url.Load().Host)
 	if err != nil {
 		gw.Metrics.UpstreamErrors.WithLabelValues("dial").Inc()
 		return nil, &gwError{code: http.StatusBadGateway, reason: reasonUpstreamUnavailable, msg: fmt.Sprintf("upstream proxy %s does not answer", up.g.m.Name), dial: true}
 	}
 	_ = conn.SetDeadline(time.Now().Add(gw.DialTimeout))
-	pass, _ := up.url.User.Password()
-	auth := base64.StdEncoding.EncodeToString([]byte(up.url.User.Username() + ":" + pass))
+	u := up.url.Load()
+	pass, _ := u.User.Password()
+	auth := base64.StdEncoding.EncodeToString([]byte(u.User.Username() + ":" + pass))
 	if _, err := fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic %s\r\n\r\n", target, target, auth); err != nil {
 		_ = conn.Close()
 		gw.Metrics.UpstreamErrors.WithLabelValues("handshake").Inc()
@@ -675,20 +985,33 @@ func splice(a, b net.Conn, linger time.Duration, m *metrics.Gateway) {
 // Proxy-Authorization.
 var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
 
+// dropHopHeaders removes the hop-by-hop headers, and those the
+// Connection header names (RFC 9110 7.6.1).
+func dropHopHeaders(h http.Header) {
+	for _, v := range h.Values("Connection") {
+		for _, name := range strings.Split(v, ",") {
+			if name = textproto.TrimString(name); name != "" {
+				h.Del(name)
+			}
+		}
+	}
+	for _, name := range hopHeaders {
+		h.Del(name)
+	}
+}
+
 // forward serves a plain HTTP request through the upstream's absolute-URI
 // mode (retried once on another proxy when the upstream cannot be
 // reached), and names the proxy in X-Egress-Proxy and X-Egress-IP.
 func (gw *Gateway) forward(w http.ResponseWriter, r *http.Request, id *Identity, u GatewayUser, domain string, up *upstream, done func()) {
 	out := r.Clone(r.Context())
 	out.RequestURI = ""
-	for _, h := range hopHeaders {
-		out.Header.Del(h)
-	}
+	dropHopHeaders(out.Header)
 	if r.Body != nil && r.ContentLength == 0 {
 		out.Body = nil
 	}
 	send := func(up *upstream) (*http.Response, error) {
-		req := out.WithContext(context.WithValue(r.Context(), upstreamKey{}, up.url))
+		req := out.WithContext(context.WithValue(r.Context(), upstreamKey{}, up.url.Load()))
 		rsp, err := gw.transport.RoundTrip(req)
 		if err != nil {
 			gw.Metrics.UpstreamErrors.WithLabelValues("dial").Inc()
@@ -700,6 +1023,7 @@ func (gw *Gateway) forward(w http.ResponseWriter, r *http.Request, id *Identity,
 	// Retried only when the upstream could not be reached: the request
 	// never left, so no origin sees it twice.
 	if err != nil && unreached(err) {
+		gw.abandon(up)
 		done()
 		up, done, err = gw.choose(r.Context(), id, u, domain, map[string]bool{name: true})
 		if err != nil {
@@ -722,9 +1046,7 @@ func (gw *Gateway) forward(w http.ResponseWriter, r *http.Request, id *Identity,
 		return
 	}
 	defer rsp.Body.Close() //nolint:errcheck // A response body.
-	for _, h := range hopHeaders {
-		rsp.Header.Del(h)
-	}
+	dropHopHeaders(rsp.Header)
 	for k, vs := range rsp.Header {
 		for _, v := range vs {
 			w.Header().Add(k, v)
@@ -735,6 +1057,22 @@ func (gw *Gateway) forward(w http.ResponseWriter, r *http.Request, id *Identity,
 		w.Header().Set("X-Egress-IP", up.g.m.EgressIP)
 	}
 	w.WriteHeader(rsp.StatusCode)
-	n, _ := io.Copy(w, rsp.Body)
+	// Each read is passed on at once: a stream (server-sent events, a
+	// long poll) reaches the crawler as the origin sends it.
+	n, _ := io.Copy(flushWriter{w: w, rc: http.NewResponseController(w)}, rsp.Body)
 	gw.Metrics.Bytes.WithLabelValues("down").Add(float64(n))
+}
+
+// flushWriter flushes after every write.
+type flushWriter struct {
+	w  io.Writer
+	rc *http.ResponseController
+}
+
+func (f flushWriter) Write(p []byte) (int, error) {
+	n, err := f.w.Write(p)
+	if err == nil {
+		err = f.rc.Flush()
+	}
+	return n, err
 }

@@ -1,6 +1,7 @@
 package discovery_test
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"encoding/base64"
@@ -18,10 +19,13 @@ import (
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	coordv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	dmetrics "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
@@ -483,6 +487,190 @@ func TestGatewaySessionReport(t *testing.T) {
 		t.Errorf("a bad session key: %d %s, want 400", code, out)
 	}
 	testbed.Eventually(t, 10*time.Second, "the session moved off the proxy reported banned", func() (bool, string) {
+		seen, rsp := fetch(t, c, target.URL)
+		return rsp != nil && rsp.StatusCode == http.StatusOK && seen != first && isEgress(b, seen), fmt.Sprintf("%v from %q", status(rsp), seen)
+	})
+}
+
+// openTunnel sends CONNECT for target through the gateway as user and
+// reads the answer's head: its status and the proxy it names. The tunnel
+// stays open until the test ends or it is closed.
+func openTunnel(t *testing.T, b *gatewayBed, user, target string) (net.Conn, int, string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	auth := base64.StdEncoding.EncodeToString([]byte(user + ":" + b.token))
+	if _, err := fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic %s\r\n\r\n", target, target, auth); err != nil {
+		t.Fatal(err)
+	}
+	rsp, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		t.Fatalf("CONNECT %s: %v", target, err)
+	}
+	return conn, rsp.StatusCode, rsp.Header.Get("X-Egress-Proxy")
+}
+
+// seatLeases are the live Leases the gateway holds as seats, by proxy.
+func seatLeases(t *testing.T, b *gatewayBed) map[string]int {
+	t.Helper()
+	l := &coordv1.LeaseList{}
+	if err := sharedBed.Env(t).Client.List(context.Background(), l, client.InNamespace(b.ns)); err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]int{}
+	for i := range l.Items {
+		le := &l.Items[i]
+		if le.Spec.HolderIdentity != nil && strings.HasPrefix(*le.Spec.HolderIdentity, "gateway-seats:") && !lease.Expired(le, time.Now()) {
+			out[le.Labels[fleetv1alpha1.LabelProxy]]++
+		}
+	}
+	return out
+}
+
+// TestGatewaySeats: connections without a session run on the replica's
+// seats, one Lease per proxy it uses: three tunnels open at once take
+// three proxies, five share them least loaded first (2, 2, 1) with no
+// fourth Lease; a seat's proxy banned for the target's domain serves no
+// connection to it; a caller's sessionless connections count against its
+// lease quota (429 QuotaExceeded over it); and the seats go back once
+// idle.
+func TestGatewaySeats(t *testing.T) {
+	b := newGatewayBed(t, 3, 2)
+	fleetXR(t, b.ns, b.fleet, 3, map[string]any{"maxLeasesPerProxy": int64(2), "quotas": map[string]any{"maxLeasesPerIdentity": int64(5)}})
+	target := testbed.StartEchoTarget(t)
+	host := strings.TrimSuffix(strings.TrimPrefix(target.URL, "https://"), "/ip")
+	load := map[string]int{}
+	var tunnels []net.Conn
+	for i := range 5 {
+		conn, code, proxy := openTunnel(t, b, b.user(""), host)
+		if code != http.StatusOK || b.egress[proxy] == "" {
+			t.Fatalf("tunnel %d: %d through %q", i, code, proxy)
+		}
+		tunnels = append(tunnels, conn)
+		load[proxy]++
+		if i == 2 && len(load) != 3 {
+			t.Fatalf("three tunnels at once took %v: want one each on three proxies", load)
+		}
+	}
+	for p, n := range load {
+		if n < 1 || n > 2 {
+			t.Errorf("five tunnels on three seats: %v; want the least loaded chosen (2, 2, 1), %s has %d", load, p, n)
+		}
+	}
+	if seats := seatLeases(t, b); len(seats) != 3 || seats[b.fleet+"-0"] != 1 || seats[b.fleet+"-1"] != 1 || seats[b.fleet+"-2"] != 1 {
+		t.Errorf("seat Leases %v: want one per proxy in use, three in all", seats)
+	}
+	testbed.Eventually(t, 5*time.Second, "the seats gauge shows three seats", func() (bool, string) {
+		v := testutil.ToFloat64(b.gw.Metrics.Seats)
+		return v == 3, fmt.Sprint(v)
+	})
+	// The quota of 5 counts each connection: a sixth is refused.
+	if _, code, _ := openTunnel(t, b, b.user(""), host); code != http.StatusTooManyRequests {
+		t.Errorf("a sixth connection over the caller's quota of 5: %d, want 429", code)
+	}
+	for _, c := range tunnels {
+		_ = c.Close()
+	}
+	// A proxy banned for the target's domain keeps its seat but serves
+	// no connection to that domain.
+	h, _, _ := net.SplitHostPort(host)
+	banned := b.fleet + "-0"
+	if err := b.store.Ban(context.Background(), b.ns, b.fleet, banned, h, time.Minute, "static:test"); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 10*time.Second, "the ban seen and the tunnels closed", func() (bool, string) {
+		conn, code, proxy := openTunnel(t, b, b.user(""), host)
+		_ = conn.Close()
+		return code == http.StatusOK && proxy != banned, fmt.Sprintf("%d through %s", code, proxy)
+	})
+	for i := range 6 {
+		conn, code, proxy := openTunnel(t, b, b.user(""), host)
+		if code != http.StatusOK || proxy == banned {
+			t.Fatalf("tunnel %d to %s: %d through %s, banned for it", i, h, code, proxy)
+		}
+		_ = conn.Close()
+	}
+	testbed.Eventually(t, 10*time.Second, "idle seats given back", func() (bool, string) {
+		seats := seatLeases(t, b)
+		return len(seats) == 0, fmt.Sprintf("%v", seats)
+	})
+}
+
+// TestGatewayStreams: a plain HTTP answer the origin sends in parts (a
+// stream) reaches the crawler part by part: the first line arrives while
+// the origin still holds the rest back.
+func TestGatewayStreams(t *testing.T) {
+	b := newGatewayBed(t, 1, 2)
+	more := make(chan struct{})
+	origin := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "first\n")
+		http.NewResponseController(w).Flush() //nolint:errcheck // A test's origin.
+		select {
+		case <-more:
+		case <-r.Context().Done():
+		}
+		_, _ = io.WriteString(w, "second\n")
+	}))
+	t.Cleanup(origin.Close)
+	t.Cleanup(func() {
+		select {
+		case <-more:
+		default:
+			close(more)
+		}
+	})
+	c := b.client(b.user(""), b.token, testbed.Target{})
+	rsp, err := c.Get(origin.URL + "/stream")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rsp.Body.Close() //nolint:errcheck // A test.
+	line := make(chan string, 1)
+	go func() {
+		l, _ := bufio.NewReader(rsp.Body).ReadString('\n')
+		line <- l
+	}()
+	select {
+	case l := <-line:
+		if l != "first\n" {
+			t.Errorf("first part: %q", l)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first part of a stream did not reach the crawler while the origin held the rest back")
+	}
+	close(more)
+}
+
+// TestGatewaySessionLeavesDrainingProxy: a session whose proxy the fleet
+// begins to replace (draining) takes its next connection elsewhere, as a
+// new API lease would.
+func TestGatewaySessionLeavesDrainingProxy(t *testing.T) {
+	b := newGatewayBed(t, 2, 2)
+	target := testbed.StartEchoTarget(t)
+	c := b.client(b.user("_session_dr"), b.token, target)
+	first, rsp := fetch(t, c, target.URL)
+	if rsp == nil || rsp.StatusCode != http.StatusOK {
+		t.Fatalf("session: %v", status(rsp))
+	}
+	var draining string
+	for p, a := range b.egress {
+		if a == first {
+			draining = p
+		}
+	}
+	ctx := context.Background()
+	p := &v1alpha1.Proxy{}
+	if err := sharedBed.Env(t).Client.Get(ctx, types.NamespacedName{Namespace: b.ns, Name: draining}, p); err != nil {
+		t.Fatal(err)
+	}
+	p.Labels[fleetv1alpha1.LabelDrainingSince] = fmt.Sprint(time.Now().Unix())
+	if err := sharedBed.Env(t).Client.Update(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 10*time.Second, "the session moved off the draining proxy", func() (bool, string) {
 		seen, rsp := fetch(t, c, target.URL)
 		return rsp != nil && rsp.StatusCode == http.StatusOK && seen != first && isEgress(b, seen), fmt.Sprintf("%v from %q", status(rsp), seen)
 	})

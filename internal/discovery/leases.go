@@ -35,6 +35,9 @@ type acquisition struct {
 	// exclude are proxies not to grant (the gateway moving a session off
 	// a failed upstream).
 	exclude map[string]bool
+	// seat is a gateway seat, leased for many callers: no caller's quota
+	// counts it (each of its connections does).
+	seat bool
 }
 
 func (s *Server) acquire(w http.ResponseWriter, r *http.Request, id *Identity) error {
@@ -74,9 +77,12 @@ func (s *Server) grant(r *http.Request, id *Identity) (*granted, error) {
 // leases go through the same quota, admission and waiting.
 func (s *Server) grantFor(ctx context.Context, a *acquisition) (*granted, error) {
 	id := a.id
-	done, err := s.reserve(ctx, a.ns, a.fleet, id, a.policy)
-	if err != nil {
-		return nil, err
+	done := func(string) {}
+	var err error
+	if !a.seat {
+		if done, err = s.reserve(ctx, a.ns, a.fleet, id, a.policy); err != nil {
+			return nil, err
+		}
 	}
 	var g *granted
 	defer func() {
@@ -261,20 +267,9 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request, id *Identity) err
 		return err
 	}
 	if since := drainSince(p); !since.IsZero() {
-		// A start in the future (a skewed clock, an edited label) counts
-		// as now: it never extends a lease past now plus maxTTL.
-		if now := s.now(); since.After(now) {
-			since = now
+		if ttl, err = s.drainedTTL(p.Name, since, maxTTL, ttl); err != nil {
+			return err
 		}
-		// A proxy being replaced: its leases are renewed only up to the
-		// drain start plus maxTTL, so that one crawler renewing forever
-		// cannot hold the rollout up.
-		left := since.Add(maxTTL).Sub(s.now()).Truncate(time.Second)
-		if left < time.Second {
-			return &apiError{code: http.StatusConflict, reason: apiv1.ReasonDraining,
-				msg: fmt.Sprintf("proxy %s is being replaced since %s and its leases are no longer renewed: release this lease and take a new one", p.Name, since.Format(time.RFC3339))}
-		}
-		ttl = min(ttl, left)
 	}
 	g, err := s.Leases.Renew(r.Context(), leaseID, id.User, ttl)
 	if err != nil {
@@ -295,6 +290,24 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request, id *Identity) err
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// drainedTTL bounds the renewal of a lease of a proxy being replaced since
+// since: only up to the drain start plus maxTTL, so that one crawler
+// renewing forever cannot hold the rollout up; past it, the lease is not
+// renewed.
+func (s *Server) drainedTTL(proxy string, since time.Time, maxTTL, ttl time.Duration) (time.Duration, error) {
+	// A start in the future (a skewed clock, an edited label) counts as
+	// now: it never extends a lease past now plus maxTTL.
+	if now := s.now(); since.After(now) {
+		since = now
+	}
+	left := since.Add(maxTTL).Sub(s.now()).Truncate(time.Second)
+	if left < time.Second {
+		return 0, &apiError{code: http.StatusConflict, reason: apiv1.ReasonDraining,
+			msg: fmt.Sprintf("proxy %s is being replaced since %s and its leases are no longer renewed: release this lease and take a new one", proxy, since.Format(time.RFC3339))}
+	}
+	return min(ttl, left), nil
 }
 
 func (s *Server) release(w http.ResponseWriter, r *http.Request, id *Identity) error {

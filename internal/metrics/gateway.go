@@ -19,6 +19,9 @@ type Gateway struct {
 	UpstreamErrors *prometheus.CounterVec
 	// Sessions is how many sessions hold a lease on this replica.
 	Sessions prometheus.Gauge
+	// Seats is how many seats (the replica's own leases for connections
+	// without a session) it holds.
+	Seats prometheus.Gauge
 }
 
 // NewGateway returns the gateway's metrics, unregistered.
@@ -41,10 +44,11 @@ func NewGateway() *Gateway {
 			Name: "egress_discovery_gateway_upstream_errors_total", Help: "Upstream proxies that failed a connection, by reason (dial, status, handshake).",
 		}, []string{"reason"}),
 		Sessions: prometheus.NewGauge(prometheus.GaugeOpts{Name: "egress_discovery_gateway_sessions", Help: "Gateway sessions holding a lease on this replica."}),
+		Seats:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "egress_discovery_gateway_seats", Help: "Seats (leases this replica holds for gateway connections without a session, one per proxy in use)."}),
 	}
 }
 
 // Collectors returns every collector, for registration.
 func (g *Gateway) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{g.Connections, g.ConnectionsTotal, g.Bytes, g.ChooseLatency, g.UpstreamErrors, g.Sessions}
+	return []prometheus.Collector{g.Connections, g.ConnectionsTotal, g.Bytes, g.ChooseLatency, g.UpstreamErrors, g.Sessions, g.Seats}
 }
