@@ -417,21 +417,33 @@ func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
 		out = append(out, *b.instance(&l.Items[i]))
 		pods[l.Items[i].Namespace+"/"+l.Items[i].Name] = true
 	}
-	// A network policy whose pod never came, or is gone, is an instance
-	// too: Delete removes what is left of it.
+	// A network policy or config Secret whose pod never came, or is gone,
+	// is an instance too: Delete removes what is left of it.
 	nps := &networkingv1.NetworkPolicyList{}
 	if err := b.cfg.Client.List(ctx, nps, client.MatchingLabels(ownership.Selector(b.cfg.ClusterID))); err != nil {
 		return nil, Classify(errors.Wrap(err, "cannot list proxy network policies"))
 	}
+	secrets := &corev1.SecretList{}
+	if err := b.cfg.Client.List(ctx, secrets, client.MatchingLabels(ownership.Selector(b.cfg.ClusterID))); err != nil {
+		return nil, Classify(errors.Wrap(err, "cannot list proxy config Secrets"))
+	}
+	left := make([]client.Object, 0, len(nps.Items)+len(secrets.Items))
 	for i := range nps.Items {
-		np := &nps.Items[i]
-		if pods[np.Namespace+"/"+np.Name] {
+		left = append(left, &nps.Items[i])
+	}
+	for i := range secrets.Items {
+		left = append(left, &secrets.Items[i])
+	}
+	for _, o := range left {
+		key := o.GetNamespace() + "/" + o.GetName()
+		if pods[key] {
 			continue
 		}
-		owner, _ := ownership.FromLabels(np.Labels)
+		pods[key] = true
+		owner, _ := ownership.FromLabels(o.GetLabels())
 		out = append(out, backend.Instance{
-			Ref: backend.Ref{Name: np.Name, Namespace: np.Namespace}, ProviderID: np.Namespace + "/" + np.Name,
-			Phase: v1alpha1.InstancePhaseTerminated, CreatedAt: np.CreationTimestamp.Time, Owner: owner,
+			Ref: backend.Ref{Name: o.GetName(), Namespace: o.GetNamespace()}, ProviderID: key,
+			Phase: v1alpha1.InstancePhaseTerminated, CreatedAt: o.GetCreationTimestamp().Time, Owner: owner,
 		})
 	}
 	return out, nil

@@ -110,8 +110,50 @@ func TestOrphanedPolicyListed(t *testing.T) {
 	if err := b.Delete(ctx, found.Ref); err != nil {
 		t.Fatal(err)
 	}
-	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: s.Name}, &networkingv1.NetworkPolicy{}); !kerrors.IsNotFound(err) {
-		t.Errorf("Delete must remove the policy: %v", err)
+	for _, o := range []client.Object{&networkingv1.NetworkPolicy{}, &corev1.Secret{}} {
+		if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: s.Name}, o); !kerrors.IsNotFound(err) {
+			t.Errorf("Delete must remove the %T: %v", o, err)
+		}
+	}
+}
+
+// TestOrphanedSecretListed leaves a proxy's config Secret alone, without
+// pod or network policy (a create cut short after the Secret): ListOwned
+// reports it, with its owner, so that the orphan collector deletes it.
+func TestOrphanedSecretListed(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ctx := context.Background()
+	ns := bed.Namespace(t)
+	b := kubernetes.New(kubernetes.Config{Client: bed.Client, ClusterID: "lone"})
+	uid := types.UID("8b3d0d7f-1111-4222-8333-944455556666")
+	s := podSpec(ns, "lone", uid)
+	if _, err := b.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	meta := metav1.ObjectMeta{Namespace: ns, Name: s.Name}
+	for _, o := range []client.Object{&corev1.Pod{ObjectMeta: meta}, &networkingv1.NetworkPolicy{ObjectMeta: meta}} {
+		if err := bed.Client.Delete(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	owned, err := b.ListOwned(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var found []backend.Instance
+	for _, i := range owned {
+		if i.Name == s.Name && i.Namespace == ns {
+			found = append(found, i)
+		}
+	}
+	if len(found) != 1 || found[0].Owner.UID != uid {
+		t.Fatalf("the config Secret left alone is not listed once with its owner: %+v", found)
+	}
+	if err := b.Delete(ctx, found[0].Ref); err != nil {
+		t.Fatal(err)
+	}
+	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: s.Name}, &corev1.Secret{}); !kerrors.IsNotFound(err) {
+		t.Errorf("Delete must remove the config Secret: %v", err)
 	}
 }
 
