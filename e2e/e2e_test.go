@@ -494,8 +494,13 @@ func templateChangeRollsOut(t *testing.T) {
 		}
 		return rev != "" && leased && newReady == 2, fmt.Sprintf("revision %s: %v", rev, seen)
 	})
-	// The leased proxy stays while the lease does, and takes no new one.
-	time.Sleep(3 * time.Second)
+	// The leased proxy stays while the lease does, and takes no new one:
+	// once the fleet says it waits for its leases (the function has seen
+	// its replacements Ready and kept it), it must still be there.
+	testbed.Eventually(t, time.Minute, "the fleet keeps the leased proxy for its lease", func() (bool, string) {
+		st, err := fleetState(rotor)
+		return err == nil && strings.Contains(st.message, held.Proxy) && strings.Contains(st.message, "waits for its leases to drain"), fmt.Sprintf("%q %v", st.message, err)
+	})
 	if ps, _ := proxies(rotor); !slices.ContainsFunc(ps, func(p v1alpha1.Proxy) bool { return p.Name == held.Proxy }) {
 		t.Fatalf("the leased proxy %s went while its lease was held", held.Proxy)
 	}

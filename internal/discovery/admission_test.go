@@ -24,6 +24,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	dmetrics "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
 // fleetXR creates the ProxyFleet XR of a fleet, with its spec.leases.
@@ -203,7 +204,11 @@ func TestAdmission(t *testing.T) {
 	for i := range 3 {
 		setHealthy(t, ns, fmt.Sprintf("crawlers-%d", i), false)
 	}
-	time.Sleep(time.Second) // for the replica's cache
+	testbed.Eventually(t, 10*time.Second, "the replica's cache shows 2 of 5 healthy", func() (bool, string) {
+		code, _, body := call(t, srv, "t", http.MethodGet, "/v1/fleets/"+ns+"/crawlers", "")
+		var f apiv1.Fleet
+		return code == http.StatusOK && json.Unmarshal(body, &f) == nil && f.Healthy == 2, fmt.Sprintf("%d %s", code, body)
+	})
 
 	start := time.Now()
 	_, err = c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/crawlers", Holder: "late", TTL: "5m"})
