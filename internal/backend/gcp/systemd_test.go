@@ -2,13 +2,14 @@ package gcp_test
 
 import (
 	"context"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -80,34 +81,37 @@ func TestSquidUnderSystemd(t *testing.T) {
 	}
 	testbed.OwnByProxy(dir)
 
-	// stdout and stderr: one end of a socket pair, as systemd's journal
-	// stream is; the test drains the other end.
-	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	journal, stream := os.NewFile(uintptr(fds[0]), "journal"), os.NewFile(uintptr(fds[1]), "stdout")
-	defer journal.Close() //nolint:errcheck // Test cleanup.
-	var logged strings.Builder
-	go func() { _, _ = io.Copy(&logged, journal) }()
-
 	args := make([]string, 0, len(execStart))
 	for _, a := range execStart[1:] {
 		args = append(args, moved.Replace(a))
 	}
-	cmd := exec.Command(testbed.SquidBinary(t), args...)
-	cmd.Stdout, cmd.Stderr = stream, stream
-	if err := cmd.Start(); err != nil {
+
+	// The failure the unit's logs avoid, shown first: the same Squid with
+	// its logs on /dev/stdout and /dev/stderr, which under systemd are a
+	// socket that open(2) refuses (ENXIO), stops at start.
+	stdio := strings.NewReplacer("access_log stdio:"+dir+"/log-access.log", "access_log stdio:/dev/stdout", "cache_log "+dir+"/log-cache.log", "cache_log /dev/stderr").Replace(files["etc-egress-proxy.conf"])
+	if stdio == files["etc-egress-proxy.conf"] {
+		t.Fatalf("the config's logs are not where the test expects them:\n%s", stdio)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "etc-stdio.conf"), []byte(stdio), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	_ = stream.Close()
-	exited := make(chan struct{})
-	var waitErr error
-	go func() { waitErr = cmd.Wait(); close(exited) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-	})
+	stdioArgs := slices.Clone(args)
+	for i, a := range stdioArgs {
+		stdioArgs[i] = strings.Replace(a, "etc-egress-proxy.conf", "etc-stdio.conf", 1)
+	}
+	exited, _, logged := underJournal(t, stdioArgs)
+	select {
+	case <-exited:
+		if !strings.Contains(logged(), "FATAL") || !strings.Contains(logged(), "/dev/std") {
+			t.Errorf("Squid with logs on stdio stopped, but not for them:\n%s", logged())
+		}
+		t.Logf("with logs on stdio, as the unit once had them: %s", strings.TrimSpace(logged()))
+	case <-time.After(15 * time.Second):
+		t.Fatalf("Squid with logs on /dev/stdout kept running under a socket stdout: the test no longer shows why the unit logs to files\n%s", logged())
+	}
+
+	exited, waitErr, logged := underJournal(t, args)
 
 	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	target := testbed.StartEchoTarget(t)
@@ -117,7 +121,7 @@ func TestSquidUnderSystemd(t *testing.T) {
 		select {
 		case <-exited:
 			cacheLog, _ := os.ReadFile(filepath.Join(dir, "log-cache.log"))
-			t.Fatalf("Squid exited under a systemd-like stdout: %v\nstdout/stderr:\n%s\ncache.log:\n%s", waitErr, logged.String(), cacheLog)
+			t.Fatalf("Squid exited under a systemd-like stdout: %v\nstdout/stderr:\n%s\ncache.log:\n%s", waitErr(), logged(), cacheLog)
 		default:
 		}
 		res = probe.Prober{}.Probe(context.Background(), probe.Target{Proxy: addr, Username: "crawler", Password: "pw", URL: target.URL, RootCAs: target.RootCAs, Timeout: time.Second})
@@ -133,10 +137,58 @@ func TestSquidUnderSystemd(t *testing.T) {
 	// stopped it by now.
 	select {
 	case <-exited:
-		t.Fatalf("Squid exited after serving: %v", waitErr)
+		t.Fatalf("Squid exited after serving: %v", waitErr())
 	case <-time.After(2 * time.Second):
 	}
 	if b, err := os.ReadFile(filepath.Join(dir, "log-access.log")); err != nil || !strings.Contains(string(b), "CONNECT") {
 		t.Errorf("the access log is a file under Squid's log folder: %q %v", b, err)
+	}
+}
+
+// underJournal starts Squid with args, its stdout and stderr one end of a
+// socket pair as systemd's journal stream is (the test drains the other
+// end), and returns when it exited, why, and what it wrote there.
+func underJournal(t *testing.T, args []string) (<-chan struct{}, func() error, func() string) {
+	t.Helper()
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	journal, stream := os.NewFile(uintptr(fds[0]), "journal"), os.NewFile(uintptr(fds[1]), "stdout")
+	var mu sync.Mutex
+	var logged strings.Builder
+	drained := make(chan struct{})
+	go func() {
+		defer close(drained)
+		b := make([]byte, 4096)
+		for {
+			n, err := journal.Read(b)
+			mu.Lock()
+			logged.Write(b[:n])
+			mu.Unlock()
+			if err != nil {
+				return
+			}
+		}
+	}()
+	cmd := exec.Command(testbed.SquidBinary(t), args...)
+	cmd.Stdout, cmd.Stderr = stream, stream
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	_ = stream.Close()
+	exited := make(chan struct{})
+	var waitErr error
+	go func() { waitErr = cmd.Wait(); close(exited) }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		_ = journal.Close()
+		<-drained
+	})
+	return exited, func() error { <-exited; return waitErr }, func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return logged.String()
 	}
 }
