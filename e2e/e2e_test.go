@@ -30,6 +30,7 @@ import (
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
@@ -790,6 +791,13 @@ func deletingFleetsLeavesNothing(t *testing.T) {
 		t.Fatalf("want the one lease held in a Lease object, got %v", held)
 	}
 	t.Logf("holding %s on %s while deleting the fleets", l.LeaseID, l.Proxy)
+	// Each fleet composed egress-discovery's grant in its namespace; it
+	// must go with the fleet.
+	for _, f := range []string{example, rotor} {
+		if grants := accessGrants(t, f); len(grants) != 2 {
+			t.Fatalf("fleet %s: want its Role and RoleBinding for egress-discovery before the delete, got %v", f, grants)
+		}
+	}
 
 	for _, f := range []string{example, rotor} {
 		if err := stack.Client.Delete(ctx, fleetObject(f)); err != nil {
@@ -810,6 +818,7 @@ func deletingFleetsLeavesNothing(t *testing.T) {
 			for _, l := range ls {
 				left = append(left, "Lease "+l.Name)
 			}
+			left = append(left, accessGrants(t, f)...)
 		}
 		pl := &v1alpha1.ProxyList{}
 		if err := stack.Client.List(ctx, pl, client.InNamespace(ns)); err != nil {
@@ -830,6 +839,28 @@ func deletingFleetsLeavesNothing(t *testing.T) {
 		return len(left) == 0, strings.Join(left, ", ")
 	})
 	t.Logf("everything gone %.1fs after deleting the fleets", time.Since(deleted).Seconds())
+}
+
+// accessGrants names the Roles and RoleBindings a fleet composed for
+// egress-discovery.
+func accessGrants(t *testing.T, fleet string) []string {
+	t.Helper()
+	var out []string
+	sel := client.MatchingLabels{fleetv1alpha1.LabelFleet: fleet}
+	roles, bindings := &rbacv1.RoleList{}, &rbacv1.RoleBindingList{}
+	if err := stack.Client.List(context.Background(), roles, client.InNamespace(ns), sel); err != nil {
+		t.Fatal(err)
+	}
+	if err := stack.Client.List(context.Background(), bindings, client.InNamespace(ns), sel); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range roles.Items {
+		out = append(out, "Role "+r.Name)
+	}
+	for _, b := range bindings.Items {
+		out = append(out, "RoleBinding "+b.Name)
+	}
+	return out
 }
 
 type fleetStatus struct {
