@@ -169,9 +169,9 @@ func (k *Kubernetes) AuthenticateToken(ctx context.Context, t string) (*Identity
 	var id *Identity
 	var err error
 	// An identity without a name could not own a lease, and one named as
-	// a static token's could pass for it.
+	// a static token's, or as the gateway's seats, could pass for it.
 	switch u := tr.Status.User.Username; {
-	case tr.Status.Authenticated && u != "" && !strings.HasPrefix(u, StaticPrefix) && k.audienceOK(tr.Status.Audiences):
+	case tr.Status.Authenticated && u != "" && !strings.HasPrefix(u, StaticPrefix) && !strings.HasPrefix(u, seatIdentityPrefix) && k.audienceOK(tr.Status.Audiences):
 		id = &Identity{User: u, Groups: tr.Status.User.Groups, token: key}
 	case k.Audience != "" && (tr.Status.Authenticated || !jwtFor(t, k.Audience)):
 		// Refused either way; the answer says why, when the token says

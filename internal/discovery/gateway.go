@@ -81,11 +81,11 @@ type Gateway struct {
 	// key (closed when done), and seatHold when the last seat lease for a
 	// key was refused, until which none is tried again while a seat is.
 	seats    map[string][]*upstream
-	taking   map[string]chan struct{}
+	taking   map[string]*seatTake
 	seatHold map[string]time.Time
-	// seatConns counts each caller's connections on seats, by fleet, for
-	// its quota.
-	seatConns map[string]int
+	// closed is set when Run has given every lease back: no connection
+	// takes an upstream any more.
+	closed bool
 	// seatID is the identity the seats are leased as: this process's own,
 	// which no caller can present, so none can renew or release a seat.
 	seatID *Identity
@@ -121,6 +121,16 @@ type upstream struct {
 	retired bool
 	// idle is when the last connection closed.
 	idle time.Time
+	// ttl is the TTL the lease was asked for, which renewals ask again
+	// (a draining proxy's renewals are shorter).
+	ttl time.Duration
+}
+
+// seatTake is a seat being leased; err is its refusal, once done is
+// closed.
+type seatTake struct {
+	done chan struct{}
+	err  error
 }
 
 type upstreamKey struct{}
@@ -138,7 +148,7 @@ func GatewaySessionHolder(key string) string { return "gateway-session:" + key }
 func (gw *Gateway) init() {
 	gw.once.Do(func() {
 		gw.sessions, gw.live, gw.byCaller = map[string]*gwSession{}, map[*upstream]bool{}, map[string]int{}
-		gw.seats, gw.taking, gw.seatHold, gw.seatConns = map[string][]*upstream{}, map[string]chan struct{}{}, map[string]time.Time{}, map[string]int{}
+		gw.seats, gw.taking, gw.seatHold = map[string][]*upstream{}, map[string]*seatTake{}, map[string]time.Time{}
 		if gw.Replica == "" {
 			gw.Replica, _ = os.Hostname()
 		}
@@ -221,7 +231,7 @@ func (gw *Gateway) tend(ctx context.Context) {
 	drop = append(drop, gw.idleSeatsLocked(now)...)
 	for up := range gw.live {
 		if up.g.g.ExpiresAt.Sub(now) < up.g.g.TTL/2 {
-			renew = append(renew, renewal{up: up, id: up.g.g.ID, user: up.id.User, ttl: up.g.g.TTL})
+			renew = append(renew, renewal{up: up, id: up.g.g.ID, user: up.id.User, ttl: up.ttl})
 		}
 	}
 	gw.Metrics.Sessions.Set(float64(len(gw.sessions)))
@@ -241,7 +251,11 @@ func (gw *Gateway) tend(ctx context.Context) {
 			g, err = gw.Server.Leases.Renew(ctx, r.id, r.user, ttl)
 		}
 		gw.mu.Lock()
-		if err != nil {
+		if err != nil && !lost(err) {
+			// The API server failing: tried again at the next tick, while
+			// the lease lives.
+			gw.Server.Log.Debug("Cannot renew a gateway lease yet", "proxy", r.up.g.m.Name, "error", err)
+		} else if err != nil {
 			gw.Server.Log.Info("Cannot renew a gateway lease", "proxy", r.up.g.m.Name, "error", err)
 			delete(gw.live, r.up)
 			r.up.retired = true
@@ -256,6 +270,17 @@ func (gw *Gateway) tend(ctx context.Context) {
 		gw.mu.Unlock()
 	}
 }
+
+// lost reports whether a renewal failed for good: the lease is gone, not
+// the caller's, or its proxy is being replaced past its deadline or gone.
+func lost(err error) bool {
+	var ae *apiError
+	return errors.Is(err, lease.ErrNotFound) || errors.Is(err, lease.ErrNotYours) || errors.Is(err, errProxyGone) ||
+		(errors.As(err, &ae) && ae.reason == apiv1.ReasonDraining)
+}
+
+// errProxyGone is a renewal of a lease whose proxy no longer exists.
+var errProxyGone = errors.New("the proxy is gone")
 
 // idleSeatsLocked retires the seats without a connection for Idle and
 // forgets retired ones, returning the leases to give back; gw.mu is held.
@@ -293,7 +318,7 @@ func (gw *Gateway) renewalTTL(ctx context.Context, up *upstream, ttl time.Durati
 	p := &v1alpha1.Proxy{}
 	if err := gw.Server.Catalog.Cache.Get(ctx, types.NamespacedName{Namespace: up.g.m.Namespace, Name: up.g.m.Name}, p); err != nil {
 		if kerrors.IsNotFound(err) {
-			return 0, errors.Errorf("proxy %s is gone", up.g.m.Name)
+			return 0, errors.Wrapf(errProxyGone, "proxy %s", up.g.m.Name)
 		}
 		return ttl, nil
 	}
@@ -351,7 +376,8 @@ func (gw *Gateway) abandon(up *upstream) {
 func (gw *Gateway) releaseAll() {
 	gw.mu.Lock()
 	all := gw.live
-	gw.live, gw.sessions = map[*upstream]bool{}, map[string]*gwSession{}
+	gw.live, gw.sessions, gw.seats = map[*upstream]bool{}, map[string]*gwSession{}, map[string][]*upstream{}
+	gw.closed = true
 	gw.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -395,6 +421,7 @@ func (gw *Gateway) admit(id *Identity) (func(), error) {
 const (
 	reasonUpstreamUnavailable = "UpstreamUnavailable"
 	reasonUpstreamRefused     = "UpstreamRefused"
+	reasonShuttingDown        = "ShuttingDown"
 )
 
 // gwError is a refusal of the gateway: a status, a reason and words, and
@@ -415,6 +442,14 @@ type gwError struct {
 func retriable(err error) bool {
 	var ge *gwError
 	return errors.As(err, &ge) && (ge.dial || ge.reason == reasonUpstreamUnavailable || ge.code == http.StatusBadGateway)
+}
+
+// upstreamFailed reports whether the upstream itself failed (not
+// reached, or broke off its handshake), rather than answering about the
+// target: only then is it retired.
+func upstreamFailed(err error) bool {
+	var ge *gwError
+	return errors.As(err, &ge) && (ge.dial || ge.reason == reasonUpstreamUnavailable)
 }
 
 // unreached reports whether a plain request failed before reaching the
@@ -575,6 +610,12 @@ func destination(r *http.Request) (string, string, error) {
 // serving), or for a connection without a session a seat. done ends the
 // connection's use of it.
 func (gw *Gateway) choose(ctx context.Context, id *Identity, u GatewayUser, domain string, exclude map[string]bool) (*upstream, func(), error) {
+	gw.mu.Lock()
+	closed := gw.closed
+	gw.mu.Unlock()
+	if closed {
+		return nil, nil, &gwError{code: http.StatusServiceUnavailable, reason: reasonShuttingDown, retryAfter: 1, msg: "this gateway replica is shutting down; retry"}
+	}
 	if u.Session == "" {
 		return gw.seat(ctx, id, u, domain, exclude)
 	}
@@ -615,6 +656,14 @@ func (gw *Gateway) choose(ctx context.Context, id *Identity, u GatewayUser, doma
 		up, err := gw.lease(ctx, id, u, domain, GatewaySessionHolder(u.Session), exclude, false, true)
 		if err != nil {
 			leave()
+			// A session that never got an upstream is forgotten at once,
+			// so refused keys do not pile up until Idle; conns 0 means no
+			// other connection has it in hand.
+			gw.mu.Lock()
+			if s.conns == 0 && s.up == nil && gw.sessions[key] == s {
+				delete(gw.sessions, key)
+			}
+			gw.mu.Unlock()
 			return nil, nil, err
 		}
 		cur = up
@@ -664,7 +713,11 @@ func (gw *Gateway) check(ctx context.Context, up *upstream, zone, domain string)
 // on another proxy when each has a connection already; the connection
 // counts against the caller's quota.
 func (gw *Gateway) seat(ctx context.Context, id *Identity, u GatewayUser, domain string, exclude map[string]bool) (*upstream, func(), error) {
-	leave, err := gw.countSeatConn(ctx, id, u)
+	p, err := gw.Server.Catalog.Policy(ctx, u.Namespace, u.Fleet)
+	if err != nil {
+		return nil, nil, err
+	}
+	leave, err := gw.Server.holdConn(ctx, u.Namespace, u.Fleet, id, p)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -694,7 +747,7 @@ func (gw *Gateway) pickSeat(ctx context.Context, key string, id *Identity, u Gat
 			gw.mu.Unlock()
 			return nil, nil
 		}
-		ch, busy := gw.taking[key]
+		take, busy := gw.taking[key]
 		hold := gw.Server.now().Before(gw.seatHold[key])
 		if best != nil && (best.refs == 0 || busy || hold) {
 			best.refs++
@@ -703,17 +756,21 @@ func (gw *Gateway) pickSeat(ctx context.Context, key string, id *Identity, u Gat
 		}
 		if busy {
 			// No seat serves this connection: wait for the one being
-			// leased.
+			// leased, and share its refusal (each waiter trying in turn
+			// would wait maxWait each).
 			gw.mu.Unlock()
 			select {
-			case <-ch:
+			case <-take.done:
+				if take.err != nil {
+					return nil, take.err
+				}
 				continue
 			case <-ctx.Done():
 				return nil, ctx.Err()
 			}
 		}
-		ch = make(chan struct{})
-		gw.taking[key] = ch
+		take = &seatTake{done: make(chan struct{})}
+		gw.taking[key] = take
 		gw.mu.Unlock()
 		for name := range exclude {
 			held[name] = true
@@ -722,7 +779,8 @@ func (gw *Gateway) pickSeat(ctx context.Context, key string, id *Identity, u Gat
 		up, err := gw.lease(ctx, id, u, domain, GatewaySeatHolder(gw.Replica), held, true, best == nil)
 		gw.mu.Lock()
 		delete(gw.taking, key)
-		close(ch)
+		take.err = err
+		close(take.done)
 		switch {
 		case err == nil:
 			gw.seats[key] = append(gw.seats[key], up)
@@ -781,40 +839,6 @@ func (gw *Gateway) leastLoaded(ctx context.Context, key, zone, domain string, ex
 	return best, held
 }
 
-// countSeatConn counts a connection without a session against the
-// caller's quota in the fleet: its leases and its connections on seats,
-// one each, may not pass it (429, QuotaExceeded).
-func (gw *Gateway) countSeatConn(ctx context.Context, id *Identity, u GatewayUser) (func(), error) {
-	p, err := gw.Server.Catalog.Policy(ctx, u.Namespace, u.Fleet)
-	if err != nil {
-		return nil, err
-	}
-	quota, from, bounded := quotaOf(p.Quotas, id)
-	leases := 0
-	if bounded {
-		if leases, err = gw.Server.usage(ctx, u.Namespace, u.Fleet, id); err != nil {
-			return nil, err
-		}
-	}
-	key := quotaKey(u.Namespace, u.Fleet, id.User)
-	gw.mu.Lock()
-	defer gw.mu.Unlock()
-	if n := gw.seatConns[key]; bounded && leases+n >= quota {
-		return nil, &apiError{
-			code: http.StatusTooManyRequests, reason: apiv1.ReasonQuotaExceeded, retryAfter: 5,
-			msg: fmt.Sprintf("%s holds %d leases and %d gateway connections without a session in fleet %s/%s, its quota of %d (%s): close one first", id.User, leases, n, u.Namespace, u.Fleet, quota, from),
-		}
-	}
-	gw.seatConns[key]++
-	return func() {
-		gw.mu.Lock()
-		defer gw.mu.Unlock()
-		if gw.seatConns[key]--; gw.seatConns[key] <= 0 {
-			delete(gw.seatConns, key)
-		}
-	}, nil
-}
-
 // lease grants a lease of the user's fleet through the API's own path and
 // reads the upstream's URL with its credentials: the caller's lease for a
 // session, the replica's for a seat (which waits for a slot only when
@@ -827,7 +851,7 @@ func (gw *Gateway) lease(ctx context.Context, id *Identity, u GatewayUser, domai
 	}
 	a.exclude = exclude
 	if seat {
-		a.id, a.seat = gw.seatID, true
+		a.id, a.seat, a.caller = gw.seatID, true, id
 		if !wait {
 			a.wait = 0
 		}
@@ -841,7 +865,7 @@ func (gw *Gateway) lease(ctx context.Context, id *Identity, u GatewayUser, domai
 		var pu *url.URL
 		if pu, err = url.Parse(raw); err == nil {
 			gw.Server.Metrics.Acquisitions.Inc()
-			up := &upstream{id: a.id, g: g}
+			up := &upstream{id: a.id, g: g, ttl: a.ttl}
 			up.url.Store(pu)
 			gw.mu.Lock()
 			gw.live[up] = true
@@ -860,7 +884,9 @@ func (gw *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id *Identity, 
 	conn, err := gw.connect(r.Context(), up, target)
 	if err != nil && retriable(err) {
 		failed := up.g.m.Name
-		gw.abandon(up)
+		if upstreamFailed(err) {
+			gw.abandon(up)
+		}
 		done()
 		up, done, err = gw.choose(r.Context(), id, u, domain, map[string]bool{failed: true})
 		if err == nil {
@@ -953,6 +979,14 @@ type bufferedConn struct {
 
 func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
+// CloseWrite half-closes the connection beneath, as splice expects.
+func (c *bufferedConn) CloseWrite() error {
+	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
+		return cw.CloseWrite()
+	}
+	return c.Conn.Close()
+}
+
 // splice copies both ways between the raw connections (TCP to TCP, the
 // kernel's splice(2) moves the bytes), half-closing each direction as it
 // ends; once one has ended, the other has linger to finish, so a
@@ -1021,9 +1055,13 @@ func (gw *Gateway) forward(w http.ResponseWriter, r *http.Request, id *Identity,
 	name := up.g.m.Name
 	rsp, err := send(up)
 	// Retried only when the upstream could not be reached: the request
-	// never left, so no origin sees it twice.
-	if err != nil && unreached(err) {
-		gw.abandon(up)
+	// never left, so no origin sees it twice; and only without a body,
+	// which the first try has consumed.
+	if err != nil && unreached(err) && out.Body == nil {
+		var op *net.OpError
+		if errors.As(err, &op) && op.Op == "dial" {
+			gw.abandon(up)
+		}
 		done()
 		up, done, err = gw.choose(r.Context(), id, u, domain, map[string]bool{name: true})
 		if err != nil {

@@ -567,9 +567,16 @@ func TestGatewaySeats(t *testing.T) {
 		v := testutil.ToFloat64(b.gw.Metrics.Seats)
 		return v == 3, fmt.Sprint(v)
 	})
-	// The quota of 5 counts each connection: a sixth is refused.
+	// The quota of 5 counts each connection: a sixth is refused, and so
+	// is a lease of the API to the same caller, which shares the quota.
 	if _, code, _ := openTunnel(t, b, b.user(""), host); code != http.StatusTooManyRequests {
 		t.Errorf("a sixth connection over the caller's quota of 5: %d, want 429", code)
+	}
+	api := httptest.NewServer(b.gw.Server.Handler())
+	t.Cleanup(api.Close)
+	code, _, body := call(t, api, b.token, http.MethodPost, "/v1/leases", `{"fleet":"`+b.ns+"/"+b.fleet+`","holder":"h"}`)
+	if code != http.StatusTooManyRequests || !strings.Contains(string(body), "QuotaExceeded") {
+		t.Errorf("an API lease by a caller whose gateway connections fill its quota: %d %s, want 429 QuotaExceeded", code, body)
 	}
 	for _, c := range tunnels {
 		_ = c.Close()
@@ -674,4 +681,74 @@ func TestGatewaySessionLeavesDrainingProxy(t *testing.T) {
 		seen, rsp := fetch(t, c, target.URL)
 		return rsp != nil && rsp.StatusCode == http.StatusOK && seen != first && isEgress(b, seen), fmt.Sprintf("%v from %q", status(rsp), seen)
 	})
+}
+
+// TestGatewaySeatsSurviveBadTargets: CONNECTs to a target no proxy can
+// reach (the upstream answers, about the target) do not retire the seats
+// other callers' tunnels share: the replica never holds two seat Leases
+// on one proxy, and a new tunnel still lands on a seat.
+func TestGatewaySeatsSurviveBadTargets(t *testing.T) {
+	b := newGatewayBed(t, 2, 4)
+	target := testbed.StartEchoTarget(t)
+	host := strings.TrimSuffix(strings.TrimPrefix(target.URL, "https://"), "/ip")
+	_, code, first := openTunnel(t, b, b.user(""), host)
+	if code != http.StatusOK {
+		t.Fatalf("tunnel: %d", code)
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := l.Addr().String()
+	_ = l.Close()
+	for i := range 6 {
+		conn, code, _ := openTunnel(t, b, b.user(""), closed)
+		_ = conn.Close()
+		if code == http.StatusOK {
+			t.Fatalf("CONNECT %d to a closed port answered 200", i)
+		}
+	}
+	for p, n := range seatLeases(t, b) {
+		if n > 1 {
+			t.Errorf("%d seat Leases on %s after CONNECTs to a bad target: the shared seats were retired and taken again", n, p)
+		}
+	}
+	_, code, proxy := openTunnel(t, b, b.user(""), host)
+	if code != http.StatusOK || b.egress[proxy] == "" {
+		t.Errorf("a tunnel after the bad targets: %d through %q (the first went through %s)", code, proxy, first)
+	}
+}
+
+// TestGatewaySeatWaitersShareRefusal: on a full fleet, connections without
+// a session that find no seat wait for the one being leased and share its
+// refusal: five at once are all refused 503 within about the fleet's
+// maxWait, not one maxWait after another.
+func TestGatewaySeatWaitersShareRefusal(t *testing.T) {
+	b := newGatewayBed(t, 1, 1)
+	fleetXR(t, b.ns, b.fleet, 1, map[string]any{"maxLeasesPerProxy": int64(1), "admission": map[string]any{"maxWait": "2s"}})
+	api := httptest.NewServer(b.gw.Server.Handler())
+	t.Cleanup(api.Close)
+	testbed.Eventually(t, 10*time.Second, "the fleet's one slot leased by the API", func() (bool, string) {
+		code, _, body := call(t, api, b.token, http.MethodPost, "/v1/leases", `{"fleet":"`+b.ns+"/"+b.fleet+`","holder":"squatter","ttl":"5m"}`)
+		return code == http.StatusCreated, fmt.Sprintf("%d %s", code, body)
+	})
+	target := testbed.StartEchoTarget(t)
+	host := strings.TrimSuffix(strings.TrimPrefix(target.URL, "https://"), "/ip")
+	start := time.Now()
+	codes := make(chan int, 5)
+	for range 5 {
+		go func() {
+			conn, code, _ := openTunnel(t, b, b.user(""), host)
+			_ = conn.Close()
+			codes <- code
+		}()
+	}
+	for range 5 {
+		if code := <-codes; code != http.StatusServiceUnavailable {
+			t.Errorf("a connection on a full fleet: %d, want 503", code)
+		}
+	}
+	if took := time.Since(start); took > 6*time.Second {
+		t.Errorf("five connections waiting on a full fleet with maxWait 2s were all answered after %s: they waited in turn", took)
+	}
 }

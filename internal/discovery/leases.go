@@ -36,8 +36,10 @@ type acquisition struct {
 	// a failed upstream).
 	exclude map[string]bool
 	// seat is a gateway seat, leased for many callers: no caller's quota
-	// counts it (each of its connections does).
-	seat bool
+	// counts it (each of its connections does), and the caller whose
+	// connection asked for it is charged its place among the waiting.
+	seat   bool
+	caller *Identity
 }
 
 func (s *Server) acquire(w http.ResponseWriter, r *http.Request, id *Identity) error {
@@ -103,7 +105,11 @@ func (s *Server) grantFor(ctx context.Context, a *acquisition) (*granted, error)
 	if err != nil && refusal(err) && a.wait > 0 {
 		// Waiting, it tries only slots its cache shows free, so that a
 		// full fleet costs no write per retry.
-		g, err = s.wait(ctx, key, id.User, a.wait, func() (*granted, error) { return s.tryAcquire(ctx, a, true) }, err)
+		waiter := id.User
+		if a.caller != nil {
+			waiter = a.caller.User
+		}
+		g, err = s.wait(ctx, key, waiter, a.wait, func() (*granted, error) { return s.tryAcquire(ctx, a, true) }, err)
 	}
 	return g, err
 }

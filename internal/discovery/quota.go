@@ -60,6 +60,9 @@ func hasGroup(id *Identity, g string) bool {
 type quotaBook struct {
 	mu      sync.Mutex
 	pending map[string]int
+	// conns are the gateway connections without a session open through
+	// this replica, which count one each.
+	conns   map[string]int
 	recent  map[string]map[string]time.Time // key -> lease ID -> granted at
 	// gone are the leases released through this replica lately, which its
 	// cache may still show: their holder may take another at once.
@@ -89,7 +92,7 @@ func (s *Server) usage(ctx context.Context, ns, fleet string, id *Identity) (int
 // count adds to held what key has pending or was granted lately and held
 // does not show; b.mu is held.
 func (b *quotaBook) count(key string, held map[string]bool, now time.Time) int {
-	n := b.pending[key]
+	n := b.pending[key] + b.conns[key]
 	for id := range held {
 		if at, ok := b.gone[id]; !ok || now.Sub(at) >= recentGrantTime {
 			n++
@@ -148,6 +151,45 @@ func (s *Server) reserve(ctx context.Context, ns, fleet string, id *Identity, p 
 			b.recent[key] = map[string]time.Time{}
 		}
 		b.recent[key][grantID] = s.now()
+	}, nil
+}
+
+// holdConn counts a gateway connection without a session against id's
+// quota in the fleet while it is open, or refuses it (429, QuotaExceeded)
+// when id holds its quota already, leases and such connections together.
+// Connections are counted by the replica that serves them: its peers'
+// bounds do not see them.
+func (s *Server) holdConn(ctx context.Context, ns, fleet string, id *Identity, p *Policy) (func(), error) {
+	quota, from, bounded := quotaOf(p.Quotas, id)
+	var held map[string]bool
+	if bounded {
+		var err error
+		if held, err = s.Leases.Held(ctx, ns, fleet, id.User); err != nil {
+			return nil, err
+		}
+	}
+	key := quotaKey(ns, fleet, id.User)
+	b := &s.quotas
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if bounded {
+		if n := b.count(key, held, s.now()); n >= quota {
+			return nil, &apiError{
+				code: http.StatusTooManyRequests, reason: apiv1.ReasonQuotaExceeded, retryAfter: 5,
+				msg: fmt.Sprintf("%s holds %d leases and gateway connections without a session in fleet %s/%s, its quota of %d (%s): close one first", id.User, n, ns, fleet, quota, from),
+			}
+		}
+	}
+	if b.conns == nil {
+		b.conns = map[string]int{}
+	}
+	b.conns[key]++
+	return func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.conns[key]--; b.conns[key] <= 0 {
+			delete(b.conns, key)
+		}
 	}, nil
 }
 
