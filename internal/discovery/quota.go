@@ -62,8 +62,8 @@ type quotaBook struct {
 	pending map[string]int
 	// conns are the gateway connections without a session open through
 	// this replica, which count one each.
-	conns   map[string]int
-	recent  map[string]map[string]time.Time // key -> lease ID -> granted at
+	conns  map[string]int
+	recent map[string]map[string]time.Time // key -> lease ID -> granted at
 	// gone are the leases released through this replica lately, which its
 	// cache may still show: their holder may take another at once.
 	gone map[string]time.Time // lease ID -> released at

@@ -12,6 +12,8 @@ import (
 	"net/url"
 	"os"
 	"strings"
+
+	"github.com/pkg/errors"
 )
 
 // Client talks to egress-discovery.
@@ -44,11 +46,11 @@ func NewHTTPClient(caFile string) (*http.Client, error) {
 	}
 	bundle, err := os.ReadFile(caFile)
 	if err != nil {
-		return nil, fmt.Errorf("cannot read the CA bundle: %w", err)
+		return nil, errors.Wrap(err, "cannot read the CA bundle")
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(bundle) {
-		return nil, fmt.Errorf("the CA bundle %s holds no PEM certificate", caFile)
+		return nil, errors.Errorf("the CA bundle %s holds no PEM certificate", caFile)
 	}
 	// A clone keeps the default's proxy settings, timeouts and HTTP/2.
 	t := http.DefaultTransport.(*http.Transport).Clone()
@@ -119,16 +121,16 @@ func (c *Client) token() (string, error) {
 		return c.Token, nil
 	}
 	if c.Token != "" {
-		return "", fmt.Errorf("both a token and the token file %s are set: set one", c.TokenFile)
+		return "", errors.Errorf("both a token and the token file %s are set: set one", c.TokenFile)
 	}
 	b, err := os.ReadFile(c.TokenFile)
 	if err != nil {
-		return "", fmt.Errorf("cannot read the token file: %w", err)
+		return "", errors.Wrap(err, "cannot read the token file")
 	}
 	token := strings.TrimSpace(string(b))
 	if token == "" {
 		// Sending no token would only earn a 401 that does not say why.
-		return "", fmt.Errorf("the token file %s is empty", c.TokenFile)
+		return "", errors.Errorf("the token file %s is empty", c.TokenFile)
 	}
 	return token, nil
 }

@@ -1,8 +1,7 @@
 package v1alpha1
 
 import (
-	"fmt"
-
+	"github.com/pkg/errors"
 	corev1 "k8s.io/api/core/v1"
 )
 
@@ -12,7 +11,7 @@ import (
 // crawlers) reads another Secret of the namespace on the author's say.
 func UsableSecret(s *corev1.Secret) error {
 	if s.Labels[LabelProxySecret] != "true" {
-		return fmt.Errorf("secret %s/%s is not labelled %s=true: label it to let proxies use it", s.Namespace, s.Name, LabelProxySecret)
+		return errors.Errorf("secret %s/%s is not labelled %s=true: label it to let proxies use it", s.Namespace, s.Name, LabelProxySecret)
 	}
 	return nil
 }

@@ -9,10 +9,11 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"encoding/pem"
-	"fmt"
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/pkg/errors"
 )
 
 // tokenPath is where the fake's OAuth token endpoint listens; a key from
@@ -98,19 +99,19 @@ func (s *Server) token(w http.ResponseWriter, r *http.Request) {
 func (a *authority) verify(jwt, aud string) error {
 	parts := strings.Split(jwt, ".")
 	if len(parts) != 3 {
-		return fmt.Errorf("not a JWT")
+		return errors.Errorf("not a JWT")
 	}
 	sig, err := base64.RawURLEncoding.DecodeString(parts[2])
 	if err != nil {
-		return fmt.Errorf("bad signature encoding")
+		return errors.Errorf("bad signature encoding")
 	}
 	sum := sha256.Sum256([]byte(parts[0] + "." + parts[1]))
 	if err := rsa.VerifyPKCS1v15(&a.key.PublicKey, crypto.SHA256, sum[:], sig); err != nil {
-		return fmt.Errorf("bad signature")
+		return errors.Errorf("bad signature")
 	}
 	raw, err := base64.RawURLEncoding.DecodeString(parts[1])
 	if err != nil {
-		return fmt.Errorf("bad claims encoding")
+		return errors.Errorf("bad claims encoding")
 	}
 	var c struct {
 		Iss string `json:"iss"`
@@ -118,15 +119,15 @@ func (a *authority) verify(jwt, aud string) error {
 		Exp int64  `json:"exp"`
 	}
 	if err := json.Unmarshal(raw, &c); err != nil {
-		return fmt.Errorf("bad claims")
+		return errors.Errorf("bad claims")
 	}
 	switch {
 	case c.Iss != a.email:
-		return fmt.Errorf("issuer %q is not the trusted account", c.Iss)
+		return errors.Errorf("issuer %q is not the trusted account", c.Iss)
 	case time.Unix(c.Exp, 0).Before(time.Now()):
-		return fmt.Errorf("expired")
+		return errors.Errorf("expired")
 	case aud != "" && c.Aud != aud:
-		return fmt.Errorf("audience %q is not %q", c.Aud, aud)
+		return errors.Errorf("audience %q is not %q", c.Aud, aud)
 	}
 	return nil
 }

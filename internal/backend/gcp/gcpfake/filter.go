@@ -8,6 +8,7 @@ import (
 	"strings"
 	"unicode"
 
+	"github.com/pkg/errors"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 )
@@ -49,7 +50,7 @@ func parseFilter(in string) (*filterExpr, error) {
 	}
 	p.space()
 	if p.pos != len(p.in) {
-		return nil, fmt.Errorf("unexpected %q at offset %d", p.in[p.pos:], p.pos)
+		return nil, errors.Errorf("unexpected %q at offset %d", p.in[p.pos:], p.pos)
 	}
 	// Several comparisons must each be parenthesized.
 	if len(e.terms) > 1 || (e.or && len(e.terms) > 0) {
@@ -66,7 +67,7 @@ func parseFilter(in string) (*filterExpr, error) {
 func checkParenthesized(e *filterExpr) error {
 	for _, t := range e.terms {
 		if t.terms == nil && !t.parens {
-			return fmt.Errorf("the expression %s %s %s must be in parentheses: a filter of several expressions puts each in parentheses", t.field, t.op, t.value)
+			return errors.Errorf("the expression %s %s %s must be in parentheses: a filter of several expressions puts each in parentheses", t.field, t.op, t.value)
 		}
 		if t.terms != nil && !t.parens {
 			if err := checkParenthesized(t); err != nil {
@@ -96,7 +97,7 @@ func checkStyles(e *filterExpr) error {
 	}
 	walk(e)
 	if regex && aip {
-		return fmt.Errorf("a filter cannot mix eq and ne with the operators =, !=, <, >, <=, >= and colon")
+		return errors.Errorf("a filter cannot mix eq and ne with the operators =, !=, <, >, <=, >= and colon")
 	}
 	return nil
 }
@@ -177,7 +178,7 @@ func (p *filterParser) term() (*filterExpr, error) {
 		}
 		p.space()
 		if p.pos >= len(p.in) || p.in[p.pos] != ')' {
-			return nil, fmt.Errorf("missing ) at offset %d", p.pos)
+			return nil, errors.Errorf("missing ) at offset %d", p.pos)
 		}
 		p.pos++
 		e.parens, e.not = true, not
@@ -185,13 +186,13 @@ func (p *filterParser) term() (*filterExpr, error) {
 	}
 	field := reFilterField.FindString(p.in[p.pos:])
 	if field == "" {
-		return nil, fmt.Errorf("expected a field name at offset %d", p.pos)
+		return nil, errors.Errorf("expected a field name at offset %d", p.pos)
 	}
 	p.pos += len(field)
 	p.space()
 	op := reFilterOp.FindString(p.in[p.pos:])
 	if op == "" {
-		return nil, fmt.Errorf("expected an operator after %s", field)
+		return nil, errors.Errorf("expected an operator after %s", field)
 	}
 	p.pos += len(op)
 	p.space()
@@ -204,12 +205,12 @@ func (p *filterParser) term() (*filterExpr, error) {
 
 func (p *filterParser) value() (string, error) {
 	if p.pos >= len(p.in) {
-		return "", fmt.Errorf("expected a value at the end")
+		return "", errors.Errorf("expected a value at the end")
 	}
 	if q := p.in[p.pos]; q == '"' || q == '\'' {
 		end := strings.IndexByte(p.in[p.pos+1:], q)
 		if end < 0 {
-			return "", fmt.Errorf("unterminated string at offset %d", p.pos)
+			return "", errors.Errorf("unterminated string at offset %d", p.pos)
 		}
 		v := p.in[p.pos+1 : p.pos+1+end]
 		p.pos += end + 2
@@ -220,7 +221,7 @@ func (p *filterParser) value() (string, error) {
 		p.pos++
 	}
 	if p.pos == start {
-		return "", fmt.Errorf("expected a value at offset %d", start)
+		return "", errors.Errorf("expected a value at offset %d", start)
 	}
 	return p.in[start:p.pos], nil
 }
