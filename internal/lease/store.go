@@ -479,6 +479,11 @@ func (s *Store) Acquire(ctx context.Context, cands []Candidate, r Request) (*Gra
 			}
 			g, err := s.take(ctx, c, slot, r, expired[names[slot]])
 			s.inflight.Delete(key)
+			if unmakeable(err) {
+				// The API server refuses this slot's object (a name too
+				// long, say): another slot may serve.
+				continue
+			}
 			if err != nil {
 				return nil, err
 			}
@@ -492,6 +497,9 @@ func (s *Store) Acquire(ctx context.Context, cands []Candidate, r Request) (*Gra
 			break
 		}
 		g, err := s.take(ctx, d.c, d.slot, r, expired[SlotName(d.c.Proxy, d.slot)])
+		if unmakeable(err) {
+			continue
+		}
 		if err != nil {
 			return nil, err
 		}
@@ -538,6 +546,12 @@ func (s *Store) slotOrder(c Candidate, state map[string]slotState, freeOnly bool
 // nil, nil when the slot is held by someone else. Only a slot the cache saw
 // expired is read back for a takeover: one the cache saw free or live that
 // exists was just taken, and reading it would only cost a round trip.
+// unmakeable reports whether the API server refused a slot's object as
+// invalid: no retry makes it, and the acquisition tries the next slot.
+func unmakeable(err error) bool {
+	return err != nil && kerrors.IsInvalid(err)
+}
+
 func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, maybeExpired bool) (*Grant, error) {
 	now := s.now()
 	want := &coordv1.Lease{

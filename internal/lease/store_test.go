@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -249,5 +250,24 @@ func TestConcurrency(t *testing.T) {
 	}
 	if len(l.Items) != 0 {
 		t.Errorf("every lease was released, yet %d objects remain", len(l.Items))
+	}
+}
+
+// TestAcquireSkipsSlotItCannotCreate: a proxy whose slot the API server
+// refuses to store (its name would pass 253 characters) is skipped, and
+// the lease granted on the next proxy; with no other, the answer is
+// ErrUnavailable, not the API server's error.
+func TestAcquireSkipsSlotItCannotCreate(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ctx := context.Background()
+	ns := bed.Namespace(t)
+	s := &lease.Store{Client: bed.Client}
+	long := strings.Repeat("a", 250)
+	g, err := s.Acquire(ctx, cands(ns, 1, long, "p0"), lease.Request{Holder: "h", TTL: time.Minute})
+	if err != nil || g.Proxy != "p0" {
+		t.Fatalf("want the lease on p0 past the proxy whose slot cannot be stored, got %+v, %v", g, err)
+	}
+	if _, err := s.Acquire(ctx, cands(ns, 1, long), lease.Request{Holder: "h", TTL: time.Minute}); !errors.Is(err, lease.ErrUnavailable) {
+		t.Fatalf("only an unstorable slot: want ErrUnavailable, got %v", err)
 	}
 }
