@@ -244,3 +244,18 @@ func TestSubtract(t *testing.T) {
 		t.Errorf("no exception carves nothing: -want +got:\n%s", diff)
 	}
 }
+
+// TestLoopbackOnlyWhenBoundToLoopback: a policy allowing loopback
+// destinations takes effect only for a proxy bound to a loopback address;
+// bound everywhere or to another address, it still denies loopback.
+func TestLoopbackOnlyWhenBoundToLoopback(t *testing.T) {
+	for bind, allowed := range map[string]bool{"127.0.0.1": true, "::1": true, "": false, "0.0.0.0": false, "::": false, "10.1.2.3": false} {
+		conf, err := Render(Config{Port: 3128, BindAddress: bind, AllowLoopbackDestinations: true, HtpasswdPath: "/etc/egress-proxy/htpasswd"})
+		if err != nil {
+			t.Fatalf("bind %q: %v", bind, err)
+		}
+		if denies := strings.Contains(string(conf), "http_access deny egress_loopback\n"); denies == allowed {
+			t.Errorf("bind %q with loopback destinations allowed: denies loopback %v, want %v", bind, denies, !allowed)
+		}
+	}
+}
