@@ -14,6 +14,7 @@ import (
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -36,6 +37,7 @@ import (
 	xcontroller "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller/proxy"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
@@ -238,7 +240,8 @@ func TestLocalProxyLifecycle(t *testing.T) {
 	dir := testbed.SquidStateDir(t)
 	target := testbed.StartEchoTarget(t)
 	logs := providerLogs(t)
-	prov := startProvider(t, dir, logs, target)
+	pm := metrics.NewProvider()
+	prov := startProvider(t, dir, logs, target, func(o *proxy.Options) { o.Metrics = pm })
 	ctx := context.Background()
 
 	create(t,
@@ -290,7 +293,7 @@ func TestLocalProxyLifecycle(t *testing.T) {
 		before := local.Processes(dir)
 		prov.stop()
 		mark := len(logs.String())
-		prov = startProvider(t, dir, logs, target)
+		prov = startProvider(t, dir, logs, target, func(o *proxy.Options) { o.Metrics = pm })
 		// The new provider re-adopts the Squid, or would start a duplicate,
 		// when it first reaches the local backend: before its first
 		// reconcile of p1 ends.
@@ -384,6 +387,13 @@ func TestLocalProxyLifecycle(t *testing.T) {
 		}
 		if members[0].Healthy {
 			t.Error("egress-discovery would hand out an open proxy")
+		}
+		found := 0.0
+		for _, b := range []string{"external", "local"} {
+			found += testutil.ToFloat64(pm.OpenProxies.WithLabelValues(b))
+		}
+		if found < 1 {
+			t.Errorf("egress_proxy_open_proxies_total is %v after an open proxy was found", found)
 		}
 		// Events are sent asynchronously, after the status.
 		testbed.Eventually(t, 10*time.Second, "a Warning event for the open proxy", func() (bool, string) {
