@@ -456,6 +456,11 @@ func TestInvalidObjectsRejected(t *testing.T) {
 			base:   validFleet, set: map[string]any{"spec.zones": []any{"europe-west1-b", "us-central1-a"}, "spec.placement": map[string]any{"gcp": map[string]any{"subnetwork": "regions/europe-west1/subnetworks/crawl"}}},
 			want: []string{"spec", "subnetwork must be in the region of every zone"},
 		},
+		"FleetReplacesUnhealthyTooSoon": {
+			reason: "A proxy needs time to boot: replacing unhealthy ones sooner than 1m would storm the backend.",
+			base:   validFleet, set: map[string]any{"spec.rotation": map[string]any{"replaceUnhealthyAfter": "30s"}},
+			want: []string{"spec.rotation.replaceUnhealthyAfter", "must be at least 1m"},
+		},
 		"FleetRotationStuck": {
 			reason: "Replacement with neither surge nor unavailability could never progress.",
 			base:   validFleet, set: map[string]any{"spec.rotation": map[string]any{"maxSurge": int64(0), "maxUnavailable": int64(0)}},
