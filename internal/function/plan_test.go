@@ -201,6 +201,20 @@ func TestDecide(t *testing.T) {
 			leasesKnown: true,
 			want:        "0:a 1:b 3:a>0", wantBlocked: "f-1 waits for surge capacity (maxSurge 1)",
 		},
+		"TemplateChangeMidRotation": {
+			reason:      "A template change during an age rotation: the rotation's replacement of the old template, not Ready yet, makes way for one of the new template; the fleet stays within one surge.",
+			fleet:       fleetFor(2, ab, revision("r2"), func(f *Fleet) { f.MaxAge = 30 * time.Minute }),
+			observed:    []*member{m(0, "a", rev("r1")), m(1, "b", rev("r1")), m(2, "a", rev("r1"), replaces(0), sick(time.Minute), age(time.Minute))},
+			leasesKnown: true,
+			want:        "0:a 1:b 3:a>0", wantBlocked: "f-1 waits for surge capacity (maxSurge 1)",
+		},
+		"RotationOfNewTemplateAfterChange": {
+			reason:      "A Ready replacement of the new template retires the aged old proxy it replaces; the other old one is next, one surge at a time.",
+			fleet:       fleetFor(2, ab, revision("r2"), func(f *Fleet) { f.MaxAge = 30 * time.Minute }),
+			observed:    []*member{m(0, "a", rev("r1")), m(1, "b", rev("r1")), m(3, "a", rev("r2"), replaces(0), age(time.Minute))},
+			leasesKnown: true,
+			want:        "1:b 3:a>0", wantBlocked: "f-1 waits for surge capacity (maxSurge 1)",
+		},
 		"ZoneRemoved": {
 			reason:      "A zone removed from spec.zones has its proxies replaced in the remaining zones, surge first.",
 			fleet:       fleetFor(3, []string{"a", "c"}),
