@@ -5,7 +5,7 @@ package gc
 
 import (
 	"context"
-	stderrors "errors"
+	stderrors "errors" //nolint:depguard // For errors.Join, which github.com/pkg/errors lacks.
 	"fmt"
 	"time"
 

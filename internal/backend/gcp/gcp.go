@@ -7,7 +7,7 @@ package gcp
 import (
 	"bytes"
 	"context"
-	stderrors "errors"
+	stderrors "errors" //nolint:depguard // For errors.Join, which github.com/pkg/errors lacks.
 	"fmt"
 	"net/http"
 	"net/netip"
