@@ -111,10 +111,13 @@ func run(out string) error {
 		}
 	}
 
-	// Chromium cannot send a bearer token from the command line; a static
-	// token in the page URL would leak, so serve the page through a tiny
-	// authenticating front for the screenshot only.
-	front := httptest.NewServer(authFront(srv.URL, "demo"))
+	// Signed in on the page's own form; the front plays the browser's
+	// cookie jar for headless Chromium.
+	ck, err := signIn(srv.URL, "demo")
+	if err != nil {
+		return err
+	}
+	front := httptest.NewServer(cookieFront(srv.URL, ck))
 	defer front.Close()
 	if err := os.MkdirAll(filepath.Dir(out), 0o755); err != nil {
 		return err

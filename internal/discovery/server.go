@@ -97,7 +97,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("DELETE /v1/leases/{namespace}/{name}/{token}", s.authed(s.release))
 	mux.HandleFunc("POST /v1/leases/{namespace}/{name}/{token}/report", s.authed(s.report))
 	mux.HandleFunc("POST /v1/gateway/sessions/{namespace}/{name}/{key}/report", s.authed(s.reportSession))
-	mux.HandleFunc("GET /{$}", s.authed(s.status))
+	mux.HandleFunc("GET /{$}", s.statusPage)
+	mux.HandleFunc("POST /signin", s.signIn)
+	mux.HandleFunc("POST /signout", s.signOut)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{code: http.StatusNotFound, reason: apiv1.ReasonNoEndpoint, msg: fmt.Sprintf("no endpoint %s %s: see /openapi.json", r.Method, r.URL.Path)})
 	})

@@ -65,10 +65,13 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, id *Identity) er
 	}
 	sort.Slice(fleets, func(i, j int) bool { return fleets[i].Namespace+fleets[i].Name < fleets[j].Namespace+fleets[j].Name })
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	_, cookieErr := r.Cookie(TokenCookie)
 	if err := statusTemplate.Execute(w, struct {
-		Fleets []statusFleet
-		Now    string
-	}{fleets, s.now().UTC().Format(time.RFC3339)}); err != nil {
+		Fleets   []statusFleet
+		Now      string
+		SignedIn bool
+	}{fleets, s.now().UTC().Format(time.RFC3339), bearer(r) == "" && cookieErr == nil}); err != nil {
 		s.Log.Info("Cannot render status page", "error", err)
 	}
 	return nil
