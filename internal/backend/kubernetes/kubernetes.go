@@ -423,8 +423,11 @@ func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
 	if err := b.cfg.Client.List(ctx, nps, client.MatchingLabels(ownership.Selector(b.cfg.ClusterID))); err != nil {
 		return nil, Classify(errors.Wrap(err, "cannot list proxy network policies"))
 	}
+	// Crossplane grants a provider Secrets in every namespace; where a
+	// platform has narrowed that, lone config Secrets are left to Delete
+	// and the pods and policies are still collected.
 	secrets := &corev1.SecretList{}
-	if err := b.cfg.Client.List(ctx, secrets, client.MatchingLabels(ownership.Selector(b.cfg.ClusterID))); err != nil {
+	if err := b.cfg.Client.List(ctx, secrets, client.MatchingLabels(ownership.Selector(b.cfg.ClusterID))); err != nil && !kerrors.IsForbidden(err) {
 		return nil, Classify(errors.Wrap(err, "cannot list proxy config Secrets"))
 	}
 	left := make([]client.Object, 0, len(nps.Items)+len(secrets.Items))
