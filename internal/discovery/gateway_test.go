@@ -168,6 +168,24 @@ func (b *gatewayBed) client(user, token string, target testbed.Target) *http.Cli
 
 func (b *gatewayBed) user(opts string) string { return b.ns + "_" + b.fleet + opts }
 
+// session starts a session of key with one fetch of target: its client,
+// the address the target saw, and the proxy that served.
+func (b *gatewayBed) session(t *testing.T, key string, target testbed.Target) (*http.Client, string, string) {
+	t.Helper()
+	c := b.client(b.user("_session_"+key), b.token, target)
+	seen, rsp := fetch(t, c, target.URL)
+	if rsp == nil || rsp.StatusCode != http.StatusOK {
+		t.Fatalf("session %s: %v", key, status(rsp))
+	}
+	for p, a := range b.egress {
+		if a == seen {
+			return c, seen, p
+		}
+	}
+	t.Fatalf("session %s left from %q, no proxy's address", key, seen)
+	return nil, "", ""
+}
+
 // fetch gets the target's echo through the gateway: the address the
 // upstream left from, and the answer.
 func fetch(t *testing.T, c *http.Client, target string) (string, *http.Response) {
@@ -269,17 +287,7 @@ func TestGatewaySessions(t *testing.T) {
 func TestGatewayUpstreamDies(t *testing.T) {
 	b := newGatewayBed(t, 2, 2)
 	target := testbed.StartEchoTarget(t)
-	c := b.client(b.user("_session_die"), b.token, target)
-	first, rsp := fetch(t, c, target.URL)
-	if rsp == nil || rsp.StatusCode != http.StatusOK {
-		t.Fatalf("session: %v", status(rsp))
-	}
-	var dead string
-	for p, a := range b.egress {
-		if a == first {
-			dead = p
-		}
-	}
+	c, first, dead := b.session(t, "die", target)
 	_ = b.squids[dead].Process.Kill()
 	for i := range 5 {
 		seen, rsp := fetch(t, c, target.URL)
@@ -466,11 +474,7 @@ for u in urls:
 func TestGatewaySessionReport(t *testing.T) {
 	b := newGatewayBed(t, 2, 2)
 	target := testbed.StartEchoTarget(t)
-	c := b.client(b.user("_session_rep"), b.token, target)
-	first, rsp := fetch(t, c, target.URL)
-	if rsp == nil || rsp.StatusCode != http.StatusOK {
-		t.Fatalf("session: %v", status(rsp))
-	}
+	c, first, _ := b.session(t, "rep", target)
 	host, _, _ := net.SplitHostPort(strings.TrimSuffix(strings.TrimPrefix(target.URL, "https://"), "/ip"))
 	// Another replica of the API, with its own cache, answers the report.
 	other := replicaServer(t, b.ns, b.token+" "+b.ns+"\nother-token "+b.ns+"\n")
@@ -657,17 +661,7 @@ func TestGatewayStreams(t *testing.T) {
 func TestGatewaySessionLeavesDrainingProxy(t *testing.T) {
 	b := newGatewayBed(t, 2, 2)
 	target := testbed.StartEchoTarget(t)
-	c := b.client(b.user("_session_dr"), b.token, target)
-	first, rsp := fetch(t, c, target.URL)
-	if rsp == nil || rsp.StatusCode != http.StatusOK {
-		t.Fatalf("session: %v", status(rsp))
-	}
-	var draining string
-	for p, a := range b.egress {
-		if a == first {
-			draining = p
-		}
-	}
+	c, first, draining := b.session(t, "dr", target)
 	ctx := context.Background()
 	p := &v1alpha1.Proxy{}
 	if err := sharedBed.Env(t).Client.Get(ctx, types.NamespacedName{Namespace: b.ns, Name: draining}, p); err != nil {

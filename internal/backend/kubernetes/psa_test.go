@@ -78,82 +78,60 @@ func TestPodsPassRestrictedPodSecurity(t *testing.T) {
 	}
 }
 
-// TestOrphanedPolicyListed leaves a proxy's network policy without its pod,
-// as a create that failed after the policy would: ListOwned reports it, so
-// that the orphan collector deletes it through Delete.
-func TestOrphanedPolicyListed(t *testing.T) {
-	bed := sharedBed.Env(t)
-	ctx := context.Background()
-	ns := bed.Namespace(t)
-	b := kubernetes.New(kubernetes.Config{Client: bed.Client, ClusterID: "leak"})
-	uid := types.UID("6f1b8b5d-1111-4222-8333-944455556666")
-	s := podSpec(ns, "leak", uid)
-	if _, err := b.Create(ctx, s); err != nil {
-		t.Fatal(err)
-	}
-	if err := bed.Client.Delete(ctx, &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: s.Name}}); err != nil {
-		t.Fatal(err)
-	}
-	owned, err := b.ListOwned(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var found *backend.Instance
-	for i := range owned {
-		if owned[i].Name == s.Name && owned[i].Namespace == ns {
-			found = &owned[i]
-		}
-	}
-	if found == nil || found.Owner.UID != uid {
-		t.Fatalf("the policy left without its pod is not listed with its owner: %+v", owned)
-	}
-	if err := b.Delete(ctx, found.Ref); err != nil {
-		t.Fatal(err)
-	}
-	for _, o := range []client.Object{&networkingv1.NetworkPolicy{}, &corev1.Secret{}} {
-		if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: s.Name}, o); !kerrors.IsNotFound(err) {
-			t.Errorf("Delete must remove the %T: %v", o, err)
-		}
-	}
-}
-
-// TestOrphanedSecretListed leaves a proxy's config Secret alone, without
-// pod or network policy (a create cut short after the Secret): ListOwned
-// reports it, with its owner, so that the orphan collector deletes it.
-func TestOrphanedSecretListed(t *testing.T) {
-	bed := sharedBed.Env(t)
-	ctx := context.Background()
-	ns := bed.Namespace(t)
-	b := kubernetes.New(kubernetes.Config{Client: bed.Client, ClusterID: "lone"})
-	uid := types.UID("8b3d0d7f-1111-4222-8333-944455556666")
-	s := podSpec(ns, "lone", uid)
-	if _, err := b.Create(ctx, s); err != nil {
-		t.Fatal(err)
-	}
-	meta := metav1.ObjectMeta{Namespace: ns, Name: s.Name}
-	for _, o := range []client.Object{&corev1.Pod{ObjectMeta: meta}, &networkingv1.NetworkPolicy{ObjectMeta: meta}} {
-		if err := bed.Client.Delete(ctx, o); err != nil {
-			t.Fatal(err)
-		}
-	}
-	owned, err := b.ListOwned(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var found []backend.Instance
-	for _, i := range owned {
-		if i.Name == s.Name && i.Namespace == ns {
-			found = append(found, i)
-		}
-	}
-	if len(found) != 1 || found[0].Owner.UID != uid {
-		t.Fatalf("the config Secret left alone is not listed once with its owner: %+v", found)
-	}
-	if err := b.Delete(ctx, found[0].Ref); err != nil {
-		t.Fatal(err)
-	}
-	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: s.Name}, &corev1.Secret{}); !kerrors.IsNotFound(err) {
-		t.Errorf("Delete must remove the config Secret: %v", err)
+// TestOrphansListed leaves what a create cut short, or a Proxy deleted
+// while the provider was down, would leave: a network policy and config
+// Secret without their pod, or a config Secret alone. ListOwned reports
+// each instance once, with its owner, so that the orphan collector deletes
+// it through Delete, which removes all of it.
+func TestOrphansListed(t *testing.T) {
+	for name, c := range map[string]struct {
+		uid    types.UID
+		remove []func(metav1.ObjectMeta) client.Object
+	}{
+		"PolicyAndSecretWithoutPod": {uid: "6f1b8b5d-1111-4222-8333-944455556666", remove: []func(metav1.ObjectMeta) client.Object{
+			func(m metav1.ObjectMeta) client.Object { return &corev1.Pod{ObjectMeta: m} },
+		}},
+		"SecretAlone": {uid: "8b3d0d7f-1111-4222-8333-944455556666", remove: []func(metav1.ObjectMeta) client.Object{
+			func(m metav1.ObjectMeta) client.Object { return &corev1.Pod{ObjectMeta: m} },
+			func(m metav1.ObjectMeta) client.Object { return &networkingv1.NetworkPolicy{ObjectMeta: m} },
+		}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			bed := sharedBed.Env(t)
+			ctx := context.Background()
+			ns := bed.Namespace(t)
+			b := kubernetes.New(kubernetes.Config{Client: bed.Client, ClusterID: "leak"})
+			s := podSpec(ns, "leak", c.uid)
+			if _, err := b.Create(ctx, s); err != nil {
+				t.Fatal(err)
+			}
+			for _, o := range c.remove {
+				if err := bed.Client.Delete(ctx, o(metav1.ObjectMeta{Namespace: ns, Name: s.Name})); err != nil {
+					t.Fatal(err)
+				}
+			}
+			owned, err := b.ListOwned(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var found []backend.Instance
+			for _, i := range owned {
+				if i.Name == s.Name && i.Namespace == ns {
+					found = append(found, i)
+				}
+			}
+			if len(found) != 1 || found[0].Owner.UID != c.uid {
+				t.Fatalf("what is left is not listed once with its owner: %+v", found)
+			}
+			if err := b.Delete(ctx, found[0].Ref); err != nil {
+				t.Fatal(err)
+			}
+			for _, o := range []client.Object{&networkingv1.NetworkPolicy{}, &corev1.Secret{}} {
+				if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: s.Name}, o); !kerrors.IsNotFound(err) {
+					t.Errorf("Delete must remove the %T: %v", o, err)
+				}
+			}
+		})
 	}
 }
 
