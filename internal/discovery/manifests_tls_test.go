@@ -45,6 +45,11 @@ func TestManifestsServeTLS(t *testing.T) {
 	if d == nil || svc == nil {
 		t.Fatal("cluster/discovery must render a Deployment and a Service")
 	}
+	// A gateway session is a replica's: one client's connections must
+	// reach one replica.
+	if svc.Spec.SessionAffinity != corev1.ServiceAffinityClientIP {
+		t.Errorf("the Service's sessionAffinity is %q, want ClientIP for gateway sessions", svc.Spec.SessionAffinity)
+	}
 	c := d.Spec.Template.Spec.Containers[0]
 	flags := map[string]string{}
 	for _, a := range c.Args {
