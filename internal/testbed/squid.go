@@ -160,7 +160,12 @@ func StartListening(t testing.TB, cmd *exec.Cmd, addr string) {
 	Eventually(t, 30*time.Second, filepath.Base(cmd.Path)+" listening on "+addr, func() (bool, string) {
 		select {
 		case <-done:
-			t.Fatalf("%s exited before listening on %s (%v): %s", filepath.Base(cmd.Path), addr, waitErr, out.String())
+			hint := ""
+			if strings.Contains(out.String(), "Address already in use") {
+				// Tests' fixed ports lie in Linux's default ephemeral range.
+				hint = " (another socket holds the port: .ci/run moves the ephemeral port range, net.ipv4.ip_local_port_range, above 35000, above the tests' fixed ports)"
+			}
+			t.Fatalf("%s exited before listening on %s (%v)%s: %s", filepath.Base(cmd.Path), addr, waitErr, hint, out.String())
 		default:
 		}
 		conn, err := net.Dial("tcp", addr)

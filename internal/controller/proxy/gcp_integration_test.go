@@ -35,7 +35,7 @@ import (
 // startup script there.
 func TestGCPProxy(t *testing.T) {
 	bed := sharedBed.Env(t)
-	ns := bed.Namespace(t)
+	ns := namespace(t)
 	fake := gcpfake.Start(t)
 	target := testbed.StartEchoTarget(t)
 	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) {
@@ -153,7 +153,7 @@ func TestGCPProxy(t *testing.T) {
 // until the rule is restored.
 func TestGCPCreateFailures(t *testing.T) {
 	bed := sharedBed.Env(t)
-	ns := bed.Namespace(t)
+	ns := namespace(t)
 	fake := gcpfake.Start(t)
 	target := testbed.StartEchoTarget(t)
 	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) {
@@ -244,7 +244,7 @@ func TestGCPCreateFailures(t *testing.T) {
 // provider reads it, builds its client from it and creates the VM.
 func TestGCPServiceAccountKey(t *testing.T) {
 	bed := sharedBed.Env(t)
-	ns := bed.Namespace(t)
+	ns := namespace(t)
 	fake := gcpfake.Start(t)
 	key, err := fake.RequireAuth()
 	if err != nil {
@@ -302,7 +302,7 @@ func TestGCPServiceAccountKey(t *testing.T) {
 // credentials Secret changes.
 func TestBackendClients(t *testing.T) {
 	bed := sharedBed.Env(t)
-	ns := bed.Namespace(t)
+	ns := namespace(t)
 	ctx := context.Background()
 	fake := gcpfake.Start(t)
 	key, err := fake.RequireAuth()
@@ -385,7 +385,7 @@ func TestBackendClients(t *testing.T) {
 // recorded it (the external-name), not where the spec now points.
 func TestGCPZoneChange(t *testing.T) {
 	bed := sharedBed.Env(t)
-	ns := bed.Namespace(t)
+	ns := namespace(t)
 	ctx := context.Background()
 	fake := gcpfake.Start(t)
 	target := testbed.StartEchoTarget(t)
@@ -429,7 +429,7 @@ func TestGCPZoneChange(t *testing.T) {
 // VM outlives its Proxy, labelled so, and the orphan collector leaves it.
 func TestGCPManagementPolicies(t *testing.T) {
 	bed := sharedBed.Env(t)
-	ns := bed.Namespace(t)
+	ns := namespace(t)
 	ctx := context.Background()
 	fake := gcpfake.Start(t)
 	target := testbed.StartEchoTarget(t)

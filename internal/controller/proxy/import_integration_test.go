@@ -65,8 +65,8 @@ func deleteAndWait(t *testing.T, key types.NamespacedName) {
 // them.
 func TestGCPImport(t *testing.T) {
 	bed := sharedBed.Env(t)
-	ns := bed.Namespace(t)
-	otherNS := bed.Namespace(t)
+	ns := namespace(t)
+	otherNS := namespace(t)
 	ctx := context.Background()
 	fake := gcpfake.Start(t)
 	target := testbed.StartEchoTarget(t)
@@ -172,9 +172,9 @@ func TestGCPImport(t *testing.T) {
 // is never imported, nor one another namespace's Proxy made.
 func TestKubernetesImport(t *testing.T) {
 	bed := sharedBed.Env(t)
-	ns := bed.Namespace(t)
-	otherNS := bed.Namespace(t)
-	podNS := bed.Namespace(t)
+	ns := namespace(t)
+	otherNS := namespace(t)
+	podNS := namespace(t)
 	ctx := context.Background()
 	target := testbed.StartEchoTarget(t)
 	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target)

@@ -236,7 +236,7 @@ func proxyObject(ns, name string, port int32, healthURL string) *v1alpha1.Proxy 
 
 func TestLocalProxyLifecycle(t *testing.T) {
 	bed := sharedBed.Env(t)
-	ns := bed.Namespace(t)
+	ns := namespace(t)
 	dir := testbed.SquidStateDir(t)
 	target := testbed.StartEchoTarget(t)
 	logs := providerLogs(t)
@@ -453,4 +453,39 @@ func TestLocalProxyLifecycle(t *testing.T) {
 			}
 		}
 	})
+}
+
+// namespace is a namespace for one test. Proxies the test leaves in it
+// lose their finalizers and go when it ends, after its provider stopped
+// (cleanups run last in, first out): left there, they would be reconciled by
+// the next test's provider, against that test's backends, and fail that
+// test too (a CI run saw a failed kill test's VMs counted by two later
+// tests). A test that passed yet left Proxies fails: it did not clean up.
+func namespace(t testing.TB) string {
+	t.Helper()
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	t.Cleanup(func() {
+		ctx := context.Background()
+		l := &v1alpha1.ProxyList{}
+		if err := bed.Client.List(ctx, l, client.InNamespace(ns)); err != nil {
+			t.Errorf("cannot list the Proxies left in %s: %v", ns, err)
+			return
+		}
+		if len(l.Items) > 0 && !t.Failed() {
+			t.Errorf("the test left %d Proxies in %s; delete them with deleteProxies while its provider runs", len(l.Items), ns)
+		}
+		for i := range l.Items {
+			p := &l.Items[i]
+			before := p.DeepCopy()
+			p.Finalizers = nil
+			if err := bed.Client.Patch(ctx, p, client.MergeFrom(before)); client.IgnoreNotFound(err) != nil {
+				t.Errorf("cannot remove the finalizers of Proxy %s/%s: %v", ns, p.Name, err)
+			}
+			if err := bed.Client.Delete(ctx, p); client.IgnoreNotFound(err) != nil {
+				t.Errorf("cannot delete Proxy %s/%s: %v", ns, p.Name, err)
+			}
+		}
+	})
+	return ns
 }

@@ -170,7 +170,7 @@ func TestProviderKilledMidOperation(t *testing.T) {
 
 func newKillRun(t *testing.T, bin string) (*killRun, string) {
 	bed := sharedBed.Env(t)
-	ns := bed.Namespace(t)
+	ns := namespace(t)
 	dir := testbed.SquidStateDir(t)
 	kc := filepath.Join(t.TempDir(), "kubeconfig")
 	if err := bed.WriteKubeconfig(kc); err != nil {

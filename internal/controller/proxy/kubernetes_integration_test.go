@@ -28,8 +28,8 @@ import (
 // from the pod's config and patches the pod's status.
 func TestKubernetesProxy(t *testing.T) {
 	bed := sharedBed.Env(t)
-	ns := bed.Namespace(t)
-	podNS := bed.Namespace(t)
+	ns := namespace(t)
+	podNS := namespace(t)
 	target := testbed.StartEchoTarget(t)
 	logs := providerLogs(t)
 	prov := startProvider(t, testbed.SquidStateDir(t), logs, target)

@@ -31,8 +31,8 @@ import (
 // still work.
 func TestPolicyRefusesOverrides(t *testing.T) {
 	bed := sharedBed.Env(t)
-	ns := bed.Namespace(t)
-	podNS := bed.Namespace(t)
+	ns := namespace(t)
+	podNS := namespace(t)
 	fake := gcpfake.Start(t)
 	target := testbed.StartEchoTarget(t)
 	stateDir := testbed.SquidStateDir(t)

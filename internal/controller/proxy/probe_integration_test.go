@@ -70,7 +70,7 @@ func externalProxy(ns, name, addr string, target testbed.Target, timeout time.Du
 func TestBlackHolesDoNotStarveReconciles(t *testing.T) {
 	const holes, timeout = 20, 10 * time.Second
 	bed := sharedBed.Env(t)
-	ns := bed.Namespace(t)
+	ns := namespace(t)
 	target := testbed.StartEchoTarget(t)
 	pr := &inflight{}
 	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) {
