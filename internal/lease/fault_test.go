@@ -132,13 +132,22 @@ func TestExclusiveUnderTakeovers(t *testing.T) {
 // same run against a broken store, which takes expired slots over without
 // the UID and resourceVersion preconditions, must be caught
 // double-granting. A checker that passes it has no power.
+//
+// Whether the broken store's unguarded window is hit in a run depends on
+// how the replicas interleave: with every test package running at once
+// under the race detector on two cores, one CI run had none in 8 s. So
+// up to three runs, each in a namespace of its own; the checker must catch
+// one of them.
 func TestCheckerCatchesUnguardedTakeover(t *testing.T) {
-	ns := sharedBed.Env(t).Namespace(t)
-	broken := replicas(t, ns, 4, func(s *lease.Store) { lease.Unguarded(s, 20*time.Millisecond) })
-	log, takenOver := holds(t, broken, ns, 32, 8, 2, 8*time.Second)
-	msg := testbed.Failure(func(t testing.TB) { leasetest.CheckExclusive(t, log, 2) })
-	t.Logf("broken store: %d holds, %d takeovers; the checker says: %s", len(log), takenOver, msg)
-	if msg == "" {
-		t.Fatal("the checker passed a store that takes slots over without preconditions: it cannot catch a double grant")
+	for attempt := 1; attempt <= 3; attempt++ {
+		ns := sharedBed.Env(t).Namespace(t)
+		broken := replicas(t, ns, 4, func(s *lease.Store) { lease.Unguarded(s, 20*time.Millisecond) })
+		log, takenOver := holds(t, broken, ns, 32, 8, 2, 8*time.Second)
+		msg := testbed.Failure(func(t testing.TB) { leasetest.CheckExclusive(t, log, 2) })
+		t.Logf("broken store, run %d: %d holds, %d takeovers; the checker says: %s", attempt, len(log), takenOver, msg)
+		if msg != "" {
+			return
+		}
 	}
+	t.Fatal("the checker passed a store that takes slots over without preconditions, three runs: it cannot catch a double grant")
 }
