@@ -95,6 +95,11 @@ func DecodeAcquire(r *http.Request) (*apiv1.AcquireRequest, string, string, erro
 	if req.Holder == "" || len(req.Holder) > 253 {
 		return nil, "", "", &badRequest{"holder", "must name the crawler, in at most 253 characters"}
 	}
+	if strings.HasPrefix(req.Holder, gatewayHolderPrefix) {
+		// The gateway finds a session's lease by its holder, and takes it
+		// up on another replica: an API lease must not look like one.
+		return nil, "", "", &badRequest{"holder", fmt.Sprintf("%q begins with %q, which the gateway's own leases use", req.Holder, gatewayHolderPrefix)}
+	}
 	if req.Domain != "" && !domainRe.MatchString(req.Domain) {
 		return nil, "", "", &badRequest{"domain", fmt.Sprintf("%q is not a domain name", req.Domain)}
 	}

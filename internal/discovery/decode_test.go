@@ -60,6 +60,7 @@ func TestDecodeAcquire(t *testing.T) {
 		"FleetThreeParts":  {reason: "A name has no slash.", body: `{"fleet": "a/b/c", "holder": "h"}`, want: want{field: "fleet"}},
 		"NoHolder":         {reason: "The holder is required.", body: `{"fleet": "a/b"}`, want: want{field: "holder"}},
 		"HolderTooLong":    {reason: "A holder has at most 253 characters.", body: `{"fleet": "a/b", "holder": "` + strings.Repeat("h", 254) + `"}`, want: want{field: "holder"}},
+		"GatewayHolder":    {reason: "The gateway's holders are its own: an API lease taken as a session's would be taken up by the gateway.", body: `{"fleet": "a/b", "holder": "gateway-session:s1"}`, want: want{field: "holder"}},
 		"BadDomain":        {reason: "The domain is a domain name.", body: `{"fleet": "a/b", "holder": "h", "domain": "not a domain"}`, want: want{field: "domain"}},
 		"StickyKeyTooLong": {reason: "A sticky key has at most 1024 characters.", body: `{"fleet": "a/b", "holder": "h", "stickyKey": "` + strings.Repeat("k", 1025) + `"}`, want: want{field: "stickyKey"}},
 		"WrongType":        {reason: "A field of the wrong type is named.", body: `{"fleet": 7}`, want: want{field: "fleet"}},

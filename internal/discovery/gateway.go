@@ -124,6 +124,10 @@ type upstream struct {
 	// ttl is the TTL the lease was asked for, which renewals ask again
 	// (a draining proxy's renewals are shorter).
 	ttl time.Duration
+	// session is set on a session's lease, which other replicas may
+	// share, and adopted when this replica took it up from another: it
+	// is deleted only by the last replica to leave it.
+	session, adopted bool
 }
 
 // seatTake is a seat being leased; err is its refusal, once done is
@@ -138,12 +142,16 @@ type upstreamKey struct{}
 // seatIdentityPrefix begins the identity a replica's seats are leased as.
 const seatIdentityPrefix = "egress-discovery:gateway-seats:"
 
+// gatewayHolderPrefix begins the holder of every lease the gateway takes,
+// which no API lease may use.
+const gatewayHolderPrefix = "gateway-"
+
 // GatewaySeatHolder is the holder of a replica's seat Leases.
-func GatewaySeatHolder(replica string) string { return "gateway-seats:" + replica }
+func GatewaySeatHolder(replica string) string { return gatewayHolderPrefix + "seats:" + replica }
 
 // GatewaySessionHolder is the holder of a gateway session's Lease, by
 // which any replica finds the session's proxy.
-func GatewaySessionHolder(key string) string { return "gateway-session:" + key }
+func GatewaySessionHolder(key string) string { return gatewayHolderPrefix + "session:" + key }
 
 func (gw *Gateway) init() {
 	gw.once.Do(func() {
@@ -151,6 +159,10 @@ func (gw *Gateway) init() {
 		gw.seats, gw.taking, gw.seatHold = map[string][]*upstream{}, map[string]*seatTake{}, map[string]time.Time{}
 		if gw.Replica == "" {
 			gw.Replica, _ = os.Hostname()
+		}
+		if gw.Replica == "" {
+			// Replicas sharing a session's lease tell themselves apart by it.
+			gw.Replica = "replica-" + rand.Text()
 		}
 		gw.seatID = &Identity{User: seatIdentityPrefix + rand.Text()}
 		if gw.Idle <= 0 {
@@ -387,6 +399,13 @@ func (gw *Gateway) releaseAll() {
 }
 
 func (gw *Gateway) release(ctx context.Context, up *upstream) {
+	if up.session {
+		// Another replica may use it still: the last one deletes it.
+		if ok, err := gw.Server.Leases.Leave(context.WithoutCancel(ctx), up.g.g.ID, up.id.User, gw.Replica, !up.adopted); ok && err == nil {
+			gw.Server.released(up.g.g.Namespace, up.g.g.Fleet, up.id.User, up.g.g.ID)
+		}
+		return
+	}
 	if err := gw.Server.Leases.Release(context.WithoutCancel(ctx), up.g.g.ID, up.id.User); err == nil {
 		gw.Server.released(up.g.g.Namespace, up.g.g.Fleet, up.id.User, up.g.g.ID)
 	}
@@ -653,6 +672,11 @@ func (gw *Gateway) choose(ctx context.Context, id *Identity, u GatewayUser, doma
 		}
 	}
 	if cur == nil {
+		// Another replica may serve the session already (on a proxy
+		// that serves this connection too).
+		cur = gw.adopt(ctx, id, u, domain, exclude)
+	}
+	if cur == nil {
 		up, err := gw.lease(ctx, id, u, domain, GatewaySessionHolder(u.Session), exclude, false, true)
 		if err != nil {
 			leave()
@@ -673,6 +697,43 @@ func (gw *Gateway) choose(ctx context.Context, id *Identity, u GatewayUser, doma
 	cur.refs++
 	gw.mu.Unlock()
 	return cur, func() { gw.unref(cur); leave() }, nil
+}
+
+// adopt takes up the lease another replica granted the session, when its
+// proxy serves the connection, so that a session whose connections reach
+// several replicas keeps one proxy. The write that renews the lease adds
+// this replica to those using it: each renews it while it uses it and
+// takes itself off when done, and the last deletes it.
+func (gw *Gateway) adopt(ctx context.Context, id *Identity, u GatewayUser, domain string, exclude map[string]bool) *upstream {
+	g, err := gw.Server.Leases.HeldBy(ctx, u.Namespace, u.Fleet, GatewaySessionHolder(u.Session), id.User)
+	if err != nil || exclude[g.Proxy] || g.Fleet != u.Fleet {
+		return nil
+	}
+	p := &v1alpha1.Proxy{}
+	if err := gw.Server.Catalog.Cache.Get(ctx, types.NamespacedName{Namespace: g.Namespace, Name: g.Proxy}, p); err != nil {
+		return nil
+	}
+	ttl, _, err := gw.Server.Catalog.TTLs(ctx, u.Namespace, u.Fleet)
+	if err != nil {
+		return nil
+	}
+	up := &upstream{id: id, g: &granted{g: g, m: toMember(p)}, ttl: ttl, session: true, adopted: true}
+	if !gw.serves(ctx, up, u.Zone, domain) || up.url.Load() == nil {
+		return nil
+	}
+	if ttl, err = gw.renewalTTL(ctx, up, ttl); err != nil {
+		return nil
+	}
+	shared, err := gw.Server.Leases.Share(ctx, g.ID, id.User, ttl, gw.Replica)
+	if err != nil {
+		return nil
+	}
+	up.g.g = shared
+	gw.mu.Lock()
+	gw.live[up] = true
+	gw.mu.Unlock()
+	gw.Metrics.SessionsAdopted.Inc()
+	return up
 }
 
 // serves reports whether up's proxy, as the cache shows it now, may take
@@ -865,7 +926,7 @@ func (gw *Gateway) lease(ctx context.Context, id *Identity, u GatewayUser, domai
 		var pu *url.URL
 		if pu, err = url.Parse(raw); err == nil {
 			gw.Server.Metrics.Acquisitions.Inc()
-			up := &upstream{id: a.id, g: g, ttl: a.ttl}
+			up := &upstream{id: a.id, g: g, ttl: a.ttl, session: !seat}
 			up.url.Store(pu)
 			gw.mu.Lock()
 			gw.live[up] = true

@@ -118,31 +118,11 @@ func newGatewayBed(t testing.TB, n, maxLeases int, mods ...func(*discovery.Gatew
 		}
 		b.egress[name] = addr
 	}
-	c, ca := bed.Replica(t, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
-	rctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	version, err := discovery.WatchVersion(rctx, ca)
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.store = &lease.Store{Client: c, Cache: ca}
-	st := staticTokens(t, b.token+" "+ns+"\nother-token some-other-namespace\n")
-	srv := &discovery.Server{
-		Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: b.store,
-		Auth: &discovery.Kubernetes{Client: c, Static: st}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Version: version,
-	}
-	b.gw = &discovery.Gateway{Server: srv, Idle: 2 * time.Second, DialTimeout: 2 * time.Second}
-	for _, m := range mods {
-		m(b.gw)
-	}
-	go b.gw.Run(rctx)
-	hs := httptest.NewServer(b.gw)
-	t.Cleanup(hs.Close)
-	b.url = hs.Listener.Addr().String()
+	b.gw, b.url, b.store = b.replica(t, mods...)
 	// The cache shows the upstreams' addresses before the first test.
 	testbed.Eventually(t, 10*time.Second, "the replica's cache sees the upstreams", func() (bool, string) {
 		l := &v1alpha1.ProxyList{}
-		if err := ca.List(ctx, l); err != nil {
+		if err := b.gw.Server.Catalog.Cache.List(ctx, l); err != nil {
 			return false, err.Error()
 		}
 		seen := 0
@@ -156,10 +136,44 @@ func newGatewayBed(t testing.TB, n, maxLeases int, mods ...func(*discovery.Gatew
 	return b
 }
 
+// replica starts one more egress-discovery replica's gateway on the bed's
+// fleet, with a cache and a lease store of its own: its gateway, address
+// and store.
+func (b *gatewayBed) replica(t testing.TB, mods ...func(*discovery.Gateway)) (*discovery.Gateway, string, *lease.Store) {
+	t.Helper()
+	bed := sharedBed.Env(t)
+	c, ca := bed.Replica(t, b.ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
+	rctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	version, err := discovery.WatchVersion(rctx, ca)
+	if err != nil {
+		t.Fatal(err)
+	}
+	store := &lease.Store{Client: c, Cache: ca}
+	st := staticTokens(t, b.token+" "+b.ns+"\nother-token some-other-namespace\n")
+	srv := &discovery.Server{
+		Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: store,
+		Auth: &discovery.Kubernetes{Client: c, Static: st}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Version: version,
+	}
+	gw := &discovery.Gateway{Server: srv, Idle: 2 * time.Second, DialTimeout: 2 * time.Second}
+	for _, m := range mods {
+		m(gw)
+	}
+	go gw.Run(rctx)
+	hs := httptest.NewServer(gw)
+	t.Cleanup(hs.Close)
+	return gw, hs.Listener.Addr().String(), store
+}
+
 // client is a crawler whose only setting is the gateway URL; every request
 // opens a new connection.
 func (b *gatewayBed) client(user, token string, target testbed.Target) *http.Client {
-	u := &url.URL{Scheme: "http", Host: b.url, User: url.UserPassword(user, token)}
+	return clientAt(b.url, user, token, target)
+}
+
+// clientAt is client, through the gateway at addr.
+func clientAt(addr, user, token string, target testbed.Target) *http.Client {
+	u := &url.URL{Scheme: "http", Host: addr, User: url.UserPassword(user, token)}
 	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
 		Proxy: http.ProxyURL(u), DisableKeepAlives: true,
 		TLSClientConfig: &tls.Config{RootCAs: target.RootCAs, MinVersion: tls.VersionTLS12},
@@ -745,4 +759,51 @@ func TestGatewaySeatWaitersShareRefusal(t *testing.T) {
 	if took := time.Since(start); took > 6*time.Second {
 		t.Errorf("five connections waiting on a full fleet with maxWait 2s were all answered after %s: they waited in turn", took)
 	}
+}
+
+// TestGatewaySessionAcrossReplicas: a session whose connections reach two
+// replicas keeps one proxy and one lease. The second replica takes up the
+// lease the first granted (with one slot per proxy it could not have taken
+// another on that proxy) and names itself on it; the first, idle, takes
+// itself off rather than deleting the lease under the second; and the
+// second, idle in turn, the last, gives the lease back.
+func TestGatewaySessionAcrossReplicas(t *testing.T) {
+	b := newGatewayBed(t, 2, 1)
+	gw2, second, _ := b.replica(t, func(g *discovery.Gateway) { g.Replica = "second" })
+	target := testbed.StartEchoTarget(t)
+	_, first, proxy := b.session(t, "across", target)
+	c2 := clientAt(second, b.user("_session_across"), b.token, target)
+	sessionLeases := func() []coordv1.Lease {
+		l := &coordv1.LeaseList{}
+		if err := sharedBed.Env(t).Client.List(context.Background(), l, client.InNamespace(b.ns)); err != nil {
+			t.Fatal(err)
+		}
+		var out []coordv1.Lease
+		for _, le := range l.Items {
+			if le.Spec.HolderIdentity != nil && *le.Spec.HolderIdentity == discovery.GatewaySessionHolder("across") {
+				out = append(out, le)
+			}
+		}
+		return out
+	}
+	// Through the second replica, past the first replica's idle timeout
+	// (2 s): the first lets the session go meanwhile.
+	for i, end := 0, time.Now().Add(5*time.Second); time.Now().Before(end); i++ {
+		seen, rsp := fetch(t, c2, target.URL)
+		if rsp == nil || rsp.StatusCode != http.StatusOK || seen != first {
+			t.Fatalf("connection %d of the session through the second replica: %v from %q; want 200 from %s (%s), the first replica's", i, status(rsp), seen, first, proxy)
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	if n := testutil.ToFloat64(gw2.Metrics.SessionsAdopted); n != 1 {
+		t.Errorf("sessions the second replica adopted: %v, want 1", n)
+	}
+	ls := sessionLeases()
+	if len(ls) != 1 || fleetv1alpha1.ProxyName(&ls[0]) != proxy || ls[0].Annotations[lease.AnnotationReplicas] != "second" {
+		t.Fatalf("after the first replica went idle: %d leases of the session (%v); want its one lease on %s, still held, used by the second replica alone", len(ls), ls, proxy)
+	}
+	testbed.Eventually(t, 10*time.Second, "the session's lease given back by the last replica to go idle", func() (bool, string) {
+		n := len(sessionLeases())
+		return n == 0, fmt.Sprintf("%d leases", n)
+	})
 }

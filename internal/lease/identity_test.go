@@ -75,3 +75,78 @@ type staleReads struct{ client.Client }
 func (staleReads) Get(_ context.Context, key client.ObjectKey, _ client.Object, _ ...client.GetOption) error {
 	return kerrors.NewNotFound(coordv1.Resource("leases"), key.Name)
 }
+
+// TestSharedLease: a gateway session's lease is found by its holder for
+// its grantee only (HeldBy). A second replica takes it up (Share, the
+// grantee only) and is named on it beside the granter; each replica
+// leaving takes itself off, and the last deletes it. A lease never shared
+// is deleted by its granter leaving.
+func TestSharedLease(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ctx := context.Background()
+	ns := bed.Namespace(t)
+	granter := &lease.Store{Client: bed.Client}
+	// Another replica, whose reads go to the API server.
+	other := &lease.Store{Client: staleReads{bed.Client}, Reader: bed.Client}
+	const me, mallory, holder = "system:serviceaccount:team-a:crawler", "system:serviceaccount:team-b:crawler", "gateway-session:k"
+	take := func() *lease.Grant {
+		g, err := granter.Acquire(ctx, cands(ns, 2, "p0"), lease.Request{Identity: me, Holder: holder, TTL: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return g
+	}
+	replicas := func(g *lease.Grant) (string, bool) {
+		l, err := granter.Get(ctx, g.ID, me)
+		if errors.Is(err, lease.ErrNotFound) {
+			return "", false
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		return l.Annotations[lease.AnnotationReplicas], true
+	}
+	g := take()
+	if found, err := other.HeldBy(ctx, ns, "crawlers", holder, me); err != nil || found.ID != g.ID || found.Proxy != "p0" {
+		t.Fatalf("HeldBy the grantee: %+v, %v; want %s", found, err, g.ID)
+	}
+	for _, who := range [][3]string{{holder, mallory, "crawlers"}, {"gateway-session:other", me, "crawlers"}, {holder, me, "other-fleet"}} {
+		if found, err := other.HeldBy(ctx, ns, who[2], who[0], who[1]); !errors.Is(err, lease.ErrNotFound) {
+			t.Errorf("HeldBy(%v): %+v, %v; want ErrNotFound", who, found, err)
+		}
+	}
+	if ok, err := granter.Leave(ctx, g.ID, me, "first", true); !ok || err != nil {
+		t.Fatalf("a lease never shared is deleted by its granter leaving: %v, %v", ok, err)
+	}
+	if _, ok := replicas(g); ok {
+		t.Fatal("left, the lease is still there")
+	}
+
+	g = take()
+	if _, err := other.Share(ctx, g.ID, mallory, time.Minute, "second"); !errors.Is(err, lease.ErrNotYours) {
+		t.Errorf("another identity shares the lease: want ErrNotYours, got %v", err)
+	}
+	for range 2 { // Twice: a replica is named once.
+		if _, err := other.Share(ctx, g.ID, me, time.Minute, "second"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r, _ := replicas(g); r != lease.Granter+",second" {
+		t.Fatalf("shared: replicas %q, want the granter and the second", r)
+	}
+	if ok, err := granter.Leave(ctx, g.ID, me, "first", true); ok || err != nil {
+		t.Fatalf("the granter leaving a lease the second uses: deleted %v, %v; want it kept", ok, err)
+	}
+	if r, ok := replicas(g); !ok || r != "second" {
+		t.Fatalf("after the granter left: held %v, replicas %q; want held by the second alone", ok, r)
+	}
+	if ok, err := other.Leave(ctx, g.ID, me, "third", false); ok || err != nil {
+		t.Fatalf("a replica not named leaving: deleted %v, %v; want nothing changed", ok, err)
+	}
+	if ok, err := other.Leave(ctx, g.ID, me, "second", false); !ok || err != nil {
+		t.Fatalf("the last replica leaving deletes the lease: %v, %v", ok, err)
+	}
+	if _, ok := replicas(g); ok {
+		t.Fatal("the last replica left, and the lease is still there")
+	}
+}

@@ -14,6 +14,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -44,6 +45,13 @@ const (
 	// through it.
 	AnnotationIdentity = fleetv1alpha1.Group + "/identity"
 	AnnotationDomain   = fleetv1alpha1.Group + "/domain"
+	// AnnotationReplicas lists, comma-separated, the egress-discovery
+	// replicas that use a lease together (a gateway session whose
+	// connections reach several): the one that granted it (Granter) and
+	// each that took it up. Each takes itself off when its use ends, and
+	// the last one deletes the lease; one killed meanwhile leaves it to
+	// lapse at its expiry.
+	AnnotationReplicas = fleetv1alpha1.Group + "/gateway-replicas"
 )
 
 // Errors the API maps to status codes.
@@ -718,6 +726,12 @@ func validTTL(ttl time.Duration) bool {
 	return ttl >= time.Second && ttl/time.Second <= math.MaxInt32
 }
 
+// JSON patch operations.
+const (
+	opTest    = "test"
+	opReplace = "replace"
+)
+
 // patchOp is one operation of a JSON patch (RFC 6902).
 type patchOp struct {
 	Op    string `json:"op"`
@@ -729,6 +743,106 @@ type patchOp struct {
 // whose first operation tests the lease's UID, so a slot released or
 // replaced meanwhile is never extended.
 func (s *Store) Renew(ctx context.Context, id, identity string, ttl time.Duration) (*Grant, error) {
+	return s.renew(ctx, id, identity, ttl)
+}
+
+// Granter stands in AnnotationReplicas for the replica that granted the
+// lease, which did not name itself; no host name has parentheses.
+const Granter = "(granter)"
+
+// replicasPath is AnnotationReplicas in a JSON patch.
+var replicasPath = "/metadata/annotations/" + strings.ReplaceAll(AnnotationReplicas, "/", "~1")
+
+// sharers reads AnnotationReplicas; nil when the lease was never shared.
+func sharers(l *coordv1.Lease) []string {
+	v, ok := l.Annotations[AnnotationReplicas]
+	if !ok {
+		return nil
+	}
+	out := []string{}
+	for _, r := range strings.Split(v, ",") {
+		if r != "" && !slices.Contains(out, r) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Share renews a lease as Renew does and adds replica to the replicas
+// that use it (the granter too, the first time), in one call guarded by
+// the resourceVersion it read: a second replica takes up a lease another
+// granted.
+func (s *Store) Share(ctx context.Context, id, identity string, ttl time.Duration, replica string) (*Grant, error) {
+	for range 5 {
+		l, err := s.Get(ctx, id, identity)
+		if err != nil {
+			return nil, err
+		}
+		users := sharers(l)
+		if users == nil {
+			users = []string{Granter}
+		}
+		if !slices.Contains(users, replica) {
+			users = append(users, replica)
+		}
+		g, err := s.renew(ctx, id, identity, ttl, patchOp{opTest, "/metadata/resourceVersion", l.ResourceVersion},
+			patchOp{"add", replicasPath, strings.Join(users, ",")})
+		if !errors.Is(err, ErrNotFound) {
+			return g, err
+		}
+		// Gone, or changed since it was read: read it again.
+	}
+	return nil, ErrNotFound
+}
+
+// Leave ends replica's use of a lease (the granter's when granter): it
+// takes the replica off the lease's replicas, and deletes the lease when
+// none is left or it was never shared. It reports whether it deleted it.
+// Each write is guarded by the resourceVersion it read, and retried on a
+// conflict; a lease still changing after that is left to lapse.
+func (s *Store) Leave(ctx context.Context, id, identity, replica string, granter bool) (bool, error) {
+	if granter {
+		replica = Granter
+	}
+	for range 5 {
+		l, err := s.Get(ctx, id, identity)
+		if err != nil {
+			return false, err
+		}
+		users := sharers(l)
+		left := slices.DeleteFunc(slices.Clone(users), func(r string) bool { return r == replica })
+		rv := l.ResourceVersion
+		if len(left) == 0 {
+			err = s.Client.Delete(ctx, &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: l.Namespace, Name: l.Name}}, client.Preconditions{UID: &l.UID, ResourceVersion: &rv})
+			if err == nil {
+				s.recent.Delete(l.Namespace + "/" + l.Name)
+				s.granted.Delete(id)
+				return true, nil
+			}
+		} else {
+			if len(left) == len(users) {
+				return false, nil
+			}
+			patch, _ := json.Marshal([]patchOp{{opTest, "/metadata/uid", string(l.UID)}, {opTest, "/metadata/resourceVersion", rv},
+				{opReplace, replicasPath, strings.Join(left, ",")}})
+			err = s.Client.Patch(ctx, &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: l.Namespace, Name: l.Name}}, client.RawPatch(types.JSONPatchType, patch))
+			if err == nil {
+				return false, nil
+			}
+		}
+		switch {
+		case kerrors.IsNotFound(err):
+			return false, ErrNotFound
+		case kerrors.IsConflict(err) || kerrors.IsInvalid(err):
+			// Renewed or shared since it was read: read it again.
+		default:
+			return false, errors.Wrap(err, "cannot release lease")
+		}
+	}
+	return false, nil
+}
+
+func (s *Store) renew(ctx context.Context, id, identity string, ttl time.Duration, extra ...patchOp) (*Grant, error) {
 	if !validTTL(ttl) {
 		return nil, ErrInvalidTTL
 	}
@@ -746,12 +860,12 @@ func (s *Store) Renew(ctx context.Context, id, identity string, ttl time.Duratio
 	if err := s.cache().Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, cur); err == nil && string(cur.UID) == uid && s.expired(cur) {
 		return nil, ErrNotFound
 	}
-	patch, _ := json.Marshal([]patchOp{
-		{"test", "/metadata/uid", uid},
-		{"test", "/metadata/labels/" + strings.ReplaceAll(fleetv1alpha1.LabelLeaseKind, "/", "~1"), fleetv1alpha1.LeaseKindSlot},
-		{"replace", "/spec/renewTime", metav1.MicroTime{Time: s.now()}},
-		{"replace", "/spec/leaseDurationSeconds", int32(ttl / time.Second)},
-	})
+	patch, _ := json.Marshal(append([]patchOp{
+		{opTest, "/metadata/uid", uid},
+		{opTest, "/metadata/labels/" + strings.ReplaceAll(fleetv1alpha1.LabelLeaseKind, "/", "~1"), fleetv1alpha1.LeaseKindSlot},
+		{opReplace, "/spec/renewTime", metav1.MicroTime{Time: s.now()}},
+		{opReplace, "/spec/leaseDurationSeconds", int32(ttl / time.Second)},
+	}, extra...))
 	l := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
 	if err := s.Client.Patch(ctx, l, client.RawPatch(types.JSONPatchType, patch)); err != nil {
 		if kerrors.IsNotFound(err) || kerrors.IsInvalid(err) || kerrors.IsConflict(err) || kerrors.IsBadRequest(err) {
@@ -789,6 +903,34 @@ func (s *Store) Release(ctx context.Context, id, identity string) error {
 		s.granted.Delete(id)
 	}
 	return errors.Wrap(err, "cannot release lease")
+}
+
+// HeldBy returns the live slot lease of a fleet that holder holds for
+// identity (of several, the one expiring last), read from the API server:
+// a lease another replica granted a moment ago is in no cache yet.
+func (s *Store) HeldBy(ctx context.Context, namespace, fleet, holder, identity string) (*Grant, error) {
+	l := &coordv1.LeaseList{}
+	if err := s.reader().List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet),
+		fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot, LabelHolder: ownership.LabelValue(holder)}); err != nil {
+		return nil, errors.Wrap(err, "cannot list leases")
+	}
+	var best *coordv1.Lease
+	for i := range l.Items {
+		le := &l.Items[i]
+		// Expired by this replica's observation or by the clock: a lease
+		// others count as lapsed is not brought back.
+		if s.expired(le) || Expired(le, s.now()) || fleetv1alpha1.FleetName(le) != fleet ||
+			ptr.Deref(le.Spec.HolderIdentity, "") != holder || le.Annotations[AnnotationIdentity] != identity {
+			continue
+		}
+		if best == nil || ExpiresAt(le).After(ExpiresAt(best)) {
+			best = le
+		}
+	}
+	if best == nil {
+		return nil, ErrNotFound
+	}
+	return s.toGrant(best, best.Namespace+"/"+best.Name+"/"+string(best.UID)), nil
 }
 
 // Sticky returns the proxy a sticky key last held in a fleet, if any.

@@ -22,6 +22,9 @@ type Gateway struct {
 	// Seats is how many seats (the replica's own leases for connections
 	// without a session) it holds.
 	Seats prometheus.Gauge
+	// SessionsAdopted counts sessions this replica took up from the lease
+	// another replica granted them.
+	SessionsAdopted prometheus.Counter
 }
 
 // NewGateway returns the gateway's metrics, unregistered.
@@ -45,10 +48,12 @@ func NewGateway() *Gateway {
 		}, []string{"reason"}),
 		Sessions: prometheus.NewGauge(prometheus.GaugeOpts{Name: "egress_discovery_gateway_sessions", Help: "Gateway sessions holding a lease on this replica."}),
 		Seats:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "egress_discovery_gateway_seats", Help: "Seats (leases this replica holds for gateway connections without a session, one per proxy in use)."}),
+		SessionsAdopted: prometheus.NewCounter(prometheus.CounterOpts{Name: "egress_discovery_gateway_sessions_adopted_total",
+			Help: "Gateway sessions this replica took up from the lease another replica granted them, keeping their proxy."}),
 	}
 }
 
 // Collectors returns every collector, for registration.
 func (g *Gateway) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{g.Connections, g.ConnectionsTotal, g.Bytes, g.ChooseLatency, g.UpstreamErrors, g.Sessions, g.Seats}
+	return []prometheus.Collector{g.Connections, g.ConnectionsTotal, g.Bytes, g.ChooseLatency, g.UpstreamErrors, g.Sessions, g.Seats, g.SessionsAdopted}
 }
