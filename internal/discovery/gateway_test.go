@@ -787,20 +787,27 @@ func TestGatewaySessionAcrossReplicas(t *testing.T) {
 		return out
 	}
 	// Through the second replica, past the first replica's idle timeout
-	// (2 s): the first lets the session go meanwhile.
-	for i, end := 0, time.Now().Add(5*time.Second); time.Now().Before(end); i++ {
+	// (2 s), until the first has let the session go (and at most 20 s).
+	var ls []coordv1.Lease
+	for i, start := 0, time.Now(); ; i++ {
 		seen, rsp := fetch(t, c2, target.URL)
 		if rsp == nil || rsp.StatusCode != http.StatusOK || seen != first {
 			t.Fatalf("connection %d of the session through the second replica: %v from %q; want 200 from %s (%s), the first replica's", i, status(rsp), seen, first, proxy)
+		}
+		ls = sessionLeases()
+		if len(ls) != 1 || fleetv1alpha1.ProxyName(&ls[0]) != proxy {
+			t.Fatalf("connection %d: %d leases of the session (%v); want its one lease on %s", i, len(ls), ls, proxy)
+		}
+		if time.Since(start) > 3*time.Second && ls[0].Annotations[lease.AnnotationReplicas] == "second" {
+			break
+		}
+		if time.Since(start) > 20*time.Second {
+			t.Fatalf("the first replica, idle for 20 s, is still named on the session's lease: %q; want the second alone", ls[0].Annotations[lease.AnnotationReplicas])
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
 	if n := testutil.ToFloat64(gw2.Metrics.SessionsAdopted); n != 1 {
 		t.Errorf("sessions the second replica adopted: %v, want 1", n)
-	}
-	ls := sessionLeases()
-	if len(ls) != 1 || fleetv1alpha1.ProxyName(&ls[0]) != proxy || ls[0].Annotations[lease.AnnotationReplicas] != "second" {
-		t.Fatalf("after the first replica went idle: %d leases of the session (%v); want its one lease on %s, still held, used by the second replica alone", len(ls), ls, proxy)
 	}
 	testbed.Eventually(t, 10*time.Second, "the session's lease given back by the last replica to go idle", func() (bool, string) {
 		n := len(sessionLeases())
