@@ -173,9 +173,21 @@ func (s *Server) tryAcquire(ctx context.Context, a *acquisition, freeOnly bool) 
 		ps[i] = &ok[i]
 	}
 	rand.Shuffle(len(ps), func(i, j int) { ps[i], ps[j] = ps[j], ps[i] })
+	// Proxies sharing an egress IP are one client to a target: those
+	// leaving from an IP of their own come first.
+	perIP := map[string]int{}
+	for _, m := range ps {
+		if m.EgressIP != "" {
+			perIP[m.EgressIP]++
+		}
+	}
+	shared := func(m *member) bool { return perIP[m.EgressIP] > 1 }
 	sort.SliceStable(ps, func(i, j int) bool {
 		if (ps[i].Name == sticky) != (ps[j].Name == sticky) {
 			return ps[i].Name == sticky
+		}
+		if shared(ps[i]) != shared(ps[j]) {
+			return !shared(ps[i])
 		}
 		li := float64(len(slots[ps[i].Name])) / float64(ps[i].MaxLeases)
 		lj := float64(len(slots[ps[j].Name])) / float64(ps[j].MaxLeases)

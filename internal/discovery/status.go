@@ -25,12 +25,16 @@ type statusProxy struct {
 	member
 	Leases int
 	Bans   []string
+	// SharedIP: another proxy of the fleet leaves from its egress IP.
+	SharedIP bool
 }
 
 type statusFleet struct {
 	Namespace, Name string
 	Proxies         []statusProxy
 	Healthy         int
+	// DistinctIPs counts the fleet's distinct known egress IPs.
+	DistinctIPs int
 }
 
 // status renders the status page: fleets, proxies, health, latency, egress
@@ -55,11 +59,18 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, id *Identity) er
 			return err
 		}
 		f := statusFleet{Namespace: ns, Name: name}
+		perIP := map[string]int{}
+		for _, m := range ms {
+			if m.EgressIP != "" {
+				perIP[m.EgressIP]++
+			}
+		}
+		f.DistinctIPs = len(perIP)
 		for _, m := range ms {
 			if m.Healthy {
 				f.Healthy++
 			}
-			f.Proxies = append(f.Proxies, statusProxy{member: m, Leases: len(slots[m.Name]), Bans: bans[m.Name]})
+			f.Proxies = append(f.Proxies, statusProxy{member: m, Leases: len(slots[m.Name]), Bans: bans[m.Name], SharedIP: perIP[m.EgressIP] > 1})
 		}
 		fleets = append(fleets, f)
 	}

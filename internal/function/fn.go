@@ -119,6 +119,7 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 	}}
 	leaseList, leasesKnown := req.GetRequiredResources()[requiredLeases]
 	members := observedMembers(req.GetObserved().GetResources(), heldProxies(leaseList.GetItems(), fleet, now), fleet.Revision)
+	markDuplicates(members)
 	p := decide(fleet, members, leasesKnown, now)
 
 	if rsp.Desired == nil {
@@ -168,6 +169,7 @@ func finish(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionRequest, fleet *
 	setRollout(field(rsp.Desired.Composite.Resource, "status").GetStructValue(), ro)
 	setReady(rsp.Desired, fleet, members)
 	report(rsp, fleet, members, p, ro, now)
+	reportDuplicates(rsp, members)
 	for _, w := range fleet.Warnings {
 		response.Warning(rsp, errors.New(w)).TargetCompositeAndClaim()
 	}
@@ -347,14 +349,14 @@ type composer struct {
 	annotations *structpb.Value
 	zones       map[string]*structpb.Value
 	specs       map[string]*structpb.Value
-	labels      map[[5]string]*structpb.Value
+	labels      map[[6]string]*structpb.Value
 }
 
 func (f *Fleet) composer(now time.Time) (*composer, error) {
 	s := f.spec
 	c := &composer{
 		f: f, now: now, perZone: map[string]*structpb.Value{}, zones: map[string]*structpb.Value{},
-		specs: map[string]*structpb.Value{}, labels: map[[5]string]*structpb.Value{},
+		specs: map[string]*structpb.Value{}, labels: map[[6]string]*structpb.Value{},
 		apiVersion: structpb.NewStringValue(v1alpha1.SchemeGroupVersion.String()),
 		kind:       structpb.NewStringValue(v1alpha1.ProxyKind),
 		namespace:  structpb.NewStringValue(f.Namespace),
@@ -477,7 +479,11 @@ func (c *composer) labelsOf(m *member, observed map[int]*member) *structpb.Value
 		}
 		drain = strconv.FormatInt(since.Unix(), 10)
 	}
-	key := [5]string{m.Zone, gen, m.Revision, streak, drain}
+	dup := ""
+	if m.Duplicate {
+		dup = "true"
+	}
+	key := [6]string{m.Zone, gen, m.Revision, streak, drain, dup}
 	if v, ok := c.labels[key]; ok && !replacing {
 		return v
 	}
@@ -492,6 +498,9 @@ func (c *composer) labelsOf(m *member, observed map[int]*member) *structpb.Value
 	}
 	if drain != "" {
 		l.Fields[fleetv1alpha1.LabelDrainingSince] = structpb.NewStringValue(drain)
+	}
+	if dup != "" {
+		l.Fields[fleetv1alpha1.LabelDuplicateEgressIP] = structpb.NewStringValue(dup)
 	}
 	if replacing {
 		l.Fields[fleetv1alpha1.LabelReplaces] = structpb.NewStringValue(strconv.Itoa(m.Replaces))
@@ -539,7 +548,7 @@ func setStatus(desired *fnv1.State, f *Fleet, members []*member, now time.Time) 
 		if f.current(m) {
 			updated++
 		}
-		proxies = append(proxies, structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+		ps := &structpb.Struct{Fields: map[string]*structpb.Value{
 			"name":     structpb.NewStringValue(m.Name),
 			"endpoint": structpb.NewStringValue(m.Endpoint),
 			"zone":     intern(m.Zone),
@@ -549,7 +558,11 @@ func setStatus(desired *fnv1.State, f *Fleet, members []*member, now time.Time) 
 			// every reconcile, each change would trigger the next, and
 			// Crossplane's circuit breaker would throttle the fleet.
 			"createdAt": structpb.NewStringValue(m.Created.UTC().Format(time.RFC3339)),
-		}}))
+		}}
+		if m.Duplicate {
+			ps.Fields["duplicateEgressIP"] = healthyValue[true]
+		}
+		proxies = append(proxies, structpb.NewStructValue(ps))
 	}
 	status.Fields["replicas"] = structpb.NewNumberValue(float64(len(members)))
 	status.Fields["readyReplicas"] = structpb.NewNumberValue(float64(ready))

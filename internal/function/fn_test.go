@@ -214,6 +214,55 @@ func TestRunFunction(t *testing.T) {
 		}
 	})
 
+	t.Run("DuplicateEgressIP", func(t *testing.T) {
+		// crawlers-2 leaves from crawlers-0's IP (one node, one NAT): the
+		// fleet says so on the XR, marks both in its status, and labels
+		// both Proxies; crawlers-1 has an IP of its own.
+		shared := observedProxy(2, "a", true, t0.Add(-time.Hour), "")
+		shared.GetResource().GetFields()["status"].GetStructValue().GetFields()["atProvider"].GetStructValue().Fields["egressIP"] = structpb.NewStringValue("203.0.113.0")
+		spec := strings.Replace(validSpec, `"replicas": 2`, `"replicas": 3`, 1)
+		req := &fnv1.RunFunctionRequest{
+			Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: map[string]*fnv1.Resource{
+				"proxy-0": observedProxy(0, "a", true, t0.Add(-3*time.Hour), ""),
+				"proxy-1": observedProxy(1, "b", true, t0.Add(-2*time.Hour), ""),
+				"proxy-2": shared,
+			}},
+			RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+		}
+		rsp := run(t, req)
+		wantCond := []*fnv1.Condition{{
+			Type: ConditionDuplicateEgressIP, Status: fnv1.Status_STATUS_CONDITION_TRUE, Reason: "SharedEgressIP",
+			Message: ptr.To("crawlers-0, crawlers-2 share egress IP 203.0.113.0: to a target they are one client"), Target: fnv1.Target_TARGET_COMPOSITE_AND_CLAIM.Enum(),
+		}}
+		if diff := cmp.Diff(wantCond, conditions(rsp, ConditionDuplicateEgressIP), protocmp.Transform()); diff != "" {
+			t.Errorf("DuplicateEgressIP: -want, +got:\n%s", diff)
+		}
+		for name, want := range map[string]bool{"proxy-0": true, "proxy-1": false, "proxy-2": true} {
+			labels := rsp.GetDesired().GetResources()[name].GetResource().GetFields()["metadata"].GetStructValue().GetFields()["labels"].GetStructValue().AsMap()
+			if got := labels[fleetv1alpha1.LabelDuplicateEgressIP] == "true"; got != want {
+				t.Errorf("%s labelled %s: %v, want %v (labels %v)", name, fleetv1alpha1.LabelDuplicateEgressIP, got, want, labels)
+			}
+		}
+		status := rsp.GetDesired().GetComposite().GetResource().GetFields()["status"].GetStructValue().AsMap()
+		for _, p := range status["proxies"].([]any) {
+			p := p.(map[string]any)
+			if want := p["name"] != "crawlers-1"; (p["duplicateEgressIP"] == true) != want {
+				t.Errorf("status.proxies[%s].duplicateEgressIP: %v, want %v", p["name"], p["duplicateEgressIP"], want)
+			}
+		}
+
+		// Once it leaves from an IP of its own, the flag goes.
+		shared.GetResource().GetFields()["status"].GetStructValue().GetFields()["atProvider"].GetStructValue().Fields["egressIP"] = structpb.NewStringValue("203.0.113.2")
+		rsp = run(t, req)
+		if c := conditions(rsp, ConditionDuplicateEgressIP); len(c) != 1 || c[0].GetStatus() != fnv1.Status_STATUS_CONDITION_FALSE || c[0].GetReason() != "DistinctEgressIPs" {
+			t.Errorf("distinct IPs: DuplicateEgressIP %v, want False DistinctEgressIPs", c)
+		}
+		labels := rsp.GetDesired().GetResources()["proxy-2"].GetResource().GetFields()["metadata"].GetStructValue().GetFields()["labels"].GetStructValue().AsMap()
+		if _, ok := labels[fleetv1alpha1.LabelDuplicateEgressIP]; ok {
+			t.Errorf("a proxy with an IP of its own keeps the duplicate label: %v", labels)
+		}
+	})
+
 	t.Run("WarningOnRealTrouble", func(t *testing.T) {
 		req := &fnv1.RunFunctionRequest{
 			Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(validSpec)}, Resources: map[string]*fnv1.Resource{

@@ -36,6 +36,8 @@ type member struct {
 	// credentials only and cannot change them in place (a GCP VM), so it
 	// is replaced as a Proxy of an old revision is.
 	CredentialsOutdated bool
+	// Duplicate: another member leaves from the same egress IP.
+	Duplicate bool
 	// Streak counts the unhealthy proxies replaced in a row, none of which
 	// turned Ready, that led to this member.
 	Streak int

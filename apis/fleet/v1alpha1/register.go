@@ -58,6 +58,9 @@ const (
 	// seconds) plus the fleet's maxTTL, so that no crawler holds a rollout
 	// up for longer.
 	LabelDrainingSince = Group + "/draining-since"
+	// LabelDuplicateEgressIP marks a Proxy ("true") whose egress IP
+	// another proxy of its fleet shares.
+	LabelDuplicateEgressIP = Group + "/duplicate-egress-ip"
 	// LabelReplaces names the ordinal a surge Proxy replaces.
 	LabelReplaces = Group + "/replaces"
 	// LabelProxy names the Proxy a Lease is held on.

@@ -388,6 +388,9 @@ type ProxyStatus struct {
 	Zone string `json:"zone,omitempty"`
 	// EgressIP the probe target saw.
 	EgressIP string `json:"egressIP,omitempty"`
+	// DuplicateEgressIP is set when another proxy of the fleet leaves from
+	// the same egress IP: to a target, the two are one client.
+	DuplicateEgressIP bool `json:"duplicateEgressIP,omitempty"`
 	// Healthy is the probe verdict.
 	Healthy bool `json:"healthy,omitempty"`
 	// CreatedAt is when the Proxy was created.
