@@ -158,6 +158,27 @@ func exampleFleetBecomesReady(t *testing.T) {
 	if took > 20*time.Second {
 		t.Errorf("the example fleet took %s from apply to Ready with 3 healthy proxies; the goal is 20s", took.Round(100*time.Millisecond))
 	}
+	// Each local proxy leaves from a loopback address of its own, which
+	// the probe's echo target saw: 3 distinct egress IPs, none flagged.
+	testbed.Eventually(t, 30*time.Second, "3 distinct egress IPs, none flagged duplicate", func() (bool, string) {
+		ps, err := proxies(example)
+		if err != nil {
+			return false, err.Error()
+		}
+		ips := map[string]bool{}
+		var seen []string
+		flagged := 0
+		for _, p := range ps {
+			if ip := p.Status.AtProvider.EgressIP; ip != "" {
+				ips[ip] = true
+			}
+			seen = append(seen, p.Name+"="+p.Status.AtProvider.EgressIP)
+			if p.Labels[fleetv1alpha1.LabelDuplicateEgressIP] != "" {
+				flagged++
+			}
+		}
+		return len(ps) == 3 && len(ips) == 3 && flagged == 0, fmt.Sprintf("%v, %d flagged", seen, flagged)
+	})
 }
 
 // waitFleet waits until a fleet is Ready with n healthy proxies and n
@@ -205,8 +226,15 @@ func leaseAndFetchThroughProxy(t *testing.T) {
 		t.Fatalf("egressctl lease -- curl: %v\n%s", err, out)
 	}
 	lines := strings.Fields(string(out))
-	if len(lines) < 3 || lines[0] != "127.0.0.1" {
-		t.Fatalf("want the target's answer (the egress IP 127.0.0.1), the leased proxy's name and the answer without credentials, got:\n%s", out)
+	if len(lines) < 3 || !strings.HasPrefix(lines[0], "127.1.") {
+		t.Fatalf("want the target's answer (the proxy's own egress IP in 127.1.0.0/16), the leased proxy's name and the answer without credentials, got:\n%s", out)
+	}
+	leased := &v1alpha1.Proxy{}
+	if err := stack.Client.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: lines[1]}, leased); err != nil {
+		t.Fatal(err)
+	}
+	if ip := leased.Status.AtProvider.EgressIP; ip != lines[0] {
+		t.Errorf("the target saw %s; the leased proxy %s reports egress IP %q", lines[0], lines[1], ip)
 	}
 	if lines[len(lines)-1] != "407" {
 		t.Fatalf("the leased proxy must answer a CONNECT without credentials with 407, got:\n%s", out)

@@ -40,6 +40,11 @@ type Config struct {
 	BindAddress string
 	// OutgoingAddress sets tcp_outgoing_address; empty leaves it to routing.
 	OutgoingAddress string
+	// LoopbackOutgoingAddress is the address, in 127.0.0.0/8, requests to
+	// loopback destinations leave from (others keep OutgoingAddress or
+	// routing): a local proxy's own, so that the proxies on one host show
+	// a loopback target distinct egress IPs.
+	LoopbackOutgoingAddress string
 	// AllowedSourceRanges are the client networks allowed in; empty means
 	// any client that authenticates.
 	AllowedSourceRanges []string
@@ -101,6 +106,9 @@ func (c Config) Validate() error {
 		if err := plainAddr(a.v); err != nil {
 			return errors.Errorf("%s %q %v", a.field, a.v, err)
 		}
+	}
+	if err := c.validLoopbackOutgoing(); err != nil {
+		return err
 	}
 	public, err := PublicSources(c.AllowedSourceRanges)
 	if err != nil {
@@ -443,6 +451,9 @@ acl egress_self_started dst "{{ .OwnAddressesFile }}"
 {{- if .HostsFile }}
 hosts_file {{ .HostsFile }}
 {{- end }}
+{{- if .LoopbackOutgoingAddress }}
+tcp_outgoing_address {{ .LoopbackOutgoingAddress }} egress_loopback
+{{- end }}
 http_access deny !egress_ports
 http_access deny CONNECT !egress_connect_ports
 http_access deny egress_metadata
@@ -464,6 +475,22 @@ http_access allow egress_clients
 {{- end }}
 http_access deny all
 `))
+
+// validLoopbackOutgoing checks LoopbackOutgoingAddress.
+func (c Config) validLoopbackOutgoing() error {
+	a := c.LoopbackOutgoingAddress
+	if a == "" {
+		return nil
+	}
+	if ip, err := netip.ParseAddr(a); err != nil || !ip.Is4() || !ip.IsLoopback() {
+		return errors.Errorf("loopback outgoing address %q is not an IPv4 address in 127.0.0.0/8", a)
+	}
+	if c.OutgoingAddress != "" {
+		// Squid takes the first tcp_outgoing_address that matches.
+		return errors.New("an outgoing address and a loopback outgoing address exclude each other")
+	}
+	return nil
+}
 
 // Render returns squid.conf for c.
 func Render(c Config) ([]byte, error) {
@@ -491,6 +518,9 @@ func Render(c Config) ([]byte, error) {
 	}
 	if c.OutgoingAddress != "" {
 		own = append(own, c.OutgoingAddress)
+	}
+	if c.LoopbackOutgoingAddress != "" {
+		own = append(own, c.LoopbackOutgoingAddress)
 	}
 	v.Own = joinPrefixes(collapse(own))
 	var exceptions []netip.Prefix

@@ -44,6 +44,13 @@ var configCases = map[string]struct {
 			AllowLoopbackDestinations: true, OutgoingAddress: "127.0.0.1",
 		},
 	},
+	"local-own-egress": {
+		reason: "A local proxy on loopback sends to loopback targets from an address of its own, and to any other as routing has it.",
+		cfg: Config{
+			Port: 31281, BindAddress: "127.0.0.1", HtpasswdPath: "/var/lib/egress/p/htpasswd",
+			AllowLoopbackDestinations: true, LoopbackOutgoingAddress: "127.1.122.33",
+		},
+	},
 	"rotating-credentials": {
 		reason: "Credentials that rotate in place go through the helper script, which also accepts the previous file's until its deadline, and are revalidated every 10 seconds.",
 		cfg: Config{
@@ -122,24 +129,26 @@ func TestValidate(t *testing.T) {
 		cfg    Config
 		want   string
 	}{
-		"Open":            {reason: "No credentials and no ranges is an open proxy.", cfg: Config{Port: 3128}, want: "refusing an open proxy"},
-		"WorldNoAuth":     {reason: "0.0.0.0/0 without credentials is open too.", cfg: Config{Port: 3128, AllowedSourceRanges: []string{"0.0.0.0/0"}}, want: "open proxy"},
-		"HalvesNoAuth":    {reason: "Two halves of the internet are the internet: judged by arithmetic, not strings.", cfg: Config{Port: 3128, AllowedSourceRanges: []string{"10.0.0.0/8", "0.0.0.0/1", "128.0.0.0/1"}}, want: `allowed source range "0.0.0.0/1" is not private`},
-		"WideNoAuth":      {reason: "A range wider than a private block reaches outside it.", cfg: Config{Port: 3128, AllowedSourceRanges: []string{"10.0.0.0/7"}}, want: `"10.0.0.0/7" is not private`},
-		"PublicV6NoAuth":  {reason: "A public IPv6 range needs credentials.", cfg: Config{Port: 3128, AllowedSourceRanges: []string{"2001:db8::/32"}}, want: "open proxy"},
-		"PublicException": {reason: "An exception is for private networks: public ones need none.", cfg: Config{Port: 3128, HtpasswdPath: "/h", AllowedPrivateDestinations: []string{"198.18.0.0/15"}}, want: "is not a private network"},
-		"BadPort":         {reason: "Port 0 cannot be bound.", cfg: Config{Port: 0, HtpasswdPath: "/h"}, want: "port 0"},
-		"BadCIDR":         {reason: "Ranges are CIDRs.", cfg: Config{Port: 1, AllowedSourceRanges: []string{"10.0.0.1"}}, want: "not a CIDR"},
-		"BadBind":         {reason: "Bind addresses are IPs.", cfg: Config{Port: 1, HtpasswdPath: "/h", BindAddress: "localhost"}, want: "bind address"},
-		"InjectedNewline": {reason: "A path cannot smuggle in a directive.", cfg: Config{Port: 1, HtpasswdPath: "/h\nhttp_access allow all"}, want: `must not contain '\n'`},
-		"Macro":           {reason: "Squid expands ${...} in its config, so a path with one names another file (found by FuzzRenderParses).", cfg: Config{Port: 1, HtpasswdPath: "/etc/${service_name}/htpasswd"}, want: `must not contain '$'`},
-		"RelativePath":    {reason: "A relative path depends on Squid's working folder.", cfg: Config{Port: 1, HtpasswdPath: "htpasswd"}, want: "must be absolute"},
-		"RelativeLog":     {reason: "The access log's module prefix aside, its path is absolute too.", cfg: Config{Port: 1, HtpasswdPath: "/h", AccessLog: "stdio:access.log"}, want: "must be absolute"},
-		"ZoneSmuggle":     {reason: "An IPv6 zone is free text: it could carry a directive into the config.", cfg: Config{Port: 1, HtpasswdPath: "/h", BindAddress: "fe80::1%x\nhttp_access allow all"}, want: "must not have a zone"},
-		"OwnZone":         {reason: "Own addresses have no zone either.", cfg: Config{Port: 1, HtpasswdPath: "/h", OwnAddresses: []string{"fe80::1%eth0"}}, want: "must not have a zone"},
-		"MappedOutgoing":  {reason: "An IPv4-mapped address is written as IPv4.", cfg: Config{Port: 1, HtpasswdPath: "/h", OutgoingAddress: "::ffff:10.0.0.1"}, want: "IPv4-mapped"},
-		"OddSpelling":     {reason: "Only the canonical spelling, which Squid reads the same way.", cfg: Config{Port: 1, HtpasswdPath: "/h", OwnAddresses: []string{"2001:DB8::1"}}, want: "must be written as 2001:db8::1"},
-		"RelativeOwnFile": {reason: "The own-addresses file is an absolute path.", cfg: Config{Port: 1, HtpasswdPath: "/h", OwnAddressesFile: "self"}, want: "absolute path"},
+		"Open":                        {reason: "No credentials and no ranges is an open proxy.", cfg: Config{Port: 3128}, want: "refusing an open proxy"},
+		"WorldNoAuth":                 {reason: "0.0.0.0/0 without credentials is open too.", cfg: Config{Port: 3128, AllowedSourceRanges: []string{"0.0.0.0/0"}}, want: "open proxy"},
+		"HalvesNoAuth":                {reason: "Two halves of the internet are the internet: judged by arithmetic, not strings.", cfg: Config{Port: 3128, AllowedSourceRanges: []string{"10.0.0.0/8", "0.0.0.0/1", "128.0.0.0/1"}}, want: `allowed source range "0.0.0.0/1" is not private`},
+		"WideNoAuth":                  {reason: "A range wider than a private block reaches outside it.", cfg: Config{Port: 3128, AllowedSourceRanges: []string{"10.0.0.0/7"}}, want: `"10.0.0.0/7" is not private`},
+		"PublicV6NoAuth":              {reason: "A public IPv6 range needs credentials.", cfg: Config{Port: 3128, AllowedSourceRanges: []string{"2001:db8::/32"}}, want: "open proxy"},
+		"PublicException":             {reason: "An exception is for private networks: public ones need none.", cfg: Config{Port: 3128, HtpasswdPath: "/h", AllowedPrivateDestinations: []string{"198.18.0.0/15"}}, want: "is not a private network"},
+		"BadPort":                     {reason: "Port 0 cannot be bound.", cfg: Config{Port: 0, HtpasswdPath: "/h"}, want: "port 0"},
+		"BadCIDR":                     {reason: "Ranges are CIDRs.", cfg: Config{Port: 1, AllowedSourceRanges: []string{"10.0.0.1"}}, want: "not a CIDR"},
+		"BadBind":                     {reason: "Bind addresses are IPs.", cfg: Config{Port: 1, HtpasswdPath: "/h", BindAddress: "localhost"}, want: "bind address"},
+		"InjectedNewline":             {reason: "A path cannot smuggle in a directive.", cfg: Config{Port: 1, HtpasswdPath: "/h\nhttp_access allow all"}, want: `must not contain '\n'`},
+		"Macro":                       {reason: "Squid expands ${...} in its config, so a path with one names another file (found by FuzzRenderParses).", cfg: Config{Port: 1, HtpasswdPath: "/etc/${service_name}/htpasswd"}, want: `must not contain '$'`},
+		"RelativePath":                {reason: "A relative path depends on Squid's working folder.", cfg: Config{Port: 1, HtpasswdPath: "htpasswd"}, want: "must be absolute"},
+		"RelativeLog":                 {reason: "The access log's module prefix aside, its path is absolute too.", cfg: Config{Port: 1, HtpasswdPath: "/h", AccessLog: "stdio:access.log"}, want: "must be absolute"},
+		"ZoneSmuggle":                 {reason: "An IPv6 zone is free text: it could carry a directive into the config.", cfg: Config{Port: 1, HtpasswdPath: "/h", BindAddress: "fe80::1%x\nhttp_access allow all"}, want: "must not have a zone"},
+		"OwnZone":                     {reason: "Own addresses have no zone either.", cfg: Config{Port: 1, HtpasswdPath: "/h", OwnAddresses: []string{"fe80::1%eth0"}}, want: "must not have a zone"},
+		"LoopbackOutgoingNotLoopback": {reason: "The loopback outgoing address is a loopback one.", cfg: Config{Port: 1, HtpasswdPath: "/h", LoopbackOutgoingAddress: "10.0.0.1"}, want: "not an IPv4 address in 127.0.0.0/8"},
+		"LoopbackOutgoingAndOutgoing": {reason: "Squid takes the first tcp_outgoing_address that matches: one or the other.", cfg: Config{Port: 1, HtpasswdPath: "/h", OutgoingAddress: "127.0.0.1", LoopbackOutgoingAddress: "127.1.0.1"}, want: "exclude each other"},
+		"MappedOutgoing":              {reason: "An IPv4-mapped address is written as IPv4.", cfg: Config{Port: 1, HtpasswdPath: "/h", OutgoingAddress: "::ffff:10.0.0.1"}, want: "IPv4-mapped"},
+		"OddSpelling":                 {reason: "Only the canonical spelling, which Squid reads the same way.", cfg: Config{Port: 1, HtpasswdPath: "/h", OwnAddresses: []string{"2001:DB8::1"}}, want: "must be written as 2001:db8::1"},
+		"RelativeOwnFile":             {reason: "The own-addresses file is an absolute path.", cfg: Config{Port: 1, HtpasswdPath: "/h", OwnAddressesFile: "self"}, want: "absolute path"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

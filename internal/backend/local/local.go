@@ -186,10 +186,15 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 		host = "127.0.0.1"
 	}
 	final := b.dir(s.Name)
+	loopbackOut := ""
+	if ip, err := netip.ParseAddr(host); err == nil && ip.Is4() && ip.IsLoopback() && s.Local.OutgoingAddress == "" {
+		loopbackOut = EgressAddress(port)
+	}
 	cfg := squid.Config{
 		Port:                       port,
 		BindAddress:                host,
 		OutgoingAddress:            string(s.Local.OutgoingAddress),
+		LoopbackOutgoingAddress:    loopbackOut,
 		AllowedSourceRanges:        s.AllowedSourceRanges,
 		AllowedPrivateDestinations: s.AllowedPrivateDestinations,
 		PidFile:                    filepath.Join(final, filePid),
@@ -238,6 +243,16 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	release = false
 	b.supervise(s.Name)
 	return b.Get(ctx, s.Ref)
+}
+
+// EgressAddress is the address a local proxy listening on IPv4 loopback
+// on port sends requests to loopback destinations from, unless its spec
+// names an outgoing address: 127.1.<port/256>.<port%256>, which its port
+// claim makes its own, so that a state folder's proxies show a loopback
+// target distinct egress IPs, as a fleet's proxies on distinct hosts show
+// the internet. Other destinations go out as routing has them.
+func EgressAddress(port int32) string {
+	return netip.AddrFrom4([4]byte{127, 1, byte(port >> 8), byte(port)}).String()
 }
 
 // Get reports an instance. It is Provisioning until its Squid is first

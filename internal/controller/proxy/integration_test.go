@@ -257,8 +257,9 @@ func TestLocalProxyLifecycle(t *testing.T) {
 	testbed.Eventually(t, 10*time.Second, "Proxy Ready=True", ready(t, key, corev1.ConditionTrue))
 	t.Logf("Ready %s after apply", time.Since(start).Round(time.Millisecond))
 	p := get(t, key)
-	if ap := p.Status.AtProvider; ap.EgressIP != "127.0.0.1" || ap.ProviderID != "local/"+ownership.InstanceName(p.GetUID()) || ap.Host != "127.0.0.1" || ap.Port != 32310 {
-		t.Errorf("atProvider: want egressIP 127.0.0.1 on local/%s at 127.0.0.1:32310, got %+v", ownership.InstanceName(p.GetUID()), ap)
+	// The echo target on loopback saw the proxy's own loopback address.
+	if ap := p.Status.AtProvider; ap.EgressIP != local.EgressAddress(32310) || ap.ProviderID != "local/"+ownership.InstanceName(p.GetUID()) || ap.Host != "127.0.0.1" || ap.Port != 32310 {
+		t.Errorf("atProvider: want egressIP %s on local/%s at 127.0.0.1:32310, got %+v", local.EgressAddress(32310), ownership.InstanceName(p.GetUID()), ap)
 	}
 	conn := &corev1.Secret{}
 	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "p1-conn"}, conn); err != nil {
