@@ -121,18 +121,28 @@ func (s *Server) healthy(ctx context.Context, ms []member, zone string, exclude 
 			return nil, nil, err
 		}
 	}
+	bannedFor := func(m member) bool {
+		for _, d := range bans[m.Name] {
+			if domain != "" && strings.EqualFold(d, domain) {
+				return true
+			}
+		}
+		return false
+	}
+	// A target that banned a proxy banned its egress IP: every proxy
+	// leaving from that IP is banned for the domain too.
+	bannedIPs := map[string]bool{}
+	for _, m := range ms {
+		if m.EgressIP != "" && bannedFor(m) {
+			bannedIPs[m.EgressIP] = true
+		}
+	}
 	out := make([]member, 0, len(ms))
 	for _, m := range ms {
 		if !m.serving() || (zone != "" && m.Zone != zone) || exclude[m.Name] {
 			continue
 		}
-		banned := false
-		for _, d := range bans[m.Name] {
-			if domain != "" && strings.EqualFold(d, domain) {
-				banned = true
-			}
-		}
-		if !banned {
+		if !bannedFor(m) && !bannedIPs[m.EgressIP] {
 			out = append(out, m)
 		}
 	}

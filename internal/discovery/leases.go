@@ -175,12 +175,7 @@ func (s *Server) tryAcquire(ctx context.Context, a *acquisition, freeOnly bool) 
 	rand.Shuffle(len(ps), func(i, j int) { ps[i], ps[j] = ps[j], ps[i] })
 	// Proxies sharing an egress IP are one client to a target: those
 	// leaving from an IP of their own come first.
-	perIP := map[string]int{}
-	for _, m := range ps {
-		if m.EgressIP != "" {
-			perIP[m.EgressIP]++
-		}
-	}
+	perIP := sharedIPs(ms)
 	shared := func(m *member) bool { return perIP[m.EgressIP] > 1 }
 	sort.SliceStable(ps, func(i, j int) bool {
 		if (ps[i].Name == sticky) != (ps[j].Name == sticky) {

@@ -31,10 +31,21 @@ func markDuplicates(members []*member) {
 // proxies that share an IP (at most three IPs, then how many more).
 func reportDuplicates(rsp *fnv1.RunFunctionResponse, members []*member) {
 	groups := map[string][]string{}
+	known := 0
 	for _, m := range members {
+		if m.EgressIP != "" {
+			known++
+		}
 		if m.Duplicate {
 			groups[m.EgressIP] = append(groups[m.EgressIP], m.Name)
 		}
+	}
+	if known == 0 {
+		// No proxy yet, or a health check whose target does not echo the
+		// caller's IP: nothing is known to be distinct.
+		response.ConditionUnknown(rsp, ConditionDuplicateEgressIP, "NoEgressIPsKnown").
+			WithMessage("no proxy's egress IP is known yet: spec.healthCheck.url must answer with the caller's IP").TargetCompositeAndClaim()
+		return
 	}
 	if len(groups) == 0 {
 		response.ConditionFalse(rsp, ConditionDuplicateEgressIP, "DistinctEgressIPs").
@@ -54,6 +65,10 @@ func reportDuplicates(rsp *fnv1.RunFunctionResponse, members []*member) {
 		}
 		names := groups[ip]
 		sort.Strings(names)
+		if len(names) > 5 {
+			// A fleet behind one NAT would name every proxy.
+			names = append(names[:5:5], fmt.Sprintf("%d more", len(names)-5))
+		}
 		parts = append(parts, fmt.Sprintf("%s share egress IP %s", strings.Join(names, ", "), ip))
 	}
 	response.ConditionTrue(rsp, ConditionDuplicateEgressIP, "SharedEgressIP").

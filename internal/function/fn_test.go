@@ -217,15 +217,19 @@ func TestRunFunction(t *testing.T) {
 	t.Run("DuplicateEgressIP", func(t *testing.T) {
 		// crawlers-2 leaves from crawlers-0's IP (one node, one NAT): the
 		// fleet says so on the XR, marks both in its status, and labels
-		// both Proxies; crawlers-1 has an IP of its own.
+		// both Proxies; crawlers-1, of the same zone, has an IP of its
+		// own, and crawlers-3 none known yet.
 		shared := observedProxy(2, "a", true, t0.Add(-time.Hour), "")
 		shared.GetResource().GetFields()["status"].GetStructValue().GetFields()["atProvider"].GetStructValue().Fields["egressIP"] = structpb.NewStringValue("203.0.113.0")
-		spec := strings.Replace(validSpec, `"replicas": 2`, `"replicas": 3`, 1)
+		unknown := observedProxy(3, "a", false, t0.Add(-time.Minute), "")
+		delete(unknown.GetResource().GetFields()["status"].GetStructValue().GetFields()["atProvider"].GetStructValue().Fields, "egressIP")
+		spec := strings.Replace(validSpec, `"replicas": 2`, `"replicas": 4`, 1)
 		req := &fnv1.RunFunctionRequest{
 			Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: map[string]*fnv1.Resource{
 				"proxy-0": observedProxy(0, "a", true, t0.Add(-3*time.Hour), ""),
-				"proxy-1": observedProxy(1, "b", true, t0.Add(-2*time.Hour), ""),
+				"proxy-1": observedProxy(1, "a", true, t0.Add(-2*time.Hour), ""),
 				"proxy-2": shared,
+				"proxy-3": unknown,
 			}},
 			RequiredResources: map[string]*fnv1.Resources{"leases": {}},
 		}
@@ -237,7 +241,7 @@ func TestRunFunction(t *testing.T) {
 		if diff := cmp.Diff(wantCond, conditions(rsp, ConditionDuplicateEgressIP), protocmp.Transform()); diff != "" {
 			t.Errorf("DuplicateEgressIP: -want, +got:\n%s", diff)
 		}
-		for name, want := range map[string]bool{"proxy-0": true, "proxy-1": false, "proxy-2": true} {
+		for name, want := range map[string]bool{"proxy-0": true, "proxy-1": false, "proxy-2": true, "proxy-3": false} {
 			labels := rsp.GetDesired().GetResources()[name].GetResource().GetFields()["metadata"].GetStructValue().GetFields()["labels"].GetStructValue().AsMap()
 			if got := labels[fleetv1alpha1.LabelDuplicateEgressIP] == "true"; got != want {
 				t.Errorf("%s labelled %s: %v, want %v (labels %v)", name, fleetv1alpha1.LabelDuplicateEgressIP, got, want, labels)
@@ -246,7 +250,7 @@ func TestRunFunction(t *testing.T) {
 		status := rsp.GetDesired().GetComposite().GetResource().GetFields()["status"].GetStructValue().AsMap()
 		for _, p := range status["proxies"].([]any) {
 			p := p.(map[string]any)
-			if want := p["name"] != "crawlers-1"; (p["duplicateEgressIP"] == true) != want {
+			if want := p["name"] == "crawlers-0" || p["name"] == "crawlers-2"; (p["duplicateEgressIP"] == true) != want {
 				t.Errorf("status.proxies[%s].duplicateEgressIP: %v, want %v", p["name"], p["duplicateEgressIP"], want)
 			}
 		}
@@ -260,6 +264,16 @@ func TestRunFunction(t *testing.T) {
 		labels := rsp.GetDesired().GetResources()["proxy-2"].GetResource().GetFields()["metadata"].GetStructValue().GetFields()["labels"].GetStructValue().AsMap()
 		if _, ok := labels[fleetv1alpha1.LabelDuplicateEgressIP]; ok {
 			t.Errorf("a proxy with an IP of its own keeps the duplicate label: %v", labels)
+		}
+
+		// Nothing known (no proxy probed, or a health check that echoes
+		// no IP) is no all-clear.
+		rsp = run(t, &fnv1.RunFunctionRequest{
+			Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: map[string]*fnv1.Resource{"proxy-3": unknown}},
+			RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+		})
+		if c := conditions(rsp, ConditionDuplicateEgressIP); len(c) != 1 || c[0].GetStatus() != fnv1.Status_STATUS_CONDITION_UNKNOWN || c[0].GetReason() != "NoEgressIPsKnown" {
+			t.Errorf("no egress IP known: DuplicateEgressIP %v, want Unknown NoEgressIPsKnown", c)
 		}
 	})
 

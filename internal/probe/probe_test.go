@@ -56,6 +56,10 @@ func startSquid(t *testing.T) string {
 
 func TestProbeThroughRealSquid(t *testing.T) {
 	proxy := startSquid(t)
+	// A local proxy reaches loopback targets from an address of its own.
+	_, port, _ := net.SplitHostPort(proxy)
+	pn, _ := strconv.Atoi(port)
+	egress := local.EgressAddress(int32(pn))
 	tls := testbed.StartEchoTarget(t)
 	plain := testbed.StartPlainEchoTarget(t)
 	teapot := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusTeapot) }))
@@ -77,12 +81,12 @@ func TestProbeThroughRealSquid(t *testing.T) {
 		"HTTPSConnect": {
 			reason: "An https URL is fetched through a CONNECT tunnel, and the echoed IP is the egress IP.",
 			target: probe.Target{Proxy: proxy, Username: "crawler", Password: "p@ss word", URL: tls.URL, RootCAs: tls.RootCAs},
-			wantOK: true, wantIP: "127.0.0.1",
+			wantOK: true, wantIP: egress,
 		},
 		"HTTPGet": {
 			reason: "An http URL is fetched with a proxied GET.",
 			target: probe.Target{Proxy: proxy, Username: "crawler", Password: "p@ss word", URL: plain.URL},
-			wantOK: true, wantIP: "127.0.0.1",
+			wantOK: true, wantIP: egress,
 		},
 		"WrongPasswordConnect": {
 			reason:  "Squid answers CONNECT with 407; the message says to check the credentials and hides them.",

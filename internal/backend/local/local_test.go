@@ -127,8 +127,9 @@ func TestLifecycle(t *testing.T) {
 		t.Errorf("providerID: want %s, got %s", want, inst.ProviderID)
 	}
 	res := waitProbe(t, inst, s, target, true)
-	if res.EgressIP != "127.0.0.1" {
-		t.Errorf("egress IP: want 127.0.0.1, got %q", res.EgressIP)
+	// Its own loopback address, for a loopback target.
+	if want := EgressAddress(inst.Port); res.EgressIP != want {
+		t.Errorf("egress IP: want %s, got %q", want, res.EgressIP)
 	}
 
 	// A second Create finds the same instance.
