@@ -174,5 +174,7 @@ func TestKubernetesProxy(t *testing.T) {
 			return len(pods.Items) == 0 && len(secs.Items) == 0 && len(nps.Items) == 0,
 				fmt.Sprintf("%d pods, %d secrets, %d network policies", len(pods.Items), len(secs.Items), len(nps.Items))
 		})
+		// And the Proxy itself, once its finalizer is removed.
+		deleteProxies(t, ns)
 	})
 }
