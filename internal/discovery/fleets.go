@@ -110,9 +110,22 @@ func (s *Server) fleet(w http.ResponseWriter, r *http.Request, id *Identity) err
 	return nil
 }
 
+// sharedIPs counts a fleet's proxies by known egress IP, those that serve
+// and those that do not (a target bans the IP, whichever proxy used it).
+func sharedIPs(ms []member) map[string]int {
+	n := map[string]int{}
+	for _, m := range ms {
+		if m.EgressIP != "" {
+			n[m.EgressIP]++
+		}
+	}
+	return n
+}
+
 // healthy filters a fleet's proxies: healthy, not draining (being
 // replaced), accepting the auth Secret's credentials, in the zone, not
-// excluded, not banned for the domain.
+// excluded, not banned for the domain, nor leaving from an egress IP
+// banned for it through another proxy.
 func (s *Server) healthy(ctx context.Context, ms []member, zone string, exclude map[string]bool, domain string) ([]member, map[string][]string, error) {
 	var bans map[string][]string
 	if len(ms) > 0 {

@@ -95,13 +95,8 @@ func TestStatusPageSignIn(t *testing.T) {
 
 func get(t *testing.T, c *http.Client, u string) (*http.Response, string) {
 	t.Helper()
-	rsp, err := c.Get(u)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer rsp.Body.Close() //nolint:errcheck // A test.
-	b, _ := io.ReadAll(rsp.Body)
-	return rsp, string(b)
+	req, _ := http.NewRequest(http.MethodGet, u, nil)
+	return send(t, c, req)
 }
 
 func post(t *testing.T, c *http.Client, u string, form url.Values, origin string) (*http.Response, string) {
@@ -111,6 +106,12 @@ func post(t *testing.T, c *http.Client, u string, form url.Values, origin string
 	if origin != "" {
 		req.Header.Set("Origin", origin)
 	}
+	return send(t, c, req)
+}
+
+// send does req and returns the answer and its body, read to the end.
+func send(t *testing.T, c *http.Client, req *http.Request) (*http.Response, string) {
+	t.Helper()
 	rsp, err := c.Do(req)
 	if err != nil {
 		t.Fatal(err)

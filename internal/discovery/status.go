@@ -37,18 +37,6 @@ type statusFleet struct {
 	DistinctIPs int
 }
 
-// sharedIPs counts a fleet's proxies by known egress IP, those that serve
-// and those that do not (a target bans the IP, whichever proxy used it).
-func sharedIPs(ms []member) map[string]int {
-	n := map[string]int{}
-	for _, m := range ms {
-		if m.EgressIP != "" {
-			n[m.EgressIP]++
-		}
-	}
-	return n
-}
-
 // status renders the status page: fleets, proxies, health, latency, egress
 // IP, lease use against maxLeases and bans, without JavaScript.
 func (s *Server) status(w http.ResponseWriter, r *http.Request, id *Identity) error {

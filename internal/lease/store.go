@@ -372,6 +372,11 @@ func StickyHash(key string) string {
 	return hex.EncodeToString(sum[:])[:32]
 }
 
+// leaseID is the ID of the grant l's object records, which ParseID splits.
+func leaseID(l *coordv1.Lease) string {
+	return l.Namespace + "/" + l.Name + "/" + string(l.UID)
+}
+
 // ParseID splits a lease ID into namespace, object name and the UID of the
 // grant's object.
 func ParseID(id string) (namespace, name, tok string, err error) {
@@ -645,7 +650,7 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 
 func grant(l *coordv1.Lease, c Candidate, slot int) *Grant {
 	return &Grant{
-		ID: l.Namespace + "/" + l.Name + "/" + string(l.UID), Namespace: l.Namespace, Fleet: c.Fleet, Proxy: c.Proxy, Slot: slot,
+		ID: leaseID(l), Namespace: l.Namespace, Fleet: c.Fleet, Proxy: c.Proxy, Slot: slot,
 		Holder: *l.Spec.HolderIdentity, ExpiresAt: ExpiresAt(l), TTL: leaseTTL(l),
 	}
 }
@@ -815,8 +820,7 @@ func (s *Store) Leave(ctx context.Context, id, identity, replica string, granter
 		if len(left) == 0 {
 			err = s.Client.Delete(ctx, &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: l.Namespace, Name: l.Name}}, client.Preconditions{UID: &l.UID, ResourceVersion: &rv})
 			if err == nil {
-				s.recent.Delete(l.Namespace + "/" + l.Name)
-				s.granted.Delete(id)
+				s.released(l.Namespace, l.Name, id)
 				return true, nil
 			}
 		} else {
@@ -899,10 +903,15 @@ func (s *Store) Release(ctx context.Context, id, identity string) error {
 		return ErrNotFound
 	}
 	if err == nil {
-		s.recent.Delete(ns + "/" + name)
-		s.granted.Delete(id)
+		s.released(ns, name, id)
 	}
 	return errors.Wrap(err, "cannot release lease")
+}
+
+// released forgets what this replica remembers of a grant it deleted.
+func (s *Store) released(namespace, name, id string) {
+	s.recent.Delete(namespace + "/" + name)
+	s.granted.Delete(id)
 }
 
 // HeldBy returns the live slot lease of a fleet that holder holds for
@@ -930,7 +939,7 @@ func (s *Store) HeldBy(ctx context.Context, namespace, fleet, holder, identity s
 	if best == nil {
 		return nil, ErrNotFound
 	}
-	return s.toGrant(best, best.Namespace+"/"+best.Name+"/"+string(best.UID)), nil
+	return s.toGrant(best, leaseID(best)), nil
 }
 
 // Sticky returns the proxy a sticky key last held in a fleet, if any.
