@@ -706,7 +706,7 @@ func (gw *Gateway) choose(ctx context.Context, id *Identity, u GatewayUser, doma
 // takes itself off when done, and the last deletes it.
 func (gw *Gateway) adopt(ctx context.Context, id *Identity, u GatewayUser, domain string, exclude map[string]bool) *upstream {
 	g, err := gw.Server.Leases.HeldBy(ctx, u.Namespace, u.Fleet, GatewaySessionHolder(u.Session), id.User)
-	if err != nil || exclude[g.Proxy] || g.Fleet != u.Fleet {
+	if err != nil || exclude[g.Proxy] || g.Fleet != u.Fleet || gw.holds(g.ID) {
 		return nil
 	}
 	p := &v1alpha1.Proxy{}
@@ -734,6 +734,21 @@ func (gw *Gateway) adopt(ctx context.Context, id *Identity, u GatewayUser, domai
 	gw.mu.Unlock()
 	gw.Metrics.SessionsAdopted.Inc()
 	return up
+}
+
+// holds reports whether this replica uses the lease id already (one its
+// session moved off, whose tunnels still run): taking it up a second time
+// would name the replica on it once for two uses, and the first to end
+// would leave it, or delete it, under the other.
+func (gw *Gateway) holds(id string) bool {
+	gw.mu.Lock()
+	defer gw.mu.Unlock()
+	for up := range gw.live {
+		if up.g.g.ID == id {
+			return true
+		}
+	}
+	return false
 }
 
 // serves reports whether up's proxy, as the cache shows it now, may take
@@ -934,7 +949,8 @@ func (gw *Gateway) lease(ctx context.Context, id *Identity, u GatewayUser, domai
 			return up, nil
 		}
 	}
-	gw.release(ctx, &upstream{id: a.id, g: g})
+	// A session's lease may be shared already: it leaves as one.
+	gw.release(ctx, &upstream{id: a.id, g: g, session: !seat})
 	return nil, err
 }
 

@@ -115,6 +115,12 @@ func TestSharedLease(t *testing.T) {
 			t.Errorf("HeldBy(%v): %+v, %v; want ErrNotFound", who, found, err)
 		}
 	}
+	if ok, err := other.Leave(ctx, g.ID, me, "second", false); ok || err != nil {
+		t.Fatalf("a replica that never took up a lease leaving it: deleted %v, %v; want it kept", ok, err)
+	}
+	if _, ok := replicas(g); !ok {
+		t.Fatal("a replica that never took up the lease deleted it")
+	}
 	if ok, err := granter.Leave(ctx, g.ID, me, "first", true); !ok || err != nil {
 		t.Fatalf("a lease never shared is deleted by its granter leaving: %v, %v", ok, err)
 	}
@@ -148,5 +154,16 @@ func TestSharedLease(t *testing.T) {
 	}
 	if _, ok := replicas(g); ok {
 		t.Fatal("the last replica left, and the lease is still there")
+	}
+
+	// A session that moved holds its old lease while tunnels on it run:
+	// the one granted last is the session's.
+	old, moved := take(), take()
+	// Renewed for longer, the old one expires last.
+	if _, err := granter.Renew(ctx, old.ID, me, time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if found, err := other.HeldBy(ctx, ns, "crawlers", holder, me); err != nil || found.ID != moved.ID {
+		t.Fatalf("HeldBy with two leases: %+v, %v; want the later %s, not %s", found, err, moved.ID, old.ID)
 	}
 }

@@ -372,6 +372,14 @@ func StickyHash(key string) string {
 	return hex.EncodeToString(sum[:])[:32]
 }
 
+// acquired is when l was granted (zero when it does not say).
+func acquired(l *coordv1.Lease) time.Time {
+	if l.Spec.AcquireTime == nil {
+		return time.Time{}
+	}
+	return l.Spec.AcquireTime.Time
+}
+
 // leaseID is the ID of the grant l's object records, which ParseID splits.
 func leaseID(l *coordv1.Lease) string {
 	return l.Namespace + "/" + l.Name + "/" + string(l.UID)
@@ -815,6 +823,10 @@ func (s *Store) Leave(ctx context.Context, id, identity, replica string, granter
 			return false, err
 		}
 		users := sharers(l)
+		if users == nil && !granter {
+			// Never shared: not this replica's to delete.
+			return false, nil
+		}
 		left := slices.DeleteFunc(slices.Clone(users), func(r string) bool { return r == replica })
 		rv := l.ResourceVersion
 		if len(left) == 0 {
@@ -915,8 +927,9 @@ func (s *Store) released(namespace, name, id string) {
 }
 
 // HeldBy returns the live slot lease of a fleet that holder holds for
-// identity (of several, the one expiring last), read from the API server:
-// a lease another replica granted a moment ago is in no cache yet.
+// identity (of several, the one granted last: a session that moved keeps
+// its old lease while tunnels on it run), read from the API server: a
+// lease another replica granted a moment ago is in no cache yet.
 func (s *Store) HeldBy(ctx context.Context, namespace, fleet, holder, identity string) (*Grant, error) {
 	l := &coordv1.LeaseList{}
 	if err := s.reader().List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet),
@@ -932,7 +945,7 @@ func (s *Store) HeldBy(ctx context.Context, namespace, fleet, holder, identity s
 			ptr.Deref(le.Spec.HolderIdentity, "") != holder || le.Annotations[AnnotationIdentity] != identity {
 			continue
 		}
-		if best == nil || ExpiresAt(le).After(ExpiresAt(best)) {
+		if best == nil || acquired(le).After(acquired(best)) {
 			best = le
 		}
 	}
