@@ -26,6 +26,7 @@ var categories = []string{"crawl"}
 // SYNCED, READY, COMPOSITION and AGE itself.
 var printerColumns = []map[string]any{
 	{"name": "REPLICAS", "type": "integer", "jsonPath": ".spec.replicas"},
+	{"name": "DESIRED", "type": "integer", "jsonPath": ".status.desiredReplicas", "description": "Proxies the fleet aims at: spec.replicas, or what spec.autoscaling chose"},
 	{"name": "AVAILABLE", "type": "integer", "jsonPath": ".status.readyReplicas", "description": "Proxies that run and pass their probe"},
 	{"name": "HEALTHY", "type": "integer", "jsonPath": ".status.healthyReplicas"},
 	{"name": "UP-TO-DATE", "type": "integer", "jsonPath": ".status.updatedReplicas", "description": "Proxies made from the current template revision"},

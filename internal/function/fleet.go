@@ -42,6 +42,9 @@ type Fleet struct {
 	ProgressDeadline time.Duration
 	// Warnings say what in the spec was taken otherwise than written.
 	Warnings []string
+	// autoscale is spec.autoscaling; nil when spec.replicas sizes the
+	// fleet. While set, Replicas is what it chose.
+	autoscale *autoscaler
 }
 
 // templateRevision hashes what each of a fleet's Proxies is made from,
@@ -101,6 +104,9 @@ func parseFleet(name, namespace string, spec map[string]any) (*Fleet, error) {
 	s := given.WithDefaults()
 	f := &Fleet{Name: name, Namespace: namespace, spec: s, Replicas: int(*s.Replicas), Zones: s.Zones, Revision: templateRevision(s)}
 	f.Paused, f.ProgressDeadline = s.Rollout.Paused, s.Rollout.ProgressDeadline.Duration
+	if f.autoscale, err = newAutoscaler(s.Autoscaling); err != nil {
+		return nil, err
+	}
 	c := (*fleetSpec)(s)
 	for _, check := range []func() error{
 		f.checkScale, c.checkPlacement, c.checkProxy, c.checkHealthCheck, f.checkRotation, c.checkLeases,
@@ -117,8 +123,11 @@ func (f *Fleet) checkScale() error {
 	if f.Replicas < 0 || f.Replicas > fleetv1alpha1.MaxReplicas {
 		return fieldError("spec.replicas", "must be between 0 and %d, not %d", fleetv1alpha1.MaxReplicas, f.Replicas)
 	}
-	if f.Replicas > 0 && len(f.Zones) == 0 {
+	if f.Replicas > 0 && len(f.Zones) == 0 && f.autoscale == nil {
 		return fieldError("spec.zones", "must not be empty when spec.replicas > 0: list the zones to spread proxies over")
+	}
+	if f.autoscale != nil && len(f.Zones) == 0 {
+		return fieldError("spec.zones", "must not be empty when spec.autoscaling is set: list the zones to spread proxies over")
 	}
 	seen := map[string]bool{}
 	for i, z := range f.Zones {

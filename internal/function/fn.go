@@ -117,9 +117,17 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 			Match: &fnv1.ResourceSelector_MatchLabels{MatchLabels: &fnv1.MatchLabels{Labels: lease.SeatSelector(fleetName)}},
 		},
 	}}
+	if fleet.autoscale != nil {
+		rsp.Requirements.Resources[requiredDemand] = &fnv1.ResourceSelector{
+			ApiVersion: "coordination.k8s.io/v1", Kind: "Lease", Namespace: &namespace,
+			Match: &fnv1.ResourceSelector_MatchLabels{MatchLabels: &fnv1.MatchLabels{Labels: lease.DemandSelector(fleetName)}},
+		}
+	}
 	leaseList, leasesKnown := req.GetRequiredResources()[requiredLeases]
-	members := observedMembers(req.GetObserved().GetResources(), heldProxies(leaseList.GetItems(), fleet, now), fleet.Revision)
+	leased, held := heldProxies(leaseList.GetItems(), fleet, now)
+	members := observedMembers(req.GetObserved().GetResources(), leased, fleet.Revision)
 	markDuplicates(members)
+	sc := autoscale(req, fleet, members, held, leasesKnown, now)
 	p := decide(fleet, members, leasesKnown, now)
 
 	if rsp.Desired == nil {
@@ -157,14 +165,54 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 	for name, r := range grant {
 		rsp.Desired.Resources[name] = r
 	}
-	finish(rsp, req, fleet, members, p, now)
+	finish(rsp, req, fleet, members, p, sc, now)
 	return rsp, nil
+}
+
+// autoscale sizes an autoscaled fleet, setting its Replicas to the size it
+// aims at; nil for a fleet spec.replicas sizes. Until Crossplane has sent
+// the fleet's leases and demand, the size aimed at so far stays.
+func autoscale(req *fnv1.RunFunctionRequest, f *Fleet, members []*member, held int, leasesKnown bool, now time.Time) *scaling {
+	if f.autoscale == nil {
+		return nil
+	}
+	current, history := previousScaling(field(req.GetObserved().GetComposite().GetResource(), "status").GetStructValue())
+	if current < 0 {
+		// Autoscaling was just turned on: it starts from the proxies
+		// there are.
+		current = 0
+		for _, m := range members {
+			if m.Replaces < 0 {
+				current++
+			}
+		}
+	}
+	demand, demandKnown := req.GetRequiredResources()[requiredDemand]
+	var sc *scaling
+	if leasesKnown && demandKnown {
+		items := make([]*structpb.Struct, 0, len(demand.GetItems()))
+		for _, r := range demand.GetItems() {
+			items = append(items, r.GetResource())
+		}
+		healthy := 0
+		for _, m := range members {
+			if m.Healthy {
+				healthy++
+			}
+		}
+		sc = f.autoscale.scale(sumDemand(items, f.Name, held, now), int(*f.spec.Leases.MaxLeasesPerProxy), healthy, current, history, now)
+	} else {
+		sc = &scaling{desired: min(max(current, f.autoscale.Min), f.autoscale.Max), history: history, reason: "waiting for the fleet's leases and demand"}
+	}
+	f.Replicas = sc.desired
+	return sc
 }
 
 // finish reports the fleet: its status, readiness and conditions, and when
 // to compose it again.
-func finish(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionRequest, fleet *Fleet, members []*member, p *plan, now time.Time) {
+func finish(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionRequest, fleet *Fleet, members []*member, p *plan, sc *scaling, now time.Time) {
 	setStatus(rsp.Desired, fleet, members, now)
+	reportScaling(rsp, fleet, sc)
 	ro := progress(fleet, members, field(req.GetObserved().GetComposite().GetResource(), "status").GetStructValue(), now)
 	setRollout(field(rsp.Desired.Composite.Resource, "status").GetStructValue(), ro)
 	setReady(rsp.Desired, fleet, members)
@@ -180,6 +228,15 @@ func finish(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionRequest, fleet *
 	}
 	reportRollout(rsp, fleet, members, p, ro, now)
 	ttl := requeueAfter(fleet, members, p, now)
+	if sc != nil {
+		// Demand is no object Crossplane watches: an autoscaled fleet is
+		// composed again as often as discovery may publish it, and a
+		// fleet at zero twice as often, for its first crawler waits.
+		ttl = min(ttl, lease.DemandInterval)
+		if fleet.Replicas == 0 {
+			ttl = min(ttl, lease.DemandInterval/2)
+		}
+	}
 	if ro != nil && !fleet.Paused {
 		// RolloutStalled turns True when the deadline passes, not a
 		// poll later.
@@ -230,17 +287,19 @@ func later(a, b time.Time) time.Time {
 }
 
 // heldProxies returns the names of the fleet's proxies that a crawler may
-// still hold a lease on, by lease.Holds.
-func heldProxies(leases []*fnv1.Resource, f *Fleet, now time.Time) map[string]bool {
+// still hold a lease on, by lease.Holds, and how many leases are held.
+func heldProxies(leases []*fnv1.Resource, f *Fleet, now time.Time) (map[string]bool, int) {
 	out := map[string]bool{}
+	n := 0
 	_, maxTTL := f.spec.Leases.TTLs()
 	for _, r := range leases {
 		l := leaseOf(r.GetResource())
 		if fleetv1alpha1.FleetName(l) == f.Name && lease.Holds(l, now, maxTTL) {
 			out[fleetv1alpha1.ProxyName(l)] = true
+			n++
 		}
 	}
-	return out
+	return out, n
 }
 
 // leaseOf reads the fields of a Lease that say who holds it until when.
@@ -569,6 +628,7 @@ func setStatus(desired *fnv1.State, f *Fleet, members []*member, now time.Time) 
 	status.Fields["healthyReplicas"] = structpb.NewNumberValue(float64(healthy))
 	status.Fields["updatedReplicas"] = structpb.NewNumberValue(float64(updated))
 	status.Fields["observedRevision"] = structpb.NewStringValue(f.Revision)
+	status.Fields["desiredReplicas"] = structpb.NewNumberValue(float64(f.Replicas))
 	status.Fields["proxies"] = structpb.NewListValue(&structpb.ListValue{Values: proxies})
 }
 
@@ -632,4 +692,17 @@ func report(rsp *fnv1.RunFunctionResponse, f *Fleet, members []*member, p *plan,
 	if trouble {
 		response.Warning(rsp, errors.New(msg)).TargetCompositeAndClaim()
 	}
+}
+
+// reportScaling says who sizes the fleet: the Autoscaling condition, and
+// for an autoscaled fleet its status.autoscaling.
+func reportScaling(rsp *fnv1.RunFunctionResponse, f *Fleet, sc *scaling) {
+	if sc == nil {
+		response.ConditionFalse(rsp, ConditionAutoscaling, "Disabled").
+			WithMessage("spec.replicas sizes the fleet; kubectl scale or a HorizontalPodAutoscaler may set it").TargetCompositeAndClaim()
+		return
+	}
+	field(rsp.Desired.Composite.Resource, "status").GetStructValue().Fields["autoscaling"] = sc.statusOf()
+	msg := fmt.Sprintf("aiming at %d proxies: %s; spec.replicas (%d) is ignored while spec.autoscaling is set", sc.desired, sc.reason, *f.spec.Replicas)
+	response.ConditionTrue(rsp, ConditionAutoscaling, "DemandDriven").WithMessage(msg).TargetCompositeAndClaim()
 }

@@ -214,14 +214,32 @@ func (pl *planner) scaleDown() {
 		return a.Ordinal > b.Ordinal
 	})
 	drop := len(pl.replicas) - pl.f.Replicas
-	for _, s := range pl.replicas[:drop] {
+	kept := pl.replicas[:0:0]
+	held := 0
+	for _, s := range pl.replicas {
+		if drop == 0 {
+			kept = append(kept, s)
+			continue
+		}
+		if pl.f.autoscale != nil && (!pl.leasesKnown || s.holder.Leased || (s.replacement != nil && s.replacement.Leased)) {
+			// The autoscaler removes only proxies no crawler holds a
+			// lease on; the fleet shrinks further as leases end.
+			kept = append(kept, s)
+			held++
+			continue
+		}
+		drop--
 		pl.p.removed++
 		pl.forget(s.holder)
 		if s.replacement != nil {
 			pl.forget(s.replacement)
 		}
 	}
-	pl.replicas = pl.replicas[drop:]
+	pl.replicas = kept
+	if held > 0 && drop > 0 {
+		pl.p.leaseWait = true
+		pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%d proxies above the %d aimed at stay until their leases end", drop, pl.f.Replicas))
+	}
 }
 
 // scaleUp adds replicas in the least crowded zones.

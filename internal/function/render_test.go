@@ -116,6 +116,15 @@ func TestRender(t *testing.T) {
 				// Ready while the surge proxy boots, and progressing.
 				"reason: Available status: \"True\" type: Ready", "reason: Progressing status: \"False\" type: RolloutStalled", "remaining: 3"},
 		},
+		"autoscaling": {
+			reason: "An autoscaled fleet grows to serve the leases held, waiting and refused, counting only fresh demand.",
+			xr:     "examples/render/autoscaling/xr.yaml", composition: namespaced,
+			flags: []string{"--observed-resources=" + filepath.Join(root, "examples/render/autoscaling/observed-resources.yaml"),
+				"--required-resources=" + filepath.Join(root, "examples/render/autoscaling/required-resources.yaml")},
+			want: []string{"name: crawlers-3", "desiredReplicas: 4", "held: 5", "waiting: 2", "refused: 1", "capacity: 6",
+				"aiming at 4 proxies: utilization 1.33 > 0.70; spec.replicas (2) is ignored while spec.autoscaling is set",
+				"reason: DemandDriven", "replicas: 4 time: \"2026-11-29T12:00:00Z\""},
+		},
 		"unhealthy": {
 			reason: "A proxy down longer than replaceUnhealthyAfter gets a replacement in its zone.",
 			xr:     "examples/render/unhealthy/xr.yaml", composition: namespaced,

@@ -1081,9 +1081,17 @@ func (s *Store) Sweep(ctx context.Context, proxyExists func(namespace, name stri
 	defer func() { s.forget(slots) }()
 	for i := range l.Items {
 		le := &l.Items[i]
-		gone := !proxyExists(le.Namespace, fleetv1alpha1.ProxyName(le))
+		kind := le.Labels[fleetv1alpha1.LabelLeaseKind]
+		gone := kind != fleetv1alpha1.LeaseKindDemand && !proxyExists(le.Namespace, fleetv1alpha1.ProxyName(le))
 		over := Expired(le, now.Add(-grace))
-		if le.Labels[fleetv1alpha1.LabelLeaseKind] == fleetv1alpha1.LeaseKindSlot {
+		switch kind {
+		case fleetv1alpha1.LeaseKindDemand:
+			// Of no proxy: its replica rewrites it, and deletes it with
+			// its fleet; one a dead replica left goes once long stale
+			// (by the clock: a fast one deletes a live replica's, which
+			// writes it again).
+			over = Expired(le, now.Add(-DemandSweepAfter))
+		case fleetv1alpha1.LeaseKindSlot:
 			// A slot is over by this replica's observation, never by its
 			// clock.
 			slots[le.Namespace+"/"+le.Name] = true

@@ -112,8 +112,9 @@ func article(v string) string {
 // WithDefaults returns a copy of the spec with every default applied, as
 // the apiserver would, so that code behaves the same whether or not an
 // apiserver defaulted the XR (crossplane render does not). Every pointer of
-// the result is set, except Rotation.MaxAge (unset: no age-based rotation)
-// and the placement blocks.
+// the result is set, except Rotation.MaxAge (unset: no age-based rotation),
+// Autoscaling (unset: spec.replicas sizes the fleet) and the placement
+// blocks.
 func (s *ProxyFleetSpec) WithDefaults() *ProxyFleetSpec {
 	d := s.DeepCopy()
 	if d.Replicas == nil {
@@ -163,6 +164,20 @@ func (s *ProxyFleetSpec) WithDefaults() *ProxyFleetSpec {
 	}
 	if d.Leases.MaxBanCooldown == nil {
 		d.Leases.MaxBanCooldown = &metav1.Duration{Duration: DefaultMaxBanCooldown}
+	}
+	if a := d.Autoscaling; a != nil {
+		if a.MinReplicas == nil {
+			a.MinReplicas = ptr.To(DefaultMinReplicas)
+		}
+		if a.TargetUtilization == nil {
+			a.TargetUtilization = ptr.To(DefaultTargetUtilization)
+		}
+		if a.ScaleUpStabilization == nil {
+			a.ScaleUpStabilization = &metav1.Duration{Duration: DefaultScaleUpStabilization}
+		}
+		if a.ScaleDownStabilization == nil {
+			a.ScaleDownStabilization = &metav1.Duration{Duration: DefaultScaleDownStabilization}
+		}
 	}
 	return d
 }

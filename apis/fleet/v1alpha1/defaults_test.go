@@ -74,6 +74,10 @@ func TestDefaultsMatchSchema(t *testing.T) {
 		"providerConfigRef": {xrd, []string{"spec", "providerConfigRef"}, map[string]any{
 			"kind": egressv1alpha1.ClusterProviderConfigKind, "name": DefaultProviderConfigName,
 		}},
+		"minReplicas":            {xrd, []string{"spec", "autoscaling", "minReplicas"}, float64(DefaultMinReplicas)},
+		"targetUtilization":      {xrd, []string{"spec", "autoscaling", "targetUtilization"}, DefaultTargetUtilization},
+		"scaleUpStabilization":   {xrd, []string{"spec", "autoscaling", "scaleUpStabilization"}, DefaultScaleUpStabilization.String()},
+		"scaleDownStabilization": {xrd, []string{"spec", "autoscaling", "scaleDownStabilization"}, DefaultScaleDownStabilization.String()},
 		"proxy port":        {crd, []string{"spec", "forProvider", "port"}, float64(egressv1alpha1.DefaultPort)},
 		"proxy maxLeases":   {crd, []string{"spec", "forProvider", "maxLeases"}, float64(egressv1alpha1.DefaultMaxLeases)},
 		"proxy usernameKey": {crd, []string{"spec", "forProvider", "authSecretRef", "usernameKey"}, egressv1alpha1.DefaultUsernameKey},
@@ -139,6 +143,7 @@ func TestSpecFromNamesBadDurations(t *testing.T) {
 		{"rotation", "maxAge"}, {"rotation", "replaceUnhealthyAfter"},
 		{"rollout", "progressDeadline"},
 		{"leases", "defaultTTL"}, {"leases", "maxTTL"}, {"leases", "maxBanCooldown"}, {"leases", "admission", "maxWait"},
+		{"autoscaling", "scaleUpStabilization"}, {"autoscaling", "scaleDownStabilization"},
 	}, specDurations); diff != "" {
 		t.Errorf("duration fields: -want +got:\n%s", diff)
 	}

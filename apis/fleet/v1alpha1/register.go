@@ -74,6 +74,10 @@ const (
 	LeaseKindSlot = "slot"
 	// LeaseKindBan is a domain ban on a proxy.
 	LeaseKindBan = "ban"
+	// LeaseKindDemand is one egress-discovery replica's share of a
+	// fleet's lease demand, which the function sizes an autoscaled fleet
+	// by.
+	LeaseKindDemand = "demand"
 )
 
 // FleetName returns the name of the fleet a Proxy or a Lease belongs to.

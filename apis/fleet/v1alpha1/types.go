@@ -20,6 +20,12 @@ const (
 	DefaultLeaseTTL                    = 10 * time.Minute
 	DefaultMaxLeaseTTL                 = time.Hour
 	DefaultMaxBanCooldown              = 24 * time.Hour
+	// Autoscaling defaults, as a HorizontalPodAutoscaler's: scale up at
+	// once, scale down after 5 minutes of asking for fewer.
+	DefaultMinReplicas            int32 = 1
+	DefaultTargetUtilization            = 0.7
+	DefaultScaleUpStabilization         = time.Duration(0)
+	DefaultScaleDownStabilization       = 5 * time.Minute
 	// MinLeaseTTL and MaxLeaseTTL bound every lease TTL: a Lease object's
 	// duration is whole seconds, and a lease is not a way to own a proxy.
 	MinLeaseTTL               = time.Second
@@ -319,13 +325,64 @@ type QuotaOverride struct {
 	MaxLeases int32 `json:"maxLeases"`
 }
 
+// Autoscaling sizes a fleet from its lease demand: the leases crawlers
+// hold, and the acquisitions waiting for a slot or refused one lately, as
+// egress-discovery publishes them. While it is set the function owns the
+// fleet's size and spec.replicas is ignored.
+// +kubebuilder:validation:XValidation:rule="self.minReplicas <= self.maxReplicas",message="spec.autoscaling.minReplicas must not exceed spec.autoscaling.maxReplicas"
+type Autoscaling struct {
+	// MinReplicas is the fewest proxies the fleet keeps. 0 lets it scale
+	// to zero: its first acquisition then waits (spec.leases.admission.
+	// maxWait) while a proxy is made.
+	// +kubebuilder:default=1
+	// +kubebuilder:validation:Minimum=0
+	// +kubebuilder:validation:Maximum=1000
+	// +optional
+	MinReplicas *int32 `json:"minReplicas,omitempty"`
+
+	// MaxReplicas is the most proxies the fleet grows to.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	MaxReplicas int32 `json:"maxReplicas"`
+
+	// TargetUtilization is the share of the fleet's lease capacity
+	// (healthy proxies x maxLeasesPerProxy) the fleet aims to have in use.
+	// +kubebuilder:default=0.7
+	// +kubebuilder:validation:Minimum=0.05
+	// +kubebuilder:validation:Maximum=1
+	// +optional
+	TargetUtilization *float64 `json:"targetUtilization,omitempty"`
+
+	// ScaleUpStabilization is how long demand must ask for more proxies
+	// before the fleet grows: the lowest size asked for within it wins.
+	// +kubebuilder:default="0s"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) <= duration('1h')",message="must be at most 1h"
+	// +optional
+	ScaleUpStabilization *metav1.Duration `json:"scaleUpStabilization,omitempty"`
+
+	// ScaleDownStabilization is how long demand must ask for fewer
+	// proxies before the fleet shrinks: the highest size asked for within
+	// it wins. Only proxies no crawler holds a lease on are removed.
+	// +kubebuilder:default="5m"
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) <= duration('1h')",message="must be at most 1h"
+	// +optional
+	ScaleDownStabilization *metav1.Duration `json:"scaleDownStabilization,omitempty"`
+}
+
 // ProxyFleetSpec is the desired fleet.
 // +kubebuilder:validation:XValidation:rule="!has(self.placement.gcp) || !has(self.proxy.allowedSourceRanges) || self.proxy.allowedSourceRanges.all(r, cidr(r).ip().family() == 4)",message="spec.proxy.allowedSourceRanges: a GCP proxy's firewall rule takes IPv4 ranges only, and its VM has an IPv4 address only: remove the IPv6 ranges"
 // +kubebuilder:validation:XValidation:rule="!has(self.placement.gcp) || !has(self.placement.gcp.subnetwork) || self.zones.all(z, ('/' + self.placement.gcp.subnetwork).contains('/regions/' + z.substring(0, z.lastIndexOf('-')) + '/subnetworks/'))",message="spec.placement.gcp.subnetwork must be in the region of every zone in spec.zones: a subnetwork is regional"
-// +kubebuilder:validation:XValidation:rule="self.replicas == 0 || size(self.zones) > 0",message="spec.zones must not be empty when spec.replicas > 0: list the zones to spread proxies over"
+// +kubebuilder:validation:XValidation:rule="(self.replicas == 0 && !has(self.autoscaling)) || size(self.zones) > 0",message="spec.zones must not be empty when spec.replicas > 0 or spec.autoscaling is set: list the zones to spread proxies over"
 // +kubebuilder:validation:XValidation:rule="(self.replicas + self.rotation.maxSurge) * (7400 + 2900 * self.leases.maxLeasesPerProxy + (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0)) <= 2097152 || (oldSelf.hasValue() && self.replicas <= oldSelf.value().replicas && self.rotation.maxSurge <= oldSelf.value().rotation.maxSurge && self.leases.maxLeasesPerProxy <= oldSelf.value().leases.maxLeasesPerProxy && (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0) <= (has(oldSelf.value().placement.gcp) && has(oldSelf.value().placement.gcp.cloudInit) && has(oldSelf.value().placement.gcp.cloudInit.inline) ? size(oldSelf.value().placement.gcp.cloudInit.inline) : 0))",message="(spec.replicas + spec.rotation.maxSurge) times (7400 + 2900 x spec.leases.maxLeasesPerProxy + the size of spec.placement.gcp.cloudInit.inline) bytes must not exceed 2 MiB: Crossplane sends the function every Proxy of the fleet and every lease held on them in one gRPC message, limited to 4 MiB, and this keeps a 2x margin (with maxSurge 1: at most 202 replicas with 1 lease per proxy, 56 with 10); split a larger fleet into several. A fleet stored before this rule may keep its size or shrink, but not grow",optionalOldSelf=true
+// +kubebuilder:validation:XValidation:rule="!has(self.autoscaling) || (self.autoscaling.maxReplicas + self.rotation.maxSurge) * (7400 + 2900 * self.leases.maxLeasesPerProxy + (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0)) <= 2097152",message="(spec.autoscaling.maxReplicas + spec.rotation.maxSurge) times (7400 + 2900 x spec.leases.maxLeasesPerProxy + the size of spec.placement.gcp.cloudInit.inline) bytes must not exceed 2 MiB, as for spec.replicas: lower maxReplicas or split the fleet"
 type ProxyFleetSpec struct {
-	// Replicas is how many proxies the fleet keeps.
+	// Replicas is how many proxies the fleet keeps, unless spec.autoscaling
+	// is set, which then sizes the fleet. kubectl scale and a
+	// HorizontalPodAutoscaler set it through the scale subresource.
 	// +kubebuilder:default=3
 	// +kubebuilder:validation:Minimum=0
 	// +kubebuilder:validation:Maximum=1000
@@ -376,6 +433,11 @@ type ProxyFleetSpec struct {
 	// +kubebuilder:default={maxLeasesPerProxy: 1, defaultTTL: "10m", maxTTL: "1h", maxBanCooldown: "24h"}
 	// +optional
 	Leases *Leases `json:"leases,omitempty"`
+
+	// Autoscaling sizes the fleet from lease demand between its bounds;
+	// spec.replicas is then ignored.
+	// +optional
+	Autoscaling *Autoscaling `json:"autoscaling,omitempty"`
 }
 
 // ProxyStatus is one proxy of the fleet as the fleet's status shows it.
@@ -414,9 +476,49 @@ type ProxyFleetStatus struct {
 	// Rollout is the progress of the rollout under way, if one is.
 	// +optional
 	Rollout *RolloutStatus `json:"rollout,omitempty"`
+	// DesiredReplicas is how many proxies the fleet aims at: spec.replicas,
+	// or what spec.autoscaling chose.
+	// +optional
+	DesiredReplicas *int32 `json:"desiredReplicas,omitempty"`
+	// Autoscaling is the demand the fleet was last sized by, and the
+	// recent sizes it asked for, which the stabilization windows look back
+	// over.
+	// +optional
+	Autoscaling *AutoscalingStatus `json:"autoscaling,omitempty"`
 	// Proxies has one entry per proxy.
 	// +optional
 	Proxies []ProxyStatus `json:"proxies,omitempty"`
+}
+
+// AutoscalingStatus is the demand a fleet was last sized by.
+type AutoscalingStatus struct {
+	// Reason says why the fleet has the size it aims at, for example
+	// "utilization 0.92 > 0.70".
+	Reason string `json:"reason,omitempty"`
+	// Held is how many leases crawlers hold on the fleet's proxies.
+	Held int32 `json:"held,omitempty"`
+	// Waiting is how many acquisitions wait for a slot, over every
+	// egress-discovery replica.
+	Waiting int32 `json:"waiting,omitempty"`
+	// Refused is how many acquisitions were refused for want of a slot or
+	// of healthy proxies within the last minute.
+	Refused int32 `json:"refused,omitempty"`
+	// Capacity is healthy proxies x maxLeasesPerProxy.
+	Capacity int32 `json:"capacity,omitempty"`
+	// Recommendations are the sizes demand asked for lately, each from
+	// when it was first asked for until the next.
+	// +kubebuilder:validation:MaxItems=64
+	// +optional
+	Recommendations []Recommendation `json:"recommendations,omitempty"`
+}
+
+// Recommendation is a size demand asked for, from a time on.
+type Recommendation struct {
+	// Time it was first asked for.
+	// +kubebuilder:validation:Format=date-time
+	Time string `json:"time"`
+	// Replicas asked for.
+	Replicas int32 `json:"replicas"`
 }
 
 // A ProxyFleet is a fleet of egress forward proxies with distinct egress

@@ -1,0 +1,259 @@
+package function
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
+	"github.com/crossplane/function-sdk-go/resource"
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+)
+
+func scaler(minR, maxR int, up, down time.Duration) *autoscaler {
+	return &autoscaler{Min: minR, Max: maxR, Target: 700, Up: up, Down: down}
+}
+
+// TestRecommend: the size that serves the leases asked for at the target
+// utilization, exact in its arithmetic, steady within the tolerance, and
+// within the bounds.
+func TestRecommend(t *testing.T) {
+	cases := map[string]struct {
+		d                 lease.Demand
+		perProxy, current int
+		want              int
+	}{
+		// 21 / (3 x 0.7) is 10 exactly; in floating point it is
+		// 10.000000000000002, whose ceiling is 11.
+		"ExactArithmetic":        {lease.Demand{Held: 21}, 3, 0, 10},
+		"WaitingAndRefusedCount": {lease.Demand{Held: 5, Waiting: 2, Refused: 1}, 3, 2, 4},
+		"NoDemandGoesToMin":      {lease.Demand{}, 3, 5, 1},
+		"WakesFromZero":          {lease.Demand{Waiting: 1}, 1, 0, 2},
+		"CappedAtMax":            {lease.Demand{Held: 100}, 1, 5, 30},
+		// 15 leases on 20 proxies at 1 each is 0.75, within 0.1 of 0.7:
+		// no change, where the exact size would be 22.
+		"WithinToleranceStays": {lease.Demand{Held: 15}, 1, 20, 20},
+		// 17 on 20 is 0.85: outside the tolerance, grows to ceil(17/0.7).
+		"OutsideToleranceMoves": {lease.Demand{Held: 17}, 1, 20, 25},
+		"ShrinksOutside":        {lease.Demand{Held: 6}, 1, 20, 9},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			a := scaler(1, 30, 0, 0)
+			if name == "WakesFromZero" {
+				a.Min = 0
+			}
+			if got := a.recommend(tc.d, tc.perProxy, tc.current); got != tc.want {
+				t.Errorf("recommend(%+v, %d per proxy, current %d) = %d, want %d", tc.d, tc.perProxy, tc.current, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestStabilize replays demand over time through the stabilization
+// windows, carrying the history from call to call as the XR's status does:
+// a fleet grows to the lowest size asked for over the scale-up window and
+// shrinks to the highest asked for over the scale-down window.
+func TestStabilize(t *testing.T) {
+	type step struct {
+		at   time.Duration // after t0
+		rec  int
+		want int
+	}
+	cases := map[string]struct {
+		a     *autoscaler
+		start int
+		steps []step
+	}{
+		"UpAtOnceDownAfterWindow": {scaler(0, 10, 0, 5*time.Minute), 2, []step{
+			{0, 4, 4},                              // grows at once
+			{time.Minute, 1, 4},                    // asks for less: held
+			{5*time.Minute + 59*time.Second, 1, 4}, // the 4 was asked for until 1m: seen until 6m
+			{6 * time.Minute, 1, 1},                // then shrinks
+			{7 * time.Minute, 0, 1},                // the 1 was asked for until 7m
+			{12 * time.Minute, 0, 0},
+		}},
+		"DownWindowKeepsThePeak": {scaler(0, 10, 0, 5*time.Minute), 6, []step{
+			{0, 6, 6},
+			{time.Minute, 2, 6},
+			{2 * time.Minute, 5, 6}, // a brief rise within the window
+			{3 * time.Minute, 2, 6},
+			{6 * time.Minute, 2, 5}, // the 6 left the window at 6m; the 5 (2m-3m) holds until 8m
+			{8 * time.Minute, 2, 2},
+		}},
+		"UpWindowNeedsSustainedDemand": {scaler(1, 10, 2*time.Minute, 0), 2, []step{
+			{0, 2, 2},
+			{time.Minute, 5, 2},     // 2 still asked for within the window
+			{2 * time.Minute, 5, 2}, // the 2 was asked for until 1m, within the last 2m
+			{3*time.Minute + time.Second, 6, 5},
+			{4 * time.Minute, 6, 5},
+			{5*time.Minute + time.Second, 6, 6},
+		}},
+		"NewlyEnabledWaitsBeforeShrinking": {scaler(1, 10, 0, 5*time.Minute), 8, []step{
+			{0, 1, 8},
+			{4 * time.Minute, 1, 8},
+			{5*time.Minute + time.Second, 1, 1},
+		}},
+		"BoundsWin": {scaler(3, 4, 0, 0), 10, []step{
+			{0, 4, 4},
+			{time.Minute, 3, 3},
+		}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			var history []recommendation
+			current := tc.start
+			for _, s := range tc.steps {
+				var got int
+				got, history = tc.a.stabilize(history, s.rec, current, t0.Add(s.at))
+				if got != s.want {
+					t.Fatalf("at +%s asking for %d from %d: got %d, want %d (history %v)", s.at, s.rec, current, got, s.want, history)
+				}
+				current = got
+			}
+		})
+	}
+}
+
+// TestStabilizeBoundsItsHistory: demand changing every call never grows
+// the status past its bound, and a clock that moves back restarts the
+// history rather than leaving an entry in the future.
+func TestStabilizeBoundsItsHistory(t *testing.T) {
+	a := scaler(0, 1000, 0, time.Hour)
+	var history []recommendation
+	current := 0
+	for i := range 500 {
+		current, history = a.stabilize(history, i%7+1, current, t0.Add(time.Duration(i)*time.Second))
+		if len(history) > maxRecommendations {
+			t.Fatalf("call %d: %d recommendations kept, bound %d", i, len(history), maxRecommendations)
+		}
+	}
+	if current != 7 {
+		t.Errorf("the highest size within the hour holds: %d, want 7", current)
+	}
+	_, history = a.stabilize(history, 3, current, t0.Add(-time.Hour))
+	for _, r := range history {
+		if r.at.After(t0.Add(-time.Hour)) {
+			t.Fatalf("after the clock moved back, an entry lies ahead of it: %v", history)
+		}
+	}
+}
+
+// demandLease is a discovery replica's demand Lease, written at renew.
+func demandLease(fleet, replica string, renew time.Time, d lease.Demand) *structpb.Struct {
+	return resource.MustStructJSON(fmt.Sprintf(`{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+		"metadata": {"name": %q, "namespace": "team", "labels": {"crawl.example.com/fleet": %q, "crawl.example.com/lease-kind": "demand"},
+			"annotations": {"crawl.example.com/fleet": %q, "crawl.example.com/demand-held": "%d", "crawl.example.com/demand-waiting": "%d", "crawl.example.com/demand-refused": "%d"}},
+		"spec": {"holderIdentity": %q, "leaseDurationSeconds": 60, "renewTime": %q}}`,
+		lease.DemandName(fleet, replica), fleet, fleet, d.Held, d.Waiting, d.Refused, replica, renew.Format(time.RFC3339Nano)))
+}
+
+// TestSumDemand: only fresh demand Leases of exactly this fleet count,
+// with counts that parse; held leases come from the slots, not from what
+// each replica says.
+func TestSumDemand(t *testing.T) {
+	bad := demandLease("crawlers", "r5", t0, lease.Demand{Waiting: 9})
+	bad.GetFields()["metadata"].GetStructValue().GetFields()["annotations"].GetStructValue().Fields["crawl.example.com/demand-refused"] = structpb.NewStringValue("-3")
+	huge := demandLease("crawlers", "r6", t0, lease.Demand{Waiting: 9})
+	huge.GetFields()["metadata"].GetStructValue().GetFields()["annotations"].GetStructValue().Fields["crawl.example.com/demand-waiting"] = structpb.NewStringValue("99999999999")
+	items := []*structpb.Struct{
+		demandLease("crawlers", "r1", t0.Add(-10*time.Second), lease.Demand{Held: 40, Waiting: 2, Refused: 1}),
+		demandLease("crawlers", "r2", t0.Add(-59*time.Second), lease.Demand{Waiting: 1, Refused: 1}),
+		demandLease("crawlers", "r3", t0.Add(-61*time.Second), lease.Demand{Waiting: 50}), // stale
+		demandLease("crawlers", "r4", t0.Add(time.Hour), lease.Demand{Waiting: 50}),       // ahead of any skew
+		demandLease("other", "r1", t0, lease.Demand{Waiting: 50}),                         // another fleet
+		bad, huge,
+	}
+	got := sumDemand(items, "crawlers", 4, t0)
+	if want := (lease.Demand{Held: 4, Waiting: 3, Refused: 2}); got != want {
+		t.Errorf("sumDemand = %+v, want %+v", got, want)
+	}
+}
+
+// TestPreviousScaling reads back what the last composition recorded, and
+// drops what does not parse instead of failing or trusting it.
+func TestPreviousScaling(t *testing.T) {
+	status := resource.MustStructJSON(`{"desiredReplicas": 4, "autoscaling": {"recommendations": [
+		{"time": "2026-11-29T11:59:00Z", "replicas": 4},
+		{"time": "2026-11-29T11:50:00Z", "replicas": 2},
+		{"time": "yesterday", "replicas": 3},
+		{"time": "2026-11-29T11:55:00Z", "replicas": -1},
+		{"time": "2026-11-29T11:56:00Z", "replicas": 2.5}]}}`)
+	desired, history := previousScaling(status)
+	want := []recommendation{{t0.Add(-10 * time.Minute), 2}, {t0.Add(-time.Minute), 4}}
+	if desired != 4 || !cmp.Equal(want, history, cmp.AllowUnexported(recommendation{})) {
+		t.Errorf("previousScaling = %d, %v; want 4, %v", desired, history, want)
+	}
+	if d, h := previousScaling(resource.MustStructJSON(`{"desiredReplicas": 1e9}`)); d != -1 || h != nil {
+		t.Errorf("an out-of-bounds desiredReplicas is not trusted: %d, %v", d, h)
+	}
+}
+
+// TestAutoscalerRemovesOnlyUnleased: shrinking, the autoscaler removes
+// only proxies no crawler holds a lease on, and none while the leases are
+// unknown; spec.replicas removes whatever its order says.
+func TestAutoscalerRemovesOnlyUnleased(t *testing.T) {
+	observed := func() []*member {
+		return []*member{m(0, "a", leased), m(1, "b"), m(2, "a", leased), m(3, "b")}
+	}
+	auto := func(f *Fleet) { f.autoscale = scaler(0, 10, 0, 0) }
+	if got := summary(decide(fleetFor(1, []string{"a", "b"}, auto), observed(), true, t0)); got != "0:a 2:a" {
+		t.Errorf("autoscaled to 1 with two proxies leased: kept %q, want the leased 0:a 2:a", got)
+	}
+	p := decide(fleetFor(3, []string{"a", "b"}, auto), observed(), true, t0)
+	if got := summary(p); got != "0:a 1:b 2:a" {
+		t.Errorf("autoscaled to 3: kept %q, want the leased ones and one more", got)
+	}
+	p = decide(fleetFor(1, []string{"a", "b"}, auto), observed(), false, t0)
+	if got := summary(p); got != "0:a 1:b 2:a 3:b" {
+		t.Errorf("autoscaled with leases unknown: kept %q, want every proxy", got)
+	}
+	if !p.leaseWait || !strings.Contains(strings.Join(p.blocked, ";"), "stay until their leases end") {
+		t.Errorf("a held-back scale-down says so and is looked at again soon: %v, leaseWait %v", p.blocked, p.leaseWait)
+	}
+	if got := summary(decide(fleetFor(1, []string{"a", "b"}), observed(), true, t0)); got != "0:a" {
+		t.Errorf("spec.replicas 1: kept %q, want 0:a (the operator's count rules)", got)
+	}
+}
+
+// TestRunAutoscaled: an autoscaled fleet asks Crossplane for its demand
+// Leases, ignores spec.replicas and says so, and keeps its size until the
+// leases and demand have been sent.
+func TestRunAutoscaled(t *testing.T) {
+	spec := withSpec(t, "autoscaling", `{"minReplicas": 0, "maxReplicas": 5}`)
+	req := &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}}}
+	rsp := run(t, req)
+	if sel := rsp.GetRequirements().GetResources()[requiredDemand]; sel.GetMatchLabels().GetLabels()["crawl.example.com/lease-kind"] != "demand" {
+		t.Fatalf("an autoscaled fleet requires its demand Leases: %v", rsp.GetRequirements())
+	}
+	if n := len(rsp.GetDesired().GetResources()); n != 2 {
+		// validSpec's two zones... its access Role and RoleBinding only.
+		t.Errorf("with nothing known and no proxy, the fleet starts from none: %d desired resources", n)
+	}
+	req.RequiredResources = map[string]*fnv1.Resources{"leases": {}, requiredDemand: {Items: []*fnv1.Resource{
+		{Resource: demandLease("crawlers", "r1", t0, lease.Demand{Waiting: 1})},
+	}}}
+	rsp = run(t, req)
+	status := rsp.GetDesired().GetComposite().GetResource().GetFields()["status"].GetStructValue()
+	if got := field(status, "desiredReplicas").GetNumberValue(); got != 2 {
+		t.Errorf("one acquisition waiting at a fleet of none: desiredReplicas %v, want 2 (1 / 0.7)", got)
+	}
+	c := conditions(rsp, ConditionAutoscaling)
+	if len(c) != 1 || !strings.Contains(c[0].GetMessage(), "spec.replicas (2) is ignored while spec.autoscaling is set") {
+		t.Errorf("the Autoscaling condition says spec.replicas is ignored: %v", c)
+	}
+	if ttl := rsp.GetMeta().GetTtl().AsDuration(); ttl > lease.DemandInterval {
+		t.Errorf("an autoscaled fleet is composed again within %s, not %s", lease.DemandInterval, ttl)
+	}
+	plain := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(validSpec)}}})
+	if c := conditions(plain, ConditionAutoscaling); len(c) != 1 || c[0].GetReason() != "Disabled" {
+		t.Errorf("without spec.autoscaling the condition says spec.replicas rules: %v", c)
+	}
+	if _, ok := plain.GetRequirements().GetResources()[requiredDemand]; ok {
+		t.Error("a fleet without autoscaling requires no demand")
+	}
+}
