@@ -170,6 +170,11 @@ func (c *CLI) Run() error {
 	if err := mgr.Add(&discovery.Sweeper{Leases: store, Proxies: mgr.GetCache(), Interval: c.SweepInterval, Log: log}); err != nil {
 		return errors.Wrap(err, "cannot add the lease sweeper")
 	}
+	if fleets != nil {
+		if err := mgr.Add(&discovery.DemandPublisher{Server: srv, Client: mgr.GetClient(), Fleets: fleets, Log: log}); err != nil {
+			return errors.Wrap(err, "cannot add the demand publisher")
+		}
+	}
 	return errors.Wrap(mgr.Start(ctx), "cannot run manager")
 }
 

@@ -13,17 +13,22 @@ import (
 
 // healthyFraction is the share of a fleet's proxies that take new
 // crawlers, counted against spec.replicas (or the proxies that exist, if
-// more), so that proxies gone altogether count as unhealthy.
+// more), so that proxies gone altogether count as unhealthy. An autoscaled
+// fleet's size is what demand asks for: proxies it is adding, not yet
+// Ready, are no proxies lost, and count in neither part.
 func healthyFraction(ms []member, p *Policy) float64 {
-	of := max(len(ms), p.Replicas)
-	if of == 0 {
-		return 0
-	}
-	n := 0
+	n, of := 0, 0
 	for _, m := range ms {
 		if m.serving() {
 			n++
 		}
+		if !p.Autoscaled || !m.Booting || m.serving() {
+			of++
+		}
+	}
+	of = max(of, p.Replicas)
+	if of == 0 {
+		return 0
 	}
 	return float64(n) / float64(of)
 }

@@ -31,6 +31,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/function"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
@@ -178,7 +179,7 @@ func TestDiscoveryLeastPrivilege(t *testing.T) {
 	testbed.Eventually(t, 10*time.Second, "the fleet's grant in force", func() (bool, string) {
 		return can(t, bed, discoverySA, authzv1.ResourceAttributes{Namespace: team, Verb: "get", Resource: "secrets", Name: "crawlers-proxy-auth"}), ""
 	})
-	lease := func(ns, verb string) authzv1.ResourceAttributes {
+	leaseAttrs := func(ns, verb string) authzv1.ResourceAttributes {
 		return authzv1.ResourceAttributes{Namespace: ns, Verb: verb, Group: "coordination.k8s.io", Resource: "leases", Name: "x"}
 	}
 	secret := func(ns, name, verb string) authzv1.ResourceAttributes {
@@ -195,18 +196,18 @@ func TestDiscoveryLeastPrivilege(t *testing.T) {
 		{"get a Secret of the same name elsewhere", secret(other, "crawlers-proxy-auth", "get"), false},
 		{"get a Secret in kube-system", secret("kube-system", "bootstrap-token-abcdef", "get"), false},
 		{"list Secrets cluster-wide", secret("", "", "list"), false},
-		{"create a Lease in its fleet's namespace", lease(team, "create"), true},
-		{"update a Lease in its fleet's namespace", lease(team, "update"), true},
+		{"create a Lease in its fleet's namespace", leaseAttrs(team, "create"), true},
+		{"update a Lease in its fleet's namespace", leaseAttrs(team, "update"), true},
 		// A renewal is a JSON patch: without it every renewal fails.
-		{"patch a Lease in its fleet's namespace", lease(team, "patch"), true},
-		{"patch a Lease in kube-system", lease("kube-system", "patch"), false},
-		{"delete a Lease in its fleet's namespace", lease(team, "delete"), true},
-		{"update a Lease in kube-system (leader election)", lease("kube-system", "update"), false},
-		{"delete a Lease in kube-system", lease("kube-system", "delete"), false},
-		{"update a node heartbeat in kube-node-lease", lease("kube-node-lease", "update"), false},
-		{"create a Lease in a namespace without a fleet", lease(other, "create"), false},
-		{"update a Lease in a namespace without a fleet", lease(other, "update"), false},
-		{"watch Leases (its informer selects its own by label)", lease("", "watch"), true},
+		{"patch a Lease in its fleet's namespace", leaseAttrs(team, "patch"), true},
+		{"patch a Lease in kube-system", leaseAttrs("kube-system", "patch"), false},
+		{"delete a Lease in its fleet's namespace", leaseAttrs(team, "delete"), true},
+		{"update a Lease in kube-system (leader election)", leaseAttrs("kube-system", "update"), false},
+		{"delete a Lease in kube-system", leaseAttrs("kube-system", "delete"), false},
+		{"update a node heartbeat in kube-node-lease", leaseAttrs("kube-node-lease", "update"), false},
+		{"create a Lease in a namespace without a fleet", leaseAttrs(other, "create"), false},
+		{"update a Lease in a namespace without a fleet", leaseAttrs(other, "update"), false},
+		{"watch Leases (its informer selects its own by label)", leaseAttrs("", "watch"), true},
 		{"create pods", authzv1.ResourceAttributes{Namespace: team, Verb: "create", Resource: "pods"}, false},
 		{"create Roles", authzv1.ResourceAttributes{Namespace: team, Verb: "create", Group: "rbac.authorization.k8s.io", Resource: "roles"}, false},
 	} {
@@ -257,6 +258,19 @@ func TestDiscoveryLeastPrivilege(t *testing.T) {
 		}
 		if err := d.Delete(ctx, m); err != nil {
 			t.Errorf("egress-discovery may delete its own Lease: %v", err)
+		}
+		// Its demand Leases, which autoscaled fleets are sized by.
+		dl := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: lease.DemandName("crawlers", "replica-1")}}
+		lease.SetDemand(dl, "crawlers", "replica-1", lease.Demand{Waiting: 1}, time.Now())
+		if err := d.Create(ctx, dl); err != nil {
+			t.Fatalf("egress-discovery may create its demand Lease: %v", err)
+		}
+		lease.SetDemand(dl, "crawlers", "replica-1", lease.Demand{Waiting: 2}, time.Now())
+		if err := d.Update(ctx, dl); err != nil {
+			t.Errorf("egress-discovery may update its demand Lease: %v", err)
+		}
+		if err := d.Delete(ctx, dl); err != nil {
+			t.Errorf("egress-discovery may delete its demand Lease: %v", err)
 		}
 	})
 

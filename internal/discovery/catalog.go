@@ -50,6 +50,9 @@ type member struct {
 	// previous credentials, which discovery no longer has, until its
 	// fleet replaces it; it is handed to no new crawler.
 	CredentialsOutdated bool
+	// Booting: it has not yet been Ready (being created, or awaiting its
+	// first probe).
+	Booting bool
 }
 
 // serving says whether the proxy may be handed to new crawlers: healthy,
@@ -94,6 +97,9 @@ type Policy struct {
 	// MinHealthyFraction and MaxWait are spec.leases.admission's.
 	MinHealthyFraction float64
 	MaxWait            time.Duration
+	// Autoscaled: spec.autoscaling sizes the fleet, and spec.replicas
+	// (Replicas is then 0) is ignored.
+	Autoscaled bool
 	// Quotas are spec.leases.quotas; nil sets no bound.
 	Quotas *fleetv1alpha1.Quotas
 	// MaxBanCooldown is the longest ban a report may ask for.
@@ -110,6 +116,9 @@ func policyOf(s *fleetv1alpha1.ProxyFleetSpec) *Policy {
 	p.DefaultTTL, p.MaxTTL = s.Leases.TTLs()
 	if s.Replicas != nil {
 		p.Replicas = int(*s.Replicas)
+	}
+	if s.Autoscaling != nil {
+		p.Replicas, p.Autoscaled = 0, true
 	}
 	if s.Leases == nil {
 		return p
@@ -165,6 +174,11 @@ func toMember(p *v1alpha1.Proxy) member {
 	}
 	if m.MaxLeases < 1 {
 		m.MaxLeases = 1
+	}
+	switch ready := p.GetCondition(xpv2.TypeReady); {
+	case ready.Status == corev1.ConditionTrue:
+	case ready.Reason == "", ready.Reason == xpv2.ReasonCreating, ready.Reason == "AwaitingProbe":
+		m.Booting = true
 	}
 	m.DrainSince = drainSince(p)
 	return m

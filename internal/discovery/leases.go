@@ -111,6 +111,9 @@ func (s *Server) grantFor(ctx context.Context, a *acquisition) (*granted, error)
 		}
 		g, err = s.wait(ctx, key, waiter, a.wait, func() (*granted, error) { return s.tryAcquire(ctx, a, true) }, err)
 	}
+	if err != nil && refusal(err) {
+		s.refused.record(a.ns+"/"+a.fleet, s.now())
+	}
 	return g, err
 }
 

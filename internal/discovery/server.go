@@ -72,6 +72,9 @@ type Server struct {
 	queues waitQueues
 	// quotas count the leases each identity holds or is being granted.
 	quotas quotaBook
+	// refused remembers the acquisitions refused lately, by fleet, for
+	// the demand an autoscaled fleet is sized by.
+	refused refusals
 }
 
 func (s *Server) now() time.Time {

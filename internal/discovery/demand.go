@@ -1,0 +1,275 @@
+package discovery
+
+import (
+	"context"
+	"crypto/rand"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	"github.com/pkg/errors"
+	coordv1 "k8s.io/api/coordination/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+)
+
+// refusalWindow is how far back refused acquisitions count as demand.
+const refusalWindow = time.Minute
+
+// maxRefusalsKept bounds the refusals remembered per fleet: past it, more
+// refusals ask for no more proxies than a fleet's maxReplicas allows anyway.
+const maxRefusalsKept = 4096
+
+// refusals remembers, per fleet, when acquisitions were refused for want
+// of a slot or of healthy proxies, for the demand this replica publishes.
+type refusals struct {
+	mu sync.Mutex
+	at map[string][]time.Time
+}
+
+// record notes a refusal of an acquisition of fleet key at now.
+func (r *refusals) record(key string, now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.at == nil {
+		r.at = map[string][]time.Time{}
+	}
+	ts := append(r.at[key], now)
+	if len(ts) > maxRefusalsKept {
+		ts = ts[len(ts)-maxRefusalsKept:]
+	}
+	r.at[key] = ts
+}
+
+// count is how many refusals of fleet key fall within the last minute
+// before now; it forgets older ones.
+func (r *refusals) count(key string, now time.Time) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	ts := r.at[key]
+	i := 0
+	for i < len(ts) && !ts[i].After(now.Add(-refusalWindow)) {
+		i++
+	}
+	if ts = ts[i:]; len(ts) == 0 {
+		delete(r.at, key)
+		return 0
+	}
+	r.at[key] = ts
+	return len(ts)
+}
+
+// demandOf is this replica's share of a fleet's demand now: the leases held
+// (as its cache shows them, for the status page; the function counts them
+// from the slots itself), the acquisitions waiting on it, and those it
+// refused within the last minute.
+func (s *Server) demandOf(ctx context.Context, ns, fleet string) (lease.Demand, error) {
+	slots, err := s.Leases.Slots(ctx, ns, fleet)
+	if err != nil {
+		return lease.Demand{}, err
+	}
+	d := lease.Demand{Waiting: s.queues.fleetDepth(ns, fleet), Refused: s.refused.count(ns+"/"+fleet, s.now())}
+	for _, ls := range slots {
+		d.Held += len(ls)
+	}
+	return d, nil
+}
+
+// DemandPublisher writes this replica's share of each autoscaled fleet's
+// lease demand to a demand Lease in the fleet's namespace, which the
+// function sums to size the fleet: when it changes, at most every
+// lease.DemandInterval, and every lease.DemandRefresh while not zero, so
+// that it stays fresh. It deletes its Leases of fleets that are gone or no
+// longer autoscaled, and those of any replica of fleets that are gone.
+// Every replica publishes; it is a manager Runnable.
+type DemandPublisher struct {
+	Server *Server
+	// Client writes the demand Leases; Fleets lists the ProxyFleets
+	// (cached). Without Fleets nothing is published.
+	Client client.Client
+	Fleets client.Reader
+	// Replica names this replica in its Leases (default the host name and
+	// a random suffix, so that two processes on one host differ).
+	Replica string
+	Log     logging.Logger
+	// Tick is how often demand is looked at (default a second): a fleet
+	// at zero learns of its first waiting crawler within it.
+	Tick time.Duration
+
+	published map[string]publishedDemand
+	lastSweep time.Time
+}
+
+type publishedDemand struct {
+	ns, fleet string
+	d         lease.Demand
+	at        time.Time
+}
+
+// NeedLeaderElection is false: every replica publishes its own share.
+func (p *DemandPublisher) NeedLeaderElection() bool { return false }
+
+// Start publishes until ctx is done, then deletes this replica's demand
+// Leases: a replica that stops asks for nothing.
+func (p *DemandPublisher) Start(ctx context.Context) error {
+	if p.Replica == "" {
+		host, _ := os.Hostname()
+		p.Replica = host + "-" + rand.Text()[:8]
+	}
+	tick := p.Tick
+	if tick <= 0 {
+		tick = time.Second
+	}
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			stop, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			for key, pd := range p.published {
+				if p.remove(stop, pd) {
+					delete(p.published, key)
+				}
+			}
+			return nil
+		case <-t.C:
+			if err := p.Publish(ctx); err != nil {
+				p.Log.Info("Cannot publish lease demand", "error", err)
+			}
+		}
+	}
+}
+
+// autoscaled lists the fleets with spec.autoscaling, by namespace/name,
+// and every fleet there is.
+func (p *DemandPublisher) autoscaled(ctx context.Context) (map[string][2]string, map[string]bool, error) {
+	xrs := &unstructured.UnstructuredList{}
+	xrs.SetGroupVersionKind(fleetv1alpha1.SchemeGroupVersion.WithKind(fleetv1alpha1.ProxyFleetKind + "List"))
+	if err := p.Fleets.List(ctx, xrs); err != nil {
+		return nil, nil, errors.Wrap(err, "cannot list ProxyFleets")
+	}
+	auto, all := map[string][2]string{}, map[string]bool{}
+	for _, xr := range xrs.Items {
+		key := xr.GetNamespace() + "/" + xr.GetName()
+		all[key] = true
+		if a, ok, _ := unstructured.NestedMap(xr.Object, "spec", "autoscaling"); ok && a != nil && xr.GetDeletionTimestamp() == nil {
+			auto[key] = [2]string{xr.GetNamespace(), xr.GetName()}
+		}
+	}
+	return auto, all, nil
+}
+
+// Publish writes what changed once: each autoscaled fleet's demand when it
+// changed and was last written at least lease.DemandInterval ago, or when
+// it is not zero and was last written lease.DemandRefresh ago.
+func (p *DemandPublisher) Publish(ctx context.Context) error {
+	if p.Fleets == nil {
+		return nil
+	}
+	if p.published == nil {
+		p.published = map[string]publishedDemand{}
+	}
+	auto, all, err := p.autoscaled(ctx)
+	if err != nil {
+		return err
+	}
+	now := p.Server.now()
+	var firstErr error
+	for key, nf := range auto {
+		d, err := p.Server.demandOf(ctx, nf[0], nf[1])
+		if err != nil {
+			firstErr = cmpErr(firstErr, err)
+			continue
+		}
+		last, ok := p.published[key]
+		since := now.Sub(last.at)
+		switch {
+		case !ok && d.Zero():
+			// Nothing asked for and nothing said: a missing demand
+			// Lease is no demand.
+			continue
+		case ok && last.d == d && (d.Zero() || since < lease.DemandRefresh):
+			continue
+		case ok && last.d != d && since < lease.DemandInterval:
+			continue
+		}
+		if err := p.write(ctx, nf[0], nf[1], d, now); err != nil {
+			firstErr = cmpErr(firstErr, err)
+			continue
+		}
+		p.published[key] = publishedDemand{ns: nf[0], fleet: nf[1], d: d, at: now}
+	}
+	for key, pd := range p.published {
+		if _, ok := auto[key]; !ok && p.remove(ctx, pd) {
+			delete(p.published, key)
+		}
+	}
+	if now.Sub(p.lastSweep) >= lease.DemandRefresh {
+		p.lastSweep = now
+		firstErr = cmpErr(firstErr, p.sweepGone(ctx, all, now))
+	}
+	return firstErr
+}
+
+// write creates or updates this replica's demand Lease of a fleet.
+func (p *DemandPublisher) write(ctx context.Context, ns, fleet string, d lease.Demand, now time.Time) error {
+	l := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.DemandName(fleet, p.Replica)}}
+	err := p.Client.Get(ctx, client.ObjectKeyFromObject(l), l)
+	switch {
+	case kerrors.IsNotFound(err):
+		lease.SetDemand(l, fleet, p.Replica, d, now)
+		return errors.Wrapf(p.Client.Create(ctx, l), "cannot create demand Lease %s/%s", ns, l.Name)
+	case err != nil:
+		return errors.Wrapf(err, "cannot read demand Lease %s/%s", ns, l.Name)
+	}
+	lease.SetDemand(l, fleet, p.Replica, d, now)
+	return errors.Wrapf(p.Client.Update(ctx, l), "cannot update demand Lease %s/%s", ns, l.Name)
+}
+
+// remove deletes this replica's demand Lease of a fleet, and says whether
+// it is gone.
+func (p *DemandPublisher) remove(ctx context.Context, pd publishedDemand) bool {
+	l := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: pd.ns, Name: lease.DemandName(pd.fleet, p.Replica)}}
+	if err := p.Client.Delete(ctx, l); err != nil && !kerrors.IsNotFound(err) {
+		p.Log.Info("Cannot delete demand Lease", "namespace", pd.ns, "name", l.Name, "error", err)
+		return false
+	}
+	return true
+}
+
+// sweepGone deletes the demand Leases, of any replica, of fleets that are
+// gone, once they are older than lease.DemandRefresh (a fleet just made
+// may not be in this replica's cache yet).
+func (p *DemandPublisher) sweepGone(ctx context.Context, fleets map[string]bool, now time.Time) error {
+	l := &coordv1.LeaseList{}
+	if err := p.Client.List(ctx, l, client.MatchingLabels{fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindDemand}); err != nil {
+		return errors.Wrap(err, "cannot list demand Leases")
+	}
+	var firstErr error
+	for i := range l.Items {
+		le := &l.Items[i]
+		if fleets[le.Namespace+"/"+fleetv1alpha1.FleetName(le)] || now.Sub(le.CreationTimestamp.Time) < lease.DemandRefresh {
+			continue
+		}
+		err := p.Client.Delete(ctx, le, client.Preconditions{UID: &le.UID, ResourceVersion: &le.ResourceVersion})
+		if err != nil && !kerrors.IsNotFound(err) && !kerrors.IsConflict(err) {
+			firstErr = cmpErr(firstErr, errors.Wrapf(err, "cannot delete demand Lease %s/%s of a fleet that is gone", le.Namespace, le.Name))
+		}
+	}
+	return firstErr
+}
+
+// cmpErr keeps the first error.
+func cmpErr(first, err error) error {
+	if first != nil {
+		return first
+	}
+	return err
+}
