@@ -78,13 +78,13 @@ func TestDefaultsMatchSchema(t *testing.T) {
 		"targetUtilization":      {xrd, []string{"spec", "autoscaling", "targetUtilization"}, DefaultTargetUtilization},
 		"scaleUpStabilization":   {xrd, []string{"spec", "autoscaling", "scaleUpStabilization"}, DefaultScaleUpStabilization.String()},
 		"scaleDownStabilization": {xrd, []string{"spec", "autoscaling", "scaleDownStabilization"}, DefaultScaleDownStabilization.String()},
-		"proxy port":        {crd, []string{"spec", "forProvider", "port"}, float64(egressv1alpha1.DefaultPort)},
-		"proxy maxLeases":   {crd, []string{"spec", "forProvider", "maxLeases"}, float64(egressv1alpha1.DefaultMaxLeases)},
-		"proxy usernameKey": {crd, []string{"spec", "forProvider", "authSecretRef", "usernameKey"}, egressv1alpha1.DefaultUsernameKey},
-		"proxy passwordKey": {crd, []string{"spec", "forProvider", "authSecretRef", "passwordKey"}, egressv1alpha1.DefaultPasswordKey},
-		"gcp machineType":   {crd, []string{"spec", "forProvider", "gcp", "machineType"}, egressv1alpha1.DefaultGCPMachineType},
-		"gcp image":         {crd, []string{"spec", "forProvider", "gcp", "image"}, egressv1alpha1.DefaultGCPImage},
-		"gcp network":       {crd, []string{"spec", "forProvider", "gcp", "network"}, egressv1alpha1.DefaultGCPNetwork},
+		"proxy port":             {crd, []string{"spec", "forProvider", "port"}, float64(egressv1alpha1.DefaultPort)},
+		"proxy maxLeases":        {crd, []string{"spec", "forProvider", "maxLeases"}, float64(egressv1alpha1.DefaultMaxLeases)},
+		"proxy usernameKey":      {crd, []string{"spec", "forProvider", "authSecretRef", "usernameKey"}, egressv1alpha1.DefaultUsernameKey},
+		"proxy passwordKey":      {crd, []string{"spec", "forProvider", "authSecretRef", "passwordKey"}, egressv1alpha1.DefaultPasswordKey},
+		"gcp machineType":        {crd, []string{"spec", "forProvider", "gcp", "machineType"}, egressv1alpha1.DefaultGCPMachineType},
+		"gcp image":              {crd, []string{"spec", "forProvider", "gcp", "image"}, egressv1alpha1.DefaultGCPImage},
+		"gcp network":            {crd, []string{"spec", "forProvider", "gcp", "network"}, egressv1alpha1.DefaultGCPNetwork},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
