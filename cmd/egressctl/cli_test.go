@@ -32,6 +32,7 @@ func TestHelp(t *testing.T) {
 		{Command: "lease", Flag: "sticky-key", Default: `""`},
 		{Command: "lease", Flag: "domain", Default: `""`},
 		{Command: "lease", Flag: "kill-grace", Default: "10s"},
+		{Command: "lease", Flag: "wait", Default: "0s"},
 		{Command: "proxies", Flag: "fleet", Default: "required"},
 		{Command: "proxies", Flag: "zone", Default: `""`},
 		{Command: "gateway-url", Flag: "fleet", Default: "required"},

@@ -80,6 +80,7 @@ type leaseCmd struct {
 	StickyKey  string        `help:"Prefer the proxy this key was last given." default:""`
 	Domain     string        `help:"Skip proxies banned for this domain." default:""`
 	KillGrace  time.Duration `name:"kill-grace" help:"How long the command has to end after SIGTERM, when egressctl stops it because the lease cannot be renewed, before it is sent SIGKILL." default:"10s"`
+	Wait       time.Duration `name:"wait" help:"How long to keep asking while the fleet has no free slot or too few healthy proxies (409), such as while an autoscaled fleet wakes from zero; each request also waits up to the fleet's spec.leases.admission.maxWait. 0 asks once." default:"0s"`
 
 	Command []string `arg:"" passthrough:"partial" help:"The command to run, after --, and its arguments."`
 }
@@ -202,10 +203,42 @@ func (l *leaseCmd) Run(ctx context.Context, c *apiv1.Client, s streams) error {
 		holder = "egressctl@" + h
 	}
 	req := apiv1.AcquireRequest{Fleet: l.Fleet, Holder: holder, TTL: l.TTL, Zone: l.Zone, StickyKey: l.StickyKey, Domain: l.Domain}
-	if code := runLeased(ctx, c, req, l.command(), l.KillGrace, s.out, s.err); code != 0 {
+	if l.Wait < 0 {
+		return errors.Errorf("--wait must not be negative, not %s", l.Wait)
+	}
+	if code := runLeased(ctx, c, req, l.command(), l.KillGrace, l.Wait, s.out, s.err); code != 0 {
 		return exitCode(code)
 	}
 	return nil
+}
+
+// acquire asks for a lease, and asks again while the fleet answers 409 (no
+// free slot, too few healthy proxies) until wait has passed, after the
+// Retry-After the server suggests (at least a second, and no later than
+// the deadline).
+func acquire(ctx context.Context, c *apiv1.Client, req apiv1.AcquireRequest, wait time.Duration, stderr io.Writer) (*apiv1.Lease, error) {
+	deadline := time.Now().Add(wait)
+	for {
+		l, err := c.Acquire(ctx, req)
+		var ae *apiv1.APIError
+		if err == nil || !errors.As(err, &ae) || ae.Status != http.StatusConflict {
+			return l, err
+		}
+		left := time.Until(deadline)
+		if left <= 0 {
+			return nil, err
+		}
+		after := time.Second
+		if n, perr := strconv.Atoi(ae.RetryAfter); perr == nil && n > 1 {
+			after = time.Duration(n) * time.Second
+		}
+		fmt.Fprintf(stderr, "egressctl: %v: asking again in %s\n", err, min(after, left).Round(time.Second))
+		select {
+		case <-ctx.Done():
+			return nil, err
+		case <-time.After(min(after, left)):
+		}
+	}
 }
 
 // exitLeaseLost is egressctl's exit code when it stopped the command because
@@ -214,9 +247,9 @@ func (l *leaseCmd) Run(ctx context.Context, c *apiv1.Client, s streams) error {
 // failures, whose codes egressctl passes on.
 const exitLeaseLost = 75
 
-func runLeased(ctx context.Context, c *apiv1.Client, req apiv1.AcquireRequest, argv []string, killGrace time.Duration, stdout, stderr io.Writer) int {
+func runLeased(ctx context.Context, c *apiv1.Client, req apiv1.AcquireRequest, argv []string, killGrace, wait time.Duration, stdout, stderr io.Writer) int {
 	asked := time.Now()
-	l, err := c.Acquire(ctx, req)
+	l, err := acquire(ctx, c, req, wait, stderr)
 	granted := time.Now()
 	if err != nil {
 		var ae *apiv1.APIError

@@ -32,6 +32,10 @@ type fakeDiscovery struct {
 	renewStatus func(n int) int
 	// auth is the status of a request before anything else; 0 goes on.
 	auth func(r *http.Request) int
+	// refuse says whether to refuse the n-th acquisition, from 1, with
+	// 409 and Retry-After 1.
+	refuse func(n int) bool
+	acquisitions int
 
 	mu     sync.Mutex
 	renews []renewCall
@@ -61,7 +65,17 @@ func (f *fakeDiscovery) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case r.Method == http.MethodPost && r.URL.Path == "/v1/leases":
+		f.mu.Lock()
+		f.acquisitions++
+		refused := f.refuse != nil && f.refuse(f.acquisitions)
+		f.mu.Unlock()
 		w.Header().Set("Content-Type", "application/json")
+		if refused {
+			w.Header().Set("Retry-After", "1")
+			w.WriteHeader(http.StatusConflict)
+			_ = json.NewEncoder(w).Encode(apiv1.Error{Error: apiv1.ErrorDetail{Code: http.StatusConflict, Reason: apiv1.ReasonNoFreeSlot, Message: "no free slot"}})
+			return
+		}
 		w.WriteHeader(http.StatusCreated)
 		_ = json.NewEncoder(w).Encode(f.lease())
 	case r.Method == http.MethodPost && strings.HasSuffix(r.URL.Path, "/renew"):
@@ -273,5 +287,28 @@ func TestLeaseExitCodeOfKilledCommand(t *testing.T) {
 	r := runLease(t, &fakeDiscovery{ttl: 30}, nil, "sh", "-c", "kill -TERM $$")
 	if r.code != 128+15 {
 		t.Errorf("want exit code 143 for a command killed by SIGTERM, got %d:\n%s", r.code, r.stderr)
+	}
+}
+
+// TestLeaseWaitsForASlot: with --wait, egressctl asks again while the
+// fleet answers 409 (a fleet waking from zero), after the Retry-After, and
+// runs the command once granted; without it, the first 409 ends it.
+func TestLeaseWaitsForASlot(t *testing.T) {
+	f := &fakeDiscovery{ttl: 30, refuse: func(n int) bool { return n <= 2 }}
+	r := runLease(t, f, []string{"--wait", "20s"}, "true")
+	if r.code != 0 || f.acquisitions != 3 {
+		t.Errorf("--wait 20s with two refusals: exit %d after %d acquisitions, want 0 after 3:\n%s", r.code, f.acquisitions, r.stderr)
+	}
+	if !strings.Contains(r.stderr, "asking again in 1s") {
+		t.Errorf("egressctl says it asks again: %s", r.stderr)
+	}
+	once := &fakeDiscovery{ttl: 30, refuse: func(int) bool { return true }}
+	if r := runLease(t, once, nil, "true"); r.code != 1 || once.acquisitions != 1 {
+		t.Errorf("without --wait a 409 ends egressctl: exit %d after %d acquisitions", r.code, once.acquisitions)
+	}
+	start := time.Now()
+	bounded := &fakeDiscovery{ttl: 30, refuse: func(int) bool { return true }}
+	if r := runLease(t, bounded, []string{"--wait", "2s"}, "true"); r.code != 1 || time.Since(start) > 10*time.Second {
+		t.Errorf("--wait 2s against a fleet that never frees a slot: exit %d after %s", r.code, time.Since(start))
 	}
 }
