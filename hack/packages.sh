@@ -33,6 +33,9 @@ cp apis/fleet/definition.yaml apis/fleet/composition.yaml "$stage/namespaced/"
 cp apis/fleet/legacy/definition.yaml apis/fleet/legacy/composition.yaml "$stage/legacy/"
 "$xp" xpkg build --package-root="$stage" --examples-root=examples \
 	--package-file="$out/configuration-proxyfleet.xpkg"
+# The CLI re-encodes the XRDs through Go types that lack subresources, which
+# would leave installed fleets without /scale: put the files back as written.
+go run ./hack/xpkgraw -package "$out/configuration-proxyfleet.xpkg" -root "$stage"
 rm -rf "$stage"
 
 ls -l "$out"/*.xpkg

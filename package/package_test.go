@@ -23,6 +23,7 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	"k8s.io/apimachinery/pkg/api/meta"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 
 	pkgmetav1 "github.com/crossplane/crossplane/apis/v2/pkg/meta/v1"
@@ -223,7 +224,10 @@ func TestPackages(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			_, got := parse(t, filepath.Join(out, tc.file), tc.linter)
+			pkg, got := parse(t, filepath.Join(out, tc.file), tc.linter)
+			if name == "Configuration" {
+				scaleSurvives(t, pkg)
+			}
 			if diff := cmp.Diff(tc.want, got); diff != "" {
 				t.Errorf("%s\n%s: -want, +got:\n%s", tc.reason, tc.file, diff)
 			}
@@ -277,4 +281,30 @@ func configurationDependencies(t *testing.T, out string) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("The configuration must depend on the provider and the function: -want, +got:\n%s", diff)
 	}
+}
+
+// scaleSurvives: the installed ProxyFleet XRD keeps its scale subresource,
+// so that kubectl scale and a HorizontalPodAutoscaler can size a fleet.
+// The CLI's xpkg build drops it (hack/xpkgraw puts it back).
+func scaleSurvives(t *testing.T, pkg *parser.Package) {
+	t.Helper()
+	for _, o := range pkg.GetObjects() {
+		if name(t, o) != "proxyfleets.crawl.example.com" {
+			continue
+		}
+		u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		versions, _, _ := unstructured.NestedSlice(u, "spec", "versions")
+		if len(versions) == 0 {
+			t.Fatal("the ProxyFleet XRD has no versions")
+		}
+		path, _, _ := unstructured.NestedString(versions[0].(map[string]any), "subresources", "scale", "specReplicasPath")
+		if path != ".spec.replicas" {
+			t.Errorf("the packaged ProxyFleet XRD lost its scale subresource (specReplicasPath %q): kubectl scale proxyfleet would answer NotFound", path)
+		}
+		return
+	}
+	t.Error("the Configuration has no ProxyFleet XRD")
 }
