@@ -133,6 +133,8 @@ func TestEndToEnd(t *testing.T) {
 		{"CrashLoopAndBlackHole", crashLoopAndBlackHole},
 		{"ControlPlaneRestarts", controlPlaneRestarts},
 		{"ScaleKeepsNames", scaleKeepsNames},
+		{"KubectlScale", kubectlScale},
+		{"AutoscalesWithLeaseDemand", autoscalesWithLeaseDemand},
 		{"RotationKeepsReadyFloor", rotationKeepsReadyFloor},
 		{"TemplateChangeRollsOut", templateChangeRollsOut},
 		{"PasswordRotatesInPlace", passwordRotatesInPlace},

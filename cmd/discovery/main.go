@@ -11,7 +11,6 @@ import (
 
 	"github.com/pkg/errors"
 	"golang.org/x/time/rate"
-	coordv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
@@ -24,12 +23,10 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
@@ -156,7 +153,8 @@ func (c *CLI) Run() error {
 		srv.Limits = &discovery.IdentityLimits{Rate: rate.Limit(c.RatePerIdentity), Burst: c.BurstPerIdentity, Size: c.AuthCacheSize}
 	}
 	metrics.Registry.MustRegister(srv.Metrics.Collectors()...)
-	metrics.Registry.MustRegister(gauges(mgr.GetCache())...)
+	metrics.Registry.MustRegister(discovery.CatalogGauges(mgr.GetCache())...)
+	metrics.Registry.MustRegister(discovery.FleetCollector{Server: srv})
 	if err := mgr.Add(c.apiServer(srv, log)); err != nil {
 		return errors.Wrap(err, "cannot add the API server")
 	}
@@ -217,31 +215,6 @@ func (c *CLI) newManager() (manager.Manager, error) {
 	return mgr, nil
 }
 
-// gauges count what the cache holds, read at each scrape.
-func gauges(c client.Reader) []prometheus.Collector {
-	return []prometheus.Collector{
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "egress_discovery_active_leases", Help: "Unexpired leases held by crawlers."}, func() float64 {
-			l := &coordv1.LeaseList{}
-			if c.List(context.Background(), l, client.MatchingLabels{fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot}) != nil {
-				return 0
-			}
-			n := 0
-			for i := range l.Items {
-				if !lease.Expired(&l.Items[i], time.Now()) {
-					n++
-				}
-			}
-			return float64(n)
-		}),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "egress_discovery_catalog_proxies", Help: "Proxies in the catalog."}, func() float64 {
-			l := &v1alpha1.ProxyList{}
-			if c.List(context.Background(), l, client.HasLabels{fleetv1alpha1.LabelFleet}) != nil {
-				return 0
-			}
-			return float64(len(l.Items))
-		}),
-	}
-}
 
 // gatewayServer serves the gateway until the manager stops, over TLS with
 // the API's certificate unless plain HTTP was asked for, then releases its
@@ -288,7 +261,11 @@ func (c *CLI) gatewayServer(gw *discovery.Gateway, log logging.Logger) manager.R
 // apiServer serves the API and /metrics until the manager stops.
 func (c *CLI) apiServer(srv *discovery.Server, log logging.Logger) manager.Runnable {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttpHandler())
+	// Fleet-level series name every fleet: only a scraper allowed to get
+	// /metrics reads them.
+	if k, ok := srv.Auth.(*discovery.Kubernetes); ok {
+		mux.Handle(discovery.MetricsPath, k.MetricsAuth(promhttpHandler()))
+	}
 	mux.Handle("/", discovery.LimitInFlight(discovery.WithTimeout(srv.Handler()), c.MaxInFlight))
 	httpSrv := &http.Server{
 		Addr: c.Address, Handler: mux,

@@ -401,3 +401,61 @@ func CacheOptions() cache.Options {
 	}
 	return cache.Options{ByObject: map[client.Object]cache.ByObject{&coordv1.Lease{}: {Label: sel}}}
 }
+
+// FleetSizing is what a fleet's XR status says of its size: how many
+// proxies it aims at and, for an autoscaled fleet, why, and the demand it
+// was sized by, summed over every discovery replica.
+type FleetSizing struct {
+	Desired                int
+	Autoscaled             bool
+	Reason                 string
+	Held, Waiting, Refused int64
+	Capacity               int64
+	// MaxUnavailable is spec.rotation.maxUnavailable: the fleet is
+	// degraded below Desired - MaxUnavailable healthy proxies.
+	MaxUnavailable int
+	// RolloutStalled is the XR's RolloutStalled condition.
+	RolloutStalled bool
+}
+
+// Sizing reads a fleet's sizing from the cached ProxyFleet XR; nil when
+// fleets are not watched, the fleet has no XR, or the function has not yet
+// said what it aims at.
+func (c *Catalog) Sizing(ctx context.Context, namespace, fleet string) *FleetSizing {
+	if c.Fleets == nil {
+		return nil
+	}
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(fleetv1alpha1.SchemeGroupVersion.WithKind(fleetv1alpha1.ProxyFleetKind))
+	if err := c.Fleets.Get(ctx, types.NamespacedName{Namespace: namespace, Name: fleet}, u); err != nil {
+		return nil
+	}
+	desired, ok, err := unstructured.NestedFieldNoCopy(u.Object, "status", "desiredReplicas")
+	if !ok || err != nil {
+		return nil
+	}
+	sz := &FleetSizing{}
+	switch n := desired.(type) {
+	case int64:
+		sz.Desired = int(n)
+	case float64:
+		sz.Desired = int(n)
+	default:
+		return nil
+	}
+	_, sz.Autoscaled, _ = unstructured.NestedMap(u.Object, "spec", "autoscaling")
+	sz.Reason, _, _ = unstructured.NestedString(u.Object, "status", "autoscaling", "reason")
+	for k, to := range map[string]*int64{"held": &sz.Held, "waiting": &sz.Waiting, "refused": &sz.Refused, "capacity": &sz.Capacity} {
+		*to, _, _ = unstructured.NestedInt64(u.Object, "status", "autoscaling", k)
+	}
+	if n, ok, _ := unstructured.NestedInt64(u.Object, "spec", "rotation", "maxUnavailable"); ok && n > 0 {
+		sz.MaxUnavailable = int(n)
+	}
+	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+	for _, c := range conds {
+		if m, ok := c.(map[string]any); ok && m["type"] == "RolloutStalled" {
+			sz.RolloutStalled = m["status"] == "True"
+		}
+	}
+	return sz
+}

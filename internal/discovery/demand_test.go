@@ -3,6 +3,7 @@ package discovery_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -169,5 +170,101 @@ func TestDemandPublished(t *testing.T) {
 	}
 	if _, ok := published(); ok {
 		t.Error("a fleet no longer autoscaled keeps this replica's demand Lease")
+	}
+}
+
+// TestStatusPageShowsSizing: the status page shows each fleet's desired
+// against actual proxies, and for an autoscaled fleet why, and the demand
+// it was sized by, as the function recorded them in the XR's status.
+func TestStatusPageShowsSizing(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	ctx := context.Background()
+	fleet(t, ns, "elastic", 2, 3, nil)
+	fleet(t, ns, "fixed", 1, 1, nil)
+	fleetXR(t, ns, "elastic", 1, nil)
+	fleetXR(t, ns, "fixed", 1, nil)
+	setStatus := func(name string, autoscaling map[string]any, status map[string]any) {
+		t.Helper()
+		xr := &unstructured.Unstructured{}
+		xr.SetGroupVersionKind(fleetv1alpha1.SchemeGroupVersion.WithKind(fleetv1alpha1.ProxyFleetKind))
+		if err := bed.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, xr); err != nil {
+			t.Fatal(err)
+		}
+		if autoscaling != nil {
+			_ = unstructured.SetNestedMap(xr.Object, autoscaling, "spec", "autoscaling")
+			if err := bed.Client.Update(ctx, xr); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_ = unstructured.SetNestedMap(xr.Object, status, "status")
+		if err := bed.Client.Status().Update(ctx, xr); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setStatus("elastic", map[string]any{"maxReplicas": int64(6)}, map[string]any{
+		"desiredReplicas": int64(4),
+		"autoscaling":     map[string]any{"reason": "utilization 1.33 > 0.70", "held": int64(5), "waiting": int64(2), "refused": int64(1), "capacity": int64(6)},
+	})
+	setStatus("fixed", nil, map[string]any{"desiredReplicas": int64(1)})
+	srv := server(t, "team-token "+ns+"\n")
+	code, _, body := call(t, srv, "team-token", "GET", "/", "")
+	page := string(body)
+	for _, want := range []string{
+		"desired 4, actual 2, sized by lease demand: utilization 1.33 &gt; 0.70",
+		"demand: 5 leases held, 2 waiting, 1 refused in the last minute; capacity 6",
+		"desired 1, actual 1, set by spec.replicas",
+	} {
+		if code != 200 || !strings.Contains(page, want) {
+			t.Errorf("the status page shows %q (%d):\n%s", want, code, page)
+		}
+	}
+}
+
+// TestAutoscaledFleetWakesFromZero: an acquisition of an autoscaled fleet
+// with no proxy waits, and counts as demand, rather than being told the
+// fleet does not exist; it is granted once a proxy is Ready. A fleet that
+// is not autoscaled and has no proxy is still not found.
+func TestAutoscaledFleetWakesFromZero(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	ctx := context.Background()
+	fleetXR(t, ns, "elastic", 1, map[string]any{"admission": map[string]any{"maxWait": "20s"}})
+	fleetXR(t, ns, "fixed", 1, nil)
+	xr := &unstructured.Unstructured{}
+	xr.SetGroupVersionKind(fleetv1alpha1.SchemeGroupVersion.WithKind(fleetv1alpha1.ProxyFleetKind))
+	if err := bed.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "elastic"}, xr); err != nil {
+		t.Fatal(err)
+	}
+	_ = unstructured.SetNestedMap(xr.Object, map[string]any{"minReplicas": int64(0), "maxReplicas": int64(3)}, "spec", "autoscaling")
+	if err := bed.Client.Update(ctx, xr); err != nil {
+		t.Fatal(err)
+	}
+	var s *discovery.Server
+	srv := server(t, "team-token "+ns+" crawler\n", func(x *discovery.Server) { s = x })
+	c := &apiv1.Client{BaseURL: srv.URL, Token: "team-token"}
+	if _, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/fixed", Holder: "a"}); apiErr(err) == nil || apiErr(err).Status != 404 {
+		t.Errorf("a fixed-size fleet without proxies: want 404, got %v", err)
+	}
+	pub := &discovery.DemandPublisher{Server: s, Client: bed.Client, Fleets: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()}
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/elastic", Holder: "a", MaxWait: "15s"})
+		done <- err
+	}()
+	testbed.Eventually(t, 10*time.Second, "the waiting acquisition of a fleet at zero published", func() (bool, string) {
+		if err := pub.Publish(ctx); err != nil {
+			return false, err.Error()
+		}
+		l := &coordv1.Lease{}
+		if err := bed.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: lease.DemandName("elastic", "replica-1")}, l); err != nil {
+			return false, err.Error()
+		}
+		d, _ := lease.ReadDemand(l, "elastic", time.Now())
+		return d.Waiting == 1, fmt.Sprintf("%+v", d)
+	})
+	fleet(t, ns, "elastic", 1, 1, nil)
+	if err := <-done; err != nil {
+		t.Errorf("the acquisition that waited for the fleet to wake: %v", err)
 	}
 }

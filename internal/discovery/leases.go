@@ -150,6 +150,11 @@ func (s *Server) acquisitionOf(ctx context.Context, req *apiv1.AcquireRequest, n
 // fleet is below its minimum healthy share, and when no slot is free.
 func (s *Server) tryAcquire(ctx context.Context, a *acquisition, freeOnly bool) (*granted, error) {
 	ms, err := s.members(ctx, a.ns, a.fleet)
+	if errors.Is(err, errFleetNotFound) && a.policy.Autoscaled {
+		// An autoscaled fleet at zero: no slot yet, so the acquisition
+		// waits (and counts as demand) while the fleet wakes.
+		ms, err = nil, nil
+	}
 	if err != nil {
 		return nil, err
 	}

@@ -35,6 +35,9 @@ type statusFleet struct {
 	Healthy         int
 	// DistinctIPs counts the fleet's distinct known egress IPs.
 	DistinctIPs int
+	// Sizing is what the fleet's XR says of its size; nil when it cannot
+	// be read.
+	Sizing *FleetSizing
 }
 
 // status renders the status page: fleets, proxies, health, latency, egress
@@ -58,7 +61,7 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, id *Identity) er
 		if err != nil {
 			return err
 		}
-		f := statusFleet{Namespace: ns, Name: name}
+		f := statusFleet{Namespace: ns, Name: name, Sizing: s.Catalog.Sizing(r.Context(), ns, name)}
 		perIP := sharedIPs(ms)
 		f.DistinctIPs = len(perIP)
 		for _, m := range ms {

@@ -1,0 +1,124 @@
+package discovery
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	coordv1 "k8s.io/api/coordination/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+)
+
+// Fleet-level metrics, one series per fleet (namespace, fleet): what the
+// alerting rules of cluster/monitoring watch. They are computed from the
+// replica's caches when scraped, so they never go stale.
+var (
+	fleetLabels      = []string{"namespace", "fleet"}
+	descProxies      = prometheus.NewDesc("egress_fleet_proxies", "Proxies the fleet has.", fleetLabels, nil)
+	descHealthy      = prometheus.NewDesc("egress_fleet_healthy_proxies", "Proxies of the fleet that pass their probe and are Ready.", fleetLabels, nil)
+	descDesired      = prometheus.NewDesc("egress_fleet_desired_proxies", "Proxies the fleet aims at: spec.replicas, or what spec.autoscaling chose.", fleetLabels, nil)
+	descMinAvailable = prometheus.NewDesc("egress_fleet_min_available_proxies", "Healthy proxies below which the fleet is degraded: desired - spec.rotation.maxUnavailable.", fleetLabels, nil)
+	descDuplicate    = prometheus.NewDesc("egress_fleet_duplicate_egress_ip_proxies", "Proxies of the fleet that share their egress IP with another.", fleetLabels, nil)
+	descHeld         = prometheus.NewDesc("egress_fleet_leases_held", "Leases crawlers hold on the fleet's proxies.", fleetLabels, nil)
+	descCapacity     = prometheus.NewDesc("egress_fleet_lease_capacity", "Leases the fleet's healthy proxies can hold: healthy proxies x maxLeasesPerProxy.", fleetLabels, nil)
+	descWaiting      = prometheus.NewDesc("egress_fleet_leases_waiting", "Acquisitions of the fleet waiting for a slot on this replica.", fleetLabels, nil)
+	descBans         = prometheus.NewDesc("egress_fleet_bans", "Live domain bans on the fleet's proxies (counted; the domains are no label).", fleetLabels, nil)
+	descStalled      = prometheus.NewDesc("egress_fleet_rollout_stalled", "1 while the fleet's rollout makes no progress past its progressDeadline.", fleetLabels, nil)
+)
+
+// FleetCollector exports the fleet-level metrics of every fleet.
+type FleetCollector struct{ Server *Server }
+
+// Describe sends the descriptors of the fleet-level metrics.
+func (c FleetCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descProxies, descHealthy, descDesired, descMinAvailable, descDuplicate, descHeld, descCapacity, descWaiting, descBans, descStalled} {
+		ch <- d
+	}
+}
+
+// Collect reads every fleet from the caches.
+func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s := c.Server
+	all, err := s.Catalog.All(ctx)
+	if err != nil {
+		return
+	}
+	for key, ms := range all {
+		ns, name, _ := strings.Cut(key, "/")
+		gauge := func(d *prometheus.Desc, v int) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), ns, name)
+		}
+		healthy, capacity, dup := 0, 0, 0
+		perIP := sharedIPs(ms)
+		for _, m := range ms {
+			if m.Healthy {
+				healthy++
+				capacity += m.MaxLeases
+			}
+			if perIP[m.EgressIP] > 1 {
+				dup++
+			}
+		}
+		gauge(descProxies, len(ms))
+		gauge(descHealthy, healthy)
+		gauge(descCapacity, capacity)
+		gauge(descDuplicate, dup)
+		gauge(descWaiting, s.queues.fleetDepth(ns, name))
+		if slots, err := s.Leases.Slots(ctx, ns, name); err == nil {
+			held := 0
+			for _, ls := range slots {
+				held += len(ls)
+			}
+			gauge(descHeld, held)
+		}
+		if bans, err := s.Leases.Bans(ctx, ns, name); err == nil {
+			n := 0
+			for _, ds := range bans {
+				n += len(ds)
+			}
+			gauge(descBans, n)
+		}
+		if sz := s.Catalog.Sizing(ctx, ns, name); sz != nil {
+			gauge(descDesired, sz.Desired)
+			gauge(descMinAvailable, max(sz.Desired-sz.MaxUnavailable, 0))
+			stalled := 0
+			if sz.RolloutStalled {
+				stalled = 1
+			}
+			gauge(descStalled, stalled)
+		}
+	}
+}
+
+// CatalogGauges count what the cache holds, read at each scrape.
+func CatalogGauges(c client.Reader) []prometheus.Collector {
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "egress_discovery_active_leases", Help: "Unexpired leases held by crawlers."}, func() float64 {
+			l := &coordv1.LeaseList{}
+			if c.List(context.Background(), l, client.MatchingLabels{fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot}) != nil {
+				return 0
+			}
+			n := 0
+			for i := range l.Items {
+				if !lease.Expired(&l.Items[i], time.Now()) {
+					n++
+				}
+			}
+			return float64(n)
+		}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "egress_discovery_catalog_proxies", Help: "Proxies in the catalog."}, func() float64 {
+			l := &v1alpha1.ProxyList{}
+			if c.List(context.Background(), l, client.HasLabels{fleetv1alpha1.LabelFleet}) != nil {
+				return 0
+			}
+			return float64(len(l.Items))
+		}),
+	}
+}

@@ -1,0 +1,71 @@
+package discovery
+
+import (
+	"context"
+	"net/http"
+
+	"github.com/pkg/errors"
+	authnv1 "k8s.io/api/authentication/v1"
+	authzv1 "k8s.io/api/authorization/v1"
+
+	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+)
+
+// MetricsPath is where the metrics are served.
+const MetricsPath = "/metrics"
+
+// MetricsAuth serves next only to callers whose bearer token the API server
+// authenticates (for its own audience, as a scraper's mounted ServiceAccount
+// token is) and who may get the /metrics non-resource URL, as
+// kube-rbac-proxy does: the fleet-level series name every fleet, which a
+// crawler of one team must not list. Static tokens never scrape. Answers
+// are remembered as the API's are.
+func (k *Kubernetes) MetricsAuth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		t := bearer(r)
+		if t == "" {
+			writeError(w, &apiError{code: http.StatusUnauthorized, reason: apiv1.ReasonUnauthenticated, msg: "authenticate with a bearer token that may get " + MetricsPath})
+			return
+		}
+		ok, err := k.mayScrape(r.Context(), t)
+		switch {
+		case err != nil:
+			writeError(w, toAPIError(err))
+		case !ok:
+			writeError(w, &apiError{code: http.StatusForbidden, reason: apiv1.ReasonForbidden, msg: "the token may not get " + MetricsPath + ": bind its subject to a ClusterRole with nonResourceURLs [" + MetricsPath + "] and verb get"})
+		default:
+			next.ServeHTTP(w, r)
+		}
+	})
+}
+
+// mayScrape reviews a token and its subject's access to /metrics.
+func (k *Kubernetes) mayScrape(ctx context.Context, t string) (bool, error) {
+	key := tokenKey("metrics\x00" + t)
+	k.mu.Lock()
+	k.caches()
+	if allowed, ok := k.authz.get(key, k.now(), k.ttl()); ok {
+		k.mu.Unlock()
+		return allowed, nil
+	}
+	k.mu.Unlock()
+	tr := &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: t}}
+	if err := k.Client.Create(ctx, tr); err != nil {
+		return false, errors.Wrap(err, "cannot review the token")
+	}
+	allowed := false
+	if tr.Status.Authenticated {
+		sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
+			User: tr.Status.User.Username, Groups: tr.Status.User.Groups, UID: tr.Status.User.UID,
+			NonResourceAttributes: &authzv1.NonResourceAttributes{Path: MetricsPath, Verb: "get"},
+		}}
+		if err := k.Client.Create(ctx, sar); err != nil {
+			return false, errors.Wrap(err, "cannot review access")
+		}
+		allowed = sar.Status.Allowed
+	}
+	k.mu.Lock()
+	k.authz.add(key, allowed, k.now())
+	k.mu.Unlock()
+	return allowed, nil
+}
