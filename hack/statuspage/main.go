@@ -20,6 +20,7 @@ import (
 	"github.com/pkg/errors"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
@@ -80,6 +81,26 @@ func run(out string) error {
 			return err
 		}
 	}
+	// The fleet's XR, autoscaled, with the status the function would
+	// write: the page shows desired against actual and the demand.
+	xr := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": fleetv1alpha1.SchemeGroupVersion.String(), "kind": fleetv1alpha1.ProxyFleetKind,
+		"metadata": map[string]any{"name": "crawlers", "namespace": namespace},
+		"spec": map[string]any{
+			"zones": []any{"europe-west1-b", "europe-west1-c"}, "placement": map[string]any{"local": map[string]any{}},
+			"proxy": map[string]any{"authSecretRef": map[string]any{"name": "auth"}}, "healthCheck": map[string]any{"url": "https://ifconfig.me/ip"},
+			"leases":      map[string]any{"maxLeasesPerProxy": int64(2)},
+			"autoscaling": map[string]any{"minReplicas": int64(1), "maxReplicas": int64(8)},
+		},
+	}}
+	if err := c.Create(ctx, xr); err != nil {
+		return err
+	}
+	xr.Object["status"] = map[string]any{"desiredReplicas": int64(5), "autoscaling": map[string]any{
+		"reason": "utilization 1.00 > 0.70", "held": int64(3), "waiting": int64(2), "refused": int64(1), "capacity": int64(6)}}
+	if err := c.Status().Update(ctx, xr); err != nil {
+		return err
+	}
 	dir, err := os.MkdirTemp("", "statuspage")
 	if err != nil {
 		return err
@@ -94,7 +115,7 @@ func run(out string) error {
 		return err
 	}
 	srv := httptest.NewServer((&discovery.Server{
-		Catalog: &discovery.Catalog{Cache: c, Direct: c}, Leases: &lease.Store{Client: c},
+		Catalog: &discovery.Catalog{Cache: c, Direct: c, Fleets: c}, Leases: &lease.Store{Client: c},
 		Auth: &discovery.Kubernetes{Client: c, Static: st}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 	}).Handler())
 	defer srv.Close()

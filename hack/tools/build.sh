@@ -19,7 +19,7 @@ build() { # name package
 }
 
 if [ $# -eq 0 ]; then
-	set -- controller-gen etcd kube-apiserver crossplane kubectl
+	set -- controller-gen etcd kube-apiserver crossplane kubectl promtool
 fi
 for tool in "$@"; do
 	case $tool in
@@ -35,6 +35,8 @@ for tool in "$@"; do
 	kube-proxy) build kube-proxy k8s.io/kubernetes/cmd/kube-proxy ;;
 	# The cluster DNS, from its own module (its k8s pins are not ours).
 	coredns) (cd coredns && build coredns .) ;;
+	# promtool tests cluster/monitoring's alerts; its own module too.
+	promtool) (cd promtool && build promtool github.com/prometheus/prometheus/cmd/promtool) ;;
 	crossplane-core)
 		# Crossplane core for make run and make e2e, from its own module (see
 		# core/tools.go), with the CRDs core init installs beside it.

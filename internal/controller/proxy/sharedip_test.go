@@ -1,0 +1,100 @@
+package proxy_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	"google.golang.org/protobuf/types/known/structpb"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/function"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
+)
+
+// TestSharedOutgoingAddressFlagged forces two real local proxies of one
+// fleet onto one outgoing address: the echo target sees both leave from
+// it, each Proxy reports it as its egress IP, and the function, given
+// those Proxies as Crossplane observes them, flags the fleet
+// (DuplicateEgressIP) and labels both Proxies.
+func TestSharedOutgoingAddressFlagged(t *testing.T) {
+	ns := namespace(t)
+	dir := testbed.SquidStateDir(t)
+	target := testbed.StartEchoTarget(t)
+	startProvider(t, dir, providerLogs(t), target)
+	const shared = "127.1.250.9"
+	create(t,
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": password}},
+		&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "local-" + ns}, Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal,
+			Policy: &v1alpha1.Policy{Local: &v1alpha1.LocalPolicy{AllowLoopbackDestinations: true}}}},
+	)
+	for i, port := range []int32{32330, 32331} {
+		p := proxyObject(ns, fmt.Sprintf("crawlers-%d", i), port, target.URL)
+		p.Spec.ForProvider.Local.OutgoingAddress = shared
+		p.Labels = map[string]string{fleetv1alpha1.LabelFleet: "crawlers", fleetv1alpha1.LabelZone: "a"}
+		create(t, p)
+	}
+	observed := map[string]*fnv1.Resource{}
+	for i := range 2 {
+		key := types.NamespacedName{Namespace: ns, Name: fmt.Sprintf("crawlers-%d", i)}
+		testbed.Eventually(t, 15*time.Second, key.Name+" Ready, leaving from "+shared, func() (bool, string) {
+			p := get(t, key)
+			return p.GetCondition("Ready").Status == corev1.ConditionTrue && p.Status.AtProvider.EgressIP == shared, fmt.Sprintf("%+v", p.Status.AtProvider)
+		})
+		p := get(t, key)
+		// As Crossplane sends it: typed objects read back carry no kind.
+		p.APIVersion, p.Kind = v1alpha1.SchemeGroupVersion.String(), v1alpha1.ProxyKind
+		raw, err := json.Marshal(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := &structpb.Struct{}
+		if err := s.UnmarshalJSON(raw); err != nil {
+			t.Fatal(err)
+		}
+		observed[fmt.Sprintf("proxy-%d", i)] = &fnv1.Resource{Resource: s}
+	}
+	xr, err := structpb.NewStruct(map[string]any{"apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyFleet",
+		"metadata": map[string]any{"name": "crawlers", "namespace": ns},
+		"spec": map[string]any{"replicas": 2, "zones": []any{"a"}, "placement": map[string]any{"local": map[string]any{"bindAddress": "127.0.0.1"}},
+			"proxy": map[string]any{"authSecretRef": map[string]any{"name": "auth"}}, "healthCheck": map[string]any{"url": target.URL}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rsp, err := function.New(logging.NewNopLogger(), nil).RunFunction(context.Background(), &fnv1.RunFunctionRequest{
+		Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: xr}, Resources: observed},
+		RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	flagged := false
+	for _, c := range rsp.GetConditions() {
+		if c.GetType() == function.ConditionDuplicateEgressIP {
+			flagged = c.GetStatus() == fnv1.Status_STATUS_CONDITION_TRUE
+			t.Logf("%s %s: %s", c.GetType(), c.GetReason(), c.GetMessage())
+		}
+	}
+	if !flagged {
+		t.Errorf("two proxies leaving from %s: the fleet is not flagged: %v", shared, rsp.GetConditions())
+	}
+	for name, r := range rsp.GetDesired().GetResources() {
+		if r.GetResource().GetFields()["kind"].GetStringValue() != v1alpha1.ProxyKind {
+			continue
+		}
+		labels := r.GetResource().GetFields()["metadata"].GetStructValue().GetFields()["labels"].GetStructValue().GetFields()
+		if labels[fleetv1alpha1.LabelDuplicateEgressIP].GetStringValue() != "true" {
+			t.Errorf("%s is not labelled %s", name, fleetv1alpha1.LabelDuplicateEgressIP)
+		}
+	}
+	// Deleted through the provider, so that no Squid outlives the test.
+	deleteProxies(t, ns)
+}
