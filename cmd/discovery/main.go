@@ -23,7 +23,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 
-
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis"
@@ -214,7 +213,6 @@ func (c *CLI) newManager() (manager.Manager, error) {
 	}
 	return mgr, nil
 }
-
 
 // gatewayServer serves the gateway until the manager stops, over TLS with
 // the API's certificate unless plain HTTP was asked for, then releases its

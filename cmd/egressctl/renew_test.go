@@ -34,7 +34,7 @@ type fakeDiscovery struct {
 	auth func(r *http.Request) int
 	// refuse says whether to refuse the n-th acquisition, from 1, with
 	// 409 and Retry-After 1.
-	refuse func(n int) bool
+	refuse       func(n int) bool
 	acquisitions int
 
 	mu     sync.Mutex
