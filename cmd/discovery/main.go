@@ -262,7 +262,7 @@ func (c *CLI) apiServer(srv *discovery.Server, log logging.Logger) manager.Runna
 	// Fleet-level series name every fleet: only a scraper allowed to get
 	// /metrics reads them.
 	if k, ok := srv.Auth.(*discovery.Kubernetes); ok {
-		mux.Handle(discovery.MetricsPath, k.MetricsAuth(promhttpHandler()))
+		mux.Handle(discovery.MetricsPath, discovery.LimitInFlight(discovery.WithTimeout(k.MetricsAuth(promhttpHandler())), c.MaxInFlight))
 	}
 	mux.Handle("/", discovery.LimitInFlight(discovery.WithTimeout(srv.Handler()), c.MaxInFlight))
 	httpSrv := &http.Server{

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -100,6 +101,9 @@ type Policy struct {
 	// Autoscaled: spec.autoscaling sizes the fleet, and spec.replicas
 	// (Replicas is then 0) is ignored.
 	Autoscaled bool
+	// Zones are spec.zones: an acquisition for another zone is no demand
+	// a new proxy could meet.
+	Zones []string
 	// Quotas are spec.leases.quotas; nil sets no bound.
 	Quotas *fleetv1alpha1.Quotas
 	// MaxBanCooldown is the longest ban a report may ask for.
@@ -120,6 +124,7 @@ func policyOf(s *fleetv1alpha1.ProxyFleetSpec) *Policy {
 	if s.Autoscaling != nil {
 		p.Replicas, p.Autoscaled = 0, true
 	}
+	p.Zones = s.Zones
 	if s.Leases == nil {
 		return p
 	}
@@ -133,6 +138,12 @@ func policyOf(s *fleetv1alpha1.ProxyFleetSpec) *Policy {
 	}
 	p.Quotas = s.Leases.Quotas
 	return p
+}
+
+// serves says whether a new proxy of the fleet could be in zone ("" for
+// any): only then is a refusal demand.
+func (p *Policy) serves(zone string) bool {
+	return zone == "" || len(p.Zones) == 0 || slices.Contains(p.Zones, zone)
 }
 
 // MaxWait bounds any acquisition's wait, within the request timeout.

@@ -22,47 +22,53 @@ import (
 // refusalWindow is how far back refused acquisitions count as demand.
 const refusalWindow = time.Minute
 
-// maxRefusalsKept bounds the refusals remembered per fleet: past it, more
-// refusals ask for no more proxies than a fleet's maxReplicas allows anyway.
+// maxRefusalsKept bounds the crawlers remembered as refused per fleet:
+// past it, more refusals ask for no more proxies than a fleet's
+// maxReplicas allows anyway.
 const maxRefusalsKept = 4096
 
-// refusals remembers, per fleet, when acquisitions were refused for want
-// of a slot or of healthy proxies, for the demand this replica publishes.
+// refusals remembers, per fleet, which crawlers (an identity and the
+// holder it named) were refused a lease for want of a slot or of healthy
+// proxies, and when last, for the demand this replica publishes. A crawler
+// counts once however often it asks again: retries are no more demand.
 type refusals struct {
 	mu sync.Mutex
-	at map[string][]time.Time
+	at map[string]map[string]time.Time
 }
 
-// record notes a refusal of an acquisition of fleet key at now.
-func (r *refusals) record(key string, now time.Time) {
+// record notes that crawler was refused a lease of fleet key at now.
+func (r *refusals) record(key, crawler string, now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.at == nil {
-		r.at = map[string][]time.Time{}
+		r.at = map[string]map[string]time.Time{}
 	}
-	ts := append(r.at[key], now)
-	if len(ts) > maxRefusalsKept {
-		ts = ts[len(ts)-maxRefusalsKept:]
+	m := r.at[key]
+	if m == nil {
+		m = map[string]time.Time{}
+		r.at[key] = m
 	}
-	r.at[key] = ts
+	if _, ok := m[crawler]; !ok && len(m) >= maxRefusalsKept {
+		return
+	}
+	m[crawler] = now
 }
 
-// count is how many refusals of fleet key fall within the last minute
-// before now; it forgets older ones.
+// count is how many crawlers were refused a lease of fleet key within the
+// last minute before now; it forgets those refused earlier.
 func (r *refusals) count(key string, now time.Time) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	ts := r.at[key]
-	i := 0
-	for i < len(ts) && !ts[i].After(now.Add(-refusalWindow)) {
-		i++
+	m := r.at[key]
+	for c, at := range m {
+		if !at.After(now.Add(-refusalWindow)) {
+			delete(m, c)
+		}
 	}
-	if ts = ts[i:]; len(ts) == 0 {
+	if len(m) == 0 {
 		delete(r.at, key)
-		return 0
 	}
-	r.at[key] = ts
-	return len(ts)
+	return len(m)
 }
 
 // demandOf is this replica's share of a fleet's demand now: the leases held

@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -34,15 +35,19 @@ func TestHealthyFraction(t *testing.T) {
 	}
 }
 
-// TestRefusalsCounted: refusals count for a minute, and no longer.
+// TestRefusalsCounted: a crawler refused counts once however often it asks
+// again, for a minute after its last refusal, and no longer.
 func TestRefusalsCounted(t *testing.T) {
 	var r refusals
 	t0 := time.Now()
 	for i := range 3 {
-		r.record("ns/f", t0.Add(time.Duration(i)*10*time.Second))
+		r.record("ns/f", fmt.Sprintf("crawler-%d", i), t0.Add(time.Duration(i)*10*time.Second))
+	}
+	for i := range 50 {
+		r.record("ns/f", "crawler-2", t0.Add(20*time.Second+time.Duration(i)*100*time.Millisecond))
 	}
 	if n := r.count("ns/f", t0.Add(30*time.Second)); n != 3 {
-		t.Errorf("3 refusals in the last 30 s: counted %d", n)
+		t.Errorf("3 crawlers refused, one of them 51 times: counted %d, want 3", n)
 	}
 	if n := r.count("ns/f", t0.Add(65*time.Second)); n != 2 {
 		t.Errorf("65 s after the first of 3 refusals 10 s apart: counted %d, want 2", n)
@@ -52,5 +57,20 @@ func TestRefusalsCounted(t *testing.T) {
 	}
 	if len(r.at) != 0 {
 		t.Errorf("a fleet with no refusals left is forgotten: %v", r.at)
+	}
+	for i := range maxRefusalsKept + 10 {
+		r.record("ns/g", fmt.Sprintf("c%d", i), t0)
+	}
+	if n := r.count("ns/g", t0); n != maxRefusalsKept {
+		t.Errorf("refused crawlers remembered: %d, bound %d", n, maxRefusalsKept)
+	}
+}
+
+// TestPolicyServes: a refusal for a zone the fleet has no proxies in is no
+// demand a new proxy could meet.
+func TestPolicyServes(t *testing.T) {
+	p := &Policy{Zones: []string{"a", "b"}}
+	if !p.serves("") || !p.serves("a") || p.serves("nope") {
+		t.Errorf("serves: any %v, a %v, nope %v", p.serves(""), p.serves("a"), p.serves("nope"))
 	}
 }

@@ -111,8 +111,12 @@ func (s *Server) grantFor(ctx context.Context, a *acquisition) (*granted, error)
 		}
 		g, err = s.wait(ctx, key, waiter, a.wait, func() (*granted, error) { return s.tryAcquire(ctx, a, true) }, err)
 	}
-	if err != nil && refusal(err) {
-		s.refused.record(a.ns+"/"+a.fleet, s.now())
+	if err != nil && refusal(err) && a.policy.serves(a.req.Zone) {
+		crawler := id.User
+		if a.caller != nil {
+			crawler = a.caller.User
+		}
+		s.refused.record(a.ns+"/"+a.fleet, crawler+"\x00"+a.req.Holder, s.now())
 	}
 	return g, err
 }

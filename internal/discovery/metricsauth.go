@@ -41,6 +41,10 @@ func (k *Kubernetes) MetricsAuth(next http.Handler) http.Handler {
 
 // mayScrape reviews a token and its subject's access to /metrics.
 func (k *Kubernetes) mayScrape(ctx context.Context, t string) (bool, error) {
+	if k.Static != nil && k.Static.lookup(t) != nil {
+		// A crawler's static token: never sent to the API server.
+		return false, nil
+	}
 	key := tokenKey("metrics\x00" + t)
 	k.mu.Lock()
 	k.caches()
@@ -53,17 +57,19 @@ func (k *Kubernetes) mayScrape(ctx context.Context, t string) (bool, error) {
 	if err := k.Client.Create(ctx, tr); err != nil {
 		return false, errors.Wrap(err, "cannot review the token")
 	}
-	allowed := false
-	if tr.Status.Authenticated {
-		sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
-			User: tr.Status.User.Username, Groups: tr.Status.User.Groups, UID: tr.Status.User.UID,
-			NonResourceAttributes: &authzv1.NonResourceAttributes{Path: MetricsPath, Verb: "get"},
-		}}
-		if err := k.Client.Create(ctx, sar); err != nil {
-			return false, errors.Wrap(err, "cannot review access")
-		}
-		allowed = sar.Status.Allowed
+	if !tr.Status.Authenticated {
+		// Not remembered: random tokens must not crowd the cache that
+		// crawlers' answers live in.
+		return false, nil
 	}
+	sar := &authzv1.SubjectAccessReview{Spec: authzv1.SubjectAccessReviewSpec{
+		User: tr.Status.User.Username, Groups: tr.Status.User.Groups, UID: tr.Status.User.UID,
+		NonResourceAttributes: &authzv1.NonResourceAttributes{Path: MetricsPath, Verb: "get"},
+	}}
+	if err := k.Client.Create(ctx, sar); err != nil {
+		return false, errors.Wrap(err, "cannot review access")
+	}
+	allowed := sar.Status.Allowed
 	k.mu.Lock()
 	k.authz.add(key, allowed, k.now())
 	k.mu.Unlock()

@@ -162,8 +162,9 @@ func TestSumDemand(t *testing.T) {
 	huge.GetFields()["metadata"].GetStructValue().GetFields()["annotations"].GetStructValue().Fields["crawl.example.com/demand-waiting"] = structpb.NewStringValue("99999999999")
 	items := []*structpb.Struct{
 		demandLease("crawlers", "r1", t0.Add(-10*time.Second), lease.Demand{Held: 40, Waiting: 2, Refused: 1}),
-		demandLease("crawlers", "r2", t0.Add(-59*time.Second), lease.Demand{Waiting: 1, Refused: 1}),
-		demandLease("crawlers", "r3", t0.Add(-61*time.Second), lease.Demand{Waiting: 50}), // stale
+		// A minute old by a reader whose clock is up to 30 s ahead.
+		demandLease("crawlers", "r2", t0.Add(-89*time.Second), lease.Demand{Waiting: 1, Refused: 1}),
+		demandLease("crawlers", "r3", t0.Add(-91*time.Second), lease.Demand{Waiting: 50}), // stale, skew allowed for
 		demandLease("crawlers", "r4", t0.Add(time.Hour), lease.Demand{Waiting: 50}),       // ahead of any skew
 		demandLease("other", "r1", t0, lease.Demand{Waiting: 50}),                         // another fleet
 		bad, huge,
@@ -201,10 +202,32 @@ func TestAutoscalerRemovesOnlyUnleased(t *testing.T) {
 		return []*member{m(0, "a", leased), m(1, "b"), m(2, "a", leased), m(3, "b")}
 	}
 	auto := func(f *Fleet) { f.autoscale = scaler(0, 10, 0, 0) }
-	if got := summary(decide(fleetFor(1, []string{"a", "b"}, auto), observed(), true, t0)); got != "0:a 2:a" {
-		t.Errorf("autoscaled to 1 with two proxies leased: kept %q, want the leased 0:a 2:a", got)
+	// First the unleased drain, so that no crawler is handed them while
+	// their removal is decided; once they drained drainSettle, they go.
+	p := decide(fleetFor(1, []string{"a", "b"}, auto), observed(), true, t0)
+	var draining []string
+	for _, k := range p.keep {
+		if k.Draining {
+			draining = append(draining, k.Name)
+		}
 	}
-	p := decide(fleetFor(3, []string{"a", "b"}, auto), observed(), true, t0)
+	if got := summary(p); got != "0:a 1:b 2:a 3:b" || strings.Join(draining, " ") != "f-1 f-3" || !p.leaseWait {
+		t.Errorf("autoscaled to 1 with two proxies leased: kept %q draining %v (recheck %v), want all kept, the unleased f-1 f-3 draining", got, draining, p.leaseWait)
+	}
+	drained := func() []*member {
+		ms := observed()
+		ms[1].DrainSince, ms[3].DrainSince = t0.Add(-drainSettle), t0.Add(-drainSettle)
+		return ms
+	}
+	if got := summary(decide(fleetFor(1, []string{"a", "b"}, auto), drained(), true, t0)); got != "0:a 2:a" {
+		t.Errorf("autoscaled to 1 with two proxies leased, the others drained: kept %q, want the leased 0:a 2:a", got)
+	}
+	leasedWhileDraining := drained()
+	leasedWhileDraining[3].Leased = true
+	if got := summary(decide(fleetFor(1, []string{"a", "b"}, auto), leasedWhileDraining, true, t0)); got != "0:a 2:a 3:b" {
+		t.Errorf("a draining proxy leased after all stays: kept %q, want 0:a 2:a 3:b", got)
+	}
+	p = decide(fleetFor(3, []string{"a", "b"}, auto), drained(), true, t0)
 	if got := summary(p); got != "0:a 1:b 2:a" {
 		t.Errorf("autoscaled to 3: kept %q, want the leased ones and one more", got)
 	}
@@ -255,5 +278,34 @@ func TestRunAutoscaled(t *testing.T) {
 	}
 	if _, ok := plain.GetRequirements().GetResources()[requiredDemand]; ok {
 		t.Error("a fleet without autoscaling requires no demand")
+	}
+}
+
+// TestAutoscalerHoldsThroughAnOutage: while a proxy has been failing for
+// minutes (the health target down, say), crawlers refused or waiting are
+// no reason to grow: more proxies would fail alike. A proxy still booting
+// does not hold growth back.
+func TestAutoscalerHoldsThroughAnOutage(t *testing.T) {
+	spec := withSpec(t, "autoscaling", `{"minReplicas": 1, "maxReplicas": 10}`)
+	run1 := func(created time.Time) *fnv1.RunFunctionResponse {
+		return run(t, &fnv1.RunFunctionRequest{
+			Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: map[string]*fnv1.Resource{
+				"proxy-0": observedProxy(0, "a", true, t0.Add(-time.Hour), ""),
+				"proxy-1": observedProxy(1, "b", false, created, ""),
+			}},
+			RequiredResources: map[string]*fnv1.Resources{"leases": {}, requiredDemand: {Items: []*fnv1.Resource{
+				{Resource: demandLease("crawlers", "r1", t0, lease.Demand{Waiting: 4, Refused: 3})},
+			}}},
+		})
+	}
+	desired := func(rsp *fnv1.RunFunctionResponse) (float64, string) {
+		st := rsp.GetDesired().GetComposite().GetResource().GetFields()["status"].GetStructValue()
+		return field(st, "desiredReplicas").GetNumberValue(), str(st, "autoscaling", "reason")
+	}
+	if n, why := desired(run1(t0.Add(-5 * time.Minute))); n != 2 || !strings.Contains(why, "1 proxies failing") {
+		t.Errorf("a proxy failing for 5 minutes: desired %v (%s), want the 2 there are", n, why)
+	}
+	if n, why := desired(run1(t0.Add(-30 * time.Second))); n != 10 {
+		t.Errorf("a proxy booting for 30 s: desired %v (%s), want 10 for 7 crawlers at 0.7", n, why)
 	}
 }

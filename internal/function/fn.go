@@ -106,6 +106,11 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 	}
 	spec, _ := xr.Object["spec"].(map[string]any)
 	fleet, err := parseFleet(fleetName, namespace, spec)
+	if err == nil && fleet.autoscale != nil && xr.GetNamespace() == "" {
+		// egress-discovery publishes the demand of namespaced
+		// ProxyFleets only: a legacy fleet would never wake from zero.
+		err = fieldError("spec.autoscaling", "is for namespaced ProxyFleets (crawl.example.com/v1alpha1, kind ProxyFleet); a %s made through a ProxyFleetClaim is sized by spec.replicas: remove spec.autoscaling", xr.GetKind())
+	}
 	if err != nil {
 		response.Fatal(rsp, err)
 		return rsp, nil
@@ -169,6 +174,11 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 	return rsp, nil
 }
 
+// failingAfter is how long a proxy may be unready, since it was made or
+// last changed, before an autoscaled fleet counts it as failing rather than
+// booting.
+const failingAfter = 2 * time.Minute
+
 // autoscale sizes an autoscaled fleet, setting its Replicas to the size it
 // aims at; nil for a fleet spec.replicas sizes. Until Crossplane has sent
 // the fleet's leases and demand, the size aimed at so far stays.
@@ -194,13 +204,26 @@ func autoscale(req *fnv1.RunFunctionRequest, f *Fleet, members []*member, held i
 		for _, r := range demand.GetItems() {
 			items = append(items, r.GetResource())
 		}
-		healthy := 0
+		healthy, failing := 0, 0
 		for _, m := range members {
 			if m.Healthy {
 				healthy++
 			}
+			if !m.Ready && now.Sub(later(m.Since, m.Created)) >= failingAfter {
+				failing++
+			}
 		}
-		sc = f.autoscale.scale(sumDemand(items, f.Name, held, now), int(*f.spec.Leases.MaxLeasesPerProxy), healthy, current, history, now)
+		d := sumDemand(items, f.Name, held, now)
+		if failing > 0 {
+			// An outage (the health target down, a backend failing)
+			// refuses every crawler: more proxies would fail alike, so
+			// only the leases held count until the failing recover.
+			d.Waiting, d.Refused = 0, 0
+		}
+		sc = f.autoscale.scale(d, int(*f.spec.Leases.MaxLeasesPerProxy), healthy, current, history, now)
+		if failing > 0 {
+			sc.reason += fmt.Sprintf("; %d proxies failing: acquisitions waiting or refused count only once they recover", failing)
+		}
 	} else {
 		sc = &scaling{desired: min(max(current, f.autoscale.Min), f.autoscale.Max), history: history, reason: "waiting for the fleet's leases and demand"}
 	}

@@ -333,6 +333,14 @@ func TestRunFunction(t *testing.T) {
 		if diff := cmp.Diff(want, rsp.GetResults(), protocmp.Transform()); diff != "" {
 			t.Errorf("an unclaimed XProxyFleet: -want, +got:\n%s", diff)
 		}
+		// Discovery publishes demand for namespaced fleets only.
+		autoscaled := resource.MustStructJSON(`{"apiVersion": "crawl.example.com/v1alpha1", "kind": "XProxyFleet",
+			"metadata": {"name": "legacy-crawlers-x7k2p", "labels": {"crossplane.io/claim-name": "legacy-crawlers", "crossplane.io/claim-namespace": "team"}},
+			"spec": ` + withSpec(t, "autoscaling", `{"maxReplicas": 3}`) + `}`)
+		rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: autoscaled}}})
+		if r := rsp.GetResults(); len(r) != 1 || r[0].GetSeverity() != fnv1.Severity_SEVERITY_FATAL || !strings.HasPrefix(r[0].GetMessage(), "spec.autoscaling is for namespaced ProxyFleets") || len(rsp.GetDesired().GetResources()) != 0 {
+			t.Errorf("an autoscaled legacy XProxyFleet: want a Fatal naming spec.autoscaling and nothing composed, got %v", r)
+		}
 	})
 
 	t.Run("ActiveLeaseHoldsRotation", func(t *testing.T) {

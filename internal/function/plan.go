@@ -192,6 +192,10 @@ func (pl *planner) forget(m *member) {
 	}
 }
 
+// drainSettle is how long an autoscaled fleet's proxy drains before it is
+// removed: long enough for every discovery replica to see it drain.
+const drainSettle = 10 * time.Second
+
 // scaleDown drops whole replicas, unhealthiest first, then those of an old
 // template or a removed zone, then from the most crowded zone, then the
 // newest.
@@ -229,6 +233,17 @@ func (pl *planner) scaleDown() {
 			continue
 		}
 		drop--
+		if h := s.holder; pl.f.autoscale != nil && (h.DrainSince.IsZero() || pl.now.Sub(h.DrainSince) < drainSettle) {
+			// It drains first, so that discovery hands it to nobody
+			// while the removal is decided: one leased meanwhile stays.
+			h.Draining = true
+			if s.replacement != nil {
+				s.replacement.Draining = true
+			}
+			kept = append(kept, s)
+			pl.p.leaseWait = true
+			continue
+		}
 		pl.p.removed++
 		pl.forget(s.holder)
 		if s.replacement != nil {

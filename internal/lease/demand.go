@@ -103,7 +103,7 @@ func ReadDemand(l *coordv1.Lease, fleet string, now time.Time) (Demand, bool) {
 	}
 	renew := l.Spec.RenewTime.Time
 	fresh := min(time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second, DemandFreshness)
-	if renew.After(now.Add(HoldSkew)) || !now.Before(renew.Add(fresh)) {
+	if renew.After(now.Add(HoldSkew)) || !now.Before(renew.Add(fresh+HoldSkew)) {
 		return Demand{}, false
 	}
 	var d Demand
