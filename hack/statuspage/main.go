@@ -33,8 +33,11 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
-// namespace holds the example fleet.
-const namespace = "crawl-team"
+// namespace holds the example fleet; authSecret is its auth Secret.
+const (
+	namespace  = "crawl-team"
+	authSecret = "auth"
+)
 
 func main() {
 	out := flag.String("o", "_output/status.png", "Where to write the screenshot.")
@@ -56,7 +59,7 @@ func run(out string) error {
 	if err := c.Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: namespace}}); err != nil {
 		return err
 	}
-	if err := c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": "example"}}); err != nil {
+	if err := c.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: authSecret, Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": "example"}}); err != nil {
 		return err
 	}
 	for i := range 4 {
@@ -64,14 +67,16 @@ func run(out string) error {
 			ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: fmt.Sprintf("crawlers-%d", i), Labels: map[string]string{
 				fleetv1alpha1.LabelFleet: "crawlers", fleetv1alpha1.LabelZone: []string{"europe-west1-b", "europe-west1-c"}[i%2]}},
 			Spec: v1alpha1.ProxySpec{ForProvider: v1alpha1.ProxyParameters{Local: &v1alpha1.LocalPlacement{},
-				AuthSecretRef: &v1alpha1.AuthSecretReference{Name: "auth"}, HealthCheck: v1alpha1.HealthCheck{URL: "https://ifconfig.me/ip"}, MaxLeases: 2}},
+				AuthSecretRef: &v1alpha1.AuthSecretReference{Name: authSecret}, HealthCheck: v1alpha1.HealthCheck{URL: "https://ifconfig.me/ip"}, MaxLeases: 2}},
 		}
 		if err := c.Create(ctx, p); err != nil {
 			return err
 		}
 		healthy := i != 3
+		// crawlers-3 leaves through crawlers-2's NAT: the page marks both.
+		egress := fmt.Sprintf("34.140.%d.%d", 10+min(i, 2), 20+min(i, 2))
 		p.Status.AtProvider = v1alpha1.ProxyObservation{Host: fmt.Sprintf("34.140.%d.%d", 10+i, 20+i), Port: 3128, Healthy: healthy,
-			EgressIP: fmt.Sprintf("34.140.%d.%d", 10+i, 20+i), LatencyMilliseconds: int64(40 + 7*i)}
+			EgressIP: egress, LatencyMilliseconds: int64(40 + 7*i)}
 		cond := xpv2.Available()
 		if !healthy {
 			cond = xpv2.Unavailable()
@@ -88,7 +93,7 @@ func run(out string) error {
 		"metadata": map[string]any{"name": "crawlers", "namespace": namespace},
 		"spec": map[string]any{
 			"zones": []any{"europe-west1-b", "europe-west1-c"}, "placement": map[string]any{"local": map[string]any{}},
-			"proxy": map[string]any{"authSecretRef": map[string]any{"name": "auth"}}, "healthCheck": map[string]any{"url": "https://ifconfig.me/ip"},
+			"proxy": map[string]any{"authSecretRef": map[string]any{"name": authSecret}}, "healthCheck": map[string]any{"url": "https://ifconfig.me/ip"},
 			"leases":      map[string]any{"maxLeasesPerProxy": int64(2)},
 			"autoscaling": map[string]any{"minReplicas": int64(1), "maxReplicas": int64(8)},
 		},

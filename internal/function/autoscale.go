@@ -181,7 +181,11 @@ func (a *autoscaler) scale(d lease.Demand, perProxy, healthy, current int, histo
 	case w == 0:
 		why = append(why, "no lease held or asked for")
 	case s.capacity == 0:
-		why = append(why, fmt.Sprintf("%d leases asked for and no proxy healthy", w))
+		noun := "leases"
+		if w == 1 {
+			noun = "lease"
+		}
+		why = append(why, fmt.Sprintf("%d %s asked for and no proxy healthy", w, noun))
 	default:
 		u := float64(w) / float64(s.capacity)
 		op := "≈"

@@ -165,21 +165,27 @@ func (s *ProxyFleetSpec) WithDefaults() *ProxyFleetSpec {
 	if d.Leases.MaxBanCooldown == nil {
 		d.Leases.MaxBanCooldown = &metav1.Duration{Duration: DefaultMaxBanCooldown}
 	}
-	if a := d.Autoscaling; a != nil {
-		if a.MinReplicas == nil {
-			a.MinReplicas = ptr.To(DefaultMinReplicas)
-		}
-		if a.TargetUtilization == nil {
-			a.TargetUtilization = ptr.To(DefaultTargetUtilization)
-		}
-		if a.ScaleUpStabilization == nil {
-			a.ScaleUpStabilization = &metav1.Duration{Duration: DefaultScaleUpStabilization}
-		}
-		if a.ScaleDownStabilization == nil {
-			a.ScaleDownStabilization = &metav1.Duration{Duration: DefaultScaleDownStabilization}
-		}
-	}
+	d.Autoscaling.withDefaults()
 	return d
+}
+
+// withDefaults applies the autoscaling defaults in place; nil stays nil.
+func (a *Autoscaling) withDefaults() {
+	if a == nil {
+		return
+	}
+	if a.MinReplicas == nil {
+		a.MinReplicas = ptr.To(DefaultMinReplicas)
+	}
+	if a.TargetUtilization == nil {
+		a.TargetUtilization = ptr.To(DefaultTargetUtilization)
+	}
+	if a.ScaleUpStabilization == nil {
+		a.ScaleUpStabilization = &metav1.Duration{Duration: DefaultScaleUpStabilization}
+	}
+	if a.ScaleDownStabilization == nil {
+		a.ScaleDownStabilization = &metav1.Duration{Duration: DefaultScaleDownStabilization}
+	}
 }
 
 // BanCooldown is the longest ban a report may ask for in the fleet.
