@@ -22,6 +22,22 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
+// autoscale sets a fleet XR's spec.autoscaling and returns the XR.
+func autoscale(t *testing.T, ns, name string, spec map[string]any) *unstructured.Unstructured {
+	t.Helper()
+	c := sharedBed.Env(t).Client
+	xr := &unstructured.Unstructured{}
+	xr.SetGroupVersionKind(fleetv1alpha1.SchemeGroupVersion.WithKind(fleetv1alpha1.ProxyFleetKind))
+	if err := c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: name}, xr); err != nil {
+		t.Fatal(err)
+	}
+	_ = unstructured.SetNestedMap(xr.Object, spec, "spec", "autoscaling")
+	if err := c.Update(context.Background(), xr); err != nil {
+		t.Fatal(err)
+	}
+	return xr
+}
+
 // clock is a settable clock for the server and its publisher.
 type clock struct {
 	mu sync.Mutex
@@ -45,15 +61,7 @@ func TestDemandPublished(t *testing.T) {
 	ctx := context.Background()
 	fleet(t, ns, "crawlers", 1, 1, nil)
 	fleetXR(t, ns, "crawlers", 1, map[string]any{"admission": map[string]any{"maxWait": "5s"}})
-	xr := &unstructured.Unstructured{}
-	xr.SetGroupVersionKind(fleetv1alpha1.SchemeGroupVersion.WithKind(fleetv1alpha1.ProxyFleetKind))
-	if err := bed.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "crawlers"}, xr); err != nil {
-		t.Fatal(err)
-	}
-	_ = unstructured.SetNestedMap(xr.Object, map[string]any{"maxReplicas": int64(5)}, "spec", "autoscaling")
-	if err := bed.Client.Update(ctx, xr); err != nil {
-		t.Fatal(err)
-	}
+	xr := autoscale(t, ns, "crawlers", map[string]any{"maxReplicas": int64(5)})
 
 	clk := &clock{t: time.Now()}
 	var s *discovery.Server
@@ -192,10 +200,7 @@ func TestStatusPageShowsSizing(t *testing.T) {
 			t.Fatal(err)
 		}
 		if autoscaling != nil {
-			_ = unstructured.SetNestedMap(xr.Object, autoscaling, "spec", "autoscaling")
-			if err := bed.Client.Update(ctx, xr); err != nil {
-				t.Fatal(err)
-			}
+			xr = autoscale(t, ns, name, autoscaling)
 		}
 		_ = unstructured.SetNestedMap(xr.Object, status, "status")
 		if err := bed.Client.Status().Update(ctx, xr); err != nil {
@@ -231,15 +236,7 @@ func TestAutoscaledFleetWakesFromZero(t *testing.T) {
 	ctx := context.Background()
 	fleetXR(t, ns, "elastic", 1, map[string]any{"admission": map[string]any{"maxWait": "20s"}})
 	fleetXR(t, ns, "fixed", 1, nil)
-	xr := &unstructured.Unstructured{}
-	xr.SetGroupVersionKind(fleetv1alpha1.SchemeGroupVersion.WithKind(fleetv1alpha1.ProxyFleetKind))
-	if err := bed.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "elastic"}, xr); err != nil {
-		t.Fatal(err)
-	}
-	_ = unstructured.SetNestedMap(xr.Object, map[string]any{"minReplicas": int64(0), "maxReplicas": int64(3)}, "spec", "autoscaling")
-	if err := bed.Client.Update(ctx, xr); err != nil {
-		t.Fatal(err)
-	}
+	autoscale(t, ns, "elastic", map[string]any{"minReplicas": int64(0), "maxReplicas": int64(3)})
 	var s *discovery.Server
 	srv := server(t, "team-token "+ns+" crawler\n", func(x *discovery.Server) { s = x })
 	c := &apiv1.Client{BaseURL: srv.URL, Token: "team-token"}
