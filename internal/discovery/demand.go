@@ -27,48 +27,80 @@ const refusalWindow = time.Minute
 // maxReplicas allows anyway.
 const maxRefusalsKept = 4096
 
-// refusals remembers, per fleet, which crawlers (an identity and the
+// refusals remembers, per fleet, which crawlers (an identity and each
 // holder it named) were refused a lease for want of a slot or of healthy
 // proxies, and when last, for the demand this replica publishes. A crawler
-// counts once however often it asks again: retries are no more demand.
+// counts once however often it asks again, and an identity for no more
+// holders than its lease quota lets it hold: retries, and holder names
+// made up per request, are no more demand.
 type refusals struct {
 	mu sync.Mutex
-	at map[string]map[string]time.Time
+	at map[string]map[string]*refusedIdentity
+	n  map[string]int
 }
 
-// record notes that crawler was refused a lease of fleet key at now.
-func (r *refusals) record(key, crawler string, now time.Time) {
+type refusedIdentity struct {
+	quota   int // 0: none
+	holders map[string]time.Time
+}
+
+// record notes that identity, as holder, was refused a lease of fleet key
+// at now; quota is the identity's lease bound in the fleet (0: none).
+func (r *refusals) record(key, identity, holder string, quota int, now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.at == nil {
-		r.at = map[string]map[string]time.Time{}
+		r.at, r.n = map[string]map[string]*refusedIdentity{}, map[string]int{}
 	}
-	m := r.at[key]
-	if m == nil {
-		m = map[string]time.Time{}
-		r.at[key] = m
+	ids := r.at[key]
+	if ids == nil {
+		ids = map[string]*refusedIdentity{}
+		r.at[key] = ids
 	}
-	if _, ok := m[crawler]; !ok && len(m) >= maxRefusalsKept {
-		return
+	ri := ids[identity]
+	if ri == nil {
+		ri = &refusedIdentity{holders: map[string]time.Time{}}
+		ids[identity] = ri
 	}
-	m[crawler] = now
+	ri.quota = quota
+	if _, ok := ri.holders[holder]; !ok {
+		if r.n[key] >= maxRefusalsKept {
+			return
+		}
+		r.n[key]++
+	}
+	ri.holders[holder] = now
 }
 
 // count is how many crawlers were refused a lease of fleet key within the
-// last minute before now; it forgets those refused earlier.
+// last minute before now, each identity counted for at most its quota; it
+// forgets those refused earlier.
 func (r *refusals) count(key string, now time.Time) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	m := r.at[key]
-	for c, at := range m {
-		if !at.After(now.Add(-refusalWindow)) {
-			delete(m, c)
+	total := 0
+	for id, ri := range r.at[key] {
+		for h, at := range ri.holders {
+			if !at.After(now.Add(-refusalWindow)) {
+				delete(ri.holders, h)
+				r.n[key]--
+			}
 		}
+		n := len(ri.holders)
+		if n == 0 {
+			delete(r.at[key], id)
+			continue
+		}
+		if ri.quota > 0 {
+			n = min(n, ri.quota)
+		}
+		total += n
 	}
-	if len(m) == 0 {
+	if len(r.at[key]) == 0 {
 		delete(r.at, key)
+		delete(r.n, key)
 	}
-	return len(m)
+	return total
 }
 
 // demandOf is this replica's share of a fleet's demand now: the leases held

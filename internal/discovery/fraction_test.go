@@ -36,15 +36,16 @@ func TestHealthyFraction(t *testing.T) {
 }
 
 // TestRefusalsCounted: a crawler refused counts once however often it asks
-// again, for a minute after its last refusal, and no longer.
+// again, for a minute after its last refusal, and no longer; an identity
+// counts for at most its quota.
 func TestRefusalsCounted(t *testing.T) {
 	var r refusals
 	t0 := time.Now()
 	for i := range 3 {
-		r.record("ns/f", fmt.Sprintf("crawler-%d", i), t0.Add(time.Duration(i)*10*time.Second))
+		r.record("ns/f", fmt.Sprintf("crawler-%d", i), "h", 0, t0.Add(time.Duration(i)*10*time.Second))
 	}
 	for i := range 50 {
-		r.record("ns/f", "crawler-2", t0.Add(20*time.Second+time.Duration(i)*100*time.Millisecond))
+		r.record("ns/f", "crawler-2", "h", 0, t0.Add(20*time.Second+time.Duration(i)*100*time.Millisecond))
 	}
 	if n := r.count("ns/f", t0.Add(30*time.Second)); n != 3 {
 		t.Errorf("3 crawlers refused, one of them 51 times: counted %d, want 3", n)
@@ -59,10 +60,19 @@ func TestRefusalsCounted(t *testing.T) {
 		t.Errorf("a fleet with no refusals left is forgotten: %v", r.at)
 	}
 	for i := range maxRefusalsKept + 10 {
-		r.record("ns/g", fmt.Sprintf("c%d", i), t0)
+		r.record("ns/g", fmt.Sprintf("c%d", i), "h", 0, t0)
 	}
 	if n := r.count("ns/g", t0); n != maxRefusalsKept {
 		t.Errorf("refused crawlers remembered: %d, bound %d", n, maxRefusalsKept)
+	}
+	// One identity making up a holder name per request counts for no
+	// more than its quota; without one, per holder.
+	for i := range 100 {
+		r.record("ns/h", "greedy", fmt.Sprintf("random-%d", i), 2, t0)
+		r.record("ns/h", "team", fmt.Sprintf("worker-%d", i%5), 0, t0)
+	}
+	if n := r.count("ns/h", t0); n != 2+5 {
+		t.Errorf("an identity with quota 2 under 100 holder names and one without a quota under 5: counted %d, want 7", n)
 	}
 }
 

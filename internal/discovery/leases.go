@@ -111,12 +111,13 @@ func (s *Server) grantFor(ctx context.Context, a *acquisition) (*granted, error)
 		}
 		g, err = s.wait(ctx, key, waiter, a.wait, func() (*granted, error) { return s.tryAcquire(ctx, a, true) }, err)
 	}
-	if err != nil && refusal(err) && a.policy.serves(a.req.Zone) {
-		crawler := id.User
+	if err != nil && refusal(err) && a.policy.Autoscaled && a.policy.serves(a.req.Zone) {
+		crawler := id
 		if a.caller != nil {
-			crawler = a.caller.User
+			crawler = a.caller
 		}
-		s.refused.record(a.ns+"/"+a.fleet, crawler+"\x00"+a.req.Holder, s.now())
+		quota, _, _ := quotaOf(a.policy.Quotas, crawler)
+		s.refused.record(a.ns+"/"+a.fleet, crawler.User, a.req.Holder, quota, s.now())
 	}
 	return g, err
 }

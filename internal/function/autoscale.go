@@ -170,8 +170,11 @@ func (a *autoscaler) holdUntil(history []recommendation, desired int) time.Time 
 
 // scale sizes an autoscaled fleet: from the demand and the previous
 // composition's status, the size it aims at now, and why.
-func (a *autoscaler) scale(d lease.Demand, perProxy, healthy, current int, history []recommendation, now time.Time) *scaling {
+func (a *autoscaler) scale(d lease.Demand, perProxy, healthy, current int, history []recommendation, now time.Time, outage bool) *scaling {
 	rec := a.recommend(d, perProxy, current)
+	if outage {
+		rec = min(rec, max(current, a.Min))
+	}
 	desired, history := a.stabilize(history, rec, current, now)
 	s := &scaling{desired: desired, demand: d, capacity: healthy * perProxy, history: history}
 	target := float64(a.Target) / 1000
@@ -209,6 +212,9 @@ func (a *autoscaler) scale(d lease.Demand, perProxy, healthy, current int, histo
 		why = append(why, fmt.Sprintf("limited to spec.autoscaling.maxReplicas %d", a.Max))
 	case desired == a.Min && rec == a.Min && a.Min > 0 && w*1000 < a.Min*perProxy*a.Target:
 		why = append(why, fmt.Sprintf("kept at spec.autoscaling.minReplicas %d", a.Min))
+	}
+	if outage {
+		why = append(why, "no proxy healthy though some had time to boot: the fleet does not grow until one recovers (more would fail alike)")
 	}
 	s.reason = strings.Join(why, "; ")
 	return s

@@ -231,6 +231,14 @@ func TestAutoscalerRemovesOnlyUnleased(t *testing.T) {
 	if got := summary(p); got != "0:a 1:b 2:a" {
 		t.Errorf("autoscaled to 3: kept %q, want the leased ones and one more", got)
 	}
+	// A holder long drained for a rollout whose Ready replacement serves:
+	// the holder, drained, goes; the replacement, which may have been
+	// leased a moment ago, drains before it goes too.
+	rolled := []*member{m(0, "a", leased), m(1, "b", func(x *member) { x.DrainSince = t0.Add(-time.Hour) }), m(2, "b", replaces(1))}
+	p = decide(fleetFor(1, []string{"a", "b"}, auto), rolled, true, t0)
+	if got := summary(p); got != "0:a 2:b>1" || len(p.keep) != 2 || !p.keep[1].Draining {
+		t.Errorf("a drained holder with a fresh replacement: kept %q; want 0:a and the replacement 2:b>1, draining", got)
+	}
 	p = decide(fleetFor(1, []string{"a", "b"}, auto), observed(), false, t0)
 	if got := summary(p); got != "0:a 1:b 2:a 3:b" {
 		t.Errorf("autoscaled with leases unknown: kept %q, want every proxy", got)
@@ -281,31 +289,47 @@ func TestRunAutoscaled(t *testing.T) {
 	}
 }
 
-// TestAutoscalerHoldsThroughAnOutage: while a proxy has been failing for
-// minutes (the health target down, say), crawlers refused or waiting are
-// no reason to grow: more proxies would fail alike. A proxy still booting
-// does not hold growth back.
+// TestAutoscalerHoldsThroughAnOutage: while no proxy is healthy though
+// some had time to boot (the health target down, say), crawlers refused or
+// waiting are no reason to grow: more proxies would fail alike. A proxy
+// still booting, one failing beside healthy ones, or one the provider
+// refuses by policy does not hold growth back.
 func TestAutoscalerHoldsThroughAnOutage(t *testing.T) {
 	spec := withSpec(t, "autoscaling", `{"minReplicas": 1, "maxReplicas": 10}`)
-	run1 := func(created time.Time) *fnv1.RunFunctionResponse {
-		return run(t, &fnv1.RunFunctionRequest{
-			Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: map[string]*fnv1.Resource{
-				"proxy-0": observedProxy(0, "a", true, t0.Add(-time.Hour), ""),
-				"proxy-1": observedProxy(1, "b", false, created, ""),
-			}},
-			RequiredResources: map[string]*fnv1.Resources{"leases": {}, requiredDemand: {Items: []*fnv1.Resource{
-				{Resource: demandLease("crawlers", "r1", t0, lease.Demand{Waiting: 4, Refused: 3})},
-			}}},
+	refused := observedProxy(1, "b", false, t0.Add(-time.Hour), "")
+	cond := refused.GetResource().GetFields()["status"].GetStructValue().GetFields()["conditions"].GetListValue().GetValues()[0].GetStructValue()
+	cond.Fields["reason"] = structpb.NewStringValue("NotPermitted")
+	cases := map[string]struct {
+		proxies map[string]*fnv1.Resource
+		want    float64
+		outage  bool
+	}{
+		"AllFailing": {map[string]*fnv1.Resource{
+			"proxy-0": observedProxy(0, "a", false, t0.Add(-time.Hour), ""),
+			"proxy-1": observedProxy(1, "b", false, t0.Add(-5*time.Minute), ""),
+		}, 2, true},
+		"OneFailingBesideAHealthyOne": {map[string]*fnv1.Resource{
+			"proxy-0": observedProxy(0, "a", true, t0.Add(-time.Hour), ""),
+			"proxy-1": observedProxy(1, "b", false, t0.Add(-5*time.Minute), ""),
+		}, 10, false},
+		"WakingFromZero": {map[string]*fnv1.Resource{
+			"proxy-0": observedProxy(0, "a", false, t0.Add(-30*time.Second), ""),
+		}, 10, false},
+		"RefusedByPolicy": {map[string]*fnv1.Resource{"proxy-1": refused}, 10, false},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			rsp := run(t, &fnv1.RunFunctionRequest{
+				Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: tc.proxies},
+				RequiredResources: map[string]*fnv1.Resources{"leases": {}, requiredDemand: {Items: []*fnv1.Resource{
+					{Resource: demandLease("crawlers", "r1", t0, lease.Demand{Waiting: 4, Refused: 3})},
+				}}},
+			})
+			st := rsp.GetDesired().GetComposite().GetResource().GetFields()["status"].GetStructValue()
+			n, why := field(st, "desiredReplicas").GetNumberValue(), str(st, "autoscaling", "reason")
+			if n != tc.want || strings.Contains(why, "no proxy healthy though") != tc.outage {
+				t.Errorf("desired %v (%s), want %v, outage %v", n, why, tc.want, tc.outage)
+			}
 		})
-	}
-	desired := func(rsp *fnv1.RunFunctionResponse) (float64, string) {
-		st := rsp.GetDesired().GetComposite().GetResource().GetFields()["status"].GetStructValue()
-		return field(st, "desiredReplicas").GetNumberValue(), str(st, "autoscaling", "reason")
-	}
-	if n, why := desired(run1(t0.Add(-5 * time.Minute))); n != 2 || !strings.Contains(why, "1 proxies failing") {
-		t.Errorf("a proxy failing for 5 minutes: desired %v (%s), want the 2 there are", n, why)
-	}
-	if n, why := desired(run1(t0.Add(-30 * time.Second))); n != 10 {
-		t.Errorf("a proxy booting for 30 s: desired %v (%s), want 10 for 7 crawlers at 0.7", n, why)
 	}
 }

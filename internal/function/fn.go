@@ -174,9 +174,8 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 	return rsp, nil
 }
 
-// failingAfter is how long a proxy may be unready, since it was made or
-// last changed, before an autoscaled fleet counts it as failing rather than
-// booting.
+// failingAfter is how old an unready proxy must be before an autoscaled
+// fleet with no healthy proxy counts as in an outage rather than booting.
 const failingAfter = 2 * time.Minute
 
 // autoscale sizes an autoscaled fleet, setting its Replicas to the size it
@@ -204,26 +203,21 @@ func autoscale(req *fnv1.RunFunctionRequest, f *Fleet, members []*member, held i
 		for _, r := range demand.GetItems() {
 			items = append(items, r.GetResource())
 		}
-		healthy, failing := 0, 0
+		healthy, old := 0, 0
 		for _, m := range members {
 			if m.Healthy {
 				healthy++
 			}
-			if !m.Ready && now.Sub(later(m.Since, m.Created)) >= failingAfter {
-				failing++
+			if !m.Ready && !m.Refused && now.Sub(m.Created) >= failingAfter {
+				old++
 			}
 		}
-		d := sumDemand(items, f.Name, held, now)
-		if failing > 0 {
-			// An outage (the health target down, a backend failing)
-			// refuses every crawler: more proxies would fail alike, so
-			// only the leases held count until the failing recover.
-			d.Waiting, d.Refused = 0, 0
-		}
-		sc = f.autoscale.scale(d, int(*f.spec.Leases.MaxLeasesPerProxy), healthy, current, history, now)
-		if failing > 0 {
-			sc.reason += fmt.Sprintf("; %d proxies failing: acquisitions waiting or refused count only once they recover", failing)
-		}
+		// An outage (the health target down, a backend failing): no
+		// proxy healthy though some had time to boot. Every crawler is
+		// refused and more proxies would fail alike, so the fleet does
+		// not grow until one recovers; nor does it shrink for it.
+		outage := healthy == 0 && old > 0
+		sc = f.autoscale.scale(sumDemand(items, f.Name, held, now), int(*f.spec.Leases.MaxLeasesPerProxy), healthy, current, history, now, outage)
 	} else {
 		sc = &scaling{desired: min(max(current, f.autoscale.Min), f.autoscale.Max), history: history, reason: "waiting for the fleet's leases and demand"}
 	}

@@ -196,6 +196,11 @@ func (pl *planner) forget(m *member) {
 // removed: long enough for every discovery replica to see it drain.
 const drainSettle = 10 * time.Second
 
+// drained says whether m has drained for drainSettle.
+func (pl *planner) drained(m *member) bool {
+	return !m.DrainSince.IsZero() && pl.now.Sub(m.DrainSince) >= drainSettle
+}
+
 // scaleDown drops whole replicas, unhealthiest first, then those of an old
 // template or a removed zone, then from the most crowded zone, then the
 // newest.
@@ -206,6 +211,11 @@ func (pl *planner) scaleDown() {
 	perZone := zoneCounts(pl.replicas)
 	sort.SliceStable(pl.replicas, func(i, j int) bool {
 		a, b := pl.replicas[i].holder, pl.replicas[j].holder
+		if da, db := !a.DrainSince.IsZero(), !b.DrainSince.IsZero(); pl.f.autoscale != nil && da != db {
+			// Those draining already go first, so that the choice
+			// stays put from one composition to the next.
+			return da
+		}
 		if a.Ready != b.Ready {
 			return !a.Ready
 		}
@@ -233,7 +243,7 @@ func (pl *planner) scaleDown() {
 			continue
 		}
 		drop--
-		if h := s.holder; pl.f.autoscale != nil && (h.DrainSince.IsZero() || pl.now.Sub(h.DrainSince) < drainSettle) {
+		if h, r := s.holder, s.replacement; pl.f.autoscale != nil && (!pl.drained(h) || r != nil && !pl.drained(r)) {
 			// It drains first, so that discovery hands it to nobody
 			// while the removal is decided: one leased meanwhile stays.
 			h.Draining = true
@@ -367,6 +377,10 @@ func (pl *planner) replace() {
 	for _, s := range pl.replicas {
 		h := s.holder
 		if s.reason = pl.dueReason(h); s.reason == "" || s.replacement != nil {
+			continue
+		}
+		if pl.f.autoscale != nil && h.Draining {
+			// The autoscaler removes it: no replacement is made.
 			continue
 		}
 		streak := 0
