@@ -201,19 +201,16 @@ func (pl *planner) drained(m *member) bool {
 	return !m.DrainSince.IsZero() && pl.now.Sub(m.DrainSince) >= drainSettle
 }
 
-// scaleDown drops whole replicas, unhealthiest first, then those of an old
-// template or a removed zone, then from the most crowded zone, then the
-// newest.
-func (pl *planner) scaleDown() {
-	if len(pl.replicas) <= pl.f.Replicas {
-		return
-	}
+// scaleDownOrder sorts the replicas in the order scaleDown drops them:
+// for an autoscaled fleet those draining already first, so that the choice
+// stays put from one composition to the next; then the unhealthiest, then
+// those of an old template or a removed zone, then from the most crowded
+// zone, then the newest.
+func (pl *planner) scaleDownOrder() {
 	perZone := zoneCounts(pl.replicas)
 	sort.SliceStable(pl.replicas, func(i, j int) bool {
 		a, b := pl.replicas[i].holder, pl.replicas[j].holder
 		if da, db := !a.DrainSince.IsZero(), !b.DrainSince.IsZero(); pl.f.autoscale != nil && da != db {
-			// Those draining already go first, so that the choice
-			// stays put from one composition to the next.
 			return da
 		}
 		if a.Ready != b.Ready {
@@ -227,37 +224,58 @@ func (pl *planner) scaleDown() {
 		}
 		return a.Ordinal > b.Ordinal
 	})
+}
+
+// leasedOrUnknown says whether a crawler may hold a lease on a replica's
+// holder or replacement: the autoscaler removes neither then.
+func (pl *planner) leasedOrUnknown(s *replica) bool {
+	return !pl.leasesKnown || s.holder.Leased || (s.replacement != nil && s.replacement.Leased)
+}
+
+// drains has an autoscaled fleet's replica drain before it goes, and says
+// whether it still must: discovery hands a draining proxy to nobody, so one
+// leased while its removal is decided stays.
+func (pl *planner) drains(s *replica) bool {
+	h, r := s.holder, s.replacement
+	if pl.f.autoscale == nil || pl.drained(h) && (r == nil || pl.drained(r)) {
+		return false
+	}
+	h.Draining = true
+	if r != nil {
+		r.Draining = true
+	}
+	pl.p.leaseWait = true
+	return true
+}
+
+// scaleDown drops whole replicas in scaleDownOrder. The autoscaler drops
+// only replicas no crawler holds a lease on, once they drained.
+func (pl *planner) scaleDown() {
+	if len(pl.replicas) <= pl.f.Replicas {
+		return
+	}
+	pl.scaleDownOrder()
 	drop := len(pl.replicas) - pl.f.Replicas
 	kept := pl.replicas[:0:0]
 	held := 0
 	for _, s := range pl.replicas {
-		if drop == 0 {
+		switch {
+		case drop == 0:
 			kept = append(kept, s)
-			continue
-		}
-		if pl.f.autoscale != nil && (!pl.leasesKnown || s.holder.Leased || (s.replacement != nil && s.replacement.Leased)) {
-			// The autoscaler removes only proxies no crawler holds a
-			// lease on; the fleet shrinks further as leases end.
+		case pl.f.autoscale != nil && pl.leasedOrUnknown(s):
+			// The fleet shrinks further as leases end.
 			kept = append(kept, s)
 			held++
-			continue
-		}
-		drop--
-		if h, r := s.holder, s.replacement; pl.f.autoscale != nil && (!pl.drained(h) || r != nil && !pl.drained(r)) {
-			// It drains first, so that discovery hands it to nobody
-			// while the removal is decided: one leased meanwhile stays.
-			h.Draining = true
-			if s.replacement != nil {
-				s.replacement.Draining = true
-			}
+		case pl.drains(s):
+			drop--
 			kept = append(kept, s)
-			pl.p.leaseWait = true
-			continue
-		}
-		pl.p.removed++
-		pl.forget(s.holder)
-		if s.replacement != nil {
-			pl.forget(s.replacement)
+		default:
+			drop--
+			pl.p.removed++
+			pl.forget(s.holder)
+			if s.replacement != nil {
+				pl.forget(s.replacement)
+			}
 		}
 	}
 	pl.replicas = kept
