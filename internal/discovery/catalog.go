@@ -188,7 +188,7 @@ func toMember(p *v1alpha1.Proxy) member {
 	}
 	switch ready := p.GetCondition(xpv2.TypeReady); {
 	case ready.Status == corev1.ConditionTrue:
-	case ready.Reason == "", ready.Reason == xpv2.ReasonCreating, ready.Reason == "AwaitingProbe":
+	case ready.Reason == "", ready.Reason == xpv2.ReasonCreating, ready.Reason == v1alpha1.ReasonAwaitingProbe:
 		m.Booting = true
 	}
 	m.DrainSince = drainSince(p)

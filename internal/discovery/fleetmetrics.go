@@ -70,13 +70,9 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descHealthy, healthy)
 		gauge(descCapacity, capacity)
 		gauge(descDuplicate, dup)
-		gauge(descWaiting, s.queues.fleetDepth(ns, name))
-		if slots, err := s.Leases.Slots(ctx, ns, name); err == nil {
-			held := 0
-			for _, ls := range slots {
-				held += len(ls)
-			}
-			gauge(descHeld, held)
+		if d, err := s.demandOf(ctx, ns, name); err == nil {
+			gauge(descHeld, d.Held)
+			gauge(descWaiting, d.Waiting)
 		}
 		if bans, err := s.Leases.Bans(ctx, ns, name); err == nil {
 			n := 0

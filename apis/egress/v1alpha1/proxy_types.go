@@ -27,6 +27,10 @@ const (
 	// ProviderConfig's policy refuses: nothing is made for it, and a
 	// replacement would be refused alike.
 	ReasonNotPermitted = "NotPermitted"
+	// ReasonAwaitingProbe is the Ready reason of a Proxy whose instance
+	// runs but has not yet passed its first probe (or the check that it
+	// demands credentials): it is still booting.
+	ReasonAwaitingProbe = "AwaitingProbe"
 	// LabelProxySecret marks a Secret that proxies may use: as credentials
 	// (authSecretRef) or as cloud-init. Only someone who may write the
 	// Secret can set it, so a fleet author cannot point a proxy, and

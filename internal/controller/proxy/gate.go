@@ -107,7 +107,7 @@ func holdTerminated(p *v1alpha1.Proxy, n int, d time.Duration, now time.Time) st
 // Condition reasons of Ready=False.
 const (
 	ReasonProvisioning  xpv2.ConditionReason = "Provisioning"
-	ReasonAwaitingProbe xpv2.ConditionReason = "AwaitingProbe"
+	ReasonAwaitingProbe xpv2.ConditionReason = v1alpha1.ReasonAwaitingProbe
 	ReasonProbeFailing  xpv2.ConditionReason = "ProbeFailing"
 	ReasonTerminated    xpv2.ConditionReason = "Terminated"
 	ReasonBackendError  xpv2.ConditionReason = "BackendError"
