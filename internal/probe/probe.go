@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/pkg/errors"
@@ -39,6 +40,16 @@ type Target struct {
 	// RootCAs verify an https target behind a private CA; nil means the
 	// system pool.
 	RootCAs *x509.CertPool
+	// Reach, when set, checks each address the proxy's name resolves to
+	// before it is dialed (a reach.Rule, which compares with ==, as
+	// targets do); nil checks none.
+	Reach Reach
+}
+
+// Reach refuses a dial, before any packet, of an address the proxy may not
+// be reached at: net.Dialer's Control.
+type Reach interface {
+	Control(network, address string, c syscall.RawConn) error
 }
 
 // Result of one probe.
@@ -67,12 +78,16 @@ func (t Target) timeout() time.Duration {
 	return t.Timeout
 }
 
-// dial reaches the proxy.
-func (p Prober) dial() func(ctx context.Context, network, addr string) (net.Conn, error) {
+// dial reaches the proxy, checking the address dialed with t.Control.
+func (p Prober) dial(t Target) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	if p.Dial != nil {
 		return p.Dial
 	}
-	return (&net.Dialer{}).DialContext
+	d := &net.Dialer{}
+	if t.Reach != nil {
+		d.Control = t.Reach.Control
+	}
+	return d.DialContext
 }
 
 // Probe fetches t.URL through t.Proxy once. Each probe builds its own
@@ -120,7 +135,7 @@ func (p Prober) fetch(ctx context.Context, t Target) (int, []byte, error) {
 	}
 	tr := &http.Transport{
 		Proxy:               http.ProxyURL(proxyURL),
-		DialContext:         p.dial(),
+		DialContext:         p.dial(t),
 		DisableKeepAlives:   true,
 		TLSClientConfig:     &tls.Config{RootCAs: t.RootCAs, MinVersion: tls.VersionTLS12},
 		TLSHandshakeTimeout: timeout,
@@ -202,7 +217,7 @@ func (p Prober) connect(ctx context.Context, t Target) (int, error) {
 		port = map[string]string{"http": "80", "https": "443"}[u.Scheme]
 	}
 	target := net.JoinHostPort(u.Hostname(), port)
-	conn, err := p.dial()(ctx, "tcp", t.Proxy)
+	conn, err := p.dial(t)(ctx, "tcp", t.Proxy)
 	if err != nil {
 		return 0, errors.New(explain(err, t.Proxy))
 	}

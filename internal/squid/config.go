@@ -273,6 +273,17 @@ func HostOrMetadata(a netip.Addr) bool {
 	return false
 }
 
+// Metadata reports whether a is a cloud metadata or credential server.
+func Metadata(a netip.Addr) bool {
+	a = a.Unmap()
+	for _, p := range metadataDestinations {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
 // metadataDestinations are the cloud metadata and credential servers, which
 // hand out the instance's credentials: denied even where an exception
 // covers them (AWS, GCP, ECS, Alibaba, Azure's WireServer).

@@ -16,7 +16,11 @@ type ConnectProxies struct {
 	// Addrs are their host:port addresses.
 	Addrs []string
 	holes []atomic.Bool
+	conns []atomic.Int64
 }
+
+// Connections is how many connections proxy i has accepted.
+func (c *ConnectProxies) Connections(i int) int64 { return c.conns[i].Load() }
 
 // BlackHole makes proxy i accept connections and never answer on them
 // (on), as a proxy behind a broken network path does, or serve again.
@@ -28,7 +32,7 @@ func (c *ConnectProxies) BlackHole(i int, on bool) { c.holes[i].Store(on) }
 func StartConnectProxies(t testing.TB, n int, username, password string) *ConnectProxies {
 	t.Helper()
 	want := "Basic " + base64.StdEncoding.EncodeToString([]byte(username+":"+password))
-	cp := &ConnectProxies{holes: make([]atomic.Bool, n)}
+	cp := &ConnectProxies{holes: make([]atomic.Bool, n), conns: make([]atomic.Int64, n)}
 	addrs := make([]string, 0, n)
 	listeners := make([]net.Listener, 0, n)
 	var wg sync.WaitGroup
@@ -47,6 +51,7 @@ func StartConnectProxies(t testing.TB, n int, username, password string) *Connec
 				if err != nil {
 					return
 				}
+				cp.conns[i].Add(1)
 				if cp.holes[i].Load() {
 					go swallow(c)
 					continue

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"net/netip"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -39,6 +40,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/reach"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
@@ -125,6 +127,9 @@ func startProvider(t testing.TB, stateDir string, logs *logBuffer, target testbe
 			MaxConcurrentReconciles: 4, Features: managementPolicies(),
 		},
 		Backends: backends, ClusterID: "it", RootCAs: target.RootCAs,
+		// External proxies in these tests are Squids on loopback, as a
+		// platform would permit them.
+		ExternalPrivateNetworks: &reach.Networks{netip.MustParsePrefix("127.0.0.0/8")},
 	}
 	for _, f := range tweak {
 		f(&o)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -122,4 +123,44 @@ func TestBlackHolesDoNotStarveReconciles(t *testing.T) {
 		}
 		return true, ""
 	})
+}
+
+// TestExternalEndpointReach: an External Proxy's endpoint is whatever its
+// author wrote. Pointed at loopback, by address or by a name resolving
+// there, it is never dialed unless the platform permits the network
+// (ExternalPrivateNetworks): its Ready condition says why, and the
+// listener there sees no connection. Permitted, the same endpoint is
+// probed and Ready.
+func TestExternalEndpointReach(t *testing.T) {
+	sharedBed.Env(t)
+	ns := namespace(t)
+	target := testbed.StartEchoTarget(t)
+	cp := testbed.StartConnectProxies(t, 1, "crawler", password)
+	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": password}})
+	_, port, _ := splitHostPort(cp.Addrs[0])
+
+	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) { o.ExternalPrivateNetworks = nil })
+	for name, addr := range map[string]string{"by-address": cp.Addrs[0], "by-name": "localhost:" + port} {
+		p := externalProxy(ns, name, addr, target, 500*time.Millisecond)
+		p.Spec.ForProvider.HealthCheck.Interval = &metav1.Duration{Duration: time.Second}
+		create(t, p)
+	}
+	for _, name := range []string{"by-address", "by-name"} {
+		key := types.NamespacedName{Namespace: ns, Name: name}
+		testbed.Eventually(t, 15*time.Second, name+" refused at the dial, and saying so", func() (bool, string) {
+			p := get(t, key)
+			c := p.GetCondition(xpv2.TypeReady)
+			return c.Status == corev1.ConditionFalse && strings.Contains(p.Status.AtProvider.LastProbeError, "loopback"),
+				fmt.Sprintf("Ready=%s %s: %s; last probe error %q", c.Status, c.Reason, c.Message, p.Status.AtProvider.LastProbeError)
+		})
+	}
+	if n := cp.Connections(0); n != 0 {
+		t.Fatalf("the refused endpoint was dialed %d times", n)
+	}
+	prov.stop()
+
+	prov = startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target)
+	defer prov.stop()
+	defer deleteProxies(t, ns)
+	testbed.Eventually(t, 15*time.Second, "by-address Ready once loopback is permitted", ready(t, types.NamespacedName{Namespace: ns, Name: "by-address"}, corev1.ConditionTrue))
 }

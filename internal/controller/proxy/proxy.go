@@ -38,6 +38,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/reach"
 )
 
 const (
@@ -72,6 +73,10 @@ type Options struct {
 	// RootCAs verify probe targets behind a private CA; nil means the
 	// system pool.
 	RootCAs *x509.CertPool
+	// ExternalPrivateNetworks are the private networks (loopback
+	// included) an External Proxy's endpoint may be in, which the probe
+	// dials: the platform's policy. Nil: none, only public addresses.
+	ExternalPrivateNetworks *reach.Networks
 	// Metrics, when set, record probes, instances and backend errors.
 	Metrics *metrics.Provider
 	// Now is the clock; nil means time.Now.
@@ -138,7 +143,8 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	c := &connector{
 		kube: mgr.GetClient(), usage: newUsageTracker(mgr.GetClient()),
 		backends: o.Backends, clusterID: o.ClusterID, prober: o.Prober, rootCAs: o.RootCAs,
-		metrics: o.Metrics, now: o.Now, sched: sched, record: recorder, refusedGrace: o.RefusedGrace,
+		externalPrivate: o.ExternalPrivateNetworks,
+		metrics:         o.Metrics, now: o.Now, sched: sched, record: recorder, refusedGrace: o.RefusedGrace,
 	}
 
 	opts := []managed.ReconcilerOption{
@@ -212,10 +218,12 @@ type connector struct {
 	clusterID string
 	prober    Prober
 	rootCAs   *x509.CertPool
-	metrics   *metrics.Provider
-	now       func() time.Time
-	sched     *scheduler
-	record    event.Recorder
+	// externalPrivate: see Options.ExternalPrivateNetworks.
+	externalPrivate *reach.Networks
+	metrics         *metrics.Provider
+	now             func() time.Time
+	sched           *scheduler
+	record          event.Recorder
 	// refusedGrace: see Options.RefusedGrace.
 	refusedGrace time.Duration
 }

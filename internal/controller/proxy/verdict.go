@@ -18,6 +18,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/reach"
 )
 
 // probe folds the outcomes of probes through addr into the verdict and has
@@ -27,6 +28,13 @@ import (
 func (e *external) probe(ctx context.Context, p *v1alpha1.Proxy, addr, instance string, creds *backend.Credentials) {
 	hc := p.Spec.ForProvider.HealthCheck
 	t := probe.Target{Proxy: addr, URL: hc.URL, Timeout: hc.TimeoutOrDefault(), ExpectedStatus: int(hc.ExpectedStatus), RootCAs: e.rootCAs}
+	// An External proxy's endpoint is whatever its author wrote: the probe
+	// reaches only the addresses the platform permits it. A Managed one's
+	// address is its backend's, refused only where no proxy ever is
+	// (link-local, metadata).
+	if p.Spec.ForProvider.Mode == v1alpha1.ProxyModeExternal {
+		t.Reach = reach.For(p, e.externalPrivate)
+	}
 	if creds != nil {
 		t.Username, t.Password = creds.Username, creds.Password
 	}
