@@ -27,6 +27,13 @@ const refusalWindow = time.Minute
 // maxReplicas allows anyway.
 const maxRefusalsKept = 4096
 
+// refusedHoldersWithoutQuota is how many holders an identity without a
+// lease quota counts for as refused demand: without it, one caller naming
+// a new holder per request would ask for maxReplicas. A crawler team with
+// more workers under one identity gives it a quota (or its workers wait,
+// which counts each waiter).
+const refusedHoldersWithoutQuota = 16
+
 // refusals remembers, per fleet, which crawlers (an identity and each
 // holder it named) were refused a lease for want of a slot or of healthy
 // proxies, and when last, for the demand this replica publishes. A crawler
@@ -42,6 +49,14 @@ type refusals struct {
 type refusedIdentity struct {
 	quota   int // 0: none
 	holders map[string]time.Time
+}
+
+// limit is how many holders the identity counts for.
+func (ri *refusedIdentity) limit() int {
+	if ri.quota > 0 {
+		return ri.quota
+	}
+	return refusedHoldersWithoutQuota
 }
 
 // record notes that identity, as holder, was refused a lease of fleet key
@@ -64,7 +79,9 @@ func (r *refusals) record(key, identity, holder string, quota int, now time.Time
 	}
 	ri.quota = quota
 	if _, ok := ri.holders[holder]; !ok {
-		if r.n[key] >= maxRefusalsKept {
+		// Past what it may count for, an identity's holders are not kept
+		// either: it cannot crowd out the others' refusals.
+		if r.n[key] >= maxRefusalsKept || len(ri.holders) >= ri.limit() {
 			return
 		}
 		r.n[key]++
@@ -73,7 +90,8 @@ func (r *refusals) record(key, identity, holder string, quota int, now time.Time
 }
 
 // count is how many crawlers were refused a lease of fleet key within the
-// last minute before now, each identity counted for at most its quota; it
+// last minute before now, each identity counted for at most its quota (or
+// refusedHoldersWithoutQuota); it
 // forgets those refused earlier.
 func (r *refusals) count(key string, now time.Time) int {
 	r.mu.Lock()
@@ -91,10 +109,7 @@ func (r *refusals) count(key string, now time.Time) int {
 			delete(r.at[key], id)
 			continue
 		}
-		if ri.quota > 0 {
-			n = min(n, ri.quota)
-		}
-		total += n
+		total += min(n, ri.limit())
 	}
 	if len(r.at[key]) == 0 {
 		delete(r.at, key)

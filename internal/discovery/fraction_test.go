@@ -74,6 +74,15 @@ func TestRefusalsCounted(t *testing.T) {
 	if n := r.count("ns/h", t0); n != 2+5 {
 		t.Errorf("an identity with quota 2 under 100 holder names and one without a quota under 5: counted %d, want 7", n)
 	}
+	// Without a quota, made-up holder names count up to a bound, and are
+	// not kept past it: the flood leaves room for everyone else.
+	for i := range maxRefusalsKept {
+		r.record("ns/i", "flood", fmt.Sprintf("random-%d", i), 0, t0)
+	}
+	r.record("ns/i", "honest", "h", 0, t0)
+	if n := r.count("ns/i", t0); n != refusedHoldersWithoutQuota+1 {
+		t.Errorf("an identity without a quota under %d holder names, and another: counted %d, want %d", maxRefusalsKept, n, refusedHoldersWithoutQuota+1)
+	}
 }
 
 // TestPolicyServes: a refusal for a zone the fleet has no proxies in is no
