@@ -31,6 +31,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	dmetrics "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/reach"
 )
 
 // description is what --help says discovery does.
@@ -58,6 +59,12 @@ type CLI struct {
 	GatewayIdle                time.Duration `help:"How long a gateway session keeps its lease, and so its proxy, after its last connection closes." default:"1m" env:"GATEWAY_IDLE"`
 	GatewayMaxConns            int           `help:"Connections the gateway holds open at once; more are answered 503." default:"4096" env:"GATEWAY_MAX_CONNS"`
 	GatewayMaxConnsPerIdentity int           `help:"Connections one caller identity holds open through the gateway at once; more are answered 429." default:"256" env:"GATEWAY_MAX_CONNS_PER_IDENTITY"`
+	GatewayMaxConnsPerNS       int           `name:"gateway-max-conns-per-namespace" help:"Connections the callers of one namespace's fleets hold open through the gateway at once, sessions' included: one tenant cannot fill the gateway. More are answered 429." default:"1024" env:"GATEWAY_MAX_CONNS_PER_NAMESPACE"`
+	GatewayTunnelIdle          time.Duration `help:"How long a gateway tunnel may move nothing either way before it is closed; any traffic starts the wait again." default:"5m" env:"GATEWAY_TUNNEL_IDLE"`
+	ExternalPrivateNetworks    []string      `name:"external-private-networks" help:"Private networks (CIDRs, comma-separated; loopback too) the gateway may dial an External Proxy in, as the provider's flag of the same name. Empty: public addresses only. Link-local and metadata addresses are never dialed." default:"" env:"EXTERNAL_PRIVATE_NETWORKS"`
+	ReviewsPerAddress          float64       `help:"New tokens a second each client address may have reviewed (a token bucket, before authentication); a token reviewed lately costs nothing. More are answered 429. 0 sets no limit." default:"10" env:"REVIEWS_PER_ADDRESS"`
+	ReviewBurstPerAddress      int           `help:"New tokens each client address may have reviewed at once, above its rate." default:"100" env:"REVIEW_BURST_PER_ADDRESS"`
+	StatusPagePlainHTTP        bool          `name:"status-page-plain-http" help:"Send the status page's sign-in cookie without Secure, for a browser reaching egress-discovery over plain HTTP (loopback and tests). By default it is Secure, also when TLS ends at an ingress in front." default:"false" env:"STATUS_PAGE_PLAIN_HTTP"`
 	Debug                      bool          `help:"Log at debug level." default:"false" env:"DEBUG"`
 	// ClockOffset runs the replica's clock off from the machine's, for
 	// tests of clock skew only (Go reads the time through the vDSO, so
@@ -89,11 +96,20 @@ func (c *CLI) Validate() error {
 	if c.GatewayAddress != "" && c.TLSCertFile == "" && !c.GatewayPlainHTTP {
 		return errors.New("--gateway-address (GATEWAY_ADDRESS) serves TLS with --tls-cert-file (TLS_CERT_FILE), which is unset: set it, or --gateway-plain-http for loopback and tests")
 	}
-	if c.GatewayMaxConns < 1 || c.GatewayMaxConnsPerIdentity < 1 {
-		return errors.Errorf("--gateway-max-conns (GATEWAY_MAX_CONNS) and --gateway-max-conns-per-identity (GATEWAY_MAX_CONNS_PER_IDENTITY) must be at least 1, not %d and %d", c.GatewayMaxConns, c.GatewayMaxConnsPerIdentity)
+	if c.GatewayMaxConns < 1 || c.GatewayMaxConnsPerIdentity < 1 || c.GatewayMaxConnsPerNS < 1 {
+		return errors.Errorf("--gateway-max-conns (GATEWAY_MAX_CONNS), --gateway-max-conns-per-identity (GATEWAY_MAX_CONNS_PER_IDENTITY) and --gateway-max-conns-per-namespace (GATEWAY_MAX_CONNS_PER_NAMESPACE) must be at least 1, not %d, %d and %d", c.GatewayMaxConns, c.GatewayMaxConnsPerIdentity, c.GatewayMaxConnsPerNS)
 	}
 	if c.GatewayIdle <= 0 {
 		return errors.Errorf("--gateway-idle (GATEWAY_IDLE) must be positive, not %s", c.GatewayIdle)
+	}
+	if c.GatewayTunnelIdle <= 0 {
+		return errors.Errorf("--gateway-tunnel-idle (GATEWAY_TUNNEL_IDLE) must be positive, not %s", c.GatewayTunnelIdle)
+	}
+	if _, err := reach.ParseNetworks(c.ExternalPrivateNetworks); err != nil {
+		return errors.Wrap(err, "--external-private-networks (EXTERNAL_PRIVATE_NETWORKS)")
+	}
+	if c.ReviewsPerAddress < 0 || (c.ReviewsPerAddress > 0 && c.ReviewBurstPerAddress < 1) {
+		return errors.Errorf("--reviews-per-address (REVIEWS_PER_ADDRESS) must be 0 (no limit) or positive with --review-burst-per-address (REVIEW_BURST_PER_ADDRESS) at least 1, not %g and %d", c.ReviewsPerAddress, c.ReviewBurstPerAddress)
 	}
 	if c.RatePerIdentity < 0 || (c.RatePerIdentity > 0 && c.BurstPerIdentity < 1) {
 		return errors.Errorf("--rate-per-identity (RATE_PER_IDENTITY) must be 0 (no limit) or positive with --burst-per-identity (BURST_PER_IDENTITY) at least 1, not %g and %d", c.RatePerIdentity, c.BurstPerIdentity)
@@ -136,6 +152,9 @@ func (c *CLI) Run() error {
 		now = func() time.Time { return time.Now().Add(off) }
 	}
 	auth := &discovery.Kubernetes{Client: mgr.GetClient(), CacheSize: c.AuthCacheSize, Audience: c.TokenAudience, Now: now}
+	if c.ReviewsPerAddress > 0 {
+		auth.Reviews = &discovery.IdentityLimits{Rate: rate.Limit(c.ReviewsPerAddress), Burst: c.ReviewBurstPerAddress, Size: c.AuthCacheSize}
+	}
 	if c.TokenFile != "" {
 		if auth.Static, err = discovery.LoadStaticTokens(c.TokenFile); err != nil {
 			return errors.Wrap(err, "cannot load static tokens")
@@ -147,6 +166,7 @@ func (c *CLI) Run() error {
 		Leases: store, Auth: auth, Metrics: dmetrics.NewDiscovery(), Log: log,
 		Version: version, MaxBansPerFleet: c.MaxBansPerFleet, MaxBansPerIdentity: c.MaxBansPerIdentity,
 		MaxWaiting: c.MaxWaiting, MaxWaitingPerIdentity: c.MaxWaitingPerIdentity,
+		PlainHTTPCookie: c.StatusPagePlainHTTP,
 	}
 	if c.RatePerIdentity > 0 {
 		srv.Limits = &discovery.IdentityLimits{Rate: rate.Limit(c.RatePerIdentity), Burst: c.BurstPerIdentity, Size: c.AuthCacheSize}
@@ -158,7 +178,13 @@ func (c *CLI) Run() error {
 		return errors.Wrap(err, "cannot add the API server")
 	}
 	if c.GatewayAddress != "" {
-		gw := &discovery.Gateway{Server: srv, Metrics: dmetrics.NewGateway(), Idle: c.GatewayIdle, MaxConns: c.GatewayMaxConns, MaxConnsPerIdentity: c.GatewayMaxConnsPerIdentity}
+		private, err := reach.ParseNetworks(c.ExternalPrivateNetworks)
+		if err != nil {
+			return errors.Wrap(err, "--external-private-networks (EXTERNAL_PRIVATE_NETWORKS)")
+		}
+		gw := &discovery.Gateway{Server: srv, Metrics: dmetrics.NewGateway(), Idle: c.GatewayIdle, TunnelIdle: c.GatewayTunnelIdle,
+			MaxConns: c.GatewayMaxConns, MaxConnsPerIdentity: c.GatewayMaxConnsPerIdentity, MaxConnsPerNamespace: c.GatewayMaxConnsPerNS,
+			ExternalPrivateNetworks: private}
 		metrics.Registry.MustRegister(gw.Metrics.Collectors()...)
 		if err := mgr.Add(c.gatewayServer(gw, log)); err != nil {
 			return errors.Wrap(err, "cannot add the gateway")

@@ -37,6 +37,12 @@ func TestHelp(t *testing.T) {
 		{Flag: "gateway-idle", Env: "GATEWAY_IDLE", Default: "1m"},
 		{Flag: "gateway-max-conns", Env: "GATEWAY_MAX_CONNS", Default: "4096"},
 		{Flag: "gateway-max-conns-per-identity", Env: "GATEWAY_MAX_CONNS_PER_IDENTITY", Default: "256"},
+		{Flag: "gateway-max-conns-per-namespace", Env: "GATEWAY_MAX_CONNS_PER_NAMESPACE", Default: "1024"},
+		{Flag: "gateway-tunnel-idle", Env: "GATEWAY_TUNNEL_IDLE", Default: "5m"},
+		{Flag: "external-private-networks", Env: "EXTERNAL_PRIVATE_NETWORKS", Default: `""`},
+		{Flag: "reviews-per-address", Env: "REVIEWS_PER_ADDRESS", Default: "10"},
+		{Flag: "review-burst-per-address", Env: "REVIEW_BURST_PER_ADDRESS", Default: "100"},
+		{Flag: "status-page-plain-http", Env: "STATUS_PAGE_PLAIN_HTTP", Default: "false"},
 		{Flag: "debug", Env: "DEBUG", Default: "false"},
 	}
 	clitest.CheckSettings(t, k, want)
@@ -57,6 +63,11 @@ func TestBadEnv(t *testing.T) {
 		"NegativeRate": {env: "RATE_PER_IDENTITY", value: "-1"},
 		"ZeroBurst":    {env: "BURST_PER_IDENTITY", value: "0"},
 		"NegativeBans": {env: "MAX_BANS_PER_FLEET", value: "-1"},
+		// A CIDR that does not parse would open nothing, silently.
+		"BadPrivateNetwork":  {env: "EXTERNAL_PRIVATE_NETWORKS", value: "10.0.0.0/33"},
+		"ZeroTunnelIdle":     {env: "GATEWAY_TUNNEL_IDLE", value: "0s"},
+		"NegativeReviews":    {env: "REVIEWS_PER_ADDRESS", value: "-1"},
+		"ZeroNamespaceConns": {env: "GATEWAY_MAX_CONNS_PER_NAMESPACE", value: "0"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -111,7 +122,8 @@ func TestValidateTLS(t *testing.T) {
 }
 
 func TestSettings(t *testing.T) {
-	defaults := CLI{Address: ":8080", HealthProbeBindAddress: ":8081", SweepInterval: 30 * time.Second, TokenAudience: "egress-discovery", AuthCacheSize: 10000, MaxInFlight: 256, RatePerIdentity: 100, BurstPerIdentity: 200, MaxBansPerFleet: 5000, MaxBansPerIdentity: 1000, MaxWaiting: 1024, MaxWaitingPerIdentity: 32, GatewayIdle: time.Minute, GatewayMaxConns: 4096, GatewayMaxConnsPerIdentity: 256}
+	defaults := CLI{Address: ":8080", HealthProbeBindAddress: ":8081", SweepInterval: 30 * time.Second, TokenAudience: "egress-discovery", AuthCacheSize: 10000, MaxInFlight: 256, RatePerIdentity: 100, BurstPerIdentity: 200, MaxBansPerFleet: 5000, MaxBansPerIdentity: 1000, MaxWaiting: 1024, MaxWaitingPerIdentity: 32, GatewayIdle: time.Minute, GatewayMaxConns: 4096, GatewayMaxConnsPerIdentity: 256,
+		GatewayMaxConnsPerNS: 1024, GatewayTunnelIdle: 5 * time.Minute, ReviewsPerAddress: 10, ReviewBurstPerAddress: 100}
 	with := func(f func(c *CLI)) CLI {
 		c := defaults
 		f(&c)

@@ -7,6 +7,9 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"math"
+	"net"
 	"net/http"
 	"os"
 	"slices"
@@ -20,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 )
 
@@ -84,8 +88,15 @@ type Kubernetes struct {
 	// TTL of cached answers; zero means 30s.
 	TTL time.Duration
 	// CacheSize bounds the answers remembered, of each kind (token
-	// reviews, access reviews); zero means DefaultAuthCacheSize.
-	CacheSize int
+	// reviews, access reviews); zero means DefaultAuthCacheSize. Refused
+	// tokens are remembered apart, at most FailedCacheSize of them (zero
+	// means DefaultFailedCacheSize), so that random tokens never push a
+	// crawler's identity out.
+	CacheSize, FailedCacheSize int
+	// Reviews, when set, bound the token reviews made for each client
+	// address (WithClientAddress), before authentication: a token already
+	// reviewed costs nothing, one more over the bound is answered 429.
+	Reviews *IdentityLimits
 	// Audience, when set, is the audience a token must be issued for
 	// (DefaultAudience): a token for the API server is refused, and one
 	// sent here cannot be replayed against the API server.
@@ -95,14 +106,32 @@ type Kubernetes struct {
 	Static *StaticTokens
 	Now    func() time.Time
 
-	mu    sync.Mutex
-	authn *ttlCache[cached[*Identity]]
-	authz *ttlCache[bool]
+	mu     sync.Mutex
+	authn  *ttlCache[cached[*Identity]]
+	failed *ttlCache[error]
+	authz  *ttlCache[bool]
 }
 
 // DefaultAuthCacheSize is how many token and access reviews are
-// remembered, of each, by default.
-const DefaultAuthCacheSize = 10000
+// remembered, of each, by default; DefaultFailedCacheSize how many
+// refused tokens.
+const (
+	DefaultAuthCacheSize   = 10000
+	DefaultFailedCacheSize = 1024
+)
+
+// clientAddressKey keys a request's client address in its context.
+type clientAddressKey struct{}
+
+// WithClientAddress names the address a request came from (its host,
+// without the port), by which token reviews are bounded.
+func WithClientAddress(ctx context.Context, remoteAddr string) context.Context {
+	host, _, err := net.SplitHostPort(remoteAddr)
+	if err != nil {
+		host = remoteAddr
+	}
+	return context.WithValue(ctx, clientAddressKey{}, host)
+}
 
 type cached[T any] struct {
 	v   T
@@ -117,6 +146,11 @@ func (k *Kubernetes) caches() {
 			size = DefaultAuthCacheSize
 		}
 		k.authn, k.authz = newTTLCache[cached[*Identity]](size), newTTLCache[bool](size)
+		failed := k.FailedCacheSize
+		if failed <= 0 {
+			failed = DefaultFailedCacheSize
+		}
+		k.failed = newTTLCache[error](failed)
 	}
 }
 
@@ -157,7 +191,14 @@ func (k *Kubernetes) AuthenticateToken(ctx context.Context, t string) (*Identity
 		k.mu.Unlock()
 		return c.v, c.err
 	}
+	if err, ok := k.failed.get(key, k.now(), k.ttl()); ok {
+		k.mu.Unlock()
+		return nil, err
+	}
 	k.mu.Unlock()
+	if err := k.mayReview(ctx); err != nil {
+		return nil, err
+	}
 
 	tr := &authnv1.TokenReview{Spec: authnv1.TokenReviewSpec{Token: t}}
 	if k.Audience != "" {
@@ -182,9 +223,32 @@ func (k *Kubernetes) AuthenticateToken(ctx context.Context, t string) (*Identity
 		err = ErrUnauthenticated
 	}
 	k.mu.Lock()
-	k.authn.add(key, cached[*Identity]{v: id, err: err}, k.now())
+	if err != nil {
+		k.failed.add(key, err, k.now())
+	} else {
+		k.authn.add(key, cached[*Identity]{v: id}, k.now())
+	}
 	k.mu.Unlock()
 	return id, err
+}
+
+// mayReview takes a token review from the client address's bucket, or
+// refuses it (429): a caller sending token after token cannot make the
+// API server review them at any rate it likes.
+func (k *Kubernetes) mayReview(ctx context.Context) error {
+	if k.Reviews == nil {
+		return nil
+	}
+	addr, _ := ctx.Value(clientAddressKey{}).(string)
+	ok, wait := k.Reviews.allow(addr, k.now())
+	if ok {
+		return nil
+	}
+	secs := max(int(math.Ceil(wait.Seconds())), 1)
+	return &apiError{
+		code: http.StatusTooManyRequests, reason: apiv1.ReasonRateLimited, retryAfter: secs,
+		msg: fmt.Sprintf("too many new tokens from %s (over %g reviews a second, burst %d): try again in %ds", addr, float64(k.Reviews.Rate), k.Reviews.Burst, secs),
+	}
 }
 
 // jwtFor says whether a token is not a JWT, or is one whose unverified

@@ -28,6 +28,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/reach"
 )
 
 // member is a Proxy as the catalogue sees it.
@@ -54,6 +55,9 @@ type member struct {
 	// Booting: it has not yet been Ready (being created, or awaiting its
 	// first probe).
 	Booting bool
+	// Reach is where the gateway may dial it, as its kind justifies; an
+	// External proxy's private networks are the gateway's to add.
+	Reach reach.Rule
 }
 
 // serving says whether the proxy may be handed to new crawlers: healthy,
@@ -182,6 +186,7 @@ func toMember(p *v1alpha1.Proxy) member {
 
 		CredentialsOutdated: ap.CredentialsOutdated,
 		CredentialGrace:     p.Spec.ForProvider.GracePeriod(),
+		Reach:               reach.For(p, nil),
 	}
 	if m.MaxLeases < 1 {
 		m.MaxLeases = 1

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/base64"
 	"fmt"
 	"io"
@@ -15,9 +16,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/pkg/errors"
+	"golang.org/x/sys/unix"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -25,6 +28,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/reach"
 )
 
 // GatewayUser is what a gateway username says; apiv1 defines the grammar.
@@ -58,12 +62,18 @@ type Gateway struct {
 	Idle time.Duration
 	// DialTimeout bounds the connection to an upstream (default 10s).
 	DialTimeout time.Duration
-	// TunnelIdle is how long a tunnel one side has closed may take to
-	// finish the other way (default 5m).
+	// TunnelIdle is how long a tunnel may carry nothing either way before
+	// it is closed (default 5m); any byte either way starts it again.
 	TunnelIdle time.Duration
 	// MaxConns bounds the connections open through this replica (default
-	// 4096), and MaxConnsPerIdentity those of one caller (default 256).
-	MaxConns, MaxConnsPerIdentity int
+	// 4096), MaxConnsPerNamespace those to the fleets of one namespace,
+	// one tenant's (default 1024), and MaxConnsPerIdentity those of one
+	// caller (default 256); sessions' connections count as any other.
+	MaxConns, MaxConnsPerNamespace, MaxConnsPerIdentity int
+	// ExternalPrivateNetworks are the private networks (loopback
+	// included) an External proxy may be dialed in: the platform's
+	// policy, as the provider's flag of the same name. Nil: none.
+	ExternalPrivateNetworks *reach.Networks
 	// Replica names this replica in its seats' Lease holder (default the
 	// host name).
 	Replica string
@@ -76,6 +86,7 @@ type Gateway struct {
 	live     map[*upstream]bool
 	conns    int
 	byCaller map[string]int
+	byNS     map[string]int
 	// seats are the replica's own leases for connections without a
 	// session, by fleet and zone; taking marks a seat being leased for a
 	// key (closed when done), and seatHold when the last seat lease for a
@@ -139,6 +150,20 @@ type seatTake struct {
 
 type upstreamKey struct{}
 
+// reachKey holds, in a plain request's context, where its upstream may be
+// dialed.
+type reachKey struct{}
+
+// reach is where up's proxy may be dialed: as its kind justifies, and an
+// External one's within the platform's private networks.
+func (gw *Gateway) reach(up *upstream) reach.Rule {
+	r := up.g.m.Reach
+	if r.NoPrivate {
+		r.Permitted = gw.ExternalPrivateNetworks
+	}
+	return r
+}
+
 // seatIdentityPrefix begins the identity a replica's seats are leased as.
 const seatIdentityPrefix = "egress-discovery:gateway-seats:"
 
@@ -155,7 +180,7 @@ func GatewaySessionHolder(key string) string { return gatewayHolderPrefix + "ses
 
 func (gw *Gateway) init() {
 	gw.once.Do(func() {
-		gw.sessions, gw.live, gw.byCaller = map[string]*gwSession{}, map[*upstream]bool{}, map[string]int{}
+		gw.sessions, gw.live, gw.byCaller, gw.byNS = map[string]*gwSession{}, map[*upstream]bool{}, map[string]int{}, map[string]int{}
 		gw.seats, gw.taking, gw.seatHold = map[string][]*upstream{}, map[string]*seatTake{}, map[string]time.Time{}
 		if gw.Replica == "" {
 			gw.Replica, _ = os.Hostname()
@@ -180,6 +205,9 @@ func (gw *Gateway) init() {
 		if gw.MaxConnsPerIdentity <= 0 {
 			gw.MaxConnsPerIdentity = 256
 		}
+		if gw.MaxConnsPerNamespace <= 0 {
+			gw.MaxConnsPerNamespace = 1024
+		}
 		gw.transport = &http.Transport{
 			Proxy: func(r *http.Request) (*url.URL, error) {
 				if u, ok := r.Context().Value(upstreamKey{}).(*url.URL); ok {
@@ -187,7 +215,15 @@ func (gw *Gateway) init() {
 				}
 				return nil, errors.New("no upstream chosen")
 			},
-			DialContext:           (&net.Dialer{Timeout: gw.DialTimeout}).DialContext,
+			// Each upstream is dialed as its kind justifies, on the
+			// address its name resolves to at this dial.
+			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+				r, ok := ctx.Value(reachKey{}).(reach.Rule)
+				if !ok {
+					return nil, errors.New("no upstream chosen")
+				}
+				return r.Dial(ctx, network, addr, gw.DialTimeout)
+			},
 			MaxIdleConnsPerHost:   16,
 			IdleConnTimeout:       30 * time.Second,
 			ResponseHeaderTimeout: 60 * time.Second,
@@ -411,27 +447,36 @@ func (gw *Gateway) release(ctx context.Context, up *upstream) {
 	}
 }
 
-// admit counts a connection against the replica's and the caller's
-// bounds, and returns its end.
-func (gw *Gateway) admit(id *Identity) (func(), error) {
+// admit counts a connection to a fleet of namespace ns against the
+// replica's, the namespace's and the caller's bounds, and returns its end:
+// one tenant's callers cannot take every connection of the replica.
+func (gw *Gateway) admit(id *Identity, ns string) (func(), error) {
 	gw.mu.Lock()
 	defer gw.mu.Unlock()
 	if gw.conns >= gw.MaxConns {
 		return nil, &gwError{code: http.StatusServiceUnavailable, reason: "GatewayFull", retryAfter: 1,
 			msg: fmt.Sprintf("the gateway holds %d connections, its bound (--gateway-max-conns); retry shortly", gw.conns)}
 	}
+	if gw.byNS[ns] >= gw.MaxConnsPerNamespace {
+		return nil, &gwError{code: http.StatusTooManyRequests, reason: apiv1.ReasonRateLimited, retryAfter: 1,
+			msg: fmt.Sprintf("the fleets of namespace %s hold %d connections through this gateway replica, their bound (--gateway-max-conns-per-namespace); close some first", ns, gw.byNS[ns])}
+	}
 	if gw.byCaller[id.User] >= gw.MaxConnsPerIdentity {
 		return nil, &gwError{code: http.StatusTooManyRequests, reason: apiv1.ReasonRateLimited, retryAfter: 1,
-			msg: fmt.Sprintf("%s holds %d connections through the gateway, its bound; close some first", id.User, gw.byCaller[id.User])}
+			msg: fmt.Sprintf("%s holds %d connections through this gateway replica, its bound (--gateway-max-conns-per-identity); close some first", id.User, gw.byCaller[id.User])}
 	}
 	gw.conns++
 	gw.byCaller[id.User]++
+	gw.byNS[ns]++
 	return func() {
 		gw.mu.Lock()
 		defer gw.mu.Unlock()
 		gw.conns--
 		if gw.byCaller[id.User]--; gw.byCaller[id.User] <= 0 {
 			delete(gw.byCaller, id.User)
+		}
+		if gw.byNS[ns]--; gw.byNS[ns] <= 0 {
+			delete(gw.byNS, ns)
 		}
 	}, nil
 }
@@ -441,6 +486,9 @@ const (
 	reasonUpstreamUnavailable = "UpstreamUnavailable"
 	reasonUpstreamRefused     = "UpstreamRefused"
 	reasonShuttingDown        = "ShuttingDown"
+	// reasonUpstreamAddressRefused: the proxy is published at an address
+	// its kind does not justify.
+	reasonUpstreamAddressRefused = "UpstreamAddressRefused"
 )
 
 // gwError is a refusal of the gateway: a status, a reason and words, and
@@ -469,6 +517,18 @@ func retriable(err error) bool {
 func upstreamFailed(err error) bool {
 	var ge *gwError
 	return errors.As(err, &ge) && (ge.dial || ge.reason == reasonUpstreamUnavailable)
+}
+
+// rather is the refusal to answer when a connection's first upstream
+// failed with first and no other could be chosen (retry): the first, when
+// it says the upstream is published where the gateway does not dial,
+// which is what the caller (or the platform) must fix.
+func rather(first, retry error) error {
+	var ge *gwError
+	if errors.As(first, &ge) && ge.reason == reasonUpstreamAddressRefused {
+		return first
+	}
+	return retry
 }
 
 // unreached reports whether a plain request failed before reaching the
@@ -539,7 +599,7 @@ func (gw *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		gw.refuse(w, err)
 		return
 	}
-	leave, err := gw.admit(caller)
+	leave, err := gw.admit(caller, user.Namespace)
 	if err != nil {
 		gw.refuse(w, err)
 		return
@@ -584,7 +644,7 @@ func (gw *Gateway) authenticate(r *http.Request) (*Identity, GatewayUser, error)
 	if err != nil {
 		return nil, GatewayUser{}, &gwError{code: http.StatusProxyAuthRequired, reason: apiv1.ReasonInvalid, msg: err.Error()}
 	}
-	id, err := gw.Server.Auth.AuthenticateToken(r.Context(), token)
+	id, err := gw.Server.Auth.AuthenticateToken(WithClientAddress(r.Context(), r.RemoteAddr), token)
 	if err != nil {
 		return nil, GatewayUser{}, err
 	}
@@ -887,6 +947,14 @@ func (gw *Gateway) leastLoaded(ctx context.Context, key, zone, domain string, ex
 	held := map[string]bool{}
 	var usable []*upstream
 	for _, up := range seats {
+		gw.mu.Lock()
+		retired := up.retired
+		gw.mu.Unlock()
+		if retired {
+			// Abandoned (its proxy failed, or is published where it is
+			// not dialed): no reason to keep a new seat off its proxy.
+			continue
+		}
 		held[up.g.m.Name] = true
 		if exclude[up.g.m.Name] {
 			continue
@@ -965,11 +1033,14 @@ func (gw *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id *Identity, 
 			gw.abandon(up)
 		}
 		done()
+		first := err
 		up, done, err = gw.choose(r.Context(), id, u, domain, map[string]bool{failed: true})
 		if err == nil {
 			if conn, err = gw.connect(r.Context(), up, target); err != nil {
 				done()
 			}
+		} else {
+			err = rather(first, err)
 		}
 	} else if err != nil {
 		done()
@@ -1008,8 +1079,10 @@ func (gw *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id *Identity, 
 // connect opens a CONNECT tunnel to target through the upstream, with its
 // credentials.
 func (gw *Gateway) connect(ctx context.Context, up *upstream, target string) (net.Conn, error) {
-	d := &net.Dialer{Timeout: gw.DialTimeout}
-	conn, err := d.DialContext(ctx, "tcp", up.url.Load().Host)
+	conn, err := gw.reach(up).Dial(ctx, "tcp", up.url.Load().Host, gw.DialTimeout)
+	if errors.Is(err, reach.ErrRefused) {
+		return nil, gw.refusedAddress(up, err)
+	}
 	if err != nil {
 		gw.Metrics.UpstreamErrors.WithLabelValues("dial").Inc()
 		return nil, &gwError{code: http.StatusBadGateway, reason: reasonUpstreamUnavailable, msg: fmt.Sprintf("upstream proxy %s does not answer", up.g.m.Name), dial: true}
@@ -1048,6 +1121,16 @@ func (gw *Gateway) connect(ctx context.Context, up *upstream, target string) (ne
 	return conn, nil
 }
 
+// refusedAddress is the refusal of an upstream published at an address its
+// kind does not justify (an External proxy pointed at the metadata server
+// or an internal service): never dialed, and logged for the platform.
+func (gw *Gateway) refusedAddress(up *upstream, err error) *gwError {
+	gw.Metrics.UpstreamErrors.WithLabelValues("address").Inc()
+	gw.Server.Log.Info("Refusing to dial a proxy at an address its kind does not justify", "proxy", up.g.m.Namespace+"/"+up.g.m.Name, "error", err)
+	return &gwError{code: http.StatusBadGateway, reason: reasonUpstreamAddressRefused, dial: true,
+		msg: fmt.Sprintf("upstream proxy %s is published at an address the gateway does not dial: %v", up.g.m.Name, err)}
+}
+
 // bufferedConn reads what the handshake's reader buffered first.
 type bufferedConn struct {
 	net.Conn
@@ -1066,11 +1149,15 @@ func (c *bufferedConn) CloseWrite() error {
 
 // splice copies both ways between the raw connections (TCP to TCP, the
 // kernel's splice(2) moves the bytes), half-closing each direction as it
-// ends; once one has ended, the other has linger to finish, so a
-// half-closed tunnel cannot stay open for ever.
-func splice(a, b net.Conn, linger time.Duration, m *metrics.Gateway) {
+// ends. A tunnel that moves no data either way for idle is closed, one
+// whose reader stopped reading too; any data either way starts the wait
+// again, so a long download with a silent upload, or a slow event stream,
+// stays open. What moved is read from the kernel's own account of each
+// socket (TCP_INFO), which costs the copy nothing.
+func splice(a, b net.Conn, idle time.Duration, m *metrics.Gateway) {
+	done := make(chan struct{})
+	go watchIdle(a, b, idle, done, m)
 	var wg sync.WaitGroup
-	var once sync.Once
 	cp := func(dst, src net.Conn, dir string) {
 		defer wg.Done()
 		n, _ := io.Copy(dst, src)
@@ -1080,16 +1167,70 @@ func splice(a, b net.Conn, linger time.Duration, m *metrics.Gateway) {
 		} else {
 			_ = dst.Close()
 		}
-		once.Do(func() {
-			end := time.Now().Add(linger)
-			_ = a.SetDeadline(end)
-			_ = b.SetDeadline(end)
-		})
 	}
 	wg.Add(2)
 	go cp(b, a, "up")
 	go cp(a, b, "down")
 	wg.Wait()
+	close(done)
+}
+
+// watchIdle closes a and b once neither has moved data for idle, until
+// done; it judges by the connections whose socket can say (TCP), and
+// closes nothing when neither can.
+func watchIdle(a, b net.Conn, idle time.Duration, done <-chan struct{}, m *metrics.Gateway) {
+	every := min(max(idle/4, 10*time.Millisecond), 15*time.Second)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		quiet, known := time.Duration(1<<63-1), false
+		for _, c := range []net.Conn{a, b} {
+			if q, ok := quietFor(c); ok {
+				quiet, known = min(quiet, q), true
+			}
+		}
+		if known && quiet >= idle {
+			m.IdleTunnels.Inc()
+			_ = a.Close()
+			_ = b.Close()
+			return
+		}
+	}
+}
+
+// quietFor is how long c's socket has neither sent nor received data, as
+// its kernel says; false when it cannot tell.
+func quietFor(c net.Conn) (time.Duration, bool) {
+	for {
+		switch x := c.(type) {
+		case *tls.Conn:
+			c = x.NetConn()
+			continue
+		case *bufferedConn:
+			c = x.Conn
+			continue
+		}
+		break
+	}
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return 0, false
+	}
+	raw, err := sc.SyscallConn()
+	if err != nil {
+		return 0, false
+	}
+	var info *unix.TCPInfo
+	var ierr error
+	if err := raw.Control(func(fd uintptr) { info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil || ierr != nil {
+		return 0, false
+	}
+	return time.Duration(min(info.Last_data_recv, info.Last_data_sent)) * time.Millisecond, true
 }
 
 // hopHeaders are not forwarded (RFC 9110 7.6.1), nor the gateway's own
@@ -1122,8 +1263,11 @@ func (gw *Gateway) forward(w http.ResponseWriter, r *http.Request, id *Identity,
 		out.Body = nil
 	}
 	send := func(up *upstream) (*http.Response, error) {
-		req := out.WithContext(context.WithValue(r.Context(), upstreamKey{}, up.url.Load()))
-		rsp, err := gw.transport.RoundTrip(req)
+		ctx := context.WithValue(context.WithValue(r.Context(), upstreamKey{}, up.url.Load()), reachKey{}, gw.reach(up))
+		rsp, err := gw.transport.RoundTrip(out.WithContext(ctx))
+		if errors.Is(err, reach.ErrRefused) {
+			return nil, gw.refusedAddress(up, err)
+		}
 		if err != nil {
 			gw.Metrics.UpstreamErrors.WithLabelValues("dial").Inc()
 		}
@@ -1134,21 +1278,27 @@ func (gw *Gateway) forward(w http.ResponseWriter, r *http.Request, id *Identity,
 	// Retried only when the upstream could not be reached: the request
 	// never left, so no origin sees it twice; and only without a body,
 	// which the first try has consumed.
-	if err != nil && unreached(err) && out.Body == nil {
+	if err != nil && (unreached(err) || upstreamFailed(err)) && out.Body == nil {
 		var op *net.OpError
-		if errors.As(err, &op) && op.Op == "dial" {
+		if (errors.As(err, &op) && op.Op == "dial") || upstreamFailed(err) {
 			gw.abandon(up)
 		}
 		done()
+		first := err
 		up, done, err = gw.choose(r.Context(), id, u, domain, map[string]bool{name: true})
 		if err != nil {
-			gw.refuse(w, err)
+			gw.refuse(w, rather(first, err))
 			return
 		}
 		name = up.g.m.Name
 		rsp, err = send(up)
 	}
 	defer done()
+	var ge *gwError
+	if errors.As(err, &ge) {
+		gw.refuse(w, ge)
+		return
+	}
 	if err != nil {
 		gw.refuse(w, &gwError{code: http.StatusBadGateway, reason: reasonUpstreamUnavailable, msg: fmt.Sprintf("upstream proxy %s did not answer", name)})
 		return

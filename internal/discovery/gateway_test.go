@@ -150,7 +150,7 @@ func (b *gatewayBed) replica(t testing.TB, mods ...func(*discovery.Gateway)) (*d
 		t.Fatal(err)
 	}
 	store := &lease.Store{Client: c, Cache: ca}
-	st := staticTokens(t, b.token+" "+b.ns+"\nother-token some-other-namespace\n")
+	st := staticTokens(t, b.token+" "+b.ns+"\n"+b.token2()+" "+b.ns+"\nother-token some-other-namespace\n")
 	srv := &discovery.Server{
 		Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: store,
 		Auth: &discovery.Kubernetes{Client: c, Static: st}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Version: version,
@@ -181,6 +181,9 @@ func clientAt(addr, user, token string, target testbed.Target) *http.Client {
 }
 
 func (b *gatewayBed) user(opts string) string { return b.ns + "_" + b.fleet + opts }
+
+// token2 is a second identity's token for the bed's namespace.
+func (b *gatewayBed) token2() string { return b.token + "-2" }
 
 // session starts a session of key with one fetch of target: its client,
 // the address the target saw, and the proxy that served.

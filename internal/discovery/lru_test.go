@@ -42,8 +42,8 @@ func TestTTLCache(t *testing.T) {
 	}
 }
 
-// reviewer is an API server that authenticates every token and allows
-// every access, counting the reviews.
+// reviewer is an API server that authenticates every token but those
+// beginning bad-, and allows every access, counting the reviews.
 type reviewer struct {
 	client.Client
 	tokenReviews, accessReviews int
@@ -53,6 +53,9 @@ func (r *reviewer) Create(_ context.Context, obj client.Object, _ ...client.Crea
 	switch o := obj.(type) {
 	case *authnv1.TokenReview:
 		r.tokenReviews++
+		if strings.HasPrefix(o.Spec.Token, "bad-") {
+			return nil
+		}
 		o.Status.Authenticated, o.Status.User.Username = true, "user-"+o.Spec.Token
 		if name, ok := strings.CutPrefix(o.Spec.Token, "as:"); ok {
 			o.Status.User.Username = name
@@ -117,5 +120,72 @@ func TestAuthCachesBounded(t *testing.T) {
 		if _, err := k.Authenticate(ctx, req("as:"+name)); !errors.Is(err, ErrUnauthenticated) {
 			t.Errorf("a token reviewed as user %q: want unauthenticated, got %v", name, err)
 		}
+	}
+}
+
+// TestFailedReviewsKeptApart: a flood of refused tokens is remembered in a
+// cache of its own, so a crawler's identity stays cached (no review per
+// request), and a refused token sent again costs no review either.
+func TestFailedReviewsKeptApart(t *testing.T) {
+	api := &reviewer{}
+	now := time.Unix(1000, 0)
+	k := &Kubernetes{Client: api, CacheSize: 100, FailedCacheSize: 10, Now: func() time.Time { return now }}
+	ctx := context.Background()
+	if _, err := k.AuthenticateToken(ctx, "crawler"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 1000 {
+		if _, err := k.AuthenticateToken(ctx, fmt.Sprintf("bad-%d", i)); !errors.Is(err, ErrUnauthenticated) {
+			t.Fatalf("bad token %d: %v, want ErrUnauthenticated", i, err)
+		}
+	}
+	before := api.tokenReviews
+	if id, err := k.AuthenticateToken(ctx, "crawler"); err != nil || id.User != "user-crawler" {
+		t.Fatalf("the crawler: %v %v", id, err)
+	}
+	if api.tokenReviews != before {
+		t.Errorf("1000 refused tokens pushed the crawler's identity out of the cache: reviewed again")
+	}
+	if _, err := k.AuthenticateToken(ctx, "bad-999"); !errors.Is(err, ErrUnauthenticated) || api.tokenReviews != before {
+		t.Errorf("a refused token sent again: %v, %d more reviews; want it remembered as refused", err, api.tokenReviews-before)
+	}
+	if n := k.failed.len(); n > 10 {
+		t.Errorf("%d refused tokens remembered, want at most 10", n)
+	}
+}
+
+// TestReviewsBoundedPerAddress: new tokens from one client address are
+// reviewed at its bucket's rate, before any authentication; another
+// address, and a token reviewed already, are not held up by it.
+func TestReviewsBoundedPerAddress(t *testing.T) {
+	api := &reviewer{}
+	now := time.Unix(1000, 0)
+	k := &Kubernetes{Client: api, Now: func() time.Time { return now }, Reviews: &IdentityLimits{Rate: 1, Burst: 3, Size: 100}}
+	flood := WithClientAddress(context.Background(), "192.0.2.7:41000")
+	if _, err := k.AuthenticateToken(flood, "crawler"); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 2 {
+		if _, err := k.AuthenticateToken(flood, fmt.Sprintf("bad-%d", i)); !errors.Is(err, ErrUnauthenticated) {
+			t.Fatalf("token %d within the burst: %v", i, err)
+		}
+	}
+	_, err := k.AuthenticateToken(flood, "bad-2")
+	var ae *apiError
+	if !errors.As(err, &ae) || ae.code != http.StatusTooManyRequests || ae.retryAfter < 1 {
+		t.Fatalf("a fourth new token from one address: %v, want 429 with Retry-After", err)
+	}
+	if api.tokenReviews != 3 {
+		t.Errorf("%d token reviews made, want 3: the one over the bound is refused before a review", api.tokenReviews)
+	}
+	if _, err := k.AuthenticateToken(flood, "crawler"); err != nil {
+		t.Errorf("a token reviewed already, from the flooding address: %v", err)
+	}
+	if _, err := k.AuthenticateToken(WithClientAddress(context.Background(), "198.51.100.9:5000"), "other"); err != nil {
+		t.Errorf("another address: %v", err)
+	}
+	now = now.Add(2 * time.Second)
+	if _, err := k.AuthenticateToken(flood, "bad-2"); !errors.Is(err, ErrUnauthenticated) {
+		t.Errorf("after the bucket refilled: %v, want a review (refused token)", err)
 	}
 }

@@ -157,8 +157,12 @@ func (s *Server) reserve(ctx context.Context, ns, fleet string, id *Identity, p 
 // holdConn counts a gateway connection without a session against id's
 // quota in the fleet while it is open, or refuses it (429, QuotaExceeded)
 // when id holds its quota already, leases and such connections together.
-// Connections are counted by the replica that serves them: its peers'
-// bounds do not see them.
+// Connections are counted by the replica that serves them, and its peers'
+// bounds do not see them: with R replicas a caller may hold up to R times
+// its quota, less its leases, in connections without a session (the
+// Service's ClientIP affinity keeps a caller on one replica). Each
+// replica's share is bounded by the quota, and all connections by the
+// gateway's per-identity and per-namespace bounds.
 func (s *Server) holdConn(ctx context.Context, ns, fleet string, id *Identity, p *Policy) (func(), error) {
 	quota, from, bounded := quotaOf(p.Quotas, id)
 	var held map[string]bool
@@ -176,7 +180,7 @@ func (s *Server) holdConn(ctx context.Context, ns, fleet string, id *Identity, p
 		if n := b.count(key, held, s.now()); n >= quota {
 			return nil, &apiError{
 				code: http.StatusTooManyRequests, reason: apiv1.ReasonQuotaExceeded, retryAfter: 5,
-				msg: fmt.Sprintf("%s holds %d leases and gateway connections without a session in fleet %s/%s, its quota of %d (%s): close one first", id.User, n, ns, fleet, quota, from),
+				msg: fmt.Sprintf("%s holds %d leases and gateway connections without a session on this replica in fleet %s/%s, its quota of %d (%s): close one first", id.User, n, ns, fleet, quota, from),
 			}
 		}
 	}

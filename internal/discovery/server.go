@@ -58,6 +58,11 @@ type Server struct {
 	// DefaultMaxWaiting and DefaultMaxWaitingPerIdentity. Over either, an
 	// acquisition is answered its refusal at once.
 	MaxWaiting, MaxWaitingPerIdentity int
+	// PlainHTTPCookie sends the status page's sign-in cookie without
+	// Secure, for a page a browser reaches over plain HTTP: configured
+	// explicitly (--status-page-plain-http), never inferred from the
+	// connection, which behind a TLS-terminating ingress is plain too.
+	PlainHTTPCookie bool
 
 	// banRecord serialises the bound check and the write of a ban;
 	// bansMade are the bans this replica recorded lately, by fleet.
@@ -118,6 +123,7 @@ type handler func(w http.ResponseWriter, r *http.Request, id *Identity) error
 func (s *Server) authed(h handler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+		r = r.WithContext(WithClientAddress(r.Context(), r.RemoteAddr))
 		id, err := s.Auth.Authenticate(r.Context(), r)
 		if err == nil {
 			err = s.limit(id)

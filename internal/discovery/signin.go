@@ -11,9 +11,10 @@ import (
 )
 
 // TokenCookie holds the token a person signed in to the status page with:
-// HttpOnly, SameSite=Strict, Secure whenever the page is served over TLS,
-// and read for the status page only, never for the API (which no browser
-// may then be made to call with it).
+// HttpOnly, SameSite=Strict, Secure unless Server.PlainHTTPCookie says the
+// page is reached over plain HTTP (TLS ended at an ingress is no reason to
+// send it in the clear), and read for the status page only, never for the
+// API (which no browser may then be made to call with it).
 const TokenCookie = "egress_discovery_token"
 
 //go:embed signin.html
@@ -34,9 +35,9 @@ func (s *Server) statusPage(w http.ResponseWriter, r *http.Request) {
 		s.signInForm(w, http.StatusOK, "")
 		return
 	}
-	id, err := s.Auth.AuthenticateToken(r.Context(), c.Value)
+	id, err := s.Auth.AuthenticateToken(WithClientAddress(r.Context(), r.RemoteAddr), c.Value)
 	if errors.Is(err, ErrUnauthenticated) || errors.Is(err, ErrWrongAudience) {
-		http.SetCookie(w, clearedCookie(r))
+		http.SetCookie(w, s.clearedCookie())
 		s.signInForm(w, http.StatusUnauthorized, "Your sign-in was refused: the token expired, was revoked, or is not for egress-discovery. Sign in again.")
 		return
 	}
@@ -72,7 +73,7 @@ func (s *Server) signIn(w http.ResponseWriter, r *http.Request) {
 		s.signInForm(w, http.StatusBadRequest, "This token holds characters a cookie cannot carry; use it in an Authorization header instead.")
 		return
 	}
-	id, err := s.Auth.AuthenticateToken(r.Context(), token)
+	id, err := s.Auth.AuthenticateToken(WithClientAddress(r.Context(), r.RemoteAddr), token)
 	if err == nil {
 		err = s.limit(id)
 	}
@@ -84,7 +85,7 @@ func (s *Server) signIn(w http.ResponseWriter, r *http.Request) {
 		s.fail(w, err)
 		return
 	}
-	http.SetCookie(w, &http.Cookie{Name: TokenCookie, Value: token, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+	http.SetCookie(w, &http.Cookie{Name: TokenCookie, Value: token, Path: "/", HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: !s.PlainHTTPCookie})
 	http.Redirect(w, r, "/", http.StatusSeeOther)
 }
 
@@ -94,12 +95,12 @@ func (s *Server) signOut(w http.ResponseWriter, r *http.Request) {
 		s.signInForm(w, http.StatusForbidden, "Sign-out from another site's page is refused.")
 		return
 	}
-	http.SetCookie(w, clearedCookie(r))
+	http.SetCookie(w, s.clearedCookie())
 	http.Redirect(w, r, "/", http.StatusSeeOther)
 }
 
-func clearedCookie(r *http.Request) *http.Cookie {
-	return &http.Cookie{Name: TokenCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil}
+func (s *Server) clearedCookie() *http.Cookie {
+	return &http.Cookie{Name: TokenCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true, SameSite: http.SameSiteStrictMode, Secure: !s.PlainHTTPCookie}
 }
 
 // sameOrigin refuses a form another site's page posts (login CSRF): a

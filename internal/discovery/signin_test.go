@@ -15,7 +15,7 @@ import (
 // TestStatusPageSignIn: a person opens the status page in a browser, which
 // sends no bearer header: without a token it is a sign-in form; a token
 // posted there is checked and kept in an HttpOnly, SameSite=Strict cookie
-// (Secure over TLS), the page then lists the token's fleets, refreshes by
+// (Secure unless plain HTTP is configured), the page then lists the token's fleets, refreshes by
 // itself and offers sign-out, which forgets it. A refused token keeps no
 // cookie; the cookie opens only the page, never the API; a form posted
 // from another site's page is refused.
@@ -24,7 +24,9 @@ func TestStatusPageSignIn(t *testing.T) {
 	ns := bed.Namespace(t)
 	fleet(t, ns, "crawlers", 2, 1, nil)
 	static := "team-token " + ns + "\nbad,token " + ns + "\n"
-	srv := replicaServer(t, ns, static)
+	plain := httptest.NewServer(replicaHandler(t, ns, static, func(s *discovery.Server) { s.PlainHTTPCookie = true }))
+	t.Cleanup(plain.Close)
+	srv := plain
 	jar, _ := cookiejar.New(nil)
 	browser := &http.Client{Jar: jar}
 
@@ -82,14 +84,23 @@ func TestStatusPageSignIn(t *testing.T) {
 		t.Errorf("a refused cookie: %d Set-Cookie %q; want 401 and the cookie cleared", rsp.StatusCode, rsp.Header.Get("Set-Cookie"))
 	}
 
-	// Over TLS the cookie is Secure.
+	// Over TLS the cookie is Secure, and over plain HTTP not configured as
+	// such too: that is a TLS-terminating ingress's backend, and the
+	// browser is on HTTPS.
 	tlsSrv := httptest.NewTLSServer(replicaHandler(t, ns, static))
 	t.Cleanup(tlsSrv.Close)
 	c := tlsSrv.Client()
 	c.CheckRedirect = noFollow.CheckRedirect
-	rsp, _ = post(t, c, tlsSrv.URL+"/signin", url.Values{"token": {"team-token"}}, "")
-	if set := rsp.Header.Get("Set-Cookie"); rsp.StatusCode != http.StatusSeeOther || !strings.Contains(set, "Secure") {
-		t.Errorf("sign-in over TLS: %d Set-Cookie %q; want a Secure cookie", rsp.StatusCode, set)
+	behindIngress := replicaServer(t, ns, static)
+	for name, u := range map[string]string{"over TLS": tlsSrv.URL, "behind an ingress": behindIngress.URL} {
+		rsp, _ = post(t, c, u+"/signin", url.Values{"token": {"team-token"}}, "")
+		if set := rsp.Header.Get("Set-Cookie"); rsp.StatusCode != http.StatusSeeOther || !strings.Contains(set, "Secure") {
+			t.Errorf("sign-in %s: %d Set-Cookie %q; want a Secure cookie", name, rsp.StatusCode, set)
+		}
+		rsp, _ = post(t, c, u+"/signout", nil, "")
+		if set := rsp.Header.Get("Set-Cookie"); !strings.Contains(set, "Secure") {
+			t.Errorf("sign-out %s: Set-Cookie %q; want the clearing cookie Secure too", name, set)
+		}
 	}
 }
 

@@ -15,8 +15,11 @@ type Gateway struct {
 	// a lease (or the session's), its credentials.
 	ChooseLatency prometheus.Histogram
 	// UpstreamErrors counts upstreams that failed, by reason (dial,
-	// refused, status).
+	// address, handshake, status).
 	UpstreamErrors *prometheus.CounterVec
+	// IdleTunnels counts tunnels closed for moving nothing for the idle
+	// timeout.
+	IdleTunnels prometheus.Counter
 	// Sessions is how many sessions hold a lease on this replica.
 	Sessions prometheus.Gauge
 	// Seats is how many seats (the replica's own leases for connections
@@ -44,8 +47,10 @@ func NewGateway() *Gateway {
 			Buckets: []float64{0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5},
 		}),
 		UpstreamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "egress_discovery_gateway_upstream_errors_total", Help: "Upstream proxies that failed a connection, by reason (dial, status, handshake).",
+			Name: "egress_discovery_gateway_upstream_errors_total", Help: "Upstream proxies that failed a connection, by reason (dial, address: published where the gateway does not dial, status, handshake).",
 		}, []string{"reason"}),
+		IdleTunnels: prometheus.NewCounter(prometheus.CounterOpts{Name: "egress_discovery_gateway_idle_tunnels_closed_total",
+			Help: "CONNECT tunnels closed for moving nothing either way for the idle timeout (--gateway-tunnel-idle)."}),
 		Sessions: prometheus.NewGauge(prometheus.GaugeOpts{Name: "egress_discovery_gateway_sessions", Help: "Gateway sessions holding a lease on this replica."}),
 		Seats:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "egress_discovery_gateway_seats", Help: "Seats (leases this replica holds for gateway connections without a session, one per proxy in use)."}),
 		SessionsAdopted: prometheus.NewCounter(prometheus.CounterOpts{Name: "egress_discovery_gateway_sessions_adopted_total",
@@ -55,5 +60,5 @@ func NewGateway() *Gateway {
 
 // Collectors returns every collector, for registration.
 func (g *Gateway) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{g.Connections, g.ConnectionsTotal, g.Bytes, g.ChooseLatency, g.UpstreamErrors, g.Sessions, g.Seats, g.SessionsAdopted}
+	return []prometheus.Collector{g.Connections, g.ConnectionsTotal, g.Bytes, g.ChooseLatency, g.UpstreamErrors, g.IdleTunnels, g.Sessions, g.Seats, g.SessionsAdopted}
 }
