@@ -61,7 +61,7 @@ type CLI struct {
 	GatewayMaxConnsPerIdentity int           `help:"Connections one caller identity holds open through the gateway at once; more are answered 429." default:"256" env:"GATEWAY_MAX_CONNS_PER_IDENTITY"`
 	GatewayMaxConnsPerNS       int           `name:"gateway-max-conns-per-namespace" help:"Connections the callers of one namespace's fleets hold open through the gateway at once, sessions' included: one tenant cannot fill the gateway. More are answered 429." default:"1024" env:"GATEWAY_MAX_CONNS_PER_NAMESPACE"`
 	GatewayTunnelIdle          time.Duration `help:"How long a gateway tunnel may move nothing either way before it is closed; any traffic starts the wait again." default:"5m" env:"GATEWAY_TUNNEL_IDLE"`
-	ExternalPrivateNetworks    []string      `name:"external-private-networks" help:"Private networks (CIDRs, comma-separated; loopback too) the gateway may dial an External Proxy in, as the provider's flag of the same name. Empty: public addresses only. Link-local and metadata addresses are never dialed." default:"" env:"EXTERNAL_PRIVATE_NETWORKS"`
+	TenantPrivateNetworks      []string      `name:"tenant-private-networks" help:"Private networks (CIDRs, comma-separated; loopback too) the gateway may dial a proxy in whose address its tenant chose (External, or of a namespaced ProviderConfig), as the provider's flag of the same name. Empty: public addresses only. Link-local and metadata addresses are never dialed." default:"" env:"TENANT_PRIVATE_NETWORKS"`
 	ReviewsPerAddress          float64       `help:"New tokens a second each client address may have reviewed (a token bucket, before authentication); a token reviewed lately costs nothing. More are answered 429. 0 sets no limit." default:"10" env:"REVIEWS_PER_ADDRESS"`
 	ReviewBurstPerAddress      int           `help:"New tokens each client address may have reviewed at once, above its rate." default:"100" env:"REVIEW_BURST_PER_ADDRESS"`
 	StatusPagePlainHTTP        bool          `name:"status-page-plain-http" help:"Send the status page's sign-in cookie without Secure, for a browser reaching egress-discovery over plain HTTP (loopback and tests). By default it is Secure, also when TLS ends at an ingress in front." default:"false" env:"STATUS_PAGE_PLAIN_HTTP"`
@@ -93,6 +93,17 @@ func (c *CLI) Validate() error {
 	if c.MaxBansPerFleet < 0 || c.MaxBansPerIdentity < 0 {
 		return errors.Errorf("--max-bans-per-fleet (MAX_BANS_PER_FLEET) and --max-bans-per-identity (MAX_BANS_PER_IDENTITY) must be 0 (no bound) or positive, not %d and %d", c.MaxBansPerFleet, c.MaxBansPerIdentity)
 	}
+	if err := c.validateGateway(); err != nil {
+		return err
+	}
+	if c.RatePerIdentity < 0 || (c.RatePerIdentity > 0 && c.BurstPerIdentity < 1) {
+		return errors.Errorf("--rate-per-identity (RATE_PER_IDENTITY) must be 0 (no limit) or positive with --burst-per-identity (BURST_PER_IDENTITY) at least 1, not %g and %d", c.RatePerIdentity, c.BurstPerIdentity)
+	}
+	return nil
+}
+
+// validateGateway refuses gateway settings that cannot work.
+func (c *CLI) validateGateway() error {
 	if c.GatewayAddress != "" && c.TLSCertFile == "" && !c.GatewayPlainHTTP {
 		return errors.New("--gateway-address (GATEWAY_ADDRESS) serves TLS with --tls-cert-file (TLS_CERT_FILE), which is unset: set it, or --gateway-plain-http for loopback and tests")
 	}
@@ -105,14 +116,11 @@ func (c *CLI) Validate() error {
 	if c.GatewayTunnelIdle <= 0 {
 		return errors.Errorf("--gateway-tunnel-idle (GATEWAY_TUNNEL_IDLE) must be positive, not %s", c.GatewayTunnelIdle)
 	}
-	if _, err := reach.ParseNetworks(c.ExternalPrivateNetworks); err != nil {
-		return errors.Wrap(err, "--external-private-networks (EXTERNAL_PRIVATE_NETWORKS)")
+	if _, err := reach.ParseNetworks(c.TenantPrivateNetworks); err != nil {
+		return errors.Wrap(err, "--tenant-private-networks (TENANT_PRIVATE_NETWORKS)")
 	}
 	if c.ReviewsPerAddress < 0 || (c.ReviewsPerAddress > 0 && c.ReviewBurstPerAddress < 1) {
 		return errors.Errorf("--reviews-per-address (REVIEWS_PER_ADDRESS) must be 0 (no limit) or positive with --review-burst-per-address (REVIEW_BURST_PER_ADDRESS) at least 1, not %g and %d", c.ReviewsPerAddress, c.ReviewBurstPerAddress)
-	}
-	if c.RatePerIdentity < 0 || (c.RatePerIdentity > 0 && c.BurstPerIdentity < 1) {
-		return errors.Errorf("--rate-per-identity (RATE_PER_IDENTITY) must be 0 (no limit) or positive with --burst-per-identity (BURST_PER_IDENTITY) at least 1, not %g and %d", c.RatePerIdentity, c.BurstPerIdentity)
 	}
 	return nil
 }
@@ -178,13 +186,13 @@ func (c *CLI) Run() error {
 		return errors.Wrap(err, "cannot add the API server")
 	}
 	if c.GatewayAddress != "" {
-		private, err := reach.ParseNetworks(c.ExternalPrivateNetworks)
+		private, err := reach.ParseNetworks(c.TenantPrivateNetworks)
 		if err != nil {
-			return errors.Wrap(err, "--external-private-networks (EXTERNAL_PRIVATE_NETWORKS)")
+			return errors.Wrap(err, "--tenant-private-networks (TENANT_PRIVATE_NETWORKS)")
 		}
 		gw := &discovery.Gateway{Server: srv, Metrics: dmetrics.NewGateway(), Idle: c.GatewayIdle, TunnelIdle: c.GatewayTunnelIdle,
 			MaxConns: c.GatewayMaxConns, MaxConnsPerIdentity: c.GatewayMaxConnsPerIdentity, MaxConnsPerNamespace: c.GatewayMaxConnsPerNS,
-			ExternalPrivateNetworks: private}
+			TenantPrivateNetworks: private}
 		metrics.Registry.MustRegister(gw.Metrics.Collectors()...)
 		if err := mgr.Add(c.gatewayServer(gw, log)); err != nil {
 			return errors.Wrap(err, "cannot add the gateway")

@@ -39,7 +39,7 @@ func TestHelp(t *testing.T) {
 		{Flag: "gateway-max-conns-per-identity", Env: "GATEWAY_MAX_CONNS_PER_IDENTITY", Default: "256"},
 		{Flag: "gateway-max-conns-per-namespace", Env: "GATEWAY_MAX_CONNS_PER_NAMESPACE", Default: "1024"},
 		{Flag: "gateway-tunnel-idle", Env: "GATEWAY_TUNNEL_IDLE", Default: "5m"},
-		{Flag: "external-private-networks", Env: "EXTERNAL_PRIVATE_NETWORKS", Default: `""`},
+		{Flag: "tenant-private-networks", Env: "TENANT_PRIVATE_NETWORKS", Default: `""`},
 		{Flag: "reviews-per-address", Env: "REVIEWS_PER_ADDRESS", Default: "10"},
 		{Flag: "review-burst-per-address", Env: "REVIEW_BURST_PER_ADDRESS", Default: "100"},
 		{Flag: "status-page-plain-http", Env: "STATUS_PAGE_PLAIN_HTTP", Default: "false"},
@@ -64,7 +64,7 @@ func TestBadEnv(t *testing.T) {
 		"ZeroBurst":    {env: "BURST_PER_IDENTITY", value: "0"},
 		"NegativeBans": {env: "MAX_BANS_PER_FLEET", value: "-1"},
 		// A CIDR that does not parse would open nothing, silently.
-		"BadPrivateNetwork":  {env: "EXTERNAL_PRIVATE_NETWORKS", value: "10.0.0.0/33"},
+		"BadPrivateNetwork":  {env: "TENANT_PRIVATE_NETWORKS", value: "10.0.0.0/33"},
 		"ZeroTunnelIdle":     {env: "GATEWAY_TUNNEL_IDLE", value: "0s"},
 		"NegativeReviews":    {env: "REVIEWS_PER_ADDRESS", value: "-1"},
 		"ZeroNamespaceConns": {env: "GATEWAY_MAX_CONNS_PER_NAMESPACE", value: "0"},

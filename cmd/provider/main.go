@@ -62,7 +62,7 @@ type CLI struct {
 	ClusterID               string        `name:"cluster-id" help:"Names this control plane on every instance it creates; empty means the UID of the kube-system namespace." default:"" env:"CLUSTER_ID"`
 	ProbeConcurrency        int           `name:"probe-concurrency" help:"How many probes run at once, on workers of their own: a proxy that never answers holds one for its timeout, never a reconcile worker. The default suits 1000 proxies probed every 30s with a tenth of them black-holed." default:"128" env:"PROBE_CONCURRENCY"`
 	ProbeCABundle           string        `name:"probe-ca-bundle" help:"PEM file of extra CAs trusted when probing https targets behind a private CA." default:"" env:"PROBE_CA_BUNDLE"`
-	ExternalPrivateNetworks []string      `name:"external-private-networks" help:"Private networks (CIDRs, comma-separated; loopback too) an External Proxy's endpoint may be in, which the probe dials. Empty: public addresses only. Link-local and metadata addresses are never dialed." default:"" env:"EXTERNAL_PRIVATE_NETWORKS"`
+	TenantPrivateNetworks   []string      `name:"tenant-private-networks" help:"Private networks (CIDRs, comma-separated; loopback too) the probe may dial a proxy in whose address its tenant chose: an External Proxy's endpoint, or the address a namespaced ProviderConfig's backend reports. Empty: public addresses only. Link-local and metadata addresses are never dialed." default:"" env:"TENANT_PRIVATE_NETWORKS"`
 	MetricsBindAddress      string        `help:"Address of the /metrics endpoint." default:":8080" env:"METRICS_BIND_ADDRESS"`
 	HealthProbeBindAddress  string        `help:"Address of the /healthz and /readyz endpoints." default:":8081" env:"HEALTH_PROBE_BIND_ADDRESS"`
 	LeaderElectionNamespace string        `help:"Namespace of the leader election lease." default:"crossplane-system" env:"POD_NAMESPACE"`
@@ -76,8 +76,8 @@ type CLI struct {
 // Validate refuses settings that parse but cannot work: a ticker of zero
 // panics, a rate of zero reconciles nothing.
 func (c *CLI) Validate() error {
-	if _, err := reach.ParseNetworks(c.ExternalPrivateNetworks); err != nil {
-		return errors.Wrap(err, "--external-private-networks (EXTERNAL_PRIVATE_NETWORKS)")
+	if _, err := reach.ParseNetworks(c.TenantPrivateNetworks); err != nil {
+		return errors.Wrap(err, "--tenant-private-networks (TENANT_PRIVATE_NETWORKS)")
 	}
 	for name, d := range map[string]time.Duration{
 		"--poll (POLL_INTERVAL)": c.Poll, "--state-metrics-interval (STATE_METRICS_INTERVAL)": c.StateMetricsInterval,
@@ -208,8 +208,8 @@ func (c *CLI) Run() error {
 		Backends: backends, ClusterID: clusterID, RootCAs: pool, Metrics: pm, RefusedGrace: c.RefusedGrace,
 		ProbeConcurrency: c.ProbeConcurrency,
 	}
-	if o.ExternalPrivateNetworks, err = reach.ParseNetworks(c.ExternalPrivateNetworks); err != nil {
-		return errors.Wrap(err, "--external-private-networks (EXTERNAL_PRIVATE_NETWORKS)")
+	if o.TenantPrivateNetworks, err = reach.ParseNetworks(c.TenantPrivateNetworks); err != nil {
+		return errors.Wrap(err, "--tenant-private-networks (TENANT_PRIVATE_NETWORKS)")
 	}
 	if c.RefusedGrace <= 0 {
 		o.RefusedGrace = -1 // at once; zero would mean the default

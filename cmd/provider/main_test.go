@@ -31,7 +31,7 @@ func TestHelp(t *testing.T) {
 		{Flag: "cluster-id", Env: "CLUSTER_ID", Default: `""`},
 		{Flag: "probe-concurrency", Env: "PROBE_CONCURRENCY", Default: "128"},
 		{Flag: "probe-ca-bundle", Env: "PROBE_CA_BUNDLE", Default: `""`},
-		{Flag: "external-private-networks", Env: "EXTERNAL_PRIVATE_NETWORKS", Default: `""`},
+		{Flag: "tenant-private-networks", Env: "TENANT_PRIVATE_NETWORKS", Default: `""`},
 		{Flag: "metrics-bind-address", Env: "METRICS_BIND_ADDRESS", Default: `":8080"`},
 		{Flag: "health-probe-bind-address", Env: "HEALTH_PROBE_BIND_ADDRESS", Default: `":8081"`},
 		{Flag: "leader-election-namespace", Env: "POD_NAMESPACE", Default: `"crossplane-system"`},

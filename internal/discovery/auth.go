@@ -11,6 +11,7 @@ import (
 	"math"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"slices"
 	"strings"
@@ -107,7 +108,7 @@ type Kubernetes struct {
 	Now    func() time.Time
 
 	mu     sync.Mutex
-	authn  *ttlCache[cached[*Identity]]
+	authn  *ttlCache[reviewed]
 	failed *ttlCache[error]
 	authz  *ttlCache[bool]
 }
@@ -123,20 +124,31 @@ const (
 // clientAddressKey keys a request's client address in its context.
 type clientAddressKey struct{}
 
-// WithClientAddress names the address a request came from (its host,
-// without the port), by which token reviews are bounded.
+// WithClientAddress names the address a request came from, by which token
+// reviews are bounded: its host without the port, an IPv6 one by its /64
+// (one host's, however many addresses it takes from it).
 func WithClientAddress(ctx context.Context, remoteAddr string) context.Context {
 	host, _, err := net.SplitHostPort(remoteAddr)
 	if err != nil {
 		host = remoteAddr
 	}
+	if a, err := netip.ParseAddr(host); err == nil && a.Unmap().Is6() {
+		host = netip.PrefixFrom(a, 64).Masked().String()
+	}
 	return context.WithValue(ctx, clientAddressKey{}, host)
 }
 
-type cached[T any] struct {
-	v   T
-	err error
+// reviewed is an identity a token review gave, and when.
+type reviewed struct {
+	id *Identity
+	at time.Time
 }
+
+// staleGrace is how long past its TTL an identity is still answered when
+// its client address may have no review now (mayReview): a flood of new
+// tokens from a shared address (a NAT, an ingress) cannot lock out the
+// crawlers behind it whose tokens passed lately.
+const staleGrace = 5 * time.Minute
 
 // caches makes the caches on first use; k.mu is held.
 func (k *Kubernetes) caches() {
@@ -145,7 +157,7 @@ func (k *Kubernetes) caches() {
 		if size <= 0 {
 			size = DefaultAuthCacheSize
 		}
-		k.authn, k.authz = newTTLCache[cached[*Identity]](size), newTTLCache[bool](size)
+		k.authn, k.authz = newTTLCache[reviewed](size), newTTLCache[bool](size)
 		failed := k.FailedCacheSize
 		if failed <= 0 {
 			failed = DefaultFailedCacheSize
@@ -187,16 +199,21 @@ func (k *Kubernetes) AuthenticateToken(ctx context.Context, t string) (*Identity
 	key := tokenKey(t)
 	k.mu.Lock()
 	k.caches()
-	if c, ok := k.authn.get(key, k.now(), k.ttl()); ok {
+	now := k.now()
+	last, seen := k.authn.get(key, now, k.ttl()+staleGrace)
+	if seen && now.Sub(last.at) < k.ttl() {
 		k.mu.Unlock()
-		return c.v, c.err
+		return last.id, nil
 	}
-	if err, ok := k.failed.get(key, k.now(), k.ttl()); ok {
+	if err, ok := k.failed.get(key, now, k.ttl()); ok {
 		k.mu.Unlock()
 		return nil, err
 	}
 	k.mu.Unlock()
 	if err := k.mayReview(ctx); err != nil {
+		if seen {
+			return last.id, nil
+		}
 		return nil, err
 	}
 
@@ -226,7 +243,7 @@ func (k *Kubernetes) AuthenticateToken(ctx context.Context, t string) (*Identity
 	if err != nil {
 		k.failed.add(key, err, k.now())
 	} else {
-		k.authn.add(key, cached[*Identity]{v: id}, k.now())
+		k.authn.add(key, reviewed{id: id, at: k.now()}, k.now())
 	}
 	k.mu.Unlock()
 	return id, err

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"crypto/rand"
-	"crypto/tls"
 	"encoding/base64"
 	"fmt"
 	"io"
@@ -16,11 +15,9 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/pkg/errors"
-	"golang.org/x/sys/unix"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -70,10 +67,11 @@ type Gateway struct {
 	// one tenant's (default 1024), and MaxConnsPerIdentity those of one
 	// caller (default 256); sessions' connections count as any other.
 	MaxConns, MaxConnsPerNamespace, MaxConnsPerIdentity int
-	// ExternalPrivateNetworks are the private networks (loopback
-	// included) an External proxy may be dialed in: the platform's
+	// TenantPrivateNetworks are the private networks (loopback
+	// included) a proxy whose address its tenant chose (External, or of
+	// a namespaced ProviderConfig) may be dialed in: the platform's
 	// policy, as the provider's flag of the same name. Nil: none.
-	ExternalPrivateNetworks *reach.Networks
+	TenantPrivateNetworks *reach.Networks
 	// Replica names this replica in its seats' Lease holder (default the
 	// host name).
 	Replica string
@@ -154,12 +152,12 @@ type upstreamKey struct{}
 // dialed.
 type reachKey struct{}
 
-// reach is where up's proxy may be dialed: as its kind justifies, and an
-// External one's within the platform's private networks.
+// reach is where up's proxy may be dialed: as its kind justifies, and one
+// whose address its tenant chose within the platform's private networks.
 func (gw *Gateway) reach(up *upstream) reach.Rule {
 	r := up.g.m.Reach
 	if r.NoPrivate {
-		r.Permitted = gw.ExternalPrivateNetworks
+		r.Permitted = gw.TenantPrivateNetworks
 	}
 	return r
 }
@@ -1128,7 +1126,7 @@ func (gw *Gateway) refusedAddress(up *upstream, err error) *gwError {
 	gw.Metrics.UpstreamErrors.WithLabelValues("address").Inc()
 	gw.Server.Log.Info("Refusing to dial a proxy at an address its kind does not justify", "proxy", up.g.m.Namespace+"/"+up.g.m.Name, "error", err)
 	return &gwError{code: http.StatusBadGateway, reason: reasonUpstreamAddressRefused, dial: true,
-		msg: fmt.Sprintf("upstream proxy %s is published at an address the gateway does not dial: %v", up.g.m.Name, err)}
+		msg: fmt.Sprintf("upstream proxy %s is published at an address the gateway does not dial for its kind (link-local or metadata, loopback, or private where its tenant chose it); the gateway's log names it", up.g.m.Name)}
 }
 
 // bufferedConn reads what the handshake's reader buffered first.
@@ -1201,36 +1199,6 @@ func watchIdle(a, b net.Conn, idle time.Duration, done <-chan struct{}, m *metri
 			return
 		}
 	}
-}
-
-// quietFor is how long c's socket has neither sent nor received data, as
-// its kernel says; false when it cannot tell.
-func quietFor(c net.Conn) (time.Duration, bool) {
-	for {
-		switch x := c.(type) {
-		case *tls.Conn:
-			c = x.NetConn()
-			continue
-		case *bufferedConn:
-			c = x.Conn
-			continue
-		}
-		break
-	}
-	sc, ok := c.(syscall.Conn)
-	if !ok {
-		return 0, false
-	}
-	raw, err := sc.SyscallConn()
-	if err != nil {
-		return 0, false
-	}
-	var info *unix.TCPInfo
-	var ierr error
-	if err := raw.Control(func(fd uintptr) { info, ierr = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); err != nil || ierr != nil {
-		return 0, false
-	}
-	return time.Duration(min(info.Last_data_recv, info.Last_data_sent)) * time.Millisecond, true
 }
 
 // hopHeaders are not forwarded (RFC 9110 7.6.1), nor the gateway's own

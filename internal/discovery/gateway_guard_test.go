@@ -88,7 +88,7 @@ func TestGatewayDialsOnlyWhatTheKindJustifies(t *testing.T) {
 	}
 
 	permitted, url, _ := b.replica(t, func(g *discovery.Gateway) {
-		g.ExternalPrivateNetworks = &reach.Networks{netip.MustParsePrefix("127.0.0.0/8")}
+		g.TenantPrivateNetworks = &reach.Networks{netip.MustParsePrefix("127.0.0.0/8")}
 	})
 	waitCached(t, permitted, b.ns, "ext-0")
 	if rsp := proxied(t, url, b.ns+"_ext", b.token, target); rsp.StatusCode != http.StatusOK {

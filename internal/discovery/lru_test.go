@@ -188,4 +188,34 @@ func TestReviewsBoundedPerAddress(t *testing.T) {
 	if _, err := k.AuthenticateToken(flood, "bad-2"); !errors.Is(err, ErrUnauthenticated) {
 		t.Errorf("after the bucket refilled: %v, want a review (refused token)", err)
 	}
+
+	// Past its TTL, while a flood keeps the shared address's bucket empty,
+	// a token that passed lately is still answered (for staleGrace), and a
+	// new one is not.
+	now = now.Add(31 * time.Second)
+	for i := 3; i < 200; i++ {
+		_, _ = k.AuthenticateToken(flood, fmt.Sprintf("bad-%d", i))
+	}
+	if id, err := k.AuthenticateToken(flood, "crawler"); err != nil || id.User != "user-crawler" {
+		t.Errorf("a crawler whose token passed 33 s ago, behind a flooded address: %v %v; want its identity", id, err)
+	}
+	if _, err := k.AuthenticateToken(flood, "newcomer"); !errors.As(err, &ae) || ae.code != http.StatusTooManyRequests {
+		t.Errorf("a new token behind the flooded address: %v, want 429", err)
+	}
+	now = now.Add(staleGrace)
+	for i := 200; i < 210; i++ {
+		_, _ = k.AuthenticateToken(flood, fmt.Sprintf("bad-%d", i))
+	}
+	if _, err := k.AuthenticateToken(flood, "crawler"); !errors.As(err, &ae) || ae.code != http.StatusTooManyRequests {
+		t.Errorf("past the grace, the crawler's token is reviewed again like any: %v, want 429 while the flood lasts", err)
+	}
+
+	// One IPv6 host is one bucket, whatever address of its /64 it takes.
+	v6 := &Kubernetes{Client: api, Now: func() time.Time { return now }, Reviews: &IdentityLimits{Rate: 1, Burst: 2, Size: 100}}
+	for i := range 3 {
+		_, err = v6.AuthenticateToken(WithClientAddress(context.Background(), fmt.Sprintf("[2001:db8:1:2::%x]:443", i+1)), fmt.Sprintf("bad-v6-%d", i))
+	}
+	if !errors.As(err, &ae) || ae.code != http.StatusTooManyRequests {
+		t.Errorf("a third new token from another address of the same /64: %v, want 429", err)
+	}
 }

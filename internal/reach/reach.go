@@ -8,7 +8,8 @@
 // from its backend (a pod's, a VM's, a local Squid's bind address), an
 // External proxy's from whoever wrote its endpoint, who must not be able to
 // point the provider or the gateway at the metadata server or an internal
-// service that way. Files: reach.go.
+// service that way; nor may the tenant whose own cluster runs a namespaced
+// ProviderConfig's pods. Files: reach.go.
 package reach
 
 import (
@@ -29,18 +30,23 @@ import (
 var ErrRefused = errors.New("upstream address refused")
 
 // Rule says which addresses a proxy may be reached at. Link-local,
-// metadata, unspecified, multicast and broadcast addresses never are; the
-// zero Rule refuses only those, as for an address a backend reported.
+// metadata, multicast and broadcast addresses never are, nor an address
+// embedding one (NAT64, 6to4, IPv4-translated), which is judged as the
+// IPv4 address it carries. The zero Rule refuses only those and the
+// unspecified addresses, as for an address a platform's backend reported.
 type Rule struct {
 	// NoLoopback refuses loopback: every proxy but a local one bound to
-	// loopback.
+	// loopback (or to every address).
 	NoLoopback bool
 	// NoPrivate refuses private addresses (RFC 1918, CGNAT, unique local,
-	// the documentation ranges ...): an External proxy's.
+	// the documentation ranges ...): an address a tenant chose.
 	NoPrivate bool
+	// Unspecified permits 0.0.0.0 and ::, which reach the host itself: a
+	// local proxy bound to every address publishes them.
+	Unspecified bool
 	// Permitted are networks permitted whatever the above, loopback or
-	// private: the platform's policy for External proxies. A pointer, so
-	// that a Rule compares with ==, as the probe's targets do.
+	// private: the platform's policy for addresses tenants choose. A
+	// pointer, so that a Rule compares with ==, as the probe's targets do.
 	Permitted *Networks
 }
 
@@ -61,10 +67,13 @@ func (n *Networks) Contains(a netip.Addr) bool {
 	return false
 }
 
-// For is the rule for the address published for p (status.atProvider.host):
-// an External proxy's may be public, or inside permitted; a local proxy's
-// may be loopback when it is bound there; any other Managed proxy's may be
-// private but not loopback.
+// For is the rule for the address published for p (status.atProvider.host).
+// An address a tenant chose, an External proxy's endpoint or one reported
+// by the backend of a namespaced ProviderConfig (the tenant's own cluster
+// or account), may be public, or inside permitted. A local proxy's may be
+// loopback when it is bound to loopback or to every address. Any other
+// Managed proxy's, its platform backend's (a pod's, a VM's), may be private
+// but not loopback.
 func For(p *v1alpha1.Proxy, permitted *Networks) Rule {
 	fp := p.Spec.ForProvider
 	switch {
@@ -76,21 +85,40 @@ func For(p *v1alpha1.Proxy, permitted *Networks) Rule {
 			bind = "127.0.0.1"
 		}
 		a, err := netip.ParseAddr(bind)
-		return Rule{NoLoopback: err != nil || !a.Unmap().IsLoopback()}
+		host := err == nil && (a.Unmap().IsLoopback() || a.IsUnspecified())
+		return Rule{NoLoopback: !host, Unspecified: err == nil && a.IsUnspecified()}
+	case TenantBackend(p):
+		return Rule{NoLoopback: true, NoPrivate: true, Permitted: permitted}
 	}
 	return Rule{NoLoopback: true}
+}
+
+// TenantBackend reports whether p's backend is its namespace's own: a
+// namespaced ProviderConfig, whose cluster or cloud account the tenant
+// runs, and so whose addresses (a pod's IP) the tenant may choose.
+func TenantBackend(p *v1alpha1.Proxy) bool {
+	ref := p.GetProviderConfigReference()
+	return ref != nil && ref.Kind == v1alpha1.ProviderConfigKind
 }
 
 // Check refuses an address the rule does not permit, saying why.
 func (r Rule) Check(a netip.Addr) error {
 	a = a.Unmap()
+	if v4, ok := embedded(a); ok {
+		return r.Check(v4)
+	}
 	switch {
 	case !a.IsValid():
 		return errors.Wrap(ErrRefused, "no address")
 	case squid.Metadata(a), a.IsLinkLocalUnicast(), a.IsLinkLocalMulticast():
 		return errors.Wrapf(ErrRefused, "%s is link-local or a metadata server, which no proxy is reached at", a)
-	case a.IsUnspecified(), a.IsMulticast(), a == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
-		return errors.Wrapf(ErrRefused, "%s is not a unicast address", a)
+	case a.IsUnspecified():
+		if r.Unspecified {
+			return nil
+		}
+		return errors.Wrapf(ErrRefused, "%s is the unspecified address, which reaches the host itself", a)
+	case thisNetwork.Contains(a), a.IsMulticast(), a == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+		return errors.Wrapf(ErrRefused, "%s is not a unicast address a proxy is reached at", a)
 	case r.Permitted.Contains(a):
 		return nil
 	case a.IsLoopback():
@@ -102,9 +130,40 @@ func (r Rule) Check(a netip.Addr) error {
 		if !r.NoPrivate {
 			return nil
 		}
-		return errors.Wrapf(ErrRefused, "%s is a private address, which an External proxy may have only inside the platform's permitted networks (--external-private-networks)", a)
+		return errors.Wrapf(ErrRefused, "%s is a private address, which a proxy whose address its tenant chose (External, or of a namespaced ProviderConfig) may have only inside the platform's --tenant-private-networks", a)
 	}
 	return nil
+}
+
+// thisNetwork is 0.0.0.0/8, which Linux takes for the host itself.
+var thisNetwork = netip.MustParsePrefix("0.0.0.0/8")
+
+// embedders are the IPv6 prefixes that carry an IPv4 address, and where
+// it sits: NAT64 (64:ff9b::/96 and the local-use 64:ff9b:1::/48, last 32
+// bits), IPv4-translated (::ffff:0:0:0/96, last 32 bits) and 6to4
+// (2002::/16, bits 16 to 48).
+var embedders = []struct {
+	p   netip.Prefix
+	off int
+}{
+	{netip.MustParsePrefix("64:ff9b::/96"), 12},
+	{netip.MustParsePrefix("64:ff9b:1::/48"), 12},
+	{netip.MustParsePrefix("::ffff:0:0:0/96"), 12},
+	{netip.MustParsePrefix("2002::/16"), 2},
+}
+
+// embedded is the IPv4 address an IPv6 one carries, if it does.
+func embedded(a netip.Addr) (netip.Addr, bool) {
+	if !a.Is6() {
+		return netip.Addr{}, false
+	}
+	for _, e := range embedders {
+		if e.p.Contains(a) {
+			b := a.As16()
+			return netip.AddrFrom4([4]byte(b[e.off : e.off+4])), true
+		}
+	}
+	return netip.Addr{}, false
 }
 
 // private reports whether a is in the space no public proxy is at: the

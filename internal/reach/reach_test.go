@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/reach"
 )
@@ -50,6 +52,14 @@ func TestCheck(t *testing.T) {
 		{"private for a pod", managed, "10.244.0.12", true},
 		{"private inside the permitted networks", permitted, "10.1.2.3", true},
 		{"but not outside them", permitted, "10.2.0.1", false},
+		{"the metadata server behind NAT64, even permitted", plus(permitted, "64:ff9b::/96"), "64:ff9b::a9fe:a9fe", false},
+		{"behind 6to4", managed, "2002:a9fe:a9fe::1", false},
+		{"behind IPv4-translated", managed, "::ffff:0:a9fe:a9fe", false},
+		{"a private address behind NAT64 is private", external, "64:ff9b::a00:1", false},
+		{"a public one behind NAT64 is public", external, "64:ff9b::c612:7", true},
+		{"nor 0.0.0.0/8, which Linux takes for the host", local, "0.0.0.1", false},
+		{"the unspecified address for a local proxy bound to every address", reach.Rule{Unspecified: true}, "0.0.0.0", true},
+		{"IPv6's too", reach.Rule{Unspecified: true}, "::", true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.reason, func(t *testing.T) {
@@ -64,6 +74,13 @@ func TestCheck(t *testing.T) {
 	}
 }
 
+// plus is r with cidr permitted besides.
+func plus(r reach.Rule, cidr string) reach.Rule {
+	n := append(reach.Networks{netip.MustParsePrefix(cidr)}, *r.Permitted...)
+	r.Permitted = &n
+	return r
+}
+
 func TestFor(t *testing.T) {
 	permitted, err := reach.ParseNetworks([]string{"10.0.0.0/8"})
 	if err != nil {
@@ -75,7 +92,10 @@ func TestFor(t *testing.T) {
 	external := &v1alpha1.Proxy{Spec: v1alpha1.ProxySpec{ForProvider: v1alpha1.ProxyParameters{Mode: v1alpha1.ProxyModeExternal, Endpoint: &v1alpha1.Endpoint{Host: "x", Port: 1}}}}
 	localLoopback := &v1alpha1.Proxy{Spec: v1alpha1.ProxySpec{ForProvider: v1alpha1.ProxyParameters{Local: &v1alpha1.LocalPlacement{}}}}
 	localWide := &v1alpha1.Proxy{Spec: v1alpha1.ProxySpec{ForProvider: v1alpha1.ProxyParameters{Local: &v1alpha1.LocalPlacement{BindAddress: "10.0.0.4"}}}}
+	localAll := &v1alpha1.Proxy{Spec: v1alpha1.ProxySpec{ForProvider: v1alpha1.ProxyParameters{Local: &v1alpha1.LocalPlacement{BindAddress: "0.0.0.0"}}}}
 	pod := &v1alpha1.Proxy{Spec: v1alpha1.ProxySpec{ForProvider: v1alpha1.ProxyParameters{Kubernetes: &v1alpha1.KubernetesPlacement{}}}}
+	tenantPod := pod.DeepCopy()
+	tenantPod.SetProviderConfigReference(&xpv2.ProviderConfigReference{Kind: v1alpha1.ProviderConfigKind, Name: "own"})
 	for name, tc := range map[string]struct {
 		p        *v1alpha1.Proxy
 		loopback bool
@@ -84,7 +104,9 @@ func TestFor(t *testing.T) {
 		"External":                {external, false, "10.9.9.9"},
 		"local on loopback":       {localLoopback, true, "192.168.1.1"},
 		"local on a host address": {localWide, false, "192.168.1.1"},
+		"local on every address":  {localAll, true, "192.168.1.1"},
 		"pod":                     {pod, false, "172.16.0.1"},
+		"tenant's pod, permitted": {tenantPod, false, "10.9.9.9"},
 	} {
 		r := reach.For(tc.p, permitted)
 		if got := r.Check(netip.MustParseAddr("127.0.0.1")) == nil; got != tc.loopback {
@@ -94,8 +116,13 @@ func TestFor(t *testing.T) {
 			t.Errorf("%s: %s refused: %v", name, tc.private, err)
 		}
 	}
-	if err := reach.For(external, permitted).Check(netip.MustParseAddr("172.16.0.1")); err == nil {
-		t.Error("External: a private address outside the permitted networks was allowed")
+	for name, p := range map[string]*v1alpha1.Proxy{"External": external, "a namespaced ProviderConfig's pod": tenantPod} {
+		if err := reach.For(p, permitted).Check(netip.MustParseAddr("172.16.0.1")); err == nil {
+			t.Errorf("%s: a private address outside the permitted networks was allowed", name)
+		}
+	}
+	if err := reach.For(localAll, nil).Check(netip.MustParseAddr("0.0.0.0")); err != nil {
+		t.Errorf("a local proxy bound to every address, published at 0.0.0.0: %v", err)
 	}
 }
 

@@ -2,6 +2,7 @@ package kubernetes_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/kubernetes"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
@@ -233,5 +235,57 @@ func TestForeignSecretNeverOverwritten(t *testing.T) {
 	}
 	if err := bed.Client.Get(ctx, client.ObjectKeyFromObject(foreign), &corev1.Pod{}); !kerrors.IsNotFound(err) {
 		t.Errorf("no pod may be made beside a foreign Secret: %v", err)
+	}
+}
+
+// TestProxyStatusOnlyByProvider: a Proxy's status says where egress-
+// discovery's gateway dials, so cluster/provider-rbac's admission policy
+// lets the provider alone write it: a tenant whose role grants
+// proxies/status is refused, whatever address it publishes; the provider
+// is not.
+func TestProxyStatusOnlyByProvider(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ctx := context.Background()
+	ns := bed.Namespace(t)
+	for _, u := range testbed.Kustomize(t, bed, "provider-rbac") {
+		if k := u.GetKind(); k == "ValidatingAdmissionPolicy" || k == "ValidatingAdmissionPolicyBinding" {
+			if err := bed.Client.Create(ctx, u); err != nil && !kerrors.IsAlreadyExists(err) {
+				t.Fatalf("%s %s: %v", k, u.GetName(), err)
+			}
+		}
+	}
+	tenant := "system:serviceaccount:" + ns + ":crawler-admin"
+	for _, o := range []client.Object{
+		&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "proxies"}, Rules: []rbacv1.PolicyRule{{APIGroups: []string{v1alpha1.Group}, Resources: []string{"proxies", "proxies/status"}, Verbs: []string{"*"}}}},
+		&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "proxies"},
+			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "proxies"},
+			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: ns, Name: "crawler-admin"}, {Kind: rbacv1.ServiceAccountKind, Namespace: "crossplane-system", Name: "provider-egressproxy"}}},
+		&v1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "p"}, Spec: v1alpha1.ProxySpec{ForProvider: v1alpha1.ProxyParameters{
+			Kubernetes: &v1alpha1.KubernetesPlacement{}, AuthSecretRef: &v1alpha1.AuthSecretReference{Name: "auth"}, HealthCheck: v1alpha1.HealthCheck{URL: "https://example.com/ip"},
+		}}},
+	} {
+		if err := bed.Client.Create(ctx, o); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish := func(as client.Client, host string) error {
+		p := &v1alpha1.Proxy{}
+		if err := as.Get(ctx, types.NamespacedName{Namespace: ns, Name: "p"}, p); err != nil {
+			return err
+		}
+		p.Status.AtProvider.Host, p.Status.AtProvider.Port = host, 3128
+		return as.Status().Update(ctx, p)
+	}
+	as := testbed.Impersonating(t, bed, tenant)
+	testbed.Eventually(t, 30*time.Second, "the policy refusing the tenant's status write", func() (bool, string) {
+		err := publish(as, "10.96.0.1")
+		return err != nil && strings.Contains(err.Error(), "ValidatingAdmissionPolicy 'proxy-status-by-provider'"), fmt.Sprint(err)
+	})
+	if err := publish(testbed.Impersonating(t, bed, providerSA), "10.244.0.12"); err != nil {
+		t.Fatalf("the provider's status write: %v", err)
+	}
+	p := &v1alpha1.Proxy{}
+	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "p"}, p); err != nil || p.Status.AtProvider.Host != "10.244.0.12" {
+		t.Fatalf("the Proxy's host: %q (%v), want the provider's", p.Status.AtProvider.Host, err)
 	}
 }

@@ -129,7 +129,7 @@ func startProvider(t testing.TB, stateDir string, logs *logBuffer, target testbe
 		Backends: backends, ClusterID: "it", RootCAs: target.RootCAs,
 		// External proxies in these tests are Squids on loopback, as a
 		// platform would permit them.
-		ExternalPrivateNetworks: &reach.Networks{netip.MustParsePrefix("127.0.0.0/8")},
+		TenantPrivateNetworks: &reach.Networks{netip.MustParsePrefix("127.0.0.0/8")},
 	}
 	for _, f := range tweak {
 		f(&o)

@@ -128,7 +128,7 @@ func TestBlackHolesDoNotStarveReconciles(t *testing.T) {
 // TestExternalEndpointReach: an External Proxy's endpoint is whatever its
 // author wrote. Pointed at loopback, by address or by a name resolving
 // there, it is never dialed unless the platform permits the network
-// (ExternalPrivateNetworks): its Ready condition says why, and the
+// (TenantPrivateNetworks): its Ready condition says why, and the
 // listener there sees no connection. Permitted, the same endpoint is
 // probed and Ready.
 func TestExternalEndpointReach(t *testing.T) {
@@ -139,7 +139,7 @@ func TestExternalEndpointReach(t *testing.T) {
 	create(t, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": password}})
 	_, port, _ := splitHostPort(cp.Addrs[0])
 
-	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) { o.ExternalPrivateNetworks = nil })
+	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) { o.TenantPrivateNetworks = nil })
 	for name, addr := range map[string]string{"by-address": cp.Addrs[0], "by-name": "localhost:" + port} {
 		p := externalProxy(ns, name, addr, target, 500*time.Millisecond)
 		p.Spec.ForProvider.HealthCheck.Interval = &metav1.Duration{Duration: time.Second}

@@ -73,10 +73,11 @@ type Options struct {
 	// RootCAs verify probe targets behind a private CA; nil means the
 	// system pool.
 	RootCAs *x509.CertPool
-	// ExternalPrivateNetworks are the private networks (loopback
-	// included) an External Proxy's endpoint may be in, which the probe
-	// dials: the platform's policy. Nil: none, only public addresses.
-	ExternalPrivateNetworks *reach.Networks
+	// TenantPrivateNetworks are the private networks (loopback
+	// included) the probe may dial a proxy in whose address its tenant
+	// chose (an External endpoint, a namespaced ProviderConfig's
+	// backend): the platform's policy. Nil: none, only public addresses.
+	TenantPrivateNetworks *reach.Networks
 	// Metrics, when set, record probes, instances and backend errors.
 	Metrics *metrics.Provider
 	// Now is the clock; nil means time.Now.
@@ -143,8 +144,8 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	c := &connector{
 		kube: mgr.GetClient(), usage: newUsageTracker(mgr.GetClient()),
 		backends: o.Backends, clusterID: o.ClusterID, prober: o.Prober, rootCAs: o.RootCAs,
-		externalPrivate: o.ExternalPrivateNetworks,
-		metrics:         o.Metrics, now: o.Now, sched: sched, record: recorder, refusedGrace: o.RefusedGrace,
+		tenantPrivate: o.TenantPrivateNetworks,
+		metrics:       o.Metrics, now: o.Now, sched: sched, record: recorder, refusedGrace: o.RefusedGrace,
 	}
 
 	opts := []managed.ReconcilerOption{
@@ -218,12 +219,12 @@ type connector struct {
 	clusterID string
 	prober    Prober
 	rootCAs   *x509.CertPool
-	// externalPrivate: see Options.ExternalPrivateNetworks.
-	externalPrivate *reach.Networks
-	metrics         *metrics.Provider
-	now             func() time.Time
-	sched           *scheduler
-	record          event.Recorder
+	// tenantPrivate: see Options.TenantPrivateNetworks.
+	tenantPrivate *reach.Networks
+	metrics       *metrics.Provider
+	now           func() time.Time
+	sched         *scheduler
+	record        event.Recorder
 	// refusedGrace: see Options.RefusedGrace.
 	refusedGrace time.Duration
 }

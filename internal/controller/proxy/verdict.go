@@ -28,12 +28,17 @@ import (
 func (e *external) probe(ctx context.Context, p *v1alpha1.Proxy, addr, instance string, creds *backend.Credentials) {
 	hc := p.Spec.ForProvider.HealthCheck
 	t := probe.Target{Proxy: addr, URL: hc.URL, Timeout: hc.TimeoutOrDefault(), ExpectedStatus: int(hc.ExpectedStatus), RootCAs: e.rootCAs}
-	// An External proxy's endpoint is whatever its author wrote: the probe
-	// reaches only the addresses the platform permits it. A Managed one's
-	// address is its backend's, refused only where no proxy ever is
-	// (link-local, metadata).
-	if p.Spec.ForProvider.Mode == v1alpha1.ProxyModeExternal {
-		t.Reach = reach.For(p, e.externalPrivate)
+	// An External proxy's endpoint is whatever its author wrote, and the
+	// address a namespaced ProviderConfig's backend reports is its
+	// tenant's to choose: the probe reaches them only where the platform
+	// permits. A local proxy is reached where it is bound. The address of
+	// a platform backend (a ClusterProviderConfig's pod or VM) is refused
+	// only where no proxy ever is (link-local, metadata).
+	fp := p.Spec.ForProvider
+	if fp.Mode == v1alpha1.ProxyModeExternal || fp.Local != nil || reach.TenantBackend(p) {
+		t.Reach = reach.For(p, e.tenantPrivate)
+	} else {
+		t.Reach = reach.Rule{}
 	}
 	if creds != nil {
 		t.Username, t.Password = creds.Username, creds.Password
