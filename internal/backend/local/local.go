@@ -10,6 +10,7 @@ package local
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -17,6 +18,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -78,6 +80,14 @@ type Backend struct {
 	cfg Config
 	log logging.Logger
 
+	// live holds the settings a ProviderConfig may change while its
+	// processes run (Reconfigure): the Squid binary new processes start
+	// from, and the port range new instances take a port from.
+	live atomic.Pointer[liveSettings]
+	// squids are every binary this backend started Squids from, by which
+	// a running process is known for one of its own.
+	squids sync.Map
+
 	mu    sync.Mutex
 	procs map[string]*supervisor
 	// records serialises rewrites of instance records.
@@ -110,6 +120,8 @@ func New(cfg Config) (*Backend, error) {
 		return nil, err
 	}
 	b := &Backend{cfg: cfg, log: cfg.Logger, procs: map[string]*supervisor{}}
+	b.live.Store(&liveSettings{squidPath: cfg.SquidPath, portRange: cfg.PortRange})
+	b.squids.Store(cfg.SquidPath, true)
 	b.sweepLeftovers()
 	entries, err := os.ReadDir(cfg.StateDir)
 	if err != nil {
@@ -128,6 +140,55 @@ func New(cfg Config) (*Backend, error) {
 }
 
 func (b *Backend) dir(name string) string { return filepath.Join(b.cfg.StateDir, name) }
+
+// liveSettings are what Reconfigure changes.
+type liveSettings struct {
+	squidPath string
+	portRange *v1alpha1.PortRange
+}
+
+// Reconfigure applies a ProviderConfig's changed Squid binary and port
+// range, as the other backends apply a changed configuration: new
+// instances take their port from the new range and new processes start
+// from the new binary; running ones keep theirs (and stay known as this
+// backend's), and a port claimed already stays claimed. An empty
+// squidPath means the default.
+func (b *Backend) Reconfigure(squidPath string, pr *v1alpha1.PortRange) error {
+	if squidPath == "" {
+		squidPath = "/usr/sbin/squid"
+	}
+	cur := b.live.Load()
+	if cur.squidPath == squidPath && equalRange(cur.portRange, pr) {
+		return nil
+	}
+	if _, err := os.Stat(squidPath); err != nil {
+		return backend.Errorf(backend.ClassPermanent, "squid binary %s not found: install squid (apt-get install squid) or set spec.local.squidPath", squidPath)
+	}
+	b.squids.Store(squidPath, true)
+	b.live.Store(&liveSettings{squidPath: squidPath, portRange: pr})
+	b.log.Info("Local backend reconfigured", "stateDir", b.cfg.StateDir, "squidPath", squidPath, "portRange", describeRange(pr))
+	return nil
+}
+
+// PortRange is the range new instances take a port from; nil when each
+// takes its spec port.
+func (b *Backend) PortRange() *v1alpha1.PortRange { return b.live.Load().portRange }
+
+func (b *Backend) squidPath() string { return b.live.Load().squidPath }
+
+func equalRange(a, c *v1alpha1.PortRange) bool {
+	if a == nil || c == nil {
+		return a == c
+	}
+	return *a == *c
+}
+
+func describeRange(pr *v1alpha1.PortRange) string {
+	if pr == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%d-%d", pr.From, pr.To)
+}
 
 func (b *Backend) readRecord(name string) (*record, error) {
 	raw, err := readOwned(filepath.Join(b.dir(name), fileRecord))

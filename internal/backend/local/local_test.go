@@ -283,6 +283,32 @@ func TestPortClaims(t *testing.T) {
 	if backend.ClassOf(err) != backend.ClassQuota || !strings.Contains(err.Error(), "no free port") {
 		t.Errorf("an exhausted range is a quota error that says so, got %v", err)
 	}
+
+	// The ProviderConfig's range widened: the next create takes a port of
+	// the new range at once, and the running instances stay its own.
+	if err := ranged.Reconfigure(testbed.SquidBinary(t), &v1alpha1.PortRange{From: 32150, To: 32153}); err != nil {
+		t.Fatal(err)
+	}
+	g := spec("g", 0)
+	inst, err := ranged.Create(ctx, g)
+	if err != nil {
+		t.Fatalf("a create after the range was widened: %v", err)
+	}
+	made = append(made, g)
+	if inst.Port != 32152 && inst.Port != 32153 {
+		t.Errorf("the create after widening got port %d, want one of the new 32152-32153", inst.Port)
+	}
+	for _, s := range made {
+		if got, err := ranged.Get(ctx, s.Ref); err != nil || got.Phase != v1alpha1.InstancePhaseRunning {
+			t.Errorf("%s after the reconfiguration: %+v %v, want it running still", s.Name, got, err)
+		}
+	}
+	if err := ranged.Reconfigure("/nonexistent/squid", nil); backend.ClassOf(err) != backend.ClassPermanent {
+		t.Errorf("a Squid binary that is not there: %v, want a permanent error", err)
+	}
+	if pr := ranged.PortRange(); pr == nil || pr.To != 32153 {
+		t.Errorf("a refused reconfiguration changed the range to %v", pr)
+	}
 }
 
 func TestListOwned(t *testing.T) {

@@ -23,7 +23,8 @@ import (
 // leftovers holds while it judges them.
 func (b *Backend) claimPort(s backend.Spec, staging string) (int32, bool, error) {
 	candidates := []int32{s.Port}
-	if pr := b.cfg.PortRange; pr != nil {
+	pr := b.PortRange()
+	if pr != nil {
 		candidates = candidates[:0]
 		for p := pr.From; p <= pr.To; p++ {
 			candidates = append(candidates, p)
@@ -55,7 +56,7 @@ func (b *Backend) claimPort(s backend.Spec, staging string) (int32, bool, error)
 			}
 			continue
 		}
-		if b.cfg.PortRange != nil && !bindable(host, p) {
+		if pr != nil && !bindable(host, p) {
 			// Someone outside this provider holds it; keep our claim file
 			// out of the way and try the next.
 			_ = os.Remove(b.portFile(p))
@@ -63,8 +64,8 @@ func (b *Backend) claimPort(s backend.Spec, staging string) (int32, bool, error)
 		}
 		return p, true, nil
 	}
-	if b.cfg.PortRange != nil {
-		return 0, false, backend.Errorf(backend.ClassQuota, "no free port in %d-%d: widen spec.local.portRange of the ProviderConfig", b.cfg.PortRange.From, b.cfg.PortRange.To)
+	if pr != nil {
+		return 0, false, backend.Errorf(backend.ClassQuota, "no free port in %d-%d: widen spec.local.portRange of the ProviderConfig", pr.From, pr.To)
 	}
 	owner, _ := os.ReadFile(b.portFile(s.Port))
 	return 0, false, backend.Errorf(backend.ClassPermanent, "port %d is taken by local proxy %s: choose another spec.forProvider.port or give the ProviderConfig a portRange", s.Port, owner)

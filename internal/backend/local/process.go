@@ -71,8 +71,14 @@ func (b *Backend) runs(pid int, name string) bool {
 	if err != nil {
 		return false
 	}
-	want, err := filepath.EvalSymlinks(b.cfg.SquidPath)
-	return err == nil && strings.TrimSuffix(exe, " (deleted)") == want
+	exe = strings.TrimSuffix(exe, " (deleted)")
+	ours := false
+	b.squids.Range(func(path, _ any) bool {
+		want, err := filepath.EvalSymlinks(path.(string)) //nolint:forcetypeassert // Only paths are stored.
+		ours = err == nil && exe == want
+		return !ours
+	})
+	return ours
 }
 
 // Processes lists the live Squid processes running a config under stateDir.

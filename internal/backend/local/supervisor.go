@@ -146,7 +146,7 @@ func (sv *supervisor) start() error {
 	dir := sv.b.dir(sv.name)
 	// A stale pid file would make Squid refuse to start.
 	_ = os.Remove(filepath.Join(dir, filePid))
-	cmd := exec.Command(sv.b.cfg.SquidPath, "-N", "-f", filepath.Join(dir, fileConf))
+	cmd := exec.Command(sv.b.squidPath(), "-N", "-f", filepath.Join(dir, fileConf))
 	// The folder is Squid's user's: nothing it planted there (a symlink
 	// to a file of root's) is written through.
 	out, err := os.OpenFile(filepath.Join(dir, "squid.out"), os.O_CREATE|os.O_WRONLY|os.O_APPEND|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0o644)

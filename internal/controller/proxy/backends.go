@@ -187,6 +187,12 @@ func (b *Backends) For(ctx context.Context, pc *config) (backend.Backend, error)
 		}
 		cfg.StateDir = filepath.Clean(cfg.StateDir)
 		if lb, ok := b.local[cfg.StateDir]; ok {
+			// One backend supervises a state dir's processes; a changed
+			// binary or port range is applied to it, not ignored until
+			// the provider restarts.
+			if err := lb.Reconfigure(cfg.SquidPath, cfg.PortRange); err != nil {
+				return nil, err
+			}
 			return lb, nil
 		}
 		lb, err := local.New(cfg)

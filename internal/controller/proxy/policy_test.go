@@ -12,7 +12,9 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/fake"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
 func TestImageAllowed(t *testing.T) {
@@ -240,5 +242,34 @@ func TestGCPKey(t *testing.T) {
 	}
 	if _, _, err := gcpKey([]byte(`{"type": "external_account", "credential_source": {"file": "/etc/hostname"}}`), false); err == nil || !strings.Contains(err.Error(), "takes only a service-account key") {
 		t.Errorf("an external-account file is refused for the platform too (workload identity is InjectedIdentity): %v", err)
+	}
+}
+
+// TestLocalBackendFollowsItsConfig: the local backend is one per state
+// dir, since it supervises the dir's processes, and a ClusterProviderConfig
+// whose port range changed gets that backend with the new range at once,
+// not after the provider restarts.
+func TestLocalBackendFollowsItsConfig(t *testing.T) {
+	b := &Backends{StateDir: testbed.SquidStateDir(t)}
+	squid := testbed.SquidBinary(t)
+	pc := func(to int32) *config {
+		return &config{Kind: v1alpha1.ClusterProviderConfigKind, Name: "local", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal,
+			Local: &v1alpha1.LocalBackend{SquidPath: squid, PortRange: &v1alpha1.PortRange{From: 31280, To: to}}}}
+	}
+	first, err := b.For(t.Context(), pc(31299))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	again, err := b.For(t.Context(), pc(31999))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lb, ok := again.(*local.Backend)
+	if !ok || again != first {
+		t.Fatalf("a changed config got another backend for the same state dir: %T", again)
+	}
+	if pr := lb.PortRange(); pr == nil || pr.To != 31999 {
+		t.Errorf("the backend's port range after the config changed: %+v, want 31280-31999", pr)
 	}
 }
