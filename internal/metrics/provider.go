@@ -25,6 +25,9 @@ type Provider struct {
 	ProbeLateness prometheus.Histogram
 	// ProbesInFlight counts the probe pool's busy workers.
 	ProbesInFlight prometheus.Gauge
+	// StatusWritesSkipped counts Proxy status writes left out because
+	// they changed nothing.
+	StatusWritesSkipped prometheus.Counter
 
 	mu     sync.Mutex
 	phases map[types.UID][2]string // backend, phase
@@ -70,13 +73,17 @@ func NewProvider() *Provider {
 			Name: "egress_proxy_probes_in_flight",
 			Help: "Probes running now, out of --probe-concurrency workers.",
 		}),
+		StatusWritesSkipped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "egress_proxy_status_writes_skipped_total",
+			Help: "Proxy status writes left out because they changed nothing (the reconciler writes status at every reconcile).",
+		}),
 		phases: map[types.UID][2]string{},
 	}
 }
 
 // Collectors returns every collector, for registration.
 func (p *Provider) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{p.ProbeDuration, p.ProbeResults, p.Instances, p.BackendErrors, p.Orphans, p.OpenProxies, p.ProbeLateness, p.ProbesInFlight}
+	return []prometheus.Collector{p.ProbeDuration, p.ProbeResults, p.Instances, p.BackendErrors, p.Orphans, p.OpenProxies, p.ProbeLateness, p.ProbesInFlight, p.StatusWritesSkipped}
 }
 
 // SetPhase records that the Proxy with uid has an instance on backend in

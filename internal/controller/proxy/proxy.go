@@ -175,7 +175,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		}
 	}
 
-	r := managed.NewReconciler(mgr, resource.ManagedKind(v1alpha1.ProxyGroupVersionKind), opts...)
+	r := managed.NewReconciler(newChangesOnly(mgr, o.Metrics), resource.ManagedKind(v1alpha1.ProxyGroupVersionKind), opts...)
 	if err := setupIndexes(context.Background(), mgr); err != nil {
 		return errors.Wrap(err, "cannot index Proxies by their Secrets and ProviderConfigs")
 	}
