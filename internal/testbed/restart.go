@@ -46,6 +46,8 @@ func RestartChild(name string, down time.Duration) error {
 	if err != nil {
 		return errors.Wrapf(err, "cannot read the working folder of %s", name)
 	}
+	// Its ports stay its own while it is down.
+	holdPorts(listeningPorts(pid))
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		return errors.Wrapf(err, "cannot kill %s", name)
 	}

@@ -194,7 +194,7 @@ func create(t *testing.T, objs ...client.Object) {
 // deleteProxies deletes every Proxy of ns and waits until they are gone,
 // while the test's provider still runs: a Proxy left behind would be
 // reconciled by the next test's provider, against that test's backends.
-func deleteProxies(t *testing.T, ns string) {
+func deleteProxies(t testing.TB, ns string) {
 	t.Helper()
 	bed := sharedBed.Env(t)
 	ctx := context.Background()

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
+	"os"
 	"strconv"
 	"strings"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller/proxy"
@@ -92,4 +95,84 @@ func statusPuts(raw []byte) int {
 		}
 	}
 	return n
+}
+
+// BenchmarkSteadyStatusWrites measures what a steady fleet costs the API
+// server in Proxy status writes, at BENCH_SIZES proxies (default 100 and
+// 1000): External Proxies on in-process CONNECT proxies, probed every 30 s
+// and polled every BENCH_POLL seconds (default 30, as make run polls), all
+// Ready, over a window of BENCH_WINDOW seconds (default 90). It counts the
+// PUTs of proxies/status the API server saw (apiserver_request_total) and
+// the unchanged writes the provider left out: their sum is what the
+// reconciler wrote before, measured in the same run.
+func BenchmarkSteadyStatusWrites(b *testing.B) {
+	poll := time.Duration(envInt("BENCH_POLL", 30)) * time.Second
+	window := time.Duration(envInt("BENCH_WINDOW", 90)) * time.Second
+	sizes := []int{100, 1000}
+	if v := os.Getenv("BENCH_SIZES"); v != "" {
+		sizes = nil
+		for _, f := range strings.Split(v, ",") {
+			if n, err := strconv.Atoi(f); err == nil && n > 0 {
+				sizes = append(sizes, n)
+			}
+		}
+	}
+	bed := sharedBed.Env(b)
+	cs, err := kubernetes.NewForConfig(bed.Config)
+	if err != nil {
+		b.Fatal(err)
+	}
+	puts := func() int {
+		raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+		if err != nil {
+			b.Fatal(err)
+		}
+		return statusPuts(raw)
+	}
+	target := testbed.StartEchoTarget(b)
+	b.ResetTimer()
+	for _, n := range sizes {
+		ns := namespace(b)
+		ctx := context.Background()
+		cp := testbed.StartConnectProxies(b, n, "crawler", password)
+		if err := bed.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": password}}); err != nil {
+			b.Fatal(err)
+		}
+		for i, a := range cp.Addrs {
+			p := externalProxy(ns, fmt.Sprintf("s%04d", i), a, target, 5*time.Second)
+			if err := bed.Client.Create(ctx, p); err != nil {
+				b.Fatal(err)
+			}
+		}
+		pm := metrics.NewProvider()
+		prov := startProvider(b, testbed.SquidStateDir(b), providerLogs(b), target, func(o *proxy.Options) {
+			o.Metrics, o.PollInterval, o.MaxConcurrentReconciles = pm, poll, 10
+		})
+		testbed.Eventually(b, 10*time.Minute, fmt.Sprintf("all %d proxies Ready", n), func() (bool, string) {
+			l := &v1alpha1.ProxyList{}
+			if err := bed.Client.List(ctx, l, client.InNamespace(ns)); err != nil {
+				return false, err.Error()
+			}
+			ready := 0
+			for i := range l.Items {
+				if l.Items[i].GetCondition("Ready").Status == corev1.ConditionTrue {
+					ready++
+				}
+			}
+			return ready == n, fmt.Sprintf("%d of %d Ready", ready, n)
+		})
+		// One poll and one probe interval for the first verdicts to settle.
+		time.Sleep(max(poll, 30*time.Second))
+		before, skipped := puts(), testutil.ToFloat64(pm.StatusWritesSkipped)
+		time.Sleep(window)
+		written := float64(puts() - before)
+		left := testutil.ToFloat64(pm.StatusWritesSkipped) - skipped
+		perHour := func(x float64) float64 { return x / float64(n) * float64(time.Hour) / float64(window) }
+		b.Logf("%d steady proxies, poll %s, probes every 30s, %s: %.0f status PUTs (%.1f per proxy per hour); %.0f unchanged left out, so %.1f per proxy per hour before (%.2fx)",
+			n, poll, window, written, perHour(written), left, perHour(written+left), written/max(written+left, 1))
+		b.ReportMetric(perHour(written), fmt.Sprintf("writes/proxy/h@%d", n))
+		b.ReportMetric(perHour(written+left), fmt.Sprintf("before/proxy/h@%d", n))
+		deleteProxies(b, ns)
+		prov.stop()
+	}
 }
