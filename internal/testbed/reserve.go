@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -51,56 +53,105 @@ func listeningPorts(pid int) []int {
 }
 
 // holdPorts keeps the kernel from handing ports out as connections' local
-// ports until each listens again (or a few minutes pass): a child crashed
-// on purpose gets its ports back when it starts again, however many
-// clients reconnect meanwhile, each from a new local port in the same
-// range. Where the sysctl is not writable (not root) it does nothing.
+// ports until each listens again (or three minutes pass, when it is let go
+// all the same): a child crashed on purpose gets its ports back when it
+// starts again, however many clients reconnect meanwhile, each from a new
+// local port in the same range. Where the sysctl is not writable (not
+// root) it does nothing.
 func holdPorts(ports []int) {
 	if len(ports) == 0 || !changeReserved(ports, true) {
 		return
 	}
 	go func() {
-		for deadline := time.Now().Add(3 * time.Minute); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
-			if slices.IndexFunc(ports, func(p int) bool { return !listening(p) }) < 0 {
-				break
+		left := slices.Clone(ports)
+		for deadline := time.Now().Add(3 * time.Minute); len(left) > 0 && time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			var back []int
+			left = slices.DeleteFunc(left, func(p int) bool {
+				if listening(p) {
+					back = append(back, p)
+					return true
+				}
+				return false
+			})
+			if len(back) > 0 {
+				changeReserved(back, false)
 			}
 		}
-		changeReserved(ports, false)
+		changeReserved(left, false)
 	}()
 }
 
 func listening(port int) bool {
-	c, err := net.DialTimeout("tcp", fmt.Sprintf("127.0.0.1:%d", port), time.Second)
+	for _, host := range []string{"127.0.0.1", "::1"} {
+		if c, err := net.DialTimeout("tcp", net.JoinHostPort(host, strconv.Itoa(port)), time.Second); err == nil {
+			_ = c.Close()
+			return true
+		}
+	}
+	return false
+}
+
+// changeReserved adds ports to the reserved set, or takes them out, keeping
+// every other entry (the kernel prints the set as ranges, a-b); false when
+// it cannot. A lock file serialises it between test processes, which share
+// the sysctl.
+func changeReserved(ports []int, add bool) bool {
+	if len(ports) == 0 {
+		return true
+	}
+	reserving.Lock()
+	defer reserving.Unlock()
+	lock, err := os.OpenFile(filepath.Join(os.TempDir(), "egress-testbed-reserved-ports.lock"), os.O_CREATE|os.O_RDWR, 0o600)
 	if err != nil {
 		return false
 	}
-	_ = c.Close()
-	return true
-}
-
-// changeReserved adds ports to the reserved set, or takes them out;
-// false when it cannot.
-func changeReserved(ports []int, add bool) bool {
-	reserving.Lock()
-	defer reserving.Unlock()
+	defer lock.Close() //nolint:errcheck // A lock file.
+	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
+		return false
+	}
 	b, err := os.ReadFile(reservedPorts)
 	if err != nil {
 		return false
 	}
-	var kept []string
+	set := map[int]bool{}
 	for _, r := range strings.Split(strings.TrimSpace(string(b)), ",") {
-		if r == "" {
+		lo, hi, isRange := strings.Cut(strings.TrimSpace(r), "-")
+		l, err := strconv.Atoi(lo)
+		if err != nil {
 			continue
 		}
-		if p, err := strconv.Atoi(r); err == nil && slices.Contains(ports, p) {
-			continue
+		h := l
+		if isRange {
+			if h, err = strconv.Atoi(hi); err != nil {
+				continue
+			}
 		}
-		kept = append(kept, r)
-	}
-	if add {
-		for _, p := range ports {
-			kept = append(kept, strconv.Itoa(p))
+		for p := l; p <= h && p <= 65535; p++ {
+			set[p] = true
 		}
 	}
-	return os.WriteFile(reservedPorts, []byte(strings.Join(kept, ",")+"\n"), 0o644) == nil //nolint:gosec // A sysctl.
+	for _, p := range ports {
+		set[p] = add
+	}
+	var on []int
+	for p, ok := range set {
+		if ok {
+			on = append(on, p)
+		}
+	}
+	slices.Sort(on)
+	var out []string
+	for i := 0; i < len(on); {
+		j := i
+		for j+1 < len(on) && on[j+1] == on[j]+1 {
+			j++
+		}
+		if j > i {
+			out = append(out, fmt.Sprintf("%d-%d", on[i], on[j]))
+		} else {
+			out = append(out, strconv.Itoa(on[i]))
+		}
+		i = j + 1
+	}
+	return os.WriteFile(reservedPorts, []byte(strings.Join(out, ",")+"\n"), 0o644) == nil //nolint:gosec // A sysctl.
 }

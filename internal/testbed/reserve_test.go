@@ -59,6 +59,13 @@ func TestHoldPorts(t *testing.T) {
 	}
 	_ = cmd.Process.Kill()
 	_ = cmd.Wait()
+	// A neighbour reserved already: the kernel prints both as one range,
+	// which must survive the hold and its release.
+	neighbour := port + 1
+	if !changeReserved([]int{neighbour}, true) {
+		t.Fatal("cannot reserve a neighbour port")
+	}
+	t.Cleanup(func() { changeReserved([]int{neighbour}, false) })
 	holdPorts([]int{port})
 	if !reserved() {
 		t.Fatalf("port %d not reserved while its listener is down", port)
@@ -71,4 +78,8 @@ func TestHoldPorts(t *testing.T) {
 	Eventually(t, 10*time.Second, "the reservation released once the port listens again", func() (bool, string) {
 		return !reserved(), "still reserved"
 	})
+	if b, _ := os.ReadFile(reservedPorts); !strings.Contains(","+strings.TrimSpace(string(b))+",", ","+strconv.Itoa(neighbour)+",") &&
+		!strings.Contains(string(b), "-"+strconv.Itoa(neighbour)) && !strings.Contains(string(b), strconv.Itoa(neighbour)+"-") {
+		t.Errorf("the neighbour's reservation was lost: %q", b)
+	}
 }

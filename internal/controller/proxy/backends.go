@@ -187,11 +187,16 @@ func (b *Backends) For(ctx context.Context, pc *config) (backend.Backend, error)
 		}
 		cfg.StateDir = filepath.Clean(cfg.StateDir)
 		if lb, ok := b.local[cfg.StateDir]; ok {
-			// One backend supervises a state dir's processes; a changed
-			// binary or port range is applied to it, not ignored until
-			// the provider restarts.
-			if err := lb.Reconfigure(cfg.SquidPath, cfg.PortRange); err != nil {
-				return nil, err
+			// One backend supervises a state dir's processes; the
+			// platform's changed binary or port range is applied to it,
+			// not ignored until the provider restarts. Only a
+			// ClusterProviderConfig that names them does: a tenant's
+			// ProviderConfig (which may not set them) sharing the dir
+			// must not reset them.
+			if pc.Kind == v1alpha1.ClusterProviderConfigKind && pc.Spec.Local != nil {
+				if err := lb.Reconfigure(cfg.SquidPath, cfg.PortRange); err != nil {
+					return nil, err
+				}
 			}
 			return lb, nil
 		}

@@ -272,4 +272,13 @@ func TestLocalBackendFollowsItsConfig(t *testing.T) {
 	if pr := lb.PortRange(); pr == nil || pr.To != 31999 {
 		t.Errorf("the backend's port range after the config changed: %+v, want 31280-31999", pr)
 	}
+	// A tenant's ProviderConfig on the same state dir, which names no
+	// range (it may not), leaves the platform's alone.
+	tenant := &config{Kind: v1alpha1.ProviderConfigKind, Name: "own", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}}
+	if _, err := b.For(t.Context(), tenant); err != nil {
+		t.Fatal(err)
+	}
+	if pr := lb.PortRange(); pr == nil || pr.To != 31999 {
+		t.Errorf("a tenant's config reset the platform's port range to %+v", pr)
+	}
 }

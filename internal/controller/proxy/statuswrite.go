@@ -2,8 +2,11 @@ package proxy
 
 import (
 	"context"
+	"sync"
 
 	"k8s.io/apimachinery/pkg/api/equality"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/types"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -27,7 +30,7 @@ func (m changesOnly) GetClient() client.Client { return m.c }
 // out (and counted).
 func newChangesOnly(mgr ctrl.Manager, m *metrics.Provider) ctrl.Manager {
 	c := mgr.GetClient()
-	return changesOnly{Manager: mgr, c: statusFilter{Client: c, m: m}}
+	return changesOnly{Manager: mgr, c: &statusFilter{Client: c, m: m, wrote: map[types.UID]string{}}}
 }
 
 // statusFilter is a client whose status writer skips writes that change
@@ -35,30 +38,51 @@ func newChangesOnly(mgr ctrl.Manager, m *metrics.Provider) ctrl.Manager {
 type statusFilter struct {
 	client.Client
 	m *metrics.Provider
+	// wrote is the resourceVersion of each Proxy's last status write
+	// made here: until the cache shows it, the cache lags behind this
+	// process's own write, and a status equal to the cache's may differ
+	// from the server's.
+	mu    sync.Mutex
+	wrote map[types.UID]string
 }
 
-func (f statusFilter) Status() client.SubResourceWriter {
-	return filteredStatus{SubResourceWriter: f.Client.Status(), reader: f.Client, m: f.m}
+func (f *statusFilter) Status() client.SubResourceWriter {
+	return filteredStatus{SubResourceWriter: f.Client.Status(), f: f}
 }
 
 // filteredStatus leaves out an Update of a Proxy whose status is what the
-// cache holds at the same resourceVersion: the object it was read as,
+// cache holds at the same resourceVersion, when that is the version this
+// process last wrote (or it wrote none): the object as the server has it,
 // unchanged, so the API server would change nothing either. Any other
-// write (an older cache, another kind) goes through.
+// write (a cache behind this process's last write, another kind) goes
+// through, as crossplane-runtime would send it.
 type filteredStatus struct {
 	client.SubResourceWriter
-	reader client.Reader
-	m      *metrics.Provider
+	f *statusFilter
 }
 
 func (w filteredStatus) Update(ctx context.Context, obj client.Object, opts ...client.SubResourceUpdateOption) error {
-	if p, ok := obj.(*v1alpha1.Proxy); ok && len(opts) == 0 {
-		cur := &v1alpha1.Proxy{}
-		if err := w.reader.Get(ctx, client.ObjectKeyFromObject(p), cur); err == nil &&
-			cur.ResourceVersion == p.ResourceVersion && equality.Semantic.DeepEqual(cur.Status, p.Status) {
-			w.m.StatusWritesSkipped.Inc()
-			return nil
-		}
+	p, ok := obj.(*v1alpha1.Proxy)
+	if !ok || len(opts) > 0 {
+		return w.SubResourceWriter.Update(ctx, obj, opts...)
 	}
-	return w.SubResourceWriter.Update(ctx, obj, opts...)
+	w.f.mu.Lock()
+	last, wrote := w.f.wrote[p.UID]
+	w.f.mu.Unlock()
+	cur := &v1alpha1.Proxy{}
+	if (!wrote || last == p.ResourceVersion) && w.f.Get(ctx, client.ObjectKeyFromObject(p), cur) == nil &&
+		cur.ResourceVersion == p.ResourceVersion && equality.Semantic.DeepEqual(cur.Status, p.Status) {
+		w.f.m.StatusWritesSkipped.Inc()
+		return nil
+	}
+	err := w.SubResourceWriter.Update(ctx, obj, opts...)
+	w.f.mu.Lock()
+	defer w.f.mu.Unlock()
+	switch {
+	case err == nil:
+		w.f.wrote[p.UID] = p.ResourceVersion
+	case kerrors.IsNotFound(err):
+		delete(w.f.wrote, p.UID)
+	}
+	return err
 }

@@ -1,0 +1,78 @@
+package proxy
+
+import (
+	"context"
+	"testing"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/fake"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
+)
+
+// lagging reads Proxies as a cache that has not seen the latest write.
+type lagging struct {
+	client.Client
+	stale *v1alpha1.Proxy
+}
+
+func (l lagging) Get(_ context.Context, _ client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	l.stale.DeepCopyInto(obj.(*v1alpha1.Proxy)) //nolint:forcetypeassert // Proxies only.
+	return nil
+}
+
+// TestStatusFilterTrustsOnlyAFreshCache: an unchanged status is left out,
+// but not while the cache is behind this process's own last write: a
+// reconcile that read the older version (Synced True, before the write
+// that made it False) must send its write, which the API server refuses
+// as a conflict and crossplane-runtime retries, rather than leave the
+// newer, wrong status standing.
+func TestStatusFilterTrustsOnlyAFreshCache(t *testing.T) {
+	s := runtime.NewScheme()
+	if err := v1alpha1.SchemeBuilder.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	p := &v1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: "ns", Name: "p", UID: types.UID("u1")}}
+	p.SetConditions(xpv2.ReconcileSuccess())
+	c := fake.NewClientBuilder().WithScheme(s).WithObjects(p).WithStatusSubresource(p).Build()
+	read := func() *v1alpha1.Proxy {
+		got := &v1alpha1.Proxy{}
+		if err := c.Get(context.Background(), client.ObjectKeyFromObject(p), got); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	m := metrics.NewProvider()
+	f := &statusFilter{Client: c, m: m, wrote: map[types.UID]string{}}
+	ctx := context.Background()
+
+	// Unchanged, with a fresh cache: left out.
+	v1 := read()
+	if err := f.Status().Update(ctx, v1.DeepCopy()); err != nil {
+		t.Fatal(err)
+	}
+	if got := read(); got.ResourceVersion != v1.ResourceVersion {
+		t.Fatalf("an unchanged status was written: resourceVersion %s -> %s", v1.ResourceVersion, got.ResourceVersion)
+	}
+	// A change is written.
+	failing := v1.DeepCopy()
+	failing.SetConditions(xpv2.ReconcileError(context.Canceled))
+	if err := f.Status().Update(ctx, failing); err != nil {
+		t.Fatal(err)
+	}
+	// A cache still at v1 (Synced True) hands a reconcile v1 again; its
+	// status equals the cache's, but not the server's.
+	lag := &statusFilter{Client: lagging{Client: c, stale: v1}, m: m, wrote: f.wrote}
+	err := lag.Status().Update(ctx, v1.DeepCopy())
+	if err == nil {
+		t.Fatalf("a write from a cache behind this process's own write was left out (or accepted); want it sent and refused as a conflict")
+	}
+	if got := read(); got.GetCondition(xpv2.TypeSynced).Status != failing.GetCondition(xpv2.TypeSynced).Status {
+		t.Fatalf("the server's status changed to %v", got.GetCondition(xpv2.TypeSynced))
+	}
+}
