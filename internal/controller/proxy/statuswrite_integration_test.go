@@ -30,7 +30,7 @@ import (
 // out when it would change nothing (before, one PUT a poll). Counted by the
 // API server itself (apiserver_request_total).
 func TestSteadyProxyWritesNoStatus(t *testing.T) {
-	bed := sharedBed.Env(t)
+	sharedBed.Env(t)
 	ns := namespace(t)
 	target := testbed.StartEchoTarget(t)
 	pm := metrics.NewProvider()
@@ -49,17 +49,7 @@ func TestSteadyProxyWritesNoStatus(t *testing.T) {
 	testbed.Eventually(t, 15*time.Second, "Proxy Ready=True", ready(t, key, corev1.ConditionTrue))
 	// Past the first probes' threshold and latency settling.
 	time.Sleep(3 * time.Second)
-	cs, err := kubernetes.NewForConfig(bed.Config)
-	if err != nil {
-		t.Fatal(err)
-	}
-	puts := func() int {
-		raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
-		if err != nil {
-			t.Fatal(err)
-		}
-		return statusPuts(raw)
-	}
+	puts := statusPutCounter(t)
 	before, rv, skipped := puts(), get(t, key).ResourceVersion, testutil.ToFloat64(pm.StatusWritesSkipped)
 	const window = 8 * time.Second
 	time.Sleep(window)
@@ -75,6 +65,23 @@ func TestSteadyProxyWritesNoStatus(t *testing.T) {
 	}
 	if c := p.GetCondition("Ready"); c.Status != corev1.ConditionTrue {
 		t.Errorf("the proxy is no longer Ready: %+v", c)
+	}
+}
+
+// statusPutCounter reads, at each call, how many PUTs of proxies/status
+// the test bed's API server has answered (apiserver_request_total).
+func statusPutCounter(t testing.TB) func() int {
+	t.Helper()
+	cs, err := kubernetes.NewForConfig(sharedBed.Env(t).Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return func() int {
+		raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		return statusPuts(raw)
 	}
 }
 
@@ -118,17 +125,7 @@ func BenchmarkSteadyStatusWrites(b *testing.B) {
 		}
 	}
 	bed := sharedBed.Env(b)
-	cs, err := kubernetes.NewForConfig(bed.Config)
-	if err != nil {
-		b.Fatal(err)
-	}
-	puts := func() int {
-		raw, err := cs.CoreV1().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
-		if err != nil {
-			b.Fatal(err)
-		}
-		return statusPuts(raw)
-	}
+	puts := statusPutCounter(b)
 	target := testbed.StartEchoTarget(b)
 	b.ResetTimer()
 	for _, n := range sizes {
