@@ -299,9 +299,13 @@ func TestPortClaims(t *testing.T) {
 		t.Errorf("the create after widening got port %d, want one of the new 32152-32153", inst.Port)
 	}
 	for _, s := range made {
-		if got, err := ranged.Get(ctx, s.Ref); err != nil || got.Phase != v1alpha1.InstancePhaseRunning {
-			t.Errorf("%s after the reconfiguration: %+v %v, want it running still", s.Name, got, err)
-		}
+		testbed.Eventually(t, 20*time.Second, s.Name+" running after the reconfiguration", func() (bool, string) {
+			got, err := ranged.Get(ctx, s.Ref)
+			if err != nil {
+				return false, err.Error()
+			}
+			return got.Phase == v1alpha1.InstancePhaseRunning, string(got.Phase)
+		})
 	}
 	if err := ranged.Reconfigure("/nonexistent/squid", nil); backend.ClassOf(err) != backend.ClassPermanent {
 		t.Errorf("a Squid binary that is not there: %v, want a permanent error", err)
