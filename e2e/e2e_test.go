@@ -86,6 +86,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "e2e: bring-up failed: %v\nlogs kept in %s\n", err, filepath.Join(state, "logs"))
 		os.Exit(1)
 	}
+	testbed.RestartLogs = filepath.Join(state, "logs")
 	code := m.Run()
 	stack.Down()
 	// The apiserver and etcd ControlPlaneRestarts started again.

@@ -260,6 +260,11 @@ func controlPlaneRestarts(t *testing.T) {
 		t.Fatal(err)
 	}
 	testbed.Eventually(t, 2*time.Minute, "the apiserver serving again", func() (bool, string) {
+		for _, name := range []string{"etcd", "kube-apiserver"} {
+			if ended, how := testbed.RestartedEnded(name); ended {
+				t.Fatal(how)
+			}
+		}
 		_, err := proxies(example)
 		return err == nil, fmt.Sprint(err)
 	})
