@@ -445,9 +445,11 @@ type ProxyObservation struct {
 	// Healthy is the probe verdict after thresholds.
 	Healthy bool `json:"healthy,omitempty"`
 
-	// LatencyMilliseconds of a recent successful probe. It is updated when
-	// a probe's latency differs by more than half (and 20ms), so that the
-	// status does not change with every probe.
+	// LatencyMilliseconds of recent successful probes, in coarse steps
+	// (1, 2, 5, 10, 20, 50, 100, 200, 500 ... ms). It moves to the step
+	// nearest a probe's latency only when that is more than 2.5 times away
+	// from the recorded step, so that the status does not change with
+	// every probe.
 	LatencyMilliseconds int64 `json:"latencyMilliseconds,omitempty"`
 
 	// LastProbeTime is when a probe last changed this status; while probes

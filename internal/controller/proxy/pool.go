@@ -65,7 +65,14 @@ type probeEntry struct {
 	// (deleted without a word, or paused), and is dropped.
 	touched  time.Time
 	outcomes []outcome
+	// passes are the latencies of the last passing probes, newest last,
+	// at most latencyWindow.
+	passes []time.Duration
 }
+
+// latencyWindow is how many passing probes the recorded latency goes by:
+// their median, so that one slow probe moves nothing.
+const latencyWindow = 3
 
 // outcome is one probe of one instance.
 type outcome struct {
@@ -81,6 +88,18 @@ type outcome struct {
 	detail  string
 	// counted says the probe's metrics were recorded when it ran.
 	counted bool
+	// typical is the latency the status goes by, the median of the last
+	// passes of the same probing; zero for a probe made on its own, which
+	// goes by its own latency.
+	typical time.Duration
+}
+
+// latency is the latency the status records from o.
+func (o outcome) latency() time.Duration {
+	if o.typical > 0 {
+		return o.typical
+	}
+	return o.res.Latency
 }
 
 func newProbePool(pr Prober, workers int, poll time.Duration, now func() time.Time, m *metrics.Provider) *probePool {
@@ -193,9 +212,9 @@ func (pp *probePool) poke() {
 
 // staleAfter is how long a probing lives without Observe asking for it:
 // two missed polls (a steady proxy's Observe comes at each poll, its own
-// or the provider's, and at each status heartbeat) and then some.
+// or the provider's, whether or not its status changes) and then some.
 func (pp *probePool) staleAfter(e *probeEntry) time.Duration {
-	return 2*max(pp.poll, e.poll, e.every, probeHeartbeat) + 2*e.target.Timeout + time.Minute
+	return 2*max(pp.poll, e.poll, e.every) + 2*e.target.Timeout + time.Minute
 }
 
 // Start runs the pool until ctx ends. As a manager runnable it runs on the
@@ -283,6 +302,16 @@ func (pp *probePool) run(ctx context.Context, e *probeEntry) {
 	}
 	pp.metrics.ProbesInFlight.Dec()
 	countProbe(pp.metrics, w.backend, o.res)
+
+	pp.mu.Lock()
+	if o.res.OK {
+		e.passes = append(e.passes, o.res.Latency)
+		if len(e.passes) > latencyWindow {
+			e.passes = e.passes[1:]
+		}
+		o.typical = median(e.passes)
+	}
+	pp.mu.Unlock()
 	news := w.steady == nil || !w.steady(o)
 
 	pp.mu.Lock()
@@ -315,6 +344,13 @@ func (pp *probePool) run(ctx context.Context, e *probeEntry) {
 	if current && news {
 		pp.requeue(ctx, key)
 	}
+}
+
+// median is the middle of ds (the upper middle of an even count).
+func median(ds []time.Duration) time.Duration {
+	sorted := slices.Clone(ds)
+	slices.Sort(sorted)
+	return sorted[len(sorted)/2]
 }
 
 // dueQueue orders probings by when they are due.

@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"math"
 	"reflect"
 	"time"
 
@@ -96,9 +97,7 @@ func (e *external) fold(p *v1alpha1.Proxy, addr string, o outcome) {
 	// is: latency moves only on a real change, and lastProbeTime only
 	// with another change or as a heartbeat.
 	if res.OK {
-		if latencyMoved(ap.LatencyMilliseconds, res.Latency.Milliseconds()) {
-			ap.LatencyMilliseconds = res.Latency.Milliseconds()
-		}
+		ap.LatencyMilliseconds = latencyStep(ap.LatencyMilliseconds, o.latency().Milliseconds())
 		ap.LastProbeError = ""
 		if res.EgressIP != "" && res.EgressIP != ap.EgressIP {
 			if ap.EgressIP != "" {
@@ -152,7 +151,7 @@ func steady(p *v1alpha1.Proxy) func(outcome) bool {
 	return func(o outcome) bool {
 		switch {
 		case !settled, !o.res.OK,
-			latencyMoved(ap.LatencyMilliseconds, o.res.Latency.Milliseconds()) && ap.LatencyMilliseconds != o.res.Latency.Milliseconds(),
+			latencyStep(ap.LatencyMilliseconds, o.latency().Milliseconds()) != ap.LatencyMilliseconds,
 			o.res.EgressIP != "" && o.res.EgressIP != ap.EgressIP, o.started.Sub(last) >= probeHeartbeat:
 			return false
 		case o.checked:
@@ -191,18 +190,39 @@ func (e *external) closure(p *v1alpha1.Proxy, closure probe.Closure, detail stri
 }
 
 // probeHeartbeat bounds how old status.atProvider.lastProbeTime gets while
-// probes keep passing and change nothing.
-const probeHeartbeat = 5 * time.Minute
+// probes keep passing and change nothing: an hour, so that a steady proxy
+// costs the API server one write an hour (and its fleet one composition).
+// Nothing decides on lastProbeTime; the provider's own memory schedules
+// probes, and its metrics say they run.
+const probeHeartbeat = time.Hour
 
-// latencyMoved reports whether a probe's latency differs enough from the
-// recorded one to be worth a status update: by more than half and by more
-// than 20ms. Below that it is noise, which on a fast network is most of it.
-func latencyMoved(recorded, now int64) bool {
-	d := now - recorded
-	if d < 0 {
-		d = -d
+// latencySteps are the values status.atProvider.latencyMilliseconds takes:
+// a 1-2-5 series, so the figure moves in coarse steps a reader can still
+// use, not with every probe's noise.
+var latencySteps = []int64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000}
+
+// latencyBand is how far, as a factor, a probe's latency must be from the
+// recorded step before the step moves: beyond the neighbouring steps, so
+// that a latency near the edge between two steps does not flap.
+const latencyBand = 2.5
+
+// latencyStep returns the latency to record after a probe measured
+// measured, with recorded in the status: recorded while the measurement is
+// within latencyBand of it, and otherwise the step nearest the
+// measurement. Nothing recorded yet (0) takes the nearest step.
+func latencyStep(recorded, measured int64) int64 {
+	m := float64(max(measured, 1))
+	if r := float64(recorded); recorded > 0 && m <= r*latencyBand && m*latencyBand >= r {
+		return recorded
 	}
-	return recorded == 0 || (d > 20 && 2*d > recorded)
+	best := latencySteps[0]
+	for _, s := range latencySteps {
+		// Nearest on a log scale: s/m and m/best compared as ratios.
+		if math.Abs(math.Log(float64(s)/m)) < math.Abs(math.Log(float64(best)/m)) {
+			best = s
+		}
+	}
+	return best
 }
 
 // setReadiness sets Ready from the verdict. It changes only when the verdict
