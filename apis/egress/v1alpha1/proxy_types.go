@@ -447,9 +447,9 @@ type ProxyObservation struct {
 
 	// LatencyMilliseconds of recent successful probes, in coarse steps
 	// (1, 2, 5, 10, 20, 50, 100, 200, 500 ... ms). It moves to the step
-	// nearest a probe's latency only when that is more than 2.5 times away
-	// from the recorded step, so that the status does not change with
-	// every probe.
+	// nearest the median of the last three probes' latency only when that
+	// is more than 2.5 times and 20ms away from the recorded step, so that
+	// the status does not change with every probe.
 	LatencyMilliseconds int64 `json:"latencyMilliseconds,omitempty"`
 
 	// LastProbeTime is when a probe last changed this status; while probes

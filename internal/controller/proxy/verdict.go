@@ -203,16 +203,22 @@ var latencySteps = []int64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000,
 
 // latencyBand is how far, as a factor, a probe's latency must be from the
 // recorded step before the step moves: beyond the neighbouring steps, so
-// that a latency near the edge between two steps does not flap.
-const latencyBand = 2.5
+// that a latency near the edge between two steps does not flap. Within
+// latencyFloor milliseconds of it, it never moves: a proxy on the same
+// host answers in one to a few milliseconds, and which of those is
+// scheduling noise.
+const (
+	latencyBand  = 2.5
+	latencyFloor = 20
+)
 
 // latencyStep returns the latency to record after a probe measured
 // measured, with recorded in the status: recorded while the measurement is
-// within latencyBand of it, and otherwise the step nearest the
-// measurement. Nothing recorded yet (0) takes the nearest step.
+// within latencyBand or latencyFloor of it, and otherwise the step nearest
+// the measurement. Nothing recorded yet (0) takes the nearest step.
 func latencyStep(recorded, measured int64) int64 {
 	m := float64(max(measured, 1))
-	if r := float64(recorded); recorded > 0 && m <= r*latencyBand && m*latencyBand >= r {
+	if r := float64(recorded); recorded > 0 && (m <= r*latencyBand && m*latencyBand >= r || math.Abs(m-r) <= latencyFloor) {
 		return recorded
 	}
 	best := latencySteps[0]

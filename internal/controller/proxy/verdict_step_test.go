@@ -28,7 +28,10 @@ func TestLatencyStep(t *testing.T) {
 		{100, 260, 200, "beyond 2.5 times: the nearest step"},
 		{100, 39, 50, "beyond 2.5 times below: the nearest step"},
 		{1, 0, 1, "a fast proxy stays at the first step"},
-		{1, 3, 2, "a millisecond step moves to 2 ms beyond the band"},
+		{1, 3, 1, "a few milliseconds either way is noise: kept however many times over"},
+		{2, 21, 2, "within 20 ms: kept"},
+		{2, 23, 20, "beyond 20 ms and 2.5 times: the nearest step"},
+		{50, 110, 50, "within 2.5 times: kept, though beyond 20 ms"},
 		{40, 58, 40, "a value recorded by an older provider is kept while within the band"},
 		{200, 900000, 50000, "beyond the last step: the last step"},
 	}
