@@ -5,8 +5,10 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/pkg/errors"
@@ -201,10 +203,16 @@ func (c *CLI) Run() error {
 	if err := mgr.Add(&discovery.Sweeper{Leases: store, Proxies: mgr.GetCache(), Interval: c.SweepInterval, Log: log}); err != nil {
 		return errors.Wrap(err, "cannot add the lease sweeper")
 	}
+	// One name for this replica in all it publishes.
+	host, _ := os.Hostname()
+	replica := host + "-" + rand.Text()[:8]
 	if fleets != nil {
-		if err := mgr.Add(&discovery.DemandPublisher{Server: srv, Client: mgr.GetClient(), Fleets: fleets, Log: log}); err != nil {
+		if err := mgr.Add(&discovery.DemandPublisher{Server: srv, Client: mgr.GetClient(), Fleets: fleets, Replica: replica, Log: log}); err != nil {
 			return errors.Wrap(err, "cannot add the demand publisher")
 		}
+	}
+	if err := mgr.Add(&discovery.SummaryPublisher{Server: srv, Client: mgr.GetClient(), Replica: replica, Log: log}); err != nil {
+		return errors.Wrap(err, "cannot add the lease summary publisher")
 	}
 	return errors.Wrap(mgr.Start(ctx), "cannot run manager")
 }

@@ -274,6 +274,65 @@ func TestDiscoveryLeastPrivilege(t *testing.T) {
 		}
 	})
 
+	// LeaseSummaries decide which proxies the function may remove and how
+	// far an autoscaled fleet grows: only egress-discovery writes them,
+	// though a tenant's workload be granted every verb on them.
+	t.Run("OnlyItWritesLeaseSummaries", func(t *testing.T) {
+		tenant := "system:serviceaccount:" + team + ":team-operator"
+		apply(t, bed.Client,
+			&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: "summaries"}, Rules: []rbacv1.PolicyRule{{
+				APIGroups: []string{v1alpha1.Group}, Resources: []string{"leasesummaries"}, Verbs: []string{"*"},
+			}}},
+			&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: "summaries"},
+				RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "summaries"},
+				Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: team, Name: "team-operator"}}},
+		)
+		summary := func(name string) *v1alpha1.LeaseSummary {
+			return &v1alpha1.LeaseSummary{
+				ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: name, Labels: lease.SummarySelector("crawlers")},
+				Spec: v1alpha1.LeaseSummarySpec{Fleet: "crawlers", Replica: "replica-1",
+					ObservedAt: metav1.MicroTime{Time: time.Now()}, ValidUntil: metav1.MicroTime{Time: time.Now().Add(time.Minute)},
+					Leased: []v1alpha1.LeasedProxy{{Name: "crawlers-0", Holders: 1, HeldUntil: metav1.MicroTime{Time: time.Now().Add(time.Hour)}}}},
+			}
+		}
+		testbed.Eventually(t, 10*time.Second, "the tenant's Role in force", func() (bool, string) {
+			return can(t, bed, tenant, authzv1.ResourceAttributes{Namespace: team, Verb: "create", Group: v1alpha1.Group, Resource: "leasesummaries"}), ""
+		})
+		ten := testbed.Impersonating(t, bed, tenant)
+		testbed.Eventually(t, 30*time.Second, "the admission policy refuses the tenant's summary", func() (bool, string) {
+			err := ten.Create(ctx, summary("forged"))
+			if err == nil {
+				_ = bed.Client.Delete(ctx, summary("forged"))
+			}
+			return err != nil && strings.Contains(err.Error(), "lease-summaries-by-discovery"), fmt.Sprint(err)
+		})
+		d := testbed.Impersonating(t, bed, discoverySA)
+		mine := summary(lease.SummaryName("crawlers", "replica-1"))
+		if err := d.Create(ctx, mine); err != nil {
+			t.Fatalf("egress-discovery may create its LeaseSummary: %v", err)
+		}
+		cur := &v1alpha1.LeaseSummary{}
+		if err := ten.Get(ctx, client.ObjectKeyFromObject(mine), cur); err != nil {
+			t.Fatal(err)
+		}
+		cur.Spec.Leased = nil
+		if err := ten.Update(ctx, cur.DeepCopy()); err == nil || !strings.Contains(err.Error(), "lease-summaries-by-discovery") {
+			t.Errorf("a tenant emptied egress-discovery's LeaseSummary (or was refused for another reason): %v", err)
+		}
+		if err := ten.Delete(ctx, cur.DeepCopy()); err == nil || !strings.Contains(err.Error(), "lease-summaries-by-discovery") {
+			t.Errorf("a tenant deleted egress-discovery's LeaseSummary (or was refused for another reason): %v", err)
+		}
+		cur.Spec.Demand.Waiting = 3
+		if err := d.Update(ctx, cur); err != nil {
+			t.Errorf("egress-discovery may update its LeaseSummary: %v", err)
+		}
+		// The namespace controller empties a deleted namespace.
+		nsc := testbed.Impersonating(t, bed, "system:serviceaccount:kube-system:namespace-controller")
+		if err := nsc.Delete(ctx, cur); err != nil {
+			t.Errorf("the namespace controller may delete a LeaseSummary: %v", err)
+		}
+	})
+
 	// Discovery's ClusterRole itself holds no Secret access and no Lease
 	// writes: only the fleet's Role does.
 	for _, u := range testbed.Kustomize(t, bed, "discovery") {

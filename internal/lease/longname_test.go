@@ -10,13 +10,15 @@ import (
 	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
 	"github.com/crossplane/function-sdk-go/resource"
 	"google.golang.org/protobuf/types/known/structpb"
-	coordv1 "k8s.io/api/coordination/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/function"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
@@ -24,9 +26,11 @@ import (
 
 // TestLongFleetNameLeasesAndRotates runs a fleet whose name (the longest
 // allowed) and proxy names are too long for label values through both sides: the
-// lease store grants a seat on a real apiserver, the function selects the
-// fleet's Leases with the selector it gives Crossplane, holds rotation of
-// the leased proxy, and rotates it once the lease is released.
+// lease store grants a seat on a real apiserver, its account of the fleet's
+// leases is written as a LeaseSummary (as egress-discovery writes it), the
+// function selects the fleet's summaries with the selector it gives
+// Crossplane, holds rotation of the leased proxy, and rotates it once the
+// lease is released.
 func TestLongFleetNameLeasesAndRotates(t *testing.T) {
 	ctx := context.Background()
 	bed := sharedBed.Env(t)
@@ -72,12 +76,13 @@ func TestLongFleetNameLeasesAndRotates(t *testing.T) {
 						"proxy": {"authSecretRef": {"name": "auth"}}, "rotation": {"maxAge": "1h"},
 						"healthCheck": {"url": "https://example.com/ip"}}}`, fleet, ns))},
 				Resources: map[string]*fnv1.Resource{
-					"proxy-0": observed(fleet, ns, 0, "a", now.Add(-3*time.Hour), ""),
+					// Drained a minute: it goes once no lease is on it.
+					"proxy-0": observed(fleet, ns, 0, "a", now.Add(-3*time.Hour), fmt.Sprintf(`, %q: "%d"`, fleetv1alpha1.LabelDrainingSince, now.Add(-time.Minute).Unix())),
 					"proxy-1": observed(fleet, ns, 1, "b", now.Add(-10*time.Minute), ""),
 					"proxy-2": observed(fleet, ns, 2, "a", now.Add(-5*time.Minute), `, "crawl.example.com/replaces": "0"`),
 				},
 			},
-			RequiredResources: map[string]*fnv1.Resources{"leases": {Items: seats(t, bed.Client, ns, fleet)}},
+			RequiredResources: map[string]*fnv1.Resources{"leaseSummaries": {Items: summaries(t, bed.Client, s, ns, fleet, old, now)}},
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -87,11 +92,11 @@ func TestLongFleetNameLeasesAndRotates(t *testing.T) {
 				t.Fatalf("function: %s", r.GetMessage())
 			}
 		}
-		// The selector the function hands Crossplane is the store's.
-		sel := rsp.GetRequirements().GetResources()["leases"].GetMatchLabels().GetLabels()
-		for k, v := range lease.SeatSelector(fleet) {
+		// The selector the function hands Crossplane is the summaries'.
+		sel := rsp.GetRequirements().GetResources()["leaseSummaries"].GetMatchLabels().GetLabels()
+		for k, v := range lease.SummarySelector(fleet) {
 			if sel[k] != v {
-				t.Errorf("function selects leases by %v, the store labels them %v", sel, lease.SeatSelector(fleet))
+				t.Errorf("function selects LeaseSummaries by %v, they are labelled %v", sel, lease.SummarySelector(fleet))
 			}
 		}
 		for _, r := range rsp.GetDesired().GetResources() {
@@ -116,25 +121,48 @@ func TestLongFleetNameLeasesAndRotates(t *testing.T) {
 	}
 }
 
-// seats lists a fleet's seat leases from the apiserver, by the selector the
-// function gives Crossplane, as Crossplane passes them to the function.
-func seats(t *testing.T, c client.Client, ns, fleet string) []*fnv1.Resource {
+// summaries writes the store's account of the fleet's leases to the
+// apiserver as a LeaseSummary, as egress-discovery does (draining lists the
+// proxy it sees draining), and lists the fleet's summaries back by the
+// selector the function gives Crossplane, as Crossplane passes them.
+func summaries(t *testing.T, c client.Client, s *lease.Store, ns, fleet, draining string, now time.Time) []*fnv1.Resource {
 	t.Helper()
-	l := &coordv1.LeaseList{}
-	if err := c.List(context.Background(), l, client.InNamespace(ns), client.MatchingLabels(lease.SeatSelector(fleet))); err != nil {
+	ctx := context.Background()
+	leased, err := s.Leased(ctx, ns, fleet, 10*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls := &v1alpha1.LeaseSummary{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.SummaryName(fleet, "replica-1")}}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(ls), ls); err != nil && !kerrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	ls.Labels = lease.SummarySelector(fleet)
+	ls.Spec = v1alpha1.LeaseSummarySpec{Fleet: fleet, Replica: "replica-1", ObservedAt: metav1.MicroTime{Time: now},
+		ValidUntil: metav1.MicroTime{Time: now.Add(lease.SummaryFreshness)}, Leased: leased, Draining: []string{draining}}
+	if ls.ResourceVersion == "" {
+		err = c.Create(ctx, ls)
+	} else {
+		err = c.Update(ctx, ls)
+	}
+	if err != nil {
+		t.Fatalf("write the LeaseSummary of a long-named fleet: %v", err)
+	}
+	l := &v1alpha1.LeaseSummaryList{}
+	if err := c.List(ctx, l, client.InNamespace(ns), client.MatchingLabels(lease.SummarySelector(fleet))); err != nil {
 		t.Fatal(err)
 	}
 	out := make([]*fnv1.Resource, 0, len(l.Items))
 	for i := range l.Items {
+		l.Items[i].SetGroupVersionKind(v1alpha1.LeaseSummaryGroupVersionKind)
 		u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(&l.Items[i])
 		if err != nil {
 			t.Fatal(err)
 		}
-		s, err := structpb.NewStruct(u)
+		st, err := structpb.NewStruct(u)
 		if err != nil {
 			t.Fatal(err)
 		}
-		out = append(out, &fnv1.Resource{Resource: s})
+		out = append(out, &fnv1.Resource{Resource: st})
 	}
 	return out
 }

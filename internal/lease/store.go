@@ -112,6 +112,8 @@ type Store struct {
 	// cache: the API server decides every grant.
 	inflight sync.Map // namespace/name
 	recent   sync.Map // namespace/name -> time.Time (taken until)
+	// written are the slots this replica wrote lately, for its summaries.
+	written ownWrites
 	// granted remembers the grants this replica made, by ID, with their
 	// identity, so that their holder's release or renewal costs no read;
 	// others are read from the cache or the API server. An identity never
@@ -191,6 +193,7 @@ func (s *Store) wrote(l *coordv1.Lease) {
 	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
 		return
 	}
+	s.written.note(l, s.now())
 	s.observed.Store(l.Namespace+"/"+l.Name, observation{uid: l.UID, renew: l.Spec.RenewTime.Time, ttl: *l.Spec.LeaseDurationSeconds, seen: s.now()})
 }
 
@@ -923,6 +926,7 @@ func (s *Store) Release(ctx context.Context, id, identity string) error {
 // released forgets what this replica remembers of a grant it deleted.
 func (s *Store) released(namespace, name, id string) {
 	s.recent.Delete(namespace + "/" + name)
+	s.written.drop(namespace + "/" + name)
 	s.granted.Delete(id)
 }
 

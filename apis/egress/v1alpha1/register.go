@@ -51,8 +51,15 @@ var (
 	ClusterProviderConfigUsageListGroupVersionKind = SchemeGroupVersion.WithKind(ClusterProviderConfigUsageListKind)
 )
 
+// LeaseSummary type metadata.
+var (
+	LeaseSummaryKind             = reflect.TypeOf(LeaseSummary{}).Name()
+	LeaseSummaryGroupVersionKind = SchemeGroupVersion.WithKind(LeaseSummaryKind)
+)
+
 func init() {
 	SchemeBuilder.Register(&Proxy{}, &ProxyList{})
+	SchemeBuilder.Register(&LeaseSummary{}, &LeaseSummaryList{})
 	SchemeBuilder.Register(&ProviderConfig{}, &ProviderConfigList{})
 	SchemeBuilder.Register(&ClusterProviderConfig{}, &ClusterProviderConfigList{})
 	SchemeBuilder.Register(&ProviderConfigUsage{}, &ProviderConfigUsageList{})

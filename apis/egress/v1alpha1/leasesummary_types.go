@@ -1,0 +1,118 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// MaxSummaryProxies bounds the proxies one LeaseSummary lists: a fleet's
+// replicas are bounded by the same figure, and at about 100 bytes a proxy
+// the object stays under etcd's 1.5 MiB.
+const MaxSummaryProxies = 10000
+
+// LeaseSummarySpec is what one egress-discovery replica saw of one fleet's
+// leases at one moment.
+type LeaseSummarySpec struct {
+	// Fleet is the name of the fleet summarised, as its Proxies' fleet
+	// annotation says it.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Fleet string `json:"fleet"`
+
+	// Replica names the egress-discovery replica that wrote this summary.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Replica string `json:"replica"`
+
+	// ObservedAt is when the replica read what it summarises, by its
+	// clock.
+	ObservedAt metav1.MicroTime `json:"observedAt"`
+
+	// ValidUntil is when this summary stops counting: a replica rewrites
+	// it well before then, so one that stopped writing (it died) is told
+	// from one with nothing new to say.
+	ValidUntil metav1.MicroTime `json:"validUntil"`
+
+	// Leased lists the proxies of the fleet crawlers hold leases on.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MaxItems=10000
+	Leased []LeasedProxy `json:"leased,omitempty"`
+
+	// Draining lists the proxies of the fleet the replica saw draining
+	// when it observed, and so hands to no crawler any more: a proxy it
+	// lists here and not in leased had no lease this replica knew of
+	// after it stopped handing it out.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MaxItems=10000
+	// +kubebuilder:validation:items:MaxLength=253
+	Draining []string `json:"draining,omitempty"`
+
+	// Demand is the replica's share of the fleet's lease demand.
+	// +optional
+	Demand LeaseDemand `json:"demand,omitempty"`
+}
+
+// LeasedProxy is one proxy crawlers hold leases on.
+type LeasedProxy struct {
+	// Name of the Proxy.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+
+	// Holders is how many leases are held on it.
+	// +kubebuilder:validation:Minimum=1
+	Holders int32 `json:"holders"`
+
+	// HeldUntil is the latest time any of those leases may still be held
+	// without a renewal this replica would see: the lease's renewal time
+	// plus its TTL (at most the fleet's maxTTL) plus the margin for
+	// replicas' clocks.
+	HeldUntil metav1.MicroTime `json:"heldUntil"`
+}
+
+// LeaseDemand is lease demand on a fleet, as counts.
+type LeaseDemand struct {
+	// Held is how many leases are held.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Held int32 `json:"held,omitempty"`
+	// Waiting is how many acquisitions wait for a slot now.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Waiting int32 `json:"waiting,omitempty"`
+	// Refused is how many crawlers were refused a lease for want of a
+	// slot or of healthy proxies within the last minute.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	Refused int32 `json:"refused,omitempty"`
+}
+
+// A LeaseSummary is egress-discovery's account of one fleet's leases, one
+// per fleet and discovery replica, in the fleet's namespace:
+// function-proxyfleet reads these instead of the leases themselves, so
+// Crossplane caches and sends a few small objects rather than every Lease
+// in the cluster. Only egress-discovery writes them (an admission policy
+// keeps everyone else out).
+// +kubebuilder:object:root=true
+// +kubebuilder:printcolumn:name="FLEET",type="string",JSONPath=".spec.fleet"
+// +kubebuilder:printcolumn:name="REPLICA",type="string",JSONPath=".spec.replica"
+// +kubebuilder:printcolumn:name="OBSERVED",type="date",JSONPath=".spec.observedAt"
+// +kubebuilder:printcolumn:name="VALID-UNTIL",type="string",JSONPath=".spec.validUntil"
+// +kubebuilder:resource:scope=Namespaced,categories={egress}
+type LeaseSummary struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	Spec LeaseSummarySpec `json:"spec"`
+}
+
+// +kubebuilder:object:root=true
+
+// LeaseSummaryList contains a list of LeaseSummary.
+type LeaseSummaryList struct {
+	metav1.TypeMeta `json:",inline"`
+	metav1.ListMeta `json:"metadata,omitempty"`
+	Items           []LeaseSummary `json:"items"`
+}

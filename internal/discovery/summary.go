@@ -1,0 +1,246 @@
+package discovery
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	"github.com/pkg/errors"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+)
+
+// SummaryPublisher writes, for every fleet, this replica's LeaseSummary:
+// the proxies crawlers hold leases on (from its cache, and the slots it
+// wrote itself lately, which its cache may not show yet), the proxies it
+// saw draining, and its share of the fleet's demand. It writes a summary
+// when what it says changes, at most every lease.SummaryInterval, and every
+// lease.SummaryRefresh regardless, so that a summary still valid
+// (lease.SummaryFreshness after it was observed) tells a live replica from
+// a dead one. It deletes its summaries of fleets that are gone, any
+// replica's summaries of gone fleets, and summaries no replica has renewed
+// for lease.SummarySweepAfter. Every replica publishes; it is a manager
+// Runnable.
+type SummaryPublisher struct {
+	Server *Server
+	// Client writes the summaries.
+	Client client.Client
+	// Replica names this replica (default the host name and a random
+	// suffix, so that two processes on one host differ).
+	Replica string
+	Log     logging.Logger
+	// Tick is how often the fleets are looked at (default a second).
+	Tick time.Duration
+
+	published map[string]publishedSummary
+	lastSweep time.Time
+}
+
+// publishedSummary is what this replica last wrote for a fleet: when, and
+// what it said, but for the times.
+type publishedSummary struct {
+	ns, fleet string
+	said      string
+	// at is when it was last written; changed when last with a change.
+	at, changed time.Time
+}
+
+// NeedLeaderElection is false: every replica publishes its own summaries.
+func (p *SummaryPublisher) NeedLeaderElection() bool { return false }
+
+// Start publishes until ctx is done, then deletes this replica's
+// summaries: a replica that stops leaves no account that would go stale.
+func (p *SummaryPublisher) Start(ctx context.Context) error {
+	if p.Replica == "" {
+		host, _ := os.Hostname()
+		p.Replica = host + "-" + rand.Text()[:8]
+	}
+	tick := p.Tick
+	if tick <= 0 {
+		tick = time.Second
+	}
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			stop, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+			defer cancel()
+			for key, ps := range p.published {
+				if p.remove(stop, ps.ns, ps.fleet) {
+					delete(p.published, key)
+				}
+			}
+			return nil
+		case <-t.C:
+			if err := p.Publish(ctx); err != nil {
+				p.Log.Info("Cannot publish lease summaries", "error", err)
+			}
+		}
+	}
+}
+
+// Publish writes what changed, once.
+func (p *SummaryPublisher) Publish(ctx context.Context) error {
+	if p.published == nil {
+		p.published = map[string]publishedSummary{}
+	}
+	fleets, err := p.Server.Catalog.All(ctx)
+	if err != nil {
+		return err
+	}
+	now := p.Server.now()
+	var firstErr error
+	for key, members := range fleets {
+		ns, fleet, _ := strings.Cut(key, "/")
+		spec, err := p.summarise(ctx, ns, fleet, members, now)
+		if err != nil {
+			firstErr = cmpErr(firstErr, err)
+			continue
+		}
+		said := saying(spec)
+		last, ok := p.published[key]
+		changed := ok && last.said != said
+		switch {
+		case !ok, now.Sub(last.at) >= lease.SummaryRefresh:
+			// The first, and a refresh.
+		case !changed || now.Sub(last.changed) < lease.SummaryInterval:
+			// Changes go out at most every SummaryInterval, but the
+			// first after a quiet spell at once: a crawler waiting on
+			// a fleet at rest is demand now.
+			continue
+		}
+		if err := p.write(ctx, ns, spec); err != nil {
+			firstErr = cmpErr(firstErr, err)
+			continue
+		}
+		ps := publishedSummary{ns: ns, fleet: fleet, said: said, at: now, changed: last.changed}
+		if changed {
+			ps.changed = now
+		}
+		p.published[key] = ps
+	}
+	for key, ps := range p.published {
+		if _, ok := fleets[key]; !ok && p.remove(ctx, ps.ns, ps.fleet) {
+			delete(p.published, key)
+		}
+	}
+	if now.Sub(p.lastSweep) >= lease.SummaryRefresh {
+		p.lastSweep = now
+		firstErr = cmpErr(firstErr, p.sweep(ctx, fleets, now))
+	}
+	return firstErr
+}
+
+// summarise is what this replica says of a fleet now.
+func (p *SummaryPublisher) summarise(ctx context.Context, ns, fleet string, members []member, now time.Time) (v1alpha1.LeaseSummarySpec, error) {
+	_, maxTTL, err := p.Server.Catalog.TTLs(ctx, ns, fleet)
+	if err != nil {
+		return v1alpha1.LeaseSummarySpec{}, err
+	}
+	leased, err := p.Server.Leases.Leased(ctx, ns, fleet, maxTTL)
+	if err != nil {
+		return v1alpha1.LeaseSummarySpec{}, err
+	}
+	d, err := p.Server.demandOf(ctx, ns, fleet)
+	if err != nil {
+		return v1alpha1.LeaseSummarySpec{}, err
+	}
+	spec := v1alpha1.LeaseSummarySpec{
+		Fleet: fleet, Replica: p.Replica,
+		ObservedAt: metav1.MicroTime{Time: now}, ValidUntil: metav1.MicroTime{Time: now.Add(lease.SummaryFreshness)},
+		Leased: leased,
+		Demand: v1alpha1.LeaseDemand{Held: clamp32(d.Held), Waiting: clamp32(d.Waiting), Refused: clamp32(d.Refused)},
+	}
+	for _, m := range members {
+		if !m.DrainSince.IsZero() {
+			spec.Draining = append(spec.Draining, m.Name)
+		}
+	}
+	slices.Sort(spec.Draining)
+	return spec, nil
+}
+
+// saying is what a summary says, but for its times: a change of it is
+// worth a write before the refresh.
+func saying(s v1alpha1.LeaseSummarySpec) string {
+	var b strings.Builder
+	for _, l := range s.Leased {
+		b.WriteString(l.Name + "=" + strconv.Itoa(int(l.Holders)) + ",")
+	}
+	b.WriteString("|" + strings.Join(s.Draining, ",") + "|")
+	fmt.Fprintf(&b, "%d,%d,%d", s.Demand.Held, s.Demand.Waiting, s.Demand.Refused)
+	return b.String()
+}
+
+func clamp32(n int) int32 { return int32(min(max(n, 0), 1<<30)) } //nolint:gosec // Bounded.
+
+// write creates or updates this replica's summary of a fleet.
+func (p *SummaryPublisher) write(ctx context.Context, ns string, spec v1alpha1.LeaseSummarySpec) error {
+	ls := &v1alpha1.LeaseSummary{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.SummaryName(spec.Fleet, p.Replica)}}
+	err := p.Client.Get(ctx, client.ObjectKeyFromObject(ls), ls)
+	switch {
+	case kerrors.IsNotFound(err):
+		ls.Labels = lease.SummarySelector(spec.Fleet)
+		ls.Spec = spec
+		return errors.Wrapf(p.Client.Create(ctx, ls), "cannot create LeaseSummary %s/%s", ns, ls.Name)
+	case err != nil:
+		return errors.Wrapf(err, "cannot read LeaseSummary %s/%s", ns, ls.Name)
+	}
+	if ls.Labels == nil {
+		ls.Labels = map[string]string{}
+	}
+	for k, v := range lease.SummarySelector(spec.Fleet) {
+		ls.Labels[k] = v
+	}
+	ls.Spec = spec
+	return errors.Wrapf(p.Client.Update(ctx, ls), "cannot update LeaseSummary %s/%s", ns, ls.Name)
+}
+
+// remove deletes this replica's summary of a fleet, and says whether it is
+// gone.
+func (p *SummaryPublisher) remove(ctx context.Context, ns, fleet string) bool {
+	ls := &v1alpha1.LeaseSummary{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.SummaryName(fleet, p.Replica)}}
+	if err := p.Client.Delete(ctx, ls); err != nil && !kerrors.IsNotFound(err) {
+		p.Log.Info("Cannot delete LeaseSummary", "namespace", ns, "name", ls.Name, "error", err)
+		return false
+	}
+	return true
+}
+
+// sweep deletes, of any replica, the summaries of fleets that are gone
+// (once older than lease.SummaryRefresh: a fleet just made may not be in
+// this replica's cache yet) and those no replica renewed for
+// lease.SummarySweepAfter (their replica is gone).
+func (p *SummaryPublisher) sweep(ctx context.Context, fleets map[string][]member, now time.Time) error {
+	l := &v1alpha1.LeaseSummaryList{}
+	if err := p.Client.List(ctx, l, client.HasLabels{fleetv1alpha1.LabelFleet}); err != nil {
+		return errors.Wrap(err, "cannot list LeaseSummaries")
+	}
+	var firstErr error
+	for i := range l.Items {
+		ls := &l.Items[i]
+		_, live := fleets[ls.Namespace+"/"+ls.Spec.Fleet]
+		gone := !live && now.Sub(ls.CreationTimestamp.Time) >= lease.SummaryRefresh
+		abandoned := now.Sub(ls.Spec.ValidUntil.Time) >= lease.SummarySweepAfter
+		if ls.Spec.Replica == p.Replica || !gone && !abandoned {
+			continue
+		}
+		err := p.Client.Delete(ctx, ls, client.Preconditions{UID: &ls.UID, ResourceVersion: &ls.ResourceVersion})
+		if err != nil && !kerrors.IsNotFound(err) && !kerrors.IsConflict(err) {
+			firstErr = cmpErr(firstErr, errors.Wrapf(err, "cannot delete LeaseSummary %s/%s", ls.Namespace, ls.Name))
+		}
+	}
+	return firstErr
+}

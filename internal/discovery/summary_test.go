@@ -1,0 +1,199 @@
+package discovery_test
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	coordv1 "k8s.io/api/coordination/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+)
+
+// laggingCache is a cache that has not seen some Leases yet.
+type laggingCache struct {
+	client.Reader
+	mu     sync.Mutex
+	unseen map[string]bool
+}
+
+func (c *laggingCache) hide(name string) { c.mu.Lock(); defer c.mu.Unlock(); c.unseen[name] = true }
+
+func (c *laggingCache) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if err := c.Reader.List(ctx, list, opts...); err != nil {
+		return err
+	}
+	if l, ok := list.(*coordv1.LeaseList); ok {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		l.Items = slices.DeleteFunc(l.Items, func(le coordv1.Lease) bool { return c.unseen[le.Name] })
+	}
+	return nil
+}
+
+// TestLeaseSummaryPublished: a replica writes a LeaseSummary per fleet:
+// the proxies held (its own grants too while its cache has not seen them),
+// those it saw draining, its demand; the first change after a quiet spell
+// at once, then a change at most every 10 s, a refresh every 30 s; and it deletes its summary of a fleet that is gone,
+// any replica's summary of a gone fleet, and summaries nobody renewed for
+// 10 minutes.
+func TestLeaseSummaryPublished(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	ctx := context.Background()
+	fleet(t, ns, "crawlers", 2, 1, nil)
+
+	clk := &clock{t: time.Now().Truncate(time.Second)}
+	cache := &laggingCache{Reader: bed.Client, unseen: map[string]bool{}}
+	var s *discovery.Server
+	srv := server(t, "team-token "+ns+" crawler\n", func(x *discovery.Server) {
+		s, x.Now, x.Leases.Now, x.Leases.Cache = x, clk.now, clk.now, cache
+	})
+	pub := &discovery.SummaryPublisher{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()}
+	name := lease.SummaryName("crawlers", "replica-1")
+	published := func(what string) v1alpha1.LeaseSummarySpec {
+		t.Helper()
+		if err := pub.Publish(ctx); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		ls := &v1alpha1.LeaseSummary{}
+		if err := bed.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, ls); err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		if ls.Labels[fleetv1alpha1.LabelFleet] != "crawlers" || ls.Spec.Fleet != "crawlers" || ls.Spec.Replica != "replica-1" {
+			t.Fatalf("%s: the summary does not name its fleet and replica: %+v", what, ls)
+		}
+		return ls.Spec
+	}
+	names := func(spec v1alpha1.LeaseSummarySpec) []string {
+		var out []string
+		for _, l := range spec.Leased {
+			out = append(out, l.Name)
+		}
+		return out
+	}
+
+	first := published("nothing leased")
+	if len(first.Leased) != 0 || len(first.Draining) != 0 || !first.ObservedAt.Equal(&metav1.MicroTime{Time: clk.now()}) ||
+		!first.ValidUntil.Time.Equal(clk.now().Add(lease.SummaryFreshness)) {
+		t.Fatalf("a fleet without leases: want an empty summary observed now and valid a minute, got %+v", first)
+	}
+
+	c := &apiv1.Client{BaseURL: srv.URL, Token: "team-token"}
+	a, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/crawlers", Holder: "a", TTL: "2m", MaxWait: "0s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The first change after a quiet spell goes out at once.
+	got := published("the first lease")
+	if len(got.Leased) != 1 || got.Leased[0].Name != a.Proxy || got.Leased[0].Holders != 1 ||
+		!got.Leased[0].HeldUntil.Time.Equal(clk.now().Add(2*time.Minute+lease.HoldSkew)) {
+		t.Fatalf("one lease held on %s for 2m: want it listed at once, held until its renewal + 2m + the skew margin; got %+v", a.Proxy, got.Leased)
+	}
+
+	// A grant this replica made that its cache has not seen yet counts;
+	// a second change within 10 s of the first waits.
+	b, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/crawlers", Holder: "b", TTL: "2m", MaxWait: "0s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := names(published("a second change within 10 s")); len(got) != 1 {
+		t.Errorf("a second change is written within 10 s of the first: %v", got)
+	}
+	slots := &coordv1.LeaseList{}
+	if err := bed.Client.List(ctx, slots, client.InNamespace(ns), client.MatchingLabels(lease.SeatSelector("crawlers"))); err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range slots.Items {
+		if fleetv1alpha1.ProxyName(&l) == b.Proxy {
+			cache.hide(l.Name)
+		}
+	}
+	clk.add(lease.SummaryInterval)
+	if got := names(published("a grant the cache has not seen")); !slices.Equal(got, []string{"crawlers-0", "crawlers-1"}) {
+		t.Fatalf("this replica's own grant, unseen by its cache, is left out: %v", got)
+	}
+	clk.add(30 * time.Second)
+	if got := names(published("past the memory of own writes")); !slices.Equal(got, []string{a.Proxy}) {
+		t.Errorf("past 30 s only the cache counts (which still hides %s here): %v", b.Proxy, got)
+	}
+
+	// Nothing new: written again within 30 s all the same.
+	before := published("nothing new").ObservedAt
+	clk.add(lease.SummaryRefresh)
+	if after := published("30 s on").ObservedAt; !after.After(before.Time) {
+		t.Errorf("a summary with nothing new is not refreshed after 30 s: observed %s, then %s", before, after)
+	}
+
+	// A proxy draining is listed as seen draining.
+	p := &v1alpha1.Proxy{}
+	if err := bed.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "crawlers-1"}, p); err != nil {
+		t.Fatal(err)
+	}
+	p.Labels[fleetv1alpha1.LabelDrainingSince] = "1700000000"
+	if err := bed.Client.Update(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	clk.add(lease.SummaryInterval)
+	if got := published("draining").Draining; !slices.Equal(got, []string{"crawlers-1"}) {
+		t.Errorf("draining: want [crawlers-1], got %v", got)
+	}
+	if err := c.Release(ctx, a.LeaseID); err != nil {
+		t.Fatal(err)
+	}
+	clk.add(lease.SummaryInterval)
+	if got := names(published("released")); len(got) != 0 {
+		t.Errorf("a released lease is still listed: %v", got)
+	}
+
+	// Another replica's summary that nobody renewed for 10 minutes goes;
+	// so does, once the fleet is gone, every summary of it.
+	other := func(replica, fleet string, validUntil time.Time) *v1alpha1.LeaseSummary {
+		ls := &v1alpha1.LeaseSummary{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.SummaryName(fleet, replica), Labels: lease.SummarySelector(fleet)},
+			Spec: v1alpha1.LeaseSummarySpec{Fleet: fleet, Replica: replica, ObservedAt: metav1.MicroTime{Time: validUntil.Add(-time.Minute)}, ValidUntil: metav1.MicroTime{Time: validUntil}}}
+		if err := bed.Client.Create(ctx, ls); err != nil {
+			t.Fatal(err)
+		}
+		return ls
+	}
+	abandoned := other("replica-2", "crawlers", clk.now().Add(-lease.SummarySweepAfter))
+	live := other("replica-3", "crawlers", clk.now().Add(lease.SummaryFreshness))
+	gone := other("replica-3", "gone", clk.now().Add(lease.SummaryFreshness))
+	clk.add(lease.SummaryRefresh)
+	published("sweep")
+	exists := func(ls *v1alpha1.LeaseSummary) bool {
+		err := bed.Client.Get(ctx, client.ObjectKeyFromObject(ls), &v1alpha1.LeaseSummary{})
+		if err != nil && !kerrors.IsNotFound(err) {
+			t.Fatal(err)
+		}
+		return err == nil
+	}
+	if exists(abandoned) {
+		t.Error("a summary nobody renewed for 10 minutes is kept")
+	}
+	if !exists(live) {
+		t.Error("another live replica's summary was deleted")
+	}
+	if exists(gone) {
+		t.Error("a summary of a fleet that is gone is kept")
+	}
+	if err := bed.Client.DeleteAllOf(ctx, &v1alpha1.Proxy{}, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if exists(&v1alpha1.LeaseSummary{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}) {
+		t.Error("this replica's summary of a fleet that is gone is kept")
+	}
+}

@@ -1,0 +1,141 @@
+package lease
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	coordv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+)
+
+// A LeaseSummary (apis/egress/v1alpha1) is one egress-discovery replica's
+// account of one fleet's leases: written when it changes, at most every
+// SummaryInterval, and every SummaryRefresh regardless, so that it stays
+// valid (SummaryFreshness after it was observed) while its replica lives.
+const (
+	SummaryFreshness = time.Minute
+	SummaryRefresh   = 30 * time.Second
+	SummaryInterval  = 10 * time.Second
+	// SummarySweepAfter is how long after it stopped counting a summary
+	// is deleted by any replica: its own replica is gone.
+	SummarySweepAfter = 10 * time.Minute
+)
+
+// ownWriteMemory is how long this replica counts a slot it wrote itself,
+// whatever its cache says: past it, the cache has seen the write.
+const ownWriteMemory = 30 * time.Second
+
+// SummaryName is the name of a replica's summary of a fleet: a hash, since
+// a fleet's name and a replica's together may exceed what a name holds.
+func SummaryName(fleet, replica string) string {
+	sum := sha256.Sum256([]byte(fleet + "\x00" + replica))
+	return "egress-leases-" + hex.EncodeToString(sum[:])[:20]
+}
+
+// SummarySelector selects the summaries of a fleet (a long name's label is
+// a hash prefix: spec.fleet decides).
+func SummarySelector(fleet string) map[string]string {
+	return map[string]string{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet)}
+}
+
+// ownWrites are the slots this replica wrote lately, which its cache may
+// not show yet.
+type ownWrites struct {
+	mu    sync.Mutex
+	slots map[string]ownWrite // namespace/name
+}
+
+type ownWrite struct {
+	namespace, fleet, proxy string
+	renew                   time.Time
+	ttl                     time.Duration
+	at                      time.Time
+}
+
+func (w *ownWrites) note(l *coordv1.Lease, now time.Time) {
+	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil || l.Labels[fleetv1alpha1.LabelLeaseKind] != fleetv1alpha1.LeaseKindSlot {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.slots == nil {
+		w.slots = map[string]ownWrite{}
+	}
+	w.slots[l.Namespace+"/"+l.Name] = ownWrite{
+		namespace: l.Namespace, fleet: fleetv1alpha1.FleetName(l), proxy: fleetv1alpha1.ProxyName(l),
+		renew: l.Spec.RenewTime.Time, ttl: time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second, at: now,
+	}
+}
+
+func (w *ownWrites) drop(key string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.slots, key)
+}
+
+// of returns the slots of a fleet written within ownWriteMemory of now,
+// by namespace/name, forgetting older ones.
+func (w *ownWrites) of(namespace, fleet string, now time.Time) map[string]ownWrite {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := map[string]ownWrite{}
+	for k, o := range w.slots {
+		switch {
+		case now.Sub(o.at) >= ownWriteMemory || o.at.After(now):
+			delete(w.slots, k)
+		case o.namespace == namespace && o.fleet == fleet:
+			out[k] = o
+		}
+	}
+	return out
+}
+
+// Leased returns the proxies of a fleet crawlers hold leases on, sorted by
+// name, each with how many and until when they may be held without a
+// renewal this replica would see: its cache's slots and the slots it wrote
+// itself lately, which its cache may not show yet. maxTTL is the fleet's.
+func (s *Store) Leased(ctx context.Context, namespace, fleet string, maxTTL time.Duration) ([]v1alpha1.LeasedProxy, error) {
+	slots, err := s.Slots(ctx, namespace, fleet)
+	if err != nil {
+		return nil, err
+	}
+	type held struct {
+		holders map[string]bool
+		until   time.Time
+	}
+	by := map[string]*held{}
+	add := func(proxy, key string, renew time.Time, ttl time.Duration) {
+		h := by[proxy]
+		if h == nil {
+			h = &held{holders: map[string]bool{}}
+			by[proxy] = h
+		}
+		h.holders[key] = true
+		if until := renew.Add(min(ttl, maxTTL)).Add(HoldSkew); until.After(h.until) {
+			h.until = until
+		}
+	}
+	for proxy, ls := range slots {
+		for _, l := range ls {
+			add(proxy, l.Namespace+"/"+l.Name, l.Spec.RenewTime.Time, leaseTTL(l))
+		}
+	}
+	for key, o := range s.written.of(namespace, fleet, s.now()) {
+		add(o.proxy, key, o.renew, o.ttl)
+	}
+	out := make([]v1alpha1.LeasedProxy, 0, len(by))
+	for proxy, h := range by {
+		out = append(out, v1alpha1.LeasedProxy{Name: proxy, Holders: int32(min(len(h.holders), 1<<30)), HeldUntil: metav1.MicroTime{Time: h.until}}) //nolint:gosec // Bounded above.
+	}
+	slices.SortFunc(out, func(a, b v1alpha1.LeasedProxy) int { return strings.Compare(a.Name, b.Name) })
+	return out, nil
+}
