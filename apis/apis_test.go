@@ -40,6 +40,7 @@ func TestCRDsEstablished(t *testing.T) {
 	want := []string{
 		"clusterproviderconfigs.egress.crawl.example.com",
 		"clusterproviderconfigusages.egress.crawl.example.com",
+		"leasesummaries.egress.crawl.example.com",
 		"providerconfigs.egress.crawl.example.com",
 		"providerconfigusages.egress.crawl.example.com",
 		"proxies.egress.crawl.example.com",
@@ -467,13 +468,13 @@ func TestInvalidObjectsRejected(t *testing.T) {
 			want: []string{"spec.rotation", "cannot both be 0"},
 		},
 		"FleetTooBigForOneMessage": {
-			reason: "A fleet whose Proxies and leases would not fit Crossplane's message to the function with a 2x margin is refused.",
-			base:   validFleet, set: map[string]any{"spec.replicas": int64(100), "spec.leases": map[string]any{"maxLeasesPerProxy": int64(10)}},
-			want: []string{"must not exceed 2 MiB", "at most 202 replicas with 1 lease per proxy, 56 with 10"},
+			reason: "A fleet whose Proxies would not fit Crossplane's message to the function with a 2x margin is refused.",
+			base:   validFleet, set: map[string]any{"spec.replicas": int64(300), "spec.leases": map[string]any{"maxLeasesPerProxy": int64(10)}},
+			want: []string{"must not exceed 2 MiB", "at most 267 replicas, however many leases per proxy"},
 		},
 		"FleetTooManyReplicasForOneMessage": {
-			reason: "With one lease per proxy and maxSurge 1 the bound is 202 replicas.",
-			base:   validFleet, set: map[string]any{"spec.replicas": int64(203)},
+			reason: "With maxSurge 1 the bound is 267 replicas.",
+			base:   validFleet, set: map[string]any{"spec.replicas": int64(268)},
 			want: []string{"must not exceed 2 MiB"},
 		},
 		"FleetDefaultTTLAboveMax": {
@@ -589,8 +590,8 @@ func TestFleetMessageBoundAccepted(t *testing.T) {
 	ns := bed.Namespace(t)
 	ctx := context.Background()
 	for i, set := range []map[string]any{
-		{"spec.replicas": int64(202)},
-		{"spec.replicas": int64(56), "spec.leases": map[string]any{"maxLeasesPerProxy": int64(10)}},
+		{"spec.replicas": int64(267)},
+		{"spec.replicas": int64(267), "spec.leases": map[string]any{"maxLeasesPerProxy": int64(100)}},
 	} {
 		u := object(t, validFleet, set)
 		u.SetNamespace(ns)

@@ -42,6 +42,7 @@ import (
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/devenv"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
@@ -505,6 +506,21 @@ func templateChangeRollsOut(t *testing.T) {
 			_ = c.Release(ctx, held.LeaseID)
 		}
 	}()
+	// The function knows of leases from egress-discovery's LeaseSummaries:
+	// the template changes once they list this one, as they do within a
+	// second, so that the rollout replaces the unleased proxy first.
+	testbed.Eventually(t, 30*time.Second, "the LeaseSummaries listing the lease", func() (bool, string) {
+		l := &v1alpha1.LeaseSummaryList{}
+		if err := stack.Client.List(ctx, l, client.InNamespace(ns), client.MatchingLabels(lease.SummarySelector(rotor))); err != nil {
+			return false, err.Error()
+		}
+		for _, s := range l.Items {
+			if slices.ContainsFunc(s.Spec.Leased, func(p v1alpha1.LeasedProxy) bool { return p.Name == held.Proxy }) {
+				return true, ""
+			}
+		}
+		return false, fmt.Sprintf("%d summaries, none listing %s", len(l.Items), held.Proxy)
+	})
 
 	sample := sampleReady(rotor, floor)
 	changed := time.Now()

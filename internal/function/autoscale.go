@@ -13,10 +13,6 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
-// requiredDemand names the demand Leases the function asks Crossplane for,
-// for an autoscaled fleet.
-const requiredDemand = "demand"
-
 // ConditionAutoscaling says who sizes the fleet, and why it has the size it
 // aims at.
 const ConditionAutoscaling = "Autoscaling"
@@ -218,20 +214,6 @@ func (a *autoscaler) scale(d lease.Demand, perProxy, healthy, current int, histo
 	}
 	s.reason = strings.Join(why, "; ")
 	return s
-}
-
-// sumDemand sums the fresh demand Leases of the fleet's discovery replicas:
-// what waits and was refused. Held leases are counted from the fleet's slot
-// Leases instead, which every replica sees alike.
-func sumDemand(demand []*structpb.Struct, fleet string, held int, now time.Time) lease.Demand {
-	d := lease.Demand{Held: held}
-	for _, r := range demand {
-		if one, ok := lease.ReadDemand(leaseOf(r), fleet, now); ok {
-			d.Waiting += one.Waiting
-			d.Refused += one.Refused
-		}
-	}
-	return d
 }
 
 // previousScaling reads back what the last composition recorded in the

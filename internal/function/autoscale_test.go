@@ -1,7 +1,6 @@
 package function
 
 import (
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -143,38 +142,6 @@ func TestStabilizeBoundsItsHistory(t *testing.T) {
 	}
 }
 
-// demandLease is a discovery replica's demand Lease, written at renew.
-func demandLease(fleet, replica string, renew time.Time, d lease.Demand) *structpb.Struct {
-	return resource.MustStructJSON(fmt.Sprintf(`{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-		"metadata": {"name": %q, "namespace": "team", "labels": {"crawl.example.com/fleet": %q, "crawl.example.com/lease-kind": "demand"},
-			"annotations": {"crawl.example.com/fleet": %q, "crawl.example.com/demand-held": "%d", "crawl.example.com/demand-waiting": "%d", "crawl.example.com/demand-refused": "%d"}},
-		"spec": {"holderIdentity": %q, "leaseDurationSeconds": 60, "renewTime": %q}}`,
-		lease.DemandName(fleet, replica), fleet, fleet, d.Held, d.Waiting, d.Refused, replica, renew.Format(time.RFC3339Nano)))
-}
-
-// TestSumDemand: only fresh demand Leases of exactly this fleet count,
-// with counts that parse; held leases come from the slots, not from what
-// each replica says.
-func TestSumDemand(t *testing.T) {
-	bad := demandLease("crawlers", "r5", t0, lease.Demand{Waiting: 9})
-	bad.GetFields()["metadata"].GetStructValue().GetFields()["annotations"].GetStructValue().Fields["crawl.example.com/demand-refused"] = structpb.NewStringValue("-3")
-	huge := demandLease("crawlers", "r6", t0, lease.Demand{Waiting: 9})
-	huge.GetFields()["metadata"].GetStructValue().GetFields()["annotations"].GetStructValue().Fields["crawl.example.com/demand-waiting"] = structpb.NewStringValue("99999999999")
-	items := []*structpb.Struct{
-		demandLease("crawlers", "r1", t0.Add(-10*time.Second), lease.Demand{Held: 40, Waiting: 2, Refused: 1}),
-		// A minute old by a reader whose clock is up to 30 s ahead.
-		demandLease("crawlers", "r2", t0.Add(-89*time.Second), lease.Demand{Waiting: 1, Refused: 1}),
-		demandLease("crawlers", "r3", t0.Add(-91*time.Second), lease.Demand{Waiting: 50}), // stale, skew allowed for
-		demandLease("crawlers", "r4", t0.Add(time.Hour), lease.Demand{Waiting: 50}),       // ahead of any skew
-		demandLease("other", "r1", t0, lease.Demand{Waiting: 50}),                         // another fleet
-		bad, huge,
-	}
-	got := sumDemand(items, "crawlers", 4, t0)
-	if want := (lease.Demand{Held: 4, Waiting: 3, Refused: 2}); got != want {
-		t.Errorf("sumDemand = %+v, want %+v", got, want)
-	}
-}
-
 // TestPreviousScaling reads back what the last composition recorded, and
 // drops what does not parse instead of failing or trusting it.
 func TestPreviousScaling(t *testing.T) {
@@ -217,6 +184,7 @@ func TestAutoscalerRemovesOnlyUnleased(t *testing.T) {
 	drained := func() []*member {
 		ms := observed()
 		ms[1].DrainSince, ms[3].DrainSince = t0.Add(-drainSettle), t0.Add(-drainSettle)
+		ms[1].DrainSeen, ms[3].DrainSeen = true, true
 		return ms
 	}
 	if got := summary(decide(fleetFor(1, []string{"a", "b"}, auto), drained(), true, t0)); got != "0:a 2:a" {
@@ -234,7 +202,7 @@ func TestAutoscalerRemovesOnlyUnleased(t *testing.T) {
 	// A holder long drained for a rollout whose Ready replacement serves:
 	// the holder, drained, goes; the replacement, which may have been
 	// leased a moment ago, drains before it goes too.
-	rolled := []*member{m(0, "a", leased), m(1, "b", func(x *member) { x.DrainSince = t0.Add(-time.Hour) }), m(2, "b", replaces(1))}
+	rolled := []*member{m(0, "a", leased), m(1, "b", drainedFor(time.Hour)), m(2, "b", replaces(1))}
 	p = decide(fleetFor(1, []string{"a", "b"}, auto), rolled, true, t0)
 	if got := summary(p); got != "0:a 2:b>1" || len(p.keep) != 2 || !p.keep[1].Draining {
 		t.Errorf("a drained holder with a fresh replacement: kept %q; want 0:a and the replacement 2:b>1, draining", got)
@@ -258,16 +226,14 @@ func TestRunAutoscaled(t *testing.T) {
 	spec := withSpec(t, "autoscaling", `{"minReplicas": 0, "maxReplicas": 5}`)
 	req := &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}}}
 	rsp := run(t, req)
-	if sel := rsp.GetRequirements().GetResources()[requiredDemand]; sel.GetMatchLabels().GetLabels()["crawl.example.com/lease-kind"] != "demand" {
-		t.Fatalf("an autoscaled fleet requires its demand Leases: %v", rsp.GetRequirements())
+	if sel := rsp.GetRequirements().GetResources()[requiredSummaries]; sel.GetKind() != "LeaseSummary" || sel.GetMatchLabels().GetLabels()["crawl.example.com/fleet"] != "crawlers" {
+		t.Fatalf("an autoscaled fleet requires its LeaseSummaries: %v", rsp.GetRequirements())
 	}
 	if n := len(rsp.GetDesired().GetResources()); n != 2 {
 		// validSpec's two zones... its access Role and RoleBinding only.
 		t.Errorf("with nothing known and no proxy, the fleet starts from none: %d desired resources", n)
 	}
-	req.RequiredResources = map[string]*fnv1.Resources{"leases": {}, requiredDemand: {Items: []*fnv1.Resource{
-		{Resource: demandLease("crawlers", "r1", t0, lease.Demand{Waiting: 1})},
-	}}}
+	req.RequiredResources = summaries(leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{Waiting: 1}))
 	rsp = run(t, req)
 	status := rsp.GetDesired().GetComposite().GetResource().GetFields()["status"].GetStructValue()
 	if got := field(status, "desiredReplicas").GetNumberValue(); got != 2 {
@@ -284,8 +250,8 @@ func TestRunAutoscaled(t *testing.T) {
 	if c := conditions(plain, ConditionAutoscaling); len(c) != 1 || c[0].GetReason() != "Disabled" {
 		t.Errorf("without spec.autoscaling the condition says spec.replicas rules: %v", c)
 	}
-	if _, ok := plain.GetRequirements().GetResources()[requiredDemand]; ok {
-		t.Error("a fleet without autoscaling requires no demand")
+	if r := plain.GetRequirements().GetResources(); len(r) != 1 || r[requiredSummaries] == nil {
+		t.Errorf("a fleet without autoscaling requires its LeaseSummaries and nothing else (no Leases): %v", r)
 	}
 }
 
@@ -321,9 +287,7 @@ func TestAutoscalerHoldsThroughAnOutage(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			rsp := run(t, &fnv1.RunFunctionRequest{
 				Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: tc.proxies},
-				RequiredResources: map[string]*fnv1.Resources{"leases": {}, requiredDemand: {Items: []*fnv1.Resource{
-					{Resource: demandLease("crawlers", "r1", t0, lease.Demand{Waiting: 4, Refused: 3})},
-				}}},
+				RequiredResources: summaries(leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{Waiting: 4, Refused: 3})),
 			})
 			st := rsp.GetDesired().GetComposite().GetResource().GetFields()["status"].GetStructValue()
 			n, why := field(st, "desiredReplicas").GetNumberValue(), str(st, "autoscaling", "reason")

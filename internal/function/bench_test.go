@@ -26,7 +26,7 @@ func fleetRequest(n int) *fnv1.RunFunctionRequest {
 	}
 	return &fnv1.RunFunctionRequest{
 		Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: observed},
-		RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+		RequiredResources: noLeases(),
 	}
 }
 

@@ -20,9 +20,7 @@ import (
 	"github.com/crossplane/function-sdk-go/response"
 	"github.com/pkg/errors"
 	"google.golang.org/protobuf/types/known/structpb"
-	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
@@ -41,9 +39,6 @@ const (
 	labelClaimName      = "crossplane.io/claim-name"
 	labelClaimNamespace = "crossplane.io/claim-namespace"
 )
-
-// requiredLeases names the Lease objects the function asks Crossplane for.
-const requiredLeases = "leases"
 
 // Function composes ProxyFleets.
 type Function struct {
@@ -117,23 +112,21 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 	}
 
 	rsp.Requirements = &fnv1.Requirements{Resources: map[string]*fnv1.ResourceSelector{
-		requiredLeases: {
-			ApiVersion: "coordination.k8s.io/v1", Kind: "Lease", Namespace: &namespace,
-			Match: &fnv1.ResourceSelector_MatchLabels{MatchLabels: &fnv1.MatchLabels{Labels: lease.SeatSelector(fleetName)}},
+		requiredSummaries: {
+			ApiVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.LeaseSummaryKind, Namespace: &namespace,
+			Match: &fnv1.ResourceSelector_MatchLabels{MatchLabels: &fnv1.MatchLabels{Labels: lease.SummarySelector(fleetName)}},
 		},
 	}}
-	if fleet.autoscale != nil {
-		rsp.Requirements.Resources[requiredDemand] = &fnv1.ResourceSelector{
-			ApiVersion: "coordination.k8s.io/v1", Kind: "Lease", Namespace: &namespace,
-			Match: &fnv1.ResourceSelector_MatchLabels{MatchLabels: &fnv1.MatchLabels{Labels: lease.DemandSelector(fleetName)}},
-		}
+	summaries, sent := req.GetRequiredResources()[requiredSummaries]
+	_, maxTTL := fleet.spec.Leases.TTLs()
+	view := viewLeases(summaries.GetItems(), sent, fleet.Name, maxTTL, now)
+	members := observedMembers(req.GetObserved().GetResources(), view.leased, fleet.Revision)
+	for _, m := range members {
+		m.DrainSeen = view.drainSeen(m.Name)
 	}
-	leaseList, leasesKnown := req.GetRequiredResources()[requiredLeases]
-	leased, held := heldProxies(leaseList.GetItems(), fleet, now)
-	members := observedMembers(req.GetObserved().GetResources(), leased, fleet.Revision)
 	markDuplicates(members)
-	sc := autoscale(req, fleet, members, held, leasesKnown, now)
-	p := decide(fleet, members, leasesKnown, now)
+	sc := autoscale(req, fleet, members, view, now)
+	p := decide(fleet, members, view.known, now)
 
 	if rsp.Desired == nil {
 		rsp.Desired = &fnv1.State{}
@@ -181,7 +174,7 @@ const failingAfter = 2 * time.Minute
 // autoscale sizes an autoscaled fleet, setting its Replicas to the size it
 // aims at; nil for a fleet spec.replicas sizes. Until Crossplane has sent
 // the fleet's leases and demand, the size aimed at so far stays.
-func autoscale(req *fnv1.RunFunctionRequest, f *Fleet, members []*member, held int, leasesKnown bool, now time.Time) *scaling {
+func autoscale(req *fnv1.RunFunctionRequest, f *Fleet, members []*member, view *leaseView, now time.Time) *scaling {
 	if f.autoscale == nil {
 		return nil
 	}
@@ -196,13 +189,8 @@ func autoscale(req *fnv1.RunFunctionRequest, f *Fleet, members []*member, held i
 			}
 		}
 	}
-	demand, demandKnown := req.GetRequiredResources()[requiredDemand]
 	var sc *scaling
-	if leasesKnown && demandKnown {
-		items := make([]*structpb.Struct, 0, len(demand.GetItems()))
-		for _, r := range demand.GetItems() {
-			items = append(items, r.GetResource())
-		}
+	if view.known {
 		healthy, old := 0, 0
 		for _, m := range members {
 			if m.Healthy {
@@ -217,9 +205,9 @@ func autoscale(req *fnv1.RunFunctionRequest, f *Fleet, members []*member, held i
 		// refused and more proxies would fail alike, so the fleet does
 		// not grow until one recovers; nor does it shrink for it.
 		outage := healthy == 0 && old > 0
-		sc = f.autoscale.scale(sumDemand(items, f.Name, held, now), int(*f.spec.Leases.MaxLeasesPerProxy), healthy, current, history, now, outage)
+		sc = f.autoscale.scale(view.demand, int(*f.spec.Leases.MaxLeasesPerProxy), healthy, current, history, now, outage)
 	} else {
-		sc = &scaling{desired: min(max(current, f.autoscale.Min), f.autoscale.Max), history: history, reason: "waiting for the fleet's leases and demand"}
+		sc = &scaling{desired: min(max(current, f.autoscale.Min), f.autoscale.Max), history: history, reason: view.why}
 	}
 	f.Replicas = sc.desired
 	return sc
@@ -301,41 +289,6 @@ func later(a, b time.Time) time.Time {
 		return a
 	}
 	return b
-}
-
-// heldProxies returns the names of the fleet's proxies that a crawler may
-// still hold a lease on, by lease.Holds, and how many leases are held.
-func heldProxies(leases []*fnv1.Resource, f *Fleet, now time.Time) (map[string]bool, int) {
-	out := map[string]bool{}
-	n := 0
-	_, maxTTL := f.spec.Leases.TTLs()
-	for _, r := range leases {
-		l := leaseOf(r.GetResource())
-		if fleetv1alpha1.FleetName(l) == f.Name && lease.Holds(l, now, maxTTL) {
-			out[fleetv1alpha1.ProxyName(l)] = true
-			n++
-		}
-	}
-	return out, n
-}
-
-// leaseOf reads the fields of a Lease that say who holds it until when.
-// Times are read as RFC 3339 with any fraction, as written by any client.
-func leaseOf(r *structpb.Struct) *coordv1.Lease {
-	l := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{
-		Labels: strmap(field(r, "metadata", "labels")), Annotations: strmap(field(r, "metadata", "annotations")),
-	}}
-	if h := str(r, "spec", "holderIdentity"); h != "" {
-		l.Spec.HolderIdentity = &h
-	}
-	if renew, err := time.Parse(time.RFC3339Nano, str(r, "spec", "renewTime")); err == nil {
-		l.Spec.RenewTime = &metav1.MicroTime{Time: renew}
-	}
-	if v := field(r, "spec", "leaseDurationSeconds"); v != nil {
-		d := int32(v.GetNumberValue())
-		l.Spec.LeaseDurationSeconds = &d
-	}
-	return l
 }
 
 // observedMembers reads the fleet's observed Proxies. Each nested object is

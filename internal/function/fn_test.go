@@ -158,14 +158,14 @@ func observedProxy(ord int, zone string, ready bool, created time.Time, extra st
 }
 
 func TestRunFunction(t *testing.T) {
-	t.Run("RequiresTheFleetsLeases", func(t *testing.T) {
+	t.Run("RequiresTheFleetsLeaseSummaries", func(t *testing.T) {
 		rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(validSpec)}}})
-		want := &fnv1.Requirements{Resources: map[string]*fnv1.ResourceSelector{"leases": {
-			ApiVersion: "coordination.k8s.io/v1", Kind: "Lease", Namespace: ptr.To("team"),
-			Match: &fnv1.ResourceSelector_MatchLabels{MatchLabels: &fnv1.MatchLabels{Labels: map[string]string{"crawl.example.com/fleet": "crawlers", "crawl.example.com/lease-kind": "slot"}}},
+		want := &fnv1.Requirements{Resources: map[string]*fnv1.ResourceSelector{requiredSummaries: {
+			ApiVersion: "egress.crawl.example.com/v1alpha1", Kind: "LeaseSummary", Namespace: ptr.To("team"),
+			Match: &fnv1.ResourceSelector_MatchLabels{MatchLabels: &fnv1.MatchLabels{Labels: map[string]string{"crawl.example.com/fleet": "crawlers"}}},
 		}}}
 		if diff := cmp.Diff(want, rsp.GetRequirements(), protocmp.Transform()); diff != "" {
-			t.Errorf("the function asks Crossplane for the fleet's Lease objects: -want, +got:\n%s", diff)
+			t.Errorf("the function asks Crossplane for the fleet's LeaseSummaries, not its Leases: -want, +got:\n%s", diff)
 		}
 	})
 
@@ -177,7 +177,7 @@ func TestRunFunction(t *testing.T) {
 				"proxy-1": observedProxy(1, "b", false, t0.Add(-2*time.Minute), ""),
 			}},
 			Desired:           &fnv1.State{Resources: map[string]*fnv1.Resource{"extra": other}},
-			RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+			RequiredResources: noLeases(),
 		}
 		rsp := run(t, req)
 		d := rsp.GetDesired().GetResources()
@@ -232,7 +232,7 @@ func TestRunFunction(t *testing.T) {
 				"proxy-2": shared,
 				"proxy-3": unknown,
 			}},
-			RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+			RequiredResources: noLeases(),
 		}
 		rsp := run(t, req)
 		wantCond := []*fnv1.Condition{{
@@ -271,7 +271,7 @@ func TestRunFunction(t *testing.T) {
 		// no IP) is no all-clear.
 		rsp = run(t, &fnv1.RunFunctionRequest{
 			Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: map[string]*fnv1.Resource{"proxy-3": unknown}},
-			RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+			RequiredResources: noLeases(),
 		})
 		if c := conditions(rsp, ConditionDuplicateEgressIP); len(c) != 1 || c[0].GetStatus() != fnv1.Status_STATUS_CONDITION_UNKNOWN || c[0].GetReason() != "NoEgressIPsKnown" {
 			t.Errorf("no egress IP known: DuplicateEgressIP %v, want Unknown NoEgressIPsKnown", c)
@@ -284,7 +284,7 @@ func TestRunFunction(t *testing.T) {
 				"proxy-0": observedProxy(0, "a", true, t0.Add(-3*time.Hour), ""),
 				"proxy-1": observedProxy(1, "b", false, t0.Add(-20*time.Minute), ""),
 			}},
-			RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+			RequiredResources: noLeases(),
 		}
 		rsp := run(t, req)
 		if r := rsp.GetResults(); len(r) != 1 || r[0].GetSeverity() != fnv1.Severity_SEVERITY_WARNING || !strings.Contains(r[0].GetMessage(), "crawlers-1 unhealthy since 2026-11-29T11:40:00Z") {
@@ -308,7 +308,7 @@ func TestRunFunction(t *testing.T) {
 				"proxy-0": observedProxy(0, "a", true, t0.Add(-3*time.Hour), ""),
 				"proxy-1": refused,
 			}},
-			RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+			RequiredResources: noLeases(),
 		})
 		if _, ok := rsp.GetDesired().GetResources()["proxy-2"]; ok {
 			t.Error("a refused proxy must not be replaced")
@@ -345,32 +345,45 @@ func TestRunFunction(t *testing.T) {
 
 	t.Run("ActiveLeaseHoldsRotation", func(t *testing.T) {
 		spec := withSpec(t, "rotation", `{"maxAge": "1h"}`)
-		leaseAt := func(renew time.Time) *fnv1.Resource {
-			return &fnv1.Resource{Resource: resource.MustStructJSON(fmt.Sprintf(`{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-				"metadata": {"name": "l", "namespace": "team", "labels": {"crawl.example.com/fleet": "crawlers", "crawl.example.com/proxy": "crawlers-0", "crawl.example.com/lease-kind": "slot"}},
-				"spec": {"holderIdentity": "crawler-1", "leaseDurationSeconds": 600, "renewTime": %q}}`, renew.Format(time.RFC3339Nano)))}
-		}
+		drained := `, "crawl.example.com/draining-since": "` + strconv.FormatInt(t0.Add(-time.Minute).Unix(), 10) + `"`
 		observed := map[string]*fnv1.Resource{
-			"proxy-0": observedProxy(0, "a", true, t0.Add(-3*time.Hour), ""),
+			"proxy-0": observedProxy(0, "a", true, t0.Add(-3*time.Hour), drained),
 			"proxy-1": observedProxy(1, "b", true, t0.Add(-10*time.Minute), ""),
 			"proxy-2": observedProxy(2, "a", true, t0.Add(-5*time.Minute), `, "crawl.example.com/replaces": "0"`),
 		}
+		seen := []string{"crawlers-0"}
 		for name, tc := range map[string]struct {
-			renew   time.Time
-			oldKept bool
+			summaries []*structpb.Struct
+			oldKept   bool
 		}{
-			"Active": {renew: t0.Add(-time.Minute), oldKept: true},
-			// Renewed by a replica whose clock may run behind ours.
-			"ExpiredWithinSkew": {renew: t0.Add(-600*time.Second - lease.HoldSkew + time.Second), oldKept: true},
-			"Expired":           {renew: t0.Add(-600*time.Second - lease.HoldSkew), oldKept: false},
+			"Listed": {[]*structpb.Struct{leaseSummary("crawlers", "r1", t0, []held{{"crawlers-0", 1, t0.Add(time.Minute)}}, seen, lease.Demand{})}, true},
+			"ListedByAnotherReplica": {[]*structpb.Struct{
+				leaseSummary("crawlers", "r1", t0, nil, seen, lease.Demand{}),
+				leaseSummary("crawlers", "r2", t0.Add(-5*time.Second), []held{{"crawlers-0", 1, t0.Add(time.Minute)}}, seen, lease.Demand{}),
+			}, true},
+			// Its replica died; what it said still holds until then.
+			"ListedByAStaleSummaryStillHeld": {[]*structpb.Struct{
+				leaseSummary("crawlers", "r1", t0, nil, seen, lease.Demand{}),
+				leaseSummary("crawlers", "r2", t0.Add(-5*time.Minute), []held{{"crawlers-0", 1, t0.Add(time.Minute)}}, nil, lease.Demand{}),
+			}, true},
+			"ListedByAStaleSummaryEnded": {[]*structpb.Struct{
+				leaseSummary("crawlers", "r1", t0, nil, seen, lease.Demand{}),
+				leaseSummary("crawlers", "r2", t0.Add(-5*time.Minute), []held{{"crawlers-0", 1, t0.Add(-time.Second)}}, nil, lease.Demand{}),
+			}, false},
+			"NotSeenDrainingByALiveReplica": {[]*structpb.Struct{
+				leaseSummary("crawlers", "r1", t0, nil, seen, lease.Demand{}),
+				leaseSummary("crawlers", "r2", t0, nil, nil, lease.Demand{}),
+			}, true},
+			"OnlyStaleSummaries": {[]*structpb.Struct{leaseSummary("crawlers", "r1", t0.Add(-5*time.Minute), nil, seen, lease.Demand{})}, true},
+			"NoneListed":         {[]*structpb.Struct{leaseSummary("crawlers", "r1", t0, nil, seen, lease.Demand{})}, false},
 		} {
 			rsp := run(t, &fnv1.RunFunctionRequest{
 				Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: observed},
-				RequiredResources: map[string]*fnv1.Resources{"leases": {Items: []*fnv1.Resource{leaseAt(tc.renew)}}},
+				RequiredResources: summaries(tc.summaries...),
 			})
 			_, kept := rsp.GetDesired().GetResources()["proxy-0"]
 			if kept != tc.oldKept {
-				t.Errorf("%s lease: old proxy kept %v, want %v", name, kept, tc.oldKept)
+				t.Errorf("%s: old proxy kept %v, want %v", name, kept, tc.oldKept)
 			}
 		}
 	})
@@ -415,7 +428,7 @@ func TestPrivateDestinationsComposed(t *testing.T) {
 func TestDiscoveryAccess(t *testing.T) {
 	grants := func(f *Function, spec string) map[string]*fnv1.Resource {
 		rsp, err := f.RunFunction(context.Background(), &fnv1.RunFunctionRequest{
-			Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}}, RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+			Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}}, RequiredResources: noLeases(),
 		})
 		if err != nil || len(rsp.GetResults()) != 0 {
 			t.Fatalf("%v %v", err, rsp.GetResults())
@@ -472,7 +485,7 @@ func TestTemplateChangeKeepsOldSpecs(t *testing.T) {
 			"proxy-0": old,
 			"proxy-1": observedProxy(1, "b", true, t0.Add(-2*time.Hour), `, "crawl.example.com/template-revision": "`+current+`"`),
 		}},
-		RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+		RequiredResources: noLeases(),
 	}
 	d := run(t, req).GetDesired().GetResources()
 	fp := func(name string) map[string]any {
@@ -497,7 +510,7 @@ func TestTemplateChangeKeepsOldSpecs(t *testing.T) {
 	// Its replacement Ready, and a crawler's lease on it, the old Proxy
 	// drains from now; composed again, it keeps the time its drain began.
 	req.Observed.Resources["proxy-2"] = observedProxy(2, "a", true, t0.Add(-time.Minute), `, "crawl.example.com/replaces": "0", "crawl.example.com/template-revision": "`+current+`"`)
-	req.RequiredResources = map[string]*fnv1.Resources{"leases": {Items: []*fnv1.Resource{heldLease("crawlers-0")}}}
+	req.RequiredResources = summaries(leaseSummary("crawlers", "r1", t0, []held{{"crawlers-0", 1, t0.Add(10 * time.Minute)}}, nil, lease.Demand{}))
 	drained := func() any {
 		return run(t, req).GetDesired().GetResources()["proxy-0"].GetResource().AsMap()["metadata"].(map[string]any)["labels"].(map[string]any)[fleetv1alpha1.LabelDrainingSince]
 	}
@@ -570,7 +583,7 @@ func TestFleetReadiness(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			rsp := run(t, &fnv1.RunFunctionRequest{
 				Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: xr(tc.spec)}, Resources: tc.resources},
-				RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+				RequiredResources: noLeases(),
 			})
 			if got := rsp.GetDesired().GetComposite().GetReady(); got != tc.want {
 				t.Errorf("%s\nXR ready: %v, want %v", tc.reason, got, tc.want)
@@ -628,7 +641,7 @@ func TestRolloutStalled(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			rsp := run(t, &fnv1.RunFunctionRequest{
 				Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: tc.xr}, Resources: stuck},
-				RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+				RequiredResources: noLeases(),
 			})
 			var c *fnv1.Condition
 			for _, x := range rsp.GetConditions() {
@@ -679,10 +692,10 @@ func conditions(rsp *fnv1.RunFunctionResponse, t string) []*fnv1.Condition {
 }
 
 // heldLease is a crawler's unexpired lease on the Proxy proxy at t0.
-func heldLease(proxy string) *fnv1.Resource {
-	return &fnv1.Resource{Resource: resource.MustStructJSON(fmt.Sprintf(`{"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-		"metadata": {"name": "l-%s", "namespace": "team", "labels": {"crawl.example.com/fleet": "crawlers", "crawl.example.com/proxy": %q, "crawl.example.com/lease-kind": "slot"}},
-		"spec": {"holderIdentity": "crawler-1", "leaseDurationSeconds": 600, "renewTime": %q}}`, proxy, proxy, t0.Add(-time.Minute).Format(time.RFC3339Nano)))}
+// noLeases is what Crossplane sends of a fleet no crawler holds a lease
+// on: one fresh LeaseSummary listing none.
+func noLeases() map[string]*fnv1.Resources {
+	return summaries(leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{}))
 }
 
 // TestCredentials: each Proxy is told how long to accept its previous
@@ -709,7 +722,7 @@ func TestCredentials(t *testing.T) {
 				"proxy-0": outdated,
 				"proxy-1": observedProxy(1, "b", true, t0.Add(-2*time.Hour), `, "crawl.example.com/template-revision": "`+current+`"`),
 			}},
-			RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+			RequiredResources: noLeases(),
 		}
 		d := run(t, req).GetDesired().GetResources()
 		for _, name := range []string{"proxy-0", "proxy-1", "proxy-2"} {
@@ -736,7 +749,7 @@ func TestCredentials(t *testing.T) {
 		"forProvider": {"mode": "Managed", "port": 3128, "local": {"bindAddress": "127.0.0.1"}, "maxLeases": 1, "authSecretRef": {"name": "auth"}, "credentialGracePeriod": "1h0m0s"}}`))
 	rsp := run(t, &fnv1.RunFunctionRequest{
 		Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: xr(open)}, Resources: map[string]*fnv1.Resource{"proxy-0": old}},
-		RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+		RequiredResources: noLeases(),
 	})
 	for _, r := range rsp.GetResults() {
 		if r.GetSeverity() == fnv1.Severity_SEVERITY_FATAL {

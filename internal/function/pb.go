@@ -28,19 +28,6 @@ func field(s *structpb.Struct, path ...string) *structpb.Value {
 
 func str(s *structpb.Struct, path ...string) string { return field(s, path...).GetStringValue() }
 
-// strmap reads a map of strings, such as labels; nil when v holds none.
-func strmap(v *structpb.Value) map[string]string {
-	f := v.GetStructValue().GetFields()
-	if len(f) == 0 {
-		return nil
-	}
-	out := make(map[string]string, len(f))
-	for k, v := range f {
-		out[k] = v.GetStringValue()
-	}
-	return out
-}
-
 // toValue converts a JSON-marshalable Go value into a protobuf Value.
 func toValue(v any) (*structpb.Value, error) {
 	b, err := json.Marshal(v)

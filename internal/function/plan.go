@@ -42,9 +42,12 @@ type member struct {
 	// turned Ready, that led to this member.
 	Streak int
 	// DrainSince is when it began to drain (LabelDrainingSince), as
-	// observed; Draining says the plan has it drain.
+	// observed; Draining says the plan has it drain. DrainSeen says every
+	// live egress-discovery replica saw it draining, in the LeaseSummary
+	// it wrote last.
 	DrainSince time.Time
 	Draining   bool
+	DrainSeen  bool
 	// spec is its observed spec, which a Proxy of an old revision keeps
 	// until it goes.
 	spec *structpb.Value
@@ -196,9 +199,20 @@ func (pl *planner) forget(m *member) {
 // removed: long enough for every discovery replica to see it drain.
 const drainSettle = 10 * time.Second
 
-// drained says whether m has drained for drainSettle.
+// drained says whether m has drained for drainSettle, and every live
+// discovery replica saw it draining: none hands it out any more.
 func (pl *planner) drained(m *member) bool {
-	return !m.DrainSince.IsZero() && pl.now.Sub(m.DrainSince) >= drainSettle
+	return !m.DrainSince.IsZero() && pl.now.Sub(m.DrainSince) >= drainSettle && m.DrainSeen
+}
+
+// free says whether no crawler can hold a lease on m, so that it may go
+// while it still serves: the leases are known, none is listed on it, and
+// it drained. The summaries are up to a few seconds old, so a proxy that
+// was handed out until now may have a lease none lists yet; one that
+// drained, seen by every replica, has none it was not already listed
+// with.
+func (pl *planner) free(m *member) bool {
+	return pl.leasesKnown && !m.Leased && pl.drained(m)
 }
 
 // scaleDownOrder sorts the replicas in the order scaleDown drops them:
@@ -477,6 +491,17 @@ func (pl *planner) goesFirst(h *member) bool {
 			}
 		}
 		return false
+	case f.MaxSurge == 0 && (!h.Ready || pl.ready-1 >= f.Replicas-f.MaxUnavailable) && !pl.free(h):
+		// No summary lists a lease on it, but one handed out since
+		// they were written may be on none yet: it drains first, and
+		// goes once every discovery replica saw it draining.
+		pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s drains before it goes", h.Name))
+		pl.p.leaseWait = true
+		h.Draining = true
+		if h.Ready {
+			pl.ready--
+		}
+		return false
 	case f.MaxSurge == 0 && (!h.Ready || pl.ready-1 >= f.Replicas-f.MaxUnavailable):
 		return true
 	}
@@ -509,7 +534,8 @@ func (pl *planner) complete() {
 			// Rolled back: the holder is of the current template again,
 			// and its replacement, of the abandoned one, goes instead,
 			// once no lease names it; the holder stays meanwhile.
-			if r.Leased || !pl.leasesKnown {
+			if !pl.free(r) {
+				r.Draining = true
 				pl.p.inFlight++
 				pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s, of an abandoned template, waits for its leases to drain", r.Name))
 				pl.p.leaseWait = true
@@ -530,6 +556,12 @@ func (pl *planner) complete() {
 		case pl.ready-1 < f.Replicas-f.MaxUnavailable:
 			pl.p.inFlight++
 			pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits: removing it would leave fewer than %d ready proxies", h.Name, f.Replicas-f.MaxUnavailable))
+		case !pl.free(h):
+			// Unleased as the summaries say; it drains (result), and
+			// goes once every discovery replica saw it draining.
+			pl.p.inFlight++
+			pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s drains before it goes", h.Name))
+			pl.p.leaseWait = true
 		default:
 			pl.ready--
 			s.holder, s.replacement = r, nil

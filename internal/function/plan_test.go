@@ -39,6 +39,12 @@ func replaces(o int) func(*member) { return func(x *member) { x.Replaces = o } }
 
 func leased(x *member) { x.Leased = true }
 
+// drainedFor has a member drain for d, seen draining by every discovery
+// replica.
+func drainedFor(d time.Duration) func(*member) {
+	return func(x *member) { x.DrainSince, x.DrainSeen = t0.Add(-d), true }
+}
+
 func rev(r string) func(*member) { return func(x *member) { x.Revision = r } }
 
 func revision(r string) func(*Fleet) { return func(f *Fleet) { f.Revision = r } }
@@ -118,11 +124,25 @@ func TestDecide(t *testing.T) {
 			want:        "0:a 1:b 2:a>0",
 		},
 		"ReadyReplacementRetiresDrainedOld": {
-			reason:      "Once the replacement is Ready and nobody holds a lease on the old proxy, the old one goes.",
+			reason:      "Once the replacement is Ready and nobody holds a lease on the old proxy, drained and seen draining, the old one goes.",
+			fleet:       fleetFor(2, ab, func(f *Fleet) { f.MaxAge = 30 * time.Minute }),
+			observed:    []*member{m(0, "a", drainedFor(time.Minute)), m(1, "b", age(time.Minute)), m(2, "a", replaces(0), age(time.Minute))},
+			leasesKnown: true,
+			want:        "1:b 2:a>0",
+		},
+		"ReadyReplacementDrainsOldFirst": {
+			reason:      "A lease handed out since the summaries were written may be listed nowhere yet: the old proxy drains before it goes.",
 			fleet:       fleetFor(2, ab, func(f *Fleet) { f.MaxAge = 30 * time.Minute }),
 			observed:    []*member{m(0, "a"), m(1, "b", age(time.Minute)), m(2, "a", replaces(0), age(time.Minute))},
 			leasesKnown: true,
-			want:        "1:b 2:a>0",
+			want:        "0:a 1:b 2:a>0", wantBlocked: "f-0 drains before it goes", wantDraining: "f-0",
+		},
+		"DrainNotSeenByEveryReplicaWaits": {
+			reason:      "A proxy that drained long enough but that one discovery replica has not seen draining may still be handed out: it stays.",
+			fleet:       fleetFor(2, ab, func(f *Fleet) { f.MaxAge = 30 * time.Minute }),
+			observed:    []*member{m(0, "a", drainedFor(time.Hour), func(x *member) { x.DrainSeen = false }), m(1, "b", age(time.Minute)), m(2, "a", replaces(0), age(time.Minute))},
+			leasesKnown: true,
+			want:        "0:a 1:b 2:a>0", wantBlocked: "f-0 drains before it goes", wantDraining: "f-0",
 		},
 		"LeasedOldWaits": {
 			reason:      "An old proxy with an active lease is not deleted, even with a Ready replacement.",
@@ -162,9 +182,16 @@ func TestDecide(t *testing.T) {
 		"MaxUnavailableWithoutSurge": {
 			reason:      "With maxSurge 0 and maxUnavailable 1, a drained old proxy is replaced in place.",
 			fleet:       fleetFor(2, ab, func(f *Fleet) { f.MaxAge = 30 * time.Minute; f.MaxSurge = 0; f.MaxUnavailable = 1 }),
-			observed:    []*member{m(0, "a"), m(1, "b", age(time.Minute))},
+			observed:    []*member{m(0, "a", drainedFor(time.Minute)), m(1, "b", age(time.Minute))},
 			leasesKnown: true,
 			want:        "1:b 2:a",
+		},
+		"MaxUnavailableWithoutSurgeDrainsFirst": {
+			reason:      "With maxSurge 0, an unleased old proxy drains, within maxUnavailable, before it is replaced in place.",
+			fleet:       fleetFor(2, ab, func(f *Fleet) { f.MaxAge = 30 * time.Minute; f.MaxSurge = 0; f.MaxUnavailable = 1 }),
+			observed:    []*member{m(0, "a"), m(1, "b", age(time.Minute))},
+			leasesKnown: true,
+			want:        "0:a 1:b", wantBlocked: "f-0 drains before it goes", wantDraining: "f-0",
 		},
 		"MaxUnavailableZeroProtectsReady": {
 			reason:      "Rotation never drops the fleet below replicas - maxUnavailable ready proxies.",
@@ -183,7 +210,7 @@ func TestDecide(t *testing.T) {
 		"TemplateChangeRetiresOnceReplacementReady": {
 			reason:      "An old proxy goes once its replacement of the new template is Ready.",
 			fleet:       fleetFor(3, ab, revision("r2")),
-			observed:    []*member{m(0, "a", rev("r1")), m(1, "b", rev("r1")), m(2, "a", rev("r1")), m(3, "a", rev("r2"), replaces(0), age(time.Minute))},
+			observed:    []*member{m(0, "a", rev("r1"), drainedFor(time.Minute)), m(1, "b", rev("r1")), m(2, "a", rev("r1")), m(3, "a", rev("r2"), replaces(0), age(time.Minute))},
 			leasesKnown: true,
 			want:        "1:b 2:a 3:a>0", wantBlocked: "f-1 waits for surge capacity (maxSurge 1); f-2 waits for surge capacity (maxSurge 1)",
 		},
@@ -211,7 +238,7 @@ func TestDecide(t *testing.T) {
 		"RotationOfNewTemplateAfterChange": {
 			reason:      "A Ready replacement of the new template retires the aged old proxy it replaces; the other old one is next, one surge at a time.",
 			fleet:       fleetFor(2, ab, revision("r2"), func(f *Fleet) { f.MaxAge = 30 * time.Minute }),
-			observed:    []*member{m(0, "a", rev("r1")), m(1, "b", rev("r1")), m(3, "a", rev("r2"), replaces(0), age(time.Minute))},
+			observed:    []*member{m(0, "a", rev("r1"), drainedFor(time.Minute)), m(1, "b", rev("r1")), m(3, "a", rev("r2"), replaces(0), age(time.Minute))},
 			leasesKnown: true,
 			want:        "1:b 3:a>0", wantBlocked: "f-1 waits for surge capacity (maxSurge 1)",
 		},
@@ -260,7 +287,7 @@ func TestDecide(t *testing.T) {
 		"RolledBack": {
 			reason:      "After a rollback, the replacement of the abandoned template goes, not the proxy it was to replace.",
 			fleet:       fleetFor(2, ab, revision("r1")),
-			observed:    []*member{m(0, "a", rev("r1")), m(1, "b", rev("r1")), m(2, "a", rev("r2"), replaces(0), age(time.Minute))},
+			observed:    []*member{m(0, "a", rev("r1")), m(1, "b", rev("r1")), m(2, "a", rev("r2"), replaces(0), age(time.Minute), drainedFor(time.Minute))},
 			leasesKnown: true,
 			want:        "0:a 1:b",
 		},
@@ -311,12 +338,12 @@ func TestDecide(t *testing.T) {
 			wantDraining: "-",
 		},
 		"RolledBackLeasedReplacementNoDrain": {
-			reason:      "After a rollback, a current proxy whose leased replacement of the abandoned template is Ready does not drain.",
+			reason:      "After a rollback, a current proxy whose leased replacement of the abandoned template is Ready does not drain; the replacement does, and goes when its leases end.",
 			fleet:       fleetFor(2, ab, revision("r1")),
 			observed:    []*member{m(0, "a", rev("r1")), m(1, "b", rev("r1")), m(2, "a", rev("r2"), replaces(0), leased, age(time.Minute))},
 			leasesKnown: true,
 			want:        "0:a 1:b 2:a>0", wantBlocked: "f-2, of an abandoned template, waits for its leases to drain",
-			wantDraining: "-",
+			wantDraining: "f-2",
 		},
 		"ScaleDownOldTemplateFirst": {
 			reason:      "Scaling down during a rollout removes proxies of the old template first.",
@@ -524,6 +551,18 @@ func apply(observed []*member, p *plan, now time.Time, settle func(*member)) ([]
 		if o, ok := prev[k.Ordinal]; ok {
 			if settle != nil {
 				settle(o)
+			}
+			// As the composition labels it: a member draining keeps
+			// the time it began, which every discovery replica has
+			// seen by the next call (a minute later); one that no
+			// longer drains loses it.
+			switch {
+			case !k.Draining:
+				o.DrainSince, o.DrainSeen = time.Time{}, false
+			case o.DrainSince.IsZero():
+				o.DrainSince, o.DrainSeen = now, true
+			default:
+				o.DrainSeen = true
 			}
 			next = append(next, o)
 			continue

@@ -25,6 +25,7 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
@@ -149,8 +150,9 @@ func realObjects(tb testing.TB) (proxy, slot map[string]any) {
 }
 
 // sizedRequest is the request Crossplane sends for a fleet of n proxies,
-// each with k slot Leases held, built from real objects.
-func sizedRequest(tb testing.TB, proxy, slot map[string]any, n, k int) *fnv1.RunFunctionRequest {
+// each with k leases held (listed, as egress-discovery's LeaseSummary
+// lists them: a proxy and its count of holders), built from real objects.
+func sizedRequest(tb testing.TB, proxy, _ map[string]any, n, k int) *fnv1.RunFunctionRequest {
 	tb.Helper()
 	spec := fmt.Sprintf(`{"replicas": %d, "zones": ["europe-west1-b", "europe-west1-c", "europe-west1-d"],
 		"providerConfigRef": {"kind": "ClusterProviderConfig", "name": "gcp"},
@@ -158,7 +160,7 @@ func sizedRequest(tb testing.TB, proxy, slot map[string]any, n, k int) *fnv1.Run
 		"proxy": {"authSecretRef": {"name": "crawlers-proxy-auth"}, "allowedSourceRanges": ["203.0.113.0/24", "198.51.100.0/24"]},
 		"healthCheck": {"url": "https://ifconfig.me/ip"}, "leases": {"maxLeasesPerProxy": %d}}`, n, k)
 	observed := make(map[string]*fnv1.Resource, n)
-	var leases []*fnv1.Resource
+	var leased []held
 	composite := xr(spec)
 	// The XR as Crossplane sends it: a status entry and a resource
 	// reference per proxy.
@@ -175,14 +177,8 @@ func sizedRequest(tb testing.TB, proxy, slot map[string]any, n, k int) *fnv1.Run
 		entries = append(entries, map[string]any{"name": pname, "endpoint": "34.140.211.97:3128", "zone": "europe-west1-b",
 			"egressIP": "34.140.211.97", "healthy": true, "createdAt": "2026-11-30T12:00:00Z"})
 		refs = append(refs, map[string]any{"apiVersion": v1alpha1.SchemeGroupVersion.String(), "kind": v1alpha1.ProxyKind, "name": pname, "namespace": "crawl-team"})
-		for j := range k {
-			lm := slot["metadata"].(map[string]any)
-			lm["name"] = fmt.Sprintf("%s-slot-%d", pname, j)
-			ls, err := structpb.NewStruct(slot)
-			if err != nil {
-				tb.Fatal(err)
-			}
-			leases = append(leases, &fnv1.Resource{Resource: ls})
+		if k > 0 {
+			leased = append(leased, held{pname, int32(k), t0.Add(time.Hour)}) //nolint:gosec // Test figures.
 		}
 	}
 	status, err := structpb.NewValue(map[string]any{"proxies": entries})
@@ -197,17 +193,16 @@ func sizedRequest(tb testing.TB, proxy, slot map[string]any, n, k int) *fnv1.Run
 	composite.Fields["spec"].GetStructValue().Fields["crossplane"] = crossplane
 	return &fnv1.RunFunctionRequest{
 		Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: composite}, Resources: observed},
-		RequiredResources: map[string]*fnv1.Resources{requiredLeases: {Items: leases}},
+		RequiredResources: summaries(leaseSummary("crawlers", "replica-1", t0, leased, nil, lease.Demand{})),
 	}
 }
 
 // BenchmarkMessageSizes measures the RunFunctionRequest Crossplane sends
-// (the observed Proxies and the required slot Leases, as the apiserver
-// returns them) and the function's response, for a fleet of the XRD's
-// maximum replicas with 1, 10 and 100 leases per proxy, against gRPC's 4
-// MiB default message limit, which Crossplane v2.4.0 dials functions with.
-// It also reports the bytes one Proxy and one Lease add, from which the
-// XRD's bound on replicas and leases per proxy is derived.
+// (the observed Proxies as the apiserver returns them, and the required
+// LeaseSummary) and the function's response, for a fleet of the XRD's
+// maximum replicas with 1, 10 and 100 leases per proxy, against the
+// function's 4 MiB receive limit. It also reports the bytes one Proxy and
+// one leased proxy add, from which the XRD's bound on replicas is derived.
 func BenchmarkMessageSizes(b *testing.B) {
 	proxy, slot := realObjects(b)
 	f := New(logging.NewNopLogger(), func() time.Time { return t0 })
@@ -232,36 +227,40 @@ func BenchmarkMessageSizes(b *testing.B) {
 	}
 	// Reported after the loop, which resets what was reported before it.
 	b.ReportMetric(float64(one-base), "B/proxy")
-	b.ReportMetric(float64(withLease-one), "B/lease")
+	b.ReportMetric(float64(withLease-one), "B/leased-proxy")
 	for _, m := range at {
 		b.ReportMetric(float64(m.req)/(1<<20), fmt.Sprintf("req-MiB/n=%d,k=%d", m.n, m.k))
 		b.ReportMetric(float64(m.rsp)/(1<<20), fmt.Sprintf("rsp-MiB/n=%d,k=%d", m.n, m.k))
 	}
 }
 
-// TestMessageSizesBounded holds one real Proxy and one real slot Lease to
-// the sizes the XRD's message bound assumes, and checks that a fleet right
-// at the bound fits half of gRPC's 4 MiB limit: if the objects grow (more
-// labels, conditions or managedFields), this fails and the bound must move.
+// TestMessageSizesBounded holds one real Proxy and one leased proxy of a
+// LeaseSummary to the sizes the XRD's message bound assumes, and checks
+// that a fleet right at the bound fits half of the function's 4 MiB limit
+// however many leases each proxy holds: if the objects grow (more labels,
+// conditions or managedFields), this fails and the bound must move.
 func TestMessageSizesBounded(t *testing.T) {
 	proxy, slot := realObjects(t)
 	req := func(n, k int) int { return proto.Size(sizedRequest(t, proxy, slot, n, k)) }
 	base := req(0, 0)
-	perProxy, perLease := req(1, 0)-base, req(1, 1)-req(1, 0)
-	t.Logf("one Proxy adds %d bytes, one Lease %d", perProxy, perLease)
-	if perProxy > fleetv1alpha1.ProxyMessageBytes || perLease > fleetv1alpha1.LeaseMessageBytes {
-		t.Fatalf("a Proxy adds %d bytes (bound %d), a Lease %d (bound %d): raise ProxyMessageBytes/LeaseMessageBytes and the XRD rule",
-			perProxy, fleetv1alpha1.ProxyMessageBytes, perLease, fleetv1alpha1.LeaseMessageBytes)
+	perProxy, perLeased := req(1, 0)-base, req(1, 1)-req(1, 0)
+	t.Logf("one Proxy adds %d bytes, its being leased %d", perProxy, perLeased)
+	if perProxy > fleetv1alpha1.ProxyMessageBytes || perLeased > fleetv1alpha1.LeasedProxyMessageBytes {
+		t.Fatalf("a Proxy adds %d bytes (bound %d), a leased proxy %d (bound %d): raise ProxyMessageBytes/LeasedProxyMessageBytes and the XRD rule",
+			perProxy, fleetv1alpha1.ProxyMessageBytes, perLeased, fleetv1alpha1.LeasedProxyMessageBytes)
 	}
+	if more := req(1, 100) - req(1, 1); more > 8 {
+		t.Errorf("100 leases on a proxy cost %d bytes more than 1: the summary counts holders, it lists no lease", more)
+	}
+	n := fleetv1alpha1.MessageBudget / (fleetv1alpha1.ProxyMessageBytes + fleetv1alpha1.LeasedProxyMessageBytes)
 	for _, k := range []int{1, 10, 100} {
-		n := fleetv1alpha1.MessageBudget / (fleetv1alpha1.ProxyMessageBytes + k*fleetv1alpha1.LeaseMessageBytes)
 		if size := req(n, k); size > fleetv1alpha1.MessageBudget+base {
 			t.Errorf("%d replicas with %d leases each: %d bytes, above the budget of %d", n, k, size, fleetv1alpha1.MessageBudget)
 		}
 	}
 	// Past the budget (a fleet stored before the bound), the function says
 	// so before Crossplane can no longer send it.
-	rsp, err := New(logging.NewNopLogger(), func() time.Time { return t0 }).RunFunction(context.Background(), sizedRequest(t, proxy, slot, 400, 1))
+	rsp, err := New(logging.NewNopLogger(), func() time.Time { return t0 }).RunFunction(context.Background(), sizedRequest(t, proxy, slot, 420, 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,8 +275,8 @@ func TestMessageSizesBounded(t *testing.T) {
 
 // TestMessageBudgetRule keeps the XRDs' rule in step with the constants.
 func TestMessageBudgetRule(t *testing.T) {
-	want := fmt.Sprintf("(self.replicas + self.rotation.maxSurge) * (%d + %d * self.leases.maxLeasesPerProxy + ",
-		fleetv1alpha1.ProxyMessageBytes, fleetv1alpha1.LeaseMessageBytes)
+	want := fmt.Sprintf("(self.replicas + self.rotation.maxSurge) * (%d + %d + ",
+		fleetv1alpha1.ProxyMessageBytes, fleetv1alpha1.LeasedProxyMessageBytes)
 	budget := fmt.Sprintf(")) <= %d || (oldSelf.hasValue()", fleetv1alpha1.MessageBudget)
 	for _, f := range []string{"../../apis/fleet/definition.yaml", "../../apis/fleet/legacy/definition.yaml"} {
 		raw, err := os.ReadFile(f)

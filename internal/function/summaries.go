@@ -1,0 +1,175 @@
+package function
+
+import (
+	"encoding/json"
+	"slices"
+	"time"
+
+	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
+	"google.golang.org/protobuf/encoding/protojson"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+)
+
+// requiredSummaries names the LeaseSummaries the function asks Crossplane
+// for: egress-discovery's accounts of the fleet's leases, one per replica.
+// Crossplane caches and sends these few small objects, not the Leases.
+const requiredSummaries = "leaseSummaries"
+
+// leaseView is what the fleet's LeaseSummaries say of its leases, merged
+// conservatively.
+type leaseView struct {
+	// known: every summary parsed and at least one is fresh. Otherwise a
+	// crawler may hold any proxy, and none is removed.
+	known bool
+	// why says what is missing while not known.
+	why string
+	// leased are the proxies a crawler may hold: listed by a fresh
+	// summary, or by a stale one and still within the time it gave.
+	leased map[string]bool
+	// held sums, per proxy, the most holders any summary lists.
+	held int
+	// demand sums the fresh summaries' waiting and refused crawlers.
+	demand lease.Demand
+	// fresh are the fresh summaries, for drainSeen.
+	fresh []*v1alpha1.LeaseSummarySpec
+}
+
+// drainSeen says whether every fresh summary lists name as draining: every
+// live discovery replica stopped handing it out before it observed, so a
+// lease on it that none lists is none.
+func (v *leaseView) drainSeen(name string) bool {
+	if !v.known || len(v.fresh) == 0 {
+		return false
+	}
+	for _, s := range v.fresh {
+		if _, ok := slices.BinarySearch(s.Draining, name); !ok {
+			return false
+		}
+	}
+	return true
+}
+
+// viewLeases reads the fleet's summaries as Crossplane sent them (sent
+// says whether it did at all) and merges them: the union of the proxies
+// they list as leased, fresh or, within the time each lease may be held,
+// stale; a summary that does not parse makes every lease unknown, as no
+// summary fresh does. maxTTL bounds how long a stale summary's leases
+// count after it was observed.
+func viewLeases(items []*fnv1.Resource, sent bool, fleet string, maxTTL time.Duration, now time.Time) *leaseView {
+	v := &leaseView{leased: map[string]bool{}}
+	if !sent {
+		v.why = "waiting for Crossplane to send the fleet's LeaseSummaries"
+		return v
+	}
+	holders := map[string]int32{}
+	bad := false
+	for _, r := range items {
+		s, ok := parseSummary(r)
+		if !ok {
+			bad = true
+			continue
+		}
+		if s.Fleet != fleet {
+			// A long name's label is a hash prefix: another fleet's.
+			continue
+		}
+		observed := s.ObservedAt.Time
+		if observed.IsZero() || observed.After(now.Add(lease.HoldSkew)) {
+			// Observed in the future: no clock skew explains it.
+			bad = true
+			continue
+		}
+		until := s.ValidUntil.Time
+		if limit := observed.Add(lease.SummaryFreshness); until.After(limit) {
+			until = limit
+		}
+		fresh := now.Before(until.Add(lease.HoldSkew))
+		if fresh {
+			v.fresh = append(v.fresh, s)
+			v.demand.Waiting += int(s.Demand.Waiting)
+			v.demand.Refused += int(s.Demand.Refused)
+		}
+		for _, l := range s.Leased {
+			held := l.HeldUntil.Time
+			if limit := observed.Add(maxTTL + lease.HoldSkew); held.After(limit) {
+				held = limit
+			}
+			if !fresh && !now.Before(held) {
+				continue
+			}
+			v.leased[l.Name] = true
+			holders[l.Name] = max(holders[l.Name], l.Holders)
+		}
+	}
+	for _, n := range holders {
+		v.held += int(n)
+	}
+	v.demand.Held = v.held
+	switch {
+	case bad:
+		v.why = "a LeaseSummary of the fleet does not parse"
+	case len(v.fresh) == 0:
+		v.why = "no LeaseSummary of the fleet is fresh: is egress-discovery running?"
+	default:
+		v.known = true
+	}
+	return v
+}
+
+// parseSummary reads one LeaseSummary Crossplane sent; false when it is
+// not one or does not parse. Times are read as RFC 3339 with any fraction,
+// as written by any client.
+func parseSummary(r *fnv1.Resource) (*v1alpha1.LeaseSummarySpec, bool) {
+	b, err := protojson.Marshal(r.GetResource())
+	if err != nil {
+		return nil, false
+	}
+	var raw struct {
+		Kind string `json:"kind"`
+		Spec struct {
+			Fleet      string `json:"fleet"`
+			Replica    string `json:"replica"`
+			ObservedAt string `json:"observedAt"`
+			ValidUntil string `json:"validUntil"`
+			Leased     []struct {
+				Name      string `json:"name"`
+				Holders   int32  `json:"holders"`
+				HeldUntil string `json:"heldUntil"`
+			} `json:"leased"`
+			Draining []string             `json:"draining"`
+			Demand   v1alpha1.LeaseDemand `json:"demand"`
+		} `json:"spec"`
+	}
+	if err := json.Unmarshal(b, &raw); err != nil || raw.Kind != v1alpha1.LeaseSummaryKind || raw.Spec.Fleet == "" {
+		return nil, false
+	}
+	s := &v1alpha1.LeaseSummarySpec{Fleet: raw.Spec.Fleet, Replica: raw.Spec.Replica, Draining: raw.Spec.Draining, Demand: raw.Spec.Demand}
+	var ok bool
+	if s.ObservedAt, ok = microTime(raw.Spec.ObservedAt); !ok {
+		return nil, false
+	}
+	if s.ValidUntil, ok = microTime(raw.Spec.ValidUntil); !ok {
+		return nil, false
+	}
+	d := s.Demand
+	if d.Held < 0 || d.Waiting < 0 || d.Refused < 0 {
+		return nil, false
+	}
+	for _, l := range raw.Spec.Leased {
+		until, ok := microTime(l.HeldUntil)
+		if l.Name == "" || l.Holders < 0 || !ok {
+			return nil, false
+		}
+		s.Leased = append(s.Leased, v1alpha1.LeasedProxy{Name: l.Name, Holders: l.Holders, HeldUntil: until})
+	}
+	slices.Sort(s.Draining)
+	return s, true
+}
+
+func microTime(s string) (metav1.MicroTime, bool) {
+	t, err := time.Parse(time.RFC3339Nano, s)
+	return metav1.MicroTime{Time: t}, err == nil
+}

@@ -1,0 +1,130 @@
+package function
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
+	"github.com/crossplane/function-sdk-go/resource"
+	"google.golang.org/protobuf/types/known/structpb"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+)
+
+// held is a proxy a summary lists as leased: holders until until.
+type held struct {
+	proxy   string
+	holders int32
+	until   time.Time
+}
+
+// leaseSummary is a discovery replica's LeaseSummary of fleet, observed at
+// observed and valid a minute, as Crossplane sends it.
+func leaseSummary(fleet, replica string, observed time.Time, leased []held, draining []string, d lease.Demand) *structpb.Struct {
+	ls := v1alpha1.LeaseSummary{
+		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.LeaseSummaryKind},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: lease.SummaryName(fleet, replica), Labels: lease.SummarySelector(fleet)},
+		Spec: v1alpha1.LeaseSummarySpec{Fleet: fleet, Replica: replica,
+			ObservedAt: metav1.MicroTime{Time: observed}, ValidUntil: metav1.MicroTime{Time: observed.Add(lease.SummaryFreshness)},
+			Draining: draining,
+			Demand:   v1alpha1.LeaseDemand{Held: int32(d.Held), Waiting: int32(d.Waiting), Refused: int32(d.Refused)}}, //nolint:gosec // Test figures.
+	}
+	for _, h := range leased {
+		ls.Spec.Leased = append(ls.Spec.Leased, v1alpha1.LeasedProxy{Name: h.proxy, Holders: h.holders, HeldUntil: metav1.MicroTime{Time: h.until}})
+	}
+	b, err := json.Marshal(ls)
+	if err != nil {
+		panic(err)
+	}
+	return resource.MustStructJSON(string(b))
+}
+
+// summaries is the required resources Crossplane sends: these summaries.
+func summaries(items ...*structpb.Struct) map[string]*fnv1.Resources {
+	rs := &fnv1.Resources{}
+	for _, i := range items {
+		rs.Items = append(rs.Items, &fnv1.Resource{Resource: i})
+	}
+	return map[string]*fnv1.Resources{requiredSummaries: rs}
+}
+
+// view merges items at t0 with a 10-minute maxTTL.
+func view(items ...*structpb.Struct) *leaseView {
+	return viewLeases(summaries(items...)[requiredSummaries].GetItems(), true, "crawlers", 10*time.Minute, t0)
+}
+
+// TestViewLeases: the summaries of every replica merge conservatively: the
+// union of what they list, stale ones within the time each lease may be
+// held; demand from the fresh ones only; anything that does not parse, or
+// no fresh summary, makes the leases unknown.
+func TestViewLeases(t *testing.T) {
+	v := view(
+		leaseSummary("crawlers", "r1", t0.Add(-10*time.Second), []held{{"crawlers-0", 2, t0.Add(time.Minute)}}, []string{"crawlers-3"}, lease.Demand{Waiting: 2, Refused: 1}),
+		leaseSummary("crawlers", "r2", t0.Add(-5*time.Second), []held{{"crawlers-0", 3, t0.Add(time.Minute)}, {"crawlers-1", 1, t0.Add(time.Minute)}}, []string{"crawlers-3"}, lease.Demand{Waiting: 1}),
+		// Stale (its replica died): its lease on crawlers-2 may still be
+		// held, its demand counts no more, its lease on crawlers-4 ended.
+		leaseSummary("crawlers", "r3", t0.Add(-5*time.Minute), []held{{"crawlers-2", 1, t0.Add(time.Minute)}, {"crawlers-4", 1, t0.Add(-time.Second)}}, nil, lease.Demand{Waiting: 50}),
+		// Another fleet whose name hashes to the same label.
+		leaseSummary("other", "r1", t0, []held{{"other-0", 1, t0.Add(time.Minute)}}, nil, lease.Demand{Waiting: 50}),
+	)
+	if !v.known {
+		t.Fatalf("two fresh summaries: leases known, got %q", v.why)
+	}
+	for _, p := range []string{"crawlers-0", "crawlers-1", "crawlers-2"} {
+		if !v.leased[p] {
+			t.Errorf("%s is leased by some summary: not in %v", p, v.leased)
+		}
+	}
+	if v.leased["crawlers-4"] || v.leased["other-0"] {
+		t.Errorf("an ended lease of a stale summary, or another fleet's, counts: %v", v.leased)
+	}
+	if want := (lease.Demand{Held: 3 + 1 + 1, Waiting: 3, Refused: 1}); v.demand != want {
+		t.Errorf("demand %+v, want %+v (holders the most any replica lists, per proxy; waiting and refused of the fresh ones)", v.demand, want)
+	}
+	if !v.drainSeen("crawlers-3") || v.drainSeen("crawlers-0") {
+		t.Errorf("crawlers-3 is seen draining by both fresh replicas, crawlers-0 by none: %v %v", v.drainSeen("crawlers-3"), v.drainSeen("crawlers-0"))
+	}
+	if v := view(
+		leaseSummary("crawlers", "r1", t0, nil, []string{"crawlers-3"}, lease.Demand{}),
+		leaseSummary("crawlers", "r2", t0, nil, nil, lease.Demand{}),
+	); v.drainSeen("crawlers-3") {
+		t.Error("a proxy one live replica has not seen draining yet is seen draining")
+	}
+
+	// A minute old by a reader whose clock is up to 30 s ahead is fresh;
+	// past that it is not.
+	if v := view(leaseSummary("crawlers", "r1", t0.Add(-89*time.Second), nil, nil, lease.Demand{})); !v.known {
+		t.Errorf("a summary within its minute and the skew margin: unknown (%s)", v.why)
+	}
+	unknown := map[string]*structpb.Struct{
+		"Stale":           leaseSummary("crawlers", "r1", t0.Add(-91*time.Second), nil, nil, lease.Demand{}),
+		"FromTheFuture":   leaseSummary("crawlers", "r1", t0.Add(time.Hour), nil, nil, lease.Demand{}),
+		"OfAnotherFleet":  leaseSummary("other", "r1", t0, nil, nil, lease.Demand{}),
+		"ValidForAYear":   leaseSummary("crawlers", "r1", t0.Add(-2*time.Minute), nil, nil, lease.Demand{}),
+		"NegativeHolders": leaseSummary("crawlers", "r1", t0, []held{{"crawlers-0", -1, t0.Add(time.Minute)}}, nil, lease.Demand{}),
+	}
+	unknown["ValidForAYear"].GetFields()["spec"].GetStructValue().Fields["validUntil"] = structpb.NewStringValue(t0.Add(365 * 24 * time.Hour).Format(time.RFC3339Nano))
+	for name, s := range unknown {
+		if v := view(s); v.known {
+			t.Errorf("%s: leases known from it alone", name)
+		}
+	}
+	// One summary that does not parse beside a good one: unknown.
+	broken := leaseSummary("crawlers", "r2", t0, nil, nil, lease.Demand{})
+	broken.GetFields()["spec"].GetStructValue().Fields["leased"] = structpb.NewStringValue("everything")
+	if v := view(leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{}), broken); v.known {
+		t.Error("a summary that does not parse is ignored: leases known")
+	}
+	if v := viewLeases(nil, false, "crawlers", time.Minute, t0); v.known || v.why == "" {
+		t.Errorf("nothing sent yet: want unknown and why, got %+v", v)
+	}
+	// A stale summary's lease counts no longer than maxTTL after it was
+	// observed, whatever it says.
+	long := leaseSummary("crawlers", "r3", t0.Add(-20*time.Minute), []held{{"crawlers-9", 1, t0.Add(time.Hour)}}, nil, lease.Demand{})
+	if v := view(leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{}), long); v.leased["crawlers-9"] {
+		t.Error("a stale summary's lease held past maxTTL after it was observed counts")
+	}
+}
