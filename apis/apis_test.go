@@ -470,11 +470,11 @@ func TestInvalidObjectsRejected(t *testing.T) {
 		"FleetTooBigForOneMessage": {
 			reason: "A fleet whose Proxies would not fit Crossplane's message to the function with a 2x margin is refused.",
 			base:   validFleet, set: map[string]any{"spec.replicas": int64(300), "spec.leases": map[string]any{"maxLeasesPerProxy": int64(10)}},
-			want: []string{"must not exceed 2 MiB", "at most 267 replicas, however many leases per proxy"},
+			want: []string{"must not exceed 2 MiB", "at most 242 replicas, however many leases per proxy"},
 		},
 		"FleetTooManyReplicasForOneMessage": {
-			reason: "With maxSurge 1 the bound is 267 replicas.",
-			base:   validFleet, set: map[string]any{"spec.replicas": int64(268)},
+			reason: "With maxSurge 1 the bound is 242 replicas.",
+			base:   validFleet, set: map[string]any{"spec.replicas": int64(243)},
 			want: []string{"must not exceed 2 MiB"},
 		},
 		"FleetDefaultTTLAboveMax": {
@@ -590,8 +590,8 @@ func TestFleetMessageBoundAccepted(t *testing.T) {
 	ns := bed.Namespace(t)
 	ctx := context.Background()
 	for i, set := range []map[string]any{
-		{"spec.replicas": int64(267)},
-		{"spec.replicas": int64(267), "spec.leases": map[string]any{"maxLeasesPerProxy": int64(100)}},
+		{"spec.replicas": int64(242)},
+		{"spec.replicas": int64(242), "spec.leases": map[string]any{"maxLeasesPerProxy": int64(100)}},
 	} {
 		u := object(t, validFleet, set)
 		u.SetNamespace(ns)

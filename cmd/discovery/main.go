@@ -170,7 +170,7 @@ func (c *CLI) Run() error {
 			return errors.Wrap(err, "cannot load static tokens")
 		}
 	}
-	store := &lease.Store{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Cache: mgr.GetCache(), OwnerOf: discovery.ProxyOwner(mgr.GetCache()), Now: now}
+	store := &lease.Store{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Cache: mgr.GetCache(), OwnerOf: discovery.ProxyOwner(mgr.GetCache()), Serving: discovery.ProxyServing(mgr.GetCache()), Now: now}
 	srv := &discovery.Server{
 		Catalog: &discovery.Catalog{Cache: mgr.GetCache(), Direct: mgr.GetAPIReader(), Fleets: fleets, Now: now}, Now: now,
 		Leases: store, Auth: auth, Metrics: dmetrics.NewDiscovery(), Log: log,

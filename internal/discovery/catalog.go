@@ -220,7 +220,8 @@ func (c *Catalog) All(ctx context.Context) (map[string][]member, error) {
 	if c.Fleets != nil {
 		xrs := &unstructured.UnstructuredList{}
 		xrs.SetGroupVersionKind(fleetv1alpha1.SchemeGroupVersion.WithKind(fleetv1alpha1.ProxyFleetKind + "List"))
-		if err := c.Fleets.List(ctx, xrs); err == nil {
+		// Read-only: names only, no deep copy of every fleet per call.
+		if err := c.Fleets.List(ctx, xrs, client.UnsafeDisableDeepCopy); err == nil {
 			for _, xr := range xrs.Items {
 				out[xr.GetNamespace()+"/"+xr.GetName()] = nil
 			}
@@ -403,6 +404,20 @@ func ProxyOwner(cache client.Reader) func(ctx context.Context, namespace, proxy 
 			return nil
 		}
 		return &metav1.OwnerReference{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.ProxyKind, Name: p.Name, UID: p.UID}
+	}
+}
+
+// ProxyServing says whether a proxy may still be handed out, as the cache
+// shows it now (healthy, not draining, taking the credentials discovery
+// hands out): the lease store asks it once a take is in flight
+// (lease.Store.Serving).
+func ProxyServing(cache client.Reader) func(ctx context.Context, namespace, proxy string) bool {
+	return func(ctx context.Context, namespace, proxy string) bool {
+		p := &v1alpha1.Proxy{}
+		if err := cache.Get(ctx, types.NamespacedName{Namespace: namespace, Name: proxy}, p); err != nil {
+			return false
+		}
+		return toMember(p).serving()
 	}
 }
 

@@ -165,10 +165,10 @@ func (p *SummaryPublisher) summarise(ctx context.Context, ns, fleet string, memb
 	}
 	for _, m := range members {
 		if !m.DrainSince.IsZero() {
-			spec.Draining = append(spec.Draining, m.Name)
+			spec.Draining = append(spec.Draining, v1alpha1.DrainingProxy{Name: m.Name, Since: m.DrainSince.Unix()})
 		}
 	}
-	slices.Sort(spec.Draining)
+	slices.SortFunc(spec.Draining, func(a, b v1alpha1.DrainingProxy) int { return strings.Compare(a.Name, b.Name) })
 	return spec, nil
 }
 
@@ -179,7 +179,11 @@ func saying(s v1alpha1.LeaseSummarySpec) string {
 	for _, l := range s.Leased {
 		b.WriteString(l.Name + "=" + strconv.Itoa(int(l.Holders)) + ",")
 	}
-	b.WriteString("|" + strings.Join(s.Draining, ",") + "|")
+	b.WriteString("|")
+	for _, d := range s.Draining {
+		b.WriteString(d.Name + "@" + strconv.FormatInt(d.Since, 10) + ",")
+	}
+	b.WriteString("|")
 	fmt.Fprintf(&b, "%d,%d,%d", s.Demand.Held, s.Demand.Waiting, s.Demand.Refused)
 	return b.String()
 }
@@ -231,8 +235,11 @@ func (p *SummaryPublisher) sweep(ctx context.Context, fleets map[string][]member
 	var firstErr error
 	for i := range l.Items {
 		ls := &l.Items[i]
+		// Another replica's summary of a fleet this replica's cache lacks
+		// goes only once it stopped counting: this cache may lag, or see
+		// fewer fleets (one started before the fleets' CRD).
 		_, live := fleets[ls.Namespace+"/"+ls.Spec.Fleet]
-		gone := !live && now.Sub(ls.CreationTimestamp.Time) >= lease.SummaryRefresh
+		gone := !live && now.Sub(ls.CreationTimestamp.Time) >= lease.SummaryRefresh && now.After(ls.Spec.ValidUntil.Add(lease.HoldSkew))
 		abandoned := now.Sub(ls.Spec.ValidUntil.Time) >= lease.SummarySweepAfter
 		if ls.Spec.Replica == p.Replica || !gone && !abandoned {
 			continue

@@ -145,8 +145,8 @@ func TestLeaseSummaryPublished(t *testing.T) {
 		t.Fatal(err)
 	}
 	clk.add(lease.SummaryInterval)
-	if got := published("draining").Draining; !slices.Equal(got, []string{"crawlers-1"}) {
-		t.Errorf("draining: want [crawlers-1], got %v", got)
+	if got := published("draining").Draining; !slices.Equal(got, []v1alpha1.DrainingProxy{{Name: "crawlers-1", Since: 1700000000}}) {
+		t.Errorf("draining: want crawlers-1 since its label's 1700000000, got %v", got)
 	}
 	if err := c.Release(ctx, a.LeaseID); err != nil {
 		t.Fatal(err)
@@ -168,7 +168,10 @@ func TestLeaseSummaryPublished(t *testing.T) {
 	}
 	abandoned := other("replica-2", "crawlers", clk.now().Add(-lease.SummarySweepAfter))
 	live := other("replica-3", "crawlers", clk.now().Add(lease.SummaryFreshness))
-	gone := other("replica-3", "gone", clk.now().Add(lease.SummaryFreshness))
+	gone := other("replica-3", "gone", clk.now().Add(-time.Minute))
+	// A fleet this replica's cache lacks, whose other replica's summary
+	// still counts: this cache may lag (or see fewer fleets).
+	unknown := other("replica-4", "not-in-this-cache", clk.now().Add(lease.SummaryFreshness+lease.SummaryRefresh))
 	clk.add(lease.SummaryRefresh)
 	published("sweep")
 	exists := func(ls *v1alpha1.LeaseSummary) bool {
@@ -186,6 +189,9 @@ func TestLeaseSummaryPublished(t *testing.T) {
 	}
 	if exists(gone) {
 		t.Error("a summary of a fleet that is gone is kept")
+	}
+	if !exists(unknown) {
+		t.Error("another replica's summary still counting, of a fleet this replica's cache lacks, was deleted")
 	}
 	if err := bed.Client.DeleteAllOf(ctx, &v1alpha1.Proxy{}, client.InNamespace(ns)); err != nil {
 		t.Fatal(err)

@@ -122,7 +122,7 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 	view := viewLeases(summaries.GetItems(), sent, fleet.Name, maxTTL, now)
 	members := observedMembers(req.GetObserved().GetResources(), view.leased, fleet.Revision)
 	for _, m := range members {
-		m.DrainSeen = view.drainSeen(m.Name)
+		m.DrainSeen = view.drainSeen(m.Name, m.DrainSince)
 	}
 	markDuplicates(members)
 	sc := autoscale(req, fleet, members, view, now)

@@ -546,7 +546,7 @@ func (pl *planner) complete() {
 			pl.p.removed++
 		case !r.Ready:
 			pl.p.inFlight++
-		case !h.Ready && (!h.Leased || pl.down(h)):
+		case !h.Ready && (pl.leasesKnown && !h.Leased || pl.down(h)):
 			s.holder, s.replacement = r, nil
 			pl.p.removed++
 		case h.Leased || !pl.leasesKnown:
@@ -557,8 +557,10 @@ func (pl *planner) complete() {
 			pl.p.inFlight++
 			pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits: removing it would leave fewer than %d ready proxies", h.Name, f.Replicas-f.MaxUnavailable))
 		case !pl.free(h):
-			// Unleased as the summaries say; it drains (result), and
-			// goes once every discovery replica saw it draining.
+			// Unleased as the summaries say; it drains, and goes once
+			// every discovery replica saw it draining (also when it is
+			// no longer due: recovered, or the rollout paused).
+			h.Draining = true
 			pl.p.inFlight++
 			pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s drains before it goes", h.Name))
 			pl.p.leaseWait = true

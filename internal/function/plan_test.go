@@ -186,6 +186,20 @@ func TestDecide(t *testing.T) {
 			leasesKnown: true,
 			want:        "1:b 2:a",
 		},
+		"NoLongerDueHolderDrainsForItsReadyReplacement": {
+			reason:      "A holder that is no longer due (it recovered, or the rollout paused) but whose replacement is Ready drains, so that it can go: else the fleet would stay a proxy over for good.",
+			fleet:       fleetFor(2, ab),
+			observed:    []*member{m(0, "a"), m(1, "b"), m(2, "a", replaces(0), age(time.Minute))},
+			leasesKnown: true,
+			want:        "0:a 1:b 2:a>0", wantBlocked: "f-0 drains before it goes", wantDraining: "f-0",
+		},
+		"UnreadyHolderKeptWhileLeasesUnknown": {
+			reason:      "A holder that only flickered unready may still carry leases: while they are unknown it is not removed, though its replacement is Ready.",
+			fleet:       fleetFor(2, ab),
+			observed:    []*member{m(0, "a", sick(30*time.Second)), m(1, "b"), m(2, "a", replaces(0), age(time.Minute))},
+			leasesKnown: false,
+			want:        "0:a 1:b 2:a>0", wantBlocked: "f-0 waits for its leases to drain",
+		},
 		"MaxUnavailableWithoutSurgeDrainsFirst": {
 			reason:      "With maxSurge 0, an unleased old proxy drains, within maxUnavailable, before it is replaced in place.",
 			fleet:       fleetFor(2, ab, func(f *Fleet) { f.MaxAge = 30 * time.Minute; f.MaxSurge = 0; f.MaxUnavailable = 1 }),

@@ -150,8 +150,8 @@ func realObjects(tb testing.TB) (proxy, slot map[string]any) {
 }
 
 // sizedRequest is the request Crossplane sends for a fleet of n proxies,
-// each with k leases held (listed, as egress-discovery's LeaseSummary
-// lists them: a proxy and its count of holders), built from real objects.
+// each with k leases held (listed, as egress-discovery's LeaseSummaries
+// list them: a proxy and its count of holders), built from real objects.
 func sizedRequest(tb testing.TB, proxy, _ map[string]any, n, k int) *fnv1.RunFunctionRequest {
 	tb.Helper()
 	spec := fmt.Sprintf(`{"replicas": %d, "zones": ["europe-west1-b", "europe-west1-c", "europe-west1-d"],
@@ -193,7 +193,12 @@ func sizedRequest(tb testing.TB, proxy, _ map[string]any, n, k int) *fnv1.RunFun
 	composite.Fields["spec"].GetStructValue().Fields["crossplane"] = crossplane
 	return &fnv1.RunFunctionRequest{
 		Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: composite}, Resources: observed},
-		RequiredResources: summaries(leaseSummary("crawlers", "replica-1", t0, leased, nil, lease.Demand{})),
+		// Three discovery replicas' summaries (two, and one rolling
+		// over), each listing every leased proxy.
+		RequiredResources: summaries(
+			leaseSummary("crawlers", strings.Repeat("r", 250)+"1", t0, leased, nil, lease.Demand{}),
+			leaseSummary("crawlers", strings.Repeat("r", 250)+"2", t0, leased, nil, lease.Demand{}),
+			leaseSummary("crawlers", strings.Repeat("r", 250)+"3", t0, leased, nil, lease.Demand{})),
 	}
 }
 

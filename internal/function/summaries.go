@@ -37,15 +37,17 @@ type leaseView struct {
 	fresh []*v1alpha1.LeaseSummarySpec
 }
 
-// drainSeen says whether every fresh summary lists name as draining: every
-// live discovery replica stopped handing it out before it observed, so a
-// lease on it that none lists is none.
-func (v *leaseView) drainSeen(name string) bool {
-	if !v.known || len(v.fresh) == 0 {
+// drainSeen says whether every fresh summary lists name as draining, in
+// the drain that began at since: every live discovery replica stopped
+// handing it out before it observed, so a lease on it that none lists is
+// none. A drain seen before (the proxy served again since, or another
+// proxy had its name) does not count.
+func (v *leaseView) drainSeen(name string, since time.Time) bool {
+	if !v.known || len(v.fresh) == 0 || since.IsZero() {
 		return false
 	}
 	for _, s := range v.fresh {
-		if _, ok := slices.BinarySearch(s.Draining, name); !ok {
+		if !slices.Contains(s.Draining, v1alpha1.DrainingProxy{Name: name, Since: since.Unix()}) {
 			return false
 		}
 	}
@@ -139,8 +141,8 @@ func parseSummary(r *fnv1.Resource) (*v1alpha1.LeaseSummarySpec, bool) {
 				Holders   int32  `json:"holders"`
 				HeldUntil string `json:"heldUntil"`
 			} `json:"leased"`
-			Draining []string             `json:"draining"`
-			Demand   v1alpha1.LeaseDemand `json:"demand"`
+			Draining []v1alpha1.DrainingProxy `json:"draining"`
+			Demand   v1alpha1.LeaseDemand     `json:"demand"`
 		} `json:"spec"`
 	}
 	if err := json.Unmarshal(b, &raw); err != nil || raw.Kind != v1alpha1.LeaseSummaryKind || raw.Spec.Fleet == "" {
@@ -165,7 +167,6 @@ func parseSummary(r *fnv1.Resource) (*v1alpha1.LeaseSummarySpec, bool) {
 		}
 		s.Leased = append(s.Leased, v1alpha1.LeasedProxy{Name: l.Name, Holders: l.Holders, HeldUntil: until})
 	}
-	slices.Sort(s.Draining)
 	return s, true
 }
 

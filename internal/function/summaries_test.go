@@ -29,7 +29,7 @@ func leaseSummary(fleet, replica string, observed time.Time, leased []held, drai
 		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: lease.SummaryName(fleet, replica), Labels: lease.SummarySelector(fleet)},
 		Spec: v1alpha1.LeaseSummarySpec{Fleet: fleet, Replica: replica,
 			ObservedAt: metav1.MicroTime{Time: observed}, ValidUntil: metav1.MicroTime{Time: observed.Add(lease.SummaryFreshness)},
-			Draining: draining,
+			Draining: drains(draining),
 			Demand:   v1alpha1.LeaseDemand{Held: int32(d.Held), Waiting: int32(d.Waiting), Refused: int32(d.Refused)}}, //nolint:gosec // Test figures.
 	}
 	for _, h := range leased {
@@ -40,6 +40,19 @@ func leaseSummary(fleet, replica string, observed time.Time, leased []held, drai
 		panic(err)
 	}
 	return resource.MustStructJSON(string(b))
+}
+
+// drainedAt is when the tests' draining proxies began to drain, as their
+// labels say.
+var drainedAt = t0.Add(-time.Minute)
+
+// drains are names seen draining since drainedAt.
+func drains(names []string) []v1alpha1.DrainingProxy {
+	var out []v1alpha1.DrainingProxy
+	for _, n := range names {
+		out = append(out, v1alpha1.DrainingProxy{Name: n, Since: drainedAt.Unix()})
+	}
+	return out
 }
 
 // summaries is the required resources Crossplane sends: these summaries.
@@ -84,13 +97,16 @@ func TestViewLeases(t *testing.T) {
 	if want := (lease.Demand{Held: 3 + 1 + 1, Waiting: 3, Refused: 1}); v.demand != want {
 		t.Errorf("demand %+v, want %+v (holders the most any replica lists, per proxy; waiting and refused of the fresh ones)", v.demand, want)
 	}
-	if !v.drainSeen("crawlers-3") || v.drainSeen("crawlers-0") {
-		t.Errorf("crawlers-3 is seen draining by both fresh replicas, crawlers-0 by none: %v %v", v.drainSeen("crawlers-3"), v.drainSeen("crawlers-0"))
+	if !v.drainSeen("crawlers-3", drainedAt) || v.drainSeen("crawlers-0", drainedAt) {
+		t.Errorf("crawlers-3 is seen draining by both fresh replicas, crawlers-0 by none: %v %v", v.drainSeen("crawlers-3", drainedAt), v.drainSeen("crawlers-0", drainedAt))
+	}
+	if v.drainSeen("crawlers-3", drainedAt.Add(time.Second)) {
+		t.Error("a drain seen before (the proxy served again since, or another had its name) counts for the drain now")
 	}
 	if v := view(
 		leaseSummary("crawlers", "r1", t0, nil, []string{"crawlers-3"}, lease.Demand{}),
 		leaseSummary("crawlers", "r2", t0, nil, nil, lease.Demand{}),
-	); v.drainSeen("crawlers-3") {
+	); v.drainSeen("crawlers-3", drainedAt) {
 		t.Error("a proxy one live replica has not seen draining yet is seen draining")
 	}
 

@@ -138,7 +138,7 @@ func summaries(t *testing.T, c client.Client, s *lease.Store, ns, fleet, drainin
 	}
 	ls.Labels = lease.SummarySelector(fleet)
 	ls.Spec = v1alpha1.LeaseSummarySpec{Fleet: fleet, Replica: "replica-1", ObservedAt: metav1.MicroTime{Time: now},
-		ValidUntil: metav1.MicroTime{Time: now.Add(lease.SummaryFreshness)}, Leased: leased, Draining: []string{draining}}
+		ValidUntil: metav1.MicroTime{Time: now.Add(lease.SummaryFreshness)}, Leased: leased, Draining: []v1alpha1.DrainingProxy{{Name: draining, Since: now.Add(-time.Minute).Unix()}}}
 	if ls.ResourceVersion == "" {
 		err = c.Create(ctx, ls)
 	} else {

@@ -99,6 +99,13 @@ type Store struct {
 	Cache client.Reader
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
+	// Serving, when set, says whether a proxy may still be handed out, as
+	// this replica's cache shows it now: each take asks it once the take
+	// counts as in flight (Leased lists the proxy from then on), and gives
+	// up on a proxy it refuses. A proxy that began to drain after the
+	// candidates were chosen gets no lease that a summary listing it as
+	// draining could miss.
+	Serving func(ctx context.Context, namespace, proxy string) bool
 	// OwnerOf, when set, names the object that owns a proxy's leases and
 	// bans, so that they are garbage-collected with it: they never outlive
 	// the proxy, even where nobody is left to sweep them. nil, or a nil
@@ -112,8 +119,10 @@ type Store struct {
 	// cache: the API server decides every grant.
 	inflight sync.Map // namespace/name
 	recent   sync.Map // namespace/name -> time.Time (taken until)
-	// written are the slots this replica wrote lately, for its summaries.
+	// written are the slots this replica wrote lately, and taking the
+	// proxies it is taking a slot of now, for its summaries.
 	written ownWrites
+	taking  takes
 	// granted remembers the grants this replica made, by ID, with their
 	// identity, so that their holder's release or renewal costs no read;
 	// others are read from the cache or the API server. An identity never
@@ -577,6 +586,13 @@ func unmakeable(err error) bool {
 }
 
 func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, maybeExpired bool) (*Grant, error) {
+	// In flight first, then the re-check: a summary either lists the
+	// proxy as taken, or was made before the re-check, which then sees
+	// what that summary saw (a drain) or later.
+	defer s.taking.begin(c.Namespace, c.Fleet, c.Proxy)()
+	if s.Serving != nil && !s.Serving(ctx, c.Namespace, c.Proxy) {
+		return nil, nil
+	}
 	now := s.now()
 	want := &coordv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{

@@ -99,11 +99,54 @@ func (w *ownWrites) of(namespace, fleet string, now time.Time) map[string]ownWri
 	return out
 }
 
+// takes counts, per proxy, the takes of its slots in flight.
+type takes struct {
+	mu sync.Mutex
+	n  map[[3]string]int // namespace, fleet, proxy
+}
+
+// begin counts a take in flight until the returned func is called.
+func (t *takes) begin(namespace, fleet, proxy string) func() {
+	k := [3]string{namespace, fleet, proxy}
+	t.mu.Lock()
+	if t.n == nil {
+		t.n = map[[3]string]int{}
+	}
+	t.n[k]++
+	t.mu.Unlock()
+	return func() {
+		t.mu.Lock()
+		defer t.mu.Unlock()
+		if t.n[k]--; t.n[k] <= 0 {
+			delete(t.n, k)
+		}
+	}
+}
+
+// of returns the proxies of a fleet with a take in flight.
+func (t *takes) of(namespace, fleet string) []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []string
+	for k := range t.n {
+		if k[0] == namespace && k[1] == fleet {
+			out = append(out, k[2])
+		}
+	}
+	return out
+}
+
 // Leased returns the proxies of a fleet crawlers hold leases on, sorted by
 // name, each with how many and until when they may be held without a
-// renewal this replica would see: its cache's slots and the slots it wrote
-// itself lately, which its cache may not show yet. maxTTL is the fleet's.
+// renewal this replica would see: its cache's slots, the slots it wrote
+// itself lately, which its cache may not show yet, and the proxies it is
+// taking a slot of now. maxTTL is the fleet's.
 func (s *Store) Leased(ctx context.Context, namespace, fleet string, maxTTL time.Duration) ([]v1alpha1.LeasedProxy, error) {
+	// Takes in flight first: one that ends before the cache and this
+	// replica's own writes are read is among the writes by then, and one
+	// that begins after re-checks the proxy against a cache at least as
+	// new as what the caller summarises.
+	taking := s.taking.of(namespace, fleet)
 	slots, err := s.Slots(ctx, namespace, fleet)
 	if err != nil {
 		return nil, err
@@ -129,8 +172,13 @@ func (s *Store) Leased(ctx context.Context, namespace, fleet string, maxTTL time
 			add(proxy, l.Namespace+"/"+l.Name, l.Spec.RenewTime.Time, leaseTTL(l))
 		}
 	}
-	for key, o := range s.written.of(namespace, fleet, s.now()) {
+	now := s.now()
+	for key, o := range s.written.of(namespace, fleet, now) {
 		add(o.proxy, key, o.renew, o.ttl)
+	}
+	for _, proxy := range taking {
+		// Held, if the take succeeds, for at most maxTTL from now.
+		add(proxy, "taking/"+proxy, now, maxTTL)
 	}
 	out := make([]v1alpha1.LeasedProxy, 0, len(by))
 	for proxy, h := range by {

@@ -4,11 +4,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
-// MaxSummaryProxies bounds the proxies one LeaseSummary lists: a fleet's
-// replicas are bounded by the same figure, and at about 100 bytes a proxy
-// the object stays under etcd's 1.5 MiB.
-const MaxSummaryProxies = 10000
-
 // LeaseSummarySpec is what one egress-discovery replica saw of one fleet's
 // leases at one moment.
 type LeaseSummarySpec struct {
@@ -32,22 +27,23 @@ type LeaseSummarySpec struct {
 	// from one with nothing new to say.
 	ValidUntil metav1.MicroTime `json:"validUntil"`
 
-	// Leased lists the proxies of the fleet crawlers hold leases on.
+	// Leased lists the proxies of the fleet crawlers hold leases on. An
+	// atomic list: the apiserver's managedFields then name the list, not
+	// each entry, which would double what the function is sent per proxy.
 	// +optional
-	// +listType=map
-	// +listMapKey=name
+	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=10000
 	Leased []LeasedProxy `json:"leased,omitempty"`
 
 	// Draining lists the proxies of the fleet the replica saw draining
-	// when it observed, and so hands to no crawler any more: a proxy it
-	// lists here and not in leased had no lease this replica knew of
-	// after it stopped handing it out.
+	// when it observed, each with the drain it saw (the value of its
+	// crawl.example.com/draining-since label), and so hands to no crawler
+	// any more: a proxy it lists here and not in leased had no lease this
+	// replica knew of after it stopped handing it out in that drain.
 	// +optional
-	// +listType=set
+	// +listType=atomic
 	// +kubebuilder:validation:MaxItems=10000
-	// +kubebuilder:validation:items:MaxLength=253
-	Draining []string `json:"draining,omitempty"`
+	Draining []DrainingProxy `json:"draining,omitempty"`
 
 	// Demand is the replica's share of the fleet's lease demand.
 	// +optional
@@ -70,6 +66,19 @@ type LeasedProxy struct {
 	// plus its TTL (at most the fleet's maxTTL) plus the margin for
 	// replicas' clocks.
 	HeldUntil metav1.MicroTime `json:"heldUntil"`
+}
+
+// DrainingProxy is one proxy seen draining.
+type DrainingProxy struct {
+	// Name of the Proxy.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// Since is when its drain began, in Unix seconds, as its
+	// crawl.example.com/draining-since label says: a drain seen before it
+	// stopped draining, or of another proxy of the same name, does not
+	// count for this one.
+	Since int64 `json:"since"`
 }
 
 // LeaseDemand is lease demand on a fleet, as counts.

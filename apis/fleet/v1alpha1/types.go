@@ -37,7 +37,8 @@ const (
 	// (managedFields included), adds to the RunFunctionRequest Crossplane
 	// sends the function; LeasedProxyMessageBytes what one leased proxy
 	// adds to egress-discovery's LeaseSummaries sent beside it, however
-	// many leases are held on it (the summary counts them). Leases
+	// many leases are held on it (a summary counts them), with three
+	// replicas' summaries listing it (two, and one rolling over). Leases
 	// themselves are not sent. BenchmarkMessageSizes measures both, and
 	// TestMessageSizesBounded holds them to these figures (with the longest
 	// names allowed). MessageBudget is half of the function's 4 MiB
@@ -46,7 +47,7 @@ const (
 	// exceeds it. The rule's text spells these numbers;
 	// TestMessageBudgetRule keeps it in step.
 	ProxyMessageBytes       = 7400
-	LeasedProxyMessageBytes = 400
+	LeasedProxyMessageBytes = 1200
 	MessageBudget           = 2 << 20
 	// MaxNameLength bounds a fleet's name (a claim's, for a legacy fleet):
 	// its Proxies are named <fleet>-<ordinal> and their Lease objects
@@ -379,8 +380,8 @@ type Autoscaling struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.placement.gcp) || !has(self.proxy.allowedSourceRanges) || self.proxy.allowedSourceRanges.all(r, cidr(r).ip().family() == 4)",message="spec.proxy.allowedSourceRanges: a GCP proxy's firewall rule takes IPv4 ranges only, and its VM has an IPv4 address only: remove the IPv6 ranges"
 // +kubebuilder:validation:XValidation:rule="!has(self.placement.gcp) || !has(self.placement.gcp.subnetwork) || self.zones.all(z, ('/' + self.placement.gcp.subnetwork).contains('/regions/' + z.substring(0, z.lastIndexOf('-')) + '/subnetworks/'))",message="spec.placement.gcp.subnetwork must be in the region of every zone in spec.zones: a subnetwork is regional"
 // +kubebuilder:validation:XValidation:rule="(self.replicas == 0 && !has(self.autoscaling)) || size(self.zones) > 0",message="spec.zones must not be empty when spec.replicas > 0 or spec.autoscaling is set: list the zones to spread proxies over"
-// +kubebuilder:validation:XValidation:rule="(self.replicas + self.rotation.maxSurge) * (7400 + 400 + (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0)) <= 2097152 || (oldSelf.hasValue() && self.replicas <= oldSelf.value().replicas && self.rotation.maxSurge <= oldSelf.value().rotation.maxSurge && (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0) <= (has(oldSelf.value().placement.gcp) && has(oldSelf.value().placement.gcp.cloudInit) && has(oldSelf.value().placement.gcp.cloudInit.inline) ? size(oldSelf.value().placement.gcp.cloudInit.inline) : 0))",message="(spec.replicas + spec.rotation.maxSurge) times (7400 + 400 + the size of spec.placement.gcp.cloudInit.inline) bytes must not exceed 2 MiB: Crossplane sends the function every Proxy of the fleet, with egress-discovery's summary of their leases, in one gRPC message the function takes up to 4 MiB of, and this keeps a 2x margin (with maxSurge 1: at most 267 replicas, however many leases per proxy); split a larger fleet into several. A fleet stored before this rule may keep its size or shrink, but not grow",optionalOldSelf=true
-// +kubebuilder:validation:XValidation:rule="!has(self.autoscaling) || (self.autoscaling.maxReplicas + self.rotation.maxSurge) * (7400 + 400 + (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0)) <= 2097152",message="(spec.autoscaling.maxReplicas + spec.rotation.maxSurge) times (7400 + 400 + the size of spec.placement.gcp.cloudInit.inline) bytes must not exceed 2 MiB, as for spec.replicas: lower maxReplicas or split the fleet"
+// +kubebuilder:validation:XValidation:rule="(self.replicas + self.rotation.maxSurge) * (7400 + 1200 + (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0)) <= 2097152 || (oldSelf.hasValue() && self.replicas <= oldSelf.value().replicas && self.rotation.maxSurge <= oldSelf.value().rotation.maxSurge && (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0) <= (has(oldSelf.value().placement.gcp) && has(oldSelf.value().placement.gcp.cloudInit) && has(oldSelf.value().placement.gcp.cloudInit.inline) ? size(oldSelf.value().placement.gcp.cloudInit.inline) : 0))",message="(spec.replicas + spec.rotation.maxSurge) times (7400 + 1200 + the size of spec.placement.gcp.cloudInit.inline) bytes must not exceed 2 MiB: Crossplane sends the function every Proxy of the fleet, with egress-discovery's summary of their leases, in one gRPC message the function takes up to 4 MiB of, and this keeps a 2x margin (with maxSurge 1: at most 242 replicas, however many leases per proxy); split a larger fleet into several. A fleet stored before this rule may keep its size or shrink, but not grow",optionalOldSelf=true
+// +kubebuilder:validation:XValidation:rule="!has(self.autoscaling) || (self.autoscaling.maxReplicas + self.rotation.maxSurge) * (7400 + 1200 + (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0)) <= 2097152",message="(spec.autoscaling.maxReplicas + spec.rotation.maxSurge) times (7400 + 1200 + the size of spec.placement.gcp.cloudInit.inline) bytes must not exceed 2 MiB, as for spec.replicas: lower maxReplicas or split the fleet"
 type ProxyFleetSpec struct {
 	// Replicas is how many proxies the fleet keeps, unless spec.autoscaling
 	// is set, which then sizes the fleet. kubectl scale and a
