@@ -192,6 +192,7 @@ func TestPackages(t *testing.T) {
 				Objects: []string{
 					"CustomResourceDefinition/clusterproviderconfigs.egress.crawl.example.com",
 					"CustomResourceDefinition/clusterproviderconfigusages.egress.crawl.example.com",
+					"CustomResourceDefinition/leasesummaries.egress.crawl.example.com",
 					"CustomResourceDefinition/providerconfigs.egress.crawl.example.com",
 					"CustomResourceDefinition/providerconfigusages.egress.crawl.example.com",
 					"CustomResourceDefinition/proxies.egress.crawl.example.com",

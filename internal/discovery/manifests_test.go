@@ -44,15 +44,19 @@ func TestManifests(t *testing.T) {
 			}
 		}
 	}
-	for _, k := range []string{"Namespace", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Deployment", "Service", "PodDisruptionBudget", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"} {
-		if kinds[k] != 1 {
-			t.Errorf("want one %s in cluster/discovery, got %d", k, kinds[k])
+	// Two admission policies: discovery's own Leases, and LeaseSummaries
+	// by discovery only.
+	for k, n := range map[string]int{"Namespace": 1, "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Deployment": 1, "Service": 1,
+		"PodDisruptionBudget": 1, "ValidatingAdmissionPolicy": 2, "ValidatingAdmissionPolicyBinding": 2} {
+		if kinds[k] != n {
+			t.Errorf("want %d %s in cluster/discovery, got %d", n, k, kinds[k])
 		}
 	}
 }
 
-// TestAdmissionPolicyNamesDiscovery: the admission policy that keeps
-// egress-discovery to its own Leases matches the ServiceAccount that
+// TestAdmissionPolicyNamesDiscovery: the admission policies that keep
+// egress-discovery to its own Leases, and everyone else from its
+// LeaseSummaries, match the ServiceAccount that
 // cluster/discovery creates and that function-proxyfleet grants by
 // default; were they to drift apart, the policy would silently match
 // nobody.
@@ -64,8 +68,9 @@ func TestAdmissionPolicyNamesDiscovery(t *testing.T) {
 	}
 	sa := function.DefaultDiscoveryServiceAccount
 	want := `request.userInfo.username == "system:serviceaccount:` + sa.Namespace + `:` + sa.Name + `"`
-	if !bytes.Contains(raw, []byte(want)) {
-		t.Errorf("cluster/discovery/admission.yaml must match %s", want)
+	// Both policies: discovery's own Leases, and LeaseSummaries.
+	if n := bytes.Count(raw, []byte(want)); n != 2 {
+		t.Errorf("both policies of cluster/discovery/admission.yaml must match %s: %d do", want, n)
 	}
 	kust, err := os.ReadFile(filepath.Join(bed.Root, "cluster", "discovery", "kustomization.yaml"))
 	if err != nil {

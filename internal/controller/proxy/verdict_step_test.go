@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -105,7 +106,7 @@ func TestASlowProbeMovesNoLatency(t *testing.T) {
 	default:
 	}
 	pp.mu.Lock()
-	outs := pp.entries[p.GetUID()].outcomes
+	outs := slices.Clone(pp.entries[p.GetUID()].outcomes)
 	pp.mu.Unlock()
 	for _, o := range outs {
 		if o.latency() != 100*time.Millisecond {
