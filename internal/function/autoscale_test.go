@@ -286,7 +286,7 @@ func TestAutoscalerHoldsThroughAnOutage(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			rsp := run(t, &fnv1.RunFunctionRequest{
-				Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: tc.proxies},
+				Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: tc.proxies},
 				RequiredResources: summaries(leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{Waiting: 4, Refused: 3})),
 			})
 			st := rsp.GetDesired().GetComposite().GetResource().GetFields()["status"].GetStructValue()

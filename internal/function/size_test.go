@@ -192,7 +192,7 @@ func sizedRequest(tb testing.TB, proxy, _ map[string]any, n, k int) *fnv1.RunFun
 	}
 	composite.Fields["spec"].GetStructValue().Fields["crossplane"] = crossplane
 	return &fnv1.RunFunctionRequest{
-		Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: composite}, Resources: observed},
+		Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: composite}, Resources: observed},
 		// Three discovery replicas' summaries (two, and one rolling
 		// over), each listing every leased proxy.
 		RequiredResources: summaries(
