@@ -274,6 +274,68 @@ func TestDiscoveryLeastPrivilege(t *testing.T) {
 		}
 	})
 
+	// Nobody else writes the Leases discovery labels: a tenant's workload
+	// that may write Leases (leader election) keeps its own, but cannot
+	// forge a slot (which pins a proxy), nor change or delete discovery's.
+	t.Run("OnlyItWritesItsLeases", func(t *testing.T) {
+		tenant := "system:serviceaccount:" + team + ":team-elector"
+		apply(t, bed.Client,
+			&rbacv1.Role{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: "elector"}, Rules: []rbacv1.PolicyRule{{
+				APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"*"},
+			}}},
+			&rbacv1.RoleBinding{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: "elector"},
+				RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: "elector"},
+				Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Namespace: team, Name: "team-elector"}}},
+		)
+		testbed.Eventually(t, 10*time.Second, "the elector's Role in force", func() (bool, string) {
+			return can(t, bed, tenant, leaseAttrs(team, "create")), ""
+		})
+		ten := testbed.Impersonating(t, bed, tenant)
+		slot := func(name string) *coordv1.Lease {
+			return &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: name, Labels: map[string]string{fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot}},
+				Spec: coordv1.LeaseSpec{HolderIdentity: ptr.To("forged")}}
+		}
+		testbed.Eventually(t, 30*time.Second, "the policy refuses a forged slot", func() (bool, string) {
+			err := ten.Create(ctx, slot("crawlers-1-slot-0"))
+			if err == nil {
+				_ = bed.Client.Delete(ctx, slot("crawlers-1-slot-0"))
+			}
+			return err != nil && strings.Contains(err.Error(), "egress-leases-by-discovery"), fmt.Sprint(err)
+		})
+		own := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: "team-elector"}, Spec: coordv1.LeaseSpec{HolderIdentity: ptr.To("pod-a")}}
+		if err := ten.Create(ctx, own); err != nil {
+			t.Fatalf("a tenant's own leader election Lease is refused: %v", err)
+		}
+		own.Spec.HolderIdentity = ptr.To("pod-b")
+		if err := ten.Update(ctx, own); err != nil {
+			t.Errorf("a tenant's own leader election Lease cannot be renewed: %v", err)
+		}
+		own.Labels = map[string]string{fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindBan}
+		if err := ten.Update(ctx, own.DeepCopy()); err == nil || !strings.Contains(err.Error(), "egress-leases-by-discovery") {
+			t.Errorf("a tenant relabelled its Lease as a ban (or was refused for another reason): %v", err)
+		}
+		d := testbed.Impersonating(t, bed, discoverySA)
+		theirs := slot("crawlers-0-slot-1")
+		if err := d.Create(ctx, theirs); err != nil {
+			t.Fatalf("egress-discovery may create its slot: %v", err)
+		}
+		cur := &coordv1.Lease{}
+		if err := ten.Get(ctx, client.ObjectKeyFromObject(theirs), cur); err != nil {
+			t.Fatal(err)
+		}
+		cur.Labels = nil
+		if err := ten.Update(ctx, cur.DeepCopy()); err == nil || !strings.Contains(err.Error(), "egress-leases-by-discovery") {
+			t.Errorf("a tenant unlabelled discovery's slot (or was refused for another reason): %v", err)
+		}
+		if err := ten.Delete(ctx, cur.DeepCopy()); err == nil || !strings.Contains(err.Error(), "egress-leases-by-discovery") {
+			t.Errorf("a tenant deleted discovery's slot (or was refused for another reason): %v", err)
+		}
+		gc := testbed.Impersonating(t, bed, "system:serviceaccount:kube-system:generic-garbage-collector")
+		if err := gc.Delete(ctx, cur); err != nil {
+			t.Errorf("the garbage collector may delete a slot whose Proxy is gone: %v", err)
+		}
+	})
+
 	// LeaseSummaries decide which proxies the function may remove and how
 	// far an autoscaled fleet grows: only egress-discovery writes them,
 	// though a tenant's workload be granted every verb on them.

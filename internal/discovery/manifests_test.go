@@ -44,10 +44,10 @@ func TestManifests(t *testing.T) {
 			}
 		}
 	}
-	// Two admission policies: discovery's own Leases, and LeaseSummaries
-	// by discovery only.
+	// Three admission policies: discovery's own Leases, its labelled
+	// Leases by discovery only, and LeaseSummaries by discovery only.
 	for k, n := range map[string]int{"Namespace": 1, "ServiceAccount": 1, "ClusterRole": 1, "ClusterRoleBinding": 1, "Deployment": 1, "Service": 1,
-		"PodDisruptionBudget": 1, "ValidatingAdmissionPolicy": 2, "ValidatingAdmissionPolicyBinding": 2} {
+		"PodDisruptionBudget": 1, "ValidatingAdmissionPolicy": 3, "ValidatingAdmissionPolicyBinding": 3} {
 		if kinds[k] != n {
 			t.Errorf("want %d %s in cluster/discovery, got %d", n, k, kinds[k])
 		}
@@ -68,9 +68,11 @@ func TestAdmissionPolicyNamesDiscovery(t *testing.T) {
 	}
 	sa := function.DefaultDiscoveryServiceAccount
 	want := `request.userInfo.username == "system:serviceaccount:` + sa.Namespace + `:` + sa.Name + `"`
-	// Both policies: discovery's own Leases, and LeaseSummaries.
-	if n := bytes.Count(raw, []byte(want)); n != 2 {
-		t.Errorf("both policies of cluster/discovery/admission.yaml must match %s: %d do", want, n)
+	// Every policy: discovery's own Leases, its labelled Leases, and
+	// LeaseSummaries.
+	want = `"system:serviceaccount:` + sa.Namespace + `:` + sa.Name + `"`
+	if n := bytes.Count(raw, []byte("request.userInfo.username == "+want)) + bytes.Count(raw, []byte("request.userInfo.username != "+want)); n != 3 {
+		t.Errorf("all three policies of cluster/discovery/admission.yaml must match %s: %d do", want, n)
 	}
 	kust, err := os.ReadFile(filepath.Join(bed.Root, "cluster", "discovery", "kustomization.yaml"))
 	if err != nil {
