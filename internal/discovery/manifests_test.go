@@ -67,10 +67,9 @@ func TestAdmissionPolicyNamesDiscovery(t *testing.T) {
 		t.Fatal(err)
 	}
 	sa := function.DefaultDiscoveryServiceAccount
-	want := `request.userInfo.username == "system:serviceaccount:` + sa.Namespace + `:` + sa.Name + `"`
 	// Every policy: discovery's own Leases, its labelled Leases, and
 	// LeaseSummaries.
-	want = `"system:serviceaccount:` + sa.Namespace + `:` + sa.Name + `"`
+	want := `"system:serviceaccount:` + sa.Namespace + `:` + sa.Name + `"`
 	if n := bytes.Count(raw, []byte("request.userInfo.username == "+want)) + bytes.Count(raw, []byte("request.userInfo.username != "+want)); n != 3 {
 		t.Errorf("all three policies of cluster/discovery/admission.yaml must match %s: %d do", want, n)
 	}
