@@ -23,7 +23,7 @@ generate: tools ## Regenerate deepcopy code, CRDs and the ProxyFleet XRDs.
 	@# from the XRDs genxrd writes from its schema.
 	@rm -rf .cache/fleet-crd
 	cd apis && $(BIN)/controller-gen crd:crdVersions=v1,allowDangerousTypes=true paths=./fleet/... output:crd:artifacts:config=../.cache/fleet-crd
-	go run ./hack/genxrd -crd .cache/fleet-crd/crawl.example.com_proxyfleets.yaml -dir apis/fleet
+	go run ./hack/genxrd -crd .cache/fleet-crd/crawl.example.com_proxyfleets.yaml -pool-crd .cache/fleet-crd/crawl.example.com_proxypools.yaml -dir apis/fleet
 
 .PHONY: check-generate
 check-generate: generate ## Fail when regeneration changes a checked-in file.

@@ -46,6 +46,7 @@ func TestCRDsEstablished(t *testing.T) {
 		"proxies.egress.crawl.example.com",
 		"proxyfleetclaims.crawl.example.com",
 		"proxyfleets.crawl.example.com",
+		"proxypools.crawl.example.com",
 		"xproxyfleets.crawl.example.com",
 	}
 	l := &extv1.CustomResourceDefinitionList{}
@@ -621,5 +622,67 @@ func TestFleetMessageBoundAccepted(t *testing.T) {
 	}
 	if err := bed.Client.Update(ctx, vm); err == nil || !strings.Contains(err.Error(), "must not exceed 2 MiB") {
 		t.Errorf("growing the inline cloud-init past the bound must be refused: %v", err)
+	}
+}
+
+// TestPooledFleetBounds: a pooled fleet of 10 000 proxies with 10 leases
+// each is accepted; the bounds say what they guard, naming the field; and
+// spec.pools is set when a fleet is made, not added, changed or removed
+// later, while a fleet made without it keeps scaling within its bound.
+func TestPooledFleetBounds(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	ctx := context.Background()
+	create := func(name string, set map[string]any) error {
+		u := object(t, validFleet, set)
+		u.SetNamespace(ns)
+		u.SetName(name)
+		return bed.Client.Create(ctx, u)
+	}
+	pooled := map[string]any{"spec.replicas": int64(10000), "spec.pools": map[string]any{"proxiesPerPool": int64(125)},
+		"spec.leases": map[string]any{"maxLeasesPerProxy": int64(10)}}
+	if err := create("ten-thousand", pooled); err != nil {
+		t.Fatalf("a fleet of 10 000 in pools of 125 with 10 leases per proxy must be accepted: %v", err)
+	}
+	for name, c := range map[string]struct {
+		set  map[string]any
+		want string
+	}{
+		"too-few-pools": {map[string]any{"spec.replicas": int64(10000), "spec.pools": map[string]any{"proxiesPerPool": int64(100)}},
+			"spec.replicas must not exceed spec.pools.proxiesPerPool x 80"},
+		"unpooled-too-big": {map[string]any{"spec.replicas": int64(243)}, "set spec.pools.proxiesPerPool (when creating a fleet) to grow past that"},
+		"pool-too-big":     {map[string]any{"spec.replicas": int64(1000), "spec.pools": map[string]any{"proxiesPerPool": int64(243)}}, "spec.pools.proxiesPerPool"},
+		"past-10000":       {map[string]any{"spec.replicas": int64(10001), "spec.pools": map[string]any{"proxiesPerPool": int64(200)}}, "spec.replicas"},
+	} {
+		if err := create(name, c.set); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: want a refusal saying %q, got %v", name, c.want, err)
+		}
+	}
+
+	if err := create("one-level", map[string]any{"spec.replicas": int64(3)}); err != nil {
+		t.Fatal(err)
+	}
+	patch := func(name, body string) error {
+		u := object(t, validFleet, nil)
+		u.SetNamespace(ns)
+		u.SetName(name)
+		return bed.Client.Patch(ctx, u, client.RawPatch(types.MergePatchType, []byte(body)))
+	}
+	if err := patch("one-level", `{"spec":{"replicas":242}}`); err != nil {
+		t.Errorf("a fleet without pools scales within its bound: %v", err)
+	}
+	for name, body := range map[string]string{
+		"one-level":    `{"spec":{"pools":{"proxiesPerPool":100}}}`,
+		"ten-thousand": `{"spec":{"pools":{"proxiesPerPool":200}}}`,
+	} {
+		if err := patch(name, body); err == nil || !strings.Contains(err.Error(), "spec.pools cannot be added, removed or changed") {
+			t.Errorf("%s: %s must be refused naming spec.pools, got %v", name, body, err)
+		}
+	}
+	if err := patch("ten-thousand", `{"spec":{"pools":null,"replicas":100}}`); err == nil || !strings.Contains(err.Error(), "spec.pools cannot be added, removed or changed") {
+		t.Errorf("removing spec.pools must be refused, got %v", err)
+	}
+	if err := patch("ten-thousand", `{"spec":{"replicas":5000}}`); err != nil {
+		t.Errorf("a pooled fleet scales: %v", err)
 	}
 }

@@ -27,10 +27,11 @@ go run ./cluster/images -o "$out/images" provider function discovery
 # exactly its metadata, XRDs and Compositions instead.
 stage="$out/configuration-root"
 rm -rf "$stage"
-mkdir -p "$stage/namespaced" "$stage/legacy"
+mkdir -p "$stage/namespaced" "$stage/legacy" "$stage/pool"
 cp crossplane.yaml "$stage/"
 cp apis/fleet/definition.yaml apis/fleet/composition.yaml "$stage/namespaced/"
 cp apis/fleet/legacy/definition.yaml apis/fleet/legacy/composition.yaml "$stage/legacy/"
+cp apis/fleet/pool/definition.yaml apis/fleet/pool/composition.yaml "$stage/pool/"
 "$xp" xpkg build --package-root="$stage" --examples-root=examples \
 	--package-file="$out/configuration-proxyfleet.xpkg"
 # The CLI re-encodes the XRDs through Go types that lack subresources, which

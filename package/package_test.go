@@ -208,7 +208,7 @@ func TestPackages(t *testing.T) {
 			runtime: runtimeFactsFor("function"),
 		},
 		"Configuration": {
-			reason: "The configuration carries both XRDs and both Compositions, and nothing else.",
+			reason: "The configuration carries the fleet, legacy and pool XRDs and their Compositions, and nothing else.",
 			file:   "configuration-proxyfleet.xpkg",
 			linter: xpkg.NewConfigurationLinter(),
 			want: contents{
@@ -216,8 +216,10 @@ func TestPackages(t *testing.T) {
 				MetaName: "configuration-proxyfleet",
 				Objects: []string{
 					"CompositeResourceDefinition/proxyfleets.crawl.example.com",
+					"CompositeResourceDefinition/proxypools.crawl.example.com",
 					"CompositeResourceDefinition/xproxyfleets.crawl.example.com",
 					"Composition/proxyfleet",
+					"Composition/proxypool",
 					"Composition/xproxyfleet",
 				},
 			},

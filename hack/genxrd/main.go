@@ -1,7 +1,8 @@
-// Command genxrd writes the ProxyFleet CompositeResourceDefinitions from the
-// schema controller-gen derives from the Go types in apis/fleet/v1alpha1, so
-// the namespaced XRD, the LegacyCluster XRD and the code that reads fleets
-// can never drift apart.
+// Command genxrd writes the ProxyFleet and ProxyPool
+// CompositeResourceDefinitions from the schemas controller-gen derives from
+// the Go types in apis/fleet/v1alpha1, so the namespaced XRD, the
+// LegacyCluster XRD, the pool XRD and the code that reads them can never
+// drift apart.
 package main
 
 import (
@@ -33,18 +34,47 @@ var printerColumns = []map[string]any{
 	{"name": "REVISION", "type": "string", "jsonPath": ".status.observedRevision", "priority": 1},
 }
 
-func version(schema map[string]any) map[string]any {
+// poolColumns are a pool's figures for `kubectl get proxypools`.
+var poolColumns = []map[string]any{
+	{"name": "FLEET", "type": "string", "jsonPath": ".spec.fleet"},
+	{"name": "REPLICAS", "type": "integer", "jsonPath": ".spec.template.replicas"},
+	{"name": "AVAILABLE", "type": "integer", "jsonPath": ".status.readyReplicas", "description": "Proxies that run and pass their probe"},
+	{"name": "HEALTHY", "type": "integer", "jsonPath": ".status.healthyReplicas"},
+	{"name": "UP-TO-DATE", "type": "integer", "jsonPath": ".status.updatedReplicas", "description": "Proxies made from the current template revision"},
+	{"name": "SURGE", "type": "integer", "jsonPath": ".spec.budget.maxSurge", "description": "Proxies above its replicas the fleet lets the pool make now", "priority": 1},
+	{"name": "UNAVAILABLE", "type": "integer", "jsonPath": ".spec.budget.maxUnavailable", "description": "Ready proxies the fleet lets the pool take out of service now", "priority": 1},
+}
+
+func version(schema map[string]any, columns []map[string]any) map[string]any {
 	return map[string]any{
 		"name":                     fleetv1alpha1.Version,
 		"served":                   true,
 		"referenceable":            true,
 		"schema":                   map[string]any{"openAPIV3Schema": schema},
-		"additionalPrinterColumns": printerColumns,
+		"additionalPrinterColumns": columns,
+	}
+}
+
+func pool(schema map[string]any) map[string]any {
+	return map[string]any{
+		"apiVersion": "apiextensions.crossplane.io/v2",
+		"kind":       "CompositeResourceDefinition",
+		"metadata":   map[string]any{"name": fleetv1alpha1.ProxyPoolResource + "." + fleetv1alpha1.Group},
+		"spec": map[string]any{
+			"scope": "Namespaced",
+			"group": fleetv1alpha1.Group,
+			"names": map[string]any{
+				"kind": fleetv1alpha1.ProxyPoolKind, "listKind": fleetv1alpha1.ProxyPoolKind + "List", "plural": fleetv1alpha1.ProxyPoolResource, "singular": "proxypool",
+				"categories": categories,
+			},
+			"defaultCompositionRef": map[string]any{"name": "proxypool"},
+			"versions":              []any{version(schema, poolColumns)},
+		},
 	}
 }
 
 func namespaced(schema map[string]any) map[string]any {
-	v := version(schema)
+	v := version(schema, printerColumns)
 	// `kubectl scale proxyfleet/x --replicas=N` works like it does for a
 	// Deployment.
 	v["subresources"] = map[string]any{"scale": map[string]any{
@@ -84,7 +114,7 @@ func legacy(schema map[string]any) map[string]any {
 				"categories": categories,
 			},
 			"defaultCompositionRef": map[string]any{"name": "xproxyfleet"},
-			"versions":              []any{version(schema)},
+			"versions":              []any{version(schema, printerColumns)},
 		},
 	}
 }
@@ -97,8 +127,7 @@ func write(path string, obj map[string]any) error {
 	return os.WriteFile(path, append([]byte(header), b...), 0o644)
 }
 
-// schemaOf returns the openAPIV3Schema of the CRD controller-gen wrote for
-// the ProxyFleet type, without the fields every object has: Crossplane adds
+// schemaOf returns the openAPIV3Schema of a CRD controller-gen wrote, without the fields every object has: Crossplane adds
 // those to the CRDs it derives from an XRD.
 func schemaOf(path string) (map[string]any, error) {
 	raw, err := os.ReadFile(path)
@@ -132,6 +161,7 @@ func schemaOf(path string) (map[string]any, error) {
 func main() {
 	dir := flag.String("dir", "apis/fleet", "folder the definitions are written to (legacy/ beneath it)")
 	crd := flag.String("crd", "", "CRD controller-gen wrote for the ProxyFleet type")
+	poolCRD := flag.String("pool-crd", "", "CRD controller-gen wrote for the ProxyPool type")
 	flag.Parse()
 
 	schema, err := schemaOf(*crd)
@@ -139,9 +169,15 @@ func main() {
 		fmt.Fprintln(os.Stderr, "genxrd:", err)
 		os.Exit(1)
 	}
+	poolSchema, err := schemaOf(*poolCRD)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "genxrd:", err)
+		os.Exit(1)
+	}
 	for path, obj := range map[string]map[string]any{
 		filepath.Join(*dir, "definition.yaml"):           namespaced(schema),
 		filepath.Join(*dir, "legacy", "definition.yaml"): legacy(schema),
+		filepath.Join(*dir, "pool", "definition.yaml"):   pool(poolSchema),
 	} {
 		if err := write(path, obj); err != nil {
 			fmt.Fprintln(os.Stderr, err)

@@ -45,6 +45,14 @@ type Fleet struct {
 	// autoscale is spec.autoscaling; nil when spec.replicas sizes the
 	// fleet. While set, Replicas is what it chose.
 	autoscale *autoscaler
+	// Pool is the name of the ProxyPool being composed, "" for a fleet
+	// composing its Proxies itself; OrdinalBase is where the ordinals of
+	// its Proxies start.
+	Pool        string
+	OrdinalBase int
+	// readyFloor is how many Ready proxies make a pool Ready: its fleet's
+	// floor for it, whatever budget it holds.
+	readyFloor int
 }
 
 // templateRevision hashes what each of a fleet's Proxies is made from,
@@ -128,6 +136,19 @@ func (f *Fleet) checkScale() error {
 	}
 	if f.autoscale != nil && len(f.Zones) == 0 {
 		return fieldError("spec.zones", "must not be empty when spec.autoscaling is set: list the zones to spread proxies over")
+	}
+	if p := f.spec.Pools; p != nil {
+		per := int(p.ProxiesPerPool)
+		if per < 1 || per > fleetv1alpha1.MaxProxiesPerPool {
+			return fieldError("spec.pools.proxiesPerPool", "must be between 1 and %d, not %d", fleetv1alpha1.MaxProxiesPerPool, per)
+		}
+		most := f.Replicas
+		if f.autoscale != nil {
+			most = f.autoscale.Max
+		}
+		if most > per*fleetv1alpha1.MaxPools {
+			return fieldError("spec.pools.proxiesPerPool", "(%d) x %d pools holds %d proxies, fewer than the fleet's %d: raise proxiesPerPool", per, fleetv1alpha1.MaxPools, per*fleetv1alpha1.MaxPools, most)
+		}
 	}
 	seen := map[string]bool{}
 	for i, z := range f.Zones {

@@ -86,6 +86,10 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 		return rsp, nil
 	}
 	xr := oxr.Resource
+	if xr.GetKind() == fleetv1alpha1.ProxyPoolKind {
+		f.runPool(rsp, req, xr.GetName(), xr.GetNamespace(), xr.Object, now)
+		return rsp, nil
+	}
 	fleetName, namespace := xr.GetName(), xr.GetNamespace()
 	if namespace == "" {
 		// A LegacyCluster XProxyFleet is cluster scoped; its Proxies live in
@@ -106,39 +110,86 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 		// ProxyFleets only: a legacy fleet would never wake from zero.
 		err = fieldError("spec.autoscaling", "is for namespaced ProxyFleets (crawl.example.com/v1alpha1, kind ProxyFleet); a %s made through a ProxyFleetClaim is sized by spec.replicas: remove spec.autoscaling", xr.GetKind())
 	}
+	if err == nil && fleet.spec.Pools != nil && xr.GetNamespace() == "" {
+		err = fieldError("spec.pools", "is for namespaced ProxyFleets (crawl.example.com/v1alpha1, kind ProxyFleet); a %s made through a ProxyFleetClaim has one level of Proxies: remove spec.pools", xr.GetKind())
+	}
 	if err != nil {
 		response.Fatal(rsp, err)
 		return rsp, nil
 	}
+	if fleet.spec.Pools != nil {
+		f.runPooledFleet(rsp, req, fleet, now)
+		return rsp, nil
+	}
 
-	rsp.Requirements = &fnv1.Requirements{Resources: map[string]*fnv1.ResourceSelector{
-		requiredSummaries: {
-			ApiVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.LeaseSummaryKind, Namespace: &namespace,
-			Match: &fnv1.ResourceSelector_MatchLabels{MatchLabels: &fnv1.MatchLabels{Labels: lease.SummarySelector(fleetName)}},
-		},
-	}}
-	summaries, sent := req.GetRequiredResources()[requiredSummaries]
-	_, maxTTL := fleet.spec.Leases.TTLs()
-	view := viewLeases(summaries.GetItems(), sent, fleet.Name, maxTTL, now)
+	view := requireLeases(rsp, req, fleet, now)
 	members := observedMembers(req.GetObserved().GetResources(), view.leased, fleet.Revision)
 	for _, m := range members {
 		m.DrainSeen = view.drainSeen(m.Name, m.DrainSince)
 	}
 	markDuplicates(members)
-	sc := autoscale(req, fleet, members, view, now)
+	sc := autoscale(req, fleet, countsOf(members, now), view, now)
 	p := decide(fleet, members, view.known, now)
+	if err := composeProxies(rsp, fleet, members, p, now); err != nil {
+		response.Fatal(rsp, err)
+		return rsp, nil
+	}
+	if err := f.grantAccess(rsp, fleet); err != nil {
+		response.Fatal(rsp, err)
+		return rsp, nil
+	}
+	finish(rsp, req, fleet, members, p, sc, now)
+	return rsp, nil
+}
 
+// requireLeases asks Crossplane for the fleet's LeaseSummaries, and reads
+// those it sent: a pool's own (egress-discovery writes one per pool), a
+// pooled fleet's of the fleet as a whole (its demand), a fleet's without
+// pools all of them.
+func requireLeases(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionRequest, fleet *Fleet, now time.Time) *leaseView {
+	if rsp.Requirements == nil {
+		rsp.Requirements = &fnv1.Requirements{}
+	}
+	if rsp.Requirements.Resources == nil {
+		rsp.Requirements.Resources = map[string]*fnv1.ResourceSelector{}
+	}
+	namespace := fleet.Namespace
+	selector, pool := lease.SummarySelector(fleet.Name), ""
+	switch {
+	case fleet.Pool != "":
+		pool = ownership.LabelValue(fleet.Pool)
+		selector = lease.SummaryLabels(fleet.Name, pool)
+	case fleet.spec.Pools != nil:
+		selector = lease.SummaryLabels(fleet.Name, "")
+	}
+	rsp.Requirements.Resources[requiredSummaries] = &fnv1.ResourceSelector{
+		ApiVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.LeaseSummaryKind, Namespace: &namespace,
+		Match: &fnv1.ResourceSelector_MatchLabels{MatchLabels: &fnv1.MatchLabels{Labels: selector}},
+	}
+	summaries, sent := req.GetRequiredResources()[requiredSummaries]
+	_, maxTTL := fleet.spec.Leases.TTLs()
+	return viewLeases(summaries.GetItems(), sent, fleet.Name, pool, maxTTL, now)
+}
+
+// desiredResources returns the response's desired resources, made if need
+// be.
+func desiredResources(rsp *fnv1.RunFunctionResponse) map[string]*fnv1.Resource {
 	if rsp.Desired == nil {
 		rsp.Desired = &fnv1.State{}
 	}
 	if rsp.Desired.Resources == nil {
 		rsp.Desired.Resources = map[string]*fnv1.Resource{}
 	}
-	// Resources of other pipeline steps pass through untouched; the
-	// function's own are exactly the plan's members.
-	for name := range rsp.Desired.Resources {
+	return rsp.Desired.Resources
+}
+
+// composeProxies sets the desired Proxies: exactly the plan's members.
+// Resources of other pipeline steps pass through untouched.
+func composeProxies(rsp *fnv1.RunFunctionResponse, fleet *Fleet, members []*member, p *plan, now time.Time) error {
+	desired := desiredResources(rsp)
+	for name := range desired {
 		if _, ok := ordinalOf(name); ok {
-			delete(rsp.Desired.Resources, name)
+			delete(desired, name)
 		}
 	}
 	byOrdinal := map[int]*member{}
@@ -147,24 +198,49 @@ func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) 
 	}
 	c, err := fleet.composer(now)
 	if err != nil {
-		response.Fatal(rsp, err)
-		return rsp, nil
+		return err
 	}
 	for _, m := range p.keep {
-		rsp.Desired.Resources[resourceName(m.Ordinal)] = c.proxy(m, byOrdinal)
+		desired[resourceName(m.Ordinal)] = c.proxy(m, byOrdinal)
 	}
+	return nil
+}
+
+// grantAccess composes the Role and RoleBinding that let egress-discovery
+// serve the fleet.
+func (f *Function) grantAccess(rsp *fnv1.RunFunctionResponse, fleet *Fleet) error {
 	grant, err := f.access(fleet)
 	if err != nil {
-		response.Fatal(rsp, err)
-		return rsp, nil
+		return err
 	}
-	delete(rsp.Desired.Resources, resourceAccessRole)
-	delete(rsp.Desired.Resources, resourceAccessBinding)
+	desired := desiredResources(rsp)
+	delete(desired, resourceAccessRole)
+	delete(desired, resourceAccessBinding)
 	for name, r := range grant {
-		rsp.Desired.Resources[name] = r
+		desired[name] = r
 	}
-	finish(rsp, req, fleet, members, p, sc, now)
-	return rsp, nil
+	return nil
+}
+
+// health counts what the autoscaler reads of a fleet: its healthy proxies,
+// those unready past failingAfter, and those not replacing another (the
+// size autoscaling starts from when turned on).
+type health struct{ healthy, failing, holders int }
+
+func countsOf(members []*member, now time.Time) health {
+	var h health
+	for _, m := range members {
+		if m.Healthy {
+			h.healthy++
+		}
+		if !m.Ready && !m.Refused && now.Sub(m.Created) >= failingAfter {
+			h.failing++
+		}
+		if m.Replaces < 0 {
+			h.holders++
+		}
+	}
+	return h
 }
 
 // failingAfter is how old an unready proxy must be before an autoscaled
@@ -174,7 +250,7 @@ const failingAfter = 2 * time.Minute
 // autoscale sizes an autoscaled fleet, setting its Replicas to the size it
 // aims at; nil for a fleet spec.replicas sizes. Until Crossplane has sent
 // the fleet's leases and demand, the size aimed at so far stays.
-func autoscale(req *fnv1.RunFunctionRequest, f *Fleet, members []*member, view *leaseView, now time.Time) *scaling {
+func autoscale(req *fnv1.RunFunctionRequest, f *Fleet, h health, view *leaseView, now time.Time) *scaling {
 	if f.autoscale == nil {
 		return nil
 	}
@@ -182,30 +258,16 @@ func autoscale(req *fnv1.RunFunctionRequest, f *Fleet, members []*member, view *
 	if current < 0 {
 		// Autoscaling was just turned on: it starts from the proxies
 		// there are.
-		current = 0
-		for _, m := range members {
-			if m.Replaces < 0 {
-				current++
-			}
-		}
+		current = h.holders
 	}
 	var sc *scaling
 	if view.known {
-		healthy, old := 0, 0
-		for _, m := range members {
-			if m.Healthy {
-				healthy++
-			}
-			if !m.Ready && !m.Refused && now.Sub(m.Created) >= failingAfter {
-				old++
-			}
-		}
 		// An outage (the health target down, a backend failing): no
 		// proxy healthy though some had time to boot. Every crawler is
 		// refused and more proxies would fail alike, so the fleet does
 		// not grow until one recovers; nor does it shrink for it.
-		outage := healthy == 0 && old > 0
-		sc = f.autoscale.scale(view.demand, int(*f.spec.Leases.MaxLeasesPerProxy), healthy, current, history, now, outage)
+		outage := h.healthy == 0 && h.failing > 0
+		sc = f.autoscale.scale(view.demand, int(*f.spec.Leases.MaxLeasesPerProxy), h.healthy, current, history, now, outage)
 	} else {
 		sc = &scaling{desired: min(max(current, f.autoscale.Min), f.autoscale.Max), history: history, reason: view.why}
 	}
@@ -374,6 +436,8 @@ type composer struct {
 	// Read-only values shared by many Proxies: a fleet of thousands would
 	// otherwise allocate the same labels and spec thousands of times.
 	apiVersion, kind, namespace, fleet *structpb.Value
+	// pool labels a pool's Proxies with its name; nil for a fleet's.
+	pool *structpb.Value
 	// annotations name the fleet exactly; the fleet label may be a hash.
 	annotations *structpb.Value
 	zones       map[string]*structpb.Value
@@ -393,6 +457,9 @@ func (f *Fleet) composer(now time.Time) (*composer, error) {
 		annotations: structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
 			fleetv1alpha1.AnnotationFleet: structpb.NewStringValue(f.Name),
 		}}),
+	}
+	if f.Pool != "" {
+		c.pool = structpb.NewStringValue(ownership.LabelValue(f.Pool))
 	}
 	ref := map[string]string{"kind": s.ProviderConfigRef.Kind, "name": s.ProviderConfigRef.Name}
 	c.configRef = structpb.NewStructValue(strings2struct(ref))
@@ -531,6 +598,9 @@ func (c *composer) labelsOf(m *member, observed map[int]*member) *structpb.Value
 	if dup != "" {
 		l.Fields[fleetv1alpha1.LabelDuplicateEgressIP] = structpb.NewStringValue(dup)
 	}
+	if c.pool != nil {
+		l.Fields[fleetv1alpha1.LabelPool] = c.pool
+	}
 	if replacing {
 		l.Fields[fleetv1alpha1.LabelReplaces] = structpb.NewStringValue(strconv.Itoa(m.Replaces))
 		return structpb.NewStructValue(l)
@@ -543,18 +613,7 @@ func (c *composer) labelsOf(m *member, observed map[int]*member) *structpb.Value
 // setStatus writes the fleet's observed state to the desired XR, keeping
 // whatever earlier pipeline steps set.
 func setStatus(desired *fnv1.State, f *Fleet, members []*member, now time.Time) {
-	if desired.Composite == nil {
-		desired.Composite = &fnv1.Resource{}
-	}
-	if desired.Composite.Resource == nil {
-		desired.Composite.Resource = &structpb.Struct{Fields: map[string]*structpb.Value{}}
-	}
-	xr := desired.Composite.Resource
-	status := field(xr, "status").GetStructValue()
-	if status == nil {
-		status = &structpb.Struct{Fields: map[string]*structpb.Value{}}
-		xr.Fields["status"] = structpb.NewStructValue(status)
-	}
+	status := compositeStatus(desired)
 	var ready, healthy, updated int
 	proxies := make([]*structpb.Value, 0, len(members))
 	shared := map[string]*structpb.Value{} // zones repeat

@@ -92,7 +92,7 @@ func TestBadInput(t *testing.T) {
 			spec:   `{"replicas": 2, "placement": {"local": {}}, "proxy": {"authSecretRef": {"name": "a"}}, "healthCheck": {"url": "https://e/ip"}}`,
 			want:   fatal("spec.zones must not be empty when spec.replicas > 0: list the zones to spread proxies over"),
 		},
-		"NegativeReplicas": {reason: "Replicas cannot be negative.", spec: "replicas=-1", want: fatal("spec.replicas must be between 0 and 1000, not -1")},
+		"NegativeReplicas": {reason: "Replicas cannot be negative.", spec: "replicas=-1", want: fatal("spec.replicas must be between 0 and 10000, not -1")},
 		"BadZone":          {reason: "Zones are DNS labels.", spec: `zones=["a", "B_1"]`, want: fatal(`spec.zones[1] "B_1" must be a lowercase DNS label such as europe-west1-b`)},
 		"DuplicateZone":    {reason: "A zone listed twice would skew the spread.", spec: `zones=["a", "a"]`, want: fatal(`spec.zones[1] "a" is listed twice`)},
 		"NoPlacement":      {reason: "A fleet runs somewhere.", spec: "placement=", want: fatal("spec.placement needs exactly one of local, kubernetes or gcp")},

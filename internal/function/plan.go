@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/types/known/structpb"
+
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 )
 
 // member is one observed Proxy of the fleet.
@@ -73,6 +75,10 @@ type plan struct {
 	// leaseWait says one waits for a lease to end, which nothing
 	// announces: the fleet is composed again soon.
 	leaseWait bool
+	// due counts the Ready holders due for replacement, replaced or not
+	// yet: what a pool asks its fleet's budget for; dueFree those of them
+	// no lease holds.
+	due, dueFree int
 }
 
 // decide computes the fleet's next state from what was observed. It is a
@@ -97,14 +103,17 @@ type planner struct {
 	p           *plan
 	replicas    []*replica
 	// next is the next free ordinal; ready and total count the members the
-	// plan keeps so far.
+	// plan keeps so far. used holds the ordinals taken, once a pool's
+	// ran past its span.
 	next, ready, total int
+	used               map[int]bool
+	observed           []*member
 }
 
 // newPlanner groups the observed members into replicas: members replacing
 // one that still exists belong to that member's replica.
 func newPlanner(f *Fleet, observed []*member, leasesKnown bool, now time.Time) *planner {
-	pl := &planner{f: f, leasesKnown: leasesKnown, now: now, p: &plan{}, total: len(observed)}
+	pl := &planner{f: f, leasesKnown: leasesKnown, now: now, p: &plan{}, total: len(observed), next: f.OrdinalBase, observed: observed}
 	byOrdinal := map[int]*member{}
 	for _, m := range observed {
 		byOrdinal[m.Ordinal] = m
@@ -139,9 +148,40 @@ func (pl *planner) newMember(zone string, replaces, generation int) *member {
 	if !slices.Contains(pl.f.Zones, zone) {
 		zone = pl.emptiestZone()
 	}
-	m := &member{Ordinal: pl.next, Zone: zone, Replaces: replaces, Created: pl.now, Generation: generation, Revision: pl.f.Revision}
-	pl.next++
+	m := &member{Ordinal: pl.nextOrdinal(), Zone: zone, Replaces: replaces, Created: pl.now, Generation: generation, Revision: pl.f.Revision}
 	return m
+}
+
+// nextOrdinal is the next free ordinal. A pool's stay within its span:
+// past its end (ten million replacements on), they start again from the
+// lowest its members do not hold, so that a pool never names a Proxy in
+// the next pool's span.
+func (pl *planner) nextOrdinal() int {
+	if pl.f.Pool == "" || pl.next < pl.f.OrdinalBase+fleetv1alpha1.PoolOrdinalSpan {
+		pl.next++
+		return pl.next - 1
+	}
+	if pl.used == nil {
+		// Every ordinal observed, removed in this plan or not (Crossplane
+		// has not deleted it yet), and every one this plan made.
+		pl.used = map[int]bool{}
+		for _, m := range pl.observed {
+			pl.used[m.Ordinal] = true
+		}
+		for _, s := range pl.replicas {
+			for _, m := range []*member{s.holder, s.replacement} {
+				if m != nil {
+					pl.used[m.Ordinal] = true
+				}
+			}
+		}
+	}
+	o := pl.f.OrdinalBase
+	for pl.used[o] {
+		o++
+	}
+	pl.used[o] = true
+	return o
 }
 
 // zoneLoad counts the members planned so far in each zone, replacements
@@ -585,6 +625,12 @@ func (pl *planner) result() *plan {
 			// the holder goes once its leases end. A replacement down
 			// for good gives the holder its leases back.
 			s.holder.Draining = true
+		}
+		if s.reason != "" && s.holder.Ready {
+			pl.p.due++
+			if !s.holder.Leased {
+				pl.p.dueFree++
+			}
 		}
 		pl.p.keep = append(pl.p.keep, s.holder)
 		if s.replacement != nil {

@@ -72,6 +72,7 @@ func TestRender(t *testing.T) {
 	fns := startFunction(t, root)
 	namespaced := filepath.Join(root, "apis", "fleet", "composition.yaml")
 	legacy := filepath.Join(root, "apis", "fleet", "legacy", "composition.yaml")
+	pool := filepath.Join(root, "apis", "fleet", "pool", "composition.yaml")
 
 	cases := map[string]struct {
 		reason      string
@@ -94,6 +95,18 @@ func TestRender(t *testing.T) {
 			reason: "Each VM gets its zone.",
 			xr:     "examples/gcp/proxyfleet.yaml", composition: namespaced,
 			want: []string{"zone: europe-west1-d"},
+		},
+		"pooled": {
+			reason: "A pooled fleet of 5 in pools of 2 composes three ProxyPools, filled in order (2, 2, 1); no Proxy of its own.",
+			xr:     "examples/pooled/proxyfleet.yaml", composition: namespaced,
+			want: []string{"kind: ProxyPool", "name: pooled-pool-1", "name: pooled-pool-3", "fleet: pooled", "index: 3",
+				"zones: - local-a - local-b", "scaleDown: Immediate", "proxies healthy in 3 pools"},
+		},
+		"pool": {
+			reason: "A pool composes its Proxies with ordinals from its index x 10 000 000, labelled with its fleet and itself, and reports counts and its budget.",
+			xr:     "examples/render/pool/xr.yaml", composition: pool,
+			want: []string{"name: pooled-20000000", "name: pooled-20000001", "crawl.example.com/fleet: pooled", "crawl.example.com/pool: pooled-pool-2",
+				"desiredReplicas: 2", "budget: maxSurge: 0 maxUnavailable: 0"},
 		},
 		"legacy": {
 			reason: "A claimed XProxyFleet composes into the claim's namespace.",
@@ -180,11 +193,12 @@ func TestRender(t *testing.T) {
 	}
 }
 
-// composedOnly keeps the composed Proxies of render's output.
+// composedOnly keeps the composed Proxies and ProxyPools of render's
+// output (the XR, a pool in the pool's render, carries its status).
 func composedOnly(out []byte) []byte {
 	var keep []string
 	for _, doc := range strings.Split(string(out), "\n---\n") {
-		if strings.Contains(doc, "kind: Proxy\n") {
+		if strings.Contains(doc, "kind: Proxy\n") || strings.Contains(doc, "kind: ProxyPool\n") && !strings.Contains(doc, "status:") {
 			keep = append(keep, strings.TrimPrefix(doc, "---\n"))
 		}
 	}

@@ -225,8 +225,8 @@ func BenchmarkMessageSizes(b *testing.B) {
 	type measured struct{ n, k, req, rsp int }
 	var at []measured
 	for _, k := range []int{1, 10, 100} {
-		req, rsp := size(fleetv1alpha1.MaxReplicas, k)
-		at = append(at, measured{fleetv1alpha1.MaxReplicas, k, req, rsp})
+		req, rsp := size(fleetv1alpha1.MaxUnpooledReplicas, k)
+		at = append(at, measured{fleetv1alpha1.MaxUnpooledReplicas, k, req, rsp})
 	}
 	for b.Loop() {
 	}
@@ -280,7 +280,7 @@ func TestMessageSizesBounded(t *testing.T) {
 
 // TestMessageBudgetRule keeps the XRDs' rule in step with the constants.
 func TestMessageBudgetRule(t *testing.T) {
-	want := fmt.Sprintf("(self.replicas + self.rotation.maxSurge) * (%d + %d + ",
+	want := fmt.Sprintf("((has(self.pools) ? self.pools.proxiesPerPool : self.replicas) + self.rotation.maxSurge) * (%d + %d + ",
 		fleetv1alpha1.ProxyMessageBytes, fleetv1alpha1.LeasedProxyMessageBytes)
 	budget := fmt.Sprintf(")) <= %d || (oldSelf.hasValue()", fleetv1alpha1.MessageBudget)
 	for _, f := range []string{"../../apis/fleet/definition.yaml", "../../apis/fleet/legacy/definition.yaml"} {
@@ -291,6 +291,134 @@ func TestMessageBudgetRule(t *testing.T) {
 		flat := strings.Join(strings.Fields(string(raw)), " ")
 		if !strings.Contains(flat, want) || !strings.Contains(flat, budget) {
 			t.Errorf("%s must carry the rule %q ... %q", f, want, budget)
+		}
+	}
+}
+
+// realPool writes pool 400 of a fleet of the longest name allowed to the
+// test apiserver the way Crossplane does (server-side apply of the
+// composed pool, its status as the pool's composition writes it, with
+// three faults of long probe errors and Crossplane's conditions), and
+// reads it back as Crossplane sends it to the fleet: managedFields
+// included.
+func realPool(tb testing.TB) map[string]any {
+	tb.Helper()
+	bed := sharedBed.Env(tb)
+	ctx := context.Background()
+	ns := bed.Namespace(tb)
+	spec := map[string]any{}
+	if err := json.Unmarshal([]byte(`{"replicas": 10000, "zones": ["europe-west1-b", "europe-west1-c", "europe-west1-d"],
+		"providerConfigRef": {"kind": "ClusterProviderConfig", "name": "gcp"},
+		"placement": {"gcp": {"machineType": "e2-small", "networkTags": ["crawl"],
+			"network": "projects/crawl-proj/global/networks/crawl", "subnetwork": "projects/crawl-proj/regions/europe-west1/subnetworks/crawl"}},
+		"proxy": {"authSecretRef": {"name": "crawlers-proxy-auth"}, "allowedSourceRanges": ["203.0.113.0/24", "198.51.100.0/24"]},
+		"healthCheck": {"url": "https://ifconfig.me/ip"}, "leases": {"maxLeasesPerProxy": 10},
+		"rotation": {"maxAge": "24h", "maxSurge": 5, "maxUnavailable": 5}, "pools": {"proxiesPerPool": 125}}`), &spec); err != nil {
+		tb.Fatal(err)
+	}
+	// A namespaced fleet's name, as any XR's, has at most 63 characters.
+	fleet := strings.Repeat("f", maxXRName)
+	f, err := parseFleet(fleet, ns, spec)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	r, err := f.pool(&poolPlan{index: fleetv1alpha1.MaxPools, replicas: 125, zones: f.Zones, grant: budget{5, 5}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	composed := &unstructured.Unstructured{Object: r.GetResource().AsMap()}
+	composed.SetLabels(map[string]string{fleetv1alpha1.LabelFleet: fleet, "crossplane.io/composite": fleet})
+	composed.SetAnnotations(map[string]string{fleetv1alpha1.AnnotationFleet: fleet, "crossplane.io/composition-resource-name": "pool-400"})
+	composed.SetOwnerReferences([]metav1.OwnerReference{{APIVersion: fleetv1alpha1.SchemeGroupVersion.String(), Kind: fleetv1alpha1.ProxyFleetKind, Name: fleet,
+		UID: "0b7c6a2e-1111-4222-8333-944455556666", Controller: ptr.To(true), BlockOwnerDeletion: ptr.To(true)}})
+	if err := bed.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(composed), client.FieldOwner("apiextensions.crossplane.io/composed/9f2c1e7a0b"), client.ForceOwnership); err != nil {
+		tb.Fatal(err)
+	}
+	got := &unstructured.Unstructured{}
+	got.SetGroupVersionKind(fleetv1alpha1.SchemeGroupVersion.WithKind(fleetv1alpha1.ProxyPoolKind))
+	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: composed.GetName()}, got); err != nil {
+		tb.Fatal(err)
+	}
+	// What the pool's composition writes: the function's own status of
+	// the pool, from three faulty proxies with the longest probe errors
+	// (the provider caps them at 512 characters), and conditions as long
+	// as its messages get; applied server-side as Crossplane applies it,
+	// so that a field the schema lacks fails here as it fails there.
+	observed := map[string]*fnv1.Resource{}
+	base := fleetv1alpha1.MaxPools * fleetv1alpha1.PoolOrdinalSpan
+	for i := range 3 {
+		o := observedProxy(base+i, "europe-west1-b", false, time.Now().Add(-time.Hour), "")
+		field(o.GetResource(), "status", "atProvider").GetStructValue().Fields["lastProbeError"] = structpb.NewStringValue(strings.Repeat("e", 512))
+		observed[resourceName(base+i)] = o
+	}
+	poolSpec, err := structpb.NewStruct(got.Object)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	rsp, err := New(logging.NewNopLogger(), nil).RunFunction(ctx, &fnv1.RunFunctionRequest{
+		Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: poolSpec}, Resources: observed}, RequiredResources: noLeases()})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	status := field(rsp.GetDesired().GetComposite().GetResource(), "status").GetStructValue().AsMap()
+	now := time.Now().UTC().Format(time.RFC3339)
+	conds := []any{
+		map[string]any{"type": "Ready", "status": "False", "reason": "Creating", "lastTransitionTime": now},
+		map[string]any{"type": "Synced", "status": "True", "reason": "ReconcileSuccess", "lastTransitionTime": now},
+	}
+	for _, c := range rsp.GetConditions() {
+		conds = append(conds, map[string]any{"type": c.GetType(), "status": "False", "reason": c.GetReason(),
+			"message": strings.Repeat("m", max(len(c.GetMessage()), 600)), "lastTransitionTime": now})
+	}
+	status["conditions"] = conds
+	applied := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": got.GetAPIVersion(), "kind": got.GetKind(),
+		"metadata": map[string]any{"name": got.GetName(), "namespace": got.GetNamespace()},
+		"status":   status,
+	}}
+	if err := bed.Client.Status().Apply(ctx, client.ApplyConfigurationFromUnstructured(applied), client.FieldOwner("apiextensions.crossplane.io/composite"), client.ForceOwnership); err != nil {
+		tb.Fatalf("the pool's status, as the function writes it, does not apply: %v", err)
+	}
+	if err := bed.Client.Get(ctx, client.ObjectKeyFromObject(got), got); err != nil {
+		tb.Fatal(err)
+	}
+	return got.Object
+}
+
+// TestPoolMessageSizesBounded holds one real pool, as the fleet observes
+// it, to PoolMessageBytes, and checks that a fleet of MaxPools of them
+// stays within a quarter of the function's 4 MiB receive limit, and its
+// response too.
+func TestPoolMessageSizesBounded(t *testing.T) {
+	obj := realPool(t)
+	s, err := structpb.NewStruct(obj)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := proto.Size(&fnv1.Resource{Resource: s}) + len("pool-400") + 8
+	t.Logf("one observed pool adds about %d bytes", one)
+	if one > fleetv1alpha1.PoolMessageBytes {
+		t.Fatalf("an observed pool adds %d bytes, above PoolMessageBytes %d: raise it and lower MaxPools", one, fleetv1alpha1.PoolMessageBytes)
+	}
+	if total := fleetv1alpha1.MaxPools * fleetv1alpha1.PoolMessageBytes; total > 1<<20 {
+		t.Errorf("%d pools of %d bytes make %d bytes, above a quarter of 4 MiB", fleetv1alpha1.MaxPools, fleetv1alpha1.PoolMessageBytes, total)
+	}
+	// The fleet's request and response at MaxPools pools.
+	observed := map[string]*fnv1.Resource{}
+	for k := 1; k <= fleetv1alpha1.MaxPools; k++ {
+		observed[poolResourceName(k)] = &fnv1.Resource{Resource: s}
+	}
+	spec := withSpec(t, "replicas", "10000")
+	spec = withSpecIn(t, spec, "pools", `{"proxiesPerPool": 125}`)
+	req := &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: observed}}
+	rsp := run(t, req)
+	if len(rsp.GetDesired().GetResources()) < fleetv1alpha1.MaxPools {
+		t.Fatalf("the fleet composed %d resources, want its %d pools", len(rsp.GetDesired().GetResources()), fleetv1alpha1.MaxPools)
+	}
+	t.Logf("a fleet of %d pools: request %d bytes, response %d bytes", fleetv1alpha1.MaxPools, proto.Size(req), proto.Size(rsp))
+	for what, n := range map[string]int{"request": proto.Size(req), "response": proto.Size(rsp)} {
+		if n > 1<<20 {
+			t.Errorf("the %s of a fleet of %d pools is %d bytes, above a quarter of 4 MiB", what, fleetv1alpha1.MaxPools, n)
 		}
 	}
 }

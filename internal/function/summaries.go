@@ -60,7 +60,7 @@ func (v *leaseView) drainSeen(name string, since time.Time) bool {
 // stale; a summary that does not parse makes every lease unknown, as no
 // summary fresh does. maxTTL bounds how long a stale summary's leases
 // count after it was observed.
-func viewLeases(items []*fnv1.Resource, sent bool, fleet string, maxTTL time.Duration, now time.Time) *leaseView {
+func viewLeases(items []*fnv1.Resource, sent bool, fleet, pool string, maxTTL time.Duration, now time.Time) *leaseView {
 	v := &leaseView{leased: map[string]bool{}}
 	if !sent {
 		v.why = "waiting for Crossplane to send the fleet's LeaseSummaries"
@@ -74,8 +74,9 @@ func viewLeases(items []*fnv1.Resource, sent bool, fleet string, maxTTL time.Dur
 			bad = true
 			continue
 		}
-		if s.Fleet != fleet {
-			// A long name's label is a hash prefix: another fleet's.
+		if s.Fleet != fleet || s.Pool != pool {
+			// A long name's label is a hash prefix: another fleet's; or
+			// another pool's.
 			continue
 		}
 		observed := s.ObservedAt.Time
@@ -133,6 +134,7 @@ func parseSummary(r *fnv1.Resource) (*v1alpha1.LeaseSummarySpec, bool) {
 		Kind string `json:"kind"`
 		Spec struct {
 			Fleet      string `json:"fleet"`
+			Pool       string `json:"pool"`
 			Replica    string `json:"replica"`
 			ObservedAt string `json:"observedAt"`
 			ValidUntil string `json:"validUntil"`
@@ -148,7 +150,7 @@ func parseSummary(r *fnv1.Resource) (*v1alpha1.LeaseSummarySpec, bool) {
 	if err := json.Unmarshal(b, &raw); err != nil || raw.Kind != v1alpha1.LeaseSummaryKind || raw.Spec.Fleet == "" {
 		return nil, false
 	}
-	s := &v1alpha1.LeaseSummarySpec{Fleet: raw.Spec.Fleet, Replica: raw.Spec.Replica, Draining: raw.Spec.Draining, Demand: raw.Spec.Demand}
+	s := &v1alpha1.LeaseSummarySpec{Fleet: raw.Spec.Fleet, Pool: raw.Spec.Pool, Replica: raw.Spec.Replica, Draining: raw.Spec.Draining, Demand: raw.Spec.Demand}
 	var ok bool
 	if s.ObservedAt, ok = microTime(raw.Spec.ObservedAt); !ok {
 		return nil, false

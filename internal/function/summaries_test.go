@@ -66,7 +66,7 @@ func summaries(items ...*structpb.Struct) map[string]*fnv1.Resources {
 
 // view merges items at t0 with a 10-minute maxTTL.
 func view(items ...*structpb.Struct) *leaseView {
-	return viewLeases(summaries(items...)[requiredSummaries].GetItems(), true, "crawlers", 10*time.Minute, t0)
+	return viewLeases(summaries(items...)[requiredSummaries].GetItems(), true, "crawlers", "", 10*time.Minute, t0)
 }
 
 // TestViewLeases: the summaries of every replica merge conservatively: the
@@ -134,7 +134,7 @@ func TestViewLeases(t *testing.T) {
 	if v := view(leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{}), broken); v.known {
 		t.Error("a summary that does not parse is ignored: leases known")
 	}
-	if v := viewLeases(nil, false, "crawlers", time.Minute, t0); v.known || v.why == "" {
+	if v := viewLeases(nil, false, "crawlers", "", time.Minute, t0); v.known || v.why == "" {
 		t.Errorf("nothing sent yet: want unknown and why, got %+v", v)
 	}
 	// A stale summary's lease counts no longer than maxTTL after it was

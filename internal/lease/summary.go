@@ -41,10 +41,28 @@ func SummaryName(fleet, replica string) string {
 	return "egress-leases-" + hex.EncodeToString(sum[:])[:20]
 }
 
+// PoolSummaryName is the name of a replica's summary of one pool of a
+// fleet (pool is the pool's label value).
+func PoolSummaryName(fleet, pool, replica string) string {
+	if pool == "" {
+		return SummaryName(fleet, replica)
+	}
+	sum := sha256.Sum256([]byte(fleet + "\x00" + replica + "\x00" + pool))
+	return "egress-leases-" + hex.EncodeToString(sum[:])[:20]
+}
+
 // SummarySelector selects the summaries of a fleet (a long name's label is
-// a hash prefix: spec.fleet decides).
+// a hash prefix: spec.fleet decides): of a fleet without pools, all its
+// summaries.
 func SummarySelector(fleet string) map[string]string {
 	return map[string]string{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet)}
+}
+
+// SummaryLabels are the labels of a summary of a fleet's pool (its label
+// value; "" for the fleet as a whole, whose label is then empty, not
+// absent, so that a pooled fleet selects it alone).
+func SummaryLabels(fleet, pool string) map[string]string {
+	return map[string]string{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet), fleetv1alpha1.LabelPool: pool}
 }
 
 // ownWrites are the slots this replica wrote lately, which its cache may

@@ -96,10 +96,10 @@ func MissingBinaries(dir string) []string {
 
 // FleetCRDs derives, the way Crossplane does, the CRDs of every XRD under
 // apis/fleet: the namespaced ProxyFleet, the LegacyCluster XProxyFleet and
-// its ProxyFleetClaim.
+// its ProxyFleetClaim, and the ProxyPool.
 func FleetCRDs(root string) ([]*extv1.CustomResourceDefinition, error) {
 	var crds []*extv1.CustomResourceDefinition
-	for _, rel := range []string{"apis/fleet/definition.yaml", "apis/fleet/legacy/definition.yaml"} {
+	for _, rel := range []string{"apis/fleet/definition.yaml", "apis/fleet/legacy/definition.yaml", "apis/fleet/pool/definition.yaml"} {
 		raw, err := os.ReadFile(filepath.Join(root, rel))
 		if err != nil {
 			return nil, errors.Wrapf(err, "cannot read %s", rel)

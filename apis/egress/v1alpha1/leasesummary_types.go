@@ -13,6 +13,14 @@ type LeaseSummarySpec struct {
 	// +kubebuilder:validation:MaxLength=253
 	Fleet string `json:"fleet"`
 
+	// Pool is the ProxyPool summarised (its crawl.example.com/pool label
+	// value), in a pooled fleet, whose every pool has a summary of its
+	// own; empty for the fleet as a whole, which carries its demand and
+	// the proxies of no pool.
+	// +kubebuilder:validation:MaxLength=63
+	// +optional
+	Pool string `json:"pool,omitempty"`
+
 	// Replica names the egress-discovery replica that wrote this summary.
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=253

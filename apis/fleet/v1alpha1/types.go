@@ -31,8 +31,24 @@ const (
 	MinLeaseTTL               = time.Second
 	MaxLeaseTTL               = 7 * 24 * time.Hour
 	DefaultProviderConfigName = "default"
-	// MaxReplicas bounds spec.replicas.
-	MaxReplicas = 1000
+	// MaxReplicas bounds spec.replicas (and spec.autoscaling.maxReplicas)
+	// of a pooled fleet; MaxUnpooledReplicas what one level of Proxies
+	// holds, as the message bound below allows with maxSurge 1.
+	MaxReplicas         = 10000
+	MaxUnpooledReplicas = 242
+	// MaxProxiesPerPool bounds spec.pools.proxiesPerPool, and MaxPools how
+	// many pools a fleet has: each observed pool adds up to PoolMessageBytes
+	// to the fleet's RunFunctionRequest, so MaxPools of them stay within a
+	// quarter of the function's 4 MiB receive limit.
+	MaxProxiesPerPool = 242
+	MaxPools          = 80
+	PoolMessageBytes  = 12000
+	// PoolOrdinalSpan is how many ordinals each pool has: pool k names its
+	// Proxies <fleet>-<ordinal> with ordinals from k x PoolOrdinalSpan on,
+	// so that no two pools ever name one Proxy, a Proxy never moves between
+	// pools, and a fleet composed before pools (ordinals from 0) never
+	// meets a pooled one's. Ordinals stay within ten digits.
+	PoolOrdinalSpan = 10_000_000
 	// ProxyMessageBytes bounds what one Proxy, as the apiserver returns it
 	// (managedFields included), adds to the RunFunctionRequest Crossplane
 	// sends the function; LeasedProxyMessageBytes what one leased proxy
@@ -339,13 +355,13 @@ type Autoscaling struct {
 	// maxWait) while a proxy is made.
 	// +kubebuilder:default=1
 	// +kubebuilder:validation:Minimum=0
-	// +kubebuilder:validation:Maximum=1000
+	// +kubebuilder:validation:Maximum=10000
 	// +optional
 	MinReplicas *int32 `json:"minReplicas,omitempty"`
 
 	// MaxReplicas is the most proxies the fleet grows to.
 	// +kubebuilder:validation:Minimum=1
-	// +kubebuilder:validation:Maximum=1000
+	// +kubebuilder:validation:Maximum=10000
 	MaxReplicas int32 `json:"maxReplicas"`
 
 	// TargetUtilization is the share of the fleet's lease capacity
@@ -380,15 +396,20 @@ type Autoscaling struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.placement.gcp) || !has(self.proxy.allowedSourceRanges) || self.proxy.allowedSourceRanges.all(r, cidr(r).ip().family() == 4)",message="spec.proxy.allowedSourceRanges: a GCP proxy's firewall rule takes IPv4 ranges only, and its VM has an IPv4 address only: remove the IPv6 ranges"
 // +kubebuilder:validation:XValidation:rule="!has(self.placement.gcp) || !has(self.placement.gcp.subnetwork) || self.zones.all(z, ('/' + self.placement.gcp.subnetwork).contains('/regions/' + z.substring(0, z.lastIndexOf('-')) + '/subnetworks/'))",message="spec.placement.gcp.subnetwork must be in the region of every zone in spec.zones: a subnetwork is regional"
 // +kubebuilder:validation:XValidation:rule="(self.replicas == 0 && !has(self.autoscaling)) || size(self.zones) > 0",message="spec.zones must not be empty when spec.replicas > 0 or spec.autoscaling is set: list the zones to spread proxies over"
-// +kubebuilder:validation:XValidation:rule="(self.replicas + self.rotation.maxSurge) * (7400 + 1200 + (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0)) <= 2097152 || (oldSelf.hasValue() && self.replicas <= oldSelf.value().replicas && self.rotation.maxSurge <= oldSelf.value().rotation.maxSurge && (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0) <= (has(oldSelf.value().placement.gcp) && has(oldSelf.value().placement.gcp.cloudInit) && has(oldSelf.value().placement.gcp.cloudInit.inline) ? size(oldSelf.value().placement.gcp.cloudInit.inline) : 0))",message="(spec.replicas + spec.rotation.maxSurge) times (7400 + 1200 + the size of spec.placement.gcp.cloudInit.inline) bytes must not exceed 2 MiB: Crossplane sends the function every Proxy of the fleet, with egress-discovery's summary of their leases, in one gRPC message the function takes up to 4 MiB of, and this keeps a 2x margin (with maxSurge 1: at most 242 replicas, however many leases per proxy); split a larger fleet into several. A fleet stored before this rule may keep its size or shrink, but not grow",optionalOldSelf=true
-// +kubebuilder:validation:XValidation:rule="!has(self.autoscaling) || (self.autoscaling.maxReplicas + self.rotation.maxSurge) * (7400 + 1200 + (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0)) <= 2097152",message="(spec.autoscaling.maxReplicas + spec.rotation.maxSurge) times (7400 + 1200 + the size of spec.placement.gcp.cloudInit.inline) bytes must not exceed 2 MiB, as for spec.replicas: lower maxReplicas or split the fleet"
+// +kubebuilder:validation:XValidation:rule="((has(self.pools) ? self.pools.proxiesPerPool : self.replicas) + self.rotation.maxSurge) * (7400 + 1200 + (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0)) <= 2097152 || (oldSelf.hasValue() && self.replicas <= oldSelf.value().replicas && self.rotation.maxSurge <= oldSelf.value().rotation.maxSurge && (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0) <= (has(oldSelf.value().placement.gcp) && has(oldSelf.value().placement.gcp.cloudInit) && has(oldSelf.value().placement.gcp.cloudInit.inline) ? size(oldSelf.value().placement.gcp.cloudInit.inline) : 0))",message="(spec.replicas, or spec.pools.proxiesPerPool in a pooled fleet, + spec.rotation.maxSurge) times (7400 + 1200 + the size of spec.placement.gcp.cloudInit.inline) bytes must not exceed 2 MiB: Crossplane sends the function every Proxy of the fleet, with egress-discovery's summary of their leases, (of its pool, in a pooled fleet) in one gRPC message the function takes up to 4 MiB of, and this keeps a 2x margin (with maxSurge 1: at most 242 replicas, however many leases per proxy); set spec.pools.proxiesPerPool (when creating a fleet) to grow past that. A fleet stored before this rule may keep its size or shrink, but not grow",optionalOldSelf=true
+// +kubebuilder:validation:XValidation:rule="!has(self.autoscaling) || ((has(self.pools) ? self.pools.proxiesPerPool : self.autoscaling.maxReplicas) + self.rotation.maxSurge) * (7400 + 1200 + (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0)) <= 2097152",message="(spec.autoscaling.maxReplicas, or spec.pools.proxiesPerPool in a pooled fleet, + spec.rotation.maxSurge) times (7400 + 1200 + the size of spec.placement.gcp.cloudInit.inline) bytes must not exceed 2 MiB, as for spec.replicas: lower maxReplicas or set spec.pools.proxiesPerPool when creating the fleet"
+// +kubebuilder:validation:XValidation:rule="!has(self.pools) || self.replicas <= self.pools.proxiesPerPool * 80",message="spec.replicas must not exceed spec.pools.proxiesPerPool x 80: a fleet has at most 80 pools; raise proxiesPerPool"
+// +kubebuilder:validation:XValidation:rule="!has(self.pools) || !has(self.autoscaling) || self.autoscaling.maxReplicas <= self.pools.proxiesPerPool * 80",message="spec.autoscaling.maxReplicas must not exceed spec.pools.proxiesPerPool x 80: a fleet has at most 80 pools; raise proxiesPerPool"
+// +kubebuilder:validation:XValidation:rule="has(self.pools) == has(oldSelf.pools) && (!has(self.pools) || self.pools.proxiesPerPool == oldSelf.pools.proxiesPerPool)",message="spec.pools cannot be added, removed or changed once the fleet exists: its Proxies would have to move between pools; create a new fleet with the pools it needs"
 type ProxyFleetSpec struct {
 	// Replicas is how many proxies the fleet keeps, unless spec.autoscaling
 	// is set, which then sizes the fleet. kubectl scale and a
 	// HorizontalPodAutoscaler set it through the scale subresource.
+	// A fleet without spec.pools holds at most 242 (one level of Proxies);
+	// a pooled one up to 10 000.
 	// +kubebuilder:default=3
 	// +kubebuilder:validation:Minimum=0
-	// +kubebuilder:validation:Maximum=1000
+	// +kubebuilder:validation:Maximum=10000
 	// +optional
 	Replicas *int32 `json:"replicas,omitempty"`
 
@@ -441,6 +462,23 @@ type ProxyFleetSpec struct {
 	// spec.replicas is then ignored.
 	// +optional
 	Autoscaling *Autoscaling `json:"autoscaling,omitempty"`
+
+	// Pools split the fleet into ProxyPools of at most proxiesPerPool
+	// Proxies each, which is how a fleet grows past 242 proxies: the fleet
+	// sizes, spreads and hands out the rollout budget; each pool composes,
+	// rotates and replaces its own Proxies. Set it when the fleet is
+	// created: it cannot be added, removed or changed later (yet).
+	// +optional
+	Pools *Pools `json:"pools,omitempty"`
+}
+
+// Pools split a fleet into ProxyPools.
+type Pools struct {
+	// ProxiesPerPool is the most Proxies one pool holds, surge aside: the
+	// fleet fills its pools in order, so only the last is partly full.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=242
+	ProxiesPerPool int32 `json:"proxiesPerPool"`
 }
 
 // ProxyStatus is one proxy of the fleet as the fleet's status shows it.
@@ -488,9 +526,37 @@ type ProxyFleetStatus struct {
 	// over.
 	// +optional
 	Autoscaling *AutoscalingStatus `json:"autoscaling,omitempty"`
-	// Proxies has one entry per proxy.
+	// Proxies has one entry per proxy, in a fleet without pools; a pooled
+	// fleet lists its pools instead (each Proxy's detail is on the Proxy).
 	// +optional
 	Proxies []ProxyStatus `json:"proxies,omitempty"`
+	// LeasedReplicas counts proxies a crawler holds a lease on, in a pooled
+	// fleet.
+	// +optional
+	LeasedReplicas *int32 `json:"leasedReplicas,omitempty"`
+	// DuplicateEgressIPs counts proxies whose egress IP another proxy of
+	// their pool shares, in a pooled fleet.
+	// +optional
+	DuplicateEgressIPs *int32 `json:"duplicateEgressIPs,omitempty"`
+	// Pools has one entry per pool of a pooled fleet.
+	// +kubebuilder:validation:MaxItems=80
+	// +optional
+	Pools []PoolSummary `json:"pools,omitempty"`
+}
+
+// PoolSummary is one pool as its fleet's status shows it.
+type PoolSummary struct {
+	// Name of the ProxyPool.
+	Name string `json:"name"`
+	// Replicas, ReadyReplicas, HealthyReplicas and UpdatedReplicas are the
+	// pool's, as it last reported them.
+	Replicas        int32 `json:"replicas,omitempty"`
+	ReadyReplicas   int32 `json:"readyReplicas,omitempty"`
+	HealthyReplicas int32 `json:"healthyReplicas,omitempty"`
+	UpdatedReplicas int32 `json:"updatedReplicas,omitempty"`
+	// Budget is the share of the fleet's rollout budget it holds.
+	// +optional
+	Budget *PoolBudget `json:"budget,omitempty"`
 }
 
 // AutoscalingStatus is the demand a fleet was last sized by.

@@ -1,0 +1,148 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// Kinds of the pool API: a pooled ProxyFleet composes ProxyPools, each of
+// which composes its share of the fleet's Proxies.
+const (
+	// ProxyPoolKind is the namespaced composite resource of one pool.
+	ProxyPoolKind = "ProxyPool"
+	// ProxyPoolResource is its plural, as RBAC names it.
+	ProxyPoolResource = "proxypools"
+	// LabelPool names the pool a Proxy belongs to (the ProxyPool's name,
+	// through ownership.LabelValue).
+	LabelPool = Group + "/pool"
+)
+
+// PoolBudget is the share of its fleet's rollout budget a pool may use:
+// surge Proxies above its replicas, and Ready Proxies it may take out of
+// service. The fleet hands each unit to one pool at a time, so that however
+// many pools roll at once, the fleet's spec.rotation bounds hold.
+type PoolBudget struct {
+	// MaxSurge is how many Proxies above its replicas the pool may make.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	MaxSurge int32 `json:"maxSurge,omitempty"`
+	// MaxUnavailable is how many Ready Proxies below its replicas the pool
+	// may take out of service.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	MaxUnavailable int32 `json:"maxUnavailable,omitempty"`
+}
+
+// ProxyPoolSpec is one pool of a pooled fleet, as the fleet composes it.
+// Nobody writes it but the fleet.
+type ProxyPoolSpec struct {
+	// Fleet is the name of the ProxyFleet the pool belongs to; its Proxies
+	// carry the fleet's label, which egress-discovery finds them by.
+	// +kubebuilder:validation:MinLength=1
+	Fleet string `json:"fleet"`
+	// Index numbers the pool within its fleet, from 1; its Proxies'
+	// ordinals start at Index x 10 000 000.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=80
+	Index int32 `json:"index"`
+	// Budget is the share of the fleet's rollout budget the pool may use
+	// now.
+	// +optional
+	Budget PoolBudget `json:"budget,omitempty"`
+	// ScaleDown says how the pool removes Proxies above its replicas:
+	// Immediate, as spec.replicas falling does; or Drain, as an autoscaled
+	// fleet does: only Proxies no crawler holds a lease on, once every
+	// egress-discovery replica saw them draining.
+	// +kubebuilder:validation:Enum=Immediate;Drain
+	// +kubebuilder:default=Immediate
+	// +optional
+	ScaleDown string `json:"scaleDown,omitempty"`
+	// Template is the fleet's spec as this pool applies it: its replicas
+	// are the pool's, its zones in the order the pool fills them.
+	Template ProxyFleetSpec `json:"template"`
+}
+
+// Ways a pool scales down.
+const (
+	PoolScaleDownImmediate = "Immediate"
+	PoolScaleDownDrain     = "Drain"
+)
+
+// PoolBudgetStatus says what a pool did with its budget, when it was last
+// composed: the fleet moves budget to another pool only once the pool
+// acknowledged giving it up, and nothing of it is in use.
+type PoolBudgetStatus struct {
+	// MaxSurge and MaxUnavailable are the budget the pool was composed
+	// with.
+	MaxSurge       int32 `json:"maxSurge,omitempty"`
+	MaxUnavailable int32 `json:"maxUnavailable,omitempty"`
+	// Wanted counts the pool's Proxies due for replacement (age, a
+	// template change, a removed zone) that are not replaced yet.
+	Wanted int32 `json:"wanted,omitempty"`
+	// WantedUnleased counts those of them no lease holds, which a unit
+	// of budget replaces at once.
+	WantedUnleased int32 `json:"wantedUnleased,omitempty"`
+	// SurgeInUse counts the pool's Proxies above its replicas.
+	SurgeInUse int32 `json:"surgeInUse,omitempty"`
+	// UnavailableInUse counts the Ready Proxies its changes took out of
+	// service: those it drains, and those made in place of a holder it
+	// removed first, until they are Ready. A Proxy that failed does not
+	// count.
+	UnavailableInUse int32 `json:"unavailableInUse,omitempty"`
+}
+
+// PoolFault is one Proxy of a pool at fault.
+type PoolFault struct {
+	// Proxy is the Proxy's name.
+	Proxy string `json:"proxy"`
+	// Reason says why it is unhealthy or out of service.
+	Reason string `json:"reason"`
+}
+
+// ProxyPoolStatus is the observed pool: counts, not one entry per Proxy,
+// so that the fleet, which reads every pool's status, stays small.
+type ProxyPoolStatus struct {
+	Replicas int32 `json:"replicas,omitempty"`
+	// DesiredReplicas is the replicas the pool was composed with: the
+	// fleet deletes a pool only once it was composed with none and has
+	// none.
+	DesiredReplicas *int32 `json:"desiredReplicas,omitempty"`
+	ReadyReplicas   int32  `json:"readyReplicas,omitempty"`
+	HealthyReplicas int32  `json:"healthyReplicas,omitempty"`
+	UpdatedReplicas int32  `json:"updatedReplicas,omitempty"`
+	// LeasedReplicas counts Proxies a crawler holds a lease on.
+	LeasedReplicas int32 `json:"leasedReplicas,omitempty"`
+	// DuplicateEgressIPs counts Proxies whose egress IP another of the
+	// pool's shares.
+	DuplicateEgressIPs int32 `json:"duplicateEgressIPs,omitempty"`
+	// Failing counts Proxies unready for longer than it takes one to
+	// boot, which the fleet's autoscaler tells an outage by.
+	Failing int32 `json:"failing,omitempty"`
+	// ObservedRevision is the template revision the pool composes.
+	ObservedRevision string `json:"observedRevision,omitempty"`
+	// Rollout is the progress of the pool's rollout, while it holds
+	// budget.
+	// +optional
+	Rollout *RolloutStatus `json:"rollout,omitempty"`
+	// Budget is what the pool did with its budget.
+	// +optional
+	Budget *PoolBudgetStatus `json:"budget,omitempty"`
+	// Faults are the pool's Proxies at fault, worst first, at most three.
+	// +kubebuilder:validation:MaxItems=3
+	// +optional
+	Faults []PoolFault `json:"faults,omitempty"`
+}
+
+// A ProxyPool is one pool of a pooled ProxyFleet: it composes its share of
+// the fleet's Proxies, and rotates and replaces them within the budget the
+// fleet hands it.
+// +kubebuilder:object:root=true
+// +kubebuilder:resource:scope=Namespaced
+type ProxyPool struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata,omitempty"`
+
+	// Spec is the pool as its fleet composes it.
+	Spec ProxyPoolSpec `json:"spec"`
+	// Status is the observed pool.
+	Status ProxyPoolStatus `json:"status,omitempty"`
+}

@@ -1,0 +1,733 @@
+package function
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
+	"github.com/crossplane/function-sdk-go/resource"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+)
+
+func TestSizePools(t *testing.T) {
+	zones := []string{"a", "b", "c"}
+	got := sizePools(250, 100, zones, nil)
+	var sizes []int
+	var first []string
+	for _, p := range got {
+		sizes = append(sizes, p.replicas)
+		first = append(first, p.zones[0])
+	}
+	if fmt.Sprint(sizes) != "[100 100 50]" {
+		t.Errorf("250 proxies in pools of 100 fill them in order: got %v", sizes)
+	}
+	// Pool 2 starts where pool 1's 100 left off (100 mod 3 = 1), pool 3
+	// where 200 did.
+	if fmt.Sprint(first) != "[a b c]" {
+		t.Errorf("each pool's zones start where the pools before it left off: got %v", first)
+	}
+	// The fleet as a whole is spread as one level would be.
+	perZone := map[string]int{}
+	for _, p := range got {
+		for i := range p.replicas {
+			perZone[p.zones[i%len(zones)]]++
+		}
+	}
+	if perZone["a"] != 84 || perZone["b"] != 83 || perZone["c"] != 83 {
+		t.Errorf("zones of 250 proxies: got %v, want 84/83/83", perZone)
+	}
+
+	// Shrinking to 150: pool 3 keeps a plan of 0 replicas until it is
+	// empty, and is left out (deleted) only once it reported so.
+	observed := map[int]*observedPool{
+		1: {index: 1, replicas: 100, reported: true, desired: 100, counts: poolCounts{replicas: 100}},
+		2: {index: 2, replicas: 100, reported: true, desired: 100, counts: poolCounts{replicas: 100}},
+		3: {index: 3, replicas: 50, reported: true, desired: 50, counts: poolCounts{replicas: 50}},
+	}
+	if got := sizePools(150, 100, zones, observed); len(got) != 3 || got[1].replicas != 50 || got[2].replicas != 0 {
+		t.Errorf("shrinking to 150 keeps pool 3 at 0 replicas until it is empty: %+v", got)
+	}
+	observed[3] = &observedPool{index: 3, replicas: 0, reported: true, desired: 0, counts: poolCounts{replicas: 1}}
+	if got := sizePools(150, 100, zones, observed); len(got) != 3 {
+		t.Errorf("a pool that still has a Proxy stays: %d pools", len(got))
+	}
+	observed[3] = &observedPool{index: 3, replicas: 0, reported: true, desired: 50, counts: poolCounts{replicas: 0}}
+	if got := sizePools(150, 100, zones, observed); len(got) != 3 {
+		t.Errorf("a pool that reported no Proxies while composed with 50 replicas may still be making them: it stays")
+	}
+	observed[3] = &observedPool{index: 3, replicas: 0, reported: true, desired: 0, counts: poolCounts{replicas: 0}}
+	if got := sizePools(150, 100, zones, observed); len(got) != 2 {
+		t.Errorf("an empty pool composed with 0 replicas goes: %d pools", len(got))
+	}
+}
+
+func TestAllocate(t *testing.T) {
+	pool := func(k int, o observedPool) *poolPlan {
+		o.index = k
+		return &poolPlan{index: k, observed: &o}
+	}
+	grants := func(plans []*poolPlan) string {
+		var out []string
+		for _, p := range plans {
+			out = append(out, fmt.Sprintf("%d/%d", p.grant.surge, p.grant.unavailable))
+		}
+		return strings.Join(out, " ")
+	}
+	cases := []struct {
+		name  string
+		total budget
+		pools []*poolPlan
+		want  string
+	}{
+		{"NobodyWants", budget{2, 1}, []*poolPlan{pool(1, observedPool{}), pool(2, observedPool{})}, "0/0 0/0"},
+		{"OneEachInTurn", budget{3, 1}, []*poolPlan{pool(1, observedPool{wanted: 5}), pool(2, observedPool{wanted: 5})}, "2/1 1/0"},
+		{"NoMoreThanWanted", budget{3, 0}, []*poolPlan{pool(1, observedPool{wanted: 1}), pool(2, observedPool{wanted: 5})}, "1/0 2/0"},
+		// Pool 1 gave its unit up in its spec, but was last composed
+		// with it: pool 2 waits until pool 1 acknowledges.
+		{"WaitsForTheAck", budget{1, 1}, []*poolPlan{
+			pool(1, observedPool{reported: true, acked: budget{1, 1}}),
+			pool(2, observedPool{wanted: 3}),
+		}, "0/0 0/0"},
+		{"AfterTheAck", budget{1, 1}, []*poolPlan{
+			pool(1, observedPool{reported: true}),
+			pool(2, observedPool{wanted: 3}),
+		}, "0/0 1/1"},
+		// A pool keeps its units while it uses them, wanted or not.
+		{"KeepsWhatItUses", budget{1, 1}, []*poolPlan{
+			pool(1, observedPool{reported: true, granted: budget{1, 1}, acked: budget{1, 1}, inUse: budget{1, 1}}),
+			pool(2, observedPool{wanted: 3}),
+		}, "1/1 0/0"},
+		// Proxies a pool took out of service hold their units, granted
+		// or not, until they serve again.
+		{"TakenOutHolds", budget{0, 1}, []*poolPlan{
+			pool(1, observedPool{reported: true, inUse: budget{0, 1}}),
+			pool(2, observedPool{wanted: 3}),
+		}, "0/0 0/0"},
+		// The fleet's own record of a grant holds it, though the pool's
+		// spec, read from a stale cache, does not show it yet.
+		{"LedgerHolds", budget{1, 0}, []*poolPlan{
+			pool(1, observedPool{ledger: budget{1, 0}}),
+			pool(2, observedPool{wanted: 3}),
+		}, "0/0 0/0"},
+		// Pools whose due proxies no lease holds come first.
+		{"UnleasedFirst", budget{1, 0}, []*poolPlan{
+			pool(1, observedPool{wanted: 2}),
+			pool(2, observedPool{wanted: 3, wantedFree: 1}),
+		}, "0/0 1/0"},
+		// A pool keeps no more than it wants or uses.
+		{"TrimmedToUse", budget{3, 0}, []*poolPlan{
+			pool(1, observedPool{reported: true, wanted: 1, granted: budget{3, 0}, acked: budget{3, 0}, inUse: budget{1, 0}}),
+		}, "1/0"},
+		{"BudgetLowered", budget{1, 0}, []*poolPlan{
+			pool(1, observedPool{wanted: 2, granted: budget{2, 0}, acked: budget{2, 0}}),
+			pool(2, observedPool{wanted: 2, granted: budget{1, 0}, acked: budget{1, 0}}),
+		}, "1/0 0/0"},
+	}
+	for _, c := range cases {
+		allocate(c.total, c.pools)
+		if got := grants(c.pools); got != c.want {
+			t.Errorf("%s: grants %s, want %s", c.name, got, c.want)
+		}
+	}
+}
+
+// The simulation below runs the real function for a pooled fleet and its
+// pools against an in-memory cluster: what each run composes is applied,
+// Proxies turn Ready a while after they are made, egress-discovery's
+// summaries list what drains. Reconciles read and write at different
+// moments, with other reconciles in between, as Crossplane's workers and
+// caches do.
+
+type simProxy struct {
+	obj     *structpb.Struct // as composed
+	created time.Time
+}
+
+type simPool struct {
+	spec   *structpb.Struct // as the fleet last composed it
+	status *structpb.Struct // as the pool last wrote it
+	ready  bool
+	// proxies by composition resource name.
+	proxies map[string]*simProxy
+}
+
+type simCluster struct {
+	t       *testing.T
+	fn      *Function
+	now     time.Time
+	spec    string
+	fleetSt *structpb.Struct
+	pools   map[string]*simPool // by composition resource name
+	boot    time.Duration
+	// mutate, when set, changes what the fleet observes of its pools;
+	// mutateXR what it observes of itself: the broken variants.
+	mutate, mutateXR func(*structpb.Struct)
+	// lag, when set, has the fleet see each pool as it was up to a few
+	// steps ago (a cache behind the fleet's own writes); view is that.
+	lag  *rand.Rand
+	view map[string]*fnv1.Resource
+}
+
+func newSim(t *testing.T, spec string) *simCluster {
+	c := &simCluster{t: t, now: t0, spec: spec, pools: map[string]*simPool{}, boot: 20 * time.Second}
+	c.fn = New(logging.NewNopLogger(), func() time.Time { return c.now })
+	return c
+}
+
+func (c *simCluster) runFn(req *fnv1.RunFunctionRequest) *fnv1.RunFunctionResponse {
+	rsp, err := c.fn.RunFunction(context.Background(), req)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	for _, r := range rsp.GetResults() {
+		if r.GetSeverity() == fnv1.Severity_SEVERITY_FATAL {
+			c.t.Fatalf("fatal: %s", r.GetMessage())
+		}
+	}
+	return rsp
+}
+
+// summary is one discovery replica's summary of a pool ("" the fleet's),
+// now: no leases, every draining Proxy seen draining since its label says.
+func (c *simCluster) summary(pool string) map[string]*fnv1.Resources {
+	ls := v1alpha1.LeaseSummary{
+		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.LeaseSummaryKind},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: lease.PoolSummaryName("crawlers", pool, "r1"), Labels: lease.SummaryLabels("crawlers", pool)},
+		Spec: v1alpha1.LeaseSummarySpec{Fleet: "crawlers", Pool: pool, Replica: "r1",
+			ObservedAt: metav1.MicroTime{Time: c.now}, ValidUntil: metav1.MicroTime{Time: c.now.Add(lease.SummaryFreshness)}},
+	}
+	for _, p := range c.pools {
+		if pool != "" && str(p.spec, "metadata", "name") != pool {
+			continue
+		}
+		for _, x := range p.proxies {
+			if v := str(x.obj, "metadata", "labels", fleetv1alpha1.LabelDrainingSince); v != "" {
+				since, _ := strconv.ParseInt(v, 10, 64)
+				ls.Spec.Draining = append(ls.Spec.Draining, v1alpha1.DrainingProxy{Name: str(x.obj, "metadata", "name"), Since: since})
+			}
+		}
+	}
+	b, _ := json.Marshal(ls)
+	return summaries(resource.MustStructJSON(string(b)))
+}
+
+func (x *simProxy) ready(now time.Time, boot time.Duration) bool { return now.Sub(x.created) >= boot }
+
+// observedProxy is a Proxy as Crossplane observes it.
+func (c *simCluster) observedProxy(x *simProxy) *fnv1.Resource {
+	o := proto.Clone(x.obj).(*structpb.Struct) //nolint:forcetypeassert // A clone of a Struct.
+	field(o, "metadata").GetStructValue().Fields["creationTimestamp"] = structpb.NewStringValue(x.created.Format(time.RFC3339))
+	ready, since := "False", x.created
+	if x.ready(c.now, c.boot) {
+		ready, since = "True", x.created.Add(c.boot)
+	}
+	o.Fields["status"] = structpb.NewStructValue(resource.MustStructJSON(fmt.Sprintf(`{
+		"conditions": [{"type": "Ready", "status": %q, "reason": "x", "lastTransitionTime": %q}],
+		"atProvider": {"healthy": %t, "host": "127.0.0.1", "port": 3128}}`, ready, since.Format(time.RFC3339), ready == "True")))
+	return &fnv1.Resource{Resource: o}
+}
+
+// observedPool is a pool as Crossplane observes it; forFleet passes it
+// through the broken variant, if any, which changes only what the fleet
+// sees.
+func (c *simCluster) observedPool(p *simPool, forFleet bool) *fnv1.Resource {
+	o := &structpb.Struct{Fields: map[string]*structpb.Value{
+		"apiVersion": structpb.NewStringValue(fleetv1alpha1.SchemeGroupVersion.String()),
+		"kind":       structpb.NewStringValue(fleetv1alpha1.ProxyPoolKind),
+		"metadata":   structpb.NewStructValue(resource.MustStructJSON(fmt.Sprintf(`{"name": %q, "namespace": "team"}`, str(p.spec, "metadata", "name")))),
+		"spec":       structpb.NewStructValue(proto.Clone(field(p.spec, "spec").GetStructValue()).(*structpb.Struct)), //nolint:forcetypeassert // A clone.
+	}}
+	if p.status != nil {
+		st := proto.Clone(p.status).(*structpb.Struct) //nolint:forcetypeassert // A clone.
+		ready := "False"
+		if p.ready {
+			ready = "True"
+		}
+		st.Fields["conditions"] = structpb.NewListValue(&structpb.ListValue{Values: []*structpb.Value{
+			structpb.NewStructValue(resource.MustStructJSON(`{"type": "Ready", "status": "` + ready + `"}`)),
+		}})
+		o.Fields["status"] = structpb.NewStructValue(st)
+	}
+	if c.mutate != nil && forFleet {
+		c.mutate(o)
+	}
+	return &fnv1.Resource{Resource: o}
+}
+
+// readFleet takes the fleet's observation now; the returned func applies
+// the composition made from it, later.
+func (c *simCluster) readFleet() func() {
+	observed := map[string]*fnv1.Resource{}
+	for name, p := range c.pools {
+		observed[name] = c.observedPool(p, true)
+		if c.lag != nil {
+			if v, ok := c.view[name]; ok && c.lag.Intn(3) > 0 {
+				observed[name] = v
+			}
+			c.view[name] = observed[name]
+		}
+	}
+	x := xr(c.spec)
+	if c.fleetSt != nil {
+		x.Fields["status"] = structpb.NewStructValue(proto.Clone(c.fleetSt).(*structpb.Struct)) //nolint:forcetypeassert // A clone.
+		if c.mutateXR != nil {
+			c.mutateXR(x)
+		}
+	}
+	req := &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: x}, Resources: observed}, RequiredResources: c.summary("")}
+	rsp := c.runFn(req)
+	return func() {
+		c.fleetSt = field(rsp.GetDesired().GetComposite().GetResource(), "status").GetStructValue()
+		seen := map[string]bool{}
+		for name, r := range rsp.GetDesired().GetResources() {
+			if !strings.HasPrefix(name, "pool-") {
+				continue
+			}
+			seen[name] = true
+			p, ok := c.pools[name]
+			if !ok {
+				p = &simPool{proxies: map[string]*simProxy{}}
+				c.pools[name] = p
+			}
+			p.spec = r.GetResource()
+		}
+		for name, p := range c.pools {
+			if !seen[name] {
+				if len(p.proxies) > 0 {
+					c.t.Fatalf("the fleet deleted %s, which still has %d Proxies", name, len(p.proxies))
+				}
+				delete(c.pools, name)
+			}
+		}
+	}
+}
+
+// readPool takes a pool's observation now; the returned func applies its
+// composition, later.
+func (c *simCluster) readPool(name string) func() {
+	p := c.pools[name]
+	observed := map[string]*fnv1.Resource{}
+	for rn, x := range p.proxies {
+		observed[rn] = c.observedProxy(x)
+	}
+	x := c.observedPool(p, false).GetResource()
+	req := &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: x}, Resources: observed}, RequiredResources: c.summary(str(p.spec, "metadata", "name"))}
+	rsp := c.runFn(req)
+	return func() {
+		if c.pools[name] != p {
+			return // deleted meanwhile
+		}
+		p.status = field(rsp.GetDesired().GetComposite().GetResource(), "status").GetStructValue()
+		p.ready = rsp.GetDesired().GetComposite().GetReady() == fnv1.Ready_READY_TRUE
+		seen := map[string]bool{}
+		for rn, r := range rsp.GetDesired().GetResources() {
+			if _, ok := ordinalOf(rn); !ok {
+				continue
+			}
+			seen[rn] = true
+			if old, ok := p.proxies[rn]; ok {
+				old.obj = proto.Clone(r.GetResource()).(*structpb.Struct) //nolint:forcetypeassert // A clone.
+				continue
+			}
+			p.proxies[rn] = &simProxy{obj: proto.Clone(r.GetResource()).(*structpb.Struct), created: c.now} //nolint:forcetypeassert // A clone.
+		}
+		for rn := range p.proxies {
+			if !seen[rn] {
+				delete(p.proxies, rn)
+			}
+		}
+	}
+}
+
+// counts are the fleet's Proxies: all, Ready and taking leases, and of
+// the current revision.
+func (c *simCluster) counts(revision string) (total, available, updated int) {
+	for _, p := range c.pools {
+		for _, x := range p.proxies {
+			total++
+			if x.ready(c.now, c.boot) && str(x.obj, "metadata", "labels", fleetv1alpha1.LabelDrainingSince) == "" {
+				available++
+			}
+			if str(x.obj, "metadata", "labels", fleetv1alpha1.LabelTemplateRevision) == revision {
+				updated++
+			}
+		}
+	}
+	return total, available, updated
+}
+
+// rollOut runs a template change over a pooled fleet of replicas, with
+// reads and writes of the fleet and its pools interleaved at random, and
+// returns the fewest Proxies available (Ready, not draining) and the most
+// Proxies there were at any moment of it, and whether it completed.
+func rollOut(t *testing.T, seed int64, replicas, perPool int, rotation string, v variant) (fewest, most int, done bool) {
+	spec := withSpec(t, "replicas", strconv.Itoa(replicas))
+	spec = withSpecIn(t, spec, "pools", fmt.Sprintf(`{"proxiesPerPool": %d}`, perPool))
+	spec = withSpecIn(t, spec, "rotation", rotation)
+	c := newSim(t, spec)
+	c.mutate, c.mutateXR = v.pools, v.xr
+	if v.lag {
+		c.lag, c.view = rand.New(rand.NewSource(seed+100)), map[string]*fnv1.Resource{} //nolint:gosec // A test's reproducible lag.
+	}
+	rng := rand.New(rand.NewSource(seed)) //nolint:gosec // A test's reproducible interleaving.
+	step := func() {
+		// Some reconciles read, others apply what they read earlier: up
+		// to three in flight at once.
+		var pending []func()
+		for range 1 + rng.Intn(3) {
+			if rng.Intn(3) == 0 || len(c.pools) == 0 {
+				pending = append(pending, c.readFleet())
+				continue
+			}
+			names := make([]string, 0, len(c.pools))
+			for n := range c.pools {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			pending = append(pending, c.readPool(names[rng.Intn(len(names))]))
+		}
+		rng.Shuffle(len(pending), func(i, j int) { pending[i], pending[j] = pending[j], pending[i] })
+		for _, apply := range pending {
+			apply()
+		}
+		c.now = c.now.Add(time.Duration(1+rng.Intn(4)) * time.Second)
+	}
+	for range 400 {
+		step()
+	}
+	f, err := parseFleet("crawlers", "team", mustMap(t, spec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if total, available, updated := c.counts(f.Revision); total != replicas || available != replicas || updated != replicas {
+		t.Fatalf("the pooled fleet did not settle: %d proxies, %d available, %d of revision %s", total, available, updated, f.Revision)
+	}
+	// A template change.
+	c.spec = withSpecIn(t, spec, "healthCheck", `{"url": "https://example.com/ip2", "interval": "10s", "timeout": "2s"}`)
+	f, err = parseFleet("crawlers", "team", mustMap(t, c.spec))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fewest, most = replicas, replicas
+	for range 4000 {
+		step()
+		total, available, updated := c.counts(f.Revision)
+		fewest, most = min(fewest, available), max(most, total)
+		if updated == replicas && total == replicas && available == replicas {
+			return fewest, most, true
+		}
+	}
+	return fewest, most, false
+}
+
+func withSpecIn(t *testing.T, spec, field, raw string) string {
+	t.Helper()
+	m := mustMap(t, spec)
+	var v any
+	if err := json.Unmarshal([]byte(raw), &v); err != nil {
+		t.Fatal(err)
+	}
+	m[field] = v
+	b, _ := json.Marshal(m)
+	return string(b)
+}
+
+func mustMap(t *testing.T, spec string) map[string]any {
+	t.Helper()
+	m := map[string]any{}
+	if err := json.Unmarshal([]byte(spec), &m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// variant is how the simulated fleet sees: with its pools' views lagging
+// behind its own writes (lag), and through a broken variant.
+type variant struct {
+	lag       bool
+	pools, xr func(*structpb.Struct)
+}
+
+// TestPoolsKeepTheFleetsBudget: a template change rolled over a pooled
+// fleet, its pools reconciled in any order, from observations a few
+// reconciles old, never takes more than the fleet's maxUnavailable Proxies
+// out of service nor makes more than its maxSurge above replicas, however
+// many pools roll at once; and it completes. The checker is proven by a
+// fleet that does not read what its pools acknowledged, which hands one
+// unit to two pools at once, and must be caught.
+func TestPoolsKeepTheFleetsBudget(t *testing.T) {
+	const replicas, perPool = 6, 2
+	cases := map[string]struct {
+		rotation           string
+		unavailable, surge int
+	}{
+		"Unavailable": {`{"maxSurge": 0, "maxUnavailable": 1}`, 1, 0},
+		"Surge":       {`{"maxSurge": 1, "maxUnavailable": 0}`, 0, 1},
+		"Both":        {`{"maxSurge": 2, "maxUnavailable": 2}`, 2, 2},
+	}
+	for name, tc := range cases {
+		for _, lag := range []bool{false, true} {
+			for seed := range int64(3) {
+				fewest, most, done := rollOut(t, seed, replicas, perPool, tc.rotation, variant{lag: lag})
+				if !done {
+					t.Errorf("%s, lagging %t, seed %d: the rollout did not complete", name, lag, seed)
+				}
+				if fewest < replicas-tc.unavailable {
+					t.Errorf("%s, lagging %t, seed %d: %d proxies available at one moment, below the fleet's floor of %d", name, lag, seed, fewest, replicas-tc.unavailable)
+				}
+				if most > replicas+tc.surge {
+					t.Errorf("%s, lagging %t, seed %d: %d proxies at one moment, above replicas + maxSurge %d", name, lag, seed, most, replicas+tc.surge)
+				}
+			}
+		}
+	}
+
+	// The broken variants: a fleet that sees no acknowledgement and no
+	// use, and one that keeps no record of its grants while its view of
+	// the pools lags.
+	ignoresAcks := func(o *structpb.Struct) {
+		if b := field(o, "status", "budget").GetStructValue(); b != nil {
+			for _, k := range []string{keyMaxSurge, keyMaxUnavailable, "surgeInUse", "unavailableInUse"} {
+				delete(b.GetFields(), k)
+			}
+		}
+	}
+	noLedger := func(x *structpb.Struct) { delete(field(x, "status").GetStructValue().GetFields(), "pools") }
+	for name, v := range map[string]variant{"IgnoresAcks": {pools: ignoresAcks}, "KeepsNoLedger": {lag: true, xr: noLedger}} {
+		caught := 0
+		for _, tc := range []string{"Unavailable", "Surge"} {
+			for seed := range int64(4) {
+				fewest, most, _ := rollOut(t, seed, replicas, perPool, cases[tc].rotation, v)
+				if fewest < replicas-cases[tc].unavailable || most > replicas+cases[tc].surge {
+					caught++
+				}
+			}
+		}
+		t.Logf("%s broke a bound in %d of 8 runs", name, caught)
+		if caught == 0 {
+			t.Errorf("the broken variant %s never broke a bound: the checker cannot tell it from the function", name)
+		}
+	}
+}
+
+// poolXR is a ProxyPool of the crawlers fleet, as its fleet composes it.
+func poolXR(t *testing.T, spec map[string]any) *structpb.Struct {
+	t.Helper()
+	b, err := json.Marshal(map[string]any{"apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+		"metadata": map[string]any{"name": "crawlers-pool-1", "namespace": "team"}, "spec": spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resource.MustStructJSON(string(b))
+}
+
+func TestPoolBadInput(t *testing.T) {
+	good := func() map[string]any {
+		return map[string]any{"fleet": "crawlers", "index": 1, "template": mustMap(t, validSpec)}
+	}
+	cases := map[string]struct {
+		edit func(map[string]any)
+		want string
+	}{
+		"NoFleet":      {func(s map[string]any) { delete(s, "fleet") }, "spec.fleet must name the ProxyFleet"},
+		"IndexZero":    {func(s map[string]any) { s["index"] = 0 }, "spec.index must be a whole number between 1 and 80"},
+		"IndexTooHigh": {func(s map[string]any) { s["index"] = 81 }, "spec.index must be a whole number between 1 and 80"},
+		"IndexHalf":    {func(s map[string]any) { s["index"] = 1.5 }, "spec.index must be a whole number"},
+		"NoTemplate":   {func(s map[string]any) { delete(s, "template") }, "spec.template is required"},
+		"NotItsName":   {func(s map[string]any) { s["index"] = 2 }, `metadata.name "crawlers-pool-1" must be "crawlers-pool-2"`},
+		"OtherFleet":   {func(s map[string]any) { s["fleet"] = "theirs" }, `metadata.name "crawlers-pool-1" must be "theirs-pool-1"`},
+		"BadTemplate": {func(s map[string]any) { s["template"].(map[string]any)["replicas"] = -1 }, //nolint:forcetypeassert // Test data.
+			"spec.template: spec.replicas must be between 0"},
+		"TemplateAutoscaled": {func(s map[string]any) {
+			s["template"].(map[string]any)["autoscaling"] = map[string]any{"maxReplicas": 3} //nolint:forcetypeassert // Test data.
+		}, "spec.template must have neither autoscaling nor pools"},
+		"NegativeBudget": {func(s map[string]any) { s["budget"] = map[string]any{"maxSurge": -1} }, "spec.budget maxSurge and maxUnavailable must not be negative"},
+		"BadScaleDown":   {func(s map[string]any) { s["scaleDown"] = "Later" }, `spec.scaleDown must be Immediate or Drain, not "Later"`},
+	}
+	for name, c := range cases {
+		s := good()
+		c.edit(s)
+		rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: poolXR(t, s)}}})
+		rs := rsp.GetResults()
+		if len(rs) != 1 || rs[0].GetSeverity() != fnv1.Severity_SEVERITY_FATAL || !strings.Contains(rs[0].GetMessage(), c.want) {
+			t.Errorf("%s: want one Fatal saying %q, got %v", name, c.want, rs)
+		}
+		if len(rsp.GetDesired().GetResources()) != 0 {
+			t.Errorf("%s: bad input composed %d resources", name, len(rsp.GetDesired().GetResources()))
+		}
+	}
+
+	// A legacy claim's XR, and a fleet of Proxies that got pools anyway.
+	legacy := xr(withSpecIn(t, validSpec, "pools", `{"proxiesPerPool": 2}`))
+	legacy.Fields["kind"] = structpb.NewStringValue("XProxyFleet")
+	meta := field(legacy, "metadata").GetStructValue()
+	delete(meta.GetFields(), "namespace")
+	meta.Fields["labels"] = structpb.NewStructValue(resource.MustStructJSON(`{"crossplane.io/claim-namespace": "team", "crossplane.io/claim-name": "crawlers"}`))
+	rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: legacy}}})
+	if rs := rsp.GetResults(); len(rs) != 1 || !strings.Contains(rs[0].GetMessage(), "spec.pools is for namespaced ProxyFleets") {
+		t.Errorf("a legacy XR with spec.pools: want a Fatal naming spec.pools, got %v", rs)
+	}
+	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{
+		Composite: &fnv1.Resource{Resource: xr(withSpecIn(t, validSpec, "pools", `{"proxiesPerPool": 2}`))},
+		Resources: map[string]*fnv1.Resource{"proxy-0": observedProxy(0, "a", true, t0.Add(-time.Hour), "")},
+	}})
+	if rs := rsp.GetResults(); len(rs) != 1 || rs[0].GetSeverity() != fnv1.Severity_SEVERITY_FATAL || !strings.Contains(rs[0].GetMessage(), "cannot move into pools") {
+		t.Errorf("a fleet of Proxies with spec.pools: want a Fatal (nothing deleted), got %v", rs)
+	}
+	for name, want := range map[string]string{
+		`{"proxiesPerPool": 0}`:   "spec.pools.proxiesPerPool must be between 1 and 242",
+		`{"proxiesPerPool": 243}`: "spec.pools.proxiesPerPool must be between 1 and 242",
+		`{"proxiesPerPool": 1}`:   "spec.pools.proxiesPerPool (1) x 80 pools holds 80 proxies, fewer than the fleet's 100",
+	} {
+		spec := withSpecIn(t, withSpec(t, "replicas", "100"), "pools", name)
+		rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}}})
+		if rs := rsp.GetResults(); len(rs) != 1 || !strings.Contains(rs[0].GetMessage(), want) {
+			t.Errorf("pools %s: want a Fatal saying %q, got %v", name, want, rs)
+		}
+	}
+}
+
+// inPool makes a summary one of a pool's.
+func inPool(pool string, s *structpb.Struct) *structpb.Struct {
+	field(s, "spec").GetStructValue().Fields["pool"] = structpb.NewStringValue(pool)
+	return s
+}
+
+// TestPoolScaleDownDrains: a pool of an autoscaled fleet (scaleDown:
+// Drain) above its replicas removes no proxy a lease is on, drains the
+// others, and removes them once every discovery replica saw them
+// draining; a pool of a fleet sized by spec.replicas removes at once.
+func TestPoolScaleDownDrains(t *testing.T) {
+	spec := func(mode string) map[string]any {
+		tmpl := mustMap(t, withSpec(t, "replicas", "1"))
+		return map[string]any{"fleet": "crawlers", "index": 1, "scaleDown": mode, "template": tmpl}
+	}
+	base := fleetv1alpha1.PoolOrdinalSpan
+	drained := `, "crawl.example.com/draining-since": "` + strconv.FormatInt(drainedAt.Unix(), 10) + `"`
+	observed := func(extra string) map[string]*fnv1.Resource {
+		return map[string]*fnv1.Resource{
+			resourceName(base):     observedProxy(base, "a", true, t0.Add(-time.Hour), extra),
+			resourceName(base + 1): observedProxy(base+1, "b", true, t0.Add(-time.Hour), extra),
+			resourceName(base + 2): observedProxy(base+2, "a", true, t0.Add(-time.Hour), extra),
+		}
+	}
+	names := func(rsp *fnv1.RunFunctionResponse) []string {
+		var out []string
+		for _, r := range rsp.GetDesired().GetResources() {
+			out = append(out, str(r.GetResource(), "metadata", "name"))
+		}
+		sort.Strings(out)
+		return out
+	}
+	kept := fmt.Sprintf("crawlers-%d", base+1)
+	all := []string{fmt.Sprintf("crawlers-%d", base), kept, fmt.Sprintf("crawlers-%d", base+2)}
+	leased := summaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, []held{{kept, 1, t0.Add(time.Hour)}}, nil, lease.Demand{})))
+	rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: poolXR(t, spec("Drain"))}, Resources: observed("")}, RequiredResources: leased})
+	if got := names(rsp); len(got) != 3 {
+		t.Errorf("Drain: the pool removed proxies before they drained: kept %v", got)
+	}
+	seen := summaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, []held{{kept, 1, t0.Add(time.Hour)}}, all, lease.Demand{})))
+	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: poolXR(t, spec("Drain"))}, Resources: observed(drained)}, RequiredResources: seen})
+	if got := names(rsp); len(got) != 1 || got[0] != kept {
+		t.Errorf("Drain: once drained and seen, the pool keeps only the leased proxy %s: kept %v", kept, got)
+	}
+	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: poolXR(t, spec("Immediate"))}, Resources: observed("")}, RequiredResources: leased})
+	if got := names(rsp); len(got) != 1 {
+		t.Errorf("Immediate: spec.replicas falling removes at once, as a one-level fleet does: kept %v", got)
+	}
+}
+
+// TestPoolRolloutClock: a pool with proxies to replace but no budget waits
+// for its turn without a rollout clock (it cannot stall while it waits);
+// a fleet says RolloutStalled when one of its pools does, naming it.
+func TestPoolRolloutClock(t *testing.T) {
+	base := fleetv1alpha1.PoolOrdinalSpan
+	old := `, "crawl.example.com/template-revision": "0ld0ld0ld0"`
+	observed := map[string]*fnv1.Resource{
+		resourceName(base):     observedProxy(base, "a", true, t0.Add(-time.Hour), old),
+		resourceName(base + 1): observedProxy(base+1, "b", true, t0.Add(-time.Hour), old),
+	}
+	spec := map[string]any{"fleet": "crawlers", "index": 1, "template": mustMap(t, validSpec)}
+	cond := func(rsp *fnv1.RunFunctionResponse, typ string) *fnv1.Condition {
+		for _, c := range rsp.GetConditions() {
+			if c.GetType() == typ {
+				return c
+			}
+		}
+		return nil
+	}
+	rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: poolXR(t, spec)}, Resources: observed}, RequiredResources: noLeases()})
+	if c := cond(rsp, ConditionRolloutStalled); c.GetReason() != "WaitingForBudget" {
+		t.Errorf("a pool without budget: RolloutStalled %v, want WaitingForBudget", c)
+	}
+	if field(rsp.GetDesired().GetComposite().GetResource(), "status", "rollout") != nil {
+		t.Error("a pool without budget runs no rollout clock")
+	}
+	if u := field(rsp.GetDesired().GetComposite().GetResource(), "status", "budget", "wanted").GetNumberValue(); u != 2 {
+		t.Errorf("the pool wants budget for its 2 outdated proxies, says %v", u)
+	}
+	spec["budget"] = map[string]any{"maxSurge": 1}
+	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: poolXR(t, spec)}, Resources: observed}, RequiredResources: noLeases()})
+	if c := cond(rsp, ConditionRolloutStalled); c.GetReason() != "Progressing" {
+		t.Errorf("a pool with budget: RolloutStalled %v, want Progressing", c)
+	}
+	if field(rsp.GetDesired().GetComposite().GetResource(), "status", "rollout") == nil {
+		t.Error("a pool with budget runs its rollout clock")
+	}
+
+	fleetSpec := withSpecIn(t, validSpec, "pools", `{"proxiesPerPool": 2}`)
+	stuck := resource.MustStructJSON(`{"apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+		"metadata": {"name": "crawlers-pool-1", "namespace": "team"},
+		"spec": {"fleet": "crawlers", "index": 1, "budget": {"maxSurge": 1}, "template": {"replicas": 2}},
+		"status": {"replicas": 2, "desiredReplicas": 2, "budget": {"maxSurge": 1, "wanted": 1, "surgeInUse": 1},
+			"conditions": [{"type": "RolloutStalled", "status": "True", "message": "no progress since 2026-11-29T11:00:00Z"}]}}`)
+	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(fleetSpec)},
+		Resources: map[string]*fnv1.Resource{"pool-1": {Resource: stuck}}}})
+	if c := cond(rsp, ConditionRolloutStalled); c.GetStatus() != fnv1.Status_STATUS_CONDITION_TRUE || !strings.Contains(c.GetMessage(), "crawlers-pool-1: no progress since") {
+		t.Errorf("a fleet with a stalled pool: RolloutStalled %v, want True naming the pool", c)
+	}
+}
+
+// TestPoolOrdinalsStayInTheirSpan: a pool whose ordinals reached the end
+// of its span names new Proxies from the lowest ordinal of its span no
+// Proxy holds, never one of the next pool's, nor one just removed.
+func TestPoolOrdinalsStayInTheirSpan(t *testing.T) {
+	f, err := parsePool("crawlers-pool-1", "team", map[string]any{"spec": map[string]any{
+		"fleet": "crawlers", "index": float64(1), "budget": map[string]any{keyMaxSurge: float64(1)},
+		"template": mustMap(t, withSpecIn(t, withSpec(t, "replicas", "3"), "rotation", `{"maxAge": "1h"}`)),
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base, end := fleetv1alpha1.PoolOrdinalSpan, 2*fleetv1alpha1.PoolOrdinalSpan
+	observed := []*member{
+		{Ordinal: base, Name: "crawlers-10000000", Zone: "a", Ready: true, Created: t0.Add(-2 * time.Hour), Since: t0.Add(-2 * time.Hour), Replaces: -1, Revision: f.Revision},
+		{Ordinal: base + 1, Name: "crawlers-10000001", Zone: "b", Ready: true, Created: t0.Add(-time.Minute), Since: t0.Add(-time.Minute), Replaces: -1, Revision: f.Revision},
+		{Ordinal: end - 1, Name: "crawlers-19999999", Zone: "a", Ready: true, Created: t0.Add(-time.Minute), Since: t0.Add(-time.Minute), Replaces: -1, Revision: f.Revision},
+	}
+	p := decide(f, observed, true, t0)
+	var made []int
+	for _, m := range p.keep {
+		if m.Created.Equal(t0) {
+			made = append(made, m.Ordinal)
+		}
+	}
+	if len(made) != 1 || made[0] != base+2 {
+		t.Errorf("the pool past its span made %v, want [%d]: the lowest free ordinal of its own span", made, base+2)
+	}
+}
