@@ -58,6 +58,11 @@ type member struct {
 	// Reach is where the gateway may dial it, as its kind justifies; an
 	// External proxy's private networks are the gateway's to add.
 	Reach reach.Rule
+	// Pool is the ProxyPool composing it, in a pooled fleet.
+	Pool string
+	// Problem says why it is not Ready or not healthy: its last probe's
+	// error, else its Ready condition's message or reason.
+	Problem string
 }
 
 // serving says whether the proxy may be handed to new crawlers: healthy,
@@ -197,6 +202,18 @@ func toMember(p *v1alpha1.Proxy) member {
 		m.Booting = true
 	}
 	m.DrainSince = drainSince(p)
+	m.Pool = p.Labels[fleetv1alpha1.LabelPool]
+	if !m.Healthy {
+		ready := p.GetCondition(xpv2.TypeReady)
+		switch {
+		case ap.LastProbeError != "":
+			m.Problem = ap.LastProbeError
+		case ready.Message != "":
+			m.Problem = ready.Message
+		default:
+			m.Problem = string(ready.Reason)
+		}
+	}
 	return m
 }
 

@@ -2,9 +2,12 @@ package discovery
 
 import (
 	_ "embed"
+	"fmt"
 	"html/template"
 	"net/http"
+	"net/url"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -21,35 +24,195 @@ var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap
 	},
 }).Parse(statusHTML))
 
+// statusRows is how many proxies the status page lists per fleet and page:
+// a fleet of thousands is summarised, its proxies at fault listed first.
+const statusRows = 50
+
 type statusProxy struct {
 	member
 	Leases int
 	Bans   []string
 	// SharedIP: another proxy of the fleet leaves from its egress IP.
 	SharedIP bool
+	// Why says why it is at fault: unhealthy or out of service; "" when
+	// it serves.
+	Why string
+}
+
+// statusGroup counts the proxies of one pool or zone.
+type statusGroup struct {
+	Name                              string
+	Proxies, Healthy, Serving, Faults int
+	Leases, Capacity                  int
+}
+
+func (g *statusGroup) add(p *statusProxy) {
+	g.Proxies++
+	if p.Healthy {
+		g.Healthy++
+	}
+	if p.serving() {
+		g.Serving++
+	}
+	if p.Why != "" {
+		g.Faults++
+	}
+	g.Leases += p.Leases
+	g.Capacity += p.MaxLeases
 }
 
 type statusFleet struct {
 	Namespace, Name string
-	Proxies         []statusProxy
-	Healthy         int
+	Total, Healthy  int
 	// DistinctIPs counts the fleet's distinct known egress IPs.
 	DistinctIPs int
 	// Sizing is what the fleet's XR says of its size; nil when it cannot
 	// be read.
 	Sizing *FleetSizing
+	// Pools and Zones count its proxies per pool (a pooled fleet) and
+	// per zone.
+	Pools, Zones []statusGroup
+	// Faults counts its proxies at fault; Shown are those of this page
+	// (at fault first), of Matching that the filter keeps, from First.
+	Faults, Matching, First, Last int
+	Shown                         []statusProxy
+	// Prev and Next link to the pages around this one; "" at an end.
+	Prev, Next string
 }
 
-// status renders the status page: fleets, proxies, health, latency, egress
-// IP, lease use against maxLeases and bans, without JavaScript.
+// queryFleet is the status page's query parameter naming a fleet.
+const queryFleet = "fleet"
+
+// statusQuery is what the page's URL asks for: a fleet (ns/name), a pool,
+// a zone, only the proxies at fault, and a page.
+type statusQuery struct {
+	fleet, pool, zone string
+	faults            bool
+	page              int
+}
+
+func parseStatusQuery(v url.Values) statusQuery {
+	q := statusQuery{fleet: v.Get(queryFleet), pool: v.Get("pool"), zone: v.Get("zone"), faults: v.Get("show") == "faults"}
+	if n, err := strconv.Atoi(v.Get("page")); err == nil && n > 1 {
+		q.page = n - 1
+	}
+	return q
+}
+
+func (q statusQuery) link(ns, name string, page int) string {
+	v := url.Values{queryFleet: {ns + "/" + name}, "page": {strconv.Itoa(page + 1)}}
+	if q.pool != "" {
+		v.Set("pool", q.pool)
+	}
+	if q.zone != "" {
+		v.Set("zone", q.zone)
+	}
+	if q.faults {
+		v.Set("show", "faults")
+	}
+	return "/?" + v.Encode()
+}
+
+// whyAtFault says why a proxy is unhealthy or out of service; "" when it
+// serves.
+func whyAtFault(m member) string {
+	var why string
+	switch {
+	case m.Booting:
+		why = "booting: not Ready yet"
+	case !m.Healthy:
+		why = "unhealthy"
+	case !m.DrainSince.IsZero():
+		return "draining since " + m.DrainSince.UTC().Format(time.RFC3339) + ": being replaced, takes no new leases"
+	case m.CredentialsOutdated:
+		return "accepts only the previous credentials: being replaced"
+	default:
+		return ""
+	}
+	if m.Problem != "" {
+		why += ": " + m.Problem
+	}
+	return why
+}
+
+// summarise builds one fleet's part of the page: counts per pool and zone
+// over all its proxies, and the page of proxies the query asks for, those
+// at fault first.
+func summarise(ns, name string, ms []member, leases map[string]int, bans map[string][]string, q statusQuery) statusFleet {
+	f := statusFleet{Namespace: ns, Name: name, Total: len(ms)}
+	perIP := sharedIPs(ms)
+	f.DistinctIPs = len(perIP)
+	pools, zones := map[string]*statusGroup{}, map[string]*statusGroup{}
+	group := func(in map[string]*statusGroup, key string) *statusGroup {
+		g, ok := in[key]
+		if !ok {
+			g = &statusGroup{Name: key}
+			in[key] = g
+		}
+		return g
+	}
+	var matching []statusProxy
+	for _, m := range ms {
+		p := statusProxy{member: m, Leases: leases[m.Name], Bans: bans[m.Name], SharedIP: perIP[m.EgressIP] > 1, Why: whyAtFault(m)}
+		if p.Healthy {
+			f.Healthy++
+		}
+		if p.Why != "" {
+			f.Faults++
+		}
+		if m.Pool != "" {
+			group(pools, m.Pool).add(&p)
+		}
+		group(zones, m.Zone).add(&p)
+		if (q.pool == "" || q.pool == m.Pool) && (q.zone == "" || q.zone == m.Zone) && (!q.faults || p.Why != "") {
+			matching = append(matching, p)
+		}
+	}
+	f.Pools, f.Zones = sortedGroups(pools), sortedGroups(zones)
+	sort.SliceStable(matching, func(i, j int) bool { return matching[i].Why != "" && matching[j].Why == "" })
+	f.Matching = len(matching)
+	start := min(q.page*statusRows, max(len(matching)-1, 0)/statusRows*statusRows)
+	f.First = start + 1
+	f.Shown = matching[start:min(start+statusRows, len(matching))]
+	f.Last = start + len(f.Shown)
+	if len(f.Shown) == 0 {
+		f.First = 0
+	}
+	page := start / statusRows
+	if page > 0 {
+		f.Prev = q.link(ns, name, page-1)
+	}
+	if start+statusRows < len(matching) {
+		f.Next = q.link(ns, name, page+1)
+	}
+	return f
+}
+
+func sortedGroups(in map[string]*statusGroup) []statusGroup {
+	out := make([]statusGroup, 0, len(in))
+	for _, g := range in {
+		out = append(out, *g)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// status renders the status page: per fleet its health, sizing, counts
+// per pool and zone, and its proxies (at fault first, with why; paged) with
+// latency, egress IP, lease use against maxLeases and bans, without
+// JavaScript. ?fleet=ns/name, pool, zone, show=faults and page narrow it.
 func (s *Server) status(w http.ResponseWriter, r *http.Request, id *Identity) error {
 	all, err := s.Catalog.All(r.Context())
 	if err != nil {
 		return err
 	}
+	q := parseStatusQuery(r.URL.Query())
 	var fleets []statusFleet
 	for key, ms := range all {
 		ns, name, _ := strings.Cut(key, "/")
+		if q.fleet != "" && q.fleet != key {
+			continue
+		}
 		if s.Auth.Authorize(r.Context(), id, ns, name) != nil {
 			continue
 		}
@@ -61,26 +224,28 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, id *Identity) er
 		if err != nil {
 			return err
 		}
-		f := statusFleet{Namespace: ns, Name: name, Sizing: s.Catalog.Sizing(r.Context(), ns, name)}
-		perIP := sharedIPs(ms)
-		f.DistinctIPs = len(perIP)
-		for _, m := range ms {
-			if m.Healthy {
-				f.Healthy++
-			}
-			f.Proxies = append(f.Proxies, statusProxy{member: m, Leases: len(slots[m.Name]), Bans: bans[m.Name], SharedIP: perIP[m.EgressIP] > 1})
+		held := make(map[string]int, len(slots))
+		for proxy, ls := range slots {
+			held[proxy] = len(ls)
 		}
+		f := summarise(ns, name, ms, held, bans, q)
+		f.Sizing = s.Catalog.Sizing(r.Context(), ns, name)
 		fleets = append(fleets, f)
 	}
 	sort.Slice(fleets, func(i, j int) bool { return fleets[i].Namespace+fleets[i].Name < fleets[j].Namespace+fleets[j].Name })
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
 	_, cookieErr := r.Cookie(TokenCookie)
+	filter := ""
+	if q != (statusQuery{}) {
+		filter = fmt.Sprintf("fleet %q, pool %q, zone %q, faults only %t, page %d", q.fleet, q.pool, q.zone, q.faults, q.page+1)
+	}
 	if err := statusTemplate.Execute(w, struct {
 		Fleets   []statusFleet
 		Now      string
 		SignedIn bool
-	}{fleets, s.now().UTC().Format(time.RFC3339), bearer(r) == "" && cookieErr == nil}); err != nil {
+		Filter   string
+	}{fleets, s.now().UTC().Format(time.RFC3339), bearer(r) == "" && cookieErr == nil, filter}); err != nil {
 		s.Log.Info("Cannot render status page", "error", err)
 	}
 	return nil

@@ -47,11 +47,11 @@ type SummaryPublisher struct {
 	lastSweep time.Time
 }
 
-// publishedSummary is what this replica last wrote for a fleet: when, and
-// what it said, but for the times.
+// publishedSummary is what this replica last wrote for a fleet, or one of
+// its pools: when, and what it said, but for the times.
 type publishedSummary struct {
-	ns, fleet string
-	said      string
+	ns, fleet, pool string
+	said            string
 	// at is when it was last written; changed when last with a change.
 	at, changed time.Time
 }
@@ -78,7 +78,7 @@ func (p *SummaryPublisher) Start(ctx context.Context) error {
 			stop, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 			defer cancel()
 			for key, ps := range p.published {
-				if p.remove(stop, ps.ns, ps.fleet) {
+				if p.remove(stop, ps.ns, ps.fleet, ps.pool) {
 					delete(p.published, key)
 				}
 			}
@@ -102,37 +102,25 @@ func (p *SummaryPublisher) Publish(ctx context.Context) error {
 	}
 	now := p.Server.now()
 	var firstErr error
+	live := map[string]bool{}
 	for key, members := range fleets {
 		ns, fleet, _ := strings.Cut(key, "/")
-		spec, err := p.summarise(ctx, ns, fleet, members, now)
+		specs, err := p.summarise(ctx, ns, fleet, members, now)
 		if err != nil {
 			firstErr = cmpErr(firstErr, err)
 			continue
 		}
-		said := saying(spec)
-		last, ok := p.published[key]
-		changed := ok && last.said != said
-		switch {
-		case !ok, now.Sub(last.at) >= lease.SummaryRefresh:
-			// The first, and a refresh.
-		case !changed || now.Sub(last.changed) < lease.SummaryInterval:
-			// Changes go out at most every SummaryInterval, but the
-			// first after a quiet spell at once: a crawler waiting on
-			// a fleet at rest is demand now.
-			continue
+		for _, spec := range specs {
+			skey := key + "\x00" + spec.Pool
+			live[skey] = true
+			firstErr = cmpErr(firstErr, p.publish(ctx, skey, ns, spec, now))
 		}
-		if err := p.write(ctx, ns, spec); err != nil {
-			firstErr = cmpErr(firstErr, err)
-			continue
-		}
-		ps := publishedSummary{ns: ns, fleet: fleet, said: said, at: now, changed: last.changed}
-		if changed {
-			ps.changed = now
-		}
-		p.published[key] = ps
 	}
 	for key, ps := range p.published {
-		if _, ok := fleets[key]; !ok && p.remove(ctx, ps.ns, ps.fleet) {
+		if _, ok := fleets[ps.ns+"/"+ps.fleet]; ok && live[key] {
+			continue
+		}
+		if p.remove(ctx, ps.ns, ps.fleet, ps.pool) {
 			delete(p.published, key)
 		}
 	}
@@ -143,33 +131,95 @@ func (p *SummaryPublisher) Publish(ctx context.Context) error {
 	return firstErr
 }
 
-// summarise is what this replica says of a fleet now.
-func (p *SummaryPublisher) summarise(ctx context.Context, ns, fleet string, members []member, now time.Time) (v1alpha1.LeaseSummarySpec, error) {
+// publish writes one summary if it is due: the first, a refresh, or a
+// change (at most every lease.SummaryInterval, but the first after a
+// quiet spell at once: a crawler waiting on a fleet at rest is demand
+// now).
+func (p *SummaryPublisher) publish(ctx context.Context, key, ns string, spec v1alpha1.LeaseSummarySpec, now time.Time) error {
+	said := saying(spec)
+	last, ok := p.published[key]
+	changed := ok && last.said != said
+	switch {
+	case !ok, now.Sub(last.at) >= lease.SummaryRefresh:
+	case !changed || now.Sub(last.changed) < lease.SummaryInterval:
+		return nil
+	}
+	if err := p.write(ctx, ns, spec); err != nil {
+		return err
+	}
+	ps := publishedSummary{ns: ns, fleet: spec.Fleet, pool: spec.Pool, said: said, at: now, changed: last.changed}
+	if changed {
+		ps.changed = now
+	}
+	p.published[key] = ps
+	return nil
+}
+
+// summarise is what this replica says of a fleet now: one summary of the
+// fleet as a whole (its demand, and the proxies of no pool), and one of
+// each of its pools, so that no summary grows with a pooled fleet and
+// each pool is sent only its own. A leased proxy this replica's cache
+// places in no pool (its cache lags its own grant) is listed in every
+// summary: no pool removes it then.
+func (p *SummaryPublisher) summarise(ctx context.Context, ns, fleet string, members []member, now time.Time) ([]v1alpha1.LeaseSummarySpec, error) {
 	_, maxTTL, err := p.Server.Catalog.TTLs(ctx, ns, fleet)
 	if err != nil {
-		return v1alpha1.LeaseSummarySpec{}, err
+		return nil, err
 	}
 	leased, err := p.Server.Leases.Leased(ctx, ns, fleet, maxTTL)
 	if err != nil {
-		return v1alpha1.LeaseSummarySpec{}, err
+		return nil, err
 	}
 	d, err := p.Server.demandOf(ctx, ns, fleet)
 	if err != nil {
-		return v1alpha1.LeaseSummarySpec{}, err
+		return nil, err
 	}
-	spec := v1alpha1.LeaseSummarySpec{
-		Fleet: fleet, Replica: p.Replica,
-		ObservedAt: metav1.MicroTime{Time: now}, ValidUntil: metav1.MicroTime{Time: now.Add(lease.SummaryFreshness)},
-		Leased: leased,
-		Demand: v1alpha1.LeaseDemand{Held: clamp32(d.Held), Waiting: clamp32(d.Waiting), Refused: clamp32(d.Refused)},
+	base := func(pool string) v1alpha1.LeaseSummarySpec {
+		return v1alpha1.LeaseSummarySpec{
+			Fleet: fleet, Pool: pool, Replica: p.Replica,
+			ObservedAt: metav1.MicroTime{Time: now}, ValidUntil: metav1.MicroTime{Time: now.Add(lease.SummaryFreshness)},
+		}
 	}
+	whole := base("")
+	whole.Demand = v1alpha1.LeaseDemand{Held: clamp32(d.Held), Waiting: clamp32(d.Waiting), Refused: clamp32(d.Refused)}
+	pools := map[string]*v1alpha1.LeaseSummarySpec{}
+	poolOf := map[string]string{}
 	for _, m := range members {
+		poolOf[m.Name] = m.Pool
+		spec := &whole
+		if m.Pool != "" {
+			if pools[m.Pool] == nil {
+				s := base(m.Pool)
+				pools[m.Pool] = &s
+			}
+			spec = pools[m.Pool]
+		}
 		if !m.DrainSince.IsZero() {
 			spec.Draining = append(spec.Draining, v1alpha1.DrainingProxy{Name: m.Name, Since: m.DrainSince.Unix()})
 		}
 	}
-	slices.SortFunc(spec.Draining, func(a, b v1alpha1.DrainingProxy) int { return strings.Compare(a.Name, b.Name) })
-	return spec, nil
+	for _, l := range leased {
+		pool, known := poolOf[l.Name]
+		switch {
+		case !known:
+			whole.Leased = append(whole.Leased, l)
+			for _, s := range pools {
+				s.Leased = append(s.Leased, l)
+			}
+		case pool == "":
+			whole.Leased = append(whole.Leased, l)
+		default:
+			pools[pool].Leased = append(pools[pool].Leased, l)
+		}
+	}
+	out := []v1alpha1.LeaseSummarySpec{whole}
+	for _, s := range pools {
+		out = append(out, *s)
+	}
+	for i := range out {
+		slices.SortFunc(out[i].Draining, func(a, b v1alpha1.DrainingProxy) int { return strings.Compare(a.Name, b.Name) })
+	}
+	return out, nil
 }
 
 // saying is what a summary says, but for its times: a change of it is
@@ -190,13 +240,13 @@ func saying(s v1alpha1.LeaseSummarySpec) string {
 
 func clamp32(n int) int32 { return int32(min(max(n, 0), 1<<30)) } //nolint:gosec // Bounded.
 
-// write creates or updates this replica's summary of a fleet.
+// write creates or updates this replica's summary of a fleet or a pool.
 func (p *SummaryPublisher) write(ctx context.Context, ns string, spec v1alpha1.LeaseSummarySpec) error {
-	ls := &v1alpha1.LeaseSummary{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.SummaryName(spec.Fleet, p.Replica)}}
+	ls := &v1alpha1.LeaseSummary{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.PoolSummaryName(spec.Fleet, spec.Pool, p.Replica)}}
 	err := p.Client.Get(ctx, client.ObjectKeyFromObject(ls), ls)
 	switch {
 	case kerrors.IsNotFound(err):
-		ls.Labels = lease.SummarySelector(spec.Fleet)
+		ls.Labels = lease.SummaryLabels(spec.Fleet, spec.Pool)
 		ls.Spec = spec
 		return errors.Wrapf(p.Client.Create(ctx, ls), "cannot create LeaseSummary %s/%s", ns, ls.Name)
 	case err != nil:
@@ -205,17 +255,17 @@ func (p *SummaryPublisher) write(ctx context.Context, ns string, spec v1alpha1.L
 	if ls.Labels == nil {
 		ls.Labels = map[string]string{}
 	}
-	for k, v := range lease.SummarySelector(spec.Fleet) {
+	for k, v := range lease.SummaryLabels(spec.Fleet, spec.Pool) {
 		ls.Labels[k] = v
 	}
 	ls.Spec = spec
 	return errors.Wrapf(p.Client.Update(ctx, ls), "cannot update LeaseSummary %s/%s", ns, ls.Name)
 }
 
-// remove deletes this replica's summary of a fleet, and says whether it is
-// gone.
-func (p *SummaryPublisher) remove(ctx context.Context, ns, fleet string) bool {
-	ls := &v1alpha1.LeaseSummary{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.SummaryName(fleet, p.Replica)}}
+// remove deletes this replica's summary of a fleet or a pool, and says
+// whether it is gone.
+func (p *SummaryPublisher) remove(ctx context.Context, ns, fleet, pool string) bool {
+	ls := &v1alpha1.LeaseSummary{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.PoolSummaryName(fleet, pool, p.Replica)}}
 	if err := p.Client.Delete(ctx, ls); err != nil && !kerrors.IsNotFound(err) {
 		p.Log.Info("Cannot delete LeaseSummary", "namespace", ns, "name", ls.Name, "error", err)
 		return false
@@ -232,13 +282,25 @@ func (p *SummaryPublisher) sweep(ctx context.Context, fleets map[string][]member
 	if err := p.Client.List(ctx, l, client.HasLabels{fleetv1alpha1.LabelFleet}); err != nil {
 		return errors.Wrap(err, "cannot list LeaseSummaries")
 	}
+	pools := map[string]bool{}
+	for key, ms := range fleets {
+		for _, m := range ms {
+			if m.Pool != "" {
+				pools[key+"\x00"+m.Pool] = true
+			}
+		}
+	}
 	var firstErr error
 	for i := range l.Items {
 		ls := &l.Items[i]
-		// Another replica's summary of a fleet this replica's cache lacks
-		// goes only once it stopped counting: this cache may lag, or see
-		// fewer fleets (one started before the fleets' CRD).
-		_, live := fleets[ls.Namespace+"/"+ls.Spec.Fleet]
+		// Another replica's summary of a fleet (or a pool) this replica's
+		// cache lacks goes only once it stopped counting: this cache may
+		// lag, or see fewer fleets (one started before the fleets' CRD).
+		key := ls.Namespace + "/" + ls.Spec.Fleet
+		_, live := fleets[key]
+		if ls.Spec.Pool != "" {
+			live = pools[key+"\x00"+ls.Spec.Pool]
+		}
 		gone := !live && now.Sub(ls.CreationTimestamp.Time) >= lease.SummaryRefresh && now.After(ls.Spec.ValidUntil.Add(lease.HoldSkew))
 		abandoned := now.Sub(ls.Spec.ValidUntil.Time) >= lease.SummarySweepAfter
 		if ls.Spec.Replica == p.Replica || !gone && !abandoned {

@@ -2,7 +2,10 @@ package discovery_test
 
 import (
 	"context"
+	"fmt"
 	"slices"
+	"sort"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -18,6 +21,7 @@ import (
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
 // laggingCache is a cache that has not seen some Leases yet.
@@ -202,4 +206,106 @@ func TestLeaseSummaryPublished(t *testing.T) {
 	if exists(&v1alpha1.LeaseSummary{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}) {
 		t.Error("this replica's summary of a fleet that is gone is kept")
 	}
+}
+
+// TestPoolSummaries: of a pooled fleet each replica writes one summary per
+// pool, listing that pool's leased and draining proxies only, and one of
+// the fleet as a whole with its demand, labelled so that a pool and the
+// fleet each select theirs alone; a pool gone loses its summary.
+func TestPoolSummaries(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	ctx := context.Background()
+	fleet(t, ns, "pooled", 4, 1, nil)
+	// Proxies 0 and 1 in pool 1, 2 and 3 in pool 2; 3 drains.
+	for i, pool := range []string{"pooled-pool-1", "pooled-pool-1", "pooled-pool-2", "pooled-pool-2"} {
+		p := &v1alpha1.Proxy{}
+		if err := bed.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: fmt.Sprintf("pooled-%d", i)}, p); err != nil {
+			t.Fatal(err)
+		}
+		p.Labels[fleetv1alpha1.LabelPool] = pool
+		if i == 3 {
+			p.Labels[fleetv1alpha1.LabelDrainingSince] = strconv.FormatInt(time.Now().Add(-time.Minute).Unix(), 10)
+		}
+		if err := bed.Client.Update(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var s *discovery.Server
+	srv := server(t, "team-token "+ns+" crawler\n", func(x *discovery.Server) { s = x })
+	pub := &discovery.SummaryPublisher{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()}
+	c := &apiv1.Client{BaseURL: srv.URL, Token: "team-token"}
+	var leased []string
+	for _, h := range []string{"a", "b"} {
+		l, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/pooled", Holder: h, TTL: "2m", MaxWait: "0s"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		leased = append(leased, l.Proxy)
+	}
+	testbed.Eventually(t, 10*time.Second, "summaries of the fleet and both pools", func() (bool, string) {
+		if err := pub.Publish(ctx); err != nil {
+			return false, err.Error()
+		}
+		l := &v1alpha1.LeaseSummaryList{}
+		if err := bed.Client.List(ctx, l, client.InNamespace(ns), client.MatchingLabels(lease.SummarySelector("pooled"))); err != nil {
+			return false, err.Error()
+		}
+		return len(l.Items) == 3, fmt.Sprintf("%d summaries", len(l.Items))
+	})
+	get := func(pool string) v1alpha1.LeaseSummarySpec {
+		t.Helper()
+		l := &v1alpha1.LeaseSummaryList{}
+		if err := bed.Client.List(ctx, l, client.InNamespace(ns), client.MatchingLabels(lease.SummaryLabels("pooled", pool))); err != nil {
+			t.Fatal(err)
+		}
+		if len(l.Items) != 1 {
+			t.Fatalf("pool %q: want its one summary selected alone, got %d", pool, len(l.Items))
+		}
+		return l.Items[0].Spec
+	}
+	names := func(spec v1alpha1.LeaseSummarySpec) (out []string) {
+		for _, l := range spec.Leased {
+			out = append(out, l.Name)
+		}
+		sort.Strings(out)
+		return out
+	}
+	whole, one, two := get(""), get("pooled-pool-1"), get("pooled-pool-2")
+	if whole.Pool != "" || len(whole.Leased) != 0 || whole.Demand.Held != 2 {
+		t.Errorf("the fleet's summary: pool %q, leased %v, demand %+v; want no pool, none listed, 2 held", whole.Pool, names(whole), whole.Demand)
+	}
+	var want1, want2 []string
+	for _, p := range leased {
+		if p == "pooled-0" || p == "pooled-1" {
+			want1 = append(want1, p)
+		} else {
+			want2 = append(want2, p)
+		}
+	}
+	sort.Strings(want1)
+	sort.Strings(want2)
+	if one.Pool != "pooled-pool-1" || !slices.Equal(names(one), want1) || len(one.Draining) != 0 {
+		t.Errorf("pool 1's summary: %+v; want leased %v", one, want1)
+	}
+	if two.Pool != "pooled-pool-2" || !slices.Equal(names(two), want2) || len(two.Draining) != 1 || two.Draining[0].Name != "pooled-3" {
+		t.Errorf("pool 2's summary: %+v; want leased %v and pooled-3 draining", two, want2)
+	}
+
+	// Pool 2's proxies go: its summary goes with them.
+	for _, n := range []string{"pooled-2", "pooled-3"} {
+		if err := bed.Client.Delete(ctx, &v1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: n}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testbed.Eventually(t, 10*time.Second, "pool 2's summary deleted", func() (bool, string) {
+		if err := pub.Publish(ctx); err != nil {
+			return false, err.Error()
+		}
+		l := &v1alpha1.LeaseSummaryList{}
+		if err := bed.Client.List(ctx, l, client.InNamespace(ns), client.MatchingLabels(lease.SummaryLabels("pooled", "pooled-pool-2"))); err != nil {
+			return false, err.Error()
+		}
+		return len(l.Items) == 0, fmt.Sprintf("%d left", len(l.Items))
+	})
 }
