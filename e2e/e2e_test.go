@@ -140,6 +140,7 @@ func TestEndToEnd(t *testing.T) {
 		{"RotationKeepsReadyFloor", rotationKeepsReadyFloor},
 		{"TemplateChangeRollsOut", templateChangeRollsOut},
 		{"PasswordRotatesInPlace", passwordRotatesInPlace},
+		{"PooledFleetScalesRollsAndGoes", pooledFleetScalesRollsAndGoes},
 		{"DeletingFleetsLeavesNothing", deletingFleetsLeavesNothing},
 	}
 	for _, s := range steps {
