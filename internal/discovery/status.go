@@ -94,7 +94,8 @@ type statusQuery struct {
 func parseStatusQuery(v url.Values) statusQuery {
 	q := statusQuery{fleet: v.Get(queryFleet), pool: v.Get("pool"), zone: v.Get("zone"), faults: v.Get("show") == "faults"}
 	if n, err := strconv.Atoi(v.Get("page")); err == nil && n > 1 {
-		q.page = n - 1
+		// Past the last page is the last page; no page count overflows.
+		q.page = min(n, 1<<20) - 1
 	}
 	return q
 }

@@ -76,6 +76,10 @@ func TestStatusSummarisesLargeFleets(t *testing.T) {
 	if last.Last != 10000 || last.Next != "" || len(last.Shown) != statusRows {
 		t.Errorf("a page past the end shows the last one: %d-%d, next %q", last.First, last.Last, last.Next)
 	}
+	huge := summarise("team", "crawlers", ms, leases, nil, parseStatusQuery(url.Values{"page": {"999999999999999999"}}))
+	if huge.Last != 10000 {
+		t.Errorf("a page number past any count shows the last page: %d-%d", huge.First, huge.Last)
+	}
 	faults := summarise("team", "crawlers", ms, leases, nil, statusQuery{faults: true})
 	if faults.Matching != 15 || len(faults.Shown) != 15 {
 		t.Errorf("show=faults: %d matching, %d shown; want 15", faults.Matching, len(faults.Shown))

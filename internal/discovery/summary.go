@@ -107,6 +107,13 @@ func (p *SummaryPublisher) Publish(ctx context.Context) error {
 		ns, fleet, _ := strings.Cut(key, "/")
 		specs, err := p.summarise(ctx, ns, fleet, members, now)
 		if err != nil {
+			// What this replica wrote last stays and ages out: deleted,
+			// its leases would stop counting at once.
+			for k := range p.published {
+				if strings.HasPrefix(k, key+"\x00") {
+					live[k] = true
+				}
+			}
 			firstErr = cmpErr(firstErr, err)
 			continue
 		}

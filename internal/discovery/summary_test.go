@@ -309,3 +309,77 @@ func TestPoolSummaries(t *testing.T) {
 		return len(l.Items) == 0, fmt.Sprintf("%d left", len(l.Items))
 	})
 }
+
+// failingReader fails every read while failing is set.
+type failingReader struct {
+	client.Reader
+	mu      sync.Mutex
+	failing bool
+}
+
+func (r *failingReader) fail(on bool) { r.mu.Lock(); defer r.mu.Unlock(); r.failing = on }
+
+func (r *failingReader) broken() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.failing {
+		return kerrors.NewServiceUnavailable("the API server is failing")
+	}
+	return nil
+}
+
+func (r *failingReader) Get(ctx context.Context, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+	if err := r.broken(); err != nil {
+		return err
+	}
+	return r.Reader.Get(ctx, key, obj, opts...)
+}
+
+func (r *failingReader) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if err := r.broken(); err != nil {
+		return err
+	}
+	return r.Reader.List(ctx, list, opts...)
+}
+
+// TestSummariesStayWhenAFleetCannotBeRead: a replica that cannot read a
+// fleet's policy keeps the summaries it wrote, which age out, rather than
+// deleting them: deleted, the leases they list would stop counting at
+// once.
+func TestSummariesStayWhenAFleetCannotBeRead(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	ctx := context.Background()
+	fleet(t, ns, "crawlers", 2, 1, nil)
+	clk := &clock{t: time.Now().Truncate(time.Second)}
+	fleets := &failingReader{Reader: bed.Client}
+	var s *discovery.Server
+	srv := server(t, "team-token "+ns+" crawler\n", func(x *discovery.Server) {
+		s, x.Now, x.Leases.Now, x.Catalog.Now, x.Catalog.Fleets, x.Catalog.Direct = x, clk.now, clk.now, clk.now, fleets, fleets
+	})
+	pub := &discovery.SummaryPublisher{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()}
+	c := &apiv1.Client{BaseURL: srv.URL, Token: "team-token"}
+	if _, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/crawlers", Holder: "a", TTL: "2m", MaxWait: "0s"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	name := lease.SummaryName("crawlers", "replica-1")
+	if err := bed.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &v1alpha1.LeaseSummary{}); err != nil {
+		t.Fatalf("the summary was not written: %v", err)
+	}
+	// Past the time its policy read last stands in for, and failing.
+	clk.add(10 * time.Minute)
+	fleets.fail(true)
+	if err := pub.Publish(ctx); err == nil {
+		t.Fatal("publishing a fleet that cannot be read must say so")
+	}
+	ls := &v1alpha1.LeaseSummary{}
+	if err := bed.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, ls); err != nil {
+		t.Fatalf("the replica deleted its summary when it could not read the fleet: %v", err)
+	}
+	if len(ls.Spec.Leased) != 1 {
+		t.Errorf("the summary kept must still list the lease: %+v", ls.Spec.Leased)
+	}
+}

@@ -2,15 +2,21 @@ package function
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"runtime"
 	"testing"
 	"time"
 
 	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
+	"github.com/crossplane/function-sdk-go/resource"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
 // fleetRequest is a request for an n-replica fleet with n observed, Ready,
@@ -117,4 +123,104 @@ func BenchmarkRunFunctionScaling(b *testing.B) {
 	b.ReportMetric(float64(fn[10000])/float64(fn[1000]), "ratio")
 	b.ReportMetric(float64(wire[1000].Microseconds())/1000, "wire-ms/1k")
 	b.ReportMetric(float64(wire[10000])/float64(wire[1000]), "wire-ratio")
+}
+
+// pooledRequest is the request of a steady pooled fleet of n replicas in
+// pools of perPool: every pool observed as it reports itself when all its
+// proxies are Ready and nothing is due.
+func pooledRequest(tb testing.TB, n, perPool int) *fnv1.RunFunctionRequest {
+	tb.Helper()
+	spec := fmt.Sprintf(`{"replicas": %d, "zones": ["a", "b", "c"], "placement": {"local": {}},
+		"proxy": {"authSecretRef": {"name": "auth"}}, "healthCheck": {"url": "https://example.com/ip"},
+		"rotation": {"maxAge": "24h"}, "pools": {"proxiesPerPool": %d}}`, n, perPool)
+	f, err := parseFleet("crawlers", "team", mustMap(tb, spec))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	observed := map[string]*fnv1.Resource{}
+	for _, p := range sizePools(n, perPool, f.Zones, nil) {
+		r, err := f.pool(p)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		o := r.GetResource()
+		status, err := structpb.NewStruct(map[string]any{
+			"replicas": p.replicas, "desiredReplicas": p.replicas, "readyReplicas": p.replicas, "healthyReplicas": p.replicas,
+			"updatedReplicas": p.replicas, "observedRevision": f.Revision,
+			"budget":     map[string]any{},
+			"conditions": []any{map[string]any{"type": "Ready", "status": "True"}},
+		})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		o.Fields["status"] = structpb.NewStructValue(status)
+		observed[poolResourceName(p.index)] = &fnv1.Resource{Resource: o}
+	}
+	return &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: observed}}
+}
+
+// poolRequest is the request of one steady, full pool of n proxies.
+func poolRequest(tb testing.TB, n int) *fnv1.RunFunctionRequest {
+	tb.Helper()
+	base := fleetv1alpha1.PoolOrdinalSpan
+	observed := make(map[string]*fnv1.Resource, n)
+	for i := range n {
+		observed[resourceName(base+i)] = observedProxy(base+i, []string{"a", "b", "c"}[i%3], true, t0.Add(-time.Hour), "")
+	}
+	tmpl := mustMap(tb, fmt.Sprintf(`{"replicas": %d, "zones": ["a", "b", "c"], "placement": {"local": {}},
+		"proxy": {"authSecretRef": {"name": "auth"}}, "healthCheck": {"url": "https://example.com/ip"}, "rotation": {"maxAge": "24h"}}`, n))
+	b, err := json.Marshal(map[string]any{"apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyPool",
+		"metadata": map[string]any{"name": "crawlers-pool-1", "namespace": "team"},
+		"spec":     map[string]any{"fleet": "crawlers", "index": 1, "template": tmpl}})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return &fnv1.RunFunctionRequest{
+		Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: resource.MustStructJSON(string(b))}, Resources: observed},
+		RequiredResources: poolSummaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{}))),
+	}
+}
+
+// BenchmarkPooledFleet times one RunFunction of a steady pooled fleet of
+// 100, 1 000 and 10 000 proxies in pools of 125 (1, 8 and 80 pools), and of
+// one full pool of 125 and of 242, each the fastest of several rounds in
+// this process: the fleet's cost grows with its pools, a pool's with its
+// own proxies only, so no composition of a fleet of any size costs more
+// than that of 80 pools or of one pool of 242.
+func BenchmarkPooledFleet(b *testing.B) {
+	f := New(logging.NewNopLogger(), func() time.Time { return t0 })
+	fastest := func(req *fnv1.RunFunctionRequest, want int) time.Duration {
+		raw, err := proto.Marshal(req)
+		if err != nil {
+			b.Fatal(err)
+		}
+		best := time.Hour
+		runtime.GC()
+		for range 8 {
+			in := &fnv1.RunFunctionRequest{}
+			if err := proto.Unmarshal(raw, in); err != nil {
+				b.Fatal(err)
+			}
+			start := time.Now()
+			rsp, err := f.RunFunction(context.Background(), in)
+			if err != nil || len(rsp.GetDesired().GetResources()) < want {
+				b.Fatalf("want at least %d desired resources, got %d (%v, %v)", want, len(rsp.GetDesired().GetResources()), err, rsp.GetResults())
+			}
+			best = min(best, time.Since(start))
+		}
+		return best
+	}
+	fleet := map[int]time.Duration{}
+	for _, n := range []int{100, 1000, 10000} {
+		fleet[n] = fastest(pooledRequest(b, n, 125), (n+124)/125)
+	}
+	pool125, pool242 := fastest(poolRequest(b, 125), 125), fastest(poolRequest(b, 242), 242)
+	for b.Loop() {
+	}
+	for _, n := range []int{100, 1000, 10000} {
+		b.ReportMetric(float64(fleet[n].Microseconds())/1000, fmt.Sprintf("fleet-ms/n=%d", n))
+	}
+	b.ReportMetric(float64(fleet[10000])/float64(fleet[1000]), "fleet-ratio-10k/1k")
+	b.ReportMetric(float64(pool125.Microseconds())/1000, "pool-ms/125")
+	b.ReportMetric(float64(pool242.Microseconds())/1000, "pool-ms/242")
 }

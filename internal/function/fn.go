@@ -168,7 +168,22 @@ func requireLeases(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionRequest, 
 	}
 	summaries, sent := req.GetRequiredResources()[requiredSummaries]
 	_, maxTTL := fleet.spec.Leases.TTLs()
-	return viewLeases(summaries.GetItems(), sent, fleet.Name, pool, maxTTL, now)
+	view := viewLeases(summaries.GetItems(), sent, fleet.Name, pool, maxTTL, now)
+	switch {
+	case fleet.Pool != "":
+		rsp.Requirements.Resources[requiredFleetSummaries] = &fnv1.ResourceSelector{
+			ApiVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.LeaseSummaryKind, Namespace: &namespace,
+			Match: &fnv1.ResourceSelector_MatchLabels{MatchLabels: &fnv1.MatchLabels{Labels: lease.SummaryLabels(fleet.Name, "")}},
+		}
+		whole, sent := req.GetRequiredResources()[requiredFleetSummaries]
+		view.coveredBy(viewLeases(whole.GetItems(), sent, fleet.Name, "", maxTTL, now))
+	case fleet.spec.Pools != nil:
+		// The fleet-wide summaries list no pool's proxies: held leases
+		// are what their demand counts.
+		view.held = max(view.held, view.reportedHeld)
+		view.demand.Held = view.held
+	}
+	return view
 }
 
 // desiredResources returns the response's desired resources, made if need

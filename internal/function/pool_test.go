@@ -326,7 +326,9 @@ func (c *simCluster) readPool(name string) func() {
 		observed[rn] = c.observedProxy(x)
 	}
 	x := c.observedPool(p, false).GetResource()
-	req := &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: x}, Resources: observed}, RequiredResources: c.summary(str(p.spec, "metadata", "name"))}
+	required := c.summary(str(p.spec, "metadata", "name"))
+	required[requiredFleetSummaries] = c.summary("")[requiredSummaries]
+	req := &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: x}, Resources: observed}, RequiredResources: required}
 	rsp := c.runFn(req)
 	return func() {
 		if c.pools[name] != p {
@@ -447,7 +449,7 @@ func withSpecIn(t *testing.T, spec, field, raw string) string {
 	return string(b)
 }
 
-func mustMap(t *testing.T, spec string) map[string]any {
+func mustMap(t testing.TB, spec string) map[string]any {
 	t.Helper()
 	m := map[string]any{}
 	if err := json.Unmarshal([]byte(spec), &m); err != nil {
@@ -602,6 +604,24 @@ func TestPoolBadInput(t *testing.T) {
 	}
 }
 
+// poolSummaries is what Crossplane sends a pool: its own summaries, and
+// its fleet's fleet-wide one of each replica that wrote one of the pool
+// (r1 unless named otherwise).
+func poolSummaries(items ...*structpb.Struct) map[string]*fnv1.Resources {
+	out := summaries(items...)
+	seen := map[string]bool{}
+	whole := &fnv1.Resources{}
+	for _, i := range items {
+		r := str(i, "spec", "replica")
+		if !seen[r] {
+			seen[r] = true
+			whole.Items = append(whole.Items, &fnv1.Resource{Resource: leaseSummary("crawlers", r, t0, nil, nil, lease.Demand{})})
+		}
+	}
+	out[requiredFleetSummaries] = whole
+	return out
+}
+
 // inPool makes a summary one of a pool's.
 func inPool(pool string, s *structpb.Struct) *structpb.Struct {
 	field(s, "spec").GetStructValue().Fields["pool"] = structpb.NewStringValue(pool)
@@ -636,12 +656,12 @@ func TestPoolScaleDownDrains(t *testing.T) {
 	}
 	kept := fmt.Sprintf("crawlers-%d", base+1)
 	all := []string{fmt.Sprintf("crawlers-%d", base), kept, fmt.Sprintf("crawlers-%d", base+2)}
-	leased := summaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, []held{{kept, 1, t0.Add(time.Hour)}}, nil, lease.Demand{})))
+	leased := poolSummaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, []held{{kept, 1, t0.Add(time.Hour)}}, nil, lease.Demand{})))
 	rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: poolXR(t, spec("Drain"))}, Resources: observed("")}, RequiredResources: leased})
 	if got := names(rsp); len(got) != 3 {
 		t.Errorf("Drain: the pool removed proxies before they drained: kept %v", got)
 	}
-	seen := summaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, []held{{kept, 1, t0.Add(time.Hour)}}, all, lease.Demand{})))
+	seen := poolSummaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, []held{{kept, 1, t0.Add(time.Hour)}}, all, lease.Demand{})))
 	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: poolXR(t, spec("Drain"))}, Resources: observed(drained)}, RequiredResources: seen})
 	if got := names(rsp); len(got) != 1 || got[0] != kept {
 		t.Errorf("Drain: once drained and seen, the pool keeps only the leased proxy %s: kept %v", kept, got)
@@ -729,5 +749,54 @@ func TestPoolOrdinalsStayInTheirSpan(t *testing.T) {
 	}
 	if len(made) != 1 || made[0] != base+2 {
 		t.Errorf("the pool past its span made %v, want [%d]: the lowest free ordinal of its own span", made, base+2)
+	}
+}
+
+// TestPoolLeasesCoveredByEveryReplica: a pool trusts its summaries only
+// when every egress-discovery replica with a fresh summary of the fleet
+// has summarised the pool too: one that has not may hold a lease on one of
+// the pool's proxies. The check is proven by a pool summary missing for a
+// live replica, which leaves the leases unknown (nothing removed).
+func TestPoolLeasesCoveredByEveryReplica(t *testing.T) {
+	spec := map[string]any{"fleet": "crawlers", "index": 1, "scaleDown": "Drain", "template": mustMap(t, withSpec(t, "replicas", "1"))}
+	base := fleetv1alpha1.PoolOrdinalSpan
+	drained := `, "crawl.example.com/draining-since": "` + strconv.FormatInt(drainedAt.Unix(), 10) + `"`
+	observed := map[string]*fnv1.Resource{
+		resourceName(base):     observedProxy(base, "a", true, t0.Add(-time.Hour), ""),
+		resourceName(base + 1): observedProxy(base+1, "b", true, t0.Add(-time.Hour), drained),
+	}
+	extra := fmt.Sprintf("crawlers-%d", base+1)
+	kept := func(required map[string]*fnv1.Resources) int {
+		rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: poolXR(t, spec)}, Resources: observed}, RequiredResources: required})
+		return len(rsp.GetDesired().GetResources())
+	}
+	both := poolSummaries(
+		inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, nil, []string{extra}, lease.Demand{})),
+		inPool("crawlers-pool-1", leaseSummary("crawlers", "r2", t0, nil, []string{extra}, lease.Demand{})))
+	if n := kept(both); n != 1 {
+		t.Fatalf("drained and seen by both replicas: the proxy above replicas goes (kept %d): the check is not vacuous", n)
+	}
+	// r2 is live (its fleet-wide summary is fresh) but wrote no summary
+	// of this pool.
+	missing := poolSummaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, nil, []string{extra}, lease.Demand{})))
+	missing[requiredFleetSummaries].Items = append(missing[requiredFleetSummaries].Items, &fnv1.Resource{Resource: leaseSummary("crawlers", "r2", t0, nil, nil, lease.Demand{})})
+	if n := kept(missing); n != 2 {
+		t.Errorf("a live replica without a summary of the pool: nothing may go, kept %d", n)
+	}
+	noFleet := summaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, nil, []string{extra}, lease.Demand{})))
+	if n := kept(noFleet); n != 2 {
+		t.Errorf("without the fleet's own summaries: nothing may go, kept %d", n)
+	}
+}
+
+// TestPooledFleetCountsHeldLeases: an autoscaled pooled fleet's own
+// summaries list no proxy; the leases held are what their demand counts.
+func TestPooledFleetCountsHeldLeases(t *testing.T) {
+	spec := withSpecIn(t, withSpecIn(t, validSpec, "pools", `{"proxiesPerPool": 2}`), "autoscaling", `{"minReplicas": 1, "maxReplicas": 20, "scaleDownStabilization": "0s"}`)
+	rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}},
+		RequiredResources: summaries(leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{Held: 9}), leaseSummary("crawlers", "r2", t0, nil, nil, lease.Demand{Held: 9}))})
+	// 9 leases at one per proxy, 0.7 utilization: 13 proxies.
+	if got := field(rsp.GetDesired().GetComposite().GetResource(), "status", "desiredReplicas").GetNumberValue(); got != 13 {
+		t.Errorf("9 leases held (each replica counting all): want 13 proxies, got %v (%v)", got, rsp.GetConditions())
 	}
 }

@@ -18,6 +18,11 @@ import (
 // Crossplane caches and sends these few small objects, not the Leases.
 const requiredSummaries = "leaseSummaries"
 
+// requiredFleetSummaries names, for a pool, its fleet's fleet-wide
+// summaries: which discovery replicas live, each of which must have
+// summarised the pool before the pool trusts its own summaries.
+const requiredFleetSummaries = "fleetLeaseSummaries"
+
 // leaseView is what the fleet's LeaseSummaries say of its leases, merged
 // conservatively.
 type leaseView struct {
@@ -35,6 +40,31 @@ type leaseView struct {
 	demand lease.Demand
 	// fresh are the fresh summaries, for drainSeen.
 	fresh []*v1alpha1.LeaseSummarySpec
+	// reportedHeld is the most leases any fresh summary's demand counts
+	// (each replica counts every slot of the fleet): a pooled fleet's
+	// held leases, whose own summaries list no proxy.
+	reportedHeld int
+}
+
+// coveredBy makes the view unknown unless every replica with a fresh
+// summary among fleetWide (the fleet's, as a pool requires them) has a
+// fresh summary in the view too: a replica that has not summarised the
+// pool yet may hold a lease on one of its proxies, or not have seen one
+// drain.
+func (v *leaseView) coveredBy(fleetWide *leaseView) {
+	if !v.known {
+		return
+	}
+	if !fleetWide.known {
+		v.known, v.why = false, "the fleet's own LeaseSummaries: "+fleetWide.why
+		return
+	}
+	for _, w := range fleetWide.fresh {
+		if !slices.ContainsFunc(v.fresh, func(s *v1alpha1.LeaseSummarySpec) bool { return s.Replica == w.Replica }) {
+			v.known, v.why = false, "egress-discovery replica "+w.Replica+" has not summarised this pool yet"
+			return
+		}
+	}
 }
 
 // drainSeen says whether every fresh summary lists name as draining, in
@@ -94,6 +124,7 @@ func viewLeases(items []*fnv1.Resource, sent bool, fleet, pool string, maxTTL ti
 			v.fresh = append(v.fresh, s)
 			v.demand.Waiting += int(s.Demand.Waiting)
 			v.demand.Refused += int(s.Demand.Refused)
+			v.reportedHeld = max(v.reportedHeld, int(s.Demand.Held))
 		}
 		for _, l := range s.Leased {
 			held := l.HeldUntil.Time
