@@ -100,6 +100,7 @@ func check(bed *testbed.Env, ns string, rsp *fnv1.RunFunctionResponse) error {
 }
 
 // TestSeedsCompose keeps the fuzzing honest: every seed composes Proxies
+// (or, a pooled fleet, ProxyPools)
 // (a seed that ends in a Fatal result would leave the dry-run unexercised),
 // and the check refuses a Proxy the CRD refuses, and a Fatal result that
 // names no field.
@@ -118,12 +119,13 @@ func TestSeedsCompose(t *testing.T) {
 		}
 		proxies := 0
 		for _, r := range rsp.GetDesired().GetResources() {
-			if r.GetResource().GetFields()["kind"].GetStringValue() == "Proxy" {
+			// A pooled fleet composes ProxyPools, a pool its Proxies.
+			if k := r.GetResource().GetFields()["kind"].GetStringValue(); k == "Proxy" || k == "ProxyPool" {
 				proxies++
 			}
 		}
 		if proxies == 0 || len(rsp.GetResults()) > 0 && rsp.GetResults()[0].GetSeverity() == fnv1.Severity_SEVERITY_FATAL {
-			t.Errorf("seed composed %d Proxies, results %v\n%s", proxies, rsp.GetResults(), s[0])
+			t.Errorf("seed composed %d Proxies or ProxyPools, results %v\n%s", proxies, rsp.GetResults(), s[0])
 			continue
 		}
 		if err := check(bed, ns, rsp); err != nil {
