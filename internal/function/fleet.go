@@ -51,8 +51,19 @@ type Fleet struct {
 	Pool        string
 	OrdinalBase int
 	// readyFloor is how many Ready proxies make a pool Ready: its fleet's
-	// floor for it, whatever budget it holds.
-	readyFloor int
+	// floor for it, whatever budget it holds. repairs is how many of its
+	// replacements of proxies that are down may be under way at once.
+	readyFloor, repairs int
+}
+
+// repairLimit is how many replacements of proxies that are down may be
+// under way at once: max(maxSurge, 1) for a fleet, what its fleet granted
+// for a pool.
+func (f *Fleet) repairLimit() int {
+	if f.Pool != "" {
+		return f.repairs
+	}
+	return max(f.MaxSurge, 1)
 }
 
 // templateRevision hashes what each of a fleet's Proxies is made from,

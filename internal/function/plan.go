@@ -79,6 +79,10 @@ type plan struct {
 	// yet: what a pool asks its fleet's budget for; dueFree those of them
 	// no lease holds.
 	due, dueFree int
+	// repairsWanted counts the holders that are down and due, replaced or
+	// waiting; repairsInFlight the replacements of proxies that are down
+	// not Ready yet: what a pool asks its fleet's repairs for.
+	repairsWanted, repairsInFlight int
 }
 
 // decide computes the fleet's next state from what was observed. It is a
@@ -461,7 +465,8 @@ func (pl *planner) replace() {
 			// such replacements are under way at once, so that a backend
 			// that cannot run proxies is not flooded with them.
 			streak = h.Streak + 1
-			if limit := max(f.MaxSurge, 1); pl.unhealthyInFlight(h) >= limit {
+			pl.p.repairsWanted++
+			if limit := f.repairLimit(); pl.unhealthyInFlight(h) >= limit {
 				pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits: %d replacements of unhealthy proxies are not Ready yet", h.Name, limit))
 				continue
 			}
@@ -638,6 +643,7 @@ func (pl *planner) result() *plan {
 		}
 	}
 	sort.Slice(pl.p.keep, func(i, j int) bool { return pl.p.keep[i].Ordinal < pl.p.keep[j].Ordinal })
+	pl.p.repairsInFlight = pl.unhealthyInFlight(nil)
 	return pl.p
 }
 

@@ -27,6 +27,7 @@ import (
 const (
 	keyMaxSurge       = "maxSurge"
 	keyMaxUnavailable = "maxUnavailable"
+	keyMaxRepairs     = "maxRepairs"
 )
 
 // runPool composes one ProxyPool.
@@ -111,9 +112,9 @@ func parsePool(name, namespace string, xr map[string]any) (*Fleet, error) {
 		return nil, fieldError("spec.template", "must have neither autoscaling nor pools: the fleet sizes its pools")
 	}
 	budget, _ := spec["budget"].(map[string]any)
-	surge, unavailable := number(budget[keyMaxSurge]), number(budget[keyMaxUnavailable])
-	if surge < 0 || unavailable < 0 {
-		return nil, fieldError("spec.budget", "maxSurge and maxUnavailable must not be negative")
+	surge, unavailable, repairs := number(budget[keyMaxSurge]), number(budget[keyMaxUnavailable]), number(budget[keyMaxRepairs])
+	if surge < 0 || unavailable < 0 || repairs < 0 {
+		return nil, fieldError("spec.budget", "maxSurge, maxUnavailable and maxRepairs must not be negative")
 	}
 	switch mode, _ := spec["scaleDown"].(string); mode {
 	case "", fleetv1alpha1.PoolScaleDownImmediate:
@@ -125,7 +126,7 @@ func parsePool(name, namespace string, xr map[string]any) (*Fleet, error) {
 	}
 	fleet.Pool, fleet.OrdinalBase = name, int(index)*fleetv1alpha1.PoolOrdinalSpan
 	fleet.readyFloor = fleet.Replicas - fleet.MaxUnavailable
-	fleet.MaxSurge, fleet.MaxUnavailable = surge, unavailable
+	fleet.MaxSurge, fleet.MaxUnavailable, fleet.repairs = surge, unavailable, repairs
 	return fleet, nil
 }
 
@@ -207,6 +208,9 @@ func setPoolStatus(desired *fnv1.State, f *Fleet, members []*member, p *plan, no
 		keyMaxUnavailable:  n(f.MaxUnavailable),
 		"wanted":           n(u.wanted),
 		"wantedUnleased":   n(u.wantedFree),
+		keyMaxRepairs:      n(f.repairs),
+		"repairsWanted":    n(p.repairsWanted),
+		"repairsInUse":     n(p.repairsInFlight),
 		"surgeInUse":       n(u.surge),
 		"unavailableInUse": n(u.unavailable),
 	}})

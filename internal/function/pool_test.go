@@ -94,48 +94,48 @@ func TestAllocate(t *testing.T) {
 		pools []*poolPlan
 		want  string
 	}{
-		{"NobodyWants", budget{2, 1}, []*poolPlan{pool(1, observedPool{}), pool(2, observedPool{})}, "0/0 0/0"},
-		{"OneEachInTurn", budget{3, 1}, []*poolPlan{pool(1, observedPool{wanted: 5}), pool(2, observedPool{wanted: 5})}, "2/1 1/0"},
-		{"NoMoreThanWanted", budget{3, 0}, []*poolPlan{pool(1, observedPool{wanted: 1}), pool(2, observedPool{wanted: 5})}, "1/0 2/0"},
+		{"NobodyWants", budget{2, 1, 0}, []*poolPlan{pool(1, observedPool{}), pool(2, observedPool{})}, "0/0 0/0"},
+		{"OneEachInTurn", budget{3, 1, 0}, []*poolPlan{pool(1, observedPool{wanted: 5}), pool(2, observedPool{wanted: 5})}, "2/1 1/0"},
+		{"NoMoreThanWanted", budget{3, 0, 0}, []*poolPlan{pool(1, observedPool{wanted: 1}), pool(2, observedPool{wanted: 5})}, "1/0 2/0"},
 		// Pool 1 gave its unit up in its spec, but was last composed
 		// with it: pool 2 waits until pool 1 acknowledges.
-		{"WaitsForTheAck", budget{1, 1}, []*poolPlan{
-			pool(1, observedPool{reported: true, acked: budget{1, 1}}),
+		{"WaitsForTheAck", budget{1, 1, 0}, []*poolPlan{
+			pool(1, observedPool{reported: true, acked: budget{1, 1, 0}}),
 			pool(2, observedPool{wanted: 3}),
 		}, "0/0 0/0"},
-		{"AfterTheAck", budget{1, 1}, []*poolPlan{
+		{"AfterTheAck", budget{1, 1, 0}, []*poolPlan{
 			pool(1, observedPool{reported: true}),
 			pool(2, observedPool{wanted: 3}),
 		}, "0/0 1/1"},
 		// A pool keeps its units while it uses them, wanted or not.
-		{"KeepsWhatItUses", budget{1, 1}, []*poolPlan{
-			pool(1, observedPool{reported: true, granted: budget{1, 1}, acked: budget{1, 1}, inUse: budget{1, 1}}),
+		{"KeepsWhatItUses", budget{1, 1, 0}, []*poolPlan{
+			pool(1, observedPool{reported: true, granted: budget{1, 1, 0}, acked: budget{1, 1, 0}, inUse: budget{1, 1, 0}}),
 			pool(2, observedPool{wanted: 3}),
 		}, "1/1 0/0"},
 		// Proxies a pool took out of service hold their units, granted
 		// or not, until they serve again.
-		{"TakenOutHolds", budget{0, 1}, []*poolPlan{
-			pool(1, observedPool{reported: true, inUse: budget{0, 1}}),
+		{"TakenOutHolds", budget{0, 1, 0}, []*poolPlan{
+			pool(1, observedPool{reported: true, inUse: budget{0, 1, 0}}),
 			pool(2, observedPool{wanted: 3}),
 		}, "0/0 0/0"},
 		// The fleet's own record of a grant holds it, though the pool's
 		// spec, read from a stale cache, does not show it yet.
-		{"LedgerHolds", budget{1, 0}, []*poolPlan{
-			pool(1, observedPool{ledger: budget{1, 0}}),
+		{"LedgerHolds", budget{1, 0, 0}, []*poolPlan{
+			pool(1, observedPool{ledger: budget{1, 0, 0}}),
 			pool(2, observedPool{wanted: 3}),
 		}, "0/0 0/0"},
 		// Pools whose due proxies no lease holds come first.
-		{"UnleasedFirst", budget{1, 0}, []*poolPlan{
+		{"UnleasedFirst", budget{1, 0, 0}, []*poolPlan{
 			pool(1, observedPool{wanted: 2}),
 			pool(2, observedPool{wanted: 3, wantedFree: 1}),
 		}, "0/0 1/0"},
 		// A pool keeps no more than it wants or uses.
-		{"TrimmedToUse", budget{3, 0}, []*poolPlan{
-			pool(1, observedPool{reported: true, wanted: 1, granted: budget{3, 0}, acked: budget{3, 0}, inUse: budget{1, 0}}),
+		{"TrimmedToUse", budget{3, 0, 0}, []*poolPlan{
+			pool(1, observedPool{reported: true, wanted: 1, granted: budget{3, 0, 0}, acked: budget{3, 0, 0}, inUse: budget{1, 0, 0}}),
 		}, "1/0"},
-		{"BudgetLowered", budget{1, 0}, []*poolPlan{
-			pool(1, observedPool{wanted: 2, granted: budget{2, 0}, acked: budget{2, 0}}),
-			pool(2, observedPool{wanted: 2, granted: budget{1, 0}, acked: budget{1, 0}}),
+		{"BudgetLowered", budget{1, 0, 0}, []*poolPlan{
+			pool(1, observedPool{wanted: 2, granted: budget{2, 0, 0}, acked: budget{2, 0, 0}}),
+			pool(2, observedPool{wanted: 2, granted: budget{1, 0, 0}, acked: budget{1, 0, 0}}),
 		}, "1/0 0/0"},
 	}
 	for _, c := range cases {
@@ -558,7 +558,7 @@ func TestPoolBadInput(t *testing.T) {
 		"TemplateAutoscaled": {func(s map[string]any) {
 			s["template"].(map[string]any)["autoscaling"] = map[string]any{"maxReplicas": 3} //nolint:forcetypeassert // Test data.
 		}, "spec.template must have neither autoscaling nor pools"},
-		"NegativeBudget": {func(s map[string]any) { s["budget"] = map[string]any{"maxSurge": -1} }, "spec.budget maxSurge and maxUnavailable must not be negative"},
+		"NegativeBudget": {func(s map[string]any) { s["budget"] = map[string]any{"maxSurge": -1} }, "spec.budget maxSurge, maxUnavailable and maxRepairs must not be negative"},
 		"BadScaleDown":   {func(s map[string]any) { s["scaleDown"] = "Later" }, `spec.scaleDown must be Immediate or Drain, not "Later"`},
 	}
 	for name, c := range cases {
@@ -798,5 +798,45 @@ func TestPooledFleetCountsHeldLeases(t *testing.T) {
 	// 9 leases at one per proxy, 0.7 utilization: 13 proxies.
 	if got := field(rsp.GetDesired().GetComposite().GetResource(), "status", "desiredReplicas").GetNumberValue(); got != 13 {
 		t.Errorf("9 leases held (each replica counting all): want 13 proxies, got %v (%v)", got, rsp.GetConditions())
+	}
+}
+
+// TestRepairsShareTheFleetsLimit: replacements of proxies that are down
+// are the fleet's max(maxSurge, 1) in all, however many pools: a pool
+// without a share replaces none and asks; with one it replaces.
+func TestRepairsShareTheFleetsLimit(t *testing.T) {
+	plans := []*poolPlan{
+		{index: 1, observed: &observedPool{index: 1, repairsWanted: 2}},
+		{index: 2, observed: &observedPool{index: 2, repairsWanted: 1}},
+	}
+	allocate(budget{0, 1, 1}, plans)
+	if plans[0].grant.repairs+plans[1].grant.repairs != 1 {
+		t.Errorf("one repair for the fleet: granted %d and %d", plans[0].grant.repairs, plans[1].grant.repairs)
+	}
+
+	base := fleetv1alpha1.PoolOrdinalSpan
+	observed := map[string]*fnv1.Resource{
+		resourceName(base):     observedProxy(base, "a", true, t0.Add(-time.Hour), ""),
+		resourceName(base + 1): observedProxy(base+1, "b", false, t0.Add(-time.Hour), ""),
+	}
+	compose := func(repairs int) *fnv1.RunFunctionResponse {
+		spec := map[string]any{"fleet": "crawlers", "index": 1, "budget": map[string]any{"maxRepairs": repairs}, "template": mustMap(t, validSpec)}
+		return run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: poolXR(t, spec)}, Resources: observed},
+			RequiredResources: poolSummaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{})))})
+	}
+	down := resourceName(base + 1)
+	rsp := compose(0)
+	if _, kept := rsp.GetDesired().GetResources()[down]; !kept || len(rsp.GetDesired().GetResources()) != 2 {
+		t.Errorf("without a repair the pool replaces no proxy that is down: %d desired", len(rsp.GetDesired().GetResources()))
+	}
+	if w := field(rsp.GetDesired().GetComposite().GetResource(), "status", "budget", "repairsWanted").GetNumberValue(); w != 1 {
+		t.Errorf("the pool asks for a repair: repairsWanted %v", w)
+	}
+	rsp = compose(1)
+	if _, kept := rsp.GetDesired().GetResources()[down]; kept {
+		t.Errorf("with a repair the pool replaces the proxy that is down (in place: it has no surge)")
+	}
+	if u := field(rsp.GetDesired().GetComposite().GetResource(), "status", "budget", "repairsInUse").GetNumberValue(); u != 1 {
+		t.Errorf("the replacement in flight holds the repair: repairsInUse %v", u)
 	}
 }

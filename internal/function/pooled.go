@@ -27,8 +27,11 @@ import (
 // pool changes); this only bounds a missed event.
 const poolRecheck = 30 * time.Second
 
-// budget is a share of a fleet's rollout budget.
-type budget struct{ surge, unavailable int }
+// budget is a share of a fleet's rollout budget: surge proxies, proxies
+// taken out of service, and replacements of proxies that are down not Ready
+// yet (repairs: max(maxSurge, 1) for the fleet, so that a backend that
+// cannot run proxies is not flooded with them, however many pools it has).
+type budget struct{ surge, unavailable, repairs int }
 
 // observedPool is one ProxyPool of the fleet, as observed.
 type observedPool struct {
@@ -48,11 +51,14 @@ type observedPool struct {
 	wantedFree int
 	inUse      budget
 	// ledger is the budget the fleet's own status says it granted last.
-	ledger   budget
-	counts   poolCounts
-	faults   []fleetv1alpha1.PoolFault
-	revision string
-	ready    bool
+	ledger budget
+	// repairsWanted counts its proxies that are down and due for a
+	// replacement, replaced or waiting.
+	repairsWanted int
+	counts        poolCounts
+	faults        []fleetv1alpha1.PoolFault
+	revision      string
+	ready         bool
 	// stalled holds its RolloutStalled condition's message while True.
 	stalled string
 }
@@ -97,7 +103,7 @@ func observedPools(observed map[string]*fnv1.Resource, xrStatus *structpb.Struct
 	ledger := map[string]budget{}
 	for _, v := range field(xrStatus, "pools").GetListValue().GetValues() {
 		e := v.GetStructValue()
-		ledger[str(e, "name")] = budget{whole(field(e, "budget", keyMaxSurge)), whole(field(e, "budget", keyMaxUnavailable))}
+		ledger[str(e, "name")] = budget{whole(field(e, "budget", keyMaxSurge)), whole(field(e, "budget", keyMaxUnavailable)), whole(field(e, "budget", keyMaxRepairs))}
 	}
 	out := map[int]*observedPool{}
 	for name, oc := range observed {
@@ -110,15 +116,16 @@ func observedPools(observed map[string]*fnv1.Resource, xrStatus *structpb.Struct
 		p := &observedPool{
 			index: k, name: str(r, "metadata", "name"),
 			replicas: whole(field(spec, "template", "replicas")),
-			granted:  budget{whole(field(spec, "budget", keyMaxSurge)), whole(field(spec, "budget", keyMaxUnavailable))},
+			granted:  budget{whole(field(spec, "budget", keyMaxSurge)), whole(field(spec, "budget", keyMaxUnavailable)), whole(field(spec, "budget", keyMaxRepairs))},
 		}
 		if b := field(status, "budget").GetStructValue(); b != nil {
 			p.reported = true
 			p.desired = whole(field(status, "desiredReplicas"))
-			p.acked = budget{whole(field(b, keyMaxSurge)), whole(field(b, keyMaxUnavailable))}
+			p.acked = budget{whole(field(b, keyMaxSurge)), whole(field(b, keyMaxUnavailable)), whole(field(b, keyMaxRepairs))}
 			p.wanted = whole(field(b, "wanted"))
 			p.wantedFree = whole(field(b, "wantedUnleased"))
-			p.inUse = budget{whole(field(b, "surgeInUse")), whole(field(b, "unavailableInUse"))}
+			p.inUse = budget{whole(field(b, "surgeInUse")), whole(field(b, "unavailableInUse")), whole(field(b, "repairsInUse"))}
+			p.repairsWanted = whole(field(b, "repairsWanted"))
 		} else {
 			// Not composed yet: it may act on its spec's budget.
 			p.acked = p.granted
@@ -241,8 +248,23 @@ func allocate(total budget, pools []*poolPlan) {
 	share(total.unavailable, pools, unavailable, wants, ready, func(o *observedPool) []int {
 		return []int{o.granted.unavailable, o.ledger.unavailable, o.acked.unavailable, o.inUse.unavailable}
 	})
+	repairs := make([]int, len(pools))
+	repairWants := make([]int, len(pools))
+	everyone := make([]bool, len(pools))
 	for i, p := range pools {
-		p.grant = budget{surge[i], unavailable[i]}
+		everyone[i] = true
+		if o := p.observed; o != nil {
+			repairWants[i] = o.repairsWanted
+			if o.repairsWanted > 0 || o.inUse.repairs > 0 {
+				repairs[i] = min(o.granted.repairs, max(o.repairsWanted, o.inUse.repairs))
+			}
+		}
+	}
+	share(total.repairs, pools, repairs, repairWants, everyone, func(o *observedPool) []int {
+		return []int{o.granted.repairs, o.ledger.repairs, o.acked.repairs, o.inUse.repairs}
+	})
+	for i, p := range pools {
+		p.grant = budget{surge[i], unavailable[i], repairs[i]}
 	}
 }
 
@@ -329,7 +351,7 @@ func (f *Function) runPooledFleet(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFu
 		sc = autoscale(req, fleet, health{healthy: total.healthy, failing: total.failing, holders: holders}, view, now)
 	}
 	plans := sizePools(fleet.Replicas, int(fleet.spec.Pools.ProxiesPerPool), fleet.Zones, observed)
-	allocate(budget{fleet.MaxSurge, fleet.MaxUnavailable}, plans)
+	allocate(budget{fleet.MaxSurge, fleet.MaxUnavailable, max(fleet.MaxSurge, 1)}, plans)
 
 	desired := desiredResources(rsp)
 	for name := range desired {
@@ -409,6 +431,7 @@ func (f *Fleet) pool(p *poolPlan) (*fnv1.Resource, error) {
 			"budget": structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
 				keyMaxSurge:       structpb.NewNumberValue(float64(p.grant.surge)),
 				keyMaxUnavailable: structpb.NewNumberValue(float64(p.grant.unavailable)),
+				keyMaxRepairs:     structpb.NewNumberValue(float64(p.grant.repairs)),
 			}}),
 			"template": template,
 		}}),
@@ -443,7 +466,7 @@ func setFleetStatus(desired *fnv1.State, f *Fleet, plans []*poolPlan, total pool
 		}}
 		if p.grant != (budget{}) {
 			ps.Fields["budget"] = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-				keyMaxSurge: n(p.grant.surge), keyMaxUnavailable: n(p.grant.unavailable),
+				keyMaxSurge: n(p.grant.surge), keyMaxUnavailable: n(p.grant.unavailable), keyMaxRepairs: n(p.grant.repairs),
 			}})
 		}
 		pools = append(pools, structpb.NewStructValue(ps))

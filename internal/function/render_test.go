@@ -106,7 +106,7 @@ func TestRender(t *testing.T) {
 			reason: "A pool composes its Proxies with ordinals from its index x 10 000 000, labelled with its fleet and itself, and reports counts and its budget.",
 			xr:     "examples/render/pool/xr.yaml", composition: pool,
 			want: []string{"name: pooled-20000000", "name: pooled-20000001", "crawl.example.com/fleet: pooled", "crawl.example.com/pool: pooled-pool-2",
-				"desiredReplicas: 2", "budget: maxSurge: 0 maxUnavailable: 0"},
+				"desiredReplicas: 2", "budget: maxRepairs: 0 maxSurge: 0 maxUnavailable: 0"},
 		},
 		"legacy": {
 			reason: "A claimed XProxyFleet composes into the claim's namespace.",

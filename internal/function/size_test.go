@@ -322,7 +322,7 @@ func realPool(tb testing.TB) map[string]any {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	r, err := f.pool(&poolPlan{index: fleetv1alpha1.MaxPools, replicas: 125, zones: f.Zones, grant: budget{5, 5}})
+	r, err := f.pool(&poolPlan{index: fleetv1alpha1.MaxPools, replicas: 125, zones: f.Zones, grant: budget{5, 5, 0}})
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -30,6 +30,13 @@ type PoolBudget struct {
 	// +kubebuilder:validation:Minimum=0
 	// +optional
 	MaxUnavailable int32 `json:"maxUnavailable,omitempty"`
+	// MaxRepairs is how many replacements of its proxies that are down
+	// the pool may have under way, not Ready yet: its share of the
+	// fleet's max(maxSurge, 1), so that a backend that cannot run proxies
+	// is not flooded with them.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	MaxRepairs int32 `json:"maxRepairs,omitempty"`
 }
 
 // ProxyPoolSpec is one pool of a pooled fleet, as the fleet composes it.
@@ -83,6 +90,12 @@ type PoolBudgetStatus struct {
 	WantedUnleased int32 `json:"wantedUnleased,omitempty"`
 	// SurgeInUse counts the pool's Proxies above its replicas.
 	SurgeInUse int32 `json:"surgeInUse,omitempty"`
+	// MaxRepairs is the repairs the pool was composed with;
+	// RepairsWanted counts its Proxies that are down and due, replaced or
+	// waiting; RepairsInUse its replacements of them not Ready yet.
+	MaxRepairs    int32 `json:"maxRepairs,omitempty"`
+	RepairsWanted int32 `json:"repairsWanted,omitempty"`
+	RepairsInUse  int32 `json:"repairsInUse,omitempty"`
 	// UnavailableInUse counts the Ready Proxies its changes took out of
 	// service: those it drains, and those made in place of a holder it
 	// removed first, until they are Ready. A Proxy that failed does not
