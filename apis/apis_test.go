@@ -471,7 +471,7 @@ func TestInvalidObjectsRejected(t *testing.T) {
 		"FleetTooBigForOneMessage": {
 			reason: "A fleet whose Proxies would not fit Crossplane's message to the function with a 2x margin is refused.",
 			base:   validFleet, set: map[string]any{"spec.replicas": int64(300), "spec.leases": map[string]any{"maxLeasesPerProxy": int64(10)}},
-			want: []string{"must not exceed 2 MiB", "at most 242 replicas, however many leases per proxy"},
+			want: []string{"must not exceed 2 MiB", "at most 242 replicas, or 120 proxies per pool, however many leases per proxy"},
 		},
 		"FleetTooManyReplicasForOneMessage": {
 			reason: "With maxSurge 1 the bound is 242 replicas.",
@@ -639,20 +639,22 @@ func TestPooledFleetBounds(t *testing.T) {
 		u.SetName(name)
 		return bed.Client.Create(ctx, u)
 	}
-	pooled := map[string]any{"spec.replicas": int64(10000), "spec.pools": map[string]any{"proxiesPerPool": int64(125)},
+	pooled := map[string]any{"spec.replicas": int64(10000), "spec.pools": map[string]any{"proxiesPerPool": int64(105)},
 		"spec.leases": map[string]any{"maxLeasesPerProxy": int64(10)}}
 	if err := create("ten-thousand", pooled); err != nil {
-		t.Fatalf("a fleet of 10 000 in pools of 125 with 10 leases per proxy must be accepted: %v", err)
+		t.Fatalf("a fleet of 10 000 in pools of 105 with 10 leases per proxy must be accepted: %v", err)
 	}
 	for name, c := range map[string]struct {
 		set  map[string]any
 		want string
 	}{
 		"too-few-pools": {map[string]any{"spec.replicas": int64(10000), "spec.pools": map[string]any{"proxiesPerPool": int64(100)}},
-			"spec.replicas must not exceed spec.pools.proxiesPerPool x 80"},
+			"spec.replicas must not exceed spec.pools.proxiesPerPool x 96"},
 		"unpooled-too-big": {map[string]any{"spec.replicas": int64(243)}, "set spec.pools.proxiesPerPool (when creating a fleet) to grow past that"},
-		"pool-too-big":     {map[string]any{"spec.replicas": int64(1000), "spec.pools": map[string]any{"proxiesPerPool": int64(243)}}, "spec.pools.proxiesPerPool"},
-		"past-10000":       {map[string]any{"spec.replicas": int64(10001), "spec.pools": map[string]any{"proxiesPerPool": int64(200)}}, "spec.replicas"},
+		"pool-too-big":     {map[string]any{"spec.replicas": int64(1000), "spec.pools": map[string]any{"proxiesPerPool": int64(121)}}, "spec.pools.proxiesPerPool"},
+		"pool-message": {map[string]any{"spec.replicas": int64(1000), "spec.pools": map[string]any{"proxiesPerPool": int64(120)}, "spec.rotation": map[string]any{"maxSurge": int64(5)}},
+			"must not exceed 2 MiB (1 MiB in a pooled fleet)"},
+		"past-10000": {map[string]any{"spec.replicas": int64(10001), "spec.pools": map[string]any{"proxiesPerPool": int64(110)}}, "spec.replicas"},
 	} {
 		if err := create(name, c.set); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%s: want a refusal saying %q, got %v", name, c.want, err)
@@ -673,7 +675,7 @@ func TestPooledFleetBounds(t *testing.T) {
 	}
 	for name, body := range map[string]string{
 		"one-level":    `{"spec":{"pools":{"proxiesPerPool":100}}}`,
-		"ten-thousand": `{"spec":{"pools":{"proxiesPerPool":200}}}`,
+		"ten-thousand": `{"spec":{"pools":{"proxiesPerPool":110}}}`,
 	} {
 		if err := patch(name, body); err == nil || !strings.Contains(err.Error(), "spec.pools cannot be added, removed or changed") {
 			t.Errorf("%s: %s must be refused naming spec.pools, got %v", name, body, err)

@@ -182,11 +182,11 @@ func poolRequest(tb testing.TB, n int) *fnv1.RunFunctionRequest {
 }
 
 // BenchmarkPooledFleet times one RunFunction of a steady pooled fleet of
-// 100, 1 000 and 10 000 proxies in pools of 125 (1, 8 and 80 pools), and of
-// one full pool of 125 and of 242, each the fastest of several rounds in
+// 100, 1 000 and 10 000 proxies in pools of 105 (1, 10 and 96 pools), and
+// of one full pool of 105 and of 120, each the fastest of several rounds in
 // this process: the fleet's cost grows with its pools, a pool's with its
 // own proxies only, so no composition of a fleet of any size costs more
-// than that of 80 pools or of one pool of 242.
+// than that of 96 pools or of one pool of 120.
 func BenchmarkPooledFleet(b *testing.B) {
 	f := New(logging.NewNopLogger(), func() time.Time { return t0 })
 	fastest := func(req *fnv1.RunFunctionRequest, want int) time.Duration {
@@ -212,15 +212,15 @@ func BenchmarkPooledFleet(b *testing.B) {
 	}
 	fleet := map[int]time.Duration{}
 	for _, n := range []int{100, 1000, 10000} {
-		fleet[n] = fastest(pooledRequest(b, n, 125), (n+124)/125)
+		fleet[n] = fastest(pooledRequest(b, n, 105), (n+104)/105)
 	}
-	pool125, pool242 := fastest(poolRequest(b, 125), 125), fastest(poolRequest(b, 242), 242)
+	pool105, pool120 := fastest(poolRequest(b, 105), 105), fastest(poolRequest(b, 120), 120)
 	for b.Loop() {
 	}
 	for _, n := range []int{100, 1000, 10000} {
 		b.ReportMetric(float64(fleet[n].Microseconds())/1000, fmt.Sprintf("fleet-ms/n=%d", n))
 	}
 	b.ReportMetric(float64(fleet[10000])/float64(fleet[1000]), "fleet-ratio-10k/1k")
-	b.ReportMetric(float64(pool125.Microseconds())/1000, "pool-ms/125")
-	b.ReportMetric(float64(pool242.Microseconds())/1000, "pool-ms/242")
+	b.ReportMetric(float64(pool105.Microseconds())/1000, "pool-ms/105")
+	b.ReportMetric(float64(pool120.Microseconds())/1000, "pool-ms/120")
 }

@@ -702,10 +702,16 @@ func report(rsp *fnv1.RunFunctionResponse, f *Fleet, members []*member, p *plan,
 	if len(members) != f.Replicas {
 		parts[0] += fmt.Sprintf(" (replicas %d)", f.Replicas)
 	}
-	if len(sick) > 3 {
-		sick = append(sick[:3], fmt.Sprintf("and %d more", len(sick)-3))
+	switch {
+	case f.Pool != "" && len(sick) > 0:
+		// A pool's status.faults names them: its fleet reads every
+		// pool's status in one message, which this would double.
+		parts = append(parts, fmt.Sprintf("%d unhealthy; status.faults names the worst", len(sick)))
+	case len(sick) > 3:
+		parts = append(parts, append(sick[:3], fmt.Sprintf("and %d more", len(sick)-3))...)
+	default:
+		parts = append(parts, sick...)
 	}
-	parts = append(parts, sick...)
 	if n := p.inFlight + p.created; n == 1 {
 		parts = append(parts, "1 proxy being added or replaced")
 	} else if n > 1 {

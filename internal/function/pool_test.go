@@ -547,8 +547,8 @@ func TestPoolBadInput(t *testing.T) {
 		want string
 	}{
 		"NoFleet":      {func(s map[string]any) { delete(s, "fleet") }, "spec.fleet must name the ProxyFleet"},
-		"IndexZero":    {func(s map[string]any) { s["index"] = 0 }, "spec.index must be a whole number between 1 and 80"},
-		"IndexTooHigh": {func(s map[string]any) { s["index"] = 81 }, "spec.index must be a whole number between 1 and 80"},
+		"IndexZero":    {func(s map[string]any) { s["index"] = 0 }, "spec.index must be a whole number between 1 and 96"},
+		"IndexTooHigh": {func(s map[string]any) { s["index"] = 97 }, "spec.index must be a whole number between 1 and 96"},
 		"IndexHalf":    {func(s map[string]any) { s["index"] = 1.5 }, "spec.index must be a whole number"},
 		"NoTemplate":   {func(s map[string]any) { delete(s, "template") }, "spec.template is required"},
 		"NotItsName":   {func(s map[string]any) { s["index"] = 2 }, `metadata.name "crawlers-pool-1" must be "crawlers-pool-2"`},
@@ -592,9 +592,9 @@ func TestPoolBadInput(t *testing.T) {
 		t.Errorf("a fleet of Proxies with spec.pools: want a Fatal (nothing deleted), got %v", rs)
 	}
 	for name, want := range map[string]string{
-		`{"proxiesPerPool": 0}`:   "spec.pools.proxiesPerPool must be between 1 and 242",
-		`{"proxiesPerPool": 243}`: "spec.pools.proxiesPerPool must be between 1 and 242",
-		`{"proxiesPerPool": 1}`:   "spec.pools.proxiesPerPool (1) x 80 pools holds 80 proxies, fewer than the fleet's 100",
+		`{"proxiesPerPool": 0}`:   "spec.pools.proxiesPerPool must be between 1 and 120",
+		`{"proxiesPerPool": 121}`: "spec.pools.proxiesPerPool must be between 1 and 120",
+		`{"proxiesPerPool": 1}`:   "spec.pools.proxiesPerPool (1) x 96 pools holds 96 proxies, fewer than the fleet's 100",
 	} {
 		spec := withSpecIn(t, withSpec(t, "replicas", "100"), "pools", name)
 		rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}}})

@@ -263,6 +263,14 @@ func TestMessageSizesBounded(t *testing.T) {
 			t.Errorf("%d replicas with %d leases each: %d bytes, above the budget of %d", n, k, size, fleetv1alpha1.MessageBudget)
 		}
 	}
+	// A pool's request: its largest, every proxy leased, within a
+	// quarter of the 4 MiB limit.
+	if most := fleetv1alpha1.PoolMessageBudget / (fleetv1alpha1.ProxyMessageBytes + fleetv1alpha1.LeasedProxyMessageBytes); most < fleetv1alpha1.MaxProxiesPerPool+1 {
+		t.Errorf("the pool budget holds %d proxies, fewer than MaxProxiesPerPool %d and a surge one", most, fleetv1alpha1.MaxProxiesPerPool)
+	}
+	if size := req(fleetv1alpha1.MaxProxiesPerPool+1, 10); size > fleetv1alpha1.PoolMessageBudget+base {
+		t.Errorf("a pool of %d proxies and a surge one, all leased: %d bytes, above a quarter of 4 MiB", fleetv1alpha1.MaxProxiesPerPool, size)
+	}
 	// Past the budget (a fleet stored before the bound), the function says
 	// so before Crossplane can no longer send it.
 	rsp, err := New(logging.NewNopLogger(), func() time.Time { return t0 }).RunFunction(context.Background(), sizedRequest(t, proxy, slot, 420, 1))
@@ -282,7 +290,7 @@ func TestMessageSizesBounded(t *testing.T) {
 func TestMessageBudgetRule(t *testing.T) {
 	want := fmt.Sprintf("((has(self.pools) ? self.pools.proxiesPerPool : self.replicas) + self.rotation.maxSurge) * (%d + %d + ",
 		fleetv1alpha1.ProxyMessageBytes, fleetv1alpha1.LeasedProxyMessageBytes)
-	budget := fmt.Sprintf(")) <= %d || (oldSelf.hasValue()", fleetv1alpha1.MessageBudget)
+	budget := fmt.Sprintf(")) <= (has(self.pools) ? %d : %d) || (oldSelf.hasValue()", fleetv1alpha1.PoolMessageBudget, fleetv1alpha1.MessageBudget)
 	for _, f := range []string{"../../apis/fleet/definition.yaml", "../../apis/fleet/legacy/definition.yaml"} {
 		raw, err := os.ReadFile(f)
 		if err != nil {
@@ -313,7 +321,7 @@ func realPool(tb testing.TB) map[string]any {
 			"network": "projects/crawl-proj/global/networks/crawl", "subnetwork": "projects/crawl-proj/regions/europe-west1/subnetworks/crawl"}},
 		"proxy": {"authSecretRef": {"name": "crawlers-proxy-auth"}, "allowedSourceRanges": ["203.0.113.0/24", "198.51.100.0/24"]},
 		"healthCheck": {"url": "https://ifconfig.me/ip"}, "leases": {"maxLeasesPerProxy": 10},
-		"rotation": {"maxAge": "24h", "maxSurge": 5, "maxUnavailable": 5}, "pools": {"proxiesPerPool": 125}}`), &spec); err != nil {
+		"rotation": {"maxAge": "24h", "maxSurge": 5, "maxUnavailable": 5}, "pools": {"proxiesPerPool": 105}}`), &spec); err != nil {
 		tb.Fatal(err)
 	}
 	// A namespaced fleet's name, as any XR's, has at most 63 characters.
@@ -322,7 +330,7 @@ func realPool(tb testing.TB) map[string]any {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	r, err := f.pool(&poolPlan{index: fleetv1alpha1.MaxPools, replicas: 125, zones: f.Zones, grant: budget{5, 5, 0}})
+	r, err := f.pool(&poolPlan{index: fleetv1alpha1.MaxPools, replicas: 105, zones: f.Zones, grant: budget{5, 5, 1}})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -366,9 +374,13 @@ func realPool(tb testing.TB) map[string]any {
 		map[string]any{"type": "Ready", "status": "False", "reason": "Creating", "lastTransitionTime": now},
 		map[string]any{"type": "Synced", "status": "True", "reason": "ReconcileSuccess", "lastTransitionTime": now},
 	}
+	// The longest each of the pool's conditions says: FleetHealthy counts
+	// (status.faults names the proxies), DuplicateEgressIP names three IPs
+	// of five proxies each, RolloutStalled five reasons.
+	longest := map[string]int{ConditionFleetHealthy: 300, ConditionDuplicateEgressIP: 3 * 5 * (maxXRName + 12), ConditionRolloutStalled: 5*(maxXRName+60) + 150}
 	for _, c := range rsp.GetConditions() {
 		conds = append(conds, map[string]any{"type": c.GetType(), "status": "False", "reason": c.GetReason(),
-			"message": strings.Repeat("m", max(len(c.GetMessage()), 600)), "lastTransitionTime": now})
+			"message": strings.Repeat("m", max(len(c.GetMessage()), longest[c.GetType()])), "lastTransitionTime": now})
 	}
 	status["conditions"] = conds
 	applied := &unstructured.Unstructured{Object: map[string]any{
@@ -409,8 +421,23 @@ func TestPoolMessageSizesBounded(t *testing.T) {
 		observed[poolResourceName(k)] = &fnv1.Resource{Resource: s}
 	}
 	spec := withSpec(t, "replicas", "10000")
-	spec = withSpecIn(t, spec, "pools", `{"proxiesPerPool": 125}`)
+	spec = withSpecIn(t, spec, "pools", `{"proxiesPerPool": 105}`)
 	req := &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: observed}}
+	// The fleet as Crossplane sends it: its status as the function wrote
+	// it (an entry per pool) and a resource reference per pool.
+	first := run(t, req)
+	composite := xr(spec)
+	composite.Fields["status"] = field(first.GetDesired().GetComposite().GetResource(), "status")
+	refs := make([]any, 0, fleetv1alpha1.MaxPools)
+	for k := 1; k <= fleetv1alpha1.MaxPools; k++ {
+		refs = append(refs, map[string]any{"apiVersion": fleetv1alpha1.SchemeGroupVersion.String(), "kind": fleetv1alpha1.ProxyPoolKind, "name": poolName(strings.Repeat("f", maxXRName), k)})
+	}
+	crossplane, err := structpb.NewValue(map[string]any{"resourceRefs": refs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	composite.Fields["spec"].GetStructValue().Fields["crossplane"] = crossplane
+	req.Observed.Composite.Resource = composite
 	rsp := run(t, req)
 	if len(rsp.GetDesired().GetResources()) < fleetv1alpha1.MaxPools {
 		t.Fatalf("the fleet composed %d resources, want its %d pools", len(rsp.GetDesired().GetResources()), fleetv1alpha1.MaxPools)

@@ -49,7 +49,7 @@ type ProxyPoolSpec struct {
 	// Index numbers the pool within its fleet, from 1; its Proxies'
 	// ordinals start at Index x 10 000 000.
 	// +kubebuilder:validation:Minimum=1
-	// +kubebuilder:validation:Maximum=80
+	// +kubebuilder:validation:Maximum=96
 	Index int32 `json:"index"`
 	// Budget is the share of the fleet's rollout budget the pool may use
 	// now.

@@ -36,13 +36,15 @@ const (
 	// holds, as the message bound below allows with maxSurge 1.
 	MaxReplicas         = 10000
 	MaxUnpooledReplicas = 242
-	// MaxProxiesPerPool bounds spec.pools.proxiesPerPool, and MaxPools how
-	// many pools a fleet has: each observed pool adds up to PoolMessageBytes
-	// to the fleet's RunFunctionRequest, so MaxPools of them stay within a
-	// quarter of the function's 4 MiB receive limit.
-	MaxProxiesPerPool = 242
-	MaxPools          = 80
-	PoolMessageBytes  = 12000
+	// MaxProxiesPerPool bounds spec.pools.proxiesPerPool, so that a pool's
+	// RunFunctionRequest (its Proxies and leased proxies, the rule below
+	// with PoolMessageBudget) stays within a quarter of the function's 4
+	// MiB receive limit; MaxPools bounds how many pools a fleet has: each
+	// observed pool adds up to PoolMessageBytes to the fleet's request, so
+	// MaxPools of them stay within a quarter too.
+	MaxProxiesPerPool = 120
+	MaxPools          = 96
+	PoolMessageBytes  = 10600
 	// PoolOrdinalSpan is how many ordinals each pool has: pool k names its
 	// Proxies <fleet>-<ordinal> with ordinals from k x PoolOrdinalSpan on,
 	// so that no two pools ever name one Proxy, a Proxy never moves between
@@ -65,6 +67,7 @@ const (
 	ProxyMessageBytes       = 7400
 	LeasedProxyMessageBytes = 1200
 	MessageBudget           = 2 << 20
+	PoolMessageBudget       = 1 << 20
 	// MaxNameLength bounds a fleet's name (a claim's, for a legacy fleet):
 	// its Proxies are named <fleet>-<ordinal> and their Lease objects
 	// <proxy>-slot-<n> and <proxy>-ban-<12 hex>, all within Kubernetes' 253
@@ -396,10 +399,10 @@ type Autoscaling struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.placement.gcp) || !has(self.proxy.allowedSourceRanges) || self.proxy.allowedSourceRanges.all(r, cidr(r).ip().family() == 4)",message="spec.proxy.allowedSourceRanges: a GCP proxy's firewall rule takes IPv4 ranges only, and its VM has an IPv4 address only: remove the IPv6 ranges"
 // +kubebuilder:validation:XValidation:rule="!has(self.placement.gcp) || !has(self.placement.gcp.subnetwork) || self.zones.all(z, ('/' + self.placement.gcp.subnetwork).contains('/regions/' + z.substring(0, z.lastIndexOf('-')) + '/subnetworks/'))",message="spec.placement.gcp.subnetwork must be in the region of every zone in spec.zones: a subnetwork is regional"
 // +kubebuilder:validation:XValidation:rule="(self.replicas == 0 && !has(self.autoscaling)) || size(self.zones) > 0",message="spec.zones must not be empty when spec.replicas > 0 or spec.autoscaling is set: list the zones to spread proxies over"
-// +kubebuilder:validation:XValidation:rule="((has(self.pools) ? self.pools.proxiesPerPool : self.replicas) + self.rotation.maxSurge) * (7400 + 1200 + (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0)) <= 2097152 || (oldSelf.hasValue() && self.replicas <= oldSelf.value().replicas && self.rotation.maxSurge <= oldSelf.value().rotation.maxSurge && (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0) <= (has(oldSelf.value().placement.gcp) && has(oldSelf.value().placement.gcp.cloudInit) && has(oldSelf.value().placement.gcp.cloudInit.inline) ? size(oldSelf.value().placement.gcp.cloudInit.inline) : 0))",message="(spec.replicas, or spec.pools.proxiesPerPool in a pooled fleet, + spec.rotation.maxSurge) times (7400 + 1200 + the size of spec.placement.gcp.cloudInit.inline) bytes must not exceed 2 MiB: Crossplane sends the function every Proxy of the fleet, with egress-discovery's summary of their leases, (of its pool, in a pooled fleet) in one gRPC message the function takes up to 4 MiB of, and this keeps a 2x margin (with maxSurge 1: at most 242 replicas, however many leases per proxy); set spec.pools.proxiesPerPool (when creating a fleet) to grow past that. A fleet stored before this rule may keep its size or shrink, but not grow",optionalOldSelf=true
-// +kubebuilder:validation:XValidation:rule="!has(self.autoscaling) || ((has(self.pools) ? self.pools.proxiesPerPool : self.autoscaling.maxReplicas) + self.rotation.maxSurge) * (7400 + 1200 + (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0)) <= 2097152",message="(spec.autoscaling.maxReplicas, or spec.pools.proxiesPerPool in a pooled fleet, + spec.rotation.maxSurge) times (7400 + 1200 + the size of spec.placement.gcp.cloudInit.inline) bytes must not exceed 2 MiB, as for spec.replicas: lower maxReplicas or set spec.pools.proxiesPerPool when creating the fleet"
-// +kubebuilder:validation:XValidation:rule="!has(self.pools) || self.replicas <= self.pools.proxiesPerPool * 80",message="spec.replicas must not exceed spec.pools.proxiesPerPool x 80: a fleet has at most 80 pools; raise proxiesPerPool"
-// +kubebuilder:validation:XValidation:rule="!has(self.pools) || !has(self.autoscaling) || self.autoscaling.maxReplicas <= self.pools.proxiesPerPool * 80",message="spec.autoscaling.maxReplicas must not exceed spec.pools.proxiesPerPool x 80: a fleet has at most 80 pools; raise proxiesPerPool"
+// +kubebuilder:validation:XValidation:rule="((has(self.pools) ? self.pools.proxiesPerPool : self.replicas) + self.rotation.maxSurge) * (7400 + 1200 + (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0)) <= (has(self.pools) ? 1048576 : 2097152) || (oldSelf.hasValue() && self.replicas <= oldSelf.value().replicas && self.rotation.maxSurge <= oldSelf.value().rotation.maxSurge && (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0) <= (has(oldSelf.value().placement.gcp) && has(oldSelf.value().placement.gcp.cloudInit) && has(oldSelf.value().placement.gcp.cloudInit.inline) ? size(oldSelf.value().placement.gcp.cloudInit.inline) : 0))",message="(spec.replicas, or spec.pools.proxiesPerPool in a pooled fleet, + spec.rotation.maxSurge) times (7400 + 1200 + the size of spec.placement.gcp.cloudInit.inline) bytes must not exceed 2 MiB (1 MiB in a pooled fleet): Crossplane sends the function every Proxy of the fleet, with egress-discovery's summary of their leases, (of its pool, in a pooled fleet) in one gRPC message the function takes up to 4 MiB of, and this keeps a 2x margin (4x for a pool; with maxSurge 1: at most 242 replicas, or 120 proxies per pool, however many leases per proxy); set spec.pools.proxiesPerPool (when creating a fleet) to grow past that. A fleet stored before this rule may keep its size or shrink, but not grow",optionalOldSelf=true
+// +kubebuilder:validation:XValidation:rule="!has(self.autoscaling) || ((has(self.pools) ? self.pools.proxiesPerPool : self.autoscaling.maxReplicas) + self.rotation.maxSurge) * (7400 + 1200 + (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0)) <= (has(self.pools) ? 1048576 : 2097152)",message="(spec.autoscaling.maxReplicas, or spec.pools.proxiesPerPool in a pooled fleet, + spec.rotation.maxSurge) times (7400 + 1200 + the size of spec.placement.gcp.cloudInit.inline) bytes must not exceed 2 MiB (1 MiB in a pooled fleet), as for spec.replicas: lower maxReplicas or set spec.pools.proxiesPerPool when creating the fleet"
+// +kubebuilder:validation:XValidation:rule="!has(self.pools) || self.replicas <= self.pools.proxiesPerPool * 96",message="spec.replicas must not exceed spec.pools.proxiesPerPool x 96: a fleet has at most 96 pools; raise proxiesPerPool"
+// +kubebuilder:validation:XValidation:rule="!has(self.pools) || !has(self.autoscaling) || self.autoscaling.maxReplicas <= self.pools.proxiesPerPool * 96",message="spec.autoscaling.maxReplicas must not exceed spec.pools.proxiesPerPool x 96: a fleet has at most 96 pools; raise proxiesPerPool"
 // +kubebuilder:validation:XValidation:rule="has(self.pools) == has(oldSelf.pools) && (!has(self.pools) || self.pools.proxiesPerPool == oldSelf.pools.proxiesPerPool)",message="spec.pools cannot be added, removed or changed once the fleet exists: its Proxies would have to move between pools; create a new fleet with the pools it needs"
 type ProxyFleetSpec struct {
 	// Replicas is how many proxies the fleet keeps, unless spec.autoscaling
@@ -475,9 +478,10 @@ type ProxyFleetSpec struct {
 // Pools split a fleet into ProxyPools.
 type Pools struct {
 	// ProxiesPerPool is the most Proxies one pool holds, surge aside: the
-	// fleet fills its pools in order, so only the last is partly full.
+	// fleet fills its pools in order, so only the last is partly full. A
+	// fleet of 10 000 takes 105 to 120.
 	// +kubebuilder:validation:Minimum=1
-	// +kubebuilder:validation:Maximum=242
+	// +kubebuilder:validation:Maximum=120
 	ProxiesPerPool int32 `json:"proxiesPerPool"`
 }
 
@@ -539,7 +543,7 @@ type ProxyFleetStatus struct {
 	// +optional
 	DuplicateEgressIPs *int32 `json:"duplicateEgressIPs,omitempty"`
 	// Pools has one entry per pool of a pooled fleet.
-	// +kubebuilder:validation:MaxItems=80
+	// +kubebuilder:validation:MaxItems=96
 	// +optional
 	Pools []PoolSummary `json:"pools,omitempty"`
 }
