@@ -69,7 +69,15 @@ func (f *Function) WithDiscovery(sa *types.NamespacedName) *Function {
 
 // RunFunction composes one ProxyFleet. Bad input gets a Fatal result that
 // names the field; it never panics.
-func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) (rsp *fnv1.RunFunctionResponse, err error) {
+func (f *Function) RunFunction(_ context.Context, req *fnv1.RunFunctionRequest) (*fnv1.RunFunctionResponse, error) {
+	began := time.Now()
+	rsp, err := f.run(req)
+	observeRun(req, rsp, time.Since(began))
+	return rsp, err
+}
+
+// run composes one request; RunFunction measures it.
+func (f *Function) run(req *fnv1.RunFunctionRequest) (rsp *fnv1.RunFunctionResponse, err error) {
 	rsp = response.To(req, response.DefaultTTL)
 	defer func() {
 		// A bug must not take the function server down with it.
@@ -340,7 +348,12 @@ const blockedRecheck = 10 * time.Second
 // rotation and replacement happen when due rather than up to a poll
 // interval later.
 func requeueAfter(f *Fleet, members []*member, p *plan, now time.Time) time.Duration {
-	d := response.DefaultTTL
+	return requeueFrom(response.DefaultTTL, f, members, p, now)
+}
+
+// requeueFrom is requeueAfter from base rather than the default.
+func requeueFrom(base time.Duration, f *Fleet, members []*member, p *plan, now time.Time) time.Duration {
+	d := base
 	if p.leaseWait {
 		d = blockedRecheck
 	}
