@@ -66,13 +66,43 @@ func (f *Function) runPool(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionR
 	} else {
 		reportRollout(rsp, fleet, members, p, ro, now)
 	}
-	ttl := requeueAfter(fleet, members, p, now)
+	base := response.DefaultTTL
+	if ro == nil && steadyPlan(fleet, members, p) {
+		base = poolSteadyRecheck
+	}
+	ttl := requeueFrom(base, fleet, members, p, now)
 	if ro != nil && !fleet.Paused && !waiting {
 		if left := ro.since.Add(fleet.ProgressDeadline).Sub(now); left > 0 && left < ttl {
 			ttl = max(left, time.Second)
 		}
 	}
 	rsp.Meta.Ttl = durationpb.New(ttl)
+}
+
+// poolSteadyRecheck is how long a steady pool waits before it is composed
+// again unprompted, rather than the minute of a fleet. Every change of its
+// Proxies or its spec is a watch event that composes it at once, and a
+// proxy's maxAge or a hold on an unhealthy one still bring it back when
+// due; only its LeaseSummaries, which nothing watches, wait, and a steady
+// pool removes nothing, so they decide nothing. Each composition applies
+// every Proxy of the pool: at 105 proxies a minute's recheck was a
+// request per proxy per minute (make scale).
+const poolSteadyRecheck = 10 * time.Minute
+
+// steadyPlan reports whether a plan changes nothing and waits for
+// nothing: every replica held by a Ready, healthy proxy of the current
+// template that is not draining, and no other proxy.
+func steadyPlan(f *Fleet, members []*member, p *plan) bool {
+	if p.leaseWait || p.created > 0 || p.removed > 0 || p.inFlight > 0 || p.due > 0 || p.repairsWanted > 0 ||
+		len(p.keep) != int(f.Replicas) || len(members) != len(p.keep) {
+		return false
+	}
+	for _, m := range p.keep {
+		if !m.Ready || !m.Healthy || m.Revision != f.Revision || m.CredentialsOutdated || m.Draining || !m.DrainSince.IsZero() {
+			return false
+		}
+	}
+	return true
 }
 
 // parsePool reads a ProxyPool: its fleet's template with the pool's

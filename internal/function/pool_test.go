@@ -840,3 +840,37 @@ func TestRepairsShareTheFleetsLimit(t *testing.T) {
 		t.Errorf("the replacement in flight holds the repair: repairsInUse %v", u)
 	}
 }
+
+// TestSteadyPoolRechecksRarely: a pool where nothing is to change is
+// composed again after poolSteadyRecheck unless a proxy's maxAge comes
+// first; one with anything in progress keeps the minute.
+func TestSteadyPoolRechecksRarely(t *testing.T) {
+	ttl := func(req *fnv1.RunFunctionRequest) time.Duration {
+		t.Helper()
+		rsp := run(t, req)
+		if len(rsp.GetResults()) > 0 && rsp.GetResults()[0].GetSeverity() == fnv1.Severity_SEVERITY_FATAL {
+			t.Fatal(rsp.GetResults()[0].GetMessage())
+		}
+		return rsp.GetMeta().GetTtl().AsDuration()
+	}
+	if got := ttl(poolRequest(t, 6)); got != poolSteadyRecheck {
+		t.Errorf("a steady pool: TTL %s, want %s", got, poolSteadyRecheck)
+	}
+	base := fleetv1alpha1.PoolOrdinalSpan
+	down := poolRequest(t, 6)
+	down.Observed.Resources[resourceName(base+2)] = observedProxy(base+2, "c", false, t0.Add(-time.Hour), "")
+	if got := ttl(down); got > time.Minute {
+		t.Errorf("a pool with a proxy down: TTL %s, want at most a minute", got)
+	}
+	short := poolRequest(t, 6)
+	delete(short.Observed.Resources, resourceName(base+5))
+	if got := ttl(short); got > time.Minute {
+		t.Errorf("a pool short of a proxy: TTL %s, want at most a minute", got)
+	}
+	aging := poolRequest(t, 6)
+	tmpl := aging.Observed.Composite.Resource.Fields["spec"].GetStructValue().Fields["template"].GetStructValue()
+	tmpl.Fields["rotation"] = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"maxAge": structpb.NewStringValue("63m")}})
+	if got := ttl(aging); got != 3*time.Minute {
+		t.Errorf("a steady pool whose proxies reach maxAge in 3m: TTL %s, want 3m", got)
+	}
+}
