@@ -72,6 +72,10 @@ type CLI struct {
 	// tests of clock skew only (Go reads the time through the vDSO, so
 	// faketime cannot): hidden from --help and the README.
 	ClockOffset time.Duration `hidden:"" default:"0s" env:"EGRESS_DISCOVERY_TEST_CLOCK_OFFSET"`
+	// PlatformLoopback lets the gateway dial platform backends' proxies
+	// (GCP VMs) on loopback, for make scale only, whose stand-in VMs the
+	// fake Compute API puts there: hidden from --help and the README.
+	PlatformLoopback bool `hidden:"" default:"false" env:"EGRESS_DISCOVERY_TEST_PLATFORM_LOOPBACK"`
 }
 
 // Validate refuses settings that parse but cannot work: a ticker of zero
@@ -194,7 +198,7 @@ func (c *CLI) Run() error {
 		}
 		gw := &discovery.Gateway{Server: srv, Metrics: dmetrics.NewGateway(), Idle: c.GatewayIdle, TunnelIdle: c.GatewayTunnelIdle,
 			MaxConns: c.GatewayMaxConns, MaxConnsPerIdentity: c.GatewayMaxConnsPerIdentity, MaxConnsPerNamespace: c.GatewayMaxConnsPerNS,
-			TenantPrivateNetworks: private}
+			TenantPrivateNetworks: private, PlatformLoopback: c.PlatformLoopback}
 		metrics.Registry.MustRegister(gw.Metrics.Collectors()...)
 		if err := mgr.Add(c.gatewayServer(gw, log)); err != nil {
 			return errors.Wrap(err, "cannot add the gateway")

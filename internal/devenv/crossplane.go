@@ -311,7 +311,7 @@ func (s *Stack) startFunction(ctx context.Context) error {
 	}
 	grpcPort, metrics := ports[0], ports[1]
 	endpoint := fmt.Sprintf("127.0.0.1:%d", grpcPort)
-	p, err := s.start("function-proxyfleet", s.bin("function-proxyfleet"), []string{
+	p, err := s.start(binFunction, s.bin(binFunction), []string{
 		"--tls-certs-dir=" + dir, "--address=" + endpoint, fmt.Sprintf("--metrics-address=127.0.0.1:%d", metrics),
 	})
 	if err != nil {

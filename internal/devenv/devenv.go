@@ -125,6 +125,7 @@ type Stack struct {
 	state                      persisted
 	env                        *envtest.Environment
 	cleanups                   []cleanup
+	procs                      []*process
 	cancel                     context.CancelFunc
 }
 
@@ -142,11 +143,11 @@ type persisted struct {
 // Binaries the environment runs, all under bin/.
 var binaries = []string{
 	binEtcd, binAPIServer, binKCM, "kubectl", binCrossplane, "crossplane-core",
-	binProvider, "function-proxyfleet", binDiscovery, "egressctl",
+	binProvider, binFunction, binDiscovery, "egressctl",
 }
 
 // Packages the environment serves, all under _output/.
-var packages = []string{binProvider, "function-proxyfleet", "configuration-proxyfleet"}
+var packages = []string{binProvider, binFunction, "configuration-proxyfleet"}
 
 // Up brings the environment up. On failure everything already started is
 // stopped again, and the error names the step.

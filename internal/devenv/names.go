@@ -15,6 +15,7 @@ const (
 	binConntrack     = "conntrack"
 	binDiscovery     = "egress-discovery"
 	binProvider      = "provider-egressproxy"
+	binFunction      = "function-proxyfleet"
 	condTrue         = "True"
 	caFile           = "ca.crt"
 	localhost        = "localhost"

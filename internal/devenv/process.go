@@ -63,7 +63,31 @@ func (s *Stack) start(name, bin string, args []string, env ...string) (*process,
 		close(p.done)
 	}()
 	s.cleanups = append(s.cleanups, cleanup{name: name, fn: p.stop})
+	s.procs = append(s.procs, p)
 	return p, nil
+}
+
+// Processes are the environment's programs still running, by name, with
+// their process IDs (the latest of a name that was restarted).
+func (s *Stack) Processes() map[string]int {
+	out := map[string]int{}
+	for _, p := range s.procs {
+		if ok, _ := p.exited(); !ok {
+			out[p.name] = p.cmd.Process.Pid
+		}
+	}
+	return out
+}
+
+// MetricsURL is the Prometheus endpoint of component: crossplane,
+// function-proxyfleet or provider-egressproxy.
+func (s *Stack) MetricsURL(component string) (string, error) {
+	name := map[string]string{binCrossplane: "crossplane-metrics", binFunction: "function-metrics", binProvider: "provider-metrics"}[component]
+	port, ok := s.state.Ports[name]
+	if name == "" || !ok {
+		return "", errors.Errorf("no metrics endpoint for %q", component)
+	}
+	return fmt.Sprintf("http://127.0.0.1:%d/metrics", port), nil
 }
 
 // exited reports whether the process has ended, and how.

@@ -64,7 +64,9 @@ func publishedProxy(t *testing.T, ns, fleet string, params v1alpha1.ProxyParamet
 // host, or the metadata server, would be) and a pod's proxy published
 // there are refused with 502 UpstreamAddressRefused, by CONNECT and plain
 // HTTP alike, and the address is never dialed; once the platform permits
-// loopback for External proxies, the same proxy serves.
+// loopback for External proxies, the same proxy serves; PlatformLoopback
+// (make scale's) lets the pod's proxy serve and leaves External ones
+// refused.
 func TestGatewayDialsOnlyWhatTheKindJustifies(t *testing.T) {
 	b := newGatewayBed(t, 1, 4)
 	target := testbed.StartEchoTarget(t)
@@ -96,6 +98,17 @@ func TestGatewayDialsOnlyWhatTheKindJustifies(t *testing.T) {
 	}
 	if rsp := proxied(t, url, b.ns+"_pod", b.token, target); rsp.StatusCode != http.StatusBadGateway {
 		t.Errorf("the pod's proxy at loopback, whatever External proxies are permitted: %d, want 502", rsp.StatusCode)
+	}
+
+	// make scale's setting (its stand-in VMs listen on loopback): a
+	// platform backend's proxy there serves, an External one still not.
+	scale, url, _ := b.replica(t, func(g *discovery.Gateway) { g.PlatformLoopback = true })
+	waitCached(t, scale, b.ns, "ext-0", "pod-0")
+	if rsp := proxied(t, url, b.ns+"_pod", b.token, target); rsp.StatusCode != http.StatusOK {
+		t.Errorf("the pod's proxy at loopback with PlatformLoopback: %d, want 200", rsp.StatusCode)
+	}
+	if rsp := proxied(t, url, b.ns+"_ext", b.token, target); rsp.StatusCode != http.StatusBadGateway {
+		t.Errorf("an External proxy at loopback with PlatformLoopback (tenant addresses keep their rule): %d, want 502", rsp.StatusCode)
 	}
 }
 

@@ -56,7 +56,7 @@ func StartConnectProxies(t testing.TB, n int, username, password string) *Connec
 					go swallow(c)
 					continue
 				}
-				go serveConnect(c, want)
+				go serveConnect(c, want, nil)
 			}
 		}()
 	}
@@ -77,7 +77,9 @@ func swallow(c net.Conn) {
 	_, _ = io.Copy(io.Discard, c)
 }
 
-func serveConnect(c net.Conn, wantAuth string) {
+// serveConnect answers one CONNECT on c; from, when set, is the address
+// the proxy dials its targets from (its egress IP).
+func serveConnect(c net.Conn, wantAuth string, from net.Addr) {
 	defer c.Close() //nolint:errcheck // Best effort.
 	br := bufio.NewReader(c)
 	req, err := http.ReadRequest(br)
@@ -92,7 +94,8 @@ func serveConnect(c net.Conn, wantAuth string) {
 		_, _ = io.WriteString(c, "HTTP/1.1 405 Method Not Allowed\r\nContent-Length: 0\r\n\r\n")
 		return
 	}
-	up, err := net.Dial("tcp", req.Host)
+	d := net.Dialer{LocalAddr: from}
+	up, err := d.Dial("tcp", req.Host)
 	if err != nil {
 		_, _ = io.WriteString(c, "HTTP/1.1 502 Bad Gateway\r\nContent-Length: 0\r\n\r\n")
 		return
@@ -105,4 +108,77 @@ func serveConnect(c net.Conn, wantAuth string) {
 	go func() { _, _ = io.Copy(up, br); done <- struct{}{} }()
 	go func() { _, _ = io.Copy(c, up); done <- struct{}{} }()
 	<-done
+}
+
+// EgressProxies are in-process forward proxies that stand in for VMs in
+// scale tests: one listener per loopback address (127.0.0.0/8 has room for
+// millions), each accepting CONNECT with basic auth and dialing its targets
+// from its own address, so that every proxy has an egress IP of its own.
+type EgressProxies struct {
+	want string
+	mu   sync.Mutex
+	ls   map[string]net.Listener
+	wg   sync.WaitGroup
+}
+
+// StartEgressProxies returns an empty set of stand-in proxies that take
+// username and password; they stop with the test.
+func StartEgressProxies(t testing.TB, username, password string) *EgressProxies {
+	t.Helper()
+	e := &EgressProxies{want: "Basic " + base64.StdEncoding.EncodeToString([]byte(username+":"+password)), ls: map[string]net.Listener{}}
+	t.Cleanup(func() {
+		e.mu.Lock()
+		for a, l := range e.ls {
+			_ = l.Close()
+			delete(e.ls, a)
+		}
+		e.mu.Unlock()
+		e.wg.Wait()
+	})
+	return e
+}
+
+// Add starts a proxy on addr, a loopback host:port; one already there is
+// kept.
+func (e *EgressProxies) Add(addr string) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if _, ok := e.ls[addr]; ok {
+		return nil
+	}
+	l, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	e.ls[addr] = l
+	from := &net.TCPAddr{IP: l.Addr().(*net.TCPAddr).IP}
+	e.wg.Add(1)
+	go func() {
+		defer e.wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go serveConnect(c, e.want, from)
+		}
+	}()
+	return nil
+}
+
+// Remove stops the proxy on addr, if there is one.
+func (e *EgressProxies) Remove(addr string) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if l, ok := e.ls[addr]; ok {
+		_ = l.Close()
+		delete(e.ls, addr)
+	}
+}
+
+// Len is how many proxies run.
+func (e *EgressProxies) Len() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.ls)
 }

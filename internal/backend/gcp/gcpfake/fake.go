@@ -73,6 +73,9 @@ type Server struct {
 	// OnInsert, when set, decides the status a new VM starts in; nil means
 	// PROVISIONING.
 	OnInsert func(vm *computepb.Instance)
+	// OnRemove, when set, is told of each VM once it is gone (its delete
+	// operation done), under the fake's lock.
+	OnRemove func(vm *computepb.Instance)
 }
 
 // A firewall rule exists once its insert operation is done, and keeps
@@ -523,6 +526,9 @@ func (s *Server) deleteInstance(w http.ResponseWriter, project, zone, name strin
 	writeProto(w, s.startOp(project, zone, "delete", vm.GetSelfLink(), nil, func(bool) {
 		if s.instances[key] == vm {
 			delete(s.instances, key)
+			if s.OnRemove != nil {
+				s.OnRemove(vm)
+			}
 		}
 	}))
 }
@@ -565,6 +571,9 @@ func (s *Server) insertInstance(w http.ResponseWriter, r *http.Request, project,
 	writeProto(w, s.startOp(project, zone, "insert", vm.GetSelfLink(), s.takeOpFailure(opInstancesInsert), func(failed bool) {
 		if failed && s.instances[key] == vm {
 			delete(s.instances, key)
+			if s.OnRemove != nil {
+				s.OnRemove(vm)
+			}
 		}
 	}))
 }
