@@ -37,6 +37,7 @@ vet: ## go vet every package.
 	go vet ./...
 	go vet -tags e2e ./e2e
 	go vet -tags e2ecluster ./e2e/cluster
+	go vet -tags scale ./e2e/scale
 	cd hack/tools && go vet ./...
 
 .PHONY: test
@@ -55,7 +56,7 @@ lint: vet ## gofmt, go vet, and golangci-lint (built from the module proxy when 
 	@unformatted=$$(gofmt -l apis cmd internal hack package cluster e2e 2>/dev/null); \
 		if [ -n "$$unformatted" ]; then echo "not gofmt-formatted:"; echo "$$unformatted"; exit 1; fi
 	@hack/tools/build.sh golangci-lint
-	$(BIN)/golangci-lint run --build-tags e2e,e2ecluster ./...
+	$(BIN)/golangci-lint run --build-tags e2e,e2ecluster,scale ./...
 
 .PHONY: validate
 validate: tools ## Validate the examples offline with crossplane beta validate.
@@ -138,6 +139,12 @@ fuzz: tools ## Fuzz every target for FUZZTIME seconds in all (default 600), fail
 		echo "fuzzing $$target in $$pkg for $${each}s"; \
 		go test $$pkg -run '^$$' -fuzz "^$$target\$$" -fuzztime $${each}s || exit 1; \
 	done
+
+# SCALE_SIZES, SCALE_STEADY, SCALE_INTERVAL and SCALE_ROLLOUT_MAX tune
+# make scale (e2e/scale says how); the table goes to _output/scale.md.
+.PHONY: scale
+scale: run-deps ## Measure the product at 100, 1000 and 10000 proxies on real Crossplane with stand-in VMs (not in CI; BENCHMARKS.md).
+	go test -tags scale -count=1 -timeout 120m -json -run '^TestScale$$' ./e2e/scale 2>&1 | go run ./hack/testsummary -v
 
 .PHONY: e2e
 e2e: run-deps ## Bring everything up in a fresh state folder and check the product end to end.
