@@ -583,6 +583,38 @@ func TestProxyModeImmutable(t *testing.T) {
 	}
 }
 
+// TestProxyConfigKindImmutable: a Proxy created on a tenant's own
+// ProviderConfig cannot be moved to a ClusterProviderConfig (whose
+// backends' addresses the probe and the gateway trust further) while it
+// keeps the address its tenant chose, nor back; its name may change.
+func TestProxyConfigKindImmutable(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ctx := context.Background()
+	for _, kinds := range [][2]string{
+		{v1alpha1.ProviderConfigKind, v1alpha1.ClusterProviderConfigKind},
+		{v1alpha1.ClusterProviderConfigKind, v1alpha1.ProviderConfigKind},
+	} {
+		p := &v1alpha1.Proxy{}
+		if err := yaml.Unmarshal([]byte(validProxy), p); err != nil {
+			t.Fatal(err)
+		}
+		p.SetNamespace(bed.Namespace(t))
+		p.SetProviderConfigReference(&xpv2.ProviderConfigReference{Kind: kinds[0], Name: "tenant"})
+		if err := bed.Client.Create(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		p.SetProviderConfigReference(&xpv2.ProviderConfigReference{Kind: kinds[0], Name: "other"})
+		if err := bed.Client.Update(ctx, p); err != nil {
+			t.Fatalf("renaming the %s: %v", kinds[0], err)
+		}
+		p.SetProviderConfigReference(&xpv2.ProviderConfigReference{Kind: kinds[1], Name: "platform"})
+		err := bed.Client.Update(ctx, p)
+		if err == nil || !strings.Contains(err.Error(), "providerConfigRef.kind is immutable") {
+			t.Errorf("moving a Proxy from a %s to a %s must be refused naming the field; got %v", kinds[0], kinds[1], err)
+		}
+	}
+}
+
 // TestFleetMessageBoundAccepted: fleets right at the message bound are
 // accepted (the rule is not stricter than it says), and a fleet may not
 // grow past it by an update.

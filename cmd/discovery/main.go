@@ -72,9 +72,10 @@ type CLI struct {
 	// tests of clock skew only (Go reads the time through the vDSO, so
 	// faketime cannot): hidden from --help and the README.
 	ClockOffset time.Duration `hidden:"" default:"0s" env:"EGRESS_DISCOVERY_TEST_CLOCK_OFFSET"`
-	// PlatformLoopback lets the gateway dial platform backends' proxies
-	// (GCP VMs) on loopback, for make scale only, whose stand-in VMs the
-	// fake Compute API puts there: hidden from --help and the README.
+	// PlatformLoopback lets the gateway dial platform GCP VMs at
+	// reach.StandInVMs (127.1.0.0/16), for make scale only, whose stand-in
+	// VMs the fake Compute API puts there: hidden from --help and the
+	// README, and refused inside a cluster.
 	PlatformLoopback bool `hidden:"" default:"false" env:"EGRESS_DISCOVERY_TEST_PLATFORM_LOOPBACK"`
 }
 
@@ -83,6 +84,9 @@ type CLI struct {
 func (c *CLI) Validate() error {
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		return errors.New("--tls-cert-file (TLS_CERT_FILE) and --tls-key-file (TLS_KEY_FILE) go together: set both or neither")
+	}
+	if c.PlatformLoopback && os.Getenv("KUBERNETES_SERVICE_HOST") != "" {
+		return errors.New("EGRESS_DISCOVERY_TEST_PLATFORM_LOOPBACK is for make scale on one machine only: a VM is never on a pod's loopback; unset it")
 	}
 	if c.SweepInterval <= 0 {
 		return errors.Errorf("--sweep-interval (SWEEP_INTERVAL) must be positive, not %s", c.SweepInterval)

@@ -165,3 +165,26 @@ func TestSettings(t *testing.T) {
 		})
 	}
 }
+
+// TestPlatformLoopbackOutsideClustersOnly: make scale's hidden flag, which
+// lets the gateway dial platform VMs on loopback, is refused where
+// discovery runs in a pod, naming it; on one machine it runs.
+func TestPlatformLoopbackOutsideClustersOnly(t *testing.T) {
+	for _, inCluster := range []bool{false, true} {
+		k := parser(t, &CLI{})
+		clitest.Unsetenv(t, k)
+		t.Setenv("EGRESS_DISCOVERY_TEST_PLATFORM_LOOPBACK", "true")
+		host := ""
+		if inCluster {
+			host = "10.96.0.1"
+		}
+		t.Setenv("KUBERNETES_SERVICE_HOST", host)
+		printed, code := clitest.Run(t, k)
+		switch {
+		case inCluster && (code <= 0 || !strings.Contains(printed, "EGRESS_DISCOVERY_TEST_PLATFORM_LOOPBACK")):
+			t.Errorf("in a pod: want a non-zero exit code and an error naming EGRESS_DISCOVERY_TEST_PLATFORM_LOOPBACK, got %d:\n%s", code, printed)
+		case !inCluster && code != -1:
+			t.Errorf("on one machine: want discovery to run, got exit code %d:\n%s", code, printed)
+		}
+	}
+}

@@ -58,6 +58,8 @@ type member struct {
 	// Reach is where the gateway may dial it, as its kind justifies; an
 	// External proxy's private networks are the gateway's to add.
 	Reach reach.Rule
+	// PlatformVM: a VM of the platform's cloud account (reach.PlatformVM).
+	PlatformVM bool
 	// Pool is the ProxyPool composing it, in a pooled fleet.
 	Pool string
 	// Problem says why it is not Ready or not healthy: its last probe's
@@ -192,6 +194,7 @@ func toMember(p *v1alpha1.Proxy) member {
 		CredentialsOutdated: ap.CredentialsOutdated,
 		CredentialGrace:     p.Spec.ForProvider.GracePeriod(),
 		Reach:               reach.For(p, nil),
+		PlatformVM:          reach.PlatformVM(p),
 	}
 	if m.MaxLeases < 1 {
 		m.MaxLeases = 1

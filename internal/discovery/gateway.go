@@ -72,9 +72,10 @@ type Gateway struct {
 	// a namespaced ProviderConfig) may be dialed in: the platform's
 	// policy, as the provider's flag of the same name. Nil: none.
 	TenantPrivateNetworks *reach.Networks
-	// PlatformLoopback permits loopback addresses of platform backends'
-	// proxies too: for make scale, whose stand-in VMs listen there; never
-	// in a cluster (a VM is not on the gateway's own loopback).
+	// PlatformLoopback permits a platform GCP VM (reach.PlatformVM) at
+	// reach.StandInVMs, 127.1.0.0/16: for make scale, whose stand-in VMs
+	// listen there; never in a cluster (a VM is not on the gateway's own
+	// loopback). Every other proxy keeps its kind's rule.
 	PlatformLoopback bool
 	// Replica names this replica in its seats' Lease holder (default the
 	// host name).
@@ -162,8 +163,8 @@ func (gw *Gateway) reach(up *upstream) reach.Rule {
 	r := up.g.m.Reach
 	if r.NoPrivate {
 		r.Permitted = gw.TenantPrivateNetworks
-	} else if gw.PlatformLoopback {
-		r.NoLoopback = false
+	} else if gw.PlatformLoopback && up.g.m.PlatformVM {
+		r.Permitted = &reach.StandInVMs
 	}
 	return r
 }

@@ -31,6 +31,13 @@ import (
 // provider (or whoever may write its status) would publish it.
 func publishedProxy(t *testing.T, ns, fleet string, params v1alpha1.ProxyParameters, addr string) {
 	t.Helper()
+	publishedProxyOf(t, ns, fleet, v1alpha1.ClusterProviderConfigKind, params, addr)
+}
+
+// publishedProxyOf is publishedProxy on a ProviderConfig of the kind
+// given.
+func publishedProxyOf(t *testing.T, ns, fleet, kind string, params v1alpha1.ProxyParameters, addr string) {
+	t.Helper()
 	bed := sharedBed.Env(t)
 	ctx := context.Background()
 	if err := bed.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fleet + "-auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}},
@@ -42,7 +49,8 @@ func publishedProxy(t *testing.T, ns, fleet string, params v1alpha1.ProxyParamet
 	params.MaxLeases = 8
 	p := &v1alpha1.Proxy{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fleet + "-0", Labels: map[string]string{fleetv1alpha1.LabelFleet: fleet, fleetv1alpha1.LabelZone: "zone-a"}},
-		Spec:       v1alpha1.ProxySpec{ForProvider: params},
+		Spec: v1alpha1.ProxySpec{ForProvider: params, ManagedResourceSpec: xpv2.ManagedResourceSpec{
+			ProviderConfigReference: &xpv2.ProviderConfigReference{Kind: kind, Name: "default"}}},
 	}
 	if err := bed.Client.Create(ctx, p); err != nil {
 		t.Fatal(err)
@@ -65,8 +73,10 @@ func publishedProxy(t *testing.T, ns, fleet string, params v1alpha1.ProxyParamet
 // there are refused with 502 UpstreamAddressRefused, by CONNECT and plain
 // HTTP alike, and the address is never dialed; once the platform permits
 // loopback for External proxies, the same proxy serves; PlatformLoopback
-// (make scale's) lets the pod's proxy serve and leaves External ones
-// refused.
+// (make scale's) lets only a platform VM at a stand-in VM's address
+// (127.1.0.0/16) serve: not a pod's proxy, not a platform VM elsewhere on
+// loopback, not a VM of a tenant's own ProviderConfig, not an External
+// proxy.
 func TestGatewayDialsOnlyWhatTheKindJustifies(t *testing.T) {
 	b := newGatewayBed(t, 1, 4)
 	target := testbed.StartEchoTarget(t)
@@ -100,16 +110,53 @@ func TestGatewayDialsOnlyWhatTheKindJustifies(t *testing.T) {
 		t.Errorf("the pod's proxy at loopback, whatever External proxies are permitted: %d, want 502", rsp.StatusCode)
 	}
 
-	// make scale's setting (its stand-in VMs listen on loopback): a
-	// platform backend's proxy there serves, an External one still not.
+	// make scale's setting (its stand-in VMs listen at 127.1.0.0/16): a
+	// platform VM there serves; nothing else on loopback does.
+	vms := testbed.StartEgressProxies(t, "crawler", "s3cret")
+	standIn := freeStandInAddr(t)
+	if err := vms.Add(standIn); err != nil {
+		t.Fatal(err)
+	}
+	gcp := func() v1alpha1.ProxyParameters {
+		return v1alpha1.ProxyParameters{GCP: &v1alpha1.GCPPlacement{Zone: "europe-west1-b"}}
+	}
+	publishedProxy(t, b.ns, "vm", gcp(), standIn)
+	publishedProxy(t, b.ns, "vmlo", gcp(), cp.Addrs[0])
+	publishedProxyOf(t, b.ns, "tenantvm", v1alpha1.ProviderConfigKind, gcp(), standIn)
+	dialed := cp.Connections(0)
 	scale, url, _ := b.replica(t, func(g *discovery.Gateway) { g.PlatformLoopback = true })
-	waitCached(t, scale, b.ns, "ext-0", "pod-0")
-	if rsp := proxied(t, url, b.ns+"_pod", b.token, target); rsp.StatusCode != http.StatusOK {
-		t.Errorf("the pod's proxy at loopback with PlatformLoopback: %d, want 200", rsp.StatusCode)
+	waitCached(t, scale, b.ns, "ext-0", "pod-0", "vm-0", "vmlo-0", "tenantvm-0")
+	if rsp := proxied(t, url, b.ns+"_vm", b.token, target); rsp.StatusCode != http.StatusOK {
+		t.Errorf("a platform VM at a stand-in VM's address with PlatformLoopback: %d, want 200", rsp.StatusCode)
 	}
-	if rsp := proxied(t, url, b.ns+"_ext", b.token, target); rsp.StatusCode != http.StatusBadGateway {
-		t.Errorf("an External proxy at loopback with PlatformLoopback (tenant addresses keep their rule): %d, want 502", rsp.StatusCode)
+	for fleet, why := range map[string]string{
+		"pod":      "a pod's proxy at loopback",
+		"vmlo":     "a platform VM at loopback outside 127.1.0.0/16",
+		"tenantvm": "a VM of a tenant's own ProviderConfig at a stand-in VM's address",
+		"ext":      "an External proxy at loopback",
+	} {
+		if rsp := proxied(t, url, b.ns+"_"+fleet, b.token, target); rsp.StatusCode != http.StatusBadGateway {
+			t.Errorf("%s with PlatformLoopback: %d, want 502", why, rsp.StatusCode)
+		}
 	}
+	if n := cp.Connections(0) - dialed; n != 0 {
+		t.Fatalf("a refused address was dialed %d times", n)
+	}
+}
+
+// freeStandInAddr is a free port at a loopback address in
+// reach.StandInVMs.
+func freeStandInAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.1.0.7:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return addr
 }
 
 // proxied sends one request for target through the gateway at addr, as

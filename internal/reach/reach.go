@@ -101,6 +101,18 @@ func TenantBackend(p *v1alpha1.Proxy) bool {
 	return ref != nil && ref.Kind == v1alpha1.ProviderConfigKind
 }
 
+// PlatformVM reports whether p is a VM of the platform's cloud account:
+// a Managed GCP proxy of a ClusterProviderConfig, whose address the
+// platform's backend reported.
+func PlatformVM(p *v1alpha1.Proxy) bool {
+	return p.Spec.ForProvider.Mode != v1alpha1.ProxyModeExternal && p.Spec.ForProvider.GCP != nil && !TenantBackend(p)
+}
+
+// StandInVMs is where make scale's stand-in VMs listen (one loopback
+// address each): the only loopback addresses a platform VM may be dialed
+// at, and only with egress-discovery's hidden test flag.
+var StandInVMs = Networks{netip.MustParsePrefix("127.1.0.0/16")}
+
 // Check refuses an address the rule does not permit, saying why.
 func (r Rule) Check(a netip.Addr) error {
 	a = a.Unmap()

@@ -494,7 +494,13 @@ func (p *ProxyParameters) GracePeriod() time.Duration {
 	return p.CredentialGracePeriod.Duration
 }
 
-// ProxySpec defines the desired state of a Proxy.
+// ProxySpec defines the desired state of a Proxy. Its providerConfigRef's
+// kind may not change: it says whose backend the proxy's address comes
+// from (a namespaced ProviderConfig's is its tenant's to choose), which the
+// probe and the gateway judge that address by, and a proxy moved between a
+// tenant's backend and the platform's would be judged by the new kind while
+// it still has the old one's address.
+// +kubebuilder:validation:XValidation:rule="!has(oldSelf.providerConfigRef) || (has(self.providerConfigRef) && self.providerConfigRef.kind == oldSelf.providerConfigRef.kind)",message="providerConfigRef.kind is immutable: a Proxy stays on the kind of ProviderConfig it was created with; create a new Proxy instead"
 type ProxySpec struct {
 	xpv2.ManagedResourceSpec `json:",inline"`
 
