@@ -615,6 +615,37 @@ func TestProxyConfigKindImmutable(t *testing.T) {
 	}
 }
 
+// TestProxyPlacementImmutable: a Proxy cannot change its backend
+// placement (local, kubernetes, gcp), which the address rule of its probe
+// and of the gateway goes by: a tenant's pod proxy made local would be
+// reached on loopback and private addresses at the host it published. Its
+// settings within a placement may change.
+func TestProxyPlacementImmutable(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ctx := context.Background()
+	p := &v1alpha1.Proxy{}
+	if err := yaml.Unmarshal([]byte(validProxy), p); err != nil {
+		t.Fatal(err)
+	}
+	if p.Spec.ForProvider.Local == nil {
+		t.Fatal("the valid Proxy is not local: the test would prove nothing")
+	}
+	p.SetNamespace(bed.Namespace(t))
+	if err := bed.Client.Create(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	p.Spec.ForProvider.Local.BindAddress = "127.0.0.2"
+	if err := bed.Client.Update(ctx, p); err != nil {
+		t.Fatalf("changing the local bind address: %v", err)
+	}
+	p.Spec.ForProvider.Local = nil
+	p.Spec.ForProvider.Kubernetes = &v1alpha1.KubernetesPlacement{}
+	err := bed.Client.Update(ctx, p)
+	if err == nil || !strings.Contains(err.Error(), "the backend placement is immutable") {
+		t.Errorf("moving a local Proxy to kubernetes must be refused naming the placement; got %v", err)
+	}
+}
+
 // TestFleetMessageBoundAccepted: fleets right at the message bound are
 // accepted (the rule is not stricter than it says), and a fleet may not
 // grow past it by an update.

@@ -164,10 +164,13 @@ func (gw *Gateway) reach(up *upstream) reach.Rule {
 	if r.NoPrivate {
 		r.Permitted = gw.TenantPrivateNetworks
 	} else if gw.PlatformLoopback && up.g.m.PlatformVM {
-		r.Permitted = &reach.StandInVMs
+		r.Permitted = standInVMs
 	}
 	return r
 }
+
+// standInVMs is reach.StandInVMs, made once.
+var standInVMs = reach.StandInVMs()
 
 // seatIdentityPrefix begins the identity a replica's seats are leased as.
 const seatIdentityPrefix = "egress-discovery:gateway-seats:"

@@ -135,8 +135,8 @@ func TestGatewayDialsOnlyWhatTheKindJustifies(t *testing.T) {
 		"tenantvm": "a VM of a tenant's own ProviderConfig at a stand-in VM's address",
 		"ext":      "an External proxy at loopback",
 	} {
-		if rsp := proxied(t, url, b.ns+"_"+fleet, b.token, target); rsp.StatusCode != http.StatusBadGateway {
-			t.Errorf("%s with PlatformLoopback: %d, want 502", why, rsp.StatusCode)
+		if rsp := proxied(t, url, b.ns+"_"+fleet, b.token, target); rsp.StatusCode != http.StatusBadGateway || !strings.Contains(rsp.Header.Get("Proxy-Status"), "UpstreamAddressRefused") {
+			t.Errorf("%s with PlatformLoopback: %d, Proxy-Status %q; want 502 UpstreamAddressRefused", why, rsp.StatusCode, rsp.Header.Get("Proxy-Status"))
 		}
 	}
 	if n := cp.Connections(0) - dialed; n != 0 {

@@ -71,9 +71,10 @@ func (n *Networks) Contains(a netip.Addr) bool {
 // An address a tenant chose, an External proxy's endpoint or one reported
 // by the backend of a namespaced ProviderConfig (the tenant's own cluster
 // or account), may be public, or inside permitted. A local proxy's may be
-// loopback when it is bound to loopback or to every address. Any other
-// Managed proxy's, its platform backend's (a pod's, a VM's), may be private
-// but not loopback.
+// loopback when it is bound to loopback or to every address (a tenant's
+// local proxy's never private). Any other Managed proxy's, its platform
+// backend's (a pod's, a VM's), may be private but not loopback. The mode,
+// the placement and the ProviderConfig's kind it goes by are immutable.
 func For(p *v1alpha1.Proxy, permitted *Networks) Rule {
 	fp := p.Spec.ForProvider
 	switch {
@@ -86,7 +87,13 @@ func For(p *v1alpha1.Proxy, permitted *Networks) Rule {
 		}
 		a, err := netip.ParseAddr(bind)
 		host := err == nil && (a.Unmap().IsLoopback() || a.IsUnspecified())
-		return Rule{NoLoopback: !host, Unspecified: err == nil && a.IsUnspecified()}
+		r := Rule{NoLoopback: !host, Unspecified: err == nil && a.IsUnspecified()}
+		if TenantBackend(p) {
+			// A tenant's local proxy listens on loopback (its
+			// ProviderConfig may not choose otherwise): never private.
+			r.NoPrivate, r.Permitted = true, permitted
+		}
+		return r
 	case TenantBackend(p):
 		return Rule{NoLoopback: true, NoPrivate: true, Permitted: permitted}
 	}
@@ -111,7 +118,7 @@ func PlatformVM(p *v1alpha1.Proxy) bool {
 // StandInVMs is where make scale's stand-in VMs listen (one loopback
 // address each): the only loopback addresses a platform VM may be dialed
 // at, and only with egress-discovery's hidden test flag.
-var StandInVMs = Networks{netip.MustParsePrefix("127.1.0.0/16")}
+func StandInVMs() *Networks { return &Networks{netip.MustParsePrefix("127.1.0.0/16")} }
 
 // Check refuses an address the rule does not permit, saying why.
 func (r Rule) Check(a netip.Addr) error {

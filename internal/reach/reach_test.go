@@ -96,6 +96,8 @@ func TestFor(t *testing.T) {
 	pod := &v1alpha1.Proxy{Spec: v1alpha1.ProxySpec{ForProvider: v1alpha1.ProxyParameters{Kubernetes: &v1alpha1.KubernetesPlacement{}}}}
 	tenantPod := pod.DeepCopy()
 	tenantPod.SetProviderConfigReference(&xpv2.ProviderConfigReference{Kind: v1alpha1.ProviderConfigKind, Name: "own"})
+	tenantLocal := localLoopback.DeepCopy()
+	tenantLocal.SetProviderConfigReference(&xpv2.ProviderConfigReference{Kind: v1alpha1.ProviderConfigKind, Name: "own"})
 	for name, tc := range map[string]struct {
 		p        *v1alpha1.Proxy
 		loopback bool
@@ -107,6 +109,7 @@ func TestFor(t *testing.T) {
 		"local on every address":  {localAll, true, "192.168.1.1"},
 		"pod":                     {pod, false, "172.16.0.1"},
 		"tenant's pod, permitted": {tenantPod, false, "10.9.9.9"},
+		"tenant's local proxy":    {tenantLocal, true, "10.9.9.9"},
 	} {
 		r := reach.For(tc.p, permitted)
 		if got := r.Check(netip.MustParseAddr("127.0.0.1")) == nil; got != tc.loopback {
@@ -116,7 +119,7 @@ func TestFor(t *testing.T) {
 			t.Errorf("%s: %s refused: %v", name, tc.private, err)
 		}
 	}
-	for name, p := range map[string]*v1alpha1.Proxy{"External": external, "a namespaced ProviderConfig's pod": tenantPod} {
+	for name, p := range map[string]*v1alpha1.Proxy{"External": external, "a namespaced ProviderConfig's pod": tenantPod, "a namespaced ProviderConfig's local proxy": tenantLocal} {
 		if err := reach.For(p, permitted).Check(netip.MustParseAddr("172.16.0.1")); err == nil {
 			t.Errorf("%s: a private address outside the permitted networks was allowed", name)
 		}
