@@ -35,10 +35,19 @@ func repoRoot(t *testing.T) string {
 // a functions.yaml pointing at it.
 func startFunction(t *testing.T, root string) string {
 	t.Helper()
+	return startFunctionOf(t, root, root)
+}
+
+// startFunctionOf is startFunction with the function built from the
+// source tree src (another release's).
+func startFunctionOf(t *testing.T, root, src string) string {
+	t.Helper()
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "function")
-	if out, err := exec.Command("go", "build", "-o", bin, filepath.Join(root, "cmd", "function")).CombinedOutput(); err != nil {
-		t.Fatalf("cannot build the function: %v\n%s", err, out)
+	build := exec.Command("go", "build", "-o", bin, "./cmd/function")
+	build.Dir = src
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("cannot build the function of %s: %v\n%s", src, err, out)
 	}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -49,12 +58,12 @@ func startFunction(t *testing.T, root string) string {
 	cmd := exec.Command(bin, "--insecure", "--address", addr, "--metrics-address", "127.0.0.1:0", "--fixed-time", fixedTime)
 	cmd.Stderr = os.Stderr
 	testbed.StartListening(t, cmd, addr)
-	src, err := os.ReadFile(filepath.Join(root, "examples", "functions.yaml"))
+	pkg, err := os.ReadFile(filepath.Join(root, "examples", "functions.yaml"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	fns := filepath.Join(dir, "functions.yaml")
-	if err := os.WriteFile(fns, bytes.ReplaceAll(src, []byte("localhost:9443"), []byte(addr)), 0o644); err != nil {
+	if err := os.WriteFile(fns, bytes.ReplaceAll(pkg, []byte("localhost:9443"), []byte(addr)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	return fns
