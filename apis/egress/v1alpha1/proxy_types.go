@@ -447,14 +447,21 @@ type ProxyObservation struct {
 	Healthy bool `json:"healthy,omitempty"`
 
 	// LatencyMilliseconds of recent successful probes, in coarse steps
-	// (1, 2, 5, 10, 20, 50, 100, 200, 500 ... ms). It moves to the step
-	// nearest the median of the last three probes' latency only when that
-	// is more than 2.5 times and 20ms away from the recorded step, so that
-	// the status does not change with every probe.
+	// (1, 2, 5, 10, 20, 50, 100, 200, 500 ... ms): the step nearest the
+	// median of the last three probes' latency once that is more than 2.5
+	// times and 20ms away from the recorded step. It is informational and
+	// never changes the status on its own: it is recorded when a probe
+	// changes something else here (the health counters or verdict, the
+	// probe error, the egress IP), so on a steady proxy it is as old as
+	// lastProbeTime (the provider's probe duration metric has every
+	// probe).
 	LatencyMilliseconds int64 `json:"latencyMilliseconds,omitempty"`
 
-	// LastProbeTime is when a probe last changed this status; while probes
-	// change nothing it is refreshed every five minutes as a heartbeat.
+	// LastProbeTime is when a probe last changed this status. While probes
+	// change nothing it stays as it is: a steady proxy's status is not
+	// written at all, so that its pool is not composed again for nothing
+	// (the provider's probe metrics and the ProbeFailing event say probes
+	// run and what they find).
 	LastProbeTime *metav1.Time `json:"lastProbeTime,omitempty"`
 
 	// ConsecutiveSuccesses counts passing probes since the last failure, up
@@ -525,7 +532,7 @@ type ProxyStatus struct {
 // +kubebuilder:printcolumn:name="SYNCED",type="string",JSONPath=".status.conditions[?(@.type=='Synced')].status"
 // +kubebuilder:printcolumn:name="HOST",type="string",JSONPath=".status.atProvider.host"
 // +kubebuilder:printcolumn:name="EGRESS-IP",type="string",JSONPath=".status.atProvider.egressIP"
-// +kubebuilder:printcolumn:name="LATENCY",type="integer",JSONPath=".status.atProvider.latencyMilliseconds",description="Latency of the last passing probe in milliseconds"
+// +kubebuilder:printcolumn:name="LATENCY",type="integer",JSONPath=".status.atProvider.latencyMilliseconds",description="Latency in milliseconds, as of the last status change a probe made"
 // +kubebuilder:printcolumn:name="AGE",type="date",JSONPath=".metadata.creationTimestamp"
 // +kubebuilder:printcolumn:name="MODE",type="string",JSONPath=".spec.forProvider.mode",priority=1
 // +kubebuilder:printcolumn:name="PHASE",type="string",JSONPath=".status.atProvider.phase",priority=1

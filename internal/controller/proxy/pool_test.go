@@ -405,7 +405,7 @@ func TestSteadyChangesNothing(t *testing.T) {
 		creds := p.Spec.ForProvider.AuthSecretRef != nil
 		for _, o := range outcomes {
 			for _, c := range closures {
-				for _, after := range []time.Duration{30 * time.Second, probeHeartbeat} {
+				for _, after := range []time.Duration{30 * time.Second, 25 * time.Hour} {
 					o := with(o, creds, c, epoch.Add(10*time.Second+after))
 					if !isSteady(o) {
 						continue

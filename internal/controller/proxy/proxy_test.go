@@ -580,10 +580,16 @@ func TestProbeKeepsStatusQuiet(t *testing.T) {
 			probe:       probe.Result{OK: true, Latency: 58 * time.Millisecond, EgressIP: "203.0.113.9"},
 			wantLatency: 40, wantProbeTime: epoch.Add(-time.Minute),
 		},
-		"LatencyMoved": {
-			reason:      "A latency more than 2.5 times the recorded one is recorded as its nearest step, with the probe time.",
+		"LatencyMovedAlone": {
+			reason:      "A latency more than 2.5 times the recorded one, and nothing else new, writes nothing: latency waits for another change, so that a steady pool is not composed again for a figure nothing decides on.",
 			proxy:       steady(40, time.Minute),
 			probe:       probe.Result{OK: true, Latency: 130 * time.Millisecond, EgressIP: "203.0.113.9"},
+			wantLatency: 40, wantProbeTime: epoch.Add(-time.Minute),
+		},
+		"LatencyWithNews": {
+			reason:      "A change of egress IP records the moved latency with it.",
+			proxy:       steady(40, time.Minute),
+			probe:       probe.Result{OK: true, Latency: 130 * time.Millisecond, EgressIP: "203.0.113.10"},
 			wantLatency: 100, wantProbeTime: epoch,
 		},
 		"LatencyWithinBand": {
@@ -592,17 +598,11 @@ func TestProbeKeepsStatusQuiet(t *testing.T) {
 			probe:       probe.Result{OK: true, Latency: 110 * time.Millisecond, EgressIP: "203.0.113.9"},
 			wantLatency: 50, wantProbeTime: epoch.Add(-time.Minute),
 		},
-		"NoHeartbeatYet": {
-			reason:      "Within the hour a probe that finds nothing new writes nothing, not even the probe time.",
-			proxy:       steady(40, 50*time.Minute),
-			probe:       probe.Result{OK: true, Latency: 41 * time.Millisecond, EgressIP: "203.0.113.9"},
-			wantLatency: 40, wantProbeTime: epoch.Add(-50 * time.Minute),
-		},
-		"Heartbeat": {
-			reason:      "Every hour lastProbeTime shows probes still run, even when nothing changed.",
-			proxy:       steady(40, 61*time.Minute),
-			probe:       probe.Result{OK: true, Latency: 41 * time.Millisecond, EgressIP: "203.0.113.9"},
-			wantLatency: 40, wantProbeTime: epoch,
+		"NoHeartbeat": {
+			reason:      "A probe that finds nothing new writes nothing, not even the probe time, however long ago the status last changed: a write of lastProbeTime alone would compose the pool for nothing its function reads.",
+			proxy:       steady(40, 25*time.Hour),
+			probe:       probe.Result{OK: true, Latency: 130 * time.Millisecond, EgressIP: "203.0.113.9"},
+			wantLatency: 40, wantProbeTime: epoch.Add(-25 * time.Hour),
 		},
 		"FailureIsNews": {
 			reason:      "A failed probe changes the counters and the error, so it is recorded.",

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"reflect"
-	"time"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	"github.com/pkg/errors"
@@ -92,12 +91,16 @@ func (e *external) fold(p *v1alpha1.Proxy, addr string, o outcome) {
 	v := probe.Verdict{Healthy: ap.Healthy, ConsecutiveSuccesses: ap.ConsecutiveSuccesses, ConsecutiveFailures: ap.ConsecutiveFailures}.
 		Next(res.OK, hc.SuccessThreshold, hc.FailureThreshold)
 	ap.Healthy, ap.ConsecutiveSuccesses, ap.ConsecutiveFailures = v.Healthy, v.ConsecutiveSuccesses, v.ConsecutiveFailures
-	// Every status change of a Proxy makes Crossplane compose its fleet
-	// again, so a probe that finds nothing new must leave the status as it
-	// is: latency moves only on a real change, and lastProbeTime only
-	// with another change or as a heartbeat.
+	// Every status change of a Proxy makes Crossplane compose its pool
+	// again (applying each of its Proxies), so a probe that finds nothing
+	// new must leave the status as it is: latency, which nothing decides
+	// on, never makes a write of its own but rides along with another
+	// change, as lastProbeTime does. There is no heartbeat: a write that
+	// changed only lastProbeTime would compose the pool for nothing the
+	// function reads (the provider's probe metrics say probes run).
+	latency := ap.LatencyMilliseconds
 	if res.OK {
-		ap.LatencyMilliseconds = latencyStep(ap.LatencyMilliseconds, o.latency().Milliseconds())
+		latency = latencyStep(ap.LatencyMilliseconds, o.latency().Milliseconds())
 		ap.LastProbeError = ""
 		if res.EgressIP != "" && res.EgressIP != ap.EgressIP {
 			if ap.EgressIP != "" {
@@ -115,8 +118,9 @@ func (e *external) fold(p *v1alpha1.Proxy, addr string, o outcome) {
 		e.record.Event(p, event.Warning("ProbeFailing", errors.Errorf("proxy is unhealthy after %d failed probes: %s", v.ConsecutiveFailures, res.Error)))
 	}
 	before.LastProbeTime = ap.LastProbeTime
-	if ap.LastProbeTime == nil || !reflect.DeepEqual(before, *ap) || now.Sub(ap.LastProbeTime.Time) >= probeHeartbeat {
+	if ap.LastProbeTime == nil || !reflect.DeepEqual(before, *ap) {
 		ap.LastProbeTime = &metav1.Time{Time: now}
+		ap.LatencyMilliseconds = latency
 	}
 }
 
@@ -132,8 +136,8 @@ func countProbe(m *metrics.Provider, backendName string, res probe.Result) {
 
 // steady returns what tells the outcomes that would change nothing in p's
 // status as it is now: a pass of a proxy healthy at its thresholds, from
-// the same egress IP, at a latency that has not moved, with the same
-// closure verdict, and no heartbeat due. The probe pool requeues a Proxy at
+// the same egress IP (at whatever latency: it waits for another change),
+// with the same closure verdict. The probe pool requeues a Proxy at
 // once for any other outcome; steady ones wait for the next poll, which
 // folds them all, so a steady fleet costs a probe and no reconcile.
 // TestSteadyChangesNothing holds this to fold.
@@ -143,16 +147,10 @@ func steady(p *v1alpha1.Proxy) func(outcome) bool {
 	open := p.GetCondition(TypeOpenProxy)
 	settled := ap.Healthy && ap.ConsecutiveFailures == 0 && ap.ConsecutiveSuccesses == threshold &&
 		ap.LastProbeError == "" && ap.LastProbeTime != nil && p.GetCondition(xpv2.TypeReady).Status == corev1.ConditionTrue
-	var last time.Time
-	if ap.LastProbeTime != nil {
-		// As the API will hand it back to fold: to the second.
-		last = ap.LastProbeTime.Truncate(time.Second)
-	}
 	return func(o outcome) bool {
 		switch {
 		case !settled, !o.res.OK,
-			latencyStep(ap.LatencyMilliseconds, o.latency().Milliseconds()) != ap.LatencyMilliseconds,
-			o.res.EgressIP != "" && o.res.EgressIP != ap.EgressIP, o.started.Sub(last) >= probeHeartbeat:
+			o.res.EgressIP != "" && o.res.EgressIP != ap.EgressIP:
 			return false
 		case o.checked:
 			return o.closure == probe.ClosureClosed && open.Status == corev1.ConditionFalse && open.Reason == ReasonDemandsCredentials && open.Message == o.detail
@@ -188,13 +186,6 @@ func (e *external) closure(p *v1alpha1.Proxy, closure probe.Closure, detail stri
 		}
 	}
 }
-
-// probeHeartbeat bounds how old status.atProvider.lastProbeTime gets while
-// probes keep passing and change nothing: an hour, so that a steady proxy
-// costs the API server one write an hour (and its fleet one composition).
-// Nothing decides on lastProbeTime; the provider's own memory schedules
-// probes, and its metrics say they run.
-const probeHeartbeat = time.Hour
 
 // latencySteps are the values status.atProvider.latencyMilliseconds takes:
 // a 1-2-5 series, so the figure moves in coarse steps a reader can still
