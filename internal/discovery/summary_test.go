@@ -90,7 +90,7 @@ func TestLeaseSummaryPublished(t *testing.T) {
 	first := published("nothing leased")
 	if len(first.Leased) != 0 || len(first.Draining) != 0 || !first.ObservedAt.Equal(&metav1.MicroTime{Time: clk.now()}) ||
 		!first.ValidUntil.Time.Equal(clk.now().Add(lease.SummaryFreshness)) {
-		t.Fatalf("a fleet without leases: want an empty summary observed now and valid a minute, got %+v", first)
+		t.Fatalf("a fleet without leases: want an empty summary observed now and valid lease.SummaryFreshness, got %+v", first)
 	}
 
 	c := &apiv1.Client{BaseURL: srv.URL, Token: "team-token"}

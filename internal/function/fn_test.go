@@ -364,17 +364,17 @@ func TestRunFunction(t *testing.T) {
 			// Its replica died; what it said still holds until then.
 			"ListedByAStaleSummaryStillHeld": {[]*structpb.Struct{
 				leaseSummary("crawlers", "r1", t0, nil, seen, lease.Demand{}),
-				leaseSummary("crawlers", "r2", t0.Add(-5*time.Minute), []held{{"crawlers-0", 1, t0.Add(time.Minute)}}, nil, lease.Demand{}),
+				leaseSummary("crawlers", "r2", staleAt, []held{{"crawlers-0", 1, t0.Add(time.Minute)}}, nil, lease.Demand{}),
 			}, true},
 			"ListedByAStaleSummaryEnded": {[]*structpb.Struct{
 				leaseSummary("crawlers", "r1", t0, nil, seen, lease.Demand{}),
-				leaseSummary("crawlers", "r2", t0.Add(-5*time.Minute), []held{{"crawlers-0", 1, t0.Add(-time.Second)}}, nil, lease.Demand{}),
+				leaseSummary("crawlers", "r2", staleAt, []held{{"crawlers-0", 1, t0.Add(-time.Second)}}, nil, lease.Demand{}),
 			}, false},
 			"NotSeenDrainingByALiveReplica": {[]*structpb.Struct{
 				leaseSummary("crawlers", "r1", t0, nil, seen, lease.Demand{}),
 				leaseSummary("crawlers", "r2", t0, nil, nil, lease.Demand{}),
 			}, true},
-			"OnlyStaleSummaries": {[]*structpb.Struct{leaseSummary("crawlers", "r1", t0.Add(-5*time.Minute), nil, seen, lease.Demand{})}, true},
+			"OnlyStaleSummaries": {[]*structpb.Struct{leaseSummary("crawlers", "r1", staleAt, nil, seen, lease.Demand{})}, true},
 			"NoneListed":         {[]*structpb.Struct{leaseSummary("crawlers", "r1", t0, nil, seen, lease.Demand{})}, false},
 		} {
 			rsp := run(t, &fnv1.RunFunctionRequest{

@@ -96,7 +96,7 @@ func TestNoLeasedProxyRemoved(t *testing.T) {
 		// The only summary is stale: its replica died, and the lease
 		// granted since by a replica that has not written yet is on none.
 		{name: "OnlyAStaleSummary", spec: rotated, observed: rotation, holds: []string{"crawlers-0"}, summaries: []*structpb.Struct{
-			leaseSummary("crawlers", "r1", t0.Add(-3*time.Minute), nil, []string{"crawlers-0"}, lease.Demand{}),
+			leaseSummary("crawlers", "r1", staleAt, nil, []string{"crawlers-0"}, lease.Demand{}),
 		}},
 		{name: "ShrinkingWithOneHeld", spec: autoscaled, observed: shrinking, holds: []string{"crawlers-1"}, removes: true, summaries: []*structpb.Struct{
 			leaseSummary("crawlers", "r1", t0, holding("crawlers-1"), all, lease.Demand{}),

@@ -22,7 +22,7 @@ type held struct {
 }
 
 // leaseSummary is a discovery replica's LeaseSummary of fleet, observed at
-// observed and valid a minute, as Crossplane sends it.
+// observed and valid lease.SummaryFreshness, as Crossplane sends it.
 func leaseSummary(fleet, replica string, observed time.Time, leased []held, draining []string, d lease.Demand) *structpb.Struct {
 	ls := v1alpha1.LeaseSummary{
 		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.LeaseSummaryKind},
@@ -64,9 +64,17 @@ func summaries(items ...*structpb.Struct) map[string]*fnv1.Resources {
 	return map[string]*fnv1.Resources{requiredSummaries: rs}
 }
 
-// view merges items at t0 with a 10-minute maxTTL.
+// staleAt is when the tests' stale summaries were observed: past their
+// freshness and the skew margin at t0.
+var staleAt = t0.Add(-lease.SummaryFreshness - 2*time.Minute)
+
+// viewMaxTTL is the maxTTL view merges with: long enough that a stale
+// summary's leases may still be held.
+const viewMaxTTL = lease.SummaryFreshness + 10*time.Minute
+
+// view merges items at t0 with viewMaxTTL.
 func view(items ...*structpb.Struct) *leaseView {
-	return viewLeases(summaries(items...)[requiredSummaries].GetItems(), true, "crawlers", "", 10*time.Minute, t0)
+	return viewLeases(summaries(items...)[requiredSummaries].GetItems(), true, "crawlers", "", viewMaxTTL, t0)
 }
 
 // TestViewLeases: the summaries of every replica merge conservatively: the
@@ -79,7 +87,7 @@ func TestViewLeases(t *testing.T) {
 		leaseSummary("crawlers", "r2", t0.Add(-5*time.Second), []held{{"crawlers-0", 3, t0.Add(time.Minute)}, {"crawlers-1", 1, t0.Add(time.Minute)}}, []string{"crawlers-3"}, lease.Demand{Waiting: 1}),
 		// Stale (its replica died): its lease on crawlers-2 may still be
 		// held, its demand counts no more, its lease on crawlers-4 ended.
-		leaseSummary("crawlers", "r3", t0.Add(-5*time.Minute), []held{{"crawlers-2", 1, t0.Add(time.Minute)}, {"crawlers-4", 1, t0.Add(-time.Second)}}, nil, lease.Demand{Waiting: 50}),
+		leaseSummary("crawlers", "r3", staleAt, []held{{"crawlers-2", 1, t0.Add(time.Minute)}, {"crawlers-4", 1, t0.Add(-time.Second)}}, nil, lease.Demand{Waiting: 50}),
 		// Another fleet whose name hashes to the same label.
 		leaseSummary("other", "r1", t0, []held{{"other-0", 1, t0.Add(time.Minute)}}, nil, lease.Demand{Waiting: 50}),
 	)
@@ -110,16 +118,16 @@ func TestViewLeases(t *testing.T) {
 		t.Error("a proxy one live replica has not seen draining yet is seen draining")
 	}
 
-	// A minute old by a reader whose clock is up to 30 s ahead is fresh;
-	// past that it is not.
-	if v := view(leaseSummary("crawlers", "r1", t0.Add(-89*time.Second), nil, nil, lease.Demand{})); !v.known {
-		t.Errorf("a summary within its minute and the skew margin: unknown (%s)", v.why)
+	// Its freshness old by a reader whose clock is up to 30 s ahead is
+	// fresh; past that it is not.
+	if v := view(leaseSummary("crawlers", "r1", t0.Add(-lease.SummaryFreshness-29*time.Second), nil, nil, lease.Demand{})); !v.known {
+		t.Errorf("a summary within its freshness and the skew margin: unknown (%s)", v.why)
 	}
 	unknown := map[string]*structpb.Struct{
-		"Stale":           leaseSummary("crawlers", "r1", t0.Add(-91*time.Second), nil, nil, lease.Demand{}),
+		"Stale":           leaseSummary("crawlers", "r1", t0.Add(-lease.SummaryFreshness-31*time.Second), nil, nil, lease.Demand{}),
 		"FromTheFuture":   leaseSummary("crawlers", "r1", t0.Add(time.Hour), nil, nil, lease.Demand{}),
 		"OfAnotherFleet":  leaseSummary("other", "r1", t0, nil, nil, lease.Demand{}),
-		"ValidForAYear":   leaseSummary("crawlers", "r1", t0.Add(-2*time.Minute), nil, nil, lease.Demand{}),
+		"ValidForAYear":   leaseSummary("crawlers", "r1", staleAt, nil, nil, lease.Demand{}),
 		"NegativeHolders": leaseSummary("crawlers", "r1", t0, []held{{"crawlers-0", -1, t0.Add(time.Minute)}}, nil, lease.Demand{}),
 	}
 	unknown["ValidForAYear"].GetFields()["spec"].GetStructValue().Fields["validUntil"] = structpb.NewStringValue(t0.Add(365 * 24 * time.Hour).Format(time.RFC3339Nano))
@@ -139,7 +147,7 @@ func TestViewLeases(t *testing.T) {
 	}
 	// A stale summary's lease counts no longer than maxTTL after it was
 	// observed, whatever it says.
-	long := leaseSummary("crawlers", "r3", t0.Add(-20*time.Minute), []held{{"crawlers-9", 1, t0.Add(time.Hour)}}, nil, lease.Demand{})
+	long := leaseSummary("crawlers", "r3", t0.Add(-viewMaxTTL-5*time.Minute), []held{{"crawlers-9", 1, t0.Add(time.Hour)}}, nil, lease.Demand{})
 	if v := view(leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{}), long); v.leased["crawlers-9"] {
 		t.Error("a stale summary's lease held past maxTTL after it was observed counts")
 	}

@@ -21,9 +21,18 @@ import (
 // account of one fleet's leases: written when it changes, at most every
 // SummaryInterval, and every SummaryRefresh regardless, so that it stays
 // valid (SummaryFreshness after it was observed) while its replica lives.
+//
+// Every write of a summary makes Crossplane compose the pools that require
+// it again, each applying all its Proxies, so the refresh is rare: at 30 s
+// (a minute's freshness) a steady fleet cost 4 applies per proxy a minute
+// from refreshes alone (make scale, BENCHMARKS.md). What a long freshness
+// costs is time after a replica crashes (a graceful stop deletes its
+// summaries): its last summary counts as its live account for up to
+// SummaryFreshness, and no drain it does not list completes meanwhile,
+// so removals wait (nothing unsafe is removed).
 const (
-	SummaryFreshness = time.Minute
-	SummaryRefresh   = 30 * time.Second
+	SummaryFreshness = 10 * time.Minute
+	SummaryRefresh   = 5 * time.Minute
 	SummaryInterval  = 10 * time.Second
 	// SummarySweepAfter is how long after it stopped counting a summary
 	// is deleted by any replica: its own replica is gone.
