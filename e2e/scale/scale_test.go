@@ -109,7 +109,7 @@ spec:
     defaultTTL: 1h
     maxTTL: 2h
 `, name, ns, n, perPool, config, strings.Join(zones, ", "), machine, proxyPort, devenv.TargetAddress, interval,
-		maxSurge, max(1, n/20), leasesPerHot)
+		maxSurge, maxUnavailable(n), leasesPerHot)
 }
 
 func envDuration(name string, def time.Duration) time.Duration {
@@ -551,7 +551,7 @@ func (e *env) throughGateway(t *testing.T, fleet string, r *result) {
 func (e *env) rollOut(t *testing.T, name string, n int, interval time.Duration, r *result) {
 	t.Helper()
 	ctx := context.Background()
-	floor := n - max(1, n/20)
+	floor := n - maxUnavailable(n)
 	patch := []byte(`{"spec":{"placement":{"gcp":{"machineType":"e2-small"}}}}`)
 	u := &unstructured.Unstructured{}
 	u.SetAPIVersion(fleetv1alpha1.SchemeGroupVersion.String())
@@ -1092,3 +1092,7 @@ func eventuallyEvery(t *testing.T, timeout, every time.Duration, what string, co
 		time.Sleep(min(every, time.Until(deadline)))
 	}
 }
+
+// maxUnavailable is the fleets' rollout budget: 5%, within the XRD's
+// bound of 100 (a fleet of 10 000 may take out 100 at a time).
+func maxUnavailable(n int) int { return min(max(1, n/20), 100) }
