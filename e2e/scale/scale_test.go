@@ -565,7 +565,7 @@ func (e *env) rollOut(t *testing.T, name string, n int, interval time.Duration, 
 	lowest, samples, most := n, 0, 0
 	// Every few seconds, not testbed's 100 ms: listing a thousand Proxies
 	// ten times a second would be most of the load being measured.
-	eventuallyEvery(t, 20*time.Minute+time.Duration(n)*time.Second, 3*time.Second, "every proxy on the new machine type", func() (bool, string) {
+	testbed.EventuallyEvery(t, 20*time.Minute+time.Duration(n)*time.Second, 3*time.Second, "every proxy on the new machine type", func() (bool, string) {
 		l := &v1alpha1.ProxyList{}
 		if err := e.stack.Client.List(ctx, l, client.InNamespace(ns), client.MatchingLabels{fleetv1alpha1.LabelFleet: name}); err != nil {
 			return false, err.Error()
@@ -1074,22 +1074,6 @@ func (e *env) report(t *testing.T, rows []result, interval, steady time.Duration
 		if x := float64(last.acquireP99) / float64(first.acquireP99); x > 1.5 {
 			t.Errorf("acquisition p99 at %d is %.2fx that at %d: the goal is 1.5x", last.n, x, first.n)
 		}
-	}
-}
-
-// eventuallyEvery is testbed.Eventually polling every interval.
-func eventuallyEvery(t *testing.T, timeout, every time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		done, state := cond()
-		if done {
-			return
-		}
-		if !time.Now().Before(deadline) {
-			t.Fatalf("waited %s for %s; last seen: %s", timeout, what, state)
-		}
-		time.Sleep(min(every, time.Until(deadline)))
 	}
 }
 

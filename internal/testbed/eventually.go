@@ -16,6 +16,14 @@ const pollInterval = 100 * time.Millisecond
 // positive event that would have come before it, never on a sleep.
 func Eventually(t testing.TB, timeout time.Duration, what string, cond func() (done bool, state string)) {
 	t.Helper()
+	EventuallyEvery(t, timeout, pollInterval, what, cond)
+}
+
+// EventuallyEvery is Eventually asking every interval: for a cond costly
+// enough (listing thousands of objects) that asking ten times a second
+// would be the load being measured.
+func EventuallyEvery(t testing.TB, timeout, every time.Duration, what string, cond func() (done bool, state string)) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
 		done, state := cond()
@@ -25,6 +33,6 @@ func Eventually(t testing.TB, timeout time.Duration, what string, cond func() (d
 		if !time.Now().Before(deadline) {
 			t.Fatalf("waited %s for %s; last seen: %s", timeout, what, state)
 		}
-		time.Sleep(min(pollInterval, time.Until(deadline)))
+		time.Sleep(min(every, time.Until(deadline)))
 	}
 }
