@@ -152,8 +152,10 @@ func (p *SummaryPublisher) publish(ctx context.Context, key, ns string, spec v1a
 		return nil
 	}
 	if err := p.write(ctx, ns, spec); err != nil {
+		p.Server.Metrics.SummaryWrites.WithLabelValues("failed").Inc()
 		return err
 	}
+	p.Server.Metrics.SummaryWrites.WithLabelValues("written").Inc()
 	ps := publishedSummary{ns: ns, fleet: spec.Fleet, pool: spec.Pool, said: said, at: now, changed: last.changed}
 	if changed {
 		ps.changed = now

@@ -6,11 +6,13 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	coordv1 "k8s.io/api/coordination/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -48,9 +50,10 @@ func (c *laggingCache) List(ctx context.Context, list client.ObjectList, opts ..
 // TestLeaseSummaryPublished: a replica writes a LeaseSummary per fleet:
 // the proxies held (its own grants too while its cache has not seen them),
 // those it saw draining, its demand; the first change after a quiet spell
-// at once, then a change at most every 10 s, a refresh every 30 s; and it deletes its summary of a fleet that is gone,
-// any replica's summary of a gone fleet, and summaries nobody renewed for
-// 10 minutes.
+// at once, then a change at most every lease.SummaryInterval, a refresh
+// every lease.SummaryRefresh and no sooner; and it deletes its summary of a
+// fleet that is gone, any replica's summary of a gone fleet, and summaries
+// nobody renewed for lease.SummarySweepAfter.
 func TestLeaseSummaryPublished(t *testing.T) {
 	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
@@ -94,20 +97,20 @@ func TestLeaseSummaryPublished(t *testing.T) {
 	}
 
 	c := &apiv1.Client{BaseURL: srv.URL, Token: "team-token"}
-	a, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/crawlers", Holder: "a", TTL: "2m", MaxWait: "0s"})
+	a, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/crawlers", Holder: "a", TTL: "15m", MaxWait: "0s"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The first change after a quiet spell goes out at once.
 	got := published("the first lease")
 	if len(got.Leased) != 1 || got.Leased[0].Name != a.Proxy || got.Leased[0].Holders != 1 ||
-		!got.Leased[0].HeldUntil.Time.Equal(clk.now().Add(2*time.Minute+lease.HoldSkew)) {
-		t.Fatalf("one lease held on %s for 2m: want it listed at once, held until its renewal + 2m + the skew margin; got %+v", a.Proxy, got.Leased)
+		!got.Leased[0].HeldUntil.Time.Equal(clk.now().Add(15*time.Minute+lease.HoldSkew)) {
+		t.Fatalf("one lease held on %s for 15m: want it listed at once, held until its renewal + 15m + the skew margin; got %+v", a.Proxy, got.Leased)
 	}
 
 	// A grant this replica made that its cache has not seen yet counts;
 	// a second change within 10 s of the first waits.
-	b, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/crawlers", Holder: "b", TTL: "2m", MaxWait: "0s"})
+	b, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/crawlers", Holder: "b", TTL: "15m", MaxWait: "0s"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -132,11 +135,19 @@ func TestLeaseSummaryPublished(t *testing.T) {
 		t.Errorf("past 30 s only the cache counts (which still hides %s here): %v", b.Proxy, got)
 	}
 
-	// Nothing new: written again within 30 s all the same.
+	// Nothing new (the leases outlive the wait): not written again
+	// before lease.SummaryRefresh, then written all the same.
 	before := published("nothing new").ObservedAt
-	clk.add(lease.SummaryRefresh)
-	if after := published("30 s on").ObservedAt; !after.After(before.Time) {
-		t.Errorf("a summary with nothing new is not refreshed after 30 s: observed %s, then %s", before, after)
+	clk.add(lease.SummaryRefresh - time.Second)
+	if again := published("just before the refresh").ObservedAt; !again.Equal(&before) {
+		t.Errorf("a summary with nothing new is written before lease.SummaryRefresh: observed %s, then %s", before, again)
+	}
+	clk.add(time.Second)
+	if after := published("the refresh").ObservedAt; !after.After(before.Time) {
+		t.Errorf("a summary with nothing new is not refreshed after lease.SummaryRefresh: observed %s, then %s", before, after)
+	}
+	if got := names(published("the refresh, read again")); !slices.Equal(got, []string{a.Proxy}) {
+		t.Fatalf("the refresh lists the lease still held: %v", got)
 	}
 
 	// A proxy draining is listed as seen draining.
@@ -359,7 +370,7 @@ func TestSummariesStayWhenAFleetCannotBeRead(t *testing.T) {
 	})
 	pub := &discovery.SummaryPublisher{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()}
 	c := &apiv1.Client{BaseURL: srv.URL, Token: "team-token"}
-	if _, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/crawlers", Holder: "a", TTL: "2m", MaxWait: "0s"}); err != nil {
+	if _, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/crawlers", Holder: "a", TTL: "15m", MaxWait: "0s"}); err != nil {
 		t.Fatal(err)
 	}
 	if err := pub.Publish(ctx); err != nil {
@@ -381,5 +392,47 @@ func TestSummariesStayWhenAFleetCannotBeRead(t *testing.T) {
 	}
 	if len(ls.Spec.Leased) != 1 {
 		t.Errorf("the summary kept must still list the lease: %+v", ls.Spec.Leased)
+	}
+}
+
+// refusingWrites is an API client whose writes of LeaseSummaries fail, as
+// when the replica's RBAC was narrowed or the API server refuses them.
+type refusingWrites struct{ client.Client }
+
+func (c refusingWrites) Create(context.Context, client.Object, ...client.CreateOption) error {
+	return kerrors.NewForbidden(v1alpha1.SchemeGroupVersion.WithResource("leasesummaries").GroupResource(), "", fmt.Errorf("refused"))
+}
+
+func (c refusingWrites) Update(context.Context, client.Object, ...client.UpdateOption) error {
+	return kerrors.NewForbidden(v1alpha1.SchemeGroupVersion.WithResource("leasesummaries").GroupResource(), "", fmt.Errorf("refused"))
+}
+
+// TestLeaseSummaryWriteFailuresCounted: a replica that cannot write its
+// summary says so, in its error and in
+// egress_discovery_lease_summary_writes_total{result="failed"}, and counts
+// the writes that succeed apart.
+func TestLeaseSummaryWriteFailuresCounted(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	fleet(t, ns, "crawlers", 1, 1, nil)
+	var s *discovery.Server
+	server(t, "", func(x *discovery.Server) { s = x })
+	writes := s.Metrics.SummaryWrites
+	failing := &discovery.SummaryPublisher{Server: s, Client: refusingWrites{bed.Client}, Replica: "replica-1", Log: logging.NewNopLogger()}
+	// Every fleet the shared API server holds is summarised, so the
+	// counts are compared, not fixed.
+	if err := failing.Publish(context.Background()); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Fatalf("a refused write: want its error, got %v", err)
+	}
+	failed, written := testutil.ToFloat64(writes.WithLabelValues("failed")), testutil.ToFloat64(writes.WithLabelValues("written"))
+	if failed < 1 || written != 0 {
+		t.Errorf("refused writes: want failed >= 1 and written 0, got %v and %v", failed, written)
+	}
+	ok := &discovery.SummaryPublisher{Server: s, Client: bed.Client, Replica: "replica-2", Log: logging.NewNopLogger()}
+	if err := ok.Publish(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if f, n := testutil.ToFloat64(writes.WithLabelValues("failed")), testutil.ToFloat64(writes.WithLabelValues("written")); f != failed || n < 1 {
+		t.Errorf("then writes that succeed: want failed to stay %v and written >= 1; got %v, %v", failed, f, n)
 	}
 }

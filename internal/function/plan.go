@@ -591,9 +591,20 @@ func (pl *planner) complete() {
 			pl.p.removed++
 		case !r.Ready:
 			pl.p.inFlight++
-		case !h.Ready && (pl.leasesKnown && !h.Leased || pl.down(h)):
+		case !h.Ready && (pl.free(h) || pl.down(h)):
 			s.holder, s.replacement = r, nil
 			pl.p.removed++
+		case !h.Ready && pl.leasesKnown && !h.Leased:
+			// It serves nobody now, and no summary lists a lease on it;
+			// but one handed out just before it failed may be on none
+			// yet (a replica writes its summary only so often, and one
+			// that cannot write keeps its last counting): it drains,
+			// which costs nothing, and goes once every discovery
+			// replica saw it draining.
+			h.Draining = true
+			pl.p.inFlight++
+			pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s drains before it goes", h.Name))
+			pl.p.leaseWait = true
 		case h.Leased || !pl.leasesKnown:
 			pl.p.inFlight++
 			pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits for its leases to drain", h.Name))

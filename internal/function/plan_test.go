@@ -179,6 +179,20 @@ func TestDecide(t *testing.T) {
 			leasesKnown: true,
 			want:        "1:b 2:a>0",
 		},
+		"UnreadyHolderDrainsBeforeItGoes": {
+			reason:      "A holder that just turned unready, which no summary lists as leased, may carry a lease handed out just before it failed and listed nowhere yet: it drains before it goes, though its replacement is Ready.",
+			fleet:       fleetFor(2, ab),
+			observed:    []*member{m(0, "a", sick(30*time.Second)), m(1, "b"), m(2, "a", replaces(0), age(time.Minute))},
+			leasesKnown: true,
+			want:        "0:a 1:b 2:a>0", wantBlocked: "f-0 drains before it goes", wantDraining: "f-0",
+		},
+		"UnreadyDrainedHolderGoes": {
+			reason:      "An unready holder that drained, seen draining by every discovery replica, goes once its replacement is Ready.",
+			fleet:       fleetFor(2, ab),
+			observed:    []*member{m(0, "a", sick(30*time.Second), drainedFor(20*time.Second)), m(1, "b"), m(2, "a", replaces(0), age(time.Minute))},
+			leasesKnown: true,
+			want:        "1:b 2:a>0",
+		},
 		"MaxUnavailableWithoutSurge": {
 			reason:      "With maxSurge 0 and maxUnavailable 1, a drained old proxy is replaced in place.",
 			fleet:       fleetFor(2, ab, func(f *Fleet) { f.MaxAge = 30 * time.Minute; f.MaxSurge = 0; f.MaxUnavailable = 1 }),

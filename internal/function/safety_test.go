@@ -82,6 +82,17 @@ func TestNoLeasedProxyRemoved(t *testing.T) {
 		"proxy-1": observedProxy(1, "b", true, t0.Add(-time.Hour), draining(time.Minute)),
 		"proxy-2": observedProxy(2, "a", true, t0.Add(-time.Hour), draining(time.Minute)),
 	}
+	// An old proxy that failed its probe 30 s ago, which a crawler took
+	// just before: the only summary was written 9 minutes ago, still
+	// fresh, and lists neither the lease nor a drain.
+	failed := observedProxy(0, "a", false, t0.Add(-3*time.Hour), "")
+	cond := failed.GetResource().GetFields()["status"].GetStructValue().GetFields()["conditions"].GetListValue().GetValues()[0].GetStructValue()
+	cond.GetFields()["lastTransitionTime"] = structpb.NewStringValue(t0.Add(-30 * time.Second).Format(time.RFC3339))
+	justFailed := map[string]*fnv1.Resource{
+		"proxy-0": failed,
+		"proxy-1": observedProxy(1, "b", true, t0.Add(-10*time.Minute), ""),
+		"proxy-2": observedProxy(2, "a", true, t0.Add(-5*time.Minute), `, "crawl.example.com/replaces": "0"`),
+	}
 	all := []string{"crawlers-0", "crawlers-1", "crawlers-2"}
 	holding := func(p string) []held { return []held{{p, 1, t0.Add(5 * time.Minute)}} }
 	cases := []safetyCase{
@@ -97,6 +108,9 @@ func TestNoLeasedProxyRemoved(t *testing.T) {
 		// granted since by a replica that has not written yet is on none.
 		{name: "OnlyAStaleSummary", spec: rotated, observed: rotation, holds: []string{"crawlers-0"}, summaries: []*structpb.Struct{
 			leaseSummary("crawlers", "r1", staleAt, nil, []string{"crawlers-0"}, lease.Demand{}),
+		}},
+		{name: "JustFailedSinceTheLastWrite", spec: validSpec, observed: justFailed, holds: []string{"crawlers-0"}, summaries: []*structpb.Struct{
+			leaseSummary("crawlers", "r1", t0.Add(-9*time.Minute), nil, nil, lease.Demand{}),
 		}},
 		{name: "ShrinkingWithOneHeld", spec: autoscaled, observed: shrinking, holds: []string{"crawlers-1"}, removes: true, summaries: []*structpb.Struct{
 			leaseSummary("crawlers", "r1", t0, holding("crawlers-1"), all, lease.Demand{}),

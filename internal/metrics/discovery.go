@@ -15,6 +15,10 @@ type Discovery struct {
 	WaitTime prometheus.Histogram
 	// QueueDepth is how many acquisitions wait on this replica.
 	QueueDepth prometheus.Gauge
+	// SummaryWrites counts this replica's LeaseSummary writes, by result
+	// (written, failed): one that cannot write keeps its last summary
+	// counting, and every drain it does not list waits.
+	SummaryWrites *prometheus.CounterVec
 }
 
 // NewDiscovery returns egress-discovery's metrics, unregistered.
@@ -35,10 +39,14 @@ func NewDiscovery() *Discovery {
 			Buckets: []float64{0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 20},
 		}),
 		QueueDepth: prometheus.NewGauge(prometheus.GaugeOpts{Name: "egress_discovery_lease_queue_depth", Help: "Acquisitions waiting for a slot on this replica."}),
+		SummaryWrites: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egress_discovery_lease_summary_writes_total",
+			Help: "This replica's LeaseSummary writes, by result (written, failed). While they fail, its last summary counts until it expires and no drain it does not list completes.",
+		}, []string{"result"}),
 	}
 }
 
 // Collectors returns every collector, for registration.
 func (m *Discovery) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.Acquisitions, m.Denials, m.AcquireLatency, m.Bans, m.WaitTime, m.QueueDepth}
+	return []prometheus.Collector{m.Acquisitions, m.Denials, m.AcquireLatency, m.Bans, m.WaitTime, m.QueueDepth, m.SummaryWrites}
 }
