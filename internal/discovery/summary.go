@@ -148,6 +148,9 @@ func (p *SummaryPublisher) publish(ctx context.Context, key, ns string, spec v1a
 	changed := ok && last.said != said
 	switch {
 	case !ok, now.Sub(last.at) >= lease.SummaryRefresh:
+	case spec.Demand.Waiting+spec.Demand.Refused > 0 && now.Sub(last.at) >= lease.DemandRefresh:
+		// Crawlers waiting or refused count for lease.DemandFreshness
+		// only, so that a crashed replica's stop counting soon.
 	case !changed || now.Sub(last.changed) < lease.SummaryInterval:
 		return nil
 	}

@@ -576,19 +576,7 @@ func (pl *planner) complete() {
 		case !r.Ready && r.Created.Equal(pl.now):
 			// Made in this very plan: counted as created.
 		case s.reason == "" && !f.Paused && pl.outdated(r) != "" && pl.outdated(h) == "":
-			// Rolled back: the holder is of the current template again,
-			// and its replacement, of the abandoned one, goes instead,
-			// once no lease names it; the holder stays meanwhile.
-			if !pl.free(r) {
-				r.Draining = true
-				pl.p.inFlight++
-				pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s, of an abandoned template, waits for its leases to drain", r.Name))
-				pl.p.leaseWait = true
-				continue
-			}
-			pl.forget(r)
-			s.replacement = nil
-			pl.p.removed++
+			pl.rollBack(s)
 		case !r.Ready:
 			pl.p.inFlight++
 		case !h.Ready && (pl.free(h) || pl.down(h)):
@@ -602,13 +590,9 @@ func (pl *planner) complete() {
 			// which costs nothing, and goes once every discovery
 			// replica saw it draining.
 			h.Draining = true
-			pl.p.inFlight++
-			pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s drains before it goes", h.Name))
-			pl.p.leaseWait = true
+			pl.waits("%s drains before it goes", h.Name)
 		case h.Leased || !pl.leasesKnown:
-			pl.p.inFlight++
-			pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits for its leases to drain", h.Name))
-			pl.p.leaseWait = true
+			pl.waits("%s waits for its leases to drain", h.Name)
 		case pl.ready-1 < f.Replicas-f.MaxUnavailable:
 			pl.p.inFlight++
 			pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits: removing it would leave fewer than %d ready proxies", h.Name, f.Replicas-f.MaxUnavailable))
@@ -617,15 +601,36 @@ func (pl *planner) complete() {
 			// every discovery replica saw it draining (also when it is
 			// no longer due: recovered, or the rollout paused).
 			h.Draining = true
-			pl.p.inFlight++
-			pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s drains before it goes", h.Name))
-			pl.p.leaseWait = true
+			pl.waits("%s drains before it goes", h.Name)
 		default:
 			pl.ready--
 			s.holder, s.replacement = r, nil
 			pl.p.removed++
 		}
 	}
+}
+
+// rollBack handles a replica rolled back: the holder is of the current
+// template again, and its replacement, of the abandoned one, goes instead,
+// once no lease names it; the holder stays meanwhile.
+func (pl *planner) rollBack(s *replica) {
+	r := s.replacement
+	if !pl.free(r) {
+		r.Draining = true
+		pl.waits("%s, of an abandoned template, waits for its leases to drain", r.Name)
+		return
+	}
+	pl.forget(r)
+	s.replacement = nil
+	pl.p.removed++
+}
+
+// waits counts a replacement in flight whose holder waits for a lease to
+// end or a drain to be seen, and says why.
+func (pl *planner) waits(format string, args ...any) {
+	pl.p.inFlight++
+	pl.p.blocked = append(pl.p.blocked, fmt.Sprintf(format, args...))
+	pl.p.leaseWait = true
 }
 
 // result lists the members the plan keeps, by ordinal. A holder whose

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math/rand"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -273,7 +275,9 @@ func (c *simCluster) observedPool(p *simPool, forFleet bool) *fnv1.Resource {
 // the composition made from it, later.
 func (c *simCluster) readFleet() func() {
 	observed := map[string]*fnv1.Resource{}
-	for name, p := range c.pools {
+	// In order of name: the lag's draws go to the same pools each run.
+	for _, name := range slices.Sorted(maps.Keys(c.pools)) {
+		p := c.pools[name]
 		observed[name] = c.observedPool(p, true)
 		if c.lag != nil {
 			if v, ok := c.view[name]; ok && c.lag.Intn(3) > 0 {

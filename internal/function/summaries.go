@@ -36,7 +36,8 @@ type leaseView struct {
 	leased map[string]bool
 	// held sums, per proxy, the most holders any summary lists.
 	held int
-	// demand sums the fresh summaries' waiting and refused crawlers.
+	// demand sums the waiting and refused crawlers of the summaries
+	// observed within lease.DemandFreshness.
 	demand lease.Demand
 	// fresh are the fresh summaries, for drainSeen.
 	fresh []*v1alpha1.LeaseSummarySpec
@@ -116,15 +117,21 @@ func viewLeases(items []*fnv1.Resource, sent bool, fleet, pool string, maxTTL ti
 			continue
 		}
 		until := s.ValidUntil.Time
-		if limit := observed.Add(lease.SummaryFreshness); until.After(limit) {
+		if limit := observed.Add(lease.SummaryValidCeiling); until.After(limit) {
 			until = limit
 		}
 		fresh := now.Before(until.Add(lease.HoldSkew))
 		if fresh {
 			v.fresh = append(v.fresh, s)
+			v.reportedHeld = max(v.reportedHeld, int(s.Demand.Held))
+		}
+		if fresh && now.Sub(observed) < lease.DemandFreshness {
+			// Crawlers waiting and refused are now, not for as long as
+			// the summary counts: a replica rewrites a summary saying
+			// any every lease.DemandRefresh, and a crashed one's stop
+			// counting within a minute, not ten.
 			v.demand.Waiting += int(s.Demand.Waiting)
 			v.demand.Refused += int(s.Demand.Refused)
-			v.reportedHeld = max(v.reportedHeld, int(s.Demand.Held))
 		}
 		for _, l := range s.Leased {
 			held := l.HeldUntil.Time

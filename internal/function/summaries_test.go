@@ -130,11 +130,29 @@ func TestViewLeases(t *testing.T) {
 		"ValidForAYear":   leaseSummary("crawlers", "r1", staleAt, nil, nil, lease.Demand{}),
 		"NegativeHolders": leaseSummary("crawlers", "r1", t0, []held{{"crawlers-0", -1, t0.Add(time.Minute)}}, nil, lease.Demand{}),
 	}
+	unknown["ValidForAYear"].GetFields()["spec"].GetStructValue().Fields["observedAt"] = structpb.NewStringValue(t0.Add(-lease.SummaryValidCeiling - time.Minute).Format(time.RFC3339Nano))
 	unknown["ValidForAYear"].GetFields()["spec"].GetStructValue().Fields["validUntil"] = structpb.NewStringValue(t0.Add(365 * 24 * time.Hour).Format(time.RFC3339Nano))
 	for name, s := range unknown {
 		if v := view(s); v.known {
 			t.Errorf("%s: leases known from it alone", name)
 		}
+	}
+	// A replica of another release may give its summaries a longer
+	// freshness than this one's, up to lease.SummaryValidCeiling: it is
+	// trusted.
+	longer := leaseSummary("crawlers", "r1", t0.Add(-2*lease.SummaryFreshness), nil, nil, lease.Demand{})
+	longer.GetFields()["spec"].GetStructValue().Fields["validUntil"] = structpb.NewStringValue(t0.Add(time.Minute).Format(time.RFC3339Nano))
+	if v := view(longer); !v.known {
+		t.Errorf("a summary valid for %s, within the ceiling: unknown (%s)", 2*lease.SummaryFreshness+time.Minute, v.why)
+	}
+	// Crawlers waiting and refused count while the summary saying so is
+	// younger than lease.DemandFreshness, not for as long as it is fresh:
+	// its replica may have crashed since.
+	if v := view(
+		leaseSummary("crawlers", "r1", t0.Add(-lease.DemandFreshness), nil, nil, lease.Demand{Waiting: 50, Refused: 5}),
+		leaseSummary("crawlers", "r2", t0.Add(-lease.DemandFreshness+time.Second), nil, nil, lease.Demand{Waiting: 2}),
+	); !v.known || v.demand != (lease.Demand{Waiting: 2}) {
+		t.Errorf("demand of summaries a minute old and just under: want only the latter's waiting 2 (and leases known), got %+v (known %v)", v.demand, v.known)
 	}
 	// One summary that does not parse beside a good one: unknown.
 	broken := leaseSummary("crawlers", "r2", t0, nil, nil, lease.Demand{})

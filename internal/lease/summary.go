@@ -34,6 +34,10 @@ const (
 	SummaryFreshness = 10 * time.Minute
 	SummaryRefresh   = 5 * time.Minute
 	SummaryInterval  = 10 * time.Second
+	// SummaryValidCeiling is the longest a summary counts after it was
+	// observed, whatever its validUntil says: a replica of another release
+	// may give its summaries another freshness, up to this.
+	SummaryValidCeiling = time.Hour
 	// SummarySweepAfter is how long after it stopped counting a summary
 	// is deleted by any replica: its own replica is gone.
 	SummarySweepAfter = 10 * time.Minute
