@@ -138,6 +138,7 @@ func (f *Function) run(req *fnv1.RunFunctionRequest) (rsp *fnv1.RunFunctionRespo
 	markDuplicates(members)
 	sc := autoscale(req, fleet, countsOf(members, now), view, now)
 	p := decide(fleet, members, view.known, now)
+	p.leasesChange = view.next
 	if err := composeProxies(rsp, fleet, members, p, now); err != nil {
 		response.Fatal(rsp, err)
 		return rsp, nil
@@ -337,16 +338,15 @@ func finish(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionRequest, fleet *
 	rsp.Meta.Ttl = durationpb.New(ttl)
 }
 
-// blockedRecheck is how soon a fleet whose due replacement waits (on a
-// lease, or on the ready floor) is composed again: leases are not watched.
-const blockedRecheck = 10 * time.Second
-
 // requeueAfter is how long Crossplane may wait before composing the fleet
-// again. Changes to its Proxies requeue it at once anyway; what nothing
-// announces is time passing, so this is the time until the next proxy
-// reaches maxAge or has been unready for replaceUnhealthyAfter, so that
-// rotation and replacement happen when due rather than up to a poll
-// interval later.
+// again. Changes to its Proxies and its LeaseSummaries requeue it at once
+// anyway (realtime compositions watch what a function composes and
+// requires); what nothing announces is time passing, so this is the time
+// until the next proxy reaches maxAge or has been unready for
+// replaceUnhealthyAfter, so that rotation and replacement happen when due
+// rather than up to a poll interval later, and, while one waits on a
+// lease, until the summaries say otherwise by time alone or a drain
+// settles.
 func requeueAfter(f *Fleet, members []*member, p *plan, now time.Time) time.Duration {
 	return requeueFrom(response.DefaultTTL, f, members, p, now)
 }
@@ -354,9 +354,6 @@ func requeueAfter(f *Fleet, members []*member, p *plan, now time.Time) time.Dura
 // requeueFrom is requeueAfter from base rather than the default.
 func requeueFrom(base time.Duration, f *Fleet, members []*member, p *plan, now time.Time) time.Duration {
 	d := base
-	if p.leaseWait {
-		d = blockedRecheck
-	}
 	due := func(at time.Time) {
 		if left := at.Sub(now); left > 0 && left < d {
 			d = left
@@ -369,6 +366,17 @@ func requeueFrom(base time.Duration, f *Fleet, members []*member, p *plan, now t
 		if !m.Ready && !m.Since.IsZero() {
 			due(later(m.Since, m.Created).Add(f.unhealthyHold(m)))
 		}
+		if p.leaseWait && !m.DrainSince.IsZero() {
+			// Drained once every replica saw it (a summary written)
+			// and drainSettle passed (nothing written).
+			due(m.DrainSince.Add(drainSettle))
+		}
+	}
+	if p.leaseWait && !p.leasesChange.IsZero() {
+		// A fresh summary of a crashed replica turns stale, a stale
+		// one's lease ends: unannounced. (Without realtime
+		// compositions a drain waits for the poll too.)
+		due(p.leasesChange)
 	}
 	// Times are whole seconds; never ask for a busy loop.
 	return max(d, time.Second)

@@ -72,9 +72,13 @@ type plan struct {
 	inFlight         int
 	// blocked says why a due replacement is waiting.
 	blocked []string
-	// leaseWait says one waits for a lease to end, which nothing
-	// announces: the fleet is composed again soon.
+	// leaseWait says one waits for a lease to end or a drain to be
+	// seen: the fleet is composed again when its LeaseSummaries change
+	// (a watch event) or, unannounced, at leasesChange.
 	leaseWait bool
+	// leasesChange is the soonest the fleet's LeaseSummaries say
+	// otherwise with none written (leaseView.next).
+	leasesChange time.Time
 	// due counts the Ready holders due for replacement, replaced or not
 	// yet: what a pool asks its fleet's budget for; dueFree those of them
 	// no lease holds.

@@ -436,6 +436,7 @@ func TestRequeueAfter(t *testing.T) {
 		fleet   *Fleet
 		members []*member
 		blocked bool
+		change  time.Time
 		want    time.Duration
 	}{
 		"Idle": {
@@ -463,11 +464,40 @@ func TestRequeueAfter(t *testing.T) {
 			want:    15 * time.Second,
 		},
 		"Blocked": {
-			reason:  "A due replacement that waits on a lease is rechecked soon: leases are not watched.",
+			reason:  "A due replacement that waits on a lease, with nothing due by time alone, waits for the summaries' next write (a watch event) or the default TTL.",
 			fleet:   fleetFor(1, []string{"a"}),
 			members: []*member{m(0, "a")},
 			blocked: true,
-			want:    blockedRecheck,
+			want:    time.Minute,
+		},
+		"BlockedUntilADrainSettles": {
+			reason:  "A proxy draining for 4 s is drained, if every replica saw it, when drainSettle passes: nothing announces that.",
+			fleet:   fleetFor(1, []string{"a"}),
+			members: []*member{m(0, "a", func(x *member) { x.DrainSince = t0.Add(-4 * time.Second) })},
+			blocked: true,
+			want:    drainSettle - 4*time.Second,
+		},
+		"DrainSettledLongAgo": {
+			reason:  "A drain that settled before waits for the summaries, not for a time past.",
+			fleet:   fleetFor(1, []string{"a"}),
+			members: []*member{m(0, "a", func(x *member) { x.DrainSince = t0.Add(-time.Hour) })},
+			blocked: true,
+			want:    time.Minute,
+		},
+		"BlockedUntilTheSummariesChange": {
+			reason:  "The summaries say otherwise in 25 s by time alone (one turns stale, a stale one's lease ends): composed again then.",
+			fleet:   fleetFor(1, []string{"a"}),
+			members: []*member{m(0, "a")},
+			blocked: true,
+			change:  t0.Add(25 * time.Second),
+			want:    25 * time.Second,
+		},
+		"NotBlockedIgnoresTheSummaries": {
+			reason:  "A fleet that waits on no lease is not composed again for its summaries' time.",
+			fleet:   fleetFor(1, []string{"a"}),
+			members: []*member{m(0, "a", func(x *member) { x.DrainSince = t0.Add(-4 * time.Second) })},
+			change:  t0.Add(25 * time.Second),
+			want:    time.Minute,
 		},
 		"NeverBusy": {
 			reason:  "A deadline that is due now never asks for less than a second.",
@@ -478,7 +508,7 @@ func TestRequeueAfter(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			p := &plan{}
+			p := &plan{leasesChange: tc.change}
 			if tc.blocked {
 				p.blocked, p.leaseWait = []string{"f-0 is leased"}, true
 			}

@@ -44,6 +44,7 @@ func (f *Function) runPool(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionR
 	}
 	markDuplicates(members)
 	p := decide(fleet, members, view.known, now)
+	p.leasesChange = view.next
 	if err := composeProxies(rsp, fleet, members, p, now); err != nil {
 		response.Fatal(rsp, err)
 		return
@@ -81,10 +82,10 @@ func (f *Function) runPool(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionR
 
 // poolSteadyRecheck is how long a steady pool waits before it is composed
 // again unprompted, rather than the minute of a fleet. Every change of its
-// Proxies or its spec is a watch event that composes it at once, and a
-// proxy's maxAge or a hold on an unhealthy one still bring it back when
-// due; only its LeaseSummaries, which nothing watches, wait, and a steady
-// pool removes nothing, so they decide nothing. Each composition applies
+// Proxies, its spec or its LeaseSummaries is a watch event that composes
+// it at once, and a proxy's maxAge or a hold on an unhealthy one still
+// bring it back when due; a steady pool removes nothing, so summaries
+// turning stale decide nothing. Each composition applies
 // every Proxy of the pool: at 105 proxies a minute's recheck was a
 // request per proxy per minute (make scale).
 const poolSteadyRecheck = 10 * time.Minute

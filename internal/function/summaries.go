@@ -45,6 +45,21 @@ type leaseView struct {
 	// (each replica counts every slot of the fleet): a pooled fleet's
 	// held leases, whose own summaries list no proxy.
 	reportedHeld int
+	// next is the soonest the view changes with no summary written: a
+	// fresh summary turns stale, a stale one's lease ends, a count of
+	// waiting crawlers stops counting. Zero when nothing is due. A
+	// summary written is a watch event (Crossplane watches what a
+	// function requires, with realtime compositions), time passing is
+	// not.
+	next time.Time
+}
+
+// due records that the view changes at at, if that is after now and
+// sooner than any change recorded before.
+func (v *leaseView) due(at, now time.Time) {
+	if at.After(now) && (v.next.IsZero() || at.Before(v.next)) {
+		v.next = at
+	}
 }
 
 // coveredBy makes the view unknown unless every replica with a fresh
@@ -53,6 +68,10 @@ type leaseView struct {
 // pool yet may hold a lease on one of its proxies, or not have seen one
 // drain.
 func (v *leaseView) coveredBy(fleetWide *leaseView) {
+	if n := fleetWide.next; !n.IsZero() && (v.next.IsZero() || n.Before(v.next)) {
+		// The fleet's summaries turning stale changes what covers it.
+		v.next = n
+	}
 	if !v.known {
 		return
 	}
@@ -116,34 +135,7 @@ func viewLeases(items []*fnv1.Resource, sent bool, fleet, pool string, maxTTL ti
 			bad = true
 			continue
 		}
-		until := s.ValidUntil.Time
-		if limit := observed.Add(lease.SummaryValidCeiling); until.After(limit) {
-			until = limit
-		}
-		fresh := now.Before(until.Add(lease.HoldSkew))
-		if fresh {
-			v.fresh = append(v.fresh, s)
-			v.reportedHeld = max(v.reportedHeld, int(s.Demand.Held))
-		}
-		if fresh && now.Sub(observed) < lease.DemandFreshness {
-			// Crawlers waiting and refused are now, not for as long as
-			// the summary counts: a replica rewrites a summary saying
-			// any every lease.DemandRefresh, and a crashed one's stop
-			// counting within a minute, not ten.
-			v.demand.Waiting += int(s.Demand.Waiting)
-			v.demand.Refused += int(s.Demand.Refused)
-		}
-		for _, l := range s.Leased {
-			held := l.HeldUntil.Time
-			if limit := observed.Add(maxTTL + lease.HoldSkew); held.After(limit) {
-				held = limit
-			}
-			if !fresh && !now.Before(held) {
-				continue
-			}
-			v.leased[l.Name] = true
-			holders[l.Name] = max(holders[l.Name], l.Holders)
-		}
+		v.merge(s, holders, maxTTL, now)
 	}
 	for _, n := range holders {
 		v.held += int(n)
@@ -158,6 +150,48 @@ func viewLeases(items []*fnv1.Resource, sent bool, fleet, pool string, maxTTL ti
 		v.known = true
 	}
 	return v
+}
+
+// merge adds one summary of the fleet, observed as it says, to the view:
+// fresh, it counts whole; stale, its leases count within the time each may
+// be held. holders collects, per proxy, the most holders any lists.
+func (v *leaseView) merge(s *v1alpha1.LeaseSummarySpec, holders map[string]int32, maxTTL time.Duration, now time.Time) {
+	observed := s.ObservedAt.Time
+	until := s.ValidUntil.Time
+	if limit := observed.Add(lease.SummaryValidCeiling); until.After(limit) {
+		until = limit
+	}
+	fresh := now.Before(until.Add(lease.HoldSkew))
+	if fresh {
+		v.fresh = append(v.fresh, s)
+		v.reportedHeld = max(v.reportedHeld, int(s.Demand.Held))
+		v.due(until.Add(lease.HoldSkew), now)
+	}
+	if fresh && now.Sub(observed) < lease.DemandFreshness {
+		if s.Demand.Waiting+s.Demand.Refused > 0 {
+			v.due(observed.Add(lease.DemandFreshness), now)
+		}
+		// Crawlers waiting and refused are now, not for as long as
+		// the summary counts: a replica rewrites a summary saying
+		// any every lease.DemandRefresh, and a crashed one's stop
+		// counting within a minute, not ten.
+		v.demand.Waiting += int(s.Demand.Waiting)
+		v.demand.Refused += int(s.Demand.Refused)
+	}
+	for _, l := range s.Leased {
+		held := l.HeldUntil.Time
+		if limit := observed.Add(maxTTL + lease.HoldSkew); held.After(limit) {
+			held = limit
+		}
+		if !fresh && !now.Before(held) {
+			continue
+		}
+		if !fresh {
+			v.due(held, now)
+		}
+		v.leased[l.Name] = true
+		holders[l.Name] = max(holders[l.Name], l.Holders)
+	}
 }
 
 // parseSummary reads one LeaseSummary Crossplane sent; false when it is

@@ -105,6 +105,9 @@ func TestViewLeases(t *testing.T) {
 	if want := (lease.Demand{Held: 3 + 1 + 1, Waiting: 3, Refused: 1}); v.demand != want {
 		t.Errorf("demand %+v, want %+v (holders the most any replica lists, per proxy; waiting and refused of the fresh ones)", v.demand, want)
 	}
+	if want := t0.Add(50 * time.Second); !v.next.Equal(want) {
+		t.Errorf("the view changes unannounced when r1's waiting crawlers stop counting, at %s; got %s", want, v.next)
+	}
 	if !v.drainSeen("crawlers-3", drainedAt) || v.drainSeen("crawlers-0", drainedAt) {
 		t.Errorf("crawlers-3 is seen draining by both fresh replicas, crawlers-0 by none: %v %v", v.drainSeen("crawlers-3", drainedAt), v.drainSeen("crawlers-0", drainedAt))
 	}
@@ -169,4 +172,45 @@ func TestViewLeases(t *testing.T) {
 	if v := view(leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{}), long); v.leased["crawlers-9"] {
 		t.Error("a stale summary's lease held past maxTTL after it was observed counts")
 	}
+}
+
+// TestViewLeasesNextChange: the view says when it changes with no summary
+// written, which no watch announces: a fresh summary turning stale, a stale
+// one's lease ending; the soonest of its own and its fleet's summaries.
+func TestViewLeasesNextChange(t *testing.T) {
+	fresh := t0.Add(-time.Minute)
+	staleAfter := fresh.Add(lease.SummaryFreshness + lease.HoldSkew)
+	cases := map[string]struct {
+		items []*structpb.Struct
+		want  time.Time
+	}{
+		"FreshTurnsStale": {
+			items: []*structpb.Struct{leaseSummary("crawlers", "r1", fresh, []held{{"crawlers-0", 1, t0.Add(time.Minute)}}, nil, lease.Demand{})},
+			want:  staleAfter,
+		},
+		"AStaleOnesLeaseEnds": {
+			items: []*structpb.Struct{
+				leaseSummary("crawlers", "r1", fresh, nil, nil, lease.Demand{}),
+				leaseSummary("crawlers", "r2", staleAt, []held{{"crawlers-1", 1, t0.Add(2 * time.Minute)}, {"crawlers-2", 1, t0.Add(-time.Second)}}, nil, lease.Demand{}),
+			},
+			want: t0.Add(2 * time.Minute),
+		},
+		"NothingDue": {
+			items: []*structpb.Struct{leaseSummary("crawlers", "r2", staleAt, []held{{"crawlers-2", 1, t0.Add(-time.Second)}}, nil, lease.Demand{})},
+		},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			if got := view(tc.items...).next; !got.Equal(tc.want) {
+				t.Errorf("next change at %s, want %s", got, tc.want)
+			}
+		})
+	}
+	t.Run("FleetWideSooner", func(t *testing.T) {
+		pool := view(leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{}))
+		pool.coveredBy(view(leaseSummary("crawlers", "r1", fresh, nil, nil, lease.Demand{})))
+		if !pool.next.Equal(staleAfter) {
+			t.Errorf("a pool's view changes when its fleet's summary turns stale, at %s; got %s", staleAfter, pool.next)
+		}
+	})
 }
