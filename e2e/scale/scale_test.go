@@ -14,7 +14,9 @@
 // Settings (environment): SCALE_SIZES (default 100,1000,10000),
 // SCALE_STEADY (the steady window, default 5m), SCALE_INTERVAL (each
 // proxy's probe interval, default 60s), SCALE_SETTLE (from the leases
-// taken to the window, default three intervals and 30 s), SCALE_ROLLOUT_MAX (the largest
+// taken to the window, default three intervals and 30 s),
+// SCALE_READY_TIMEOUT (apply to Ready, default 10 minutes and 120 ms a
+// proxy), SCALE_ROLLOUT_MAX (the largest
 // size a template change is rolled over, default 1000), SCALE_OUT (where
 // the table goes, default _output/scale.md).
 package scale
@@ -330,7 +332,7 @@ func (e *env) measure(t *testing.T, n int, interval, steady time.Duration, rollo
 	if err := e.stack.Client.Create(ctx, u); err != nil {
 		t.Fatalf("kubectl apply of a fleet of %d: %v", n, err)
 	}
-	e.waitReady(t, name, n, 10*time.Minute+time.Duration(n)*120*time.Millisecond)
+	e.waitReady(t, name, n, envDuration("SCALE_READY_TIMEOUT", 10*time.Minute+time.Duration(n)*120*time.Millisecond))
 	r.ready = time.Since(applied)
 	t.Logf("%d proxies in %d pools Ready in %.0fs", n, r.pools, r.ready.Seconds())
 
