@@ -148,9 +148,6 @@ func (p *SummaryPublisher) publish(ctx context.Context, key, ns string, spec v1a
 	changed := ok && last.said != said
 	switch {
 	case !ok, now.Sub(last.at) >= lease.SummaryRefresh:
-	case spec.Demand.Waiting+spec.Demand.Refused > 0 && now.Sub(last.at) >= lease.DemandRefresh:
-		// Crawlers waiting or refused count for lease.DemandFreshness
-		// only, so that a crashed replica's stop counting soon.
 	case !changed || now.Sub(last.changed) < lease.SummaryInterval:
 		return nil
 	}
@@ -313,8 +310,9 @@ func (p *SummaryPublisher) sweep(ctx context.Context, fleets map[string][]member
 		if ls.Spec.Pool != "" {
 			live = pools[key+"\x00"+ls.Spec.Pool]
 		}
-		gone := !live && now.Sub(ls.CreationTimestamp.Time) >= lease.SummaryRefresh && now.After(ls.Spec.ValidUntil.Add(lease.HoldSkew))
-		abandoned := now.Sub(ls.Spec.ValidUntil.Time) >= lease.SummarySweepAfter
+		until := lease.CountsUntil(&ls.Spec)
+		gone := !live && now.Sub(ls.CreationTimestamp.Time) >= lease.SummaryRefresh && now.After(until.Add(lease.HoldSkew))
+		abandoned := now.Sub(until) >= lease.SummarySweepAfter
 		if ls.Spec.Replica == p.Replica || !gone && !abandoned {
 			continue
 		}

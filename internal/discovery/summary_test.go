@@ -187,6 +187,14 @@ func TestLeaseSummaryPublished(t *testing.T) {
 	// A fleet this replica's cache lacks, whose other replica's summary
 	// still counts: this cache may lag (or see fewer fleets).
 	unknown := other("replica-4", "not-in-this-cache", clk.now().Add(lease.SummaryFreshness+lease.SummaryRefresh))
+	// One whose validUntil lies a year ahead (a buggy or another release's
+	// replica), observed longer ago than the function trusts any
+	// validUntil and the sweep delay: it counts no more, so it goes too.
+	forever := other("replica-5", "crawlers", clk.now().Add(365*24*time.Hour))
+	forever.Spec.ObservedAt = metav1.MicroTime{Time: clk.now().Add(lease.SummaryRefresh - lease.SummaryValidCeiling - lease.SummarySweepAfter)}
+	if err := bed.Client.Update(ctx, forever); err != nil {
+		t.Fatal(err)
+	}
 	clk.add(lease.SummaryRefresh)
 	published("sweep")
 	exists := func(ls *v1alpha1.LeaseSummary) bool {
@@ -201,6 +209,9 @@ func TestLeaseSummaryPublished(t *testing.T) {
 	}
 	if !exists(live) {
 		t.Error("another live replica's summary was deleted")
+	}
+	if exists(forever) {
+		t.Error("a summary valid for a year by its own word, observed past the ceiling and the sweep delay, is kept")
 	}
 	if exists(gone) {
 		t.Error("a summary of a fleet that is gone is kept")

@@ -533,6 +533,21 @@ func TestTemplateChangeKeepsOldSpecs(t *testing.T) {
 	if l[fleetv1alpha1.LabelTemplateRevision] != current || l[fleetv1alpha1.LabelReplaces] != "0" || l[fleetv1alpha1.LabelZone] != "a" || fp("proxy-2")["port"] != float64(3128) {
 		t.Errorf("the replacement is of the current template, in the old one's zone: %v %v", l, r.GetResource().AsMap()["spec"])
 	}
+
+	// It waits on that lease, and the replica that granted it is gone:
+	// its summary is stale and counts the lease 25 s more. Nothing is
+	// written when it ends, so the fleet asks to be composed again then,
+	// not a minute later.
+	req.RequiredResources = summaries(
+		leaseSummary("crawlers", "r1", staleAt, []held{{"crawlers-0", 1, t0.Add(25 * time.Second)}}, nil, lease.Demand{}),
+		leaseSummary("crawlers", "r2", t0, nil, []string{"crawlers-0"}, lease.Demand{}))
+	rsp := run(t, req)
+	if _, kept := rsp.GetDesired().GetResources()["proxy-0"]; !kept {
+		t.Fatal("the old Proxy, leased by the stale summary, goes")
+	}
+	if ttl := rsp.GetMeta().GetTtl().AsDuration(); ttl != 25*time.Second {
+		t.Errorf("waiting on a lease that ends in 25 s: composed again after %s, want 25s", ttl)
+	}
 }
 
 // TestFleetReadiness: the XR is Ready while at least replicas -

@@ -492,6 +492,14 @@ func TestRequeueAfter(t *testing.T) {
 			change:  t0.Add(25 * time.Second),
 			want:    25 * time.Second,
 		},
+		"DrainSoonerThanTheSummaries": {
+			reason:  "A drain settling in 6 s comes before the summaries' change in 25 s.",
+			fleet:   fleetFor(1, []string{"a"}),
+			members: []*member{m(0, "a", func(x *member) { x.DrainSince = t0.Add(-4 * time.Second) })},
+			blocked: true,
+			change:  t0.Add(25 * time.Second),
+			want:    drainSettle - 4*time.Second,
+		},
 		"NotBlockedIgnoresTheSummaries": {
 			reason:  "A fleet that waits on no lease is not composed again for its summaries' time.",
 			fleet:   fleetFor(1, []string{"a"}),

@@ -36,8 +36,7 @@ type leaseView struct {
 	leased map[string]bool
 	// held sums, per proxy, the most holders any summary lists.
 	held int
-	// demand sums the waiting and refused crawlers of the summaries
-	// observed within lease.DemandFreshness.
+	// demand sums the fresh summaries' waiting and refused crawlers.
 	demand lease.Demand
 	// fresh are the fresh summaries, for drainSeen.
 	fresh []*v1alpha1.LeaseSummarySpec
@@ -46,8 +45,8 @@ type leaseView struct {
 	// held leases, whose own summaries list no proxy.
 	reportedHeld int
 	// next is the soonest the view changes with no summary written: a
-	// fresh summary turns stale, a stale one's lease ends, a count of
-	// waiting crawlers stops counting. Zero when nothing is due. A
+	// fresh summary turns stale, a stale one's lease ends, one observed
+	// ahead of every clock is no longer. Zero when nothing is due. A
 	// summary written is a watch event (Crossplane watches what a
 	// function requires, with realtime compositions), time passing is
 	// not.
@@ -131,8 +130,9 @@ func viewLeases(items []*fnv1.Resource, sent bool, fleet, pool string, maxTTL ti
 		}
 		observed := s.ObservedAt.Time
 		if observed.IsZero() || observed.After(now.Add(lease.HoldSkew)) {
-			// Observed in the future: no clock skew explains it.
+			// Observed in the future: no clock skew explains it (yet).
 			bad = true
+			v.due(observed.Add(-lease.HoldSkew), now)
 			continue
 		}
 		v.merge(s, holders, maxTTL, now)
@@ -157,26 +157,19 @@ func viewLeases(items []*fnv1.Resource, sent bool, fleet, pool string, maxTTL ti
 // be held. holders collects, per proxy, the most holders any lists.
 func (v *leaseView) merge(s *v1alpha1.LeaseSummarySpec, holders map[string]int32, maxTTL time.Duration, now time.Time) {
 	observed := s.ObservedAt.Time
-	until := s.ValidUntil.Time
-	if limit := observed.Add(lease.SummaryValidCeiling); until.After(limit) {
-		until = limit
-	}
+	until := lease.CountsUntil(s)
 	fresh := now.Before(until.Add(lease.HoldSkew))
 	if fresh {
+		// A crashed replica's waiting and refused crawlers count until
+		// its summary turns stale, as an autoscaler's stabilization
+		// window would hold them: rewriting a fleet's summary more
+		// often while crawlers wait would compose every pool that
+		// requires it again each time.
 		v.fresh = append(v.fresh, s)
 		v.reportedHeld = max(v.reportedHeld, int(s.Demand.Held))
-		v.due(until.Add(lease.HoldSkew), now)
-	}
-	if fresh && now.Sub(observed) < lease.DemandFreshness {
-		if s.Demand.Waiting+s.Demand.Refused > 0 {
-			v.due(observed.Add(lease.DemandFreshness), now)
-		}
-		// Crawlers waiting and refused are now, not for as long as
-		// the summary counts: a replica rewrites a summary saying
-		// any every lease.DemandRefresh, and a crashed one's stop
-		// counting within a minute, not ten.
 		v.demand.Waiting += int(s.Demand.Waiting)
 		v.demand.Refused += int(s.Demand.Refused)
+		v.due(until.Add(lease.HoldSkew), now)
 	}
 	for _, l := range s.Leased {
 		held := l.HeldUntil.Time

@@ -105,8 +105,8 @@ func TestViewLeases(t *testing.T) {
 	if want := (lease.Demand{Held: 3 + 1 + 1, Waiting: 3, Refused: 1}); v.demand != want {
 		t.Errorf("demand %+v, want %+v (holders the most any replica lists, per proxy; waiting and refused of the fresh ones)", v.demand, want)
 	}
-	if want := t0.Add(50 * time.Second); !v.next.Equal(want) {
-		t.Errorf("the view changes unannounced when r1's waiting crawlers stop counting, at %s; got %s", want, v.next)
+	if want := t0.Add(time.Minute); !v.next.Equal(want) {
+		t.Errorf("the view changes unannounced when the stale r3's lease on crawlers-2 ends, at %s; got %s", want, v.next)
 	}
 	if !v.drainSeen("crawlers-3", drainedAt) || v.drainSeen("crawlers-0", drainedAt) {
 		t.Errorf("crawlers-3 is seen draining by both fresh replicas, crawlers-0 by none: %v %v", v.drainSeen("crawlers-3", drainedAt), v.drainSeen("crawlers-0", drainedAt))
@@ -149,13 +149,14 @@ func TestViewLeases(t *testing.T) {
 		t.Errorf("a summary valid for %s, within the ceiling: unknown (%s)", 2*lease.SummaryFreshness+time.Minute, v.why)
 	}
 	// Crawlers waiting and refused count while the summary saying so is
-	// younger than lease.DemandFreshness, not for as long as it is fresh:
-	// its replica may have crashed since.
+	// fresh (a crashed replica's until it turns stale), not only for a
+	// minute: a summary is rewritten every lease.SummaryRefresh, and a
+	// rewrite composes every pool that requires it.
 	if v := view(
-		leaseSummary("crawlers", "r1", t0.Add(-lease.DemandFreshness), nil, nil, lease.Demand{Waiting: 50, Refused: 5}),
-		leaseSummary("crawlers", "r2", t0.Add(-lease.DemandFreshness+time.Second), nil, nil, lease.Demand{Waiting: 2}),
-	); !v.known || v.demand != (lease.Demand{Waiting: 2}) {
-		t.Errorf("demand of summaries a minute old and just under: want only the latter's waiting 2 (and leases known), got %+v (known %v)", v.demand, v.known)
+		leaseSummary("crawlers", "r1", t0.Add(-9*time.Minute), nil, nil, lease.Demand{Waiting: 50, Refused: 5}),
+		leaseSummary("crawlers", "r2", staleAt, nil, nil, lease.Demand{Waiting: 2}),
+	); !v.known || v.demand != (lease.Demand{Waiting: 50, Refused: 5}) {
+		t.Errorf("demand of a fresh summary 9 minutes old and a stale one: want the former's, got %+v (known %v)", v.demand, v.known)
 	}
 	// One summary that does not parse beside a good one: unknown.
 	broken := leaseSummary("crawlers", "r2", t0, nil, nil, lease.Demand{})
@@ -172,6 +173,17 @@ func TestViewLeases(t *testing.T) {
 	if v := view(leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{}), long); v.leased["crawlers-9"] {
 		t.Error("a stale summary's lease held past maxTTL after it was observed counts")
 	}
+}
+
+// validFor sets a summary's validUntil d after its observedAt.
+func validFor(s *structpb.Struct, d time.Duration) *structpb.Struct {
+	spec := s.GetFields()["spec"].GetStructValue().Fields
+	observed, err := time.Parse(time.RFC3339Nano, spec["observedAt"].GetStringValue())
+	if err != nil {
+		panic(err)
+	}
+	spec["validUntil"] = structpb.NewStringValue(observed.Add(d).Format(time.RFC3339Nano))
+	return s
 }
 
 // TestViewLeasesNextChange: the view says when it changes with no summary
@@ -195,6 +207,31 @@ func TestViewLeasesNextChange(t *testing.T) {
 			},
 			want: t0.Add(2 * time.Minute),
 		},
+		"AheadOfEveryClock": {
+			// Observed 2 minutes ahead: no skew explains it until
+			// HoldSkew before then, when the view may be known.
+			items: []*structpb.Struct{leaseSummary("crawlers", "r1", t0.Add(2*time.Minute), nil, nil, lease.Demand{})},
+			want:  t0.Add(2*time.Minute - lease.HoldSkew),
+		},
+		"ValidUntilBeyondTheCeiling": {
+			items: []*structpb.Struct{validFor(leaseSummary("crawlers", "r1", t0.Add(-lease.SummaryValidCeiling+time.Minute), nil, nil, lease.Demand{}), 365*24*time.Hour)},
+			want:  t0.Add(time.Minute + lease.HoldSkew),
+		},
+		"HeldBeyondMaxTTL": {
+			items: []*structpb.Struct{
+				leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{}),
+				leaseSummary("crawlers", "r2", staleAt, []held{{"crawlers-1", 1, t0.Add(365 * 24 * time.Hour)}}, nil, lease.Demand{}),
+			},
+			want: staleAt.Add(viewMaxTTL + lease.HoldSkew),
+		},
+		"ZeroDemandNothingSooner": {
+			// Two fresh summaries, none waiting: the first to turn stale.
+			items: []*structpb.Struct{
+				leaseSummary("crawlers", "r1", t0.Add(-2*time.Minute), nil, nil, lease.Demand{}),
+				leaseSummary("crawlers", "r2", fresh, nil, nil, lease.Demand{Waiting: 3}),
+			},
+			want: t0.Add(-2*time.Minute + lease.SummaryFreshness + lease.HoldSkew),
+		},
 		"NothingDue": {
 			items: []*structpb.Struct{leaseSummary("crawlers", "r2", staleAt, []held{{"crawlers-2", 1, t0.Add(-time.Second)}}, nil, lease.Demand{})},
 		},
@@ -206,6 +243,13 @@ func TestViewLeasesNextChange(t *testing.T) {
 			}
 		})
 	}
+	t.Run("PoolsOwnSooner", func(t *testing.T) {
+		pool := view(leaseSummary("crawlers", "r1", fresh, nil, nil, lease.Demand{}))
+		pool.coveredBy(view(leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{})))
+		if !pool.next.Equal(staleAfter) {
+			t.Errorf("a pool's own summary turning stale first: at %s; got %s", staleAfter, pool.next)
+		}
+	})
 	t.Run("FleetWideSooner", func(t *testing.T) {
 		pool := view(leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{}))
 		pool.coveredBy(view(leaseSummary("crawlers", "r1", fresh, nil, nil, lease.Demand{})))

@@ -43,6 +43,17 @@ const (
 	SummarySweepAfter = 10 * time.Minute
 )
 
+// CountsUntil is when a summary stops counting as its replica's live
+// account (before the skew margin): its validUntil, but no later than
+// SummaryValidCeiling after it was observed.
+func CountsUntil(s *v1alpha1.LeaseSummarySpec) time.Time {
+	until := s.ValidUntil.Time
+	if limit := s.ObservedAt.Add(SummaryValidCeiling); until.After(limit) {
+		return limit
+	}
+	return until
+}
+
 // ownWriteMemory is how long this replica counts a slot it wrote itself,
 // whatever its cache says: past it, the cache has seen the write.
 const ownWriteMemory = 30 * time.Second
