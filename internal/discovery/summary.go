@@ -190,7 +190,8 @@ func (p *SummaryPublisher) summarise(ctx context.Context, ns, fleet string, memb
 		}
 	}
 	whole := base("")
-	whole.Demand = v1alpha1.LeaseDemand{Held: clamp32(d.Held), Waiting: clamp32(d.Waiting), Refused: clamp32(d.Refused)}
+	leasedProxies := clamp32(len(leased)) // one entry per proxy
+	whole.Demand = v1alpha1.LeaseDemand{Held: clamp32(d.Held), Waiting: clamp32(d.Waiting), Refused: clamp32(d.Refused), LeasedProxies: &leasedProxies}
 	pools := map[string]*v1alpha1.LeaseSummarySpec{}
 	poolOf := map[string]string{}
 	for _, m := range members {
@@ -244,6 +245,9 @@ func saying(s v1alpha1.LeaseSummarySpec) string {
 	}
 	b.WriteString("|")
 	fmt.Fprintf(&b, "%d,%d,%d", s.Demand.Held, s.Demand.Waiting, s.Demand.Refused)
+	if s.Demand.LeasedProxies != nil {
+		fmt.Fprintf(&b, ",%d", *s.Demand.LeasedProxies)
+	}
 	return b.String()
 }
 

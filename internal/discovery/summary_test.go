@@ -297,6 +297,11 @@ func TestPoolSummaries(t *testing.T) {
 	if whole.Pool != "" || len(whole.Leased) != 0 || whole.Demand.Held != 2 {
 		t.Errorf("the fleet's summary: pool %q, leased %v, demand %+v; want no pool, none listed, 2 held", whole.Pool, names(whole), whole.Demand)
 	}
+	// The fleet counts its leased proxies from it: its steady pools do
+	// not read their own.
+	if distinct := len(slices.Compact(slices.Sorted(slices.Values(leased)))); whole.Demand.LeasedProxies == nil || int(*whole.Demand.LeasedProxies) != distinct {
+		t.Errorf("the fleet's summary counts leased proxies %v, want %d (%v)", whole.Demand.LeasedProxies, distinct, leased)
+	}
 	var want1, want2 []string
 	for _, p := range leased {
 		if p == "pooled-0" || p == "pooled-1" {

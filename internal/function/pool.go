@@ -37,19 +37,39 @@ func (f *Function) runPool(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionR
 		response.Fatal(rsp, err)
 		return
 	}
-	view := requireLeases(rsp, req, fleet, now)
-	members := observedMembers(req.GetObserved().GetResources(), view.leased, fleet.Revision)
-	for _, m := range members {
-		m.DrainSeen = view.drainSeen(m.Name, m.DrainSince)
-	}
+	members := observedMembers(req.GetObserved().GetResources(), nil, fleet.Revision)
 	markDuplicates(members)
-	p := decide(fleet, members, view.known, now)
-	p.leasesChange = view.next
+	// A pool reads its leases only when knowing them could change what it
+	// does: its plan with every lease unknown is not steady. A steady pool
+	// requires no LeaseSummary, so Crossplane composes it on no summary
+	// written (each composition applies every Proxy of the pool): lease
+	// churn and summary refreshes compose the pools that replace or remove
+	// something, not all of them. The choice depends only on what Crossplane
+	// observed, so the requirements it asks for stay the same when it calls
+	// again with the summaries.
+	probe := make([]*member, len(members))
+	for i, m := range members {
+		c := *m // decide marks the members it drains
+		probe[i] = &c
+	}
+	p := decide(fleet, probe, false, now)
+	quiet := steadyPlan(fleet, probe, p)
+	if quiet {
+		members = probe
+	} else {
+		view := requireLeases(rsp, req, fleet, now)
+		for _, m := range members {
+			m.Leased = view.leased[m.Name]
+			m.DrainSeen = view.drainSeen(m.Name, m.DrainSince)
+		}
+		p = decide(fleet, members, view.known, now)
+		p.leasesChange = view.next
+	}
 	if err := composeProxies(rsp, fleet, members, p, now); err != nil {
 		response.Fatal(rsp, err)
 		return
 	}
-	setPoolStatus(rsp.Desired, fleet, members, p, now)
+	setPoolStatus(rsp.Desired, fleet, members, p, !quiet, now)
 	ro := progress(fleet, members, field(req.GetObserved().GetComposite().GetResource(), "status").GetStructValue(), now)
 	// A pool's rollout clock runs only while it holds budget: one waiting
 	// for its turn is not stalled, and starts its clock when its turn
@@ -82,10 +102,10 @@ func (f *Function) runPool(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionR
 
 // poolSteadyRecheck is how long a steady pool waits before it is composed
 // again unprompted, rather than the minute of a fleet. Every change of its
-// Proxies, its spec or its LeaseSummaries is a watch event that composes
-// it at once, and a proxy's maxAge or a hold on an unhealthy one still
-// bring it back when due; a steady pool removes nothing, so summaries
-// turning stale decide nothing. Each composition applies
+// Proxies or its spec is a watch event that composes it at once (it
+// requires no LeaseSummary while steady), and a proxy's maxAge or a hold
+// on an unhealthy one still bring it back when due; a steady pool removes
+// nothing, so summaries turning stale decide nothing. Each composition applies
 // every Proxy of the pool: at 105 proxies a minute's recheck was a
 // request per proxy per minute (make scale).
 const poolSteadyRecheck = 10 * time.Minute
@@ -182,7 +202,7 @@ func number(v any) int {
 // setPoolStatus writes a pool's counts, what it did with its budget, and
 // its Proxies at fault, worst first: never one entry per Proxy, since the
 // fleet reads every pool's status in one message.
-func setPoolStatus(desired *fnv1.State, f *Fleet, members []*member, p *plan, now time.Time) {
+func setPoolStatus(desired *fnv1.State, f *Fleet, members []*member, p *plan, leasesRead bool, now time.Time) {
 	status := compositeStatus(desired)
 	var ready, healthy, updated, leased, dup, failing int
 	var faults []*member
@@ -228,7 +248,11 @@ func setPoolStatus(desired *fnv1.State, f *Fleet, members []*member, p *plan, no
 	status.Fields["readyReplicas"] = n(ready)
 	status.Fields["healthyReplicas"] = n(healthy)
 	status.Fields["updatedReplicas"] = n(updated)
-	status.Fields["leasedReplicas"] = n(leased)
+	if leasesRead {
+		// A steady pool does not read its leases: its fleet counts the
+		// leased proxies from egress-discovery's fleet-wide summaries.
+		status.Fields["leasedReplicas"] = n(leased)
+	}
 	status.Fields["duplicateEgressIPs"] = n(dup)
 	status.Fields["failing"] = n(failing)
 	status.Fields["observedRevision"] = structpb.NewStringValue(f.Revision)

@@ -345,9 +345,14 @@ func (f *Function) runPooledFleet(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFu
 		total.add(o.counts)
 		holders += o.replicas
 	}
+	// The fleet-wide summaries carry the fleet's demand and how many of
+	// its proxies are leased: a steady pool does not read its own.
+	view := requireLeases(rsp, req, fleet, now)
+	if view.leasedReported {
+		total.leased = view.reportedLeased
+	}
 	var sc *scaling
 	if fleet.autoscale != nil {
-		view := requireLeases(rsp, req, fleet, now)
 		sc = autoscale(req, fleet, health{healthy: total.healthy, failing: total.failing, holders: holders}, view, now)
 	}
 	plans := sizePools(fleet.Replicas, int(fleet.spec.Pools.ProxiesPerPool), fleet.Zones, observed)

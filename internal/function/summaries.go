@@ -44,6 +44,11 @@ type leaseView struct {
 	// (each replica counts every slot of the fleet): a pooled fleet's
 	// held leases, whose own summaries list no proxy.
 	reportedHeld int
+	// reportedLeased is the most leased proxies any fresh summary of the
+	// fleet as a whole counts (every pool's), and leasedReported whether
+	// any did (a release before them did not).
+	reportedLeased int
+	leasedReported bool
 	// next is the soonest the view changes with no summary written: a
 	// fresh summary turns stale, a stale one's lease ends, one observed
 	// ahead of every clock is no longer. Zero when nothing is due. A
@@ -167,6 +172,9 @@ func (v *leaseView) merge(s *v1alpha1.LeaseSummarySpec, holders map[string]int32
 		// requires it again each time.
 		v.fresh = append(v.fresh, s)
 		v.reportedHeld = max(v.reportedHeld, int(s.Demand.Held))
+		if n := s.Demand.LeasedProxies; n != nil {
+			v.reportedLeased, v.leasedReported = max(v.reportedLeased, int(*n)), true
+		}
 		v.demand.Waiting += int(s.Demand.Waiting)
 		v.demand.Refused += int(s.Demand.Refused)
 		v.due(until.Add(lease.HoldSkew), now)
@@ -224,7 +232,7 @@ func parseSummary(r *fnv1.Resource) (*v1alpha1.LeaseSummarySpec, bool) {
 		return nil, false
 	}
 	d := s.Demand
-	if d.Held < 0 || d.Waiting < 0 || d.Refused < 0 {
+	if d.Held < 0 || d.Waiting < 0 || d.Refused < 0 || d.LeasedProxies != nil && *d.LeasedProxies < 0 {
 		return nil, false
 	}
 	for _, l := range raw.Spec.Leased {

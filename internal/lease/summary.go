@@ -22,8 +22,9 @@ import (
 // SummaryInterval, and every SummaryRefresh regardless, so that it stays
 // valid (SummaryFreshness after it was observed) while its replica lives.
 //
-// Every write of a summary makes Crossplane compose the pools that require
-// it again, each applying all its Proxies, so the refresh is rare: at 30 s
+// Every write of a summary makes Crossplane compose the fleet or pools
+// that require it again (a steady pool requires none), each applying all
+// its Proxies, so the refresh is rare: at 30 s
 // (a minute's freshness) a steady fleet cost 4 applies per proxy a minute
 // from refreshes alone (make scale, BENCHMARKS.md). What a long freshness
 // costs is time after a replica crashes (a graceful stop deletes its

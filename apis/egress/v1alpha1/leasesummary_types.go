@@ -104,6 +104,14 @@ type LeaseDemand struct {
 	// +kubebuilder:validation:Minimum=0
 	// +optional
 	Refused int32 `json:"refused,omitempty"`
+	// LeasedProxies is how many of the fleet's proxies, in every pool,
+	// crawlers hold leases on: what a pooled fleet shows as its
+	// leasedReplicas, since its steady pools do not read their leases.
+	// Set in the summary of the fleet as a whole; absent from one written
+	// by a release before it.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	LeasedProxies *int32 `json:"leasedProxies,omitempty"`
 }
 
 // A LeaseSummary is egress-discovery's account of one fleet's leases, one

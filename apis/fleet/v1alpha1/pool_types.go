@@ -122,7 +122,9 @@ type ProxyPoolStatus struct {
 	ReadyReplicas   int32  `json:"readyReplicas,omitempty"`
 	HealthyReplicas int32  `json:"healthyReplicas,omitempty"`
 	UpdatedReplicas int32  `json:"updatedReplicas,omitempty"`
-	// LeasedReplicas counts Proxies a crawler holds a lease on.
+	// LeasedReplicas counts Proxies a crawler holds a lease on, when the
+	// pool last read its leases: a steady pool reads none (its fleet
+	// counts them), so it is absent then.
 	LeasedReplicas int32 `json:"leasedReplicas,omitempty"`
 	// DuplicateEgressIPs counts Proxies whose egress IP another of the
 	// pool's shares.

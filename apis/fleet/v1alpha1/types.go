@@ -535,7 +535,7 @@ type ProxyFleetStatus struct {
 	// +optional
 	Proxies []ProxyStatus `json:"proxies,omitempty"`
 	// LeasedReplicas counts proxies a crawler holds a lease on, in a pooled
-	// fleet.
+	// fleet, as egress-discovery's summaries of the fleet count them.
 	// +optional
 	LeasedReplicas *int32 `json:"leasedReplicas,omitempty"`
 	// DuplicateEgressIPs counts proxies whose egress IP another proxy of
