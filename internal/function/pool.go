@@ -45,8 +45,9 @@ func (f *Function) runPool(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionR
 	// written (each composition applies every Proxy of the pool): lease
 	// churn and summary refreshes compose the pools that replace or remove
 	// something, not all of them. The choice depends only on what Crossplane
-	// observed, so the requirements it asks for stay the same when it calls
-	// again with the summaries.
+	// observed and the time (a proxy reaching maxAge makes a pool busy, and
+	// the requeue comes no later than that), never on the summaries, so the
+	// requirements it asks for stay the same when it calls again with them.
 	probe := make([]*member, len(members))
 	for i, m := range members {
 		c := *m // decide marks the members it drains

@@ -63,7 +63,9 @@ type observedPool struct {
 	stalled string
 }
 
-// poolCounts are a pool's counts, as its status reports them.
+// poolCounts are a pool's counts, as its status reports them; leased is
+// the fleet's alone (from its summaries, -1 when none counts them): a
+// steady pool does not count its own.
 type poolCounts struct {
 	replicas, ready, healthy, updated, leased, duplicates, failing int
 }
@@ -73,7 +75,6 @@ func (c *poolCounts) add(o poolCounts) {
 	c.ready += o.ready
 	c.healthy += o.healthy
 	c.updated += o.updated
-	c.leased += o.leased
 	c.duplicates += o.duplicates
 	c.failing += o.failing
 }
@@ -133,8 +134,8 @@ func observedPools(observed map[string]*fnv1.Resource, xrStatus *structpb.Struct
 		p.counts = poolCounts{
 			replicas: whole(field(status, "replicas")), ready: whole(field(status, "readyReplicas")),
 			healthy: whole(field(status, "healthyReplicas")), updated: whole(field(status, "updatedReplicas")),
-			leased: whole(field(status, "leasedReplicas")), duplicates: whole(field(status, "duplicateEgressIPs")),
-			failing: whole(field(status, "failing")),
+			duplicates: whole(field(status, "duplicateEgressIPs")),
+			failing:    whole(field(status, "failing")),
 		}
 		p.ledger = ledger[p.name]
 		p.revision = str(status, "observedRevision")
@@ -346,10 +347,14 @@ func (f *Function) runPooledFleet(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFu
 		holders += o.replicas
 	}
 	// The fleet-wide summaries carry the fleet's demand and how many of
-	// its proxies are leased: a steady pool does not read its own.
+	// its proxies are leased: a steady pool does not read its own, so the
+	// pools' counts do not add up to the fleet's. Each summary written
+	// composes the fleet (its pools, not their Proxies), at most every
+	// lease.SummaryInterval per discovery replica.
 	view := requireLeases(rsp, req, fleet, now)
+	total.leased = -1 // unknown: no fresh summary counts them
 	if view.leasedReported {
-		total.leased = view.reportedLeased
+		total.leased = min(view.reportedLeased, total.replicas)
 	}
 	var sc *scaling
 	if fleet.autoscale != nil {
@@ -480,7 +485,9 @@ func setFleetStatus(desired *fnv1.State, f *Fleet, plans []*poolPlan, total pool
 	status.Fields["readyReplicas"] = n(total.ready)
 	status.Fields["healthyReplicas"] = n(total.healthy)
 	status.Fields["updatedReplicas"] = n(updated)
-	status.Fields["leasedReplicas"] = n(total.leased)
+	if total.leased >= 0 {
+		status.Fields["leasedReplicas"] = n(total.leased)
+	}
 	status.Fields["duplicateEgressIPs"] = n(total.duplicates)
 	status.Fields["observedRevision"] = structpb.NewStringValue(f.Revision)
 	status.Fields["desiredReplicas"] = n(f.Replicas)

@@ -2,6 +2,7 @@ package function
 
 import (
 	"fmt"
+	"math/rand"
 	"slices"
 	"strconv"
 	"strings"
@@ -65,6 +66,13 @@ func quietCases(t *testing.T) map[string]*fnv1.RunFunctionRequest {
 			o[resourceName(base+3)] = observedProxy(base+3, "a", true, t0.Add(-time.Hour), label(fleetv1alpha1.LabelDrainingSince, strconv.FormatInt(drainedAt.Unix(), 10)))
 		}),
 		"Outdated": mk(old),
+		// A rollout paused with a proxy out of date: nothing moves.
+		"PausedOutdated": func() *fnv1.RunFunctionRequest {
+			req := mk(old)
+			tmpl := req.Observed.Composite.Resource.Fields["spec"].GetStructValue().Fields["template"].GetStructValue()
+			tmpl.Fields["rollout"] = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"paused": structpb.NewBoolValue(true)}})
+			return req
+		}(),
 		"ReplacementUp": mk(func(o map[string]*fnv1.Resource) {
 			o[resourceName(base+6)] = observedProxy(base+6, "b", true, t0.Add(-time.Minute), label(fleetv1alpha1.LabelReplaces, strconv.Itoa(base+1)))
 		}),
@@ -122,21 +130,35 @@ func quietViolations(t *testing.T, quiet func(*Fleet, []*member, *plan) bool) []
 		if err != nil {
 			t.Fatal(err)
 		}
-		members := func(leased, seen bool) []*member {
+		// assign says, per member, whether a lease is on it and whether
+		// every replica saw its drain.
+		members := func(assign func(i int) (leased, seen bool)) []*member {
 			ms := observedMembers(req.GetObserved().GetResources(), nil, f.Revision)
 			markDuplicates(ms)
-			for _, m := range ms {
+			for i, m := range ms {
+				leased, seen := assign(i)
 				m.Leased, m.DrainSeen = leased, seen && !m.DrainSince.IsZero()
 			}
 			return ms
 		}
-		unknown := members(false, false)
+		unknown := members(func(int) (bool, bool) { return false, false })
 		p := decide(f, unknown, false, t0)
 		if !quiet(f, unknown, p) {
 			continue
 		}
-		for _, known := range []struct{ leased, seen bool }{{true, false}, {false, true}} {
-			if a, b := planSignature(p), planSignature(decide(f, members(known.leased, known.seen), true, t0)); a != b {
+		// Every proxy leased; none leased and every drain seen; then
+		// random mixes.
+		assignments := []func(int) (bool, bool){
+			func(int) (bool, bool) { return true, false },
+			func(int) (bool, bool) { return false, true },
+		}
+		rng := rand.New(rand.NewSource(int64(len(name)))) //nolint:gosec // Test data.
+		for range 30 {
+			bits := rng.Int63()
+			assignments = append(assignments, func(i int) (bool, bool) { return bits>>(2*i)&1 == 1, bits>>(2*i+1)&1 == 1 })
+		}
+		for _, assign := range assignments {
+			if a, b := planSignature(p), planSignature(decide(f, members(assign), true, t0)); a != b {
 				out = append(out, name)
 				break
 			}
@@ -154,7 +176,8 @@ func planSignature(p *plan) string {
 		keep = append(keep, fmt.Sprintf("%d/%t", m.Ordinal, m.Draining))
 	}
 	slices.Sort(keep)
-	return fmt.Sprintf("%s created=%d removed=%d wait=%t", strings.Join(keep, ","), p.created, p.removed, p.leaseWait)
+	return fmt.Sprintf("%s created=%d removed=%d wait=%t inFlight=%d due=%d repairs=%d/%d", strings.Join(keep, ","),
+		p.created, p.removed, p.leaseWait, p.inFlight, p.due, p.repairsWanted, p.repairsInFlight)
 }
 
 // TestQuietPoolNeedsNoLeases: wherever a pool reads no leases, knowing
@@ -176,9 +199,9 @@ func TestQuietPoolNeedsNoLeases(t *testing.T) {
 
 // TestPooledFleetCountsLeasedProxies: a pooled fleet, autoscaled or not,
 // reads its fleet-wide summaries and shows the leased proxies they count
-// (the most any fresh one does: each replica sees every lease); from a
-// release of egress-discovery that does not count them, the sum of its
-// pools' counts.
+// (the most any fresh one does: each replica sees every lease), at most
+// its proxies; while none counts them (no discovery, or one of a release
+// before the count) it shows none rather than its pools' partial sum.
 func TestPooledFleetCountsLeasedProxies(t *testing.T) {
 	spec := withSpecIn(t, validSpec, "pools", `{"proxiesPerPool": 2}`)
 	pool := func(i, leased int) *fnv1.Resource {
@@ -192,28 +215,31 @@ func TestPooledFleetCountsLeasedProxies(t *testing.T) {
 		field(s, "spec", "demand").GetStructValue().Fields["leasedProxies"] = structpb.NewNumberValue(float64(n))
 		return s
 	}
-	leased := func(required map[string]*fnv1.Resources) (*fnv1.RunFunctionResponse, float64) {
+	leased := func(required map[string]*fnv1.Resources) (*fnv1.RunFunctionResponse, *structpb.Value) {
 		rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)},
 			Resources: map[string]*fnv1.Resource{"pool-1": pool(1, 1), "pool-2": pool(2, 2)}}, RequiredResources: required})
-		return rsp, field(rsp.GetDesired().GetComposite().GetResource(), "status", "leasedReplicas").GetNumberValue()
+		return rsp, field(rsp.GetDesired().GetComposite().GetResource(), "status", "leasedReplicas")
 	}
 	rsp, n := leased(nil)
 	if _, ok := rsp.GetRequirements().GetResources()[requiredSummaries]; !ok {
 		t.Errorf("a pooled fleet without autoscaling reads its fleet-wide summaries too: requires %v", rsp.GetRequirements())
 	}
-	if n != 3 {
-		t.Errorf("without summaries that count them: the pools' 1 and 2 leased proxies, want 3, got %v", n)
+	if n != nil {
+		t.Errorf("without summaries: leasedReplicas unknown, not %v (its steady pools count none)", n)
 	}
-	if _, n := leased(summaries(leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{Held: 9}))); n != 3 {
-		t.Errorf("a summary of a release that does not count them: the pools' sum 3, got %v", n)
+	if _, n := leased(summaries(leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{Held: 9}))); n != nil {
+		t.Errorf("a summary of a release that does not count them: leasedReplicas unknown, not %v", n)
 	}
-	if _, n := leased(summaries(counting("r1", 5), counting("r2", 4))); n != 5 {
-		t.Errorf("summaries counting 5 and 4 leased proxies: want the most, 5, got %v", n)
+	if _, n := leased(summaries(counting("r1", 3), counting("r2", 2))); n.GetNumberValue() != 3 {
+		t.Errorf("summaries counting 3 and 2 leased proxies: want the most, 3, got %v", n)
 	}
-	stale := counting("r1", 7)
+	stale := counting("r1", 4)
 	field(stale, "spec").GetStructValue().Fields["observedAt"] = structpb.NewStringValue(staleAt.Format(time.RFC3339Nano))
 	field(stale, "spec").GetStructValue().Fields["validUntil"] = structpb.NewStringValue(staleAt.Add(lease.SummaryFreshness).Format(time.RFC3339Nano))
-	if _, n := leased(summaries(stale, counting("r2", 4))); n != 4 {
-		t.Errorf("a stale summary's count does not count: want 4, got %v", n)
+	if _, n := leased(summaries(stale, counting("r2", 2))); n.GetNumberValue() != 2 {
+		t.Errorf("a stale summary's count does not count: want 2, got %v", n)
+	}
+	if _, n := leased(summaries(counting("r1", 1<<30))); n.GetNumberValue() != 4 {
+		t.Errorf("a count above the fleet's 4 proxies: want 4, got %v", n)
 	}
 }

@@ -104,8 +104,10 @@ type LeaseDemand struct {
 	// +kubebuilder:validation:Minimum=0
 	// +optional
 	Refused int32 `json:"refused,omitempty"`
-	// LeasedProxies is how many of the fleet's proxies, in every pool,
-	// crawlers hold leases on: what a pooled fleet shows as its
+	// LeasedProxies is how many of the fleet's proxies, in every pool, a
+	// crawler may hold a lease on as this replica counts them for safety
+	// (the leases in its cache, its own grants the cache may not show yet,
+	// and takes in flight): what a pooled fleet shows as its
 	// leasedReplicas, since its steady pools do not read their leases.
 	// Set in the summary of the fleet as a whole; absent from one written
 	// by a release before it.

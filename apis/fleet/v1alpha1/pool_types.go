@@ -125,7 +125,8 @@ type ProxyPoolStatus struct {
 	// LeasedReplicas counts Proxies a crawler holds a lease on, when the
 	// pool last read its leases: a steady pool reads none (its fleet
 	// counts them), so it is absent then.
-	LeasedReplicas int32 `json:"leasedReplicas,omitempty"`
+	// +optional
+	LeasedReplicas *int32 `json:"leasedReplicas,omitempty"`
 	// DuplicateEgressIPs counts Proxies whose egress IP another of the
 	// pool's shares.
 	DuplicateEgressIPs int32 `json:"duplicateEgressIPs,omitempty"`

@@ -535,7 +535,8 @@ type ProxyFleetStatus struct {
 	// +optional
 	Proxies []ProxyStatus `json:"proxies,omitempty"`
 	// LeasedReplicas counts proxies a crawler holds a lease on, in a pooled
-	// fleet, as egress-discovery's summaries of the fleet count them.
+	// fleet, as egress-discovery's summaries of the fleet count them;
+	// absent while no fresh summary counts them.
 	// +optional
 	LeasedReplicas *int32 `json:"leasedReplicas,omitempty"`
 	// DuplicateEgressIPs counts proxies whose egress IP another proxy of

@@ -451,6 +451,11 @@ func (in *ProxyPoolStatus) DeepCopyInto(out *ProxyPoolStatus) {
 		*out = new(int32)
 		**out = **in
 	}
+	if in.LeasedReplicas != nil {
+		in, out := &in.LeasedReplicas, &out.LeasedReplicas
+		*out = new(int32)
+		**out = **in
+	}
 	if in.Rollout != nil {
 		in, out := &in.Rollout, &out.Rollout
 		*out = new(RolloutStatus)
