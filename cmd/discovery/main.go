@@ -45,6 +45,7 @@ type CLI struct {
 	TLSCertFile                string        `name:"tls-cert-file" help:"PEM certificate (chain) to serve the API over HTTPS with, read again when it changes; with --tls-key-file. Empty serves plain HTTP." default:"" env:"TLS_CERT_FILE"`
 	TLSKeyFile                 string        `name:"tls-key-file" help:"PEM private key of --tls-cert-file." default:"" env:"TLS_KEY_FILE"`
 	HealthProbeBindAddress     string        `help:"Address of /healthz and /readyz." default:":8081" env:"HEALTH_PROBE_BIND_ADDRESS"`
+	PprofBindAddress           string        `help:"Address of Go's profiler (/debug/pprof/), to diagnose where time goes; empty (the default) turns it off. It asks for no credentials: bind it to loopback." default:"" env:"PPROF_BIND_ADDRESS"`
 	TokenFile                  string        `help:"Optional file of static tokens for crawlers outside the cluster: \"<token> <namespace>[,<namespace>...]\" per line." default:"" env:"TOKEN_FILE"`
 	SweepInterval              time.Duration `help:"How often expired leases and the leases of deleted proxies are deleted." default:"30s" env:"SWEEP_INTERVAL"`
 	TokenAudience              string        `help:"Audience a ServiceAccount token must be issued for (kubectl create token <sa> --audience egress-discovery, or a projected token volume with it); a token for the API server is refused. Empty accepts any." default:"egress-discovery" env:"TOKEN_AUDIENCE"`
@@ -240,7 +241,7 @@ func (c *CLI) newManager() (manager.Manager, error) {
 		return nil, errors.Wrap(err, "cannot get kubeconfig")
 	}
 	mgr, err := ctrl.NewManager(cfg, manager.Options{
-		Scheme: s, HealthProbeBindAddress: c.HealthProbeBindAddress,
+		Scheme: s, HealthProbeBindAddress: c.HealthProbeBindAddress, PprofBindAddress: c.PprofBindAddress,
 		// Only the Leases discovery makes, by their label: node
 		// heartbeats and leader elections cost it nothing.
 		Cache: discovery.CacheOptions(),

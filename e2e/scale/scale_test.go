@@ -12,6 +12,8 @@
 // test`. BENCHMARKS.md holds the figures.
 //
 // Settings (environment): SCALE_SIZES (default 100,1000,10000),
+// SCALE_PROFILE_DIR (egress-discovery's CPU profile of each acquisition
+// goes there),
 // SCALE_STEADY (the steady window, default 5m), SCALE_INTERVAL (each
 // proxy's probe interval, default 60s), SCALE_SETTLE (from the leases
 // taken to the window, default three intervals and 30 s),
@@ -195,6 +197,8 @@ type env struct {
 	disc  *discoveryv1.Client
 	// cs reads the API server's own metrics.
 	cs *kubernetes.Clientset
+	// pprof is egress-discovery's profiler address, with SCALE_PROFILE_DIR.
+	pprof string
 }
 
 // TestScale brings the environment up once and measures each size in turn
@@ -223,6 +227,12 @@ func TestScale(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	discoveryArgs := []string{"--platform-loopback"}
+	pprofAddr := ""
+	if os.Getenv("SCALE_PROFILE_DIR") != "" {
+		pprofAddr = freeAddress(t)
+		discoveryArgs = append(discoveryArgs, "--pprof-bind-address="+pprofAddr)
+	}
 	stack, err := devenv.Up(context.Background(), devenv.Options{
 		Root: root, StateDir: state, Progress: os.Stderr,
 		ProviderArgs: []string{
@@ -234,7 +244,7 @@ func TestScale(t *testing.T) {
 			"--poll=" + max(interval, 5*time.Minute).String(),
 		},
 		// The gateway dials the stand-in VMs on loopback (hidden flag).
-		DiscoveryArgs: []string{"--platform-loopback"},
+		DiscoveryArgs: discoveryArgs,
 	})
 	if err != nil {
 		t.Fatalf("bring-up: %v (logs in %s)", err, filepath.Join(state, "logs"))
@@ -251,7 +261,7 @@ func TestScale(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := &env{stack: stack, fake: fake, vms: v, disc: &discoveryv1.Client{BaseURL: stack.DiscoveryURL, Token: stack.Token, HTTP: h}}
+	e := &env{stack: stack, fake: fake, vms: v, disc: &discoveryv1.Client{BaseURL: stack.DiscoveryURL, Token: stack.Token, HTTP: h}, pprof: pprofAddr}
 	e.setup(t)
 
 	var rows []result
@@ -429,6 +439,8 @@ func (e *env) acquire(t *testing.T, fleet string, hot int, r *result) []string {
 	var ids []string
 	byProxy := map[string]int{}
 	began := time.Now()
+	profiled := e.profile(t, fmt.Sprintf("discovery-acquire-%s.pprof", fleet), 20*time.Second)
+	defer profiled()
 	fanOut(hot, func(g int) {
 		for j := range leasesPerHot {
 			var l *discoveryv1.Lease
@@ -1082,3 +1094,49 @@ func (e *env) report(t *testing.T, rows []result, interval, steady time.Duration
 // maxUnavailable is the fleets' rollout budget: 5%, within the XRD's
 // bound of 100 (a fleet of 10 000 may take out 100 at a time).
 func maxUnavailable(n int) int { return min(max(1, n/20), 100) }
+
+// freeAddress is a loopback address no one listens on now.
+func freeAddress(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close() //nolint:errcheck // Only its port was wanted.
+	return l.Addr().String()
+}
+
+// profile records egress-discovery's CPU for d into SCALE_PROFILE_DIR/name
+// (go tool pprof reads it), when that is set; the returned func waits for
+// the profile to be written.
+func (e *env) profile(t *testing.T, name string, d time.Duration) func() {
+	t.Helper()
+	dir := os.Getenv("SCALE_PROFILE_DIR")
+	if dir == "" || e.pprof == "" {
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		rsp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", e.pprof, int(d.Seconds()))) //nolint:gosec,noctx // The test's own loopback address.
+		if err != nil {
+			t.Logf("profile %s: %v", name, err)
+			return
+		}
+		defer rsp.Body.Close() //nolint:errcheck // Read to the end.
+		b, err := io.ReadAll(rsp.Body)
+		if err == nil && rsp.StatusCode != http.StatusOK {
+			err = fmt.Errorf("%s: %s", rsp.Status, b)
+		}
+		if err == nil {
+			_ = os.MkdirAll(dir, 0o755)
+			err = os.WriteFile(filepath.Join(dir, name), b, 0o644) //nolint:gosec // A profile.
+		}
+		if err != nil {
+			t.Logf("profile %s: %v", name, err)
+			return
+		}
+		t.Logf("egress-discovery's CPU profile of %s: %s", strings.TrimSuffix(name, ".pprof"), filepath.Join(dir, name))
+	}()
+	return func() { <-done }
+}
