@@ -9,6 +9,7 @@ import (
 	"sort"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
@@ -22,6 +23,7 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
+	toolscache "k8s.io/client-go/tools/cache"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -96,6 +98,23 @@ type Catalog struct {
 	mu    sync.Mutex
 	creds map[string]cachedCreds
 	ttls  map[string]cachedPolicy
+
+	// members remembers each fleet's members as of proxyVersion, which
+	// every Proxy event of the cache bumps, so that an acquisition does
+	// not list, convert and sort a fleet of 10 000 at every try. Without
+	// an informer to watch (Cache is a plain reader) nothing is kept.
+	watchOnce    sync.Once
+	proxyVersion *atomic.Uint64
+	members      map[string]fleetMembers
+}
+
+// maxRemembered bounds the fleets whose members are remembered.
+const maxRemembered = 1024
+
+// fleetMembers are a fleet's members as of a version of its Proxies.
+type fleetMembers struct {
+	version uint64
+	ms      []member
 }
 
 // Policy is how a fleet's leases are granted, from its spec.leases.
@@ -257,8 +276,62 @@ func (c *Catalog) All(ctx context.Context) (map[string][]member, error) {
 	return out, nil
 }
 
-// Fleet returns a fleet's proxies, healthy or not.
+// Fleet returns a fleet's proxies, healthy or not, sorted by name. The
+// slice is shared: read it, never change it.
 func (c *Catalog) Fleet(ctx context.Context, namespace, fleet string) ([]member, error) {
+	c.watchOnce.Do(c.watchProxies)
+	if c.proxyVersion == nil {
+		return c.listFleet(ctx, namespace, fleet)
+	}
+	key := namespace + "/" + fleet
+	// The version is read before the list: a Proxy changed meanwhile
+	// bumps it past what is remembered, and the next call lists again.
+	v := c.proxyVersion.Load()
+	c.mu.Lock()
+	m, ok := c.members[key]
+	c.mu.Unlock()
+	if ok && m.version == v {
+		return m.ms, nil
+	}
+	ms, err := c.listFleet(ctx, namespace, fleet)
+	if err != nil || len(ms) == 0 {
+		// A fleet without proxies is not remembered: any name may be
+		// asked for.
+		return ms, err
+	}
+	c.mu.Lock()
+	if c.members == nil || len(c.members) >= maxRemembered {
+		// Fleets come and go: a full memory starts over.
+		c.members = map[string]fleetMembers{}
+	}
+	c.members[key] = fleetMembers{version: v, ms: ms}
+	c.mu.Unlock()
+	return ms, nil
+}
+
+// watchProxies counts the cache's Proxy events into proxyVersion, if the
+// cache is an informer's.
+func (c *Catalog) watchProxies() {
+	inf, ok := c.Cache.(cache.Informers)
+	if !ok {
+		return
+	}
+	i, err := inf.GetInformer(context.Background(), &v1alpha1.Proxy{})
+	if err != nil {
+		return
+	}
+	v := &atomic.Uint64{}
+	bump := func(any) { v.Add(1) }
+	if _, err := i.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc: bump, DeleteFunc: bump, UpdateFunc: func(_, n any) { bump(n) },
+	}); err != nil {
+		return
+	}
+	c.proxyVersion = v
+}
+
+// listFleet lists a fleet's proxies from the cache.
+func (c *Catalog) listFleet(ctx context.Context, namespace, fleet string) ([]member, error) {
 	l := &v1alpha1.ProxyList{}
 	// Read-only use of the cache: members copy what they keep (the auth
 	// Secret reference is only read), so no deep copy of every Proxy per

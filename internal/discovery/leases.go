@@ -170,51 +170,54 @@ func (s *Server) tryAcquire(ctx context.Context, a *acquisition, freeOnly bool) 
 	if err != nil {
 		return nil, err
 	}
-	slots, err := s.Leases.Slots(ctx, a.ns, a.fleet)
+	// One read of the fleet's slots ranks the proxies, finds the sticky
+	// key's last one and orders each proxy's slots.
+	view, err := s.Leases.View(ctx, a.ns, a.fleet)
 	if err != nil {
 		return nil, err
 	}
-	sticky, err := s.Leases.Sticky(ctx, a.ns, a.fleet, a.req.StickyKey)
-	if err != nil {
-		return nil, err
-	}
+	sticky := view.Sticky(a.req.StickyKey)
 	// Equally loaded proxies in random order, so that concurrent crawlers
-	// (and replicas) spread out instead of racing for the same slot.
-	// Sorted by reference: a member is large to swap.
-	ps := make([]*member, len(ok))
-	for i := range ok {
-		ps[i] = &ok[i]
-	}
-	rand.Shuffle(len(ps), func(i, j int) { ps[i], ps[j] = ps[j], ps[i] })
+	// (and replicas) spread out instead of racing for the same slot. Each
+	// proxy's rank is worked out once, and the small ranks are sorted, not
+	// the large members: a fleet of 10 000 is ranked at every try.
 	// Proxies sharing an egress IP are one client to a target: those
 	// leaving from an IP of their own come first.
 	perIP := sharedIPs(ms)
-	shared := func(m *member) bool { return perIP[m.EgressIP] > 1 }
-	sort.SliceStable(ps, func(i, j int) bool {
-		if (ps[i].Name == sticky) != (ps[j].Name == sticky) {
-			return ps[i].Name == sticky
-		}
-		if shared(ps[i]) != shared(ps[j]) {
-			return !shared(ps[i])
-		}
-		li := float64(len(slots[ps[i].Name])) / float64(ps[i].MaxLeases)
-		lj := float64(len(slots[ps[j].Name])) / float64(ps[j].MaxLeases)
-		return li < lj
-	})
-	cands := make([]lease.Candidate, 0, len(ps))
-	for _, m := range ps {
-		cands = append(cands, lease.Candidate{Namespace: a.ns, Fleet: a.fleet, Proxy: m.Name, MaxLeases: m.MaxLeases})
+	type rank struct {
+		m              *member
+		sticky, shared bool
+		load           float64
 	}
-	g, err := s.Leases.Acquire(ctx, cands, lease.Request{Identity: a.id.User, Holder: a.req.Holder, TTL: a.ttl, StickyKey: a.req.StickyKey, FreeOnly: freeOnly})
+	rs := make([]rank, len(ok))
+	for i := range ok {
+		m := &ok[i]
+		rs[i] = rank{m: m, sticky: m.Name == sticky, shared: perIP[m.EgressIP] > 1, load: float64(len(view.Live[m.Name])) / float64(m.MaxLeases)}
+	}
+	rand.Shuffle(len(rs), func(i, j int) { rs[i], rs[j] = rs[j], rs[i] })
+	sort.SliceStable(rs, func(i, j int) bool {
+		if rs[i].sticky != rs[j].sticky {
+			return rs[i].sticky
+		}
+		if rs[i].shared != rs[j].shared {
+			return !rs[i].shared
+		}
+		return rs[i].load < rs[j].load
+	})
+	cands := make([]lease.Candidate, 0, len(rs))
+	for _, r := range rs {
+		cands = append(cands, lease.Candidate{Namespace: a.ns, Fleet: a.fleet, Proxy: r.m.Name, MaxLeases: r.m.MaxLeases})
+	}
+	g, err := s.Leases.AcquireIn(ctx, view, cands, lease.Request{Identity: a.id.User, Holder: a.req.Holder, TTL: a.ttl, StickyKey: a.req.StickyKey, FreeOnly: freeOnly})
 	if errors.Is(err, lease.ErrUnavailable) {
 		return nil, s.noFreeSlot(ctx, a, len(ok))
 	}
 	if err != nil {
 		return nil, err
 	}
-	for _, m := range ps {
-		if m.Name == g.Proxy {
-			return &granted{g: g, m: *m}, nil
+	for _, r := range rs {
+		if r.m.Name == g.Proxy {
+			return &granted{g: g, m: *r.m}, nil
 		}
 	}
 	return nil, &apiError{code: http.StatusInternalServerError, reason: apiv1.ReasonInternal, msg: "granted a lease on a proxy that was no candidate: a bug, please report it"}

@@ -423,22 +423,73 @@ type Request struct {
 // Slots lists the live slot leases of a fleet's proxies from the cache, by
 // proxy name.
 func (s *Store) Slots(ctx context.Context, namespace, fleet string) (map[string][]*coordv1.Lease, error) {
+	v, err := s.View(ctx, namespace, fleet)
+	if err != nil {
+		return nil, err
+	}
+	return v.Live, nil
+}
+
+// A SlotView is one read of a fleet's slot leases from the cache: what an
+// acquisition ranks its candidates by (Live, Sticky) and orders each
+// candidate's slots by (AcquireIn), so that one try lists the namespace's
+// Leases once rather than once for each. Read-only: its leases are the
+// cache's own.
+type SlotView struct {
+	// Live are the unexpired slots, by proxy name.
+	Live map[string][]*coordv1.Lease
+
+	items   []coordv1.Lease
+	state   map[string]slotState
+	expired map[string]bool
+}
+
+// View reads a fleet's slot leases from the cache.
+func (s *Store) View(ctx context.Context, namespace, fleet string) (*SlotView, error) {
 	l := &coordv1.LeaseList{}
 	// Read-only use of the cache: no deep copies of every lease per call.
 	if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.UnsafeDisableDeepCopy,
 		client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet), fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot}); err != nil {
 		return nil, errors.Wrap(err, "cannot list leases")
 	}
-	out := map[string][]*coordv1.Lease{}
+	v := &SlotView{Live: map[string][]*coordv1.Lease{}, items: l.Items, state: make(map[string]slotState, len(l.Items)), expired: map[string]bool{}}
 	for i := range l.Items {
 		le := &l.Items[i]
 		if s.expired(le) {
+			v.state[le.Name] = stateExpired
+			// expired are the slots the cache shows over: only those are
+			// read back for a takeover, whatever order they are tried in.
+			v.expired[le.Name] = true
 			continue
 		}
+		v.state[le.Name] = stateLive
 		p := fleetv1alpha1.ProxyName(le)
-		out[p] = append(out[p], le)
+		v.Live[p] = append(v.Live[p], le)
 	}
-	return out, nil
+	return v, nil
+}
+
+// Sticky returns the proxy a sticky key last held among the view's slots,
+// if any: as Store.Sticky does, from the slots already read.
+func (v *SlotView) Sticky(key string) string {
+	h := StickyHash(key)
+	if h == "" {
+		return ""
+	}
+	var best *coordv1.Lease
+	for i := range v.items {
+		l := &v.items[i]
+		if l.Labels[LabelSticky] != h {
+			continue
+		}
+		if best == nil || l.Spec.AcquireTime != nil && (best.Spec.AcquireTime == nil || l.Spec.AcquireTime.After(best.Spec.AcquireTime.Time)) {
+			best = l
+		}
+	}
+	if best == nil {
+		return ""
+	}
+	return fleetv1alpha1.ProxyName(best)
 }
 
 // Held returns the IDs of the live leases of a fleet granted to identity,
@@ -478,23 +529,24 @@ func (s *Store) Acquire(ctx context.Context, cands []Candidate, r Request) (*Gra
 	if len(cands) == 0 {
 		return nil, ErrUnavailable
 	}
-	l := &coordv1.LeaseList{}
-	if err := s.cache().List(ctx, l, client.InNamespace(cands[0].Namespace), client.UnsafeDisableDeepCopy,
-		client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(cands[0].Fleet), fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot}); err != nil {
-		return nil, errors.Wrap(err, "cannot list leases")
+	v, err := s.View(ctx, cands[0].Namespace, cands[0].Fleet)
+	if err != nil {
+		return nil, err
 	}
-	state := map[string]slotState{}
-	// expired are the slots the cache shows over: only those are read
-	// back for a takeover, whatever order they are tried in.
-	expired := map[string]bool{}
-	for i := range l.Items {
-		st := stateLive
-		if s.expired(&l.Items[i]) {
-			st = stateExpired
-			expired[l.Items[i].Name] = true
-		}
-		state[l.Items[i].Name] = st
+	return s.AcquireIn(ctx, v, cands, r)
+}
+
+// AcquireIn is Acquire with the fleet's slots as view read them (just
+// before, by the caller that ranked cands by it): the view only orders the
+// attempts, as the cache does for Acquire.
+func (s *Store) AcquireIn(ctx context.Context, v *SlotView, cands []Candidate, r Request) (*Grant, error) {
+	if !validTTL(r.TTL) {
+		return nil, ErrInvalidTTL
 	}
+	if len(cands) == 0 {
+		return nil, ErrUnavailable
+	}
+	state, expired := v.state, v.expired
 	type deferredSlot struct {
 		c    Candidate
 		slot int

@@ -114,6 +114,28 @@ func TestSemantics(t *testing.T) {
 		if err != nil || last != g.Proxy {
 			t.Errorf("the sticky key remembers its proxy %s, got %q (%v)", g.Proxy, last, err)
 		}
+		// Taken again on the other proxy, later: the latest counts, in a
+		// view of the slots as in the store's own lookup.
+		other := map[string]string{"p1": "p2", "p2": "p1"}[g.Proxy]
+		c.add(time.Second)
+		g2, err := s.Acquire(ctx, cands(ns, 1, other), lease.Request{Holder: "crawler-f", TTL: time.Minute, StickyKey: "session-42"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, err := s.View(ctx, ns, "crawlers")
+		if err != nil {
+			t.Fatal(err)
+		}
+		last, err = s.Sticky(ctx, ns, "crawlers", "session-42")
+		if err != nil || last != g2.Proxy || v.Sticky("session-42") != g2.Proxy {
+			t.Errorf("the sticky key remembers its latest proxy %s: the store says %q (%v), a view %q", g2.Proxy, last, err, v.Sticky("session-42"))
+		}
+		if v.Sticky("session-43") != "" || v.Sticky("") != "" {
+			t.Error("a key that took nothing, or none, has no proxy")
+		}
+		if n := len(v.Live[g2.Proxy]); n < 1 {
+			t.Errorf("the view lists the live slot of %s: %d", g2.Proxy, n)
+		}
 	})
 
 	t.Run("Bans", func(t *testing.T) {
