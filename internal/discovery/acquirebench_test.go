@@ -67,7 +67,10 @@ func BenchmarkAcquireBySize(b *testing.B) {
 	measure := func(n int) result {
 		ns := bed.Namespace(b)
 		fleet(b, ns, "f", n, maxLeases, nil)
-		fleetXR(b, ns, "f", n, map[string]any{"maxLeasesPerProxy": int64(maxLeases)})
+		// The XR gives the lease policy; one level holds at most a few
+		// hundred replicas (a pooled fleet composes the rest), and the
+		// healthy share counts the proxies that exist when they are more.
+		fleetXR(b, ns, "f", min(n, 100), map[string]any{"maxLeasesPerProxy": int64(maxLeases)})
 		c, ca := bed.Replica(b, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
 		version, err := discovery.WatchVersion(ctx, ca)
 		if err != nil {
