@@ -21,6 +21,7 @@ func TestHelp(t *testing.T) {
 		{Flag: "tls-cert-file", Env: "TLS_CERT_FILE", Default: `""`},
 		{Flag: "tls-key-file", Env: "TLS_KEY_FILE", Default: `""`},
 		{Flag: "health-probe-bind-address", Env: "HEALTH_PROBE_BIND_ADDRESS", Default: `":8081"`},
+		{Flag: "pprof-bind-address", Env: "PPROF_BIND_ADDRESS", Default: `""`},
 		{Flag: "token-file", Env: "TOKEN_FILE", Default: `""`},
 		{Flag: "sweep-interval", Env: "SWEEP_INTERVAL", Default: "30s"},
 		{Flag: "token-audience", Env: "TOKEN_AUDIENCE", Default: `"egress-discovery"`},
