@@ -500,17 +500,19 @@ func ProxyOwner(cache client.Reader) func(ctx context.Context, namespace, proxy 
 	}
 }
 
-// ProxyServing says whether a proxy may still be handed out, as the cache
-// shows it now (healthy, not draining, taking the credentials discovery
-// hands out): the lease store asks it once a take is in flight
+// ProxyServing says whether a proxy may still be handed out with a slot,
+// as the cache shows it now (healthy, not draining, taking the credentials
+// discovery hands out, still the fleet's, and the slot below its
+// maxLeases): the lease store asks it once a take is in flight
 // (lease.Store.Serving).
-func ProxyServing(cache client.Reader) func(ctx context.Context, namespace, proxy string) bool {
-	return func(ctx context.Context, namespace, proxy string) bool {
+func ProxyServing(cache client.Reader) func(ctx context.Context, namespace, fleet, proxy string, slot int) bool {
+	return func(ctx context.Context, namespace, fleet, proxy string, slot int) bool {
 		p := &v1alpha1.Proxy{}
 		if err := cache.Get(ctx, types.NamespacedName{Namespace: namespace, Name: proxy}, p); err != nil {
 			return false
 		}
-		return toMember(p).serving()
+		m := toMember(p)
+		return m.serving() && m.Fleet == fleet && slot < m.MaxLeases
 	}
 }
 

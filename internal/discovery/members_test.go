@@ -2,13 +2,17 @@ package discovery_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"testing"
 	"time"
 
 	coordv1 "k8s.io/api/coordination/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
@@ -53,4 +57,40 @@ func TestFleetMembersRemembered(t *testing.T) {
 		n, _ := healthy()
 		return n == 2, "healthy proxies: " + string(rune('0'+n))
 	})
+}
+
+// TestTakeRechecksFleetAndMaxLeases: a take asks the cache's Proxy, not the
+// ranked candidate, whether its slot is below maxLeases and the proxy still
+// the fleet's. Candidates ranked before maxLeasesPerProxy was lowered (the
+// remembered members lag the cache) get no holder beyond the new maximum.
+func TestTakeRechecksFleetAndMaxLeases(t *testing.T) {
+	ctx := context.Background()
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	fleet(t, ns, "f", 1, 2, nil)
+	c, ca := bed.Replica(t, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
+	s := &lease.Store{Client: c, Cache: ca, Serving: discovery.ProxyServing(ca)}
+	testbed.Eventually(t, 10*time.Second, "the cache sees the proxy", func() (bool, string) {
+		return discovery.ProxyServing(ca)(ctx, ns, "f", "f-0", 0), "not serving yet"
+	})
+	// Ranked as if it still took 4 holders: only its 2 slots are granted.
+	stale := []lease.Candidate{{Namespace: ns, Fleet: "f", Proxy: "f-0", MaxLeases: 4}}
+	for i := range 4 {
+		_, err := s.Acquire(ctx, stale, lease.Request{Holder: fmt.Sprintf("h-%d", i), TTL: time.Minute})
+		switch {
+		case i < 2 && err != nil:
+			t.Fatalf("holder %d of 2: %v", i, err)
+		case i >= 2 && !errors.Is(err, lease.ErrUnavailable):
+			t.Fatalf("holder %d of a proxy of maxLeases 2: want ErrUnavailable, got %v", i, err)
+		}
+	}
+	l := &coordv1.LeaseList{}
+	if err := c.List(ctx, l, client.InNamespace(ns)); err != nil || len(l.Items) != 2 {
+		t.Fatalf("want 2 slot Leases, got %d (%v)", len(l.Items), err)
+	}
+	// A candidate of another fleet (a label moved, a stale memory) is
+	// not the proxy's fleet: refused.
+	if _, err := s.Acquire(ctx, []lease.Candidate{{Namespace: ns, Fleet: "g", Proxy: "f-0", MaxLeases: 4}}, lease.Request{Holder: "x", TTL: time.Minute}); !errors.Is(err, lease.ErrUnavailable) {
+		t.Fatalf("a take for fleet g of a proxy of fleet f: want ErrUnavailable, got %v", err)
+	}
 }

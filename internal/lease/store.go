@@ -104,8 +104,12 @@ type Store struct {
 	// counts as in flight (Leased lists the proxy from then on), and gives
 	// up on a proxy it refuses. A proxy that began to drain after the
 	// candidates were chosen gets no lease that a summary listing it as
-	// draining could miss.
-	Serving func(ctx context.Context, namespace, proxy string) bool
+	// draining could miss. It is also asked whether the proxy is still the
+	// fleet's and slot still below its maxLeases as the cache shows them
+	// now: the candidates may have been ranked on older figures (a lowered
+	// maxLeasesPerProxy), and a slot beyond the new maximum is one holder
+	// too many.
+	Serving func(ctx context.Context, namespace, fleet, proxy string, slot int) bool
 	// OwnerOf, when set, names the object that owns a proxy's leases and
 	// bans, so that they are garbage-collected with it: they never outlive
 	// the proxy, even where nobody is left to sweep them. nil, or a nil
@@ -642,7 +646,7 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 	// proxy as taken, or was made before the re-check, which then sees
 	// what that summary saw (a drain) or later.
 	defer s.taking.begin(c.Namespace, c.Fleet, c.Proxy)()
-	if s.Serving != nil && !s.Serving(ctx, c.Namespace, c.Proxy) {
+	if s.Serving != nil && !s.Serving(ctx, c.Namespace, c.Fleet, c.Proxy, slot) {
 		return nil, nil
 	}
 	now := s.now()

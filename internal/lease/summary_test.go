@@ -20,7 +20,7 @@ func TestTakeInFlightIsListed(t *testing.T) {
 	ns := bed.Namespace(t)
 	ctx := context.Background()
 	asked, answer := make(chan struct{}), make(chan bool)
-	s := &lease.Store{Client: bed.Client, Serving: func(context.Context, string, string) bool {
+	s := &lease.Store{Client: bed.Client, Serving: func(context.Context, string, string, string, int) bool {
 		asked <- struct{}{}
 		return <-answer
 	}}
