@@ -155,6 +155,9 @@ func (c *CLI) Run() error {
 	if err != nil {
 		return err
 	}
+	if err := lease.IndexCache(ctx, mgr.GetFieldIndexer()); err != nil {
+		return err
+	}
 	// Watch ProxyFleet XRs too when Crossplane has made their CRD; without
 	// it, fleets are known from their proxies alone.
 	var fleets client.Reader

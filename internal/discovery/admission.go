@@ -17,20 +17,22 @@ import (
 // fleet's size is what demand asks for: proxies it is adding, not yet
 // Ready, are no proxies lost, and count in neither part.
 func healthyFraction(ms []member, p *Policy) float64 {
-	n, of := 0, 0
-	for _, m := range ms {
-		if m.serving() {
-			n++
-		}
-		if !p.Autoscaled || !m.Booting || m.serving() {
-			of++
-		}
+	f := &fleetMembers{ms: ms}
+	f.serving, f.awake = countServing(ms)
+	return f.healthyFraction(p)
+}
+
+// healthyFraction is healthyFraction of the fleet's members, counted once.
+func (f *fleetMembers) healthyFraction(p *Policy) float64 {
+	of := len(f.ms)
+	if p.Autoscaled {
+		of = f.awake
 	}
 	of = max(of, p.Replicas)
 	if of == 0 {
 		return 0
 	}
-	return float64(n) / float64(of)
+	return float64(f.serving) / float64(of)
 }
 
 // tooFewHealthy is the refusal of a new lease while a fleet is below its

@@ -487,6 +487,26 @@ func TestCacheHoldsOnlyDiscoveryLeases(t *testing.T) {
 		}
 		return len(names) == 2 && !strings.Contains(strings.Join(names, ","), "heartbeat"), strings.Join(names, ",")
 	})
+	// It holds no managedFields, and an update of what it holds (as the
+	// ban store extends a ban) leaves the API server's as they were.
+	cached := &coordv1.Lease{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "ban"}, cached); err != nil {
+		t.Fatal(err)
+	}
+	if len(cached.ManagedFields) != 0 {
+		t.Errorf("the cache holds managedFields: %d entries", len(cached.ManagedFields))
+	}
+	cached.Spec.HolderIdentity = ptr.To("extended")
+	if err := bed.Client.Update(ctx, cached); err != nil {
+		t.Fatal(err)
+	}
+	live := &coordv1.Lease{}
+	if err := bed.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: "ban"}, live); err != nil {
+		t.Fatal(err)
+	}
+	if len(live.ManagedFields) == 0 || *live.Spec.HolderIdentity != "extended" {
+		t.Errorf("an update from the cache: want the API server's managedFields kept and the change made, got %d entries, holder %v", len(live.ManagedFields), live.Spec.HolderIdentity)
+	}
 }
 
 // TestUnlabelledSecretNeverServed: a fleet author names, as the fleet's

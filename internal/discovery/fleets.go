@@ -125,7 +125,7 @@ func sharedIPs(ms []member) map[string]int {
 // healthy filters a fleet's proxies: healthy, not draining (being
 // replaced), accepting the auth Secret's credentials, in the zone, not
 // excluded, not banned for the domain, nor leaving from an egress IP
-// banned for it through another proxy.
+// banned for it through another proxy. It returns the fleet's bans too.
 func (s *Server) healthy(ctx context.Context, ms []member, zone string, exclude map[string]bool, domain string) ([]member, map[string][]string, error) {
 	var bans map[string][]string
 	if len(ms) > 0 {
@@ -134,32 +134,45 @@ func (s *Server) healthy(ctx context.Context, ms []member, zone string, exclude 
 			return nil, nil, err
 		}
 	}
-	bannedFor := func(m member) bool {
-		for _, d := range bans[m.Name] {
-			if domain != "" && strings.EqualFold(d, domain) {
-				return true
-			}
+	admit, err := s.admits(ctx, ms, zone, exclude, domain)
+	if err != nil {
+		return nil, nil, err
+	}
+	out := make([]member, 0, len(ms))
+	for i := range ms {
+		if admit(&ms[i]) {
+			out = append(out, ms[i])
 		}
-		return false
+	}
+	return out, bans, nil
+}
+
+// admits says which of a fleet's proxies (ms, sorted by name) healthy
+// keeps, one at a time: an acquisition in a large fleet asks it of a
+// sample. It reads the bans for the domain only, none without one.
+func (s *Server) admits(ctx context.Context, ms []member, zone string, exclude map[string]bool, domain string) (func(*member) bool, error) {
+	var banned map[string]bool
+	if len(ms) > 0 && domain != "" {
+		var err error
+		if banned, err = s.Leases.BannedFor(ctx, ms[0].Namespace, ms[0].Fleet, domain); err != nil {
+			return nil, err
+		}
 	}
 	// A target that banned a proxy banned its egress IP: every proxy
 	// leaving from that IP is banned for the domain too.
 	bannedIPs := map[string]bool{}
-	for _, m := range ms {
-		if m.EgressIP != "" && bannedFor(m) {
+	f := fleetMembers{ms: ms}
+	for name := range banned {
+		if m := f.byName(name); m != nil && m.EgressIP != "" {
 			bannedIPs[m.EgressIP] = true
 		}
 	}
-	out := make([]member, 0, len(ms))
-	for _, m := range ms {
+	return func(m *member) bool {
 		if !m.serving() || (zone != "" && m.Zone != zone) || exclude[m.Name] {
-			continue
+			return false
 		}
-		if !bannedFor(m) && !bannedIPs[m.EgressIP] {
-			out = append(out, m)
-		}
-	}
-	return out, bans, nil
+		return !banned[m.Name] && (m.EgressIP == "" || !bannedIPs[m.EgressIP])
+	}, nil
 }
 
 func (s *Server) proxies(w http.ResponseWriter, r *http.Request, id *Identity) error {

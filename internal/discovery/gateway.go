@@ -839,8 +839,8 @@ func (gw *Gateway) check(ctx context.Context, up *upstream, zone, domain string)
 	if !m.serving() || m.Fleet != up.g.m.Fleet {
 		return false, true
 	}
-	live, _, err := gw.Server.healthy(ctx, []member{m}, zone, nil, domain)
-	if err != nil || len(live) == 0 {
+	admit, err := gw.Server.admits(ctx, []member{m}, zone, nil, domain)
+	if err != nil || !admit(&m) {
 		return false, false
 	}
 	// The credentials the proxy takes now, for connections from here on.

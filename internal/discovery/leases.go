@@ -98,7 +98,7 @@ func (s *Server) grantFor(ctx context.Context, a *acquisition) (*granted, error)
 	// Acquisitions waiting on this replica for the same proxies go
 	// first: one that may not wait finds no slot while they do.
 	if s.queues.depth(key) > 0 {
-		err = s.noFreeSlot(ctx, a, -1)
+		err = s.noFreeSlot(ctx, a, -1, nil)
 	} else {
 		g, err = s.tryAcquire(ctx, a, false)
 	}
@@ -150,49 +150,163 @@ func (s *Server) acquisitionOf(ctx context.Context, req *apiv1.AcquireRequest, n
 	return a, nil
 }
 
+// Acquisition in a large fleet ranks a sample of it: at 10 000 proxies
+// with 10 000 leases, ranking all of them cost discovery 35 ms of CPU per
+// try. A fleet of more than sampleFrom proxies is ranked on up to
+// sampleSize of its admissible ones, drawn at random (and the sticky
+// key's last proxy), and only their slots are read; only when none of
+// those has a free slot is the whole fleet ranked, so that a lease is
+// refused only when no proxy of the fleet has a slot.
+const (
+	sampleSize = 32
+	sampleFrom = 4 * sampleSize
+)
+
 // tryAcquire takes a slot on the best proxy of the fleet, now: the sticky
 // key's last proxy first, then the least loaded. It is refused while the
 // fleet is below its minimum healthy share, and when no slot is free.
 func (s *Server) tryAcquire(ctx context.Context, a *acquisition, freeOnly bool) (*granted, error) {
-	ms, err := s.members(ctx, a.ns, a.fleet)
-	if errors.Is(err, errFleetNotFound) && a.policy.Autoscaled {
+	f, err := s.Catalog.fleetOf(ctx, a.ns, a.fleet)
+	if err != nil {
+		return nil, err
+	}
+	if len(f.ms) == 0 {
+		if !a.policy.Autoscaled {
+			return nil, errFleetNotFound
+		}
 		// An autoscaled fleet at zero: no slot yet, so the acquisition
 		// waits (and counts as demand) while the fleet wakes.
-		ms, err = nil, nil
 	}
-	if err != nil {
-		return nil, err
-	}
-	if frac := healthyFraction(ms, a.policy); frac < a.policy.MinHealthyFraction {
+	if frac := f.healthyFraction(a.policy); frac < a.policy.MinHealthyFraction {
 		return nil, tooFewHealthy(a.ns, a.fleet, frac, a.policy)
 	}
-	ok, _, err := s.healthy(ctx, ms, a.req.Zone, a.exclude, a.req.Domain)
+	admit, err := s.admits(ctx, f.ms, a.req.Zone, a.exclude, a.req.Domain)
 	if err != nil {
 		return nil, err
 	}
+	if a.req.Zone != "" && f.zones[a.req.Zone] == 0 {
+		// No proxy of the fleet is in the zone: nothing to rank.
+		return nil, s.noFreeSlot(ctx, a, 0, map[string][]*coordLease{})
+	}
+	req := lease.Request{Identity: a.id.User, Holder: a.req.Holder, TTL: a.ttl, StickyKey: a.req.StickyKey, FreeOnly: freeOnly}
+	if len(f.ms) > sampleFrom {
+		g, err := s.acquireSampled(ctx, a, f, admit, req)
+		if g != nil || err != nil && !errors.Is(err, lease.ErrUnavailable) {
+			if g != nil {
+				s.Metrics.Rankings.WithLabelValues("sample").Inc()
+			}
+			return g, err
+		}
+	}
+	s.Metrics.Rankings.WithLabelValues("fleet").Inc()
 	// One read of the fleet's slots ranks the proxies, finds the sticky
 	// key's last one and orders each proxy's slots.
 	view, err := s.Leases.View(ctx, a.ns, a.fleet)
 	if err != nil {
 		return nil, err
 	}
-	sticky := view.Sticky(a.req.StickyKey)
+	var all []*member
+	for i := range f.ms {
+		if admit(&f.ms[i]) {
+			all = append(all, &f.ms[i])
+		}
+	}
+	g, err := s.acquireAmong(ctx, a, f, all, view, view.Sticky(a.req.StickyKey), req)
+	if errors.Is(err, lease.ErrUnavailable) {
+		return nil, s.noFreeSlot(ctx, a, len(all), view.Live)
+	}
+	return g, err
+}
+
+// acquireSampled tries a random sample of a large fleet's admissible
+// proxies, their free slots only: ErrUnavailable when none is free (or
+// the sample was the whole fleet's admissible proxies, all taken), and
+// the caller ranks the whole fleet.
+func (s *Server) acquireSampled(ctx context.Context, a *acquisition, f *fleetMembers, admit func(*member) bool, req lease.Request) (*granted, error) {
+	var pick []*member
+	sticky := ""
+	if a.req.StickyKey != "" {
+		name, err := s.Leases.Sticky(ctx, a.ns, a.fleet, a.req.StickyKey)
+		if err != nil {
+			return nil, err
+		}
+		if m := f.byName(name); m != nil && admit(m) {
+			pick, sticky = append(pick, m), name
+		}
+	}
+	// Proxies leaving from an egress IP of their own first, as the whole
+	// fleet's ranking puts them: the sample is drawn from them, and from
+	// the others only when they are too few. At most maxDraws are looked
+	// at: a request few proxies admit (a domain most are banned for) goes
+	// to the whole fleet's ranking rather than walk it here.
+	budget := maxDraws
+	limit := len(pick) + sampleSize
+	for _, idx := range [][]int32{f.own, f.shared} {
+		pick = draw(f.ms, idx, pick, limit, &budget, func(m *member) bool { return m.Name != sticky && admit(m) })
+	}
+	if len(pick) == 0 {
+		return nil, lease.ErrUnavailable
+	}
+	names := make([]string, len(pick))
+	for i, m := range pick {
+		names[i] = m.Name
+	}
+	view, err := s.Leases.ViewOf(ctx, a.ns, a.fleet, names)
+	if err != nil {
+		return nil, err
+	}
+	// Of the slots the cache shows held, only the sticky proxy's: the
+	// others are tried by the whole fleet's ranking, which a sample with
+	// none free falls back to.
+	req.SkipHeld = true
+	return s.acquireAmong(ctx, a, f, pick, view, sticky, req)
+}
+
+// maxDraws bounds the members one sampled try looks at.
+const maxDraws = 8 * sampleSize
+
+// draw appends to pick, until it holds limit, members of ms at idx that
+// keep takes, in random order: a permutation drawn lazily (Fisher-Yates,
+// the swaps kept in a map), uniform and costing what is drawn, not the
+// fleet. Each member looked at spends one of budget.
+func draw(ms []member, idx []int32, pick []*member, limit int, budget *int, keep func(*member) bool) []*member {
+	n := len(idx)
+	moved := map[int]int32{}
+	at := func(i int) int32 {
+		if v, ok := moved[i]; ok {
+			return v
+		}
+		return idx[i]
+	}
+	for i := 0; i < n && len(pick) < limit && *budget > 0; i++ {
+		*budget--
+		j := i + rand.IntN(n-i)
+		vi, vj := at(i), at(j)
+		moved[j] = vi
+		if m := &ms[vj]; keep(m) {
+			pick = append(pick, m)
+		}
+	}
+	return pick
+}
+
+// acquireAmong takes a slot on the best of cands, as view shows their
+// slots: the sticky key's last proxy first, then those leaving from an
+// egress IP of their own, then the least loaded.
+func (s *Server) acquireAmong(ctx context.Context, a *acquisition, f *fleetMembers, cands []*member, view *lease.SlotView, sticky string, req lease.Request) (*granted, error) {
 	// Equally loaded proxies in random order, so that concurrent crawlers
 	// (and replicas) spread out instead of racing for the same slot. Each
 	// proxy's rank is worked out once, and the small ranks are sorted, not
-	// the large members: a fleet of 10 000 is ranked at every try.
-	// Proxies sharing an egress IP are one client to a target: those
-	// leaving from an IP of their own come first.
-	perIP := sharedIPs(ms)
+	// the large members. Proxies sharing an egress IP are one client to a
+	// target: those leaving from an IP of their own come first.
 	type rank struct {
 		m              *member
 		sticky, shared bool
 		load           float64
 	}
-	rs := make([]rank, len(ok))
-	for i := range ok {
-		m := &ok[i]
-		rs[i] = rank{m: m, sticky: m.Name == sticky, shared: perIP[m.EgressIP] > 1, load: float64(len(view.Live[m.Name])) / float64(m.MaxLeases)}
+	rs := make([]rank, len(cands))
+	for i, m := range cands {
+		rs[i] = rank{m: m, sticky: m.Name == sticky, shared: f.perIP[m.EgressIP] > 1, load: float64(len(view.Live[m.Name])) / float64(m.MaxLeases)}
 	}
 	rand.Shuffle(len(rs), func(i, j int) { rs[i], rs[j] = rs[j], rs[i] })
 	sort.SliceStable(rs, func(i, j int) bool {
@@ -204,14 +318,11 @@ func (s *Server) tryAcquire(ctx context.Context, a *acquisition, freeOnly bool) 
 		}
 		return rs[i].load < rs[j].load
 	})
-	cands := make([]lease.Candidate, 0, len(rs))
+	lcs := make([]lease.Candidate, 0, len(rs))
 	for _, r := range rs {
-		cands = append(cands, lease.Candidate{Namespace: a.ns, Fleet: a.fleet, Proxy: r.m.Name, MaxLeases: r.m.MaxLeases})
+		lcs = append(lcs, lease.Candidate{Namespace: a.ns, Fleet: a.fleet, Proxy: r.m.Name, MaxLeases: r.m.MaxLeases, Sticky: r.sticky})
 	}
-	g, err := s.Leases.AcquireIn(ctx, view, cands, lease.Request{Identity: a.id.User, Holder: a.req.Holder, TTL: a.ttl, StickyKey: a.req.StickyKey, FreeOnly: freeOnly})
-	if errors.Is(err, lease.ErrUnavailable) {
-		return nil, s.noFreeSlot(ctx, a, len(ok))
-	}
+	g, err := s.Leases.AcquireIn(ctx, view, lcs, req)
 	if err != nil {
 		return nil, err
 	}
@@ -224,11 +335,17 @@ func (s *Server) tryAcquire(ctx context.Context, a *acquisition, freeOnly bool) 
 }
 
 // noFreeSlot is the refusal when every healthy proxy is taken (healthy < 0:
-// when others wait already), with a Retry-After of the soonest expiry.
-func (s *Server) noFreeSlot(ctx context.Context, a *acquisition, healthy int) error {
+// when others wait already), with a Retry-After of the soonest expiry of
+// the fleet's live slots (read when nil).
+func (s *Server) noFreeSlot(ctx context.Context, a *acquisition, healthy int, live map[string][]*coordLease) error {
 	retry := 5
-	if slots, err := s.Leases.Slots(ctx, a.ns, a.fleet); err == nil {
-		retry = s.retryAfter(slots)
+	if live == nil {
+		if slots, err := s.Leases.Slots(ctx, a.ns, a.fleet); err == nil {
+			live = slots
+		}
+	}
+	if live != nil {
+		retry = s.retryAfter(live)
 	}
 	msg := fmt.Sprintf("no healthy proxy of %s/%s has a free slot (%d healthy, none with fewer than maxLeases holders); retry in %ds", a.ns, a.fleet, healthy, retry)
 	if healthy < 0 {

@@ -1,6 +1,9 @@
 package lease
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // SetExpiryMargin makes s take expired slots over margin past their TTL,
 // rather than ExpiryMargin, so that fault tests see many takeovers.
@@ -10,3 +13,6 @@ func SetExpiryMargin(s *Store, margin time.Duration) { s.margin = margin }
 // it takes expired slots over without the UID and resourceVersion
 // preconditions, gap after reading them.
 func Unguarded(s *Store, gap time.Duration) { s.unguarded, s.unguardedGap = true, gap }
+
+// Indexed says whether s reads its cache's Lease indexes in namespace.
+func Indexed(ctx context.Context, s *Store, namespace string) bool { return s.indexed(ctx, namespace) }

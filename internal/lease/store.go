@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"math"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -71,6 +70,9 @@ var (
 type Candidate struct {
 	Namespace, Fleet, Proxy string
 	MaxLeases               int
+	// Sticky marks the sticky key's last proxy: the slots the cache shows
+	// held are tried with its free ones, before other candidates'.
+	Sticky bool
 }
 
 // Grant is a lease held by a crawler.
@@ -123,6 +125,9 @@ type Store struct {
 	// cache: the API server decides every grant.
 	inflight sync.Map // namespace/name
 	recent   sync.Map // namespace/name -> time.Time (taken until)
+	// freed holds slots this replica released lately, which its cache may
+	// still show held: tried as free.
+	freed sync.Map // namespace/name -> time.Time (free until)
 	// written are the slots this replica wrote lately, and taking the
 	// proxies it is taking a slot of now, for its summaries.
 	written ownWrites
@@ -139,6 +144,8 @@ type Store struct {
 	// plus ExpiryMargin, as client-go's leader election judges a leader.
 	// No replica compares another's clock with its own.
 	observed sync.Map // namespace/name -> observation
+	// idx says whether Cache has the Lease indexes (index.go).
+	idx indexes
 
 	// margin replaces ExpiryMargin when set; only tests set it, to make
 	// takeovers quick.
@@ -251,12 +258,35 @@ func (s *Store) remember(g *Grant, identity string) {
 		}
 		return true
 	})
+	s.freed.Range(func(k, v any) bool {
+		if now.After(v.(time.Time)) { //nolint:forcetypeassert // Only times are stored.
+			s.freed.Delete(k)
+		}
+		return true
+	})
 }
 
 // recentlyTaken is how long a slot this replica saw taken is tried last.
 const recentlyTaken = time.Second
 
-func (s *Store) noteTaken(key string) { s.recent.Store(key, s.now().Add(recentlyTaken)) }
+func (s *Store) noteTaken(key string) {
+	s.freed.Delete(key)
+	s.recent.Store(key, s.now().Add(recentlyTaken))
+}
+
+// freedLately says whether this replica released the slot within
+// recentlyTaken.
+func (s *Store) freedLately(key string) bool {
+	v, ok := s.freed.Load(key)
+	if !ok {
+		return false
+	}
+	if s.now().After(v.(time.Time)) { //nolint:forcetypeassert // Only times are stored.
+		s.freed.Delete(key)
+		return false
+	}
+	return true
+}
 
 func (s *Store) seenTaken(key string) bool {
 	v, ok := s.recent.Load(key)
@@ -422,16 +452,28 @@ type Request struct {
 	// FreeOnly tries only the slots the cache shows free or expired, so
 	// that a caller retrying on a full fleet costs no write per try.
 	FreeOnly bool
+	// SkipHeld tries, of the slots the cache shows held, only the sticky
+	// candidate's: for a caller that tries a sample of a fleet first and
+	// the whole fleet after.
+	SkipHeld bool
 }
 
 // Slots lists the live slot leases of a fleet's proxies from the cache, by
 // proxy name.
 func (s *Store) Slots(ctx context.Context, namespace, fleet string) (map[string][]*coordv1.Lease, error) {
-	v, err := s.View(ctx, namespace, fleet)
+	items, err := s.fleetLeases(ctx, namespace, fleet, fleetv1alpha1.LeaseKindSlot)
 	if err != nil {
 		return nil, err
 	}
-	return v.Live, nil
+	// Only the live slots: not the maps an acquisition orders slots by.
+	live := map[string][]*coordv1.Lease{}
+	for i := range items {
+		if le := &items[i]; !s.expired(le) {
+			p := fleetv1alpha1.ProxyName(le)
+			live[p] = append(live[p], le)
+		}
+	}
+	return live, nil
 }
 
 // A SlotView is one read of a fleet's slot leases from the cache: what an
@@ -450,15 +492,51 @@ type SlotView struct {
 
 // View reads a fleet's slot leases from the cache.
 func (s *Store) View(ctx context.Context, namespace, fleet string) (*SlotView, error) {
+	items, err := s.fleetLeases(ctx, namespace, fleet, fleetv1alpha1.LeaseKindSlot)
+	if err != nil {
+		return nil, err
+	}
+	return s.viewOf(items), nil
+}
+
+// ViewOf reads the slot leases of some of a fleet's proxies from the
+// cache: what an acquisition that ranks a sample of a large fleet needs.
+// Without the cache's indexes it is View.
+func (s *Store) ViewOf(ctx context.Context, namespace, fleet string, proxies []string) (*SlotView, error) {
+	var all []coordv1.Lease
+	for _, p := range proxies {
+		items, ok, err := s.listBy(ctx, namespace, indexProxy, fleet+"/"+p)
+		if err != nil {
+			return nil, errors.Wrap(err, "cannot list leases")
+		}
+		if !ok {
+			return s.View(ctx, namespace, fleet)
+		}
+		all = append(all, items...)
+	}
+	return s.viewOf(all), nil
+}
+
+// fleetLeases lists a fleet's leases of one kind from the cache, read
+// only (the cache's own objects).
+func (s *Store) fleetLeases(ctx context.Context, namespace, fleet, kind string) ([]coordv1.Lease, error) {
+	items, ok, err := s.listBy(ctx, namespace, indexKind, fleet+"/"+kind)
+	if ok || err != nil {
+		return items, errors.Wrap(err, "cannot list leases")
+	}
 	l := &coordv1.LeaseList{}
-	// Read-only use of the cache: no deep copies of every lease per call.
 	if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.UnsafeDisableDeepCopy,
-		client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet), fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot}); err != nil {
+		client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet), fleetv1alpha1.LabelLeaseKind: kind}); err != nil {
 		return nil, errors.Wrap(err, "cannot list leases")
 	}
-	v := &SlotView{Live: map[string][]*coordv1.Lease{}, items: l.Items, state: make(map[string]slotState, len(l.Items)), expired: map[string]bool{}}
-	for i := range l.Items {
-		le := &l.Items[i]
+	return l.Items, nil
+}
+
+// viewOf is the view of slot leases read.
+func (s *Store) viewOf(items []coordv1.Lease) *SlotView {
+	v := &SlotView{Live: map[string][]*coordv1.Lease{}, items: items, state: make(map[string]slotState, len(items)), expired: map[string]bool{}}
+	for i := range items {
+		le := &items[i]
 		if s.expired(le) {
 			v.state[le.Name] = stateExpired
 			// expired are the slots the cache shows over: only those are
@@ -470,7 +548,7 @@ func (s *Store) View(ctx context.Context, namespace, fleet string) (*SlotView, e
 		p := fleetv1alpha1.ProxyName(le)
 		v.Live[p] = append(v.Live[p], le)
 	}
-	return v, nil
+	return v
 }
 
 // Sticky returns the proxy a sticky key last held among the view's slots,
@@ -499,13 +577,18 @@ func (v *SlotView) Sticky(key string) string {
 // Held returns the IDs of the live leases of a fleet granted to identity,
 // from the cache.
 func (s *Store) Held(ctx context.Context, namespace, fleet, identity string) (map[string]bool, error) {
-	l := &coordv1.LeaseList{}
-	if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.UnsafeDisableDeepCopy, client.MatchingLabels(SeatSelector(fleet))); err != nil {
+	items, ok, err := s.listBy(ctx, namespace, indexIdentity, fleet+"/"+identity)
+	if err != nil {
 		return nil, errors.Wrap(err, "cannot list leases")
 	}
+	if !ok {
+		if items, err = s.fleetLeases(ctx, namespace, fleet, fleetv1alpha1.LeaseKindSlot); err != nil {
+			return nil, err
+		}
+	}
 	out := map[string]bool{}
-	for i := range l.Items {
-		le := &l.Items[i]
+	for i := range items {
+		le := &items[i]
 		if le.Annotations[AnnotationIdentity] == identity && fleetv1alpha1.FleetName(le) == fleet && !s.expired(le) {
 			out[le.Namespace+"/"+le.Name+"/"+string(le.UID)] = true
 		}
@@ -550,85 +633,126 @@ func (s *Store) AcquireIn(ctx context.Context, v *SlotView, cands []Candidate, r
 	if len(cands) == 0 {
 		return nil, ErrUnavailable
 	}
-	state, expired := v.state, v.expired
-	type deferredSlot struct {
-		c    Candidate
-		slot int
-	}
-	var deferred []deferredSlot
+	at := &attempt{s: s, r: r, expired: v.expired}
+	// Every candidate's free and expired slots first, in the callers'
+	// order (the sticky key's proxy's held ones too: a slot its holder
+	// just released may not be in the cache yet). Then slots the cache
+	// shows held, for a release it has not seen, at most maxHeldTries of
+	// them: a full fleet costs a few writes per try, not one per slot.
+	var held []slotOf
 	for _, c := range cands {
-		names, order := s.slotOrder(c, state, r.FreeOnly)
-		for _, slot := range order {
-			key := c.Namespace + "/" + names[slot]
-			if _, busy := s.inflight.LoadOrStore(key, struct{}{}); busy {
-				// Another caller of this replica is taking it: come back to
-				// it only if nothing else is free.
-				deferred = append(deferred, deferredSlot{c, slot})
-				continue
-			}
-			g, err := s.take(ctx, c, slot, r, expired[names[slot]])
-			s.inflight.Delete(key)
-			if unmakeable(err) {
-				// The API server refuses this slot's object (a name too
-				// long, say): another slot may serve.
-				continue
-			}
-			if err != nil {
-				return nil, err
-			}
-			if g != nil {
-				return g, nil
-			}
+		free, taken := s.slotOrder(c, v.state)
+		if c.Sticky && !r.FreeOnly {
+			free, taken = append(free, taken...), nil
+		}
+		for _, slot := range taken {
+			held = append(held, slotOf{c, slot})
+		}
+		if g, err := at.run(ctx, c, free); g != nil || err != nil {
+			return g, err
 		}
 	}
-	for _, d := range deferred {
-		if r.FreeOnly {
+	if r.FreeOnly || r.SkipHeld {
+		return nil, ErrUnavailable
+	}
+	for i, d := range held {
+		if i == maxHeldTries {
 			break
 		}
-		g, err := s.take(ctx, d.c, d.slot, r, expired[SlotName(d.c.Proxy, d.slot)])
+		if g, err := at.run(ctx, d.c, []int{d.slot}); g != nil || err != nil {
+			return g, err
+		}
+	}
+	// Last, the slots another caller of this replica was taking.
+	for _, d := range at.deferred {
+		g, err := s.take(ctx, d.c, d.slot, r, v.expired[SlotName(d.c.Proxy, d.slot)])
 		if unmakeable(err) {
 			continue
 		}
-		if err != nil {
-			return nil, err
-		}
-		if g != nil {
-			return g, nil
+		if err != nil || g != nil {
+			return g, err
 		}
 	}
 	return nil, ErrUnavailable
 }
 
-// slotOrder names a candidate's slots and orders them: free first, then
-// expired, then live (unless freeOnly), those this replica took or found
-// taken lately counting as live.
-func (s *Store) slotOrder(c Candidate, state map[string]slotState, freeOnly bool) ([]string, []int) {
-	names := make([]string, c.MaxLeases)
-	states := make([]slotState, c.MaxLeases)
-	for i := range c.MaxLeases {
-		names[i] = SlotName(c.Proxy, i)
-		states[i] = state[names[i]]
-		// Taken lately, by this replica's word: tried last. One the
-		// cache shows expired is still taken over when tried, or callers
-		// hammering a full fleet would keep its expired slots "taken"
-		// for ever.
-		if s.seenTaken(c.Namespace + "/" + names[i]) {
-			states[i] = stateLive
+// slotOf is one slot of a candidate.
+type slotOf struct {
+	c    Candidate
+	slot int
+}
+
+// attempt is one acquisition's tries.
+type attempt struct {
+	s       *Store
+	r       Request
+	expired map[string]bool
+	// deferred are the slots another caller of this replica was taking:
+	// come back to only if nothing else is free.
+	deferred []slotOf
+}
+
+// run tries slots of c in order, until one is granted.
+func (a *attempt) run(ctx context.Context, c Candidate, slots []int) (*Grant, error) {
+	for _, slot := range slots {
+		name := SlotName(c.Proxy, slot)
+		key := c.Namespace + "/" + name
+		if _, busy := a.s.inflight.LoadOrStore(key, struct{}{}); busy {
+			a.deferred = append(a.deferred, slotOf{c, slot})
+			continue
+		}
+		g, err := a.s.take(ctx, c, slot, a.r, a.expired[name])
+		a.s.inflight.Delete(key)
+		if unmakeable(err) {
+			// The API server refuses this slot's object (a name too long,
+			// say): another slot may serve.
+			continue
+		}
+		if err != nil || g != nil {
+			return g, err
 		}
 	}
-	wants := []slotState{stateAbsent, stateExpired, stateLive}
-	if freeOnly {
-		wants = wants[:2]
+	return nil, nil
+}
+
+// maxHeldTries bounds the slots an acquisition tries that the cache shows
+// held: in a full fleet of 10 000 proxies every one would be a write that
+// fails.
+const maxHeldTries = 16
+
+// slotOrder orders a candidate's slots: free, then expired (free), and
+// those the cache shows held or this replica took or found taken lately
+// (taken). One this replica released lately counts as free, whatever the
+// cache shows yet.
+func (s *Store) slotOrder(c Candidate, state map[string]slotState) (free, taken []int) {
+	states := make([]slotState, c.MaxLeases)
+	for i := range c.MaxLeases {
+		key := c.Namespace + "/" + SlotName(c.Proxy, i)
+		states[i] = state[SlotName(c.Proxy, i)]
+		switch {
+		case s.seenTaken(key):
+			// Taken lately, by this replica's word: tried last. One the
+			// cache shows expired is still taken over when tried, or
+			// callers hammering a full fleet would keep its expired slots
+			// "taken" for ever.
+			states[i] = stateLive
+		case s.freedLately(key):
+			states[i] = stateAbsent
+		}
 	}
-	order := make([]int, 0, c.MaxLeases)
-	for _, want := range wants {
+	for _, want := range []slotState{stateAbsent, stateExpired} {
 		for i := range c.MaxLeases {
 			if states[i] == want {
-				order = append(order, i)
+				free = append(free, i)
 			}
 		}
 	}
-	return names, order
+	for i := range c.MaxLeases {
+		if states[i] == stateLive {
+			taken = append(taken, i)
+		}
+	}
+	return free, taken
 }
 
 // take tries one slot: create it, or replace an expired one. It returns
@@ -998,6 +1122,7 @@ func (s *Store) Release(ctx context.Context, id, identity string) error {
 // released forgets what this replica remembers of a grant it deleted.
 func (s *Store) released(namespace, name, id string) {
 	s.recent.Delete(namespace + "/" + name)
+	s.freed.Store(namespace+"/"+name, s.now().Add(recentlyTaken))
 	s.written.drop(namespace + "/" + name)
 	s.granted.Delete(id)
 }
@@ -1037,17 +1162,18 @@ func (s *Store) Sticky(ctx context.Context, namespace, fleet, key string) (strin
 	if h == "" {
 		return "", nil
 	}
-	l := &coordv1.LeaseList{}
-	if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet), LabelSticky: h}); err != nil {
+	items, ok, err := s.listBy(ctx, namespace, indexSticky, fleet+"/"+h)
+	if err != nil {
 		return "", errors.Wrap(err, "cannot list leases")
 	}
-	sort.Slice(l.Items, func(i, j int) bool {
-		return l.Items[i].Spec.AcquireTime != nil && l.Items[j].Spec.AcquireTime != nil && l.Items[i].Spec.AcquireTime.After(l.Items[j].Spec.AcquireTime.Time)
-	})
-	if len(l.Items) == 0 {
-		return "", nil
+	if !ok {
+		l := &coordv1.LeaseList{}
+		if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.UnsafeDisableDeepCopy, client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet), LabelSticky: h}); err != nil {
+			return "", errors.Wrap(err, "cannot list leases")
+		}
+		items = l.Items
 	}
-	return fleetv1alpha1.ProxyName(&l.Items[0]), nil
+	return (&SlotView{items: items}).Sticky(key), nil
 }
 
 // BanName is the name of a (proxy, domain) ban object.
@@ -1110,14 +1236,14 @@ type Ban struct{ Proxy, Domain, Identity string }
 
 // ActiveBans lists a fleet's live bans, from the cache.
 func (s *Store) ActiveBans(ctx context.Context, namespace, fleet string) ([]Ban, error) {
-	l := &coordv1.LeaseList{}
-	if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet), fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindBan}); err != nil {
+	items, err := s.fleetLeases(ctx, namespace, fleet, fleetv1alpha1.LeaseKindBan)
+	if err != nil {
 		return nil, errors.Wrap(err, "cannot list bans")
 	}
 	var out []Ban
 	now := s.now()
-	for i := range l.Items {
-		if b := &l.Items[i]; !Expired(b, now) && fleetv1alpha1.FleetName(b) == fleet {
+	for i := range items {
+		if b := &items[i]; !Expired(b, now) && fleetv1alpha1.FleetName(b) == fleet {
 			out = append(out, Ban{Proxy: fleetv1alpha1.ProxyName(b), Domain: b.Annotations[AnnotationDomain], Identity: b.Annotations[AnnotationIdentity]})
 		}
 	}
@@ -1126,15 +1252,38 @@ func (s *Store) ActiveBans(ctx context.Context, namespace, fleet string) ([]Ban,
 
 // Bans lists a fleet's live bans: proxy name to banned domains.
 func (s *Store) Bans(ctx context.Context, namespace, fleet string) (map[string][]string, error) {
-	l := &coordv1.LeaseList{}
-	if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet), fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindBan}); err != nil {
+	items, err := s.fleetLeases(ctx, namespace, fleet, fleetv1alpha1.LeaseKindBan)
+	if err != nil {
 		return nil, errors.Wrap(err, "cannot list bans")
 	}
 	out := map[string][]string{}
 	now := s.now()
-	for i := range l.Items {
-		if b := &l.Items[i]; !Expired(b, now) {
+	for i := range items {
+		if b := &items[i]; !Expired(b, now) && fleetv1alpha1.FleetName(b) == fleet {
 			out[fleetv1alpha1.ProxyName(b)] = append(out[fleetv1alpha1.ProxyName(b)], b.Annotations[AnnotationDomain])
+		}
+	}
+	return out, nil
+}
+
+// BannedFor returns the proxies of a fleet with a live ban for domain,
+// from the cache: what an acquisition for the domain skips.
+func (s *Store) BannedFor(ctx context.Context, namespace, fleet, domain string) (map[string]bool, error) {
+	domain = strings.ToLower(domain)
+	items, ok, err := s.listBy(ctx, namespace, indexBanDomain, fleet+"/"+domain)
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot list bans")
+	}
+	if !ok {
+		if items, err = s.fleetLeases(ctx, namespace, fleet, fleetv1alpha1.LeaseKindBan); err != nil {
+			return nil, errors.Wrap(err, "cannot list bans")
+		}
+	}
+	out := map[string]bool{}
+	now := s.now()
+	for i := range items {
+		if b := &items[i]; !Expired(b, now) && fleetv1alpha1.FleetName(b) == fleet && strings.EqualFold(b.Annotations[AnnotationDomain], domain) {
+			out[fleetv1alpha1.ProxyName(b)] = true
 		}
 	}
 	return out, nil

@@ -19,6 +19,10 @@ type Discovery struct {
 	// (written, failed): one that cannot write keeps its last summary
 	// counting, and every drain it does not list waits.
 	SummaryWrites *prometheus.CounterVec
+	// Rankings counts acquisition tries by what they ranked: a sample of
+	// a large fleet, or the whole fleet (a small one, or a large one
+	// whose sample had no free slot: a fleet close to full).
+	Rankings *prometheus.CounterVec
 }
 
 // NewDiscovery returns egress-discovery's metrics, unregistered.
@@ -43,10 +47,14 @@ func NewDiscovery() *Discovery {
 			Name: "egress_discovery_lease_summary_writes_total",
 			Help: "This replica's LeaseSummary writes, by result (written, failed). While they fail, its last summary counts until it expires and no drain it does not list completes.",
 		}, []string{"result"}),
+		Rankings: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "egress_discovery_lease_rankings_total",
+			Help: "Acquisition tries by what they ranked: sample (a random sample of a fleet of over 128 proxies had a free slot) or fleet (every proxy of the fleet: a smaller fleet, or a sample with no free slot, as in a fleet close to full).",
+		}, []string{"scope"}),
 	}
 }
 
 // Collectors returns every collector, for registration.
 func (m *Discovery) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.Acquisitions, m.Denials, m.AcquireLatency, m.Bans, m.WaitTime, m.QueueDepth, m.SummaryWrites}
+	return []prometheus.Collector{m.Acquisitions, m.Denials, m.AcquireLatency, m.Bans, m.WaitTime, m.QueueDepth, m.SummaryWrites, m.Rankings}
 }

@@ -1,0 +1,212 @@
+package lease_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	coordv1 "k8s.io/api/coordination/v1"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
+
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
+)
+
+// TestIndexedReadsAgree: a store whose cache has the Lease indexes (an
+// informer cache) reads a fleet's slots, one proxy's slots, its bans, a
+// sticky key's proxy and an identity's seats as one selecting by label
+// does, in a namespace holding two fleets (one of them of the longest
+// name, whose label is a hash) and the leases of neither.
+func TestIndexedReadsAgree(t *testing.T) {
+	ctx := context.Background()
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	long := "crawlers-" + strings.Repeat("y", fleetv1alpha1.MaxNameLength-len("crawlers-"))
+	plain := &lease.Store{Client: bed.Client}
+	for _, fleet := range []string{"crawlers", "other", long} {
+		for p := range 4 {
+			proxy := fmt.Sprintf("%s-%d", fleet, p)
+			for h := range p {
+				if _, err := plain.Acquire(ctx, []lease.Candidate{{Namespace: ns, Fleet: fleet, Proxy: proxy, MaxLeases: 3}},
+					lease.Request{Holder: fmt.Sprintf("h-%d-%d", p, h), Identity: fmt.Sprintf("id-%d", h), TTL: time.Minute, StickyKey: fmt.Sprintf("key-%d", h)}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := plain.Ban(ctx, ns, fleet, proxy, fmt.Sprintf("d%d.example.com", p), time.Minute, "id-0"); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	c, ca := bed.Replica(t, ns, &coordv1.Lease{})
+	// Indexed before the store reads, as egress-discovery's main does: a
+	// store on that cache reads through the indexes (a cache of one
+	// namespace, as this test's, answers for no other).
+	if err := lease.IndexCache(ctx, ca); err != nil {
+		t.Fatal(err)
+	}
+	indexed := &lease.Store{Client: c, Cache: ca}
+	if !lease.Indexed(ctx, indexed, ns) {
+		t.Fatal("a store on an indexed cache reads by label")
+	}
+	if lease.Indexed(ctx, plain, ns) {
+		t.Fatal("a store without a cache claims indexes")
+	}
+	testbed.Eventually(t, 10*time.Second, "the cache sees the leases", func() (bool, string) {
+		l := &coordv1.LeaseList{}
+		if err := ca.List(ctx, l); err != nil {
+			return false, err.Error()
+		}
+		// 3 fleets x (6 slots + 4 bans)
+		return len(l.Items) == 30, fmt.Sprint(len(l.Items))
+	})
+	names := func(m map[string][]*coordv1.Lease) map[string][]string {
+		out := map[string][]string{}
+		for p, ls := range m {
+			for _, l := range ls {
+				out[p] = append(out[p], l.Name)
+			}
+			sort.Strings(out[p])
+		}
+		return out
+	}
+	for _, fleet := range []string{"crawlers", long} {
+		want, err := plain.View(ctx, ns, fleet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := indexed.View(ctx, ns, fleet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(names(got.Live), names(want.Live)) || len(want.Live) != 3 {
+			t.Errorf("%s: the indexed view's slots %v, by label %v", fleet, names(got.Live), names(want.Live))
+		}
+		some := []string{fleet + "-2", fleet + "-3"}
+		part, err := indexed.ViewOf(ctx, ns, fleet, some)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wantPart := map[string][]string{}
+		for _, p := range some {
+			wantPart[p] = names(want.Live)[p]
+		}
+		if !reflect.DeepEqual(names(part.Live), wantPart) {
+			t.Errorf("%s: a view of %v holds %v, want %v", fleet, some, names(part.Live), wantPart)
+		}
+		for _, read := range []struct {
+			name string
+			of   func(*lease.Store) (any, error)
+		}{
+			{"bans", func(s *lease.Store) (any, error) { return s.Bans(ctx, ns, fleet) }},
+			{"sticky key-1", func(s *lease.Store) (any, error) { return s.Sticky(ctx, ns, fleet, "key-1") }},
+			{"sticky key-2", func(s *lease.Store) (any, error) { return s.Sticky(ctx, ns, fleet, "key-2") }},
+			{"seats of id-1", func(s *lease.Store) (any, error) {
+				h, err := s.Held(ctx, ns, fleet, "id-1")
+				return len(h), err
+			}},
+			{"banned for d2.example.com", func(s *lease.Store) (any, error) { return s.BannedFor(ctx, ns, fleet, "D2.example.com") }},
+		} {
+			w, err := read.of(plain)
+			if err != nil {
+				t.Fatal(err)
+			}
+			g, err := read.of(indexed)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(g, w) || reflect.ValueOf(w).IsZero() {
+				t.Errorf("%s: %s read through the indexes %v, by label %v", fleet, read.name, g, w)
+			}
+		}
+	}
+}
+
+// TestHeldSlotsTriedBounded: candidates whose every slot the cache shows
+// held (a full fleet) cost at most a few creates before the refusal, not
+// one per slot; a slot this replica released a moment ago is tried as free
+// whatever its cache shows yet.
+func TestHeldSlotsTriedBounded(t *testing.T) {
+	ctx := context.Background()
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	plain := &lease.Store{Client: bed.Client}
+	var all []lease.Candidate
+	for p := range 30 {
+		c := lease.Candidate{Namespace: ns, Fleet: "crawlers", Proxy: fmt.Sprintf("crawlers-%d", p), MaxLeases: 2}
+		all = append(all, c)
+		for h := range 2 {
+			if _, err := plain.Acquire(ctx, []lease.Candidate{c}, lease.Request{Holder: fmt.Sprintf("h-%d-%d", p, h), TTL: time.Minute}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	_, ca := bed.Replica(t, ns, &coordv1.Lease{})
+	c, err := client.NewWithWatch(bed.Config, client.Options{Scheme: bed.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	creates := 0
+	counting := interceptor.NewClient(c, interceptor.Funcs{Create: func(ctx context.Context, cl client.WithWatch, o client.Object, opts ...client.CreateOption) error {
+		creates++
+		return cl.Create(ctx, o, opts...)
+	}})
+	s := &lease.Store{Client: counting, Cache: ca}
+	testbed.Eventually(t, 10*time.Second, "the cache sees the full fleet", func() (bool, string) {
+		v, err := s.View(ctx, ns, "crawlers")
+		return err == nil && len(v.Live) == 30, fmt.Sprint(err)
+	})
+	if _, err := s.Acquire(ctx, all, lease.Request{Holder: "late", TTL: time.Minute}); !errors.Is(err, lease.ErrUnavailable) {
+		t.Fatalf("a full fleet: want ErrUnavailable, got %v", err)
+	}
+	if creates == 0 || creates > 16 {
+		t.Errorf("a full fleet of 60 slots cost %d creates before the refusal, want 1 to 16", creates)
+	}
+	// A slot of crawlers-20 released here: granted again at once, before
+	// the cache has seen the release, though held slots are skipped.
+	g, err := s.Acquire(ctx, []lease.Candidate{all[20]}, lease.Request{Holder: "h-20-0", TTL: time.Minute})
+	if !errors.Is(err, lease.ErrUnavailable) {
+		t.Fatalf("crawlers-20 is full: %v %v", g, err)
+	}
+	held, err := plain.HeldBy(ctx, ns, "crawlers", "h-20-1", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The cache shows the fleet as it was before the release.
+	frozen := &coordv1.LeaseList{}
+	if err := ca.List(ctx, frozen, client.InNamespace(ns)); err != nil {
+		t.Fatal(err)
+	}
+	if len(frozen.Items) != 60 {
+		t.Fatalf("the cache shows %d slots of a full fleet of 60", len(frozen.Items))
+	}
+	if err := s.Release(ctx, held.ID, ""); err != nil {
+		t.Fatal(err)
+	}
+	s.Cache = frozenLeases{Reader: ca, items: frozen.Items}
+	g, err = s.Acquire(ctx, append(append([]lease.Candidate{}, all[:5]...), all[20]), lease.Request{Holder: "again", TTL: time.Minute, SkipHeld: true})
+	if err != nil || g.Proxy != "crawlers-20" {
+		t.Fatalf("the slot just released, among held ones: want crawlers-20, got %+v %v", g, err)
+	}
+}
+
+// frozenLeases is a cache whose Leases stay as they were read: one that has
+// not seen the latest changes yet.
+type frozenLeases struct {
+	client.Reader
+	items []coordv1.Lease
+}
+
+func (f frozenLeases) List(ctx context.Context, l client.ObjectList, opts ...client.ListOption) error {
+	if ll, ok := l.(*coordv1.LeaseList); ok {
+		ll.Items = append([]coordv1.Lease(nil), f.items...)
+		return nil
+	}
+	return f.Reader.List(ctx, l, opts...)
+}
