@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	coordv1 "k8s.io/api/coordination/v1"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
@@ -23,6 +24,22 @@ import (
 	dmetrics "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
+
+// cachedServer serves discovery's API from a replica's informer cache of
+// ns, as egress-discovery does (its Leases indexed, takes re-checked on
+// the cached Proxy), to the static token "t".
+func cachedServer(t *testing.T, ns string) (*httptest.Server, client.Client, cache.Cache, *dmetrics.Discovery) {
+	t.Helper()
+	c, ca := sharedBed.Env(t).Replica(t, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
+	m := dmetrics.NewDiscovery()
+	srv := httptest.NewServer((&discovery.Server{
+		Catalog: &discovery.Catalog{Cache: ca, Direct: c},
+		Leases:  &lease.Store{Client: c, Cache: ca, Serving: discovery.ProxyServing(ca)},
+		Auth:    &discovery.Kubernetes{Client: c, Static: staticTokens(t, "t "+ns+" crawler\n")}, Metrics: m, Log: logging.NewNopLogger(),
+	}).Handler())
+	t.Cleanup(srv.Close)
+	return srv, c, ca, m
+}
 
 // TestLargeFleetAcquisition: in a fleet larger than a sample (150 proxies,
 // one slot each), an acquisition ranks a random sample, yet every proxy's
@@ -37,14 +54,7 @@ func TestLargeFleetAcquisition(t *testing.T) {
 	const n = 150
 	fleet(t, ns, "f", n, 1, nil)
 	fleet(t, ns, "g", n, 3, nil)
-	c, ca := bed.Replica(t, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
-	m := dmetrics.NewDiscovery()
-	srv := httptest.NewServer((&discovery.Server{
-		Catalog: &discovery.Catalog{Cache: ca, Direct: c},
-		Leases:  &lease.Store{Client: c, Cache: ca, Serving: discovery.ProxyServing(ca)},
-		Auth:    &discovery.Kubernetes{Client: c, Static: staticTokens(t, "t "+ns+" crawler\n")}, Metrics: m, Log: logging.NewNopLogger(),
-	}).Handler())
-	t.Cleanup(srv.Close)
+	srv, c, ca, m := cachedServer(t, ns)
 	acquire := func(body string) (int, apiv1.Lease) {
 		t.Helper()
 		code, _, out := call(t, srv, "t", http.MethodPost, "/v1/leases", body)
@@ -196,13 +206,7 @@ func TestLargeFleetOwnIPsFirst(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	c, ca := bed.Replica(t, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
-	srv := httptest.NewServer((&discovery.Server{
-		Catalog: &discovery.Catalog{Cache: ca, Direct: c},
-		Leases:  &lease.Store{Client: c, Cache: ca, Serving: discovery.ProxyServing(ca)},
-		Auth:    &discovery.Kubernetes{Client: c, Static: staticTokens(t, "t "+ns+" crawler\n")}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
-	}).Handler())
-	t.Cleanup(srv.Close)
+	srv, c, ca, _ := cachedServer(t, ns)
 	testbed.Eventually(t, 20*time.Second, "the cache sees the shared IPs", func() (bool, string) {
 		l := &v1alpha1.ProxyList{}
 		if err := ca.List(ctx, l, client.InNamespace(ns)); err != nil {
