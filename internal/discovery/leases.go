@@ -211,7 +211,7 @@ func (s *Server) tryAcquire(ctx context.Context, a *acquisition, freeOnly bool) 
 			all = append(all, &f.ms[i])
 		}
 	}
-	g, err := s.acquireAmong(ctx, a, f, all, view, view.Sticky(a.req.StickyKey), req)
+	g, err := s.acquireAmong(ctx, a, f, all, view, s.Leases.StickyIn(view, a.ns, a.fleet, a.req.StickyKey), req)
 	if errors.Is(err, lease.ErrUnavailable) {
 		return nil, s.noFreeSlot(ctx, a, len(all), view.Live)
 	}

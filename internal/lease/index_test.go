@@ -210,3 +210,31 @@ func (f frozenLeases) List(ctx context.Context, l client.ObjectList, opts ...cli
 	}
 	return f.Reader.List(ctx, l, opts...)
 }
+
+// TestStickyRemembersOwnGrants: a sticky key's last proxy is the one this
+// replica granted it a moment ago, though its cache shows no lease yet
+// (a crawler's acquisitions back to back come faster than the watch).
+func TestStickyRemembersOwnGrants(t *testing.T) {
+	ctx := context.Background()
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	_, ca := bed.Replica(t, ns, &coordv1.Lease{})
+	s := &lease.Store{Client: bed.Client, Cache: frozenLeases{Reader: ca}}
+	g, err := s.Acquire(ctx, []lease.Candidate{{Namespace: ns, Fleet: "crawlers", Proxy: "crawlers-7", MaxLeases: 2}}, lease.Request{Holder: "a", TTL: time.Minute, StickyKey: "session"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, err := s.Sticky(ctx, ns, "crawlers", "session"); err != nil || p != g.Proxy {
+		t.Errorf("the sticky key's proxy, the cache empty: want %s, got %q %v", g.Proxy, p, err)
+	}
+	v, err := s.View(ctx, ns, "crawlers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p := s.StickyIn(v, ns, "crawlers", "session"); p != g.Proxy {
+		t.Errorf("the sticky key's proxy in a view that lacks the grant: want %s, got %q", g.Proxy, p)
+	}
+	if p, _ := s.Sticky(ctx, ns, "other", "session"); p != "" {
+		t.Errorf("another fleet's sticky key: want none, got %q", p)
+	}
+}

@@ -128,6 +128,10 @@ type Store struct {
 	// freed holds slots this replica released lately, which its cache may
 	// still show held: tried as free.
 	freed sync.Map // namespace/name -> time.Time (free until)
+	// stuck remembers, for a while, the proxy each sticky key was last
+	// granted here: a key's next acquisition may come before the cache
+	// shows the last grant.
+	stuck sync.Map // namespace/fleet/hash -> stuckEntry
 	// written are the slots this replica wrote lately, and taking the
 	// proxies it is taking a slot of now, for its summaries.
 	written ownWrites
@@ -264,6 +268,52 @@ func (s *Store) remember(g *Grant, identity string) {
 		}
 		return true
 	})
+	s.stuck.Range(func(k, v any) bool {
+		if now.After(v.(stuckEntry).until) { //nolint:forcetypeassert // Only entries are stored.
+			s.stuck.Delete(k)
+		}
+		return true
+	})
+}
+
+// stuckFor is how long this replica remembers a sticky key's last grant:
+// well past the time its cache takes to show it.
+const stuckFor = 10 * time.Second
+
+// stuckEntry is a sticky key's last proxy here.
+type stuckEntry struct {
+	proxy string
+	until time.Time
+}
+
+// stick remembers the proxy a sticky key was just granted.
+func (s *Store) stick(c Candidate, key string) {
+	if h := StickyHash(key); h != "" {
+		s.stuck.Store(c.Namespace+"/"+c.Fleet+"/"+h, stuckEntry{proxy: c.Proxy, until: s.now().Add(stuckFor)})
+	}
+}
+
+// stuckTo is the proxy this replica granted a sticky key last, lately.
+func (s *Store) stuckTo(namespace, fleet, key string) string {
+	h := StickyHash(key)
+	if h == "" {
+		return ""
+	}
+	v, ok := s.stuck.Load(namespace + "/" + fleet + "/" + h)
+	if !ok || s.now().After(v.(stuckEntry).until) { //nolint:forcetypeassert // Only entries are stored.
+		return ""
+	}
+	return v.(stuckEntry).proxy //nolint:forcetypeassert // Only entries are stored.
+}
+
+// StickyIn returns the proxy a sticky key last held in a fleet, from
+// view (a read of the fleet's slots) or, first, from this replica's own
+// grants of the last seconds, which the view may not show yet.
+func (s *Store) StickyIn(v *SlotView, namespace, fleet, key string) string {
+	if p := s.stuckTo(namespace, fleet, key); p != "" {
+		return p
+	}
+	return v.Sticky(key)
 }
 
 // recentlyTaken is how long a slot this replica saw taken is tried last.
@@ -807,6 +857,7 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 		s.noteTaken(key)
 		g := grant(obj, c, slot)
 		s.remember(g, r.Identity)
+		s.stick(c, r.StickyKey)
 		return g, nil
 	}
 	if !kerrors.IsAlreadyExists(err) {
@@ -852,6 +903,7 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 	s.noteTaken(key)
 	g := grant(obj, c, slot)
 	s.remember(g, r.Identity)
+	s.stick(c, r.StickyKey)
 	return g, nil
 }
 
@@ -1161,6 +1213,11 @@ func (s *Store) Sticky(ctx context.Context, namespace, fleet, key string) (strin
 	h := StickyHash(key)
 	if h == "" {
 		return "", nil
+	}
+	// This replica's own grant of the last seconds, which the cache may
+	// not show yet.
+	if p := s.stuckTo(namespace, fleet, key); p != "" {
+		return p, nil
 	}
 	items, ok, err := s.listBy(ctx, namespace, indexSticky, fleet+"/"+h)
 	if err != nil {
