@@ -17,22 +17,27 @@ import (
 // fleet's size is what demand asks for: proxies it is adding, not yet
 // Ready, are no proxies lost, and count in neither part.
 func healthyFraction(ms []member, p *Policy) float64 {
-	f := &fleetMembers{ms: ms}
-	f.serving, f.awake = countServing(ms)
-	return f.healthyFraction(p)
+	serving, awake := countServing(ms)
+	return fraction(serving, awake, len(ms), p)
 }
 
 // healthyFraction is healthyFraction of the fleet's members, counted once.
 func (f *fleetMembers) healthyFraction(p *Policy) float64 {
-	of := len(f.ms)
+	return fraction(f.serving, f.awake, len(f.ms), p)
+}
+
+// fraction is the healthy share of a fleet of members proxies, of which
+// serving serve and awake serve or are not booting.
+func fraction(serving, awake, members int, p *Policy) float64 {
+	of := members
 	if p.Autoscaled {
-		of = f.awake
+		of = awake
 	}
 	of = max(of, p.Replicas)
 	if of == 0 {
 		return 0
 	}
-	return float64(f.serving) / float64(of)
+	return float64(serving) / float64(of)
 }
 
 // tooFewHealthy is the refusal of a new lease while a fleet is below its

@@ -161,11 +161,11 @@ func countServing(ms []member) (serving, awake int) {
 	return serving, awake
 }
 
-// byName is the member named name, or nil.
-func (f *fleetMembers) byName(name string) *member {
-	i := sort.Search(len(f.ms), func(i int) bool { return f.ms[i].Name >= name })
-	if i < len(f.ms) && f.ms[i].Name == name {
-		return &f.ms[i]
+// memberNamed is the member of ms (sorted by name) named name, or nil.
+func memberNamed(ms []member, name string) *member {
+	i := sort.Search(len(ms), func(i int) bool { return ms[i].Name >= name })
+	if i < len(ms) && ms[i].Name == name {
+		return &ms[i]
 	}
 	return nil
 }

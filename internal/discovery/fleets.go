@@ -161,9 +161,8 @@ func (s *Server) admits(ctx context.Context, ms []member, zone string, exclude m
 	// A target that banned a proxy banned its egress IP: every proxy
 	// leaving from that IP is banned for the domain too.
 	bannedIPs := map[string]bool{}
-	f := fleetMembers{ms: ms}
 	for name := range banned {
-		if m := f.byName(name); m != nil && m.EgressIP != "" {
+		if m := memberNamed(ms, name); m != nil && m.EgressIP != "" {
 			bannedIPs[m.EgressIP] = true
 		}
 	}

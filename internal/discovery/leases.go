@@ -230,7 +230,7 @@ func (s *Server) acquireSampled(ctx context.Context, a *acquisition, f *fleetMem
 		if err != nil {
 			return nil, err
 		}
-		if m := f.byName(name); m != nil && admit(m) {
+		if m := memberNamed(f.ms, name); m != nil && admit(m) {
 			pick, sticky = append(pick, m), name
 		}
 	}

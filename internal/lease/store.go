@@ -777,8 +777,9 @@ const maxHeldTries = 16
 func (s *Store) slotOrder(c Candidate, state map[string]slotState) (free, taken []int) {
 	states := make([]slotState, c.MaxLeases)
 	for i := range c.MaxLeases {
-		key := c.Namespace + "/" + SlotName(c.Proxy, i)
-		states[i] = state[SlotName(c.Proxy, i)]
+		name := SlotName(c.Proxy, i)
+		key := c.Namespace + "/" + name
+		states[i] = state[name]
 		switch {
 		case s.seenTaken(key):
 			// Taken lately, by this replica's word: tried last. One the
