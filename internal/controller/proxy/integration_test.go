@@ -4,8 +4,10 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"maps"
 	"net/netip"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -103,7 +105,15 @@ type provider struct {
 	cancel   context.CancelFunc
 	done     chan struct{}
 	backends *proxy.Backends
+	stopped  sync.Once
+	test     string
 }
+
+// running holds the providers started and not yet stopped.
+var running = struct {
+	sync.Mutex
+	set map[*provider]struct{}
+}{set: map[*provider]struct{}{}}
 
 func startProvider(t testing.TB, stateDir string, logs *logBuffer, target testbed.Target, tweak ...func(*proxy.Options)) *provider {
 	t.Helper()
@@ -137,8 +147,22 @@ func startProvider(t testing.TB, stateDir string, logs *logBuffer, target testbe
 	if err := xcontroller.Setup(mgr, o); err != nil {
 		t.Fatal(err)
 	}
+	// A provider left running reconciles every later test's Proxies
+	// beside that test's own provider: two writers of one status (a CI
+	// run saw no-op status writes, and a refusal overwritten by the
+	// other provider's credentials error). Each test stops its own.
+	running.Lock()
+	left := slices.Collect(maps.Keys(running.set))
+	running.Unlock()
+	for _, q := range left {
+		t.Errorf("the provider %s started is still running: a test stops its providers (defer prov.stop())", q.test)
+		q.stop()
+	}
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &provider{cancel: cancel, done: make(chan struct{}), backends: backends}
+	p := &provider{cancel: cancel, done: make(chan struct{}), backends: backends, test: t.Name()}
+	running.Lock()
+	running.set[p] = struct{}{}
+	running.Unlock()
 	go func() {
 		defer close(p.done)
 		if err := mgr.Start(ctx); err != nil {
@@ -158,9 +182,14 @@ func managementPolicies() *feature.Flags {
 // stop stops the provider the way a pod is stopped: controllers end, local
 // Squids keep running for the next provider to adopt.
 func (p *provider) stop() {
-	p.cancel()
-	<-p.done
-	p.backends.Close()
+	p.stopped.Do(func() {
+		p.cancel()
+		<-p.done
+		p.backends.Close()
+		running.Lock()
+		delete(running.set, p)
+		running.Unlock()
+	})
 }
 
 func get(t *testing.T, key types.NamespacedName) *v1alpha1.Proxy {

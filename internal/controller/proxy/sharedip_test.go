@@ -29,7 +29,10 @@ func TestSharedOutgoingAddressFlagged(t *testing.T) {
 	ns := namespace(t)
 	dir := testbed.SquidStateDir(t)
 	target := testbed.StartEchoTarget(t)
-	startProvider(t, dir, providerLogs(t), target)
+	prov := startProvider(t, dir, providerLogs(t), target)
+	defer prov.stop()
+	// Deleted through the provider, so that no Squid outlives the test.
+	defer deleteProxies(t, ns)
 	const shared = "127.1.250.9"
 	create(t,
 		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": password}},
@@ -95,6 +98,4 @@ func TestSharedOutgoingAddressFlagged(t *testing.T) {
 			t.Errorf("%s is not labelled %s", name, fleetv1alpha1.LabelDuplicateEgressIP)
 		}
 	}
-	// Deleted through the provider, so that no Squid outlives the test.
-	deleteProxies(t, ns)
 }

@@ -38,12 +38,46 @@ func newChangesOnly(mgr ctrl.Manager, m *metrics.Provider) ctrl.Manager {
 type statusFilter struct {
 	client.Client
 	m *metrics.Provider
-	// wrote is the resourceVersion of each Proxy's last status write
-	// made here: until the cache shows it, the cache lags behind this
-	// process's own write, and a status equal to the cache's may differ
-	// from the server's.
+	// wrote is the resourceVersion of each Proxy's last write made here
+	// (of its status, or of the object: a finalizer, an annotation):
+	// until the cache shows it, the cache lags behind this process's own
+	// write, and a status equal to the cache's may differ from the
+	// server's. A write of the object counts too, or the status write
+	// after it would go out unchanged (a no-op PUT the server answers).
 	mu    sync.Mutex
 	wrote map[types.UID]string
+}
+
+// Update records the version a Proxy's write made.
+func (f *statusFilter) Update(ctx context.Context, obj client.Object, opts ...client.UpdateOption) error {
+	err := f.Client.Update(ctx, obj, opts...)
+	f.record(obj, err)
+	return err
+}
+
+// Patch records the version a Proxy's patch made.
+func (f *statusFilter) Patch(ctx context.Context, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+	err := f.Client.Patch(ctx, obj, patch, opts...)
+	f.record(obj, err)
+	return err
+}
+
+// record notes the resourceVersion obj has after this process wrote it,
+// and forgets a Proxy that is gone: not found, or its last finalizer
+// removed from a deleted object (so the map holds live Proxies only).
+func (f *statusFilter) record(obj client.Object, err error) {
+	p, ok := obj.(*v1alpha1.Proxy)
+	if !ok {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case kerrors.IsNotFound(err), err == nil && p.DeletionTimestamp != nil && len(p.Finalizers) == 0:
+		delete(f.wrote, p.UID)
+	case err == nil:
+		f.wrote[p.UID] = p.ResourceVersion
+	}
 }
 
 func (f *statusFilter) Status() client.SubResourceWriter {
@@ -76,13 +110,6 @@ func (w filteredStatus) Update(ctx context.Context, obj client.Object, opts ...c
 		return nil
 	}
 	err := w.SubResourceWriter.Update(ctx, obj, opts...)
-	w.f.mu.Lock()
-	defer w.f.mu.Unlock()
-	switch {
-	case err == nil:
-		w.f.wrote[p.UID] = p.ResourceVersion
-	case kerrors.IsNotFound(err):
-		delete(w.f.wrote, p.UID)
-	}
+	w.f.record(p, err)
 	return err
 }
