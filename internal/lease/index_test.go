@@ -237,4 +237,43 @@ func TestStickyRemembersOwnGrants(t *testing.T) {
 	if p, _ := s.Sticky(ctx, ns, "other", "session"); p != "" {
 		t.Errorf("another fleet's sticky key: want none, got %q", p)
 	}
+
+	// Another replica grants the key later, on another proxy. Once this
+	// replica's cache shows both grants, it follows the later one rather
+	// than its own memory: two replicas agree on the key's proxy.
+	other := &lease.Store{Client: bed.Client, Cache: frozenLeases{Reader: ca}}
+	time.Sleep(10 * time.Millisecond) // acquire times apart
+	g2, err := other.Acquire(ctx, []lease.Candidate{{Namespace: ns, Fleet: "crawlers", Proxy: "crawlers-8", MaxLeases: 2}}, lease.Request{Holder: "b", TTL: time.Minute, StickyKey: "session"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Cache = ca
+	testbed.Eventually(t, 10*time.Second, "the cache shows both grants", func() (bool, string) {
+		l := &coordv1.LeaseList{}
+		err := ca.List(ctx, l, client.InNamespace(ns))
+		return err == nil && len(l.Items) == 2, fmt.Sprint(len(l.Items), err)
+	})
+	if p, err := s.Sticky(ctx, ns, "crawlers", "session"); err != nil || p != g2.Proxy {
+		t.Errorf("the cache shows this replica's grant and another's later one: want %s, got %q %v", g2.Proxy, p, err)
+	}
+	if v, err := s.View(ctx, ns, "crawlers"); err != nil || s.StickyIn(v, ns, "crawlers", "session") != g2.Proxy {
+		t.Errorf("in a view with both grants: want %s, got %q %v", g2.Proxy, s.StickyIn(v, ns, "crawlers", "session"), err)
+	}
+
+	// A grant released is forgotten: the key follows the cache again
+	// (here one that shows nothing), not a proxy it no longer holds.
+	s.Cache = frozenLeases{Reader: ca}
+	g3, err := s.Acquire(ctx, []lease.Candidate{{Namespace: ns, Fleet: "crawlers", Proxy: "crawlers-9", MaxLeases: 2}}, lease.Request{Holder: "c", TTL: time.Minute, StickyKey: "released"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := s.Sticky(ctx, ns, "crawlers", "released"); p != g3.Proxy {
+		t.Fatalf("before its release: want %s, got %q", g3.Proxy, p)
+	}
+	if err := s.Release(ctx, g3.ID, ""); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := s.Sticky(ctx, ns, "crawlers", "released"); p != "" {
+		t.Errorf("a released grant still pins its key: %q", p)
+	}
 }

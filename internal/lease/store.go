@@ -241,6 +241,9 @@ func minTime(a, b time.Time) time.Time {
 type grantedEntry struct {
 	identity string
 	until    time.Time
+	// stuck is the sticky memory's key the grant made, if any: its
+	// release forgets it.
+	stuck string
 }
 
 // grantRemembered is how long a grant's identity is remembered: long
@@ -250,8 +253,8 @@ const grantRemembered = time.Minute
 // remember notes a grant; every 1024 grants, those remembered past
 // grantRemembered (or their expiry) are forgotten, so the map holds at most
 // a minute of grants.
-func (s *Store) remember(g *Grant, identity string) {
-	s.granted.Store(g.ID, grantedEntry{identity: identity, until: minTime(g.ExpiresAt, s.now().Add(grantRemembered))})
+func (s *Store) remember(g *Grant, identity, stuck string) {
+	s.granted.Store(g.ID, grantedEntry{identity: identity, until: minTime(g.ExpiresAt, s.now().Add(grantRemembered)), stuck: stuck})
 	if s.grantsSince.Add(1)%1024 != 0 {
 		return
 	}
@@ -280,40 +283,60 @@ func (s *Store) remember(g *Grant, identity string) {
 // well past the time its cache takes to show it.
 const stuckFor = 10 * time.Second
 
-// stuckEntry is a sticky key's last proxy here.
+// stuckEntry is a sticky key's last grant here: its proxy and its
+// Lease, by name and UID.
 type stuckEntry struct {
-	proxy string
-	until time.Time
+	proxy, lease string
+	uid          types.UID
+	until        time.Time
 }
 
-// stick remembers the proxy a sticky key was just granted.
-func (s *Store) stick(c Candidate, key string) {
-	if h := StickyHash(key); h != "" {
-		s.stuck.Store(c.Namespace+"/"+c.Fleet+"/"+h, stuckEntry{proxy: c.Proxy, until: s.now().Add(stuckFor)})
-	}
-}
-
-// stuckTo is the proxy this replica granted a sticky key last, lately.
-func (s *Store) stuckTo(namespace, fleet, key string) string {
+// stick remembers the grant a sticky key was just given (l), and returns
+// the memory's key ("" for no sticky key).
+func (s *Store) stick(c Candidate, key string, l *coordv1.Lease) string {
 	h := StickyHash(key)
 	if h == "" {
 		return ""
 	}
-	v, ok := s.stuck.Load(namespace + "/" + fleet + "/" + h)
-	if !ok || s.now().After(v.(stuckEntry).until) { //nolint:forcetypeassert // Only entries are stored.
+	k := c.Namespace + "/" + c.Fleet + "/" + h
+	s.stuck.Store(k, stuckEntry{proxy: c.Proxy, lease: l.Name, uid: l.UID, until: s.now().Add(stuckFor)})
+	return k
+}
+
+// unstick forgets a sticky key's grant, released: the key's next
+// acquisition follows the cache again. Only that grant's memory: a newer
+// grant of the key stays remembered.
+func (s *Store) unstick(k string, uid types.UID) {
+	if v, ok := s.stuck.Load(k); ok && v.(stuckEntry).uid == uid { //nolint:forcetypeassert // Only entries are stored.
+		s.stuck.CompareAndDelete(k, v)
+	}
+}
+
+// stickyOf returns the proxy a sticky key last held, given items, a read
+// of (at least) the key's leases in a fleet. This replica's own grant of
+// the last seconds comes first while items do not show it: the cache is
+// behind this replica's write. Once they show it, they decide (the lease
+// acquired last, which another replica may have granted since), so two
+// replicas that each granted the key lately agree as soon as their caches
+// have both grants.
+func (s *Store) stickyOf(items []coordv1.Lease, namespace, fleet, key string) string {
+	h := StickyHash(key)
+	if h == "" {
 		return ""
 	}
-	return v.(stuckEntry).proxy //nolint:forcetypeassert // Only entries are stored.
+	v := &SlotView{items: items}
+	e, ok := s.stuck.Load(namespace + "/" + fleet + "/" + h)
+	if !ok || s.now().After(e.(stuckEntry).until) || v.shows(e.(stuckEntry).lease, e.(stuckEntry).uid) { //nolint:forcetypeassert // Only entries are stored.
+		return v.Sticky(key)
+	}
+	return e.(stuckEntry).proxy //nolint:forcetypeassert // Only entries are stored.
 }
 
 // StickyIn returns the proxy a sticky key last held in a fleet, from
-// view (a read of the fleet's slots) or, first, from this replica's own
-// grants of the last seconds, which the view may not show yet.
+// view (a read of the fleet's slots) and this replica's own grants of the
+// last seconds, which the view may not show yet.
 func (s *Store) StickyIn(v *SlotView, namespace, fleet, key string) string {
-	if p := s.stuckTo(namespace, fleet, key); p != "" {
-		return p
-	}
-	return v.Sticky(key)
+	return s.stickyOf(v.items, namespace, fleet, key)
 }
 
 // recentlyTaken is how long a slot this replica saw taken is tried last.
@@ -601,6 +624,16 @@ func (s *Store) viewOf(items []coordv1.Lease) *SlotView {
 	return v
 }
 
+// shows says whether the view holds the Lease name with uid.
+func (v *SlotView) shows(name string, uid types.UID) bool {
+	for i := range v.items {
+		if v.items[i].Name == name && v.items[i].UID == uid {
+			return true
+		}
+	}
+	return false
+}
+
 // Sticky returns the proxy a sticky key last held among the view's slots,
 // if any: as Store.Sticky does, from the slots already read.
 func (v *SlotView) Sticky(key string) string {
@@ -693,7 +726,9 @@ func (s *Store) AcquireIn(ctx context.Context, v *SlotView, cands []Candidate, r
 	for _, c := range cands {
 		free, taken := s.slotOrder(c, v.state)
 		if c.Sticky && !r.FreeOnly {
-			free, taken = append(free, taken...), nil
+			// Within the same bound as any candidate's held slots.
+			n := min(len(taken), maxHeldTries)
+			free, taken = append(free, taken[:n]...), taken[n:]
 		}
 		for _, slot := range taken {
 			held = append(held, slotOf{c, slot})
@@ -857,8 +892,7 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 		s.wrote(obj)
 		s.noteTaken(key)
 		g := grant(obj, c, slot)
-		s.remember(g, r.Identity)
-		s.stick(c, r.StickyKey)
+		s.remember(g, r.Identity, s.stick(c, r.StickyKey, obj))
 		return g, nil
 	}
 	if !kerrors.IsAlreadyExists(err) {
@@ -903,8 +937,7 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 	s.wrote(obj)
 	s.noteTaken(key)
 	g := grant(obj, c, slot)
-	s.remember(g, r.Identity)
-	s.stick(c, r.StickyKey)
+	s.remember(g, r.Identity, s.stick(c, r.StickyKey, obj))
 	return g, nil
 }
 
@@ -1174,6 +1207,11 @@ func (s *Store) Release(ctx context.Context, id, identity string) error {
 
 // released forgets what this replica remembers of a grant it deleted.
 func (s *Store) released(namespace, name, id string) {
+	if v, ok := s.granted.Load(id); ok && v.(grantedEntry).stuck != "" { //nolint:forcetypeassert // Only entries are stored.
+		if _, _, uid, err := ParseID(id); err == nil {
+			s.unstick(v.(grantedEntry).stuck, types.UID(uid)) //nolint:forcetypeassert // Only entries are stored.
+		}
+	}
 	s.recent.Delete(namespace + "/" + name)
 	s.freed.Store(namespace+"/"+name, s.now().Add(recentlyTaken))
 	s.written.drop(namespace + "/" + name)
@@ -1215,11 +1253,6 @@ func (s *Store) Sticky(ctx context.Context, namespace, fleet, key string) (strin
 	if h == "" {
 		return "", nil
 	}
-	// This replica's own grant of the last seconds, which the cache may
-	// not show yet.
-	if p := s.stuckTo(namespace, fleet, key); p != "" {
-		return p, nil
-	}
 	items, ok, err := s.listBy(ctx, namespace, indexSticky, fleet+"/"+h)
 	if err != nil {
 		return "", errors.Wrap(err, "cannot list leases")
@@ -1231,7 +1264,7 @@ func (s *Store) Sticky(ctx context.Context, namespace, fleet, key string) (strin
 		}
 		items = l.Items
 	}
-	return (&SlotView{items: items}).Sticky(key), nil
+	return s.stickyOf(items, namespace, fleet, key), nil
 }
 
 // BanName is the name of a (proxy, domain) ban object.
