@@ -9,9 +9,12 @@ import (
 	"sort"
 	"strings"
 
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 )
 
 // fleetName says whether a fleet could have this namespace and name.
@@ -159,11 +162,21 @@ func (s *Server) admits(ctx context.Context, ms []member, zone string, exclude m
 		}
 	}
 	// A target that banned a proxy banned its egress IP: every proxy
-	// leaving from that IP is banned for the domain too.
+	// leaving from that IP is banned for the domain too. A banned proxy
+	// not among ms (the gateway asks of one proxy) is read from the cache.
 	bannedIPs := map[string]bool{}
 	for name := range banned {
-		if m := memberNamed(ms, name); m != nil && m.EgressIP != "" {
-			bannedIPs[m.EgressIP] = true
+		ip := ""
+		if m := memberNamed(ms, name); m != nil {
+			ip = m.EgressIP
+		} else if s.Catalog != nil && s.Catalog.Cache != nil {
+			p := &v1alpha1.Proxy{}
+			if err := s.Catalog.Cache.Get(ctx, types.NamespacedName{Namespace: ms[0].Namespace, Name: name}, p); err == nil && fleetv1alpha1.FleetName(p) == ms[0].Fleet {
+				ip = toMember(p).EgressIP
+			}
+		}
+		if ip != "" {
+			bannedIPs[ip] = true
 		}
 	}
 	return func(m *member) bool {

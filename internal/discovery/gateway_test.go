@@ -621,6 +621,30 @@ func TestGatewaySeats(t *testing.T) {
 		}
 		_ = conn.Close()
 	}
+	// Once gw-1 leaves from gw-0's egress IP, the ban holds for it too:
+	// its seat (held from the tunnels above) serves no connection to the
+	// domain, and none goes to it anew.
+	sharing := b.fleet + "-1"
+	p := &v1alpha1.Proxy{}
+	if err := b.gw.Server.Catalog.Cache.Get(context.Background(), types.NamespacedName{Namespace: b.ns, Name: sharing}, p); err != nil {
+		t.Fatal(err)
+	}
+	p.Status.AtProvider.EgressIP = b.egress[banned]
+	if err := sharedBed.Env(t).Client.Status().Update(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 10*time.Second, "the replica's cache sees "+sharing+" leave from "+banned+"'s IP", func() (bool, string) {
+		got := &v1alpha1.Proxy{}
+		err := b.gw.Server.Catalog.Cache.Get(context.Background(), types.NamespacedName{Namespace: b.ns, Name: sharing}, got)
+		return err == nil && got.Status.AtProvider.EgressIP == b.egress[banned], fmt.Sprint(got.Status.AtProvider.EgressIP, err)
+	})
+	for i := range 6 {
+		conn, code, proxy := openTunnel(t, b, b.user(""), host)
+		if code != http.StatusOK || proxy != b.fleet+"-2" {
+			t.Fatalf("tunnel %d to %s: %d through %s; want %s-2, the one proxy whose IP %s has not banned", i, h, code, proxy, b.fleet, h)
+		}
+		_ = conn.Close()
+	}
 	testbed.Eventually(t, 10*time.Second, "idle seats given back", func() (bool, string) {
 		seats := seatLeases(t, b)
 		return len(seats) == 0, fmt.Sprintf("%v", seats)
