@@ -42,7 +42,7 @@ import (
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/devenv"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
@@ -512,7 +512,7 @@ func templateChangeRollsOut(t *testing.T) {
 	// second, so that the rollout replaces the unleased proxy first.
 	testbed.Eventually(t, 30*time.Second, "the LeaseSummaries listing the lease", func() (bool, string) {
 		l := &v1alpha1.LeaseSummaryList{}
-		if err := stack.Client.List(ctx, l, client.InNamespace(ns), client.MatchingLabels(lease.SummarySelector(rotor))); err != nil {
+		if err := stack.Client.List(ctx, l, client.InNamespace(ns), client.MatchingLabels(leasewire.SummarySelector(rotor))); err != nil {
 			return false, err.Error()
 		}
 		for _, s := range l.Items {

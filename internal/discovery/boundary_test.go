@@ -32,7 +32,7 @@ import (
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/function"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
@@ -260,12 +260,12 @@ func TestDiscoveryLeastPrivilege(t *testing.T) {
 			t.Errorf("egress-discovery may delete its own Lease: %v", err)
 		}
 		// Its demand Leases, which autoscaled fleets are sized by.
-		dl := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: lease.DemandName("crawlers", "replica-1")}}
-		lease.SetDemand(dl, "crawlers", "replica-1", lease.Demand{Waiting: 1}, time.Now())
+		dl := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: leasewire.DemandName("crawlers", "replica-1")}}
+		leasewire.SetDemand(dl, "crawlers", "replica-1", leasewire.Demand{Waiting: 1}, time.Now())
 		if err := d.Create(ctx, dl); err != nil {
 			t.Fatalf("egress-discovery may create its demand Lease: %v", err)
 		}
-		lease.SetDemand(dl, "crawlers", "replica-1", lease.Demand{Waiting: 2}, time.Now())
+		leasewire.SetDemand(dl, "crawlers", "replica-1", leasewire.Demand{Waiting: 2}, time.Now())
 		if err := d.Update(ctx, dl); err != nil {
 			t.Errorf("egress-discovery may update its demand Lease: %v", err)
 		}
@@ -351,7 +351,7 @@ func TestDiscoveryLeastPrivilege(t *testing.T) {
 		)
 		summary := func(name string) *v1alpha1.LeaseSummary {
 			return &v1alpha1.LeaseSummary{
-				ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: name, Labels: lease.SummarySelector("crawlers")},
+				ObjectMeta: metav1.ObjectMeta{Namespace: team, Name: name, Labels: leasewire.SummarySelector("crawlers")},
 				Spec: v1alpha1.LeaseSummarySpec{Fleet: "crawlers", Replica: "replica-1",
 					ObservedAt: metav1.MicroTime{Time: time.Now()}, ValidUntil: metav1.MicroTime{Time: time.Now().Add(time.Minute)},
 					Leased: []v1alpha1.LeasedProxy{{Name: "crawlers-0", Holders: 1, HeldUntil: metav1.MicroTime{Time: time.Now().Add(time.Hour)}}}},
@@ -369,7 +369,7 @@ func TestDiscoveryLeastPrivilege(t *testing.T) {
 			return err != nil && strings.Contains(err.Error(), "lease-summaries-by-discovery"), fmt.Sprint(err)
 		})
 		d := testbed.Impersonating(t, bed, discoverySA)
-		mine := summary(lease.SummaryName("crawlers", "replica-1"))
+		mine := summary(leasewire.SummaryName("crawlers", "replica-1"))
 		if err := d.Create(ctx, mine); err != nil {
 			t.Fatalf("egress-discovery may create its LeaseSummary: %v", err)
 		}

@@ -16,7 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 )
 
 // refusalWindow is how far back refused acquisitions count as demand.
@@ -122,12 +122,12 @@ func (r *refusals) count(key string, now time.Time) int {
 // (as its cache shows them, for the status page; the function counts them
 // from the slots itself), the acquisitions waiting on it, and those it
 // refused within the last minute.
-func (s *Server) demandOf(ctx context.Context, ns, fleet string) (lease.Demand, error) {
+func (s *Server) demandOf(ctx context.Context, ns, fleet string) (leasewire.Demand, error) {
 	slots, err := s.Leases.Slots(ctx, ns, fleet)
 	if err != nil {
-		return lease.Demand{}, err
+		return leasewire.Demand{}, err
 	}
-	d := lease.Demand{Waiting: s.queues.fleetDepth(ns, fleet), Refused: s.refused.count(ns+"/"+fleet, s.now())}
+	d := leasewire.Demand{Waiting: s.queues.fleetDepth(ns, fleet), Refused: s.refused.count(ns+"/"+fleet, s.now())}
 	for _, ls := range slots {
 		d.Held += len(ls)
 	}
@@ -137,7 +137,7 @@ func (s *Server) demandOf(ctx context.Context, ns, fleet string) (lease.Demand, 
 // DemandPublisher writes this replica's share of each autoscaled fleet's
 // lease demand to a demand Lease in the fleet's namespace, which the
 // function sums to size the fleet: when it changes, at most every
-// lease.DemandInterval, and every lease.DemandRefresh while not zero, so
+// leasewire.DemandInterval, and every leasewire.DemandRefresh while not zero, so
 // that it stays fresh. It deletes its Leases of fleets that are gone or no
 // longer autoscaled, and those of any replica of fleets that are gone.
 // Every replica publishes; it is a manager Runnable.
@@ -161,7 +161,7 @@ type DemandPublisher struct {
 
 type publishedDemand struct {
 	ns, fleet string
-	d         lease.Demand
+	d         leasewire.Demand
 	at        time.Time
 }
 
@@ -220,8 +220,8 @@ func (p *DemandPublisher) autoscaled(ctx context.Context) (map[string][2]string,
 }
 
 // Publish writes what changed once: each autoscaled fleet's demand when it
-// changed and was last written at least lease.DemandInterval ago, or when
-// it is not zero and was last written lease.DemandRefresh ago.
+// changed and was last written at least leasewire.DemandInterval ago, or when
+// it is not zero and was last written leasewire.DemandRefresh ago.
 func (p *DemandPublisher) Publish(ctx context.Context) error {
 	if p.Fleets == nil {
 		return nil
@@ -248,9 +248,9 @@ func (p *DemandPublisher) Publish(ctx context.Context) error {
 			// Nothing asked for and nothing said: a missing demand
 			// Lease is no demand.
 			continue
-		case ok && last.d == d && (d.Zero() || since < lease.DemandRefresh):
+		case ok && last.d == d && (d.Zero() || since < leasewire.DemandRefresh):
 			continue
-		case ok && last.d != d && since < lease.DemandInterval:
+		case ok && last.d != d && since < leasewire.DemandInterval:
 			continue
 		}
 		if err := p.write(ctx, nf[0], nf[1], d, now); err != nil {
@@ -264,7 +264,7 @@ func (p *DemandPublisher) Publish(ctx context.Context) error {
 			delete(p.published, key)
 		}
 	}
-	if now.Sub(p.lastSweep) >= lease.DemandRefresh {
+	if now.Sub(p.lastSweep) >= leasewire.DemandRefresh {
 		p.lastSweep = now
 		firstErr = cmpErr(firstErr, p.sweepGone(ctx, all, now))
 	}
@@ -272,24 +272,24 @@ func (p *DemandPublisher) Publish(ctx context.Context) error {
 }
 
 // write creates or updates this replica's demand Lease of a fleet.
-func (p *DemandPublisher) write(ctx context.Context, ns, fleet string, d lease.Demand, now time.Time) error {
-	l := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.DemandName(fleet, p.Replica)}}
+func (p *DemandPublisher) write(ctx context.Context, ns, fleet string, d leasewire.Demand, now time.Time) error {
+	l := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: leasewire.DemandName(fleet, p.Replica)}}
 	err := p.Client.Get(ctx, client.ObjectKeyFromObject(l), l)
 	switch {
 	case kerrors.IsNotFound(err):
-		lease.SetDemand(l, fleet, p.Replica, d, now)
+		leasewire.SetDemand(l, fleet, p.Replica, d, now)
 		return errors.Wrapf(p.Client.Create(ctx, l), "cannot create demand Lease %s/%s", ns, l.Name)
 	case err != nil:
 		return errors.Wrapf(err, "cannot read demand Lease %s/%s", ns, l.Name)
 	}
-	lease.SetDemand(l, fleet, p.Replica, d, now)
+	leasewire.SetDemand(l, fleet, p.Replica, d, now)
 	return errors.Wrapf(p.Client.Update(ctx, l), "cannot update demand Lease %s/%s", ns, l.Name)
 }
 
 // remove deletes this replica's demand Lease of a fleet, and says whether
 // it is gone.
 func (p *DemandPublisher) remove(ctx context.Context, pd publishedDemand) bool {
-	l := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: pd.ns, Name: lease.DemandName(pd.fleet, p.Replica)}}
+	l := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: pd.ns, Name: leasewire.DemandName(pd.fleet, p.Replica)}}
 	if err := p.Client.Delete(ctx, l); err != nil && !kerrors.IsNotFound(err) {
 		p.Log.Info("Cannot delete demand Lease", "namespace", pd.ns, "name", l.Name, "error", err)
 		return false
@@ -298,7 +298,7 @@ func (p *DemandPublisher) remove(ctx context.Context, pd publishedDemand) bool {
 }
 
 // sweepGone deletes the demand Leases, of any replica, of fleets that are
-// gone, once they are older than lease.DemandRefresh (a fleet just made
+// gone, once they are older than leasewire.DemandRefresh (a fleet just made
 // may not be in this replica's cache yet).
 func (p *DemandPublisher) sweepGone(ctx context.Context, fleets map[string]bool, now time.Time) error {
 	l := &coordv1.LeaseList{}
@@ -308,7 +308,7 @@ func (p *DemandPublisher) sweepGone(ctx context.Context, fleets map[string]bool,
 	var firstErr error
 	for i := range l.Items {
 		le := &l.Items[i]
-		if fleets[le.Namespace+"/"+fleetv1alpha1.FleetName(le)] || now.Sub(le.CreationTimestamp.Time) < lease.DemandRefresh {
+		if fleets[le.Namespace+"/"+fleetv1alpha1.FleetName(le)] || now.Sub(le.CreationTimestamp.Time) < leasewire.DemandRefresh {
 			continue
 		}
 		err := p.Client.Delete(ctx, le, client.Preconditions{UID: &le.UID, ResourceVersion: &le.ResourceVersion})

@@ -18,7 +18,7 @@ import (
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
@@ -67,8 +67,8 @@ func TestDemandPublished(t *testing.T) {
 	var s *discovery.Server
 	srv := server(t, "team-token "+ns+" crawler\n", func(x *discovery.Server) { s, x.Now = x, clk.now })
 	pub := &discovery.DemandPublisher{Server: s, Client: bed.Client, Fleets: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()}
-	name := lease.DemandName("crawlers", "replica-1")
-	published := func() (lease.Demand, bool) {
+	name := leasewire.DemandName("crawlers", "replica-1")
+	published := func() (leasewire.Demand, bool) {
 		t.Helper()
 		if err := pub.Publish(ctx); err != nil {
 			t.Fatal(err)
@@ -76,12 +76,12 @@ func TestDemandPublished(t *testing.T) {
 		l := &coordv1.Lease{}
 		err := bed.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, l)
 		if kerrors.IsNotFound(err) {
-			return lease.Demand{}, false
+			return leasewire.Demand{}, false
 		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		d, fresh := lease.ReadDemand(l, "crawlers", clk.now())
+		d, fresh := leasewire.ReadDemand(l, "crawlers", clk.now())
 		if !fresh {
 			t.Fatalf("the demand Lease just published does not count: %+v", l)
 		}
@@ -96,7 +96,7 @@ func TestDemandPublished(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if d, ok := published(); !ok || d != (lease.Demand{Held: 1}) {
+	if d, ok := published(); !ok || d != (leasewire.Demand{Held: 1}) {
 		t.Fatalf("one lease held: published %+v (%v), want held 1", d, ok)
 	}
 	if _, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/crawlers", Holder: "b", MaxWait: "0s"}); apiErr(err) == nil || apiErr(err).Detail.Reason != apiv1.ReasonNoFreeSlot {
@@ -105,8 +105,8 @@ func TestDemandPublished(t *testing.T) {
 	if d, _ := published(); d.Refused != 0 {
 		t.Errorf("published again within 10 s of the last: %+v", d)
 	}
-	clk.add(lease.DemandInterval)
-	if d, _ := published(); d != (lease.Demand{Held: 1, Refused: 1}) {
+	clk.add(leasewire.DemandInterval)
+	if d, _ := published(); d != (leasewire.Demand{Held: 1, Refused: 1}) {
 		t.Errorf("10 s on, the refusal is published: %+v", d)
 	}
 
@@ -117,7 +117,7 @@ func TestDemandPublished(t *testing.T) {
 		done <- err
 	}()
 	testbed.Eventually(t, 5*time.Second, "the waiting acquisition published", func() (bool, string) {
-		clk.add(lease.DemandInterval)
+		clk.add(leasewire.DemandInterval)
 		d, _ := published()
 		return d.Waiting == 1, fmt.Sprintf("%+v", d)
 	})
@@ -131,35 +131,35 @@ func TestDemandPublished(t *testing.T) {
 	// A minute on, the refusal no longer counts; while a lease is held the
 	// Lease is rewritten every 30 s, so it stays fresh.
 	clk.add(time.Minute)
-	if d, _ := published(); d != (lease.Demand{Held: 1}) {
+	if d, _ := published(); d != (leasewire.Demand{Held: 1}) {
 		t.Errorf("a minute after the refusal: %+v, want held 1 only", d)
 	}
 	before := &coordv1.Lease{}
 	if err := bed.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, before); err != nil {
 		t.Fatal(err)
 	}
-	clk.add(lease.DemandRefresh)
+	clk.add(leasewire.DemandRefresh)
 	published()
 	after := &coordv1.Lease{}
 	if err := bed.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, after); err != nil {
 		t.Fatal(err)
 	}
 	if !after.Spec.RenewTime.After(before.Spec.RenewTime.Time) {
-		t.Errorf("an unchanged demand above zero is rewritten every %s: renewTime %s then %s", lease.DemandRefresh, before.Spec.RenewTime, after.Spec.RenewTime)
+		t.Errorf("an unchanged demand above zero is rewritten every %s: renewTime %s then %s", leasewire.DemandRefresh, before.Spec.RenewTime, after.Spec.RenewTime)
 	}
 
 	// Another replica's Lease of a fleet that is gone is swept; one of a
 	// fleet that exists is not.
-	orphan := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.DemandName("gone", "replica-9")}}
-	lease.SetDemand(orphan, "gone", "replica-9", lease.Demand{Waiting: 3}, clk.now())
-	other := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.DemandName("crawlers", "replica-9")}}
-	lease.SetDemand(other, "crawlers", "replica-9", lease.Demand{Waiting: 3}, clk.now())
+	orphan := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: leasewire.DemandName("gone", "replica-9")}}
+	leasewire.SetDemand(orphan, "gone", "replica-9", leasewire.Demand{Waiting: 3}, clk.now())
+	other := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: leasewire.DemandName("crawlers", "replica-9")}}
+	leasewire.SetDemand(other, "crawlers", "replica-9", leasewire.Demand{Waiting: 3}, clk.now())
 	for _, l := range []*coordv1.Lease{orphan, other} {
 		if err := bed.Client.Create(ctx, l); err != nil {
 			t.Fatal(err)
 		}
 	}
-	clk.add(lease.DemandRefresh)
+	clk.add(leasewire.DemandRefresh)
 	published()
 	if err := bed.Client.Get(ctx, client.ObjectKeyFromObject(orphan), &coordv1.Lease{}); !kerrors.IsNotFound(err) {
 		t.Errorf("the demand Lease of a fleet that is gone is swept: %v", err)
@@ -254,10 +254,10 @@ func TestAutoscaledFleetWakesFromZero(t *testing.T) {
 			return false, err.Error()
 		}
 		l := &coordv1.Lease{}
-		if err := bed.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: lease.DemandName("elastic", "replica-1")}, l); err != nil {
+		if err := bed.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: leasewire.DemandName("elastic", "replica-1")}, l); err != nil {
 			return false, err.Error()
 		}
-		d, _ := lease.ReadDemand(l, "elastic", time.Now())
+		d, _ := leasewire.ReadDemand(l, "elastic", time.Now())
 		return d.Waiting == 1, fmt.Sprintf("%+v", d)
 	})
 	fleet(t, ns, "elastic", 1, 1, nil)

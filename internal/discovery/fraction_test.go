@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 )
 
 // TestHealthyFraction: a fleet's healthy share counts proxies gone against
@@ -53,7 +53,7 @@ func TestRefusalsCounted(t *testing.T) {
 	if n := r.count("ns/f", t0.Add(65*time.Second)); n != 2 {
 		t.Errorf("65 s after the first of 3 refusals 10 s apart: counted %d, want 2", n)
 	}
-	if n := r.count("ns/f", t0.Add(lease.DemandFreshness+30*time.Second)); n != 0 {
+	if n := r.count("ns/f", t0.Add(leasewire.DemandFreshness+30*time.Second)); n != 0 {
 		t.Errorf("90 s on: counted %d, want 0", n)
 	}
 	if len(r.at) != 0 {

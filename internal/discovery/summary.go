@@ -18,19 +18,19 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 )
 
 // SummaryPublisher writes, for every fleet, this replica's LeaseSummary:
 // the proxies crawlers hold leases on (from its cache, and the slots it
 // wrote itself lately, which its cache may not show yet), the proxies it
 // saw draining, and its share of the fleet's demand. It writes a summary
-// when what it says changes, at most every lease.SummaryInterval, and every
-// lease.SummaryRefresh regardless, so that a summary still valid
-// (lease.SummaryFreshness after it was observed) tells a live replica from
+// when what it says changes, at most every leasewire.SummaryInterval, and every
+// leasewire.SummaryRefresh regardless, so that a summary still valid
+// (leasewire.SummaryFreshness after it was observed) tells a live replica from
 // a dead one. It deletes its summaries of fleets that are gone, any
 // replica's summaries of gone fleets, and summaries no replica has renewed
-// for lease.SummarySweepAfter. Every replica publishes; it is a manager
+// for leasewire.SummarySweepAfter. Every replica publishes; it is a manager
 // Runnable.
 type SummaryPublisher struct {
 	Server *Server
@@ -131,7 +131,7 @@ func (p *SummaryPublisher) Publish(ctx context.Context) error {
 			delete(p.published, key)
 		}
 	}
-	if now.Sub(p.lastSweep) >= lease.SummaryRefresh {
+	if now.Sub(p.lastSweep) >= leasewire.SummaryRefresh {
 		p.lastSweep = now
 		firstErr = cmpErr(firstErr, p.sweep(ctx, fleets, now))
 	}
@@ -139,7 +139,7 @@ func (p *SummaryPublisher) Publish(ctx context.Context) error {
 }
 
 // publish writes one summary if it is due: the first, a refresh, or a
-// change (at most every lease.SummaryInterval, but the first after a
+// change (at most every leasewire.SummaryInterval, but the first after a
 // quiet spell at once: a crawler waiting on a fleet at rest is demand
 // now).
 func (p *SummaryPublisher) publish(ctx context.Context, key, ns string, spec v1alpha1.LeaseSummarySpec, now time.Time) error {
@@ -147,8 +147,8 @@ func (p *SummaryPublisher) publish(ctx context.Context, key, ns string, spec v1a
 	last, ok := p.published[key]
 	changed := ok && last.said != said
 	switch {
-	case !ok, now.Sub(last.at) >= lease.SummaryRefresh:
-	case !changed || now.Sub(last.changed) < lease.SummaryInterval:
+	case !ok, now.Sub(last.at) >= leasewire.SummaryRefresh:
+	case !changed || now.Sub(last.changed) < leasewire.SummaryInterval:
 		return nil
 	}
 	if err := p.write(ctx, ns, spec); err != nil {
@@ -186,7 +186,7 @@ func (p *SummaryPublisher) summarise(ctx context.Context, ns, fleet string, memb
 	base := func(pool string) v1alpha1.LeaseSummarySpec {
 		return v1alpha1.LeaseSummarySpec{
 			Fleet: fleet, Pool: pool, Replica: p.Replica,
-			ObservedAt: metav1.MicroTime{Time: now}, ValidUntil: metav1.MicroTime{Time: now.Add(lease.SummaryFreshness)},
+			ObservedAt: metav1.MicroTime{Time: now}, ValidUntil: metav1.MicroTime{Time: now.Add(leasewire.SummaryFreshness)},
 		}
 	}
 	whole := base("")
@@ -255,11 +255,11 @@ func clamp32(n int) int32 { return int32(min(max(n, 0), 1<<30)) } //nolint:gosec
 
 // write creates or updates this replica's summary of a fleet or a pool.
 func (p *SummaryPublisher) write(ctx context.Context, ns string, spec v1alpha1.LeaseSummarySpec) error {
-	ls := &v1alpha1.LeaseSummary{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.PoolSummaryName(spec.Fleet, spec.Pool, p.Replica)}}
+	ls := &v1alpha1.LeaseSummary{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: leasewire.PoolSummaryName(spec.Fleet, spec.Pool, p.Replica)}}
 	err := p.Client.Get(ctx, client.ObjectKeyFromObject(ls), ls)
 	switch {
 	case kerrors.IsNotFound(err):
-		ls.Labels = lease.SummaryLabels(spec.Fleet, spec.Pool)
+		ls.Labels = leasewire.SummaryLabels(spec.Fleet, spec.Pool)
 		ls.Spec = spec
 		return errors.Wrapf(p.Client.Create(ctx, ls), "cannot create LeaseSummary %s/%s", ns, ls.Name)
 	case err != nil:
@@ -268,7 +268,7 @@ func (p *SummaryPublisher) write(ctx context.Context, ns string, spec v1alpha1.L
 	if ls.Labels == nil {
 		ls.Labels = map[string]string{}
 	}
-	for k, v := range lease.SummaryLabels(spec.Fleet, spec.Pool) {
+	for k, v := range leasewire.SummaryLabels(spec.Fleet, spec.Pool) {
 		ls.Labels[k] = v
 	}
 	ls.Spec = spec
@@ -278,7 +278,7 @@ func (p *SummaryPublisher) write(ctx context.Context, ns string, spec v1alpha1.L
 // remove deletes this replica's summary of a fleet or a pool, and says
 // whether it is gone.
 func (p *SummaryPublisher) remove(ctx context.Context, ns, fleet, pool string) bool {
-	ls := &v1alpha1.LeaseSummary{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.PoolSummaryName(fleet, pool, p.Replica)}}
+	ls := &v1alpha1.LeaseSummary{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: leasewire.PoolSummaryName(fleet, pool, p.Replica)}}
 	if err := p.Client.Delete(ctx, ls); err != nil && !kerrors.IsNotFound(err) {
 		p.Log.Info("Cannot delete LeaseSummary", "namespace", ns, "name", ls.Name, "error", err)
 		return false
@@ -287,9 +287,9 @@ func (p *SummaryPublisher) remove(ctx context.Context, ns, fleet, pool string) b
 }
 
 // sweep deletes, of any replica, the summaries of fleets that are gone
-// (once older than lease.SummaryRefresh: a fleet just made may not be in
+// (once older than leasewire.SummaryRefresh: a fleet just made may not be in
 // this replica's cache yet) and those no replica renewed for
-// lease.SummarySweepAfter (their replica is gone).
+// leasewire.SummarySweepAfter (their replica is gone).
 func (p *SummaryPublisher) sweep(ctx context.Context, fleets map[string][]member, now time.Time) error {
 	l := &v1alpha1.LeaseSummaryList{}
 	if err := p.Client.List(ctx, l, client.HasLabels{fleetv1alpha1.LabelFleet}); err != nil {
@@ -314,9 +314,9 @@ func (p *SummaryPublisher) sweep(ctx context.Context, fleets map[string][]member
 		if ls.Spec.Pool != "" {
 			live = pools[key+"\x00"+ls.Spec.Pool]
 		}
-		until := lease.CountsUntil(&ls.Spec)
-		gone := !live && now.Sub(ls.CreationTimestamp.Time) >= lease.SummaryRefresh && now.After(until.Add(lease.HoldSkew))
-		abandoned := now.Sub(until) >= lease.SummarySweepAfter
+		until := leasewire.CountsUntil(&ls.Spec)
+		gone := !live && now.Sub(ls.CreationTimestamp.Time) >= leasewire.SummaryRefresh && now.After(until.Add(leasewire.HoldSkew))
+		abandoned := now.Sub(until) >= leasewire.SummarySweepAfter
 		if ls.Spec.Replica == p.Replica || !gone && !abandoned {
 			continue
 		}

@@ -23,6 +23,7 @@ import (
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
@@ -50,10 +51,10 @@ func (c *laggingCache) List(ctx context.Context, list client.ObjectList, opts ..
 // TestLeaseSummaryPublished: a replica writes a LeaseSummary per fleet:
 // the proxies held (its own grants too while its cache has not seen them),
 // those it saw draining, its demand; the first change after a quiet spell
-// at once, then a change at most every lease.SummaryInterval, a refresh
-// every lease.SummaryRefresh and no sooner; and it deletes its summary of a
+// at once, then a change at most every leasewire.SummaryInterval, a refresh
+// every leasewire.SummaryRefresh and no sooner; and it deletes its summary of a
 // fleet that is gone, any replica's summary of a gone fleet, and summaries
-// nobody renewed for lease.SummarySweepAfter.
+// nobody renewed for leasewire.SummarySweepAfter.
 func TestLeaseSummaryPublished(t *testing.T) {
 	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
@@ -67,7 +68,7 @@ func TestLeaseSummaryPublished(t *testing.T) {
 		s, x.Now, x.Leases.Now, x.Leases.Cache = x, clk.now, clk.now, cache
 	})
 	pub := &discovery.SummaryPublisher{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()}
-	name := lease.SummaryName("crawlers", "replica-1")
+	name := leasewire.SummaryName("crawlers", "replica-1")
 	published := func(what string) v1alpha1.LeaseSummarySpec {
 		t.Helper()
 		if err := pub.Publish(ctx); err != nil {
@@ -92,8 +93,8 @@ func TestLeaseSummaryPublished(t *testing.T) {
 
 	first := published("nothing leased")
 	if len(first.Leased) != 0 || len(first.Draining) != 0 || !first.ObservedAt.Equal(&metav1.MicroTime{Time: clk.now()}) ||
-		!first.ValidUntil.Time.Equal(clk.now().Add(lease.SummaryFreshness)) {
-		t.Fatalf("a fleet without leases: want an empty summary observed now and valid lease.SummaryFreshness, got %+v", first)
+		!first.ValidUntil.Time.Equal(clk.now().Add(leasewire.SummaryFreshness)) {
+		t.Fatalf("a fleet without leases: want an empty summary observed now and valid leasewire.SummaryFreshness, got %+v", first)
 	}
 
 	c := &apiv1.Client{BaseURL: srv.URL, Token: "team-token"}
@@ -104,7 +105,7 @@ func TestLeaseSummaryPublished(t *testing.T) {
 	// The first change after a quiet spell goes out at once.
 	got := published("the first lease")
 	if len(got.Leased) != 1 || got.Leased[0].Name != a.Proxy || got.Leased[0].Holders != 1 ||
-		!got.Leased[0].HeldUntil.Time.Equal(clk.now().Add(15*time.Minute+lease.HoldSkew)) {
+		!got.Leased[0].HeldUntil.Time.Equal(clk.now().Add(15*time.Minute+leasewire.HoldSkew)) {
 		t.Fatalf("one lease held on %s for 15m: want it listed at once, held until its renewal + 15m + the skew margin; got %+v", a.Proxy, got.Leased)
 	}
 
@@ -126,7 +127,7 @@ func TestLeaseSummaryPublished(t *testing.T) {
 			cache.hide(l.Name)
 		}
 	}
-	clk.add(lease.SummaryInterval)
+	clk.add(leasewire.SummaryInterval)
 	if got := names(published("a grant the cache has not seen")); !slices.Equal(got, []string{"crawlers-0", "crawlers-1"}) {
 		t.Fatalf("this replica's own grant, unseen by its cache, is left out: %v", got)
 	}
@@ -136,15 +137,15 @@ func TestLeaseSummaryPublished(t *testing.T) {
 	}
 
 	// Nothing new (the leases outlive the wait): not written again
-	// before lease.SummaryRefresh, then written all the same.
+	// before leasewire.SummaryRefresh, then written all the same.
 	before := published("nothing new").ObservedAt
-	clk.add(lease.SummaryRefresh - time.Second)
+	clk.add(leasewire.SummaryRefresh - time.Second)
 	if again := published("just before the refresh").ObservedAt; !again.Equal(&before) {
-		t.Errorf("a summary with nothing new is written before lease.SummaryRefresh: observed %s, then %s", before, again)
+		t.Errorf("a summary with nothing new is written before leasewire.SummaryRefresh: observed %s, then %s", before, again)
 	}
 	clk.add(time.Second)
 	if after := published("the refresh").ObservedAt; !after.After(before.Time) {
-		t.Errorf("a summary with nothing new is not refreshed after lease.SummaryRefresh: observed %s, then %s", before, after)
+		t.Errorf("a summary with nothing new is not refreshed after leasewire.SummaryRefresh: observed %s, then %s", before, after)
 	}
 	if got := names(published("the refresh, read again")); !slices.Equal(got, []string{a.Proxy}) {
 		t.Fatalf("the refresh lists the lease still held: %v", got)
@@ -159,14 +160,14 @@ func TestLeaseSummaryPublished(t *testing.T) {
 	if err := bed.Client.Update(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	clk.add(lease.SummaryInterval)
+	clk.add(leasewire.SummaryInterval)
 	if got := published("draining").Draining; !slices.Equal(got, []v1alpha1.DrainingProxy{{Name: "crawlers-1", Since: 1700000000}}) {
 		t.Errorf("draining: want crawlers-1 since its label's 1700000000, got %v", got)
 	}
 	if err := c.Release(ctx, a.LeaseID); err != nil {
 		t.Fatal(err)
 	}
-	clk.add(lease.SummaryInterval)
+	clk.add(leasewire.SummaryInterval)
 	if got := names(published("released")); len(got) != 0 {
 		t.Errorf("a released lease is still listed: %v", got)
 	}
@@ -174,28 +175,28 @@ func TestLeaseSummaryPublished(t *testing.T) {
 	// Another replica's summary that nobody renewed for 10 minutes goes;
 	// so does, once the fleet is gone, every summary of it.
 	other := func(replica, fleet string, validUntil time.Time) *v1alpha1.LeaseSummary {
-		ls := &v1alpha1.LeaseSummary{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.SummaryName(fleet, replica), Labels: lease.SummarySelector(fleet)},
+		ls := &v1alpha1.LeaseSummary{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: leasewire.SummaryName(fleet, replica), Labels: leasewire.SummarySelector(fleet)},
 			Spec: v1alpha1.LeaseSummarySpec{Fleet: fleet, Replica: replica, ObservedAt: metav1.MicroTime{Time: validUntil.Add(-time.Minute)}, ValidUntil: metav1.MicroTime{Time: validUntil}}}
 		if err := bed.Client.Create(ctx, ls); err != nil {
 			t.Fatal(err)
 		}
 		return ls
 	}
-	abandoned := other("replica-2", "crawlers", clk.now().Add(-lease.SummarySweepAfter))
-	live := other("replica-3", "crawlers", clk.now().Add(lease.SummaryFreshness))
+	abandoned := other("replica-2", "crawlers", clk.now().Add(-leasewire.SummarySweepAfter))
+	live := other("replica-3", "crawlers", clk.now().Add(leasewire.SummaryFreshness))
 	gone := other("replica-3", "gone", clk.now().Add(-time.Minute))
 	// A fleet this replica's cache lacks, whose other replica's summary
 	// still counts: this cache may lag (or see fewer fleets).
-	unknown := other("replica-4", "not-in-this-cache", clk.now().Add(lease.SummaryFreshness+lease.SummaryRefresh))
+	unknown := other("replica-4", "not-in-this-cache", clk.now().Add(leasewire.SummaryFreshness+leasewire.SummaryRefresh))
 	// One whose validUntil lies a year ahead (a buggy or another release's
 	// replica), observed longer ago than the function trusts any
 	// validUntil and the sweep delay: it counts no more, so it goes too.
 	forever := other("replica-5", "crawlers", clk.now().Add(365*24*time.Hour))
-	forever.Spec.ObservedAt = metav1.MicroTime{Time: clk.now().Add(lease.SummaryRefresh - lease.SummaryValidCeiling - lease.SummarySweepAfter)}
+	forever.Spec.ObservedAt = metav1.MicroTime{Time: clk.now().Add(leasewire.SummaryRefresh - leasewire.SummaryValidCeiling - leasewire.SummarySweepAfter)}
 	if err := bed.Client.Update(ctx, forever); err != nil {
 		t.Fatal(err)
 	}
-	clk.add(lease.SummaryRefresh)
+	clk.add(leasewire.SummaryRefresh)
 	published("sweep")
 	exists := func(ls *v1alpha1.LeaseSummary) bool {
 		err := bed.Client.Get(ctx, client.ObjectKeyFromObject(ls), &v1alpha1.LeaseSummary{})
@@ -270,7 +271,7 @@ func TestPoolSummaries(t *testing.T) {
 			return false, err.Error()
 		}
 		l := &v1alpha1.LeaseSummaryList{}
-		if err := bed.Client.List(ctx, l, client.InNamespace(ns), client.MatchingLabels(lease.SummarySelector("pooled"))); err != nil {
+		if err := bed.Client.List(ctx, l, client.InNamespace(ns), client.MatchingLabels(leasewire.SummarySelector("pooled"))); err != nil {
 			return false, err.Error()
 		}
 		return len(l.Items) == 3, fmt.Sprintf("%d summaries", len(l.Items))
@@ -278,7 +279,7 @@ func TestPoolSummaries(t *testing.T) {
 	get := func(pool string) v1alpha1.LeaseSummarySpec {
 		t.Helper()
 		l := &v1alpha1.LeaseSummaryList{}
-		if err := bed.Client.List(ctx, l, client.InNamespace(ns), client.MatchingLabels(lease.SummaryLabels("pooled", pool))); err != nil {
+		if err := bed.Client.List(ctx, l, client.InNamespace(ns), client.MatchingLabels(leasewire.SummaryLabels("pooled", pool))); err != nil {
 			t.Fatal(err)
 		}
 		if len(l.Items) != 1 {
@@ -330,7 +331,7 @@ func TestPoolSummaries(t *testing.T) {
 			return false, err.Error()
 		}
 		l := &v1alpha1.LeaseSummaryList{}
-		if err := bed.Client.List(ctx, l, client.InNamespace(ns), client.MatchingLabels(lease.SummaryLabels("pooled", "pooled-pool-2"))); err != nil {
+		if err := bed.Client.List(ctx, l, client.InNamespace(ns), client.MatchingLabels(leasewire.SummaryLabels("pooled", "pooled-pool-2"))); err != nil {
 			return false, err.Error()
 		}
 		return len(l.Items) == 0, fmt.Sprintf("%d left", len(l.Items))
@@ -392,7 +393,7 @@ func TestSummariesStayWhenAFleetCannotBeRead(t *testing.T) {
 	if err := pub.Publish(ctx); err != nil {
 		t.Fatal(err)
 	}
-	name := lease.SummaryName("crawlers", "replica-1")
+	name := leasewire.SummaryName("crawlers", "replica-1")
 	if err := bed.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, &v1alpha1.LeaseSummary{}); err != nil {
 		t.Fatalf("the summary was not written: %v", err)
 	}

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 )
 
 // ConditionAutoscaling says who sizes the fleet, and why it has the size it
@@ -69,19 +69,19 @@ type recommendation struct {
 type scaling struct {
 	desired  int
 	reason   string
-	demand   lease.Demand
+	demand   leasewire.Demand
 	capacity int
 	history  []recommendation
 }
 
 // wanted is how many leases are asked for: held, waiting, and refused
 // lately.
-func wanted(d lease.Demand) int { return d.Held + d.Waiting + d.Refused }
+func wanted(d leasewire.Demand) int { return d.Held + d.Waiting + d.Refused }
 
 // recommend is the size that serves demand at the target utilization:
 // ceil(wanted / (perProxy x target)), within the bounds. current is the
 // size aimed at so far: within the tolerance of the target it stays.
-func (a *autoscaler) recommend(d lease.Demand, perProxy, current int) int {
+func (a *autoscaler) recommend(d leasewire.Demand, perProxy, current int) int {
 	w := wanted(d)
 	per := perProxy * a.Target // leases per proxy at the target, in thousandths
 	n := (w*1000 + per - 1) / per
@@ -166,7 +166,7 @@ func (a *autoscaler) holdUntil(history []recommendation, desired int) time.Time 
 
 // scale sizes an autoscaled fleet: from the demand and the previous
 // composition's status, the size it aims at now, and why.
-func (a *autoscaler) scale(d lease.Demand, perProxy, healthy, current int, history []recommendation, now time.Time, outage bool) *scaling {
+func (a *autoscaler) scale(d leasewire.Demand, perProxy, healthy, current int, history []recommendation, now time.Time, outage bool) *scaling {
 	rec := a.recommend(d, perProxy, current)
 	if outage {
 		rec = min(rec, max(current, a.Min))

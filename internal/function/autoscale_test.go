@@ -5,12 +5,11 @@ import (
 	"testing"
 	"time"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
 	"github.com/crossplane/function-sdk-go/resource"
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/types/known/structpb"
-
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
 func scaler(minR, maxR int, up, down time.Duration) *autoscaler {
@@ -22,23 +21,23 @@ func scaler(minR, maxR int, up, down time.Duration) *autoscaler {
 // within the bounds.
 func TestRecommend(t *testing.T) {
 	cases := map[string]struct {
-		d                 lease.Demand
+		d                 leasewire.Demand
 		perProxy, current int
 		want              int
 	}{
 		// 21 / (3 x 0.7) is 10 exactly; in floating point it is
 		// 10.000000000000002, whose ceiling is 11.
-		"ExactArithmetic":        {lease.Demand{Held: 21}, 3, 0, 10},
-		"WaitingAndRefusedCount": {lease.Demand{Held: 5, Waiting: 2, Refused: 1}, 3, 2, 4},
-		"NoDemandGoesToMin":      {lease.Demand{}, 3, 5, 1},
-		"WakesFromZero":          {lease.Demand{Waiting: 1}, 1, 0, 2},
-		"CappedAtMax":            {lease.Demand{Held: 100}, 1, 5, 30},
+		"ExactArithmetic":        {leasewire.Demand{Held: 21}, 3, 0, 10},
+		"WaitingAndRefusedCount": {leasewire.Demand{Held: 5, Waiting: 2, Refused: 1}, 3, 2, 4},
+		"NoDemandGoesToMin":      {leasewire.Demand{}, 3, 5, 1},
+		"WakesFromZero":          {leasewire.Demand{Waiting: 1}, 1, 0, 2},
+		"CappedAtMax":            {leasewire.Demand{Held: 100}, 1, 5, 30},
 		// 15 leases on 20 proxies at 1 each is 0.75, within 0.1 of 0.7:
 		// no change, where the exact size would be 22.
-		"WithinToleranceStays": {lease.Demand{Held: 15}, 1, 20, 20},
+		"WithinToleranceStays": {leasewire.Demand{Held: 15}, 1, 20, 20},
 		// 17 on 20 is 0.85: outside the tolerance, grows to ceil(17/0.7).
-		"OutsideToleranceMoves": {lease.Demand{Held: 17}, 1, 20, 25},
-		"ShrinksOutside":        {lease.Demand{Held: 6}, 1, 20, 9},
+		"OutsideToleranceMoves": {leasewire.Demand{Held: 17}, 1, 20, 25},
+		"ShrinksOutside":        {leasewire.Demand{Held: 6}, 1, 20, 9},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -233,7 +232,7 @@ func TestRunAutoscaled(t *testing.T) {
 		// validSpec's two zones... its access Role and RoleBinding only.
 		t.Errorf("with nothing known and no proxy, the fleet starts from none: %d desired resources", n)
 	}
-	req.RequiredResources = summaries(leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{Waiting: 1}))
+	req.RequiredResources = summaries(leaseSummary("crawlers", "r1", t0, nil, nil, leasewire.Demand{Waiting: 1}))
 	rsp = run(t, req)
 	status := rsp.GetDesired().GetComposite().GetResource().GetFields()["status"].GetStructValue()
 	if got := field(status, "desiredReplicas").GetNumberValue(); got != 2 {
@@ -243,8 +242,8 @@ func TestRunAutoscaled(t *testing.T) {
 	if len(c) != 1 || !strings.Contains(c[0].GetMessage(), "spec.replicas (2) is ignored while spec.autoscaling is set") {
 		t.Errorf("the Autoscaling condition says spec.replicas is ignored: %v", c)
 	}
-	if ttl := rsp.GetMeta().GetTtl().AsDuration(); ttl > lease.DemandInterval {
-		t.Errorf("an autoscaled fleet is composed again within %s, not %s", lease.DemandInterval, ttl)
+	if ttl := rsp.GetMeta().GetTtl().AsDuration(); ttl > leasewire.DemandInterval {
+		t.Errorf("an autoscaled fleet is composed again within %s, not %s", leasewire.DemandInterval, ttl)
 	}
 	plain := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(validSpec)}}})
 	if c := conditions(plain, ConditionAutoscaling); len(c) != 1 || c[0].GetReason() != "Disabled" {
@@ -287,7 +286,7 @@ func TestAutoscalerHoldsThroughAnOutage(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			rsp := run(t, &fnv1.RunFunctionRequest{
 				Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: tc.proxies},
-				RequiredResources: summaries(leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{Waiting: 4, Refused: 3})),
+				RequiredResources: summaries(leaseSummary("crawlers", "r1", t0, nil, nil, leasewire.Demand{Waiting: 4, Refused: 3})),
 			})
 			st := rsp.GetDesired().GetComposite().GetResource().GetFields()["status"].GetStructValue()
 			n, why := field(st, "desiredReplicas").GetNumberValue(), str(st, "autoscaling", "reason")

@@ -16,7 +16,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 )
 
 // fleetRequest is a request for an n-replica fleet with n observed, Ready,
@@ -177,7 +177,7 @@ func poolRequest(tb testing.TB, n int) *fnv1.RunFunctionRequest {
 	}
 	return &fnv1.RunFunctionRequest{
 		Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: resource.MustStructJSON(string(b))}, Resources: observed},
-		RequiredResources: poolSummaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{}))),
+		RequiredResources: poolSummaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, nil, nil, leasewire.Demand{}))),
 	}
 }
 

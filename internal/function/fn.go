@@ -27,7 +27,7 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
 
@@ -163,13 +163,13 @@ func requireLeases(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionRequest, 
 		rsp.Requirements.Resources = map[string]*fnv1.ResourceSelector{}
 	}
 	namespace := fleet.Namespace
-	selector, pool := lease.SummarySelector(fleet.Name), ""
+	selector, pool := leasewire.SummarySelector(fleet.Name), ""
 	switch {
 	case fleet.Pool != "":
 		pool = ownership.LabelValue(fleet.Pool)
-		selector = lease.SummaryLabels(fleet.Name, pool)
+		selector = leasewire.SummaryLabels(fleet.Name, pool)
 	case fleet.spec.Pools != nil:
-		selector = lease.SummaryLabels(fleet.Name, "")
+		selector = leasewire.SummaryLabels(fleet.Name, "")
 	}
 	rsp.Requirements.Resources[requiredSummaries] = &fnv1.ResourceSelector{
 		ApiVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.LeaseSummaryKind, Namespace: &namespace,
@@ -182,7 +182,7 @@ func requireLeases(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionRequest, 
 	case fleet.Pool != "":
 		rsp.Requirements.Resources[requiredFleetSummaries] = &fnv1.ResourceSelector{
 			ApiVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.LeaseSummaryKind, Namespace: &namespace,
-			Match: &fnv1.ResourceSelector_MatchLabels{MatchLabels: &fnv1.MatchLabels{Labels: lease.SummaryLabels(fleet.Name, "")}},
+			Match: &fnv1.ResourceSelector_MatchLabels{MatchLabels: &fnv1.MatchLabels{Labels: leasewire.SummaryLabels(fleet.Name, "")}},
 		}
 		whole, sent := req.GetRequiredResources()[requiredFleetSummaries]
 		view.coveredBy(viewLeases(whole.GetItems(), sent, fleet.Name, "", maxTTL, now))
@@ -323,9 +323,9 @@ func finish(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionRequest, fleet *
 		// Demand is no object Crossplane watches: an autoscaled fleet is
 		// composed again as often as discovery may publish it, and a
 		// fleet at zero twice as often, for its first crawler waits.
-		ttl = min(ttl, lease.DemandInterval)
+		ttl = min(ttl, leasewire.DemandInterval)
 		if fleet.Replicas == 0 {
-			ttl = min(ttl, lease.DemandInterval/2)
+			ttl = min(ttl, leasewire.DemandInterval/2)
 		}
 	}
 	if ro != nil && !fleet.Paused {

@@ -19,7 +19,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 )
 
 const validSpec = `{
@@ -356,26 +356,26 @@ func TestRunFunction(t *testing.T) {
 			summaries []*structpb.Struct
 			oldKept   bool
 		}{
-			"Listed": {[]*structpb.Struct{leaseSummary("crawlers", "r1", t0, []held{{"crawlers-0", 1, t0.Add(time.Minute)}}, seen, lease.Demand{})}, true},
+			"Listed": {[]*structpb.Struct{leaseSummary("crawlers", "r1", t0, []held{{"crawlers-0", 1, t0.Add(time.Minute)}}, seen, leasewire.Demand{})}, true},
 			"ListedByAnotherReplica": {[]*structpb.Struct{
-				leaseSummary("crawlers", "r1", t0, nil, seen, lease.Demand{}),
-				leaseSummary("crawlers", "r2", t0.Add(-5*time.Second), []held{{"crawlers-0", 1, t0.Add(time.Minute)}}, seen, lease.Demand{}),
+				leaseSummary("crawlers", "r1", t0, nil, seen, leasewire.Demand{}),
+				leaseSummary("crawlers", "r2", t0.Add(-5*time.Second), []held{{"crawlers-0", 1, t0.Add(time.Minute)}}, seen, leasewire.Demand{}),
 			}, true},
 			// Its replica died; what it said still holds until then.
 			"ListedByAStaleSummaryStillHeld": {[]*structpb.Struct{
-				leaseSummary("crawlers", "r1", t0, nil, seen, lease.Demand{}),
-				leaseSummary("crawlers", "r2", staleAt, []held{{"crawlers-0", 1, t0.Add(time.Minute)}}, nil, lease.Demand{}),
+				leaseSummary("crawlers", "r1", t0, nil, seen, leasewire.Demand{}),
+				leaseSummary("crawlers", "r2", staleAt, []held{{"crawlers-0", 1, t0.Add(time.Minute)}}, nil, leasewire.Demand{}),
 			}, true},
 			"ListedByAStaleSummaryEnded": {[]*structpb.Struct{
-				leaseSummary("crawlers", "r1", t0, nil, seen, lease.Demand{}),
-				leaseSummary("crawlers", "r2", staleAt, []held{{"crawlers-0", 1, t0.Add(-time.Second)}}, nil, lease.Demand{}),
+				leaseSummary("crawlers", "r1", t0, nil, seen, leasewire.Demand{}),
+				leaseSummary("crawlers", "r2", staleAt, []held{{"crawlers-0", 1, t0.Add(-time.Second)}}, nil, leasewire.Demand{}),
 			}, false},
 			"NotSeenDrainingByALiveReplica": {[]*structpb.Struct{
-				leaseSummary("crawlers", "r1", t0, nil, seen, lease.Demand{}),
-				leaseSummary("crawlers", "r2", t0, nil, nil, lease.Demand{}),
+				leaseSummary("crawlers", "r1", t0, nil, seen, leasewire.Demand{}),
+				leaseSummary("crawlers", "r2", t0, nil, nil, leasewire.Demand{}),
 			}, true},
-			"OnlyStaleSummaries": {[]*structpb.Struct{leaseSummary("crawlers", "r1", staleAt, nil, seen, lease.Demand{})}, true},
-			"NoneListed":         {[]*structpb.Struct{leaseSummary("crawlers", "r1", t0, nil, seen, lease.Demand{})}, false},
+			"OnlyStaleSummaries": {[]*structpb.Struct{leaseSummary("crawlers", "r1", staleAt, nil, seen, leasewire.Demand{})}, true},
+			"NoneListed":         {[]*structpb.Struct{leaseSummary("crawlers", "r1", t0, nil, seen, leasewire.Demand{})}, false},
 		} {
 			rsp := run(t, &fnv1.RunFunctionRequest{
 				Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: observed},
@@ -510,7 +510,7 @@ func TestTemplateChangeKeepsOldSpecs(t *testing.T) {
 	// Its replacement Ready, and a crawler's lease on it, the old Proxy
 	// drains from now; composed again, it keeps the time its drain began.
 	req.Observed.Resources["proxy-2"] = observedProxy(2, "a", true, t0.Add(-time.Minute), `, "crawl.example.com/replaces": "0", "crawl.example.com/template-revision": "`+current+`"`)
-	req.RequiredResources = summaries(leaseSummary("crawlers", "r1", t0, []held{{"crawlers-0", 1, t0.Add(10 * time.Minute)}}, nil, lease.Demand{}))
+	req.RequiredResources = summaries(leaseSummary("crawlers", "r1", t0, []held{{"crawlers-0", 1, t0.Add(10 * time.Minute)}}, nil, leasewire.Demand{}))
 	drained := func() any {
 		return run(t, req).GetDesired().GetResources()["proxy-0"].GetResource().AsMap()["metadata"].(map[string]any)["labels"].(map[string]any)[fleetv1alpha1.LabelDrainingSince]
 	}
@@ -539,8 +539,8 @@ func TestTemplateChangeKeepsOldSpecs(t *testing.T) {
 	// written when it ends, so the fleet asks to be composed again then,
 	// not a minute later.
 	req.RequiredResources = summaries(
-		leaseSummary("crawlers", "r1", staleAt, []held{{"crawlers-0", 1, t0.Add(25 * time.Second)}}, nil, lease.Demand{}),
-		leaseSummary("crawlers", "r2", t0, nil, []string{"crawlers-0"}, lease.Demand{}))
+		leaseSummary("crawlers", "r1", staleAt, []held{{"crawlers-0", 1, t0.Add(25 * time.Second)}}, nil, leasewire.Demand{}),
+		leaseSummary("crawlers", "r2", t0, nil, []string{"crawlers-0"}, leasewire.Demand{}))
 	rsp := run(t, req)
 	if _, kept := rsp.GetDesired().GetResources()["proxy-0"]; !kept {
 		t.Fatal("the old Proxy, leased by the stale summary, goes")
@@ -710,7 +710,7 @@ func conditions(rsp *fnv1.RunFunctionResponse, t string) []*fnv1.Condition {
 // noLeases is what Crossplane sends of a fleet no crawler holds a lease
 // on: one fresh LeaseSummary listing none.
 func noLeases() map[string]*fnv1.Resources {
-	return summaries(leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{}))
+	return summaries(leaseSummary("crawlers", "r1", t0, nil, nil, leasewire.Demand{}))
 }
 
 // TestCredentials: each Proxy is told how long to accept its previous

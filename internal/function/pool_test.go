@@ -23,7 +23,7 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 )
 
 func TestSizePools(t *testing.T) {
@@ -209,9 +209,9 @@ func (c *simCluster) runFn(req *fnv1.RunFunctionRequest) *fnv1.RunFunctionRespon
 func (c *simCluster) summary(pool string) map[string]*fnv1.Resources {
 	ls := v1alpha1.LeaseSummary{
 		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.LeaseSummaryKind},
-		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: lease.PoolSummaryName("crawlers", pool, "r1"), Labels: lease.SummaryLabels("crawlers", pool)},
+		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: leasewire.PoolSummaryName("crawlers", pool, "r1"), Labels: leasewire.SummaryLabels("crawlers", pool)},
 		Spec: v1alpha1.LeaseSummarySpec{Fleet: "crawlers", Pool: pool, Replica: "r1",
-			ObservedAt: metav1.MicroTime{Time: c.now}, ValidUntil: metav1.MicroTime{Time: c.now.Add(lease.SummaryFreshness)}},
+			ObservedAt: metav1.MicroTime{Time: c.now}, ValidUntil: metav1.MicroTime{Time: c.now.Add(leasewire.SummaryFreshness)}},
 	}
 	for _, p := range c.pools {
 		if pool != "" && str(p.spec, "metadata", "name") != pool {
@@ -619,7 +619,7 @@ func poolSummaries(items ...*structpb.Struct) map[string]*fnv1.Resources {
 		r := str(i, "spec", "replica")
 		if !seen[r] {
 			seen[r] = true
-			whole.Items = append(whole.Items, &fnv1.Resource{Resource: leaseSummary("crawlers", r, t0, nil, nil, lease.Demand{})})
+			whole.Items = append(whole.Items, &fnv1.Resource{Resource: leaseSummary("crawlers", r, t0, nil, nil, leasewire.Demand{})})
 		}
 	}
 	out[requiredFleetSummaries] = whole
@@ -660,12 +660,12 @@ func TestPoolScaleDownDrains(t *testing.T) {
 	}
 	kept := fmt.Sprintf("crawlers-%d", base+1)
 	all := []string{fmt.Sprintf("crawlers-%d", base), kept, fmt.Sprintf("crawlers-%d", base+2)}
-	leased := poolSummaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, []held{{kept, 1, t0.Add(time.Hour)}}, nil, lease.Demand{})))
+	leased := poolSummaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, []held{{kept, 1, t0.Add(time.Hour)}}, nil, leasewire.Demand{})))
 	rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: poolXR(t, spec("Drain"))}, Resources: observed("")}, RequiredResources: leased})
 	if got := names(rsp); len(got) != 3 {
 		t.Errorf("Drain: the pool removed proxies before they drained: kept %v", got)
 	}
-	seen := poolSummaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, []held{{kept, 1, t0.Add(time.Hour)}}, all, lease.Demand{})))
+	seen := poolSummaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, []held{{kept, 1, t0.Add(time.Hour)}}, all, leasewire.Demand{})))
 	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: poolXR(t, spec("Drain"))}, Resources: observed(drained)}, RequiredResources: seen})
 	if got := names(rsp); len(got) != 1 || got[0] != kept {
 		t.Errorf("Drain: once drained and seen, the pool keeps only the leased proxy %s: kept %v", kept, got)
@@ -775,19 +775,19 @@ func TestPoolLeasesCoveredByEveryReplica(t *testing.T) {
 		return len(rsp.GetDesired().GetResources())
 	}
 	both := poolSummaries(
-		inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, nil, []string{extra}, lease.Demand{})),
-		inPool("crawlers-pool-1", leaseSummary("crawlers", "r2", t0, nil, []string{extra}, lease.Demand{})))
+		inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, nil, []string{extra}, leasewire.Demand{})),
+		inPool("crawlers-pool-1", leaseSummary("crawlers", "r2", t0, nil, []string{extra}, leasewire.Demand{})))
 	if n := kept(both); n != 1 {
 		t.Fatalf("drained and seen by both replicas: the proxy above replicas goes (kept %d): the check is not vacuous", n)
 	}
 	// r2 is live (its fleet-wide summary is fresh) but wrote no summary
 	// of this pool.
-	missing := poolSummaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, nil, []string{extra}, lease.Demand{})))
-	missing[requiredFleetSummaries].Items = append(missing[requiredFleetSummaries].Items, &fnv1.Resource{Resource: leaseSummary("crawlers", "r2", t0, nil, nil, lease.Demand{})})
+	missing := poolSummaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, nil, []string{extra}, leasewire.Demand{})))
+	missing[requiredFleetSummaries].Items = append(missing[requiredFleetSummaries].Items, &fnv1.Resource{Resource: leaseSummary("crawlers", "r2", t0, nil, nil, leasewire.Demand{})})
 	if n := kept(missing); n != 2 {
 		t.Errorf("a live replica without a summary of the pool: nothing may go, kept %d", n)
 	}
-	noFleet := summaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, nil, []string{extra}, lease.Demand{})))
+	noFleet := summaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, nil, []string{extra}, leasewire.Demand{})))
 	if n := kept(noFleet); n != 2 {
 		t.Errorf("without the fleet's own summaries: nothing may go, kept %d", n)
 	}
@@ -798,7 +798,7 @@ func TestPoolLeasesCoveredByEveryReplica(t *testing.T) {
 func TestPooledFleetCountsHeldLeases(t *testing.T) {
 	spec := withSpecIn(t, withSpecIn(t, validSpec, "pools", `{"proxiesPerPool": 2}`), "autoscaling", `{"minReplicas": 1, "maxReplicas": 20, "scaleDownStabilization": "0s"}`)
 	rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}},
-		RequiredResources: summaries(leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{Held: 9}), leaseSummary("crawlers", "r2", t0, nil, nil, lease.Demand{Held: 9}))})
+		RequiredResources: summaries(leaseSummary("crawlers", "r1", t0, nil, nil, leasewire.Demand{Held: 9}), leaseSummary("crawlers", "r2", t0, nil, nil, leasewire.Demand{Held: 9}))})
 	// 9 leases at one per proxy, 0.7 utilization: 13 proxies.
 	if got := field(rsp.GetDesired().GetComposite().GetResource(), "status", "desiredReplicas").GetNumberValue(); got != 13 {
 		t.Errorf("9 leases held (each replica counting all): want 13 proxies, got %v (%v)", got, rsp.GetConditions())
@@ -826,7 +826,7 @@ func TestRepairsShareTheFleetsLimit(t *testing.T) {
 	compose := func(repairs int) *fnv1.RunFunctionResponse {
 		spec := map[string]any{"fleet": "crawlers", "index": 1, "budget": map[string]any{"maxRepairs": repairs}, "template": mustMap(t, validSpec)}
 		return run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: poolXR(t, spec)}, Resources: observed},
-			RequiredResources: poolSummaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{})))})
+			RequiredResources: poolSummaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, nil, nil, leasewire.Demand{})))})
 	}
 	down := resourceName(base + 1)
 	rsp := compose(0)

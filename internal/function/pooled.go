@@ -17,7 +17,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
 
@@ -350,7 +350,7 @@ func (f *Function) runPooledFleet(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFu
 	// its proxies are leased: a steady pool does not read its own, so the
 	// pools' counts do not add up to the fleet's. Each summary written
 	// composes the fleet (its pools, not their Proxies), at most every
-	// lease.SummaryInterval per discovery replica.
+	// leasewire.SummaryInterval per discovery replica.
 	view := requireLeases(rsp, req, fleet, now)
 	total.leased = -1 // unknown: no fresh summary counts them
 	if view.leasedReported {
@@ -398,9 +398,9 @@ func (f *Function) runPooledFleet(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFu
 		}
 	}
 	if sc != nil {
-		ttl = min(ttl, lease.DemandInterval)
+		ttl = min(ttl, leasewire.DemandInterval)
 		if fleet.Replicas == 0 {
-			ttl = min(ttl, lease.DemandInterval/2)
+			ttl = min(ttl, leasewire.DemandInterval/2)
 		}
 	}
 	rsp.Meta.Ttl = durationpb.New(ttl)

@@ -16,7 +16,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 )
 
 // quietCases are pools of 6 with a budget to act on: one steady, the
@@ -87,7 +87,7 @@ func quietCases(t *testing.T) map[string]*fnv1.RunFunctionRequest {
 // leased count rather than a wrong one.
 func TestSteadyPoolReadsNoLeases(t *testing.T) {
 	base := fleetv1alpha1.PoolOrdinalSpan
-	leasedOne := poolSummaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, []held{{fmt.Sprintf("crawlers-%d", base), 1, t0.Add(time.Hour)}}, nil, lease.Demand{})))
+	leasedOne := poolSummaries(inPool("crawlers-pool-1", leaseSummary("crawlers", "r1", t0, []held{{fmt.Sprintf("crawlers-%d", base), 1, t0.Add(time.Hour)}}, nil, leasewire.Demand{})))
 	for name, req := range quietCases(t) {
 		rsp := run(t, req)
 		got := rsp.GetRequirements().GetResources()
@@ -211,7 +211,7 @@ func TestPooledFleetCountsLeasedProxies(t *testing.T) {
 			"status": {"replicas": 2, "leasedReplicas": %d}}`, i, i, leased))}
 	}
 	counting := func(replica string, n int32) *structpb.Struct {
-		s := leaseSummary("crawlers", replica, t0, nil, nil, lease.Demand{Held: 9})
+		s := leaseSummary("crawlers", replica, t0, nil, nil, leasewire.Demand{Held: 9})
 		field(s, "spec", "demand").GetStructValue().Fields["leasedProxies"] = structpb.NewNumberValue(float64(n))
 		return s
 	}
@@ -227,7 +227,7 @@ func TestPooledFleetCountsLeasedProxies(t *testing.T) {
 	if n != nil {
 		t.Errorf("without summaries: leasedReplicas unknown, not %v (its steady pools count none)", n)
 	}
-	if _, n := leased(summaries(leaseSummary("crawlers", "r1", t0, nil, nil, lease.Demand{Held: 9}))); n != nil {
+	if _, n := leased(summaries(leaseSummary("crawlers", "r1", t0, nil, nil, leasewire.Demand{Held: 9}))); n != nil {
 		t.Errorf("a summary of a release that does not count them: leasedReplicas unknown, not %v", n)
 	}
 	if _, n := leased(summaries(counting("r1", 3), counting("r2", 2))); n.GetNumberValue() != 3 {
@@ -235,7 +235,7 @@ func TestPooledFleetCountsLeasedProxies(t *testing.T) {
 	}
 	stale := counting("r1", 4)
 	field(stale, "spec").GetStructValue().Fields["observedAt"] = structpb.NewStringValue(staleAt.Format(time.RFC3339Nano))
-	field(stale, "spec").GetStructValue().Fields["validUntil"] = structpb.NewStringValue(staleAt.Add(lease.SummaryFreshness).Format(time.RFC3339Nano))
+	field(stale, "spec").GetStructValue().Fields["validUntil"] = structpb.NewStringValue(staleAt.Add(leasewire.SummaryFreshness).Format(time.RFC3339Nano))
 	if _, n := leased(summaries(stale, counting("r2", 2))); n.GetNumberValue() != 2 {
 		t.Errorf("a stale summary's count does not count: want 2, got %v", n)
 	}

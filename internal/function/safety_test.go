@@ -6,11 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
-
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
 // safetyCase is a fleet, the proxies crawlers really hold leases on, and
@@ -97,24 +96,24 @@ func TestNoLeasedProxyRemoved(t *testing.T) {
 	holding := func(p string) []held { return []held{{p, 1, t0.Add(5 * time.Minute)}} }
 	cases := []safetyCase{
 		{name: "NoneHeld", spec: rotated, observed: rotation, removes: true, summaries: []*structpb.Struct{
-			leaseSummary("crawlers", "r1", t0, nil, []string{"crawlers-0"}, lease.Demand{}),
-			leaseSummary("crawlers", "r2", t0.Add(-3*time.Second), nil, []string{"crawlers-0"}, lease.Demand{}),
+			leaseSummary("crawlers", "r1", t0, nil, []string{"crawlers-0"}, leasewire.Demand{}),
+			leaseSummary("crawlers", "r2", t0.Add(-3*time.Second), nil, []string{"crawlers-0"}, leasewire.Demand{}),
 		}},
 		{name: "HeldThroughTheSecondReplica", spec: rotated, observed: rotation, holds: []string{"crawlers-0"}, summaries: []*structpb.Struct{
-			leaseSummary("crawlers", "r1", t0, nil, []string{"crawlers-0"}, lease.Demand{}),
-			leaseSummary("crawlers", "r2", t0.Add(-3*time.Second), holding("crawlers-0"), []string{"crawlers-0"}, lease.Demand{}),
+			leaseSummary("crawlers", "r1", t0, nil, []string{"crawlers-0"}, leasewire.Demand{}),
+			leaseSummary("crawlers", "r2", t0.Add(-3*time.Second), holding("crawlers-0"), []string{"crawlers-0"}, leasewire.Demand{}),
 		}},
 		// The only summary is stale: its replica died, and the lease
 		// granted since by a replica that has not written yet is on none.
 		{name: "OnlyAStaleSummary", spec: rotated, observed: rotation, holds: []string{"crawlers-0"}, summaries: []*structpb.Struct{
-			leaseSummary("crawlers", "r1", staleAt, nil, []string{"crawlers-0"}, lease.Demand{}),
+			leaseSummary("crawlers", "r1", staleAt, nil, []string{"crawlers-0"}, leasewire.Demand{}),
 		}},
 		{name: "JustFailedSinceTheLastWrite", spec: validSpec, observed: justFailed, holds: []string{"crawlers-0"}, summaries: []*structpb.Struct{
-			leaseSummary("crawlers", "r1", t0.Add(-9*time.Minute), nil, nil, lease.Demand{}),
+			leaseSummary("crawlers", "r1", t0.Add(-9*time.Minute), nil, nil, leasewire.Demand{}),
 		}},
 		{name: "ShrinkingWithOneHeld", spec: autoscaled, observed: shrinking, holds: []string{"crawlers-1"}, removes: true, summaries: []*structpb.Struct{
-			leaseSummary("crawlers", "r1", t0, holding("crawlers-1"), all, lease.Demand{}),
-			leaseSummary("crawlers", "r2", t0, nil, all, lease.Demand{}),
+			leaseSummary("crawlers", "r1", t0, holding("crawlers-1"), all, leasewire.Demand{}),
+			leaseSummary("crawlers", "r2", t0, nil, all, leasewire.Demand{}),
 		}},
 	}
 	correct := func(s []*structpb.Struct) []*structpb.Struct { return s }

@@ -25,7 +25,7 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
@@ -196,9 +196,9 @@ func sizedRequest(tb testing.TB, proxy, _ map[string]any, n, k int) *fnv1.RunFun
 		// Three discovery replicas' summaries (two, and one rolling
 		// over), each listing every leased proxy.
 		RequiredResources: summaries(
-			leaseSummary("crawlers", strings.Repeat("r", 250)+"1", t0, leased, nil, lease.Demand{}),
-			leaseSummary("crawlers", strings.Repeat("r", 250)+"2", t0, leased, nil, lease.Demand{}),
-			leaseSummary("crawlers", strings.Repeat("r", 250)+"3", t0, leased, nil, lease.Demand{})),
+			leaseSummary("crawlers", strings.Repeat("r", 250)+"1", t0, leased, nil, leasewire.Demand{}),
+			leaseSummary("crawlers", strings.Repeat("r", 250)+"2", t0, leased, nil, leasewire.Demand{}),
+			leaseSummary("crawlers", strings.Repeat("r", 250)+"3", t0, leased, nil, leasewire.Demand{})),
 	}
 }
 

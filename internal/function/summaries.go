@@ -10,7 +10,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 )
 
 // requiredSummaries names the LeaseSummaries the function asks Crossplane
@@ -37,7 +37,7 @@ type leaseView struct {
 	// held sums, per proxy, the most holders any summary lists.
 	held int
 	// demand sums the fresh summaries' waiting and refused crawlers.
-	demand lease.Demand
+	demand leasewire.Demand
 	// fresh are the fresh summaries, for drainSeen.
 	fresh []*v1alpha1.LeaseSummarySpec
 	// reportedHeld is the most leases any fresh summary's demand counts
@@ -134,10 +134,10 @@ func viewLeases(items []*fnv1.Resource, sent bool, fleet, pool string, maxTTL ti
 			continue
 		}
 		observed := s.ObservedAt.Time
-		if observed.IsZero() || observed.After(now.Add(lease.HoldSkew)) {
+		if observed.IsZero() || observed.After(now.Add(leasewire.HoldSkew)) {
 			// Observed in the future: no clock skew explains it (yet).
 			bad = true
-			v.due(observed.Add(-lease.HoldSkew), now)
+			v.due(observed.Add(-leasewire.HoldSkew), now)
 			continue
 		}
 		v.merge(s, holders, maxTTL, now)
@@ -162,8 +162,8 @@ func viewLeases(items []*fnv1.Resource, sent bool, fleet, pool string, maxTTL ti
 // be held. holders collects, per proxy, the most holders any lists.
 func (v *leaseView) merge(s *v1alpha1.LeaseSummarySpec, holders map[string]int32, maxTTL time.Duration, now time.Time) {
 	observed := s.ObservedAt.Time
-	until := lease.CountsUntil(s)
-	fresh := now.Before(until.Add(lease.HoldSkew))
+	until := leasewire.CountsUntil(s)
+	fresh := now.Before(until.Add(leasewire.HoldSkew))
 	if fresh {
 		// A crashed replica's waiting and refused crawlers count until
 		// its summary turns stale, as an autoscaler's stabilization
@@ -177,11 +177,11 @@ func (v *leaseView) merge(s *v1alpha1.LeaseSummarySpec, holders map[string]int32
 		}
 		v.demand.Waiting += int(s.Demand.Waiting)
 		v.demand.Refused += int(s.Demand.Refused)
-		v.due(until.Add(lease.HoldSkew), now)
+		v.due(until.Add(leasewire.HoldSkew), now)
 	}
 	for _, l := range s.Leased {
 		held := l.HeldUntil.Time
-		if limit := observed.Add(maxTTL + lease.HoldSkew); held.After(limit) {
+		if limit := observed.Add(maxTTL + leasewire.HoldSkew); held.After(limit) {
 			held = limit
 		}
 		if !fresh && !now.Before(held) {

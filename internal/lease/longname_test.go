@@ -22,6 +22,7 @@ import (
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/function"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 )
 
 // TestLongFleetNameLeasesAndRotates runs a fleet whose name (the longest
@@ -94,9 +95,9 @@ func TestLongFleetNameLeasesAndRotates(t *testing.T) {
 		}
 		// The selector the function hands Crossplane is the summaries'.
 		sel := rsp.GetRequirements().GetResources()["leaseSummaries"].GetMatchLabels().GetLabels()
-		for k, v := range lease.SummarySelector(fleet) {
+		for k, v := range leasewire.SummarySelector(fleet) {
 			if sel[k] != v {
-				t.Errorf("function selects LeaseSummaries by %v, they are labelled %v", sel, lease.SummarySelector(fleet))
+				t.Errorf("function selects LeaseSummaries by %v, they are labelled %v", sel, leasewire.SummarySelector(fleet))
 			}
 		}
 		for _, r := range rsp.GetDesired().GetResources() {
@@ -132,13 +133,13 @@ func summaries(t *testing.T, c client.Client, s *lease.Store, ns, fleet, drainin
 	if err != nil {
 		t.Fatal(err)
 	}
-	ls := &v1alpha1.LeaseSummary{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.SummaryName(fleet, "replica-1")}}
+	ls := &v1alpha1.LeaseSummary{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: leasewire.SummaryName(fleet, "replica-1")}}
 	if err := c.Get(ctx, client.ObjectKeyFromObject(ls), ls); err != nil && !kerrors.IsNotFound(err) {
 		t.Fatal(err)
 	}
-	ls.Labels = lease.SummarySelector(fleet)
+	ls.Labels = leasewire.SummarySelector(fleet)
 	ls.Spec = v1alpha1.LeaseSummarySpec{Fleet: fleet, Replica: "replica-1", ObservedAt: metav1.MicroTime{Time: now},
-		ValidUntil: metav1.MicroTime{Time: now.Add(lease.SummaryFreshness)}, Leased: leased, Draining: []v1alpha1.DrainingProxy{{Name: draining, Since: now.Add(-time.Minute).Unix()}}}
+		ValidUntil: metav1.MicroTime{Time: now.Add(leasewire.SummaryFreshness)}, Leased: leased, Draining: []v1alpha1.DrainingProxy{{Name: draining, Since: now.Add(-time.Minute).Unix()}}}
 	if ls.ResourceVersion == "" {
 		err = c.Create(ctx, ls)
 	} else {
@@ -148,7 +149,7 @@ func summaries(t *testing.T, c client.Client, s *lease.Store, ns, fleet, drainin
 		t.Fatalf("write the LeaseSummary of a long-named fleet: %v", err)
 	}
 	l := &v1alpha1.LeaseSummaryList{}
-	if err := c.List(ctx, l, client.InNamespace(ns), client.MatchingLabels(lease.SummarySelector(fleet))); err != nil {
+	if err := c.List(ctx, l, client.InNamespace(ns), client.MatchingLabels(leasewire.SummarySelector(fleet))); err != nil {
 		t.Fatal(err)
 	}
 	out := make([]*fnv1.Resource, 0, len(l.Items))

@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
 
@@ -48,28 +49,23 @@ func Expired(l *coordv1.Lease, now time.Time) bool {
 	return !l.Spec.RenewTime.Add(time.Duration(*l.Spec.LeaseDurationSeconds) * time.Second).After(now)
 }
 
-// HoldSkew is how much longer than its TTL Holds counts a lease as held:
-// the clocks of the discovery replica that renewed it and of the reader may
-// disagree by this much.
-const HoldSkew = 30 * time.Second
-
 // Holds reports whether a seat lease may still hold its proxy at now: it has
-// a holder, and renewTime + leaseDurationSeconds + HoldSkew has not passed.
+// a holder, and renewTime + leaseDurationSeconds + HoldSkew (leasewire) has not passed.
 // It errs on the side of "held", so that a proxy a crawler may still be
 // using is not rotated away under it, but within bounds a lease written by
 // anyone but egress-discovery could exceed: a duration counts for at most
 // maxTTL, the fleet's longest, and a renewTime further ahead of now than
-// HoldSkew, which no replica writes, holds nothing.
+// HoldSkew (leasewire), which no replica writes, holds nothing.
 func Holds(l *coordv1.Lease, now time.Time, maxTTL time.Duration) bool {
 	if l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" || l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
 		return false
 	}
 	renew := l.Spec.RenewTime.Time
-	if renew.After(now.Add(HoldSkew)) {
+	if renew.After(now.Add(leasewire.HoldSkew)) {
 		return false
 	}
 	ttl := min(time.Duration(*l.Spec.LeaseDurationSeconds)*time.Second, maxTTL)
-	return now.Before(renew.Add(ttl).Add(HoldSkew))
+	return now.Before(renew.Add(ttl).Add(leasewire.HoldSkew))
 }
 
 // SeatSelector selects the seat leases of a fleet.

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 	"github.com/google/go-cmp/cmp"
 	coordv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -124,13 +125,13 @@ func TestHolds(t *testing.T) {
 	}{
 		"Fresh":        {"A lease renewed a moment ago holds.", held("c", t0.Add(-time.Second), 60), true},
 		"PastTTL":      {"A lease just past its TTL still holds: the renewing replica's clock may run behind.", held("c", t0.Add(-61*time.Second), 60), true},
-		"PastSkew":     {"A lease past TTL and skew margin holds no more.", held("c", t0.Add(-60*time.Second-HoldSkew), 60), false},
+		"PastSkew":     {"A lease past TTL and skew margin holds no more.", held("c", t0.Add(-60*time.Second-leasewire.HoldSkew), 60), false},
 		"NoHolder":     {"A lease without a holder holds nothing.", held("", t0, 60), false},
 		"NoRenewTime":  {"A lease never renewed holds nothing.", &coordv1.Lease{Spec: coordv1.LeaseSpec{HolderIdentity: ptrTo("c"), LeaseDurationSeconds: ptrTo[int32](60)}}, false},
 		"NoTTL":        {"A lease without a duration holds nothing.", &coordv1.Lease{Spec: coordv1.LeaseSpec{HolderIdentity: ptrTo("c"), RenewTime: &metav1.MicroTime{Time: t0}}}, false},
-		"FutureSkewed": {"A renewTime ahead by less than the skew margin is a fast clock: it holds.", held("c", t0.Add(HoldSkew-time.Second), 60), true},
+		"FutureSkewed": {"A renewTime ahead by less than the skew margin is a fast clock: it holds.", held("c", t0.Add(leasewire.HoldSkew-time.Second), 60), true},
 		"FutureForged": {"A renewTime far ahead is written by no replica: a forged lease pins nothing.", held("c", time.Date(2099, 1, 1, 0, 0, 0, 0, time.UTC), 60), false},
-		"EndlessTTL":   {"A duration longer than the fleet's maxTTL counts as maxTTL.", held("c", t0.Add(-maxTTL-HoldSkew), 2147483647), false},
+		"EndlessTTL":   {"A duration longer than the fleet's maxTTL counts as maxTTL.", held("c", t0.Add(-maxTTL-leasewire.HoldSkew), 2147483647), false},
 		"LongTTL":      {"Within maxTTL a long lease holds.", held("c", t0.Add(-maxTTL+time.Minute), 2147483647), true},
 	}
 	for name, tc := range cases {

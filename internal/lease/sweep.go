@@ -10,6 +10,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 )
 
 // The sweep of lease objects whose proxy is gone or that lapsed long ago.
@@ -40,7 +41,7 @@ func (s *Store) Sweep(ctx context.Context, proxyExists func(namespace, name stri
 			// its fleet; one a dead replica left goes once long stale
 			// (by the clock: a fast one deletes a live replica's, which
 			// writes it again).
-			over = Expired(le, now.Add(-DemandSweepAfter))
+			over = Expired(le, now.Add(-leasewire.DemandSweepAfter))
 		case fleetv1alpha1.LeaseKindSlot:
 			// A slot is over by this replica's observation, never by its
 			// clock.

@@ -1,4 +1,4 @@
-package lease
+package leasewire
 
 import (
 	"crypto/sha256"
