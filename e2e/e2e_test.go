@@ -130,6 +130,7 @@ func TestEndToEnd(t *testing.T) {
 		{"ExampleFleetBecomesReady", exampleFleetBecomesReady},
 		{"LeaseAndFetchThroughProxy", leaseAndFetchThroughProxy},
 		{"GatewaySessionWithCurl", gatewaySessionWithCurl},
+		{"GatewayRotatesWithCurl", gatewayRotatesWithCurl},
 		{"SecondFleetBecomesReady", secondFleetBecomesReady},
 		{"KilledSquidHeals", killedSquidHeals},
 		{"CrashLoopAndBlackHole", crashLoopAndBlackHole},
@@ -298,6 +299,49 @@ func gatewaySessionWithCurl(t *testing.T) {
 		return false, fmt.Sprintf("proxies that logged it: %v", logged)
 	})
 	testbed.Eventually(t, 15*time.Second, "the session's lease given back when idle (--gateway-idle=2s)", func() (bool, string) {
+		held := heldLeases(t, example)
+		return len(held) == 0, fmt.Sprintf("held: %v", held)
+	})
+}
+
+// gatewayRotatesWithCurl fetches 30 times in a row through the gateway
+// with curl and no session: each fetch is a connection of its own, and
+// the default rotation (least recently used) sends them through every
+// proxy of the example fleet, 10 each, as their Squids' access logs show.
+func gatewayRotatesWithCurl(t *testing.T) {
+	target := httptest.NewTLSServer(http.HandlerFunc(probe.EchoIP))
+	defer target.Close()
+	ca := filepath.Join(t.TempDir(), "target.crt")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: target.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ps, err := proxies(example)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxyURL := fmt.Sprintf("https://%s_%s:%s@%s", ns, example, stack.Token, stack.GatewayAddress)
+	seen := map[string]int{}
+	for i := range 30 {
+		out, err := exec.Command("curl", "-sS", "--fail", "--max-time", "10", "--proxy", proxyURL, "--proxy-cacert", stack.DiscoveryCA,
+			"--cacert", ca, target.URL+"/ip").CombinedOutput()
+		if err != nil || !strings.HasPrefix(strings.TrimSpace(string(out)), "127.1.") {
+			t.Fatalf("curl %d through the gateway: %v: %s", i, err, out)
+		}
+		seen[strings.TrimSpace(string(out))]++
+	}
+	if len(seen) != len(ps) {
+		t.Errorf("30 fetches left from %v: want each of the fleet's %d proxies' addresses", seen, len(ps))
+	}
+	connect := "CONNECT " + strings.TrimPrefix(target.URL, "https://")
+	testbed.Eventually(t, 10*time.Second, "each Squid logging 10 of the 30 CONNECTs", func() (bool, string) {
+		logged := connectsLogged(t, connect)
+		even := len(logged) == len(ps)
+		for _, n := range logged {
+			even = even && n == 30/len(ps)
+		}
+		return even, fmt.Sprintf("proxies that logged it: %v", logged)
+	})
+	testbed.Eventually(t, 15*time.Second, "the seats given back when idle (--gateway-idle=2s)", func() (bool, string) {
 		held := heldLeases(t, example)
 		return len(held) == 0, fmt.Sprintf("held: %v", held)
 	})

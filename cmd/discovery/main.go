@@ -63,6 +63,7 @@ type CLI struct {
 	GatewayMaxConns            int           `help:"Connections the gateway holds open at once; more are answered 503." default:"4096" env:"GATEWAY_MAX_CONNS"`
 	GatewayMaxConnsPerIdentity int           `help:"Connections one caller identity holds open through the gateway at once; more are answered 429." default:"256" env:"GATEWAY_MAX_CONNS_PER_IDENTITY"`
 	GatewayMaxConnsPerNS       int           `name:"gateway-max-conns-per-namespace" help:"Connections the callers of one namespace's fleets hold open through the gateway at once, sessions' included: one tenant cannot fill the gateway. More are answered 429." default:"1024" env:"GATEWAY_MAX_CONNS_PER_NAMESPACE"`
+	GatewayMaxSeats            int           `name:"gateway-max-seats" help:"Seats (leases the gateway holds for connections without a session, one per proxy in use) per fleet and zone on this replica. Rotation reaches a larger fleet over time: past it, a seat idle and a minute old gives way to the proxy chosen." default:"64" env:"GATEWAY_MAX_SEATS"`
 	GatewayTunnelIdle          time.Duration `help:"How long a gateway tunnel may move nothing either way before it is closed; any traffic starts the wait again." default:"5m" env:"GATEWAY_TUNNEL_IDLE"`
 	TenantPrivateNetworks      []string      `name:"tenant-private-networks" help:"Private networks (CIDRs, comma-separated; loopback too) the gateway may dial a proxy in whose address its tenant chose (External, or of a namespaced ProviderConfig), as the provider's flag of the same name. Empty: public addresses only. Link-local and metadata addresses are never dialed." default:"" env:"TENANT_PRIVATE_NETWORKS"`
 	ReviewsPerAddress          float64       `help:"New tokens a second each client address may have reviewed (a token bucket, before authentication); a token reviewed lately costs nothing. More are answered 429. 0 sets no limit." default:"10" env:"REVIEWS_PER_ADDRESS"`
@@ -117,6 +118,9 @@ func (c *CLI) Validate() error {
 func (c *CLI) validateGateway() error {
 	if c.GatewayAddress != "" && c.TLSCertFile == "" && !c.GatewayPlainHTTP {
 		return errors.New("--gateway-address (GATEWAY_ADDRESS) serves TLS with --tls-cert-file (TLS_CERT_FILE), which is unset: set it, or --gateway-plain-http for loopback and tests")
+	}
+	if c.GatewayMaxSeats < 1 {
+		return errors.Errorf("--gateway-max-seats (GATEWAY_MAX_SEATS) must be at least 1, not %d", c.GatewayMaxSeats)
 	}
 	if c.GatewayMaxConns < 1 || c.GatewayMaxConnsPerIdentity < 1 || c.GatewayMaxConnsPerNS < 1 {
 		return errors.Errorf("--gateway-max-conns (GATEWAY_MAX_CONNS), --gateway-max-conns-per-identity (GATEWAY_MAX_CONNS_PER_IDENTITY) and --gateway-max-conns-per-namespace (GATEWAY_MAX_CONNS_PER_NAMESPACE) must be at least 1, not %d, %d and %d", c.GatewayMaxConns, c.GatewayMaxConnsPerIdentity, c.GatewayMaxConnsPerNS)
@@ -206,7 +210,7 @@ func (c *CLI) Run() error {
 		}
 		gw := &discovery.Gateway{Server: srv, Metrics: dmetrics.NewGateway(), Idle: c.GatewayIdle, TunnelIdle: c.GatewayTunnelIdle,
 			MaxConns: c.GatewayMaxConns, MaxConnsPerIdentity: c.GatewayMaxConnsPerIdentity, MaxConnsPerNamespace: c.GatewayMaxConnsPerNS,
-			TenantPrivateNetworks: private, PlatformLoopback: c.PlatformLoopback}
+			MaxSeats: c.GatewayMaxSeats, TenantPrivateNetworks: private, PlatformLoopback: c.PlatformLoopback}
 		metrics.Registry.MustRegister(gw.Metrics.Collectors()...)
 		if err := mgr.Add(c.gatewayServer(gw, log)); err != nil {
 			return errors.Wrap(err, "cannot add the gateway")

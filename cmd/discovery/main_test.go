@@ -39,6 +39,7 @@ func TestHelp(t *testing.T) {
 		{Flag: "gateway-max-conns", Env: "GATEWAY_MAX_CONNS", Default: "4096"},
 		{Flag: "gateway-max-conns-per-identity", Env: "GATEWAY_MAX_CONNS_PER_IDENTITY", Default: "256"},
 		{Flag: "gateway-max-conns-per-namespace", Env: "GATEWAY_MAX_CONNS_PER_NAMESPACE", Default: "1024"},
+		{Flag: "gateway-max-seats", Env: "GATEWAY_MAX_SEATS", Default: "64"},
 		{Flag: "gateway-tunnel-idle", Env: "GATEWAY_TUNNEL_IDLE", Default: "5m"},
 		{Flag: "tenant-private-networks", Env: "TENANT_PRIVATE_NETWORKS", Default: `""`},
 		{Flag: "reviews-per-address", Env: "REVIEWS_PER_ADDRESS", Default: "10"},
@@ -124,7 +125,7 @@ func TestValidateTLS(t *testing.T) {
 
 func TestSettings(t *testing.T) {
 	defaults := CLI{Address: ":8080", HealthProbeBindAddress: ":8081", SweepInterval: 30 * time.Second, TokenAudience: "egress-discovery", AuthCacheSize: 10000, MaxInFlight: 256, RatePerIdentity: 100, BurstPerIdentity: 200, MaxBansPerFleet: 5000, MaxBansPerIdentity: 1000, MaxWaiting: 1024, MaxWaitingPerIdentity: 32, GatewayIdle: time.Minute, GatewayMaxConns: 4096, GatewayMaxConnsPerIdentity: 256,
-		GatewayMaxConnsPerNS: 1024, GatewayTunnelIdle: 5 * time.Minute, ReviewsPerAddress: 10, ReviewBurstPerAddress: 100}
+		GatewayMaxConnsPerNS: 1024, GatewayMaxSeats: 64, GatewayTunnelIdle: 5 * time.Minute, ReviewsPerAddress: 10, ReviewBurstPerAddress: 100}
 	with := func(f func(c *CLI)) CLI {
 		c := defaults
 		f(&c)

@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
@@ -228,6 +229,9 @@ type Policy struct {
 	Quotas *fleetv1alpha1.Quotas
 	// MaxBanCooldown is the longest ban a report may ask for.
 	MaxBanCooldown time.Duration
+	// Rotation is spec.gateway.rotation: how the gateway chooses the
+	// proxy of a connection without a session (apiv1.Rotate*).
+	Rotation string
 }
 
 // defaultPolicy is the policy of a fleet without a ProxyFleet or claim.
@@ -245,6 +249,12 @@ func policyOf(s *fleetv1alpha1.ProxyFleetSpec) *Policy {
 		p.Replicas, p.Autoscaled = 0, true
 	}
 	p.Zones = s.Zones
+	p.Rotation = apiv1.RotateLeastRecentlyUsed
+	if s.Gateway != nil {
+		if r, ok := apiv1.RotationStrategy(s.Gateway.Rotation); ok {
+			p.Rotation = r
+		}
+	}
 	if s.Leases == nil {
 		return p
 	}

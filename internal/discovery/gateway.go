@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"net/textproto"
 	"net/url"
 	"os"
@@ -80,6 +81,10 @@ type Gateway struct {
 	// Replica names this replica in its seats' Lease holder (default the
 	// host name).
 	Replica string
+	// MaxSeats bounds the seats this replica holds per fleet and zone
+	// (default 64): rotation reaches a larger fleet over time, a seat
+	// giving way to another proxy after it has served a minute.
+	MaxSeats int
 
 	// mu guards everything below, and every session's and upstream's
 	// fields but a session's busy.
@@ -100,6 +105,8 @@ type Gateway struct {
 	// closed is set when Run has given every lease back: no connection
 	// takes an upstream any more.
 	closed bool
+	// rotor is the rotation's memory (uses by caller, round-robin turns).
+	rotor rotor
 	// seatID is the identity the seats are leased as: this process's own,
 	// which no caller can present, so none can renew or release a seat.
 	seatID *Identity
@@ -117,6 +124,9 @@ type gwSession struct {
 	conns int
 	// idle is when the last connection closed.
 	idle time.Time
+	// lost is the proxy the session lost (its lease, or the proxy's
+	// service), which a strict session does not move from.
+	lost string
 	// busy serialises choosing the session's upstream.
 	busy sync.Mutex
 }
@@ -138,6 +148,8 @@ type upstream struct {
 	// ttl is the TTL the lease was asked for, which renewals ask again
 	// (a draining proxy's renewals are shorter).
 	ttl time.Duration
+	// since is when the lease was granted.
+	since time.Time
 	// session is set on a session's lease, which other replicas may
 	// share, and adopted when this replica took it up from another: it
 	// is deleted only by the last replica to leave it.
@@ -215,6 +227,9 @@ func (gw *Gateway) init() {
 		}
 		if gw.MaxConnsPerNamespace <= 0 {
 			gw.MaxConnsPerNamespace = 1024
+		}
+		if gw.MaxSeats <= 0 {
+			gw.MaxSeats = defaultMaxSeats
 		}
 		gw.transport = &http.Transport{
 			Proxy: func(r *http.Request) (*url.URL, error) {
@@ -317,7 +332,7 @@ func (gw *Gateway) tend(ctx context.Context) {
 			r.up.retired = true
 			for _, s := range gw.sessions {
 				if s.up == r.up {
-					s.up = nil
+					s.up, s.lost = nil, r.up.g.m.Name
 				}
 			}
 		} else if gw.live[r.up] {
@@ -494,6 +509,8 @@ const (
 	reasonUpstreamUnavailable = "UpstreamUnavailable"
 	reasonUpstreamRefused     = "UpstreamRefused"
 	reasonShuttingDown        = "ShuttingDown"
+	// reasonSessionProxyGone: a strict session's proxy serves it no more.
+	reasonSessionProxyGone = "SessionProxyGone"
 	// reasonUpstreamAddressRefused: the proxy is published at an address
 	// its kind does not justify.
 	reasonUpstreamAddressRefused = "UpstreamAddressRefused"
@@ -614,7 +631,7 @@ func (gw *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	defer leave()
 	fleet := user.Namespace + "/" + user.Fleet
-	up, done, err := gw.choose(r.Context(), caller, user, domain, nil)
+	up, done, moved, err := gw.choose(r.Context(), caller, user, domain, nil)
 	if err != nil {
 		gw.Server.Metrics.Denials.WithLabelValues(reasonOf(err)).Inc()
 		gw.refuse(w, err)
@@ -625,10 +642,10 @@ func (gw *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	gw.Metrics.ConnectionsTotal.WithLabelValues(fleet).Inc()
 	defer gw.Metrics.Connections.WithLabelValues(fleet).Dec()
 	if r.Method == http.MethodConnect {
-		gw.tunnel(w, r, caller, user, target, domain, up, done)
+		gw.tunnel(w, r, caller, user, target, domain, up, done, moved)
 		return
 	}
-	gw.forward(w, r, caller, user, domain, up, done)
+	gw.forward(w, r, caller, user, domain, up, done, moved)
 }
 
 // authenticate reads Proxy-Authorization: Basic, the username in the
@@ -694,18 +711,36 @@ func destination(r *http.Request) (string, string, error) {
 
 // choose gives a connection its upstream: the session's (moved off a
 // proxy banned for domain, excluded, of another zone, or no longer
-// serving), or for a connection without a session a seat. done ends the
-// connection's use of it.
-func (gw *Gateway) choose(ctx context.Context, id *Identity, u GatewayUser, domain string, exclude map[string]bool) (*upstream, func(), error) {
+// serving, unless the session is strict; and started again on another
+// proxy once its lifetime is over), or for a connection without a session
+// a seat. done ends the connection's use of it; moved names the proxy a
+// loose session just left.
+func (gw *Gateway) choose(ctx context.Context, id *Identity, u GatewayUser, domain string, exclude map[string]bool) (up *upstream, done func(), moved string, err error) {
 	gw.mu.Lock()
 	closed := gw.closed
 	gw.mu.Unlock()
 	if closed {
-		return nil, nil, &gwError{code: http.StatusServiceUnavailable, reason: reasonShuttingDown, retryAfter: 1, msg: "this gateway replica is shutting down; retry"}
+		return nil, nil, "", &gwError{code: http.StatusServiceUnavailable, reason: reasonShuttingDown, retryAfter: 1, msg: "this gateway replica is shutting down; retry"}
 	}
 	if u.Session == "" {
-		return gw.seat(ctx, id, u, domain, exclude)
+		up, done, err := gw.seat(ctx, id, u, domain, exclude)
+		return up, done, "", err
 	}
+	if u.Lifetime > 0 {
+		_, maxTTL, err := gw.Server.Catalog.TTLs(ctx, u.Namespace, u.Fleet)
+		if err != nil {
+			return nil, nil, "", err
+		}
+		if u.Lifetime > maxTTL {
+			return nil, nil, "", &gwError{code: http.StatusProxyAuthRequired, reason: apiv1.ReasonInvalid,
+				msg: fmt.Sprintf("username: lifetime_%s is longer than the fleet's spec.leases.maxTTL (%s)", u.Lifetime, maxTTL)}
+		}
+	}
+	return gw.session(ctx, id, u, domain, exclude)
+}
+
+// session is choose for a connection of a session.
+func (gw *Gateway) session(ctx context.Context, id *Identity, u GatewayUser, domain string, exclude map[string]bool) (*upstream, func(), string, error) {
 	key := id.User + "\x00" + u.Namespace + "/" + u.Fleet + "\x00" + u.Session
 	gw.mu.Lock()
 	s := gw.sessions[key]
@@ -723,30 +758,20 @@ func (gw *Gateway) choose(ctx context.Context, id *Identity, u GatewayUser, doma
 	}
 	s.busy.Lock()
 	defer s.busy.Unlock()
-	gw.mu.Lock()
-	cur := s.up
-	if cur != nil && cur.retired {
-		// Its lease was lost, or its proxy stopped answering.
-		s.up, cur = nil, nil
-	}
-	gw.mu.Unlock()
-	if cur != nil && (exclude[cur.g.m.Name] || !gw.serves(ctx, cur, u.Zone, domain)) {
+	cur, gone, ended := gw.current(ctx, s, u, domain, exclude)
+	if gone != "" && u.Strict {
+		// A strict session never moves: its proxy answers, or nothing.
 		gw.mu.Lock()
-		back := gw.retireLocked(cur)
-		s.up, cur = nil, nil
+		s.lost = gone
 		gw.mu.Unlock()
-		if back != nil {
-			gw.release(ctx, back)
-		}
+		leave()
+		gw.Metrics.StrictRefusals.Inc()
+		return nil, nil, "", &gwError{code: http.StatusBadGateway, reason: reasonSessionProxyGone,
+			msg: fmt.Sprintf("session %s is strict and its proxy %s no longer serves it (gone, unhealthy, being replaced, banned for %s or unreachable): start another session", u.Session, gone, domain)}
 	}
 	if cur == nil {
-		// Another replica may serve the session already (on a proxy
-		// that serves this connection too).
-		cur = gw.adopt(ctx, id, u, domain, exclude)
-	}
-	if cur == nil {
-		up, err := gw.lease(ctx, id, u, domain, GatewaySessionHolder(u.Session), exclude, false, true)
-		if err != nil {
+		var err error
+		if cur, err = gw.resume(ctx, id, u, domain, exclude, ended); err != nil {
 			leave()
 			// A session that never got an upstream is forgotten at once,
 			// so refused keys do not pile up until Idle; conns 0 means no
@@ -756,15 +781,89 @@ func (gw *Gateway) choose(ctx context.Context, id *Identity, u GatewayUser, doma
 				delete(gw.sessions, key)
 			}
 			gw.mu.Unlock()
-			return nil, nil, err
+			return nil, nil, "", err
 		}
-		cur = up
 	}
 	gw.mu.Lock()
-	s.up, s.user = cur, u
+	s.up, s.user, s.lost = cur, u, ""
 	cur.refs++
 	gw.mu.Unlock()
-	return cur, func() { gw.unref(cur); leave() }, nil
+	moved := ""
+	if gone != "" && gone != cur.g.m.Name {
+		moved = gone
+		gw.Metrics.SessionsMoved.Inc()
+	}
+	return cur, func() { gw.unref(cur); leave() }, moved, nil
+}
+
+// current is the session's upstream when it may carry this connection
+// (s.busy held), else nil with the proxy it lost (gone: retired, lost
+// its lease, stopped serving, excluded) or whose lifetime ended (ended).
+func (gw *Gateway) current(ctx context.Context, s *gwSession, u GatewayUser, domain string, exclude map[string]bool) (cur *upstream, gone, ended string) {
+	gw.mu.Lock()
+	cur = s.up
+	if cur != nil && cur.retired {
+		// Its lease was lost, or its proxy stopped answering.
+		gone, s.up, cur = cur.g.m.Name, nil, nil
+	}
+	if cur == nil && gone == "" {
+		gone = s.lost
+	}
+	gw.mu.Unlock()
+	leaveIt := func() {
+		gw.mu.Lock()
+		back := gw.retireLocked(cur)
+		s.up, cur = nil, nil
+		gw.mu.Unlock()
+		if back != nil {
+			gw.release(ctx, back)
+		}
+	}
+	if cur != nil && u.Lifetime > 0 && !gw.Server.now().Before(cur.since.Add(u.Lifetime)) {
+		// The session's lifetime is over: it starts again, on another
+		// proxy when one serves.
+		ended = cur.g.m.Name
+		gw.Metrics.SessionsEnded.Inc()
+		leaveIt()
+		return nil, "", ended
+	}
+	if cur != nil && (exclude[cur.g.m.Name] || !gw.serves(ctx, cur, u.Zone, domain)) {
+		gone = cur.g.m.Name
+		leaveIt()
+	}
+	return cur, gone, ""
+}
+
+// resume gives a session an upstream: the lease another replica serves it
+// on, else a new lease, off the proxy whose lifetime for it just ended
+// (ended) when another serves.
+func (gw *Gateway) resume(ctx context.Context, id *Identity, u GatewayUser, domain string, exclude map[string]bool, ended string) (*upstream, error) {
+	// Another replica may serve the session already (on a proxy that
+	// serves this connection too).
+	if cur := gw.adopt(ctx, id, u, domain, exclude); cur != nil {
+		if cur.g.m.Name != ended && (u.Lifetime == 0 || gw.Server.now().Before(cur.since.Add(u.Lifetime))) {
+			return cur, nil
+		}
+		// Its lifetime is over there too.
+		if ended == "" {
+			ended = cur.g.m.Name
+			gw.Metrics.SessionsEnded.Inc()
+		}
+		gw.abandon(cur)
+	}
+	avoid := exclude
+	if ended != "" {
+		avoid = map[string]bool{ended: true}
+		for k := range exclude {
+			avoid[k] = true
+		}
+	}
+	up, err := gw.lease(ctx, id, u, domain, GatewaySessionHolder(u.Session), avoid, false, true, "")
+	if err != nil && ended != "" && refusal(err) {
+		// No other proxy: the session starts again on the same one.
+		up, err = gw.lease(ctx, id, u, domain, GatewaySessionHolder(u.Session), exclude, false, true, "")
+	}
+	return up, err
 }
 
 // adopt takes up the lease another replica granted the session, when its
@@ -785,7 +884,7 @@ func (gw *Gateway) adopt(ctx context.Context, id *Identity, u GatewayUser, domai
 	if err != nil {
 		return nil
 	}
-	up := &upstream{id: id, g: &granted{g: g, m: toMember(p)}, ttl: ttl, session: true, adopted: true}
+	up := &upstream{id: id, g: &granted{g: g, m: toMember(p)}, ttl: ttl, session: true, adopted: true, since: g.AcquiredAt}
 	if !gw.serves(ctx, up, u.Zone, domain) || up.url.Load() == nil {
 		return nil
 	}
@@ -852,10 +951,12 @@ func (gw *Gateway) check(ctx context.Context, up *upstream, zone, domain string)
 	return true, false
 }
 
-// seat gives a connection without a session the least loaded of the
-// replica's seats for its fleet and zone that serves domain, leasing one
-// on another proxy when each has a connection already; the connection
-// counts against the caller's quota.
+// seat gives a connection without a session the seat of the proxy the
+// rotation strategy (the username's, else the fleet's) chooses among the
+// fleet's that serve domain, leasing one there when it has none (rotate);
+// failing that, the least loaded of the replica's seats for its fleet and
+// zone, or one leased anywhere (pickSeat). The connection counts against
+// the caller's quota.
 func (gw *Gateway) seat(ctx context.Context, id *Identity, u GatewayUser, domain string, exclude map[string]bool) (*upstream, func(), error) {
 	p, err := gw.Server.Catalog.Policy(ctx, u.Namespace, u.Fleet)
 	if err != nil {
@@ -866,6 +967,18 @@ func (gw *Gateway) seat(ctx context.Context, id *Identity, u GatewayUser, domain
 		return nil, nil, err
 	}
 	key := u.Namespace + "/" + u.Fleet + "\x00" + u.Zone
+	strategy := u.Rotate
+	if strategy == "" {
+		strategy = p.Rotation
+	}
+	up, err := gw.rotate(ctx, key, strategy, id, u, domain, exclude)
+	if err != nil {
+		leave()
+		return nil, nil, err
+	}
+	if up != nil {
+		return up, func() { gw.unref(up); leave() }, nil
+	}
 	for range 3 {
 		up, err := gw.pickSeat(ctx, key, id, u, domain, exclude)
 		if err != nil {
@@ -920,7 +1033,7 @@ func (gw *Gateway) pickSeat(ctx context.Context, key string, id *Identity, u Gat
 			held[name] = true
 		}
 		// With a seat to share, a full fleet is not waited for.
-		up, err := gw.lease(ctx, id, u, domain, GatewaySeatHolder(gw.Replica), held, true, best == nil)
+		up, err := gw.lease(ctx, id, u, domain, GatewaySeatHolder(gw.Replica), held, true, best == nil, "")
 		gw.mu.Lock()
 		delete(gw.taking, key)
 		take.err = err
@@ -995,13 +1108,13 @@ func (gw *Gateway) leastLoaded(ctx context.Context, key, zone, domain string, ex
 // reads the upstream's URL with its credentials: the caller's lease for a
 // session, the replica's for a seat (which waits for a slot only when
 // wait).
-func (gw *Gateway) lease(ctx context.Context, id *Identity, u GatewayUser, domain, holder string, exclude map[string]bool, seat, wait bool) (*upstream, error) {
+func (gw *Gateway) lease(ctx context.Context, id *Identity, u GatewayUser, domain, holder string, exclude map[string]bool, seat, wait bool, only string) (*upstream, error) {
 	req := &apiv1.AcquireRequest{Fleet: u.Namespace + "/" + u.Fleet, Holder: holder, Zone: u.Zone, Domain: domain}
 	a, err := gw.Server.acquisitionOf(ctx, req, u.Namespace, u.Fleet, id)
 	if err != nil {
 		return nil, err
 	}
-	a.exclude = exclude
+	a.exclude, a.only = exclude, only
 	if seat {
 		a.id, a.seat, a.caller = gw.seatID, true, id
 		if !wait {
@@ -1017,7 +1130,7 @@ func (gw *Gateway) lease(ctx context.Context, id *Identity, u GatewayUser, domai
 		var pu *url.URL
 		if pu, err = url.Parse(raw); err == nil {
 			gw.Server.Metrics.Acquisitions.Inc()
-			up := &upstream{id: a.id, g: g, ttl: a.ttl, session: !seat}
+			up := &upstream{id: a.id, g: g, ttl: a.ttl, session: !seat, since: gw.Server.now()}
 			up.url.Store(pu)
 			gw.mu.Lock()
 			gw.live[up] = true
@@ -1033,7 +1146,7 @@ func (gw *Gateway) lease(ctx context.Context, id *Identity, u GatewayUser, domai
 // tunnel serves CONNECT: it opens a tunnel through the upstream (retried
 // once on another proxy when the upstream fails before any byte reached
 // the crawler), answers 200, and splices both ways.
-func (gw *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id *Identity, u GatewayUser, target, domain string, up *upstream, done func()) {
+func (gw *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id *Identity, u GatewayUser, target, domain string, up *upstream, done func(), moved string) {
 	conn, err := gw.connect(r.Context(), up, target)
 	if err != nil && retriable(err) {
 		failed := up.g.m.Name
@@ -1042,7 +1155,11 @@ func (gw *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id *Identity, 
 		}
 		done()
 		first := err
-		up, done, err = gw.choose(r.Context(), id, u, domain, map[string]bool{failed: true})
+		var left string
+		up, done, left, err = gw.choose(r.Context(), id, u, domain, map[string]bool{failed: true})
+		if left != "" {
+			moved = left
+		}
 		if err == nil {
 			if conn, err = gw.connect(r.Context(), up, target); err != nil {
 				done()
@@ -1070,7 +1187,7 @@ func (gw *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id *Identity, 
 	}
 	defer client.Close() //nolint:errcheck // Closing a tunnel.
 	_ = client.SetDeadline(time.Time{})
-	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\nX-Egress-Proxy: "+up.g.m.Name+"\r\n\r\n"); err != nil {
+	if _, err := io.WriteString(client, "HTTP/1.1 200 Connection established\r\n"+egressHeaders(up, moved)+"\r\n"); err != nil {
 		return
 	}
 	// Bytes the crawler sent after its CONNECT, already buffered.
@@ -1155,6 +1272,33 @@ func (c *bufferedConn) CloseWrite() error {
 	return c.Close()
 }
 
+// setEgressHeaders names, on a plain answer, the proxy and egress IP it
+// came through, and the proxy a loose session left for it.
+func setEgressHeaders(h http.Header, up *upstream, moved string) {
+	h.Set("X-Egress-Proxy", up.g.m.Name)
+	if up.g.m.EgressIP != "" {
+		h.Set("X-Egress-IP", up.g.m.EgressIP)
+	}
+	if moved != "" {
+		h.Set("X-Egress-Session-Moved", moved)
+	}
+}
+
+// egressHeaders are the CONNECT answer's headers that name the proxy and
+// egress IP a tunnel leaves through, and the proxy a loose session left
+// for it; each line ends with CRLF.
+func egressHeaders(up *upstream, moved string) string {
+	h := "X-Egress-Proxy: " + up.g.m.Name + "\r\n"
+	// Written raw: only an address, never what a status could smuggle in.
+	if ip, err := netip.ParseAddr(up.g.m.EgressIP); err == nil {
+		h += "X-Egress-IP: " + ip.String() + "\r\n"
+	}
+	if moved != "" {
+		h += "X-Egress-Session-Moved: " + moved + "\r\n"
+	}
+	return h
+}
+
 // splice copies both ways between the raw connections (TCP to TCP, the
 // kernel's splice(2) moves the bytes), half-closing each direction as it
 // ends. A tunnel that moves no data either way for idle is closed, one
@@ -1233,7 +1377,7 @@ func dropHopHeaders(h http.Header) {
 // forward serves a plain HTTP request through the upstream's absolute-URI
 // mode (retried once on another proxy when the upstream cannot be
 // reached), and names the proxy in X-Egress-Proxy and X-Egress-IP.
-func (gw *Gateway) forward(w http.ResponseWriter, r *http.Request, id *Identity, u GatewayUser, domain string, up *upstream, done func()) {
+func (gw *Gateway) forward(w http.ResponseWriter, r *http.Request, id *Identity, u GatewayUser, domain string, up *upstream, done func(), moved string) {
 	out := r.Clone(r.Context())
 	out.RequestURI = ""
 	dropHopHeaders(out.Header)
@@ -1263,7 +1407,11 @@ func (gw *Gateway) forward(w http.ResponseWriter, r *http.Request, id *Identity,
 		}
 		done()
 		first := err
-		up, done, err = gw.choose(r.Context(), id, u, domain, map[string]bool{name: true})
+		var left string
+		up, done, left, err = gw.choose(r.Context(), id, u, domain, map[string]bool{name: true})
+		if left != "" {
+			moved = left
+		}
 		if err != nil {
 			gw.refuse(w, rather(first, err))
 			return
@@ -1295,10 +1443,7 @@ func (gw *Gateway) forward(w http.ResponseWriter, r *http.Request, id *Identity,
 			w.Header().Add(k, v)
 		}
 	}
-	w.Header().Set("X-Egress-Proxy", up.g.m.Name)
-	if up.g.m.EgressIP != "" {
-		w.Header().Set("X-Egress-IP", up.g.m.EgressIP)
-	}
+	setEgressHeaders(w.Header(), up, moved)
 	w.WriteHeader(rsp.StatusCode)
 	// Each read is passed on at once: a stream (server-sent events, a
 	// long poll) reaches the crawler as the origin sends it.

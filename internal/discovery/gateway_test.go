@@ -50,6 +50,10 @@ func TestParseGatewayUser(t *testing.T) {
 		{in: "crawl-team_crawlers_session_a:b", err: "session key"},
 		{in: "crawl-team_crawlers_session_" + strings.Repeat("k", 65), err: "session key"},
 		{in: "crawl-team__crawlers", err: "fleet"},
+		{in: "crawl-team_crawlers_rotate_roundrobin", want: discovery.GatewayUser{Namespace: "crawl-team", Fleet: "crawlers", Rotate: "roundRobin"}},
+		{in: "crawl-team_crawlers_rotate_random_session_s1", want: discovery.GatewayUser{Namespace: "crawl-team", Fleet: "crawlers", Session: "s1", Rotate: "random"}},
+		{in: "crawl-team_crawlers_rotate_fastest", err: "the strategies are leastRecentlyUsed, roundRobin, random, leastConnections"},
+		{in: "crawl-team_crawlers_rotate_random_rotate_random", err: "given twice"},
 	} {
 		got, err := discovery.ParseGatewayUser(c.in)
 		if c.err != "" {

@@ -23,7 +23,9 @@ import (
 // BenchmarkGateway measures, in one run on loopback, the gateway against
 // the same Squid used directly: bulk download throughput through a CONNECT
 // tunnel, the time to first byte of a fresh CONNECT on an established
-// session (p99), and the memory 1000 tunnels held open at once cost.
+// session (p99) and of one without a session, which the rotation sends
+// through the next of three Squids, and the memory 1000 tunnels held open
+// at once cost.
 // Ratios, not times, are the figures (BENCHMARKS.md):
 //
 //	go test ./internal/discovery -run '^$' -bench BenchmarkGateway -benchtime 1x
@@ -34,18 +36,16 @@ func BenchmarkGateway(b *testing.B) {
 }
 
 func benchGateway(b *testing.B) {
-	gb := newGatewayBed(b, 1, 4, func(g *discovery.Gateway) { g.MaxConnsPerIdentity, g.MaxConns = 5000, 5000 })
+	gb := newGatewayBed(b, 3, 4, func(g *discovery.Gateway) { g.MaxConnsPerIdentity, g.MaxConns = 5000, 5000 })
 	target := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
 	defer target.Close()
 	host := strings.TrimPrefix(target.URL, "https://")
-	var squidAddr string
-	for _, a := range gb.addrs {
-		squidAddr = a
-	}
+	squidAddr := gb.addrs[gb.fleet+"-0"]
 	user := gb.user("_session_bench")
 	via := map[string]func(string) (net.Conn, error){
-		"direct":  func(to string) (net.Conn, error) { return tunnel(squidAddr, to, "crawler", "s3cret") },
-		"gateway": func(to string) (net.Conn, error) { return tunnel(gb.url, to, user, gb.token) },
+		"direct":   func(to string) (net.Conn, error) { return tunnel(squidAddr, to, "crawler", "s3cret") },
+		"gateway":  func(to string) (net.Conn, error) { return tunnel(gb.url, to, user, gb.token) },
+		"rotating": func(to string) (net.Conn, error) { return tunnel(gb.url, to, gb.user(""), gb.token) },
 	}
 	cfg := &tls.Config{InsecureSkipVerify: true} //nolint:gosec // The benchmark's own target, on loopback.
 
@@ -101,7 +101,7 @@ func benchGateway(b *testing.B) {
 	// and swung from 0.9 to 1.5 between runs).
 	ttfb := map[string][]time.Duration{}
 	for range 1000 {
-		for _, how := range []string{"direct", "gateway"} {
+		for _, how := range []string{"direct", "gateway", "rotating"} {
 			start := time.Now()
 			c, err := via[how](host)
 			if err != nil {
@@ -148,10 +148,12 @@ func benchGateway(b *testing.B) {
 
 	b.ReportMetric(rate["gateway"]/rate["direct"], "throughput-ratio")
 	b.ReportMetric(float64(p99(ttfb["gateway"]))/float64(p99(ttfb["direct"])), "ttfb-p99-ratio")
+	b.ReportMetric(float64(p99(ttfb["rotating"]))/float64(p99(ttfb["direct"])), "ttfb-p99-ratio-rotating")
 	b.ReportMetric(perTunnel, "bytes/tunnel")
 	b.ReportMetric(float64(goAfter-goBefore)/1000, "goroutines/tunnel")
-	b.Logf("bulk %.0f MB/s direct, %.0f MB/s through the gateway; TTFB p50 %s direct, %s through the gateway, p99 %s direct, %s through the gateway; 1000 tunnels: %.0f bytes and %.1f goroutines each (both ends in this process)",
-		rate["direct"]/1e6, rate["gateway"]/1e6, pct(ttfb["direct"], 50), pct(ttfb["gateway"], 50), p99(ttfb["direct"]), p99(ttfb["gateway"]), perTunnel, float64(goAfter-goBefore)/1000)
+	b.Logf("bulk %.0f MB/s direct, %.0f MB/s through the gateway; TTFB p50 %s direct, %s through a session, %s rotating; p99 %s direct, %s through a session, %s rotating; 1000 tunnels: %.0f bytes and %.1f goroutines each (both ends in this process)",
+		rate["direct"]/1e6, rate["gateway"]/1e6, pct(ttfb["direct"], 50), pct(ttfb["gateway"], 50), pct(ttfb["rotating"], 50),
+		p99(ttfb["direct"]), p99(ttfb["gateway"]), p99(ttfb["rotating"]), perTunnel, float64(goAfter-goBefore)/1000)
 }
 
 // tunnel opens a CONNECT tunnel to target through the proxy at addr.

@@ -40,6 +40,9 @@ type acquisition struct {
 	// connection asked for it is charged its place among the waiting.
 	seat   bool
 	caller *Identity
+	// only, for the gateway's rotation, is the one proxy to take a seat
+	// on: a refusal is no demand (the gateway tries another proxy).
+	only string
 }
 
 func (s *Server) acquire(w http.ResponseWriter, r *http.Request, id *Identity) error {
@@ -111,7 +114,7 @@ func (s *Server) grantFor(ctx context.Context, a *acquisition) (*granted, error)
 		}
 		g, err = s.wait(ctx, key, waiter, a.wait, func() (*granted, error) { return s.tryAcquire(ctx, a, true) }, err)
 	}
-	if err != nil && refusal(err) && a.policy.Autoscaled && a.policy.serves(a.req.Zone) {
+	if err != nil && refusal(err) && a.policy.Autoscaled && a.policy.serves(a.req.Zone) && a.only == "" {
 		crawler := id
 		if a.caller != nil {
 			crawler = a.caller
@@ -189,6 +192,9 @@ func (s *Server) tryAcquire(ctx context.Context, a *acquisition, freeOnly bool) 
 		return nil, s.noFreeSlot(ctx, a, 0, map[string][]*coordLease{})
 	}
 	req := lease.Request{Identity: a.id.User, Holder: a.req.Holder, TTL: a.ttl, StickyKey: a.req.StickyKey, FreeOnly: freeOnly}
+	if a.only != "" {
+		return s.acquireOnly(ctx, a, f, admit, req)
+	}
 	if len(f.ms) > sampleFrom {
 		g, err := s.acquireSampled(ctx, a, f, admit, req)
 		if g != nil || err != nil && !errors.Is(err, lease.ErrUnavailable) {
@@ -214,6 +220,28 @@ func (s *Server) tryAcquire(ctx context.Context, a *acquisition, freeOnly bool) 
 	g, err := s.acquireAmong(ctx, a, f, all, view, s.Leases.StickyIn(view, a.ns, a.fleet, a.req.StickyKey), req)
 	if errors.Is(err, lease.ErrUnavailable) {
 		return nil, s.noFreeSlot(ctx, a, len(all), view.Live)
+	}
+	return g, err
+}
+
+// acquireOnly takes a slot on the acquisition's one proxy (a.only), which
+// the gateway's rotation chose: refused when it does not serve the
+// acquisition or has no free slot.
+func (s *Server) acquireOnly(ctx context.Context, a *acquisition, f *fleetMembers, admit func(*member) bool, req lease.Request) (*granted, error) {
+	m := memberNamed(f.ms, a.only)
+	if m == nil || !admit(m) {
+		return nil, s.noFreeSlot(ctx, a, 0, map[string][]*coordLease{})
+	}
+	view, err := s.Leases.ViewOf(ctx, a.ns, a.fleet, []string{m.Name})
+	if err != nil {
+		return nil, err
+	}
+	// Only the slots the cache shows free: a full proxy costs no write,
+	// and the gateway tries another.
+	req.SkipHeld = true
+	g, err := s.acquireAmong(ctx, a, f, []*member{m}, view, "", req)
+	if errors.Is(err, lease.ErrUnavailable) {
+		return nil, s.noFreeSlot(ctx, a, 1, view.Live)
 	}
 	return g, err
 }

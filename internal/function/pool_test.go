@@ -878,3 +878,34 @@ func TestSteadyPoolRechecksRarely(t *testing.T) {
 		t.Errorf("a steady pool whose proxies reach maxAge in 3m: TTL %s, want 3m", got)
 	}
 }
+
+// TestPoolsCarryNoGatewaySettings: a pool's template leaves the fleet's
+// spec.gateway out (egress-discovery reads it from the fleet), so a
+// change of the gateway's rotation composes the pools exactly as before.
+func TestPoolsCarryNoGatewaySettings(t *testing.T) {
+	pools := func(gateway string) map[string]string {
+		spec := withSpecIn(t, withSpecIn(t, validSpec, "pools", `{"proxiesPerPool": 2}`), "gateway", gateway)
+		rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}}})
+		out := map[string]string{}
+		for name, r := range rsp.GetDesired().GetResources() {
+			b, err := r.GetResource().MarshalJSON()
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[name] = string(b)
+		}
+		return out
+	}
+	lru, rr := pools(`{"rotation": "leastRecentlyUsed"}`), pools(`{"rotation": "roundRobin"}`)
+	if len(lru) == 0 {
+		t.Fatal("no pools composed")
+	}
+	for name, p := range lru {
+		if strings.Contains(p, "rotation\":\"leastRecentlyUsed") || strings.Contains(p, `"gateway"`) {
+			t.Errorf("%s carries the gateway's settings: %s", name, p)
+		}
+		if rr[name] != p {
+			t.Errorf("%s changed with the gateway's rotation:\n%s\n%s", name, p, rr[name])
+		}
+	}
+}

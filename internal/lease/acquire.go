@@ -301,6 +301,6 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 func grant(l *coordv1.Lease, c Candidate, slot int) *Grant {
 	return &Grant{
 		ID: leaseID(l), Namespace: l.Namespace, Fleet: c.Fleet, Proxy: c.Proxy, Slot: slot,
-		Holder: *l.Spec.HolderIdentity, ExpiresAt: ExpiresAt(l), TTL: leaseTTL(l),
+		Holder: *l.Spec.HolderIdentity, ExpiresAt: ExpiresAt(l), TTL: leaseTTL(l), AcquiredAt: acquired(l),
 	}
 }

@@ -143,7 +143,7 @@ func (s *Store) renew(ctx context.Context, id, identity string, ttl time.Duratio
 func (s *Store) toGrant(l *coordv1.Lease, id string) *Grant {
 	slot, _ := strconv.Atoi(l.Name[strings.LastIndex(l.Name, "-")+1:])
 	return &Grant{ID: id, Namespace: l.Namespace, Fleet: fleetv1alpha1.FleetName(l), Proxy: fleetv1alpha1.ProxyName(l),
-		Slot: slot, Holder: ptr.Deref(l.Spec.HolderIdentity, ""), ExpiresAt: ExpiresAt(l), TTL: leaseTTL(l)}
+		Slot: slot, Holder: ptr.Deref(l.Spec.HolderIdentity, ""), ExpiresAt: ExpiresAt(l), TTL: leaseTTL(l), AcquiredAt: acquired(l)}
 }
 
 // Release gives a lease back in one call: a delete guarded by the grant's

@@ -95,6 +95,9 @@ type Grant struct {
 	ExpiresAt time.Time
 	// TTL is how long the lease runs from its grant or last renewal.
 	TTL time.Duration
+	// AcquiredAt is when the lease was granted (its acquireTime), by the
+	// granting replica's clock.
+	AcquiredAt time.Time
 }
 
 // Store keeps leases and bans in the API server.

@@ -28,6 +28,11 @@ type Gateway struct {
 	// SessionsAdopted counts sessions this replica took up from the lease
 	// another replica granted them.
 	SessionsAdopted prometheus.Counter
+	// SessionsMoved counts loose sessions moved off a proxy that stopped
+	// serving them; StrictRefusals the connections of strict sessions
+	// answered 502 instead; SessionsEnded the sessions started again on
+	// another proxy when their lifetime was over.
+	SessionsMoved, StrictRefusals, SessionsEnded prometheus.Counter
 }
 
 // NewGateway returns the gateway's metrics, unregistered.
@@ -55,10 +60,16 @@ func NewGateway() *Gateway {
 		Seats:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "egress_discovery_gateway_seats", Help: "Seats (leases this replica holds for gateway connections without a session, one per proxy in use)."}),
 		SessionsAdopted: prometheus.NewCounter(prometheus.CounterOpts{Name: "egress_discovery_gateway_sessions_adopted_total",
 			Help: "Gateway sessions this replica took up from the lease another replica granted them, keeping their proxy."}),
+		SessionsMoved: prometheus.NewCounter(prometheus.CounterOpts{Name: "egress_discovery_gateway_sessions_moved_total",
+			Help: "Gateway sessions moved to another proxy because theirs stopped serving them (a loose session; X-Egress-Session-Moved names the proxy left)."}),
+		StrictRefusals: prometheus.NewCounter(prometheus.CounterOpts{Name: "egress_discovery_gateway_strict_refusals_total",
+			Help: "Connections of strict gateway sessions answered 502 because the session's proxy stopped serving it."}),
+		SessionsEnded: prometheus.NewCounter(prometheus.CounterOpts{Name: "egress_discovery_gateway_sessions_ended_total",
+			Help: "Gateway sessions started again on another proxy because their lifetime (_lifetime_) was over."}),
 	}
 }
 
 // Collectors returns every collector, for registration.
 func (g *Gateway) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{g.Connections, g.ConnectionsTotal, g.Bytes, g.ChooseLatency, g.UpstreamErrors, g.IdleTunnels, g.Sessions, g.Seats, g.SessionsAdopted}
+	return []prometheus.Collector{g.Connections, g.ConnectionsTotal, g.Bytes, g.ChooseLatency, g.UpstreamErrors, g.IdleTunnels, g.Sessions, g.Seats, g.SessionsAdopted, g.SessionsMoved, g.StrictRefusals, g.SessionsEnded}
 }

@@ -473,6 +473,24 @@ type ProxyFleetSpec struct {
 	// created: it cannot be added, removed or changed later (yet).
 	// +optional
 	Pools *Pools `json:"pools,omitempty"`
+
+	// Gateway says how egress-discovery's gateway serves the fleet.
+	// +optional
+	Gateway *Gateway `json:"gateway,omitempty"`
+}
+
+// Gateway says how egress-discovery's gateway serves a fleet.
+type Gateway struct {
+	// Rotation is how a gateway connection without a session chooses its
+	// proxy, among those that serve it: leastRecentlyUsed, the proxy
+	// whose egress IP the caller used longest ago for the target's domain;
+	// roundRobin, the fleet's proxies in turn; random; leastConnections,
+	// the proxy with the fewest of the gateway replica's connections. A
+	// username may choose another (_rotate_<strategy>).
+	// +kubebuilder:validation:Enum=leastRecentlyUsed;roundRobin;random;leastConnections
+	// +kubebuilder:default=leastRecentlyUsed
+	// +optional
+	Rotation string `json:"rotation,omitempty"`
 }
 
 // Pools split a fleet into ProxyPools.

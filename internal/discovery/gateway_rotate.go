@@ -1,0 +1,316 @@
+package discovery
+
+import (
+	"context"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"time"
+
+	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+)
+
+// Rotation: a connection without a session goes out through the proxy the
+// strategy chooses among all of the fleet's proxies that serve it (of the
+// zone, not banned for the target's domain, serving), not among the
+// replica's seats: sequential connections spread over the fleet whatever
+// the caller holds open. The chosen proxy's seat carries the connection,
+// and one is leased on it when it has none (a seat is still one lease per
+// proxy in use, shared by every caller). A replica holds at most MaxSeats
+// seats per fleet and zone: past that, a seat idle and older than
+// seatTurnover gives way to the proxy chosen, or, with none such, the
+// strategy chooses among the seated proxies; so a fleet larger than
+// MaxSeats is reached whole over time, at a bounded cost in lease writes
+// (MaxSeats a seatTurnover at most).
+
+const (
+	// defaultMaxSeats is Gateway.MaxSeats' default.
+	defaultMaxSeats = 64
+	// seatTurnover is how long a seat serves before it may give way to
+	// another proxy when the replica holds MaxSeats already.
+	seatTurnover = time.Minute
+	// rotationChoices bounds the proxies one connection tries to take a
+	// seat on (each full one costs a write) before it falls back to the
+	// seats it has.
+	rotationChoices = 3
+	// rotationMemory is how long the use of an egress IP is remembered
+	// for the least recently used strategy; rotationKeys bounds the
+	// (caller, fleet, zone, domain) keys remembered, and rotationIPs the
+	// IPs of one key.
+	rotationMemory = 10 * time.Minute
+	rotationKeys   = 4096
+	rotationIPs    = 1024
+)
+
+// rotor is a replica's rotation state: when each caller last used each
+// egress IP for a domain, and each fleet's round-robin position.
+type rotor struct {
+	mu   sync.Mutex
+	used *ttlCache[map[string]time.Time]
+	next map[string]int
+}
+
+// ipOf is what a target sees of m: its egress IP, or the proxy itself
+// while its IP is unknown.
+func ipOf(m *member) string {
+	if m.EgressIP != "" {
+		return m.EgressIP
+	}
+	return "proxy:" + m.Name
+}
+
+// uses are when key last used each egress IP, lately (r.mu held).
+func (r *rotor) uses(key string, now time.Time) map[string]time.Time {
+	if r.used == nil {
+		r.used = newTTLCache[map[string]time.Time](rotationKeys)
+	}
+	u, _ := r.used.get(key, now, rotationMemory)
+	return u
+}
+
+// note records that key used ip at now.
+func (r *rotor) note(key, ip string, now time.Time) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	u := r.uses(key, now)
+	if u == nil {
+		u = map[string]time.Time{}
+	}
+	u[ip] = now
+	if len(u) > rotationIPs {
+		// The older half is forgotten: those IPs count as unused again,
+		// which is what least recently used would pick next anyway.
+		ips := slices.SortedFunc(maps.Keys(u), func(a, b string) int { return u[a].Compare(u[b]) })
+		for _, k := range ips[:len(ips)-rotationIPs/2] {
+			delete(u, k)
+		}
+	}
+	r.used.add(key, u, now)
+}
+
+// order returns up to n of cands (members, in the fleet's order by name)
+// in the strategy's preference: load is each proxy's connections on this
+// replica, for leastConnections; key is the caller's, fleet's, zone's
+// and domain's, for leastRecentlyUsed; ring is the fleet's and zone's,
+// for roundRobin.
+func (r *rotor) order(strategy string, cands []*member, n int, key, ring string, load map[string]int, now time.Time) []*member {
+	if len(cands) == 0 {
+		return nil
+	}
+	n = min(n, len(cands))
+	out := make([]*member, 0, n)
+	switch strategy {
+	case apiv1.RotateRoundRobin:
+		r.mu.Lock()
+		if r.next == nil || len(r.next) >= rotationKeys {
+			r.next = map[string]int{}
+		}
+		at := r.next[ring] % len(cands)
+		r.next[ring] = at + 1
+		r.mu.Unlock()
+		for i := range n {
+			out = append(out, cands[(at+i)%len(cands)])
+		}
+		return out
+	case apiv1.RotateRandom:
+		picked := make(map[int]bool, n)
+		for len(out) < n {
+			if i := rand.IntN(len(cands)); !picked[i] {
+				picked[i] = true
+				out = append(out, cands[i])
+			}
+		}
+		return out
+	}
+	// leastRecentlyUsed, and leastConnections with it as the tie-break:
+	// the n smallest of (load, last use), scanned from a random start so
+	// that equals are taken in random order.
+	r.mu.Lock()
+	used := r.uses(key, now)
+	last := make([]time.Time, len(cands))
+	for i, m := range cands {
+		last[i] = used[ipOf(m)]
+	}
+	r.mu.Unlock()
+	less := func(i, j int) bool {
+		if strategy == apiv1.RotateLeastConnections {
+			if li, lj := load[cands[i].Name], load[cands[j].Name]; li != lj {
+				return li < lj
+			}
+		}
+		return last[i].Before(last[j])
+	}
+	start := rand.IntN(len(cands))
+	taken := make(map[int]bool, n)
+	for range n {
+		best := -1
+		for k := range cands {
+			i := (start + k) % len(cands)
+			if !taken[i] && (best < 0 || less(i, best)) {
+				best = i
+			}
+		}
+		taken[best] = true
+		out = append(out, cands[best])
+	}
+	return out
+}
+
+// rotate gives a connection without a session the seat of the proxy the
+// strategy chooses, leasing one on it when it has none; nil (no error)
+// when it found none to take, and the caller falls back to the seats as
+// they are (pickSeat).
+func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *Identity, u GatewayUser, domain string, exclude map[string]bool) (*upstream, error) {
+	ms, err := gw.Server.members(ctx, u.Namespace, u.Fleet)
+	if err != nil {
+		return nil, err
+	}
+	admit, err := gw.Server.admits(ctx, ms, u.Zone, exclude, domain)
+	if err != nil {
+		return nil, err
+	}
+	now := gw.Server.now()
+	// The seats of key, as the members show their proxies now: one whose
+	// proxy serves no more is retired, one that does not serve this
+	// connection (banned for its domain, excluded) is passed over.
+	seated, load, drop, full := gw.seatsOf(key, ms, admit, now)
+	for _, up := range drop {
+		gw.release(ctx, up)
+	}
+	if strategy == apiv1.RotateLeastConnections {
+		gw.mu.Lock()
+		gw.sessionLoadLocked(u.Namespace, u.Fleet, load)
+		gw.mu.Unlock()
+	}
+	var cands []*member
+	for i := range ms {
+		m := &ms[i]
+		if admit(m) && (!full || seated[m.Name] != nil) {
+			cands = append(cands, m)
+		}
+	}
+	lru := id.User + "\x00" + key + "\x00" + domain
+	for _, m := range gw.rotor.order(strategy, cands, rotationChoices, lru, key, load, now) {
+		up := seated[m.Name]
+		if up == nil {
+			up, err = gw.seatOn(ctx, key, id, u, domain, exclude, m.Name)
+			if err != nil && !refusal(err) {
+				return nil, err
+			}
+		} else if ok, _ := gw.check(ctx, up, u.Zone, domain); !ok {
+			up = nil
+		} else {
+			gw.mu.Lock()
+			if up.retired {
+				up = nil
+			} else {
+				up.refs++
+			}
+			gw.mu.Unlock()
+		}
+		if up != nil {
+			gw.rotor.note(lru, ipOf(m), now)
+			return up, nil
+		}
+	}
+	return nil, nil
+}
+
+// seatsOf reads key's seats against ms (the fleet's members, sorted) and
+// admit: the usable ones by proxy, every seat's connections by proxy, the
+// leases of seats retired for good (to give back), and whether the seats
+// are at MaxSeats with none to give way (idle, older than seatTurnover),
+// after retiring the one that does.
+func (gw *Gateway) seatsOf(key string, ms []member, admit func(*member) bool, now time.Time) (seated map[string]*upstream, load map[string]int, drop []*upstream, full bool) {
+	seated, load = map[string]*upstream{}, map[string]int{}
+	gw.mu.Lock()
+	defer gw.mu.Unlock()
+	live := 0
+	var yield *upstream
+	for _, up := range gw.seats[key] {
+		if up.retired {
+			continue
+		}
+		m := memberNamed(ms, up.g.m.Name)
+		if m == nil || !m.serving() {
+			if back := gw.retireLocked(up); back != nil {
+				drop = append(drop, back)
+			}
+			continue
+		}
+		live++
+		load[m.Name] += up.refs
+		if up.refs == 0 && now.Sub(up.since) >= seatTurnover && (yield == nil || up.since.Before(yield.since)) {
+			yield = up
+		}
+		if admit(m) && seated[m.Name] == nil {
+			seated[m.Name] = up
+		}
+	}
+	if live < gw.MaxSeats {
+		return seated, load, drop, false
+	}
+	if yield == nil {
+		return seated, load, drop, true
+	}
+	if back := gw.retireLocked(yield); back != nil {
+		drop = append(drop, back)
+	}
+	delete(seated, yield.g.m.Name)
+	return seated, load, drop, false
+}
+
+// seatOn leases a seat of key on the proxy named, for a connection, unless
+// another connection is leasing one there already: then it waits for that
+// one and shares it. It does not wait for a slot: a full proxy is refused
+// at once, and the rotation tries another.
+func (gw *Gateway) seatOn(ctx context.Context, key string, id *Identity, u GatewayUser, domain string, exclude map[string]bool, name string) (*upstream, error) {
+	tk := key + "\x00" + name
+	gw.mu.Lock()
+	if take, busy := gw.taking[tk]; busy {
+		gw.mu.Unlock()
+		select {
+		case <-take.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if take.err != nil {
+			return nil, take.err
+		}
+		gw.mu.Lock()
+		defer gw.mu.Unlock()
+		for _, up := range gw.seats[key] {
+			if up.g.m.Name == name && !up.retired {
+				up.refs++
+				return up, nil
+			}
+		}
+		return nil, nil
+	}
+	take := &seatTake{done: make(chan struct{})}
+	gw.taking[tk] = take
+	gw.mu.Unlock()
+	up, err := gw.lease(ctx, id, u, domain, GatewaySeatHolder(gw.Replica), exclude, true, false, name)
+	gw.mu.Lock()
+	defer gw.mu.Unlock()
+	delete(gw.taking, tk)
+	take.err = err
+	close(take.done)
+	if err != nil {
+		return nil, err
+	}
+	gw.seats[key] = append(gw.seats[key], up)
+	up.refs++
+	return up, nil
+}
+
+// sessionLoadLocked adds to load the connections of this replica's
+// sessions on each proxy of a fleet, for leastConnections; gw.mu is held.
+func (gw *Gateway) sessionLoadLocked(namespace, fleet string, load map[string]int) {
+	for _, s := range gw.sessions {
+		if up := s.up; up != nil && up.g.m.Namespace == namespace && up.g.m.Fleet == fleet {
+			load[up.g.m.Name] += up.refs
+		}
+	}
+}

@@ -1,0 +1,225 @@
+package discovery_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"net/url"
+	"strings"
+	"testing"
+	"time"
+
+	coordv1 "k8s.io/api/coordination/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
+)
+
+// spread fetches target n times in a row through c, each a connection of
+// its own, and counts the proxies that served (by the address the target
+// saw); every fetch must succeed.
+func spread(t *testing.T, b *gatewayBed, c *http.Client, target string, n int) map[string]int {
+	t.Helper()
+	out := map[string]int{}
+	for i := range n {
+		seen, rsp := fetch(t, c, target)
+		if rsp == nil || rsp.StatusCode != http.StatusOK {
+			t.Fatalf("fetch %d: %v", i, status(rsp))
+		}
+		proxy := ""
+		for p, a := range b.egress {
+			if a == seen {
+				proxy = p
+			}
+		}
+		if proxy == "" {
+			t.Fatalf("fetch %d left from %q, no proxy's address", i, seen)
+		}
+		out[proxy]++
+		assertWithinBounds(t, b, 2)
+	}
+	return out
+}
+
+// withinBounds checks the slot leases of a fleet: none at a slot index at
+// or past maxLeases, none of a proxy the fleet does not have, and at most
+// one seat per proxy for each replica. It returns what is wrong.
+func withinBounds(items []coordv1.Lease, proxies map[string]bool, maxLeases int) []string {
+	var bad []string
+	seats := map[string]int{}
+	for i := range items {
+		l := &items[i]
+		if l.Labels[fleetv1alpha1.LabelLeaseKind] != fleetv1alpha1.LeaseKindSlot || lease.Expired(l, time.Now()) {
+			continue
+		}
+		proxy, ok := lease.ProxyOf(l.Name)
+		if !ok || !proxies[proxy] {
+			bad = append(bad, fmt.Sprintf("%s: a slot of no proxy of the fleet", l.Name))
+			continue
+		}
+		slot := strings.TrimPrefix(l.Name, proxy+"-slot-")
+		n := 0
+		if _, err := fmt.Sscanf(slot, "%d", &n); err != nil || n >= maxLeases {
+			bad = append(bad, fmt.Sprintf("%s: slot %q of a proxy of %d", l.Name, slot, maxLeases))
+		}
+		if h := ptr.Deref(l.Spec.HolderIdentity, ""); strings.HasPrefix(h, "gateway-seats:") {
+			if seats[h+"/"+proxy]++; seats[h+"/"+proxy] > 1 {
+				bad = append(bad, fmt.Sprintf("%s holds %d seats on %s", h, seats[h+"/"+proxy], proxy))
+			}
+		}
+	}
+	return bad
+}
+
+// assertWithinBounds fails the test when the bed's fleet holds a lease
+// out of bounds (withinBounds).
+func assertWithinBounds(t *testing.T, b *gatewayBed, maxLeases int) {
+	t.Helper()
+	l := &coordv1.LeaseList{}
+	if err := sharedBed.Env(t).Client.List(context.Background(), l, client.InNamespace(b.ns)); err != nil {
+		t.Fatal(err)
+	}
+	proxies := map[string]bool{}
+	for p := range b.egress {
+		proxies[p] = true
+	}
+	if bad := withinBounds(l.Items, proxies, maxLeases); len(bad) > 0 {
+		t.Fatalf("leases out of bounds: %v", bad)
+	}
+}
+
+// TestWithinBoundsCatches proves the checker: a slot past maxLeases, a
+// slot of a proxy the fleet does not have, and a second seat of one
+// replica on one proxy are each caught; the fleet's own leases are not.
+func TestWithinBoundsCatches(t *testing.T) {
+	slot := func(name, holder string) coordv1.Lease {
+		return coordv1.Lease{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot}},
+			Spec: coordv1.LeaseSpec{HolderIdentity: ptr.To(holder), LeaseDurationSeconds: ptr.To[int32](60),
+				RenewTime: &metav1.MicroTime{Time: time.Now()}},
+		}
+	}
+	proxies := map[string]bool{"gw-0": true, "gw-1": true}
+	good := []coordv1.Lease{slot("gw-0-slot-0", "gateway-seats:a"), slot("gw-0-slot-1", "gateway-seats:b"), slot("gw-1-slot-1", "crawler")}
+	if bad := withinBounds(good, proxies, 2); len(bad) > 0 {
+		t.Fatalf("the fleet's own leases flagged: %v", bad)
+	}
+	for name, broken := range map[string]coordv1.Lease{
+		"slot past maxLeases":      slot("gw-1-slot-2", "crawler"),
+		"slot of another proxy":    slot("gw-9-slot-0", "crawler"),
+		"second seat of a replica": slot("gw-0-slot-1", "gateway-seats:a"),
+	} {
+		items := append(append([]coordv1.Lease{}, good[:1]...), broken)
+		if bad := withinBounds(items, proxies, 2); len(bad) == 0 {
+			t.Errorf("%s: not caught", name)
+		}
+	}
+}
+
+// TestGatewayRotates: connections without a session spread over the whole
+// fleet, not over the replica's seats. 30 fetches in a row, each its own
+// connection, through a fleet of 3 use each proxy 10 times, by the
+// default (least recently used) and by round robin; random and least
+// connections use each; a proxy banned for the target's domain serves
+// none of them; requests of one kept-alive client connection (plain HTTP)
+// rotate too; and leases stay within maxLeasesPerProxy throughout.
+func TestGatewayRotates(t *testing.T) {
+	b := newGatewayBed(t, 3, 2)
+	target := testbed.StartEchoTarget(t)
+	for _, strategy := range []string{"", "_rotate_leastRecentlyUsed", "_rotate_roundRobin", "_rotate_random", "_rotate_leastConnections"} {
+		got := spread(t, b, b.client(b.user(strategy), b.token, target), target.URL, 30)
+		for p := range b.egress {
+			if got[p] == 0 || (strategy != "_rotate_random" && got[p] != 10) {
+				t.Errorf("%q: 30 sequential fetches through 3 proxies went %v; want each proxy %s", strategy, got, map[bool]string{true: "used", false: "10 times"}[strategy == "_rotate_random"])
+				break
+			}
+		}
+	}
+
+	// Plain HTTP on one kept-alive connection: each request rotates.
+	plain := testbed.StartPlainEchoTarget(t)
+	u := &url.URL{Scheme: "http", Host: b.url, User: url.UserPassword(b.user(""), b.token)}
+	keep := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{Proxy: http.ProxyURL(u)}}
+	reused := 0
+	got := map[string]int{}
+	for i := range 9 {
+		trace := &httptrace.ClientTrace{GotConn: func(ci httptrace.GotConnInfo) {
+			if ci.Reused {
+				reused++
+			}
+		}}
+		req, err := http.NewRequestWithContext(httptrace.WithClientTrace(context.Background(), trace), http.MethodGet, plain.URL, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rsp, err := keep.Do(req)
+		if err != nil || rsp.StatusCode != http.StatusOK {
+			t.Fatalf("plain request %d: %v %v", i, err, status(rsp))
+		}
+		got[rsp.Header.Get("X-Egress-Proxy")]++
+		_, _ = io.Copy(io.Discard, rsp.Body) // read whole, or the connection is not kept
+		_ = rsp.Body.Close()
+	}
+	if reused < 8 || len(got) != 3 {
+		t.Errorf("9 plain requests, %d on a reused connection, went %v; want all 3 proxies, 3 each", reused, got)
+	}
+
+	// Banned for the target's domain, gw-0 serves none of them.
+	host, _, _ := net.SplitHostPort(strings.TrimSuffix(strings.TrimPrefix(target.URL, "https://"), "/ip"))
+	if err := b.store.Ban(context.Background(), b.ns, b.fleet, b.fleet+"-0", host, time.Minute, "static:test"); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 10*time.Second, "the ban seen", func() (bool, string) {
+		got := spread(t, b, b.client(b.user(""), b.token, target), target.URL, 3)
+		return got[b.fleet+"-0"] == 0, fmt.Sprint(got)
+	})
+	got = spread(t, b, b.client(b.user(""), b.token, target), target.URL, 20)
+	if got[b.fleet+"-0"] != 0 || got[b.fleet+"-1"] != 10 || got[b.fleet+"-2"] != 10 {
+		t.Errorf("20 fetches with %s-0 banned for %s went %v; want 10 each on the two others", b.fleet, host, got)
+	}
+}
+
+// TestGatewayRotationOfTheFleet: the fleet's spec.gateway.rotation is the
+// default its callers get, and a username's option overrides it. With
+// leastConnections, a tunnel held open on one proxy keeps sequential
+// connections off it; a caller asking for leastRecentlyUsed still uses it.
+func TestGatewayRotationOfTheFleet(t *testing.T) {
+	b := newGatewayBed(t, 3, 3)
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyFleet",
+		"metadata": map[string]any{"name": b.fleet, "namespace": b.ns},
+		"spec": map[string]any{
+			"replicas": int64(3), "zones": []any{"zone-a"}, "placement": map[string]any{"local": map[string]any{}},
+			"proxy":       map[string]any{"authSecretRef": map[string]any{"name": "auth"}},
+			"healthCheck": map[string]any{"url": "https://example.com/ip"},
+			"leases":      map[string]any{"maxLeasesPerProxy": int64(3)},
+			"gateway":     map[string]any{"rotation": "leastConnections"},
+		},
+	}}
+	if err := sharedBed.Env(t).Client.Create(context.Background(), u); err != nil {
+		t.Fatal(err)
+	}
+	target := testbed.StartEchoTarget(t)
+	host := strings.TrimSuffix(strings.TrimPrefix(target.URL, "https://"), "/ip")
+	conn, code, held := openTunnel(t, b, b.user(""), host)
+	if code != http.StatusOK {
+		t.Fatalf("a tunnel: %d", code)
+	}
+	defer conn.Close() //nolint:errcheck // A test.
+	got := spread(t, b, b.client(b.user(""), b.token, target), target.URL, 20)
+	if got[held] != 0 || len(got) != 2 {
+		t.Errorf("the fleet's leastConnections, a tunnel open on %s: 20 fetches went %v; want none on it, both others used", held, got)
+	}
+	got = spread(t, b, b.client(b.user("_rotate_leastRecentlyUsed"), b.token, target), target.URL, 9)
+	if got[held] != 3 {
+		t.Errorf("leastRecentlyUsed asked for, a tunnel open on %s: 9 fetches went %v; want 3 on each", held, got)
+	}
+}
