@@ -7,6 +7,7 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/tls"
+	"net"
 	"net/http"
 	"os"
 	"time"
@@ -59,11 +60,12 @@ type CLI struct {
 	MaxWaitingPerIdentity      int           `help:"Acquisitions one caller identity may have waiting on this replica at once; more are refused at once." default:"32" env:"MAX_WAITING_PER_IDENTITY"`
 	GatewayAddress             string        `help:"Address of the rotating gateway, an HTTP forward proxy for crawlers: user <namespace>_<fleet>[_session_<key>][_zone_<zone>], password a discovery token. It serves TLS with --tls-cert-file. Empty turns it off." default:"" env:"GATEWAY_ADDRESS"`
 	GatewayPlainHTTP           bool          `name:"gateway-plain-http" help:"Serve the gateway over plain HTTP, tokens in the clear: for loopback and tests only." default:"false" env:"GATEWAY_PLAIN_HTTP"`
+	SOCKS5Address              string        `name:"socks5-address" help:"Address of the gateway's SOCKS5 listener (RFC 1928 CONNECT, RFC 1929 username and password: the gateway's username grammar and a discovery token; no BIND or UDP ASSOCIATE), over TLS with --tls-cert-file as the HTTP gateway, or plain with --gateway-plain-http. Empty turns it off." default:"" env:"SOCKS5_ADDRESS"`
 	GatewayIdle                time.Duration `help:"How long a gateway session keeps its lease, and so its proxy, after its last connection closes." default:"1m" env:"GATEWAY_IDLE"`
 	GatewayMaxConns            int           `help:"Connections the gateway holds open at once; more are answered 503." default:"4096" env:"GATEWAY_MAX_CONNS"`
 	GatewayMaxConnsPerIdentity int           `help:"Connections one caller identity holds open through the gateway at once; more are answered 429." default:"256" env:"GATEWAY_MAX_CONNS_PER_IDENTITY"`
 	GatewayMaxConnsPerNS       int           `name:"gateway-max-conns-per-namespace" help:"Connections the callers of one namespace's fleets hold open through the gateway at once, sessions' included: one tenant cannot fill the gateway. More are answered 429." default:"1024" env:"GATEWAY_MAX_CONNS_PER_NAMESPACE"`
-	GatewayMaxSeats            int           `name:"gateway-max-seats" help:"Seats (leases the gateway holds for connections without a session, one per proxy in use) per fleet and zone on this replica. Rotation reaches a larger fleet over time: past it, a seat idle and a minute old gives way to the proxy chosen." default:"64" env:"GATEWAY_MAX_SEATS"`
+	GatewayMaxSeats            int           `name:"gateway-max-seats" help:"Seats (leases the gateway holds for connections without a session, one per proxy in use) per fleet and zone on this replica. Rotation reaches a larger fleet over time: at the bound, an idle seat gives way to another proxy at most every minute / this many." default:"16" env:"GATEWAY_MAX_SEATS"`
 	GatewayTunnelIdle          time.Duration `help:"How long a gateway tunnel may move nothing either way before it is closed; any traffic starts the wait again." default:"5m" env:"GATEWAY_TUNNEL_IDLE"`
 	TenantPrivateNetworks      []string      `name:"tenant-private-networks" help:"Private networks (CIDRs, comma-separated; loopback too) the gateway may dial a proxy in whose address its tenant chose (External, or of a namespaced ProviderConfig), as the provider's flag of the same name. Empty: public addresses only. Link-local and metadata addresses are never dialed." default:"" env:"TENANT_PRIVATE_NETWORKS"`
 	ReviewsPerAddress          float64       `help:"New tokens a second each client address may have reviewed (a token bucket, before authentication); a token reviewed lately costs nothing. More are answered 429. 0 sets no limit." default:"10" env:"REVIEWS_PER_ADDRESS"`
@@ -116,6 +118,9 @@ func (c *CLI) Validate() error {
 
 // validateGateway refuses gateway settings that cannot work.
 func (c *CLI) validateGateway() error {
+	if c.SOCKS5Address != "" && c.TLSCertFile == "" && !c.GatewayPlainHTTP {
+		return errors.New("--socks5-address (SOCKS5_ADDRESS) serves TLS with --tls-cert-file (TLS_CERT_FILE), which is unset: set it, or --gateway-plain-http for loopback and tests")
+	}
 	if c.GatewayAddress != "" && c.TLSCertFile == "" && !c.GatewayPlainHTTP {
 		return errors.New("--gateway-address (GATEWAY_ADDRESS) serves TLS with --tls-cert-file (TLS_CERT_FILE), which is unset: set it, or --gateway-plain-http for loopback and tests")
 	}
@@ -203,18 +208,8 @@ func (c *CLI) Run() error {
 	if err := mgr.Add(c.apiServer(srv, log)); err != nil {
 		return errors.Wrap(err, "cannot add the API server")
 	}
-	if c.GatewayAddress != "" {
-		private, err := reach.ParseNetworks(c.TenantPrivateNetworks)
-		if err != nil {
-			return errors.Wrap(err, "--tenant-private-networks (TENANT_PRIVATE_NETWORKS)")
-		}
-		gw := &discovery.Gateway{Server: srv, Metrics: dmetrics.NewGateway(), Idle: c.GatewayIdle, TunnelIdle: c.GatewayTunnelIdle,
-			MaxConns: c.GatewayMaxConns, MaxConnsPerIdentity: c.GatewayMaxConnsPerIdentity, MaxConnsPerNamespace: c.GatewayMaxConnsPerNS,
-			MaxSeats: c.GatewayMaxSeats, TenantPrivateNetworks: private, PlatformLoopback: c.PlatformLoopback}
-		metrics.Registry.MustRegister(gw.Metrics.Collectors()...)
-		if err := mgr.Add(c.gatewayServer(gw, log)); err != nil {
-			return errors.Wrap(err, "cannot add the gateway")
-		}
+	if err := c.addGateway(mgr, srv, log); err != nil {
+		return err
 	}
 	if err := mgr.Add(&discovery.Sweeper{Leases: store, Proxies: mgr.GetCache(), Interval: c.SweepInterval, Log: log}); err != nil {
 		return errors.Wrap(err, "cannot add the lease sweeper")
@@ -285,7 +280,6 @@ func (c *CLI) gatewayServer(gw *discovery.Gateway, log logging.Logger) manager.R
 		TLSNextProto: map[string]func(*http.Server, *tls.Conn, http.Handler){},
 	}
 	return manager.RunnableFunc(func(ctx context.Context) error {
-		go gw.Run(ctx)
 		go func() {
 			<-ctx.Done()
 			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -311,6 +305,61 @@ func (c *CLI) gatewayServer(gw *discovery.Gateway, log logging.Logger) manager.R
 			return nil
 		}
 		return errors.Wrap(err, "gateway server failed")
+	})
+}
+
+// addGateway adds the gateway, over HTTP, SOCKS5 or both, to mgr when
+// either has an address.
+func (c *CLI) addGateway(mgr manager.Manager, srv *discovery.Server, log logging.Logger) error {
+	if c.GatewayAddress == "" && c.SOCKS5Address == "" {
+		return nil
+	}
+	private, err := reach.ParseNetworks(c.TenantPrivateNetworks)
+	if err != nil {
+		return errors.Wrap(err, "--tenant-private-networks (TENANT_PRIVATE_NETWORKS)")
+	}
+	gw := &discovery.Gateway{Server: srv, Metrics: dmetrics.NewGateway(), Idle: c.GatewayIdle, TunnelIdle: c.GatewayTunnelIdle,
+		MaxConns: c.GatewayMaxConns, MaxConnsPerIdentity: c.GatewayMaxConnsPerIdentity, MaxConnsPerNamespace: c.GatewayMaxConnsPerNS,
+		MaxSeats: c.GatewayMaxSeats, TenantPrivateNetworks: private, PlatformLoopback: c.PlatformLoopback}
+	metrics.Registry.MustRegister(gw.Metrics.Collectors()...)
+	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error { gw.Run(ctx); return nil })); err != nil {
+		return errors.Wrap(err, "cannot add the gateway")
+	}
+	if c.GatewayAddress != "" {
+		if err := mgr.Add(c.gatewayServer(gw, log)); err != nil {
+			return errors.Wrap(err, "cannot add the gateway")
+		}
+	}
+	if c.SOCKS5Address != "" {
+		if err := mgr.Add(c.socksServer(gw, log)); err != nil {
+			return errors.Wrap(err, "cannot add the SOCKS5 gateway")
+		}
+	}
+	return nil
+}
+
+// socksServer serves the gateway's SOCKS5 listener until the manager
+// stops: over TLS with the API's certificate, or plain with
+// --gateway-plain-http.
+func (c *CLI) socksServer(gw *discovery.Gateway, log logging.Logger) manager.Runnable {
+	return manager.RunnableFunc(func(ctx context.Context) error {
+		l, err := net.Listen("tcp", c.SOCKS5Address)
+		if err != nil {
+			return errors.Wrap(err, "cannot listen for SOCKS5")
+		}
+		if c.TLSCertFile != "" && !c.GatewayPlainHTTP {
+			kp, err := discovery.LoadKeyPair(c.TLSCertFile, c.TLSKeyFile)
+			if err != nil {
+				_ = l.Close()
+				return err
+			}
+			go kp.Watch(ctx, discovery.KeyPairPollInterval, log)
+			l = tls.NewListener(l, kp.TLSConfig())
+			log.Info("Serving SOCKS5 over TLS", "address", c.SOCKS5Address)
+		} else {
+			log.Info("Serving SOCKS5 in the clear: tokens cross it unencrypted", "address", c.SOCKS5Address)
+		}
+		return gw.ServeSOCKS5(ctx, l)
 	})
 }
 

@@ -35,11 +35,12 @@ func TestHelp(t *testing.T) {
 		{Flag: "max-waiting-per-identity", Env: "MAX_WAITING_PER_IDENTITY", Default: "32"},
 		{Flag: "gateway-address", Env: "GATEWAY_ADDRESS", Default: `""`},
 		{Flag: "gateway-plain-http", Env: "GATEWAY_PLAIN_HTTP", Default: "false"},
+		{Flag: "socks5-address", Env: "SOCKS5_ADDRESS", Default: `""`},
 		{Flag: "gateway-idle", Env: "GATEWAY_IDLE", Default: "1m"},
 		{Flag: "gateway-max-conns", Env: "GATEWAY_MAX_CONNS", Default: "4096"},
 		{Flag: "gateway-max-conns-per-identity", Env: "GATEWAY_MAX_CONNS_PER_IDENTITY", Default: "256"},
 		{Flag: "gateway-max-conns-per-namespace", Env: "GATEWAY_MAX_CONNS_PER_NAMESPACE", Default: "1024"},
-		{Flag: "gateway-max-seats", Env: "GATEWAY_MAX_SEATS", Default: "64"},
+		{Flag: "gateway-max-seats", Env: "GATEWAY_MAX_SEATS", Default: "16"},
 		{Flag: "gateway-tunnel-idle", Env: "GATEWAY_TUNNEL_IDLE", Default: "5m"},
 		{Flag: "tenant-private-networks", Env: "TENANT_PRIVATE_NETWORKS", Default: `""`},
 		{Flag: "reviews-per-address", Env: "REVIEWS_PER_ADDRESS", Default: "10"},
@@ -125,7 +126,7 @@ func TestValidateTLS(t *testing.T) {
 
 func TestSettings(t *testing.T) {
 	defaults := CLI{Address: ":8080", HealthProbeBindAddress: ":8081", SweepInterval: 30 * time.Second, TokenAudience: "egress-discovery", AuthCacheSize: 10000, MaxInFlight: 256, RatePerIdentity: 100, BurstPerIdentity: 200, MaxBansPerFleet: 5000, MaxBansPerIdentity: 1000, MaxWaiting: 1024, MaxWaitingPerIdentity: 32, GatewayIdle: time.Minute, GatewayMaxConns: 4096, GatewayMaxConnsPerIdentity: 256,
-		GatewayMaxConnsPerNS: 1024, GatewayMaxSeats: 64, GatewayTunnelIdle: 5 * time.Minute, ReviewsPerAddress: 10, ReviewBurstPerAddress: 100}
+		GatewayMaxConnsPerNS: 1024, GatewayMaxSeats: 16, GatewayTunnelIdle: 5 * time.Minute, ReviewsPerAddress: 10, ReviewBurstPerAddress: 100}
 	with := func(f func(c *CLI)) CLI {
 		c := defaults
 		f(&c)

@@ -82,9 +82,11 @@ type Gateway struct {
 	// host name).
 	Replica string
 	// MaxSeats bounds the seats this replica holds per fleet and zone
-	// (default 64): rotation reaches a larger fleet over time, a seat
-	// giving way to another proxy after it has served a minute.
-	MaxSeats int
+	// (default 16): rotation reaches a larger fleet over time, an idle
+	// seat giving way to another proxy at most every SeatTurnover/MaxSeats
+	// (SeatTurnover: default a minute).
+	MaxSeats     int
+	SeatTurnover time.Duration
 
 	// mu guards everything below, and every session's and upstream's
 	// fields but a session's busy.
@@ -105,8 +107,11 @@ type Gateway struct {
 	// closed is set when Run has given every lease back: no connection
 	// takes an upstream any more.
 	closed bool
-	// rotor is the rotation's memory (uses by caller, round-robin turns).
-	rotor rotor
+	// rotor is the rotation's memory (uses by caller, round-robin turns);
+	// turnover is when each key's seats may next give way to another
+	// proxy.
+	rotor    rotor
+	turnover map[string]time.Time
 	// seatID is the identity the seats are leased as: this process's own,
 	// which no caller can present, so none can renew or release a seat.
 	seatID *Identity
@@ -231,6 +236,10 @@ func (gw *Gateway) init() {
 		if gw.MaxSeats <= 0 {
 			gw.MaxSeats = defaultMaxSeats
 		}
+		if gw.SeatTurnover <= 0 {
+			gw.SeatTurnover = defaultSeatTurnover
+		}
+		gw.turnover = map[string]time.Time{}
 		gw.transport = &http.Transport{
 			Proxy: func(r *http.Request) (*url.URL, error) {
 				if u, ok := r.Context().Value(upstreamKey{}).(*url.URL); ok {
@@ -665,18 +674,26 @@ func (gw *Gateway) authenticate(r *http.Request) (*Identity, GatewayUser, error)
 	if !ok || token == "" {
 		return nil, GatewayUser{}, proxyAuthRequired("Proxy-Authorization has no password: give a discovery token as the password")
 	}
+	return gw.signIn(r.Context(), r.RemoteAddr, name, token)
+}
+
+// signIn authenticates a gateway caller, HTTP's or SOCKS5's, by its
+// username (the grammar) and its password (a discovery token), bounds its
+// rate and authorises its use of the fleet.
+func (gw *Gateway) signIn(ctx context.Context, remote, name, token string) (*Identity, GatewayUser, error) {
 	user, err := ParseGatewayUser(name)
 	if err != nil {
 		return nil, GatewayUser{}, &gwError{code: http.StatusProxyAuthRequired, reason: apiv1.ReasonInvalid, msg: err.Error()}
 	}
-	id, err := gw.Server.Auth.AuthenticateToken(WithClientAddress(r.Context(), r.RemoteAddr), token)
+	ctx = WithClientAddress(ctx, remote)
+	id, err := gw.Server.Auth.AuthenticateToken(ctx, token)
 	if err != nil {
 		return nil, GatewayUser{}, err
 	}
 	if err := gw.Server.limit(id); err != nil {
 		return nil, GatewayUser{}, err
 	}
-	if err := gw.Server.authorizeFleet(r.Context(), id, user.Namespace, user.Fleet); err != nil {
+	if err := gw.Server.authorizeFleet(ctx, id, user.Namespace, user.Fleet); err != nil {
 		return nil, GatewayUser{}, err
 	}
 	return id, user, nil
@@ -704,6 +721,11 @@ func destination(r *http.Request) (string, string, error) {
 	}
 	if h == "" || port == "" {
 		return "", "", &gwError{code: http.StatusBadRequest, reason: apiv1.ReasonInvalid, msg: fmt.Sprintf("no host in %q", host)}
+	}
+	// The domain keys bans and the rotation's memory: a host name (at
+	// most 253 characters, no spaces or separators) or an address.
+	if len(h) > 255 || strings.ContainsAny(h, " \t\r\n/@\\%") {
+		return "", "", &gwError{code: http.StatusBadRequest, reason: apiv1.ReasonInvalid, msg: fmt.Sprintf("%.64q is not a host name or address", h)}
 	}
 	// A ban on example.com holds for example.com. too.
 	return net.JoinHostPort(h, port), strings.TrimSuffix(strings.ToLower(strings.Trim(h, "[]")), "."), nil
@@ -758,7 +780,15 @@ func (gw *Gateway) session(ctx context.Context, id *Identity, u GatewayUser, dom
 	}
 	s.busy.Lock()
 	defer s.busy.Unlock()
-	cur, gone, ended := gw.current(ctx, s, u, domain, exclude)
+	cur, gone, ended, notHere := gw.current(ctx, s, u, domain, exclude)
+	if notHere != "" {
+		// A strict session's proxy that serves it, but not this
+		// connection (banned for its domain): refused, not moved.
+		leave()
+		gw.Metrics.StrictRefusals.Inc()
+		return nil, nil, "", &gwError{code: http.StatusBadGateway, reason: reasonSessionProxyGone,
+			msg: fmt.Sprintf("session %s is strict and its proxy %s does not serve %s (banned for it): use another session for it", u.Session, notHere, domain)}
+	}
 	if gone != "" && u.Strict {
 		// A strict session never moves: its proxy answers, or nothing.
 		gw.mu.Lock()
@@ -798,8 +828,10 @@ func (gw *Gateway) session(ctx context.Context, id *Identity, u GatewayUser, dom
 
 // current is the session's upstream when it may carry this connection
 // (s.busy held), else nil with the proxy it lost (gone: retired, lost
-// its lease, stopped serving, excluded) or whose lifetime ended (ended).
-func (gw *Gateway) current(ctx context.Context, s *gwSession, u GatewayUser, domain string, exclude map[string]bool) (cur *upstream, gone, ended string) {
+// its lease, stopped serving, excluded) or whose lifetime ended (ended);
+// or, for a strict session whose proxy serves it still but not this
+// connection (a ban for its domain), that proxy (notHere), kept.
+func (gw *Gateway) current(ctx context.Context, s *gwSession, u GatewayUser, domain string, exclude map[string]bool) (cur *upstream, gone, ended, notHere string) {
 	gw.mu.Lock()
 	cur = s.up
 	if cur != nil && cur.retired {
@@ -825,13 +857,24 @@ func (gw *Gateway) current(ctx context.Context, s *gwSession, u GatewayUser, dom
 		ended = cur.g.m.Name
 		gw.Metrics.SessionsEnded.Inc()
 		leaveIt()
-		return nil, "", ended
+		return nil, "", ended, ""
 	}
-	if cur != nil && (exclude[cur.g.m.Name] || !gw.serves(ctx, cur, u.Zone, domain)) {
+	if cur == nil {
+		return nil, gone, "", ""
+	}
+	if exclude[cur.g.m.Name] {
+		gone = cur.g.m.Name
+		leaveIt()
+		return nil, gone, "", ""
+	}
+	if ok, forGood := gw.check(ctx, cur, u.Zone, domain); !ok {
+		if u.Strict && !forGood {
+			return nil, "", "", cur.g.m.Name
+		}
 		gone = cur.g.m.Name
 		leaveIt()
 	}
-	return cur, gone, ""
+	return cur, gone, "", ""
 }
 
 // resume gives a session an upstream: the lease another replica serves it
@@ -1006,7 +1049,7 @@ func (gw *Gateway) pickSeat(ctx context.Context, key string, id *Identity, u Gat
 		}
 		take, busy := gw.taking[key]
 		hold := gw.Server.now().Before(gw.seatHold[key])
-		if best != nil && (best.refs == 0 || busy || hold) {
+		if best != nil && (best.refs == 0 || busy || hold || gw.seatCountLocked(key) >= gw.MaxSeats) {
 			best.refs++
 			gw.mu.Unlock()
 			return best, nil
@@ -1130,7 +1173,10 @@ func (gw *Gateway) lease(ctx context.Context, id *Identity, u GatewayUser, domai
 		var pu *url.URL
 		if pu, err = url.Parse(raw); err == nil {
 			gw.Server.Metrics.Acquisitions.Inc()
-			up := &upstream{id: a.id, g: g, ttl: a.ttl, session: !seat, since: gw.Server.now()}
+			up := &upstream{id: a.id, g: g, ttl: a.ttl, session: !seat, since: g.g.AcquiredAt}
+			if up.since.IsZero() {
+				up.since = gw.Server.now()
+			}
 			up.url.Store(pu)
 			gw.mu.Lock()
 			gw.live[up] = true
@@ -1147,29 +1193,7 @@ func (gw *Gateway) lease(ctx context.Context, id *Identity, u GatewayUser, domai
 // once on another proxy when the upstream fails before any byte reached
 // the crawler), answers 200, and splices both ways.
 func (gw *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id *Identity, u GatewayUser, target, domain string, up *upstream, done func(), moved string) {
-	conn, err := gw.connect(r.Context(), up, target)
-	if err != nil && retriable(err) {
-		failed := up.g.m.Name
-		if upstreamFailed(err) {
-			gw.abandon(up)
-		}
-		done()
-		first := err
-		var left string
-		up, done, left, err = gw.choose(r.Context(), id, u, domain, map[string]bool{failed: true})
-		if left != "" {
-			moved = left
-		}
-		if err == nil {
-			if conn, err = gw.connect(r.Context(), up, target); err != nil {
-				done()
-			}
-		} else {
-			err = rather(first, err)
-		}
-	} else if err != nil {
-		done()
-	}
+	conn, up, done, moved, err := gw.open(r.Context(), id, u, target, domain, up, done, moved)
 	if err != nil {
 		gw.refuse(w, err)
 		return
@@ -1199,6 +1223,41 @@ func (gw *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id *Identity, 
 		gw.Metrics.Bytes.WithLabelValues("up").Add(float64(n))
 	}
 	splice(client, conn, gw.TunnelIdle, gw.Metrics)
+}
+
+// open connects a tunnel to target through up, tried once more on another
+// proxy when up failed before the target was reached (a session moves
+// with it): the connection, the upstream and done that carry it, and the
+// proxy a session left (moved). On an error done has been called.
+func (gw *Gateway) open(ctx context.Context, id *Identity, u GatewayUser, target, domain string, up *upstream, done func(), moved string) (net.Conn, *upstream, func(), string, error) {
+	conn, err := gw.connect(ctx, up, target)
+	if err != nil && retriable(err) && (!u.Strict || upstreamFailed(err)) {
+		// A strict session moves for nothing: its proxy failing ends it
+		// (choose answers SessionProxyGone), the target failing is the
+		// target's answer.
+		failed := up.g.m.Name
+		if upstreamFailed(err) {
+			gw.abandon(up)
+		}
+		done()
+		first := err
+		var left string
+		up, done, left, err = gw.choose(ctx, id, u, domain, map[string]bool{failed: true})
+		if left != "" {
+			moved = left
+		}
+		if err != nil {
+			return nil, nil, nil, "", rather(first, err)
+		}
+		if conn, err = gw.connect(ctx, up, target); err != nil {
+			done()
+			return nil, nil, nil, "", err
+		}
+	} else if err != nil {
+		done()
+		return nil, nil, nil, "", err
+	}
+	return conn, up, done, moved, nil
 }
 
 // connect opens a CONNECT tunnel to target through the upstream, with its
@@ -1290,7 +1349,7 @@ func setEgressHeaders(h http.Header, up *upstream, moved string) {
 func egressHeaders(up *upstream, moved string) string {
 	h := "X-Egress-Proxy: " + up.g.m.Name + "\r\n"
 	// Written raw: only an address, never what a status could smuggle in.
-	if ip, err := netip.ParseAddr(up.g.m.EgressIP); err == nil {
+	if ip, err := netip.ParseAddr(up.g.m.EgressIP); err == nil && ip.Zone() == "" {
 		h += "X-Egress-IP: " + ip.String() + "\r\n"
 	}
 	if moved != "" {

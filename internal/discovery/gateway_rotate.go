@@ -4,7 +4,9 @@ import (
 	"context"
 	"maps"
 	"math/rand/v2"
+	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -18,18 +20,20 @@ import (
 // the caller holds open. The chosen proxy's seat carries the connection,
 // and one is leased on it when it has none (a seat is still one lease per
 // proxy in use, shared by every caller). A replica holds at most MaxSeats
-// seats per fleet and zone: past that, a seat idle and older than
-// seatTurnover gives way to the proxy chosen, or, with none such, the
-// strategy chooses among the seated proxies; so a fleet larger than
-// MaxSeats is reached whole over time, at a bounded cost in lease writes
-// (MaxSeats a seatTurnover at most).
+// seats per fleet and zone: at that bound the strategy chooses among the
+// seated proxies, and one seat idle for at least SeatTurnover/MaxSeats
+// gives way to an unseated proxy at most every SeatTurnover/MaxSeats; so a
+// fleet larger than MaxSeats is reached whole over time, at a bounded cost
+// in lease writes (two per turnover, MaxSeats turnovers a SeatTurnover at
+// most). A fleet larger than sampleFrom is chosen among a random sample of
+// sampleSize of its proxies and its seated ones, so that a connection
+// costs what a sample does, not the fleet.
 
 const (
 	// defaultMaxSeats is Gateway.MaxSeats' default.
-	defaultMaxSeats = 64
-	// seatTurnover is how long a seat serves before it may give way to
-	// another proxy when the replica holds MaxSeats already.
-	seatTurnover = time.Minute
+	defaultMaxSeats = 16
+	// defaultSeatTurnover is Gateway.SeatTurnover's default.
+	defaultSeatTurnover = time.Minute
 	// rotationChoices bounds the proxies one connection tries to take a
 	// seat on (each full one costs a write) before it falls back to the
 	// seats it has.
@@ -40,7 +44,7 @@ const (
 	// IPs of one key.
 	rotationMemory = 10 * time.Minute
 	rotationKeys   = 4096
-	rotationIPs    = 1024
+	rotationIPs    = 256
 )
 
 // rotor is a replica's rotation state: when each caller last used each
@@ -162,10 +166,14 @@ func (r *rotor) order(strategy string, cands []*member, n int, key, ring string,
 // when it found none to take, and the caller falls back to the seats as
 // they are (pickSeat).
 func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *Identity, u GatewayUser, domain string, exclude map[string]bool) (*upstream, error) {
-	ms, err := gw.Server.members(ctx, u.Namespace, u.Fleet)
+	f, err := gw.Server.Catalog.fleetOf(ctx, u.Namespace, u.Fleet)
 	if err != nil {
 		return nil, err
 	}
+	if len(f.ms) == 0 {
+		return nil, nil
+	}
+	ms := f.ms
 	admit, err := gw.Server.admits(ctx, ms, u.Zone, exclude, domain)
 	if err != nil {
 		return nil, err
@@ -174,7 +182,7 @@ func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *Identit
 	// The seats of key, as the members show their proxies now: one whose
 	// proxy serves no more is retired, one that does not serve this
 	// connection (banned for its domain, excluded) is passed over.
-	seated, load, drop, full := gw.seatsOf(key, ms, admit, now)
+	seated, load, drop, full := gw.seatsOf(key, ms, admit)
 	for _, up := range drop {
 		gw.release(ctx, up)
 	}
@@ -183,19 +191,12 @@ func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *Identit
 		gw.sessionLoadLocked(u.Namespace, u.Fleet, load)
 		gw.mu.Unlock()
 	}
-	var cands []*member
-	for i := range ms {
-		m := &ms[i]
-		if admit(m) && (!full || seated[m.Name] != nil) {
-			cands = append(cands, m)
-		}
-	}
+	cands := gw.candidates(f, admit, seated, full, now, key)
 	lru := id.User + "\x00" + key + "\x00" + domain
 	for _, m := range gw.rotor.order(strategy, cands, rotationChoices, lru, key, load, now) {
 		up := seated[m.Name]
 		if up == nil {
-			up, err = gw.seatOn(ctx, key, id, u, domain, exclude, m.Name)
-			if err != nil && !refusal(err) {
+			if up, err = gw.seatOn(ctx, key, id, u, domain, exclude, m.Name); err != nil && !refusal(err) {
 				return nil, err
 			}
 		} else if ok, _ := gw.check(ctx, up, u.Zone, domain); !ok {
@@ -217,17 +218,62 @@ func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *Identit
 	return nil, nil
 }
 
+// candidates are the proxies a connection may rotate to: the seated ones
+// that serve it, and, unless the seats are full with none due to give way
+// (turnover is due at most every SeatTurnover/MaxSeats per key), the
+// others that do: all of them, or in a fleet larger than sampleFrom a
+// random sample of sampleSize.
+func (gw *Gateway) candidates(f *fleetMembers, admit func(*member) bool, seated map[string]*upstream, full bool, now time.Time, key string) []*member {
+	var cands []*member
+	for i := range f.ms {
+		if seated[f.ms[i].Name] != nil {
+			cands = append(cands, &f.ms[i])
+		}
+	}
+	if full && !gw.turnoverDue(key, now) {
+		return cands
+	}
+	keep := func(m *member) bool { return seated[m.Name] == nil && admit(m) }
+	if len(f.ms) <= sampleFrom {
+		for i := range f.ms {
+			if keep(&f.ms[i]) {
+				cands = append(cands, &f.ms[i])
+			}
+		}
+		return cands
+	}
+	budget := maxDraws
+	limit := len(cands) + sampleSize
+	for _, idx := range [][]int32{f.own, f.shared} {
+		cands = draw(f.ms, idx, cands, limit, &budget, keep)
+	}
+	return cands
+}
+
+// turnoverDue says whether a seat of key may give way to another proxy
+// now, and if so counts it done: at most one every SeatTurnover/MaxSeats.
+func (gw *Gateway) turnoverDue(key string, now time.Time) bool {
+	gw.mu.Lock()
+	defer gw.mu.Unlock()
+	if now.Before(gw.turnover[key]) {
+		return false
+	}
+	if len(gw.turnover) >= rotationKeys {
+		clear(gw.turnover)
+	}
+	gw.turnover[key] = now.Add(gw.SeatTurnover / time.Duration(gw.MaxSeats))
+	return true
+}
+
 // seatsOf reads key's seats against ms (the fleet's members, sorted) and
 // admit: the usable ones by proxy, every seat's connections by proxy, the
 // leases of seats retired for good (to give back), and whether the seats
-// are at MaxSeats with none to give way (idle, older than seatTurnover),
-// after retiring the one that does.
-func (gw *Gateway) seatsOf(key string, ms []member, admit func(*member) bool, now time.Time) (seated map[string]*upstream, load map[string]int, drop []*upstream, full bool) {
+// are at MaxSeats.
+func (gw *Gateway) seatsOf(key string, ms []member, admit func(*member) bool) (seated map[string]*upstream, load map[string]int, drop []*upstream, full bool) {
 	seated, load = map[string]*upstream{}, map[string]int{}
 	gw.mu.Lock()
 	defer gw.mu.Unlock()
 	live := 0
-	var yield *upstream
 	for _, up := range gw.seats[key] {
 		if up.retired {
 			continue
@@ -241,30 +287,19 @@ func (gw *Gateway) seatsOf(key string, ms []member, admit func(*member) bool, no
 		}
 		live++
 		load[m.Name] += up.refs
-		if up.refs == 0 && now.Sub(up.since) >= seatTurnover && (yield == nil || up.since.Before(yield.since)) {
-			yield = up
-		}
 		if admit(m) && seated[m.Name] == nil {
 			seated[m.Name] = up
 		}
 	}
-	if live < gw.MaxSeats {
-		return seated, load, drop, false
-	}
-	if yield == nil {
-		return seated, load, drop, true
-	}
-	if back := gw.retireLocked(yield); back != nil {
-		drop = append(drop, back)
-	}
-	delete(seated, yield.g.m.Name)
-	return seated, load, drop, false
+	return seated, load, drop, live >= gw.MaxSeats
 }
 
 // seatOn leases a seat of key on the proxy named, for a connection, unless
-// another connection is leasing one there already: then it waits for that
-// one and shares it. It does not wait for a slot: a full proxy is refused
-// at once, and the rotation tries another.
+// it has one already or another connection is leasing one there: then it
+// shares that one. At MaxSeats, the seat idle longest gives way first (a
+// turnover the caller found due); with none idle, nil. It does not wait
+// for a slot: a full proxy is refused at once, and the rotation tries
+// another.
 func (gw *Gateway) seatOn(ctx context.Context, key string, id *Identity, u GatewayUser, domain string, exclude map[string]bool, name string) (*upstream, error) {
 	tk := key + "\x00" + name
 	gw.mu.Lock()
@@ -275,34 +310,88 @@ func (gw *Gateway) seatOn(ctx context.Context, key string, id *Identity, u Gatew
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
-		if take.err != nil {
+		if take.err != nil && refusal(take.err) {
 			return nil, take.err
 		}
+		// Leased (or failed for its own caller's reason): shared if there.
 		gw.mu.Lock()
 		defer gw.mu.Unlock()
-		for _, up := range gw.seats[key] {
-			if up.g.m.Name == name && !up.retired {
-				up.refs++
-				return up, nil
-			}
+		return gw.seatNamedLocked(key, name), nil
+	}
+	if up := gw.seatNamedLocked(key, name); up != nil {
+		// Leased since the caller looked.
+		gw.mu.Unlock()
+		return up, nil
+	}
+	var yield *upstream
+	for _, up := range gw.seats[key] {
+		if !up.retired && up.refs == 0 && (yield == nil || up.idle.Before(yield.idle)) {
+			yield = up
 		}
-		return nil, nil
+	}
+	var back *upstream
+	if gw.seatCountLocked(key) >= gw.MaxSeats {
+		if yield == nil {
+			gw.mu.Unlock()
+			return nil, nil
+		}
+		back = gw.retireLocked(yield)
 	}
 	take := &seatTake{done: make(chan struct{})}
 	gw.taking[tk] = take
 	gw.mu.Unlock()
+	if back != nil {
+		gw.release(ctx, back)
+	}
 	up, err := gw.lease(ctx, id, u, domain, GatewaySeatHolder(gw.Replica), exclude, true, false, name)
 	gw.mu.Lock()
-	defer gw.mu.Unlock()
 	delete(gw.taking, tk)
 	take.err = err
 	close(take.done)
+	if err == nil && gw.closed {
+		// Shut down meanwhile: releaseAll has given the others back.
+		delete(gw.live, up)
+		gw.mu.Unlock()
+		gw.release(context.WithoutCancel(ctx), up)
+		return nil, &gwError{code: http.StatusServiceUnavailable, reason: reasonShuttingDown, retryAfter: 1, msg: "this gateway replica is shutting down; retry"}
+	}
+	defer gw.mu.Unlock()
 	if err != nil {
 		return nil, err
 	}
 	gw.seats[key] = append(gw.seats[key], up)
 	up.refs++
 	return up, nil
+}
+
+// seatCountLocked counts key's seats, those being leased included; gw.mu
+// is held.
+func (gw *Gateway) seatCountLocked(key string) int {
+	n := 0
+	for _, up := range gw.seats[key] {
+		if !up.retired {
+			n++
+		}
+	}
+	prefix := key + "\x00"
+	for k := range gw.taking {
+		if k == key || strings.HasPrefix(k, prefix) {
+			n++
+		}
+	}
+	return n
+}
+
+// seatNamedLocked is key's seat on the proxy named, taken for a
+// connection (refs counted), or nil; gw.mu is held.
+func (gw *Gateway) seatNamedLocked(key, name string) *upstream {
+	for _, up := range gw.seats[key] {
+		if up.g.m.Name == name && !up.retired {
+			up.refs++
+			return up
+		}
+	}
+	return nil
 }
 
 // sessionLoadLocked adds to load the connections of this replica's

@@ -1,7 +1,9 @@
 package discovery_test
 
 import (
+	"bufio"
 	"context"
+	"encoding/base64"
 	"fmt"
 	"io"
 	"net"
@@ -9,6 +11,7 @@ import (
 	"net/http/httptrace"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -19,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
@@ -222,4 +226,91 @@ func TestGatewayRotationOfTheFleet(t *testing.T) {
 	if got[held] != 3 {
 		t.Errorf("leastRecentlyUsed asked for, a tunnel open on %s: 9 fetches went %v; want 3 on each", held, got)
 	}
+}
+
+// TestGatewaySeatBound: with --gateway-max-seats 2 on a fleet of 3, the
+// replica never holds more than 2 seats, even under 12 connections at
+// once (and never 2 on one proxy); sequential connections still reach
+// the third proxy over time, an idle seat giving way at most every
+// SeatTurnover / MaxSeats; and a proxy whose slots API crawlers hold is
+// passed over.
+func TestGatewaySeatBound(t *testing.T) {
+	b := newGatewayBed(t, 3, 2, func(gw *discovery.Gateway) { gw.MaxSeats, gw.SeatTurnover = 2, 400*time.Millisecond })
+	target := testbed.StartEchoTarget(t)
+	host := strings.TrimSuffix(strings.TrimPrefix(target.URL, "https://"), "/ip")
+	seats := func() int {
+		n := 0
+		for _, c := range seatLeases(t, b) {
+			n += c
+		}
+		return n
+	}
+	var wg sync.WaitGroup
+	conns := make(chan net.Conn, 12)
+	for range 12 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			conn, code, _ := openTunnelQuiet(b, b.user(""), host)
+			if code == http.StatusOK {
+				conns <- conn
+			}
+		}()
+	}
+	wg.Wait()
+	close(conns)
+	if n := seats(); n > 2 {
+		t.Errorf("12 connections at once: %d seats, over the bound of 2: %v", n, seatLeases(t, b))
+	}
+	assertWithinBounds(t, b, 2)
+	for c := range conns {
+		_ = c.Close()
+	}
+	c := b.client(b.user(""), b.token, target)
+	used := map[string]int{}
+	for range 12 {
+		for p, n := range spread(t, b, c, target.URL, 1) {
+			used[p] += n
+		}
+		if n := seats(); n > 2 {
+			t.Fatalf("%d seats, over the bound of 2: %v", n, seatLeases(t, b))
+		}
+		time.Sleep(250 * time.Millisecond) // past SeatTurnover / MaxSeats
+	}
+	if len(used) != 3 {
+		t.Errorf("12 fetches over 3 s with 2 seats turning over every 200 ms: %v; want all 3 proxies reached", used)
+	}
+
+	// gw-0's two slots held by API crawlers: rotation passes it over.
+	testbed.Eventually(t, 10*time.Second, "idle seats given back", func() (bool, string) { return seats() == 0, fmt.Sprint(seatLeases(t, b)) })
+	for i := range 2 {
+		if _, err := b.store.Acquire(context.Background(), []lease.Candidate{{Namespace: b.ns, Fleet: b.fleet, Proxy: b.fleet + "-0", MaxLeases: 2}},
+			lease.Request{Holder: fmt.Sprintf("api-%d", i), TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := spread(t, b, b.client(b.user("_rotate_roundRobin"), b.token, target), target.URL, 9)
+	if got[b.fleet+"-0"] != 0 || len(got) != 2 {
+		t.Errorf("9 fetches with %s-0's slots all held: %v; want the two others only", b.fleet, got)
+	}
+}
+
+// openTunnelQuiet is openTunnel for any goroutine: it reports failures
+// as a status of 0 instead of failing the test.
+func openTunnelQuiet(b *gatewayBed, user, target string) (net.Conn, int, string) {
+	conn, err := net.Dial("tcp", b.url)
+	if err != nil {
+		return nil, 0, ""
+	}
+	auth := base64.StdEncoding.EncodeToString([]byte(user + ":" + b.token))
+	if _, err := fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic %s\r\n\r\n", target, target, auth); err != nil {
+		_ = conn.Close()
+		return nil, 0, ""
+	}
+	rsp, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		_ = conn.Close()
+		return nil, 0, ""
+	}
+	return conn, rsp.StatusCode, rsp.Header.Get("X-Egress-Proxy")
 }

@@ -1,6 +1,7 @@
 package discovery_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -36,7 +37,9 @@ func plainFetch(t *testing.T, c *http.Client, target string) (code int, proxy, m
 func TestGatewaySessionLifetime(t *testing.T) {
 	var skew atomic.Int64
 	clock := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
-	b := newGatewayBed(t, 3, 2, func(gw *discovery.Gateway) { gw.Server.Now = clock })
+	// The replica's clock, its lease store's too (a lease's acquireTime
+	// times a lifetime), runs ahead when the test says.
+	b := newGatewayBed(t, 3, 2, func(gw *discovery.Gateway) { gw.Server.Now, gw.Server.Leases.Now = clock, clock })
 	plain := testbed.StartPlainEchoTarget(t)
 	host := strings.TrimSuffix(strings.TrimPrefix(plain.URL, "http://"), "/ip")
 	start := func(opts string) (*http.Client, string) {
@@ -91,6 +94,19 @@ func TestGatewayStrictSession(t *testing.T) {
 	_, pl, _, _ := plainFetch(t, loose, plain.URL)
 	if ps == "" || pl == "" {
 		t.Fatalf("sessions: strict on %q, loose on %q", ps, pl)
+	}
+	// A ban of the strict session's proxy for one name refuses that
+	// name's requests only: the session keeps its proxy for the others.
+	byName := strings.Replace(plain.URL, "127.0.0.1", "localhost", 1)
+	if err := b.store.Ban(context.Background(), b.ns, b.fleet, ps, "localhost", time.Minute, "static:test"); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 10*time.Second, "the strict session refused for the banned name", func() (bool, string) {
+		code, p, _, body := plainFetch(t, strict, byName)
+		return code == http.StatusBadGateway && strings.Contains(body, "does not serve localhost"), fmt.Sprintf("%d through %q: %s", code, p, body)
+	})
+	if code, p, _, body := plainFetch(t, strict, plain.URL); code != http.StatusOK || p != ps {
+		t.Fatalf("the strict session for another name, after a ban for localhost: %d through %q (%s); want 200 through %s still", code, p, body, ps)
 	}
 	setHealthy(t, b.ns, ps, false)
 	if pl != ps {

@@ -33,6 +33,9 @@ type Gateway struct {
 	// answered 502 instead; SessionsEnded the sessions started again on
 	// another proxy when their lifetime was over.
 	SessionsMoved, StrictRefusals, SessionsEnded prometheus.Counter
+	// SOCKSRefusals counts SOCKS5 connections refused, by reply code
+	// (RFC 1928) or "auth" for a failed sign-in.
+	SOCKSRefusals *prometheus.CounterVec
 }
 
 // NewGateway returns the gateway's metrics, unregistered.
@@ -66,10 +69,12 @@ func NewGateway() *Gateway {
 			Help: "Connections of strict gateway sessions answered 502 because the session's proxy stopped serving it."}),
 		SessionsEnded: prometheus.NewCounter(prometheus.CounterOpts{Name: "egress_discovery_gateway_sessions_ended_total",
 			Help: "Gateway sessions started again on another proxy because their lifetime (_lifetime_) was over."}),
+		SOCKSRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "egress_discovery_gateway_socks5_refusals_total",
+			Help: "SOCKS5 connections the gateway refused, by reply: the RFC 1928 reply code, or auth for a failed sign-in."}, []string{"reply"}),
 	}
 }
 
 // Collectors returns every collector, for registration.
 func (g *Gateway) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{g.Connections, g.ConnectionsTotal, g.Bytes, g.ChooseLatency, g.UpstreamErrors, g.IdleTunnels, g.Sessions, g.Seats, g.SessionsAdopted, g.SessionsMoved, g.StrictRefusals, g.SessionsEnded}
+	return []prometheus.Collector{g.Connections, g.ConnectionsTotal, g.Bytes, g.ChooseLatency, g.UpstreamErrors, g.IdleTunnels, g.Sessions, g.Seats, g.SessionsAdopted, g.SessionsMoved, g.StrictRefusals, g.SessionsEnded, g.SOCKSRefusals}
 }
