@@ -433,6 +433,21 @@ func TestInvalidObjectsRejected(t *testing.T) {
 			base:   validClusterProviderConfig, set: map[string]any{"spec.local": map[string]any{"squidPath": "squid"}},
 			want: []string{"spec.local.squidPath", "absolute path"},
 		},
+		"PacingIntervalTooShort": {
+			reason: "A pacing interval is between 100ms and 1h.",
+			base:   validFleet, set: map[string]any{"spec.gateway": map[string]any{"pacing": []any{map[string]any{"domains": []any{"shop.example"}, "interval": "10ms"}}}},
+			want: []string{"spec.gateway.pacing[0].interval", "between 100ms and 1h"},
+		},
+		"PacingDomainNotAName": {
+			reason: "A pacing domain is a host name or *. and one.",
+			base:   validFleet, set: map[string]any{"spec.gateway": map[string]any{"pacing": []any{map[string]any{"domains": []any{"shop.example/cart"}, "interval": "1s"}}}},
+			want: []string{"spec.gateway.pacing[0].domains[0]", "should match"},
+		},
+		"UnknownRotation": {
+			reason: "The rotation strategies are four.",
+			base:   validFleet, set: map[string]any{"spec.gateway": map[string]any{"rotation": "fastest"}},
+			want: []string{"spec.gateway.rotation", "leastRecentlyUsed"},
+		},
 		"FleetWithoutZones": {
 			reason: "A fleet with replicas needs zones to spread over.",
 			base:   validFleet, set: map[string]any{"spec.zones": nil},

@@ -232,6 +232,8 @@ type Policy struct {
 	// Rotation is spec.gateway.rotation: how the gateway chooses the
 	// proxy of a connection without a session (apiv1.Rotate*).
 	Rotation string
+	// Pacing is spec.gateway.pacing, in order.
+	Pacing []pacingRule
 }
 
 // defaultPolicy is the policy of a fleet without a ProxyFleet or claim.
@@ -253,6 +255,12 @@ func policyOf(s *fleetv1alpha1.ProxyFleetSpec) *Policy {
 	if s.Gateway != nil {
 		if r, ok := apiv1.RotationStrategy(s.Gateway.Rotation); ok {
 			p.Rotation = r
+		}
+		for i, r := range s.Gateway.Pacing {
+			if r.Interval.Duration <= 0 || len(r.Domains) == 0 {
+				continue
+			}
+			p.Pacing = append(p.Pacing, pacingRule{index: i, domains: r.Domains, interval: r.Interval.Duration, burst: max(int(r.Burst), 1)})
 		}
 	}
 	if s.Leases == nil {

@@ -816,6 +816,12 @@ func (gw *Gateway) session(ctx context.Context, id *Identity, u GatewayUser, dom
 	}
 	gw.mu.Lock()
 	s.up, s.user, s.lost = cur, u, ""
+	gw.mu.Unlock()
+	if err := gw.paceSession(ctx, u, domain, &cur.g.m); err != nil {
+		leave()
+		return nil, nil, "", err
+	}
+	gw.mu.Lock()
 	cur.refs++
 	gw.mu.Unlock()
 	moved := ""
@@ -1014,7 +1020,8 @@ func (gw *Gateway) seat(ctx context.Context, id *Identity, u GatewayUser, domain
 	if strategy == "" {
 		strategy = p.Rotation
 	}
-	up, err := gw.rotate(ctx, key, strategy, id, u, domain, exclude)
+	rule := p.pacingFor(domain)
+	up, err := gw.rotatePaced(ctx, key, strategy, id, u, domain, exclude, rule)
 	if err != nil {
 		leave()
 		return nil, nil, err
@@ -1027,6 +1034,14 @@ func (gw *Gateway) seat(ctx context.Context, id *Identity, u GatewayUser, domain
 		if err != nil {
 			leave()
 			return nil, nil, err
+		}
+		if up != nil && rule != nil {
+			// The seats as they are: their IP's pacing holds too.
+			if err := gw.paceSeat(ctx, u, domain, rule, up); err != nil {
+				gw.unref(up)
+				leave()
+				return nil, nil, err
+			}
 		}
 		if up != nil {
 			return up, func() { gw.unref(up); leave() }, nil

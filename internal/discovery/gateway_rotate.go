@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -165,7 +166,7 @@ func (r *rotor) order(strategy string, cands []*member, n int, key, ring string,
 // strategy chooses, leasing one on it when it has none; nil (no error)
 // when it found none to take, and the caller falls back to the seats as
 // they are (pickSeat).
-func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *Identity, u GatewayUser, domain string, exclude map[string]bool) (*upstream, error) {
+func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *Identity, u GatewayUser, domain string, exclude map[string]bool, rule *pacingRule) (*upstream, error) {
 	f, err := gw.Server.Catalog.fleetOf(ctx, u.Namespace, u.Fleet)
 	if err != nil {
 		return nil, err
@@ -174,11 +175,19 @@ func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *Identit
 		return nil, nil
 	}
 	ms := f.ms
-	admit, err := gw.Server.admits(ctx, ms, u.Zone, exclude, domain)
+	serving, err := gw.Server.admits(ctx, ms, u.Zone, exclude, domain)
 	if err != nil {
 		return nil, err
 	}
 	now := gw.Server.now()
+	fleet := u.Namespace + "/" + u.Fleet
+	// A proxy whose egress IP is paced for the domain is passed over.
+	admit := serving
+	if rule != nil {
+		admit = func(m *member) bool {
+			return serving(m) && !gw.Server.pace.next(paceKey(fleet, rule, ipOf(m)), rule, now).After(now)
+		}
+	}
 	// The seats of key, as the members show their proxies now: one whose
 	// proxy serves no more is retired, one that does not serve this
 	// connection (banned for its domain, excluded) is passed over.
@@ -210,12 +219,55 @@ func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *Identit
 			}
 			gw.mu.Unlock()
 		}
+		if up != nil && rule != nil && !gw.Server.pace.take(paceKey(fleet, rule, ipOf(m)), rule, now) {
+			// Another connection took the IP's last token meanwhile.
+			gw.unref(up)
+			up = nil
+		}
 		if up != nil {
 			gw.rotor.note(lru, ipOf(m), now)
 			return up, nil
 		}
 	}
+	if rule != nil {
+		return nil, gw.pacedUntil(ms, serving, fleet, domain, rule, now)
+	}
 	return nil, nil
+}
+
+// pacedUntil is, when every proxy of ms that serves a connection is paced
+// under rule, the error saying until when; nil when one is free (no
+// proxy was taken for another reason than pacing).
+func (gw *Gateway) pacedUntil(ms []member, serving func(*member) bool, fleet, domain string, rule *pacingRule, now time.Time) error {
+	var soonest time.Time
+	for i := range ms {
+		if m := &ms[i]; serving(m) {
+			t := gw.Server.pace.next(paceKey(fleet, rule, ipOf(m)), rule, now)
+			if !t.After(now) {
+				return nil
+			}
+			if soonest.IsZero() || t.Before(soonest) {
+				soonest = t
+			}
+		}
+	}
+	if soonest.IsZero() {
+		return nil
+	}
+	return &pacedError{rule: rule, domain: domain, fleet: fleet, next: soonest}
+}
+
+// pacedError says every proxy that serves a connection is paced for its
+// domain until next.
+type pacedError struct {
+	rule   *pacingRule
+	domain string
+	fleet  string
+	next   time.Time
+}
+
+func (e *pacedError) Error() string {
+	return "every proxy of " + e.fleet + " that serves " + e.domain + " is paced for it (one connection an egress IP every " + e.rule.interval.String() + ", burst " + strconv.Itoa(e.rule.burst) + ")"
 }
 
 // candidates are the proxies a connection may rotate to: the seated ones

@@ -47,7 +47,7 @@ type acquisition struct {
 
 func (s *Server) acquire(w http.ResponseWriter, r *http.Request, id *Identity) error {
 	start := time.Now()
-	g, err := s.grant(r, id)
+	g, domain, err := s.grant(r, id)
 	if err != nil {
 		s.Metrics.Denials.WithLabelValues(reasonOf(err)).Inc()
 		return err
@@ -64,18 +64,38 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, id *Identity) e
 	}
 	s.Metrics.Acquisitions.Inc()
 	s.Metrics.AcquireLatency.Observe(time.Since(start).Seconds())
-	writeJSON(w, http.StatusCreated, apiv1.Lease{LeaseID: g.g.ID, Proxy: g.g.Proxy, ProxyURL: u, ExpiresAt: g.g.ExpiresAt, TTLSeconds: int64(g.g.TTL / time.Second)})
+	writeJSON(w, http.StatusCreated, apiv1.Lease{LeaseID: g.g.ID, Proxy: g.g.Proxy, ProxyURL: u, ExpiresAt: g.g.ExpiresAt, TTLSeconds: int64(g.g.TTL / time.Second),
+		Pacing: s.pacingOf(r.Context(), g, domain)})
 	return nil
+}
+
+// pacingOf is the pacing of g's proxy for domain, as this replica paces
+// it, or nil when the fleet paces none for it.
+func (s *Server) pacingOf(ctx context.Context, g *granted, domain string) *apiv1.LeasePacing {
+	if domain == "" {
+		return nil
+	}
+	p, err := s.Catalog.Policy(ctx, g.g.Namespace, g.g.Fleet)
+	if err != nil {
+		return nil
+	}
+	rule := p.pacingFor(domain)
+	if rule == nil {
+		return nil
+	}
+	next := s.pace.next(paceKey(g.g.Namespace+"/"+g.g.Fleet, rule, ipOf(&g.m)), rule, s.now())
+	return &apiv1.LeasePacing{IntervalSeconds: rule.interval.Seconds(), Burst: rule.burst, NextUseAt: next}
 }
 
 // grant validates an acquisition, counts it against the caller's quota,
 // and takes a slot, waiting for one if the fleet and the request allow.
-func (s *Server) grant(r *http.Request, id *Identity) (*granted, error) {
+func (s *Server) grant(r *http.Request, id *Identity) (*granted, string, error) {
 	a, err := s.decodeAcquisition(r, id)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
-	return s.grantFor(r.Context(), a)
+	g, err := s.grantFor(r.Context(), a)
+	return g, a.req.Domain, err
 }
 
 // grantFor grants a validated acquisition: the API's and the gateway's

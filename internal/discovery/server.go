@@ -80,6 +80,8 @@ type Server struct {
 	// refused remembers the acquisitions refused lately, by fleet, for
 	// the demand an autoscaled fleet is sized by.
 	refused refusals
+	// pace holds the pacing buckets of the fleets' egress IPs.
+	pace pacer
 }
 
 func (s *Server) now() time.Time {

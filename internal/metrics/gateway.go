@@ -36,6 +36,9 @@ type Gateway struct {
 	// SOCKSRefusals counts SOCKS5 connections refused, by reply code
 	// (RFC 1928) or "auth" for a failed sign-in.
 	SOCKSRefusals *prometheus.CounterVec
+	// Paced counts connections every proxy's IP was paced for, by fleet
+	// and outcome: waited (for the first IP free) or refused (429).
+	Paced *prometheus.CounterVec
 }
 
 // NewGateway returns the gateway's metrics, unregistered.
@@ -71,10 +74,12 @@ func NewGateway() *Gateway {
 			Help: "Gateway sessions started again on another proxy because their lifetime (_lifetime_) was over."}),
 		SOCKSRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "egress_discovery_gateway_socks5_refusals_total",
 			Help: "SOCKS5 connections the gateway refused, by reply: the RFC 1928 reply code, or auth for a failed sign-in."}, []string{"reply"}),
+		Paced: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "egress_discovery_gateway_paced_total",
+			Help: "Gateway connections every egress IP that could serve was paced for (spec.gateway.pacing), by fleet and outcome: waited for the first free, or refused 429."}, []string{"fleet", "outcome"}),
 	}
 }
 
 // Collectors returns every collector, for registration.
 func (g *Gateway) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{g.Connections, g.ConnectionsTotal, g.Bytes, g.ChooseLatency, g.UpstreamErrors, g.IdleTunnels, g.Sessions, g.Seats, g.SessionsAdopted, g.SessionsMoved, g.StrictRefusals, g.SessionsEnded, g.SOCKSRefusals}
+	return []prometheus.Collector{g.Connections, g.ConnectionsTotal, g.Bytes, g.ChooseLatency, g.UpstreamErrors, g.IdleTunnels, g.Sessions, g.Seats, g.SessionsAdopted, g.SessionsMoved, g.StrictRefusals, g.SessionsEnded, g.SOCKSRefusals, g.Paced}
 }

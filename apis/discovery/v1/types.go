@@ -98,6 +98,18 @@ type Lease struct {
 	// never by comparing ExpiresAt, which is the server's clock, with its
 	// own.
 	TTLSeconds int64 `json:"ttlSeconds"`
+	// Pacing, when the request named a domain the fleet paces, is the rule
+	// and when the proxy's egress IP may next be used for it.
+	Pacing *LeasePacing `json:"pacing,omitempty"`
+}
+
+// LeasePacing is the pacing a lease's proxy is under for a domain
+// (spec.gateway.pacing): one connection an egress IP every
+// IntervalSeconds after a burst, and the next time one may leave.
+type LeasePacing struct {
+	IntervalSeconds float64   `json:"intervalSeconds"`
+	Burst           int       `json:"burst"`
+	NextUseAt       time.Time `json:"nextUseAt"`
 }
 
 // RenewRequest extends a lease.

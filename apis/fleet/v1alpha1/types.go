@@ -491,6 +491,44 @@ type Gateway struct {
 	// +kubebuilder:default=leastRecentlyUsed
 	// +optional
 	Rotation string `json:"rotation,omitempty"`
+
+	// Pacing spaces out what leaves one egress IP for a target: per rule,
+	// the domains it covers and the least interval between two
+	// connections (a CONNECT tunnel, or a plain-HTTP request) that leave
+	// one egress IP for any of them, with a burst. The gateway sends a
+	// connection through a proxy whose IP is not paced for its domain, and
+	// only when every one that serves it is, waits (up to 2 s) or answers
+	// 429 with Retry-After. The first rule that covers a domain applies.
+	// +kubebuilder:validation:MaxItems=32
+	// +optional
+	Pacing []PacingRule `json:"pacing,omitempty"`
+}
+
+// PacingRule paces the connections that leave one egress IP for a set of
+// domains.
+type PacingRule struct {
+	// Domains are host names ("shop.example") or, with a leading "*.",
+	// every name under one ("*.example.com", not example.com itself).
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:Pattern=`^(\*\.)?([a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?\.)*[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$`
+	// +kubebuilder:validation:items:MaxLength=253
+	Domains []string `json:"domains"`
+
+	// Interval is the least time between two connections from one egress
+	// IP to these domains, once the burst is spent: 100ms to 1h.
+	// +kubebuilder:validation:Type=string
+	// +kubebuilder:validation:Pattern=`^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$`
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('100ms') && duration(self) <= duration('1h')",message="spec.gateway.pacing[].interval must be between 100ms and 1h"
+	Interval metav1.Duration `json:"interval"`
+
+	// Burst is how many connections may leave one egress IP for these
+	// domains at once before the interval applies (default 1).
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +kubebuilder:default=1
+	// +optional
+	Burst int32 `json:"burst,omitempty"`
 }
 
 // Pools split a fleet into ProxyPools.

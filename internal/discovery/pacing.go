@@ -1,0 +1,220 @@
+package discovery
+
+import (
+	"context"
+	"math"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pkg/errors"
+)
+
+// reasonPaced: every proxy that serves a connection is paced for its
+// domain.
+const reasonPaced = "Paced"
+
+// Pacing (spec.gateway.pacing): per rule, the least interval between two
+// connections (a CONNECT tunnel, a plain-HTTP request) that leave one
+// egress IP for the rule's domains, after a burst: a token bucket per
+// (fleet, rule, egress IP), refilled one token an interval, holding at
+// most the burst. The buckets are this replica's: behind N replicas an IP
+// may see up to N times the rule's rate (README).
+
+// pacingRule is one rule of a fleet's pacing.
+type pacingRule struct {
+	// index is the rule's place in spec.gateway.pacing, which keys its
+	// buckets.
+	index    int
+	domains  []string
+	interval time.Duration
+	burst    int
+}
+
+// covers says whether the rule paces domain: a name it lists, or one
+// under a "*." pattern's suffix.
+func (r *pacingRule) covers(domain string) bool {
+	for _, d := range r.domains {
+		if suffix, ok := strings.CutPrefix(d, "*."); ok {
+			if strings.HasSuffix(domain, "."+suffix) {
+				return true
+			}
+		} else if d == domain {
+			return true
+		}
+	}
+	return false
+}
+
+// pacingFor is the first of the policy's rules that covers domain, or nil.
+func (p *Policy) pacingFor(domain string) *pacingRule {
+	if p == nil || domain == "" {
+		return nil
+	}
+	domain = strings.TrimSuffix(strings.ToLower(domain), ".")
+	for i := range p.Pacing {
+		if p.Pacing[i].covers(domain) {
+			return &p.Pacing[i]
+		}
+	}
+	return nil
+}
+
+// maxPaceWait bounds how long a connection waits for a paced IP before it
+// is answered 429.
+const maxPaceWait = 2 * time.Second
+
+// maxBuckets bounds the buckets a replica keeps: past it, full ones (which
+// count as absent) are forgotten.
+const maxBuckets = 1 << 16
+
+// pacer holds a replica's buckets.
+type pacer struct {
+	mu sync.Mutex
+	b  map[string]*bucket
+}
+
+// bucket is one (fleet, rule, IP)'s tokens as of at.
+type bucket struct {
+	tokens float64
+	at     time.Time
+}
+
+// paceKey names the bucket of fleet (namespace/name), rule and ip.
+func paceKey(fleet string, r *pacingRule, ip string) string {
+	return fleet + "\x00" + strconv.Itoa(r.index) + "\x00" + ip
+}
+
+// level is b's tokens at now under r.
+func (b *bucket) level(r *pacingRule, now time.Time) float64 {
+	return math.Min(float64(r.burst), b.tokens+float64(now.Sub(b.at))/float64(r.interval))
+}
+
+// next is when the bucket key next has a token under r (now or before:
+// it has one).
+func (p *pacer) next(key string, r *pacingRule, now time.Time) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b := p.b[key]
+	if b == nil {
+		return now
+	}
+	l := b.level(r, now)
+	if l >= 1 {
+		return now
+	}
+	return now.Add(time.Duration((1 - l) * float64(r.interval)))
+}
+
+// take spends a token of key under r, if it has one.
+func (p *pacer) take(key string, r *pacingRule, now time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.b == nil {
+		p.b = map[string]*bucket{}
+	}
+	b := p.b[key]
+	if b == nil {
+		if len(p.b) >= maxBuckets {
+			p.forgetFullLocked(now)
+		}
+		b = &bucket{tokens: float64(r.burst), at: now}
+		p.b[key] = b
+	}
+	l := b.level(r, now)
+	if l < 1 {
+		return false
+	}
+	b.tokens, b.at = l-1, now
+	return true
+}
+
+// forgetFullLocked drops the buckets untouched for an hour; if that frees
+// too little, all of them. A forgotten bucket starts again full: under
+// that much pressure pacing errs on the side of one burst more. p.mu is
+// held.
+func (p *pacer) forgetFullLocked(now time.Time) {
+	for k, b := range p.b {
+		if now.Sub(b.at) >= time.Hour {
+			delete(p.b, k)
+		}
+	}
+	if len(p.b) >= maxBuckets {
+		clear(p.b)
+	}
+}
+
+// rotatePaced is rotate under the domain's pacing rule (nil: none): when
+// every proxy that serves the connection is paced, it waits for the
+// first to be free if that is within maxPaceWait, once, and else answers
+// 429 with Retry-After.
+func (gw *Gateway) rotatePaced(ctx context.Context, key, strategy string, id *Identity, u GatewayUser, domain string, exclude map[string]bool, rule *pacingRule) (*upstream, error) {
+	for waited := false; ; waited = true {
+		up, err := gw.rotate(ctx, key, strategy, id, u, domain, exclude, rule)
+		var pe *pacedError
+		if !errors.As(err, &pe) {
+			return up, err
+		}
+		if err := gw.paceWait(ctx, pe, waited); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// paceWait waits until pe's IP is free when that is within maxPaceWait
+// and this connection has not waited yet, and else is the 429 to answer.
+func (gw *Gateway) paceWait(ctx context.Context, pe *pacedError, waited bool) error {
+	wait := pe.next.Sub(gw.Server.now())
+	if waited || wait > maxPaceWait {
+		gw.Metrics.Paced.WithLabelValues(pe.fleet, "refused").Inc()
+		return &gwError{code: http.StatusTooManyRequests, reason: reasonPaced, retryAfter: int(math.Ceil(max(wait, time.Second).Seconds())),
+			msg: pe.Error() + "; retry in " + wait.Round(time.Millisecond).String()}
+	}
+	gw.Metrics.Paced.WithLabelValues(pe.fleet, "waited").Inc()
+	t := time.NewTimer(max(wait, time.Millisecond))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// paceSession spends a token of the session's proxy's IP for domain
+// under the fleet's pacing, waiting for one within maxPaceWait: a session
+// does not move for pacing, it waits or is answered 429.
+func (gw *Gateway) paceSession(ctx context.Context, u GatewayUser, domain string, m *member) error {
+	p, err := gw.Server.Catalog.Policy(ctx, u.Namespace, u.Fleet)
+	if err != nil {
+		return err
+	}
+	return gw.paceOn(ctx, u, domain, p.pacingFor(domain), m)
+}
+
+// paceSeat is paceSession for a seat the rotation did not choose.
+func (gw *Gateway) paceSeat(ctx context.Context, u GatewayUser, domain string, rule *pacingRule, up *upstream) error {
+	return gw.paceOn(ctx, u, domain, rule, &up.g.m)
+}
+
+// paceOn spends a token of m's IP under rule (nil: none), waiting for one
+// within maxPaceWait, else the 429 to answer.
+func (gw *Gateway) paceOn(ctx context.Context, u GatewayUser, domain string, rule *pacingRule, m *member) error {
+	if rule == nil {
+		return nil
+	}
+	fleet := u.Namespace + "/" + u.Fleet
+	key := paceKey(fleet, rule, ipOf(m))
+	for waited := false; ; waited = true {
+		now := gw.Server.now()
+		if gw.Server.pace.take(key, rule, now) {
+			return nil
+		}
+		pe := &pacedError{rule: rule, domain: domain, fleet: fleet, next: gw.Server.pace.next(key, rule, now)}
+		if err := gw.paceWait(ctx, pe, waited); err != nil {
+			return err
+		}
+	}
+}

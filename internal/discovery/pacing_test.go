@@ -1,0 +1,105 @@
+package discovery_test
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
+)
+
+// pacedFleet writes the bed's ProxyFleet with spec.gateway.pacing.
+func pacedFleet(t *testing.T, b *gatewayBed, pacing []any) {
+	t.Helper()
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyFleet",
+		"metadata": map[string]any{"name": b.fleet, "namespace": b.ns},
+		"spec": map[string]any{
+			"replicas": int64(len(b.egress)), "zones": []any{"zone-a"}, "placement": map[string]any{"local": map[string]any{}},
+			"proxy":       map[string]any{"authSecretRef": map[string]any{"name": "auth"}},
+			"healthCheck": map[string]any{"url": "https://example.com/ip"},
+			"leases":      map[string]any{"maxLeasesPerProxy": int64(2)},
+			"gateway":     map[string]any{"pacing": pacing},
+		},
+	}}
+	if err := sharedBed.Env(t).Client.Create(context.Background(), u); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestGatewayPacing: with localhost paced at one connection an IP every
+// 1.5 s, two fetches of it in a row leave from the fleet's two IPs, and a
+// third waits for the first IP to be free; with 127.0.0.1 paced every
+// 10 s, the fetch after both IPs were used is answered 429 with
+// Retry-After, and a session's second fetch too (a session does not move
+// for pacing); a domain no rule covers is not paced; an API lease for a
+// paced domain says when its proxy's IP may next be used.
+func TestGatewayPacing(t *testing.T) {
+	b := newGatewayBed(t, 2, 2)
+	pacedFleet(t, b, []any{
+		map[string]any{"domains": []any{"localhost"}, "interval": "1500ms"},
+		map[string]any{"domains": []any{"127.0.0.1"}, "interval": "10s", "burst": int64(1)},
+	})
+	plain := testbed.StartPlainEchoTarget(t)
+	byName := strings.Replace(plain.URL, "127.0.0.1", "localhost", 1)
+	c := b.client(b.user(""), b.token, plain)
+	_, first, _, _ := plainFetch(t, c, byName)
+	_, second, _, _ := plainFetch(t, c, byName)
+	if first == "" || second == "" || first == second {
+		t.Fatalf("two fetches of a paced domain in a row left through %q and %q: want the fleet's two proxies", first, second)
+	}
+	start := time.Now()
+	code, third, _, body := plainFetch(t, c, byName)
+	if waited := time.Since(start); code != http.StatusOK || waited < 500*time.Millisecond {
+		t.Errorf("the third fetch, both IPs paced for 1.5 s: %d through %q after %s (%s); want 200 after waiting for the first IP", code, third, waited, body)
+	}
+	if n := testutil.ToFloat64(b.gw.Metrics.Paced.WithLabelValues(b.ns+"/"+b.fleet, "waited")); n != 1 {
+		t.Errorf("paced connections that waited: %g, want 1", n)
+	}
+
+	// 127.0.0.1 every 10 s: two IPs, two fetches, then 429.
+	for i := range 2 {
+		if code, _, _, body := plainFetch(t, c, plain.URL); code != http.StatusOK {
+			t.Fatalf("fetch %d of 127.0.0.1: %d %s", i, code, body)
+		}
+	}
+	rsp, err := c.Get(plain.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = rsp.Body.Close()
+	if ra, _ := strconv.Atoi(rsp.Header.Get("Retry-After")); rsp.StatusCode != http.StatusTooManyRequests || ra < 5 || ra > 10 || !strings.Contains(rsp.Header.Get("Proxy-Status"), "Paced") {
+		t.Errorf("both IPs paced for 10 s: %s, Retry-After %q, Proxy-Status %q; want 429 with Retry-After of about 10", rsp.Status, rsp.Header.Get("Retry-After"), rsp.Header.Get("Proxy-Status"))
+	}
+	// A session waits or is refused on its own proxy; it never moves.
+	sess := b.client(b.user("_session_paced"), b.token, plain)
+	if code, _, _, _ := plainFetch(t, sess, plain.URL); code != http.StatusTooManyRequests {
+		t.Errorf("a session on a proxy paced for 10 s: %d, want 429", code)
+	}
+	// Not paced: another name for the same target is no rule's.
+	other := b.client(b.user(""), b.token, plain)
+	if code, _, _, body := plainFetch(t, other, strings.Replace(plain.URL, "127.0.0.1", "127.0.0.2", 1)); code == http.StatusTooManyRequests {
+		t.Errorf("a domain no rule covers was paced: %s", body)
+	}
+
+	// An API lease for 127.0.0.1 says when its IP may next be used.
+	srv := httptest.NewServer(b.gw.Server.Handler())
+	t.Cleanup(srv.Close)
+	code, _, raw := call(t, srv, b.token, http.MethodPost, "/v1/leases", `{"fleet":"`+b.ns+"/"+b.fleet+`","holder":"h","domain":"127.0.0.1"}`)
+	var l apiv1.Lease
+	if code != http.StatusCreated || json.Unmarshal(raw, &l) != nil || l.Pacing == nil {
+		t.Fatalf("an API lease for a paced domain: %d %s; want 201 with pacing", code, raw)
+	}
+	if l.Pacing.IntervalSeconds != 10 || l.Pacing.Burst != 1 || !l.Pacing.NextUseAt.After(time.Now()) {
+		t.Errorf("the lease's pacing %+v: want interval 10 s, burst 1, next use ahead", *l.Pacing)
+	}
+}
