@@ -131,6 +131,7 @@ func TestEndToEnd(t *testing.T) {
 		{"LeaseAndFetchThroughProxy", leaseAndFetchThroughProxy},
 		{"GatewaySessionWithCurl", gatewaySessionWithCurl},
 		{"GatewayRotatesWithCurl", gatewayRotatesWithCurl},
+		{"GatewayRotatesThroughSOCKS5", gatewayRotatesThroughSOCKS5},
 		{"SecondFleetBecomesReady", secondFleetBecomesReady},
 		{"KilledSquidHeals", killedSquidHeals},
 		{"CrashLoopAndBlackHole", crashLoopAndBlackHole},
@@ -341,6 +342,41 @@ func gatewayRotatesWithCurl(t *testing.T) {
 		}
 		return even, fmt.Sprintf("proxies that logged it: %v", logged)
 	})
+	testbed.Eventually(t, 15*time.Second, "the seats given back when idle (--gateway-idle=2s)", func() (bool, string) {
+		held := heldLeases(t, example)
+		return len(held) == 0, fmt.Sprintf("held: %v", held)
+	})
+}
+
+// gatewayRotatesThroughSOCKS5 is gatewayRotatesWithCurl through the
+// gateway's SOCKS5 listener (curl --proxy socks5h://, the host name
+// resolved by the gateway): 30 fetches, 10 through each proxy.
+func gatewayRotatesThroughSOCKS5(t *testing.T) {
+	target := httptest.NewTLSServer(http.HandlerFunc(probe.EchoIP))
+	defer target.Close()
+	ca := filepath.Join(t.TempDir(), "target.crt")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: target.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ps, err := proxies(example)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxyURL := fmt.Sprintf("socks5h://%s_%s:%s@%s", ns, example, stack.Token, stack.SOCKS5Address)
+	seen := map[string]int{}
+	for i := range 30 {
+		out, err := exec.Command("curl", "-sS", "--fail", "--max-time", "10", "--proxy", proxyURL, "--cacert", ca, target.URL+"/ip").CombinedOutput()
+		if err != nil || !strings.HasPrefix(strings.TrimSpace(string(out)), "127.1.") {
+			t.Fatalf("curl %d through SOCKS5: %v: %s", i, err, out)
+		}
+		seen[strings.TrimSpace(string(out))]++
+	}
+	for a, n := range seen {
+		if len(seen) != len(ps) || n != 30/len(ps) {
+			t.Errorf("30 fetches through SOCKS5 left from %v: want each of the fleet's %d proxies %d times (%s)", seen, len(ps), 30/len(ps), a)
+			break
+		}
+	}
 	testbed.Eventually(t, 15*time.Second, "the seats given back when idle (--gateway-idle=2s)", func() (bool, string) {
 		held := heldLeases(t, example)
 		return len(held) == 0, fmt.Sprintf("held: %v", held)

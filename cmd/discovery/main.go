@@ -60,7 +60,8 @@ type CLI struct {
 	MaxWaitingPerIdentity      int           `help:"Acquisitions one caller identity may have waiting on this replica at once; more are refused at once." default:"32" env:"MAX_WAITING_PER_IDENTITY"`
 	GatewayAddress             string        `help:"Address of the rotating gateway, an HTTP forward proxy for crawlers: user <namespace>_<fleet>[_session_<key>][_zone_<zone>], password a discovery token. It serves TLS with --tls-cert-file. Empty turns it off." default:"" env:"GATEWAY_ADDRESS"`
 	GatewayPlainHTTP           bool          `name:"gateway-plain-http" help:"Serve the gateway over plain HTTP, tokens in the clear: for loopback and tests only." default:"false" env:"GATEWAY_PLAIN_HTTP"`
-	SOCKS5Address              string        `name:"socks5-address" help:"Address of the gateway's SOCKS5 listener (RFC 1928 CONNECT, RFC 1929 username and password: the gateway's username grammar and a discovery token; no BIND or UDP ASSOCIATE), over TLS with --tls-cert-file as the HTTP gateway, or plain with --gateway-plain-http. Empty turns it off." default:"" env:"SOCKS5_ADDRESS"`
+	SOCKS5Address              string        `name:"socks5-address" help:"Address of the gateway's SOCKS5 listener (RFC 1928 CONNECT, RFC 1929 username and password: the gateway's username grammar and a discovery token; no BIND or UDP ASSOCIATE), over TLS with --tls-cert-file as the HTTP gateway, or in the clear with --socks5-plain or --gateway-plain-http. Empty turns it off." default:"" env:"SOCKS5_ADDRESS"`
+	SOCKS5Plain                bool          `name:"socks5-plain" help:"Serve SOCKS5 in the clear, tokens unencrypted (most SOCKS5 clients, curl and PySocks among them, speak no TLS to a proxy): for loopback, or a network the platform trusts." default:"false" env:"SOCKS5_PLAIN"`
 	GatewayIdle                time.Duration `help:"How long a gateway session keeps its lease, and so its proxy, after its last connection closes." default:"1m" env:"GATEWAY_IDLE"`
 	GatewayMaxConns            int           `help:"Connections the gateway holds open at once; more are answered 503." default:"4096" env:"GATEWAY_MAX_CONNS"`
 	GatewayMaxConnsPerIdentity int           `help:"Connections one caller identity holds open through the gateway at once; more are answered 429." default:"256" env:"GATEWAY_MAX_CONNS_PER_IDENTITY"`
@@ -118,8 +119,8 @@ func (c *CLI) Validate() error {
 
 // validateGateway refuses gateway settings that cannot work.
 func (c *CLI) validateGateway() error {
-	if c.SOCKS5Address != "" && c.TLSCertFile == "" && !c.GatewayPlainHTTP {
-		return errors.New("--socks5-address (SOCKS5_ADDRESS) serves TLS with --tls-cert-file (TLS_CERT_FILE), which is unset: set it, or --gateway-plain-http for loopback and tests")
+	if c.SOCKS5Address != "" && c.TLSCertFile == "" && !c.GatewayPlainHTTP && !c.SOCKS5Plain {
+		return errors.New("--socks5-address (SOCKS5_ADDRESS) serves TLS with --tls-cert-file (TLS_CERT_FILE), which is unset: set it, or --socks5-plain to serve it in the clear")
 	}
 	if c.GatewayAddress != "" && c.TLSCertFile == "" && !c.GatewayPlainHTTP {
 		return errors.New("--gateway-address (GATEWAY_ADDRESS) serves TLS with --tls-cert-file (TLS_CERT_FILE), which is unset: set it, or --gateway-plain-http for loopback and tests")
@@ -347,7 +348,7 @@ func (c *CLI) socksServer(gw *discovery.Gateway, log logging.Logger) manager.Run
 		if err != nil {
 			return errors.Wrap(err, "cannot listen for SOCKS5")
 		}
-		if c.TLSCertFile != "" && !c.GatewayPlainHTTP {
+		if c.TLSCertFile != "" && !c.GatewayPlainHTTP && !c.SOCKS5Plain {
 			kp, err := discovery.LoadKeyPair(c.TLSCertFile, c.TLSKeyFile)
 			if err != nil {
 				_ = l.Close()

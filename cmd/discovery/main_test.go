@@ -36,6 +36,7 @@ func TestHelp(t *testing.T) {
 		{Flag: "gateway-address", Env: "GATEWAY_ADDRESS", Default: `""`},
 		{Flag: "gateway-plain-http", Env: "GATEWAY_PLAIN_HTTP", Default: "false"},
 		{Flag: "socks5-address", Env: "SOCKS5_ADDRESS", Default: `""`},
+		{Flag: "socks5-plain", Env: "SOCKS5_PLAIN", Default: "false"},
 		{Flag: "gateway-idle", Env: "GATEWAY_IDLE", Default: "1m"},
 		{Flag: "gateway-max-conns", Env: "GATEWAY_MAX_CONNS", Default: "4096"},
 		{Flag: "gateway-max-conns-per-identity", Env: "GATEWAY_MAX_CONNS_PER_IDENTITY", Default: "256"},

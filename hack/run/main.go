@@ -46,12 +46,17 @@ Or fetch through the gateway, with nothing but its URL (the fleet and a session 
 
   curl --proxy https://%[3]s_crawlers_session_s1:%[6]s@%[10]s --proxy-cacert %[9]s --cacert %[7]s %[8]s
 
+Without a session each fetch rotates to the next proxy; the same through SOCKS5:
+
+  curl --proxy https://%[3]s_crawlers:%[6]s@%[10]s --proxy-cacert %[9]s --cacert %[7]s %[8]s
+  curl --proxy socks5h://%[3]s_crawlers:%[6]s@%[11]s --cacert %[7]s %[8]s
+
 Lease a proxy and fetch through it:
 
   EGRESS_DISCOVERY_URL=%[4]s EGRESS_DISCOVERY_TOKEN=%[6]s EGRESS_DISCOVERY_CA_FILE=%[9]s \
     bin/egressctl lease --fleet %[3]s/crawlers -- curl -s --cacert %[7]s %[8]s
 
-`, rel(*state), s.Kubeconfig, devenv.ExampleNamespace, s.DiscoveryURL, rel(filepath.Join(*state, "logs")), s.Token, rel(s.TargetCA), s.TargetURL, rel(s.DiscoveryCA), s.GatewayAddress)
+`, rel(*state), s.Kubeconfig, devenv.ExampleNamespace, s.DiscoveryURL, rel(filepath.Join(*state, "logs")), s.Token, rel(s.TargetCA), s.TargetURL, rel(s.DiscoveryCA), s.GatewayAddress, s.SOCKS5Address)
 	<-ctx.Done()
 	stop()
 	s.Logf("stopping everything ...")

@@ -88,11 +88,11 @@ func (s *Stack) startProvider(ctx context.Context) error {
 }
 
 func (s *Stack) startDiscovery(ctx context.Context) error {
-	ports, err := s.ports("discovery", "discovery-health", "discovery-gateway")
+	ports, err := s.ports("discovery", "discovery-health", "discovery-gateway", "discovery-socks5")
 	if err != nil {
 		return err
 	}
-	api, health, gateway := ports[0], ports[1], ports[2]
+	api, health, gateway, socks := ports[0], ports[1], ports[2], ports[3]
 	tokens := s.path("discovery-tokens")
 	line := fmt.Sprintf("# egress-discovery static tokens: <token> <namespaces>\n%s %s\n", s.Token, ExampleNamespace)
 	if err := os.WriteFile(tokens, []byte(line), 0o600); err != nil {
@@ -112,6 +112,9 @@ func (s *Stack) startDiscovery(ctx context.Context) error {
 		"--tls-cert-file=" + crt,
 		"--tls-key-file=" + key,
 		fmt.Sprintf("--gateway-address=127.0.0.1:%d", gateway),
+		// SOCKS5 clients (curl, PySocks) speak no TLS to the proxy: in the
+		// clear, on loopback.
+		fmt.Sprintf("--socks5-address=127.0.0.1:%d", socks), "--socks5-plain",
 	}, s.opts.DiscoveryArgs...)
 	p, err := s.start(binDiscovery, s.bin(binDiscovery), args)
 	if err != nil {
@@ -119,6 +122,7 @@ func (s *Stack) startDiscovery(ctx context.Context) error {
 	}
 	s.DiscoveryURL = fmt.Sprintf("https://127.0.0.1:%d", api)
 	s.GatewayAddress = fmt.Sprintf("127.0.0.1:%d", gateway)
+	s.SOCKS5Address = fmt.Sprintf("127.0.0.1:%d", socks)
 	return waitHTTP(ctx, p, fmt.Sprintf("http://127.0.0.1:%d/readyz", health), time.Minute)
 }
 

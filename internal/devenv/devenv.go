@@ -96,6 +96,9 @@ type Stack struct {
 	// GatewayAddress is host:port of egress-discovery's gateway, an HTTPS
 	// forward proxy (make run only).
 	GatewayAddress string
+	// SOCKS5Address is host:port of the gateway's SOCKS5 listener, in the
+	// clear on loopback (make run only).
+	SOCKS5Address string
 	// DiscoveryCA is the PEM file of the CA of egress-discovery's
 	// certificate, for apiv1.NewHTTPClient and EGRESS_DISCOVERY_CA_FILE.
 	DiscoveryCA string

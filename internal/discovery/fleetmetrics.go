@@ -29,6 +29,9 @@ var (
 	descWaiting      = prometheus.NewDesc("egress_fleet_leases_waiting", "Acquisitions of the fleet waiting for a slot on this replica.", fleetLabels, nil)
 	descBans         = prometheus.NewDesc("egress_fleet_bans", "Live domain bans on the fleet's proxies (counted; the domains are no label).", fleetLabels, nil)
 	descStalled      = prometheus.NewDesc("egress_fleet_rollout_stalled", "1 while the fleet's rollout makes no progress past its progressDeadline.", fleetLabels, nil)
+	descSpread       = prometheus.NewDesc("egress_fleet_gateway_connections_per_proxy",
+		"This replica's gateway connections of the last 10 minutes per serving proxy of the fleet, at a quantile of the proxies (0: the least used, 1: the most): how rotation spreads them.", append(fleetLabels, "quantile"), nil)
+	descUsed = prometheus.NewDesc("egress_fleet_gateway_proxies_used", "Proxies of the fleet that carried any of this replica's gateway connections in the last 10 minutes.", fleetLabels, nil)
 )
 
 // FleetCollector exports the fleet-level metrics of every fleet.
@@ -36,7 +39,7 @@ type FleetCollector struct{ Server *Server }
 
 // Describe sends the descriptors of the fleet-level metrics.
 func (c FleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descProxies, descHealthy, descDesired, descMinAvailable, descDuplicate, descHeld, descCapacity, descWaiting, descBans, descStalled} {
+	for _, d := range []*prometheus.Desc{descProxies, descHealthy, descDesired, descMinAvailable, descDuplicate, descHeld, descCapacity, descWaiting, descBans, descStalled, descSpread, descUsed} {
 		ch <- d
 	}
 }
@@ -64,6 +67,15 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			if perIP[m.EgressIP] > 1 {
 				dup++
+			}
+		}
+		if sp := s.spread.of(key, servingNames(ms), s.now()); sp.Connections > 0 {
+			gauge(descUsed, sp.Used)
+			for _, q := range []struct {
+				q string
+				v uint64
+			}{{"0", sp.Min}, {"0.5", sp.Median}, {"0.9", sp.P90}, {"1", sp.Max}} {
+				ch <- prometheus.MustNewConstMetric(descSpread, prometheus.GaugeValue, float64(q.v), ns, name, q.q)
 			}
 		}
 		gauge(descProxies, len(ms))

@@ -647,6 +647,7 @@ func (gw *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	gw.Metrics.ChooseLatency.Observe(time.Since(start).Seconds())
+	gw.Server.spread.record(fleet, up.g.m.Name, gw.Server.now())
 	gw.Metrics.Connections.WithLabelValues(fleet).Inc()
 	gw.Metrics.ConnectionsTotal.WithLabelValues(fleet).Inc()
 	defer gw.Metrics.Connections.WithLabelValues(fleet).Dec()

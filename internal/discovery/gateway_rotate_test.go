@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/http/httptrace"
 	"net/url"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	coordv1 "k8s.io/api/coordination/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -313,4 +315,31 @@ func openTunnelQuiet(b *gatewayBed, user, target string) (net.Conn, int, string)
 		return nil, 0, ""
 	}
 	return conn, rsp.StatusCode, rsp.Header.Get("X-Egress-Proxy")
+}
+
+// TestGatewaySpreadShown: the status page and the fleet metrics show how
+// the gateway's connections spread over the fleet's proxies: 12 fetches
+// rotated over 3 proxies are 4 on each.
+func TestGatewaySpreadShown(t *testing.T) {
+	b := newGatewayBed(t, 3, 2)
+	target := testbed.StartEchoTarget(t)
+	spread(t, b, b.client(b.user(""), b.token, target), target.URL, 12)
+	srv := httptest.NewServer(b.gw.Server.Handler())
+	t.Cleanup(srv.Close)
+	code, _, body := call(t, srv, b.token, http.MethodGet, "/", "")
+	want := "12 connections through 3 of 3 serving proxies; per proxy least 4, median 4, 90th percentile 4, most 4"
+	if code != http.StatusOK || !strings.Contains(string(body), want) {
+		t.Errorf("the status page (%d) does not say %q:\n%s", code, want, body)
+	}
+	expected := fmt.Sprintf(`
+# HELP egress_fleet_gateway_proxies_used Proxies of the fleet that carried any of this replica's gateway connections in the last 10 minutes.
+# TYPE egress_fleet_gateway_proxies_used gauge
+egress_fleet_gateway_proxies_used{fleet=%q,namespace=%q} 3
+`, b.fleet, b.ns)
+	if err := testutil.CollectAndCompare(discovery.FleetCollector{Server: b.gw.Server}, strings.NewReader(expected), "egress_fleet_gateway_proxies_used"); err != nil {
+		t.Error(err)
+	}
+	if n := testutil.CollectAndCount(discovery.FleetCollector{Server: b.gw.Server}, "egress_fleet_gateway_connections_per_proxy"); n != 4 {
+		t.Errorf("%d connections-per-proxy series, want 4 quantiles of one fleet", n)
+	}
 }

@@ -208,6 +208,7 @@ func (gw *Gateway) socksConnect(ctx context.Context, c net.Conn, br *bufio.Reade
 	defer done()
 	defer conn.Close() //nolint:errcheck // Closing a tunnel.
 	fleet := u.Namespace + "/" + u.Fleet
+	gw.Server.spread.record(fleet, up.g.m.Name, gw.Server.now())
 	gw.Metrics.Connections.WithLabelValues(fleet).Inc()
 	gw.Metrics.ConnectionsTotal.WithLabelValues(fleet).Inc()
 	defer gw.Metrics.Connections.WithLabelValues(fleet).Dec()

@@ -19,7 +19,7 @@ import (
 )
 
 // socksAt serves the bed's gateway over SOCKS5 on loopback: its address.
-func socksAt(t *testing.T, b *gatewayBed) string {
+func socksAt(t testing.TB, b *gatewayBed) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -183,4 +183,39 @@ for _ in range(3):
 			t.Errorf("Python requests through SOCKS5 left from %q: want one of the fleet's proxies but the banned %s-0", s, b.fleet)
 		}
 	}
+}
+
+// socksTunnel opens a tunnel to target (host:port) through the SOCKS5
+// gateway at addr, signing in as user with pass.
+func socksTunnel(addr, target, user, pass string) (net.Conn, error) {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (net.Conn, error) {
+		_ = c.Close()
+		return nil, err
+	}
+	host, port, err := net.SplitHostPort(target)
+	if err != nil {
+		return fail(err)
+	}
+	var pn int
+	if _, err := fmt.Sscanf(port, "%d", &pn); err != nil {
+		return fail(err)
+	}
+	msg := []byte{5, 1, 2, 1, byte(len(user))}
+	msg = append(append(append(msg, user...), byte(len(pass))), pass...)
+	msg = append(append(append(msg, 5, 1, 0, 3, byte(len(host))), host...), byte(pn>>8), byte(pn))
+	if _, err := c.Write(msg); err != nil {
+		return fail(err)
+	}
+	reply := make([]byte, 2+2+10)
+	if _, err := io.ReadFull(c, reply); err != nil {
+		return fail(err)
+	}
+	if reply[1] != 2 || reply[3] != 0 || reply[5] != 0 {
+		return fail(fmt.Errorf("SOCKS5 through %s: %v", addr, reply))
+	}
+	return c, nil
 }

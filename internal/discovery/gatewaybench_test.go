@@ -47,6 +47,9 @@ func benchGateway(b *testing.B) {
 		"gateway":  func(to string) (net.Conn, error) { return tunnel(gb.url, to, user, gb.token) },
 		"rotating": func(to string) (net.Conn, error) { return tunnel(gb.url, to, gb.user(""), gb.token) },
 	}
+	socks := socksAt(b, gb)
+	via["socks5"] = func(to string) (net.Conn, error) { return socksTunnel(socks, to, gb.user(""), gb.token) }
+	paths := []string{"direct", "gateway", "rotating", "socks5"}
 	cfg := &tls.Config{InsecureSkipVerify: true} //nolint:gosec // The benchmark's own target, on loopback.
 
 	// Throughput: 256 MiB of opaque bytes through a CONNECT tunnel, direct
@@ -71,7 +74,7 @@ func benchGateway(b *testing.B) {
 	rate := map[string]float64{}
 	buf := make([]byte, 1<<20)
 	for range 3 {
-		for _, how := range []string{"direct", "gateway"} {
+		for _, how := range paths {
 			c, err := via[how](bulkAddr)
 			if err != nil {
 				b.Fatal(how, err)
@@ -101,7 +104,7 @@ func benchGateway(b *testing.B) {
 	// and swung from 0.9 to 1.5 between runs).
 	ttfb := map[string][]time.Duration{}
 	for range 1000 {
-		for _, how := range []string{"direct", "gateway", "rotating"} {
+		for _, how := range paths {
 			start := time.Now()
 			c, err := via[how](host)
 			if err != nil {
@@ -147,13 +150,17 @@ func benchGateway(b *testing.B) {
 	perTunnel := float64(after.HeapInuse+after.StackInuse-before.HeapInuse-before.StackInuse) / 1000
 
 	b.ReportMetric(rate["gateway"]/rate["direct"], "throughput-ratio")
+	b.ReportMetric(rate["rotating"]/rate["direct"], "throughput-ratio-rotating")
+	b.ReportMetric(rate["socks5"]/rate["direct"], "throughput-ratio-socks5")
 	b.ReportMetric(float64(p99(ttfb["gateway"]))/float64(p99(ttfb["direct"])), "ttfb-p99-ratio")
 	b.ReportMetric(float64(p99(ttfb["rotating"]))/float64(p99(ttfb["direct"])), "ttfb-p99-ratio-rotating")
+	b.ReportMetric(float64(p99(ttfb["socks5"]))/float64(p99(ttfb["direct"])), "ttfb-p99-ratio-socks5")
 	b.ReportMetric(perTunnel, "bytes/tunnel")
 	b.ReportMetric(float64(goAfter-goBefore)/1000, "goroutines/tunnel")
-	b.Logf("bulk %.0f MB/s direct, %.0f MB/s through the gateway; TTFB p50 %s direct, %s through a session, %s rotating; p99 %s direct, %s through a session, %s rotating; 1000 tunnels: %.0f bytes and %.1f goroutines each (both ends in this process)",
-		rate["direct"]/1e6, rate["gateway"]/1e6, pct(ttfb["direct"], 50), pct(ttfb["gateway"], 50), pct(ttfb["rotating"], 50),
-		p99(ttfb["direct"]), p99(ttfb["gateway"]), p99(ttfb["rotating"]), perTunnel, float64(goAfter-goBefore)/1000)
+	b.Logf("bulk MB/s: %.0f direct, %.0f through a session, %.0f rotating, %.0f SOCKS5; TTFB p50 %s direct, %s session, %s rotating, %s SOCKS5; p99 %s direct, %s session, %s rotating, %s SOCKS5; 1000 tunnels: %.0f bytes and %.1f goroutines each (both ends in this process)",
+		rate["direct"]/1e6, rate["gateway"]/1e6, rate["rotating"]/1e6, rate["socks5"]/1e6,
+		pct(ttfb["direct"], 50), pct(ttfb["gateway"], 50), pct(ttfb["rotating"], 50), pct(ttfb["socks5"], 50),
+		p99(ttfb["direct"]), p99(ttfb["gateway"]), p99(ttfb["rotating"]), p99(ttfb["socks5"]), perTunnel, float64(goAfter-goBefore)/1000)
 }
 
 // tunnel opens a CONNECT tunnel to target through the proxy at addr.

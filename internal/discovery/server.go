@@ -80,8 +80,10 @@ type Server struct {
 	// refused remembers the acquisitions refused lately, by fleet, for
 	// the demand an autoscaled fleet is sized by.
 	refused refusals
-	// pace holds the pacing buckets of the fleets' egress IPs.
-	pace pacer
+	// pace holds the pacing buckets of the fleets' egress IPs; spread
+	// counts the gateway's connections by fleet and proxy.
+	pace   pacer
+	spread spreadBook
 }
 
 func (s *Server) now() time.Time {

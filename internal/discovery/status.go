@@ -78,6 +78,9 @@ type statusFleet struct {
 	Shown                         []statusProxy
 	// Prev and Next link to the pages around this one; "" at an end.
 	Prev, Next string
+	// Spread is how this replica's gateway connections of the last
+	// minutes spread over the fleet's serving proxies.
+	Spread Spread
 }
 
 // queryFleet is the status page's query parameter naming a fleet.
@@ -231,6 +234,7 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, id *Identity) er
 		}
 		f := summarise(ns, name, ms, held, bans, q)
 		f.Sizing = s.Catalog.Sizing(r.Context(), ns, name)
+		f.Spread = s.spread.of(key, servingNames(ms), s.now())
 		fleets = append(fleets, f)
 	}
 	sort.Slice(fleets, func(i, j int) bool { return fleets[i].Namespace+fleets[i].Name < fleets[j].Namespace+fleets[j].Name })
