@@ -522,20 +522,12 @@ func TestGatewaySessionReport(t *testing.T) {
 // stays open until the test ends or it is closed.
 func openTunnel(t *testing.T, b *gatewayBed, user, target string) (net.Conn, int, string) {
 	t.Helper()
-	conn, err := net.Dial("tcp", b.url)
-	if err != nil {
-		t.Fatal(err)
+	conn, code, proxy := openTunnelQuiet(b, user, target)
+	if conn == nil {
+		t.Fatalf("CONNECT %s: no answer", target)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	auth := base64.StdEncoding.EncodeToString([]byte(user + ":" + b.token))
-	if _, err := fmt.Fprintf(conn, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic %s\r\n\r\n", target, target, auth); err != nil {
-		t.Fatal(err)
-	}
-	rsp, err := http.ReadResponse(bufio.NewReader(conn), &http.Request{Method: http.MethodConnect})
-	if err != nil {
-		t.Fatalf("CONNECT %s: %v", target, err)
-	}
-	return conn, rsp.StatusCode, rsp.Header.Get("X-Egress-Proxy")
+	return conn, code, proxy
 }
 
 // seatLeases are the live Leases the gateway holds as seats, by proxy.
