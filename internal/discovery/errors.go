@@ -112,4 +112,10 @@ func apiErrorSummary(err error) string {
 
 // reasonOf is the reason code an error is answered with, which metrics
 // count refusals by.
-func reasonOf(err error) string { return toAPIError(err).reason }
+func reasonOf(err error) string {
+	var ge *gwError
+	if errors.As(err, &ge) {
+		return ge.reason
+	}
+	return toAPIError(err).reason
+}

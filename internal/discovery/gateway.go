@@ -647,7 +647,6 @@ func (gw *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	gw.Metrics.ChooseLatency.Observe(time.Since(start).Seconds())
-	gw.Server.spread.record(fleet, up.g.m.Name, gw.Server.now())
 	gw.Metrics.Connections.WithLabelValues(fleet).Inc()
 	gw.Metrics.ConnectionsTotal.WithLabelValues(fleet).Inc()
 	defer gw.Metrics.Connections.WithLabelValues(fleet).Dec()
@@ -723,13 +722,27 @@ func destination(r *http.Request) (string, string, error) {
 	if h == "" || port == "" {
 		return "", "", &gwError{code: http.StatusBadRequest, reason: apiv1.ReasonInvalid, msg: fmt.Sprintf("no host in %q", host)}
 	}
-	// The domain keys bans and the rotation's memory: a host name (at
-	// most 253 characters, no spaces or separators) or an address.
-	if len(h) > 255 || strings.ContainsAny(h, " \t\r\n/@\\%") {
+	if !validHost(h) {
 		return "", "", &gwError{code: http.StatusBadRequest, reason: apiv1.ReasonInvalid, msg: fmt.Sprintf("%.64q is not a host name or address", h)}
 	}
 	// A ban on example.com holds for example.com. too.
 	return net.JoinHostPort(h, port), strings.TrimSuffix(strings.ToLower(strings.Trim(h, "[]")), "."), nil
+}
+
+// validHost says whether h (a CONNECT's or SOCKS5 request's host, IPv6
+// brackets off) may be dialed and key bans and the rotation's memory: a
+// host name of at most 253 characters, or an address without a zone; no
+// spaces, separators or control bytes.
+func validHost(h string) bool {
+	if h == "" || len(h) > 253 || strings.ContainsAny(h, "/@\\%") {
+		return false
+	}
+	for _, r := range h {
+		if r <= ' ' || r == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // choose gives a connection its upstream: the session's (moved off a
@@ -817,14 +830,13 @@ func (gw *Gateway) session(ctx context.Context, id *Identity, u GatewayUser, dom
 	}
 	gw.mu.Lock()
 	s.up, s.user, s.lost = cur, u, ""
+	cur.refs++
 	gw.mu.Unlock()
 	if err := gw.paceSession(ctx, u, domain, &cur.g.m); err != nil {
+		gw.unref(cur)
 		leave()
 		return nil, nil, "", err
 	}
-	gw.mu.Lock()
-	cur.refs++
-	gw.mu.Unlock()
 	moved := ""
 	if gone != "" && gone != cur.g.m.Name {
 		moved = gone
@@ -1030,6 +1042,16 @@ func (gw *Gateway) seat(ctx context.Context, id *Identity, u GatewayUser, domain
 	if up != nil {
 		return up, func() { gw.unref(up); leave() }, nil
 	}
+	if rule != nil {
+		// The seats as they are, off the proxies whose IP is paced.
+		if f, err := gw.Server.Catalog.fleetOf(ctx, u.Namespace, u.Fleet); err == nil {
+			paced := gw.Server.pace.pacedAmong(u.Namespace+"/"+u.Fleet, rule, f.ms, gw.Server.now())
+			for k := range exclude {
+				paced[k] = true
+			}
+			exclude = paced
+		}
+	}
 	for range 3 {
 		up, err := gw.pickSeat(ctx, key, id, u, domain, exclude)
 		if err != nil {
@@ -1214,6 +1236,7 @@ func (gw *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id *Identity, 
 		gw.refuse(w, err)
 		return
 	}
+	gw.Server.spread.record(u.Namespace+"/"+u.Fleet, up.g.m.Name, gw.Server.now())
 	defer done()
 	defer conn.Close() //nolint:errcheck // Closing a tunnel.
 	hj, ok := w.(http.Hijacker)
@@ -1512,6 +1535,7 @@ func (gw *Gateway) forward(w http.ResponseWriter, r *http.Request, id *Identity,
 		return
 	}
 	defer rsp.Body.Close() //nolint:errcheck // A response body.
+	gw.Server.spread.record(u.Namespace+"/"+u.Fleet, up.g.m.Name, gw.Server.now())
 	dropHopHeaders(rsp.Header)
 	for k, vs := range rsp.Header {
 		for _, v := range vs {

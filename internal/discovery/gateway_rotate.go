@@ -192,6 +192,11 @@ func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *Identit
 	// proxy serves no more is retired, one that does not serve this
 	// connection (banned for its domain, excluded) is passed over.
 	seated, load, drop, full := gw.seatsOf(key, ms, admit)
+	if full && rule != nil && len(seated) == 0 {
+		// Every seat's IP is paced: one gives way to an unpaced proxy
+		// now, rather than the connection wait for a turnover.
+		full = false
+	}
 	for _, up := range drop {
 		gw.release(ctx, up)
 	}
@@ -202,7 +207,23 @@ func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *Identit
 	}
 	cands := gw.candidates(f, admit, seated, full, now, key)
 	lru := id.User + "\x00" + key + "\x00" + domain
-	for _, m := range gw.rotor.order(strategy, cands, rotationChoices, lru, key, load, now) {
+	up, err := gw.takeChosen(ctx, key, id, u, domain, exclude, rule, seated, gw.rotor.order(strategy, cands, rotationChoices, lru, key, load, now), lru, now)
+	if up != nil || err != nil {
+		return up, err
+	}
+	if rule != nil {
+		return nil, gw.pacedUntil(ms, serving, fleet, domain, rule, now)
+	}
+	return nil, nil
+}
+
+// takeChosen takes a connection's place on the first of chosen that has
+// a seat for it, or gets one, within rule's pacing (nil: none); nil when
+// none could.
+func (gw *Gateway) takeChosen(ctx context.Context, key string, id *Identity, u GatewayUser, domain string, exclude map[string]bool, rule *pacingRule, seated map[string]*upstream, chosen []*member, lru string, now time.Time) (*upstream, error) {
+	fleet := u.Namespace + "/" + u.Fleet
+	var err error
+	for _, m := range chosen {
 		up := seated[m.Name]
 		if up == nil {
 			if up, err = gw.seatOn(ctx, key, id, u, domain, exclude, m.Name); err != nil && !refusal(err) {
@@ -229,9 +250,6 @@ func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *Identit
 			return up, nil
 		}
 	}
-	if rule != nil {
-		return nil, gw.pacedUntil(ms, serving, fleet, domain, rule, now)
-	}
 	return nil, nil
 }
 
@@ -239,19 +257,8 @@ func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *Identit
 // under rule, the error saying until when; nil when one is free (no
 // proxy was taken for another reason than pacing).
 func (gw *Gateway) pacedUntil(ms []member, serving func(*member) bool, fleet, domain string, rule *pacingRule, now time.Time) error {
-	var soonest time.Time
-	for i := range ms {
-		if m := &ms[i]; serving(m) {
-			t := gw.Server.pace.next(paceKey(fleet, rule, ipOf(m)), rule, now)
-			if !t.After(now) {
-				return nil
-			}
-			if soonest.IsZero() || t.Before(soonest) {
-				soonest = t
-			}
-		}
-	}
-	if soonest.IsZero() {
+	soonest := gw.Server.pace.soonest(fleet, rule, ms, serving, now)
+	if soonest.IsZero() || !soonest.After(now) {
 		return nil
 	}
 	return &pacedError{rule: rule, domain: domain, fleet: fleet, next: soonest}

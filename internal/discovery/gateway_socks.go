@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/pkg/errors"
@@ -42,20 +43,31 @@ func (gw *Gateway) ServeSOCKS5(ctx context.Context, l net.Listener) error {
 		<-ctx.Done()
 		_ = l.Close()
 	}()
+	// Handshakes in progress are bounded before anyone signs in: past
+	// the bound a new connection is closed at once.
+	handshakes := make(chan struct{}, maxSOCKSHandshakes)
+	backoff := time.Duration(0)
 	for {
 		c, err := l.Accept()
 		if err != nil {
-			if ctx.Err() != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
 				return nil
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				time.Sleep(10 * time.Millisecond)
-				continue
-			}
-			return errors.Wrap(err, "cannot accept a SOCKS5 connection")
+			// Out of file descriptors, say: the listener stays, as
+			// net/http's does, and tries again after a pause.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			gw.Server.Log.Debug("Cannot accept a SOCKS5 connection", "error", err, "retry", backoff)
+			time.Sleep(backoff)
+			continue
 		}
-		go gw.socks(ctx, c)
+		backoff = 0
+		select {
+		case handshakes <- struct{}{}:
+			go gw.socks(ctx, c, func() { <-handshakes })
+		default:
+			gw.Metrics.SOCKSRefusals.WithLabelValues("busy").Inc()
+			_ = c.Close()
+		}
 	}
 }
 
@@ -65,19 +77,31 @@ type socksRefusal struct {
 	err   error
 }
 
-// socks serves one SOCKS5 connection.
-func (gw *Gateway) socks(ctx context.Context, c net.Conn) {
+// maxSOCKSHandshakes bounds the SOCKS5 connections signing in at once.
+const maxSOCKSHandshakes = 1024
+
+// socks serves one SOCKS5 connection; shaken is called once its
+// handshake is over.
+func (gw *Gateway) socks(ctx context.Context, c net.Conn, shaken func()) {
 	defer c.Close() //nolint:errcheck // Closing a tunnel.
+	once := sync.OnceFunc(shaken)
+	defer once()
 	_ = c.SetDeadline(time.Now().Add(socksHandshakeTimeout))
 	br := bufio.NewReader(c)
 	id, user, err := gw.socksSignIn(ctx, c, br)
 	if err != nil {
+		// Anyone who reaches the port can fail to sign in: counted, and
+		// logged at debug level only.
 		gw.Metrics.SOCKSRefusals.WithLabelValues("auth").Inc()
-		gw.Server.Log.Info("Refusing a SOCKS5 client", "client", c.RemoteAddr().String(), "reason", err.Error())
+		gw.Server.Log.Debug("Refusing a SOCKS5 client", "client", c.RemoteAddr().String(), "reason", err.Error())
 		return
 	}
 	target, domain, ref := socksRequest(br)
 	if ref == nil {
+		// The handshake is done: what follows (a wait for a slot, for a
+		// paced IP, the dial) has its own bounds.
+		_ = c.SetDeadline(time.Time{})
+		once()
 		ref = gw.socksConnect(ctx, c, br, id, user, target, domain)
 	}
 	if ref != nil {
@@ -171,8 +195,8 @@ func socksRequest(br *bufio.Reader) (target, domain string, ref *socksRefusal) {
 			return "", "", &socksRefusal{socksGeneralFailure, errors.New("a SOCKS5 request cut short")}
 		}
 		host = string(b)
-		if strings.ContainsAny(host, " \r\n\t/@") {
-			return "", "", &socksRefusal{socksAddressNotSupported, errors.Errorf("%q is not a host name", host)}
+		if !validHost(host) {
+			return "", "", &socksRefusal{socksAddressNotSupported, errors.Errorf("%.64q is not a host name", host)}
 		}
 	default:
 		return "", "", &socksRefusal{socksAddressNotSupported, errors.Errorf("address type %d", head[3])}
@@ -215,7 +239,6 @@ func (gw *Gateway) socksConnect(ctx context.Context, c net.Conn, br *bufio.Reade
 	if _, err := c.Write(socksReply(socksSucceeded)); err != nil {
 		return nil
 	}
-	_ = c.SetDeadline(time.Time{})
 	// Bytes the client sent after its request, already buffered.
 	if n := br.Buffered(); n > 0 {
 		b, _ := br.Peek(n)

@@ -144,6 +144,9 @@ func TestGatewaySOCKS5(t *testing.T) {
 	if r := raw([]byte{5, 1, 2}, append([]byte{5, 1, 0, 9, 1, 2, 3, 4}, p...)); r[1] != 0x08 {
 		t.Errorf("address type 9: reply %d, want 8 (address type not supported)", r[1])
 	}
+	if r := raw([]byte{5, 1, 2}, append(append([]byte{5, 1, 0, 3, byte(len("fe80::1%eth0"))}, "fe80::1%eth0"...), p...)); r[1] != 0x08 {
+		t.Errorf("a host name with a zone: reply %d, want 8 (the HTTP gateway refuses it too)", r[1])
+	}
 	if r := raw([]byte{5, 1, 2}, append(append([]byte{5, 1, 0, 3, byte(len("localhost"))}, "localhost"...), p...)); r[1] != 0 {
 		t.Errorf("CONNECT localhost by name: reply %d, want 0", r[1])
 	}

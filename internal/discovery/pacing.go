@@ -76,10 +76,13 @@ type pacer struct {
 	b  map[string]*bucket
 }
 
-// bucket is one (fleet, rule, IP)'s tokens as of at.
+// bucket is one (fleet, rule, IP)'s tokens as of at, and its rule's
+// interval and burst (so that a full one can be told and forgotten).
 type bucket struct {
-	tokens float64
-	at     time.Time
+	tokens   float64
+	at       time.Time
+	interval time.Duration
+	burst    int
 }
 
 // paceKey names the bucket of fleet (namespace/name), rule and ip.
@@ -87,9 +90,9 @@ func paceKey(fleet string, r *pacingRule, ip string) string {
 	return fleet + "\x00" + strconv.Itoa(r.index) + "\x00" + ip
 }
 
-// level is b's tokens at now under r.
+// level is b's tokens at now under r (a clock gone back adds none).
 func (b *bucket) level(r *pacingRule, now time.Time) float64 {
-	return math.Min(float64(r.burst), b.tokens+float64(now.Sub(b.at))/float64(r.interval))
+	return math.Min(float64(r.burst), b.tokens+float64(max(now.Sub(b.at), 0))/float64(r.interval))
 }
 
 // next is when the bucket key next has a token under r (now or before:
@@ -97,6 +100,11 @@ func (b *bucket) level(r *pacingRule, now time.Time) float64 {
 func (p *pacer) next(key string, r *pacingRule, now time.Time) time.Time {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.nextLocked(key, r, now)
+}
+
+// nextLocked is next with p.mu held.
+func (p *pacer) nextLocked(key string, r *pacingRule, now time.Time) time.Time {
 	b := p.b[key]
 	if b == nil {
 		return now
@@ -120,24 +128,58 @@ func (p *pacer) take(key string, r *pacingRule, now time.Time) bool {
 		if len(p.b) >= maxBuckets {
 			p.forgetFullLocked(now)
 		}
-		b = &bucket{tokens: float64(r.burst), at: now}
+		b = &bucket{tokens: float64(r.burst), at: now, interval: r.interval, burst: r.burst}
 		p.b[key] = b
 	}
 	l := b.level(r, now)
 	if l < 1 {
 		return false
 	}
-	b.tokens, b.at = l-1, now
+	b.tokens, b.at, b.interval, b.burst = l-1, now, r.interval, r.burst
 	return true
 }
 
-// forgetFullLocked drops the buckets untouched for an hour; if that frees
-// too little, all of them. A forgotten bucket starts again full: under
-// that much pressure pacing errs on the side of one burst more. p.mu is
-// held.
+// soonest is, of the IPs of ms that serve a connection (serving), the
+// first time one has a token under rule for fleet: now when one has, zero
+// when none serves. One lock for all of them.
+func (p *pacer) soonest(fleet string, rule *pacingRule, ms []member, serving func(*member) bool, now time.Time) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var first time.Time
+	for i := range ms {
+		if m := &ms[i]; serving(m) {
+			t := p.nextLocked(paceKey(fleet, rule, ipOf(m)), rule, now)
+			if !t.After(now) {
+				return now
+			}
+			if first.IsZero() || t.Before(first) {
+				first = t
+			}
+		}
+	}
+	return first
+}
+
+// pacedAmong are the proxies of ms whose IP has no token under rule now.
+func (p *pacer) pacedAmong(fleet string, rule *pacingRule, ms []member, now time.Time) map[string]bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[string]bool{}
+	for i := range ms {
+		if p.nextLocked(paceKey(fleet, rule, ipOf(&ms[i])), rule, now).After(now) {
+			out[ms[i].Name] = true
+		}
+	}
+	return out
+}
+
+// forgetFullLocked drops the buckets full by now, which count as absent
+// ones do; if that frees too little, all of them (a forgotten bucket
+// starts again full: under that much pressure pacing errs on the side of
+// one burst more). p.mu is held.
 func (p *pacer) forgetFullLocked(now time.Time) {
 	for k, b := range p.b {
-		if now.Sub(b.at) >= time.Hour {
+		if b.level(&pacingRule{interval: b.interval, burst: b.burst}, now) >= float64(b.burst) {
 			delete(p.b, k)
 		}
 	}
@@ -199,6 +241,17 @@ func (gw *Gateway) paceSeat(ctx context.Context, u GatewayUser, domain string, r
 	return gw.paceOn(ctx, u, domain, rule, &up.g.m)
 }
 
+// currentMember is m as the cache shows it now (its egress IP may be
+// known since the lease was granted), or m.
+func (gw *Gateway) currentMember(ctx context.Context, m *member) *member {
+	if f, err := gw.Server.Catalog.fleetOf(ctx, m.Namespace, m.Fleet); err == nil {
+		if cur := memberNamed(f.ms, m.Name); cur != nil {
+			return cur
+		}
+	}
+	return m
+}
+
 // paceOn spends a token of m's IP under rule (nil: none), waiting for one
 // within maxPaceWait, else the 429 to answer.
 func (gw *Gateway) paceOn(ctx context.Context, u GatewayUser, domain string, rule *pacingRule, m *member) error {
@@ -206,7 +259,7 @@ func (gw *Gateway) paceOn(ctx context.Context, u GatewayUser, domain string, rul
 		return nil
 	}
 	fleet := u.Namespace + "/" + u.Fleet
-	key := paceKey(fleet, rule, ipOf(m))
+	key := paceKey(fleet, rule, ipOf(gw.currentMember(ctx, m)))
 	for waited := false; ; waited = true {
 		now := gw.Server.now()
 		if gw.Server.pace.take(key, rule, now) {

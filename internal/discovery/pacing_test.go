@@ -27,7 +27,7 @@ func pacedFleet(t *testing.T, b *gatewayBed, pacing []any) {
 			"replicas": int64(len(b.egress)), "zones": []any{"zone-a"}, "placement": map[string]any{"local": map[string]any{}},
 			"proxy":       map[string]any{"authSecretRef": map[string]any{"name": "auth"}},
 			"healthCheck": map[string]any{"url": "https://example.com/ip"},
-			"leases":      map[string]any{"maxLeasesPerProxy": int64(2)},
+			"leases":      map[string]any{"maxLeasesPerProxy": int64(4)},
 			"gateway":     map[string]any{"pacing": pacing},
 		},
 	}}
@@ -44,7 +44,7 @@ func pacedFleet(t *testing.T, b *gatewayBed, pacing []any) {
 // for pacing); a domain no rule covers is not paced; an API lease for a
 // paced domain says when its proxy's IP may next be used.
 func TestGatewayPacing(t *testing.T) {
-	b := newGatewayBed(t, 2, 2)
+	b := newGatewayBed(t, 2, 4)
 	pacedFleet(t, b, []any{
 		map[string]any{"domains": []any{"localhost"}, "interval": "1500ms"},
 		map[string]any{"domains": []any{"127.0.0.1"}, "interval": "10s", "burst": int64(1)},
@@ -64,6 +64,18 @@ func TestGatewayPacing(t *testing.T) {
 	}
 	if n := testutil.ToFloat64(b.gw.Metrics.Paced.WithLabelValues(b.ns+"/"+b.fleet, "waited")); n != 1 {
 		t.Errorf("paced connections that waited: %g, want 1", n)
+	}
+	// The connection's cost is counted once, on the proxy it went through.
+
+	// A session waits for its own IP, though the other is free: it never
+	// moves for pacing.
+	time.Sleep(1600 * time.Millisecond) // both IPs' buckets full again
+	sess1 := b.client(b.user("_session_waits"), b.token, plain)
+	_, on, _, _ := plainFetch(t, sess1, byName)
+	start = time.Now()
+	code, again, _, _ := plainFetch(t, sess1, byName)
+	if waited := time.Since(start); code != http.StatusOK || again != on || waited < 500*time.Millisecond {
+		t.Errorf("the session's second fetch of a paced domain: %d through %q after %s; want 200 through its own %s after waiting", code, again, waited, on)
 	}
 
 	// 127.0.0.1 every 10 s: two IPs, two fetches, then 429.

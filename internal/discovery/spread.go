@@ -1,6 +1,7 @@
 package discovery
 
 import (
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -133,7 +134,9 @@ func (b *spreadBook) of(fleet string, serving []string, now time.Time) Spread {
 			sp.Used++
 		}
 	}
-	at := func(q float64) uint64 { return all[min(int(q*float64(len(all))), len(all)-1)] }
+	// Nearest rank: the smallest count at least q of the proxies carry
+	// no more than.
+	at := func(q float64) uint64 { return all[max(int(math.Ceil(q*float64(len(all))))-1, 0)] }
 	sp.Min, sp.Median, sp.P90, sp.Max = all[0], at(0.5), at(0.9), all[len(all)-1]
 	return sp
 }

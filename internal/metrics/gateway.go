@@ -41,15 +41,18 @@ type Gateway struct {
 	Paced *prometheus.CounterVec
 }
 
+// labelFleet labels a gateway series with its fleet (namespace/name).
+const labelFleet = "fleet"
+
 // NewGateway returns the gateway's metrics, unregistered.
 func NewGateway() *Gateway {
 	return &Gateway{
 		Connections: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "egress_discovery_gateway_connections", Help: "Connections open through the gateway, by fleet (namespace/name).",
-		}, []string{"fleet"}),
+		}, []string{labelFleet}),
 		ConnectionsTotal: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "egress_discovery_gateway_connections_total", Help: "Connections accepted by the gateway and chained to an upstream proxy, by fleet.",
-		}, []string{"fleet"}),
+		}, []string{labelFleet}),
 		Bytes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "egress_discovery_gateway_bytes_total", Help: "Bytes through the gateway, by direction: up (crawler to upstream) and down.",
 		}, []string{"direction"}),
@@ -75,7 +78,7 @@ func NewGateway() *Gateway {
 		SOCKSRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "egress_discovery_gateway_socks5_refusals_total",
 			Help: "SOCKS5 connections the gateway refused, by reply: the RFC 1928 reply code, or auth for a failed sign-in."}, []string{"reply"}),
 		Paced: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "egress_discovery_gateway_paced_total",
-			Help: "Gateway connections every egress IP that could serve was paced for (spec.gateway.pacing), by fleet and outcome: waited for the first free, or refused 429."}, []string{"fleet", "outcome"}),
+			Help: "Gateway connections every egress IP that could serve was paced for (spec.gateway.pacing), by fleet and outcome: waited for the first free, or refused 429."}, []string{labelFleet, "outcome"}),
 	}
 }
 
