@@ -9,6 +9,7 @@ import (
 	"time"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 )
 
 // healthyFraction is the share of a fleet's proxies that take new
@@ -16,19 +17,20 @@ import (
 // more), so that proxies gone altogether count as unhealthy. An autoscaled
 // fleet's size is what demand asks for: proxies it is adding, not yet
 // Ready, are no proxies lost, and count in neither part.
-func healthyFraction(ms []member, p *Policy) float64 {
-	serving, awake := countServing(ms)
+func healthyFraction(ms []catalog.Member, p *catalog.Policy) float64 {
+	serving, awake := catalog.CountServing(ms)
 	return fraction(serving, awake, len(ms), p)
 }
 
-// healthyFraction is healthyFraction of the fleet's members, counted once.
-func (f *fleetMembers) healthyFraction(p *Policy) float64 {
-	return fraction(f.serving, f.awake, len(f.ms), p)
+// membersHealthyFraction is healthyFraction of the fleet's members,
+// counted once.
+func membersHealthyFraction(f *catalog.Members, p *catalog.Policy) float64 {
+	return fraction(f.Serving, f.Awake, len(f.Items), p)
 }
 
 // fraction is the healthy share of a fleet of members proxies, of which
 // serving serve and awake serve or are not booting.
-func fraction(serving, awake, members int, p *Policy) float64 {
+func fraction(serving, awake, members int, p *catalog.Policy) float64 {
 	of := members
 	if p.Autoscaled {
 		of = awake
@@ -42,8 +44,8 @@ func fraction(serving, awake, members int, p *Policy) float64 {
 
 // tooFewHealthy is the refusal of a new lease while a fleet is below its
 // admission.minHealthyFraction.
-func tooFewHealthy(ns, name string, frac float64, p *Policy) *apiError {
-	return &apiError{
+func tooFewHealthy(ns, name string, frac float64, p *catalog.Policy) *Error {
+	return &Error{
 		code: http.StatusConflict, reason: apiv1.ReasonTooFewHealthy, retryAfter: 5,
 		msg: fmt.Sprintf("only %.0f%% of fleet %s/%s's proxies are healthy, under its spec.leases.admission.minHealthyFraction %.0f%%: new leases wait until more recover, so that the survivors are not overloaded", 100*frac, ns, name, 100*p.MinHealthyFraction),
 	}
@@ -170,7 +172,7 @@ const (
 // refusal says whether an acquisition's error is one that waiting may
 // mend: no free slot, or too few healthy proxies.
 func refusal(err error) bool {
-	r := reasonOf(err)
+	r := ReasonOf(err)
 	return r == apiv1.ReasonNoFreeSlot || r == apiv1.ReasonTooFewHealthy
 }
 

@@ -262,7 +262,7 @@ func (k *Kubernetes) mayReview(ctx context.Context) error {
 		return nil
 	}
 	secs := max(int(math.Ceil(wait.Seconds())), 1)
-	return &apiError{
+	return &Error{
 		code: http.StatusTooManyRequests, reason: apiv1.ReasonRateLimited, retryAfter: secs,
 		msg: fmt.Sprintf("too many new tokens from %s (over %g reviews a second, burst %d): try again in %ds", addr, float64(k.Reviews.Rate), k.Reviews.Burst, secs),
 	}

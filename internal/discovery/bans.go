@@ -36,7 +36,7 @@ func (s *Server) reportSession(w http.ResponseWriter, r *http.Request, id *Ident
 		return err
 	}
 	if !apiv1.ValidSessionKey(key) {
-		return &badRequest{"key", fmt.Sprintf("%q is not a gateway session key", key)}
+		return &BadRequest{"key", fmt.Sprintf("%q is not a gateway session key", key)}
 	}
 	slots, err := s.Leases.Slots(r.Context(), ns, fleet)
 	if err != nil {
@@ -52,7 +52,7 @@ func (s *Server) reportSession(w http.ResponseWriter, r *http.Request, id *Ident
 		}
 	}
 	if proxy == "" {
-		return &apiError{code: http.StatusNotFound, reason: apiv1.ReasonLeaseNotFound,
+		return &Error{code: http.StatusNotFound, reason: apiv1.ReasonLeaseNotFound,
 			msg: fmt.Sprintf("you hold no gateway session %q of %s/%s (it ends %s after its last connection)", key, ns, fleet, "--gateway-idle")}
 	}
 	return s.applyReport(w, r, ns, fleet, proxy, id)
@@ -66,7 +66,7 @@ func (s *Server) applyReport(w http.ResponseWriter, r *http.Request, ns, fleet, 
 		return err
 	}
 	if !domainRe.MatchString(req.Domain) {
-		return &badRequest{"domain", fmt.Sprintf("%q is not a domain name", req.Domain)}
+		return &BadRequest{"domain", fmt.Sprintf("%q is not a domain name", req.Domain)}
 	}
 	switch req.Outcome {
 	case "banned":
@@ -87,7 +87,7 @@ func (s *Server) applyReport(w http.ResponseWriter, r *http.Request, ns, fleet, 
 			return err
 		}
 	default:
-		return &badRequest{"outcome", fmt.Sprintf("%q must be banned or ok", req.Outcome)}
+		return &BadRequest{"outcome", fmt.Sprintf("%q must be banned or ok", req.Outcome)}
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
@@ -155,8 +155,8 @@ func (s *Server) ban(ctx context.Context, ns, fleet, proxy, domain string, coold
 }
 
 // banLimit is the refusal of a ban over a bound.
-func banLimit(msg string) *apiError {
-	return &apiError{code: http.StatusTooManyRequests, reason: apiv1.ReasonBanLimit, msg: msg}
+func banLimit(msg string) *Error {
+	return &Error{code: http.StatusTooManyRequests, reason: apiv1.ReasonBanLimit, msg: msg}
 }
 
 // banAllowed checks a new ban against the fleet's and the identity's

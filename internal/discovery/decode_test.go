@@ -16,7 +16,7 @@ import (
 // fieldOf is the request field a 400 names, "" for any other error and
 // "<nil>" for none.
 func fieldOf(err error) string {
-	var br *badRequest
+	var br *BadRequest
 	switch {
 	case err == nil:
 		return "<nil>"

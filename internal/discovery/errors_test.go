@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
@@ -33,13 +34,13 @@ func TestFail(t *testing.T) {
 	}{
 		"BadRequest": {
 			reason:      "A bad request is 400 naming its field.",
-			err:         &badRequest{"ttl", "must be at least 1s"},
+			err:         &BadRequest{"ttl", "must be at least 1s"},
 			want:        want{code: http.StatusBadRequest, field: "ttl", reason: "Invalid"},
 			wantMessage: "ttl: must be at least 1s",
 		},
 		"WrappedBadRequest": {
 			reason:      "A bad request is found through wrapping.",
-			err:         fmt.Errorf("reading: %w", &badRequest{"holder", "is required"}),
+			err:         fmt.Errorf("reading: %w", &BadRequest{"holder", "is required"}),
 			want:        want{code: http.StatusBadRequest, field: "holder", reason: "Invalid"},
 			wantMessage: "holder: is required",
 		},
@@ -75,9 +76,9 @@ func TestFail(t *testing.T) {
 		},
 		"FleetNotFound": {
 			reason:      "An unknown fleet is 404.",
-			err:         errFleetNotFound,
+			err:         ErrFleetNotFound,
 			want:        want{code: http.StatusNotFound, reason: "FleetNotFound"},
-			wantMessage: errFleetNotFound.Error(),
+			wantMessage: ErrFleetNotFound.Error(),
 		},
 		"WrongAudience": {
 			reason:      "A token for another audience is 401 and says so.",
@@ -93,7 +94,7 @@ func TestFail(t *testing.T) {
 		},
 		"SecretMissing": {
 			reason:      "A fleet whose auth Secret is missing is 404 naming it, not 503: retrying does not mend it.",
-			err:         &SecretError{Proxy: "crawlers-0", Reason: "Secret team-a/auth not found"},
+			err:         &catalog.SecretError{Proxy: "crawlers-0", Reason: "Secret team-a/auth not found"},
 			want:        want{code: http.StatusNotFound, reason: "SecretNotFound"},
 			wantMessage: "Secret team-a/auth not found",
 		},
@@ -105,7 +106,7 @@ func TestFail(t *testing.T) {
 		},
 		"Decided": {
 			reason:      "An answer decided where it arose keeps its code, reason and Retry-After.",
-			err:         fmt.Errorf("wrapped: %w", &apiError{code: http.StatusTooManyRequests, reason: "QuotaExceeded", msg: "over quota", retryAfter: 5}),
+			err:         fmt.Errorf("wrapped: %w", &Error{code: http.StatusTooManyRequests, reason: "QuotaExceeded", msg: "over quota", retryAfter: 5}),
 			want:        want{code: http.StatusTooManyRequests, reason: "QuotaExceeded"},
 			wantMessage: "over quota",
 		},

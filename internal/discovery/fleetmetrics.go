@@ -11,6 +11,7 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
@@ -59,7 +60,7 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), ns, name)
 		}
 		healthy, capacity, dup := 0, 0, 0
-		perIP := sharedIPs(ms)
+		perIP := catalog.SharedIPs(ms)
 		for _, m := range ms {
 			if m.Healthy {
 				healthy++

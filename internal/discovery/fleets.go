@@ -15,6 +15,7 @@ import (
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 )
 
 // fleetName says whether a fleet could have this namespace and name.
@@ -26,14 +27,14 @@ func fleetName(namespace, name string) bool {
 // Names no fleet can have cost no access review, nor a cache entry.
 func (s *Server) authorizeFleet(ctx context.Context, id *Identity, namespace, name string) error {
 	if !fleetName(namespace, name) {
-		return errFleetNotFound
+		return ErrFleetNotFound
 	}
 	return s.Auth.Authorize(ctx, id, namespace, name)
 }
 
 // fleetOf checks and authorises a fleet named in a path, and returns its
 // proxies.
-func (s *Server) fleetOf(ctx context.Context, id *Identity, namespace, name string) ([]member, error) {
+func (s *Server) fleetOf(ctx context.Context, id *Identity, namespace, name string) ([]catalog.Member, error) {
 	if err := s.authorizeFleet(ctx, id, namespace, name); err != nil {
 		return nil, err
 	}
@@ -41,18 +42,18 @@ func (s *Server) fleetOf(ctx context.Context, id *Identity, namespace, name stri
 }
 
 // members returns a fleet's proxies; a fleet without any is not found.
-func (s *Server) members(ctx context.Context, namespace, name string) ([]member, error) {
+func (s *Server) members(ctx context.Context, namespace, name string) ([]catalog.Member, error) {
 	ms, err := s.Catalog.Fleet(ctx, namespace, name)
 	if err != nil {
 		return nil, err
 	}
 	if len(ms) == 0 {
-		return nil, errFleetNotFound
+		return nil, ErrFleetNotFound
 	}
 	return ms, nil
 }
 
-func countHealthy(ms []member) int {
+func countHealthy(ms []catalog.Member) int {
 	n := 0
 	for _, m := range ms {
 		if m.Healthy {
@@ -78,7 +79,7 @@ func (s *Server) fleets(w http.ResponseWriter, r *http.Request, id *Identity) er
 	sort.Slice(out.Items, func(i, j int) bool {
 		return out.Items[i].Namespace+"/"+out.Items[i].Name < out.Items[j].Namespace+"/"+out.Items[j].Name
 	})
-	writeJSON(w, http.StatusOK, out)
+	WriteJSON(w, http.StatusOK, out)
 	return nil
 }
 
@@ -103,7 +104,7 @@ func (s *Server) fleet(w http.ResponseWriter, r *http.Request, id *Identity) err
 		u.Quota, u.QuotaFrom = &q, from
 	}
 	frac := healthyFraction(ms, p)
-	writeJSON(w, http.StatusOK, apiv1.Fleet{
+	WriteJSON(w, http.StatusOK, apiv1.Fleet{
 		Namespace: ns, Name: name, Proxies: len(ms), Healthy: countHealthy(ms), Usage: u,
 		Admission: &apiv1.Admission{
 			Admitting: frac >= p.MinHealthyFraction, HealthyFraction: frac, MinHealthyFraction: p.MinHealthyFraction,
@@ -113,23 +114,11 @@ func (s *Server) fleet(w http.ResponseWriter, r *http.Request, id *Identity) err
 	return nil
 }
 
-// sharedIPs counts a fleet's proxies by known egress IP, those that serve
-// and those that do not (a target bans the IP, whichever proxy used it).
-func sharedIPs(ms []member) map[string]int {
-	n := map[string]int{}
-	for _, m := range ms {
-		if m.EgressIP != "" {
-			n[m.EgressIP]++
-		}
-	}
-	return n
-}
-
 // healthy filters a fleet's proxies: healthy, not draining (being
 // replaced), accepting the auth Secret's credentials, in the zone, not
 // excluded, not banned for the domain, nor leaving from an egress IP
 // banned for it through another proxy. It returns the fleet's bans too.
-func (s *Server) healthy(ctx context.Context, ms []member, zone string, exclude map[string]bool, domain string) ([]member, map[string][]string, error) {
+func (s *Server) healthy(ctx context.Context, ms []catalog.Member, zone string, exclude map[string]bool, domain string) ([]catalog.Member, map[string][]string, error) {
 	var bans map[string][]string
 	if len(ms) > 0 {
 		var err error
@@ -141,7 +130,7 @@ func (s *Server) healthy(ctx context.Context, ms []member, zone string, exclude 
 	if err != nil {
 		return nil, nil, err
 	}
-	out := make([]member, 0, len(ms))
+	out := make([]catalog.Member, 0, len(ms))
 	for i := range ms {
 		if admit(&ms[i]) {
 			out = append(out, ms[i])
@@ -153,7 +142,7 @@ func (s *Server) healthy(ctx context.Context, ms []member, zone string, exclude 
 // admits says which of a fleet's proxies (ms, sorted by name) healthy
 // keeps, one at a time: an acquisition in a large fleet asks it of a
 // sample. It reads the bans for the domain only, none without one.
-func (s *Server) admits(ctx context.Context, ms []member, zone string, exclude map[string]bool, domain string) (func(*member) bool, error) {
+func (s *Server) admits(ctx context.Context, ms []catalog.Member, zone string, exclude map[string]bool, domain string) (func(*catalog.Member) bool, error) {
 	var banned map[string]bool
 	if len(ms) > 0 && domain != "" {
 		var err error
@@ -167,20 +156,20 @@ func (s *Server) admits(ctx context.Context, ms []member, zone string, exclude m
 	bannedIPs := map[string]bool{}
 	for name := range banned {
 		ip := ""
-		if m := memberNamed(ms, name); m != nil {
+		if m := catalog.MemberNamed(ms, name); m != nil {
 			ip = m.EgressIP
 		} else if s.Catalog != nil && s.Catalog.Cache != nil {
 			p := &v1alpha1.Proxy{}
 			if err := s.Catalog.Cache.Get(ctx, types.NamespacedName{Namespace: ms[0].Namespace, Name: name}, p); err == nil && fleetv1alpha1.FleetName(p) == ms[0].Fleet {
-				ip = toMember(p).EgressIP
+				ip = catalog.ToMember(p).EgressIP
 			}
 		}
 		if ip != "" {
 			bannedIPs[ip] = true
 		}
 	}
-	return func(m *member) bool {
-		if !m.serving() || (zone != "" && m.Zone != zone) || exclude[m.Name] {
+	return func(m *catalog.Member) bool {
+		if !m.Serving() || (zone != "" && m.Zone != zone) || exclude[m.Name] {
 			return false
 		}
 		return !banned[m.Name] && (m.EgressIP == "" || !bannedIPs[m.EgressIP])
@@ -192,7 +181,7 @@ func (s *Server) proxies(w http.ResponseWriter, r *http.Request, id *Identity) e
 	q := r.URL.Query()
 	domain := q.Get("notBannedFor")
 	if domain != "" && !domainRe.MatchString(domain) {
-		return &badRequest{"notBannedFor", fmt.Sprintf("%q is not a domain name", domain)}
+		return &BadRequest{"notBannedFor", fmt.Sprintf("%q is not a domain name", domain)}
 	}
 	exclude := map[string]bool{}
 	for _, e := range strings.Split(q.Get("exclude"), ",") {
@@ -251,7 +240,7 @@ func (s *Server) proxiesTxt(w http.ResponseWriter, r *http.Request, id *Identity
 	ns, name := r.PathValue("namespace"), r.PathValue("name")
 	domain := r.URL.Query().Get("notBannedFor")
 	if domain != "" && !domainRe.MatchString(domain) {
-		return &badRequest{"notBannedFor", fmt.Sprintf("%q is not a domain name", domain)}
+		return &BadRequest{"notBannedFor", fmt.Sprintf("%q is not a domain name", domain)}
 	}
 	ms, err := s.fleetOf(r.Context(), id, ns, name)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 )
 
@@ -12,19 +13,19 @@ import (
 // spec.replicas, but an autoscaled fleet's proxies still booting are no
 // proxies lost: growing must not trip admission control.
 func TestHealthyFraction(t *testing.T) {
-	up := member{Healthy: true}
-	booting := member{Booting: true}
-	failed := member{}
+	up := catalog.Member{Healthy: true}
+	booting := catalog.Member{Booting: true}
+	failed := catalog.Member{}
 	cases := map[string]struct {
-		ms   []member
-		p    Policy
+		ms   []catalog.Member
+		p    catalog.Policy
 		want float64
 	}{
-		"GoneCountAgainstReplicas":  {[]member{up, failed}, Policy{Replicas: 4}, 0.25},
-		"BootingCountWhenFixedSize": {[]member{up, booting}, Policy{Replicas: 2}, 0.5},
-		"AutoscaledGrowing":         {[]member{up, booting, booting}, Policy{Autoscaled: true}, 1},
-		"AutoscaledLosing":          {[]member{up, failed, booting}, Policy{Autoscaled: true}, 0.5},
-		"AutoscaledAtZero":          {nil, Policy{Autoscaled: true}, 0},
+		"GoneCountAgainstReplicas":  {[]catalog.Member{up, failed}, catalog.Policy{Replicas: 4}, 0.25},
+		"BootingCountWhenFixedSize": {[]catalog.Member{up, booting}, catalog.Policy{Replicas: 2}, 0.5},
+		"AutoscaledGrowing":         {[]catalog.Member{up, booting, booting}, catalog.Policy{Autoscaled: true}, 1},
+		"AutoscaledLosing":          {[]catalog.Member{up, failed, booting}, catalog.Policy{Autoscaled: true}, 0.5},
+		"AutoscaledAtZero":          {nil, catalog.Policy{Autoscaled: true}, 0},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
@@ -88,8 +89,8 @@ func TestRefusalsCounted(t *testing.T) {
 // TestPolicyServes: a refusal for a zone the fleet has no proxies in is no
 // demand a new proxy could meet.
 func TestPolicyServes(t *testing.T) {
-	p := &Policy{Zones: []string{"a", "b"}}
-	if !p.serves("") || !p.serves("a") || p.serves("nope") {
-		t.Errorf("serves: any %v, a %v, nope %v", p.serves(""), p.serves("a"), p.serves("nope"))
+	p := &catalog.Policy{Zones: []string{"a", "b"}}
+	if !p.Serves("") || !p.Serves("a") || p.Serves("nope") {
+		t.Errorf("serves: any %v, a %v, nope %v", p.Serves(""), p.Serves("a"), p.Serves("nope"))
 	}
 }

@@ -24,6 +24,7 @@ import (
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/reach"
@@ -354,7 +355,7 @@ func (gw *Gateway) tend(ctx context.Context) {
 // lost reports whether a renewal failed for good: the lease is gone, not
 // the caller's, or its proxy is being replaced past its deadline or gone.
 func lost(err error) bool {
-	var ae *apiError
+	var ae *Error
 	return errors.Is(err, lease.ErrNotFound) || errors.Is(err, lease.ErrNotYours) || errors.Is(err, errProxyGone) ||
 		(errors.As(err, &ae) && ae.reason == apiv1.ReasonDraining)
 }
@@ -402,7 +403,7 @@ func (gw *Gateway) renewalTTL(ctx context.Context, up *upstream, ttl time.Durati
 		}
 		return ttl, nil
 	}
-	since := drainSince(p)
+	since := catalog.DrainSince(p)
 	if since.IsZero() {
 		return ttl, nil
 	}
@@ -583,7 +584,7 @@ func proxyAuthRequired(msg string) *gwError {
 func (gw *Gateway) refuse(w http.ResponseWriter, err error) {
 	var ge *gwError
 	if !errors.As(err, &ge) {
-		ae := toAPIError(err)
+		ae := ToAPIError(err)
 		ge = &gwError{code: ae.code, reason: ae.reason, msg: ae.msg, retryAfter: ae.retryAfter}
 		switch {
 		case ae.code == http.StatusUnauthorized:
@@ -600,7 +601,7 @@ func (gw *Gateway) refuse(w http.ResponseWriter, err error) {
 		w.Header().Set("Retry-After", fmt.Sprint(ge.retryAfter))
 	}
 	w.Header().Set("Proxy-Status", fmt.Sprintf("egress-discovery; error=%s; details=%q", proxyStatusError(ge.code), ge.reason))
-	writeJSON(w, ge.code, apiv1.Error{Error: apiv1.ErrorDetail{Code: ge.code, Reason: ge.reason, Message: ge.msg}})
+	WriteJSON(w, ge.code, apiv1.Error{Error: apiv1.ErrorDetail{Code: ge.code, Reason: ge.reason, Message: ge.msg}})
 }
 
 // proxyStatusError is RFC 9209's error type for a refusal.
@@ -642,7 +643,7 @@ func (gw *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fleet := user.Namespace + "/" + user.Fleet
 	up, done, moved, err := gw.choose(r.Context(), caller, user, domain, nil)
 	if err != nil {
-		gw.Server.Metrics.Denials.WithLabelValues(reasonOf(err)).Inc()
+		gw.Server.Metrics.Denials.WithLabelValues(ReasonOf(err)).Inc()
 		gw.refuse(w, err)
 		return
 	}
@@ -946,7 +947,7 @@ func (gw *Gateway) adopt(ctx context.Context, id *Identity, u GatewayUser, domai
 	if err != nil {
 		return nil
 	}
-	up := &upstream{id: id, g: &granted{g: g, m: toMember(p)}, ttl: ttl, session: true, adopted: true, since: g.AcquiredAt}
+	up := &upstream{id: id, g: &granted{g: g, m: catalog.ToMember(p)}, ttl: ttl, session: true, adopted: true, since: g.AcquiredAt}
 	if !gw.serves(ctx, up, u.Zone, domain) || up.url.Load() == nil {
 		return nil
 	}
@@ -996,11 +997,11 @@ func (gw *Gateway) check(ctx context.Context, up *upstream, zone, domain string)
 	if err := gw.Server.Catalog.Cache.Get(ctx, types.NamespacedName{Namespace: up.g.m.Namespace, Name: up.g.m.Name}, p); err != nil {
 		return false, kerrors.IsNotFound(err)
 	}
-	m := toMember(p)
-	if !m.serving() || m.Fleet != up.g.m.Fleet {
+	m := catalog.ToMember(p)
+	if !m.Serving() || m.Fleet != up.g.m.Fleet {
 		return false, true
 	}
-	admit, err := gw.Server.admits(ctx, []member{m}, zone, nil, domain)
+	admit, err := gw.Server.admits(ctx, []catalog.Member{m}, zone, nil, domain)
 	if err != nil || !admit(&m) {
 		return false, false
 	}
@@ -1033,7 +1034,7 @@ func (gw *Gateway) seat(ctx context.Context, id *Identity, u GatewayUser, domain
 	if strategy == "" {
 		strategy = p.Rotation
 	}
-	rule := p.pacingFor(domain)
+	rule := p.PacingFor(domain)
 	up, err := gw.rotatePaced(ctx, key, strategy, id, u, domain, exclude, rule)
 	if err != nil {
 		leave()
@@ -1044,8 +1045,8 @@ func (gw *Gateway) seat(ctx context.Context, id *Identity, u GatewayUser, domain
 	}
 	if rule != nil {
 		// The seats as they are, off the proxies whose IP is paced.
-		if f, err := gw.Server.Catalog.fleetOf(ctx, u.Namespace, u.Fleet); err == nil {
-			paced := gw.Server.pace.pacedAmong(u.Namespace+"/"+u.Fleet, rule, f.ms, gw.Server.now())
+		if f, err := gw.Server.Catalog.Members(ctx, u.Namespace, u.Fleet); err == nil {
+			paced := gw.Server.pace.pacedAmong(u.Namespace+"/"+u.Fleet, rule, f.Items, gw.Server.now())
 			for k := range exclude {
 				paced[k] = true
 			}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 )
 
 // Rotation: a connection without a session goes out through the proxy the
@@ -58,7 +59,7 @@ type rotor struct {
 
 // ipOf is what a target sees of m: its egress IP, or the proxy itself
 // while its IP is unknown.
-func ipOf(m *member) string {
+func ipOf(m *catalog.Member) string {
 	if m.EgressIP != "" {
 		return m.EgressIP
 	}
@@ -99,12 +100,12 @@ func (r *rotor) note(key, ip string, now time.Time) {
 // replica, for leastConnections; key is the caller's, fleet's, zone's
 // and domain's, for leastRecentlyUsed; ring is the fleet's and zone's,
 // for roundRobin.
-func (r *rotor) order(strategy string, cands []*member, n int, key, ring string, load map[string]int, now time.Time) []*member {
+func (r *rotor) order(strategy string, cands []*catalog.Member, n int, key, ring string, load map[string]int, now time.Time) []*catalog.Member {
 	if len(cands) == 0 {
 		return nil
 	}
 	n = min(n, len(cands))
-	out := make([]*member, 0, n)
+	out := make([]*catalog.Member, 0, n)
 	switch strategy {
 	case apiv1.RotateRoundRobin:
 		r.mu.Lock()
@@ -166,15 +167,15 @@ func (r *rotor) order(strategy string, cands []*member, n int, key, ring string,
 // strategy chooses, leasing one on it when it has none; nil (no error)
 // when it found none to take, and the caller falls back to the seats as
 // they are (pickSeat).
-func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *Identity, u GatewayUser, domain string, exclude map[string]bool, rule *pacingRule) (*upstream, error) {
-	f, err := gw.Server.Catalog.fleetOf(ctx, u.Namespace, u.Fleet)
+func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *Identity, u GatewayUser, domain string, exclude map[string]bool, rule *catalog.PacingRule) (*upstream, error) {
+	f, err := gw.Server.Catalog.Members(ctx, u.Namespace, u.Fleet)
 	if err != nil {
 		return nil, err
 	}
-	if len(f.ms) == 0 {
+	if len(f.Items) == 0 {
 		return nil, nil
 	}
-	ms := f.ms
+	ms := f.Items
 	serving, err := gw.Server.admits(ctx, ms, u.Zone, exclude, domain)
 	if err != nil {
 		return nil, err
@@ -184,7 +185,7 @@ func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *Identit
 	// A proxy whose egress IP is paced for the domain is passed over.
 	admit := serving
 	if rule != nil {
-		admit = func(m *member) bool {
+		admit = func(m *catalog.Member) bool {
 			return serving(m) && !gw.Server.pace.next(paceKey(fleet, rule, ipOf(m)), rule, now).After(now)
 		}
 	}
@@ -220,7 +221,7 @@ func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *Identit
 // takeChosen takes a connection's place on the first of chosen that has
 // a seat for it, or gets one, within rule's pacing (nil: none); nil when
 // none could.
-func (gw *Gateway) takeChosen(ctx context.Context, key string, id *Identity, u GatewayUser, domain string, exclude map[string]bool, rule *pacingRule, seated map[string]*upstream, chosen []*member, lru string, now time.Time) (*upstream, error) {
+func (gw *Gateway) takeChosen(ctx context.Context, key string, id *Identity, u GatewayUser, domain string, exclude map[string]bool, rule *catalog.PacingRule, seated map[string]*upstream, chosen []*catalog.Member, lru string, now time.Time) (*upstream, error) {
 	fleet := u.Namespace + "/" + u.Fleet
 	var err error
 	for _, m := range chosen {
@@ -256,7 +257,7 @@ func (gw *Gateway) takeChosen(ctx context.Context, key string, id *Identity, u G
 // pacedUntil is, when every proxy of ms that serves a connection is paced
 // under rule, the error saying until when; nil when one is free (no
 // proxy was taken for another reason than pacing).
-func (gw *Gateway) pacedUntil(ms []member, serving func(*member) bool, fleet, domain string, rule *pacingRule, now time.Time) error {
+func (gw *Gateway) pacedUntil(ms []catalog.Member, serving func(*catalog.Member) bool, fleet, domain string, rule *catalog.PacingRule, now time.Time) error {
 	soonest := gw.Server.pace.soonest(fleet, rule, ms, serving, now)
 	if soonest.IsZero() || !soonest.After(now) {
 		return nil
@@ -267,14 +268,14 @@ func (gw *Gateway) pacedUntil(ms []member, serving func(*member) bool, fleet, do
 // pacedError says every proxy that serves a connection is paced for its
 // domain until next.
 type pacedError struct {
-	rule   *pacingRule
+	rule   *catalog.PacingRule
 	domain string
 	fleet  string
 	next   time.Time
 }
 
 func (e *pacedError) Error() string {
-	return "every proxy of " + e.fleet + " that serves " + e.domain + " is paced for it (one connection an egress IP every " + e.rule.interval.String() + ", burst " + strconv.Itoa(e.rule.burst) + ")"
+	return "every proxy of " + e.fleet + " that serves " + e.domain + " is paced for it (one connection an egress IP every " + e.rule.Interval.String() + ", burst " + strconv.Itoa(e.rule.Burst) + ")"
 }
 
 // candidates are the proxies a connection may rotate to: the seated ones
@@ -282,29 +283,29 @@ func (e *pacedError) Error() string {
 // (turnover is due at most every SeatTurnover/MaxSeats per key), the
 // others that do: all of them, or in a fleet larger than sampleFrom a
 // random sample of sampleSize.
-func (gw *Gateway) candidates(f *fleetMembers, admit func(*member) bool, seated map[string]*upstream, full bool, now time.Time, key string) []*member {
-	var cands []*member
-	for i := range f.ms {
-		if seated[f.ms[i].Name] != nil {
-			cands = append(cands, &f.ms[i])
+func (gw *Gateway) candidates(f *catalog.Members, admit func(*catalog.Member) bool, seated map[string]*upstream, full bool, now time.Time, key string) []*catalog.Member {
+	var cands []*catalog.Member
+	for i := range f.Items {
+		if seated[f.Items[i].Name] != nil {
+			cands = append(cands, &f.Items[i])
 		}
 	}
 	if full && !gw.turnoverDue(key, now) {
 		return cands
 	}
-	keep := func(m *member) bool { return seated[m.Name] == nil && admit(m) }
-	if len(f.ms) <= sampleFrom {
-		for i := range f.ms {
-			if keep(&f.ms[i]) {
-				cands = append(cands, &f.ms[i])
+	keep := func(m *catalog.Member) bool { return seated[m.Name] == nil && admit(m) }
+	if len(f.Items) <= sampleFrom {
+		for i := range f.Items {
+			if keep(&f.Items[i]) {
+				cands = append(cands, &f.Items[i])
 			}
 		}
 		return cands
 	}
 	budget := maxDraws
 	limit := len(cands) + sampleSize
-	for _, idx := range [][]int32{f.own, f.shared} {
-		cands = draw(f.ms, idx, cands, limit, &budget, keep)
+	for _, idx := range [][]int32{f.Own, f.Shared} {
+		cands = draw(f.Items, idx, cands, limit, &budget, keep)
 	}
 	return cands
 }
@@ -328,7 +329,7 @@ func (gw *Gateway) turnoverDue(key string, now time.Time) bool {
 // admit: the usable ones by proxy, every seat's connections by proxy, the
 // leases of seats retired for good (to give back), and whether the seats
 // are at MaxSeats.
-func (gw *Gateway) seatsOf(key string, ms []member, admit func(*member) bool) (seated map[string]*upstream, load map[string]int, drop []*upstream, full bool) {
+func (gw *Gateway) seatsOf(key string, ms []catalog.Member, admit func(*catalog.Member) bool) (seated map[string]*upstream, load map[string]int, drop []*upstream, full bool) {
 	seated, load = map[string]*upstream{}, map[string]int{}
 	gw.mu.Lock()
 	defer gw.mu.Unlock()
@@ -337,8 +338,8 @@ func (gw *Gateway) seatsOf(key string, ms []member, admit func(*member) bool) (s
 		if up.retired {
 			continue
 		}
-		m := memberNamed(ms, up.g.m.Name)
-		if m == nil || !m.serving() {
+		m := catalog.MemberNamed(ms, up.g.m.Name)
+		if m == nil || !m.Serving() {
 			if back := gw.retireLocked(up); back != nil {
 				drop = append(drop, back)
 			}

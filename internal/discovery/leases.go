@@ -16,13 +16,14 @@ import (
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
 // granted is a lease just granted, and its proxy.
 type granted struct {
 	g *lease.Grant
-	m member
+	m catalog.Member
 }
 
 // acquisition is one acquire request, validated.
@@ -31,7 +32,7 @@ type acquisition struct {
 	ns, fleet string
 	ttl, wait time.Duration
 	id        *Identity
-	policy    *Policy
+	policy    *catalog.Policy
 	// exclude are proxies not to grant (the gateway moving a session off
 	// a failed upstream).
 	exclude map[string]bool
@@ -49,7 +50,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, id *Identity) e
 	start := time.Now()
 	g, domain, err := s.grant(r, id)
 	if err != nil {
-		s.Metrics.Denials.WithLabelValues(reasonOf(err)).Inc()
+		s.Metrics.Denials.WithLabelValues(ReasonOf(err)).Inc()
 		return err
 	}
 	u, err := s.Catalog.ProxyURL(r.Context(), g.m)
@@ -59,12 +60,12 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, id *Identity) e
 		if s.Leases.Release(context.WithoutCancel(r.Context()), g.g.ID, id.User) == nil {
 			s.released(g.g.Namespace, g.g.Fleet, id.User, g.g.ID)
 		}
-		s.Metrics.Denials.WithLabelValues(reasonOf(err)).Inc()
+		s.Metrics.Denials.WithLabelValues(ReasonOf(err)).Inc()
 		return err
 	}
 	s.Metrics.Acquisitions.Inc()
 	s.Metrics.AcquireLatency.Observe(time.Since(start).Seconds())
-	writeJSON(w, http.StatusCreated, apiv1.Lease{LeaseID: g.g.ID, Proxy: g.g.Proxy, ProxyURL: u, ExpiresAt: g.g.ExpiresAt, TTLSeconds: int64(g.g.TTL / time.Second),
+	WriteJSON(w, http.StatusCreated, apiv1.Lease{LeaseID: g.g.ID, Proxy: g.g.Proxy, ProxyURL: u, ExpiresAt: g.g.ExpiresAt, TTLSeconds: int64(g.g.TTL / time.Second),
 		Pacing: s.pacingOf(r.Context(), g, domain)})
 	return nil
 }
@@ -79,12 +80,12 @@ func (s *Server) pacingOf(ctx context.Context, g *granted, domain string) *apiv1
 	if err != nil {
 		return nil
 	}
-	rule := p.pacingFor(domain)
+	rule := p.PacingFor(domain)
 	if rule == nil {
 		return nil
 	}
 	next := s.pace.next(paceKey(g.g.Namespace+"/"+g.g.Fleet, rule, ipOf(&g.m)), rule, s.now())
-	return &apiv1.LeasePacing{IntervalSeconds: rule.interval.Seconds(), Burst: rule.burst, NextUseAt: next}
+	return &apiv1.LeasePacing{IntervalSeconds: rule.Interval.Seconds(), Burst: rule.Burst, NextUseAt: next}
 }
 
 // grant validates an acquisition, counts it against the caller's quota,
@@ -134,7 +135,7 @@ func (s *Server) grantFor(ctx context.Context, a *acquisition) (*granted, error)
 		}
 		g, err = s.wait(ctx, key, waiter, a.wait, func() (*granted, error) { return s.tryAcquire(ctx, a, true) }, err)
 	}
-	if err != nil && refusal(err) && a.policy.Autoscaled && a.policy.serves(a.req.Zone) && a.only == "" {
+	if err != nil && refusal(err) && a.policy.Autoscaled && a.policy.Serves(a.req.Zone) && a.only == "" {
 		crawler := id
 		if a.caller != nil {
 			crawler = a.caller
@@ -189,25 +190,25 @@ const (
 // key's last proxy first, then the least loaded. It is refused while the
 // fleet is below its minimum healthy share, and when no slot is free.
 func (s *Server) tryAcquire(ctx context.Context, a *acquisition, freeOnly bool) (*granted, error) {
-	f, err := s.Catalog.fleetOf(ctx, a.ns, a.fleet)
+	f, err := s.Catalog.Members(ctx, a.ns, a.fleet)
 	if err != nil {
 		return nil, err
 	}
-	if len(f.ms) == 0 {
+	if len(f.Items) == 0 {
 		if !a.policy.Autoscaled {
-			return nil, errFleetNotFound
+			return nil, ErrFleetNotFound
 		}
 		// An autoscaled fleet at zero: no slot yet, so the acquisition
 		// waits (and counts as demand) while the fleet wakes.
 	}
-	if frac := f.healthyFraction(a.policy); frac < a.policy.MinHealthyFraction {
+	if frac := membersHealthyFraction(f, a.policy); frac < a.policy.MinHealthyFraction {
 		return nil, tooFewHealthy(a.ns, a.fleet, frac, a.policy)
 	}
-	admit, err := s.admits(ctx, f.ms, a.req.Zone, a.exclude, a.req.Domain)
+	admit, err := s.admits(ctx, f.Items, a.req.Zone, a.exclude, a.req.Domain)
 	if err != nil {
 		return nil, err
 	}
-	if a.req.Zone != "" && f.zones[a.req.Zone] == 0 {
+	if a.req.Zone != "" && f.Zones[a.req.Zone] == 0 {
 		// No proxy of the fleet is in the zone: nothing to rank.
 		return nil, s.noFreeSlot(ctx, a, 0, map[string][]*coordLease{})
 	}
@@ -215,7 +216,7 @@ func (s *Server) tryAcquire(ctx context.Context, a *acquisition, freeOnly bool) 
 	if a.only != "" {
 		return s.acquireOnly(ctx, a, f, admit, req)
 	}
-	if len(f.ms) > sampleFrom {
+	if len(f.Items) > sampleFrom {
 		g, err := s.acquireSampled(ctx, a, f, admit, req)
 		if g != nil || err != nil && !errors.Is(err, lease.ErrUnavailable) {
 			if g != nil {
@@ -231,10 +232,10 @@ func (s *Server) tryAcquire(ctx context.Context, a *acquisition, freeOnly bool) 
 	if err != nil {
 		return nil, err
 	}
-	var all []*member
-	for i := range f.ms {
-		if admit(&f.ms[i]) {
-			all = append(all, &f.ms[i])
+	var all []*catalog.Member
+	for i := range f.Items {
+		if admit(&f.Items[i]) {
+			all = append(all, &f.Items[i])
 		}
 	}
 	g, err := s.acquireAmong(ctx, a, f, all, view, s.Leases.StickyIn(view, a.ns, a.fleet, a.req.StickyKey), req)
@@ -247,8 +248,8 @@ func (s *Server) tryAcquire(ctx context.Context, a *acquisition, freeOnly bool) 
 // acquireOnly takes a slot on the acquisition's one proxy (a.only), which
 // the gateway's rotation chose: refused when it does not serve the
 // acquisition or has no free slot.
-func (s *Server) acquireOnly(ctx context.Context, a *acquisition, f *fleetMembers, admit func(*member) bool, req lease.Request) (*granted, error) {
-	m := memberNamed(f.ms, a.only)
+func (s *Server) acquireOnly(ctx context.Context, a *acquisition, f *catalog.Members, admit func(*catalog.Member) bool, req lease.Request) (*granted, error) {
+	m := catalog.MemberNamed(f.Items, a.only)
 	if m == nil || !admit(m) {
 		return nil, s.noFreeSlot(ctx, a, 0, map[string][]*coordLease{})
 	}
@@ -259,7 +260,7 @@ func (s *Server) acquireOnly(ctx context.Context, a *acquisition, f *fleetMember
 	// Only the slots the cache shows free: a full proxy costs no write,
 	// and the gateway tries another.
 	req.SkipHeld = true
-	g, err := s.acquireAmong(ctx, a, f, []*member{m}, view, "", req)
+	g, err := s.acquireAmong(ctx, a, f, []*catalog.Member{m}, view, "", req)
 	if errors.Is(err, lease.ErrUnavailable) {
 		return nil, s.noFreeSlot(ctx, a, 1, view.Live)
 	}
@@ -270,15 +271,15 @@ func (s *Server) acquireOnly(ctx context.Context, a *acquisition, f *fleetMember
 // proxies, their free slots only: ErrUnavailable when none is free (or
 // the sample was the whole fleet's admissible proxies, all taken), and
 // the caller ranks the whole fleet.
-func (s *Server) acquireSampled(ctx context.Context, a *acquisition, f *fleetMembers, admit func(*member) bool, req lease.Request) (*granted, error) {
-	var pick []*member
+func (s *Server) acquireSampled(ctx context.Context, a *acquisition, f *catalog.Members, admit func(*catalog.Member) bool, req lease.Request) (*granted, error) {
+	var pick []*catalog.Member
 	sticky := ""
 	if a.req.StickyKey != "" {
 		name, err := s.Leases.Sticky(ctx, a.ns, a.fleet, a.req.StickyKey)
 		if err != nil {
 			return nil, err
 		}
-		if m := memberNamed(f.ms, name); m != nil && admit(m) {
+		if m := catalog.MemberNamed(f.Items, name); m != nil && admit(m) {
 			pick, sticky = append(pick, m), name
 		}
 	}
@@ -289,8 +290,8 @@ func (s *Server) acquireSampled(ctx context.Context, a *acquisition, f *fleetMem
 	// to the whole fleet's ranking rather than walk it here.
 	budget := maxDraws
 	limit := len(pick) + sampleSize
-	for _, idx := range [][]int32{f.own, f.shared} {
-		pick = draw(f.ms, idx, pick, limit, &budget, func(m *member) bool { return m.Name != sticky && admit(m) })
+	for _, idx := range [][]int32{f.Own, f.Shared} {
+		pick = draw(f.Items, idx, pick, limit, &budget, func(m *catalog.Member) bool { return m.Name != sticky && admit(m) })
 	}
 	if len(pick) == 0 {
 		return nil, lease.ErrUnavailable
@@ -317,7 +318,7 @@ const maxDraws = 8 * sampleSize
 // keep takes, in random order: a permutation drawn lazily (Fisher-Yates,
 // the swaps kept in a map), uniform and costing what is drawn, not the
 // fleet. Each member looked at spends one of budget.
-func draw(ms []member, idx []int32, pick []*member, limit int, budget *int, keep func(*member) bool) []*member {
+func draw(ms []catalog.Member, idx []int32, pick []*catalog.Member, limit int, budget *int, keep func(*catalog.Member) bool) []*catalog.Member {
 	n := len(idx)
 	moved := map[int]int32{}
 	at := func(i int) int32 {
@@ -341,20 +342,20 @@ func draw(ms []member, idx []int32, pick []*member, limit int, budget *int, keep
 // acquireAmong takes a slot on the best of cands, as view shows their
 // slots: the sticky key's last proxy first, then those leaving from an
 // egress IP of their own, then the least loaded.
-func (s *Server) acquireAmong(ctx context.Context, a *acquisition, f *fleetMembers, cands []*member, view *lease.SlotView, sticky string, req lease.Request) (*granted, error) {
+func (s *Server) acquireAmong(ctx context.Context, a *acquisition, f *catalog.Members, cands []*catalog.Member, view *lease.SlotView, sticky string, req lease.Request) (*granted, error) {
 	// Equally loaded proxies in random order, so that concurrent crawlers
 	// (and replicas) spread out instead of racing for the same slot. Each
 	// proxy's rank is worked out once, and the small ranks are sorted, not
 	// the large members. Proxies sharing an egress IP are one client to a
 	// target: those leaving from an IP of their own come first.
 	type rank struct {
-		m              *member
+		m              *catalog.Member
 		sticky, shared bool
 		load           float64
 	}
 	rs := make([]rank, len(cands))
 	for i, m := range cands {
-		rs[i] = rank{m: m, sticky: m.Name == sticky, shared: f.perIP[m.EgressIP] > 1, load: float64(len(view.Live[m.Name])) / float64(m.MaxLeases)}
+		rs[i] = rank{m: m, sticky: m.Name == sticky, shared: f.PerIP[m.EgressIP] > 1, load: float64(len(view.Live[m.Name])) / float64(m.MaxLeases)}
 	}
 	rand.Shuffle(len(rs), func(i, j int) { rs[i], rs[j] = rs[j], rs[i] })
 	sort.SliceStable(rs, func(i, j int) bool {
@@ -379,7 +380,7 @@ func (s *Server) acquireAmong(ctx context.Context, a *acquisition, f *fleetMembe
 			return &granted{g: g, m: *r.m}, nil
 		}
 	}
-	return nil, &apiError{code: http.StatusInternalServerError, reason: apiv1.ReasonInternal, msg: "granted a lease on a proxy that was no candidate: a bug, please report it"}
+	return nil, &Error{code: http.StatusInternalServerError, reason: apiv1.ReasonInternal, msg: "granted a lease on a proxy that was no candidate: a bug, please report it"}
 }
 
 // noFreeSlot is the refusal when every healthy proxy is taken (healthy < 0:
@@ -399,7 +400,7 @@ func (s *Server) noFreeSlot(ctx context.Context, a *acquisition, healthy int, li
 	if healthy < 0 {
 		msg = fmt.Sprintf("acquisitions of %s/%s are waiting for a slot already, and this one may not wait (maxWait 0); retry in %ds", a.ns, a.fleet, retry)
 	}
-	return &apiError{code: http.StatusConflict, reason: apiv1.ReasonNoFreeSlot, retryAfter: retry, msg: msg}
+	return &Error{code: http.StatusConflict, reason: apiv1.ReasonNoFreeSlot, retryAfter: retry, msg: msg}
 }
 
 // retryAfter suggests when a slot is likely free: the soonest expiry.
@@ -460,7 +461,7 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request, id *Identity) err
 	if err != nil {
 		return err
 	}
-	if since := drainSince(p); !since.IsZero() {
+	if since := catalog.DrainSince(p); !since.IsZero() {
 		if ttl, err = s.drainedTTL(p.Name, since, maxTTL, ttl); err != nil {
 			return err
 		}
@@ -474,7 +475,7 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request, id *Identity) err
 	// renewing across a password change moves to the new one before the
 	// previous one's grace ends; none for a proxy that still takes only
 	// the credentials the crawler was given.
-	if m := toMember(p); !m.CredentialsOutdated {
+	if m := catalog.ToMember(p); !m.CredentialsOutdated {
 		// The lease is renewed whatever happens here: a failure to read
 		// the credentials leaves the URL out, never answers an error
 		// that would make the crawler drop a lease it holds.
@@ -482,7 +483,7 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request, id *Identity) err
 			s.Log.Info("Renewed a lease without its proxy's URL", "lease", leaseID, "error", err)
 		}
 	}
-	writeJSON(w, http.StatusOK, out)
+	WriteJSON(w, http.StatusOK, out)
 	return nil
 }
 
@@ -498,7 +499,7 @@ func (s *Server) drainedTTL(proxy string, since time.Time, maxTTL, ttl time.Dura
 	}
 	left := since.Add(maxTTL).Sub(s.now()).Truncate(time.Second)
 	if left < time.Second {
-		return 0, &apiError{code: http.StatusConflict, reason: apiv1.ReasonDraining,
+		return 0, &Error{code: http.StatusConflict, reason: apiv1.ReasonDraining,
 			msg: fmt.Sprintf("proxy %s is being replaced since %s and its leases are no longer renewed: release this lease and take a new one", proxy, since.Format(time.RFC3339))}
 	}
 	return min(ttl, left), nil

@@ -66,7 +66,7 @@ func LimitInFlight(h http.Handler, n int) http.Handler {
 			}
 		}
 		if sem == nil {
-			writeError(w, &apiError{code: http.StatusServiceUnavailable, reason: apiv1.ReasonOverloaded, retryAfter: 1,
+			WriteError(w, &Error{code: http.StatusServiceUnavailable, reason: apiv1.ReasonOverloaded, retryAfter: 1,
 				msg: fmt.Sprintf("egress-discovery is serving %d requests already, its limit: try again in a second", cap(slots))})
 			return
 		}

@@ -171,7 +171,7 @@ func TestReviewsBoundedPerAddress(t *testing.T) {
 		}
 	}
 	_, err := k.AuthenticateToken(flood, "bad-2")
-	var ae *apiError
+	var ae *Error
 	if !errors.As(err, &ae) || ae.code != http.StatusTooManyRequests || ae.retryAfter < 1 {
 		t.Fatalf("a fourth new token from one address: %v, want 429 with Retry-After", err)
 	}

@@ -24,15 +24,15 @@ func (k *Kubernetes) MetricsAuth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		t := bearer(r)
 		if t == "" {
-			writeError(w, &apiError{code: http.StatusUnauthorized, reason: apiv1.ReasonUnauthenticated, msg: "authenticate with a bearer token that may get " + MetricsPath})
+			WriteError(w, &Error{code: http.StatusUnauthorized, reason: apiv1.ReasonUnauthenticated, msg: "authenticate with a bearer token that may get " + MetricsPath})
 			return
 		}
 		ok, err := k.mayScrape(r.Context(), t)
 		switch {
 		case err != nil:
-			writeError(w, toAPIError(err))
+			WriteError(w, ToAPIError(err))
 		case !ok:
-			writeError(w, &apiError{code: http.StatusForbidden, reason: apiv1.ReasonForbidden, msg: "the token may not get " + MetricsPath + ": bind its subject to a ClusterRole with nonResourceURLs [" + MetricsPath + "] and verb get"})
+			WriteError(w, &Error{code: http.StatusForbidden, reason: apiv1.ReasonForbidden, msg: "the token may not get " + MetricsPath + ": bind its subject to a ClusterRole with nonResourceURLs [" + MetricsPath + "] and verb get"})
 		default:
 			next.ServeHTTP(w, r)
 		}

@@ -5,10 +5,10 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"github.com/pkg/errors"
 )
 
@@ -22,45 +22,6 @@ const reasonPaced = "Paced"
 // (fleet, rule, egress IP), refilled one token an interval, holding at
 // most the burst. The buckets are this replica's: behind N replicas an IP
 // may see up to N times the rule's rate (README).
-
-// pacingRule is one rule of a fleet's pacing.
-type pacingRule struct {
-	// index is the rule's place in spec.gateway.pacing, which keys its
-	// buckets.
-	index    int
-	domains  []string
-	interval time.Duration
-	burst    int
-}
-
-// covers says whether the rule paces domain: a name it lists, or one
-// under a "*." pattern's suffix.
-func (r *pacingRule) covers(domain string) bool {
-	for _, d := range r.domains {
-		if suffix, ok := strings.CutPrefix(d, "*."); ok {
-			if strings.HasSuffix(domain, "."+suffix) {
-				return true
-			}
-		} else if d == domain {
-			return true
-		}
-	}
-	return false
-}
-
-// pacingFor is the first of the policy's rules that covers domain, or nil.
-func (p *Policy) pacingFor(domain string) *pacingRule {
-	if p == nil || domain == "" {
-		return nil
-	}
-	domain = strings.TrimSuffix(strings.ToLower(domain), ".")
-	for i := range p.Pacing {
-		if p.Pacing[i].covers(domain) {
-			return &p.Pacing[i]
-		}
-	}
-	return nil
-}
 
 // maxPaceWait bounds how long a connection waits for a paced IP before it
 // is answered 429.
@@ -86,25 +47,25 @@ type bucket struct {
 }
 
 // paceKey names the bucket of fleet (namespace/name), rule and ip.
-func paceKey(fleet string, r *pacingRule, ip string) string {
-	return fleet + "\x00" + strconv.Itoa(r.index) + "\x00" + ip
+func paceKey(fleet string, r *catalog.PacingRule, ip string) string {
+	return fleet + "\x00" + strconv.Itoa(r.Index) + "\x00" + ip
 }
 
 // level is b's tokens at now under r (a clock gone back adds none).
-func (b *bucket) level(r *pacingRule, now time.Time) float64 {
-	return math.Min(float64(r.burst), b.tokens+float64(max(now.Sub(b.at), 0))/float64(r.interval))
+func (b *bucket) level(r *catalog.PacingRule, now time.Time) float64 {
+	return math.Min(float64(r.Burst), b.tokens+float64(max(now.Sub(b.at), 0))/float64(r.Interval))
 }
 
 // next is when the bucket key next has a token under r (now or before:
 // it has one).
-func (p *pacer) next(key string, r *pacingRule, now time.Time) time.Time {
+func (p *pacer) next(key string, r *catalog.PacingRule, now time.Time) time.Time {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.nextLocked(key, r, now)
 }
 
 // nextLocked is next with p.mu held.
-func (p *pacer) nextLocked(key string, r *pacingRule, now time.Time) time.Time {
+func (p *pacer) nextLocked(key string, r *catalog.PacingRule, now time.Time) time.Time {
 	b := p.b[key]
 	if b == nil {
 		return now
@@ -113,11 +74,11 @@ func (p *pacer) nextLocked(key string, r *pacingRule, now time.Time) time.Time {
 	if l >= 1 {
 		return now
 	}
-	return now.Add(time.Duration((1 - l) * float64(r.interval)))
+	return now.Add(time.Duration((1 - l) * float64(r.Interval)))
 }
 
 // take spends a token of key under r, if it has one.
-func (p *pacer) take(key string, r *pacingRule, now time.Time) bool {
+func (p *pacer) take(key string, r *catalog.PacingRule, now time.Time) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.b == nil {
@@ -128,21 +89,21 @@ func (p *pacer) take(key string, r *pacingRule, now time.Time) bool {
 		if len(p.b) >= maxBuckets {
 			p.forgetFullLocked(now)
 		}
-		b = &bucket{tokens: float64(r.burst), at: now, interval: r.interval, burst: r.burst}
+		b = &bucket{tokens: float64(r.Burst), at: now, interval: r.Interval, burst: r.Burst}
 		p.b[key] = b
 	}
 	l := b.level(r, now)
 	if l < 1 {
 		return false
 	}
-	b.tokens, b.at, b.interval, b.burst = l-1, now, r.interval, r.burst
+	b.tokens, b.at, b.interval, b.burst = l-1, now, r.Interval, r.Burst
 	return true
 }
 
 // soonest is, of the IPs of ms that serve a connection (serving), the
 // first time one has a token under rule for fleet: now when one has, zero
 // when none serves. One lock for all of them.
-func (p *pacer) soonest(fleet string, rule *pacingRule, ms []member, serving func(*member) bool, now time.Time) time.Time {
+func (p *pacer) soonest(fleet string, rule *catalog.PacingRule, ms []catalog.Member, serving func(*catalog.Member) bool, now time.Time) time.Time {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var first time.Time
@@ -161,7 +122,7 @@ func (p *pacer) soonest(fleet string, rule *pacingRule, ms []member, serving fun
 }
 
 // pacedAmong are the proxies of ms whose IP has no token under rule now.
-func (p *pacer) pacedAmong(fleet string, rule *pacingRule, ms []member, now time.Time) map[string]bool {
+func (p *pacer) pacedAmong(fleet string, rule *catalog.PacingRule, ms []catalog.Member, now time.Time) map[string]bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := map[string]bool{}
@@ -179,7 +140,7 @@ func (p *pacer) pacedAmong(fleet string, rule *pacingRule, ms []member, now time
 // one burst more). p.mu is held.
 func (p *pacer) forgetFullLocked(now time.Time) {
 	for k, b := range p.b {
-		if b.level(&pacingRule{interval: b.interval, burst: b.burst}, now) >= float64(b.burst) {
+		if b.level(&catalog.PacingRule{Interval: b.interval, Burst: b.burst}, now) >= float64(b.burst) {
 			delete(p.b, k)
 		}
 	}
@@ -192,7 +153,7 @@ func (p *pacer) forgetFullLocked(now time.Time) {
 // every proxy that serves the connection is paced, it waits for the
 // first to be free if that is within maxPaceWait, once, and else answers
 // 429 with Retry-After.
-func (gw *Gateway) rotatePaced(ctx context.Context, key, strategy string, id *Identity, u GatewayUser, domain string, exclude map[string]bool, rule *pacingRule) (*upstream, error) {
+func (gw *Gateway) rotatePaced(ctx context.Context, key, strategy string, id *Identity, u GatewayUser, domain string, exclude map[string]bool, rule *catalog.PacingRule) (*upstream, error) {
 	for waited := false; ; waited = true {
 		up, err := gw.rotate(ctx, key, strategy, id, u, domain, exclude, rule)
 		var pe *pacedError
@@ -228,24 +189,24 @@ func (gw *Gateway) paceWait(ctx context.Context, pe *pacedError, waited bool) er
 // paceSession spends a token of the session's proxy's IP for domain
 // under the fleet's pacing, waiting for one within maxPaceWait: a session
 // does not move for pacing, it waits or is answered 429.
-func (gw *Gateway) paceSession(ctx context.Context, u GatewayUser, domain string, m *member) error {
+func (gw *Gateway) paceSession(ctx context.Context, u GatewayUser, domain string, m *catalog.Member) error {
 	p, err := gw.Server.Catalog.Policy(ctx, u.Namespace, u.Fleet)
 	if err != nil {
 		return err
 	}
-	return gw.paceOn(ctx, u, domain, p.pacingFor(domain), m)
+	return gw.paceOn(ctx, u, domain, p.PacingFor(domain), m)
 }
 
 // paceSeat is paceSession for a seat the rotation did not choose.
-func (gw *Gateway) paceSeat(ctx context.Context, u GatewayUser, domain string, rule *pacingRule, up *upstream) error {
+func (gw *Gateway) paceSeat(ctx context.Context, u GatewayUser, domain string, rule *catalog.PacingRule, up *upstream) error {
 	return gw.paceOn(ctx, u, domain, rule, &up.g.m)
 }
 
 // currentMember is m as the cache shows it now (its egress IP may be
 // known since the lease was granted), or m.
-func (gw *Gateway) currentMember(ctx context.Context, m *member) *member {
-	if f, err := gw.Server.Catalog.fleetOf(ctx, m.Namespace, m.Fleet); err == nil {
-		if cur := memberNamed(f.ms, m.Name); cur != nil {
+func (gw *Gateway) currentMember(ctx context.Context, m *catalog.Member) *catalog.Member {
+	if f, err := gw.Server.Catalog.Members(ctx, m.Namespace, m.Fleet); err == nil {
+		if cur := catalog.MemberNamed(f.Items, m.Name); cur != nil {
 			return cur
 		}
 	}
@@ -254,7 +215,7 @@ func (gw *Gateway) currentMember(ctx context.Context, m *member) *member {
 
 // paceOn spends a token of m's IP under rule (nil: none), waiting for one
 // within maxPaceWait, else the 429 to answer.
-func (gw *Gateway) paceOn(ctx context.Context, u GatewayUser, domain string, rule *pacingRule, m *member) error {
+func (gw *Gateway) paceOn(ctx context.Context, u GatewayUser, domain string, rule *catalog.PacingRule, m *catalog.Member) error {
 	if rule == nil {
 		return nil
 	}

@@ -10,6 +10,7 @@ import (
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 )
 
 // serviceAccountPrefix begins a ServiceAccount's user name.
@@ -115,7 +116,7 @@ func (b *quotaBook) count(key string, held map[string]bool, now time.Time) int {
 // reserve counts an acquisition against id's quota in the fleet, or
 // refuses it (429, QuotaExceeded) when id holds its quota already. done
 // ends the reservation, recording the grant it made, if any.
-func (s *Server) reserve(ctx context.Context, ns, fleet string, id *Identity, p *Policy) (done func(grantID string), err error) {
+func (s *Server) reserve(ctx context.Context, ns, fleet string, id *Identity, p *catalog.Policy) (done func(grantID string), err error) {
 	quota, from, ok := quotaOf(p.Quotas, id)
 	if !ok {
 		return func(string) {}, nil
@@ -129,7 +130,7 @@ func (s *Server) reserve(ctx context.Context, ns, fleet string, id *Identity, p 
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if n := b.count(key, held, s.now()); n >= quota {
-		return nil, &apiError{
+		return nil, &Error{
 			code: http.StatusTooManyRequests, reason: apiv1.ReasonQuotaExceeded, retryAfter: 5,
 			msg: fmt.Sprintf("%s holds %d leases of fleet %s/%s, its quota of %d (%s): release one first", id.User, n, ns, fleet, quota, from),
 		}
@@ -163,7 +164,7 @@ func (s *Server) reserve(ctx context.Context, ns, fleet string, id *Identity, p 
 // Service's ClientIP affinity keeps a caller on one replica). Each
 // replica's share is bounded by the quota, and all connections by the
 // gateway's per-identity and per-namespace bounds.
-func (s *Server) holdConn(ctx context.Context, ns, fleet string, id *Identity, p *Policy) (func(), error) {
+func (s *Server) holdConn(ctx context.Context, ns, fleet string, id *Identity, p *catalog.Policy) (func(), error) {
 	quota, from, bounded := quotaOf(p.Quotas, id)
 	var held map[string]bool
 	if bounded {
@@ -178,7 +179,7 @@ func (s *Server) holdConn(ctx context.Context, ns, fleet string, id *Identity, p
 	defer b.mu.Unlock()
 	if bounded {
 		if n := b.count(key, held, s.now()); n >= quota {
-			return nil, &apiError{
+			return nil, &Error{
 				code: http.StatusTooManyRequests, reason: apiv1.ReasonQuotaExceeded, retryAfter: 5,
 				msg: fmt.Sprintf("%s holds %d leases and gateway connections without a session on this replica in fleet %s/%s, its quota of %d (%s): close one first", id.User, n, ns, fleet, quota, from),
 			}

@@ -66,7 +66,7 @@ func (s *Server) limit(id *Identity) error {
 		return nil
 	}
 	secs := max(int(math.Ceil(wait.Seconds())), 1)
-	return &apiError{
+	return &Error{
 		code: http.StatusTooManyRequests, reason: apiv1.ReasonRateLimited, retryAfter: secs,
 		msg: fmt.Sprintf("%s is over its limit of %g requests a second (burst %d): try again in %ds", id.User, float64(s.Limits.Rate), s.Limits.Burst, secs),
 	}

@@ -13,7 +13,7 @@ import (
 func limited(s *Server, w *httptest.ResponseRecorder, id *Identity) bool {
 	err := s.limit(id)
 	if err != nil {
-		writeError(w, toAPIError(err))
+		WriteError(w, ToAPIError(err))
 	}
 	return err != nil
 }

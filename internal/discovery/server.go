@@ -22,6 +22,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 )
@@ -34,7 +35,7 @@ var openAPI []byte
 
 // Server is the HTTP API.
 type Server struct {
-	Catalog *Catalog
+	Catalog *catalog.Catalog
 	Leases  *lease.Store
 	Auth    Authenticator
 	Metrics *metrics.Discovery
@@ -113,7 +114,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /signin", s.signIn)
 	mux.HandleFunc("POST /signout", s.signOut)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, &apiError{code: http.StatusNotFound, reason: apiv1.ReasonNoEndpoint, msg: fmt.Sprintf("no endpoint %s %s: see /openapi.json", r.Method, r.URL.Path)})
+		WriteError(w, &Error{code: http.StatusNotFound, reason: apiv1.ReasonNoEndpoint, msg: fmt.Sprintf("no endpoint %s %s: see /openapi.json", r.Method, r.URL.Path)})
 	})
 	return mux
 }

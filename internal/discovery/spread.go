@@ -5,6 +5,8 @@ import (
 	"slices"
 	"sync"
 	"time"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 )
 
 // How the gateway's connections spread over a fleet's proxies, so that a
@@ -92,10 +94,10 @@ type Spread struct {
 }
 
 // servingNames are the names of the serving proxies of ms.
-func servingNames(ms []member) []string {
+func servingNames(ms []catalog.Member) []string {
 	var out []string
 	for i := range ms {
-		if ms[i].serving() {
+		if ms[i].Serving() {
 			out = append(out, ms[i].Name)
 		}
 	}

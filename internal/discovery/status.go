@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 )
 
 //go:embed status.html
@@ -29,7 +31,7 @@ var statusTemplate = template.Must(template.New("status").Funcs(template.FuncMap
 const statusRows = 50
 
 type statusProxy struct {
-	member
+	catalog.Member
 	Leases int
 	Bans   []string
 	// SharedIP: another proxy of the fleet leaves from its egress IP.
@@ -51,7 +53,7 @@ func (g *statusGroup) add(p *statusProxy) {
 	if p.Healthy {
 		g.Healthy++
 	}
-	if p.serving() {
+	if p.Serving() {
 		g.Serving++
 	}
 	if p.Why != "" {
@@ -68,7 +70,7 @@ type statusFleet struct {
 	DistinctIPs int
 	// Sizing is what the fleet's XR says of its size; nil when it cannot
 	// be read.
-	Sizing *FleetSizing
+	Sizing *catalog.FleetSizing
 	// Pools and Zones count its proxies per pool (a pooled fleet) and
 	// per zone.
 	Pools, Zones []statusGroup
@@ -119,7 +121,7 @@ func (q statusQuery) link(ns, name string, page int) string {
 
 // whyAtFault says why a proxy is unhealthy or out of service; "" when it
 // serves.
-func whyAtFault(m member) string {
+func whyAtFault(m catalog.Member) string {
 	var why string
 	switch {
 	case m.Booting:
@@ -142,9 +144,9 @@ func whyAtFault(m member) string {
 // summarise builds one fleet's part of the page: counts per pool and zone
 // over all its proxies, and the page of proxies the query asks for, those
 // at fault first.
-func summarise(ns, name string, ms []member, leases map[string]int, bans map[string][]string, q statusQuery) statusFleet {
+func summarise(ns, name string, ms []catalog.Member, leases map[string]int, bans map[string][]string, q statusQuery) statusFleet {
 	f := statusFleet{Namespace: ns, Name: name, Total: len(ms)}
-	perIP := sharedIPs(ms)
+	perIP := catalog.SharedIPs(ms)
 	f.DistinctIPs = len(perIP)
 	pools, zones := map[string]*statusGroup{}, map[string]*statusGroup{}
 	group := func(in map[string]*statusGroup, key string) *statusGroup {
@@ -157,7 +159,7 @@ func summarise(ns, name string, ms []member, leases map[string]int, bans map[str
 	}
 	var matching []statusProxy
 	for _, m := range ms {
-		p := statusProxy{member: m, Leases: leases[m.Name], Bans: bans[m.Name], SharedIP: perIP[m.EgressIP] > 1, Why: whyAtFault(m)}
+		p := statusProxy{Member: m, Leases: leases[m.Name], Bans: bans[m.Name], SharedIP: perIP[m.EgressIP] > 1, Why: whyAtFault(m)}
 		if p.Healthy {
 			f.Healthy++
 		}

@@ -7,15 +7,17 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 )
 
 // bigFleet is a pooled fleet of n proxies in pools of 125 over three
 // zones, some unhealthy and some draining.
-func bigFleet(n int) ([]member, map[string]int) {
-	ms := make([]member, 0, n)
+func bigFleet(n int) ([]catalog.Member, map[string]int) {
+	ms := make([]catalog.Member, 0, n)
 	leases := map[string]int{}
 	for i := range n {
-		m := member{Namespace: "team", Fleet: "crawlers", Name: fmt.Sprintf("crawlers-%d", 10000000*(1+i/125)+i%125),
+		m := catalog.Member{Namespace: "team", Fleet: "crawlers", Name: fmt.Sprintf("crawlers-%d", 10000000*(1+i/125)+i%125),
 			Zone: []string{"a", "b", "c"}[i%3], Pool: fmt.Sprintf("crawlers-pool-%d", 1+i/125), Healthy: true, MaxLeases: 10,
 			Host: "127.0.0.1", Port: 3128, EgressIP: fmt.Sprintf("10.%d.%d.%d", i>>16, (i>>8)&255, i&255)}
 		switch {

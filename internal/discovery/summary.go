@@ -18,6 +18,7 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 )
 
@@ -170,7 +171,7 @@ func (p *SummaryPublisher) publish(ctx context.Context, key, ns string, spec v1a
 // each pool is sent only its own. A leased proxy this replica's cache
 // places in no pool (its cache lags its own grant) is listed in every
 // summary: no pool removes it then.
-func (p *SummaryPublisher) summarise(ctx context.Context, ns, fleet string, members []member, now time.Time) ([]v1alpha1.LeaseSummarySpec, error) {
+func (p *SummaryPublisher) summarise(ctx context.Context, ns, fleet string, members []catalog.Member, now time.Time) ([]v1alpha1.LeaseSummarySpec, error) {
 	_, maxTTL, err := p.Server.Catalog.TTLs(ctx, ns, fleet)
 	if err != nil {
 		return nil, err
@@ -290,7 +291,7 @@ func (p *SummaryPublisher) remove(ctx context.Context, ns, fleet, pool string) b
 // (once older than leasewire.SummaryRefresh: a fleet just made may not be in
 // this replica's cache yet) and those no replica renewed for
 // leasewire.SummarySweepAfter (their replica is gone).
-func (p *SummaryPublisher) sweep(ctx context.Context, fleets map[string][]member, now time.Time) error {
+func (p *SummaryPublisher) sweep(ctx context.Context, fleets map[string][]catalog.Member, now time.Time) error {
 	l := &v1alpha1.LeaseSummaryList{}
 	if err := p.Client.List(ctx, l, client.HasLabels{fleetv1alpha1.LabelFleet}); err != nil {
 		return errors.Wrap(err, "cannot list LeaseSummaries")

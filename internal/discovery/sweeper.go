@@ -7,6 +7,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
@@ -42,7 +43,7 @@ func (s *Sweeper) Start(ctx context.Context) error {
 
 // Sweep sweeps once, and says how many leases it deleted.
 func (s *Sweeper) Sweep(ctx context.Context) int {
-	n, err := s.Leases.Sweep(ctx, ProxyExists(ctx, s.Proxies), SweepGrace)
+	n, err := s.Leases.Sweep(ctx, catalog.ProxyExists(ctx, s.Proxies), SweepGrace)
 	switch {
 	case err != nil:
 		s.Log.Info("Sweep incomplete", "deleted", n, "error", err)

@@ -1,4 +1,10 @@
-package discovery
+// Package catalog is egress-discovery's read model: the fleets and proxies
+// of the cached watch of Proxy objects (members, with health, zone, egress
+// IP and maxLeases, remembered per fleet until one of its Proxies
+// changes), each fleet's lease and gateway policy read from its ProxyFleet
+// or claim, the proxies' credentials from their auth Secrets, and what a
+// fleet's XR says of its size. It writes nothing. One file: catalog.go.
+package catalog
 
 import (
 	"context"
@@ -8,6 +14,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -34,8 +41,8 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/reach"
 )
 
-// member is a Proxy as the catalogue sees it.
-type member struct {
+// Member is a Proxy as the catalogue sees it.
+type Member struct {
 	Namespace, Fleet, Name, Zone string
 	Host                         string
 	Port                         int32
@@ -70,14 +77,14 @@ type member struct {
 	Problem string
 }
 
-// serving says whether the proxy may be handed to new crawlers: healthy,
+// Serving says whether the proxy may be handed to new crawlers: healthy,
 // not being replaced, and taking the credentials discovery hands out.
-func (m member) serving() bool {
+func (m Member) Serving() bool {
 	return m.Healthy && m.DrainSince.IsZero() && !m.CredentialsOutdated
 }
 
 // Endpoint is host:port.
-func (m member) Endpoint() string { return net.JoinHostPort(m.Host, strconv.Itoa(int(m.Port))) }
+func (m Member) Endpoint() string { return net.JoinHostPort(m.Host, strconv.Itoa(int(m.Port))) }
 
 // Catalog reads fleets and proxies from the cached watch of Proxy objects:
 // fleet -> proxies with health, latency, zone, egress IP and maxLeases.
@@ -107,63 +114,63 @@ type Catalog struct {
 	// informer to watch (Cache is a plain reader) nothing is kept.
 	watchOnce sync.Once
 	events    *proxyEvents
-	members   map[string]*fleetMembers
+	members   map[string]*Members
 }
 
 // maxRemembered bounds the fleets whose members are remembered.
 const maxRemembered = 1024
 
-// fleetMembers are a fleet's members as of a version of its Proxies, with
+// Members are a fleet's members as of a version of its Proxies, with
 // what every acquisition asks of all of them worked out once. Shared:
 // read it, never change it.
-type fleetMembers struct {
-	version uint64
-	// ms are sorted by name.
-	ms []member
-	// perIP counts the members by known egress IP (sharedIPs).
-	perIP map[string]int
-	// own and shared index the members leaving from an egress IP of their
-	// own (or none known) and those sharing one; zones counts them by
+type Members struct {
+	Version uint64
+	// Items are sorted by name.
+	Items []Member
+	// PerIP counts the members by known egress IP (SharedIPs).
+	PerIP map[string]int
+	// Own and Shared index the members leaving from an egress IP of their
+	// own (or none known) and those sharing one; Zones counts them by
 	// zone.
-	own, shared []int32
-	zones       map[string]int
-	// serving counts the members that serve, awake those that serve or
-	// are not booting (healthyFraction).
-	serving, awake int
+	Own, Shared []int32
+	Zones       map[string]int
+	// Serving counts the members that serve, Awake those that serve or
+	// are not booting (the healthy fraction admission counts).
+	Serving, Awake int
 }
 
-func newFleetMembers(version uint64, ms []member) *fleetMembers {
-	f := &fleetMembers{version: version, ms: ms, perIP: sharedIPs(ms), zones: map[string]int{}}
-	f.serving, f.awake = countServing(ms)
+func newFleetMembers(version uint64, ms []Member) *Members {
+	f := &Members{Version: version, Items: ms, PerIP: SharedIPs(ms), Zones: map[string]int{}}
+	f.Serving, f.Awake = CountServing(ms)
 	for i := range ms {
 		m := &ms[i]
-		f.zones[m.Zone]++
-		if f.perIP[m.EgressIP] > 1 {
-			f.shared = append(f.shared, int32(i))
+		f.Zones[m.Zone]++
+		if f.PerIP[m.EgressIP] > 1 {
+			f.Shared = append(f.Shared, int32(i))
 		} else {
-			f.own = append(f.own, int32(i))
+			f.Own = append(f.Own, int32(i))
 		}
 	}
 	return f
 }
 
-// countServing counts the members that serve, and those that serve or are
+// CountServing counts the members that serve, and those that serve or are
 // not booting.
-func countServing(ms []member) (serving, awake int) {
+func CountServing(ms []Member) (serving, awake int) {
 	for i := range ms {
 		m := &ms[i]
-		if m.serving() {
+		if m.Serving() {
 			serving++
 		}
-		if !m.Booting || m.serving() {
+		if !m.Booting || m.Serving() {
 			awake++
 		}
 	}
 	return serving, awake
 }
 
-// memberNamed is the member of ms (sorted by name) named name, or nil.
-func memberNamed(ms []member, name string) *member {
+// MemberNamed is the member of ms (sorted by name) named name, or nil.
+func MemberNamed(ms []Member, name string) *Member {
 	i := sort.Search(len(ms), func(i int) bool { return ms[i].Name >= name })
 	if i < len(ms) && ms[i].Name == name {
 		return &ms[i]
@@ -233,7 +240,7 @@ type Policy struct {
 	// proxy of a connection without a session (apiv1.Rotate*).
 	Rotation string
 	// Pacing is spec.gateway.pacing, in order.
-	Pacing []pacingRule
+	Pacing []PacingRule
 }
 
 // defaultPolicy is the policy of a fleet without a ProxyFleet or claim.
@@ -260,7 +267,7 @@ func policyOf(s *fleetv1alpha1.ProxyFleetSpec) *Policy {
 			if r.Interval.Duration <= 0 || len(r.Domains) == 0 {
 				continue
 			}
-			p.Pacing = append(p.Pacing, pacingRule{index: i, domains: r.Domains, interval: r.Interval.Duration, burst: max(int(r.Burst), 1)})
+			p.Pacing = append(p.Pacing, PacingRule{Index: i, Domains: r.Domains, Interval: r.Interval.Duration, Burst: max(int(r.Burst), 1)})
 		}
 	}
 	if s.Leases == nil {
@@ -280,7 +287,7 @@ func policyOf(s *fleetv1alpha1.ProxyFleetSpec) *Policy {
 
 // serves says whether a new proxy of the fleet could be in zone ("" for
 // any): only then is a refusal demand.
-func (p *Policy) serves(zone string) bool {
+func (p *Policy) Serves(zone string) bool {
 	return zone == "" || len(p.Zones) == 0 || slices.Contains(p.Zones, zone)
 }
 
@@ -309,9 +316,10 @@ type cachedCreds struct {
 	at   time.Time
 }
 
-func toMember(p *v1alpha1.Proxy) member {
+// ToMember is a Proxy as the catalogue sees it.
+func ToMember(p *v1alpha1.Proxy) Member {
 	ap := p.Status.AtProvider
-	m := member{
+	m := Member{
 		Namespace: p.Namespace, Fleet: fleetv1alpha1.FleetName(p), Name: p.Name, Zone: p.Labels[fleetv1alpha1.LabelZone],
 		Host: ap.Host, Port: ap.Port, EgressIP: ap.EgressIP, LatencyMs: ap.LatencyMilliseconds,
 		Healthy:    ap.Healthy && p.GetCondition(xpv2.TypeReady).Status == corev1.ConditionTrue && ap.Host != "",
@@ -331,7 +339,7 @@ func toMember(p *v1alpha1.Proxy) member {
 	case ready.Reason == "", ready.Reason == xpv2.ReasonCreating, ready.Reason == v1alpha1.ReasonAwaitingProbe:
 		m.Booting = true
 	}
-	m.DrainSince = drainSince(p)
+	m.DrainSince = DrainSince(p)
 	m.Pool = p.Labels[fleetv1alpha1.LabelPool]
 	if !m.Healthy {
 		ready := p.GetCondition(xpv2.TypeReady)
@@ -347,9 +355,9 @@ func toMember(p *v1alpha1.Proxy) member {
 	return m
 }
 
-// drainSince reads when the fleet began to replace a proxy
+// DrainSince reads when the fleet began to replace a proxy
 // (fleetv1alpha1.LabelDrainingSince); zero when it does not.
-func drainSince(p *v1alpha1.Proxy) time.Time {
+func DrainSince(p *v1alpha1.Proxy) time.Time {
 	v, err := strconv.ParseInt(p.Labels[fleetv1alpha1.LabelDrainingSince], 10, 64)
 	if err != nil || v <= 0 {
 		return time.Time{}
@@ -358,12 +366,12 @@ func drainSince(p *v1alpha1.Proxy) time.Time {
 }
 
 // All returns every proxy that belongs to a fleet, by fleet (namespace/name).
-func (c *Catalog) All(ctx context.Context) (map[string][]member, error) {
+func (c *Catalog) All(ctx context.Context) (map[string][]Member, error) {
 	l := &v1alpha1.ProxyList{}
 	if err := c.Cache.List(ctx, l, client.UnsafeDisableDeepCopy, client.HasLabels{fleetv1alpha1.LabelFleet}); err != nil {
 		return nil, errors.Wrap(err, "cannot list proxies")
 	}
-	out := map[string][]member{}
+	out := map[string][]Member{}
 	if c.Fleets != nil {
 		xrs := &unstructured.UnstructuredList{}
 		xrs.SetGroupVersionKind(fleetv1alpha1.SchemeGroupVersion.WithKind(fleetv1alpha1.ProxyFleetKind + "List"))
@@ -375,7 +383,7 @@ func (c *Catalog) All(ctx context.Context) (map[string][]member, error) {
 		}
 	}
 	for i := range l.Items {
-		m := toMember(&l.Items[i])
+		m := ToMember(&l.Items[i])
 		out[m.Namespace+"/"+m.Fleet] = append(out[m.Namespace+"/"+m.Fleet], m)
 	}
 	for _, ms := range out {
@@ -386,16 +394,16 @@ func (c *Catalog) All(ctx context.Context) (map[string][]member, error) {
 
 // Fleet returns a fleet's proxies, healthy or not, sorted by name. The
 // slice is shared: read it, never change it.
-func (c *Catalog) Fleet(ctx context.Context, namespace, fleet string) ([]member, error) {
-	f, err := c.fleetOf(ctx, namespace, fleet)
+func (c *Catalog) Fleet(ctx context.Context, namespace, fleet string) ([]Member, error) {
+	f, err := c.Members(ctx, namespace, fleet)
 	if err != nil {
 		return nil, err
 	}
-	return f.ms, nil
+	return f.Items, nil
 }
 
-// fleetOf returns a fleet's proxies as Fleet does, with their counts.
-func (c *Catalog) fleetOf(ctx context.Context, namespace, fleet string) (*fleetMembers, error) {
+// Members returns a fleet's proxies as Fleet does, with their counts.
+func (c *Catalog) Members(ctx context.Context, namespace, fleet string) (*Members, error) {
 	c.watchOnce.Do(c.watchProxies)
 	if c.events == nil {
 		ms, err := c.listFleet(ctx, namespace, fleet)
@@ -411,7 +419,7 @@ func (c *Catalog) fleetOf(ctx context.Context, namespace, fleet string) (*fleetM
 	c.mu.Lock()
 	m, ok := c.members[key+"/"+fleet]
 	c.mu.Unlock()
-	if ok && m.version == v {
+	if ok && m.Version == v {
 		return m, nil
 	}
 	ms, err := c.listFleet(ctx, namespace, fleet)
@@ -427,7 +435,7 @@ func (c *Catalog) fleetOf(ctx context.Context, namespace, fleet string) (*fleetM
 	c.mu.Lock()
 	if c.members == nil || len(c.members) >= maxRemembered {
 		// Fleets come and go: a full memory starts over.
-		c.members = map[string]*fleetMembers{}
+		c.members = map[string]*Members{}
 	}
 	c.members[key+"/"+fleet] = f
 	c.mu.Unlock()
@@ -457,7 +465,7 @@ func (c *Catalog) watchProxies() {
 }
 
 // listFleet lists a fleet's proxies from the cache.
-func (c *Catalog) listFleet(ctx context.Context, namespace, fleet string) ([]member, error) {
+func (c *Catalog) listFleet(ctx context.Context, namespace, fleet string) ([]Member, error) {
 	l := &v1alpha1.ProxyList{}
 	// Read-only use of the cache: members copy what they keep (the auth
 	// Secret reference is only read), so no deep copy of every Proxy per
@@ -465,10 +473,10 @@ func (c *Catalog) listFleet(ctx context.Context, namespace, fleet string) ([]mem
 	if err := c.Cache.List(ctx, l, client.InNamespace(namespace), client.UnsafeDisableDeepCopy, client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet)}); err != nil {
 		return nil, errors.Wrap(err, "cannot list proxies")
 	}
-	out := make([]member, 0, len(l.Items))
+	out := make([]Member, 0, len(l.Items))
 	for i := range l.Items {
 		// A long name's label is a hash prefix: the exact name decides.
-		if m := toMember(&l.Items[i]); m.Fleet == fleet {
+		if m := ToMember(&l.Items[i]); m.Fleet == fleet {
 			out = append(out, m)
 		}
 	}
@@ -558,7 +566,7 @@ func (c *Catalog) readPolicy(ctx context.Context, namespace, fleet string) (*Pol
 // credentialsTTL, or half the proxy's credential grace period (but at least
 // minCredentialsTTL) if that is shorter: after a password change a crawler may be handed the previous
 // password for that long, and the proxy accepts it at least twice as long.
-func (c *Catalog) ProxyURL(ctx context.Context, m member) (string, error) {
+func (c *Catalog) ProxyURL(ctx context.Context, m Member) (string, error) {
 	u := &url.URL{Scheme: "http", Host: m.Endpoint()}
 	ref := m.AuthSecret
 	if ref == nil {
@@ -637,8 +645,8 @@ func ProxyServing(cache client.Reader) func(ctx context.Context, namespace, flee
 		if err := cache.Get(ctx, types.NamespacedName{Namespace: namespace, Name: proxy}, p); err != nil {
 			return false
 		}
-		m := toMember(p)
-		return m.serving() && m.Fleet == fleet && slot < m.MaxLeases
+		m := ToMember(p)
+		return m.Serving() && m.Fleet == fleet && slot < m.MaxLeases
 	}
 }
 
@@ -717,4 +725,55 @@ func (c *Catalog) Sizing(ctx context.Context, namespace, fleet string) *FleetSiz
 		}
 	}
 	return sz
+}
+
+// SharedIPs counts a fleet's proxies by known egress IP, those that serve
+// and those that do not (a target bans the IP, whichever proxy used it).
+func SharedIPs(ms []Member) map[string]int {
+	n := map[string]int{}
+	for _, m := range ms {
+		if m.EgressIP != "" {
+			n[m.EgressIP]++
+		}
+	}
+	return n
+}
+
+// PacingRule is one rule of a fleet's pacing.
+type PacingRule struct {
+	// Index is the rule's place in spec.gateway.pacing, which keys its
+	// buckets.
+	Index    int
+	Domains  []string
+	Interval time.Duration
+	Burst    int
+}
+
+// Covers says whether the rule paces domain: a name it lists, or one
+// under a "*." pattern's suffix.
+func (r *PacingRule) Covers(domain string) bool {
+	for _, d := range r.Domains {
+		if suffix, ok := strings.CutPrefix(d, "*."); ok {
+			if strings.HasSuffix(domain, "."+suffix) {
+				return true
+			}
+		} else if d == domain {
+			return true
+		}
+	}
+	return false
+}
+
+// PacingFor is the first of the policy's rules that covers domain, or nil.
+func (p *Policy) PacingFor(domain string) *PacingRule {
+	if p == nil || domain == "" {
+		return nil
+	}
+	domain = strings.TrimSuffix(strings.ToLower(domain), ".")
+	for i := range p.Pacing {
+		if p.Pacing[i].Covers(domain) {
+			return &p.Pacing[i]
+		}
+	}
+	return nil
 }
