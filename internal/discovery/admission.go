@@ -10,6 +10,7 @@ import (
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 )
 
 // healthyFraction is the share of a fleet's proxies that take new
@@ -44,10 +45,10 @@ func fraction(serving, awake, members int, p *catalog.Policy) float64 {
 
 // tooFewHealthy is the refusal of a new lease while a fleet is below its
 // admission.minHealthyFraction.
-func tooFewHealthy(ns, name string, frac float64, p *catalog.Policy) *Error {
-	return &Error{
-		code: http.StatusConflict, reason: apiv1.ReasonTooFewHealthy, retryAfter: 5,
-		msg: fmt.Sprintf("only %.0f%% of fleet %s/%s's proxies are healthy, under its spec.leases.admission.minHealthyFraction %.0f%%: new leases wait until more recover, so that the survivors are not overloaded", 100*frac, ns, name, 100*p.MinHealthyFraction),
+func tooFewHealthy(ns, name string, frac float64, p *catalog.Policy) *problem.Error {
+	return &problem.Error{
+		Code: http.StatusConflict, Reason: apiv1.ReasonTooFewHealthy, RetryAfter: 5,
+		Msg: fmt.Sprintf("only %.0f%% of fleet %s/%s's proxies are healthy, under its spec.leases.admission.minHealthyFraction %.0f%%: new leases wait until more recover, so that the survivors are not overloaded", 100*frac, ns, name, 100*p.MinHealthyFraction),
 	}
 }
 
@@ -172,7 +173,7 @@ const (
 // refusal says whether an acquisition's error is one that waiting may
 // mend: no free slot, or too few healthy proxies.
 func refusal(err error) bool {
-	r := ReasonOf(err)
+	r := problem.ReasonOf(err)
 	return r == apiv1.ReasonNoFreeSlot || r == apiv1.ReasonTooFewHealthy
 }
 

@@ -26,15 +26,15 @@ import (
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 )
 
-// Errors of authentication and authorisation, answered 401 and 403.
+// Errors of authentication and authorisation, answered 401 and 403: the
+// problem package's, which answers them.
 var (
-	ErrUnauthenticated = errors.New("missing or invalid bearer token")
-	ErrForbidden       = errors.New("not allowed to use this fleet")
-	// ErrWrongAudience is a valid token issued for another audience, such
-	// as the API server's; it is answered 401 too, but says so.
-	ErrWrongAudience = errors.New("the bearer token was not issued for egress-discovery's audience: ask for one with kubectl create token <sa> --audience egress-discovery, or mount a projected token with that audience")
+	ErrUnauthenticated = problem.ErrUnauthenticated
+	ErrForbidden       = problem.ErrForbidden
+	ErrWrongAudience   = problem.ErrWrongAudience
 )
 
 // Identity is an authenticated caller.
@@ -262,9 +262,9 @@ func (k *Kubernetes) mayReview(ctx context.Context) error {
 		return nil
 	}
 	secs := max(int(math.Ceil(wait.Seconds())), 1)
-	return &Error{
-		code: http.StatusTooManyRequests, reason: apiv1.ReasonRateLimited, retryAfter: secs,
-		msg: fmt.Sprintf("too many new tokens from %s (over %g reviews a second, burst %d): try again in %ds", addr, float64(k.Reviews.Rate), k.Reviews.Burst, secs),
+	return &problem.Error{
+		Code: http.StatusTooManyRequests, Reason: apiv1.ReasonRateLimited, RetryAfter: secs,
+		Msg: fmt.Sprintf("too many new tokens from %s (over %g reviews a second, burst %d): try again in %ds", addr, float64(k.Reviews.Rate), k.Reviews.Burst, secs),
 	}
 }
 

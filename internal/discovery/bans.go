@@ -9,6 +9,7 @@ import (
 	"time"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
@@ -36,7 +37,7 @@ func (s *Server) reportSession(w http.ResponseWriter, r *http.Request, id *Ident
 		return err
 	}
 	if !apiv1.ValidSessionKey(key) {
-		return &BadRequest{"key", fmt.Sprintf("%q is not a gateway session key", key)}
+		return &problem.BadRequest{Field: "key", Msg: fmt.Sprintf("%q is not a gateway session key", key)}
 	}
 	slots, err := s.Leases.Slots(r.Context(), ns, fleet)
 	if err != nil {
@@ -52,8 +53,8 @@ func (s *Server) reportSession(w http.ResponseWriter, r *http.Request, id *Ident
 		}
 	}
 	if proxy == "" {
-		return &Error{code: http.StatusNotFound, reason: apiv1.ReasonLeaseNotFound,
-			msg: fmt.Sprintf("you hold no gateway session %q of %s/%s (it ends %s after its last connection)", key, ns, fleet, "--gateway-idle")}
+		return &problem.Error{Code: http.StatusNotFound, Reason: apiv1.ReasonLeaseNotFound,
+			Msg: fmt.Sprintf("you hold no gateway session %q of %s/%s (it ends %s after its last connection)", key, ns, fleet, "--gateway-idle")}
 	}
 	return s.applyReport(w, r, ns, fleet, proxy, id)
 }
@@ -66,7 +67,7 @@ func (s *Server) applyReport(w http.ResponseWriter, r *http.Request, ns, fleet, 
 		return err
 	}
 	if !domainRe.MatchString(req.Domain) {
-		return &BadRequest{"domain", fmt.Sprintf("%q is not a domain name", req.Domain)}
+		return &problem.BadRequest{Field: "domain", Msg: fmt.Sprintf("%q is not a domain name", req.Domain)}
 	}
 	switch req.Outcome {
 	case "banned":
@@ -87,7 +88,7 @@ func (s *Server) applyReport(w http.ResponseWriter, r *http.Request, ns, fleet, 
 			return err
 		}
 	default:
-		return &BadRequest{"outcome", fmt.Sprintf("%q must be banned or ok", req.Outcome)}
+		return &problem.BadRequest{Field: "outcome", Msg: fmt.Sprintf("%q must be banned or ok", req.Outcome)}
 	}
 	w.WriteHeader(http.StatusNoContent)
 	return nil
@@ -155,8 +156,8 @@ func (s *Server) ban(ctx context.Context, ns, fleet, proxy, domain string, coold
 }
 
 // banLimit is the refusal of a ban over a bound.
-func banLimit(msg string) *Error {
-	return &Error{code: http.StatusTooManyRequests, reason: apiv1.ReasonBanLimit, msg: msg}
+func banLimit(msg string) *problem.Error {
+	return &problem.Error{Code: http.StatusTooManyRequests, Reason: apiv1.ReasonBanLimit, Msg: msg}
 }
 
 // banAllowed checks a new ban against the fleet's and the identity's

@@ -14,11 +14,12 @@ import (
 	"github.com/pkg/errors"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 )
 
 // errEmptyBody is decode's answer to a request without a body; a renew
 // accepts it, every other request refuses it. A body cut short is not empty.
-var errEmptyBody = &BadRequest{fieldBody, "is empty: send a JSON object"}
+var errEmptyBody = &problem.BadRequest{Field: fieldBody, Msg: "is empty: send a JSON object"}
 
 // fieldBody names the whole body as the field at fault.
 const fieldBody = "body"
@@ -39,16 +40,16 @@ func decode(r *http.Request, into any) error {
 		}
 		var ute *json.UnmarshalTypeError
 		if errors.As(err, &ute) {
-			return &BadRequest{ute.Field, fmt.Sprintf("must be a %s", ute.Type)}
+			return &problem.BadRequest{Field: ute.Field, Msg: fmt.Sprintf("must be a %s", ute.Type)}
 		}
 		if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
-			return &BadRequest{strings.Trim(f, `"`), "is not a field of this request"}
+			return &problem.BadRequest{Field: strings.Trim(f, `"`), Msg: "is not a field of this request"}
 		}
-		return &BadRequest{fieldBody, "is not valid JSON: " + err.Error()}
+		return &problem.BadRequest{Field: fieldBody, Msg: "is not valid JSON: " + err.Error()}
 	}
 	// One object, and nothing after it.
 	if dec.More() {
-		return &BadRequest{fieldBody, "has more than one JSON value: send one object"}
+		return &problem.BadRequest{Field: fieldBody, Msg: "has more than one JSON value: send one object"}
 	}
 	return nil
 }
@@ -69,11 +70,11 @@ func parseDuration(field, v string, def, least, most time.Duration, limit string
 	}
 	switch {
 	case err != nil:
-		return 0, &BadRequest{field, fmt.Sprintf("%q is not a duration such as 10m or 600", v)}
+		return 0, &problem.BadRequest{Field: field, Msg: fmt.Sprintf("%q is not a duration such as 10m or 600", v)}
 	case d < least:
-		return 0, &BadRequest{field, fmt.Sprintf("must be at least %s", least)}
+		return 0, &problem.BadRequest{Field: field, Msg: fmt.Sprintf("must be at least %s", least)}
 	case d > most:
-		return 0, &BadRequest{field, fmt.Sprintf("%s exceeds %s %s", d, limit, most)}
+		return 0, &problem.BadRequest{Field: field, Msg: fmt.Sprintf("%s exceeds %s %s", d, limit, most)}
 	}
 	return d, nil
 }
@@ -90,24 +91,24 @@ func DecodeAcquire(r *http.Request) (*apiv1.AcquireRequest, string, string, erro
 	}
 	ns, name, ok := strings.Cut(req.Fleet, "/")
 	if !ok || ns == "" || name == "" || strings.Contains(name, "/") {
-		return nil, "", "", &BadRequest{"fleet", fmt.Sprintf("%q must be <namespace>/<name>", req.Fleet)}
+		return nil, "", "", &problem.BadRequest{Field: "fleet", Msg: fmt.Sprintf("%q must be <namespace>/<name>", req.Fleet)}
 	}
 	if req.Holder == "" || len(req.Holder) > 253 {
-		return nil, "", "", &BadRequest{"holder", "must name the crawler, in at most 253 characters"}
+		return nil, "", "", &problem.BadRequest{Field: "holder", Msg: "must name the crawler, in at most 253 characters"}
 	}
 	if strings.HasPrefix(req.Holder, gatewayHolderPrefix) {
 		// The gateway finds a session's lease by its holder, and takes it
 		// up on another replica: an API lease must not look like one.
-		return nil, "", "", &BadRequest{"holder", fmt.Sprintf("%q begins with %q, which the gateway's own leases use", req.Holder, gatewayHolderPrefix)}
+		return nil, "", "", &problem.BadRequest{Field: "holder", Msg: fmt.Sprintf("%q begins with %q, which the gateway's own leases use", req.Holder, gatewayHolderPrefix)}
 	}
 	if req.Domain != "" && !domainRe.MatchString(req.Domain) {
-		return nil, "", "", &BadRequest{"domain", fmt.Sprintf("%q is not a domain name", req.Domain)}
+		return nil, "", "", &problem.BadRequest{Field: "domain", Msg: fmt.Sprintf("%q is not a domain name", req.Domain)}
 	}
 	if len(req.StickyKey) > 1024 {
-		return nil, "", "", &BadRequest{"stickyKey", "must be at most 1024 characters"}
+		return nil, "", "", &problem.BadRequest{Field: "stickyKey", Msg: "must be at most 1024 characters"}
 	}
 	if len(req.Zone) > 63 {
-		return nil, "", "", &BadRequest{"zone", "must be at most 63 characters"}
+		return nil, "", "", &problem.BadRequest{Field: "zone", Msg: "must be at most 63 characters"}
 	}
 	return req, ns, name, nil
 }

@@ -11,17 +11,18 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 )
 
 // fieldOf is the request field a 400 names, "" for any other error and
 // "<nil>" for none.
 func fieldOf(err error) string {
-	var br *BadRequest
+	var br *problem.BadRequest
 	switch {
 	case err == nil:
 		return "<nil>"
 	case errors.As(err, &br):
-		return br.field
+		return br.Field
 	default:
 		return ""
 	}

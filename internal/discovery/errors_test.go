@@ -16,6 +16,7 @@ import (
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
@@ -34,13 +35,13 @@ func TestFail(t *testing.T) {
 	}{
 		"BadRequest": {
 			reason:      "A bad request is 400 naming its field.",
-			err:         &BadRequest{"ttl", "must be at least 1s"},
+			err:         &problem.BadRequest{Field: "ttl", Msg: "must be at least 1s"},
 			want:        want{code: http.StatusBadRequest, field: "ttl", reason: "Invalid"},
 			wantMessage: "ttl: must be at least 1s",
 		},
 		"WrappedBadRequest": {
 			reason:      "A bad request is found through wrapping.",
-			err:         fmt.Errorf("reading: %w", &BadRequest{"holder", "is required"}),
+			err:         fmt.Errorf("reading: %w", &problem.BadRequest{Field: "holder", Msg: "is required"}),
 			want:        want{code: http.StatusBadRequest, field: "holder", reason: "Invalid"},
 			wantMessage: "holder: is required",
 		},
@@ -76,9 +77,9 @@ func TestFail(t *testing.T) {
 		},
 		"FleetNotFound": {
 			reason:      "An unknown fleet is 404.",
-			err:         ErrFleetNotFound,
+			err:         problem.ErrFleetNotFound,
 			want:        want{code: http.StatusNotFound, reason: "FleetNotFound"},
-			wantMessage: ErrFleetNotFound.Error(),
+			wantMessage: problem.ErrFleetNotFound.Error(),
 		},
 		"WrongAudience": {
 			reason:      "A token for another audience is 401 and says so.",
@@ -106,7 +107,7 @@ func TestFail(t *testing.T) {
 		},
 		"Decided": {
 			reason:      "An answer decided where it arose keeps its code, reason and Retry-After.",
-			err:         fmt.Errorf("wrapped: %w", &Error{code: http.StatusTooManyRequests, reason: "QuotaExceeded", msg: "over quota", retryAfter: 5}),
+			err:         fmt.Errorf("wrapped: %w", &problem.Error{Code: http.StatusTooManyRequests, Reason: "QuotaExceeded", Msg: "over quota", RetryAfter: 5}),
 			want:        want{code: http.StatusTooManyRequests, reason: "QuotaExceeded"},
 			wantMessage: "over quota",
 		},

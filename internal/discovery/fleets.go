@@ -16,6 +16,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 )
 
 // fleetName says whether a fleet could have this namespace and name.
@@ -27,7 +28,7 @@ func fleetName(namespace, name string) bool {
 // Names no fleet can have cost no access review, nor a cache entry.
 func (s *Server) authorizeFleet(ctx context.Context, id *Identity, namespace, name string) error {
 	if !fleetName(namespace, name) {
-		return ErrFleetNotFound
+		return problem.ErrFleetNotFound
 	}
 	return s.Auth.Authorize(ctx, id, namespace, name)
 }
@@ -48,7 +49,7 @@ func (s *Server) members(ctx context.Context, namespace, name string) ([]catalog
 		return nil, err
 	}
 	if len(ms) == 0 {
-		return nil, ErrFleetNotFound
+		return nil, problem.ErrFleetNotFound
 	}
 	return ms, nil
 }
@@ -79,7 +80,7 @@ func (s *Server) fleets(w http.ResponseWriter, r *http.Request, id *Identity) er
 	sort.Slice(out.Items, func(i, j int) bool {
 		return out.Items[i].Namespace+"/"+out.Items[i].Name < out.Items[j].Namespace+"/"+out.Items[j].Name
 	})
-	WriteJSON(w, http.StatusOK, out)
+	problem.WriteJSON(w, http.StatusOK, out)
 	return nil
 }
 
@@ -104,7 +105,7 @@ func (s *Server) fleet(w http.ResponseWriter, r *http.Request, id *Identity) err
 		u.Quota, u.QuotaFrom = &q, from
 	}
 	frac := healthyFraction(ms, p)
-	WriteJSON(w, http.StatusOK, apiv1.Fleet{
+	problem.WriteJSON(w, http.StatusOK, apiv1.Fleet{
 		Namespace: ns, Name: name, Proxies: len(ms), Healthy: countHealthy(ms), Usage: u,
 		Admission: &apiv1.Admission{
 			Admitting: frac >= p.MinHealthyFraction, HealthyFraction: frac, MinHealthyFraction: p.MinHealthyFraction,
@@ -181,7 +182,7 @@ func (s *Server) proxies(w http.ResponseWriter, r *http.Request, id *Identity) e
 	q := r.URL.Query()
 	domain := q.Get("notBannedFor")
 	if domain != "" && !domainRe.MatchString(domain) {
-		return &BadRequest{"notBannedFor", fmt.Sprintf("%q is not a domain name", domain)}
+		return &problem.BadRequest{Field: "notBannedFor", Msg: fmt.Sprintf("%q is not a domain name", domain)}
 	}
 	exclude := map[string]bool{}
 	for _, e := range strings.Split(q.Get("exclude"), ",") {
@@ -240,7 +241,7 @@ func (s *Server) proxiesTxt(w http.ResponseWriter, r *http.Request, id *Identity
 	ns, name := r.PathValue("namespace"), r.PathValue("name")
 	domain := r.URL.Query().Get("notBannedFor")
 	if domain != "" && !domainRe.MatchString(domain) {
-		return &BadRequest{"notBannedFor", fmt.Sprintf("%q is not a domain name", domain)}
+		return &problem.BadRequest{Field: "notBannedFor", Msg: fmt.Sprintf("%q is not a domain name", domain)}
 	}
 	ms, err := s.fleetOf(r.Context(), id, ns, name)
 	if err != nil {

@@ -25,6 +25,7 @@ import (
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/reach"
@@ -355,9 +356,9 @@ func (gw *Gateway) tend(ctx context.Context) {
 // lost reports whether a renewal failed for good: the lease is gone, not
 // the caller's, or its proxy is being replaced past its deadline or gone.
 func lost(err error) bool {
-	var ae *Error
+	var ae *problem.Error
 	return errors.Is(err, lease.ErrNotFound) || errors.Is(err, lease.ErrNotYours) || errors.Is(err, errProxyGone) ||
-		(errors.As(err, &ae) && ae.reason == apiv1.ReasonDraining)
+		(errors.As(err, &ae) && ae.Reason == apiv1.ReasonDraining)
 }
 
 // errProxyGone is a renewal of a lease whose proxy no longer exists.
@@ -538,6 +539,10 @@ type gwError struct {
 	dial bool
 }
 
+// ProblemReason is the reason code the gateway's refusal is counted by
+// (problem.ReasonOf).
+func (e *gwError) ProblemReason() string { return e.reason }
+
 // retriable reports whether a failed CONNECT may be tried on another
 // proxy: the upstream was not reached, or answered other than 403 (its
 // destination policy, the same on every proxy).
@@ -584,12 +589,12 @@ func proxyAuthRequired(msg string) *gwError {
 func (gw *Gateway) refuse(w http.ResponseWriter, err error) {
 	var ge *gwError
 	if !errors.As(err, &ge) {
-		ae := ToAPIError(err)
-		ge = &gwError{code: ae.code, reason: ae.reason, msg: ae.msg, retryAfter: ae.retryAfter}
+		ae := problem.ToAPIError(err)
+		ge = &gwError{code: ae.Code, reason: ae.Reason, msg: ae.Msg, retryAfter: ae.RetryAfter}
 		switch {
-		case ae.code == http.StatusUnauthorized:
+		case ae.Code == http.StatusUnauthorized:
 			ge.code = http.StatusProxyAuthRequired
-		case ae.reason == apiv1.ReasonNoFreeSlot || ae.reason == apiv1.ReasonTooFewHealthy:
+		case ae.Reason == apiv1.ReasonNoFreeSlot || ae.Reason == apiv1.ReasonTooFewHealthy:
 			// A proxy client knows 503 with Retry-After, not the API's 409.
 			ge.code = http.StatusServiceUnavailable
 		}
@@ -601,7 +606,7 @@ func (gw *Gateway) refuse(w http.ResponseWriter, err error) {
 		w.Header().Set("Retry-After", fmt.Sprint(ge.retryAfter))
 	}
 	w.Header().Set("Proxy-Status", fmt.Sprintf("egress-discovery; error=%s; details=%q", proxyStatusError(ge.code), ge.reason))
-	WriteJSON(w, ge.code, apiv1.Error{Error: apiv1.ErrorDetail{Code: ge.code, Reason: ge.reason, Message: ge.msg}})
+	problem.WriteJSON(w, ge.code, apiv1.Error{Error: apiv1.ErrorDetail{Code: ge.code, Reason: ge.reason, Message: ge.msg}})
 }
 
 // proxyStatusError is RFC 9209's error type for a refusal.
@@ -643,7 +648,7 @@ func (gw *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	fleet := user.Namespace + "/" + user.Fleet
 	up, done, moved, err := gw.choose(r.Context(), caller, user, domain, nil)
 	if err != nil {
-		gw.Server.Metrics.Denials.WithLabelValues(ReasonOf(err)).Inc()
+		gw.Server.Metrics.Denials.WithLabelValues(problem.ReasonOf(err)).Inc()
 		gw.refuse(w, err)
 		return
 	}

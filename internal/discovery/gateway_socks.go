@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 	"github.com/pkg/errors"
 )
 
@@ -222,7 +223,7 @@ func (gw *Gateway) socksConnect(ctx context.Context, c net.Conn, br *bufio.Reade
 	defer leave()
 	up, done, moved, err := gw.choose(ctx, id, u, domain, nil)
 	if err != nil {
-		gw.Server.Metrics.Denials.WithLabelValues(ReasonOf(err)).Inc()
+		gw.Server.Metrics.Denials.WithLabelValues(problem.ReasonOf(err)).Inc()
 		return &socksRefusal{socksReplyOf(err), err}
 	}
 	conn, up, done, _, err := gw.open(ctx, id, u, target, domain, up, done, moved)
@@ -262,7 +263,7 @@ func socksReplyOf(err error) byte {
 	if errors.As(err, &ge) {
 		code = ge.code
 	} else {
-		code = ToAPIError(err).code
+		code = problem.ToAPIError(err).Code
 	}
 	switch code {
 	case http.StatusForbidden, http.StatusTooManyRequests, http.StatusUnauthorized, http.StatusProxyAuthRequired:

@@ -17,6 +17,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
@@ -50,7 +51,7 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, id *Identity) e
 	start := time.Now()
 	g, domain, err := s.grant(r, id)
 	if err != nil {
-		s.Metrics.Denials.WithLabelValues(ReasonOf(err)).Inc()
+		s.Metrics.Denials.WithLabelValues(problem.ReasonOf(err)).Inc()
 		return err
 	}
 	u, err := s.Catalog.ProxyURL(r.Context(), g.m)
@@ -60,12 +61,12 @@ func (s *Server) acquire(w http.ResponseWriter, r *http.Request, id *Identity) e
 		if s.Leases.Release(context.WithoutCancel(r.Context()), g.g.ID, id.User) == nil {
 			s.released(g.g.Namespace, g.g.Fleet, id.User, g.g.ID)
 		}
-		s.Metrics.Denials.WithLabelValues(ReasonOf(err)).Inc()
+		s.Metrics.Denials.WithLabelValues(problem.ReasonOf(err)).Inc()
 		return err
 	}
 	s.Metrics.Acquisitions.Inc()
 	s.Metrics.AcquireLatency.Observe(time.Since(start).Seconds())
-	WriteJSON(w, http.StatusCreated, apiv1.Lease{LeaseID: g.g.ID, Proxy: g.g.Proxy, ProxyURL: u, ExpiresAt: g.g.ExpiresAt, TTLSeconds: int64(g.g.TTL / time.Second),
+	problem.WriteJSON(w, http.StatusCreated, apiv1.Lease{LeaseID: g.g.ID, Proxy: g.g.Proxy, ProxyURL: u, ExpiresAt: g.g.ExpiresAt, TTLSeconds: int64(g.g.TTL / time.Second),
 		Pacing: s.pacingOf(r.Context(), g, domain)})
 	return nil
 }
@@ -196,7 +197,7 @@ func (s *Server) tryAcquire(ctx context.Context, a *acquisition, freeOnly bool) 
 	}
 	if len(f.Items) == 0 {
 		if !a.policy.Autoscaled {
-			return nil, ErrFleetNotFound
+			return nil, problem.ErrFleetNotFound
 		}
 		// An autoscaled fleet at zero: no slot yet, so the acquisition
 		// waits (and counts as demand) while the fleet wakes.
@@ -380,7 +381,7 @@ func (s *Server) acquireAmong(ctx context.Context, a *acquisition, f *catalog.Me
 			return &granted{g: g, m: *r.m}, nil
 		}
 	}
-	return nil, &Error{code: http.StatusInternalServerError, reason: apiv1.ReasonInternal, msg: "granted a lease on a proxy that was no candidate: a bug, please report it"}
+	return nil, &problem.Error{Code: http.StatusInternalServerError, Reason: apiv1.ReasonInternal, Msg: "granted a lease on a proxy that was no candidate: a bug, please report it"}
 }
 
 // noFreeSlot is the refusal when every healthy proxy is taken (healthy < 0:
@@ -400,7 +401,7 @@ func (s *Server) noFreeSlot(ctx context.Context, a *acquisition, healthy int, li
 	if healthy < 0 {
 		msg = fmt.Sprintf("acquisitions of %s/%s are waiting for a slot already, and this one may not wait (maxWait 0); retry in %ds", a.ns, a.fleet, retry)
 	}
-	return &Error{code: http.StatusConflict, reason: apiv1.ReasonNoFreeSlot, retryAfter: retry, msg: msg}
+	return &problem.Error{Code: http.StatusConflict, Reason: apiv1.ReasonNoFreeSlot, RetryAfter: retry, Msg: msg}
 }
 
 // retryAfter suggests when a slot is likely free: the soonest expiry.
@@ -483,7 +484,7 @@ func (s *Server) renew(w http.ResponseWriter, r *http.Request, id *Identity) err
 			s.Log.Info("Renewed a lease without its proxy's URL", "lease", leaseID, "error", err)
 		}
 	}
-	WriteJSON(w, http.StatusOK, out)
+	problem.WriteJSON(w, http.StatusOK, out)
 	return nil
 }
 
@@ -499,8 +500,8 @@ func (s *Server) drainedTTL(proxy string, since time.Time, maxTTL, ttl time.Dura
 	}
 	left := since.Add(maxTTL).Sub(s.now()).Truncate(time.Second)
 	if left < time.Second {
-		return 0, &Error{code: http.StatusConflict, reason: apiv1.ReasonDraining,
-			msg: fmt.Sprintf("proxy %s is being replaced since %s and its leases are no longer renewed: release this lease and take a new one", proxy, since.Format(time.RFC3339))}
+		return 0, &problem.Error{Code: http.StatusConflict, Reason: apiv1.ReasonDraining,
+			Msg: fmt.Sprintf("proxy %s is being replaced since %s and its leases are no longer renewed: release this lease and take a new one", proxy, since.Format(time.RFC3339))}
 	}
 	return min(ttl, left), nil
 }

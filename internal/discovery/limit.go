@@ -9,6 +9,7 @@ import (
 	"time"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 )
 
 // Timeouts of the API's HTTP server: a client that sends its headers or
@@ -66,8 +67,8 @@ func LimitInFlight(h http.Handler, n int) http.Handler {
 			}
 		}
 		if sem == nil {
-			WriteError(w, &Error{code: http.StatusServiceUnavailable, reason: apiv1.ReasonOverloaded, retryAfter: 1,
-				msg: fmt.Sprintf("egress-discovery is serving %d requests already, its limit: try again in a second", cap(slots))})
+			problem.WriteError(w, &problem.Error{Code: http.StatusServiceUnavailable, Reason: apiv1.ReasonOverloaded, RetryAfter: 1,
+				Msg: fmt.Sprintf("egress-discovery is serving %d requests already, its limit: try again in a second", cap(slots))})
 			return
 		}
 		var once sync.Once

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 	authnv1 "k8s.io/api/authentication/v1"
 	authzv1 "k8s.io/api/authorization/v1"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -171,8 +172,8 @@ func TestReviewsBoundedPerAddress(t *testing.T) {
 		}
 	}
 	_, err := k.AuthenticateToken(flood, "bad-2")
-	var ae *Error
-	if !errors.As(err, &ae) || ae.code != http.StatusTooManyRequests || ae.retryAfter < 1 {
+	var ae *problem.Error
+	if !errors.As(err, &ae) || ae.Code != http.StatusTooManyRequests || ae.RetryAfter < 1 {
 		t.Fatalf("a fourth new token from one address: %v, want 429 with Retry-After", err)
 	}
 	if api.tokenReviews != 3 {
@@ -199,14 +200,14 @@ func TestReviewsBoundedPerAddress(t *testing.T) {
 	if id, err := k.AuthenticateToken(flood, "crawler"); err != nil || id.User != "user-crawler" {
 		t.Errorf("a crawler whose token passed 33 s ago, behind a flooded address: %v %v; want its identity", id, err)
 	}
-	if _, err := k.AuthenticateToken(flood, "newcomer"); !errors.As(err, &ae) || ae.code != http.StatusTooManyRequests {
+	if _, err := k.AuthenticateToken(flood, "newcomer"); !errors.As(err, &ae) || ae.Code != http.StatusTooManyRequests {
 		t.Errorf("a new token behind the flooded address: %v, want 429", err)
 	}
 	now = now.Add(staleGrace)
 	for i := 200; i < 210; i++ {
 		_, _ = k.AuthenticateToken(flood, fmt.Sprintf("bad-%d", i))
 	}
-	if _, err := k.AuthenticateToken(flood, "crawler"); !errors.As(err, &ae) || ae.code != http.StatusTooManyRequests {
+	if _, err := k.AuthenticateToken(flood, "crawler"); !errors.As(err, &ae) || ae.Code != http.StatusTooManyRequests {
 		t.Errorf("past the grace, the crawler's token is reviewed again like any: %v, want 429 while the flood lasts", err)
 	}
 
@@ -215,7 +216,7 @@ func TestReviewsBoundedPerAddress(t *testing.T) {
 	for i := range 3 {
 		_, err = v6.AuthenticateToken(WithClientAddress(context.Background(), fmt.Sprintf("[2001:db8:1:2::%x]:443", i+1)), fmt.Sprintf("bad-v6-%d", i))
 	}
-	if !errors.As(err, &ae) || ae.code != http.StatusTooManyRequests {
+	if !errors.As(err, &ae) || ae.Code != http.StatusTooManyRequests {
 		t.Errorf("a third new token from another address of the same /64: %v, want 429", err)
 	}
 }

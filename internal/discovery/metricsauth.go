@@ -9,6 +9,7 @@ import (
 	authzv1 "k8s.io/api/authorization/v1"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 )
 
 // MetricsPath is where the metrics are served.
@@ -24,15 +25,15 @@ func (k *Kubernetes) MetricsAuth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		t := bearer(r)
 		if t == "" {
-			WriteError(w, &Error{code: http.StatusUnauthorized, reason: apiv1.ReasonUnauthenticated, msg: "authenticate with a bearer token that may get " + MetricsPath})
+			problem.WriteError(w, &problem.Error{Code: http.StatusUnauthorized, Reason: apiv1.ReasonUnauthenticated, Msg: "authenticate with a bearer token that may get " + MetricsPath})
 			return
 		}
 		ok, err := k.mayScrape(r.Context(), t)
 		switch {
 		case err != nil:
-			WriteError(w, ToAPIError(err))
+			problem.WriteError(w, problem.ToAPIError(err))
 		case !ok:
-			WriteError(w, &Error{code: http.StatusForbidden, reason: apiv1.ReasonForbidden, msg: "the token may not get " + MetricsPath + ": bind its subject to a ClusterRole with nonResourceURLs [" + MetricsPath + "] and verb get"})
+			problem.WriteError(w, &problem.Error{Code: http.StatusForbidden, Reason: apiv1.ReasonForbidden, Msg: "the token may not get " + MetricsPath + ": bind its subject to a ClusterRole with nonResourceURLs [" + MetricsPath + "] and verb get"})
 		default:
 			next.ServeHTTP(w, r)
 		}

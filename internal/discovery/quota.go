@@ -11,6 +11,7 @@ import (
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 )
 
 // serviceAccountPrefix begins a ServiceAccount's user name.
@@ -130,9 +131,9 @@ func (s *Server) reserve(ctx context.Context, ns, fleet string, id *Identity, p 
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if n := b.count(key, held, s.now()); n >= quota {
-		return nil, &Error{
-			code: http.StatusTooManyRequests, reason: apiv1.ReasonQuotaExceeded, retryAfter: 5,
-			msg: fmt.Sprintf("%s holds %d leases of fleet %s/%s, its quota of %d (%s): release one first", id.User, n, ns, fleet, quota, from),
+		return nil, &problem.Error{
+			Code: http.StatusTooManyRequests, Reason: apiv1.ReasonQuotaExceeded, RetryAfter: 5,
+			Msg: fmt.Sprintf("%s holds %d leases of fleet %s/%s, its quota of %d (%s): release one first", id.User, n, ns, fleet, quota, from),
 		}
 	}
 	if b.pending == nil {
@@ -179,9 +180,9 @@ func (s *Server) holdConn(ctx context.Context, ns, fleet string, id *Identity, p
 	defer b.mu.Unlock()
 	if bounded {
 		if n := b.count(key, held, s.now()); n >= quota {
-			return nil, &Error{
-				code: http.StatusTooManyRequests, reason: apiv1.ReasonQuotaExceeded, retryAfter: 5,
-				msg: fmt.Sprintf("%s holds %d leases and gateway connections without a session on this replica in fleet %s/%s, its quota of %d (%s): close one first", id.User, n, ns, fleet, quota, from),
+			return nil, &problem.Error{
+				Code: http.StatusTooManyRequests, Reason: apiv1.ReasonQuotaExceeded, RetryAfter: 5,
+				Msg: fmt.Sprintf("%s holds %d leases and gateway connections without a session on this replica in fleet %s/%s, its quota of %d (%s): close one first", id.User, n, ns, fleet, quota, from),
 			}
 		}
 	}

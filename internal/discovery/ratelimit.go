@@ -10,6 +10,7 @@ import (
 	"golang.org/x/time/rate"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 )
 
 // IdentityLimits is a token bucket per authenticated identity: each may
@@ -66,8 +67,8 @@ func (s *Server) limit(id *Identity) error {
 		return nil
 	}
 	secs := max(int(math.Ceil(wait.Seconds())), 1)
-	return &Error{
-		code: http.StatusTooManyRequests, reason: apiv1.ReasonRateLimited, retryAfter: secs,
-		msg: fmt.Sprintf("%s is over its limit of %g requests a second (burst %d): try again in %ds", id.User, float64(s.Limits.Rate), s.Limits.Burst, secs),
+	return &problem.Error{
+		Code: http.StatusTooManyRequests, Reason: apiv1.ReasonRateLimited, RetryAfter: secs,
+		Msg: fmt.Sprintf("%s is over its limit of %g requests a second (burst %d): try again in %ds", id.User, float64(s.Limits.Rate), s.Limits.Burst, secs),
 	}
 }

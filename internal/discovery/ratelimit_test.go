@@ -7,13 +7,15 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 )
 
 // limited answers what s.limit decides for id, as the middleware does.
 func limited(s *Server, w *httptest.ResponseRecorder, id *Identity) bool {
 	err := s.limit(id)
 	if err != nil {
-		WriteError(w, ToAPIError(err))
+		problem.WriteError(w, problem.ToAPIError(err))
 	}
 	return err != nil
 }

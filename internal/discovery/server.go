@@ -23,6 +23,7 @@ import (
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 )
@@ -114,7 +115,7 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /signin", s.signIn)
 	mux.HandleFunc("POST /signout", s.signOut)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		WriteError(w, &Error{code: http.StatusNotFound, reason: apiv1.ReasonNoEndpoint, msg: fmt.Sprintf("no endpoint %s %s: see /openapi.json", r.Method, r.URL.Path)})
+		problem.WriteError(w, &problem.Error{Code: http.StatusNotFound, Reason: apiv1.ReasonNoEndpoint, Msg: fmt.Sprintf("no endpoint %s %s: see /openapi.json", r.Method, r.URL.Path)})
 	})
 	return mux
 }
