@@ -27,6 +27,7 @@ import (
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/ttlcache"
 )
 
 // Errors of authentication and authorisation, answered 401 and 403: the
@@ -108,9 +109,9 @@ type Kubernetes struct {
 	Now    func() time.Time
 
 	mu     sync.Mutex
-	authn  *ttlCache[reviewed]
-	failed *ttlCache[error]
-	authz  *ttlCache[bool]
+	authn  *ttlcache.Cache[reviewed]
+	failed *ttlcache.Cache[error]
+	authz  *ttlcache.Cache[bool]
 }
 
 // DefaultAuthCacheSize is how many token and access reviews are
@@ -157,12 +158,12 @@ func (k *Kubernetes) caches() {
 		if size <= 0 {
 			size = DefaultAuthCacheSize
 		}
-		k.authn, k.authz = newTTLCache[reviewed](size), newTTLCache[bool](size)
+		k.authn, k.authz = ttlcache.New[reviewed](size), ttlcache.New[bool](size)
 		failed := k.FailedCacheSize
 		if failed <= 0 {
 			failed = DefaultFailedCacheSize
 		}
-		k.failed = newTTLCache[error](failed)
+		k.failed = ttlcache.New[error](failed)
 	}
 }
 
@@ -200,12 +201,12 @@ func (k *Kubernetes) AuthenticateToken(ctx context.Context, t string) (*Identity
 	k.mu.Lock()
 	k.caches()
 	now := k.now()
-	last, seen := k.authn.get(key, now, k.ttl()+staleGrace)
+	last, seen := k.authn.Get(key, now, k.ttl()+staleGrace)
 	if seen && now.Sub(last.at) < k.ttl() {
 		k.mu.Unlock()
 		return last.id, nil
 	}
-	if err, ok := k.failed.get(key, now, k.ttl()); ok {
+	if err, ok := k.failed.Get(key, now, k.ttl()); ok {
 		k.mu.Unlock()
 		return nil, err
 	}
@@ -241,9 +242,9 @@ func (k *Kubernetes) AuthenticateToken(ctx context.Context, t string) (*Identity
 	}
 	k.mu.Lock()
 	if err != nil {
-		k.failed.add(key, err, k.now())
+		k.failed.Add(key, err, k.now())
 	} else {
-		k.authn.add(key, reviewed{id: id, at: k.now()}, k.now())
+		k.authn.Add(key, reviewed{id: id, at: k.now()}, k.now())
 	}
 	k.mu.Unlock()
 	return id, err
@@ -313,7 +314,7 @@ func (k *Kubernetes) Authorize(ctx context.Context, id *Identity, namespace, fle
 	key := tokenKey(id.token + "\x00" + namespace + "\x00" + fleet)
 	k.mu.Lock()
 	k.caches()
-	if allowed, ok := k.authz.get(key, k.now(), k.ttl()); ok {
+	if allowed, ok := k.authz.Get(key, k.now(), k.ttl()); ok {
 		k.mu.Unlock()
 		if !allowed {
 			return ErrForbidden
@@ -339,7 +340,7 @@ func (k *Kubernetes) Authorize(ctx context.Context, id *Identity, namespace, fle
 		}
 	}
 	k.mu.Lock()
-	k.authz.add(key, allowed, k.now())
+	k.authz.Add(key, allowed, k.now())
 	k.mu.Unlock()
 	if !allowed {
 		return ErrForbidden

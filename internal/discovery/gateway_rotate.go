@@ -13,6 +13,7 @@ import (
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/ttlcache"
 )
 
 // Rotation: a connection without a session goes out through the proxy the
@@ -53,7 +54,7 @@ const (
 // egress IP for a domain, and each fleet's round-robin position.
 type rotor struct {
 	mu   sync.Mutex
-	used *ttlCache[map[string]time.Time]
+	used *ttlcache.Cache[map[string]time.Time]
 	next map[string]int
 }
 
@@ -69,9 +70,9 @@ func ipOf(m *catalog.Member) string {
 // uses are when key last used each egress IP, lately (r.mu held).
 func (r *rotor) uses(key string, now time.Time) map[string]time.Time {
 	if r.used == nil {
-		r.used = newTTLCache[map[string]time.Time](rotationKeys)
+		r.used = ttlcache.New[map[string]time.Time](rotationKeys)
 	}
-	u, _ := r.used.get(key, now, rotationMemory)
+	u, _ := r.used.Get(key, now, rotationMemory)
 	return u
 }
 
@@ -92,7 +93,7 @@ func (r *rotor) note(key, ip string, now time.Time) {
 			delete(u, k)
 		}
 	}
-	r.used.add(key, u, now)
+	r.used.Add(key, u, now)
 }
 
 // order returns up to n of cands (members, in the fleet's order by name)

@@ -15,34 +15,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-func TestTTLCache(t *testing.T) {
-	now := time.Unix(1000, 0)
-	c := newTTLCache[int](3)
-	for i := range 5 {
-		c.add(fmt.Sprint(i), i, now)
-	}
-	if c.len() != 3 {
-		t.Fatalf("the cache holds %d entries, want at most 3", c.len())
-	}
-	if _, ok := c.get("0", now, time.Minute); ok {
-		t.Error("the least recently used entry must have been evicted")
-	}
-	// Using 2 makes 3 the least recently used.
-	if v, ok := c.get("2", now, time.Minute); !ok || v != 2 {
-		t.Fatalf("entry 2: %d %v", v, ok)
-	}
-	c.add("5", 5, now)
-	if _, ok := c.get("3", now, time.Minute); ok {
-		t.Error("after 2 was used, 3 is the one to go")
-	}
-	if _, ok := c.get("2", now.Add(time.Minute), time.Minute); ok {
-		t.Error("an entry as old as the TTL is expired")
-	}
-	if _, ok := c.get("4", now.Add(-time.Second), time.Minute); ok {
-		t.Error("an entry from the future (a clock set back) is not trusted")
-	}
-}
-
 // reviewer is an API server that authenticates every token but those
 // beginning bad-, and allows every access, counting the reviews.
 type reviewer struct {
@@ -90,7 +62,7 @@ func TestAuthCachesBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n, m := k.authn.len(), k.authz.len(); n > 100 || m > 100 {
+	if n, m := k.authn.Len(), k.authz.Len(); n > 100 || m > 100 {
 		t.Errorf("remembered %d token and %d access reviews, want at most 100 each", n, m)
 	}
 	before := api.tokenReviews
@@ -110,7 +82,7 @@ func TestAuthCachesBounded(t *testing.T) {
 	// A fleet name of a megabyte costs a key of a hash, not a megabyte.
 	id, _ := k.Authenticate(ctx, req("long"))
 	_ = k.Authorize(ctx, id, "ns", strings.Repeat("x", 1<<20))
-	for key := range k.authz.items {
+	for key := range k.authz.Keys() {
 		if len(key) > 64 {
 			t.Fatalf("an access review is remembered under a key of %d bytes", len(key))
 		}
@@ -150,7 +122,7 @@ func TestFailedReviewsKeptApart(t *testing.T) {
 	if _, err := k.AuthenticateToken(ctx, "bad-999"); !errors.Is(err, ErrUnauthenticated) || api.tokenReviews != before {
 		t.Errorf("a refused token sent again: %v, %d more reviews; want it remembered as refused", err, api.tokenReviews-before)
 	}
-	if n := k.failed.len(); n > 10 {
+	if n := k.failed.Len(); n > 10 {
 		t.Errorf("%d refused tokens remembered, want at most 10", n)
 	}
 }

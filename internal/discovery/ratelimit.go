@@ -11,6 +11,7 @@ import (
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/ttlcache"
 )
 
 // IdentityLimits is a token bucket per authenticated identity: each may
@@ -23,7 +24,7 @@ type IdentityLimits struct {
 	Size  int
 
 	mu      sync.Mutex
-	buckets *ttlCache[*rate.Limiter]
+	buckets *ttlcache.Cache[*rate.Limiter]
 }
 
 // bucketIdle is how long an unused bucket is kept: long enough to have
@@ -35,15 +36,15 @@ const bucketIdle = 10 * time.Minute
 func (l *IdentityLimits) allow(who string, now time.Time) (bool, time.Duration) {
 	l.mu.Lock()
 	if l.buckets == nil {
-		l.buckets = newTTLCache[*rate.Limiter](l.Size)
+		l.buckets = ttlcache.New[*rate.Limiter](l.Size)
 	}
-	b, ok := l.buckets.get(who, now, bucketIdle)
+	b, ok := l.buckets.Get(who, now, bucketIdle)
 	if !ok {
 		b = rate.NewLimiter(l.Rate, l.Burst)
 	}
 	// Re-added at every use, so that an identity in use is never dropped
 	// for idleness.
-	l.buckets.add(who, b, now)
+	l.buckets.Add(who, b, now)
 	l.mu.Unlock()
 	r := b.ReserveN(now, 1)
 	if !r.OK() {

@@ -54,7 +54,7 @@ func TestIdentityLimits(t *testing.T) {
 	for i := range 100 {
 		limited(s, httptest.NewRecorder(), &Identity{User: "random-" + strconv.Itoa(i)})
 	}
-	if n := s.Limits.buckets.len(); n > 10 {
+	if n := s.Limits.buckets.Len(); n > 10 {
 		t.Errorf("%d buckets kept, want at most 10", n)
 	}
 }
