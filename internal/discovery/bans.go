@@ -9,13 +9,14 @@ import (
 	"time"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
 // report records a crawler's verdict on its leased proxy for a domain. A
 // ban is a Lease object in the API server, so every replica honours it.
-func (s *Server) report(w http.ResponseWriter, r *http.Request, id *Identity) error {
+func (s *Server) report(w http.ResponseWriter, r *http.Request, id *auth.Identity) error {
 	leaseID, ns, fleet, p, err := s.leaseOf(r, id)
 	if err != nil {
 		return err
@@ -31,7 +32,7 @@ func (s *Server) report(w http.ResponseWriter, r *http.Request, id *Identity) er
 // clears) for a domain the proxy that the caller's session of the fleet
 // holds. The session's proxy is read from its Lease, so any replica
 // answers, not only the one serving the session.
-func (s *Server) reportSession(w http.ResponseWriter, r *http.Request, id *Identity) error {
+func (s *Server) reportSession(w http.ResponseWriter, r *http.Request, id *auth.Identity) error {
 	ns, fleet, key := r.PathValue("namespace"), r.PathValue("name"), r.PathValue("key")
 	if err := s.authorizeFleet(r.Context(), id, ns, fleet); err != nil {
 		return err
@@ -61,7 +62,7 @@ func (s *Server) reportSession(w http.ResponseWriter, r *http.Request, id *Ident
 
 // applyReport reads a report's body and bans the proxy for its domain, or
 // clears the ban.
-func (s *Server) applyReport(w http.ResponseWriter, r *http.Request, ns, fleet, proxy string, id *Identity) error {
+func (s *Server) applyReport(w http.ResponseWriter, r *http.Request, ns, fleet, proxy string, id *auth.Identity) error {
 	req := &apiv1.ReportRequest{}
 	if err := decode(r, req); err != nil {
 		return err
@@ -132,7 +133,7 @@ func (s *Server) recentBans(key string, listed []lease.Ban) []lease.Ban {
 
 // ban checks a new ban against the bounds and records it, one at a time
 // per replica, so that reports racing on it cannot pass a bound together.
-func (s *Server) ban(ctx context.Context, ns, fleet, proxy, domain string, cooldown time.Duration, id *Identity) error {
+func (s *Server) ban(ctx context.Context, ns, fleet, proxy, domain string, cooldown time.Duration, id *auth.Identity) error {
 	s.banRecord.Lock()
 	defer s.banRecord.Unlock()
 	if err := s.banAllowed(ctx, ns, fleet, proxy, domain, id); err != nil {
@@ -164,7 +165,7 @@ func banLimit(msg string) *problem.Error {
 // bounds; extending a ban that is live already is always allowed. Replicas
 // count from their caches, so the bounds hold up to what they grant at the
 // same moment.
-func (s *Server) banAllowed(ctx context.Context, ns, fleet, proxy, domain string, id *Identity) error {
+func (s *Server) banAllowed(ctx context.Context, ns, fleet, proxy, domain string, id *auth.Identity) error {
 	if s.MaxBansPerFleet <= 0 && s.MaxBansPerIdentity <= 0 {
 		return nil
 	}

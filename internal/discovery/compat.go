@@ -1,11 +1,24 @@
 package discovery
 
-import "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
+import (
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
+)
 
 // The names egress-discovery's callers knew before its packages split by
 // concern, kept so that cmd/discovery, hack/ and the tests read as they
 // did: each is the package's own.
 type (
+	// Identity is auth.Identity.
+	Identity = auth.Identity
+	// Authenticator is auth.Authenticator.
+	Authenticator = auth.Authenticator
+	// Kubernetes is auth.Kubernetes.
+	Kubernetes = auth.Kubernetes
+	// StaticTokens is auth.StaticTokens.
+	StaticTokens = auth.StaticTokens
+	// IdentityLimits is auth.IdentityLimits.
+	IdentityLimits = auth.IdentityLimits
 	// Catalog is catalog.Catalog.
 	Catalog = catalog.Catalog
 	// SecretError is catalog.SecretError.
@@ -14,7 +27,21 @@ type (
 	FleetSizing = catalog.FleetSizing
 )
 
+// DefaultAudience is auth.DefaultAudience; MetricsPath is auth.MetricsPath.
+const (
+	DefaultAudience = auth.DefaultAudience
+	MetricsPath     = auth.MetricsPath
+)
+
 var (
+	// LoadStaticTokens is auth.LoadStaticTokens.
+	LoadStaticTokens = auth.LoadStaticTokens
+	// WithClientAddress is auth.WithClientAddress.
+	WithClientAddress = auth.WithClientAddress
+	// ErrForbidden, ErrUnauthenticated and ErrWrongAudience are auth's.
+	ErrForbidden       = auth.ErrForbidden
+	ErrUnauthenticated = auth.ErrUnauthenticated
+	ErrWrongAudience   = auth.ErrWrongAudience
 	// ProxyExists is catalog.ProxyExists.
 	ProxyExists = catalog.ProxyExists
 	// ProxyOwner is catalog.ProxyOwner.

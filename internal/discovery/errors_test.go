@@ -15,6 +15,7 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
@@ -53,13 +54,13 @@ func TestFail(t *testing.T) {
 		},
 		"Unauthenticated": {
 			reason:      "No valid token is 401 with a Bearer challenge.",
-			err:         ErrUnauthenticated,
+			err:         auth.ErrUnauthenticated,
 			want:        want{code: http.StatusUnauthorized, authenticate: true, reason: "Unauthenticated"},
 			wantMessage: "bearer token",
 		},
 		"Forbidden": {
 			reason:      "A fleet the caller may not use is 403 and says which permission to ask for.",
-			err:         errors.Wrap(ErrForbidden, "team-b/crawlers"),
+			err:         errors.Wrap(auth.ErrForbidden, "team-b/crawlers"),
 			want:        want{code: http.StatusForbidden, reason: "Forbidden"},
 			wantMessage: `verb "use" on proxyfleets`,
 		},
@@ -83,7 +84,7 @@ func TestFail(t *testing.T) {
 		},
 		"WrongAudience": {
 			reason:      "A token for another audience is 401 and says so.",
-			err:         ErrWrongAudience,
+			err:         auth.ErrWrongAudience,
 			want:        want{code: http.StatusUnauthorized, authenticate: true, reason: "WrongAudience"},
 			wantMessage: "--audience egress-discovery",
 		},

@@ -15,6 +15,7 @@ import (
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 )
@@ -26,7 +27,7 @@ func fleetName(namespace, name string) bool {
 
 // authorizeFleet checks a fleet named in a path and authorises its use.
 // Names no fleet can have cost no access review, nor a cache entry.
-func (s *Server) authorizeFleet(ctx context.Context, id *Identity, namespace, name string) error {
+func (s *Server) authorizeFleet(ctx context.Context, id *auth.Identity, namespace, name string) error {
 	if !fleetName(namespace, name) {
 		return problem.ErrFleetNotFound
 	}
@@ -35,7 +36,7 @@ func (s *Server) authorizeFleet(ctx context.Context, id *Identity, namespace, na
 
 // fleetOf checks and authorises a fleet named in a path, and returns its
 // proxies.
-func (s *Server) fleetOf(ctx context.Context, id *Identity, namespace, name string) ([]catalog.Member, error) {
+func (s *Server) fleetOf(ctx context.Context, id *auth.Identity, namespace, name string) ([]catalog.Member, error) {
 	if err := s.authorizeFleet(ctx, id, namespace, name); err != nil {
 		return nil, err
 	}
@@ -64,7 +65,7 @@ func countHealthy(ms []catalog.Member) int {
 	return n
 }
 
-func (s *Server) fleets(w http.ResponseWriter, r *http.Request, id *Identity) error {
+func (s *Server) fleets(w http.ResponseWriter, r *http.Request, id *auth.Identity) error {
 	all, err := s.Catalog.All(r.Context())
 	if err != nil {
 		return err
@@ -86,7 +87,7 @@ func (s *Server) fleets(w http.ResponseWriter, r *http.Request, id *Identity) er
 
 // fleet answers one fleet, with the caller's usage and quota and the
 // state of its admission control.
-func (s *Server) fleet(w http.ResponseWriter, r *http.Request, id *Identity) error {
+func (s *Server) fleet(w http.ResponseWriter, r *http.Request, id *auth.Identity) error {
 	ns, name := r.PathValue("namespace"), r.PathValue("name")
 	ms, err := s.fleetOf(r.Context(), id, ns, name)
 	if err != nil {
@@ -177,7 +178,7 @@ func (s *Server) admits(ctx context.Context, ms []catalog.Member, zone string, e
 	}, nil
 }
 
-func (s *Server) proxies(w http.ResponseWriter, r *http.Request, id *Identity) error {
+func (s *Server) proxies(w http.ResponseWriter, r *http.Request, id *auth.Identity) error {
 	ns, name := r.PathValue("namespace"), r.PathValue("name")
 	q := r.URL.Query()
 	domain := q.Get("notBannedFor")
@@ -237,7 +238,7 @@ func (s *Server) proxies(w http.ResponseWriter, r *http.Request, id *Identity) e
 
 // proxiesTxt serves one proxy URL (with credentials) per line, for clients
 // such as scrapy-rotating-proxies that reload a list from a URL.
-func (s *Server) proxiesTxt(w http.ResponseWriter, r *http.Request, id *Identity) error {
+func (s *Server) proxiesTxt(w http.ResponseWriter, r *http.Request, id *auth.Identity) error {
 	ns, name := r.PathValue("namespace"), r.PathValue("name")
 	domain := r.URL.Query().Get("notBannedFor")
 	if domain != "" && !domainRe.MatchString(domain) {

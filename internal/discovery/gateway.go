@@ -24,6 +24,7 @@ import (
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
@@ -116,7 +117,7 @@ type Gateway struct {
 	turnover map[string]time.Time
 	// seatID is the identity the seats are leased as: this process's own,
 	// which no caller can present, so none can renew or release a seat.
-	seatID *Identity
+	seatID *auth.Identity
 	// transport forwards plain HTTP through the chosen upstream, which
 	// each request's context names.
 	transport *http.Transport
@@ -125,7 +126,7 @@ type Gateway struct {
 
 // gwSession is a session's current upstream.
 type gwSession struct {
-	id    *Identity
+	id    *auth.Identity
 	user  GatewayUser
 	up    *upstream
 	conns int
@@ -140,7 +141,7 @@ type gwSession struct {
 
 // upstream is a leased proxy, how to reach it, and who uses it.
 type upstream struct {
-	id *Identity
+	id *auth.Identity
 	g  *granted
 	// url is http://user:pass@host:port, with the credentials the proxy
 	// takes now.
@@ -191,9 +192,6 @@ func (gw *Gateway) reach(up *upstream) reach.Rule {
 // standInVMs is reach.StandInVMs, made once.
 var standInVMs = reach.StandInVMs()
 
-// seatIdentityPrefix begins the identity a replica's seats are leased as.
-const seatIdentityPrefix = "egress-discovery:gateway-seats:"
-
 // gatewayHolderPrefix begins the holder of every lease the gateway takes,
 // which no API lease may use.
 const gatewayHolderPrefix = "gateway-"
@@ -216,7 +214,7 @@ func (gw *Gateway) init() {
 			// Replicas sharing a session's lease tell themselves apart by it.
 			gw.Replica = "replica-" + rand.Text()
 		}
-		gw.seatID = &Identity{User: seatIdentityPrefix + rand.Text()}
+		gw.seatID = &auth.Identity{User: auth.SeatIdentityPrefix + rand.Text()}
 		if gw.Idle <= 0 {
 			gw.Idle = time.Minute
 		}
@@ -484,7 +482,7 @@ func (gw *Gateway) release(ctx context.Context, up *upstream) {
 // admit counts a connection to a fleet of namespace ns against the
 // replica's, the namespace's and the caller's bounds, and returns its end:
 // one tenant's callers cannot take every connection of the replica.
-func (gw *Gateway) admit(id *Identity, ns string) (func(), error) {
+func (gw *Gateway) admit(id *auth.Identity, ns string) (func(), error) {
 	gw.mu.Lock()
 	defer gw.mu.Unlock()
 	if gw.conns >= gw.MaxConns {
@@ -666,7 +664,7 @@ func (gw *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // authenticate reads Proxy-Authorization: Basic, the username in the
 // gateway's grammar and the password a bearer token, and authorises the
 // caller's use of the fleet.
-func (gw *Gateway) authenticate(r *http.Request) (*Identity, GatewayUser, error) {
+func (gw *Gateway) authenticate(r *http.Request) (*auth.Identity, GatewayUser, error) {
 	h := r.Header.Get("Proxy-Authorization")
 	scheme, enc, _ := strings.Cut(strings.TrimSpace(h), " ")
 	if !strings.EqualFold(scheme, "Basic") {
@@ -686,12 +684,12 @@ func (gw *Gateway) authenticate(r *http.Request) (*Identity, GatewayUser, error)
 // signIn authenticates a gateway caller, HTTP's or SOCKS5's, by its
 // username (the grammar) and its password (a discovery token), bounds its
 // rate and authorises its use of the fleet.
-func (gw *Gateway) signIn(ctx context.Context, remote, name, token string) (*Identity, GatewayUser, error) {
+func (gw *Gateway) signIn(ctx context.Context, remote, name, token string) (*auth.Identity, GatewayUser, error) {
 	user, err := ParseGatewayUser(name)
 	if err != nil {
 		return nil, GatewayUser{}, &gwError{code: http.StatusProxyAuthRequired, reason: apiv1.ReasonInvalid, msg: err.Error()}
 	}
-	ctx = WithClientAddress(ctx, remote)
+	ctx = auth.WithClientAddress(ctx, remote)
 	id, err := gw.Server.Auth.AuthenticateToken(ctx, token)
 	if err != nil {
 		return nil, GatewayUser{}, err
@@ -757,7 +755,7 @@ func validHost(h string) bool {
 // proxy once its lifetime is over), or for a connection without a session
 // a seat. done ends the connection's use of it; moved names the proxy a
 // loose session just left.
-func (gw *Gateway) choose(ctx context.Context, id *Identity, u GatewayUser, domain string, exclude map[string]bool) (up *upstream, done func(), moved string, err error) {
+func (gw *Gateway) choose(ctx context.Context, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool) (up *upstream, done func(), moved string, err error) {
 	gw.mu.Lock()
 	closed := gw.closed
 	gw.mu.Unlock()
@@ -782,7 +780,7 @@ func (gw *Gateway) choose(ctx context.Context, id *Identity, u GatewayUser, doma
 }
 
 // session is choose for a connection of a session.
-func (gw *Gateway) session(ctx context.Context, id *Identity, u GatewayUser, domain string, exclude map[string]bool) (*upstream, func(), string, error) {
+func (gw *Gateway) session(ctx context.Context, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool) (*upstream, func(), string, error) {
 	key := id.User + "\x00" + u.Namespace + "/" + u.Fleet + "\x00" + u.Session
 	gw.mu.Lock()
 	s := gw.sessions[key]
@@ -905,7 +903,7 @@ func (gw *Gateway) current(ctx context.Context, s *gwSession, u GatewayUser, dom
 // resume gives a session an upstream: the lease another replica serves it
 // on, else a new lease, off the proxy whose lifetime for it just ended
 // (ended) when another serves.
-func (gw *Gateway) resume(ctx context.Context, id *Identity, u GatewayUser, domain string, exclude map[string]bool, ended string) (*upstream, error) {
+func (gw *Gateway) resume(ctx context.Context, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool, ended string) (*upstream, error) {
 	// Another replica may serve the session already (on a proxy that
 	// serves this connection too).
 	if cur := gw.adopt(ctx, id, u, domain, exclude); cur != nil {
@@ -939,7 +937,7 @@ func (gw *Gateway) resume(ctx context.Context, id *Identity, u GatewayUser, doma
 // several replicas keeps one proxy. The write that renews the lease adds
 // this replica to those using it: each renews it while it uses it and
 // takes itself off when done, and the last deletes it.
-func (gw *Gateway) adopt(ctx context.Context, id *Identity, u GatewayUser, domain string, exclude map[string]bool) *upstream {
+func (gw *Gateway) adopt(ctx context.Context, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool) *upstream {
 	g, err := gw.Server.Leases.HeldBy(ctx, u.Namespace, u.Fleet, GatewaySessionHolder(u.Session), id.User)
 	if err != nil || exclude[g.Proxy] || g.Fleet != u.Fleet || gw.holds(g.ID) {
 		return nil
@@ -1025,7 +1023,7 @@ func (gw *Gateway) check(ctx context.Context, up *upstream, zone, domain string)
 // failing that, the least loaded of the replica's seats for its fleet and
 // zone, or one leased anywhere (pickSeat). The connection counts against
 // the caller's quota.
-func (gw *Gateway) seat(ctx context.Context, id *Identity, u GatewayUser, domain string, exclude map[string]bool) (*upstream, func(), error) {
+func (gw *Gateway) seat(ctx context.Context, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool) (*upstream, func(), error) {
 	p, err := gw.Server.Catalog.Policy(ctx, u.Namespace, u.Fleet)
 	if err != nil {
 		return nil, nil, err
@@ -1083,7 +1081,7 @@ func (gw *Gateway) seat(ctx context.Context, id *Identity, u GatewayUser, domain
 
 // pickSeat takes a connection's place on a seat; nil (no error) when the
 // seat it chose was retired meanwhile.
-func (gw *Gateway) pickSeat(ctx context.Context, key string, id *Identity, u GatewayUser, domain string, exclude map[string]bool) (*upstream, error) {
+func (gw *Gateway) pickSeat(ctx context.Context, key string, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool) (*upstream, error) {
 	for {
 		best, held := gw.leastLoaded(ctx, key, u.Zone, domain, exclude)
 		gw.mu.Lock()
@@ -1195,7 +1193,7 @@ func (gw *Gateway) leastLoaded(ctx context.Context, key, zone, domain string, ex
 // reads the upstream's URL with its credentials: the caller's lease for a
 // session, the replica's for a seat (which waits for a slot only when
 // wait).
-func (gw *Gateway) lease(ctx context.Context, id *Identity, u GatewayUser, domain, holder string, exclude map[string]bool, seat, wait bool, only string) (*upstream, error) {
+func (gw *Gateway) lease(ctx context.Context, id *auth.Identity, u GatewayUser, domain, holder string, exclude map[string]bool, seat, wait bool, only string) (*upstream, error) {
 	req := &apiv1.AcquireRequest{Fleet: u.Namespace + "/" + u.Fleet, Holder: holder, Zone: u.Zone, Domain: domain}
 	a, err := gw.Server.acquisitionOf(ctx, req, u.Namespace, u.Fleet, id)
 	if err != nil {
@@ -1236,7 +1234,7 @@ func (gw *Gateway) lease(ctx context.Context, id *Identity, u GatewayUser, domai
 // tunnel serves CONNECT: it opens a tunnel through the upstream (retried
 // once on another proxy when the upstream fails before any byte reached
 // the crawler), answers 200, and splices both ways.
-func (gw *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id *Identity, u GatewayUser, target, domain string, up *upstream, done func(), moved string) {
+func (gw *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id *auth.Identity, u GatewayUser, target, domain string, up *upstream, done func(), moved string) {
 	conn, up, done, moved, err := gw.open(r.Context(), id, u, target, domain, up, done, moved)
 	if err != nil {
 		gw.refuse(w, err)
@@ -1274,7 +1272,7 @@ func (gw *Gateway) tunnel(w http.ResponseWriter, r *http.Request, id *Identity, 
 // proxy when up failed before the target was reached (a session moves
 // with it): the connection, the upstream and done that carry it, and the
 // proxy a session left (moved). On an error done has been called.
-func (gw *Gateway) open(ctx context.Context, id *Identity, u GatewayUser, target, domain string, up *upstream, done func(), moved string) (net.Conn, *upstream, func(), string, error) {
+func (gw *Gateway) open(ctx context.Context, id *auth.Identity, u GatewayUser, target, domain string, up *upstream, done func(), moved string) (net.Conn, *upstream, func(), string, error) {
 	conn, err := gw.connect(ctx, up, target)
 	if err != nil && retriable(err) && (!u.Strict || upstreamFailed(err)) {
 		// A strict session moves for nothing: its proxy failing ends it
@@ -1481,7 +1479,7 @@ func dropHopHeaders(h http.Header) {
 // forward serves a plain HTTP request through the upstream's absolute-URI
 // mode (retried once on another proxy when the upstream cannot be
 // reached), and names the proxy in X-Egress-Proxy and X-Egress-IP.
-func (gw *Gateway) forward(w http.ResponseWriter, r *http.Request, id *Identity, u GatewayUser, domain string, up *upstream, done func(), moved string) {
+func (gw *Gateway) forward(w http.ResponseWriter, r *http.Request, id *auth.Identity, u GatewayUser, domain string, up *upstream, done func(), moved string) {
 	out := r.Clone(r.Context())
 	out.RequestURI = ""
 	dropHopHeaders(out.Header)

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/ttlcache"
 )
@@ -168,7 +169,7 @@ func (r *rotor) order(strategy string, cands []*catalog.Member, n int, key, ring
 // strategy chooses, leasing one on it when it has none; nil (no error)
 // when it found none to take, and the caller falls back to the seats as
 // they are (pickSeat).
-func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *Identity, u GatewayUser, domain string, exclude map[string]bool, rule *catalog.PacingRule) (*upstream, error) {
+func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool, rule *catalog.PacingRule) (*upstream, error) {
 	f, err := gw.Server.Catalog.Members(ctx, u.Namespace, u.Fleet)
 	if err != nil {
 		return nil, err
@@ -222,7 +223,7 @@ func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *Identit
 // takeChosen takes a connection's place on the first of chosen that has
 // a seat for it, or gets one, within rule's pacing (nil: none); nil when
 // none could.
-func (gw *Gateway) takeChosen(ctx context.Context, key string, id *Identity, u GatewayUser, domain string, exclude map[string]bool, rule *catalog.PacingRule, seated map[string]*upstream, chosen []*catalog.Member, lru string, now time.Time) (*upstream, error) {
+func (gw *Gateway) takeChosen(ctx context.Context, key string, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool, rule *catalog.PacingRule, seated map[string]*upstream, chosen []*catalog.Member, lru string, now time.Time) (*upstream, error) {
 	fleet := u.Namespace + "/" + u.Fleet
 	var err error
 	for _, m := range chosen {
@@ -361,7 +362,7 @@ func (gw *Gateway) seatsOf(key string, ms []catalog.Member, admit func(*catalog.
 // turnover the caller found due); with none idle, nil. It does not wait
 // for a slot: a full proxy is refused at once, and the rotation tries
 // another.
-func (gw *Gateway) seatOn(ctx context.Context, key string, id *Identity, u GatewayUser, domain string, exclude map[string]bool, name string) (*upstream, error) {
+func (gw *Gateway) seatOn(ctx context.Context, key string, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool, name string) (*upstream, error) {
 	tk := key + "\x00" + name
 	gw.mu.Lock()
 	if take, busy := gw.taking[tk]; busy {

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 	"github.com/pkg/errors"
 )
@@ -114,7 +115,7 @@ func (gw *Gateway) socks(ctx context.Context, c net.Conn, shaken func()) {
 
 // socksSignIn negotiates username and password authentication and signs
 // the caller in as the HTTP gateway does; a refused caller is told so.
-func (gw *Gateway) socksSignIn(ctx context.Context, c net.Conn, br *bufio.Reader) (*Identity, GatewayUser, error) {
+func (gw *Gateway) socksSignIn(ctx context.Context, c net.Conn, br *bufio.Reader) (*auth.Identity, GatewayUser, error) {
 	head := make([]byte, 2)
 	if _, err := io.ReadFull(br, head); err != nil || head[0] != 5 {
 		return nil, GatewayUser{}, errors.New("not a SOCKS5 greeting")
@@ -215,7 +216,7 @@ func socksRequest(br *bufio.Reader) (target, domain string, ref *socksRefusal) {
 
 // socksConnect chooses the caller's upstream, opens the tunnel through
 // it, answers success and splices both ways.
-func (gw *Gateway) socksConnect(ctx context.Context, c net.Conn, br *bufio.Reader, id *Identity, u GatewayUser, target, domain string) *socksRefusal {
+func (gw *Gateway) socksConnect(ctx context.Context, c net.Conn, br *bufio.Reader, id *auth.Identity, u GatewayUser, target, domain string) *socksRefusal {
 	leave, err := gw.admit(id, u.Namespace)
 	if err != nil {
 		return &socksRefusal{socksReplyOf(err), err}

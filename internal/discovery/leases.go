@@ -16,6 +16,7 @@ import (
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
@@ -32,7 +33,7 @@ type acquisition struct {
 	req       *apiv1.AcquireRequest
 	ns, fleet string
 	ttl, wait time.Duration
-	id        *Identity
+	id        *auth.Identity
 	policy    *catalog.Policy
 	// exclude are proxies not to grant (the gateway moving a session off
 	// a failed upstream).
@@ -41,13 +42,13 @@ type acquisition struct {
 	// counts it (each of its connections does), and the caller whose
 	// connection asked for it is charged its place among the waiting.
 	seat   bool
-	caller *Identity
+	caller *auth.Identity
 	// only, for the gateway's rotation, is the one proxy to take a seat
 	// on: a refusal is no demand (the gateway tries another proxy).
 	only string
 }
 
-func (s *Server) acquire(w http.ResponseWriter, r *http.Request, id *Identity) error {
+func (s *Server) acquire(w http.ResponseWriter, r *http.Request, id *auth.Identity) error {
 	start := time.Now()
 	g, domain, err := s.grant(r, id)
 	if err != nil {
@@ -91,7 +92,7 @@ func (s *Server) pacingOf(ctx context.Context, g *granted, domain string) *apiv1
 
 // grant validates an acquisition, counts it against the caller's quota,
 // and takes a slot, waiting for one if the fleet and the request allow.
-func (s *Server) grant(r *http.Request, id *Identity) (*granted, string, error) {
+func (s *Server) grant(r *http.Request, id *auth.Identity) (*granted, string, error) {
 	a, err := s.decodeAcquisition(r, id)
 	if err != nil {
 		return nil, "", err
@@ -148,7 +149,7 @@ func (s *Server) grantFor(ctx context.Context, a *acquisition) (*granted, error)
 }
 
 // decodeAcquisition reads an acquire request and the fleet's policy.
-func (s *Server) decodeAcquisition(r *http.Request, id *Identity) (*acquisition, error) {
+func (s *Server) decodeAcquisition(r *http.Request, id *auth.Identity) (*acquisition, error) {
 	req, ns, name, err := DecodeAcquire(r)
 	if err != nil {
 		return nil, err
@@ -157,7 +158,7 @@ func (s *Server) decodeAcquisition(r *http.Request, id *Identity) (*acquisition,
 }
 
 // acquisitionOf authorises an acquisition of a fleet and reads its policy.
-func (s *Server) acquisitionOf(ctx context.Context, req *apiv1.AcquireRequest, ns, name string, id *Identity) (*acquisition, error) {
+func (s *Server) acquisitionOf(ctx context.Context, req *apiv1.AcquireRequest, ns, name string, id *auth.Identity) (*acquisition, error) {
 	if err := s.authorizeFleet(ctx, id, ns, name); err != nil {
 		return nil, err
 	}
@@ -421,7 +422,7 @@ func (s *Server) retryAfter(slots map[string][]*coordLease) int {
 // leaseOf reads the lease named in the path and authorises its fleet. The
 // fleet comes from the cached Proxy the slot belongs to, so renew and
 // release cost one API call each.
-func (s *Server) leaseOf(r *http.Request, id *Identity) (leaseID, namespace, fleet string, p *v1alpha1.Proxy, err error) {
+func (s *Server) leaseOf(r *http.Request, id *auth.Identity) (leaseID, namespace, fleet string, p *v1alpha1.Proxy, err error) {
 	leaseID = r.PathValue("namespace") + "/" + r.PathValue("name") + "/" + r.PathValue("token")
 	namespace, name, _, err := lease.ParseID(leaseID)
 	if err != nil {
@@ -445,7 +446,7 @@ func (s *Server) leaseOf(r *http.Request, id *Identity) (leaseID, namespace, fle
 	return leaseID, namespace, fleet, p, nil
 }
 
-func (s *Server) renew(w http.ResponseWriter, r *http.Request, id *Identity) error {
+func (s *Server) renew(w http.ResponseWriter, r *http.Request, id *auth.Identity) error {
 	leaseID, ns, fleet, p, err := s.leaseOf(r, id)
 	if err != nil {
 		return err
@@ -506,7 +507,7 @@ func (s *Server) drainedTTL(proxy string, since time.Time, maxTTL, ttl time.Dura
 	return min(ttl, left), nil
 }
 
-func (s *Server) release(w http.ResponseWriter, r *http.Request, id *Identity) error {
+func (s *Server) release(w http.ResponseWriter, r *http.Request, id *auth.Identity) error {
 	leaseID, ns, fleet, _, err := s.leaseOf(r, id)
 	if err != nil {
 		return err

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"github.com/pkg/errors"
 )
@@ -153,7 +154,7 @@ func (p *pacer) forgetFullLocked(now time.Time) {
 // every proxy that serves the connection is paced, it waits for the
 // first to be free if that is within maxPaceWait, once, and else answers
 // 429 with Retry-After.
-func (gw *Gateway) rotatePaced(ctx context.Context, key, strategy string, id *Identity, u GatewayUser, domain string, exclude map[string]bool, rule *catalog.PacingRule) (*upstream, error) {
+func (gw *Gateway) rotatePaced(ctx context.Context, key, strategy string, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool, rule *catalog.PacingRule) (*upstream, error) {
 	for waited := false; ; waited = true {
 		up, err := gw.rotate(ctx, key, strategy, id, u, domain, exclude, rule)
 		var pe *pacedError

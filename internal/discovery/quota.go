@@ -10,6 +10,7 @@ import (
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 )
@@ -20,7 +21,7 @@ const serviceAccountPrefix = "system:serviceaccount:"
 // quotaOf returns the lease bound of an identity in a fleet and the field
 // it comes from; false when there is none. A ServiceAccount's or a static
 // token's override wins over a group's; of several groups', the largest.
-func quotaOf(q *fleetv1alpha1.Quotas, id *Identity) (int, string, bool) {
+func quotaOf(q *fleetv1alpha1.Quotas, id *auth.Identity) (int, string, bool) {
 	if q == nil {
 		return 0, "", false
 	}
@@ -30,7 +31,7 @@ func quotaOf(q *fleetv1alpha1.Quotas, id *Identity) (int, string, bool) {
 		switch {
 		case o.ServiceAccount != "" && id.User == serviceAccountPrefix+strings.Replace(o.ServiceAccount, "/", ":", 1):
 			return int(o.MaxLeases), from + " (serviceAccount " + o.ServiceAccount + ")", true
-		case o.StaticToken != "" && id.User == StaticPrefix+o.StaticToken:
+		case o.StaticToken != "" && id.User == auth.StaticPrefix+o.StaticToken:
 			return int(o.MaxLeases), from + " (staticToken " + o.StaticToken + ")", true
 		case o.Group != "" && int(o.MaxLeases) > group && hasGroup(id, o.Group):
 			group, groupFrom = int(o.MaxLeases), from+" (group "+o.Group+")"
@@ -45,7 +46,7 @@ func quotaOf(q *fleetv1alpha1.Quotas, id *Identity) (int, string, bool) {
 	return 0, "", false
 }
 
-func hasGroup(id *Identity, g string) bool {
+func hasGroup(id *auth.Identity, g string) bool {
 	for _, x := range id.Groups {
 		if x == g {
 			return true
@@ -81,7 +82,7 @@ func quotaKey(ns, fleet, identity string) string { return ns + "/" + fleet + "\x
 
 // usage is how many leases of the fleet id holds, or is being granted on
 // this replica.
-func (s *Server) usage(ctx context.Context, ns, fleet string, id *Identity) (int, error) {
+func (s *Server) usage(ctx context.Context, ns, fleet string, id *auth.Identity) (int, error) {
 	held, err := s.Leases.Held(ctx, ns, fleet, id.User)
 	if err != nil {
 		return 0, err
@@ -117,7 +118,7 @@ func (b *quotaBook) count(key string, held map[string]bool, now time.Time) int {
 // reserve counts an acquisition against id's quota in the fleet, or
 // refuses it (429, QuotaExceeded) when id holds its quota already. done
 // ends the reservation, recording the grant it made, if any.
-func (s *Server) reserve(ctx context.Context, ns, fleet string, id *Identity, p *catalog.Policy) (done func(grantID string), err error) {
+func (s *Server) reserve(ctx context.Context, ns, fleet string, id *auth.Identity, p *catalog.Policy) (done func(grantID string), err error) {
 	quota, from, ok := quotaOf(p.Quotas, id)
 	if !ok {
 		return func(string) {}, nil
@@ -165,7 +166,7 @@ func (s *Server) reserve(ctx context.Context, ns, fleet string, id *Identity, p 
 // Service's ClientIP affinity keeps a caller on one replica). Each
 // replica's share is bounded by the quota, and all connections by the
 // gateway's per-identity and per-namespace bounds.
-func (s *Server) holdConn(ctx context.Context, ns, fleet string, id *Identity, p *catalog.Policy) (func(), error) {
+func (s *Server) holdConn(ctx context.Context, ns, fleet string, id *auth.Identity, p *catalog.Policy) (func(), error) {
 	quota, from, bounded := quotaOf(p.Quotas, id)
 	var held map[string]bool
 	if bounded {

@@ -8,11 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 )
 
 // limited answers what s.limit decides for id, as the middleware does.
-func limited(s *Server, w *httptest.ResponseRecorder, id *Identity) bool {
+func limited(s *Server, w *httptest.ResponseRecorder, id *auth.Identity) bool {
 	err := s.limit(id)
 	if err != nil {
 		problem.WriteError(w, problem.ToAPIError(err))
@@ -25,8 +26,8 @@ func limited(s *Server, w *httptest.ResponseRecorder, id *Identity) bool {
 // identity is not held up by it; and the buckets kept stay within Size.
 func TestIdentityLimits(t *testing.T) {
 	now := time.Unix(1000, 0)
-	s := &Server{Limits: &IdentityLimits{Rate: 2, Burst: 3, Size: 10}, Now: func() time.Time { return now }}
-	alice, bob := &Identity{User: "alice"}, &Identity{User: "bob"}
+	s := &Server{Limits: &auth.IdentityLimits{Rate: 2, Burst: 3, Size: 10}, Now: func() time.Time { return now }}
+	alice, bob := &auth.Identity{User: "alice"}, &auth.Identity{User: "bob"}
 	for i := range 3 {
 		if limited(s, httptest.NewRecorder(), alice) {
 			t.Fatalf("request %d of the burst refused", i)
@@ -52,9 +53,9 @@ func TestIdentityLimits(t *testing.T) {
 		t.Error("after Retry-After the request must pass")
 	}
 	for i := range 100 {
-		limited(s, httptest.NewRecorder(), &Identity{User: "random-" + strconv.Itoa(i)})
+		limited(s, httptest.NewRecorder(), &auth.Identity{User: "random-" + strconv.Itoa(i)})
 	}
-	if n := s.Limits.buckets.Len(); n > 10 {
+	if n := s.Limits.Len(); n > 10 {
 		t.Errorf("%d buckets kept, want at most 10", n)
 	}
 }

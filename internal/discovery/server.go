@@ -22,6 +22,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
@@ -38,7 +39,7 @@ var openAPI []byte
 type Server struct {
 	Catalog *catalog.Catalog
 	Leases  *lease.Store
-	Auth    Authenticator
+	Auth    auth.Authenticator
 	Metrics *metrics.Discovery
 	Log     logging.Logger
 	Now     func() time.Time
@@ -50,7 +51,7 @@ type Server struct {
 	Version func() uint64
 	// Limits, when set, bound each identity's request rate: over it, a
 	// request is answered 429 with Retry-After.
-	Limits *IdentityLimits
+	Limits *auth.IdentityLimits
 	// MaxBansPerFleet and MaxBansPerIdentity bound the live bans of a
 	// fleet, and of the identities reporting them in it; zero sets no
 	// bound. A ban over either is answered 429.
@@ -122,14 +123,14 @@ func (s *Server) Handler() http.Handler {
 
 // handler serves one authenticated request; an error it returns is
 // answered by fail, so that every endpoint maps errors the same way.
-type handler func(w http.ResponseWriter, r *http.Request, id *Identity) error
+type handler func(w http.ResponseWriter, r *http.Request, id *auth.Identity) error
 
 // authed authenticates every API call (401 without a valid token), bounds
 // the caller's rate (429), and answers the handler's error.
 func (s *Server) authed(h handler) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
-		r = r.WithContext(WithClientAddress(r.Context(), r.RemoteAddr))
+		r = r.WithContext(auth.WithClientAddress(r.Context(), r.RemoteAddr))
 		id, err := s.Auth.Authenticate(r.Context(), r)
 		if err == nil {
 			err = s.limit(id)

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strings"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"github.com/pkg/errors"
 )
 
@@ -26,7 +27,7 @@ var signInTemplate = template.Must(template.New("signin").Parse(signInHTML))
 // or for the token a person signed in with; without either, the sign-in
 // form.
 func (s *Server) statusPage(w http.ResponseWriter, r *http.Request) {
-	if bearer(r) != "" {
+	if auth.Bearer(r) != "" {
 		s.authed(s.status)(w, r)
 		return
 	}
@@ -35,8 +36,8 @@ func (s *Server) statusPage(w http.ResponseWriter, r *http.Request) {
 		s.signInForm(w, http.StatusOK, "")
 		return
 	}
-	id, err := s.Auth.AuthenticateToken(WithClientAddress(r.Context(), r.RemoteAddr), c.Value)
-	if errors.Is(err, ErrUnauthenticated) || errors.Is(err, ErrWrongAudience) {
+	id, err := s.Auth.AuthenticateToken(auth.WithClientAddress(r.Context(), r.RemoteAddr), c.Value)
+	if errors.Is(err, auth.ErrUnauthenticated) || errors.Is(err, auth.ErrWrongAudience) {
 		http.SetCookie(w, s.clearedCookie())
 		s.signInForm(w, http.StatusUnauthorized, "Your sign-in was refused: the token expired, was revoked, or is not for egress-discovery. Sign in again.")
 		return
@@ -73,12 +74,12 @@ func (s *Server) signIn(w http.ResponseWriter, r *http.Request) {
 		s.signInForm(w, http.StatusBadRequest, "This token holds characters a cookie cannot carry; use it in an Authorization header instead.")
 		return
 	}
-	id, err := s.Auth.AuthenticateToken(WithClientAddress(r.Context(), r.RemoteAddr), token)
+	id, err := s.Auth.AuthenticateToken(auth.WithClientAddress(r.Context(), r.RemoteAddr), token)
 	if err == nil {
 		err = s.limit(id)
 	}
 	switch {
-	case errors.Is(err, ErrUnauthenticated) || errors.Is(err, ErrWrongAudience):
+	case errors.Is(err, auth.ErrUnauthenticated) || errors.Is(err, auth.ErrWrongAudience):
 		s.signInForm(w, http.StatusUnauthorized, "That token was refused: "+err.Error()+".")
 		return
 	case err != nil:

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 )
 
@@ -207,7 +208,7 @@ func sortedGroups(in map[string]*statusGroup) []statusGroup {
 // per pool and zone, and its proxies (at fault first, with why; paged) with
 // latency, egress IP, lease use against maxLeases and bans, without
 // JavaScript. ?fleet=ns/name, pool, zone, show=faults and page narrow it.
-func (s *Server) status(w http.ResponseWriter, r *http.Request, id *Identity) error {
+func (s *Server) status(w http.ResponseWriter, r *http.Request, id *auth.Identity) error {
 	all, err := s.Catalog.All(r.Context())
 	if err != nil {
 		return err
@@ -252,7 +253,7 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, id *Identity) er
 		Now      string
 		SignedIn bool
 		Filter   string
-	}{fleets, s.now().UTC().Format(time.RFC3339), bearer(r) == "" && cookieErr == nil, filter}); err != nil {
+	}{fleets, s.now().UTC().Format(time.RFC3339), auth.Bearer(r) == "" && cookieErr == nil, filter}); err != nil {
 		s.Log.Info("Cannot render status page", "error", err)
 	}
 	return nil

@@ -1,4 +1,4 @@
-package discovery
+package auth
 
 import (
 	"context"
@@ -32,7 +32,7 @@ func TestBearer(t *testing.T) {
 			if tc.header != "" {
 				r.Header.Set("Authorization", tc.header)
 			}
-			if got := bearer(r); got != tc.want {
+			if got := Bearer(r); got != tc.want {
 				t.Errorf("%s\nbearer(%q): want %q, got %q", tc.reason, tc.header, tc.want, got)
 			}
 		})

@@ -1,4 +1,14 @@
-package discovery
+// Package auth is who egress-discovery's callers are and what they may
+// use: Kubernetes ServiceAccount tokens (a TokenReview, with the audience
+// checked) and static tokens, authorised per fleet by a
+// SubjectAccessReview for verb use on proxyfleets; the answers cached
+// briefly, refused tokens apart from valid ones, and token reviews bounded
+// per client address before authentication. The API, the status page's
+// sign-in and the gateway authenticate through it.
+//
+// auth.go authenticates and authorises, metricsauth.go guards /metrics,
+// and limits.go is the token bucket per identity or address.
+package auth
 
 import (
 	"bufio"
@@ -58,13 +68,18 @@ type Authenticator interface {
 	Authorize(ctx context.Context, id *Identity, namespace, fleet string) error
 }
 
-func bearer(r *http.Request) string {
+// Bearer is the token of a request's Authorization bearer header.
+func Bearer(r *http.Request) string {
 	h := r.Header.Get("Authorization")
 	if t, ok := strings.CutPrefix(h, "Bearer "); ok {
 		return strings.TrimSpace(t)
 	}
 	return ""
 }
+
+// SeatIdentityPrefix begins the identity a gateway replica's seats are
+// leased as: no token review passes for it.
+const SeatIdentityPrefix = "egress-discovery:gateway-seats:"
 
 // StaticPrefix begins the user name of a static token's identity; no
 // Kubernetes identity may take such a name (it is refused), so that none
@@ -183,7 +198,7 @@ func (k *Kubernetes) now() time.Time {
 
 // Authenticate reviews the request's bearer token.
 func (k *Kubernetes) Authenticate(ctx context.Context, r *http.Request) (*Identity, error) {
-	return k.AuthenticateToken(ctx, bearer(r))
+	return k.AuthenticateToken(ctx, Bearer(r))
 }
 
 // AuthenticateToken reviews a bearer token: a static token's, or a
@@ -230,7 +245,7 @@ func (k *Kubernetes) AuthenticateToken(ctx context.Context, t string) (*Identity
 	// An identity without a name could not own a lease, and one named as
 	// a static token's, or as the gateway's seats, could pass for it.
 	switch u := tr.Status.User.Username; {
-	case tr.Status.Authenticated && u != "" && !strings.HasPrefix(u, StaticPrefix) && !strings.HasPrefix(u, seatIdentityPrefix) && k.audienceOK(tr.Status.Audiences):
+	case tr.Status.Authenticated && u != "" && !strings.HasPrefix(u, StaticPrefix) && !strings.HasPrefix(u, SeatIdentityPrefix) && k.audienceOK(tr.Status.Audiences):
 		id = &Identity{User: u, Groups: tr.Status.User.Groups, token: key}
 	case k.Audience != "" && (tr.Status.Authenticated || !jwtFor(t, k.Audience)):
 		// Refused either way; the answer says why, when the token says
@@ -258,7 +273,7 @@ func (k *Kubernetes) mayReview(ctx context.Context) error {
 		return nil
 	}
 	addr, _ := ctx.Value(clientAddressKey{}).(string)
-	ok, wait := k.Reviews.allow(addr, k.now())
+	ok, wait := k.Reviews.Allow(addr, k.now())
 	if ok {
 		return nil
 	}

@@ -1,4 +1,4 @@
-package discovery
+package auth
 
 import (
 	"context"
@@ -23,7 +23,7 @@ const MetricsPath = "/metrics"
 // are remembered as the API's are.
 func (k *Kubernetes) MetricsAuth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		t := bearer(r)
+		t := Bearer(r)
 		if t == "" {
 			problem.WriteError(w, &problem.Error{Code: http.StatusUnauthorized, Reason: apiv1.ReasonUnauthenticated, Msg: "authenticate with a bearer token that may get " + MetricsPath})
 			return

@@ -1,4 +1,4 @@
-package discovery
+package auth
 
 import (
 	"context"

@@ -1,0 +1,62 @@
+package auth
+
+import (
+	"sync"
+	"time"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/ttlcache"
+	"golang.org/x/time/rate"
+)
+
+// IdentityLimits is a token bucket per authenticated identity: each may
+// make Rate requests a second on average and Burst at once. Buckets are
+// kept for the identities seen last, at most Size of them; an identity
+// whose bucket was forgotten starts with a full one.
+type IdentityLimits struct {
+	Rate  rate.Limit
+	Burst int
+	Size  int
+
+	mu      sync.Mutex
+	buckets *ttlcache.Cache[*rate.Limiter]
+}
+
+// bucketIdle is how long an unused bucket is kept: long enough to have
+// refilled whatever its burst.
+const bucketIdle = 10 * time.Minute
+
+// Allow takes a request from who's bucket at now, or says after how long
+// one may be made.
+func (l *IdentityLimits) Allow(who string, now time.Time) (bool, time.Duration) {
+	l.mu.Lock()
+	if l.buckets == nil {
+		l.buckets = ttlcache.New[*rate.Limiter](l.Size)
+	}
+	b, ok := l.buckets.Get(who, now, bucketIdle)
+	if !ok {
+		b = rate.NewLimiter(l.Rate, l.Burst)
+	}
+	// Re-added at every use, so that an identity in use is never dropped
+	// for idleness.
+	l.buckets.Add(who, b, now)
+	l.mu.Unlock()
+	r := b.ReserveN(now, 1)
+	if !r.OK() {
+		return false, time.Second
+	}
+	if d := r.DelayFrom(now); d > 0 {
+		r.CancelAt(now)
+		return false, d
+	}
+	return true, 0
+}
+
+// Len is how many identities' buckets it keeps.
+func (l *IdentityLimits) Len() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.buckets == nil {
+		return 0
+	}
+	return l.buckets.Len()
+}
