@@ -3,12 +3,17 @@ package discovery
 import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/gateway"
 )
 
 // The names egress-discovery's callers knew before its packages split by
 // concern, kept so that cmd/discovery, hack/ and the tests read as they
 // did: each is the package's own.
 type (
+	// Gateway is the gateway of this REST server's fleets.
+	Gateway = gateway.Gateway[*Server]
+	// GatewayUser is gateway.GatewayUser.
+	GatewayUser = gateway.GatewayUser
 	// Identity is auth.Identity.
 	Identity = auth.Identity
 	// Authenticator is auth.Authenticator.
@@ -34,6 +39,11 @@ const (
 )
 
 var (
+	// ParseGatewayUser, GatewaySessionHolder and GatewaySeatHolder are
+	// gateway's.
+	ParseGatewayUser     = gateway.ParseGatewayUser
+	GatewaySessionHolder = gateway.GatewaySessionHolder
+	GatewaySeatHolder    = gateway.GatewaySeatHolder
 	// LoadStaticTokens is auth.LoadStaticTokens.
 	LoadStaticTokens = auth.LoadStaticTokens
 	// WithClientAddress is auth.WithClientAddress.

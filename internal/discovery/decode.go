@@ -4,16 +4,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"regexp"
-	"strconv"
 	"strings"
-	"time"
 
 	"github.com/pkg/errors"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/gateway"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 )
 
@@ -54,35 +52,6 @@ func decode(r *http.Request, into any) error {
 	return nil
 }
 
-// parseDuration reads a duration field: Go's syntax (10m) or seconds (600),
-// at least least and at most most.
-func parseDuration(field, v string, def, least, most time.Duration, limit string) (time.Duration, error) {
-	if v == "" {
-		return def, nil
-	}
-	d, err := time.ParseDuration(v)
-	if err != nil {
-		// Seconds, within what a duration holds: a number past it would
-		// wrap around to a small one.
-		if n, nerr := strconv.ParseInt(v, 10, 64); nerr == nil && n >= 0 && n <= math.MaxInt64/int64(time.Second) {
-			d, err = time.Duration(n)*time.Second, nil
-		}
-	}
-	switch {
-	case err != nil:
-		return 0, &problem.BadRequest{Field: field, Msg: fmt.Sprintf("%q is not a duration such as 10m or 600", v)}
-	case d < least:
-		return 0, &problem.BadRequest{Field: field, Msg: fmt.Sprintf("must be at least %s", least)}
-	case d > most:
-		return 0, &problem.BadRequest{Field: field, Msg: fmt.Sprintf("%s exceeds %s %s", d, limit, most)}
-	}
-	return d, nil
-}
-
-func parseTTL(field, v string, def, maxTTL time.Duration) (time.Duration, error) {
-	return parseDuration(field, v, def, time.Second, maxTTL, "the fleet's maxTTL")
-}
-
 // DecodeAcquire reads and validates an acquire request.
 func DecodeAcquire(r *http.Request) (*apiv1.AcquireRequest, string, string, error) {
 	req := &apiv1.AcquireRequest{}
@@ -96,10 +65,10 @@ func DecodeAcquire(r *http.Request) (*apiv1.AcquireRequest, string, string, erro
 	if req.Holder == "" || len(req.Holder) > 253 {
 		return nil, "", "", &problem.BadRequest{Field: "holder", Msg: "must name the crawler, in at most 253 characters"}
 	}
-	if strings.HasPrefix(req.Holder, gatewayHolderPrefix) {
+	if strings.HasPrefix(req.Holder, gateway.HolderPrefix) {
 		// The gateway finds a session's lease by its holder, and takes it
 		// up on another replica: an API lease must not look like one.
-		return nil, "", "", &problem.BadRequest{Field: "holder", Msg: fmt.Sprintf("%q begins with %q, which the gateway's own leases use", req.Holder, gatewayHolderPrefix)}
+		return nil, "", "", &problem.BadRequest{Field: "holder", Msg: fmt.Sprintf("%q begins with %q, which the gateway's own leases use", req.Holder, gateway.HolderPrefix)}
 	}
 	if req.Domain != "" && !domainRe.MatchString(req.Domain) {
 		return nil, "", "", &problem.BadRequest{Field: "domain", Msg: fmt.Sprintf("%q is not a domain name", req.Domain)}

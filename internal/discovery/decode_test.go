@@ -11,6 +11,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/allocator"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 )
 
@@ -106,7 +107,7 @@ func TestParseTTL(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			ttl, err := parseTTL("ttl", tc.in, def, maxTTL)
+			ttl, err := allocator.ParseTTL("ttl", tc.in, def, maxTTL)
 			got := want{ttl: ttl, field: fieldOf(err)}
 			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(want{})); diff != "" {
 				t.Errorf("%s\nparseTTL(%q): -want, +got:\n%s\nerror: %v", tc.reason, tc.in, diff, err)

@@ -11,6 +11,7 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/allocator"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
@@ -70,7 +71,7 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 				dup++
 			}
 		}
-		if sp := s.spread.of(key, servingNames(ms), s.now()); sp.Connections > 0 {
+		if sp := s.Allocator().SpreadOf(key, allocator.ServingNames(ms), s.now()); sp.Connections > 0 {
 			gauge(descUsed, sp.Used)
 			for _, q := range []struct {
 				q string
@@ -83,7 +84,7 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descHealthy, healthy)
 		gauge(descCapacity, capacity)
 		gauge(descDuplicate, dup)
-		if d, err := s.demandOf(ctx, ns, name); err == nil {
+		if d, err := s.Allocator().DemandOf(ctx, ns, name); err == nil {
 			gauge(descHeld, d.Held)
 			gauge(descWaiting, d.Waiting)
 		}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/allocator"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 )
 
@@ -47,7 +48,7 @@ func WithTimeout(h http.Handler) http.Handler {
 // Renewals, releases and reports (what crawlers holding leases send) have
 // n/4 more slots of their own, so that a crowd acquiring cannot make the
 // leases already held lapse. An acquisition that parks to wait for a slot
-// gives its in-flight slot back (see leaveInFlight): waiters are bounded
+// gives its in-flight slot back (allocator.BeforeWait): waiters are bounded
 // on their own.
 func LimitInFlight(h http.Handler, n int) http.Handler {
 	slots := make(chan struct{}, max(n, 1))
@@ -74,23 +75,12 @@ func LimitInFlight(h http.Handler, n int) http.Handler {
 		var once sync.Once
 		release := func() { once.Do(func() { <-sem }) }
 		defer release()
-		h.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), inFlightKey{}, release)))
+		h.ServeHTTP(w, r.WithContext(allocator.BeforeWait(r.Context(), release)))
 	})
 }
-
-// inFlightKey keys a request's in-flight slot release in its context.
-type inFlightKey struct{}
 
 // holding says whether a request is sent by a crawler holding a lease:
 // a renewal, release or report.
 func holding(r *http.Request) bool {
 	return strings.HasPrefix(r.URL.Path, "/v1/leases/")
-}
-
-// leaveInFlight gives a request's in-flight slot back, for a request that
-// is about to wait a long while.
-func leaveInFlight(ctx context.Context) {
-	if release, ok := ctx.Value(inFlightKey{}).(func()); ok {
-		release()
-	}
 }

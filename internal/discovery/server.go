@@ -5,11 +5,23 @@
 // waiting for a slot, which a replica keeps in memory and may lose without
 // losing a grant.
 //
-// The files split by concern: server.go routes and authenticates,
-// errors.go maps errors to answers, decode.go reads requests, fleets.go,
-// leases.go and bans.go are the handlers, admission.go and quota.go bound
-// acquisitions, snapshot.go caches listings, status.go is the status page,
-// and sweeper.go deletes what expired.
+// The service splits by concern into packages: catalog is the read model
+// (fleets, proxies, policies), auth authenticates and authorises callers,
+// problem is how a refusal is answered, allocator grants leases (quota,
+// admission, waiting, refusals, bans, pacing) on a small interface over
+// the lease store, gateway is the rotating gateway, and ttlcache the
+// bounded caches they share. This package is the REST API over them and
+// the background jobs that publish what the function reads.
+//
+// Its files: server.go routes and authenticates, compat.go keeps the names
+// its callers used before the split, errors.go answers errors, decode.go
+// reads requests, fleets.go, leases.go and bans.go are the handlers,
+// ratelimit.go and limit.go bound callers and requests in flight,
+// snapshot.go caches listings, status.go and signin.go are the status
+// page, summary.go and demand.go publish each replica's lease summaries
+// and demand, sweeper.go deletes what expired, fleetmetrics.go exports
+// per-fleet metrics, tlsserve.go serves TLS with a reloaded key pair, and
+// types.go names the Lease type.
 package discovery
 
 import (
@@ -22,6 +34,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/allocator"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
@@ -67,26 +80,24 @@ type Server struct {
 	// connection, which behind a TLS-terminating ingress is plain too.
 	PlainHTTPCookie bool
 
-	// banRecord serialises the bound check and the write of a ban;
-	// bansMade are the bans this replica recorded lately, by fleet.
-	banRecord sync.Mutex
-	banMu     sync.Mutex
-	bansMade  map[string][]recentBan
-
 	snapMu sync.Mutex
 	snaps  map[string]snapshot
 
-	// queues are the acquisitions waiting for a slot, by fleet.
-	queues waitQueues
-	// quotas count the leases each identity holds or is being granted.
-	quotas quotaBook
-	// refused remembers the acquisitions refused lately, by fleet, for
-	// the demand an autoscaled fleet is sized by.
-	refused refusals
-	// pace holds the pacing buckets of the fleets' egress IPs; spread
-	// counts the gateway's connections by fleet and proxy.
-	pace   pacer
-	spread spreadBook
+	allocOnce sync.Once
+	allocator *allocator.Allocator
+}
+
+// Allocator is the allocator of this server's leases, made from its fields
+// at first use: the API's and the gateway's grants go through it.
+func (s *Server) Allocator() *allocator.Allocator {
+	s.allocOnce.Do(func() {
+		s.allocator = &allocator.Allocator{
+			Catalog: s.Catalog, Leases: s.Leases, Auth: s.Auth, Metrics: s.Metrics, Log: s.Log, Now: s.Now, Version: s.Version,
+			MaxBansPerFleet: s.MaxBansPerFleet, MaxBansPerIdentity: s.MaxBansPerIdentity,
+			MaxWaiting: s.MaxWaiting, MaxWaitingPerIdentity: s.MaxWaitingPerIdentity,
+		}
+	})
+	return s.allocator
 }
 
 func (s *Server) now() time.Time {
@@ -143,3 +154,13 @@ func (s *Server) authed(h handler) http.HandlerFunc {
 		}
 	}
 }
+
+// Authenticator authenticates the server's callers (Auth).
+func (s *Server) Authenticator() auth.Authenticator { return s.Auth }
+
+// Store is the lease store (Leases).
+func (s *Server) Store() *lease.Store { return s.Leases }
+
+// Limit refuses a request of an identity over its rate limit (Limits):
+// 429 with Retry-After.
+func (s *Server) Limit(id *auth.Identity) error { return s.limit(id) }

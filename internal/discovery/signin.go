@@ -7,8 +7,9 @@ import (
 	"net/url"
 	"strings"
 
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"github.com/pkg/errors"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 )
 
 // TokenCookie holds the token a person signed in to the status page with:

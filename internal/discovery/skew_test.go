@@ -11,9 +11,8 @@ import (
 	"testing"
 	"time"
 
-	coordv1 "k8s.io/api/coordination/v1"
-
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	coordv1 "k8s.io/api/coordination/v1"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/allocator"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 )
@@ -83,7 +84,7 @@ type statusFleet struct {
 	Prev, Next string
 	// Spread is how this replica's gateway connections of the last
 	// minutes spread over the fleet's serving proxies.
-	Spread Spread
+	Spread allocator.Spread
 }
 
 // queryFleet is the status page's query parameter naming a fleet.
@@ -237,7 +238,7 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, id *auth.Identit
 		}
 		f := summarise(ns, name, ms, held, bans, q)
 		f.Sizing = s.Catalog.Sizing(r.Context(), ns, name)
-		f.Spread = s.spread.of(key, servingNames(ms), s.now())
+		f.Spread = s.Allocator().SpreadOf(key, allocator.ServingNames(ms), s.now())
 		fleets = append(fleets, f)
 	}
 	sort.Slice(fleets, func(i, j int) bool { return fleets[i].Namespace+fleets[i].Name < fleets[j].Namespace+fleets[j].Name })

@@ -180,7 +180,7 @@ func (p *SummaryPublisher) summarise(ctx context.Context, ns, fleet string, memb
 	if err != nil {
 		return nil, err
 	}
-	d, err := p.Server.demandOf(ctx, ns, fleet)
+	d, err := p.Server.Allocator().DemandOf(ctx, ns, fleet)
 	if err != nil {
 		return nil, err
 	}

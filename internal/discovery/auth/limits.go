@@ -4,8 +4,9 @@ import (
 	"sync"
 	"time"
 
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/ttlcache"
 	"golang.org/x/time/rate"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/ttlcache"
 )
 
 // IdentityLimits is a token bucket per authenticated identity: each may

@@ -126,3 +126,12 @@ func ReasonOf(err error) string {
 	}
 	return ToAPIError(err).Reason
 }
+
+// The statuses the allocator refuses with, named here so that it needs no
+// net/http: it decides what a refusal is, the API and the gateway how it
+// is answered.
+const (
+	StatusConflict            = http.StatusConflict
+	StatusTooManyRequests     = http.StatusTooManyRequests
+	StatusInternalServerError = http.StatusInternalServerError
+)

@@ -1,4 +1,4 @@
-package discovery
+package gateway
 
 import (
 	"bufio"
@@ -12,9 +12,10 @@ import (
 	"sync"
 	"time"
 
+	"github.com/pkg/errors"
+
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
-	"github.com/pkg/errors"
 )
 
 // SOCKS5 (RFC 1928) with username and password (RFC 1929): the same
@@ -39,7 +40,7 @@ const (
 const socksHandshakeTimeout = 10 * time.Second
 
 // ServeSOCKS5 serves SOCKS5 on l until ctx ends (l is then closed).
-func (gw *Gateway) ServeSOCKS5(ctx context.Context, l net.Listener) error {
+func (gw *Gateway[S]) ServeSOCKS5(ctx context.Context, l net.Listener) error {
 	gw.init()
 	go func() {
 		<-ctx.Done()
@@ -58,7 +59,7 @@ func (gw *Gateway) ServeSOCKS5(ctx context.Context, l net.Listener) error {
 			// Out of file descriptors, say: the listener stays, as
 			// net/http's does, and tries again after a pause.
 			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-			gw.Server.Log.Debug("Cannot accept a SOCKS5 connection", "error", err, "retry", backoff)
+			gw.Server.Allocator().Log.Debug("Cannot accept a SOCKS5 connection", "error", err, "retry", backoff)
 			time.Sleep(backoff)
 			continue
 		}
@@ -84,7 +85,7 @@ const maxSOCKSHandshakes = 1024
 
 // socks serves one SOCKS5 connection; shaken is called once its
 // handshake is over.
-func (gw *Gateway) socks(ctx context.Context, c net.Conn, shaken func()) {
+func (gw *Gateway[S]) socks(ctx context.Context, c net.Conn, shaken func()) {
 	defer c.Close() //nolint:errcheck // Closing a tunnel.
 	once := sync.OnceFunc(shaken)
 	defer once()
@@ -95,7 +96,7 @@ func (gw *Gateway) socks(ctx context.Context, c net.Conn, shaken func()) {
 		// Anyone who reaches the port can fail to sign in: counted, and
 		// logged at debug level only.
 		gw.Metrics.SOCKSRefusals.WithLabelValues("auth").Inc()
-		gw.Server.Log.Debug("Refusing a SOCKS5 client", "client", c.RemoteAddr().String(), "reason", err.Error())
+		gw.Server.Allocator().Log.Debug("Refusing a SOCKS5 client", "client", c.RemoteAddr().String(), "reason", err.Error())
 		return
 	}
 	target, domain, ref := socksRequest(br)
@@ -108,14 +109,14 @@ func (gw *Gateway) socks(ctx context.Context, c net.Conn, shaken func()) {
 	}
 	if ref != nil {
 		gw.Metrics.SOCKSRefusals.WithLabelValues(strconv.Itoa(int(ref.reply))).Inc()
-		gw.Server.Log.Info("Refusing a SOCKS5 request", "client", c.RemoteAddr().String(), "user", id.User, "target", target, "reply", ref.reply, "reason", ref.err.Error())
+		gw.Server.Allocator().Log.Info("Refusing a SOCKS5 request", "client", c.RemoteAddr().String(), "user", id.User, "target", target, "reply", ref.reply, "reason", ref.err.Error())
 		_, _ = c.Write(socksReply(ref.reply))
 	}
 }
 
 // socksSignIn negotiates username and password authentication and signs
 // the caller in as the HTTP gateway does; a refused caller is told so.
-func (gw *Gateway) socksSignIn(ctx context.Context, c net.Conn, br *bufio.Reader) (*auth.Identity, GatewayUser, error) {
+func (gw *Gateway[S]) socksSignIn(ctx context.Context, c net.Conn, br *bufio.Reader) (*auth.Identity, GatewayUser, error) {
 	head := make([]byte, 2)
 	if _, err := io.ReadFull(br, head); err != nil || head[0] != 5 {
 		return nil, GatewayUser{}, errors.New("not a SOCKS5 greeting")
@@ -216,7 +217,7 @@ func socksRequest(br *bufio.Reader) (target, domain string, ref *socksRefusal) {
 
 // socksConnect chooses the caller's upstream, opens the tunnel through
 // it, answers success and splices both ways.
-func (gw *Gateway) socksConnect(ctx context.Context, c net.Conn, br *bufio.Reader, id *auth.Identity, u GatewayUser, target, domain string) *socksRefusal {
+func (gw *Gateway[S]) socksConnect(ctx context.Context, c net.Conn, br *bufio.Reader, id *auth.Identity, u GatewayUser, target, domain string) *socksRefusal {
 	leave, err := gw.admit(id, u.Namespace)
 	if err != nil {
 		return &socksRefusal{socksReplyOf(err), err}
@@ -224,7 +225,7 @@ func (gw *Gateway) socksConnect(ctx context.Context, c net.Conn, br *bufio.Reade
 	defer leave()
 	up, done, moved, err := gw.choose(ctx, id, u, domain, nil)
 	if err != nil {
-		gw.Server.Metrics.Denials.WithLabelValues(problem.ReasonOf(err)).Inc()
+		gw.Server.Allocator().Metrics.Denials.WithLabelValues(problem.ReasonOf(err)).Inc()
 		return &socksRefusal{socksReplyOf(err), err}
 	}
 	conn, up, done, _, err := gw.open(ctx, id, u, target, domain, up, done, moved)
@@ -234,7 +235,7 @@ func (gw *Gateway) socksConnect(ctx context.Context, c net.Conn, br *bufio.Reade
 	defer done()
 	defer conn.Close() //nolint:errcheck // Closing a tunnel.
 	fleet := u.Namespace + "/" + u.Fleet
-	gw.Server.spread.record(fleet, up.g.m.Name, gw.Server.now())
+	gw.Server.Allocator().RecordSpread(fleet, up.g.Member.Name, gw.Server.Allocator().Time())
 	gw.Metrics.Connections.WithLabelValues(fleet).Inc()
 	gw.Metrics.ConnectionsTotal.WithLabelValues(fleet).Inc()
 	defer gw.Metrics.Connections.WithLabelValues(fleet).Dec()
@@ -249,7 +250,7 @@ func (gw *Gateway) socksConnect(ctx context.Context, c net.Conn, br *bufio.Reade
 		}
 		gw.Metrics.Bytes.WithLabelValues("up").Add(float64(n))
 	}
-	gw.Server.Log.Debug("SOCKS5 tunnel", "user", id.User, "target", target, "proxy", up.g.m.Name)
+	gw.Server.Allocator().Log.Debug("SOCKS5 tunnel", "user", id.User, "target", target, "proxy", up.g.Member.Name)
 	splice(c, conn, gw.TunnelIdle, gw.Metrics)
 	return nil
 }

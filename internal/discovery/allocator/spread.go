@@ -1,4 +1,4 @@
-package discovery
+package allocator
 
 import (
 	"math"
@@ -93,8 +93,8 @@ type Spread struct {
 	Min, Median, P90, Max      uint64
 }
 
-// servingNames are the names of the serving proxies of ms.
-func servingNames(ms []catalog.Member) []string {
+// ServingNames are the names of the serving proxies of ms.
+func ServingNames(ms []catalog.Member) []string {
 	var out []string
 	for i := range ms {
 		if ms[i].Serving() {
@@ -141,4 +141,16 @@ func (b *spreadBook) of(fleet string, serving []string, now time.Time) Spread {
 	at := func(q float64) uint64 { return all[max(int(math.Ceil(q*float64(len(all))))-1, 0)] }
 	sp.Min, sp.Median, sp.P90, sp.Max = all[0], at(0.5), at(0.9), all[len(all)-1]
 	return sp
+}
+
+// RecordSpread counts a gateway connection of the fleet (namespace/name)
+// through proxy, at now.
+func (s *Allocator) RecordSpread(fleet, proxy string, now time.Time) {
+	s.spread.record(fleet, proxy, now)
+}
+
+// SpreadOf is how the fleet's gateway connections spread over its
+// serving proxies lately.
+func (s *Allocator) SpreadOf(fleet string, serving []string, now time.Time) Spread {
+	return s.spread.of(fleet, serving, now)
 }

@@ -1,4 +1,4 @@
-package discovery
+package gateway
 
 import (
 	"net/http"

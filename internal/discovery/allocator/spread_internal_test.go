@@ -1,4 +1,4 @@
-package discovery
+package allocator
 
 import (
 	"fmt"

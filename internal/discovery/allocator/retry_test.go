@@ -1,4 +1,4 @@
-package discovery
+package allocator
 
 import (
 	"testing"
@@ -11,7 +11,7 @@ import (
 
 func TestRetryAfter(t *testing.T) {
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	s := &Server{Now: func() time.Time { return now }}
+	s := &Allocator{Now: func() time.Time { return now }}
 	lease := func(expiresIn time.Duration) *coordLease {
 		return &coordLease{Spec: coordv1.LeaseSpec{
 			HolderIdentity: ptr.To("crawler"), LeaseDurationSeconds: ptr.To(int32(60)),

@@ -1,4 +1,4 @@
-package discovery
+package allocator
 
 import (
 	"fmt"
@@ -29,8 +29,8 @@ func TestHealthyFraction(t *testing.T) {
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			if got := healthyFraction(tc.ms, &tc.p); got != tc.want {
-				t.Errorf("healthyFraction = %g, want %g", got, tc.want)
+			if got := HealthyFraction(tc.ms, &tc.p); got != tc.want {
+				t.Errorf("HealthyFraction = %g, want %g", got, tc.want)
 			}
 		})
 	}

@@ -1,4 +1,4 @@
-package discovery
+package gateway
 
 import (
 	"context"
@@ -12,6 +12,7 @@ import (
 	"time"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/allocator"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/ttlcache"
@@ -29,8 +30,8 @@ import (
 // gives way to an unseated proxy at most every SeatTurnover/MaxSeats; so a
 // fleet larger than MaxSeats is reached whole over time, at a bounded cost
 // in lease writes (two per turnover, MaxSeats turnovers a SeatTurnover at
-// most). A fleet larger than sampleFrom is chosen among a random sample of
-// sampleSize of its proxies and its seated ones, so that a connection
+// most). A fleet larger than SampleFrom is chosen among a random sample of
+// SampleSize of its proxies and its seated ones, so that a connection
 // costs what a sample does, not the fleet.
 
 const (
@@ -57,15 +58,6 @@ type rotor struct {
 	mu   sync.Mutex
 	used *ttlcache.Cache[map[string]time.Time]
 	next map[string]int
-}
-
-// ipOf is what a target sees of m: its egress IP, or the proxy itself
-// while its IP is unknown.
-func ipOf(m *catalog.Member) string {
-	if m.EgressIP != "" {
-		return m.EgressIP
-	}
-	return "proxy:" + m.Name
 }
 
 // uses are when key last used each egress IP, lately (r.mu held).
@@ -138,7 +130,7 @@ func (r *rotor) order(strategy string, cands []*catalog.Member, n int, key, ring
 	used := r.uses(key, now)
 	last := make([]time.Time, len(cands))
 	for i, m := range cands {
-		last[i] = used[ipOf(m)]
+		last[i] = used[allocator.IPOf(m)]
 	}
 	r.mu.Unlock()
 	less := func(i, j int) bool {
@@ -169,8 +161,8 @@ func (r *rotor) order(strategy string, cands []*catalog.Member, n int, key, ring
 // strategy chooses, leasing one on it when it has none; nil (no error)
 // when it found none to take, and the caller falls back to the seats as
 // they are (pickSeat).
-func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool, rule *catalog.PacingRule) (*upstream, error) {
-	f, err := gw.Server.Catalog.Members(ctx, u.Namespace, u.Fleet)
+func (gw *Gateway[S]) rotate(ctx context.Context, key, strategy string, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool, rule *catalog.PacingRule) (*upstream, error) {
+	f, err := gw.Server.Allocator().Catalog.Members(ctx, u.Namespace, u.Fleet)
 	if err != nil {
 		return nil, err
 	}
@@ -178,17 +170,17 @@ func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *auth.Id
 		return nil, nil
 	}
 	ms := f.Items
-	serving, err := gw.Server.admits(ctx, ms, u.Zone, exclude, domain)
+	serving, err := gw.Server.Allocator().Admits(ctx, ms, u.Zone, exclude, domain)
 	if err != nil {
 		return nil, err
 	}
-	now := gw.Server.now()
+	now := gw.Server.Allocator().Time()
 	fleet := u.Namespace + "/" + u.Fleet
 	// A proxy whose egress IP is paced for the domain is passed over.
 	admit := serving
 	if rule != nil {
 		admit = func(m *catalog.Member) bool {
-			return serving(m) && !gw.Server.pace.next(paceKey(fleet, rule, ipOf(m)), rule, now).After(now)
+			return serving(m) && !gw.Server.Allocator().PaceNext(allocator.PaceKey(fleet, rule, allocator.IPOf(m)), rule, now).After(now)
 		}
 	}
 	// The seats of key, as the members show their proxies now: one whose
@@ -223,13 +215,13 @@ func (gw *Gateway) rotate(ctx context.Context, key, strategy string, id *auth.Id
 // takeChosen takes a connection's place on the first of chosen that has
 // a seat for it, or gets one, within rule's pacing (nil: none); nil when
 // none could.
-func (gw *Gateway) takeChosen(ctx context.Context, key string, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool, rule *catalog.PacingRule, seated map[string]*upstream, chosen []*catalog.Member, lru string, now time.Time) (*upstream, error) {
+func (gw *Gateway[S]) takeChosen(ctx context.Context, key string, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool, rule *catalog.PacingRule, seated map[string]*upstream, chosen []*catalog.Member, lru string, now time.Time) (*upstream, error) {
 	fleet := u.Namespace + "/" + u.Fleet
 	var err error
 	for _, m := range chosen {
 		up := seated[m.Name]
 		if up == nil {
-			if up, err = gw.seatOn(ctx, key, id, u, domain, exclude, m.Name); err != nil && !refusal(err) {
+			if up, err = gw.seatOn(ctx, key, id, u, domain, exclude, m.Name); err != nil && !allocator.Refusal(err) {
 				return nil, err
 			}
 		} else if ok, _ := gw.check(ctx, up, u.Zone, domain); !ok {
@@ -243,13 +235,13 @@ func (gw *Gateway) takeChosen(ctx context.Context, key string, id *auth.Identity
 			}
 			gw.mu.Unlock()
 		}
-		if up != nil && rule != nil && !gw.Server.pace.take(paceKey(fleet, rule, ipOf(m)), rule, now) {
+		if up != nil && rule != nil && !gw.Server.Allocator().PaceTake(allocator.PaceKey(fleet, rule, allocator.IPOf(m)), rule, now) {
 			// Another connection took the IP's last token meanwhile.
 			gw.unref(up)
 			up = nil
 		}
 		if up != nil {
-			gw.rotor.note(lru, ipOf(m), now)
+			gw.rotor.note(lru, allocator.IPOf(m), now)
 			return up, nil
 		}
 	}
@@ -259,8 +251,8 @@ func (gw *Gateway) takeChosen(ctx context.Context, key string, id *auth.Identity
 // pacedUntil is, when every proxy of ms that serves a connection is paced
 // under rule, the error saying until when; nil when one is free (no
 // proxy was taken for another reason than pacing).
-func (gw *Gateway) pacedUntil(ms []catalog.Member, serving func(*catalog.Member) bool, fleet, domain string, rule *catalog.PacingRule, now time.Time) error {
-	soonest := gw.Server.pace.soonest(fleet, rule, ms, serving, now)
+func (gw *Gateway[S]) pacedUntil(ms []catalog.Member, serving func(*catalog.Member) bool, fleet, domain string, rule *catalog.PacingRule, now time.Time) error {
+	soonest := gw.Server.Allocator().PaceSoonest(fleet, rule, ms, serving, now)
 	if soonest.IsZero() || !soonest.After(now) {
 		return nil
 	}
@@ -283,9 +275,9 @@ func (e *pacedError) Error() string {
 // candidates are the proxies a connection may rotate to: the seated ones
 // that serve it, and, unless the seats are full with none due to give way
 // (turnover is due at most every SeatTurnover/MaxSeats per key), the
-// others that do: all of them, or in a fleet larger than sampleFrom a
-// random sample of sampleSize.
-func (gw *Gateway) candidates(f *catalog.Members, admit func(*catalog.Member) bool, seated map[string]*upstream, full bool, now time.Time, key string) []*catalog.Member {
+// others that do: all of them, or in a fleet larger than SampleFrom a
+// random sample of SampleSize.
+func (gw *Gateway[S]) candidates(f *catalog.Members, admit func(*catalog.Member) bool, seated map[string]*upstream, full bool, now time.Time, key string) []*catalog.Member {
 	var cands []*catalog.Member
 	for i := range f.Items {
 		if seated[f.Items[i].Name] != nil {
@@ -296,7 +288,7 @@ func (gw *Gateway) candidates(f *catalog.Members, admit func(*catalog.Member) bo
 		return cands
 	}
 	keep := func(m *catalog.Member) bool { return seated[m.Name] == nil && admit(m) }
-	if len(f.Items) <= sampleFrom {
+	if len(f.Items) <= allocator.SampleFrom {
 		for i := range f.Items {
 			if keep(&f.Items[i]) {
 				cands = append(cands, &f.Items[i])
@@ -304,17 +296,17 @@ func (gw *Gateway) candidates(f *catalog.Members, admit func(*catalog.Member) bo
 		}
 		return cands
 	}
-	budget := maxDraws
-	limit := len(cands) + sampleSize
+	budget := allocator.MaxDraws
+	limit := len(cands) + allocator.SampleSize
 	for _, idx := range [][]int32{f.Own, f.Shared} {
-		cands = draw(f.Items, idx, cands, limit, &budget, keep)
+		cands = allocator.Draw(f.Items, idx, cands, limit, &budget, keep)
 	}
 	return cands
 }
 
 // turnoverDue says whether a seat of key may give way to another proxy
 // now, and if so counts it done: at most one every SeatTurnover/MaxSeats.
-func (gw *Gateway) turnoverDue(key string, now time.Time) bool {
+func (gw *Gateway[S]) turnoverDue(key string, now time.Time) bool {
 	gw.mu.Lock()
 	defer gw.mu.Unlock()
 	if now.Before(gw.turnover[key]) {
@@ -331,7 +323,7 @@ func (gw *Gateway) turnoverDue(key string, now time.Time) bool {
 // admit: the usable ones by proxy, every seat's connections by proxy, the
 // leases of seats retired for good (to give back), and whether the seats
 // are at MaxSeats.
-func (gw *Gateway) seatsOf(key string, ms []catalog.Member, admit func(*catalog.Member) bool) (seated map[string]*upstream, load map[string]int, drop []*upstream, full bool) {
+func (gw *Gateway[S]) seatsOf(key string, ms []catalog.Member, admit func(*catalog.Member) bool) (seated map[string]*upstream, load map[string]int, drop []*upstream, full bool) {
 	seated, load = map[string]*upstream{}, map[string]int{}
 	gw.mu.Lock()
 	defer gw.mu.Unlock()
@@ -340,7 +332,7 @@ func (gw *Gateway) seatsOf(key string, ms []catalog.Member, admit func(*catalog.
 		if up.retired {
 			continue
 		}
-		m := catalog.MemberNamed(ms, up.g.m.Name)
+		m := catalog.MemberNamed(ms, up.g.Member.Name)
 		if m == nil || !m.Serving() {
 			if back := gw.retireLocked(up); back != nil {
 				drop = append(drop, back)
@@ -362,7 +354,7 @@ func (gw *Gateway) seatsOf(key string, ms []catalog.Member, admit func(*catalog.
 // turnover the caller found due); with none idle, nil. It does not wait
 // for a slot: a full proxy is refused at once, and the rotation tries
 // another.
-func (gw *Gateway) seatOn(ctx context.Context, key string, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool, name string) (*upstream, error) {
+func (gw *Gateway[S]) seatOn(ctx context.Context, key string, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool, name string) (*upstream, error) {
 	tk := key + "\x00" + name
 	gw.mu.Lock()
 	if take, busy := gw.taking[tk]; busy {
@@ -372,7 +364,7 @@ func (gw *Gateway) seatOn(ctx context.Context, key string, id *auth.Identity, u 
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
-		if take.err != nil && refusal(take.err) {
+		if take.err != nil && allocator.Refusal(take.err) {
 			return nil, take.err
 		}
 		// Leased (or failed for its own caller's reason): shared if there.
@@ -428,7 +420,7 @@ func (gw *Gateway) seatOn(ctx context.Context, key string, id *auth.Identity, u 
 
 // seatCountLocked counts key's seats, those being leased included; gw.mu
 // is held.
-func (gw *Gateway) seatCountLocked(key string) int {
+func (gw *Gateway[S]) seatCountLocked(key string) int {
 	n := 0
 	for _, up := range gw.seats[key] {
 		if !up.retired {
@@ -446,9 +438,9 @@ func (gw *Gateway) seatCountLocked(key string) int {
 
 // seatNamedLocked is key's seat on the proxy named, taken for a
 // connection (refs counted), or nil; gw.mu is held.
-func (gw *Gateway) seatNamedLocked(key, name string) *upstream {
+func (gw *Gateway[S]) seatNamedLocked(key, name string) *upstream {
 	for _, up := range gw.seats[key] {
-		if up.g.m.Name == name && !up.retired {
+		if up.g.Member.Name == name && !up.retired {
 			up.refs++
 			return up
 		}
@@ -458,10 +450,10 @@ func (gw *Gateway) seatNamedLocked(key, name string) *upstream {
 
 // sessionLoadLocked adds to load the connections of this replica's
 // sessions on each proxy of a fleet, for leastConnections; gw.mu is held.
-func (gw *Gateway) sessionLoadLocked(namespace, fleet string, load map[string]int) {
+func (gw *Gateway[S]) sessionLoadLocked(namespace, fleet string, load map[string]int) {
 	for _, s := range gw.sessions {
-		if up := s.up; up != nil && up.g.m.Namespace == namespace && up.g.m.Fleet == fleet {
-			load[up.g.m.Name] += up.refs
+		if up := s.up; up != nil && up.g.Member.Namespace == namespace && up.g.Member.Fleet == fleet {
+			load[up.g.Member.Name] += up.refs
 		}
 	}
 }

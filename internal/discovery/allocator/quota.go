@@ -1,9 +1,8 @@
-package discovery
+package allocator
 
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"strings"
 	"sync"
 	"time"
@@ -18,10 +17,10 @@ import (
 // serviceAccountPrefix begins a ServiceAccount's user name.
 const serviceAccountPrefix = "system:serviceaccount:"
 
-// quotaOf returns the lease bound of an identity in a fleet and the field
+// QuotaOf returns the lease bound of an identity in a fleet and the field
 // it comes from; false when there is none. A ServiceAccount's or a static
 // token's override wins over a group's; of several groups', the largest.
-func quotaOf(q *fleetv1alpha1.Quotas, id *auth.Identity) (int, string, bool) {
+func QuotaOf(q *fleetv1alpha1.Quotas, id *auth.Identity) (int, string, bool) {
 	if q == nil {
 		return 0, "", false
 	}
@@ -66,7 +65,7 @@ type quotaBook struct {
 	// conns are the gateway connections without a session open through
 	// this replica, which count one each.
 	conns  map[string]int
-	recent map[string]map[string]time.Time // key -> lease ID -> granted at
+	recent map[string]map[string]time.Time // key -> lease ID -> Granted at
 	// gone are the leases released through this replica lately, which its
 	// cache may still show: their holder may take another at once.
 	gone map[string]time.Time // lease ID -> released at
@@ -80,9 +79,9 @@ const recentGrantTime = 10 * time.Second
 
 func quotaKey(ns, fleet, identity string) string { return ns + "/" + fleet + "\x00" + identity }
 
-// usage is how many leases of the fleet id holds, or is being granted on
+// Usage is how many leases of the fleet id holds, or is being granted on
 // this replica.
-func (s *Server) usage(ctx context.Context, ns, fleet string, id *auth.Identity) (int, error) {
+func (s *Allocator) Usage(ctx context.Context, ns, fleet string, id *auth.Identity) (int, error) {
 	held, err := s.Leases.Held(ctx, ns, fleet, id.User)
 	if err != nil {
 		return 0, err
@@ -115,11 +114,11 @@ func (b *quotaBook) count(key string, held map[string]bool, now time.Time) int {
 	return n
 }
 
-// reserve counts an acquisition against id's quota in the fleet, or
+// Reserve counts an acquisition against id's quota in the fleet, or
 // refuses it (429, QuotaExceeded) when id holds its quota already. done
 // ends the reservation, recording the grant it made, if any.
-func (s *Server) reserve(ctx context.Context, ns, fleet string, id *auth.Identity, p *catalog.Policy) (done func(grantID string), err error) {
-	quota, from, ok := quotaOf(p.Quotas, id)
+func (s *Allocator) Reserve(ctx context.Context, ns, fleet string, id *auth.Identity, p *catalog.Policy) (done func(grantID string), err error) {
+	quota, from, ok := QuotaOf(p.Quotas, id)
 	if !ok {
 		return func(string) {}, nil
 	}
@@ -133,7 +132,7 @@ func (s *Server) reserve(ctx context.Context, ns, fleet string, id *auth.Identit
 	defer b.mu.Unlock()
 	if n := b.count(key, held, s.now()); n >= quota {
 		return nil, &problem.Error{
-			Code: http.StatusTooManyRequests, Reason: apiv1.ReasonQuotaExceeded, RetryAfter: 5,
+			Code: problem.StatusTooManyRequests, Reason: apiv1.ReasonQuotaExceeded, RetryAfter: 5,
 			Msg: fmt.Sprintf("%s holds %d leases of fleet %s/%s, its quota of %d (%s): release one first", id.User, n, ns, fleet, quota, from),
 		}
 	}
@@ -157,7 +156,7 @@ func (s *Server) reserve(ctx context.Context, ns, fleet string, id *auth.Identit
 	}, nil
 }
 
-// holdConn counts a gateway connection without a session against id's
+// HoldConn counts a gateway connection without a session against id's
 // quota in the fleet while it is open, or refuses it (429, QuotaExceeded)
 // when id holds its quota already, leases and such connections together.
 // Connections are counted by the replica that serves them, and its peers'
@@ -166,8 +165,8 @@ func (s *Server) reserve(ctx context.Context, ns, fleet string, id *auth.Identit
 // Service's ClientIP affinity keeps a caller on one replica). Each
 // replica's share is bounded by the quota, and all connections by the
 // gateway's per-identity and per-namespace bounds.
-func (s *Server) holdConn(ctx context.Context, ns, fleet string, id *auth.Identity, p *catalog.Policy) (func(), error) {
-	quota, from, bounded := quotaOf(p.Quotas, id)
+func (s *Allocator) HoldConn(ctx context.Context, ns, fleet string, id *auth.Identity, p *catalog.Policy) (func(), error) {
+	quota, from, bounded := QuotaOf(p.Quotas, id)
 	var held map[string]bool
 	if bounded {
 		var err error
@@ -182,7 +181,7 @@ func (s *Server) holdConn(ctx context.Context, ns, fleet string, id *auth.Identi
 	if bounded {
 		if n := b.count(key, held, s.now()); n >= quota {
 			return nil, &problem.Error{
-				Code: http.StatusTooManyRequests, Reason: apiv1.ReasonQuotaExceeded, RetryAfter: 5,
+				Code: problem.StatusTooManyRequests, Reason: apiv1.ReasonQuotaExceeded, RetryAfter: 5,
 				Msg: fmt.Sprintf("%s holds %d leases and gateway connections without a session on this replica in fleet %s/%s, its quota of %d (%s): close one first", id.User, n, ns, fleet, quota, from),
 			}
 		}
@@ -200,9 +199,9 @@ func (s *Server) holdConn(ctx context.Context, ns, fleet string, id *auth.Identi
 	}, nil
 }
 
-// released forgets a grant given back, so that its holder may take
+// Released forgets a grant given back, so that its holder may take
 // another at once.
-func (s *Server) released(ns, fleet, identity, grantID string) {
+func (s *Allocator) Released(ns, fleet, identity, grantID string) {
 	b := &s.quotas
 	b.mu.Lock()
 	defer b.mu.Unlock()

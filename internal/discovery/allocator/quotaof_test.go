@@ -1,4 +1,4 @@
-package discovery
+package allocator
 
 import (
 	"strings"
@@ -38,15 +38,15 @@ func TestQuotaOf(t *testing.T) {
 		{name: "one group", id: auth.Identity{User: "bob", Groups: []string{"small"}}, want: 3, from: "overrides[4] (group small)"},
 		{name: "default", id: auth.Identity{User: "carol"}, want: 2, from: "maxLeasesPerIdentity"},
 	} {
-		got, from, ok := quotaOf(q, &c.id)
+		got, from, ok := QuotaOf(q, &c.id)
 		if !ok || got != c.want || !strings.Contains(from, c.from) {
 			t.Errorf("%s: got %d from %q (%v), want %d from %q", c.name, got, from, ok, c.want, c.from)
 		}
 	}
-	if _, _, ok := quotaOf(nil, &auth.Identity{User: "x"}); ok {
+	if _, _, ok := QuotaOf(nil, &auth.Identity{User: "x"}); ok {
 		t.Error("no quotas set a bound")
 	}
-	if _, _, ok := quotaOf(&fleetv1alpha1.Quotas{MaxLeasesPerIdentity: ptr.To[int32](0)}, &auth.Identity{User: "x"}); ok {
+	if _, _, ok := QuotaOf(&fleetv1alpha1.Quotas{MaxLeasesPerIdentity: ptr.To[int32](0)}, &auth.Identity{User: "x"}); ok {
 		t.Error("a default of 0 set a bound")
 	}
 }

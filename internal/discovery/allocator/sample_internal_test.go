@@ -1,4 +1,4 @@
-package discovery
+package allocator
 
 import (
 	"fmt"
@@ -18,7 +18,7 @@ func TestDrawSample(t *testing.T) {
 		idx[i] = int32(i)
 	}
 	budget := 1 << 20
-	got := draw(ms, idx, nil, 32, &budget, func(*catalog.Member) bool { return true })
+	got := Draw(ms, idx, nil, 32, &budget, func(*catalog.Member) bool { return true })
 	seen := map[string]bool{}
 	for _, m := range got {
 		if seen[m.Name] {
@@ -33,7 +33,7 @@ func TestDrawSample(t *testing.T) {
 	hits := map[string]int{}
 	for range 400 {
 		b := 1 << 20
-		for _, m := range draw(ms, idx, nil, 32, &b, func(*catalog.Member) bool { return true }) {
+		for _, m := range Draw(ms, idx, nil, 32, &b, func(*catalog.Member) bool { return true }) {
 			hits[m.Name]++
 		}
 	}
@@ -43,13 +43,13 @@ func TestDrawSample(t *testing.T) {
 	// One member kept: the budget bounds the walk.
 	budget = 256
 	calls := 0
-	draw(ms, idx, nil, 32, &budget, func(m *catalog.Member) bool { calls++; return m.Name == "p-0500" })
+	Draw(ms, idx, nil, 32, &budget, func(m *catalog.Member) bool { calls++; return m.Name == "p-0500" })
 	if calls > 256 || budget != 0 {
 		t.Fatalf("one member of 1000 admitted, budget 256: %d looked at, %d left", calls, budget)
 	}
 	// Every member looked at once when the budget allows.
 	budget, calls = 1<<20, 0
-	got = draw(ms, idx, nil, 32, &budget, func(m *catalog.Member) bool { calls++; return m.Name == "p-0500" })
+	got = Draw(ms, idx, nil, 32, &budget, func(m *catalog.Member) bool { calls++; return m.Name == "p-0500" })
 	if len(got) != 1 || got[0].Name != "p-0500" || calls != len(ms) {
 		t.Fatalf("one member of 1000 admitted: want it found looking at each once, got %d after %d", len(got), calls)
 	}

@@ -1,9 +1,8 @@
-package discovery
+package allocator
 
 import (
 	"context"
 	"fmt"
-	"net/http"
 	"strings"
 	"sync"
 	"time"
@@ -13,17 +12,17 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 )
 
-// healthyFraction is the share of a fleet's proxies that take new
+// HealthyFraction is the share of a fleet's proxies that take new
 // crawlers, counted against spec.replicas (or the proxies that exist, if
 // more), so that proxies gone altogether count as unhealthy. An autoscaled
 // fleet's size is what demand asks for: proxies it is adding, not yet
 // Ready, are no proxies lost, and count in neither part.
-func healthyFraction(ms []catalog.Member, p *catalog.Policy) float64 {
+func HealthyFraction(ms []catalog.Member, p *catalog.Policy) float64 {
 	serving, awake := catalog.CountServing(ms)
 	return fraction(serving, awake, len(ms), p)
 }
 
-// membersHealthyFraction is healthyFraction of the fleet's members,
+// membersHealthyFraction is HealthyFraction of the fleet's members,
 // counted once.
 func membersHealthyFraction(f *catalog.Members, p *catalog.Policy) float64 {
 	return fraction(f.Serving, f.Awake, len(f.Items), p)
@@ -47,7 +46,7 @@ func fraction(serving, awake, members int, p *catalog.Policy) float64 {
 // admission.minHealthyFraction.
 func tooFewHealthy(ns, name string, frac float64, p *catalog.Policy) *problem.Error {
 	return &problem.Error{
-		Code: http.StatusConflict, Reason: apiv1.ReasonTooFewHealthy, RetryAfter: 5,
+		Code: problem.StatusConflict, Reason: apiv1.ReasonTooFewHealthy, RetryAfter: 5,
 		Msg: fmt.Sprintf("only %.0f%% of fleet %s/%s's proxies are healthy, under its spec.leases.admission.minHealthyFraction %.0f%%: new leases wait until more recover, so that the survivors are not overloaded", 100*frac, ns, name, 100*p.MinHealthyFraction),
 	}
 }
@@ -170,9 +169,9 @@ const (
 	DefaultMaxWaitingPerIdentity = 32
 )
 
-// refusal says whether an acquisition's error is one that waiting may
+// Refusal says whether an acquisition's error is one that waiting may
 // mend: no free slot, or too few healthy proxies.
-func refusal(err error) bool {
+func Refusal(err error) bool {
 	r := problem.ReasonOf(err)
 	return r == apiv1.ReasonNoFreeSlot || r == apiv1.ReasonTooFewHealthy
 }
@@ -183,7 +182,7 @@ func refusal(err error) bool {
 // waiting request gives its in-flight slot back: waiters are bounded by
 // MaxWaiting and MaxWaitingPerIdentity instead, and one over either is
 // answered its refusal at once.
-func (s *Server) wait(ctx context.Context, key, identity string, wait time.Duration, try func() (*granted, error), first error) (*granted, error) {
+func (s *Allocator) wait(ctx context.Context, key, identity string, wait time.Duration, try func() (*Granted, error), first error) (*Granted, error) {
 	wt, ok := s.queues.join(key, identity, orDefault(s.MaxWaiting, DefaultMaxWaiting), orDefault(s.MaxWaitingPerIdentity, DefaultMaxWaitingPerIdentity))
 	if !ok {
 		return nil, first
@@ -191,7 +190,7 @@ func (s *Server) wait(ctx context.Context, key, identity string, wait time.Durat
 	start := time.Now()
 	deadline := time.NewTimer(wait)
 	defer deadline.Stop()
-	leaveInFlight(ctx)
+	beforeWait(ctx)
 	s.Metrics.QueueDepth.Set(float64(s.queues.total()))
 	defer func() {
 		s.queues.leave(key, wt)
@@ -214,7 +213,7 @@ func (s *Server) wait(ctx context.Context, key, identity string, wait time.Durat
 		if v, since := s.version(), time.Since(tried); (v != seen && since >= retryMin) || since >= retryEvery {
 			seen, tried = v, time.Now()
 			g, err := try()
-			if err == nil || !refusal(err) {
+			if err == nil || !Refusal(err) {
 				return g, err
 			}
 			last = err
@@ -238,9 +237,31 @@ func orDefault(v, def int) int {
 
 // version is the watched objects' version; 0 when nothing is watched,
 // which leaves waiters to try every retryEvery.
-func (s *Server) version() uint64 {
+func (s *Allocator) version() uint64 {
 	if s.Version == nil {
 		return 0
 	}
 	return s.Version()
+}
+
+// beforeWaitKey keys, in a request's context, what to do before it waits
+// for a slot.
+type beforeWaitKey struct{}
+
+// BeforeWait returns ctx carrying f, which an acquisition calls before it
+// waits for a slot: the API's bound of requests in flight gives the
+// request's place back, as waiters have a bound of their own.
+func BeforeWait(ctx context.Context, f func()) context.Context {
+	return context.WithValue(ctx, beforeWaitKey{}, f)
+}
+
+func beforeWait(ctx context.Context) {
+	if f, ok := ctx.Value(beforeWaitKey{}).(func()); ok {
+		f()
+	}
+}
+
+// FleetDepth is how many acquisitions of the fleet wait on this replica.
+func (s *Allocator) FleetDepth(namespace, fleet string) int {
+	return s.queues.fleetDepth(namespace, fleet)
 }

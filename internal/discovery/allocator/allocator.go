@@ -1,0 +1,109 @@
+// Package allocator is how egress-discovery hands out proxies, whoever
+// asks: the REST API's leases and the gateway's seats go through the same
+// rules. It authorises the fleet, reads its policy, bounds each caller by
+// its quota (counting what its cache may not show yet), refuses while the
+// fleet is below its healthy share (admission), lets an acquisition wait
+// for a slot in a queue per fleet, ranks the proxies (the sticky key's
+// first, then those leaving from an egress IP of their own, then the least
+// loaded; a sample of a large fleet), remembers refusals as the demand an
+// autoscaled fleet is sized by, records bans within their bounds, and
+// paces each egress IP per domain. It knows nothing of HTTP: its refusals
+// are problem.Errors, which the API and the gateway answer each in their
+// own way, and it reads and writes leases only through Store.
+//
+// The files split by concern: allocator.go holds the Allocator and the
+// Store it needs, fleets.go authorises fleets and says which proxies an
+// acquisition admits, acquire.go grants, admission.go bounds and queues,
+// quota.go counts callers, demand.go remembers refusals, bans.go records
+// bans, pacing.go paces egress IPs, spread.go counts how the gateway's
+// connections spread, and parse.go reads durations of requests.
+package allocator
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
+	coordv1 "k8s.io/api/coordination/v1"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
+)
+
+// coordLease is a Lease object.
+type coordLease = coordv1.Lease
+
+// Store is what the allocator needs of the lease store (lease.Store):
+// slots, sticky keys, bans and the holders' counts.
+type Store interface {
+	Slots(ctx context.Context, namespace, fleet string) (map[string][]*coordv1.Lease, error)
+	View(ctx context.Context, namespace, fleet string) (*lease.SlotView, error)
+	ViewOf(ctx context.Context, namespace, fleet string, proxies []string) (*lease.SlotView, error)
+	AcquireIn(ctx context.Context, view *lease.SlotView, cands []lease.Candidate, req lease.Request) (*lease.Grant, error)
+	Sticky(ctx context.Context, namespace, fleet, key string) (string, error)
+	StickyIn(view *lease.SlotView, namespace, fleet, key string) string
+	Held(ctx context.Context, namespace, fleet, identity string) (map[string]bool, error)
+	Bans(ctx context.Context, namespace, fleet string) (map[string][]string, error)
+	BannedFor(ctx context.Context, namespace, fleet, domain string) (map[string]bool, error)
+	ActiveBans(ctx context.Context, namespace, fleet string) ([]lease.Ban, error)
+	Ban(ctx context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string) error
+}
+
+// Authorizer authorises an identity's use of a fleet (auth.Kubernetes).
+type Authorizer interface {
+	Authorize(ctx context.Context, id *auth.Identity, namespace, fleet string) error
+}
+
+// Allocator grants leases and seats. Set its fields before first use;
+// they are not changed after.
+type Allocator struct {
+	Catalog *catalog.Catalog
+	Leases  Store
+	Auth    Authorizer
+	Metrics *metrics.Discovery
+	Log     logging.Logger
+	Now     func() time.Time
+	// Version, when set, changes whenever a watched Proxy or Lease does:
+	// waiting acquisitions try again when it changes.
+	Version func() uint64
+	// MaxBansPerFleet and MaxBansPerIdentity bound the live bans of a
+	// fleet, and of the identities reporting them in it; zero sets no
+	// bound. A ban over either is refused 429.
+	MaxBansPerFleet, MaxBansPerIdentity int
+	// MaxWaiting and MaxWaitingPerIdentity bound the acquisitions waiting
+	// for a slot on this replica, in all and of one identity; zero means
+	// DefaultMaxWaiting and DefaultMaxWaitingPerIdentity. Over either, an
+	// acquisition is refused at once.
+	MaxWaiting, MaxWaitingPerIdentity int
+
+	// banRecord serialises the bound check and the write of a ban;
+	// bansMade are the bans this replica recorded lately, by fleet.
+	banRecord sync.Mutex
+	banMu     sync.Mutex
+	bansMade  map[string][]recentBan
+
+	// queues are the acquisitions waiting for a slot, by fleet.
+	queues waitQueues
+	// quotas count the leases each identity holds or is being granted.
+	quotas quotaBook
+	// refused remembers the acquisitions refused lately, by fleet, for
+	// the demand an autoscaled fleet is sized by.
+	refused refusals
+	// pace holds the pacing buckets of the fleets' egress IPs; spread
+	// counts the gateway's connections by fleet and proxy.
+	pace   pacer
+	spread spreadBook
+}
+
+func (s *Allocator) now() time.Time {
+	if s.Now != nil {
+		return s.Now()
+	}
+	return time.Now()
+}
+
+// Time is the allocator's clock (Now, else time.Now).
+func (s *Allocator) Time() time.Time { return s.now() }

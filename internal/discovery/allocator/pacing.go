@@ -1,0 +1,170 @@
+package allocator
+
+import (
+	"math"
+	"strconv"
+	"sync"
+	"time"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
+)
+
+// ReasonPaced: every proxy that serves a connection is paced for its
+// domain.
+const ReasonPaced = "Paced"
+
+// MaxPaceWait bounds how long a connection waits for a paced IP before it
+// is answered 429.
+const MaxPaceWait = 2 * time.Second
+
+// maxBuckets bounds the buckets a replica keeps: past it, full ones (which
+// count as absent) are forgotten.
+const maxBuckets = 1 << 16
+
+// pacer holds a replica's buckets.
+type pacer struct {
+	mu sync.Mutex
+	b  map[string]*bucket
+}
+
+// bucket is one (fleet, rule, IP)'s tokens as of at, and its rule's
+// interval and burst (so that a full one can be told and forgotten).
+type bucket struct {
+	tokens   float64
+	at       time.Time
+	interval time.Duration
+	burst    int
+}
+
+// PaceKey names the bucket of fleet (namespace/name), rule and ip.
+func PaceKey(fleet string, r *catalog.PacingRule, ip string) string {
+	return fleet + "\x00" + strconv.Itoa(r.Index) + "\x00" + ip
+}
+
+// level is b's tokens at now under r (a clock gone back adds none).
+func (b *bucket) level(r *catalog.PacingRule, now time.Time) float64 {
+	return math.Min(float64(r.Burst), b.tokens+float64(max(now.Sub(b.at), 0))/float64(r.Interval))
+}
+
+// next is when the bucket key next has a token under r (now or before:
+// it has one).
+func (p *pacer) next(key string, r *catalog.PacingRule, now time.Time) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.nextLocked(key, r, now)
+}
+
+// nextLocked is next with p.mu held.
+func (p *pacer) nextLocked(key string, r *catalog.PacingRule, now time.Time) time.Time {
+	b := p.b[key]
+	if b == nil {
+		return now
+	}
+	l := b.level(r, now)
+	if l >= 1 {
+		return now
+	}
+	return now.Add(time.Duration((1 - l) * float64(r.Interval)))
+}
+
+// take spends a token of key under r, if it has one.
+func (p *pacer) take(key string, r *catalog.PacingRule, now time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.b == nil {
+		p.b = map[string]*bucket{}
+	}
+	b := p.b[key]
+	if b == nil {
+		if len(p.b) >= maxBuckets {
+			p.forgetFullLocked(now)
+		}
+		b = &bucket{tokens: float64(r.Burst), at: now, interval: r.Interval, burst: r.Burst}
+		p.b[key] = b
+	}
+	l := b.level(r, now)
+	if l < 1 {
+		return false
+	}
+	b.tokens, b.at, b.interval, b.burst = l-1, now, r.Interval, r.Burst
+	return true
+}
+
+// soonest is, of the IPs of ms that serve a connection (serving), the
+// first time one has a token under rule for fleet: now when one has, zero
+// when none serves. One lock for all of them.
+func (p *pacer) soonest(fleet string, rule *catalog.PacingRule, ms []catalog.Member, serving func(*catalog.Member) bool, now time.Time) time.Time {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var first time.Time
+	for i := range ms {
+		if m := &ms[i]; serving(m) {
+			t := p.nextLocked(PaceKey(fleet, rule, IPOf(m)), rule, now)
+			if !t.After(now) {
+				return now
+			}
+			if first.IsZero() || t.Before(first) {
+				first = t
+			}
+		}
+	}
+	return first
+}
+
+// pacedAmong are the proxies of ms whose IP has no token under rule now.
+func (p *pacer) pacedAmong(fleet string, rule *catalog.PacingRule, ms []catalog.Member, now time.Time) map[string]bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := map[string]bool{}
+	for i := range ms {
+		if p.nextLocked(PaceKey(fleet, rule, IPOf(&ms[i])), rule, now).After(now) {
+			out[ms[i].Name] = true
+		}
+	}
+	return out
+}
+
+// forgetFullLocked drops the buckets full by now, which count as absent
+// ones do; if that frees too little, all of them (a forgotten bucket
+// starts again full: under that much pressure pacing errs on the side of
+// one burst more). p.mu is held.
+func (p *pacer) forgetFullLocked(now time.Time) {
+	for k, b := range p.b {
+		if b.level(&catalog.PacingRule{Interval: b.interval, Burst: b.burst}, now) >= float64(b.burst) {
+			delete(p.b, k)
+		}
+	}
+	if len(p.b) >= maxBuckets {
+		clear(p.b)
+	}
+}
+
+// IPOf is what a target sees of m: its egress IP, or the proxy itself
+// while its IP is unknown.
+func IPOf(m *catalog.Member) string {
+	if m.EgressIP != "" {
+		return m.EgressIP
+	}
+	return "proxy:" + m.Name
+}
+
+// PaceNext is when the bucket key (PaceKey) next has a token for rule.
+func (s *Allocator) PaceNext(key string, rule *catalog.PacingRule, now time.Time) time.Time {
+	return s.pace.next(key, rule, now)
+}
+
+// PaceTake takes a token of the bucket key for rule, if it has one.
+func (s *Allocator) PaceTake(key string, rule *catalog.PacingRule, now time.Time) bool {
+	return s.pace.take(key, rule, now)
+}
+
+// PaceSoonest is the soonest that one of ms that serving keeps has a token
+// for rule.
+func (s *Allocator) PaceSoonest(fleet string, rule *catalog.PacingRule, ms []catalog.Member, serving func(*catalog.Member) bool, now time.Time) time.Time {
+	return s.pace.soonest(fleet, rule, ms, serving, now)
+}
+
+// PacedAmong are the egress IPs of ms that rule paces now.
+func (s *Allocator) PacedAmong(fleet string, rule *catalog.PacingRule, ms []catalog.Member, now time.Time) map[string]bool {
+	return s.pace.pacedAmong(fleet, rule, ms, now)
+}

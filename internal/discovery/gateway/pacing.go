@@ -1,0 +1,105 @@
+package gateway
+
+import (
+	"context"
+	"math"
+	"net/http"
+	"time"
+
+	"github.com/pkg/errors"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/allocator"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
+)
+
+// Pacing (spec.gateway.pacing): per rule, the least interval between two
+// connections (a CONNECT tunnel, a plain-HTTP request) that leave one
+// egress IP for the rule's domains, after a burst: a token bucket per
+// (fleet, rule, egress IP), refilled one token an interval, holding at
+// most the burst. The buckets are this replica's: behind N replicas an IP
+// may see up to N times the rule's rate (README).
+
+// rotatePaced is rotate under the domain's pacing rule (nil: none): when
+// every proxy that serves the connection is paced, it waits for the
+// first to be free if that is within MaxPaceWait, once, and else answers
+// 429 with Retry-After.
+func (gw *Gateway[S]) rotatePaced(ctx context.Context, key, strategy string, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool, rule *catalog.PacingRule) (*upstream, error) {
+	for waited := false; ; waited = true {
+		up, err := gw.rotate(ctx, key, strategy, id, u, domain, exclude, rule)
+		var pe *pacedError
+		if !errors.As(err, &pe) {
+			return up, err
+		}
+		if err := gw.paceWait(ctx, pe, waited); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// paceWait waits until pe's IP is free when that is within maxPaceWait
+// and this connection has not waited yet, and else is the 429 to answer.
+func (gw *Gateway[S]) paceWait(ctx context.Context, pe *pacedError, waited bool) error {
+	wait := pe.next.Sub(gw.Server.Allocator().Time())
+	if waited || wait > allocator.MaxPaceWait {
+		gw.Metrics.Paced.WithLabelValues(pe.fleet, "refused").Inc()
+		return &gwError{code: http.StatusTooManyRequests, reason: allocator.ReasonPaced, retryAfter: int(math.Ceil(max(wait, time.Second).Seconds())),
+			msg: pe.Error() + "; retry in " + wait.Round(time.Millisecond).String()}
+	}
+	gw.Metrics.Paced.WithLabelValues(pe.fleet, "waited").Inc()
+	t := time.NewTimer(max(wait, time.Millisecond))
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// paceSession spends a token of the session's proxy's IP for domain
+// under the fleet's pacing, waiting for one within MaxPaceWait: a session
+// does not move for pacing, it waits or is answered 429.
+func (gw *Gateway[S]) paceSession(ctx context.Context, u GatewayUser, domain string, m *catalog.Member) error {
+	p, err := gw.Server.Allocator().Catalog.Policy(ctx, u.Namespace, u.Fleet)
+	if err != nil {
+		return err
+	}
+	return gw.paceOn(ctx, u, domain, p.PacingFor(domain), m)
+}
+
+// paceSeat is paceSession for a seat the rotation did not choose.
+func (gw *Gateway[S]) paceSeat(ctx context.Context, u GatewayUser, domain string, rule *catalog.PacingRule, up *upstream) error {
+	return gw.paceOn(ctx, u, domain, rule, &up.g.Member)
+}
+
+// currentMember is m as the cache shows it now (its egress IP may be
+// known since the lease was granted), or m.
+func (gw *Gateway[S]) currentMember(ctx context.Context, m *catalog.Member) *catalog.Member {
+	if f, err := gw.Server.Allocator().Catalog.Members(ctx, m.Namespace, m.Fleet); err == nil {
+		if cur := catalog.MemberNamed(f.Items, m.Name); cur != nil {
+			return cur
+		}
+	}
+	return m
+}
+
+// paceOn spends a token of m's IP under rule (nil: none), waiting for one
+// within MaxPaceWait, else the 429 to answer.
+func (gw *Gateway[S]) paceOn(ctx context.Context, u GatewayUser, domain string, rule *catalog.PacingRule, m *catalog.Member) error {
+	if rule == nil {
+		return nil
+	}
+	fleet := u.Namespace + "/" + u.Fleet
+	key := allocator.PaceKey(fleet, rule, allocator.IPOf(gw.currentMember(ctx, m)))
+	for waited := false; ; waited = true {
+		now := gw.Server.Allocator().Time()
+		if gw.Server.Allocator().PaceTake(key, rule, now) {
+			return nil
+		}
+		pe := &pacedError{rule: rule, domain: domain, fleet: fleet, next: gw.Server.Allocator().PaceNext(key, rule, now)}
+		if err := gw.paceWait(ctx, pe, waited); err != nil {
+			return err
+		}
+	}
+}
