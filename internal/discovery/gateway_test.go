@@ -296,6 +296,12 @@ func TestGatewaySessions(t *testing.T) {
 	if err := b.store.Ban(context.Background(), b.ns, b.fleet, s1Proxy, host, time.Minute, "static:test"); err != nil {
 		t.Fatal(err)
 	}
+	// Written to the store directly, not reported through this replica:
+	// the gateway sees it once its cache does.
+	testbed.Eventually(t, 10*time.Second, "the ban in the cache", func() (bool, string) {
+		banned, err := b.store.BannedFor(context.Background(), b.ns, b.fleet, host)
+		return err == nil && banned[s1Proxy], fmt.Sprintf("banned %v, %v", banned, err)
+	})
 	seen, rsp := fetch(t, c, target.URL)
 	if rsp == nil || rsp.StatusCode != http.StatusOK || seen == first {
 		t.Fatalf("session s1 after its proxy was banned for %s: %v from %q; want 200 from the other proxy", host, status(rsp), seen)
