@@ -1,0 +1,350 @@
+package allocator_test
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	"github.com/pkg/errors"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/allocator"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/allocator/fake"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
+)
+
+const ns, fleet = "crawl", "f"
+
+// proxy is a Proxy of the fleet as the catalogue reads it.
+type proxy struct {
+	name, ip  string
+	healthy   bool
+	maxLeases int32
+}
+
+// world is what the allocator reads: Proxies and a fleet spec, in memory.
+type world struct {
+	mu      sync.Mutex
+	proxies []proxy
+	spec    map[string]any // the ProxyFleet's spec; nil: none
+}
+
+func (w *world) object(p proxy) v1alpha1.Proxy {
+	o := v1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: p.name, Labels: map[string]string{fleetv1alpha1.LabelFleet: fleet}}}
+	o.Spec.ForProvider.MaxLeases = p.maxLeases
+	o.Status.AtProvider.Host, o.Status.AtProvider.Port, o.Status.AtProvider.EgressIP = "127.0.0.1", 3128, p.ip
+	o.Status.AtProvider.Healthy = p.healthy
+	if p.healthy {
+		o.SetConditions(xpv2.Available())
+	} else {
+		o.SetConditions(xpv2.Unavailable())
+	}
+	return o
+}
+
+// Get reads a Proxy or the ProxyFleet (client.Reader).
+func (w *world) Get(_ context.Context, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch o := obj.(type) {
+	case *v1alpha1.Proxy:
+		for _, p := range w.proxies {
+			if p.name == key.Name && key.Namespace == ns {
+				*o = w.object(p)
+				return nil
+			}
+		}
+	case *unstructured.Unstructured:
+		if w.spec != nil && key.Name == fleet && o.GetKind() == fleetv1alpha1.ProxyFleetKind {
+			o.Object["spec"] = w.spec
+			return nil
+		}
+	}
+	return kerrors.NewNotFound(schema.GroupResource{Resource: "objects"}, key.Name)
+}
+
+// List lists the fleet's Proxies (client.Reader).
+func (w *world) List(_ context.Context, list client.ObjectList, _ ...client.ListOption) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if l, ok := list.(*v1alpha1.ProxyList); ok {
+		for _, p := range w.proxies {
+			l.Items = append(l.Items, w.object(p))
+		}
+	}
+	return nil
+}
+
+type allowAll struct{}
+
+func (allowAll) Authorize(context.Context, *auth.Identity, string, string) error { return nil }
+
+// bed is an allocator over the fake store and an in-memory world.
+type bed struct {
+	w     *world
+	store *fake.Store
+	a     *allocator.Allocator
+}
+
+func newBed(t *testing.T, ps []proxy, spec map[string]any) *bed {
+	t.Helper()
+	w := &world{proxies: ps, spec: spec}
+	s := &fake.Store{}
+	return &bed{w: w, store: s, a: &allocator.Allocator{
+		Catalog: &catalog.Catalog{Cache: w, Direct: w},
+		Leases:  s, Auth: allowAll{}, Metrics: metrics.NewDiscovery(),
+	}}
+}
+
+func (b *bed) acquire(t *testing.T, user string, req apiv1.AcquireRequest) (*allocator.Granted, error) {
+	t.Helper()
+	req.Fleet = ns + "/" + fleet
+	a, err := b.a.AcquisitionOf(context.Background(), &req, ns, fleet, &auth.Identity{User: user})
+	if err != nil {
+		return nil, err
+	}
+	return b.a.GrantFor(context.Background(), a)
+}
+
+func reasonOf(err error) string {
+	var e *problem.Error
+	if errors.As(err, &e) {
+		return e.Reason
+	}
+	return fmt.Sprint(err)
+}
+
+// TestGrantsWithinMaxLeases: every slot of the fleet is granted, the
+// load spread evenly, no proxy above its maxLeases; then the next is
+// refused NoFreeSlot with a Retry-After.
+func TestGrantsWithinMaxLeases(t *testing.T) {
+	b := newBed(t, []proxy{{"a", "192.0.2.1", true, 2}, {"b", "192.0.2.2", true, 2}, {"c", "192.0.2.3", true, 2}}, nil)
+	per := map[string]int{}
+	for i := range 6 {
+		g, err := b.acquire(t, "alice", apiv1.AcquireRequest{Holder: fmt.Sprintf("h%d", i)})
+		if err != nil {
+			t.Fatalf("acquisition %d of 6 free slots: %v", i, err)
+		}
+		per[g.Grant.Proxy]++
+		// Least loaded first: no proxy is two ahead of another.
+		lo, hi := 99, 0
+		for _, p := range []string{"a", "b", "c"} {
+			lo, hi = min(lo, per[p]), max(hi, per[p])
+		}
+		if hi-lo > 1 {
+			t.Fatalf("after %d grants the load is %v: the least loaded must go first", i+1, per)
+		}
+	}
+	for p, n := range per {
+		if n > 2 {
+			t.Errorf("proxy %s holds %d leases over its maxLeases 2", p, n)
+		}
+	}
+	_, err := b.acquire(t, "alice", apiv1.AcquireRequest{Holder: "one-too-many"})
+	var pe *problem.Error
+	if !errors.As(err, &pe) || pe.Reason != apiv1.ReasonNoFreeSlot || pe.Code != 409 || pe.RetryAfter < 1 {
+		t.Fatalf("a seventh lease on 6 slots: %v; want 409 NoFreeSlot with Retry-After", err)
+	}
+}
+
+// TestQuotaBoundsAnIdentity: an identity gets at most its quota, another
+// identity is not charged for it, and a release gives the place back.
+func TestQuotaBoundsAnIdentity(t *testing.T) {
+	b := newBed(t, []proxy{{"a", "192.0.2.1", true, 10}}, map[string]any{
+		"leases": map[string]any{"quotas": map[string]any{"maxLeasesPerIdentity": int64(2)}},
+	})
+	var held []*allocator.Granted
+	for i := range 2 {
+		g, err := b.acquire(t, "alice", apiv1.AcquireRequest{Holder: fmt.Sprintf("h%d", i)})
+		if err != nil {
+			t.Fatalf("lease %d within the quota of 2: %v", i+1, err)
+		}
+		held = append(held, g)
+	}
+	if _, err := b.acquire(t, "alice", apiv1.AcquireRequest{Holder: "h3"}); reasonOf(err) != apiv1.ReasonQuotaExceeded {
+		t.Fatalf("a third lease over the quota of 2: %v; want QuotaExceeded", err)
+	}
+	if _, err := b.acquire(t, "bob", apiv1.AcquireRequest{Holder: "h0"}); err != nil {
+		t.Fatalf("another identity is not charged alice's leases: %v", err)
+	}
+	g := held[0].Grant
+	if err := b.store.Release(context.Background(), g.ID, "alice"); err != nil {
+		t.Fatal(err)
+	}
+	b.a.Released(g.Namespace, g.Fleet, "alice", g.ID)
+	if _, err := b.acquire(t, "alice", apiv1.AcquireRequest{Holder: "h3"}); err != nil {
+		t.Fatalf("after a release, the quota has room again: %v", err)
+	}
+}
+
+// TestAdmissionBelowHealthyShare: below the fleet's minHealthyFraction a
+// lease is refused TooFewHealthy, though a healthy proxy has free slots;
+// at it, granted.
+func TestAdmissionBelowHealthyShare(t *testing.T) {
+	b := newBed(t, []proxy{{"a", "192.0.2.1", true, 5}, {"b", "192.0.2.2", false, 5}, {"c", "192.0.2.3", false, 5}}, map[string]any{
+		"replicas": int64(3),
+		"leases":   map[string]any{"admission": map[string]any{"minHealthyFraction": 0.5}},
+	})
+	if _, err := b.acquire(t, "alice", apiv1.AcquireRequest{Holder: "h"}); reasonOf(err) != apiv1.ReasonTooFewHealthy {
+		t.Fatalf("1 of 3 healthy under a minimum of a half: %v; want TooFewHealthy", err)
+	}
+	b.w.mu.Lock()
+	b.w.proxies[1].healthy = true
+	b.w.mu.Unlock()
+	g, err := b.acquire(t, "alice", apiv1.AcquireRequest{Holder: "h"})
+	if err != nil || (g.Grant.Proxy != "a" && g.Grant.Proxy != "b") {
+		t.Fatalf("2 of 3 healthy: %v on %v; want a lease on a healthy proxy", err, g)
+	}
+}
+
+// TestBanSkipsTheProxyAndItsIP: a proxy banned for a domain, and every
+// proxy leaving from the same egress IP, get no lease for that domain,
+// even when the fleet has no other slot; for another domain they do.
+func TestBanSkipsTheProxyAndItsIP(t *testing.T) {
+	b := newBed(t, []proxy{{"a", "192.0.2.1", true, 10}, {"b", "192.0.2.1", true, 10}, {"c", "192.0.2.3", true, 3}}, nil)
+	if err := b.a.Ban(context.Background(), ns, fleet, "a", "example.com", time.Minute, &auth.Identity{User: "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		g, err := b.acquire(t, "alice", apiv1.AcquireRequest{Holder: fmt.Sprintf("h%d", i), Domain: "example.com"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.Grant.Proxy != "c" {
+			t.Fatalf("a lease for example.com on %s, which is banned for it or shares the banned one's IP", g.Grant.Proxy)
+		}
+	}
+	if g, err := b.acquire(t, "alice", apiv1.AcquireRequest{Holder: "h3", Domain: "example.com", MaxWait: "0s"}); reasonOf(err) != apiv1.ReasonNoFreeSlot {
+		t.Fatalf("c full, the rest banned for example.com through their IP: %v on %v; want NoFreeSlot", err, g)
+	}
+	seen := map[string]bool{}
+	for i := range 20 {
+		g, err := b.acquire(t, "alice", apiv1.AcquireRequest{Holder: fmt.Sprintf("o%d", i), Domain: "example.org"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		seen[g.Grant.Proxy] = true
+	}
+	if !seen["a"] || !seen["b"] {
+		t.Errorf("leases for another domain went to %v; the ban is for example.com only", seen)
+	}
+}
+
+// TestWaitTakesAFreedSlot: an acquisition that may wait gets the slot
+// another gives back while it waits; one that may not is refused at once.
+func TestWaitTakesAFreedSlot(t *testing.T) {
+	b := newBed(t, []proxy{{"a", "192.0.2.1", true, 1}}, map[string]any{
+		"leases": map[string]any{"admission": map[string]any{"maxWait": "5s"}},
+	})
+	first, err := b.acquire(t, "alice", apiv1.AcquireRequest{Holder: "first"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.acquire(t, "bob", apiv1.AcquireRequest{Holder: "no-wait", MaxWait: "0s"}); reasonOf(err) != apiv1.ReasonNoFreeSlot {
+		t.Fatalf("a full fleet, no wait: %v; want NoFreeSlot", err)
+	}
+	type result struct {
+		g   *allocator.Granted
+		err error
+	}
+	done := make(chan result, 1)
+	start := time.Now()
+	go func() {
+		g, err := b.acquire(t, "bob", apiv1.AcquireRequest{Holder: "waiter", MaxWait: "5s"})
+		done <- result{g, err}
+	}()
+	time.Sleep(300 * time.Millisecond)
+	if err := b.store.Release(context.Background(), first.Grant.ID, "alice"); err != nil {
+		t.Fatal(err)
+	}
+	b.a.Released(ns, fleet, "alice", first.Grant.ID)
+	r := <-done
+	if r.err != nil || r.g.Grant.Holder != "waiter" {
+		t.Fatalf("the waiter: %v; want the freed slot", r.err)
+	}
+	if d := time.Since(start); d < 300*time.Millisecond || d > 4*time.Second {
+		t.Errorf("the waiter took %v; want it once the slot was freed (after 300ms), well within its 5s", d)
+	}
+}
+
+// TestDemandWithoutQuotaCapped: refusals of an autoscaled fleet are its
+// demand, but one identity without a quota counts for a bounded number of
+// holders, however many names it sends.
+func TestDemandWithoutQuotaCapped(t *testing.T) {
+	b := newBed(t, []proxy{{"a", "192.0.2.1", true, 1}}, map[string]any{
+		"autoscaling": map[string]any{"maxReplicas": int64(100)},
+	})
+	if _, err := b.acquire(t, "alice", apiv1.AcquireRequest{Holder: "held"}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 200 {
+		if _, err := b.acquire(t, "mallory", apiv1.AcquireRequest{Holder: fmt.Sprintf("n%d", i), MaxWait: "0s"}); reasonOf(err) != apiv1.ReasonNoFreeSlot {
+			t.Fatalf("refusal %d: %v", i, err)
+		}
+	}
+	d, err := b.a.DemandOf(context.Background(), ns, fleet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Refused < 1 || d.Refused > 16 {
+		t.Errorf("200 holder names of one identity without a quota count as %d refused; want between 1 and 16", d.Refused)
+	}
+	if d.Held != 1 {
+		t.Errorf("held %d, want 1", d.Held)
+	}
+}
+
+// TestStickyKeyKeepsItsProxy: acquisitions with one sticky key land on
+// the proxy the key had while it has a slot.
+func TestStickyKeyKeepsItsProxy(t *testing.T) {
+	b := newBed(t, []proxy{{"a", "192.0.2.1", true, 5}, {"b", "192.0.2.2", true, 5}, {"c", "192.0.2.3", true, 5}}, nil)
+	first, err := b.acquire(t, "alice", apiv1.AcquireRequest{Holder: "h0", StickyKey: "site"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 1; i < 5; i++ {
+		g, err := b.acquire(t, "alice", apiv1.AcquireRequest{Holder: fmt.Sprintf("h%d", i), StickyKey: "site"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if g.Grant.Proxy != first.Grant.Proxy {
+			t.Fatalf("sticky lease %d on %s, the key's proxy is %s with free slots", i, g.Grant.Proxy, first.Grant.Proxy)
+		}
+	}
+	// Its proxy full, the key moves on rather than fail.
+	if g, err := b.acquire(t, "alice", apiv1.AcquireRequest{Holder: "h5", StickyKey: "site"}); err != nil || g.Grant.Proxy == first.Grant.Proxy {
+		t.Fatalf("the key's proxy full: %v on %v; want a lease on another", err, g)
+	}
+}
+
+// TestBanBounds: a fleet's live bans are bounded; extending a live ban is
+// always allowed.
+func TestBanBounds(t *testing.T) {
+	b := newBed(t, []proxy{{"a", "192.0.2.1", true, 5}, {"b", "192.0.2.2", true, 5}}, nil)
+	b.a.MaxBansPerFleet = 2
+	id := &auth.Identity{User: "alice"}
+	for _, d := range []string{"one.example", "two.example"} {
+		if err := b.a.Ban(context.Background(), ns, fleet, "a", d, time.Minute, id); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.a.Ban(context.Background(), ns, fleet, "b", "three.example", time.Minute, id); reasonOf(err) != apiv1.ReasonBanLimit {
+		t.Fatalf("a third ban over the fleet's bound of 2: %v; want BanLimit", err)
+	}
+	if err := b.a.Ban(context.Background(), ns, fleet, "a", "one.example", 2*time.Minute, id); err != nil {
+		t.Fatalf("extending a live ban: %v", err)
+	}
+}
