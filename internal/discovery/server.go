@@ -25,6 +25,7 @@
 package discovery
 
 import (
+	"context"
 	_ "embed"
 	"fmt"
 	"net/http"
@@ -79,6 +80,9 @@ type Server struct {
 	// explicitly (--status-page-plain-http), never inferred from the
 	// connection, which behind a TLS-terminating ingress is plain too.
 	PlainHTTPCookie bool
+	// Replicas, when set, counts the replicas serving a fleet, which share
+	// its pacing (Replicas, allocator.Allocator.Replicas).
+	Replicas func(ctx context.Context, namespace, fleet string) int
 
 	snapMu sync.Mutex
 	snaps  map[string]snapshot
@@ -95,6 +99,7 @@ func (s *Server) Allocator() *allocator.Allocator {
 			Catalog: s.Catalog, Leases: s.Leases, Auth: s.Auth, Metrics: s.Metrics, Log: s.Log, Now: s.Now, Version: s.Version,
 			MaxBansPerFleet: s.MaxBansPerFleet, MaxBansPerIdentity: s.MaxBansPerIdentity,
 			MaxWaiting: s.MaxWaiting, MaxWaitingPerIdentity: s.MaxWaitingPerIdentity,
+			Replicas: s.Replicas,
 		}
 	})
 	return s.allocator

@@ -20,6 +20,7 @@ import (
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
 
 // SummaryPublisher writes, for every fleet, this replica's LeaseSummary:
@@ -327,4 +328,30 @@ func (p *SummaryPublisher) sweep(ctx context.Context, fleets map[string][]catalo
 		}
 	}
 	return firstErr
+}
+
+// Replicas counts, from the cache, the egress-discovery replicas whose
+// LeaseSummaries of a fleet still count (leasewire.CountsUntil): the
+// replicas serving it, among which its pacing is shared
+// (allocator.Replicas). At least one: this replica, before its first
+// summary shows. An error reading them counts this one alone.
+func Replicas(cache client.Reader, now func() time.Time) func(ctx context.Context, namespace, fleet string) int {
+	return func(ctx context.Context, namespace, fleet string) int {
+		l := &v1alpha1.LeaseSummaryList{}
+		if err := cache.List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet)}); err != nil {
+			return 1
+		}
+		at := time.Now()
+		if now != nil {
+			at = now()
+		}
+		replicas := map[string]bool{}
+		for i := range l.Items {
+			s := &l.Items[i].Spec
+			if s.Fleet == fleet && s.Replica != "" && at.Before(leasewire.CountsUntil(s)) {
+				replicas[s.Replica] = true
+			}
+		}
+		return max(len(replicas), 1)
+	}
 }

@@ -453,3 +453,54 @@ func TestLeaseSummaryWriteFailuresCounted(t *testing.T) {
 		t.Errorf("then writes that succeed: want failed to stay %v and written >= 1; got %v, %v", failed, f, n)
 	}
 }
+
+// TestReplicasCountedFromSummaries: the replicas sharing a fleet's pacing
+// are those whose LeaseSummaries of it still count, each once however many
+// summaries (pools) it writes; a summary that stopped counting, or another
+// fleet's, is no replica; a fleet without any has this one.
+func TestReplicasCountedFromSummaries(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	ctx := context.Background()
+	fleet(t, ns, "paced", 2, 1, nil)
+	fleet(t, ns, "other", 1, 1, nil)
+	var s *discovery.Server
+	server(t, "team-token "+ns+" crawler\n", func(x *discovery.Server) { s = x })
+	replicas := discovery.Replicas(bed.Client, nil)
+	if n := replicas(ctx, ns, "paced"); n != 1 {
+		t.Fatalf("no summaries yet: %d replicas, want 1 (this one)", n)
+	}
+	for _, r := range []string{"replica-1", "replica-2"} {
+		pub := &discovery.SummaryPublisher{Server: s, Client: bed.Client, Replica: r, Log: logging.NewNopLogger()}
+		if err := pub.Publish(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A replica gone without deleting its summary: it stopped counting.
+	now := time.Now()
+	stale := &v1alpha1.LeaseSummary{
+		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: leasewire.SummaryName("paced", "replica-3"), Labels: leasewire.SummaryLabels("paced", "")},
+		Spec: v1alpha1.LeaseSummarySpec{Fleet: "paced", Replica: "replica-3",
+			ObservedAt: metav1.NewMicroTime(now.Add(-time.Hour)), ValidUntil: metav1.NewMicroTime(now.Add(-time.Minute))},
+	}
+	if err := bed.Client.Create(ctx, stale); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 10*time.Second, "two replicas of paced", func() (bool, string) {
+		n := replicas(ctx, ns, "paced")
+		return n == 2, fmt.Sprintf("%d replicas", n)
+	})
+	if err := bed.Client.DeleteAllOf(ctx, &v1alpha1.LeaseSummary{}, client.InNamespace(ns), client.MatchingLabels{fleetv1alpha1.LabelFleet: "other"}); err != nil {
+		t.Fatal(err)
+	}
+	if n := replicas(ctx, ns, "other"); n != 1 {
+		t.Errorf("a fleet without summaries: %d replicas, want 1", n)
+	}
+	if err := bed.Client.Delete(ctx, &v1alpha1.LeaseSummary{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: leasewire.SummaryName("paced", "replica-2")}}); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 10*time.Second, "one replica of paced", func() (bool, string) {
+		n := replicas(ctx, ns, "paced")
+		return n == 1, fmt.Sprintf("%d replicas", n)
+	})
+}

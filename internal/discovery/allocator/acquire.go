@@ -56,7 +56,10 @@ func (s *Allocator) PacingOf(ctx context.Context, g *Granted, domain string) *ap
 	if rule == nil {
 		return nil
 	}
-	next := s.pace.next(PaceKey(g.Grant.Namespace+"/"+g.Grant.Fleet, rule, IPOf(&g.Member)), rule, s.now())
+	// The fleet's rule, which a crawler on leases keeps to itself; the
+	// next use as this replica's share of it paces the gateway's.
+	share := s.PacingFor(ctx, g.Grant.Namespace, g.Grant.Fleet, p, domain)
+	next := s.pace.next(PaceKey(g.Grant.Namespace+"/"+g.Grant.Fleet, share, IPOf(&g.Member)), share, s.now())
 	return &apiv1.LeasePacing{IntervalSeconds: rule.Interval.Seconds(), Burst: rule.Burst, NextUseAt: next}
 }
 

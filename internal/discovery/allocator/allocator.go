@@ -78,6 +78,10 @@ type Allocator struct {
 	// DefaultMaxWaiting and DefaultMaxWaitingPerIdentity. Over either, an
 	// acquisition is refused at once.
 	MaxWaiting, MaxWaitingPerIdentity int
+	// Replicas, when set, counts the egress-discovery replicas serving a
+	// fleet (discovery.Replicas: their LeaseSummaries), which share its
+	// pacing: each paces at its share (PacingFor). Nil: this one alone.
+	Replicas func(ctx context.Context, namespace, fleet string) int
 
 	// banRecord serialises the bound check and the write of a ban;
 	// bansMade are the bans this replica recorded lately, by fleet.
@@ -96,6 +100,9 @@ type Allocator struct {
 	// counts the gateway's connections by fleet and proxy.
 	pace   pacer
 	spread spreadBook
+	// shares remembers each fleet's replica count for a second.
+	sharesMu sync.Mutex
+	shares   map[string]replicaCount
 }
 
 func (s *Allocator) now() time.Time {

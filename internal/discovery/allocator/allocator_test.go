@@ -348,3 +348,59 @@ func TestBanBounds(t *testing.T) {
 		t.Fatalf("extending a live ban: %v", err)
 	}
 }
+
+// TestPacingSharedByReplicas: behind two replicas, each paces an egress IP
+// at its share of the rule (the interval twice as long, the burst split),
+// so that connections spread over both keep, together, to the rule's
+// rate; counted alone, each would let the rule's rate through, twice it
+// in all.
+func TestPacingSharedByReplicas(t *testing.T) {
+	spec := map[string]any{"gateway": map[string]any{"pacing": []any{map[string]any{"domains": []any{"shop.example"}, "interval": "1s", "burst": int64(3)}}}}
+	taken := func(replicas int) int {
+		clock := time.Unix(1000, 0)
+		now := func() time.Time { return clock }
+		var as []*allocator.Allocator
+		for range 2 {
+			b := newBed(t, []proxy{{"a", "192.0.2.1", true, 10}}, spec)
+			b.a.Now = now
+			b.a.Replicas = func(context.Context, string, string) int { return replicas }
+			as = append(as, b.a)
+		}
+		p, err := as[0].Catalog.Policy(context.Background(), ns, fleet)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		// 20 s of a connection every 50 ms, alternating replicas.
+		for i := range 400 {
+			a := as[i%2]
+			rule := a.PacingFor(context.Background(), ns, fleet, p, "shop.example")
+			if a.PaceTake(allocator.PaceKey(ns+"/"+fleet, rule, "192.0.2.1"), rule, clock) {
+				n++
+			}
+			clock = clock.Add(50 * time.Millisecond)
+		}
+		return n
+	}
+	// The rule lets through 20 (one a second) and its burst of 3.
+	if n := taken(2); n > 20+3+1 || n < 18 {
+		t.Errorf("two replicas, each at its share, let %d connections of one IP through in 20 s; want about 20 and at most 24 (1s, burst 3)", n)
+	}
+	// The broken variant: each replica counting itself alone.
+	if n := taken(1); n <= 20+3+1 {
+		t.Errorf("the check cannot fail: two replicas each pacing alone let %d through, want over 24", n)
+	}
+	b := newBed(t, []proxy{{"a", "192.0.2.1", true, 10}}, spec)
+	b.a.Replicas = func(context.Context, string, string) int { return 2 }
+	p, _ := b.a.Catalog.Policy(context.Background(), ns, fleet)
+	rule := b.a.PacingFor(context.Background(), ns, fleet, p, "shop.example")
+	if rule.Interval != 2*time.Second || rule.Burst != 2 {
+		t.Errorf("the share of 1s burst 3 between 2 replicas: %v burst %d; want 2s burst 2", rule.Interval, rule.Burst)
+	}
+	if p.PacingFor("shop.example").Interval != time.Second {
+		t.Error("the share must be a copy: the fleet's own rule changed")
+	}
+	if b.a.PacingFor(context.Background(), ns, fleet, p, "other.example") != nil {
+		t.Error("a domain no rule covers is not paced")
+	}
+}

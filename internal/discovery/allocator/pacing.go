@@ -1,6 +1,7 @@
 package allocator
 
 import (
+	"context"
 	"math"
 	"strconv"
 	"sync"
@@ -167,4 +168,64 @@ func (s *Allocator) PaceSoonest(fleet string, rule *catalog.PacingRule, ms []cat
 // PacedAmong are the egress IPs of ms that rule paces now.
 func (s *Allocator) PacedAmong(fleet string, rule *catalog.PacingRule, ms []catalog.Member, now time.Time) map[string]bool {
 	return s.pace.pacedAmong(fleet, rule, ms, now)
+}
+
+// replicaCount is a fleet's replica count, as read at a time.
+type replicaCount struct {
+	n  int
+	at time.Time
+}
+
+// replicasTTL is how long a fleet's replica count is used before it is
+// read again; maxShares bounds the fleets remembered.
+const (
+	replicasTTL = time.Second
+	maxShares   = 4096
+)
+
+// replicasOf is how many replicas serve the fleet (at least 1).
+func (s *Allocator) replicasOf(ctx context.Context, namespace, fleet string) int {
+	if s.Replicas == nil {
+		return 1
+	}
+	key := namespace + "/" + fleet
+	now := s.now()
+	s.sharesMu.Lock()
+	c, ok := s.shares[key]
+	s.sharesMu.Unlock()
+	if ok && now.Sub(c.at) < replicasTTL && !now.Before(c.at) {
+		return c.n
+	}
+	n := max(s.Replicas(ctx, namespace, fleet), 1)
+	s.sharesMu.Lock()
+	if s.shares == nil || len(s.shares) >= maxShares {
+		s.shares = map[string]replicaCount{}
+	}
+	s.shares[key] = replicaCount{n: n, at: now}
+	s.sharesMu.Unlock()
+	return n
+}
+
+// PacingFor is the fleet's pacing rule for domain as this replica applies
+// it (nil when none covers it): its share of the rule when n replicas
+// serve the fleet, the interval n times as long and the burst split
+// (rounded up, at least 1), so that the replicas together keep to the
+// rule's rate whichever replica each connection reaches. A replica that
+// has just started, until its summary shows, is not counted by the others
+// for a second or so; a replica that died is counted until its summary
+// stops counting (leasewire.SummaryFreshness), which paces slower, never
+// faster.
+func (s *Allocator) PacingFor(ctx context.Context, namespace, fleet string, p *catalog.Policy, domain string) *catalog.PacingRule {
+	rule := p.PacingFor(domain)
+	if rule == nil {
+		return nil
+	}
+	n := s.replicasOf(ctx, namespace, fleet)
+	if n <= 1 {
+		return rule
+	}
+	share := *rule
+	share.Interval *= time.Duration(n)
+	share.Burst = max((rule.Burst+n-1)/n, 1)
+	return &share
 }

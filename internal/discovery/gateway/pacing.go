@@ -17,8 +17,10 @@ import (
 // connections (a CONNECT tunnel, a plain-HTTP request) that leave one
 // egress IP for the rule's domains, after a burst: a token bucket per
 // (fleet, rule, egress IP), refilled one token an interval, holding at
-// most the burst. The buckets are this replica's: behind N replicas an IP
-// may see up to N times the rule's rate (README).
+// most the burst. The buckets are this replica's, each paced at its share
+// of the rule (allocator.PacingFor): behind N replicas of a fleet, the
+// interval N times as long and the burst split, so that the replicas
+// together keep to the rule (README).
 
 // rotatePaced is rotate under the domain's pacing rule (nil: none): when
 // every proxy that serves the connection is paced, it waits for the
@@ -65,7 +67,7 @@ func (gw *Gateway[S]) paceSession(ctx context.Context, u GatewayUser, domain str
 	if err != nil {
 		return err
 	}
-	return gw.paceOn(ctx, u, domain, p.PacingFor(domain), m)
+	return gw.paceOn(ctx, u, domain, gw.Server.Allocator().PacingFor(ctx, u.Namespace, u.Fleet, p, domain), m)
 }
 
 // paceSeat is paceSession for a seat the rotation did not choose.

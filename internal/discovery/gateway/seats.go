@@ -286,7 +286,7 @@ func (gw *Gateway[S]) seat(ctx context.Context, id *auth.Identity, u GatewayUser
 	if strategy == "" {
 		strategy = p.Rotation
 	}
-	rule := p.PacingFor(domain)
+	rule := gw.Server.Allocator().PacingFor(ctx, u.Namespace, u.Fleet, p, domain)
 	up, err := gw.rotatePaced(ctx, key, strategy, id, u, domain, exclude, rule)
 	if err != nil {
 		leave()
