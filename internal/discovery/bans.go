@@ -46,7 +46,7 @@ func (s *Server) reportSession(w http.ResponseWriter, r *http.Request, id *auth.
 	proxy := ""
 	for p, ls := range slots {
 		for _, l := range ls {
-			if l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == gateway.GatewaySessionHolder(key) &&
+			if l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == gateway.SessionHolder(key) &&
 				l.Annotations[lease.AnnotationIdentity] == id.User && !lease.Expired(l, s.now()) {
 				proxy = p
 			}

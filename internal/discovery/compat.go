@@ -12,8 +12,8 @@ import (
 type (
 	// Gateway is the gateway of this REST server's fleets.
 	Gateway = gateway.Gateway[*Server]
-	// GatewayUser is gateway.GatewayUser.
-	GatewayUser = gateway.GatewayUser
+	// GatewayUser is gateway.User.
+	GatewayUser = gateway.User
 	// Identity is auth.Identity.
 	Identity = auth.Identity
 	// Authenticator is auth.Authenticator.
@@ -39,19 +39,22 @@ const (
 )
 
 var (
-	// ParseGatewayUser, GatewaySessionHolder and GatewaySeatHolder are
-	// gateway's.
-	ParseGatewayUser     = gateway.ParseGatewayUser
-	GatewaySessionHolder = gateway.GatewaySessionHolder
-	GatewaySeatHolder    = gateway.GatewaySeatHolder
+	// ParseGatewayUser is gateway.ParseUser.
+	ParseGatewayUser = gateway.ParseUser
+	// GatewaySessionHolder is gateway.SessionHolder.
+	GatewaySessionHolder = gateway.SessionHolder
+	// GatewaySeatHolder is gateway.SeatHolder.
+	GatewaySeatHolder = gateway.SeatHolder
 	// LoadStaticTokens is auth.LoadStaticTokens.
 	LoadStaticTokens = auth.LoadStaticTokens
 	// WithClientAddress is auth.WithClientAddress.
 	WithClientAddress = auth.WithClientAddress
-	// ErrForbidden, ErrUnauthenticated and ErrWrongAudience are auth's.
-	ErrForbidden       = auth.ErrForbidden
+	// ErrForbidden is auth.ErrForbidden.
+	ErrForbidden = auth.ErrForbidden
+	// ErrUnauthenticated is auth.ErrUnauthenticated.
 	ErrUnauthenticated = auth.ErrUnauthenticated
-	ErrWrongAudience   = auth.ErrWrongAudience
+	// ErrWrongAudience is auth.ErrWrongAudience.
+	ErrWrongAudience = auth.ErrWrongAudience
 	// ProxyExists is catalog.ProxyExists.
 	ProxyExists = catalog.ProxyExists
 	// ProxyOwner is catalog.ProxyOwner.

@@ -48,6 +48,7 @@ func (s *Allocator) Members(ctx context.Context, namespace, name string) ([]cata
 	return ms, nil
 }
 
+// CountHealthy counts the healthy proxies of ms.
 func CountHealthy(ms []catalog.Member) int {
 	n := 0
 	for _, m := range ms {

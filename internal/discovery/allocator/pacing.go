@@ -10,8 +10,8 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 )
 
-// ReasonPaced: every proxy that serves a connection is paced for its
-// domain.
+// ReasonPaced is the refusal when every proxy that serves a connection is
+// paced for its domain.
 const ReasonPaced = "Paced"
 
 // MaxPaceWait bounds how long a connection waits for a paced IP before it

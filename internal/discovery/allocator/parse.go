@@ -34,6 +34,7 @@ func ParseDuration(field, v string, def, least, most time.Duration, limit string
 	return d, nil
 }
 
+// ParseTTL reads a lease TTL field: ParseDuration from 1s to maxTTL.
 func ParseTTL(field, v string, def, maxTTL time.Duration) (time.Duration, error) {
 	return ParseDuration(field, v, def, time.Second, maxTTL, "the fleet's maxTTL")
 }

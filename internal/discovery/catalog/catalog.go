@@ -285,7 +285,7 @@ func policyOf(s *fleetv1alpha1.ProxyFleetSpec) *Policy {
 	return p
 }
 
-// serves says whether a new proxy of the fleet could be in zone ("" for
+// Serves says whether a new proxy of the fleet could be in zone ("" for
 // any): only then is a refusal demand.
 func (p *Policy) Serves(zone string) bool {
 	return zone == "" || len(p.Zones) == 0 || slices.Contains(p.Zones, zone)

@@ -167,19 +167,19 @@ func (gw *Gateway[S]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // authenticate reads Proxy-Authorization: Basic, the username in the
 // gateway's grammar and the password a bearer token, and authorises the
 // caller's use of the fleet.
-func (gw *Gateway[S]) authenticate(r *http.Request) (*auth.Identity, GatewayUser, error) {
+func (gw *Gateway[S]) authenticate(r *http.Request) (*auth.Identity, User, error) {
 	h := r.Header.Get("Proxy-Authorization")
 	scheme, enc, _ := strings.Cut(strings.TrimSpace(h), " ")
 	if !strings.EqualFold(scheme, "Basic") {
-		return nil, GatewayUser{}, proxyAuthRequired("the gateway needs Proxy-Authorization: Basic, with <namespace>_<fleet>[_session_<key>][_zone_<zone>] as the username and a discovery token as the password")
+		return nil, User{}, proxyAuthRequired("the gateway needs Proxy-Authorization: Basic, with <namespace>_<fleet>[_session_<key>][_zone_<zone>] as the username and a discovery token as the password")
 	}
 	b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(enc))
 	if err != nil {
-		return nil, GatewayUser{}, proxyAuthRequired("Proxy-Authorization is not valid base64")
+		return nil, User{}, proxyAuthRequired("Proxy-Authorization is not valid base64")
 	}
 	name, token, ok := strings.Cut(string(b), ":")
 	if !ok || token == "" {
-		return nil, GatewayUser{}, proxyAuthRequired("Proxy-Authorization has no password: give a discovery token as the password")
+		return nil, User{}, proxyAuthRequired("Proxy-Authorization has no password: give a discovery token as the password")
 	}
 	return gw.signIn(r.Context(), r.RemoteAddr, name, token)
 }
@@ -187,21 +187,21 @@ func (gw *Gateway[S]) authenticate(r *http.Request) (*auth.Identity, GatewayUser
 // signIn authenticates a gateway caller, HTTP's or SOCKS5's, by its
 // username (the grammar) and its password (a discovery token), bounds its
 // rate and authorises its use of the fleet.
-func (gw *Gateway[S]) signIn(ctx context.Context, remote, name, token string) (*auth.Identity, GatewayUser, error) {
-	user, err := ParseGatewayUser(name)
+func (gw *Gateway[S]) signIn(ctx context.Context, remote, name, token string) (*auth.Identity, User, error) {
+	user, err := ParseUser(name)
 	if err != nil {
-		return nil, GatewayUser{}, &gwError{code: http.StatusProxyAuthRequired, reason: apiv1.ReasonInvalid, msg: err.Error()}
+		return nil, User{}, &gwError{code: http.StatusProxyAuthRequired, reason: apiv1.ReasonInvalid, msg: err.Error()}
 	}
 	ctx = auth.WithClientAddress(ctx, remote)
 	id, err := gw.Server.Authenticator().AuthenticateToken(ctx, token)
 	if err != nil {
-		return nil, GatewayUser{}, err
+		return nil, User{}, err
 	}
 	if err := gw.Server.Limit(id); err != nil {
-		return nil, GatewayUser{}, err
+		return nil, User{}, err
 	}
 	if err := gw.Server.Allocator().AuthorizeFleet(ctx, id, user.Namespace, user.Fleet); err != nil {
-		return nil, GatewayUser{}, err
+		return nil, User{}, err
 	}
 	return id, user, nil
 }
@@ -258,7 +258,7 @@ func validHost(h string) bool {
 // proxy once its lifetime is over), or for a connection without a session
 // a seat. done ends the connection's use of it; moved names the proxy a
 // loose session just left.
-func (gw *Gateway[S]) choose(ctx context.Context, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool) (up *upstream, done func(), moved string, err error) {
+func (gw *Gateway[S]) choose(ctx context.Context, id *auth.Identity, u User, domain string, exclude map[string]bool) (up *upstream, done func(), moved string, err error) {
 	gw.mu.Lock()
 	closed := gw.closed
 	gw.mu.Unlock()

@@ -38,11 +38,11 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/reach"
 )
 
-// GatewayUser is what a gateway username says; apiv1 defines the grammar.
-type GatewayUser = apiv1.GatewayUser
+// User is what a gateway username says; apiv1 defines the grammar.
+type User = apiv1.GatewayUser
 
-// ParseGatewayUser reads a gateway username (apiv1.ParseGatewayUser).
-func ParseGatewayUser(u string) (GatewayUser, error) { return apiv1.ParseGatewayUser(u) }
+// ParseUser reads a gateway username (apiv1.ParseGatewayUser).
+func ParseUser(u string) (User, error) { return apiv1.ParseGatewayUser(u) }
 
 // Gateway is egress-discovery's rotating gateway: an HTTP forward proxy
 // that crawlers use as their only proxy URL. It authenticates them with
@@ -133,7 +133,7 @@ type Gateway[S Backend] struct {
 // gwSession is a session's current upstream.
 type gwSession struct {
 	id    *auth.Identity
-	user  GatewayUser
+	user  User
 	up    *upstream
 	conns int
 	// idle is when the last connection closed.
@@ -202,12 +202,12 @@ var standInVMs = reach.StandInVMs()
 // which no API lease may use.
 const HolderPrefix = "gateway-"
 
-// GatewaySeatHolder is the holder of a replica's seat Leases.
-func GatewaySeatHolder(replica string) string { return HolderPrefix + "seats:" + replica }
+// SeatHolder is the holder of a replica's seat Leases.
+func SeatHolder(replica string) string { return HolderPrefix + "seats:" + replica }
 
-// GatewaySessionHolder is the holder of a gateway session's Lease, by
+// SessionHolder is the holder of a gateway session's Lease, by
 // which any replica finds the session's proxy.
-func GatewaySessionHolder(key string) string { return HolderPrefix + "session:" + key }
+func SessionHolder(key string) string { return HolderPrefix + "session:" + key }
 
 func (gw *Gateway[S]) init() {
 	gw.once.Do(func() {

@@ -26,7 +26,7 @@ import (
 // every proxy that serves the connection is paced, it waits for the
 // first to be free if that is within MaxPaceWait, once, and else answers
 // 429 with Retry-After.
-func (gw *Gateway[S]) rotatePaced(ctx context.Context, key, strategy string, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool, rule *catalog.PacingRule) (*upstream, error) {
+func (gw *Gateway[S]) rotatePaced(ctx context.Context, key, strategy string, id *auth.Identity, u User, domain string, exclude map[string]bool, rule *catalog.PacingRule) (*upstream, error) {
 	for waited := false; ; waited = true {
 		up, err := gw.rotate(ctx, key, strategy, id, u, domain, exclude, rule)
 		var pe *pacedError
@@ -62,7 +62,7 @@ func (gw *Gateway[S]) paceWait(ctx context.Context, pe *pacedError, waited bool)
 // paceSession spends a token of the session's proxy's IP for domain
 // under the fleet's pacing, waiting for one within MaxPaceWait: a session
 // does not move for pacing, it waits or is answered 429.
-func (gw *Gateway[S]) paceSession(ctx context.Context, u GatewayUser, domain string, m *catalog.Member) error {
+func (gw *Gateway[S]) paceSession(ctx context.Context, u User, domain string, m *catalog.Member) error {
 	p, err := gw.Server.Allocator().Catalog.Policy(ctx, u.Namespace, u.Fleet)
 	if err != nil {
 		return err
@@ -71,7 +71,7 @@ func (gw *Gateway[S]) paceSession(ctx context.Context, u GatewayUser, domain str
 }
 
 // paceSeat is paceSession for a seat the rotation did not choose.
-func (gw *Gateway[S]) paceSeat(ctx context.Context, u GatewayUser, domain string, rule *catalog.PacingRule, up *upstream) error {
+func (gw *Gateway[S]) paceSeat(ctx context.Context, u User, domain string, rule *catalog.PacingRule, up *upstream) error {
 	return gw.paceOn(ctx, u, domain, rule, &up.g.Member)
 }
 
@@ -88,7 +88,7 @@ func (gw *Gateway[S]) currentMember(ctx context.Context, m *catalog.Member) *cat
 
 // paceOn spends a token of m's IP under rule (nil: none), waiting for one
 // within MaxPaceWait, else the 429 to answer.
-func (gw *Gateway[S]) paceOn(ctx context.Context, u GatewayUser, domain string, rule *catalog.PacingRule, m *catalog.Member) error {
+func (gw *Gateway[S]) paceOn(ctx context.Context, u User, domain string, rule *catalog.PacingRule, m *catalog.Member) error {
 	if rule == nil {
 		return nil
 	}

@@ -161,7 +161,7 @@ func (r *rotor) order(strategy string, cands []*catalog.Member, n int, key, ring
 // strategy chooses, leasing one on it when it has none; nil (no error)
 // when it found none to take, and the caller falls back to the seats as
 // they are (pickSeat).
-func (gw *Gateway[S]) rotate(ctx context.Context, key, strategy string, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool, rule *catalog.PacingRule) (*upstream, error) {
+func (gw *Gateway[S]) rotate(ctx context.Context, key, strategy string, id *auth.Identity, u User, domain string, exclude map[string]bool, rule *catalog.PacingRule) (*upstream, error) {
 	f, err := gw.Server.Allocator().Catalog.Members(ctx, u.Namespace, u.Fleet)
 	if err != nil {
 		return nil, err
@@ -215,7 +215,7 @@ func (gw *Gateway[S]) rotate(ctx context.Context, key, strategy string, id *auth
 // takeChosen takes a connection's place on the first of chosen that has
 // a seat for it, or gets one, within rule's pacing (nil: none); nil when
 // none could.
-func (gw *Gateway[S]) takeChosen(ctx context.Context, key string, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool, rule *catalog.PacingRule, seated map[string]*upstream, chosen []*catalog.Member, lru string, now time.Time) (*upstream, error) {
+func (gw *Gateway[S]) takeChosen(ctx context.Context, key string, id *auth.Identity, u User, domain string, exclude map[string]bool, rule *catalog.PacingRule, seated map[string]*upstream, chosen []*catalog.Member, lru string, now time.Time) (*upstream, error) {
 	fleet := u.Namespace + "/" + u.Fleet
 	var err error
 	for _, m := range chosen {
@@ -354,7 +354,7 @@ func (gw *Gateway[S]) seatsOf(key string, ms []catalog.Member, admit func(*catal
 // turnover the caller found due); with none idle, nil. It does not wait
 // for a slot: a full proxy is refused at once, and the rotation tries
 // another.
-func (gw *Gateway[S]) seatOn(ctx context.Context, key string, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool, name string) (*upstream, error) {
+func (gw *Gateway[S]) seatOn(ctx context.Context, key string, id *auth.Identity, u User, domain string, exclude map[string]bool, name string) (*upstream, error) {
 	tk := key + "\x00" + name
 	gw.mu.Lock()
 	if take, busy := gw.taking[tk]; busy {
@@ -397,7 +397,7 @@ func (gw *Gateway[S]) seatOn(ctx context.Context, key string, id *auth.Identity,
 	if back != nil {
 		gw.release(ctx, back)
 	}
-	up, err := gw.lease(ctx, id, u, domain, GatewaySeatHolder(gw.Replica), exclude, true, false, name)
+	up, err := gw.lease(ctx, id, u, domain, SeatHolder(gw.Replica), exclude, true, false, name)
 	gw.mu.Lock()
 	delete(gw.taking, tk)
 	take.err = err

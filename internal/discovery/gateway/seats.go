@@ -272,7 +272,7 @@ func (gw *Gateway[S]) admit(id *auth.Identity, ns string) (func(), error) {
 // failing that, the least loaded of the replica's seats for its fleet and
 // zone, or one leased anywhere (pickSeat). The connection counts against
 // the caller's quota.
-func (gw *Gateway[S]) seat(ctx context.Context, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool) (*upstream, func(), error) {
+func (gw *Gateway[S]) seat(ctx context.Context, id *auth.Identity, u User, domain string, exclude map[string]bool) (*upstream, func(), error) {
 	p, err := gw.Server.Allocator().Catalog.Policy(ctx, u.Namespace, u.Fleet)
 	if err != nil {
 		return nil, nil, err
@@ -330,7 +330,7 @@ func (gw *Gateway[S]) seat(ctx context.Context, id *auth.Identity, u GatewayUser
 
 // pickSeat takes a connection's place on a seat; nil (no error) when the
 // seat it chose was retired meanwhile.
-func (gw *Gateway[S]) pickSeat(ctx context.Context, key string, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool) (*upstream, error) {
+func (gw *Gateway[S]) pickSeat(ctx context.Context, key string, id *auth.Identity, u User, domain string, exclude map[string]bool) (*upstream, error) {
 	for {
 		best, held := gw.leastLoaded(ctx, key, u.Zone, domain, exclude)
 		gw.mu.Lock()
@@ -367,7 +367,7 @@ func (gw *Gateway[S]) pickSeat(ctx context.Context, key string, id *auth.Identit
 			held[name] = true
 		}
 		// With a seat to share, a full fleet is not waited for.
-		up, err := gw.lease(ctx, id, u, domain, GatewaySeatHolder(gw.Replica), held, true, best == nil, "")
+		up, err := gw.lease(ctx, id, u, domain, SeatHolder(gw.Replica), held, true, best == nil, "")
 		gw.mu.Lock()
 		delete(gw.taking, key)
 		take.err = err
@@ -442,7 +442,7 @@ func (gw *Gateway[S]) leastLoaded(ctx context.Context, key, zone, domain string,
 // reads the upstream's URL with its credentials: the caller's lease for a
 // session, the replica's for a seat (which waits for a slot only when
 // wait).
-func (gw *Gateway[S]) lease(ctx context.Context, id *auth.Identity, u GatewayUser, domain, holder string, exclude map[string]bool, seat, wait bool, only string) (*upstream, error) {
+func (gw *Gateway[S]) lease(ctx context.Context, id *auth.Identity, u User, domain, holder string, exclude map[string]bool, seat, wait bool, only string) (*upstream, error) {
 	req := &apiv1.AcquireRequest{Fleet: u.Namespace + "/" + u.Fleet, Holder: holder, Zone: u.Zone, Domain: domain}
 	a, err := gw.Server.Allocator().AcquisitionOf(ctx, req, u.Namespace, u.Fleet, id)
 	if err != nil {

@@ -16,7 +16,7 @@ import (
 )
 
 // session is choose for a connection of a session.
-func (gw *Gateway[S]) session(ctx context.Context, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool) (*upstream, func(), string, error) {
+func (gw *Gateway[S]) session(ctx context.Context, id *auth.Identity, u User, domain string, exclude map[string]bool) (*upstream, func(), string, error) {
 	key := id.User + "\x00" + u.Namespace + "/" + u.Fleet + "\x00" + u.Session
 	gw.mu.Lock()
 	s := gw.sessions[key]
@@ -90,7 +90,7 @@ func (gw *Gateway[S]) session(ctx context.Context, id *auth.Identity, u GatewayU
 // its lease, stopped serving, excluded) or whose lifetime ended (ended);
 // or, for a strict session whose proxy serves it still but not this
 // connection (a ban for its domain), that proxy (notHere), kept.
-func (gw *Gateway[S]) current(ctx context.Context, s *gwSession, u GatewayUser, domain string, exclude map[string]bool) (cur *upstream, gone, ended, notHere string) {
+func (gw *Gateway[S]) current(ctx context.Context, s *gwSession, u User, domain string, exclude map[string]bool) (cur *upstream, gone, ended, notHere string) {
 	gw.mu.Lock()
 	cur = s.up
 	if cur != nil && cur.retired {
@@ -139,7 +139,7 @@ func (gw *Gateway[S]) current(ctx context.Context, s *gwSession, u GatewayUser, 
 // resume gives a session an upstream: the lease another replica serves it
 // on, else a new lease, off the proxy whose lifetime for it just ended
 // (ended) when another serves.
-func (gw *Gateway[S]) resume(ctx context.Context, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool, ended string) (*upstream, error) {
+func (gw *Gateway[S]) resume(ctx context.Context, id *auth.Identity, u User, domain string, exclude map[string]bool, ended string) (*upstream, error) {
 	// Another replica may serve the session already (on a proxy that
 	// serves this connection too).
 	if cur := gw.adopt(ctx, id, u, domain, exclude); cur != nil {
@@ -160,10 +160,10 @@ func (gw *Gateway[S]) resume(ctx context.Context, id *auth.Identity, u GatewayUs
 			avoid[k] = true
 		}
 	}
-	up, err := gw.lease(ctx, id, u, domain, GatewaySessionHolder(u.Session), avoid, false, true, "")
+	up, err := gw.lease(ctx, id, u, domain, SessionHolder(u.Session), avoid, false, true, "")
 	if err != nil && ended != "" && allocator.Refusal(err) {
 		// No other proxy: the session starts again on the same one.
-		up, err = gw.lease(ctx, id, u, domain, GatewaySessionHolder(u.Session), exclude, false, true, "")
+		up, err = gw.lease(ctx, id, u, domain, SessionHolder(u.Session), exclude, false, true, "")
 	}
 	return up, err
 }
@@ -173,8 +173,8 @@ func (gw *Gateway[S]) resume(ctx context.Context, id *auth.Identity, u GatewayUs
 // several replicas keeps one proxy. The write that renews the lease adds
 // this replica to those using it: each renews it while it uses it and
 // takes itself off when done, and the last deletes it.
-func (gw *Gateway[S]) adopt(ctx context.Context, id *auth.Identity, u GatewayUser, domain string, exclude map[string]bool) *upstream {
-	g, err := gw.Server.Store().HeldBy(ctx, u.Namespace, u.Fleet, GatewaySessionHolder(u.Session), id.User)
+func (gw *Gateway[S]) adopt(ctx context.Context, id *auth.Identity, u User, domain string, exclude map[string]bool) *upstream {
+	g, err := gw.Server.Store().HeldBy(ctx, u.Namespace, u.Fleet, SessionHolder(u.Session), id.User)
 	if err != nil || exclude[g.Proxy] || g.Fleet != u.Fleet || gw.holds(g.ID) {
 		return nil
 	}

@@ -116,35 +116,35 @@ func (gw *Gateway[S]) socks(ctx context.Context, c net.Conn, shaken func()) {
 
 // socksSignIn negotiates username and password authentication and signs
 // the caller in as the HTTP gateway does; a refused caller is told so.
-func (gw *Gateway[S]) socksSignIn(ctx context.Context, c net.Conn, br *bufio.Reader) (*auth.Identity, GatewayUser, error) {
+func (gw *Gateway[S]) socksSignIn(ctx context.Context, c net.Conn, br *bufio.Reader) (*auth.Identity, User, error) {
 	head := make([]byte, 2)
 	if _, err := io.ReadFull(br, head); err != nil || head[0] != 5 {
-		return nil, GatewayUser{}, errors.New("not a SOCKS5 greeting")
+		return nil, User{}, errors.New("not a SOCKS5 greeting")
 	}
 	methods := make([]byte, head[1])
 	if _, err := io.ReadFull(br, methods); err != nil {
-		return nil, GatewayUser{}, errors.New("a SOCKS5 greeting cut short")
+		return nil, User{}, errors.New("a SOCKS5 greeting cut short")
 	}
 	if !strings.ContainsRune(string(methods), 2) {
 		_, _ = c.Write([]byte{5, 0xff})
-		return nil, GatewayUser{}, errors.New("the client offers no username and password authentication (RFC 1929), which the gateway requires")
+		return nil, User{}, errors.New("the client offers no username and password authentication (RFC 1929), which the gateway requires")
 	}
 	if _, err := c.Write([]byte{5, 2}); err != nil {
-		return nil, GatewayUser{}, err
+		return nil, User{}, err
 	}
 	// RFC 1929: VER 1, ULEN, UNAME, PLEN, PASSWD.
 	name, token, err := readUserPass(br)
 	if err != nil {
 		_, _ = c.Write([]byte{1, 1})
-		return nil, GatewayUser{}, err
+		return nil, User{}, err
 	}
 	id, user, err := gw.signIn(ctx, c.RemoteAddr().String(), name, token)
 	if err != nil {
 		_, _ = c.Write([]byte{1, 1})
-		return nil, GatewayUser{}, errors.Wrapf(err, "user %q", name)
+		return nil, User{}, errors.Wrapf(err, "user %q", name)
 	}
 	if _, err := c.Write([]byte{1, 0}); err != nil {
-		return nil, GatewayUser{}, err
+		return nil, User{}, err
 	}
 	return id, user, nil
 }
@@ -217,7 +217,7 @@ func socksRequest(br *bufio.Reader) (target, domain string, ref *socksRefusal) {
 
 // socksConnect chooses the caller's upstream, opens the tunnel through
 // it, answers success and splices both ways.
-func (gw *Gateway[S]) socksConnect(ctx context.Context, c net.Conn, br *bufio.Reader, id *auth.Identity, u GatewayUser, target, domain string) *socksRefusal {
+func (gw *Gateway[S]) socksConnect(ctx context.Context, c net.Conn, br *bufio.Reader, id *auth.Identity, u User, target, domain string) *socksRefusal {
 	leave, err := gw.admit(id, u.Namespace)
 	if err != nil {
 		return &socksRefusal{socksReplyOf(err), err}

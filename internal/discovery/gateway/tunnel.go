@@ -25,7 +25,7 @@ import (
 // tunnel serves CONNECT: it opens a tunnel through the upstream (retried
 // once on another proxy when the upstream fails before any byte reached
 // the crawler), answers 200, and splices both ways.
-func (gw *Gateway[S]) tunnel(w http.ResponseWriter, r *http.Request, id *auth.Identity, u GatewayUser, target, domain string, up *upstream, done func(), moved string) {
+func (gw *Gateway[S]) tunnel(w http.ResponseWriter, r *http.Request, id *auth.Identity, u User, target, domain string, up *upstream, done func(), moved string) {
 	conn, up, done, moved, err := gw.open(r.Context(), id, u, target, domain, up, done, moved)
 	if err != nil {
 		gw.refuse(w, err)
@@ -63,7 +63,7 @@ func (gw *Gateway[S]) tunnel(w http.ResponseWriter, r *http.Request, id *auth.Id
 // proxy when up failed before the target was reached (a session moves
 // with it): the connection, the upstream and done that carry it, and the
 // proxy a session left (moved). On an error done has been called.
-func (gw *Gateway[S]) open(ctx context.Context, id *auth.Identity, u GatewayUser, target, domain string, up *upstream, done func(), moved string) (net.Conn, *upstream, func(), string, error) {
+func (gw *Gateway[S]) open(ctx context.Context, id *auth.Identity, u User, target, domain string, up *upstream, done func(), moved string) (net.Conn, *upstream, func(), string, error) {
 	conn, err := gw.connect(ctx, up, target)
 	if err != nil && retriable(err) && (!u.Strict || upstreamFailed(err)) {
 		// A strict session moves for nothing: its proxy failing ends it
@@ -270,7 +270,7 @@ func dropHopHeaders(h http.Header) {
 // forward serves a plain HTTP request through the upstream's absolute-URI
 // mode (retried once on another proxy when the upstream cannot be
 // reached), and names the proxy in X-Egress-Proxy and X-Egress-IP.
-func (gw *Gateway[S]) forward(w http.ResponseWriter, r *http.Request, id *auth.Identity, u GatewayUser, domain string, up *upstream, done func(), moved string) {
+func (gw *Gateway[S]) forward(w http.ResponseWriter, r *http.Request, id *auth.Identity, u User, domain string, up *upstream, done func(), moved string) {
 	out := r.Clone(r.Context())
 	out.RequestURI = ""
 	dropHopHeaders(out.Header)

@@ -51,12 +51,15 @@ var (
 	ErrWrongAudience = errors.New("the bearer token was not issued for egress-discovery's audience: ask for one with kubectl create token <sa> --audience egress-discovery, or mount a projected token with that audience")
 )
 
+// WriteJSON writes v as JSON with status code.
 func WriteJSON(w http.ResponseWriter, code int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(code)
 	_ = json.NewEncoder(w).Encode(v)
 }
 
+// WriteError answers e: its status, Retry-After, a Bearer challenge to
+// a 401, and the apiv1.Error body.
 func WriteError(w http.ResponseWriter, e *Error) {
 	if e.RetryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(e.RetryAfter))
