@@ -32,10 +32,11 @@ type (
 	FleetSizing = catalog.FleetSizing
 )
 
-// DefaultAudience is auth.DefaultAudience; MetricsPath is auth.MetricsPath.
+// DefaultAudience, MetricsPath and TokenCookie are auth's.
 const (
 	DefaultAudience = auth.DefaultAudience
 	MetricsPath     = auth.MetricsPath
+	TokenCookie     = auth.TokenCookie
 )
 
 var (
@@ -61,6 +62,8 @@ var (
 	ProxyOwner = catalog.ProxyOwner
 	// ProxyServing is catalog.ProxyServing.
 	ProxyServing = catalog.ProxyServing
+	// WatchVersion is catalog.WatchVersion.
+	WatchVersion = catalog.WatchVersion
 	// CacheOptions is catalog.CacheOptions.
 	CacheOptions = catalog.CacheOptions
 )

@@ -17,11 +17,10 @@
 // its callers used before the split, errors.go answers errors, decode.go
 // reads requests, fleets.go, leases.go and bans.go are the handlers,
 // ratelimit.go and limit.go bound callers and requests in flight,
-// snapshot.go caches listings, status.go and signin.go are the status
-// page, summary.go and demand.go publish each replica's lease summaries
+// snapshot.go caches rendered listings, status.go and signin.go are the
+// status page, summary.go and demand.go publish each replica's lease summaries
 // and demand, sweeper.go deletes what expired, fleetmetrics.go exports
-// per-fleet metrics, tlsserve.go serves TLS with a reloaded key pair, and
-// types.go names the Lease type.
+// per-fleet metrics, and tlsserve.go serves TLS with a reloaded key pair.
 package discovery
 
 import (

@@ -244,7 +244,7 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, id *auth.Identit
 	sort.Slice(fleets, func(i, j int) bool { return fleets[i].Namespace+fleets[i].Name < fleets[j].Namespace+fleets[j].Name })
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
-	_, cookieErr := r.Cookie(TokenCookie)
+	_, cookieErr := r.Cookie(auth.TokenCookie)
 	filter := ""
 	if q != (statusQuery{}) {
 		filter = fmt.Sprintf("fleet %q, pool %q, zone %q, faults only %t, page %d", q.fleet, q.pool, q.zone, q.faults, q.page+1)

@@ -7,7 +7,9 @@
 // sign-in and the gateway authenticate through it.
 //
 // auth.go authenticates and authorises, metricsauth.go guards /metrics,
-// and limits.go is the token bucket per identity or address.
+// cookie.go is the status page's sign-in cookie (and the checks of a
+// sign-in form's origin and token), and limits.go is the token bucket per
+// identity or address.
 package auth
 
 import (

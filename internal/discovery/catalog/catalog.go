@@ -3,7 +3,9 @@
 // IP and maxLeases, remembered per fleet until one of its Proxies
 // changes), each fleet's lease and gateway policy read from its ProxyFleet
 // or claim, the proxies' credentials from their auth Secrets, and what a
-// fleet's XR says of its size. It writes nothing. One file: catalog.go.
+// fleet's XR says of its size, in catalog.go; version.go is the version
+// that any change of the cached Proxies and Leases bumps. It writes
+// nothing.
 package catalog
 
 import (
