@@ -118,3 +118,47 @@ func TestGatewayPacing(t *testing.T) {
 		t.Errorf("the lease's pacing %+v: want interval 10 s, burst 1, next use ahead", *l.Pacing)
 	}
 }
+
+// TestGatewayPacedInTurn: connections waiting for a paced IP are served
+// in turn, one an interval, each with a token of its own: none is refused
+// while its turn comes within the wait bound. Without a session they used
+// to wake together for one token, and all but one got 429; a session's
+// connections wait one after the other.
+func TestGatewayPacedInTurn(t *testing.T) {
+	for _, user := range []string{"", "_session_turns"} {
+		t.Run("user="+user, func(t *testing.T) { pacedInTurn(t, user) })
+	}
+}
+
+func pacedInTurn(t *testing.T, user string) {
+	b := newGatewayBed(t, 1, 4)
+	pacedFleet(t, b, []any{map[string]any{"domains": []any{"localhost"}, "interval": "400ms", "burst": int64(1)}})
+	plain := testbed.StartPlainEchoTarget(t)
+	byName := strings.Replace(plain.URL, "127.0.0.1", "localhost", 1)
+	warm := b.client(b.user(user), b.token, plain)
+	if code, _, _, body := plainFetch(t, warm, byName); code != http.StatusOK {
+		t.Fatalf("the first fetch: %d %s", code, body)
+	}
+	start := time.Now()
+	codes := make(chan int, 3)
+	for range 3 {
+		go func() {
+			c := b.client(b.user(user), b.token, plain)
+			rsp, err := c.Get(byName)
+			if err != nil {
+				codes <- 0
+				return
+			}
+			_ = rsp.Body.Close()
+			codes <- rsp.StatusCode
+		}()
+	}
+	for range 3 {
+		if code := <-codes; code != http.StatusOK {
+			t.Errorf("a connection waiting its turn on a paced IP: %d, want 200 (turns at 0.4, 0.8, 1.2 s, within the 2 s bound)", code)
+		}
+	}
+	if d := time.Since(start); d < 1100*time.Millisecond {
+		t.Errorf("three paced connections after the first left within %s; want one every 400 ms (at least 1.2 s)", d)
+	}
+}

@@ -81,7 +81,7 @@ type Server struct {
 	PlainHTTPCookie bool
 	// Replicas, when set, counts the replicas serving a fleet, which share
 	// its pacing (Replicas, allocator.Allocator.Replicas).
-	Replicas func(ctx context.Context, namespace, fleet string) int
+	Replicas func(ctx context.Context, namespace, fleet string) (int, error)
 
 	snapMu sync.Mutex
 	snaps  map[string]snapshot

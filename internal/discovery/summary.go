@@ -334,12 +334,14 @@ func (p *SummaryPublisher) sweep(ctx context.Context, fleets map[string][]catalo
 // LeaseSummaries of a fleet still count (leasewire.CountsUntil): the
 // replicas serving it, among which its pacing is shared
 // (allocator.Replicas). At least one: this replica, before its first
-// summary shows. An error reading them counts this one alone.
-func Replicas(cache client.Reader, now func() time.Time) func(ctx context.Context, namespace, fleet string) int {
-	return func(ctx context.Context, namespace, fleet string) int {
+// summary shows.
+func Replicas(cache client.Reader, now func() time.Time) func(ctx context.Context, namespace, fleet string) (int, error) {
+	return func(ctx context.Context, namespace, fleet string) (int, error) {
 		l := &v1alpha1.LeaseSummaryList{}
-		if err := cache.List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet)}); err != nil {
-			return 1
+		// Read-only: a summary lists up to every leased proxy, and only
+		// its replica and times are read here.
+		if err := cache.List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet)}, client.UnsafeDisableDeepCopy); err != nil {
+			return 0, errors.Wrap(err, "cannot list LeaseSummaries")
 		}
 		at := time.Now()
 		if now != nil {
@@ -348,10 +350,12 @@ func Replicas(cache client.Reader, now func() time.Time) func(ctx context.Contex
 		replicas := map[string]bool{}
 		for i := range l.Items {
 			s := &l.Items[i].Spec
-			if s.Fleet == fleet && s.Replica != "" && at.Before(leasewire.CountsUntil(s)) {
+			// The skew margin the sweep allows too: a replica whose clock
+			// is behind is still counted.
+			if s.Fleet == fleet && s.Replica != "" && at.Before(leasewire.CountsUntil(s).Add(leasewire.HoldSkew)) {
 				replicas[s.Replica] = true
 			}
 		}
-		return max(len(replicas), 1)
+		return max(len(replicas), 1), nil
 	}
 }

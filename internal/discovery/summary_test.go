@@ -466,7 +466,8 @@ func TestReplicasCountedFromSummaries(t *testing.T) {
 	fleet(t, ns, "other", 1, 1, nil)
 	var s *discovery.Server
 	server(t, "team-token "+ns+" crawler\n", func(x *discovery.Server) { s = x })
-	replicas := discovery.Replicas(bed.Client, nil)
+	count := discovery.Replicas(bed.Client, nil)
+	replicas := func(ctx context.Context, ns, fleet string) int { n, _ := count(ctx, ns, fleet); return n }
 	if n := replicas(ctx, ns, "paced"); n != 1 {
 		t.Fatalf("no summaries yet: %d replicas, want 1 (this one)", n)
 	}

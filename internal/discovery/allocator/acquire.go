@@ -336,7 +336,7 @@ func (s *Allocator) acquireAmong(ctx context.Context, a *Acquisition, f *catalog
 			return &Granted{Grant: g, Member: *r.m}, nil
 		}
 	}
-	return nil, &problem.Error{Code: problem.StatusInternalServerError, Reason: apiv1.ReasonInternal, Msg: "Granted a lease on a proxy that was no candidate: a bug, please report it"}
+	return nil, &problem.Error{Code: problem.StatusInternalServerError, Reason: apiv1.ReasonInternal, Msg: "granted a lease on a proxy that was no candidate: a bug, please report it"}
 }
 
 // noFreeSlot is the refusal when every healthy proxy is taken (healthy < 0:

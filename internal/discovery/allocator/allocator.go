@@ -81,7 +81,7 @@ type Allocator struct {
 	// Replicas, when set, counts the egress-discovery replicas serving a
 	// fleet (discovery.Replicas: their LeaseSummaries), which share its
 	// pacing: each paces at its share (PacingFor). Nil: this one alone.
-	Replicas func(ctx context.Context, namespace, fleet string) int
+	Replicas func(ctx context.Context, namespace, fleet string) (int, error)
 
 	// banRecord serialises the bound check and the write of a ban;
 	// bansMade are the bans this replica recorded lately, by fleet.

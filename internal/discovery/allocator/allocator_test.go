@@ -363,7 +363,7 @@ func TestPacingSharedByReplicas(t *testing.T) {
 		for range 2 {
 			b := newBed(t, []proxy{{"a", "192.0.2.1", true, 10}}, spec)
 			b.a.Now = now
-			b.a.Replicas = func(context.Context, string, string) int { return replicas }
+			b.a.Replicas = func(context.Context, string, string) (int, error) { return replicas, nil }
 			as = append(as, b.a)
 		}
 		p, err := as[0].Catalog.Policy(context.Background(), ns, fleet)
@@ -382,16 +382,18 @@ func TestPacingSharedByReplicas(t *testing.T) {
 		}
 		return n
 	}
-	// The rule lets through 20 (one a second) and its burst of 3.
-	if n := taken(2); n > 20+3+1 || n < 18 {
-		t.Errorf("two replicas, each at its share, let %d connections of one IP through in 20 s; want about 20 and at most 24 (1s, burst 3)", n)
+	// The rule lets through 20 (one a second) and its burst of 3; split
+	// over two replicas, the burst is 2 each (a bucket holds at least one
+	// token, rounded up): at most 20 + 4.
+	if n := taken(2); n > 20+2*2 || n < 18 {
+		t.Errorf("two replicas, each at its share, let %d connections of one IP through in 20 s; want about 20 and at most 24 (1s, burst 3 as 2 + 2)", n)
 	}
 	// The broken variant: each replica counting itself alone.
 	if n := taken(1); n <= 20+3+1 {
 		t.Errorf("the check cannot fail: two replicas each pacing alone let %d through, want over 24", n)
 	}
 	b := newBed(t, []proxy{{"a", "192.0.2.1", true, 10}}, spec)
-	b.a.Replicas = func(context.Context, string, string) int { return 2 }
+	b.a.Replicas = func(context.Context, string, string) (int, error) { return 2, nil }
 	p, _ := b.a.Catalog.Policy(context.Background(), ns, fleet)
 	rule := b.a.PacingFor(context.Background(), ns, fleet, p, "shop.example")
 	if rule.Interval != 2*time.Second || rule.Burst != 2 {
@@ -402,5 +404,85 @@ func TestPacingSharedByReplicas(t *testing.T) {
 	}
 	if b.a.PacingFor(context.Background(), ns, fleet, p, "other.example") != nil {
 		t.Error("a domain no rule covers is not paced")
+	}
+}
+
+// TestPaceReserveInTurn: connections waiting for one paced IP are given
+// turns one interval apart, each its own token, as far as the wait bound
+// reaches; past it, none is spent and the answer says when one is free.
+func TestPaceReserveInTurn(t *testing.T) {
+	b := newBed(t, []proxy{{"a", "192.0.2.1", true, 10}}, nil)
+	rule := &catalog.PacingRule{Index: 0, Domains: []string{"shop.example"}, Interval: 200 * time.Millisecond, Burst: 1}
+	key := allocator.PaceKey(ns+"/"+fleet, rule, "192.0.2.1")
+	now := time.Unix(1000, 0)
+	for i := range 5 {
+		at, ok := b.a.PaceReserve(key, rule, now, 1*time.Second)
+		if want := now.Add(time.Duration(i) * 200 * time.Millisecond); !ok || !at.Equal(want) {
+			t.Fatalf("waiter %d: turn at %v (%v); want %v, one interval after the one before", i, at.Sub(now), ok, want.Sub(now))
+		}
+	}
+	// The sixth would wait 1s, past a bound of 800ms: refused, nothing
+	// spent.
+	at, ok := b.a.PaceReserve(key, rule, now, 800*time.Millisecond)
+	if ok || !at.Equal(now.Add(time.Second)) {
+		t.Fatalf("a turn past the bound: at %v, ok %v; want refused, free at 1s", at.Sub(now), ok)
+	}
+	if at, ok := b.a.PaceReserve(key, rule, now, time.Second); !ok || !at.Equal(now.Add(time.Second)) {
+		t.Fatalf("the refused one spent a token: next turn at %v, want 1s", at.Sub(now))
+	}
+	// Past every turn, the bucket refills as before.
+	later := now.Add(2 * time.Second)
+	if !b.a.PaceTake(key, rule, later) {
+		t.Error("once every turn has passed, a token is free again")
+	}
+}
+
+// TestReplicaCountRemembered: the replica count is read at most once a
+// second per fleet; when it cannot be read the last count stands (a fresh
+// one could only pace faster), and without one the replica counts alone.
+func TestReplicaCountRemembered(t *testing.T) {
+	spec := map[string]any{"gateway": map[string]any{"pacing": []any{map[string]any{"domains": []any{"shop.example"}, "interval": "1s"}}}}
+	b := newBed(t, []proxy{{"a", "192.0.2.1", true, 10}}, spec)
+	clock := time.Unix(1000, 0)
+	b.a.Now = func() time.Time { return clock }
+	n, fail, calls := 3, false, 0
+	b.a.Replicas = func(context.Context, string, string) (int, error) {
+		calls++
+		if fail {
+			return 0, errors.New("the cache is away")
+		}
+		return n, nil
+	}
+	p, err := b.a.Catalog.Policy(context.Background(), ns, fleet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	interval := func() time.Duration {
+		return b.a.PacingFor(context.Background(), ns, fleet, p, "shop.example").Interval
+	}
+	if got := interval(); got != 3*time.Second || calls != 1 {
+		t.Fatalf("3 replicas: interval %v after %d reads; want 3s after 1", got, calls)
+	}
+	n = 2
+	clock = clock.Add(500 * time.Millisecond)
+	if got := interval(); got != 3*time.Second || calls != 1 {
+		t.Fatalf("within the second: interval %v after %d reads; want the count remembered (3s, 1 read)", got, calls)
+	}
+	clock = clock.Add(time.Second)
+	fail = true
+	if got := interval(); got != 3*time.Second || calls != 2 {
+		t.Fatalf("the count unreadable: interval %v after %d reads; want the last count (3s), read again", got, calls)
+	}
+	if got := interval(); got != 3*time.Second || calls != 3 {
+		t.Fatalf("still unreadable: interval %v after %d reads; want the last count, read again at once", got, calls)
+	}
+	fail = false
+	if got := interval(); got != 2*time.Second {
+		t.Fatalf("readable again, 2 replicas: interval %v, want 2s", got)
+	}
+	fresh := newBed(t, []proxy{{"a", "192.0.2.1", true, 10}}, spec)
+	fresh.a.Replicas = func(context.Context, string, string) (int, error) { return 0, errors.New("away") }
+	if got := fresh.a.PacingFor(context.Background(), ns, fleet, p, "shop.example").Interval; got != time.Second {
+		t.Errorf("never counted: interval %v, want the rule's own 1s", got)
 	}
 }

@@ -91,6 +91,74 @@ func (p *pacer) take(key string, r *catalog.PacingRule, now time.Time) bool {
 	return true
 }
 
+// reserve spends the next token of key under r: now when it has one,
+// else the time its turn comes, when that is within maxWait; the token is
+// spent either way (the bucket goes below empty), so that connections
+// waiting for one IP are served in turn, one an interval, instead of all
+// waking for the same token. ok is false when the turn would come later:
+// nothing is spent, and at says when one would be free.
+func (p *pacer) reserve(key string, r *catalog.PacingRule, now time.Time, maxWait time.Duration) (at time.Time, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.b == nil {
+		p.b = map[string]*bucket{}
+	}
+	b := p.b[key]
+	if b == nil {
+		if len(p.b) >= maxBuckets {
+			p.forgetFullLocked(now)
+		}
+		b = &bucket{tokens: float64(r.Burst), at: now, interval: r.Interval, burst: r.Burst}
+		p.b[key] = b
+	}
+	l := b.level(r, now)
+	at = now
+	if l < 1 {
+		at = now.Add(time.Duration((1 - l) * float64(r.Interval)))
+	}
+	if at.Sub(now) > maxWait {
+		return at, false
+	}
+	b.tokens, b.at, b.interval, b.burst = l-1, now, r.Interval, r.Burst
+	return at, true
+}
+
+// reserveSoonest reserves, of the IPs of ms that serve a connection
+// (serving), the one whose turn comes first under rule for fleet (as
+// reserve does), when that is within maxWait: one lock for all of them,
+// so that concurrent connections queue over the IPs instead of waking for
+// one token. ok false, nothing spent, when no turn comes within maxWait
+// (at is the first, zero when none serves).
+func (p *pacer) reserveSoonest(fleet string, rule *catalog.PacingRule, ms []catalog.Member, serving func(*catalog.Member) bool, now time.Time, maxWait time.Duration) (ip string, at time.Time, ok bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for i := range ms {
+		if m := &ms[i]; serving(m) {
+			t := p.nextLocked(PaceKey(fleet, rule, IPOf(m)), rule, now)
+			if ip == "" || t.Before(at) {
+				ip, at = IPOf(m), t
+			}
+		}
+	}
+	if ip == "" || at.Sub(now) > maxWait {
+		return "", at, false
+	}
+	key := PaceKey(fleet, rule, ip)
+	if p.b == nil {
+		p.b = map[string]*bucket{}
+	}
+	b := p.b[key]
+	if b == nil {
+		if len(p.b) >= maxBuckets {
+			p.forgetFullLocked(now)
+		}
+		b = &bucket{tokens: float64(rule.Burst), at: now}
+		p.b[key] = b
+	}
+	b.tokens, b.at, b.interval, b.burst = b.level(rule, now)-1, now, rule.Interval, rule.Burst
+	return ip, at, true
+}
+
 // soonest is, of the IPs of ms that serve a connection (serving), the
 // first time one has a token under rule for fleet: now when one has, zero
 // when none serves. One lock for all of them.
@@ -159,6 +227,19 @@ func (s *Allocator) PaceTake(key string, rule *catalog.PacingRule, now time.Time
 	return s.pace.take(key, rule, now)
 }
 
+// PaceReserve spends the next token of the bucket key for rule: now, or
+// at its turn within maxWait (see reserve); ok false, nothing spent, when
+// the turn would come later than that.
+func (s *Allocator) PaceReserve(key string, rule *catalog.PacingRule, now time.Time, maxWait time.Duration) (time.Time, bool) {
+	return s.pace.reserve(key, rule, now, maxWait)
+}
+
+// PaceReserveSoonest reserves the turn of the IP of ms that comes first
+// under rule (see reserveSoonest).
+func (s *Allocator) PaceReserveSoonest(fleet string, rule *catalog.PacingRule, ms []catalog.Member, serving func(*catalog.Member) bool, now time.Time, maxWait time.Duration) (string, time.Time, bool) {
+	return s.pace.reserveSoonest(fleet, rule, ms, serving, now, maxWait)
+}
+
 // PaceSoonest is the soonest that one of ms that serving keeps has a token
 // for rule.
 func (s *Allocator) PaceSoonest(fleet string, rule *catalog.PacingRule, ms []catalog.Member, serving func(*catalog.Member) bool, now time.Time) time.Time {
@@ -183,7 +264,9 @@ const (
 	maxShares   = 4096
 )
 
-// replicasOf is how many replicas serve the fleet (at least 1).
+// replicasOf is how many replicas serve the fleet (at least 1). When they
+// cannot be counted, the last count stands (it only ever paces slower than
+// a fresh one would), else 1, and it is tried again at the next call.
 func (s *Allocator) replicasOf(ctx context.Context, namespace, fleet string) int {
 	if s.Replicas == nil {
 		return 1
@@ -196,7 +279,14 @@ func (s *Allocator) replicasOf(ctx context.Context, namespace, fleet string) int
 	if ok && now.Sub(c.at) < replicasTTL && !now.Before(c.at) {
 		return c.n
 	}
-	n := max(s.Replicas(ctx, namespace, fleet), 1)
+	n, err := s.Replicas(ctx, namespace, fleet)
+	if err != nil {
+		if ok {
+			return c.n
+		}
+		return 1
+	}
+	n = max(n, 1)
 	s.sharesMu.Lock()
 	if s.shares == nil || len(s.shares) >= maxShares {
 		s.shares = map[string]replicaCount{}
@@ -210,11 +300,13 @@ func (s *Allocator) replicasOf(ctx context.Context, namespace, fleet string) int
 // it (nil when none covers it): its share of the rule when n replicas
 // serve the fleet, the interval n times as long and the burst split
 // (rounded up, at least 1), so that the replicas together keep to the
-// rule's rate whichever replica each connection reaches. A replica that
-// has just started, until its summary shows, is not counted by the others
-// for a second or so; a replica that died is counted until its summary
-// stops counting (leasewire.SummaryFreshness), which paces slower, never
-// faster.
+// rule's rate whichever replica each connection reaches. The burst is the
+// exception: each replica's bucket holds at least one token, so behind n
+// replicas an IP may see n*ceil(burst/n) connections at once (n for a
+// burst of 1) before the interval applies. A replica that has just
+// started is not counted by the others until its first summary shows (a
+// second or so); one that died is counted until its summary stops
+// counting (leasewire.SummaryFreshness), which paces slower.
 func (s *Allocator) PacingFor(ctx context.Context, namespace, fleet string, p *catalog.Policy, domain string) *catalog.PacingRule {
 	rule := p.PacingFor(domain)
 	if rule == nil {

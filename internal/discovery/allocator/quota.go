@@ -65,7 +65,7 @@ type quotaBook struct {
 	// conns are the gateway connections without a session open through
 	// this replica, which count one each.
 	conns  map[string]int
-	recent map[string]map[string]time.Time // key -> lease ID -> Granted at
+	recent map[string]map[string]time.Time // key -> lease ID -> granted at
 	// gone are the leases released through this replica lately, which its
 	// cache may still show: their holder may take another at once.
 	gone map[string]time.Time // lease ID -> released at

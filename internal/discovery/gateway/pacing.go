@@ -23,20 +23,58 @@ import (
 // together keep to the rule (README).
 
 // rotatePaced is rotate under the domain's pacing rule (nil: none): when
-// every proxy that serves the connection is paced, it waits for the
-// first to be free if that is within MaxPaceWait, once, and else answers
-// 429 with Retry-After.
+// every proxy that serves the connection is paced, it reserves the turn
+// of the IP that is free first, if that comes within MaxPaceWait, waits
+// for it and goes out through that IP; else it answers 429 with
+// Retry-After. Connections that find every IP paced queue over the IPs,
+// each with a turn of its own, rather than wake together for one token.
 func (gw *Gateway[S]) rotatePaced(ctx context.Context, key, strategy string, id *auth.Identity, u User, domain string, exclude map[string]bool, rule *catalog.PacingRule) (*upstream, error) {
-	for waited := false; ; waited = true {
-		up, err := gw.rotate(ctx, key, strategy, id, u, domain, exclude, rule)
-		var pe *pacedError
-		if !errors.As(err, &pe) {
-			return up, err
+	up, err := gw.rotate(ctx, key, strategy, id, u, domain, exclude, rule)
+	var pe *pacedError
+	if !errors.As(err, &pe) {
+		return up, err
+	}
+	a := gw.Server.Allocator()
+	f, err := a.Catalog.Members(ctx, u.Namespace, u.Fleet)
+	if err != nil {
+		return nil, err
+	}
+	serving, err := a.Admits(ctx, f.Items, u.Zone, exclude, domain)
+	if err != nil {
+		return nil, err
+	}
+	now := a.Time()
+	ip, at, ok := a.PaceReserveSoonest(pe.fleet, rule, f.Items, serving, now, allocator.MaxPaceWait)
+	if !ok {
+		if !at.IsZero() {
+			pe.next = at
 		}
-		if err := gw.paceWait(ctx, pe, waited); err != nil {
+		return nil, gw.paceWait(ctx, pe, true)
+	}
+	pe.next = at
+	if at.After(now) {
+		if err := gw.paceWait(ctx, pe, false); err != nil {
 			return nil, err
 		}
 	}
+	// The turn is this connection's: through a proxy of that IP, no token
+	// taken again.
+	only := map[string]bool{}
+	for n := range exclude {
+		only[n] = true
+	}
+	for i := range f.Items {
+		if m := &f.Items[i]; allocator.IPOf(m) != ip {
+			only[m.Name] = true
+		}
+	}
+	up, err = gw.rotate(ctx, key, strategy, id, u, domain, only, nil)
+	if up == nil && err == nil {
+		// No proxy of that IP could take it after all (its slots full).
+		pe.next = a.Time().Add(rule.Interval)
+		return nil, gw.paceWait(ctx, pe, true)
+	}
+	return up, err
 }
 
 // paceWait waits until pe's IP is free when that is within maxPaceWait
@@ -86,22 +124,23 @@ func (gw *Gateway[S]) currentMember(ctx context.Context, m *catalog.Member) *cat
 	return m
 }
 
-// paceOn spends a token of m's IP under rule (nil: none), waiting for one
-// within MaxPaceWait, else the 429 to answer.
+// paceOn spends a token of m's IP under rule (nil: none): now, or at its
+// turn, waiting for it within MaxPaceWait (connections waiting for one IP
+// are served in turn, each its own token); else the 429 to answer.
 func (gw *Gateway[S]) paceOn(ctx context.Context, u User, domain string, rule *catalog.PacingRule, m *catalog.Member) error {
 	if rule == nil {
 		return nil
 	}
 	fleet := u.Namespace + "/" + u.Fleet
 	key := allocator.PaceKey(fleet, rule, allocator.IPOf(gw.currentMember(ctx, m)))
-	for waited := false; ; waited = true {
-		now := gw.Server.Allocator().Time()
-		if gw.Server.Allocator().PaceTake(key, rule, now) {
-			return nil
-		}
-		pe := &pacedError{rule: rule, domain: domain, fleet: fleet, next: gw.Server.Allocator().PaceNext(key, rule, now)}
-		if err := gw.paceWait(ctx, pe, waited); err != nil {
-			return err
-		}
+	now := gw.Server.Allocator().Time()
+	at, ok := gw.Server.Allocator().PaceReserve(key, rule, now, allocator.MaxPaceWait)
+	if !at.After(now) {
+		return nil
 	}
+	pe := &pacedError{rule: rule, domain: domain, fleet: fleet, next: at}
+	if !ok {
+		return gw.paceWait(ctx, pe, true)
+	}
+	return gw.paceWait(ctx, pe, false)
 }
