@@ -37,6 +37,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/allocator"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/gateway"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
@@ -162,8 +163,8 @@ func (s *Server) authed(h handler) http.HandlerFunc {
 // Authenticator authenticates the server's callers (Auth).
 func (s *Server) Authenticator() auth.Authenticator { return s.Auth }
 
-// Store is the lease store (Leases).
-func (s *Server) Store() *lease.Store { return s.Leases }
+// Store is the lease store (Leases), as the gateway uses it.
+func (s *Server) Store() gateway.Leases { return s.Leases }
 
 // Limit refuses a request of an identity over its rate limit (Limits):
 // 429 with Retry-After.
