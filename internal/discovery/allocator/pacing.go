@@ -68,10 +68,9 @@ func (p *pacer) nextLocked(key string, r *catalog.PacingRule, now time.Time) tim
 	return now.Add(time.Duration((1 - l) * float64(r.Interval)))
 }
 
-// take spends a token of key under r, if it has one.
-func (p *pacer) take(key string, r *catalog.PacingRule, now time.Time) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+// bucketLocked is key's bucket, made full under r if it has none (p.mu
+// held): past maxBuckets, the full ones are forgotten first.
+func (p *pacer) bucketLocked(key string, r *catalog.PacingRule, now time.Time) *bucket {
 	if p.b == nil {
 		p.b = map[string]*bucket{}
 	}
@@ -83,6 +82,14 @@ func (p *pacer) take(key string, r *catalog.PacingRule, now time.Time) bool {
 		b = &bucket{tokens: float64(r.Burst), at: now, interval: r.Interval, burst: r.Burst}
 		p.b[key] = b
 	}
+	return b
+}
+
+// take spends a token of key under r, if it has one.
+func (p *pacer) take(key string, r *catalog.PacingRule, now time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b := p.bucketLocked(key, r, now)
 	l := b.level(r, now)
 	if l < 1 {
 		return false
@@ -100,17 +107,7 @@ func (p *pacer) take(key string, r *catalog.PacingRule, now time.Time) bool {
 func (p *pacer) reserve(key string, r *catalog.PacingRule, now time.Time, maxWait time.Duration) (at time.Time, ok bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.b == nil {
-		p.b = map[string]*bucket{}
-	}
-	b := p.b[key]
-	if b == nil {
-		if len(p.b) >= maxBuckets {
-			p.forgetFullLocked(now)
-		}
-		b = &bucket{tokens: float64(r.Burst), at: now, interval: r.Interval, burst: r.Burst}
-		p.b[key] = b
-	}
+	b := p.bucketLocked(key, r, now)
 	l := b.level(r, now)
 	at = now
 	if l < 1 {
@@ -143,18 +140,7 @@ func (p *pacer) reserveSoonest(fleet string, rule *catalog.PacingRule, ms []cata
 	if ip == "" || at.Sub(now) > maxWait {
 		return "", at, false
 	}
-	key := PaceKey(fleet, rule, ip)
-	if p.b == nil {
-		p.b = map[string]*bucket{}
-	}
-	b := p.b[key]
-	if b == nil {
-		if len(p.b) >= maxBuckets {
-			p.forgetFullLocked(now)
-		}
-		b = &bucket{tokens: float64(rule.Burst), at: now}
-		p.b[key] = b
-	}
+	b := p.bucketLocked(PaceKey(fleet, rule, ip), rule, now)
 	b.tokens, b.at, b.interval, b.burst = b.level(rule, now)-1, now, rule.Interval, rule.Burst
 	return ip, at, true
 }
