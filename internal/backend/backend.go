@@ -41,8 +41,14 @@ type Spec struct {
 	Port int32
 	// Credentials, when set, are required of every client.
 	Credentials *Credentials
-	// AllowedSourceRanges restrict the clients.
+	// AllowedSourceRanges restrict the clients. They include
+	// ProbeSourceRanges.
 	AllowedSourceRanges []string
+	// ProbeSourceRanges are those of AllowedSourceRanges that the
+	// ProviderConfig added for the provider's own probe
+	// (spec.probe.sourceRanges), not the Proxy: named apart so that an
+	// error about one says which field to change.
+	ProbeSourceRanges []string
 	// AllowedPrivateDestinations are private networks the proxy may reach,
 	// already checked against the ProviderConfig's policy.
 	AllowedPrivateDestinations []string

@@ -16,6 +16,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -105,7 +106,7 @@ func (p Prober) Probe(ctx context.Context, t Target) Result {
 }
 
 func (p Prober) probe(ctx context.Context, t Target) Result {
-	status, body, err := p.fetch(ctx, t)
+	status, body, denied, err := p.fetch(ctx, t)
 	if err != nil {
 		return Result{Error: err.Error()}
 	}
@@ -116,15 +117,25 @@ func (p Prober) probe(ctx context.Context, t Target) Result {
 	if status == http.StatusProxyAuthRequired {
 		return Result{Error: fmt.Sprintf("proxy %s rejected the credentials (407 Proxy Authentication Required): check authSecretRef", t.Proxy)}
 	}
+	if status != want && status == http.StatusForbidden && denied {
+		// Squid's own refusal of a plain request (its error page names
+		// ERR_ACCESS_DENIED), not the target's answer.
+		return Result{Error: fmt.Sprintf("proxy %s %s (403 Forbidden, %s): the provider's own address may be outside the proxy's allowed source ranges (add it to the ProviderConfig's spec.probe.sourceRanges), or the target is denied", t.Proxy, refusedMark, squidDenied)}
+	}
 	if status != want {
 		return Result{Error: fmt.Sprintf("target answered %d through %s, want %d", status, t.Proxy, want)}
 	}
 	return Result{OK: true, EgressIP: EgressIP(body)}
 }
 
-// fetch gets t.URL through t.Proxy and returns the answer's status and the
-// start of its body. A CONNECT the proxy refuses comes back as an error.
-func (p Prober) fetch(ctx context.Context, t Target) (int, []byte, error) {
+// squidDenied is how Squid marks its own refusal of a request, in its
+// X-Squid-Error header.
+const squidDenied = "ERR_ACCESS_DENIED"
+
+// fetch gets t.URL through t.Proxy and returns the answer's status, the
+// start of its body, and whether the answer is Squid's own refusal. A
+// CONNECT the proxy refuses comes back as an error.
+func (p Prober) fetch(ctx context.Context, t Target) (int, []byte, bool, error) {
 	timeout := t.timeout()
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
@@ -133,9 +144,17 @@ func (p Prober) fetch(ctx context.Context, t Target) (int, []byte, error) {
 	if t.Username != "" {
 		proxyURL.User = url.UserPassword(t.Username, t.Password)
 	}
+	// Whether the proxy was reached at all: a probe that times out before
+	// its connection to the proxy is made was dropped on the way.
+	var reached atomic.Bool
+	dial := p.dial(t)
 	tr := &http.Transport{
-		Proxy:               http.ProxyURL(proxyURL),
-		DialContext:         p.dial(t),
+		Proxy: http.ProxyURL(proxyURL),
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := dial(ctx, network, addr)
+			reached.Store(reached.Load() || err == nil)
+			return c, err
+		},
 		DisableKeepAlives:   true,
 		TLSClientConfig:     &tls.Config{RootCAs: t.RootCAs, MinVersion: tls.VersionTLS12},
 		TLSHandshakeTimeout: timeout,
@@ -150,19 +169,22 @@ func (p Prober) fetch(ctx context.Context, t Target) (int, []byte, error) {
 
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, t.URL, nil)
 	if err != nil {
-		return 0, nil, errors.Errorf("invalid probe URL: %v", err)
+		return 0, nil, false, errors.Errorf("invalid probe URL: %v", err)
 	}
 	req.Header.Set("User-Agent", "egress-proxy-probe/1")
 	resp, err := c.Do(req)
 	if err != nil {
-		return 0, nil, errors.New(explain(err, t.Proxy))
+		if !reached.Load() && (errors.Is(err, context.DeadlineExceeded) || dialTimedOut(err)) {
+			return 0, nil, false, errors.New(dropped(err, t.Proxy))
+		}
+		return 0, nil, false, errors.New(explain(err, t.Proxy))
 	}
 	defer resp.Body.Close() //nolint:errcheck // Read-only body.
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	if err != nil {
-		return 0, nil, errors.Errorf("reading the answer through %s: %v", t.Proxy, err)
+		return 0, nil, false, errors.Errorf("reading the answer through %s: %v", t.Proxy, err)
 	}
-	return resp.StatusCode, body, nil
+	return resp.StatusCode, body, strings.HasPrefix(resp.Header.Get("X-Squid-Error"), squidDenied), nil
 }
 
 // Closure is what a request without credentials got from a proxy.
@@ -237,10 +259,39 @@ func (p Prober) connect(ctx context.Context, t Target) (int, error) {
 	return resp.StatusCode, nil
 }
 
+// refusedMark is in the message of a probe the proxy's network or client
+// ACL refused: the provider's own address is not let in.
+const refusedMark = "refused the probe"
+
+// Refused reports whether a probe's error says that the probe was refused
+// at the network: its connection to the proxy timed out (a firewall
+// dropping its packets), or the proxy answered 403 to its CONNECT (a
+// client ACL, or a denied target port).
+func Refused(msg string) bool { return strings.Contains(msg, refusedMark) }
+
+// dialTimedOut reports whether err is, or wraps, a dial that timed out
+// (the transport wraps it in a proxyconnect error of the same type).
+func dialTimedOut(err error) bool {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if op, ok := e.(*net.OpError); ok && op.Op == "dial" && op.Timeout() {
+			return true
+		}
+	}
+	return false
+}
+
+// dropped is the message of a probe whose connection to the proxy timed
+// out before it was made.
+func dropped(err error, proxy string) string {
+	return fmt.Sprintf("the network in front of proxy %s %s: the connection to it timed out (%v), as when a firewall drops the provider's packets; let the provider's own address in (the ProviderConfig's spec.probe.sourceRanges)", proxy, refusedMark, err)
+}
+
 // explain turns transport errors into messages that say what to check.
 func explain(err error, proxy string) string {
 	msg := err.Error()
 	switch {
+	case dialTimedOut(err):
+		return dropped(err, proxy)
 	case strings.Contains(msg, "Proxy Authentication Required"):
 		return fmt.Sprintf("proxy %s rejected the credentials (407 Proxy Authentication Required): check authSecretRef", proxy)
 	case strings.Contains(msg, "connection refused"):
@@ -248,7 +299,7 @@ func explain(err error, proxy string) string {
 	case strings.Contains(msg, "context deadline exceeded"), strings.Contains(msg, "Client.Timeout"):
 		return fmt.Sprintf("probe through %s timed out: %v", proxy, err)
 	case strings.Contains(msg, "Forbidden"):
-		return fmt.Sprintf("proxy %s refused to tunnel (403 Forbidden): check allowedSourceRanges and the target port", proxy)
+		return fmt.Sprintf("proxy %s %s (403 Forbidden to its CONNECT): the provider's own address may be outside the proxy's allowed source ranges (add it to the ProviderConfig's spec.probe.sourceRanges), or the target port is denied", proxy, refusedMark)
 	}
 	return fmt.Sprintf("probe through %s failed: %v", proxy, err)
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/types"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
@@ -24,6 +25,13 @@ import (
 // startSquid runs a real Squid with credentials through the local backend.
 func startSquid(t *testing.T) string {
 	t.Helper()
+	return startSquidFor(t, nil)
+}
+
+// startSquidFor runs a real Squid with credentials that admits clients
+// from ranges only (any client when empty).
+func startSquidFor(t *testing.T, ranges []string) string {
+	t.Helper()
 	dir := testbed.SquidStateDir(t)
 	b, err := local.New(local.Config{SquidPath: testbed.SquidBinary(t), StateDir: dir, ClusterID: "probe-test",
 		PortRange: &v1alpha1.PortRange{From: 32200, To: 32299}})
@@ -31,9 +39,10 @@ func startSquid(t *testing.T) string {
 		t.Fatal(err)
 	}
 	s := backend.Spec{
-		Ref: backend.Ref{Name: ownership.InstanceName("probe-test")}, Owner: ownership.Owner{UID: "probe-test"},
-		Credentials: &backend.Credentials{Username: "crawler", Password: "p@ss word"},
-		Local:       &v1alpha1.LocalPlacement{BindAddress: "127.0.0.1"},
+		Ref: backend.Ref{Name: ownership.InstanceName(types.UID("probe-test" + strings.Join(ranges, ",")))}, Owner: ownership.Owner{UID: types.UID("probe-test" + strings.Join(ranges, ","))},
+		Credentials:         &backend.Credentials{Username: "crawler", Password: "p@ss word"},
+		Local:               &v1alpha1.LocalPlacement{BindAddress: "127.0.0.1"},
+		AllowedSourceRanges: ranges,
 		// The probe targets live on this host.
 		AllowLoopbackDestinations: true,
 	}
@@ -148,6 +157,62 @@ func TestProbeThroughRealSquid(t *testing.T) {
 				t.Errorf("%s\nlatency must be measured, got %s", tc.reason, got.Latency)
 			}
 		})
+	}
+}
+
+// TestProbeRefused: a probe the network or the proxy's client ACL refuses
+// says so (probe.Refused), and names where to let the provider in: a real
+// Squid that admits 10.0.0.0/8 only answers the loopback probe 403, and
+// admits it once the probe's range is added, as the provider adds a
+// ProviderConfig's spec.probe.sourceRanges; a proxy whose network drops
+// the connection (a listener whose accept queue is full, so the kernel
+// drops the SYN as a firewall would) times the probe's dial out. A proxy
+// that is down, or a slow target, is not a refusal.
+func TestProbeRefused(t *testing.T) {
+	plain := testbed.StartPlainEchoTarget(t)
+	creds := func(proxy string) probe.Target {
+		return probe.Target{Proxy: proxy, Username: "crawler", Password: "p@ss word", URL: plain.URL, Timeout: time.Second}
+	}
+
+	tlsTarget := testbed.StartEchoTarget(t)
+	narrow, merged := startSquidFor(t, []string{"10.0.0.0/8"}), startSquidFor(t, []string{"10.0.0.0/8", "127.0.0.1/32"})
+	for _, how := range []string{"plain", "CONNECT"} {
+		for _, proxy := range []string{narrow, merged} {
+			target := creds(proxy)
+			if how == "CONNECT" {
+				target.URL, target.RootCAs = tlsTarget.URL, tlsTarget.RootCAs
+			}
+			got := probe.Prober{}.Probe(context.Background(), target)
+			switch {
+			case proxy == narrow && (got.OK || !probe.Refused(got.Error) || !strings.Contains(got.Error, "spec.probe.sourceRanges")):
+				t.Errorf("%s: a Squid admitting 10.0.0.0/8 only must refuse the loopback probe, saying where to let it in; got %+v", how, got)
+			case proxy == merged && !got.OK:
+				t.Errorf("%s: with the probe's range added the probe must pass; got %+v", how, got)
+			}
+		}
+	}
+
+	dropping := testbed.DroppingAddress(t)
+	drop := probe.Prober{}.Probe(context.Background(), creds(dropping))
+	if drop.OK || !probe.Refused(drop.Error) || !strings.Contains(drop.Error, "timed out") {
+		t.Errorf("a proxy whose network drops the connection must be reported as refusing the probe; got %+v", drop)
+	}
+	if c, detail := (probe.Prober{}).Closed(context.Background(), creds(dropping)); c != probe.ClosureUnknown || !probe.Refused(detail) {
+		t.Errorf("the closure check of such a proxy must say the same; got %s %q", c, detail)
+	}
+
+	dead, _ := net.Listen("tcp", "127.0.0.1:0")
+	deadAddr := dead.Addr().String()
+	_ = dead.Close()
+	if got := (probe.Prober{}).Probe(context.Background(), creds(deadAddr)); probe.Refused(got.Error) {
+		t.Errorf("a proxy that is down is not a refusal: %q", got.Error)
+	}
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { time.Sleep(2 * time.Second) }))
+	t.Cleanup(slow.Close)
+	target := creds(startSquid(t))
+	target.URL = slow.URL
+	if got := (probe.Prober{}).Probe(context.Background(), target); got.OK || probe.Refused(got.Error) {
+		t.Errorf("a slow target is not a refusal: %+v", got)
 	}
 }
 

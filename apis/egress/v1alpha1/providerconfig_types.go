@@ -43,6 +43,30 @@ type ProviderConfigSpec struct {
 	// Policy bounds what the proxies of this configuration may ask for.
 	// +optional
 	Policy *Policy `json:"policy,omitempty"`
+
+	// Probe says where the provider's own probe reaches this
+	// configuration's proxies from, so that each proxy lets it in.
+	// +optional
+	Probe *ProbeSource `json:"probe,omitempty"`
+}
+
+// ProbeSource is where the provider's probe comes from, as the proxies see
+// it.
+type ProbeSource struct {
+	// SourceRanges the provider's probe reaches proxies from: the address
+	// its traffic leaves the provider's network with (a Cloud NAT's or
+	// NAT gateway's address, a node's external IP), as a /32 or a range.
+	// Each is added, beside spec.forProvider.allowedSourceRanges, to every
+	// proxy's firewall rule (GCP) and to its Squid's client ACL, so that a
+	// Proxy that restricts its clients can still be probed; a Proxy that
+	// lists no source ranges admits any client with credentials, the probe
+	// included, and gets nothing added. Like allowedSourceRanges, a range
+	// outside private, loopback and CGNAT space needs the proxy's
+	// credentials. A change replaces the proxies whose ranges it changes.
+	// +kubebuilder:validation:MaxItems=16
+	// +listType=set
+	// +optional
+	SourceRanges []CIDR `json:"sourceRanges,omitempty"`
 }
 
 // Policy is what the platform permits the proxies, and so the fleets, of a

@@ -334,6 +334,8 @@ func (b *Backend) firewall(s backend.Spec) (*computepb.Firewall, error) {
 	switch {
 	case s.UserData != "" && len(ranges) == 0:
 		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.allowedSourceRanges is required with spec.forProvider.gcp.cloudInit: the provider does not write that proxy's Squid configuration, so its firewall opens only to the ranges listed")
+	case s.Credentials == nil && len(public) > 0 && slices.Contains(s.ProbeSourceRanges, public[0]):
+		return nil, backend.Errorf(backend.ClassPermanent, "the ProviderConfig's spec.probe.sourceRanges %q is not private, loopback or CGNAT space: without spec.forProvider.authSecretRef the firewall would open the proxy to every client behind it; add credentials or probe from a private range", public[0])
 	case s.Credentials == nil && len(public) > 0:
 		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.allowedSourceRanges %q is not private, loopback or CGNAT space: without spec.forProvider.authSecretRef the firewall would open an open proxy to the internet; add credentials or narrow the range", public[0])
 	case len(ranges) == 0:

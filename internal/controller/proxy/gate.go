@@ -109,8 +109,12 @@ const (
 	ReasonProvisioning  xpv2.ConditionReason = "Provisioning"
 	ReasonAwaitingProbe xpv2.ConditionReason = v1alpha1.ReasonAwaitingProbe
 	ReasonProbeFailing  xpv2.ConditionReason = "ProbeFailing"
-	ReasonTerminated    xpv2.ConditionReason = "Terminated"
-	ReasonBackendError  xpv2.ConditionReason = "BackendError"
+	// ReasonProbeRefused: the provider's own probe is dropped on its way
+	// to the proxy, or refused by the proxy's client ACL: the provider's
+	// address is not let in (the ProviderConfig's spec.probe.sourceRanges).
+	ReasonProbeRefused xpv2.ConditionReason = "ProbeRefused"
+	ReasonTerminated   xpv2.ConditionReason = "Terminated"
+	ReasonBackendError xpv2.ConditionReason = "BackendError"
 	// ReasonOpenProxy: the proxy serves requests without credentials.
 	ReasonOpenProxy xpv2.ConditionReason = "OpenProxy"
 	// ReasonNotPermitted: the Proxy asks for what its ProviderConfig's

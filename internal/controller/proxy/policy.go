@@ -14,6 +14,7 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/kubernetes"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/squid"
 )
 
 // Defaults of a ProviderConfig's policy, for what it leaves empty.
@@ -41,6 +42,9 @@ func admit(p *v1alpha1.Proxy, pc *config) error {
 			ns, pc.Kind, pc.Name, pol.AllowedProxyNamespaces)
 	}
 	fp := p.Spec.ForProvider
+	if err := admitProbeSources(p, pc); err != nil {
+		return err
+	}
 	switch {
 	case fp.Local != nil:
 		return admitLocal(fp.Local, pc, pol.Local)
@@ -48,6 +52,30 @@ func admit(p *v1alpha1.Proxy, pc *config) error {
 		return admitPod(p, pc, pol.Kubernetes)
 	case fp.GCP != nil:
 		return admitVM(fp.GCP, pc, pol.GCP)
+	}
+	return nil
+}
+
+// admitProbeSources refuses to let the provider's probe into a proxy
+// without credentials from a public range: adding the range to the
+// proxy's client ACL and firewall would open the proxy to everyone behind
+// that address (a NAT shared by the whole cluster, say).
+func admitProbeSources(p *v1alpha1.Proxy, pc *config) error {
+	fp := p.Spec.ForProvider
+	if pc.Spec.Probe == nil || len(fp.AllowedSourceRanges) == 0 || fp.AuthSecretRef != nil {
+		return nil
+	}
+	ranges := make([]string, 0, len(pc.Spec.Probe.SourceRanges))
+	for _, r := range pc.Spec.Probe.SourceRanges {
+		ranges = append(ranges, string(r))
+	}
+	public, err := squid.PublicSources(ranges)
+	if err != nil {
+		return errors.Wrapf(err, "%s %s spec.probe.sourceRanges", pc.Kind, pc.Name)
+	}
+	if len(public) > 0 {
+		return errors.Errorf("%s %s spec.probe.sourceRanges %q is not private, loopback or CGNAT space, and this Proxy has no spec.forProvider.authSecretRef: letting the probe in would open the proxy to every client behind that address; give the Proxy credentials, or probe from a private range",
+			pc.Kind, pc.Name, public[0])
 	}
 	return nil
 }

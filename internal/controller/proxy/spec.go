@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/netip"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 
@@ -274,6 +275,18 @@ func desiredSpec(p *v1alpha1.Proxy, pc *config, clusterID string, creds *backend
 	for _, r := range fp.AllowedSourceRanges {
 		ranges = append(ranges, string(r))
 	}
+	// The provider's own probe must get in where the Proxy restricts its
+	// clients; where it lists none, any client with credentials does.
+	var probes []string
+	if len(ranges) > 0 && pc.Spec.Probe != nil {
+		for _, r := range pc.Spec.Probe.SourceRanges {
+			if !slices.Contains(ranges, string(r)) {
+				probes = append(probes, string(r))
+			}
+		}
+		ranges = append(ranges, probes...)
+		sort.Strings(probes)
+	}
 	sort.Strings(ranges)
 	s := backend.Spec{
 		Ref: instanceRef(p, pc),
@@ -284,6 +297,7 @@ func desiredSpec(p *v1alpha1.Proxy, pc *config, clusterID string, creds *backend
 		Port:                       fp.Port,
 		Credentials:                creds,
 		AllowedSourceRanges:        ranges,
+		ProbeSourceRanges:          probes,
 		AllowedPrivateDestinations: cidrs(fp.AllowedPrivateDestinations),
 		Local:                      fp.Local,
 		Kubernetes:                 fp.Kubernetes,

@@ -238,6 +238,8 @@ func (e *external) setReadiness(p *v1alpha1.Proxy) {
 		p.SetConditions(xpv2.Available())
 	case ap.LastProbeTime == nil:
 		p.SetConditions(unavailable(ReasonAwaitingProbe, fmt.Sprintf("instance %s runs; waiting for the first probe through it", ap.ProviderID)))
+	case probe.Refused(ap.LastProbeError):
+		p.SetConditions(unavailable(ReasonProbeRefused, fmt.Sprintf("the provider's probe does not get through to the proxy: %s", ap.LastProbeError)))
 	default:
 		p.SetConditions(unavailable(ReasonProbeFailing, fmt.Sprintf("probe through the proxy is failing: %s", ap.LastProbeError)))
 	}
