@@ -121,3 +121,18 @@ func Backoff(c Class, failures int) time.Duration {
 	}
 	return min(d, limit)
 }
+
+// A PartialList is ListOwned's error when part of what it lists could not
+// be read for want of a permission (GCP's firewall rules without
+// compute.firewalls.list): the instances it returns with it are all the
+// others, complete, and may be collected; Skipped names what was not
+// listed. Any other error of ListOwned means its list is not to be used.
+type PartialList struct {
+	Skipped string
+	Err     error
+}
+
+func (e *PartialList) Error() string { return e.Skipped + " not listed: " + e.Err.Error() }
+
+// Unwrap returns the error that kept part of the list unread.
+func (e *PartialList) Unwrap() error { return e.Err }

@@ -89,7 +89,17 @@ func (c *Collector) Collect(ctx context.Context) (Report, error) {
 		err := t.Err
 		if err == nil {
 			var instances []backend.Instance
-			if instances, err = t.Backend.ListOwned(ctx); err == nil {
+			instances, err = t.Backend.ListOwned(ctx)
+			var partial *backend.PartialList
+			if errors.As(err, &partial) {
+				// What was listed is complete in itself: collected, and
+				// what was not is reported.
+				c.Metrics.Orphans.WithLabelValues(t.Kind, "partial").Inc()
+				c.Log.Info("Orphan collection lists part of a backend only", "kind", t.Kind, "error", err)
+				c.event(t, event.Warning("OrphanCollectionPartial", errors.Wrap(err, "orphans of this kind are not collected")))
+				err = nil
+			}
+			if err == nil {
 				// The Proxies are read after the instances: a Proxy that
 				// imported one of them (and so exists) since the last
 				// read is in this list.

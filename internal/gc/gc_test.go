@@ -252,3 +252,50 @@ func TestCollectRacingImport(t *testing.T) {
 		}
 	})
 }
+
+// partialBackend lists its instances, and says a part of what it holds
+// (its firewall rules) could not be read.
+type partialBackend struct{ *fake.Backend }
+
+func (b partialBackend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
+	is, err := b.Backend.ListOwned(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return is, &backend.PartialList{Skipped: "firewall rules (compute.firewalls.list)", Err: errors.New("googleapi: Error 403: forbidden")}
+}
+
+// TestCollectPartialList: a backend that lists its instances but not all
+// it holds has its instances collected all the same, and what it could
+// not list is counted and reported, not hidden.
+func TestCollectPartialList(t *testing.T) {
+	b := fake.New()
+	b.Put(inst("orphan", "me", "gone-uid", time.Hour))
+	b.Put(inst("owned", "me", "live-uid", time.Hour))
+	rec := &recorder{}
+	c := &Collector{
+		Sources:   sources{targets: []Target{{Kind: "GCP", Backend: partialBackend{b}, Object: &v1alpha1.ClusterProviderConfig{}}}, owners: map[types.UID]bool{"live-uid": true}},
+		ClusterID: "me", Grace: time.Minute, Now: func() time.Time { return now },
+		Log: logging.NewNopLogger(), Record: rec, Metrics: metrics.NewProvider(),
+	}
+	r, err := c.Collect(context.Background())
+	if err != nil {
+		t.Fatalf("a partial list is no failure of the collection: %v", err)
+	}
+	if r.Deleted != 1 || r.Owned != 1 || r.Skipped != 0 {
+		t.Errorf("the instances listed are collected as from a full list: %+v", r)
+	}
+	if _, err := b.Get(context.Background(), backend.Ref{Name: "orphan"}); !backend.IsNotFound(err) {
+		t.Error("the orphan listed is gone")
+	}
+	if n := testutil.ToFloat64(c.Metrics.Orphans.WithLabelValues("GCP", "partial")); n != 1 {
+		t.Errorf("the partial list is counted: %v", n)
+	}
+	warned := false
+	for _, e := range rec.events {
+		warned = warned || (e.Reason == "OrphanCollectionPartial" && e.Type == event.TypeWarning && strings.Contains(e.Message, "compute.firewalls.list"))
+	}
+	if !warned {
+		t.Errorf("a Warning event names what was not listed: %+v", rec.events)
+	}
+}

@@ -58,7 +58,7 @@ func NewProvider() *Provider {
 		}, []string{labelBackend, "operation", "class"}),
 		Orphans: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "egress_proxy_orphans_total",
-			Help: "Instances no Proxy owns, by backend and what was done (deleted, dry-run, too-young).",
+			Help: "Instances no Proxy owns, by backend and what was done (deleted, dry-run, too-young; partial: a list that could read only part of what the backend holds).",
 		}, []string{labelBackend, "action"}),
 		OpenProxies: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "egress_proxy_open_proxies_total",

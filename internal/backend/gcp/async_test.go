@@ -99,6 +99,29 @@ func TestOperationsWaited(t *testing.T) {
 		}
 	})
 
+	t.Run("OperationsUnreadable", func(t *testing.T) {
+		// A service account that may insert but not read operations (the
+		// custom role of a Shared VPC host project without
+		// compute.globalOperations.get): a wait that took the standing
+		// 403 for "not done yet" would hand back a running operation
+		// forever; the refusal is the answer, naming the permission.
+		fake := gcpfake.Start(t)
+		fake.SetOperationDuration(300 * time.Millisecond)
+		b := newBackend(t, fake, "c1")
+		fake.Fail("operations.get", gcpfake.IAMDenied("compute.globalOperations.get", "projects/crawl-proj"))
+		_, err := b.Create(ctx, spec("uid-unreadable"))
+		if backend.ClassOf(err) != backend.ClassAccessDenied || !strings.Contains(err.Error(), "compute.globalOperations.get") {
+			t.Errorf("a standing 403 on reading the operation is AccessDenied, naming the permission: %v", err)
+		}
+		// A poll that fails otherwise (a 5xx) only ends the wait: the
+		// operation runs on, and is looked at later.
+		fake.Fail("operations.get", gcpfake.Failure{Code: 503, Reason: "backendError", Message: "Backend Error", Times: -1})
+		inst, err := b.Create(ctx, spec("uid-5xx"))
+		if err != nil || inst.Operation == "" {
+			t.Errorf("a failing poll leaves the operation running: %+v, %v", inst, err)
+		}
+	})
+
 	t.Run("Cancellable", func(t *testing.T) {
 		fake := gcpfake.Start(t)
 		fake.SetOperationDuration(time.Hour)

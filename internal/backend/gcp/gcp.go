@@ -613,6 +613,13 @@ func (b *Backend) wait(ctx context.Context, op *compute.Operation, limit time.Du
 		}
 		pause = min(2*pause, 5*time.Second)
 		if err := op.Poll(wctx); err != nil && !op.Done() {
+			if c := Classify(err); backend.ClassOf(c) == backend.ClassAccessDenied {
+				// A standing refusal to read the operation (no
+				// compute.zoneOperations.get or globalOperations.get,
+				// as in a Shared VPC host project) is not "not done yet":
+				// it would never be done.
+				return false, errors.Wrapf(c, "cannot read operation %s (the service account needs compute.zoneOperations.get and compute.globalOperations.get in its project)", op.Name())
+			}
 			return false, nil
 		}
 	}
@@ -875,6 +882,10 @@ func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
 		pair, err := it.Next()
 		if errors.Is(err, iterator.Done) {
 			rules, err := b.orphanRules(ctx, out)
+			var partial *backend.PartialList
+			if err != nil && !errors.As(err, &partial) {
+				return nil, err
+			}
 			return append(out, rules...), err
 		}
 		if err != nil {
@@ -904,9 +915,14 @@ func (b *Backend) orphanRules(ctx context.Context, vms []backend.Instance) ([]ba
 			return out, nil
 		}
 		if err != nil {
-			// Without compute.firewalls.list (a custom role from before
-			// rules were collected) the VMs are still collected.
-			return out, nil
+			err = Classify(err)
+			if backend.ClassOf(err) == backend.ClassAccessDenied {
+				// Without compute.firewalls.list (a custom role from
+				// before rules were collected) the VMs are still
+				// collected, and the skip is reported.
+				return out, &backend.PartialList{Skipped: "firewall rules of project " + b.cfg.Project + " (grant compute.firewalls.list to collect them)", Err: err}
+			}
+			return nil, errors.Wrap(err, "cannot list firewall rules")
 		}
 		// A rule of a VM in another project (a Shared VPC host's rule
 		// listed by a configuration of the host project) is that

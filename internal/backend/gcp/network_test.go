@@ -9,6 +9,7 @@ import (
 
 	compute "cloud.google.com/go/compute/apiv1"
 	"cloud.google.com/go/compute/apiv1/computepb"
+	"github.com/pkg/errors"
 	"k8s.io/utils/ptr"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
@@ -179,6 +180,24 @@ func TestOrphanRulesListed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// Without compute.firewalls.list the VMs are still listed, and the
+	// rules said to be skipped; any other failure to list the rules fails
+	// the list (a refused filter, a 5xx, a 429 must not switch rule
+	// collection off in silence).
+	fake.Fail("firewalls.list", gcpfake.IAMDenied("compute.firewalls.list", "projects/crawl-proj"))
+	partial, err := b.ListOwned(ctx)
+	var skipped *backend.PartialList
+	if !errors.As(err, &skipped) || !strings.Contains(err.Error(), "compute.firewalls.list") || len(partial) != 1 || partial[0].Name != kept.Name {
+		t.Errorf("a 403 on listing rules lists the VMs and names the skip: %+v, %v", partial, err)
+	}
+	for _, f := range []gcpfake.Failure{gcpfake.RateLimited(), {Code: 500, Reason: "backendError", Message: "Internal Error", Times: -1}, {Code: 400, Reason: "invalid", Message: "Invalid value for field 'filter'", Times: -1}} {
+		fake.Fail("firewalls.list", f)
+		if got, err := b.ListOwned(ctx); err == nil || errors.As(err, &skipped) || got != nil {
+			t.Errorf("a %d on listing rules fails the list: %+v, %v", f.Code, got, err)
+		}
+	}
+	fake.Fail("firewalls.list", gcpfake.Failure{})
+
 	var rule *backend.Instance
 	for i := range owned {
 		if owned[i].Name == s.Name {
