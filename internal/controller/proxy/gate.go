@@ -141,6 +141,18 @@ const (
 	ReasonClosureUnknown xpv2.ConditionReason = "Inconclusive"
 )
 
+// The EgressIPMismatch condition says, for a proxy on a VM with its own
+// external address (GCP), whether its traffic leaves from another one: a
+// NAT, a route or a second interface that the platform did not mean, which
+// makes the fleet's distinct addresses less distinct than it reports.
+// Nothing else changes: the proxy serves, and crawlers are told the
+// address the probe saw.
+const (
+	TypeEgressIPMismatch    xpv2.ConditionType   = "EgressIPMismatch"
+	ReasonEgressNotExternal xpv2.ConditionReason = "EgressIsNotExternalIP"
+	ReasonEgressIsExternal  xpv2.ConditionReason = "EgressIsExternalIP"
+)
+
 func unavailable(reason xpv2.ConditionReason, msg string) xpv2.Condition {
 	c := xpv2.Unavailable()
 	c.Reason = reason

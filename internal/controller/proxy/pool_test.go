@@ -368,20 +368,31 @@ func TestSteadyChangesNothing(t *testing.T) {
 	var states []*v1alpha1.Proxy
 	for _, creds := range []bool{false, true} {
 		for _, threshold := range []int32{1, 2} {
-			for _, run := range runs {
-				p := unitProxy(func(p *v1alpha1.Proxy) {
-					p.Spec.ForProvider.HealthCheck.SuccessThreshold = threshold
-					if creds {
-						p.Spec.ForProvider.AuthSecretRef = &v1alpha1.AuthSecretReference{Name: "auth"}
+			// A VM published at its external IP (192.0.2.1), which the
+			// egress IP is compared with.
+			for _, vm := range []bool{false, true} {
+				for _, run := range runs {
+					p := unitProxy(func(p *v1alpha1.Proxy) {
+						p.Spec.ForProvider.HealthCheck.SuccessThreshold = threshold
+						if creds {
+							p.Spec.ForProvider.AuthSecretRef = &v1alpha1.AuthSecretReference{Name: "auth"}
+						}
+						if vm {
+							p.Spec.ForProvider.Local = nil
+							p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-b"}
+						}
+					})
+					e := newExternal(fake.New(), &fakeProber{}, &clock{t: epoch})
+					resetInstanceStatus(p)
+					if vm {
+						p.Status.AtProvider.Host = "192.0.2.1"
 					}
-				})
-				e := newExternal(fake.New(), &fakeProber{}, &clock{t: epoch})
-				resetInstanceStatus(p)
-				for i, o := range run {
-					e.fold(p, "127.0.0.1:3128", with(o, creds, closures[0], epoch.Add(time.Duration(i-len(run)+2)*10*time.Second)))
-					e.setReadiness(p)
+					for i, o := range run {
+						e.fold(p, "127.0.0.1:3128", with(o, creds, closures[0], epoch.Add(time.Duration(i-len(run)+2)*10*time.Second)))
+						e.setReadiness(p)
+					}
+					states = append(states, p)
 				}
-				states = append(states, p)
 			}
 		}
 	}
@@ -398,6 +409,22 @@ func TestSteadyChangesNothing(t *testing.T) {
 	other.Status.AtProvider.LastProbeError = ""
 	other.SetConditions(unavailable(ReasonProvisioning, "repairing"))
 	states = append(states, other)
+	// And a settled VM whose status an earlier provider wrote, before
+	// the egress IP was compared with the VM's external IP.
+	for _, p := range states {
+		if p.Spec.ForProvider.GCP != nil && p.GetCondition(TypeEgressIPMismatch).Status == corev1.ConditionFalse && steady(p)(with(pass, p.Spec.ForProvider.AuthSecretRef != nil, closures[0], epoch.Add(time.Minute))) {
+			upgraded := p.DeepCopy()
+			var kept []xpv2.Condition
+			for _, c := range upgraded.Status.Conditions {
+				if c.Type != TypeEgressIPMismatch {
+					kept = append(kept, c)
+				}
+			}
+			upgraded.Status.Conditions = kept
+			states = append(states, upgraded)
+			break
+		}
+	}
 
 	steadyOnes := 0
 	for _, p := range states {

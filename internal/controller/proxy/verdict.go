@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"net/netip"
 	"reflect"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
@@ -108,6 +109,7 @@ func (e *external) fold(p *v1alpha1.Proxy, addr string, o outcome) {
 			}
 			ap.EgressIP = res.EgressIP
 		}
+		e.egressMatch(p)
 	} else {
 		ap.LastProbeError = truncate(res.Error, 512)
 	}
@@ -122,6 +124,37 @@ func (e *external) fold(p *v1alpha1.Proxy, addr string, o outcome) {
 		ap.LastProbeTime = &metav1.Time{Time: now}
 		ap.LatencyMilliseconds = latency
 	}
+}
+
+// egressMatch compares, for a VM that has its own external address (GCP,
+// where the published host is that address), the egress IP the probe saw
+// with it, and sets EgressIPMismatch when they differ; a Warning event
+// marks each turn to a mismatch. The condition changes only with one of
+// the two addresses, so it cannot flap between probes.
+func (e *external) egressMatch(p *v1alpha1.Proxy) {
+	if !comparesEgress(p) {
+		return
+	}
+	host, egress := netip.MustParseAddr(p.Status.AtProvider.Host), netip.MustParseAddr(p.Status.AtProvider.EgressIP)
+	if host.Unmap() == egress.Unmap() {
+		p.SetConditions(xpv2.Condition{Type: TypeEgressIPMismatch, Status: corev1.ConditionFalse, Reason: ReasonEgressIsExternal,
+			Message: fmt.Sprintf("traffic leaves from the VM's external IP %s", host), LastTransitionTime: metav1.Time{Time: e.now()}})
+		return
+	}
+	msg := fmt.Sprintf("traffic leaves from %s, not from the VM's external IP %s: a Cloud NAT, a route or another interface sends it elsewhere, so this proxy may share its egress address with others; crawlers are told %s", egress, host, egress)
+	if c := p.GetCondition(TypeEgressIPMismatch); c.Status != corev1.ConditionTrue || c.Message != msg {
+		e.record.Event(p, event.Warning(event.Reason(ReasonEgressNotExternal), errors.New(msg)))
+	}
+	p.SetConditions(xpv2.Condition{Type: TypeEgressIPMismatch, Status: corev1.ConditionTrue, Reason: ReasonEgressNotExternal,
+		Message: msg, LastTransitionTime: metav1.Time{Time: e.now()}})
+}
+
+// comparesEgress says whether p is a VM published at its own external
+// address with an egress IP seen, which egressMatch compares.
+func comparesEgress(p *v1alpha1.Proxy) bool {
+	_, err := netip.ParseAddr(p.Status.AtProvider.Host)
+	_, err2 := netip.ParseAddr(p.Status.AtProvider.EgressIP)
+	return p.Spec.ForProvider.GCP != nil && err == nil && err2 == nil
 }
 
 // countProbe records a probe's result and, for a pass, its latency.
@@ -146,7 +179,8 @@ func steady(p *v1alpha1.Proxy) func(outcome) bool {
 	threshold := max(p.Spec.ForProvider.HealthCheck.SuccessThreshold, 1)
 	open := p.GetCondition(TypeOpenProxy)
 	settled := ap.Healthy && ap.ConsecutiveFailures == 0 && ap.ConsecutiveSuccesses == threshold &&
-		ap.LastProbeError == "" && ap.LastProbeTime != nil && p.GetCondition(xpv2.TypeReady).Status == corev1.ConditionTrue
+		ap.LastProbeError == "" && ap.LastProbeTime != nil && p.GetCondition(xpv2.TypeReady).Status == corev1.ConditionTrue &&
+		(!comparesEgress(p) || p.GetCondition(TypeEgressIPMismatch).Status != corev1.ConditionUnknown)
 	return func(o outcome) bool {
 		switch {
 		case !settled, !o.res.OK,
