@@ -341,6 +341,11 @@ func TestInvalidObjectsRejected(t *testing.T) {
 			base:   validProxy, set: map[string]any{"spec.forProvider.local": nil, "spec.forProvider.gcp": map[string]any{"zone": "europe-west1-b"}, "spec.forProvider.allowedSourceRanges": []any{"10.0.0.0/8", "fd00::/8"}},
 			want: []string{"spec.forProvider", "GCP proxy's firewall rule takes IPv4 ranges only"},
 		},
+		"GCPPrivilegedPort": {
+			reason: "A GCP proxy listens on 1024 or above.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.local": nil, "spec.forProvider.gcp": map[string]any{"zone": "europe-west1-b"}, "spec.forProvider.port": int64(443)},
+			want: []string{"spec.forProvider", "port: a GCP proxy listens on 1024 or above"},
+		},
 		"GCPSubnetworkOfAnotherRegion": {
 			reason: "A subnetwork is regional: it must be in the zone's region.",
 			base:   validProxy, set: map[string]any{"spec.forProvider.local": nil, "spec.forProvider.gcp": map[string]any{"zone": "europe-west1-b", "subnetwork": "regions/us-central1/subnetworks/crawl"}},
@@ -467,6 +472,11 @@ func TestInvalidObjectsRejected(t *testing.T) {
 			reason: "A GCP fleet's firewall rules take IPv4 ranges only.",
 			base:   validFleet, set: map[string]any{"spec.placement": map[string]any{"gcp": map[string]any{}}, "spec.proxy": map[string]any{"authSecretRef": map[string]any{"name": "a"}, "allowedSourceRanges": []any{"2001:db8::/32"}}},
 			want: []string{"spec", "GCP proxy's firewall rule takes IPv4 ranges only"},
+		},
+		"FleetGCPPrivilegedPort": {
+			reason: "A GCP fleet's proxies listen on 1024 or above.",
+			base:   validFleet, set: map[string]any{"spec.placement": map[string]any{"gcp": map[string]any{}}, "spec.proxy": map[string]any{"authSecretRef": map[string]any{"name": "a"}, "port": int64(80)}},
+			want: []string{"spec", "spec.proxy.port: a GCP proxy listens on 1024 or above"},
 		},
 		"FleetSubnetworkOutsideZones": {
 			reason: "A fleet's subnetwork must serve every zone it spreads over.",

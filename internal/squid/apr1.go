@@ -6,10 +6,13 @@ import (
 	"strings"
 )
 
-// The htpasswd hash used is APR1 (Apache's MD5-crypt), because Squid's
-// basic_ncsa_auth verifies it itself on every distribution, unlike the
-// SHA-crypt variants that depend on the C library's crypt(3). The file is
-// readable only by Squid's user, so the hash is a second line of defence.
+// The htpasswd hash of local proxies and pods is APR1 (Apache's
+// MD5-crypt), because Squid's basic_ncsa_auth verifies it itself on every
+// distribution, unlike the SHA-crypt variants that depend on the C
+// library's crypt(3); their file is readable only by Squid's user and the
+// Secret's readers, so the hash is a second line of defence. A VM's file
+// travels in instance metadata, which more can read: it holds SHA-512
+// crypt (shacrypt.go), which Debian's and Ubuntu's crypt(3) verify.
 
 const apr1Magic = "$apr1$"
 

@@ -7,6 +7,7 @@ package squid
 import (
 	"bytes"
 	"crypto/sha256"
+	"crypto/subtle"
 	"encoding/hex"
 	"fmt"
 	"net/netip"
@@ -656,31 +657,53 @@ func CredentialsSum(username, password, name string) string {
 	return hex.EncodeToString(sum[:])[:16]
 }
 
-// HtpasswdMatches says whether an htpasswd file HtpasswdWithSalt wrote (one
-// apr1 line) accepts username and password.
+// HtpasswdMatches says whether an htpasswd file HtpasswdWithSalt or
+// HtpasswdSHA512 wrote (one apr1 or "$6$" line) accepts username and
+// password.
 func HtpasswdMatches(file []byte, username, password string) bool {
 	user, hash, ok := strings.Cut(strings.TrimRight(string(file), "\n"), ":")
-	if !ok || user != username || !strings.HasPrefix(hash, "$apr1$") {
+	if !ok || user != username {
 		return false
 	}
+	if rest, ok := strings.CutPrefix(hash, sha512Magic); ok {
+		rounds := 5000
+		if r, ok := strings.CutPrefix(rest, "rounds="); ok {
+			n, after, ok := strings.Cut(r, "$")
+			v, err := strconv.Atoi(n)
+			if !ok || err != nil {
+				return false
+			}
+			rounds, rest = v, after
+		}
+		salt, _, ok := strings.Cut(rest, "$")
+		return ok && subtle.ConstantTimeCompare([]byte(sha512Crypt(password, salt, rounds)), []byte(hash)) == 1
+	}
 	salt, _, ok := strings.Cut(strings.TrimPrefix(hash, "$apr1$"), "$")
-	return ok && apr1(password, salt) == hash
+	return ok && strings.HasPrefix(hash, "$apr1$") && apr1(password, salt) == hash
 }
 
 // HtpasswdWithSalt returns an htpasswd line with the given salt. Backends
 // derive the salt from the owner's UID so the generated file, and so the
 // spec hash, changes only when the credentials do.
 func HtpasswdWithSalt(username, password, salt string) ([]byte, error) {
+	if err := checkHtpasswd(username, password, salt); err != nil {
+		return nil, err
+	}
+	return []byte(username + ":" + apr1(password, salt) + "\n"), nil
+}
+
+// checkHtpasswd refuses what an htpasswd line cannot hold.
+func checkHtpasswd(username, password, salt string) error {
 	if username == "" || strings.ContainsAny(username, ":\n\r") {
-		return nil, errors.New("username must be non-empty and contain no ':' or line breaks")
+		return errors.New("username must be non-empty and contain no ':' or line breaks")
 	}
 	if password == "" || strings.ContainsAny(password, "\n\r") {
-		return nil, errors.New("password must be non-empty and contain no line breaks")
+		return errors.New("password must be non-empty and contain no line breaks")
 	}
 	for _, r := range salt {
 		if !strings.ContainsRune(itoa64, r) {
-			return nil, errors.Errorf("salt %q holds a character outside the crypt alphabet", salt)
+			return errors.Errorf("salt %q holds a character outside the crypt alphabet", salt)
 		}
 	}
-	return []byte(username + ":" + apr1(password, salt) + "\n"), nil
+	return nil
 }

@@ -396,6 +396,7 @@ type Autoscaling struct {
 }
 
 // ProxyFleetSpec is the desired fleet.
+// +kubebuilder:validation:XValidation:rule="!has(self.placement.gcp) || !has(self.proxy.port) || self.proxy.port >= 1024",message="spec.proxy.port: a GCP proxy listens on 1024 or above: a lower port needs privileges the distribution's Squid AppArmor profile may deny, and the VM's proxy would never come up"
 // +kubebuilder:validation:XValidation:rule="!has(self.placement.gcp) || !has(self.proxy.allowedSourceRanges) || self.proxy.allowedSourceRanges.all(r, cidr(r).ip().family() == 4)",message="spec.proxy.allowedSourceRanges: a GCP proxy's firewall rule takes IPv4 ranges only, and its VM has an IPv4 address only: remove the IPv6 ranges"
 // +kubebuilder:validation:XValidation:rule="!has(self.placement.gcp) || !has(self.placement.gcp.subnetwork) || self.zones.all(z, ('/' + self.placement.gcp.subnetwork).contains('/regions/' + z.substring(0, z.lastIndexOf('-')) + '/subnetworks/'))",message="spec.placement.gcp.subnetwork must be in the region of every zone in spec.zones: a subnetwork is regional"
 // +kubebuilder:validation:XValidation:rule="(self.replicas == 0 && !has(self.autoscaling)) || size(self.zones) > 0",message="spec.zones must not be empty when spec.replicas > 0 or spec.autoscaling is set: list the zones to spread proxies over"

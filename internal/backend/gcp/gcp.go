@@ -256,7 +256,10 @@ RestartSec=2
 WantedBy=multi-user.target
 EGRESS_PROXY_EOF
 systemctl daemon-reload
-systemctl enable --now egress-proxy
+# The script runs at every boot, after systemd may have started the unit
+# with the files of the boot before: restart, so that Squid reads these.
+systemctl enable egress-proxy
+systemctl restart egress-proxy
 `))
 
 // ownAddressesScript writes the VM's own addresses, which only the VM
@@ -293,7 +296,10 @@ func StartupScript(s backend.Spec) (string, error) {
 	}
 	if s.Credentials != nil {
 		cfg.HtpasswdPath = vmHtpasswd
-		h, err := squid.HtpasswdWithSalt(s.Credentials.Username, s.Credentials.Password, ownership.InstanceName(s.Owner.UID)[len("egress-"):][:8])
+		// SHA-512 crypt, not APR1: the script sits in the VM's metadata,
+		// which anyone with compute.instances.get reads. Debian's and
+		// Ubuntu's basic_ncsa_auth verify it through crypt(3).
+		h, err := squid.HtpasswdSHA512(s.Credentials.Username, s.Credentials.Password, ownership.InstanceName(s.Owner.UID)[len("egress-"):])
 		if err != nil {
 			return "", backend.Wrap(backend.ClassPermanent, err)
 		}
@@ -310,6 +316,14 @@ func StartupScript(s backend.Spec) (string, error) {
 	}
 	return out.String(), nil
 }
+
+// scriptImageRe matches the images the generated startup script supports:
+// Debian's and Ubuntu's public images (apt, systemd, Debian's squid
+// package layout), by family or by name.
+var scriptImageRe = regexp.MustCompile(`^projects/(debian-cloud|ubuntu-os-cloud|ubuntu-os-pro-cloud)/global/images/(family/)?(debian-(11|12|13)|ubuntu-(pro-)?(minimal-)?(2004|2204|2404|2504|2510|2604))(-[a-z0-9-]+)?$`)
+
+// normalImage strips the API's URL prefix, which GCP accepts on images.
+func normalImage(s string) string { return strings.TrimPrefix(s, computeURL) }
 
 func zonal(zone, kind, v string) string {
 	if strings.Contains(v, "/") {
@@ -442,6 +456,11 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	if err != nil {
 		return nil, err
 	}
+	if image := normalImage(s.GCP.Image); s.UserData == "" && image != "" && !scriptImageRe.MatchString(image) {
+		// Checked at create only: a running VM of an image made before
+		// this check is left to serve.
+		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.gcp.image %q is not a Debian or Ubuntu public image, the only ones the generated startup script installs and runs Squid on (apt, systemd, Debian's squid package); use an image of projects/debian-cloud or projects/ubuntu-os-cloud, or bring your own start-up configuration in spec.forProvider.gcp.cloudInit", s.GCP.Image)
+	}
 	fw, err := b.firewall(s)
 	if err != nil {
 		return nil, err
@@ -546,7 +565,12 @@ func (b *Backend) vm(s backend.Spec, script string) *computepb.Instance {
 			InitializeParams: &computepb.AttachedDiskInitializeParams{SourceImage: ptr.To(image), DiskType: ptr.To(zonal(s.Zone, "diskTypes", disk))},
 		}},
 		NetworkInterfaces: []*computepb.NetworkInterface{nic},
-		Metadata:          &computepb.Metadata{Items: []*computepb.Items{{Key: ptr.To(metadataKey(s)), Value: ptr.To(script)}}},
+		Metadata: &computepb.Metadata{Items: []*computepb.Items{
+			{Key: ptr.To(metadataKey(s)), Value: ptr.To(script)},
+			// The project's SSH keys open no door into a proxy: the
+			// default network's rule admits SSH from anywhere.
+			{Key: ptr.To("block-project-ssh-keys"), Value: ptr.To("TRUE")},
+		}},
 	}
 	if s.GCP.ShieldedVM == nil || *s.GCP.ShieldedVM {
 		vm.ShieldedInstanceConfig = &computepb.ShieldedInstanceConfig{
@@ -960,7 +984,7 @@ func (b *Backend) Adopt(ctx context.Context, r backend.Ref, from types.UID, to o
 		InstancesSetLabelsRequestResource: &computepb.InstancesSetLabelsRequest{Labels: labels, LabelFingerprint: vm.LabelFingerprint},
 	})
 	if err != nil {
-		return errors.Wrapf(Classify(err), "cannot label VM %s for its new Proxy", r.Name)
+		return errors.Wrapf(labelError(err), "cannot label VM %s for its new Proxy", r.Name)
 	}
 	// Wait, so that the import is recorded only once the VM says so.
 	done, err := b.wait(ctx, op, b.operationTimeout())
@@ -992,5 +1016,21 @@ func (b *Backend) SetRetain(ctx context.Context, r backend.Ref, retain bool) err
 		Project: b.cfg.Project, Zone: r.Zone, Instance: r.Name,
 		InstancesSetLabelsRequestResource: &computepb.InstancesSetLabelsRequest{Labels: labels, LabelFingerprint: vm.LabelFingerprint},
 	})
-	return errors.Wrapf(Classify(err), "cannot label VM %s", r.Name)
+	return errors.Wrapf(labelError(err), "cannot label VM %s", r.Name)
+}
+
+// labelError classifies an error of setLabels: a 412 there is the label
+// fingerprint having moved since the VM was read (another writer, a race
+// of two imports), which the next try reads afresh; Classify takes any
+// other 412 for an organisation policy, which no retry fixes.
+func labelError(err error) error {
+	c := Classify(err)
+	if err != nil && backend.ClassOf(c) == backend.ClassPermanent && strings.Contains(strings.ToLower(err.Error()), "fingerprint") {
+		var ge *googleapi.Error
+		var ae *apierror.APIError
+		if (errors.As(err, &ge) && ge.Code == http.StatusPreconditionFailed) || (errors.As(err, &ae) && ae.HTTPCode() == http.StatusPreconditionFailed) {
+			return backend.Wrap(backend.ClassTransient, errors.Wrap(err, "the VM's labels changed since they were read: retrying"))
+		}
+	}
+	return c
 }

@@ -75,6 +75,11 @@ func TestLifecycle(t *testing.T) {
 	if k := vm.GetMetadata().GetItems()[0].GetKey(); k != "startup-script" {
 		t.Errorf("the generated script goes to startup-script, got %s", k)
 	}
+	// The default network's SSH rule admits anyone: the project's keys
+	// must not open the proxy to whoever holds one.
+	if it := vm.GetMetadata().GetItems(); len(it) != 2 || it[1].GetKey() != "block-project-ssh-keys" || it[1].GetValue() != "TRUE" {
+		t.Errorf("project-wide SSH keys are blocked: %v", it)
+	}
 	if diff := cmp.Diff([]string{s.Name, "crawl"}, vm.GetTags().GetItems()); diff != "" {
 		t.Errorf("network tags: -want, +got:\n%s", diff)
 	}
@@ -87,13 +92,13 @@ func TestLifecycle(t *testing.T) {
 		t.Errorf("labels: -want, +got:\n%s", diff)
 	}
 	script := vm.GetMetadata().GetItems()[0].GetValue()
-	for _, want := range []string{"install -y -qq squid", "DPkg::Lock::Timeout", "http_port 3128", "acl egress_clients src 203.0.113.0/24", "crawler:$apr1$", "systemctl enable --now egress-proxy"} {
+	for _, want := range []string{"install -y -qq squid", "DPkg::Lock::Timeout", "http_port 3128", "acl egress_clients src 203.0.113.0/24", "crawler:$6$rounds=50000$", "systemctl restart egress-proxy"} {
 		if !strings.Contains(script, want) {
 			t.Errorf("startup script lacks %q", want)
 		}
 	}
-	if strings.Contains(script, "crawler:pw") {
-		t.Error("the startup script must carry a hash, never the password")
+	if strings.Contains(script, "crawler:pw") || strings.Contains(script, "$apr1$") {
+		t.Error("the startup script must carry a strong hash, never the password nor APR1 (metadata readers see it)")
 	}
 	fw := fake.Firewall(s.Name)
 	if fw == nil || fw.GetAllowed()[0].GetPorts()[0] != "3128" || fw.GetSourceRanges()[0] != "203.0.113.0/24" || fw.GetTargetTags()[0] != s.Name {
@@ -378,8 +383,15 @@ func TestErrorClasses(t *testing.T) {
 		},
 		"MissingImage": {
 			reason: "A missing image is permanent, naming it.",
-			call:   createIn(func(s *backend.Spec) { s.GCP.Image = "projects/debian-cloud/global/images/family/debian-99" }),
-			want:   backend.ClassPermanent, msg: []string{"family/debian-99"},
+			call: createIn(func(s *backend.Spec) {
+				s.GCP.Image = "projects/debian-cloud/global/images/debian-12-bookworm-v19990101"
+			}),
+			want: backend.ClassPermanent, msg: []string{"debian-12-bookworm-v19990101"},
+		},
+		"ImageTheScriptCannotRun": {
+			reason: "Container-Optimized OS has no apt: the generated script would fail at boot, so the create is refused, naming the field and the way out.",
+			call:   createIn(func(s *backend.Spec) { s.GCP.Image = "projects/cos-cloud/global/images/family/cos-stable" }),
+			want:   backend.ClassPermanent, msg: []string{"spec.forProvider.gcp.image", "cos-stable", "spec.forProvider.gcp.cloudInit"},
 		},
 		"ResourceNotReady": {
 			reason: "400 resourceNotReady (an operation still running) is transient.",
@@ -484,5 +496,68 @@ func TestAdoptOnce(t *testing.T) {
 	}
 	if i.Owner.Holder() != to.UID || i.Owner.UID != s.Owner.UID || i.Owner.Name != "importer" || i.Owner.Fleet != "" || i.SpecHash != s.Hash {
 		t.Errorf("the VM belongs to its adopter, its maker's UID and spec hash kept: %+v", i)
+	}
+}
+
+// TestLabelRaceRetried: setLabels answering 412 because the labels moved
+// since the VM was read (GCP's fingerprint message) is a race that the next
+// try wins, not a permanent error; another 412 (an organisation policy)
+// stays permanent.
+func TestLabelRaceRetried(t *testing.T) {
+	fake := gcpfake.Start(t)
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	s := spec("5a3b2c1d-1111-4222-8333-944455556666")
+	if _, err := b.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	race := gcpfake.Failure{Code: http.StatusPreconditionFailed, Reason: "conditionNotMet", Message: "Labels fingerprint either invalid or resource labels have changed"}
+	to := ownership.Owner{ClusterID: "c1", Namespace: "team", Name: "importer", UID: "importer-uid"}
+	fake.Fail("instances.setLabels", race)
+	if err := b.Adopt(ctx, s.Ref, s.Owner.UID, to); backend.ClassOf(err) != backend.ClassTransient {
+		t.Errorf("an import losing the fingerprint race is retried: %v (%s)", err, backend.ClassOf(err))
+	}
+	fake.Fail("instances.setLabels", race)
+	if err := b.SetRetain(ctx, s.Ref, true); backend.ClassOf(err) != backend.ClassTransient {
+		t.Errorf("a retain label losing the fingerprint race is retried: %v", err)
+	}
+	fake.Fail("instances.setLabels", gcpfake.Failure{Code: http.StatusPreconditionFailed, Reason: "conditionNotMet", Message: "Constraint constraints/gcp.resourceLocations violated"})
+	if err := b.SetRetain(ctx, s.Ref, true); backend.ClassOf(err) != backend.ClassPermanent {
+		t.Errorf("an organisation policy's 412 stays permanent: %v", err)
+	}
+	if err := b.Adopt(ctx, s.Ref, s.Owner.UID, to); err != nil {
+		t.Errorf("the retry wins: %v", err)
+	}
+}
+
+// TestScriptImages: the generated startup script goes on Debian's and
+// Ubuntu's public images only; another image takes the team's own
+// start-up configuration, and nothing is made for a refused one.
+func TestScriptImages(t *testing.T) {
+	for image, ok := range map[string]bool{
+		"": true,
+		"projects/debian-cloud/global/images/family/debian-12":                                                   true,
+		"https://www.googleapis.com/compute/v1/projects/debian-cloud/global/images/debian-12-bookworm-v20241112": true,
+		"projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts":                                          true,
+		"projects/cos-cloud/global/images/family/cos-stable":                                                     false,
+		"projects/attacker/global/images/family/debian-12":                                                       false,
+	} {
+		fake := gcpfake.Start(t)
+		b := newBackend(t, fake, "c1")
+		s := spec("6a3b2c1d-1111-4222-8333-944455556666")
+		s.GCP.Image = image
+		_, err := b.Create(context.Background(), s)
+		if refused := err != nil && strings.Contains(err.Error(), "not a Debian or Ubuntu public image"); refused == ok {
+			t.Errorf("image %q: refused %v, want %v (%v)", image, refused, !ok, err)
+		}
+		if !ok && (fake.Instances() != 0 || len(fake.FirewallNames()) != 0) {
+			t.Errorf("image %q: a refused create makes nothing", image)
+		}
+		s.UserData = "#cloud-config\n"
+		if image == "projects/cos-cloud/global/images/family/cos-stable" {
+			if _, err := b.Create(context.Background(), s); err != nil {
+				t.Errorf("with its own start-up configuration any image goes: %v", err)
+			}
+		}
 	}
 }

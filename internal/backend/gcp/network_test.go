@@ -152,7 +152,7 @@ func TestStartupConfigKey(t *testing.T) {
 				t.Fatal(err)
 			}
 			items := fake.Instance(s.Zone, s.Name).GetMetadata().GetItems()
-			if len(items) != 1 || items[0].GetKey() != tc.key {
+			if len(items) != 2 || items[0].GetKey() != tc.key {
 				t.Errorf("want the start-up configuration under %s, got %v", tc.key, items)
 			}
 		})
