@@ -23,7 +23,7 @@ func TestHelp(t *testing.T) {
 		{Flag: "gc-interval", Env: "GC_INTERVAL", Default: "10m"},
 		{Flag: "gc-grace-period", Env: "GC_GRACE_PERIOD", Default: "15m"},
 		{Flag: "gc-dry-run", Env: "GC_DRY_RUN", Default: "false"},
-		{Flag: "gcp-operation-timeout", Env: "GCP_OPERATION_TIMEOUT", Default: "2m"},
+		{Flag: "gcp-operation-timeout", Env: "GCP_OPERATION_TIMEOUT", Default: "5s"},
 		{Flag: "refused-grace", Env: "REFUSED_GRACE", Default: "5m"},
 		{Flag: "max-reconcile-rate", Env: "MAX_RECONCILE_RATE", Default: "10"},
 		{Flag: "state-dir", Env: "STATE_DIR", Default: `"/var/lib/provider-egressproxy"`},
@@ -69,7 +69,7 @@ func TestBadEnv(t *testing.T) {
 func TestSettings(t *testing.T) {
 	defaults := CLI{
 		Poll: 5 * time.Minute, StateMetricsInterval: 30 * time.Second, GCInterval: 10 * time.Minute, GCGracePeriod: 15 * time.Minute,
-		MaxReconcileRate: 10, StateDir: "/var/lib/provider-egressproxy", LocalRestartDelay: 2 * time.Second, RefusedGrace: 5 * time.Minute, GCPOperationTimeout: 2 * time.Minute,
+		MaxReconcileRate: 10, StateDir: "/var/lib/provider-egressproxy", LocalRestartDelay: 2 * time.Second, RefusedGrace: 5 * time.Minute, GCPOperationTimeout: 5 * time.Second,
 		ProbeConcurrency: 128, MetricsBindAddress: ":8080", HealthProbeBindAddress: ":8081", LeaderElectionNamespace: "crossplane-system",
 	}
 	with := func(f func(c *CLI)) CLI {

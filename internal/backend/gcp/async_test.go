@@ -2,6 +2,8 @@ package gcp_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -57,8 +59,8 @@ func TestOperationsWaited(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if inst.Operation != "" || fake.Calls("operations.get") < 2 {
-			t.Errorf("Create waits for the firewall and VM inserts: operation %q left, %d polls", inst.Operation, fake.Calls("operations.get"))
+		if inst.Operation != "" || fake.Calls("operations.wait") < 2 {
+			t.Errorf("Create waits for the firewall and VM inserts: operation %q left, %d waits", inst.Operation, fake.Calls("operations.wait"))
 		}
 		if fake.Firewall(s.Name) == nil {
 			t.Error("the firewall rule exists once Create returns")
@@ -108,14 +110,14 @@ func TestOperationsWaited(t *testing.T) {
 		fake := gcpfake.Start(t)
 		fake.SetOperationDuration(300 * time.Millisecond)
 		b := newBackend(t, fake, "c1")
-		fake.Fail("operations.get", gcpfake.IAMDenied("compute.globalOperations.get", "projects/crawl-proj"))
+		fake.Fail("operations.wait", gcpfake.IAMDenied("compute.globalOperations.get", "projects/crawl-proj"))
 		_, err := b.Create(ctx, spec("uid-unreadable"))
 		if backend.ClassOf(err) != backend.ClassAccessDenied || !strings.Contains(err.Error(), "compute.globalOperations.get") {
 			t.Errorf("a standing 403 on reading the operation is AccessDenied, naming the permission: %v", err)
 		}
 		// A poll that fails otherwise (a 5xx) only ends the wait: the
 		// operation runs on, and is looked at later.
-		fake.Fail("operations.get", gcpfake.Failure{Code: 503, Reason: "backendError", Message: "Backend Error", Times: -1})
+		fake.Fail("operations.wait", gcpfake.Failure{Code: 503, Reason: "backendError", Message: "Backend Error", Times: -1})
 		inst, err := b.Create(ctx, spec("uid-5xx"))
 		if err != nil || inst.Operation == "" {
 			t.Errorf("a failing poll leaves the operation running: %+v, %v", inst, err)
@@ -296,5 +298,61 @@ func TestCredentials(t *testing.T) {
 	_, err = anon.Get(ctx, spec("uid-auth").Ref)
 	if backend.ClassOf(err) != backend.ClassAccessDenied {
 		t.Errorf("a request without credentials is refused, as AccessDenied: %v", err)
+	}
+}
+
+// TestScaleUpHandsOff: 200 VMs created at once, as a fleet's scale-up
+// does, each insert running for a minute: no create holds its caller
+// (a reconcile worker) longer than 10 s; each hands its running insert
+// off as its Instance.Operation, every VM exists, and once the inserts
+// are done CheckOperation finds nothing wrong.
+func TestScaleUpHandsOff(t *testing.T) {
+	const n = 200
+	fake := gcpfake.Start(t)
+	clock := frozen(fake)
+	fake.SetOperationDuration(time.Minute)
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	specs := make([]backend.Spec, n)
+	took := make([]time.Duration, n)
+	insts := make([]*backend.Instance, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for i := range n {
+		specs[i] = spec(fmt.Sprintf("0b7c6a2e-%04d-4222-8333-944455556666", i))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, time.Minute) // the reconcile's deadline
+			defer cancel()
+			t0 := time.Now()
+			insts[i], errs[i] = b.Create(cctx, specs[i])
+			took[i] = time.Since(t0)
+		}()
+	}
+	wg.Wait()
+	wall := time.Since(start)
+	longest := slices.Max(took)
+	for i := range n {
+		if errs[i] != nil {
+			t.Fatalf("create %d: %v", i, errs[i])
+		}
+		if insts[i].Operation == "" {
+			t.Fatalf("create %d returned without its running insert handed off", i)
+		}
+	}
+	if longest > 10*time.Second {
+		t.Errorf("a create held its worker %s; at most 10 s", longest)
+	}
+	if got := fake.Instances(); got != n {
+		t.Errorf("%d VMs, want %d", got, n)
+	}
+	t.Logf("%d creates at once, inserts running 1 min: longest create %s, all returned in %s", n, longest.Round(time.Millisecond), wall.Round(time.Millisecond))
+	clock.add(2 * time.Minute)
+	for i := range n {
+		if err := b.CheckOperation(ctx, specs[i].Ref, insts[i].Operation); err != nil {
+			t.Fatalf("insert %d ended in error: %v", i, err)
+		}
 	}
 }

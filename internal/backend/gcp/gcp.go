@@ -73,10 +73,14 @@ type Config struct {
 	OperationTimeout time.Duration
 }
 
-// DefaultOperationTimeout is how long Create waits for an insert to finish:
-// long enough for the usual stockout or quota error to arrive, which
-// Compute Engine reports in the operation, not in the answer to the insert.
-const DefaultOperationTimeout = 2 * time.Minute
+// DefaultOperationTimeout is how long Create waits for its VM insert to
+// finish: long enough for the errors Compute Engine finds at once (most
+// quota refusals) to arrive in the operation, short enough that a scale-up
+// of hundreds of VMs does not hold the provider's reconcile workers for
+// minutes. An insert still running then is handed off: the Proxy records
+// its operation, and the next create looks at how it ended
+// (CheckOperation) before inserting again.
+const DefaultOperationTimeout = 5 * time.Second
 
 // Backend manages proxy VMs.
 type Backend struct {
@@ -84,6 +88,7 @@ type Backend struct {
 	instances *compute.InstancesClient
 	firewalls *compute.FirewallsClient
 	ops       *compute.ZoneOperationsClient
+	globalOps *compute.GlobalOperationsClient
 }
 
 var (
@@ -108,12 +113,17 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 		_, _ = ic.Close(), fc.Close()
 		return nil, backend.Wrap(backend.ClassPermanent, errors.Wrap(err, "cannot create the Compute operations client"))
 	}
-	return &Backend{cfg: cfg, instances: ic, firewalls: fc, ops: oc}, nil
+	gc, err := compute.NewGlobalOperationsRESTClient(ctx, cfg.ClientOptions...)
+	if err != nil {
+		_, _, _ = ic.Close(), fc.Close(), oc.Close()
+		return nil, backend.Wrap(backend.ClassPermanent, errors.Wrap(err, "cannot create the Compute global operations client"))
+	}
+	return &Backend{cfg: cfg, instances: ic, firewalls: fc, ops: oc, globalOps: gc}, nil
 }
 
 // Close releases the clients.
 func (b *Backend) Close() error {
-	return stderrors.Join(b.instances.Close(), b.firewalls.Close(), b.ops.Close())
+	return stderrors.Join(b.instances.Close(), b.firewalls.Close(), b.ops.Close(), b.globalOps.Close())
 }
 
 // Classify sorts a Compute API error into the backend taxonomy. Errors that
@@ -485,7 +495,12 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	case backend.ClassOf(Classify(err)) != backend.ClassNotFound:
 		return nil, errors.Wrapf(Classify(err), "cannot get VM %s", s.Name)
 	}
-	if _, err := b.ensureFirewall(ctx, fw, b.operationTimeout()); err != nil {
+	// Both inserts share one wait of the operation timeout, so that a
+	// create holds its reconcile worker no longer than that: the rule's
+	// insert is waited for briefly (an error found at once is reported; a
+	// rule still being made is Repair's to look at), the VM's for the rest.
+	waitUntil := time.Now().Add(b.operationTimeout())
+	if _, err := b.ensureFirewall(ctx, fw, min(ruleWait, b.operationTimeout())); err != nil {
 		return nil, err
 	}
 	op, err := b.instances.Insert(ctx, &computepb.InsertInstanceRequest{Project: b.cfg.Project, Zone: s.Zone, InstanceResource: vm})
@@ -501,7 +516,7 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 		}
 		return nil, err
 	}
-	done, err := b.wait(ctx, op, b.operationTimeout())
+	done, err := b.wait(ctx, op, max(time.Until(waitUntil), time.Second))
 	if err != nil {
 		err = insertError(err, fmt.Sprintf("inserting VM %s in zone %s failed", s.Name, s.Zone))
 		if backend.ClassOf(err) == backend.ClassPermanent {
@@ -612,41 +627,68 @@ func (b *Backend) adoptVM(vm *computepb.Instance, s backend.Spec) (*backend.Inst
 	return i, nil
 }
 
-// wait polls op until it is done, the operation timeout passes or ctx
-// ends, leaving a little of ctx for the caller to record the outcome. It
-// reports whether op finished, and the error it finished with. A failure
-// to poll only ends the wait: the operation goes on regardless.
+// wait waits for op with Compute Engine's own operations.wait, which holds
+// the request until the operation is done (or answers early, with it still
+// running: then it asks again), until limit passes or ctx ends, leaving a
+// little of ctx for the caller to record the outcome. It reports whether op
+// finished, and the error it finished with. A failure to wait only ends
+// the wait: the operation goes on regardless, and a later look finds it.
 func (b *Backend) wait(ctx context.Context, op *compute.Operation, limit time.Duration) (bool, error) {
+	if op.Done() {
+		return true, opError(op)
+	}
 	deadline := time.Now().Add(limit)
 	if d, ok := ctx.Deadline(); ok && d.Add(-5*time.Second).Before(deadline) {
 		deadline = d.Add(-5 * time.Second)
 	}
 	wctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	pause := 100 * time.Millisecond
+	project, zone := opScope(op.Proto(), b.cfg.Project)
 	for {
-		if op.Done() {
-			return true, opError(op)
+		var got *computepb.Operation
+		var err error
+		if zone != "" {
+			got, err = b.ops.Wait(wctx, &computepb.WaitZoneOperationRequest{Project: project, Zone: zone, Operation: op.Name()})
+		} else {
+			got, err = b.globalOps.Wait(wctx, &computepb.WaitGlobalOperationRequest{Project: project, Operation: op.Name()})
 		}
-		t := time.NewTimer(pause)
+		switch {
+		case err != nil && backend.ClassOf(Classify(err)) == backend.ClassAccessDenied && wctx.Err() == nil:
+			// A standing refusal to read the operation (no
+			// compute.zoneOperations.get or globalOperations.get, as in
+			// a Shared VPC host project) is not "not done yet": it would
+			// never be done.
+			return false, errors.Wrapf(Classify(err), "cannot read operation %s (the service account needs compute.zoneOperations.get and compute.globalOperations.get in project %s)", op.Name(), project)
+		case err != nil:
+			return false, nil
+		case got.GetStatus() == computepb.Operation_DONE:
+			return true, protoError(got)
+		}
+		// Answered early, still running: ask again, not in a tight loop.
+		t := time.NewTimer(100 * time.Millisecond)
 		select {
 		case <-wctx.Done():
 			t.Stop()
 			return false, nil
 		case <-t.C:
 		}
-		pause = min(2*pause, 5*time.Second)
-		if err := op.Poll(wctx); err != nil && !op.Done() {
-			if c := Classify(err); backend.ClassOf(c) == backend.ClassAccessDenied {
-				// A standing refusal to read the operation (no
-				// compute.zoneOperations.get or globalOperations.get,
-				// as in a Shared VPC host project) is not "not done yet":
-				// it would never be done.
-				return false, errors.Wrapf(c, "cannot read operation %s (the service account needs compute.zoneOperations.get and compute.globalOperations.get in its project)", op.Name())
-			}
-			return false, nil
+	}
+}
+
+// opScope reads the project and zone (empty for a global operation) of an
+// operation from its links, as GCP writes them.
+func opScope(p *computepb.Operation, project string) (string, string) {
+	link := p.GetSelfLink()
+	if i := strings.Index(link, "/projects/"); i >= 0 {
+		if name, _, ok := strings.Cut(link[i+len("/projects/"):], "/"); ok {
+			project = name
 		}
 	}
+	zone := p.GetZone()
+	if i := strings.LastIndex(zone, "/"); i >= 0 {
+		zone = zone[i+1:]
+	}
+	return project, zone
 }
 
 func (b *Backend) operationTimeout() time.Duration {
@@ -659,6 +701,10 @@ func (b *Backend) operationTimeout() time.Duration {
 // repairWait is how long Repair waits for a rule's operation: long enough
 // to see an error GCP reports at once, short enough to keep Observe quick.
 const repairWait = 3 * time.Second
+
+// ruleWait is how long Create waits for its rule's insert, of its
+// operation timeout.
+const ruleWait = 2 * time.Second
 
 // dropFirewall deletes fw without waiting, as a best effort: Observe of a
 // deleted Proxy deletes it again.

@@ -1,7 +1,8 @@
 // Package gcpfake is an in-process fake of the parts of the Compute Engine
 // REST API the gcp backend uses: instances (insert, get, delete,
 // aggregatedList with the documented filter grammar), zone and global
-// operations, firewalls (insert, get, update, delete), and an OAuth token
+// operations (get, and wait, which holds the request until the operation
+// is done), firewalls (insert, get, update, delete), and an OAuth token
 // endpoint. It answers with GCP's JSON bodies and error bodies, so the real
 // client library runs against it unchanged.
 //
@@ -173,7 +174,8 @@ func (s *Server) AddSubnetwork(project, region, name, network string) {
 
 // Fail scripts failures of a method: instances.insert, instances.get,
 // instances.delete, instances.aggregatedList, firewalls.insert,
-// firewalls.get, firewalls.update, firewalls.delete or operations.get. A
+// firewalls.get, firewalls.update, firewalls.delete, operations.get or
+// operations.wait. A
 // Failure without a Code clears the method's script.
 func (s *Server) Fail(method string, f Failure) {
 	s.mu.Lock()
@@ -333,6 +335,7 @@ const (
 	opInstancesList   = "instances.aggregatedList"
 	opInstancesLabels = "instances.setLabels"
 	opOperationsGet   = "operations.get"
+	opOperationsWait  = "operations.wait"
 	opFirewallsInsert = "firewalls.insert"
 	opFirewallsGet    = "firewalls.get"
 	opFirewallsList   = "firewalls.list"
@@ -345,6 +348,7 @@ var (
 	reInstances  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances(?:/([^/]+))?$`)
 	reSetLabels  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/zones/([^/]+)/instances/([^/]+)/setLabels$`)
 	reOperation  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/(zones/[^/]+|global)/operations/([^/]+)$`)
+	reOpWait     = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/(zones/[^/]+|global)/operations/([^/]+)/wait$`)
 	reFirewalls  = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/global/firewalls(?:/([^/]+))?$`)
 	reAggregated = regexp.MustCompile(`^/compute/v1/projects/([^/]+)/aggregated/instances$`)
 )
@@ -361,6 +365,8 @@ func route(r *http.Request) (string, []string) {
 			reInstances.FindStringSubmatch(r.URL.Path)
 	case reOperation.MatchString(r.URL.Path) && r.Method == http.MethodGet:
 		return opOperationsGet, reOperation.FindStringSubmatch(r.URL.Path)
+	case reOpWait.MatchString(r.URL.Path) && r.Method == http.MethodPost:
+		return opOperationsWait, reOpWait.FindStringSubmatch(r.URL.Path)
 	case reFirewalls.MatchString(r.URL.Path):
 		m := reFirewalls.FindStringSubmatch(r.URL.Path)
 		if m[2] == "" && r.Method == http.MethodGet {
@@ -421,6 +427,8 @@ func (s *Server) dispatch(w http.ResponseWriter, r *http.Request, method string,
 			return
 		}
 		notFound(w, fmt.Sprintf("projects/%s/%s/operations/%s", m[1], m[2], m[3]))
+	case opOperationsWait:
+		s.waitOperation(w, r, m)
 	case opFirewallsInsert:
 		s.insertFirewall(w, r, m[1])
 	case opFirewallsGet:
@@ -432,6 +440,38 @@ func (s *Server) dispatch(w http.ResponseWriter, r *http.Request, method string,
 	case opFirewallsDelete:
 		s.deleteFirewall(w, m[1], m[2])
 	}
+}
+
+// MaxOperationWait is how long operations.wait holds a request before it
+// answers with the operation still running, as Compute Engine does (about
+// two minutes there; shorter here, so that tests see the early answer).
+const MaxOperationWait = 20 * time.Second
+
+// waitOperation serves operations.wait: it answers once the operation is
+// done, or with it still running when MaxOperationWait passes; a caller
+// that gives up first gets nothing. It is called with s.mu held, lets it go
+// while it waits, and returns with it held.
+func (s *Server) waitOperation(w http.ResponseWriter, r *http.Request, m []string) {
+	op, ok := s.ops[m[3]]
+	if !ok || op.project != m[1] || op.scope != m[2] {
+		notFound(w, fmt.Sprintf("projects/%s/%s/operations/%s", m[1], m[2], m[3]))
+		return
+	}
+	until := time.Now().Add(MaxOperationWait)
+	for op.op.GetStatus() != computepb.Operation_DONE && time.Now().Before(until) {
+		s.mu.Unlock()
+		select {
+		case <-r.Context().Done():
+			s.mu.Lock()
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+		s.mu.Lock()
+		if !s.now().Before(op.due) {
+			s.tick()
+		}
+	}
+	writeProto(w, op.op)
 }
 
 // tick ends the operations that are due.
