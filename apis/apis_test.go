@@ -346,6 +346,11 @@ func TestInvalidObjectsRejected(t *testing.T) {
 			base:   validProxy, set: map[string]any{"spec.forProvider.local": nil, "spec.forProvider.gcp": map[string]any{"zone": "europe-west1-b"}, "spec.forProvider.port": int64(443)},
 			want: []string{"spec.forProvider", "port: a GCP proxy listens on 1024 or above"},
 		},
+		"GCPPrivateRangesAtExternalIP": {
+			reason: "Clients in a VPC never reach the external IP from a private address.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.local": nil, "spec.forProvider.gcp": map[string]any{"zone": "europe-west1-b"}, "spec.forProvider.allowedSourceRanges": []any{"10.0.0.0/8", "100.64.0.0/10"}},
+			want: []string{"spec.forProvider", "set gcp.publishedAddress: Internal"},
+		},
 		"GCPSubnetworkOfAnotherRegion": {
 			reason: "A subnetwork is regional: it must be in the zone's region.",
 			base:   validProxy, set: map[string]any{"spec.forProvider.local": nil, "spec.forProvider.gcp": map[string]any{"zone": "europe-west1-b", "subnetwork": "regions/us-central1/subnetworks/crawl"}},
@@ -477,6 +482,11 @@ func TestInvalidObjectsRejected(t *testing.T) {
 			reason: "A GCP fleet's proxies listen on 1024 or above.",
 			base:   validFleet, set: map[string]any{"spec.placement": map[string]any{"gcp": map[string]any{}}, "spec.proxy": map[string]any{"authSecretRef": map[string]any{"name": "a"}, "port": int64(80)}},
 			want: []string{"spec", "spec.proxy.port: a GCP proxy listens on 1024 or above"},
+		},
+		"FleetGCPPrivateRangesAtExternalIP": {
+			reason: "A GCP fleet open to private networks only publishes its internal addresses.",
+			base:   validFleet, set: map[string]any{"spec.placement": map[string]any{"gcp": map[string]any{}}, "spec.proxy": map[string]any{"allowedSourceRanges": []any{"172.16.0.0/12"}}},
+			want: []string{"spec", "set spec.placement.gcp.publishedAddress: Internal"},
 		},
 		"FleetSubnetworkOutsideZones": {
 			reason: "A fleet's subnetwork must serve every zone it spreads over.",

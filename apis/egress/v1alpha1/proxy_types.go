@@ -19,7 +19,11 @@ const (
 	// what a proxy's VM is when its Proxy names none.
 	DefaultGCPMachineType = "e2-micro"
 	DefaultGCPImage       = "projects/debian-cloud/global/images/family/debian-12"
-	DefaultGCPNetwork     = "global/networks/default"
+	// GCPPublishedExternal and GCPPublishedInternal are the values of
+	// GCPInstance.PublishedAddress.
+	GCPPublishedExternal = "External"
+	GCPPublishedInternal = "Internal"
+	DefaultGCPNetwork    = "global/networks/default"
 	// DefaultGCPBootDiskType is a VM's boot disk type unless its Proxy
 	// names another.
 	DefaultGCPBootDiskType = "pd-balanced"
@@ -84,6 +88,7 @@ type NetworkTag string
 // +kubebuilder:validation:XValidation:rule="self.mode == 'External' || (has(self.local) ? 1 : 0) + (has(self.kubernetes) ? 1 : 0) + (has(self.gcp) ? 1 : 0) == 1",message="a Managed proxy needs exactly one backend placement: set one of local, kubernetes or gcp"
 // +kubebuilder:validation:XValidation:rule="self.mode == 'External' || has(self.authSecretRef) || (has(self.allowedSourceRanges) && size(self.allowedSourceRanges) > 0)",message="refusing an open proxy: set authSecretRef (credentials) and/or allowedSourceRanges"
 // +kubebuilder:validation:XValidation:rule="has(self.authSecretRef) || !has(self.allowedSourceRanges) || self.allowedSourceRanges.all(r, ['10.0.0.0/8', '172.16.0.0/12', '192.168.0.0/16', '100.64.0.0/10', '127.0.0.0/8', '::1/128', 'fc00::/7', 'fe80::/10'].exists(p, cidr(p).containsCIDR(r)))",message="allowedSourceRanges: without authSecretRef every range must lie in private, loopback or CGNAT space; a public client range is an open proxy: add authSecretRef or narrow the ranges"
+// +kubebuilder:validation:XValidation:rule="!has(self.gcp) || (has(self.gcp.publishedAddress) && self.gcp.publishedAddress == 'Internal') || has(self.gcp.cloudInit) || !has(self.allowedSourceRanges) || size(self.allowedSourceRanges) == 0 || self.allowedSourceRanges.exists(r, !['10.0.0.0/8', '172.16.0.0/12', '192.168.0.0/16', '100.64.0.0/10'].exists(p, cidr(p).containsCIDR(r)))",message="allowedSourceRanges: a GCP proxy open to private networks only cannot serve at its external IP, which clients inside a VPC reach only from an external address: set gcp.publishedAddress: Internal, or list the crawlers' external ranges"
 // +kubebuilder:validation:XValidation:rule="!has(self.gcp) || !has(self.port) || self.port >= 1024",message="port: a GCP proxy listens on 1024 or above: a lower port needs privileges the distribution's Squid AppArmor profile may deny, and the VM's proxy would never come up"
 // +kubebuilder:validation:XValidation:rule="!has(self.gcp) || !has(self.allowedSourceRanges) || self.allowedSourceRanges.all(r, cidr(r).ip().family() == 4)",message="allowedSourceRanges: a GCP proxy's firewall rule takes IPv4 ranges only, and its VM has an IPv4 address only: remove the IPv6 ranges"
 // +kubebuilder:validation:XValidation:rule="has(self.local) == has(oldSelf.local) && has(self.kubernetes) == has(oldSelf.kubernetes) && has(self.gcp) == has(oldSelf.gcp)",message="the backend placement is immutable: a Proxy keeps the one of local, kubernetes or gcp it was created with (the address rule of its probe and of the gateway goes by it); create a new Proxy instead"
@@ -266,6 +271,17 @@ type GCPInstance struct {
 	// +kubebuilder:default=true
 	// +optional
 	ShieldedVM *bool `json:"shieldedVM,omitempty"`
+
+	// PublishedAddress is the VM's address crawlers connect to: External
+	// (its ephemeral external IP) or Internal (its address in the VPC, for
+	// crawlers in the same network or one peered to it). Traffic leaves
+	// through the external IP either way. Clients inside the VPC reach an
+	// external IP only from their own external address, so a proxy whose
+	// allowedSourceRanges are private networks only needs Internal.
+	// +kubebuilder:default=External
+	// +kubebuilder:validation:Enum=External;Internal
+	// +optional
+	PublishedAddress string `json:"publishedAddress,omitempty"`
 
 	// NetworkTags put on the VM; the proxy's firewall rule targets them.
 	// +kubebuilder:validation:MaxItems=16

@@ -43,6 +43,9 @@ const (
 	labelPort        = "egress-port"
 	// labelRetain is ownership.LabelRetain in GCP's form.
 	labelRetain = "egress-retain"
+	// labelPublished is "internal" on a VM whose internal address is
+	// published (gcp.publishedAddress Internal).
+	labelPublished = "egress-published"
 )
 
 // Where the generated startup script puts Squid's files on the VM: under
@@ -364,6 +367,8 @@ func (b *Backend) firewall(s backend.Spec) (*computepb.Firewall, error) {
 		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.allowedSourceRanges %q is not private, loopback or CGNAT space: without spec.forProvider.authSecretRef the firewall would open an open proxy to the internet; add credentials or narrow the range", public[0])
 	case len(ranges) == 0:
 		ranges = []string{"0.0.0.0/0"}
+	case s.UserData == "" && s.GCP.PublishedAddress != v1alpha1.GCPPublishedInternal && vpcOnly(s):
+		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.allowedSourceRanges %q admit private networks only, but the proxy is published at its external IP, which clients inside a VPC reach only from their own external address (or their Cloud NAT's), never from a private one: set spec.forProvider.gcp.publishedAddress: Internal for crawlers in the VPC, or list the crawlers' external ranges (with authSecretRef)", ownRanges(s))
 	}
 	masked := make([]string, 0, len(ranges))
 	for _, r := range ranges {
@@ -384,6 +389,40 @@ func (b *Backend) firewall(s backend.Spec) (*computepb.Firewall, error) {
 		SourceRanges: ranges,
 		TargetTags:   []string{s.Name},
 	}, nil
+}
+
+// vpcPrivate are the networks a VPC's clients have addresses in: RFC 1918
+// and CGNAT space, which traffic to an external IP never comes from.
+var vpcPrivate = []netip.Prefix{
+	netip.MustParsePrefix("10.0.0.0/8"), netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.168.0.0/16"), netip.MustParsePrefix("100.64.0.0/10"),
+}
+
+// ownRanges are the Proxy's own allowedSourceRanges, without the probe's.
+func ownRanges(s backend.Spec) []string {
+	var out []string
+	for _, r := range s.AllowedSourceRanges {
+		if !slices.Contains(s.ProbeSourceRanges, r) {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// vpcOnly reports whether every one of the Proxy's own source ranges lies
+// in a VPC's private space: clients no external IP can be reached from.
+func vpcOnly(s backend.Spec) bool {
+	own := ownRanges(s)
+	for _, r := range own {
+		p, err := netip.ParsePrefix(r)
+		if err != nil {
+			return false
+		}
+		if !slices.ContainsFunc(vpcPrivate, func(v netip.Prefix) bool { return v.Bits() <= p.Bits() && v.Contains(p.Addr()) }) {
+			return false
+		}
+	}
+	return len(own) > 0
 }
 
 // NetworkProject is the project a network reference names, or empty when
@@ -544,6 +583,9 @@ func (b *Backend) vm(s backend.Spec, script string) *computepb.Instance {
 		labels[labelCredentials] = s.CredentialsSum
 	}
 	labels[labelPort] = strconv.Itoa(int(s.Port))
+	if s.GCP.PublishedAddress == v1alpha1.GCPPublishedInternal {
+		labels[labelPublished] = "internal"
+	}
 	image := s.GCP.Image
 	if image == "" {
 		image = v1alpha1.DefaultGCPImage
@@ -870,6 +912,17 @@ func (b *Backend) instance(vm *computepb.Instance, zone string) *backend.Instanc
 	}
 	if i.Phase == v1alpha1.InstancePhaseRunning {
 		i.Host = natIP(vm)
+		if vm.GetLabels()[labelPublished] == "internal" {
+			// Crawlers in the VPC connect to its internal address;
+			// traffic still leaves through the external one.
+			i.Host = ""
+			if nis := vm.GetNetworkInterfaces(); len(nis) > 0 {
+				i.Host = nis[0].GetNetworkIP()
+			}
+			if i.Host == "" {
+				i.Phase = v1alpha1.InstancePhaseProvisioning
+			}
+		}
 	}
 	if i.Phase == v1alpha1.InstancePhaseTerminated {
 		i.Reason = "VM status " + vm.GetStatus()

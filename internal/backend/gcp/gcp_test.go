@@ -183,9 +183,35 @@ func TestFirewallRefusesOpenProxies(t *testing.T) {
 			want: `spec.forProvider.allowedSourceRanges "0.0.0.0/1" is not private`,
 		},
 		"PrivateWithoutCredentials": {
-			reason: "Private client ranges need no credentials.",
-			change: func(s *backend.Spec) { s.Credentials, s.AllowedSourceRanges = nil, []string{"10.0.0.0/8"} },
+			reason: "Private client ranges need no credentials, with the internal address published.",
+			change: func(s *backend.Spec) {
+				s.Credentials, s.AllowedSourceRanges, s.GCP.PublishedAddress = nil, []string{"10.0.0.0/8"}, v1alpha1.GCPPublishedInternal
+			},
 			ranges: []string{"10.0.0.0/8"},
+		},
+		"PrivateAtTheExternalIP": {
+			reason: "Clients in the VPC never reach the external IP from a private address: a proxy open to private ranges only, published there, could serve nobody.",
+			change: func(s *backend.Spec) {
+				s.Credentials, s.AllowedSourceRanges = nil, []string{"10.0.0.0/8", "100.64.0.0/10"}
+			},
+			want: "spec.forProvider.gcp.publishedAddress: Internal",
+		},
+		"PrivateAtTheExternalIPWithCredentials": {
+			reason: "Credentials change nothing about where the clients come from.",
+			change: func(s *backend.Spec) { s.AllowedSourceRanges = []string{"192.168.0.0/16"} },
+			want:   "admit private networks only",
+		},
+		"PrivateAndProbeAtTheExternalIP": {
+			reason: "The probe's range admits the probe only: the crawlers' own ranges decide.",
+			change: func(s *backend.Spec) {
+				s.AllowedSourceRanges, s.ProbeSourceRanges = []string{"10.0.0.0/8", "198.51.100.10/32"}, []string{"198.51.100.10/32"}
+			},
+			want: "admit private networks only",
+		},
+		"PrivateAndPublicAtTheExternalIP": {
+			reason: "A public range among the crawlers' reaches the external IP.",
+			change: func(s *backend.Spec) { s.AllowedSourceRanges = []string{"10.0.0.0/8", "203.0.113.0/24"} },
+			ranges: []string{"10.0.0.0/8", "203.0.113.0/24"},
 		},
 		"CredentialsOnly": {
 			reason: "With credentials and no ranges the port opens to all; Squid demands the credentials.",
@@ -559,5 +585,39 @@ func TestScriptImages(t *testing.T) {
 				t.Errorf("with its own start-up configuration any image goes: %v", err)
 			}
 		}
+	}
+}
+
+// TestPublishedInternal: a VM publishing its internal address is reached
+// there by crawlers in the VPC; it is running only once it has both that
+// address and its external one, through which its traffic leaves.
+func TestPublishedInternal(t *testing.T) {
+	fake := gcpfake.Start(t)
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	s := spec("7a3b2c1d-1111-4222-8333-944455556666")
+	s.Credentials, s.AllowedSourceRanges, s.GCP.PublishedAddress = nil, []string{"10.0.0.0/8"}, v1alpha1.GCPPublishedInternal
+	if _, err := b.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	internal := fake.Instance(s.Zone, s.Name).GetNetworkInterfaces()[0].GetNetworkIP()
+	if internal == "" {
+		t.Fatal("the fake gives the VM an internal address")
+	}
+	fake.SetStatus(s.Zone, s.Name, "RUNNING", "")
+	if i, err := b.Get(ctx, s.Ref); err != nil || i.Phase != v1alpha1.InstancePhaseProvisioning || i.Host != "" {
+		t.Errorf("without its external IP, through which traffic leaves, the VM is not running yet: %+v, %v", i, err)
+	}
+	fake.SetStatus(s.Zone, s.Name, "RUNNING", "198.51.100.7")
+	if i, err := b.Get(ctx, s.Ref); err != nil || i.Phase != v1alpha1.InstancePhaseRunning || i.Host != internal {
+		t.Errorf("the internal address %s is published: %+v, %v", internal, i, err)
+	}
+	ext := spec("8a3b2c1d-1111-4222-8333-944455556666")
+	if _, err := b.Create(ctx, ext); err != nil {
+		t.Fatal(err)
+	}
+	fake.SetStatus(ext.Zone, ext.Name, "RUNNING", "198.51.100.8")
+	if i, _ := b.Get(ctx, ext.Ref); i.Host != "198.51.100.8" {
+		t.Errorf("by default the external IP is published: %+v", i)
 	}
 }

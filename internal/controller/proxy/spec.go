@@ -342,6 +342,9 @@ func hashedGCP(g *v1alpha1.GCPPlacement) *v1alpha1.GCPPlacement {
 	if c.ShieldedVM != nil && *c.ShieldedVM {
 		c.ShieldedVM = nil
 	}
+	if c.PublishedAddress == v1alpha1.GCPPublishedExternal {
+		c.PublishedAddress = ""
+	}
 	return c
 }
 

@@ -152,10 +152,14 @@ func (e *external) egressMatch(p *v1alpha1.Proxy) {
 // comparesEgress says whether p is a VM published at its own external
 // address with an egress IP seen, which egressMatch compares.
 func comparesEgress(p *v1alpha1.Proxy) bool {
-	_, err := netip.ParseAddr(p.Status.AtProvider.Host)
+	host, err := netip.ParseAddr(p.Status.AtProvider.Host)
 	_, err2 := netip.ParseAddr(p.Status.AtProvider.EgressIP)
-	return p.Spec.ForProvider.GCP != nil && err == nil && err2 == nil
+	// A published internal address (gcp.publishedAddress Internal) is
+	// never the egress IP.
+	return p.Spec.ForProvider.GCP != nil && err == nil && err2 == nil && !host.IsPrivate() && !cgnat.Contains(host)
 }
+
+var cgnat = netip.MustParsePrefix("100.64.0.0/10")
 
 // countProbe records a probe's result and, for a pass, its latency.
 func countProbe(m *metrics.Provider, backendName string, res probe.Result) {

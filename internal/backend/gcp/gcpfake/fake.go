@@ -604,6 +604,13 @@ func (s *Server) insertInstance(w http.ResponseWriter, r *http.Request, project,
 	vm.Zone = ptr.To(s.URL + "/compute/v1/projects/" + project + "/zones/" + zone)
 	vm.SelfLink = ptr.To(s.URL + "/compute/v1/projects/" + project + "/zones/" + zone + "/instances/" + vm.GetName())
 	vm.LabelFingerprint = ptr.To(fingerprint(vm.GetLabels()))
+	// Each interface gets an address of its subnetwork, as on GCP (here
+	// from 10.128.0.0/16, whatever the subnetwork).
+	for _, ni := range vm.GetNetworkInterfaces() {
+		if ni.NetworkIP == nil {
+			ni.NetworkIP = ptr.To(fmt.Sprintf("10.128.%d.%d", (s.seq/250)%250, 2+s.seq%250))
+		}
+	}
 	if s.OnInsert != nil {
 		s.OnInsert(vm)
 	}
