@@ -25,6 +25,10 @@ type Ref struct {
 	// NetworkProject is the Shared VPC host project of a VM's network,
 	// where its firewall rule lives; empty for the backend's own project.
 	NetworkProject string
+	// Rule names the network rule a VM shares with the other VMs of its
+	// fleet, as the VM says (GCP: its egress-rule label); empty for a VM
+	// with a rule of its own, named after it.
+	Rule string
 }
 
 // Credentials clients present to the proxy.
@@ -131,6 +135,13 @@ type Backend interface {
 // instance whose dependencies are not in place is not handed out.
 type Repairer interface {
 	Repair(ctx context.Context, s Spec) (bool, error)
+}
+
+// A RuleNamer names the network rule an instance of s shares with the
+// other instances of its fleet (Ref.Rule), derived from s alone: Delete
+// lets go of it even when the instance is gone. Empty: none is shared.
+type RuleNamer interface {
+	RuleFor(s Spec) string
 }
 
 // An OperationChecker reports how a creation that Create left running

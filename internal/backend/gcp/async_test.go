@@ -301,11 +301,12 @@ func TestCredentials(t *testing.T) {
 	}
 }
 
-// TestScaleUpHandsOff: 200 VMs created at once, as a fleet's scale-up
-// does, each insert running for a minute: no create holds its caller
-// (a reconcile worker) longer than 10 s; each hands its running insert
-// off as its Instance.Operation, every VM exists, and once the inserts
-// are done CheckOperation finds nothing wrong.
+// TestScaleUpHandsOff: 200 VMs of a fleet created at once, as its
+// scale-up does, each insert running for a minute: no create holds its
+// caller (a reconcile worker) longer than 10 s; each hands its running
+// insert off as its Instance.Operation, every VM exists, one firewall rule
+// lets them all in, and once the inserts are done CheckOperation finds
+// nothing wrong.
 func TestScaleUpHandsOff(t *testing.T) {
 	const n = 200
 	fake := gcpfake.Start(t)
@@ -321,6 +322,7 @@ func TestScaleUpHandsOff(t *testing.T) {
 	start := time.Now()
 	for i := range n {
 		specs[i] = spec(fmt.Sprintf("0b7c6a2e-%04d-4222-8333-944455556666", i))
+		specs[i].Owner.Fleet = "crawlers"
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -347,6 +349,9 @@ func TestScaleUpHandsOff(t *testing.T) {
 	}
 	if got := fake.Instances(); got != n {
 		t.Errorf("%d VMs, want %d", got, n)
+	}
+	if rules := fake.FirewallNames(); len(rules) != 1 {
+		t.Errorf("the fleet's VMs share one firewall rule: %d rules", len(rules))
 	}
 	t.Logf("%d creates at once, inserts running 1 min: longest create %s, all returned in %s", n, longest.Round(time.Millisecond), wall.Round(time.Millisecond))
 	clock.add(2 * time.Minute)

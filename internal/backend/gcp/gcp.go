@@ -7,6 +7,8 @@ package gcp
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/base32"
 	stderrors "errors" //nolint:depguard // For errors.Join, which github.com/pkg/errors lacks.
 	"fmt"
 	"net/http"
@@ -46,6 +48,9 @@ const (
 	// labelPublished is "internal" on a VM whose internal address is
 	// published (gcp.publishedAddress Internal).
 	labelPublished = "egress-published"
+	// labelRule names the firewall rule a VM shares with the others of its
+	// fleet; a VM without it has a rule of its own, named after it.
+	labelRule = "egress-rule"
 )
 
 // Where the generated startup script puts Squid's files on the VM: under
@@ -98,6 +103,7 @@ var (
 	_ backend.Backend          = &Backend{}
 	_ backend.Repairer         = &Backend{}
 	_ backend.OperationChecker = &Backend{}
+	_ backend.RuleNamer        = &Backend{}
 )
 
 // New returns a gcp backend.
@@ -352,7 +358,7 @@ func zonal(zone, kind, v string) string {
 // would admit public clients to a proxy without credentials, and gives a
 // proxy whose Squid configuration the provider did not write (the user's
 // cloud-init) no default opening at all.
-func (b *Backend) firewall(s backend.Spec) (*computepb.Firewall, error) {
+func (b *Backend) firewall(s backend.Spec, shared bool) (*computepb.Firewall, error) {
 	ranges := s.AllowedSourceRanges
 	public, err := squid.PublicSources(ranges)
 	if err != nil {
@@ -379,8 +385,35 @@ func (b *Backend) firewall(s backend.Spec) (*computepb.Firewall, error) {
 		// GCP refuses a range with host bits set (10.1.2.3/8).
 		masked = append(masked, p.Masked().String())
 	}
-	ranges = masked
-	return &computepb.Firewall{
+	return b.buildRule(s, masked, shared), nil
+}
+
+// RuleFor names the fleet rule an instance of s shares (a Proxy of no
+// fleet has its own, named after its VM: ""), without the checks Create
+// makes, for Delete to let go of it.
+func (b *Backend) RuleFor(s backend.Spec) string {
+	if s.GCP == nil || s.Owner.Fleet == "" {
+		return ""
+	}
+	ranges := s.AllowedSourceRanges
+	if len(ranges) == 0 {
+		ranges = []string{"0.0.0.0/0"}
+	}
+	masked := make([]string, 0, len(ranges))
+	for _, r := range ranges {
+		p, err := netip.ParsePrefix(r)
+		if err != nil {
+			return ""
+		}
+		masked = append(masked, p.Masked().String())
+	}
+	return b.buildRule(s, masked, true).GetName()
+}
+
+// buildRule is the rule letting s's port in from ranges: the VM's own, or
+// its fleet's when shared.
+func (b *Backend) buildRule(s backend.Spec, ranges []string, shared bool) *computepb.Firewall {
+	fw := &computepb.Firewall{
 		Name:         ptr.To(s.Name),
 		Description:  ptr.To(b.ruleDescription(s.Owner)),
 		Network:      ptr.To(b.network(s.GCP)),
@@ -388,7 +421,54 @@ func (b *Backend) firewall(s backend.Spec) (*computepb.Firewall, error) {
 		Allowed:      []*computepb.Allowed{{IPProtocol: ptr.To("tcp"), Ports: []string{strconv.Itoa(int(s.Port))}}},
 		SourceRanges: ranges,
 		TargetTags:   []string{s.Name},
-	}, nil
+	}
+	if shared {
+		cluster := s.Owner.GCPLabels()["egress-cluster"]
+		name := sharedRuleName(cluster, s.Owner.Namespace, s.Owner.Fleet, fw)
+		fw.Name, fw.TargetTags = ptr.To(name), []string{name}
+		fw.Description = ptr.To(b.sharedRuleDescription(cluster, s.Owner.Namespace, s.Owner.Fleet))
+	}
+	return fw
+}
+
+// A fleet's VMs share firewall rules: one per (network, port, source
+// ranges) of the fleet, named from them, targeting a network tag of the
+// same name, which each VM made with it carries (and names in its
+// egress-rule label). A project's firewall-rule quota (often 100 to 200,
+// shared with everything else in it) would otherwise cap a fleet. The rule
+// goes when its last VM does; orphan collection takes one no VM uses.
+
+// sharedRuleName derives a fleet's rule name from what the rule is: the
+// cluster (its label value), the fleet, and the rule's network, port and
+// source ranges, so that a rule read back names itself again, and a
+// description copied onto another rule claims nothing.
+func sharedRuleName(cluster, namespace, fleet string, fw *computepb.Firewall) string {
+	ranges := slices.Clone(fw.GetSourceRanges())
+	slices.Sort(ranges)
+	var ports []string
+	for _, a := range fw.GetAllowed() {
+		ports = append(ports, a.GetIPProtocol()+":"+strings.Join(a.GetPorts(), ","))
+	}
+	sum := sha256.Sum256([]byte(strings.Join([]string{"egress fleet rule", cluster, namespace, fleet,
+		strings.TrimPrefix(fw.GetNetwork(), computeURL), strings.Join(ports, ";"), strings.Join(ranges, ",")}, "\x00")))
+	return "egress-fw-" + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:]))[:16]
+}
+
+func (b *Backend) sharedRuleDescription(cluster, namespace, fleet string) string {
+	return fmt.Sprintf("egress proxy fleet %s/%s (cluster %s, vm project %s, %s)", namespace, fleet, cluster, b.cfg.Project, ruleMarker)
+}
+
+var reSharedRule = regexp.MustCompile(`^egress proxy fleet ([^/\s]+)/([^\s]+) \(cluster ([^,()\s]*), vm project ([^,()\s]+), ` + ruleMarker + `\)$`)
+
+// sharedRuleOwner reads a fleet rule's fleet back from its description,
+// and the project of its VMs, if the rule's name is the one its content
+// and that fleet derive.
+func sharedRuleOwner(fw *computepb.Firewall) (ownership.Owner, string, bool) {
+	m := reSharedRule.FindStringSubmatch(fw.GetDescription())
+	if m == nil || fw.GetName() != sharedRuleName(m[3], m[1], m[2], fw) {
+		return ownership.Owner{}, "", false
+	}
+	return ownership.Owner{Namespace: m[1], Name: "fleet " + m[2], Fleet: m[2], ClusterID: m[3]}, m[4], true
 }
 
 // vpcPrivate are the networks a VPC's clients have addresses in: RFC 1918
@@ -510,11 +590,12 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 		// this check is left to serve.
 		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.gcp.image %q is not a Debian or Ubuntu public image, the only ones the generated startup script installs and runs Squid on (apt, systemd, Debian's squid package); use an image of projects/debian-cloud or projects/ubuntu-os-cloud, or bring your own start-up configuration in spec.forProvider.gcp.cloudInit", s.GCP.Image)
 	}
-	fw, err := b.firewall(s)
+	shared := s.Owner.Fleet != ""
+	fw, err := b.firewall(s, shared)
 	if err != nil {
 		return nil, err
 	}
-	vm := b.vm(s, script)
+	vm := b.vm(s, script, fw)
 	if sn := vm.GetNetworkInterfaces()[0].GetSubnetwork(); sn != "" {
 		snProject := b.cfg.Project
 		if strings.HasPrefix(sn, "projects/") {
@@ -540,7 +621,12 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	// rule still being made is Repair's to look at), the VM's for the rest.
 	waitUntil := time.Now().Add(b.operationTimeout())
 	if _, err := b.ensureFirewall(ctx, fw, min(ruleWait, b.operationTimeout())); err != nil {
-		return nil, err
+		// A fleet's rule another VM's create is making (a scale-up
+		// creates many at once) is not this create's to wait for; if it
+		// was being deleted instead, Repair makes it again.
+		if inFlux := (errRuleInFlux{}); !shared || !errors.As(err, &inFlux) {
+			return nil, err
+		}
 	}
 	op, err := b.instances.Insert(ctx, &computepb.InsertInstanceRequest{Project: b.cfg.Project, Zone: s.Zone, InstanceResource: vm})
 	switch {
@@ -548,9 +634,10 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 		return b.adopt(ctx, s)
 	case err != nil:
 		err = insertError(err, "cannot insert VM "+s.Name)
-		if backend.ClassOf(err) == backend.ClassPermanent {
+		if backend.ClassOf(err) == backend.ClassPermanent && !shared {
 			// Not retried until the spec changes: the rule would only
-			// wait for a VM that will not come.
+			// wait for a VM that will not come. A fleet's rule is left
+			// to its other VMs, or to orphan collection.
 			b.dropFirewall(ctx, fw)
 		}
 		return nil, err
@@ -558,7 +645,7 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	done, err := b.wait(ctx, op, max(time.Until(waitUntil), time.Second))
 	if err != nil {
 		err = insertError(err, fmt.Sprintf("inserting VM %s in zone %s failed", s.Name, s.Zone))
-		if backend.ClassOf(err) == backend.ClassPermanent {
+		if backend.ClassOf(err) == backend.ClassPermanent && !shared {
 			// Not retried until the spec changes: the rule would only
 			// wait for a VM that will not come.
 			b.dropFirewall(ctx, fw)
@@ -576,7 +663,7 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 }
 
 // vm is the instance resource of s.
-func (b *Backend) vm(s backend.Spec, script string) *computepb.Instance {
+func (b *Backend) vm(s backend.Spec, script string, fw *computepb.Firewall) *computepb.Instance {
 	labels := s.Owner.GCPLabels()
 	labels[labelSpecHash] = s.Hash
 	if s.CredentialsSum != "" {
@@ -599,6 +686,11 @@ func (b *Backend) vm(s backend.Spec, script string) *computepb.Instance {
 		disk = "pd-balanced"
 	}
 	tags := []string{s.Name}
+	if fw.GetName() != s.Name {
+		// The fleet's rule targets its own tag.
+		labels[labelRule] = fw.GetName()
+		tags = []string{fw.GetName()}
+	}
 	for _, t := range s.GCP.NetworkTags {
 		tags = append(tags, string(t))
 	}
@@ -799,7 +891,7 @@ func (b *Backend) ensureFirewall(ctx context.Context, fw *computepb.Firewall, wa
 		cur, gerr := b.firewalls.Get(ctx, &computepb.GetFirewallRequest{Project: project, Firewall: fw.GetName()})
 		switch {
 		case gerr != nil && backend.ClassOf(Classify(gerr)) == backend.ClassNotFound:
-			return false, backend.Errorf(backend.ClassTransient, "firewall rule %s is being created or deleted: retrying", fw.GetName())
+			return false, backend.Wrap(backend.ClassTransient, errRuleInFlux{name: fw.GetName()})
 		case gerr != nil:
 			return false, errors.Wrapf(Classify(gerr), "cannot get firewall rule %s", fw.GetName())
 		case sameRule(cur, fw):
@@ -817,6 +909,14 @@ func (b *Backend) ensureFirewall(ctx context.Context, fw *computepb.Firewall, wa
 		return false, insertError(err, fmt.Sprintf("firewall rule %s failed", fw.GetName()))
 	}
 	return done, nil
+}
+
+// errRuleInFlux says a rule's name is taken by a rule that cannot be read:
+// one being created (by another VM's create, for a fleet's rule) or deleted.
+type errRuleInFlux struct{ name string }
+
+func (e errRuleInFlux) Error() string {
+	return "firewall rule " + e.name + " is being created or deleted: retrying"
 }
 
 // sameRule reports whether a rule lets in what want lets in, to what it
@@ -853,11 +953,21 @@ func (b *Backend) Repair(ctx context.Context, s backend.Spec) (bool, error) {
 	if s.GCP == nil {
 		return true, nil
 	}
-	fw, err := b.firewall(s)
+	// A VM made before fleets shared rules keeps its own.
+	fw, err := b.firewall(s, s.Ref.Rule != "")
 	if err != nil {
 		return false, err
 	}
+	imported := s.Ref.Rule != "" && fw.GetName() != s.Ref.Rule
+	if imported {
+		// A VM imported from another fleet shares its maker's fleet rule,
+		// which is put right under its own name and description.
+		fw.Name, fw.TargetTags = ptr.To(s.Ref.Rule), []string{s.Ref.Rule}
+	}
 	cur, err := b.firewalls.Get(ctx, &computepb.GetFirewallRequest{Project: firewallProject(fw.GetNetwork()), Firewall: fw.GetName()})
+	if imported && err == nil {
+		fw.Description = cur.Description
+	}
 	switch {
 	case err == nil && sameRule(cur, fw):
 		return true, nil
@@ -899,7 +1009,7 @@ func (b *Backend) instance(vm *computepb.Instance, zone string) *backend.Instanc
 	owner, _ := ownership.FromLabels(vm.GetLabels())
 	created, _ := time.Parse(time.RFC3339, vm.GetCreationTimestamp())
 	port, _ := strconv.Atoi(vm.GetLabels()[labelPort])
-	ref := backend.Ref{Name: vm.GetName(), Zone: zone}
+	ref := backend.Ref{Name: vm.GetName(), Zone: zone, Rule: vm.GetLabels()[labelRule]}
 	for _, ni := range vm.GetNetworkInterfaces() {
 		if p := NetworkProject(ni.GetNetwork()); p != b.cfg.Project {
 			ref.NetworkProject = p
@@ -967,22 +1077,66 @@ func (b *Backend) Delete(ctx context.Context, r backend.Ref) error {
 		// A rule left without its VM (orphan collection): nothing else.
 		return nil
 	}
-	_, err := b.instances.Delete(ctx, &computepb.DeleteInstanceRequest{Project: b.cfg.Project, Zone: r.Zone, Instance: r.Name})
-	if err == nil {
-		return nil
-	}
-	c := Classify(err)
-	switch backend.ClassOf(c) {
-	case backend.ClassNotFound:
-		return nil
-	case backend.ClassTransient:
-		// Not ready: an operation runs on the VM. If it is its deletion,
-		// the VM is as good as gone.
-		if i, gerr := b.Get(ctx, r); gerr == nil && i.Phase == v1alpha1.InstancePhaseTerminated {
-			return nil
+	// Which fleet rule the VM shares, as it says (an imported or replaced
+	// VM's may not be the one its Proxy's spec derives, r.Rule), to let go
+	// of after it; a VM gone already leaves r.Rule to go by.
+	network := ""
+	if vm, err := b.instances.Get(ctx, &computepb.GetInstanceRequest{Project: b.cfg.Project, Zone: r.Zone, Instance: r.Name}); err == nil {
+		r.Rule = vm.GetLabels()[labelRule]
+		if nis := vm.GetNetworkInterfaces(); len(nis) > 0 {
+			network = nis[0].GetNetwork()
 		}
 	}
-	return errors.Wrapf(c, "cannot delete VM %s", r.Name)
+	_, err := b.instances.Delete(ctx, &computepb.DeleteInstanceRequest{Project: b.cfg.Project, Zone: r.Zone, Instance: r.Name})
+	c := Classify(err)
+	switch {
+	case err == nil, backend.ClassOf(c) == backend.ClassNotFound:
+	case backend.ClassOf(c) == backend.ClassTransient:
+		// Not ready: an operation runs on the VM. If it is its deletion,
+		// the VM is as good as gone.
+		if i, gerr := b.Get(ctx, r); gerr != nil || i.Phase != v1alpha1.InstancePhaseTerminated {
+			return errors.Wrapf(c, "cannot delete VM %s", r.Name)
+		}
+	default:
+		return errors.Wrapf(c, "cannot delete VM %s", r.Name)
+	}
+	if r.Rule != "" {
+		b.releaseRule(ctx, r, network)
+	}
+	return nil
+}
+
+// releaseRule deletes a fleet's rule once no VM but the one going (r)
+// carries it, without waiting. A VM created meanwhile that finds it gone
+// gets it back from Repair; a rule two last VMs each saw the other use is
+// left to orphan collection. Failures are left to it too.
+func (b *Backend) releaseRule(ctx context.Context, r backend.Ref, network string) {
+	it := b.instances.AggregatedList(ctx, &computepb.AggregatedListInstancesRequest{
+		Project: b.cfg.Project, Filter: ptr.To(`(labels.` + labelRule + ` = "` + r.Rule + `")`),
+	})
+	for {
+		pair, err := it.Next()
+		if errors.Is(err, iterator.Done) {
+			break
+		}
+		if err != nil {
+			return
+		}
+		for _, vm := range pair.Value.GetInstances() {
+			// VMs being deleted do not hold it: of a fleet's last VMs,
+			// deleted together, the last to look lets go.
+			if vm.GetName() != r.Name && Phase(vm.GetStatus(), "x") != v1alpha1.InstancePhaseTerminated {
+				return
+			}
+		}
+	}
+	project := b.cfg.Project
+	if p := NetworkProject(network); p != "" {
+		project = p
+	} else if r.NetworkProject != "" {
+		project = r.NetworkProject
+	}
+	_, _ = b.firewalls.Delete(ctx, &computepb.DeleteFirewallRequest{Project: project, Firewall: r.Rule})
 }
 
 // firewallProjects are the projects a VM's rule may live in: the
@@ -1029,6 +1183,9 @@ func (b *Backend) orphanRules(ctx context.Context, vms []backend.Instance) ([]ba
 	have := map[string]bool{}
 	for _, i := range vms {
 		have[i.Name] = true
+		if i.Rule != "" {
+			have[i.Rule] = true
+		}
 	}
 	it := b.firewalls.List(ctx, &computepb.ListFirewallsRequest{Project: b.cfg.Project, Filter: ptr.To(`description eq '.*` + ruleMarker + `.*'`)})
 	var out []backend.Instance
@@ -1051,6 +1208,11 @@ func (b *Backend) orphanRules(ctx context.Context, vms []backend.Instance) ([]ba
 		// listed by a configuration of the host project) is that
 		// project's configuration's business: its VM is not in this list.
 		owner, vmProject, ok := ruleOwner(fw)
+		if !ok {
+			// A fleet's rule no listed VM carries: its last VM went
+			// without taking it along, or never came.
+			owner, vmProject, ok = sharedRuleOwner(fw)
+		}
 		if !ok || have[fw.GetName()] || !owner.OfCluster(b.cfg.ClusterID) || vmProject != b.cfg.Project {
 			continue
 		}

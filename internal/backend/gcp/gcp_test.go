@@ -32,7 +32,7 @@ func newBackend(t *testing.T, fake *gcpfake.Server, cluster string) *gcp.Backend
 }
 
 func spec(uid string) backend.Spec {
-	o := ownership.Owner{ClusterID: "c1", Namespace: "team", Name: "p-" + uid, UID: types.UID(uid), Fleet: "crawlers"}
+	o := ownership.Owner{ClusterID: "c1", Namespace: "team", Name: "p-" + uid, UID: types.UID(uid)}
 	return backend.Spec{
 		Ref: backend.Ref{Name: ownership.InstanceName(o.UID), Zone: "europe-west1-b"}, Owner: o, Port: 3128,
 		Credentials:         &backend.Credentials{Username: "crawler", Password: "pw"},

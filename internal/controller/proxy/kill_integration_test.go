@@ -25,6 +25,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp/gcpfake"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
@@ -140,6 +141,9 @@ func TestProviderKilledMidOperation(t *testing.T) {
 		r.window = 600 * time.Millisecond
 		r.proxy = func(name string, port int32) *v1alpha1.Proxy {
 			p := vmProxy(r.ns, name, port, target, "kill-"+r.ns, "europe-west1-b")
+			// Of a fleet, so that its VM shares the fleet's rule (one
+			// per port: each proxy here has its own).
+			p.SetLabels(map[string]string{fleetv1alpha1.LabelFleet: "kill"})
 			p.Spec.ForProvider.GCP.GCPInstance = v1alpha1.GCPInstance{MachineType: "e2-micro", NetworkTags: []v1alpha1.NetworkTag{"crawl"}}
 			p.Spec.ForProvider.AllowedSourceRanges = []v1alpha1.CIDR{"127.0.0.0/8"}
 			return p
@@ -470,7 +474,8 @@ func (r *killRun) checkLocal(dir string) {
 	r.checkSecrets()
 }
 
-// checkGCP: one VM and one firewall rule per live Proxy, and nothing else.
+// checkGCP: one VM per live Proxy, the firewall rule each VM names (its
+// fleet's, or one named after it), and nothing else.
 func (r *killRun) checkGCP(fake *gcpfake.Server) {
 	r.t.Helper()
 	want := map[string]string{}
@@ -478,6 +483,7 @@ func (r *killRun) checkGCP(fake *gcpfake.Server) {
 		want[ownership.InstanceName(uid)] = n
 	}
 	byOwner := map[types.UID][]string{}
+	wantRules := map[string]string{}
 	for key, vm := range fake.AllInstances() {
 		o, ok := ownership.FromLabels(vm.GetLabels())
 		if !ok {
@@ -485,9 +491,16 @@ func (r *killRun) checkGCP(fake *gcpfake.Server) {
 			continue
 		}
 		byOwner[o.UID] = append(byOwner[o.UID], vm.GetName())
-		if _, ok := want[vm.GetName()]; !ok {
+		n, ok := want[vm.GetName()]
+		if !ok {
 			r.t.Errorf("VM %s (status %s) belongs to no live Proxy", key, vm.GetStatus())
+			continue
 		}
+		rule := vm.GetLabels()["egress-rule"]
+		if rule == "" {
+			rule = vm.GetName()
+		}
+		wantRules[rule] = n
 	}
 	for n, uid := range r.live {
 		if vms := byOwner[uid]; len(vms) != 1 {
@@ -498,13 +511,13 @@ func (r *killRun) checkGCP(fake *gcpfake.Server) {
 	for _, fw := range fake.FirewallNames() {
 		name := fw[strings.LastIndexByte(fw, '/')+1:]
 		rules[name] = true
-		if _, ok := want[name]; !ok {
-			r.t.Errorf("firewall rule %s belongs to no live Proxy", fw)
+		if _, ok := wantRules[name]; !ok {
+			r.t.Errorf("firewall rule %s belongs to no live Proxy's VM", fw)
 		}
 	}
-	for inst, n := range want {
-		if !rules[inst] {
-			r.t.Errorf("Proxy %s has no firewall rule", n)
+	for rule, n := range wantRules {
+		if !rules[rule] {
+			r.t.Errorf("Proxy %s has no firewall rule (its VM names %s)", n, rule)
 		}
 	}
 	r.checkSecrets()

@@ -442,11 +442,24 @@ func (e *external) observeExisting(ctx context.Context, p *v1alpha1.Proxy, ref b
 // instance keeps its name and its maker's UID, from which its firewall
 // rule's name derives.
 func repairSpec(p *v1alpha1.Proxy, inst *backend.Instance, want backend.Spec) backend.Spec {
+	// The rule it is reached through is the one it was made with.
+	want.Ref.Rule = inst.Ref.Rule
 	if imported(p, inst.Ref) {
 		want.Ref = inst.Ref
 		want.Owner.UID, want.Owner.Adopter = inst.Owner.UID, inst.Owner.Adopter
 	}
 	return want
+}
+
+// withRule names on ref the network rule the Proxy's instance shares with
+// its fleet, as the backend derives it from the spec (a GCP fleet's
+// firewall rule), so that a delete that finds the instance gone (a create
+// cut short after the rule, a VM whose insert failed) still lets go of it.
+func (e *external) withRule(p *v1alpha1.Proxy, ref backend.Ref) backend.Ref {
+	if rn, ok := e.backend.(backend.RuleNamer); ok && ref.Rule == "" {
+		ref.Rule = rn.RuleFor(desiredSpec(p, e.pc, e.clusterID, nil, ""))
+	}
+	return ref
 }
 
 // repair has the backend put right what the instance depends on outside
@@ -486,7 +499,7 @@ func (e *external) observeMissing(ctx context.Context, p *v1alpha1.Proxy, ref ba
 		// was left of an imported instance, whose labels can no longer
 		// say whose it was, is the orphan collector's.
 		if mayDelete(p) && !imported(p, ref) {
-			if err := e.backend.Delete(ctx, ref); err != nil {
+			if err := e.backend.Delete(ctx, e.withRule(p, ref)); err != nil {
 				e.countError("delete", err)
 				return managed.ExternalObservation{}, errors.Wrap(err, "cannot delete what remains of the instance")
 			}
@@ -571,7 +584,7 @@ func (e *external) observeTerminated(ctx context.Context, p *v1alpha1.Proxy, ref
 		e.record.Event(p, event.Warning("InstanceTerminated", errors.Errorf("instance %s terminated (%s); replacing it", inst.ProviderID, inst.Reason)))
 	}
 	meta.AddAnnotations(p, map[string]string{annotationTerminatedInstance: id})
-	if err := e.backend.Delete(ctx, ref); err != nil {
+	if err := e.backend.Delete(ctx, e.withRule(p, ref)); err != nil {
 		e.countError("delete", err)
 		return managed.ExternalObservation{}, errors.Wrap(err, "cannot delete terminated instance")
 	}
@@ -604,7 +617,7 @@ func (e *external) refuse(ctx context.Context, p *v1alpha1.Proxy, ref backend.Re
 		return reason
 	}
 	e.record.Event(p, event.Warning(event.Reason(ReasonNotPermitted), errors.Errorf("deleting instance %s: %v", inst.ProviderID, reason)))
-	err := e.backend.Delete(ctx, ref)
+	err := e.backend.Delete(ctx, e.withRule(p, ref))
 	e.countError("delete", err)
 	if err != nil {
 		return errors.Wrapf(err, "cannot delete instance %s, which its ProviderConfig no longer permits", inst.ProviderID)
@@ -792,7 +805,7 @@ func (e *external) Update(ctx context.Context, p *v1alpha1.Proxy) (managed.Exter
 	}
 	e.record.Event(p, event.Normal("Replacing", "spec changed: replacing the instance"))
 	e.stopProbing(p)
-	err := e.backend.Delete(ctx, recordedRef(p, e.pc))
+	err := e.backend.Delete(ctx, e.withRule(p, recordedRef(p, e.pc)))
 	e.countError("delete", err)
 	if err != nil {
 		return managed.ExternalUpdate{}, errors.Wrap(err, "cannot delete the instance being replaced")
@@ -808,7 +821,7 @@ func (e *external) Delete(ctx context.Context, p *v1alpha1.Proxy) (managed.Exter
 		return managed.ExternalDelete{}, nil
 	}
 	e.stopProbing(p)
-	err := e.backend.Delete(ctx, recordedRef(p, e.pc))
+	err := e.backend.Delete(ctx, e.withRule(p, recordedRef(p, e.pc)))
 	e.countError("delete", err)
 	if err != nil {
 		return managed.ExternalDelete{}, errors.Wrap(err, "cannot delete instance")

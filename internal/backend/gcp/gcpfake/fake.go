@@ -307,6 +307,22 @@ func (s *Server) DeleteFirewall(project, name string) {
 	delete(s.firewalls, project+"/"+name)
 }
 
+// PutFirewall stores a rule as it is, ready, as somebody else might make it.
+func (s *Server) PutFirewall(project string, fw *computepb.Firewall) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fw.CreationTimestamp = ptr.To(s.now().Format(time.RFC3339))
+	s.firewalls[project+"/"+fw.GetName()] = &firewall{fw: fw, ready: true}
+}
+
+// RemoveInstance removes a VM at once, as somebody deleting it by hand
+// would (once its deletion finished).
+func (s *Server) RemoveInstance(zone, name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.instances, zone+"/"+name)
+}
+
 // ChangeFirewall edits a rule in place, as somebody else might.
 func (s *Server) ChangeFirewall(project, name string, edit func(*computepb.Firewall)) {
 	s.mu.Lock()

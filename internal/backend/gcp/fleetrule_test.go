@@ -1,0 +1,211 @@
+package gcp_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"cloud.google.com/go/compute/apiv1/computepb"
+	"k8s.io/utils/ptr"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp/gcpfake"
+)
+
+// fleetSpec is spec for a Proxy of fleet crawlers.
+func fleetSpec(i int) backend.Spec {
+	s := spec(fmt.Sprintf("1c2d3e4f-%04d-4222-8333-944455556666", i))
+	s.Owner.Fleet = "crawlers"
+	return s
+}
+
+// TestFleetSharesOneRule: the VMs of one fleet are let in by one firewall
+// rule, targeting a tag each carries, whatever their number; a Proxy of no
+// fleet keeps a rule of its own; the rule goes with the fleet's last VM,
+// not before.
+func TestFleetSharesOneRule(t *testing.T) {
+	fake := gcpfake.Start(t)
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	var specs []backend.Spec
+	for i := range 3 {
+		s := fleetSpec(i)
+		if _, err := b.Create(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		specs = append(specs, s)
+	}
+	alone := spec("2c2d3e4f-0000-4222-8333-944455556666")
+	if _, err := b.Create(ctx, alone); err != nil {
+		t.Fatal(err)
+	}
+	names := fake.FirewallNames()
+	if len(names) != 2 || fake.Firewall(alone.Name) == nil {
+		t.Fatalf("one rule for the fleet's three VMs and one for the Proxy of no fleet: %v", names)
+	}
+	shared := fake.Instance(specs[0].Zone, specs[0].Name).GetLabels()["egress-rule"]
+	if !slices.Contains(names, "crawl-proj/"+shared) {
+		t.Fatalf("the rule the VMs name is the other one: %s, %v", shared, names)
+	}
+	fw := fake.Firewall(shared)
+	if !strings.HasPrefix(shared, "egress-fw-") || fw.GetTargetTags()[0] != shared || fw.GetSourceRanges()[0] != "203.0.113.0/24" || fw.GetAllowed()[0].GetPorts()[0] != "3128" {
+		t.Errorf("the fleet's rule lets its port in from its ranges to its tag: %v", fw)
+	}
+	for _, s := range specs {
+		vm := fake.Instance(s.Zone, s.Name)
+		if vm.GetLabels()["egress-rule"] != shared || vm.GetTags().GetItems()[0] != shared {
+			t.Errorf("VM %s carries the rule's tag and names it: %v %v", s.Name, vm.GetLabels(), vm.GetTags().GetItems())
+		}
+		i, err := b.Get(ctx, s.Ref)
+		if err != nil || i.Ref.Rule != shared {
+			t.Fatalf("Get says which rule the VM shares: %+v, %v", i, err)
+		}
+		rs := s
+		rs.Ref = i.Ref
+		if ok, err := b.Repair(ctx, rs); !ok || err != nil {
+			t.Errorf("Repair finds the shared rule in place: %v %v", ok, err)
+		}
+	}
+	// Repair puts a rule deleted by hand back, under the same name.
+	fake.DeleteFirewall("crawl-proj", shared)
+	i, _ := b.Get(ctx, specs[0].Ref)
+	rs := specs[0]
+	rs.Ref = i.Ref
+	if _, err := b.Repair(ctx, rs); err != nil || fake.Firewall(shared) == nil {
+		t.Errorf("a fleet rule deleted by hand is restored: %v", err)
+	}
+
+	for n, s := range specs {
+		if err := b.Delete(ctx, s.Ref); err != nil {
+			t.Fatal(err)
+		}
+		waitOps(fake)
+		left := fake.Firewall(shared) != nil
+		if last := n == len(specs)-1; left == last {
+			t.Errorf("after deleting %d of %d VMs the fleet's rule is there: %v", n+1, len(specs), left)
+		}
+	}
+	if fake.Firewall(alone.Name) == nil {
+		t.Error("the Proxy of no fleet keeps its own rule")
+	}
+}
+
+// waitOps lets the fake's operations (a VM delete: STOPPING, then gone)
+// finish.
+func waitOps(fake *gcpfake.Server) {
+	time.Sleep(3 * gcpfake.DefaultOperationDuration)
+	_ = fake.Instances()
+}
+
+// TestFleetRuleOrphans: a fleet rule no VM carries is listed for orphan
+// collection, with its fleet, once its VMs are gone without it; one a VM
+// still carries is not; a rule whose description was copied from a fleet
+// rule claims nothing.
+func TestFleetRuleOrphans(t *testing.T) {
+	fake := gcpfake.Start(t)
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	s := fleetSpec(7)
+	if _, err := b.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	shared := fake.Instance(s.Zone, s.Name).GetLabels()["egress-rule"]
+	rules := func() []string {
+		owned, err := b.ListOwned(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, i := range owned {
+			if i.Zone == "" {
+				out = append(out, i.Name+" "+i.Owner.Namespace+"/"+i.Owner.Fleet)
+			}
+		}
+		return out
+	}
+	if got := rules(); len(got) != 0 {
+		t.Errorf("a rule its VM carries is no orphan: %v", got)
+	}
+	// A copy of its description on a rule of another name.
+	fw := fake.Firewall(shared)
+	fake.PutFirewall("crawl-proj", &computepb.Firewall{Name: ptr.To("egress-fw-aaaaaaaaaaaaaaaa"), Description: fw.Description, Network: fw.Network,
+		Direction: fw.Direction, Allowed: fw.Allowed, SourceRanges: fw.SourceRanges, TargetTags: []string{"egress-fw-aaaaaaaaaaaaaaaa"}})
+	// The VM goes without its rule (deleted by hand).
+	fake.RemoveInstance(s.Zone, s.Name)
+	if got := rules(); len(got) != 1 || got[0] != shared+" team/crawlers" {
+		t.Errorf("the rule its last VM left behind is listed with its fleet, the copy is not: %v", got)
+	}
+	if err := b.Delete(ctx, backend.Ref{Name: shared}); err != nil || fake.Firewall(shared) != nil {
+		t.Errorf("and Delete removes it: %v", err)
+	}
+}
+
+// TestFleetVMOfOwnRule: a fleet's VM made before fleets shared rules (no
+// egress-rule label, a rule named after it) keeps its own rule, which
+// Repair looks after; no shared rule is made for it, and its delete takes
+// its rule along.
+func TestFleetVMOfOwnRule(t *testing.T) {
+	fake := gcpfake.Start(t)
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	s := fleetSpec(9)
+	old := s
+	old.Owner.Fleet = ""
+	if _, err := b.Create(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	i, err := b.Get(ctx, s.Ref)
+	if err != nil || i.Ref.Rule != "" {
+		t.Fatalf("a VM of its own rule names none: %+v %v", i, err)
+	}
+	fake.DeleteFirewall("crawl-proj", s.Name)
+	rs := s
+	rs.Ref = i.Ref
+	if _, err := b.Repair(ctx, rs); err != nil {
+		t.Fatal(err)
+	}
+	if names := fake.FirewallNames(); len(names) != 1 || names[0] != "crawl-proj/"+s.Name {
+		t.Errorf("its own rule is restored, and no shared one made: %v", names)
+	}
+	if err := b.Delete(ctx, s.Ref); err != nil {
+		t.Fatal(err)
+	}
+	waitOps(fake)
+	if names := fake.FirewallNames(); len(names) != 0 {
+		t.Errorf("its rule goes with it: %v", names)
+	}
+}
+
+// TestFleetRuleOfAVMThatNeverCame: a create cut short after the fleet's
+// rule was made (or a VM whose insert failed) leaves a rule no VM names;
+// the Proxy's delete, which finds no VM, lets go of it by the name its
+// spec derives.
+func TestFleetRuleOfAVMThatNeverCame(t *testing.T) {
+	fake := gcpfake.Start(t)
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	s := fleetSpec(11)
+	if _, err := b.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	rule := b.RuleFor(s)
+	if rule == "" || fake.Firewall(rule) == nil {
+		t.Fatalf("RuleFor names the rule Create made: %q, %v", rule, fake.FirewallNames())
+	}
+	fake.RemoveInstance(s.Zone, s.Name)
+	ref := s.Ref
+	ref.Rule = rule
+	if err := b.Delete(ctx, ref); err != nil {
+		t.Fatal(err)
+	}
+	waitOps(fake)
+	if fake.Firewall(rule) != nil {
+		t.Errorf("the rule its VM never carried goes with the Proxy: %v", fake.FirewallNames())
+	}
+	if alone := spec("3c2d3e4f-0000-4222-8333-944455556666"); b.RuleFor(alone) != "" {
+		t.Error("a Proxy of no fleet shares no rule")
+	}
+}
