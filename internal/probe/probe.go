@@ -272,10 +272,15 @@ func Refused(msg string) bool { return strings.Contains(msg, refusedMark) }
 // dialTimedOut reports whether err is, or wraps, a dial that timed out
 // (the transport wraps it in a proxyconnect error of the same type).
 func dialTimedOut(err error) bool {
-	for e := err; e != nil; e = errors.Unwrap(e) {
-		if op, ok := e.(*net.OpError); ok && op.Op == "dial" && op.Timeout() {
+	for e := err; e != nil; {
+		var op *net.OpError
+		if !errors.As(e, &op) {
+			return false
+		}
+		if op.Op == "dial" && op.Timeout() {
 			return true
 		}
+		e = op.Err
 	}
 	return false
 }

@@ -60,7 +60,7 @@ func TestFleetSharesOneRule(t *testing.T) {
 			t.Errorf("VM %s carries the rule's tag and names it: %v %v", s.Name, vm.GetLabels(), vm.GetTags().GetItems())
 		}
 		i, err := b.Get(ctx, s.Ref)
-		if err != nil || i.Ref.Rule != shared {
+		if err != nil || i.Rule != shared {
 			t.Fatalf("Get says which rule the VM shares: %+v, %v", i, err)
 		}
 		rs := s
@@ -158,7 +158,7 @@ func TestFleetVMOfOwnRule(t *testing.T) {
 		t.Fatal(err)
 	}
 	i, err := b.Get(ctx, s.Ref)
-	if err != nil || i.Ref.Rule != "" {
+	if err != nil || i.Rule != "" {
 		t.Fatalf("a VM of its own rule names none: %+v %v", i, err)
 	}
 	fake.DeleteFirewall("crawl-proj", s.Name)

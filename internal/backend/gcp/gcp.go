@@ -585,26 +585,14 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	if err != nil {
 		return nil, err
 	}
-	if image := normalImage(s.GCP.Image); s.UserData == "" && image != "" && !scriptImageRe.MatchString(image) {
-		// Checked at create only: a running VM of an image made before
-		// this check is left to serve.
-		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.gcp.image %q is not a Debian or Ubuntu public image, the only ones the generated startup script installs and runs Squid on (apt, systemd, Debian's squid package); use an image of projects/debian-cloud or projects/ubuntu-os-cloud, or bring your own start-up configuration in spec.forProvider.gcp.cloudInit", s.GCP.Image)
-	}
 	shared := s.Owner.Fleet != ""
 	fw, err := b.firewall(s, shared)
 	if err != nil {
 		return nil, err
 	}
 	vm := b.vm(s, script, fw)
-	if sn := vm.GetNetworkInterfaces()[0].GetSubnetwork(); sn != "" {
-		snProject := b.cfg.Project
-		if strings.HasPrefix(sn, "projects/") {
-			snProject = firewallProject(sn)
-		}
-		if snProject != firewallProject(fw.GetNetwork()) {
-			return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.gcp.subnetwork %s is in project %s, but network %s is not: a subnetwork belongs to its network's project; with a Shared VPC subnetwork set network to the host project's network",
-				sn, snProject, fw.GetNetwork())
-		}
+	if err := b.checkPlacement(s, vm, fw); err != nil {
+		return nil, err
 	}
 	// A VM of this name already: this Proxy's from an earlier attempt, or
 	// one being deleted, which keeps its name for a while. Either way its
@@ -660,6 +648,28 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 		i.Operation = op.Name()
 	}
 	return i, nil
+}
+
+// checkPlacement refuses, before anything is made, a VM the generated
+// script cannot run on, and a subnetwork of another project than its
+// network's.
+func (b *Backend) checkPlacement(s backend.Spec, vm *computepb.Instance, fw *computepb.Firewall) error {
+	if image := normalImage(s.GCP.Image); s.UserData == "" && image != "" && !scriptImageRe.MatchString(image) {
+		// Checked at create only: a running VM of an image made before
+		// this check is left to serve.
+		return backend.Errorf(backend.ClassPermanent, "spec.forProvider.gcp.image %q is not a Debian or Ubuntu public image, the only ones the generated startup script installs and runs Squid on (apt, systemd, Debian's squid package); use an image of projects/debian-cloud or projects/ubuntu-os-cloud, or bring your own start-up configuration in spec.forProvider.gcp.cloudInit", s.GCP.Image)
+	}
+	if sn := vm.GetNetworkInterfaces()[0].GetSubnetwork(); sn != "" {
+		snProject := b.cfg.Project
+		if strings.HasPrefix(sn, "projects/") {
+			snProject = firewallProject(sn)
+		}
+		if snProject != firewallProject(fw.GetNetwork()) {
+			return backend.Errorf(backend.ClassPermanent, "spec.forProvider.gcp.subnetwork %s is in project %s, but network %s is not: a subnetwork belongs to its network's project; with a Shared VPC subnetwork set network to the host project's network",
+				sn, snProject, fw.GetNetwork())
+		}
+	}
+	return nil
 }
 
 // vm is the instance resource of s.
@@ -954,15 +964,15 @@ func (b *Backend) Repair(ctx context.Context, s backend.Spec) (bool, error) {
 		return true, nil
 	}
 	// A VM made before fleets shared rules keeps its own.
-	fw, err := b.firewall(s, s.Ref.Rule != "")
+	fw, err := b.firewall(s, s.Rule != "")
 	if err != nil {
 		return false, err
 	}
-	imported := s.Ref.Rule != "" && fw.GetName() != s.Ref.Rule
+	imported := s.Rule != "" && fw.GetName() != s.Rule
 	if imported {
 		// A VM imported from another fleet shares its maker's fleet rule,
 		// which is put right under its own name and description.
-		fw.Name, fw.TargetTags = ptr.To(s.Ref.Rule), []string{s.Ref.Rule}
+		fw.Name, fw.TargetTags = ptr.To(s.Rule), []string{s.Rule}
 	}
 	cur, err := b.firewalls.Get(ctx, &computepb.GetFirewallRequest{Project: firewallProject(fw.GetNetwork()), Firewall: fw.GetName()})
 	if imported && err == nil {

@@ -443,7 +443,7 @@ func (e *external) observeExisting(ctx context.Context, p *v1alpha1.Proxy, ref b
 // rule's name derives.
 func repairSpec(p *v1alpha1.Proxy, inst *backend.Instance, want backend.Spec) backend.Spec {
 	// The rule it is reached through is the one it was made with.
-	want.Ref.Rule = inst.Ref.Rule
+	want.Rule = inst.Rule
 	if imported(p, inst.Ref) {
 		want.Ref = inst.Ref
 		want.Owner.UID, want.Owner.Adopter = inst.Owner.UID, inst.Owner.Adopter
