@@ -50,17 +50,20 @@ func spread(t *testing.T, b *gatewayBed, c *http.Client, target string, n int) m
 			t.Fatalf("fetch %d left from %q, no proxy's address", i, seen)
 		}
 		out[proxy]++
-		assertWithinBounds(t, b, 2)
+		assertWithinBounds(t, b, 2, 0)
 	}
 	return out
 }
 
 // withinBounds checks the slot leases of a fleet: none at a slot index at
-// or past maxLeases, none of a proxy the fleet does not have, and at most
-// one seat per proxy for each replica. It returns what is wrong.
-func withinBounds(items []coordv1.Lease, proxies map[string]bool, maxLeases int) []string {
+// or past maxLeases, none of a proxy the fleet does not have, at most one
+// seat per proxy for each replica, and, with a quota above zero, at most
+// quota leases granted to one identity (API leases and sessions; seats
+// are the replica's, and the connections on them count in its memory).
+// It returns what is wrong.
+func withinBounds(items []coordv1.Lease, proxies map[string]bool, maxLeases, quota int) []string {
 	var bad []string
-	seats := map[string]int{}
+	seats, granted := map[string]int{}, map[string]int{}
 	for i := range items {
 		l := &items[i]
 		if l.Labels[fleetv1alpha1.LabelLeaseKind] != fleetv1alpha1.LeaseKindSlot || lease.Expired(l, time.Now()) {
@@ -80,6 +83,10 @@ func withinBounds(items []coordv1.Lease, proxies map[string]bool, maxLeases int)
 			if seats[h+"/"+proxy]++; seats[h+"/"+proxy] > 1 {
 				bad = append(bad, fmt.Sprintf("%s holds %d seats on %s", h, seats[h+"/"+proxy], proxy))
 			}
+		} else if who := l.Annotations[lease.AnnotationIdentity]; quota > 0 && who != "" {
+			if granted[who]++; granted[who] > quota {
+				bad = append(bad, fmt.Sprintf("%s holds %d leases over its quota of %d", who, granted[who], quota))
+			}
 		}
 	}
 	return bad
@@ -87,7 +94,7 @@ func withinBounds(items []coordv1.Lease, proxies map[string]bool, maxLeases int)
 
 // assertWithinBounds fails the test when the bed's fleet holds a lease
 // out of bounds (withinBounds).
-func assertWithinBounds(t *testing.T, b *gatewayBed, maxLeases int) {
+func assertWithinBounds(t *testing.T, b *gatewayBed, maxLeases, quota int) {
 	t.Helper()
 	l := &coordv1.LeaseList{}
 	if err := sharedBed.Env(t).Client.List(context.Background(), l, client.InNamespace(b.ns)); err != nil {
@@ -97,37 +104,80 @@ func assertWithinBounds(t *testing.T, b *gatewayBed, maxLeases int) {
 	for p := range b.egress {
 		proxies[p] = true
 	}
-	if bad := withinBounds(l.Items, proxies, maxLeases); len(bad) > 0 {
+	if bad := withinBounds(l.Items, proxies, maxLeases, quota); len(bad) > 0 {
 		t.Fatalf("leases out of bounds: %v", bad)
 	}
 }
 
 // TestWithinBoundsCatches proves the checker: a slot past maxLeases, a
-// slot of a proxy the fleet does not have, and a second seat of one
-// replica on one proxy are each caught; the fleet's own leases are not.
+// slot of a proxy the fleet does not have, a second seat of one replica on
+// one proxy and an identity's lease over its quota are each caught; the
+// fleet's own leases are not.
 func TestWithinBoundsCatches(t *testing.T) {
 	slot := func(name, holder string) coordv1.Lease {
-		return coordv1.Lease{
+		l := coordv1.Lease{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot}},
 			Spec: coordv1.LeaseSpec{HolderIdentity: ptr.To(holder), LeaseDurationSeconds: ptr.To[int32](60),
 				RenewTime: &metav1.MicroTime{Time: time.Now()}},
 		}
+		if !strings.HasPrefix(holder, "gateway-seats:") {
+			l.Annotations = map[string]string{lease.AnnotationIdentity: "static:crawler"}
+		}
+		return l
 	}
 	proxies := map[string]bool{"gw-0": true, "gw-1": true}
-	good := []coordv1.Lease{slot("gw-0-slot-0", "gateway-seats:a"), slot("gw-0-slot-1", "gateway-seats:b"), slot("gw-1-slot-1", "crawler")}
-	if bad := withinBounds(good, proxies, 2); len(bad) > 0 {
+	good := []coordv1.Lease{slot("gw-0-slot-0", "gateway-seats:a"), slot("gw-0-slot-1", "gateway-seats:b"), slot("gw-1-slot-0", "crawler"), slot("gw-1-slot-1", "gateway-session:k")}
+	if bad := withinBounds(good, proxies, 2, 2); len(bad) > 0 {
 		t.Fatalf("the fleet's own leases flagged: %v", bad)
 	}
 	for name, broken := range map[string]coordv1.Lease{
 		"slot past maxLeases":      slot("gw-1-slot-2", "crawler"),
 		"slot of another proxy":    slot("gw-9-slot-0", "crawler"),
 		"second seat of a replica": slot("gw-0-slot-1", "gateway-seats:a"),
+		"lease over the quota":     slot("gw-0-slot-1", "other"),
 	} {
-		items := append(append([]coordv1.Lease{}, good[:1]...), broken)
-		if bad := withinBounds(items, proxies, 2); len(bad) == 0 {
+		items := append(append([]coordv1.Lease{}, good[0], good[2], good[3]), broken)
+		if bad := withinBounds(items, proxies, 2, 2); len(bad) == 0 {
 			t.Errorf("%s: not caught", name)
 		}
 	}
+}
+
+// TestGatewayRotatesWithinQuota: a caller with a quota of 3 that holds an
+// API lease and a session rotates its sessionless connections over the
+// whole fleet one at a time (its third lease-worth), is refused a second
+// one at once (429), and neither its leases nor any proxy's slots ever
+// pass their bounds (withinBounds, quota included).
+func TestGatewayRotatesWithinQuota(t *testing.T) {
+	b := newGatewayBed(t, 3, 2)
+	fleetXR(t, b.ns, b.fleet, 3, map[string]any{"maxLeasesPerProxy": int64(2), "quotas": map[string]any{"maxLeasesPerIdentity": int64(3)}})
+	target := testbed.StartEchoTarget(t)
+	host := strings.TrimSuffix(strings.TrimPrefix(target.URL, "https://"), "/ip")
+	api := httptest.NewServer(b.gw.Server.Handler())
+	t.Cleanup(api.Close)
+	if code, _, body := call(t, api, b.token, http.MethodPost, "/v1/leases", `{"fleet":"`+b.ns+"/"+b.fleet+`","holder":"h"}`); code != http.StatusOK && code != http.StatusCreated {
+		t.Fatalf("an API lease: %d %s", code, body)
+	}
+	session, code, _ := openTunnel(t, b, b.user("_session_q"), host)
+	if code != http.StatusOK {
+		t.Fatalf("a session: %d", code)
+	}
+	defer session.Close() //nolint:errcheck // A test.
+	assertWithinBounds(t, b, 2, 3)
+	got := spread(t, b, b.client(b.user(""), b.token, target), target.URL, 9)
+	if len(got) != 3 {
+		t.Errorf("9 sequential fetches within the quota went %v; want all 3 proxies", got)
+	}
+	assertWithinBounds(t, b, 2, 3)
+	held, code, _ := openTunnel(t, b, b.user(""), host)
+	if code != http.StatusOK {
+		t.Fatalf("the connection that fills the quota: %d", code)
+	}
+	defer held.Close() //nolint:errcheck // A test.
+	if _, code, _ := openTunnel(t, b, b.user(""), host); code != http.StatusTooManyRequests {
+		t.Errorf("a fourth lease-worth at once over a quota of 3: %d, want 429", code)
+	}
+	assertWithinBounds(t, b, 2, 3)
 }
 
 // TestGatewayRotates: connections without a session spread over the whole
@@ -264,7 +314,7 @@ func TestGatewaySeatBound(t *testing.T) {
 	if n := seats(); n > 2 {
 		t.Errorf("12 connections at once: %d seats, over the bound of 2: %v", n, seatLeases(t, b))
 	}
-	assertWithinBounds(t, b, 2)
+	assertWithinBounds(t, b, 2, 0)
 	for c := range conns {
 		_ = c.Close()
 	}

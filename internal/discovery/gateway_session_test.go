@@ -11,7 +11,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
@@ -138,4 +140,19 @@ func TestGatewayStrictSession(t *testing.T) {
 	if moved, refused := testutil.ToFloat64(b.gw.Metrics.SessionsMoved), testutil.ToFloat64(b.gw.Metrics.StrictRefusals); moved != 1 || refused < 4 {
 		t.Errorf("sessions moved %g (want 1), strict refusals %g (want at least 4)", moved, refused)
 	}
+
+	// A strict session whose Proxy is deleted is refused as well, and
+	// does not move to the proxy still serving.
+	gone := b.client(b.user("_session_gone_strict"), b.token, plain)
+	code, pg, _, body := plainFetch(t, gone, plain.URL)
+	if code != http.StatusOK || pg == "" {
+		t.Fatalf("a strict session on the proxy left: %d through %q (%s)", code, pg, body)
+	}
+	if err := sharedBed.Env(t).Client.Delete(context.Background(), &v1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: b.ns, Name: pg}}); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 10*time.Second, "the strict session of a deleted proxy refused", func() (bool, string) {
+		code, p, _, body := plainFetch(t, gone, plain.URL)
+		return code == http.StatusBadGateway && p == "" && strings.Contains(body, "is strict and its proxy "+pg+" no longer serves it"), fmt.Sprintf("%d through %q: %s", code, p, body)
+	})
 }

@@ -166,6 +166,7 @@ func (s *Server) Authenticator() auth.Authenticator { return s.Auth }
 // Store is the lease store (Leases), as the gateway uses it.
 func (s *Server) Store() gateway.Leases { return s.Leases }
 
-// Limit refuses a request of an identity over its rate limit (Limits):
-// 429 with Retry-After.
-func (s *Server) Limit(id *auth.Identity) error { return s.limit(id) }
+// IdentityLimits are the rate limits per identity (Limits) that the
+// gateway's connections count against as the API's requests do; nil
+// without limits.
+func (s *Server) IdentityLimits() *auth.IdentityLimits { return s.Limits }

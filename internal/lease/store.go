@@ -21,9 +21,9 @@
 //     remembers of its own writes that its cache may not show yet;
 //   - bans.go: (proxy, domain) bans; sweep.go: the sweep of leases whose
 //     proxy is gone or that lapsed long ago;
-//   - summary.go and demand.go: LeaseSummaries and demand Leases, a
-//     replica's count of its fleet's leases and waiting crawlers, for the
-//     function.
+//   - summary.go: the LeaseSummaries and demand Leases a replica writes,
+//     its count of its fleet's leases and waiting crawlers, for the
+//     function (their wire format is internal/leasewire's).
 package lease
 
 import (

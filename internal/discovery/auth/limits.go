@@ -1,11 +1,16 @@
 package auth
 
 import (
+	"fmt"
+	"math"
+	"net/http"
 	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
 
+	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/ttlcache"
 )
 
@@ -50,6 +55,24 @@ func (l *IdentityLimits) Allow(who string, now time.Time) (bool, time.Duration) 
 		return false, d
 	}
 	return true, 0
+}
+
+// Check refuses a request of id over its limit at now: 429 with
+// Retry-After, as the API and the gateway answer it. Without limits (a nil
+// IdentityLimits) every request passes.
+func (l *IdentityLimits) Check(id *Identity, now time.Time) error {
+	if l == nil {
+		return nil
+	}
+	ok, wait := l.Allow(id.User, now)
+	if ok {
+		return nil
+	}
+	secs := max(int(math.Ceil(wait.Seconds())), 1)
+	return &problem.Error{
+		Code: http.StatusTooManyRequests, Reason: apiv1.ReasonRateLimited, RetryAfter: secs,
+		Msg: fmt.Sprintf("%s is over its limit of %g requests a second (burst %d): try again in %ds", id.User, float64(l.Rate), l.Burst, secs),
+	}
 }
 
 // Len is how many identities' buckets it keeps.

@@ -13,14 +13,16 @@ import (
 // its seats and sessions are granted by (with the catalogue, metrics, log
 // and clock it holds), the authenticator of Proxy-Authorization tokens,
 // the lease store its leases are renewed, shared and given back in
-// (Leases), and the rate limit per identity its connections count against. The REST
-// server (discovery.Server) is one; the gateway is generic over it so that
-// its owner keeps the concrete type (discovery.Gateway).
+// (Leases), and the rate limits per identity its connections count
+// against (auth.IdentityLimits, nil without limits). The REST server
+// (discovery.Server) is one; the gateway is generic over it so that its
+// owner keeps the concrete type (discovery.Gateway), and calls none of the
+// REST server's own code.
 type Backend interface {
 	Allocator() *allocator.Allocator
 	Authenticator() auth.Authenticator
 	Store() Leases
-	Limit(id *auth.Identity) error
+	IdentityLimits() *auth.IdentityLimits
 }
 
 // Leases is what the gateway does with its leases once granted

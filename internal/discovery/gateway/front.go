@@ -197,7 +197,7 @@ func (gw *Gateway[S]) signIn(ctx context.Context, remote, name, token string) (*
 	if err != nil {
 		return nil, User{}, err
 	}
-	if err := gw.Server.Limit(id); err != nil {
+	if err := gw.Server.IdentityLimits().Check(id, gw.Server.Allocator().Time()); err != nil {
 		return nil, User{}, err
 	}
 	if err := gw.Server.Allocator().AuthorizeFleet(ctx, id, user.Namespace, user.Fleet); err != nil {

@@ -1,5 +1,7 @@
 // Package leasetest checks, from a log of grants, that leases were
 // exclusive: no slot ever had two holders and no proxy more than maxLeases.
+//
+// One file: leasetest.go, the grant log and its checks.
 package leasetest
 
 import (

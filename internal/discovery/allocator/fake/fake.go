@@ -4,6 +4,8 @@
 // internal/backend/fake stands in for a backend. What the real store
 // guards against (a stale cache, replicas racing for one slot) is
 // lease.Store's to test; this one is exact by construction.
+//
+// One file: fake.go, the Store and its helpers for tests.
 package fake
 
 import (
