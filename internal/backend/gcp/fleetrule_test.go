@@ -2,6 +2,7 @@ package gcp_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -209,3 +210,103 @@ func TestFleetRuleOfAVMThatNeverCame(t *testing.T) {
 		t.Error("a Proxy of no fleet shares no rule")
 	}
 }
+
+// TestFleetWithinRuleQuota: a fleet of 30 VMs fits a project whose
+// firewall-rule quota is 5, as 30 Proxies of no fleet do not: the sixth
+// of those is refused with QuotaExceeded.
+func TestFleetWithinRuleQuota(t *testing.T) {
+	fake := gcpfake.Start(t)
+	fake.SetQuota(gcpfake.QuotaFirewalls, 5)
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	for i := range 30 {
+		if _, err := b.Create(ctx, fleetSpec(100+i)); err != nil {
+			t.Fatalf("VM %d of the fleet: %v", i, err)
+		}
+	}
+	var err error
+	for i := range 6 {
+		if _, err = b.Create(ctx, spec(fmt.Sprintf("4c2d3e4f-%04d-4222-8333-944455556666", i))); err != nil {
+			break
+		}
+	}
+	if backend.ClassOf(err) != backend.ClassQuota || !strings.Contains(err.Error(), "FIREWALLS") {
+		t.Errorf("one rule per Proxy runs into the quota: %v", err)
+	}
+}
+
+// TestInstanceQuotas: the fake counts in-use addresses and CPUs per
+// region, as Compute Engine does, and the create past them is QuotaExceeded,
+// naming the quota; another region has its own.
+func TestInstanceQuotas(t *testing.T) {
+	fake := gcpfake.Start(t)
+	fake.SetQuota(gcpfake.QuotaAddresses, 3)
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	for i := range 3 {
+		if _, err := b.Create(ctx, fleetSpec(200+i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := b.Create(ctx, fleetSpec(203))
+	if backend.ClassOf(err) != backend.ClassQuota || !strings.Contains(err.Error(), "IN_USE_ADDRESSES") {
+		t.Errorf("the fourth address in the region is over quota: %v", err)
+	}
+	other := fleetSpec(204)
+	other.Zone, other.GCP.Zone = "us-central1-a", "us-central1-a"
+	if _, err := b.Create(ctx, other); err != nil {
+		t.Errorf("another region has its own quota: %v", err)
+	}
+	fake.SetQuota(gcpfake.QuotaAddresses, -1)
+	fake.SetQuota(gcpfake.QuotaCPUs, 7)
+	if _, err := b.Create(ctx, fleetSpec(205)); backend.ClassOf(err) != backend.ClassQuota || !strings.Contains(err.Error(), "CPUS") {
+		t.Errorf("e2-micro counts 2 vCPUs: a fourth VM in the region brings 8, over a quota of 7: %v", err)
+	}
+	fake.SetQuota(gcpfake.QuotaCPUs, 8)
+	if _, err := b.Create(ctx, fleetSpec(206)); err != nil {
+		t.Errorf("a fourth VM's 8 vCPUs are within a quota of 8 (the refused insert counts for nothing): %v", err)
+	}
+}
+
+// TestListingPagedAndUnreachable: ListOwned reads every page of a list
+// longer than a page, and a zone in an outage, whose VMs are not listed,
+// stops rule collection (a rule only they carry would look unused) while
+// the VMs listed are still collected.
+func TestListingPagedAndUnreachable(t *testing.T) {
+	fake := gcpfake.Start(t)
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	const n = 520
+	for i := range n {
+		s := fleetSpec(1000 + i)
+		if i%2 == 1 {
+			s.Zone, s.GCP.Zone = "europe-west1-c", "europe-west1-c"
+		}
+		fake.PutInstance(s.Zone, &computepb.Instance{Name: ptr.To(s.Name), Status: ptr.To("RUNNING"), Labels: s.Owner.GCPLabels()})
+	}
+	owned, err := b.ListOwned(ctx)
+	if err != nil || len(owned) != n {
+		t.Fatalf("every page is read: %d of %d, %v", len(owned), n, err)
+	}
+	if fake.Calls("instances.aggregatedList") < 2 {
+		t.Errorf("%d VMs take more than one page of 500", n)
+	}
+	// A rule none of the listed VMs carries, old.
+	fake.PutFirewall("crawl-proj", &computepb.Firewall{Name: ptr.To(s0Rule(b)), Description: ptr.To("egress proxy fleet team/crawlers (cluster c1, vm project crawl-proj, managed by provider-egressproxy)"),
+		Network: ptr.To("projects/crawl-proj/global/networks/default"), Direction: ptr.To("INGRESS"),
+		Allowed: []*computepb.Allowed{{IPProtocol: ptr.To("tcp"), Ports: []string{"3128"}}}, SourceRanges: []string{"203.0.113.0/24"}})
+	fake.SetUnreachable("europe-west1-c", true)
+	owned, err = b.ListOwned(ctx)
+	var partial *backend.PartialList
+	if !errors.As(err, &partial) || !strings.Contains(err.Error(), "zones/europe-west1-c") || len(owned) != n/2 {
+		t.Errorf("an unreachable zone lists the rest and says what was not collected: %d VMs, %v", len(owned), err)
+	}
+	for _, i := range owned {
+		if i.Zone == "" {
+			t.Errorf("no rule is judged unused while a zone is unreachable: %s", i.Name)
+		}
+	}
+}
+
+// s0Rule is the name of the fleet rule fleetSpec's VMs share.
+func s0Rule(b interface{ RuleFor(backend.Spec) string }) string { return b.RuleFor(fleetSpec(0)) }

@@ -11,6 +11,7 @@ import (
 	"encoding/base32"
 	stderrors "errors" //nolint:depguard // For errors.Join, which github.com/pkg/errors lacks.
 	"fmt"
+	"maps"
 	"net/http"
 	"net/netip"
 	"regexp"
@@ -1165,8 +1166,21 @@ func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
 		Project: b.cfg.Project, Filter: ptr.To(ownership.GCPFilter(b.cfg.ClusterID)),
 	})
 	var out []backend.Instance
+	unreachable := map[string]bool{}
 	for {
 		pair, err := it.Next()
+		if resp, ok := it.Response.(*computepb.InstanceAggregatedList); ok {
+			for _, z := range resp.GetUnreachables() {
+				unreachable[z] = true
+			}
+		}
+		if errors.Is(err, iterator.Done) && len(unreachable) > 0 {
+			// The VMs of a zone in an outage are not listed: a rule
+			// only they carry would look unused, and be taken.
+			zones := slices.Sorted(maps.Keys(unreachable))
+			return out, &backend.PartialList{Skipped: "firewall rules of project " + b.cfg.Project,
+				Err: errors.Errorf("the VMs of %s could not be listed (unreachable), so no rule can be judged unused", strings.Join(zones, ", "))}
+		}
 		if errors.Is(err, iterator.Done) {
 			rules, err := b.orphanRules(ctx, out)
 			var partial *backend.PartialList

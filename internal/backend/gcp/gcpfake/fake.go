@@ -25,6 +25,7 @@ import (
 	"regexp"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -71,6 +72,8 @@ type Server struct {
 	calls       map[string]int
 	seq         int
 	auth        *authority
+	quotas      map[string]int  // metric -> limit; regional metrics per region
+	unreachable map[string]bool // zones aggregatedList cannot reach
 	// OnInsert, when set, decides the status a new VM starts in; nil means
 	// PROVISIONING.
 	OnInsert func(vm *computepb.Instance)
@@ -112,6 +115,7 @@ func Start(t testing.TB) *Server {
 		instances: map[string]*computepb.Instance{}, firewalls: map[string]*firewall{},
 		networks: map[string]bool{}, removed: map[string]bool{}, subnetworks: map[string]string{},
 		ops: map[string]*operation{}, failures: map[string]*Failure{}, opFailures: map[string]*Failure{}, calls: map[string]int{},
+		quotas: map[string]int{}, unreachable: map[string]bool{},
 	}
 	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
 	t.Cleanup(s.Close)
@@ -201,6 +205,66 @@ func (s *Server) FailOperation(method string, f Failure) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.opFailures[method] = script(f)
+}
+
+// Quota metrics the fake can enforce, as Compute Engine names them.
+const (
+	// QuotaFirewalls counts a project's firewall rules.
+	QuotaFirewalls = "FIREWALLS"
+	// QuotaAddresses counts, per region, the VMs holding an external IPv4
+	// address (IN_USE_ADDRESSES).
+	QuotaAddresses = "IN_USE_ADDRESSES"
+	// QuotaCPUs counts, per region, the vCPUs of the VMs not stopped.
+	QuotaCPUs = "CPUS"
+)
+
+// SetQuota makes inserts beyond limit of metric fail in their operation
+// with QUOTA_EXCEEDED, as Compute Engine reports quota; regional metrics
+// count per region. A limit below zero lifts it.
+func (s *Server) SetQuota(metric string, limit int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if limit < 0 {
+		delete(s.quotas, metric)
+		return
+	}
+	s.quotas[metric] = limit
+}
+
+// SetUnreachable makes aggregatedList unable to reach zone: its VMs are
+// left out, and the zone is named in the list's unreachables, as when a
+// zone has an outage.
+func (s *Server) SetUnreachable(zone string, unreachable bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.unreachable[zone] = unreachable
+}
+
+// vcpus are the vCPUs a machine type counts for in the CPUS quota.
+var vcpus = map[string]int{"e2-micro": 2, "e2-small": 2, "e2-medium": 2, "e2-standard-2": 2, "e2-standard-4": 4, "n1-standard-1": 1, "n2-standard-2": 2}
+
+func region(zone string) string { return zone[:strings.LastIndexByte(zone, '-')] }
+
+// instanceQuota is the quota failure an insert of vm in zone meets, if
+// any: counted over the VMs not stopped, as Compute Engine counts them.
+func (s *Server) instanceQuota(zone string, vm *computepb.Instance) *Failure {
+	addrs, cpus := 0, 0
+	for k, other := range s.instances {
+		if other == vm || region(strings.SplitN(k, "/", 2)[0]) != region(zone) || other.GetStatus() == "STOPPING" || other.GetStatus() == "TERMINATED" {
+			continue
+		}
+		addrs++
+		cpus += vcpus[other.GetMachineType()[strings.LastIndexByte(other.GetMachineType(), '/')+1:]]
+	}
+	mt := vm.GetMachineType()[strings.LastIndexByte(vm.GetMachineType(), '/')+1:]
+	for metric, used := range map[string]int{QuotaAddresses: addrs + 1, QuotaCPUs: cpus + vcpus[mt]} {
+		if limit, ok := s.quotas[metric]; ok && used > limit {
+			f := QuotaInOperation(metric, region(zone))
+			f.Message = fmt.Sprintf("Quota '%s' exceeded.  Limit: %d.0 in region %s.", metric, limit, region(zone))
+			return &f
+		}
+	}
+	return nil
 }
 
 // Calls returns how often a method was called.
@@ -631,7 +695,11 @@ func (s *Server) insertInstance(w http.ResponseWriter, r *http.Request, project,
 		s.OnInsert(vm)
 	}
 	s.instances[key] = vm
-	writeProto(w, s.startOp(project, zone, "insert", vm.GetSelfLink(), s.takeOpFailure(opInstancesInsert), func(failed bool) {
+	failure := s.takeOpFailure(opInstancesInsert)
+	if failure == nil {
+		failure = s.instanceQuota(zone, vm)
+	}
+	writeProto(w, s.startOp(project, zone, "insert", vm.GetSelfLink(), failure, func(failed bool) {
 		if failed && s.instances[key] == vm {
 			delete(s.instances, key)
 			if s.OnRemove != nil {
@@ -696,20 +764,64 @@ func (s *Server) aggregatedList(w http.ResponseWriter, r *http.Request, project 
 	if !ok {
 		return
 	}
-	items := map[string]*computepb.InstancesScopedList{}
-	keys := slices.Sorted(maps.Keys(s.instances))
-	for _, k := range keys {
-		vm := s.instances[k]
-		if !f.selects(vm) {
-			continue
+	var selected []string
+	for _, k := range slices.Sorted(maps.Keys(s.instances)) {
+		if !s.unreachable[strings.SplitN(k, "/", 2)[0]] && f.selects(s.instances[k]) {
+			selected = append(selected, k)
 		}
-		zone := "zones/" + strings.SplitN(k, "/", 2)[0]
-		if items[zone] == nil {
-			items[zone] = &computepb.InstancesScopedList{}
-		}
-		items[zone].Instances = append(items[zone].Instances, vm)
 	}
-	writeProto(w, &computepb.InstanceAggregatedList{Id: ptr.To("projects/" + project + "/aggregated/instances"), Items: items})
+	page, next, ok := paginate(w, r, selected)
+	if !ok {
+		return
+	}
+	out := &computepb.InstanceAggregatedList{Id: ptr.To("projects/" + project + "/aggregated/instances"), Items: map[string]*computepb.InstancesScopedList{}}
+	for _, k := range page {
+		zone := "zones/" + strings.SplitN(k, "/", 2)[0]
+		if out.Items[zone] == nil {
+			out.Items[zone] = &computepb.InstancesScopedList{}
+		}
+		out.Items[zone].Instances = append(out.Items[zone].Instances, s.instances[k])
+	}
+	for _, z := range slices.Sorted(maps.Keys(s.unreachable)) {
+		if s.unreachable[z] {
+			out.Unreachables = append(out.Unreachables, "zones/"+z)
+		}
+	}
+	if next != "" {
+		out.NextPageToken = ptr.To(next)
+	}
+	writeProto(w, out)
+}
+
+// paginate cuts keys into the page a list request asks for: maxResults
+// (at most 500, the API's limit and default) from where pageToken says.
+func paginate(w http.ResponseWriter, r *http.Request, keys []string) ([]string, string, bool) {
+	size := 500
+	if v := r.URL.Query().Get("maxResults"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > 500 {
+			writeError(w, http.StatusBadRequest, "invalid", "", fmt.Sprintf("Invalid value for field 'maxResults': '%s'. Must be in the range [0, 500].", v))
+			return nil, "", false
+		}
+		if n > 0 {
+			size = n
+		}
+	}
+	from := 0
+	if tok := r.URL.Query().Get("pageToken"); tok != "" {
+		n, err := strconv.Atoi(strings.TrimPrefix(tok, "page-"))
+		if err != nil || !strings.HasPrefix(tok, "page-") || n < 0 || n > len(keys) {
+			writeError(w, http.StatusBadRequest, "invalid", "", "Invalid value for field 'pageToken': '"+tok+"'.")
+			return nil, "", false
+		}
+		from = n
+	}
+	to := min(from+size, len(keys))
+	next := ""
+	if to < len(keys) {
+		next = "page-" + strconv.Itoa(to)
+	}
+	return keys[from:to], next, true
 }
 
 func (s *Server) insertFirewall(w http.ResponseWriter, r *http.Request, project string) {
@@ -728,9 +840,21 @@ func (s *Server) insertFirewall(w http.ResponseWriter, r *http.Request, project 
 	}
 	fw.CreationTimestamp = ptr.To(s.now().Format(time.RFC3339))
 	fw.SelfLink = ptr.To(fmt.Sprintf("%s/compute/v1/projects/%s/global/firewalls/%s", s.URL, project, fw.GetName()))
+	failure := s.takeOpFailure(opFirewallsInsert)
+	if limit, ok := s.quotas[QuotaFirewalls]; ok && failure == nil {
+		n := 0
+		for k := range s.firewalls {
+			if strings.HasPrefix(k, project+"/") {
+				n++
+			}
+		}
+		if n >= limit {
+			failure = &Failure{Code: http.StatusForbidden, Reason: "QUOTA_EXCEEDED", Message: fmt.Sprintf("Quota 'FIREWALLS' exceeded.  Limit: %d.0 globally.", limit)}
+		}
+	}
 	e := &firewall{fw: fw, pending: true}
 	s.firewalls[key] = e
-	writeProto(w, s.startOp(project, "", "insert", fw.GetSelfLink(), s.takeOpFailure(opFirewallsInsert), func(failed bool) {
+	writeProto(w, s.startOp(project, "", "insert", fw.GetSelfLink(), failure, func(failed bool) {
 		e.pending = false
 		if failed {
 			delete(s.firewalls, key)
@@ -746,16 +870,22 @@ func (s *Server) listFirewalls(w http.ResponseWriter, r *http.Request, project s
 	if !ok {
 		return
 	}
-	keys := slices.Sorted(maps.Keys(s.firewalls))
+	var selected []string
+	for _, k := range slices.Sorted(maps.Keys(s.firewalls)) {
+		if fw := s.firewalls[k]; fw.ready && strings.HasPrefix(k, project+"/") && f.selects(fw.fw) {
+			selected = append(selected, k)
+		}
+	}
+	page, next, ok := paginate(w, r, selected)
+	if !ok {
+		return
+	}
 	out := &computepb.FirewallList{Id: ptr.To("projects/" + project + "/global/firewalls")}
-	for _, k := range keys {
-		fw := s.firewalls[k]
-		if !fw.ready || !strings.HasPrefix(k, project+"/") {
-			continue
-		}
-		if f.selects(fw.fw) {
-			out.Items = append(out.Items, fw.fw)
-		}
+	for _, k := range page {
+		out.Items = append(out.Items, s.firewalls[k].fw)
+	}
+	if next != "" {
+		out.NextPageToken = ptr.To(next)
 	}
 	writeProto(w, out)
 }
