@@ -192,13 +192,17 @@ func (c *CLI) Run() error {
 			return errors.Wrap(err, "cannot load static tokens")
 		}
 	}
+	// One name for this replica in all it publishes, and in its own count
+	// of the replicas a fleet's pacing is shared by.
+	host, _ := os.Hostname()
+	replica := host + "-" + rand.Text()[:8]
 	store := &lease.Store{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Cache: mgr.GetCache(), OwnerOf: discovery.ProxyOwner(mgr.GetCache()), Serving: discovery.ProxyServing(mgr.GetCache()), Now: now}
 	srv := &discovery.Server{
 		Catalog: &discovery.Catalog{Cache: mgr.GetCache(), Direct: mgr.GetAPIReader(), Fleets: fleets, Now: now}, Now: now,
 		Leases: store, Auth: auth, Metrics: dmetrics.NewDiscovery(), Log: log,
 		Version: version, MaxBansPerFleet: c.MaxBansPerFleet, MaxBansPerIdentity: c.MaxBansPerIdentity,
 		MaxWaiting: c.MaxWaiting, MaxWaitingPerIdentity: c.MaxWaitingPerIdentity,
-		PlainHTTPCookie: c.StatusPagePlainHTTP, Replicas: discovery.Replicas(mgr.GetCache(), now),
+		PlainHTTPCookie: c.StatusPagePlainHTTP, Replicas: discovery.Replicas(mgr.GetCache(), now, replica),
 	}
 	if c.RatePerIdentity > 0 {
 		srv.Limits = &discovery.IdentityLimits{Rate: rate.Limit(c.RatePerIdentity), Burst: c.BurstPerIdentity, Size: c.AuthCacheSize}
@@ -215,9 +219,6 @@ func (c *CLI) Run() error {
 	if err := mgr.Add(&discovery.Sweeper{Leases: store, Proxies: mgr.GetCache(), Interval: c.SweepInterval, Log: log}); err != nil {
 		return errors.Wrap(err, "cannot add the lease sweeper")
 	}
-	// One name for this replica in all it publishes.
-	host, _ := os.Hostname()
-	replica := host + "-" + rand.Text()[:8]
 	if fleets != nil {
 		if err := mgr.Add(&discovery.DemandPublisher{Server: srv, Client: mgr.GetClient(), Fleets: fleets, Replica: replica, Log: log}); err != nil {
 			return errors.Wrap(err, "cannot add the demand publisher")

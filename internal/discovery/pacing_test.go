@@ -3,6 +3,7 @@ package discovery_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -12,8 +13,11 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
@@ -160,5 +164,56 @@ func pacedInTurn(t *testing.T, user string) {
 	}
 	if d := time.Since(start); d < 1100*time.Millisecond {
 		t.Errorf("three paced connections after the first left within %s; want one every 400 ms (at least 1.2 s)", d)
+	}
+}
+
+// TestGatewayPacedTurnKeepsItsIP: a connection waiting for its turn on a
+// paced IP leaves through that IP, not through a proxy that joined the
+// fleet while it waited, whose IP it holds no turn on (and whose bucket it
+// would leave untouched): the new proxy is for the next connection.
+func TestGatewayPacedTurnKeepsItsIP(t *testing.T) {
+	b := newGatewayBed(t, 2, 4)
+	pacedFleet(t, b, []any{map[string]any{"domains": []any{"localhost"}, "interval": "1500ms", "burst": int64(1)}})
+	late := b.fleet + "-1"
+	relabel := func(fleet string) {
+		t.Helper()
+		ctx := context.Background()
+		p := &v1alpha1.Proxy{}
+		if err := sharedBed.Env(t).Client.Get(ctx, types.NamespacedName{Namespace: b.ns, Name: late}, p); err != nil {
+			t.Fatal(err)
+		}
+		p.Labels[fleetv1alpha1.LabelFleet] = fleet
+		if err := sharedBed.Env(t).Client.Update(ctx, p); err != nil {
+			t.Fatal(err)
+		}
+		testbed.Eventually(t, 5*time.Second, "the cache sees "+late+" in fleet "+fleet, func() (bool, string) {
+			err := b.gw.Server.Catalog.Cache.Get(ctx, types.NamespacedName{Namespace: b.ns, Name: late}, p)
+			return err == nil && p.Labels[fleetv1alpha1.LabelFleet] == fleet, fmt.Sprint(err)
+		})
+	}
+	relabel("elsewhere")
+	plain := testbed.StartPlainEchoTarget(t)
+	byName := strings.Replace(plain.URL, "127.0.0.1", "localhost", 1)
+	if code, p, _, body := plainFetch(t, b.client(b.user(""), b.token, plain), byName); code != http.StatusOK || p != b.fleet+"-0" {
+		t.Fatalf("the first fetch through the fleet's one proxy: %d through %q: %s", code, p, body)
+	}
+	type answer struct {
+		code  int
+		proxy string
+	}
+	got := make(chan answer, 1)
+	go func() {
+		rsp, err := b.client(b.user(""), b.token, plain).Get(byName)
+		if err != nil {
+			got <- answer{}
+			return
+		}
+		_ = rsp.Body.Close()
+		got <- answer{rsp.StatusCode, rsp.Header.Get("X-Egress-Proxy")}
+	}()
+	time.Sleep(200 * time.Millisecond)
+	relabel(b.fleet)
+	if a := <-got; a.code != http.StatusOK || a.proxy != b.fleet+"-0" {
+		t.Errorf("the waiting connection: %d through %q; want 200 through %s-0, whose turn it held", a.code, a.proxy, b.fleet)
 	}
 }

@@ -333,9 +333,13 @@ func (p *SummaryPublisher) sweep(ctx context.Context, fleets map[string][]catalo
 // Replicas counts, from the cache, the egress-discovery replicas whose
 // LeaseSummaries of a fleet still count (leasewire.CountsUntil): the
 // replicas serving it, among which its pacing is shared
-// (allocator.Replicas). At least one: this replica, before its first
-// summary shows.
-func Replicas(cache client.Reader, now func() time.Time) func(ctx context.Context, namespace, fleet string) (int, error) {
+// (allocator.Replicas). This replica (self, the name its summaries carry)
+// always counts, before its first summary shows and while it cannot
+// write one: otherwise a replica just started, which has not written the
+// summaries of its thousand fleets yet, would pace at the whole rule
+// beside the others. An empty self counts as one replica more than the
+// summaries show only when they show none.
+func Replicas(cache client.Reader, now func() time.Time, self string) func(ctx context.Context, namespace, fleet string) (int, error) {
 	return func(ctx context.Context, namespace, fleet string) (int, error) {
 		l := &v1alpha1.LeaseSummaryList{}
 		// Read-only: a summary lists up to every leased proxy, and only
@@ -348,6 +352,9 @@ func Replicas(cache client.Reader, now func() time.Time) func(ctx context.Contex
 			at = now()
 		}
 		replicas := map[string]bool{}
+		if self != "" {
+			replicas[self] = true
+		}
 		for i := range l.Items {
 			s := &l.Items[i].Spec
 			// The skew margin the sweep allows too: a replica whose clock

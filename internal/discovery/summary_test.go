@@ -466,11 +466,25 @@ func TestReplicasCountedFromSummaries(t *testing.T) {
 	fleet(t, ns, "other", 1, 1, nil)
 	var s *discovery.Server
 	server(t, "team-token "+ns+" crawler\n", func(x *discovery.Server) { s = x })
-	count := discovery.Replicas(bed.Client, nil)
+	count := discovery.Replicas(bed.Client, nil, "")
 	replicas := func(ctx context.Context, ns, fleet string) int { n, _ := count(ctx, ns, fleet); return n }
 	if n := replicas(ctx, ns, "paced"); n != 1 {
 		t.Fatalf("no summaries yet: %d replicas, want 1 (this one)", n)
 	}
+	// A replica counts itself, before its own summary shows: replica-2,
+	// just started, beside replica-1 whose summary shows.
+	self := discovery.Replicas(bed.Client, nil, "replica-2")
+	if n, _ := self(ctx, ns, "paced"); n != 1 {
+		t.Fatalf("replica-2 alone, no summaries yet: %d replicas, want 1", n)
+	}
+	first := &discovery.SummaryPublisher{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()}
+	if err := first.Publish(ctx); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 10*time.Second, "replica-2 counts replica-1 and itself", func() (bool, string) {
+		n, err := self(ctx, ns, "paced")
+		return n == 2, fmt.Sprintf("%d replicas, %v", n, err)
+	})
 	for _, r := range []string{"replica-1", "replica-2"} {
 		pub := &discovery.SummaryPublisher{Server: s, Client: bed.Client, Replica: r, Log: logging.NewNopLogger()}
 		if err := pub.Publish(ctx); err != nil {

@@ -486,3 +486,70 @@ func TestReplicaCountRemembered(t *testing.T) {
 		t.Errorf("never counted: interval %v, want the rule's own 1s", got)
 	}
 }
+
+// TestPaceLateTakeRefillsNothing: a take whose time was read before
+// another's (a connection that waited on a lease write) spends a token
+// but does not wind the bucket's clock back, which would refill it again
+// over an interval already counted: with a rule of 1s and burst 2, takes
+// at 10s, 5s (late) and 10s leave the third refused.
+func TestPaceLateTakeRefillsNothing(t *testing.T) {
+	b := newBed(t, []proxy{{"a", "192.0.2.1", true, 10}}, nil)
+	rule := &catalog.PacingRule{Interval: time.Second, Burst: 2}
+	key := allocator.PaceKey(ns+"/"+fleet, rule, "192.0.2.1")
+	t0 := time.Unix(1000, 0)
+	if !b.a.PaceTake(key, rule, t0.Add(10*time.Second)) || !b.a.PaceTake(key, rule, t0.Add(5*time.Second)) {
+		t.Fatal("a full bucket of 2 gives two tokens")
+	}
+	if b.a.PaceTake(key, rule, t0.Add(10*time.Second)) {
+		t.Error("a third token at 10s: the late take at 5s wound the clock back and refilled the bucket")
+	}
+	if !b.a.PaceTake(key, rule, t0.Add(11*time.Second)) {
+		t.Error("an interval later a token is free again")
+	}
+}
+
+// TestPaceScanBounded: a connection that finds every IP of a fleet of
+// 10 000 paced looks at a bounded run of them for the soonest turn,
+// rather than a key and a bucket lookup per member under the lock every
+// fleet shares; it still finds a turn, and each turn is another IP's.
+func TestPaceScanBounded(t *testing.T) {
+	b := newBed(t, []proxy{{"a", "192.0.2.1", true, 10}}, nil)
+	rule := &catalog.PacingRule{Interval: time.Hour, Burst: 1}
+	ms := make([]catalog.Member, 10000)
+	for i := range ms {
+		ms[i] = catalog.Member{Name: fmt.Sprintf("p-%d", i), EgressIP: fmt.Sprintf("10.%d.%d.1", i/256, i%256)}
+	}
+	looked := 0
+	all := func(*catalog.Member) bool { looked++; return true }
+	now := time.Unix(1000, 0)
+	seen := map[string]bool{}
+	for range 3 {
+		ip, _, ok := b.a.PaceReserveSoonest(ns+"/"+fleet, rule, ms, all, now, time.Second)
+		if !ok || seen[ip] {
+			t.Fatalf("a turn on a fresh IP: %q %v (taken before: %v)", ip, ok, seen[ip])
+		}
+		seen[ip] = true
+	}
+	if looked > 3*1000 {
+		t.Errorf("%d members looked at for 3 turns among 10 000 IPs: the scan is not bounded", looked)
+	}
+}
+
+// TestPaceBucketsEvictedOldestFirst: past the bound of buckets a replica
+// keeps, the least recently spent go, not every fleet's at once: an IP
+// spent 5 000 buckets before the bound is still paced after 70 000 others
+// were.
+func TestPaceBucketsEvictedOldestFirst(t *testing.T) {
+	b := newBed(t, []proxy{{"a", "192.0.2.1", true, 10}}, nil)
+	rule := &catalog.PacingRule{Interval: time.Hour, Burst: 1}
+	t0 := time.Unix(1000, 0)
+	for i := range 70000 {
+		b.a.PaceTake(allocator.PaceKey("ns/other", rule, fmt.Sprint(i)), rule, t0.Add(time.Duration(i)*time.Millisecond))
+		if i == 60000 {
+			b.a.PaceTake(allocator.PaceKey(ns+"/"+fleet, rule, "192.0.2.1"), rule, t0.Add(time.Duration(i)*time.Millisecond))
+		}
+	}
+	if b.a.PaceTake(allocator.PaceKey(ns+"/"+fleet, rule, "192.0.2.1"), rule, t0.Add(70*time.Second)) {
+		t.Error("a bucket spent recently was forgotten when the replica's buckets overflowed")
+	}
+}

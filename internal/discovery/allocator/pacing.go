@@ -3,6 +3,8 @@ package allocator
 import (
 	"context"
 	"math"
+	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"time"
@@ -19,8 +21,14 @@ const ReasonPaced = "Paced"
 const MaxPaceWait = 2 * time.Second
 
 // maxBuckets bounds the buckets a replica keeps: past it, full ones (which
-// count as absent) are forgotten.
+// count as absent) are forgotten, then the least recently spent.
 const maxBuckets = 1 << 16
+
+// maxPaceScan bounds the distinct IPs a connection that finds every IP
+// paced looks at for the soonest turn: a fleet of 10 000 is not scanned
+// under the lock every fleet's connections share. Past it, the turn is the
+// soonest of a random run of that many, as a rotation's sample is.
+const maxPaceScan = 256
 
 // pacer holds a replica's buckets.
 type pacer struct {
@@ -85,16 +93,31 @@ func (p *pacer) bucketLocked(key string, r *catalog.PacingRule, now time.Time) *
 	return b
 }
 
+// spend takes one token of b under r at now (it may go below empty: a
+// turn reserved). Its clock never goes back: a take whose now was read
+// before another's (a connection that waited on a lease write) must not
+// refill the bucket a second time over the same interval.
+func (b *bucket) spend(r *catalog.PacingRule, now time.Time) {
+	l := b.level(r, now)
+	b.tokens, b.at, b.interval, b.burst = l-1, maxTime(b.at, now), r.Interval, r.Burst
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
 // take spends a token of key under r, if it has one.
 func (p *pacer) take(key string, r *catalog.PacingRule, now time.Time) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	b := p.bucketLocked(key, r, now)
-	l := b.level(r, now)
-	if l < 1 {
+	if b.level(r, now) < 1 {
 		return false
 	}
-	b.tokens, b.at, b.interval, b.burst = l-1, now, r.Interval, r.Burst
+	b.spend(r, now)
 	return true
 }
 
@@ -116,7 +139,7 @@ func (p *pacer) reserve(key string, r *catalog.PacingRule, now time.Time, maxWai
 	if at.Sub(now) > maxWait {
 		return at, false
 	}
-	b.tokens, b.at, b.interval, b.burst = l-1, now, r.Interval, r.Burst
+	b.spend(r, now)
 	return at, true
 }
 
@@ -127,40 +150,67 @@ func (p *pacer) reserve(key string, r *catalog.PacingRule, now time.Time, maxWai
 // one token. ok false, nothing spent, when no turn comes within maxWait
 // (at is the first, zero when none serves).
 func (p *pacer) reserveSoonest(fleet string, rule *catalog.PacingRule, ms []catalog.Member, serving func(*catalog.Member) bool, now time.Time, maxWait time.Duration) (ip string, at time.Time, ok bool) {
+	keys := paceKeys(fleet, rule, ms, serving)
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for i := range ms {
-		if m := &ms[i]; serving(m) {
-			t := p.nextLocked(PaceKey(fleet, rule, IPOf(m)), rule, now)
-			if ip == "" || t.Before(at) {
-				ip, at = IPOf(m), t
-			}
+	var key string
+	for _, k := range keys {
+		t := p.nextLocked(k.key, rule, now)
+		if ip == "" || t.Before(at) {
+			ip, key, at = k.ip, k.key, t
 		}
 	}
 	if ip == "" || at.Sub(now) > maxWait {
 		return "", at, false
 	}
-	b := p.bucketLocked(PaceKey(fleet, rule, ip), rule, now)
-	b.tokens, b.at, b.interval, b.burst = b.level(rule, now)-1, now, rule.Interval, rule.Burst
+	p.bucketLocked(key, rule, now).spend(rule, now)
 	return ip, at, true
+}
+
+// ipKey is an egress IP and its bucket's key.
+type ipKey struct{ ip, key string }
+
+// paceKeys are the distinct IPs of ms that serve a connection (serving),
+// with their buckets' keys, worked out before the pacer's lock is taken:
+// at most maxPaceScan of them, from a random start when ms has more.
+func paceKeys(fleet string, rule *catalog.PacingRule, ms []catalog.Member, serving func(*catalog.Member) bool) []ipKey {
+	start := 0
+	if len(ms) > maxPaceScan {
+		start = rand.IntN(len(ms)) //nolint:gosec // A sample, not a secret.
+	}
+	var out []ipKey
+	for i := range ms {
+		m := &ms[(start+i)%len(ms)]
+		if !serving(m) {
+			continue
+		}
+		ip := IPOf(m)
+		if slices.ContainsFunc(out, func(k ipKey) bool { return k.ip == ip }) {
+			continue
+		}
+		if out = append(out, ipKey{ip: ip, key: PaceKey(fleet, rule, ip)}); len(out) == maxPaceScan {
+			break
+		}
+	}
+	return out
 }
 
 // soonest is, of the IPs of ms that serve a connection (serving), the
 // first time one has a token under rule for fleet: now when one has, zero
-// when none serves. One lock for all of them.
+// when none serves. One lock for all of them; at most maxPaceScan IPs
+// looked at (paceKeys).
 func (p *pacer) soonest(fleet string, rule *catalog.PacingRule, ms []catalog.Member, serving func(*catalog.Member) bool, now time.Time) time.Time {
+	keys := paceKeys(fleet, rule, ms, serving)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var first time.Time
-	for i := range ms {
-		if m := &ms[i]; serving(m) {
-			t := p.nextLocked(PaceKey(fleet, rule, IPOf(m)), rule, now)
-			if !t.After(now) {
-				return now
-			}
-			if first.IsZero() || t.Before(first) {
-				first = t
-			}
+	for _, k := range keys {
+		t := p.nextLocked(k.key, rule, now)
+		if !t.After(now) {
+			return now
+		}
+		if first.IsZero() || t.Before(first) {
+			first = t
 		}
 	}
 	return first
@@ -180,17 +230,30 @@ func (p *pacer) pacedAmong(fleet string, rule *catalog.PacingRule, ms []catalog.
 }
 
 // forgetFullLocked drops the buckets full by now, which count as absent
-// ones do; if that frees too little, all of them (a forgotten bucket
-// starts again full: under that much pressure pacing errs on the side of
-// one burst more). p.mu is held.
+// ones do; if that frees too little, the least recently spent half of
+// them (a forgotten bucket starts again full: under that much pressure
+// pacing errs on the side of one burst more, for the IPs used longest
+// ago, never for every fleet's at once). p.mu is held.
 func (p *pacer) forgetFullLocked(now time.Time) {
 	for k, b := range p.b {
 		if b.level(&catalog.PacingRule{Interval: b.interval, Burst: b.burst}, now) >= float64(b.burst) {
 			delete(p.b, k)
 		}
 	}
-	if len(p.b) >= maxBuckets {
-		clear(p.b)
+	if len(p.b) < maxBuckets/2 {
+		return
+	}
+	type aged struct {
+		key string
+		at  time.Time
+	}
+	all := make([]aged, 0, len(p.b))
+	for k, b := range p.b {
+		all = append(all, aged{k, b.at})
+	}
+	slices.SortFunc(all, func(a, b aged) int { return a.at.Compare(b.at) })
+	for _, a := range all[:len(all)/2] {
+		delete(p.b, a.key)
 	}
 }
 
@@ -289,9 +352,11 @@ func (s *Allocator) replicasOf(ctx context.Context, namespace, fleet string) int
 // rule's rate whichever replica each connection reaches. The burst is the
 // exception: each replica's bucket holds at least one token, so behind n
 // replicas an IP may see n*ceil(burst/n) connections at once (n for a
-// burst of 1) before the interval applies. A replica that has just
-// started is not counted by the others until its first summary shows (a
-// second or so); one that died is counted until its summary stops
+// burst of 1) before the interval applies. A replica counts itself from
+// its start; the others count it once its first summary of the fleet
+// shows (its summaries are written a fleet at a time, so in a cluster of
+// many fleets that can take a while, during which they pace faster than
+// their share); one that died is counted until its summary stops
 // counting (leasewire.SummaryFreshness), which paces slower.
 func (s *Allocator) PacingFor(ctx context.Context, namespace, fleet string, p *catalog.Policy, domain string) *catalog.PacingRule {
 	rule := p.PacingFor(domain)

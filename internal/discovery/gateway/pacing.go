@@ -29,7 +29,7 @@ import (
 // Retry-After. Connections that find every IP paced queue over the IPs,
 // each with a turn of its own, rather than wake together for one token.
 func (gw *Gateway[S]) rotatePaced(ctx context.Context, key, strategy string, id *auth.Identity, u User, domain string, exclude map[string]bool, rule *catalog.PacingRule) (*upstream, error) {
-	up, err := gw.rotate(ctx, key, strategy, id, u, domain, exclude, rule)
+	up, err := gw.rotate(ctx, key, strategy, id, u, domain, exclude, rule, "")
 	var pe *pacedError
 	if !errors.As(err, &pe) {
 		return up, err
@@ -57,18 +57,9 @@ func (gw *Gateway[S]) rotatePaced(ctx context.Context, key, strategy string, id 
 			return nil, err
 		}
 	}
-	// The turn is this connection's: through a proxy of that IP, no token
-	// taken again.
-	only := map[string]bool{}
-	for n := range exclude {
-		only[n] = true
-	}
-	for i := range f.Items {
-		if m := &f.Items[i]; allocator.IPOf(m) != ip {
-			only[m.Name] = true
-		}
-	}
-	up, err = gw.rotate(ctx, key, strategy, id, u, domain, only, nil)
+	// The turn is this connection's: through a proxy of that IP (as the
+	// members are after the wait), no token taken again.
+	up, err = gw.rotate(ctx, key, strategy, id, u, domain, exclude, nil, ip)
 	if up == nil && err == nil {
 		// No proxy of that IP could take it after all (its slots full).
 		pe.next = a.Time().Add(rule.Interval)

@@ -160,8 +160,10 @@ func (r *rotor) order(strategy string, cands []*catalog.Member, n int, key, ring
 // rotate gives a connection without a session the seat of the proxy the
 // strategy chooses, leasing one on it when it has none; nil (no error)
 // when it found none to take, and the caller falls back to the seats as
-// they are (pickSeat).
-func (gw *Gateway[S]) rotate(ctx context.Context, key, strategy string, id *auth.Identity, u User, domain string, exclude map[string]bool, rule *catalog.PacingRule) (*upstream, error) {
+// they are (pickSeat). A pin, when set, is the egress IP whose paced turn
+// the connection holds: only a proxy leaving from it serves it, as the
+// members are now (one added while it waited has no turn).
+func (gw *Gateway[S]) rotate(ctx context.Context, key, strategy string, id *auth.Identity, u User, domain string, exclude map[string]bool, rule *catalog.PacingRule, pin string) (*upstream, error) {
 	f, err := gw.Server.Allocator().Catalog.Members(ctx, u.Namespace, u.Fleet)
 	if err != nil {
 		return nil, err
@@ -173,6 +175,10 @@ func (gw *Gateway[S]) rotate(ctx context.Context, key, strategy string, id *auth
 	serving, err := gw.Server.Allocator().Admits(ctx, ms, u.Zone, exclude, domain)
 	if err != nil {
 		return nil, err
+	}
+	if pin != "" {
+		admits := serving
+		serving = func(m *catalog.Member) bool { return admits(m) && allocator.IPOf(m) == pin }
 	}
 	now := gw.Server.Allocator().Time()
 	fleet := u.Namespace + "/" + u.Fleet
@@ -235,7 +241,9 @@ func (gw *Gateway[S]) takeChosen(ctx context.Context, key string, id *auth.Ident
 			}
 			gw.mu.Unlock()
 		}
-		if up != nil && rule != nil && !gw.Server.Allocator().PaceTake(allocator.PaceKey(fleet, rule, allocator.IPOf(m)), rule, now) {
+		// The time now, not when the choice began: seatOn may have waited
+		// on a lease write.
+		if up != nil && rule != nil && !gw.Server.Allocator().PaceTake(allocator.PaceKey(fleet, rule, allocator.IPOf(m)), rule, gw.Server.Allocator().Time()) {
 			// Another connection took the IP's last token meanwhile.
 			gw.unref(up)
 			up = nil
