@@ -61,6 +61,9 @@ func TestGatewayPacing(t *testing.T) {
 	if first == "" || second == "" || first == second {
 		t.Fatalf("two fetches of a paced domain in a row left through %q and %q: want the fleet's two proxies", first, second)
 	}
+	if n := testutil.ToFloat64(b.gw.Metrics.Paced.WithLabelValues(b.ns+"/"+b.fleet, "diverted")); n < 1 {
+		t.Errorf("the second fetch passed over the first's paced IP: diverted %g, want at least 1", n)
+	}
 	// It waits what is left of 1.5 s since the first took its IP's token
 	// (at least 200 ms however slow the first two were); without pacing
 	// it would not wait at all.

@@ -36,8 +36,9 @@ type Gateway struct {
 	// SOCKSRefusals counts SOCKS5 connections refused, by reply code
 	// (RFC 1928) or "auth" for a failed sign-in.
 	SOCKSRefusals *prometheus.CounterVec
-	// Paced counts connections every proxy's IP was paced for, by fleet
-	// and outcome: waited (for the first IP free) or refused (429).
+	// Paced counts connections pacing changed, by fleet and outcome:
+	// diverted (a proxy passed over for its paced IP), waited (for the
+	// first IP free) or refused (429).
 	Paced *prometheus.CounterVec
 }
 
@@ -78,7 +79,7 @@ func NewGateway() *Gateway {
 		SOCKSRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "egress_discovery_gateway_socks5_refusals_total",
 			Help: "SOCKS5 connections the gateway refused, by reply: the RFC 1928 reply code, or auth for a failed sign-in."}, []string{"reply"}),
 		Paced: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "egress_discovery_gateway_paced_total",
-			Help: "Gateway connections every egress IP that could serve was paced for (spec.gateway.pacing), by fleet and outcome: waited for the first free, or refused 429."}, []string{labelFleet, "outcome"}),
+			Help: "Gateway connections pacing (spec.gateway.pacing) changed, by fleet and outcome: diverted from a paced IP to another, waited for the first IP free when every one that could serve was paced, or refused 429."}, []string{labelFleet, "outcome"}),
 	}
 }
 

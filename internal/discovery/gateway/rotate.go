@@ -183,10 +183,17 @@ func (gw *Gateway[S]) rotate(ctx context.Context, key, strategy string, id *auth
 	now := gw.Server.Allocator().Time()
 	fleet := u.Namespace + "/" + u.Fleet
 	// A proxy whose egress IP is paced for the domain is passed over.
-	admit := serving
+	admit, diverted := serving, false
 	if rule != nil {
 		admit = func(m *catalog.Member) bool {
-			return serving(m) && !gw.Server.Allocator().PaceNext(allocator.PaceKey(fleet, rule, allocator.IPOf(m)), rule, now).After(now)
+			if !serving(m) {
+				return false
+			}
+			if gw.Server.Allocator().PaceNext(allocator.PaceKey(fleet, rule, allocator.IPOf(m)), rule, now).After(now) {
+				diverted = true
+				return false
+			}
+			return true
 		}
 	}
 	// The seats of key, as the members show their proxies now: one whose
@@ -209,6 +216,10 @@ func (gw *Gateway[S]) rotate(ctx context.Context, key, strategy string, id *auth
 	cands := gw.candidates(f, admit, seated, full, now, key)
 	lru := id.User + "\x00" + key + "\x00" + domain
 	up, err := gw.takeChosen(ctx, key, id, u, domain, exclude, rule, seated, gw.rotor.order(strategy, cands, rotationChoices, lru, key, load, now), lru, now)
+	if up != nil && diverted {
+		// A proxy that would have served was passed over for its paced IP.
+		gw.Metrics.Paced.WithLabelValues(fleet, "diverted").Inc()
+	}
 	if up != nil || err != nil {
 		return up, err
 	}
