@@ -1,6 +1,7 @@
 // Package backend is the boundary between the Proxy reconciler and the
-// places proxies run: local Squid processes, Squid pods, GCP VMs. The
-// reconciler calls a Backend; each backend package implements it.
+// places proxies run: local Squid processes, Squid pods, GCP VMs, EC2
+// instances. The reconciler calls a Backend; each backend package
+// implements it.
 package backend
 
 import (
@@ -65,6 +66,7 @@ type Spec struct {
 	Local      *v1alpha1.LocalPlacement
 	Kubernetes *v1alpha1.KubernetesPlacement
 	GCP        *v1alpha1.GCPPlacement
+	AWS        *v1alpha1.AWSPlacement
 	// UserData is the user's own cloud-init or startup script (GCP), already
 	// read from its Secret; it replaces the generated one.
 	UserData string

@@ -1,0 +1,550 @@
+// Package aws runs each proxy on an EC2 instance with its own public IPv4
+// address, through the real aws-sdk-go-v2 EC2 client; tests point it at
+// ec2fake, an in-process fake of the EC2 Query API. What it shares with
+// the GCP backend (the start-up script, the opening's source ranges, the
+// fleet opening's name) is cloudvm's; this package is EC2's client of it.
+//
+// An instance is one per Proxy, found by its instance tag (the name
+// ownership.InstanceName derives from the Proxy's UID). RunInstances is
+// made idempotent by its ClientToken: the name, and the ID of the last
+// instance of that name that was terminated ("0" when none), so that a
+// create cut short by a kill and tried again returns the instance it
+// made, while a Proxy whose instance was terminated (a spot interruption,
+// a user) gets a new one rather than the terminated one back. A fleet's
+// instances share one security group per (VPC, port, source ranges),
+// tagged with its fleet and collected by the orphan collector once no
+// instance uses it.
+//
+// Files: aws.go (the backend: create, observe, delete, list), group.go
+// (the fleet's security group), errors.go (EC2's error codes as backend
+// classes).
+package aws
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/aws/retry"
+	awsconfig "github.com/aws/aws-sdk-go-v2/config"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/pkg/errors"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/cloudvm"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+)
+
+// Tags the backend puts on an instance besides the ownership labels
+// (which EC2 tags hold as they are).
+const (
+	// TagInstance names the instance (ownership.InstanceName): how it is
+	// found, whatever its EC2 ID.
+	TagInstance    = "egress.crawl.example.com/instance"
+	tagSpecHash    = "egress.crawl.example.com/spec-hash"
+	tagCredentials = "egress.crawl.example.com/credentials"
+	tagPort        = "egress.crawl.example.com/port"
+	// TagGroup names the security group the instance's port is opened by.
+	TagGroup = "egress.crawl.example.com/security-group"
+	// tagGroupOf marks a group the backend made: "fleet" or "instance".
+	tagGroupOf = "egress.crawl.example.com/security-group-of"
+	// tagCreated is when a group was made (EC2 does not say).
+	tagCreated = "egress.crawl.example.com/created"
+)
+
+// Owner accounts of the images the generated start-up script supports.
+const (
+	DebianOwner    = "136693071363"
+	CanonicalOwner = "099720109477"
+)
+
+// Config configures an aws backend.
+type Config struct {
+	// Region the instances run in.
+	Region string
+	// ClusterID names this control plane on everything it makes.
+	ClusterID string
+	// Credentials sign the requests; nil: the SDK's default chain (the
+	// pod's identity through IRSA or EKS Pod Identity, the environment).
+	Credentials aws.CredentialsProvider
+	// Endpoint replaces EC2's regional endpoint (tests: the fake).
+	Endpoint string
+	// HTTPClient, when set, carries the requests.
+	HTTPClient *http.Client
+	// MaxAttempts bounds the SDK's retries of throttled and transient
+	// answers (RequestLimitExceeded among them); zero: the SDK's 3.
+	MaxAttempts int
+	// MaxBackoff bounds the wait between them; zero: the SDK's 20 s.
+	MaxBackoff time.Duration
+}
+
+// Backend manages proxy instances on EC2.
+type Backend struct {
+	cfg Config
+	ec2 *ec2.Client
+}
+
+// New returns an aws backend.
+func New(ctx context.Context, cfg Config) (*Backend, error) {
+	if cfg.Region == "" {
+		return nil, backend.Errorf(backend.ClassPermanent, "an AWS backend needs a region: set spec.aws.region")
+	}
+	opts := []func(*awsconfig.LoadOptions) error{awsconfig.WithRegion(cfg.Region)}
+	if cfg.Credentials != nil {
+		opts = append(opts, awsconfig.WithCredentialsProvider(cfg.Credentials))
+	}
+	if cfg.HTTPClient != nil {
+		opts = append(opts, awsconfig.WithHTTPClient(cfg.HTTPClient))
+	}
+	opts = append(opts, awsconfig.WithRetryer(func() aws.Retryer {
+		return retry.NewStandard(func(o *retry.StandardOptions) {
+			if cfg.MaxAttempts > 0 {
+				o.MaxAttempts = cfg.MaxAttempts
+			}
+			if cfg.MaxBackoff > 0 {
+				o.MaxBackoff = cfg.MaxBackoff
+			}
+		})
+	}))
+	ac, err := awsconfig.LoadDefaultConfig(ctx, opts...)
+	if err != nil {
+		return nil, backend.Wrap(backend.ClassPermanent, errors.Wrap(err, "cannot load the AWS configuration"))
+	}
+	client := ec2.NewFromConfig(ac, func(o *ec2.Options) {
+		if cfg.Endpoint != "" {
+			o.BaseEndpoint = aws.String(cfg.Endpoint)
+		}
+	})
+	return &Backend{cfg: cfg, ec2: client}, nil
+}
+
+// ownAddressesFunc prints the instance's addresses for Squid's
+// egress_self ACL: its interfaces', and the public IPv4 and IPv6
+// addresses the instance metadata service (IMDSv2: a session token first,
+// as the instance requires) lists for each interface. The broadcast
+// address keeps the file from being empty when the service does not
+// answer.
+const ownAddressesFunc = `own_addresses() {
+	md=http://169.254.169.254/latest
+	tok=$(curl -fsS -m 5 -X PUT -H 'X-aws-ec2-metadata-token-ttl-seconds: 300' "$md/api/token" 2>/dev/null || true)
+	get() { curl -fsS -m 5 -H "X-aws-ec2-metadata-token: $tok" "$md/meta-data/$1" 2>/dev/null || true; }
+	echo 255.255.255.255
+	hostname -I 2>/dev/null | tr ' ' '\n'
+	for mac in $(get network/interfaces/macs/); do
+		get "network/interfaces/macs/${mac}public-ipv4s"; echo
+		get "network/interfaces/macs/${mac}ipv6s"; echo
+	done
+}`
+
+// UserData is the instance's start-up configuration for s: the user's
+// own, or cloudvm's script with EC2's own_addresses.
+func UserData(s backend.Spec) (string, error) { return cloudvm.Script(s, ownAddressesFunc) }
+
+// ec2Opening is how errors about an instance's security group name its
+// fields.
+var ec2Opening = cloudvm.Opening{Placement: "aws", UserDataField: "userData", Kind: "an EC2 security group"}
+
+// maxUserData is EC2's bound on user data, before base64.
+const maxUserData = 16 << 10
+
+// ProviderID names an instance the way Kubernetes' AWS cloud provider
+// does.
+func ProviderID(zone, id string) string { return "aws:///" + zone + "/" + id }
+
+// Create starts an instance for s, after the fleet's security group; an
+// instance of s's name that runs already is returned instead.
+func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance, error) {
+	if s.AWS == nil {
+		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.aws is required for a ProviderConfig of backend AWS")
+	}
+	if !strings.HasPrefix(s.AWS.Zone, b.cfg.Region) || len(s.AWS.Zone) != len(b.cfg.Region)+1 {
+		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.aws.zone %q is not a zone of the ProviderConfig's region %s: use one of %sa, %sb, ...", s.AWS.Zone, b.cfg.Region, b.cfg.Region, b.cfg.Region)
+	}
+	ranges, err := cloudvm.SourceRanges(s, ec2Opening, false)
+	if err != nil {
+		return nil, err
+	}
+	all, err := b.named(ctx, s.Name)
+	if err != nil {
+		return nil, err
+	}
+	if live := newestLive(all); live != nil {
+		return b.instance(live), nil
+	}
+	subnet, vpc, err := b.subnet(ctx, s.AWS)
+	if err != nil {
+		return nil, err
+	}
+	root, err := b.rootDevice(ctx, s)
+	if err != nil {
+		return nil, err
+	}
+	script, err := UserData(s)
+	if err != nil {
+		return nil, err
+	}
+	if len(script) > maxUserData {
+		return nil, backend.Errorf(backend.ClassPermanent, "the instance's start-up configuration is %d bytes, over EC2's %d: shorten spec.forProvider.aws.userData", len(script), maxUserData)
+	}
+	group, groupName, err := b.ensureGroup(ctx, s, vpc, ranges)
+	if err != nil {
+		return nil, err
+	}
+	return b.run(ctx, s, token(s.Name, all), subnet, root, script, append([]string{group}, s.AWS.SecurityGroups...), groupName)
+}
+
+// maxTokenHops bounds how many terminated instances one Create walks past
+// (see run).
+const maxTokenHops = 16
+
+// run runs the instance with token tok. EC2 binds a token to its instance
+// for a day or more after the instance is terminated, and a terminated
+// instance is listed for an hour or so: when the listing no longer shows
+// the last terminated instance, the token derived from it names an older
+// one, and RunInstances answers with that instance, terminated. The next
+// token is then derived from the instance answered, along the chain the
+// earlier creates made, to the one not used yet. A token used with other
+// parameters (the spec changed after a create cut short) is followed
+// through the instance EC2 lists for it.
+func (b *Backend) run(ctx context.Context, s backend.Spec, tok, subnet, root, script string, groups []string, groupName string) (*backend.Instance, error) {
+	for hop := 0; ; hop++ {
+		out, err := b.ec2.RunInstances(ctx, b.runInput(s, tok, subnet, root, script, groups, groupName))
+		var i *types.Instance
+		switch {
+		case code(err) == "IdempotentParameterMismatch":
+			made, lerr := b.describe(ctx, []types.Filter{{Name: aws.String("client-token"), Values: []string{tok}}})
+			if lerr != nil || len(made) == 0 {
+				return nil, backend.Errorf(backend.ClassTransient, "an earlier create of %s used token %s with other parameters; its instance is taken up once EC2 lists it: %v", s.Name, tok, err)
+			}
+			i = &made[0]
+		case err != nil:
+			return nil, errors.Wrapf(Classify(err), "cannot run instance %s", s.Name)
+		case len(out.Instances) != 1:
+			return nil, backend.Errorf(backend.ClassTransient, "RunInstances of %s answered %d instances", s.Name, len(out.Instances))
+		default:
+			i = &out.Instances[0]
+		}
+		if !gone(i) {
+			return b.instance(i), nil
+		}
+		if hop == maxTokenHops {
+			return nil, backend.Errorf(backend.ClassTransient, "token %s of %s is the %dth in a row bound to a terminated instance (%s)", tok, s.Name, hop+1, aws.ToString(i.InstanceId))
+		}
+		tok = s.Name + "-" + aws.ToString(i.InstanceId)
+	}
+}
+
+// token is RunInstances' ClientToken for name: the name and the newest
+// terminated instance of that name ("0" when none is listed), at most 64
+// ASCII characters.
+func token(name string, all []types.Instance) string {
+	last, at := "0", time.Time{}
+	for i := range all {
+		if x := &all[i]; gone(x) && (last == "0" || aws.ToTime(x.LaunchTime).After(at)) {
+			last, at = aws.ToString(x.InstanceId), aws.ToTime(x.LaunchTime)
+		}
+	}
+	return name + "-" + last
+}
+
+func (b *Backend) runInput(s backend.Spec, tok, subnet, root, script string, groups []string, groupName string) *ec2.RunInstancesInput {
+	tags := []types.Tag{{Key: aws.String("Name"), Value: aws.String(s.Name)}, {Key: aws.String(TagInstance), Value: aws.String(s.Name)},
+		{Key: aws.String(tagSpecHash), Value: aws.String(s.Hash)}, {Key: aws.String(tagPort), Value: aws.String(strconv.Itoa(int(s.Port)))},
+		{Key: aws.String(TagGroup), Value: aws.String(groupName)}}
+	if s.CredentialsSum != "" {
+		tags = append(tags, types.Tag{Key: aws.String(tagCredentials), Value: aws.String(s.CredentialsSum)})
+	}
+	owner := s.Owner.Labels()
+	for _, k := range sortedKeys(owner) {
+		tags = append(tags, types.Tag{Key: aws.String(k), Value: aws.String(owner[k])})
+	}
+	volumeTags := []types.Tag{{Key: aws.String(TagInstance), Value: aws.String(s.Name)}}
+	for _, k := range sortedKeys(owner) {
+		volumeTags = append(volumeTags, types.Tag{Key: aws.String(k), Value: aws.String(owner[k])})
+	}
+	typ := s.AWS.InstanceType
+	if typ == "" {
+		typ = v1alpha1.DefaultAWSInstanceType
+	}
+	return &ec2.RunInstancesInput{
+		ClientToken: aws.String(tok), ImageId: aws.String(image(s.AWS)), InstanceType: types.InstanceType(typ),
+		MinCount: aws.Int32(1), MaxCount: aws.Int32(1),
+		NetworkInterfaces: []types.InstanceNetworkInterfaceSpecification{{
+			DeviceIndex: aws.Int32(0), SubnetId: aws.String(subnet), AssociatePublicIpAddress: aws.Bool(true),
+			DeleteOnTermination: aws.Bool(true), Groups: groups,
+		}},
+		// IMDSv2 only, one hop: a process the proxy's clients reach
+		// through it, or a container on it, gets no credentials.
+		MetadataOptions: &types.InstanceMetadataOptionsRequest{
+			HttpTokens: types.HttpTokensStateRequired, HttpPutResponseHopLimit: aws.Int32(1), HttpEndpoint: types.InstanceMetadataEndpointStateEnabled,
+		},
+		BlockDeviceMappings: []types.BlockDeviceMapping{{DeviceName: aws.String(root), Ebs: &types.EbsBlockDevice{
+			Encrypted: aws.Bool(true), DeleteOnTermination: aws.Bool(true), VolumeType: types.VolumeTypeGp3,
+		}}},
+		UserData:          aws.String(base64.StdEncoding.EncodeToString([]byte(script))),
+		TagSpecifications: []types.TagSpecification{{ResourceType: types.ResourceTypeInstance, Tags: tags}, {ResourceType: types.ResourceTypeVolume, Tags: volumeTags}},
+	}
+}
+
+func image(p *v1alpha1.AWSPlacement) string {
+	if p.Image == "" {
+		return v1alpha1.DefaultAWSImage
+	}
+	return p.Image
+}
+
+// rootDevice is the image's root device, whose volume the instance gets
+// encrypted: Debian's and Canonical's parameters name theirs; an AMI says
+// its own. An image the generated script does not support (not Debian's
+// or Canonical's) needs the user's own start-up configuration.
+func (b *Backend) rootDevice(ctx context.Context, s backend.Spec) (string, error) {
+	img := image(s.AWS)
+	switch {
+	case strings.HasPrefix(img, "resolve:ssm:/aws/service/debian/"):
+		return "/dev/xvda", nil
+	case strings.HasPrefix(img, "resolve:ssm:/aws/service/canonical/"):
+		return "/dev/sda1", nil
+	case strings.HasPrefix(img, "resolve:ssm:"):
+		return "", backend.Errorf(backend.ClassPermanent, "spec.forProvider.aws.image %q: only Debian's (/aws/service/debian/...) and Canonical's (/aws/service/canonical/...) parameters are resolved; give another image by its AMI ID", img)
+	}
+	out, err := b.ec2.DescribeImages(ctx, &ec2.DescribeImagesInput{ImageIds: []string{img}})
+	if err != nil {
+		return "", errors.Wrapf(Classify(err), "cannot read image %s (spec.forProvider.aws.image)", img)
+	}
+	if len(out.Images) != 1 {
+		return "", backend.Errorf(backend.ClassPermanent, "spec.forProvider.aws.image %s does not exist in region %s", img, b.cfg.Region)
+	}
+	im := out.Images[0]
+	if owner := aws.ToString(im.OwnerId); s.UserData == "" && owner != DebianOwner && owner != CanonicalOwner {
+		return "", backend.Errorf(backend.ClassPermanent, "spec.forProvider.aws.image %s (%s) is owned by account %s, not Debian's (%s) or Canonical's (%s): the generated start-up script installs Squid with apt and systemd on those only; use one, or bring your own spec.forProvider.aws.userData", img, aws.ToString(im.Name), owner, DebianOwner, CanonicalOwner)
+	}
+	return aws.ToString(im.RootDeviceName), nil
+}
+
+// subnet is the instance's subnet and its VPC: the placement's, which must
+// be in its zone, or the zone's default one.
+func (b *Backend) subnet(ctx context.Context, p *v1alpha1.AWSPlacement) (string, string, error) {
+	in := &ec2.DescribeSubnetsInput{Filters: []types.Filter{{Name: aws.String("availability-zone"), Values: []string{p.Zone}}, {Name: aws.String("default-for-az"), Values: []string{"true"}}}}
+	if p.Subnet != "" {
+		in = &ec2.DescribeSubnetsInput{SubnetIds: []string{p.Subnet}}
+	}
+	out, err := b.ec2.DescribeSubnets(ctx, in)
+	if err != nil {
+		return "", "", errors.Wrap(Classify(err), "cannot read the instance's subnet (spec.forProvider.aws.subnet)")
+	}
+	switch {
+	case len(out.Subnets) == 0 && p.Subnet == "":
+		return "", "", backend.Errorf(backend.ClassPermanent, "zone %s has no default subnet (its default VPC was deleted): set spec.forProvider.aws.subnet", p.Zone)
+	case len(out.Subnets) == 0:
+		return "", "", backend.Errorf(backend.ClassPermanent, "spec.forProvider.aws.subnet %s does not exist", p.Subnet)
+	case aws.ToString(out.Subnets[0].AvailabilityZone) != p.Zone:
+		return "", "", backend.Errorf(backend.ClassPermanent, "spec.forProvider.aws.subnet %s is in zone %s, not %s (spec.forProvider.aws.zone)", p.Subnet, aws.ToString(out.Subnets[0].AvailabilityZone), p.Zone)
+	}
+	return aws.ToString(out.Subnets[0].SubnetId), aws.ToString(out.Subnets[0].VpcId), nil
+}
+
+// named lists every instance tagged with name, terminated ones that EC2
+// still lists included.
+func (b *Backend) named(ctx context.Context, name string) ([]types.Instance, error) {
+	return b.describe(ctx, []types.Filter{{Name: aws.String("tag:" + TagInstance), Values: []string{name}}})
+}
+
+// describe lists the instances filters select, every page.
+func (b *Backend) describe(ctx context.Context, filters []types.Filter) ([]types.Instance, error) {
+	var out []types.Instance
+	p := ec2.NewDescribeInstancesPaginator(b.ec2, &ec2.DescribeInstancesInput{Filters: filters, MaxResults: aws.Int32(1000)})
+	for p.HasMorePages() {
+		page, err := p.NextPage(ctx)
+		if err != nil {
+			return nil, errors.Wrap(Classify(err), "cannot list instances")
+		}
+		for _, r := range page.Reservations {
+			out = append(out, r.Instances...)
+		}
+	}
+	return out, nil
+}
+
+// gone reports an instance terminated, or on its way there.
+func gone(i *types.Instance) bool {
+	return i.State != nil && (i.State.Name == types.InstanceStateNameTerminated || i.State.Name == types.InstanceStateNameShuttingDown)
+}
+
+// newestLive is the newest of all not terminated (shutting down counts as
+// live: it still holds its name until it is gone), nil when none is.
+func newestLive(all []types.Instance) *types.Instance {
+	var best *types.Instance
+	for i := range all {
+		x := &all[i]
+		if x.State != nil && x.State.Name == types.InstanceStateNameTerminated {
+			continue
+		}
+		if best == nil || aws.ToTime(x.LaunchTime).After(aws.ToTime(best.LaunchTime)) {
+			best = x
+		}
+	}
+	return best
+}
+
+// Phase maps an EC2 state to an instance phase: pending, and running
+// without a public address, provision; stopping, stopped and shutting
+// down are on their way out, and replaced.
+func Phase(state types.InstanceStateName, publicIP string) v1alpha1.InstancePhase {
+	switch state {
+	case types.InstanceStateNameRunning:
+		if publicIP == "" {
+			return v1alpha1.InstancePhaseProvisioning
+		}
+		return v1alpha1.InstancePhaseRunning
+	case types.InstanceStateNamePending:
+		return v1alpha1.InstancePhaseProvisioning
+	default:
+		return v1alpha1.InstancePhaseTerminated
+	}
+}
+
+func (b *Backend) instance(i *types.Instance) *backend.Instance {
+	tags := map[string]string{}
+	for _, t := range i.Tags {
+		tags[aws.ToString(t.Key)] = aws.ToString(t.Value)
+	}
+	owner, _ := ownership.FromLabels(tags)
+	port, _ := strconv.Atoi(tags[tagPort])
+	zone := ""
+	if i.Placement != nil {
+		zone = aws.ToString(i.Placement.AvailabilityZone)
+	}
+	var state types.InstanceStateName
+	if i.State != nil {
+		state = i.State.Name
+	}
+	out := &backend.Instance{
+		Ref:        backend.Ref{Name: tags[TagInstance], Zone: zone, Rule: tags[TagGroup]},
+		ProviderID: ProviderID(zone, aws.ToString(i.InstanceId)),
+		Port:       int32(port), Phase: Phase(state, aws.ToString(i.PublicIpAddress)),
+		CreatedAt: aws.ToTime(i.LaunchTime), SpecHash: tags[tagSpecHash], CredentialsSum: tags[tagCredentials], Owner: owner,
+	}
+	if out.Phase == v1alpha1.InstancePhaseRunning {
+		out.Host = aws.ToString(i.PublicIpAddress)
+	}
+	if out.Phase == v1alpha1.InstancePhaseTerminated {
+		out.Reason = string(state)
+		if i.StateReason != nil {
+			out.Reason += ": " + aws.ToString(i.StateReason.Message)
+		}
+		if i.InstanceLifecycle == types.InstanceLifecycleTypeSpot {
+			out.Reason += " (spot)"
+		}
+	}
+	return out
+}
+
+// Get observes the instance of r's name: the newest not terminated; a
+// terminated one is gone (NotFound), so that a Proxy whose instance was
+// terminated (a spot interruption, a user) gets a new one.
+func (b *Backend) Get(ctx context.Context, r backend.Ref) (*backend.Instance, error) {
+	all, err := b.named(ctx, r.Name)
+	if err != nil {
+		return nil, err
+	}
+	live := newestLive(all)
+	if live == nil {
+		return nil, backend.Errorf(backend.ClassNotFound, "instance %s not found", r.Name)
+	}
+	return b.instance(live), nil
+}
+
+// Delete terminates every instance of r's name (or, for a Ref without a
+// zone, the orphan collector's, deletes the security group of that name),
+// and lets go of the instance's security group when no other instance
+// uses it; one still in use by an instance shutting down is left to the
+// orphan collector.
+func (b *Backend) Delete(ctx context.Context, r backend.Ref) error {
+	if r.Zone == "" {
+		return b.deleteGroup(ctx, r.Name)
+	}
+	all, err := b.named(ctx, r.Name)
+	if err != nil {
+		return err
+	}
+	var ids []string
+	group := r.Rule
+	for i := range all {
+		x := &all[i]
+		if x.State == nil || x.State.Name != types.InstanceStateNameTerminated {
+			ids = append(ids, aws.ToString(x.InstanceId))
+		}
+		// The group it joined, as the instance says (a terminated one
+		// too: its group may be let go of only now).
+		for _, t := range x.Tags {
+			if aws.ToString(t.Key) == TagGroup && aws.ToString(t.Value) != "" {
+				group = aws.ToString(t.Value)
+			}
+		}
+	}
+	if len(ids) > 0 {
+		if _, err := b.ec2.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: ids}); err != nil {
+			if c := Classify(err); backend.ClassOf(c) != backend.ClassNotFound {
+				return errors.Wrapf(c, "cannot terminate instance %s", r.Name)
+			}
+		}
+	}
+	if group != "" {
+		b.releaseGroup(ctx, group)
+	}
+	return nil
+}
+
+// ListOwned lists this cluster's instances that are not terminated, and
+// the security groups it made that no listed instance uses (as instances
+// without a zone, for the orphan collector to delete).
+func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
+	sel := ownership.Selector(b.cfg.ClusterID)
+	filters := []types.Filter{{Name: aws.String("instance-state-name"), Values: []string{"pending", "running", "stopping", "stopped", "shutting-down"}}}
+	for _, k := range sortedKeys(sel) {
+		filters = append(filters, types.Filter{Name: aws.String("tag:" + k), Values: []string{sel[k]}})
+	}
+	all, err := b.describe(ctx, filters)
+	if err != nil {
+		return nil, err
+	}
+	var out []backend.Instance
+	used := map[string]bool{}
+	for i := range all {
+		x := &all[i]
+		in := b.instance(x)
+		if in.Name == "" {
+			continue
+		}
+		out = append(out, *in)
+		used[in.Rule] = true
+		for _, g := range x.SecurityGroups {
+			used[aws.ToString(g.GroupName)] = true
+		}
+	}
+	groups, err := b.orphanGroups(ctx, used)
+	if err != nil {
+		return out, &backend.PartialList{Skipped: "security groups in region " + b.cfg.Region, Err: err}
+	}
+	return append(out, groups...), nil
+}
+
+func sortedKeys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// String names the backend in logs.
+func (b *Backend) String() string { return fmt.Sprintf("aws(%s)", b.cfg.Region) }

@@ -1,0 +1,369 @@
+package aws_test
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/credentials"
+	"k8s.io/apimachinery/pkg/types"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/aws"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/aws/ec2fake"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
+)
+
+func newBackend(t *testing.T, fake *ec2fake.Server, cluster string) *aws.Backend {
+	t.Helper()
+	b, err := aws.New(context.Background(), aws.Config{
+		Region: ec2fake.Region, ClusterID: cluster, Endpoint: fake.URL,
+		Credentials: credentials.NewStaticCredentialsProvider(ec2fake.AccessKey, ec2fake.SecretKey, ""),
+		MaxAttempts: 2, MaxBackoff: 10 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func spec(uid string) backend.Spec {
+	o := ownership.Owner{ClusterID: "c1", Namespace: "team", Name: "p-" + uid, UID: types.UID(uid)}
+	return backend.Spec{
+		Ref: backend.Ref{Name: ownership.InstanceName(o.UID), Zone: "us-east-1a"}, Owner: o, Port: 3128,
+		Credentials:         &backend.Credentials{Username: "crawler", Password: "pw"},
+		AllowedSourceRanges: []string{"203.0.113.0/24"},
+		AWS:                 &v1alpha1.AWSPlacement{Zone: "us-east-1a", AWSInstance: v1alpha1.AWSInstance{InstanceType: "t3.micro"}},
+		Hash:                "abc123", CredentialsSum: "0123456789abcdef",
+	}
+}
+
+func fleetSpec(i int) backend.Spec {
+	s := spec(fmt.Sprintf("1c2d3e4f-%04d-4222-8333-944455556666", i))
+	s.Owner.Fleet = "crawlers"
+	return s
+}
+
+// only is the fake's one instance, or fails the test.
+func only(t *testing.T, fake *ec2fake.Server) ec2fake.Instance {
+	t.Helper()
+	all := fake.Instances()
+	if len(all) != 1 {
+		t.Fatalf("%d instances, want 1: %+v", len(all), all)
+	}
+	return all[0]
+}
+
+// TestLifecycle: an instance is made as a proxy's must be (IMDSv2 only
+// with one hop, an encrypted root volume, a public address, the owner's
+// tags, the generated script reading its addresses through IMDSv2), runs
+// with its public address, is found again rather than made twice, and is
+// terminated: shutting down it is on its way out, terminated it is gone.
+func TestLifecycle(t *testing.T) {
+	fake := ec2fake.Start(t)
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	s := spec("0b7c6a2e-1111-4222-8333-944455556666")
+	inst, err := b.Create(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	vm := only(t, fake)
+	if inst.Phase != v1alpha1.InstancePhaseProvisioning || inst.ProviderID != "aws:///us-east-1a/"+vm.ID || inst.Name != s.Name {
+		t.Errorf("a fresh instance is provisioning under its EC2 ID: %+v", inst)
+	}
+	for k, want := range map[string]string{
+		"MetadataOptions.HttpTokens": "required", "MetadataOptions.HttpPutResponseHopLimit": "1",
+		"BlockDeviceMapping.1.DeviceName": "/dev/xvda", "BlockDeviceMapping.1.Ebs.Encrypted": "true",
+		"NetworkInterface.1.AssociatePublicIpAddress": "true", "ImageId": v1alpha1.DefaultAWSImage,
+		"NetworkInterface.1.SubnetId": "subnet-0default0000000",
+	} {
+		if got := vm.Params[k]; got != want {
+			t.Errorf("RunInstances %s = %q, want %q", k, got, want)
+		}
+	}
+	if vm.Params["IamInstanceProfile.Name"] != "" || vm.Params["IamInstanceProfile.Arn"] != "" {
+		t.Error("an instance profile without the policy naming one")
+	}
+	if o, ok := ownership.FromLabels(vm.Tags); !ok || o.UID != s.Owner.UID || !o.OfCluster("c1") || vm.Tags[aws.TagInstance] != s.Name {
+		t.Errorf("the instance's tags name its owner: %v", vm.Tags)
+	}
+	script, _ := base64.StdEncoding.DecodeString(vm.UserData)
+	if !strings.Contains(string(script), "X-aws-ec2-metadata-token") || !strings.Contains(string(script), "http_port 3128") || strings.Contains(string(script), "pw") {
+		t.Errorf("the user data installs Squid, learns its addresses through IMDSv2, and holds no clear password:\n%s", script)
+	}
+	testbed.Eventually(t, 5*time.Second, "the instance runs with its public address", func() (bool, string) {
+		got, err := b.Get(ctx, s.Ref)
+		return err == nil && got.Phase == v1alpha1.InstancePhaseRunning && got.Host != "" && got.Port == 3128 && got.SpecHash == "abc123" && got.CredentialsSum == s.CredentialsSum,
+			fmt.Sprintf("%+v %v", got, err)
+	})
+	again, err := b.Create(ctx, s)
+	if err != nil || again.ProviderID != inst.ProviderID || fake.Calls("RunInstances") != 1 {
+		t.Errorf("a second create finds the instance: %+v %v (%d RunInstances)", again, err, fake.Calls("RunInstances"))
+	}
+	if err := b.Delete(ctx, s.Ref); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := b.Get(ctx, s.Ref); err != nil || got.Phase != v1alpha1.InstancePhaseTerminated {
+		t.Errorf("shutting down, the instance is on its way out: %+v %v", got, err)
+	}
+	testbed.Eventually(t, 5*time.Second, "the terminated instance is gone", func() (bool, string) {
+		_, err := b.Get(ctx, s.Ref)
+		return backend.IsNotFound(err), fmt.Sprint(err)
+	})
+	if err := b.Delete(ctx, s.Ref); err != nil {
+		t.Errorf("deleting what is gone: %v", err)
+	}
+	if g := fake.Groups(); len(g) != 0 {
+		t.Errorf("the Proxy's own security group outlived its instance: %+v", g)
+	}
+}
+
+// TestCreateRetriedAfterAKill: a create whose answer was lost (the
+// provider killed after RunInstances) and tried again while EC2 does not
+// list the instance yet gets the same instance back, by its ClientToken,
+// not a second one.
+func TestCreateRetriedAfterAKill(t *testing.T) {
+	fake := ec2fake.Start(t)
+	fake.HideNewFor = time.Minute
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	s := spec("0b7c6a2e-2222-4222-8333-944455556666")
+	first, err := b.Create(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	second, err := b.Create(ctx, s)
+	if err != nil || second.ProviderID != first.ProviderID {
+		t.Errorf("the retried create: %+v %v; want %s again", second, err, first.ProviderID)
+	}
+	if n := len(fake.Instances()); n != 1 || fake.Calls("RunInstances") != 2 {
+		t.Errorf("%d instances after %d RunInstances; want one", n, fake.Calls("RunInstances"))
+	}
+	// The spec changed before the retry: EC2 refuses the token with other
+	// parameters, and no second instance is made; once EC2 lists the
+	// token's instance, it is taken up.
+	s.Hash = "def456"
+	if _, err := b.Create(ctx, s); backend.ClassOf(err) != backend.ClassTransient || len(fake.Instances()) != 1 {
+		t.Errorf("a retry with another spec while EC2 does not list the first: %v, %d instances; want a transient error and one instance", err, len(fake.Instances()))
+	}
+	fake.HideNewFor = 0
+	third, err := b.Create(ctx, s)
+	if err != nil || third.ProviderID != first.ProviderID || len(fake.Instances()) != 1 {
+		t.Errorf("a retry with another spec: %+v %v, %d instances; want the first taken up", third, err, len(fake.Instances()))
+	}
+}
+
+// TestTerminatedInstanceReplaced: an instance ended by a spot interruption
+// is gone for its Proxy, whose next create makes a new one (a new token),
+// also once EC2 no longer lists the old one, whose token then names an
+// instance terminated long ago: the chain of tokens is followed to a new
+// one.
+func TestTerminatedInstanceReplaced(t *testing.T) {
+	fake := ec2fake.Start(t)
+	fake.PendingFor, fake.TerminatingFor = 0, 0
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	s := spec("0b7c6a2e-3333-4222-8333-944455556666")
+	ids := map[string]bool{}
+	for round := range 3 {
+		inst, err := b.Create(ctx, s)
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		if ids[inst.ProviderID] {
+			t.Fatalf("round %d: the terminated instance %s came back", round, inst.ProviderID)
+		}
+		ids[inst.ProviderID] = true
+		id := inst.ProviderID[strings.LastIndexByte(inst.ProviderID, '/')+1:]
+		if !fake.Interrupt(id, "Server.SpotInstanceTermination: Spot instance termination") {
+			t.Fatal("no such instance")
+		}
+		if _, err := b.Get(ctx, s.Ref); !backend.IsNotFound(err) {
+			t.Fatalf("round %d: an interrupted instance is gone for its Proxy: %v", round, err)
+		}
+		if round == 1 {
+			// EC2 stops listing terminated instances after a while.
+			fake.TerminatedListed = 0
+		}
+	}
+}
+
+// TestFleetSharesOneGroup: the instances of a fleet, in two zones of one
+// VPC, share one security group opening their port to the fleet's ranges
+// (and the provider's probe ranges); a Proxy of no fleet has its own; an
+// the fleet's group, still attached to its last instance shutting down
+// when that is deleted, outlives its instances only until the orphan
+// collector takes it.
+func TestFleetSharesOneGroup(t *testing.T) {
+	fake := ec2fake.Start(t)
+	fake.PendingFor, fake.TerminatingFor = 0, time.Second
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	var specs []backend.Spec
+	for i := range 6 {
+		s := fleetSpec(i)
+		s.AllowedSourceRanges, s.ProbeSourceRanges = []string{"203.0.113.0/24", "198.51.100.7/32"}, []string{"198.51.100.7/32"}
+		if i%2 == 1 {
+			s.Zone, s.AWS.Zone = "us-east-1b", "us-east-1b"
+		}
+		if _, err := b.Create(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		specs = append(specs, s)
+	}
+	alone := spec("2c2d3e4f-0000-4222-8333-944455556666")
+	if _, err := b.Create(ctx, alone); err != nil {
+		t.Fatal(err)
+	}
+	groups := fake.Groups()
+	if len(groups) != 2 {
+		t.Fatalf("%d security groups for a fleet of 6 and a Proxy of no fleet, want 2: %+v", len(groups), groups)
+	}
+	var fleetGroup ec2fake.Group
+	for _, g := range groups {
+		if g.Name != alone.Name {
+			fleetGroup = g
+		}
+	}
+	if strings.Join(fleetGroup.Ingress, ",") != "tcp:3128-3128:203.0.113.0/24,tcp:3128-3128:198.51.100.7/32" || fleetGroup.Tags[ownership.LabelOwnerFleet] != "crawlers" {
+		t.Errorf("the fleet's group opens the port to its ranges and the probe's: %+v", fleetGroup)
+	}
+	for _, vm := range fake.Instances() {
+		if len(vm.Groups) != 1 {
+			t.Errorf("instance %s joins %v", vm.ID, vm.Groups)
+		}
+	}
+	for _, s := range specs {
+		if err := b.Delete(ctx, s.Ref); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testbed.Eventually(t, 5*time.Second, "the fleet's group is an orphan once its instances are gone", func() (bool, string) {
+		owned, err := b.ListOwned(ctx)
+		var orphan []string
+		for _, i := range owned {
+			if i.Zone == "" {
+				orphan = append(orphan, i.Name)
+			}
+		}
+		return err == nil && len(orphan) == 1 && orphan[0] == fleetGroup.Name, fmt.Sprintf("%v %v", orphan, err)
+	})
+	if err := b.Delete(ctx, backend.Ref{Name: fleetGroup.Name}); err != nil {
+		t.Fatal(err)
+	}
+	if g := fake.Groups(); len(g) != 1 || g[0].Name != alone.Name {
+		t.Errorf("after the collector, only the lone Proxy's group is left: %+v", g)
+	}
+}
+
+// TestRefusals: what EC2 would refuse, or what would leave a proxy open
+// or never running, is a permanent error naming the field, and makes
+// nothing.
+func TestRefusals(t *testing.T) {
+	fake := ec2fake.Start(t)
+	fake.AddSubnet("subnet-0aaaaaaaaaaaaaaa1", "vpc-0aaaaaaaaaaaaaaa1", "us-east-1c")
+	b := newBackend(t, fake, "c1")
+	for name, c := range map[string]struct {
+		mod  func(*backend.Spec)
+		want string
+	}{
+		"zone of another region":             {func(s *backend.Spec) { s.AWS.Zone = "eu-west-1a" }, "spec.forProvider.aws.zone"},
+		"image the script does not support":  {func(s *backend.Spec) { s.AWS.Image = ec2fake.OtherAMI }, "not Debian's"},
+		"an SSM parameter of no known maker": {func(s *backend.Spec) { s.AWS.Image = "resolve:ssm:/my/ami" }, "spec.forProvider.aws.image"},
+		"subnet in another zone":             {func(s *backend.Spec) { s.AWS.Subnet = "subnet-0aaaaaaaaaaaaaaa1" }, "is in zone us-east-1c"},
+		"no such subnet":                     {func(s *backend.Spec) { s.AWS.Subnet = "subnet-0bbbbbbbbbbbbbbb1" }, "spec.forProvider.aws.subnet"},
+		"open proxy":                         {func(s *backend.Spec) { s.Credentials = nil }, "open proxy"},
+		"user data too large":                {func(s *backend.Spec) { s.UserData = strings.Repeat("#", 17<<10) }, "spec.forProvider.aws.userData"},
+	} {
+		s := spec("5c2d3e4f-0000-4222-8333-944455556666")
+		c.mod(&s)
+		_, err := b.Create(context.Background(), s)
+		if backend.ClassOf(err) != backend.ClassPermanent || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%s: %v (%s); want a permanent error naming %q", name, err, backend.ClassOf(err), c.want)
+		}
+	}
+	if n := len(fake.Instances()); n != 0 || fake.Calls("RunInstances") != 0 {
+		t.Errorf("refusals made %d instances", n)
+	}
+	// Ubuntu's AMI is supported, with its own root device.
+	s := spec("5c2d3e4f-0001-4222-8333-944455556666")
+	s.AWS.Image = ec2fake.UbuntuAMI
+	if _, err := b.Create(context.Background(), s); err != nil || only(t, fake).Params["BlockDeviceMapping.1.DeviceName"] != "/dev/sda1" {
+		t.Errorf("Ubuntu's AMI with its root device encrypted: %v", err)
+	}
+}
+
+// TestErrorsClassified: EC2's error codes, as RunInstances answers them,
+// sort into the backend's classes, EC2's message kept; a throttled call
+// is retried by the SDK and passes.
+func TestErrorsClassified(t *testing.T) {
+	fake := ec2fake.Start(t)
+	b := newBackend(t, fake, "c1")
+	for code, want := range map[string]backend.Class{
+		"InsufficientInstanceCapacity": backend.ClassStockout,
+		"InstanceLimitExceeded":        backend.ClassQuota,
+		"VcpuLimitExceeded":            backend.ClassQuota,
+		"AddressLimitExceeded":         backend.ClassQuota,
+		"UnauthorizedOperation":        backend.ClassAccessDenied,
+		"InvalidParameterValue":        backend.ClassPermanent,
+		"RequestLimitExceeded":         backend.ClassThrottled,
+		"InternalError":                backend.ClassTransient,
+	} {
+		fake.Fail("RunInstances", ec2fake.Failure{Code: code, Message: "the " + code + " message", Times: -1})
+		_, err := b.Create(context.Background(), spec("6c2d3e4f-0000-4222-8333-944455556666"))
+		if backend.ClassOf(err) != want || !strings.Contains(err.Error(), "the "+code+" message") {
+			t.Errorf("%s: %v (%s); want %s with EC2's message", code, err, backend.ClassOf(err), want)
+		}
+	}
+	fake.Fail("RunInstances", ec2fake.Failure{Code: "RequestLimitExceeded", Times: 1})
+	before := fake.Calls("RunInstances")
+	if _, err := b.Create(context.Background(), spec("6c2d3e4f-0001-4222-8333-944455556666")); err != nil || fake.Calls("RunInstances") != before+2 {
+		t.Errorf("one throttled RunInstances is retried: %v, %d calls", err, fake.Calls("RunInstances")-before)
+	}
+}
+
+// TestListOwned: every page of this cluster's instances that are not
+// terminated, none of another cluster's.
+func TestListOwned(t *testing.T) {
+	fake := ec2fake.Start(t)
+	fake.PendingFor, fake.TerminatingFor = 0, 0
+	fake.MaxPage = 5
+	b := newBackend(t, fake, "c1")
+	other := newBackend(t, fake, "c2")
+	ctx := context.Background()
+	for i := range 12 {
+		if _, err := b.Create(ctx, fleetSpec(i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := spec("7c2d3e4f-0000-4222-8333-944455556666")
+	s.Owner.ClusterID = "c2"
+	if _, err := other.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Delete(ctx, fleetSpec(0).Ref); err != nil {
+		t.Fatal(err)
+	}
+	owned, err := b.ListOwned(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, i := range owned {
+		if i.Zone != "" {
+			n++
+			if !i.Owner.OfCluster("c1") || i.Name == fleetSpec(0).Name && i.Phase != v1alpha1.InstancePhaseTerminated {
+				t.Errorf("listed: %+v", i)
+			}
+		}
+	}
+	if n < 11 || n > 12 || fake.Calls("DescribeInstances") < 3 {
+		t.Errorf("%d of cluster c1's instances listed in %d pages; want the 11 not terminated (the 12th shutting down may be)", n, fake.Calls("DescribeInstances"))
+	}
+}
