@@ -26,7 +26,7 @@ for f in "$moddir"/cluster/crds/*.yaml; do
 done >"$seed/package.yaml"
 
 fleet="apis/fleet/definition.yaml,apis/fleet/legacy/definition.yaml,apis/fleet/pool/definition.yaml,apis/fleet/composition.yaml,apis/fleet/legacy/composition.yaml,apis/fleet/pool/composition.yaml"
-extensions="$fleet,package/provider/crds"
+extensions="$fleet,package/provider/crds,hack/validate/schemas"
 # Core Kubernetes objects (apiVersion: v1) and the Lease fixtures of the
 # render examples have no CRD to validate against; the apiserver integration
 # test accepts those. Everything else must have a
