@@ -414,9 +414,19 @@ func TestInvalidObjectsRejected(t *testing.T) {
 			want: []string{"spec.policy.local and spec.policy.allowedProxyNamespaces may be set only on a ClusterProviderConfig"},
 		},
 		"ProviderConfigUnknownBackend": {
-			reason: "The backend is one of the three the provider has.",
+			reason: "The backend is one of the four the provider has.",
+			base:   validProviderConfig, set: map[string]any{"spec.backend": "Azure"},
+			want: []string{"spec.backend", `supported values: "Local", "Kubernetes", "GCP", "AWS"`},
+		},
+		"ProviderConfigAWSWithoutSettings": {
+			reason: "The AWS backend needs a region and credentials.",
 			base:   validProviderConfig, set: map[string]any{"spec.backend": "AWS"},
-			want: []string{"spec.backend", `supported values: "Local", "Kubernetes", "GCP"`},
+			want: []string{"spec", "aws is required when backend is AWS"},
+		},
+		"ProxyTwoPlacementsWithAWS": {
+			reason: "An AWS placement is one of exactly one.",
+			base:   validProxy, set: map[string]any{"spec.forProvider.aws": map[string]any{"zone": "us-east-1a"}},
+			want: []string{"a Managed proxy needs exactly one backend placement: set one of local, kubernetes, gcp or aws"},
 		},
 		"ProviderConfigMismatchedBlock": {
 			reason: "Settings for another backend are a mistake, not ignored.",

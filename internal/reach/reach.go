@@ -109,10 +109,11 @@ func TenantBackend(p *v1alpha1.Proxy) bool {
 }
 
 // PlatformVM reports whether p is a VM of the platform's cloud account:
-// a Managed GCP proxy of a ClusterProviderConfig, whose address the
+// a Managed GCP or AWS proxy of a ClusterProviderConfig, whose address the
 // platform's backend reported.
 func PlatformVM(p *v1alpha1.Proxy) bool {
-	return p.Spec.ForProvider.Mode != v1alpha1.ProxyModeExternal && p.Spec.ForProvider.GCP != nil && !TenantBackend(p)
+	fp := p.Spec.ForProvider
+	return fp.Mode != v1alpha1.ProxyModeExternal && (fp.GCP != nil || fp.AWS != nil) && !TenantBackend(p)
 }
 
 // StandInVMs is where make scale's stand-in VMs listen (one loopback

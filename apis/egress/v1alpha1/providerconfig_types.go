@@ -6,7 +6,7 @@ import (
 )
 
 // BackendType names where a ProviderConfig's proxies run.
-// +kubebuilder:validation:Enum=Local;Kubernetes;GCP
+// +kubebuilder:validation:Enum=Local;Kubernetes;GCP;AWS
 type BackendType string
 
 // Backends.
@@ -17,6 +17,8 @@ const (
 	BackendKubernetes BackendType = "Kubernetes"
 	// BackendGCP runs each proxy on a Compute Engine VM.
 	BackendGCP BackendType = "GCP"
+	// BackendAWS runs each proxy on an EC2 instance.
+	BackendAWS BackendType = "AWS"
 )
 
 // ProviderConfigSpec chooses a backend and holds its settings and credentials.
@@ -24,6 +26,8 @@ const (
 // +kubebuilder:validation:XValidation:rule="!has(self.kubernetes) || self.backend == 'Kubernetes'",message="kubernetes is set but backend is not Kubernetes: remove kubernetes or set backend: Kubernetes"
 // +kubebuilder:validation:XValidation:rule="!has(self.gcp) || self.backend == 'GCP'",message="gcp is set but backend is not GCP: remove gcp or set backend: GCP"
 // +kubebuilder:validation:XValidation:rule="self.backend != 'GCP' || has(self.gcp)",message="gcp is required when backend is GCP: set gcp.project and gcp.credentials"
+// +kubebuilder:validation:XValidation:rule="!has(self.aws) || self.backend == 'AWS'",message="aws is set but backend is not AWS: remove aws or set backend: AWS"
+// +kubebuilder:validation:XValidation:rule="self.backend != 'AWS' || has(self.aws)",message="aws is required when backend is AWS: set aws.region and aws.credentials"
 type ProviderConfigSpec struct {
 	// Backend the proxies of this configuration run on.
 	Backend BackendType `json:"backend"`
@@ -39,6 +43,10 @@ type ProviderConfigSpec struct {
 	// GCP backend settings.
 	// +optional
 	GCP *GCPBackend `json:"gcp,omitempty"`
+
+	// AWS backend settings.
+	// +optional
+	AWS *AWSBackend `json:"aws,omitempty"`
 
 	// Policy bounds what the proxies of this configuration may ask for.
 	// +optional
@@ -102,6 +110,10 @@ type Policy struct {
 	// GCP bounds the VMs of the GCP backend.
 	// +optional
 	GCP *GCPPolicy `json:"gcp,omitempty"`
+
+	// AWS bounds the instances of the AWS backend.
+	// +optional
+	AWS *AWSPolicy `json:"aws,omitempty"`
 }
 
 // LocalPolicy is what a Proxy's local Squid may ask for. The provider
@@ -314,6 +326,7 @@ type ProviderConfigStatus struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.spec.local) || (!has(self.spec.local.squidPath) && !has(self.spec.local.stateDir) && !has(self.spec.local.portRange))",message="spec.local.squidPath, stateDir and portRange may be set only on a ClusterProviderConfig"
 // +kubebuilder:validation:XValidation:rule="self.spec.backend != 'Kubernetes' || (has(self.spec.kubernetes) && has(self.spec.kubernetes.credentials) && self.spec.kubernetes.credentials.source == 'Secret')",message="spec.kubernetes.credentials.source must be Secret: only a ClusterProviderConfig may use the provider's own identity"
 // +kubebuilder:validation:XValidation:rule="!has(self.spec.gcp) || self.spec.gcp.credentials.source == 'Secret'",message="spec.gcp.credentials.source must be Secret: only a ClusterProviderConfig may use the provider's own identity"
+// +kubebuilder:validation:XValidation:rule="!has(self.spec.aws) || self.spec.aws.credentials.source == 'Secret'",message="spec.aws.credentials.source must be Secret: only a ClusterProviderConfig may use the provider's own identity"
 // +kubebuilder:validation:XValidation:rule="!has(self.spec.policy) || (!has(self.spec.policy.local) && !has(self.spec.policy.allowedProxyNamespaces))",message="spec.policy.local and spec.policy.allowedProxyNamespaces may be set only on a ClusterProviderConfig: a ProviderConfig's local proxies listen on loopback and reach no loopback service, and it serves its own namespace"
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status

@@ -83,15 +83,18 @@ type NetworkTag string
 
 // ProxyParameters are the configurable fields of a Proxy.
 // +kubebuilder:validation:XValidation:rule="self.mode != 'External' || has(self.endpoint)",message="endpoint is required when mode is External: set endpoint.host and endpoint.port of the proxy you run"
-// +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !(has(self.local) || has(self.kubernetes) || has(self.gcp))",message="an External proxy takes no backend placement: remove local, kubernetes and gcp, or use mode Managed"
+// +kubebuilder:validation:XValidation:rule="self.mode != 'External' || !(has(self.local) || has(self.kubernetes) || has(self.gcp) || has(self.aws))",message="an External proxy takes no backend placement: remove local, kubernetes, gcp and aws, or use mode Managed"
 // +kubebuilder:validation:XValidation:rule="self.mode == 'External' || !has(self.endpoint)",message="endpoint is only for mode External: a Managed proxy gets its endpoint from its backend"
-// +kubebuilder:validation:XValidation:rule="self.mode == 'External' || (has(self.local) ? 1 : 0) + (has(self.kubernetes) ? 1 : 0) + (has(self.gcp) ? 1 : 0) == 1",message="a Managed proxy needs exactly one backend placement: set one of local, kubernetes or gcp"
+// +kubebuilder:validation:XValidation:rule="self.mode == 'External' || (has(self.local) ? 1 : 0) + (has(self.kubernetes) ? 1 : 0) + (has(self.gcp) ? 1 : 0) + (has(self.aws) ? 1 : 0) == 1",message="a Managed proxy needs exactly one backend placement: set one of local, kubernetes, gcp or aws"
 // +kubebuilder:validation:XValidation:rule="self.mode == 'External' || has(self.authSecretRef) || (has(self.allowedSourceRanges) && size(self.allowedSourceRanges) > 0)",message="refusing an open proxy: set authSecretRef (credentials) and/or allowedSourceRanges"
 // +kubebuilder:validation:XValidation:rule="has(self.authSecretRef) || !has(self.allowedSourceRanges) || self.allowedSourceRanges.all(r, ['10.0.0.0/8', '172.16.0.0/12', '192.168.0.0/16', '100.64.0.0/10', '127.0.0.0/8', '::1/128', 'fc00::/7', 'fe80::/10'].exists(p, cidr(p).containsCIDR(r)))",message="allowedSourceRanges: without authSecretRef every range must lie in private, loopback or CGNAT space; a public client range is an open proxy: add authSecretRef or narrow the ranges"
 // +kubebuilder:validation:XValidation:rule="!has(self.gcp) || (has(self.gcp.publishedAddress) && self.gcp.publishedAddress == 'Internal') || has(self.gcp.cloudInit) || !has(self.allowedSourceRanges) || size(self.allowedSourceRanges) == 0 || self.allowedSourceRanges.exists(r, !['10.0.0.0/8', '172.16.0.0/12', '192.168.0.0/16', '100.64.0.0/10'].exists(p, cidr(p).containsCIDR(r)))",message="allowedSourceRanges: a GCP proxy open to private networks only cannot serve at its external IP, which clients inside a VPC reach only from an external address: set gcp.publishedAddress: Internal, or list the crawlers' external ranges"
 // +kubebuilder:validation:XValidation:rule="!has(self.gcp) || !has(self.port) || self.port >= 1024",message="port: a GCP proxy listens on 1024 or above: a lower port needs privileges the distribution's Squid AppArmor profile may deny, and the VM's proxy would never come up"
 // +kubebuilder:validation:XValidation:rule="!has(self.gcp) || !has(self.allowedSourceRanges) || self.allowedSourceRanges.all(r, cidr(r).ip().family() == 4)",message="allowedSourceRanges: a GCP proxy's firewall rule takes IPv4 ranges only, and its VM has an IPv4 address only: remove the IPv6 ranges"
-// +kubebuilder:validation:XValidation:rule="has(self.local) == has(oldSelf.local) && has(self.kubernetes) == has(oldSelf.kubernetes) && has(self.gcp) == has(oldSelf.gcp)",message="the backend placement is immutable: a Proxy keeps the one of local, kubernetes or gcp it was created with (the address rule of its probe and of the gateway goes by it); create a new Proxy instead"
+// +kubebuilder:validation:XValidation:rule="!has(self.aws) || !has(self.allowedSourceRanges) || self.allowedSourceRanges.all(r, cidr(r).ip().family() == 4)",message="allowedSourceRanges: an AWS proxy's security group is opened to IPv4 ranges only, and its instance has an IPv4 address only: remove the IPv6 ranges"
+// +kubebuilder:validation:XValidation:rule="!has(self.aws) || !has(self.port) || self.port >= 1024",message="port: an AWS proxy listens on 1024 or above: a lower port needs privileges the distribution's Squid AppArmor profile may deny, and the instance's proxy would never come up"
+// +kubebuilder:validation:XValidation:rule="!has(self.aws) || has(self.aws.userData) || !has(self.allowedSourceRanges) || size(self.allowedSourceRanges) == 0 || self.allowedSourceRanges.exists(r, !['10.0.0.0/8', '172.16.0.0/12', '192.168.0.0/16', '100.64.0.0/10'].exists(p, cidr(p).containsCIDR(r)))",message="allowedSourceRanges: an AWS proxy open to private networks only cannot serve at its public IP, which clients inside a VPC reach only from a public address: list the crawlers' external ranges (with authSecretRef)"
+// +kubebuilder:validation:XValidation:rule="has(self.local) == has(oldSelf.local) && has(self.kubernetes) == has(oldSelf.kubernetes) && has(self.gcp) == has(oldSelf.gcp) && has(self.aws) == has(oldSelf.aws)",message="the backend placement is immutable: a Proxy keeps the one of local, kubernetes, gcp or aws it was created with (the address rule of its probe and of the gateway goes by it); create a new Proxy instead"
 type ProxyParameters struct {
 	// Mode says who runs the proxy. Managed proxies are created on the
 	// ProviderConfig's backend; External proxies are only probed.
@@ -111,6 +114,11 @@ type ProxyParameters struct {
 	// GCP places the proxy on a Compute Engine VM with its own external IP.
 	// +optional
 	GCP *GCPPlacement `json:"gcp,omitempty"`
+
+	// AWS places the proxy on an EC2 instance with its own public IPv4
+	// address.
+	// +optional
+	AWS *AWSPlacement `json:"aws,omitempty"`
 
 	// Port the proxy listens on.
 	// +kubebuilder:default=3128

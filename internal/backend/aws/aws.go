@@ -17,7 +17,8 @@
 //
 // Files: aws.go (the backend: create, observe, delete, list), group.go
 // (the fleet's security group), errors.go (EC2's error codes as backend
-// classes).
+// classes), credentials.go (an access key from a shared credentials
+// file).
 package aws
 
 import (

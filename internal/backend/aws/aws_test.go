@@ -367,3 +367,31 @@ func TestListOwned(t *testing.T) {
 		t.Errorf("%d of cluster c1's instances listed in %d pages; want the 11 not terminated (the 12th shutting down may be)", n, fake.Calls("DescribeInstances"))
 	}
 }
+
+// TestSharedCredentials: an access key is read from a shared credentials
+// file's [default] profile; anything that would make the provider run a
+// program, assume a role or read another file is refused, naming it.
+func TestSharedCredentials(t *testing.T) {
+	good := "# a comment\n[other]\naws_access_key_id = AKIDOTHER\n[default]\naws_access_key_id = AKIDX\naws_secret_access_key = s3cret\naws_session_token = tok\n"
+	p, err := aws.SharedCredentials([]byte(good))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := p.Retrieve(context.Background())
+	if err != nil || c.AccessKeyID != "AKIDX" || c.SecretAccessKey != "s3cret" || c.SessionToken != "tok" {
+		t.Errorf("the [default] profile's key: %+v %v", c, err)
+	}
+	for name, file := range map[string]string{
+		"credential_process": "[default]\ncredential_process = /bin/sh -c 'curl evil'\n",
+		"role_arn":           "[default]\naws_access_key_id = A\naws_secret_access_key = B\nrole_arn = arn:aws:iam::1:role/x\n",
+		"no default":         "[prod]\naws_access_key_id = A\naws_secret_access_key = B\n",
+		"no secret":          "[default]\naws_access_key_id = A\n",
+		"garbage":            "[default]\nnot a key value\n",
+	} {
+		if _, err := aws.SharedCredentials([]byte(file)); err == nil {
+			t.Errorf("%s: accepted", name)
+		} else if name == "credential_process" && !strings.Contains(err.Error(), "credential_process") {
+			t.Errorf("%s: %v; want it named", name, err)
+		}
+	}
+}

@@ -27,6 +27,7 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	awsbackend "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/aws"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/kubernetes"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
@@ -56,6 +57,11 @@ type Backends struct {
 	// GCPOperationTimeout bounds how long a GCP Create waits for its
 	// insert operations; zero means the backend's default.
 	GCPOperationTimeout time.Duration
+	// AWSEndpoint replaces EC2's regional endpoint; tests point it at a
+	// fake of the API. AWSMaxAttempts bounds the SDK's retries (zero: its
+	// default).
+	AWSEndpoint    string
+	AWSMaxAttempts int
 	// RetireAfter is how long a replaced backend is kept open for those
 	// still using it; zero means ten minutes.
 	RetireAfter time.Duration
@@ -224,6 +230,8 @@ func (b *Backends) For(ctx context.Context, pc *config) (backend.Backend, error)
 		return kb, nil
 	case v1alpha1.BackendGCP:
 		return b.gcpBackend(ctx, pc)
+	case v1alpha1.BackendAWS:
+		return b.awsBackend(ctx, pc)
 	default:
 		return nil, backend.Errorf(backend.ClassPermanent, "the %s backend is not available in this provider version", pc.Spec.Backend)
 	}
@@ -268,6 +276,48 @@ func (b *Backends) gcpBackend(ctx context.Context, pc *config) (backend.Backend,
 	}
 	b.remote[pc.UID] = remoteBackend{version: version, backend: gb}
 	return gb, nil
+}
+
+// awsBackend returns the AWS backend of pc, made once per configuration
+// version. The caller holds b.mu.
+func (b *Backends) awsBackend(ctx context.Context, pc *config) (backend.Backend, error) {
+	a := pc.Spec.AWS
+	if a == nil {
+		return nil, backend.Errorf(backend.ClassPermanent, "%s %s has no aws settings: set spec.aws.region and spec.aws.credentials", pc.Kind, pc.Name)
+	}
+	var sel *xpv2.CommonCredentialSelectors
+	if a.Credentials.Source == xpv2.CredentialsSourceSecret {
+		sel = &a.Credentials.CommonCredentialSelectors
+	}
+	cached, version := b.cached(ctx, pc, sel)
+	if cached != nil {
+		return cached, nil
+	}
+	cfg := awsbackend.Config{Region: a.Region, ClusterID: b.ClusterID, Endpoint: b.AWSEndpoint, MaxAttempts: b.AWSMaxAttempts}
+	if a.Credentials.Source == xpv2.CredentialsSourceSecret {
+		sel := a.Credentials.CommonCredentialSelectors
+		if sel.SecretRef != nil && pc.Namespace != "" {
+			sel.SecretRef = sel.SecretRef.DeepCopy()
+			sel.SecretRef.Namespace = pc.Namespace
+		}
+		file, err := resource.CommonCredentialExtractor(ctx, a.Credentials.Source, b.Kube, sel)
+		if err != nil {
+			return nil, errors.Wrap(err, "cannot read the AWS access key")
+		}
+		creds, err := awsbackend.SharedCredentials(file)
+		if err != nil {
+			return nil, backend.Wrap(backend.ClassPermanent, errors.Wrapf(err, "%s %s", pc.Kind, pc.Name))
+		}
+		cfg.Credentials = creds
+	} else if pc.Namespace != "" {
+		return nil, backend.Errorf(backend.ClassPermanent, "%s %s/%s must take its AWS access key from a Secret: only a ClusterProviderConfig may use the provider's own identity", pc.Kind, pc.Namespace, pc.Name)
+	}
+	ab, err := awsbackend.New(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	b.remote[pc.UID] = remoteBackend{version: version, backend: ab}
+	return ab, nil
 }
 
 // kubeClient returns an uncached client for the pods' cluster: proxy pods

@@ -52,6 +52,56 @@ func admit(p *v1alpha1.Proxy, pc *config) error {
 		return admitPod(p, pc, pol.Kubernetes)
 	case fp.GCP != nil:
 		return admitVM(fp.GCP, pc, pol.GCP)
+	case fp.AWS != nil:
+		return admitEC2(fp.AWS, pc, pol.AWS)
+	}
+	return nil
+}
+
+// defaultInstanceTypes are the EC2 types a policy without its own list
+// allows: small burstable ones, enough for a proxy.
+var defaultInstanceTypes = []string{"t3.micro", "t3.small", "t3a.micro", "t3a.small"}
+
+// admitEC2 checks an instance's placement against the policy: its type,
+// image, subnet, extra security groups and own user data.
+func admitEC2(a *v1alpha1.AWSPlacement, pc *config, pol *v1alpha1.AWSPolicy) error {
+	if pol == nil {
+		pol = &v1alpha1.AWSPolicy{}
+	}
+	if a.UserData != nil && !pol.AllowUserData {
+		return errors.Errorf("spec.forProvider.aws.userData is not permitted by %s %s: its spec.policy.aws.allowUserData is false, so instances run only the generated Squid configuration; ask the platform team to allow it or remove it",
+			pc.Kind, pc.Name)
+	}
+	if pc.Spec.AWS != nil && !strings.HasPrefix(a.Zone, pc.Spec.AWS.Region) {
+		return errors.Errorf("spec.forProvider.aws.zone %q is not in region %s of %s %s: use one of its zones (%sa, %sb, ...)", a.Zone, pc.Spec.AWS.Region, pc.Kind, pc.Name, pc.Spec.AWS.Region, pc.Spec.AWS.Region)
+	}
+	typ, types := a.InstanceType, pol.AllowedInstanceTypes
+	if typ == "" {
+		typ = v1alpha1.DefaultAWSInstanceType
+	}
+	if len(types) == 0 {
+		types = defaultInstanceTypes
+	}
+	if !slices.Contains(types, typ) {
+		return refusal("aws.instanceType", typ, pc, "aws.allowedInstanceTypes", types, len(pol.AllowedInstanceTypes) == 0)
+	}
+	image, images := a.Image, pol.AllowedImages
+	if image == "" {
+		image = v1alpha1.DefaultAWSImage
+	}
+	if len(images) == 0 {
+		images = []string{v1alpha1.DefaultAWSImage}
+	}
+	if !slices.Contains(images, image) {
+		return refusal("aws.image", image, pc, "aws.allowedImages", images, len(pol.AllowedImages) == 0)
+	}
+	if a.Subnet != "" && !slices.Contains(pol.AllowedSubnets, a.Subnet) {
+		return refusal("aws.subnet", a.Subnet, pc, "aws.allowedSubnets", pol.AllowedSubnets, false)
+	}
+	for _, g := range a.SecurityGroups {
+		if !slices.Contains(pol.AllowedSecurityGroups, g) {
+			return refusal("aws.securityGroups", g, pc, "aws.allowedSecurityGroups", pol.AllowedSecurityGroups, false)
+		}
 	}
 	return nil
 }
@@ -349,6 +399,9 @@ func tenantConfig(pc *config) error {
 	}
 	if g := pc.Spec.GCP; pc.Spec.Backend == v1alpha1.BackendGCP && g != nil && g.Credentials.Source != xpv2.CredentialsSourceSecret {
 		return errors.Errorf("%s must set spec.gcp.credentials.source to Secret, naming a service-account key in its own namespace: only a ClusterProviderConfig may use the provider's own identity", name)
+	}
+	if a := pc.Spec.AWS; pc.Spec.Backend == v1alpha1.BackendAWS && a != nil && a.Credentials.Source != xpv2.CredentialsSourceSecret {
+		return errors.Errorf("%s must set spec.aws.credentials.source to Secret, naming an access key in its own namespace: only a ClusterProviderConfig may use the provider's own identity", name)
 	}
 	return nil
 }

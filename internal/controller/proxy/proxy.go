@@ -260,6 +260,7 @@ func placementMatches(p *v1alpha1.Proxy, pc *config) error {
 		v1alpha1.BackendLocal:      fp.Local != nil,
 		v1alpha1.BackendKubernetes: fp.Kubernetes != nil,
 		v1alpha1.BackendGCP:        fp.GCP != nil,
+		v1alpha1.BackendAWS:        fp.AWS != nil,
 	}
 	if !want[pc.Spec.Backend] {
 		return errors.Errorf("%s %s uses the %s backend, but the Proxy's placement is for another: set spec.forProvider.%s or reference a matching ProviderConfig",
@@ -274,6 +275,8 @@ func placementField(b v1alpha1.BackendType) string {
 		return "kubernetes"
 	case v1alpha1.BackendGCP:
 		return "gcp"
+	case v1alpha1.BackendAWS:
+		return "aws"
 	default:
 		return "local"
 	}

@@ -57,6 +57,8 @@ func instanceRef(p *v1alpha1.Proxy, pc *config) backend.Ref {
 	case fp.GCP != nil:
 		r.Zone = fp.GCP.Zone
 		r.NetworkProject = gcp.NetworkProject(fp.GCP.Network)
+	case fp.AWS != nil:
+		r.Zone = fp.AWS.Zone
 	}
 	return r
 }
@@ -69,6 +71,9 @@ var (
 	recordedVM    = regexp.MustCompile(`^projects/([^/]+)/zones/([a-z0-9-]+)/instances/([a-z0-9-]+)$`)
 	recordedPod   = regexp.MustCompile(`^([a-z0-9-]+)/([a-z0-9.-]+)$`)
 	recordedLocal = regexp.MustCompile(`^local/(egress-[a-z2-7]{16})$`)
+	// An EC2 instance is recorded by its zone and ID (aws:///ZONE/ID) and
+	// found by its name tag, which is the Proxy's.
+	recordedEC2 = regexp.MustCompile(`^aws:///([a-z0-9-]+)/i-[0-9a-f]+$`)
 )
 
 // parseRecorded reads a providerID of the Proxy's backend into a
@@ -91,6 +96,11 @@ func parseRecorded(p *v1alpha1.Proxy, pc *config, id string) (backend.Ref, bool)
 	case fp.Local != nil:
 		if m := recordedLocal.FindStringSubmatch(id); m != nil {
 			r.Name = m[1]
+			return r, true
+		}
+	case fp.AWS != nil:
+		if m := recordedEC2.FindStringSubmatch(id); m != nil {
+			r.Zone = m[1]
 			return r, true
 		}
 	}
@@ -140,6 +150,9 @@ func usedSecrets(p *v1alpha1.Proxy, pc *config) []types.NamespacedName {
 	if fp.GCP != nil && fp.GCP.CloudInit != nil && fp.GCP.CloudInit.SecretRef != nil {
 		out = append(out, types.NamespacedName{Namespace: p.GetNamespace(), Name: fp.GCP.CloudInit.SecretRef.Name})
 	}
+	if fp.AWS != nil && fp.AWS.UserData != nil && fp.AWS.UserData.SecretRef != nil {
+		out = append(out, types.NamespacedName{Namespace: p.GetNamespace(), Name: fp.AWS.UserData.SecretRef.Name})
+	}
 	if pc == nil {
 		return out
 	}
@@ -147,6 +160,8 @@ func usedSecrets(p *v1alpha1.Proxy, pc *config) []types.NamespacedName {
 	switch {
 	case pc.Spec.GCP != nil && pc.Spec.GCP.Credentials.Source == xpv2.CredentialsSourceSecret:
 		sel = &pc.Spec.GCP.Credentials.CommonCredentialSelectors
+	case pc.Spec.AWS != nil && pc.Spec.AWS.Credentials.Source == xpv2.CredentialsSourceSecret:
+		sel = &pc.Spec.AWS.Credentials.CommonCredentialSelectors
 	case pc.Spec.Kubernetes != nil && pc.Spec.Kubernetes.Credentials != nil && pc.Spec.Kubernetes.Credentials.Source == xpv2.CredentialsSourceSecret:
 		sel = &pc.Spec.Kubernetes.Credentials.CommonCredentialSelectors
 	}
@@ -240,29 +255,37 @@ func permitted(p *v1alpha1.Proxy, pc *config) error {
 	return nil
 }
 
-// userData reads a GCP Proxy's own cloud-init, inline or from its Secret.
+// userData reads a VM Proxy's own start-up configuration (gcp.cloudInit,
+// aws.userData), inline or from its Secret.
 func userData(ctx context.Context, kube client.Client, p *v1alpha1.Proxy) (string, error) {
-	g := p.Spec.ForProvider.GCP
-	if g == nil || g.CloudInit == nil {
+	var ci *v1alpha1.CloudInit
+	field := ""
+	switch fp := p.Spec.ForProvider; {
+	case fp.GCP != nil:
+		ci, field = fp.GCP.CloudInit, "spec.forProvider.gcp.cloudInit"
+	case fp.AWS != nil:
+		ci, field = fp.AWS.UserData, "spec.forProvider.aws.userData"
+	}
+	if ci == nil {
 		return "", nil
 	}
-	if g.CloudInit.Inline != nil {
-		return *g.CloudInit.Inline, nil
+	if ci.Inline != nil {
+		return *ci.Inline, nil
 	}
-	ref := g.CloudInit.SecretRef
+	ref := ci.SecretRef
 	if ref == nil {
-		return "", errors.New("spec.forProvider.gcp.cloudInit needs inline or secretRef")
+		return "", errors.Errorf("%s needs inline or secretRef", field)
 	}
 	s := &corev1.Secret{}
 	if err := kube.Get(ctx, types.NamespacedName{Namespace: p.GetNamespace(), Name: ref.Name}, s); err != nil {
-		return "", errors.Wrapf(err, "cannot get cloud-init secret %s/%s", p.GetNamespace(), ref.Name)
+		return "", errors.Wrapf(err, "cannot get the secret %s/%s of %s", p.GetNamespace(), ref.Name, field)
 	}
 	if err := v1alpha1.UsableSecret(s); err != nil {
-		return "", errors.Wrap(err, "spec.forProvider.gcp.cloudInit.secretRef")
+		return "", errors.Wrap(err, field+".secretRef")
 	}
 	v, ok := s.Data[ref.Key]
 	if !ok {
-		return "", errors.Errorf("cloud-init secret %s/%s has no key %q", p.GetNamespace(), ref.Name, ref.Key)
+		return "", errors.Errorf("secret %s/%s of %s has no key %q", p.GetNamespace(), ref.Name, field, ref.Key)
 	}
 	return string(v), nil
 }
@@ -302,6 +325,7 @@ func desiredSpec(p *v1alpha1.Proxy, pc *config, clusterID string, creds *backend
 		Local:                      fp.Local,
 		Kubernetes:                 fp.Kubernetes,
 		GCP:                        fp.GCP,
+		AWS:                        fp.AWS,
 		AllowLoopbackDestinations:  loopbackAllowed(pc),
 	}
 	if s.Port == 0 {
@@ -362,6 +386,7 @@ func hashSpec(s backend.Spec, legacy bool) string {
 		Local       *v1alpha1.LocalPlacement      `json:"local,omitempty"`
 		Kubernetes  *v1alpha1.KubernetesPlacement `json:"kubernetes,omitempty"`
 		GCP         *v1alpha1.GCPPlacement        `json:"gcp,omitempty"`
+		AWS         *v1alpha1.AWSPlacement        `json:"aws,omitempty"`
 		Port        int32                         `json:"port"`
 		Ranges      []string                      `json:"ranges,omitempty"`
 		Private     []string                      `json:"private,omitempty"`
@@ -371,7 +396,7 @@ func hashSpec(s backend.Spec, legacy bool) string {
 		PasswordSum string                        `json:"passwordSum,omitempty"`
 		Auth        bool                          `json:"auth,omitempty"`
 		UserDataSum string                        `json:"userDataSum,omitempty"`
-	}{Local: s.Local, Kubernetes: s.Kubernetes, GCP: hashedGCP(s.GCP), Port: s.Port, Ranges: s.AllowedSourceRanges, Private: s.AllowedPrivateDestinations, Generation: squid.ConfigGeneration, Loopback: s.AllowLoopbackDestinations && s.Local != nil}
+	}{Local: s.Local, Kubernetes: s.Kubernetes, GCP: hashedGCP(s.GCP), AWS: s.AWS, Port: s.Port, Ranges: s.AllowedSourceRanges, Private: s.AllowedPrivateDestinations, Generation: squid.ConfigGeneration, Loopback: s.AllowLoopbackDestinations && s.Local != nil}
 	if s.UserData != "" {
 		sum := sha256.Sum256([]byte(s.UserData))
 		in.UserDataSum = hex.EncodeToString(sum[:])

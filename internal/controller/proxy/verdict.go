@@ -126,8 +126,8 @@ func (e *external) fold(p *v1alpha1.Proxy, addr string, o outcome) {
 	}
 }
 
-// egressMatch compares, for a VM that has its own external address (GCP,
-// where the published host is that address), the egress IP the probe saw
+// egressMatch compares, for a VM that has its own external address (GCP
+// and EC2, where the published host is that address), the egress IP the probe saw
 // with it, and sets EgressIPMismatch when they differ; a Warning event
 // marks each turn to a mismatch. The condition changes only with one of
 // the two addresses, so it cannot flap between probes.
@@ -156,7 +156,8 @@ func comparesEgress(p *v1alpha1.Proxy) bool {
 	_, err2 := netip.ParseAddr(p.Status.AtProvider.EgressIP)
 	// A published internal address (gcp.publishedAddress Internal) is
 	// never the egress IP.
-	return p.Spec.ForProvider.GCP != nil && err == nil && err2 == nil && !host.IsPrivate() && !cgnat.Contains(host)
+	vm := p.Spec.ForProvider.GCP != nil || p.Spec.ForProvider.AWS != nil
+	return vm && err == nil && err2 == nil && !host.IsPrivate() && !cgnat.Contains(host)
 }
 
 var cgnat = netip.MustParsePrefix("100.64.0.0/10")

@@ -57,6 +57,14 @@ const (
 	OtherAMI  = "ami-0ccc0000000000003"
 )
 
+// Instance states, as EC2 names them.
+const (
+	statePending      = "pending"
+	stateRunning      = "running"
+	stateShuttingDown = "shutting-down"
+	stateTerminated   = "terminated"
+)
+
 // image is what DescribeImages says of an AMI.
 type image struct{ owner, root, name string }
 
@@ -211,7 +219,7 @@ func (s *Server) Interrupt(id, reason string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	i := s.instances[id]
-	if i == nil || i.State == "terminated" {
+	if i == nil || i.State == stateTerminated {
 		return false
 	}
 	s.terminateLocked(i, reason)
@@ -254,22 +262,22 @@ func (s *Server) advanceLocked() {
 	now := s.now()
 	for id, i := range s.instances {
 		switch {
-		case i.State == "pending" && !now.Before(i.until):
-			i.State = "running"
+		case i.State == statePending && !now.Before(i.until):
+			i.State = stateRunning
 			if i.PublicIP == "" && i.Params["NetworkInterface.1.AssociatePublicIpAddress"] == "true" {
 				s.seq++
 				i.PublicIP = fmt.Sprintf("198.51.100.%d", s.seq%250+1)
 			}
-		case i.State == "shutting-down" && !now.Before(i.until):
-			i.State, i.PublicIP, i.gone = "terminated", "", now.Add(s.TerminatedListed)
-		case i.State == "terminated" && !now.Before(i.gone):
+		case i.State == stateShuttingDown && !now.Before(i.until):
+			i.State, i.PublicIP, i.gone = stateTerminated, "", now.Add(s.TerminatedListed)
+		case i.State == stateTerminated && !now.Before(i.gone):
 			delete(s.instances, id)
 		}
 	}
 }
 
 func (s *Server) terminateLocked(i *Instance, reason string) {
-	i.State, i.until = "shutting-down", s.now().Add(s.TerminatingFor)
+	i.State, i.until = stateShuttingDown, s.now().Add(s.TerminatingFor)
 	i.StateReason = reason
 	if s.OnTerminate != nil {
 		s.OnTerminate(i)
@@ -314,51 +322,16 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	defer s.mu.Unlock()
 	s.calls[action]++
 	s.advanceLocked()
-	if fl := s.failures[action]; fl != nil {
-		if fl.Times <= 1 && fl.Times >= 0 {
-			delete(s.failures, action)
-		} else if fl.Times > 1 {
-			fl.Times--
-		}
-		e := &apiError{status: fl.Status, code: fl.Code, message: fl.Message}
-		if e.status == 0 {
-			e.status = http.StatusBadRequest
-			if fl.Code == "RequestLimitExceeded" || fl.Code == "Unavailable" {
-				e.status = http.StatusServiceUnavailable
-			}
-		}
-		if e.message == "" {
-			e.message = "scripted failure " + fl.Code
-		}
+	if e := s.scriptedLocked(action); e != nil {
 		writeError(w, e)
 		return
 	}
-	var out any
-	var err *apiError
-	switch action {
-	case "RunInstances":
-		out, err = s.runInstances(p)
-	case "DescribeInstances":
-		out, err = s.describeInstances(p)
-	case "TerminateInstances":
-		out, err = s.terminateInstances(p)
-	case "CreateTags":
-		out, err = s.createTags(p)
-	case "DescribeSubnets":
-		out, err = s.describeSubnets(p)
-	case "DescribeImages":
-		out, err = s.describeImages(p)
-	case "CreateSecurityGroup":
-		out, err = s.createSecurityGroup(p)
-	case "DescribeSecurityGroups":
-		out, err = s.describeSecurityGroups(p)
-	case "AuthorizeSecurityGroupIngress":
-		out, err = s.authorizeIngress(p)
-	case "DeleteSecurityGroup":
-		out, err = s.deleteSecurityGroup(p)
-	default:
-		err = fail("InvalidAction", "The action %s is not valid for this web service.", action)
+	handle, ok := s.actions()[action]
+	if !ok {
+		writeError(w, fail("InvalidAction", "The action %s is not valid for this web service.", action))
+		return
 	}
+	out, err := handle(p)
 	if err != nil {
 		writeError(w, err)
 		return
@@ -366,6 +339,40 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/xml;charset=UTF-8")
 	_, _ = w.Write([]byte(xml.Header))
 	_ = xml.NewEncoder(w).Encode(out)
+}
+
+// actions are the fake's actions by name.
+func (s *Server) actions() map[string]func(map[string]string) (any, *apiError) {
+	return map[string]func(map[string]string) (any, *apiError){
+		"RunInstances": s.runInstances, "DescribeInstances": s.describeInstances, "TerminateInstances": s.terminateInstances,
+		"CreateTags": s.createTags, "DescribeSubnets": s.describeSubnets, "DescribeImages": s.describeImages,
+		"CreateSecurityGroup": s.createSecurityGroup, "DescribeSecurityGroups": s.describeSecurityGroups,
+		"AuthorizeSecurityGroupIngress": s.authorizeIngress, "DeleteSecurityGroup": s.deleteSecurityGroup,
+	}
+}
+
+// scriptedLocked is the failure scripted for action's call, if any.
+func (s *Server) scriptedLocked(action string) *apiError {
+	fl := s.failures[action]
+	if fl == nil {
+		return nil
+	}
+	if fl.Times <= 1 && fl.Times >= 0 {
+		delete(s.failures, action)
+	} else if fl.Times > 1 {
+		fl.Times--
+	}
+	e := &apiError{status: fl.Status, code: fl.Code, message: fl.Message}
+	if e.status == 0 {
+		e.status = http.StatusBadRequest
+		if fl.Code == "RequestLimitExceeded" || fl.Code == "Unavailable" {
+			e.status = http.StatusServiceUnavailable
+		}
+	}
+	if e.message == "" {
+		e.message = "scripted failure " + fl.Code
+	}
+	return e
 }
 
 func writeError(w http.ResponseWriter, e *apiError) {
@@ -488,16 +495,49 @@ func (s *Server) runInstances(p map[string]string) (any, *apiError) {
 			return nil, fail("InvalidAMIID.NotFound", "The image id '[%s]' does not exist", image)
 		}
 	}
+	sn, groups, err := s.runPlacement(p)
+	if err != nil {
+		return nil, err
+	}
+	if len(p["UserData"]) > 16384*4/3+4 {
+		return nil, fail("InvalidParameterValue", "User data is limited to 16384 bytes")
+	}
+	tags, err := runTags(p)
+	if err != nil {
+		return nil, err
+	}
+	sid := sn.id
+	i := &Instance{
+		ID: s.newID("i"), ImageID: image, Type: p["InstanceType"], Zone: sn.zone, SubnetID: sid, VPCID: sn.vpc,
+		ClientToken: token, State: statePending, Groups: groups, Tags: tags, Launched: s.now().UTC(), UserData: p["UserData"],
+		Params: p, until: s.now().Add(s.PendingFor), Spot: p["InstanceMarketOptions.MarketType"] == "spot",
+	}
+	s.seq++
+	i.PrivateIP = fmt.Sprintf("172.31.%d.%d", s.seq/250%250, s.seq%250+1)
+	if s.OnRun != nil {
+		s.OnRun(i)
+	}
+	s.instances[i.ID] = i
+	if token != "" {
+		s.tokens[token] = i.ID
+	}
+	return xRunResponse{ReservationID: "r-" + i.ID[2:], OwnerID: "123456789012", Instances: []xInstance{s.toX(i)}}, nil
+}
+
+// runPlacement is the subnet and security groups a RunInstances asks for,
+// checked: the subnet exists (in the zone asked for), the groups in its
+// VPC.
+func (s *Server) runPlacement(p map[string]string) (subnet, []string, *apiError) {
 	sid := p["NetworkInterface.1.SubnetId"]
 	if sid == "" {
 		sid = p["SubnetId"]
 	}
 	sn, ok := s.subnets[sid]
 	if !ok {
-		return nil, fail("InvalidSubnetID.NotFound", "The subnet ID '%s' does not exist", sid)
+		return subnet{}, nil, fail("InvalidSubnetID.NotFound", "The subnet ID '%s' does not exist", sid)
 	}
 	if z := p["Placement.AvailabilityZone"]; z != "" && z != sn.zone {
-		return nil, fail("InvalidParameterValue", "subnet %s is in %s, not %s", sid, sn.zone, z)
+		return subnet{}, nil, fail("InvalidParameterValue", "subnet %s is in %s, not %s", sid, sn.zone, z)
 	}
 	groups := list(p, "NetworkInterface.1.SecurityGroupId")
 	if len(groups) == 0 {
@@ -505,12 +545,15 @@ func (s *Server) runInstances(p map[string]string) (any, *apiError) {
 	}
 	for _, g := range groups {
 		if gr := s.groups[g]; gr == nil || gr.VPCID != sn.vpc {
-			return nil, fail("InvalidGroup.NotFound", "The security group '%s' does not exist in VPC '%s'", g, sn.vpc)
+			return subnet{}, nil, fail("InvalidGroup.NotFound", "The security group '%s' does not exist in VPC '%s'", g, sn.vpc)
 		}
 	}
-	if len(p["UserData"]) > 16384*4/3+4 {
-		return nil, fail("InvalidParameterValue", "User data is limited to 16384 bytes")
-	}
+	return sn, groups, nil
+}
+
+// runTags are the instance's tags of a RunInstances' TagSpecifications,
+// checked as EC2 does.
+func runTags(p map[string]string) (map[string]string, *apiError) {
 	tags := map[string]string{}
 	for n := 1; ; n++ {
 		pre := "TagSpecification." + strconv.Itoa(n)
@@ -531,24 +574,7 @@ func (s *Server) runInstances(p map[string]string) (any, *apiError) {
 			}
 		}
 	}
-	if err := checkTags(tags); err != nil {
-		return nil, err
-	}
-	i := &Instance{
-		ID: s.newID("i"), ImageID: image, Type: p["InstanceType"], Zone: sn.zone, SubnetID: sid, VPCID: sn.vpc,
-		ClientToken: token, State: "pending", Groups: groups, Tags: tags, Launched: s.now().UTC(), UserData: p["UserData"],
-		Params: p, until: s.now().Add(s.PendingFor), Spot: p["InstanceMarketOptions.MarketType"] == "spot",
-	}
-	s.seq++
-	i.PrivateIP = fmt.Sprintf("172.31.%d.%d", s.seq/250%250, s.seq%250+1)
-	if s.OnRun != nil {
-		s.OnRun(i)
-	}
-	s.instances[i.ID] = i
-	if token != "" {
-		s.tokens[token] = i.ID
-	}
-	return xRunResponse{ReservationID: "r-" + i.ID[2:], OwnerID: "123456789012", Instances: []xInstance{s.toX(i)}}, nil
+	return tags, checkTags(tags)
 }
 
 // sameRun compares two RunInstances requests as EC2's idempotency does:
@@ -597,15 +623,9 @@ func (s *Server) describeInstances(p map[string]string) (any, *apiError) {
 	}
 	var keys []string
 	for _, id := range sortedKeys(s.instances) {
-		i := s.instances[id]
-		if (len(ids) > 0 && !slices.Contains(ids, id)) || !tagsMatch(f, i.Tags) || now.Before(i.Launched.Add(s.HideNewFor)) ||
-			(f["instance-state-name"] != nil && !slices.Contains(f["instance-state-name"], i.State)) ||
-			(f["client-token"] != nil && !slices.Contains(f["client-token"], i.ClientToken)) ||
-			(f["instance-id"] != nil && !slices.Contains(f["instance-id"], id)) ||
-			(f["availability-zone"] != nil && !slices.Contains(f["availability-zone"], i.Zone)) {
-			continue
+		if i := s.instances[id]; (len(ids) == 0 || slices.Contains(ids, id)) && !now.Before(i.Launched.Add(s.HideNewFor)) && selects(f, i) {
+			keys = append(keys, id)
 		}
-		keys = append(keys, id)
 	}
 	pg, next, err := s.page(p, keys, 5)
 	if err != nil {
@@ -617,6 +637,13 @@ func (s *Server) describeInstances(p map[string]string) (any, *apiError) {
 		out.Reservations = append(out.Reservations, xReservation{ReservationID: "r-" + id[2:], OwnerID: "123456789012", Instances: []xInstance{s.toX(i)}})
 	}
 	return out, nil
+}
+
+// selects applies DescribeInstances' filters to i.
+func selects(f map[string][]string, i *Instance) bool {
+	in := func(name, v string) bool { return f[name] == nil || slices.Contains(f[name], v) }
+	return tagsMatch(f, i.Tags) && in("instance-state-name", i.State) && in("client-token", i.ClientToken) &&
+		in("instance-id", i.ID) && in("availability-zone", i.Zone)
 }
 
 func (s *Server) terminateInstances(p map[string]string) (any, *apiError) {
@@ -633,7 +660,7 @@ func (s *Server) terminateInstances(p map[string]string) (any, *apiError) {
 	for _, id := range ids {
 		i := s.instances[id]
 		prev := xState{Code: stateCode[i.State], Name: i.State}
-		if i.State != "terminated" && i.State != "shutting-down" {
+		if i.State != stateTerminated && i.State != stateShuttingDown {
 			s.terminateLocked(i, "Client.UserInitiatedShutdown: User initiated shutdown")
 		}
 		out.Changes = append(out.Changes, xStateChange{InstanceID: id, Previous: prev, Current: xState{Code: stateCode[i.State], Name: i.State}})
@@ -676,7 +703,7 @@ func (s *Server) createTags(p map[string]string) (any, *apiError) {
 		}
 	}
 	for _, id := range ids {
-		have := map[string]string{}
+		var have map[string]string
 		if s.instances[id] != nil {
 			have = s.instances[id].Tags
 		} else {
@@ -875,7 +902,7 @@ func (s *Server) deleteSecurityGroup(p map[string]string) (any, *apiError) {
 		return nil, fail("InvalidGroup.NotFound", "The security group '%s' does not exist", p["GroupId"])
 	}
 	for _, i := range s.instances {
-		if i.State != "terminated" && slices.Contains(i.Groups, g.ID) {
+		if i.State != stateTerminated && slices.Contains(i.Groups, g.ID) {
 			return nil, fail("DependencyViolation", "resource %s has a dependent object", g.ID)
 		}
 	}
@@ -883,7 +910,7 @@ func (s *Server) deleteSecurityGroup(p map[string]string) (any, *apiError) {
 	return xReturn{Return: true}, nil
 }
 
-var stateCode = map[string]int{"pending": 0, "running": 16, "shutting-down": 32, "terminated": 48, "stopping": 64, "stopped": 80}
+var stateCode = map[string]int{statePending: 0, stateRunning: 16, stateShuttingDown: 32, stateTerminated: 48, "stopping": 64, "stopped": 80}
 
 // SetState puts an instance in state (stopping, stopped, running...), as
 // a user in the console would.

@@ -1,0 +1,121 @@
+package proxy_test
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	corev1 "k8s.io/api/core/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/aws/ec2fake"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller/proxy"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
+)
+
+// TestAWSProxy runs a Proxy on the AWS backend: the real EC2 client,
+// signed with an access key from the ClusterProviderConfig's Secret,
+// talks to the in-process fake of the EC2 API; the test plays the
+// instance booting, running a real Squid from its user data on loopback,
+// and the proxy becomes Ready through it. A policy refuses an instance
+// type it does not list, naming the field, and makes nothing; deleting
+// the Proxy terminates its instance.
+func TestAWSProxy(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ns := namespace(t)
+	fake := ec2fake.Start(t)
+	fake.PendingFor = time.Hour // the test boots the instance
+	target := testbed.StartEchoTarget(t)
+	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) {
+		o.Backends.(*proxy.Backends).AWSEndpoint = fake.URL
+		o.Backends.(*proxy.Backends).AWSMaxAttempts = 1
+	})
+	defer prov.stop()
+	ctx := context.Background()
+
+	pc := "aws-" + ns
+	p := vmProxy(ns, "ec2-proxy", 32340, target, pc, "")
+	p.Spec.ForProvider.GCP = nil
+	p.Spec.ForProvider.AWS = &v1alpha1.AWSPlacement{Zone: "us-east-1a"}
+	p.Spec.ForProvider.AllowedSourceRanges = []v1alpha1.CIDR{"127.0.0.0/8"}
+	big := vmProxy(ns, "too-big", 32341, target, pc, "")
+	big.Spec.ForProvider.GCP = nil
+	big.Spec.ForProvider.AWS = &v1alpha1.AWSPlacement{Zone: "us-east-1a", AWSInstance: v1alpha1.AWSInstance{InstanceType: "c7i.large"}}
+	create(t,
+		authSecret(ns),
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "aws-key"}, StringData: map[string]string{
+			"credentials": "[default]\naws_access_key_id = " + ec2fake.AccessKey + "\naws_secret_access_key = " + ec2fake.SecretKey + "\n",
+		}},
+		&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: pc}, Spec: v1alpha1.ProviderConfigSpec{
+			Backend: v1alpha1.BackendAWS,
+			AWS: &v1alpha1.AWSBackend{Region: ec2fake.Region, Credentials: v1alpha1.AWSCredentials{Source: xpv2.CredentialsSourceSecret,
+				CommonCredentialSelectors: xpv2.CommonCredentialSelectors{SecretRef: &xpv2.SecretKeySelector{SecretReference: xpv2.SecretReference{Namespace: ns, Name: "aws-key"}, Key: "credentials"}}}},
+		}},
+		p, big,
+	)
+	key := types.NamespacedName{Namespace: ns, Name: "ec2-proxy"}
+
+	var vm ec2fake.Instance
+	testbed.Eventually(t, 10*time.Second, "the fake runs an instance", func() (bool, string) {
+		all := fake.Instances()
+		if len(all) == 1 {
+			vm = all[0]
+		}
+		return len(all) == 1, fmt.Sprintf("%d instances, %d RunInstances", len(all), fake.Calls("RunInstances"))
+	})
+	testbed.Eventually(t, 5*time.Second, "provisioning while the instance boots", func() (bool, string) {
+		c := get(t, key).GetCondition(xpv2.TypeReady)
+		return c.Reason == proxy.ReasonProvisioning, string(c.Reason)
+	})
+	script, err := base64.StdEncoding.DecodeString(vm.UserData)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runScriptSquid(t, string(script), "127.0.0.1:32340")
+	fake.SetPublicIP(vm.ID, "127.0.0.1")
+	fake.SetState(vm.ID, "running")
+	testbed.Eventually(t, 15*time.Second, "Ready through the instance's Squid", ready(t, key, corev1.ConditionTrue))
+	if ap := get(t, key).Status.AtProvider; ap.ProviderID != "aws:///us-east-1a/"+vm.ID || ap.EgressIP != "127.0.0.1" {
+		t.Errorf("atProvider: %+v", ap)
+	}
+	if c := get(t, types.NamespacedName{Namespace: ns, Name: "too-big"}).GetCondition(xpv2.TypeReady); !strings.Contains(c.Message, "spec.forProvider.aws.instanceType") {
+		t.Errorf("an instance type the policy does not list: %q", c.Message)
+	}
+	if n := len(fake.Instances()); n != 1 {
+		t.Errorf("the refused Proxy made an instance: %d", n)
+	}
+
+	if err := bed.Client.Delete(ctx, get(t, key)); err != nil {
+		t.Fatal(err)
+	}
+	fake.TerminatingFor = 0
+	testbed.Eventually(t, 15*time.Second, "the Proxy gone and its instance terminated", func() (bool, string) {
+		err := bed.Client.Get(ctx, key, &v1alpha1.Proxy{})
+		state := fake.Instances()[0].State
+		return kerrors.IsNotFound(err) && (state == "terminated" || state == "shutting-down"), fmt.Sprintf("proxy err=%v, instance %s", err, state)
+	})
+	deleteProxies(t, ns)
+}
+
+// runScriptSquid runs, listening on addr, the Squid a VM's generated
+// start-up script would: its config and htpasswd, with the VM's paths
+// moved beside them.
+func runScriptSquid(t testing.TB, script, addr string) {
+	t.Helper()
+	conf := testbed.Heredoc(t, script, "/etc/squid/egress-proxy.conf")
+	// A VM's loopback is its own; on this shared host the test lets the
+	// probe reach the echo target on loopback.
+	conf = strings.NewReplacer("http_access deny egress_loopback\n", "", "/var/log/squid/", "/etc/squid/",
+		"/run/squid.pid", "/etc/squid/squid.pid", "/var/spool/squid", "/etc/squid").Replace(conf)
+	testbed.RunSquid(t, []byte(conf), "/etc/squid", map[string][]byte{
+		"egress-proxy.htpasswd": []byte(testbed.Heredoc(t, script, "/etc/squid/egress-proxy.htpasswd")),
+		"egress-proxy.self":     []byte("255.255.255.255\n"),
+	}, addr)
+}
