@@ -531,7 +531,17 @@ func TestInvalidObjectsRejected(t *testing.T) {
 		"FleetTwoPlacements": {
 			reason: "A fleet runs on one backend.",
 			base:   validFleet, set: map[string]any{"spec.placement.kubernetes": map[string]any{}},
-			want: []string{"spec.placement", "exactly one of local, kubernetes or gcp"},
+			want: []string{"spec.placement", "exactly one of local, kubernetes, gcp or aws"},
+		},
+		"FleetAWSUserDataInline": {
+			reason: "A fleet's own user data would ride in every Proxy to the function: a Secret instead.",
+			base:   validFleet, set: map[string]any{"spec.placement": map[string]any{"aws": map[string]any{"userData": map[string]any{"inline": "#!/bin/sh"}}}},
+			want: []string{"spec.placement", "userData.inline is not taken by a fleet"},
+		},
+		"FleetAWSPrivateOnly": {
+			reason: "Private clients never reach an instance's public IP from a private address.",
+			base:   validFleet, set: map[string]any{"spec.placement": map[string]any{"aws": map[string]any{}}, "spec.proxy.allowedSourceRanges": []any{"10.0.0.0/8"}},
+			want: []string{"an AWS proxy open to private networks only"},
 		},
 	}
 

@@ -179,13 +179,16 @@ type fleetSpec fleetv1alpha1.ProxyFleetSpec
 
 func (s *fleetSpec) checkPlacement() error {
 	n := 0
-	for _, set := range []bool{s.Placement.Local != nil, s.Placement.Kubernetes != nil, s.Placement.GCP != nil} {
+	for _, set := range []bool{s.Placement.Local != nil, s.Placement.Kubernetes != nil, s.Placement.GCP != nil, s.Placement.AWS != nil} {
 		if set {
 			n++
 		}
 	}
 	if n != 1 {
-		return fieldError("spec.placement", "needs exactly one of local, kubernetes or gcp")
+		return fieldError("spec.placement", "needs exactly one of local, kubernetes, gcp or aws")
+	}
+	if aws := s.Placement.AWS; aws != nil && aws.UserData != nil && (aws.UserData.Inline != nil || aws.UserData.SecretRef == nil) {
+		return fieldError("spec.placement.aws.userData", "takes secretRef only in a fleet")
 	}
 	if gcp := s.Placement.GCP; gcp != nil && gcp.CloudInit != nil && (gcp.CloudInit.Inline != nil) == (gcp.CloudInit.SecretRef != nil) {
 		return fieldError("spec.placement.gcp.cloudInit", "needs exactly one of inline or secretRef")

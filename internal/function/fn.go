@@ -522,6 +522,8 @@ func (f *Fleet) composer(now time.Time) (*composer, error) {
 			fp.Kubernetes = k
 		case s.Placement.GCP != nil:
 			fp.GCP = &v1alpha1.GCPPlacement{Zone: zone, GCPInstance: *s.Placement.GCP.DeepCopy()}
+		case s.Placement.AWS != nil:
+			fp.AWS = &v1alpha1.AWSPlacement{Zone: zone, AWSInstance: *s.Placement.AWS.DeepCopy()}
 		}
 		// Through JSON, so that unset fields stay unset (omitempty) and the
 		// apiserver applies the CRD's defaults.

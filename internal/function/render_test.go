@@ -105,6 +105,11 @@ func TestRender(t *testing.T) {
 			xr:     "examples/gcp/proxyfleet.yaml", composition: namespaced,
 			want: []string{"zone: europe-west1-d"},
 		},
+		"aws": {
+			reason: "Each EC2 instance gets its availability zone and the fleet's instance type.",
+			xr:     "examples/aws/proxyfleet.yaml", composition: namespaced,
+			want: []string{"zone: us-east-1c", "instanceType: t3.micro", "name: ec2-fleet-5"},
+		},
 		"pooled": {
 			reason: "A pooled fleet of 5 in pools of 2 composes three ProxyPools, filled in order (2, 2, 1); no Proxy of its own.",
 			xr:     "examples/pooled/proxyfleet.yaml", composition: namespaced,

@@ -92,7 +92,8 @@ type ProviderConfigReference struct {
 
 // Placement says where each proxy runs: exactly one backend block, matching
 // the backend of the referenced ProviderConfig.
-// +kubebuilder:validation:XValidation:rule="(has(self.local) ? 1 : 0) + (has(self.kubernetes) ? 1 : 0) + (has(self.gcp) ? 1 : 0) == 1",message="spec.placement needs exactly one of local, kubernetes or gcp"
+// +kubebuilder:validation:XValidation:rule="(has(self.local) ? 1 : 0) + (has(self.kubernetes) ? 1 : 0) + (has(self.gcp) ? 1 : 0) + (has(self.aws) ? 1 : 0) == 1",message="spec.placement needs exactly one of local, kubernetes, gcp or aws"
+// +kubebuilder:validation:XValidation:rule="!has(self.aws) || !has(self.aws.userData) || !has(self.aws.userData.inline)",message="spec.placement.aws.userData.inline is not taken by a fleet, whose every Proxy would carry it to the function: put it in a Secret and use userData.secretRef"
 type Placement struct {
 	// Local runs Squid processes on the provider's host.
 	// +optional
@@ -106,6 +107,12 @@ type Placement struct {
 	// zones come from spec.zones.
 	// +optional
 	GCP *egressv1alpha1.GCPInstance `json:"gcp,omitempty"`
+
+	// AWS runs EC2 instances, each with its own public IPv4 address; their
+	// availability zones come from spec.zones, all of the
+	// ProviderConfig's region.
+	// +optional
+	AWS *egressv1alpha1.AWSInstance `json:"aws,omitempty"`
 }
 
 // MaxCredentialGracePeriod bounds spec.proxy.credentialGracePeriod.
@@ -399,6 +406,9 @@ type Autoscaling struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.placement.gcp) || (has(self.placement.gcp.publishedAddress) && self.placement.gcp.publishedAddress == 'Internal') || has(self.placement.gcp.cloudInit) || !has(self.proxy.allowedSourceRanges) || size(self.proxy.allowedSourceRanges) == 0 || self.proxy.allowedSourceRanges.exists(r, !['10.0.0.0/8', '172.16.0.0/12', '192.168.0.0/16', '100.64.0.0/10'].exists(p, cidr(p).containsCIDR(r)))",message="spec.proxy.allowedSourceRanges: a GCP proxy open to private networks only cannot serve at its external IP, which clients inside a VPC reach only from an external address: set spec.placement.gcp.publishedAddress: Internal, or list the crawlers' external ranges"
 // +kubebuilder:validation:XValidation:rule="!has(self.placement.gcp) || !has(self.proxy.port) || self.proxy.port >= 1024",message="spec.proxy.port: a GCP proxy listens on 1024 or above: a lower port needs privileges the distribution's Squid AppArmor profile may deny, and the VM's proxy would never come up"
 // +kubebuilder:validation:XValidation:rule="!has(self.placement.gcp) || !has(self.proxy.allowedSourceRanges) || self.proxy.allowedSourceRanges.all(r, cidr(r).ip().family() == 4)",message="spec.proxy.allowedSourceRanges: a GCP proxy's firewall rule takes IPv4 ranges only, and its VM has an IPv4 address only: remove the IPv6 ranges"
+// +kubebuilder:validation:XValidation:rule="!has(self.placement.aws) || !has(self.proxy.allowedSourceRanges) || self.proxy.allowedSourceRanges.all(r, cidr(r).ip().family() == 4)",message="spec.proxy.allowedSourceRanges: an AWS proxy's security group is opened to IPv4 ranges only, and its instance has an IPv4 address only: remove the IPv6 ranges"
+// +kubebuilder:validation:XValidation:rule="!has(self.placement.aws) || !has(self.proxy.port) || self.proxy.port >= 1024",message="spec.proxy.port: an AWS proxy listens on 1024 or above: a lower port needs privileges the distribution's Squid AppArmor profile may deny, and the instance's proxy would never come up"
+// +kubebuilder:validation:XValidation:rule="!has(self.placement.aws) || has(self.placement.aws.userData) || !has(self.proxy.allowedSourceRanges) || size(self.proxy.allowedSourceRanges) == 0 || self.proxy.allowedSourceRanges.exists(r, !['10.0.0.0/8', '172.16.0.0/12', '192.168.0.0/16', '100.64.0.0/10'].exists(p, cidr(p).containsCIDR(r)))",message="spec.proxy.allowedSourceRanges: an AWS proxy open to private networks only cannot serve at its public IP, which clients inside a VPC reach only from a public address: list the crawlers' external ranges (with spec.proxy.authSecretRef)"
 // +kubebuilder:validation:XValidation:rule="!has(self.placement.gcp) || !has(self.placement.gcp.subnetwork) || self.zones.all(z, ('/' + self.placement.gcp.subnetwork).contains('/regions/' + z.substring(0, z.lastIndexOf('-')) + '/subnetworks/'))",message="spec.placement.gcp.subnetwork must be in the region of every zone in spec.zones: a subnetwork is regional"
 // +kubebuilder:validation:XValidation:rule="(self.replicas == 0 && !has(self.autoscaling)) || size(self.zones) > 0",message="spec.zones must not be empty when spec.replicas > 0 or spec.autoscaling is set: list the zones to spread proxies over"
 // +kubebuilder:validation:XValidation:rule="((has(self.pools) ? self.pools.proxiesPerPool : self.replicas) + self.rotation.maxSurge) * (7400 + 1200 + (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0)) <= (has(self.pools) ? 1048576 : 2097152) || (oldSelf.hasValue() && self.replicas <= oldSelf.value().replicas && self.rotation.maxSurge <= oldSelf.value().rotation.maxSurge && (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0) <= (has(oldSelf.value().placement.gcp) && has(oldSelf.value().placement.gcp.cloudInit) && has(oldSelf.value().placement.gcp.cloudInit.inline) ? size(oldSelf.value().placement.gcp.cloudInit.inline) : 0))",message="(spec.replicas, or spec.pools.proxiesPerPool in a pooled fleet, + spec.rotation.maxSurge) times (7400 + 1200 + the size of spec.placement.gcp.cloudInit.inline) bytes must not exceed 2 MiB (1 MiB in a pooled fleet): Crossplane sends the function every Proxy of the fleet, with egress-discovery's summary of their leases, (of its pool, in a pooled fleet) in one gRPC message the function takes up to 4 MiB of, and this keeps a 2x margin (4x for a pool; with maxSurge 1: at most 242 replicas, or 120 proxies per pool, however many leases per proxy); set spec.pools.proxiesPerPool (when creating a fleet) to grow past that. A fleet stored before this rule may keep its size or shrink, but not grow",optionalOldSelf=true
@@ -424,7 +434,7 @@ type ProxyFleetSpec struct {
 	ProviderConfigRef *ProviderConfigReference `json:"providerConfigRef,omitempty"`
 
 	// Zones the proxies are spread over evenly. For GCP these are Compute
-	// Engine zones; for Kubernetes they select nodes by
+	// Engine zones, for AWS availability zones (us-east-1a); for Kubernetes they select nodes by
 	// topology.kubernetes.io/zone; for the local backend they are labels
 	// only.
 	// +kubebuilder:default={}
