@@ -26,6 +26,9 @@ type Ref struct {
 	// NetworkProject is the Shared VPC host project of a VM's network,
 	// where its firewall rule lives; empty for the backend's own project.
 	NetworkProject string
+	// ID is the cloud's own ID of the instance, where the backend records
+	// one (EC2: i-...), as the Proxy recorded it; empty elsewhere.
+	ID string
 	// Rule names the network rule a VM shares with the other VMs of its
 	// fleet, as the VM says (GCP: its egress-rule label); empty for a VM
 	// with a rule of its own, named after it.

@@ -23,7 +23,9 @@ package aws
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
+	"encoding/hex"
 	"fmt"
 	"net/http"
 	"slices"
@@ -180,6 +182,9 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	if live := newestLive(all); live != nil {
 		return b.instance(live), nil
 	}
+	if err := launchFailed(all, time.Now()); err != nil {
+		return nil, err
+	}
 	subnet, vpc, err := b.subnet(ctx, s.AWS)
 	if err != nil {
 		return nil, err
@@ -199,14 +204,26 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	if err != nil {
 		return nil, err
 	}
-	return b.run(ctx, s, token(s.Name, all), subnet, root, script, append([]string{group}, s.AWS.SecurityGroups...), groupName)
+	groups := append([]string{group}, s.AWS.SecurityGroups...)
+	prefix := s.Name + "-" + madeFrom(s, subnet, root, script, groups) + "-"
+	return b.run(ctx, s, prefix, lastGone(all), subnet, root, script, groups, groupName)
+}
+
+// madeFrom is a digest of what an instance of s is made from (the spec's
+// hash, the credentials, where it runs and what it boots), so that a
+// token is never sent again with other parameters: EC2 would refuse it
+// (IdempotentParameterMismatch) for a day or more after its instance was
+// terminated.
+func madeFrom(s backend.Spec, subnet, root, script string, groups []string) string {
+	sum := sha256.Sum256([]byte(strings.Join(append([]string{s.Hash, s.CredentialsSum, subnet, root, image(s.AWS), s.AWS.InstanceType, script}, groups...), "\x00")))
+	return hex.EncodeToString(sum[:])[:12]
 }
 
 // maxTokenHops bounds how many terminated instances one Create walks past
 // (see run).
 const maxTokenHops = 16
 
-// run runs the instance with token tok. EC2 binds a token to its instance
+// run runs the instance with token prefix+last. EC2 binds a token to its instance
 // for a day or more after the instance is terminated, and a terminated
 // instance is listed for an hour or so: when the listing no longer shows
 // the last terminated instance, the token derived from it names an older
@@ -215,8 +232,9 @@ const maxTokenHops = 16
 // earlier creates made, to the one not used yet. A token used with other
 // parameters (the spec changed after a create cut short) is followed
 // through the instance EC2 lists for it.
-func (b *Backend) run(ctx context.Context, s backend.Spec, tok, subnet, root, script string, groups []string, groupName string) (*backend.Instance, error) {
+func (b *Backend) run(ctx context.Context, s backend.Spec, prefix, last, subnet, root, script string, groups []string, groupName string) (*backend.Instance, error) {
 	for hop := 0; ; hop++ {
+		tok := prefix + last
 		out, err := b.ec2.RunInstances(ctx, b.runInput(s, tok, subnet, root, script, groups, groupName))
 		var i *types.Instance
 		switch {
@@ -226,6 +244,10 @@ func (b *Backend) run(ctx context.Context, s backend.Spec, tok, subnet, root, sc
 				return nil, backend.Errorf(backend.ClassTransient, "an earlier create of %s used token %s with other parameters; its instance is taken up once EC2 lists it: %v", s.Name, tok, err)
 			}
 			i = &made[0]
+		case code(err) == "InvalidGroup.NotFound":
+			// One of spec.forProvider.aws.securityGroups is gone (the
+			// fleet's own was just made or found).
+			return nil, backend.Wrap(backend.ClassPermanent, errors.Wrapf(err, "cannot run instance %s: a security group of spec.forProvider.aws.securityGroups %v does not exist", s.Name, s.AWS.SecurityGroups))
 		case err != nil:
 			return nil, errors.Wrapf(Classify(err), "cannot run instance %s", s.Name)
 		case len(out.Instances) != 1:
@@ -239,21 +261,59 @@ func (b *Backend) run(ctx context.Context, s backend.Spec, tok, subnet, root, sc
 		if hop == maxTokenHops {
 			return nil, backend.Errorf(backend.ClassTransient, "token %s of %s is the %dth in a row bound to a terminated instance (%s)", tok, s.Name, hop+1, aws.ToString(i.InstanceId))
 		}
-		tok = s.Name + "-" + aws.ToString(i.InstanceId)
+		last = aws.ToString(i.InstanceId)
 	}
 }
 
-// token is RunInstances' ClientToken for name: the name and the newest
-// terminated instance of that name ("0" when none is listed), at most 64
-// ASCII characters.
-func token(name string, all []types.Instance) string {
+// launchWindow is how long after its launch a terminated instance's reason
+// holds the next create back: its class's back-off applies meanwhile.
+const launchWindow = 10 * time.Minute
+
+// launchFailed is the error of the newest of all, when EC2 ended it at
+// launch within launchWindow (capacity, a volume limit, a KMS key it
+// cannot use), classified, so that the Proxy shows why and its next
+// instance waits its class's back-off instead of being made at once.
+// Terminations by a user, a spot interruption or an instance's own
+// shutdown are none: the Proxy gets a new instance.
+func launchFailed(all []types.Instance, now time.Time) error {
+	var newest *types.Instance
+	for i := range all {
+		if x := &all[i]; newest == nil || aws.ToTime(x.LaunchTime).After(aws.ToTime(newest.LaunchTime)) {
+			newest = x
+		}
+	}
+	if newest == nil || !gone(newest) || newest.StateReason == nil || now.Sub(aws.ToTime(newest.LaunchTime)) > launchWindow {
+		return nil
+	}
+	reason := aws.ToString(newest.StateReason.Code)
+	var c backend.Class
+	switch {
+	case strings.HasPrefix(reason, "Server.InsufficientInstanceCapacity"):
+		c = backend.ClassStockout
+	case strings.HasPrefix(reason, "Client.VolumeLimitExceeded"):
+		c = backend.ClassQuota
+	case strings.HasPrefix(reason, "Client.InvalidKMSKey"), strings.HasPrefix(reason, "Client.InvalidSnapshot"), strings.HasPrefix(reason, "Client.InternalError"):
+		c = backend.ClassPermanent
+	case strings.HasPrefix(reason, "Server.InternalError"):
+		c = backend.ClassTransient
+	default:
+		return nil
+	}
+	return backend.Errorf(c, "instance %s ended at launch: %s (%s)", aws.ToString(newest.InstanceId), reason, aws.ToString(newest.StateReason.Message))
+}
+
+// lastGone is the newest terminated instance of all, "0" when none is
+// listed: the last part of RunInstances' ClientToken, after the name and
+// the digest of what the instance is made from (at most 64 ASCII
+// characters in all).
+func lastGone(all []types.Instance) string {
 	last, at := "0", time.Time{}
 	for i := range all {
 		if x := &all[i]; gone(x) && (last == "0" || aws.ToTime(x.LaunchTime).After(at)) {
 			last, at = aws.ToString(x.InstanceId), aws.ToTime(x.LaunchTime)
 		}
 	}
-	return name + "-" + last
+	return last
 }
 
 func (b *Backend) runInput(s backend.Spec, tok, subnet, root, script string, groups []string, groupName string) *ec2.RunInstancesInput {
@@ -428,7 +488,7 @@ func (b *Backend) instance(i *types.Instance) *backend.Instance {
 		state = i.State.Name
 	}
 	out := &backend.Instance{
-		Ref:        backend.Ref{Name: tags[TagInstance], Zone: zone, Rule: tags[TagGroup]},
+		Ref:        backend.Ref{Name: tags[TagInstance], Zone: zone, Rule: tags[TagGroup], ID: aws.ToString(i.InstanceId)},
 		ProviderID: ProviderID(zone, aws.ToString(i.InstanceId)),
 		Port:       int32(port), Phase: Phase(state, aws.ToString(i.PublicIpAddress)),
 		CreatedAt: aws.ToTime(i.LaunchTime), SpecHash: tags[tagSpecHash], CredentialsSum: tags[tagCredentials], Owner: owner,
@@ -460,7 +520,24 @@ func (b *Backend) Get(ctx context.Context, r backend.Ref) (*backend.Instance, er
 	if live == nil {
 		return nil, backend.Errorf(backend.ClassNotFound, "instance %s not found", r.Name)
 	}
+	b.terminateOlder(ctx, all, live)
 	return b.instance(live), nil
+}
+
+// terminateOlder terminates the live instances of all but keep: a create
+// cut short and retried with another spec before EC2 listed the first
+// instance (its token differs, as its parameters do) leaves two of one
+// name, and only the newest serves its Proxy.
+func (b *Backend) terminateOlder(ctx context.Context, all []types.Instance, keep *types.Instance) {
+	var older []string
+	for i := range all {
+		if x := &all[i]; x != keep && !gone(x) && x.State != nil {
+			older = append(older, aws.ToString(x.InstanceId))
+		}
+	}
+	if len(older) > 0 {
+		_, _ = b.ec2.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: older})
+	}
 }
 
 // Delete terminates every instance of r's name (or, for a Ref without a
@@ -490,6 +567,12 @@ func (b *Backend) Delete(ctx context.Context, r backend.Ref) error {
 				group = aws.ToString(t.Value)
 			}
 		}
+	}
+	if r.ID != "" && !slices.ContainsFunc(all, func(x types.Instance) bool { return aws.ToString(x.InstanceId) == r.ID }) {
+		// Recorded, but not listed yet (EC2's listing lags its
+		// creates): terminated by its ID, so that a Proxy deleted at
+		// once leaves no instance behind.
+		ids = append(ids, r.ID)
 	}
 	if len(ids) > 0 {
 		if _, err := b.ec2.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: ids}); err != nil {

@@ -124,6 +124,44 @@ func TestLifecycle(t *testing.T) {
 	}
 }
 
+// TestProxyGroupNeverWidened: a Proxy of no fleet whose ranges narrow
+// gets a group of the new ranges; the old group, still attached to the
+// old instance shutting down, is not left open wider on the new one.
+func TestProxyGroupNeverWidened(t *testing.T) {
+	fake := ec2fake.Start(t)
+	fake.PendingFor, fake.TerminatingFor = 0, time.Second
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	s := spec("0b7c6a2e-6666-4222-8333-944455556666")
+	s.AllowedSourceRanges = nil // credentials only: open to every address
+	if _, err := b.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Delete(ctx, s.Ref); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 5*time.Second, "the first instance gone", func() (bool, string) {
+		_, err := b.Get(ctx, s.Ref)
+		return backend.IsNotFound(err), fmt.Sprint(err)
+	})
+	s.Credentials, s.AllowedSourceRanges, s.UserData = nil, []string{"10.0.0.0/8"}, "#!/bin/sh\n# the team's own proxy\n"
+	s.AWS.Image = ec2fake.DebianAMI
+	inst, err := b.Create(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, vm := range fake.Instances() {
+		if "aws:///us-east-1a/"+vm.ID != inst.ProviderID {
+			continue
+		}
+		for _, g := range fake.Groups() {
+			if g.ID == vm.Groups[0] && strings.Join(g.Ingress, ",") != "tcp:3128-3128:10.0.0.0/8" {
+				t.Errorf("the new instance's group admits %v; want only 10.0.0.0/8", g.Ingress)
+			}
+		}
+	}
+}
+
 // TestCreateRetriedAfterAKill: a create whose answer was lost (the
 // provider killed after RunInstances) and tried again while EC2 does not
 // list the instance yet gets the same instance back, by its ClientToken,
@@ -145,17 +183,89 @@ func TestCreateRetriedAfterAKill(t *testing.T) {
 	if n := len(fake.Instances()); n != 1 || fake.Calls("RunInstances") != 2 {
 		t.Errorf("%d instances after %d RunInstances; want one", n, fake.Calls("RunInstances"))
 	}
-	// The spec changed before the retry: EC2 refuses the token with other
-	// parameters, and no second instance is made; once EC2 lists the
-	// token's instance, it is taken up.
+	// The spec changed before the retry, while EC2 does not list the
+	// first yet: its token is another (a token is never sent with other
+	// parameters, which EC2 would refuse for a day), so a second instance
+	// is made; once both are listed, the newest serves and the older is
+	// terminated.
 	s.Hash = "def456"
-	if _, err := b.Create(ctx, s); backend.ClassOf(err) != backend.ClassTransient || len(fake.Instances()) != 1 {
-		t.Errorf("a retry with another spec while EC2 does not list the first: %v, %d instances; want a transient error and one instance", err, len(fake.Instances()))
+	third, err := b.Create(ctx, s)
+	if err != nil || third.ProviderID == first.ProviderID {
+		t.Fatalf("a retry with another spec: %+v %v", third, err)
 	}
 	fake.HideNewFor = 0
-	third, err := b.Create(ctx, s)
-	if err != nil || third.ProviderID != first.ProviderID || len(fake.Instances()) != 1 {
-		t.Errorf("a retry with another spec: %+v %v, %d instances; want the first taken up", third, err, len(fake.Instances()))
+	got, err := b.Get(ctx, s.Ref)
+	if err != nil || got.ProviderID != third.ProviderID || got.SpecHash != "def456" {
+		t.Errorf("the newest serves: %+v %v", got, err)
+	}
+	testbed.Eventually(t, 5*time.Second, "the older instance terminated", func() (bool, string) {
+		var states []string
+		for _, i := range fake.Instances() {
+			if i.State == "pending" || i.State == "running" {
+				states = append(states, i.ID)
+			}
+		}
+		return len(states) == 1, fmt.Sprint(states)
+	})
+}
+
+// TestTokenChainPastTheListing: a Proxy whose instance was terminated and
+// is no longer listed gets a new one, whatever the token EC2 still keeps
+// bound to the old: with the same spec the chain of tokens is followed
+// (RunInstances answers the terminated instance first), with another the
+// token is another.
+func TestTokenChainPastTheListing(t *testing.T) {
+	fake := ec2fake.Start(t)
+	fake.PendingFor, fake.TerminatingFor, fake.TerminatedListed = 0, 0, 0
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	s := spec("0b7c6a2e-4444-4222-8333-944455556666")
+	ids := map[string]bool{}
+	for round := range 3 {
+		if round == 2 {
+			s.Hash = "changed"
+		}
+		before := fake.Calls("RunInstances")
+		inst, err := b.Create(ctx, s)
+		if err != nil || ids[inst.ProviderID] {
+			t.Fatalf("round %d: %+v %v; want a new instance", round, inst, err)
+		}
+		ids[inst.ProviderID] = true
+		t.Logf("round %d: %d RunInstances", round, fake.Calls("RunInstances")-before)
+		if round == 1 && fake.Calls("RunInstances")-before != 2 {
+			t.Errorf("round 1 followed the chain: %d RunInstances, want 2 (the terminated instance answered first)", fake.Calls("RunInstances")-before)
+		}
+		id := inst.ProviderID[strings.LastIndexByte(inst.ProviderID, '/')+1:]
+		fake.Interrupt(id, "Server.SpotInstanceTermination: Spot instance termination")
+		testbed.Eventually(t, 5*time.Second, "the instance no longer listed", func() (bool, string) {
+			n := len(fake.Instances())
+			return n == 0, fmt.Sprint(n)
+		})
+	}
+}
+
+// TestLaunchFailureHeld: an instance EC2 ends at launch (no capacity in the
+// zone) is reported on the next create, classified, rather than replaced
+// at once in a loop.
+func TestLaunchFailureHeld(t *testing.T) {
+	fake := ec2fake.Start(t)
+	fake.PendingFor, fake.TerminatingFor = 0, 0
+	fake.OnRun = func(i *ec2fake.Instance) {
+		i.FailLaunch = "Server.InsufficientInstanceCapacity: Insufficient capacity."
+	}
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	s := spec("0b7c6a2e-5555-4222-8333-944455556666")
+	if _, err := b.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 5*time.Second, "the instance ended at launch is gone", func() (bool, string) {
+		_, err := b.Get(ctx, s.Ref)
+		return backend.IsNotFound(err), fmt.Sprint(err)
+	})
+	_, err := b.Create(ctx, s)
+	if backend.ClassOf(err) != backend.ClassStockout || !strings.Contains(err.Error(), "InsufficientInstanceCapacity") || fake.Calls("RunInstances") != 1 {
+		t.Errorf("the next create: %v (%s), %d RunInstances; want the stockout, held", err, backend.ClassOf(err), fake.Calls("RunInstances"))
 	}
 }
 
@@ -227,7 +337,7 @@ func TestFleetSharesOneGroup(t *testing.T) {
 	}
 	var fleetGroup ec2fake.Group
 	for _, g := range groups {
-		if g.Name != alone.Name {
+		if g.Tags["egress.crawl.example.com/security-group-of"] == "fleet" {
 			fleetGroup = g
 		}
 	}
@@ -257,7 +367,7 @@ func TestFleetSharesOneGroup(t *testing.T) {
 	if err := b.Delete(ctx, backend.Ref{Name: fleetGroup.Name}); err != nil {
 		t.Fatal(err)
 	}
-	if g := fake.Groups(); len(g) != 1 || g[0].Name != alone.Name {
+	if g := fake.Groups(); len(g) != 1 || g[0].Tags["egress.crawl.example.com/security-group-of"] != "instance" {
 		t.Errorf("after the collector, only the lone Proxy's group is left: %+v", g)
 	}
 }
@@ -393,5 +503,58 @@ func TestSharedCredentials(t *testing.T) {
 		} else if name == "credential_process" && !strings.Contains(err.Error(), "credential_process") {
 			t.Errorf("%s: %v; want it named", name, err)
 		}
+	}
+}
+
+// TestFleetOf200: a fleet of 200 instances over three zones scales up
+// with no create holding its caller longer than EC2 takes to answer
+// (RunInstances does not wait for the instance: it is pending) and one
+// security group for all of them.
+func TestFleetOf200(t *testing.T) {
+	fake := ec2fake.Start(t)
+	fake.PendingFor = time.Minute // nothing boots while the fleet is made
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	var slowest time.Duration
+	for i := range 200 {
+		s := fleetSpec(3000 + i)
+		s.Zone = "us-east-1" + string(rune('a'+i%3))
+		s.AWS.Zone = s.Zone
+		start := time.Now()
+		inst, err := b.Create(ctx, s)
+		if err != nil {
+			t.Fatalf("instance %d: %v", i, err)
+		}
+		slowest = max(slowest, time.Since(start))
+		if inst.Phase != v1alpha1.InstancePhaseProvisioning {
+			t.Fatalf("instance %d: %+v", i, inst)
+		}
+	}
+	if n, g := len(fake.Instances()), fake.Groups(); n != 200 || len(g) != 1 {
+		t.Errorf("%d instances in %d security groups; want 200 in one", n, len(g))
+	}
+	if slowest > 10*time.Second {
+		t.Errorf("the slowest create held its caller %s; want under 10 s", slowest)
+	}
+	t.Logf("200 creates, the slowest %s; %d DescribeInstances, %d RunInstances", slowest, fake.Calls("DescribeInstances"), fake.Calls("RunInstances"))
+}
+
+// TestDeletedBeforeListed: a Proxy deleted while EC2 does not list its
+// new instance yet terminates it by the ID its create recorded.
+func TestDeletedBeforeListed(t *testing.T) {
+	fake := ec2fake.Start(t)
+	fake.HideNewFor = time.Minute
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	s := spec("0b7c6a2e-7777-4222-8333-944455556666")
+	inst, err := b.Create(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := b.Delete(ctx, inst.Ref); err != nil {
+		t.Fatal(err)
+	}
+	if st := only(t, fake).State; st != "shutting-down" && st != "terminated" {
+		t.Errorf("the instance EC2 did not list yet: %s; want it terminated", st)
 	}
 }

@@ -26,12 +26,18 @@ import (
 // instance using it does, or with the orphan collector once no instance
 // uses it.
 
-// groupName names the group an instance of s in vpc joins.
+// groupName names the group an instance of s in vpc joins, by what it is:
+// a Proxy of no fleet's is its own (keyed by its instance's name), but
+// named from its port and ranges as a fleet's is, so that a group is
+// never changed: another port or other ranges make another group (an
+// instance going keeps its old one, which must not stay open wider than
+// the new spec says), and the old goes with its last instance.
 func (b *Backend) groupName(s backend.Spec, vpc string, ranges []string) string {
-	if s.Owner.Fleet == "" {
-		return s.Name
+	owner := s.Owner.Fleet
+	if owner == "" {
+		owner = "instance " + s.Name
 	}
-	return cloudvm.SharedName("egress-sg-", ownership.LabelValue(b.cfg.ClusterID), s.Owner.Namespace, s.Owner.Fleet, vpc, "tcp:"+strconv.Itoa(int(s.Port)), ranges)
+	return cloudvm.SharedName("egress-sg-", ownership.LabelValue(b.cfg.ClusterID), s.Owner.Namespace, owner, vpc, "tcp:"+strconv.Itoa(int(s.Port)), ranges)
 }
 
 // groupTags are the tags of the group of s: the cluster's ownership, the
@@ -64,7 +70,7 @@ func (b *Backend) ensureGroup(ctx context.Context, s backend.Spec, vpc string, r
 	} else {
 		out, err := b.ec2.CreateSecurityGroup(ctx, &ec2.CreateSecurityGroupInput{
 			GroupName: aws.String(name), VpcId: aws.String(vpc),
-			Description:       aws.String(fmt.Sprintf("egress proxies %s/%s (cluster %s, managed by %s)", s.Owner.Namespace, fleetOrProxy(s), b.cfg.ClusterID, ownership.ManagedBy)),
+			Description:       aws.String(groupDescription(s, b.cfg.ClusterID)),
 			TagSpecifications: []types.TagSpecification{{ResourceType: types.ResourceTypeSecurityGroup, Tags: b.groupTags(s, time.Now())}},
 		})
 		switch {
@@ -107,6 +113,16 @@ func (b *Backend) ensureGroup(ctx context.Context, s backend.Spec, vpc string, r
 	return id, name, nil
 }
 
+// groupDescription says whose a group is, within EC2's 255 characters
+// (a Proxy's name may be 253 long): the tags say it exactly.
+func groupDescription(s backend.Spec, cluster string) string {
+	d := fmt.Sprintf("egress proxies %s/%s (cluster %s, managed by %s)", s.Owner.Namespace, fleetOrProxy(s), cluster, ownership.ManagedBy)
+	if len(d) > 255 {
+		d = d[:252] + "..."
+	}
+	return d
+}
+
 func fleetOrProxy(s backend.Spec) string {
 	if s.Owner.Fleet != "" {
 		return s.Owner.Fleet
@@ -136,9 +152,12 @@ func (b *Backend) findGroup(ctx context.Context, name, vpc string) (*types.Secur
 // cluster that is not terminated carries it; one still attached to an
 // instance shutting down is left to the orphan collector.
 func (b *Backend) releaseGroup(ctx context.Context, name string) {
-	users, err := b.describe(ctx, []types.Filter{{Name: aws.String("tag:" + TagGroup), Values: []string{name}},
-		{Name: aws.String("instance-state-name"), Values: []string{"pending", "running", "stopping", "stopped"}}})
-	if err != nil || len(users) > 0 {
+	// One page of the fewest EC2 allows tells whether any instance uses
+	// it: deleting a fleet of N costs N small reads, not N listings of N.
+	out, err := b.ec2.DescribeInstances(ctx, &ec2.DescribeInstancesInput{MaxResults: aws.Int32(5), Filters: []types.Filter{
+		{Name: aws.String("tag:" + TagGroup), Values: []string{name}},
+		{Name: aws.String("instance-state-name"), Values: []string{"pending", "running", "stopping", "stopped"}}}})
+	if err != nil || len(out.Reservations) > 0 {
 		return
 	}
 	_ = b.deleteGroup(ctx, name)

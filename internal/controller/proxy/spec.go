@@ -73,7 +73,7 @@ var (
 	recordedLocal = regexp.MustCompile(`^local/(egress-[a-z2-7]{16})$`)
 	// An EC2 instance is recorded by its zone and ID (aws:///ZONE/ID) and
 	// found by its name tag, which is the Proxy's.
-	recordedEC2 = regexp.MustCompile(`^aws:///([a-z0-9-]+)/i-[0-9a-f]+$`)
+	recordedEC2 = regexp.MustCompile(`^aws:///([a-z0-9-]+)/(i-[0-9a-f]+)$`)
 )
 
 // parseRecorded reads a providerID of the Proxy's backend into a
@@ -100,7 +100,7 @@ func parseRecorded(p *v1alpha1.Proxy, pc *config, id string) (backend.Ref, bool)
 		}
 	case fp.AWS != nil:
 		if m := recordedEC2.FindStringSubmatch(id); m != nil {
-			r.Zone = m[1]
+			r.Zone, r.ID = m[1], m[2]
 			return r, true
 		}
 	}

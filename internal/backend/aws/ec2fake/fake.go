@@ -101,6 +101,10 @@ type Instance struct {
 	Tags                                     map[string]string
 	Launched                                 time.Time
 	UserData                                 string
+	// FailLaunch, when set (by OnRun), ends the instance when it would
+	// run, with this reason, as EC2 ends one it cannot launch
+	// (Server.InsufficientInstanceCapacity, Client.VolumeLimitExceeded).
+	FailLaunch string
 	// Params are the RunInstances parameters it was made from, as sent.
 	Params map[string]string
 	// until is when its current state moves on (pending → running,
@@ -123,7 +127,7 @@ type Server struct {
 
 	mu        sync.Mutex
 	instances map[string]*Instance
-	tokens    map[string]string // client token -> instance ID
+	tokens    map[string]*Instance // client token -> its instance, kept past its listing
 	groups    map[string]*Group
 	subnets   map[string]subnet
 	failures  map[string]*Failure
@@ -155,7 +159,7 @@ type subnet struct{ id, vpc, zone, cidr string }
 func Start(t testing.TB) *Server {
 	t.Helper()
 	s := &Server{
-		instances: map[string]*Instance{}, tokens: map[string]string{}, groups: map[string]*Group{},
+		instances: map[string]*Instance{}, tokens: map[string]*Instance{}, groups: map[string]*Group{},
 		subnets: map[string]subnet{}, failures: map[string]*Failure{}, calls: map[string]int{},
 		PendingFor: 200 * time.Millisecond, TerminatingFor: 200 * time.Millisecond, TerminatedListed: time.Hour,
 	}
@@ -262,6 +266,8 @@ func (s *Server) advanceLocked() {
 	now := s.now()
 	for id, i := range s.instances {
 		switch {
+		case i.State == statePending && !now.Before(i.until) && i.FailLaunch != "":
+			s.terminateLocked(i, i.FailLaunch)
 		case i.State == statePending && !now.Before(i.until):
 			i.State = stateRunning
 			if i.PublicIP == "" && i.Params["NetworkInterface.1.AssociatePublicIpAddress"] == "true" {
@@ -476,12 +482,13 @@ func (s *Server) runInstances(p map[string]string) (any, *apiError) {
 	if len(token) > 64 {
 		return nil, fail("InvalidParameterValue", "Value (%s) for parameter clientToken is invalid. Length exceeds maximum of 64 ASCII characters", token)
 	}
-	if id, ok := s.tokens[token]; token != "" && ok {
-		i := s.instances[id]
-		if i == nil || !sameRun(i.Params, p) {
+	if i, ok := s.tokens[token]; token != "" && ok {
+		// EC2 keeps a token bound to its instance for a day or more
+		// after the instance was terminated and stopped being listed.
+		if !sameRun(i.Params, p) {
 			return nil, fail("IdempotentParameterMismatch", "Arguments on this idempotent request are inconsistent with arguments used in previous request(s).")
 		}
-		return xRunResponse{ReservationID: "r-" + id[2:], OwnerID: "123456789012", Instances: []xInstance{s.toX(i)}}, nil
+		return xRunResponse{ReservationID: "r-" + i.ID[2:], OwnerID: "123456789012", Instances: []xInstance{s.toX(i)}}, nil
 	}
 	if _, ok := instanceTypes[p["InstanceType"]]; !ok {
 		return nil, fail("InvalidParameterValue", "Invalid value '%s' for InstanceType.", p["InstanceType"])
@@ -519,7 +526,7 @@ func (s *Server) runInstances(p map[string]string) (any, *apiError) {
 	}
 	s.instances[i.ID] = i
 	if token != "" {
-		s.tokens[token] = i.ID
+		s.tokens[token] = i
 	}
 	return xRunResponse{ReservationID: "r-" + i.ID[2:], OwnerID: "123456789012", Instances: []xInstance{s.toX(i)}}, nil
 }
@@ -761,7 +768,7 @@ func (s *Server) describeImages(p map[string]string) (any, *apiError) {
 
 func (s *Server) createSecurityGroup(p map[string]string) (any, *apiError) {
 	name, vpc := p["GroupName"], p["VpcId"]
-	if name == "" || p["GroupDescription"] == "" || len(name) > 255 || strings.HasPrefix(name, "sg-") {
+	if name == "" || p["GroupDescription"] == "" || len(name) > 255 || len(p["GroupDescription"]) > 255 || strings.HasPrefix(name, "sg-") {
 		return nil, fail("InvalidParameterValue", "Invalid security group name or description: %q", name)
 	}
 	known := false
