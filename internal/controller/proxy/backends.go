@@ -254,12 +254,7 @@ func (b *Backends) gcpBackend(ctx context.Context, pc *config) (backend.Backend,
 	}
 	var opts []option.ClientOption
 	if g.Credentials.Source == xpv2.CredentialsSourceSecret {
-		sel := g.Credentials.CommonCredentialSelectors
-		if sel.SecretRef != nil && pc.Namespace != "" {
-			sel.SecretRef = sel.SecretRef.DeepCopy()
-			sel.SecretRef.Namespace = pc.Namespace
-		}
-		key, err := resource.CommonCredentialExtractor(ctx, g.Credentials.Source, b.Kube, sel)
+		key, err := b.credentials(ctx, pc, g.Credentials.Source, g.Credentials.CommonCredentialSelectors)
 		if err != nil {
 			return nil, errors.Wrap(err, "cannot read the service-account key")
 		}
@@ -276,6 +271,17 @@ func (b *Backends) gcpBackend(ctx context.Context, pc *config) (backend.Backend,
 	}
 	b.remote[pc.UID] = remoteBackend{version: version, backend: gb}
 	return gb, nil
+}
+
+// credentials reads a configuration's credentials from their source; a
+// namespaced ProviderConfig's Secret is always of its own namespace,
+// whatever its selector says.
+func (b *Backends) credentials(ctx context.Context, pc *config, source xpv2.CredentialsSource, sel xpv2.CommonCredentialSelectors) ([]byte, error) {
+	if sel.SecretRef != nil && pc.Namespace != "" {
+		sel.SecretRef = sel.SecretRef.DeepCopy()
+		sel.SecretRef.Namespace = pc.Namespace
+	}
+	return resource.CommonCredentialExtractor(ctx, source, b.Kube, sel)
 }
 
 // awsBackend returns the AWS backend of pc, made once per configuration
@@ -295,12 +301,7 @@ func (b *Backends) awsBackend(ctx context.Context, pc *config) (backend.Backend,
 	}
 	cfg := awsbackend.Config{Region: a.Region, ClusterID: b.ClusterID, Endpoint: b.AWSEndpoint, MaxAttempts: b.AWSMaxAttempts}
 	if a.Credentials.Source == xpv2.CredentialsSourceSecret {
-		sel := a.Credentials.CommonCredentialSelectors
-		if sel.SecretRef != nil && pc.Namespace != "" {
-			sel.SecretRef = sel.SecretRef.DeepCopy()
-			sel.SecretRef.Namespace = pc.Namespace
-		}
-		file, err := resource.CommonCredentialExtractor(ctx, a.Credentials.Source, b.Kube, sel)
+		file, err := b.credentials(ctx, pc, a.Credentials.Source, a.Credentials.CommonCredentialSelectors)
 		if err != nil {
 			return nil, errors.Wrap(err, "cannot read the AWS access key")
 		}

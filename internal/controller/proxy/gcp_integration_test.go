@@ -554,19 +554,7 @@ func bootVM(t testing.TB, fake *gcpfake.Server, zone, name, addr string) {
 // runVMSquid runs the Squid of VM zone/name, from its startup script.
 func runVMSquid(t testing.TB, fake *gcpfake.Server, zone, name, addr string) {
 	t.Helper()
-	script := fake.Instance(zone, name).GetMetadata().GetItems()[0].GetValue()
-	conf := []byte(testbed.Heredoc(t, script, "/etc/squid/egress-proxy.conf"))
-	// A VM's loopback is its own; on this shared host the test lets the
-	// probe reach the echo target on loopback. The VM's log, pid and spool
-	// paths move beside the config.
-	conf = []byte(strings.NewReplacer("http_access deny egress_loopback\n", "", "/var/log/squid/", "/etc/squid/",
-		"/run/squid.pid", "/etc/squid/squid.pid", "/var/spool/squid", "/etc/squid").Replace(string(conf)))
-	testbed.RunSquid(t, conf, "/etc/squid", map[string][]byte{
-		"egress-proxy.htpasswd": []byte(testbed.Heredoc(t, script, "/etc/squid/egress-proxy.htpasswd")),
-		// What own_addresses writes on a VM whose metadata server
-		// does not answer.
-		"egress-proxy.self": []byte("255.255.255.255\n"),
-	}, addr)
+	runScriptSquid(t, fake.Instance(zone, name).GetMetadata().GetItems()[0].GetValue(), addr)
 }
 
 // collectorAnHourAhead is an orphan collector over prov's backends whose
