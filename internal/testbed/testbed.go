@@ -298,7 +298,15 @@ func (e *Env) Replica(t testing.TB, namespace string, objs ...client.Object) (cl
 	if err != nil {
 		t.Fatal(err)
 	}
-	ca, err := cache.New(e.Config, cache.Options{Scheme: e.Scheme, DefaultNamespaces: map[string]cache.Config{namespace: {}}})
+	hc, err := rest.HTTPClientFor(e.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mapper, err := newMemoMapper(e.Config, hc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ca, err := cache.New(e.Config, cache.Options{Scheme: e.Scheme, HTTPClient: hc, Mapper: mapper, DefaultNamespaces: map[string]cache.Config{namespace: {}}})
 	if err != nil {
 		t.Fatal(err)
 	}
