@@ -68,9 +68,12 @@ type CLI struct {
 	LeaderElectionNamespace string        `help:"Namespace of the leader election lease." default:"crossplane-system" env:"POD_NAMESPACE"`
 	// GCPTestEndpoint points every Compute API client at a fake of the
 	// API on this host, without credentials, for the fault tests that kill
-	// the provider process: hidden from --help and the README, and
+	// the provider process: hidden from --help and the docs, and
 	// refused for anything but plain HTTP on loopback.
 	GCPTestEndpoint string `name:"gcp-test-endpoint" hidden:"" default:"" env:"EGRESS_PROVIDER_TEST_GCP_ENDPOINT"`
+	// AWSTestEndpoint points every EC2 client at a fake of the EC2 Query
+	// API on this host, for the same tests, and under the same rules.
+	AWSTestEndpoint string `name:"aws-test-endpoint" hidden:"" default:"" env:"EGRESS_PROVIDER_TEST_AWS_ENDPOINT"`
 }
 
 // Validate refuses settings that parse but cannot work: a ticker of zero
@@ -97,10 +100,12 @@ func (c *CLI) Validate() error {
 	if c.ProbeConcurrency < 1 {
 		return errors.Errorf("--probe-concurrency (PROBE_CONCURRENCY) must be at least 1, not %d", c.ProbeConcurrency)
 	}
-	if c.GCPTestEndpoint != "" {
-		u, err := url.Parse(c.GCPTestEndpoint)
-		if err != nil || u.Scheme != "http" || !loopback(u.Hostname()) {
-			return errors.Errorf("EGRESS_PROVIDER_TEST_GCP_ENDPOINT must be an http:// URL on loopback (a test's fake of the Compute API), not %q", c.GCPTestEndpoint)
+	for env, e := range map[string]string{"EGRESS_PROVIDER_TEST_GCP_ENDPOINT": c.GCPTestEndpoint, "EGRESS_PROVIDER_TEST_AWS_ENDPOINT": c.AWSTestEndpoint} {
+		if e == "" {
+			continue
+		}
+		if u, err := url.Parse(e); err != nil || u.Scheme != "http" || !loopback(u.Hostname()) {
+			return errors.Errorf("%s must be an http:// URL on loopback (a test's fake of the cloud's API), not %q", env, e)
 		}
 	}
 	return nil
@@ -184,6 +189,7 @@ func (c *CLI) Run() error {
 	if c.GCPTestEndpoint != "" {
 		backends.GCPClientOptions = []option.ClientOption{option.WithEndpoint(c.GCPTestEndpoint), option.WithoutAuthentication()}
 	}
+	backends.AWSEndpoint = c.AWSTestEndpoint
 	// Leave local Squids running on exit: the next provider re-adopts them.
 	defer backends.Close()
 

@@ -14,7 +14,7 @@ func parser(t *testing.T, c *CLI) *kong.Kong { return clitest.New(t, "provider",
 
 func TestHelp(t *testing.T) {
 	k := parser(t, &CLI{})
-	// Manifests, devenv and the README start the provider with these names.
+	// Manifests, devenv and docs/provider.md start the provider with these names.
 	want := []clitest.Setting{
 		{Flag: "debug", Env: "DEBUG", Default: "false"},
 		{Flag: "leader-election", Env: "LEADER_ELECTION", Default: "false"},
@@ -58,6 +58,8 @@ func TestBadEnv(t *testing.T) {
 		// The fault tests' fake Compute API: never off this host.
 		"RemoteGCPEndpoint": {env: "EGRESS_PROVIDER_TEST_GCP_ENDPOINT", value: "https://compute.googleapis.com"},
 		"GCPEndpointByName": {env: "EGRESS_PROVIDER_TEST_GCP_ENDPOINT", value: "http://localhost.example.com:8080"},
+		"RemoteAWSEndpoint": {env: "EGRESS_PROVIDER_TEST_AWS_ENDPOINT", value: "https://ec2.us-east-1.amazonaws.com"},
+		"AWSEndpointByName": {env: "EGRESS_PROVIDER_TEST_AWS_ENDPOINT", value: "http://localhost.example.com:8080"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -3,6 +3,7 @@ package proxy_test
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -26,6 +27,8 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	awsbackend "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/aws"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/aws/ec2fake"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp/gcpfake"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
@@ -84,8 +87,9 @@ func buildProvider(t *testing.T) string {
 
 // TestProviderKilledMidOperation SIGKILLs the provider process at random
 // points while Proxies are created and deleted, and restarts it, for the
-// local backend (real Squids) and for GCP (the fake Compute API, with
-// operations that take a while). After the last restart every Proxy
+// local backend (real Squids), for GCP (the fake Compute API, with
+// operations that take a while) and for AWS (the fake EC2 API, whose
+// answers come a while after the change). After the last restart every Proxy
 // becomes Ready, and nothing is left over: each Proxy has exactly one
 // instance (process, state folder, port claim, or VM and firewall rule),
 // deleted Proxies have none, and deleting them all leaves no instance,
@@ -168,6 +172,66 @@ func TestProviderKilledMidOperation(t *testing.T) {
 		r.checkGCP(fake)
 		r.deleteAll()
 		r.checkGCP(fake)
+		r.report()
+	})
+	t.Run("AWS", func(t *testing.T) {
+		r, dir := newKillRun(t, bin)
+		r.ports = 34500
+		fake := ec2fake.Start(t)
+		// The test boots each instance (its Squid on loopback); EC2's
+		// answers to changes come a while after the change, so that
+		// kills land between an instance's launch and the provider
+		// learning of it.
+		fake.PendingFor, fake.AnswerAfter = time.Hour, 300*time.Millisecond
+		// The orphan collector takes the groups an instance still shutting
+		// down held when its Proxy was deleted.
+		r.env = append(r.env, "STATE_DIR="+dir, "EGRESS_PROVIDER_TEST_AWS_ENDPOINT="+fake.URL, "GC_INTERVAL=2s", "GC_GRACE_PERIOD=1s")
+		pc := "kill-" + r.ns
+		create(t,
+			&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: "aws-key"}, StringData: map[string]string{
+				"credentials": "[default]\naws_access_key_id = " + ec2fake.AccessKey + "\naws_secret_access_key = " + ec2fake.SecretKey + "\n",
+			}},
+			&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: pc}, Spec: v1alpha1.ProviderConfigSpec{
+				Backend: v1alpha1.BackendAWS,
+				AWS: &v1alpha1.AWSBackend{Region: ec2fake.Region, Credentials: v1alpha1.AWSCredentials{Source: xpv2.CredentialsSourceSecret,
+					CommonCredentialSelectors: xpv2.CommonCredentialSelectors{SecretRef: &xpv2.SecretKeySelector{SecretReference: xpv2.SecretReference{Namespace: r.ns, Name: "aws-key"}, Key: "credentials"}}}},
+			}})
+		target := testbed.Target{URL: r.target()}
+		r.progress = func() int { return fake.Calls("RunInstances") + fake.Calls("CreateSecurityGroup") }
+		r.window = 600 * time.Millisecond
+		r.proxy = func(name string, port int32) *v1alpha1.Proxy {
+			p := vmProxy(r.ns, name, port, target, pc, "")
+			p.Spec.ForProvider.GCP = nil
+			p.Spec.ForProvider.AWS = &v1alpha1.AWSPlacement{Zone: ec2fake.Region + "a"}
+			// Of a fleet: its instances share the fleet's security group
+			// (one per port: each proxy here has its own).
+			p.SetLabels(map[string]string{fleetv1alpha1.LabelFleet: "kill"})
+			p.Spec.ForProvider.AllowedSourceRanges = []v1alpha1.CIDR{"127.0.0.0/8"}
+			return p
+		}
+		r.run(kills)
+		started := map[string]bool{}
+		r.settle(func(p *v1alpha1.Proxy) {
+			// Each instance boots once it exists, and stays running.
+			for _, vm := range fake.Instances() {
+				if vm.Tags[awsbackend.TagInstance] != ownership.InstanceName(p.UID) || vm.State != "pending" {
+					continue
+				}
+				if !started[vm.ID] {
+					script, err := base64.StdEncoding.DecodeString(vm.UserData)
+					if err != nil {
+						t.Fatal(err)
+					}
+					runScriptSquid(t, string(script), fmt.Sprintf("127.0.0.1:%d", p.Spec.ForProvider.Port))
+					started[vm.ID] = true
+				}
+				fake.SetPublicIP(vm.ID, "127.0.0.1")
+				fake.SetState(vm.ID, "running")
+			}
+		})
+		r.checkAWS(fake)
+		r.deleteAll()
+		r.checkAWS(fake)
 		r.report()
 	})
 }
@@ -521,6 +585,102 @@ func (r *killRun) checkGCP(fake *gcpfake.Server) {
 		}
 	}
 	r.checkSecrets()
+}
+
+// checkAWS: one instance that is not ending per live Proxy, none for a
+// deleted one, and no security group that no such instance uses, once the
+// orphan collector had its turn (an instance still shutting down holds
+// its group from the Proxy's delete).
+func (r *killRun) checkAWS(fake *ec2fake.Server) {
+	r.t.Helper()
+	testbed.Eventually(r.t, 30*time.Second, "one instance per live Proxy and no other group or instance", func() (bool, string) {
+		bad := awsLeaks(r.live, fake.Instances(), fake.Groups())
+		return len(bad) == 0, strings.Join(bad, "; ")
+	})
+	r.checkSecrets()
+}
+
+// awsLeaks is what checkAWS finds wrong in what the fake holds.
+func awsLeaks(live map[string]types.UID, instances []ec2fake.Instance, groups []ec2fake.Group) []string {
+	want := map[string]string{}
+	for n, uid := range live {
+		want[ownership.InstanceName(uid)] = n
+	}
+	var bad []string
+	byName := map[string][]string{}
+	used := map[string]bool{}
+	for _, vm := range instances {
+		if vm.State == "shutting-down" || vm.State == "terminated" {
+			continue
+		}
+		name := vm.Tags[awsbackend.TagInstance]
+		if o, ok := ownership.FromLabels(vm.Tags); !ok || ownership.InstanceName(o.UID) != name {
+			bad = append(bad, fmt.Sprintf("instance %s (%s) carries no owner matching its name %q", vm.ID, vm.State, name))
+		}
+		if _, ok := want[name]; !ok {
+			bad = append(bad, fmt.Sprintf("instance %s (%s, %s) belongs to no live Proxy", vm.ID, name, vm.State))
+		}
+		byName[name] = append(byName[name], vm.ID)
+		for _, g := range vm.Groups {
+			used[g] = true
+		}
+	}
+	for name, n := range want {
+		if ids := byName[name]; len(ids) != 1 {
+			bad = append(bad, fmt.Sprintf("Proxy %s has %d instances, want 1: %v", n, len(ids), ids))
+		}
+	}
+	have := map[string]bool{}
+	for _, g := range groups {
+		have[g.ID] = true
+		if !used[g.ID] {
+			bad = append(bad, fmt.Sprintf("security group %s (%s) is used by no live instance", g.ID, g.Name))
+		}
+	}
+	for g := range used {
+		if !have[g] {
+			bad = append(bad, "an instance's security group "+g+" is gone")
+		}
+	}
+	sort.Strings(bad)
+	return bad
+}
+
+// TestAWSLeaksCatches proves the AWS kill checker: each kind of leak, and a
+// clean state, judged as it must be.
+func TestAWSLeaksCatches(t *testing.T) {
+	owner := func(uid types.UID) map[string]string {
+		tags := ownership.Owner{ClusterID: "c", Namespace: "ns", Name: "p", UID: uid}.Labels()
+		tags[awsbackend.TagInstance] = ownership.InstanceName(uid)
+		return tags
+	}
+	live := map[string]types.UID{"k1": "u1"}
+	vm := func(id string, uid types.UID, state string, groups ...string) ec2fake.Instance {
+		return ec2fake.Instance{ID: id, State: state, Tags: owner(uid), Groups: groups}
+	}
+	sg := []ec2fake.Group{{ID: "sg-1", Name: "fleet"}}
+	cases := map[string]struct {
+		instances []ec2fake.Instance
+		groups    []ec2fake.Group
+		want      string
+	}{
+		"Clean":               {instances: []ec2fake.Instance{vm("i-1", "u1", "running", "sg-1"), vm("i-0", "u0", "terminated", "sg-1")}, groups: sg},
+		"EndingIsNotALeak":    {instances: []ec2fake.Instance{vm("i-1", "u1", "running", "sg-1"), vm("i-0", "u0", "shutting-down", "sg-1")}, groups: sg},
+		"DeletedProxys":       {instances: []ec2fake.Instance{vm("i-1", "u1", "running", "sg-1"), vm("i-0", "u0", "stopped", "sg-1")}, groups: sg, want: "belongs to no live Proxy"},
+		"TwoForOne":           {instances: []ec2fake.Instance{vm("i-1", "u1", "running", "sg-1"), vm("i-2", "u1", "pending", "sg-1")}, groups: sg, want: "has 2 instances"},
+		"NoneForALiveProxy":   {groups: sg, want: "has 0 instances"},
+		"UnusedGroup":         {instances: []ec2fake.Instance{vm("i-1", "u1", "running", "sg-1")}, groups: append(sg, ec2fake.Group{ID: "sg-2", Name: "old"}), want: "sg-2 (old) is used by no live instance"},
+		"GroupOnlyAnEndedOne": {instances: []ec2fake.Instance{vm("i-1", "u1", "running"), vm("i-0", "u0", "terminated", "sg-1")}, groups: sg, want: "sg-1 (fleet) is used by no live instance"},
+		"NoOwner":             {instances: []ec2fake.Instance{{ID: "i-1", State: "running", Tags: map[string]string{awsbackend.TagInstance: ownership.InstanceName("u1")}, Groups: []string{"sg-1"}}}, groups: sg, want: "carries no owner"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			got := strings.Join(awsLeaks(live, tc.instances, tc.groups), "; ")
+			if tc.want == "" && got != "" || !strings.Contains(got, tc.want) {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
 }
 
 func (r *killRun) report() {

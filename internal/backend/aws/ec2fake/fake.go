@@ -151,6 +151,18 @@ type Server struct {
 	// HideNewFor keeps a new instance out of DescribeInstances for that
 	// long, as EC2's eventual consistency does.
 	HideNewFor time.Duration
+	// AnswerAfter delays the answer to a call that changes something
+	// (RunInstances, TerminateInstances, the security group calls,
+	// CreateTags) by this long after the change is made, as EC2's
+	// answers take a while: a client killed meanwhile made the change
+	// without learning of it.
+	AnswerAfter time.Duration
+}
+
+// changes are the actions AnswerAfter delays.
+var changes = map[string]bool{
+	"RunInstances": true, "TerminateInstances": true, "CreateTags": true,
+	"CreateSecurityGroup": true, "AuthorizeSecurityGroupIngress": true, "DeleteSecurityGroup": true,
 }
 
 type subnet struct{ id, vpc, zone, cidr string }
@@ -324,27 +336,36 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	for k, v := range f {
 		p[k] = v[0]
 	}
+	out, err, delay := s.call(action, p)
+	if err != nil {
+		writeError(w, err)
+		return
+	}
+	time.Sleep(delay)
+	w.Header().Set("Content-Type", "text/xml;charset=UTF-8")
+	_, _ = w.Write([]byte(xml.Header))
+	_ = xml.NewEncoder(w).Encode(out)
+}
+
+// call makes one call of action: its answer or error, and how long the
+// answer waits after the change was made.
+func (s *Server) call(action string, p map[string]string) (any, *apiError, time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls[action]++
 	s.advanceLocked()
 	if e := s.scriptedLocked(action); e != nil {
-		writeError(w, e)
-		return
+		return nil, e, 0
 	}
 	handle, ok := s.actions()[action]
 	if !ok {
-		writeError(w, fail("InvalidAction", "The action %s is not valid for this web service.", action))
-		return
+		return nil, fail("InvalidAction", "The action %s is not valid for this web service.", action), 0
 	}
 	out, err := handle(p)
-	if err != nil {
-		writeError(w, err)
-		return
+	if err != nil || !changes[action] {
+		return out, err, 0
 	}
-	w.Header().Set("Content-Type", "text/xml;charset=UTF-8")
-	_, _ = w.Write([]byte(xml.Header))
-	_ = xml.NewEncoder(w).Encode(out)
+	return out, nil, s.AnswerAfter
 }
 
 // actions are the fake's actions by name.
