@@ -75,12 +75,12 @@ type CLI struct {
 	Debug                      bool          `help:"Log at debug level." default:"false" env:"DEBUG"`
 	// ClockOffset runs the replica's clock off from the machine's, for
 	// tests of clock skew only (Go reads the time through the vDSO, so
-	// faketime cannot): hidden from --help and the README.
+	// faketime cannot): hidden from --help and the docs.
 	ClockOffset time.Duration `hidden:"" default:"0s" env:"EGRESS_DISCOVERY_TEST_CLOCK_OFFSET"`
 	// PlatformLoopback lets the gateway dial platform GCP VMs at
 	// reach.StandInVMs (127.1.0.0/16), for make scale only, whose stand-in
 	// VMs the fake Compute API puts there: hidden from --help and the
-	// README, and refused inside a cluster.
+	// docs, and refused inside a cluster.
 	PlatformLoopback bool `hidden:"" default:"false" env:"EGRESS_DISCOVERY_TEST_PLATFORM_LOOPBACK"`
 }
 

@@ -19,7 +19,7 @@ func parser(t *testing.T, c *CLI) *kong.Kong { return clitest.New(t, "egressctl"
 
 func TestHelp(t *testing.T) {
 	k := parser(t, &CLI{})
-	// Crawlers, the README and e2e run egressctl with these names.
+	// Crawlers, the docs (docs/discovery.md, docs/gateway.md) and e2e run egressctl with these names.
 	want := []clitest.Setting{
 		{Flag: "server", Env: "EGRESS_DISCOVERY_URL", Default: "required"},
 		{Flag: "token", Env: "EGRESS_DISCOVERY_TOKEN", Default: `""`},

@@ -87,7 +87,7 @@ func (s *Stack) startCrossplane(ctx context.Context) error {
 		// 100 events at 1/s. A fleet of N proxies takes about 16N events to
 		// create (more while Crossplane's own status writes ping-pong on a
 		// stale cache), so a few scale-ups would throttle it for minutes.
-		// README says to size this for real clusters too.
+		// docs/install.md says to size this for real clusters too.
 		"--circuit-breaker-burst=1000",
 		"--circuit-breaker-refill-rate=10",
 	}, s.opts.CrossplaneArgs...)

@@ -348,7 +348,7 @@ func TestPhase(t *testing.T) {
 // TestErrorClasses makes the fake answer with GCP's own error bodies, at
 // once or in the operation of an accepted insert, and checks how the
 // backend classifies what the real client library returns: the
-// classification table of the README, row by row.
+// classification table of docs/provider.md (GCP backend), row by row.
 func TestErrorClasses(t *testing.T) {
 	const zone = "europe-west1-b"
 	createIn := func(change func(*backend.Spec)) func(*gcp.Backend, backend.Spec) error {

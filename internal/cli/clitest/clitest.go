@@ -62,7 +62,7 @@ func Settings(k *kong.Kong) []Setting {
 func flags(k *kong.Kong, n *kong.Node) []*kong.Flag {
 	var out []*kong.Flag
 	for _, f := range n.Flags {
-		// Hidden flags are for tests only: no help, no README entry.
+		// Hidden flags are for tests only: no help, no entry in the docs.
 		if f != k.Model.HelpFlag && !f.Hidden {
 			out = append(out, f)
 		}

@@ -20,7 +20,7 @@ import (
 // most the burst. The buckets are this replica's, each paced at its share
 // of the rule (allocator.PacingFor): behind N replicas of a fleet, the
 // interval N times as long and the burst split, so that the replicas
-// together keep to the rule (README).
+// together keep to the rule (docs/gateway.md, Pacing).
 
 // rotatePaced is rotate under the domain's pacing rule (nil: none): when
 // every proxy that serves the connection is paced, it reserves the turn
