@@ -27,6 +27,7 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -39,6 +40,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/pkg/errors"
+	k8stypes "k8s.io/apimachinery/pkg/types"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
@@ -88,6 +90,14 @@ type Config struct {
 	// MaxBackoff bounds the wait between them; zero: the SDK's 20 s.
 	MaxBackoff time.Duration
 }
+
+// What the AWS backend can do beside the basics: import an instance kept
+// from an earlier Proxy, and keep one past its Proxy's deletion.
+var (
+	_ backend.Backend  = &Backend{}
+	_ backend.Adopter  = &Backend{}
+	_ backend.Retainer = &Backend{}
+)
 
 // Backend manages proxy instances on EC2.
 type Backend struct {
@@ -418,6 +428,28 @@ func (b *Backend) named(ctx context.Context, name string) ([]types.Instance, err
 	return b.describe(ctx, []types.Filter{{Name: aws.String("tag:" + TagInstance), Values: []string{name}}})
 }
 
+// byID lists the instance of id (none when EC2 does not list it).
+func (b *Backend) byID(ctx context.Context, id string) ([]types.Instance, error) {
+	return b.describe(ctx, []types.Filter{{Name: aws.String("instance-id"), Values: []string{id}}})
+}
+
+// nameOf is the instance name the first of all carries.
+func nameOf(all []types.Instance) string {
+	if len(all) == 0 {
+		return ""
+	}
+	return tagsOf(&all[0])[TagInstance]
+}
+
+// tagsOf is an instance's tags as a map.
+func tagsOf(i *types.Instance) map[string]string {
+	tags := map[string]string{}
+	for _, t := range i.Tags {
+		tags[aws.ToString(t.Key)] = aws.ToString(t.Value)
+	}
+	return tags
+}
+
 // describe lists the instances filters select, every page.
 func (b *Backend) describe(ctx context.Context, filters []types.Filter) ([]types.Instance, error) {
 	var out []types.Instance
@@ -473,10 +505,7 @@ func Phase(state types.InstanceStateName, publicIP string) v1alpha1.InstancePhas
 }
 
 func (b *Backend) instance(i *types.Instance) *backend.Instance {
-	tags := map[string]string{}
-	for _, t := range i.Tags {
-		tags[aws.ToString(t.Key)] = aws.ToString(t.Value)
-	}
+	tags := tagsOf(i)
 	owner, _ := ownership.FromLabels(tags)
 	port, _ := strconv.Atoi(tags[tagPort])
 	zone := ""
@@ -515,6 +544,19 @@ func (b *Backend) Get(ctx context.Context, r backend.Ref) (*backend.Instance, er
 	all, err := b.named(ctx, r.Name)
 	if err != nil {
 		return nil, err
+	}
+	if r.ID != "" && !slices.ContainsFunc(all, func(x types.Instance) bool { return aws.ToString(x.InstanceId) == r.ID }) {
+		// Recorded by ID under another name: an imported instance keeps
+		// the name its maker gave it. Its name's instances, then; whose
+		// they are is the controller's to check (by their owner tags).
+		if all, err = b.byID(ctx, r.ID); err != nil {
+			return nil, err
+		}
+		if name := nameOf(all); name != "" && name != r.Name {
+			if all, err = b.named(ctx, name); err != nil {
+				return nil, err
+			}
+		}
 	}
 	live := newestLive(all)
 	if live == nil {
@@ -583,6 +625,87 @@ func (b *Backend) Delete(ctx context.Context, r backend.Ref) error {
 	}
 	if group != "" {
 		b.releaseGroup(ctx, group)
+	}
+	return nil
+}
+
+// Adopt moves the instance r names (by its recorded ID, else its name) to
+// its new Proxy, to, when it is still from's: its owner tags are rewritten
+// (the maker's cluster, namespace and UID stay, as its name derives from
+// them), and owner tags the new owner does not carry are removed.
+func (b *Backend) Adopt(ctx context.Context, r backend.Ref, from k8stypes.UID, to ownership.Owner) error {
+	x, err := b.one(ctx, r)
+	if err != nil {
+		return err
+	}
+	tags := tagsOf(x)
+	cur, _ := ownership.FromLabels(tags)
+	if h := cur.Holder(); h != from && h != to.UID {
+		return backend.Errorf(backend.ClassTransient, "instance %s belongs to Proxy uid %s now, not %s", aws.ToString(x.InstanceId), h, from)
+	}
+	return b.retag(ctx, x, tags, cur.AdoptedBy(to).Relabel(tags, false))
+}
+
+// SetRetain tags the instance to outlive its Proxy, or removes the tag.
+func (b *Backend) SetRetain(ctx context.Context, r backend.Ref, retain bool) error {
+	x, err := b.one(ctx, r)
+	if err != nil {
+		return err
+	}
+	tags := tagsOf(x)
+	want := maps.Clone(tags)
+	delete(want, ownership.LabelRetain)
+	if retain {
+		want[ownership.LabelRetain] = "true"
+	}
+	return b.retag(ctx, x, tags, want)
+}
+
+// one is the instance r names: its recorded ID's, else the newest live
+// one of its name.
+func (b *Backend) one(ctx context.Context, r backend.Ref) (*types.Instance, error) {
+	var all []types.Instance
+	var err error
+	if r.ID != "" {
+		all, err = b.byID(ctx, r.ID)
+	} else {
+		all, err = b.named(ctx, r.Name)
+	}
+	if err != nil {
+		return nil, err
+	}
+	x := newestLive(all)
+	if x == nil {
+		return nil, backend.Errorf(backend.ClassNotFound, "instance %s not found", r.Name)
+	}
+	return x, nil
+}
+
+// retag makes x's tags want, from have: the changed ones written first
+// (so that a kill between the calls leaves the new owner), then the ones
+// want lacks removed.
+func (b *Backend) retag(ctx context.Context, x *types.Instance, have, want map[string]string) error {
+	id := aws.ToString(x.InstanceId)
+	var set, drop []types.Tag
+	for _, k := range sortedKeys(want) {
+		if v, ok := have[k]; !ok || v != want[k] {
+			set = append(set, types.Tag{Key: aws.String(k), Value: aws.String(want[k])})
+		}
+	}
+	for _, k := range sortedKeys(have) {
+		if _, ok := want[k]; !ok {
+			drop = append(drop, types.Tag{Key: aws.String(k)})
+		}
+	}
+	if len(set) > 0 {
+		if _, err := b.ec2.CreateTags(ctx, &ec2.CreateTagsInput{Resources: []string{id}, Tags: set}); err != nil {
+			return errors.Wrapf(Classify(err), "cannot tag instance %s", id)
+		}
+	}
+	if len(drop) > 0 {
+		if _, err := b.ec2.DeleteTags(ctx, &ec2.DeleteTagsInput{Resources: []string{id}, Tags: drop}); err != nil {
+			return errors.Wrapf(Classify(err), "cannot remove tags of instance %s", id)
+		}
 	}
 	return nil
 }

@@ -558,3 +558,55 @@ func TestDeletedBeforeListed(t *testing.T) {
 		t.Errorf("the instance EC2 did not list yet: %s; want it terminated", st)
 	}
 }
+
+// TestAdoptAndRetain: an instance kept from a Proxy made with Retain is
+// imported by a new Proxy, found by its recorded ID under its maker's name,
+// carries its new owner's tags and no more the old retain tag, and is
+// marked to outlive its Proxy and unmarked again; an instance another
+// Proxy took meanwhile is not adopted.
+func TestAdoptAndRetain(t *testing.T) {
+	fake := ec2fake.Start(t)
+	fake.PendingFor = 0
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	old := spec("0b7c6a2e-7777-4222-8333-944455556666")
+	old.Owner.Retain = true
+	inst, err := b.Create(ctx, old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o, _ := ownership.FromLabels(only(t, fake).Tags); !o.Retain {
+		t.Fatalf("made to be retained: %v", only(t, fake).Tags)
+	}
+	to := ownership.Owner{ClusterID: "c1", Namespace: "team", Name: "importer", UID: "9f7c6a2e-7777-4222-8333-944455556666"}
+	// The importer's Ref: its own name, the recorded ID.
+	ref := backend.Ref{Name: ownership.InstanceName(to.UID), Zone: "us-east-1a", ID: only(t, fake).ID}
+	got, err := b.Get(ctx, ref)
+	if err != nil || got.ProviderID != inst.ProviderID || got.Name != old.Name {
+		t.Fatalf("found by its recorded ID under its maker's name: %+v %v", got, err)
+	}
+	if err := b.Adopt(ctx, ref, "someone-else", to); err == nil {
+		t.Error("adopted from a Proxy that does not hold it")
+	}
+	if err := b.Adopt(ctx, ref, old.Owner.UID, to); err != nil {
+		t.Fatal(err)
+	}
+	o, ok := ownership.FromLabels(only(t, fake).Tags)
+	if !ok || o.Holder() != to.UID || o.Name != "importer" || o.Retain || o.UID != old.Owner.UID {
+		t.Errorf("adopted: the importer holds it, its maker's UID stays, the retain tag is gone: %+v %v", o, only(t, fake).Tags)
+	}
+	if got, err := b.Get(ctx, ref); err != nil || got.Owner.Holder() != to.UID {
+		t.Errorf("observed as the importer's: %+v %v", got, err)
+	}
+	for _, retain := range []bool{true, false} {
+		if err := b.SetRetain(ctx, got.Ref, retain); err != nil {
+			t.Fatal(err)
+		}
+		if o, _ := ownership.FromLabels(only(t, fake).Tags); o.Retain != retain || o.Holder() != to.UID {
+			t.Errorf("retain %v: %v", retain, only(t, fake).Tags)
+		}
+	}
+	if _, ok := only(t, fake).Tags[ownership.LabelRetain]; ok {
+		t.Errorf("unmarked, the retain tag is gone: %v", only(t, fake).Tags)
+	}
+}

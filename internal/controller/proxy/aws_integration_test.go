@@ -13,10 +13,12 @@ import (
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/aws/ec2fake"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller/proxy"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
@@ -41,6 +43,7 @@ func TestAWSProxy(t *testing.T) {
 	ctx := context.Background()
 
 	pc := "aws-" + ns
+	create(t, awsConfig(ns, pc)...)
 	p := vmProxy(ns, "ec2-proxy", 32340, target, pc, "")
 	p.Spec.ForProvider.GCP = nil
 	p.Spec.ForProvider.AWS = &v1alpha1.AWSPlacement{Zone: "us-east-1a"}
@@ -49,16 +52,7 @@ func TestAWSProxy(t *testing.T) {
 	big.Spec.ForProvider.GCP = nil
 	big.Spec.ForProvider.AWS = &v1alpha1.AWSPlacement{Zone: "us-east-1a", AWSInstance: v1alpha1.AWSInstance{InstanceType: "c7i.large"}}
 	create(t,
-		authSecret(ns),
-		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "aws-key"}, StringData: map[string]string{
-			"credentials": "[default]\naws_access_key_id = " + ec2fake.AccessKey + "\naws_secret_access_key = " + ec2fake.SecretKey + "\n",
-		}},
-		&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: pc}, Spec: v1alpha1.ProviderConfigSpec{
-			Backend: v1alpha1.BackendAWS,
-			AWS: &v1alpha1.AWSBackend{Region: ec2fake.Region, Credentials: v1alpha1.AWSCredentials{Source: xpv2.CredentialsSourceSecret,
-				CommonCredentialSelectors: xpv2.CommonCredentialSelectors{SecretRef: &xpv2.SecretKeySelector{SecretReference: xpv2.SecretReference{Namespace: ns, Name: "aws-key"}, Key: "credentials"}}}},
-		}},
-		p, big,
+		authSecret(ns), p, big,
 	)
 	key := types.NamespacedName{Namespace: ns, Name: "ec2-proxy"}
 
@@ -118,4 +112,105 @@ func runScriptSquid(t testing.TB, script, addr string) {
 		"egress-proxy.htpasswd": []byte(testbed.Heredoc(t, script, "/etc/squid/egress-proxy.htpasswd")),
 		"egress-proxy.self":     []byte("255.255.255.255\n"),
 	}, addr)
+}
+
+// awsConfig is a ClusterProviderConfig pc of the AWS backend, signing
+// with an access key the fake accepts, from a Secret in ns: both objects.
+func awsConfig(ns, pc string) []client.Object {
+	return []client.Object{
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "aws-key"}, StringData: map[string]string{
+			"credentials": "[default]\naws_access_key_id = " + ec2fake.AccessKey + "\naws_secret_access_key = " + ec2fake.SecretKey + "\n",
+		}},
+		&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: pc}, Spec: v1alpha1.ProviderConfigSpec{
+			Backend: v1alpha1.BackendAWS,
+			AWS: &v1alpha1.AWSBackend{Region: ec2fake.Region, Credentials: v1alpha1.AWSCredentials{Source: xpv2.CredentialsSourceSecret,
+				CommonCredentialSelectors: xpv2.CommonCredentialSelectors{SecretRef: &xpv2.SecretKeySelector{SecretReference: xpv2.SecretReference{Namespace: ns, Name: "aws-key"}, Key: "credentials"}}}},
+		}},
+	}
+}
+
+// awsProxy is a Proxy on an instance in us-east-1a through pc.
+func awsProxy(ns, name string, port int32, target testbed.Target, pc string) *v1alpha1.Proxy {
+	p := vmProxy(ns, name, port, target, pc, "")
+	p.Spec.ForProvider.GCP = nil
+	p.Spec.ForProvider.AWS = &v1alpha1.AWSPlacement{Zone: ec2fake.Region + "a"}
+	p.Spec.ForProvider.AllowedSourceRanges = []v1alpha1.CIDR{"127.0.0.0/8"}
+	return p
+}
+
+// TestAWSKeptAndImported: a Proxy whose management policies leave out
+// Delete tags its instance to outlive it; deleted, it leaves the instance
+// running, and the orphan collector leaves it too; a new Proxy naming the
+// instance in its external-name imports it (its tags then name the
+// importer) and becomes Ready through it, and its own deletion, with
+// every policy, terminates it.
+func TestAWSKeptAndImported(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ns := namespace(t)
+	ctx := context.Background()
+	fake := ec2fake.Start(t)
+	fake.PendingFor = time.Hour // the test boots the instance
+	target := testbed.StartEchoTarget(t)
+	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) {
+		o.Backends.(*proxy.Backends).AWSEndpoint = fake.URL
+		o.Backends.(*proxy.Backends).AWSMaxAttempts = 1
+	})
+	defer prov.stop()
+	defer deleteProxies(t, ns)
+	pc := "aws-kept-" + ns
+	create(t, awsConfig(ns, pc)...)
+	kept := awsProxy(ns, "kept", 32342, target, pc)
+	kept.SetManagementPolicies(xpv2.ManagementPolicies{xpv2.ManagementActionObserve, xpv2.ManagementActionCreate, xpv2.ManagementActionUpdate, xpv2.ManagementActionLateInitialize})
+	create(t, authSecret(ns), kept)
+	var vm ec2fake.Instance
+	testbed.Eventually(t, 10*time.Second, "an instance tagged to outlive its Proxy", func() (bool, string) {
+		all := fake.Instances()
+		if len(all) != 1 {
+			return false, fmt.Sprintf("%d instances", len(all))
+		}
+		vm = all[0]
+		return vm.Tags[ownership.LabelRetain] == "true", fmt.Sprint(vm.Tags)
+	})
+	key := types.NamespacedName{Namespace: ns, Name: "kept"}
+	if err := bed.Client.Delete(ctx, get(t, key)); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 10*time.Second, "the Proxy gone", func() (bool, string) {
+		err := bed.Client.Get(ctx, key, &v1alpha1.Proxy{})
+		return kerrors.IsNotFound(err), fmt.Sprint(err)
+	})
+	if r, err := collectorAnHourAhead(bed, prov).Collect(ctx); err != nil || fake.Instances()[0].State != "pending" {
+		t.Fatalf("the orphan collector leaves a retained instance: %+v %v, %s", r, err, fake.Instances()[0].State)
+	}
+
+	imp := awsProxy(ns, "importer", 32342, target, pc)
+	imp.SetAnnotations(map[string]string{"crossplane.io/external-name": "aws:///us-east-1a/" + vm.ID})
+	create(t, imp)
+	ikey := types.NamespacedName{Namespace: ns, Name: "importer"}
+	testbed.Eventually(t, 10*time.Second, "imported", func() (bool, string) {
+		ap := get(t, ikey).Status.AtProvider
+		return ap.ImportedFrom == "aws:///us-east-1a/"+vm.ID, fmt.Sprintf("%+v %v", ap, get(t, ikey).GetCondition(xpv2.TypeReady))
+	})
+	if o, _ := ownership.FromLabels(fake.Instances()[0].Tags); o.Holder() != get(t, ikey).UID || o.Retain {
+		t.Errorf("the instance's tags name the importer, not to be retained: %v", fake.Instances()[0].Tags)
+	}
+	script, err := base64.StdEncoding.DecodeString(vm.UserData)
+	if err != nil {
+		t.Fatal(err)
+	}
+	runScriptSquid(t, string(script), "127.0.0.1:32342")
+	fake.SetPublicIP(vm.ID, "127.0.0.1")
+	fake.SetState(vm.ID, "running")
+	testbed.Eventually(t, 15*time.Second, "Ready through the imported instance", ready(t, ikey, corev1.ConditionTrue))
+	if n := fake.Calls("RunInstances"); n != 1 {
+		t.Errorf("the import made no instance of its own: %d RunInstances", n)
+	}
+	if err := bed.Client.Delete(ctx, get(t, ikey)); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 10*time.Second, "the importer gone and the instance terminated", func() (bool, string) {
+		err := bed.Client.Get(ctx, ikey, &v1alpha1.Proxy{})
+		state := fake.Instances()[0].State
+		return kerrors.IsNotFound(err) && (state == "shutting-down" || state == "terminated"), fmt.Sprintf("%v, %s", err, state)
+	})
 }

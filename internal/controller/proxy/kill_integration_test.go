@@ -187,26 +187,15 @@ func TestProviderKilledMidOperation(t *testing.T) {
 		// down held when its Proxy was deleted.
 		r.env = append(r.env, "STATE_DIR="+dir, "EGRESS_PROVIDER_TEST_AWS_ENDPOINT="+fake.URL, "GC_INTERVAL=2s", "GC_GRACE_PERIOD=1s")
 		pc := "kill-" + r.ns
-		create(t,
-			&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: r.ns, Name: "aws-key"}, StringData: map[string]string{
-				"credentials": "[default]\naws_access_key_id = " + ec2fake.AccessKey + "\naws_secret_access_key = " + ec2fake.SecretKey + "\n",
-			}},
-			&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: pc}, Spec: v1alpha1.ProviderConfigSpec{
-				Backend: v1alpha1.BackendAWS,
-				AWS: &v1alpha1.AWSBackend{Region: ec2fake.Region, Credentials: v1alpha1.AWSCredentials{Source: xpv2.CredentialsSourceSecret,
-					CommonCredentialSelectors: xpv2.CommonCredentialSelectors{SecretRef: &xpv2.SecretKeySelector{SecretReference: xpv2.SecretReference{Namespace: r.ns, Name: "aws-key"}, Key: "credentials"}}}},
-			}})
+		create(t, awsConfig(r.ns, pc)...)
 		target := testbed.Target{URL: r.target()}
 		r.progress = func() int { return fake.Calls("RunInstances") + fake.Calls("CreateSecurityGroup") }
 		r.window = 600 * time.Millisecond
 		r.proxy = func(name string, port int32) *v1alpha1.Proxy {
-			p := vmProxy(r.ns, name, port, target, pc, "")
-			p.Spec.ForProvider.GCP = nil
-			p.Spec.ForProvider.AWS = &v1alpha1.AWSPlacement{Zone: ec2fake.Region + "a"}
+			p := awsProxy(r.ns, name, port, target, pc)
 			// Of a fleet: its instances share the fleet's security group
 			// (one per port: each proxy here has its own).
 			p.SetLabels(map[string]string{fleetv1alpha1.LabelFleet: "kill"})
-			p.Spec.ForProvider.AllowedSourceRanges = []v1alpha1.CIDR{"127.0.0.0/8"}
 			return p
 		}
 		r.run(kills)

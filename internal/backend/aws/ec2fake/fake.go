@@ -161,7 +161,7 @@ type Server struct {
 
 // changes are the actions AnswerAfter delays.
 var changes = map[string]bool{
-	"RunInstances": true, "TerminateInstances": true, "CreateTags": true,
+	"RunInstances": true, "TerminateInstances": true, "CreateTags": true, "DeleteTags": true,
 	"CreateSecurityGroup": true, "AuthorizeSecurityGroupIngress": true, "DeleteSecurityGroup": true,
 }
 
@@ -372,7 +372,7 @@ func (s *Server) call(action string, p map[string]string) (any, *apiError, time.
 func (s *Server) actions() map[string]func(map[string]string) (any, *apiError) {
 	return map[string]func(map[string]string) (any, *apiError){
 		"RunInstances": s.runInstances, "DescribeInstances": s.describeInstances, "TerminateInstances": s.terminateInstances,
-		"CreateTags": s.createTags, "DescribeSubnets": s.describeSubnets, "DescribeImages": s.describeImages,
+		"CreateTags": s.createTags, "DeleteTags": s.deleteTags, "DescribeSubnets": s.describeSubnets, "DescribeImages": s.describeImages,
 		"CreateSecurityGroup": s.createSecurityGroup, "DescribeSecurityGroups": s.describeSecurityGroups,
 		"AuthorizeSecurityGroupIngress": s.authorizeIngress, "DeleteSecurityGroup": s.deleteSecurityGroup,
 	}
@@ -739,6 +739,46 @@ func (s *Server) createTags(p map[string]string) (any, *apiError) {
 		}
 		for k, v := range tags {
 			have[k] = v
+		}
+	}
+	return xReturn{Return: true}, nil
+}
+
+// deleteTags removes tags, as EC2 does: a tag given with a value goes only
+// when its value is that one; a key a resource lacks is no error.
+func (s *Server) deleteTags(p map[string]string) (any, *apiError) {
+	ids := list(p, "ResourceId")
+	if len(ids) == 0 {
+		return nil, fail("MissingParameter", "DeleteTags needs ResourceId")
+	}
+	var tags []map[string]string
+	for m := 1; ; m++ {
+		k, ok := p["Tag."+strconv.Itoa(m)+".Key"]
+		if !ok {
+			break
+		}
+		t := map[string]string{"key": k}
+		if v, ok := p["Tag."+strconv.Itoa(m)+".Value"]; ok {
+			t["value"] = v
+		}
+		tags = append(tags, t)
+	}
+	have := make([]map[string]string, 0, len(ids))
+	for _, id := range ids {
+		switch {
+		case s.instances[id] != nil:
+			have = append(have, s.instances[id].Tags)
+		case s.groups[id] != nil:
+			have = append(have, s.groups[id].Tags)
+		default:
+			return nil, fail("InvalidID", "The ID '%s' is not valid", id)
+		}
+	}
+	for _, h := range have {
+		for _, t := range tags {
+			if v, ok := t["value"]; !ok || h[t["key"]] == v {
+				delete(h, t["key"])
+			}
 		}
 	}
 	return xReturn{Return: true}, nil
