@@ -34,6 +34,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/statemetrics"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis"
+	awsbackend "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/aws"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli"
 	xcontroller "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller/proxy"
@@ -190,6 +191,9 @@ func (c *CLI) Run() error {
 		backends.GCPClientOptions = []option.ClientOption{option.WithEndpoint(c.GCPTestEndpoint), option.WithoutAuthentication()}
 	}
 	backends.AWSEndpoint = c.AWSTestEndpoint
+	// Observations share one listing of a region's instances, at most
+	// half a poll old (10 s at most).
+	backends.AWSListingMaxAge = min(c.Poll/2, awsbackend.DefaultListingMaxAge)
 	// Leave local Squids running on exit: the next provider re-adopts them.
 	defer backends.Close()
 

@@ -201,3 +201,12 @@ var ErrNoRotation = errors.New("the instance was made without credentials that r
 type Retainer interface {
 	SetRetain(ctx context.Context, r Ref, retain bool) error
 }
+
+// A Lagging backend's listing may miss an instance for a while after it
+// was launched (EC2's eventual consistency): a Proxy deleted that soon
+// after a create cut short (its create incomplete) waits out ListingLag
+// before it takes "not found" for "never made", so that the instance it
+// cannot yet see is not left behind.
+type Lagging interface {
+	ListingLag() time.Duration
+}

@@ -39,6 +39,7 @@ import (
 	awsconfig "github.com/aws/aws-sdk-go-v2/config"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/aws/aws-sdk-go-v2/service/sts"
 	"github.com/pkg/errors"
 	k8stypes "k8s.io/apimachinery/pkg/types"
 
@@ -89,20 +90,34 @@ type Config struct {
 	MaxAttempts int
 	// MaxBackoff bounds the wait between them; zero: the SDK's 20 s.
 	MaxBackoff time.Duration
+	// ListingMaxAge is how old the shared listing of the cluster's
+	// instances may be when Get answers from it; zero:
+	// DefaultListingMaxAge.
+	ListingMaxAge time.Duration
+	// Now is the backend's clock; nil: time.Now.
+	Now func() time.Time
 }
 
 // What the AWS backend can do beside the basics: import an instance kept
-// from an earlier Proxy, and keep one past its Proxy's deletion.
+// from an earlier Proxy, and keep one past its Proxy's deletion; and say
+// how long EC2's listing may lag a launch.
 var (
 	_ backend.Backend  = &Backend{}
 	_ backend.Adopter  = &Backend{}
 	_ backend.Retainer = &Backend{}
+	_ backend.Lagging  = &Backend{}
 )
+
+// ListingLag is how long EC2's DescribeInstances may miss a launched
+// instance: seconds in practice, thirty to be safe.
+func (b *Backend) ListingLag() time.Duration { return 30 * time.Second }
 
 // Backend manages proxy instances on EC2.
 type Backend struct {
-	cfg Config
-	ec2 *ec2.Client
+	cfg     Config
+	ec2     *ec2.Client
+	sts     *sts.Client
+	listing *listing
 }
 
 // New returns an aws backend.
@@ -136,7 +151,16 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 			o.BaseEndpoint = aws.String(cfg.Endpoint)
 		}
 	})
-	return &Backend{cfg: cfg, ec2: client}, nil
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	b := &Backend{cfg: cfg, ec2: client, sts: sts.NewFromConfig(ac, func(o *sts.Options) {
+		if cfg.Endpoint != "" {
+			o.BaseEndpoint = aws.String(cfg.Endpoint)
+		}
+	})}
+	b.listing = newListing(cfg.ListingMaxAge, cfg.Now, b.listAll)
+	return b, nil
 }
 
 // ownAddressesFunc prints the instance's addresses for Squid's
@@ -174,7 +198,8 @@ func ProviderID(zone, id string) string { return "aws:///" + zone + "/" + id }
 
 // Create starts an instance for s, after the fleet's security group; an
 // instance of s's name that runs already is returned instead.
-func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance, error) {
+func (b *Backend) Create(ctx context.Context, s backend.Spec) (_ *backend.Instance, err error) {
+	defer func() { err = b.explain(ctx, err) }()
 	if s.AWS == nil {
 		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.aws is required for a ProviderConfig of backend AWS")
 	}
@@ -245,6 +270,7 @@ const maxTokenHops = 16
 func (b *Backend) run(ctx context.Context, s backend.Spec, prefix, last, subnet, root, script string, groups []string, groupName string) (*backend.Instance, error) {
 	for hop := 0; ; hop++ {
 		tok := prefix + last
+		b.listing.touch(s.Name)
 		out, err := b.ec2.RunInstances(ctx, b.runInput(s, tok, subnet, root, script, groups, groupName))
 		var i *types.Instance
 		switch {
@@ -540,21 +566,36 @@ func (b *Backend) instance(i *types.Instance) *backend.Instance {
 // Get observes the instance of r's name: the newest not terminated; a
 // terminated one is gone (NotFound), so that a Proxy whose instance was
 // terminated (a spot interruption, a user) gets a new one.
-func (b *Backend) Get(ctx context.Context, r backend.Ref) (*backend.Instance, error) {
-	all, err := b.named(ctx, r.Name)
-	if err != nil {
-		return nil, err
+func (b *Backend) Get(ctx context.Context, r backend.Ref) (_ *backend.Instance, err error) {
+	defer func() { err = b.explain(ctx, err) }()
+	name := r.Name
+	if r.ID != "" {
+		// An imported instance keeps the name its maker gave it.
+		if n, ok := b.listing.name(ctx, r.ID); ok {
+			name = n
+		}
+	}
+	all, listed := b.listing.instances(ctx, name)
+	if !listed {
+		if all, err = b.named(ctx, name); err != nil {
+			return nil, err
+		}
 	}
 	if r.ID != "" && !slices.ContainsFunc(all, func(x types.Instance) bool { return aws.ToString(x.InstanceId) == r.ID }) {
 		// Recorded by ID under another name: an imported instance keeps
 		// the name its maker gave it. Its name's instances, then; whose
 		// they are is the controller's to check (by their owner tags).
-		if all, err = b.byID(ctx, r.ID); err != nil {
+		byID, err := b.byID(ctx, r.ID)
+		if err != nil {
 			return nil, err
 		}
-		if name := nameOf(all); name != "" && name != r.Name {
-			if all, err = b.named(ctx, name); err != nil {
-				return nil, err
+		// Not listed (any more): the name's own instances stand.
+		if n := nameOf(byID); n != "" && n != name {
+			var listed bool
+			if all, listed = b.listing.instances(ctx, n); !listed {
+				if all, err = b.named(ctx, n); err != nil {
+					return nil, err
+				}
 			}
 		}
 	}
@@ -578,6 +619,7 @@ func (b *Backend) terminateOlder(ctx context.Context, all []types.Instance, keep
 		}
 	}
 	if len(older) > 0 {
+		b.listing.touch(tagsOf(keep)[TagInstance])
 		_, _ = b.ec2.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: older})
 	}
 }
@@ -587,7 +629,8 @@ func (b *Backend) terminateOlder(ctx context.Context, all []types.Instance, keep
 // and lets go of the instance's security group when no other instance
 // uses it; one still in use by an instance shutting down is left to the
 // orphan collector.
-func (b *Backend) Delete(ctx context.Context, r backend.Ref) error {
+func (b *Backend) Delete(ctx context.Context, r backend.Ref) (err error) {
+	defer func() { err = b.explain(ctx, err) }()
 	if r.Zone == "" {
 		return b.deleteGroup(ctx, r.Name)
 	}
@@ -610,14 +653,26 @@ func (b *Backend) Delete(ctx context.Context, r backend.Ref) error {
 			}
 		}
 	}
+	batches := [][]string{ids}
 	if r.ID != "" && !slices.ContainsFunc(all, func(x types.Instance) bool { return aws.ToString(x.InstanceId) == r.ID }) {
 		// Recorded, but not listed yet (EC2's listing lags its
-		// creates): terminated by its ID, so that a Proxy deleted at
-		// once leaves no instance behind.
-		ids = append(ids, r.ID)
+		// creates), or imported under another name: terminated by its
+		// ID, so that a Proxy deleted at once leaves no instance behind.
+		// On its own: an ID EC2 no longer knows fails the whole batch.
+		batches = append(batches, []string{r.ID})
 	}
-	if len(ids) > 0 {
-		if _, err := b.ec2.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: ids}); err != nil {
+	b.listing.touch(r.Name)
+	if n := b.listing.known(r.ID); n != "" {
+		b.listing.touch(n)
+	}
+	for i := range all {
+		b.listing.touch(tagsOf(&all[i])[TagInstance])
+	}
+	for _, batch := range batches {
+		if len(batch) == 0 {
+			continue
+		}
+		if _, err := b.ec2.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: batch}); err != nil {
 			if c := Classify(err); backend.ClassOf(c) != backend.ClassNotFound {
 				return errors.Wrapf(c, "cannot terminate instance %s", r.Name)
 			}
@@ -633,7 +688,8 @@ func (b *Backend) Delete(ctx context.Context, r backend.Ref) error {
 // its new Proxy, to, when it is still from's: its owner tags are rewritten
 // (the maker's cluster, namespace and UID stay, as its name derives from
 // them), and owner tags the new owner does not carry are removed.
-func (b *Backend) Adopt(ctx context.Context, r backend.Ref, from k8stypes.UID, to ownership.Owner) error {
+func (b *Backend) Adopt(ctx context.Context, r backend.Ref, from k8stypes.UID, to ownership.Owner) (err error) {
+	defer func() { err = b.explain(ctx, err) }()
 	x, err := b.one(ctx, r)
 	if err != nil {
 		return err
@@ -647,7 +703,8 @@ func (b *Backend) Adopt(ctx context.Context, r backend.Ref, from k8stypes.UID, t
 }
 
 // SetRetain tags the instance to outlive its Proxy, or removes the tag.
-func (b *Backend) SetRetain(ctx context.Context, r backend.Ref, retain bool) error {
+func (b *Backend) SetRetain(ctx context.Context, r backend.Ref, retain bool) (err error) {
+	defer func() { err = b.explain(ctx, err) }()
 	x, err := b.one(ctx, r)
 	if err != nil {
 		return err
@@ -681,16 +738,17 @@ func (b *Backend) one(ctx context.Context, r backend.Ref) (*types.Instance, erro
 	return x, nil
 }
 
-// retag makes x's tags want, from have: the changed ones written first
-// (so that a kill between the calls leaves the new owner), then the ones
-// want lacks removed.
+// retag makes x's tags want, from have: those written first (so that a
+// kill between the calls leaves the new owner), then the ones want lacks
+// removed, then read back.
 func (b *Backend) retag(ctx context.Context, x *types.Instance, have, want map[string]string) error {
 	id := aws.ToString(x.InstanceId)
+	b.listing.touch(have[TagInstance])
+	// Every tag wanted, changed or not: a retag racing this one from
+	// another read cannot leave a mix of both owners.
 	var set, drop []types.Tag
 	for _, k := range sortedKeys(want) {
-		if v, ok := have[k]; !ok || v != want[k] {
-			set = append(set, types.Tag{Key: aws.String(k), Value: aws.String(want[k])})
-		}
+		set = append(set, types.Tag{Key: aws.String(k), Value: aws.String(want[k])})
 	}
 	for _, k := range sortedKeys(have) {
 		if _, ok := want[k]; !ok {
@@ -706,6 +764,20 @@ func (b *Backend) retag(ctx context.Context, x *types.Instance, have, want map[s
 		if _, err := b.ec2.DeleteTags(ctx, &ec2.DeleteTagsInput{Resources: []string{id}, Tags: drop}); err != nil {
 			return errors.Wrapf(Classify(err), "cannot remove tags of instance %s", id)
 		}
+	}
+	// EC2 tags unconditionally: read them back, and report a retag that
+	// another (a second import of the instance) overtook, so that the
+	// caller records nothing and tries again.
+	now, err := b.byID(ctx, id)
+	if err != nil {
+		return err
+	}
+	if len(now) != 1 {
+		return backend.Errorf(backend.ClassTransient, "instance %s is not listed after its retag: retrying", id)
+	}
+	got, _ := ownership.FromLabels(tagsOf(&now[0]))
+	if w, _ := ownership.FromLabels(want); got != w {
+		return backend.Errorf(backend.ClassTransient, "instance %s was retagged by another meanwhile (its tags name Proxy uid %s): retrying", id, got.Holder())
 	}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -25,6 +26,10 @@ func newBackend(t *testing.T, fake *ec2fake.Server, cluster string) *aws.Backend
 		Region: ec2fake.Region, ClusterID: cluster, Endpoint: fake.URL,
 		Credentials: credentials.NewStaticCredentialsProvider(ec2fake.AccessKey, ec2fake.SecretKey, ""),
 		MaxAttempts: 2, MaxBackoff: 10 * time.Millisecond,
+		// Every Get lists afresh: these tests change the fake behind the
+		// backend's back and look at once (TestOneListingPerPoll keeps a
+		// listing).
+		ListingMaxAge: time.Nanosecond,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -608,5 +613,196 @@ func TestAdoptAndRetain(t *testing.T) {
 	}
 	if _, ok := only(t, fake).Tags[ownership.LabelRetain]; ok {
 		t.Errorf("unmarked, the retain tag is gone: %v", only(t, fake).Tags)
+	}
+}
+
+// TestOneListingPerPoll: the Gets of a poll share one listing of the
+// cluster's instances (one DescribeInstances for 50 Proxies, not 50); a
+// listing older than its age is made again; a name the backend changed
+// since the listing began (terminated here) and a name the listing lacks
+// (an instance launched after it) are asked of EC2 alone; an instance
+// recorded by its ID under another name is found in the listing; and a
+// listing that fails leaves each Get to ask on its own.
+func TestOneListingPerPoll(t *testing.T) {
+	fake := ec2fake.Start(t)
+	fake.PendingFor = 0
+	var mu sync.Mutex
+	clock := time.Now()
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	advance := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); clock = clock.Add(d) }
+	b, err := aws.New(context.Background(), aws.Config{
+		Region: ec2fake.Region, ClusterID: "c1", Endpoint: fake.URL,
+		Credentials: credentials.NewStaticCredentialsProvider(ec2fake.AccessKey, ec2fake.SecretKey, ""),
+		MaxAttempts: 1, ListingMaxAge: time.Minute, Now: now,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	specs := make([]backend.Spec, 50)
+	made := map[string]string{}
+	for i := range specs {
+		specs[i] = fleetSpec(i)
+		inst, err := b.Create(ctx, specs[i])
+		if err != nil {
+			t.Fatal(err)
+		}
+		made[specs[i].Name] = inst.ProviderID
+	}
+	advance(10 * time.Second) // the creates have settled
+	getAll := func() {
+		t.Helper()
+		var wg sync.WaitGroup
+		for _, s := range specs {
+			wg.Go(func() {
+				got, err := b.Get(ctx, s.Ref)
+				if err != nil || got.ProviderID != made[s.Name] || got.Phase != v1alpha1.InstancePhaseRunning {
+					t.Errorf("%s: %+v %v", s.Name, got, err)
+				}
+			})
+		}
+		wg.Wait()
+	}
+	before := fake.Calls("DescribeInstances")
+	getAll()
+	getAll()
+	if n := fake.Calls("DescribeInstances") - before; n != 1 {
+		t.Errorf("two polls of 50 Proxies within the listing's age: %d DescribeInstances, want 1", n)
+	}
+	advance(2 * time.Minute)
+	before = fake.Calls("DescribeInstances")
+	getAll()
+	if n := fake.Calls("DescribeInstances") - before; n != 1 {
+		t.Errorf("a poll after the listing's age: %d DescribeInstances, want 1 (a new listing)", n)
+	}
+
+	// Terminated by the backend: asked of EC2, not read from the listing
+	// that still shows it running.
+	if err := b.Delete(ctx, specs[0].Ref); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := b.Get(ctx, specs[0].Ref); err != nil || got.Phase != v1alpha1.InstancePhaseTerminated {
+		t.Errorf("just terminated: %+v %v", got, err)
+	}
+	// Launched after the listing: not in it, asked of EC2.
+	late := fleetSpec(99)
+	inst, err := b.Create(ctx, late)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := b.Get(ctx, late.Ref); err != nil || got.ProviderID != inst.ProviderID {
+		t.Errorf("launched after the listing: %+v %v", got, err)
+	}
+	// Recorded by ID under another name (an import): found in the listing.
+	vm := ""
+	for _, i := range fake.Instances() {
+		if i.Tags[aws.TagInstance] == specs[1].Name {
+			vm = i.ID
+		}
+	}
+	before = fake.Calls("DescribeInstances")
+	if got, err := b.Get(ctx, backend.Ref{Name: "egress-someoneelse00", Zone: "us-east-1a", ID: vm}); err != nil || got.Name != specs[1].Name {
+		t.Errorf("by its recorded ID: %+v %v", got, err)
+	}
+	if n := fake.Calls("DescribeInstances") - before; n != 0 {
+		t.Errorf("an instance the listing holds, by ID: %d DescribeInstances, want 0", n)
+	}
+
+	// The listing fails: each Get asks on its own, and answers.
+	advance(2 * time.Minute)
+	fake.Fail("DescribeInstances", ec2fake.Failure{Code: "Unavailable"})
+	if got, err := b.Get(ctx, specs[2].Ref); err != nil || got.ProviderID != made[specs[2].Name] {
+		t.Errorf("with the listing failed: %+v %v", got, err)
+	}
+}
+
+// TestAdoptOvertaken: two Proxies import one instance at once; EC2 tags
+// unconditionally, so the one whose tags another's retag overwrote while
+// it wrote its own learns so from the read back, and records nothing.
+func TestAdoptOvertaken(t *testing.T) {
+	fake := ec2fake.Start(t)
+	fake.PendingFor = 0
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	old := spec("0b7c6a2e-8888-4222-8333-944455556666")
+	old.Owner.Retain = true
+	if _, err := b.Create(ctx, old); err != nil {
+		t.Fatal(err)
+	}
+	id := only(t, fake).ID
+	p1 := ownership.Owner{ClusterID: "c1", Namespace: "team", Name: "first", UID: "11111111-8888-4222-8333-944455556666", Retain: true}
+	p2 := ownership.Owner{ClusterID: "c1", Namespace: "team", Name: "second", UID: "22222222-8888-4222-8333-944455556666"}
+	// While p2 writes its tags, p1's import (read before p2 wrote) lands.
+	fake.OnChange = func(action string) {
+		if action == "CreateTags" {
+			fake.OnChange = nil
+			cur, _ := ownership.FromLabels(only(t, fake).Tags)
+			fake.Tag(id, cur.AdoptedBy(p1).Labels())
+		}
+	}
+	ref := backend.Ref{Name: ownership.InstanceName(p2.UID), Zone: "us-east-1a", ID: id}
+	err := b.Adopt(ctx, ref, old.Owner.UID, p2)
+	if backend.ClassOf(err) != backend.ClassTransient || !strings.Contains(err.Error(), "retagged by another") {
+		t.Errorf("an import another overtook: %v", err)
+	}
+	if o, _ := ownership.FromLabels(only(t, fake).Tags); o.Holder() != p1.UID {
+		t.Errorf("the tags name the last writer, p1: %v", only(t, fake).Tags)
+	}
+	if err := b.Adopt(ctx, ref, old.Owner.UID, p2); err == nil {
+		t.Error("tried again, p2 takes an instance p1 now holds")
+	}
+}
+
+// TestStaleRecordedID: a recorded ID EC2 no longer lists does not hide the
+// name's live instance from Get, nor keep Delete from terminating it.
+func TestStaleRecordedID(t *testing.T) {
+	fake := ec2fake.Start(t)
+	fake.PendingFor = 0
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	s := spec("0b7c6a2e-9999-4222-8333-944455556666")
+	inst, err := b.Create(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref := s.Ref
+	ref.ID = "i-0000000000000000f"
+	if got, err := b.Get(ctx, ref); err != nil || got.ProviderID != inst.ProviderID {
+		t.Errorf("the name's instance, past a recorded ID EC2 does not list: %+v %v", got, err)
+	}
+	if err := b.Delete(ctx, ref); err != nil {
+		t.Fatal(err)
+	}
+	if st := only(t, fake).State; st != "shutting-down" && st != "terminated" {
+		t.Errorf("deleted with a stale recorded ID, the instance is %s", st)
+	}
+}
+
+// TestUnauthorizedExplained: EC2's encoded reason for an
+// UnauthorizedOperation is decoded through STS into the error (action,
+// resource, principal, explicit deny), the opaque blob left out, the class
+// kept; without sts:DecodeAuthorizationMessage the error says to grant it.
+func TestUnauthorizedExplained(t *testing.T) {
+	fake := ec2fake.Start(t)
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	refusal := fake.Unauthorized(`{"allowed":false,"explicitDeny":true,"matchedStatements":{"items":[]},"context":{"principal":{"id":"AROA:i","arn":"arn:aws:sts::123456789012:assumed-role/provider/i"},"action":"ec2:RunInstances","resource":"arn:aws:ec2:us-east-1:123456789012:instance/*","conditions":{"items":[]}}}`)
+	blob := refusal.Message[strings.Index(refusal.Message, "message: ")+len("message: "):]
+	fake.Fail("RunInstances", refusal)
+	_, err := b.Create(ctx, spec("0b7c6a2e-aaaa-4222-8333-944455556666"))
+	if backend.ClassOf(err) != backend.ClassAccessDenied || !strings.Contains(err.Error(), "arn:aws:sts::123456789012:assumed-role/provider/i may not ec2:RunInstances on arn:aws:ec2:us-east-1:123456789012:instance/*: a policy denies it explicitly") || strings.Contains(err.Error(), blob) {
+		t.Errorf("decoded: %v (%s)", err, backend.ClassOf(err))
+	}
+	if n := fake.Calls("sts:DecodeAuthorizationMessage"); n != 1 {
+		t.Errorf("%d decodes, want 1", n)
+	}
+	fake.DenyDecode = true
+	fake.Fail("RunInstances", fake.Unauthorized(`{"allowed":false,"context":{"action":"ec2:RunInstances"}}`))
+	_, err = b.Create(ctx, spec("0b7c6a2e-bbbb-4222-8333-944455556666"))
+	if backend.ClassOf(err) != backend.ClassAccessDenied || !strings.Contains(err.Error(), "grant the provider's identity sts:DecodeAuthorizationMessage") {
+		t.Errorf("not decodable: %v", err)
+	}
+	if len(fake.Instances()) != 0 {
+		t.Errorf("refused, yet an instance: %+v", fake.Instances())
 	}
 }

@@ -46,7 +46,11 @@ func (b *Backend) groupTags(s backend.Spec, now time.Time) []types.Tag {
 	labels := ownership.Owner{ClusterID: b.cfg.ClusterID, Namespace: s.Owner.Namespace, Fleet: s.Owner.Fleet}.Labels()
 	of := "fleet"
 	if s.Owner.Fleet == "" {
-		labels, of = s.Owner.Labels(), "instance"
+		// The Proxy's owner tags, but never retain: a kept instance keeps
+		// its group in use, and a group no instance uses is collected.
+		o := s.Owner
+		o.Retain, o.Adopter = false, ""
+		labels, of = o.Labels(), "instance"
 	}
 	tags := []types.Tag{{Key: aws.String(tagGroupOf), Value: aws.String(of)}, {Key: aws.String(tagCreated), Value: aws.String(now.UTC().Format(time.RFC3339))}}
 	for _, k := range sortedKeys(labels) {
@@ -207,6 +211,9 @@ func (b *Backend) orphanGroups(ctx context.Context, used map[string]bool) ([]bac
 				continue
 			}
 			owner, ok := ownership.FromLabels(tags)
+			// A group no live instance uses serves nothing: collected even
+			// if an older provider tagged it to be retained.
+			owner.Retain = false
 			if !ok {
 				owner = ownership.Owner{ClusterID: tags[ownership.LabelCluster], Namespace: tags[ownership.LabelNamespace], Fleet: tags[ownership.LabelOwnerFleet], Name: "fleet " + tags[ownership.LabelOwnerFleet]}
 			}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -18,6 +19,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/aws/ec2fake"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller/proxy"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
@@ -35,9 +37,12 @@ func TestAWSProxy(t *testing.T) {
 	fake := ec2fake.Start(t)
 	fake.PendingFor = time.Hour // the test boots the instance
 	target := testbed.StartEchoTarget(t)
+	pm := metrics.NewProvider()
 	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) {
+		o.Metrics = pm
 		o.Backends.(*proxy.Backends).AWSEndpoint = fake.URL
 		o.Backends.(*proxy.Backends).AWSMaxAttempts = 1
+		o.Backends.(*proxy.Backends).AWSListingMaxAge = time.Second
 	})
 	defer prov.stop()
 	ctx := context.Background()
@@ -78,6 +83,13 @@ func TestAWSProxy(t *testing.T) {
 	testbed.Eventually(t, 15*time.Second, "Ready through the instance's Squid", ready(t, key, corev1.ConditionTrue))
 	if ap := get(t, key).Status.AtProvider; ap.ProviderID != "aws:///us-east-1a/"+vm.ID || ap.EgressIP != "127.0.0.1" {
 		t.Errorf("atProvider: %+v", ap)
+	}
+	// The monitoring pack's metrics name the backend.
+	if n := testutil.ToFloat64(pm.ProbeResults.WithLabelValues(string(v1alpha1.BackendAWS), "success")); n < 1 {
+		t.Errorf("probes of an EC2 proxy counted under backend %q: %v", v1alpha1.BackendAWS, n)
+	}
+	if n := testutil.ToFloat64(pm.Instances.WithLabelValues(string(v1alpha1.BackendAWS), string(v1alpha1.InstancePhaseRunning))); n != 1 {
+		t.Errorf("running EC2 instances under backend %q: %v", v1alpha1.BackendAWS, n)
 	}
 	if c := get(t, types.NamespacedName{Namespace: ns, Name: "too-big"}).GetCondition(xpv2.TypeReady); !strings.Contains(c.Message, "spec.forProvider.aws.instanceType") {
 		t.Errorf("an instance type the policy does not list: %q", c.Message)
@@ -154,6 +166,7 @@ func TestAWSKeptAndImported(t *testing.T) {
 	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) {
 		o.Backends.(*proxy.Backends).AWSEndpoint = fake.URL
 		o.Backends.(*proxy.Backends).AWSMaxAttempts = 1
+		o.Backends.(*proxy.Backends).AWSListingMaxAge = time.Second
 	})
 	defer prov.stop()
 	defer deleteProxies(t, ns)
@@ -213,4 +226,68 @@ func TestAWSKeptAndImported(t *testing.T) {
 		state := fake.Instances()[0].State
 		return kerrors.IsNotFound(err) && (state == "shutting-down" || state == "terminated"), fmt.Sprintf("%v, %s", err, state)
 	})
+	// The kept Proxy's own group outlived it with its instance; with the
+	// instance gone, the orphan collector takes it.
+	testbed.Eventually(t, 10*time.Second, "no security group left", func() (bool, string) {
+		r, err := collectorAnHourAhead(bed, prov).Collect(ctx)
+		return len(fake.Groups()) == 0, fmt.Sprintf("%+v %v %+v", r, err, fake.Groups())
+	})
+}
+
+// TestAWSInstanceReplaced: an instance EC2 ends (a spot interruption) is
+// replaced by a new one, more than once: the Proxy's external-name still
+// names the first instance, which its own create made, and that asks for
+// no import.
+func TestAWSInstanceReplaced(t *testing.T) {
+	ns := namespace(t)
+	fake := ec2fake.Start(t)
+	fake.PendingFor, fake.TerminatingFor = time.Hour, 100*time.Millisecond // the test boots each instance
+	target := testbed.StartEchoTarget(t)
+	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) {
+		o.PollInterval = 2 * time.Second // to see the instance end
+		o.Backends.(*proxy.Backends).AWSEndpoint = fake.URL
+		o.Backends.(*proxy.Backends).AWSMaxAttempts = 1
+		o.Backends.(*proxy.Backends).AWSListingMaxAge = time.Second
+	})
+	defer prov.stop()
+	defer deleteProxies(t, ns)
+	pc := "aws-replaced-" + ns
+	create(t, awsConfig(ns, pc)...)
+	create(t, authSecret(ns), awsProxy(ns, "spot", 32343, target, pc))
+	key := types.NamespacedName{Namespace: ns, Name: "spot"}
+	booted := map[string]bool{}
+	for round := 1; round <= 3; round++ {
+		var vm ec2fake.Instance
+		testbed.Eventually(t, 20*time.Second, fmt.Sprintf("instance %d launched", round), func() (bool, string) {
+			for _, i := range fake.Instances() {
+				if i.State == "pending" && !booted[i.ID] {
+					vm = i
+					return true, ""
+				}
+			}
+			c := get(t, key).GetCondition(xpv2.TypeReady)
+			return false, fmt.Sprintf("%d RunInstances; %s: %s", fake.Calls("RunInstances"), c.Reason, c.Message)
+		})
+		booted[vm.ID] = true
+		if round == 1 {
+			script, err := base64.StdEncoding.DecodeString(vm.UserData)
+			if err != nil {
+				t.Fatal(err)
+			}
+			runScriptSquid(t, string(script), "127.0.0.1:32343")
+		}
+		fake.SetPublicIP(vm.ID, "127.0.0.1")
+		fake.SetState(vm.ID, "running")
+		testbed.Eventually(t, 20*time.Second, fmt.Sprintf("Ready on instance %d", round), func() (bool, string) {
+			p := get(t, key)
+			c := p.GetCondition(xpv2.TypeReady)
+			return c.Status == corev1.ConditionTrue && p.Status.AtProvider.ProviderID == "aws:///us-east-1a/"+vm.ID, fmt.Sprintf("%s: %s", c.Reason, c.Message)
+		})
+		if c := get(t, key).GetCondition(xpv2.TypeReady); c.Reason == proxy.ReasonImportRefused {
+			t.Fatalf("its own instance taken for an import: %s", c.Message)
+		}
+		if !fake.Interrupt(vm.ID, "Server.SpotInstanceTermination: Spot instance termination") {
+			t.Fatal("no instance to interrupt")
+		}
+	}
 }

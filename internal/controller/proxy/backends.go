@@ -62,6 +62,10 @@ type Backends struct {
 	// default).
 	AWSEndpoint    string
 	AWSMaxAttempts int
+	// AWSListingMaxAge is how old the shared listing of a region's
+	// instances may be when an observation answers from it (zero: the
+	// backend's default, 10 s).
+	AWSListingMaxAge time.Duration
 	// RetireAfter is how long a replaced backend is kept open for those
 	// still using it; zero means ten minutes.
 	RetireAfter time.Duration
@@ -299,7 +303,7 @@ func (b *Backends) awsBackend(ctx context.Context, pc *config) (backend.Backend,
 	if cached != nil {
 		return cached, nil
 	}
-	cfg := awsbackend.Config{Region: a.Region, ClusterID: b.ClusterID, Endpoint: b.AWSEndpoint, MaxAttempts: b.AWSMaxAttempts}
+	cfg := awsbackend.Config{Region: a.Region, ClusterID: b.ClusterID, Endpoint: b.AWSEndpoint, MaxAttempts: b.AWSMaxAttempts, ListingMaxAge: b.AWSListingMaxAge}
 	if a.Credentials.Source == xpv2.CredentialsSourceSecret {
 		file, err := b.credentials(ctx, pc, a.Credentials.Source, a.Credentials.CommonCredentialSelectors)
 		if err != nil {

@@ -31,6 +31,11 @@ const (
 	annotationCreateInputs = "egress.crawl.example.com/create-error-inputs"
 	// annotationCreateOperation names a creation Create left running.
 	annotationCreateOperation = "egress.crawl.example.com/create-operation"
+	// annotationMadeInstance is the providerID of the instance Create
+	// made last, written with the external-name: an external-name equal
+	// to it asks for no import, even where a providerID does not say
+	// whose instance it is (EC2's names the instance by its ID alone).
+	annotationMadeInstance = "egress.crawl.example.com/made-instance"
 	// annotationTerminations counts the instances that terminated in a
 	// row, the last at annotationLastTermination.
 	annotationTerminations    = "egress.crawl.example.com/terminations"

@@ -30,11 +30,11 @@ const ReasonImportRefused = "ImportRefused"
 func wantsImport(p *v1alpha1.Proxy, pc *config) string {
 	x := meta.GetExternalName(p)
 	ap := p.Status.AtProvider
-	if x == "" || ap.ProviderID != "" || x == ap.ImportedFrom {
+	if x == "" || ap.ProviderID != "" || x == ap.ImportedFrom || x == p.GetAnnotations()[annotationMadeInstance] {
 		return ""
 	}
 	// An EC2 instance is recorded by its ID alone, which says nothing of
-	// its name: importInstance tells the Proxy's own from another's.
+	// its name: one its Proxy's Create did not make is asked for.
 	if r, ok := parseRecorded(p, pc, x); !ok || !imported(p, r) && r.ID == "" {
 		return ""
 	}
@@ -69,12 +69,6 @@ func (e *external) importInstance(ctx context.Context, p *v1alpha1.Proxy, x stri
 	case err != nil:
 		p.SetConditions(unavailable(ReasonBackendError, fmt.Sprintf("cannot look at %s to import it: %v", x, err)))
 		return errors.Wrapf(err, "cannot look at %s to import it", x)
-	}
-	if e.own(p, inst, x) {
-		// The Proxy's own instance, which its create named there before
-		// its status said so: nothing to import.
-		p.Status.AtProvider.ProviderID = inst.ProviderID
-		return nil
 	}
 	want := instanceRef(p, e.pc)
 	switch {
@@ -116,13 +110,6 @@ func (e *external) importInstance(ctx context.Context, p *v1alpha1.Proxy, x stri
 	p.Status.AtProvider.ProviderID, p.Status.AtProvider.ImportedFrom = inst.ProviderID, x
 	e.record.Event(p, event.Normal("Imported", fmt.Sprintf("imported instance %s, made for Proxy %s/%s (uid %s)", x, inst.Owner.Namespace, inst.Owner.Name, from)))
 	return nil
-}
-
-// own reports whether inst, which the Proxy's external-name x names, is
-// the Proxy's own instance: its name derives from the Proxy's UID, its
-// tags say the Proxy holds it, in this cluster.
-func (e *external) own(p *v1alpha1.Proxy, inst *backend.Instance, x string) bool {
-	return inst != nil && inst.ProviderID == x && !imported(p, inst.Ref) && inst.Owner.Holder() == p.GetUID() && inst.Owner.OfCluster(e.clusterID)
 }
 
 // checkHeld refuses to act on an imported instance that is not the

@@ -18,6 +18,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/api/option"
 	corev1 "k8s.io/api/core/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -115,6 +116,10 @@ var running = struct {
 	set map[*provider]struct{}
 }{set: map[*provider]struct{}{}}
 
+// noCloud is where a test's provider sends what would go to a cloud whose
+// fake the test did not start: a loopback port nothing listens on.
+const noCloud = "http://127.0.0.1:9"
+
 func startProvider(t testing.TB, stateDir string, logs *logBuffer, target testbed.Target, tweak ...func(*proxy.Options)) *provider {
 	t.Helper()
 	bed := sharedBed.Env(t)
@@ -130,7 +135,12 @@ func startProvider(t testing.TB, stateDir string, logs *logBuffer, target testbe
 	if err != nil {
 		t.Fatal(err)
 	}
-	backends := &proxy.Backends{Kube: mgr.GetClient(), Config: bed.Config, ClusterID: "it", StateDir: stateDir, RestartDelay: 4 * time.Second, Logger: log}
+	backends := &proxy.Backends{Kube: mgr.GetClient(), Config: bed.Config, ClusterID: "it", StateDir: stateDir, RestartDelay: 4 * time.Second, Logger: log,
+		// Cloud ProviderConfigs are cluster-wide and outlive the test that
+		// made them: a provider whose test brought no fake of a cloud
+		// (the orphan collector runs over every configuration) reaches a
+		// port on loopback that refuses, never the cloud.
+		AWSEndpoint: noCloud, GCPClientOptions: []option.ClientOption{option.WithEndpoint(noCloud), option.WithoutAuthentication()}}
 	o := proxy.Options{
 		Options: controller.Options{
 			Logger: log, GlobalRateLimiter: ratelimiter.NewGlobal(100), PollInterval: time.Minute,

@@ -56,8 +56,12 @@ type killRun struct {
 	exited   chan struct{}
 	// leftovers counts what a killed create left in the backend.
 	leftovers func() int
+	// unlearned counts the instances the backend holds whose Proxy does
+	// not yet record them: a kill landed between a launch and the
+	// provider learning of it.
+	unlearned func() int
 	// What the kills landed in, and left.
-	kills, midCreate, midDelete, leftover int
+	kills, midCreate, midDelete, leftover, midLaunch int
 }
 
 // providerKills is how many times each backend's provider is killed:
@@ -183,13 +187,35 @@ func TestProviderKilledMidOperation(t *testing.T) {
 		// kills land between an instance's launch and the provider
 		// learning of it.
 		fake.PendingFor, fake.AnswerAfter = time.Hour, 300*time.Millisecond
+		// EC2's listing lags its launches.
+		fake.HideNewFor = 500 * time.Millisecond
 		// The orphan collector takes the groups an instance still shutting
-		// down held when its Proxy was deleted.
+		// down held when its Proxy was deleted (and must take no
+		// instance: checked from the log below).
 		r.env = append(r.env, "STATE_DIR="+dir, "EGRESS_PROVIDER_TEST_AWS_ENDPOINT="+fake.URL, "GC_INTERVAL=2s", "GC_GRACE_PERIOD=1s")
 		pc := "kill-" + r.ns
 		create(t, awsConfig(r.ns, pc)...)
 		target := testbed.Target{URL: r.target()}
-		r.progress = func() int { return fake.Calls("RunInstances") + fake.Calls("CreateSecurityGroup") }
+		r.progress = func() int { return fake.Calls("RunInstances") }
+		r.unlearned = func() int {
+			l := &v1alpha1.ProxyList{}
+			if err := sharedBed.Env(t).Client.List(context.Background(), l, client.InNamespace(r.ns)); err != nil {
+				t.Fatal(err)
+			}
+			recorded := map[string]bool{}
+			for _, p := range l.Items {
+				if id := p.Status.AtProvider.ProviderID; id != "" {
+					recorded[id[strings.LastIndexByte(id, '/')+1:]] = true
+				}
+			}
+			n := 0
+			for _, vm := range fake.Instances() {
+				if vm.State == "pending" && !recorded[vm.ID] {
+					n++
+				}
+			}
+			return n
+		}
 		r.window = 600 * time.Millisecond
 		r.proxy = func(name string, port int32) *v1alpha1.Proxy {
 			p := awsProxy(r.ns, name, port, target, pc)
@@ -222,6 +248,20 @@ func TestProviderKilledMidOperation(t *testing.T) {
 		r.deleteAll()
 		r.checkAWS(fake)
 		r.report()
+		if r.midLaunch == 0 {
+			t.Error("no kill landed between an instance's launch and its Proxy recording it")
+		}
+		// The provider's own deletes took every instance: the orphan
+		// collector, there for the groups, took none.
+		all, err := os.ReadFile(r.logs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, line := range strings.Split(string(all), "\n") {
+			if strings.Contains(line, "Deleted orphan") && strings.Contains(line, "/i-") {
+				t.Errorf("an instance was left to the orphan collector: %s", line)
+			}
+		}
 	})
 }
 
@@ -241,6 +281,10 @@ func newKillRun(t *testing.T, bin string) (*killRun, string) {
 		live: map[string]types.UID{}, gone: map[string]types.UID{},
 		env: []string{
 			"KUBECONFIG=" + kc, "CLUSTER_ID=kill-" + ns, "POLL_INTERVAL=2s", "LOCAL_RESTART_DELAY=1s",
+			// The clouds whose fake a subtest starts replace these (the
+			// last of a key wins): others' ProviderConfigs never reach
+			// a cloud.
+			"EGRESS_PROVIDER_TEST_AWS_ENDPOINT=" + noCloud, "EGRESS_PROVIDER_TEST_GCP_ENDPOINT=" + noCloud,
 			"METRICS_BIND_ADDRESS=0", "HEALTH_PROBE_BIND_ADDRESS=0", "PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"),
 		},
 	}
@@ -363,6 +407,9 @@ func (r *killRun) run(n int) {
 		}
 		if r.leftovers != nil {
 			r.leftover += r.leftovers()
+		}
+		if r.unlearned != nil && r.unlearned() > 0 {
+			r.midLaunch++
 		}
 	}
 }
@@ -676,8 +723,8 @@ func (r *killRun) report() {
 	if r.midCreate == 0 {
 		r.t.Errorf("no kill landed while a create was under way: the scenario tested nothing it is named for")
 	}
-	r.t.Logf("%d kills: %d found a create under way (Proxies with create-pending), %d a delete; %d half-written instances left by them and swept; %d Proxies created, %d deleted",
-		r.kills, r.midCreate, r.midDelete, r.leftover, r.next, len(r.gone))
+	r.t.Logf("%d kills: %d found a create under way (Proxies with create-pending), %d a delete, %d an instance launched that its Proxy did not record yet; %d half-written instances left by them and swept; %d Proxies created, %d deleted",
+		r.kills, r.midCreate, r.midDelete, r.midLaunch, r.leftover, r.next, len(r.gone))
 }
 
 func (r *killRun) logTail() string {

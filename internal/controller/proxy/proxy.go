@@ -495,6 +495,13 @@ func (e *external) repair(ctx context.Context, p *v1alpha1.Proxy, inst *backend.
 // created, unless the policy refuses it or past failures hold it off.
 func (e *external) observeMissing(ctx context.Context, p *v1alpha1.Proxy, ref backend.Ref) (managed.ExternalObservation, error) {
 	e.metrics.SetPhase(p.GetUID(), "", "")
+	if l, ok := e.backend.(backend.Lagging); ok && meta.WasDeleted(p) && meta.ExternalCreateIncomplete(p) {
+		if since := e.now().Sub(meta.GetExternalCreatePending(p)); since < l.ListingLag() {
+			// A create was cut short moments ago: its instance may exist
+			// and not be listed yet. Deleting now would leave it behind.
+			return managed.ExternalObservation{}, errors.Errorf("a create was cut short %s ago and %s may not list its instance yet: waiting %s before taking it for never made", since.Round(time.Second), e.backendName(), l.ListingLag())
+		}
+	}
 	if meta.WasDeleted(p) {
 		// The instance is gone, but what was made for it may not be:
 		// a GCP firewall rule of a VM whose insert failed, or whose
@@ -791,6 +798,7 @@ func (e *external) Create(ctx context.Context, p *v1alpha1.Proxy) (managed.Exter
 		meta.AddAnnotations(p, map[string]string{annotationCreateOperation: inst.Operation})
 	}
 	meta.SetExternalName(p, inst.ProviderID)
+	meta.AddAnnotations(p, map[string]string{annotationMadeInstance: inst.ProviderID})
 	return managed.ExternalCreation{}, nil
 }
 

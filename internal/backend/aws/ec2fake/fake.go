@@ -22,7 +22,8 @@
 // authorisation).
 //
 // Files: fake.go (the server, its state and the actions), xml.go (EC2's
-// response shapes).
+// response shapes), sts.go (STS's DecodeAuthorizationMessage, for the
+// encoded messages of UnauthorizedOperation).
 package ec2fake
 
 import (
@@ -151,6 +152,16 @@ type Server struct {
 	// HideNewFor keeps a new instance out of DescribeInstances for that
 	// long, as EC2's eventual consistency does.
 	HideNewFor time.Duration
+	// OnChange, when set, is called (outside the fake's lock) after a
+	// change an action made and before its answer: a test plays another
+	// client acting meanwhile.
+	OnChange func(action string)
+	// DenyDecode makes STS refuse DecodeAuthorizationMessage (the caller
+	// lacks sts:DecodeAuthorizationMessage).
+	DenyDecode bool
+	// encoded are the authorization failure messages handed out, and
+	// what each decodes to.
+	encoded map[string]string
 	// AnswerAfter delays the answer to a call that changes something
 	// (RunInstances, TerminateInstances, the security group calls,
 	// CreateTags) by this long after the change is made, as EC2's
@@ -242,6 +253,17 @@ func (s *Server) Interrupt(id, reason string) bool {
 	return true
 }
 
+// Tag sets tags of an instance, as another client's CreateTags would.
+func (s *Server) Tag(id string, tags map[string]string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if i := s.instances[id]; i != nil {
+		for k, v := range tags {
+			i.Tags[k] = v
+		}
+	}
+}
+
 // SetPublicIP gives an instance its public address (empty: none).
 func (s *Server) SetPublicIP(id, ip string) {
 	s.mu.Lock()
@@ -322,6 +344,14 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		writeError(w, &apiError{status: http.StatusUnauthorized, code: "AuthFailure", message: "AWS was not able to validate the provided access credentials"})
 		return
 	}
+	if strings.Contains(auth, "/sts/aws4_request") {
+		p := map[string]string{}
+		for k, v := range r.PostForm {
+			p[k] = v[0]
+		}
+		s.serveSTS(w, auth, p)
+		return
+	}
 	if !strings.Contains(auth, "/"+Region+"/ec2/aws4_request") {
 		writeError(w, &apiError{status: http.StatusUnauthorized, code: "AuthFailure", message: "credential should be scoped to a valid region, " + Region})
 		return
@@ -340,6 +370,9 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		writeError(w, err)
 		return
+	}
+	if s.OnChange != nil && changes[action] {
+		s.OnChange(action)
 	}
 	time.Sleep(delay)
 	w.Header().Set("Content-Type", "text/xml;charset=UTF-8")
@@ -405,7 +438,7 @@ func (s *Server) scriptedLocked(action string) *apiError {
 func writeError(w http.ResponseWriter, e *apiError) {
 	w.Header().Set("Content-Type", "text/xml;charset=UTF-8")
 	w.WriteHeader(e.status)
-	_ = xml.NewEncoder(w).Encode(xErrorResponse{Errors: []xError{{Code: e.code, Message: e.message}}, RequestID: "fake-request"})
+	_ = xml.NewEncoder(w).Encode(xErrorResponse{Errors: []xError{{Code: e.code, Message: e.message}}, RequestID: requestID})
 }
 
 // list collects prefix.1, prefix.2, ... of p.

@@ -1,0 +1,62 @@
+package aws
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/sts"
+	"github.com/pkg/errors"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+)
+
+// encodedMarker precedes the encoded message in an UnauthorizedOperation.
+const encodedMarker = "Encoded authorization failure message: "
+
+// decoded is what sts:DecodeAuthorizationMessage says of a refusal.
+type decoded struct {
+	Allowed      bool `json:"allowed"`
+	ExplicitDeny bool `json:"explicitDeny"`
+	Context      struct {
+		Principal struct {
+			ARN string `json:"arn"`
+		} `json:"principal"`
+		Action   string `json:"action"`
+		Resource string `json:"resource"`
+	} `json:"context"`
+}
+
+// explain replaces, in an UnauthorizedOperation, EC2's encoded message (a
+// long opaque blob) with what it says: the action, the resource and the
+// principal refused, and whether a policy denied it explicitly, decoded
+// through sts:DecodeAuthorizationMessage. Without that permission it says
+// which permission would tell. Its class stays AccessDenied; other errors
+// pass unchanged.
+func (b *Backend) explain(ctx context.Context, err error) error {
+	if err == nil || code(err) != "UnauthorizedOperation" {
+		return err
+	}
+	msg := err.Error()
+	i := strings.Index(msg, encodedMarker)
+	if i < 0 {
+		return err
+	}
+	enc := msg[i+len(encodedMarker):]
+	if j := strings.IndexAny(enc, " \n\t"); j >= 0 {
+		enc = enc[:j]
+	}
+	why := "its reason is encoded: grant the provider's identity sts:DecodeAuthorizationMessage to have it here"
+	out, derr := b.sts.DecodeAuthorizationMessage(ctx, &sts.DecodeAuthorizationMessageInput{EncodedMessage: aws.String(enc)})
+	var d decoded
+	if derr == nil && json.Unmarshal([]byte(aws.ToString(out.DecodedMessage)), &d) == nil && d.Context.Action != "" {
+		deny := "no policy allows it"
+		if d.ExplicitDeny {
+			deny = "a policy denies it explicitly"
+		}
+		why = fmt.Sprintf("%s may not %s on %s: %s", d.Context.Principal.ARN, d.Context.Action, d.Context.Resource, deny)
+	}
+	return backend.Wrap(backend.ClassOf(err), errors.New(msg[:i]+why))
+}

@@ -1,0 +1,168 @@
+package aws
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+)
+
+// DefaultListingMaxAge is how old a listing of the cluster's instances may
+// be when a Get answers from it.
+const DefaultListingMaxAge = 10 * time.Second
+
+// settle is how long after a change of its own the backend still asks EC2
+// of that name alone: EC2's listing may lag a change by a few seconds.
+const settle = 5 * time.Second
+
+// listing is one DescribeInstances listing of every instance this cluster
+// made in the region, shared by the Gets of a poll: EC2 refills
+// DescribeInstances at about 20 requests a second per account and region,
+// so one listing a Proxy per poll throttles a fleet of a few thousand,
+// while one listing of 1 000 instances a page every maxAge costs ten
+// requests for 10 000 of them. A Get answers from it only for a name
+// it lists that this backend has not changed since the listing began;
+// a name it does not list (an instance too new for EC2's listing, or
+// gone) and a name changed since are asked of EC2 alone, as before.
+type listing struct {
+	maxAge time.Duration
+	now    func() time.Time
+	list   func(ctx context.Context) ([]types.Instance, error)
+
+	mu      sync.Mutex
+	started time.Time                   // when the listing in hand began
+	byName  map[string][]types.Instance // the listing in hand, by name
+	names   map[string]string           // the listing in hand: instance ID -> name
+	running *listCall                   // the listing under way, if any
+	changed map[string]time.Time        // names this backend changed, and when
+}
+
+// listCall is a listing under way, which the Gets that need it wait for.
+type listCall struct {
+	done    chan struct{}
+	started time.Time
+	byName  map[string][]types.Instance
+	names   map[string]string
+	err     error
+}
+
+func newListing(maxAge time.Duration, now func() time.Time, list func(ctx context.Context) ([]types.Instance, error)) *listing {
+	if maxAge <= 0 {
+		maxAge = DefaultListingMaxAge
+	}
+	return &listing{maxAge: maxAge, now: now, list: list, changed: map[string]time.Time{}}
+}
+
+// touch records that this backend changed name's instances (launched,
+// terminated or retagged one): a listing begun before then is not
+// trusted for it.
+func (l *listing) touch(name string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.changed[name] = l.now()
+}
+
+// instances are name's instances as a listing no older than maxAge shows
+// them, and true; false when the listing cannot answer for name (it does
+// not list it, this backend changed it since, or the listing failed).
+func (l *listing) instances(ctx context.Context, name string) ([]types.Instance, bool) {
+	started, byName, err := l.current(ctx)
+	if err != nil {
+		return nil, false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if t, ok := l.changed[name]; ok && started.Before(t.Add(settle)) {
+		return nil, false
+	}
+	all, ok := byName[name]
+	return all, ok
+}
+
+// name is the name of the instance of id, as the listing shows it.
+func (l *listing) name(ctx context.Context, id string) (string, bool) {
+	if _, _, err := l.current(ctx); err != nil {
+		return "", false
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n, ok := l.names[id]
+	return n, ok
+}
+
+// known is the name of the instance of id in the listing in hand, if any,
+// without listing.
+func (l *listing) known(id string) string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.names[id]
+}
+
+// current is a listing begun no more than maxAge ago: the one in hand, the
+// one under way, or a new one.
+func (l *listing) current(ctx context.Context) (time.Time, map[string][]types.Instance, error) {
+	l.mu.Lock()
+	now := l.now()
+	if l.byName != nil && now.Sub(l.started) <= l.maxAge {
+		started, byName := l.started, l.byName
+		l.mu.Unlock()
+		return started, byName, nil
+	}
+	c := l.running
+	if c == nil {
+		c = &listCall{done: make(chan struct{}), started: now}
+		l.running = c
+		go l.run(c)
+	}
+	l.mu.Unlock()
+	select {
+	case <-c.done:
+		return c.started, c.byName, c.err
+	case <-ctx.Done():
+		return time.Time{}, nil, ctx.Err()
+	}
+}
+
+// run lists, on a context of its own (a Get that gave up waiting does not
+// cut the listing short for the others), and keeps what it found.
+func (l *listing) run(c *listCall) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	all, err := l.list(ctx)
+	byName, names := map[string][]types.Instance{}, map[string]string{}
+	for i := range all {
+		if name := tagsOf(&all[i])[TagInstance]; name != "" {
+			byName[name] = append(byName[name], all[i])
+			names[aws.ToString(all[i].InstanceId)] = name
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	c.byName, c.names, c.err = byName, names, err
+	if err == nil {
+		l.started, l.byName, l.names = c.started, byName, names
+		// Changes every listing from now on follows are forgotten.
+		for name, t := range l.changed {
+			if t.Add(settle).Before(c.started) {
+				delete(l.changed, name)
+			}
+		}
+	}
+	l.running = nil
+	close(c.done)
+}
+
+// listAll lists every instance this cluster made in the region, in every
+// state EC2 still lists.
+func (b *Backend) listAll(ctx context.Context) ([]types.Instance, error) {
+	sel := ownership.Selector(b.cfg.ClusterID)
+	filters := make([]types.Filter, 0, len(sel))
+	for _, k := range sortedKeys(sel) {
+		filters = append(filters, types.Filter{Name: aws.String("tag:" + k), Values: []string{sel[k]}})
+	}
+	return b.describe(ctx, filters)
+}
