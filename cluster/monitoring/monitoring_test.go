@@ -48,7 +48,7 @@ func promtool(t *testing.T, spec map[string]any) (bool, string) {
 		t.Fatal(err)
 	}
 	if _, err := os.Stat(bin); err != nil {
-		t.Fatal("bin/promtool is missing: run `make tools` (it builds promtool from the pinned Prometheus module)")
+		t.Fatal("bin/promtool is missing: run `make tools` (it unpacks Debian's promtool, or builds it from the pinned Prometheus module)")
 	}
 	dir := t.TempDir()
 	b, err := yaml.Marshal(spec)
