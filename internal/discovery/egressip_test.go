@@ -75,7 +75,7 @@ func TestDistinctEgressIPsFirst(t *testing.T) {
 	}
 	code, _, body := call(t, srv, "team", "GET", "/", "")
 	page := string(body)
-	if code != 200 || !strings.Contains(page, "2 distinct egress IPs") || strings.Count(page, ">shared<") != 2 {
-		t.Errorf("the status page shows 2 distinct egress IPs and two proxies' IP shared (%d):\n%s", code, page)
+	if code != 200 || !strings.Contains(page, "2 distinct egress IPs in 1 IPv4 /24s and 0 IPv6 /64s") || strings.Count(page, ">shared<") != 2 {
+		t.Errorf("the status page shows 2 distinct egress IPs, both in one /24, and two proxies' IP shared (%d):\n%s", code, page)
 	}
 }

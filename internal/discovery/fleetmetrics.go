@@ -2,6 +2,7 @@ package discovery
 
 import (
 	"context"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/allocator"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/egressip"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
@@ -33,7 +35,10 @@ var (
 	descStalled      = prometheus.NewDesc("egress_fleet_rollout_stalled", "1 while the fleet's rollout makes no progress past its progressDeadline.", fleetLabels, nil)
 	descSpread       = prometheus.NewDesc("egress_fleet_gateway_connections_per_proxy",
 		"This replica's gateway connections of the last 10 minutes per serving proxy of the fleet, at a quantile of the proxies (0: the least used, 1: the most): how rotation spreads them.", append(fleetLabels, "quantile"), nil)
-	descUsed = prometheus.NewDesc("egress_fleet_gateway_proxies_used", "Proxies of the fleet that carried any of this replica's gateway connections in the last 10 minutes.", fleetLabels, nil)
+	descUsed      = prometheus.NewDesc("egress_fleet_gateway_proxies_used", "Proxies of the fleet that carried any of this replica's gateway connections in the last 10 minutes.", fleetLabels, nil)
+	descAddresses = prometheus.NewDesc("egress_fleet_egress_addresses", "Distinct egress IPs the fleet's healthy proxies leave from.", fleetLabels, nil)
+	descPrefixes  = prometheus.NewDesc("egress_fleet_egress_prefixes",
+		"Distinct prefixes the fleet's healthy proxies leave from, as targets group clients: IPv4 /24s (family ipv4), IPv6 /64s (family ipv6).", append(fleetLabels, "family"), nil)
 )
 
 // FleetCollector exports the fleet-level metrics of every fleet.
@@ -41,7 +46,7 @@ type FleetCollector struct{ Server *Server }
 
 // Describe sends the descriptors of the fleet-level metrics.
 func (c FleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descProxies, descHealthy, descDesired, descMinAvailable, descDuplicate, descHeld, descCapacity, descWaiting, descBans, descStalled, descSpread, descUsed} {
+	for _, d := range []*prometheus.Desc{descProxies, descHealthy, descDesired, descMinAvailable, descDuplicate, descHeld, descCapacity, descWaiting, descBans, descStalled, descSpread, descUsed, descAddresses, descPrefixes} {
 		ch <- d
 	}
 }
@@ -62,10 +67,14 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		healthy, capacity, dup := 0, 0, 0
 		perIP := catalog.SharedIPs(ms)
+		var egress []egressip.Member
 		for _, m := range ms {
 			if m.Healthy {
 				healthy++
 				capacity += m.MaxLeases
+				if ip, err := netip.ParseAddr(m.EgressIP); err == nil {
+					egress = append(egress, egressip.Member{Name: m.Name, IP: ip})
+				}
 			}
 			if perIP[m.EgressIP] > 1 {
 				dup++
@@ -84,6 +93,10 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descHealthy, healthy)
 		gauge(descCapacity, capacity)
 		gauge(descDuplicate, dup)
+		div := egressip.Assess(egress, egressip.Limits{}, nil)
+		gauge(descAddresses, div.Addresses)
+		ch <- prometheus.MustNewConstMetric(descPrefixes, prometheus.GaugeValue, float64(div.Prefixes4), ns, name, "ipv4")
+		ch <- prometheus.MustNewConstMetric(descPrefixes, prometheus.GaugeValue, float64(div.Prefixes6), ns, name, "ipv6")
 		if d, err := s.Allocator().DemandOf(ctx, ns, name); err == nil {
 			gauge(descHeld, d.Held)
 			gauge(descWaiting, d.Waiting)

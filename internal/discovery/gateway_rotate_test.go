@@ -392,4 +392,18 @@ egress_fleet_gateway_proxies_used{fleet=%q,namespace=%q} 3
 	if n := testutil.CollectAndCount(discovery.FleetCollector{Server: b.gw.Server}, "egress_fleet_gateway_connections_per_proxy"); n != 4 {
 		t.Errorf("%d connections-per-proxy series, want 4 quantiles of one fleet", n)
 	}
+	// Three addresses, one /24 (127.0.0.2-4): to a target keying clients
+	// by /24, one client.
+	diversity := fmt.Sprintf(`
+# HELP egress_fleet_egress_addresses Distinct egress IPs the fleet's healthy proxies leave from.
+# TYPE egress_fleet_egress_addresses gauge
+egress_fleet_egress_addresses{fleet=%[1]q,namespace=%[2]q} 3
+# HELP egress_fleet_egress_prefixes Distinct prefixes the fleet's healthy proxies leave from, as targets group clients: IPv4 /24s (family ipv4), IPv6 /64s (family ipv6).
+# TYPE egress_fleet_egress_prefixes gauge
+egress_fleet_egress_prefixes{family="ipv4",fleet=%[1]q,namespace=%[2]q} 1
+egress_fleet_egress_prefixes{family="ipv6",fleet=%[1]q,namespace=%[2]q} 0
+`, b.fleet, b.ns)
+	if err := testutil.CollectAndCompare(discovery.FleetCollector{Server: b.gw.Server}, strings.NewReader(diversity), "egress_fleet_egress_addresses", "egress_fleet_egress_prefixes"); err != nil {
+		t.Error(err)
+	}
 }

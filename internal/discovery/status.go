@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"html/template"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"sort"
 	"strconv"
@@ -14,6 +15,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/allocator"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/egressip"
 )
 
 //go:embed status.html
@@ -68,8 +70,10 @@ func (g *statusGroup) add(p *statusProxy) {
 type statusFleet struct {
 	Namespace, Name string
 	Total, Healthy  int
-	// DistinctIPs counts the fleet's distinct known egress IPs.
-	DistinctIPs int
+	// DistinctIPs counts the fleet's distinct known egress IPs;
+	// Prefixes4 and Prefixes6 the IPv4 /24s and IPv6 /64s they fall in,
+	// which is how targets group clients.
+	DistinctIPs, Prefixes4, Prefixes6 int
 	// Sizing is what the fleet's XR says of its size; nil when it cannot
 	// be read.
 	Sizing *catalog.FleetSizing
@@ -150,6 +154,14 @@ func summarise(ns, name string, ms []catalog.Member, leases map[string]int, bans
 	f := statusFleet{Namespace: ns, Name: name, Total: len(ms)}
 	perIP := catalog.SharedIPs(ms)
 	f.DistinctIPs = len(perIP)
+	known := make([]egressip.Member, 0, len(ms))
+	for _, m := range ms {
+		if ip, err := netip.ParseAddr(m.EgressIP); err == nil {
+			known = append(known, egressip.Member{Name: m.Name, IP: ip})
+		}
+	}
+	div := egressip.Assess(known, egressip.Limits{}, nil)
+	f.Prefixes4, f.Prefixes6 = div.Prefixes4, div.Prefixes6
 	pools, zones := map[string]*statusGroup{}, map[string]*statusGroup{}
 	group := func(in map[string]*statusGroup, key string) *statusGroup {
 		g, ok := in[key]
