@@ -32,6 +32,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
@@ -90,6 +91,10 @@ type Config struct {
 	MaxAttempts int
 	// MaxBackoff bounds the wait between them; zero: the SDK's 20 s.
 	MaxBackoff time.Duration
+	// Namespace, for a namespaced ProviderConfig's backend, keeps its
+	// shared listing to the instances of that namespace's Proxies, the
+	// only ones they may observe or import.
+	Namespace string
 	// ListingMaxAge is how old the shared listing of the cluster's
 	// instances may be when Get answers from it; zero:
 	// DefaultListingMaxAge.
@@ -118,6 +123,9 @@ type Backend struct {
 	ec2     *ec2.Client
 	sts     *sts.Client
 	listing *listing
+
+	decodeMu           sync.Mutex
+	decodeRefusedUntil time.Time // no STS decode asked for until then
 }
 
 // New returns an aws backend.
@@ -272,6 +280,7 @@ func (b *Backend) run(ctx context.Context, s backend.Spec, prefix, last, subnet,
 		tok := prefix + last
 		b.listing.touch(s.Name)
 		out, err := b.ec2.RunInstances(ctx, b.runInput(s, tok, subnet, root, script, groups, groupName))
+		b.listing.touch(s.Name) // again: the SDK may have retried a while
 		var i *types.Instance
 		switch {
 		case code(err) == "IdempotentParameterMismatch":
@@ -575,11 +584,9 @@ func (b *Backend) Get(ctx context.Context, r backend.Ref) (_ *backend.Instance, 
 			name = n
 		}
 	}
-	all, listed := b.listing.instances(ctx, name)
-	if !listed {
-		if all, err = b.named(ctx, name); err != nil {
-			return nil, err
-		}
+	all, err := b.instancesOf(ctx, name)
+	if err != nil {
+		return nil, err
 	}
 	if r.ID != "" && !slices.ContainsFunc(all, func(x types.Instance) bool { return aws.ToString(x.InstanceId) == r.ID }) {
 		// Recorded by ID under another name: an imported instance keeps
@@ -589,15 +596,16 @@ func (b *Backend) Get(ctx context.Context, r backend.Ref) (_ *backend.Instance, 
 		if err != nil {
 			return nil, err
 		}
-		// Not listed (any more): the name's own instances stand.
-		if n := nameOf(byID); n != "" && n != name {
-			var listed bool
-			if all, listed = b.listing.instances(ctx, n); !listed {
-				if all, err = b.named(ctx, n); err != nil {
-					return nil, err
-				}
+		switch n := nameOf(byID); {
+		case n == name:
+			// Listed by its ID, not yet among its name's.
+			all = append(slices.Clone(all), byID...)
+		case n != "":
+			if all, err = b.instancesOf(ctx, n); err != nil {
+				return nil, err
 			}
 		}
+		// Not listed (any more): the name's own instances stand.
 	}
 	live := newestLive(all)
 	if live == nil {
@@ -605,6 +613,17 @@ func (b *Backend) Get(ctx context.Context, r backend.Ref) (_ *backend.Instance, 
 	}
 	b.terminateOlder(ctx, all, live)
 	return b.instance(live), nil
+}
+
+// instancesOf are name's instances: the shared listing's when it may
+// answer for name and shows one that is not terminated (it never answers
+// "none": an instance too new for a listing would be taken for gone),
+// else EC2's for name alone.
+func (b *Backend) instancesOf(ctx context.Context, name string) ([]types.Instance, error) {
+	if all, listed := b.listing.instances(ctx, name); listed && newestLive(all) != nil {
+		return all, nil
+	}
+	return b.named(ctx, name)
 }
 
 // terminateOlder terminates the live instances of all but keep: a create
@@ -621,6 +640,7 @@ func (b *Backend) terminateOlder(ctx context.Context, all []types.Instance, keep
 	if len(older) > 0 {
 		b.listing.touch(tagsOf(keep)[TagInstance])
 		_, _ = b.ec2.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: older})
+		b.listing.touch(tagsOf(keep)[TagInstance])
 	}
 }
 
@@ -668,6 +688,7 @@ func (b *Backend) Delete(ctx context.Context, r backend.Ref) (err error) {
 	for i := range all {
 		b.listing.touch(tagsOf(&all[i])[TagInstance])
 	}
+	defer b.listing.touch(r.Name) // again once EC2 answered
 	for _, batch := range batches {
 		if len(batch) == 0 {
 			continue
@@ -738,20 +759,30 @@ func (b *Backend) one(ctx context.Context, r backend.Ref) (*types.Instance, erro
 	return x, nil
 }
 
+// ownerKeys are the tags that say whose an instance is.
+var ownerKeys = map[string]bool{
+	ownership.LabelManagedBy: true, ownership.LabelCluster: true, ownership.LabelNamespace: true, ownership.LabelName: true,
+	ownership.LabelUID: true, ownership.LabelOwnerFleet: true, ownership.LabelRetain: true, ownership.LabelAdopter: true,
+}
+
 // retag makes x's tags want, from have: those written first (so that a
 // kill between the calls leaves the new owner), then the ones want lacks
 // removed, then read back.
 func (b *Backend) retag(ctx context.Context, x *types.Instance, have, want map[string]string) error {
 	id := aws.ToString(x.InstanceId)
 	b.listing.touch(have[TagInstance])
-	// Every tag wanted, changed or not: a retag racing this one from
-	// another read cannot leave a mix of both owners.
+	defer b.listing.touch(have[TagInstance])
+	// Every owner tag wanted, changed or not (a retag racing this one
+	// from another read cannot leave a mix of both owners), and any other
+	// that changed; never AWS's own (aws:), which no caller may write.
 	var set, drop []types.Tag
 	for _, k := range sortedKeys(want) {
-		set = append(set, types.Tag{Key: aws.String(k), Value: aws.String(want[k])})
+		if v, ok := have[k]; (!ok || v != want[k] || ownerKeys[k]) && !strings.HasPrefix(k, "aws:") {
+			set = append(set, types.Tag{Key: aws.String(k), Value: aws.String(want[k])})
+		}
 	}
 	for _, k := range sortedKeys(have) {
-		if _, ok := want[k]; !ok {
+		if _, ok := want[k]; !ok && !strings.HasPrefix(k, "aws:") {
 			drop = append(drop, types.Tag{Key: aws.String(k)})
 		}
 	}

@@ -802,7 +802,59 @@ func TestUnauthorizedExplained(t *testing.T) {
 	if backend.ClassOf(err) != backend.ClassAccessDenied || !strings.Contains(err.Error(), "grant the provider's identity sts:DecodeAuthorizationMessage") {
 		t.Errorf("not decodable: %v", err)
 	}
+	// Refused once, STS is not asked again for a while.
+	decodes := fake.Calls("sts:DecodeAuthorizationMessage")
+	fake.Fail("RunInstances", fake.Unauthorized(`{"allowed":false,"context":{"action":"ec2:RunInstances"}}`))
+	if _, err = b.Create(ctx, spec("0b7c6a2e-bbbb-4222-8333-944455556666")); backend.ClassOf(err) != backend.ClassAccessDenied {
+		t.Errorf("refused again: %v", err)
+	}
+	if n := fake.Calls("sts:DecodeAuthorizationMessage"); n != decodes {
+		t.Errorf("STS asked %d more times after it refused", n-decodes)
+	}
 	if len(fake.Instances()) != 0 {
 		t.Errorf("refused, yet an instance: %+v", fake.Instances())
+	}
+}
+
+// TestListingNeverSaysGone: a listing that shows a name's instance
+// terminated is not taken for "none": another provider (the leader
+// before, a replica) may have launched its replacement since, which Get
+// then finds by asking EC2 of the name.
+func TestListingNeverSaysGone(t *testing.T) {
+	fake := ec2fake.Start(t)
+	fake.PendingFor, fake.TerminatingFor = 0, 0
+	var mu sync.Mutex
+	clock := time.Now()
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	advance := func(d time.Duration) { mu.Lock(); defer mu.Unlock(); clock = clock.Add(d) }
+	cfg := aws.Config{
+		Region: ec2fake.Region, ClusterID: "c1", Endpoint: fake.URL,
+		Credentials: credentials.NewStaticCredentialsProvider(ec2fake.AccessKey, ec2fake.SecretKey, ""),
+		MaxAttempts: 1, ListingMaxAge: time.Minute, Now: now,
+	}
+	b, err := aws.New(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	s := spec("0b7c6a2e-cccc-4222-8333-944455556666")
+	first, err := b.Create(ctx, s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !fake.Interrupt(only(t, fake).ID, "Server.SpotInstanceTermination: Spot instance termination") {
+		t.Fatal("nothing to interrupt")
+	}
+	advance(2 * time.Minute) // a listing that shows it terminated
+	if _, err := b.Get(ctx, s.Ref); !backend.IsNotFound(err) {
+		t.Fatalf("terminated: %v", err)
+	}
+	second, err := other.Create(ctx, s)
+	if err != nil || second.ProviderID == first.ProviderID {
+		t.Fatalf("the replacement: %+v %v", second, err)
+	}
+	if got, err := b.Get(ctx, s.Ref); err != nil || got.ProviderID != second.ProviderID {
+		t.Errorf("the listing showed only the terminated one; Get found %+v %v, want %s", got, err, second.ProviderID)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/sts"
@@ -49,9 +50,8 @@ func (b *Backend) explain(ctx context.Context, err error) error {
 		enc = enc[:j]
 	}
 	why := "its reason is encoded: grant the provider's identity sts:DecodeAuthorizationMessage to have it here"
-	out, derr := b.sts.DecodeAuthorizationMessage(ctx, &sts.DecodeAuthorizationMessageInput{EncodedMessage: aws.String(enc)})
 	var d decoded
-	if derr == nil && json.Unmarshal([]byte(aws.ToString(out.DecodedMessage)), &d) == nil && d.Context.Action != "" {
+	if b.decode(ctx, enc, &d) {
 		deny := "no policy allows it"
 		if d.ExplicitDeny {
 			deny = "a policy denies it explicitly"
@@ -59,4 +59,32 @@ func (b *Backend) explain(ctx context.Context, err error) error {
 		why = fmt.Sprintf("%s may not %s on %s: %s", d.Context.Principal.ARN, d.Context.Action, d.Context.Resource, deny)
 	}
 	return backend.Wrap(backend.ClassOf(err), errors.New(msg[:i]+why))
+}
+
+// decodeRefusedFor is how long, after STS refused a decode, none is asked
+// for: a Proxy refused at every observation would otherwise cost an STS
+// call (and an AccessDenied in CloudTrail) each time.
+const decodeRefusedFor = 10 * time.Minute
+
+// decode asks STS what enc says, once, within 5 s; false when it cannot.
+func (b *Backend) decode(ctx context.Context, enc string, into *decoded) bool {
+	b.decodeMu.Lock()
+	refused := b.cfg.Now().Before(b.decodeRefusedUntil)
+	b.decodeMu.Unlock()
+	if refused {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	out, err := b.sts.DecodeAuthorizationMessage(ctx, &sts.DecodeAuthorizationMessageInput{EncodedMessage: aws.String(enc)},
+		func(o *sts.Options) { o.RetryMaxAttempts = 1 })
+	if err != nil {
+		if code(err) == "AccessDenied" {
+			b.decodeMu.Lock()
+			b.decodeRefusedUntil = b.cfg.Now().Add(decodeRefusedFor)
+			b.decodeMu.Unlock()
+		}
+		return false
+	}
+	return json.Unmarshal([]byte(aws.ToString(out.DecodedMessage)), into) == nil && into.Context.Action != ""
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/pkg/errors"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
@@ -33,12 +34,14 @@ type listing struct {
 	now    func() time.Time
 	list   func(ctx context.Context) ([]types.Instance, error)
 
-	mu      sync.Mutex
-	started time.Time                   // when the listing in hand began
-	byName  map[string][]types.Instance // the listing in hand, by name
-	names   map[string]string           // the listing in hand: instance ID -> name
-	running *listCall                   // the listing under way, if any
-	changed map[string]time.Time        // names this backend changed, and when
+	mu       sync.Mutex
+	started  time.Time                   // when the listing in hand began
+	finished time.Time                   // and when it ended
+	failed   time.Time                   // when the last listing failed
+	byName   map[string][]types.Instance // the listing in hand, by name
+	names    map[string]string           // the listing in hand: instance ID -> name
+	running  *listCall                   // the listing under way, if any
+	changed  map[string]time.Time        // names this backend changed, and when
 }
 
 // listCall is a listing under way, which the Gets that need it wait for.
@@ -102,26 +105,42 @@ func (l *listing) known(id string) string {
 	return l.names[id]
 }
 
-// current is a listing begun no more than maxAge ago: the one in hand, the
-// one under way, or a new one.
+// maxWait is the longest a Get waits for a listing under way before it
+// asks EC2 of its name alone: a listing of 10 000 instances takes ten
+// pages, seconds, which no observation should wait out.
+const maxWait = time.Second
+
+// current is a listing to answer from: the one in hand while it is
+// trusted (until maxAge after it finished: what it says is at most its
+// own duration plus maxAge old), else one under way or a new one, waited
+// for at most maxWait. A listing in hand past half its trust starts the
+// next in the background, so that a steady poll never waits; after a
+// failed listing none starts for maxAge.
 func (l *listing) current(ctx context.Context) (time.Time, map[string][]types.Instance, error) {
 	l.mu.Lock()
 	now := l.now()
-	if l.byName != nil && now.Sub(l.started) <= l.maxAge {
+	trusted := l.byName != nil && now.Sub(l.finished) <= l.maxAge
+	if l.running == nil && now.Sub(l.failed) > l.maxAge && (!trusted || now.Sub(l.finished) > l.maxAge/2) {
+		l.running = &listCall{done: make(chan struct{}), started: now}
+		go l.run(l.running)
+	}
+	if trusted {
 		started, byName := l.started, l.byName
 		l.mu.Unlock()
 		return started, byName, nil
 	}
 	c := l.running
-	if c == nil {
-		c = &listCall{done: make(chan struct{}), started: now}
-		l.running = c
-		go l.run(c)
-	}
 	l.mu.Unlock()
+	if c == nil {
+		return time.Time{}, nil, errors.New("the last listing failed")
+	}
+	t := time.NewTimer(maxWait)
+	defer t.Stop()
 	select {
 	case <-c.done:
 		return c.started, c.byName, c.err
+	case <-t.C:
+		return time.Time{}, nil, errors.New("the listing under way takes a while")
 	case <-ctx.Done():
 		return time.Time{}, nil, ctx.Err()
 	}
@@ -143,8 +162,10 @@ func (l *listing) run(c *listCall) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	c.byName, c.names, c.err = byName, names, err
-	if err == nil {
-		l.started, l.byName, l.names = c.started, byName, names
+	if err != nil {
+		l.failed = l.now()
+	} else {
+		l.started, l.finished, l.byName, l.names = c.started, l.now(), byName, names
 		// Changes every listing from now on follows are forgotten.
 		for name, t := range l.changed {
 			if t.Add(settle).Before(c.started) {
@@ -160,6 +181,9 @@ func (l *listing) run(c *listCall) {
 // state EC2 still lists.
 func (b *Backend) listAll(ctx context.Context) ([]types.Instance, error) {
 	sel := ownership.Selector(b.cfg.ClusterID)
+	if b.cfg.Namespace != "" {
+		sel[ownership.LabelNamespace] = ownership.LabelValue(b.cfg.Namespace)
+	}
 	filters := make([]types.Filter, 0, len(sel))
 	for _, k := range sortedKeys(sel) {
 		filters = append(filters, types.Filter{Name: aws.String("tag:" + k), Values: []string{sel[k]}})

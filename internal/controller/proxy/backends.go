@@ -303,7 +303,7 @@ func (b *Backends) awsBackend(ctx context.Context, pc *config) (backend.Backend,
 	if cached != nil {
 		return cached, nil
 	}
-	cfg := awsbackend.Config{Region: a.Region, ClusterID: b.ClusterID, Endpoint: b.AWSEndpoint, MaxAttempts: b.AWSMaxAttempts, ListingMaxAge: b.AWSListingMaxAge}
+	cfg := awsbackend.Config{Region: a.Region, ClusterID: b.ClusterID, Endpoint: b.AWSEndpoint, MaxAttempts: b.AWSMaxAttempts, ListingMaxAge: b.AWSListingMaxAge, Namespace: pc.Namespace}
 	if a.Credentials.Source == xpv2.CredentialsSourceSecret {
 		file, err := b.credentials(ctx, pc, a.Credentials.Source, a.Credentials.CommonCredentialSelectors)
 		if err != nil {

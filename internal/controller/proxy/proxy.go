@@ -496,7 +496,9 @@ func (e *external) repair(ctx context.Context, p *v1alpha1.Proxy, inst *backend.
 func (e *external) observeMissing(ctx context.Context, p *v1alpha1.Proxy, ref backend.Ref) (managed.ExternalObservation, error) {
 	e.metrics.SetPhase(p.GetUID(), "", "")
 	if l, ok := e.backend.(backend.Lagging); ok && meta.WasDeleted(p) && meta.ExternalCreateIncomplete(p) {
-		if since := e.now().Sub(meta.GetExternalCreatePending(p)); since < l.ListingLag() {
+		// A create-pending time ahead of this clock (an edited annotation)
+		// holds nothing up.
+		if since := e.now().Sub(meta.GetExternalCreatePending(p)); since >= 0 && since < l.ListingLag() {
 			// A create was cut short moments ago: its instance may exist
 			// and not be listed yet. Deleting now would leave it behind.
 			return managed.ExternalObservation{}, errors.Errorf("a create was cut short %s ago and %s may not list its instance yet: waiting %s before taking it for never made", since.Round(time.Second), e.backendName(), l.ListingLag())
