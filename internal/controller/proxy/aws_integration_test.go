@@ -38,12 +38,7 @@ func TestAWSProxy(t *testing.T) {
 	fake.PendingFor = time.Hour // the test boots the instance
 	target := testbed.StartEchoTarget(t)
 	pm := metrics.NewProvider()
-	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) {
-		o.Metrics = pm
-		o.Backends.(*proxy.Backends).AWSEndpoint = fake.URL
-		o.Backends.(*proxy.Backends).AWSMaxAttempts = 1
-		o.Backends.(*proxy.Backends).AWSListingMaxAge = time.Second
-	})
+	prov := startAWSProvider(t, fake, target, func(o *proxy.Options) { o.Metrics = pm })
 	defer prov.stop()
 	ctx := context.Background()
 
@@ -163,11 +158,7 @@ func TestAWSKeptAndImported(t *testing.T) {
 	fake := ec2fake.Start(t)
 	fake.PendingFor = time.Hour // the test boots the instance
 	target := testbed.StartEchoTarget(t)
-	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) {
-		o.Backends.(*proxy.Backends).AWSEndpoint = fake.URL
-		o.Backends.(*proxy.Backends).AWSMaxAttempts = 1
-		o.Backends.(*proxy.Backends).AWSListingMaxAge = time.Second
-	})
+	prov := startAWSProvider(t, fake, target)
 	defer prov.stop()
 	defer deleteProxies(t, ns)
 	pc := "aws-kept-" + ns
@@ -243,12 +234,7 @@ func TestAWSInstanceReplaced(t *testing.T) {
 	fake := ec2fake.Start(t)
 	fake.PendingFor, fake.TerminatingFor = time.Hour, 100*time.Millisecond // the test boots each instance
 	target := testbed.StartEchoTarget(t)
-	prov := startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, func(o *proxy.Options) {
-		o.PollInterval = 2 * time.Second // to see the instance end
-		o.Backends.(*proxy.Backends).AWSEndpoint = fake.URL
-		o.Backends.(*proxy.Backends).AWSMaxAttempts = 1
-		o.Backends.(*proxy.Backends).AWSListingMaxAge = time.Second
-	})
+	prov := startAWSProvider(t, fake, target, func(o *proxy.Options) { o.PollInterval = 2 * time.Second }) // to see the instance end
 	defer prov.stop()
 	defer deleteProxies(t, ns)
 	pc := "aws-replaced-" + ns
@@ -290,4 +276,15 @@ func TestAWSInstanceReplaced(t *testing.T) {
 			t.Fatal("no instance to interrupt")
 		}
 	}
+}
+
+// startAWSProvider starts the provider with its EC2 clients aimed at fake,
+// one attempt a call and a listing trusted for a second, then tweak.
+func startAWSProvider(t *testing.T, fake *ec2fake.Server, target testbed.Target, tweak ...func(*proxy.Options)) *provider {
+	t.Helper()
+	return startProvider(t, testbed.SquidStateDir(t), providerLogs(t), target, append([]func(*proxy.Options){func(o *proxy.Options) {
+		o.Backends.(*proxy.Backends).AWSEndpoint = fake.URL
+		o.Backends.(*proxy.Backends).AWSMaxAttempts = 1
+		o.Backends.(*proxy.Backends).AWSListingMaxAge = time.Second
+	}}, tweak...)...)
 }
