@@ -477,9 +477,12 @@ func nameOf(all []types.Instance) string {
 }
 
 // tagsOf is an instance's tags as a map.
-func tagsOf(i *types.Instance) map[string]string {
-	tags := map[string]string{}
-	for _, t := range i.Tags {
+func tagsOf(i *types.Instance) map[string]string { return tagMap(i.Tags) }
+
+// tagMap is EC2's tags as a map.
+func tagMap(in []types.Tag) map[string]string {
+	tags := make(map[string]string, len(in))
+	for _, t := range in {
 		tags[aws.ToString(t.Key)] = aws.ToString(t.Value)
 	}
 	return tags
@@ -667,10 +670,8 @@ func (b *Backend) Delete(ctx context.Context, r backend.Ref) (err error) {
 		}
 		// The group it joined, as the instance says (a terminated one
 		// too: its group may be let go of only now).
-		for _, t := range x.Tags {
-			if aws.ToString(t.Key) == TagGroup && aws.ToString(t.Value) != "" {
-				group = aws.ToString(t.Value)
-			}
+		if g := tagsOf(x)[TagGroup]; g != "" {
+			group = g
 		}
 	}
 	batches := [][]string{ids}
@@ -817,11 +818,8 @@ func (b *Backend) retag(ctx context.Context, x *types.Instance, have, want map[s
 // the security groups it made that no listed instance uses (as instances
 // without a zone, for the orphan collector to delete).
 func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
-	sel := ownership.Selector(b.cfg.ClusterID)
-	filters := []types.Filter{{Name: aws.String("instance-state-name"), Values: []string{"pending", "running", "stopping", "stopped", "shutting-down"}}}
-	for _, k := range sortedKeys(sel) {
-		filters = append(filters, types.Filter{Name: aws.String("tag:" + k), Values: []string{sel[k]}})
-	}
+	filters := append([]types.Filter{{Name: aws.String("instance-state-name"), Values: []string{"pending", "running", "stopping", "stopped", "shutting-down"}}},
+		tagFilters(ownership.Selector(b.cfg.ClusterID))...)
 	all, err := b.describe(ctx, filters)
 	if err != nil {
 		return nil, err

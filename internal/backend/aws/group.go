@@ -186,13 +186,8 @@ func (b *Backend) deleteGroup(ctx context.Context, name string) error {
 // as instances without a zone, with their owner's fleet and their
 // creation time, for the orphan collector.
 func (b *Backend) orphanGroups(ctx context.Context, used map[string]bool) ([]backend.Instance, error) {
-	sel := ownership.Selector(b.cfg.ClusterID)
-	var filters []types.Filter
-	for _, k := range sortedKeys(sel) {
-		filters = append(filters, types.Filter{Name: aws.String("tag:" + k), Values: []string{sel[k]}})
-	}
 	var out []backend.Instance
-	p := ec2.NewDescribeSecurityGroupsPaginator(b.ec2, &ec2.DescribeSecurityGroupsInput{Filters: filters, MaxResults: aws.Int32(1000)})
+	p := ec2.NewDescribeSecurityGroupsPaginator(b.ec2, &ec2.DescribeSecurityGroupsInput{Filters: tagFilters(ownership.Selector(b.cfg.ClusterID)), MaxResults: aws.Int32(1000)})
 	for p.HasMorePages() {
 		page, err := p.NextPage(ctx)
 		if err != nil {
@@ -203,10 +198,7 @@ func (b *Backend) orphanGroups(ctx context.Context, used map[string]bool) ([]bac
 			if used[aws.ToString(g.GroupName)] {
 				continue
 			}
-			tags := map[string]string{}
-			for _, t := range g.Tags {
-				tags[aws.ToString(t.Key)] = aws.ToString(t.Value)
-			}
+			tags := tagMap(g.Tags)
 			if tags[tagGroupOf] == "" {
 				continue
 			}

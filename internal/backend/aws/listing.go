@@ -184,9 +184,15 @@ func (b *Backend) listAll(ctx context.Context) ([]types.Instance, error) {
 	if b.cfg.Namespace != "" {
 		sel[ownership.LabelNamespace] = ownership.LabelValue(b.cfg.Namespace)
 	}
+	return b.describe(ctx, tagFilters(sel))
+}
+
+// tagFilters are EC2 filters selecting the resources tagged with all of
+// sel, in a stable order.
+func tagFilters(sel map[string]string) []types.Filter {
 	filters := make([]types.Filter, 0, len(sel))
 	for _, k := range sortedKeys(sel) {
 		filters = append(filters, types.Filter{Name: aws.String("tag:" + k), Values: []string{sel[k]}})
 	}
-	return b.describe(ctx, filters)
+	return filters
 }
