@@ -47,9 +47,16 @@ func TestNetworks(t *testing.T) {
 			t.Errorf("a custom-mode network without a subnetwork is refused by GCP, permanently: %v", err)
 		}
 		s.GCP.Subnetwork = "regions/europe-west1/subnetworks/proxies"
-		if _, err := b.Create(ctx, s); err != nil {
-			t.Fatal(err)
-		}
+		// The refused attempt dropped its rule; while that delete runs the
+		// rule's name is in flux and Create says so, transiently, as the
+		// reconciler would see it before its next try.
+		testbed.Eventually(t, 5*time.Second, "Create after the refusal", func() (bool, string) {
+			_, err := b.Create(ctx, s)
+			if err != nil && backend.ClassOf(err) != backend.ClassTransient {
+				t.Fatalf("only a transient error may come while the dropped rule is deleted: %v", err)
+			}
+			return err == nil, fmt.Sprint(err)
+		})
 		vm := fake.Instance(s.Zone, s.Name)
 		if ni := vm.GetNetworkInterfaces()[0]; ni.GetSubnetwork() != "regions/europe-west1/subnetworks/proxies" || ni.GetNetwork() != "projects/crawl-proj/global/networks/crawl-vpc" {
 			t.Errorf("the VM attaches to the subnetwork of its network: %v", ni)
