@@ -216,19 +216,24 @@ func (s *Stack) installClusterConfiguration(ctx context.Context) error {
 	if err := s.run(ctx, "crossplane-xpkg-install", s.bin(binCrossplane), "xpkg", "install", "configuration", s.ref("configuration-proxyfleet"), ConfigurationName); err != nil {
 		return err
 	}
-	if err := wait(ctx, 5*time.Minute, "Provider "+providerName+" created", func() (bool, string, error) {
-		ok, why, err := s.packageInstalled(ctx, "Configuration", ConfigurationName)
-		if err != nil || ok {
-			return ok, why, err
-		}
-		return false, "Configuration: " + why, nil
-	}); err != nil {
-		return err
-	}
 	prov := &unstructured.Unstructured{}
 	prov.SetAPIVersion("pkg.crossplane.io/v1")
 	prov.SetKind("Provider")
 	prov.SetName(providerName)
+	// The Configuration may say Installed a moment before the package
+	// manager has made the Provider it depends on: wait for both.
+	if err := wait(ctx, 5*time.Minute, "Provider "+providerName+" created", func() (bool, string, error) {
+		ok, why, err := s.packageInstalled(ctx, "Configuration", ConfigurationName)
+		if err != nil || !ok {
+			return false, "Configuration: " + why, err
+		}
+		if err := s.Client.Get(ctx, types.NamespacedName{Name: providerName}, prov); err != nil {
+			return false, "Provider: " + err.Error(), client.IgnoreNotFound(err)
+		}
+		return true, "", nil
+	}); err != nil {
+		return err
+	}
 	patch := []byte(fmt.Sprintf(`{"spec":{"runtimeConfigRef":{"apiVersion":"pkg.crossplane.io/v1beta1","kind":"DeploymentRuntimeConfig","name":%q}}}`, providerRuntime))
 	if err := s.Client.Patch(ctx, prov, client.RawPatch(types.MergePatchType, patch)); err != nil {
 		return errors.Wrap(err, "cannot point the Provider at the runtime config provider-egressproxy")
