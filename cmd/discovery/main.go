@@ -32,6 +32,7 @@ import (
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/egressip"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	dmetrics "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/reach"
@@ -72,6 +73,7 @@ type CLI struct {
 	ReviewsPerAddress          float64       `help:"New tokens a second each client address may have reviewed (a token bucket, before authentication); a token reviewed lately costs nothing. More are answered 429. 0 sets no limit." default:"10" env:"REVIEWS_PER_ADDRESS"`
 	ReviewBurstPerAddress      int           `help:"New tokens each client address may have reviewed at once, above its rate." default:"100" env:"REVIEW_BURST_PER_ADDRESS"`
 	StatusPagePlainHTTP        bool          `name:"status-page-plain-http" help:"Send the status page's sign-in cookie without Secure, for a browser reaching egress-discovery over plain HTTP (loopback and tests). By default it is Secure, also when TLS ends at an ingress in front." default:"false" env:"STATUS_PAGE_PLAIN_HTTP"`
+	ASNDatabase                string        `name:"asn-database" help:"An IP-to-ASN database in the MaxMind DB format (GeoLite2-ASN, an IPinfo ASN export), read when starting: the fleet metrics and the status page count each fleet's ASNs. None is shipped; empty counts none." default:"" env:"ASN_DATABASE" placeholder:"FILE"`
 	Debug                      bool          `help:"Log at debug level." default:"false" env:"DEBUG"`
 	// ClockOffset runs the replica's clock off from the machine's, for
 	// tests of clock skew only (Go reads the time through the vDSO, so
@@ -87,6 +89,9 @@ type CLI struct {
 // Validate refuses settings that parse but cannot work: a ticker of zero
 // panics.
 func (c *CLI) Validate() error {
+	if err := egressip.CheckASNDB(c.ASNDatabase); err != nil {
+		return errors.Wrap(err, "--asn-database (ASN_DATABASE)")
+	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		return errors.New("--tls-cert-file (TLS_CERT_FILE) and --tls-key-file (TLS_KEY_FILE) go together: set both or neither")
 	}
@@ -196,8 +201,18 @@ func (c *CLI) Run() error {
 	// of the replicas a fleet's pacing is shared by.
 	host, _ := os.Hostname()
 	replica := host + "-" + rand.Text()[:8]
-	store := &lease.Store{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Cache: mgr.GetCache(), OwnerOf: discovery.ProxyOwner(mgr.GetCache()), Serving: discovery.ProxyServing(mgr.GetCache()), Now: now}
+	store := &lease.Store{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Cache: mgr.GetCache(), OwnerOf: discovery.ProxyOwner(mgr.GetCache()), FleetOwnerOf: discovery.ProxyController(mgr.GetCache()), Serving: discovery.ProxyServing(mgr.GetCache()), Now: now}
+	var asn egressip.ASNLookup
+	if c.ASNDatabase != "" {
+		db, err := egressip.OpenASNDB(c.ASNDatabase)
+		if err != nil {
+			return errors.Wrap(err, "--asn-database (ASN_DATABASE)")
+		}
+		defer db.Close() //nolint:errcheck // Read only.
+		asn = db
+	}
 	srv := &discovery.Server{
+		ASN:     asn,
 		Catalog: &discovery.Catalog{Cache: mgr.GetCache(), Direct: mgr.GetAPIReader(), Fleets: fleets, Now: now}, Now: now,
 		Leases: store, Auth: auth, Metrics: dmetrics.NewDiscovery(), Log: log,
 		Version: version, MaxBansPerFleet: c.MaxBansPerFleet, MaxBansPerIdentity: c.MaxBansPerIdentity,

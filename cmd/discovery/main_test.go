@@ -47,6 +47,7 @@ func TestHelp(t *testing.T) {
 		{Flag: "reviews-per-address", Env: "REVIEWS_PER_ADDRESS", Default: "10"},
 		{Flag: "review-burst-per-address", Env: "REVIEW_BURST_PER_ADDRESS", Default: "100"},
 		{Flag: "status-page-plain-http", Env: "STATUS_PAGE_PLAIN_HTTP", Default: "false"},
+		{Flag: "asn-database", Env: "ASN_DATABASE", Default: `""`},
 		{Flag: "debug", Env: "DEBUG", Default: "false"},
 	}
 	clitest.CheckSettings(t, k, want)
@@ -58,7 +59,10 @@ func TestBadEnv(t *testing.T) {
 		env, value string
 	}{
 		"Duration": {env: "SWEEP_INTERVAL", value: "30"},
-		"Bool":     {env: "DEBUG", value: "verbose"},
+		// A database that does not open is no ASN counted, silently.
+		"NoASNDatabase":   {env: "ASN_DATABASE", value: "/nonexistent/GeoLite2-ASN.mmdb"},
+		"ASNNotADatabase": {env: "ASN_DATABASE", value: "/etc/hostname"},
+		"Bool":            {env: "DEBUG", value: "verbose"},
 		// A zero ticker panics.
 		"ZeroSweep": {env: "SWEEP_INTERVAL", value: "0s"},
 		// An empty cache or no request at all could not work.

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/egressip"
 	proxyfleet "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/function"
 )
 
@@ -27,11 +28,15 @@ type CLI struct {
 	MetricsAddress     string  `help:"Address of the Prometheus /metrics endpoint." default:":8080" env:"METRICS_ADDRESS"`
 	MaxRecvMessageSize int     `help:"Largest gRPC request accepted, in MiB." default:"4" env:"MAX_RECV_MESSAGE_SIZE"`
 	FixedTime          instant `help:"Use this RFC 3339 time as the clock, for reproducible renders; empty means the real clock." default:"" env:"FIXED_TIME" placeholder:"TIME"`
+	ASNDatabase        string  `name:"asn-database" help:"An IP-to-ASN database in the MaxMind DB format (GeoLite2-ASN, an IPinfo ASN export), for spec.diversity.maxPerASN; none is shipped. Empty counts no ASN." default:"" env:"ASN_DATABASE" placeholder:"FILE"`
 	DiscoveryAccount   string  `name:"discovery-service-account" help:"egress-discovery's ServiceAccount (namespace/name), which each fleet grants get on its auth Secret and Lease writes in its namespace; none grants nothing." default:"egress-system/egress-discovery" env:"DISCOVERY_SERVICE_ACCOUNT"`
 }
 
 // Validate checks the settings that the grammar cannot.
 func (c *CLI) Validate() error {
+	if err := egressip.CheckASNDB(c.ASNDatabase); err != nil {
+		return errors.Wrap(err, "--asn-database (ASN_DATABASE)")
+	}
 	_, err := c.discovery()
 	return err
 }
@@ -86,7 +91,16 @@ func (c *CLI) Run() error {
 	if err != nil {
 		return err
 	}
-	err = function.Serve(proxyfleet.New(log, now).WithDiscovery(sa),
+	fn := proxyfleet.New(log, now).WithDiscovery(sa)
+	if c.ASNDatabase != "" {
+		db, err := egressip.OpenASNDB(c.ASNDatabase)
+		if err != nil {
+			return errors.Wrap(err, "--asn-database (ASN_DATABASE)")
+		}
+		defer db.Close() //nolint:errcheck // Read only.
+		fn = fn.WithASN(db)
+	}
+	err = function.Serve(fn,
 		function.Listen("tcp", c.Address),
 		function.MTLSCertificates(c.TLSCertsDir),
 		function.Insecure(c.Insecure),

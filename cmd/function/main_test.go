@@ -24,6 +24,7 @@ func TestHelp(t *testing.T) {
 		{Flag: "metrics-address", Env: "METRICS_ADDRESS", Default: `":8080"`},
 		{Flag: "max-recv-message-size", Env: "MAX_RECV_MESSAGE_SIZE", Default: "4"},
 		{Flag: "fixed-time", Env: "FIXED_TIME", Default: `""`},
+		{Flag: "asn-database", Env: "ASN_DATABASE", Default: `""`},
 		{Flag: "discovery-service-account", Env: "DISCOVERY_SERVICE_ACCOUNT", Default: `"egress-system/egress-discovery"`},
 	}
 	clitest.CheckSettings(t, k, want)
@@ -38,6 +39,9 @@ func TestBadEnv(t *testing.T) {
 		"Bool":           {env: "FUNCTION_INSECURE", value: "sure"},
 		"Time":           {env: "FIXED_TIME", value: "yesterday"},
 		"ServiceAccount": {env: "DISCOVERY_SERVICE_ACCOUNT", value: "egress-discovery"},
+		// A database that does not open is no ASN counted, silently.
+		"NoASNDatabase":   {env: "ASN_DATABASE", value: "/nonexistent/GeoLite2-ASN.mmdb"},
+		"ASNNotADatabase": {env: "ASN_DATABASE", value: "/etc/hostname"},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {

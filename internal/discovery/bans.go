@@ -87,6 +87,11 @@ func (s *Server) applyReport(w http.ResponseWriter, r *http.Request, ns, fleet, 
 		if err := s.Leases.Unban(r.Context(), ns, proxy, req.Domain); err != nil {
 			return err
 		}
+		// The address is fine for the domain again: the ban in its
+		// history ends now too, or the proxy would stay passed over.
+		if err := s.Allocator().LiftIPBan(r.Context(), ns, fleet, proxy, req.Domain); err != nil {
+			return err
+		}
 	default:
 		return &problem.BadRequest{Field: "outcome", Msg: fmt.Sprintf("%q must be banned or ok", req.Outcome)}
 	}

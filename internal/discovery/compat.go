@@ -60,6 +60,8 @@ var (
 	ProxyExists = catalog.ProxyExists
 	// ProxyOwner is catalog.ProxyOwner.
 	ProxyOwner = catalog.ProxyOwner
+	// ProxyController is catalog.ProxyController.
+	ProxyController = catalog.ProxyController
 	// ProxyServing is catalog.ProxyServing.
 	ProxyServing = catalog.ProxyServing
 	// WatchVersion is catalog.WatchVersion.

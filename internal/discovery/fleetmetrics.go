@@ -2,7 +2,6 @@ package discovery
 
 import (
 	"context"
-	"net/netip"
 	"strings"
 	"time"
 
@@ -14,7 +13,6 @@ import (
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/allocator"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/egressip"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
@@ -39,6 +37,10 @@ var (
 	descAddresses = prometheus.NewDesc("egress_fleet_egress_addresses", "Distinct egress IPs the fleet's healthy proxies leave from.", fleetLabels, nil)
 	descPrefixes  = prometheus.NewDesc("egress_fleet_egress_prefixes",
 		"Distinct prefixes the fleet's healthy proxies leave from, as targets group clients: IPv4 /24s (family ipv4), IPv6 /64s (family ipv6).", append(fleetLabels, "family"), nil)
+	descASNs      = prometheus.NewDesc("egress_fleet_egress_asns", "Distinct autonomous systems the fleet's healthy proxies leave from (with --asn-database only).", fleetLabels, nil)
+	descBannedIPs = prometheus.NewDesc("egress_fleet_banned_addresses",
+		"Egress IPs of the fleet banned now by some domain (their history's live bans, whichever proxy leaves from them), by how many domains ban each: 1, 2-4, 5+ (the domains are no label).", append(fleetLabels, "domains"), nil)
+	descBeyond = prometheus.NewDesc("egress_fleet_beyond_diversity_limit_proxies", "Proxies of the fleet beyond a cap of its spec.diversity (per IPv4 /24, IPv6 /64 or ASN): handed out last.", fleetLabels, nil)
 )
 
 // FleetCollector exports the fleet-level metrics of every fleet.
@@ -46,7 +48,7 @@ type FleetCollector struct{ Server *Server }
 
 // Describe sends the descriptors of the fleet-level metrics.
 func (c FleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descProxies, descHealthy, descDesired, descMinAvailable, descDuplicate, descHeld, descCapacity, descWaiting, descBans, descStalled, descSpread, descUsed, descAddresses, descPrefixes} {
+	for _, d := range []*prometheus.Desc{descProxies, descHealthy, descDesired, descMinAvailable, descDuplicate, descHeld, descCapacity, descWaiting, descBans, descStalled, descSpread, descUsed, descAddresses, descPrefixes, descASNs, descBeyond, descBannedIPs} {
 		ch <- d
 	}
 }
@@ -67,14 +69,10 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		healthy, capacity, dup := 0, 0, 0
 		perIP := catalog.SharedIPs(ms)
-		var egress []egressip.Member
 		for _, m := range ms {
 			if m.Healthy {
 				healthy++
 				capacity += m.MaxLeases
-				if ip, err := netip.ParseAddr(m.EgressIP); err == nil {
-					egress = append(egress, egressip.Member{Name: m.Name, IP: ip})
-				}
 			}
 			if perIP[m.EgressIP] > 1 {
 				dup++
@@ -93,8 +91,12 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descHealthy, healthy)
 		gauge(descCapacity, capacity)
 		gauge(descDuplicate, dup)
-		div := egressip.Assess(egress, egressip.Limits{}, nil)
+		div := diversity(ms, s.ASN, func(m *catalog.Member) bool { return m.Healthy })
 		gauge(descAddresses, div.Addresses)
+		gauge(descBeyond, diversity(ms, nil, func(*catalog.Member) bool { return true }).beyond)
+		if div.ASNs >= 0 {
+			gauge(descASNs, div.ASNs)
+		}
 		ch <- prometheus.MustNewConstMetric(descPrefixes, prometheus.GaugeValue, float64(div.Prefixes4), ns, name, "ipv4")
 		ch <- prometheus.MustNewConstMetric(descPrefixes, prometheus.GaugeValue, float64(div.Prefixes6), ns, name, "ipv6")
 		if d, err := s.Allocator().DemandOf(ctx, ns, name); err == nil {
@@ -108,6 +110,12 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			gauge(descBans, n)
 		}
+		if hist, err := s.Leases.IPHistories(ctx, ns, name); err == nil {
+			by := bannedAddresses(hist, s.now())
+			for _, b := range banBuckets {
+				ch <- prometheus.MustNewConstMetric(descBannedIPs, prometheus.GaugeValue, float64(by[b]), ns, name, b)
+			}
+		}
 		if sz := s.Catalog.Sizing(ctx, ns, name); sz != nil {
 			gauge(descDesired, sz.Desired)
 			gauge(descMinAvailable, max(sz.Desired-sz.MaxUnavailable, 0))
@@ -118,6 +126,33 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descStalled, stalled)
 		}
 	}
+}
+
+// banBuckets are the values of egress_fleet_banned_addresses' domains label.
+var banBuckets = []string{"1", "2-4", "5+"}
+
+// bannedAddresses counts the IPs of hist banned now, by how many domains
+// ban each (banBuckets).
+func bannedAddresses(hist map[string][]lease.IPBan, now time.Time) map[string]int {
+	out := map[string]int{}
+	for _, h := range hist {
+		domains := map[string]bool{}
+		for _, b := range h {
+			if b.Until > now.Unix() {
+				domains[b.Domain] = true
+			}
+		}
+		switch n := len(domains); {
+		case n == 0:
+		case n == 1:
+			out["1"]++
+		case n <= 4:
+			out["2-4"]++
+		default:
+			out["5+"]++
+		}
+	}
+	return out
 }
 
 // CatalogGauges count what the cache holds, read at each scrape.

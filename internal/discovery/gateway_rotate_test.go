@@ -407,3 +407,31 @@ egress_fleet_egress_prefixes{family="ipv6",fleet=%[1]q,namespace=%[2]q} 0
 		t.Error(err)
 	}
 }
+
+// TestGatewaySpreadsOverNetworks: real Squids leaving from 127.0.0.2-4
+// (one /24) and 127.0.1.2 (another): sequential fetches without a session
+// alternate between the two networks, since a target counts a /24 as one
+// client, and spread over the three addresses of the first.
+func TestGatewaySpreadsOverNetworks(t *testing.T) {
+	b := newGatewayBedAt(t, []string{"127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.1.2"}, 2)
+	target := testbed.StartEchoTarget(t)
+	c := b.client(b.user(""), b.token, target)
+	var order []string
+	got := map[string]int{}
+	for i := range 12 {
+		seen, rsp := fetch(t, c, target.URL)
+		if rsp == nil || rsp.StatusCode != http.StatusOK {
+			t.Fatalf("fetch %d: %v", i, status(rsp))
+		}
+		order = append(order, seen)
+		got[seen]++
+	}
+	for i := 1; i < len(order); i++ {
+		if (order[i] == "127.0.1.2") == (order[i-1] == "127.0.1.2") {
+			t.Fatalf("fetches %d and %d left from one /24: %v", i-1, i, order)
+		}
+	}
+	if got["127.0.1.2"] != 6 || got["127.0.0.2"] != 2 || got["127.0.0.3"] != 2 || got["127.0.0.4"] != 2 {
+		t.Errorf("12 fetches: %v; want 6 from 127.0.1.2, alone in its /24, and 2 from each address of 127.0.0.0/24", got)
+	}
+}

@@ -84,6 +84,19 @@ type gatewayBed struct {
 
 func newGatewayBed(t testing.TB, n, maxLeases int, mods ...func(*discovery.Gateway)) *gatewayBed {
 	t.Helper()
+	addrs := make([]string, n)
+	for i := range addrs {
+		addrs[i] = fmt.Sprintf("127.0.0.%d", i+2)
+	}
+	return newGatewayBedAt(t, addrs, maxLeases, mods...)
+}
+
+// newGatewayBedAt is newGatewayBed with proxy i's Squid bound to, and
+// leaving from, addrs[i] (loopback addresses: 127.0.1.2 is in another
+// /24 than 127.0.0.2).
+func newGatewayBedAt(t testing.TB, addrs []string, maxLeases int, mods ...func(*discovery.Gateway)) *gatewayBed {
+	t.Helper()
+	n := len(addrs)
 	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
 	b := &gatewayBed{ns: ns, fleet: "gw", token: "gw-token", egress: map[string]string{}, squids: map[string]*exec.Cmd{}, addrs: map[string]string{}}
@@ -93,8 +106,7 @@ func newGatewayBed(t testing.TB, n, maxLeases int, mods ...func(*discovery.Gatew
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	for i := range n {
-		addr := fmt.Sprintf("127.0.0.%d", i+2)
+	for i, addr := range addrs {
 		l, err := net.Listen("tcp", addr+":0")
 		if err != nil {
 			t.Fatal(err)

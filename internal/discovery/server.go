@@ -39,6 +39,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/gateway"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/egressip"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 )
@@ -51,6 +52,9 @@ var openAPI []byte
 
 // Server is the HTTP API.
 type Server struct {
+	// ASN, when set, says which autonomous system an egress IP belongs to:
+	// the fleet metrics and the status page count ASNs.
+	ASN     egressip.ASNLookup
 	Catalog *catalog.Catalog
 	Leases  *lease.Store
 	Auth    auth.Authenticator

@@ -104,7 +104,7 @@ func server(t *testing.T, static string, mods ...func(*discovery.Server)) *httpt
 	}
 	s := &discovery.Server{
 		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client},
-		Leases:  &lease.Store{Client: bed.Client, OwnerOf: discovery.ProxyOwner(bed.Client)},
+		Leases:  &lease.Store{Client: bed.Client, OwnerOf: discovery.ProxyOwner(bed.Client), FleetOwnerOf: discovery.ProxyController(bed.Client)},
 		Auth:    &discovery.Kubernetes{Client: bed.Client, Static: tokens},
 		Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 	}
@@ -200,6 +200,11 @@ func TestAPI(t *testing.T) {
 		t.Fatalf("leases: %d %v", len(owned.Items), err)
 	}
 	for _, l := range owned.Items {
+		if l.Labels[fleetv1alpha1.LabelLeaseKind] == fleetv1alpha1.LeaseKindIPBans {
+			// An address's ban history outlives the proxy: its fleet
+			// owns it (lease.TestIPBanHistory).
+			continue
+		}
 		p := &v1alpha1.Proxy{}
 		if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: l.Annotations[fleetv1alpha1.AnnotationProxy]}, p); err != nil {
 			t.Fatal(err)

@@ -67,6 +67,35 @@ func (g *statusGroup) add(p *statusProxy) {
 	g.Capacity += p.MaxLeases
 }
 
+// fleetDiversity is what diversity counts of a fleet.
+type fleetDiversity struct {
+	egressip.Report
+	// beyond counts the members beyond the fleet's spec.diversity, as the
+	// fleet labels them.
+	beyond int
+}
+
+// diversity counts the distinct egress IPs, networks and (with asn) ASNs
+// of the members keep takes, and the members beyond the fleet's caps.
+func diversity(ms []catalog.Member, asn egressip.ASNLookup, keep func(*catalog.Member) bool) fleetDiversity {
+	known := make([]egressip.Member, 0, len(ms))
+	var d fleetDiversity
+	for i := range ms {
+		m := &ms[i]
+		if !keep(m) {
+			continue
+		}
+		if m.BeyondDiversityLimit {
+			d.beyond++
+		}
+		if ip, err := netip.ParseAddr(m.EgressIP); err == nil {
+			known = append(known, egressip.Member{Name: m.Name, IP: ip})
+		}
+	}
+	d.Report = egressip.Assess(known, egressip.Limits{}, asn)
+	return d
+}
+
 type statusFleet struct {
 	Namespace, Name string
 	Total, Healthy  int
@@ -74,6 +103,12 @@ type statusFleet struct {
 	// Prefixes4 and Prefixes6 the IPv4 /24s and IPv6 /64s they fall in,
 	// which is how targets group clients.
 	DistinctIPs, Prefixes4, Prefixes6 int
+	// ASNs counts their autonomous systems, -1 without an ASN database;
+	// Beyond the proxies beyond the fleet's spec.diversity.
+	ASNs, Beyond int
+	// BannedIPs counts its egress IPs some domain bans now (their ban
+	// histories).
+	BannedIPs int
 	// Sizing is what the fleet's XR says of its size; nil when it cannot
 	// be read.
 	Sizing *catalog.FleetSizing
@@ -150,18 +185,12 @@ func whyAtFault(m catalog.Member) string {
 // summarise builds one fleet's part of the page: counts per pool and zone
 // over all its proxies, and the page of proxies the query asks for, those
 // at fault first.
-func summarise(ns, name string, ms []catalog.Member, leases map[string]int, bans map[string][]string, q statusQuery) statusFleet {
+func summarise(ns, name string, ms []catalog.Member, leases map[string]int, bans map[string][]string, asn egressip.ASNLookup, q statusQuery) statusFleet {
 	f := statusFleet{Namespace: ns, Name: name, Total: len(ms)}
 	perIP := catalog.SharedIPs(ms)
 	f.DistinctIPs = len(perIP)
-	known := make([]egressip.Member, 0, len(ms))
-	for _, m := range ms {
-		if ip, err := netip.ParseAddr(m.EgressIP); err == nil {
-			known = append(known, egressip.Member{Name: m.Name, IP: ip})
-		}
-	}
-	div := egressip.Assess(known, egressip.Limits{}, nil)
-	f.Prefixes4, f.Prefixes6 = div.Prefixes4, div.Prefixes6
+	div := diversity(ms, asn, func(*catalog.Member) bool { return true })
+	f.Prefixes4, f.Prefixes6, f.ASNs, f.Beyond = div.Prefixes4, div.Prefixes6, div.ASNs, div.beyond
 	pools, zones := map[string]*statusGroup{}, map[string]*statusGroup{}
 	group := func(in map[string]*statusGroup, key string) *statusGroup {
 		g, ok := in[key]
@@ -248,8 +277,13 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, id *auth.Identit
 		for proxy, ls := range slots {
 			held[proxy] = len(ls)
 		}
-		f := summarise(ns, name, ms, held, bans, q)
+		f := summarise(ns, name, ms, held, bans, s.ASN, q)
 		f.Sizing = s.Catalog.Sizing(r.Context(), ns, name)
+		if hist, err := s.Leases.IPHistories(r.Context(), ns, name); err == nil {
+			for _, n := range bannedAddresses(hist, s.now()) {
+				f.BannedIPs += n
+			}
+		}
 		f.Spread = s.Allocator().SpreadOf(key, allocator.ServingNames(ms), s.now())
 		fleets = append(fleets, f)
 	}

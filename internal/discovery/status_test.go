@@ -40,7 +40,7 @@ func bigFleet(n int) ([]catalog.Member, map[string]int) {
 // or faults; the rendered page stays small.
 func TestStatusSummarisesLargeFleets(t *testing.T) {
 	ms, leases := bigFleet(10000)
-	f := summarise("team", "crawlers", ms, leases, nil, statusQuery{})
+	f := summarise("team", "crawlers", ms, leases, nil, nil, statusQuery{})
 	if f.Total != 10000 || f.Healthy != 9990 || f.Faults != 15 {
 		t.Errorf("counts: %d proxies, %d healthy, %d at fault; want 10000, 9990, 15", f.Total, f.Healthy, f.Faults)
 	}
@@ -70,23 +70,23 @@ func TestStatusSummarisesLargeFleets(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	next := summarise("team", "crawlers", ms, leases, nil, parseStatusQuery(u.Query()))
+	next := summarise("team", "crawlers", ms, leases, nil, nil, parseStatusQuery(u.Query()))
 	if next.First != statusRows+1 || next.Prev == "" {
 		t.Errorf("page 2 starts at %d (want %d), prev %q", next.First, statusRows+1, next.Prev)
 	}
-	last := summarise("team", "crawlers", ms, leases, nil, statusQuery{page: 1 << 30})
+	last := summarise("team", "crawlers", ms, leases, nil, nil, statusQuery{page: 1 << 30})
 	if last.Last != 10000 || last.Next != "" || len(last.Shown) != statusRows {
 		t.Errorf("a page past the end shows the last one: %d-%d, next %q", last.First, last.Last, last.Next)
 	}
-	huge := summarise("team", "crawlers", ms, leases, nil, parseStatusQuery(url.Values{"page": {"999999999999999999"}}))
+	huge := summarise("team", "crawlers", ms, leases, nil, nil, parseStatusQuery(url.Values{"page": {"999999999999999999"}}))
 	if huge.Last != 10000 {
 		t.Errorf("a page number past any count shows the last page: %d-%d", huge.First, huge.Last)
 	}
-	faults := summarise("team", "crawlers", ms, leases, nil, statusQuery{faults: true})
+	faults := summarise("team", "crawlers", ms, leases, nil, nil, statusQuery{faults: true})
 	if faults.Matching != 15 || len(faults.Shown) != 15 {
 		t.Errorf("show=faults: %d matching, %d shown; want 15", faults.Matching, len(faults.Shown))
 	}
-	pool := summarise("team", "crawlers", ms, leases, nil, statusQuery{pool: "crawlers-pool-3", zone: "b"})
+	pool := summarise("team", "crawlers", ms, leases, nil, nil, statusQuery{pool: "crawlers-pool-3", zone: "b"})
 	if pool.Matching < 41 || pool.Matching > 42 {
 		t.Errorf("pool 3, zone b: %d proxies, want 41 or 42", pool.Matching)
 	}

@@ -28,6 +28,19 @@ func OpenASNDB(path string) (*ASNDB, error) {
 	return &ASNDB{r: r}, nil
 }
 
+// CheckASNDB says whether path ("" for none) is an ASN database that
+// opens, for a command's flag check.
+func CheckASNDB(path string) error {
+	if path == "" {
+		return nil
+	}
+	db, err := OpenASNDB(path)
+	if err != nil {
+		return err
+	}
+	return db.Close()
+}
+
 // ASN is the autonomous system a belongs to, false when the database
 // does not know.
 func (d *ASNDB) ASN(a netip.Addr) (uint32, bool) {
@@ -37,6 +50,22 @@ func (d *ASNDB) ASN(a netip.Addr) (uint32, bool) {
 		return 0, false
 	}
 	return rec.Number, true
+}
+
+// Table is an IP-to-ASN lookup of a few prefixes, for tests and small
+// fixed setups: the longest prefix holding an address names its ASN.
+type Table map[netip.Prefix]uint32
+
+// ASN is the autonomous system of the longest prefix holding a.
+func (t Table) ASN(a netip.Addr) (uint32, bool) {
+	a = a.Unmap().WithZone("")
+	best, n := -1, uint32(0)
+	for p, asn := range t {
+		if p.Contains(a) && p.Bits() > best {
+			best, n = p.Bits(), asn
+		}
+	}
+	return n, best >= 0
 }
 
 // Close releases the database.

@@ -38,10 +38,14 @@ func PrefixOf(a netip.Addr) netip.Prefix {
 	return netip.Prefix{}
 }
 
-// Member is a proxy and the address it leaves from.
+// Member is a proxy and the address it leaves from. Order ranks it for
+// a place under a cap: lower first (a fleet passes its ordinal, so that
+// the older proxies keep their places and a new one never displaces
+// them), then by name.
 type Member struct {
-	Name string
-	IP   netip.Addr
+	Name  string
+	IP    netip.Addr
+	Order int
 }
 
 // Limits cap how many proxies of a fleet may leave from one /24, one /64
@@ -69,8 +73,9 @@ type ASNLookup interface {
 
 // Assess counts the distinct addresses, prefixes and ASNs of members
 // (those with a valid IP), and names the members beyond lim: in each group
-// over its cap, the first members by name keep their place and the rest
-// are excess, so the choice is stable from one assessment to the next.
+// over its cap, the first members by Order, then name, keep their place
+// and the rest are excess, so the choice is stable from one assessment to
+// the next.
 // asn may be nil.
 func Assess(members []Member, lim Limits, asn ASNLookup) Report {
 	ms := make([]Member, 0, len(members))
@@ -80,7 +85,12 @@ func Assess(members []Member, lim Limits, asn ASNLookup) Report {
 			ms = append(ms, m)
 		}
 	}
-	sort.Slice(ms, func(i, j int) bool { return ms[i].Name < ms[j].Name })
+	sort.Slice(ms, func(i, j int) bool {
+		if ms[i].Order != ms[j].Order {
+			return ms[i].Order < ms[j].Order
+		}
+		return ms[i].Name < ms[j].Name
+	})
 	r := Report{ASNs: -1, Excess: map[string]string{}}
 	addrs := map[netip.Addr]bool{}
 	prefixes := map[netip.Prefix][]string{}

@@ -120,3 +120,15 @@ func TestASNDB(t *testing.T) {
 		t.Error("a missing database opens")
 	}
 }
+
+// TestTable: the longest prefix holding an address names its ASN; an
+// IPv4-mapped address is looked up as its IPv4 address.
+func TestTable(t *testing.T) {
+	tab := egressip.Table{netip.MustParsePrefix("203.0.0.0/16"): 64500, netip.MustParsePrefix("203.0.113.0/24"): 64501}
+	for ip, want := range map[string]uint32{"203.0.1.1": 64500, "203.0.113.9": 64501, "::ffff:203.0.113.9": 64501, "198.51.100.1": 0} {
+		got, ok := tab.ASN(netip.MustParseAddr(ip))
+		if got != want || ok != (want != 0) {
+			t.Errorf("%s: AS%d %v, want AS%d", ip, got, ok, want)
+		}
+	}
+}

@@ -27,6 +27,7 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/egressip"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
@@ -49,6 +50,9 @@ type Function struct {
 	// discovery is egress-discovery's ServiceAccount, which each fleet
 	// grants access to its Leases and auth Secret; nil grants none.
 	discovery *types.NamespacedName
+	// asn says which autonomous system an egress IP belongs to, for
+	// spec.diversity.maxPerASN; nil counts none.
+	asn egressip.ASNLookup
 }
 
 // New returns the function. now is its clock; nil means time.Now.
@@ -64,6 +68,13 @@ func New(log logging.Logger, now func() time.Time) *Function {
 // installations without egress-discovery.
 func (f *Function) WithDiscovery(sa *types.NamespacedName) *Function {
 	f.discovery = sa
+	return f
+}
+
+// WithASN sets the IP-to-ASN database spec.diversity.maxPerASN is counted
+// with; nil counts no ASN.
+func (f *Function) WithASN(asn egressip.ASNLookup) *Function {
+	f.asn = asn
 	return f
 }
 
@@ -135,7 +146,7 @@ func (f *Function) run(req *fnv1.RunFunctionRequest) (rsp *fnv1.RunFunctionRespo
 	for _, m := range members {
 		m.DrainSeen = view.drainSeen(m.Name, m.DrainSince)
 	}
-	markDuplicates(members)
+	egress := assessEgress(fleet, members, f.asn)
 	sc := autoscale(req, fleet, countsOf(members, now), view, now)
 	p := decide(fleet, members, view.known, now)
 	p.leasesChange = view.next
@@ -148,6 +159,8 @@ func (f *Function) run(req *fnv1.RunFunctionRequest) (rsp *fnv1.RunFunctionRespo
 		return rsp, nil
 	}
 	finish(rsp, req, fleet, members, p, sc, now)
+	compositeStatus(rsp.Desired).Fields["egress"] = egressStatus(egress)
+	reportDiversity(rsp, fleet, len(egress.Excess), egress.Excess)
 	return rsp, nil
 }
 
@@ -478,14 +491,14 @@ type composer struct {
 	annotations *structpb.Value
 	zones       map[string]*structpb.Value
 	specs       map[string]*structpb.Value
-	labels      map[[6]string]*structpb.Value
+	labels      map[[7]string]*structpb.Value
 }
 
 func (f *Fleet) composer(now time.Time) (*composer, error) {
 	s := f.spec
 	c := &composer{
 		f: f, now: now, perZone: map[string]*structpb.Value{}, zones: map[string]*structpb.Value{},
-		specs: map[string]*structpb.Value{}, labels: map[[6]string]*structpb.Value{},
+		specs: map[string]*structpb.Value{}, labels: map[[7]string]*structpb.Value{},
 		apiVersion: structpb.NewStringValue(v1alpha1.SchemeGroupVersion.String()),
 		kind:       structpb.NewStringValue(v1alpha1.ProxyKind),
 		namespace:  structpb.NewStringValue(f.Namespace),
@@ -613,11 +626,14 @@ func (c *composer) labelsOf(m *member, observed map[int]*member) *structpb.Value
 		}
 		drain = strconv.FormatInt(since.Unix(), 10)
 	}
-	dup := ""
+	dup, beyond := "", ""
 	if m.Duplicate {
 		dup = "true"
 	}
-	key := [6]string{m.Zone, gen, m.Revision, streak, drain, dup}
+	if m.Beyond != "" {
+		beyond = "true"
+	}
+	key := [7]string{m.Zone, gen, m.Revision, streak, drain, dup, beyond}
 	if v, ok := c.labels[key]; ok && !replacing {
 		return v
 	}
@@ -635,6 +651,9 @@ func (c *composer) labelsOf(m *member, observed map[int]*member) *structpb.Value
 	}
 	if dup != "" {
 		l.Fields[fleetv1alpha1.LabelDuplicateEgressIP] = structpb.NewStringValue(dup)
+	}
+	if beyond != "" {
+		l.Fields[fleetv1alpha1.LabelBeyondDiversityLimit] = structpb.NewStringValue(beyond)
 	}
 	if c.pool != nil {
 		l.Fields[fleetv1alpha1.LabelPool] = c.pool
@@ -687,6 +706,9 @@ func setStatus(desired *fnv1.State, f *Fleet, members []*member, now time.Time) 
 		}}
 		if m.Duplicate {
 			ps.Fields["duplicateEgressIP"] = healthyValue[true]
+		}
+		if m.Beyond != "" {
+			ps.Fields["beyondDiversityLimit"] = structpb.NewStringValue(m.Beyond)
 		}
 		proxies = append(proxies, structpb.NewStructValue(ps))
 	}

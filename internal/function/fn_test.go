@@ -196,6 +196,7 @@ func TestRunFunction(t *testing.T) {
 		want := map[string]any{
 			"replicas": float64(2), "readyReplicas": float64(1), "healthyReplicas": float64(1), "updatedReplicas": float64(2),
 			"desiredReplicas": float64(2),
+			"egress":          map[string]any{"addresses": float64(1), "ipv4Prefixes": float64(1), "ipv6Prefixes": float64(0), "beyondLimit": float64(0)},
 			"proxies": []any{
 				map[string]any{"name": "crawlers-0", "endpoint": "127.0.0.1:3128", "zone": "a", "egressIP": "203.0.113.0", "healthy": true, "createdAt": "2026-11-29T09:00:00Z"},
 				map[string]any{"name": "crawlers-1", "endpoint": "127.0.0.1:3128", "zone": "b", "egressIP": "203.0.113.1", "healthy": false, "createdAt": "2026-11-29T11:58:00Z"},

@@ -40,6 +40,9 @@ type member struct {
 	CredentialsOutdated bool
 	// Duplicate: another member leaves from the same egress IP.
 	Duplicate bool
+	// Beyond says which cap of spec.diversity the member is beyond; "" when
+	// none.
+	Beyond string
 	// Streak counts the unhealthy proxies replaced in a row, none of which
 	// turned Ready, that led to this member.
 	Streak int

@@ -38,7 +38,7 @@ func (f *Function) runPool(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionR
 		return
 	}
 	members := observedMembers(req.GetObserved().GetResources(), nil, fleet.Revision)
-	markDuplicates(members)
+	egress := assessEgress(fleet, members, f.asn)
 	// A pool reads its leases only when knowing them could change what it
 	// does: its plan with every lease unknown is not steady. A steady pool
 	// requires no LeaseSummary, so Crossplane composes it on no summary
@@ -71,6 +71,12 @@ func (f *Function) runPool(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionR
 		return
 	}
 	setPoolStatus(rsp.Desired, fleet, members, p, !quiet, now)
+	// Only the count: a fleet reads every pool in one message, and pools'
+	// distinct networks do not add up (egress-discovery counts the fleet
+	// whole); the label names the Proxies.
+	compositeStatus(rsp.Desired).Fields["egress"] = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+		keyBeyondLimit: structpb.NewNumberValue(float64(len(egress.Excess))),
+	}})
 	ro := progress(fleet, members, field(req.GetObserved().GetComposite().GetResource(), "status").GetStructValue(), now)
 	// A pool's rollout clock runs only while it holds budget: one waiting
 	// for its turn is not stalled, and starts its clock when its turn

@@ -687,14 +687,6 @@ func TestPoolRolloutClock(t *testing.T) {
 		resourceName(base + 1): observedProxy(base+1, "b", true, t0.Add(-time.Hour), old),
 	}
 	spec := map[string]any{"fleet": "crawlers", "index": 1, "template": mustMap(t, validSpec)}
-	cond := func(rsp *fnv1.RunFunctionResponse, typ string) *fnv1.Condition {
-		for _, c := range rsp.GetConditions() {
-			if c.GetType() == typ {
-				return c
-			}
-		}
-		return nil
-	}
 	rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: poolXR(t, spec)}, Resources: observed}, RequiredResources: noLeases()})
 	if c := cond(rsp, ConditionRolloutStalled); c.GetReason() != "WaitingForBudget" {
 		t.Errorf("a pool without budget: RolloutStalled %v, want WaitingForBudget", c)

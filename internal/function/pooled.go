@@ -68,6 +68,8 @@ type observedPool struct {
 // steady pool does not count its own.
 type poolCounts struct {
 	replicas, ready, healthy, updated, leased, duplicates, failing int
+	// beyond is the pool's status.egress.beyondLimit.
+	beyond int
 }
 
 func (c *poolCounts) add(o poolCounts) {
@@ -77,6 +79,7 @@ func (c *poolCounts) add(o poolCounts) {
 	c.updated += o.updated
 	c.duplicates += o.duplicates
 	c.failing += o.failing
+	c.beyond += o.beyond
 }
 
 // poolResourceName is the composition resource name of pool k.
@@ -136,6 +139,7 @@ func observedPools(observed map[string]*fnv1.Resource, xrStatus *structpb.Struct
 			healthy: whole(field(status, "healthyReplicas")), updated: whole(field(status, "updatedReplicas")),
 			duplicates: whole(field(status, "duplicateEgressIPs")),
 			failing:    whole(field(status, "failing")),
+			beyond:     whole(field(status, "egress", keyBeyondLimit)),
 		}
 		p.ledger = ledger[p.name]
 		p.revision = str(status, "observedRevision")
@@ -384,6 +388,7 @@ func (f *Function) runPooledFleet(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFu
 	setFleetStatus(rsp.Desired, fleet, plans, total)
 	reportScaling(rsp, fleet, sc)
 	reportPools(rsp, fleet, plans, total)
+	reportPoolsDiversity(rsp, fleet, plans, total)
 	for _, w := range fleet.Warnings {
 		response.Warning(rsp, errors.New(w)).TargetCompositeAndClaim()
 	}
@@ -490,6 +495,7 @@ func setFleetStatus(desired *fnv1.State, f *Fleet, plans []*poolPlan, total pool
 		status.Fields["leasedReplicas"] = n(total.leased)
 	}
 	status.Fields["duplicateEgressIPs"] = n(total.duplicates)
+	status.Fields["egress"] = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{keyBeyondLimit: n(total.beyond)}})
 	status.Fields["observedRevision"] = structpb.NewStringValue(f.Revision)
 	status.Fields["desiredReplicas"] = n(f.Replicas)
 	status.Fields["pools"] = structpb.NewListValue(&structpb.ListValue{Values: pools})
@@ -568,6 +574,18 @@ func reportPools(rsp *fnv1.RunFunctionResponse, f *Fleet, plans []*poolPlan, tot
 	default:
 		response.ConditionFalse(rsp, ConditionRolloutStalled, "Progressing").WithMessage(fmt.Sprintf("%d proxies left to replace; each pool's RolloutStalled condition says whether it is stuck", behind)).TargetCompositeAndClaim()
 	}
+}
+
+// reportPoolsDiversity sets a pooled fleet's EgressDiversity condition
+// from its pools' counts, naming the pools with proxies beyond a cap.
+func reportPoolsDiversity(rsp *fnv1.RunFunctionResponse, f *Fleet, plans []*poolPlan, total poolCounts) {
+	beyond := map[string]string{}
+	for _, p := range plans {
+		if o := p.observed; o != nil && o.counts.beyond > 0 {
+			beyond[o.name] = fmt.Sprintf("%d of its proxies", o.counts.beyond)
+		}
+	}
+	reportDiversity(rsp, f, total.beyond, beyond)
 }
 
 func countFaulty(plans []*poolPlan) int {

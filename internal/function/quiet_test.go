@@ -134,7 +134,7 @@ func quietViolations(t *testing.T, quiet func(*Fleet, []*member, *plan) bool) []
 		// every replica saw its drain.
 		members := func(assign func(i int) (leased, seen bool)) []*member {
 			ms := observedMembers(req.GetObserved().GetResources(), nil, f.Revision)
-			markDuplicates(ms)
+			assessEgress(f, ms, nil)
 			for i, m := range ms {
 				leased, seen := assign(i)
 				m.Leased, m.DrainSeen = leased, seen && !m.DrainSince.IsZero()

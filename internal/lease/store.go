@@ -124,6 +124,11 @@ type Store struct {
 	// maxLeasesPerProxy), and a slot beyond the new maximum is one holder
 	// too many.
 	Serving func(ctx context.Context, namespace, fleet, proxy string, slot int) bool
+	// FleetOwnerOf, when set, names the object that owns the fleet's
+	// records that outlive its proxies (the ban history of its egress
+	// IPs): the proxy's controller, its fleet or pool, so that deleting
+	// the fleet deletes them.
+	FleetOwnerOf func(ctx context.Context, namespace, proxy string) *metav1.OwnerReference
 	// OwnerOf, when set, names the object that owns a proxy's leases and
 	// bans, so that they are garbage-collected with it: they never outlive
 	// the proxy, even where nobody is left to sweep them. nil, or a nil
@@ -136,7 +141,11 @@ type Store struct {
 	// which its cache may not show yet. Both only order attempts, like the
 	// cache: the API server decides every grant.
 	inflight sync.Map // namespace/name
-	recent   sync.Map // namespace/name -> time.Time (taken until)
+	// histories remembers the ban histories parsed, by object UID and
+	// resourceVersion, so that an acquisition does not parse each IP's
+	// history again.
+	histories parsedHistories
+	recent    sync.Map // namespace/name -> time.Time (taken until)
 	// freed holds slots this replica released lately, which its cache may
 	// still show held: tried as free.
 	freed sync.Map // namespace/name -> time.Time (free until)

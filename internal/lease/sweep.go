@@ -33,7 +33,8 @@ func (s *Store) Sweep(ctx context.Context, proxyExists func(namespace, name stri
 	for i := range l.Items {
 		le := &l.Items[i]
 		kind := le.Labels[fleetv1alpha1.LabelLeaseKind]
-		gone := kind != fleetv1alpha1.LeaseKindDemand && !proxyExists(le.Namespace, fleetv1alpha1.ProxyName(le))
+		// Demand and ban histories are of no proxy: they outlive them.
+		gone := kind != fleetv1alpha1.LeaseKindDemand && kind != fleetv1alpha1.LeaseKindIPBans && !proxyExists(le.Namespace, fleetv1alpha1.ProxyName(le))
 		over := Expired(le, now.Add(-grace))
 		switch kind {
 		case fleetv1alpha1.LeaseKindDemand:

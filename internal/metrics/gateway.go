@@ -40,10 +40,17 @@ type Gateway struct {
 	// diverted (a proxy passed over for its paced IP), waited (for the
 	// first IP free) or refused (429).
 	Paced *prometheus.CounterVec
+	// Bans counts the bans the gateway took from an origin's answer
+	// (spec.gateway.banStatusCodes), by outcome: recorded, or refused by
+	// the bounds on live bans.
+	Bans *prometheus.CounterVec
 }
 
 // labelFleet labels a gateway series with its fleet (namespace/name).
 const labelFleet = "fleet"
+
+// labelOutcome labels a series with what came of each event.
+const labelOutcome = "outcome"
 
 // NewGateway returns the gateway's metrics, unregistered.
 func NewGateway() *Gateway {
@@ -79,11 +86,13 @@ func NewGateway() *Gateway {
 		SOCKSRefusals: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "egress_discovery_gateway_socks5_refusals_total",
 			Help: "SOCKS5 connections the gateway refused, by reply: the RFC 1928 reply code, or auth for a failed sign-in."}, []string{"reply"}),
 		Paced: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "egress_discovery_gateway_paced_total",
-			Help: "Gateway connections pacing (spec.gateway.pacing) changed, by fleet and outcome: diverted from a paced IP to another, waited for the first IP free when every one that could serve was paced, or refused 429."}, []string{labelFleet, "outcome"}),
+			Help: "Gateway connections pacing (spec.gateway.pacing) changed, by fleet and outcome: diverted from a paced IP to another, waited for the first IP free when every one that could serve was paced, or refused 429."}, []string{labelFleet, labelOutcome}),
+		Bans: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "egress_discovery_gateway_bans_total",
+			Help: "Bans the gateway took from an origin's answer to a plain-HTTP request (spec.gateway.banStatusCodes), by outcome: recorded, or refused by the bounds on live bans."}, []string{labelOutcome}),
 	}
 }
 
 // Collectors returns every collector, for registration.
 func (g *Gateway) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{g.Connections, g.ConnectionsTotal, g.Bytes, g.ChooseLatency, g.UpstreamErrors, g.IdleTunnels, g.Sessions, g.Seats, g.SessionsAdopted, g.SessionsMoved, g.StrictRefusals, g.SessionsEnded, g.SOCKSRefusals, g.Paced}
+	return []prometheus.Collector{g.Connections, g.ConnectionsTotal, g.Bytes, g.ChooseLatency, g.UpstreamErrors, g.IdleTunnels, g.Sessions, g.Seats, g.SessionsAdopted, g.SessionsMoved, g.StrictRefusals, g.SessionsEnded, g.SOCKSRefusals, g.Paced, g.Bans}
 }

@@ -47,7 +47,7 @@ func NewProvider() *Provider {
 		ProbeResults: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "egress_proxy_probes_total",
 			Help: "Probes through proxies by outcome (success, failure).",
-		}, []string{labelBackend, "outcome"}),
+		}, []string{labelBackend, labelOutcome}),
 		Instances: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "egress_proxy_instances",
 			Help: "Proxy instances by backend and phase.",

@@ -130,6 +130,10 @@ type ProxyPoolStatus struct {
 	// DuplicateEgressIPs counts Proxies whose egress IP another of the
 	// pool's shares.
 	DuplicateEgressIPs int32 `json:"duplicateEgressIPs,omitempty"`
+	// Egress counts the pool's Proxies beyond the fleet's spec.diversity
+	// (labelled beyond-diversity-limit).
+	// +optional
+	Egress *EgressStatus `json:"egress,omitempty"`
 	// Failing counts Proxies unready for longer than it takes one to
 	// boot, which the fleet's autoscaler tells an outage by.
 	Failing int32 `json:"failing,omitempty"`

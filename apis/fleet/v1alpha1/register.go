@@ -61,6 +61,9 @@ const (
 	// LabelDuplicateEgressIP marks a Proxy ("true") whose egress IP
 	// another proxy of its fleet shares.
 	LabelDuplicateEgressIP = Group + "/duplicate-egress-ip"
+	// LabelBeyondDiversityLimit marks a Proxy ("true") beyond a cap of
+	// its fleet's spec.diversity: egress-discovery hands it out last.
+	LabelBeyondDiversityLimit = Group + "/beyond-diversity-limit"
 	// LabelReplaces names the ordinal a surge Proxy replaces.
 	LabelReplaces = Group + "/replaces"
 	// LabelProxy names the Proxy a Lease is held on.
@@ -74,6 +77,9 @@ const (
 	LeaseKindSlot = "slot"
 	// LeaseKindBan is a domain ban on a proxy.
 	LeaseKindBan = "ban"
+	// LeaseKindIPBans is the ban history of one egress IP of a fleet,
+	// which outlives the proxies that left from it.
+	LeaseKindIPBans = "ipbans"
 	// LeaseKindDemand is one egress-discovery replica's share of a
 	// fleet's lease demand, which the function sizes an autoscaled fleet
 	// by.

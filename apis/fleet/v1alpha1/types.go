@@ -489,6 +489,39 @@ type ProxyFleetSpec struct {
 	// Gateway says how egress-discovery's gateway serves the fleet.
 	// +optional
 	Gateway *Gateway `json:"gateway,omitempty"`
+
+	// Diversity caps how many of the fleet's proxies may leave from one
+	// network as targets group clients: one IPv4 /24, one IPv6 /64, one
+	// autonomous system. Proxies beyond a cap are flagged
+	// (status.proxies[].beyondDiversityLimit, the EgressDiversity
+	// condition) and handed out last, like proxies sharing an IP. The
+	// oldest proxies keep their places, so the choice is stable.
+	// +optional
+	Diversity *Diversity `json:"diversity,omitempty"`
+}
+
+// Diversity caps the proxies per network a fleet leaves from.
+type Diversity struct {
+	// MaxPerIPv4Prefix is the most proxies that may leave from one IPv4
+	// /24: rate limiters and bot defences key IPv4 clients by /24.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	// +optional
+	MaxPerIPv4Prefix *int32 `json:"maxPerIPv4Prefix,omitempty"`
+	// MaxPerIPv6Prefix is the most proxies that may leave from one IPv6
+	// /64, the block one subscriber or one VM gets.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	// +optional
+	MaxPerIPv6Prefix *int32 `json:"maxPerIPv6Prefix,omitempty"`
+	// MaxPerASN is the most proxies that may leave from one autonomous
+	// system. It is counted only where the platform gives
+	// function-proxyfleet and egress-discovery an IP-to-ASN database
+	// (--asn-database, MaxMind DB format); none is shipped.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10000
+	// +optional
+	MaxPerASN *int32 `json:"maxPerASN,omitempty"`
 }
 
 // Gateway says how egress-discovery's gateway serves a fleet.
@@ -514,6 +547,20 @@ type Gateway struct {
 	// +kubebuilder:validation:MaxItems=32
 	// +optional
 	Pacing []PacingRule `json:"pacing,omitempty"`
+
+	// BanStatusCodes are the status codes of an origin's answer to a
+	// plain-HTTP request through the gateway that count as a ban of the
+	// proxy's egress IP for the request's domain, as a crawler's banned
+	// report does (cooldown 30m, or maxBanCooldown when shorter). The
+	// gateway cannot read answers inside a CONNECT tunnel (HTTPS): report
+	// those bans through the API. An empty list records none.
+	// +kubebuilder:default={403, 429}
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:Minimum=400
+	// +kubebuilder:validation:items:Maximum=599
+	// +listType=set
+	// +optional
+	BanStatusCodes []int32 `json:"banStatusCodes,omitempty"`
 }
 
 // PacingRule paces the connections that leave one egress IP for a set of
@@ -566,6 +613,11 @@ type ProxyStatus struct {
 	// DuplicateEgressIP is set when another proxy of the fleet leaves from
 	// the same egress IP: to a target, the two are one client.
 	DuplicateEgressIP bool `json:"duplicateEgressIP,omitempty"`
+	// BeyondDiversityLimit says which cap of spec.diversity the proxy is
+	// beyond (its network holds the most proxies allowed already): it is
+	// handed out last.
+	// +optional
+	BeyondDiversityLimit string `json:"beyondDiversityLimit,omitempty"`
 	// Healthy is the probe verdict.
 	Healthy bool `json:"healthy,omitempty"`
 	// CreatedAt is when the Proxy was created.
@@ -611,10 +663,34 @@ type ProxyFleetStatus struct {
 	// their pool shares, in a pooled fleet.
 	// +optional
 	DuplicateEgressIPs *int32 `json:"duplicateEgressIPs,omitempty"`
+	// Egress counts the distinct addresses and networks the fleet's
+	// healthy proxies leave from, and those beyond spec.diversity.
+	// +optional
+	Egress *EgressStatus `json:"egress,omitempty"`
 	// Pools has one entry per pool of a pooled fleet.
 	// +kubebuilder:validation:MaxItems=96
 	// +optional
 	Pools []PoolSummary `json:"pools,omitempty"`
+}
+
+// EgressStatus counts a fleet's egress addresses as targets group them.
+type EgressStatus struct {
+	// Addresses, IPv4Prefixes and IPv6Prefixes count the distinct egress
+	// IPs, IPv4 /24s and IPv6 /64s of the healthy proxies; absent in a
+	// pooled fleet, whose status reads no Proxy (egress-discovery's
+	// metrics and status page count every fleet whole).
+	// +optional
+	Addresses *int32 `json:"addresses,omitempty"`
+	// +optional
+	IPv4Prefixes *int32 `json:"ipv4Prefixes,omitempty"`
+	// +optional
+	IPv6Prefixes *int32 `json:"ipv6Prefixes,omitempty"`
+	// ASNs counts their autonomous systems, where an ASN database is
+	// given.
+	// +optional
+	ASNs *int32 `json:"asns,omitempty"`
+	// BeyondLimit counts the proxies beyond a cap of spec.diversity.
+	BeyondLimit int32 `json:"beyondLimit"`
 }
 
 // PoolSummary is one pool as its fleet's status shows it.

@@ -50,6 +50,9 @@ type Store interface {
 	BannedFor(ctx context.Context, namespace, fleet, domain string) (map[string]bool, error)
 	ActiveBans(ctx context.Context, namespace, fleet string) ([]lease.Ban, error)
 	Ban(ctx context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string) error
+	RecordIPBan(ctx context.Context, namespace, fleet, proxy, ip, domain string, cooldown time.Duration) error
+	IPHistories(ctx context.Context, namespace, fleet string) (map[string][]lease.IPBan, error)
+	LiftIPBan(ctx context.Context, namespace, fleet, ip, domain string) error
 }
 
 // Authorizer authorises an identity's use of a fleet (auth.Kubernetes).
@@ -103,6 +106,9 @@ type Allocator struct {
 	// shares remembers each fleet's replica count for a second.
 	sharesMu sync.Mutex
 	shares   map[string]replicaCount
+	// addresses remembers each fleet's egress IP histories, indexed, for
+	// a second.
+	addresses addressBook
 }
 
 func (s *Allocator) now() time.Time {

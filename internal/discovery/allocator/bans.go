@@ -5,10 +5,12 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
@@ -60,6 +62,12 @@ func (s *Allocator) Ban(ctx context.Context, ns, fleet, proxy, domain string, co
 	if err := s.Leases.Ban(ctx, ns, fleet, proxy, domain, cooldown, id.User); err != nil {
 		return err
 	}
+	// The target banned the proxy's address: its history keeps the ban
+	// past the proxy, for whichever proxy leaves from it next.
+	if err := s.Leases.RecordIPBan(ctx, ns, fleet, proxy, s.EgressIPOf(ctx, ns, fleet, proxy), domain, cooldown); err != nil {
+		return err
+	}
+	s.addresses.forget(ns + "/" + fleet)
 	s.banMu.Lock()
 	defer s.banMu.Unlock()
 	if s.bansMade == nil {
@@ -72,6 +80,111 @@ func (s *Allocator) Ban(ctx context.Context, ns, fleet, proxy, domain string, co
 	})
 	s.bansMade[key] = append(made, recentBan{ban: lease.Ban{Proxy: proxy, Domain: domain, Identity: id.User}, at: s.now()})
 	return nil
+}
+
+// EgressIPOf is a proxy's egress IP as the catalogue shows it; "" when it
+// is not known (nor the proxy the fleet's).
+func (s *Allocator) EgressIPOf(ctx context.Context, ns, fleet, proxy string) string {
+	ms, err := s.Catalog.Fleet(ctx, ns, fleet)
+	if err != nil {
+		return ""
+	}
+	if m := catalog.MemberNamed(ms, proxy); m != nil {
+		return m.EgressIP
+	}
+	return ""
+}
+
+// RecentBans is how far back a ban in an egress IP's history makes the
+// IP one handed out after clean ones.
+const RecentBans = 24 * time.Hour
+
+// addressMemory is how long a fleet's indexed IP histories are used before
+// they are read again: an acquisition costs one lookup, not a parse of
+// every history. A ban this replica records is seen at once.
+const addressMemory = time.Second
+
+// addresses is a fleet's egress IP histories, indexed: the IPs with a ban
+// within RecentBans, and those banned now, by domain.
+type addresses struct {
+	at      time.Time
+	tainted map[string]bool
+	banned  map[string]map[string]bool
+}
+
+// maxAddressBooks bounds the fleets whose indexed histories are kept.
+const maxAddressBooks = 1024
+
+// addressBook holds the fleets' indexed histories; a full book starts over.
+type addressBook struct {
+	mu sync.Mutex
+	m  map[string]*addresses
+}
+
+// forget drops a fleet's index: a ban was recorded.
+func (b *addressBook) forget(key string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	delete(b.m, key)
+}
+
+// addressesOf is the fleet's indexed IP histories, read at most every
+// addressMemory.
+func (s *Allocator) addressesOf(ctx context.Context, ns, fleet string) (*addresses, error) {
+	key, now := ns+"/"+fleet, s.now()
+	s.addresses.mu.Lock()
+	a, ok := s.addresses.m[key]
+	s.addresses.mu.Unlock()
+	if ok && now.Sub(a.at) < addressMemory && !now.Before(a.at) {
+		return a, nil
+	}
+	hist, err := s.Leases.IPHistories(ctx, ns, fleet)
+	if err != nil {
+		return nil, err
+	}
+	a = &addresses{at: now, tainted: map[string]bool{}, banned: map[string]map[string]bool{}}
+	since := now.Add(-RecentBans).Unix()
+	for ip, h := range hist {
+		for _, b := range h {
+			if b.At >= since {
+				a.tainted[ip] = true
+			}
+			if b.Until > now.Unix() {
+				if a.banned[b.Domain] == nil {
+					a.banned[b.Domain] = map[string]bool{}
+				}
+				a.banned[b.Domain][ip] = true
+			}
+		}
+	}
+	s.addresses.mu.Lock()
+	if s.addresses.m == nil || len(s.addresses.m) >= maxAddressBooks {
+		s.addresses.m = map[string]*addresses{}
+	}
+	s.addresses.m[key] = a
+	s.addresses.mu.Unlock()
+	return a, nil
+}
+
+// LiftIPBan ends the live ban of domain in the history of proxy's egress IP
+// (an "ok" report on it): the address serves the domain again at once.
+func (s *Allocator) LiftIPBan(ctx context.Context, ns, fleet, proxy, domain string) error {
+	if err := s.Leases.LiftIPBan(ctx, ns, fleet, s.EgressIPOf(ctx, ns, fleet, proxy), domain); err != nil {
+		return err
+	}
+	s.addresses.forget(ns + "/" + fleet)
+	return nil
+}
+
+// Tainted are the egress IPs (lease.CanonicalIP) of the fleet with a ban
+// in their history within RecentBans: handed out after clean ones. Read
+// it, never change it.
+func (s *Allocator) Tainted(ctx context.Context, ns, fleet string) (map[string]bool, error) {
+	a, err := s.addressesOf(ctx, ns, fleet)
+	if err != nil {
+		return nil, err
+	}
+	return a.tainted, nil
 }
 
 // banLimit is the refusal of a ban over a bound.

@@ -2,6 +2,7 @@ package allocator
 
 import (
 	"context"
+	"strings"
 
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
@@ -11,6 +12,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
 // FleetName says whether a fleet could have this namespace and name.
@@ -88,24 +90,41 @@ func (s *Allocator) Healthy(ctx context.Context, ms []catalog.Member, zone strin
 // keeps, one at a time: an acquisition in a large fleet asks it of a
 // sample. It reads the bans for the domain only, none without one.
 func (s *Allocator) Admits(ctx context.Context, ms []catalog.Member, zone string, exclude map[string]bool, domain string) (func(*catalog.Member) bool, error) {
-	var banned map[string]bool
+	var banned, bannedIPs map[string]bool
 	if len(ms) > 0 && domain != "" {
 		var err error
-		if banned, err = s.Leases.BannedFor(ctx, ms[0].Namespace, ms[0].Fleet, domain); err != nil {
+		if banned, bannedIPs, err = s.bannedFor(ctx, ms, domain); err != nil {
 			return nil, err
 		}
 	}
-	// A target that banned a proxy banned its egress IP: every proxy
-	// leaving from that IP is banned for the domain too. A banned proxy
-	// not among ms (the gateway asks of one proxy) is read from the cache.
-	bannedIPs := map[string]bool{}
+	return func(m *catalog.Member) bool {
+		if !m.Serving() || (zone != "" && m.Zone != zone) || exclude[m.Name] {
+			return false
+		}
+		return !banned[m.Name] && (m.EgressIP == "" || len(bannedIPs) == 0 || !bannedIPs[m.EgressIP] && !bannedIPs[lease.CanonicalIP(m.EgressIP)])
+	}, nil
+}
+
+// bannedFor reads what is banned for domain in the fleet of ms: the
+// proxies banned for it, and the egress IPs, since a target that banned a
+// proxy banned its IP (every proxy leaving from that IP is banned for the
+// domain too), and may have banned the address before this proxy had it
+// (its history says until when).
+func (s *Allocator) bannedFor(ctx context.Context, ms []catalog.Member, domain string) (banned, bannedIPs map[string]bool, err error) {
+	ns, fleet := ms[0].Namespace, ms[0].Fleet
+	if banned, err = s.Leases.BannedFor(ctx, ns, fleet, domain); err != nil {
+		return nil, nil, err
+	}
+	bannedIPs = map[string]bool{}
 	for name := range banned {
+		// A banned proxy not among ms (the gateway asks of one proxy) is
+		// read from the cache.
 		ip := ""
 		if m := catalog.MemberNamed(ms, name); m != nil {
 			ip = m.EgressIP
 		} else if s.Catalog != nil && s.Catalog.Cache != nil {
 			p := &v1alpha1.Proxy{}
-			if err := s.Catalog.Cache.Get(ctx, types.NamespacedName{Namespace: ms[0].Namespace, Name: name}, p); err == nil && fleetv1alpha1.FleetName(p) == ms[0].Fleet {
+			if err := s.Catalog.Cache.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, p); err == nil && fleetv1alpha1.FleetName(p) == fleet {
 				ip = catalog.ToMember(p).EgressIP
 			}
 		}
@@ -113,10 +132,12 @@ func (s *Allocator) Admits(ctx context.Context, ms []catalog.Member, zone string
 			bannedIPs[ip] = true
 		}
 	}
-	return func(m *catalog.Member) bool {
-		if !m.Serving() || (zone != "" && m.Zone != zone) || exclude[m.Name] {
-			return false
-		}
-		return !banned[m.Name] && (m.EgressIP == "" || !bannedIPs[m.EgressIP])
-	}, nil
+	a, err := s.addressesOf(ctx, ns, fleet)
+	if err != nil {
+		return nil, nil, err
+	}
+	for ip := range a.banned[strings.ToLower(domain)] {
+		bannedIPs[ip] = true
+	}
+	return banned, bannedIPs, nil
 }

@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"net/netip"
 	"net/url"
 	"slices"
 	"sort"
@@ -39,6 +40,7 @@ import (
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/egressip"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/reach"
 )
@@ -74,9 +76,38 @@ type Member struct {
 	PlatformVM bool
 	// Pool is the ProxyPool composing it, in a pooled fleet.
 	Pool string
+	// BeyondDiversityLimit: its network holds as many of the fleet's
+	// proxies as spec.diversity allows already (the fleet labels it): it
+	// is handed out last, as one sharing its egress IP is.
+	BeyondDiversityLimit bool
 	// Problem says why it is not Ready or not healthy: its last probe's
 	// error, else its Ready condition's message or reason.
 	Problem string
+	// Network is the network a target groups its egress IP in (NetworkOf),
+	// worked out once per version of the Proxy.
+	Network string
+}
+
+// NetworkOf is the network a target groups a proxy's egress IP in: its
+// IPv4 /24 or IPv6 /64; an IP not known (or not parsed) is a network of
+// its own, named after the IP or the proxy.
+func NetworkOf(egressIP, proxy string) string {
+	if egressIP == "" {
+		return "proxy:" + proxy
+	}
+	ip, err := netip.ParseAddr(egressIP)
+	if err != nil {
+		return "ip:" + egressIP
+	}
+	return egressip.PrefixOf(ip).String()
+}
+
+// NetworkKey is m.Network, worked out if it was not.
+func (m *Member) NetworkKey() string {
+	if m.Network != "" {
+		return m.Network
+	}
+	return NetworkOf(m.EgressIP, m.Name)
 }
 
 // Serving says whether the proxy may be handed to new crawlers: healthy,
@@ -132,8 +163,9 @@ type Members struct {
 	// PerIP counts the members by known egress IP (SharedIPs).
 	PerIP map[string]int
 	// Own and Shared index the members leaving from an egress IP of their
-	// own (or none known) and those sharing one; Zones counts them by
-	// zone.
+	// own (or none known) and those sharing one or beyond the fleet's
+	// diversity caps (Crowded), which are handed out last; Zones counts
+	// them by zone.
 	Own, Shared []int32
 	Zones       map[string]int
 	// Serving counts the members that serve, Awake those that serve or
@@ -147,13 +179,20 @@ func newFleetMembers(version uint64, ms []Member) *Members {
 	for i := range ms {
 		m := &ms[i]
 		f.Zones[m.Zone]++
-		if f.PerIP[m.EgressIP] > 1 {
+		if f.Crowded(m) {
 			f.Shared = append(f.Shared, int32(i))
 		} else {
 			f.Own = append(f.Own, int32(i))
 		}
 	}
 	return f
+}
+
+// Crowded says whether m is handed out last: it shares its egress IP with
+// another member, or its network holds as many of the fleet's proxies as
+// spec.diversity allows already.
+func (f *Members) Crowded(m *Member) bool {
+	return f.PerIP[m.EgressIP] > 1 || m.BeyondDiversityLimit
 }
 
 // CountServing counts the members that serve, and those that serve or are
@@ -243,7 +282,14 @@ type Policy struct {
 	Rotation string
 	// Pacing is spec.gateway.pacing, in order.
 	Pacing []PacingRule
+	// BanStatusCodes is spec.gateway.banStatusCodes: DefaultBanStatusCodes
+	// unless the fleet lists its own (an empty list: none).
+	BanStatusCodes []int
 }
+
+// DefaultBanStatusCodes are the origin's answers the gateway counts as a
+// ban when a fleet names none: 403 Forbidden, 429 Too Many Requests.
+var DefaultBanStatusCodes = []int{403, 429}
 
 // defaultPolicy is the policy of a fleet without a ProxyFleet or claim.
 func defaultPolicy() *Policy {
@@ -261,6 +307,13 @@ func policyOf(s *fleetv1alpha1.ProxyFleetSpec) *Policy {
 	}
 	p.Zones = s.Zones
 	p.Rotation = apiv1.RotateLeastRecentlyUsed
+	p.BanStatusCodes = DefaultBanStatusCodes
+	if s.Gateway != nil && s.Gateway.BanStatusCodes != nil {
+		p.BanStatusCodes = make([]int, 0, len(s.Gateway.BanStatusCodes))
+		for _, c := range s.Gateway.BanStatusCodes {
+			p.BanStatusCodes = append(p.BanStatusCodes, int(c))
+		}
+	}
 	if s.Gateway != nil {
 		if r, ok := apiv1.RotationStrategy(s.Gateway.Rotation); ok {
 			p.Rotation = r
@@ -343,6 +396,8 @@ func ToMember(p *v1alpha1.Proxy) Member {
 	}
 	m.DrainSince = DrainSince(p)
 	m.Pool = p.Labels[fleetv1alpha1.LabelPool]
+	m.BeyondDiversityLimit = p.Labels[fleetv1alpha1.LabelBeyondDiversityLimit] == "true"
+	m.Network = NetworkOf(m.EgressIP, m.Name)
 	if !m.Healthy {
 		ready := p.GetCondition(xpv2.TypeReady)
 		switch {
@@ -633,6 +688,24 @@ func ProxyOwner(cache client.Reader) func(ctx context.Context, namespace, proxy 
 			return nil
 		}
 		return &metav1.OwnerReference{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.ProxyKind, Name: p.Name, UID: p.UID}
+	}
+}
+
+// ProxyController names a proxy's controller (its fleet's XR, or its
+// pool in a pooled fleet), for the fleet's records that outlive the proxy
+// (lease.Store.FleetOwnerOf): a plain reference, which blocks no
+// deletion and needs no permission on the owner.
+func ProxyController(cache client.Reader) func(ctx context.Context, namespace, proxy string) *metav1.OwnerReference {
+	return func(ctx context.Context, namespace, proxy string) *metav1.OwnerReference {
+		p := &v1alpha1.Proxy{}
+		if err := cache.Get(ctx, types.NamespacedName{Namespace: namespace, Name: proxy}, p); err != nil {
+			return nil
+		}
+		c := metav1.GetControllerOf(p)
+		if c == nil {
+			return nil
+		}
+		return &metav1.OwnerReference{APIVersion: c.APIVersion, Kind: c.Kind, Name: c.Name, UID: c.UID}
 	}
 }
 

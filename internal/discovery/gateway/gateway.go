@@ -121,6 +121,9 @@ type Gateway[S Backend] struct {
 	// proxy.
 	rotor    rotor
 	turnover map[string]time.Time
+	// bansSeen are the (fleet, proxy, domain) bans this replica recorded
+	// from an origin's answer lately: a burst of 429s records one.
+	bansSeen map[string]time.Time
 	// seatID is the identity the seats are leased as: this process's own,
 	// which no caller can present, so none can renew or release a seat.
 	seatID *auth.Identity

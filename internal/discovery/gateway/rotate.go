@@ -16,6 +16,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/ttlcache"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
 // Rotation: a connection without a session goes out through the proxy the
@@ -69,15 +70,19 @@ func (r *rotor) uses(key string, now time.Time) map[string]time.Time {
 	return u
 }
 
-// note records that key used ip at now.
-func (r *rotor) note(key, ip string, now time.Time) {
+// netUse keys a network's last use among the IPs' in a rotor's uses.
+func netUse(m *catalog.Member) string { return "net " + m.NetworkKey() }
+
+// note records that key used m's egress IP, and its network, at now.
+func (r *rotor) note(key string, m *catalog.Member, now time.Time) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	u := r.uses(key, now)
 	if u == nil {
 		u = map[string]time.Time{}
 	}
-	u[ip] = now
+	u[allocator.IPOf(m)] = now
+	u[netUse(m)] = now
 	if len(u) > rotationIPs {
 		// The older half is forgotten: those IPs count as unused again,
 		// which is what least recently used would pick next anyway.
@@ -89,12 +94,24 @@ func (r *rotor) note(key, ip string, now time.Time) {
 	r.used.Add(key, u, now)
 }
 
-// order returns up to n of cands (members, in the fleet's order by name)
-// in the strategy's preference: load is each proxy's connections on this
+// order returns up to n of the candidates (members, in the fleet's order
+// by name), those of tiers[0] first, in the strategy's preference: load is each proxy's connections on this
 // replica, for leastConnections; key is the caller's, fleet's, zone's
 // and domain's, for leastRecentlyUsed; ring is the fleet's and zone's,
-// for roundRobin.
-func (r *rotor) order(strategy string, cands []*catalog.Member, n int, key, ring string, load map[string]int, now time.Time) []*catalog.Member {
+// for roundRobin. A target counts an IPv4 /24 (IPv6 /64) as one client,
+// so the strategies spread over networks first: least recently used takes
+// the least recently used network's least recently used IP, and round
+// robin goes through the networks in turn, one proxy of each a round.
+func (r *rotor) order(strategy string, tiers [2][]*catalog.Member, n int, key, ring string, load map[string]int, now time.Time) []*catalog.Member {
+	out := r.orderTier(strategy, tiers[0], n, key, ring, load, now)
+	if len(out) < n {
+		out = append(out, r.orderTier(strategy, tiers[1], n-len(out), key, ring+" crowded", load, now)...)
+	}
+	return out
+}
+
+// orderTier is order within one tier of candidates.
+func (r *rotor) orderTier(strategy string, cands []*catalog.Member, n int, key, ring string, load map[string]int, now time.Time) []*catalog.Member {
 	if len(cands) == 0 {
 		return nil
 	}
@@ -102,6 +119,7 @@ func (r *rotor) order(strategy string, cands []*catalog.Member, n int, key, ring
 	out := make([]*catalog.Member, 0, n)
 	switch strategy {
 	case apiv1.RotateRoundRobin:
+		cands = byNetworkInTurn(cands)
 		r.mu.Lock()
 		if r.next == nil || len(r.next) >= rotationKeys {
 			r.next = map[string]int{}
@@ -129,8 +147,10 @@ func (r *rotor) order(strategy string, cands []*catalog.Member, n int, key, ring
 	r.mu.Lock()
 	used := r.uses(key, now)
 	last := make([]time.Time, len(cands))
+	lastNet := make([]time.Time, len(cands))
 	for i, m := range cands {
 		last[i] = used[allocator.IPOf(m)]
+		lastNet[i] = used[netUse(m)]
 	}
 	r.mu.Unlock()
 	less := func(i, j int) bool {
@@ -138,6 +158,9 @@ func (r *rotor) order(strategy string, cands []*catalog.Member, n int, key, ring
 			if li, lj := load[cands[i].Name], load[cands[j].Name]; li != lj {
 				return li < lj
 			}
+		}
+		if !lastNet[i].Equal(lastNet[j]) {
+			return lastNet[i].Before(lastNet[j])
 		}
 		return last[i].Before(last[j])
 	}
@@ -153,6 +176,49 @@ func (r *rotor) order(strategy string, cands []*catalog.Member, n int, key, ring
 		}
 		taken[best] = true
 		out = append(out, cands[best])
+	}
+	return out
+}
+
+// lastIfCrowded splits cands into those leaving from an IP of their own
+// within the fleet's diversity caps and with no recent ban in its history,
+// and the rest (f.Crowded, or an IP tainted names), which are chosen only
+// when fewer of the others serve than a connection tries.
+func lastIfCrowded(f *catalog.Members, tainted map[string]bool, cands []*catalog.Member) [2][]*catalog.Member {
+	var out [2][]*catalog.Member
+	for _, m := range cands {
+		if f.Crowded(m) || len(tainted) > 0 && tainted[lease.CanonicalIP(m.EgressIP)] {
+			out[1] = append(out[1], m)
+		} else {
+			out[0] = append(out[0], m)
+		}
+	}
+	return out
+}
+
+// byNetworkInTurn orders ms (by name) so that networks take turns: the
+// first proxy of each network (in the order networks first appear), then
+// the second of each, and so on; within a network by name.
+func byNetworkInTurn(ms []*catalog.Member) []*catalog.Member {
+	var nets []string
+	groups := map[string][]*catalog.Member{}
+	for _, m := range ms {
+		k := m.NetworkKey()
+		if _, ok := groups[k]; !ok {
+			nets = append(nets, k)
+		}
+		groups[k] = append(groups[k], m)
+	}
+	if len(nets) == len(ms) || len(nets) == 1 {
+		return ms
+	}
+	out := make([]*catalog.Member, 0, len(ms))
+	for round := 0; len(out) < len(ms); round++ {
+		for _, k := range nets {
+			if g := groups[k]; round < len(g) {
+				out = append(out, g[round])
+			}
+		}
 	}
 	return out
 }
@@ -173,6 +239,10 @@ func (gw *Gateway[S]) rotate(ctx context.Context, key, strategy string, id *auth
 	}
 	ms := f.Items
 	serving, err := gw.Server.Allocator().Admits(ctx, ms, u.Zone, exclude, domain)
+	if err != nil {
+		return nil, err
+	}
+	tainted, err := gw.Server.Allocator().Tainted(ctx, u.Namespace, u.Fleet)
 	if err != nil {
 		return nil, err
 	}
@@ -215,7 +285,7 @@ func (gw *Gateway[S]) rotate(ctx context.Context, key, strategy string, id *auth
 	}
 	cands := gw.candidates(f, admit, seated, full, now, key)
 	lru := id.User + "\x00" + key + "\x00" + domain
-	up, err := gw.takeChosen(ctx, key, id, u, domain, exclude, rule, seated, gw.rotor.order(strategy, cands, rotationChoices, lru, key, load, now), lru, now)
+	up, err := gw.takeChosen(ctx, key, id, u, domain, exclude, rule, seated, gw.rotor.order(strategy, lastIfCrowded(f, tainted, cands), rotationChoices, lru, key, load, now), lru, now)
 	if up != nil && diverted {
 		// A proxy that would have served was passed over for its paced IP.
 		gw.Metrics.Paced.WithLabelValues(fleet, "diverted").Inc()
@@ -260,7 +330,7 @@ func (gw *Gateway[S]) takeChosen(ctx context.Context, key string, id *auth.Ident
 			up = nil
 		}
 		if up != nil {
-			gw.rotor.note(lru, allocator.IPOf(m), now)
+			gw.rotor.note(lru, m, now)
 			return up, nil
 		}
 	}

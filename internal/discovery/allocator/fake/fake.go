@@ -34,6 +34,8 @@ type Store struct {
 	slots  map[string]*slot // by lease ID
 	sticky map[string]string
 	bans   map[string]ban // by fleet key, proxy and lower-case domain
+	// ips are the ban histories of egress IPs, by fleet key and IP.
+	ips map[string][]lease.IPBan
 	// Writes counts the grants and bans written.
 	Writes int
 }
@@ -257,6 +259,49 @@ func (s *Store) ActiveBans(_ context.Context, namespace, fleet string) ([]lease.
 	var out []lease.Ban
 	for _, b := range s.liveBans(namespace, fleet) {
 		out = append(out, lease.Ban{Proxy: b.proxy, Domain: b.domain, Identity: b.identity})
+	}
+	return out, nil
+}
+
+// RecordIPBan adds a ban to the history of ip in the fleet.
+func (s *Store) RecordIPBan(_ context.Context, namespace, fleet, _, ip, domain string, cooldown time.Duration) error {
+	if ip = lease.CanonicalIP(ip); ip == "" {
+		return nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.ips == nil {
+		s.ips = map[string][]lease.IPBan{}
+	}
+	now := s.now()
+	k := namespace + "/" + fleet + "/" + ip
+	s.ips[k] = append(s.ips[k], lease.IPBan{Domain: strings.ToLower(domain), At: now.Unix(), Until: now.Add(cooldown).Unix()})
+	return nil
+}
+
+// LiftIPBan ends the live bans of domain in ip's history.
+func (s *Store) LiftIPBan(_ context.Context, namespace, fleet, ip, domain string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	h := s.ips[namespace+"/"+fleet+"/"+lease.CanonicalIP(ip)]
+	now := s.now().Unix()
+	for i := range h {
+		if h[i].Domain == strings.ToLower(domain) && h[i].Until > now {
+			h[i].Until = now
+		}
+	}
+	return nil
+}
+
+// IPHistories are the ban histories of the fleet's egress IPs.
+func (s *Store) IPHistories(_ context.Context, namespace, fleet string) (map[string][]lease.IPBan, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[string][]lease.IPBan{}
+	for k, h := range s.ips {
+		if ip, ok := strings.CutPrefix(k, namespace+"/"+fleet+"/"); ok && !strings.Contains(ip, "/") {
+			out[ip] = append([]lease.IPBan(nil), h...)
+		}
 	}
 	return out, nil
 }

@@ -1,0 +1,90 @@
+package discovery_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
+)
+
+// limitedTarget is a plain-HTTP origin that answers /limited 429 and
+// echoes the caller's IP elsewhere.
+func limitedTarget(t *testing.T) string {
+	t.Helper()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/limited" {
+			http.Error(w, "slow down", http.StatusTooManyRequests)
+			return
+		}
+		probe.EchoIP(w, r)
+	}))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// TestGatewayBansOnStatus: an origin answering a plain-HTTP request 429
+// (a default ban status code) bans the proxy's egress IP for the domain,
+// as a crawler's report would: the crawler gets the 429, the ban and the
+// IP's history are recorded, and the next requests for
+// the domain leave through the other proxy. A fleet listing no ban status
+// codes records none.
+func TestGatewayBansOnStatus(t *testing.T) {
+	b := newGatewayBed(t, 2, 2)
+	origin := limitedTarget(t)
+	c := b.client(b.user(""), b.token, testbed.Target{URL: origin})
+	code, banned, _, _ := plainFetch(t, c, origin+"/limited")
+	if code != http.StatusTooManyRequests || banned == "" {
+		t.Fatalf("the origin's 429 reaches the crawler, naming the proxy: %d %q", code, banned)
+	}
+	ctx := context.Background()
+	testbed.Eventually(t, 5*time.Second, "one ban of the proxy for 127.0.0.1", func() (bool, string) {
+		bans, err := b.store.ActiveBans(ctx, b.ns, b.fleet)
+		return err == nil && len(bans) == 1 && bans[0].Proxy == banned && bans[0].Domain == "127.0.0.1", fmt.Sprint(bans, err)
+	})
+	testbed.Eventually(t, 5*time.Second, "the ban in the history of the proxy's address", func() (bool, string) {
+		hist, err := b.store.IPHistories(ctx, b.ns, b.fleet)
+		return err == nil && len(hist[b.egress[banned]]) == 1, fmt.Sprint(hist, err)
+	})
+	if n := testutil.ToFloat64(b.gw.Metrics.Bans.WithLabelValues("recorded")); n != 1 {
+		t.Errorf("egress_discovery_gateway_bans_total{outcome=recorded} %v, want 1", n)
+	}
+	for i := range 4 {
+		code, proxy, _, _ := plainFetch(t, c, origin+"/ip")
+		if code != http.StatusOK || proxy == banned {
+			t.Fatalf("request %d for the banned domain: %d through %s; want 200 through the other proxy", i, code, proxy)
+		}
+	}
+
+	// A fleet that lists none records none.
+	quiet := newGatewayBed(t, 2, 2)
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyFleet",
+		"metadata": map[string]any{"name": quiet.fleet, "namespace": quiet.ns},
+		"spec": map[string]any{
+			"replicas": int64(2), "zones": []any{"zone-a"}, "placement": map[string]any{"local": map[string]any{}},
+			"proxy": map[string]any{"authSecretRef": map[string]any{"name": "auth"}}, "healthCheck": map[string]any{"url": "https://example.com/ip"},
+			"gateway": map[string]any{"banStatusCodes": []any{}},
+		},
+	}}
+	if err := sharedBed.Env(t).Client.Create(ctx, u); err != nil {
+		t.Fatal(err)
+	}
+	qc := quiet.client(quiet.user(""), quiet.token, testbed.Target{URL: origin})
+	if code, _, _, _ := plainFetch(t, qc, origin+"/limited"); code != http.StatusTooManyRequests {
+		t.Fatalf("the 429 reaches the crawler: %d", code)
+	}
+	// Read from the API server, not a cache that could lag behind a ban.
+	direct := &lease.Store{Client: sharedBed.Env(t).Client}
+	if bans, err := direct.ActiveBans(ctx, quiet.ns, quiet.fleet); err != nil || len(bans) != 0 {
+		t.Errorf("spec.gateway.banStatusCodes: [] records no ban: %+v, %v", bans, err)
+	}
+}

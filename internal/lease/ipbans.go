@@ -1,0 +1,256 @@
+package lease
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"net/netip"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/pkg/errors"
+	coordv1 "k8s.io/api/coordination/v1"
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
+
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+)
+
+// Ban memory per egress IP: a target bans an address, not a proxy. Each
+// ban reported on a proxy whose egress IP is known is also written to the
+// history of that IP in its fleet: one Lease object per (fleet, IP), kind
+// ipbans, owned by the fleet (the proxy's controller), which outlives the
+// proxy. A proxy that comes up with an address banned for a domain
+// inherits the ban until its cooldown ends, and an address with bans in
+// its recent history is handed out after clean ones. The history keeps
+// the last MaxIPHistory bans of the last IPHistoryRetention; an object
+// with no ban for that long lapses and is swept.
+
+const (
+	// IPHistoryRetention is how long a ban stays in its IP's history.
+	IPHistoryRetention = 7 * 24 * time.Hour
+	// MaxIPHistory bounds the bans one IP's history keeps (the newest).
+	MaxIPHistory = 64
+	// AnnotationEgressIP holds an ipbans object's IP.
+	AnnotationEgressIP = fleetv1alpha1.Group + "/egress-ip"
+	// AnnotationBanHistory holds an ipbans object's bans (JSON, oldest
+	// first).
+	AnnotationBanHistory = fleetv1alpha1.Group + "/ban-history"
+)
+
+// IPBan is one ban in an IP's history: the domain, when it was reported
+// and when its cooldown ends.
+type IPBan struct {
+	Domain string `json:"d"`
+	At     int64  `json:"at"`
+	Until  int64  `json:"until"`
+}
+
+// CanonicalIP is the form an egress IP is remembered by: an IPv4-mapped
+// address as its IPv4 address, without zone; "" for no valid address.
+func CanonicalIP(ip string) string {
+	a, err := netip.ParseAddr(ip)
+	if err != nil {
+		return ""
+	}
+	return a.Unmap().WithZone("").String()
+}
+
+// IPBansName is the name of a fleet's history of ip.
+func IPBansName(fleet, ip string) string {
+	sum := sha256.Sum256([]byte(ip))
+	return fleet + "-ip-" + hex.EncodeToString(sum[:])[:16]
+}
+
+// RecordIPBan writes a ban of domain, reported on proxy, to the history of
+// its egress ip in fleet. A proxy without a known IP records nothing.
+func (s *Store) RecordIPBan(ctx context.Context, namespace, fleet, proxy, ip, domain string, cooldown time.Duration) error {
+	now := s.now()
+	entry := IPBan{Domain: strings.ToLower(domain), At: now.Unix(), Until: now.Add(cooldown).Unix()}
+	return errors.Wrap(s.changeHistory(ctx, namespace, fleet, proxy, ip, true, func(h []IPBan) []IPBan { return append(h, entry) }),
+		"cannot record the ban in its IP's history")
+}
+
+// LiftIPBan ends the live bans of domain in the history of ip (an "ok"
+// report on a proxy leaving from it): the record stays, its cooldown ends
+// now.
+func (s *Store) LiftIPBan(ctx context.Context, namespace, fleet, ip, domain string) error {
+	domain = strings.ToLower(domain)
+	now := s.now().Unix()
+	return errors.Wrap(s.changeHistory(ctx, namespace, fleet, "", ip, false, func(h []IPBan) []IPBan {
+		for i := range h {
+			if h[i].Domain == domain && h[i].Until > now {
+				h[i].Until = now
+			}
+		}
+		return h
+	}), "cannot lift the ban in its IP's history")
+}
+
+// changeHistory applies change to the history of ip in fleet, made (owned
+// as proxy's fleet) when it does not exist and create is set, retried on
+// a conflict.
+func (s *Store) changeHistory(ctx context.Context, namespace, fleet, proxy, ip string, create bool, change func([]IPBan) []IPBan) error {
+	if ip = CanonicalIP(ip); ip == "" {
+		return nil
+	}
+	key := types.NamespacedName{Namespace: namespace, Name: IPBansName(fleet, ip)}
+	for range 3 {
+		now := s.now()
+		cur := &coordv1.Lease{}
+		err := s.reader().Get(ctx, key, cur)
+		switch {
+		case kerrors.IsNotFound(err) && !create:
+			return nil
+		case kerrors.IsNotFound(err):
+			want := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{
+				Name: key.Name, Namespace: namespace,
+				Labels: map[string]string{
+					fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindIPBans,
+					fleetv1alpha1.LabelFleet:     ownership.LabelValue(fleet),
+				},
+				Annotations: map[string]string{fleetv1alpha1.AnnotationFleet: fleet, AnnotationEgressIP: ip},
+			}}
+			if s.FleetOwnerOf != nil {
+				if o := s.FleetOwnerOf(ctx, namespace, proxy); o != nil {
+					want.OwnerReferences = []metav1.OwnerReference{*o}
+				}
+			}
+			setHistory(want, change(nil), now)
+			if err := s.Client.Create(ctx, want); !kerrors.IsAlreadyExists(err) {
+				return err
+			}
+			continue
+		case err != nil:
+			return err
+		}
+		if cur.Annotations == nil {
+			cur.Annotations = map[string]string{}
+		}
+		cur.Annotations[AnnotationEgressIP] = ip
+		setHistory(cur, change(HistoryOf(cur, now)), now)
+		if err := s.Client.Update(ctx, cur); !kerrors.IsConflict(err) {
+			return err
+		}
+	}
+	return errors.New("it changed under every try")
+}
+
+// setHistory writes hist (pruned to what is kept) to l, and renews l for
+// IPHistoryRetention from now.
+func setHistory(l *coordv1.Lease, hist []IPBan, now time.Time) {
+	hist = prune(hist, now)
+	b, _ := json.Marshal(hist) //nolint:errchkjson // Plain structs always marshal.
+	l.Annotations[AnnotationBanHistory] = string(b)
+	l.Spec = coordv1.LeaseSpec{
+		HolderIdentity: ptr.To("ip:" + l.Annotations[AnnotationEgressIP]), LeaseDurationSeconds: ptr.To(int32(IPHistoryRetention / time.Second)),
+		AcquireTime: l.Spec.AcquireTime, RenewTime: &metav1.MicroTime{Time: now},
+	}
+	if l.Spec.AcquireTime == nil {
+		l.Spec.AcquireTime = &metav1.MicroTime{Time: now}
+	}
+}
+
+// prune keeps the bans of the last IPHistoryRetention (none from the
+// future: a skewed clock's), the newest MaxIPHistory, oldest first.
+func prune(hist []IPBan, now time.Time) []IPBan {
+	from, to := now.Add(-IPHistoryRetention).Unix(), now.Add(time.Minute).Unix()
+	out := make([]IPBan, 0, len(hist))
+	for _, b := range hist {
+		if b.At >= from && b.At <= to && b.Domain != "" {
+			out = append(out, b)
+		}
+	}
+	sort.SliceStable(out, func(i, j int) bool { return out[i].At < out[j].At })
+	if len(out) > MaxIPHistory {
+		out = out[len(out)-MaxIPHistory:]
+	}
+	return out
+}
+
+// HistoryOf reads an ipbans object's history, as kept at now; a damaged
+// annotation reads as none.
+func HistoryOf(l *coordv1.Lease, now time.Time) []IPBan {
+	var hist []IPBan
+	if err := json.Unmarshal([]byte(l.Annotations[AnnotationBanHistory]), &hist); err != nil {
+		return nil
+	}
+	return prune(hist, now)
+}
+
+// IPHistories reads the ban histories of a fleet's egress IPs from the
+// cache: IP (CanonicalIP) to its bans, oldest first.
+func (s *Store) IPHistories(ctx context.Context, namespace, fleet string) (map[string][]IPBan, error) {
+	items, err := s.fleetLeases(ctx, namespace, fleet, fleetv1alpha1.LeaseKindIPBans)
+	if err != nil {
+		return nil, errors.Wrap(err, "cannot list ban histories")
+	}
+	out := map[string][]IPBan{}
+	now := s.now()
+	for i := range items {
+		l := &items[i]
+		if Expired(l, now) || l.Annotations[fleetv1alpha1.AnnotationFleet] != fleet {
+			continue
+		}
+		ip := CanonicalIP(l.Annotations[AnnotationEgressIP])
+		if ip == "" || l.Name != IPBansName(fleet, ip) {
+			// Not one this store wrote: its name says which IP it is for.
+			continue
+		}
+		if h := prune(s.histories.of(l), now); len(h) > 0 {
+			out[ip] = h
+		}
+	}
+	return out, nil
+}
+
+// parsedHistories remembers ban histories parsed, by object; a full
+// memory starts over.
+type parsedHistories struct {
+	mu sync.Mutex
+	m  map[types.UID]parsedHistory
+}
+
+type parsedHistory struct {
+	rv   string
+	hist []IPBan
+}
+
+// maxParsedHistories bounds the histories remembered.
+const maxParsedHistories = 1 << 16
+
+// of is l's history, as written (not pruned): read once per version.
+func (p *parsedHistories) of(l *coordv1.Lease) []IPBan {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if e, ok := p.m[l.UID]; ok && e.rv == l.ResourceVersion {
+		return e.hist
+	}
+	var hist []IPBan
+	if err := json.Unmarshal([]byte(l.Annotations[AnnotationBanHistory]), &hist); err != nil {
+		hist = nil
+	}
+	if p.m == nil || len(p.m) >= maxParsedHistories {
+		p.m = map[types.UID]parsedHistory{}
+	}
+	p.m[l.UID] = parsedHistory{rv: l.ResourceVersion, hist: hist}
+	return hist
+}
+
+// BannedNow says whether hist holds a ban of domain whose cooldown has not
+// ended at now.
+func BannedNow(hist []IPBan, domain string, now time.Time) bool {
+	domain = strings.ToLower(domain)
+	for _, b := range hist {
+		if b.Domain == domain && b.Until > now.Unix() {
+			return true
+		}
+	}
+	return false
+}
