@@ -201,7 +201,7 @@ func (c *CLI) Run() error {
 	// of the replicas a fleet's pacing is shared by.
 	host, _ := os.Hostname()
 	replica := host + "-" + rand.Text()[:8]
-	store := &lease.Store{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Cache: mgr.GetCache(), OwnerOf: discovery.ProxyOwner(mgr.GetCache()), FleetOwnerOf: discovery.ProxyController(mgr.GetCache()), Serving: discovery.ProxyServing(mgr.GetCache()), Now: now}
+	store := &lease.Store{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Cache: mgr.GetCache(), OwnerOf: discovery.ProxyOwner(mgr.GetCache()), FleetOwnerOf: discovery.ProxyController(mgr.GetCache(), fleets), Serving: discovery.ProxyServing(mgr.GetCache()), Now: now}
 	var asn egressip.ASNLookup
 	if c.ASNDatabase != "" {
 		db, err := egressip.OpenASNDB(c.ASNDatabase)

@@ -9,7 +9,10 @@ import (
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	"github.com/prometheus/client_golang/prometheus"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/ptr"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
@@ -324,5 +327,41 @@ func TestBanFollowsTheAddress(t *testing.T) {
 	}
 	if l4, err := acquire("shop.example"); err != nil || l4.Proxy != heir {
 		t.Errorf("shop.example after an ok report through %s: %v, %v", heir, l4, err)
+	}
+}
+
+// TestBanHistoryOwnedByTheFleet: an address's ban history belongs to the
+// fleet: the Proxy's controller, or in a pooled fleet (a ProxyPool
+// controls its Proxies, and may go while its fleet stays) the ProxyFleet.
+func TestBanHistoryOwnedByTheFleet(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ctx := context.Background()
+	ns := bed.Namespace(t)
+	xr := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyFleet",
+		"metadata": map[string]any{"name": "pooled", "namespace": ns},
+		"spec": map[string]any{
+			"replicas": int64(1), "zones": []any{"zone-a"}, "placement": map[string]any{"local": map[string]any{}},
+			"proxy": map[string]any{"authSecretRef": map[string]any{"name": "auth"}}, "healthCheck": map[string]any{"url": "https://example.com/ip"},
+		},
+	}}
+	if err := bed.Client.Create(ctx, xr); err != nil {
+		t.Fatal(err)
+	}
+	fleet(t, ns, "pooled", 1, 1, nil)
+	p := &v1alpha1.Proxy{}
+	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "pooled-0"}, p); err != nil {
+		t.Fatal(err)
+	}
+	owner := discovery.ProxyController(bed.Client, bed.Client)
+	if o := owner(ctx, ns, "pooled-0"); o != nil {
+		t.Errorf("a Proxy without a controller names no owner: %+v", o)
+	}
+	p.OwnerReferences = []metav1.OwnerReference{{APIVersion: "crawl.example.com/v1alpha1", Kind: "ProxyPool", Name: "pooled-pool-1", UID: "0b7c6a2e-1111-4222-8333-944455556666", Controller: ptr.To(true)}}
+	if err := bed.Client.Update(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if o := owner(ctx, ns, "pooled-0"); o == nil || o.Kind != "ProxyFleet" || o.Name != "pooled" || o.UID != xr.GetUID() {
+		t.Errorf("a pooled Proxy's history is owned by its ProxyFleet: %+v", o)
 	}
 }

@@ -67,7 +67,7 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge := func(d *prometheus.Desc, v int) {
 			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), ns, name)
 		}
-		healthy, capacity, dup := 0, 0, 0
+		healthy, capacity, dup, beyond := 0, 0, 0, 0
 		perIP := catalog.SharedIPs(ms)
 		for _, m := range ms {
 			if m.Healthy {
@@ -76,6 +76,9 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			if perIP[m.EgressIP] > 1 {
 				dup++
+			}
+			if m.BeyondDiversityLimit {
+				beyond++
 			}
 		}
 		if sp := s.Allocator().SpreadOf(key, allocator.ServingNames(ms), s.now()); sp.Connections > 0 {
@@ -93,7 +96,7 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descDuplicate, dup)
 		div := diversity(ms, s.ASN, func(m *catalog.Member) bool { return m.Healthy })
 		gauge(descAddresses, div.Addresses)
-		gauge(descBeyond, diversity(ms, nil, func(*catalog.Member) bool { return true }).beyond)
+		gauge(descBeyond, beyond)
 		if div.ASNs >= 0 {
 			gauge(descASNs, div.ASNs)
 		}

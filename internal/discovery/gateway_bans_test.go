@@ -9,7 +9,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	coordv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/types"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
@@ -22,6 +24,7 @@ func limitedTarget(t *testing.T) string {
 	t.Helper()
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/limited" {
+			w.Header().Set("Retry-After", "120")
 			http.Error(w, "slow down", http.StatusTooManyRequests)
 			return
 		}
@@ -34,9 +37,10 @@ func limitedTarget(t *testing.T) string {
 // TestGatewayBansOnStatus: an origin answering a plain-HTTP request 429
 // (a default ban status code) bans the proxy's egress IP for the domain,
 // as a crawler's report would: the crawler gets the 429, the ban and the
-// IP's history are recorded, and the next requests for
-// the domain leave through the other proxy. A fleet listing no ban status
-// codes records none.
+// IP's history are recorded (with the answer's Retry-After as cooldown),
+// and the next requests for the domain leave through the other proxy,
+// whose own 429 bans nothing: an origin's answers ban at most half the
+// fleet for a domain. A fleet listing no ban status codes records none.
 func TestGatewayBansOnStatus(t *testing.T) {
 	b := newGatewayBed(t, 2, 2)
 	origin := limitedTarget(t)
@@ -54,8 +58,25 @@ func TestGatewayBansOnStatus(t *testing.T) {
 		hist, err := b.store.IPHistories(ctx, b.ns, b.fleet)
 		return err == nil && len(hist[b.egress[banned]]) == 1, fmt.Sprint(hist, err)
 	})
-	if n := testutil.ToFloat64(b.gw.Metrics.Bans.WithLabelValues("recorded")); n != 1 {
-		t.Errorf("egress_discovery_gateway_bans_total{outcome=recorded} %v, want 1", n)
+	testbed.Eventually(t, 5*time.Second, "the ban counted", func() (bool, string) {
+		n := testutil.ToFloat64(b.gw.Metrics.Bans.WithLabelValues("recorded"))
+		return n == 1, fmt.Sprint(n)
+	})
+	ban := &coordv1.Lease{}
+	if err := sharedBed.Env(t).Client.Get(ctx, types.NamespacedName{Namespace: b.ns, Name: lease.BanName(banned, "127.0.0.1")}, ban); err != nil || ban.Spec.LeaseDurationSeconds == nil || *ban.Spec.LeaseDurationSeconds != 120 {
+		t.Errorf("the ban's cooldown is the answer's Retry-After, 120 s: %v, %v", ban.Spec.LeaseDurationSeconds, err)
+	}
+	// The other proxy's 429 bans nothing: an origin's answers ban at most
+	// half of the fleet for a domain.
+	if code, other, _, _ := plainFetch(t, c, origin+"/limited"); code != http.StatusTooManyRequests || other == banned {
+		t.Fatalf("the next /limited goes through the other proxy, and gets its 429: %d %s", code, other)
+	}
+	testbed.Eventually(t, 5*time.Second, "the second ban refused", func() (bool, string) {
+		n := testutil.ToFloat64(b.gw.Metrics.Bans.WithLabelValues("refused"))
+		return n == 1, fmt.Sprint(n)
+	})
+	if bans, err := (&lease.Store{Client: sharedBed.Env(t).Client}).ActiveBans(ctx, b.ns, b.fleet); err != nil || len(bans) != 1 {
+		t.Errorf("still one ban: %+v, %v", bans, err)
 	}
 	for i := range 4 {
 		code, proxy, _, _ := plainFetch(t, c, origin+"/ip")

@@ -119,7 +119,16 @@ func Assess(members []Member, lim Limits, asn ASNLookup) Report {
 	if asn != nil && len(asns) > 0 {
 		r.ASNs = len(asns)
 		for n, names := range asns {
-			excess(r.Excess, names, lim.PerASN, fmt.Sprintf("AS%d holds its limit of %d proxies already", n, lim.PerASN))
+			// A member beyond a prefix cap takes no place under its ASN's
+			// either: it is flagged already, and counting it would flag
+			// one that keeps both caps.
+			kept := names[:0:0]
+			for _, name := range names {
+				if _, out := r.Excess[name]; !out {
+					kept = append(kept, name)
+				}
+			}
+			excess(r.Excess, kept, lim.PerASN, fmt.Sprintf("AS%d holds its limit of %d proxies already", n, lim.PerASN))
 		}
 	}
 	return r

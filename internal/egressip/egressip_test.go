@@ -132,3 +132,19 @@ func TestTable(t *testing.T) {
 		}
 	}
 }
+
+// TestCapsTogether: a proxy beyond a prefix cap takes no place under its
+// ASN's: p0-p2 share a /24 (cap 1: p1 and p2 beyond), p3 is alone in
+// another, all four in one ASN (cap 3): p0 and p3 keep both caps.
+func TestCapsTogether(t *testing.T) {
+	ms := []egressip.Member{
+		{Name: "p0", IP: netip.MustParseAddr("203.0.113.1"), Order: 0},
+		{Name: "p1", IP: netip.MustParseAddr("203.0.113.2"), Order: 1},
+		{Name: "p2", IP: netip.MustParseAddr("203.0.113.3"), Order: 2},
+		{Name: "p3", IP: netip.MustParseAddr("203.0.114.1"), Order: 3},
+	}
+	r := egressip.Assess(ms, egressip.Limits{PerPrefix4: 1, PerASN: 3}, egressip.Table{netip.MustParsePrefix("203.0.0.0/16"): 64500})
+	if _, ok := r.Excess["p3"]; ok || len(r.Excess) != 2 {
+		t.Errorf("beyond: %v; want p1 and p2 only", r.Excess)
+	}
+}

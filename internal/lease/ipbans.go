@@ -68,39 +68,65 @@ func IPBansName(fleet, ip string) string {
 	return fleet + "-ip-" + hex.EncodeToString(sum[:])[:16]
 }
 
+// banBurst is how close two bans of one domain on one address are one
+// ban, extended, rather than two in its history: a burst of reports (or
+// of an origin's 429s) must not push other domains' bans out.
+const banBurst = time.Minute
+
+// maxHistoryBytes bounds the history annotation read: anything larger was
+// written by no store, and reads as none.
+const maxHistoryBytes = 64 << 10
+
 // RecordIPBan writes a ban of domain, reported on proxy, to the history of
 // its egress ip in fleet. A proxy without a known IP records nothing.
 func (s *Store) RecordIPBan(ctx context.Context, namespace, fleet, proxy, ip, domain string, cooldown time.Duration) error {
 	now := s.now()
 	entry := IPBan{Domain: strings.ToLower(domain), At: now.Unix(), Until: now.Add(cooldown).Unix()}
-	return errors.Wrap(s.changeHistory(ctx, namespace, fleet, proxy, ip, true, func(h []IPBan) []IPBan { return append(h, entry) }),
-		"cannot record the ban in its IP's history")
+	return errors.Wrap(s.changeHistory(ctx, namespace, fleet, proxy, ip, true, func(h []IPBan) ([]IPBan, bool) {
+		for i := len(h) - 1; i >= 0; i-- {
+			if h[i].Domain == entry.Domain && entry.At-h[i].At < int64(banBurst/time.Second) && entry.At >= h[i].At {
+				h[i].Until = max(h[i].Until, entry.Until)
+				return h, true
+			}
+		}
+		return append(h, entry), true
+	}), "cannot record the ban in its IP's history")
 }
 
 // LiftIPBan ends the live bans of domain in the history of ip (an "ok"
 // report on a proxy leaving from it): the record stays, its cooldown ends
-// now.
+// now. Nothing live, nothing written; a lift never renews the history.
 func (s *Store) LiftIPBan(ctx context.Context, namespace, fleet, ip, domain string) error {
 	domain = strings.ToLower(domain)
 	now := s.now().Unix()
-	return errors.Wrap(s.changeHistory(ctx, namespace, fleet, "", ip, false, func(h []IPBan) []IPBan {
+	return errors.Wrap(s.changeHistory(ctx, namespace, fleet, "", ip, false, func(h []IPBan) ([]IPBan, bool) {
+		changed := false
 		for i := range h {
 			if h[i].Domain == domain && h[i].Until > now {
-				h[i].Until = now
+				h[i].Until, changed = now, true
 			}
 		}
-		return h
+		return h, changed
 	}), "cannot lift the ban in its IP's history")
 }
 
 // changeHistory applies change to the history of ip in fleet, made (owned
 // as proxy's fleet) when it does not exist and create is set, retried on
-// a conflict.
-func (s *Store) changeHistory(ctx context.Context, namespace, fleet, proxy, ip string, create bool, change func([]IPBan) []IPBan) error {
+// a conflict. change says whether it changed anything; a ban recorded
+// (create) renews the history for IPHistoryRetention. An object of the
+// name that is not the fleet's history of ip is an error, never
+// overwritten.
+func (s *Store) changeHistory(ctx context.Context, namespace, fleet, proxy, ip string, create bool, change func([]IPBan) ([]IPBan, bool)) error {
 	if ip = CanonicalIP(ip); ip == "" {
 		return nil
 	}
 	key := types.NamespacedName{Namespace: namespace, Name: IPBansName(fleet, ip)}
+	owner := func() *metav1.OwnerReference {
+		if s.FleetOwnerOf == nil || proxy == "" {
+			return nil
+		}
+		return s.FleetOwnerOf(ctx, namespace, proxy)
+	}
 	for range 3 {
 		now := s.now()
 		cur := &coordv1.Lease{}
@@ -117,12 +143,11 @@ func (s *Store) changeHistory(ctx context.Context, namespace, fleet, proxy, ip s
 				},
 				Annotations: map[string]string{fleetv1alpha1.AnnotationFleet: fleet, AnnotationEgressIP: ip},
 			}}
-			if s.FleetOwnerOf != nil {
-				if o := s.FleetOwnerOf(ctx, namespace, proxy); o != nil {
-					want.OwnerReferences = []metav1.OwnerReference{*o}
-				}
+			if o := owner(); o != nil {
+				want.OwnerReferences = []metav1.OwnerReference{*o}
 			}
-			setHistory(want, change(nil), now)
+			hist, _ := change(nil)
+			setHistory(want, hist, now, true)
 			if err := s.Client.Create(ctx, want); !kerrors.IsAlreadyExists(err) {
 				return err
 			}
@@ -130,11 +155,22 @@ func (s *Store) changeHistory(ctx context.Context, namespace, fleet, proxy, ip s
 		case err != nil:
 			return err
 		}
-		if cur.Annotations == nil {
-			cur.Annotations = map[string]string{}
+		if cur.Labels[fleetv1alpha1.LabelLeaseKind] != fleetv1alpha1.LeaseKindIPBans || cur.Annotations[fleetv1alpha1.AnnotationFleet] != fleet ||
+			CanonicalIP(cur.Annotations[AnnotationEgressIP]) != ip {
+			return errors.Errorf("Lease %s/%s is not the ban history of %s in fleet %s: delete or rename it", namespace, key.Name, ip, fleet)
 		}
-		cur.Annotations[AnnotationEgressIP] = ip
-		setHistory(cur, change(HistoryOf(cur, now)), now)
+		hist, changed := change(HistoryOf(cur, now))
+		if len(cur.OwnerReferences) == 0 {
+			// Made when the proxy's owner was not known: the fleet owns
+			// it from now on, so that deleting the fleet deletes it.
+			if o := owner(); o != nil {
+				cur.OwnerReferences, changed = []metav1.OwnerReference{*o}, true
+			}
+		}
+		if !changed {
+			return nil
+		}
+		setHistory(cur, hist, now, create)
 		if err := s.Client.Update(ctx, cur); !kerrors.IsConflict(err) {
 			return err
 		}
@@ -142,12 +178,15 @@ func (s *Store) changeHistory(ctx context.Context, namespace, fleet, proxy, ip s
 	return errors.New("it changed under every try")
 }
 
-// setHistory writes hist (pruned to what is kept) to l, and renews l for
-// IPHistoryRetention from now.
-func setHistory(l *coordv1.Lease, hist []IPBan, now time.Time) {
+// setHistory writes hist (pruned to what is kept) to l, renewing l for
+// IPHistoryRetention from now when renew is set.
+func setHistory(l *coordv1.Lease, hist []IPBan, now time.Time, renew bool) {
 	hist = prune(hist, now)
 	b, _ := json.Marshal(hist) //nolint:errchkjson // Plain structs always marshal.
 	l.Annotations[AnnotationBanHistory] = string(b)
+	if !renew && l.Spec.RenewTime != nil {
+		return
+	}
 	l.Spec = coordv1.LeaseSpec{
 		HolderIdentity: ptr.To("ip:" + l.Annotations[AnnotationEgressIP]), LeaseDurationSeconds: ptr.To(int32(IPHistoryRetention / time.Second)),
 		AcquireTime: l.Spec.AcquireTime, RenewTime: &metav1.MicroTime{Time: now},
@@ -157,31 +196,51 @@ func setHistory(l *coordv1.Lease, hist []IPBan, now time.Time) {
 	}
 }
 
-// prune keeps the bans of the last IPHistoryRetention (none from the
-// future: a skewed clock's), the newest MaxIPHistory, oldest first.
+// prune keeps the bans of the last IPHistoryRetention, oldest first, and
+// at most MaxIPHistory: those whose cooldown is over go first, the oldest
+// of them first, so that a burst of one domain does not push another's
+// live ban out. A ban from the future (a replica whose clock runs ahead)
+// is kept: it counts once its time comes.
 func prune(hist []IPBan, now time.Time) []IPBan {
-	from, to := now.Add(-IPHistoryRetention).Unix(), now.Add(time.Minute).Unix()
+	from := now.Add(-IPHistoryRetention).Unix()
 	out := make([]IPBan, 0, len(hist))
 	for _, b := range hist {
-		if b.At >= from && b.At <= to && b.Domain != "" {
+		if b.At >= from && b.Domain != "" {
 			out = append(out, b)
 		}
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].At < out[j].At })
-	if len(out) > MaxIPHistory {
-		out = out[len(out)-MaxIPHistory:]
+	for over := len(out) - MaxIPHistory; over > 0; over-- {
+		drop := 0
+		for i, b := range out {
+			if b.Until <= now.Unix() {
+				drop = i
+				break
+			}
+		}
+		out = append(out[:drop], out[drop+1:]...)
 	}
 	return out
 }
 
 // HistoryOf reads an ipbans object's history, as kept at now; a damaged
-// annotation reads as none.
+// or oversized annotation reads as none.
 func HistoryOf(l *coordv1.Lease, now time.Time) []IPBan {
+	return prune(parseHistory(l.Annotations[AnnotationBanHistory]), now)
+}
+
+// parseHistory reads a history annotation: its newest MaxIPHistory bans,
+// none when damaged or larger than any store writes.
+func parseHistory(raw string) []IPBan {
 	var hist []IPBan
-	if err := json.Unmarshal([]byte(l.Annotations[AnnotationBanHistory]), &hist); err != nil {
+	if len(raw) > maxHistoryBytes || json.Unmarshal([]byte(raw), &hist) != nil {
 		return nil
 	}
-	return prune(hist, now)
+	sort.SliceStable(hist, func(i, j int) bool { return hist[i].At < hist[j].At })
+	if len(hist) > MaxIPHistory {
+		hist = hist[len(hist)-MaxIPHistory:]
+	}
+	return hist
 }
 
 // IPHistories reads the ban histories of a fleet's egress IPs from the
@@ -232,10 +291,7 @@ func (p *parsedHistories) of(l *coordv1.Lease) []IPBan {
 	if e, ok := p.m[l.UID]; ok && e.rv == l.ResourceVersion {
 		return e.hist
 	}
-	var hist []IPBan
-	if err := json.Unmarshal([]byte(l.Annotations[AnnotationBanHistory]), &hist); err != nil {
-		hist = nil
-	}
+	hist := parseHistory(l.Annotations[AnnotationBanHistory])
 	if p.m == nil || len(p.m) >= maxParsedHistories {
 		p.m = map[types.UID]parsedHistory{}
 	}

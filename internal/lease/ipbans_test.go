@@ -3,6 +3,7 @@ package lease_test
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -68,7 +69,21 @@ func TestIPBanHistory(t *testing.T) {
 		t.Errorf("the sweep of a gone proxy's leases took the IP's history: %+v", hist)
 	}
 
-	// The newest MaxIPHistory bans are kept.
+	// A burst of one domain is one ban, extended.
+	c.add(2 * time.Minute)
+	for range 5 {
+		c.add(5 * time.Second)
+		if err := s.RecordIPBan(ctx, ns, "crawlers", "crawlers-1", "203.0.113.7", "burst.example", 10*time.Minute); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hist, _ = s.IPHistories(ctx, ns, "crawlers")
+	if h := hist["203.0.113.7"]; len(h) != 3 || h[2].Domain != "burst.example" || h[2].Until != c.now().Add(10*time.Minute).Unix() {
+		t.Fatalf("five bans of one domain within a minute are one, extended to the last one's cooldown: %+v", h)
+	}
+
+	// At most MaxIPHistory are kept, those whose cooldown is over going
+	// first: the live bans of shop.example and news.example stay.
 	for i := range lease.MaxIPHistory + 5 {
 		c.add(time.Second)
 		if err := s.RecordIPBan(ctx, ns, "crawlers", "crawlers-1", "203.0.113.7", fmt.Sprintf("d%d.example", i), time.Minute); err != nil {
@@ -76,8 +91,57 @@ func TestIPBanHistory(t *testing.T) {
 		}
 	}
 	hist, _ = s.IPHistories(ctx, ns, "crawlers")
-	if h := hist["203.0.113.7"]; len(h) != lease.MaxIPHistory || h[len(h)-1].Domain != fmt.Sprintf("d%d.example", lease.MaxIPHistory+4) || h[0].Domain != "d5.example" {
-		t.Errorf("the history keeps the newest %d bans: %d, from %+v to %+v", lease.MaxIPHistory, len(h), h[0], h[len(h)-1])
+	h = hist["203.0.113.7"]
+	if len(h) != lease.MaxIPHistory || h[len(h)-1].Domain != fmt.Sprintf("d%d.example", lease.MaxIPHistory+4) || !lease.BannedNow(h, "news.example", c.now()) || !lease.BannedNow(h, "burst.example", c.now()) {
+		t.Errorf("the history keeps %d bans, the live ones among them: %d, %+v", lease.MaxIPHistory, len(h), h)
+	}
+
+	// An ok report with nothing live writes nothing; one with a live ban
+	// ends it now and does not renew the history.
+	before := &coordv1.Lease{}
+	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: lease.IPBansName("crawlers", "203.0.113.7")}, before); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.LiftIPBan(ctx, ns, "crawlers", "203.0.113.7", "never.example"); err != nil {
+		t.Fatal(err)
+	}
+	after := &coordv1.Lease{}
+	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: lease.IPBansName("crawlers", "203.0.113.7")}, after); err != nil || after.ResourceVersion != before.ResourceVersion {
+		t.Errorf("a lift of nothing live wrote the history: %s -> %s (%v)", before.ResourceVersion, after.ResourceVersion, err)
+	}
+	c.add(time.Minute)
+	if err := s.LiftIPBan(ctx, ns, "crawlers", "203.0.113.7", "news.example"); err != nil {
+		t.Fatal(err)
+	}
+	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: lease.IPBansName("crawlers", "203.0.113.7")}, after); err != nil || !after.Spec.RenewTime.Equal(before.Spec.RenewTime) {
+		t.Errorf("a lift renewed the history: %v -> %v (%v)", before.Spec.RenewTime, after.Spec.RenewTime, err)
+	}
+	if h := lease.HistoryOf(after, c.now()); lease.BannedNow(h, "news.example", c.now()) {
+		t.Error("the ok report ended news.example's ban")
+	}
+
+	// A replica whose clock runs ahead writes a ban from the future: the
+	// others keep it, and it counts once its time comes.
+	ahead := &lease.Store{Client: bed.Client, Now: func() time.Time { return c.now().Add(10 * time.Minute) }}
+	if err := ahead.RecordIPBan(ctx, ns, "crawlers", "crawlers-1", "203.0.113.7", "future.example", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RecordIPBan(ctx, ns, "crawlers", "crawlers-1", "203.0.113.7", "now.example", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	hist, _ = s.IPHistories(ctx, ns, "crawlers")
+	if h := hist["203.0.113.7"]; !lease.BannedNow(h, "now.example", c.now()) || !lease.BannedNow(h, "future.example", c.now().Add(11*time.Minute)) {
+		t.Errorf("a ban written by a clock ahead is lost by one behind: %+v", h)
+	}
+
+	// A Lease of the history's name that is not the history is never
+	// overwritten.
+	squat := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: lease.IPBansName("crawlers", "198.51.100.9")}}
+	if err := bed.Client.Create(ctx, squat); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RecordIPBan(ctx, ns, "crawlers", "crawlers-1", "198.51.100.9", "shop.example", time.Hour); err == nil || !strings.Contains(err.Error(), "is not the ban history") {
+		t.Errorf("a foreign Lease of the name: %v", err)
 	}
 
 	// Past the retention with no ban the history lapses and is swept.
@@ -87,5 +151,32 @@ func TestIPBanHistory(t *testing.T) {
 	}
 	if n, err := s.Sweep(ctx, func(string, string) bool { return true }, 0); err != nil || n != 1 {
 		t.Errorf("the lapsed history is swept: %d, %v", n, err)
+	}
+}
+
+// TestHistoryRead: a history annotation is read as at most MaxIPHistory
+// bans, and one larger than any store writes, or damaged, as none.
+func TestHistoryRead(t *testing.T) {
+	now := time.Now()
+	var b strings.Builder
+	b.WriteString("[")
+	for i := range 100 {
+		if i > 0 {
+			b.WriteString(",")
+		}
+		fmt.Fprintf(&b, `{"d":"d%d.example","at":%d,"until":%d}`, i, now.Unix()-int64(100-i), now.Unix()+3600)
+	}
+	b.WriteString("]")
+	l := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{lease.AnnotationBanHistory: b.String()}}}
+	if h := lease.HistoryOf(l, now); len(h) != lease.MaxIPHistory || h[len(h)-1].Domain != "d99.example" {
+		t.Errorf("100 bans read as %d, the newest last: %+v", len(h), h[len(h)-1])
+	}
+	l.Annotations[lease.AnnotationBanHistory] = "[" + strings.Repeat(`{"d":"x.example","at":1,"until":2},`, 3000) + `{"d":"x.example","at":1,"until":2}]`
+	if h := lease.HistoryOf(l, now); len(h) != 0 {
+		t.Errorf("an oversized history reads as %d bans", len(h))
+	}
+	l.Annotations[lease.AnnotationBanHistory] = `[{"d":`
+	if h := lease.HistoryOf(l, now); len(h) != 0 {
+		t.Errorf("a damaged history reads as %d bans", len(h))
 	}
 }

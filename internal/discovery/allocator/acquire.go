@@ -297,10 +297,12 @@ func Draw(ms []catalog.Member, idx []int32, pick []*catalog.Member, limit int, b
 
 // acquireAmong takes a slot on the best of cands, as view shows their
 // slots: the sticky key's last proxy first, then those leaving from an
-// egress IP of their own (within the fleet's diversity caps, with no ban
-// in its history within RecentBans), then those
+// egress IP of their own (within the fleet's diversity caps), then those
 // of the network (IPv4 /24, IPv6 /64) with the fewest leases among cands,
-// since a target counts a network as one client, then the least loaded.
+// since a target counts a network as one client, then, of equals, those
+// whose IP has no ban in its history within RecentBans (a tie-break, so
+// that a fleet whose addresses mostly have one does not pile onto the few
+// clean ones), then the least loaded.
 func (s *Allocator) acquireAmong(ctx context.Context, a *Acquisition, f *catalog.Members, cands []*catalog.Member, view *lease.SlotView, sticky string, req lease.Request) (*Granted, error) {
 	// Equally loaded proxies in random order, so that concurrent crawlers
 	// (and replicas) spread out instead of racing for the same slot. Each
@@ -308,10 +310,10 @@ func (s *Allocator) acquireAmong(ctx context.Context, a *Acquisition, f *catalog
 	// the large members. Proxies sharing an egress IP are one client to a
 	// target: those leaving from an IP of their own come first.
 	type rank struct {
-		m              *catalog.Member
-		sticky, shared bool
-		network        int
-		load           float64
+		m                       *catalog.Member
+		sticky, shared, tainted bool
+		network                 int
+		load                    float64
 	}
 	var tainted map[string]bool
 	if len(cands) > 1 {
@@ -326,7 +328,7 @@ func (s *Allocator) acquireAmong(ctx context.Context, a *Acquisition, f *catalog
 		perNetwork[m.NetworkKey()] += len(view.Live[m.Name])
 	}
 	for i, m := range cands {
-		rs[i] = rank{m: m, sticky: m.Name == sticky, shared: f.Crowded(m) || len(tainted) > 0 && tainted[lease.CanonicalIP(m.EgressIP)], network: perNetwork[m.NetworkKey()], load: float64(len(view.Live[m.Name])) / float64(m.MaxLeases)}
+		rs[i] = rank{m: m, sticky: m.Name == sticky, shared: f.Crowded(m), tainted: len(tainted) > 0 && tainted[lease.CanonicalIP(m.EgressIP)], network: perNetwork[m.NetworkKey()], load: float64(len(view.Live[m.Name])) / float64(m.MaxLeases)}
 	}
 	rand.Shuffle(len(rs), func(i, j int) { rs[i], rs[j] = rs[j], rs[i] })
 	sort.SliceStable(rs, func(i, j int) bool {
@@ -338,6 +340,9 @@ func (s *Allocator) acquireAmong(ctx context.Context, a *Acquisition, f *catalog
 		}
 		if rs[i].network != rs[j].network {
 			return rs[i].network < rs[j].network
+		}
+		if rs[i].tainted != rs[j].tainted {
+			return !rs[i].tainted
 		}
 		return rs[i].load < rs[j].load
 	})

@@ -101,7 +101,8 @@ const RecentBans = 24 * time.Hour
 
 // addressMemory is how long a fleet's indexed IP histories are used before
 // they are read again: an acquisition costs one lookup, not a parse of
-// every history. A ban this replica records is seen at once.
+// every history. A ban this replica records drops the fleet's index: the
+// next acquisition reads it again, as far as the cache shows it then.
 const addressMemory = time.Second
 
 // addresses is a fleet's egress IP histories, indexed: the IPs with a ban

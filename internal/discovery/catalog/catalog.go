@@ -691,11 +691,14 @@ func ProxyOwner(cache client.Reader) func(ctx context.Context, namespace, proxy 
 	}
 }
 
-// ProxyController names a proxy's controller (its fleet's XR, or its
-// pool in a pooled fleet), for the fleet's records that outlive the proxy
-// (lease.Store.FleetOwnerOf): a plain reference, which blocks no
-// deletion and needs no permission on the owner.
-func ProxyController(cache client.Reader) func(ctx context.Context, namespace, proxy string) *metav1.OwnerReference {
+// ProxyController names the fleet a proxy belongs to, for the fleet's
+// records that outlive the proxy (lease.Store.FleetOwnerOf): its
+// controller (the fleet's XR), or in a pooled fleet, whose Proxies a
+// ProxyPool controls, the ProxyFleet itself as fleets (a reader of
+// ProxyFleets) shows it, since a pool may go while its fleet stays. A
+// plain reference, which blocks no deletion and needs no permission on
+// the owner; nil when not known.
+func ProxyController(cache, fleets client.Reader) func(ctx context.Context, namespace, proxy string) *metav1.OwnerReference {
 	return func(ctx context.Context, namespace, proxy string) *metav1.OwnerReference {
 		p := &v1alpha1.Proxy{}
 		if err := cache.Get(ctx, types.NamespacedName{Namespace: namespace, Name: proxy}, p); err != nil {
@@ -705,7 +708,18 @@ func ProxyController(cache client.Reader) func(ctx context.Context, namespace, p
 		if c == nil {
 			return nil
 		}
-		return &metav1.OwnerReference{APIVersion: c.APIVersion, Kind: c.Kind, Name: c.Name, UID: c.UID}
+		if c.Kind != fleetv1alpha1.ProxyPoolKind {
+			return &metav1.OwnerReference{APIVersion: c.APIVersion, Kind: c.Kind, Name: c.Name, UID: c.UID}
+		}
+		if fleets == nil {
+			return nil
+		}
+		f := &unstructured.Unstructured{}
+		f.SetGroupVersionKind(fleetv1alpha1.SchemeGroupVersion.WithKind(fleetv1alpha1.ProxyFleetKind))
+		if err := fleets.Get(ctx, types.NamespacedName{Namespace: namespace, Name: fleetv1alpha1.FleetName(p)}, f); err != nil || f.GetUID() == "" {
+			return nil
+		}
+		return &metav1.OwnerReference{APIVersion: f.GetAPIVersion(), Kind: f.GetKind(), Name: f.GetName(), UID: f.GetUID()}
 	}
 }
 

@@ -124,6 +124,8 @@ type Gateway[S Backend] struct {
 	// bansSeen are the (fleet, proxy, domain) bans this replica recorded
 	// from an origin's answer lately: a burst of 429s records one.
 	bansSeen map[string]time.Time
+	// banWrites counts the bans from origins' answers being written.
+	banWrites int
 	// seatID is the identity the seats are leased as: this process's own,
 	// which no caller can present, so none can renew or release a seat.
 	seatID *auth.Identity

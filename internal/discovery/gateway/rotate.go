@@ -47,10 +47,10 @@ const (
 	// rotationMemory is how long the use of an egress IP is remembered
 	// for the least recently used strategy; rotationKeys bounds the
 	// (caller, fleet, zone, domain) keys remembered, and rotationIPs the
-	// IPs of one key.
+	// IPs and networks of one key.
 	rotationMemory = 10 * time.Minute
 	rotationKeys   = 4096
-	rotationIPs    = 256
+	rotationIPs    = 512
 )
 
 // rotor is a replica's rotation state: when each caller last used each
@@ -101,17 +101,19 @@ func (r *rotor) note(key string, m *catalog.Member, now time.Time) {
 // for roundRobin. A target counts an IPv4 /24 (IPv6 /64) as one client,
 // so the strategies spread over networks first: least recently used takes
 // the least recently used network's least recently used IP, and round
-// robin goes through the networks in turn, one proxy of each a round.
-func (r *rotor) order(strategy string, tiers [2][]*catalog.Member, n int, key, ring string, load map[string]int, now time.Time) []*catalog.Member {
-	out := r.orderTier(strategy, tiers[0], n, key, ring, load, now)
+// robin goes through the networks in turn, one proxy of each a round. Of
+// equally recently used networks, an IP with no ban in its history within
+// allocator.RecentBans (tainted names those with one) comes first.
+func (r *rotor) order(strategy string, tiers [2][]*catalog.Member, n int, key, ring string, load map[string]int, tainted map[string]bool, now time.Time) []*catalog.Member {
+	out := r.orderTier(strategy, tiers[0], n, key, ring, load, tainted, now)
 	if len(out) < n {
-		out = append(out, r.orderTier(strategy, tiers[1], n-len(out), key, ring+" crowded", load, now)...)
+		out = append(out, r.orderTier(strategy, tiers[1], n-len(out), key, ring+" crowded", load, tainted, now)...)
 	}
 	return out
 }
 
 // orderTier is order within one tier of candidates.
-func (r *rotor) orderTier(strategy string, cands []*catalog.Member, n int, key, ring string, load map[string]int, now time.Time) []*catalog.Member {
+func (r *rotor) orderTier(strategy string, cands []*catalog.Member, n int, key, ring string, load map[string]int, tainted map[string]bool, now time.Time) []*catalog.Member {
 	if len(cands) == 0 {
 		return nil
 	}
@@ -148,9 +150,11 @@ func (r *rotor) orderTier(strategy string, cands []*catalog.Member, n int, key, 
 	used := r.uses(key, now)
 	last := make([]time.Time, len(cands))
 	lastNet := make([]time.Time, len(cands))
+	taint := make([]bool, len(cands))
 	for i, m := range cands {
 		last[i] = used[allocator.IPOf(m)]
 		lastNet[i] = used[netUse(m)]
+		taint[i] = len(tainted) > 0 && tainted[lease.CanonicalIP(m.EgressIP)]
 	}
 	r.mu.Unlock()
 	less := func(i, j int) bool {
@@ -161,6 +165,9 @@ func (r *rotor) orderTier(strategy string, cands []*catalog.Member, n int, key, 
 		}
 		if !lastNet[i].Equal(lastNet[j]) {
 			return lastNet[i].Before(lastNet[j])
+		}
+		if ti, tj := taint[i], taint[j]; ti != tj {
+			return !ti
 		}
 		return last[i].Before(last[j])
 	}
@@ -181,13 +188,13 @@ func (r *rotor) orderTier(strategy string, cands []*catalog.Member, n int, key, 
 }
 
 // lastIfCrowded splits cands into those leaving from an IP of their own
-// within the fleet's diversity caps and with no recent ban in its history,
-// and the rest (f.Crowded, or an IP tainted names), which are chosen only
-// when fewer of the others serve than a connection tries.
-func lastIfCrowded(f *catalog.Members, tainted map[string]bool, cands []*catalog.Member) [2][]*catalog.Member {
+// within the fleet's diversity caps, and the crowded rest (f.Crowded),
+// which are chosen only when fewer of the others serve than a connection
+// tries.
+func lastIfCrowded(f *catalog.Members, cands []*catalog.Member) [2][]*catalog.Member {
 	var out [2][]*catalog.Member
 	for _, m := range cands {
-		if f.Crowded(m) || len(tainted) > 0 && tainted[lease.CanonicalIP(m.EgressIP)] {
+		if f.Crowded(m) {
 			out[1] = append(out[1], m)
 		} else {
 			out[0] = append(out[0], m)
@@ -285,7 +292,7 @@ func (gw *Gateway[S]) rotate(ctx context.Context, key, strategy string, id *auth
 	}
 	cands := gw.candidates(f, admit, seated, full, now, key)
 	lru := id.User + "\x00" + key + "\x00" + domain
-	up, err := gw.takeChosen(ctx, key, id, u, domain, exclude, rule, seated, gw.rotor.order(strategy, lastIfCrowded(f, tainted, cands), rotationChoices, lru, key, load, now), lru, now)
+	up, err := gw.takeChosen(ctx, key, id, u, domain, exclude, rule, seated, gw.rotor.order(strategy, lastIfCrowded(f, cands), rotationChoices, lru, key, load, tainted, now), lru, now)
 	if up != nil && diverted {
 		// A proxy that would have served was passed over for its paced IP.
 		gw.Metrics.Paced.WithLabelValues(fleet, "diverted").Inc()

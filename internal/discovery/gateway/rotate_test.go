@@ -30,7 +30,7 @@ func pick(r *rotor, strategy string, f *catalog.Members, cands []*catalog.Member
 	var out []string
 	for i := range n {
 		at := now.Add(time.Duration(i) * time.Second)
-		m := r.order(strategy, lastIfCrowded(f, nil, cands), 1, "caller", "ring", nil, at)[0]
+		m := r.order(strategy, lastIfCrowded(f, cands), 1, "caller", "ring", nil, nil, at)[0]
 		r.note("caller", m, at)
 		out = append(out, m.Name)
 	}
@@ -72,7 +72,7 @@ func TestRotationCrowdedLast(t *testing.T) {
 	for _, strategy := range []string{apiv1.RotateLeastRecentlyUsed, apiv1.RotateRoundRobin, apiv1.RotateRandom, apiv1.RotateLeastConnections} {
 		r := &rotor{}
 		for i := range 20 {
-			got := r.order(strategy, lastIfCrowded(f, nil, cands), 3, "caller", "ring", map[string]int{}, time.Unix(int64(i), 0))
+			got := r.order(strategy, lastIfCrowded(f, cands), 3, "caller", "ring", map[string]int{}, nil, time.Unix(int64(i), 0))
 			if len(got) != 3 || got[0].Name != "p2" {
 				t.Fatalf("%s: choices %v; want p2, the one proxy of its own, first", strategy, names(got))
 			}

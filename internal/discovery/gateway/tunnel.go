@@ -330,7 +330,7 @@ func (gw *Gateway[S]) forward(w http.ResponseWriter, r *http.Request, id *auth.I
 		return
 	}
 	defer rsp.Body.Close() //nolint:errcheck // A response body.
-	gw.banOnStatus(r.Context(), id, u, domain, up, rsp.StatusCode)
+	gw.banOnStatus(r.Context(), id, u, domain, up, rsp)
 	gw.Server.Allocator().RecordSpread(u.Namespace+"/"+u.Fleet, up.g.Member.Name, gw.Server.Allocator().Time())
 	dropHopHeaders(rsp.Header)
 	for k, vs := range rsp.Header {
