@@ -463,6 +463,31 @@ func TestInvalidObjectsRejected(t *testing.T) {
 			base:   validFleet, set: map[string]any{"spec.gateway": map[string]any{"pacing": []any{map[string]any{"domains": []any{"shop.example/cart"}, "interval": "1s"}}}},
 			want: []string{"spec.gateway.pacing[0].domains[0]", "should match"},
 		},
+		"RecyclingWithoutThreshold": {
+			reason: "spec.recycling says when an address is burned.",
+			base:   validFleet, set: map[string]any{"spec.recycling": map[string]any{"maxPerHour": int64(2)}},
+			want: []string{"spec.recycling", "bannedByDomains or bannedTimes"},
+		},
+		"RecyclingUnbounded": {
+			reason: "At most 10 recycles an hour.",
+			base:   validFleet, set: map[string]any{"spec.recycling": map[string]any{"bannedByDomains": int64(2), "maxPerHour": int64(100)}},
+			want: []string{"spec.recycling.maxPerHour", "less than or equal to 10"},
+		},
+		"RecyclingWindowTooLong": {
+			reason: "Bans are kept 7 days: a longer window counts nothing more.",
+			base:   validFleet, set: map[string]any{"spec.recycling": map[string]any{"bannedTimes": int64(3), "window": "200h"}},
+			want: []string{"spec.recycling.window", "between 1m and 168h"},
+		},
+		"DiversityCapZero": {
+			reason: "A cap of zero proxies per network would flag every proxy.",
+			base:   validFleet, set: map[string]any{"spec.diversity": map[string]any{"maxPerIPv4Prefix": int64(0)}},
+			want: []string{"spec.diversity.maxPerIPv4Prefix", "greater than or equal to 1"},
+		},
+		"BanStatusNotAnError": {
+			reason: "Only error answers ban.",
+			base:   validFleet, set: map[string]any{"spec.gateway": map[string]any{"banStatusCodes": []any{int64(200)}}},
+			want: []string{"spec.gateway.banStatusCodes[0]", "greater than or equal to 400"},
+		},
 		"UnknownRotation": {
 			reason: "The rotation strategies are four.",
 			base:   validFleet, set: map[string]any{"spec.gateway": map[string]any{"rotation": "fastest"}},

@@ -19,6 +19,8 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/egressip"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
@@ -224,6 +226,9 @@ func (p *SummaryPublisher) summarise(ctx context.Context, ns, fleet string, memb
 			pools[pool].Leased = append(pools[pool].Leased, l)
 		}
 	}
+	if err := p.burned(ctx, ns, fleet, members, &whole, pools, now); err != nil {
+		return nil, err
+	}
 	out := []v1alpha1.LeaseSummarySpec{whole}
 	for _, s := range pools {
 		out = append(out, *s)
@@ -232,6 +237,38 @@ func (p *SummaryPublisher) summarise(ctx context.Context, ns, fleet string, memb
 		slices.SortFunc(out[i].Draining, func(a, b v1alpha1.DrainingProxy) int { return strings.Compare(a.Name, b.Name) })
 	}
 	return out, nil
+}
+
+// burned lists, in the summary of each member's pool, the members whose
+// egress IP the fleet's spec.recycling judges burned by its ban history:
+// what the fleet recycles.
+func (p *SummaryPublisher) burned(ctx context.Context, ns, fleet string, members []catalog.Member, whole *v1alpha1.LeaseSummarySpec, pools map[string]*v1alpha1.LeaseSummarySpec, now time.Time) error {
+	pol, err := p.Server.Catalog.Policy(ctx, ns, fleet)
+	if err != nil || pol.Recycling == nil {
+		return err
+	}
+	hist, err := p.Server.Leases.IPHistories(ctx, ns, fleet)
+	if err != nil || len(hist) == 0 {
+		return err
+	}
+	for _, m := range members {
+		h := hist[lease.CanonicalIP(m.EgressIP)]
+		if len(h) == 0 || !m.DrainSince.IsZero() {
+			continue
+		}
+		bans := make([]egressip.Ban, len(h))
+		for i, b := range h {
+			bans[i] = egressip.Ban{Domain: b.Domain, At: time.Unix(b.At, 0)}
+		}
+		if ok, why := pol.Recycling.Burned(bans, now); ok {
+			spec := whole
+			if m.Pool != "" {
+				spec = pools[m.Pool]
+			}
+			spec.Burned = append(spec.Burned, v1alpha1.BurnedProxy{Name: m.Name, Reason: m.EgressIP + " " + why})
+		}
+	}
+	return nil
 }
 
 // saying is what a summary says, but for its times: a change of it is
@@ -244,6 +281,10 @@ func saying(s v1alpha1.LeaseSummarySpec) string {
 	b.WriteString("|")
 	for _, d := range s.Draining {
 		b.WriteString(d.Name + "@" + strconv.FormatInt(d.Since, 10) + ",")
+	}
+	b.WriteString("|")
+	for _, d := range s.Burned {
+		b.WriteString(d.Name + ":" + d.Reason + ",")
 	}
 	b.WriteString("|")
 	fmt.Fprintf(&b, "%d,%d,%d", s.Demand.Held, s.Demand.Waiting, s.Demand.Refused)

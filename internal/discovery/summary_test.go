@@ -16,6 +16,7 @@ import (
 	coordv1 "k8s.io/api/coordination/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
@@ -517,5 +518,59 @@ func TestReplicasCountedFromSummaries(t *testing.T) {
 	testbed.Eventually(t, 10*time.Second, "one replica of paced", func() (bool, string) {
 		n := replicas(ctx, ns, "paced")
 		return n == 1, fmt.Sprintf("%d replicas", n)
+	})
+}
+
+// TestBurnedInSummary: with spec.recycling, the summary names the proxies
+// whose address its ban history burns (two domains within the window),
+// with why; the fleet recycles them.
+func TestBurnedInSummary(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	ctx := context.Background()
+	xr := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyFleet",
+		"metadata": map[string]any{"name": "crawlers", "namespace": ns},
+		"spec": map[string]any{
+			"replicas": int64(2), "zones": []any{"zone-a", "zone-b"}, "placement": map[string]any{"local": map[string]any{}},
+			"proxy": map[string]any{"authSecretRef": map[string]any{"name": "auth"}}, "healthCheck": map[string]any{"url": "https://example.com/ip"},
+			"recycling": map[string]any{"bannedByDomains": int64(2)},
+		},
+	}}
+	if err := bed.Client.Create(ctx, xr); err != nil {
+		t.Fatal(err)
+	}
+	fleet(t, ns, "crawlers", 2, 1, nil)
+	var s *discovery.Server
+	srv := server(t, "team-token "+ns+" crawler\n", func(x *discovery.Server) { s = x })
+	pub := &discovery.SummaryPublisher{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()}
+	c := &apiv1.Client{BaseURL: srv.URL, Token: "team-token"}
+	g, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/crawlers", Holder: "a", TTL: "5m"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	burned := func() []v1alpha1.BurnedProxy {
+		t.Helper()
+		if err := pub.Publish(ctx); err != nil {
+			t.Fatal(err)
+		}
+		ls := &v1alpha1.LeaseSummary{}
+		if err := bed.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: leasewire.SummaryName("crawlers", "replica-1")}, ls); err != nil {
+			t.Fatal(err)
+		}
+		return ls.Spec.Burned
+	}
+	if err := c.Report(ctx, g.LeaseID, apiv1.ReportRequest{Domain: "one.example", Outcome: "banned"}); err != nil {
+		t.Fatal(err)
+	}
+	if b := burned(); len(b) != 0 {
+		t.Fatalf("one domain's ban burns nothing (bannedByDomains 2): %+v", b)
+	}
+	if err := c.Report(ctx, g.LeaseID, apiv1.ReportRequest{Domain: "two.example", Outcome: "banned"}); err != nil {
+		t.Fatal(err)
+	}
+	testbed.Eventually(t, 5*time.Second, "the summary names the burned proxy", func() (bool, string) {
+		b := burned()
+		return len(b) == 1 && b[0].Name == g.Proxy && strings.Contains(b[0].Reason, "banned by 2 domains"), fmt.Sprint(b)
 	})
 }

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sort"
 	"time"
+
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 )
 
 // Recycling: an address targets keep banning is burned, and its proxy is
@@ -30,6 +32,30 @@ type RecyclePolicy struct {
 	// Backoff is the least wait after a recycle before the next; it
 	// doubles with each other recycle of the last hour.
 	Backoff time.Duration
+}
+
+// PolicyOf reads spec.recycling, its defaults where unset; nil for none.
+func PolicyOf(r *fleetv1alpha1.Recycling) *RecyclePolicy {
+	if r == nil {
+		return nil
+	}
+	p := &RecyclePolicy{Window: time.Hour, MaxPerHour: 2, Backoff: 10 * time.Minute}
+	if r.BannedByDomains != nil {
+		p.ByDomains = int(*r.BannedByDomains)
+	}
+	if r.BannedTimes != nil {
+		p.Times = int(*r.BannedTimes)
+	}
+	if r.Window != nil && r.Window.Duration > 0 {
+		p.Window = r.Window.Duration
+	}
+	if r.MaxPerHour != nil && *r.MaxPerHour > 0 {
+		p.MaxPerHour = int(*r.MaxPerHour)
+	}
+	if r.Backoff != nil && r.Backoff.Duration >= 0 {
+		p.Backoff = r.Backoff.Duration
+	}
+	return p
 }
 
 // Ban is one ban in an address's history.

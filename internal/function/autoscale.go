@@ -253,7 +253,7 @@ func (s *scaling) statusOf() *structpb.Value {
 		}}))
 	}
 	return structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-		"reason":          structpb.NewStringValue(s.reason),
+		keyReason:         structpb.NewStringValue(s.reason),
 		"held":            structpb.NewNumberValue(float64(s.demand.Held)),
 		"waiting":         structpb.NewNumberValue(float64(s.demand.Waiting)),
 		"refused":         structpb.NewNumberValue(float64(s.demand.Refused)),

@@ -134,6 +134,9 @@ func parseFleet(name, namespace string, spec map[string]any) (*Fleet, error) {
 			return nil, err
 		}
 	}
+	if n := recycleNote(f); n != "" {
+		f.Warnings = append(f.Warnings, n)
+	}
 	return f, nil
 }
 

@@ -147,6 +147,7 @@ func (f *Function) run(req *fnv1.RunFunctionRequest) (rsp *fnv1.RunFunctionRespo
 		m.DrainSeen = view.drainSeen(m.Name, m.DrainSince)
 	}
 	egress := assessEgress(fleet, members, f.asn)
+	recycled := pickRecycles(fleet, members, view.burned, field(req.GetObserved().GetComposite().GetResource(), "status").GetStructValue(), now)
 	sc := autoscale(req, fleet, countsOf(members, now), view, now)
 	p := decide(fleet, members, view.known, now)
 	p.leasesChange = view.next
@@ -160,6 +161,7 @@ func (f *Function) run(req *fnv1.RunFunctionRequest) (rsp *fnv1.RunFunctionRespo
 	}
 	finish(rsp, req, fleet, members, p, sc, now)
 	compositeStatus(rsp.Desired).Fields["egress"] = egressStatus(egress)
+	setRecycles(rsp, recycled)
 	reportDiversity(rsp, fleet, len(egress.Excess), egress.Excess)
 	return rsp, nil
 }

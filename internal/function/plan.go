@@ -43,6 +43,9 @@ type member struct {
 	// Beyond says which cap of spec.diversity the member is beyond; "" when
 	// none.
 	Beyond string
+	// Recycle says why it is replaced to draw another egress IP
+	// (spec.recycling); "" when it is not.
+	Recycle string
 	// Streak counts the unhealthy proxies replaced in a row, none of which
 	// turned Ready, that led to this member.
 	Streak int
@@ -377,6 +380,8 @@ func (pl *planner) dueReason(h *member) string {
 		return fmt.Sprintf("unavailable since %s", h.Since.UTC().Format(time.RFC3339))
 	case outdated != "":
 		return outdated
+	case h.Recycle != "" && h.Ready:
+		return h.Recycle
 	case f.MaxAge > 0 && now.Sub(h.Created) >= f.MaxAge:
 		return fmt.Sprintf("older than maxAge %s", f.MaxAge)
 	}

@@ -245,8 +245,8 @@ func setPoolStatus(desired *fnv1.State, f *Fleet, members []*member, p *plan, le
 	list := make([]*structpb.Value, 0, 3)
 	for _, m := range faults[:min(len(faults), 3)] {
 		list = append(list, structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-			"proxy":  structpb.NewStringValue(m.Name),
-			"reason": structpb.NewStringValue(faultOf(m)),
+			"proxy":   structpb.NewStringValue(m.Name),
+			keyReason: structpb.NewStringValue(faultOf(m)),
 		}}))
 	}
 	n := func(v int) *structpb.Value { return structpb.NewNumberValue(float64(v)) }

@@ -56,6 +56,9 @@ type leaseView struct {
 	// function requires, with realtime compositions), time passing is
 	// not.
 	next time.Time
+	// burned are the proxies a fresh summary says leave from a burned
+	// address (spec.recycling), with why.
+	burned map[string]string
 }
 
 // due records that the view changes at at, if that is after now and
@@ -171,6 +174,14 @@ func (v *leaseView) merge(s *v1alpha1.LeaseSummarySpec, holders map[string]int32
 		// often while crawlers wait would compose every pool that
 		// requires it again each time.
 		v.fresh = append(v.fresh, s)
+		for _, b := range s.Burned {
+			if b.Name != "" {
+				if v.burned == nil {
+					v.burned = map[string]string{}
+				}
+				v.burned[b.Name] = b.Reason
+			}
+		}
 		v.reportedHeld = max(v.reportedHeld, int(s.Demand.Held))
 		if n := s.Demand.LeasedProxies; n != nil {
 			v.reportedLeased, v.leasedReported = max(v.reportedLeased, int(*n)), true
@@ -217,13 +228,14 @@ func parseSummary(r *fnv1.Resource) (*v1alpha1.LeaseSummarySpec, bool) {
 				HeldUntil string `json:"heldUntil"`
 			} `json:"leased"`
 			Draining []v1alpha1.DrainingProxy `json:"draining"`
+			Burned   []v1alpha1.BurnedProxy   `json:"burned"`
 			Demand   v1alpha1.LeaseDemand     `json:"demand"`
 		} `json:"spec"`
 	}
 	if err := json.Unmarshal(b, &raw); err != nil || raw.Kind != v1alpha1.LeaseSummaryKind || raw.Spec.Fleet == "" {
 		return nil, false
 	}
-	s := &v1alpha1.LeaseSummarySpec{Fleet: raw.Spec.Fleet, Pool: raw.Spec.Pool, Replica: raw.Spec.Replica, Draining: raw.Spec.Draining, Demand: raw.Spec.Demand}
+	s := &v1alpha1.LeaseSummarySpec{Fleet: raw.Spec.Fleet, Pool: raw.Spec.Pool, Replica: raw.Spec.Replica, Draining: raw.Spec.Draining, Burned: raw.Spec.Burned, Demand: raw.Spec.Demand}
 	var ok bool
 	if s.ObservedAt, ok = microTime(raw.Spec.ObservedAt); !ok {
 		return nil, false

@@ -53,6 +53,13 @@ type LeaseSummarySpec struct {
 	// +kubebuilder:validation:MaxItems=10000
 	Draining []DrainingProxy `json:"draining,omitempty"`
 
+	// Burned lists the proxies whose egress IP is burned by the fleet's
+	// spec.recycling, as the replica's ban histories say, with why.
+	// +optional
+	// +listType=atomic
+	// +kubebuilder:validation:MaxItems=10000
+	Burned []BurnedProxy `json:"burned,omitempty"`
+
 	// Demand is the replica's share of the fleet's lease demand.
 	// +optional
 	Demand LeaseDemand `json:"demand,omitempty"`
@@ -87,6 +94,17 @@ type DrainingProxy struct {
 	// stopped draining, or of another proxy of the same name, does not
 	// count for this one.
 	Since int64 `json:"since"`
+}
+
+// BurnedProxy is a proxy whose egress IP is burned.
+type BurnedProxy struct {
+	// Name of the Proxy.
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// Reason the address is burned.
+	// +kubebuilder:validation:MaxLength=256
+	Reason string `json:"reason"`
 }
 
 // LeaseDemand is lease demand on a fleet, as counts.

@@ -144,6 +144,7 @@ func TestSpecFromNamesBadDurations(t *testing.T) {
 		{"rollout", "progressDeadline"},
 		{"leases", "defaultTTL"}, {"leases", "maxTTL"}, {"leases", "maxBanCooldown"}, {"leases", "admission", "maxWait"},
 		{"autoscaling", "scaleUpStabilization"}, {"autoscaling", "scaleDownStabilization"},
+		{"recycling", "window"}, {"recycling", "backoff"},
 	}, specDurations); diff != "" {
 		t.Errorf("duration fields: -want +got:\n%s", diff)
 	}

@@ -498,6 +498,53 @@ type ProxyFleetSpec struct {
 	// oldest proxies keep their places, so the choice is stable.
 	// +optional
 	Diversity *Diversity `json:"diversity,omitempty"`
+
+	// Recycling replaces the proxies whose egress IP targets keep
+	// banning (burned), so that the new one draws another address on a
+	// backend that gives one (GCP, AWS): through the rollout machinery
+	// (surge first, lease-aware, within maxUnavailable), at most
+	// maxPerHour in any hour with a back-off after each, and none while
+	// the fleet's healthy proxies are below replicas - maxUnavailable.
+	// status.egress.recycles lists the last day's. Not applied to pooled
+	// fleets yet.
+	// +optional
+	Recycling *Recycling `json:"recycling,omitempty"`
+}
+
+// Recycling says when an egress IP is burned and how fast a fleet
+// recycles.
+// +kubebuilder:validation:XValidation:rule="has(self.bannedByDomains) || has(self.bannedTimes)",message="spec.recycling needs bannedByDomains or bannedTimes: when is an address burned?"
+type Recycling struct {
+	// BannedByDomains: an address banned by at least this many distinct
+	// domains within window is burned.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=100
+	// +optional
+	BannedByDomains *int32 `json:"bannedByDomains,omitempty"`
+	// BannedTimes: an address banned by one domain at least this many
+	// times within window is burned.
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	// +optional
+	BannedTimes *int32 `json:"bannedTimes,omitempty"`
+	// Window is how far back bans count (at most 7 days, as long as an
+	// address's ban history is kept).
+	// +kubebuilder:default="1h"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('1m') && duration(self) <= duration('168h')",message="must be between 1m and 168h"
+	// +optional
+	Window *metav1.Duration `json:"window,omitempty"`
+	// MaxPerHour bounds the recycles the fleet starts in any hour.
+	// +kubebuilder:default=2
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=10
+	// +optional
+	MaxPerHour *int32 `json:"maxPerHour,omitempty"`
+	// Backoff is the least wait after a recycle before the next, doubled
+	// for each other recycle of the last hour.
+	// +kubebuilder:default="10m"
+	// +kubebuilder:validation:XValidation:rule="duration(self) >= duration('0s') && duration(self) <= duration('24h')",message="must be between 0s and 24h"
+	// +optional
+	Backoff *metav1.Duration `json:"backoff,omitempty"`
 }
 
 // Diversity caps the proxies per network a fleet leaves from.
@@ -691,6 +738,28 @@ type EgressStatus struct {
 	ASNs *int32 `json:"asns,omitempty"`
 	// BeyondLimit counts the proxies beyond a cap of spec.diversity.
 	BeyondLimit int32 `json:"beyondLimit"`
+	// Recycles are the proxies spec.recycling replaced in the last day,
+	// newest last (at most 100), with their address and why.
+	// +kubebuilder:validation:MaxItems=100
+	// +optional
+	Recycles []RecycleRecord `json:"recycles,omitempty"`
+	// SeenAgain counts the proxies leaving from an address a recycle of
+	// the last day gave back: the cloud handed it out again.
+	// +optional
+	SeenAgain int32 `json:"seenAgain,omitempty"`
+}
+
+// RecycleRecord is one recycle of a burned address.
+type RecycleRecord struct {
+	// Proxy replaced.
+	Proxy string `json:"proxy"`
+	// EgressIP it left from.
+	EgressIP string `json:"egressIP"`
+	// Reason the address was burned.
+	Reason string `json:"reason"`
+	// Time the replacement was started.
+	// +kubebuilder:validation:Format=date-time
+	Time string `json:"time"`
 }
 
 // PoolSummary is one pool as its fleet's status shows it.

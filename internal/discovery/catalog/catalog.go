@@ -285,6 +285,8 @@ type Policy struct {
 	// BanStatusCodes is spec.gateway.banStatusCodes: DefaultBanStatusCodes
 	// unless the fleet lists its own (an empty list: none).
 	BanStatusCodes []int
+	// Recycling is spec.recycling; nil without it.
+	Recycling *egressip.RecyclePolicy
 }
 
 // DefaultBanStatusCodes are the origin's answers the gateway counts as a
@@ -308,6 +310,7 @@ func policyOf(s *fleetv1alpha1.ProxyFleetSpec) *Policy {
 	p.Zones = s.Zones
 	p.Rotation = apiv1.RotateLeastRecentlyUsed
 	p.BanStatusCodes = DefaultBanStatusCodes
+	p.Recycling = egressip.PolicyOf(s.Recycling)
 	if s.Gateway != nil && s.Gateway.BanStatusCodes != nil {
 		p.BanStatusCodes = make([]int, 0, len(s.Gateway.BanStatusCodes))
 		for _, c := range s.Gateway.BanStatusCodes {

@@ -1,0 +1,138 @@
+package function
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
+)
+
+// burnedSummary is a fresh summary of the crawlers fleet naming burned
+// proxies (name, reason pairs).
+func burnedSummary(pairs ...string) map[string]*fnv1.Resources {
+	s := leaseSummary("crawlers", "r1", t0, nil, nil, leasewire.Demand{})
+	var list []*structpb.Value
+	for i := 0; i+1 < len(pairs); i += 2 {
+		list = append(list, structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			"name": structpb.NewStringValue(pairs[i]), "reason": structpb.NewStringValue(pairs[i+1]),
+		}}))
+	}
+	s.GetFields()["spec"].GetStructValue().Fields["burned"] = structpb.NewListValue(&structpb.ListValue{Values: list})
+	return summaries(s)
+}
+
+// withRecords is an observed fleet XR whose status lists recycles.
+func withRecords(spec string, records ...map[string]any) *structpb.Struct {
+	x := xr(spec)
+	list := make([]any, 0, len(records))
+	for _, r := range records {
+		list = append(list, r)
+	}
+	st, err := structpb.NewStruct(map[string]any{"egress": map[string]any{"recycles": list}})
+	if err != nil {
+		panic(err)
+	}
+	x.Fields["status"] = structpb.NewStructValue(st)
+	return x
+}
+
+// replacing says which observed proxy the response replaces with a new
+// one, by the new one's replaces label; -1 for none.
+func replacing(rsp *fnv1.RunFunctionResponse) []string {
+	var out []string
+	for name, r := range rsp.GetDesired().GetResources() {
+		if v := field(r.GetResource(), "metadata", "labels").GetStructValue().GetFields()[fleetv1alpha1.LabelReplaces]; v != nil {
+			out = append(out, name+"->"+v.GetStringValue())
+		}
+	}
+	return out
+}
+
+// TestRecycling: a proxy egress-discovery names burned is replaced by a
+// surge proxy, recorded in status.egress.recycles with why and said in
+// a Normal result; at most maxPerHour an hour (the status' records are
+// what is counted, so the function keeps no state), none while the fleet
+// is below its floor, none without spec.recycling; a new proxy on an
+// address a recycle gave back is counted as seen again.
+func TestRecycling(t *testing.T) {
+	old := t0.Add(-2 * time.Hour)
+	spec := withSpecIn(t, withSpec(t, "replicas", "3"), "recycling", `{"bannedByDomains": 2, "maxPerHour": 1, "backoff": "10m"}`)
+	observed := func() map[string]*fnv1.Resource {
+		return map[string]*fnv1.Resource{
+			"proxy-0": observedProxy(0, "a", true, old, ""),
+			"proxy-1": observedProxy(1, "b", true, old, ""),
+			"proxy-2": observedProxy(2, "a", true, old, ""),
+		}
+	}
+	burned := burnedSummary("crawlers-1", "203.0.113.1 banned by 2 domains within 1h0m0s", "crawlers-2", "203.0.113.2 banned by 3 domains within 1h0m0s")
+	rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: observed()}, RequiredResources: burned})
+	if got := replacing(rsp); len(got) != 1 || !strings.HasSuffix(got[0], "->1") {
+		t.Fatalf("one surge proxy replaces crawlers-1, the first burned (maxPerHour 1): %v", got)
+	}
+	recs := field(rsp.GetDesired().GetComposite().GetResource(), "status", "egress", "recycles").GetListValue().GetValues()
+	if len(recs) != 1 || str(recs[0].GetStructValue(), "proxy") != "crawlers-1" || str(recs[0].GetStructValue(), "egressIP") != "203.0.113.1" ||
+		!strings.Contains(str(recs[0].GetStructValue(), "reason"), "banned by 2 domains") || str(recs[0].GetStructValue(), "time") != t0.Format(time.RFC3339) {
+		t.Errorf("status.egress.recycles: %v", recs)
+	}
+	said := false
+	for _, r := range rsp.GetResults() {
+		said = said || r.GetSeverity() == fnv1.Severity_SEVERITY_NORMAL && strings.Contains(r.GetMessage(), "Recycling proxy crawlers-1")
+	}
+	if !said {
+		t.Errorf("no Normal result says the recycle: %v", rsp.GetResults())
+	}
+
+	// Composed again before the status was written: the replacement
+	// Crossplane made counts, and no second recycle starts.
+	made := observed()
+	made["proxy-3"] = observedProxy(3, "b", false, t0, `, "crawl.example.com/replaces": "1"`)
+	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: made}, RequiredResources: burned})
+	if got := replacing(rsp); len(got) != 1 {
+		t.Errorf("with crawlers-1's replacement booting and the status not yet written, still one: %v", got)
+	}
+	// With the record in the status, an hour's bound holds for 2.
+	record := map[string]any{"proxy": "crawlers-1", "egressIP": "203.0.113.1", "reason": "banned", "time": t0.Add(-30 * time.Minute).Format(time.RFC3339)}
+	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: withRecords(spec, record)}, Resources: observed()}, RequiredResources: burned})
+	if got := replacing(rsp); len(got) != 1 || !strings.HasSuffix(got[0], "->1") {
+		t.Errorf("a recycle 30 minutes ago: crawlers-1 stays due, crawlers-2 waits for the hour: %v", got)
+	}
+	record["time"] = t0.Add(-61 * time.Minute).Format(time.RFC3339)
+	gone := observed()
+	delete(gone, "proxy-1")
+	gone["proxy-3"] = observedProxy(3, "b", true, t0.Add(-time.Hour), "")
+	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: withRecords(withSpec(t, "replicas", "3"), record)}, Resources: gone}, RequiredResources: burned})
+	if got := replacing(rsp); len(got) != 0 {
+		t.Errorf("without spec.recycling nothing is recycled: %v", got)
+	}
+	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: withRecords(spec, record)}, Resources: gone}, RequiredResources: burned})
+	if got := replacing(rsp); len(got) != 1 || !strings.HasSuffix(got[0], "->2") {
+		t.Errorf("an hour on, crawlers-2 is recycled: %v", got)
+	}
+	if n := len(field(rsp.GetDesired().GetComposite().GetResource(), "status", "egress", "recycles").GetListValue().GetValues()); n != 2 {
+		t.Errorf("the status lists the day's two recycles: %d", n)
+	}
+
+	// Below the floor (3 replicas, maxUnavailable 0: 3 healthy) none.
+	sick := observed()
+	sick["proxy-0"] = observedProxy(0, "a", false, old, "")
+	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: sick}, RequiredResources: burned})
+	for _, got := range replacing(rsp) {
+		if !strings.HasSuffix(got, "->0") {
+			t.Errorf("below the floor only the sick proxy is replaced, no recycle: %v", replacing(rsp))
+		}
+	}
+
+	// A new proxy on an address a recycle gave back.
+	again := observed()
+	again["proxy-2"] = withIP(observedProxy(2, "a", true, old, ""), "203.0.113.1")
+	record["time"] = t0.Add(-2 * time.Hour).Format(time.RFC3339)
+	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: withRecords(spec, record)}, Resources: again}, RequiredResources: burnedSummary()})
+	if n := field(rsp.GetDesired().GetComposite().GetResource(), "status", "egress", "seenAgain").GetNumberValue(); n != 1 {
+		t.Errorf("status.egress.seenAgain %v, want 1: crawlers-2 leaves from the address crawlers-1's recycle gave back", n)
+	}
+}
