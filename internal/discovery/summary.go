@@ -244,7 +244,8 @@ func (p *SummaryPublisher) summarise(ctx context.Context, ns, fleet string, memb
 // what the fleet recycles.
 func (p *SummaryPublisher) burned(ctx context.Context, ns, fleet string, members []catalog.Member, whole *v1alpha1.LeaseSummarySpec, pools map[string]*v1alpha1.LeaseSummarySpec, now time.Time) error {
 	pol, err := p.Server.Catalog.Policy(ctx, ns, fleet)
-	if err != nil || pol.Recycling == nil {
+	if err != nil || pol.Recycling == nil || len(pools) > 0 {
+		// A pooled fleet recycles nothing yet: nobody would read it.
 		return err
 	}
 	hist, err := p.Server.Leases.IPHistories(ctx, ns, fleet)

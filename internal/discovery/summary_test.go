@@ -571,6 +571,6 @@ func TestBurnedInSummary(t *testing.T) {
 	}
 	testbed.Eventually(t, 5*time.Second, "the summary names the burned proxy", func() (bool, string) {
 		b := burned()
-		return len(b) == 1 && b[0].Name == g.Proxy && strings.Contains(b[0].Reason, "banned by 2 domains"), fmt.Sprint(b)
+		return len(b) == 1 && b[0].Name == g.Proxy && strings.Contains(b[0].Reason, "banned by 2 or more domains"), fmt.Sprint(b)
 	})
 }

@@ -77,7 +77,9 @@ func (p RecyclePolicy) Burned(bans []Ban, now time.Time) (bool, string) {
 		}
 	}
 	if p.ByDomains > 0 && len(per) >= p.ByDomains {
-		return true, fmt.Sprintf("banned by %d domains within %s", len(per), p.Window)
+		// The threshold, not the count: the reason stays the same while
+		// more bans come, so that saying it again writes nothing.
+		return true, fmt.Sprintf("banned by %d or more domains within %s", p.ByDomains, p.Window)
 	}
 	if p.Times > 0 {
 		domains := make([]string, 0, len(per))
@@ -87,7 +89,7 @@ func (p RecyclePolicy) Burned(bans []Ban, now time.Time) (bool, string) {
 		sort.Strings(domains)
 		for _, d := range domains {
 			if per[d] >= p.Times {
-				return true, fmt.Sprintf("banned %d times by one domain within %s", per[d], p.Window)
+				return true, fmt.Sprintf("banned %d or more times by one domain within %s", p.Times, p.Window)
 			}
 		}
 	}

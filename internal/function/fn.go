@@ -151,6 +151,7 @@ func (f *Function) run(req *fnv1.RunFunctionRequest) (rsp *fnv1.RunFunctionRespo
 	sc := autoscale(req, fleet, countsOf(members, now), view, now)
 	p := decide(fleet, members, view.known, now)
 	p.leasesChange = view.next
+	recycled.settle(p, now)
 	if err := composeProxies(rsp, fleet, members, p, now); err != nil {
 		response.Fatal(rsp, err)
 		return rsp, nil
@@ -432,6 +433,11 @@ func observedMembers(observed map[string]*fnv1.Resource, leased map[string]bool,
 		if m.Revision == "" {
 			m.Revision = current
 		}
+		if ann := meta["annotations"].GetStructValue().GetFields(); ann[fleetv1alpha1.AnnotationRecycleOf].GetStringValue() != "" {
+			m.RecycleOf, m.RecycleIP = ann[fleetv1alpha1.AnnotationRecycleOf].GetStringValue(), ann[fleetv1alpha1.AnnotationRecycleIP].GetStringValue()
+			m.RecycleReason = ann[fleetv1alpha1.AnnotationRecycleReason].GetStringValue()
+			m.RecycleAt, _ = time.Parse(time.RFC3339, ann[fleetv1alpha1.AnnotationRecycleAt].GetStringValue())
+		}
 		m.Created, _ = time.Parse(time.RFC3339, meta["creationTimestamp"].GetStringValue())
 		if v := labels[fleetv1alpha1.LabelReplaces].GetStringValue(); v != "" {
 			if o, err := strconv.Atoi(v); err == nil {
@@ -572,7 +578,7 @@ func (c *composer) proxy(m *member, observed map[int]*member) *fnv1.Resource {
 			"name":        structpb.NewStringValue(c.f.Name + "-" + strconv.Itoa(m.Ordinal)),
 			"namespace":   c.namespace,
 			"labels":      c.labelsOf(m, observed),
-			"annotations": c.annotations,
+			"annotations": c.annotationsOf(m),
 		}}),
 		"spec": spec,
 	}}}
@@ -580,6 +586,21 @@ func (c *composer) proxy(m *member, observed map[int]*member) *fnv1.Resource {
 		r.Ready = fnv1.Ready_READY_TRUE
 	}
 	return r
+}
+
+// annotationsOf is a member's annotations: the fleet's, shared, and on a
+// member made to recycle another, what it recycles.
+func (c *composer) annotationsOf(m *member) *structpb.Value {
+	if m.RecycleOf == "" {
+		return c.annotations
+	}
+	return structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+		fleetv1alpha1.AnnotationFleet:         structpb.NewStringValue(c.f.Name),
+		fleetv1alpha1.AnnotationRecycleOf:     structpb.NewStringValue(m.RecycleOf),
+		fleetv1alpha1.AnnotationRecycleIP:     structpb.NewStringValue(m.RecycleIP),
+		fleetv1alpha1.AnnotationRecycleReason: structpb.NewStringValue(m.RecycleReason),
+		fleetv1alpha1.AnnotationRecycleAt:     structpb.NewStringValue(m.RecycleAt.UTC().Format(time.RFC3339)),
+	}})
 }
 
 // kept is the spec an outdated member keeps: its observed providerConfigRef

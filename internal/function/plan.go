@@ -44,8 +44,14 @@ type member struct {
 	// none.
 	Beyond string
 	// Recycle says why it is replaced to draw another egress IP
-	// (spec.recycling); "" when it is not.
-	Recycle string
+	// (spec.recycling), as its due reason; recycleWhy is why its address
+	// is burned, which its replacement records. "" when it is not.
+	Recycle, recycleWhy string
+	// RecycleOf, RecycleIP, RecycleReason and RecycleAt are, on a member
+	// made to recycle another, that one's name and egress IP, why and
+	// when (its recycle-* annotations).
+	RecycleOf, RecycleIP, RecycleReason string
+	RecycleAt                           time.Time
 	// Streak counts the unhealthy proxies replaced in a row, none of which
 	// turned Ready, that led to this member.
 	Streak int
@@ -380,7 +386,7 @@ func (pl *planner) dueReason(h *member) string {
 		return fmt.Sprintf("unavailable since %s", h.Since.UTC().Format(time.RFC3339))
 	case outdated != "":
 		return outdated
-	case h.Recycle != "" && h.Ready:
+	case h.Recycle != "" && !f.Paused:
 		return h.Recycle
 	case f.MaxAge > 0 && now.Sub(h.Created) >= f.MaxAge:
 		return fmt.Sprintf("older than maxAge %s", f.MaxAge)
@@ -433,12 +439,22 @@ func (pl *planner) dropReplacement(s *replica) int {
 	}
 	stale := !pl.f.Paused && pl.outdated(r) != ""
 	failed := r.Streak > 0 && pl.now.Sub(later(r.Since, r.Created)) >= pl.f.unhealthyHold(r)
-	if !stale && !failed {
+	// A recycle whose replacement does not come up within the progress
+	// deadline is given up: it holds the surge slot no longer, and the
+	// holder is recycled again only as the policy's bounds allow.
+	abandoned := r.RecycleOf != "" && pl.now.Sub(r.Created) >= pl.f.ProgressDeadline
+	if !stale && !failed && !abandoned {
 		return 0
 	}
 	pl.forget(r)
 	s.replacement = nil
 	pl.p.removed++
+	if abandoned && r.RecycleOf == s.holder.Name {
+		// The holder is no longer being recycled: only a new pick,
+		// within the policy's bounds, recycles it again.
+		s.holder.Recycle, s.holder.recycleWhy = "", ""
+		pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("the recycle of %s was given up: its replacement %s was not Ready within progressDeadline %s", s.holder.Name, r.Name, pl.f.ProgressDeadline))
+	}
 	if stale {
 		return 0
 	}
@@ -486,8 +502,18 @@ func (pl *planner) replace() {
 		if pl.total < f.Replicas+f.MaxSurge {
 			s.replacement = pl.newMember(pl.replacementZone(h), h.Ordinal, h.Generation+1)
 			s.replacement.Streak = streak
+			if h.Recycle != "" && h.Ready {
+				// A recycle starts: the replacement carries it.
+				s.replacement.RecycleOf, s.replacement.RecycleIP, s.replacement.RecycleReason, s.replacement.RecycleAt = h.Name, h.EgressIP, h.recycleWhy, pl.now
+			}
 			pl.p.created++
 			pl.total++
+			continue
+		}
+		if h.Recycle != "" && h.Ready {
+			// A recycle replaces a proxy that serves: surge first, never
+			// in place.
+			pl.p.blocked = append(pl.p.blocked, fmt.Sprintf("%s waits for a surge slot to be recycled", h.Name))
 			continue
 		}
 		if !pl.goesFirst(h) {

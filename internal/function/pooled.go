@@ -413,12 +413,12 @@ func (f *Function) runPooledFleet(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFu
 
 // pool is the desired ProxyPool of a plan: the fleet's spec, defaults
 // applied, with the pool's replicas and zone order, without autoscaling,
-// pools or the gateway's settings (discovery reads those from the fleet:
+// pools, recycling (not applied to pools yet) or the gateway's settings (discovery reads those from the fleet:
 // a change of them composes no pool), and the budget it is granted.
 func (f *Fleet) pool(p *poolPlan) (*fnv1.Resource, error) {
 	t := f.spec.DeepCopy()
 	replicas := int32(p.replicas)
-	t.Replicas, t.Zones, t.Autoscaling, t.Pools, t.Gateway = &replicas, p.zones, nil, nil, nil
+	t.Replicas, t.Zones, t.Autoscaling, t.Pools, t.Gateway, t.Recycling = &replicas, p.zones, nil, nil, nil, nil
 	template, err := toValue(t)
 	if err != nil {
 		return nil, errors.Wrap(err, "cannot compose a pool's spec.template")

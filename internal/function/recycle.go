@@ -16,9 +16,11 @@ import (
 // Recycling: egress-discovery's summaries name the proxies whose address
 // spec.recycling judges burned; the fleet replaces them through the
 // rollout machinery (the holder due, a surge replacement, lease-aware,
-// within maxUnavailable), within the policy's bounds, and records each in
-// status.egress.recycles, which is what the bounds count: the function
-// keeps no state of its own.
+// within maxUnavailable; never in place), within the policy's bounds. The
+// replacement carries the decision (its recycle-* annotations), applied
+// with it, and the fleet's status lists the day's recycles: the bounds
+// count both, so neither a status written late nor one lost frees the
+// budget, and the function keeps no state of its own.
 
 const (
 	// keyReason is the reason field of a status entry (a recycle, a
@@ -28,32 +30,40 @@ const (
 	recycleMemory = 24 * time.Hour
 	// maxRecycleRecords bounds the recycles the status lists.
 	maxRecycleRecords = 100
+	// maxReason bounds a recorded reason.
+	maxReason = 256
 )
 
 // recycling is what pickRecycles decided: the fleet's recycles of the last
-// day (those it started now included), how many proxies leave from an
-// address one of them gave back, and the recycles started now.
+// day, how many proxies leave from an address one of them gave back, and
+// the members picked now, which settle records once the plan started them.
 type recycling struct {
 	records   []fleetv1alpha1.RecycleRecord
 	seenAgain int
+	picked    []*member
 	started   []fleetv1alpha1.RecycleRecord
 }
 
 // pickRecycles marks the members being recycled (Recycle, their due
-// reason): those a recycle of the last day started on that are still
-// here, and new ones among the burned (by name) as many as the policy
-// allows now. A burned member is recycled only while it serves (Ready,
-// healthy, not draining, nothing replacing it yet); the floor is
-// replicas - maxUnavailable healthy proxies.
+// reason): those a replacement made to recycle them is replacing, and new
+// ones among the burned (by name) as many as the policy allows now. A
+// burned member is picked only while it serves (Ready, healthy, not
+// draining, nothing replacing it yet), and not when its address is one a
+// recycle gave back already (the backend hands the same one out again:
+// recycling it again would loop); the floor is replicas - maxUnavailable
+// healthy proxies; nothing is picked while the rollout is paused.
 func pickRecycles(f *Fleet, members []*member, burned map[string]string, xrStatus *structpb.Struct, now time.Time) *recycling {
-	rc := &recycling{records: previousRecycles(xrStatus, now)}
 	fl := survey(members)
+	rc := &recycling{records: mergeRecords(previousRecycles(xrStatus, now), members, now)}
+	for _, m := range members {
+		// In flight: the replacement names its holder.
+		if h := fl.byName[m.RecycleOf]; h != nil && m.Replaces == h.Ordinal {
+			h.Recycle, h.recycleWhy = "recycling: "+m.RecycleReason, m.RecycleReason
+		}
+	}
 	gaveBack := map[string]string{}
 	for _, r := range rc.records {
 		gaveBack[r.EgressIP] = r.Proxy
-		if m := fl.byName[r.Proxy]; m != nil {
-			m.Recycle = "recycling: " + r.Reason
-		}
 	}
 	for _, m := range members {
 		if p, ok := gaveBack[m.EgressIP]; ok && m.EgressIP != "" && p != m.Name {
@@ -64,7 +74,12 @@ func pickRecycles(f *Fleet, members []*member, burned map[string]string, xrStatu
 	if pol == nil || f.Paused || len(burned) == 0 {
 		return rc
 	}
-	n, _ := pol.Allowed(fl.recent(rc.records, burned), fl.healthy, f.Replicas-f.MaxUnavailable, now)
+	recent := make([]egressip.Recycle, 0, len(rc.records))
+	for _, r := range rc.records {
+		at, _ := time.Parse(time.RFC3339, r.Time)
+		recent = append(recent, egressip.Recycle{Proxy: r.Proxy, IP: r.EgressIP, At: at})
+	}
+	n, _ := pol.Allowed(recent, fl.healthy, f.Replicas-f.MaxUnavailable, now)
 	names := make([]string, 0, len(burned))
 	for name := range burned {
 		names = append(names, name)
@@ -74,18 +89,68 @@ func pickRecycles(f *Fleet, members []*member, burned map[string]string, xrStatu
 		if n == 0 {
 			break
 		}
-		if m := fl.byName[name]; fl.recyclable(m) {
-			r := fleetv1alpha1.RecycleRecord{Proxy: m.Name, EgressIP: m.EgressIP, Reason: burned[name], Time: now.UTC().Format(time.RFC3339)}
-			rc.records = append(rc.records, r)
-			rc.started = append(rc.started, r)
-			m.Recycle = "recycling: " + r.Reason
+		if m := fl.byName[name]; fl.recyclable(m) && gaveBack[m.EgressIP] == "" {
+			why := truncate(burned[name])
+			m.Recycle, m.recycleWhy = "recycling: "+why, why
+			rc.picked = append(rc.picked, m)
 			n--
 		}
+	}
+	return rc
+}
+
+// settle records the recycles the plan started: those of the picked
+// members it made a replacement for now. A pick it could not start (no
+// surge slot) is no recycle: picked again later, within the bounds then.
+func (rc *recycling) settle(p *plan, now time.Time) {
+	for _, m := range p.keep {
+		if m.RecycleOf == "" || !m.Created.Equal(now) {
+			continue
+		}
+		r := fleetv1alpha1.RecycleRecord{Proxy: m.RecycleOf, EgressIP: m.RecycleIP, Reason: m.RecycleReason, Time: now.UTC().Format(time.RFC3339)}
+		rc.records = append(rc.records, r)
+		rc.started = append(rc.started, r)
 	}
 	if len(rc.records) > maxRecycleRecords {
 		rc.records = rc.records[len(rc.records)-maxRecycleRecords:]
 	}
-	return rc
+}
+
+// mergeRecords adds to the status' records those the members' recycle-*
+// annotations carry that it lacks (a status written late, or lost), the
+// day's only, oldest first.
+func mergeRecords(records []fleetv1alpha1.RecycleRecord, members []*member, now time.Time) []fleetv1alpha1.RecycleRecord {
+	seen := map[string]bool{}
+	for _, r := range records {
+		seen[r.Proxy+"@"+r.Time] = true
+	}
+	for _, m := range members {
+		if m.RecycleOf == "" || m.RecycleAt.IsZero() || now.Sub(m.RecycleAt) >= recycleMemory {
+			continue
+		}
+		at := minTime(m.RecycleAt, now).UTC().Format(time.RFC3339)
+		if seen[m.RecycleOf+"@"+at] || seen[m.RecycleOf+"@"+m.RecycleAt.UTC().Format(time.RFC3339)] {
+			continue
+		}
+		records = append(records, fleetv1alpha1.RecycleRecord{Proxy: m.RecycleOf, EgressIP: m.RecycleIP, Reason: truncate(m.RecycleReason), Time: at})
+	}
+	sort.SliceStable(records, func(i, j int) bool { return records[i].Time < records[j].Time })
+	return records
+}
+
+// truncate bounds a reason to what the status takes.
+func truncate(s string) string {
+	if len(s) > maxReason {
+		return s[:maxReason]
+	}
+	return s
+}
+
+func minTime(a, b time.Time) time.Time {
+	if a.Before(b) {
+		return a
+	}
+	return b
 }
 
 // fleetSurvey is what pickRecycles reads of the members: them by name,
@@ -111,25 +176,6 @@ func survey(members []*member) fleetSurvey {
 	return fl
 }
 
-// recent are the recycles the policy's bounds count: the records, and a
-// burned member's replacement Crossplane made before the status recording
-// it was written, so that the bound never forgets one.
-func (fl fleetSurvey) recent(records []fleetv1alpha1.RecycleRecord, burned map[string]string) []egressip.Recycle {
-	out := make([]egressip.Recycle, 0, len(records))
-	for _, r := range records {
-		at, _ := time.Parse(time.RFC3339, r.Time)
-		out = append(out, egressip.Recycle{Proxy: r.Proxy, IP: r.EgressIP, At: at})
-	}
-	for name := range burned {
-		if m := fl.byName[name]; m != nil && m.Recycle == "" {
-			if r := fl.replaced[m.Ordinal]; r != nil {
-				out = append(out, egressip.Recycle{Proxy: m.Name, IP: m.EgressIP, At: r.Created})
-			}
-		}
-	}
-	return out
-}
-
 // recyclable says whether a burned member may start a recycle: it serves
 // (Ready, healthy, not draining, its address known), is not being
 // recycled, and nothing replaces it yet.
@@ -146,9 +192,14 @@ func previousRecycles(xrStatus *structpb.Struct, now time.Time) []fleetv1alpha1.
 		s := v.GetStructValue()
 		r := fleetv1alpha1.RecycleRecord{Proxy: str(s, "proxy"), EgressIP: str(s, "egressIP"), Reason: str(s, keyReason), Time: str(s, "time")}
 		at, err := time.Parse(time.RFC3339, r.Time)
-		if err != nil || r.Proxy == "" || now.Sub(at) >= recycleMemory || at.After(now.Add(time.Hour)) {
+		if err != nil || r.Proxy == "" || now.Sub(at) >= recycleMemory {
 			continue
 		}
+		if at.After(now) {
+			// Written by a clock ahead: it counts as now, never later.
+			r.Time = now.UTC().Format(time.RFC3339)
+		}
+		r.Reason = truncate(r.Reason)
 		out = append(out, r)
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Time < out[j].Time })

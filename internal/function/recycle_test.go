@@ -87,19 +87,57 @@ func TestRecycling(t *testing.T) {
 		t.Errorf("no Normal result says the recycle: %v", rsp.GetResults())
 	}
 
-	// Composed again before the status was written: the replacement
-	// Crossplane made counts, and no second recycle starts.
-	made := observed()
-	made["proxy-3"] = observedProxy(3, "b", false, t0, `, "crawl.example.com/replaces": "1"`)
-	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: made}, RequiredResources: burned})
-	if got := replacing(rsp); len(got) != 1 {
-		t.Errorf("with crawlers-1's replacement booting and the status not yet written, still one: %v", got)
+	if ann := field(rsp.GetDesired().GetResources()["proxy-3"].GetResource(), "metadata", "annotations").GetStructValue().AsMap(); ann[fleetv1alpha1.AnnotationRecycleOf] != "crawlers-1" ||
+		ann[fleetv1alpha1.AnnotationRecycleIP] != "203.0.113.1" || ann[fleetv1alpha1.AnnotationRecycleAt] != t0.Format(time.RFC3339) {
+		t.Errorf("the replacement carries the recycle it makes: %v", ann)
 	}
-	// With the record in the status, an hour's bound holds for 2.
+
+	// Composed again with the status never written: the replacement's
+	// annotations keep crawlers-1 due and count against the hour's
+	// bound, so crawlers-2 waits.
+	inFlight := func(created time.Time) map[string]*fnv1.Resource {
+		o := observed()
+		r := observedProxy(3, "b", false, created, `, "crawl.example.com/replaces": "1"`)
+		meta := r.GetResource().GetFields()["metadata"].GetStructValue()
+		ann, _ := structpb.NewStruct(map[string]any{
+			fleetv1alpha1.AnnotationFleet: "crawlers", fleetv1alpha1.AnnotationRecycleOf: "crawlers-1", fleetv1alpha1.AnnotationRecycleIP: "203.0.113.1",
+			fleetv1alpha1.AnnotationRecycleReason: "banned", fleetv1alpha1.AnnotationRecycleAt: created.Format(time.RFC3339),
+		})
+		meta.Fields["annotations"] = structpb.NewStructValue(ann)
+		o["proxy-3"] = r
+		return o
+	}
+	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: inFlight(t0.Add(-time.Minute))}, RequiredResources: burned})
+	if got := replacing(rsp); len(got) != 1 || got[0] != "proxy-3->1" {
+		t.Errorf("with crawlers-1's replacement booting and no status, still that one only: %v", got)
+	}
+	if n := len(field(rsp.GetDesired().GetComposite().GetResource(), "status", "egress", "recycles").GetListValue().GetValues()); n != 1 {
+		t.Errorf("the status lists the recycle its replacement carries: %d", n)
+	}
+	// A recycle whose replacement is not up within the progress deadline
+	// is given up: the replacement goes, and the hour's bound still holds.
+	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: inFlight(t0.Add(-11 * time.Minute))}, RequiredResources: burned})
+	if _, kept := rsp.GetDesired().GetResources()["proxy-3"]; kept || len(replacing(rsp)) != 0 {
+		t.Errorf("a recycle replacement down past the progress deadline is dropped, and none made in its place this hour: %v", replacing(rsp))
+	}
+	// The status' record alone counts too: an hour's bound holds.
 	record := map[string]any{"proxy": "crawlers-1", "egressIP": "203.0.113.1", "reason": "banned", "time": t0.Add(-30 * time.Minute).Format(time.RFC3339)}
 	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: withRecords(spec, record)}, Resources: observed()}, RequiredResources: burned})
-	if got := replacing(rsp); len(got) != 1 || !strings.HasSuffix(got[0], "->1") {
-		t.Errorf("a recycle 30 minutes ago: crawlers-1 stays due, crawlers-2 waits for the hour: %v", got)
+	if got := replacing(rsp); len(got) != 0 {
+		t.Errorf("a recycle 30 minutes ago: the next waits for the hour: %v", got)
+	}
+	// No surge slot (another replacement in flight, maxSurge 1): the
+	// pick is no recycle, recorded nor said.
+	busy := observed()
+	busy["proxy-4"] = observedProxy(4, "a", false, t0.Add(-time.Minute), `, "crawl.example.com/replaces": "0"`)
+	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: withRecords(withSpecIn(t, spec, "rotation", `{"maxAge": "1h"}`))}, Resources: busy}, RequiredResources: burned})
+	for _, r := range rsp.GetResults() {
+		if strings.Contains(r.GetMessage(), "Recycling") {
+			t.Errorf("a recycle without a surge slot is said: %v", r.GetMessage())
+		}
+	}
+	if n := len(field(rsp.GetDesired().GetComposite().GetResource(), "status", "egress", "recycles").GetListValue().GetValues()); n != 0 {
+		t.Errorf("a recycle without a surge slot is recorded: %d", n)
 	}
 	record["time"] = t0.Add(-61 * time.Minute).Format(time.RFC3339)
 	gone := observed()
@@ -115,6 +153,11 @@ func TestRecycling(t *testing.T) {
 	}
 	if n := len(field(rsp.GetDesired().GetComposite().GetResource(), "status", "egress", "recycles").GetListValue().GetValues()); n != 2 {
 		t.Errorf("the status lists the day's two recycles: %d", n)
+	}
+	// Paused, nothing is picked.
+	paused := withSpecIn(t, spec, "rollout", `{"paused": true}`)
+	if got := replacing(run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: withRecords(paused, record)}, Resources: gone}, RequiredResources: burned})); len(got) != 0 {
+		t.Errorf("a paused rollout recycles nothing: %v", got)
 	}
 
 	// Below the floor (3 replicas, maxUnavailable 0: 3 healthy) none.

@@ -64,6 +64,16 @@ const (
 	// LabelBeyondDiversityLimit marks a Proxy ("true") beyond a cap of
 	// its fleet's spec.diversity: egress-discovery hands it out last.
 	LabelBeyondDiversityLimit = Group + "/beyond-diversity-limit"
+	// AnnotationRecycleOf names, on a Proxy made to recycle another
+	// (spec.recycling), the Proxy it replaces; AnnotationRecycleIP,
+	// AnnotationRecycleReason and AnnotationRecycleAt that one's egress
+	// IP, why it was burned and when the recycle started (RFC 3339). The
+	// replacement carries the decision, applied with it: the fleet's
+	// status may be written later, or not at all.
+	AnnotationRecycleOf     = Group + "/recycle-of"
+	AnnotationRecycleIP     = Group + "/recycle-ip"
+	AnnotationRecycleReason = Group + "/recycle-reason"
+	AnnotationRecycleAt     = Group + "/recycle-at"
 	// LabelReplaces names the ordinal a surge Proxy replaces.
 	LabelReplaces = Group + "/replaces"
 	// LabelProxy names the Proxy a Lease is held on.

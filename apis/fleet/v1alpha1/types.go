@@ -756,6 +756,7 @@ type RecycleRecord struct {
 	// EgressIP it left from.
 	EgressIP string `json:"egressIP"`
 	// Reason the address was burned.
+	// +kubebuilder:validation:MaxLength=256
 	Reason string `json:"reason"`
 	// Time the replacement was started.
 	// +kubebuilder:validation:Format=date-time
