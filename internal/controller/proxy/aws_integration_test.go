@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -110,12 +111,18 @@ func TestAWSProxy(t *testing.T) {
 // moved beside them.
 func runScriptSquid(t testing.TB, script, addr string) {
 	t.Helper()
+	startScriptSquid(t, script, addr)
+}
+
+// startScriptSquid is runScriptSquid, returning the process.
+func startScriptSquid(t testing.TB, script, addr string) *exec.Cmd {
+	t.Helper()
 	conf := testbed.Heredoc(t, script, "/etc/squid/egress-proxy.conf")
 	// A VM's loopback is its own; on this shared host the test lets the
 	// probe reach the echo target on loopback.
 	conf = strings.NewReplacer("http_access deny egress_loopback\n", "", "/var/log/squid/", "/etc/squid/",
 		"/run/squid.pid", "/etc/squid/squid.pid", "/var/spool/squid", "/etc/squid").Replace(conf)
-	testbed.RunSquid(t, []byte(conf), "/etc/squid", map[string][]byte{
+	return testbed.StartSquid(t, []byte(conf), "/etc/squid", map[string][]byte{
 		"egress-proxy.htpasswd": []byte(testbed.Heredoc(t, script, "/etc/squid/egress-proxy.htpasswd")),
 		"egress-proxy.self":     []byte("255.255.255.255\n"),
 	}, addr)
