@@ -67,33 +67,20 @@ func (g *statusGroup) add(p *statusProxy) {
 	g.Capacity += p.MaxLeases
 }
 
-// fleetDiversity is what diversity counts of a fleet.
-type fleetDiversity struct {
-	egressip.Report
-	// beyond counts the members beyond the fleet's spec.diversity, as the
-	// fleet labels them.
-	beyond int
-}
-
 // diversity counts the distinct egress IPs, networks and (with asn) ASNs
-// of the members keep takes, and the members beyond the fleet's caps.
-func diversity(ms []catalog.Member, asn egressip.ASNLookup, keep func(*catalog.Member) bool) fleetDiversity {
+// of the members keep takes.
+func diversity(ms []catalog.Member, asn egressip.ASNLookup, keep func(*catalog.Member) bool) egressip.Report {
 	known := make([]egressip.Member, 0, len(ms))
-	var d fleetDiversity
 	for i := range ms {
 		m := &ms[i]
 		if !keep(m) {
 			continue
 		}
-		if m.BeyondDiversityLimit {
-			d.beyond++
-		}
 		if ip, err := netip.ParseAddr(m.EgressIP); err == nil {
 			known = append(known, egressip.Member{Name: m.Name, IP: ip})
 		}
 	}
-	d.Report = egressip.Assess(known, egressip.Limits{}, asn)
-	return d
+	return egressip.Assess(known, egressip.Limits{}, asn)
 }
 
 type statusFleet struct {
@@ -190,7 +177,7 @@ func summarise(ns, name string, ms []catalog.Member, leases map[string]int, bans
 	perIP := catalog.SharedIPs(ms)
 	f.DistinctIPs = len(perIP)
 	div := diversity(ms, asn, func(*catalog.Member) bool { return true })
-	f.Prefixes4, f.Prefixes6, f.ASNs, f.Beyond = div.Prefixes4, div.Prefixes6, div.ASNs, div.beyond
+	f.Prefixes4, f.Prefixes6, f.ASNs = div.Prefixes4, div.Prefixes6, div.ASNs
 	pools, zones := map[string]*statusGroup{}, map[string]*statusGroup{}
 	group := func(in map[string]*statusGroup, key string) *statusGroup {
 		g, ok := in[key]
@@ -208,6 +195,9 @@ func summarise(ns, name string, ms []catalog.Member, leases map[string]int, bans
 		}
 		if p.Why != "" {
 			f.Faults++
+		}
+		if m.BeyondDiversityLimit {
+			f.Beyond++
 		}
 		if m.Pool != "" {
 			group(pools, m.Pool).add(&p)

@@ -20,7 +20,6 @@ import (
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/egressip"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
@@ -253,7 +252,7 @@ func (p *SummaryPublisher) burned(ctx context.Context, ns, fleet string, members
 		return err
 	}
 	for _, m := range members {
-		h := hist[lease.CanonicalIP(m.EgressIP)]
+		h := hist[m.CanonicalIP()]
 		if len(h) == 0 || !m.DrainSince.IsZero() {
 			continue
 		}

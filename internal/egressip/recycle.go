@@ -119,7 +119,7 @@ func (p RecyclePolicy) Allowed(recent []Recycle, healthy, floor int, now time.Ti
 		if r.At.After(now.Add(-time.Hour)) {
 			// One from the future (a skewed clock) counts as now: it
 			// never frees the budget early.
-			ats = append(ats, minTime(r.At, now))
+			ats = append(ats, NotAfter(r.At, now))
 		}
 	}
 	sort.Slice(ats, func(i, j int) bool { return ats[i].Before(ats[j]) })
@@ -143,9 +143,11 @@ func (p RecyclePolicy) Allowed(recent []Recycle, healthy, floor int, now time.Ti
 	return per - len(ats), time.Time{}
 }
 
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
+// NotAfter is t, or now when t is later: a time from a skewed clock's
+// future counts as now.
+func NotAfter(t, now time.Time) time.Time {
+	if t.After(now) {
+		return now
 	}
-	return b
+	return t
 }

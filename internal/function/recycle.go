@@ -128,7 +128,7 @@ func mergeRecords(records []fleetv1alpha1.RecycleRecord, members []*member, now 
 		if m.RecycleOf == "" || m.RecycleAt.IsZero() || now.Sub(m.RecycleAt) >= recycleMemory {
 			continue
 		}
-		at := minTime(m.RecycleAt, now).UTC().Format(time.RFC3339)
+		at := egressip.NotAfter(m.RecycleAt, now).UTC().Format(time.RFC3339)
 		if seen[m.RecycleOf+"@"+at] || seen[m.RecycleOf+"@"+m.RecycleAt.UTC().Format(time.RFC3339)] {
 			continue
 		}
@@ -144,13 +144,6 @@ func truncate(s string) string {
 		return s[:maxReason]
 	}
 	return s
-}
-
-func minTime(a, b time.Time) time.Time {
-	if a.Before(b) {
-		return a
-	}
-	return b
 }
 
 // fleetSurvey is what pickRecycles reads of the members: them by name,

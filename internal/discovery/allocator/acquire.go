@@ -328,7 +328,7 @@ func (s *Allocator) acquireAmong(ctx context.Context, a *Acquisition, f *catalog
 		perNetwork[m.NetworkKey()] += len(view.Live[m.Name])
 	}
 	for i, m := range cands {
-		rs[i] = rank{m: m, sticky: m.Name == sticky, shared: f.Crowded(m), tainted: len(tainted) > 0 && tainted[lease.CanonicalIP(m.EgressIP)], network: perNetwork[m.NetworkKey()], load: float64(len(view.Live[m.Name])) / float64(m.MaxLeases)}
+		rs[i] = rank{m: m, sticky: m.Name == sticky, shared: f.Crowded(m), tainted: len(tainted) > 0 && tainted[m.CanonicalIP()], network: perNetwork[m.NetworkKey()], load: float64(len(view.Live[m.Name])) / float64(m.MaxLeases)}
 	}
 	rand.Shuffle(len(rs), func(i, j int) { rs[i], rs[j] = rs[j], rs[i] })
 	sort.SliceStable(rs, func(i, j int) bool {

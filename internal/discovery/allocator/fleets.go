@@ -12,7 +12,6 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
 // FleetName says whether a fleet could have this namespace and name.
@@ -101,7 +100,7 @@ func (s *Allocator) Admits(ctx context.Context, ms []catalog.Member, zone string
 		if !m.Serving() || (zone != "" && m.Zone != zone) || exclude[m.Name] {
 			return false
 		}
-		return !banned[m.Name] && (m.EgressIP == "" || len(bannedIPs) == 0 || !bannedIPs[m.EgressIP] && !bannedIPs[lease.CanonicalIP(m.EgressIP)])
+		return !banned[m.Name] && (m.EgressIP == "" || len(bannedIPs) == 0 || !bannedIPs[m.EgressIP] && !bannedIPs[m.CanonicalIP()])
 	}, nil
 }
 

@@ -86,20 +86,40 @@ type Member struct {
 	// Network is the network a target groups its egress IP in (NetworkOf),
 	// worked out once per version of the Proxy.
 	Network string
+	// IP is EgressIP in the form bans are remembered by (lease.CanonicalIP),
+	// parsed once per version of the Proxy.
+	IP string
 }
 
 // NetworkOf is the network a target groups a proxy's egress IP in: its
 // IPv4 /24 or IPv6 /64; an IP not known (or not parsed) is a network of
 // its own, named after the IP or the proxy.
 func NetworkOf(egressIP, proxy string) string {
+	network, _ := parseEgress(egressIP, proxy)
+	return network
+}
+
+// parseEgress is NetworkOf and the canonical form of egressIP (as
+// lease.CanonicalIP: IPv4-mapped as IPv4, no zone; "" when not an
+// address), from one parse.
+func parseEgress(egressIP, proxy string) (network, canonical string) {
 	if egressIP == "" {
-		return "proxy:" + proxy
+		return "proxy:" + proxy, ""
 	}
 	ip, err := netip.ParseAddr(egressIP)
 	if err != nil {
-		return "ip:" + egressIP
+		return "ip:" + egressIP, ""
 	}
-	return egressip.PrefixOf(ip).String()
+	return egressip.PrefixOf(ip).String(), ip.Unmap().WithZone("").String()
+}
+
+// CanonicalIP is m.IP, worked out if it was not.
+func (m *Member) CanonicalIP() string {
+	if m.IP != "" || m.EgressIP == "" {
+		return m.IP
+	}
+	_, ip := parseEgress(m.EgressIP, m.Name)
+	return ip
 }
 
 // NetworkKey is m.Network, worked out if it was not.
@@ -173,7 +193,9 @@ type Members struct {
 	Serving, Awake int
 }
 
-func newFleetMembers(version uint64, ms []Member) *Members {
+// NewMembers are ms (sorted by name) as of version, with what every
+// acquisition asks of them worked out.
+func NewMembers(version uint64, ms []Member) *Members {
 	f := &Members{Version: version, Items: ms, PerIP: SharedIPs(ms), Zones: map[string]int{}}
 	f.Serving, f.Awake = CountServing(ms)
 	for i := range ms {
@@ -400,7 +422,7 @@ func ToMember(p *v1alpha1.Proxy) Member {
 	m.DrainSince = DrainSince(p)
 	m.Pool = p.Labels[fleetv1alpha1.LabelPool]
 	m.BeyondDiversityLimit = p.Labels[fleetv1alpha1.LabelBeyondDiversityLimit] == "true"
-	m.Network = NetworkOf(m.EgressIP, m.Name)
+	m.Network, m.IP = parseEgress(m.EgressIP, m.Name)
 	if !m.Healthy {
 		ready := p.GetCondition(xpv2.TypeReady)
 		switch {
@@ -470,7 +492,7 @@ func (c *Catalog) Members(ctx context.Context, namespace, fleet string) (*Member
 		if err != nil {
 			return nil, err
 		}
-		return newFleetMembers(0, ms), nil
+		return NewMembers(0, ms), nil
 	}
 	key := namespace + "/" + ownership.LabelValue(fleet)
 	// The version is read before the list: a Proxy changed meanwhile
@@ -486,7 +508,7 @@ func (c *Catalog) Members(ctx context.Context, namespace, fleet string) (*Member
 	if err != nil {
 		return nil, err
 	}
-	f := newFleetMembers(v, ms)
+	f := NewMembers(v, ms)
 	if len(ms) == 0 {
 		// A fleet without proxies is not remembered: any name may be
 		// asked for.

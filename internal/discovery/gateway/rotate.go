@@ -16,7 +16,6 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/ttlcache"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
 // Rotation: a connection without a session goes out through the proxy the
@@ -154,7 +153,7 @@ func (r *rotor) orderTier(strategy string, cands []*catalog.Member, n int, key, 
 	for i, m := range cands {
 		last[i] = used[allocator.IPOf(m)]
 		lastNet[i] = used[netUse(m)]
-		taint[i] = len(tainted) > 0 && tainted[lease.CanonicalIP(m.EgressIP)]
+		taint[i] = len(tainted) > 0 && tainted[m.CanonicalIP()]
 	}
 	r.mu.Unlock()
 	less := func(i, j int) bool {
@@ -183,22 +182,6 @@ func (r *rotor) orderTier(strategy string, cands []*catalog.Member, n int, key, 
 		}
 		taken[best] = true
 		out = append(out, cands[best])
-	}
-	return out
-}
-
-// lastIfCrowded splits cands into those leaving from an IP of their own
-// within the fleet's diversity caps, and the crowded rest (f.Crowded),
-// which are chosen only when fewer of the others serve than a connection
-// tries.
-func lastIfCrowded(f *catalog.Members, cands []*catalog.Member) [2][]*catalog.Member {
-	var out [2][]*catalog.Member
-	for _, m := range cands {
-		if f.Crowded(m) {
-			out[1] = append(out[1], m)
-		} else {
-			out[0] = append(out[0], m)
-		}
 	}
 	return out
 }
@@ -292,7 +275,7 @@ func (gw *Gateway[S]) rotate(ctx context.Context, key, strategy string, id *auth
 	}
 	cands := gw.candidates(f, admit, seated, full, now, key)
 	lru := id.User + "\x00" + key + "\x00" + domain
-	up, err := gw.takeChosen(ctx, key, id, u, domain, exclude, rule, seated, gw.rotor.order(strategy, lastIfCrowded(f, cands), rotationChoices, lru, key, load, tainted, now), lru, now)
+	up, err := gw.takeChosen(ctx, key, id, u, domain, exclude, rule, seated, gw.rotor.order(strategy, cands, rotationChoices, lru, key, load, tainted, now), lru, now)
 	if up != nil && diverted {
 		// A proxy that would have served was passed over for its paced IP.
 		gw.Metrics.Paced.WithLabelValues(fleet, "diverted").Inc()
@@ -372,32 +355,42 @@ func (e *pacedError) Error() string {
 // that serve it, and, unless the seats are full with none due to give way
 // (turnover is due at most every SeatTurnover/MaxSeats per key), the
 // others that do: all of them, or in a fleet larger than SampleFrom a
-// random sample of SampleSize.
-func (gw *Gateway[S]) candidates(f *catalog.Members, admit func(*catalog.Member) bool, seated map[string]*upstream, full bool, now time.Time, key string) []*catalog.Member {
-	var cands []*catalog.Member
-	for i := range f.Items {
-		if seated[f.Items[i].Name] != nil {
-			cands = append(cands, &f.Items[i])
+// random sample of SampleSize. They come in two tiers, as the catalogue
+// splits the fleet (f.Own, f.Shared): those leaving from an IP of their
+// own within the fleet's diversity caps, and the crowded rest, which
+// are chosen only when fewer of the others serve than a connection
+// tries.
+func (gw *Gateway[S]) candidates(f *catalog.Members, admit func(*catalog.Member) bool, seated map[string]*upstream, full bool, now time.Time, key string) [2][]*catalog.Member {
+	var tiers [2][]*catalog.Member
+	for t, idx := range [2][]int32{f.Own, f.Shared} {
+		for _, i := range idx {
+			if seated[f.Items[i].Name] != nil {
+				tiers[t] = append(tiers[t], &f.Items[i])
+			}
 		}
 	}
 	if full && !gw.turnoverDue(key, now) {
-		return cands
+		return tiers
 	}
 	keep := func(m *catalog.Member) bool { return seated[m.Name] == nil && admit(m) }
 	if len(f.Items) <= allocator.SampleFrom {
-		for i := range f.Items {
-			if keep(&f.Items[i]) {
-				cands = append(cands, &f.Items[i])
+		for t, idx := range [2][]int32{f.Own, f.Shared} {
+			for _, i := range idx {
+				if keep(&f.Items[i]) {
+					tiers[t] = append(tiers[t], &f.Items[i])
+				}
 			}
 		}
-		return cands
+		return tiers
 	}
+	// One sample over both tiers: the crowded drawn only when the others
+	// leave room.
 	budget := allocator.MaxDraws
-	limit := len(cands) + allocator.SampleSize
-	for _, idx := range [][]int32{f.Own, f.Shared} {
-		cands = allocator.Draw(f.Items, idx, cands, limit, &budget, keep)
+	limit := len(tiers[0]) + len(tiers[1]) + allocator.SampleSize
+	for t, idx := range [2][]int32{f.Own, f.Shared} {
+		tiers[t] = allocator.Draw(f.Items, idx, tiers[t], limit-len(tiers[1-t]), &budget, keep)
 	}
-	return cands
+	return tiers
 }
 
 // turnoverDue says whether a seat of key may give way to another proxy

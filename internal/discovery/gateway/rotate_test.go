@@ -9,28 +9,35 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
 )
 
-// members are proxies named p0.. leaving from ips, as a fleet's members.
-func members(ips ...string) (*catalog.Members, []*catalog.Member) {
+// members are proxies named p0.. leaving from ips, as a fleet's members,
+// and all of them as candidates, in the catalogue's tiers; beyond are
+// the indexes of those labelled beyond the fleet's diversity caps.
+func members(ips []string, beyond ...int) (*catalog.Members, [2][]*catalog.Member) {
 	ms := make([]catalog.Member, len(ips))
 	for i, ip := range ips {
 		ms[i] = catalog.Member{Name: fmt.Sprintf("p%d", i), EgressIP: ip, Healthy: true, MaxLeases: 1}
 	}
-	f := &catalog.Members{Items: ms, PerIP: catalog.SharedIPs(ms)}
-	cands := make([]*catalog.Member, len(ms))
-	for i := range ms {
-		cands[i] = &ms[i]
+	for _, i := range beyond {
+		ms[i].BeyondDiversityLimit = true
+	}
+	f := catalog.NewMembers(0, ms)
+	var cands [2][]*catalog.Member
+	for t, idx := range [2][]int32{f.Own, f.Shared} {
+		for _, i := range idx {
+			cands[t] = append(cands[t], &f.Items[i])
+		}
 	}
 	return f, cands
 }
 
 // pick runs n connections of one caller through the rotor, each taking
 // the strategy's first choice, and returns the proxies in order.
-func pick(r *rotor, strategy string, f *catalog.Members, cands []*catalog.Member, n int) []string {
+func pick(r *rotor, strategy string, cands [2][]*catalog.Member, n int) []string {
 	now := time.Unix(1_700_000_000, 0)
 	var out []string
 	for i := range n {
 		at := now.Add(time.Duration(i) * time.Second)
-		m := r.order(strategy, lastIfCrowded(f, cands), 1, "caller", "ring", nil, nil, at)[0]
+		m := r.order(strategy, cands, 1, "caller", "ring", nil, nil, at)[0]
 		r.note("caller", m, at)
 		out = append(out, m.Name)
 	}
@@ -43,8 +50,8 @@ func pick(r *rotor, strategy string, f *catalog.Members, cands []*catalog.Member
 // the three of 203.0.113.0/24 share the rest; round robin lets networks
 // take turns; the IPv4-mapped form of an address is its IPv4 network.
 func TestRotationSpreadsOverNetworks(t *testing.T) {
-	f, cands := members("203.0.113.1", "203.0.113.2", "::ffff:203.0.113.3", "198.51.100.1")
-	got := pick(&rotor{}, apiv1.RotateLeastRecentlyUsed, f, cands, 12)
+	_, cands := members([]string{"203.0.113.1", "203.0.113.2", "::ffff:203.0.113.3", "198.51.100.1"})
+	got := pick(&rotor{}, apiv1.RotateLeastRecentlyUsed, cands, 12)
 	count := map[string]int{}
 	for i, p := range got {
 		count[p]++
@@ -56,7 +63,7 @@ func TestRotationSpreadsOverNetworks(t *testing.T) {
 		t.Errorf("12 connections, least recently used: %v; want p3 6 times, the others of its /24 twice each", count)
 	}
 
-	got = pick(&rotor{}, apiv1.RotateRoundRobin, f, cands, 8)
+	got = pick(&rotor{}, apiv1.RotateRoundRobin, cands, 8)
 	want := []string{"p0", "p3", "p1", "p2", "p0", "p3", "p1", "p2"}
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Errorf("round robin: %v, want networks in turn %v", got, want)
@@ -67,12 +74,11 @@ func TestRotationSpreadsOverNetworks(t *testing.T) {
 // beyond the fleet's diversity caps, are chosen only when fewer of the
 // others serve than a connection tries.
 func TestRotationCrowdedLast(t *testing.T) {
-	f, cands := members("203.0.113.1", "203.0.113.1", "198.51.100.1", "192.0.2.1")
-	f.Items[3].BeyondDiversityLimit = true
+	_, cands := members([]string{"203.0.113.1", "203.0.113.1", "198.51.100.1", "192.0.2.1"}, 3)
 	for _, strategy := range []string{apiv1.RotateLeastRecentlyUsed, apiv1.RotateRoundRobin, apiv1.RotateRandom, apiv1.RotateLeastConnections} {
 		r := &rotor{}
 		for i := range 20 {
-			got := r.order(strategy, lastIfCrowded(f, cands), 3, "caller", "ring", map[string]int{}, nil, time.Unix(int64(i), 0))
+			got := r.order(strategy, cands, 3, "caller", "ring", map[string]int{}, nil, time.Unix(int64(i), 0))
 			if len(got) != 3 || got[0].Name != "p2" {
 				t.Fatalf("%s: choices %v; want p2, the one proxy of its own, first", strategy, names(got))
 			}
