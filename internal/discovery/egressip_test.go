@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	"github.com/prometheus/client_golang/prometheus"
@@ -363,5 +364,96 @@ func TestBanHistoryOwnedByTheFleet(t *testing.T) {
 	}
 	if o := owner(ctx, ns, "pooled-0"); o == nil || o.Kind != "ProxyFleet" || o.Name != "pooled" || o.UID != xr.GetUID() {
 		t.Errorf("a pooled Proxy's history is owned by its ProxyFleet: %+v", o)
+	}
+}
+
+// TestRecyclingVisible: what a fleet's status says of its recycles (the
+// day's, by rule; the hour's against spec.recycling.maxPerHour; the burned
+// waiting and why; the addresses seen again) is in the fleet metrics and
+// on the status page; a fleet without spec.recycling has none of these
+// series.
+func TestRecyclingVisible(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ctx := context.Background()
+	ns := bed.Namespace(t)
+	fleet(t, ns, "crawlers", 2, 1, nil)
+	fleetXR(t, ns, "crawlers", 2, nil)
+	xr := &unstructured.Unstructured{}
+	xr.SetGroupVersionKind(fleetv1alpha1.SchemeGroupVersion.WithKind(fleetv1alpha1.ProxyFleetKind))
+	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: "crawlers"}, xr); err != nil {
+		t.Fatal(err)
+	}
+	_ = unstructured.SetNestedMap(xr.Object, map[string]any{"bannedByDomains": int64(2), "maxPerHour": int64(3)}, "spec", "recycling")
+	if err := bed.Client.Update(ctx, xr); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	rec := func(ago time.Duration, reason string) any {
+		return map[string]any{"proxy": "crawlers-9", "egressIP": "203.0.113.9", "reason": reason, "time": now.Add(-ago).UTC().Format(time.RFC3339)}
+	}
+	_ = unstructured.SetNestedMap(xr.Object, map[string]any{
+		"desiredReplicas": int64(2),
+		"egress": map[string]any{
+			"beyondLimit": int64(0), "seenAgain": int64(1), "burned": int64(2),
+			"recycleWaiting": "crawlers-0, crawlers-1: spec.recycling allows 3 recycles an hour",
+			"recycles": []any{
+				rec(5*time.Hour, "203.0.113.7 banned by 2 or more domains within 1h0m0s"),
+				rec(40*time.Minute, "203.0.113.8 banned 5 or more times by one domain within 1h0m0s"),
+				rec(10*time.Minute, "203.0.113.9 banned by 2 or more domains within 1h0m0s"),
+			},
+		},
+	}, "status")
+	if err := bed.Client.Status().Update(ctx, xr); err != nil {
+		t.Fatal(err)
+	}
+	other := bed.Namespace(t)
+	fleet(t, other, "plain", 1, 1, nil)
+	fleetXR(t, other, "plain", 1, nil)
+
+	s := &discovery.Server{
+		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client},
+		Leases:  &lease.Store{Client: bed.Client}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
+	}
+	c := discovery.FleetCollector{Server: s}
+	for name, want := range map[string]float64{
+		"egress_fleet_recycles_last_hour": 2, "egress_fleet_recycles_max_per_hour": 3,
+		"egress_fleet_burned_proxies_waiting": 2, "egress_fleet_addresses_seen_again": 1,
+	} {
+		if got, ok := fleetGauge(t, c, name, ns); !ok || got != want {
+			t.Errorf("%s of the fleet: %v (%v), want %v", name, got, ok, want)
+		}
+		if _, ok := fleetGauge(t, c, name, other); ok {
+			t.Errorf("%s of a fleet without spec.recycling", name)
+		}
+	}
+	byReason := map[string]float64{}
+	reg := prometheus.NewPedanticRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "egress_fleet_recycles_last_day" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["namespace"] == ns {
+				byReason[labels["reason"]] = m.GetGauge().GetValue()
+			}
+		}
+	}
+	if want := map[string]float64{"domains": 2, "times": 1, "other": 0}; fmt.Sprint(byReason) != fmt.Sprint(want) {
+		t.Errorf("egress_fleet_recycles_last_day by reason: %v, want %v", byReason, want)
+	}
+
+	srv := server(t, fmt.Sprintf("team %[1]s team\n", ns))
+	code, _, body := call(t, srv, "team", "GET", "/", "")
+	if want := "recycling: 3 burned addresses recycled in the last day (at most 3 an hour), 1 seen again; 2 burned waiting: crawlers-0, crawlers-1: spec.recycling allows 3 recycles an hour"; code != 200 || !strings.Contains(string(body), want) {
+		t.Errorf("the status page (%d) says %q:\n%s", code, want, body)
 	}
 }

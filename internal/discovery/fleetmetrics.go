@@ -13,6 +13,7 @@ import (
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/allocator"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/egressip"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 )
 
@@ -41,6 +42,14 @@ var (
 	descBannedIPs = prometheus.NewDesc("egress_fleet_banned_addresses",
 		"Egress IPs of the fleet banned now by some domain (their history's live bans, whichever proxy leaves from them), by how many domains ban each: 1, 2-4, 5+ (the domains are no label).", append(fleetLabels, "domains"), nil)
 	descBeyond = prometheus.NewDesc("egress_fleet_beyond_diversity_limit_proxies", "Proxies of the fleet beyond a cap of its spec.diversity (per IPv4 /24, IPv6 /64 or ASN): handed out last.", fleetLabels, nil)
+	// What spec.recycling did and holds back, as the fleet's status says
+	// (fleets with spec.recycling only).
+	descRecyclesDay = prometheus.NewDesc("egress_fleet_recycles_last_day",
+		"Proxies spec.recycling replaced in the last day to draw another egress IP, by the rule that judged the address burned: domains (banned by K domains), times (K times by one), other.", append(fleetLabels, "reason"), nil)
+	descRecyclesHour = prometheus.NewDesc("egress_fleet_recycles_last_hour", "Proxies spec.recycling replaced in the last hour: at egress_fleet_recycles_max_per_hour, recycling waits.", fleetLabels, nil)
+	descRecycleBound = prometheus.NewDesc("egress_fleet_recycles_max_per_hour", "spec.recycling.maxPerHour: the most recycles the fleet starts in any hour.", fleetLabels, nil)
+	descBurned       = prometheus.NewDesc("egress_fleet_burned_proxies_waiting", "Proxies whose egress IP spec.recycling judges burned that no recycle replaces yet (status.egress.recycleWaiting says why).", fleetLabels, nil)
+	descSeenAgain    = prometheus.NewDesc("egress_fleet_addresses_seen_again", "Proxies leaving from an egress IP a recycle of the last day gave back: the cloud handed it out again.", fleetLabels, nil)
 )
 
 // FleetCollector exports the fleet-level metrics of every fleet.
@@ -48,7 +57,8 @@ type FleetCollector struct{ Server *Server }
 
 // Describe sends the descriptors of the fleet-level metrics.
 func (c FleetCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descProxies, descHealthy, descDesired, descMinAvailable, descDuplicate, descHeld, descCapacity, descWaiting, descBans, descStalled, descSpread, descUsed, descAddresses, descPrefixes, descASNs, descBeyond, descBannedIPs} {
+	for _, d := range []*prometheus.Desc{descProxies, descHealthy, descDesired, descMinAvailable, descDuplicate, descHeld, descCapacity, descWaiting, descBans, descStalled, descSpread, descUsed, descAddresses, descPrefixes, descASNs, descBeyond, descBannedIPs,
+		descRecyclesDay, descRecyclesHour, descRecycleBound, descBurned, descSeenAgain} {
 		ch <- d
 	}
 }
@@ -127,8 +137,35 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 				stalled = 1
 			}
 			gauge(descStalled, stalled)
+			if r := sz.Recycling; r != nil {
+				day, hour := recycleCounts(r.Recycles, s.now())
+				for _, kind := range []string{egressip.ReasonDomains, egressip.ReasonTimes, egressip.ReasonOther} {
+					ch <- prometheus.MustNewConstMetric(descRecyclesDay, prometheus.GaugeValue, float64(day[kind]), ns, name, kind)
+				}
+				gauge(descRecyclesHour, hour)
+				gauge(descRecycleBound, r.MaxPerHour)
+				gauge(descBurned, r.Burned)
+				gauge(descSeenAgain, r.SeenAgain)
+			}
 		}
 	}
+}
+
+// recycleCounts counts the recycles of the last day by reason kind, and
+// those of the last hour; one from the future (a skewed clock) counts as
+// now.
+func recycleCounts(marks []catalog.RecycleMark, now time.Time) (map[string]int, int) {
+	day, hour := map[string]int{}, 0
+	for _, m := range marks {
+		at := egressip.NotAfter(m.At, now)
+		if now.Sub(at) < 24*time.Hour {
+			day[m.Kind]++
+		}
+		if now.Sub(at) < time.Hour {
+			hour++
+		}
+	}
+	return day, hour
 }
 
 // banBuckets are the values of egress_fleet_banned_addresses' domains label.

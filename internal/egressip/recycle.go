@@ -3,6 +3,7 @@ package egressip
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
@@ -94,6 +95,27 @@ func (p RecyclePolicy) Burned(bans []Ban, now time.Time) (bool, string) {
 		}
 	}
 	return false, ""
+}
+
+// Kinds of recycle reason (ReasonKind): a metric label, where the
+// reason's text would make a series per threshold.
+const (
+	ReasonDomains = "domains"
+	ReasonTimes   = "times"
+	ReasonOther   = "other"
+)
+
+// ReasonKind says which of Burned's rules a recorded reason is of:
+// ReasonDomains (banned by K domains), ReasonTimes (banned K times by one
+// domain), else ReasonOther.
+func ReasonKind(reason string) string {
+	switch {
+	case strings.Contains(reason, "or more domains within"):
+		return ReasonDomains
+	case strings.Contains(reason, "or more times by one domain within"):
+		return ReasonTimes
+	}
+	return ReasonOther
 }
 
 // Recycle is one recycle a fleet started.

@@ -27,10 +27,18 @@ func TestBurned(t *testing.T) {
 		"NoBans":            {nil, false},
 		"ThreeTimesTwoEach": {[]egressip.Ban{{"a", at(1)}, {"a", at(2)}, {"b", at(3)}, {"b", at(4)}}, false},
 	}
+	kinds := map[string]string{"ThreeDomains": egressip.ReasonDomains, "FourTimesOne": egressip.ReasonTimes}
 	for name, tc := range cases {
-		if got, why := p.Burned(tc.bans, at(10)); got != tc.want || got != (why != "") {
+		got, why := p.Burned(tc.bans, at(10))
+		if got != tc.want || got != (why != "") {
 			t.Errorf("%s: burned %v (%q), want %v", name, got, why, tc.want)
 		}
+		if k := kinds[name]; k != "" && egressip.ReasonKind("203.0.113.7 "+why) != k {
+			t.Errorf("%s: the kind of %q is %s, want %s", name, why, egressip.ReasonKind(why), k)
+		}
+	}
+	if k := egressip.ReasonKind("set by hand"); k != egressip.ReasonOther {
+		t.Errorf("the kind of a reason of neither rule: %s", k)
 	}
 	if got, _ := (egressip.RecyclePolicy{Window: time.Hour}).Burned([]egressip.Ban{{"a", at(1)}}, at(2)); got {
 		t.Error("a policy with no threshold burns nothing")

@@ -3,6 +3,7 @@ package function
 import (
 	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
@@ -32,6 +33,8 @@ const (
 	maxRecycleRecords = 100
 	// maxReason bounds a recorded reason.
 	maxReason = 256
+	// maxWaiting bounds status.egress.recycleWaiting.
+	maxWaiting = 1024
 )
 
 // recycling is what pickRecycles decided: the fleet's recycles of the last
@@ -42,6 +45,9 @@ type recycling struct {
 	seenAgain int
 	picked    []*member
 	started   []fleetv1alpha1.RecycleRecord
+	// waiting are the burned members no recycle replaces, by name, with
+	// why each waits; settle adds the picks the plan could not start.
+	waiting map[string]string
 }
 
 // pickRecycles marks the members being recycled (Recycle, their due
@@ -71,7 +77,7 @@ func pickRecycles(f *Fleet, members []*member, burned map[string]string, xrStatu
 		}
 	}
 	pol := egressip.PolicyOf(f.spec.Recycling)
-	if pol == nil || f.Paused || len(burned) == 0 {
+	if pol == nil || len(burned) == 0 {
 		return rc
 	}
 	recent := make([]egressip.Recycle, 0, len(rc.records))
@@ -79,17 +85,29 @@ func pickRecycles(f *Fleet, members []*member, burned map[string]string, xrStatu
 		at, _ := time.Parse(time.RFC3339, r.Time)
 		recent = append(recent, egressip.Recycle{Proxy: r.Proxy, IP: r.EgressIP, At: at})
 	}
-	n, _ := pol.Allowed(recent, fl.healthy, f.Replicas-f.MaxUnavailable, now)
+	floor := f.Replicas - f.MaxUnavailable
+	n, next := pol.Allowed(recent, fl.healthy, floor, now)
+	bound := boundWhy(pol, fl.healthy, floor, next)
 	names := make([]string, 0, len(burned))
 	for name := range burned {
 		names = append(names, name)
 	}
 	sort.Strings(names)
+	rc.waiting = map[string]string{}
 	for _, name := range names {
-		if n == 0 {
-			break
-		}
-		if m := fl.byName[name]; fl.recyclable(m) && gaveBack[m.EgressIP] == "" {
+		m := fl.byName[name]
+		switch {
+		case m == nil || m.Recycle != "":
+			// Gone, or being recycled already.
+		case f.Paused:
+			rc.waiting[name] = "the rollout is paused (spec.rollout.paused)"
+		case gaveBack[m.EgressIP] != "":
+			rc.waiting[name] = "its address came back from a recycle of the last day: recycling it again would draw it again"
+		case !fl.recyclable(m):
+			rc.waiting[name] = "it does not serve, or is being replaced already"
+		case n == 0:
+			rc.waiting[name] = bound
+		default:
 			why := truncate(burned[name])
 			m.Recycle, m.recycleWhy = "recycling: "+why, why
 			rc.picked = append(rc.picked, m)
@@ -99,20 +117,78 @@ func pickRecycles(f *Fleet, members []*member, burned map[string]string, xrStatu
 	return rc
 }
 
+// boundWhy says why no more recycles may start: the floor, or the
+// policy's hourly bound and back-off (with next, when one may).
+func boundWhy(pol *egressip.RecyclePolicy, healthy, floor int, next time.Time) string {
+	if healthy < floor {
+		return fmt.Sprintf("the fleet has %d healthy proxies, below its floor of %d (replicas - maxUnavailable)", healthy, floor)
+	}
+	why := fmt.Sprintf("spec.recycling allows %d recycles an hour, with a back-off of %s after each", max(pol.MaxPerHour, 1), pol.Backoff)
+	if !next.IsZero() {
+		why += ": the next may start at " + next.UTC().Format(time.RFC3339)
+	}
+	return why
+}
+
+// waitingSummary counts the burned members no recycle replaces and says
+// why they wait, the commonest reason first, each with the proxies it
+// holds back (at most three named); "" when none waits.
+func (rc *recycling) waitingSummary() (int, string) {
+	if len(rc.waiting) == 0 {
+		return 0, ""
+	}
+	by := map[string][]string{}
+	for name, why := range rc.waiting {
+		by[why] = append(by[why], name)
+	}
+	whys := make([]string, 0, len(by))
+	for why, names := range by {
+		sort.Strings(names)
+		whys = append(whys, why)
+	}
+	sort.Slice(whys, func(i, j int) bool {
+		if len(by[whys[i]]) != len(by[whys[j]]) {
+			return len(by[whys[i]]) > len(by[whys[j]])
+		}
+		return whys[i] < whys[j]
+	})
+	parts := make([]string, 0, len(whys))
+	for _, why := range whys {
+		names := by[why]
+		named := strings.Join(names[:min(len(names), 3)], ", ")
+		if len(names) > 3 {
+			named += fmt.Sprintf(" and %d more", len(names)-3)
+		}
+		parts = append(parts, named+": "+why)
+	}
+	msg := strings.Join(parts, "; ")
+	if len(msg) > maxWaiting {
+		msg = msg[:maxWaiting-3] + "..."
+	}
+	return len(rc.waiting), msg
+}
+
 // settle records the recycles the plan started: those of the picked
 // members it made a replacement for now. A pick it could not start (no
 // surge slot) is no recycle: picked again later, within the bounds then.
 func (rc *recycling) settle(p *plan, now time.Time) {
+	started := map[string]bool{}
 	for _, m := range p.keep {
 		if m.RecycleOf == "" || !m.Created.Equal(now) {
 			continue
 		}
+		started[m.RecycleOf] = true
 		r := fleetv1alpha1.RecycleRecord{Proxy: m.RecycleOf, EgressIP: m.RecycleIP, Reason: m.RecycleReason, Time: now.UTC().Format(time.RFC3339)}
 		rc.records = append(rc.records, r)
 		rc.started = append(rc.started, r)
 	}
 	if len(rc.records) > maxRecycleRecords {
 		rc.records = rc.records[len(rc.records)-maxRecycleRecords:]
+	}
+	for _, m := range rc.picked {
+		if !started[m.Name] {
+			rc.waiting[m.Name] = "no surge slot is free (spec.rotation.maxSurge): a recycle never replaces a serving proxy in place"
+		}
 	}
 }
 
@@ -218,6 +294,10 @@ func setRecycles(rsp *fnv1.RunFunctionResponse, rc *recycling) {
 	}
 	if rc.seenAgain > 0 {
 		egress.Fields["seenAgain"] = structpb.NewNumberValue(float64(rc.seenAgain))
+	}
+	if n, why := rc.waitingSummary(); n > 0 {
+		egress.Fields["burned"] = structpb.NewNumberValue(float64(n))
+		egress.Fields["recycleWaiting"] = structpb.NewStringValue(why)
 	}
 	for _, r := range rc.started {
 		response.Normalf(rsp, "Recycling proxy %s: its egress IP %s", r.Proxy, r.Reason).TargetCompositeAndClaim()

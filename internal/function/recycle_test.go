@@ -179,3 +179,58 @@ func TestRecycling(t *testing.T) {
 		t.Errorf("status.egress.seenAgain %v, want 1: crawlers-2 leaves from the address crawlers-1's recycle gave back", n)
 	}
 }
+
+// TestRecycleWaitingSaid: a burned proxy that no recycle replaces is
+// counted in status.egress.burned, and status.egress.recycleWaiting
+// says why it waits: the hourly bound (with when the next may start),
+// the floor, a paused rollout, a full surge.
+func TestRecycleWaitingSaid(t *testing.T) {
+	old := t0.Add(-2 * time.Hour)
+	spec := withSpecIn(t, withSpec(t, "replicas", "3"), "recycling", `{"bannedByDomains": 2, "maxPerHour": 1, "backoff": "10m"}`)
+	observed := func() map[string]*fnv1.Resource {
+		return map[string]*fnv1.Resource{
+			"proxy-0": observedProxy(0, "a", true, old, ""),
+			"proxy-1": observedProxy(1, "b", true, old, ""),
+			"proxy-2": observedProxy(2, "a", true, old, ""),
+		}
+	}
+	burned := burnedSummary("crawlers-1", "203.0.113.1 banned by 2 domains within 1h0m0s", "crawlers-2", "203.0.113.2 banned by 3 domains within 1h0m0s")
+	record := map[string]any{"proxy": "crawlers-0", "egressIP": "203.0.113.9", "reason": "banned", "time": t0.Add(-30 * time.Minute).Format(time.RFC3339)}
+	busy := observed()
+	busy["proxy-4"] = observedProxy(4, "a", false, t0.Add(-time.Minute), `, "crawl.example.com/replaces": "0"`)
+	sick := observed()
+	sick["proxy-0"] = observedProxy(0, "a", false, old, "")
+	cases := map[string]struct {
+		xr        *structpb.Struct
+		resources map[string]*fnv1.Resource
+		burned    int
+		want      []string
+	}{
+		"HourlyBound": {xr: withRecords(spec, record), resources: observed(), burned: 2,
+			want: []string{"crawlers-1, crawlers-2: spec.recycling allows 1 recycles an hour", "the next may start at " + t0.Add(30*time.Minute).Format(time.RFC3339)}},
+		"OneStartedOneWaits": {xr: xr(spec), resources: observed(), burned: 1, want: []string{"crawlers-2: spec.recycling allows 1 recycles an hour"}},
+		"BelowTheFloor":      {xr: xr(spec), resources: sick, burned: 2, want: []string{"2 healthy proxies, below its floor of 3"}},
+		"Paused":             {xr: xr(withSpecIn(t, spec, "rollout", `{"paused": true}`)), resources: observed(), burned: 2, want: []string{"paused"}},
+		"NoSurgeSlot":        {xr: xr(withSpecIn(t, spec, "rotation", `{"maxAge": "1h"}`)), resources: busy, burned: 2, want: []string{"crawlers-1: no surge slot is free"}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: tc.xr}, Resources: tc.resources}, RequiredResources: burned})
+			egress := field(rsp.GetDesired().GetComposite().GetResource(), "status", "egress").GetStructValue()
+			if n := int(egress.GetFields()["burned"].GetNumberValue()); n != tc.burned {
+				t.Errorf("status.egress.burned %d, want %d", n, tc.burned)
+			}
+			why := str(egress, "recycleWaiting")
+			for _, w := range tc.want {
+				if !strings.Contains(why, w) {
+					t.Errorf("status.egress.recycleWaiting %q does not say %q", why, w)
+				}
+			}
+		})
+	}
+	// Nothing burned, nothing said.
+	rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: observed()}, RequiredResources: burnedSummary()})
+	if egress := field(rsp.GetDesired().GetComposite().GetResource(), "status", "egress").GetStructValue(); egress.GetFields()["burned"] != nil || egress.GetFields()["recycleWaiting"] != nil {
+		t.Errorf("a fleet with nothing burned says some wait: %v", egress)
+	}
+}

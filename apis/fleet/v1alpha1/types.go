@@ -747,6 +747,16 @@ type EgressStatus struct {
 	// the last day gave back: the cloud handed it out again.
 	// +optional
 	SeenAgain int32 `json:"seenAgain,omitempty"`
+	// Burned counts the proxies whose address spec.recycling judges
+	// burned that no recycle replaces yet; RecycleWaiting says why they
+	// wait (the hourly bound and its back-off, the floor, a paused
+	// rollout, an address a recycle gave back already, a proxy that does
+	// not serve).
+	// +optional
+	Burned int32 `json:"burned,omitempty"`
+	// +kubebuilder:validation:MaxLength=1024
+	// +optional
+	RecycleWaiting string `json:"recycleWaiting,omitempty"`
 }
 
 // RecycleRecord is one recycle of a burned address.

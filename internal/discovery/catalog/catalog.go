@@ -797,6 +797,28 @@ type FleetSizing struct {
 	MaxUnavailable int
 	// RolloutStalled is the XR's RolloutStalled condition.
 	RolloutStalled bool
+	// Recycling is what the fleet's status says of its recycles; nil
+	// without spec.recycling.
+	Recycling *FleetRecycling
+}
+
+// FleetRecycling is a fleet's recycling as its XR says it.
+type FleetRecycling struct {
+	// MaxPerHour is spec.recycling.maxPerHour (its default where unset).
+	MaxPerHour int
+	// Recycles are when status.egress.recycles started each, and the kind
+	// of its reason (egressip.ReasonKind).
+	Recycles []RecycleMark
+	// SeenAgain and Burned are status.egress's, and Waiting its
+	// recycleWaiting: why the burned wait.
+	SeenAgain, Burned int
+	Waiting           string
+}
+
+// RecycleMark is one recycle of status.egress.recycles.
+type RecycleMark struct {
+	At   time.Time
+	Kind string
 }
 
 // Sizing reads a fleet's sizing from the cached ProxyFleet XR; nil when
@@ -838,7 +860,40 @@ func (c *Catalog) Sizing(ctx context.Context, namespace, fleet string) *FleetSiz
 			sz.RolloutStalled = m["status"] == "True"
 		}
 	}
+	sz.Recycling = recyclingOf(u)
 	return sz
+}
+
+// recyclingOf reads a fleet XR's spec.recycling and status.egress; nil
+// without spec.recycling.
+func recyclingOf(u *unstructured.Unstructured) *FleetRecycling {
+	spec, ok, _ := unstructured.NestedMap(u.Object, "spec", "recycling")
+	if !ok {
+		return nil
+	}
+	r := &FleetRecycling{MaxPerHour: egressip.PolicyOf(&fleetv1alpha1.Recycling{}).MaxPerHour}
+	if n, ok, _ := unstructured.NestedInt64(spec, "maxPerHour"); ok && n > 0 {
+		r.MaxPerHour = int(n)
+	}
+	if n, ok, _ := unstructured.NestedInt64(u.Object, "status", "egress", "seenAgain"); ok {
+		r.SeenAgain = int(n)
+	}
+	if n, ok, _ := unstructured.NestedInt64(u.Object, "status", "egress", "burned"); ok {
+		r.Burned = int(n)
+	}
+	r.Waiting, _, _ = unstructured.NestedString(u.Object, "status", "egress", "recycleWaiting")
+	list, _, _ := unstructured.NestedSlice(u.Object, "status", "egress", "recycles")
+	for _, v := range list {
+		m, _ := v.(map[string]any)
+		ts, _ := m["time"].(string)
+		at, err := time.Parse(time.RFC3339, ts)
+		if err != nil {
+			continue
+		}
+		reason, _ := m["reason"].(string)
+		r.Recycles = append(r.Recycles, RecycleMark{At: at, Kind: egressip.ReasonKind(reason)})
+	}
+	return r
 }
 
 // SharedIPs counts a fleet's proxies by known egress IP, those that serve
