@@ -478,6 +478,11 @@ func TestInvalidObjectsRejected(t *testing.T) {
 			base:   validFleet, set: map[string]any{"spec.recycling": map[string]any{"bannedTimes": int64(3), "window": "200h"}},
 			want: []string{"spec.recycling.window", "between 1m and 168h"},
 		},
+		"ReplaceBeyondLimitLocal": {
+			reason: "A replaced local proxy leaves from the same address: replacing it draws nothing new.",
+			base:   validFleet, set: map[string]any{"spec.diversity": map[string]any{"maxPerIPv4Prefix": int64(2), "replaceBeyondLimit": true}},
+			want: []string{"spec.diversity.replaceBeyondLimit needs a backend that gives each proxy an address of its own"},
+		},
 		"DiversityCapZero": {
 			reason: "A cap of zero proxies per network would flag every proxy.",
 			base:   validFleet, set: map[string]any{"spec.diversity": map[string]any{"maxPerIPv4Prefix": int64(0)}},
@@ -723,6 +728,21 @@ func TestProxyPlacementImmutable(t *testing.T) {
 	err := bed.Client.Update(ctx, p)
 	if err == nil || !strings.Contains(err.Error(), "the backend placement is immutable") {
 		t.Errorf("moving a local Proxy to kubernetes must be refused naming the placement; got %v", err)
+	}
+}
+
+// TestReplaceBeyondLimitOnVMs: a fleet of GCP or AWS VMs may replace its
+// proxies beyond spec.diversity's caps.
+func TestReplaceBeyondLimitOnVMs(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	for _, placement := range []string{"gcp", "aws"} {
+		u := object(t, validFleet, map[string]any{"spec.placement": map[string]any{placement: map[string]any{}},
+			"spec.diversity": map[string]any{"maxPerIPv4Prefix": int64(2), "replaceBeyondLimit": true}})
+		u.SetNamespace(ns)
+		if err := bed.Client.Create(context.Background(), u); err != nil {
+			t.Errorf("a %s fleet replacing proxies beyond its caps must be accepted: %v", placement, err)
+		}
 	}
 }
 

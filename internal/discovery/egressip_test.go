@@ -447,7 +447,7 @@ func TestRecyclingVisible(t *testing.T) {
 			}
 		}
 	}
-	if want := map[string]float64{"domains": 2, "times": 1, "other": 0}; fmt.Sprint(byReason) != fmt.Sprint(want) {
+	if want := map[string]float64{"domains": 2, "times": 1, "diversity": 0, "other": 0}; fmt.Sprint(byReason) != fmt.Sprint(want) {
 		t.Errorf("egress_fleet_recycles_last_day by reason: %v, want %v", byReason, want)
 	}
 

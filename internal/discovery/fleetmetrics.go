@@ -45,7 +45,7 @@ var (
 	// What spec.recycling did and holds back, as the fleet's status says
 	// (fleets with spec.recycling only).
 	descRecyclesDay = prometheus.NewDesc("egress_fleet_recycles_last_day",
-		"Proxies spec.recycling replaced in the last day to draw another egress IP, by the rule that judged the address burned: domains (banned by K domains), times (K times by one), other.", append(fleetLabels, "reason"), nil)
+		"Proxies spec.recycling replaced in the last day to draw another egress IP, by the rule that judged the address burned: domains (banned by K domains), times (K times by one), diversity (beyond a cap of spec.diversity, with replaceBeyondLimit), other.", append(fleetLabels, "reason"), nil)
 	descRecyclesHour = prometheus.NewDesc("egress_fleet_recycles_last_hour", "Proxies spec.recycling replaced in the last hour: at egress_fleet_recycles_max_per_hour, recycling waits.", fleetLabels, nil)
 	descRecycleBound = prometheus.NewDesc("egress_fleet_recycles_max_per_hour", "spec.recycling.maxPerHour: the most recycles the fleet starts in any hour.", fleetLabels, nil)
 	descBurned       = prometheus.NewDesc("egress_fleet_burned_proxies_waiting", "Proxies whose egress IP spec.recycling judges burned that no recycle replaces yet (status.egress.recycleWaiting says why).", fleetLabels, nil)
@@ -139,7 +139,7 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descStalled, stalled)
 			if r := sz.Recycling; r != nil {
 				day, hour := recycleCounts(r.Recycles, s.now())
-				for _, kind := range []string{egressip.ReasonDomains, egressip.ReasonTimes, egressip.ReasonOther} {
+				for _, kind := range []string{egressip.ReasonDomains, egressip.ReasonTimes, egressip.ReasonDiversity, egressip.ReasonOther} {
 					ch <- prometheus.MustNewConstMetric(descRecyclesDay, prometheus.GaugeValue, float64(day[kind]), ns, name, kind)
 				}
 				gauge(descRecyclesHour, hour)

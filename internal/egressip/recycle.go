@@ -100,20 +100,28 @@ func (p RecyclePolicy) Burned(bans []Ban, now time.Time) (bool, string) {
 // Kinds of recycle reason (ReasonKind): a metric label, where the
 // reason's text would make a series per threshold.
 const (
-	ReasonDomains = "domains"
-	ReasonTimes   = "times"
-	ReasonOther   = "other"
+	ReasonDomains   = "domains"
+	ReasonTimes     = "times"
+	ReasonDiversity = "diversity"
+	ReasonOther     = "other"
 )
+
+// BeyondLimitReason is in the reason of a recycle of a proxy beyond a cap
+// of spec.diversity (replaceBeyondLimit), after its address.
+const BeyondLimitReason = "beyond spec.diversity: "
 
 // ReasonKind says which of Burned's rules a recorded reason is of:
 // ReasonDomains (banned by K domains), ReasonTimes (banned K times by one
-// domain), else ReasonOther.
+// domain), ReasonDiversity (beyond a cap of spec.diversity), else
+// ReasonOther.
 func ReasonKind(reason string) string {
 	switch {
 	case strings.Contains(reason, "or more domains within"):
 		return ReasonDomains
 	case strings.Contains(reason, "or more times by one domain within"):
 		return ReasonTimes
+	case strings.Contains(reason, BeyondLimitReason):
+		return ReasonDiversity
 	}
 	return ReasonOther
 }

@@ -37,6 +37,9 @@ func TestBurned(t *testing.T) {
 			t.Errorf("%s: the kind of %q is %s, want %s", name, why, egressip.ReasonKind(why), k)
 		}
 	}
+	if k := egressip.ReasonKind("203.0.113.7 " + egressip.BeyondLimitReason + "203.0.113.0/24 holds its limit of 2 proxies already"); k != egressip.ReasonDiversity {
+		t.Errorf("the kind of a replacement beyond a diversity cap: %s", k)
+	}
 	if k := egressip.ReasonKind("set by hand"); k != egressip.ReasonOther {
 		t.Errorf("the kind of a reason of neither rule: %s", k)
 	}

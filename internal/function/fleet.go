@@ -190,6 +190,9 @@ func (s *fleetSpec) checkPlacement() error {
 	if n != 1 {
 		return fieldError("spec.placement", "needs exactly one of local, kubernetes, gcp or aws")
 	}
+	if d := s.Diversity; d != nil && d.ReplaceBeyondLimit && s.Placement.GCP == nil && s.Placement.AWS == nil {
+		return fieldError("spec.diversity.replaceBeyondLimit", "needs a backend that gives each proxy an address of its own (spec.placement.gcp or aws): a replaced local or Kubernetes proxy leaves from the same address")
+	}
 	if aws := s.Placement.AWS; aws != nil && aws.UserData != nil && (aws.UserData.Inline != nil || aws.UserData.SecretRef == nil) {
 		return fieldError("spec.placement.aws.userData", "takes secretRef only in a fleet")
 	}

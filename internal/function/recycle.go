@@ -76,7 +76,8 @@ func pickRecycles(f *Fleet, members []*member, burned map[string]string, xrStatu
 			rc.seenAgain++
 		}
 	}
-	pol := egressip.PolicyOf(f.spec.Recycling)
+	burned = withBeyondLimit(f, members, burned)
+	pol := recyclePolicy(f)
 	if pol == nil || len(burned) == 0 {
 		return rc
 	}
@@ -115,6 +116,45 @@ func pickRecycles(f *Fleet, members []*member, burned map[string]string, xrStatu
 		}
 	}
 	return rc
+}
+
+// recyclePolicy is the fleet's spec.recycling; without it, a fleet that
+// replaces proxies beyond its diversity caps has the policy's default
+// bounds (it burns nothing by bans). nil for neither.
+func recyclePolicy(f *Fleet) *egressip.RecyclePolicy {
+	if pol := egressip.PolicyOf(f.spec.Recycling); pol != nil {
+		return pol
+	}
+	if replacesBeyondLimit(f) {
+		return egressip.PolicyOf(&fleetv1alpha1.Recycling{})
+	}
+	return nil
+}
+
+// replacesBeyondLimit: the fleet replaces its proxies beyond a cap of
+// spec.diversity, to draw other addresses (a VM backend's fleet only).
+func replacesBeyondLimit(f *Fleet) bool {
+	d := f.spec.Diversity
+	return d != nil && d.ReplaceBeyondLimit && (f.spec.Placement.GCP != nil || f.spec.Placement.AWS != nil)
+}
+
+// withBeyondLimit is burned and, where the fleet replaces them, the
+// members beyond a cap of spec.diversity (assessEgress marked them), with
+// which cap; a member burned by bans keeps that reason.
+func withBeyondLimit(f *Fleet, members []*member, burned map[string]string) map[string]string {
+	if !replacesBeyondLimit(f) {
+		return burned
+	}
+	out := make(map[string]string, len(burned))
+	for _, m := range members {
+		if m.Beyond != "" {
+			out[m.Name] = m.EgressIP + " " + egressip.BeyondLimitReason + m.Beyond
+		}
+	}
+	for name, why := range burned {
+		out[name] = why
+	}
+	return out
 }
 
 // boundWhy says why no more recycles may start: the floor, or the
@@ -307,7 +347,13 @@ func setRecycles(rsp *fnv1.RunFunctionResponse, rc *recycling) {
 // recycleNote is the warning of a fleet that cannot apply spec.recycling
 // (a pooled one, for now); "" for one that can.
 func recycleNote(f *Fleet) string {
-	if f.spec.Recycling == nil || f.spec.Pools == nil {
+	if f.spec.Pools == nil {
+		return ""
+	}
+	if d := f.spec.Diversity; d != nil && d.ReplaceBeyondLimit && f.spec.Recycling == nil {
+		return fmt.Sprintf("spec.diversity.replaceBeyondLimit is not applied to pooled fleets yet: %s/%s replaces no proxy beyond its caps", f.Namespace, f.Name)
+	}
+	if f.spec.Recycling == nil {
 		return ""
 	}
 	return fmt.Sprintf("spec.recycling is not applied to pooled fleets yet: %s/%s recycles no proxy", f.Namespace, f.Name)

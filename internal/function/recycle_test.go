@@ -234,3 +234,64 @@ func TestRecycleWaitingSaid(t *testing.T) {
 		t.Errorf("a fleet with nothing burned says some wait: %v", egress)
 	}
 }
+
+// TestReplaceBeyondLimit: a VM fleet with spec.diversity.replaceBeyondLimit
+// replaces a proxy beyond a cap through the recycling machinery (a surge
+// replacement, recorded with which cap, said in a Normal result), within
+// the recycling bounds (their defaults without spec.recycling: one at a
+// time with a back-off); without the setting, or on a backend whose
+// replacement would leave from the same address, it is only flagged; a
+// local fleet asking for it gets a Fatal result naming the field.
+func TestReplaceBeyondLimit(t *testing.T) {
+	old := t0.Add(-2 * time.Hour)
+	observed := func() map[string]*fnv1.Resource {
+		return map[string]*fnv1.Resource{
+			"proxy-0": withIP(observedProxy(0, "a", true, old, ""), "203.0.113.10"),
+			"proxy-1": withIP(observedProxy(1, "b", true, old, ""), "198.51.100.1"),
+			"proxy-2": withIP(observedProxy(2, "a", true, old, ""), "203.0.113.11"),
+			"proxy-3": withIP(observedProxy(3, "b", true, old, ""), "203.0.113.12"),
+		}
+	}
+	vm := withSpecIn(t, withSpec(t, "replicas", "4"), "placement", `{"gcp": {"machineType": "e2-small", "networkTags": ["crawl"]}}`)
+	capped := withSpecIn(t, vm, "diversity", `{"maxPerIPv4Prefix": 1, "replaceBeyondLimit": true}`)
+	rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(capped)}, Resources: observed()}, RequiredResources: noLeases()})
+	if got := replacing(rsp); len(got) != 1 || got[0] != "proxy-4->2" {
+		t.Fatalf("one surge proxy replaces crawlers-2, the first beyond the /24's cap (the default bounds: one at a time): %v", got)
+	}
+	egress := field(rsp.GetDesired().GetComposite().GetResource(), "status", "egress").GetStructValue()
+	recs := egress.GetFields()["recycles"].GetListValue().GetValues()
+	if len(recs) != 1 || str(recs[0].GetStructValue(), "proxy") != "crawlers-2" ||
+		str(recs[0].GetStructValue(), "reason") != "203.0.113.11 beyond spec.diversity: 203.0.113.0/24 holds its limit of 1 proxies already" {
+		t.Errorf("status.egress.recycles: %v", recs)
+	}
+	if n, why := int(egress.GetFields()["burned"].GetNumberValue()), str(egress, "recycleWaiting"); n != 1 || !strings.Contains(why, "crawlers-3: spec.recycling allows 2 recycles an hour") {
+		t.Errorf("crawlers-3 waits for the bounds: burned %d, %q", n, why)
+	}
+	said := false
+	for _, r := range rsp.GetResults() {
+		said = said || r.GetSeverity() == fnv1.Severity_SEVERITY_NORMAL && strings.Contains(r.GetMessage(), "Recycling proxy crawlers-2: its egress IP 203.0.113.11 beyond spec.diversity")
+	}
+	if !said {
+		t.Errorf("no Normal result says the replacement: %v", rsp.GetResults())
+	}
+	// A record of the last minutes holds the next back.
+	record := map[string]any{"proxy": "crawlers-2", "egressIP": "203.0.113.11", "reason": "203.0.113.11 beyond spec.diversity: 203.0.113.0/24 holds its limit of 1 proxies already", "time": t0.Add(-5 * time.Minute).Format(time.RFC3339)}
+	if got := replacing(run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: withRecords(capped, record)}, Resources: observed()}, RequiredResources: noLeases()})); len(got) != 0 {
+		t.Errorf("within the back-off after a replacement, none: %v", got)
+	}
+	// Only flagged without the setting.
+	flagged := withSpecIn(t, vm, "diversity", `{"maxPerIPv4Prefix": 1}`)
+	if got := replacing(run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(flagged)}, Resources: observed()}, RequiredResources: noLeases()})); len(got) != 0 {
+		t.Errorf("without replaceBeyondLimit a proxy beyond a cap is only flagged: %v", got)
+	}
+	// A local fleet cannot draw another address.
+	local := withSpecIn(t, withSpec(t, "replicas", "4"), "diversity", `{"maxPerIPv4Prefix": 1, "replaceBeyondLimit": true}`)
+	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(local)}, Resources: observed()}, RequiredResources: noLeases()})
+	fatal := false
+	for _, r := range rsp.GetResults() {
+		fatal = fatal || r.GetSeverity() == fnv1.Severity_SEVERITY_FATAL && strings.Contains(r.GetMessage(), "spec.diversity.replaceBeyondLimit")
+	}
+	if !fatal || len(rsp.GetDesired().GetResources()) != 0 {
+		t.Errorf("a local fleet asking to replace proxies beyond its caps: want a Fatal result naming the field and nothing composed: %v", rsp.GetResults())
+	}
+}
