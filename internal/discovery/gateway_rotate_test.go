@@ -145,9 +145,11 @@ func TestWithinBoundsCatches(t *testing.T) {
 
 // TestGatewayRotatesWithinQuota: a caller with a quota of 3 that holds an
 // API lease and a session rotates its sessionless connections over the
-// whole fleet one at a time (its third lease-worth), is refused a second
-// one at once (429), and neither its leases nor any proxy's slots ever
-// pass their bounds (withinBounds, quota included).
+// whole fleet one at a time (its third lease-worth), each fetch's
+// connection opening however soon after the last one closed, is refused a
+// second one at once (429, once allocator.ConnQuotaGrace has passed with
+// the first still open), and neither its leases nor any proxy's slots
+// ever pass their bounds (withinBounds, quota included).
 func TestGatewayRotatesWithinQuota(t *testing.T) {
 	b := newGatewayBed(t, 3, 2)
 	fleetXR(t, b.ns, b.fleet, 3, map[string]any{"maxLeasesPerProxy": int64(2), "quotas": map[string]any{"maxLeasesPerIdentity": int64(3)}})

@@ -225,6 +225,7 @@ func fetch(t *testing.T, c *http.Client, target string) (string, *http.Response)
 	t.Helper()
 	rsp, err := c.Get(target)
 	if err != nil {
+		t.Logf("GET %s: %v", target, err)
 		return "", nil
 	}
 	defer rsp.Body.Close() //nolint:errcheck // A test.

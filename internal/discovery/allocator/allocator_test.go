@@ -553,3 +553,65 @@ func TestPaceBucketsEvictedOldestFirst(t *testing.T) {
 		t.Error("a bucket spent recently was forgotten when the replica's buckets overflowed")
 	}
 }
+
+// TestConnAtQuotaWaitsForOneToEnd: a gateway connection without a session
+// that finds its caller's quota taken while the caller has such
+// connections open on the replica waits for one to end (a crawler's next
+// fetch opens before the gateway has seen the last one close) rather than
+// being refused; one whose quota leases alone hold is refused at once;
+// one that no ending frees is refused after ConnQuotaGrace.
+func TestConnAtQuotaWaitsForOneToEnd(t *testing.T) {
+	b := newBed(t, []proxy{{"a", "192.0.2.1", true, 10}}, map[string]any{
+		"leases": map[string]any{"quotas": map[string]any{"maxLeasesPerIdentity": int64(2)}},
+	})
+	ctx := context.Background()
+	p, err := b.a.Catalog.Policy(ctx, ns, fleet)
+	if err != nil {
+		t.Fatal(err)
+	}
+	alice := &auth.Identity{User: "alice"}
+	if _, err := b.acquire(t, "alice", apiv1.AcquireRequest{Holder: "h0"}); err != nil {
+		t.Fatal(err)
+	}
+	leave, err := b.a.HoldConn(ctx, ns, fleet, alice, p)
+	if err != nil {
+		t.Fatalf("a connection within the quota: %v", err)
+	}
+	type result struct {
+		leave func()
+		err   error
+		after time.Duration
+	}
+	next := make(chan result, 1)
+	start := time.Now()
+	go func() {
+		l, err := b.a.HoldConn(ctx, ns, fleet, alice, p)
+		next <- result{l, err, time.Since(start)}
+	}()
+	select {
+	case r := <-next:
+		t.Fatalf("the next connection at the quota did not wait for the open one: %v after %s", r.err, r.after)
+	case <-time.After(200 * time.Millisecond):
+	}
+	leave()
+	r := <-next
+	if r.err != nil || r.after >= allocator.ConnQuotaGrace {
+		t.Fatalf("the next connection once the open one ended: %v after %s", r.err, r.after)
+	}
+	// Nothing ends: refused once the grace is over.
+	start = time.Now()
+	if _, err := b.a.HoldConn(ctx, ns, fleet, alice, p); reasonOf(err) != apiv1.ReasonQuotaExceeded || time.Since(start) < allocator.ConnQuotaGrace {
+		t.Errorf("a connection over the quota that nothing frees: %v after %s; want QuotaExceeded after %s", err, time.Since(start), allocator.ConnQuotaGrace)
+	}
+	r.leave()
+	// Leases alone: refused at once.
+	for i := range 2 {
+		if _, err := b.acquire(t, "bob", apiv1.AcquireRequest{Holder: fmt.Sprintf("b%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start = time.Now()
+	if _, err := b.a.HoldConn(ctx, ns, fleet, &auth.Identity{User: "bob"}, p); reasonOf(err) != apiv1.ReasonQuotaExceeded || time.Since(start) > time.Second {
+		t.Errorf("a connection of a caller whose leases hold its quota: %v after %s; want QuotaExceeded at once", err, time.Since(start))
+	}
+}

@@ -64,8 +64,11 @@ type quotaBook struct {
 	pending map[string]int
 	// conns are the gateway connections without a session open through
 	// this replica, which count one each.
-	conns  map[string]int
-	recent map[string]map[string]time.Time // key -> lease ID -> granted at
+	conns map[string]int
+	// connClosed is closed (and replaced) whenever a connection of conns
+	// ends: what a connection at the quota waits for.
+	connClosed chan struct{}
+	recent     map[string]map[string]time.Time // key -> lease ID -> granted at
 	// gone are the leases released through this replica lately, which its
 	// cache may still show: their holder may take another at once.
 	gone map[string]time.Time // lease ID -> released at
@@ -165,6 +168,12 @@ func (s *Allocator) Reserve(ctx context.Context, ns, fleet string, id *auth.Iden
 // Service's ClientIP affinity keeps a caller on one replica). Each
 // replica's share is bounded by the quota, and all connections by the
 // gateway's per-identity and per-namespace bounds.
+//
+// A connection that finds the quota taken while the caller has such
+// connections open on this replica waits up to ConnQuotaGrace for one to
+// end: a crawler fetching page after page opens the next connection a
+// moment before the gateway has seen the last one close, and is not
+// refused for that.
 func (s *Allocator) HoldConn(ctx context.Context, ns, fleet string, id *auth.Identity, p *catalog.Policy) (func(), error) {
 	quota, from, bounded := QuotaOf(p.Quotas, id)
 	var held map[string]bool
@@ -178,12 +187,35 @@ func (s *Allocator) HoldConn(ctx context.Context, ns, fleet string, id *auth.Ide
 	b := &s.quotas
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if bounded {
-		if n := b.count(key, held, s.now()); n >= quota {
-			return nil, &problem.Error{
-				Code: problem.StatusTooManyRequests, Reason: apiv1.ReasonQuotaExceeded, RetryAfter: 5,
-				Msg: fmt.Sprintf("%s holds %d leases and gateway connections without a session on this replica in fleet %s/%s, its quota of %d (%s): close one first", id.User, n, ns, fleet, quota, from),
-			}
+	var grace <-chan time.Time
+	for bounded {
+		n := b.count(key, held, s.now())
+		if n < quota {
+			break
+		}
+		if b.conns[key] == 0 {
+			// Leases alone hold the quota: nothing here will end soon.
+			return nil, connQuotaError(id, n, ns, fleet, quota, from)
+		}
+		if grace == nil {
+			t := time.NewTimer(ConnQuotaGrace)
+			defer t.Stop()
+			grace = t.C
+		}
+		if b.connClosed == nil {
+			b.connClosed = make(chan struct{})
+		}
+		closed := b.connClosed
+		b.mu.Unlock()
+		select {
+		case <-closed:
+			b.mu.Lock()
+		case <-grace:
+			b.mu.Lock()
+			return nil, connQuotaError(id, b.count(key, held, s.now()), ns, fleet, quota, from)
+		case <-ctx.Done():
+			b.mu.Lock()
+			return nil, ctx.Err()
 		}
 	}
 	if b.conns == nil {
@@ -196,7 +228,22 @@ func (s *Allocator) HoldConn(ctx context.Context, ns, fleet string, id *auth.Ide
 		if b.conns[key]--; b.conns[key] <= 0 {
 			delete(b.conns, key)
 		}
+		if b.connClosed != nil {
+			close(b.connClosed)
+			b.connClosed = nil
+		}
 	}, nil
+}
+
+// ConnQuotaGrace is how long a gateway connection at its caller's quota
+// waits for one of the caller's connections on the replica to end.
+const ConnQuotaGrace = 2 * time.Second
+
+func connQuotaError(id *auth.Identity, n int, ns, fleet string, quota int, from string) error {
+	return &problem.Error{
+		Code: problem.StatusTooManyRequests, Reason: apiv1.ReasonQuotaExceeded, RetryAfter: 5,
+		Msg: fmt.Sprintf("%s holds %d leases and gateway connections without a session on this replica in fleet %s/%s, its quota of %d (%s): close one first", id.User, n, ns, fleet, quota, from),
+	}
 }
 
 // Released forgets a grant given back, so that its holder may take
