@@ -29,6 +29,7 @@ import (
 	"time"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	coordv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
@@ -42,6 +43,7 @@ import (
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/devenv"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
@@ -739,6 +741,19 @@ func burnedAddressRecycled(t *testing.T) {
 		now, _ := namesAndReady(ps)
 		return st.ready && st.healthy == 2 && len(ps) == 2 && !contains(now, victim), fmt.Sprintf("%v %+v", now, st)
 	})
+	// The ban history stays with the address, not the proxy that went.
+	hist := &coordv1.Lease{}
+	if err := stack.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: lease.IPBansName(rotor, lease.CanonicalIP(ip))}, hist); err != nil {
+		t.Errorf("the ban history of %s after %s went: %v", ip, victim, err)
+	} else {
+		domains := map[string]bool{}
+		for _, b := range lease.HistoryOf(hist, time.Now()) {
+			domains[b.Domain] = true
+		}
+		if !domains["shop.example"] || !domains["news.example"] {
+			t.Errorf("the ban history of %s after %s went lists %v, want both domains", ip, victim, domains)
+		}
+	}
 	r := sample()
 	t.Logf("%s (%s) recycled into %s in %.1fs after two domains banned it; lowest Ready count %d over %d samples",
 		victim, ip, replacement, time.Since(burned).Seconds(), r.minReady, r.samples)
