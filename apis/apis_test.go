@@ -478,6 +478,11 @@ func TestInvalidObjectsRejected(t *testing.T) {
 			base:   validFleet, set: map[string]any{"spec.recycling": map[string]any{"bannedTimes": int64(3), "window": "200h"}},
 			want: []string{"spec.recycling.window", "between 1m and 168h"},
 		},
+		"RecyclingWithoutSurge": {
+			reason: "A recycle replaces through a surge proxy: without one nothing is ever recycled.",
+			base:   validFleet, set: map[string]any{"spec.recycling": map[string]any{"bannedByDomains": int64(2)}, "spec.rotation": map[string]any{"maxSurge": int64(0), "maxUnavailable": int64(1)}},
+			want: []string{"spec.rotation.maxSurge must be at least 1 with spec.recycling"},
+		},
 		"ReplaceBeyondLimitLocal": {
 			reason: "A replaced local proxy leaves from the same address: replacing it draws nothing new.",
 			base:   validFleet, set: map[string]any{"spec.diversity": map[string]any{"maxPerIPv4Prefix": int64(2), "replaceBeyondLimit": true}},

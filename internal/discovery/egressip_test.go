@@ -395,7 +395,7 @@ func TestRecyclingVisible(t *testing.T) {
 		"desiredReplicas": int64(2),
 		"egress": map[string]any{
 			"beyondLimit": int64(0), "seenAgain": int64(1), "burned": int64(2),
-			"recycleWaiting": "crawlers-0, crawlers-1: spec.recycling allows 3 recycles an hour",
+			"recycleWaiting": "crawlers-0, crawlers-1: spec.recycling's bounds: at most 3 recycles an hour", "recyclesAtBound": true,
 			"recycles": []any{
 				rec(5*time.Hour, "203.0.113.7 banned by 2 or more domains within 1h0m0s"),
 				rec(40*time.Minute, "203.0.113.8 banned 5 or more times by one domain within 1h0m0s"),
@@ -409,6 +409,25 @@ func TestRecyclingVisible(t *testing.T) {
 	other := bed.Namespace(t)
 	fleet(t, other, "plain", 1, 1, nil)
 	fleetXR(t, other, "plain", 1, nil)
+	// A VM fleet replacing proxies beyond its diversity caps, without
+	// spec.recycling, recycles too: its series are there.
+	vms := bed.Namespace(t)
+	fleet(t, vms, "vms", 1, 1, nil)
+	fleetXR(t, vms, "vms", 1, nil)
+	vx := &unstructured.Unstructured{}
+	vx.SetGroupVersionKind(fleetv1alpha1.SchemeGroupVersion.WithKind(fleetv1alpha1.ProxyFleetKind))
+	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: vms, Name: "vms"}, vx); err != nil {
+		t.Fatal(err)
+	}
+	_ = unstructured.SetNestedMap(vx.Object, map[string]any{"gcp": map[string]any{}}, "spec", "placement")
+	_ = unstructured.SetNestedMap(vx.Object, map[string]any{"maxPerIPv4Prefix": int64(1), "replaceBeyondLimit": true}, "spec", "diversity")
+	if err := bed.Client.Update(ctx, vx); err != nil {
+		t.Fatal(err)
+	}
+	_ = unstructured.SetNestedMap(vx.Object, map[string]any{"desiredReplicas": int64(1)}, "status")
+	if err := bed.Client.Status().Update(ctx, vx); err != nil {
+		t.Fatal(err)
+	}
 
 	s := &discovery.Server{
 		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client},
@@ -417,7 +436,7 @@ func TestRecyclingVisible(t *testing.T) {
 	c := discovery.FleetCollector{Server: s}
 	for name, want := range map[string]float64{
 		"egress_fleet_recycles_last_hour": 2, "egress_fleet_recycles_max_per_hour": 3,
-		"egress_fleet_burned_proxies_waiting": 2, "egress_fleet_addresses_seen_again": 1,
+		"egress_fleet_burned_proxies_waiting": 2, "egress_fleet_addresses_seen_again": 1, "egress_fleet_recycles_at_bound": 1,
 	} {
 		if got, ok := fleetGauge(t, c, name, ns); !ok || got != want {
 			t.Errorf("%s of the fleet: %v (%v), want %v", name, got, ok, want)
@@ -425,6 +444,9 @@ func TestRecyclingVisible(t *testing.T) {
 		if _, ok := fleetGauge(t, c, name, other); ok {
 			t.Errorf("%s of a fleet without spec.recycling", name)
 		}
+	}
+	if got, ok := fleetGauge(t, c, "egress_fleet_recycles_max_per_hour", vms); !ok || got != 2 {
+		t.Errorf("egress_fleet_recycles_max_per_hour of a fleet replacing proxies beyond its caps: %v (%v), want the default 2", got, ok)
 	}
 	byReason := map[string]float64{}
 	reg := prometheus.NewPedanticRegistry()
@@ -453,7 +475,7 @@ func TestRecyclingVisible(t *testing.T) {
 
 	srv := server(t, fmt.Sprintf("team %[1]s team\n", ns))
 	code, _, body := call(t, srv, "team", "GET", "/", "")
-	if want := "recycling: 3 burned addresses recycled in the last day (at most 3 an hour), 1 seen again; 2 burned waiting: crawlers-0, crawlers-1: spec.recycling allows 3 recycles an hour"; code != 200 || !strings.Contains(string(body), want) {
+	if want := "recycling: 3 recycles in the last day (at most 3 an hour), 1 addresses seen again; 2 due waiting (at the bound): crawlers-0, crawlers-1: spec.recycling&#39;s bounds: at most 3 recycles an hour"; code != 200 || !strings.Contains(string(body), want) {
 		t.Errorf("the status page (%d) says %q:\n%s", code, want, body)
 	}
 }

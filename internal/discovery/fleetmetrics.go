@@ -43,12 +43,13 @@ var (
 		"Egress IPs of the fleet banned now by some domain (their history's live bans, whichever proxy leaves from them), by how many domains ban each: 1, 2-4, 5+ (the domains are no label).", append(fleetLabels, "domains"), nil)
 	descBeyond = prometheus.NewDesc("egress_fleet_beyond_diversity_limit_proxies", "Proxies of the fleet beyond a cap of its spec.diversity (per IPv4 /24, IPv6 /64 or ASN): handed out last.", fleetLabels, nil)
 	// What spec.recycling did and holds back, as the fleet's status says
-	// (fleets with spec.recycling only).
+	// (fleets with spec.recycling or spec.diversity.replaceBeyondLimit only).
 	descRecyclesDay = prometheus.NewDesc("egress_fleet_recycles_last_day",
 		"Proxies spec.recycling replaced in the last day to draw another egress IP, by the rule that judged the address burned: domains (banned by K domains), times (K times by one), diversity (beyond a cap of spec.diversity, with replaceBeyondLimit), other.", append(fleetLabels, "reason"), nil)
-	descRecyclesHour = prometheus.NewDesc("egress_fleet_recycles_last_hour", "Proxies spec.recycling replaced in the last hour: at egress_fleet_recycles_max_per_hour, recycling waits.", fleetLabels, nil)
+	descRecyclesHour = prometheus.NewDesc("egress_fleet_recycles_last_hour", "Proxies spec.recycling replaced in the last hour (at most egress_fleet_recycles_max_per_hour; the back-off may allow fewer).", fleetLabels, nil)
 	descRecycleBound = prometheus.NewDesc("egress_fleet_recycles_max_per_hour", "spec.recycling.maxPerHour: the most recycles the fleet starts in any hour.", fleetLabels, nil)
-	descBurned       = prometheus.NewDesc("egress_fleet_burned_proxies_waiting", "Proxies whose egress IP spec.recycling judges burned that no recycle replaces yet (status.egress.recycleWaiting says why).", fleetLabels, nil)
+	descBurned       = prometheus.NewDesc("egress_fleet_burned_proxies_waiting", "Proxies due for a recycle (an egress IP spec.recycling judges burned, or beyond a cap with spec.diversity.replaceBeyondLimit) that no recycle replaces yet, for whatever reason (status.egress.recycleWaiting says why).", fleetLabels, nil)
+	descAtBound      = prometheus.NewDesc("egress_fleet_recycles_at_bound", "1 while some proxies due for a recycle wait for spec.recycling's hourly bound or back-off alone (status.egress.recyclesAtBound).", fleetLabels, nil)
 	descSeenAgain    = prometheus.NewDesc("egress_fleet_addresses_seen_again", "Proxies leaving from an egress IP a recycle of the last day gave back: the cloud handed it out again.", fleetLabels, nil)
 )
 
@@ -58,7 +59,7 @@ type FleetCollector struct{ Server *Server }
 // Describe sends the descriptors of the fleet-level metrics.
 func (c FleetCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descProxies, descHealthy, descDesired, descMinAvailable, descDuplicate, descHeld, descCapacity, descWaiting, descBans, descStalled, descSpread, descUsed, descAddresses, descPrefixes, descASNs, descBeyond, descBannedIPs,
-		descRecyclesDay, descRecyclesHour, descRecycleBound, descBurned, descSeenAgain} {
+		descRecyclesDay, descRecyclesHour, descRecycleBound, descBurned, descAtBound, descSeenAgain} {
 		ch <- d
 	}
 }
@@ -145,6 +146,11 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 				gauge(descRecyclesHour, hour)
 				gauge(descRecycleBound, r.MaxPerHour)
 				gauge(descBurned, r.Burned)
+				atBound := 0
+				if r.AtBound {
+					atBound = 1
+				}
+				gauge(descAtBound, atBound)
 				gauge(descSeenAgain, r.SeenAgain)
 			}
 		}

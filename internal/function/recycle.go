@@ -2,9 +2,11 @@ package function
 
 import (
 	"fmt"
+	"net/netip"
 	"sort"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
 	"github.com/crossplane/function-sdk-go/response"
@@ -48,6 +50,8 @@ type recycling struct {
 	// waiting are the burned members no recycle replaces, by name, with
 	// why each waits; settle adds the picks the plan could not start.
 	waiting map[string]string
+	// atBound: some wait for the hourly bound or the back-off alone.
+	atBound bool
 }
 
 // pickRecycles marks the members being recycled (Recycle, their due
@@ -67,15 +71,7 @@ func pickRecycles(f *Fleet, members []*member, burned map[string]string, xrStatu
 			h.Recycle, h.recycleWhy = "recycling: "+m.RecycleReason, m.RecycleReason
 		}
 	}
-	gaveBack := map[string]string{}
-	for _, r := range rc.records {
-		gaveBack[r.EgressIP] = r.Proxy
-	}
-	for _, m := range members {
-		if p, ok := gaveBack[m.EgressIP]; ok && m.EgressIP != "" && p != m.Name {
-			rc.seenAgain++
-		}
-	}
+	gaveBack := rc.countSeenAgain(members)
 	burned = withBeyondLimit(f, members, burned)
 	pol := recyclePolicy(f)
 	if pol == nil || len(burned) == 0 {
@@ -89,13 +85,8 @@ func pickRecycles(f *Fleet, members []*member, burned map[string]string, xrStatu
 	floor := f.Replicas - f.MaxUnavailable
 	n, next := pol.Allowed(recent, fl.healthy, floor, now)
 	bound := boundWhy(pol, fl.healthy, floor, next)
-	names := make([]string, 0, len(burned))
-	for name := range burned {
-		names = append(names, name)
-	}
-	sort.Strings(names)
 	rc.waiting = map[string]string{}
-	for _, name := range names {
+	for _, name := range recycleOrder(burned, fl.byName) {
 		m := fl.byName[name]
 		switch {
 		case m == nil || m.Recycle != "":
@@ -104,10 +95,13 @@ func pickRecycles(f *Fleet, members []*member, burned map[string]string, xrStatu
 			rc.waiting[name] = "the rollout is paused (spec.rollout.paused)"
 		case gaveBack[m.EgressIP] != "":
 			rc.waiting[name] = "its address came back from a recycle of the last day: recycling it again would draw it again"
+		case sameNetworkAgain(m, burned[name]):
+			rc.waiting[name] = "a recycle beyond spec.diversity made it, and the backend gave it an address in the same network again: it is not replaced again for that"
 		case !fl.recyclable(m):
-			rc.waiting[name] = "it does not serve, or is being replaced already"
+			rc.waiting[name] = "it does not serve, is being replaced already, or is a replacement whose holder is still there"
 		case n == 0:
 			rc.waiting[name] = bound
+			rc.atBound = rc.atBound || fl.healthy >= floor
 		default:
 			why := truncate(burned[name])
 			m.Recycle, m.recycleWhy = "recycling: "+why, why
@@ -157,13 +151,69 @@ func withBeyondLimit(f *Fleet, members []*member, burned map[string]string) map[
 	return out
 }
 
+// countSeenAgain counts the members leaving from an address a recycle of
+// the day gave back, and returns those addresses with whose they were.
+func (rc *recycling) countSeenAgain(members []*member) map[string]string {
+	gaveBack := map[string]string{}
+	for _, r := range rc.records {
+		gaveBack[r.EgressIP] = r.Proxy
+	}
+	for _, m := range members {
+		if p, ok := gaveBack[m.EgressIP]; ok && m.EgressIP != "" && p != m.Name {
+			rc.seenAgain++
+		}
+	}
+	return gaveBack
+}
+
+// recycleOrder is the order burned members are picked in: those burned
+// by bans before those only beyond a diversity cap, each by ordinal (a
+// name's string order would put crawlers-12 before crawlers-5).
+func recycleOrder(burned map[string]string, byName map[string]*member) []string {
+	names := make([]string, 0, len(burned))
+	for name := range burned {
+		names = append(names, name)
+	}
+	key := func(name string) (bool, int) {
+		ord := -1
+		if m := byName[name]; m != nil {
+			ord = m.Ordinal
+		}
+		return strings.Contains(burned[name], egressip.BeyondLimitReason), ord
+	}
+	sort.Slice(names, func(i, j int) bool {
+		di, oi := key(names[i])
+		dj, oj := key(names[j])
+		if di != dj {
+			return !di
+		}
+		if oi != oj {
+			return oi < oj
+		}
+		return names[i] < names[j]
+	})
+	return names
+}
+
+// sameNetworkAgain: m is due only for a diversity cap, and was itself
+// made by a recycle whose address was in the network it leaves from now:
+// the backend hands out that network again, and replacing m would loop.
+func sameNetworkAgain(m *member, why string) bool {
+	if m == nil || m.RecycleOf == "" || !strings.Contains(why, egressip.BeyondLimitReason) {
+		return false
+	}
+	was, err1 := netip.ParseAddr(m.RecycleIP)
+	now, err2 := netip.ParseAddr(m.EgressIP)
+	return err1 == nil && err2 == nil && egressip.PrefixOf(was) == egressip.PrefixOf(now)
+}
+
 // boundWhy says why no more recycles may start: the floor, or the
 // policy's hourly bound and back-off (with next, when one may).
 func boundWhy(pol *egressip.RecyclePolicy, healthy, floor int, next time.Time) string {
 	if healthy < floor {
 		return fmt.Sprintf("the fleet has %d healthy proxies, below its floor of %d (replicas - maxUnavailable)", healthy, floor)
 	}
-	why := fmt.Sprintf("spec.recycling allows %d recycles an hour, with a back-off of %s after each", max(pol.MaxPerHour, 1), pol.Backoff)
+	why := fmt.Sprintf("spec.recycling's bounds: at most %d recycles an hour, a back-off of %s after each, doubled for each other recycle of the last hour", max(pol.MaxPerHour, 1), pol.Backoff)
 	if !next.IsZero() {
 		why += ": the next may start at " + next.UTC().Format(time.RFC3339)
 	}
@@ -203,7 +253,11 @@ func (rc *recycling) waitingSummary() (int, string) {
 	}
 	msg := strings.Join(parts, "; ")
 	if len(msg) > maxWaiting {
-		msg = msg[:maxWaiting-3] + "..."
+		cut := maxWaiting - 3
+		for cut > 0 && !utf8.RuneStart(msg[cut]) {
+			cut--
+		}
+		msg = msg[:cut] + "..."
 	}
 	return len(rc.waiting), msg
 }
@@ -228,6 +282,8 @@ func (rc *recycling) settle(p *plan, now time.Time) {
 	for _, m := range rc.picked {
 		if !started[m.Name] {
 			rc.waiting[m.Name] = "no surge slot is free (spec.rotation.maxSurge): a recycle never replaces a serving proxy in place"
+			// What waits behind it waits for the surge slot, not the bound.
+			rc.atBound = false
 		}
 	}
 }
@@ -236,18 +292,24 @@ func (rc *recycling) settle(p *plan, now time.Time) {
 // annotations carry that it lacks (a status written late, or lost), the
 // day's only, oldest first.
 func mergeRecords(records []fleetv1alpha1.RecycleRecord, members []*member, now time.Time) []fleetv1alpha1.RecycleRecord {
+	// A proxy leaving from an address is recycled once: its record is
+	// known by the two, whatever time a replica with a skewed clock gave
+	// it.
 	seen := map[string]bool{}
+	kept := records[:0]
 	for _, r := range records {
-		seen[r.Proxy+"@"+r.Time] = true
+		if !seen[r.Proxy+"/"+r.EgressIP] {
+			seen[r.Proxy+"/"+r.EgressIP] = true
+			kept = append(kept, r)
+		}
 	}
+	records = kept
 	for _, m := range members {
-		if m.RecycleOf == "" || m.RecycleAt.IsZero() || now.Sub(m.RecycleAt) >= recycleMemory {
+		if m.RecycleOf == "" || m.RecycleAt.IsZero() || now.Sub(m.RecycleAt) >= recycleMemory || seen[m.RecycleOf+"/"+m.RecycleIP] {
 			continue
 		}
+		seen[m.RecycleOf+"/"+m.RecycleIP] = true
 		at := egressip.NotAfter(m.RecycleAt, now).UTC().Format(time.RFC3339)
-		if seen[m.RecycleOf+"@"+at] || seen[m.RecycleOf+"@"+m.RecycleAt.UTC().Format(time.RFC3339)] {
-			continue
-		}
 		records = append(records, fleetv1alpha1.RecycleRecord{Proxy: m.RecycleOf, EgressIP: m.RecycleIP, Reason: truncate(m.RecycleReason), Time: at})
 	}
 	sort.SliceStable(records, func(i, j int) bool { return records[i].Time < records[j].Time })
@@ -256,10 +318,14 @@ func mergeRecords(records []fleetv1alpha1.RecycleRecord, members []*member, now 
 
 // truncate bounds a reason to what the status takes.
 func truncate(s string) string {
-	if len(s) > maxReason {
-		return s[:maxReason]
+	if len(s) <= maxReason {
+		return s
 	}
-	return s
+	cut := maxReason
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut]
 }
 
 // fleetSurvey is what pickRecycles reads of the members: them by name,
@@ -268,13 +334,15 @@ func truncate(s string) string {
 type fleetSurvey struct {
 	byName   map[string]*member
 	replaced map[int]*member
+	ordinals map[int]bool
 	healthy  int
 }
 
 func survey(members []*member) fleetSurvey {
-	fl := fleetSurvey{byName: map[string]*member{}, replaced: map[int]*member{}}
+	fl := fleetSurvey{byName: map[string]*member{}, replaced: map[int]*member{}, ordinals: map[int]bool{}}
 	for _, m := range members {
 		fl.byName[m.Name] = m
+		fl.ordinals[m.Ordinal] = true
 		if m.Replaces >= 0 && m.Replaces != m.Ordinal {
 			fl.replaced[m.Replaces] = m
 		}
@@ -287,9 +355,17 @@ func survey(members []*member) fleetSurvey {
 
 // recyclable says whether a burned member may start a recycle: it serves
 // (Ready, healthy, not draining, its address known), is not being
-// recycled, and nothing replaces it yet.
+// recycled, nothing replaces it yet, and it is not itself the replacement
+// of a holder still there (the plan replaces holders only: a recycle of
+// it could not start, and would spend the budget for nothing).
 func (fl fleetSurvey) recyclable(m *member) bool {
-	return m != nil && m.Recycle == "" && m.Ready && m.Healthy && m.DrainSince.IsZero() && fl.replaced[m.Ordinal] == nil && m.EgressIP != ""
+	return m != nil && m.Recycle == "" && m.Ready && m.Healthy && m.DrainSince.IsZero() && fl.replaced[m.Ordinal] == nil && m.EgressIP != "" &&
+		!fl.holderThere(m)
+}
+
+// holderThere: m was made to replace a member that is still there.
+func (fl fleetSurvey) holderThere(m *member) bool {
+	return m.Replaces >= 0 && m.Replaces != m.Ordinal && fl.ordinals[m.Replaces]
 }
 
 // previousRecycles reads the recycles of the last day from the XR's
@@ -338,6 +414,9 @@ func setRecycles(rsp *fnv1.RunFunctionResponse, rc *recycling) {
 	if n, why := rc.waitingSummary(); n > 0 {
 		egress.Fields["burned"] = structpb.NewNumberValue(float64(n))
 		egress.Fields["recycleWaiting"] = structpb.NewStringValue(why)
+		if rc.atBound {
+			egress.Fields["recyclesAtBound"] = structpb.NewBoolValue(true)
+		}
 	}
 	for _, r := range rc.started {
 		response.Normalf(rsp, "Recycling proxy %s: its egress IP %s", r.Proxy, r.Reason).TargetCompositeAndClaim()
@@ -345,9 +424,14 @@ func setRecycles(rsp *fnv1.RunFunctionResponse, rc *recycling) {
 }
 
 // recycleNote is the warning of a fleet that cannot apply spec.recycling
-// (a pooled one, for now); "" for one that can.
+// or spec.diversity.replaceBeyondLimit (a pooled one, for now, or one
+// without surge); "" for one that can.
 func recycleNote(f *Fleet) string {
 	if f.spec.Pools == nil {
+		if recyclePolicy(f) != nil && f.MaxSurge == 0 {
+			// The schema refuses it now; a fleet stored before is told.
+			return fmt.Sprintf("spec.rotation.maxSurge is 0: %s/%s recycles no proxy, since a recycle replaces a serving proxy through a surge proxy, never in place; set maxSurge to at least 1", f.Namespace, f.Name)
+		}
 		return ""
 	}
 	if d := f.spec.Diversity; d != nil && d.ReplaceBeyondLimit && f.spec.Recycling == nil {

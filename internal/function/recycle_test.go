@@ -4,6 +4,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
 	"google.golang.org/protobuf/types/known/structpb"
@@ -204,11 +205,12 @@ func TestRecycleWaitingSaid(t *testing.T) {
 		xr        *structpb.Struct
 		resources map[string]*fnv1.Resource
 		burned    int
+		atBound   bool
 		want      []string
 	}{
-		"HourlyBound": {xr: withRecords(spec, record), resources: observed(), burned: 2,
-			want: []string{"crawlers-1, crawlers-2: spec.recycling allows 1 recycles an hour", "the next may start at " + t0.Add(30*time.Minute).Format(time.RFC3339)}},
-		"OneStartedOneWaits": {xr: xr(spec), resources: observed(), burned: 1, want: []string{"crawlers-2: spec.recycling allows 1 recycles an hour"}},
+		"HourlyBound": {xr: withRecords(spec, record), resources: observed(), burned: 2, atBound: true,
+			want: []string{"crawlers-1, crawlers-2: spec.recycling's bounds: at most 1 recycles an hour", "the next may start at " + t0.Add(30*time.Minute).Format(time.RFC3339)}},
+		"OneStartedOneWaits": {xr: xr(spec), resources: observed(), burned: 1, atBound: true, want: []string{"crawlers-2: spec.recycling's bounds: at most 1 recycles an hour"}},
 		"BelowTheFloor":      {xr: xr(spec), resources: sick, burned: 2, want: []string{"2 healthy proxies, below its floor of 3"}},
 		"Paused":             {xr: xr(withSpecIn(t, spec, "rollout", `{"paused": true}`)), resources: observed(), burned: 2, want: []string{"paused"}},
 		"NoSurgeSlot":        {xr: xr(withSpecIn(t, spec, "rotation", `{"maxAge": "1h"}`)), resources: busy, burned: 2, want: []string{"crawlers-1: no surge slot is free"}},
@@ -219,6 +221,9 @@ func TestRecycleWaitingSaid(t *testing.T) {
 			egress := field(rsp.GetDesired().GetComposite().GetResource(), "status", "egress").GetStructValue()
 			if n := int(egress.GetFields()["burned"].GetNumberValue()); n != tc.burned {
 				t.Errorf("status.egress.burned %d, want %d", n, tc.burned)
+			}
+			if got := egress.GetFields()["recyclesAtBound"].GetBoolValue(); got != tc.atBound {
+				t.Errorf("status.egress.recyclesAtBound %v, want %v", got, tc.atBound)
 			}
 			why := str(egress, "recycleWaiting")
 			for _, w := range tc.want {
@@ -264,7 +269,7 @@ func TestReplaceBeyondLimit(t *testing.T) {
 		str(recs[0].GetStructValue(), "reason") != "203.0.113.11 beyond spec.diversity: 203.0.113.0/24 holds its limit of 1 proxies already" {
 		t.Errorf("status.egress.recycles: %v", recs)
 	}
-	if n, why := int(egress.GetFields()["burned"].GetNumberValue()), str(egress, "recycleWaiting"); n != 1 || !strings.Contains(why, "crawlers-3: spec.recycling allows 2 recycles an hour") {
+	if n, why := int(egress.GetFields()["burned"].GetNumberValue()), str(egress, "recycleWaiting"); n != 1 || !strings.Contains(why, "crawlers-3: spec.recycling's bounds: at most 2 recycles an hour") {
 		t.Errorf("crawlers-3 waits for the bounds: burned %d, %q", n, why)
 	}
 	said := false
@@ -293,5 +298,112 @@ func TestReplaceBeyondLimit(t *testing.T) {
 	}
 	if !fatal || len(rsp.GetDesired().GetResources()) != 0 {
 		t.Errorf("a local fleet asking to replace proxies beyond its caps: want a Fatal result naming the field and nothing composed: %v", rsp.GetResults())
+	}
+	// Without surge (stored before the schema refused it) nothing is
+	// recycled, and the fleet says so.
+	noSurge := withSpecIn(t, capped, "rotation", `{"maxSurge": 0, "maxUnavailable": 1}`)
+	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(noSurge)}, Resources: observed()}, RequiredResources: noLeases()})
+	warned := false
+	for _, r := range rsp.GetResults() {
+		warned = warned || r.GetSeverity() == fnv1.Severity_SEVERITY_WARNING && strings.Contains(r.GetMessage(), "spec.rotation.maxSurge is 0") && strings.Contains(r.GetMessage(), "recycles no proxy")
+	}
+	if got := replacing(rsp); len(got) != 0 || !warned {
+		t.Errorf("without surge: replacements %v, a Warning saying nothing is recycled %v: %v", got, warned, rsp.GetResults())
+	}
+}
+
+// recycledFrom marks an observed proxy as made by a recycle of of (which
+// left from ip) at at, as its annotations do.
+func recycledFrom(r *fnv1.Resource, of, ip string, at time.Time) *fnv1.Resource {
+	meta := r.GetResource().GetFields()["metadata"].GetStructValue()
+	ann, _ := structpb.NewStruct(map[string]any{
+		fleetv1alpha1.AnnotationFleet: "crawlers", fleetv1alpha1.AnnotationRecycleOf: of, fleetv1alpha1.AnnotationRecycleIP: ip,
+		fleetv1alpha1.AnnotationRecycleReason: "banned", fleetv1alpha1.AnnotationRecycleAt: at.Format(time.RFC3339),
+	})
+	meta.Fields["annotations"] = structpb.NewStructValue(ann)
+	return r
+}
+
+// TestRecyclePicks: which due proxy a recycle takes, and which it leaves
+// alone: those burned by bans before those only beyond a diversity cap,
+// by ordinal; never a replacement whose holder is still there (the plan
+// could not start it, and it would spend the budget); never a
+// replacement beyond a cap that a recycle made in the very network its
+// holder was recycled out of (the backend hands that network out again:
+// replacing it would loop); a record is kept once per proxy and address,
+// whatever time a replica with a skewed clock gave it; a reason is cut
+// on a character boundary.
+func TestRecyclePicks(t *testing.T) {
+	old := t0.Add(-2 * time.Hour)
+	vm := withSpecIn(t, withSpec(t, "replicas", "4"), "placement", `{"gcp": {"machineType": "e2-small", "networkTags": ["crawl"]}}`)
+	capped := withSpecIn(t, withSpecIn(t, vm, "diversity", `{"maxPerIPv4Prefix": 1, "replaceBeyondLimit": true}`), "recycling", `{"bannedByDomains": 2, "maxPerHour": 1}`)
+	waiting := func(rsp *fnv1.RunFunctionResponse) string {
+		return str(field(rsp.GetDesired().GetComposite().GetResource(), "status", "egress").GetStructValue(), "recycleWaiting")
+	}
+
+	// crawlers-12 is beyond the /24's cap, crawlers-5 burned by bans: the
+	// bans go first, though "crawlers-12" sorts before "crawlers-5".
+	banned := map[string]*fnv1.Resource{
+		"proxy-0":  withIP(observedProxy(0, "a", true, old, ""), "203.0.113.10"),
+		"proxy-5":  withIP(observedProxy(5, "b", true, old, ""), "198.51.100.1"),
+		"proxy-12": withIP(observedProxy(12, "a", true, old, ""), "203.0.113.12"),
+		"proxy-13": withIP(observedProxy(13, "b", true, old, ""), "192.0.2.1"),
+	}
+	rsp := run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(capped)}, Resources: banned}, RequiredResources: burnedSummary("crawlers-5", "198.51.100.1 banned by 2 or more domains within 1h0m0s")})
+	if got := replacing(rsp); len(got) != 1 || !strings.HasSuffix(got[0], "->5") {
+		t.Errorf("the proxy burned by bans is recycled first: %v", got)
+	}
+	if why := waiting(rsp); !strings.Contains(why, "crawlers-12: spec.recycling's bounds") {
+		t.Errorf("crawlers-12, beyond the cap, waits for the bound: %q", why)
+	}
+
+	// crawlers-4 replaces crawlers-2 (recycled a minute ago), is Ready and
+	// beyond the cap of 198.51.100.0/24 with crawlers-1: not picked while
+	// crawlers-2 is there.
+	replacing2 := map[string]*fnv1.Resource{
+		"proxy-0": withIP(observedProxy(0, "a", true, old, ""), "203.0.113.10"),
+		"proxy-1": withIP(observedProxy(1, "b", true, old, ""), "198.51.100.1"),
+		"proxy-2": withIP(observedProxy(2, "a", true, old, ""), "203.0.113.11"),
+		"proxy-3": withIP(observedProxy(3, "b", true, old, ""), "192.0.2.1"),
+		"proxy-4": recycledFrom(withIP(observedProxy(4, "a", true, t0.Add(-time.Minute), `, "crawl.example.com/replaces": "2"`), "198.51.100.2"), "crawlers-2", "203.0.113.11", t0.Add(-time.Minute)),
+	}
+	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(capped)}, Resources: replacing2}, RequiredResources: noLeases()})
+	if why := waiting(rsp); !strings.Contains(why, "crawlers-4: it does not serve, is being replaced already, or is a replacement whose holder is still there") {
+		t.Errorf("a replacement whose holder is there is not picked: %q", why)
+	}
+
+	// crawlers-2 gone, crawlers-4 landed in 203.0.113.0/24 again, beyond
+	// its cap beside crawlers-0: not replaced again for that.
+	again := map[string]*fnv1.Resource{
+		"proxy-0": withIP(observedProxy(0, "a", true, old, ""), "203.0.113.10"),
+		"proxy-1": withIP(observedProxy(1, "b", true, old, ""), "198.51.100.1"),
+		"proxy-3": withIP(observedProxy(3, "b", true, old, ""), "192.0.2.1"),
+		"proxy-4": recycledFrom(withIP(observedProxy(4, "a", true, old, `, "crawl.example.com/replaces": "2"`), "203.0.113.13"), "crawlers-2", "203.0.113.11", old),
+	}
+	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(capped)}, Resources: again}, RequiredResources: noLeases()})
+	if got := replacing(rsp); len(got) != 0 {
+		t.Errorf("a replacement given the same network again is replaced again: %v", got)
+	}
+	if why := waiting(rsp); !strings.Contains(why, "crawlers-4: a recycle beyond spec.diversity made it, and the backend gave it an address in the same network again") {
+		t.Errorf("status.egress.recycleWaiting says why crawlers-4 stays: %q", why)
+	}
+
+	// The status lists crawlers-1's recycle at t0-5m; a replica ahead by
+	// ten minutes annotated it at t0+5m: one record, not two.
+	record := map[string]any{"proxy": "crawlers-1", "egressIP": "198.51.100.1", "reason": "banned", "time": t0.Add(-5 * time.Minute).Format(time.RFC3339)}
+	skewed := map[string]*fnv1.Resource{
+		"proxy-0": withIP(observedProxy(0, "a", true, old, ""), "203.0.113.10"),
+		"proxy-1": withIP(observedProxy(1, "b", true, old, ""), "198.51.100.1"),
+		"proxy-2": withIP(observedProxy(2, "a", true, old, ""), "192.0.2.2"),
+		"proxy-3": withIP(observedProxy(3, "b", true, old, ""), "192.0.2.1"),
+		"proxy-4": recycledFrom(observedProxy(4, "b", false, t0.Add(-5*time.Minute), `, "crawl.example.com/replaces": "1"`), "crawlers-1", "198.51.100.1", t0.Add(5*time.Minute)),
+	}
+	rsp = run(t, &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: withRecords(capped, record)}, Resources: skewed}, RequiredResources: noLeases()})
+	if recs := field(rsp.GetDesired().GetComposite().GetResource(), "status", "egress", "recycles").GetListValue().GetValues(); len(recs) != 1 {
+		t.Errorf("one recycle recorded once whatever the clocks: %v", recs)
+	}
+
+	if got := truncate(strings.Repeat("é", 200)); len(got) > maxReason || !utf8.ValidString(got) {
+		t.Errorf("a reason of 400 bytes cut to %d bytes, valid UTF-8 %v", len(got), utf8.ValidString(got))
 	}
 }

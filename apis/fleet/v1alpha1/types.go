@@ -410,6 +410,7 @@ type Autoscaling struct {
 // +kubebuilder:validation:XValidation:rule="!has(self.placement.aws) || !has(self.proxy.port) || self.proxy.port >= 1024",message="spec.proxy.port: an AWS proxy listens on 1024 or above: a lower port needs privileges the distribution's Squid AppArmor profile may deny, and the instance's proxy would never come up"
 // +kubebuilder:validation:XValidation:rule="!has(self.placement.aws) || has(self.placement.aws.userData) || !has(self.proxy.allowedSourceRanges) || size(self.proxy.allowedSourceRanges) == 0 || self.proxy.allowedSourceRanges.exists(r, !['10.0.0.0/8', '172.16.0.0/12', '192.168.0.0/16', '100.64.0.0/10'].exists(p, cidr(p).containsCIDR(r)))",message="spec.proxy.allowedSourceRanges: an AWS proxy open to private networks only cannot serve at its public IP, which clients inside a VPC reach only from a public address: list the crawlers' external ranges (with spec.proxy.authSecretRef)"
 // +kubebuilder:validation:XValidation:rule="!has(self.placement.gcp) || !has(self.placement.gcp.subnetwork) || self.zones.all(z, ('/' + self.placement.gcp.subnetwork).contains('/regions/' + z.substring(0, z.lastIndexOf('-')) + '/subnetworks/'))",message="spec.placement.gcp.subnetwork must be in the region of every zone in spec.zones: a subnetwork is regional"
+// +kubebuilder:validation:XValidation:rule="self.rotation.maxSurge > 0 || (!has(self.recycling) && (!has(self.diversity) || !has(self.diversity.replaceBeyondLimit) || !self.diversity.replaceBeyondLimit))",message="spec.rotation.maxSurge must be at least 1 with spec.recycling or spec.diversity.replaceBeyondLimit: a recycle replaces a serving proxy through a surge proxy, never in place, and with maxSurge 0 nothing would ever be recycled"
 // +kubebuilder:validation:XValidation:rule="!has(self.diversity) || !has(self.diversity.replaceBeyondLimit) || !self.diversity.replaceBeyondLimit || has(self.placement.gcp) || has(self.placement.aws)",message="spec.diversity.replaceBeyondLimit needs a backend that gives each proxy an address of its own (spec.placement.gcp or aws): a replaced local or Kubernetes proxy leaves from the same address"
 // +kubebuilder:validation:XValidation:rule="(self.replicas == 0 && !has(self.autoscaling)) || size(self.zones) > 0",message="spec.zones must not be empty when spec.replicas > 0 or spec.autoscaling is set: list the zones to spread proxies over"
 // +kubebuilder:validation:XValidation:rule="((has(self.pools) ? self.pools.proxiesPerPool : self.replicas) + self.rotation.maxSurge) * (7400 + 1200 + (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0)) <= (has(self.pools) ? 1048576 : 2097152) || (oldSelf.hasValue() && self.replicas <= oldSelf.value().replicas && self.rotation.maxSurge <= oldSelf.value().rotation.maxSurge && (has(self.placement.gcp) && has(self.placement.gcp.cloudInit) && has(self.placement.gcp.cloudInit.inline) ? size(self.placement.gcp.cloudInit.inline) : 0) <= (has(oldSelf.value().placement.gcp) && has(oldSelf.value().placement.gcp.cloudInit) && has(oldSelf.value().placement.gcp.cloudInit.inline) ? size(oldSelf.value().placement.gcp.cloudInit.inline) : 0))",message="(spec.replicas, or spec.pools.proxiesPerPool in a pooled fleet, + spec.rotation.maxSurge) times (7400 + 1200 + the size of spec.placement.gcp.cloudInit.inline) bytes must not exceed 2 MiB (1 MiB in a pooled fleet): Crossplane sends the function every Proxy of the fleet, with egress-discovery's summary of their leases, (of its pool, in a pooled fleet) in one gRPC message the function takes up to 4 MiB of, and this keeps a 2x margin (4x for a pool; with maxSurge 1: at most 242 replicas, or 120 proxies per pool, however many leases per proxy); set spec.pools.proxiesPerPool (when creating a fleet) to grow past that. A fleet stored before this rule may keep its size or shrink, but not grow",optionalOldSelf=true
@@ -757,6 +758,7 @@ type EgressStatus struct {
 	Recycles []RecycleRecord `json:"recycles,omitempty"`
 	// SeenAgain counts the proxies leaving from an address a recycle of
 	// the last day gave back: the cloud handed it out again.
+	// +kubebuilder:validation:Minimum=0
 	// +optional
 	SeenAgain int32 `json:"seenAgain,omitempty"`
 	// Burned counts the proxies due for a recycle (an address
@@ -765,11 +767,17 @@ type EgressStatus struct {
 	// RecycleWaiting says why they wait (the hourly bound and its back-off, the floor, a paused
 	// rollout, an address a recycle gave back already, a proxy that does
 	// not serve).
+	// +kubebuilder:validation:Minimum=0
 	// +optional
 	Burned int32 `json:"burned,omitempty"`
 	// +kubebuilder:validation:MaxLength=1024
 	// +optional
 	RecycleWaiting string `json:"recycleWaiting,omitempty"`
+	// RecyclesAtBound: some of them wait for the hourly bound or the
+	// back-off alone (not the floor, a pause or a surge slot): targets
+	// burn addresses faster than the fleet may recycle them.
+	// +optional
+	RecyclesAtBound bool `json:"recyclesAtBound,omitempty"`
 }
 
 // RecycleRecord is one recycle of a burned address.

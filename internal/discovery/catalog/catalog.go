@@ -809,10 +809,12 @@ type FleetRecycling struct {
 	// Recycles are when status.egress.recycles started each, and the kind
 	// of its reason (egressip.ReasonKind).
 	Recycles []RecycleMark
-	// SeenAgain and Burned are status.egress's, and Waiting its
-	// recycleWaiting: why the burned wait.
+	// SeenAgain and Burned are status.egress's, Waiting its
+	// recycleWaiting (why the burned wait) and AtBound its
+	// recyclesAtBound.
 	SeenAgain, Burned int
 	Waiting           string
+	AtBound           bool
 }
 
 // RecycleMark is one recycle of status.egress.recycles.
@@ -865,10 +867,11 @@ func (c *Catalog) Sizing(ctx context.Context, namespace, fleet string) *FleetSiz
 }
 
 // recyclingOf reads a fleet XR's spec.recycling and status.egress; nil
-// without spec.recycling.
+// for a fleet that recycles nothing (neither spec.recycling nor
+// spec.diversity.replaceBeyondLimit).
 func recyclingOf(u *unstructured.Unstructured) *FleetRecycling {
 	spec, ok, _ := unstructured.NestedMap(u.Object, "spec", "recycling")
-	if !ok {
+	if replace, _, _ := unstructured.NestedBool(u.Object, "spec", "diversity", "replaceBeyondLimit"); !ok && !replace {
 		return nil
 	}
 	r := &FleetRecycling{MaxPerHour: egressip.PolicyOf(&fleetv1alpha1.Recycling{}).MaxPerHour}
@@ -882,6 +885,7 @@ func recyclingOf(u *unstructured.Unstructured) *FleetRecycling {
 		r.Burned = int(n)
 	}
 	r.Waiting, _, _ = unstructured.NestedString(u.Object, "status", "egress", "recycleWaiting")
+	r.AtBound, _, _ = unstructured.NestedBool(u.Object, "status", "egress", "recyclesAtBound")
 	list, _, _ := unstructured.NestedSlice(u.Object, "status", "egress", "recycles")
 	for _, v := range list {
 		m, _ := v.(map[string]any)
