@@ -99,3 +99,77 @@ func TestSharedOutgoingAddressFlagged(t *testing.T) {
 		}
 	}
 }
+
+// TestSharedPrefixBeyondDiversity forces three real local proxies of one
+// fleet onto outgoing addresses, two of them in one IPv4 /24: the echo
+// target sees each leave from its own, each Proxy reports it, and the
+// function, given those Proxies as Crossplane observes them and a cap
+// of one proxy per /24, labels the newer of the two beyond the cap and
+// no other, and counts 3 addresses in 2 /24s.
+func TestSharedPrefixBeyondDiversity(t *testing.T) {
+	ns := namespace(t)
+	dir := testbed.SquidStateDir(t)
+	target := testbed.StartEchoTarget(t)
+	prov := startProvider(t, dir, providerLogs(t), target)
+	defer prov.stop()
+	defer deleteProxies(t, ns)
+	create(t,
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}}, StringData: map[string]string{"username": "crawler", "password": password}},
+		&v1alpha1.ClusterProviderConfig{ObjectMeta: metav1.ObjectMeta{Name: "local-" + ns}, Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal,
+			Policy: &v1alpha1.Policy{Local: &v1alpha1.LocalPolicy{AllowLoopbackDestinations: true}}}},
+	)
+	addresses := []string{"127.1.251.1", "127.1.251.2", "127.1.252.1"}
+	for i, port := range []int32{32350, 32351, 32352} {
+		p := proxyObject(ns, fmt.Sprintf("crawlers-%d", i), port, target.URL)
+		p.Spec.ForProvider.Local.OutgoingAddress = v1alpha1.IPAddress(addresses[i])
+		p.Labels = map[string]string{fleetv1alpha1.LabelFleet: "crawlers", fleetv1alpha1.LabelZone: "a"}
+		create(t, p)
+	}
+	observed := map[string]*fnv1.Resource{}
+	for i := range addresses {
+		key := types.NamespacedName{Namespace: ns, Name: fmt.Sprintf("crawlers-%d", i)}
+		testbed.Eventually(t, 15*time.Second, key.Name+" Ready, leaving from "+addresses[i], func() (bool, string) {
+			p := get(t, key)
+			return p.GetCondition("Ready").Status == corev1.ConditionTrue && p.Status.AtProvider.EgressIP == addresses[i], fmt.Sprintf("%+v", p.Status.AtProvider)
+		})
+		p := get(t, key)
+		p.APIVersion, p.Kind = v1alpha1.SchemeGroupVersion.String(), v1alpha1.ProxyKind
+		raw, err := json.Marshal(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := &structpb.Struct{}
+		if err := s.UnmarshalJSON(raw); err != nil {
+			t.Fatal(err)
+		}
+		observed[fmt.Sprintf("proxy-%d", i)] = &fnv1.Resource{Resource: s}
+	}
+	xr, err := structpb.NewStruct(map[string]any{"apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyFleet",
+		"metadata": map[string]any{"name": "crawlers", "namespace": ns},
+		"spec": map[string]any{"replicas": 3, "zones": []any{"a"}, "placement": map[string]any{"local": map[string]any{"bindAddress": "127.0.0.1"}},
+			"proxy": map[string]any{"authSecretRef": map[string]any{"name": "auth"}}, "healthCheck": map[string]any{"url": target.URL},
+			"diversity": map[string]any{"maxPerIPv4Prefix": 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rsp, err := function.New(logging.NewNopLogger(), nil).RunFunction(context.Background(), &fnv1.RunFunctionRequest{
+		Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: xr}, Resources: observed},
+		RequiredResources: map[string]*fnv1.Resources{"leases": {}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, r := range rsp.GetDesired().GetResources() {
+		if r.GetResource().GetFields()["kind"].GetStringValue() != v1alpha1.ProxyKind {
+			continue
+		}
+		labels := r.GetResource().GetFields()["metadata"].GetStructValue().GetFields()["labels"].GetStructValue().GetFields()
+		if beyond, want := labels[fleetv1alpha1.LabelBeyondDiversityLimit].GetStringValue() == "true", name == "proxy-1"; beyond != want {
+			t.Errorf("%s labelled beyond the /24 cap: %v, want %v", name, beyond, want)
+		}
+	}
+	egress := rsp.GetDesired().GetComposite().GetResource().GetFields()["status"].GetStructValue().GetFields()["egress"].GetStructValue().GetFields()
+	if a, p := egress["addresses"].GetNumberValue(), egress["ipv4Prefixes"].GetNumberValue(); a != 3 || p != 2 {
+		t.Errorf("status.egress: %v addresses in %v /24s, want 3 in 2", a, p)
+	}
+}
