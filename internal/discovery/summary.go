@@ -225,7 +225,7 @@ func (p *SummaryPublisher) summarise(ctx context.Context, ns, fleet string, memb
 			pools[pool].Leased = append(pools[pool].Leased, l)
 		}
 	}
-	if err := p.burned(ctx, ns, fleet, members, &whole, pools, now); err != nil {
+	if err := p.burned(ctx, ns, fleet, members, &whole, now); err != nil {
 		return nil, err
 	}
 	out := []v1alpha1.LeaseSummarySpec{whole}
@@ -238,13 +238,14 @@ func (p *SummaryPublisher) summarise(ctx context.Context, ns, fleet string, memb
 	return out, nil
 }
 
-// burned lists, in the summary of each member's pool, the members whose
-// egress IP the fleet's spec.recycling judges burned by its ban history:
-// what the fleet recycles.
-func (p *SummaryPublisher) burned(ctx context.Context, ns, fleet string, members []catalog.Member, whole *v1alpha1.LeaseSummarySpec, pools map[string]*v1alpha1.LeaseSummarySpec, now time.Time) error {
+// burned lists, in the summary of the fleet as a whole, the members
+// whose egress IP the fleet's spec.recycling judges burned by its ban
+// history (at most maxBurnedListed): what the fleet recycles. A pooled
+// fleet names each pool's to it; a pool's own summary lists none, so
+// that a ban composes the fleet, not every pool.
+func (p *SummaryPublisher) burned(ctx context.Context, ns, fleet string, members []catalog.Member, whole *v1alpha1.LeaseSummarySpec, now time.Time) error {
 	pol, err := p.Server.Catalog.Policy(ctx, ns, fleet)
-	if err != nil || pol.Recycling == nil || len(pools) > 0 {
-		// A pooled fleet recycles nothing yet: nobody would read it.
+	if err != nil || pol.Recycling == nil {
 		return err
 	}
 	hist, err := p.Server.Leases.IPHistories(ctx, ns, fleet)
@@ -260,16 +261,19 @@ func (p *SummaryPublisher) burned(ctx context.Context, ns, fleet string, members
 		for i, b := range h {
 			bans[i] = egressip.Ban{Domain: b.Domain, At: time.Unix(b.At, 0)}
 		}
-		if ok, why := pol.Recycling.Burned(bans, now); ok {
-			spec := whole
-			if m.Pool != "" {
-				spec = pools[m.Pool]
-			}
-			spec.Burned = append(spec.Burned, v1alpha1.BurnedProxy{Name: m.Name, Reason: m.EgressIP + " " + why})
+		if ok, why := pol.Recycling.Burned(bans, now); ok && len(whole.Burned) < maxBurnedListed {
+			whole.Burned = append(whole.Burned, v1alpha1.BurnedProxy{Name: m.Name, Reason: m.EgressIP + " " + why})
 		}
 	}
 	return nil
 }
+
+// maxBurnedListed bounds the burned proxies a summary lists: more than a
+// fleet may recycle in a day (spec.recycling.maxPerHour is at most 10) and
+// than a fleet without pools has proxies, few enough that the summary,
+// which every busy pool of the fleet is sent too, stays small (about 50
+// KB).
+const maxBurnedListed = 250
 
 // saying is what a summary says, but for its times: a change of it is
 // worth a write before the refresh.

@@ -521,10 +521,18 @@ func TestReplicasCountedFromSummaries(t *testing.T) {
 	})
 }
 
-// TestBurnedInSummary: with spec.recycling, the summary names the proxies
-// whose address its ban history burns (two domains within the window),
-// with why; the fleet recycles them.
+// TestBurnedInSummary: with spec.recycling, the summary of the fleet as a
+// whole names the proxies whose address its ban history burns (two
+// domains within the window), with why; the fleet recycles them. Of a
+// pooled fleet too, whose fleet names each pool's burned proxies to it:
+// a pool's own summary lists none.
 func TestBurnedInSummary(t *testing.T) {
+	for _, pooled := range []bool{false, true} {
+		t.Run(map[bool]string{false: "Fleet", true: "Pooled"}[pooled], func(t *testing.T) { testBurnedInSummary(t, pooled) })
+	}
+}
+
+func testBurnedInSummary(t *testing.T, pooled bool) {
 	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
 	ctx := context.Background()
@@ -541,6 +549,18 @@ func TestBurnedInSummary(t *testing.T) {
 		t.Fatal(err)
 	}
 	fleet(t, ns, "crawlers", 2, 1, nil)
+	if pooled {
+		for i := range 2 {
+			p := &v1alpha1.Proxy{}
+			if err := bed.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: fmt.Sprintf("crawlers-%d", i)}, p); err != nil {
+				t.Fatal(err)
+			}
+			p.Labels[fleetv1alpha1.LabelPool] = "crawlers-pool-1"
+			if err := bed.Client.Update(ctx, p); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	var s *discovery.Server
 	srv := server(t, "team-token "+ns+" crawler\n", func(x *discovery.Server) { s = x })
 	pub := &discovery.SummaryPublisher{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()}
@@ -573,4 +593,13 @@ func TestBurnedInSummary(t *testing.T) {
 		b := burned()
 		return len(b) == 1 && b[0].Name == g.Proxy && strings.Contains(b[0].Reason, "banned by 2 or more domains"), fmt.Sprint(b)
 	})
+	if pooled {
+		ls := &v1alpha1.LeaseSummary{}
+		if err := bed.Client.Get(ctx, client.ObjectKey{Namespace: ns, Name: leasewire.PoolSummaryName("crawlers", "crawlers-pool-1", "replica-1")}, ls); err != nil {
+			t.Fatal(err)
+		}
+		if len(ls.Spec.Burned) != 0 {
+			t.Errorf("the pool's own summary lists burned proxies %+v: a ban would compose the pool; its fleet names them", ls.Spec.Burned)
+		}
+	}
 }

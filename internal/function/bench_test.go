@@ -139,7 +139,7 @@ func pooledRequest(tb testing.TB, n, perPool int) *fnv1.RunFunctionRequest {
 	}
 	observed := map[string]*fnv1.Resource{}
 	for _, p := range sizePools(n, perPool, f.Zones, nil) {
-		r, err := f.pool(p)
+		r, err := f.pool(p, nil)
 		if err != nil {
 			tb.Fatal(err)
 		}

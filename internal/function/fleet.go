@@ -54,6 +54,9 @@ type Fleet struct {
 	// floor for it, whatever budget it holds. repairs is how many of its
 	// replacements of proxies that are down may be under way at once.
 	readyFloor, repairs int
+	// poolRecycling is a pool's burned Proxies and recycle grant, from
+	// its fleet; nil for none.
+	poolRecycling *poolRecycling
 }
 
 // repairLimit is how many replacements of proxies that are down may be

@@ -39,6 +39,11 @@ func (f *Function) runPool(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionR
 	}
 	members := observedMembers(req.GetObserved().GetResources(), nil, fleet.Revision)
 	egress := assessEgress(fleet, members, f.asn)
+	var burned map[string]string
+	if fleet.poolRecycling != nil {
+		burned = fleet.poolRecycling.burned
+	}
+	xrStatus := field(req.GetObserved().GetComposite().GetResource(), "status").GetStructValue()
 	// A pool reads its leases only when knowing them could change what it
 	// does: its plan with every lease unknown is not steady. A steady pool
 	// requires no LeaseSummary, so Crossplane composes it on no summary
@@ -53,6 +58,8 @@ func (f *Function) runPool(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionR
 		c := *m // decide marks the members it drains
 		probe[i] = &c
 	}
+	// What it would recycle makes it busy: it reads its leases then.
+	recycled := pickRecycles(fleet, probe, burned, xrStatus, now)
 	p := decide(fleet, probe, false, now)
 	quiet := steadyPlan(fleet, probe, p)
 	if quiet {
@@ -63,9 +70,11 @@ func (f *Function) runPool(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionR
 			m.Leased = view.leased[m.Name]
 			m.DrainSeen = view.drainSeen(m.Name, m.DrainSince)
 		}
+		recycled = pickRecycles(fleet, members, burned, xrStatus, now)
 		p = decide(fleet, members, view.known, now)
 		p.leasesChange = view.next
 	}
+	recycled.settle(p, now)
 	if err := composeProxies(rsp, fleet, members, p, now); err != nil {
 		response.Fatal(rsp, err)
 		return
@@ -77,6 +86,8 @@ func (f *Function) runPool(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionR
 	compositeStatus(rsp.Desired).Fields["egress"] = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
 		keyBeyondLimit: structpb.NewNumberValue(float64(len(egress.Excess))),
 	}})
+	setRecycles(rsp, recycled)
+	setPoolRecycleStatus(rsp.Desired, fleet, recycled)
 	ro := progress(fleet, members, field(req.GetObserved().GetComposite().GetResource(), "status").GetStructValue(), now)
 	// A pool's rollout clock runs only while it holds budget: one waiting
 	// for its turn is not stalled, and starts its clock when its turn
@@ -182,6 +193,9 @@ func parsePool(name, namespace string, xr map[string]any) (*Fleet, error) {
 	default:
 		return nil, fieldError("spec.scaleDown", "must be Immediate or Drain, not %q", mode)
 	}
+	if fleet.poolRecycling, err = parsePoolRecycling(spec); err != nil {
+		return nil, err
+	}
 	fleet.Pool, fleet.OrdinalBase = name, int(index)*fleetv1alpha1.PoolOrdinalSpan
 	fleet.readyFloor = fleet.Replicas - fleet.MaxUnavailable
 	fleet.MaxSurge, fleet.MaxUnavailable, fleet.repairs = surge, unavailable, repairs
@@ -246,7 +260,7 @@ func setPoolStatus(desired *fnv1.State, f *Fleet, members []*member, p *plan, le
 	for _, m := range faults[:min(len(faults), 3)] {
 		list = append(list, structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
 			"proxy":   structpb.NewStringValue(m.Name),
-			keyReason: structpb.NewStringValue(faultOf(m)),
+			keyReason: structpb.NewStringValue(truncateTo(faultOf(m), fleetv1alpha1.MaxPoolFaultReason)),
 		}}))
 	}
 	n := func(v int) *structpb.Value { return structpb.NewNumberValue(float64(v)) }

@@ -158,6 +158,8 @@ func TestAllocate(t *testing.T) {
 type simProxy struct {
 	obj     *structpb.Struct // as composed
 	created time.Time
+	// ip is its egress IP, each in a /24 of its own.
+	ip string
 }
 
 type simPool struct {
@@ -183,6 +185,10 @@ type simCluster struct {
 	// steps ago (a cache behind the fleet's own writes); view is that.
 	lag  *rand.Rand
 	view map[string]*fnv1.Resource
+	// made counts the Proxies made, which numbers their egress IPs;
+	// burned names those the fleet's summary lists as burned.
+	made   int
+	burned map[string]bool
 }
 
 func newSim(t *testing.T, spec string) *simCluster {
@@ -218,6 +224,9 @@ func (c *simCluster) summary(pool string) map[string]*fnv1.Resources {
 			continue
 		}
 		for _, x := range p.proxies {
+			if name := str(x.obj, "metadata", "name"); pool == "" && c.burned[name] {
+				ls.Spec.Burned = append(ls.Spec.Burned, v1alpha1.BurnedProxy{Name: name, Reason: x.ip + " banned 1 or more times by one domain within 1h0m0s"})
+			}
 			if v := str(x.obj, "metadata", "labels", fleetv1alpha1.LabelDrainingSince); v != "" {
 				since, _ := strconv.ParseInt(v, 10, 64)
 				ls.Spec.Draining = append(ls.Spec.Draining, v1alpha1.DrainingProxy{Name: str(x.obj, "metadata", "name"), Since: since})
@@ -240,7 +249,7 @@ func (c *simCluster) observedProxy(x *simProxy) *fnv1.Resource {
 	}
 	o.Fields["status"] = structpb.NewStructValue(resource.MustStructJSON(fmt.Sprintf(`{
 		"conditions": [{"type": "Ready", "status": %q, "reason": "x", "lastTransitionTime": %q}],
-		"atProvider": {"healthy": %t, "host": "127.0.0.1", "port": 3128}}`, ready, since.Format(time.RFC3339), ready == "True")))
+		"atProvider": {"healthy": %t, "host": "127.0.0.1", "port": 3128, "egressIP": %q}}`, ready, since.Format(time.RFC3339), ready == "True", x.ip)))
 	return &fnv1.Resource{Resource: o}
 }
 
@@ -350,7 +359,9 @@ func (c *simCluster) readPool(name string) func() {
 				old.obj = proto.Clone(r.GetResource()).(*structpb.Struct) //nolint:forcetypeassert // A clone.
 				continue
 			}
-			p.proxies[rn] = &simProxy{obj: proto.Clone(r.GetResource()).(*structpb.Struct), created: c.now} //nolint:forcetypeassert // A clone.
+			c.made++
+			ip := fmt.Sprintf("10.%d.%d.1", c.made/256, c.made%256)
+			p.proxies[rn] = &simProxy{obj: proto.Clone(r.GetResource()).(*structpb.Struct), created: c.now, ip: ip} //nolint:forcetypeassert // A clone.
 		}
 		for rn := range p.proxies {
 			if !seen[rn] {
@@ -358,6 +369,30 @@ func (c *simCluster) readPool(name string) func() {
 			}
 		}
 	}
+}
+
+// step runs up to three reconciles of the fleet and its pools at once:
+// some read, others apply what they read earlier, in any order; then
+// time moves on by 1 s to most, in whole seconds.
+func (c *simCluster) step(rng *rand.Rand, most time.Duration) {
+	var pending []func()
+	for range 1 + rng.Intn(3) {
+		if rng.Intn(3) == 0 || len(c.pools) == 0 {
+			pending = append(pending, c.readFleet())
+			continue
+		}
+		names := make([]string, 0, len(c.pools))
+		for n := range c.pools {
+			names = append(names, n)
+		}
+		sort.Strings(names)
+		pending = append(pending, c.readPool(names[rng.Intn(len(names))]))
+	}
+	rng.Shuffle(len(pending), func(i, j int) { pending[i], pending[j] = pending[j], pending[i] })
+	for _, apply := range pending {
+		apply()
+	}
+	c.now = c.now.Add(time.Duration(1+rng.Intn(int(most/time.Second))) * time.Second)
 }
 
 // counts are the fleet's Proxies: all, Ready and taking leases, and of
@@ -391,28 +426,7 @@ func rollOut(t *testing.T, seed int64, replicas, perPool int, rotation string, v
 		c.lag, c.view = rand.New(rand.NewSource(seed+100)), map[string]*fnv1.Resource{} //nolint:gosec // A test's reproducible lag.
 	}
 	rng := rand.New(rand.NewSource(seed)) //nolint:gosec // A test's reproducible interleaving.
-	step := func() {
-		// Some reconciles read, others apply what they read earlier: up
-		// to three in flight at once.
-		var pending []func()
-		for range 1 + rng.Intn(3) {
-			if rng.Intn(3) == 0 || len(c.pools) == 0 {
-				pending = append(pending, c.readFleet())
-				continue
-			}
-			names := make([]string, 0, len(c.pools))
-			for n := range c.pools {
-				names = append(names, n)
-			}
-			sort.Strings(names)
-			pending = append(pending, c.readPool(names[rng.Intn(len(names))]))
-		}
-		rng.Shuffle(len(pending), func(i, j int) { pending[i], pending[j] = pending[j], pending[i] })
-		for _, apply := range pending {
-			apply()
-		}
-		c.now = c.now.Add(time.Duration(1+rng.Intn(4)) * time.Second)
-	}
+	step := func() { c.step(rng, 4*time.Second) }
 	for range 400 {
 		step()
 	}

@@ -61,6 +61,9 @@ type observedPool struct {
 	ready         bool
 	// stalled holds its RolloutStalled condition's message while True.
 	stalled string
+	// recycling is its recycle grants, what it did with them, and its
+	// recycles.
+	recycling observedPoolRecycling
 }
 
 // poolCounts are a pool's counts, as its status reports them; leased is
@@ -103,11 +106,13 @@ const maxXRName = 63
 
 // observedPools reads the fleet's ProxyPools, by index, with the budget
 // the fleet's status (xrStatus) says it granted each last.
-func observedPools(observed map[string]*fnv1.Resource, xrStatus *structpb.Struct) map[int]*observedPool {
+func observedPools(observed map[string]*fnv1.Resource, xrStatus *structpb.Struct, now time.Time) map[int]*observedPool {
 	ledger := map[string]budget{}
+	recycleLedger := map[string]recycleGrant{}
 	for _, v := range field(xrStatus, "pools").GetListValue().GetValues() {
 		e := v.GetStructValue()
 		ledger[str(e, "name")] = budget{whole(field(e, "budget", keyMaxSurge)), whole(field(e, "budget", keyMaxUnavailable)), whole(field(e, "budget", keyMaxRepairs))}
+		recycleLedger[str(e, "name")] = grantOf(field(e, "budget").GetStructValue())
 	}
 	out := map[int]*observedPool{}
 	for name, oc := range observed {
@@ -142,6 +147,7 @@ func observedPools(observed map[string]*fnv1.Resource, xrStatus *structpb.Struct
 			beyond:     whole(field(status, "egress", keyBeyondLimit)),
 		}
 		p.ledger = ledger[p.name]
+		p.recycling = readPoolRecycling(spec, status, recycleLedger[p.name], now)
 		p.revision = str(status, "observedRevision")
 		for _, v := range field(status, "faults").GetListValue().GetValues() {
 			p.faults = append(p.faults, fleetv1alpha1.PoolFault{Proxy: str(v.GetStructValue(), "proxy"), Reason: str(v.GetStructValue(), "reason")})
@@ -172,6 +178,8 @@ type poolPlan struct {
 	replicas int
 	zones    []string
 	grant    budget
+	// recycles is the recycle grant it is given.
+	recycles recycleGrant
 	observed *observedPool
 }
 
@@ -343,7 +351,8 @@ func (f *Function) runPooledFleet(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFu
 			return
 		}
 	}
-	observed := observedPools(req.GetObserved().GetResources(), field(req.GetObserved().GetComposite().GetResource(), "status").GetStructValue())
+	xrStatus := field(req.GetObserved().GetComposite().GetResource(), "status").GetStructValue()
+	observed := observedPools(req.GetObserved().GetResources(), xrStatus, now)
 	var total poolCounts
 	holders := 0
 	for _, o := range observed {
@@ -366,6 +375,7 @@ func (f *Function) runPooledFleet(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFu
 	}
 	plans := sizePools(fleet.Replicas, int(fleet.spec.Pools.ProxiesPerPool), fleet.Zones, observed)
 	allocate(budget{fleet.MaxSurge, fleet.MaxUnavailable, max(fleet.MaxSurge, 1)}, plans)
+	recycled := planPoolRecycles(fleet, plans, view.burned, xrStatus, total.healthy, now)
 
 	desired := desiredResources(rsp)
 	for name := range desired {
@@ -374,7 +384,7 @@ func (f *Function) runPooledFleet(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFu
 		}
 	}
 	for _, p := range plans {
-		r, err := fleet.pool(p)
+		r, err := fleet.pool(p, recycled.burned[p.index])
 		if err != nil {
 			response.Fatal(rsp, err)
 			return
@@ -386,6 +396,7 @@ func (f *Function) runPooledFleet(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFu
 		return
 	}
 	setFleetStatus(rsp.Desired, fleet, plans, total)
+	setPooledRecycles(rsp, plans, recycled)
 	reportScaling(rsp, fleet, sc)
 	reportPools(rsp, fleet, plans, total)
 	reportPoolsDiversity(rsp, fleet, plans, total)
@@ -398,7 +409,7 @@ func (f *Function) runPooledFleet(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFu
 	}
 	ttl := response.DefaultTTL
 	for _, p := range plans {
-		if o := p.observed; o == nil || o.acked != p.grant || o.granted != p.grant {
+		if !p.settled() {
 			ttl = poolRecheck
 		}
 	}
@@ -411,11 +422,20 @@ func (f *Function) runPooledFleet(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFu
 	rsp.Meta.Ttl = durationpb.New(ttl)
 }
 
+// settled: the pool was composed with what the plan grants it, and
+// acknowledged it.
+func (p *poolPlan) settled() bool {
+	o := p.observed
+	return o != nil && o.acked == p.grant && o.granted == p.grant && o.recycling.acked == p.recycles && o.recycling.granted == p.recycles
+}
+
 // pool is the desired ProxyPool of a plan: the fleet's spec, defaults
 // applied, with the pool's replicas and zone order, without autoscaling,
-// pools, recycling (not applied to pools yet) or the gateway's settings (discovery reads those from the fleet:
-// a change of them composes no pool), and the budget it is granted.
-func (f *Fleet) pool(p *poolPlan) (*fnv1.Resource, error) {
+// pools, spec.recycling (the fleet holds its bound, and names the pool's
+// burned Proxies) or the gateway's settings (discovery reads those from
+// the fleet: a change of them composes no pool), and the budget and
+// recycles it is granted.
+func (f *Fleet) pool(p *poolPlan, burned []fleetv1alpha1.PoolBurned) (*fnv1.Resource, error) {
 	t := f.spec.DeepCopy()
 	replicas := int32(p.replicas)
 	t.Replicas, t.Zones, t.Autoscaling, t.Pools, t.Gateway, t.Recycling = &replicas, p.zones, nil, nil, nil, nil
@@ -452,6 +472,21 @@ func (f *Fleet) pool(p *poolPlan) (*fnv1.Resource, error) {
 			"template": template,
 		}}),
 	}}}
+	spec := r.Resource.Fields["spec"].GetStructValue()
+	if g := p.recycles; g.k > 0 {
+		b := spec.Fields["budget"].GetStructValue()
+		b.Fields[keyMaxRecycles] = structpb.NewNumberValue(float64(g.k))
+		b.Fields[keyRecyclesSince] = structpb.NewStringValue(g.since)
+	}
+	if len(burned) > 0 {
+		list := make([]*structpb.Value, len(burned))
+		for i, b := range burned {
+			list[i] = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+				"name": structpb.NewStringValue(b.Name), keyReason: structpb.NewStringValue(b.Reason),
+			}})
+		}
+		spec.Fields["burned"] = structpb.NewListValue(&structpb.ListValue{Values: list})
+	}
 	if p.observed != nil && p.observed.ready {
 		r.Ready = fnv1.Ready_READY_TRUE
 	}
@@ -480,10 +515,15 @@ func setFleetStatus(desired *fnv1.State, f *Fleet, plans []*poolPlan, total pool
 			"healthyReplicas": n(o.counts.healthy),
 			"updatedReplicas": n(o.counts.updated),
 		}}
-		if p.grant != (budget{}) {
-			ps.Fields["budget"] = structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+		if p.grant != (budget{}) || p.recycles.k > 0 {
+			b := &structpb.Struct{Fields: map[string]*structpb.Value{
 				keyMaxSurge: n(p.grant.surge), keyMaxUnavailable: n(p.grant.unavailable), keyMaxRepairs: n(p.grant.repairs),
-			}})
+			}}
+			if p.recycles.k > 0 {
+				b.Fields[keyMaxRecycles] = n(p.recycles.k)
+				b.Fields[keyRecyclesSince] = structpb.NewStringValue(p.recycles.since)
+			}
+			ps.Fields["budget"] = structpb.NewStructValue(b)
 		}
 		pools = append(pools, structpb.NewStructValue(ps))
 	}

@@ -50,8 +50,10 @@ type recycling struct {
 	// waiting are the burned members no recycle replaces, by name, with
 	// why each waits; settle adds the picks the plan could not start.
 	waiting map[string]string
-	// atBound: some wait for the hourly bound or the back-off alone.
+	// atBound: some wait for the hourly bound or the back-off alone;
+	// wanted counts them (a pool's fleet grants recycles by it).
 	atBound bool
+	wanted  int
 }
 
 // pickRecycles marks the members being recycled (Recycle, their due
@@ -73,18 +75,10 @@ func pickRecycles(f *Fleet, members []*member, burned map[string]string, xrStatu
 	}
 	gaveBack := rc.countSeenAgain(members)
 	burned = withBeyondLimit(f, members, burned)
-	pol := recyclePolicy(f)
-	if pol == nil || len(burned) == 0 {
+	if !f.recycles() || len(burned) == 0 {
 		return rc
 	}
-	recent := make([]egressip.Recycle, 0, len(rc.records))
-	for _, r := range rc.records {
-		at, _ := time.Parse(time.RFC3339, r.Time)
-		recent = append(recent, egressip.Recycle{Proxy: r.Proxy, IP: r.EgressIP, At: at})
-	}
-	floor := f.Replicas - f.MaxUnavailable
-	n, next := pol.Allowed(recent, fl.healthy, floor, now)
-	bound := boundWhy(pol, fl.healthy, floor, next)
+	n, bound, atBound := f.recycleAllowance(rc.records, fl.healthy, now)
 	rc.waiting = map[string]string{}
 	for _, name := range recycleOrder(burned, fl.byName) {
 		m := fl.byName[name]
@@ -101,7 +95,10 @@ func pickRecycles(f *Fleet, members []*member, burned map[string]string, xrStatu
 			rc.waiting[name] = "it does not serve, is being replaced already, or is a replacement whose holder is still there"
 		case n == 0:
 			rc.waiting[name] = bound
-			rc.atBound = rc.atBound || fl.healthy >= floor
+			if atBound {
+				rc.atBound = true
+				rc.wanted++
+			}
 		default:
 			why := truncate(burned[name])
 			m.Recycle, m.recycleWhy = "recycling: "+why, why
@@ -251,15 +248,20 @@ func (rc *recycling) waitingSummary() (int, string) {
 		}
 		parts = append(parts, named+": "+why)
 	}
-	msg := strings.Join(parts, "; ")
-	if len(msg) > maxWaiting {
-		cut := maxWaiting - 3
-		for cut > 0 && !utf8.RuneStart(msg[cut]) {
-			cut--
-		}
-		msg = msg[:cut] + "..."
+	return len(rc.waiting), truncateTo(strings.Join(parts, "; "), maxWaiting)
+}
+
+// truncateTo bounds s to n bytes, cut on a rune boundary and ended with
+// "..." where it was cut.
+func truncateTo(s string, n int) string {
+	if len(s) <= n {
+		return s
 	}
-	return len(rc.waiting), msg
+	cut := n - 3
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "..."
 }
 
 // settle records the recycles the plan started: those of the picked
@@ -282,8 +284,10 @@ func (rc *recycling) settle(p *plan, now time.Time) {
 	for _, m := range rc.picked {
 		if !started[m.Name] {
 			rc.waiting[m.Name] = "no surge slot is free (spec.rotation.maxSurge): a recycle never replaces a serving proxy in place"
-			// What waits behind it waits for the surge slot, not the bound.
+			// What waits behind it waits for the surge slot, not the bound;
+			// a pool keeps the recycle it was granted for it.
 			rc.atBound = false
+			rc.wanted++
 		}
 	}
 }
@@ -391,6 +395,18 @@ func previousRecycles(xrStatus *structpb.Struct, now time.Time) []fleetv1alpha1.
 	return out
 }
 
+// recordsValue is status.egress.recycles.
+func recordsValue(records []fleetv1alpha1.RecycleRecord) *structpb.Value {
+	list := make([]*structpb.Value, 0, len(records))
+	for _, r := range records {
+		list = append(list, structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+			"proxy": structpb.NewStringValue(r.Proxy), "egressIP": structpb.NewStringValue(r.EgressIP),
+			keyReason: structpb.NewStringValue(r.Reason), "time": structpb.NewStringValue(r.Time),
+		}}))
+	}
+	return structpb.NewListValue(&structpb.ListValue{Values: list})
+}
+
 // setRecycles writes status.egress.recycles and seenAgain, and says, in a
 // Normal result, each recycle started now.
 func setRecycles(rsp *fnv1.RunFunctionResponse, rc *recycling) {
@@ -398,15 +414,8 @@ func setRecycles(rsp *fnv1.RunFunctionResponse, rc *recycling) {
 	if egress == nil {
 		return
 	}
-	list := make([]*structpb.Value, 0, len(rc.records))
-	for _, r := range rc.records {
-		list = append(list, structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
-			"proxy": structpb.NewStringValue(r.Proxy), "egressIP": structpb.NewStringValue(r.EgressIP),
-			keyReason: structpb.NewStringValue(r.Reason), "time": structpb.NewStringValue(r.Time),
-		}}))
-	}
-	if len(list) > 0 {
-		egress.Fields["recycles"] = structpb.NewListValue(&structpb.ListValue{Values: list})
+	if len(rc.records) > 0 {
+		egress.Fields["recycles"] = recordsValue(rc.records)
 	}
 	if rc.seenAgain > 0 {
 		egress.Fields["seenAgain"] = structpb.NewNumberValue(float64(rc.seenAgain))
@@ -424,21 +433,12 @@ func setRecycles(rsp *fnv1.RunFunctionResponse, rc *recycling) {
 }
 
 // recycleNote is the warning of a fleet that cannot apply spec.recycling
-// or spec.diversity.replaceBeyondLimit (a pooled one, for now, or one
-// without surge); "" for one that can.
+// or spec.diversity.replaceBeyondLimit (one without surge); "" for one
+// that can.
 func recycleNote(f *Fleet) string {
-	if f.spec.Pools == nil {
-		if recyclePolicy(f) != nil && f.MaxSurge == 0 {
-			// The schema refuses it now; a fleet stored before is told.
-			return fmt.Sprintf("spec.rotation.maxSurge is 0: %s/%s recycles no proxy, since a recycle replaces a serving proxy through a surge proxy, never in place; set maxSurge to at least 1", f.Namespace, f.Name)
-		}
-		return ""
+	if recyclePolicy(f) != nil && f.MaxSurge == 0 {
+		// The schema refuses it now; a fleet stored before is told.
+		return fmt.Sprintf("spec.rotation.maxSurge is 0: %s/%s recycles no proxy, since a recycle replaces a serving proxy through a surge proxy, never in place; set maxSurge to at least 1", f.Namespace, f.Name)
 	}
-	if d := f.spec.Diversity; d != nil && d.ReplaceBeyondLimit && f.spec.Recycling == nil {
-		return fmt.Sprintf("spec.diversity.replaceBeyondLimit is not applied to pooled fleets yet: %s/%s replaces no proxy beyond its caps", f.Namespace, f.Name)
-	}
-	if f.spec.Recycling == nil {
-		return ""
-	}
-	return fmt.Sprintf("spec.recycling is not applied to pooled fleets yet: %s/%s recycles no proxy", f.Namespace, f.Name)
+	return ""
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -330,7 +331,15 @@ func realPool(tb testing.TB) map[string]any {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	r, err := f.pool(&poolPlan{index: fleetv1alpha1.MaxPools, replicas: 105, zones: f.Zones, grant: budget{5, 5, 1}})
+	// The most a fleet names of a pool's burned proxies, and a recycle
+	// grant.
+	longestProxy := fleet + "-" + strconv.Itoa(fleetv1alpha1.MaxPools*fleetv1alpha1.PoolOrdinalSpan+fleetv1alpha1.PoolOrdinalSpan-1)
+	burned := make([]fleetv1alpha1.PoolBurned, fleetv1alpha1.MaxPoolBurned)
+	for i := range burned {
+		burned[i] = fleetv1alpha1.PoolBurned{Name: longestProxy, Reason: strings.Repeat("r", fleetv1alpha1.MaxPoolBurnedReason)}
+	}
+	r, err := f.pool(&poolPlan{index: fleetv1alpha1.MaxPools, replicas: 105, zones: f.Zones, grant: budget{5, 5, 1},
+		recycles: recycleGrant{k: 1, since: time.Now().UTC().Format(time.RFC3339)}}, burned)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -359,6 +368,14 @@ func realPool(tb testing.TB) map[string]any {
 		field(o.GetResource(), "status", "atProvider").GetStructValue().Fields["lastProbeError"] = structpb.NewStringValue(strings.Repeat("e", 512))
 		observed[resourceName(base+i)] = o
 	}
+	// Its recycles of the day, more than it lists, with the longest
+	// names, addresses and reasons.
+	var records []any
+	for i := range fleetv1alpha1.MaxPoolRecycleRecords + 2 {
+		records = append(records, map[string]any{"proxy": longestProxy, "egressIP": fmt.Sprintf("2001:db8:ffff:ffff:ffff:ffff:ffff:%04x", 0xff00+i),
+			"reason": strings.Repeat("r", maxReason), "time": time.Now().UTC().Format(time.RFC3339)})
+	}
+	got.Object["status"] = map[string]any{"egress": map[string]any{"recycles": records}}
 	poolSpec, err := structpb.NewStruct(got.Object)
 	if err != nil {
 		tb.Fatal(err)
@@ -369,6 +386,16 @@ func realPool(tb testing.TB) map[string]any {
 		tb.Fatal(err)
 	}
 	status := field(rsp.GetDesired().GetComposite().GetResource(), "status").GetStructValue().AsMap()
+	if n := len(field(rsp.GetDesired().GetComposite().GetResource(), "status", "egress", "recycles").GetListValue().GetValues()); n != fleetv1alpha1.MaxPoolRecycleRecords {
+		tb.Fatalf("the pool lists %d recycles, want its newest %d", n, fleetv1alpha1.MaxPoolRecycleRecords)
+	}
+	// The longest it says of those that wait, and the most of its
+	// counts and grant.
+	egress, _ := status["egress"].(map[string]any)
+	egress["recycleWaiting"] = strings.Repeat("w", fleetv1alpha1.MaxPoolWaiting)
+	egress["burned"], egress["seenAgain"], egress["recyclesAtBound"] = int64(fleetv1alpha1.MaxProxiesPerPool), int64(fleetv1alpha1.MaxProxiesPerPool), true
+	b, _ := status["budget"].(map[string]any)
+	b[keyMaxRecycles], b[keyRecyclesSince], b[keyRecyclesUsed], b[keyRecyclesWanted] = int64(10), time.Now().UTC().Format(time.RFC3339), int64(10), int64(fleetv1alpha1.MaxProxiesPerPool)
 	now := time.Now().UTC().Format(time.RFC3339)
 	conds := []any{
 		map[string]any{"type": "Ready", "status": "False", "reason": "Creating", "lastTransitionTime": now},

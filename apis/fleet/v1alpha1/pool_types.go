@@ -37,6 +37,33 @@ type PoolBudget struct {
 	// +kubebuilder:validation:Minimum=0
 	// +optional
 	MaxRepairs int32 `json:"maxRepairs,omitempty"`
+	// MaxRecycles is how many recycles (spec.recycling of the fleet, or
+	// spec.diversity.replaceBeyondLimit) the pool may have started in the
+	// last hour: its share of the fleet's bound, which the fleet hands
+	// out one recycle at a time, after its back-off and never below its
+	// floor.
+	// +kubebuilder:validation:Minimum=0
+	// +optional
+	MaxRecycles int32 `json:"maxRecycles,omitempty"`
+	// RecyclesSince is when the grant of MaxRecycles began: the pool's
+	// recycles started since (less a minute for skewed clocks) count
+	// against it.
+	// +kubebuilder:validation:Format=date-time
+	// +optional
+	RecyclesSince string `json:"recyclesSince,omitempty"`
+}
+
+// PoolBurned is one of a pool's Proxies whose egress IP its fleet's
+// spec.recycling judges burned, as egress-discovery's summary of the
+// fleet names it.
+type PoolBurned struct {
+	// Name is the Proxy's name.
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name"`
+	// Reason says why its address is burned (at most MaxPoolBurnedReason
+	// bytes).
+	// +kubebuilder:validation:MaxLength=96
+	Reason string `json:"reason"`
 }
 
 // ProxyPoolSpec is one pool of a pooled fleet, as the fleet composes it.
@@ -55,6 +82,13 @@ type ProxyPoolSpec struct {
 	// now.
 	// +optional
 	Budget PoolBudget `json:"budget,omitempty"`
+	// Burned are the pool's Proxies whose egress IP the fleet's
+	// spec.recycling judges burned, those to recycle first (by ordinal),
+	// at most MaxPoolBurned: the pool recycles them within
+	// Budget.MaxRecycles.
+	// +kubebuilder:validation:MaxItems=2
+	// +optional
+	Burned []PoolBurned `json:"burned,omitempty"`
 	// ScaleDown says how the pool removes Proxies above its replicas:
 	// Immediate, as spec.replicas falling does; or Drain, as an autoscaled
 	// fleet does: only Proxies no crawler holds a lease on, once every
@@ -101,15 +135,45 @@ type PoolBudgetStatus struct {
 	// removed first, until they are Ready. A Proxy that failed does not
 	// count.
 	UnavailableInUse int32 `json:"unavailableInUse,omitempty"`
+	// MaxRecycles and RecyclesSince are the recycle grant the pool was
+	// composed with; RecyclesUsed counts the recycles it started on it;
+	// RecyclesWanted counts its burned Proxies that a recycle could
+	// replace now but for the grant (or a surge slot, holding one).
+	MaxRecycles    int32  `json:"maxRecycles,omitempty"`
+	RecyclesSince  string `json:"recyclesSince,omitempty"`
+	RecyclesUsed   int32  `json:"recyclesUsed,omitempty"`
+	RecyclesWanted int32  `json:"recyclesWanted,omitempty"`
 }
+
+// Bounds of what a pool's spec and status say of recycling, so that an
+// observed pool stays within PoolMessageBytes. MaxPoolBurned bounds the
+// burned Proxies a fleet names in a pool's spec, MaxPoolBurnedReason each
+// one's reason: the fleet grants a pool one recycle at a time, and leaves
+// out of the list those it knows cannot be recycled (an address a recycle
+// gave back). MaxPoolRecycleRecords bounds the recycles a pool's status
+// lists, newest last, with reasons of at most MaxPoolBurnedReason bytes:
+// the fleet grants the next only once it observed the last used, in the
+// same status as its record, which it merges into its own list of the
+// day. MaxPoolWaiting bounds the pool's status.egress.recycleWaiting.
+const (
+	MaxPoolBurned         = 2
+	MaxPoolBurnedReason   = 96
+	MaxPoolRecycleRecords = 1
+	MaxPoolWaiting        = 128
+)
 
 // PoolFault is one Proxy of a pool at fault.
 type PoolFault struct {
 	// Proxy is the Proxy's name.
 	Proxy string `json:"proxy"`
-	// Reason says why it is unhealthy or out of service.
+	// Reason says why it is unhealthy or out of service, cut to
+	// MaxPoolFaultReason bytes (the Proxy's status says it whole).
 	Reason string `json:"reason"`
 }
+
+// MaxPoolFaultReason bounds a pool fault's reason, so that an observed
+// pool stays within PoolMessageBytes.
+const MaxPoolFaultReason = 96
 
 // ProxyPoolStatus is the observed pool: counts, not one entry per Proxy,
 // so that the fleet, which reads every pool's status, stays small.
@@ -131,7 +195,9 @@ type ProxyPoolStatus struct {
 	// pool's shares.
 	DuplicateEgressIPs int32 `json:"duplicateEgressIPs,omitempty"`
 	// Egress counts the pool's Proxies beyond the fleet's spec.diversity
-	// (labelled beyond-diversity-limit).
+	// (labelled beyond-diversity-limit), and lists its newest recycles
+	// (MaxPoolRecycleRecords: its fleet lists the day's), with those that
+	// wait and why.
 	// +optional
 	Egress *EgressStatus `json:"egress,omitempty"`
 	// Failing counts Proxies unready for longer than it takes one to

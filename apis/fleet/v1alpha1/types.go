@@ -507,8 +507,8 @@ type ProxyFleetSpec struct {
 	// (surge first, lease-aware, within maxUnavailable), at most
 	// maxPerHour in any hour with a back-off after each, and none while
 	// the fleet's healthy proxies are below replicas - maxUnavailable.
-	// status.egress.recycles lists the last day's. Not applied to pooled
-	// fleets yet.
+	// status.egress.recycles lists the last day's. A pooled fleet holds
+	// the bound over all its pools, granting them recycles one at a time.
 	// +optional
 	Recycling *Recycling `json:"recycling,omitempty"`
 }
@@ -578,8 +578,9 @@ type Diversity struct {
 	// maxUnavailable, and within spec.recycling's bounds (maxPerHour and
 	// backoff, their defaults without spec.recycling), which it shares;
 	// status.egress.recycles lists these too. Off by default: a proxy
-	// beyond a cap is then only flagged and handed out last. Not applied
-	// to pooled fleets yet.
+	// beyond a cap is then only flagged and handed out last. In a pooled
+	// fleet each pool replaces those beyond its caps (pools count their
+	// own addresses), within the fleet's bounds.
 	// +optional
 	ReplaceBeyondLimit bool `json:"replaceBeyondLimit,omitempty"`
 }

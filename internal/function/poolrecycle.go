@@ -1,0 +1,426 @@
+package function
+
+import (
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
+	"github.com/crossplane/function-sdk-go/response"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/egressip"
+)
+
+// Recycling in a pooled fleet. The fleet holds the bound (spec.recycling's
+// recycles an hour, its back-off, its floor) over every pool, and hands a
+// pool a grant: at most k recycles started since a time. A pool recycles
+// the burned Proxies the fleet names in its spec (egress-discovery's
+// summary of the fleet names them) and those beyond its caps of
+// spec.diversity (replaceBeyondLimit), as a fleet without pools does, but
+// within its grant. Each grant is a fresh one: a recycle ageing out of the
+// hour frees nothing a pool may act on, only the fleet grants again, and
+// only once every unit it granted before is spent or given back (the pool
+// acknowledged, the fleet's own status records what it granted last). So
+// however many pools recycle, the fleet starts no more than its bound
+// allows, and waits its back-off after each.
+
+// Keys of a pool's recycle grant, in its spec's budget and its status'.
+const (
+	keyMaxRecycles    = "maxRecycles"
+	keyRecyclesSince  = "recyclesSince"
+	keyRecyclesUsed   = "recyclesUsed"
+	keyRecyclesWanted = "recyclesWanted"
+)
+
+// grantSkew is how long before a grant's time a pool's recycle counts
+// against it: the clocks of the function replicas that composed the
+// fleet and the pool may disagree by this much, and a recycle wrongly
+// counted costs a back-off, one wrongly not counted the bound.
+const grantSkew = time.Minute
+
+// recycleGrant is a pool's share of its fleet's recycles: at most k
+// started since (RFC 3339; any when k is 0).
+type recycleGrant struct {
+	k     int
+	since string
+}
+
+// used counts the records of the grant: recycles started since its time,
+// less the skew.
+func (g recycleGrant) used(records []fleetv1alpha1.RecycleRecord) int {
+	if g.k == 0 {
+		return 0
+	}
+	since, err := time.Parse(time.RFC3339, g.since)
+	if err != nil {
+		// No time it began: every recycle of the day counts.
+		return len(records)
+	}
+	n := 0
+	for _, r := range records {
+		if at, err := time.Parse(time.RFC3339, r.Time); err != nil || !at.Before(since.Add(-grantSkew)) {
+			n++
+		}
+	}
+	return n
+}
+
+// grantOf reads a grant from a budget's fields.
+func grantOf(b *structpb.Struct) recycleGrant {
+	return recycleGrant{k: whole(field(b, keyMaxRecycles)), since: str(b, keyRecyclesSince)}
+}
+
+// poolRecycling is a pool's part: the burned Proxies its fleet names, and
+// its grant. nil for a pool whose fleet recycles nothing.
+type poolRecycling struct {
+	burned map[string]string
+	grant  recycleGrant
+}
+
+// parsePoolRecycling reads a pool's spec.burned and its recycle grant.
+func parsePoolRecycling(spec map[string]any) (*poolRecycling, error) {
+	budget, _ := spec["budget"].(map[string]any)
+	pr := &poolRecycling{burned: map[string]string{}}
+	pr.grant.k = number(budget[keyMaxRecycles])
+	if pr.grant.k < 0 {
+		return nil, fieldError("spec.budget.maxRecycles", "must not be negative")
+	}
+	pr.grant.since, _ = budget[keyRecyclesSince].(string)
+	if pr.grant.since != "" {
+		if _, err := time.Parse(time.RFC3339, pr.grant.since); err != nil {
+			return nil, fieldError("spec.budget.recyclesSince", "must be an RFC 3339 time, not %q", pr.grant.since)
+		}
+	}
+	list, _ := spec["burned"].([]any)
+	if len(list) > fleetv1alpha1.MaxPoolBurned {
+		return nil, fieldError("spec.burned", "lists %d Proxies, more than %d", len(list), fleetv1alpha1.MaxPoolBurned)
+	}
+	for _, v := range list {
+		e, _ := v.(map[string]any)
+		name, _ := e["name"].(string)
+		reason, _ := e["reason"].(string)
+		if name == "" {
+			return nil, fieldError("spec.burned", "has an entry without a name")
+		}
+		pr.burned[name] = truncateTo(reason, fleetv1alpha1.MaxPoolBurnedReason)
+	}
+	if pr.grant.k == 0 && len(pr.burned) == 0 {
+		return nil, nil
+	}
+	return pr, nil
+}
+
+// recycles says whether the fleet (or pool) may recycle anything.
+func (f *Fleet) recycles() bool {
+	if f.Pool != "" {
+		return f.poolRecycling != nil || replacesBeyondLimit(f)
+	}
+	return recyclePolicy(f) != nil
+}
+
+// recycleAllowance is how many recycles may start now, after records,
+// with healthy proxies serving; when none may, why, and whether the bound
+// alone holds them (not the floor).
+func (f *Fleet) recycleAllowance(records []fleetv1alpha1.RecycleRecord, healthy int, now time.Time) (n int, why string, atBound bool) {
+	if f.Pool != "" {
+		floor := f.readyFloor
+		if healthy < floor {
+			return 0, fmt.Sprintf("the pool has %d healthy proxies, below its floor of %d", healthy, floor), false
+		}
+		var g recycleGrant
+		if f.poolRecycling != nil {
+			g = f.poolRecycling.grant
+		}
+		if n = g.k - g.used(records); n > 0 {
+			return n, "", false
+		}
+		return 0, "the fleet's bound (spec.recycling of the ProxyFleet, over every pool): its status.egress.recycleWaiting says when the next may start", true
+	}
+	pol := recyclePolicy(f)
+	recent := make([]egressip.Recycle, 0, len(records))
+	for _, r := range records {
+		at, _ := time.Parse(time.RFC3339, r.Time)
+		recent = append(recent, egressip.Recycle{Proxy: r.Proxy, IP: r.EgressIP, At: at})
+	}
+	floor := f.Replicas - f.MaxUnavailable
+	n, next := pol.Allowed(recent, healthy, floor, now)
+	return n, boundWhy(pol, healthy, floor, next), healthy >= floor
+}
+
+// setPoolRecycleStatus writes what a pool did with its grant into its
+// status' budget, and bounds the recycles its status lists (its fleet
+// lists the day's).
+func setPoolRecycleStatus(desired *fnv1.State, f *Fleet, rc *recycling) {
+	status := compositeStatus(desired)
+	n := func(v int) *structpb.Value { return structpb.NewNumberValue(float64(v)) }
+	if budget := field(status, "budget").GetStructValue(); budget != nil {
+		if pr := f.poolRecycling; pr != nil && pr.grant.k > 0 {
+			budget.Fields[keyMaxRecycles] = n(pr.grant.k)
+			budget.Fields[keyRecyclesSince] = structpb.NewStringValue(pr.grant.since)
+			budget.Fields[keyRecyclesUsed] = n(pr.grant.used(rc.records))
+		}
+		if rc.wanted > 0 {
+			budget.Fields[keyRecyclesWanted] = n(rc.wanted)
+		}
+	}
+	egress := field(status, "egress").GetStructValue()
+	list := field(egress, "recycles").GetListValue()
+	if vs := list.GetValues(); len(vs) > fleetv1alpha1.MaxPoolRecycleRecords {
+		list.Values = vs[len(vs)-fleetv1alpha1.MaxPoolRecycleRecords:]
+	}
+	for _, v := range list.GetValues() {
+		r := v.GetStructValue()
+		r.Fields[keyReason] = structpb.NewStringValue(truncateTo(str(r, keyReason), fleetv1alpha1.MaxPoolBurnedReason))
+	}
+	if why := str(egress, "recycleWaiting"); why != "" {
+		egress.Fields["recycleWaiting"] = structpb.NewStringValue(truncateTo(why, fleetv1alpha1.MaxPoolWaiting))
+	}
+}
+
+// observedPoolRecycling is what a pooled fleet reads of one pool's
+// recycling: the grant in its spec, the one it was composed with and how
+// much of that it used, what it wants, and its status' egress.
+type observedPoolRecycling struct {
+	granted, acked, ledger recycleGrant
+	reported               bool
+	used, wanted           int
+	records                []fleetv1alpha1.RecycleRecord
+	seenAgain, burned      int
+	waiting                string
+	atBound                bool
+}
+
+// readPoolRecycling reads a pool's recycling from its spec and status;
+// ledger is the grant the fleet's own status says it made last.
+func readPoolRecycling(spec, status *structpb.Struct, ledger recycleGrant, now time.Time) observedPoolRecycling {
+	o := observedPoolRecycling{granted: grantOf(field(spec, "budget").GetStructValue()), ledger: ledger}
+	if b := field(status, "budget").GetStructValue(); b != nil {
+		o.reported = true
+		o.acked = grantOf(b)
+		o.used = whole(field(b, keyRecyclesUsed))
+		o.wanted = whole(field(b, keyRecyclesWanted))
+	} else {
+		o.acked = o.granted
+	}
+	o.records = previousRecycles(status, now)
+	egress := field(status, "egress").GetStructValue()
+	o.seenAgain = whole(field(egress, "seenAgain"))
+	o.burned = whole(field(egress, "burned"))
+	o.waiting = str(egress, "recycleWaiting")
+	o.atBound = field(egress, "recyclesAtBound").GetBoolValue()
+	return o
+}
+
+// unused is how many recycles the pool may still start on what it was
+// granted: of the grant it acknowledged, what it did not use; of one it
+// did not acknowledge (in its spec, or in the fleet's record), all.
+func (o observedPoolRecycling) unused() int {
+	n := max(o.acked.k-o.used, 0)
+	if !o.reported {
+		n = o.acked.k
+	}
+	for _, g := range []recycleGrant{o.granted, o.ledger} {
+		if g != o.acked {
+			n = max(n, g.k)
+		}
+	}
+	return n
+}
+
+// pooledRecycling is what a pooled fleet decides of recycling: the day's
+// recycles of every pool, those new since its status last listed them,
+// and the burned Proxies of each pool to name in its spec.
+type pooledRecycling struct {
+	records, started []fleetv1alpha1.RecycleRecord
+	burned           map[int][]fleetv1alpha1.PoolBurned
+	// unnamed counts the burned Proxies the summaries name that no pool's
+	// spec lists (beyond MaxPoolBurned).
+	unnamed int
+	// free is how many recycles the fleet may grant now; why says why it
+	// may grant none.
+	free    int
+	why     string
+	atBound bool
+}
+
+// planPoolRecycles merges the pools' recycles into the fleet's, names
+// each pool's burned Proxies, and grants recycles: as many as the fleet's
+// bound allows now less every unit granted and not yet used, one to each
+// pool that wants one in turn. A pool that wants none gives its unused
+// grant back.
+func planPoolRecycles(fleet *Fleet, plans []*poolPlan, burned map[string]string, xrStatus *structpb.Struct, healthy int, now time.Time) *pooledRecycling {
+	pr := &pooledRecycling{burned: map[int][]fleetv1alpha1.PoolBurned{}}
+	pr.mergeRecords(previousRecycles(xrStatus, now), plans)
+	for _, p := range plans {
+		p.recycles = recycleGrant{}
+	}
+	if !fleet.recycles() {
+		return pr
+	}
+	pr.nameBurned(fleet, burned)
+	pr.grant(fleet, plans, healthy, now)
+	return pr
+}
+
+// mergeRecords adds to the fleet's records of the day (prev) those its
+// pools list that it lacks: the recycles they started since.
+func (pr *pooledRecycling) mergeRecords(prev []fleetv1alpha1.RecycleRecord, plans []*poolPlan) {
+	known := map[string]bool{}
+	for _, r := range prev {
+		known[r.Proxy+"/"+r.EgressIP] = true
+	}
+	all := append([]fleetv1alpha1.RecycleRecord{}, prev...)
+	for _, p := range plans {
+		if o := p.observed; o != nil {
+			for _, r := range o.recycling.records {
+				if !known[r.Proxy+"/"+r.EgressIP] {
+					known[r.Proxy+"/"+r.EgressIP] = true
+					all = append(all, r)
+					pr.started = append(pr.started, r)
+				}
+			}
+		}
+	}
+	sort.SliceStable(all, func(i, j int) bool { return all[i].Time < all[j].Time })
+	if len(all) > maxRecycleRecords {
+		all = all[len(all)-maxRecycleRecords:]
+	}
+	pr.records = all
+}
+
+// grant sets each pool's recycle grant: a fresh one of 1 to a pool that
+// wants one and holds none unused, in turn, while the fleet's bound
+// leaves some free; a grant spent, no longer wanted, or held while the
+// fleet is below its floor is taken back; any other stays as it is.
+func (pr *pooledRecycling) grant(fleet *Fleet, plans []*poolPlan, healthy int, now time.Time) {
+	n, why, atBound := fleet.recycleAllowance(pr.records, healthy, now)
+	unused, wanted := 0, 0
+	for _, p := range plans {
+		if o := p.observed; o != nil {
+			unused += o.recycling.unused()
+			wanted += o.recycling.wanted
+		}
+	}
+	pr.free, pr.why = max(n-unused, 0), why
+	if n > 0 && pr.free == 0 {
+		pr.why = "a recycle the fleet granted a pool is not started yet"
+	}
+	pr.atBound = atBound && n == 0 && wanted > 0
+	belowFloor := healthy < fleet.Replicas-fleet.MaxUnavailable
+	free := pr.free
+	for _, p := range plans {
+		o := p.observed
+		if o == nil {
+			continue
+		}
+		r := o.recycling
+		switch {
+		case belowFloor:
+			// Given back: it is free once the pool acknowledges.
+			p.recycles = recycleGrant{}
+		case r.unused() == 0 && r.wanted > 0 && free > 0:
+			p.recycles = recycleGrant{k: 1, since: now.UTC().Format(time.RFC3339)}
+			free--
+		case r.reported && r.granted == r.acked && (r.unused() == 0 || r.wanted == 0):
+			// Spent, or no longer wanted: a grant is taken back rather
+			// than left to count only the recycles since its time.
+			p.recycles = recycleGrant{}
+		default:
+			p.recycles = r.granted
+		}
+	}
+}
+
+// nameBurned sorts the burned Proxies the summaries name by pool: bans
+// before anything else, then by ordinal, those whose address a recycle of
+// the day gave back left out (recycling them again would draw it again),
+// at most MaxPoolBurned a pool.
+func (pr *pooledRecycling) nameBurned(fleet *Fleet, burned map[string]string) {
+	gaveBack := map[string]bool{}
+	for _, r := range pr.records {
+		gaveBack[r.EgressIP] = true
+	}
+	type entry struct {
+		ord          int
+		name, reason string
+	}
+	byPool := map[int][]entry{}
+	for name, reason := range burned {
+		ord, err := strconv.Atoi(strings.TrimPrefix(name, fleet.Name+"-"))
+		if err != nil || !strings.HasPrefix(name, fleet.Name+"-") || ord < fleetv1alpha1.PoolOrdinalSpan {
+			continue
+		}
+		if ip, _, _ := strings.Cut(reason, " "); gaveBack[ip] {
+			continue
+		}
+		k := ord / fleetv1alpha1.PoolOrdinalSpan
+		byPool[k] = append(byPool[k], entry{ord, name, truncateTo(reason, fleetv1alpha1.MaxPoolBurnedReason)})
+	}
+	for k, es := range byPool {
+		sort.Slice(es, func(i, j int) bool {
+			di, dj := strings.Contains(es[i].reason, egressip.BeyondLimitReason), strings.Contains(es[j].reason, egressip.BeyondLimitReason)
+			if di != dj {
+				return !di
+			}
+			return es[i].ord < es[j].ord
+		})
+		if len(es) > fleetv1alpha1.MaxPoolBurned {
+			pr.unnamed += len(es) - fleetv1alpha1.MaxPoolBurned
+			es = es[:fleetv1alpha1.MaxPoolBurned]
+		}
+		list := make([]fleetv1alpha1.PoolBurned, len(es))
+		for i, e := range es {
+			list[i] = fleetv1alpha1.PoolBurned{Name: e.name, Reason: e.reason}
+		}
+		pr.burned[k] = list
+	}
+}
+
+// setPooledRecycles writes a pooled fleet's status.egress: the day's
+// recycles of every pool, the addresses seen again and the burned
+// Proxies waiting in each, why they wait; and says each recycle a pool
+// started since, in a Normal result.
+func setPooledRecycles(rsp *fnv1.RunFunctionResponse, plans []*poolPlan, pr *pooledRecycling) {
+	egress := field(rsp.GetDesired().GetComposite().GetResource(), "status", "egress").GetStructValue()
+	if egress == nil {
+		return
+	}
+	if len(pr.records) > 0 {
+		egress.Fields["recycles"] = recordsValue(pr.records)
+	}
+	seenAgain, burned := 0, pr.unnamed
+	var parts []string
+	for _, p := range plans {
+		if o := p.observed; o != nil {
+			seenAgain += o.recycling.seenAgain
+			burned += o.recycling.burned
+			if o.recycling.waiting != "" {
+				parts = append(parts, o.name+": "+o.recycling.waiting)
+			}
+		}
+	}
+	if seenAgain > 0 {
+		egress.Fields["seenAgain"] = structpb.NewNumberValue(float64(seenAgain))
+	}
+	if burned > 0 {
+		why := strings.Join(parts, "; ")
+		if pr.free == 0 && pr.why != "" {
+			why = "the fleet grants no recycle now: " + pr.why + "; " + why
+		}
+		if pr.unnamed > 0 {
+			why += fmt.Sprintf("; %d more wait for their pool's list (at most %d each)", pr.unnamed, fleetv1alpha1.MaxPoolBurned)
+		}
+		egress.Fields["burned"] = structpb.NewNumberValue(float64(burned))
+		egress.Fields["recycleWaiting"] = structpb.NewStringValue(truncateTo(why, maxWaiting))
+		if pr.atBound {
+			egress.Fields["recyclesAtBound"] = structpb.NewBoolValue(true)
+		}
+	}
+	for _, r := range pr.started {
+		response.Normalf(rsp, "Recycling proxy %s: its egress IP %s", r.Proxy, r.Reason).TargetCompositeAndClaim()
+	}
+}
