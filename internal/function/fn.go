@@ -437,6 +437,7 @@ func observedMembers(observed map[string]*fnv1.Resource, leased map[string]bool,
 			m.RecycleOf, m.RecycleIP = ann[fleetv1alpha1.AnnotationRecycleOf].GetStringValue(), ann[fleetv1alpha1.AnnotationRecycleIP].GetStringValue()
 			m.RecycleReason = ann[fleetv1alpha1.AnnotationRecycleReason].GetStringValue()
 			m.RecycleAt, _ = time.Parse(time.RFC3339, ann[fleetv1alpha1.AnnotationRecycleAt].GetStringValue())
+			m.RecycleGrant = ann[fleetv1alpha1.AnnotationRecycleGrant].GetStringValue()
 		}
 		m.Created, _ = time.Parse(time.RFC3339, meta["creationTimestamp"].GetStringValue())
 		if v := labels[fleetv1alpha1.LabelReplaces].GetStringValue(); v != "" {
@@ -594,13 +595,17 @@ func (c *composer) annotationsOf(m *member) *structpb.Value {
 	if m.RecycleOf == "" {
 		return c.annotations
 	}
-	return structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{
+	ann := &structpb.Struct{Fields: map[string]*structpb.Value{
 		fleetv1alpha1.AnnotationFleet:         structpb.NewStringValue(c.f.Name),
 		fleetv1alpha1.AnnotationRecycleOf:     structpb.NewStringValue(m.RecycleOf),
 		fleetv1alpha1.AnnotationRecycleIP:     structpb.NewStringValue(m.RecycleIP),
 		fleetv1alpha1.AnnotationRecycleReason: structpb.NewStringValue(m.RecycleReason),
 		fleetv1alpha1.AnnotationRecycleAt:     structpb.NewStringValue(m.RecycleAt.UTC().Format(time.RFC3339)),
-	}})
+	}}
+	if m.RecycleGrant != "" {
+		ann.Fields[fleetv1alpha1.AnnotationRecycleGrant] = structpb.NewStringValue(m.RecycleGrant)
+	}
+	return structpb.NewStructValue(ann)
 }
 
 // kept is the spec an outdated member keeps: its observed providerConfigRef

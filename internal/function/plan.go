@@ -52,6 +52,9 @@ type member struct {
 	// when (its recycle-* annotations).
 	RecycleOf, RecycleIP, RecycleReason string
 	RecycleAt                           time.Time
+	// RecycleGrant is the pool's recycle grant it was made on (its
+	// AnnotationRecycleGrant); "" for none.
+	RecycleGrant string
 	// Streak counts the unhealthy proxies replaced in a row, none of which
 	// turned Ready, that led to this member.
 	Streak int
@@ -505,6 +508,9 @@ func (pl *planner) replace() {
 			if h.Recycle != "" && h.Ready {
 				// A recycle starts: the replacement carries it.
 				s.replacement.RecycleOf, s.replacement.RecycleIP, s.replacement.RecycleReason, s.replacement.RecycleAt = h.Name, h.EgressIP, h.recycleWhy, pl.now
+				if pr := f.poolRecycling; pr != nil {
+					s.replacement.RecycleGrant = pr.grant.since
+				}
 			}
 			pl.p.created++
 			pl.total++

@@ -87,7 +87,7 @@ func (f *Function) runPool(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionR
 		keyBeyondLimit: structpb.NewNumberValue(float64(len(egress.Excess))),
 	}})
 	setRecycles(rsp, recycled)
-	setPoolRecycleStatus(rsp.Desired, fleet, recycled)
+	setPoolRecycleStatus(rsp.Desired, fleet, recycled, p.keep, now)
 	ro := progress(fleet, members, field(req.GetObserved().GetComposite().GetResource(), "status").GetStructValue(), now)
 	// A pool's rollout clock runs only while it holds budget: one waiting
 	// for its turn is not stalled, and starts its clock when its turn
@@ -193,7 +193,8 @@ func parsePool(name, namespace string, xr map[string]any) (*Fleet, error) {
 	default:
 		return nil, fieldError("spec.scaleDown", "must be Immediate or Drain, not %q", mode)
 	}
-	if fleet.poolRecycling, err = parsePoolRecycling(spec); err != nil {
+	status, _ := xr["status"].(map[string]any)
+	if fleet.poolRecycling, err = parsePoolRecycling(spec, status); err != nil {
 		return nil, err
 	}
 	fleet.Pool, fleet.OrdinalBase = name, int(index)*fleetv1alpha1.PoolOrdinalSpan

@@ -189,16 +189,21 @@ type simCluster struct {
 	// burned names those the fleet's summary lists as burned.
 	made   int
 	burned map[string]bool
+	// poolSkew is how far the clock of the function replica composing
+	// the pools is ahead of the fleet's (behind, negative).
+	poolSkew time.Duration
+	poolFn   *Function
 }
 
 func newSim(t *testing.T, spec string) *simCluster {
 	c := &simCluster{t: t, now: t0, spec: spec, pools: map[string]*simPool{}, boot: 20 * time.Second}
 	c.fn = New(logging.NewNopLogger(), func() time.Time { return c.now })
+	c.poolFn = New(logging.NewNopLogger(), func() time.Time { return c.now.Add(c.poolSkew) })
 	return c
 }
 
-func (c *simCluster) runFn(req *fnv1.RunFunctionRequest) *fnv1.RunFunctionResponse {
-	rsp, err := c.fn.RunFunction(context.Background(), req)
+func (c *simCluster) runFn(fn *Function, req *fnv1.RunFunctionRequest) *fnv1.RunFunctionResponse {
+	rsp, err := fn.RunFunction(context.Background(), req)
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -213,11 +218,16 @@ func (c *simCluster) runFn(req *fnv1.RunFunctionRequest) *fnv1.RunFunctionRespon
 // summary is one discovery replica's summary of a pool ("" the fleet's),
 // now: no leases, every draining Proxy seen draining since its label says.
 func (c *simCluster) summary(pool string) map[string]*fnv1.Resources {
+	return c.summaryAt(pool, c.now)
+}
+
+// summaryAt is the summary as a replica whose clock reads now wrote it.
+func (c *simCluster) summaryAt(pool string, now time.Time) map[string]*fnv1.Resources {
 	ls := v1alpha1.LeaseSummary{
 		TypeMeta:   metav1.TypeMeta{APIVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.LeaseSummaryKind},
 		ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: leasewire.PoolSummaryName("crawlers", pool, "r1"), Labels: leasewire.SummaryLabels("crawlers", pool)},
 		Spec: v1alpha1.LeaseSummarySpec{Fleet: "crawlers", Pool: pool, Replica: "r1",
-			ObservedAt: metav1.MicroTime{Time: c.now}, ValidUntil: metav1.MicroTime{Time: c.now.Add(leasewire.SummaryFreshness)}},
+			ObservedAt: metav1.MicroTime{Time: now}, ValidUntil: metav1.MicroTime{Time: now.Add(leasewire.SummaryFreshness)}},
 	}
 	for _, p := range c.pools {
 		if pool != "" && str(p.spec, "metadata", "name") != pool {
@@ -303,7 +313,7 @@ func (c *simCluster) readFleet() func() {
 		}
 	}
 	req := &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: x}, Resources: observed}, RequiredResources: c.summary("")}
-	rsp := c.runFn(req)
+	rsp := c.runFn(c.fn, req)
 	return func() {
 		c.fleetSt = field(rsp.GetDesired().GetComposite().GetResource(), "status").GetStructValue()
 		seen := map[string]bool{}
@@ -339,10 +349,11 @@ func (c *simCluster) readPool(name string) func() {
 		observed[rn] = c.observedProxy(x)
 	}
 	x := c.observedPool(p, false).GetResource()
-	required := c.summary(str(p.spec, "metadata", "name"))
-	required[requiredFleetSummaries] = c.summary("")[requiredSummaries]
+	// The discovery replicas' clocks agree with the pool's.
+	required := c.summaryAt(str(p.spec, "metadata", "name"), c.now.Add(c.poolSkew))
+	required[requiredFleetSummaries] = c.summaryAt("", c.now.Add(c.poolSkew))[requiredSummaries]
 	req := &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: x}, Resources: observed}, RequiredResources: required}
-	rsp := c.runFn(req)
+	rsp := c.runFn(c.poolFn, req)
 	return func() {
 		if c.pools[name] != p {
 			return // deleted meanwhile

@@ -396,7 +396,7 @@ func (f *Function) runPooledFleet(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFu
 		return
 	}
 	setFleetStatus(rsp.Desired, fleet, plans, total)
-	setPooledRecycles(rsp, plans, recycled)
+	setPooledRecycles(rsp, plans, recycled, now)
 	reportScaling(rsp, fleet, sc)
 	reportPools(rsp, fleet, plans, total)
 	reportPoolsDiversity(rsp, fleet, plans, total)

@@ -9,6 +9,7 @@ import (
 
 	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
 	"github.com/crossplane/function-sdk-go/response"
+	"github.com/pkg/errors"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
@@ -30,43 +31,18 @@ import (
 
 // Keys of a pool's recycle grant, in its spec's budget and its status'.
 const (
-	keyMaxRecycles    = "maxRecycles"
-	keyRecyclesSince  = "recyclesSince"
-	keyRecyclesUsed   = "recyclesUsed"
-	keyRecyclesWanted = "recyclesWanted"
+	keyMaxRecycles      = "maxRecycles"
+	keyRecyclesSince    = "recyclesSince"
+	keyRecyclesUsed     = "recyclesUsed"
+	keyRecyclesWanted   = "recyclesWanted"
+	keyRecyclesLastHour = "recyclesLastHour"
 )
 
-// grantSkew is how long before a grant's time a pool's recycle counts
-// against it: the clocks of the function replicas that composed the
-// fleet and the pool may disagree by this much, and a recycle wrongly
-// counted costs a back-off, one wrongly not counted the bound.
-const grantSkew = time.Minute
-
 // recycleGrant is a pool's share of its fleet's recycles: at most k
-// started since (RFC 3339; any when k is 0).
+// started on it; since, when the fleet made it (RFC 3339), names it.
 type recycleGrant struct {
 	k     int
 	since string
-}
-
-// used counts the records of the grant: recycles started since its time,
-// less the skew.
-func (g recycleGrant) used(records []fleetv1alpha1.RecycleRecord) int {
-	if g.k == 0 {
-		return 0
-	}
-	since, err := time.Parse(time.RFC3339, g.since)
-	if err != nil {
-		// No time it began: every recycle of the day counts.
-		return len(records)
-	}
-	n := 0
-	for _, r := range records {
-		if at, err := time.Parse(time.RFC3339, r.Time); err != nil || !at.Before(since.Add(-grantSkew)) {
-			n++
-		}
-	}
-	return n
 }
 
 // grantOf reads a grant from a budget's fields.
@@ -74,15 +50,36 @@ func grantOf(b *structpb.Struct) recycleGrant {
 	return recycleGrant{k: whole(field(b, keyMaxRecycles)), since: str(b, keyRecyclesSince)}
 }
 
-// poolRecycling is a pool's part: the burned Proxies its fleet names, and
-// its grant. nil for a pool whose fleet recycles nothing.
+// poolRecycling is a pool's part: the burned Proxies its fleet names, its
+// grant, and how many recycles its status said it started on that grant
+// when it was composed with it last. nil for a pool whose fleet recycles
+// nothing.
 type poolRecycling struct {
-	burned map[string]string
-	grant  recycleGrant
+	burned   map[string]string
+	grant    recycleGrant
+	prevUsed int
 }
 
-// parsePoolRecycling reads a pool's spec.burned and its recycle grant.
-func parsePoolRecycling(spec map[string]any) (*poolRecycling, error) {
+// used counts the recycles started on the grant: the members made on it
+// (their AnnotationRecycleGrant, whatever the clock of the replica that
+// made them), or what the pool's status said, if more (one of them gone
+// since).
+func (pr *poolRecycling) used(members []*member) int {
+	if pr == nil || pr.grant.k == 0 {
+		return 0
+	}
+	n := 0
+	for _, m := range members {
+		if m.RecycleGrant == pr.grant.since {
+			n++
+		}
+	}
+	return max(n, pr.prevUsed)
+}
+
+// parsePoolRecycling reads a pool's spec.burned and its recycle grant,
+// and from its status what it used of the grant.
+func parsePoolRecycling(spec, status map[string]any) (*poolRecycling, error) {
 	budget, _ := spec["budget"].(map[string]any)
 	pr := &poolRecycling{burned: map[string]string{}}
 	pr.grant.k = number(budget[keyMaxRecycles])
@@ -90,10 +87,8 @@ func parsePoolRecycling(spec map[string]any) (*poolRecycling, error) {
 		return nil, fieldError("spec.budget.maxRecycles", "must not be negative")
 	}
 	pr.grant.since, _ = budget[keyRecyclesSince].(string)
-	if pr.grant.since != "" {
-		if _, err := time.Parse(time.RFC3339, pr.grant.since); err != nil {
-			return nil, fieldError("spec.budget.recyclesSince", "must be an RFC 3339 time, not %q", pr.grant.since)
-		}
+	if _, err := time.Parse(time.RFC3339, pr.grant.since); err != nil && (pr.grant.since != "" || pr.grant.k > 0) {
+		return nil, fieldError("spec.budget.recyclesSince", "must be an RFC 3339 time naming the grant of maxRecycles, not %q", pr.grant.since)
 	}
 	list, _ := spec["burned"].([]any)
 	if len(list) > fleetv1alpha1.MaxPoolBurned {
@@ -111,6 +106,10 @@ func parsePoolRecycling(spec map[string]any) (*poolRecycling, error) {
 	if pr.grant.k == 0 && len(pr.burned) == 0 {
 		return nil, nil
 	}
+	sb, _ := status["budget"].(map[string]any)
+	if since, _ := sb[keyRecyclesSince].(string); since == pr.grant.since && number(sb[keyMaxRecycles]) == pr.grant.k {
+		pr.prevUsed = max(number(sb[keyRecyclesUsed]), 0)
+	}
 	return pr, nil
 }
 
@@ -125,18 +124,16 @@ func (f *Fleet) recycles() bool {
 // recycleAllowance is how many recycles may start now, after records,
 // with healthy proxies serving; when none may, why, and whether the bound
 // alone holds them (not the floor).
-func (f *Fleet) recycleAllowance(records []fleetv1alpha1.RecycleRecord, healthy int, now time.Time) (n int, why string, atBound bool) {
+func (f *Fleet) recycleAllowance(members []*member, records []fleetv1alpha1.RecycleRecord, healthy int, now time.Time) (n int, why string, atBound bool) {
 	if f.Pool != "" {
 		floor := f.readyFloor
 		if healthy < floor {
 			return 0, fmt.Sprintf("the pool has %d healthy proxies, below its floor of %d", healthy, floor), false
 		}
-		var g recycleGrant
-		if f.poolRecycling != nil {
-			g = f.poolRecycling.grant
-		}
-		if n = g.k - g.used(records); n > 0 {
-			return n, "", false
+		if pr := f.poolRecycling; pr != nil {
+			if n = pr.grant.k - pr.used(members); n > 0 {
+				return n, "", false
+			}
 		}
 		return 0, "the fleet's bound (spec.recycling of the ProxyFleet, over every pool): its status.egress.recycleWaiting says when the next may start", true
 	}
@@ -151,20 +148,37 @@ func (f *Fleet) recycleAllowance(records []fleetv1alpha1.RecycleRecord, healthy 
 	return n, boundWhy(pol, healthy, floor, next), healthy >= floor
 }
 
+// lastHour counts the records of the last hour (one from a clock ahead
+// counts as now).
+func lastHour(records []fleetv1alpha1.RecycleRecord, now time.Time) int {
+	n := 0
+	for _, r := range records {
+		if at, err := time.Parse(time.RFC3339, r.Time); err == nil && now.Sub(at) < time.Hour {
+			n++
+		}
+	}
+	return n
+}
+
 // setPoolRecycleStatus writes what a pool did with its grant into its
 // status' budget, and bounds the recycles its status lists (its fleet
 // lists the day's).
-func setPoolRecycleStatus(desired *fnv1.State, f *Fleet, rc *recycling) {
+func setPoolRecycleStatus(desired *fnv1.State, f *Fleet, rc *recycling, members []*member, now time.Time) {
 	status := compositeStatus(desired)
 	n := func(v int) *structpb.Value { return structpb.NewNumberValue(float64(v)) }
 	if budget := field(status, "budget").GetStructValue(); budget != nil {
 		if pr := f.poolRecycling; pr != nil && pr.grant.k > 0 {
 			budget.Fields[keyMaxRecycles] = n(pr.grant.k)
 			budget.Fields[keyRecyclesSince] = structpb.NewStringValue(pr.grant.since)
-			budget.Fields[keyRecyclesUsed] = n(pr.grant.used(rc.records))
+			budget.Fields[keyRecyclesUsed] = n(pr.used(members))
 		}
 		if rc.wanted > 0 {
 			budget.Fields[keyRecyclesWanted] = n(rc.wanted)
+		}
+		// The fleet's own list may be lost: what it needs of the hour
+		// to hold its bound.
+		if h := lastHour(rc.records, now); h > 0 {
+			budget.Fields[keyRecyclesLastHour] = n(h)
 		}
 	}
 	egress := field(status, "egress").GetStructValue()
@@ -187,7 +201,7 @@ func setPoolRecycleStatus(desired *fnv1.State, f *Fleet, rc *recycling) {
 type observedPoolRecycling struct {
 	granted, acked, ledger recycleGrant
 	reported               bool
-	used, wanted           int
+	used, wanted, lastHour int
 	records                []fleetv1alpha1.RecycleRecord
 	seenAgain, burned      int
 	waiting                string
@@ -203,6 +217,7 @@ func readPoolRecycling(spec, status *structpb.Struct, ledger recycleGrant, now t
 		o.acked = grantOf(b)
 		o.used = whole(field(b, keyRecyclesUsed))
 		o.wanted = whole(field(b, keyRecyclesWanted))
+		o.lastHour = whole(field(b, keyRecyclesLastHour))
 	} else {
 		o.acked = o.granted
 	}
@@ -267,7 +282,9 @@ func planPoolRecycles(fleet *Fleet, plans []*poolPlan, burned map[string]string,
 }
 
 // mergeRecords adds to the fleet's records of the day (prev) those its
-// pools list that it lacks: the recycles they started since.
+// pools list that it lacks: the recycles they started since. One older
+// than every record the fleet kept (it keeps the newest
+// maxRecycleRecords) is not new.
 func (pr *pooledRecycling) mergeRecords(prev []fleetv1alpha1.RecycleRecord, plans []*poolPlan) {
 	known := map[string]bool{}
 	for _, r := range prev {
@@ -277,7 +294,8 @@ func (pr *pooledRecycling) mergeRecords(prev []fleetv1alpha1.RecycleRecord, plan
 	for _, p := range plans {
 		if o := p.observed; o != nil {
 			for _, r := range o.recycling.records {
-				if !known[r.Proxy+"/"+r.EgressIP] {
+				trimmed := len(prev) >= maxRecycleRecords && r.Time < prev[0].Time
+				if !known[r.Proxy+"/"+r.EgressIP] && !trimmed {
 					known[r.Proxy+"/"+r.EgressIP] = true
 					all = append(all, r)
 					pr.started = append(pr.started, r)
@@ -295,9 +313,10 @@ func (pr *pooledRecycling) mergeRecords(prev []fleetv1alpha1.RecycleRecord, plan
 // grant sets each pool's recycle grant: a fresh one of 1 to a pool that
 // wants one and holds none unused, in turn, while the fleet's bound
 // leaves some free; a grant spent, no longer wanted, or held while the
-// fleet is below its floor is taken back; any other stays as it is.
+// fleet is below its floor is taken back; any other stays as the fleet
+// made it (its ledger: never one edited by hand).
 func (pr *pooledRecycling) grant(fleet *Fleet, plans []*poolPlan, healthy int, now time.Time) {
-	n, why, atBound := fleet.recycleAllowance(pr.records, healthy, now)
+	n, why, atBound := fleet.recycleAllowance(nil, pr.hour(fleet, plans, now), healthy, now)
 	unused, wanted := 0, 0
 	for _, p := range plans {
 		if o := p.observed; o != nil {
@@ -312,12 +331,8 @@ func (pr *pooledRecycling) grant(fleet *Fleet, plans []*poolPlan, healthy int, n
 	pr.atBound = atBound && n == 0 && wanted > 0
 	belowFloor := healthy < fleet.Replicas-fleet.MaxUnavailable
 	free := pr.free
-	for _, p := range plans {
-		o := p.observed
-		if o == nil {
-			continue
-		}
-		r := o.recycling
+	for _, p := range pr.turns(fleet, plans) {
+		r := p.observed.recycling
 		switch {
 		case belowFloor:
 			// Given back: it is free once the pool acknowledges.
@@ -326,13 +341,81 @@ func (pr *pooledRecycling) grant(fleet *Fleet, plans []*poolPlan, healthy int, n
 			p.recycles = recycleGrant{k: 1, since: now.UTC().Format(time.RFC3339)}
 			free--
 		case r.reported && r.granted == r.acked && (r.unused() == 0 || r.wanted == 0):
-			// Spent, or no longer wanted: a grant is taken back rather
-			// than left to count only the recycles since its time.
+			// Spent, or no longer wanted: taken back.
 			p.recycles = recycleGrant{}
-		default:
-			p.recycles = r.granted
+		case r.ledger.k <= 1:
+			p.recycles = r.ledger
 		}
 	}
+}
+
+// hour is what the fleet knows of its recycles for its bound: its
+// records, and where a pool says it started more in the last hour than
+// the fleet's records hold (the fleet's status lost), as many more, as
+// recent as that pool's newest.
+func (pr *pooledRecycling) hour(fleet *Fleet, plans []*poolPlan, now time.Time) []fleetv1alpha1.RecycleRecord {
+	out := append([]fleetv1alpha1.RecycleRecord{}, pr.records...)
+	for _, p := range plans {
+		o := p.observed
+		if o == nil || o.recycling.lastHour == 0 {
+			continue
+		}
+		known := 0
+		for _, r := range pr.records {
+			if poolOfProxy(fleet, r.Proxy) == p.index && lastHour([]fleetv1alpha1.RecycleRecord{r}, now) == 1 {
+				known++
+			}
+		}
+		at := now.UTC().Format(time.RFC3339)
+		if rs := o.recycling.records; len(rs) > 0 {
+			at = rs[len(rs)-1].Time
+		}
+		for range o.recycling.lastHour - known {
+			out = append(out, fleetv1alpha1.RecycleRecord{Proxy: o.name, Time: at})
+		}
+	}
+	return out
+}
+
+// turns orders the pools for fresh grants: those with proxies burned by
+// bans first (the fleet names them), then those replacing proxies beyond
+// their caps; each starting after the pool of the newest recycle, so that
+// no pool takes every grant.
+func (pr *pooledRecycling) turns(fleet *Fleet, plans []*poolPlan) []*poolPlan {
+	last := -1
+	if len(pr.records) > 0 {
+		last = poolOfProxy(fleet, pr.records[len(pr.records)-1].Proxy)
+	}
+	var out []*poolPlan
+	for _, p := range plans {
+		if p.observed != nil {
+			out = append(out, p)
+		}
+	}
+	key := func(p *poolPlan) (bool, bool) { return len(pr.burned[p.index]) == 0, p.index <= last }
+	sort.SliceStable(out, func(i, j int) bool {
+		bi, wi := key(out[i])
+		bj, wj := key(out[j])
+		if bi != bj {
+			return !bi
+		}
+		if wi != wj {
+			return !wi
+		}
+		return out[i].index < out[j].index
+	})
+	return out
+}
+
+// poolOfProxy is the index of the pool a Proxy of the fleet belongs to
+// (by its ordinal); -1 for a name that is none.
+func poolOfProxy(fleet *Fleet, name string) int {
+	rest, ok := strings.CutPrefix(name, fleet.Name+"-")
+	ord, err := strconv.Atoi(rest)
+	if !ok || err != nil || ord < fleetv1alpha1.PoolOrdinalSpan {
+		return -1
+	}
+	return ord / fleetv1alpha1.PoolOrdinalSpan
 }
 
 // nameBurned sorts the burned Proxies the summaries name by pool: bans
@@ -350,14 +433,14 @@ func (pr *pooledRecycling) nameBurned(fleet *Fleet, burned map[string]string) {
 	}
 	byPool := map[int][]entry{}
 	for name, reason := range burned {
-		ord, err := strconv.Atoi(strings.TrimPrefix(name, fleet.Name+"-"))
-		if err != nil || !strings.HasPrefix(name, fleet.Name+"-") || ord < fleetv1alpha1.PoolOrdinalSpan {
+		k := poolOfProxy(fleet, name)
+		if k < 1 {
 			continue
 		}
 		if ip, _, _ := strings.Cut(reason, " "); gaveBack[ip] {
 			continue
 		}
-		k := ord / fleetv1alpha1.PoolOrdinalSpan
+		ord, _ := strconv.Atoi(strings.TrimPrefix(name, fleet.Name+"-"))
 		byPool[k] = append(byPool[k], entry{ord, name, truncateTo(reason, fleetv1alpha1.MaxPoolBurnedReason)})
 	}
 	for k, es := range byPool {
@@ -384,7 +467,7 @@ func (pr *pooledRecycling) nameBurned(fleet *Fleet, burned map[string]string) {
 // recycles of every pool, the addresses seen again and the burned
 // Proxies waiting in each, why they wait; and says each recycle a pool
 // started since, in a Normal result.
-func setPooledRecycles(rsp *fnv1.RunFunctionResponse, plans []*poolPlan, pr *pooledRecycling) {
+func setPooledRecycles(rsp *fnv1.RunFunctionResponse, plans []*poolPlan, pr *pooledRecycling, now time.Time) {
 	egress := field(rsp.GetDesired().GetComposite().GetResource(), "status", "egress").GetStructValue()
 	if egress == nil {
 		return
@@ -423,4 +506,17 @@ func setPooledRecycles(rsp *fnv1.RunFunctionResponse, plans []*poolPlan, pr *poo
 	for _, r := range pr.started {
 		response.Normalf(rsp, "Recycling proxy %s: its egress IP %s", r.Proxy, r.Reason).TargetCompositeAndClaim()
 	}
+	for _, p := range plans {
+		o := p.observed
+		if o == nil || o.recycling.granted.k == 0 || o.recycling.granted == o.recycling.acked {
+			continue
+		}
+		if since, err := time.Parse(time.RFC3339, o.recycling.granted.since); err == nil && now.Sub(since) >= unacknowledgedGrant {
+			response.Warning(rsp, errors.Errorf("pool %s has not acknowledged the recycle it was granted at %s: the fleet grants no other pool one until it does (is the pool paused, or failing? its conditions say)", o.name, o.recycling.granted.since)).TargetCompositeAndClaim()
+		}
+	}
 }
+
+// unacknowledgedGrant is how long a pool may take to acknowledge a
+// recycle grant before its fleet warns: it holds every other pool's.
+const unacknowledgedGrant = 10 * time.Minute

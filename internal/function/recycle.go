@@ -78,7 +78,7 @@ func pickRecycles(f *Fleet, members []*member, burned map[string]string, xrStatu
 	if !f.recycles() || len(burned) == 0 {
 		return rc
 	}
-	n, bound, atBound := f.recycleAllowance(rc.records, fl.healthy, now)
+	n, bound, atBound := f.recycleAllowance(members, rc.records, fl.healthy, now)
 	rc.waiting = map[string]string{}
 	for _, name := range recycleOrder(burned, fl.byName) {
 		m := fl.byName[name]

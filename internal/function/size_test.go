@@ -396,6 +396,7 @@ func realPool(tb testing.TB) map[string]any {
 	egress["burned"], egress["seenAgain"], egress["recyclesAtBound"] = int64(fleetv1alpha1.MaxProxiesPerPool), int64(fleetv1alpha1.MaxProxiesPerPool), true
 	b, _ := status["budget"].(map[string]any)
 	b[keyMaxRecycles], b[keyRecyclesSince], b[keyRecyclesUsed], b[keyRecyclesWanted] = int64(10), time.Now().UTC().Format(time.RFC3339), int64(10), int64(fleetv1alpha1.MaxProxiesPerPool)
+	b[keyRecyclesLastHour] = int64(10)
 	now := time.Now().UTC().Format(time.RFC3339)
 	conds := []any{
 		map[string]any{"type": "Ready", "status": "False", "reason": "Creating", "lastTransitionTime": now},

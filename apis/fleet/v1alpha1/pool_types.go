@@ -138,11 +138,14 @@ type PoolBudgetStatus struct {
 	// MaxRecycles and RecyclesSince are the recycle grant the pool was
 	// composed with; RecyclesUsed counts the recycles it started on it;
 	// RecyclesWanted counts its burned Proxies that a recycle could
-	// replace now but for the grant (or a surge slot, holding one).
-	MaxRecycles    int32  `json:"maxRecycles,omitempty"`
-	RecyclesSince  string `json:"recyclesSince,omitempty"`
-	RecyclesUsed   int32  `json:"recyclesUsed,omitempty"`
-	RecyclesWanted int32  `json:"recyclesWanted,omitempty"`
+	// replace now but for the grant (or a surge slot, holding one);
+	// RecyclesLastHour counts its recycles of the last hour, which its
+	// fleet holds its bound by should its own list be lost.
+	MaxRecycles      int32  `json:"maxRecycles,omitempty"`
+	RecyclesSince    string `json:"recyclesSince,omitempty"`
+	RecyclesUsed     int32  `json:"recyclesUsed,omitempty"`
+	RecyclesWanted   int32  `json:"recyclesWanted,omitempty"`
+	RecyclesLastHour int32  `json:"recyclesLastHour,omitempty"`
 }
 
 // Bounds of what a pool's spec and status say of recycling, so that an
@@ -173,7 +176,7 @@ type PoolFault struct {
 
 // MaxPoolFaultReason bounds a pool fault's reason, so that an observed
 // pool stays within PoolMessageBytes.
-const MaxPoolFaultReason = 96
+const MaxPoolFaultReason = 80
 
 // ProxyPoolStatus is the observed pool: counts, not one entry per Proxy,
 // so that the fleet, which reads every pool's status, stays small.

@@ -74,6 +74,10 @@ const (
 	AnnotationRecycleIP     = Group + "/recycle-ip"
 	AnnotationRecycleReason = Group + "/recycle-reason"
 	AnnotationRecycleAt     = Group + "/recycle-at"
+	// AnnotationRecycleGrant names, on a Proxy a pool made to recycle
+	// another, the recycle grant it used (its recyclesSince): the pool
+	// counts the recycles of a grant by it, whatever its clock.
+	AnnotationRecycleGrant = Group + "/recycle-grant"
 	// LabelReplaces names the ordinal a surge Proxy replaces.
 	LabelReplaces = Group + "/replaces"
 	// LabelProxy names the Proxy a Lease is held on.
