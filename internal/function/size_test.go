@@ -422,6 +422,18 @@ func realPool(tb testing.TB) map[string]any {
 	if err := bed.Client.Get(ctx, client.ObjectKeyFromObject(got), got); err != nil {
 		tb.Fatal(err)
 	}
+	// The schema keeps what recycling writes: a field it lacked would be
+	// pruned, silently, and a pool would lose its grant or the fleet its
+	// acknowledgement.
+	for _, path := range [][]string{
+		{"spec", "burned"}, {"spec", "budget", keyMaxRecycles}, {"spec", "budget", keyRecyclesSince},
+		{"status", "budget", keyRecyclesUsed}, {"status", "budget", keyRecyclesWanted}, {"status", "budget", keyRecyclesLastHour},
+		{"status", "egress", "recycles"}, {"status", "egress", "recycleWaiting"},
+	} {
+		if _, ok, _ := unstructured.NestedFieldNoCopy(got.Object, path...); !ok {
+			tb.Errorf("the ProxyPool's schema dropped %s", strings.Join(path, "."))
+		}
+	}
 	return got.Object
 }
 
