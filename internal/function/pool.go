@@ -53,13 +53,14 @@ func (f *Function) runPool(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionR
 	// observed and the time (a proxy reaching maxAge makes a pool busy, and
 	// the requeue comes no later than that), never on the summaries, so the
 	// requirements it asks for stay the same when it calls again with them.
+	// What it would recycle makes it busy: it reads its leases then. The
+	// picks depend on nothing a lease says, so they are made once.
+	recycled := pickRecycles(fleet, members, burned, xrStatus, now)
 	probe := make([]*member, len(members))
 	for i, m := range members {
 		c := *m // decide marks the members it drains
 		probe[i] = &c
 	}
-	// What it would recycle makes it busy: it reads its leases then.
-	recycled := pickRecycles(fleet, probe, burned, xrStatus, now)
 	p := decide(fleet, probe, false, now)
 	quiet := steadyPlan(fleet, probe, p)
 	if quiet {
@@ -70,7 +71,6 @@ func (f *Function) runPool(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionR
 			m.Leased = view.leased[m.Name]
 			m.DrainSeen = view.drainSeen(m.Name, m.DrainSince)
 		}
-		recycled = pickRecycles(fleet, members, burned, xrStatus, now)
 		p = decide(fleet, members, view.known, now)
 		p.leasesChange = view.next
 	}
@@ -88,7 +88,7 @@ func (f *Function) runPool(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionR
 	}})
 	setRecycles(rsp, recycled)
 	setPoolRecycleStatus(rsp.Desired, fleet, recycled, p.keep, now)
-	ro := progress(fleet, members, field(req.GetObserved().GetComposite().GetResource(), "status").GetStructValue(), now)
+	ro := progress(fleet, members, xrStatus, now)
 	// A pool's rollout clock runs only while it holds budget: one waiting
 	// for its turn is not stalled, and starts its clock when its turn
 	// comes.

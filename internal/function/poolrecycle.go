@@ -205,7 +205,6 @@ type observedPoolRecycling struct {
 	records                []fleetv1alpha1.RecycleRecord
 	seenAgain, burned      int
 	waiting                string
-	atBound                bool
 }
 
 // readPoolRecycling reads a pool's recycling from its spec and status;
@@ -226,7 +225,6 @@ func readPoolRecycling(spec, status *structpb.Struct, ledger recycleGrant, now t
 	o.seenAgain = whole(field(egress, "seenAgain"))
 	o.burned = whole(field(egress, "burned"))
 	o.waiting = str(egress, "recycleWaiting")
-	o.atBound = field(egress, "recyclesAtBound").GetBoolValue()
 	return o
 }
 
@@ -234,10 +232,8 @@ func readPoolRecycling(spec, status *structpb.Struct, ledger recycleGrant, now t
 // granted: of the grant it acknowledged, what it did not use; of one it
 // did not acknowledge (in its spec, or in the fleet's record), all.
 func (o observedPoolRecycling) unused() int {
+	// Without a report, acked is what it was granted, and used 0.
 	n := max(o.acked.k-o.used, 0)
-	if !o.reported {
-		n = o.acked.k
-	}
 	for _, g := range []recycleGrant{o.granted, o.ledger} {
 		if g != o.acked {
 			n = max(n, g.k)
@@ -270,9 +266,6 @@ type pooledRecycling struct {
 func planPoolRecycles(fleet *Fleet, plans []*poolPlan, burned map[string]string, xrStatus *structpb.Struct, healthy int, now time.Time) *pooledRecycling {
 	pr := &pooledRecycling{burned: map[int][]fleetv1alpha1.PoolBurned{}}
 	pr.mergeRecords(previousRecycles(xrStatus, now), plans)
-	for _, p := range plans {
-		p.recycles = recycleGrant{}
-	}
 	if !fleet.recycles() {
 		return pr
 	}

@@ -38,16 +38,18 @@ type PoolBudget struct {
 	// +optional
 	MaxRepairs int32 `json:"maxRepairs,omitempty"`
 	// MaxRecycles is how many recycles (spec.recycling of the fleet, or
-	// spec.diversity.replaceBeyondLimit) the pool may have started in the
-	// last hour: its share of the fleet's bound, which the fleet hands
-	// out one recycle at a time, after its back-off and never below its
-	// floor.
+	// spec.diversity.replaceBeyondLimit) the pool may start on the grant
+	// RecyclesSince names: its share of the fleet's bound, which the
+	// fleet grants one recycle at a time, after its back-off and never
+	// below its floor. A grant has no time window: only a fresh grant
+	// lets the pool start more.
 	// +kubebuilder:validation:Minimum=0
 	// +optional
 	MaxRecycles int32 `json:"maxRecycles,omitempty"`
-	// RecyclesSince is when the grant of MaxRecycles began: the pool's
-	// recycles started since (less a minute for skewed clocks) count
-	// against it.
+	// RecyclesSince is when the fleet made the grant of MaxRecycles, and
+	// names it: a replacement the pool makes on it carries it (the
+	// recycle-grant annotation), and the pool counts the grant's recycles
+	// by that, whatever its clock.
 	// +kubebuilder:validation:Format=date-time
 	// +optional
 	RecyclesSince string `json:"recyclesSince,omitempty"`
