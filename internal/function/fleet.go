@@ -59,6 +59,16 @@ type Fleet struct {
 	poolRecycling *poolRecycling
 }
 
+// servingFloor is how many proxies must serve (be Ready, or healthy to
+// start a recycle): replicas - maxUnavailable; a pool's own, whatever
+// budget its fleet grants it.
+func (f *Fleet) servingFloor() int {
+	if f.Pool != "" {
+		return f.readyFloor
+	}
+	return f.Replicas - f.MaxUnavailable
+}
+
 // repairLimit is how many replacements of proxies that are down may be
 // under way at once: max(maxSurge, 1) for a fleet, what its fleet granted
 // for a pool.

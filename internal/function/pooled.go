@@ -473,11 +473,7 @@ func (f *Fleet) pool(p *poolPlan, burned []fleetv1alpha1.PoolBurned) (*fnv1.Reso
 		}}),
 	}}}
 	spec := r.Resource.Fields["spec"].GetStructValue()
-	if g := p.recycles; g.k > 0 {
-		b := spec.Fields["budget"].GetStructValue()
-		b.Fields[keyMaxRecycles] = structpb.NewNumberValue(float64(g.k))
-		b.Fields[keyRecyclesSince] = structpb.NewStringValue(g.since)
-	}
+	p.recycles.put(spec.Fields["budget"].GetStructValue())
 	if len(burned) > 0 {
 		list := make([]*structpb.Value, len(burned))
 		for i, b := range burned {
@@ -519,10 +515,7 @@ func setFleetStatus(desired *fnv1.State, f *Fleet, plans []*poolPlan, total pool
 			b := &structpb.Struct{Fields: map[string]*structpb.Value{
 				keyMaxSurge: n(p.grant.surge), keyMaxUnavailable: n(p.grant.unavailable), keyMaxRepairs: n(p.grant.repairs),
 			}}
-			if p.recycles.k > 0 {
-				b.Fields[keyMaxRecycles] = n(p.recycles.k)
-				b.Fields[keyRecyclesSince] = structpb.NewStringValue(p.recycles.since)
-			}
+			p.recycles.put(b)
 			ps.Fields["budget"] = structpb.NewStructValue(b)
 		}
 		pools = append(pools, structpb.NewStructValue(ps))

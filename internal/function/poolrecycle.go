@@ -45,6 +45,14 @@ type recycleGrant struct {
 	since string
 }
 
+// put writes the grant into a budget's fields; nothing for none.
+func (g recycleGrant) put(b *structpb.Struct) {
+	if g.k > 0 {
+		b.Fields[keyMaxRecycles] = structpb.NewNumberValue(float64(g.k))
+		b.Fields[keyRecyclesSince] = structpb.NewStringValue(g.since)
+	}
+}
+
 // grantOf reads a grant from a budget's fields.
 func grantOf(b *structpb.Struct) recycleGrant {
 	return recycleGrant{k: whole(field(b, keyMaxRecycles)), since: str(b, keyRecyclesSince)}
@@ -123,27 +131,32 @@ func (f *Fleet) recycles() bool {
 
 // recycleAllowance is how many recycles may start now, after records,
 // with healthy proxies serving; when none may, why, and whether the bound
-// alone holds them (not the floor).
+// alone holds them (not the floor). A pool's bound is its grant.
 func (f *Fleet) recycleAllowance(members []*member, records []fleetv1alpha1.RecycleRecord, healthy int, now time.Time) (n int, why string, atBound bool) {
-	if f.Pool != "" {
-		floor := f.readyFloor
-		if healthy < floor {
-			return 0, fmt.Sprintf("the pool has %d healthy proxies, below its floor of %d", healthy, floor), false
-		}
-		if pr := f.poolRecycling; pr != nil {
-			if n = pr.grant.k - pr.used(members); n > 0 {
-				return n, "", false
-			}
-		}
-		return 0, "the fleet's bound (spec.recycling of the ProxyFleet, over every pool): its status.egress.recycleWaiting says when the next may start", true
+	floor := f.servingFloor()
+	if f.Pool == "" {
+		return policyAllowance(recyclePolicy(f), records, healthy, floor, now)
 	}
-	pol := recyclePolicy(f)
+	if healthy < floor {
+		return 0, fmt.Sprintf("the pool has %d healthy proxies, below its floor of %d", healthy, floor), false
+	}
+	if pr := f.poolRecycling; pr != nil {
+		if n = pr.grant.k - pr.used(members); n > 0 {
+			return n, "", false
+		}
+	}
+	return 0, "the fleet's bound (spec.recycling of the ProxyFleet, over every pool): its status.egress.recycleWaiting says when the next may start", true
+}
+
+// policyAllowance is how many recycles pol allows now after records, with
+// healthy proxies serving and floor needed; when none, why, and whether
+// the bound alone holds them (not the floor).
+func policyAllowance(pol *egressip.RecyclePolicy, records []fleetv1alpha1.RecycleRecord, healthy, floor int, now time.Time) (int, string, bool) {
 	recent := make([]egressip.Recycle, 0, len(records))
 	for _, r := range records {
 		at, _ := time.Parse(time.RFC3339, r.Time)
 		recent = append(recent, egressip.Recycle{Proxy: r.Proxy, IP: r.EgressIP, At: at})
 	}
-	floor := f.Replicas - f.MaxUnavailable
 	n, next := pol.Allowed(recent, healthy, floor, now)
 	return n, boundWhy(pol, healthy, floor, next), healthy >= floor
 }
@@ -153,11 +166,17 @@ func (f *Fleet) recycleAllowance(members []*member, records []fleetv1alpha1.Recy
 func lastHour(records []fleetv1alpha1.RecycleRecord, now time.Time) int {
 	n := 0
 	for _, r := range records {
-		if at, err := time.Parse(time.RFC3339, r.Time); err == nil && now.Sub(at) < time.Hour {
+		if inLastHour(r, now) {
 			n++
 		}
 	}
 	return n
+}
+
+// inLastHour: r started in the last hour (or from a clock ahead).
+func inLastHour(r fleetv1alpha1.RecycleRecord, now time.Time) bool {
+	at, err := time.Parse(time.RFC3339, r.Time)
+	return err == nil && now.Sub(at) < time.Hour
 }
 
 // setPoolRecycleStatus writes what a pool did with its grant into its
@@ -168,8 +187,7 @@ func setPoolRecycleStatus(desired *fnv1.State, f *Fleet, rc *recycling, members 
 	n := func(v int) *structpb.Value { return structpb.NewNumberValue(float64(v)) }
 	if budget := field(status, "budget").GetStructValue(); budget != nil {
 		if pr := f.poolRecycling; pr != nil && pr.grant.k > 0 {
-			budget.Fields[keyMaxRecycles] = n(pr.grant.k)
-			budget.Fields[keyRecyclesSince] = structpb.NewStringValue(pr.grant.since)
+			pr.grant.put(budget)
 			budget.Fields[keyRecyclesUsed] = n(pr.used(members))
 		}
 		if rc.wanted > 0 {
@@ -266,11 +284,12 @@ type pooledRecycling struct {
 func planPoolRecycles(fleet *Fleet, plans []*poolPlan, burned map[string]string, xrStatus *structpb.Struct, healthy int, now time.Time) *pooledRecycling {
 	pr := &pooledRecycling{burned: map[int][]fleetv1alpha1.PoolBurned{}}
 	pr.mergeRecords(previousRecycles(xrStatus, now), plans)
-	if !fleet.recycles() {
+	pol := recyclePolicy(fleet)
+	if pol == nil {
 		return pr
 	}
 	pr.nameBurned(fleet, burned)
-	pr.grant(fleet, plans, healthy, now)
+	pr.grant(fleet, pol, plans, healthy, now)
 	return pr
 }
 
@@ -279,28 +298,21 @@ func planPoolRecycles(fleet *Fleet, plans []*poolPlan, burned map[string]string,
 // than every record the fleet kept (it keeps the newest
 // maxRecycleRecords) is not new.
 func (pr *pooledRecycling) mergeRecords(prev []fleetv1alpha1.RecycleRecord, plans []*poolPlan) {
-	known := map[string]bool{}
-	for _, r := range prev {
-		known[r.Proxy+"/"+r.EgressIP] = true
-	}
-	all := append([]fleetv1alpha1.RecycleRecord{}, prev...)
+	var theirs []fleetv1alpha1.RecycleRecord
 	for _, p := range plans {
 		if o := p.observed; o != nil {
 			for _, r := range o.recycling.records {
-				trimmed := len(prev) >= maxRecycleRecords && r.Time < prev[0].Time
-				if !known[r.Proxy+"/"+r.EgressIP] && !trimmed {
-					known[r.Proxy+"/"+r.EgressIP] = true
-					all = append(all, r)
-					pr.started = append(pr.started, r)
+				if len(prev) < maxRecycleRecords || r.Time >= prev[0].Time {
+					theirs = append(theirs, r)
 				}
 			}
 		}
 	}
-	sort.SliceStable(all, func(i, j int) bool { return all[i].Time < all[j].Time })
+	all, added := addRecords(prev, theirs)
 	if len(all) > maxRecycleRecords {
 		all = all[len(all)-maxRecycleRecords:]
 	}
-	pr.records = all
+	pr.records, pr.started = all, added
 }
 
 // grant sets each pool's recycle grant: a fresh one of 1 to a pool that
@@ -308,8 +320,9 @@ func (pr *pooledRecycling) mergeRecords(prev []fleetv1alpha1.RecycleRecord, plan
 // leaves some free; a grant spent, no longer wanted, or held while the
 // fleet is below its floor is taken back; any other stays as the fleet
 // made it (its ledger: never one edited by hand).
-func (pr *pooledRecycling) grant(fleet *Fleet, plans []*poolPlan, healthy int, now time.Time) {
-	n, why, atBound := fleet.recycleAllowance(nil, pr.hour(fleet, plans, now), healthy, now)
+func (pr *pooledRecycling) grant(fleet *Fleet, pol *egressip.RecyclePolicy, plans []*poolPlan, healthy int, now time.Time) {
+	floor := fleet.servingFloor()
+	n, why, atBound := policyAllowance(pol, pr.hour(fleet, plans, now), healthy, floor, now)
 	unused, wanted := 0, 0
 	for _, p := range plans {
 		if o := p.observed; o != nil {
@@ -322,7 +335,7 @@ func (pr *pooledRecycling) grant(fleet *Fleet, plans []*poolPlan, healthy int, n
 		pr.why = "a recycle the fleet granted a pool is not started yet"
 	}
 	pr.atBound = atBound && n == 0 && wanted > 0
-	belowFloor := healthy < fleet.Replicas-fleet.MaxUnavailable
+	belowFloor := healthy < floor
 	free := pr.free
 	for _, p := range pr.turns(fleet, plans) {
 		r := p.observed.recycling
@@ -348,22 +361,23 @@ func (pr *pooledRecycling) grant(fleet *Fleet, plans []*poolPlan, healthy int, n
 // recent as that pool's newest.
 func (pr *pooledRecycling) hour(fleet *Fleet, plans []*poolPlan, now time.Time) []fleetv1alpha1.RecycleRecord {
 	out := append([]fleetv1alpha1.RecycleRecord{}, pr.records...)
+	known := map[int]int{}
+	for _, r := range pr.records {
+		if inLastHour(r, now) {
+			k, _ := poolOfProxy(fleet, r.Proxy)
+			known[k]++
+		}
+	}
 	for _, p := range plans {
 		o := p.observed
-		if o == nil || o.recycling.lastHour == 0 {
+		if o == nil || o.recycling.lastHour <= known[p.index] {
 			continue
-		}
-		known := 0
-		for _, r := range pr.records {
-			if poolOfProxy(fleet, r.Proxy) == p.index && lastHour([]fleetv1alpha1.RecycleRecord{r}, now) == 1 {
-				known++
-			}
 		}
 		at := now.UTC().Format(time.RFC3339)
 		if rs := o.recycling.records; len(rs) > 0 {
 			at = rs[len(rs)-1].Time
 		}
-		for range o.recycling.lastHour - known {
+		for range o.recycling.lastHour - known[p.index] {
 			out = append(out, fleetv1alpha1.RecycleRecord{Proxy: o.name, Time: at})
 		}
 	}
@@ -377,7 +391,7 @@ func (pr *pooledRecycling) hour(fleet *Fleet, plans []*poolPlan, now time.Time) 
 func (pr *pooledRecycling) turns(fleet *Fleet, plans []*poolPlan) []*poolPlan {
 	last := -1
 	if len(pr.records) > 0 {
-		last = poolOfProxy(fleet, pr.records[len(pr.records)-1].Proxy)
+		last, _ = poolOfProxy(fleet, pr.records[len(pr.records)-1].Proxy)
 	}
 	var out []*poolPlan
 	for _, p := range plans {
@@ -401,20 +415,21 @@ func (pr *pooledRecycling) turns(fleet *Fleet, plans []*poolPlan) []*poolPlan {
 }
 
 // poolOfProxy is the index of the pool a Proxy of the fleet belongs to
-// (by its ordinal); -1 for a name that is none.
-func poolOfProxy(fleet *Fleet, name string) int {
+// (by its ordinal), and the ordinal; -1 for a name that is none.
+func poolOfProxy(fleet *Fleet, name string) (pool int, ordinal int) {
 	rest, ok := strings.CutPrefix(name, fleet.Name+"-")
 	ord, err := strconv.Atoi(rest)
 	if !ok || err != nil || ord < fleetv1alpha1.PoolOrdinalSpan {
-		return -1
+		return -1, -1
 	}
-	return ord / fleetv1alpha1.PoolOrdinalSpan
+	return ord / fleetv1alpha1.PoolOrdinalSpan, ord
 }
 
-// nameBurned sorts the burned Proxies the summaries name by pool: bans
-// before anything else, then by ordinal, those whose address a recycle of
-// the day gave back left out (recycling them again would draw it again),
-// at most MaxPoolBurned a pool.
+// nameBurned sorts the burned Proxies the summaries name (bans: a pool
+// replaces its proxies beyond its own caps itself) by pool, each by
+// ordinal, those whose address a recycle of the day gave back left out
+// (recycling them again would draw it again), at most MaxPoolBurned a
+// pool.
 func (pr *pooledRecycling) nameBurned(fleet *Fleet, burned map[string]string) {
 	gaveBack := map[string]bool{}
 	for _, r := range pr.records {
@@ -426,24 +441,17 @@ func (pr *pooledRecycling) nameBurned(fleet *Fleet, burned map[string]string) {
 	}
 	byPool := map[int][]entry{}
 	for name, reason := range burned {
-		k := poolOfProxy(fleet, name)
+		k, ord := poolOfProxy(fleet, name)
 		if k < 1 {
 			continue
 		}
 		if ip, _, _ := strings.Cut(reason, " "); gaveBack[ip] {
 			continue
 		}
-		ord, _ := strconv.Atoi(strings.TrimPrefix(name, fleet.Name+"-"))
 		byPool[k] = append(byPool[k], entry{ord, name, truncateTo(reason, fleetv1alpha1.MaxPoolBurnedReason)})
 	}
 	for k, es := range byPool {
-		sort.Slice(es, func(i, j int) bool {
-			di, dj := strings.Contains(es[i].reason, egressip.BeyondLimitReason), strings.Contains(es[j].reason, egressip.BeyondLimitReason)
-			if di != dj {
-				return !di
-			}
-			return es[i].ord < es[j].ord
-		})
+		sort.Slice(es, func(i, j int) bool { return es[i].ord < es[j].ord })
 		if len(es) > fleetv1alpha1.MaxPoolBurned {
 			pr.unnamed += len(es) - fleetv1alpha1.MaxPoolBurned
 			es = es[:fleetv1alpha1.MaxPoolBurned]
@@ -458,47 +466,29 @@ func (pr *pooledRecycling) nameBurned(fleet *Fleet, burned map[string]string) {
 
 // setPooledRecycles writes a pooled fleet's status.egress: the day's
 // recycles of every pool, the addresses seen again and the burned
-// Proxies waiting in each, why they wait; and says each recycle a pool
-// started since, in a Normal result.
+// Proxies waiting in each, why they wait; says each recycle a pool
+// started since, in a Normal result, and each pool that leaves a grant
+// unacknowledged, in a Warning.
 func setPooledRecycles(rsp *fnv1.RunFunctionResponse, plans []*poolPlan, pr *pooledRecycling, now time.Time) {
-	egress := field(rsp.GetDesired().GetComposite().GetResource(), "status", "egress").GetStructValue()
-	if egress == nil {
-		return
-	}
-	if len(pr.records) > 0 {
-		egress.Fields["recycles"] = recordsValue(pr.records)
-	}
-	seenAgain, burned := 0, pr.unnamed
+	e := egressSummary{records: pr.records, started: pr.started, burned: pr.unnamed, atBound: pr.atBound}
 	var parts []string
 	for _, p := range plans {
 		if o := p.observed; o != nil {
-			seenAgain += o.recycling.seenAgain
-			burned += o.recycling.burned
+			e.seenAgain += o.recycling.seenAgain
+			e.burned += o.recycling.burned
 			if o.recycling.waiting != "" {
 				parts = append(parts, o.name+": "+o.recycling.waiting)
 			}
 		}
 	}
-	if seenAgain > 0 {
-		egress.Fields["seenAgain"] = structpb.NewNumberValue(float64(seenAgain))
+	e.waiting = strings.Join(parts, "; ")
+	if pr.free == 0 && pr.why != "" {
+		e.waiting = "the fleet grants no recycle now: " + pr.why + "; " + e.waiting
 	}
-	if burned > 0 {
-		why := strings.Join(parts, "; ")
-		if pr.free == 0 && pr.why != "" {
-			why = "the fleet grants no recycle now: " + pr.why + "; " + why
-		}
-		if pr.unnamed > 0 {
-			why += fmt.Sprintf("; %d more wait for their pool's list (at most %d each)", pr.unnamed, fleetv1alpha1.MaxPoolBurned)
-		}
-		egress.Fields["burned"] = structpb.NewNumberValue(float64(burned))
-		egress.Fields["recycleWaiting"] = structpb.NewStringValue(truncateTo(why, maxWaiting))
-		if pr.atBound {
-			egress.Fields["recyclesAtBound"] = structpb.NewBoolValue(true)
-		}
+	if pr.unnamed > 0 {
+		e.waiting += fmt.Sprintf("; %d more wait for their pool's list (at most %d each)", pr.unnamed, fleetv1alpha1.MaxPoolBurned)
 	}
-	for _, r := range pr.started {
-		response.Normalf(rsp, "Recycling proxy %s: its egress IP %s", r.Proxy, r.Reason).TargetCompositeAndClaim()
-	}
+	e.write(rsp)
 	for _, p := range plans {
 		o := p.observed
 		if o == nil || o.recycling.granted.k == 0 || o.recycling.granted == o.recycling.acked {

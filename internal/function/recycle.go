@@ -100,7 +100,7 @@ func pickRecycles(f *Fleet, members []*member, burned map[string]string, xrStatu
 				rc.wanted++
 			}
 		default:
-			why := truncate(burned[name])
+			why := truncateTo(burned[name], maxReason)
 			m.Recycle, m.recycleWhy = "recycling: "+why, why
 			rc.picked = append(rc.picked, m)
 			n--
@@ -296,40 +296,37 @@ func (rc *recycling) settle(p *plan, now time.Time) {
 // annotations carry that it lacks (a status written late, or lost), the
 // day's only, oldest first.
 func mergeRecords(records []fleetv1alpha1.RecycleRecord, members []*member, now time.Time) []fleetv1alpha1.RecycleRecord {
-	// A proxy leaving from an address is recycled once: its record is
-	// known by the two, whatever time a replica with a skewed clock gave
-	// it.
-	seen := map[string]bool{}
-	kept := records[:0]
-	for _, r := range records {
-		if !seen[r.Proxy+"/"+r.EgressIP] {
-			seen[r.Proxy+"/"+r.EgressIP] = true
-			kept = append(kept, r)
-		}
-	}
-	records = kept
+	var made []fleetv1alpha1.RecycleRecord
 	for _, m := range members {
-		if m.RecycleOf == "" || m.RecycleAt.IsZero() || now.Sub(m.RecycleAt) >= recycleMemory || seen[m.RecycleOf+"/"+m.RecycleIP] {
+		if m.RecycleOf == "" || m.RecycleAt.IsZero() || now.Sub(m.RecycleAt) >= recycleMemory {
 			continue
 		}
-		seen[m.RecycleOf+"/"+m.RecycleIP] = true
 		at := egressip.NotAfter(m.RecycleAt, now).UTC().Format(time.RFC3339)
-		records = append(records, fleetv1alpha1.RecycleRecord{Proxy: m.RecycleOf, EgressIP: m.RecycleIP, Reason: truncate(m.RecycleReason), Time: at})
+		made = append(made, fleetv1alpha1.RecycleRecord{Proxy: m.RecycleOf, EgressIP: m.RecycleIP, Reason: truncateTo(m.RecycleReason, maxReason), Time: at})
 	}
-	sort.SliceStable(records, func(i, j int) bool { return records[i].Time < records[j].Time })
-	return records
+	all, _ := addRecords(records, made)
+	return all
 }
 
-// truncate bounds a reason to what the status takes.
-func truncate(s string) string {
-	if len(s) <= maxReason {
-		return s
+// addRecords adds to records those of more it lacks, and returns them
+// all, oldest first, and those it added. A proxy leaving from an address
+// is recycled once: its record is known by the two, whatever time a
+// replica with a skewed clock gave it.
+func addRecords(records, more []fleetv1alpha1.RecycleRecord) (all, added []fleetv1alpha1.RecycleRecord) {
+	seen := map[string]bool{}
+	all = make([]fleetv1alpha1.RecycleRecord, 0, len(records)+len(more))
+	for i, r := range append(records[:len(records):len(records)], more...) {
+		if seen[r.Proxy+"/"+r.EgressIP] {
+			continue
+		}
+		seen[r.Proxy+"/"+r.EgressIP] = true
+		all = append(all, r)
+		if i >= len(records) {
+			added = append(added, r)
+		}
 	}
-	cut := maxReason
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut]
+	sort.SliceStable(all, func(i, j int) bool { return all[i].Time < all[j].Time })
+	return all, added
 }
 
 // fleetSurvey is what pickRecycles reads of the members: them by name,
@@ -388,7 +385,7 @@ func previousRecycles(xrStatus *structpb.Struct, now time.Time) []fleetv1alpha1.
 			// Written by a clock ahead: it counts as now, never later.
 			r.Time = now.UTC().Format(time.RFC3339)
 		}
-		r.Reason = truncate(r.Reason)
+		r.Reason = truncateTo(r.Reason, maxReason)
 		out = append(out, r)
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].Time < out[j].Time })
@@ -407,27 +404,45 @@ func recordsValue(records []fleetv1alpha1.RecycleRecord) *structpb.Value {
 	return structpb.NewListValue(&structpb.ListValue{Values: list})
 }
 
-// setRecycles writes status.egress.recycles and seenAgain, and says, in a
-// Normal result, each recycle started now.
+// setRecycles writes status.egress's recycling, and says, in a Normal
+// result, each recycle started now.
 func setRecycles(rsp *fnv1.RunFunctionResponse, rc *recycling) {
+	n, why := rc.waitingSummary()
+	egressSummary{records: rc.records, started: rc.started, seenAgain: rc.seenAgain, burned: n, waiting: why, atBound: rc.atBound}.write(rsp)
+}
+
+// egressSummary is what a fleet's status.egress says of recycling: the
+// day's recycles, how many proxies leave from an address one gave back,
+// how many burned proxies wait and why, and whether the bound alone holds
+// them; and the recycles started now.
+type egressSummary struct {
+	records, started  []fleetv1alpha1.RecycleRecord
+	seenAgain, burned int
+	waiting           string
+	atBound           bool
+}
+
+// write sets the summary's fields of status.egress, and says each recycle
+// started now in a Normal result.
+func (e egressSummary) write(rsp *fnv1.RunFunctionResponse) {
 	egress := field(rsp.GetDesired().GetComposite().GetResource(), "status", "egress").GetStructValue()
 	if egress == nil {
 		return
 	}
-	if len(rc.records) > 0 {
-		egress.Fields["recycles"] = recordsValue(rc.records)
+	if len(e.records) > 0 {
+		egress.Fields["recycles"] = recordsValue(e.records)
 	}
-	if rc.seenAgain > 0 {
-		egress.Fields["seenAgain"] = structpb.NewNumberValue(float64(rc.seenAgain))
+	if e.seenAgain > 0 {
+		egress.Fields["seenAgain"] = structpb.NewNumberValue(float64(e.seenAgain))
 	}
-	if n, why := rc.waitingSummary(); n > 0 {
-		egress.Fields["burned"] = structpb.NewNumberValue(float64(n))
-		egress.Fields["recycleWaiting"] = structpb.NewStringValue(why)
-		if rc.atBound {
+	if e.burned > 0 {
+		egress.Fields["burned"] = structpb.NewNumberValue(float64(e.burned))
+		egress.Fields["recycleWaiting"] = structpb.NewStringValue(truncateTo(e.waiting, maxWaiting))
+		if e.atBound {
 			egress.Fields["recyclesAtBound"] = structpb.NewBoolValue(true)
 		}
 	}
-	for _, r := range rc.started {
+	for _, r := range e.started {
 		response.Normalf(rsp, "Recycling proxy %s: its egress IP %s", r.Proxy, r.Reason).TargetCompositeAndClaim()
 	}
 }

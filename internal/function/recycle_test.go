@@ -403,7 +403,7 @@ func TestRecyclePicks(t *testing.T) {
 		t.Errorf("one recycle recorded once whatever the clocks: %v", recs)
 	}
 
-	if got := truncate(strings.Repeat("é", 200)); len(got) > maxReason || !utf8.ValidString(got) {
+	if got := truncateTo(strings.Repeat("é", 200), maxReason); len(got) > maxReason || !utf8.ValidString(got) {
 		t.Errorf("a reason of 400 bytes cut to %d bytes, valid UTF-8 %v", len(got), utf8.ValidString(got))
 	}
 }

@@ -128,12 +128,8 @@ func setReady(desired *fnv1.State, f *Fleet, members []*member) {
 			ready++
 		}
 	}
-	floor := f.Replicas - f.MaxUnavailable
-	if f.Pool != "" {
-		floor = f.readyFloor
-	}
 	desired.Composite.Ready = fnv1.Ready_READY_FALSE
-	if ready >= floor {
+	if ready >= f.servingFloor() {
 		desired.Composite.Ready = fnv1.Ready_READY_TRUE
 	}
 }
