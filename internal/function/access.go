@@ -86,3 +86,19 @@ func (f *Function) access(fleet *Fleet) (map[string]*fnv1.Resource, error) {
 	}
 	return out, nil
 }
+
+// grantAccess composes the Role and RoleBinding that let egress-discovery
+// serve the fleet.
+func (f *Function) grantAccess(rsp *fnv1.RunFunctionResponse, fleet *Fleet) error {
+	grant, err := f.access(fleet)
+	if err != nil {
+		return err
+	}
+	desired := desiredResources(rsp)
+	delete(desired, resourceAccessRole)
+	delete(desired, resourceAccessBinding)
+	for name, r := range grant {
+		desired[name] = r
+	}
+	return nil
+}

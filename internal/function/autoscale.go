@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
@@ -260,4 +261,57 @@ func (s *scaling) statusOf() *structpb.Value {
 		"capacity":        structpb.NewNumberValue(float64(s.capacity)),
 		"recommendations": structpb.NewListValue(&structpb.ListValue{Values: recs}),
 	}})
+}
+
+// health counts what the autoscaler reads of a fleet: its healthy proxies,
+// those unready past failingAfter, and those not replacing another (the
+// size autoscaling starts from when turned on).
+type health struct{ healthy, failing, holders int }
+
+func countsOf(members []*member, now time.Time) health {
+	var h health
+	for _, m := range members {
+		if m.Healthy {
+			h.healthy++
+		}
+		if !m.Ready && !m.Refused && now.Sub(m.Created) >= failingAfter {
+			h.failing++
+		}
+		if m.Replaces < 0 {
+			h.holders++
+		}
+	}
+	return h
+}
+
+// failingAfter is how old an unready proxy must be before an autoscaled
+// fleet with no healthy proxy counts as in an outage rather than booting.
+const failingAfter = 2 * time.Minute
+
+// autoscale sizes an autoscaled fleet, setting its Replicas to the size it
+// aims at; nil for a fleet spec.replicas sizes. Until Crossplane has sent
+// the fleet's leases and demand, the size aimed at so far stays.
+func autoscale(req *fnv1.RunFunctionRequest, f *Fleet, h health, view *leaseView, now time.Time) *scaling {
+	if f.autoscale == nil {
+		return nil
+	}
+	current, history := previousScaling(field(req.GetObserved().GetComposite().GetResource(), "status").GetStructValue())
+	if current < 0 {
+		// Autoscaling was just turned on: it starts from the proxies
+		// there are.
+		current = h.holders
+	}
+	var sc *scaling
+	if view.known {
+		// An outage (the health target down, a backend failing): no
+		// proxy healthy though some had time to boot. Every crawler is
+		// refused and more proxies would fail alike, so the fleet does
+		// not grow until one recovers; nor does it shrink for it.
+		outage := h.healthy == 0 && h.failing > 0
+		sc = f.autoscale.scale(view.demand, int(*f.spec.Leases.MaxLeasesPerProxy), h.healthy, current, history, now, outage)
+	} else {
+		sc = &scaling{desired: min(max(current, f.autoscale.Min), f.autoscale.Max), history: history, reason: view.why}
+	}
+	f.Replicas = sc.desired
+	return sc
 }

@@ -577,18 +577,7 @@ func reportPools(rsp *fnv1.RunFunctionResponse, f *Fleet, plans []*poolPlan, tot
 		parts = append(parts, r)
 	}
 	msg := strings.Join(parts, "; ")
-	var c *response.ConditionOption
-	switch {
-	case f.Replicas == 0:
-		c = response.ConditionTrue(rsp, ConditionFleetHealthy, "ScaledToZero")
-	case total.healthy >= f.Replicas:
-		c = response.ConditionTrue(rsp, ConditionFleetHealthy, "AllHealthy")
-	case total.healthy == 0:
-		c = response.ConditionFalse(rsp, ConditionFleetHealthy, "NoHealthyProxies")
-	default:
-		c = response.ConditionFalse(rsp, ConditionFleetHealthy, "Degraded")
-	}
-	c.WithMessage(msg).TargetCompositeAndClaim()
+	setFleetHealthy(rsp, f.Replicas, total.healthy, msg)
 	if total.duplicates > 0 {
 		response.ConditionTrue(rsp, ConditionDuplicateEgressIP, "SharedEgressIP").
 			WithMessage(fmt.Sprintf("%d proxies share their egress IP with another of their pool: to a target they are one client; each pool's DuplicateEgressIP condition names them", total.duplicates)).TargetCompositeAndClaim()

@@ -11,6 +11,7 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
 
 // requiredSummaries names the LeaseSummaries the function asks Crossplane
@@ -260,4 +261,48 @@ func parseSummary(r *fnv1.Resource) (*v1alpha1.LeaseSummarySpec, bool) {
 func microTime(s string) (metav1.MicroTime, bool) {
 	t, err := time.Parse(time.RFC3339Nano, s)
 	return metav1.MicroTime{Time: t}, err == nil
+}
+
+// requireLeases asks Crossplane for the fleet's LeaseSummaries, and reads
+// those it sent: a pool's own (egress-discovery writes one per pool), a
+// pooled fleet's of the fleet as a whole (its demand), a fleet's without
+// pools all of them.
+func requireLeases(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionRequest, fleet *Fleet, now time.Time) *leaseView {
+	if rsp.Requirements == nil {
+		rsp.Requirements = &fnv1.Requirements{}
+	}
+	if rsp.Requirements.Resources == nil {
+		rsp.Requirements.Resources = map[string]*fnv1.ResourceSelector{}
+	}
+	namespace := fleet.Namespace
+	selector, pool := leasewire.SummarySelector(fleet.Name), ""
+	switch {
+	case fleet.Pool != "":
+		pool = ownership.LabelValue(fleet.Pool)
+		selector = leasewire.SummaryLabels(fleet.Name, pool)
+	case fleet.spec.Pools != nil:
+		selector = leasewire.SummaryLabels(fleet.Name, "")
+	}
+	rsp.Requirements.Resources[requiredSummaries] = &fnv1.ResourceSelector{
+		ApiVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.LeaseSummaryKind, Namespace: &namespace,
+		Match: &fnv1.ResourceSelector_MatchLabels{MatchLabels: &fnv1.MatchLabels{Labels: selector}},
+	}
+	summaries, sent := req.GetRequiredResources()[requiredSummaries]
+	_, maxTTL := fleet.spec.Leases.TTLs()
+	view := viewLeases(summaries.GetItems(), sent, fleet.Name, pool, maxTTL, now)
+	switch {
+	case fleet.Pool != "":
+		rsp.Requirements.Resources[requiredFleetSummaries] = &fnv1.ResourceSelector{
+			ApiVersion: v1alpha1.SchemeGroupVersion.String(), Kind: v1alpha1.LeaseSummaryKind, Namespace: &namespace,
+			Match: &fnv1.ResourceSelector_MatchLabels{MatchLabels: &fnv1.MatchLabels{Labels: leasewire.SummaryLabels(fleet.Name, "")}},
+		}
+		whole, sent := req.GetRequiredResources()[requiredFleetSummaries]
+		view.coveredBy(viewLeases(whole.GetItems(), sent, fleet.Name, "", maxTTL, now))
+	case fleet.spec.Pools != nil:
+		// The fleet-wide summaries list no pool's proxies: held leases
+		// are what their demand counts.
+		view.held = max(view.held, view.reportedHeld)
+		view.demand.Held = view.held
+	}
+	return view
 }
