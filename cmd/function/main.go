@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/alecthomas/kong"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	function "github.com/crossplane/function-sdk-go"
-	"github.com/pkg/errors"
 	"k8s.io/apimachinery/pkg/types"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli"

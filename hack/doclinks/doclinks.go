@@ -9,6 +9,7 @@ package doclinks
 
 import (
 	"fmt"
+	"io/fs"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -16,7 +17,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 )
 
 // Problem is one broken reference, at the line of the file it starts on.
@@ -53,7 +54,7 @@ func Files(root string) ([]string, error) {
 		}
 		return nil
 	})
-	if err != nil && !os.IsNotExist(errors.Cause(err)) {
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
 		return nil, errors.Wrap(err, "cannot list docs/")
 	}
 	sort.Strings(out)

@@ -3,7 +3,7 @@ package backend
 import (
 	"time"
 
-	"github.com/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 )
 
 // Class sorts backend errors by what the reconciler should do about them.

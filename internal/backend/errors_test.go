@@ -1,11 +1,11 @@
 package backend
 
 import (
-	"errors"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/google/go-cmp/cmp"
 )
 

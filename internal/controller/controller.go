@@ -3,7 +3,7 @@
 package controller
 
 import (
-	"github.com/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller/config"

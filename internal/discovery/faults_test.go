@@ -2,7 +2,6 @@ package discovery_test
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
@@ -14,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	coordv1 "k8s.io/api/coordination/v1"
 	crclient "sigs.k8s.io/controller-runtime/pkg/client"

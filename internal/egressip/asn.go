@@ -3,8 +3,8 @@ package egressip
 import (
 	"net/netip"
 
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/oschwald/maxminddb-golang/v2"
-	"github.com/pkg/errors"
 )
 
 // ASNDB is an offline IP-to-ASN database in the MaxMind DB format (such as

@@ -3,8 +3,8 @@ package function
 import (
 	"strings"
 
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
-	"github.com/pkg/errors"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"

@@ -3,7 +3,7 @@ package function
 import (
 	"encoding/json"
 
-	"github.com/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 

@@ -5,11 +5,10 @@ package gc
 
 import (
 	"context"
-	stderrors "errors" //nolint:depguard // For errors.Join, which github.com/pkg/errors lacks.
 	"fmt"
 	"time"
 
-	"github.com/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -105,7 +104,7 @@ func (c *Collector) Collect(ctx context.Context) (Report, error) {
 				// read is in this list.
 				owners, err := c.Sources.Owners(ctx)
 				if err != nil {
-					return r, stderrors.Join(append(errs, errors.Wrap(err, "cannot list Proxies; collecting no more"))...)
+					return r, errors.Join(append(errs, errors.Wrap(err, "cannot list Proxies; collecting no more"))...)
 				}
 				errs = append(errs, c.collect(ctx, t, instances, owners, &r)...)
 				continue
@@ -119,7 +118,7 @@ func (c *Collector) Collect(ctx context.Context) (Report, error) {
 		c.event(t, event.Warning("OrphanCollectionSkipped", errors.Wrap(err, "orphans of this configuration are not collected")))
 		errs = append(errs, errors.Wrapf(err, "cannot collect %s instances", t.Kind))
 	}
-	return r, stderrors.Join(errs...)
+	return r, errors.Join(errs...)
 }
 
 // collect deletes the orphans among one target's instances.

@@ -2,11 +2,12 @@ package lease
 
 import (
 	"context"
-	"errors"
 	"math"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 	"github.com/google/go-cmp/cmp"

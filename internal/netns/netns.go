@@ -7,7 +7,7 @@ import (
 	"os"
 	"runtime"
 
-	"github.com/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"golang.org/x/sys/unix"
 )
 

@@ -2,11 +2,12 @@ package probe_test
 
 import (
 	"context"
-	"errors"
 	"net"
 	"net/url"
 	"strings"
 	"testing"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
 )

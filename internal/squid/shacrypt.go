@@ -5,7 +5,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 )
 
 // SHA-512 crypt ("$6$", Ulrich Drepper's "Unix crypt using SHA-256 and

@@ -1,7 +1,7 @@
 package v1alpha1
 
 import (
-	"github.com/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	corev1 "k8s.io/api/core/v1"
 )
 

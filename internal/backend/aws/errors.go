@@ -2,7 +2,7 @@ package aws
 
 import (
 	"github.com/aws/smithy-go"
-	"github.com/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 )

@@ -2,12 +2,12 @@ package aws
 
 import (
 	"context"
-	"errors"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 )
 
 // TestListingNeverHoldsAGetLong: a listing slower than a Get may wait

@@ -6,7 +6,6 @@ package gcp
 
 import (
 	"context"
-	stderrors "errors" //nolint:depguard // For errors.Join, which github.com/pkg/errors lacks.
 	"fmt"
 	"maps"
 	"net/http"
@@ -18,8 +17,8 @@ import (
 
 	compute "cloud.google.com/go/compute/apiv1"
 	"cloud.google.com/go/compute/apiv1/computepb"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/googleapis/gax-go/v2/apierror"
-	"github.com/pkg/errors"
 	"google.golang.org/api/googleapi"
 	"google.golang.org/api/iterator"
 	"google.golang.org/api/option"
@@ -124,7 +123,7 @@ func New(ctx context.Context, cfg Config) (*Backend, error) {
 
 // Close releases the clients.
 func (b *Backend) Close() error {
-	return stderrors.Join(b.instances.Close(), b.firewalls.Close(), b.ops.Close(), b.globalOps.Close())
+	return errors.Join(b.instances.Close(), b.firewalls.Close(), b.ops.Close(), b.globalOps.Close())
 }
 
 // Classify sorts a Compute API error into the backend taxonomy. Errors that

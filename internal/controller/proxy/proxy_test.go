@@ -2,12 +2,12 @@ package proxy
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
