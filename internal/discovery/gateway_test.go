@@ -3,7 +3,6 @@ package discovery_test
 import (
 	"bufio"
 	"context"
-	"crypto/tls"
 	"encoding/base64"
 	"fmt"
 	"io"
@@ -18,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	coordv1 "k8s.io/api/coordination/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -28,8 +26,6 @@ import (
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
-	dmetrics "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/squid"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
@@ -68,170 +64,10 @@ func TestParseGatewayUser(t *testing.T) {
 	}
 }
 
-// gatewayBed is a fleet of real Squids on loopback, each leaving from an
-// address of its own (127.0.0.2, 127.0.0.3, ...), so that an IP echo
-// target names the upstream that served; and a gateway on top.
-type gatewayBed struct {
-	ns, fleet string
-	gw        *discovery.Gateway
-	url       string // the gateway's address
-	token     string
-	egress    map[string]string // proxy name -> the address targets see
-	squids    map[string]*exec.Cmd
-	addrs     map[string]string // proxy name -> its Squid's host:port
-	store     *lease.Store
-}
-
-func newGatewayBed(t testing.TB, n, maxLeases int, mods ...func(*discovery.Gateway)) *gatewayBed {
-	t.Helper()
-	addrs := make([]string, n)
-	for i := range addrs {
-		addrs[i] = fmt.Sprintf("127.0.0.%d", i+2)
-	}
-	return newGatewayBedAt(t, addrs, maxLeases, mods...)
-}
-
-// newGatewayBedAt is newGatewayBed with proxy i's Squid bound to, and
-// leaving from, addrs[i] (loopback addresses: 127.0.1.2 is in another
-// /24 than 127.0.0.2).
-func newGatewayBedAt(t testing.TB, addrs []string, maxLeases int, mods ...func(*discovery.Gateway)) *gatewayBed {
-	t.Helper()
-	n := len(addrs)
-	bed := sharedBed.Env(t)
-	ns := bed.Namespace(t)
-	b := &gatewayBed{ns: ns, fleet: "gw", token: "gw-token", egress: map[string]string{}, squids: map[string]*exec.Cmd{}, addrs: map[string]string{}}
-	fleet(t, ns, b.fleet, n, maxLeases, nil)
-	htpasswd, err := squid.HtpasswdWithSalt("crawler", "s3cret", "saltsalt")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx := context.Background()
-	for i, addr := range addrs {
-		l, err := net.Listen("tcp", addr+":0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		_ = l.Close()
-		conf, err := squid.Render(squid.Config{
-			Port: int32(port), BindAddress: addr, OutgoingAddress: addr, AllowLoopbackDestinations: true,
-			HtpasswdPath: "/etc/egress-proxy/htpasswd",
-		})
-		if err != nil {
-			t.Fatal(err)
-		}
-		cmd := testbed.StartSquid(t, conf, "/etc/egress-proxy", map[string][]byte{"htpasswd": htpasswd}, fmt.Sprintf("%s:%d", addr, port))
-		p := &v1alpha1.Proxy{}
-		name := fmt.Sprintf("%s-%d", b.fleet, i)
-		b.squids[name] = cmd
-		b.addrs[name] = fmt.Sprintf("%s:%d", addr, port)
-		if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, p); err != nil {
-			t.Fatal(err)
-		}
-		p.Status.AtProvider.Host, p.Status.AtProvider.Port, p.Status.AtProvider.EgressIP = addr, int32(port), addr
-		if err := bed.Client.Status().Update(ctx, p); err != nil {
-			t.Fatal(err)
-		}
-		b.egress[name] = addr
-	}
-	b.gw, b.url, b.store = b.replica(t, mods...)
-	// The cache shows the upstreams' addresses before the first test.
-	testbed.Eventually(t, 10*time.Second, "the replica's cache sees the upstreams", func() (bool, string) {
-		l := &v1alpha1.ProxyList{}
-		if err := b.gw.Server.Catalog.Cache.List(ctx, l); err != nil {
-			return false, err.Error()
-		}
-		seen := 0
-		for _, p := range l.Items {
-			if p.Namespace == ns && b.egress[p.Name] == p.Status.AtProvider.Host {
-				seen++
-			}
-		}
-		return seen == n, fmt.Sprintf("%d of %d", seen, n)
-	})
-	return b
-}
-
-// replica starts one more egress-discovery replica's gateway on the bed's
-// fleet, with a cache and a lease store of its own: its gateway, address
-// and store.
-func (b *gatewayBed) replica(t testing.TB, mods ...func(*discovery.Gateway)) (*discovery.Gateway, string, *lease.Store) {
-	t.Helper()
-	bed := sharedBed.Env(t)
-	c, ca := bed.Replica(t, b.ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
-	rctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(cancel)
-	version, err := discovery.WatchVersion(rctx, ca)
-	if err != nil {
-		t.Fatal(err)
-	}
-	store := &lease.Store{Client: c, Cache: ca}
-	st := staticTokens(t, b.token+" "+b.ns+"\n"+b.token2()+" "+b.ns+"\nother-token some-other-namespace\n")
-	srv := &discovery.Server{
-		Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: store,
-		Auth: &discovery.Kubernetes{Client: c, Static: st}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Version: version,
-	}
-	gw := &discovery.Gateway{Server: srv, Idle: 2 * time.Second, DialTimeout: 2 * time.Second}
-	for _, m := range mods {
-		m(gw)
-	}
-	go gw.Run(rctx)
-	hs := httptest.NewServer(gw)
-	t.Cleanup(hs.Close)
-	return gw, hs.Listener.Addr().String(), store
-}
-
-// client is a crawler whose only setting is the gateway URL; every request
-// opens a new connection.
-func (b *gatewayBed) client(user, token string, target testbed.Target) *http.Client {
-	return clientAt(b.url, user, token, target)
-}
-
-// clientAt is client, through the gateway at addr.
-func clientAt(addr, user, token string, target testbed.Target) *http.Client {
-	u := &url.URL{Scheme: "http", Host: addr, User: url.UserPassword(user, token)}
-	return &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		Proxy: http.ProxyURL(u), DisableKeepAlives: true,
-		TLSClientConfig: &tls.Config{RootCAs: target.RootCAs, MinVersion: tls.VersionTLS12},
-	}}
-}
-
 func (b *gatewayBed) user(opts string) string { return b.ns + "_" + b.fleet + opts }
 
 // token2 is a second identity's token for the bed's namespace.
 func (b *gatewayBed) token2() string { return b.token + "-2" }
-
-// session starts a session of key with one fetch of target: its client,
-// the address the target saw, and the proxy that served.
-func (b *gatewayBed) session(t *testing.T, key string, target testbed.Target) (*http.Client, string, string) {
-	t.Helper()
-	c := b.client(b.user("_session_"+key), b.token, target)
-	seen, rsp := fetch(t, c, target.URL)
-	if rsp == nil || rsp.StatusCode != http.StatusOK {
-		t.Fatalf("session %s: %v", key, status(rsp))
-	}
-	for p, a := range b.egress {
-		if a == seen {
-			return c, seen, p
-		}
-	}
-	t.Fatalf("session %s left from %q, no proxy's address", key, seen)
-	return nil, "", ""
-}
-
-// fetch gets the target's echo through the gateway: the address the
-// upstream left from, and the answer.
-func fetch(t *testing.T, c *http.Client, target string) (string, *http.Response) {
-	t.Helper()
-	rsp, err := c.Get(target)
-	if err != nil {
-		t.Logf("GET %s: %v", target, err)
-		return "", nil
-	}
-	defer rsp.Body.Close() //nolint:errcheck // A test.
-	body, _ := io.ReadAll(rsp.Body)
-	return strings.TrimSpace(string(body)), rsp
-}
 
 // TestGatewayChains: CONNECT (an HTTPS target) and plain GET (an HTTP
 // target) through the gateway reach the targets through a fleet's Squid,
@@ -424,46 +260,6 @@ func TestGatewayConnectionBound(t *testing.T) {
 	})
 }
 
-func isEgress(b *gatewayBed, addr string) bool {
-	for _, a := range b.egress {
-		if a == addr {
-			return true
-		}
-	}
-	return false
-}
-
-func heldSlots(t *testing.T, b *gatewayBed) int {
-	t.Helper()
-	slots, err := b.store.Slots(context.Background(), b.ns, b.fleet)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := 0
-	for _, ls := range slots {
-		for _, l := range ls {
-			if !lease.Expired(l, time.Now()) {
-				n++
-			}
-		}
-	}
-	return n
-}
-
-func status(rsp *http.Response) string {
-	if rsp == nil {
-		return "no answer"
-	}
-	return rsp.Status
-}
-
-func header(rsp *http.Response, h string) string {
-	if rsp == nil {
-		return ""
-	}
-	return rsp.Header.Get(h)
-}
-
 // TestGatewayPythonClient: a real client, Python's urllib, with nothing but
 // the gateway URL (a session in the username) fetches a plain and an HTTPS
 // target; all its requests leave through one proxy.
@@ -536,136 +332,6 @@ func TestGatewaySessionReport(t *testing.T) {
 	})
 }
 
-// openTunnel sends CONNECT for target through the gateway as user and
-// reads the answer's head: its status and the proxy it names. The tunnel
-// stays open until the test ends or it is closed.
-func openTunnel(t *testing.T, b *gatewayBed, user, target string) (net.Conn, int, string) {
-	t.Helper()
-	conn, code, proxy := openTunnelQuiet(b, user, target)
-	if conn == nil {
-		t.Fatalf("CONNECT %s: no answer", target)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return conn, code, proxy
-}
-
-// seatLeases are the live Leases the gateway holds as seats, by proxy.
-func seatLeases(t *testing.T, b *gatewayBed) map[string]int {
-	t.Helper()
-	l := &coordv1.LeaseList{}
-	if err := sharedBed.Env(t).Client.List(context.Background(), l, client.InNamespace(b.ns)); err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]int{}
-	for i := range l.Items {
-		le := &l.Items[i]
-		if le.Spec.HolderIdentity != nil && strings.HasPrefix(*le.Spec.HolderIdentity, "gateway-seats:") && !lease.Expired(le, time.Now()) {
-			out[le.Labels[fleetv1alpha1.LabelProxy]]++
-		}
-	}
-	return out
-}
-
-// TestGatewaySeats: connections without a session run on the replica's
-// seats, one Lease per proxy it uses: three tunnels open at once take
-// three proxies, five share them least loaded first (2, 2, 1) with no
-// fourth Lease; a seat's proxy banned for the target's domain serves no
-// connection to it; a caller's sessionless connections count against its
-// lease quota (429 QuotaExceeded over it); and the seats go back once
-// idle.
-func TestGatewaySeats(t *testing.T) {
-	b := newGatewayBed(t, 3, 2)
-	fleetXR(t, b.ns, b.fleet, 3, map[string]any{"maxLeasesPerProxy": int64(2), "quotas": map[string]any{"maxLeasesPerIdentity": int64(5)}})
-	target := testbed.StartEchoTarget(t)
-	host := strings.TrimSuffix(strings.TrimPrefix(target.URL, "https://"), "/ip")
-	load := map[string]int{}
-	var tunnels []net.Conn
-	for i := range 5 {
-		conn, code, proxy := openTunnel(t, b, b.user(""), host)
-		if code != http.StatusOK || b.egress[proxy] == "" {
-			t.Fatalf("tunnel %d: %d through %q", i, code, proxy)
-		}
-		tunnels = append(tunnels, conn)
-		load[proxy]++
-		if i == 2 && len(load) != 3 {
-			t.Fatalf("three tunnels at once took %v: want one each on three proxies", load)
-		}
-	}
-	for p, n := range load {
-		if n < 1 || n > 2 {
-			t.Errorf("five tunnels on three seats: %v; want the least loaded chosen (2, 2, 1), %s has %d", load, p, n)
-		}
-	}
-	if seats := seatLeases(t, b); len(seats) != 3 || seats[b.fleet+"-0"] != 1 || seats[b.fleet+"-1"] != 1 || seats[b.fleet+"-2"] != 1 {
-		t.Errorf("seat Leases %v: want one per proxy in use, three in all", seats)
-	}
-	testbed.Eventually(t, 5*time.Second, "the seats gauge shows three seats", func() (bool, string) {
-		v := testutil.ToFloat64(b.gw.Metrics.Seats)
-		return v == 3, fmt.Sprint(v)
-	})
-	// The quota of 5 counts each connection: a sixth is refused, and so
-	// is a lease of the API to the same caller, which shares the quota.
-	if _, code, _ := openTunnel(t, b, b.user(""), host); code != http.StatusTooManyRequests {
-		t.Errorf("a sixth connection over the caller's quota of 5: %d, want 429", code)
-	}
-	api := httptest.NewServer(b.gw.Server.Handler())
-	t.Cleanup(api.Close)
-	code, _, body := call(t, api, b.token, http.MethodPost, "/v1/leases", `{"fleet":"`+b.ns+"/"+b.fleet+`","holder":"h"}`)
-	if code != http.StatusTooManyRequests || !strings.Contains(string(body), "QuotaExceeded") {
-		t.Errorf("an API lease by a caller whose gateway connections fill its quota: %d %s, want 429 QuotaExceeded", code, body)
-	}
-	for _, c := range tunnels {
-		_ = c.Close()
-	}
-	// A proxy banned for the target's domain keeps its seat but serves
-	// no connection to that domain.
-	h, _, _ := net.SplitHostPort(host)
-	banned := b.fleet + "-0"
-	if err := b.store.Ban(context.Background(), b.ns, b.fleet, banned, h, time.Minute, "static:test"); err != nil {
-		t.Fatal(err)
-	}
-	testbed.Eventually(t, 10*time.Second, "the ban seen and the tunnels closed", func() (bool, string) {
-		conn, code, proxy := openTunnel(t, b, b.user(""), host)
-		_ = conn.Close()
-		return code == http.StatusOK && proxy != banned, fmt.Sprintf("%d through %s", code, proxy)
-	})
-	for i := range 6 {
-		conn, code, proxy := openTunnel(t, b, b.user(""), host)
-		if code != http.StatusOK || proxy == banned {
-			t.Fatalf("tunnel %d to %s: %d through %s, banned for it", i, h, code, proxy)
-		}
-		_ = conn.Close()
-	}
-	// Once gw-1 leaves from gw-0's egress IP, the ban holds for it too:
-	// its seat (held from the tunnels above) serves no connection to the
-	// domain, and none goes to it anew.
-	sharing := b.fleet + "-1"
-	p := &v1alpha1.Proxy{}
-	if err := b.gw.Server.Catalog.Cache.Get(context.Background(), types.NamespacedName{Namespace: b.ns, Name: sharing}, p); err != nil {
-		t.Fatal(err)
-	}
-	p.Status.AtProvider.EgressIP = b.egress[banned]
-	if err := sharedBed.Env(t).Client.Status().Update(context.Background(), p); err != nil {
-		t.Fatal(err)
-	}
-	testbed.Eventually(t, 10*time.Second, "the replica's cache sees "+sharing+" leave from "+banned+"'s IP", func() (bool, string) {
-		got := &v1alpha1.Proxy{}
-		err := b.gw.Server.Catalog.Cache.Get(context.Background(), types.NamespacedName{Namespace: b.ns, Name: sharing}, got)
-		return err == nil && got.Status.AtProvider.EgressIP == b.egress[banned], fmt.Sprint(got.Status.AtProvider.EgressIP, err)
-	})
-	for i := range 6 {
-		conn, code, proxy := openTunnel(t, b, b.user(""), host)
-		if code != http.StatusOK || proxy != b.fleet+"-2" {
-			t.Fatalf("tunnel %d to %s: %d through %s; want %s-2, the one proxy whose IP %s has not banned", i, h, code, proxy, b.fleet, h)
-		}
-		_ = conn.Close()
-	}
-	testbed.Eventually(t, 10*time.Second, "idle seats given back", func() (bool, string) {
-		seats := seatLeases(t, b)
-		return len(seats) == 0, fmt.Sprintf("%v", seats)
-	})
-}
-
 // TestGatewayStreams: a plain HTTP answer the origin sends in parts (a
 // stream) reaches the crawler part by part: the first line arrives while
 // the origin still holds the rest back.
@@ -731,76 +397,6 @@ func TestGatewaySessionLeavesDrainingProxy(t *testing.T) {
 		seen, rsp := fetch(t, c, target.URL)
 		return rsp != nil && rsp.StatusCode == http.StatusOK && seen != first && isEgress(b, seen), fmt.Sprintf("%v from %q", status(rsp), seen)
 	})
-}
-
-// TestGatewaySeatsSurviveBadTargets: CONNECTs to a target no proxy can
-// reach (the upstream answers, about the target) do not retire the seats
-// other callers' tunnels share: the replica never holds two seat Leases
-// on one proxy, and a new tunnel still lands on a seat.
-func TestGatewaySeatsSurviveBadTargets(t *testing.T) {
-	b := newGatewayBed(t, 2, 4)
-	target := testbed.StartEchoTarget(t)
-	host := strings.TrimSuffix(strings.TrimPrefix(target.URL, "https://"), "/ip")
-	_, code, first := openTunnel(t, b, b.user(""), host)
-	if code != http.StatusOK {
-		t.Fatalf("tunnel: %d", code)
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	closed := l.Addr().String()
-	_ = l.Close()
-	for i := range 6 {
-		conn, code, _ := openTunnel(t, b, b.user(""), closed)
-		_ = conn.Close()
-		if code == http.StatusOK {
-			t.Fatalf("CONNECT %d to a closed port answered 200", i)
-		}
-	}
-	for p, n := range seatLeases(t, b) {
-		if n > 1 {
-			t.Errorf("%d seat Leases on %s after CONNECTs to a bad target: the shared seats were retired and taken again", n, p)
-		}
-	}
-	_, code, proxy := openTunnel(t, b, b.user(""), host)
-	if code != http.StatusOK || b.egress[proxy] == "" {
-		t.Errorf("a tunnel after the bad targets: %d through %q (the first went through %s)", code, proxy, first)
-	}
-}
-
-// TestGatewaySeatWaitersShareRefusal: on a full fleet, connections without
-// a session that find no seat wait for the one being leased and share its
-// refusal: five at once are all refused 503 within about the fleet's
-// maxWait, not one maxWait after another.
-func TestGatewaySeatWaitersShareRefusal(t *testing.T) {
-	b := newGatewayBed(t, 1, 1)
-	fleetXR(t, b.ns, b.fleet, 1, map[string]any{"maxLeasesPerProxy": int64(1), "admission": map[string]any{"maxWait": "2s"}})
-	api := httptest.NewServer(b.gw.Server.Handler())
-	t.Cleanup(api.Close)
-	testbed.Eventually(t, 10*time.Second, "the fleet's one slot leased by the API", func() (bool, string) {
-		code, _, body := call(t, api, b.token, http.MethodPost, "/v1/leases", `{"fleet":"`+b.ns+"/"+b.fleet+`","holder":"squatter","ttl":"5m"}`)
-		return code == http.StatusCreated, fmt.Sprintf("%d %s", code, body)
-	})
-	target := testbed.StartEchoTarget(t)
-	host := strings.TrimSuffix(strings.TrimPrefix(target.URL, "https://"), "/ip")
-	start := time.Now()
-	codes := make(chan int, 5)
-	for range 5 {
-		go func() {
-			conn, code, _ := openTunnel(t, b, b.user(""), host)
-			_ = conn.Close()
-			codes <- code
-		}()
-	}
-	for range 5 {
-		if code := <-codes; code != http.StatusServiceUnavailable {
-			t.Errorf("a connection on a full fleet: %d, want 503", code)
-		}
-	}
-	if took := time.Since(start); took > 6*time.Second {
-		t.Errorf("five connections waiting on a full fleet with maxWait 2s were all answered after %s: they waited in turn", took)
-	}
 }
 
 // TestGatewaySessionAcrossReplicas: a session whose connections reach two

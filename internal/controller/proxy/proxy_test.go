@@ -7,9 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
-	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
-
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
@@ -21,7 +18,6 @@ import (
 	"k8s.io/utils/ptr"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
-	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
@@ -305,109 +301,6 @@ func TestObserve(t *testing.T) {
 	}
 }
 
-// reconcileFor plays the managed reconciler's loop at one reconcile per
-// second of fake time, the worst case its rate limiter allows, and returns
-// how often the backend was asked to create.
-func reconcileFor(t *testing.T, e *external, b *fake.Backend, c *clock, p *v1alpha1.Proxy, d time.Duration) int {
-	t.Helper()
-	count := func() int {
-		if b == nil {
-			return 0
-		}
-		return b.CallCount("Create")
-	}
-	before := count()
-	for end := c.t.Add(d); c.t.Before(end); c.t = c.t.Add(time.Second) {
-		obs, err := e.Observe(context.Background(), p)
-		if err != nil || obs.ResourceExists {
-			continue
-		}
-		_, _ = e.Create(context.Background(), p)
-	}
-	return count() - before
-}
-
-func TestNoCreateLoop(t *testing.T) {
-	cases := map[string]struct {
-		reason  string
-		err     error
-		maxCall int
-		reason2 xpv2.ConditionReason
-	}{
-		"Quota": {
-			reason:  "Quota errors back off from 30s to 5m: at most 5 creates in 10 minutes (0s, 30s, 1m30s, 3m30s, 7m30s).",
-			err:     backend.Errorf(backend.ClassQuota, "QUOTA_EXCEEDED: instances"),
-			maxCall: 5, reason2: xpv2.ConditionReason(backend.ClassQuota),
-		},
-		"Permanent": {
-			reason:  "A permanent error is tried once and latched until the spec changes.",
-			err:     backend.Errorf(backend.ClassPermanent, "invalid machine type"),
-			maxCall: 1, reason2: xpv2.ConditionReason(backend.ClassPermanent),
-		},
-	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			b := fake.New()
-			b.CreateErr = tc.err
-			c := &clock{t: epoch}
-			e := newExternal(b, &fakeProber{}, c)
-			p := unitProxy()
-			n := reconcileFor(t, e, b, c, p, 10*time.Minute)
-			if n > tc.maxCall || n == 0 {
-				t.Errorf("%s\nbackend Create calls in 10 minutes: got %d, want 1..%d", tc.reason, n, tc.maxCall)
-			}
-			cond := p.GetCondition(xpv2.TypeReady)
-			if cond.Reason != tc.reason2 || !strings.Contains(cond.Message, strings.SplitN(tc.err.Error(), ":", 2)[0]) {
-				t.Errorf("%s\nReady must say why: got %s %q", tc.reason, cond.Reason, cond.Message)
-			}
-			t.Logf("%d Create calls in 10 minutes of fake time; Ready: %s: %s", n, cond.Reason, cond.Message)
-		})
-	}
-
-	t.Run("PermanentClearsOnSpecChange", func(t *testing.T) {
-		b := fake.New()
-		b.CreateErr = backend.Errorf(backend.ClassPermanent, "invalid image")
-		c := &clock{t: epoch}
-		e := newExternal(b, &fakeProber{}, c)
-		p := unitProxy()
-		reconcileFor(t, e, b, c, p, time.Minute)
-		p.Generation++
-		b.CreateErr = nil
-		if n := reconcileFor(t, e, b, c, p, time.Minute); n != 1 {
-			t.Errorf("after a spec change the create must be retried once and succeed; got %d calls", n)
-		}
-		if _, ok := p.GetAnnotations()[annotationCreateFailures]; ok {
-			t.Error("a successful create must clear the recorded failures")
-		}
-	})
-
-	t.Run("TransientUsesControllerBackoff", func(t *testing.T) {
-		b := fake.New()
-		b.CreateErr = errors.New("connection reset")
-		c := &clock{t: epoch}
-		e := newExternal(b, &fakeProber{}, c)
-		p := unitProxy()
-		if n := reconcileFor(t, e, b, c, p, 10*time.Second); n != 10 {
-			t.Errorf("transient errors are not gated here (the controller's rate limiter backs off); got %d calls in 10 reconciles", n)
-		}
-	})
-}
-
-func TestDeleteNeverLatches(t *testing.T) {
-	b := fake.New()
-	b.DeleteErr = backend.Errorf(backend.ClassPermanent, "forbidden")
-	e := newExternal(b, &fakeProber{}, &clock{t: epoch})
-	p := unitProxy(func(p *v1alpha1.Proxy) { p.DeletionTimestamp = &metav1.Time{Time: epoch} })
-	for range 3 {
-		if _, err := e.Delete(context.Background(), p); err == nil {
-			t.Fatal("a failing delete must return its error every time")
-		}
-	}
-	if n := b.CallCount("Delete"); n != 3 {
-		t.Errorf("a failing delete is retried each time, never latched: want 3 backend calls, got %d", n)
-	}
-}
-
 // TestExternalModeNeverCallsBackend: observing, updating and deleting an
 // External Proxy makes no backend call, with a backend attached that would
 // count one (proven: a Delete that calls the backend in External mode
@@ -658,51 +551,6 @@ func TestProbeKeepsStatusQuiet(t *testing.T) {
 	}
 }
 
-func TestDeletionProgressed(t *testing.T) {
-	deleting := func(finalizers ...string) *v1alpha1.Proxy {
-		return unitProxy(func(p *v1alpha1.Proxy) {
-			p.DeletionTimestamp = &metav1.Time{Time: epoch}
-			p.Finalizers = finalizers
-		})
-	}
-	cases := map[string]struct {
-		reason   string
-		old, new *v1alpha1.Proxy
-		want     bool
-	}{
-		"GarbageCollectorLetGo": {
-			reason: "The garbage collector removing its finalizer from a deleted Proxy is worth a reconcile: deletion can proceed.",
-			old:    deleting("finalizer.managedresource.crossplane.io", "foregroundDeletion"),
-			new:    deleting("finalizer.managedresource.crossplane.io"),
-			want:   true,
-		},
-		"Deleting": {
-			reason: "The Deleting status written after the instance was deleted prompts the look that lets the Proxy go.",
-			old:    deleting("finalizer.managedresource.crossplane.io"),
-			new: func() *v1alpha1.Proxy {
-				p := deleting("finalizer.managedresource.crossplane.io")
-				p.SetConditions(xpv2.Deleting())
-				return p
-			}(),
-			want: true,
-		},
-		"NotDeleting": {
-			reason: "Finalizers changing on a live Proxy are not either (the reconciler adds its own).",
-			old:    unitProxy(),
-			new:    unitProxy(func(p *v1alpha1.Proxy) { p.Finalizers = []string{"finalizer.managedresource.crossplane.io"} }),
-			want:   false,
-		},
-	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			got := deletionProgressed().Update(ctrlevent.UpdateEvent{ObjectOld: tc.old, ObjectNew: tc.new})
-			if got != tc.want {
-				t.Errorf("%s\ngot %t, want %t", tc.reason, got, tc.want)
-			}
-		})
-	}
-}
-
 // TestPrivateDestinationsPermitted holds a Proxy's private destinations to
 // its ProviderConfig's policy, by arithmetic on the CIDRs; a permitted one
 // reaches the backend and changes the spec hash.
@@ -804,202 +652,10 @@ func TestClosureVerdictBelongsToTheInstance(t *testing.T) {
 	}
 }
 
-// repairing is a backend whose instances depend on something outside them
-// (a GCP firewall rule), in place or not.
-type repairing struct {
-	*fake.Backend
-	ready   bool
-	repairs int
-}
-
 func (r *repairing) Repair(context.Context, backend.Spec) (bool, error) {
 	r.repairs++
 	return r.ready, nil
 }
-
-// TestObserveRepair: Observe has the backend put right what a running
-// instance depends on, and does not hand the instance out until it is in
-// place; Observe-only management changes nothing, not even that.
-func TestObserveRepair(t *testing.T) {
-	pc := &config{Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}}
-	want := desiredSpec(unitProxy(), pc, "unit", nil, "")
-	cases := map[string]struct {
-		reason  string
-		ready   bool
-		mod     func(*v1alpha1.Proxy)
-		repairs int
-		host    string
-		cond    xpv2.ConditionReason
-	}{
-		"InPlace":       {reason: "A running instance whose rule is in place is used.", ready: true, repairs: 1, host: "127.0.0.1", cond: ReasonProbeFailing},
-		"BeingPutRight": {reason: "An instance whose rule is being restored is not used.", ready: false, repairs: 1, host: "", cond: ReasonProvisioning},
-		"ObserveOnly": {reason: "Observe-only never writes, so never repairs.", ready: false, repairs: 0, host: "127.0.0.1", cond: ReasonProbeFailing,
-			mod: func(p *v1alpha1.Proxy) {
-				p.SetManagementPolicies(xpv2.ManagementPolicies{xpv2.ManagementActionObserve})
-			}},
-	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			b := &repairing{Backend: fake.New(), ready: tc.ready}
-			b.Put(backend.Instance{Ref: want.Ref, ProviderID: localID, Host: "127.0.0.1", Port: 3128,
-				Phase: v1alpha1.InstancePhaseRunning, CreatedAt: epoch.Add(-time.Hour), SpecHash: want.Hash})
-			p := unitProxy()
-			if tc.mod != nil {
-				tc.mod(p)
-			}
-			e := newExternal(b, &fakeProber{res: probe.Result{OK: false, Error: "not yet"}}, &clock{t: epoch})
-			e.sched.seen[p.GetUID()] = epoch
-			if _, err := e.Observe(context.Background(), p); err != nil {
-				t.Fatal(err)
-			}
-			if b.repairs != tc.repairs || p.Status.AtProvider.Host != tc.host || p.GetCondition(xpv2.TypeReady).Reason != tc.cond {
-				t.Errorf("%s\nwant %d repairs, host %q, %s; got %d, %q, %s", tc.reason, tc.repairs, tc.host, tc.cond,
-					b.repairs, p.Status.AtProvider.Host, p.GetCondition(xpv2.TypeReady).Reason)
-			}
-		})
-	}
-}
-
-// TestRecordedRef: the instance is looked for where the provider recorded
-// it (status.atProvider.providerID), under the name recorded there (an
-// imported instance's is not derived from the Proxy's UID), and the
-// external-name annotation, which a tenant may edit, is not read at all.
-// Whose the recorded instance is, only its labels say: TestObserve's
-// RecordNamesAnotherInstance.
-func TestRecordedRef(t *testing.T) {
-	pc := &config{Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendGCP}}
-	vm := func(ext string) backend.Ref {
-		p := unitProxy(func(p *v1alpha1.Proxy) {
-			p.Spec.ForProvider.Local = nil
-			p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-c"}
-			p.Status.AtProvider.ProviderID = ext
-		})
-		return recordedRef(p, pc)
-	}
-	name := ownership.InstanceName(unitProxy().GetUID())
-	cases := map[string]struct {
-		ext, zone, name string
-	}{
-		"Unrecorded":  {ext: "", zone: "europe-west1-c"},
-		"DefaultName": {ext: "my-proxy", zone: "europe-west1-c"},
-		"Recorded":    {ext: "projects/p/zones/europe-west1-b/instances/" + name, zone: "europe-west1-b"},
-		"Imported":    {ext: "projects/p/zones/europe-west1-b/instances/their-vm", zone: "europe-west1-b", name: "their-vm"},
-	}
-	for n, tc := range cases {
-		t.Run(n, func(t *testing.T) {
-			want := name
-			if tc.name != "" {
-				want = tc.name
-			}
-			if r := vm(tc.ext); r.Zone != tc.zone || r.Name != want {
-				t.Errorf("providerID %q: want %s/%s, got %s/%s", tc.ext, tc.zone, want, r.Zone, r.Name)
-			}
-		})
-	}
-	pods := &config{Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendKubernetes}}
-	p := unitProxy(func(p *v1alpha1.Proxy) {
-		p.Spec.ForProvider.Local = nil
-		p.Spec.ForProvider.Kubernetes = &v1alpha1.KubernetesPlacement{Namespace: "proxies-new"}
-		p.Status.AtProvider.ProviderID = "proxies-old/" + name
-	})
-	if r := recordedRef(p, pods); r.Namespace != "proxies-old" || r.Name != name {
-		t.Errorf("a pod is found in the namespace it was recorded in: %+v", r)
-	}
-	p.Status.AtProvider.ProviderID = "team/imported"
-	if r := recordedRef(p, pods); r.Namespace != "team" || r.Name != "imported" {
-		t.Errorf("an imported pod is found where it was recorded: %+v", r)
-	}
-	p.Status.AtProvider.ProviderID = ""
-	meta.SetExternalName(p, "kube-system/"+name)
-	if r := recordedRef(p, pods); r.Namespace != "proxies-new" {
-		t.Errorf("the external-name annotation, which a tenant may write, is not read: %+v", r)
-	}
-}
-
-// TestTerminatedBackoff: an instance that keeps terminating (a pod whose
-// image cannot run) is replaced at once the first time, then after 10s
-// doubling to 10 minutes, and each termination's Event says what the
-// backend said of it.
-func TestTerminatedBackoff(t *testing.T) {
-	b := fake.New()
-	b.Phase = v1alpha1.InstancePhaseTerminated
-	c := &clock{t: epoch}
-	b.Now = c.now
-	e := newExternal(b, &fakeProber{}, c)
-	p := unitProxy()
-	n := reconcileFor(t, e, b, c, p, 10*time.Minute)
-	// 0s, then about 10, 20, 40, 80, 160 and 320s later: 7 in 10 minutes,
-	// against one every two seconds without back-off.
-	if n < 5 || n > 8 {
-		t.Errorf("replacements of an instance that keeps terminating in 10 minutes: got %d, want 5..8", n)
-	}
-	if got := p.GetAnnotations()[annotationTerminations]; got == "" {
-		t.Error("the terminations are counted on the Proxy")
-	}
-	c.t = c.t.Add(time.Hour)
-	if _, d := replaceTerminated(p, c.t); d != 0 {
-		t.Errorf("after an instance lasted %s, the next termination is replaced at once: waits %s", terminationMemory, d)
-	}
-}
-
-// TestUpdateKeepsWithoutDelete: replacing an instance means deleting it,
-// so management policies without Delete keep it as it was made.
-func TestUpdateKeepsWithoutDelete(t *testing.T) {
-	for name, tc := range map[string]struct {
-		policies xpv2.ManagementPolicies
-		deletes  int
-	}{
-		"Default":       {deletes: 1},
-		"WithoutDelete": {policies: xpv2.ManagementPolicies{xpv2.ManagementActionObserve, xpv2.ManagementActionCreate, xpv2.ManagementActionUpdate}, deletes: 0},
-	} {
-		t.Run(name, func(t *testing.T) {
-			b := fake.New()
-			c := &clock{t: epoch}
-			e := newExternal(b, &fakeProber{}, c)
-			p := unitProxy(func(p *v1alpha1.Proxy) { p.SetManagementPolicies(tc.policies) })
-			if _, err := e.Update(context.Background(), p); err != nil {
-				t.Fatal(err)
-			}
-			if n := b.CallCount("Delete"); n != tc.deletes {
-				t.Errorf("deletes: want %d, got %d", tc.deletes, n)
-			}
-		})
-	}
-}
-
-// TestTerminationCountsOnce: an instance on its way out is seen terminated
-// by several reconciles (a VM STOPPING keeps its name); it counts as one
-// termination, with one Event, and its replacement is made at once.
-func TestTerminationCountsOnce(t *testing.T) {
-	b := fake.New()
-	b.Linger = 5
-	c := &clock{t: epoch}
-	b.Now = c.now
-	rec := &countingRecorder{}
-	e := newExternal(b, &fakeProber{}, c)
-	e.record = rec
-	p := unitProxy()
-	reconcileFor(t, e, b, c, p, 3*time.Second)
-	want := desiredSpec(p, e.pc, "unit", nil, "")
-	i, err := b.Get(context.Background(), want.Ref)
-	if err != nil {
-		t.Fatal(err)
-	}
-	i.Phase = v1alpha1.InstancePhaseTerminated
-	b.Put(*i)
-	reconcileFor(t, e, b, c, p, 20*time.Second)
-	if got := p.GetAnnotations()[annotationTerminations]; got != "1" {
-		t.Errorf("one terminated instance counts once, however many reconciles see it: %s", got)
-	}
-	if rec.reasons["InstanceTerminated"] != 1 {
-		t.Errorf("and gets one Event: %d", rec.reasons["InstanceTerminated"])
-	}
-	if i, err := b.Get(context.Background(), want.Ref); err != nil || i.Phase != v1alpha1.InstancePhaseRunning {
-		t.Errorf("its replacement runs: %+v, %v", i, err)
-	}
-}
-
-type countingRecorder struct{ reasons map[string]int }
 
 func (r *countingRecorder) Event(_ runtime.Object, e event.Event) {
 	if r.reasons == nil {
@@ -1007,114 +663,11 @@ func (r *countingRecorder) Event(_ runtime.Object, e event.Event) {
 	}
 	r.reasons[string(e.Reason)]++
 }
+
 func (r *countingRecorder) WithAnnotations(...string) event.Recorder { return r }
-
-// TestMovedToAnotherProject: a VM recorded in another project than the
-// Proxy's configuration now uses is out of its reach; no second VM is made
-// while the first runs unobserved, and the Proxy says why.
-func TestMovedToAnotherProject(t *testing.T) {
-	b := fake.New()
-	e := newExternal(b, &fakeProber{}, &clock{t: epoch})
-	e.pc = &config{Kind: v1alpha1.ClusterProviderConfigKind, Name: "gcp", Spec: v1alpha1.ProviderConfigSpec{
-		Backend: v1alpha1.BackendGCP, GCP: &v1alpha1.GCPBackend{Project: "new-proj"}}}
-	p := unitProxy(func(p *v1alpha1.Proxy) {
-		p.Spec.ForProvider.Local = nil
-		p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-b"}
-	})
-	p.Status.AtProvider.ProviderID = "projects/old-proj/zones/europe-west1-b/instances/" + ownership.InstanceName(p.GetUID())
-	obs, err := e.Observe(context.Background(), p)
-	if err == nil || obs.ResourceExists || !strings.Contains(err.Error(), "project old-proj") {
-		t.Fatalf("want an error naming the old project, got %+v, %v", obs, err)
-	}
-	if c := p.GetCondition(xpv2.TypeReady); !strings.Contains(c.Message, "new-proj") || b.CallCount("Get") != 0 {
-		t.Errorf("the condition says so, and nothing is asked of the new project: %q, %d gets", c.Message, b.CallCount("Get"))
-	}
-	deleted := p.DeepCopy()
-	deleted.DeletionTimestamp = &metav1.Time{Time: epoch}
-	if obs, err := e.Observe(context.Background(), deleted); err == nil || obs.ResourceExists {
-		t.Errorf("a deleted Proxy whose VM may still run elsewhere keeps its finalizer: %+v, %v", obs, err)
-	}
-	p.Status.AtProvider.ProviderID = "projects/new-proj/zones/europe-west1-b/instances/" + ownership.InstanceName(p.GetUID())
-	if _, err := e.Observe(context.Background(), p); err != nil || b.CallCount("Get") != 1 {
-		t.Errorf("an instance in the configuration's project is observed as usual: %v, %d gets", err, b.CallCount("Get"))
-	}
-}
-
-// TestInputsLiftHolds: a change to what a create depended on lifts a
-// permanent hold, which retrying alone would never fix, but not a quota
-// back-off, which a changed Secret does not make shorter.
-func TestInputsLiftHolds(t *testing.T) {
-	for name, tc := range map[string]struct {
-		class   backend.Class
-		blocked bool
-	}{
-		"Permanent":    {class: backend.ClassPermanent, blocked: false},
-		"AccessDenied": {class: backend.ClassAccessDenied, blocked: false},
-		"Quota":        {class: backend.ClassQuota, blocked: true},
-	} {
-		t.Run(name, func(t *testing.T) {
-			c := &clock{t: epoch}
-			e := newExternal(fake.New(), &fakeProber{}, c)
-			e.pc.UID, e.pc.Version = "pc-uid", "1"
-			p := unitProxy()
-			for i := 0; i < backend.AccessDeniedAttempts; i++ {
-				recordCreateFailure(p, backend.Errorf(tc.class, "boom"), epoch)
-			}
-			meta.AddAnnotations(p, map[string]string{annotationCreateInputs: e.inputs(context.Background(), p)})
-			if _, err := e.Observe(context.Background(), p); err == nil {
-				t.Fatal("held while nothing changed")
-			}
-			e.pc.Version = "2" // the ProviderConfig was edited
-			_, err := e.Observe(context.Background(), p)
-			if (err != nil) != tc.blocked {
-				t.Errorf("after the ProviderConfig changed: held=%v, want %v (%v)", err != nil, tc.blocked, err)
-			}
-		})
-	}
-}
 
 // victimID is the providerID of another Proxy's local instance.
 var victimID = "local/" + ownership.InstanceName("victim-uid")
 
 // localID is the providerID of unitProxy's local instance.
 var localID = "local/" + ownership.InstanceName(unitProxy().GetUID())
-
-// TestWantsImport: only an external-name that reads as a providerID of the
-// Proxy's backend, naming another instance than its own, on a Proxy with no
-// instance recorded, asks for an import; a providerID from before local
-// instance names were recorded (local/PORT) names the Proxy's own.
-func TestWantsImport(t *testing.T) {
-	pc := &config{Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}}
-	cases := map[string]struct {
-		ext, recorded, importedFrom, want string
-	}{
-		"None":            {},
-		"Import":          {ext: victimID, want: victimID},
-		"Own":             {ext: localID},
-		"NameCopied":      {ext: "my-proxy"},
-		"OtherBackend":    {ext: "projects/p/zones/z/instances/" + ownership.InstanceName("victim-uid")},
-		"LegacyLocalPort": {ext: "local/32100"},
-		"Recorded":        {ext: victimID, recorded: localID},
-		"ImportedBefore":  {ext: victimID, importedFrom: victimID},
-	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			p := unitProxy(func(p *v1alpha1.Proxy) {
-				p.Status.AtProvider.ProviderID, p.Status.AtProvider.ImportedFrom = tc.recorded, tc.importedFrom
-			})
-			meta.SetExternalName(p, tc.ext)
-			if got := wantsImport(p, pc); got != tc.want {
-				t.Errorf("external-name %q: import %q, want %q", tc.ext, got, tc.want)
-			}
-		})
-	}
-	legacy := unitProxy(func(p *v1alpha1.Proxy) { p.Status.AtProvider.ProviderID = "local/32100" })
-	if r := recordedRef(legacy, pc); r.Name != ownership.InstanceName(legacy.GetUID()) {
-		t.Errorf("a recorded local/PORT names the Proxy's own instance: %+v", r)
-	}
-}
-
-func crashLooping(i backend.Instance) *backend.Instance {
-	i.CrashLoop = "Squid exited 3 times in a row within 1m0s of starting"
-	return &i
-}

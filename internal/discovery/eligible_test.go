@@ -5,8 +5,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,8 +15,6 @@ import (
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
@@ -140,121 +136,6 @@ func TestOutdatedCredentialsProxies(t *testing.T) {
 	}
 	if g, err := c.Renew(ctx, held.LeaseID, "5m"); err != nil || g.ProxyURL != "" {
 		t.Errorf("the lease on the outdated proxy must still renew, with no new URL (the crawler keeps the credentials it has): %+v %v", g, err)
-	}
-}
-
-// TestLeasesBoundToIdentity: a lease ID is not a bearer capability. A
-// caller of another identity, even one allowed to use the fleet, who learns
-// the ID cannot renew, release or report through it: 403, and the lease
-// stays its holder's.
-func TestLeasesBoundToIdentity(t *testing.T) {
-	bed := sharedBed.Env(t)
-	ns := bed.Namespace(t)
-	fleet(t, ns, "shared", 1, 2, nil)
-	srv := server(t, "alice-token "+ns+"\nbob-token "+ns+"\n")
-	ctx := context.Background()
-	alice := &apiv1.Client{BaseURL: srv.URL, Token: "alice-token"}
-	bob := &apiv1.Client{BaseURL: srv.URL, Token: "bob-token"}
-	held, err := alice.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/shared", Holder: "alice"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var ae *apiv1.APIError
-	if _, err := bob.Renew(ctx, held.LeaseID, "5m"); !asAPIError(err, &ae) || ae.Status != http.StatusForbidden {
-		t.Errorf("renew by another identity: want 403, got %v", err)
-	}
-	if err := bob.Release(ctx, held.LeaseID); !asAPIError(err, &ae) || ae.Status != http.StatusForbidden {
-		t.Errorf("release by another identity: want 403, got %v", err)
-	}
-	if err := bob.Report(ctx, held.LeaseID, apiv1.ReportRequest{Domain: "example.com", Outcome: "banned"}); !asAPIError(err, &ae) || ae.Status != http.StatusForbidden {
-		t.Errorf("report by another identity: want 403, got %v", err)
-	}
-	if _, err := alice.Renew(ctx, held.LeaseID, "5m"); err != nil {
-		t.Errorf("the holder's lease survives the attempts: %v", err)
-	}
-	if err := alice.Release(ctx, held.LeaseID); err != nil {
-		t.Errorf("release by the holder: %v", err)
-	}
-	// A name no fleet can have is not found, before any review.
-	for _, path := range []string{"/v1/fleets/" + ns + "/" + strings.Repeat("x", 300) + "/proxies", "/v1/fleets/" + ns + "/Not_A_Name/proxies.txt", "/v1/fleets/NS/shared/proxies"} {
-		if code, _, body := call(t, srv, "alice-token", "GET", path, ""); code != http.StatusNotFound {
-			t.Errorf("GET %.60s...: want 404, got %d %s", path, code, body)
-		}
-	}
-}
-
-// TestBanLimits: the live bans of a fleet, and of each identity in it, are
-// bounded; a ban over either bound is answered 429 and not recorded, and
-// extending a live ban is always allowed.
-func TestBanLimits(t *testing.T) {
-	bed := sharedBed.Env(t)
-	ns := bed.Namespace(t)
-	fleet(t, ns, "banned", 1, 2, nil)
-	// The replica's cache shows no ban at all, as one that lags does: only
-	// what the replica remembers it recorded holds the bounds.
-	srv := server(t, "alice-token "+ns+"\nbob-token "+ns+"\n", func(s *discovery.Server) {
-		s.MaxBansPerFleet, s.MaxBansPerIdentity = 3, 2
-		s.Leases.Cache = blindToLeases{bed.Client}
-	})
-	ctx := context.Background()
-	alice := &apiv1.Client{BaseURL: srv.URL, Token: "alice-token"}
-	bob := &apiv1.Client{BaseURL: srv.URL, Token: "bob-token"}
-	la, err := alice.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/banned", Holder: "alice"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	lb, err := bob.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/banned", Holder: "bob"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ban := func(c *apiv1.Client, id, domain string) error {
-		return c.Report(ctx, id, apiv1.ReportRequest{Domain: domain, Outcome: "banned"})
-	}
-	tooMany := func(err error) bool {
-		var ae *apiv1.APIError
-		return asAPIError(err, &ae) && ae.Status == http.StatusTooManyRequests
-	}
-	recorded := func() []string {
-		l := &coordv1.LeaseList{}
-		if err := bed.Client.List(ctx, l, client.InNamespace(ns), client.MatchingLabels{fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindBan}); err != nil {
-			t.Fatal(err)
-		}
-		var out []string
-		for _, b := range l.Items {
-			out = append(out, b.Annotations[lease.AnnotationDomain])
-		}
-		return out
-	}
-	// Six reports at once: two pass.
-	var wg sync.WaitGroup
-	var passed atomic.Int32
-	for _, d := range []string{"a.example", "b.example", "c.example", "c1.example", "c2.example", "c3.example"} {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := ban(alice, la.LeaseID, d); err == nil {
-				passed.Add(1)
-			} else if !tooMany(err) {
-				t.Errorf("ban %s: want 429 or success, got %v", d, err)
-			}
-		}()
-	}
-	wg.Wait()
-	mine := recorded()
-	if n := passed.Load(); n != 2 || len(mine) != 2 {
-		t.Fatalf("reports racing past alice's bound of 2: %d answered, %v recorded", n, mine)
-	}
-	if err := ban(alice, la.LeaseID, mine[0]); err != nil {
-		t.Errorf("extending a live ban is allowed: %v", err)
-	}
-	if err := ban(bob, lb.LeaseID, "d.example"); err != nil {
-		t.Fatalf("bob's first ban, the fleet's third: %v", err)
-	}
-	if err := ban(bob, lb.LeaseID, "e.example"); !tooMany(err) {
-		t.Errorf("a fourth ban in the fleet: want 429 at once, got %v", err)
-	}
-	if got := recorded(); len(got) != 3 {
-		t.Errorf("want the 3 bans within the bounds recorded, got %v", got)
 	}
 }
 
