@@ -6,12 +6,11 @@ import (
 	"time"
 
 	"github.com/alecthomas/kong"
-	"github.com/google/go-cmp/cmp"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli/clitest"
 )
 
-func parser(t *testing.T, c *CLI) *kong.Kong { return clitest.New(t, "discovery", description, c) }
+func parser(t testing.TB, c *CLI) *kong.Kong { return clitest.New(t, "discovery", description, c) }
 
 func TestHelp(t *testing.T) {
 	k := parser(t, &CLI{})
@@ -55,33 +54,27 @@ func TestHelp(t *testing.T) {
 }
 
 func TestBadEnv(t *testing.T) {
-	cases := map[string]struct {
-		env, value string
-	}{
-		"Duration": {env: "SWEEP_INTERVAL", value: "30"},
+	cases := map[string]clitest.BadEnv{
+		"Duration": {Env: "SWEEP_INTERVAL", Value: "30"},
 		// A database that does not open is no ASN counted, silently.
-		"NoASNDatabase":   {env: "ASN_DATABASE", value: "/nonexistent/GeoLite2-ASN.mmdb"},
-		"ASNNotADatabase": {env: "ASN_DATABASE", value: "/etc/hostname"},
-		"Bool":            {env: "DEBUG", value: "verbose"},
+		"NoASNDatabase":   {Env: "ASN_DATABASE", Value: "/nonexistent/GeoLite2-ASN.mmdb"},
+		"ASNNotADatabase": {Env: "ASN_DATABASE", Value: "/etc/hostname"},
+		"Bool":            {Env: "DEBUG", Value: "verbose"},
 		// A zero ticker panics.
-		"ZeroSweep": {env: "SWEEP_INTERVAL", value: "0s"},
+		"ZeroSweep": {Env: "SWEEP_INTERVAL", Value: "0s"},
 		// An empty cache or no request at all could not work.
-		"ZeroCache":    {env: "AUTH_CACHE_SIZE", value: "0"},
-		"ZeroInFlight": {env: "MAX_IN_FLIGHT", value: "0"},
-		"NegativeRate": {env: "RATE_PER_IDENTITY", value: "-1"},
-		"ZeroBurst":    {env: "BURST_PER_IDENTITY", value: "0"},
-		"NegativeBans": {env: "MAX_BANS_PER_FLEET", value: "-1"},
+		"ZeroCache":    {Env: "AUTH_CACHE_SIZE", Value: "0"},
+		"ZeroInFlight": {Env: "MAX_IN_FLIGHT", Value: "0"},
+		"NegativeRate": {Env: "RATE_PER_IDENTITY", Value: "-1"},
+		"ZeroBurst":    {Env: "BURST_PER_IDENTITY", Value: "0"},
+		"NegativeBans": {Env: "MAX_BANS_PER_FLEET", Value: "-1"},
 		// A CIDR that does not parse would open nothing, silently.
-		"BadPrivateNetwork":  {env: "TENANT_PRIVATE_NETWORKS", value: "10.0.0.0/33"},
-		"ZeroTunnelIdle":     {env: "GATEWAY_TUNNEL_IDLE", value: "0s"},
-		"NegativeReviews":    {env: "REVIEWS_PER_ADDRESS", value: "-1"},
-		"ZeroNamespaceConns": {env: "GATEWAY_MAX_CONNS_PER_NAMESPACE", value: "0"},
+		"BadPrivateNetwork":  {Env: "TENANT_PRIVATE_NETWORKS", Value: "10.0.0.0/33"},
+		"ZeroTunnelIdle":     {Env: "GATEWAY_TUNNEL_IDLE", Value: "0s"},
+		"NegativeReviews":    {Env: "REVIEWS_PER_ADDRESS", Value: "-1"},
+		"ZeroNamespaceConns": {Env: "GATEWAY_MAX_CONNS_PER_NAMESPACE", Value: "0"},
 	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			clitest.CheckBadEnv(t, parser(t, &CLI{}), tc.env, tc.value)
-		})
-	}
+	clitest.CheckBadEnvs(t, parser, cases)
 }
 
 // TestValidateTLS: a certificate without its key, or a key without its
@@ -132,46 +125,28 @@ func TestValidateTLS(t *testing.T) {
 func TestSettings(t *testing.T) {
 	defaults := CLI{Address: ":8080", HealthProbeBindAddress: ":8081", SweepInterval: 30 * time.Second, TokenAudience: "egress-discovery", AuthCacheSize: 10000, MaxInFlight: 256, RatePerIdentity: 100, BurstPerIdentity: 200, MaxBansPerFleet: 5000, MaxBansPerIdentity: 1000, MaxWaiting: 1024, MaxWaitingPerIdentity: 32, GatewayIdle: time.Minute, GatewayMaxConns: 4096, GatewayMaxConnsPerIdentity: 256,
 		GatewayMaxConnsPerNS: 1024, GatewayMaxSeats: 16, GatewayTunnelIdle: 5 * time.Minute, ReviewsPerAddress: 10, ReviewBurstPerAddress: 100}
-	with := func(f func(c *CLI)) CLI {
-		c := defaults
-		f(&c)
-		return c
-	}
-	cases := map[string]struct {
-		reason string
-		env    map[string]string
-		args   []string
-		want   CLI
-	}{
+	cases := map[string]clitest.Case[CLI]{
 		"Defaults": {
-			reason: "With no flags and no environment every setting takes its default.",
-			want:   defaults,
+			Reason: "With no flags and no environment every setting takes its default.",
+			Want:   defaults,
 		},
 		"Env": {
-			reason: "A setting comes from its environment variable when no flag sets it.",
-			env:    map[string]string{"ADDRESS": ":9090", "TOKEN_FILE": "/etc/tokens", "SWEEP_INTERVAL": "1m", "DEBUG": "1"},
-			want: with(func(c *CLI) {
+			Reason: "A setting comes from its environment variable when no flag sets it.",
+			Env:    map[string]string{"ADDRESS": ":9090", "TOKEN_FILE": "/etc/tokens", "SWEEP_INTERVAL": "1m", "DEBUG": "1"},
+			Want: clitest.With(defaults, func(c *CLI) {
 				c.Address, c.TokenFile, c.SweepInterval, c.Debug = ":9090", "/etc/tokens", time.Minute, true
 			}),
 		},
 		"FlagWinsOverEnv": {
-			reason: "A flag on the command line wins over the environment.",
-			env:    map[string]string{"ADDRESS": ":9090", "SWEEP_INTERVAL": "1m", "DEBUG": "true"},
-			args:   []string{"--address=:8080", "--sweep-interval", "2s", "--debug=false"},
-			want: with(func(c *CLI) {
+			Reason: "A flag on the command line wins over the environment.",
+			Env:    map[string]string{"ADDRESS": ":9090", "SWEEP_INTERVAL": "1m", "DEBUG": "true"},
+			Args:   []string{"--address=:8080", "--sweep-interval", "2s", "--debug=false"},
+			Want: clitest.With(defaults, func(c *CLI) {
 				c.SweepInterval = 2 * time.Second
 			}),
 		},
 	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			got := CLI{}
-			clitest.Parse(t, parser(t, &got), tc.env, tc.args...)
-			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("%s\n-want, +got:\n%s", tc.reason, diff)
-			}
-		})
-	}
+	clitest.CheckCases(t, parser, cases)
 }
 
 // TestPlatformLoopbackOutsideClustersOnly: make scale's hidden flag, which

@@ -15,7 +15,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli/clitest"
 )
 
-func parser(t *testing.T, c *CLI) *kong.Kong { return clitest.New(t, "egressctl", description, c) }
+func parser(t testing.TB, c *CLI) *kong.Kong { return clitest.New(t, "egressctl", description, c) }
 
 func TestHelp(t *testing.T) {
 	k := parser(t, &CLI{})
@@ -44,49 +44,36 @@ func TestHelp(t *testing.T) {
 }
 
 func TestSettings(t *testing.T) {
-	cases := map[string]struct {
-		reason string
-		env    map[string]string
-		args   []string
-		want   CLI
-	}{
+	cases := map[string]clitest.Case[CLI]{
 		"Env": {
-			reason: "The server, token and CA bundle come from the environment when no flag sets them.",
-			env:    map[string]string{"EGRESS_DISCOVERY_URL": "https://env", "EGRESS_DISCOVERY_TOKEN": "env-token", "EGRESS_DISCOVERY_CA_FILE": "/etc/ca.crt"},
-			args:   []string{"proxies", "--fleet", "ns/crawlers", "--zone=a"},
-			want:   CLI{Server: "https://env", Token: "env-token", CAFile: "/etc/ca.crt", Lease: leaseCmd{KillGrace: 10 * time.Second}, Proxies: proxiesCmd{fleetFlags{Fleet: "ns/crawlers", Zone: "a"}}},
+			Reason: "The server, token and CA bundle come from the environment when no flag sets them.",
+			Env:    map[string]string{"EGRESS_DISCOVERY_URL": "https://env", "EGRESS_DISCOVERY_TOKEN": "env-token", "EGRESS_DISCOVERY_CA_FILE": "/etc/ca.crt"},
+			Args:   []string{"proxies", "--fleet", "ns/crawlers", "--zone=a"},
+			Want:   CLI{Server: "https://env", Token: "env-token", CAFile: "/etc/ca.crt", Lease: leaseCmd{KillGrace: 10 * time.Second}, Proxies: proxiesCmd{fleetFlags{Fleet: "ns/crawlers", Zone: "a"}}},
 		},
 		"TokenFileEnv": {
-			reason: "The token file comes from the environment too.",
-			env:    map[string]string{"EGRESS_DISCOVERY_URL": "https://env", "EGRESS_DISCOVERY_TOKEN_FILE": "/var/run/secrets/egress-discovery/token"},
-			args:   []string{"proxies", "--fleet", "ns/crawlers"},
-			want:   CLI{Server: "https://env", TokenFile: "/var/run/secrets/egress-discovery/token", Lease: leaseCmd{KillGrace: 10 * time.Second}, Proxies: proxiesCmd{fleetFlags{Fleet: "ns/crawlers"}}},
+			Reason: "The token file comes from the environment too.",
+			Env:    map[string]string{"EGRESS_DISCOVERY_URL": "https://env", "EGRESS_DISCOVERY_TOKEN_FILE": "/var/run/secrets/egress-discovery/token"},
+			Args:   []string{"proxies", "--fleet", "ns/crawlers"},
+			Want:   CLI{Server: "https://env", TokenFile: "/var/run/secrets/egress-discovery/token", Lease: leaseCmd{KillGrace: 10 * time.Second}, Proxies: proxiesCmd{fleetFlags{Fleet: "ns/crawlers"}}},
 		},
 		"FlagWinsOverEnv": {
-			reason: "A flag wins over the environment, and after -- everything is the command; kong keeps the --, and command() drops it.",
-			env:    map[string]string{"EGRESS_DISCOVERY_URL": "http://env", "EGRESS_DISCOVERY_TOKEN": "env-token"},
-			args:   []string{"lease", "--fleet", "ns/crawlers", "--server", "http://flag", "--token=flag-token", "--ttl", "10m", "--kill-grace=30s", "--", "sh", "-c", "exit 3"},
-			want: CLI{Server: "http://flag", Token: "flag-token", Lease: leaseCmd{
+			Reason: "A flag wins over the environment, and after -- everything is the command; kong keeps the --, and command() drops it.",
+			Env:    map[string]string{"EGRESS_DISCOVERY_URL": "http://env", "EGRESS_DISCOVERY_TOKEN": "env-token"},
+			Args:   []string{"lease", "--fleet", "ns/crawlers", "--server", "http://flag", "--token=flag-token", "--ttl", "10m", "--kill-grace=30s", "--", "sh", "-c", "exit 3"},
+			Want: CLI{Server: "http://flag", Token: "flag-token", Lease: leaseCmd{
 				fleetFlags: fleetFlags{Fleet: "ns/crawlers"}, TTL: "10m", KillGrace: 30 * time.Second, Command: []string{"--", "sh", "-c", "exit 3"},
 			}},
 		},
 		"CommandWithoutDashes": {
-			reason: "Flags end at the command, so that the command's own flags pass through.",
-			args:   []string{"lease", "--server=http://flag", "--fleet", "ns/crawlers", "curl", "-s", "--max-time", "5", "https://example.com"},
-			want: CLI{Server: "http://flag", Lease: leaseCmd{
+			Reason: "Flags end at the command, so that the command's own flags pass through.",
+			Args:   []string{"lease", "--server=http://flag", "--fleet", "ns/crawlers", "curl", "-s", "--max-time", "5", "https://example.com"},
+			Want: CLI{Server: "http://flag", Lease: leaseCmd{
 				fleetFlags: fleetFlags{Fleet: "ns/crawlers"}, KillGrace: 10 * time.Second, Command: []string{"curl", "-s", "--max-time", "5", "https://example.com"},
 			}},
 		},
 	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			got := CLI{}
-			clitest.Parse(t, parser(t, &got), tc.env, tc.args...)
-			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(leaseCmd{}, proxiesCmd{}, gatewayURLCmd{})); diff != "" {
-				t.Errorf("%s\n-want, +got:\n%s", tc.reason, diff)
-			}
-		})
-	}
+	clitest.CheckCases(t, parser, cases, cmp.AllowUnexported(leaseCmd{}, proxiesCmd{}, gatewayURLCmd{}))
 }
 
 func TestUsageErrors(t *testing.T) {

@@ -5,12 +5,11 @@ import (
 	"time"
 
 	"github.com/alecthomas/kong"
-	"github.com/google/go-cmp/cmp"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli/clitest"
 )
 
-func parser(t *testing.T, c *CLI) *kong.Kong { return clitest.New(t, "provider", description, c) }
+func parser(t testing.TB, c *CLI) *kong.Kong { return clitest.New(t, "provider", description, c) }
 
 func TestHelp(t *testing.T) {
 	k := parser(t, &CLI{})
@@ -41,31 +40,25 @@ func TestHelp(t *testing.T) {
 }
 
 func TestBadEnv(t *testing.T) {
-	cases := map[string]struct {
-		env, value string
-	}{
-		"Duration": {env: "POLL_INTERVAL", value: "abc"},
-		"Int":      {env: "MAX_RECONCILE_RATE", value: "ten"},
-		"Bool":     {env: "GC_DRY_RUN", value: "maybe"},
+	cases := map[string]clitest.BadEnv{
+		"Duration": {Env: "POLL_INTERVAL", Value: "abc"},
+		"Int":      {Env: "MAX_RECONCILE_RATE", Value: "ten"},
+		"Bool":     {Env: "GC_DRY_RUN", Value: "maybe"},
 		// Values that parse but cannot work: a zero ticker panics.
-		"ZeroGCInterval":   {env: "GC_INTERVAL", value: "0s"},
-		"NegativePoll":     {env: "POLL_INTERVAL", value: "-1m"},
-		"ZeroRate":         {env: "MAX_RECONCILE_RATE", value: "0"},
-		"NegativeGrace":    {env: "GC_GRACE_PERIOD", value: "-1s"},
-		"ZeroRestartDelay": {env: "LOCAL_RESTART_DELAY", value: "0s"},
-		"ZeroGCPWait":      {env: "GCP_OPERATION_TIMEOUT", value: "0s"},
-		"NoProbeWorkers":   {env: "PROBE_CONCURRENCY", value: "0"},
+		"ZeroGCInterval":   {Env: "GC_INTERVAL", Value: "0s"},
+		"NegativePoll":     {Env: "POLL_INTERVAL", Value: "-1m"},
+		"ZeroRate":         {Env: "MAX_RECONCILE_RATE", Value: "0"},
+		"NegativeGrace":    {Env: "GC_GRACE_PERIOD", Value: "-1s"},
+		"ZeroRestartDelay": {Env: "LOCAL_RESTART_DELAY", Value: "0s"},
+		"ZeroGCPWait":      {Env: "GCP_OPERATION_TIMEOUT", Value: "0s"},
+		"NoProbeWorkers":   {Env: "PROBE_CONCURRENCY", Value: "0"},
 		// The fault tests' fake Compute API: never off this host.
-		"RemoteGCPEndpoint": {env: "EGRESS_PROVIDER_TEST_GCP_ENDPOINT", value: "https://compute.googleapis.com"},
-		"GCPEndpointByName": {env: "EGRESS_PROVIDER_TEST_GCP_ENDPOINT", value: "http://localhost.example.com:8080"},
-		"RemoteAWSEndpoint": {env: "EGRESS_PROVIDER_TEST_AWS_ENDPOINT", value: "https://ec2.us-east-1.amazonaws.com"},
-		"AWSEndpointByName": {env: "EGRESS_PROVIDER_TEST_AWS_ENDPOINT", value: "http://localhost.example.com:8080"},
+		"RemoteGCPEndpoint": {Env: "EGRESS_PROVIDER_TEST_GCP_ENDPOINT", Value: "https://compute.googleapis.com"},
+		"GCPEndpointByName": {Env: "EGRESS_PROVIDER_TEST_GCP_ENDPOINT", Value: "http://localhost.example.com:8080"},
+		"RemoteAWSEndpoint": {Env: "EGRESS_PROVIDER_TEST_AWS_ENDPOINT", Value: "https://ec2.us-east-1.amazonaws.com"},
+		"AWSEndpointByName": {Env: "EGRESS_PROVIDER_TEST_AWS_ENDPOINT", Value: "http://localhost.example.com:8080"},
 	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			clitest.CheckBadEnv(t, parser(t, &CLI{}), tc.env, tc.value)
-		})
-	}
+	clitest.CheckBadEnvs(t, parser, cases)
 }
 
 func TestSettings(t *testing.T) {
@@ -74,44 +67,26 @@ func TestSettings(t *testing.T) {
 		MaxReconcileRate: 10, StateDir: "/var/lib/provider-egressproxy", LocalRestartDelay: 2 * time.Second, RefusedGrace: 5 * time.Minute, GCPOperationTimeout: 5 * time.Second,
 		ProbeConcurrency: 128, MetricsBindAddress: ":8080", HealthProbeBindAddress: ":8081", LeaderElectionNamespace: "crossplane-system",
 	}
-	with := func(f func(c *CLI)) CLI {
-		c := defaults
-		f(&c)
-		return c
-	}
-	cases := map[string]struct {
-		reason string
-		env    map[string]string
-		args   []string
-		want   CLI
-	}{
+	cases := map[string]clitest.Case[CLI]{
 		"Defaults": {
-			reason: "With no flags and no environment every setting takes its default.",
-			want:   defaults,
+			Reason: "With no flags and no environment every setting takes its default.",
+			Want:   defaults,
 		},
 		"Env": {
-			reason: "A setting comes from its environment variable when no flag sets it.",
-			env:    map[string]string{"POLL_INTERVAL": "7m", "MAX_RECONCILE_RATE": "3", "GC_DRY_RUN": "true", "POD_NAMESPACE": "egress"},
-			want: with(func(c *CLI) {
+			Reason: "A setting comes from its environment variable when no flag sets it.",
+			Env:    map[string]string{"POLL_INTERVAL": "7m", "MAX_RECONCILE_RATE": "3", "GC_DRY_RUN": "true", "POD_NAMESPACE": "egress"},
+			Want: clitest.With(defaults, func(c *CLI) {
 				c.Poll, c.MaxReconcileRate, c.GCDryRun, c.LeaderElectionNamespace = 7*time.Minute, 3, true, "egress"
 			}),
 		},
 		"FlagWinsOverEnv": {
-			reason: "A flag on the command line wins over the environment.",
-			env:    map[string]string{"POLL_INTERVAL": "5m", "MAX_RECONCILE_RATE": "3", "GC_DRY_RUN": "true", "STATE_DIR": "/env"},
-			args:   []string{"--poll=2m", "--max-reconcile-rate", "7", "--gc-dry-run=false", "--state-dir=/flag"},
-			want: with(func(c *CLI) {
+			Reason: "A flag on the command line wins over the environment.",
+			Env:    map[string]string{"POLL_INTERVAL": "5m", "MAX_RECONCILE_RATE": "3", "GC_DRY_RUN": "true", "STATE_DIR": "/env"},
+			Args:   []string{"--poll=2m", "--max-reconcile-rate", "7", "--gc-dry-run=false", "--state-dir=/flag"},
+			Want: clitest.With(defaults, func(c *CLI) {
 				c.Poll, c.MaxReconcileRate, c.StateDir = 2*time.Minute, 7, "/flag"
 			}),
 		},
 	}
-	for name, tc := range cases {
-		t.Run(name, func(t *testing.T) {
-			got := CLI{}
-			clitest.Parse(t, parser(t, &got), tc.env, tc.args...)
-			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("%s\n-want, +got:\n%s", tc.reason, diff)
-			}
-		})
-	}
+	clitest.CheckCases(t, parser, cases)
 }

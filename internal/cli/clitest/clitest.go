@@ -5,7 +5,9 @@ package clitest
 
 import (
 	"bytes"
+	"maps"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 
@@ -229,4 +231,61 @@ func isFlag(field []string, name string) bool {
 		}
 	}
 	return false
+}
+
+// Case is one way a user sets a binary's flags (its environment and its
+// arguments), and the settings the binary must parse them into.
+type Case[T any] struct {
+	Reason string
+	Env    map[string]string
+	Args   []string
+	Want   T
+}
+
+// CheckCases parses each case into a fresh T, with the parser newParser
+// builds for it, and fails t where the settings differ from the case's
+// Want (compared with opts), naming the case.
+func CheckCases[T any](t testing.TB, newParser func(testing.TB, *T) *kong.Kong, cases map[string]Case[T], opts ...cmp.Option) {
+	t.Helper()
+	each(t, cases, func(t testing.TB, name string, tc Case[T]) {
+		var got T
+		Parse(t, newParser(t, &got), tc.Env, tc.Args...)
+		if diff := cmp.Diff(tc.Want, got, opts...); diff != "" {
+			t.Errorf("%s: %s\n-want, +got:\n%s", name, tc.Reason, diff)
+		}
+	})
+}
+
+// BadEnv is an environment variable set to a value the binary must
+// refuse.
+type BadEnv struct{ Env, Value string }
+
+// CheckBadEnvs checks each case as CheckBadEnv does, each on a fresh
+// parser.
+func CheckBadEnvs[T any](t testing.TB, newParser func(testing.TB, *T) *kong.Kong, cases map[string]BadEnv) {
+	t.Helper()
+	each(t, cases, func(t testing.TB, _ string, tc BadEnv) {
+		var c T
+		CheckBadEnv(t, newParser(t, &c), tc.Env, tc.Value)
+	})
+}
+
+// each runs check on each case, in name order: in a subtest of its own
+// where t is a test (so that what one case sets in the environment is gone
+// for the next), one after the other on t otherwise (a recorder).
+func each[C any](t testing.TB, cases map[string]C, check func(t testing.TB, name string, tc C)) {
+	t.Helper()
+	for _, name := range slices.Sorted(maps.Keys(cases)) {
+		if tt, ok := t.(*testing.T); ok {
+			tt.Run(name, func(t *testing.T) { check(t, name, cases[name]) })
+			continue
+		}
+		check(t, name, cases[name])
+	}
+}
+
+// With is base as f changes it.
+func With[T any](base T, f func(*T)) T {
+	f(&base)
+	return base
 }

@@ -33,6 +33,9 @@ type good struct {
 	} `cmd:"" help:"A subcommand."`
 }
 
+// newGood builds good's parser, as a binary's test builds its own.
+func newGood(t testing.TB, g *good) *kong.Kong { return New(t, "sample", "A sample.", g) }
+
 type noDefault struct {
 	Poll time.Duration `help:"How often." env:"CLITEST_POLL"`
 }
@@ -88,6 +91,32 @@ func TestChecks(t *testing.T) {
 			grammar: &good{},
 			check:   func(t testing.TB, k *kong.Kong) { CheckBadEnv(t, k, "CLITEST_NAME", "anyone", "sub") },
 			want:    []string{"want a non-zero exit code, got -1", "the error does not name the variable"},
+		},
+		"CasesParsed": {
+			grammar: &good{},
+			reason:  "CheckCases passes when each case parses into its settings.",
+			check: func(t testing.TB, _ *kong.Kong) {
+				CheckCases(t, newGood, map[string]Case[good]{
+					"Defaults": {Args: []string{"sub"}, Want: With(good{Poll: time.Minute}, func(g *good) {})},
+					"Env":      {Env: map[string]string{"CLITEST_NAME": "ann"}, Args: []string{"sub", "--zone=a"}, Want: With(good{Poll: time.Minute}, func(g *good) { g.Name, g.Sub.Zone = "ann", "a" })},
+				})
+			},
+		},
+		"CasesDiffer": {
+			grammar: &good{},
+			reason:  "CheckCases fails, naming the case, where the settings differ from its Want.",
+			check: func(t testing.TB, _ *kong.Kong) {
+				CheckCases(t, newGood, map[string]Case[good]{"FlagIgnored": {Args: []string{"sub", "--name=bob"}, Want: good{Poll: time.Minute}}})
+			},
+			want: []string{"FlagIgnored: "},
+		},
+		"BadEnvsAccepted": {
+			grammar: &good{},
+			reason:  "CheckBadEnvs checks every case: the one value taken fails.",
+			check: func(t testing.TB, _ *kong.Kong) {
+				CheckBadEnvs(t, newGood, map[string]BadEnv{"Refused": {Env: "CLITEST_POLL", Value: "often"}, "Taken": {Env: "CLITEST_NAME", Value: "anyone"}})
+			},
+			want: []string{`CLITEST_NAME="anyone": the error does not name the variable`},
 		},
 	}
 	for name, tc := range cases {
