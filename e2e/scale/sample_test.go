@@ -245,12 +245,3 @@ func (e *env) diff(r *result, before, after sampled) {
 		r.cpu[c] = (after.cpu[c] - before.cpu[c]) / after.at.Sub(before.at).Seconds()
 	}
 }
-
-func p99(ds []time.Duration) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := append([]time.Duration(nil), ds...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return s[min(len(s)-1, int(math.Ceil(0.99*float64(len(s))))-1)]
-}

@@ -430,7 +430,7 @@ func (e *env) acquire(t *testing.T, fleet string, hot int, r *result) []string {
 			mu.Unlock()
 		}
 	})
-	r.fillP99 = p99(took)
+	r.fillP99 = testbed.P99(took)
 	t.Logf("%d leases on %d proxies through the API in %.0fs: p99 %s", len(ids), len(byProxy), time.Since(began).Seconds(), r.fillP99)
 	return ids
 }
@@ -464,7 +464,7 @@ func (e *env) probeAcquire(t *testing.T, fleet string, r *result) {
 			t.Errorf("probe release %s: %v", l.LeaseID, err)
 		}
 	})
-	r.acquireP99 = p99(took)
+	r.acquireP99 = testbed.P99(took)
 	t.Logf("200 acquisitions with the fleet's leases held: p99 %s", r.acquireP99)
 }
 
@@ -559,7 +559,7 @@ func (e *env) throughGateway(t *testing.T, fleet string, r *result) {
 		_ = c.Close()
 		ips[strings.TrimSpace(string(b))]++
 	}
-	r.gatewayP99 = p99(took)
+	r.gatewayP99 = testbed.P99(took)
 	t.Logf("200 gateway CONNECTs: p99 %s, from %d egress IPs", r.gatewayP99, len(ips))
 }
 

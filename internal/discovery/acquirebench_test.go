@@ -244,8 +244,7 @@ func BenchmarkAcquireBySize(b *testing.B) {
 		cpu := (cpuTime(b) - before) / time.Duration(len(took))
 		n2, s2 := leaseCreates(b, cs)
 		create := time.Duration((s2 - createSeconds) / max(n2-creates, 1) * float64(time.Second))
-		tail := p99(took) // sorts took
-		return result{p50: took[len(took)/2], p99: tail, cpu: cpu, create: create}
+		return result{p50: testbed.Median(took), p99: testbed.P99(took), cpu: cpu, create: create}
 	}
 	// Each round measures every size; the rounds' medians are reported,
 	// as these machines are noisy (-benchtime 3x for three rounds).

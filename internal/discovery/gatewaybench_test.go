@@ -11,14 +11,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"runtime"
-	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
 // BenchmarkGateway measures, in one run on loopback, the gateway against
@@ -131,11 +130,6 @@ func benchGateway(b *testing.B) {
 			_ = tc.Close()
 		}
 	}
-	pct := func(d []time.Duration, p int) time.Duration {
-		sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
-		return d[len(d)*p/100]
-	}
-	p99 := func(d []time.Duration) time.Duration { return pct(d, 99) }
 
 	// 1000 tunnels held open at once, through one session.
 	runtime.GC()
@@ -158,32 +152,27 @@ func benchGateway(b *testing.B) {
 	}
 	perTunnel := float64(after.HeapInuse+after.StackInuse-before.HeapInuse-before.StackInuse) / 1000
 
-	median := func(r []float64) float64 {
-		r = slices.Clone(r)
-		sort.Float64s(r)
-		return r[len(r)/2]
-	}
 	rate, ratio := map[string]float64{}, map[string]float64{}
 	for how, r := range rates {
-		rate[how] = median(r)
+		rate[how] = testbed.Median(r)
 		per := make([]float64, len(r))
 		for i := range r {
 			per[i] = r[i] / rates["direct"][i]
 		}
-		ratio[how] = median(per)
+		ratio[how] = testbed.Median(per)
 	}
 	b.ReportMetric(ratio["gateway"], "throughput-ratio")
 	b.ReportMetric(ratio["rotating"], "throughput-ratio-rotating")
 	b.ReportMetric(ratio["socks5"], "throughput-ratio-socks5")
-	b.ReportMetric(float64(p99(ttfb["gateway"]))/float64(p99(ttfb["direct"])), "ttfb-p99-ratio")
-	b.ReportMetric(float64(p99(ttfb["rotating"]))/float64(p99(ttfb["direct"])), "ttfb-p99-ratio-rotating")
-	b.ReportMetric(float64(p99(ttfb["socks5"]))/float64(p99(ttfb["direct"])), "ttfb-p99-ratio-socks5")
+	b.ReportMetric(float64(testbed.P99(ttfb["gateway"]))/float64(testbed.P99(ttfb["direct"])), "ttfb-p99-ratio")
+	b.ReportMetric(float64(testbed.P99(ttfb["rotating"]))/float64(testbed.P99(ttfb["direct"])), "ttfb-p99-ratio-rotating")
+	b.ReportMetric(float64(testbed.P99(ttfb["socks5"]))/float64(testbed.P99(ttfb["direct"])), "ttfb-p99-ratio-socks5")
 	b.ReportMetric(perTunnel, "bytes/tunnel")
 	b.ReportMetric(float64(goAfter-goBefore)/1000, "goroutines/tunnel")
 	b.Logf("bulk MB/s (median): %.0f direct, %.0f through a session, %.0f rotating, %.0f SOCKS5; TTFB p50 %s direct, %s session, %s rotating, %s SOCKS5; p99 %s direct, %s session, %s rotating, %s SOCKS5; 1000 tunnels: %.0f bytes and %.1f goroutines each (both ends in this process)",
 		rate["direct"]/1e6, rate["gateway"]/1e6, rate["rotating"]/1e6, rate["socks5"]/1e6,
-		pct(ttfb["direct"], 50), pct(ttfb["gateway"], 50), pct(ttfb["rotating"], 50), pct(ttfb["socks5"], 50),
-		p99(ttfb["direct"]), p99(ttfb["gateway"]), p99(ttfb["rotating"]), p99(ttfb["socks5"]), perTunnel, float64(goAfter-goBefore)/1000)
+		testbed.Median(ttfb["direct"]), testbed.Median(ttfb["gateway"]), testbed.Median(ttfb["rotating"]), testbed.Median(ttfb["socks5"]),
+		testbed.P99(ttfb["direct"]), testbed.P99(ttfb["gateway"]), testbed.P99(ttfb["rotating"]), testbed.P99(ttfb["socks5"]), perTunnel, float64(goAfter-goBefore)/1000)
 }
 
 // tunnel opens a CONNECT tunnel to target through the proxy at addr.

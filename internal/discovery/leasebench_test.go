@@ -6,17 +6,12 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"sort"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/logging"
 	coordv1 "k8s.io/api/coordination/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
@@ -25,17 +20,8 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	dmetrics "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
-
-func p99(d []time.Duration) time.Duration {
-	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
-	return d[len(d)*99/100]
-}
-
-func median(v []float64) float64 {
-	sort.Float64s(v)
-	return v[len(v)/2]
-}
 
 // BenchmarkLeaseAPI compares, in 5 rounds in one process and at the same
 // concurrency (64 crawlers), lease acquire+release through discovery's
@@ -83,43 +69,11 @@ func BenchmarkLeaseAPI(b *testing.B) {
 	}
 
 	run := func(op func(w, i int) (time.Duration, error)) (float64, time.Duration) {
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		var lat []time.Duration
-		var n atomic.Int64
-		start := time.Now()
-		for w := range crawlers {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := range perRound {
-					d, err := op(w, i)
-					if err != nil {
-						b.Error(err)
-						return
-					}
-					n.Add(1)
-					mu.Lock()
-					lat = append(lat, d)
-					mu.Unlock()
-				}
-			}()
-		}
-		wg.Wait()
-		return float64(n.Load()) / time.Since(start).Seconds(), p99(lat)
+		return testbed.Load(b, crawlers, perRound, op)
 	}
 	raw := func(round int) func(w, i int) (time.Duration, error) {
 		return func(w, i int) (time.Duration, error) {
-			l := &coordv1.Lease{
-				ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("raw-%d-%d-%d", round, w, i)},
-				Spec:       coordv1.LeaseSpec{HolderIdentity: ptr.To("raw"), LeaseDurationSeconds: ptr.To(int32(60)), RenewTime: &metav1.MicroTime{Time: time.Now()}},
-			}
-			t := time.Now()
-			if err := c.Create(ctx, l); err != nil {
-				return 0, err
-			}
-			d := time.Since(t)
-			return d, c.Delete(ctx, l)
+			return testbed.RawLeaseCycle(ctx, c, ns, fmt.Sprintf("raw-%d-%d-%d", round, w, i))
 		}
 	}
 	api := func(w, _ int) (time.Duration, error) {
@@ -157,8 +111,8 @@ func BenchmarkLeaseAPI(b *testing.B) {
 	if err := c.List(ctx, l, client.InNamespace(ns), client.HasLabels{fleetv1alpha1.LabelLeaseKind}); err != nil || len(l.Items) != 0 {
 		b.Errorf("every lease released: %d left (%v)", len(l.Items), err)
 	}
-	b.ReportMetric(median(rawRates), "raw-cycles/s")
-	b.ReportMetric(median(apiRates), "api-cycles/s")
-	b.ReportMetric(median(rateRatios), "rate-ratio")
-	b.ReportMetric(median(p99Ratios), "p99-ratio")
+	b.ReportMetric(testbed.Median(rawRates), "raw-cycles/s")
+	b.ReportMetric(testbed.Median(apiRates), "api-cycles/s")
+	b.ReportMetric(testbed.Median(rateRatios), "rate-ratio")
+	b.ReportMetric(testbed.Median(p99Ratios), "p99-ratio")
 }

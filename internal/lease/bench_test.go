@@ -4,24 +4,15 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"sort"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	coordv1 "k8s.io/api/coordination/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
-
-func p99(d []time.Duration) time.Duration {
-	sort.Slice(d, func(i, j int) bool { return d[i] < d[j] })
-	return d[len(d)*99/100]
-}
 
 // BenchmarkLeaseThroughput compares, in one run and at the same
 // concurrency (64 clients), lease acquire+release through the store with
@@ -38,44 +29,12 @@ func BenchmarkLeaseThroughput(b *testing.B) {
 	}
 
 	run := func(op func(w, i int) (time.Duration, error)) (float64, time.Duration) {
-		var wg sync.WaitGroup
-		var mu sync.Mutex
-		var lat []time.Duration
-		var n atomic.Int64
-		start := time.Now()
-		for w := range clients {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for i := range perClient {
-					d, err := op(w, i)
-					if err != nil {
-						b.Error(err)
-						return
-					}
-					n.Add(1)
-					mu.Lock()
-					lat = append(lat, d)
-					mu.Unlock()
-				}
-			}()
-		}
-		wg.Wait()
-		return float64(n.Load()) / time.Since(start).Seconds(), p99(lat)
+		return testbed.Load(b, clients, perClient, op)
 	}
 
 	b.ResetTimer()
 	rawRate, rawP99 := run(func(w, i int) (time.Duration, error) {
-		l := &coordv1.Lease{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: fmt.Sprintf("raw-%d-%d", w, i)},
-			Spec:       coordv1.LeaseSpec{HolderIdentity: ptr.To("raw"), LeaseDurationSeconds: ptr.To(int32(60)), RenewTime: &metav1.MicroTime{Time: time.Now()}},
-		}
-		t := time.Now()
-		if err := c.Create(ctx, l); err != nil {
-			return 0, err
-		}
-		d := time.Since(t)
-		return d, c.Delete(ctx, l)
+		return testbed.RawLeaseCycle(ctx, c, ns, fmt.Sprintf("raw-%d-%d", w, i))
 	})
 
 	_, ca := bed.Replica(b, ns, &coordv1.Lease{})
