@@ -11,6 +11,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/fake"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe/pool"
 )
 
 // TestEgressComparedWithExternalIP: a VM's traffic that leaves from
@@ -31,7 +32,7 @@ func TestEgressComparedWithExternalIP(t *testing.T) {
 	vm.Status.AtProvider.Host = "198.51.100.7"
 	pass := func(p *v1alpha1.Proxy, egress string) {
 		c.t = c.t.Add(30 * time.Second)
-		e.fold(p, "198.51.100.7:3128", outcome{started: c.t, res: probe.Result{OK: true, Latency: 5 * time.Millisecond, EgressIP: egress}})
+		e.fold(p, "198.51.100.7:3128", pool.Outcome{Started: c.t, Res: probe.Result{OK: true, Latency: 5 * time.Millisecond, EgressIP: egress}})
 		e.setReadiness(p)
 	}
 

@@ -1,6 +1,17 @@
 // Package proxy is the managed reconciler of Proxy resources: it creates each
 // proxy on the backend its ProviderConfig chooses, and in Observe probes
 // through the proxy to decide whether it is Ready.
+//
+// proxy.go holds the controller's setup and the external client (Observe,
+// Create, Update, Delete); config.go and spec.go resolve a Proxy's
+// ProviderConfig and what the backend is asked for, policy.go checks it
+// against the config's policy, credentials.go reads and rotates the
+// proxy's password, backends.go builds and keeps each config's backend;
+// verdict.go folds probe outcomes into the Proxy's health and conditions,
+// schedule.go says when each is probed (the probes run in
+// internal/probe/pool); gate.go holds create failures back, import.go
+// adopts an existing instance, statuswrite.go writes status only on
+// change, watch.go requeues Proxies when what they are made from changes.
 package proxy
 
 import (
@@ -38,6 +49,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe/pool"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/reach"
 )
 
@@ -83,7 +95,7 @@ type Options struct {
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
 	// ProbeConcurrency is how many probes run at once, on workers of their
-	// own; zero means DefaultProbeConcurrency.
+	// own; zero means pool.DefaultConcurrency.
 	ProbeConcurrency int
 	// RefusedGrace is how long an instance its ProviderConfig no longer
 	// permits keeps running, not handed out, before it is deleted: a
@@ -97,10 +109,7 @@ const DefaultRefusedGrace = 5 * time.Minute
 
 // Prober probes through a proxy: Probe with its credentials, Closed without
 // them.
-type Prober interface {
-	Probe(ctx context.Context, t probe.Target) probe.Result
-	Closed(ctx context.Context, t probe.Target) (probe.Closure, string)
-}
+type Prober = pool.Prober
 
 // BackendSource gives the backend a resolved ProviderConfig chooses.
 type BackendSource interface {
@@ -123,23 +132,23 @@ func Setup(mgr ctrl.Manager, o Options) error {
 		o.RefusedGrace = DefaultRefusedGrace
 	}
 	if o.ProbeConcurrency <= 0 {
-		o.ProbeConcurrency = DefaultProbeConcurrency
+		o.ProbeConcurrency = pool.DefaultConcurrency
 	}
 	// Each probe outcome requeues its Proxy through this channel, so
 	// Observe folds it in at once.
 	outcomes := make(chan ctrlevent.GenericEvent)
-	pool := newProbePool(o.Prober, o.ProbeConcurrency, o.PollInterval, o.Now, o.Metrics)
-	pool.requeue = func(ctx context.Context, key types.NamespacedName) {
+	pp := pool.New(o.Prober, o.ProbeConcurrency, o.PollInterval, o.Now, o.Metrics)
+	pp.Requeue = func(ctx context.Context, key types.NamespacedName) {
 		select {
 		case outcomes <- ctrlevent.GenericEvent{Object: &v1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}}:
 		case <-ctx.Done():
 		}
 	}
-	if err := mgr.Add(pool); err != nil {
+	if err := mgr.Add(pp); err != nil {
 		return errors.Wrap(err, "cannot add the probe pool")
 	}
-	sched := &scheduler{started: o.Now(), seen: map[types.UID]time.Time{}, now: o.Now, pool: pool}
-	pool.forget = sched.forget
+	sched := &scheduler{started: o.Now(), seen: map[types.UID]time.Time{}, now: o.Now, pool: pp}
+	pp.Forget = sched.forget
 	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(name)) //nolint:staticcheck // crossplane-runtime's recorder takes the old events API.
 	c := &connector{
 		kube: mgr.GetClient(), usage: newUsageTracker(mgr.GetClient()),
@@ -323,7 +332,7 @@ func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 // running, or is being deleted or replaced.
 func (e *external) stopProbing(p *v1alpha1.Proxy) {
 	if e.sched.pool != nil {
-		e.sched.pool.stop(p.GetUID())
+		e.sched.pool.Stop(p.GetUID())
 	}
 }
 

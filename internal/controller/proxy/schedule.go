@@ -10,6 +10,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/resource"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe/pool"
 )
 
 // scheduler decides when each Proxy is next probed. What it keeps in memory
@@ -18,7 +19,7 @@ type scheduler struct {
 	started time.Time
 	now     func() time.Time
 	// pool runs the probes; nil means Observe runs them itself.
-	pool *probePool
+	pool *pool.Pool
 
 	mu   sync.Mutex
 	seen map[types.UID]time.Time // first probe time allowed after a restart
@@ -120,7 +121,7 @@ func (s *scheduler) pollEvery(p *v1alpha1.Proxy, poll time.Duration) time.Durati
 	if s.pool == nil {
 		return max(s.nextProbe(p).Sub(s.now()), 200*time.Millisecond)
 	}
-	if every, ok := s.pool.polled(p.GetUID(), poll); ok {
+	if every, ok := s.pool.Polled(p.GetUID(), poll); ok {
 		return max(poll, every)
 	}
 	since := p.GetCreationTimestamp().Time

@@ -17,8 +17,8 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe/pool"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/reach"
 )
 
@@ -45,14 +45,14 @@ func (e *external) probe(ctx context.Context, p *v1alpha1.Proxy, addr, instance 
 		t.Username, t.Password = creds.Username, creds.Password
 	}
 	e.probing = true
-	if pool := e.sched.pool; pool != nil {
-		for _, o := range pool.take(p.GetUID(), instance, t) {
+	if pp := e.sched.pool; pp != nil {
+		for _, o := range pp.Take(p.GetUID(), instance, t) {
 			e.fold(p, addr, o)
 		}
 		e.setReadiness(p)
-		pool.watch(p.GetUID(), probing{
-			key: types.NamespacedName{Namespace: p.GetNamespace(), Name: p.GetName()}, instance: instance,
-			target: t, closure: creds != nil, every: e.sched.every(p), backend: e.backendName(), steady: steady(p),
+		pp.Watch(p.GetUID(), pool.Probing{
+			Key: types.NamespacedName{Namespace: p.GetNamespace(), Name: p.GetName()}, Instance: instance,
+			Target: t, Closure: creds != nil, Every: e.sched.every(p), Backend: e.backendName(), Steady: steady(p),
 		}, e.sched.nextProbe(p))
 		return
 	}
@@ -60,34 +60,34 @@ func (e *external) probe(ctx context.Context, p *v1alpha1.Proxy, addr, instance 
 		e.setReadiness(p)
 		return
 	}
-	o := outcome{started: e.now(), res: e.prober.Probe(ctx, t)}
+	o := pool.Outcome{Started: e.now(), Res: e.prober.Probe(ctx, t)}
 	if creds != nil {
-		o.checked = true
-		o.closure, o.detail = e.prober.Closed(ctx, t)
+		o.Checked = true
+		o.Closure, o.Detail = e.prober.Closed(ctx, t)
 	}
 	e.fold(p, addr, o)
 	e.setReadiness(p)
 }
 
 // fold adds one probe's outcome to the Proxy's verdict.
-func (e *external) fold(p *v1alpha1.Proxy, addr string, o outcome) {
+func (e *external) fold(p *v1alpha1.Proxy, addr string, o pool.Outcome) {
 	ap := &p.Status.AtProvider
 	hc := p.Spec.ForProvider.HealthCheck
-	res := o.res
-	if o.checked {
-		e.closure(p, o.closure, o.detail)
+	res := o.Res
+	if o.Checked {
+		e.closure(p, o.Closure, o.Detail)
 	} else {
 		forgetClosure(p, "NoCredentials", "the proxy has no credentials to refuse requests without")
 	}
 
-	if !o.counted {
-		countProbe(e.metrics, e.backendName(), res)
+	if !o.Counted {
+		pool.CountProbe(e.metrics, e.backendName(), res)
 	}
 
 	was, before := ap.Healthy, *ap
 	// A probe counts from when it started, so a slow one does not push
 	// the cadence back.
-	now := o.started
+	now := o.Started
 	e.sched.probed(p.GetUID(), now)
 	v := probe.Verdict{Healthy: ap.Healthy, ConsecutiveSuccesses: ap.ConsecutiveSuccesses, ConsecutiveFailures: ap.ConsecutiveFailures}.
 		Next(res.OK, hc.SuccessThreshold, hc.FailureThreshold)
@@ -101,7 +101,7 @@ func (e *external) fold(p *v1alpha1.Proxy, addr string, o outcome) {
 	// function reads (the provider's probe metrics say probes run).
 	latency := ap.LatencyMilliseconds
 	if res.OK {
-		latency = latencyStep(ap.LatencyMilliseconds, o.latency().Milliseconds())
+		latency = latencyStep(ap.LatencyMilliseconds, o.Latency().Milliseconds())
 		ap.LastProbeError = ""
 		if res.EgressIP != "" && res.EgressIP != ap.EgressIP {
 			if ap.EgressIP != "" {
@@ -162,16 +162,6 @@ func comparesEgress(p *v1alpha1.Proxy) bool {
 
 var cgnat = netip.MustParsePrefix("100.64.0.0/10")
 
-// countProbe records a probe's result and, for a pass, its latency.
-func countProbe(m *metrics.Provider, backendName string, res probe.Result) {
-	result := "failure"
-	if res.OK {
-		result = "success"
-		m.ProbeDuration.WithLabelValues(backendName).Observe(res.Latency.Seconds())
-	}
-	m.ProbeResults.WithLabelValues(backendName, result).Inc()
-}
-
 // steady returns what tells the outcomes that would change nothing in p's
 // status as it is now: a pass of a proxy healthy at its thresholds, from
 // the same egress IP (at whatever latency: it waits for another change),
@@ -179,20 +169,20 @@ func countProbe(m *metrics.Provider, backendName string, res probe.Result) {
 // once for any other outcome; steady ones wait for the next poll, which
 // folds them all, so a steady fleet costs a probe and no reconcile.
 // TestSteadyChangesNothing holds this to fold.
-func steady(p *v1alpha1.Proxy) func(outcome) bool {
+func steady(p *v1alpha1.Proxy) func(pool.Outcome) bool {
 	ap := p.Status.AtProvider
 	threshold := max(p.Spec.ForProvider.HealthCheck.SuccessThreshold, 1)
 	open := p.GetCondition(TypeOpenProxy)
 	settled := ap.Healthy && ap.ConsecutiveFailures == 0 && ap.ConsecutiveSuccesses == threshold &&
 		ap.LastProbeError == "" && ap.LastProbeTime != nil && p.GetCondition(xpv2.TypeReady).Status == corev1.ConditionTrue &&
 		(!comparesEgress(p) || p.GetCondition(TypeEgressIPMismatch).Status != corev1.ConditionUnknown)
-	return func(o outcome) bool {
+	return func(o pool.Outcome) bool {
 		switch {
-		case !settled, !o.res.OK,
-			o.res.EgressIP != "" && o.res.EgressIP != ap.EgressIP:
+		case !settled, !o.Res.OK,
+			o.Res.EgressIP != "" && o.Res.EgressIP != ap.EgressIP:
 			return false
-		case o.checked:
-			return o.closure == probe.ClosureClosed && open.Status == corev1.ConditionFalse && open.Reason == ReasonDemandsCredentials && open.Message == o.detail
+		case o.Checked:
+			return o.Closure == probe.ClosureClosed && open.Status == corev1.ConditionFalse && open.Reason == ReasonDemandsCredentials && open.Message == o.Detail
 		default:
 			return open.Status == corev1.ConditionUnknown
 		}

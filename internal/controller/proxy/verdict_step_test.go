@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -12,7 +11,9 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe/pool"
 )
 
 func TestLatencyStep(t *testing.T) {
@@ -92,25 +93,37 @@ func TestASlowProbeMovesNoLatency(t *testing.T) {
 			LastProbeTime: &metav1.Time{Time: time.Now()}, EgressIP: "203.0.113.9", LatencyMilliseconds: 100}
 		p.SetConditions(xpv2.Available())
 	})
-	if !steady(p)(outcome{started: time.Now(), res: probe.Result{OK: true, Latency: 100 * time.Millisecond, EgressIP: "203.0.113.9"}}) {
+	if !steady(p)(pool.Outcome{Started: time.Now(), Res: probe.Result{OK: true, Latency: 100 * time.Millisecond, EgressIP: "203.0.113.9"}}) {
 		t.Fatal("the test's proxy is not steady: it would prove nothing")
 	}
 	pr := &spikyProber{}
-	pp, requeued := startPool(t, pr, 1)
+	pp := pool.New(pr, 1, time.Minute, time.Now, metrics.NewProvider())
+	requeued := 0
+	pp.Requeue = func(context.Context, types.NamespacedName) { requeued++ }
 	key := types.NamespacedName{Namespace: p.Namespace, Name: p.Name}
-	pp.watch(p.GetUID(), probing{key: key, instance: "a", target: probe.Target{Proxy: "127.0.0.1:3128"}, every: 5 * time.Millisecond, steady: steady(p)}, time.Now())
-	waitFor(t, "twenty probes", func() bool { return pr.count() >= 20 })
-	select {
-	case k := <-requeued:
-		t.Fatalf("a slow probe among fast ones requeued %v for a status change", k)
-	default:
+	target := probe.Target{Proxy: "127.0.0.1:3128"}
+	pp.Watch(p.GetUID(), pool.Probing{Key: key, Instance: "a", Target: target, Every: 5 * time.Millisecond, Steady: steady(p)}, time.Now())
+	// Driven by hand, one probe at a time as each falls due.
+	deadline := time.Now().Add(5 * time.Second)
+	var outs []pool.Outcome
+	for pr.count() < 20 {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited 5s for twenty probes: %d", pr.count())
+		}
+		if _, ok := pp.Step(context.Background()); !ok {
+			time.Sleep(time.Millisecond)
+		}
+		outs = append(outs, pp.Take(p.GetUID(), "a", target)...)
 	}
-	pp.mu.Lock()
-	outs := slices.Clone(pp.entries[p.GetUID()].outcomes)
-	pp.mu.Unlock()
+	if len(outs) < 20 {
+		t.Fatalf("%d outcomes taken of 20 probes", len(outs))
+	}
+	if requeued != 0 {
+		t.Fatalf("a slow probe among fast ones requeued the Proxy %d times for a status change", requeued)
+	}
 	for _, o := range outs {
-		if o.latency() != 100*time.Millisecond {
-			t.Errorf("an outcome goes by a latency of %s, want the median 100ms (measured %s)", o.latency(), o.res.Latency)
+		if o.Latency() != 100*time.Millisecond {
+			t.Errorf("an outcome goes by a latency of %s, want the median 100ms (measured %s)", o.Latency(), o.Res.Latency)
 		}
 	}
 }

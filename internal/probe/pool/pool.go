@@ -1,4 +1,8 @@
-package proxy
+// Package pool is the provider's probe pool: it runs the probes of every
+// running Proxy on workers of its own, off the reconcile path, each when it
+// is due, and hands each Outcome to the Proxy's next Observe, requeueing
+// the Proxy when an Outcome changes its verdict. pool.go holds it all.
+package pool
 
 import (
 	"container/heap"
@@ -13,46 +17,46 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
 )
 
-// DefaultProbeConcurrency is the probe pool's default size. 1000 proxies
+// DefaultConcurrency is the probe pool's default size. 1000 proxies
 // probed every 30 s make 33 probes a second. A healthy proxy answers a probe
 // and its closure check in milliseconds; a black-holed one holds its worker
 // for both timeouts (2 × 5 s by default), so with a tenth of such a fleet
 // black-holed about 33 workers wait at any time. 128 leaves four times that
 // for bursts; goroutines waiting on a socket cost next to nothing.
-const DefaultProbeConcurrency = 128
+const DefaultConcurrency = 128
 
 // maxOutcomes bounds the outcomes kept for a Proxy between two Observes.
 const maxOutcomes = 8
 
-// probePool runs the probes of every running Proxy on its own workers, off
+// Pool runs the probes of every running Proxy on its own workers, off
 // the reconcile path, so a black-holed proxy ties up a probe worker for its
 // timeout and never a reconcile worker. Observe tells the pool what to probe
-// and when (watch) and folds what the pool found since (take). An outcome
+// and when (watch) and folds what the pool found since (take). An Outcome
 // that changes the verdict requeues its Proxy, which is how Observe comes
 // back when one is due; a steady pass waits for the next poll.
-type probePool struct {
+type Pool struct {
 	prober  Prober
 	now     func() time.Time
 	workers int
 	// poll is the provider's --poll: a steady Proxy's Observe comes at
 	// least this often unless its own poll says otherwise.
 	poll time.Duration
-	// forget is told of each probing dropped for want of an Observe.
-	forget  func(types.UID)
+	// Forget is told of each Probing dropped for want of an Observe.
+	Forget  func(types.UID)
 	metrics *metrics.Provider
-	// requeue asks the controller to reconcile a Proxy.
-	requeue func(ctx context.Context, key types.NamespacedName)
+	// Requeue asks the controller to reconcile a Proxy.
+	Requeue func(ctx context.Context, key types.NamespacedName)
 
 	mu      sync.Mutex
-	entries map[types.UID]*probeEntry
+	entries map[types.UID]*entry
 	queue   dueQueue
 	wake    chan struct{}
 }
 
-// probeEntry is one Proxy's probing: what Observe last asked for, and
+// entry is one Proxy's Probing: what Observe last asked for, and
 // where the pool stands with it.
-type probeEntry struct {
-	probing
+type entry struct {
+	Probing
 	uid types.UID
 	// poll is how long until the Proxy's next poll, as the reconciler
 	// last asked for it.
@@ -60,11 +64,11 @@ type probeEntry struct {
 	due     time.Time
 	running bool
 	index   int // in queue; -1 when not queued
-	// touched is when Observe last asked for this probing. One left
+	// touched is when Observe last asked for this Probing. One left
 	// untouched for long belongs to a Proxy nobody reconciles any more
 	// (deleted without a word, or paused), and is dropped.
 	touched  time.Time
-	outcomes []outcome
+	outcomes []Outcome
 	// passes are the latencies of the last passing probes, newest last,
 	// at most latencyWindow.
 	passes []time.Duration
@@ -74,67 +78,77 @@ type probeEntry struct {
 // their median, so that one slow probe moves nothing.
 const latencyWindow = 3
 
-// outcome is one probe of one instance.
-type outcome struct {
-	// target is what was probed, credentials and all: an outcome of
+// Outcome is one probe of one instance.
+type Outcome struct {
+	// Target is what was probed, credentials and all: an Outcome of
 	// credentials or a URL since replaced is not folded.
-	target  probe.Target
-	started time.Time
-	res     probe.Result
-	// checked says whether the closure check ran (the proxy has
+	Target  probe.Target
+	Started time.Time
+	Res     probe.Result
+	// Checked says whether the closure check ran (the proxy has
 	// credentials to refuse requests without).
-	checked bool
-	closure probe.Closure
-	detail  string
-	// counted says the probe's metrics were recorded when it ran.
-	counted bool
-	// typical is the latency the status goes by, the median of the last
-	// passes of the same probing; zero for a probe made on its own, which
+	Checked bool
+	Closure probe.Closure
+	Detail  string
+	// Counted says the probe's metrics were recorded when it ran.
+	Counted bool
+	// Typical is the latency the status goes by, the median of the last
+	// passes of the same Probing; zero for a probe made on its own, which
 	// goes by its own latency.
-	typical time.Duration
+	Typical time.Duration
 }
 
-// latency is the latency the status records from o.
-func (o outcome) latency() time.Duration {
-	if o.typical > 0 {
-		return o.typical
+// Latency is the latency the status records from o.
+func (o Outcome) Latency() time.Duration {
+	if o.Typical > 0 {
+		return o.Typical
 	}
-	return o.res.Latency
+	return o.Res.Latency
 }
 
-func newProbePool(pr Prober, workers int, poll time.Duration, now func() time.Time, m *metrics.Provider) *probePool {
-	return &probePool{prober: pr, workers: workers, poll: poll, now: now, metrics: m, entries: map[types.UID]*probeEntry{}, wake: make(chan struct{}, 1)}
+// Prober probes through a proxy: what was fetched through it, and whether
+// it refuses requests without credentials.
+type Prober interface {
+	Probe(ctx context.Context, t probe.Target) probe.Result
+	Closed(ctx context.Context, t probe.Target) (probe.Closure, string)
 }
 
-// probing says what Observe wants probed.
-type probing struct {
-	key types.NamespacedName
-	// instance identifies what is probed; outcomes of another instance are
+// New returns a pool of workers probing with pr; poll is the provider's
+// --poll, now its clock, m where it counts. Set Requeue (and Forget) before
+// Start.
+func New(pr Prober, workers int, poll time.Duration, now func() time.Time, m *metrics.Provider) *Pool {
+	return &Pool{prober: pr, workers: workers, poll: poll, now: now, metrics: m, entries: map[types.UID]*entry{}, wake: make(chan struct{}, 1)}
+}
+
+// Probing says what Observe wants probed.
+type Probing struct {
+	Key types.NamespacedName
+	// Instance identifies what is probed; outcomes of another instance are
 	// never folded into this one's verdict.
-	instance string
-	target   probe.Target
-	closure  bool
-	every    time.Duration
-	// backend names the backend in metrics.
-	backend string
-	// steady tells the outcomes that change nothing in the Proxy's status
+	Instance string
+	Target   probe.Target
+	Closure  bool
+	Every    time.Duration
+	// Backend names the backend in metrics.
+	Backend string
+	// Steady tells the outcomes that change nothing in the Proxy's status
 	// as it is now; nil means none do.
-	steady func(outcome) bool
+	Steady func(Outcome) bool
 }
 
-// take returns the outcomes gathered for uid's instance since the last
+// Take returns the outcomes gathered for uid's instance since the last
 // take, leaving out those of another target than t (credentials rotated,
 // URL changed).
-func (pp *probePool) take(uid types.UID, instance string, t probe.Target) []outcome {
+func (pp *Pool) Take(uid types.UID, instance string, t probe.Target) []Outcome {
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
 	e, ok := pp.entries[uid]
-	if !ok || e.instance != instance {
+	if !ok || e.Instance != instance {
 		return nil
 	}
-	out := make([]outcome, 0, len(e.outcomes))
+	out := make([]Outcome, 0, len(e.outcomes))
 	for _, o := range e.outcomes {
-		if o.target == t {
+		if o.Target == t {
 			out = append(out, o)
 		}
 	}
@@ -142,28 +156,28 @@ func (pp *probePool) take(uid types.UID, instance string, t probe.Target) []outc
 	return out
 }
 
-// watch probes uid as w says, next at due. A changed instance starts a new
-// probing, probed at once: the old one's outcomes are dropped, and so is
+// Watch probes uid as w says, next at due. A changed instance starts a new
+// Probing, probed at once: the old one's outcomes are dropped, and so is
 // one in flight. due is taken as at most one interval from now, so a wall
 // clock stepped back, or a status written by a replica whose clock ran
 // ahead, never puts a probe off for longer.
-func (pp *probePool) watch(uid types.UID, w probing, due time.Time) {
+func (pp *Pool) Watch(uid types.UID, w Probing, due time.Time) {
 	pp.mu.Lock()
 	now := pp.now()
 	e, ok := pp.entries[uid]
-	if ok && e.instance != w.instance {
+	if ok && e.Instance != w.Instance {
 		pp.dropLocked(e)
 		ok = false
 		due = now
 	}
 	if !ok {
-		e = &probeEntry{uid: uid, index: -1}
+		e = &entry{uid: uid, index: -1}
 		pp.entries[uid] = e
 	}
-	e.probing = w
+	e.Probing = w
 	e.touched = now
 	if !e.running {
-		e.due = now.Add(min(max(due.Sub(now), 0), w.every))
+		e.due = now.Add(min(max(due.Sub(now), 0), w.Every))
 		if e.index < 0 {
 			heap.Push(&pp.queue, e)
 		} else {
@@ -174,21 +188,21 @@ func (pp *probePool) watch(uid types.UID, w probing, due time.Time) {
 	pp.poke()
 }
 
-// polled notes that uid's next poll is poll away, and reports whether uid
+// Polled notes that uid's next poll is poll away, and reports whether uid
 // is being probed, and how often.
-func (pp *probePool) polled(uid types.UID, poll time.Duration) (time.Duration, bool) {
+func (pp *Pool) Polled(uid types.UID, poll time.Duration) (time.Duration, bool) {
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
 	e, ok := pp.entries[uid]
 	if !ok {
 		return 0, false
 	}
-	e.poll = max(poll, e.every)
-	return e.every, true
+	e.poll = max(poll, e.Every)
+	return e.Every, true
 }
 
-// stop ends uid's probing; an outcome still in flight is dropped.
-func (pp *probePool) stop(uid types.UID) {
+// Stop ends uid's Probing; an Outcome still in flight is dropped.
+func (pp *Pool) Stop(uid types.UID) {
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
 	if e, ok := pp.entries[uid]; ok {
@@ -196,31 +210,31 @@ func (pp *probePool) stop(uid types.UID) {
 	}
 }
 
-func (pp *probePool) dropLocked(e *probeEntry) {
+func (pp *Pool) dropLocked(e *entry) {
 	if e.index >= 0 {
 		heap.Remove(&pp.queue, e.index)
 	}
 	delete(pp.entries, e.uid)
 }
 
-func (pp *probePool) poke() {
+func (pp *Pool) poke() {
 	select {
 	case pp.wake <- struct{}{}:
 	default:
 	}
 }
 
-// staleAfter is how long a probing lives without Observe asking for it:
+// staleAfter is how long a Probing lives without Observe asking for it:
 // two missed polls (a steady proxy's Observe comes at each poll, its own
 // or the provider's, whether or not its status changes) and then some.
-func (pp *probePool) staleAfter(e *probeEntry) time.Duration {
-	return 2*max(pp.poll, e.poll, e.every) + 2*e.target.Timeout + time.Minute
+func (pp *Pool) staleAfter(e *entry) time.Duration {
+	return 2*max(pp.poll, e.poll, e.Every) + 2*e.Target.Timeout + time.Minute
 }
 
 // Start runs the pool until ctx ends. As a manager runnable it runs on the
 // elected leader only.
-func (pp *probePool) Start(ctx context.Context) error {
-	jobs := make(chan *probeEntry)
+func (pp *Pool) Start(ctx context.Context) error {
+	jobs := make(chan *entry)
 	var wg sync.WaitGroup
 	for range pp.workers {
 		wg.Add(1)
@@ -255,8 +269,21 @@ func (pp *probePool) Start(ctx context.Context) error {
 	}
 }
 
+// Step runs the first probing due now on the caller's goroutine, as a
+// worker would, and says what it probed; false when none is due. Start's
+// workers do this on their own: Step is for a caller that drives the pool
+// by hand, as the controller's tests do.
+func (pp *Pool) Step(ctx context.Context) (probe.Target, bool) {
+	e, _ := pp.next()
+	if e == nil {
+		return probe.Target{}, false
+	}
+	pp.run(ctx, e)
+	return e.Target, true
+}
+
 // next pops the first probing that is due, or says how long until one is.
-func (pp *probePool) next() (*probeEntry, time.Duration) {
+func (pp *Pool) next() (*entry, time.Duration) {
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
 	now := pp.now()
@@ -268,8 +295,8 @@ func (pp *probePool) next() (*probeEntry, time.Duration) {
 		heap.Pop(&pp.queue)
 		if now.Sub(e.touched) > pp.staleAfter(e) {
 			delete(pp.entries, e.uid)
-			if pp.forget != nil {
-				pp.forget(e.uid)
+			if pp.Forget != nil {
+				pp.Forget(e.uid)
 			}
 			continue
 		}
@@ -280,8 +307,8 @@ func (pp *probePool) next() (*probeEntry, time.Duration) {
 	return nil, time.Hour
 }
 
-// run probes e once and hands the outcome to its Proxy.
-func (pp *probePool) run(ctx context.Context, e *probeEntry) {
+// run probes e once and hands the Outcome to its Proxy.
+func (pp *Pool) run(ctx context.Context, e *entry) {
 	pp.mu.Lock()
 	if pp.entries[e.uid] != e {
 		// Stopped or replaced while it waited for a worker: its
@@ -291,28 +318,28 @@ func (pp *probePool) run(ctx context.Context, e *probeEntry) {
 		pp.mu.Unlock()
 		return
 	}
-	w := e.probing
+	w := e.Probing
 	pp.mu.Unlock()
 	pp.metrics.ProbesInFlight.Inc()
-	o := outcome{target: w.target, started: pp.now(), counted: true}
-	o.res = pp.prober.Probe(ctx, w.target)
-	if w.closure {
-		o.checked = true
-		o.closure, o.detail = pp.prober.Closed(ctx, w.target)
+	o := Outcome{Target: w.Target, Started: pp.now(), Counted: true}
+	o.Res = pp.prober.Probe(ctx, w.Target)
+	if w.Closure {
+		o.Checked = true
+		o.Closure, o.Detail = pp.prober.Closed(ctx, w.Target)
 	}
 	pp.metrics.ProbesInFlight.Dec()
-	countProbe(pp.metrics, w.backend, o.res)
+	CountProbe(pp.metrics, w.Backend, o.Res)
 
 	pp.mu.Lock()
-	if o.res.OK {
-		e.passes = append(e.passes, o.res.Latency)
+	if o.Res.OK {
+		e.passes = append(e.passes, o.Res.Latency)
 		if len(e.passes) > latencyWindow {
 			e.passes = e.passes[1:]
 		}
-		o.typical = median(e.passes)
+		o.Typical = median(e.passes)
 	}
 	pp.mu.Unlock()
-	news := w.steady == nil || !w.steady(o)
+	news := w.Steady == nil || !w.Steady(o)
 
 	pp.mu.Lock()
 	e.running = false
@@ -324,7 +351,7 @@ func (pp *probePool) run(ctx context.Context, e *probeEntry) {
 			// proxy open or failing is kept for Observe.
 			drop := 0
 			for i, old := range e.outcomes {
-				if w.steady != nil && w.steady(old) {
+				if w.Steady != nil && w.Steady(old) {
 					drop = i
 					break
 				}
@@ -333,16 +360,16 @@ func (pp *probePool) run(ctx context.Context, e *probeEntry) {
 		}
 		// Until Observe says otherwise, the next probe is one interval
 		// after this one started: a slow probe does not push the cadence.
-		e.due = o.started.Add(e.every)
+		e.due = o.Started.Add(e.Every)
 		heap.Push(&pp.queue, e)
 	}
-	key := e.key
+	key := e.Key
 	pp.mu.Unlock()
 	if current {
 		pp.poke()
 	}
 	if current && news {
-		pp.requeue(ctx, key)
+		pp.Requeue(ctx, key)
 	}
 }
 
@@ -354,7 +381,7 @@ func median(ds []time.Duration) time.Duration {
 }
 
 // dueQueue orders probings by when they are due.
-type dueQueue []*probeEntry
+type dueQueue []*entry
 
 func (q dueQueue) Len() int           { return len(q) }
 func (q dueQueue) Less(i, j int) bool { return q[i].due.Before(q[j].due) }
@@ -364,7 +391,7 @@ func (q dueQueue) Swap(i, j int) {
 }
 
 func (q *dueQueue) Push(x any) {
-	e := x.(*probeEntry) //nolint:forcetypeassert // Only probe entries are pushed.
+	e := x.(*entry) //nolint:forcetypeassert // Only probe entries are pushed.
 	e.index = len(*q)
 	*q = append(*q, e)
 }
@@ -376,4 +403,15 @@ func (q *dueQueue) Pop() any {
 	e.index = -1
 	*q = old[:len(old)-1]
 	return e
+}
+
+// CountProbe counts a probe of a proxy of the named backend in m: its
+// result, and its latency when it passed.
+func CountProbe(m *metrics.Provider, backendName string, res probe.Result) {
+	result := "failure"
+	if res.OK {
+		result = "success"
+		m.ProbeDuration.WithLabelValues(backendName).Observe(res.Latency.Seconds())
+	}
+	m.ProbeResults.WithLabelValues(backendName, result).Inc()
 }
