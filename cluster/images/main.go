@@ -10,6 +10,10 @@
 //     the Squid image of the pod backend, from Debian's packages (see
 //     squid.go).
 //
+// main.go holds the command, the table of static-binary images and how
+// each is built and written; squid.go assembles the Squid image from
+// Debian's packages and those holding the libraries their programs load.
+//
 // Usage: go run ./cluster/images -o _output/images [name ...]
 package main
 

@@ -1,6 +1,10 @@
 // Command discovery runs egress-discovery: the HTTP API crawlers use to list
 // and lease the healthy proxies of ProxyFleets. Any number of replicas can
 // serve; the API server holds every lease.
+//
+// main.go holds the settings and their checks, the controller manager and
+// the servers it runs (the API, the gateway over HTTP and SOCKS5);
+// metrics.go serves /metrics from the controller-runtime registry.
 package main
 
 import (

@@ -15,6 +15,11 @@
 //	egressctl proxies --fleet ns/name
 //
 // lists the fleet's healthy proxies.
+//
+// main.go holds the commands, the lease's renewal schedule and the
+// passing on of signals; sysproc_linux.go starts the command in its own
+// process group and has the kernel kill it when egressctl dies, and
+// sysproc_other.go does the former alone, elsewhere.
 package main
 
 import (

@@ -5,6 +5,11 @@
 // a code span or a fenced block, names a target the Makefile has. Its test
 // runs the checks on the repository, so `make test` fails on a broken link
 // or a stale target.
+//
+// doclinks.go holds the checks: which files are read, each link and
+// anchor resolved against the tree, and the docs/ pages nothing links to;
+// markdown.go parses Markdown (links, headings and their GitHub anchors,
+// the make commands in code) and reads the Makefile's targets.
 package doclinks
 
 import (

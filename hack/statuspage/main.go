@@ -4,6 +4,10 @@
 // points Chromium at it. Needs `make tools` and `apt-get install chromium`.
 //
 //	go run ./hack/statuspage -o _output/status.png
+//
+// main.go sets up the test bed, the example fleet and its leases and
+// bans, and runs Chromium; front.go signs in on the page's form and
+// fronts the server with the sign-in cookie Chromium cannot keep.
 package main
 
 import (

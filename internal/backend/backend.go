@@ -2,6 +2,11 @@
 // places proxies run: local Squid processes, Squid pods, GCP VMs, EC2
 // instances. The reconciler calls a Backend; each backend package
 // implements it.
+//
+// backend.go holds the Backend interface, what it is asked for and what it
+// reports (Ref, Spec, Instance), and the optional interfaces a backend may
+// add (repair, adoption, credential rotation, retention); errors.go
+// classifies backend errors and says how long a failed create waits.
 package backend
 
 import (

@@ -9,6 +9,19 @@
 // State lives in one folder (.local/), so a second run reuses the cluster's
 // etcd data, the ports and the discovery token. Down stops every process,
 // every Squid and every listener it started.
+//
+// devenv.go holds the Stack, Up and Down, the saved state and the control
+// plane; crossplane.go Crossplane core, the package registry, the
+// Configuration's install, function-proxyfleet and the stand-in for
+// Crossplane's package runtime; components.go the probe target,
+// provider-egressproxy, egress-discovery and the examples; process.go the
+// child processes and waits on them; certs.go the CAs and certificates of
+// loopback servers; names.go the programs' names. The one-node cluster of
+// `make cluster` (UpCluster) is in cluster.go (bring-up, prerequisites,
+// DownCluster and the check of what it left behind), cluster_control.go
+// (PKI, apiserver, controllers), cluster_node.go (network, guard,
+// containerd, kubelet, kube-proxy, the sweep) and cluster_addons.go
+// (registry, DNS, target host, Crossplane and the product as pods).
 package devenv
 
 import (

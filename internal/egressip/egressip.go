@@ -7,7 +7,8 @@
 // proxies that share an address: flagged and handed out last.
 //
 // Files: egressip.go (prefixes, the count and the limits), asn.go (the
-// offline IP-to-ASN database, MaxMind DB format).
+// offline IP-to-ASN database, MaxMind DB format), recycle.go (when bans
+// burn an address, and how many recycles a fleet may start and when).
 package egressip
 
 import (

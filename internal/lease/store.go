@@ -19,8 +19,9 @@
 //   - share.go: a lease shared by the gateway replicas a session reaches;
 //   - sticky.go: a sticky key's last proxy; memory.go: what a replica
 //     remembers of its own writes that its cache may not show yet;
-//   - bans.go: (proxy, domain) bans; sweep.go: the sweep of leases whose
-//     proxy is gone or that lapsed long ago;
+//   - bans.go: (proxy, domain) bans; ipbans.go: the ban history of each
+//     egress IP of a fleet, which outlives the proxy; sweep.go: the sweep
+//     of leases whose proxy is gone or that lapsed long ago;
 //   - summary.go: the LeaseSummaries and demand Leases a replica writes,
 //     its count of its fleet's leases and waiting crawlers, for the
 //     function (their wire format is internal/leasewire's).

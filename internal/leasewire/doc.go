@@ -4,6 +4,7 @@
 // It does no I/O, so the function, which does none either, imports it
 // rather than the lease store.
 //
+//   - doc.go: this package comment;
 //   - demand.go: a replica's demand Lease of a fleet (held, waiting and
 //     refused acquisitions), written and read back;
 //   - summary.go: LeaseSummary names, labels and freshness, and the skew

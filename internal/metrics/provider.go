@@ -1,6 +1,11 @@
 // Package metrics holds the Prometheus metrics of the provider (probe
 // results and latency, instances by backend and phase, and backend errors by
 // class, which is what an operator alerts on) and of egress-discovery.
+//
+// provider.go holds the provider's set, with the count of instances by
+// phase; discovery.go egress-discovery's (leases, waits, bans, summary
+// writes); gateway.go that of its gateway (connections, bytes, upstream
+// errors, sessions and seats).
 package metrics
 
 import (

@@ -2,6 +2,12 @@
 // https URLs, a proxied GET for http ones, with the proxy's credentials and a
 // timeout. A target that answers with the caller's IP reveals the proxy's
 // egress IP.
+//
+// probe.go holds the Prober: one probe, the check that a proxy with
+// credentials refuses a client without them, the messages that say what
+// went wrong, and reading the egress IP from an answer; verdict.go folds
+// probe outcomes into a health verdict by thresholds, and holds EchoIP, a
+// target that answers with the caller's IP.
 package probe
 
 import (

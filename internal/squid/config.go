@@ -2,6 +2,12 @@
 // one generator every backend uses: local processes write its output to a
 // state directory, pods mount it from a Secret, GCP VMs write it from their
 // startup script.
+//
+// config.go holds the Config, its checks and squid.conf's template, the
+// private and metadata networks a proxy is kept from, the auth helper of
+// rotating credentials and the htpasswd lines; apr1.go is the APR1
+// (MD5-crypt) hash of local proxies' and pods' htpasswd files, shacrypt.go
+// the SHA-512 crypt hash of a VM's.
 package squid
 
 import (

@@ -15,6 +15,19 @@
 //
 // When the binaries are missing the tests that ask for the test bed fail
 // with a message saying to run `make tools`; they never skip.
+//
+// testbed.go holds the Env (start, attach, stop, namespaces, replicas)
+// and the fleet CRDs derived from the XRDs; fuzz.go lets fuzzing workers
+// share their coordinator's test bed; mapper.go remembers REST mappings
+// per replica; restart.go crashes and restarts a child such as the
+// apiserver, and reserve.go keeps its ports from being taken meanwhile;
+// manifests.go renders cluster/ manifests and impersonates
+// ServiceAccounts; squid.go runs a real Squid; connectproxy.go holds
+// in-process forward proxies for scale tests; target.go IP-echo probe
+// targets; netns.go network namespaces with no way out; dropping.go an
+// address whose dials time out; eventually.go waits on a condition;
+// load.go runs calls concurrently and measures rate and p99; failure.go
+// shows a checker failing on a broken input.
 package testbed
 
 import (

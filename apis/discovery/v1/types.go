@@ -1,5 +1,10 @@
 // Package v1 holds the egress-discovery REST API's request and response
 // types, and a small Go client for crawlers.
+//
+// types.go holds the requests, answers and error reasons of the API;
+// client.go the Go client (acquire, renew, release, report, list);
+// gateway.go the grammar of the gateway's usernames (fleet, session,
+// zone and rotation options) and its parser.
 package v1
 
 import "time"

@@ -17,8 +17,10 @@
 //
 // Files: aws.go (the backend: create, observe, delete, list), group.go
 // (the fleet's security group), errors.go (EC2's error codes as backend
-// classes), credentials.go (an access key from a shared credentials
-// file).
+// classes), explain.go (an UnauthorizedOperation's encoded message
+// decoded through STS), listing.go (one shared, briefly cached listing of
+// the cluster's instances that Gets answer from), credentials.go (an
+// access key from a shared credentials file).
 package aws
 
 import (

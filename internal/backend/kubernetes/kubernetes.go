@@ -1,6 +1,11 @@
 // Package kubernetes runs each proxy as a Squid pod. Pods share their node's
 // egress IP, so spread them over nodes with distinct NAT addresses; the
 // observed egress IP makes any sharing visible.
+//
+// kubernetes.go holds the backend: the pod and its config Secret (create,
+// observe, delete, list, adopt, credential rotation, retention) and the
+// classification of API errors; networkpolicy.go holds the NetworkPolicy
+// that confines each proxy pod's traffic in and out.
 package kubernetes
 
 import (

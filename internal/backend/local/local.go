@@ -5,6 +5,13 @@
 // htpasswd, instance record, pid file and logs. The directory, not process
 // memory, is the record of what exists: after a provider restart, live
 // processes are re-adopted through their pid files and dead ones restarted.
+//
+// local.go holds the backend (create, observe, delete, list, adopt,
+// credential rotation, retention) and the instance directory's files;
+// supervisor.go keeps each Squid running, restarting it with a back-off;
+// process.go finds live Squids through /proc, stops them and gives their
+// folders to Squid's user; ports.go claims a port per instance through a
+// file; leftovers.go sweeps what a create cut short left behind.
 package local
 
 import (

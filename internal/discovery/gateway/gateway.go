@@ -12,10 +12,11 @@
 // Proxy-Status), sessions.go sessions (lifetime, strict, moving, adopting
 // another replica's), seats.go the replica's seats and the leases under
 // every upstream (taking, renewing, giving back), rotate.go the rotation
-// strategies, pacing.go pacing per egress IP and domain, tunnel.go
-// CONNECT tunnels and plain-HTTP forwarding (dialing, egress headers,
-// idle deadlines), socks.go the SOCKS5 listener, and idle_*.go how long a
-// connection has been quiet.
+// strategies, pacing.go pacing per egress IP and domain, bans.go the bans
+// recorded from an origin's answer status, tunnel.go CONNECT tunnels and
+// plain-HTTP forwarding (dialing, egress headers, idle deadlines),
+// socks.go the SOCKS5 listener, and idle_linux.go how long a connection
+// has been quiet, from the kernel's TCP_INFO (idle_other.go cannot tell).
 package gateway
 
 import (

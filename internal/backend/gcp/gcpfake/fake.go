@@ -12,6 +12,13 @@
 // stay RUNNING for a while and may fail after the request was accepted;
 // a deleted VM stays STOPPING and keeps its name; and it can demand a
 // bearer token signed by a service-account key.
+//
+// fake.go holds the Server, its test controls (clock, networks, scripted
+// failures, quotas) and the API methods it serves; validate.go refuses
+// what Compute Engine would refuse; filter.go parses and applies list
+// filters; errors.go holds GCP's failures as tests script them (stockout,
+// quota, organisation policy, IAM); auth.go the OAuth token endpoint and
+// the check of service-account credentials.
 package gcpfake
 
 import (
