@@ -108,7 +108,7 @@ func benchGateway(b *testing.B) {
 	}
 
 	// Time to first byte of a fresh tunnel, TLS handshake and request,
-	// 2000 of each, interleaved (with 200, p99 was the second worst sample
+	// 2000 of each, interleaved (with 200, p99 was one of the two worst samples
 	// and swung from 0.9 to 1.5 between runs; with 1000, from 1.02 to 1.35).
 	ttfb := map[string][]time.Duration{}
 	for range 2000 {

@@ -404,7 +404,7 @@ func (f *Function) runPooledFleet(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFu
 		response.Warning(rsp, errors.New(w)).TargetCompositeAndClaim()
 	}
 	rsp.Desired.Composite.Ready = fnv1.Ready_READY_FALSE
-	if total.ready >= fleet.Replicas-fleet.MaxUnavailable {
+	if total.ready >= fleet.servingFloor() {
 		rsp.Desired.Composite.Ready = fnv1.Ready_READY_TRUE
 	}
 	ttl := response.DefaultTTL

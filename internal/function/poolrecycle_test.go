@@ -360,3 +360,22 @@ func TestPooledFleetGrantsOnlyItsOwn(t *testing.T) {
 		t.Errorf("turns: %v, want [3 2 4 1] (bans first, then after the pool of the newest recycle)", order)
 	}
 }
+
+// TestPooledRecordsKnownOnce: a pooled fleet knows a recycle by its proxy
+// and address, as a fleet without pools does: a duplicate in its own list
+// (a hand edit, an older writer) counts once towards the bound, and a
+// pool's copy of a recycle the fleet lists starts nothing new; one the
+// fleet lacks is added and said to have started.
+func TestPooledRecordsKnownOnce(t *testing.T) {
+	known := fleetv1alpha1.RecycleRecord{Proxy: "crawlers-100", EgressIP: "203.0.113.5", Time: "2026-12-06T10:00:00Z"}
+	fresh := fleetv1alpha1.RecycleRecord{Proxy: "crawlers-101", EgressIP: "203.0.113.6", Time: "2026-12-06T10:05:00Z"}
+	pr := &pooledRecycling{}
+	pool := &poolPlan{observed: &observedPool{recycling: observedPoolRecycling{records: []fleetv1alpha1.RecycleRecord{known, fresh}}}}
+	pr.mergeRecords([]fleetv1alpha1.RecycleRecord{known, known}, []*poolPlan{pool})
+	if len(pr.records) != 2 || pr.records[0] != known || pr.records[1] != fresh {
+		t.Errorf("records: %+v, want the known recycle once, then the pool's new one", pr.records)
+	}
+	if len(pr.started) != 1 || pr.started[0] != fresh {
+		t.Errorf("started: %+v, want only the pool's new recycle", pr.started)
+	}
+}

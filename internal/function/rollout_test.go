@@ -6,12 +6,12 @@ import (
 	"time"
 )
 
-// decider is decide, or a broken variant of it for the replay's checks.
 // secretChange, as a change in replayRollout, is a password change on a
 // backend that cannot change it in place: every proxy running then is
 // reported outdated, and those made after are not.
 const secretChange = "secret"
 
+// decider is decide, or a broken variant of it for the replay's checks.
 type decider func(f *Fleet, observed []*member, leasesKnown bool, now time.Time) *plan
 
 // replayRollout replays template changes the way Crossplane calls the

@@ -31,7 +31,7 @@ const maxOutcomes = 8
 // Pool runs the probes of every running Proxy on its own workers, off
 // the reconcile path, so a black-holed proxy ties up a probe worker for its
 // timeout and never a reconcile worker. Observe tells the pool what to probe
-// and when (watch) and folds what the pool found since (take). An Outcome
+// and when (Watch) and folds what the pool found since (Take). An Outcome
 // that changes the verdict requeues its Proxy, which is how Observe comes
 // back when one is due; a steady pass waits for the next poll.
 type Pool struct {
@@ -241,7 +241,7 @@ func (pp *Pool) Start(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			for e := range jobs {
-				pp.run(ctx, e)
+				_, _ = pp.run(ctx, e)
 			}
 		}()
 	}
@@ -278,8 +278,7 @@ func (pp *Pool) Step(ctx context.Context) (probe.Target, bool) {
 	if e == nil {
 		return probe.Target{}, false
 	}
-	pp.run(ctx, e)
-	return e.Target, true
+	return pp.run(ctx, e)
 }
 
 // next pops the first probing that is due, or says how long until one is.
@@ -307,8 +306,9 @@ func (pp *Pool) next() (*entry, time.Duration) {
 	return nil, time.Hour
 }
 
-// run probes e once and hands the Outcome to its Proxy.
-func (pp *Pool) run(ctx context.Context, e *entry) {
+// run probes e once and hands the Outcome to its Proxy; it returns what
+// it probed, and false when e was stopped or replaced before its turn.
+func (pp *Pool) run(ctx context.Context, e *entry) (probe.Target, bool) {
 	pp.mu.Lock()
 	if pp.entries[e.uid] != e {
 		// Stopped or replaced while it waited for a worker: its
@@ -316,7 +316,7 @@ func (pp *Pool) run(ctx context.Context, e *entry) {
 		// by now.
 		e.running = false
 		pp.mu.Unlock()
-		return
+		return probe.Target{}, false
 	}
 	w := e.Probing
 	pp.mu.Unlock()
@@ -371,6 +371,7 @@ func (pp *Pool) run(ctx context.Context, e *entry) {
 	if current && news {
 		pp.Requeue(ctx, key)
 	}
+	return w.Target, true
 }
 
 // median is the middle of ds (the upper middle of an even count).
