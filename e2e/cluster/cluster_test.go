@@ -42,7 +42,7 @@ import (
 )
 
 var (
-	stack *devenv.Stack
+	stack *devenv.Cluster
 	root  string
 	// crawlerToken is the crawler's ServiceAccount token for discovery.
 	crawlerToken string

@@ -92,6 +92,16 @@ var hostTools = map[string]string{
 	"/usr/lib/cni/loopback": "containernetworking-plugins",
 }
 
+// Cluster is the one-node cluster of make cluster: a real kubelet node,
+// with Crossplane, the provider, the function and egress-discovery as pods.
+type Cluster struct {
+	core
+	// clusterCA is the cluster's CA, and host the names the cluster takes
+	// on this machine.
+	clusterCA *authority
+	host      hostNames
+}
+
 // UpCluster brings up the one-node cluster of make cluster: a control
 // plane, a node with containerd and kubelet, kube-proxy and CoreDNS, the
 // project's images in a registry on the node, Crossplane core as a
@@ -100,11 +110,8 @@ var hostTools = map[string]string{
 // and the function as pods), and egress-discovery from cluster/discovery.
 // It starts from nothing every time: the state folder is emptied first.
 // On failure everything already started is stopped again.
-func UpCluster(ctx context.Context, o Options) (*Stack, error) {
-	s := &Stack{opts: o, began: time.Now(), host: defaultHostNames()}
-	if s.opts.Progress == nil {
-		s.opts.Progress = io.Discard
-	}
+func UpCluster(ctx context.Context, o Options) (*Cluster, error) {
+	s := &Cluster{core: newCore(o), host: defaultHostNames()}
 	ctx, s.cancel = context.WithCancel(ctx)
 	steps := []namedStep{
 		{"checking tools, images and packages; clearing " + o.StateDir, s.prepareCluster},
@@ -122,13 +129,13 @@ func UpCluster(ctx context.Context, o Options) (*Stack, error) {
 		{"installing the Configuration: Crossplane runs the provider and the function as pods", s.installClusterConfiguration},
 		{"installing egress-discovery from cluster/discovery", s.startClusterDiscovery},
 	}
-	if err := s.runSteps(ctx, steps); err != nil {
+	if err := s.runSteps(ctx, steps, s.Down); err != nil {
 		return nil, err
 	}
 	return s, nil
 }
 
-func (s *Stack) prepareCluster(ctx context.Context) error {
+func (s *Cluster) prepareCluster(ctx context.Context) error {
 	if err := s.checkClusterPrereqs(); err != nil {
 		return err
 	}
@@ -143,7 +150,7 @@ func (s *Stack) prepareCluster(ctx context.Context) error {
 	// processes, mounts, network and sysctls behind: clear them, then
 	// the state.
 	if prev != "" && prev != s.opts.StateDir {
-		old := &Stack{opts: s.opts, host: s.host}
+		old := &Cluster{core: core{opts: s.opts}, host: s.host}
 		old.opts.StateDir = prev
 		old.sweepNode(ctx)
 	}
@@ -169,7 +176,7 @@ func (s *Stack) prepareCluster(ctx context.Context) error {
 // checkClusterPrereqs checks for root, and for the binaries, images,
 // packages and Debian tools the cluster needs, naming what is missing and
 // how to get it.
-func (s *Stack) checkClusterPrereqs() error {
+func (s *Cluster) checkClusterPrereqs() error {
 	if os.Geteuid() != 0 {
 		return errors.New("make cluster runs containerd, kubelet and kube-proxy, and changes iptables: run it as root")
 	}
@@ -216,7 +223,7 @@ const stateMarker = ".egress-cluster"
 // empty: the root, the home folder, the repository, or a folder with files
 // but no marker. It resolves symbolic links, as the mounts under it are
 // listed by their real paths.
-func (s *Stack) checkStateDir() error {
+func (s *Cluster) checkStateDir() error {
 	dir, err := filepath.Abs(s.opts.StateDir)
 	if err != nil || s.opts.StateDir == "" {
 		return errors.Errorf("the state folder %q is not a usable path", s.opts.StateDir)
@@ -246,7 +253,7 @@ func (s *Stack) checkStateDir() error {
 // this process's pid and state folder into it, and returns the state
 // folder the lock named before, if any. The lock is released, by the
 // kernel, when the process ends, and by Down.
-func (s *Stack) lockHost() (string, error) {
+func (s *Cluster) lockHost() (string, error) {
 	if err := os.MkdirAll(s.host.runDir, 0o700); err != nil {
 		return "", errors.Wrap(err, "cannot create the machine-wide lock folder")
 	}
@@ -287,18 +294,18 @@ func uniq(in []string) []string {
 	return out
 }
 
-func (s *Stack) image(name string) string {
+func (s *Cluster) image(name string) string {
 	return filepath.Join(s.opts.Root, "_output", "images", name+".tar")
 }
 
 // kubectl runs bin/kubectl as the cluster's administrator.
-func (s *Stack) kubectl(ctx context.Context, args ...string) error {
+func (s *Cluster) kubectl(ctx context.Context, args ...string) error {
 	return s.run(ctx, "kubectl", s.bin("kubectl"), args...)
 }
 
 // waitDeployment waits until a Deployment has all its replicas updated and
 // available, naming what its pods wait for when it does not.
-func (s *Stack) waitDeployment(ctx context.Context, namespace, name string, timeout time.Duration) error {
+func (s *Cluster) waitDeployment(ctx context.Context, namespace, name string, timeout time.Duration) error {
 	return wait(ctx, timeout, "Deployment "+namespace+"/"+name+" available", func() (bool, string, error) {
 		d := &appsv1.Deployment{}
 		if err := s.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, d); err != nil {
@@ -316,7 +323,7 @@ func (s *Stack) waitDeployment(ctx context.Context, namespace, name string, time
 }
 
 // podTrouble says why the pods a selector matches are not ready.
-func (s *Stack) podTrouble(ctx context.Context, namespace string, labels map[string]string) string {
+func (s *Cluster) podTrouble(ctx context.Context, namespace string, labels map[string]string) string {
 	l := &corev1.PodList{}
 	if err := s.Client.List(ctx, l, client.InNamespace(namespace), client.MatchingLabels(labels)); err != nil {
 		return err.Error()
@@ -350,10 +357,7 @@ func (s *Stack) podTrouble(ctx context.Context, namespace string, labels map[str
 // killed one left behind: in the state folder the lock names, and in
 // o.StateDir.
 func DownCluster(o Options) error {
-	s := &Stack{opts: o, began: time.Now(), host: defaultHostNames()}
-	if s.opts.Progress == nil {
-		s.opts.Progress = io.Discard
-	}
+	s := &Cluster{core: newCore(o), host: defaultHostNames()}
 	if real, err := filepath.EvalSymlinks(s.opts.StateDir); err == nil {
 		s.opts.StateDir = real
 	}
@@ -384,7 +388,7 @@ func DownCluster(o Options) error {
 		defer f.Close() //nolint:errcheck // Releases the lock.
 	}
 	if recorded != "" && recorded != s.opts.StateDir {
-		old := &Stack{opts: s.opts, host: s.host}
+		old := &Cluster{core: core{opts: s.opts}, host: s.host}
 		old.opts.StateDir = recorded
 		old.sweepNode(context.Background())
 		if left := old.ClusterLeftBehind(); len(left) > 0 {
@@ -405,7 +409,7 @@ func DownCluster(o Options) error {
 // kubelet) or in the kubelet's cgroups, the mounts under the state folder,
 // the bridge, the target host's and pods' network namespaces, and the
 // iptables chains of the guard, the kubelet and kube-proxy.
-func (s *Stack) ClusterLeftBehind() []string {
+func (s *Cluster) ClusterLeftBehind() []string {
 	var left []string
 	for _, pid := range s.strays() {
 		left = append(left, fmt.Sprintf("process %d (%s)", pid, cmdline(pid)))
@@ -429,7 +433,7 @@ func (s *Stack) ClusterLeftBehind() []string {
 }
 
 // mountsLeft lists the mounts under the state folder.
-func (s *Stack) mountsLeft() []string {
+func (s *Cluster) mountsLeft() []string {
 	var left []string
 	abs, _ := filepath.Abs(s.opts.StateDir)
 	if b, err := os.ReadFile("/proc/self/mountinfo"); err == nil {
@@ -444,7 +448,7 @@ func (s *Stack) mountsLeft() []string {
 
 // namespacesLeft lists the target host's network namespace and, machine
 // wide, the pods'.
-func (s *Stack) namespacesLeft() []string {
+func (s *Cluster) namespacesLeft() []string {
 	var left []string
 	out, err := exec.Command("ip", "netns", "list").Output()
 	if err != nil {
@@ -461,7 +465,7 @@ func (s *Stack) namespacesLeft() []string {
 
 // chainsLeft lists the guard's and the kubelet's chains and, machine wide,
 // any KUBE- chain, in IPv4 and IPv6.
-func (s *Stack) chainsLeft() []string {
+func (s *Cluster) chainsLeft() []string {
 	var left []string
 	for _, bin := range []string{binIptables, "ip6tables"} {
 		for _, table := range iptablesTables {

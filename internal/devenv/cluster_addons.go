@@ -5,18 +5,13 @@ import (
 	"crypto/x509/pkix"
 	"fmt"
 	"io"
-	"log"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
-	"github.com/google/go-containerregistry/pkg/name"
-	"github.com/google/go-containerregistry/pkg/registry"
-	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"github.com/google/go-containerregistry/pkg/v1/tarball"
 	corev1 "k8s.io/api/core/v1"
 	kerrors "k8s.io/apimachinery/pkg/api/errors"
@@ -28,78 +23,11 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/netns"
 )
 
-// serveRegistry serves an in-process OCI registry on addr until Down, and
-// returns its handler, for a second listener.
-func (s *Stack) serveRegistry(addr string) (http.Handler, error) {
-	logf, err := os.OpenFile(s.path("logs", "registry.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, errors.Wrap(err, "cannot open the registry log")
-	}
-	h := registry.New(registry.Logger(log.New(logf, "", log.LstdFlags)))
-	if err := s.serve("registry", addr, h); err != nil {
-		_ = logf.Close()
-		return nil, err
-	}
-	s.onDown("registry log", logf.Close)
-	s.Registry = addr
-	s.pushTo = addr
-	return h, nil
-}
-
-// serve serves h on addr until Down.
-func (s *Stack) serve(name, addr string, h http.Handler) error {
-	ln, err := net.Listen("tcp", addr)
-	if err != nil {
-		return errors.Wrapf(err, "cannot listen for the %s on %s", name, addr)
-	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
-	go srv.Serve(ln) //nolint:errcheck // Ends with Close.
-	s.onDown(name, srv.Close)
-	return nil
-}
-
-// readOnly lets only pulls through: every pod reaches the registry on the
-// node's address, and none may replace what it serves.
-func readOnly(h http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodGet && r.Method != http.MethodHead {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusMethodNotAllowed)
-			_, _ = io.WriteString(w, `{"errors":[{"code":"DENIED","message":"this registry only serves pulls here"}]}`+"\n")
-			return
-		}
-		h.ServeHTTP(w, r)
-	})
-}
-
-// pushPackages pushes the three packages into the registry, where ref
-// names them.
-func (s *Stack) pushPackages(ctx context.Context) error {
-	for _, p := range packages {
-		if err := s.push(ctx, filepath.Join(s.opts.Root, "_output", p+".xpkg"), s.pushRef(p)); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-func (s *Stack) push(ctx context.Context, tarPath, to string) error {
-	img, err := tarball.ImageFromPath(tarPath, nil)
-	if err != nil {
-		return errors.Wrapf(err, "cannot read %s", tarPath)
-	}
-	ref, err := name.ParseReference(to)
-	if err != nil {
-		return errors.Wrapf(err, "cannot name %s", to)
-	}
-	return errors.Wrapf(remote.Write(ref, img, remote.WithContext(ctx)), "cannot push %s", ref)
-}
-
 // startClusterRegistry serves the registry on the node's address, where
 // containerd (through its certs.d hosts) and Crossplane's pod pull from,
 // and pushes the packages and the images under the names the tarballs
 // carry, moved from the published registry to this one.
-func (s *Stack) startClusterRegistry(ctx context.Context) error {
+func (s *Cluster) startClusterRegistry(ctx context.Context) error {
 	port, err := s.port("registry-push")
 	if err != nil {
 		return err
@@ -133,7 +61,7 @@ func (s *Stack) startClusterRegistry(ctx context.Context) error {
 }
 
 // startDNS applies CoreDNS and waits for it to serve.
-func (s *Stack) startDNS(ctx context.Context) error {
+func (s *Cluster) startDNS(ctx context.Context) error {
 	if err := s.kubectl(ctx, "apply", "-f", filepath.Join(s.opts.Root, "cluster", "node", "coredns.yaml")); err != nil {
 		return err
 	}
@@ -148,7 +76,7 @@ func targetHostURL() string { return fmt.Sprintf("https://%s:%d/ip", TargetHostI
 // HTTPS IP echo (in this process) with a certificate from a CA made for
 // this run. The CA is written to TargetCA and, for the provider's probes,
 // to the ConfigMap egress-probe-ca in crossplane-system.
-func (s *Stack) startTargetHost(ctx context.Context) error {
+func (s *Cluster) startTargetHost(ctx context.Context) error {
 	ns, veth := s.host.targetNetns, s.host.targetVeth
 	for _, cmd := range []string{
 		"netns add " + ns,
@@ -184,7 +112,7 @@ func (s *Stack) startTargetHost(ctx context.Context) error {
 
 // startClusterCrossplane applies cluster/crossplane (core and the RBAC
 // manager) and cluster/crossplane-rbac, and waits for both to run.
-func (s *Stack) startClusterCrossplane(ctx context.Context) error {
+func (s *Cluster) startClusterCrossplane(ctx context.Context) error {
 	for _, k := range []string{binCrossplane, "crossplane-rbac"} {
 		if err := s.kubectl(ctx, "apply", "-k", filepath.Join(s.opts.Root, "cluster", k)); err != nil {
 			return err
@@ -203,7 +131,7 @@ func (s *Stack) startClusterCrossplane(ctx context.Context) error {
 // installs the Configuration with crossplane xpkg install, has the
 // Provider Crossplane installs as its dependency take that runtime config,
 // and waits for the provider's and the function's pods.
-func (s *Stack) installClusterConfiguration(ctx context.Context) error {
+func (s *Cluster) installClusterConfiguration(ctx context.Context) error {
 	if err := s.applyImageConfig(ctx); err != nil {
 		return err
 	}
@@ -250,7 +178,7 @@ func (s *Stack) installClusterConfiguration(ctx context.Context) error {
 
 // waitProviderPod waits until the provider's Deployment runs with the
 // ServiceAccount of its runtime config, and is available.
-func (s *Stack) waitProviderPod(ctx context.Context) error {
+func (s *Cluster) waitProviderPod(ctx context.Context) error {
 	var name string
 	if err := wait(ctx, 3*time.Minute, "the provider's Deployment on its runtime config", func() (bool, string, error) {
 		l := &unstructured.UnstructuredList{}
@@ -276,28 +204,13 @@ func (s *Stack) waitProviderPod(ctx context.Context) error {
 	return s.waitDeployment(ctx, crossplaneNamespace, name, 3*time.Minute)
 }
 
-// applyImageConfig rewrites Crossplane's pulls of the published packages
-// to the local registry.
-func (s *Stack) applyImageConfig(ctx context.Context) error {
-	ic := &unstructured.Unstructured{Object: map[string]any{
-		"apiVersion": "pkg.crossplane.io/v1beta1",
-		"kind":       "ImageConfig",
-		"metadata":   map[string]any{"name": "egress-local-registry"},
-		"spec": map[string]any{
-			"matchImages":  []any{map[string]any{"type": "Prefix", imageConfigMatch: upstreamPrefix}},
-			"rewriteImage": map[string]any{imageConfigMatch: s.Registry + "/kacerr/"},
-		},
-	}}
-	return errors.Wrap(s.apply(ctx, ic), "cannot apply the ImageConfig")
-}
-
 // DiscoveryNamespace is where cluster/discovery runs egress-discovery.
 const DiscoveryNamespace = "egress-system"
 
 // startClusterDiscovery applies cluster/discovery with a TLS Secret issued
 // by the cluster's CA (for its Service names and the node's address) and
 // the NodePort of cluster/node, and waits for its replicas.
-func (s *Stack) startClusterDiscovery(ctx context.Context) error {
+func (s *Cluster) startClusterDiscovery(ctx context.Context) error {
 	if err := s.kubectl(ctx, "apply", "-k", filepath.Join(s.opts.Root, "cluster", "discovery")); err != nil {
 		return err
 	}

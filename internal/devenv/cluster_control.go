@@ -56,7 +56,7 @@ var clusterIdentities = []clientCert{
 // the apiserver's serving certificate (for its Service address and names
 // too, as pods dial it there), the identities above, the apiserver's
 // client certificate for the kubelet, and the service-account signing key.
-func (s *Stack) issueClusterPKI(_ context.Context) error {
+func (s *Cluster) issueClusterPKI(_ context.Context) error {
 	ca, err := newAuthority("egress-cluster CA")
 	if err != nil {
 		return err
@@ -136,17 +136,17 @@ func (s *Stack) issueClusterPKI(_ context.Context) error {
 }
 
 // APIServerURL is where the cluster's apiserver serves.
-func (s *Stack) APIServerURL() string { return fmt.Sprintf("https://%s:%d", NodeIP, APIServerPort) }
+func (s *Cluster) APIServerURL() string { return fmt.Sprintf("https://%s:%d", NodeIP, APIServerPort) }
 
 // ClusterCA is the PEM file of the cluster's CA, which signed the
 // apiserver's and egress-discovery's certificates.
-func (s *Stack) ClusterCA() string { return s.path("pki", caFile) }
+func (s *Cluster) ClusterCA() string { return s.path("pki", caFile) }
 
 // startClusterControlPlane runs etcd on loopback and kube-apiserver on
 // NodeIP, with Node and RBAC authorisation, NodeRestriction, service
 // account tokens and the kubelet client certificate (kubectl logs and
 // exec work).
-func (s *Stack) startClusterControlPlane(ctx context.Context) error {
+func (s *Cluster) startClusterControlPlane(ctx context.Context) error {
 	ports, err := s.ports("etcd-client", "etcd-peer")
 	if err != nil {
 		return err
@@ -257,7 +257,7 @@ plugins:
 // startClusterControllers runs kube-controller-manager with its default
 // controllers, each with its own service account (the token controller
 // signs with the cluster's key), and kube-scheduler.
-func (s *Stack) startClusterControllers(ctx context.Context) error {
+func (s *Cluster) startClusterControllers(ctx context.Context) error {
 	ports, err := s.ports(binKCM, binScheduler)
 	if err != nil {
 		return err

@@ -42,12 +42,12 @@ var machineSysctls = []string{
 	"net/netfilter/nf_conntrack_tcp_timeout_close_wait", "net/ipv4/conf/all/route_localnet",
 }
 
-func (s *Stack) sysctlSnapshot() string { return filepath.Join(s.host.runDir, "sysctls.json") }
+func (s *Cluster) sysctlSnapshot() string { return filepath.Join(s.host.runDir, "sysctls.json") }
 
 // saveSysctls records the machine's settings, unless a record is there
 // already: then an earlier cluster was killed before restoring them, and
 // that record holds the machine's own.
-func (s *Stack) saveSysctls() error {
+func (s *Cluster) saveSysctls() error {
 	if _, err := os.Stat(s.sysctlSnapshot()); err == nil {
 		return nil
 	}
@@ -68,7 +68,7 @@ func (s *Stack) saveSysctls() error {
 // restoreSysctls puts the recorded settings back and drops the record; a
 // setting it cannot write keeps the record, which ClusterLeftBehind then
 // reports.
-func (s *Stack) restoreSysctls() {
+func (s *Cluster) restoreSysctls() {
 	b, err := os.ReadFile(s.sysctlSnapshot())
 	if err != nil {
 		return
@@ -108,7 +108,7 @@ func iptables(args ...string) error {
 // startNetwork makes the bridge with NodeIP, routes Service addresses onto
 // it (so that nothing aimed at a cluster IP takes this machine's default
 // route), sets the sysctls, and installs the guard (guardHooks).
-func (s *Stack) startNetwork(_ context.Context) error {
+func (s *Cluster) startNetwork(_ context.Context) error {
 	br := s.host.bridge
 	for _, cmd := range []string{
 		"link add " + br + " type bridge",
@@ -165,7 +165,7 @@ type guardHook struct {
 //     on the apiserver, kubelet, registry and NodePort ports (and replies);
 //   - mangle POSTROUTING, before any masquerade: nothing from the pod
 //     network leaves by another interface.
-func (s *Stack) guardHooks() []guardHook {
+func (s *Cluster) guardHooks() []guardHook {
 	br, node := s.host.bridge, NodeIP
 	rules := func(lines ...string) [][]string {
 		out := make([][]string, len(lines))
@@ -198,7 +198,7 @@ func (s *Stack) guardHooks() []guardHook {
 
 // SetGuard installs the guard, or removes it. make e2e-cluster removes it
 // for a moment to show that its check of the guard fails without it.
-func (s *Stack) SetGuard(on bool) error {
+func (s *Cluster) SetGuard(on bool) error {
 	for _, h := range s.guardHooks() {
 		chain := s.host.guard + h.suffix
 		for iptables("-t", h.table, "-D", h.builtin, "-j", chain) == nil {
@@ -253,7 +253,7 @@ var nodeBinaries = []string{
 }
 
 // strays lists the node's processes that name the state folder.
-func (s *Stack) strays() []int {
+func (s *Cluster) strays() []int {
 	abs, err := filepath.Abs(s.opts.StateDir)
 	if err != nil {
 		return nil
@@ -272,7 +272,7 @@ func (s *Stack) strays() []int {
 }
 
 // cgroupRoots are where the kubelet's top cgroup is, per controller.
-func (s *Stack) cgroupRoots() []string {
+func (s *Cluster) cgroupRoots() []string {
 	var out []string
 	ctrls, _ := os.ReadDir("/sys/fs/cgroup")
 	for _, c := range ctrls {
@@ -293,7 +293,7 @@ var sweepSkip = map[string]bool{}
 // the state folder, the cgroups, the pods' network namespaces, kube-proxy's
 // rules, the guard, the routes and the bridge, and the target host's
 // namespace.
-func (s *Stack) sweepNode(ctx context.Context) {
+func (s *Cluster) sweepNode(ctx context.Context) {
 	if !sweepSkip["processes"] {
 		for _, pid := range s.strays() {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
@@ -357,7 +357,7 @@ var (
 // removeOutsideFiles removes the kubelet's log links that point into the
 // state folder, and libcni's results of the cluster's network (and of
 // containerd's loopback, on machineWide).
-func (s *Stack) removeOutsideFiles() {
+func (s *Cluster) removeOutsideFiles() {
 	abs, _ := filepath.Abs(s.opts.StateDir)
 	if ents, err := os.ReadDir(containerLogLinks); err == nil {
 		for _, e := range ents {
@@ -534,7 +534,7 @@ func registryHost() string { return fmt.Sprintf("%s:%d", NodeIP, RegistryPort) }
 // image from the registry, overlayfs, runc with cgroupfs, CNI from
 // Debian's plugins with a conf folder of ours, registry hosts under
 // certs.d) and runs it with every path under the state folder.
-func (s *Stack) startContainerd(ctx context.Context) error {
+func (s *Cluster) startContainerd(ctx context.Context) error {
 	dir := s.path(binContainerd)
 	cni := s.path("cni")
 	certs := filepath.Join(dir, "certs.d")
@@ -653,7 +653,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 // allocatable enforcement or hard eviction on a 2-core box), serving on
 // NodeIP with webhook authentication and authorisation (pods can reach the
 // node, so its API is not open), and waits for the node to be Ready.
-func (s *Stack) startKubelet(ctx context.Context) error {
+func (s *Cluster) startKubelet(ctx context.Context) error {
 	dir := s.path(binKubelet)
 	for _, d := range []string{dir, s.path("pod-logs")} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
@@ -744,7 +744,7 @@ maxPods: 110
 
 // makeCgroupRoot makes the kubelet's cgroup root under every controller;
 // cpuset's needs its parent's CPUs and memory nodes before it takes tasks.
-func (s *Stack) makeCgroupRoot() error {
+func (s *Cluster) makeCgroupRoot() error {
 	for _, dir := range s.cgroupRoots() {
 		parent := filepath.Dir(dir)
 		if _, err := os.Stat(parent); err != nil || parent == "/sys/fs/cgroup" && !exists(filepath.Join(parent, "cgroup.procs")) {
@@ -768,7 +768,7 @@ func exists(p string) bool { _, err := os.Stat(p); return err == nil }
 
 // startKubeProxy runs kube-proxy in iptables mode, its NodePorts on NodeIP
 // only.
-func (s *Stack) startKubeProxy(ctx context.Context) error {
+func (s *Cluster) startKubeProxy(ctx context.Context) error {
 	ports, err := s.ports("kube-proxy-health", "kube-proxy-metrics")
 	if err != nil {
 		return err

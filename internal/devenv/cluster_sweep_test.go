@@ -17,9 +17,10 @@ import (
 // container process in the kubelet's cgroup, a mount under the state
 // folder, the bridge and the target host's veth and namespace, and the
 // guard's chains with their jumps and an ip6tables chain of the kubelet's,
-// and the machine's settings changed after they were saved. It returns the Stack that owns them and, per sweep step, what
-// ClusterLeftBehind must report while that step has not run.
-func leftovers(t *testing.T) (*Stack, map[string][]string) {
+// and the machine's settings changed after they were saved. It returns
+// the Cluster that owns them and, per sweep step, what ClusterLeftBehind
+// must report while that step has not run.
+func leftovers(t *testing.T) (*Cluster, map[string][]string) {
 	t.Helper()
 	if os.Geteuid() != 0 {
 		t.Fatal("this test makes links, network namespaces, iptables chains, cgroups and mounts: run it as root (CI does)")
@@ -36,7 +37,7 @@ func leftovers(t *testing.T) (*Stack, map[string][]string) {
 	if exec.Command("ip", "link", "show", Bridge).Run() == nil {
 		t.Fatalf("make cluster runs (bridge %s exists), and this test's guard rules would cut its pods off: stop it with make cluster-down first", Bridge)
 	}
-	s := &Stack{opts: Options{StateDir: state}, host: hostNames{
+	s := &Cluster{core: core{opts: Options{StateDir: state}}, host: hostNames{
 		bridge: "egtbr" + id, targetNetns: "egt-ns-" + id, targetVeth: "egtv" + id,
 		guard: "EGT-GUARD-" + strings.ToUpper(id), cgroup: "egt-kubepods-" + id,
 		kubeChains: []string{"EGT-KUBE-" + strings.ToUpper(id)},

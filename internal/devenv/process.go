@@ -42,7 +42,7 @@ func baseEnv() []string {
 // start runs bin with args and the extra environment, its output going to
 // logs/<name>.log. The child gets its own process group, so stopping it also
 // stops anything it runs, and is killed if this process dies first.
-func (s *Stack) start(name, bin string, args []string, env ...string) (*process, error) {
+func (s *core) start(name, bin string, args []string, env ...string) (*process, error) {
 	logPath := filepath.Join(s.opts.StateDir, "logs", name+".log")
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
 	if err != nil {
@@ -69,7 +69,7 @@ func (s *Stack) start(name, bin string, args []string, env ...string) (*process,
 
 // Processes are the environment's programs still running, by name, with
 // their process IDs (the latest of a name that was restarted).
-func (s *Stack) Processes() map[string]int {
+func (s *core) Processes() map[string]int {
 	out := map[string]int{}
 	for _, p := range s.procs {
 		if ok, _ := p.exited(); !ok {
@@ -77,17 +77,6 @@ func (s *Stack) Processes() map[string]int {
 		}
 	}
 	return out
-}
-
-// MetricsURL is the Prometheus endpoint of component: crossplane,
-// function-proxyfleet or provider-egressproxy.
-func (s *Stack) MetricsURL(component string) (string, error) {
-	name := map[string]string{binCrossplane: "crossplane-metrics", binFunction: "function-metrics", binProvider: "provider-metrics"}[component]
-	port, ok := s.state.Ports[name]
-	if name == "" || !ok {
-		return "", errors.Errorf("no metrics endpoint for %q", component)
-	}
-	return fmt.Sprintf("http://127.0.0.1:%d/metrics", port), nil
 }
 
 // exited reports whether the process has ended, and how.
@@ -118,7 +107,7 @@ func (p *process) stop() error {
 
 // run runs a short-lived command to completion, its output going to
 // logs/<name>.log, and returns the output's tail in the error when it fails.
-func (s *Stack) run(ctx context.Context, name, bin string, args ...string) error {
+func (s *core) run(ctx context.Context, name, bin string, args ...string) error {
 	cmd := exec.CommandContext(ctx, bin, args...)
 	cmd.Env = append(os.Environ(), "KUBECONFIG="+s.Kubeconfig, "POD_NAMESPACE="+crossplaneNamespace)
 	out, err := cmd.CombinedOutput()

@@ -2,18 +2,14 @@ package devenv
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509/pkix"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
-
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe"
 )
 
 // startTarget serves an HTTPS IP echo on TargetAddress with a certificate
@@ -29,39 +25,6 @@ func (s *Stack) startTarget(_ context.Context) error {
 	}
 	s.TargetURL = "https://" + TargetAddress + "/ip"
 	return nil
-}
-
-// serveEcho serves an HTTPS IP echo on ln until Down, with a certificate
-// for names and ips from a CA made for it, which it writes to TargetCA.
-func (s *Stack) serveEcho(ln net.Listener, caName string, subject pkix.Name, names []string, ips []net.IP) (*authority, error) {
-	ca, err := newAuthority(caName)
-	if err != nil {
-		_ = ln.Close()
-		return nil, err
-	}
-	crt, key, err := ca.issueFor(subject, names, ips)
-	if err != nil {
-		_ = ln.Close()
-		return nil, err
-	}
-	pair, err := tls.X509KeyPair(crt, key)
-	if err != nil {
-		_ = ln.Close()
-		return nil, errors.Wrap(err, "cannot load the target's certificate")
-	}
-	s.TargetCA = s.path("target-ca.crt")
-	if err := os.WriteFile(s.TargetCA, ca.certPEM, 0o644); err != nil { //nolint:gosec // A CA certificate is public.
-		_ = ln.Close()
-		return nil, errors.Wrap(err, "cannot write the target's CA")
-	}
-	srv := &http.Server{
-		Handler:           http.HandlerFunc(probe.EchoIP),
-		TLSConfig:         &tls.Config{Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12},
-		ReadHeaderTimeout: 10 * time.Second,
-	}
-	go srv.ServeTLS(ln, "", "") //nolint:errcheck // Ends with Close.
-	s.onDown("probe target", srv.Close)
-	return ca, nil
 }
 
 func (s *Stack) startProvider(ctx context.Context) error {

@@ -140,16 +140,6 @@ func (s *Stack) startRegistry(ctx context.Context) error {
 	return s.pushPackages(ctx)
 }
 
-// ref is where the local registry serves a package.
-func (s *Stack) ref(pkg string) string {
-	return fmt.Sprintf("%s/kacerr/%s:%s", s.Registry, pkg, PackageVersion)
-}
-
-// pushRef is where a package is pushed to the local registry.
-func (s *Stack) pushRef(pkg string) string {
-	return fmt.Sprintf("%s/kacerr/%s:%s", s.pushTo, pkg, PackageVersion)
-}
-
 // installConfiguration points Crossplane's pulls of the published packages
 // at the local registry with an ImageConfig, installs the Configuration as a
 // user would, and waits until the Provider and the Function it depends on
@@ -215,40 +205,6 @@ func (s *Stack) installConfiguration(ctx context.Context) error {
 	return nil
 }
 
-// packageInstalled reports whether a package object says Installed, and
-// otherwise what its conditions say.
-func (s *Stack) packageInstalled(ctx context.Context, kind, name string) (bool, string, error) {
-	return s.packageIs(ctx, kind, name, "Installed")
-}
-
-// packageIs reports whether a package object has every one of the
-// conditions True, and otherwise what its conditions say.
-func (s *Stack) packageIs(ctx context.Context, kind, name string, want ...string) (bool, string, error) {
-	u := &unstructured.Unstructured{}
-	u.SetAPIVersion("pkg.crossplane.io/v1")
-	u.SetKind(kind)
-	if err := s.Client.Get(ctx, types.NamespacedName{Name: name}, u); err != nil {
-		return false, err.Error(), nil
-	}
-	conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
-	var says []string
-	met := 0
-	for _, c := range conds {
-		m, _ := c.(map[string]any)
-		says = append(says, fmt.Sprintf("%v=%v %v %v", m["type"], m["status"], m["reason"], m["message"]))
-		for _, w := range want {
-			if m["type"] == w && m["status"] == condTrue {
-				met++
-			}
-		}
-	}
-	return met == len(want), strings.Join(says, "; "), nil
-}
-
-// Names of the packages Crossplane installs as the Configuration's
-// dependencies, after their repositories.
-const providerName = "kacerr-provider-egressproxy"
-
 // tlsServerSecret names the Secret holding a package's server certificate,
 // as Crossplane's Deployment runtime would.
 func tlsServerSecret(pkg string) string { return pkg + "-tls-server" }
@@ -280,11 +236,6 @@ func (s *Stack) issueServerSecret(ctx context.Context, pkg string) (*corev1.Secr
 		return nil, errors.Wrap(err, "cannot convert the Secret")
 	}
 	return sec, errors.Wrapf(s.apply(ctx, &unstructured.Unstructured{Object: obj}), "cannot apply Secret %s", sec.Name)
-}
-
-// apply server-side applies an object as the environment's field manager.
-func (s *Stack) apply(ctx context.Context, u *unstructured.Unstructured) error {
-	return s.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(u), client.ForceOwnership, client.FieldOwner("egress-devenv"))
 }
 
 // startFunction runs function-proxyfleet with a server certificate issued
