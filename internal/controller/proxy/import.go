@@ -7,7 +7,6 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
-	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
@@ -124,12 +123,4 @@ func (e *external) checkHeld(p *v1alpha1.Proxy, inst *backend.Instance) error {
 	msg := fmt.Sprintf("instance %s, recorded in status.atProvider.providerID, belongs to Proxy uid %s of namespace %q, not to this Proxy: nothing is done to it", inst.ProviderID, o.Holder(), o.Namespace)
 	p.SetConditions(unavailable(ReasonImportRefused, msg))
 	return errors.New(msg)
-}
-
-// observeImport imports the instance the Proxy asks for, and observes it.
-func (e *external) observeImport(ctx context.Context, p *v1alpha1.Proxy, x string) (managed.ExternalObservation, error) {
-	if err := e.importInstance(ctx, p, x); err != nil {
-		return managed.ExternalObservation{}, err
-	}
-	return e.observe(ctx, p)
 }

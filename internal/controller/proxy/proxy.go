@@ -318,28 +318,25 @@ func (e *external) countError(op string, err error) {
 }
 
 // Observe gets the instance and, when it runs, folds the probes through it
-// into its verdict. An instance that does not run is not probed.
+// into its verdict. It reads top to bottom, in the order the checks must
+// run: External mode, which never touches a backend; an instance recorded
+// where this configuration cannot see it; the Get; a missing instance (let
+// go while deleting, else imported or created); an instance that is not
+// the Proxy's; a deleted Proxy's; a terminated one; the policy, before any
+// Secret is read; the Secrets; the spec and the credentials; the probes;
+// the comparison with the spec. Whatever path probes nothing stops the
+// instance's probes.
 func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.ExternalObservation, error) {
 	e.probing = false
-	obs, err := e.observe(ctx, p)
-	if !e.probing {
-		e.stopProbing(p)
-	}
-	return obs, err
-}
-
-// stopProbing stops the probes of the Proxy's instance, which is not
-// running, or is being deleted or replaced.
-func (e *external) stopProbing(p *v1alpha1.Proxy) {
-	if e.sched.pool != nil {
-		e.sched.pool.Stop(p.GetUID())
-	}
-}
-
-func (e *external) observe(ctx context.Context, p *v1alpha1.Proxy) (managed.ExternalObservation, error) {
+	defer func() {
+		if !e.probing {
+			e.stopProbing(p)
+		}
+	}()
 	if p.Spec.ForProvider.Mode == v1alpha1.ProxyModeExternal {
 		return e.observeExternal(ctx, p)
 	}
+
 	ref := recordedRef(p, e.pc)
 	if elsewhere := recordedElsewhere(p, e.pc); elsewhere != "" {
 		// The instance lives where this configuration cannot see it:
@@ -351,7 +348,11 @@ func (e *external) observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 	inst, err := e.backend.Get(ctx, ref)
 	e.countError("get", err)
 	if backend.IsNotFound(err) {
-		return e.observeMissing(ctx, p, ref)
+		e.metrics.SetPhase(p.GetUID(), "", "")
+		if meta.WasDeleted(p) {
+			return e.letGo(ctx, p, ref)
+		}
+		return e.noInstance(ctx, p, ref)
 	}
 	if err != nil {
 		p.SetConditions(unavailable(ReasonBackendError, fmt.Sprintf("cannot observe the instance: %v", err)))
@@ -368,7 +369,6 @@ func (e *external) observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 		return managed.ExternalObservation{}, err
 	}
 	e.metrics.SetPhase(p.GetUID(), e.backendName(), string(inst.Phase))
-
 	if meta.WasDeleted(p) {
 		// Tell the truth while deleting: the instance still exists, so the
 		// reconciler calls Delete.
@@ -377,17 +377,11 @@ func (e *external) observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 
 	e.syncRetain(ctx, p, inst)
 	if inst.Phase == v1alpha1.InstancePhaseTerminated {
-		return e.observeTerminated(ctx, p, ref, inst)
+		return e.replaceTerminated(ctx, p, ref, inst)
 	}
-	return e.observeExisting(ctx, p, ref, inst)
-}
-
-// observeExisting observes an instance that exists and is not terminated,
-// of a Proxy that is not being deleted: it is admitted, brought in line
-// with its Secrets where it can be, probed, and compared with the spec.
-func (e *external) observeExisting(ctx context.Context, p *v1alpha1.Proxy, ref backend.Ref, inst *backend.Instance) (managed.ExternalObservation, error) {
 	// The policy first: it needs no Secret, so a tenant cannot keep a
-	// refused instance alive by making its Secrets unreadable.
+	// refused instance alive by making its Secrets unreadable. A refused
+	// terminated instance was replaced above all the same.
 	if err := admit(p, e.pc); err != nil {
 		return managed.ExternalObservation{}, e.refuse(ctx, p, ref, inst, err)
 	}
@@ -407,6 +401,7 @@ func (e *external) observeExisting(ctx context.Context, p *v1alpha1.Proxy, ref b
 		e.repair(ctx, p, inst, repairSpec(p, inst, want))
 		verdict = e.syncCredentials(ctx, p, inst, want)
 	}
+
 	// A probe that passes in a moment when a crash-looping proxy is up
 	// changes nothing: handed out, it would fail its crawlers moments
 	// later. The verdict says so (setReadiness), so that the probe pool
@@ -416,7 +411,7 @@ func (e *external) observeExisting(ctx context.Context, p *v1alpha1.Proxy, ref b
 	// Probing an outdated instance with credentials it does not accept
 	// would judge it down while it serves its crawlers: its probes stop,
 	// and its last verdict stands until the fleet replaces it.
-	e.observeInstance(ctx, p, inst, creds, verdict != credentialsOutdated)
+	e.recordInstance(ctx, p, inst, creds, verdict != credentialsOutdated)
 	recordCredentials(p, inst, verdict, e.now())
 	if inst.Repair != "" {
 		p.SetConditions(unavailable(ReasonProvisioning, inst.Repair))
@@ -424,7 +419,20 @@ func (e *external) observeExisting(ctx context.Context, p *v1alpha1.Proxy, ref b
 	if c := p.GetCondition(xpv2.TypeReady); c.Reason == ReasonCrashLoopBackOff && wasReason != ReasonCrashLoopBackOff {
 		e.record.Event(p, event.Warning(event.Reason(ReasonCrashLoopBackOff), errors.New(c.Message)))
 	}
+	return observation(ref, inst, want, creds, current, verdict), nil
+}
 
+// stopProbing stops the probes of the Proxy's instance, which is not
+// running, or is being deleted or replaced.
+func (e *external) stopProbing(p *v1alpha1.Proxy) {
+	if e.sched.pool != nil {
+		e.sched.pool.Stop(p.GetUID())
+	}
+}
+
+// observation compares an instance that exists with the spec: whether it
+// is up to date, what differs, and how it is reached.
+func observation(ref backend.Ref, inst *backend.Instance, want backend.Spec, creds *backend.Credentials, current bool, verdict credentialsVerdict) managed.ExternalObservation {
 	obs := managed.ExternalObservation{
 		ResourceExists:   true,
 		ResourceUpToDate: current && verdict != credentialsReplace,
@@ -446,7 +454,7 @@ func (e *external) observeExisting(ctx context.Context, p *v1alpha1.Proxy, ref b
 	if inst.Phase == v1alpha1.InstancePhaseRunning && inst.Host != "" && verdict == credentialsCurrent {
 		obs.ConnectionDetails = connectionDetails(inst.Host, inst.Port, creds)
 	}
-	return obs, nil
+	return obs
 }
 
 // repairSpec is what an instance's dependencies are put right from: the
@@ -499,12 +507,12 @@ func (e *external) repair(ctx context.Context, p *v1alpha1.Proxy, inst *backend.
 	inst.Phase, inst.Host = v1alpha1.InstancePhaseProvisioning, ""
 }
 
-// observeMissing handles an instance that does not exist: a deleted Proxy
-// lets go, after deleting what was made for the instance; otherwise one is
-// created, unless the policy refuses it or past failures hold it off.
-func (e *external) observeMissing(ctx context.Context, p *v1alpha1.Proxy, ref backend.Ref) (managed.ExternalObservation, error) {
-	e.metrics.SetPhase(p.GetUID(), "", "")
-	if l, ok := e.backend.(backend.Lagging); ok && meta.WasDeleted(p) && meta.ExternalCreateIncomplete(p) {
+// letGo lets go of a deleted Proxy whose instance is not found, after
+// deleting what was made for the instance; but not while a create cut
+// short moments ago may have made an instance the backend does not list
+// yet.
+func (e *external) letGo(ctx context.Context, p *v1alpha1.Proxy, ref backend.Ref) (managed.ExternalObservation, error) {
+	if l, ok := e.backend.(backend.Lagging); ok && meta.ExternalCreateIncomplete(p) {
 		// A create-pending time ahead of this clock (an edited annotation)
 		// holds nothing up.
 		if since := e.now().Sub(meta.GetExternalCreatePending(p)); since >= 0 && since < l.ListingLag() {
@@ -513,21 +521,25 @@ func (e *external) observeMissing(ctx context.Context, p *v1alpha1.Proxy, ref ba
 			return managed.ExternalObservation{}, errors.Errorf("a create was cut short %s ago and %s may not list its instance yet: waiting %s before taking it for never made", since.Round(time.Second), e.backendName(), l.ListingLag())
 		}
 	}
-	if meta.WasDeleted(p) {
-		// The instance is gone, but what was made for it may not be:
-		// a GCP firewall rule of a VM whose insert failed, or whose
-		// create was cut short. Delete is idempotent and finds it. What
-		// was left of an imported instance, whose labels can no longer
-		// say whose it was, is the orphan collector's.
-		if mayDelete(p) && !imported(p, ref) {
-			if err := e.backend.Delete(ctx, e.withRule(p, ref)); err != nil {
-				e.countError("delete", err)
-				return managed.ExternalObservation{}, errors.Wrap(err, "cannot delete what remains of the instance")
-			}
+	// The instance is gone, but what was made for it may not be: a GCP
+	// firewall rule of a VM whose insert failed, or whose create was cut
+	// short. Delete is idempotent and finds it. What was left of an
+	// imported instance, whose labels can no longer say whose it was, is
+	// the orphan collector's.
+	if mayDelete(p) && !imported(p, ref) {
+		if err := e.backend.Delete(ctx, e.withRule(p, ref)); err != nil {
+			e.countError("delete", err)
+			return managed.ExternalObservation{}, errors.Wrap(err, "cannot delete what remains of the instance")
 		}
-		e.sched.forget(p.GetUID())
-		return managed.ExternalObservation{ResourceExists: false}, nil
 	}
+	e.sched.forget(p.GetUID())
+	return managed.ExternalObservation{ResourceExists: false}, nil
+}
+
+// noInstance handles a Proxy that is not deleted and has no instance: one
+// is imported or created, unless the policy refuses it or past failures
+// hold it off.
+func (e *external) noInstance(ctx context.Context, p *v1alpha1.Proxy, ref backend.Ref) (managed.ExternalObservation, error) {
 	if imported(p, ref) && p.Status.AtProvider.ProviderID != "" {
 		e.record.Event(p, event.Warning("ImportedInstanceGone", errors.Errorf("imported instance %s is gone; the Proxy makes one of its own", p.Status.AtProvider.ProviderID)))
 	}
@@ -538,7 +550,11 @@ func (e *external) observeMissing(ctx context.Context, p *v1alpha1.Proxy, ref ba
 		return managed.ExternalObservation{}, err
 	}
 	if x := wantsImport(p, e.pc); x != "" {
-		return e.observeImport(ctx, p, x)
+		// Imported, the instance is observed as the Proxy's own.
+		if err := e.importInstance(ctx, p, x); err != nil {
+			return managed.ExternalObservation{}, err
+		}
+		return e.Observe(ctx, p)
 	}
 	g := readGate(p)
 	if (g.Class == backend.ClassPermanent || g.Class == backend.ClassAccessDenied) && g.Inputs != "" && g.Inputs != e.inputs(ctx, p) {
@@ -590,9 +606,9 @@ func (e *external) syncRetain(ctx context.Context, p *v1alpha1.Proxy, inst *back
 	}
 }
 
-// observeTerminated replaces a stopped instance by a fresh one, unless the
+// replaceTerminated replaces a stopped instance by a fresh one, unless the
 // Proxy's management policies keep it.
-func (e *external) observeTerminated(ctx context.Context, p *v1alpha1.Proxy, ref backend.Ref, inst *backend.Instance) (managed.ExternalObservation, error) {
+func (e *external) replaceTerminated(ctx context.Context, p *v1alpha1.Proxy, ref backend.Ref, inst *backend.Instance) (managed.ExternalObservation, error) {
 	if !mayDelete(p) {
 		// Management policies without Delete keep even a stopped
 		// instance: it is reported, never replaced.
@@ -682,9 +698,9 @@ func forgetClosure(p *v1alpha1.Proxy, reason xpv2.ConditionReason, msg string) {
 	}
 }
 
-// observeInstance records the instance and probes it when due.
+// recordInstance records the instance and probes it when due.
 // With probe false, the instance is not probed and its verdict stands.
-func (e *external) observeInstance(ctx context.Context, p *v1alpha1.Proxy, inst *backend.Instance, creds *backend.Credentials, probe bool) {
+func (e *external) recordInstance(ctx context.Context, p *v1alpha1.Proxy, inst *backend.Instance, creds *backend.Credentials, probe bool) {
 	ap := &p.Status.AtProvider
 	if ap.InstanceCreatedAt == nil || !ap.InstanceCreatedAt.Time.Equal(inst.CreatedAt.Truncate(time.Second)) || ap.ProviderID != inst.ProviderID {
 		// A new instance: probed at once, and judged afresh.
