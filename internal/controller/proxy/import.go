@@ -111,6 +111,10 @@ func (e *external) importInstance(ctx context.Context, p *v1alpha1.Proxy, x stri
 	return nil
 }
 
+// errFmtNotHeld refuses to act on an instance recorded for a Proxy that is
+// not its holder.
+const errFmtNotHeld = "instance %s, recorded in status.atProvider.providerID, belongs to Proxy uid %s of namespace %q, not to this Proxy: nothing is done to it"
+
 // checkHeld refuses to act on an imported instance that is not the
 // Proxy's: its record (the status) names the instance, and only the
 // instance's labels say whose it is, so an edited status points the
@@ -120,7 +124,7 @@ func (e *external) checkHeld(p *v1alpha1.Proxy, inst *backend.Instance) error {
 	if !imported(p, inst.Ref) || o.Holder() == p.GetUID() && o.Namespace == p.GetNamespace() && o.OfCluster(e.clusterID) {
 		return nil
 	}
-	msg := fmt.Sprintf("instance %s, recorded in status.atProvider.providerID, belongs to Proxy uid %s of namespace %q, not to this Proxy: nothing is done to it", inst.ProviderID, o.Holder(), o.Namespace)
+	msg := fmt.Sprintf(errFmtNotHeld, inst.ProviderID, o.Holder(), o.Namespace)
 	p.SetConditions(unavailable(ReasonImportRefused, msg))
 	return errors.New(msg)
 }

@@ -8,7 +8,9 @@ import (
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/meta"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/test"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -141,7 +143,7 @@ func TestObserveLetsGo(t *testing.T) {
 		proxy     *v1alpha1.Proxy
 		lag       time.Duration
 		deleteErr error
-		err       string
+		err       error
 		deletes   int
 		lets      bool
 	}{
@@ -152,7 +154,7 @@ func TestObserveLetsGo(t *testing.T) {
 		"CutShortMomentsAgo": {
 			reason: "A create cut short within the listing's lag may have made an instance not listed yet: nothing is deleted, the Proxy is held.",
 			proxy:  deleted(cutShort(10 * time.Second)), lag: time.Minute,
-			err: "a create was cut short 10s ago and Local may not list its instance yet: waiting 1m0s before taking it for never made",
+			err: errors.Errorf(errFmtCutShort, 10*time.Second, "Local", time.Minute),
 		},
 		"CutShortLongAgo": {
 			reason: "Past the lag, the instance was never made.",
@@ -173,8 +175,8 @@ func TestObserveLetsGo(t *testing.T) {
 		"DeleteFails": {
 			reason:    "A delete that fails keeps the Proxy, and says why.",
 			proxy:     deleted(),
-			deleteErr: backend.Errorf(backend.ClassTransient, "backend down"),
-			err:       "cannot delete what remains of the instance: backend down", deletes: 1,
+			deleteErr: errBackendDown,
+			err:       errors.Wrap(errBackendDown, errDeleteRemains), deletes: 1,
 		},
 	}
 	for name, tc := range cases {
@@ -187,8 +189,8 @@ func TestObserveLetsGo(t *testing.T) {
 			}
 			e.sched.seen[tc.proxy.GetUID()] = epoch.Add(-time.Hour)
 			obs, err := e.Observe(context.Background(), tc.proxy)
-			if got := errString(err); got != tc.err {
-				t.Errorf("%s\nerror: got %q, want %q", tc.reason, got, tc.err)
+			if diff := cmp.Diff(tc.err, err, test.EquateErrors()); diff != "" {
+				t.Errorf("%s\nerror: -want, +got:\n%s", tc.reason, diff)
 			}
 			if got := b.CallCount("Delete"); got != tc.deletes {
 				t.Errorf("%s\ndeletes: got %d, want %d", tc.reason, got, tc.deletes)
@@ -216,11 +218,11 @@ func TestObserveTerminatedDeleteFails(t *testing.T) {
 	i := runningInstance()
 	i.Phase, i.Host = v1alpha1.InstancePhaseTerminated, ""
 	b.Put(i)
-	b.DeleteErr = backend.Errorf(backend.ClassTransient, "backend down")
+	b.DeleteErr = errBackendDown
 	e := newExternal(b, &fakeProber{}, &clock{t: epoch})
 	_, err := e.Observe(context.Background(), unitProxy())
-	if got, want := errString(err), "cannot delete terminated instance: backend down"; got != want {
-		t.Errorf("error: got %q, want %q", got, want)
+	if diff := cmp.Diff(errors.Wrap(errBackendDown, errDeleteTerminated), err, test.EquateErrors()); diff != "" {
+		t.Errorf("error: -want, +got:\n%s", diff)
 	}
 	if got := testutil.ToFloat64(e.metrics.BackendErrors.WithLabelValues(e.backendName(), "delete", string(backend.ClassTransient))); got != 1 {
 		t.Errorf("delete errors counted: %v, want 1", got)
@@ -327,8 +329,8 @@ func TestObserveReplaces(t *testing.T) {
 		e := newExternal(b, &fakeProber{}, &clock{t: epoch})
 		e.pc = pc
 		_, err := e.Observe(context.Background(), p)
-		if got, want := errString(err), "spec.forProvider.aws.userData needs inline or secretRef"; got != want {
-			t.Errorf("error: got %q, want %q", got, want)
+		if diff := cmp.Diff(errors.New("spec.forProvider.aws.userData needs inline or secretRef"), err, test.EquateErrors()); diff != "" {
+			t.Errorf("error: -want, +got:\n%s", diff)
 		}
 		if c := p.GetCondition(xpv2.TypeReady); c.Reason != ReasonSecretUnavailable || c.Status != corev1.ConditionFalse {
 			t.Errorf("Ready: got %s %s, want False %s", c.Status, c.Reason, ReasonSecretUnavailable)
@@ -368,9 +370,5 @@ func victimInstance() *backend.Instance {
 
 func ptrTo[T any](v T) *T { return &v }
 
-func errString(err error) string {
-	if err == nil {
-		return ""
-	}
-	return err.Error()
-}
+// errBackendDown is a backend's transient failure.
+var errBackendDown = backend.Errorf(backend.ClassTransient, "backend down")

@@ -63,6 +63,22 @@ const (
 	restartJitter = 10 * time.Second
 )
 
+// Errors of the external client, which its tests compare.
+const (
+	errGetInstance        = "cannot get instance"
+	errDeleteRemains      = "cannot delete what remains of the instance"
+	errDeleteTerminated   = "cannot delete terminated instance"
+	errDeleteReplaced     = "cannot delete the instance being replaced"
+	errDeleteInstance     = "cannot delete instance"
+	errEndpointRequired   = "spec.forProvider.endpoint is required when mode is External"
+	errFmtCreate          = "cannot create instance (%s)"
+	errFmtLastCreate      = "the last create failed (%s)"
+	errFmtKeptRefused     = "instance %s is no longer permitted; its management policies keep it"
+	errFmtDeleteRefused   = "cannot delete instance %s, which its ProviderConfig no longer permits"
+	errFmtCutShort        = "a create was cut short %s ago and %s may not list its instance yet: waiting %s before taking it for never made"
+	errFmtObserveInstance = "cannot observe the instance: %v"
+)
+
 // Connection detail keys written to writeConnectionSecretToRef.
 const (
 	ConnectionProxyURL = "proxyURL"
@@ -355,8 +371,8 @@ func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.Exte
 		return e.noInstance(ctx, p, ref)
 	}
 	if err != nil {
-		p.SetConditions(unavailable(ReasonBackendError, fmt.Sprintf("cannot observe the instance: %v", err)))
-		return managed.ExternalObservation{}, errors.Wrap(err, "cannot get instance")
+		p.SetConditions(unavailable(ReasonBackendError, fmt.Sprintf(errFmtObserveInstance, err)))
+		return managed.ExternalObservation{}, errors.Wrap(err, errGetInstance)
 	}
 	if err := e.checkHeld(p, inst); err != nil {
 		if meta.WasDeleted(p) {
@@ -518,7 +534,7 @@ func (e *external) letGo(ctx context.Context, p *v1alpha1.Proxy, ref backend.Ref
 		if since := e.now().Sub(meta.GetExternalCreatePending(p)); since >= 0 && since < l.ListingLag() {
 			// A create was cut short moments ago: its instance may exist
 			// and not be listed yet. Deleting now would leave it behind.
-			return managed.ExternalObservation{}, errors.Errorf("a create was cut short %s ago and %s may not list its instance yet: waiting %s before taking it for never made", since.Round(time.Second), e.backendName(), l.ListingLag())
+			return managed.ExternalObservation{}, errors.Errorf(errFmtCutShort, since.Round(time.Second), e.backendName(), l.ListingLag())
 		}
 	}
 	// The instance is gone, but what was made for it may not be: a GCP
@@ -529,7 +545,7 @@ func (e *external) letGo(ctx context.Context, p *v1alpha1.Proxy, ref backend.Ref
 	if mayDelete(p) && !imported(p, ref) {
 		if err := e.backend.Delete(ctx, e.withRule(p, ref)); err != nil {
 			e.countError("delete", err)
-			return managed.ExternalObservation{}, errors.Wrap(err, "cannot delete what remains of the instance")
+			return managed.ExternalObservation{}, errors.Wrap(err, errDeleteRemains)
 		}
 	}
 	e.sched.forget(p.GetUID())
@@ -623,7 +639,7 @@ func (e *external) replaceTerminated(ctx context.Context, p *v1alpha1.Proxy, ref
 	meta.AddAnnotations(p, map[string]string{annotationTerminatedInstance: id})
 	if err := e.backend.Delete(ctx, e.withRule(p, ref)); err != nil {
 		e.countError("delete", err)
-		return managed.ExternalObservation{}, errors.Wrap(err, "cannot delete terminated instance")
+		return managed.ExternalObservation{}, errors.Wrap(err, errDeleteTerminated)
 	}
 	resetInstanceStatus(p)
 	p.SetConditions(unavailable(ReasonTerminated, fmt.Sprintf("instance %s terminated (%s); creating a new one", inst.ProviderID, inst.Reason)))
@@ -646,7 +662,7 @@ func (e *external) refuse(ctx context.Context, p *v1alpha1.Proxy, ref backend.Re
 	p.SetConditions(c)
 	switch {
 	case !mayDelete(p):
-		return errors.Wrapf(reason, "instance %s is no longer permitted; its management policies keep it", inst.ProviderID)
+		return errors.Wrapf(reason, errFmtKeptRefused, inst.ProviderID)
 	case e.now().Sub(since) < e.refusedGrace:
 		if was.Reason != ReasonNotPermitted {
 			e.record.Event(p, event.Warning(event.Reason(ReasonNotPermitted), errors.Errorf("instance %s is no longer permitted and is deleted in %s unless this is fixed: %v", inst.ProviderID, e.refusedGrace, reason)))
@@ -657,7 +673,7 @@ func (e *external) refuse(ctx context.Context, p *v1alpha1.Proxy, ref backend.Re
 	err := e.backend.Delete(ctx, e.withRule(p, ref))
 	e.countError("delete", err)
 	if err != nil {
-		return errors.Wrapf(err, "cannot delete instance %s, which its ProviderConfig no longer permits", inst.ProviderID)
+		return errors.Wrapf(err, errFmtDeleteRefused, inst.ProviderID)
 	}
 	resetInstanceStatus(p)
 	p.SetConditions(c)
@@ -748,7 +764,7 @@ func (e *external) observeExternal(ctx context.Context, p *v1alpha1.Proxy) (mana
 	}
 	ep := p.Spec.ForProvider.Endpoint
 	if ep == nil {
-		return managed.ExternalObservation{}, errors.New("spec.forProvider.endpoint is required when mode is External")
+		return managed.ExternalObservation{}, errors.New(errEndpointRequired)
 	}
 	ap := &p.Status.AtProvider
 	id := "external/" + net.JoinHostPort(ep.Host, strconv.Itoa(int(ep.Port)))
@@ -807,7 +823,7 @@ func (e *external) Create(ctx context.Context, p *v1alpha1.Proxy) (managed.Exter
 				e.countError("create", err)
 				recordCreateFailure(p, err, e.now())
 				meta.AddAnnotations(p, map[string]string{annotationCreateInputs: in})
-				return managed.ExternalCreation{}, errors.Wrapf(err, "the last create failed (%s)", backend.ClassOf(err))
+				return managed.ExternalCreation{}, errors.Wrapf(err, errFmtLastCreate, backend.ClassOf(err))
 			}
 		}
 	}
@@ -816,7 +832,7 @@ func (e *external) Create(ctx context.Context, p *v1alpha1.Proxy) (managed.Exter
 	if err != nil {
 		recordCreateFailure(p, err, e.now())
 		meta.AddAnnotations(p, map[string]string{annotationCreateInputs: in})
-		return managed.ExternalCreation{}, errors.Wrapf(err, "cannot create instance (%s)", backend.ClassOf(err))
+		return managed.ExternalCreation{}, errors.Wrapf(err, errFmtCreate, backend.ClassOf(err))
 	}
 	clearCreateFailures(p)
 	// Where the instance is, for Observe, Update and Delete to find it.
@@ -846,7 +862,7 @@ func (e *external) Update(ctx context.Context, p *v1alpha1.Proxy) (managed.Exter
 	err := e.backend.Delete(ctx, e.withRule(p, recordedRef(p, e.pc)))
 	e.countError("delete", err)
 	if err != nil {
-		return managed.ExternalUpdate{}, errors.Wrap(err, "cannot delete the instance being replaced")
+		return managed.ExternalUpdate{}, errors.Wrap(err, errDeleteReplaced)
 	}
 	_, err = e.Create(ctx, p)
 	return managed.ExternalUpdate{}, err
@@ -862,7 +878,7 @@ func (e *external) Delete(ctx context.Context, p *v1alpha1.Proxy) (managed.Exter
 	err := e.backend.Delete(ctx, e.withRule(p, recordedRef(p, e.pc)))
 	e.countError("delete", err)
 	if err != nil {
-		return managed.ExternalDelete{}, errors.Wrap(err, "cannot delete instance")
+		return managed.ExternalDelete{}, errors.Wrap(err, errDeleteInstance)
 	}
 	e.metrics.SetPhase(p.GetUID(), "", "")
 	return managed.ExternalDelete{}, nil

@@ -17,8 +17,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/event"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/reconciler/managed"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/test"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
@@ -64,9 +66,14 @@ func newExternal(b backend.Backend, pr Prober, c *clock) *external {
 			sched:  &scheduler{started: c.t, seen: map[types.UID]time.Time{}, now: c.now},
 			record: event.NewNopRecorder(),
 		},
-		pc:      &config{Kind: "ProviderConfig", Name: "local", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}},
+		pc:      localConfig(),
 		backend: b,
 	}
+}
+
+// localConfig is the ProviderConfig of newExternal's client.
+func localConfig() *config {
+	return &config{Kind: "ProviderConfig", Name: "local", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}}
 }
 
 // unitProxy restricts sources instead of using credentials, so these tests
@@ -99,7 +106,7 @@ func TestObserve(t *testing.T) {
 
 	type result struct {
 		Obs        managed.ExternalObservation
-		Err        bool
+		Err        error
 		Reason     xpv2.ConditionReason
 		Status     corev1.ConditionStatus
 		Probes     int
@@ -145,7 +152,7 @@ func TestObserve(t *testing.T) {
 		"GetFails": {
 			reason: "A backend error is returned, and says so in Ready.",
 			proxy:  unitProxy(), getErr: backend.Errorf(backend.ClassTransient, "backend down"),
-			want: result{Err: true, Reason: ReasonBackendError, Status: corev1.ConditionFalse},
+			want: result{Err: errors.Wrap(backend.Errorf(backend.ClassTransient, "backend down"), errGetInstance), Reason: ReasonBackendError, Status: corev1.ConditionFalse},
 		},
 		"Provisioning": {
 			reason:   "A provisioning instance is not probed and not Ready.",
@@ -238,7 +245,11 @@ func TestObserve(t *testing.T) {
 				p.SetConditions(xpv2.Available())
 			}),
 			instance: &running,
-			want:     result{Err: true, Reason: ReasonNotPermitted, Status: corev1.ConditionFalse, Deletes: 1},
+			// The refusal is the policy's own error, unchanged.
+			want: result{Err: admit(unitProxy(func(p *v1alpha1.Proxy) {
+				p.Spec.ForProvider.AllowedPrivateDestinations = []v1alpha1.CIDR{"10.1.0.0/16"}
+			}), localConfig()),
+				Reason: ReasonNotPermitted, Status: corev1.ConditionFalse, Deletes: 1},
 		},
 		"Terminated": {
 			reason:   "A terminated instance is deleted and reported missing, so a fresh one is created.",
@@ -253,7 +264,7 @@ func TestObserve(t *testing.T) {
 			}),
 			instance: &backend.Instance{Ref: backend.Ref{Name: ownership.InstanceName("victim-uid")}, ProviderID: victimID, Phase: v1alpha1.InstancePhaseTerminated, SpecHash: "other",
 				Owner: ownership.Owner{ClusterID: "unit", Namespace: "team", Name: "victim", UID: "victim-uid"}},
-			want: result{Err: true, Reason: ReasonImportRefused, Status: corev1.ConditionFalse, ProviderID: victimID},
+			want: result{Err: errors.Errorf(errFmtNotHeld, victimID, "victim-uid", "team"), Reason: ReasonImportRefused, Status: corev1.ConditionFalse, ProviderID: victimID},
 		},
 		"RecordNamesAnotherInstanceWhileDeleting": {
 			reason: "Nor does deleting the Proxy delete another's instance its status names: the Proxy is let go.",
@@ -291,10 +302,10 @@ func TestObserve(t *testing.T) {
 			c := tc.proxy.GetCondition(xpv2.TypeReady)
 			ap := tc.proxy.Status.AtProvider
 			got := result{
-				Obs: obs, Err: err != nil, Reason: c.Reason, Status: c.Status, Probes: pr.calls, Deletes: b.CallCount("Delete"),
+				Obs: obs, Err: err, Reason: c.Reason, Status: c.Status, Probes: pr.calls, Deletes: b.CallCount("Delete"),
 				Healthy: ap.Healthy, EgressIP: ap.EgressIP, ProviderID: ap.ProviderID,
 			}
-			if diff := cmp.Diff(tc.want, got, cmpopts.IgnoreFields(managed.ExternalObservation{}, "Diff", "ConnectionDetails")); diff != "" {
+			if diff := cmp.Diff(tc.want, got, test.EquateErrors(), cmpopts.IgnoreFields(managed.ExternalObservation{}, "Diff", "ConnectionDetails")); diff != "" {
 				t.Errorf("%s\n-want, +got:\n%s", tc.reason, diff)
 			}
 		})
