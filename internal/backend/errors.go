@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"k8s.io/apimachinery/pkg/types"
 )
 
 // Class sorts backend errors by what the reconciler should do about them.
@@ -32,6 +33,18 @@ const (
 	// ClassPermanent errors latch until the Proxy's spec changes.
 	ClassPermanent Class = "PermanentError"
 )
+
+// ErrHeldElsewhere is an Adopt refused because the instance (or something
+// made for it) no longer belongs to the Proxy it is adopted from: another
+// Proxy imported it first. It is transient: the importer retries, and its
+// record then says whose it is.
+var ErrHeldElsewhere = errors.New("held by another Proxy")
+
+// HeldElsewhere is the error of an Adopt of what, which belongs to Proxy
+// uid holder rather than from.
+func HeldElsewhere(what string, holder, from types.UID) error {
+	return &Error{Class: ClassTransient, Err: errors.Wrapf(ErrHeldElsewhere, "%s belongs to Proxy uid %s now, not %s", what, holder, from)}
+}
 
 // Error is a backend error with its class.
 type Error struct {

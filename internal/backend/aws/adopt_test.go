@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/aws/ec2fake"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
@@ -36,8 +38,8 @@ func TestAdoptAndRetain(t *testing.T) {
 	if err != nil || got.ProviderID != inst.ProviderID || got.Name != old.Name {
 		t.Fatalf("found by its recorded ID under its maker's name: %+v %v", got, err)
 	}
-	if err := b.Adopt(ctx, ref, "someone-else", to); err == nil {
-		t.Error("adopted from a Proxy that does not hold it")
+	if err := b.Adopt(ctx, ref, "someone-else", to); !errors.Is(err, backend.ErrHeldElsewhere) {
+		t.Errorf("adopted from a Proxy that does not hold it: %v", err)
 	}
 	if err := b.Adopt(ctx, ref, old.Owner.UID, to); err != nil {
 		t.Fatal(err)
@@ -94,8 +96,8 @@ func TestAdoptOvertaken(t *testing.T) {
 	if o, _ := ownership.FromLabels(only(t, fake).Tags); o.Holder() != p1.UID {
 		t.Errorf("the tags name the last writer, p1: %v", only(t, fake).Tags)
 	}
-	if err := b.Adopt(ctx, ref, old.Owner.UID, p2); err == nil {
-		t.Error("tried again, p2 takes an instance p1 now holds")
+	if err := b.Adopt(ctx, ref, old.Owner.UID, p2); !errors.Is(err, backend.ErrHeldElsewhere) {
+		t.Errorf("tried again, p2 takes an instance p1 now holds: %v", err)
 	}
 }
 

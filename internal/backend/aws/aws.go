@@ -721,7 +721,7 @@ func (b *Backend) Adopt(ctx context.Context, r backend.Ref, from k8stypes.UID, t
 	tags := tagsOf(x)
 	cur, _ := ownership.FromLabels(tags)
 	if h := cur.Holder(); h != from && h != to.UID {
-		return backend.Errorf(backend.ClassTransient, "instance %s belongs to Proxy uid %s now, not %s", aws.ToString(x.InstanceId), h, from)
+		return backend.HeldElsewhere("instance "+aws.ToString(x.InstanceId), h, from)
 	}
 	return b.retag(ctx, x, tags, cur.AdoptedBy(to).Relabel(tags, false))
 }

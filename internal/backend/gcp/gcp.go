@@ -1105,7 +1105,7 @@ func (b *Backend) Adopt(ctx context.Context, r backend.Ref, from types.UID, to o
 	}
 	cur, _ := ownership.FromLabels(vm.GetLabels())
 	if h := cur.Holder(); h != from && h != to.UID {
-		return backend.Errorf(backend.ClassTransient, "VM %s belongs to Proxy uid %s now, not %s", r.Name, h, from)
+		return backend.HeldElsewhere("VM "+r.Name, h, from)
 	}
 	labels := cur.AdoptedBy(to).Relabel(vm.GetLabels(), true)
 	op, err := b.instances.SetLabels(ctx, &computepb.SetLabelsInstanceRequest{

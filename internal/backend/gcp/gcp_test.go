@@ -10,6 +10,7 @@ import (
 
 	"cloud.google.com/go/compute/apiv1/computepb"
 
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/google/go-cmp/cmp"
 	"k8s.io/apimachinery/pkg/types"
 
@@ -513,8 +514,8 @@ func TestAdoptOnce(t *testing.T) {
 	if err := b.Adopt(ctx, s.Ref, s.Owner.UID, to); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Adopt(ctx, s.Ref, s.Owner.UID, ownership.Owner{ClusterID: "c1", Namespace: "team", Name: "late", UID: "late-uid"}); err == nil {
-		t.Error("a second import of the maker's VM must be refused")
+	if err := b.Adopt(ctx, s.Ref, s.Owner.UID, ownership.Owner{ClusterID: "c1", Namespace: "team", Name: "late", UID: "late-uid"}); !errors.Is(err, backend.ErrHeldElsewhere) {
+		t.Errorf("a second import of the maker's VM must be refused as held elsewhere, got %v", err)
 	}
 	i, err := b.Get(ctx, s.Ref)
 	if err != nil {

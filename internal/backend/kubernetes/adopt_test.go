@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/test"
+	"github.com/google/go-cmp/cmp"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -12,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/kubernetes"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
@@ -38,15 +41,15 @@ func TestAdoptCutShort(t *testing.T) {
 			Patch: func(ctx context.Context, c client.WithWatch, o client.Object, p client.Patch, opts ...client.PatchOption) error {
 				if !failed && sameKind(o, failOn) {
 					failed = true
-					return errors.New("apiserver hiccup")
+					return errHiccup
 				}
 				return c.Patch(ctx, o, p, opts...)
 			},
 		})
 		b := kubernetes.New(kubernetes.Config{Client: flaky, ClusterID: "adopt"})
 		to := ownership.Owner{ClusterID: "adopt", Namespace: ns, Name: "importer", UID: "importer-uid"}
-		if err := b.Adopt(ctx, s.Ref, uid, to); err == nil {
-			t.Fatalf("%T: the first try must fail", failOn)
+		if err := b.Adopt(ctx, s.Ref, uid, to); !errors.Is(err, errHiccup) {
+			t.Fatalf("%T: the first try must fail with the apiserver's error, got %v", failOn, err)
 		}
 		if err := b.Adopt(ctx, s.Ref, uid, to); err != nil {
 			t.Fatalf("%T failed first: the second try must finish the import: %v", failOn, err)
@@ -70,8 +73,10 @@ func TestAdoptCutShort(t *testing.T) {
 	if err := bed.Client.Delete(ctx, &networkingv1.NetworkPolicy{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: s.Name}}); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Adopt(ctx, s.Ref, uid, ownership.Owner{ClusterID: "adopt", Namespace: ns, Name: "importer", UID: "importer-uid"}); err == nil {
-		t.Error("a pod without its NetworkPolicy must not be imported")
+	err = b.Adopt(ctx, s.Ref, uid, ownership.Owner{ClusterID: "adopt", Namespace: ns, Name: "importer", UID: "importer-uid"})
+	want := backend.Errorf(backend.ClassPermanent, kubernetes.ErrFmtMissing, "NetworkPolicy", ns, s.Name)
+	if diff := cmp.Diff(want, err, test.EquateErrors()); diff != "" {
+		t.Errorf("a pod without its NetworkPolicy must not be imported: -want, +got:\n%s", diff)
 	}
 	if i, err := b.Get(ctx, s.Ref); err != nil || i.Owner.Holder() != uid {
 		t.Errorf("the refused import leaves the pod its maker's: %+v %v", i, err)
@@ -91,3 +96,6 @@ func sameKind(a, b client.Object) bool {
 		return ok
 	}
 }
+
+// errHiccup is the apiserver's failure of one patch.
+var errHiccup = errors.New("apiserver hiccup")

@@ -463,6 +463,10 @@ func saltFor(uid types.UID) string {
 	return ownership.InstanceName(uid)[len("egress-"):][:8]
 }
 
+// ErrFmtMissing refuses the import of a pod that lacks one of the objects
+// made for it (kind, namespace, name).
+const ErrFmtMissing = "%s %s/%s is missing: a pod without it is not imported"
+
 // Adopt relabels the pod's config Secret and network policy, then the pod,
 // for the Proxy that imports them, each only if it still belongs to from or
 // already to to: a patch carries the resourceVersion read, so of two imports
@@ -478,13 +482,13 @@ func (b *Backend) Adopt(ctx context.Context, r backend.Ref, from types.UID, to o
 	for i, o := range objs {
 		if err := b.cfg.Client.Get(ctx, client.ObjectKeyFromObject(o), o); err != nil {
 			if kerrors.IsNotFound(err) {
-				return backend.Errorf(backend.ClassPermanent, "%s %s/%s is missing: a pod without it is not imported", kinds[i], r.Namespace, r.Name)
+				return backend.Errorf(backend.ClassPermanent, ErrFmtMissing, kinds[i], r.Namespace, r.Name)
 			}
 			return Classify(errors.Wrapf(err, "cannot get %s %s/%s", kinds[i], r.Namespace, r.Name))
 		}
 		cur, ok := ownership.FromLabels(o.GetLabels())
 		if h := cur.Holder(); !ok || h != from && h != to.UID {
-			return backend.Errorf(backend.ClassTransient, "%s %s/%s belongs to Proxy uid %s now, not %s", kinds[i], r.Namespace, r.Name, h, from)
+			return backend.HeldElsewhere(kinds[i]+" "+r.Namespace+"/"+r.Name, h, from)
 		}
 	}
 	for i, o := range objs {

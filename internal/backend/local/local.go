@@ -478,7 +478,7 @@ func (b *Backend) Adopt(_ context.Context, r backend.Ref, from types.UID, to own
 		return err
 	}
 	if h := rec.Owner.Holder(); h != from && h != to.UID {
-		return backend.Errorf(backend.ClassTransient, "local instance %s belongs to Proxy uid %s now, not %s", r.Name, h, from)
+		return backend.HeldElsewhere("local instance "+r.Name, h, from)
 	}
 	rec.Owner = rec.Owner.AdoptedBy(to)
 	return b.writeRecord(r.Name, rec)

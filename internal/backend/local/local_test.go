@@ -351,8 +351,8 @@ func TestListOwned(t *testing.T) {
 	if err := b.Adopt(ctx, s.Ref, s.Owner.UID, to); err != nil {
 		t.Fatal(err)
 	}
-	if err := b.Adopt(ctx, s.Ref, s.Owner.UID, ownership.Owner{ClusterID: "test", Namespace: "ns", Name: "late", UID: "uid-late"}); err == nil {
-		t.Error("a second import of the maker's instance must be refused")
+	if err := b.Adopt(ctx, s.Ref, s.Owner.UID, ownership.Owner{ClusterID: "test", Namespace: "ns", Name: "late", UID: "uid-late"}); !errors.Is(err, backend.ErrHeldElsewhere) {
+		t.Errorf("a second import of the maker's instance must be refused as held elsewhere, got %v", err)
 	}
 	got, err = b.ListOwned(ctx)
 	if err != nil || len(got) != 1 || got[0].Owner.Holder() != to.UID || got[0].Owner.UID != s.Owner.UID || got[0].Owner.Name != "importer" {
