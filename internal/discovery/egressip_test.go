@@ -81,6 +81,8 @@ func TestDistinctEgressIPsFirst(t *testing.T) {
 	}
 	if g, err := acquire("shop.example"); err == nil {
 		t.Fatalf("shop.example banned %s, and so its IP; a lease for it went to %s, which shares that IP", banned.Proxy, g.Proxy)
+	} else if ae := apiErr(err); ae == nil || ae.Detail.Reason != apiv1.ReasonNoFreeSlot {
+		t.Fatalf("shop.example banned %s's IP: want %s, got %v", banned.Proxy, apiv1.ReasonNoFreeSlot, err)
 	}
 	if g := must("other.example"); g.Proxy == "crawlers-2" {
 		t.Fatalf("another domain: a lease went to the full crawlers-2")
@@ -312,6 +314,8 @@ func TestBanFollowsTheAddress(t *testing.T) {
 	}
 	if l2, err := acquire("shop.example"); err == nil {
 		t.Fatalf("shop.example banned %s; a lease for it went to %s, which leaves from that address now", gone.Status.AtProvider.EgressIP, l2.Proxy)
+	} else if ae := apiErr(err); ae == nil || ae.Detail.Reason != apiv1.ReasonNoFreeSlot {
+		t.Fatalf("shop.example banned %s: want %s, got %v", gone.Status.AtProvider.EgressIP, apiv1.ReasonNoFreeSlot, err)
 	}
 	// Another domain still gets the heir, last.
 	l3, err := acquire("other.example")

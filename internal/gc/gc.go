@@ -67,12 +67,15 @@ type Report struct {
 	Skipped int
 }
 
+// errListProxies stops a pass that cannot know every Proxy.
+const errListProxies = "cannot list Proxies; collecting nothing"
+
 // Collect runs one pass. It deletes nothing when it cannot list the Proxies:
 // an orphan is only ever decided on a complete list.
 func (c *Collector) Collect(ctx context.Context) (Report, error) {
 	r := Report{}
 	if _, err := c.Sources.Owners(ctx); err != nil {
-		return r, errors.Wrap(err, "cannot list Proxies; collecting nothing")
+		return r, errors.Wrap(err, errListProxies)
 	}
 	targets, err := c.Sources.Targets(ctx)
 	if err != nil {

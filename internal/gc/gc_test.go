@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/test"
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -94,13 +95,14 @@ func TestCollect(t *testing.T) {
 func TestCollectNothingWithoutOwners(t *testing.T) {
 	b := fake.New()
 	b.Put(inst("a", "me", "uid", time.Hour))
+	unreachable := errors.New("apiserver unreachable")
 	c := &Collector{
-		Sources:   sources{targets: []Target{{Kind: "Local", Backend: b}}, err: errors.New("apiserver unreachable")},
+		Sources:   sources{targets: []Target{{Kind: "Local", Backend: b}}, err: unreachable},
 		ClusterID: "me", Grace: time.Minute, Now: func() time.Time { return now },
 		Log: logging.NewNopLogger(), Metrics: metrics.NewProvider(),
 	}
-	if _, err := c.Collect(context.Background()); err == nil {
-		t.Error("without the list of Proxies the collector must fail")
+	if _, err := c.Collect(context.Background()); cmp.Diff(errors.Wrap(unreachable, errListProxies), err, test.EquateErrors()) != "" {
+		t.Errorf("without the list of Proxies the collector must fail, saying why: %v", err)
 	}
 	if b.CallCount("ListOwned") != 0 || b.CallCount("Delete") != 0 {
 		t.Error("and touch no backend")

@@ -144,7 +144,7 @@ func (c Config) Validate() error {
 // validatePaths checks the files the config names.
 func (c Config) validatePaths() error {
 	if c.OwnAddressesFile != "" && !strings.HasPrefix(c.OwnAddressesFile, "/") {
-		return errors.Errorf("own addresses file %q must be an absolute path", c.OwnAddressesFile)
+		return errors.Errorf(errFmtOwnAbs, c.OwnAddressesFile)
 	}
 	if c.PreviousHtpasswdPath != "" && (c.HtpasswdPath == "" || c.AuthScriptPath == "") {
 		return errors.New("a previous htpasswd file needs the current one and the auth script")
@@ -698,13 +698,20 @@ func HtpasswdWithSalt(username, password, salt string) ([]byte, error) {
 	return []byte(username + ":" + apr1(password, salt) + "\n"), nil
 }
 
+// What an htpasswd line cannot hold.
+const (
+	errUsername  = "username must be non-empty and contain no ':' or line breaks"
+	errPassword  = "password must be non-empty and contain no line breaks"
+	errFmtOwnAbs = "own addresses file %q must be an absolute path"
+)
+
 // checkHtpasswd refuses what an htpasswd line cannot hold.
 func checkHtpasswd(username, password, salt string) error {
 	if username == "" || strings.ContainsAny(username, ":\n\r") {
-		return errors.New("username must be non-empty and contain no ':' or line breaks")
+		return errors.New(errUsername)
 	}
 	if password == "" || strings.ContainsAny(password, "\n\r") {
-		return errors.New("password must be non-empty and contain no line breaks")
+		return errors.New(errPassword)
 	}
 	for _, r := range salt {
 		if !strings.ContainsRune(itoa64, r) {

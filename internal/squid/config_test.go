@@ -217,9 +217,9 @@ func TestRealHelperAcceptsHtpasswd(t *testing.T) {
 }
 
 func TestHtpasswdRejectsBadInput(t *testing.T) {
-	for _, tc := range []struct{ user, pass string }{{"", "p"}, {"a:b", "p"}, {"u", ""}, {"u", "p\nx"}} {
-		if _, err := HtpasswdWithSalt(tc.user, tc.pass, "abc"); err == nil {
-			t.Errorf("HtpasswdWithSalt(%q, %q) must fail", tc.user, tc.pass)
+	for _, tc := range []struct{ user, pass, want string }{{"", "p", errUsername}, {"a:b", "p", errUsername}, {"u", "", errPassword}, {"u", "p\nx", errPassword}} {
+		if _, err := HtpasswdWithSalt(tc.user, tc.pass, "abc"); err == nil || err.Error() != tc.want {
+			t.Errorf("HtpasswdWithSalt(%q, %q): got %v, want %q", tc.user, tc.pass, err, tc.want)
 		}
 	}
 }

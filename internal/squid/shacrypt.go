@@ -129,7 +129,10 @@ func HtpasswdSHA512(username, password, salt string) ([]byte, error) {
 		return nil, err
 	}
 	if salt == "" || len(salt) > shaSaltMax {
-		return nil, errors.Errorf("a SHA-512 crypt salt holds 1 to %d characters, not %d", shaSaltMax, len(salt))
+		return nil, errors.Errorf(errFmtShaSalt, shaSaltMax, len(salt))
 	}
 	return []byte(username + ":" + sha512Crypt(password, salt, ShaCryptRounds) + "\n"), nil
 }
+
+// errFmtShaSalt refuses a salt SHA-512 crypt cannot take.
+const errFmtShaSalt = "a SHA-512 crypt salt holds 1 to %d characters, not %d"

@@ -1,6 +1,7 @@
 package squid
 
 import (
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -64,7 +65,7 @@ func TestHtpasswdSHA512Squid(t *testing.T) {
 	if len(lines) != 2 || strings.TrimSpace(lines[0]) != "OK" || !strings.HasPrefix(lines[1], "ERR") {
 		t.Errorf("the helper accepts the password and refuses a wrong one: %q", out)
 	}
-	if _, err := HtpasswdSHA512("crawler", "pw", ""); err == nil {
-		t.Error("an empty salt is refused")
+	if _, err := HtpasswdSHA512("crawler", "pw", ""); err == nil || err.Error() != fmt.Sprintf(errFmtShaSalt, shaSaltMax, 0) {
+		t.Errorf("an empty salt is refused, saying why: %v", err)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/test"
+	"github.com/google/go-cmp/cmp"
 	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
@@ -114,8 +116,8 @@ func TestDeleteNeverLatches(t *testing.T) {
 	e := newExternal(b, &fakeProber{}, &clock{t: epoch})
 	p := unitProxy(func(p *v1alpha1.Proxy) { p.DeletionTimestamp = &metav1.Time{Time: epoch} })
 	for range 3 {
-		if _, err := e.Delete(context.Background(), p); err == nil {
-			t.Fatal("a failing delete must return its error every time")
+		if _, err := e.Delete(context.Background(), p); cmp.Diff(errors.Wrap(b.DeleteErr, errDeleteInstance), err, test.EquateErrors()) != "" {
+			t.Fatalf("a failing delete must return its error every time, got %v", err)
 		}
 	}
 	if n := b.CallCount("Delete"); n != 3 {
@@ -214,8 +216,8 @@ func TestInputsLiftHolds(t *testing.T) {
 				recordCreateFailure(p, backend.Errorf(tc.class, "boom"), epoch)
 			}
 			meta.AddAnnotations(p, map[string]string{annotationCreateInputs: e.inputs(context.Background(), p)})
-			if _, err := e.Observe(context.Background(), p); err == nil {
-				t.Fatal("held while nothing changed")
+			if _, err := e.Observe(context.Background(), p); err == nil || err.Error() != p.GetCondition(xpv2.TypeReady).Message {
+				t.Fatalf("held while nothing changed, saying why in Ready: %v", err)
 			}
 			e.pc.Version = "2" // the ProviderConfig was edited
 			_, err := e.Observe(context.Background(), p)

@@ -7,7 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/crossplane/crossplane-runtime/v2/pkg/test"
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
+	"github.com/google/go-cmp/cmp"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
@@ -183,8 +185,8 @@ func TestRefusedInstanceGrace(t *testing.T) {
 	e := newExternal(b, &fakeProber{}, c)
 	e.refusedGrace = 5 * time.Minute
 	p := refused()
-	if _, err := e.Observe(context.Background(), p); err == nil {
-		t.Fatal("a refused Proxy's Observe must fail")
+	if _, err := e.Observe(context.Background(), p); cmp.Diff(admit(refused(), e.pc), err, test.EquateErrors()) != "" {
+		t.Fatalf("a refused Proxy's Observe must fail with the policy's refusal, got %v", err)
 	}
 	if r := p.GetCondition(xpv2.TypeReady); r.Reason != ReasonNotPermitted || b.CallCount("Delete") != 0 {
 		t.Fatalf("at first refusal: not handed out, not yet deleted; got Ready %s, %d deletes", r.Reason, b.CallCount("Delete"))
