@@ -842,9 +842,9 @@ func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
 	}
 	groups, err := b.orphanGroups(ctx, used)
 	if err != nil {
-		return out, &backend.PartialList{Skipped: "security groups in region " + b.cfg.Region, Err: err}
+		err = cloudvm.OpeningsUnlisted(err, "security groups in region "+b.cfg.Region+" (grant ec2:DescribeSecurityGroups to collect them)", "security groups")
 	}
-	return append(out, groups...), nil
+	return cloudvm.WithOpenings(out, groups, err)
 }
 
 func sortedKeys(m map[string]string) []string {

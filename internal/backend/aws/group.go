@@ -191,7 +191,7 @@ func (b *Backend) orphanGroups(ctx context.Context, used map[string]bool) ([]bac
 	for p.HasMorePages() {
 		page, err := p.NextPage(ctx)
 		if err != nil {
-			return nil, errors.Wrap(Classify(err), "cannot list security groups")
+			return nil, Classify(err)
 		}
 		for i := range page.SecurityGroups {
 			g := &page.SecurityGroups[i]

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/credentials"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
@@ -252,5 +253,42 @@ func TestListingNeverSaysGone(t *testing.T) {
 	}
 	if got, err := b.Get(ctx, s.Ref); err != nil || got.ProviderID != second.ProviderID {
 		t.Errorf("the listing showed only the terminated one; Get found %+v %v, want %s", got, err, second.ProviderID)
+	}
+}
+
+// TestOrphanGroupsListed: without ec2:DescribeSecurityGroups the
+// instances are still listed and the skip is named; any other failure to
+// list the groups (a throttle, a 5xx, a refused filter) fails the list,
+// so that the orphan collector never takes a gap for an empty list.
+func TestOrphanGroupsListed(t *testing.T) {
+	ctx := context.Background()
+	cases := map[string]struct {
+		failure ec2fake.Failure
+		partial bool
+	}{
+		"Unauthorized": {failure: ec2fake.Failure{Code: "UnauthorizedOperation", Status: 403, Message: "You are not authorized to perform this operation.", Times: -1}, partial: true},
+		"Throttled":    {failure: ec2fake.Failure{Code: "RequestLimitExceeded", Times: -1}},
+		"Unavailable":  {failure: ec2fake.Failure{Code: "InternalError", Status: 500, Times: -1}},
+		"BadFilter":    {failure: ec2fake.Failure{Code: "InvalidParameterValue", Message: "The filter 'tag:x' is invalid", Times: -1}},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			fake := ec2fake.Start(t)
+			fake.PendingFor = 0
+			b := newBackend(t, fake, "c1")
+			s := spec("5c2d3e4f-0000-4222-8333-944455556666")
+			if _, err := b.Create(ctx, s); err != nil {
+				t.Fatal(err)
+			}
+			fake.Fail("DescribeSecurityGroups", tc.failure)
+			got, err := b.ListOwned(ctx)
+			var skipped *backend.PartialList
+			switch {
+			case tc.partial && (!errors.As(err, &skipped) || !strings.Contains(err.Error(), "ec2:DescribeSecurityGroups") || len(got) != 1 || got[0].Name != s.Name):
+				t.Errorf("a refusal to list groups lists the instances and names the skip: %+v, %v", got, err)
+			case !tc.partial && (err == nil || errors.As(err, &skipped) || got != nil):
+				t.Errorf("a %s on listing groups fails the list: %+v, %v", tc.failure.Code, got, err)
+			}
+		})
 	}
 }

@@ -1027,11 +1027,7 @@ func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
 		}
 		if errors.Is(err, iterator.Done) {
 			rules, err := b.orphanRules(ctx, out)
-			var partial *backend.PartialList
-			if err != nil && !errors.As(err, &partial) {
-				return nil, err
-			}
-			return append(out, rules...), err
+			return cloudvm.WithOpenings(out, rules, err)
 		}
 		if err != nil {
 			return nil, errors.Wrap(Classify(err), "cannot list VMs")
@@ -1063,14 +1059,7 @@ func (b *Backend) orphanRules(ctx context.Context, vms []backend.Instance) ([]ba
 			return out, nil
 		}
 		if err != nil {
-			err = Classify(err)
-			if backend.ClassOf(err) == backend.ClassAccessDenied {
-				// Without compute.firewalls.list (a custom role from
-				// before rules were collected) the VMs are still
-				// collected, and the skip is reported.
-				return out, &backend.PartialList{Skipped: "firewall rules of project " + b.cfg.Project + " (grant compute.firewalls.list to collect them)", Err: err}
-			}
-			return nil, errors.Wrap(err, "cannot list firewall rules")
+			return out, cloudvm.OpeningsUnlisted(Classify(err), "firewall rules of project "+b.cfg.Project+" (grant compute.firewalls.list to collect them)", "firewall rules")
 		}
 		// A rule of a VM in another project (a Shared VPC host's rule
 		// listed by a configuration of the host project) is that
