@@ -158,12 +158,11 @@ func Classify(err error) error {
 		}
 	}
 	var ae *apierror.APIError
-	if errors.As(err, &ae) {
-		if code == 0 {
-			code = ae.HTTPCode()
-		}
-		reasons += " " + ae.Reason()
+	if errors.As(err, &ae) && code == 0 {
+		code = ae.HTTPCode()
 	}
+	info, _ := errorInfo(err)
+	reasons += " " + info
 	lower := strings.ToLower(reasons + " " + msg)
 	has := func(subs ...string) bool {
 		for _, sub := range subs {
@@ -181,7 +180,7 @@ func Classify(err error) error {
 		c = backend.ClassNotFound
 	case has("quotaexceeded", "quota_exceeded", "_quota", "quota '"):
 		c = backend.ClassQuota
-	case code == http.StatusTooManyRequests, has("ratelimitexceeded"):
+	case code == http.StatusTooManyRequests, has("ratelimitexceeded", "rate_limit_exceeded"):
 		c = backend.ClassThrottled
 	case has("resourcenotready", "is not ready"):
 		c = backend.ClassTransient
@@ -207,8 +206,64 @@ func insertError(err error, what string) error {
 	if backend.ClassOf(c) == backend.ClassStockout {
 		return errors.Wrapf(c, "%s: the zone has no capacity for it now; it is retried later, or move the proxy to another zone", what)
 	}
+	if p := deniedPermission(err); p == permUseExternalIP {
+		return errors.Wrapf(c, "%s: the provider's service account may not give a VM an external address in this subnetwork; "+
+			"grant %s on it (in a Shared VPC, in the host project: roles/compute.networkUser holds it), "+
+			"or set spec.forProvider.gcp.publishedAddress: Internal for proxies reached from inside the VPC", what, permUseExternalIP)
+	}
 	return errors.Wrap(c, what)
 }
+
+// errorInfo is the reason and metadata of the google.rpc.ErrorInfo in an
+// error's details. The REST client answers a *googleapi.Error whose body
+// also holds the legacy errors[] list, which apierror's strict parse of
+// the body refuses, so the details are read here, as the JSON decoded
+// them; an error of another kind goes through apierror.
+func errorInfo(err error) (string, map[string]string) {
+	var ge *googleapi.Error
+	if errors.As(err, &ge) {
+		for _, d := range ge.Details {
+			m, ok := d.(map[string]any)
+			if !ok || m["@type"] != "type.googleapis.com/google.rpc.ErrorInfo" {
+				continue
+			}
+			reason, _ := m["reason"].(string)
+			md := map[string]string{}
+			if raw, ok := m["metadata"].(map[string]any); ok {
+				for k, v := range raw {
+					if s, ok := v.(string); ok {
+						md[k] = s
+					}
+				}
+			}
+			return reason, md
+		}
+		return "", nil
+	}
+	if ae, ok := apierror.FromError(err); ok {
+		return ae.Reason(), ae.Metadata()
+	}
+	return "", nil
+}
+
+// permUseExternalIP is the permission a VM with an external address needs
+// on its subnetwork, which a Shared VPC's host project grants separately.
+const permUseExternalIP = "compute.subnetworks.useExternalIp"
+
+// deniedPermission is the permission an IAM refusal names: from its
+// google.rpc.ErrorInfo, or from the message's "Required 'P' permission"
+// where the body carries none.
+func deniedPermission(err error) string {
+	if _, md := errorInfo(err); md["permission"] != "" {
+		return md["permission"]
+	}
+	if m := requiredPermission.FindStringSubmatch(err.Error()); m != nil {
+		return m[1]
+	}
+	return ""
+}
+
+var requiredPermission = regexp.MustCompile(`Required '([^']+)' permission`)
 
 func isConflict(err error) bool {
 	var ge *googleapi.Error

@@ -445,6 +445,11 @@ func TestErrorClasses(t *testing.T) {
 			method: "instances.insert", failure: gcpfake.Failure{Code: http.StatusForbidden, Reason: "rateLimitExceeded", Message: "Rate Limit Exceeded", Times: -1},
 			want: backend.ClassThrottled,
 		},
+		"RateLimitInErrorInfo": {
+			reason: "A 403 whose legacy reason says only forbidden, and whose google.rpc.ErrorInfo says RATE_LIMIT_EXCEEDED, is throttling: the details are read.",
+			method: "instances.insert", failure: gcpfake.Failure{Code: http.StatusForbidden, Reason: "forbidden", Info: "RATE_LIMIT_EXCEEDED", Message: "Request throttled", Times: -1},
+			want: backend.ClassThrottled,
+		},
 		"ServerError": {
 			reason: "5xx is transient.",
 			method: "instances.insert", failure: gcpfake.Failure{Code: http.StatusServiceUnavailable, Reason: "backendError", Message: "Backend Error", Times: -1},

@@ -102,6 +102,29 @@ func TestNetworks(t *testing.T) {
 		}
 	})
 
+	t.Run("SharedVPCWithoutExternalIPGrant", func(t *testing.T) {
+		fake := gcpfake.Start(t)
+		fake.AddNetwork("net-host", "shared", false)
+		const subnet = "projects/net-host/regions/europe-west1/subnetworks/crawl"
+		fake.AddSubnetwork("net-host", "europe-west1", "crawl", "projects/net-host/global/networks/shared")
+		fake.Deny("compute.subnetworks.useExternalIp", subnet)
+		b := newBackend(t, fake, "c1")
+		s := spec("uid-no-grant")
+		s.GCP.Subnetwork = subnet
+		s.GCP.Network = "projects/net-host/global/networks/shared"
+		_, err := b.Create(ctx, s)
+		if backend.ClassOf(err) != backend.ClassAccessDenied || !strings.Contains(err.Error(), "grant compute.subnetworks.useExternalIp") || !strings.Contains(err.Error(), "publishedAddress: Internal") {
+			t.Errorf("a host subnetwork that does not grant useExternalIp is refused, naming the grant and the way round it: %v", err)
+		}
+		if fake.Instance(s.Zone, s.Name) != nil {
+			t.Error("the refused insert made a VM")
+		}
+		fake.Grant("compute.subnetworks.useExternalIp", subnet)
+		if _, err := b.Create(ctx, s); err != nil {
+			t.Fatalf("once granted, the create goes through: %v", err)
+		}
+	})
+
 	t.Run("HostNetworkWithOwnSubnetwork", func(t *testing.T) {
 		fake := gcpfake.Start(t)
 		fake.AddNetwork("net-host", "shared", false)

@@ -5,6 +5,16 @@ import (
 	"net/http"
 )
 
+// GCP's legacy error reasons and codes the fake answers with.
+const (
+	reasonQuota         = "quotaExceeded"
+	reasonRateLimit     = "rateLimitExceeded"
+	reasonNotConfigured = "accessNotConfigured"
+	reasonForbidden     = "forbidden"
+	codeQuota           = "QUOTA_EXCEEDED"
+	domainGoogleAPIs    = "googleapis.com"
+)
+
 // The failures below are Compute Engine's own answers, with the status,
 // reason and message wording it uses, for tests to script with Fail (as an
 // HTTP answer) or FailOperation (as the error of an accepted request's
@@ -27,13 +37,13 @@ func StockoutWithDetails(project, zone string) Failure {
 // QuotaInOperation is a quota exceeded, found after the insert was
 // accepted.
 func QuotaInOperation(metric, region string) Failure {
-	return Failure{Code: http.StatusForbidden, Reason: "QUOTA_EXCEEDED", Times: -1,
+	return Failure{Code: http.StatusForbidden, Reason: codeQuota, Times: -1,
 		Message: fmt.Sprintf("Quota '%s' exceeded.  Limit: 8.0 in region %s.", metric, region)}
 }
 
 // Quota is a quota exceeded, answered at once.
 func Quota(metric, region string) Failure {
-	return Failure{Code: http.StatusForbidden, Reason: "quotaExceeded", Times: -1,
+	return Failure{Code: http.StatusForbidden, Reason: reasonQuota, Times: -1,
 		Message: fmt.Sprintf("Quota '%s' exceeded.  Limit: 8.0 in region %s.", metric, region)}
 }
 
@@ -53,20 +63,20 @@ func OrgPolicyShieldedVM(project string) Failure {
 // AccessNotConfigured is the Compute API not enabled in the project (or
 // enabled a moment ago).
 func AccessNotConfigured(projectNumber string) Failure {
-	return Failure{Code: http.StatusForbidden, Reason: "accessNotConfigured", Times: -1,
+	return Failure{Code: http.StatusForbidden, Reason: reasonNotConfigured, Times: -1,
 		Message: fmt.Sprintf("Compute Engine API has not been used in project %s before or it is disabled. Enable it by visiting https://console.developers.google.com/apis/api/compute.googleapis.com/overview?project=%s then retry. If you enabled this API recently, wait a few minutes for the action to propagate to our systems and retry.", projectNumber, projectNumber)}
 }
 
 // IAMDenied is a permission the caller lacks, perhaps only until a grant
 // propagates.
 func IAMDenied(permission, resource string) Failure {
-	return Failure{Code: http.StatusForbidden, Reason: "forbidden", Times: -1,
+	return Failure{Code: http.StatusForbidden, Reason: reasonForbidden, Times: -1,
 		Message: fmt.Sprintf("Required '%s' permission for '%s'", permission, resource)}
 }
 
 // RateLimited is the API's per-minute rate limit.
 func RateLimited() Failure {
-	return Failure{Code: http.StatusTooManyRequests, Reason: "rateLimitExceeded", Times: -1,
+	return Failure{Code: http.StatusTooManyRequests, Reason: reasonRateLimit, Times: -1,
 		Message: "Rate Limit Exceeded"}
 }
 

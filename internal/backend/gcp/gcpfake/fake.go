@@ -3,8 +3,9 @@
 // aggregatedList with the documented filter grammar), zone and global
 // operations (get, and wait, which holds the request until the operation
 // is done), firewalls (insert, get, update, delete), and an OAuth token
-// endpoint. It answers with GCP's JSON bodies and error bodies, so the real
-// client library runs against it unchanged.
+// endpoint. It answers with GCP's JSON bodies and error bodies (the legacy
+// errors[] list and, in details, the google.rpc.ErrorInfo GCP gives), so
+// the real client library runs against it unchanged.
 //
 // It is as strict as Compute Engine where the backend could go wrong: it
 // validates names, labels, tags, machine types, images, disk types,
@@ -14,7 +15,7 @@
 // bearer token signed by a service-account key.
 //
 // fake.go holds the Server, its test controls (clock, networks, scripted
-// failures, quotas) and the API methods it serves; validate.go refuses
+// failures, quotas, permissions denied on subnetworks) and the API methods it serves; validate.go refuses
 // what Compute Engine would refuse; filter.go parses and applies list
 // filters; errors.go holds GCP's failures as tests script them (stockout,
 // quota, organisation policy, IAM); auth.go the OAuth token endpoint and
@@ -54,6 +55,9 @@ type Failure struct {
 	Reason string
 	// Domain of the reason; empty means GCP's usual one for it.
 	Domain string
+	// Info is the reason of the google.rpc.ErrorInfo in the body's
+	// details; empty means the one GCP gives with Reason, if any.
+	Info string
 	// Message is GCP's human-readable message.
 	Message string
 	// Times is how many calls fail: zero means one, a negative number
@@ -80,6 +84,7 @@ type Server struct {
 	seq         int
 	auth        *authority
 	quotas      map[string]int  // metric -> limit; regional metrics per region
+	denied      map[string]bool // permission + " " + resource the caller lacks
 	unreachable map[string]bool // zones aggregatedList cannot reach
 	// OnInsert, when set, decides the status a new VM starts in; nil means
 	// PROVISIONING.
@@ -122,7 +127,7 @@ func Start(t testing.TB) *Server {
 		instances: map[string]*computepb.Instance{}, firewalls: map[string]*firewall{},
 		networks: map[string]bool{}, removed: map[string]bool{}, subnetworks: map[string]string{},
 		ops: map[string]*operation{}, failures: map[string]*Failure{}, opFailures: map[string]*Failure{}, calls: map[string]int{},
-		quotas: map[string]int{}, unreachable: map[string]bool{},
+		quotas: map[string]int{}, unreachable: map[string]bool{}, denied: map[string]bool{},
 	}
 	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
 	t.Cleanup(s.Close)
@@ -181,6 +186,25 @@ func (s *Server) AddSubnetwork(project, region, name, network string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.subnetworks[fmt.Sprintf("projects/%s/regions/%s/subnetworks/%s", project, region, name)] = network
+}
+
+// Deny takes permission on resource (a subnetwork's
+// projects/P/regions/R/subnetworks/S) from the caller, as a Shared VPC host
+// project that grants compute.subnetworks.use but not
+// compute.subnetworks.useExternalIp does; Grant gives it back. The fake
+// checks compute.subnetworks.use and compute.subnetworks.useExternalIp on
+// the subnetworks an inserted VM's interfaces name.
+func (s *Server) Deny(permission, resource string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.denied[permission+" "+resource] = true
+}
+
+// Grant gives back a permission Deny took.
+func (s *Server) Grant(permission, resource string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.denied, permission+" "+resource)
 }
 
 // Fail scripts failures of a method: instances.insert, instances.get,
@@ -487,7 +511,7 @@ func (s *Server) serve(w http.ResponseWriter, r *http.Request) {
 		if f.Times > 0 {
 			f.Times--
 		}
-		writeError(w, f.Code, f.Reason, f.Domain, f.Message)
+		writeErrorInfo(w, f.Code, f.Reason, f.Domain, f.Info, f.Message)
 		return
 	}
 	s.dispatch(w, r, method, m)
@@ -856,7 +880,7 @@ func (s *Server) insertFirewall(w http.ResponseWriter, r *http.Request, project 
 			}
 		}
 		if n >= limit {
-			failure = &Failure{Code: http.StatusForbidden, Reason: "QUOTA_EXCEEDED", Message: fmt.Sprintf("Quota 'FIREWALLS' exceeded.  Limit: %d.0 globally.", limit)}
+			failure = &Failure{Code: http.StatusForbidden, Reason: codeQuota, Message: fmt.Sprintf("Quota 'FIREWALLS' exceeded.  Limit: %d.0 globally.", limit)}
 		}
 	}
 	e := &firewall{fw: fw, pending: true}
@@ -984,8 +1008,8 @@ func writeProto(w http.ResponseWriter, m proto.Message) {
 
 // domains are the error domains GCP answers reasons with.
 var domains = map[string]string{
-	"quotaExceeded": domainUsageLimits, "rateLimitExceeded": domainUsageLimits, "userRateLimitExceeded": domainUsageLimits,
-	"accessNotConfigured": domainUsageLimits,
+	reasonQuota: domainUsageLimits, reasonRateLimit: domainUsageLimits, "userRateLimitExceeded": domainUsageLimits,
+	reasonNotConfigured: domainUsageLimits,
 }
 
 // GCP's error domains and the reason of organisation-policy refusals.
@@ -995,8 +1019,44 @@ const (
 	reasonConditionNotMet = "conditionNotMet"
 )
 
+// errorInfos are the google.rpc.ErrorInfo reasons (and their domain) GCP
+// puts in an error body's details beside a legacy reason.
+var errorInfos = map[string][2]string{
+	reasonNotConfigured: {"SERVICE_DISABLED", domainGoogleAPIs},
+	reasonRateLimit:     {"RATE_LIMIT_EXCEEDED", domainGoogleAPIs},
+	reasonQuota:         {codeQuota, "compute." + domainGoogleAPIs},
+	reasonForbidden:     {"IAM_PERMISSION_DENIED", "iam." + domainGoogleAPIs},
+}
+
+// requiredPermission finds the permission a "Required 'P' permission for
+// 'R'" message names.
+var requiredPermission = regexp.MustCompile(`^Required '([^']+)' permission for '([^']+)'`)
+
 // writeError answers with GCP's JSON error body.
 func writeError(w http.ResponseWriter, code int, reason, domain, msg string) {
+	writeErrorInfo(w, code, reason, domain, "", msg)
+}
+
+// writeErrorInfo answers with GCP's JSON error body: the legacy errors[]
+// item with reason and domain, and, in details, a google.rpc.ErrorInfo
+// with info (or the one GCP gives with reason), whose metadata names the
+// permission of an IAM refusal.
+func writeErrorInfo(w http.ResponseWriter, code int, reason, domain, info, msg string) {
+	body := map[string]any{"code": code, "message": msg}
+	infoDomain := ""
+	if info == "" {
+		info, infoDomain = errorInfos[reason][0], errorInfos[reason][1]
+	}
+	if info != "" {
+		if infoDomain == "" {
+			infoDomain = domainGoogleAPIs
+		}
+		ei := map[string]any{"@type": "type.googleapis.com/google.rpc.ErrorInfo", "reason": info, "domain": infoDomain}
+		if m := requiredPermission.FindStringSubmatch(msg); m != nil {
+			ei["metadata"] = map[string]string{"permission": m[1], "resource": m[2]}
+		}
+		body["details"] = []any{ei}
+	}
 	if domain == "" {
 		domain = domains[reason]
 	}
@@ -1007,9 +1067,8 @@ func writeError(w http.ResponseWriter, code int, reason, domain, msg string) {
 	if reason == reasonConditionNotMet {
 		item["location"], item["locationType"] = "If-Match", "header"
 	}
+	body["errors"] = []any{item}
 	w.Header().Set("Content-Type", "application/json; charset=UTF-8")
 	w.WriteHeader(code)
-	_ = json.NewEncoder(w).Encode(map[string]any{"error": map[string]any{
-		"code": code, "message": msg, "errors": []any{item},
-	}})
+	_ = json.NewEncoder(w).Encode(map[string]any{"error": body})
 }

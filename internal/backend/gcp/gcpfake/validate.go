@@ -24,6 +24,13 @@ func invalid(field, value, why string) *problem {
 	return &problem{code: http.StatusBadRequest, reason: "invalid", msg: fmt.Sprintf("Invalid value for field '%s': '%s'. %s", field, value, why)}
 }
 
+// iamDenied is an insert refused a permission on resource, as Compute
+// Engine words it.
+func iamDenied(permission, resource string) *problem {
+	f := IAMDenied(permission, resource)
+	return &problem{code: f.Code, reason: f.Reason, msg: f.Message}
+}
+
 func missing(resource string) *problem {
 	return &problem{code: http.StatusNotFound, reason: "notFound", msg: fmt.Sprintf("The resource '%s' was not found", resource)}
 }
@@ -270,6 +277,10 @@ func (s *Server) checkNICs(project, zone string, vm *computepb.Instance) *proble
 			return invalid(field+".subnetwork", ni.GetSubnetwork(), fmt.Sprintf("Subnetwork region '%s' does not match the instance region '%s'.", sn[2], regionOf(zone)))
 		case netKey != "" && owner != netKey:
 			return invalid(field+".network", ni.GetNetwork(), fmt.Sprintf("The subnetwork '%s' does not belong to the network.", snKey))
+		case s.denied["compute.subnetworks.use "+snKey]:
+			return iamDenied("compute.subnetworks.use", snKey)
+		case len(ni.GetAccessConfigs()) > 0 && s.denied["compute.subnetworks.useExternalIp "+snKey]:
+			return iamDenied("compute.subnetworks.useExternalIp", snKey)
 		}
 	}
 	return nil
