@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/yaml"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 )
@@ -226,5 +227,38 @@ func TestPackRenders(t *testing.T) {
 		if !strings.Contains(string(out), want) {
 			t.Errorf("the rendered pack lacks %q", want)
 		}
+	}
+}
+
+// TestRuleTestsUseRealLabels: the rule tests' series carry the backend
+// label values the provider exports (a ProviderConfig's spec.backend, or
+// "external" for External Proxies), so that a test passes only for
+// series that can exist; a made-up value is caught.
+func TestRuleTestsUseRealLabels(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("tests", "rules_test.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	real := map[string]bool{"external": true}
+	for _, b := range []v1alpha1.BackendType{v1alpha1.BackendLocal, v1alpha1.BackendKubernetes, v1alpha1.BackendGCP, v1alpha1.BackendAWS} {
+		real[string(b)] = true
+	}
+	unreal := func(text string) []string {
+		var out []string
+		for _, m := range regexp.MustCompile(`backend(?:="|: )([A-Za-z]+)`).FindAllStringSubmatch(text, -1) {
+			if !real[m[1]] {
+				out = append(out, m[1])
+			}
+		}
+		return out
+	}
+	if bad := unreal(string(raw)); len(bad) > 0 {
+		t.Errorf("the rule tests use backend values the provider never exports: %v", bad)
+	}
+	if bad := unreal(`egress_proxy_probes_total{backend="gcp"}`); len(bad) != 1 {
+		t.Errorf("a made-up backend value is caught: %v", bad)
+	}
+	if !strings.Contains(string(raw), `backend="AWS"`) {
+		t.Error("the rule tests cover the AWS backend")
 	}
 }

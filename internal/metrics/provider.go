@@ -59,7 +59,7 @@ func NewProvider() *Provider {
 		}, []string{labelBackend, "phase"}),
 		BackendErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "egress_proxy_backend_errors_total",
-			Help: "Backend API errors by backend, operation and class (NotFound, Transient, QuotaExceeded, PermanentError).",
+			Help: "Backend API errors by backend, operation and class (Transient, Throttled, ZoneExhausted, AccessDenied, QuotaExceeded, PermanentError).",
 		}, []string{labelBackend, "operation", "class"}),
 		Orphans: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "egress_proxy_orphans_total",
