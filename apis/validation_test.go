@@ -231,6 +231,11 @@ func TestInvalidObjectsRejected(t *testing.T) {
 			base:   validProviderConfig, set: map[string]any{"spec.backend": "GCP", "spec.gcp": map[string]any{"project": "platform-proj", "credentials": map[string]any{"source": "InjectedIdentity"}}},
 			want: []string{"spec.gcp.credentials.source must be Secret"},
 		},
+		"TenantInjectedIdentityAWS": {
+			reason: "A tenant's ProviderConfig cannot borrow the provider's identity in any account.",
+			base:   validProviderConfig, set: map[string]any{"spec.backend": "AWS", "spec.aws": map[string]any{"region": "us-east-1", "credentials": map[string]any{"source": "InjectedIdentity"}}},
+			want: []string{"spec.aws.credentials.source must be Secret"},
+		},
 		"TenantLoopback": {
 			reason: "A tenant's ProviderConfig cannot let its proxies reach the provider host's loopback.",
 			base:   validProviderConfig, set: map[string]any{"spec.policy": map[string]any{"local": map[string]any{"allowLoopbackDestinations": true}}},

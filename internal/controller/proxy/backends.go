@@ -314,8 +314,6 @@ func (b *Backends) awsBackend(ctx context.Context, pc *config) (backend.Backend,
 			return nil, backend.Wrap(backend.ClassPermanent, errors.Wrapf(err, "%s %s", pc.Kind, pc.Name))
 		}
 		cfg.Credentials = creds
-	} else if pc.Namespace != "" {
-		return nil, backend.Errorf(backend.ClassPermanent, "%s %s/%s must take its AWS access key from a Secret: only a ClusterProviderConfig may use the provider's own identity", pc.Kind, pc.Namespace, pc.Name)
 	}
 	ab, err := awsbackend.New(ctx, cfg)
 	if err != nil {

@@ -129,6 +129,12 @@ func TestTenantConfig(t *testing.T) {
 			Kubernetes: &v1alpha1.KubernetesBackend{Credentials: &v1alpha1.KubernetesCredentials{Source: secret}}}}, ""},
 		"TenantGCPInjected": {&config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendGCP,
 			GCP: &v1alpha1.GCPBackend{Project: "platform", Credentials: v1alpha1.GCPCredentials{Source: xpv2.CredentialsSourceInjectedIdentity}}}}, "spec.gcp.credentials.source"},
+		"TenantAWSInjected": {&config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendAWS,
+			AWS: &v1alpha1.AWSBackend{Region: "us-east-1", Credentials: v1alpha1.AWSCredentials{Source: xpv2.CredentialsSourceInjectedIdentity}}}}, "spec.aws.credentials.source"},
+		"TenantAWSWithSecret": {&config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendAWS,
+			AWS: &v1alpha1.AWSBackend{Region: "us-east-1", Credentials: v1alpha1.AWSCredentials{Source: secret}}}}, ""},
+		"ClusterAWSInjected": {&config{Kind: v1alpha1.ClusterProviderConfigKind, Name: "c", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendAWS,
+			AWS: &v1alpha1.AWSBackend{Region: "us-east-1", Credentials: v1alpha1.AWSCredentials{Source: xpv2.CredentialsSourceInjectedIdentity}}}}, ""},
 	} {
 		err := tenantConfig(tc.pc)
 		switch {
