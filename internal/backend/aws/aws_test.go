@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/aws/aws-sdk-go-v2/credentials"
+	ec2types "github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"k8s.io/apimachinery/pkg/types"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
@@ -503,5 +504,41 @@ func TestUnauthorizedExplained(t *testing.T) {
 	}
 	if len(fake.Instances()) != 0 {
 		t.Errorf("refused, yet an instance: %+v", fake.Instances())
+	}
+}
+
+// TestStoppedInstanceReplaced: an instance somebody stops (or that is
+// stopping) serves no crawler: Get reports it terminated, so that the
+// Proxy replaces it, and the states a running instance passes through on
+// its way up provision.
+func TestStoppedInstanceReplaced(t *testing.T) {
+	for state, want := range map[ec2types.InstanceStateName]v1alpha1.InstancePhase{
+		ec2types.InstanceStateNamePending: v1alpha1.InstancePhaseProvisioning, ec2types.InstanceStateNameRunning: v1alpha1.InstancePhaseRunning,
+		ec2types.InstanceStateNameStopping: v1alpha1.InstancePhaseTerminated, ec2types.InstanceStateNameStopped: v1alpha1.InstancePhaseTerminated,
+		ec2types.InstanceStateNameShuttingDown: v1alpha1.InstancePhaseTerminated, ec2types.InstanceStateNameTerminated: v1alpha1.InstancePhaseTerminated,
+	} {
+		if got := aws.Phase(state, "54.1.2.3"); got != want {
+			t.Errorf("%s: phase %s, want %s", state, got, want)
+		}
+	}
+	if got := aws.Phase(ec2types.InstanceStateNameRunning, ""); got != v1alpha1.InstancePhaseProvisioning {
+		t.Errorf("running without a public address yet: phase %s, want Provisioning", got)
+	}
+
+	fake := ec2fake.Start(t)
+	fake.PendingFor = 0
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	s := spec("0b7c6a2e-3333-4222-8333-944455556666")
+	if _, err := b.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	id := only(t, fake).ID
+	for _, state := range []string{"stopping", "stopped"} {
+		fake.SetState(id, state)
+		got, err := b.Get(ctx, s.Ref)
+		if err != nil || got.Phase != v1alpha1.InstancePhaseTerminated {
+			t.Errorf("a %s instance: %+v %v; want it reported terminated", state, got, err)
+		}
 	}
 }
