@@ -14,6 +14,7 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp/gcpfake"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
 // fleetSpec is spec for a Proxy of fleet crawlers.
@@ -92,6 +93,39 @@ func TestFleetSharesOneRule(t *testing.T) {
 	if fake.Firewall(alone.Name) == nil {
 		t.Error("the Proxy of no fleet keeps its own rule")
 	}
+}
+
+// TestFleetRuleKeptThroughAnOutage: a fleet's rule is not released while
+// a zone is unreachable, since its VMs there, which the list cannot show,
+// may carry it; it goes once the zone answers and the last VM goes.
+func TestFleetRuleKeptThroughAnOutage(t *testing.T) {
+	fake := gcpfake.Start(t)
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	near, far := fleetSpec(0), fleetSpec(1)
+	far.Zone, far.GCP.Zone = "europe-west1-c", "europe-west1-c"
+	for _, s := range []backend.Spec{near, far} {
+		if _, err := b.Create(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+	}
+	shared := fake.Instance(near.Zone, near.Name).GetLabels()["egress-rule"]
+	fake.SetUnreachable(far.Zone, true)
+	if err := b.Delete(ctx, near.Ref); err != nil {
+		t.Fatal(err)
+	}
+	waitOps(fake)
+	if fake.Firewall(shared) == nil {
+		t.Fatal("the fleet's rule was released while the zone of another of its VMs was unreachable")
+	}
+	fake.SetUnreachable(far.Zone, false)
+	if err := b.Delete(ctx, far.Ref); err != nil {
+		t.Fatal(err)
+	}
+	waitOps(fake)
+	testbed.Eventually(t, 5*time.Second, "the rule goes with the fleet's last VM", func() (bool, string) {
+		return fake.Firewall(shared) == nil, "still there"
+	})
 }
 
 // waitOps lets the fake's operations (a VM delete: STOPPING, then gone)

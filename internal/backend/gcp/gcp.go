@@ -1032,6 +1032,10 @@ func (b *Backend) releaseRule(ctx context.Context, r backend.Ref, network string
 		if err != nil {
 			return
 		}
+		if resp, ok := it.Response.(*computepb.InstanceAggregatedList); ok && len(resp.GetUnreachables()) > 0 || pair.Value.GetWarning().GetCode() == "UNREACHABLE" {
+			// A zone in an outage may hold VMs that carry it.
+			return
+		}
 		for _, vm := range pair.Value.GetInstances() {
 			// VMs being deleted do not hold it: of a fleet's last VMs,
 			// deleted together, the last to look lets go.
@@ -1060,6 +1064,10 @@ func (b *Backend) firewallProjects(r backend.Ref) []string {
 }
 
 // ListOwned lists this cluster's proxy VMs in every zone of the project.
+// A zone in an outage is unreachable, and its VMs are missing from the
+// list: GCP says so in a scope warned UNREACHABLE (or, to a caller that
+// opted in to partial success, which this client library cannot, in
+// unreachables). Both are read.
 func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
 	it := b.instances.AggregatedList(ctx, &computepb.AggregatedListInstancesRequest{
 		Project: b.cfg.Project, Filter: ptr.To(ownership.GCPFilter(b.cfg.ClusterID)),
@@ -1086,6 +1094,9 @@ func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
 		}
 		if err != nil {
 			return nil, errors.Wrap(Classify(err), "cannot list VMs")
+		}
+		if pair.Value.GetWarning().GetCode() == "UNREACHABLE" {
+			unreachable[pair.Key] = true
 		}
 		zone := strings.TrimPrefix(pair.Key, "zones/")
 		for _, vm := range pair.Value.GetInstances() {

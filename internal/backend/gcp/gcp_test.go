@@ -627,3 +627,39 @@ func TestPublishedInternal(t *testing.T) {
 		t.Errorf("by default the external IP is published: %+v", i)
 	}
 }
+
+// TestVMsBootOnTheirOwn: with the fake booting VMs as GCP does (BootAfter),
+// a created VM provisions, then runs with an external address of its own,
+// which the backend publishes as the proxy's host, without a test moving
+// it by hand.
+func TestVMsBootOnTheirOwn(t *testing.T) {
+	fake := gcpfake.Start(t)
+	fake.BootAfter = 100 * time.Millisecond
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	hosts := map[string]bool{}
+	for _, uid := range []string{"0b7c6a2e-5555-4222-8333-944455556666", "0b7c6a2e-6666-4222-8333-944455556666"} {
+		s := spec(uid)
+		inst, err := b.Create(ctx, s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if inst.Phase != v1alpha1.InstancePhaseProvisioning {
+			t.Errorf("a new VM provisions first: %s", inst.Phase)
+		}
+		testbed.Eventually(t, 5*time.Second, "the VM runs with an external address", func() (bool, string) {
+			got, err := b.Get(ctx, s.Ref)
+			if err != nil {
+				return false, err.Error()
+			}
+			if got.Phase == v1alpha1.InstancePhaseRunning && got.Host != "" {
+				hosts[got.Host] = true
+				return true, ""
+			}
+			return false, fmt.Sprint(got.Phase, got.Host)
+		})
+	}
+	if len(hosts) != 2 {
+		t.Errorf("each VM has an external address of its own: %v", hosts)
+	}
+}

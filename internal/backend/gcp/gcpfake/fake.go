@@ -86,6 +86,13 @@ type Server struct {
 	quotas      map[string]int  // metric -> limit; regional metrics per region
 	denied      map[string]bool // permission + " " + resource the caller lacks
 	unreachable map[string]bool // zones aggregatedList cannot reach
+	// BootAfter, when positive, has a VM boot on its own as on GCP: STAGING
+	// once its insert operation is done, RUNNING BootAfter later, each of
+	// its access configs then given an external address of its own. Zero
+	// leaves VMs PROVISIONING until a test moves them (SetStatus).
+	BootAfter time.Duration
+	booting   map[string]time.Time // zone/name -> when it runs
+	natSeq    int
 	// OnInsert, when set, decides the status a new VM starts in; nil means
 	// PROVISIONING.
 	OnInsert func(vm *computepb.Instance)
@@ -587,6 +594,7 @@ func (s *Server) waitOperation(w http.ResponseWriter, r *http.Request, m []strin
 
 // tick ends the operations that are due.
 func (s *Server) tick() {
+	defer s.boot()
 	for _, n := range slices.Sorted(maps.Keys(s.ops)) {
 		op := s.ops[n]
 		if op.op.GetStatus() == computepb.Operation_DONE || s.now().Before(op.due) {
@@ -601,6 +609,31 @@ func (s *Server) tick() {
 		}
 		if op.finish != nil {
 			op.finish(op.failure != nil)
+		}
+	}
+}
+
+// boot runs the VMs whose boot time has come (BootAfter), each access
+// config with an external address of its own, as GCP gives an ephemeral
+// one; a VM deleted or moved meanwhile is left as it is.
+func (s *Server) boot() {
+	for _, key := range slices.Sorted(maps.Keys(s.booting)) {
+		if s.now().Before(s.booting[key]) {
+			continue
+		}
+		delete(s.booting, key)
+		vm := s.instances[key]
+		if vm == nil || vm.GetStatus() != "STAGING" {
+			continue
+		}
+		vm.Status = ptr.To("RUNNING")
+		for _, ni := range vm.GetNetworkInterfaces() {
+			for _, ac := range ni.GetAccessConfigs() {
+				if ac.NatIP == nil {
+					s.natSeq++
+					ac.NatIP = ptr.To(fmt.Sprintf("35.%d.%d.%d", 200+s.natSeq/65025%50, s.natSeq/255%255, 1+s.natSeq%254))
+				}
+			}
 		}
 	}
 }
@@ -731,6 +764,13 @@ func (s *Server) insertInstance(w http.ResponseWriter, r *http.Request, project,
 		failure = s.instanceQuota(zone, vm)
 	}
 	writeProto(w, s.startOp(project, zone, "insert", vm.GetSelfLink(), failure, func(failed bool) {
+		if !failed && s.BootAfter > 0 && s.instances[key] == vm && vm.GetStatus() == "PROVISIONING" {
+			vm.Status = ptr.To("STAGING")
+			if s.booting == nil {
+				s.booting = map[string]time.Time{}
+			}
+			s.booting[key] = s.now().Add(s.BootAfter)
+		}
 		if failed && s.instances[key] == vm {
 			delete(s.instances, key)
 			if s.OnRemove != nil {
@@ -813,15 +853,48 @@ func (s *Server) aggregatedList(w http.ResponseWriter, r *http.Request, project 
 		}
 		out.Items[zone].Instances = append(out.Items[zone].Instances, s.instances[k])
 	}
-	for _, z := range slices.Sorted(maps.Keys(s.unreachable)) {
-		if s.unreachable[z] {
-			out.Unreachables = append(out.Unreachables, "zones/"+z)
+	// As on GCP, every zone has its scope on every page: one without
+	// results on this page says so in a warning, and one in an outage is
+	// listed in unreachables when the caller opted in to partial
+	// success, and otherwise as a scope warned UNREACHABLE.
+	partial := r.URL.Query().Get("returnPartialSuccess") == "true"
+	for _, z := range s.zones() {
+		scope := "zones/" + z
+		data := []*computepb.Data{{Key: ptr.To("scope"), Value: ptr.To(scope)}}
+		switch {
+		case s.unreachable[z] && partial:
+			out.Unreachables = append(out.Unreachables, scope)
+		case s.unreachable[z]:
+			out.Items[scope] = &computepb.InstancesScopedList{Warning: &computepb.Warning{Code: ptr.To("UNREACHABLE"), Data: data,
+				Message: ptr.To(fmt.Sprintf("Scope '%s' is unreachable.", scope))}}
+		case out.Items[scope] == nil:
+			out.Items[scope] = &computepb.InstancesScopedList{Warning: &computepb.Warning{Code: ptr.To("NO_RESULTS_ON_PAGE"), Data: data,
+				Message: ptr.To(fmt.Sprintf("There are no results for scope '%s' on this page.", scope))}}
 		}
 	}
 	if next != "" {
 		out.NextPageToken = ptr.To(next)
 	}
 	writeProto(w, out)
+}
+
+// Zones are the zones every project has, beside those its VMs are in.
+var Zones = []string{"europe-west1-b", "europe-west1-c", "europe-west1-d", "us-central1-a", "us-east1-b"}
+
+// zones lists the project's zones: Zones, and any a VM is in or an outage
+// was set for.
+func (s *Server) zones() []string {
+	set := map[string]bool{}
+	for _, z := range Zones {
+		set[z] = true
+	}
+	for k := range s.instances {
+		set[strings.SplitN(k, "/", 2)[0]] = true
+	}
+	for z := range s.unreachable {
+		set[z] = true
+	}
+	return slices.Sorted(maps.Keys(set))
 }
 
 // paginate cuts keys into the page a list request asks for: maxResults
