@@ -195,9 +195,9 @@ const ownAddressesFunc = `own_addresses() {
 // own, or cloudvm's script with EC2's own_addresses.
 func UserData(s backend.Spec) (string, error) { return cloudvm.Script(s, ownAddressesFunc) }
 
-// ec2Opening is how errors about an instance's security group name its
+// ec2Cloud is how errors about an instance's security group name its
 // fields.
-var ec2Opening = cloudvm.Opening{Placement: "aws", UserDataField: "userData", Kind: "an EC2 security group"}
+var ec2Cloud = cloudvm.Cloud{Placement: "aws", UserDataField: "userData", OpeningKind: "an EC2 security group"}
 
 // maxUserData is EC2's bound on user data, before base64.
 const maxUserData = 16 << 10
@@ -216,7 +216,7 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (_ *backend.Instan
 	if !strings.HasPrefix(s.AWS.Zone, b.cfg.Region) || len(s.AWS.Zone) != len(b.cfg.Region)+1 {
 		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.aws.zone %q is not a zone of the ProviderConfig's region %s: use one of %sa, %sb, ...", s.AWS.Zone, b.cfg.Region, b.cfg.Region, b.cfg.Region)
 	}
-	ranges, err := cloudvm.SourceRanges(s, ec2Opening, false)
+	ranges, err := cloudvm.SourceRanges(s, ec2Cloud, false)
 	if err != nil {
 		return nil, err
 	}
@@ -432,7 +432,7 @@ func (b *Backend) rootDevice(ctx context.Context, s backend.Spec) (string, error
 	}
 	im := out.Images[0]
 	if owner := aws.ToString(im.OwnerId); s.UserData == "" && owner != DebianOwner && owner != CanonicalOwner {
-		return "", backend.Errorf(backend.ClassPermanent, "spec.forProvider.aws.image %s (%s) is owned by account %s, not Debian's (%s) or Canonical's (%s): the generated start-up script installs Squid with apt and systemd on those only; use one, or bring your own spec.forProvider.aws.userData", img, aws.ToString(im.Name), owner, DebianOwner, CanonicalOwner)
+		return "", ec2Cloud.UnsupportedImage(img+" ("+aws.ToString(im.Name)+")", fmt.Sprintf("owned by account %s, not Debian's (%s) or Canonical's (%s)", owner, DebianOwner, CanonicalOwner))
 	}
 	return aws.ToString(im.RootDeviceName), nil
 }

@@ -13,16 +13,18 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/squid"
 )
 
-// Opening names, for a cloud, the fields and the kind of network opening
-// (GCP: firewall rule; EC2: security group) its errors speak of.
-type Opening struct {
+// Cloud names what the shared core's errors speak of on one cloud: the
+// Proxy's placement field and its start-up configuration field, and the
+// kind of network opening (GCP: firewall rule; EC2: security group).
+type Cloud struct {
 	// Placement is the Proxy's placement field: gcp, aws.
 	Placement string
 	// UserDataField is the placement's own start-up configuration field:
 	// cloudInit, userData.
 	UserDataField string
-	// Kind is what the cloud calls the opening: "a GCP firewall rule".
-	Kind string
+	// OpeningKind is what the cloud calls the opening: "a GCP firewall
+	// rule".
+	OpeningKind string
 	// Internal is the placement field that publishes the VM's private
 	// address, empty when the cloud has none.
 	Internal string
@@ -38,7 +40,7 @@ type Opening struct {
 // admits private clients only to an external address they never come from
 // (unless internal says the private address is published), and IPv6
 // ranges, which the VMs' IPv4-only openings cannot take.
-func SourceRanges(s backend.Spec, o Opening, internal bool) ([]string, error) {
+func SourceRanges(s backend.Spec, c Cloud, internal bool) ([]string, error) {
 	ranges := s.AllowedSourceRanges
 	public, err := squid.PublicSources(ranges)
 	if err != nil {
@@ -46,7 +48,7 @@ func SourceRanges(s backend.Spec, o Opening, internal bool) ([]string, error) {
 	}
 	switch {
 	case s.UserData != "" && len(ranges) == 0:
-		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.allowedSourceRanges is required with spec.forProvider.%s.%s: the provider does not write that proxy's Squid configuration, so %s opens its port only to the ranges listed", o.Placement, o.UserDataField, o.Kind)
+		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.allowedSourceRanges is required with spec.forProvider.%s.%s: the provider does not write that proxy's Squid configuration, so %s opens its port only to the ranges listed", c.Placement, c.UserDataField, c.OpeningKind)
 	case s.Credentials == nil && len(public) > 0 && slices.Contains(s.ProbeSourceRanges, public[0]):
 		return nil, backend.Errorf(backend.ClassPermanent, "the ProviderConfig's spec.probe.sourceRanges %q is not private, loopback or CGNAT space: without spec.forProvider.authSecretRef the firewall would open the proxy to every client behind it; add credentials or probe from a private range", public[0])
 	case s.Credentials == nil && len(public) > 0:
@@ -55,8 +57,8 @@ func SourceRanges(s backend.Spec, o Opening, internal bool) ([]string, error) {
 		ranges = []string{"0.0.0.0/0"}
 	case s.UserData == "" && !internal && VPCOnly(s):
 		fix := "list the crawlers' external ranges (with authSecretRef)"
-		if o.Internal != "" {
-			fix = "set spec.forProvider." + o.Placement + "." + o.Internal + " for crawlers in the VPC, or " + fix
+		if c.Internal != "" {
+			fix = "set spec.forProvider." + c.Placement + "." + c.Internal + " for crawlers in the VPC, or " + fix
 		}
 		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.allowedSourceRanges %q admit private networks only, but the proxy is published at its external IP, which clients inside a VPC reach only from their own external address (or their NAT's), never from a private one: %s", OwnRanges(s), fix)
 	}
@@ -64,7 +66,7 @@ func SourceRanges(s backend.Spec, o Opening, internal bool) ([]string, error) {
 	for _, r := range ranges {
 		p, err := netip.ParsePrefix(r)
 		if err != nil || !p.Addr().Is4() {
-			return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.allowedSourceRanges %q: %s takes IPv4 ranges only", r, o.Kind)
+			return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.allowedSourceRanges %q: %s takes IPv4 ranges only", r, c.OpeningKind)
 		}
 		masked = append(masked, p.Masked().String())
 	}
@@ -135,4 +137,13 @@ func SharedName(prefix, cluster, namespace, fleet, network, ports string, ranges
 	sum := sha256.Sum256([]byte(strings.Join([]string{"egress fleet rule", cluster, namespace, fleet,
 		network, ports, strings.Join(ranges, ",")}, "\x00")))
 	return prefix + strings.ToLower(base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(sum[:]))[:16]
+}
+
+// UnsupportedImage refuses an image the generated start-up script cannot
+// run on (it installs and runs Squid with apt, systemd and the
+// distribution's squid package, on Debian and Ubuntu only), saying what
+// the image is and the two ways out.
+func (c Cloud) UnsupportedImage(image, is string) error {
+	return backend.Errorf(backend.ClassPermanent, "spec.forProvider.%s.image %s is %s: the generated start-up script installs and runs Squid (apt, systemd, the distribution's squid package) on Debian and Ubuntu images only; use one, or bring your own start-up configuration in spec.forProvider.%s.%s",
+		c.Placement, image, is, c.Placement, c.UserDataField)
 }

@@ -8,7 +8,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/cloudvm"
 )
 
-var ec2 = cloudvm.Opening{Placement: "aws", UserDataField: "userData", Kind: "an EC2 security group"}
+var ec2 = cloudvm.Cloud{Placement: "aws", UserDataField: "userData", OpeningKind: "an EC2 security group"}
 
 // TestSourceRanges: the ranges an opening admits, and the refusals each
 // cloud's errors name its own fields in.

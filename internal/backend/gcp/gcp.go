@@ -324,15 +324,15 @@ func zonal(zone, kind, v string) string {
 // proxy whose Squid configuration the provider did not write (the user's
 // cloud-init) no default opening at all.
 func (b *Backend) firewall(s backend.Spec, shared bool) (*computepb.Firewall, error) {
-	ranges, err := cloudvm.SourceRanges(s, gcpOpening, s.GCP.PublishedAddress == v1alpha1.GCPPublishedInternal)
+	ranges, err := cloudvm.SourceRanges(s, gcpCloud, s.GCP.PublishedAddress == v1alpha1.GCPPublishedInternal)
 	if err != nil {
 		return nil, err
 	}
 	return b.buildRule(s, ranges, shared), nil
 }
 
-// gcpOpening is how errors about a VM's firewall rule name its fields.
-var gcpOpening = cloudvm.Opening{Placement: "gcp", UserDataField: "cloudInit", Kind: "a GCP firewall rule", Internal: "publishedAddress: Internal"}
+// gcpCloud is how the shared core's errors name a VM's fields and firewall rule.
+var gcpCloud = cloudvm.Cloud{Placement: "gcp", UserDataField: "cloudInit", OpeningKind: "a GCP firewall rule", Internal: "publishedAddress: Internal"}
 
 // RuleFor names the fleet rule an instance of s shares (a Proxy of no
 // fleet has its own, named after its VM: ""), without the checks Create
@@ -557,7 +557,7 @@ func (b *Backend) checkPlacement(s backend.Spec, vm *computepb.Instance, fw *com
 	if image := normalImage(s.GCP.Image); s.UserData == "" && image != "" && !scriptImageRe.MatchString(image) {
 		// Checked at create only: a running VM of an image made before
 		// this check is left to serve.
-		return backend.Errorf(backend.ClassPermanent, "spec.forProvider.gcp.image %q is not a Debian or Ubuntu public image, the only ones the generated startup script installs and runs Squid on (apt, systemd, Debian's squid package); use an image of projects/debian-cloud or projects/ubuntu-os-cloud, or bring your own start-up configuration in spec.forProvider.gcp.cloudInit", s.GCP.Image)
+		return gcpCloud.UnsupportedImage(strconv.Quote(s.GCP.Image), "not a public image of projects/debian-cloud or projects/ubuntu-os-cloud")
 	}
 	if sn := vm.GetNetworkInterfaces()[0].GetSubnetwork(); sn != "" {
 		snProject := b.cfg.Project

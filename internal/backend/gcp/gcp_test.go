@@ -579,7 +579,7 @@ func TestScriptImages(t *testing.T) {
 		s := spec("6a3b2c1d-1111-4222-8333-944455556666")
 		s.GCP.Image = image
 		_, err := b.Create(context.Background(), s)
-		if refused := err != nil && strings.Contains(err.Error(), "not a Debian or Ubuntu public image"); refused == ok {
+		if refused := err != nil && strings.Contains(err.Error(), "on Debian and Ubuntu images only"); refused == ok {
 			t.Errorf("image %q: refused %v, want %v (%v)", image, refused, !ok, err)
 		}
 		if !ok && (fake.Instances() != 0 || len(fake.FirewallNames()) != 0) {
