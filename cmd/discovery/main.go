@@ -14,8 +14,11 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
+	"github.com/alecthomas/kong"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"golang.org/x/time/rate"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -36,6 +39,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli/runner"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/gateway"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/egressip"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	dmetrics "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
@@ -43,6 +47,31 @@ import (
 )
 
 // description is what --help says discovery does.
+// gatewayDefaults are the gateway's defaults, which the gateway package
+// keeps, as its flags show and pass them.
+func gatewayDefaults() kong.Vars {
+	return kong.Vars{
+		"gateway_idle":                    shortDuration(gateway.DefaultIdle),
+		"gateway_tunnel_idle":             shortDuration(gateway.DefaultTunnelIdle),
+		"gateway_max_conns":               strconv.Itoa(gateway.DefaultMaxConns),
+		"gateway_max_conns_per_identity":  strconv.Itoa(gateway.DefaultMaxConnsPerIdentity),
+		"gateway_max_conns_per_namespace": strconv.Itoa(gateway.DefaultMaxConnsPerNamespace),
+		"gateway_max_seats":               strconv.Itoa(gateway.DefaultMaxSeats),
+	}
+}
+
+// shortDuration writes d as a flag's default reads best: 1m, not 1m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
 const description = "egress-discovery serves the API crawlers use to list and lease the healthy proxies of ProxyFleets."
 
 // CLI is discovery's settings; each can also come from the environment.
@@ -67,12 +96,12 @@ type CLI struct {
 	GatewayPlainHTTP           bool          `name:"gateway-plain-http" help:"Serve the gateway over plain HTTP, tokens in the clear: for loopback and tests only." default:"false" env:"GATEWAY_PLAIN_HTTP"`
 	SOCKS5Address              string        `name:"socks5-address" help:"Address of the gateway's SOCKS5 listener (RFC 1928 CONNECT, RFC 1929 username and password: the gateway's username grammar and a discovery token; no BIND or UDP ASSOCIATE), over TLS with --tls-cert-file as the HTTP gateway, or in the clear with --socks5-plain or --gateway-plain-http. Empty turns it off." default:"" env:"SOCKS5_ADDRESS"`
 	SOCKS5Plain                bool          `name:"socks5-plain" help:"Serve SOCKS5 in the clear, tokens unencrypted (most SOCKS5 clients, curl and PySocks among them, speak no TLS to a proxy): for loopback, or a network the platform trusts." default:"false" env:"SOCKS5_PLAIN"`
-	GatewayIdle                time.Duration `help:"How long a gateway session keeps its lease, and so its proxy, after its last connection closes." default:"1m" env:"GATEWAY_IDLE"`
-	GatewayMaxConns            int           `help:"Connections the gateway holds open at once; more are answered 503." default:"4096" env:"GATEWAY_MAX_CONNS"`
-	GatewayMaxConnsPerIdentity int           `help:"Connections one caller identity holds open through the gateway at once; more are answered 429." default:"256" env:"GATEWAY_MAX_CONNS_PER_IDENTITY"`
-	GatewayMaxConnsPerNS       int           `name:"gateway-max-conns-per-namespace" help:"Connections the callers of one namespace's fleets hold open through the gateway at once, sessions' included: one tenant cannot fill the gateway. More are answered 429." default:"1024" env:"GATEWAY_MAX_CONNS_PER_NAMESPACE"`
-	GatewayMaxSeats            int           `name:"gateway-max-seats" help:"Seats (leases the gateway holds for connections without a session, one per proxy in use) per fleet and zone on this replica. Rotation reaches a larger fleet over time: at the bound, an idle seat gives way to another proxy at most every minute / this many." default:"16" env:"GATEWAY_MAX_SEATS"`
-	GatewayTunnelIdle          time.Duration `help:"How long a gateway tunnel may move nothing either way before it is closed; any traffic starts the wait again." default:"5m" env:"GATEWAY_TUNNEL_IDLE"`
+	GatewayIdle                time.Duration `help:"How long a gateway session keeps its lease, and so its proxy, after its last connection closes." default:"${gateway_idle}" env:"GATEWAY_IDLE"`
+	GatewayMaxConns            int           `help:"Connections the gateway holds open at once; more are answered 503." default:"${gateway_max_conns}" env:"GATEWAY_MAX_CONNS"`
+	GatewayMaxConnsPerIdentity int           `help:"Connections one caller identity holds open through the gateway at once; more are answered 429." default:"${gateway_max_conns_per_identity}" env:"GATEWAY_MAX_CONNS_PER_IDENTITY"`
+	GatewayMaxConnsPerNS       int           `name:"gateway-max-conns-per-namespace" help:"Connections the callers of one namespace's fleets hold open through the gateway at once, sessions' included: one tenant cannot fill the gateway. More are answered 429." default:"${gateway_max_conns_per_namespace}" env:"GATEWAY_MAX_CONNS_PER_NAMESPACE"`
+	GatewayMaxSeats            int           `name:"gateway-max-seats" help:"Seats (leases the gateway holds for connections without a session, one per proxy in use) per fleet and zone on this replica. Rotation reaches a larger fleet over time: at the bound, an idle seat gives way to another proxy at most every minute / this many." default:"${gateway_max_seats}" env:"GATEWAY_MAX_SEATS"`
+	GatewayTunnelIdle          time.Duration `help:"How long a gateway tunnel may move nothing either way before it is closed; any traffic starts the wait again." default:"${gateway_tunnel_idle}" env:"GATEWAY_TUNNEL_IDLE"`
 	TenantPrivateNetworks      []string      `name:"tenant-private-networks" help:"Private networks (CIDRs, comma-separated; loopback too) the gateway may dial a proxy in whose address its tenant chose (External, or of a namespaced ProviderConfig), as the provider's flag of the same name. Empty: public addresses only. Link-local and metadata addresses are never dialed." default:"" env:"TENANT_PRIVATE_NETWORKS"`
 	ReviewsPerAddress          float64       `help:"New tokens a second each client address may have reviewed (a token bucket, before authentication); a token reviewed lately costs nothing. More are answered 429. 0 sets no limit." default:"10" env:"REVIEWS_PER_ADDRESS"`
 	ReviewBurstPerAddress      int           `help:"New tokens each client address may have reviewed at once, above its rate." default:"100" env:"REVIEW_BURST_PER_ADDRESS"`
@@ -156,7 +185,7 @@ func (c *CLI) validateGateway() error {
 }
 
 func main() {
-	ctx := cli.Parse("discovery", description, &CLI{})
+	ctx := cli.Parse("discovery", description, &CLI{}, gatewayDefaults())
 	ctx.FatalIfErrorf(ctx.Run())
 }
 

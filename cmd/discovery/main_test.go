@@ -6,11 +6,15 @@ import (
 	"time"
 
 	"github.com/alecthomas/kong"
+	"github.com/google/go-cmp/cmp"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli/clitest"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/gateway"
 )
 
-func parser(t testing.TB, c *CLI) *kong.Kong { return clitest.New(t, "discovery", description, c) }
+func parser(t testing.TB, c *CLI) *kong.Kong {
+	return clitest.New(t, "discovery", description, c, gatewayDefaults())
+}
 
 func TestHelp(t *testing.T) {
 	k := parser(t, &CLI{})
@@ -169,5 +173,26 @@ func TestPlatformLoopbackOutsideClustersOnly(t *testing.T) {
 		case !inCluster && code != -1:
 			t.Errorf("on one machine: want discovery to run, got exit code %d:\n%s", code, printed)
 		}
+	}
+}
+
+// TestGatewayDefaultsOnce: the gateway's flags default to what the gateway
+// package keeps, written as --help shows durations.
+func TestGatewayDefaultsOnce(t *testing.T) {
+	for d, want := range map[time.Duration]string{time.Minute: "1m", 5 * time.Minute: "5m", 90 * time.Second: "1m30s", 10 * time.Second: "10s", time.Hour: "1h", 2*time.Hour + 30*time.Minute: "2h30m"} {
+		if got := shortDuration(d); got != want {
+			t.Errorf("shortDuration(%s) = %q, want %q", d, got, want)
+		}
+	}
+	c := &CLI{}
+	k := parser(t, c)
+	clitest.Unsetenv(t, k)
+	if _, err := k.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	got := []any{c.GatewayIdle, c.GatewayTunnelIdle, c.GatewayMaxConns, c.GatewayMaxConnsPerIdentity, c.GatewayMaxConnsPerNS, c.GatewayMaxSeats}
+	want := []any{gateway.DefaultIdle, gateway.DefaultTunnelIdle, gateway.DefaultMaxConns, gateway.DefaultMaxConnsPerIdentity, gateway.DefaultMaxConnsPerNamespace, gateway.DefaultMaxSeats}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("the flags' defaults are the gateway's: -want, +got:\n%s", diff)
 	}
 }

@@ -27,9 +27,9 @@ func New(name, description string, grammar any, opts ...kong.Option) (*kong.Kong
 
 // Parse parses the process's arguments into grammar. It exits after printing
 // help, or after printing what was wrong with a flag or an environment
-// variable.
-func Parse(name, description string, grammar any) *kong.Context {
-	k, err := New(name, description, grammar)
+// variable. opts are New's: kong.Vars, say, for defaults a package keeps.
+func Parse(name, description string, grammar any, opts ...kong.Option) *kong.Context {
+	k, err := New(name, description, grammar, opts...)
 	if err != nil {
 		// Every binary's tests build its grammar, so this is never reached
 		// in a release.

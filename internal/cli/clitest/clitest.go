@@ -28,11 +28,11 @@ type Setting struct {
 	Default string
 }
 
-// New builds a binary's parser for a test, failing the test when the
-// grammar does not build.
-func New(t testing.TB, name, description string, grammar any) *kong.Kong {
+// New builds a binary's parser for a test, with the options the binary
+// parses with, failing the test when the grammar does not build.
+func New(t testing.TB, name, description string, grammar any, opts ...kong.Option) *kong.Kong {
 	t.Helper()
-	k, err := cli.New(name, description, grammar)
+	k, err := cli.New(name, description, grammar, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

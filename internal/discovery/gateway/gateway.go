@@ -45,6 +45,19 @@ type User = apiv1.GatewayUser
 // ParseUser reads a gateway username (apiv1.ParseGatewayUser).
 func ParseUser(u string) (User, error) { return apiv1.ParseGatewayUser(u) }
 
+// The defaults of a Gateway's settings: a zero field takes its default
+// here, and egress-discovery's flags show and pass these same values.
+const (
+	DefaultIdle                 = time.Minute
+	DefaultDialTimeout          = 10 * time.Second
+	DefaultTunnelIdle           = 5 * time.Minute
+	DefaultMaxConns             = 4096
+	DefaultMaxConnsPerNamespace = 1024
+	DefaultMaxConnsPerIdentity  = 256
+	DefaultMaxSeats             = 16
+	DefaultSeatTurnover         = time.Minute
+)
+
 // Gateway is egress-discovery's rotating gateway: an HTTP forward proxy
 // that crawlers use as their only proxy URL. It authenticates them with
 // the password of Proxy-Authorization as a bearer token (the API's
@@ -66,17 +79,22 @@ func ParseUser(u string) (User, error) { return apiv1.ParseGatewayUser(u) }
 type Gateway[S Backend] struct {
 	Server  S
 	Metrics *metrics.Gateway
-	// Idle is how long a session outlives its last connection (default 1m).
+	// Idle is how long a session outlives its last connection (default
+	// DefaultIdle).
 	Idle time.Duration
-	// DialTimeout bounds the connection to an upstream (default 10s).
+	// DialTimeout bounds the connection to an upstream (default
+	// DefaultDialTimeout).
 	DialTimeout time.Duration
 	// TunnelIdle is how long a tunnel may carry nothing either way before
-	// it is closed (default 5m); any byte either way starts it again.
+	// it is closed (default DefaultTunnelIdle); any byte either way starts
+	// it again.
 	TunnelIdle time.Duration
-	// MaxConns bounds the connections open through this replica (default
-	// 4096), MaxConnsPerNamespace those to the fleets of one namespace,
-	// one tenant's (default 1024), and MaxConnsPerIdentity those of one
-	// caller (default 256); sessions' connections count as any other.
+	// MaxConns bounds the connections open through this replica,
+	// MaxConnsPerNamespace those to the fleets of one namespace, one
+	// tenant's, and MaxConnsPerIdentity those of one caller (defaults
+	// DefaultMaxConns, DefaultMaxConnsPerNamespace,
+	// DefaultMaxConnsPerIdentity); sessions' connections count as any
+	// other.
 	MaxConns, MaxConnsPerNamespace, MaxConnsPerIdentity int
 	// TenantPrivateNetworks are the private networks (loopback
 	// included) a proxy whose address its tenant chose (External, or of
@@ -92,9 +110,9 @@ type Gateway[S Backend] struct {
 	// host name).
 	Replica string
 	// MaxSeats bounds the seats this replica holds per fleet and zone
-	// (default 16): rotation reaches a larger fleet over time, an idle
-	// seat giving way to another proxy at most every SeatTurnover/MaxSeats
-	// (SeatTurnover: default a minute).
+	// (default DefaultMaxSeats): rotation reaches a larger fleet over
+	// time, an idle seat giving way to another proxy at most every
+	// SeatTurnover/MaxSeats (default DefaultSeatTurnover).
 	MaxSeats     int
 	SeatTurnover time.Duration
 
@@ -227,30 +245,14 @@ func (gw *Gateway[S]) init() {
 			gw.Replica = "replica-" + rand.Text()
 		}
 		gw.seatID = &auth.Identity{User: auth.SeatIdentityPrefix + rand.Text()}
-		if gw.Idle <= 0 {
-			gw.Idle = time.Minute
-		}
-		if gw.DialTimeout <= 0 {
-			gw.DialTimeout = 10 * time.Second
-		}
-		if gw.TunnelIdle <= 0 {
-			gw.TunnelIdle = 5 * time.Minute
-		}
-		if gw.MaxConns <= 0 {
-			gw.MaxConns = 4096
-		}
-		if gw.MaxConnsPerIdentity <= 0 {
-			gw.MaxConnsPerIdentity = 256
-		}
-		if gw.MaxConnsPerNamespace <= 0 {
-			gw.MaxConnsPerNamespace = 1024
-		}
-		if gw.MaxSeats <= 0 {
-			gw.MaxSeats = defaultMaxSeats
-		}
-		if gw.SeatTurnover <= 0 {
-			gw.SeatTurnover = defaultSeatTurnover
-		}
+		orDefault(&gw.Idle, DefaultIdle)
+		orDefault(&gw.DialTimeout, DefaultDialTimeout)
+		orDefault(&gw.TunnelIdle, DefaultTunnelIdle)
+		orDefault(&gw.MaxConns, DefaultMaxConns)
+		orDefault(&gw.MaxConnsPerIdentity, DefaultMaxConnsPerIdentity)
+		orDefault(&gw.MaxConnsPerNamespace, DefaultMaxConnsPerNamespace)
+		orDefault(&gw.MaxSeats, DefaultMaxSeats)
+		orDefault(&gw.SeatTurnover, DefaultSeatTurnover)
 		gw.turnover = map[string]time.Time{}
 		gw.transport = &http.Transport{
 			Proxy: func(r *http.Request) (*url.URL, error) {
@@ -276,4 +278,12 @@ func (gw *Gateway[S]) init() {
 			gw.Metrics = metrics.NewGateway()
 		}
 	})
+}
+
+// orDefault sets *v to def when it is not positive: a Gateway's zero
+// settings take their defaults.
+func orDefault[T int | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
 }

@@ -35,10 +35,6 @@ import (
 // costs what a sample does, not the fleet.
 
 const (
-	// defaultMaxSeats is Gateway.MaxSeats' default.
-	defaultMaxSeats = 16
-	// defaultSeatTurnover is Gateway.SeatTurnover's default.
-	defaultSeatTurnover = time.Minute
 	// rotationChoices bounds the proxies one connection tries to take a
 	// seat on (each full one costs a write) before it falls back to the
 	// seats it has.
