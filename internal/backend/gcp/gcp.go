@@ -2,15 +2,18 @@
 // external IP: the only backend whose proxies have truly distinct egress
 // IPs. It uses the real cloud.google.com/go/compute REST clients; tests
 // point them at an in-process fake of the Compute API.
+//
+// gcp.go holds the Backend, its VMs (Create, Get, Delete, Adopt,
+// SetRetain) and its start-up script; firewall.go the firewall rules (a
+// fleet's shared rule, its repair and release); operations.go the
+// hand-off and wait of long operations; listing.go ListOwned and the
+// orphaned rules; errors.go the error classes and GCP's error details.
 package gcp
 
 import (
 	"context"
 	"fmt"
-	"maps"
-	"net/http"
 	"regexp"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -18,9 +21,6 @@ import (
 	compute "cloud.google.com/go/compute/apiv1"
 	"cloud.google.com/go/compute/apiv1/computepb"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
-	"github.com/googleapis/gax-go/v2/apierror"
-	"google.golang.org/api/googleapi"
-	"google.golang.org/api/iterator"
 	"google.golang.org/api/option"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
@@ -126,154 +126,6 @@ func (b *Backend) Close() error {
 	return errors.Join(b.instances.Close(), b.firewalls.Close(), b.ops.Close(), b.globalOps.Close())
 }
 
-// Classify sorts a Compute API error into the backend taxonomy. Errors that
-// arrive in an operation (the client library turns them into the same
-// error type, with the operation's codes in the message) are sorted alike:
-//
-//   - a stockout (ZONE_RESOURCE_POOL_EXHAUSTED*, 503) is ZoneExhausted;
-//   - not found is NotFound (Create turns it into Permanent: on an insert
-//     it names a missing network, image or subnetwork);
-//   - quota (quotaExceeded, QUOTA_EXCEEDED, any *_QUOTA) is QuotaExceeded;
-//   - 429 and rate limits are Throttled;
-//   - 400 resourceNotReady (an operation still running) is Transient;
-//   - 412 conditionNotMet (an organisation policy) is Permanent;
-//   - 401 and 403 (API not enabled, IAM not yet propagated) are
-//     AccessDenied, which turns permanent after some tries;
-//   - other 5xx are Transient, other 4xx Permanent.
-//
-// GCP's own message is kept.
-func Classify(err error) error {
-	if err == nil {
-		return nil
-	}
-	code, reasons, msg := 0, "", err.Error()
-	var ge *googleapi.Error
-	if errors.As(err, &ge) {
-		code = ge.Code
-		for _, e := range ge.Errors {
-			reasons += " " + e.Reason
-		}
-		if ge.Message != "" && !strings.Contains(msg, ge.Message) {
-			msg += ": " + ge.Message
-		}
-	}
-	var ae *apierror.APIError
-	if errors.As(err, &ae) && code == 0 {
-		code = ae.HTTPCode()
-	}
-	info, _ := errorInfo(err)
-	reasons += " " + info
-	lower := strings.ToLower(reasons + " " + msg)
-	has := func(subs ...string) bool {
-		for _, sub := range subs {
-			if strings.Contains(lower, sub) {
-				return true
-			}
-		}
-		return false
-	}
-	var c backend.Class
-	switch {
-	case has("zone_resource_pool_exhausted", "does not have enough resources available"):
-		c = backend.ClassStockout
-	case code == http.StatusNotFound:
-		c = backend.ClassNotFound
-	case has("quotaexceeded", "quota_exceeded", "_quota", "quota '"):
-		c = backend.ClassQuota
-	case code == http.StatusTooManyRequests, has("ratelimitexceeded", "rate_limit_exceeded"):
-		c = backend.ClassThrottled
-	case has("resourcenotready", "is not ready"):
-		c = backend.ClassTransient
-	case code == http.StatusPreconditionFailed:
-		c = backend.ClassPermanent
-	case code == http.StatusUnauthorized, code == http.StatusForbidden:
-		c = backend.ClassAccessDenied
-	case code >= 500, code == 0:
-		c = backend.ClassTransient
-	default:
-		c = backend.ClassPermanent
-	}
-	return backend.Wrap(c, err)
-}
-
-// insertError classifies an error of an insert: not found there means a
-// resource the request refers to is missing, which retrying cannot fix.
-func insertError(err error, what string) error {
-	c := Classify(err)
-	if backend.ClassOf(c) == backend.ClassNotFound {
-		return backend.Wrap(backend.ClassPermanent, errors.Wrapf(err, "%s: a resource it refers to does not exist", what))
-	}
-	if backend.ClassOf(c) == backend.ClassStockout {
-		return errors.Wrapf(c, "%s: the zone has no capacity for it now; it is retried later, or move the proxy to another zone", what)
-	}
-	if p := deniedPermission(err); p == permUseExternalIP {
-		return errors.Wrapf(c, "%s: the provider's service account may not give a VM an external address in this subnetwork; "+
-			"grant %s on it (in a Shared VPC, in the host project: roles/compute.networkUser holds it), "+
-			"or set spec.forProvider.gcp.publishedAddress: Internal for proxies reached from inside the VPC", what, permUseExternalIP)
-	}
-	return errors.Wrap(c, what)
-}
-
-// errorInfo is the reason and metadata of the google.rpc.ErrorInfo in an
-// error's details. The REST client answers a *googleapi.Error whose body
-// also holds the legacy errors[] list, which apierror's strict parse of
-// the body refuses, so the details are read here, as the JSON decoded
-// them; an error of another kind goes through apierror.
-func errorInfo(err error) (string, map[string]string) {
-	var ge *googleapi.Error
-	if errors.As(err, &ge) {
-		for _, d := range ge.Details {
-			m, ok := d.(map[string]any)
-			if !ok || m["@type"] != "type.googleapis.com/google.rpc.ErrorInfo" {
-				continue
-			}
-			reason, _ := m["reason"].(string)
-			md := map[string]string{}
-			if raw, ok := m["metadata"].(map[string]any); ok {
-				for k, v := range raw {
-					if s, ok := v.(string); ok {
-						md[k] = s
-					}
-				}
-			}
-			return reason, md
-		}
-		return "", nil
-	}
-	if ae, ok := apierror.FromError(err); ok {
-		return ae.Reason(), ae.Metadata()
-	}
-	return "", nil
-}
-
-// permUseExternalIP is the permission a VM with an external address needs
-// on its subnetwork, which a Shared VPC's host project grants separately.
-const permUseExternalIP = "compute.subnetworks.useExternalIp"
-
-// deniedPermission is the permission an IAM refusal names: from its
-// google.rpc.ErrorInfo, or from the message's "Required 'P' permission"
-// where the body carries none.
-func deniedPermission(err error) string {
-	if _, md := errorInfo(err); md["permission"] != "" {
-		return md["permission"]
-	}
-	if m := requiredPermission.FindStringSubmatch(err.Error()); m != nil {
-		return m[1]
-	}
-	return ""
-}
-
-var requiredPermission = regexp.MustCompile(`Required '([^']+)' permission`)
-
-func isConflict(err error) bool {
-	var ge *googleapi.Error
-	if errors.As(err, &ge) {
-		return ge.Code == http.StatusConflict
-	}
-	var ae *apierror.APIError
-	return errors.As(err, &ae) && ae.HTTPCode() == http.StatusConflict
-}
-
 // ProviderID names a VM the way GCP does.
 func (b *Backend) ProviderID(r backend.Ref) string {
 	return fmt.Sprintf("projects/%s/zones/%s/instances/%s", b.cfg.Project, r.Zone, r.Name)
@@ -316,95 +168,6 @@ func zonal(zone, kind, v string) string {
 	return fmt.Sprintf("zones/%s/%s/%s", zone, kind, v)
 }
 
-// firewall lets the proxy port in from the allowed source ranges only,
-// targeting this one VM through a network tag named after it. Without
-// ranges (credentials only) the port is open to any address, and Squid
-// demands credentials. It refuses, by arithmetic on the ranges, a rule that
-// would admit public clients to a proxy without credentials, and gives a
-// proxy whose Squid configuration the provider did not write (the user's
-// cloud-init) no default opening at all.
-func (b *Backend) firewall(s backend.Spec, shared bool) (*computepb.Firewall, error) {
-	ranges, err := cloudvm.SourceRanges(s, gcpCloud, s.GCP.PublishedAddress == v1alpha1.GCPPublishedInternal)
-	if err != nil {
-		return nil, err
-	}
-	return b.buildRule(s, ranges, shared), nil
-}
-
-// gcpCloud is how the shared core's errors name a VM's fields and firewall rule.
-var gcpCloud = cloudvm.Cloud{Placement: "gcp", UserDataField: "cloudInit", OpeningKind: "a GCP firewall rule", Internal: "publishedAddress: Internal"}
-
-// RuleFor names the fleet rule an instance of s shares (a Proxy of no
-// fleet has its own, named after its VM: ""), without the checks Create
-// makes, for Delete to let go of it.
-func (b *Backend) RuleFor(s backend.Spec) string {
-	if s.GCP == nil || s.Owner.Fleet == "" {
-		return ""
-	}
-	masked := cloudvm.MaskedRanges(s)
-	if masked == nil {
-		return ""
-	}
-	return b.buildRule(s, masked, true).GetName()
-}
-
-// buildRule is the rule letting s's port in from ranges: the VM's own, or
-// its fleet's when shared.
-func (b *Backend) buildRule(s backend.Spec, ranges []string, shared bool) *computepb.Firewall {
-	fw := &computepb.Firewall{
-		Name:         ptr.To(s.Name),
-		Description:  ptr.To(b.ruleDescription(s.Owner)),
-		Network:      ptr.To(b.network(s.GCP)),
-		Direction:    ptr.To(computepb.Firewall_INGRESS.String()),
-		Allowed:      []*computepb.Allowed{{IPProtocol: ptr.To("tcp"), Ports: []string{strconv.Itoa(int(s.Port))}}},
-		SourceRanges: ranges,
-		TargetTags:   []string{s.Name},
-	}
-	if shared {
-		cluster := s.Owner.GCPLabels()["egress-cluster"]
-		name := sharedRuleName(cluster, s.Owner.Namespace, s.Owner.Fleet, fw)
-		fw.Name, fw.TargetTags = ptr.To(name), []string{name}
-		fw.Description = ptr.To(b.sharedRuleDescription(cluster, s.Owner.Namespace, s.Owner.Fleet))
-	}
-	return fw
-}
-
-// A fleet's VMs share firewall rules: one per (network, port, source
-// ranges) of the fleet, named from them, targeting a network tag of the
-// same name, which each VM made with it carries (and names in its
-// egress-rule label). A project's firewall-rule quota (often 100 to 200,
-// shared with everything else in it) would otherwise cap a fleet. The rule
-// goes when its last VM does; orphan collection takes one no VM uses.
-
-// sharedRuleName derives a fleet's rule name from what the rule is: the
-// cluster (its label value), the fleet, and the rule's network, port and
-// source ranges, so that a rule read back names itself again, and a
-// description copied onto another rule claims nothing.
-func sharedRuleName(cluster, namespace, fleet string, fw *computepb.Firewall) string {
-	var ports []string
-	for _, a := range fw.GetAllowed() {
-		ports = append(ports, a.GetIPProtocol()+":"+strings.Join(a.GetPorts(), ","))
-	}
-	return cloudvm.SharedName("egress-fw-", cluster, namespace, fleet, strings.TrimPrefix(fw.GetNetwork(), computeURL), strings.Join(ports, ";"), fw.GetSourceRanges())
-}
-
-func (b *Backend) sharedRuleDescription(cluster, namespace, fleet string) string {
-	return fmt.Sprintf("egress proxy fleet %s/%s (cluster %s, vm project %s, %s)", namespace, fleet, cluster, b.cfg.Project, ruleMarker)
-}
-
-var reSharedRule = regexp.MustCompile(`^egress proxy fleet ([^/\s]+)/([^\s]+) \(cluster ([^,()\s]*), vm project ([^,()\s]+), ` + ruleMarker + `\)$`)
-
-// sharedRuleOwner reads a fleet rule's fleet back from its description,
-// and the project of its VMs, if the rule's name is the one its content
-// and that fleet derive.
-func sharedRuleOwner(fw *computepb.Firewall) (ownership.Owner, string, bool) {
-	m := reSharedRule.FindStringSubmatch(fw.GetDescription())
-	if m == nil || fw.GetName() != sharedRuleName(m[3], m[1], m[2], fw) {
-		return ownership.Owner{}, "", false
-	}
-	return ownership.Owner{Namespace: m[1], Name: "fleet " + m[2], Fleet: m[2], ClusterID: m[3]}, m[4], true
-}
-
 // NetworkProject is the project a network reference names, or empty when
 // it names none (the VM's own project).
 func NetworkProject(network string) string {
@@ -432,11 +195,6 @@ func (b *Backend) network(g *v1alpha1.GCPPlacement) string {
 	return n
 }
 
-// firewallProject is the project a rule on network lives in: the network's.
-func firewallProject(network string) string {
-	return strings.SplitN(strings.TrimPrefix(network, "projects/"), "/", 2)[0]
-}
-
 const computeURL = "https://www.googleapis.com/compute/v1/"
 
 // metadataKey is where the VM's start-up configuration goes: cloud-init
@@ -447,29 +205,6 @@ func metadataKey(s backend.Spec) string {
 		return "user-data"
 	}
 	return "startup-script"
-}
-
-// Firewall rules carry no labels: their description names the owner, so
-// that the orphan collector finds a rule whose VM never came or is gone.
-const ruleMarker = "managed by provider-egressproxy"
-
-var reRuleOwner = regexp.MustCompile(`^egress proxy ([^/\s]+)/([^\s]+) \(uid ([^,()\s]+), cluster ([^,()\s]*), vm project ([^,()\s]+), ` + ruleMarker + `\)$`)
-
-func (b *Backend) ruleDescription(o ownership.Owner) string {
-	l := o.GCPLabels()
-	return fmt.Sprintf("egress proxy %s/%s (uid %s, cluster %s, vm project %s, %s)", o.Namespace, o.Name, o.UID, l["egress-cluster"], b.cfg.Project, ruleMarker)
-}
-
-// ruleOwner reads a rule's owner back from its description, and the
-// project of its VM. A rule counts as a proxy's only under the name derived
-// from that proxy's UID, so a description copied onto another rule, or
-// edited to name another UID, claims nothing.
-func ruleOwner(fw *computepb.Firewall) (ownership.Owner, string, bool) {
-	m := reRuleOwner.FindStringSubmatch(fw.GetDescription())
-	if m == nil || fw.GetName() != ownership.InstanceName(types.UID(m[3])) {
-		return ownership.Owner{}, "", false
-	}
-	return ownership.Owner{Namespace: m[1], Name: m[2], UID: types.UID(m[3]), ClusterID: m[4]}, m[5], true
 }
 
 // Create makes the firewall rule, then inserts the VM, and waits a bounded
@@ -671,222 +406,6 @@ func (b *Backend) adoptVM(vm *computepb.Instance, s backend.Spec) (*backend.Inst
 	return i, nil
 }
 
-// wait waits for op with Compute Engine's own operations.wait, which holds
-// the request until the operation is done (or answers early, with it still
-// running: then it asks again), until limit passes or ctx ends, leaving a
-// little of ctx for the caller to record the outcome. It reports whether op
-// finished, and the error it finished with. A failure to wait only ends
-// the wait: the operation goes on regardless, and a later look finds it.
-func (b *Backend) wait(ctx context.Context, op *compute.Operation, limit time.Duration) (bool, error) {
-	if op.Done() {
-		return true, opError(op)
-	}
-	deadline := time.Now().Add(limit)
-	if d, ok := ctx.Deadline(); ok && d.Add(-5*time.Second).Before(deadline) {
-		deadline = d.Add(-5 * time.Second)
-	}
-	wctx, cancel := context.WithDeadline(ctx, deadline)
-	defer cancel()
-	project, zone := opScope(op.Proto(), b.cfg.Project)
-	for {
-		var got *computepb.Operation
-		var err error
-		if zone != "" {
-			got, err = b.ops.Wait(wctx, &computepb.WaitZoneOperationRequest{Project: project, Zone: zone, Operation: op.Name()})
-		} else {
-			got, err = b.globalOps.Wait(wctx, &computepb.WaitGlobalOperationRequest{Project: project, Operation: op.Name()})
-		}
-		switch {
-		case err != nil && backend.ClassOf(Classify(err)) == backend.ClassAccessDenied && wctx.Err() == nil:
-			// A standing refusal to read the operation (no
-			// compute.zoneOperations.get or globalOperations.get, as in
-			// a Shared VPC host project) is not "not done yet": it would
-			// never be done.
-			return false, errors.Wrapf(Classify(err), "cannot read operation %s (the service account needs compute.zoneOperations.get and compute.globalOperations.get in project %s)", op.Name(), project)
-		case err != nil:
-			return false, nil
-		case got.GetStatus() == computepb.Operation_DONE:
-			return true, protoError(got)
-		}
-		// Answered early, still running: ask again, not in a tight loop.
-		t := time.NewTimer(100 * time.Millisecond)
-		select {
-		case <-wctx.Done():
-			t.Stop()
-			return false, nil
-		case <-t.C:
-		}
-	}
-}
-
-// opScope reads the project and zone (empty for a global operation) of an
-// operation from its links, as GCP writes them.
-func opScope(p *computepb.Operation, project string) (string, string) {
-	link := p.GetSelfLink()
-	if i := strings.Index(link, "/projects/"); i >= 0 {
-		if name, _, ok := strings.Cut(link[i+len("/projects/"):], "/"); ok {
-			project = name
-		}
-	}
-	zone := p.GetZone()
-	if i := strings.LastIndex(zone, "/"); i >= 0 {
-		zone = zone[i+1:]
-	}
-	return project, zone
-}
-
-func (b *Backend) operationTimeout() time.Duration {
-	if b.cfg.OperationTimeout > 0 {
-		return b.cfg.OperationTimeout
-	}
-	return DefaultOperationTimeout
-}
-
-// repairWait is how long Repair waits for a rule's operation: long enough
-// to see an error GCP reports at once, short enough to keep Observe quick.
-const repairWait = 3 * time.Second
-
-// ruleWait is how long Create waits for its rule's insert, of its
-// operation timeout.
-const ruleWait = 2 * time.Second
-
-// dropFirewall deletes fw without waiting, as a best effort: Observe of a
-// deleted Proxy deletes it again.
-func (b *Backend) dropFirewall(ctx context.Context, fw *computepb.Firewall) {
-	_, _ = b.firewalls.Delete(ctx, &computepb.DeleteFirewallRequest{Project: firewallProject(fw.GetNetwork()), Firewall: fw.GetName()})
-}
-
-// opError is the error a finished operation reports, as the client
-// library would return it from Poll.
-func opError(op *compute.Operation) error { return protoError(op.Proto()) }
-
-func protoError(p *computepb.Operation) error {
-	if p.GetError() == nil && (p.HttpErrorStatusCode == nil || p.GetHttpErrorStatusCode() < 300) {
-		return nil
-	}
-	var codes []string
-	for _, e := range p.GetError().GetErrors() {
-		codes = append(codes, e.GetCode()+": "+e.GetMessage())
-	}
-	return &googleapi.Error{Code: int(p.GetHttpErrorStatusCode()), Message: p.GetHttpErrorMessage() + ": " + strings.Join(codes, "; ")}
-}
-
-// CheckOperation reports how an insert Create left running ended: nil
-// while it runs, when it succeeded or when GCP no longer knows it, else
-// its error, classified.
-func (b *Backend) CheckOperation(ctx context.Context, r backend.Ref, name string) error {
-	op, err := b.ops.Get(ctx, &computepb.GetZoneOperationRequest{Project: b.cfg.Project, Zone: r.Zone, Operation: name})
-	switch {
-	case err != nil && backend.ClassOf(Classify(err)) == backend.ClassNotFound:
-		return nil
-	case err != nil:
-		return errors.Wrapf(Classify(err), "cannot get operation %s", name)
-	case op.GetStatus() != computepb.Operation_DONE:
-		return nil
-	}
-	if err := protoError(op); err != nil {
-		return insertError(err, fmt.Sprintf("inserting VM %s in zone %s failed (operation %s)", r.Name, r.Zone, name))
-	}
-	return nil
-}
-
-// ensureFirewall makes rule fw exist as given: it inserts it, or updates a
-// rule of its name that differs (left from an earlier spec, or edited by
-// hand). It reports whether the rule is in place now, waiting up to wait
-// for the operation; a later call sees how a longer one went.
-func (b *Backend) ensureFirewall(ctx context.Context, fw *computepb.Firewall, wait time.Duration) (bool, error) {
-	project := firewallProject(fw.GetNetwork())
-	op, err := b.firewalls.Insert(ctx, &computepb.InsertFirewallRequest{Project: project, FirewallResource: fw})
-	if isConflict(err) {
-		cur, gerr := b.firewalls.Get(ctx, &computepb.GetFirewallRequest{Project: project, Firewall: fw.GetName()})
-		switch {
-		case gerr != nil && backend.ClassOf(Classify(gerr)) == backend.ClassNotFound:
-			return false, backend.Wrap(backend.ClassTransient, errRuleInFlux{name: fw.GetName()})
-		case gerr != nil:
-			return false, errors.Wrapf(Classify(gerr), "cannot get firewall rule %s", fw.GetName())
-		case sameRule(cur, fw):
-			return true, nil
-		}
-		op, err = b.firewalls.Update(ctx, &computepb.UpdateFirewallRequest{Project: project, Firewall: fw.GetName(), FirewallResource: fw})
-		if err != nil {
-			return false, errors.Wrapf(Classify(err), "cannot update firewall rule %s to this proxy's settings", fw.GetName())
-		}
-	} else if err != nil {
-		return false, insertError(err, "cannot create firewall rule "+fw.GetName())
-	}
-	done, err := b.wait(ctx, op, wait)
-	if err != nil {
-		return false, insertError(err, fmt.Sprintf("firewall rule %s failed", fw.GetName()))
-	}
-	return done, nil
-}
-
-// errRuleInFlux says a rule's name is taken by a rule that cannot be read:
-// one being created (by another VM's create, for a fleet's rule) or deleted.
-type errRuleInFlux struct{ name string }
-
-func (e errRuleInFlux) Error() string {
-	return "firewall rule " + e.name + " is being created or deleted: retrying"
-}
-
-// sameRule reports whether a rule lets in what want lets in, to what it
-// targets.
-func sameRule(got, want *computepb.Firewall) bool {
-	norm := func(f *computepb.Firewall) string {
-		ranges := slices.Clone(f.GetSourceRanges())
-		slices.Sort(ranges)
-		var allowed []string
-		for _, a := range f.GetAllowed() {
-			allowed = append(allowed, a.GetIPProtocol()+":"+strings.Join(a.GetPorts(), ","))
-		}
-		slices.Sort(allowed)
-		tags := slices.Clone(f.GetTargetTags())
-		slices.Sort(tags)
-		return strings.Join([]string{
-			strings.TrimPrefix(f.GetNetwork(), computeURL), f.GetDirection(), strings.Join(ranges, ","), strings.Join(allowed, ";"),
-			strings.Join(tags, ","), strings.Join(f.GetSourceTags(), ","), strings.Join(f.GetSourceServiceAccounts(), ","),
-			strings.Join(f.GetTargetServiceAccounts(), ","), strconv.FormatBool(f.GetDisabled()), fmt.Sprint(len(f.GetDenied())),
-			// The description names the owner, for orphan collection: an
-			// old or edited one is put right too.
-			f.GetDescription(),
-		}, "|")
-	}
-	return norm(got) == norm(want)
-}
-
-// Repair puts the VM's firewall rule right from the spec: it re-creates a
-// rule that is gone (deleted by hand, or by an old rule's delete that
-// finished after a new insert), and resets one that was changed. It
-// reports whether the rule is in place; until it is the proxy is not used.
-// It waits only briefly for the rule's operation: Observe must stay quick.
-func (b *Backend) Repair(ctx context.Context, s backend.Spec) (bool, error) {
-	if s.GCP == nil {
-		return true, nil
-	}
-	// A VM made before fleets shared rules keeps its own.
-	fw, err := b.firewall(s, s.Rule != "")
-	if err != nil {
-		return false, err
-	}
-	imported := s.Rule != "" && fw.GetName() != s.Rule
-	if imported {
-		// A VM imported from another fleet shares its maker's fleet rule,
-		// which is put right under its own name and description.
-		fw.Name, fw.TargetTags = ptr.To(s.Rule), []string{s.Rule}
-	}
-	cur, err := b.firewalls.Get(ctx, &computepb.GetFirewallRequest{Project: firewallProject(fw.GetNetwork()), Firewall: fw.GetName()})
-	if imported && err == nil {
-		fw.Description = cur.Description
-	}
-	switch {
-	case err == nil && sameRule(cur, fw):
-		return true, nil
-	case err != nil && backend.ClassOf(Classify(err)) != backend.ClassNotFound:
-		return false, errors.Wrapf(Classify(err), "cannot get firewall rule %s", fw.GetName())
-	}
-	return b.ensureFirewall(ctx, fw, repairWait)
-}
-
 // Phase maps a VM status to an instance phase. A RUNNING VM without an
 // external IP is still provisioning: an empty address is never published.
 // A VM stopping, being deleted or repossessed is on its way out.
@@ -1016,138 +535,6 @@ func (b *Backend) Delete(ctx context.Context, r backend.Ref) error {
 	return nil
 }
 
-// releaseRule deletes a fleet's rule once no VM but the one going (r)
-// carries it, without waiting. A VM created meanwhile that finds it gone
-// gets it back from Repair; a rule two last VMs each saw the other use is
-// left to orphan collection. Failures are left to it too.
-func (b *Backend) releaseRule(ctx context.Context, r backend.Ref, network string) {
-	it := b.instances.AggregatedList(ctx, &computepb.AggregatedListInstancesRequest{
-		Project: b.cfg.Project, Filter: ptr.To(`(labels.` + labelRule + ` = "` + r.Rule + `")`),
-	})
-	for {
-		pair, err := it.Next()
-		if errors.Is(err, iterator.Done) {
-			break
-		}
-		if err != nil {
-			return
-		}
-		if resp, ok := it.Response.(*computepb.InstanceAggregatedList); ok && len(resp.GetUnreachables()) > 0 || pair.Value.GetWarning().GetCode() == "UNREACHABLE" {
-			// A zone in an outage may hold VMs that carry it.
-			return
-		}
-		for _, vm := range pair.Value.GetInstances() {
-			// VMs being deleted do not hold it: of a fleet's last VMs,
-			// deleted together, the last to look lets go.
-			if vm.GetName() != r.Name && Phase(vm.GetStatus(), "x") != v1alpha1.InstancePhaseTerminated {
-				return
-			}
-		}
-	}
-	project := b.cfg.Project
-	if p := NetworkProject(network); p != "" {
-		project = p
-	} else if r.NetworkProject != "" {
-		project = r.NetworkProject
-	}
-	_, _ = b.firewalls.Delete(ctx, &computepb.DeleteFirewallRequest{Project: project, Firewall: r.Rule})
-}
-
-// firewallProjects are the projects a VM's rule may live in: the
-// ProviderConfig's, and the Shared VPC host project its Ref names.
-func (b *Backend) firewallProjects(r backend.Ref) []string {
-	out := []string{b.cfg.Project}
-	if r.NetworkProject != "" && r.NetworkProject != b.cfg.Project {
-		out = append(out, r.NetworkProject)
-	}
-	return out
-}
-
-// ListOwned lists this cluster's proxy VMs in every zone of the project.
-// A zone in an outage is unreachable, and its VMs are missing from the
-// list: GCP says so in a scope warned UNREACHABLE (or, to a caller that
-// opted in to partial success, which this client library cannot, in
-// unreachables). Both are read.
-func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
-	it := b.instances.AggregatedList(ctx, &computepb.AggregatedListInstancesRequest{
-		Project: b.cfg.Project, Filter: ptr.To(ownership.GCPFilter(b.cfg.ClusterID)),
-	})
-	var out []backend.Instance
-	unreachable := map[string]bool{}
-	for {
-		pair, err := it.Next()
-		if resp, ok := it.Response.(*computepb.InstanceAggregatedList); ok {
-			for _, z := range resp.GetUnreachables() {
-				unreachable[z] = true
-			}
-		}
-		if errors.Is(err, iterator.Done) && len(unreachable) > 0 {
-			// The VMs of a zone in an outage are not listed: a rule
-			// only they carry would look unused, and be taken.
-			zones := slices.Sorted(maps.Keys(unreachable))
-			return out, &backend.PartialList{Skipped: "firewall rules of project " + b.cfg.Project,
-				Err: errors.Errorf("the VMs of %s could not be listed (unreachable), so no rule can be judged unused", strings.Join(zones, ", "))}
-		}
-		if errors.Is(err, iterator.Done) {
-			rules, err := b.orphanRules(ctx, out)
-			return cloudvm.WithOpenings(out, rules, err)
-		}
-		if err != nil {
-			return nil, errors.Wrap(Classify(err), "cannot list VMs")
-		}
-		if pair.Value.GetWarning().GetCode() == "UNREACHABLE" {
-			unreachable[pair.Key] = true
-		}
-		zone := strings.TrimPrefix(pair.Key, "zones/")
-		for _, vm := range pair.Value.GetInstances() {
-			out = append(out, *b.instance(vm, zone))
-		}
-	}
-}
-
-// orphanRules lists this cluster's firewall rules in the project that no
-// listed VM has: a rule whose VM never came (a create cut short) or whose
-// VM was deleted by hand. Rules in a Shared VPC host project are not
-// listed: the provider may not list there.
-func (b *Backend) orphanRules(ctx context.Context, vms []backend.Instance) ([]backend.Instance, error) {
-	have := map[string]bool{}
-	for _, i := range vms {
-		have[i.Name] = true
-		if i.Rule != "" {
-			have[i.Rule] = true
-		}
-	}
-	it := b.firewalls.List(ctx, &computepb.ListFirewallsRequest{Project: b.cfg.Project, Filter: ptr.To(`description eq '.*` + ruleMarker + `.*'`)})
-	var out []backend.Instance
-	for {
-		fw, err := it.Next()
-		if errors.Is(err, iterator.Done) {
-			return out, nil
-		}
-		if err != nil {
-			return out, cloudvm.OpeningsUnlisted(Classify(err), "firewall rules of project "+b.cfg.Project+" (grant compute.firewalls.list to collect them)", "firewall rules")
-		}
-		// A rule of a VM in another project (a Shared VPC host's rule
-		// listed by a configuration of the host project) is that
-		// project's configuration's business: its VM is not in this list.
-		owner, vmProject, ok := ruleOwner(fw)
-		if !ok {
-			// A fleet's rule no listed VM carries: its last VM went
-			// without taking it along, or never came.
-			owner, vmProject, ok = sharedRuleOwner(fw)
-		}
-		if !ok || have[fw.GetName()] || !owner.OfCluster(b.cfg.ClusterID) || vmProject != b.cfg.Project {
-			continue
-		}
-		created, _ := time.Parse(time.RFC3339, fw.GetCreationTimestamp())
-		out = append(out, backend.Instance{
-			Ref:        backend.Ref{Name: fw.GetName()},
-			ProviderID: fmt.Sprintf("projects/%s/global/firewalls/%s", b.cfg.Project, fw.GetName()),
-			Phase:      v1alpha1.InstancePhaseTerminated, CreatedAt: created, Owner: owner,
-		})
-	}
-}
-
 // Adopt relabels the VM for the Proxy that imports it, if it still belongs
 // to from. The label fingerprint makes it a compare-and-swap: of two
 // imports racing, the second is refused. Its firewall rule keeps naming the
@@ -1201,20 +588,4 @@ func (b *Backend) SetRetain(ctx context.Context, r backend.Ref, retain bool) err
 		InstancesSetLabelsRequestResource: &computepb.InstancesSetLabelsRequest{Labels: labels, LabelFingerprint: vm.LabelFingerprint},
 	})
 	return errors.Wrapf(labelError(err), "cannot label VM %s", r.Name)
-}
-
-// labelError classifies an error of setLabels: a 412 there is the label
-// fingerprint having moved since the VM was read (another writer, a race
-// of two imports), which the next try reads afresh; Classify takes any
-// other 412 for an organisation policy, which no retry fixes.
-func labelError(err error) error {
-	c := Classify(err)
-	if err != nil && backend.ClassOf(c) == backend.ClassPermanent && strings.Contains(strings.ToLower(err.Error()), "fingerprint") {
-		var ge *googleapi.Error
-		var ae *apierror.APIError
-		if (errors.As(err, &ge) && ge.Code == http.StatusPreconditionFailed) || (errors.As(err, &ae) && ae.HTTPCode() == http.StatusPreconditionFailed) {
-			return backend.Wrap(backend.ClassTransient, errors.Wrap(err, "the VM's labels changed since they were read: retrying"))
-		}
-	}
-	return c
 }
