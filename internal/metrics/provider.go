@@ -20,6 +20,10 @@ type Provider struct {
 	ProbeDuration *prometheus.HistogramVec
 	ProbeResults  *prometheus.CounterVec
 	Instances     *prometheus.GaugeVec
+	// CreatesHeld counts the Proxies whose next create the provider holds
+	// back after failures, by backend and the failures' class: a fleet
+	// kept below its size by a quota, a missing grant or a stockout.
+	CreatesHeld   *prometheus.GaugeVec
 	BackendErrors *prometheus.CounterVec
 	Orphans       *prometheus.CounterVec
 	// OpenProxies counts proxies found serving requests without the
@@ -36,6 +40,7 @@ type Provider struct {
 
 	mu     sync.Mutex
 	phases map[types.UID][2]string // backend, phase
+	held   map[types.UID][2]string // backend, class
 }
 
 // labelBackend is the label that names a proxy's backend.
@@ -57,6 +62,10 @@ func NewProvider() *Provider {
 			Name: "egress_proxy_instances",
 			Help: "Proxy instances by backend and phase.",
 		}, []string{labelBackend, "phase"}),
+		CreatesHeld: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "egress_proxy_creates_held",
+			Help: "Proxies without an instance whose next create is held back after failures, by backend and the class of the failures (QuotaExceeded, ZoneExhausted, AccessDenied, Throttled, PermanentError, Terminated).",
+		}, []string{labelBackend, "class"}),
 		BackendErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "egress_proxy_backend_errors_total",
 			Help: "Backend API errors by backend, operation and class (Transient, Throttled, ZoneExhausted, AccessDenied, QuotaExceeded, PermanentError).",
@@ -83,12 +92,13 @@ func NewProvider() *Provider {
 			Help: "Proxy status writes left out because they changed nothing (the reconciler writes status at every reconcile).",
 		}),
 		phases: map[types.UID][2]string{},
+		held:   map[types.UID][2]string{},
 	}
 }
 
 // Collectors returns every collector, for registration.
 func (p *Provider) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{p.ProbeDuration, p.ProbeResults, p.Instances, p.BackendErrors, p.Orphans, p.OpenProxies, p.ProbeLateness, p.ProbesInFlight, p.StatusWritesSkipped}
+	return []prometheus.Collector{p.ProbeDuration, p.ProbeResults, p.Instances, p.CreatesHeld, p.BackendErrors, p.Orphans, p.OpenProxies, p.ProbeLateness, p.ProbesInFlight, p.StatusWritesSkipped}
 }
 
 // SetPhase records that the Proxy with uid has an instance on backend in
@@ -106,4 +116,24 @@ func (p *Provider) SetPhase(uid types.UID, backend, phase string) {
 	}
 	p.phases[uid] = [2]string{backend, phase}
 	p.Instances.WithLabelValues(backend, phase).Inc()
+}
+
+// SetHeld records that the create of the Proxy with uid, on backend, is
+// held back after failures of class; an empty class forgets it. As with
+// SetPhase, the gauge is derived from these records.
+func (p *Provider) SetHeld(uid types.UID, backend, class string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if old, ok := p.held[uid]; ok {
+		if old == [2]string{backend, class} {
+			return
+		}
+		p.CreatesHeld.WithLabelValues(old[0], old[1]).Dec()
+		delete(p.held, uid)
+	}
+	if class == "" {
+		return
+	}
+	p.held[uid] = [2]string{backend, class}
+	p.CreatesHeld.WithLabelValues(backend, class).Inc()
 }

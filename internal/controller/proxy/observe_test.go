@@ -372,3 +372,31 @@ func ptrTo[T any](v T) *T { return &v }
 
 // errBackendDown is a backend's transient failure.
 var errBackendDown = backend.Errorf(backend.ClassTransient, "backend down")
+
+// TestObserveCountsHeldCreates: a Proxy whose create is held back after
+// failures is counted in egress_proxy_creates_held, by backend and the
+// failures' class, for as long as the hold lasts, and once.
+func TestObserveCountsHeldCreates(t *testing.T) {
+	c := &clock{t: epoch}
+	e := newExternal(fake.New(), &fakeProber{}, c)
+	p := unitProxy()
+	recordCreateFailure(p, backend.Errorf(backend.ClassQuota, "Quota 'CPUS' exceeded"), epoch)
+	held := func() float64 {
+		return testutil.ToFloat64(e.metrics.CreatesHeld.WithLabelValues(e.backendName(), string(backend.ClassQuota)))
+	}
+	for range 2 {
+		if _, err := e.Observe(context.Background(), p); err == nil {
+			t.Fatal("a held create is reported")
+		}
+	}
+	if got := held(); got != 1 {
+		t.Errorf("a held create is counted once however often observed: %v", got)
+	}
+	c.t = epoch.Add(time.Hour)
+	if _, err := e.Observe(context.Background(), p); err != nil {
+		t.Fatal(err)
+	}
+	if got := held(); got != 0 {
+		t.Errorf("a hold that ended is counted no more: %v", got)
+	}
+}

@@ -313,8 +313,9 @@ type external struct {
 	pc      *config
 	backend backend.Backend
 	// probing records that this Observe asked for the instance's probes;
-	// one that did not stops them.
-	probing bool
+	// one that did not stops them. held records that it held the Proxy's
+	// create back; one that did not counts it held no more.
+	probing, held bool
 	// crashLoop is why the instance observed is crash-looping, which
 	// holds it out of service whatever its probes say; empty when not.
 	crashLoop string
@@ -343,10 +344,13 @@ func (e *external) countError(op string, err error) {
 // the comparison with the spec. Whatever path probes nothing stops the
 // instance's probes.
 func (e *external) Observe(ctx context.Context, p *v1alpha1.Proxy) (managed.ExternalObservation, error) {
-	e.probing = false
+	e.probing, e.held = false, false
 	defer func() {
 		if !e.probing {
 			e.stopProbing(p)
+		}
+		if !e.held {
+			e.metrics.SetHeld(p.GetUID(), "", "")
 		}
 	}()
 	if p.Spec.ForProvider.Mode == v1alpha1.ProxyModeExternal {
@@ -581,6 +585,8 @@ func (e *external) noInstance(ctx context.Context, p *v1alpha1.Proxy, ref backen
 		g.Failures = 0
 	}
 	if c, blocked := g.blocked(p, e.now()); blocked {
+		e.held = true
+		e.metrics.SetHeld(p.GetUID(), e.backendName(), string(g.Class))
 		p.SetConditions(c)
 		return managed.ExternalObservation{}, errors.New(c.Message)
 	}
