@@ -1,6 +1,7 @@
 package backend
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -41,10 +42,17 @@ const (
 var ErrHeldElsewhere = errors.New("held by another Proxy")
 
 // HeldElsewhere is the error of an Adopt of what, which belongs to Proxy
-// uid holder rather than from.
+// uid holder rather than from: it is ErrHeldElsewhere (errors.Is), and
+// says whose it is.
 func HeldElsewhere(what string, holder, from types.UID) error {
-	return &Error{Class: ClassTransient, Err: errors.Wrapf(ErrHeldElsewhere, "%s belongs to Proxy uid %s now, not %s", what, holder, from)}
+	return &Error{Class: ClassTransient, Err: heldElsewhere(fmt.Sprintf("%s belongs to Proxy uid %s now, not %s", what, holder, from))}
 }
+
+// heldElsewhere is ErrHeldElsewhere with its particulars.
+type heldElsewhere string
+
+func (e heldElsewhere) Error() string        { return string(e) }
+func (e heldElsewhere) Is(target error) bool { return target == ErrHeldElsewhere }
 
 // Error is a backend error with its class.
 type Error struct {
@@ -136,10 +144,12 @@ func Backoff(c Class, failures int) time.Duration {
 }
 
 // A PartialList is ListOwned's error when part of what it lists could not
-// be read for want of a permission (GCP's firewall rules without
-// compute.firewalls.list): the instances it returns with it are all the
-// others, complete, and may be collected; Skipped names what was not
-// listed. Any other error of ListOwned means its list is not to be used.
+// be read: a cloud's openings without the permission to list them (GCP's
+// firewall rules without compute.firewalls.list, EC2's security groups
+// without ec2:DescribeSecurityGroups: cloudvm.OpeningsUnlisted), or a GCP
+// zone in an outage. The instances it returns with it are all the others,
+// complete, and may be collected; Skipped names what was not listed. Any
+// other error of ListOwned means its list is not to be used.
 type PartialList struct {
 	Skipped string
 	Err     error

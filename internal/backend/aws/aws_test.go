@@ -507,11 +507,11 @@ func TestUnauthorizedExplained(t *testing.T) {
 	}
 }
 
-// TestStoppedInstanceReplaced: an instance somebody stops (or that is
-// stopping) serves no crawler: Get reports it terminated, so that the
-// Proxy replaces it, and the states a running instance passes through on
-// its way up provision.
-func TestStoppedInstanceReplaced(t *testing.T) {
+// TestStoppedInstanceReportedTerminated: an instance somebody stops (or
+// that is stopping) serves no crawler: Get reports it terminated, which
+// makes the controller replace it (TestAWSInstanceReplaced), and the
+// states a running instance passes through on its way up provision.
+func TestStoppedInstanceReportedTerminated(t *testing.T) {
 	for state, want := range map[ec2types.InstanceStateName]v1alpha1.InstancePhase{
 		ec2types.InstanceStateNamePending: v1alpha1.InstancePhaseProvisioning, ec2types.InstanceStateNameRunning: v1alpha1.InstancePhaseRunning,
 		ec2types.InstanceStateNameStopping: v1alpha1.InstancePhaseTerminated, ec2types.InstanceStateNameStopped: v1alpha1.InstancePhaseTerminated,

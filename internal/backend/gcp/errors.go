@@ -93,9 +93,11 @@ func insertError(err error, what string) error {
 		return errors.Wrapf(c, "%s: the zone has no capacity for it now; it is retried later, or move the proxy to another zone", what)
 	}
 	if p := deniedPermission(err); p == permUseExternalIP {
-		return errors.Wrapf(c, "%s: the provider's service account may not give a VM an external address in this subnetwork; "+
-			"grant %s on it (in a Shared VPC, in the host project: roles/compute.networkUser holds it), "+
-			"or set spec.forProvider.gcp.publishedAddress: Internal for proxies reached from inside the VPC", what, permUseExternalIP)
+		// Every proxy VM leaves through an external address of its own,
+		// whichever address it publishes: the grant is the only way.
+		return errors.Wrapf(c, "%s: the provider's service account may not give a VM an external address in this subnetwork, "+
+			"which every proxy VM needs as its egress address; grant %s on it (in a Shared VPC, in the host project: roles/compute.networkUser holds it)",
+			what, permUseExternalIP)
 	}
 	return errors.Wrap(c, what)
 }

@@ -259,14 +259,15 @@ func (b *Backend) releaseRule(ctx context.Context, r backend.Ref, network string
 	})
 	for {
 		pair, err := it.Next()
+		// A zone in an outage may hold VMs that carry it: the rule stays,
+		// for the orphan collector once the zone answers.
+		if resp, ok := it.Response.(*computepb.InstanceAggregatedList); ok && len(resp.GetUnreachables()) > 0 {
+			return
+		}
 		if errors.Is(err, iterator.Done) {
 			break
 		}
-		if err != nil {
-			return
-		}
-		if resp, ok := it.Response.(*computepb.InstanceAggregatedList); ok && len(resp.GetUnreachables()) > 0 || pair.Value.GetWarning().GetCode() == "UNREACHABLE" {
-			// A zone in an outage may hold VMs that carry it.
+		if err != nil || pair.Value.GetWarning().GetCode() == "UNREACHABLE" {
 			return
 		}
 		for _, vm := range pair.Value.GetInstances() {

@@ -292,7 +292,7 @@ func (b *Backend) checkPlacement(s backend.Spec, vm *computepb.Instance, fw *com
 	if image := normalImage(s.GCP.Image); s.UserData == "" && image != "" && !scriptImageRe.MatchString(image) {
 		// Checked at create only: a running VM of an image made before
 		// this check is left to serve.
-		return gcpCloud.UnsupportedImage(strconv.Quote(s.GCP.Image), "not a public image of projects/debian-cloud or projects/ubuntu-os-cloud")
+		return gcpCloud.UnsupportedImage(strconv.Quote(s.GCP.Image), "not a Debian 11 to 13 or Ubuntu 20.04 or later image of projects/debian-cloud, ubuntu-os-cloud or ubuntu-os-pro-cloud")
 	}
 	if sn := vm.GetNetworkInterfaces()[0].GetSubnetwork(); sn != "" {
 		snProject := b.cfg.Project

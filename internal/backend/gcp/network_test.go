@@ -12,6 +12,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"k8s.io/utils/ptr"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp/gcpfake"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
@@ -113,8 +114,17 @@ func TestNetworks(t *testing.T) {
 		s.GCP.Subnetwork = subnet
 		s.GCP.Network = "projects/net-host/global/networks/shared"
 		_, err := b.Create(ctx, s)
-		if backend.ClassOf(err) != backend.ClassAccessDenied || !strings.Contains(err.Error(), "grant compute.subnetworks.useExternalIp") || !strings.Contains(err.Error(), "publishedAddress: Internal") {
-			t.Errorf("a host subnetwork that does not grant useExternalIp is refused, naming the grant and the way round it: %v", err)
+		if backend.ClassOf(err) != backend.ClassAccessDenied || !strings.Contains(err.Error(), "grant compute.subnetworks.useExternalIp") {
+			t.Errorf("a host subnetwork that does not grant useExternalIp is refused, naming the grant: %v", err)
+		}
+		// Publishing the internal address changes nothing: the VM still
+		// leaves through an external address of its own.
+		internal := s
+		internal.GCP = ptr.To(*s.GCP)
+		internal.GCP.PublishedAddress = v1alpha1.GCPPublishedInternal
+		internal.AllowedSourceRanges = []string{"10.0.0.0/8"}
+		if _, err := b.Create(ctx, internal); backend.ClassOf(err) != backend.ClassAccessDenied {
+			t.Errorf("a VM publishing its internal address needs the grant too: %v", err)
 		}
 		if fake.Instance(s.Zone, s.Name) != nil {
 			t.Error("the refused insert made a VM")

@@ -487,7 +487,10 @@ func (b *Backend) Adopt(ctx context.Context, r backend.Ref, from types.UID, to o
 			return Classify(errors.Wrapf(err, "cannot get %s %s/%s", kinds[i], r.Namespace, r.Name))
 		}
 		cur, ok := ownership.FromLabels(o.GetLabels())
-		if h := cur.Holder(); !ok || h != from && h != to.UID {
+		if !ok {
+			return backend.Errorf(backend.ClassPermanent, "%s %s/%s carries no ownership labels: it is not a provider's, and is not imported", kinds[i], r.Namespace, r.Name)
+		}
+		if h := cur.Holder(); h != from && h != to.UID {
 			return backend.HeldElsewhere(kinds[i]+" "+r.Namespace+"/"+r.Name, h, from)
 		}
 	}

@@ -101,6 +101,11 @@ func (e *external) importInstance(ctx context.Context, p *v1alpha1.Proxy, x stri
 		Fleet: fleetv1alpha1.FleetName(p), Retain: !mayDelete(p),
 	}
 	err = a.Adopt(ctx, inst.Ref, from, to)
+	if errors.Is(err, backend.ErrHeldElsewhere) {
+		// Another Proxy imported it first: a refusal, not the backend's
+		// failure.
+		return refuse("%v", err)
+	}
 	e.countError("adopt", err)
 	if err != nil {
 		p.SetConditions(unavailable(ReasonBackendError, fmt.Sprintf("cannot import %s: %v", x, err)))

@@ -9,6 +9,7 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/test"
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	ctrlevent "sigs.k8s.io/controller-runtime/pkg/event"
 
 	xpv2 "github.com/crossplane/crossplane/apis/v2/core/v2"
@@ -216,11 +217,15 @@ func TestInputsLiftHolds(t *testing.T) {
 				recordCreateFailure(p, backend.Errorf(tc.class, "boom"), epoch)
 			}
 			meta.AddAnnotations(p, map[string]string{annotationCreateInputs: e.inputs(context.Background(), p)})
-			if _, err := e.Observe(context.Background(), p); err == nil || err.Error() != p.GetCondition(xpv2.TypeReady).Message {
+			_, err := e.Observe(context.Background(), p)
+			if err == nil || err.Error() != p.GetCondition(xpv2.TypeReady).Message || !strings.HasSuffix(err.Error(), ": boom") {
 				t.Fatalf("held while nothing changed, saying why in Ready: %v", err)
 			}
+			if held := testutil.ToFloat64(e.metrics.CreatesHeld.WithLabelValues(e.backendName(), string(tc.class))); held != 1 {
+				t.Fatalf("the create gate holds the Proxy: creates held %v", held)
+			}
 			e.pc.Version = "2" // the ProviderConfig was edited
-			_, err := e.Observe(context.Background(), p)
+			_, err = e.Observe(context.Background(), p)
 			if (err != nil) != tc.blocked {
 				t.Errorf("after the ProviderConfig changed: held=%v, want %v (%v)", err != nil, tc.blocked, err)
 			}

@@ -14,6 +14,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	clientfake "sigs.k8s.io/controller-runtime/pkg/client/fake"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
@@ -236,7 +239,11 @@ func (failingRetain) SetRetain(context.Context, backend.Ref, bool) error {
 	return errors.New("label refused")
 }
 
-// TestObserveEvents: the events of Observe's transitions, each once.
+// TestObserveEvents: the events Observe records. CrashLoopBackOff is
+// recorded once, on the transition, however often the instance is
+// observed; the others are recorded at each Observe that finds their
+// cause (the event recorder folds repeats into a count), so their cases
+// observe once.
 func TestObserveEvents(t *testing.T) {
 	crashing := runningInstance()
 	crashing.CrashLoop = "squid restarted 5 times in 10 minutes"
@@ -398,5 +405,39 @@ func TestObserveCountsHeldCreates(t *testing.T) {
 	}
 	if got := held(); got != 0 {
 		t.Errorf("a hold that ended is counted no more: %v", got)
+	}
+}
+
+// adoptedFirst is a backend whose instances another Proxy has just
+// imported: every Adopt is refused as held elsewhere.
+type adoptedFirst struct{ *fake.Backend }
+
+func (adoptedFirst) Adopt(_ context.Context, r backend.Ref, from types.UID, _ ownership.Owner) error {
+	return backend.HeldElsewhere("local instance "+r.Name, "first-importer-uid", from)
+}
+
+// TestImportLostToAnother: an import another Proxy won (Adopt refused as
+// held elsewhere) is the import's refusal, ImportRefused, not a failure of
+// the backend: nothing is counted against it.
+func TestImportLostToAnother(t *testing.T) {
+	scheme := runtime.NewScheme()
+	if err := v1alpha1.SchemeBuilder.AddToScheme(scheme); err != nil {
+		t.Fatal(err)
+	}
+	b := fake.New()
+	b.Put(backend.Instance{Ref: backend.Ref{Name: strings.TrimPrefix(victimID, "local/")}, ProviderID: victimID, Phase: v1alpha1.InstancePhaseRunning, Host: "127.0.0.1", Port: 3129,
+		Owner: ownership.Owner{ClusterID: "unit", Namespace: "ns", Name: "gone", UID: "gone-uid"}})
+	e := newExternal(adoptedFirst{b}, &fakeProber{}, &clock{t: epoch})
+	e.kube = clientfake.NewClientBuilder().WithScheme(scheme).Build()
+	p := unitProxy(func(p *v1alpha1.Proxy) { meta.SetExternalName(p, victimID) })
+	_, err := e.Observe(context.Background(), p)
+	if err == nil || !strings.Contains(err.Error(), "belongs to Proxy uid first-importer-uid") {
+		t.Errorf("the import is refused saying who holds the instance: %v", err)
+	}
+	if c := p.GetCondition(xpv2.TypeReady); c.Reason != ReasonImportRefused {
+		t.Errorf("Ready: %s %s, want %s", c.Reason, c.Message, ReasonImportRefused)
+	}
+	if got := testutil.ToFloat64(e.metrics.BackendErrors.WithLabelValues(e.backendName(), "adopt", string(backend.ClassTransient))); got != 0 {
+		t.Errorf("a lost import counted as a backend error: %v", got)
 	}
 }

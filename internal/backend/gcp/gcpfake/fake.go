@@ -631,7 +631,8 @@ func (s *Server) boot() {
 			for _, ac := range ni.GetAccessConfigs() {
 				if ac.NatIP == nil {
 					s.natSeq++
-					ac.NatIP = ptr.To(fmt.Sprintf("35.%d.%d.%d", 200+s.natSeq/65025%50, s.natSeq/255%255, 1+s.natSeq%254))
+					n := s.natSeq - 1
+					ac.NatIP = ptr.To(fmt.Sprintf("35.%d.%d.%d", 200+n/(254*256)%50, n/254%256, 1+n%254))
 				}
 			}
 		}
