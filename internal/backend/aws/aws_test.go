@@ -542,3 +542,27 @@ func TestStoppedInstanceReportedTerminated(t *testing.T) {
 		}
 	}
 }
+
+// TestTokenSentWithOtherParameters: a create that sends a token EC2 bound
+// to other parameters (here the owner's tags changed, which the token does
+// not digest) gets IdempotentParameterMismatch; while EC2 does not list the
+// instance the token made, the create is retried later, as transient, and
+// no second instance is made.
+func TestTokenSentWithOtherParameters(t *testing.T) {
+	fake := ec2fake.Start(t)
+	fake.HideNewFor = time.Minute
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	s := spec("0b7c6a2e-4444-4222-8333-944455556666")
+	if _, err := b.Create(ctx, s); err != nil {
+		t.Fatal(err)
+	}
+	s.Owner.Name = "renamed"
+	_, err := b.Create(ctx, s)
+	if backend.ClassOf(err) != backend.ClassTransient || !strings.Contains(err.Error(), "used token") || !strings.Contains(err.Error(), "IdempotentParameterMismatch") {
+		t.Errorf("a token bound to other parameters: %v (%s); want a transient error naming the mismatch", err, backend.ClassOf(err))
+	}
+	if n := len(fake.Instances()); n != 1 {
+		t.Errorf("%d instances; the mismatch makes none", n)
+	}
+}

@@ -41,7 +41,7 @@ func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
 			// The VMs of a zone in an outage are not listed: a rule
 			// only they carry would look unused, and be taken.
 			zones := slices.Sorted(maps.Keys(unreachable))
-			return out, &backend.PartialList{Skipped: "firewall rules of project " + b.cfg.Project,
+			return out, &backend.PartialList{Skipped: b.projectRules(),
 				Err: errors.Errorf("the VMs of %s could not be listed (unreachable), so no rule can be judged unused", strings.Join(zones, ", "))}
 		}
 		if errors.Is(err, iterator.Done) {
@@ -81,7 +81,7 @@ func (b *Backend) orphanRules(ctx context.Context, vms []backend.Instance) ([]ba
 			return out, nil
 		}
 		if err != nil {
-			return out, cloudvm.OpeningsUnlisted(Classify(err), "firewall rules of project "+b.cfg.Project+" (grant compute.firewalls.list to collect them)", "firewall rules")
+			return out, cloudvm.OpeningsUnlisted(Classify(err), b.projectRules()+" (grant compute.firewalls.list to collect them)", "firewall rules")
 		}
 		// A rule of a VM in another project (a Shared VPC host's rule
 		// listed by a configuration of the host project) is that
@@ -103,3 +103,6 @@ func (b *Backend) orphanRules(ctx context.Context, vms []backend.Instance) ([]ba
 		})
 	}
 }
+
+// projectRules names what a partial list skipped: the project's rules.
+func (b *Backend) projectRules() string { return "firewall rules of project " + b.cfg.Project }
