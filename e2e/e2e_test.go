@@ -71,7 +71,7 @@ func TestMain(m *testing.M) {
 	}
 	stack, err = devenv.Up(context.Background(), devenv.Options{
 		Root: root, StateDir: state, Progress: os.Stderr, ApplyExamples: true,
-		ProviderArgs:  []string{"--local-restart-delay=" + restartDelay.String()},
+		ProviderArgs:  []string{"--local-restart-delay=" + restartDelay.String(), startEC2()},
 		DiscoveryArgs: []string{"--sweep-interval=2s", "--gateway-idle=2s"},
 	})
 	if err != nil {
@@ -81,6 +81,7 @@ func TestMain(m *testing.M) {
 	testbed.RestartLogs = filepath.Join(state, "logs")
 	code := m.Run()
 	stack.Down()
+	ec2.Close()
 	// The apiserver and etcd ControlPlaneRestarts started again.
 	testbed.StopRestarted()
 	if left := leftBehind(stack); len(left) > 0 {
@@ -135,6 +136,7 @@ func TestEndToEnd(t *testing.T) {
 		{"BurnedAddressRecycled", burnedAddressRecycled},
 		{"PasswordRotatesInPlace", passwordRotatesInPlace},
 		{"PooledFleetScalesRollsAndGoes", pooledFleetScalesRollsAndGoes},
+		{"AWSFleetOnEC2", awsFleetOnEC2},
 		{"DeletingFleetsLeavesNothing", deletingFleetsLeavesNothing},
 	}
 	for _, s := range steps {

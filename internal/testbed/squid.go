@@ -208,3 +208,25 @@ func SquidStateDir(t testing.TB) string {
 	}
 	return dir
 }
+
+// StartScriptSquid runs, listening on addr, the Squid a cloud VM's
+// generated start-up script would: the configuration and the password
+// file it writes, with the VM's paths moved to a scratch folder, and
+// loopback destinations let through (a VM's loopback is its own; on this
+// shared host the tests' targets live there). edit, when not nil, changes
+// the configuration further (a test that runs several such VMs side by
+// side binds each to an address of its own). The process is stopped with
+// the test.
+func StartScriptSquid(t testing.TB, script, addr string, edit func(conf string) string) *exec.Cmd {
+	t.Helper()
+	conf := Heredoc(t, script, "/etc/squid/egress-proxy.conf")
+	conf = strings.NewReplacer("http_access deny egress_loopback\n", "", "/var/log/squid/", "/etc/squid/",
+		"/run/squid.pid", "/etc/squid/squid.pid", "/var/spool/squid", "/etc/squid").Replace(conf)
+	if edit != nil {
+		conf = edit(conf)
+	}
+	return StartSquid(t, []byte(conf), "/etc/squid", map[string][]byte{
+		"egress-proxy.htpasswd": []byte(Heredoc(t, script, "/etc/squid/egress-proxy.htpasswd")),
+		"egress-proxy.self":     []byte("255.255.255.255\n"),
+	}, addr)
+}

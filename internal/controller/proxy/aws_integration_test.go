@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
-	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -73,7 +72,7 @@ func TestAWSProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runScriptSquid(t, string(script), "127.0.0.1:32340")
+	testbed.StartScriptSquid(t, string(script), "127.0.0.1:32340", nil)
 	fake.SetPublicIP(vm.ID, "127.0.0.1")
 	fake.SetState(vm.ID, "running")
 	testbed.Eventually(t, 15*time.Second, "Ready through the instance's Squid", ready(t, key, corev1.ConditionTrue))
@@ -104,28 +103,6 @@ func TestAWSProxy(t *testing.T) {
 		return kerrors.IsNotFound(err) && (state == "terminated" || state == "shutting-down"), fmt.Sprintf("proxy err=%v, instance %s", err, state)
 	})
 	deleteProxies(t, ns)
-}
-
-// runScriptSquid runs, listening on addr, the Squid a VM's generated
-// start-up script would: its config and htpasswd, with the VM's paths
-// moved beside them.
-func runScriptSquid(t testing.TB, script, addr string) {
-	t.Helper()
-	startScriptSquid(t, script, addr)
-}
-
-// startScriptSquid is runScriptSquid, returning the process.
-func startScriptSquid(t testing.TB, script, addr string) *exec.Cmd {
-	t.Helper()
-	conf := testbed.Heredoc(t, script, "/etc/squid/egress-proxy.conf")
-	// A VM's loopback is its own; on this shared host the test lets the
-	// probe reach the echo target on loopback.
-	conf = strings.NewReplacer("http_access deny egress_loopback\n", "", "/var/log/squid/", "/etc/squid/",
-		"/run/squid.pid", "/etc/squid/squid.pid", "/var/spool/squid", "/etc/squid").Replace(conf)
-	return testbed.StartSquid(t, []byte(conf), "/etc/squid", map[string][]byte{
-		"egress-proxy.htpasswd": []byte(testbed.Heredoc(t, script, "/etc/squid/egress-proxy.htpasswd")),
-		"egress-proxy.self":     []byte("255.255.255.255\n"),
-	}, addr)
 }
 
 // awsConfig is a ClusterProviderConfig pc of the AWS backend, signing
@@ -209,7 +186,7 @@ func TestAWSKeptAndImported(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runScriptSquid(t, string(script), "127.0.0.1:32342")
+	testbed.StartScriptSquid(t, string(script), "127.0.0.1:32342", nil)
 	fake.SetPublicIP(vm.ID, "127.0.0.1")
 	fake.SetState(vm.ID, "running")
 	testbed.Eventually(t, 15*time.Second, "Ready through the imported instance", ready(t, ikey, corev1.ConditionTrue))
@@ -267,7 +244,7 @@ func TestAWSInstanceReplaced(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			runScriptSquid(t, string(script), "127.0.0.1:32343")
+			testbed.StartScriptSquid(t, string(script), "127.0.0.1:32343", nil)
 		}
 		fake.SetPublicIP(vm.ID, "127.0.0.1")
 		fake.SetState(vm.ID, "running")

@@ -554,7 +554,7 @@ func bootVM(t testing.TB, fake *gcpfake.Server, zone, name, addr string) {
 // runVMSquid runs the Squid of VM zone/name, from its startup script.
 func runVMSquid(t testing.TB, fake *gcpfake.Server, zone, name, addr string) {
 	t.Helper()
-	runScriptSquid(t, fake.Instance(zone, name).GetMetadata().GetItems()[0].GetValue(), addr)
+	testbed.StartScriptSquid(t, fake.Instance(zone, name).GetMetadata().GetItems()[0].GetValue(), addr, nil)
 }
 
 // collectorAnHourAhead is an orphan collector over prov's backends whose

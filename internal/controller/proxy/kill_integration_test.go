@@ -255,7 +255,7 @@ func TestProviderKilledMidOperation(t *testing.T) {
 							time.Sleep(10 * time.Millisecond)
 						}
 					}
-					cmd := startScriptSquid(t, string(script), fmt.Sprintf("127.0.0.1:%d", p.Spec.ForProvider.Port))
+					cmd := testbed.StartScriptSquid(t, string(script), fmt.Sprintf("127.0.0.1:%d", p.Spec.ForProvider.Port), nil)
 					booted[p.Name] = struct {
 						id  string
 						cmd *exec.Cmd

@@ -181,6 +181,14 @@ type subnet struct{ id, vpc, zone, cidr string }
 // Start runs a fake on loopback until the test ends.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	s := New()
+	t.Cleanup(s.Close)
+	return s
+}
+
+// New runs a fake on loopback until Close: for a caller with no test to
+// tie it to (a TestMain that hands its URL to a provider it starts).
+func New() *Server {
 	s := &Server{
 		instances: map[string]*Instance{}, tokens: map[string]*Instance{}, groups: map[string]*Group{},
 		subnets: map[string]subnet{}, failures: map[string]*Failure{}, calls: map[string]int{},
@@ -191,7 +199,6 @@ func Start(t testing.TB) *Server {
 		s.subnets[id] = subnet{id: id, vpc: DefaultVPC, zone: Region + z, cidr: fmt.Sprintf("172.31.%d.0/20", 16*i)}
 	}
 	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
-	t.Cleanup(s.Close)
 	return s
 }
 
