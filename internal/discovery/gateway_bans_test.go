@@ -109,3 +109,26 @@ func TestGatewayBansOnStatus(t *testing.T) {
 		t.Errorf("spec.gateway.banStatusCodes: [] records no ban: %+v, %v", bans, err)
 	}
 }
+
+// TestGatewaySquidRefusalBansNothing: a 403 Squid makes itself (its
+// destination policy refused the request: here a port it does not serve)
+// is no origin's answer, and bans nothing. Counted as the origin's, a
+// caller could ban the fleet's addresses host after host without any
+// origin seeing a request.
+func TestGatewaySquidRefusalBansNothing(t *testing.T) {
+	b := newGatewayBed(t, 2, 2)
+	c := b.client(b.user(""), b.token, testbed.Target{URL: "http://127.0.0.1:25"})
+	for range 2 {
+		if code, _, _, _ := plainFetch(t, c, "http://127.0.0.1:25/"); code != http.StatusForbidden {
+			t.Fatalf("Squid refuses port 25: %d, want 403", code)
+		}
+	}
+	time.Sleep(time.Second)
+	direct := &lease.Store{Client: sharedBed.Env(t).Client}
+	if bans, err := direct.ActiveBans(context.Background(), b.ns, b.fleet); err != nil || len(bans) != 0 {
+		t.Errorf("Squid's own 403 recorded bans: %+v, %v", bans, err)
+	}
+	if n := testutil.ToFloat64(b.gw.Metrics.Bans.WithLabelValues("recorded")); n != 0 {
+		t.Errorf("bans recorded: %v", n)
+	}
+}

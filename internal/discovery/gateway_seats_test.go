@@ -2,6 +2,8 @@ package discovery_test
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -184,5 +186,66 @@ func TestGatewaySeatWaitersShareRefusal(t *testing.T) {
 	}
 	if took := time.Since(start); took > 6*time.Second {
 		t.Errorf("five connections waiting on a full fleet with maxWait 2s were all answered after %s: they waited in turn", took)
+	}
+}
+
+// TestGatewaySeatWaiterOutlivesGoneTaker: on a full fleet, a connection
+// waiting for the seat another connection is leasing keeps waiting when
+// that connection goes (its client hung up: its wait was cut short, not
+// this one's), and gets the slot that frees within the fleet's maxWait.
+// Sharing the gone taker's refusal answered it 503 at once.
+func TestGatewaySeatWaiterOutlivesGoneTaker(t *testing.T) {
+	b := newGatewayBed(t, 1, 1)
+	fleetXR(t, b.ns, b.fleet, 1, map[string]any{"maxLeasesPerProxy": int64(1), "admission": map[string]any{"maxWait": "5s"}})
+	api := httptest.NewServer(b.gw.Server.Handler())
+	t.Cleanup(api.Close)
+	var squatter string
+	testbed.Eventually(t, 10*time.Second, "the fleet's one slot leased by the API", func() (bool, string) {
+		code, _, body := call(t, api, b.token, http.MethodPost, "/v1/leases", `{"fleet":"`+b.ns+"/"+b.fleet+`","holder":"squatter","ttl":"5m"}`)
+		var l struct {
+			LeaseID string `json:"leaseID"`
+		}
+		_ = json.Unmarshal([]byte(body), &l)
+		squatter = l.LeaseID
+		return code == http.StatusCreated && squatter != "", fmt.Sprintf("%d %s", code, body)
+	})
+	target := testbed.StartEchoTarget(t)
+	host := strings.TrimSuffix(strings.TrimPrefix(target.URL, "https://"), "/ip")
+
+	// The taker: a CONNECT whose client hangs up while it waits.
+	taker, err := net.Dial("tcp", b.url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth := base64.StdEncoding.EncodeToString([]byte(b.user("") + ":" + b.token))
+	if _, err := fmt.Fprintf(taker, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic %s\r\n\r\n", host, host, auth); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	type answer struct {
+		code  int
+		after time.Duration
+	}
+	waiter := make(chan answer, 1)
+	start := time.Now()
+	go func() {
+		conn, code, _ := openTunnelQuiet(b, b.user(""), host)
+		if conn != nil {
+			_ = conn.Close()
+		}
+		waiter <- answer{code, time.Since(start)}
+	}()
+	time.Sleep(300 * time.Millisecond)
+	_ = taker.Close()
+	select {
+	case a := <-waiter:
+		t.Fatalf("the waiter was answered %d %s after it came, when the taker's client hung up; want it to wait on", a.code, a.after)
+	case <-time.After(time.Second):
+	}
+	if code, _, body := call(t, api, b.token, http.MethodDelete, "/v1/leases/"+squatter, ""); code != http.StatusNoContent {
+		t.Fatalf("release the squatter: %d %s", code, body)
+	}
+	if a := <-waiter; a.code != http.StatusOK {
+		t.Errorf("the waiter once the slot freed: %d after %s, want 200", a.code, a.after)
 	}
 }

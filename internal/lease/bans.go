@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -28,9 +29,20 @@ func BanName(proxy, domain string) string {
 	return fmt.Sprintf("%s-ban-%s", proxy, hex.EncodeToString(sum[:])[:12])
 }
 
-// Ban records that a proxy is banned for a domain until cooldown passes. It
-// is a Lease object too, so every replica honours it.
+// Ban records that a proxy is banned for a domain until cooldown passes,
+// as identity reported. It is a Lease object too, so every replica
+// honours it.
 func (s *Store) Ban(ctx context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string) error {
+	return s.ban(ctx, namespace, fleet, proxy, domain, cooldown, identity, 0)
+}
+
+// BanFromAnswer is Ban for an origin's answer with status to a request of
+// identity's (AnnotationBanAnswer).
+func (s *Store) BanFromAnswer(ctx context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string, status int) error {
+	return s.ban(ctx, namespace, fleet, proxy, domain, cooldown, identity, status)
+}
+
+func (s *Store) ban(ctx context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string, status int) error {
 	if !validTTL(cooldown) {
 		return ErrInvalidTTL
 	}
@@ -52,6 +64,9 @@ func (s *Store) Ban(ctx context.Context, namespace, fleet, proxy, domain string,
 	}
 	if identity != "" {
 		want.Annotations[AnnotationIdentity] = identity
+	}
+	if status != 0 {
+		want.Annotations[AnnotationBanAnswer] = strconv.Itoa(status)
 	}
 	names(&want.ObjectMeta, fleet, proxy)
 	s.own(ctx, &want.ObjectMeta, proxy)
@@ -77,8 +92,12 @@ func (s *Store) Unban(ctx context.Context, namespace, proxy, domain string) erro
 	return errors.Wrap(client.IgnoreNotFound(err), "cannot lift ban")
 }
 
-// Ban is one live ban, and who reported it.
-type Ban struct{ Proxy, Domain, Identity string }
+// Ban is one live ban, and who reported it; FromAnswer when it was
+// recorded from an origin's answer to Identity's request.
+type Ban struct {
+	Proxy, Domain, Identity string
+	FromAnswer              bool
+}
 
 // ActiveBans lists a fleet's live bans, from the cache.
 func (s *Store) ActiveBans(ctx context.Context, namespace, fleet string) ([]Ban, error) {
@@ -90,7 +109,8 @@ func (s *Store) ActiveBans(ctx context.Context, namespace, fleet string) ([]Ban,
 	now := s.now()
 	for i := range items {
 		if b := &items[i]; !Expired(b, now) && fleetv1alpha1.FleetName(b) == fleet {
-			out = append(out, Ban{Proxy: fleetv1alpha1.ProxyName(b), Domain: b.Annotations[AnnotationDomain], Identity: b.Annotations[AnnotationIdentity]})
+			out = append(out, Ban{Proxy: fleetv1alpha1.ProxyName(b), Domain: b.Annotations[AnnotationDomain], Identity: b.Annotations[AnnotationIdentity],
+				FromAnswer: b.Annotations[AnnotationBanAnswer] != ""})
 		}
 	}
 	return out, nil

@@ -198,9 +198,10 @@ func setHistory(l *coordv1.Lease, hist []IPBan, now time.Time, renew bool) {
 
 // prune keeps the bans of the last IPHistoryRetention, oldest first, and
 // at most MaxIPHistory: those whose cooldown is over go first, the oldest
-// of them first, so that a burst of one domain does not push another's
-// live ban out. A ban from the future (a replica whose clock runs ahead)
-// is kept: it counts once its time comes.
+// of them first; when every one is live, the newest goes, so that a burst
+// (an origin answering 403 for host after host) never pushes out a live
+// ban recorded before it. A ban from the future (a replica whose clock
+// runs ahead) is kept: it counts once its time comes.
 func prune(hist []IPBan, now time.Time) []IPBan {
 	from := now.Add(-IPHistoryRetention).Unix()
 	out := make([]IPBan, 0, len(hist))
@@ -211,7 +212,7 @@ func prune(hist []IPBan, now time.Time) []IPBan {
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].At < out[j].At })
 	for over := len(out) - MaxIPHistory; over > 0; over-- {
-		drop := 0
+		drop := len(out) - 1
 		for i, b := range out {
 			if b.Until <= now.Unix() {
 				drop = i

@@ -180,3 +180,32 @@ func TestHistoryRead(t *testing.T) {
 		t.Errorf("a damaged history reads as %d bans", len(h))
 	}
 }
+
+// TestIPBanHistoryKeepsLiveBans: a history full of live bans keeps them
+// all when more come (an origin answering 403 for host after host): the
+// newcomer is not kept, and the first live ban, of another domain, stays.
+// With the oldest live ban dropped instead, victim.example's would go.
+func TestIPBanHistoryKeepsLiveBans(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ctx := context.Background()
+	ns := bed.Namespace(t)
+	c := &clock{t: time.Now()}
+	s := &lease.Store{Client: bed.Client, Now: c.now}
+	if err := s.RecordIPBan(ctx, ns, "crawlers", "crawlers-0", "203.0.113.9", "victim.example", 2*time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	for i := range lease.MaxIPHistory + 3 {
+		c.add(time.Second)
+		if err := s.RecordIPBan(ctx, ns, "crawlers", "crawlers-0", "203.0.113.9", fmt.Sprintf("a%d.evil.example", i), 24*time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hist, err := s.IPHistories(ctx, ns, "crawlers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := hist["203.0.113.9"]
+	if len(h) != lease.MaxIPHistory || !lease.BannedNow(h, "victim.example", c.now()) {
+		t.Errorf("a full history of live bans keeps victim.example's: %d bans, first %+v", len(h), h[0])
+	}
+}

@@ -54,6 +54,11 @@ const (
 	// through it.
 	AnnotationIdentity = fleetv1alpha1.Group + "/identity"
 	AnnotationDomain   = fleetv1alpha1.Group + "/domain"
+	// AnnotationBanAnswer marks a ban recorded from an origin's answer
+	// (the gateway saw one of the fleet's spec.gateway.banStatusCodes)
+	// rather than reported: its value is the answer's status code. Such
+	// bans are bounded apart from reported ones.
+	AnnotationBanAnswer = fleetv1alpha1.Group + "/ban-answer"
 	// AnnotationReplicas lists, comma-separated, the egress-discovery
 	// replicas that use a lease together (a gateway session whose
 	// connections reach several): the one that granted it (Granter) and

@@ -50,6 +50,7 @@ type Store interface {
 	BannedFor(ctx context.Context, namespace, fleet, domain string) (map[string]bool, error)
 	ActiveBans(ctx context.Context, namespace, fleet string) ([]lease.Ban, error)
 	Ban(ctx context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string) error
+	BanFromAnswer(ctx context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string, status int) error
 	RecordIPBan(ctx context.Context, namespace, fleet, proxy, ip, domain string, cooldown time.Duration) error
 	IPHistories(ctx context.Context, namespace, fleet string) (map[string][]lease.IPBan, error)
 	LiftIPBan(ctx context.Context, namespace, fleet, ip, domain string) error
@@ -86,9 +87,11 @@ type Allocator struct {
 	// pacing: each paces at its share (PacingFor). Nil: this one alone.
 	Replicas func(ctx context.Context, namespace, fleet string) (int, error)
 
-	// banRecord serialises the bound check and the write of a ban;
-	// bansMade are the bans this replica recorded lately, by fleet.
-	banRecord sync.Mutex
+	// banRecord serialises the bound check and the write of a ban, per
+	// fleet (by a hash of its key: one fleet's slow writes hold up few
+	// others); bansMade are the bans this replica recorded lately, by
+	// fleet.
+	banRecord [banLocks]sync.Mutex
 	banMu     sync.Mutex
 	bansMade  map[string][]recentBan
 

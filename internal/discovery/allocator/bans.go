@@ -3,6 +3,7 @@ package allocator
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strings"
 	"sync"
@@ -51,15 +52,57 @@ func (s *Allocator) recentBans(key string, listed []lease.Ban) []lease.Ban {
 	return out
 }
 
-// Ban checks a new ban against the bounds and records it, one at a time
-// per replica, so that reports racing on it cannot pass a bound together.
+// banLocks is how many locks serialise bans, each for the fleets whose
+// key hashes to it.
+const banLocks = 64
+
+// banLock is the lock of the fleet ns/fleet's bans.
+func (s *Allocator) banLock(ns, fleet string) *sync.Mutex {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(ns + "/" + fleet))
+	return &s.banRecord[h.Sum32()%banLocks]
+}
+
+// Ban checks a new ban, reported by id, against the bounds and records
+// it, one at a time per fleet on a replica, so that reports racing on it
+// cannot pass a bound together.
 func (s *Allocator) Ban(ctx context.Context, ns, fleet, proxy, domain string, cooldown time.Duration, id *auth.Identity) error {
-	s.banRecord.Lock()
-	defer s.banRecord.Unlock()
-	if err := s.banAllowed(ctx, ns, fleet, proxy, domain, id); err != nil {
+	return s.ban(ctx, ns, fleet, proxy, domain, cooldown, id, 0)
+}
+
+// BanFromAnswer is Ban for an origin's answer with status to a request of
+// id's through the gateway. Such bans are bounded apart from reported
+// ones: they count neither against id's bound nor the fleet's, but
+// against one of their own, a quarter of the fleet's (an origin chooses
+// the host names its answers ban, and must not use up what the crawlers'
+// own reports may record). And an origin's answers ban at most half of
+// the fleet's serving proxies for a domain, counting every proxy that
+// leaves from a banned one's egress IP: one that refuses everyone (a
+// login wall) cannot cost the fleet the domain.
+func (s *Allocator) BanFromAnswer(ctx context.Context, ns, fleet, proxy, domain string, cooldown time.Duration, id *auth.Identity, status int) error {
+	return s.ban(ctx, ns, fleet, proxy, domain, cooldown, id, status)
+}
+
+// ban is Ban (status 0) and BanFromAnswer.
+func (s *Allocator) ban(ctx context.Context, ns, fleet, proxy, domain string, cooldown time.Duration, id *auth.Identity, status int) error {
+	mu := s.banLock(ns, fleet)
+	mu.Lock()
+	defer mu.Unlock()
+	extends, err := s.banAllowed(ctx, ns, fleet, proxy, domain, id, status != 0)
+	if err != nil {
 		return err
 	}
-	if err := s.Leases.Ban(ctx, ns, fleet, proxy, domain, cooldown, id.User); err != nil {
+	if status != 0 && !extends {
+		if err := s.keepsHalf(ctx, ns, fleet, proxy, domain); err != nil {
+			return err
+		}
+	}
+	if status != 0 {
+		err = s.Leases.BanFromAnswer(ctx, ns, fleet, proxy, domain, cooldown, id.User, status)
+	} else {
+		err = s.Leases.Ban(ctx, ns, fleet, proxy, domain, cooldown, id.User)
+	}
+	if err != nil {
 		return err
 	}
 	// The target banned the proxy's address: its history keeps the ban
@@ -78,8 +121,63 @@ func (s *Allocator) Ban(ctx context.Context, ns, fleet, proxy, domain string, co
 	made := slices.DeleteFunc(s.bansMade[key], func(r recentBan) bool {
 		return r.ban.Proxy == proxy && strings.EqualFold(r.ban.Domain, domain)
 	})
-	s.bansMade[key] = append(made, recentBan{ban: lease.Ban{Proxy: proxy, Domain: domain, Identity: id.User}, at: s.now()})
+	s.bansMade[key] = append(made, recentBan{ban: lease.Ban{Proxy: proxy, Domain: domain, Identity: id.User, FromAnswer: status != 0}, at: s.now()})
 	return nil
+}
+
+// addressOf is the address a target sees m at: its egress IP, canonical;
+// the proxy itself while its IP is not known.
+func addressOf(m *catalog.Member) string {
+	if ip := lease.CanonicalIP(m.EgressIP); ip != "" {
+		return ip
+	}
+	return "proxy:" + m.Name
+}
+
+// keepsHalf refuses a ban from an origin's answer that would leave fewer
+// than half of the fleet's serving proxies serving domain: the proxy, and
+// every serving proxy leaving from its egress IP (the target banned the
+// address), go out with it. What is out already is read as an acquisition
+// reads it (bans of proxies and of their IPs, and IP histories), with the
+// bans this replica recorded lately that its cache may not show yet.
+func (s *Allocator) keepsHalf(ctx context.Context, ns, fleet, proxy, domain string) error {
+	ms, err := s.Catalog.Fleet(ctx, ns, fleet)
+	if err != nil {
+		return err
+	}
+	admits, err := s.Admits(ctx, ms, "", nil, domain)
+	if err != nil {
+		return err
+	}
+	// The addresses of the proxies this replica banned for domain lately.
+	recent := map[string]bool{}
+	for _, b := range s.recentBans(ns+"/"+fleet, nil) {
+		if m := catalog.MemberNamed(ms, b.Proxy); m != nil && strings.EqualFold(b.Domain, domain) {
+			recent[addressOf(m)] = true
+		}
+	}
+	target := "proxy:" + proxy
+	if m := catalog.MemberNamed(ms, proxy); m != nil {
+		target = addressOf(m)
+	}
+	serving, out, newly := 0, 0, 0
+	for i := range ms {
+		m := &ms[i]
+		if !m.Serving() {
+			continue
+		}
+		serving++
+		switch a := addressOf(m); {
+		case !admits(m) || recent[a]:
+			out++
+		case a == target:
+			newly++
+		}
+	}
+	if newly == 0 || 2*(out+newly) <= serving {
+		return nil
+	}
+	return banLimit(fmt.Sprintf("an origin's answers ban at most half of fleet %s/%s's %d serving proxies for %s: %d are out for it already, and this ban would take %d more (its egress IP's)", ns, fleet, serving, domain, out, newly))
 }
 
 // EgressIPOf is a proxy's egress IP as the catalogue shows it; "" when it
@@ -193,35 +291,44 @@ func banLimit(msg string) *problem.Error {
 	return &problem.Error{Code: problem.StatusTooManyRequests, Reason: apiv1.ReasonBanLimit, Msg: msg}
 }
 
-// banAllowed checks a new ban against the fleet's and the identity's
-// bounds; extending a ban that is live already is always allowed. Replicas
-// count from their caches, so the bounds hold up to what they grant at the
-// same moment.
-func (s *Allocator) banAllowed(ctx context.Context, ns, fleet, proxy, domain string, id *auth.Identity) error {
-	if s.MaxBansPerFleet <= 0 && s.MaxBansPerIdentity <= 0 {
-		return nil
-	}
+// banAllowed checks a new ban against the bounds, and says whether it
+// extends one that is live already (always allowed). A reported ban
+// counts against the fleet's bound and the identity's; one from an
+// origin's answer (answer) against a quarter of the fleet's, of such bans
+// alone. Replicas count from their caches, so the bounds hold up to what
+// they grant at the same moment.
+func (s *Allocator) banAllowed(ctx context.Context, ns, fleet, proxy, domain string, id *auth.Identity, answer bool) (bool, error) {
 	bans, err := s.Leases.ActiveBans(ctx, ns, fleet)
 	if err != nil {
-		return err
+		return false, err
 	}
 	// With the bans this replica recorded lately, which its cache may
 	// not show yet: reports racing on one replica count each other.
 	bans = append(bans, s.recentBans(ns+"/"+fleet, bans)...)
-	mine := 0
+	reported, answered, mine := 0, 0, 0
 	for _, b := range bans {
 		if b.Proxy == proxy && strings.EqualFold(b.Domain, domain) {
-			return nil
+			return true, nil
 		}
-		if b.Identity == id.User {
+		switch {
+		case b.FromAnswer:
+			answered++
+		case b.Identity == id.User:
 			mine++
+			reported++
+		default:
+			reported++
 		}
 	}
 	switch {
-	case s.MaxBansPerFleet > 0 && len(bans) >= s.MaxBansPerFleet:
-		return banLimit(fmt.Sprintf("fleet %s/%s has %d live bans, its bound (--max-bans-per-fleet): lift some with an \"ok\" report, or wait for their cooldowns", ns, fleet, len(bans)))
+	case answer && s.MaxBansPerFleet > 0 && answered >= max(1, s.MaxBansPerFleet/4):
+		return false, banLimit(fmt.Sprintf("fleet %s/%s has %d live bans from origins' answers, their bound (a quarter of --max-bans-per-fleet)", ns, fleet, answered))
+	case answer:
+		return false, nil
+	case s.MaxBansPerFleet > 0 && reported >= s.MaxBansPerFleet:
+		return false, banLimit(fmt.Sprintf("fleet %s/%s has %d live bans, its bound (--max-bans-per-fleet): lift some with an \"ok\" report, or wait for their cooldowns", ns, fleet, reported))
 	case s.MaxBansPerIdentity > 0 && mine >= s.MaxBansPerIdentity:
-		return banLimit(fmt.Sprintf("%s has %d live bans in fleet %s/%s, its bound (--max-bans-per-identity)", id.User, mine, ns, fleet))
+		return false, banLimit(fmt.Sprintf("%s has %d live bans in fleet %s/%s, its bound (--max-bans-per-identity)", id.User, mine, ns, fleet))
 	}
-	return nil
+	return false, nil
 }

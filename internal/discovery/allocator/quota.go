@@ -65,9 +65,11 @@ type quotaBook struct {
 	// conns are the gateway connections without a session open through
 	// this replica, which count one each.
 	conns map[string]int
-	// connClosed is closed (and replaced) whenever a connection of conns
-	// ends: what a connection at the quota waits for.
-	connClosed chan struct{}
+	// connClosed holds, per key of conns, a channel closed (and dropped)
+	// when a connection of that key ends: what a connection at its
+	// caller's quota waits for. Only a waiter makes one, and only an end
+	// of its own caller's connections wakes it.
+	connClosed map[string]chan struct{}
 	recent     map[string]map[string]time.Time // key -> lease ID -> granted at
 	// gone are the leases released through this replica lately, which its
 	// cache may still show: their holder may take another at once.
@@ -203,12 +205,20 @@ func (s *Allocator) HoldConn(ctx context.Context, ns, fleet string, id *auth.Ide
 			grace = t.C
 		}
 		if b.connClosed == nil {
-			b.connClosed = make(chan struct{})
+			b.connClosed = map[string]chan struct{}{}
 		}
-		closed := b.connClosed
+		closed := b.connClosed[key]
+		if closed == nil {
+			closed = make(chan struct{})
+			b.connClosed[key] = closed
+		}
 		b.mu.Unlock()
 		select {
 		case <-closed:
+			// A lease the caller released meanwhile counts too.
+			if h, err := s.Leases.Held(ctx, ns, fleet, id.User); err == nil {
+				held = h
+			}
 			b.mu.Lock()
 		case <-grace:
 			b.mu.Lock()
@@ -228,9 +238,9 @@ func (s *Allocator) HoldConn(ctx context.Context, ns, fleet string, id *auth.Ide
 		if b.conns[key]--; b.conns[key] <= 0 {
 			delete(b.conns, key)
 		}
-		if b.connClosed != nil {
-			close(b.connClosed)
-			b.connClosed = nil
+		if ch := b.connClosed[key]; ch != nil {
+			close(ch)
+			delete(b.connClosed, key)
 		}
 	}, nil
 }

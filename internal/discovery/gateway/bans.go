@@ -21,6 +21,8 @@ const (
 	// 403 to everything costs a bounded number of writes, never a wait
 	// for the crawlers, whose answer is on its way already.
 	maxBanWrites = 8
+	// maxNamespaceBanWrites bounds those of one namespace's fleets.
+	maxNamespaceBanWrites = 4
 	// banWriteTimeout bounds one such write.
 	banWriteTimeout = 10 * time.Second
 	// minStatusCooldown is the shortest cooldown a Retry-After sets.
@@ -32,12 +34,15 @@ const (
 // with one of the fleet's spec.gateway.banStatusCodes, as a crawler's
 // banned report would: its cooldown is the answer's Retry-After (in
 // seconds, at least a minute), else the default, within maxBanCooldown.
-// An origin's answers ban at most half of the fleet's serving proxies for
-// a domain: one that refuses everyone (a login wall) cannot cost the
-// whole fleet the domain. A ban the bounds refuse (half the fleet,
-// --max-bans-per-fleet, per identity) is counted, not recorded.
+// An answer Squid made itself (X-Squid-Error: its destination policy
+// refused the request, or it could not reach the origin) is no origin's
+// and bans nothing. The allocator bounds such bans (BanFromAnswer): at
+// most half of the fleet's serving proxies for a domain, and a budget of
+// their own; a ban a bound refuses is counted, not recorded. Writes in
+// flight are bounded per replica and per namespace, so one tenant's
+// origins cannot take every write.
 func (gw *Gateway[S]) banOnStatus(ctx context.Context, id *auth.Identity, u User, domain string, up *upstream, rsp *http.Response) {
-	if domain == "" || rsp.StatusCode < 400 {
+	if domain == "" || rsp.StatusCode < 400 || rsp.Header.Get("X-Squid-Error") != "" {
 		return
 	}
 	a := gw.Server.Allocator()
@@ -49,7 +54,7 @@ func (gw *Gateway[S]) banOnStatus(ctx context.Context, id *auth.Identity, u User
 	if s, err := strconv.Atoi(rsp.Header.Get("Retry-After")); err == nil && s > 0 {
 		cooldown = min(max(time.Duration(s)*time.Second, minStatusCooldown), pol.MaxBanCooldown)
 	}
-	proxy := up.g.Member.Name
+	proxy, status := up.g.Member.Name, rsp.StatusCode
 	key := u.Namespace + "/" + u.Fleet + "/" + proxy + "/" + domain
 	now := a.Time()
 	gw.mu.Lock()
@@ -60,54 +65,33 @@ func (gw *Gateway[S]) banOnStatus(ctx context.Context, id *auth.Identity, u User
 		gw.mu.Unlock()
 		return
 	}
-	if gw.banWrites >= maxBanWrites {
+	if gw.banWrites >= maxBanWrites || gw.nsBanWrites[u.Namespace] >= maxNamespaceBanWrites {
 		gw.mu.Unlock()
 		gw.Metrics.Bans.WithLabelValues("dropped").Inc()
 		return
 	}
+	if gw.nsBanWrites == nil {
+		gw.nsBanWrites = map[string]int{}
+	}
 	gw.bansSeen[key] = now
 	gw.banWrites++
+	gw.nsBanWrites[u.Namespace]++
 	gw.mu.Unlock()
 	go func() {
 		defer func() {
 			gw.mu.Lock()
 			gw.banWrites--
+			if gw.nsBanWrites[u.Namespace]--; gw.nsBanWrites[u.Namespace] <= 0 {
+				delete(gw.nsBanWrites, u.Namespace)
+			}
 			gw.mu.Unlock()
 		}()
 		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), banWriteTimeout)
 		defer cancel()
-		if !gw.mayBan(bctx, u, domain, proxy) {
-			gw.Metrics.Bans.WithLabelValues("refused").Inc()
-			return
-		}
-		if err := a.Ban(bctx, u.Namespace, u.Fleet, proxy, domain, cooldown, id); err != nil {
+		if err := a.BanFromAnswer(bctx, u.Namespace, u.Fleet, proxy, domain, cooldown, id, status); err != nil {
 			gw.Metrics.Bans.WithLabelValues("refused").Inc()
 			return
 		}
 		gw.Metrics.Bans.WithLabelValues("recorded").Inc()
 	}()
-}
-
-// mayBan says whether an origin's answer may ban proxy for domain: while
-// fewer than half of the fleet's serving proxies are banned for it.
-func (gw *Gateway[S]) mayBan(ctx context.Context, u User, domain, proxy string) bool {
-	a := gw.Server.Allocator()
-	f, err := a.Catalog.Members(ctx, u.Namespace, u.Fleet)
-	if err != nil {
-		return false
-	}
-	banned, err := a.Leases.BannedFor(ctx, u.Namespace, u.Fleet, domain)
-	if err != nil {
-		return false
-	}
-	serving, out := 0, 0
-	for i := range f.Items {
-		if m := &f.Items[i]; m.Serving() {
-			serving++
-			if banned[m.Name] {
-				out++
-			}
-		}
-	}
-	return banned[proxy] || 2*(out+1) <= serving
 }

@@ -143,8 +143,10 @@ type Gateway[S Backend] struct {
 	// bansSeen are the (fleet, proxy, domain) bans this replica recorded
 	// from an origin's answer lately: a burst of 429s records one.
 	bansSeen map[string]time.Time
-	// banWrites counts the bans from origins' answers being written.
-	banWrites int
+	// banWrites counts the bans from origins' answers being written, and
+	// nsBanWrites those of each namespace.
+	banWrites   int
+	nsBanWrites map[string]int
 	// seatID is the identity the seats are leased as: this process's own,
 	// which no caller can present, so none can renew or release a seat.
 	seatID *auth.Identity
@@ -199,6 +201,9 @@ type upstream struct {
 type seatTake struct {
 	done chan struct{}
 	err  error
+	// gone says the taker's own connection went while it waited: its
+	// refusal is its own, not one for those waiting on it.
+	gone bool
 }
 
 type upstreamKey struct{}

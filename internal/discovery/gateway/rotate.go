@@ -449,7 +449,7 @@ func (gw *Gateway[S]) seatOn(ctx context.Context, key string, id *auth.Identity,
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
-		if take.err != nil && allocator.Refusal(take.err) {
+		if take.err != nil && !take.gone && allocator.Refusal(take.err) {
 			return nil, take.err
 		}
 		// Leased (or failed for its own caller's reason): shared if there.
@@ -485,7 +485,7 @@ func (gw *Gateway[S]) seatOn(ctx context.Context, key string, id *auth.Identity,
 	up, err := gw.lease(ctx, id, u, domain, SeatHolder(gw.Replica), exclude, true, false, name)
 	gw.mu.Lock()
 	delete(gw.taking, tk)
-	take.err = err
+	take.err, take.gone = err, ctx.Err() != nil
 	close(take.done)
 	if err == nil && gw.closed {
 		// Shut down meanwhile: releaseAll has given the others back.

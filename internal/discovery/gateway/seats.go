@@ -352,9 +352,11 @@ func (gw *Gateway[S]) pickSeat(ctx context.Context, key string, id *auth.Identit
 			gw.mu.Unlock()
 			select {
 			case <-take.done:
-				if take.err != nil {
+				if take.err != nil && !take.gone {
 					return nil, take.err
 				}
+				// Leased, or the taker's own connection went (its wait cut
+				// short, not this one's): look again.
 				continue
 			case <-ctx.Done():
 				return nil, ctx.Err()
@@ -370,7 +372,7 @@ func (gw *Gateway[S]) pickSeat(ctx context.Context, key string, id *auth.Identit
 		up, err := gw.lease(ctx, id, u, domain, SeatHolder(gw.Replica), held, true, best == nil, "")
 		gw.mu.Lock()
 		delete(gw.taking, key)
-		take.err = err
+		take.err, take.gone = err, ctx.Err() != nil
 		close(take.done)
 		switch {
 		case err == nil:

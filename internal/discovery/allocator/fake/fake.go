@@ -28,6 +28,9 @@ import (
 // ready; Now, when set, is its clock.
 type Store struct {
 	Now func() time.Time
+	// BanTakes, when set, is how long a ban's write takes, as an API
+	// call does: callers racing on a bound overlap.
+	BanTakes time.Duration
 
 	mu     sync.Mutex
 	seq    int
@@ -50,6 +53,7 @@ type slot struct {
 type ban struct {
 	ns, fleet, proxy, domain, identity string
 	until                              time.Time
+	answer                             bool
 }
 
 func (s *Store) now() time.Time {
@@ -206,13 +210,26 @@ func banKey(ns, fleet, proxy, domain string) string {
 
 // Ban bans a proxy of a fleet for domain for cooldown (extending a live
 // ban).
-func (s *Store) Ban(_ context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string) error {
+func (s *Store) Ban(ctx context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string) error {
+	return s.BanFromAnswer(ctx, namespace, fleet, proxy, domain, cooldown, identity, 0)
+}
+
+// BanFromAnswer is Ban for an origin's answer with status (0: a report).
+// As the store does, extending a live ban keeps who recorded it.
+func (s *Store) BanFromAnswer(_ context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string, status int) error {
+	time.Sleep(s.BanTakes)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.bans == nil {
 		s.bans = map[string]ban{}
 	}
-	s.bans[banKey(namespace, fleet, proxy, domain)] = ban{ns: namespace, fleet: fleet, proxy: proxy, domain: strings.ToLower(domain), identity: identity, until: s.now().Add(cooldown)}
+	k, now := banKey(namespace, fleet, proxy, domain), s.now()
+	b, live := s.bans[k]
+	if !live || !now.Before(b.until) {
+		b = ban{ns: namespace, fleet: fleet, proxy: proxy, domain: strings.ToLower(domain), identity: identity, answer: status != 0}
+	}
+	b.until = now.Add(cooldown)
+	s.bans[k] = b
 	s.Writes++
 	return nil
 }
@@ -258,7 +275,7 @@ func (s *Store) ActiveBans(_ context.Context, namespace, fleet string) ([]lease.
 	defer s.mu.Unlock()
 	var out []lease.Ban
 	for _, b := range s.liveBans(namespace, fleet) {
-		out = append(out, lease.Ban{Proxy: b.proxy, Domain: b.domain, Identity: b.identity})
+		out = append(out, lease.Ban{Proxy: b.proxy, Domain: b.domain, Identity: b.identity, FromAnswer: b.answer})
 	}
 	return out, nil
 }
