@@ -29,7 +29,6 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"fmt"
-	"maps"
 	"net/http"
 	"slices"
 	"strconv"
@@ -719,11 +718,11 @@ func (b *Backend) Adopt(ctx context.Context, r backend.Ref, from k8stypes.UID, t
 		return err
 	}
 	tags := tagsOf(x)
-	cur, _ := ownership.FromLabels(tags)
-	if h := cur.Holder(); h != from && h != to.UID {
-		return backend.HeldElsewhere("instance "+aws.ToString(x.InstanceId), h, from)
+	want, err := cloudvm.Adopted("instance "+aws.ToString(x.InstanceId), tags, from, to, false)
+	if err != nil {
+		return err
 	}
-	return b.retag(ctx, x, tags, cur.AdoptedBy(to).Relabel(tags, false))
+	return b.retag(ctx, x, tags, want)
 }
 
 // SetRetain tags the instance to outlive its Proxy, or removes the tag.
@@ -734,12 +733,7 @@ func (b *Backend) SetRetain(ctx context.Context, r backend.Ref, retain bool) (er
 		return err
 	}
 	tags := tagsOf(x)
-	want := maps.Clone(tags)
-	delete(want, ownership.LabelRetain)
-	if retain {
-		want[ownership.LabelRetain] = "true"
-	}
-	return b.retag(ctx, x, tags, want)
+	return b.retag(ctx, x, tags, cloudvm.Retained(tags, ownership.LabelRetain, retain))
 }
 
 // one is the instance r names: its recorded ID's, else the newest live
@@ -827,7 +821,7 @@ func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
 		return nil, err
 	}
 	var out []backend.Instance
-	used := map[string]bool{}
+	var attached []string
 	for i := range all {
 		x := &all[i]
 		in := b.instance(x)
@@ -835,12 +829,11 @@ func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
 			continue
 		}
 		out = append(out, *in)
-		used[in.Rule] = true
 		for _, g := range x.SecurityGroups {
-			used[aws.ToString(g.GroupName)] = true
+			attached = append(attached, aws.ToString(g.GroupName))
 		}
 	}
-	groups, err := b.orphanGroups(ctx, used)
+	groups, err := b.orphanGroups(ctx, cloudvm.Used(out, attached...))
 	if err != nil {
 		err = cloudvm.OpeningsUnlisted(err, "security groups in region "+b.cfg.Region+" (grant ec2:DescribeSecurityGroups to collect them)", "security groups")
 	}

@@ -11,7 +11,6 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/cloudvm"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
@@ -186,7 +185,7 @@ func (b *Backend) deleteGroup(ctx context.Context, name string) error {
 // as instances without a zone, with their owner's fleet and their
 // creation time, for the orphan collector.
 func (b *Backend) orphanGroups(ctx context.Context, used map[string]bool) ([]backend.Instance, error) {
-	var out []backend.Instance
+	var groups []cloudvm.Opening
 	p := ec2.NewDescribeSecurityGroupsPaginator(b.ec2, &ec2.DescribeSecurityGroupsInput{Filters: tagFilters(ownership.Selector(b.cfg.ClusterID)), MaxResults: aws.Int32(1000)})
 	for p.HasMorePages() {
 		page, err := p.NextPage(ctx)
@@ -195,27 +194,22 @@ func (b *Backend) orphanGroups(ctx context.Context, used map[string]bool) ([]bac
 		}
 		for i := range page.SecurityGroups {
 			g := &page.SecurityGroups[i]
-			if used[aws.ToString(g.GroupName)] {
-				continue
-			}
 			tags := tagMap(g.Tags)
 			if tags[tagGroupOf] == "" {
 				continue
 			}
-			owner, ok := ownership.FromLabels(tags)
 			// A group no live instance uses serves nothing: collected even
-			// if an older provider tagged it to be retained.
-			owner.Retain = false
+			// if an older provider tagged it to be retained (Unused).
+			owner, ok := ownership.FromLabels(tags)
 			if !ok {
 				owner = ownership.Owner{ClusterID: tags[ownership.LabelCluster], Namespace: tags[ownership.LabelNamespace], Fleet: tags[ownership.LabelOwnerFleet], Name: "fleet " + tags[ownership.LabelOwnerFleet]}
 			}
 			created, _ := time.Parse(time.RFC3339, tags[tagCreated])
-			out = append(out, backend.Instance{
-				Ref:        backend.Ref{Name: aws.ToString(g.GroupName)},
-				ProviderID: "aws:///" + b.cfg.Region + "/" + aws.ToString(g.GroupId),
-				Phase:      v1alpha1.InstancePhaseTerminated, CreatedAt: created, Owner: owner,
+			groups = append(groups, cloudvm.Opening{
+				Name: aws.ToString(g.GroupName), ProviderID: "aws:///" + b.cfg.Region + "/" + aws.ToString(g.GroupId),
+				Owner: owner, Created: created,
 			})
 		}
 	}
-	return out, nil
+	return cloudvm.Unused(groups, used), nil
 }

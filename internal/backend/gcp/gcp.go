@@ -545,11 +545,10 @@ func (b *Backend) Adopt(ctx context.Context, r backend.Ref, from types.UID, to o
 	if err != nil {
 		return errors.Wrapf(Classify(err), "cannot get VM %s", r.Name)
 	}
-	cur, _ := ownership.FromLabels(vm.GetLabels())
-	if h := cur.Holder(); h != from && h != to.UID {
-		return backend.HeldElsewhere("VM "+r.Name, h, from)
+	labels, err := cloudvm.Adopted("VM "+r.Name, vm.GetLabels(), from, to, true)
+	if err != nil {
+		return err
 	}
-	labels := cur.AdoptedBy(to).Relabel(vm.GetLabels(), true)
 	op, err := b.instances.SetLabels(ctx, &computepb.SetLabelsInstanceRequest{
 		Project: b.cfg.Project, Zone: r.Zone, Instance: r.Name,
 		InstancesSetLabelsRequestResource: &computepb.InstancesSetLabelsRequest{Labels: labels, LabelFingerprint: vm.LabelFingerprint},
@@ -575,14 +574,7 @@ func (b *Backend) SetRetain(ctx context.Context, r backend.Ref, retain bool) err
 	if err != nil {
 		return errors.Wrapf(Classify(err), "cannot get VM %s", r.Name)
 	}
-	labels := map[string]string{}
-	for k, v := range vm.GetLabels() {
-		labels[k] = v
-	}
-	delete(labels, labelRetain)
-	if retain {
-		labels[labelRetain] = "true"
-	}
+	labels := cloudvm.Retained(vm.GetLabels(), labelRetain, retain)
 	_, err = b.instances.SetLabels(ctx, &computepb.SetLabelsInstanceRequest{
 		Project: b.cfg.Project, Zone: r.Zone, Instance: r.Name,
 		InstancesSetLabelsRequestResource: &computepb.InstancesSetLabelsRequest{Labels: labels, LabelFingerprint: vm.LabelFingerprint},

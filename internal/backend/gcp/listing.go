@@ -13,7 +13,6 @@ import (
 	"google.golang.org/api/iterator"
 	"k8s.io/utils/ptr"
 
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/cloudvm"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
@@ -66,22 +65,15 @@ func (b *Backend) ListOwned(ctx context.Context) ([]backend.Instance, error) {
 // VM was deleted by hand. Rules in a Shared VPC host project are not
 // listed: the provider may not list there.
 func (b *Backend) orphanRules(ctx context.Context, vms []backend.Instance) ([]backend.Instance, error) {
-	have := map[string]bool{}
-	for _, i := range vms {
-		have[i.Name] = true
-		if i.Rule != "" {
-			have[i.Rule] = true
-		}
-	}
 	it := b.firewalls.List(ctx, &computepb.ListFirewallsRequest{Project: b.cfg.Project, Filter: ptr.To(`description eq '.*` + ruleMarker + `.*'`)})
-	var out []backend.Instance
+	var rules []cloudvm.Opening
 	for {
 		fw, err := it.Next()
 		if errors.Is(err, iterator.Done) {
-			return out, nil
+			return cloudvm.Unused(rules, cloudvm.Used(vms)), nil
 		}
 		if err != nil {
-			return out, cloudvm.OpeningsUnlisted(Classify(err), b.projectRules()+" (grant compute.firewalls.list to collect them)", "firewall rules")
+			return cloudvm.Unused(rules, cloudvm.Used(vms)), cloudvm.OpeningsUnlisted(Classify(err), b.projectRules()+" (grant compute.firewalls.list to collect them)", "firewall rules")
 		}
 		// A rule of a VM in another project (a Shared VPC host's rule
 		// listed by a configuration of the host project) is that
@@ -92,14 +84,13 @@ func (b *Backend) orphanRules(ctx context.Context, vms []backend.Instance) ([]ba
 			// without taking it along, or never came.
 			owner, vmProject, ok = sharedRuleOwner(fw)
 		}
-		if !ok || have[fw.GetName()] || !owner.OfCluster(b.cfg.ClusterID) || vmProject != b.cfg.Project {
+		if !ok || !owner.OfCluster(b.cfg.ClusterID) || vmProject != b.cfg.Project {
 			continue
 		}
 		created, _ := time.Parse(time.RFC3339, fw.GetCreationTimestamp())
-		out = append(out, backend.Instance{
-			Ref:        backend.Ref{Name: fw.GetName()},
-			ProviderID: fmt.Sprintf("projects/%s/global/firewalls/%s", b.cfg.Project, fw.GetName()),
-			Phase:      v1alpha1.InstancePhaseTerminated, CreatedAt: created, Owner: owner,
+		rules = append(rules, cloudvm.Opening{
+			Name: fw.GetName(), ProviderID: fmt.Sprintf("projects/%s/global/firewalls/%s", b.cfg.Project, fw.GetName()),
+			Owner: owner, Created: created,
 		})
 	}
 }
