@@ -16,6 +16,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/aws"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/aws/ec2fake"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/cloudvm/cloudvmtest"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
@@ -565,4 +566,13 @@ func TestTokenSentWithOtherParameters(t *testing.T) {
 	if n := len(fake.Instances()); n != 1 {
 		t.Errorf("%d instances; the mismatch makes none", n)
 	}
+}
+
+// TestContract: the EC2 backend keeps the contract of every cloud VM
+// backend.
+func TestContract(t *testing.T) {
+	cloudvmtest.Contract(t, cloudvmtest.Cloud{
+		New:  func(t *testing.T) backend.Backend { return newBackend(t, ec2fake.Start(t), "c1") },
+		Spec: spec,
+	})
 }

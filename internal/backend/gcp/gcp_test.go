@@ -16,6 +16,7 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/cloudvm/cloudvmtest"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp/gcpfake"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
@@ -662,4 +663,17 @@ func TestVMsBootOnTheirOwn(t *testing.T) {
 	if len(hosts) != 2 {
 		t.Errorf("each VM has an external address of its own: %v", hosts)
 	}
+}
+
+// TestContract: the Compute Engine backend keeps the contract of every
+// cloud VM backend, its VMs booting on their own.
+func TestContract(t *testing.T) {
+	cloudvmtest.Contract(t, cloudvmtest.Cloud{
+		New: func(t *testing.T) backend.Backend {
+			fake := gcpfake.Start(t)
+			fake.BootAfter = 100 * time.Millisecond
+			return newBackend(t, fake, "c1")
+		},
+		Spec: spec,
+	})
 }

@@ -1,6 +1,8 @@
-// Package cloudvmtest helps the cloud VM backends' tests check what they
-// add to cloudvm's start-up script. own.go runs a cloud's own_addresses
-// against a stub metadata service.
+// Package cloudvmtest helps the cloud VM backends' tests: contract.go
+// checks, against a cloud's fake, what every cloud VM backend promises
+// the controller and the orphan collector (the checklist a third cloud
+// passes first); own.go runs a cloud's own_addresses, what it adds to
+// cloudvm's start-up script, against a stub metadata service.
 package cloudvmtest
 
 import (

@@ -1,0 +1,173 @@
+package cloudvmtest
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"k8s.io/apimachinery/pkg/types"
+
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+)
+
+// Cloud is what the contract needs of one cloud's backend under test: a
+// backend of cluster "c1" against the cloud's fake, and the Spec of a
+// Proxy's instance in its first zone (the proxy's UID given).
+type Cloud struct {
+	New  func(t *testing.T) backend.Backend
+	Spec func(uid string) backend.Spec
+}
+
+// wait is how long the contract waits for what a cloud shows eventually
+// (a listing that lags a create, an instance that boots).
+const wait = 20 * time.Second
+
+// Contract checks what every cloud VM backend promises the controller
+// and the orphan collector, whatever its API: a third cloud passes it
+// before anything else.
+//   - Create is idempotent: created again, the instance is the same one.
+//   - Get of an instance never made is NotFound; Delete of one succeeds.
+//   - ListOwned lists the instance, owned by its Proxy.
+//   - An import (Adopter) of an instance another Proxy holds is refused
+//     with backend.ErrHeldElsewhere; of one still its maker's, it moves
+//     the instance to the importer, as Get then shows.
+//   - SetRetain (Retainer) marks the instance to outlive its Proxy, as
+//     Get then shows, and lets it go again.
+//   - Deleted, the instance goes; an opening its Proxy's ranges made is
+//     gone or listed for the orphan collector (terminated, of no zone,
+//     never retained).
+func Contract(t *testing.T, c Cloud) {
+	ctx := context.Background()
+	b := c.New(t)
+	s := c.Spec("0c0ffee0-1111-4222-8333-944455556666")
+
+	if _, err := b.Get(ctx, c.Spec("0c0ffee0-dead-4222-8333-944455556666").Ref); backend.ClassOf(err) != backend.ClassNotFound {
+		t.Errorf("Get of an instance never made: %v, want class NotFound", err)
+	}
+	if err := b.Delete(ctx, c.Spec("0c0ffee0-dead-4222-8333-944455556666").Ref); err != nil {
+		t.Errorf("Delete of an instance never made: %v, want success", err)
+	}
+
+	first, err := b.Create(ctx, s)
+	if err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	again, err := b.Create(ctx, s)
+	if err != nil || again.ProviderID != first.ProviderID {
+		t.Fatalf("Create again: %+v, %v; want the same instance %s", again, err, first.ProviderID)
+	}
+	r := s.Ref
+	r.ID = first.ID
+	eventually(t, "the instance listed once, owned by its Proxy", func() (bool, string) {
+		all, err := b.ListOwned(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		n, owner := 0, types.UID("")
+		for _, i := range all {
+			if i.Name == s.Name && i.Zone != "" {
+				n++
+				owner = i.Owner.Holder()
+			}
+		}
+		return n == 1 && owner == s.Owner.UID, fmt.Sprintf("%d listed, held by %q", n, owner)
+	})
+
+	if a, ok := b.(backend.Adopter); ok {
+		checkImport(t, b, a, r, s)
+	}
+	if rt, ok := b.(backend.Retainer); ok {
+		checkRetain(t, b, rt, r)
+	}
+	checkGone(t, b, r)
+}
+
+// checkImport: an import naming another maker is refused, one naming the
+// instance's maker moves it to the importer.
+func checkImport(t *testing.T, b backend.Backend, a backend.Adopter, r backend.Ref, s backend.Spec) {
+	ctx := context.Background()
+	to := ownership.Owner{ClusterID: "c1", Namespace: s.Owner.Namespace, Name: "importer", UID: "0c0ffee0-2222-4222-8333-944455556666"}
+	if err := a.Adopt(ctx, r, "0c0ffee0-3333-4222-8333-944455556666", to); !errors.Is(err, backend.ErrHeldElsewhere) {
+		t.Errorf("an import naming another maker: %v, want ErrHeldElsewhere", err)
+	}
+	if err := a.Adopt(ctx, r, s.Owner.UID, to); err != nil {
+		t.Fatalf("an import of its maker's instance: %v", err)
+	}
+	eventually(t, "the import shown by Get", func() (bool, string) {
+		i, err := b.Get(ctx, r)
+		if err != nil {
+			return false, err.Error()
+		}
+		return i.Owner.Holder() == to.UID, string(i.Owner.Holder())
+	})
+}
+
+// checkRetain: the retain mark set, then let go, as Get shows.
+func checkRetain(t *testing.T, b backend.Backend, rt backend.Retainer, r backend.Ref) {
+	ctx := context.Background()
+	for _, retain := range []bool{true, false} {
+		if err := rt.SetRetain(ctx, r, retain); err != nil {
+			t.Fatalf("SetRetain(%v): %v", retain, err)
+		}
+		eventually(t, fmt.Sprintf("Get shows retain %v", retain), func() (bool, string) {
+			i, err := b.Get(ctx, r)
+			if err != nil {
+				return false, err.Error()
+			}
+			return i.Owner.Retain == retain, fmt.Sprint(i.Owner.Retain)
+		})
+	}
+}
+
+// checkGone: deleted, the instance goes, and an opening left behind is
+// the orphan collector's.
+func checkGone(t *testing.T, b backend.Backend, r backend.Ref) {
+	ctx := context.Background()
+	if err := b.Delete(ctx, r); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	eventually(t, "the instance and its opening gone", func() (bool, string) {
+		if err := b.Delete(ctx, r); err != nil {
+			return false, "Delete again: " + err.Error()
+		}
+		i, err := b.Get(ctx, r)
+		if err == nil && i.Phase != v1alpha1.InstancePhaseTerminated {
+			return false, "the instance is " + string(i.Phase)
+		}
+		if err != nil && backend.ClassOf(err) != backend.ClassNotFound {
+			return false, err.Error()
+		}
+		all, err := b.ListOwned(ctx)
+		if err != nil {
+			return false, err.Error()
+		}
+		var left []string
+		for _, i := range all {
+			// An opening left behind is the orphan collector's: listed
+			// as a terminated instance of no zone, never retained.
+			if i.Zone != "" || i.Phase != v1alpha1.InstancePhaseTerminated || i.Owner.Retain {
+				left = append(left, fmt.Sprintf("%s in %q (%s, retain %v)", i.Name, i.Zone, i.Phase, i.Owner.Retain))
+			}
+		}
+		return len(left) == 0, fmt.Sprint("listed: ", left)
+	})
+}
+
+func eventually(t *testing.T, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(wait)
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %s for %s; last seen: %s", wait, what, state)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
