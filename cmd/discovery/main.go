@@ -247,7 +247,7 @@ func (c *CLI) Run() error {
 		Leases: store, Auth: auth, Metrics: dmetrics.NewDiscovery(), Log: log,
 		Version: version, MaxBansPerFleet: c.MaxBansPerFleet, MaxBansPerIdentity: c.MaxBansPerIdentity,
 		MaxWaiting: c.MaxWaiting, MaxWaitingPerIdentity: c.MaxWaitingPerIdentity,
-		PlainHTTPCookie: c.StatusPagePlainHTTP, Replicas: discovery.Replicas(mgr.GetCache(), now, replica),
+		PlainHTTPCookie: c.StatusPagePlainHTTP, Replicas: discovery.Replicas(mgr.GetCache(), now, replica), Replica: replica,
 	}
 	if c.RatePerIdentity > 0 {
 		srv.Limits = &discovery.IdentityLimits{Rate: rate.Limit(c.RatePerIdentity), Burst: c.BurstPerIdentity, Size: c.AuthCacheSize}

@@ -87,6 +87,8 @@ type Server struct {
 	// Replicas, when set, counts the replicas serving a fleet, which share
 	// its pacing (Replicas, allocator.Allocator.Replicas).
 	Replicas func(ctx context.Context, namespace, fleet string) (int, error)
+	// Replica names this replica (allocator.Allocator.Replica).
+	Replica string
 
 	snapMu sync.Mutex
 	snaps  map[string]snapshot
@@ -103,7 +105,7 @@ func (s *Server) Allocator() *allocator.Allocator {
 			Catalog: s.Catalog, Leases: s.Leases, Auth: s.Auth, Metrics: s.Metrics, Log: s.Log, Now: s.Now, Version: s.Version,
 			MaxBansPerFleet: s.MaxBansPerFleet, MaxBansPerIdentity: s.MaxBansPerIdentity,
 			MaxWaiting: s.MaxWaiting, MaxWaitingPerIdentity: s.MaxWaitingPerIdentity,
-			Replicas: s.Replicas,
+			Replicas: s.Replicas, Replica: s.Replica,
 		}
 	})
 	return s.allocator

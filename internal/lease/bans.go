@@ -33,16 +33,17 @@ func BanName(proxy, domain string) string {
 // as identity reported. It is a Lease object too, so every replica
 // honours it.
 func (s *Store) Ban(ctx context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string) error {
-	return s.ban(ctx, namespace, fleet, proxy, domain, cooldown, identity, 0)
+	return s.ban(ctx, namespace, fleet, proxy, domain, cooldown, identity, 0, "")
 }
 
 // BanFromAnswer is Ban for an origin's answer with status to a request of
-// identity's (AnnotationBanAnswer).
-func (s *Store) BanFromAnswer(ctx context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string, status int) error {
-	return s.ban(ctx, namespace, fleet, proxy, domain, cooldown, identity, status)
+// identity's, recorded by replica (AnnotationBanAnswer,
+// AnnotationBanReplica).
+func (s *Store) BanFromAnswer(ctx context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string, status int, replica string) error {
+	return s.ban(ctx, namespace, fleet, proxy, domain, cooldown, identity, status, replica)
 }
 
-func (s *Store) ban(ctx context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string, status int) error {
+func (s *Store) ban(ctx context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string, status int, replica string) error {
 	if !validTTL(cooldown) {
 		return ErrInvalidTTL
 	}
@@ -67,6 +68,7 @@ func (s *Store) ban(ctx context.Context, namespace, fleet, proxy, domain string,
 	}
 	if status != 0 {
 		want.Annotations[AnnotationBanAnswer] = strconv.Itoa(status)
+		want.Annotations[AnnotationBanReplica] = replica
 	}
 	names(&want.ObjectMeta, fleet, proxy)
 	s.own(ctx, &want.ObjectMeta, proxy)
@@ -93,10 +95,11 @@ func (s *Store) Unban(ctx context.Context, namespace, proxy, domain string) erro
 }
 
 // Ban is one live ban, and who reported it; FromAnswer when it was
-// recorded from an origin's answer to Identity's request.
+// recorded from an origin's answer to Identity's request, by Replica.
 type Ban struct {
 	Proxy, Domain, Identity string
 	FromAnswer              bool
+	Replica                 string
 }
 
 // ActiveBans lists a fleet's live bans, from the cache.
@@ -110,7 +113,7 @@ func (s *Store) ActiveBans(ctx context.Context, namespace, fleet string) ([]Ban,
 	for i := range items {
 		if b := &items[i]; !Expired(b, now) && fleetv1alpha1.FleetName(b) == fleet {
 			out = append(out, Ban{Proxy: fleetv1alpha1.ProxyName(b), Domain: b.Annotations[AnnotationDomain], Identity: b.Annotations[AnnotationIdentity],
-				FromAnswer: b.Annotations[AnnotationBanAnswer] != ""})
+				FromAnswer: b.Annotations[AnnotationBanAnswer] != "", Replica: b.Annotations[AnnotationBanReplica]})
 		}
 	}
 	return out, nil

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"net/netip"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -50,6 +51,10 @@ type IPBan struct {
 	Domain string `json:"d"`
 	At     int64  `json:"at"`
 	Until  int64  `json:"until"`
+	// Answer marks a ban taken from an origin's answer (the gateway's
+	// banStatusCodes) rather than reported: a full history lets such bans
+	// go before reported ones.
+	Answer bool `json:"a,omitempty"`
 }
 
 // CanonicalIP is the form an egress IP is remembered by: an IPv4-mapped
@@ -80,12 +85,24 @@ const maxHistoryBytes = 64 << 10
 // RecordIPBan writes a ban of domain, reported on proxy, to the history of
 // its egress ip in fleet. A proxy without a known IP records nothing.
 func (s *Store) RecordIPBan(ctx context.Context, namespace, fleet, proxy, ip, domain string, cooldown time.Duration) error {
+	return s.recordIPBan(ctx, namespace, fleet, proxy, ip, domain, cooldown, false)
+}
+
+// RecordAnswerIPBan is RecordIPBan for a ban taken from an origin's answer
+// (IPBan.Answer).
+func (s *Store) RecordAnswerIPBan(ctx context.Context, namespace, fleet, proxy, ip, domain string, cooldown time.Duration) error {
+	return s.recordIPBan(ctx, namespace, fleet, proxy, ip, domain, cooldown, true)
+}
+
+func (s *Store) recordIPBan(ctx context.Context, namespace, fleet, proxy, ip, domain string, cooldown time.Duration, answer bool) error {
 	now := s.now()
-	entry := IPBan{Domain: strings.ToLower(domain), At: now.Unix(), Until: now.Add(cooldown).Unix()}
+	entry := IPBan{Domain: strings.ToLower(domain), At: now.Unix(), Until: now.Add(cooldown).Unix(), Answer: answer}
 	return errors.Wrap(s.changeHistory(ctx, namespace, fleet, proxy, ip, true, func(h []IPBan) ([]IPBan, bool) {
 		for i := len(h) - 1; i >= 0; i-- {
 			if h[i].Domain == entry.Domain && entry.At-h[i].At < int64(banBurst/time.Second) && entry.At >= h[i].At {
 				h[i].Until = max(h[i].Until, entry.Until)
+				// A crawler's report makes the ban its own.
+				h[i].Answer = h[i].Answer && answer
 				return h, true
 			}
 		}
@@ -198,10 +215,11 @@ func setHistory(l *coordv1.Lease, hist []IPBan, now time.Time, renew bool) {
 
 // prune keeps the bans of the last IPHistoryRetention, oldest first, and
 // at most MaxIPHistory: those whose cooldown is over go first, the oldest
-// of them first; when every one is live, the newest goes, so that a burst
-// (an origin answering 403 for host after host) never pushes out a live
-// ban recorded before it. A ban from the future (a replica whose clock
-// runs ahead) is kept: it counts once its time comes.
+// of them first; then live bans taken from origins' answers, the oldest
+// first, so that an origin answering 403 for host after host pushes out
+// neither a crawler's report nor, for long, another answer's ban; when
+// every one is a live report, the newest goes. A ban from the future (a
+// replica whose clock runs ahead) is kept: it counts once its time comes.
 func prune(hist []IPBan, now time.Time) []IPBan {
 	from := now.Add(-IPHistoryRetention).Unix()
 	out := make([]IPBan, 0, len(hist))
@@ -212,12 +230,12 @@ func prune(hist []IPBan, now time.Time) []IPBan {
 	}
 	sort.SliceStable(out, func(i, j int) bool { return out[i].At < out[j].At })
 	for over := len(out) - MaxIPHistory; over > 0; over-- {
-		drop := len(out) - 1
-		for i, b := range out {
-			if b.Until <= now.Unix() {
-				drop = i
-				break
-			}
+		drop := slices.IndexFunc(out, func(b IPBan) bool { return b.Until <= now.Unix() })
+		if drop < 0 {
+			drop = slices.IndexFunc(out, func(b IPBan) bool { return b.Answer })
+		}
+		if drop < 0 {
+			drop = len(out) - 1
 		}
 		out = append(out[:drop], out[drop+1:]...)
 	}

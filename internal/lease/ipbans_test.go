@@ -209,3 +209,40 @@ func TestIPBanHistoryKeepsLiveBans(t *testing.T) {
 		t.Errorf("a full history of live bans keeps victim.example's: %d bans, first %+v", len(h), h[0])
 	}
 }
+
+// TestIPBanHistoryAnswersGoFirst: bans taken from origins' answers give
+// way in a full history: 64 live ones from one origin's hosts leave room
+// for a crawler's report that comes after them (it once was the one not
+// kept), and a burst of answers after a report pushes out older answers,
+// never the report.
+func TestIPBanHistoryAnswersGoFirst(t *testing.T) {
+	bed := sharedBed.Env(t)
+	ctx := context.Background()
+	ns := bed.Namespace(t)
+	c := &clock{t: time.Now()}
+	s := &lease.Store{Client: bed.Client, Now: c.now}
+	for i := range lease.MaxIPHistory {
+		c.add(time.Second)
+		if err := s.RecordAnswerIPBan(ctx, ns, "crawlers", "crawlers-0", "203.0.113.10", fmt.Sprintf("a%d.evil.example", i), 24*time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.add(time.Second)
+	if err := s.RecordIPBan(ctx, ns, "crawlers", "crawlers-0", "203.0.113.10", "victim.example", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5 {
+		c.add(time.Second)
+		if err := s.RecordAnswerIPBan(ctx, ns, "crawlers", "crawlers-0", "203.0.113.10", fmt.Sprintf("b%d.evil.example", i), 24*time.Hour); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hist, err := s.IPHistories(ctx, ns, "crawlers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := hist["203.0.113.10"]
+	if len(h) != lease.MaxIPHistory || !lease.BannedNow(h, "victim.example", c.now()) || !lease.BannedNow(h, "b4.evil.example", c.now()) || lease.BannedNow(h, "a0.evil.example", c.now()) {
+		t.Errorf("a full history of answers keeps the report and the newest answers: %d bans, %+v ... %+v", len(h), h[0], h[len(h)-1])
+	}
+}

@@ -59,6 +59,10 @@ const (
 	// rather than reported: its value is the answer's status code. Such
 	// bans are bounded apart from reported ones.
 	AnnotationBanAnswer = fleetv1alpha1.Group + "/ban-answer"
+	// AnnotationBanReplica names the egress-discovery replica that
+	// recorded a ban from an origin's answer: each replica bans by
+	// answers within its share of a fleet.
+	AnnotationBanReplica = fleetv1alpha1.Group + "/ban-replica"
 	// AnnotationReplicas lists, comma-separated, the egress-discovery
 	// replicas that use a lease together (a gateway session whose
 	// connections reach several): the one that granted it (Granter) and

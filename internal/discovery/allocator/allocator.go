@@ -50,8 +50,9 @@ type Store interface {
 	BannedFor(ctx context.Context, namespace, fleet, domain string) (map[string]bool, error)
 	ActiveBans(ctx context.Context, namespace, fleet string) ([]lease.Ban, error)
 	Ban(ctx context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string) error
-	BanFromAnswer(ctx context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string, status int) error
+	BanFromAnswer(ctx context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string, status int, replica string) error
 	RecordIPBan(ctx context.Context, namespace, fleet, proxy, ip, domain string, cooldown time.Duration) error
+	RecordAnswerIPBan(ctx context.Context, namespace, fleet, proxy, ip, domain string, cooldown time.Duration) error
 	IPHistories(ctx context.Context, namespace, fleet string) (map[string][]lease.IPBan, error)
 	LiftIPBan(ctx context.Context, namespace, fleet, ip, domain string) error
 }
@@ -86,12 +87,16 @@ type Allocator struct {
 	// fleet (discovery.Replicas: their LeaseSummaries), which share its
 	// pacing: each paces at its share (PacingFor). Nil: this one alone.
 	Replicas func(ctx context.Context, namespace, fleet string) (int, error)
+	// Replica names this replica on the bans it records from origins'
+	// answers, of which it may hold its share of a fleet (BanFromAnswer).
+	Replica string
 
 	// banRecord serialises the bound check and the write of a ban, per
 	// fleet (by a hash of its key: one fleet's slow writes hold up few
 	// others); bansMade are the bans this replica recorded lately, by
 	// fleet.
-	banRecord [banLocks]sync.Mutex
+	banRecord [banLocks]chan struct{}
+	banOnce   sync.Once
 	banMu     sync.Mutex
 	bansMade  map[string][]recentBan
 

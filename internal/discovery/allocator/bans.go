@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/net/publicsuffix"
+
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/catalog"
@@ -56,11 +58,24 @@ func (s *Allocator) recentBans(key string, listed []lease.Ban) []lease.Ban {
 // key hashes to it.
 const banLocks = 64
 
-// banLock is the lock of the fleet ns/fleet's bans.
-func (s *Allocator) banLock(ns, fleet string) *sync.Mutex {
+// lockBans takes the lock of the fleet ns/fleet's bans, or gives up when
+// ctx ends first (a caller that hung up leaves the queue behind a slow
+// write); the function returned unlocks it.
+func (s *Allocator) lockBans(ctx context.Context, ns, fleet string) (func(), error) {
+	s.banOnce.Do(func() {
+		for i := range s.banRecord {
+			s.banRecord[i] = make(chan struct{}, 1)
+		}
+	})
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(ns + "/" + fleet))
-	return &s.banRecord[h.Sum32()%banLocks]
+	lock := s.banRecord[h.Sum32()%banLocks]
+	select {
+	case lock <- struct{}{}:
+		return func() { <-lock }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
 }
 
 // Ban checks a new ban, reported by id, against the bounds and records
@@ -85,9 +100,11 @@ func (s *Allocator) BanFromAnswer(ctx context.Context, ns, fleet, proxy, domain 
 
 // ban is Ban (status 0) and BanFromAnswer.
 func (s *Allocator) ban(ctx context.Context, ns, fleet, proxy, domain string, cooldown time.Duration, id *auth.Identity, status int) error {
-	mu := s.banLock(ns, fleet)
-	mu.Lock()
-	defer mu.Unlock()
+	unlock, err := s.lockBans(ctx, ns, fleet)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	extends, err := s.banAllowed(ctx, ns, fleet, proxy, domain, id, status != 0)
 	if err != nil {
 		return err
@@ -98,7 +115,7 @@ func (s *Allocator) ban(ctx context.Context, ns, fleet, proxy, domain string, co
 		}
 	}
 	if status != 0 {
-		err = s.Leases.BanFromAnswer(ctx, ns, fleet, proxy, domain, cooldown, id.User, status)
+		err = s.Leases.BanFromAnswer(ctx, ns, fleet, proxy, domain, cooldown, id.User, status, s.Replica)
 	} else {
 		err = s.Leases.Ban(ctx, ns, fleet, proxy, domain, cooldown, id.User)
 	}
@@ -107,7 +124,11 @@ func (s *Allocator) ban(ctx context.Context, ns, fleet, proxy, domain string, co
 	}
 	// The target banned the proxy's address: its history keeps the ban
 	// past the proxy, for whichever proxy leaves from it next.
-	if err := s.Leases.RecordIPBan(ctx, ns, fleet, proxy, s.EgressIPOf(ctx, ns, fleet, proxy), domain, cooldown); err != nil {
+	record := s.Leases.RecordIPBan
+	if status != 0 {
+		record = s.Leases.RecordAnswerIPBan
+	}
+	if err := record(ctx, ns, fleet, proxy, s.EgressIPOf(ctx, ns, fleet, proxy), domain, cooldown); err != nil {
 		return err
 	}
 	s.addresses.forget(ns + "/" + fleet)
@@ -117,16 +138,24 @@ func (s *Allocator) ban(ctx context.Context, ns, fleet, proxy, domain string, co
 		s.bansMade = map[string][]recentBan{}
 	}
 	key := ns + "/" + fleet
-	// An extended ban is one ban, not another.
-	made := slices.DeleteFunc(s.bansMade[key], func(r recentBan) bool {
+	// An extended ban is one ban, not another, and stays whose it was (as
+	// the store keeps it): only its time moves on.
+	i := slices.IndexFunc(s.bansMade[key], func(r recentBan) bool {
 		return r.ban.Proxy == proxy && strings.EqualFold(r.ban.Domain, domain)
 	})
-	s.bansMade[key] = append(made, recentBan{ban: lease.Ban{Proxy: proxy, Domain: domain, Identity: id.User, FromAnswer: status != 0}, at: s.now()})
+	switch {
+	case i >= 0:
+		s.bansMade[key][i].at = s.now()
+	case !extends:
+		s.bansMade[key] = append(s.bansMade[key], recentBan{ban: lease.Ban{Proxy: proxy, Domain: domain, Identity: id.User, FromAnswer: status != 0, Replica: s.Replica}, at: s.now()})
+	}
 	return nil
 }
 
 // addressOf is the address a target sees m at: its egress IP, canonical;
-// the proxy itself while its IP is not known.
+// the proxy itself while its IP is not known (a fleet whose health check
+// echoes no address never learns it, and counting every such proxy as one
+// address would leave its answers no ban at all).
 func addressOf(m *catalog.Member) string {
 	if ip := lease.CanonicalIP(m.EgressIP); ip != "" {
 		return ip
@@ -140,6 +169,13 @@ func addressOf(m *catalog.Member) string {
 // address), go out with it. What is out already is read as an acquisition
 // reads it (bans of proxies and of their IPs, and IP histories), with the
 // bans this replica recorded lately that its cache may not show yet.
+//
+// Replicas check from their own caches, and two racing on one fleet could
+// each pass the rule on a view without the other's bans: so each replica
+// also keeps the answer bans it recorded itself (by the replica mark on
+// their Leases, and its recent ones) within its share of the half, one
+// replica's of the fleet's replicas (Replicas). Together they stay within
+// the half however they race; a crawler's own reports are not bound so.
 func (s *Allocator) keepsHalf(ctx context.Context, ns, fleet, proxy, domain string) error {
 	ms, err := s.Catalog.Fleet(ctx, ns, fleet)
 	if err != nil {
@@ -149,35 +185,54 @@ func (s *Allocator) keepsHalf(ctx context.Context, ns, fleet, proxy, domain stri
 	if err != nil {
 		return err
 	}
-	// The addresses of the proxies this replica banned for domain lately.
-	recent := map[string]bool{}
-	for _, b := range s.recentBans(ns+"/"+fleet, nil) {
-		if m := catalog.MemberNamed(ms, b.Proxy); m != nil && strings.EqualFold(b.Domain, domain) {
-			recent[addressOf(m)] = true
+	self := catalog.MemberNamed(ms, proxy)
+	if self == nil {
+		// Not (yet, or any more) the fleet's as the catalogue shows it: its
+		// address cannot be counted, and a ban of its name would pass to
+		// whichever proxy takes the name next.
+		return banLimit(fmt.Sprintf("proxy %s is not among fleet %s/%s's proxies as this replica sees them: an origin's answer bans only a proxy it can count", proxy, ns, fleet))
+	}
+	listed, err := s.Leases.ActiveBans(ctx, ns, fleet)
+	if err != nil {
+		return err
+	}
+	// The addresses banned for domain (with this replica's recent bans,
+	// which its cache may not show yet), and those its answer bans hold.
+	banned, mine := map[string]bool{}, map[string]bool{}
+	for _, b := range append(listed, s.recentBans(ns+"/"+fleet, listed)...) {
+		m := catalog.MemberNamed(ms, b.Proxy)
+		if m == nil || !strings.EqualFold(b.Domain, domain) {
+			continue
+		}
+		banned[addressOf(m)] = true
+		if b.FromAnswer && b.Replica == s.Replica {
+			mine[addressOf(m)] = true
 		}
 	}
-	target := "proxy:" + proxy
-	if m := catalog.MemberNamed(ms, proxy); m != nil {
-		target = addressOf(m)
-	}
-	serving, out, newly := 0, 0, 0
+	target := addressOf(self)
+	serving, out, newly, own := 0, 0, 0, 0
 	for i := range ms {
 		m := &ms[i]
 		if !m.Serving() {
 			continue
 		}
 		serving++
-		switch a := addressOf(m); {
-		case !admits(m) || recent[a]:
+		a := addressOf(m)
+		if mine[a] {
+			own++
+		}
+		switch {
+		case !admits(m) || banned[a]:
 			out++
 		case a == target:
 			newly++
 		}
 	}
-	if newly == 0 || 2*(out+newly) <= serving {
+	replicas := s.replicasOf(ctx, ns, fleet)
+	if newly == 0 || (2*(out+newly) <= serving && 2*replicas*(own+newly) <= serving) {
 		return nil
 	}
-	return banLimit(fmt.Sprintf("an origin's answers ban at most half of fleet %s/%s's %d serving proxies for %s: %d are out for it already, and this ban would take %d more (its egress IP's)", ns, fleet, serving, domain, out, newly))
+	return banLimit(fmt.Sprintf("an origin's answers ban at most half of fleet %s/%s's %d serving proxies for %s, each of its %d replicas its share: %d are out for it already (%d by this replica's answers), and this ban would take %d more (its egress IP's)", ns, fleet, serving, domain, replicas, out, own, newly))
 }
 
 // EgressIPOf is a proxy's egress IP as the catalogue shows it; "" when it
@@ -291,11 +346,29 @@ func banLimit(msg string) *problem.Error {
 	return &problem.Error{Code: problem.StatusTooManyRequests, Reason: apiv1.ReasonBanLimit, Msg: msg}
 }
 
+// MaxAnswerHostsPerSite is how many hosts of one registrable domain an
+// origin's answers may hold live bans for in a fleet.
+const MaxAnswerHostsPerSite = 8
+
+// registrableDomain is the part of domain one party registers
+// (publicsuffix: a.b.example.co.uk is example.co.uk), by which an origin's
+// answers are bounded: a host with wildcard DNS names as many hosts as it
+// likes. An address or a name with no known suffix is itself.
+func registrableDomain(domain string) string {
+	d := strings.ToLower(strings.TrimSuffix(domain, "."))
+	if r, err := publicsuffix.EffectiveTLDPlusOne(d); err == nil {
+		return r
+	}
+	return d
+}
+
 // banAllowed checks a new ban against the bounds, and says whether it
 // extends one that is live already (always allowed). A reported ban
 // counts against the fleet's bound and the identity's; one from an
 // origin's answer (answer) against a quarter of the fleet's, of such bans
-// alone. Replicas count from their caches, so the bounds hold up to what
+// alone, and for at most MaxAnswerHostsPerSite hosts of one registrable
+// domain: a site with wildcard DNS names as many hosts as it likes, and
+// each may ban half the fleet. Replicas count from their caches, so the bounds hold up to what
 // they grant at the same moment.
 func (s *Allocator) banAllowed(ctx context.Context, ns, fleet, proxy, domain string, id *auth.Identity, answer bool) (bool, error) {
 	bans, err := s.Leases.ActiveBans(ctx, ns, fleet)
@@ -306,6 +379,7 @@ func (s *Allocator) banAllowed(ctx context.Context, ns, fleet, proxy, domain str
 	// not show yet: reports racing on one replica count each other.
 	bans = append(bans, s.recentBans(ns+"/"+fleet, bans)...)
 	reported, answered, mine := 0, 0, 0
+	registrable, hosts := registrableDomain(domain), map[string]bool{}
 	for _, b := range bans {
 		if b.Proxy == proxy && strings.EqualFold(b.Domain, domain) {
 			return true, nil
@@ -313,6 +387,9 @@ func (s *Allocator) banAllowed(ctx context.Context, ns, fleet, proxy, domain str
 		switch {
 		case b.FromAnswer:
 			answered++
+			if registrableDomain(b.Domain) == registrable {
+				hosts[strings.ToLower(b.Domain)] = true
+			}
 		case b.Identity == id.User:
 			mine++
 			reported++
@@ -323,6 +400,8 @@ func (s *Allocator) banAllowed(ctx context.Context, ns, fleet, proxy, domain str
 	switch {
 	case answer && s.MaxBansPerFleet > 0 && answered >= max(1, s.MaxBansPerFleet/4):
 		return false, banLimit(fmt.Sprintf("fleet %s/%s has %d live bans from origins' answers, their bound (a quarter of --max-bans-per-fleet)", ns, fleet, answered))
+	case answer && !hosts[strings.ToLower(domain)] && len(hosts) >= MaxAnswerHostsPerSite:
+		return false, banLimit(fmt.Sprintf("fleet %s/%s has live bans from the answers of %d hosts of %s, their bound: a site's answers ban proxies for at most %d of its hosts (report more through the API)", ns, fleet, len(hosts), registrable, MaxAnswerHostsPerSite))
 	case answer:
 		return false, nil
 	case s.MaxBansPerFleet > 0 && reported >= s.MaxBansPerFleet:

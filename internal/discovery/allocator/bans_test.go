@@ -7,8 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
 	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/allocator"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/allocator/fake"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 )
 
 // admitted counts the fleet's proxies an acquisition for domain may use.
@@ -131,5 +137,125 @@ func TestBanFromAnswerOwnBudget(t *testing.T) {
 	}
 	if err := b.a.Ban(ctx, ns, fleet, "p1", "shop2.example", time.Hour, alice); reasonOf(err) != apiv1.ReasonBanLimit {
 		t.Errorf("alice's third report, past her bound of 2: %v, want BanLimit", err)
+	}
+}
+
+// TestBanFromAnswerReplicasRacing: two replicas of a fleet, each with its
+// own view, ban by answers at once through the ten proxies they serve:
+// each keeps the bans it recorded itself within its share (a quarter of
+// the fleet each), so together they leave at least half, however they
+// race. Checking the half alone, each on a view without the other's
+// writes, they banned six or more.
+func TestBanFromAnswerReplicasRacing(t *testing.T) {
+	var ps []proxy
+	for i := range 10 {
+		ps = append(ps, proxy{fmt.Sprintf("p%d", i), fmt.Sprintf("192.0.2.%d", i+1), true, 10})
+	}
+	b := newBed(t, ps, nil)
+	b.store.BanTakes = 20 * time.Millisecond
+	two := func(context.Context, string, string) (int, error) { return 2, nil }
+	replica := func(name string) *allocator.Allocator {
+		return &allocator.Allocator{Catalog: b.a.Catalog, Leases: b.store, Auth: allowAll{}, Metrics: metrics.NewDiscovery(), Replicas: two, Replica: name}
+	}
+	r1, r2 := replica("r1"), replica("r2")
+	var wg sync.WaitGroup
+	for i := range 10 {
+		r := r1
+		if i >= 5 {
+			r = r2
+		}
+		wg.Go(func() {
+			_ = r.BanFromAnswer(context.Background(), ns, fleet, fmt.Sprintf("p%d", i), "wall.example", time.Hour, &auth.Identity{User: "alice"}, 403)
+		})
+	}
+	wg.Wait()
+	if n := b.admitted(t, "wall.example"); n < 5 {
+		t.Errorf("two replicas racing left %d of 10 proxies for the domain, want at least 5", n)
+	}
+}
+
+// TestBanFromAnswerNamesOnlyMembers: an answer through a proxy the
+// catalogue does not show (gone, or not yet seen) bans nothing: its
+// address cannot be counted, and a ban of its name would pass to the next
+// proxy of that name.
+func TestBanFromAnswerNamesOnlyMembers(t *testing.T) {
+	b := newBed(t, []proxy{{"p0", "192.0.2.1", true, 10}, {"p1", "192.0.2.2", true, 10}}, nil)
+	err := b.a.BanFromAnswer(context.Background(), ns, fleet, "ghost", "x.example", time.Hour, &auth.Identity{User: "alice"}, 403)
+	if reasonOf(err) != apiv1.ReasonBanLimit {
+		t.Errorf("an answer ban of a proxy the catalogue lacks: %v, want BanLimit", err)
+	}
+}
+
+// TestBanFromAnswerHostsPerSite: one site's answers ban proxies for at
+// most MaxAnswerHostsPerSite of its hosts (wildcard DNS names as many as
+// it likes); another site's answers are not held up by it.
+func TestBanFromAnswerHostsPerSite(t *testing.T) {
+	var ps []proxy
+	for i := range 4 {
+		ps = append(ps, proxy{fmt.Sprintf("p%d", i), fmt.Sprintf("192.0.2.%d", i+1), true, 10})
+	}
+	b := newBed(t, ps, nil)
+	b.a.MaxBansPerFleet = 5000
+	ctx := context.Background()
+	alice := &auth.Identity{User: "alice"}
+	for i := range allocator.MaxAnswerHostsPerSite {
+		if err := b.a.BanFromAnswer(ctx, ns, fleet, "p0", fmt.Sprintf("a%d.evil.example", i), time.Hour, alice, 403); err != nil {
+			t.Fatalf("host %d of evil.example: %v", i, err)
+		}
+	}
+	if err := b.a.BanFromAnswer(ctx, ns, fleet, "p0", "more.evil.example", time.Hour, alice, 403); reasonOf(err) != apiv1.ReasonBanLimit {
+		t.Errorf("a host past the site's bound: %v, want BanLimit", err)
+	}
+	if err := b.a.BanFromAnswer(ctx, ns, fleet, "p0", "a0.evil.example", 2*time.Hour, alice, 403); err != nil {
+		t.Errorf("extending a host's ban within the bound: %v", err)
+	}
+	if err := b.a.BanFromAnswer(ctx, ns, fleet, "p0", "login.example", time.Hour, alice, 403); err != nil {
+		t.Errorf("another site's answer: %v", err)
+	}
+}
+
+// lagging is a store whose listing of bans lags: it shows none, as a
+// replica's cache before its own writes reach it.
+type lagging struct{ *fake.Store }
+
+func (lagging) ActiveBans(context.Context, string, string) ([]lease.Ban, error) { return nil, nil }
+
+// TestExtendedBanStaysWhoseItWas: an origin's answer that extends a ban a
+// crawler reported leaves the ban the crawler's in the replica's own
+// count too, while its cache lags: the crawler's next report still meets
+// its bound. (Counted as the answer's, it passed one report over.)
+func TestExtendedBanStaysWhoseItWas(t *testing.T) {
+	b := newBed(t, []proxy{{"p0", "192.0.2.1", true, 10}, {"p1", "192.0.2.2", true, 10}}, nil)
+	b.a.Leases = lagging{b.store}
+	b.a.MaxBansPerIdentity = 1
+	ctx := context.Background()
+	alice := &auth.Identity{User: "alice"}
+	if err := b.a.Ban(ctx, ns, fleet, "p0", "shop.example", time.Hour, alice); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.a.BanFromAnswer(ctx, ns, fleet, "p0", "shop.example", 2*time.Hour, alice, 429); err != nil {
+		t.Fatalf("an answer extending the report: %v", err)
+	}
+	if err := b.a.Ban(ctx, ns, fleet, "p1", "news.example", time.Hour, alice); reasonOf(err) != apiv1.ReasonBanLimit {
+		t.Errorf("alice's second report, her bound 1: %v, want BanLimit", err)
+	}
+}
+
+// TestBanWaitEndsWithItsCaller: a ban waiting for its fleet's lock behind
+// a slow write gives up when its caller goes, rather than queueing on.
+func TestBanWaitEndsWithItsCaller(t *testing.T) {
+	b := newBed(t, []proxy{{"p0", "192.0.2.1", true, 10}, {"p1", "192.0.2.2", true, 10}, {"p2", "192.0.2.3", true, 10}, {"p3", "192.0.2.4", true, 10}}, nil)
+	b.store.BanTakes = time.Second
+	alice := &auth.Identity{User: "alice"}
+	go func() {
+		_ = b.a.BanFromAnswer(context.Background(), ns, fleet, "p0", "slow.example", time.Hour, alice, 403)
+	}()
+	time.Sleep(100 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	err := b.a.Ban(ctx, ns, fleet, "p1", "other.example", time.Hour, alice)
+	if !errors.Is(err, context.DeadlineExceeded) || time.Since(start) > 500*time.Millisecond {
+		t.Errorf("a ban whose caller went while it waited: %v after %s", err, time.Since(start))
 	}
 }

@@ -54,6 +54,7 @@ type ban struct {
 	ns, fleet, proxy, domain, identity string
 	until                              time.Time
 	answer                             bool
+	replica                            string
 }
 
 func (s *Store) now() time.Time {
@@ -211,12 +212,12 @@ func banKey(ns, fleet, proxy, domain string) string {
 // Ban bans a proxy of a fleet for domain for cooldown (extending a live
 // ban).
 func (s *Store) Ban(ctx context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string) error {
-	return s.BanFromAnswer(ctx, namespace, fleet, proxy, domain, cooldown, identity, 0)
+	return s.BanFromAnswer(ctx, namespace, fleet, proxy, domain, cooldown, identity, 0, "")
 }
 
 // BanFromAnswer is Ban for an origin's answer with status (0: a report).
 // As the store does, extending a live ban keeps who recorded it.
-func (s *Store) BanFromAnswer(_ context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string, status int) error {
+func (s *Store) BanFromAnswer(_ context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string, status int, replica string) error {
 	time.Sleep(s.BanTakes)
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -226,7 +227,7 @@ func (s *Store) BanFromAnswer(_ context.Context, namespace, fleet, proxy, domain
 	k, now := banKey(namespace, fleet, proxy, domain), s.now()
 	b, live := s.bans[k]
 	if !live || !now.Before(b.until) {
-		b = ban{ns: namespace, fleet: fleet, proxy: proxy, domain: strings.ToLower(domain), identity: identity, answer: status != 0}
+		b = ban{ns: namespace, fleet: fleet, proxy: proxy, domain: strings.ToLower(domain), identity: identity, answer: status != 0, replica: replica}
 	}
 	b.until = now.Add(cooldown)
 	s.bans[k] = b
@@ -275,13 +276,22 @@ func (s *Store) ActiveBans(_ context.Context, namespace, fleet string) ([]lease.
 	defer s.mu.Unlock()
 	var out []lease.Ban
 	for _, b := range s.liveBans(namespace, fleet) {
-		out = append(out, lease.Ban{Proxy: b.proxy, Domain: b.domain, Identity: b.identity, FromAnswer: b.answer})
+		out = append(out, lease.Ban{Proxy: b.proxy, Domain: b.domain, Identity: b.identity, FromAnswer: b.answer, Replica: b.replica})
 	}
 	return out, nil
 }
 
 // RecordIPBan adds a ban to the history of ip in the fleet.
 func (s *Store) RecordIPBan(_ context.Context, namespace, fleet, _, ip, domain string, cooldown time.Duration) error {
+	return s.recordIPBan(namespace, fleet, ip, domain, cooldown, false)
+}
+
+// RecordAnswerIPBan is RecordIPBan for a ban from an origin's answer.
+func (s *Store) RecordAnswerIPBan(_ context.Context, namespace, fleet, _, ip, domain string, cooldown time.Duration) error {
+	return s.recordIPBan(namespace, fleet, ip, domain, cooldown, true)
+}
+
+func (s *Store) recordIPBan(namespace, fleet, ip, domain string, cooldown time.Duration, answer bool) error {
 	if ip = lease.CanonicalIP(ip); ip == "" {
 		return nil
 	}
@@ -292,7 +302,7 @@ func (s *Store) RecordIPBan(_ context.Context, namespace, fleet, _, ip, domain s
 	}
 	now := s.now()
 	k := namespace + "/" + fleet + "/" + ip
-	s.ips[k] = append(s.ips[k], lease.IPBan{Domain: strings.ToLower(domain), At: now.Unix(), Until: now.Add(cooldown).Unix()})
+	s.ips[k] = append(s.ips[k], lease.IPBan{Domain: strings.ToLower(domain), At: now.Unix(), Until: now.Add(cooldown).Unix(), Answer: answer})
 	return nil
 }
 
