@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"cmp"
 	"fmt"
 	"net/netip"
 	"regexp"
@@ -68,40 +69,73 @@ func admitEC2(a *v1alpha1.AWSPlacement, pc *config, pol *v1alpha1.AWSPolicy) err
 	if pol == nil {
 		pol = &v1alpha1.AWSPolicy{}
 	}
-	if a.UserData != nil && !pol.AllowUserData {
-		return errors.Errorf("spec.forProvider.aws.userData is not permitted by %s %s: its spec.policy.aws.allowUserData is false, so instances run only the generated Squid configuration; ask the platform team to allow it or remove it",
-			pc.Kind, pc.Name)
+	if err := ownStartup(a.UserData != nil, pol.AllowUserData, "aws.userData", "aws.allowUserData", "instances", pc); err != nil {
+		return err
 	}
 	if pc.Spec.AWS != nil && !strings.HasPrefix(a.Zone, pc.Spec.AWS.Region) {
 		return errors.Errorf("spec.forProvider.aws.zone %q is not in region %s of %s %s: use one of its zones (%sa, %sb, ...)", a.Zone, pc.Spec.AWS.Region, pc.Kind, pc.Name, pc.Spec.AWS.Region, pc.Spec.AWS.Region)
 	}
-	typ, types := a.InstanceType, pol.AllowedInstanceTypes
-	if typ == "" {
-		typ = v1alpha1.DefaultAWSInstanceType
-	}
-	if len(types) == 0 {
-		types = defaultInstanceTypes
-	}
-	if !slices.Contains(types, typ) {
-		return refusal("aws.instanceType", typ, pc, "aws.allowedInstanceTypes", types, len(pol.AllowedInstanceTypes) == 0)
-	}
-	image, images := a.Image, pol.AllowedImages
-	if image == "" {
-		image = v1alpha1.DefaultAWSImage
-	}
-	if len(images) == 0 {
-		images = []string{v1alpha1.DefaultAWSImage}
-	}
-	if !slices.Contains(images, image) {
-		return refusal("aws.image", image, pc, "aws.allowedImages", images, len(pol.AllowedImages) == 0)
-	}
-	if a.Subnet != "" && !slices.Contains(pol.AllowedSubnets, a.Subnet) {
-		return refusal("aws.subnet", a.Subnet, pc, "aws.allowedSubnets", pol.AllowedSubnets, false)
-	}
-	for _, g := range a.SecurityGroups {
-		if !slices.Contains(pol.AllowedSecurityGroups, g) {
-			return refusal("aws.securityGroups", g, pc, "aws.allowedSecurityGroups", pol.AllowedSecurityGroups, false)
+	for _, c := range []choice{
+		{field: "aws.instanceType", value: a.InstanceType, def: v1alpha1.DefaultAWSInstanceType, list: "aws.allowedInstanceTypes", allowed: pol.AllowedInstanceTypes, defs: defaultInstanceTypes},
+		{field: "aws.image", value: a.Image, def: v1alpha1.DefaultAWSImage, list: "aws.allowedImages", allowed: pol.AllowedImages, defs: []string{v1alpha1.DefaultAWSImage}},
+	} {
+		if err := c.admit(pc); err != nil {
+			return err
 		}
+	}
+	if a.Subnet != "" {
+		if err := admitEach("aws.subnet", []string{a.Subnet}, "aws.allowedSubnets", pol.AllowedSubnets, pc, nil); err != nil {
+			return err
+		}
+	}
+	return admitEach("aws.securityGroups", a.SecurityGroups, "aws.allowedSecurityGroups", pol.AllowedSecurityGroups, pc, nil)
+}
+
+// choice is one field of a cloud placement that a policy's list bounds:
+// its value (def when unset), and the list (defs when the policy sets
+// none), compared by same (nil: equal).
+type choice struct {
+	field, value, def string
+	list              string
+	allowed, defs     []string
+	same              func(value string, allowed []string) bool
+}
+
+// admit refuses a value the list does not allow, naming the field and the
+// list.
+func (c choice) admit(pc *config) error {
+	value, allowed := cmp.Or(c.value, c.def), c.allowed
+	if len(allowed) == 0 {
+		allowed = c.defs
+	}
+	same := c.same
+	if same == nil {
+		same = func(v string, l []string) bool { return slices.Contains(l, v) }
+	}
+	if !same(value, allowed) {
+		return refusal(c.field, value, pc, c.list, allowed, len(c.allowed) == 0)
+	}
+	return nil
+}
+
+// admitEach refuses the first of values the policy's list does not allow
+// (an unset list allows none), compared by same (nil: equal).
+func admitEach(field string, values []string, list string, allowed []string, pc *config, same func(value string, allowed []string) bool) error {
+	for _, v := range values {
+		if err := (choice{field: field, value: v, list: list, allowed: allowed, defs: []string{}, same: same}).admit(pc); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ownStartup refuses a start-up of the tenant's own (EC2 user data, GCP
+// cloud-init) unless the policy allows it: without, instances run only
+// the generated Squid configuration.
+func ownStartup(set, allow bool, field, policy, what string, pc *config) error {
+	if set && !allow {
+		return errors.Errorf("spec.forProvider.%s is not permitted by %s %s: its spec.policy.%s is false, so %s run only the generated Squid configuration; ask the platform team to allow it or remove it",
+			field, pc.Kind, pc.Name, policy, what)
 	}
 	return nil
 }
@@ -234,77 +268,46 @@ func admitVM(g *v1alpha1.GCPPlacement, pc *config, pol *v1alpha1.GCPPolicy) erro
 	if pc.Spec.GCP != nil {
 		project = pc.Spec.GCP.Project
 	}
-	if g.CloudInit != nil && !pol.AllowCloudInit {
-		return errors.Errorf("spec.forProvider.gcp.cloudInit is not permitted by %s %s: its spec.policy.gcp.allowCloudInit is false, so VMs run only the generated Squid configuration; ask the platform team to allow it or remove it",
-			pc.Kind, pc.Name)
-	}
-
-	if err := admitNetwork(g, pc, pol, project); err != nil {
+	if err := ownStartup(g.CloudInit != nil, pol.AllowCloudInit, "gcp.cloudInit", "gcp.allowCloudInit", "VMs", pc); err != nil {
 		return err
 	}
-
-	tags := make([]string, 0, len(pol.AllowedNetworkTags))
-	for _, t := range pol.AllowedNetworkTags {
+	network := func(v string, l []string) bool {
+		return slices.ContainsFunc(l, func(n string) bool { return normalNetwork(n, project) == normalNetwork(v, project) })
+	}
+	if err := (choice{field: "gcp.network", value: g.Network, def: v1alpha1.DefaultGCPNetwork, list: "gcp.allowedNetworks", allowed: pol.AllowedNetworks, defs: []string{v1alpha1.DefaultGCPNetwork}, same: network}).admit(pc); err != nil {
+		return err
+	}
+	if g.Subnetwork != "" {
+		subnetwork := func(v string, l []string) bool {
+			return slices.ContainsFunc(l, func(n string) bool { return normalSubnetwork(n, project) == normalSubnetwork(v, project) })
+		}
+		if err := admitEach("gcp.subnetwork", []string{g.Subnetwork}, "gcp.allowedSubnetworks", pol.AllowedSubnetworks, pc, subnetwork); err != nil {
+			return err
+		}
+	}
+	tags := make([]string, 0, len(g.NetworkTags))
+	for _, t := range g.NetworkTags {
 		tags = append(tags, string(t))
 	}
-	for _, t := range g.NetworkTags {
-		if !slices.Contains(tags, string(t)) {
-			return refusal("gcp.networkTags", string(t), pc, "gcp.allowedNetworkTags", tags, false)
-		}
+	allowedTags := make([]string, 0, len(pol.AllowedNetworkTags))
+	for _, t := range pol.AllowedNetworkTags {
+		allowedTags = append(allowedTags, string(t))
 	}
-
-	machine, machines := g.MachineType, pol.AllowedMachineTypes
-	if machine == "" {
-		machine = v1alpha1.DefaultGCPMachineType
-	}
-	if len(machines) == 0 {
-		machines = defaultMachineTypes
+	if err := admitEach("gcp.networkTags", tags, "gcp.allowedNetworkTags", allowedTags, pc, nil); err != nil {
+		return err
 	}
 	// A machine type may be given as a zonal URL; its name is what counts.
-	m := machineTypeRe.FindStringSubmatch(machine)
-	if m == nil || !slices.Contains(machines, m[1]) {
-		return refusal("gcp.machineType", machine, pc, "gcp.allowedMachineTypes", machines, len(pol.AllowedMachineTypes) == 0)
+	machine := func(v string, l []string) bool {
+		m := machineTypeRe.FindStringSubmatch(v)
+		return m != nil && slices.Contains(l, m[1])
 	}
-
-	image, images := g.Image, pol.AllowedImages
-	if image == "" {
-		image = v1alpha1.DefaultGCPImage
-	}
-	if len(images) == 0 {
-		images = []string{v1alpha1.DefaultGCPImage}
-	}
-	if !imageAllowed(normalImage(image), normalImages(images)) {
-		return refusal("gcp.image", image, pc, "gcp.allowedImages", images, len(pol.AllowedImages) == 0)
-	}
-	return nil
-}
-
-// admitNetwork checks the VM's network and subnetwork against the policy.
-func admitNetwork(g *v1alpha1.GCPPlacement, pc *config, pol *v1alpha1.GCPPolicy, project string) error {
-	network, networks := g.Network, pol.AllowedNetworks
-	if network == "" {
-		network = v1alpha1.DefaultGCPNetwork
-	}
-	if len(networks) == 0 {
-		networks = []string{v1alpha1.DefaultGCPNetwork}
-	}
-	want := normalNetwork(network, project)
-	ok := false
-	for _, n := range networks {
-		ok = ok || normalNetwork(n, project) == want
-	}
-	if !ok {
-		return refusal("gcp.network", network, pc, "gcp.allowedNetworks", networks, len(pol.AllowedNetworks) == 0)
-	}
-
-	if g.Subnetwork != "" {
-		want := normalSubnetwork(g.Subnetwork, project)
-		ok := false
-		for _, sn := range pol.AllowedSubnetworks {
-			ok = ok || normalSubnetwork(sn, project) == want
-		}
-		if !ok {
-			return refusal("gcp.subnetwork", g.Subnetwork, pc, "gcp.allowedSubnetworks", pol.AllowedSubnetworks, false)
+	image := func(v string, l []string) bool { return imageAllowed(normalImage(v), normalImages(l)) }
+	for _, c := range []choice{
+		{field: "gcp.machineType", value: g.MachineType, def: v1alpha1.DefaultGCPMachineType, list: "gcp.allowedMachineTypes", allowed: pol.AllowedMachineTypes, defs: defaultMachineTypes, same: machine},
+		{field: "gcp.image", value: g.Image, def: v1alpha1.DefaultGCPImage, list: "gcp.allowedImages", allowed: pol.AllowedImages, defs: []string{v1alpha1.DefaultGCPImage}, same: image},
+	} {
+		if err := c.admit(pc); err != nil {
+			return err
 		}
 	}
 	return nil

@@ -60,11 +60,33 @@ func TestAdmit(t *testing.T) {
 			p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-b", GCPInstance: g}
 		})
 	}
+	ec2 := v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendAWS, AWS: &v1alpha1.AWSBackend{Region: "us-east-1"}}
+	instance := func(a v1alpha1.AWSPlacement) *v1alpha1.Proxy {
+		return unitProxy(func(p *v1alpha1.Proxy) {
+			p.Spec.ForProvider.Local = nil
+			if a.Zone == "" {
+				a.Zone = "us-east-1a"
+			}
+			p.Spec.ForProvider.AWS = &a
+		})
+	}
+	ec2Listing := v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendAWS, AWS: &v1alpha1.AWSBackend{Region: "us-east-1"}, Policy: &v1alpha1.Policy{AWS: &v1alpha1.AWSPolicy{
+		AllowedInstanceTypes: []string{"c7i.large"}, AllowedSubnets: []string{"subnet-1"}, AllowedSecurityGroups: []string{"sg-1"}, AllowUserData: true,
+	}}}
 	for name, tc := range map[string]struct {
 		p    *v1alpha1.Proxy
 		pc   *config
 		want string // "" admits
 	}{
+		"EC2Defaults":                 {instance(v1alpha1.AWSPlacement{}), cluster(ec2), ""},
+		"EC2Type":                     {instance(v1alpha1.AWSPlacement{AWSInstance: v1alpha1.AWSInstance{InstanceType: "c7i.large"}}), cluster(ec2), `spec.forProvider.aws.instanceType "c7i.large" is not permitted by ClusterProviderConfig platform: its spec.policy.aws.allowedInstanceTypes is unset, which allows ["t3.micro" "t3.small" "t3a.micro" "t3a.small"]`},
+		"EC2TypeListed":               {instance(v1alpha1.AWSPlacement{AWSInstance: v1alpha1.AWSInstance{InstanceType: "c7i.large", Subnet: "subnet-1", SecurityGroups: []string{"sg-1"}, UserData: &v1alpha1.CloudInit{}}}), cluster(ec2Listing), ""},
+		"EC2DefaultTypeNotListed":     {instance(v1alpha1.AWSPlacement{}), cluster(ec2Listing), `spec.forProvider.aws.instanceType "t3.micro" is not permitted by ClusterProviderConfig platform: its spec.policy.aws.allowedInstanceTypes allows ["c7i.large"]`},
+		"EC2Image":                    {instance(v1alpha1.AWSPlacement{AWSInstance: v1alpha1.AWSInstance{Image: "ami-0evil"}}), cluster(ec2), `spec.forProvider.aws.image "ami-0evil"`},
+		"EC2Subnet":                   {instance(v1alpha1.AWSPlacement{AWSInstance: v1alpha1.AWSInstance{Subnet: "subnet-2"}}), cluster(ec2), `spec.forProvider.aws.subnet "subnet-2" is not permitted by ClusterProviderConfig platform: its spec.policy.aws.allowedSubnets allows none`},
+		"EC2SecurityGroup":            {instance(v1alpha1.AWSPlacement{AWSInstance: v1alpha1.AWSInstance{InstanceType: "c7i.large", SecurityGroups: []string{"sg-1", "sg-2"}}}), cluster(ec2Listing), `spec.forProvider.aws.securityGroups "sg-2" is not permitted by ClusterProviderConfig platform: its spec.policy.aws.allowedSecurityGroups allows ["sg-1"]`},
+		"EC2UserData":                 {instance(v1alpha1.AWSPlacement{AWSInstance: v1alpha1.AWSInstance{UserData: &v1alpha1.CloudInit{}}}), cluster(ec2), "spec.forProvider.aws.userData is not permitted by ClusterProviderConfig platform: its spec.policy.aws.allowUserData is false, so instances run only the generated Squid configuration"},
+		"EC2ZoneElsewhere":            {instance(v1alpha1.AWSPlacement{Zone: "eu-west-1a"}), cluster(ec2), `spec.forProvider.aws.zone "eu-west-1a" is not in region us-east-1`},
 		"PodDefaults":                 {pod(v1alpha1.KubernetesPlacement{}), cluster(pods), ""},
 		"PodZoneSelector":             {pod(v1alpha1.KubernetesPlacement{NodeSelector: map[string]string{"topology.kubernetes.io/zone": "a"}}), cluster(pods), ""},
 		"PodConfigNamespaceExplicit":  {pod(v1alpha1.KubernetesPlacement{Namespace: "egress-proxies"}), cluster(pods), ""},
