@@ -12,7 +12,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,29 +29,22 @@ import (
 )
 
 // ec2 is the in-process fake of the EC2 API the stack's provider talks to
-// (its hidden --aws-test-endpoint); instances records what it ran.
+// (its hidden --aws-test-endpoint).
 var (
 	ec2       *ec2fake.Server
-	instances = &ec2Instances{ips: map[string]string{}}
+	instances = &ec2Instances{}
 )
 
 // ec2Instances plays the instances' network: each new instance gets a
 // loopback address of its own as its public IPv4 address (127.3.0.N), so
 // that nothing the provider probes leaves this host.
-type ec2Instances struct {
-	mu   sync.Mutex
-	ips  map[string]string // instance ID -> its address
-	next int
-}
+type ec2Instances struct{ next int }
 
-// run is the fake's OnRun hook (under the fake's lock): the address only;
-// the test boots the instance's Squid.
+// run is the fake's OnRun hook, under the fake's lock (which guards next
+// too): the address only; the test boots the instance's Squid.
 func (v *ec2Instances) run(i *ec2fake.Instance) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
 	v.next++
 	i.PublicIP = fmt.Sprintf("127.3.%d.%d", v.next/250, v.next%250+1)
-	v.ips[i.ID] = i.PublicIP
 }
 
 // startEC2 starts the fake before the stack, whose provider is pointed at
@@ -119,8 +111,11 @@ func awsFleetOnEC2(t *testing.T) {
 			}
 			ip := i.PublicIP
 			squids[i.ID] = testbed.StartScriptSquid(t, string(script), net.JoinHostPort(ip, "3128"), func(conf string) string {
-				conf = strings.Replace(conf, "\nhttp_port 3128\n", "\nhttp_port "+net.JoinHostPort(ip, "3128")+"\n", 1)
-				return conf + "tcp_outgoing_address " + ip + "\n"
+				bound := strings.Replace(conf, "\nhttp_port 3128\n", "\nhttp_port "+net.JoinHostPort(ip, "3128")+"\n", 1)
+				if bound == conf {
+					t.Fatalf("the user data's Squid configuration has no line http_port 3128 to bind to %s:\n%s", ip, conf)
+				}
+				return bound + "tcp_outgoing_address " + ip + "\n"
 			})
 		}
 	}

@@ -88,7 +88,7 @@ type CLI struct {
 	MaxInFlight                int           `help:"How many API requests are served at once; more are answered 503 with Retry-After." default:"256" env:"MAX_IN_FLIGHT"`
 	RatePerIdentity            float64       `help:"Requests a second each caller identity may make on average (a token bucket); more are answered 429 with Retry-After. 0 sets no limit." default:"100" env:"RATE_PER_IDENTITY"`
 	BurstPerIdentity           int           `help:"Requests each caller identity may make at once, above its rate." default:"200" env:"BURST_PER_IDENTITY"`
-	MaxBansPerFleet            int           `help:"Live domain bans a fleet may hold; a report over it is answered 429. 0 sets no bound." default:"5000" env:"MAX_BANS_PER_FLEET"`
+	MaxBansPerFleet            int           `help:"Live domain bans crawlers may report in a fleet; a report over it is answered 429. Bans the gateway takes from origins' answers have a bound of their own, a quarter of this. 0 sets no bound." default:"5000" env:"MAX_BANS_PER_FLEET"`
 	MaxBansPerIdentity         int           `help:"Live domain bans one caller identity may hold in a fleet; a report over it is answered 429. 0 sets no bound." default:"1000" env:"MAX_BANS_PER_IDENTITY"`
 	MaxWaiting                 int           `help:"Acquisitions that may wait for a slot (spec.leases.admission.maxWait) on this replica at once; a waiting one gives its in-flight slot back. More are refused at once." default:"1024" env:"MAX_WAITING"`
 	MaxWaitingPerIdentity      int           `help:"Acquisitions one caller identity may have waiting on this replica at once; more are refused at once." default:"32" env:"MAX_WAITING_PER_IDENTITY"`

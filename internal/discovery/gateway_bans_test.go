@@ -114,21 +114,30 @@ func TestGatewayBansOnStatus(t *testing.T) {
 // destination policy refused the request: here a port it does not serve)
 // is no origin's answer, and bans nothing. Counted as the origin's, a
 // caller could ban the fleet's addresses host after host without any
-// origin seeing a request.
+// origin seeing a request. An origin's 429 after them is recorded, and
+// alone: the bans are written in the background, and it shows they were.
 func TestGatewaySquidRefusalBansNothing(t *testing.T) {
 	b := newGatewayBed(t, 2, 2)
-	c := b.client(b.user(""), b.token, testbed.Target{URL: "http://127.0.0.1:25"})
+	// Another host than the origin's (127.0.0.1), so that their bans differ.
+	c := b.client(b.user(""), b.token, testbed.Target{URL: "http://127.0.0.2:25"})
 	for range 2 {
-		if code, _, _, _ := plainFetch(t, c, "http://127.0.0.1:25/"); code != http.StatusForbidden {
+		if code, _, _, _ := plainFetch(t, c, "http://127.0.0.2:25/"); code != http.StatusForbidden {
 			t.Fatalf("Squid refuses port 25: %d, want 403", code)
 		}
 	}
-	time.Sleep(time.Second)
-	direct := &lease.Store{Client: sharedBed.Env(t).Client}
-	if bans, err := direct.ActiveBans(context.Background(), b.ns, b.fleet); err != nil || len(bans) != 0 {
-		t.Errorf("Squid's own 403 recorded bans: %+v, %v", bans, err)
+	origin := limitedTarget(t)
+	if code, _, _, _ := plainFetch(t, b.client(b.user(""), b.token, testbed.Target{URL: origin}), origin+"/limited"); code != http.StatusTooManyRequests {
+		t.Fatalf("the origin's 429: %d", code)
 	}
-	if n := testutil.ToFloat64(b.gw.Metrics.Bans.WithLabelValues("recorded")); n != 0 {
+	testbed.Eventually(t, 10*time.Second, "the origin's ban recorded", func() (bool, string) {
+		n := testutil.ToFloat64(b.gw.Metrics.Bans.WithLabelValues("recorded"))
+		return n == 1, fmt.Sprint(n)
+	})
+	direct := &lease.Store{Client: sharedBed.Env(t).Client}
+	if bans, err := direct.ActiveBans(context.Background(), b.ns, b.fleet); err != nil || len(bans) != 1 || bans[0].Domain != "127.0.0.1" {
+		t.Errorf("only the origin's ban, none of Squid's own 403s: %+v, %v", bans, err)
+	}
+	if n := testutil.ToFloat64(b.gw.Metrics.Bans.WithLabelValues("recorded")); n != 1 {
 		t.Errorf("bans recorded: %v", n)
 	}
 }

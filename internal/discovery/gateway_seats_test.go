@@ -221,7 +221,12 @@ func TestGatewaySeatWaiterOutlivesGoneTaker(t *testing.T) {
 	if _, err := fmt.Fprintf(taker, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nProxy-Authorization: Basic %s\r\n\r\n", host, host, auth); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
+	// The taker waits in the fleet's queue (and holds the seat's take)
+	// before the waiter comes.
+	testbed.Eventually(t, 10*time.Second, "the taker waiting for a slot", func() (bool, string) {
+		n := testutil.ToFloat64(b.gw.Server.Metrics.QueueDepth)
+		return n == 1, fmt.Sprint(n)
+	})
 	type answer struct {
 		code  int
 		after time.Duration

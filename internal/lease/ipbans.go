@@ -100,9 +100,8 @@ func (s *Store) recordIPBan(ctx context.Context, namespace, fleet, proxy, ip, do
 	return errors.Wrap(s.changeHistory(ctx, namespace, fleet, proxy, ip, true, func(h []IPBan) ([]IPBan, bool) {
 		for i := len(h) - 1; i >= 0; i-- {
 			if h[i].Domain == entry.Domain && entry.At-h[i].At < int64(banBurst/time.Second) && entry.At >= h[i].At {
+				// Extended, a ban stays whose it was, as its Lease does.
 				h[i].Until = max(h[i].Until, entry.Until)
-				// A crawler's report makes the ban its own.
-				h[i].Answer = h[i].Answer && answer
 				return h, true
 			}
 		}
@@ -235,7 +234,11 @@ func prune(hist []IPBan, now time.Time) []IPBan {
 			drop = slices.IndexFunc(out, func(b IPBan) bool { return b.Answer })
 		}
 		if drop < 0 {
+			// The newest of now: one from the future is kept.
 			drop = len(out) - 1
+			for drop > 0 && out[drop].At > now.Unix() {
+				drop--
+			}
 		}
 		out = append(out[:drop], out[drop+1:]...)
 	}

@@ -41,8 +41,8 @@ type Gateway struct {
 	// first IP free) or refused (429).
 	Paced *prometheus.CounterVec
 	// Bans counts the bans the gateway took from an origin's answer
-	// (spec.gateway.banStatusCodes), by outcome: recorded, or refused by
-	// the bounds on live bans.
+	// (spec.gateway.banStatusCodes), by outcome: recorded, refused by the
+	// bounds, failed (the write), or dropped (too many writes in flight).
 	Bans *prometheus.CounterVec
 }
 
@@ -88,7 +88,7 @@ func NewGateway() *Gateway {
 		Paced: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "egress_discovery_gateway_paced_total",
 			Help: "Gateway connections pacing (spec.gateway.pacing) changed, by fleet and outcome: diverted (it left through an unpaced IP while proxies it could have used were passed over for their paced IP; in a large fleet under a busy rule most connections are), waited for the first IP free when every one that could serve was paced, or refused 429."}, []string{labelFleet, labelOutcome}),
 		Bans: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "egress_discovery_gateway_bans_total",
-			Help: "Bans the gateway took from an origin's answer to a plain-HTTP request (spec.gateway.banStatusCodes), by outcome: recorded; refused by the bounds (at most half of the fleet's serving proxies out for a domain, a budget of a quarter of --max-bans-per-fleet); or dropped, with too many such writes in flight on the replica or for the namespace."}, []string{labelOutcome}),
+			Help: "Bans the gateway took from an origin's answer to a plain-HTTP request (spec.gateway.banStatusCodes), by outcome: recorded; refused by the bounds (at most half of the fleet's serving proxies out for a domain, a budget of a quarter of --max-bans-per-fleet); failed (the write did not go through); or dropped, with too many such writes in flight on the replica or for the namespace."}, []string{labelOutcome}),
 	}
 }
 

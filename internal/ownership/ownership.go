@@ -76,6 +76,17 @@ var keys = []struct{ k8s, gcp string }{
 	{LabelAdopter, "egress-adopted-by"},
 }
 
+// RetainKey is LabelRetain as a cloud's labels carry it: GCP's form when
+// gcp.
+func RetainKey(gcp bool) string {
+	for _, k := range keys {
+		if gcp && k.k8s == LabelRetain {
+			return k.gcp
+		}
+	}
+	return LabelRetain
+}
+
 func (o Owner) values() map[string]string {
 	return map[string]string{
 		LabelManagedBy:  ManagedBy,

@@ -733,7 +733,7 @@ func (b *Backend) SetRetain(ctx context.Context, r backend.Ref, retain bool) (er
 		return err
 	}
 	tags := tagsOf(x)
-	return b.retag(ctx, x, tags, cloudvm.Retained(tags, ownership.LabelRetain, retain))
+	return b.retag(ctx, x, tags, cloudvm.Retained(tags, retain, false))
 }
 
 // one is the instance r names: its recorded ID's, else the newest live

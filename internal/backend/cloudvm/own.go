@@ -27,10 +27,10 @@ func Adopted(what string, have map[string]string, from types.UID, to ownership.O
 	return cur.AdoptedBy(to).Relabel(have, gcpForm), nil
 }
 
-// Retained is have with the mark that the instance outlives its Proxy set
-// (retain) or removed, under key: ownership.LabelRetain in the cloud's
-// form.
-func Retained(have map[string]string, key string, retain bool) map[string]string {
+// Retained is an instance's labels or tags (have; GCP's form when gcpForm)
+// with the mark that it outlives its Proxy set (retain) or removed.
+func Retained(have map[string]string, retain, gcpForm bool) map[string]string {
+	key := ownership.RetainKey(gcpForm)
 	want := maps.Clone(have)
 	if want == nil {
 		want = map[string]string{}

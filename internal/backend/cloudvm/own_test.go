@@ -47,14 +47,14 @@ func TestAdopted(t *testing.T) {
 // TestRetained sets and removes the mark, leaving the rest.
 func TestRetained(t *testing.T) {
 	have := map[string]string{"a": "b"}
-	on := cloudvm.Retained(have, "egress-retain", true)
+	on := cloudvm.Retained(have, true, true)
 	if !maps.Equal(on, map[string]string{"a": "b", "egress-retain": "true"}) || len(have) != 1 {
 		t.Errorf("retain: %v (read: %v)", on, have)
 	}
-	if off := cloudvm.Retained(on, "egress-retain", false); !maps.Equal(off, have) {
+	if off := cloudvm.Retained(on, false, true); !maps.Equal(off, have) {
 		t.Errorf("let go: %v", off)
 	}
-	if nilIn := cloudvm.Retained(nil, "k", true); nilIn["k"] != "true" {
+	if nilIn := cloudvm.Retained(nil, true, false); nilIn[ownership.LabelRetain] != "true" {
 		t.Errorf("from no labels: %v", nilIn)
 	}
 }

@@ -38,8 +38,6 @@ const (
 	// VM's startup script gave it.
 	labelCredentials = "egress-credentials"
 	labelPort        = "egress-port"
-	// labelRetain is ownership.LabelRetain in GCP's form.
-	labelRetain = "egress-retain"
 	// labelPublished is "internal" on a VM whose internal address is
 	// published (gcp.publishedAddress Internal).
 	labelPublished = "egress-published"
@@ -574,7 +572,7 @@ func (b *Backend) SetRetain(ctx context.Context, r backend.Ref, retain bool) err
 	if err != nil {
 		return errors.Wrapf(Classify(err), "cannot get VM %s", r.Name)
 	}
-	labels := cloudvm.Retained(vm.GetLabels(), labelRetain, retain)
+	labels := cloudvm.Retained(vm.GetLabels(), retain, true)
 	_, err = b.instances.SetLabels(ctx, &computepb.SetLabelsInstanceRequest{
 		Project: b.cfg.Project, Zone: r.Zone, Instance: r.Name,
 		InstancesSetLabelsRequestResource: &computepb.InstancesSetLabelsRequest{Labels: labels, LabelFingerprint: vm.LabelFingerprint},

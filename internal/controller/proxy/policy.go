@@ -122,7 +122,7 @@ func (c choice) admit(pc *config) error {
 // (an unset list allows none), compared by same (nil: equal).
 func admitEach(field string, values []string, list string, allowed []string, pc *config, same func(value string, allowed []string) bool) error {
 	for _, v := range values {
-		if err := (choice{field: field, value: v, list: list, allowed: allowed, defs: []string{}, same: same}).admit(pc); err != nil {
+		if err := (choice{field: field, value: v, list: list, allowed: allowed, same: same}).admit(pc); err != nil {
 			return err
 		}
 	}
@@ -232,15 +232,9 @@ func admitPod(p *v1alpha1.Proxy, pc *config, pol *v1alpha1.KubernetesPolicy) err
 		return refusal("kubernetes.namespace", ns, pc, "kubernetes.allowedNamespaces", namespaces, defaulted)
 	}
 
-	image, images := k.Image, pol.AllowedImages
-	if image == "" {
-		image = kubernetes.DefaultImage
-	}
-	if len(images) == 0 {
-		images = []string{kubernetes.DefaultImage}
-	}
-	if !imageAllowed(image, images) {
-		return refusal("kubernetes.image", image, pc, "kubernetes.allowedImages", images, len(pol.AllowedImages) == 0)
+	image := choice{field: "kubernetes.image", value: k.Image, def: kubernetes.DefaultImage, list: "kubernetes.allowedImages", allowed: pol.AllowedImages, defs: []string{kubernetes.DefaultImage}, same: imageAllowed}
+	if err := image.admit(pc); err != nil {
+		return err
 	}
 
 	keys := pol.AllowedNodeSelectorKeys

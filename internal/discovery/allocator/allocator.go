@@ -74,9 +74,11 @@ type Allocator struct {
 	// Version, when set, changes whenever a watched Proxy or Lease does:
 	// waiting acquisitions try again when it changes.
 	Version func() uint64
-	// MaxBansPerFleet and MaxBansPerIdentity bound the live bans of a
-	// fleet, and of the identities reporting them in it; zero sets no
-	// bound. A ban over either is refused 429.
+	// MaxBansPerFleet and MaxBansPerIdentity bound the live bans crawlers
+	// report in a fleet, and those of each identity in it; bans taken from
+	// origins' answers have a bound of their own, a quarter of
+	// MaxBansPerFleet (BanFromAnswer). Zero sets no bound. A ban over a
+	// bound is refused 429.
 	MaxBansPerFleet, MaxBansPerIdentity int
 	// MaxWaiting and MaxWaitingPerIdentity bound the acquisitions waiting
 	// for a slot on this replica, in all and of one identity; zero means

@@ -174,8 +174,12 @@ func addressOf(m *catalog.Member) string {
 // each pass the rule on a view without the other's bans: so each replica
 // also keeps the answer bans it recorded itself (by the replica mark on
 // their Leases, and its recent ones) within its share of the half, one
-// replica's of the fleet's replicas (Replicas). Together they stay within
-// the half however they race; a crawler's own reports are not bound so.
+// replica's of the fleet's replicas (Replicas). Their answer bans together
+// stay within half however they race; with other bans out already (a
+// crawler's reports, which are not bound so), racing replicas may pass
+// the half by what they write at the same moment. A fleet of fewer
+// serving proxies than twice its replicas gets no answer bans (its
+// crawlers report bans through the API).
 func (s *Allocator) keepsHalf(ctx context.Context, ns, fleet, proxy, domain string) error {
 	ms, err := s.Catalog.Fleet(ctx, ns, fleet)
 	if err != nil {
@@ -368,8 +372,8 @@ func registrableDomain(domain string) string {
 // origin's answer (answer) against a quarter of the fleet's, of such bans
 // alone, and for at most MaxAnswerHostsPerSite hosts of one registrable
 // domain: a site with wildcard DNS names as many hosts as it likes, and
-// each may ban half the fleet. Replicas count from their caches, so the bounds hold up to what
-// they grant at the same moment.
+// each may ban half the fleet. Replicas count from their caches, so the
+// bounds hold up to what they grant at the same moment.
 func (s *Allocator) banAllowed(ctx context.Context, ns, fleet, proxy, domain string, id *auth.Identity, answer bool) (bool, error) {
 	bans, err := s.Leases.ActiveBans(ctx, ns, fleet)
 	if err != nil {

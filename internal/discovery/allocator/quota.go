@@ -215,7 +215,8 @@ func (s *Allocator) HoldConn(ctx context.Context, ns, fleet string, id *auth.Ide
 		b.mu.Unlock()
 		select {
 		case <-closed:
-			// A lease the caller released meanwhile counts too.
+			// Read the caller's leases again: one released meanwhile
+			// frees its place too.
 			if h, err := s.Leases.Held(ctx, ns, fleet, id.User); err == nil {
 				held = h
 			}

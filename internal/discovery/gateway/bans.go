@@ -7,8 +7,12 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+
+	apiv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/allocator"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/problem"
 )
 
 const (
@@ -88,8 +92,14 @@ func (gw *Gateway[S]) banOnStatus(ctx context.Context, id *auth.Identity, u User
 		}()
 		bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), banWriteTimeout)
 		defer cancel()
-		if err := a.BanFromAnswer(bctx, u.Namespace, u.Fleet, proxy, domain, cooldown, id, status); err != nil {
+		err := a.BanFromAnswer(bctx, u.Namespace, u.Fleet, proxy, domain, cooldown, id, status)
+		var pe *problem.Error
+		switch {
+		case errors.As(err, &pe) && pe.Reason == apiv1.ReasonBanLimit:
 			gw.Metrics.Bans.WithLabelValues("refused").Inc()
+			return
+		case err != nil:
+			gw.Metrics.Bans.WithLabelValues("failed").Inc()
 			return
 		}
 		gw.Metrics.Bans.WithLabelValues("recorded").Inc()

@@ -12,6 +12,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
 // Cloud is what the contract needs of one cloud's backend under test: a
@@ -62,7 +63,7 @@ func Contract(t *testing.T, c Cloud) {
 	}
 	r := s.Ref
 	r.ID = first.ID
-	eventually(t, "the instance listed once, owned by its Proxy", func() (bool, string) {
+	testbed.Eventually(t, wait, "the instance listed once, owned by its Proxy", func() (bool, string) {
 		all, err := b.ListOwned(ctx)
 		if err != nil {
 			return false, err.Error()
@@ -97,7 +98,7 @@ func checkImport(t *testing.T, b backend.Backend, a backend.Adopter, r backend.R
 	if err := a.Adopt(ctx, r, s.Owner.UID, to); err != nil {
 		t.Fatalf("an import of its maker's instance: %v", err)
 	}
-	eventually(t, "the import shown by Get", func() (bool, string) {
+	testbed.Eventually(t, wait, "the import shown by Get", func() (bool, string) {
 		i, err := b.Get(ctx, r)
 		if err != nil {
 			return false, err.Error()
@@ -113,7 +114,7 @@ func checkRetain(t *testing.T, b backend.Backend, rt backend.Retainer, r backend
 		if err := rt.SetRetain(ctx, r, retain); err != nil {
 			t.Fatalf("SetRetain(%v): %v", retain, err)
 		}
-		eventually(t, fmt.Sprintf("Get shows retain %v", retain), func() (bool, string) {
+		testbed.Eventually(t, wait, fmt.Sprintf("Get shows retain %v", retain), func() (bool, string) {
 			i, err := b.Get(ctx, r)
 			if err != nil {
 				return false, err.Error()
@@ -130,7 +131,7 @@ func checkGone(t *testing.T, b backend.Backend, r backend.Ref) {
 	if err := b.Delete(ctx, r); err != nil {
 		t.Fatalf("Delete: %v", err)
 	}
-	eventually(t, "the instance and its opening gone", func() (bool, string) {
+	testbed.Eventually(t, wait, "the instance and its opening gone", func() (bool, string) {
 		if err := b.Delete(ctx, r); err != nil {
 			return false, "Delete again: " + err.Error()
 		}
@@ -155,19 +156,4 @@ func checkGone(t *testing.T, b backend.Backend, r backend.Ref) {
 		}
 		return len(left) == 0, fmt.Sprint("listed: ", left)
 	})
-}
-
-func eventually(t *testing.T, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(wait)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("waited %s for %s; last seen: %s", wait, what, state)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }

@@ -31,6 +31,8 @@ type Store struct {
 	// BanTakes, when set, is how long a ban's write takes, as an API
 	// call does: callers racing on a bound overlap.
 	BanTakes time.Duration
+	// OnBan, when set, is told of each ban's write as it starts.
+	OnBan func(proxy string)
 
 	mu     sync.Mutex
 	seq    int
@@ -218,6 +220,9 @@ func (s *Store) Ban(ctx context.Context, namespace, fleet, proxy, domain string,
 // BanFromAnswer is Ban for an origin's answer with status (0: a report).
 // As the store does, extending a live ban keeps who recorded it.
 func (s *Store) BanFromAnswer(_ context.Context, namespace, fleet, proxy, domain string, cooldown time.Duration, identity string, status int, replica string) error {
+	if s.OnBan != nil {
+		s.OnBan(proxy)
+	}
 	time.Sleep(s.BanTakes)
 	s.mu.Lock()
 	defer s.mu.Unlock()
