@@ -105,12 +105,19 @@ func (s *Allocator) ban(ctx context.Context, ns, fleet, proxy, domain string, co
 		return err
 	}
 	defer unlock()
-	extends, err := s.banAllowed(ctx, ns, fleet, proxy, domain, id, status != 0)
+	bans, err := s.Leases.ActiveBans(ctx, ns, fleet)
+	if err != nil {
+		return err
+	}
+	// With the bans this replica recorded lately, which its cache may not
+	// show yet: reports racing on one replica count each other.
+	bans = append(bans, s.recentBans(ns+"/"+fleet, bans)...)
+	extends, err := s.banAllowed(bans, ns, fleet, proxy, domain, id, status != 0)
 	if err != nil {
 		return err
 	}
 	if status != 0 && !extends {
-		if err := s.keepsHalf(ctx, ns, fleet, proxy, domain); err != nil {
+		if err := s.keepsHalf(ctx, bans, ns, fleet, proxy, domain); err != nil {
 			return err
 		}
 	}
@@ -167,8 +174,8 @@ func addressOf(m *catalog.Member) string {
 // than half of the fleet's serving proxies serving domain: the proxy, and
 // every serving proxy leaving from its egress IP (the target banned the
 // address), go out with it. What is out already is read as an acquisition
-// reads it (bans of proxies and of their IPs, and IP histories), with the
-// bans this replica recorded lately that its cache may not show yet.
+// reads it (bans of proxies and of their IPs, and IP histories), and
+// bans, the fleet's live bans with this replica's recent ones.
 //
 // Replicas check from their own caches, and two racing on one fleet could
 // each pass the rule on a view without the other's bans: so each replica
@@ -180,7 +187,7 @@ func addressOf(m *catalog.Member) string {
 // the half by what they write at the same moment. A fleet of fewer
 // serving proxies than twice its replicas gets no answer bans (its
 // crawlers report bans through the API).
-func (s *Allocator) keepsHalf(ctx context.Context, ns, fleet, proxy, domain string) error {
+func (s *Allocator) keepsHalf(ctx context.Context, bans []lease.Ban, ns, fleet, proxy, domain string) error {
 	ms, err := s.Catalog.Fleet(ctx, ns, fleet)
 	if err != nil {
 		return err
@@ -196,14 +203,11 @@ func (s *Allocator) keepsHalf(ctx context.Context, ns, fleet, proxy, domain stri
 		// whichever proxy takes the name next.
 		return banLimit(fmt.Sprintf("proxy %s is not among fleet %s/%s's proxies as this replica sees them: an origin's answer bans only a proxy it can count", proxy, ns, fleet))
 	}
-	listed, err := s.Leases.ActiveBans(ctx, ns, fleet)
-	if err != nil {
-		return err
-	}
-	// The addresses banned for domain (with this replica's recent bans,
-	// which its cache may not show yet), and those its answer bans hold.
+	// The addresses banned for domain (this replica's recent bans, which
+	// its cache may not show yet, among them), and those its answer bans
+	// hold.
 	banned, mine := map[string]bool{}, map[string]bool{}
-	for _, b := range append(listed, s.recentBans(ns+"/"+fleet, listed)...) {
+	for _, b := range bans {
 		m := catalog.MemberNamed(ms, b.Proxy)
 		if m == nil || !strings.EqualFold(b.Domain, domain) {
 			continue
@@ -373,15 +377,9 @@ func registrableDomain(domain string) string {
 // alone, and for at most MaxAnswerHostsPerSite hosts of one registrable
 // domain: a site with wildcard DNS names as many hosts as it likes, and
 // each may ban half the fleet. Replicas count from their caches, so the
-// bounds hold up to what they grant at the same moment.
-func (s *Allocator) banAllowed(ctx context.Context, ns, fleet, proxy, domain string, id *auth.Identity, answer bool) (bool, error) {
-	bans, err := s.Leases.ActiveBans(ctx, ns, fleet)
-	if err != nil {
-		return false, err
-	}
-	// With the bans this replica recorded lately, which its cache may
-	// not show yet: reports racing on one replica count each other.
-	bans = append(bans, s.recentBans(ns+"/"+fleet, bans)...)
+// bounds hold up to what they grant at the same moment. bans are the
+// fleet's live bans with this replica's recent ones.
+func (s *Allocator) banAllowed(bans []lease.Ban, ns, fleet, proxy, domain string, id *auth.Identity, answer bool) (bool, error) {
 	reported, answered, mine := 0, 0, 0
 	registrable, hosts := registrableDomain(domain), map[string]bool{}
 	for _, b := range bans {

@@ -17,6 +17,16 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 )
 
+// healthy are n healthy proxies p0, p1, ... of 10 leases each, proxy i
+// leaving from ip(i).
+func healthy(n int, ip func(i int) string) []proxy {
+	ps := make([]proxy, n)
+	for i := range ps {
+		ps[i] = proxy{fmt.Sprintf("p%d", i), ip(i), true, 10}
+	}
+	return ps
+}
+
 // admitted counts the fleet's proxies an acquisition for domain may use.
 func (b *bed) admitted(t *testing.T, domain string) int {
 	t.Helper()
@@ -38,11 +48,7 @@ func (b *bed) admitted(t *testing.T, domain string) int {
 // out, the second, on the other address, would take all six and is
 // refused; a crawler's own report is not bound so.
 func TestBanFromAnswerKeepsHalfByAddress(t *testing.T) {
-	var ps []proxy
-	for i := range 6 {
-		ps = append(ps, proxy{fmt.Sprintf("p%d", i), []string{"192.0.2.1", "192.0.2.2"}[i/3], true, 10})
-	}
-	b := newBed(t, ps, nil)
+	b := newBed(t, healthy(6, func(i int) string { return []string{"192.0.2.1", "192.0.2.2"}[i/3] }), nil)
 	ctx := context.Background()
 	alice := &auth.Identity{User: "alice"}
 	if err := b.a.BanFromAnswer(ctx, ns, fleet, "p0", "login.example", time.Hour, alice, 403); err != nil {
@@ -69,11 +75,7 @@ func TestBanFromAnswerKeepsHalfByAddress(t *testing.T) {
 
 	// Eight proxies, four of them behind one address: with one proxy out,
 	// a ban of one of the four takes four more, five of eight.
-	ps = nil
-	for i := range 8 {
-		ps = append(ps, proxy{fmt.Sprintf("p%d", i), fmt.Sprintf("198.51.100.%d", max(i, 3)), true, 10})
-	}
-	b = newBed(t, ps, nil)
+	b = newBed(t, healthy(8, func(i int) string { return fmt.Sprintf("198.51.100.%d", max(i, 3)) }), nil)
 	if err := b.a.BanFromAnswer(ctx, ns, fleet, "p7", "login.example", time.Hour, alice, 403); err != nil {
 		t.Fatalf("a ban of p7, alone on its address: %v", err)
 	}
@@ -90,11 +92,7 @@ func TestBanFromAnswerKeepsHalfByAddress(t *testing.T) {
 // one lock per fleet (each write takes 20 ms, as an API call does; checked
 // before the others' writes, all ten would pass).
 func TestBanFromAnswerRacing(t *testing.T) {
-	var ps []proxy
-	for i := range 10 {
-		ps = append(ps, proxy{fmt.Sprintf("p%d", i), fmt.Sprintf("192.0.2.%d", i+1), true, 10})
-	}
-	b := newBed(t, ps, nil)
+	b := newBed(t, healthy(10, func(i int) string { return fmt.Sprintf("192.0.2.%d", i+1) }), nil)
 	b.store.BanTakes = 20 * time.Millisecond
 	var wg sync.WaitGroup
 	for i := range 10 {
@@ -114,11 +112,7 @@ func TestBanFromAnswerRacing(t *testing.T) {
 // a hostile origin banning host after host cannot use up what the
 // crawler's own reports may record.
 func TestBanFromAnswerOwnBudget(t *testing.T) {
-	var ps []proxy
-	for i := range 4 {
-		ps = append(ps, proxy{fmt.Sprintf("p%d", i), fmt.Sprintf("192.0.2.%d", i+1), true, 10})
-	}
-	b := newBed(t, ps, nil)
+	b := newBed(t, healthy(4, func(i int) string { return fmt.Sprintf("192.0.2.%d", i+1) }), nil)
 	b.a.MaxBansPerFleet, b.a.MaxBansPerIdentity = 8, 2
 	ctx := context.Background()
 	alice := &auth.Identity{User: "alice"}
@@ -147,11 +141,7 @@ func TestBanFromAnswerOwnBudget(t *testing.T) {
 // leave six. Checking the half alone, each banned five, and none was
 // left.
 func TestBanFromAnswerReplicasRacing(t *testing.T) {
-	var ps []proxy
-	for i := range 10 {
-		ps = append(ps, proxy{fmt.Sprintf("p%d", i), fmt.Sprintf("192.0.2.%d", i+1), true, 10})
-	}
-	b := newBed(t, ps, nil)
+	b := newBed(t, healthy(10, func(i int) string { return fmt.Sprintf("192.0.2.%d", i+1) }), nil)
 	two := func(context.Context, string, string) (int, error) { return 2, nil }
 	// Each replica sees none of the bans written: only its own recent ones.
 	replica := func(name string) *allocator.Allocator {
@@ -190,11 +180,7 @@ func TestBanFromAnswerNamesOnlyMembers(t *testing.T) {
 // most MaxAnswerHostsPerSite of its hosts (wildcard DNS names as many as
 // it likes); another site's answers are not held up by it.
 func TestBanFromAnswerHostsPerSite(t *testing.T) {
-	var ps []proxy
-	for i := range 4 {
-		ps = append(ps, proxy{fmt.Sprintf("p%d", i), fmt.Sprintf("192.0.2.%d", i+1), true, 10})
-	}
-	b := newBed(t, ps, nil)
+	b := newBed(t, healthy(4, func(i int) string { return fmt.Sprintf("192.0.2.%d", i+1) }), nil)
 	b.a.MaxBansPerFleet = 5000
 	ctx := context.Background()
 	alice := &auth.Identity{User: "alice"}
