@@ -39,7 +39,7 @@ debian_promtool() {
 }
 
 if [ $# -eq 0 ]; then
-	set -- controller-gen etcd kube-apiserver crossplane kubectl promtool
+	set -- controller-gen etcd kube-apiserver crossplane kubectl promtool images
 fi
 for tool in "$@"; do
 	case $tool in
@@ -60,6 +60,9 @@ for tool in "$@"; do
 	# built from its own module (6 to 10 minutes cold).
 	promtool)
 		debian_promtool || (cd promtool && build promtool github.com/prometheus/prometheus/cmd/promtool) ;;
+	# Each supported image family's Squid packages, unpacked, which the
+	# start-up script is tested against (cloudvm's TestScriptOnEachFamily).
+	images) "$here/images/fetch.sh" "$bin/images" ;;
 	crossplane-core)
 		# Crossplane core for make run and make e2e, from its own module (see
 		# core/tools.go), with the CRDs core init installs beside it.

@@ -456,6 +456,8 @@ http_access deny !egress_authenticated
 # rather than allowed past them.
 acl egress_ports port 80 443 1024-65535
 acl egress_connect_ports port 443 1024-65535
+# Squid 4 (Debian 11, Ubuntu 20.04) predefines no CONNECT ACL.
+acl egress_connect method CONNECT
 acl egress_private dst {{ .Private }}
 acl egress_host dst {{ .Host }}
 acl egress_metadata dst {{ .Metadata }}
@@ -473,7 +475,7 @@ hosts_file {{ .HostsFile }}
 tcp_outgoing_address {{ .LoopbackOutgoingAddress }} egress_loopback
 {{- end }}
 http_access deny !egress_ports
-http_access deny CONNECT !egress_connect_ports
+http_access deny egress_connect !egress_connect_ports
 http_access deny egress_metadata
 http_access deny egress_host
 {{- if .Own }}

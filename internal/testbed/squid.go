@@ -45,10 +45,19 @@ func RunSquid(t testing.TB, conf []byte, podDir string, files map[string][]byte,
 // StartSquid is RunSquid, returning the process, for a test that kills it.
 func StartSquid(t testing.TB, conf []byte, podDir string, files map[string][]byte, addr string) *exec.Cmd {
 	t.Helper()
-	path, _ := squidDir(t, conf, podDir, files)
-	cmd := exec.Command(SquidBinary(t), "-N", "-f", path)
-	StartListening(t, cmd, addr)
+	cmd, _ := startSquid(t, []string{SquidBinary(t)}, conf, podDir, files, addr)
 	return cmd
+}
+
+// startSquid is StartSquid with the command that runs Squid (argv, to
+// which -N -f and the configuration's path are added), returning its
+// scratch folder too.
+func startSquid(t testing.TB, argv []string, conf []byte, podDir string, files map[string][]byte, addr string) (*exec.Cmd, string) {
+	t.Helper()
+	path, dir := squidDir(t, conf, podDir, files)
+	cmd := exec.Command(argv[0], append(argv[1:len(argv):len(argv)], "-N", "-f", path)...) //nolint:gosec // the tests' own Squid
+	StartListening(t, cmd, addr)
+	return cmd, dir
 }
 
 // squidDir writes conf and files into a scratch folder Squid's own user
@@ -219,13 +228,23 @@ func SquidStateDir(t testing.TB) string {
 // the test.
 func StartScriptSquid(t testing.TB, script, addr string, edit func(conf string) string) *exec.Cmd {
 	t.Helper()
+	cmd, _ := StartScriptSquidWith(t, []string{SquidBinary(t)}, script, addr, edit)
+	return cmd
+}
+
+// StartScriptSquidWith is StartScriptSquid with the command that runs
+// Squid (argv, to which -N -f and the configuration's path are added): a
+// Squid of another release, run through its own loader. It returns the
+// scratch folder too, which holds Squid's logs.
+func StartScriptSquidWith(t testing.TB, argv []string, script, addr string, edit func(conf string) string) (*exec.Cmd, string) {
+	t.Helper()
 	conf := Heredoc(t, script, "/etc/squid/egress-proxy.conf")
 	conf = strings.NewReplacer("http_access deny egress_loopback\n", "", "/var/log/squid/", "/etc/squid/",
 		"/run/squid.pid", "/etc/squid/squid.pid", "/var/spool/squid", "/etc/squid").Replace(conf)
 	if edit != nil {
 		conf = edit(conf)
 	}
-	return StartSquid(t, []byte(conf), "/etc/squid", map[string][]byte{
+	return startSquid(t, argv, []byte(conf), "/etc/squid", map[string][]byte{
 		"egress-proxy.htpasswd": []byte(Heredoc(t, script, "/etc/squid/egress-proxy.htpasswd")),
 		"egress-proxy.self":     []byte("255.255.255.255\n"),
 	}, addr)

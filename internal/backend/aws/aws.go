@@ -30,6 +30,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"net/http"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -411,16 +412,19 @@ func image(p *v1alpha1.AWSPlacement) string {
 // rootDevice is the image's root device, whose volume the instance gets
 // encrypted: Debian's and Canonical's parameters name theirs; an AMI says
 // its own. An image the generated script does not support (not Debian's
-// or Canonical's) needs the user's own start-up configuration.
+// or Canonical's, or of a release cloudvm.Families does not hold) needs
+// the user's own start-up configuration.
 func (b *Backend) rootDevice(ctx context.Context, s backend.Spec) (string, error) {
 	img := image(s.AWS)
-	switch {
-	case strings.HasPrefix(img, "resolve:ssm:/aws/service/debian/"):
-		return "/dev/xvda", nil
-	case strings.HasPrefix(img, "resolve:ssm:/aws/service/canonical/"):
-		return "/dev/sda1", nil
-	case strings.HasPrefix(img, "resolve:ssm:"):
-		return "", backend.Errorf(backend.ClassPermanent, "spec.forProvider.aws.image %q: only Debian's (/aws/service/debian/...) and Canonical's (/aws/service/canonical/...) parameters are resolved; give another image by its AMI ID", img)
+	if param, ok := strings.CutPrefix(img, "resolve:ssm:"); ok {
+		root, release := ssmImage(param)
+		switch {
+		case root == "":
+			return "", backend.Errorf(backend.ClassPermanent, "spec.forProvider.aws.image %q: only Debian's (/aws/service/debian/release/...) and Canonical's (/aws/service/canonical/ubuntu/...) parameters are resolved; give another image by its AMI ID", img)
+		case s.UserData == "" && release == "":
+			return "", ec2Cloud.UnsupportedImage(strconv.Quote(img), "not a parameter of "+cloudvm.SupportedReleases())
+		}
+		return root, nil
 	}
 	out, err := b.ec2.DescribeImages(ctx, &ec2.DescribeImagesInput{ImageIds: []string{img}})
 	if err != nil {
@@ -430,10 +434,64 @@ func (b *Backend) rootDevice(ctx context.Context, s backend.Spec) (string, error
 		return "", backend.Errorf(backend.ClassPermanent, "spec.forProvider.aws.image %s does not exist in region %s", img, b.cfg.Region)
 	}
 	im := out.Images[0]
-	if owner := aws.ToString(im.OwnerId); s.UserData == "" && owner != DebianOwner && owner != CanonicalOwner {
-		return "", ec2Cloud.UnsupportedImage(img+" ("+aws.ToString(im.Name)+")", fmt.Sprintf("owned by account %s, not Debian's (%s) or Canonical's (%s)", owner, DebianOwner, CanonicalOwner))
+	owner, name := aws.ToString(im.OwnerId), aws.ToString(im.Name)
+	switch {
+	case s.UserData != "":
+	case owner != DebianOwner && owner != CanonicalOwner:
+		return "", ec2Cloud.UnsupportedImage(img+" ("+name+")", fmt.Sprintf("owned by account %s, not Debian's (%s) or Canonical's (%s)", owner, DebianOwner, CanonicalOwner))
+	case !amiSupported(owner, name):
+		return "", ec2Cloud.UnsupportedImage(img+" ("+name+")", "not an image of "+cloudvm.SupportedReleases())
 	}
 	return aws.ToString(im.RootDeviceName), nil
+}
+
+// ssmImage reads a public parameter naming an AMI: the root device of its
+// maker's images (empty for a parameter of no known maker), and the
+// release, when it is one of cloudvm.Families. Debian's are
+// /aws/service/debian/release/<12|bookworm>/..., Canonical's
+// /aws/service/canonical/ubuntu/<server|server-minimal|pro-server>/<24.04|noble>/....
+func ssmImage(param string) (root, release string) {
+	parts := strings.Split(strings.TrimPrefix(param, "/"), "/")
+	switch {
+	case len(parts) >= 5 && parts[0] == "aws" && parts[1] == "service" && parts[2] == "debian":
+		if f, ok := cloudvm.FamilyOf("debian", parts[4]); ok && parts[3] == "release" {
+			release = f.Name
+		}
+		return "/dev/xvda", release
+	case len(parts) >= 6 && parts[0] == "aws" && parts[1] == "service" && parts[2] == "canonical" && parts[3] == "ubuntu":
+		if f, ok := cloudvm.FamilyOf("ubuntu", parts[5]); ok {
+			release = f.Name
+		}
+		return "/dev/sda1", release
+	}
+	return "", ""
+}
+
+// amiNames read the release from an AMI's name: Debian's
+// debian-12-amd64-..., Canonical's .../ubuntu-noble-24.04-amd64-server-....
+var (
+	debianAMIName = regexp.MustCompile(`^debian-([0-9]+)-`)
+	ubuntuAMIName = regexp.MustCompile(`(?:^|/)ubuntu-([a-z]+)-([0-9]{2}\.[0-9]{2})-`)
+)
+
+// amiSupported says whether an AMI of Debian's or Canonical's account is
+// of a release of cloudvm.Families, by its name.
+func amiSupported(owner, name string) bool {
+	if owner == DebianOwner {
+		m := debianAMIName.FindStringSubmatch(name)
+		_, ok := cloudvm.FamilyOf("debian", safeAt(m, 1))
+		return ok
+	}
+	m := ubuntuAMIName.FindStringSubmatch(name)
+	f, ok := cloudvm.FamilyOf("ubuntu", safeAt(m, 2))
+	return ok && f.Codename == safeAt(m, 1)
+}
+
+func safeAt(m []string, i int) string {
+	if i < len(m) {
+		return m[i]
+	}
+	return ""
 }
 
 // subnet is the instance's subnet and its VPC: the placement's, which must

@@ -16,6 +16,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/aws"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/aws/ec2fake"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/cloudvm"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/cloudvm/cloudvmtest"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
@@ -357,10 +358,21 @@ func TestRefusals(t *testing.T) {
 		"zone of another region":             {func(s *backend.Spec) { s.AWS.Zone = "eu-west-1a" }, "spec.forProvider.aws.zone"},
 		"image the script does not support":  {func(s *backend.Spec) { s.AWS.Image = ec2fake.OtherAMI }, "not Debian's"},
 		"an SSM parameter of no known maker": {func(s *backend.Spec) { s.AWS.Image = "resolve:ssm:/my/ami" }, "spec.forProvider.aws.image"},
-		"subnet in another zone":             {func(s *backend.Spec) { s.AWS.Subnet = "subnet-0aaaaaaaaaaaaaaa1" }, "is in zone us-east-1c"},
-		"no such subnet":                     {func(s *backend.Spec) { s.AWS.Subnet = "subnet-0bbbbbbbbbbbbbbb1" }, "spec.forProvider.aws.subnet"},
-		"open proxy":                         {func(s *backend.Spec) { s.Credentials = nil }, "open proxy"},
-		"user data too large":                {func(s *backend.Spec) { s.UserData = strings.Repeat("#", 17<<10) }, "spec.forProvider.aws.userData"},
+		"Debian's AMI of an old release":     {func(s *backend.Spec) { s.AWS.Image = ec2fake.Debian10AMI }, "not an image of Debian 11, 12, 13"},
+		"Canonical's AMI of an old release":  {func(s *backend.Spec) { s.AWS.Image = ec2fake.Ubuntu1804AMI }, "not an image of Debian 11, 12, 13"},
+		"Debian's parameter of an old release": {func(s *backend.Spec) {
+			s.AWS.Image = "resolve:ssm:/aws/service/debian/release/10/latest/amd64"
+		}, "not a parameter of Debian 11"},
+		"Canonical's parameter of an old release": {func(s *backend.Spec) {
+			s.AWS.Image = "resolve:ssm:/aws/service/canonical/ubuntu/server/18.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
+		}, "not a parameter of Debian 11"},
+		"Debian's daily parameter": {func(s *backend.Spec) {
+			s.AWS.Image = "resolve:ssm:/aws/service/debian/daily/12/latest/amd64"
+		}, "not a parameter of Debian 11"},
+		"subnet in another zone": {func(s *backend.Spec) { s.AWS.Subnet = "subnet-0aaaaaaaaaaaaaaa1" }, "is in zone us-east-1c"},
+		"no such subnet":         {func(s *backend.Spec) { s.AWS.Subnet = "subnet-0bbbbbbbbbbbbbbb1" }, "spec.forProvider.aws.subnet"},
+		"open proxy":             {func(s *backend.Spec) { s.Credentials = nil }, "open proxy"},
+		"user data too large":    {func(s *backend.Spec) { s.UserData = strings.Repeat("#", 17<<10) }, "spec.forProvider.aws.userData"},
 	} {
 		s := spec("5c2d3e4f-0000-4222-8333-944455556666")
 		c.mod(&s)
@@ -377,6 +389,42 @@ func TestRefusals(t *testing.T) {
 	s.AWS.Image = ec2fake.UbuntuAMI
 	if _, err := b.Create(context.Background(), s); err != nil || only(t, fake).Params["BlockDeviceMapping.1.DeviceName"] != "/dev/sda1" {
 		t.Errorf("Ubuntu's AMI with its root device encrypted: %v", err)
+	}
+}
+
+// TestFamilyParameters: every release the generated script is tested on
+// (cloudvm.Families) is accepted through its maker's public parameter, by
+// number and by codename, with the maker's root device.
+func TestFamilyParameters(t *testing.T) {
+	fake := ec2fake.Start(t)
+	b := newBackend(t, fake, "c1")
+	n := 0
+	for _, f := range cloudvm.Families {
+		params, root := []string{
+			"/aws/service/debian/release/" + f.Version + "/latest/amd64",
+			"/aws/service/debian/release/" + f.Codename + "/latest/arm64",
+		}, "/dev/xvda"
+		if f.Distro == "ubuntu" {
+			params, root = []string{
+				"/aws/service/canonical/ubuntu/server/" + f.Version + "/stable/current/amd64/hvm/ebs-gp3/ami-id",
+				"/aws/service/canonical/ubuntu/server-minimal/" + f.Codename + "/stable/current/amd64/hvm/ebs-gp2/ami-id",
+			}, "/dev/sda1"
+		}
+		for _, p := range params {
+			s := spec(fmt.Sprintf("5c2d3e4f-%04d-4222-8333-944455556666", n))
+			n++
+			s.AWS.Image = "resolve:ssm:" + p
+			i, err := b.Create(context.Background(), s)
+			if err != nil {
+				t.Errorf("%s: %v", p, err)
+				continue
+			}
+			for _, x := range fake.Instances() {
+				if got := x.Params["BlockDeviceMapping.1.DeviceName"]; x.ID == i.ID && got != root {
+					t.Errorf("%s: root device %q, want %q", p, got, root)
+				}
+			}
+		}
 	}
 }
 

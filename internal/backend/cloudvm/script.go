@@ -8,7 +8,10 @@
 // on the orphan collector's list. Each cloud's package is a client of its
 // API behind these.
 //
-// Files: script.go, the start-up script; network.go, the opening's ranges
+// Files: script.go, the start-up script; family.go, the releases it
+// supports, which each cloud's image check accepts and
+// TestScriptOnEachFamily proves against the releases' own packages;
+// network.go, the opening's ranges
 // and the name a fleet's shared opening derives from them; own.go, the
 // owner labels an import writes, the retain mark, and the openings no
 // listed instance uses; collect.go, the listing of instances and unused

@@ -152,9 +152,24 @@ const ownAddressesFunc = `own_addresses() {
 func StartupScript(s backend.Spec) (string, error) { return cloudvm.Script(s, ownAddressesFunc) }
 
 // scriptImageRe matches the images the generated startup script supports:
-// Debian's and Ubuntu's public images (apt, systemd, Debian's squid
-// package layout), by family or by name.
-var scriptImageRe = regexp.MustCompile(`^projects/(debian-cloud|ubuntu-os-cloud|ubuntu-os-pro-cloud)/global/images/(family/)?(debian-(11|12|13)|ubuntu-(pro-)?(minimal-)?(2004|2204|2404|2504|2510|2604))(-[a-z0-9-]+)?$`)
+// Debian's and Ubuntu's public images of cloudvm.Families (apt, systemd,
+// the release's squid package), by family or by name, Ubuntu's also in
+// its Pro and minimal variants.
+var scriptImageRe = regexp.MustCompile(`^projects/(debian-cloud|ubuntu-os-cloud|ubuntu-os-pro-cloud)/global/images/(family/)?(` + scriptFamilies() + `)(-[a-z0-9-]+)?$`)
+
+// scriptFamilies is the alternation of cloudvm.Families as GCP's image
+// families name them.
+func scriptFamilies() string {
+	names := make([]string, 0, len(cloudvm.Families))
+	for _, f := range cloudvm.Families {
+		name := regexp.QuoteMeta(f.Name)
+		if f.Distro == "ubuntu" {
+			name = "ubuntu-(pro-)?(minimal-)?" + regexp.QuoteMeta(strings.TrimPrefix(f.Name, "ubuntu-"))
+		}
+		names = append(names, name)
+	}
+	return strings.Join(names, "|")
+}
 
 // normalImage strips the API's URL prefix, which GCP accepts on images.
 func normalImage(s string) string { return strings.TrimPrefix(s, computeURL) }
@@ -290,7 +305,7 @@ func (b *Backend) checkPlacement(s backend.Spec, vm *computepb.Instance, fw *com
 	if image := normalImage(s.GCP.Image); s.UserData == "" && image != "" && !scriptImageRe.MatchString(image) {
 		// Checked at create only: a running VM of an image made before
 		// this check is left to serve.
-		return gcpCloud.UnsupportedImage(strconv.Quote(s.GCP.Image), "not a Debian 11 to 13 or Ubuntu 20.04 or later image of projects/debian-cloud, ubuntu-os-cloud or ubuntu-os-pro-cloud")
+		return gcpCloud.UnsupportedImage(strconv.Quote(s.GCP.Image), "not an image of "+cloudvm.SupportedReleases()+" from projects/debian-cloud, ubuntu-os-cloud or ubuntu-os-pro-cloud")
 	}
 	if sn := vm.GetNetworkInterfaces()[0].GetSubnetwork(); sn != "" {
 		snProject := b.cfg.Project

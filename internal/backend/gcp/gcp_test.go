@@ -16,6 +16,7 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/cloudvm"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/cloudvm/cloudvmtest"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp/gcpfake"
@@ -567,14 +568,28 @@ func TestLabelRaceRetried(t *testing.T) {
 // Ubuntu's public images only; another image takes the team's own
 // start-up configuration, and nothing is made for a refused one.
 func TestScriptImages(t *testing.T) {
-	for image, ok := range map[string]bool{
+	images := map[string]bool{
 		"": true,
 		"projects/debian-cloud/global/images/family/debian-12":                                                   true,
 		"https://www.googleapis.com/compute/v1/projects/debian-cloud/global/images/debian-12-bookworm-v20241112": true,
 		"projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts":                                          true,
+		"projects/ubuntu-os-pro-cloud/global/images/family/ubuntu-pro-minimal-2404-lts-amd64":                    true,
 		"projects/cos-cloud/global/images/family/cos-stable":                                                     false,
 		"projects/attacker/global/images/family/debian-12":                                                       false,
-	} {
+		// Releases no family test covers.
+		"projects/debian-cloud/global/images/family/debian-10":          false,
+		"projects/ubuntu-os-cloud/global/images/family/ubuntu-1804-lts": false,
+		"projects/ubuntu-os-cloud/global/images/family/ubuntu-2310":     false,
+	}
+	// Every family the script is tested on is accepted.
+	for _, f := range cloudvm.Families {
+		project := "debian-cloud"
+		if f.Distro == "ubuntu" {
+			project = "ubuntu-os-cloud"
+		}
+		images["projects/"+project+"/global/images/family/"+f.Name] = true
+	}
+	for image, ok := range images {
 		fake := gcpfake.Start(t)
 		b := newBackend(t, fake, "c1")
 		s := spec("6a3b2c1d-1111-4222-8333-944455556666")

@@ -52,10 +52,14 @@ const (
 	// DefaultVPC is the region's default VPC.
 	DefaultVPC = "vpc-0default0000000"
 	// DebianAMI, UbuntuAMI and OtherAMI are images the fake knows, by
-	// Debian's and Canonical's owner accounts and another's.
-	DebianAMI = "ami-0deb12a0000000001"
-	UbuntuAMI = "ami-0ab2404a000000002"
-	OtherAMI  = "ami-0ccc0000000000003"
+	// Debian's and Canonical's owner accounts and another's; Debian10AMI
+	// and Ubuntu1804AMI are Debian's and Canonical's of releases the
+	// generated script does not support.
+	DebianAMI     = "ami-0deb12a0000000001"
+	UbuntuAMI     = "ami-0ab2404a000000002"
+	OtherAMI      = "ami-0ccc0000000000003"
+	Debian10AMI   = "ami-0deb10a0000000004"
+	Ubuntu1804AMI = "ami-0ab1804a000000005"
 )
 
 // Instance states, as EC2 names them.
@@ -70,9 +74,11 @@ const (
 type image struct{ owner, root, name string }
 
 var images = map[string]image{
-	DebianAMI: {owner: "136693071363", root: "/dev/xvda", name: "debian-12-amd64-20261201-1234"},
-	UbuntuAMI: {owner: "099720109477", root: "/dev/sda1", name: "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-20261201"},
-	OtherAMI:  {owner: "123456789012", root: "/dev/xvda", name: "someones-image"},
+	DebianAMI:     {owner: "136693071363", root: "/dev/xvda", name: "debian-12-amd64-20261201-1234"},
+	UbuntuAMI:     {owner: "099720109477", root: "/dev/sda1", name: "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-20261201"},
+	OtherAMI:      {owner: "123456789012", root: "/dev/xvda", name: "someones-image"},
+	Debian10AMI:   {owner: "136693071363", root: "/dev/xvda", name: "debian-10-amd64-20240703-1797"},
+	Ubuntu1804AMI: {owner: "099720109477", root: "/dev/sda1", name: "ubuntu/images/hvm-ssd/ubuntu-bionic-18.04-amd64-server-20230607"},
 }
 
 // Failure is a scripted error answer.
