@@ -69,6 +69,10 @@ const (
 	tagCreated = "egress.crawl.example.com/created"
 )
 
+// ec2Keys are the tags an instance records itself by, its name among
+// them: EC2 names it i-....
+var ec2Keys = cloudvm.Keys{Name: TagInstance, SpecHash: tagSpecHash, Credentials: tagCredentials, Port: tagPort, Opening: TagGroup}
+
 // Owner accounts of the images the generated start-up script supports.
 const (
 	DebianOwner    = "136693071363"
@@ -364,16 +368,12 @@ func lastGone(all []types.Instance) string {
 }
 
 func (b *Backend) runInput(s backend.Spec, tok, subnet, root, script string, groups []string, groupName string) *ec2.RunInstancesInput {
-	tags := []types.Tag{{Key: aws.String("Name"), Value: aws.String(s.Name)}, {Key: aws.String(TagInstance), Value: aws.String(s.Name)},
-		{Key: aws.String(tagSpecHash), Value: aws.String(s.Hash)}, {Key: aws.String(tagPort), Value: aws.String(strconv.Itoa(int(s.Port)))},
-		{Key: aws.String(TagGroup), Value: aws.String(groupName)}}
-	if s.CredentialsSum != "" {
-		tags = append(tags, types.Tag{Key: aws.String(tagCredentials), Value: aws.String(s.CredentialsSum)})
+	recorded := ec2Keys.Record(s, groupName)
+	tags := []types.Tag{{Key: aws.String("Name"), Value: aws.String(s.Name)}}
+	for _, k := range sortedKeys(recorded) {
+		tags = append(tags, types.Tag{Key: aws.String(k), Value: aws.String(recorded[k])})
 	}
 	owner := s.Owner.Labels()
-	for _, k := range sortedKeys(owner) {
-		tags = append(tags, types.Tag{Key: aws.String(k), Value: aws.String(owner[k])})
-	}
 	volumeTags := []types.Tag{{Key: aws.String(TagInstance), Value: aws.String(s.Name)}}
 	for _, k := range sortedKeys(owner) {
 		volumeTags = append(volumeTags, types.Tag{Key: aws.String(k), Value: aws.String(owner[k])})
@@ -602,9 +602,6 @@ func Phase(state types.InstanceStateName, publicIP string) v1alpha1.InstancePhas
 }
 
 func (b *Backend) instance(i *types.Instance) *backend.Instance {
-	tags := tagsOf(i)
-	owner, _ := ownership.FromLabels(tags)
-	port, _ := strconv.Atoi(tags[tagPort])
 	zone := ""
 	if i.Placement != nil {
 		zone = aws.ToString(i.Placement.AvailabilityZone)
@@ -614,11 +611,11 @@ func (b *Backend) instance(i *types.Instance) *backend.Instance {
 		state = i.State.Name
 	}
 	out := &backend.Instance{
-		Ref:        backend.Ref{Name: tags[TagInstance], Zone: zone, Rule: tags[TagGroup], ID: aws.ToString(i.InstanceId)},
+		Ref:        backend.Ref{Zone: zone, ID: aws.ToString(i.InstanceId)},
 		ProviderID: ProviderID(zone, aws.ToString(i.InstanceId)),
-		Port:       int32(port), Phase: Phase(state, aws.ToString(i.PublicIpAddress)),
-		CreatedAt: aws.ToTime(i.LaunchTime), SpecHash: tags[tagSpecHash], CredentialsSum: tags[tagCredentials], Owner: owner,
+		Phase:      Phase(state, aws.ToString(i.PublicIpAddress)), CreatedAt: aws.ToTime(i.LaunchTime),
 	}
+	ec2Keys.Observe(tagsOf(i), out)
 	if out.Phase == v1alpha1.InstancePhaseRunning {
 		out.Host = aws.ToString(i.PublicIpAddress)
 	}

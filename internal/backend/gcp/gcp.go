@@ -46,6 +46,9 @@ const (
 	labelRule = "egress-rule"
 )
 
+// gcpKeys are the labels a VM records itself by; its name is GCP's name.
+var gcpKeys = cloudvm.Keys{SpecHash: labelSpecHash, Credentials: labelCredentials, Port: labelPort, Opening: labelRule, GCPForm: true}
+
 // Where the generated startup script puts Squid's files on the VM: under
 // /etc/squid, which Debian's AppArmor profile for Squid lets it read, with
 // logs in Squid's own log folder (never /dev/stdout, which Squid cannot
@@ -322,12 +325,12 @@ func (b *Backend) checkPlacement(s backend.Spec, vm *computepb.Instance, fw *com
 
 // vm is the instance resource of s.
 func (b *Backend) vm(s backend.Spec, script string, fw *computepb.Firewall) *computepb.Instance {
-	labels := s.Owner.GCPLabels()
-	labels[labelSpecHash] = s.Hash
-	if s.CredentialsSum != "" {
-		labels[labelCredentials] = s.CredentialsSum
+	shared := ""
+	if fw.GetName() != s.Name {
+		// The fleet's rule; a VM's own is named after it.
+		shared = fw.GetName()
 	}
-	labels[labelPort] = strconv.Itoa(int(s.Port))
+	labels := gcpKeys.Record(s, shared)
 	if s.GCP.PublishedAddress == v1alpha1.GCPPublishedInternal {
 		labels[labelPublished] = "internal"
 	}
@@ -344,10 +347,9 @@ func (b *Backend) vm(s backend.Spec, script string, fw *computepb.Firewall) *com
 		disk = "pd-balanced"
 	}
 	tags := []string{s.Name}
-	if fw.GetName() != s.Name {
+	if shared != "" {
 		// The fleet's rule targets its own tag.
-		labels[labelRule] = fw.GetName()
-		tags = []string{fw.GetName()}
+		tags = []string{shared}
 	}
 	for _, t := range s.GCP.NetworkTags {
 		tags = append(tags, string(t))
@@ -448,20 +450,15 @@ func natIP(vm *computepb.Instance) string {
 }
 
 func (b *Backend) instance(vm *computepb.Instance, zone string) *backend.Instance {
-	owner, _ := ownership.FromLabels(vm.GetLabels())
 	created, _ := time.Parse(time.RFC3339, vm.GetCreationTimestamp())
-	port, _ := strconv.Atoi(vm.GetLabels()[labelPort])
-	ref := backend.Ref{Name: vm.GetName(), Zone: zone, Rule: vm.GetLabels()[labelRule]}
+	i := &backend.Instance{Ref: backend.Ref{Name: vm.GetName(), Zone: zone}, CreatedAt: created, Phase: Phase(vm.GetStatus(), natIP(vm))}
+	gcpKeys.Observe(vm.GetLabels(), i)
 	for _, ni := range vm.GetNetworkInterfaces() {
 		if p := NetworkProject(ni.GetNetwork()); p != b.cfg.Project {
-			ref.NetworkProject = p
+			i.NetworkProject = p
 		}
 	}
-	i := &backend.Instance{
-		Ref: ref, ProviderID: b.ProviderID(ref), Port: int32(port), CreatedAt: created,
-		SpecHash: vm.GetLabels()[labelSpecHash], CredentialsSum: vm.GetLabels()[labelCredentials], Owner: owner,
-		Phase: Phase(vm.GetStatus(), natIP(vm)),
-	}
+	i.ProviderID = b.ProviderID(i.Ref)
 	if i.Phase == v1alpha1.InstancePhaseRunning {
 		i.Host = natIP(vm)
 		if vm.GetLabels()[labelPublished] == "internal" {
