@@ -25,7 +25,7 @@ func TestKeys(t *testing.T) {
 	}{
 		"GCP, a rule of its own": {cloudvm.Keys{SpecHash: "egress-spec-hash", Credentials: "egress-credentials", Port: "egress-port", Opening: "egress-rule", GCPForm: true}, "", ""},
 		"GCP, the fleet's rule":  {cloudvm.Keys{SpecHash: "egress-spec-hash", Credentials: "egress-credentials", Port: "egress-port", Opening: "egress-rule", GCPForm: true}, "egress-fleet-x", ""},
-		"EC2": {cloudvm.Keys{Name: "x/instance", SpecHash: "x/spec-hash", Credentials: "x/credentials", Port: "x/port", Opening: "x/security-group", GCPForm: false}, "egress-sg-y", s.Name},
+		"EC2":                    {cloudvm.Keys{Name: "x/instance", SpecHash: "x/spec-hash", Credentials: "x/credentials", Port: "x/port", Opening: "x/security-group", GCPForm: false}, "egress-sg-y", s.Name},
 	} {
 		rec := c.keys.Record(s, c.opening)
 		var got backend.Instance

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"encoding/json"
 	"io"
 	"net"
 	"net/netip"
@@ -248,33 +247,47 @@ func (b *Backends) gcpBackend(ctx context.Context, pc *config) (backend.Backend,
 	if g == nil {
 		return nil, backend.Errorf(backend.ClassPermanent, "%s %s has no gcp settings: set spec.gcp.project and spec.gcp.credentials", pc.Kind, pc.Name)
 	}
-	var sel *xpv2.CommonCredentialSelectors
-	if g.Credentials.Source == xpv2.CredentialsSourceSecret {
-		sel = &g.Credentials.CommonCredentialSelectors
+	return b.cloudBackend(ctx, pc, g.Credentials.Source, g.Credentials.CommonCredentialSelectors, "the service-account key", func(key []byte) (backend.Backend, error) {
+		var opts []option.ClientOption
+		if key != nil {
+			o, err := gcp.ServiceAccountKey(key, pc.Namespace != "")
+			if err != nil {
+				return nil, backend.Wrap(backend.ClassPermanent, errors.Wrapf(err, "%s %s", pc.Kind, pc.Name))
+			}
+			opts = append(opts, o)
+		}
+		opts = append(opts, b.GCPClientOptions...)
+		return gcp.New(ctx, gcp.Config{Project: g.Project, ClusterID: b.ClusterID, ClientOptions: opts, OperationTimeout: b.GCPOperationTimeout})
+	})
+}
+
+// cloudBackend returns the backend of a cloud VM configuration pc, made
+// once per configuration version (which covers its credentials Secret's):
+// made by build from the credentials read from their Secret (what names
+// them in an error), or from nil when they are not a Secret's (the pod's
+// own identity). The caller holds b.mu.
+func (b *Backends) cloudBackend(ctx context.Context, pc *config, source xpv2.CredentialsSource, sel xpv2.CommonCredentialSelectors, what string, build func(secret []byte) (backend.Backend, error)) (backend.Backend, error) {
+	var secret *xpv2.CommonCredentialSelectors
+	if source == xpv2.CredentialsSourceSecret {
+		secret = &sel
 	}
-	cached, version := b.cached(ctx, pc, sel)
+	cached, version := b.cached(ctx, pc, secret)
 	if cached != nil {
 		return cached, nil
 	}
-	var opts []option.ClientOption
-	if g.Credentials.Source == xpv2.CredentialsSourceSecret {
-		key, err := b.credentials(ctx, pc, g.Credentials.Source, g.Credentials.CommonCredentialSelectors)
-		if err != nil {
-			return nil, errors.Wrap(err, "cannot read the service-account key")
+	var creds []byte
+	if secret != nil {
+		var err error
+		if creds, err = b.credentials(ctx, pc, source, sel); err != nil {
+			return nil, errors.Wrapf(err, "cannot read %s", what)
 		}
-		typ, key, err := gcpKey(key, pc.Namespace != "")
-		if err != nil {
-			return nil, backend.Wrap(backend.ClassPermanent, errors.Wrapf(err, "%s %s", pc.Kind, pc.Name))
-		}
-		opts = append(opts, option.WithAuthCredentialsJSON(typ, key))
 	}
-	opts = append(opts, b.GCPClientOptions...)
-	gb, err := gcp.New(ctx, gcp.Config{Project: g.Project, ClusterID: b.ClusterID, ClientOptions: opts, OperationTimeout: b.GCPOperationTimeout})
+	made, err := build(creds)
 	if err != nil {
 		return nil, err
 	}
-	b.remote[pc.UID] = remoteBackend{version: version, backend: gb}
-	return gb, nil
+	b.remote[pc.UID] = remoteBackend{version: version, backend: made}
+	return made, nil
 }
 
 // credentials reads a configuration's credentials from their source; a
@@ -295,32 +308,17 @@ func (b *Backends) awsBackend(ctx context.Context, pc *config) (backend.Backend,
 	if a == nil {
 		return nil, backend.Errorf(backend.ClassPermanent, "%s %s has no aws settings: set spec.aws.region and spec.aws.credentials", pc.Kind, pc.Name)
 	}
-	var sel *xpv2.CommonCredentialSelectors
-	if a.Credentials.Source == xpv2.CredentialsSourceSecret {
-		sel = &a.Credentials.CommonCredentialSelectors
-	}
-	cached, version := b.cached(ctx, pc, sel)
-	if cached != nil {
-		return cached, nil
-	}
-	cfg := awsbackend.Config{Region: a.Region, ClusterID: b.ClusterID, Endpoint: b.AWSEndpoint, MaxAttempts: b.AWSMaxAttempts, ListingMaxAge: b.AWSListingMaxAge, Namespace: pc.Namespace}
-	if a.Credentials.Source == xpv2.CredentialsSourceSecret {
-		file, err := b.credentials(ctx, pc, a.Credentials.Source, a.Credentials.CommonCredentialSelectors)
-		if err != nil {
-			return nil, errors.Wrap(err, "cannot read the AWS access key")
+	return b.cloudBackend(ctx, pc, a.Credentials.Source, a.Credentials.CommonCredentialSelectors, "the AWS access key", func(file []byte) (backend.Backend, error) {
+		cfg := awsbackend.Config{Region: a.Region, ClusterID: b.ClusterID, Endpoint: b.AWSEndpoint, MaxAttempts: b.AWSMaxAttempts, ListingMaxAge: b.AWSListingMaxAge, Namespace: pc.Namespace}
+		if file != nil {
+			creds, err := awsbackend.SharedCredentials(file)
+			if err != nil {
+				return nil, backend.Wrap(backend.ClassPermanent, errors.Wrapf(err, "%s %s", pc.Kind, pc.Name))
+			}
+			cfg.Credentials = creds
 		}
-		creds, err := awsbackend.SharedCredentials(file)
-		if err != nil {
-			return nil, backend.Wrap(backend.ClassPermanent, errors.Wrapf(err, "%s %s", pc.Kind, pc.Name))
-		}
-		cfg.Credentials = creds
-	}
-	ab, err := awsbackend.New(ctx, cfg)
-	if err != nil {
-		return nil, err
-	}
-	b.remote[pc.UID] = remoteBackend{version: version, backend: ab}
-	return ab, nil
+		return awsbackend.New(ctx, cfg)
+	})
 }
 
 // kubeClient returns an uncached client for the pods' cluster: proxy pods
@@ -417,41 +415,4 @@ func inlineKubeconfig(raw []byte) error {
 		}
 	}
 	return nil
-}
-
-// googleTokenURI is where a service-account key's JWT is exchanged.
-const googleTokenURI = "https://oauth2.googleapis.com/token"
-
-// gcpKey reads a GCP credentials file and returns its type and the key to
-// use. It must be a service-account key: the other kinds (external
-// accounts above all) make the provider read files, run programs or send
-// requests where their author chose, and the client library does not check
-// the declared type on every path. A tenant's (a namespaced
-// ProviderConfig's) key is rebuilt from the fields a key needs, with
-// Google's token URI, so that its own token_uri cannot send the provider's
-// requests to the metadata server or the provider's own endpoints.
-func gcpKey(key []byte, tenant bool) (option.CredentialsType, []byte, error) {
-	var f struct {
-		Type         string `json:"type"`
-		ProjectID    string `json:"project_id,omitempty"`
-		PrivateKeyID string `json:"private_key_id,omitempty"`
-		PrivateKey   string `json:"private_key"`
-		ClientEmail  string `json:"client_email"`
-		ClientID     string `json:"client_id,omitempty"`
-		TokenURI     string `json:"token_uri"`
-	}
-	if err := json.Unmarshal(key, &f); err != nil {
-		return "", nil, errors.New("the GCP credentials are not JSON")
-	}
-	t := option.CredentialsType(f.Type)
-	switch {
-	case t == option.ServiceAccount && tenant:
-		f.TokenURI = googleTokenURI
-		clean, err := json.Marshal(f)
-		return t, clean, errors.Wrap(err, "cannot rebuild the service-account key")
-	case t == option.ServiceAccount:
-		return t, key, nil
-	default:
-		return "", nil, errors.Errorf("the GCP credentials are of type %q: spec.gcp.credentials takes only a service-account key (type %q); for workload identity use source InjectedIdentity on a ClusterProviderConfig", f.Type, option.ServiceAccount)
-	}
 }
