@@ -622,5 +622,15 @@ func TestContract(t *testing.T) {
 	cloudvmtest.Contract(t, cloudvmtest.Cloud{
 		New:  func(t *testing.T) backend.Backend { return newBackend(t, ec2fake.Start(t), "c1") },
 		Spec: spec,
+		FailCreate: func(t *testing.T, class backend.Class) backend.Backend {
+			fake := ec2fake.Start(t)
+			code := map[backend.Class]string{
+				backend.ClassStockout: "InsufficientInstanceCapacity", backend.ClassQuota: "VcpuLimitExceeded",
+				backend.ClassThrottled: "RequestLimitExceeded", backend.ClassAccessDenied: "UnauthorizedOperation",
+				backend.ClassPermanent: "InvalidParameterValue", backend.ClassTransient: "InternalError",
+			}[class]
+			fake.Fail("RunInstances", ec2fake.Failure{Code: code, Message: "the " + code + " message", Times: -1})
+			return newBackend(t, fake, "c1")
+		},
 	})
 }

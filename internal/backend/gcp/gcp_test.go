@@ -690,5 +690,23 @@ func TestContract(t *testing.T) {
 			return newBackend(t, fake, "c1")
 		},
 		Spec: spec,
+		FailCreate: func(t *testing.T, class backend.Class) backend.Backend {
+			fake := gcpfake.Start(t)
+			switch class {
+			case backend.ClassStockout:
+				fake.FailOperation("instances.insert", gcpfake.Stockout("crawl-proj", "europe-west1-b"))
+			case backend.ClassQuota:
+				fake.FailOperation("instances.insert", gcpfake.QuotaInOperation("IN_USE_ADDRESSES", "europe-west1"))
+			case backend.ClassThrottled:
+				fake.Fail("instances.insert", gcpfake.RateLimited())
+			case backend.ClassAccessDenied:
+				fake.Fail("instances.insert", gcpfake.IAMDenied("compute.instances.create", "projects/crawl-proj/zones/europe-west1-b/instances/x"))
+			case backend.ClassPermanent:
+				fake.Fail("instances.insert", gcpfake.OrgPolicyShieldedVM("crawl-proj"))
+			case backend.ClassTransient:
+				fake.Fail("instances.insert", gcpfake.Failure{Code: http.StatusServiceUnavailable, Reason: "backendError", Message: "Backend Error", Times: -1})
+			}
+			return newBackend(t, fake, "c1")
+		},
 	})
 }

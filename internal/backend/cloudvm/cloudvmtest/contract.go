@@ -21,6 +21,22 @@ import (
 type Cloud struct {
 	New  func(t *testing.T) backend.Backend
 	Spec func(uid string) backend.Spec
+	// FailCreate is a backend of cluster "c1" whose fake answers every
+	// create of an instance with the cloud's own error of class (its
+	// error body, at once or in the operation, as the cloud would), for
+	// each of FailedCreateClasses.
+	FailCreate func(t *testing.T, class backend.Class) backend.Backend
+}
+
+// FailedCreateClasses are the classes a failed create must come back as,
+// from each cloud's own errors, since the controller does something
+// different for each: another zone or later (ZoneExhausted), the create
+// gate and its alert (QuotaExceeded, Throttled, AccessDenied), no retry
+// until the spec changes (PermanentError), a retry with back-off
+// (Transient).
+var FailedCreateClasses = []backend.Class{
+	backend.ClassStockout, backend.ClassQuota, backend.ClassThrottled,
+	backend.ClassAccessDenied, backend.ClassPermanent, backend.ClassTransient,
 }
 
 // wait is how long the contract waits for what a cloud shows eventually
@@ -41,8 +57,11 @@ const wait = 20 * time.Second
 //   - Deleted, the instance goes; an opening its Proxy's ranges made is
 //     gone or listed for the orphan collector (terminated, of no zone,
 //     never retained).
+//   - A create the cloud refuses comes back in the class of the cloud's
+//     error, for each of FailedCreateClasses, and leaves no instance.
 func Contract(t *testing.T, c Cloud) {
 	ctx := context.Background()
+	failedCreates(t, c)
 	b := c.New(t)
 	s := c.Spec("0c0ffee0-1111-4222-8333-944455556666")
 
@@ -156,4 +175,34 @@ func checkGone(t *testing.T, b backend.Backend, r backend.Ref) {
 		}
 		return len(left) == 0, fmt.Sprint("listed: ", left)
 	})
+}
+
+// failedCreates: each class of FailedCreateClasses comes back from a
+// create the cloud refuses that way, and no instance is left of it: the
+// next observation finds none, and the orphan collector has none to take.
+func failedCreates(t *testing.T, c Cloud) {
+	if c.FailCreate == nil {
+		t.Fatal("the cloud gives no FailCreate: every cloud shows its errors' classes")
+	}
+	ctx := context.Background()
+	for _, class := range FailedCreateClasses {
+		b := c.FailCreate(t, class)
+		s := c.Spec("0c0ffee0-4444-4222-8333-944455556666")
+		_, err := b.Create(ctx, s)
+		if got := backend.ClassOf(err); got != class {
+			t.Errorf("a create refused as %s: class %s (%v)", class, got, err)
+		}
+		if i, err := b.Get(ctx, s.Ref); backend.ClassOf(err) != backend.ClassNotFound && (err != nil || i.Phase != v1alpha1.InstancePhaseTerminated) {
+			t.Errorf("a create refused as %s left an instance: %+v %v", class, i, err)
+		}
+		all, err := b.ListOwned(ctx)
+		if err != nil {
+			t.Errorf("a create refused as %s: ListOwned: %v", class, err)
+		}
+		for _, i := range all {
+			if i.Zone != "" && i.Phase != v1alpha1.InstancePhaseTerminated {
+				t.Errorf("a create refused as %s left an instance listed: %+v", class, i)
+			}
+		}
+	}
 }
