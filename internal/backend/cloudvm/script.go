@@ -1,21 +1,3 @@
-// Package cloudvm is what the cloud VM backends (gcp, aws) share: the
-// start-up script that installs Squid on a Debian or Ubuntu image and runs
-// it with the generated configuration, and the rules by which a proxy's
-// network opening (a GCP firewall rule, an EC2 security group) is derived
-// from its source ranges and shared by its fleet, how an instance changes
-// owner (an import) or is marked to outlive its Proxy, which openings no
-// instance uses any more, and how a failed listing of the openings bears
-// on the orphan collector's list. Each cloud's package is a client of its
-// API behind these.
-//
-// Files: script.go, the start-up script; family.go, the releases it
-// supports, which each cloud's image check accepts and
-// TestScriptOnEachFamily proves against the releases' own packages;
-// network.go, the opening's ranges
-// and the name a fleet's shared opening derives from them; own.go, the
-// owner labels an import writes, the retain mark, and the openings no
-// listed instance uses; collect.go, the listing of instances and unused
-// openings for the orphan collector.
 package cloudvm
 
 import (
