@@ -358,17 +358,17 @@ func TestRefusals(t *testing.T) {
 		"zone of another region":             {func(s *backend.Spec) { s.AWS.Zone = "eu-west-1a" }, "spec.forProvider.aws.zone"},
 		"image the script does not support":  {func(s *backend.Spec) { s.AWS.Image = ec2fake.OtherAMI }, "not Debian's"},
 		"an SSM parameter of no known maker": {func(s *backend.Spec) { s.AWS.Image = "resolve:ssm:/my/ami" }, "spec.forProvider.aws.image"},
-		"Debian's AMI of an old release":     {func(s *backend.Spec) { s.AWS.Image = ec2fake.Debian10AMI }, "not an image of Debian 11, 12, 13"},
-		"Canonical's AMI of an old release":  {func(s *backend.Spec) { s.AWS.Image = ec2fake.Ubuntu1804AMI }, "not an image of Debian 11, 12, 13"},
+		"Debian's AMI of an old release":     {func(s *backend.Spec) { s.AWS.Image = ec2fake.Debian10AMI }, "not an image of Debian 12, 13 or Ubuntu 22.04"},
+		"Canonical's AMI of an old release":  {func(s *backend.Spec) { s.AWS.Image = ec2fake.Ubuntu1804AMI }, "not an image of Debian 12, 13 or Ubuntu 22.04"},
 		"Debian's parameter of an old release": {func(s *backend.Spec) {
 			s.AWS.Image = "resolve:ssm:/aws/service/debian/release/10/latest/amd64"
-		}, "not a parameter of Debian 11"},
+		}, "not a parameter of Debian 12, 13"},
 		"Canonical's parameter of an old release": {func(s *backend.Spec) {
 			s.AWS.Image = "resolve:ssm:/aws/service/canonical/ubuntu/server/18.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
-		}, "not a parameter of Debian 11"},
+		}, "not a parameter of Debian 12, 13"},
 		"Debian's daily parameter": {func(s *backend.Spec) {
 			s.AWS.Image = "resolve:ssm:/aws/service/debian/daily/12/latest/amd64"
-		}, "not a parameter of Debian 11"},
+		}, "not a parameter of Debian 12, 13"},
 		"subnet in another zone": {func(s *backend.Spec) { s.AWS.Subnet = "subnet-0aaaaaaaaaaaaaaa1" }, "is in zone us-east-1c"},
 		"no such subnet":         {func(s *backend.Spec) { s.AWS.Subnet = "subnet-0bbbbbbbbbbbbbbb1" }, "spec.forProvider.aws.subnet"},
 		"open proxy":             {func(s *backend.Spec) { s.Credentials = nil }, "open proxy"},

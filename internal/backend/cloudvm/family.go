@@ -22,18 +22,22 @@ type Family struct {
 	Version, Codename string
 }
 
-// Families are the releases the generated start-up script supports:
-// Debian 11 to 13 and Ubuntu 20.04 to 26.04. A release is added here, to
-// hack/tools/images/fetch.sh, and proven by TestScriptOnEachFamily.
+// Families are the releases the generated start-up script supports: the
+// Debian and Ubuntu LTS releases still given security updates (on
+// 2026-12-07: Debian 12 until 2028-06, 13 until 2030-06; Ubuntu 22.04 until
+// 2027-04, 24.04 until 2029-04, 26.04 until 2031-04). A proxy faces the
+// internet: a release past its security support is not accepted, nor an
+// interim Ubuntu release (nine months). Debian 11 and Ubuntu 20.04 are
+// past it, and their Squid 4 could not have run the generated
+// configuration before 2026-12 (it predefined no CONNECT ACL). A release
+// is added here and to hack/tools/images/fetch.sh, and proven by
+// TestScriptOnEachFamily; one is removed at the end of its security
+// support.
 var Families = []Family{
-	{Name: "debian-11", Distro: "debian", Version: "11", Codename: "bullseye"},
 	{Name: "debian-12", Distro: "debian", Version: "12", Codename: "bookworm"},
 	{Name: "debian-13", Distro: "debian", Version: "13", Codename: "trixie"},
-	{Name: "ubuntu-2004", Distro: "ubuntu", Version: "20.04", Codename: "focal"},
 	{Name: "ubuntu-2204", Distro: "ubuntu", Version: "22.04", Codename: "jammy"},
 	{Name: "ubuntu-2404", Distro: "ubuntu", Version: "24.04", Codename: "noble"},
-	{Name: "ubuntu-2504", Distro: "ubuntu", Version: "25.04", Codename: "plucky"},
-	{Name: "ubuntu-2510", Distro: "ubuntu", Version: "25.10", Codename: "questing"},
 	{Name: "ubuntu-2604", Distro: "ubuntu", Version: "26.04", Codename: "resolute"},
 }
 
@@ -49,7 +53,7 @@ func FamilyOf(distro, release string) (Family, bool) {
 }
 
 // SupportedReleases names the supported releases, for an error refusing
-// another image: "Debian 11, 12, 13 or Ubuntu 20.04, ...".
+// another image: "Debian 12, 13 or Ubuntu 22.04, ...".
 func SupportedReleases() string {
 	var debian, ubuntu []string
 	for _, f := range Families {

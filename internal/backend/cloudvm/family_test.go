@@ -1,7 +1,13 @@
 package cloudvm_test
 
 import (
+	"bufio"
 	"context"
+	"encoding/base64"
+	"fmt"
+	"net"
+	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -32,8 +38,9 @@ import (
 //     script writes and write its logs and PID where the script puts them;
 //   - that release's Squid, run through its own loader and libraries with
 //     the script's configuration and password file, serves a request with
-//     the proxy's credentials and refuses a wrong password, the password
-//     checked by the release's own basic_ncsa_auth and crypt(3).
+//     the proxy's credentials, answers a wrong password 407 (checked by
+//     the release's own basic_ncsa_auth and crypt(3)) and a CONNECT to a
+//     port that is no TLS port 403, and logs no error or warning.
 func TestScriptOnEachFamily(t *testing.T) {
 	root, err := testbed.RepoRoot()
 	if err != nil {
@@ -79,10 +86,22 @@ func TestScriptOnEachFamily(t *testing.T) {
 				res = probe.Prober{}.Probe(context.Background(), ok)
 				return res.OK, res.Error
 			})
-			bad := ok
-			bad.Password = "not-the-password"
-			if res := (probe.Prober{}).Probe(context.Background(), bad); res.OK {
-				t.Errorf("%s's Squid let a wrong password through", f.Name)
+			u, err := url.Parse(target.URL)
+			if err != nil {
+				t.Fatal(err)
+			}
+			targetAddr := u.Host
+			for _, c := range []struct {
+				what, to, password string
+				want               int
+			}{
+				{"a wrong password", targetAddr, "not-the-password", http.StatusProxyAuthRequired},
+				{"a CONNECT to port 80, a web port but no TLS one", "127.0.0.1:80", "family-pw", http.StatusForbidden},
+				{"a CONNECT to the target", targetAddr, "family-pw", http.StatusOK},
+			} {
+				if got := connectStatus(t, addr, c.to, "crawler", c.password); got != c.want {
+					t.Errorf("%s's Squid answers %s with %d, want %d", f.Name, c.what, got, c.want)
+				}
 			}
 			cacheLog, _ := os.ReadFile(filepath.Join(dir, "cache.log"))
 			var complaints []string
@@ -112,7 +131,7 @@ func TestFamiliesFetched(t *testing.T) {
 		t.Fatal(err)
 	}
 	var fetched, want []string
-	for _, m := range regexp.MustCompile(`(?m)^\t"([a-z]+-[0-9]+) http://\S+ ([a-z]+)"$`).FindAllStringSubmatch(string(b), -1) {
+	for _, m := range regexp.MustCompile(`(?m)^\t"([a-z]+-[0-9]+) http://\S+ ([a-z]+) http://\S+"$`).FindAllStringSubmatch(string(b), -1) {
 		fetched = append(fetched, m[1]+" "+m[2])
 	}
 	for _, f := range cloudvm.Families {
@@ -121,6 +140,28 @@ func TestFamiliesFetched(t *testing.T) {
 	if !slices.Equal(fetched, want) {
 		t.Errorf("fetch.sh fetches %q; cloudvm.Families are %q", fetched, want)
 	}
+}
+
+// connectStatus is the status Squid at proxy answers a CONNECT to with
+// the credentials given.
+func connectStatus(t *testing.T, proxy, to, user, password string) int {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", proxy, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = c.Close() }()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	auth := base64.StdEncoding.EncodeToString([]byte(user + ":" + password))
+	if _, err := fmt.Fprintf(c, "CONNECT %s HTTP/1.1\r\nHost: %s\r\nUser-Agent: family-test\r\nProxy-Authorization: Basic %s\r\n\r\n", to, to, auth); err != nil {
+		t.Fatal(err)
+	}
+	res, err := http.ReadResponse(bufio.NewReader(c), &http.Request{Method: http.MethodConnect})
+	if err != nil {
+		t.Fatalf("CONNECT %s through %s: %v", to, proxy, err)
+	}
+	_ = res.Body.Close()
+	return res.StatusCode
 }
 
 // checkLayout checks that what the script runs and names is in the
@@ -202,12 +243,24 @@ func checkAppArmor(t *testing.T, tree string) {
 		path  *regexp.Regexp
 		perms string
 	}
-	var rules []rule
-	re := regexp.MustCompile(`^\s*(/\S+)\s+([a-zA-Z]+),`)
+	var rules, denies []rule
+	re := regexp.MustCompile(`^\s*((?:audit\s+)?deny\s+)?(?:owner\s+)?(/\S+)\s+([a-zA-Z]+),`)
+	depth := 0
 	for _, l := range strings.Split(string(b), "\n") {
-		if m := re.FindStringSubmatch(l); m != nil {
-			rules = append(rules, rule{aaGlob(m[1]), m[2]})
+		l, _, _ = strings.Cut(l, "#")
+		// Only the main profile's rules: a nested profile (squidguard)
+		// confines another program.
+		if m := re.FindStringSubmatch(l); m != nil && depth == 1 {
+			if m[1] != "" {
+				denies = append(denies, rule{aaGlob(m[2]), m[3]})
+			} else {
+				rules = append(rules, rule{aaGlob(m[2]), m[3]})
+			}
 		}
+		depth += strings.Count(l, "{") - strings.Count(l, "}")
+	}
+	if len(rules) == 0 {
+		t.Fatalf("no rule read from the release's AppArmor profile for Squid")
 	}
 	for _, need := range []struct{ path, perm string }{
 		{cloudvm.ConfigFile, "r"}, {cloudvm.HtpasswdFile, "r"}, {cloudvm.SelfFile, "r"},
@@ -217,7 +270,10 @@ func checkAppArmor(t *testing.T, tree string) {
 		allowed := slices.ContainsFunc(rules, func(r rule) bool {
 			return r.path.MatchString(need.path) && strings.Contains(r.perms, need.perm)
 		})
-		if !allowed {
+		denied := slices.ContainsFunc(denies, func(r rule) bool {
+			return r.path.MatchString(need.path) && strings.Contains(r.perms, need.perm)
+		})
+		if !allowed || denied {
 			t.Errorf("the release's AppArmor profile for Squid does not allow %s on %s, which the script's Squid needs", need.perm, need.path)
 		}
 	}

@@ -577,9 +577,12 @@ func TestScriptImages(t *testing.T) {
 		"projects/cos-cloud/global/images/family/cos-stable":                                                     false,
 		"projects/attacker/global/images/family/debian-12":                                                       false,
 		// Releases no family test covers.
-		"projects/debian-cloud/global/images/family/debian-10":          false,
-		"projects/ubuntu-os-cloud/global/images/family/ubuntu-1804-lts": false,
-		"projects/ubuntu-os-cloud/global/images/family/ubuntu-2310":     false,
+		"projects/debian-cloud/global/images/family/debian-10":            false,
+		"projects/debian-cloud/global/images/family/debian-11":            false,
+		"projects/ubuntu-os-cloud/global/images/family/ubuntu-1804-lts":   false,
+		"projects/ubuntu-os-cloud/global/images/family/ubuntu-2004-lts":   false,
+		"projects/ubuntu-os-cloud/global/images/family/ubuntu-2310":       false,
+		"projects/ubuntu-os-cloud/global/images/family/ubuntu-2510-amd64": false,
 	}
 	// Every family the script is tested on is accepted.
 	for _, f := range cloudvm.Families {

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/netip"
@@ -281,6 +282,12 @@ func (b *Backends) cloudBackend(ctx context.Context, pc *config, source xpv2.Cre
 		if creds, err = b.credentials(ctx, pc, source, sel); err != nil {
 			return nil, errors.Wrapf(err, "cannot read %s", what)
 		}
+		if len(creds) == 0 {
+			// A Secret without the key reads as nothing, which build
+			// would take for the pod's own identity: never for a
+			// configuration that names a Secret.
+			return nil, backend.Errorf(backend.ClassPermanent, "%s %s: %s", pc.Kind, pc.Name, errMissingKey(sel, what))
+		}
 	}
 	made, err := build(creds)
 	if err != nil {
@@ -299,6 +306,14 @@ func (b *Backends) credentials(ctx context.Context, pc *config, source xpv2.Cred
 		sel.SecretRef.Namespace = pc.Namespace
 	}
 	return resource.CommonCredentialExtractor(ctx, source, b.Kube, sel)
+}
+
+// errMissingKey says which key of which Secret should hold what.
+func errMissingKey(sel xpv2.CommonCredentialSelectors, what string) string {
+	if sel.SecretRef == nil {
+		return "the credentials name no Secret"
+	}
+	return fmt.Sprintf("the Secret %s has no key %q, or it is empty: it must hold %s", sel.SecretRef.Name, sel.SecretRef.Key, what)
 }
 
 // awsBackend returns the AWS backend of pc, made once per configuration

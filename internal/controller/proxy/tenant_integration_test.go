@@ -237,6 +237,18 @@ users: [{name: u, user: ` + user + `}]
 			Backend: v1alpha1.BackendKubernetes, Kubernetes: &v1alpha1.KubernetesBackend{Credentials: &v1alpha1.KubernetesCredentials{Source: xpv2.CredentialsSourceSecret, CommonCredentialSelectors: secretCreds(name)}},
 		}})
 	}
+	// A Secret without the named key reads as nothing: never the
+	// provider's own identity in its place.
+	nokey := secretCreds("auth")
+	nokey.SecretRef.Key = "no-such-key"
+	create(t,
+		&v1alpha1.ProviderConfig{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "gcpnokey"}, Spec: v1alpha1.ProviderConfigSpec{
+			Backend: v1alpha1.BackendGCP, GCP: &v1alpha1.GCPBackend{Project: "tenant-proj", Credentials: v1alpha1.GCPCredentials{Source: xpv2.CredentialsSourceSecret, CommonCredentialSelectors: nokey}},
+		}},
+		&v1alpha1.ProviderConfig{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "awsnokey"}, Spec: v1alpha1.ProviderConfigSpec{
+			Backend: v1alpha1.BackendAWS, AWS: &v1alpha1.AWSBackend{Region: "us-east-1", Credentials: v1alpha1.AWSCredentials{Source: xpv2.CredentialsSourceSecret, CommonCredentialSelectors: nokey}},
+		}},
+	)
 	create(t,
 		&v1alpha1.ProviderConfig{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "external"}, Spec: v1alpha1.ProviderConfigSpec{
 			Backend: v1alpha1.BackendGCP, GCP: &v1alpha1.GCPBackend{Project: "tenant-proj", Credentials: v1alpha1.GCPCredentials{Source: xpv2.CredentialsSourceSecret, CommonCredentialSelectors: secretCreds("external")}},
@@ -271,6 +283,18 @@ users: [{name: u, user: ` + user + `}]
 			p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-b"}
 			p.Spec.ForProvider.AllowedSourceRanges = []v1alpha1.CIDR{"127.0.0.0/8"}
 		}, "credentials"},
+		"gcpnokey": {func(p *v1alpha1.Proxy) {
+			p.Spec.ProviderConfigReference = &xpv2.ProviderConfigReference{Kind: "ProviderConfig", Name: "gcpnokey"}
+			p.Spec.ForProvider.Local = nil
+			p.Spec.ForProvider.GCP = &v1alpha1.GCPPlacement{Zone: "europe-west1-b"}
+			p.Spec.ForProvider.AllowedSourceRanges = []v1alpha1.CIDR{"127.0.0.0/8"}
+		}, `the Secret auth has no key "no-such-key"`},
+		"awsnokey": {func(p *v1alpha1.Proxy) {
+			p.Spec.ProviderConfigReference = &xpv2.ProviderConfigReference{Kind: "ProviderConfig", Name: "awsnokey"}
+			p.Spec.ForProvider.Local = nil
+			p.Spec.ForProvider.AWS = &v1alpha1.AWSPlacement{Zone: "us-east-1a"}
+			p.Spec.ForProvider.AllowedSourceRanges = []v1alpha1.CIDR{"127.0.0.0/8"}
+		}, `the Secret auth has no key "no-such-key"`},
 		"unlabelled": {func(p *v1alpha1.Proxy) {
 			p.Spec.ProviderConfigReference = &xpv2.ProviderConfigReference{Kind: "ClusterProviderConfig", Name: "tenant-local-" + ns}
 			p.Spec.ForProvider.AuthSecretRef = &v1alpha1.AuthSecretReference{Name: "platform-token"}
