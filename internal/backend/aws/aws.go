@@ -451,16 +451,21 @@ func (b *Backend) rootDevice(ctx context.Context, s backend.Spec) (string, error
 // /aws/service/debian/release/<12|bookworm>/..., Canonical's
 // /aws/service/canonical/ubuntu/<server|server-minimal|pro-server>/<24.04|noble>/....
 func ssmImage(param string) (root, release string) {
-	parts := strings.Split(strings.TrimPrefix(param, "/"), "/")
-	switch {
-	case len(parts) >= 5 && parts[0] == "aws" && parts[1] == "service" && parts[2] == "debian":
-		if f, ok := cloudvm.FamilyOf("debian", parts[4]); ok && parts[3] == "release" {
-			release = f.Name
+	if rest, ok := strings.CutPrefix(param, "/aws/service/debian/"); ok {
+		if v, ok := strings.CutPrefix(rest, "release/"); ok {
+			v, _, _ = strings.Cut(v, "/")
+			if f, ok := cloudvm.FamilyOf(cloudvm.Debian, v); ok {
+				release = f.Name
+			}
 		}
 		return "/dev/xvda", release
-	case len(parts) >= 6 && parts[0] == "aws" && parts[1] == "service" && parts[2] == "canonical" && parts[3] == "ubuntu":
-		if f, ok := cloudvm.FamilyOf("ubuntu", parts[5]); ok {
-			release = f.Name
+	}
+	if rest, ok := strings.CutPrefix(param, "/aws/service/canonical/ubuntu/"); ok {
+		// <product>/<release>/...
+		if parts := strings.Split(rest, "/"); len(parts) >= 2 {
+			if f, ok := cloudvm.FamilyOf(cloudvm.Ubuntu, parts[1]); ok {
+				release = f.Name
+			}
 		}
 		return "/dev/sda1", release
 	}
@@ -479,11 +484,11 @@ var (
 func amiSupported(owner, name string) bool {
 	if owner == DebianOwner {
 		m := debianAMIName.FindStringSubmatch(name)
-		_, ok := cloudvm.FamilyOf("debian", safeAt(m, 1))
+		_, ok := cloudvm.FamilyOf(cloudvm.Debian, safeAt(m, 1))
 		return ok
 	}
 	m := ubuntuAMIName.FindStringSubmatch(name)
-	f, ok := cloudvm.FamilyOf("ubuntu", safeAt(m, 2))
+	f, ok := cloudvm.FamilyOf(cloudvm.Ubuntu, safeAt(m, 2))
 	return ok && f.Codename == safeAt(m, 1)
 }
 

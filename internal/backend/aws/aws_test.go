@@ -404,7 +404,7 @@ func TestFamilyParameters(t *testing.T) {
 			"/aws/service/debian/release/" + f.Version + "/latest/amd64",
 			"/aws/service/debian/release/" + f.Codename + "/latest/arm64",
 		}, "/dev/xvda"
-		if f.Distro == "ubuntu" {
+		if f.Distro == cloudvm.Ubuntu {
 			params, root = []string{
 				"/aws/service/canonical/ubuntu/server/" + f.Version + "/stable/current/amd64/hvm/ebs-gp3/ami-id",
 				"/aws/service/canonical/ubuntu/server-minimal/" + f.Codename + "/stable/current/amd64/hvm/ebs-gp2/ami-id",

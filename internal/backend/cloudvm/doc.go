@@ -50,7 +50,7 @@
 //     (backend.OperationChecker); EC2 answers at once and makes a create
 //     safe to repeat with a ClientToken, chained when a token was spent on
 //     an instance since terminated.
-//   - Openings. A GCP firewall rule is patched in place when the fleet's
+//   - Openings. A GCP firewall rule is updated in place when the fleet's
 //     ranges change (Repairer); an EC2 security group's rules are
 //     authorized once, and a change of ranges is a group of another name.
 //   - Names. A GCP VM is named by the Proxy (ownership.InstanceName), so a

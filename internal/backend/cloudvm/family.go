@@ -4,6 +4,12 @@ import (
 	"strings"
 )
 
+// The distributions of Families.
+const (
+	Debian = "debian"
+	Ubuntu = "ubuntu"
+)
+
 // A Family is a release of a distribution the generated start-up script
 // supports: it installs Squid with that release's apt, and runs the
 // release's Squid with the generated configuration. Each family is tested
@@ -34,11 +40,11 @@ type Family struct {
 // TestScriptOnEachFamily; one is removed at the end of its security
 // support.
 var Families = []Family{
-	{Name: "debian-12", Distro: "debian", Version: "12", Codename: "bookworm"},
-	{Name: "debian-13", Distro: "debian", Version: "13", Codename: "trixie"},
-	{Name: "ubuntu-2204", Distro: "ubuntu", Version: "22.04", Codename: "jammy"},
-	{Name: "ubuntu-2404", Distro: "ubuntu", Version: "24.04", Codename: "noble"},
-	{Name: "ubuntu-2604", Distro: "ubuntu", Version: "26.04", Codename: "resolute"},
+	{Name: "debian-12", Distro: Debian, Version: "12", Codename: "bookworm"},
+	{Name: "debian-13", Distro: Debian, Version: "13", Codename: "trixie"},
+	{Name: "ubuntu-2204", Distro: Ubuntu, Version: "22.04", Codename: "jammy"},
+	{Name: "ubuntu-2404", Distro: Ubuntu, Version: "24.04", Codename: "noble"},
+	{Name: "ubuntu-2604", Distro: Ubuntu, Version: "26.04", Codename: "resolute"},
 }
 
 // FamilyOf is the supported family of distro's release, given by its
@@ -57,7 +63,7 @@ func FamilyOf(distro, release string) (Family, bool) {
 func SupportedReleases() string {
 	var debian, ubuntu []string
 	for _, f := range Families {
-		if f.Distro == "debian" {
+		if f.Distro == Debian {
 			debian = append(debian, f.Version)
 		} else {
 			ubuntu = append(ubuntu, f.Version)

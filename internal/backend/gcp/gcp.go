@@ -166,7 +166,7 @@ func scriptFamilies() string {
 	names := make([]string, 0, len(cloudvm.Families))
 	for _, f := range cloudvm.Families {
 		name := regexp.QuoteMeta(f.Name)
-		if f.Distro == "ubuntu" {
+		if f.Distro == cloudvm.Ubuntu {
 			name = "ubuntu-(pro-)?(minimal-)?" + regexp.QuoteMeta(strings.TrimPrefix(f.Name, "ubuntu-"))
 		}
 		names = append(names, name)

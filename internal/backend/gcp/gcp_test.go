@@ -587,7 +587,7 @@ func TestScriptImages(t *testing.T) {
 	// Every family the script is tested on is accepted.
 	for _, f := range cloudvm.Families {
 		project := "debian-cloud"
-		if f.Distro == "ubuntu" {
+		if f.Distro == cloudvm.Ubuntu {
 			project = "ubuntu-os-cloud"
 		}
 		images["projects/"+project+"/global/images/family/"+f.Name] = true

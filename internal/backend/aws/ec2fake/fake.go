@@ -70,14 +70,17 @@ const (
 	stateTerminated   = "terminated"
 )
 
+// debianRoot is the root device of Debian's AMIs.
+const debianRoot = "/dev/xvda"
+
 // image is what DescribeImages says of an AMI.
 type image struct{ owner, root, name string }
 
 var images = map[string]image{
-	DebianAMI:     {owner: "136693071363", root: "/dev/xvda", name: "debian-12-amd64-20261201-1234"},
+	DebianAMI:     {owner: "136693071363", root: debianRoot, name: "debian-12-amd64-20261201-1234"},
 	UbuntuAMI:     {owner: "099720109477", root: "/dev/sda1", name: "ubuntu/images/hvm-ssd-gp3/ubuntu-noble-24.04-amd64-server-20261201"},
-	OtherAMI:      {owner: "123456789012", root: "/dev/xvda", name: "someones-image"},
-	Debian10AMI:   {owner: "136693071363", root: "/dev/xvda", name: "debian-10-amd64-20240703-1797"},
+	OtherAMI:      {owner: "123456789012", root: debianRoot, name: "someones-image"},
+	Debian10AMI:   {owner: "136693071363", root: debianRoot, name: "debian-10-amd64-20240703-1797"},
 	Ubuntu1804AMI: {owner: "099720109477", root: "/dev/sda1", name: "ubuntu/images/hvm-ssd/ubuntu-bionic-18.04-amd64-server-20230607"},
 }
 
