@@ -24,6 +24,10 @@
 # fetched three at a time (the archives, not the CPU, are the limit);
 # about 90 MB each once unpacked.
 set -euo pipefail
+if [ "${BASH_VERSINFO[0]}" -lt 5 ] || { [ "${BASH_VERSINFO[0]}" -eq 5 ] && [ "${BASH_VERSINFO[1]}" -lt 1 ]; }; then
+	echo "fetch.sh needs bash 5.1 or later (wait -n -p); this is $BASH_VERSION" >&2
+	exit 2
+fi
 here=$(cd "$(dirname "$0")" && pwd)
 dest=$1
 shift
@@ -64,6 +68,11 @@ fetch() { # family archive suite security
 		echo "deb [arch=amd64 signed-by=$key] $archive $suite-updates main"
 		echo "deb [arch=amd64 signed-by=$key] $security $suite-security main"
 	} >"$tmp"/etc/apt/sources.list
+	# apt reads only this configuration: the host's apt.conf and
+	# apt.conf.d (which could relax signature checks or run hooks) are
+	# not read.
+	echo "Dir \"$tmp/\";" >"$tmp/apt.conf"
+	export APT_CONFIG=$tmp/apt.conf
 	local apt=(apt-get -q -o Dir="$tmp" -o Dir::State::status="$tmp"/var/lib/dpkg/status
 		-o Dir::Bin::dpkg=/usr/bin/dpkg -o Dir::Etc::trustedparts=/nonexistent
 		-o Acquire::AllowInsecureRepositories=false -o APT::Get::AllowUnauthenticated=false
@@ -100,13 +109,25 @@ fetch() { # family archive suite security
 
 want=("$@")
 for w in "${want[@]}"; do
-	printf '%s\n' "${families[@]}" | grep -q "^$w " || { echo "unknown family $w" >&2; exit 2; }
+	known=0
+	for f in "${families[@]}"; do
+		[ "${f%% *}" = "$w" ] && known=1
+	done
+	[ $known = 1 ] || { echo "unknown family $w" >&2; exit 2; }
 done
 declare -A running=()
 failed=0
 reap() { # waits for one fetch to end
-	local pid
-	wait -n -p pid "${!running[@]}" || { echo "cannot fetch the packages of ${running[$pid]}" >&2; failed=1; }
+	local pid=
+	wait -n -p pid "${!running[@]}" || { [ -n "$pid" ] && echo "cannot fetch the packages of ${running[$pid]}" >&2; failed=1; }
+	if [ -z "$pid" ]; then
+		# No status came back for any of them: wait for each.
+		for pid in "${!running[@]}"; do
+			wait "$pid" || { echo "cannot fetch the packages of ${running[$pid]}" >&2; failed=1; }
+		done
+		running=()
+		return
+	fi
 	unset "running[$pid]"
 }
 for f in "${families[@]}"; do
