@@ -41,6 +41,7 @@ func (s *summary) add(w io.Writer, e event) {
 		// Package-level lines (ok/FAIL, TestMain output) are short; keep them.
 		if e.Action == "fail" {
 			s.packageFailed = true
+			s.unfinished(w, e.Package)
 		}
 		if e.Output != "" && !strings.HasPrefix(e.Output, "=== ") && e.Output != "PASS\n" {
 			fmt.Fprint(w, e.Output)
@@ -71,6 +72,24 @@ func (s *summary) add(w io.Writer, e event) {
 		if b, ok := s.output[key]; ok {
 			fmt.Fprint(w, b.String())
 		}
+		delete(s.output, key)
+	}
+}
+
+// unfinished prints what the tests of pkg that never got a verdict
+// logged: a test binary that exited or was killed mid-test (os.Exit, a
+// fatal error, a signal) fails its package without failing a test, and
+// what it said before is the only clue.
+func (s *summary) unfinished(w io.Writer, pkg string) {
+	var keys []string
+	for key := range s.output {
+		if strings.HasPrefix(key, pkg+" ") {
+			keys = append(keys, key)
+		}
+	}
+	sort.Strings(keys)
+	for _, key := range keys {
+		fmt.Fprintf(w, "--- NO VERDICT: %s (its package ended while it ran); it logged:\n%s", key, s.output[key].String())
 		delete(s.output, key)
 	}
 }
