@@ -51,6 +51,11 @@ var (
 	descBurned       = prometheus.NewDesc("egress_fleet_burned_proxies_waiting", "Proxies due for a recycle (an egress IP spec.recycling judges burned, or beyond a cap with spec.diversity.replaceBeyondLimit) that no recycle replaces yet, for whatever reason (status.egress.recycleWaiting says why).", fleetLabels, nil)
 	descAtBound      = prometheus.NewDesc("egress_fleet_recycles_at_bound", "1 while some proxies due for a recycle wait for spec.recycling's hourly bound or back-off alone (status.egress.recyclesAtBound).", fleetLabels, nil)
 	descSeenAgain    = prometheus.NewDesc("egress_fleet_addresses_seen_again", "Proxies leaving from an egress IP a recycle of the last day gave back: the cloud handed it out again.", fleetLabels, nil)
+	// Per pool, in a pooled fleet only: a pool is split by zone, so a pool
+	// with no healthy proxy is often a zone or a composition at fault.
+	poolLabels      = append(append([]string{}, fleetLabels...), "pool")
+	descPoolProxies = prometheus.NewDesc("egress_pool_proxies", "Proxies of one ProxyPool of a pooled fleet.", poolLabels, nil)
+	descPoolHealthy = prometheus.NewDesc("egress_pool_healthy_proxies", "Proxies of one ProxyPool of a pooled fleet that pass their probe and are Ready.", poolLabels, nil)
 )
 
 // FleetCollector exports the fleet-level metrics of every fleet.
@@ -59,7 +64,7 @@ type FleetCollector struct{ Server *Server }
 // Describe sends the descriptors of the fleet-level metrics.
 func (c FleetCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descProxies, descHealthy, descDesired, descMinAvailable, descDuplicate, descHeld, descCapacity, descWaiting, descBans, descStalled, descSpread, descUsed, descAddresses, descPrefixes, descASNs, descBeyond, descBannedIPs,
-		descRecyclesDay, descRecyclesHour, descRecycleBound, descBurned, descAtBound, descSeenAgain} {
+		descRecyclesDay, descRecyclesHour, descRecycleBound, descBurned, descAtBound, descSeenAgain, descPoolProxies, descPoolHealthy} {
 		ch <- d
 	}
 }
@@ -80,7 +85,17 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		healthy, capacity, dup, beyond := 0, 0, 0, 0
 		perIP := catalog.SharedIPs(ms)
+		pools := map[string]*[2]int{} // proxies, healthy
 		for _, m := range ms {
+			if m.Pool != "" {
+				if pools[m.Pool] == nil {
+					pools[m.Pool] = &[2]int{}
+				}
+				pools[m.Pool][0]++
+				if m.Healthy {
+					pools[m.Pool][1]++
+				}
+			}
 			if m.Healthy {
 				healthy++
 				capacity += m.MaxLeases
@@ -103,6 +118,10 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(descProxies, len(ms))
 		gauge(descHealthy, healthy)
+		for pool, n := range pools {
+			ch <- prometheus.MustNewConstMetric(descPoolProxies, prometheus.GaugeValue, float64(n[0]), ns, name, pool)
+			ch <- prometheus.MustNewConstMetric(descPoolHealthy, prometheus.GaugeValue, float64(n[1]), ns, name, pool)
+		}
 		gauge(descCapacity, capacity)
 		gauge(descDuplicate, dup)
 		div := diversity(ms, s.ASN, func(m *catalog.Member) bool { return m.Healthy })
