@@ -3,8 +3,13 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -88,6 +93,7 @@ func pooledFleetScalesRollsAndGoes(t *testing.T) {
 	if p := pools(t, pooled); len(p) != 3 {
 		t.Errorf("5 proxies in pools of 2: want 3 pools, got %v", p)
 	}
+	traceWalksPools(t, pooled, five)
 
 	// A template change: every pool rolls, one surge Proxy at a time for
 	// the whole fleet.
@@ -219,6 +225,60 @@ func pooledFleetScalesRollsAndGoes(t *testing.T) {
 		return len(left) == 0, strings.Join(left, ", ")
 	})
 	t.Logf("the pooled fleet gone %.1fs after its delete", time.Since(deleted).Seconds())
+}
+
+// traced is a node of crossplane beta trace's JSON output.
+type traced struct {
+	Object   unstructured.Unstructured `json:"object"`
+	Children []*traced                 `json:"children"`
+}
+
+// traceWalksPools runs crossplane beta trace on a pooled fleet, as
+// docs/monitoring.md tells an operator to, and checks that it walks the
+// fleet, its pools and each pool's Proxies: every one of want, under the
+// pool its label names, and nothing twice.
+func traceWalksPools(t *testing.T, fleet string, want []string) {
+	t.Helper()
+	cmd := exec.Command(filepath.Join(stackRoot(), "bin", "crossplane"), "beta", "trace",
+		"proxyfleet."+fleetv1alpha1.Group, fleet, "-n", ns, "-o", "json")
+	cmd.Env = append(os.Environ(), "KUBECONFIG="+stack.Kubeconfig)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("crossplane beta trace proxyfleet/%s: %v\n%s", fleet, err, stderr.String())
+	}
+	root := &traced{}
+	if err := json.Unmarshal(out, root); err != nil {
+		t.Fatalf("crossplane beta trace -o json printed no tree: %v\n%s", err, out)
+	}
+	if root.Object.GetKind() != fleetv1alpha1.ProxyFleetKind || root.Object.GetName() != fleet {
+		t.Fatalf("trace's root is %s %s, want ProxyFleet %s", root.Object.GetKind(), root.Object.GetName(), fleet)
+	}
+	var got []string
+	walked, have := 0, len(pools(t, fleet))
+	for _, c := range root.Children {
+		if c.Object.GetKind() != fleetv1alpha1.ProxyPoolKind {
+			continue
+		}
+		walked++
+		for _, p := range c.Children {
+			if p.Object.GetKind() != "Proxy" {
+				continue
+			}
+			got = append(got, p.Object.GetName())
+			if l := p.Object.GetLabels()[fleetv1alpha1.LabelPool]; l != c.Object.GetName() {
+				t.Errorf("trace shows Proxy %s under pool %s, but its label names pool %q", p.Object.GetName(), c.Object.GetName(), l)
+			}
+		}
+	}
+	sort.Strings(got)
+	w := append([]string{}, want...)
+	sort.Strings(w)
+	if walked != have || strings.Join(got, " ") != strings.Join(w, " ") {
+		t.Errorf("crossplane beta trace proxyfleet/%s walked %d pools and Proxies %v; want %d pools and %v", fleet, walked, got, have, w)
+	}
+	t.Logf("crossplane beta trace proxyfleet/%s walked %d pools and their %d Proxies", fleet, walked, len(got))
 }
 
 func mustProxies(t *testing.T, fleet string) []v1alpha1.Proxy {
