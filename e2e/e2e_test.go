@@ -1,9 +1,10 @@
 //go:build e2e
 
 // Package e2e checks the whole product on real Crossplane: the environment
-// `make run` starts (internal/devenv), brought up in a fresh state folder,
-// then driven the way a platform team and a crawler would. Run it with
-// `make e2e`; it is not part of `make test`.
+// `make run` starts (internal/devenv), brought up in a fresh state folder
+// at the previous release and upgraded in place to this checkout by its
+// second step, then driven the way a platform team and a crawler would.
+// Run it with `make e2e`; it is not part of `make test`.
 package e2e
 
 import (
@@ -69,8 +70,18 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, "e2e:", err)
 		os.Exit(1)
 	}
+	// The product starts at the previous release, and the second step
+	// upgrades it to this checkout.
+	began := time.Now()
+	release, err := devenv.BuildRelease(context.Background(), root, testbed.PreviousRelease, filepath.Join(state, "release"))
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "e2e: cannot build the previous release: %v\n", err)
+		os.Exit(1)
+	}
+	fmt.Fprintf(os.Stderr, "e2e: built release %s in %.1fs\n", testbed.PreviousRelease[:7], time.Since(began).Seconds())
 	stack, err = devenv.Up(context.Background(), devenv.Options{
 		Root: root, StateDir: state, Progress: os.Stderr, ApplyExamples: true,
+		Packages: release.Packages, Function: release.Function,
 		ProviderArgs:  []string{"--local-restart-delay=" + restartDelay.String(), startEC2()},
 		DiscoveryArgs: []string{"--sweep-interval=2s", "--gateway-idle=2s"},
 	})
@@ -120,6 +131,7 @@ func TestEndToEnd(t *testing.T) {
 		fn   func(*testing.T)
 	}{
 		{"ExampleFleetBecomesReady", exampleFleetBecomesReady},
+		{"ConfigurationUpgradeKeepsFleet", configurationUpgradeKeepsFleet},
 		{"LeaseAndFetchThroughProxy", leaseAndFetchThroughProxy},
 		{"GatewaySessionWithCurl", gatewaySessionWithCurl},
 		{"GatewayRotatesWithCurl", gatewayRotatesWithCurl},

@@ -192,8 +192,8 @@ func (s *Cluster) checkClusterPrereqs() error {
 		}
 	}
 	for _, p := range packages {
-		if _, err := os.Stat(filepath.Join(s.opts.Root, "_output", p+".xpkg")); err != nil {
-			missing = append(missing, "_output/"+p+".xpkg")
+		if _, err := os.Stat(filepath.Join(s.opts.Packages, p+".xpkg")); err != nil {
+			missing = append(missing, filepath.Join(s.opts.Packages, p+".xpkg"))
 		}
 	}
 	if len(missing) > 0 {

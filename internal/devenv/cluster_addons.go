@@ -41,7 +41,7 @@ func (s *Cluster) startClusterRegistry(ctx context.Context) error {
 		return err
 	}
 	s.Registry = registryHost()
-	if err := s.pushPackages(ctx); err != nil {
+	if err := s.pushPackages(ctx, s.opts.Packages, PackageVersion); err != nil {
 		return err
 	}
 	for _, im := range ClusterImages {
@@ -146,12 +146,12 @@ func (s *Cluster) installClusterConfiguration(ctx context.Context) error {
 	}
 	prov := &unstructured.Unstructured{}
 	prov.SetAPIVersion("pkg.crossplane.io/v1")
-	prov.SetKind("Provider")
+	prov.SetKind(kindProvider)
 	prov.SetName(providerName)
 	// The Configuration may say Installed a moment before the package
 	// manager has made the Provider it depends on: wait for both.
 	if err := wait(ctx, 5*time.Minute, "Provider "+providerName+" created", func() (bool, string, error) {
-		ok, why, err := s.packageInstalled(ctx, "Configuration", ConfigurationName)
+		ok, why, err := s.packageInstalled(ctx, kindConfiguration, ConfigurationName)
 		if err != nil || !ok {
 			return false, "Configuration: " + why, err
 		}
@@ -166,7 +166,7 @@ func (s *Cluster) installClusterConfiguration(ctx context.Context) error {
 	if err := s.Client.Patch(ctx, prov, client.RawPatch(types.MergePatchType, patch)); err != nil {
 		return errors.Wrap(err, "cannot point the Provider at the runtime config provider-egressproxy")
 	}
-	for _, pkg := range []struct{ kind, name string }{{"Provider", providerName}, {"Function", FunctionName}} {
+	for _, pkg := range []struct{ kind, name string }{{kindProvider, providerName}, {kindFunction, FunctionName}} {
 		if err := wait(ctx, 5*time.Minute, pkg.kind+" "+pkg.name+" healthy", func() (bool, string, error) {
 			return s.packageIs(ctx, pkg.kind, pkg.name, "Installed", "Healthy")
 		}); err != nil {

@@ -27,9 +27,12 @@
 // names.go (the programs' names). make run's Stack: run.go (Stack, Up,
 // Down, the checks, the control plane and the controller manager),
 // run_crossplane.go (Crossplane core, the registry, the Configuration's
-// install, function-proxyfleet and the stand-in for Crossplane's package
-// runtime) and run_components.go (the probe target, provider-egressproxy,
-// egress-discovery, the examples). make cluster's Cluster: cluster.go
+// install, function-proxyfleet by package version and the stand-in for
+// Crossplane's package runtime), run_components.go (the probe target,
+// provider-egressproxy, egress-discovery, the examples) and upgrade.go (an
+// earlier release built from git, BuildRelease, and Stack.Upgrade, which
+// moves a running Stack from it to this checkout as a platform team
+// would). make cluster's Cluster: cluster.go
 // (Cluster, UpCluster, prerequisites, DownCluster and the check of what it
 // left behind), cluster_control.go (PKI, apiserver, controllers),
 // cluster_node.go (network, guard, containerd, kubelet, kube-proxy, the
@@ -95,6 +98,13 @@ type Options struct {
 	DiscoveryArgs []string
 	// CrossplaneArgs are extra flags for `crossplane core start`.
 	CrossplaneArgs []string
+	// Packages is the folder of the packages the registry serves at
+	// PackageVersion (Root/_output, where make packages builds them).
+	Packages string
+	// Function is the function-proxyfleet binary that serves
+	// PackageVersion (Root/bin/function-proxyfleet). With Packages, an
+	// earlier release (BuildRelease) that Stack.Upgrade moves from.
+	Function string
 }
 
 // core is what both environments hold: where they write, the processes
@@ -154,6 +164,12 @@ type namedStep struct {
 func newCore(o Options) core {
 	if o.Progress == nil {
 		o.Progress = io.Discard
+	}
+	if o.Packages == "" {
+		o.Packages = filepath.Join(o.Root, "_output")
+	}
+	if o.Function == "" {
+		o.Function = filepath.Join(o.Root, "bin", binFunction)
 	}
 	return core{opts: o, began: time.Now()}
 }

@@ -11,14 +11,12 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 )
 
-// ref is where the local registry serves a package.
-func (s *core) ref(pkg string) string {
-	return fmt.Sprintf("%s/kacerr/%s:%s", s.Registry, pkg, PackageVersion)
-}
+// ref is where the local registry serves a package at PackageVersion.
+func (s *core) ref(pkg string) string { return s.refAt(pkg, PackageVersion) }
 
-// pushRef is where a package is pushed to the local registry.
-func (s *core) pushRef(pkg string) string {
-	return fmt.Sprintf("%s/kacerr/%s:%s", s.pushTo, pkg, PackageVersion)
+// refAt is where the local registry serves a package at a version.
+func (s *core) refAt(pkg, version string) string {
+	return fmt.Sprintf("%s/kacerr/%s:%s", s.Registry, pkg, version)
 }
 
 // packageInstalled reports whether a package object says Installed, and
@@ -70,6 +68,15 @@ func (s *core) applyImageConfig(ctx context.Context) error {
 	}}
 	return errors.Wrap(s.apply(ctx, ic), "cannot apply the ImageConfig")
 }
+
+// Kinds of Crossplane's package objects, and the desired state of a
+// package's revision that runs.
+const (
+	kindConfiguration = "Configuration"
+	kindProvider      = "Provider"
+	kindFunction      = "Function"
+	revisionActive    = "Active"
+)
 
 // Names of the packages Crossplane installs as the Configuration's
 // dependencies, after their repositories.

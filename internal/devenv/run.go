@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -40,8 +41,13 @@ type Stack struct {
 	ExamplesApplied time.Time
 
 	env *envtest.Environment
-	// The runtimes of the packages, for their revisions' RuntimeHealthy.
-	functionProc, providerProc atomic.Pointer[process]
+	// The runtimes of the packages, for their revisions' RuntimeHealthy
+	// and endpoints: the provider's process, and function-proxyfleet's
+	// processes by the package version each serves.
+	providerProc atomic.Pointer[process]
+	fnMu         sync.Mutex
+	functions    map[string]*functionRuntime
+	fnVersion    string // the newest version served
 }
 
 // Binaries the environment runs, all under bin/.
@@ -50,7 +56,7 @@ var binaries = []string{
 	binProvider, binFunction, binDiscovery, "egressctl",
 }
 
-// Packages the environment serves, all under _output/.
+// Packages the environment serves, all under Options.Packages.
 var packages = []string{binProvider, binFunction, "configuration-proxyfleet"}
 
 // Up brings the environment up. On failure everything already started is
@@ -90,8 +96,8 @@ func (s *Stack) prepare(_ context.Context) error {
 		missing = append(missing, "bin/crossplane-crds")
 	}
 	for _, p := range packages {
-		if _, err := os.Stat(filepath.Join(s.opts.Root, "_output", p+".xpkg")); err != nil {
-			missing = append(missing, "_output/"+p+".xpkg")
+		if _, err := os.Stat(filepath.Join(s.opts.Packages, p+".xpkg")); err != nil {
+			missing = append(missing, filepath.Join(s.opts.Packages, p+".xpkg"))
 		}
 	}
 	if len(missing) > 0 {
@@ -206,7 +212,7 @@ func (s *Stack) startControllerManager(ctx context.Context) error {
 // MetricsURL is the Prometheus endpoint of component: crossplane,
 // function-proxyfleet or provider-egressproxy.
 func (s *Stack) MetricsURL(component string) (string, error) {
-	name := map[string]string{binCrossplane: "crossplane-metrics", binFunction: "function-metrics", binProvider: "provider-metrics"}[component]
+	name := map[string]string{binCrossplane: "crossplane-metrics", binFunction: functionPorts(s.functionVersion())[1], binProvider: "provider-metrics"}[component]
 	port, ok := s.state.Ports[name]
 	if name == "" || !ok {
 		return "", errors.Errorf("no metrics endpoint for %q", component)

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -137,7 +136,7 @@ func (s *Stack) startRegistry(ctx context.Context) error {
 	if _, err := s.serveRegistry(fmt.Sprintf("127.0.0.1:%d", port)); err != nil {
 		return err
 	}
-	return s.pushPackages(ctx)
+	return s.pushPackages(ctx, s.opts.Packages, PackageVersion)
 }
 
 // installConfiguration points Crossplane's pulls of the published packages
@@ -151,7 +150,7 @@ func (s *Stack) installConfiguration(ctx context.Context) error {
 
 	cfg := &unstructured.Unstructured{}
 	cfg.SetAPIVersion("pkg.crossplane.io/v1")
-	cfg.SetKind("Configuration")
+	cfg.SetKind(kindConfiguration)
 	err := s.Client.Get(ctx, types.NamespacedName{Name: ConfigurationName}, cfg)
 	switch {
 	case kerrors.IsNotFound(err):
@@ -171,9 +170,9 @@ func (s *Stack) installConfiguration(ctx context.Context) error {
 	}
 
 	for _, pkg := range []struct{ kind, name string }{
-		{"Configuration", ConfigurationName},
-		{"Provider", providerName},
-		{"Function", FunctionName},
+		{kindConfiguration, ConfigurationName},
+		{kindProvider, providerName},
+		{kindFunction, FunctionName},
 	} {
 		if err := wait(ctx, 3*time.Minute, pkg.kind+" "+pkg.name+" installed", func() (bool, string, error) {
 			return s.packageInstalled(ctx, pkg.kind, pkg.name)
@@ -238,11 +237,51 @@ func (s *Stack) issueServerSecret(ctx context.Context, pkg string) (*corev1.Secr
 	return sec, errors.Wrapf(s.apply(ctx, &unstructured.Unstructured{Object: obj}), "cannot apply Secret %s", sec.Name)
 }
 
-// startFunction runs function-proxyfleet with a server certificate issued
-// from the CA Crossplane trusts (which also signed the client certificate
-// Crossplane presents, and the function checks), then starts acting as the
-// External package runtime.
+// functionRuntime is a function-proxyfleet process serving one package
+// version: what that version's FunctionRevision points at.
+type functionRuntime struct {
+	endpoint string
+	proc     *process
+}
+
+// functionPorts names the gRPC and metrics ports of the function serving
+// version: PackageVersion keeps the names make run has always saved.
+func functionPorts(version string) [2]string {
+	if version == PackageVersion || version == "" {
+		return [2]string{"function", "function-metrics"}
+	}
+	return [2]string{"function-" + version, "function-metrics-" + version}
+}
+
+// functionVersion is the newest version a function process serves.
+func (s *Stack) functionVersion() string {
+	s.fnMu.Lock()
+	defer s.fnMu.Unlock()
+	return s.fnVersion
+}
+
+// functionFor is the process serving version, or nil.
+func (s *Stack) functionFor(version string) *functionRuntime {
+	s.fnMu.Lock()
+	defer s.fnMu.Unlock()
+	return s.functions[version]
+}
+
+// startFunction runs function-proxyfleet for PackageVersion, then starts
+// acting as the External package runtime.
 func (s *Stack) startFunction(ctx context.Context) error {
+	if err := s.runFunction(ctx, s.opts.Function, PackageVersion); err != nil {
+		return err
+	}
+	return s.startExternalRuntime(ctx)
+}
+
+// runFunction runs bin as function-proxyfleet of a package version, with
+// a server certificate issued from the CA Crossplane trusts (which also
+// signed the client certificate Crossplane presents, and the function
+// checks); the external runtime points that version's FunctionRevision at
+// it.
+func (s *Stack) runFunction(ctx context.Context, bin, version string) error {
 	sec, err := s.issueServerSecret(ctx, FunctionName)
 	if err != nil {
 		return err
@@ -256,13 +295,18 @@ func (s *Stack) startFunction(ctx context.Context) error {
 			return errors.Wrapf(err, "cannot write %s", f)
 		}
 	}
-	ports, err := s.ports("function", "function-metrics")
+	names := functionPorts(version)
+	ports, err := s.ports(names[0], names[1])
 	if err != nil {
 		return err
 	}
 	grpcPort, metrics := ports[0], ports[1]
 	endpoint := fmt.Sprintf("127.0.0.1:%d", grpcPort)
-	p, err := s.start(binFunction, s.bin(binFunction), []string{
+	logName := binFunction
+	if version != PackageVersion {
+		logName += "-" + version
+	}
+	p, err := s.start(logName, bin, []string{
 		"--tls-certs-dir=" + dir, "--address=" + endpoint, fmt.Sprintf("--metrics-address=127.0.0.1:%d", metrics),
 	})
 	if err != nil {
@@ -271,20 +315,26 @@ func (s *Stack) startFunction(ctx context.Context) error {
 	if err := waitTCP(ctx, p, endpoint, 30*time.Second); err != nil {
 		return err
 	}
-	s.functionProc.Store(p)
-	return s.startExternalRuntime(ctx, endpoint)
+	s.fnMu.Lock()
+	defer s.fnMu.Unlock()
+	if s.functions == nil {
+		s.functions = map[string]*functionRuntime{}
+	}
+	s.functions[version] = &functionRuntime{endpoint: endpoint, proc: p}
+	s.fnVersion = version
+	return nil
 }
 
 // startExternalRuntime issues the provider's TLS server Secret (the
 // function's was issued for its process) and keeps the package revisions'
 // status as a runtime would, every second until ctx ends.
-func (s *Stack) startExternalRuntime(ctx context.Context, functionEndpoint string) error {
+func (s *Stack) startExternalRuntime(ctx context.Context) error {
 	if _, err := s.issueServerSecret(ctx, providerName); err != nil {
 		return err
 	}
 	go func() {
 		for {
-			if err := s.externalRuntime(ctx, functionEndpoint); err != nil && ctx.Err() == nil {
+			if err := s.externalRuntime(ctx); err != nil && ctx.Err() == nil {
 				s.Logf("  external runtime: %v", err)
 			}
 			select {
@@ -300,16 +350,14 @@ func (s *Stack) startExternalRuntime(ctx context.Context, functionEndpoint strin
 // externalRuntime does for the package revisions what Crossplane's
 // Deployment runtime would, except running anything: it names each
 // revision's TLS server Secret (Crossplane waits for it before it installs
-// the package's objects), points the active FunctionRevision at the
-// function's endpoint, and reports whether the local process of an active
-// revision runs, as RuntimeHealthy, which the package's Healthy follows.
-func (s *Stack) externalRuntime(ctx context.Context, endpoint string) error {
-	for _, kind := range []struct {
-		list, pkg string
-		proc      *atomic.Pointer[process]
-	}{
-		{"FunctionRevisionList", FunctionName, &s.functionProc},
-		{"ProviderRevisionList", providerName, &s.providerProc},
+// the package's objects), points an active FunctionRevision at the
+// function process of its package's version, and reports whether the
+// local process of an active revision runs, as RuntimeHealthy, which the
+// package's Healthy follows.
+func (s *Stack) externalRuntime(ctx context.Context) error {
+	for _, kind := range []struct{ list, pkg string }{
+		{"FunctionRevisionList", FunctionName},
+		{"ProviderRevisionList", providerName},
 	} {
 		l, err := s.revisions(ctx, kind.list, kind.pkg)
 		if err != nil {
@@ -319,11 +367,17 @@ func (s *Stack) externalRuntime(ctx context.Context, endpoint string) error {
 			r := &l.Items[i]
 			before := r.DeepCopy()
 			_ = unstructured.SetNestedField(r.Object, tlsServerSecret(kind.pkg), "status", "tlsServerSecretName")
-			if active, _, _ := unstructured.NestedString(r.Object, "spec", "desiredState"); active == "Active" {
+			if active, _, _ := unstructured.NestedString(r.Object, "spec", "desiredState"); active == revisionActive {
+				proc := s.providerProc.Load()
 				if kind.pkg == FunctionName {
-					_ = unstructured.SetNestedField(r.Object, endpoint, "status", "endpoint")
+					image, _, _ := unstructured.NestedString(r.Object, "spec", "image")
+					proc = nil
+					if fn := s.functionFor(tagOf(image)); fn != nil {
+						proc = fn.proc
+						_ = unstructured.SetNestedField(r.Object, fn.endpoint, "status", "endpoint")
+					}
 				}
-				setCondition(r, runtimeHealth(kind.proc.Load()))
+				setCondition(r, runtimeHealth(proc))
 			}
 			if equality.Semantic.DeepEqual(before.Object, r.Object) {
 				continue
@@ -336,6 +390,15 @@ func (s *Stack) externalRuntime(ctx context.Context, endpoint string) error {
 		}
 	}
 	return nil
+}
+
+// tagOf is the tag of a package reference: v0.1.0 of
+// host:port/kacerr/function-proxyfleet:v0.1.0.
+func tagOf(ref string) string {
+	if i := strings.LastIndexByte(ref, ':'); i > strings.LastIndexByte(ref, '/') {
+		return ref[i+1:]
+	}
+	return ""
 }
 
 // runtimeHealth is the RuntimeHealthy condition of a package whose runtime
@@ -392,7 +455,7 @@ func (s *Stack) functionReady(ctx context.Context) (bool, string, error) {
 		return false, err.Error(), nil
 	}
 	for _, r := range l.Items {
-		if state, _, _ := unstructured.NestedString(r.Object, "spec", "desiredState"); state != "Active" {
+		if state, _, _ := unstructured.NestedString(r.Object, "spec", "desiredState"); state != revisionActive {
 			continue
 		}
 		if ep, _, _ := unstructured.NestedString(r.Object, "status", "endpoint"); ep == "" {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509/pkix"
+	"fmt"
 	"io"
 	"log"
 	"net"
@@ -65,11 +66,11 @@ func readOnly(h http.Handler) http.Handler {
 	})
 }
 
-// pushPackages pushes the three packages into the registry, where ref
-// names them.
-func (s *core) pushPackages(ctx context.Context) error {
+// pushPackages pushes the three packages of dir into the registry at
+// version, where refAt names them.
+func (s *core) pushPackages(ctx context.Context, dir, version string) error {
 	for _, p := range packages {
-		if err := s.push(ctx, filepath.Join(s.opts.Root, "_output", p+".xpkg"), s.pushRef(p)); err != nil {
+		if err := s.push(ctx, filepath.Join(dir, p+".xpkg"), fmt.Sprintf("%s/kacerr/%s:%s", s.pushTo, p, version)); err != nil {
 			return err
 		}
 	}

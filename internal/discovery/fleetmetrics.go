@@ -85,17 +85,7 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		healthy, capacity, dup, beyond := 0, 0, 0, 0
 		perIP := catalog.SharedIPs(ms)
-		pools := map[string]*[2]int{} // proxies, healthy
 		for _, m := range ms {
-			if m.Pool != "" {
-				if pools[m.Pool] == nil {
-					pools[m.Pool] = &[2]int{}
-				}
-				pools[m.Pool][0]++
-				if m.Healthy {
-					pools[m.Pool][1]++
-				}
-			}
 			if m.Healthy {
 				healthy++
 				capacity += m.MaxLeases
@@ -118,10 +108,7 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 		}
 		gauge(descProxies, len(ms))
 		gauge(descHealthy, healthy)
-		for pool, n := range pools {
-			ch <- prometheus.MustNewConstMetric(descPoolProxies, prometheus.GaugeValue, float64(n[0]), ns, name, pool)
-			ch <- prometheus.MustNewConstMetric(descPoolHealthy, prometheus.GaugeValue, float64(n[1]), ns, name, pool)
-		}
+		collectPools(ch, ns, name, ms)
 		gauge(descCapacity, capacity)
 		gauge(descDuplicate, dup)
 		div := diversity(ms, s.ASN, func(m *catalog.Member) bool { return m.Healthy })
@@ -173,6 +160,28 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 				gauge(descSeenAgain, r.SeenAgain)
 			}
 		}
+	}
+}
+
+// collectPools sends the proxies and healthy proxies of each pool of a
+// pooled fleet's members ms; a fleet of one level has none.
+func collectPools(ch chan<- prometheus.Metric, ns, name string, ms []catalog.Member) {
+	pools := map[string]*[2]int{} // proxies, healthy
+	for _, m := range ms {
+		if m.Pool == "" {
+			continue
+		}
+		if pools[m.Pool] == nil {
+			pools[m.Pool] = &[2]int{}
+		}
+		pools[m.Pool][0]++
+		if m.Healthy {
+			pools[m.Pool][1]++
+		}
+	}
+	for pool, n := range pools {
+		ch <- prometheus.MustNewConstMetric(descPoolProxies, prometheus.GaugeValue, float64(n[0]), ns, name, pool)
+		ch <- prometheus.MustNewConstMetric(descPoolHealthy, prometheus.GaugeValue, float64(n[1]), ns, name, pool)
 	}
 }
 

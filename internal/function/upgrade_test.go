@@ -13,12 +13,8 @@ import (
 	"sigs.k8s.io/yaml"
 
 	fleetv1alpha1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/fleet/v1alpha1"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
-
-// previousRelease is the last commit before fleets of ten thousand (issue
-// 33): fleets of one level, whose function required every Lease of the
-// fleet's namespace; this release adds pools and reads LeaseSummaries.
-const previousRelease = "229b8845f998ab03771fb41ba9fba1960ebeec96"
 
 // upgradeFleet is a fleet as a user of the previous release wrote it (its
 // schema, no pools), four local proxies in two zones, crawlers holding up
@@ -80,9 +76,9 @@ func TestUpgradeFromPreviousRelease(t *testing.T) {
 		t.Fatal("bin/crossplane is missing: run `make tools` (it builds the Crossplane CLI from the Go module proxy)")
 	}
 	old := t.TempDir()
-	archive := exec.Command("sh", "-c", fmt.Sprintf("git -C %q archive --format=tar %s | tar -x -C %q", root, previousRelease, old))
+	archive := exec.Command("sh", "-c", fmt.Sprintf("git -C %q archive --format=tar %s | tar -x -C %q", root, testbed.PreviousRelease, old))
 	if out, err := archive.CombinedOutput(); err != nil {
-		t.Fatalf("cannot read the previous release %s from git (the test needs the repository's history: git fetch --unshallow): %v\n%s", previousRelease, err, out)
+		t.Fatalf("cannot read the previous release %s from git (the test needs the repository's history: git fetch --unshallow): %v\n%s", testbed.PreviousRelease, err, out)
 	}
 	dir := t.TempDir()
 	write := func(name string, b []byte) string {

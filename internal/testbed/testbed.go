@@ -27,7 +27,8 @@
 // targets; netns.go network namespaces with no way out; dropping.go an
 // address whose dials time out; eventually.go waits on a condition;
 // load.go runs calls concurrently and measures rate and p99; failure.go
-// shows a checker failing on a broken input.
+// shows a checker failing on a broken input. PreviousRelease names the
+// release the upgrade tests start from.
 package testbed
 
 import (
@@ -59,6 +60,14 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis"
 )
+
+// PreviousRelease is the last commit before fleets of ten thousand (issue
+// 33): fleets of one level, whose function required every Lease of the
+// fleet's namespace; the release after it adds pools and reads
+// LeaseSummaries. The upgrade tests start from it: the function's, which
+// renders a fleet with each release, and make e2e's, whose Stack starts at
+// it and is upgraded in place.
+const PreviousRelease = "229b8845f998ab03771fb41ba9fba1960ebeec96"
 
 // Binaries the test bed needs in bin/, all built by `make tools`.
 var requiredBinaries = []string{"kube-apiserver", "etcd"}
