@@ -166,11 +166,9 @@ const (
 
 func exampleFleetBecomesReady(t *testing.T) {
 	waitFleet(t, example, 3, time.Minute)
-	took := time.Since(stack.ExamplesApplied)
-	t.Logf("apply to Ready with 3 healthy proxies: %.1fs (goal <= 20s)", took.Seconds())
-	if took > 20*time.Second {
-		t.Errorf("the example fleet took %s from apply to Ready with 3 healthy proxies; the goal is 20s", took.Round(100*time.Millisecond))
-	}
+	// The previous release composed it; SecondFleetBecomesReady holds
+	// this release to the goal.
+	t.Logf("apply to Ready with 3 healthy proxies, by the previous release: %.1fs", time.Since(stack.ExamplesApplied).Seconds())
 	// Each local proxy leaves from a loopback address of its own, which
 	// the probe's echo target saw: 3 distinct egress IPs, none flagged.
 	testbed.Eventually(t, 30*time.Second, "3 distinct egress IPs, none flagged duplicate", func() (bool, string) {
@@ -290,10 +288,16 @@ func secondFleetBecomesReady(t *testing.T) {
 	if err := yaml.Unmarshal([]byte(rotorFleet), &u.Object); err != nil {
 		t.Fatal(err)
 	}
+	created := time.Now()
 	if err := stack.Client.Create(context.Background(), u); err != nil {
 		t.Fatalf("cannot create fleet %s: %v", rotor, err)
 	}
 	waitFleet(t, rotor, 3, time.Minute)
+	took := time.Since(created)
+	t.Logf("apply to Ready with 3 healthy proxies, on the upgraded product: %.1fs (goal <= 20s)", took.Seconds())
+	if took > 20*time.Second {
+		t.Errorf("fleet %s took %s from apply to Ready with 3 healthy proxies; the goal is 20s", rotor, took.Round(100*time.Millisecond))
+	}
 }
 
 func killedSquidHeals(t *testing.T) {

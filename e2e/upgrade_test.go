@@ -3,18 +3,16 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"net/http"
 	"path/filepath"
 	"sort"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	kerrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 
 	discoveryv1 "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/discovery/v1"
@@ -28,25 +26,33 @@ const upgradeVersion = "v0.2.0"
 // configurationUpgradeKeepsFleet upgrades the running product from the
 // previous release (a fleet of one level, whose function read Leases) to
 // this checkout, as a platform team would: the Configuration's package,
-// then the Function's (the provider and egress-discovery run this
-// checkout from the start: they are upgraded first). The example fleet,
-// which the previous release composed, serves throughout: never fewer
-// Ready proxies than its floor (3: maxUnavailable 0), every Proxy kept
-// (the same object: none replaced, none removed), a crawler's lease held
-// across it on a proxy that stays; and this release's function composes
-// the fleet once the upgrade is done. Every later step runs on the
-// upgraded product, and the last one checks that deleting its fleets
-// leaves nothing.
+// then the Function's. The provider and egress-discovery run this checkout
+// throughout, as if upgraded first (docs/sizing.md advises discovery
+// first). The example fleet, which the previous release composed, serves
+// throughout: sampled every 200 ms, it never has fewer Ready proxies than
+// its floor (3: maxUnavailable 0) and is never unReady itself; every Proxy
+// is kept (the same object) with the same Squid process and egress IP; a
+// crawler's lease held across it stays on its proxy; and this release's
+// function composes the fleet once the upgrade is done (status.egress,
+// which only this release writes, appears, and the fleet is Synced). Every
+// later step runs on the upgraded product, and the last one checks that
+// deleting its fleets leaves nothing.
 func configurationUpgradeKeepsFleet(t *testing.T) {
 	ctx := context.Background()
 	const floor = 3
-	kept := map[string]types.UID{}
+	kept, ips := map[string]types.UID{}, map[string]string{}
 	for _, p := range mustProxies(t, example) {
-		kept[p.Name] = p.UID
+		kept[p.Name], ips[p.Name] = p.UID, p.Status.AtProvider.EgressIP
 	}
 	if len(kept) != 3 {
 		t.Fatalf("the previous release's fleet has %d Proxies, want 3", len(kept))
 	}
+	if u := fleetObject(example); !getFleet(t, u) {
+		t.Fatal("the previous release's fleet is gone")
+	} else if egress, ok, _ := unstructured.NestedFieldNoCopy(u.Object, "status", "egress"); ok || egress != nil {
+		t.Fatal("the previous release's fleet has status.egress, which only this release writes: the check below could not tell the releases apart")
+	}
+	pids := squidPids(t, example)
 	c := discoveryClient(t)
 	g, err := c.Acquire(ctx, discoveryv1.AcquireRequest{Fleet: ns + "/" + example, Holder: "upgrade", TTL: "10m"})
 	if err != nil {
@@ -58,65 +64,124 @@ func configurationUpgradeKeepsFleet(t *testing.T) {
 		}
 	}()
 
-	sample := sampleReady(example, floor)
-	changed := watchReplaced(example, kept)
+	watched := watchUpgrade(example, kept)
 	began := time.Now()
 	if err := stack.Upgrade(ctx, filepath.Join(stackRoot(), "_output"), filepath.Join(stackRoot(), "bin", "function-proxyfleet"), upgradeVersion); err != nil {
 		t.Fatalf("upgrading from %s: %v", testbed.PreviousRelease[:7], err)
 	}
 	t.Logf("Configuration and Function upgraded from %s to this checkout (%s) in %.1fs", testbed.PreviousRelease[:7], upgradeVersion, time.Since(began).Seconds())
-	testbed.Eventually(t, 3*time.Minute, "this release's function composing the fleet", func() (bool, string) {
-		n, err := functionRuns()
-		return err == nil && n > 0, fmt.Sprintf("RunFunction calls for ProxyFleets: %d (%v)", n, err)
+	testbed.Eventually(t, 3*time.Minute, "this release's function composing the fleet: status.egress written, Synced", func() (bool, string) {
+		u := fleetObject(example)
+		if !getFleet(t, u) {
+			return false, "no fleet"
+		}
+		egress, _, _ := unstructured.NestedMap(u.Object, "status", "egress")
+		synced := ""
+		conds, _, _ := unstructured.NestedSlice(u.Object, "status", "conditions")
+		for _, c := range conds {
+			if m, _ := c.(map[string]any); m["type"] == "Synced" {
+				synced = fmt.Sprintf("%v %v %v", m["status"], m["reason"], m["message"])
+			}
+		}
+		return egress != nil && strings.HasPrefix(synced, "True"), fmt.Sprintf("status.egress %v; Synced %s", egress, synced)
 	})
 	composed := time.Now()
 	// Past the first composition, long enough for the provider to probe
 	// every proxy again (interval 10s) under what this release composed.
 	time.Sleep(20 * time.Second)
 	waitFleet(t, example, 3, time.Minute)
-	r := sample()
-	gone := changed()
-	t.Logf("this release composed the fleet %.1fs after the upgrade began; lowest Ready count %d over %d samples", composed.Sub(began).Seconds(), r.minReady, r.samples)
-	if r.minReady < floor {
-		t.Errorf("the upgrade dropped the fleet to %d Ready proxies, below its floor of %d: %v", r.minReady, floor, r.lowAt)
+	w := watched()
+	t.Logf("this release composed the fleet %.1fs after the upgrade began; lowest Ready count %d, fleet unReady in %d, over %d samples (%d failed reads, longest gap %s)",
+		composed.Sub(began).Seconds(), w.minReady, w.unreadyXR, w.samples, w.failed, w.gap.Round(time.Millisecond))
+	if w.samples < 50 || w.gap > 5*time.Second {
+		t.Errorf("the upgrade was watched %d times with a longest gap of %s: too blind to vouch for the floor", w.samples, w.gap)
 	}
-	if len(gone) > 0 {
-		t.Errorf("the upgrade replaced or removed Proxies of a fleet it must keep as it is: %v", gone)
+	if w.minReady < floor {
+		t.Errorf("the upgrade dropped the fleet to %d Ready proxies, below its floor of %d: %v", w.minReady, floor, w.lowAt)
 	}
-	if _, ok := kept[g.Proxy]; !ok {
-		t.Errorf("the lease held through the upgrade is on %s, not a proxy of the fleet %v", g.Proxy, kept)
+	if w.unreadyXR > 0 {
+		t.Errorf("the fleet itself was not Ready in %d samples of the upgrade", w.unreadyXR)
+	}
+	if len(w.changed) > 0 {
+		t.Errorf("the upgrade replaced, removed or added Proxies of a fleet it must keep as it is: %v", w.changed)
+	}
+	if now := squidPids(t, example); fmt.Sprint(now) != fmt.Sprint(pids) {
+		t.Errorf("the upgrade restarted Squids behind the fleet's Proxies: pids before %v, after %v", pids, now)
+	}
+	for _, p := range mustProxies(t, example) {
+		if p.Status.AtProvider.EgressIP != ips[p.Name] {
+			t.Errorf("%s left from %s before the upgrade and from %s after", p.Name, ips[p.Name], p.Status.AtProvider.EgressIP)
+		}
 	}
 	held := heldLeases(t, example)
-	if len(held) != 1 || !strings.HasSuffix(held[0], "=upgrade") {
-		t.Errorf("the lease held through the upgrade: Leases held now %v, want the one of holder upgrade", held)
+	if len(held) != 1 || !strings.HasPrefix(held[0], g.Proxy+"-slot-") || !strings.HasSuffix(held[0], "=upgrade") {
+		t.Errorf("the lease held through the upgrade, on %s: Leases held now %v", g.Proxy, held)
 	}
 }
 
-// watchReplaced samples a fleet's Proxies every 200 ms until the returned
-// function is called, which lists the Proxies of kept that were missing or
-// another object (another UID) at some sample, and Proxies that were not
-// in kept.
-func watchReplaced(fleet string, kept map[string]types.UID) func() []string {
-	var mu sync.Mutex
+// getFleet reads the example namespace's fleet into u, reporting whether
+// it exists.
+func getFleet(t *testing.T, u *unstructured.Unstructured) bool {
+	t.Helper()
+	err := stack.Client.Get(context.Background(), types.NamespacedName{Namespace: ns, Name: u.GetName()}, u)
+	if err != nil && !kerrors.IsNotFound(err) {
+		t.Fatal(err)
+	}
+	return err == nil
+}
+
+// upgradeWatch is what watchUpgrade saw.
+type upgradeWatch struct {
+	readySamples
+	// failed counts samples whose reads failed, gap is the longest time
+	// between two good samples.
+	failed int
+	gap    time.Duration
+	// changed lists Proxies of kept missing or another object (another
+	// UID) at some sample, and Proxies not in kept.
+	changed []string
+}
+
+// watchUpgrade samples a fleet and its Proxies every 200 ms until the
+// returned function is called.
+func watchUpgrade(fleet string, kept map[string]types.UID) func() upgradeWatch {
+	var w upgradeWatch
+	w.minReady = len(kept)
 	seen := map[string]bool{}
 	stop, done := make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(done)
+		last := time.Now()
 		for {
 			select {
 			case <-stop:
 				return
 			case <-time.After(200 * time.Millisecond):
 			}
-			ps, err := proxies(fleet)
+			st, ps, err := observe(fleet)
 			if err != nil {
+				w.failed++
 				continue
 			}
+			w.gap = max(w.gap, time.Since(last))
+			last = time.Now()
+			w.samples++
+			if !st.ready {
+				w.unreadyXR++
+			}
 			now := map[string]types.UID{}
+			ready := 0
+			var at []string
 			for _, p := range ps {
 				now[p.Name] = p.UID
+				if isReady(&p) {
+					ready++
+				}
+				at = append(at, fmt.Sprintf("%s(ready=%t)", p.Name, isReady(&p)))
 			}
-			mu.Lock()
+			if ready < w.minReady {
+				w.minReady, w.lowAt = ready, at
+			}
 			for n, uid := range kept {
 				switch got, ok := now[n]; {
 				case !ok:
@@ -130,41 +195,15 @@ func watchReplaced(fleet string, kept map[string]types.UID) func() []string {
 					seen[n+" added"] = true
 				}
 			}
-			mu.Unlock()
 		}
 	}()
-	return func() []string {
+	return func() upgradeWatch {
 		close(stop)
-		<-done
-		mu.Lock()
-		defer mu.Unlock()
-		out := make([]string, 0, len(seen))
+		<-done // the sampler has stopped writing w
 		for s := range seen {
-			out = append(out, s)
+			w.changed = append(w.changed, s)
 		}
-		sort.Strings(out)
-		return out
+		sort.Strings(w.changed)
+		return w
 	}
-}
-
-// functionRuns is how many times the newest function process composed a
-// ProxyFleet, from its own metrics.
-func functionRuns() (int, error) {
-	url, err := stack.MetricsURL("function-proxyfleet")
-	if err != nil {
-		return 0, err
-	}
-	resp, err := http.Get(url) //nolint:gosec,noctx // The stack's own loopback endpoint.
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close() //nolint:errcheck // Read only.
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), `function_proxyfleet_run_seconds_count{kind="ProxyFleet"} `); ok {
-			n, err := strconv.ParseFloat(v, 64)
-			return int(n), err
-		}
-	}
-	return 0, sc.Err()
 }

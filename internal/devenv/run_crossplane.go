@@ -260,11 +260,16 @@ func (s *Stack) functionVersion() string {
 	return s.fnVersion
 }
 
-// functionFor is the process serving version, or nil.
+// functionFor is the process serving version or, for a version none
+// serves (a revision a developer pointed elsewhere), the newest; nil
+// before any runs.
 func (s *Stack) functionFor(version string) *functionRuntime {
 	s.fnMu.Lock()
 	defer s.fnMu.Unlock()
-	return s.functions[version]
+	if fn, ok := s.functions[version]; ok {
+		return fn
+	}
+	return s.functions[s.fnVersion]
 }
 
 // startFunction runs function-proxyfleet for PackageVersion, then starts
@@ -287,6 +292,9 @@ func (s *Stack) runFunction(ctx context.Context, bin, version string) error {
 		return err
 	}
 	dir := s.path("function-tls")
+	if version != PackageVersion {
+		dir += "-" + version // the running release's stay as they are
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return errors.Wrap(err, "cannot create the function's certificate folder")
 	}

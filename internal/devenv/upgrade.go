@@ -48,7 +48,7 @@ func BuildRelease(ctx context.Context, root, commit, out string) (Release, error
 		out, err := cmd.CombinedOutput()
 		return errors.Wrapf(err, "%s %s: %s", name, strings.Join(args, " "), out)
 	}
-	if err := run(root, "sh", "-c", fmt.Sprintf("git archive --format=tar %s | tar -x -C %q", commit, src)); err != nil {
+	if err := run(root, "bash", "-c", fmt.Sprintf("set -o pipefail; git archive --format=tar %s | tar -x -C %q", commit, src)); err != nil {
 		return Release{}, errors.Wrapf(err, "cannot read release %s from git (a shallow clone lacks it: git fetch --unshallow)", commit)
 	}
 	rel := Release{Packages: pkgs, Function: filepath.Join(out, binFunction)}
@@ -177,8 +177,9 @@ func (s *Stack) Upgrade(ctx context.Context, dir, bin, version string) error {
 }
 
 // activeAt reports whether a package is Installed and Healthy with its one
-// active revision of version (and, for the Function, that revision pointed
-// at the process serving version).
+// active revision of version, the revision before it left inactive (and,
+// for the Function, the active one pointed at the process serving
+// version).
 func (s *Stack) activeAt(ctx context.Context, kind, name, list, version string) (bool, string, error) {
 	if ok, says, err := s.packageIs(ctx, kind, name, "Installed", "Healthy"); !ok || err != nil {
 		return false, says, err
@@ -197,8 +198,8 @@ func (s *Stack) activeAt(ctx context.Context, kind, name, list, version string) 
 		active = append(active, image)
 		endpoint, _, _ = unstructured.NestedString(r.Object, "status", "endpoint")
 	}
-	if len(active) != 1 || tagOf(active[0]) != version {
-		return false, fmt.Sprintf("active revisions %v", active), nil
+	if len(active) != 1 || tagOf(active[0]) != version || len(l.Items) < 2 {
+		return false, fmt.Sprintf("active revisions %v of %d", active, len(l.Items)), nil
 	}
 	if fn := s.functionFor(version); kind == kindFunction && (fn == nil || endpoint != fn.endpoint) {
 		return false, "the active FunctionRevision is not pointed at the function of " + version + " yet", nil

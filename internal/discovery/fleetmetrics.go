@@ -51,8 +51,10 @@ var (
 	descBurned       = prometheus.NewDesc("egress_fleet_burned_proxies_waiting", "Proxies due for a recycle (an egress IP spec.recycling judges burned, or beyond a cap with spec.diversity.replaceBeyondLimit) that no recycle replaces yet, for whatever reason (status.egress.recycleWaiting says why).", fleetLabels, nil)
 	descAtBound      = prometheus.NewDesc("egress_fleet_recycles_at_bound", "1 while some proxies due for a recycle wait for spec.recycling's hourly bound or back-off alone (status.egress.recyclesAtBound).", fleetLabels, nil)
 	descSeenAgain    = prometheus.NewDesc("egress_fleet_addresses_seen_again", "Proxies leaving from an egress IP a recycle of the last day gave back: the cloud handed it out again.", fleetLabels, nil)
-	// Per pool, in a pooled fleet only: a pool is split by zone, so a pool
-	// with no healthy proxy is often a zone or a composition at fault.
+	// Per pool, in a pooled fleet only, counted from the Proxies each pool
+	// has: a pool that lost every proxy while the fleet as a whole keeps
+	// its floor. (A pool that composes none has no series; the fleet's
+	// own counts fall short of its desired replicas then.)
 	poolLabels      = append(append([]string{}, fleetLabels...), "pool")
 	descPoolProxies = prometheus.NewDesc("egress_pool_proxies", "Proxies of one ProxyPool of a pooled fleet.", poolLabels, nil)
 	descPoolHealthy = prometheus.NewDesc("egress_pool_healthy_proxies", "Proxies of one ProxyPool of a pooled fleet that pass their probe and are Ready.", poolLabels, nil)
