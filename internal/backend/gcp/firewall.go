@@ -253,9 +253,16 @@ func (b *Backend) Repair(ctx context.Context, s backend.Spec) (bool, error) {
 // carries it, without waiting. A VM created meanwhile that finds it gone
 // gets it back from Repair; a rule two last VMs each saw the other use is
 // left to orphan collection. Failures are left to it too.
+//
+// One VM that holds the rule is all it needs to see, so it asks for the
+// fleet's VMs other than r and not being deleted, a page of one at a time:
+// a page of the fleet's every VM (up to 500, a megabyte) on each delete
+// made deleting a fleet of N cost N² (170 ms a delete at 1 000 against
+// the fake, TestReleaseRuleAsksForOne).
 func (b *Backend) releaseRule(ctx context.Context, r backend.Ref, network string) {
 	it := b.instances.AggregatedList(ctx, &computepb.AggregatedListInstancesRequest{
-		Project: b.cfg.Project, Filter: ptr.To(`(labels.` + labelRule + ` = "` + r.Rule + `")`),
+		Project: b.cfg.Project, MaxResults: ptr.To[uint32](1),
+		Filter: ptr.To(`(labels.` + labelRule + ` = "` + r.Rule + `") AND (name != "` + r.Name + `") AND (status != "STOPPING") AND (status != "TERMINATED")`),
 	})
 	for {
 		pair, err := it.Next()

@@ -344,3 +344,54 @@ func TestListingPagedAndUnreachable(t *testing.T) {
 
 // s0Rule is the name of the fleet rule fleetSpec's VMs share.
 func s0Rule(b interface{ RuleFor(backend.Spec) string }) string { return b.RuleFor(fleetSpec(0)) }
+
+// TestReleaseRuleAsksForOne: deleting a VM asks whether another holds its
+// fleet's rule, and one is all the answer needs: the listing of each delete
+// returns at most one VM, not a page of the fleet's every VM (deleting a
+// fleet of N cost N², 170 ms a delete at 1 000). VMs being deleted or
+// suspended hold no rule, whether the API leaves them out or the backend
+// does.
+func TestReleaseRuleAsksForOne(t *testing.T) {
+	fake := gcpfake.Start(t)
+	b := newBackend(t, fake, "c1")
+	ctx := context.Background()
+	var specs []backend.Spec
+	for i := range 30 {
+		s := fleetSpec(i)
+		if _, err := b.Create(ctx, s); err != nil {
+			t.Fatal(err)
+		}
+		specs = append(specs, s)
+	}
+	rule := fake.Instance(specs[0].Zone, specs[0].Name).GetLabels()["egress-rule"]
+	before := fake.Listed()
+	for _, s := range specs[:10] {
+		if err := b.Delete(ctx, s.Ref); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := fake.Listed() - before; n > 10 {
+		t.Errorf("10 deletes of a fleet of 30 listed %d VMs, want at most one each", n)
+	}
+	waitOps(fake)
+	if fake.Firewall(rule) == nil {
+		t.Fatal("the fleet's rule went with 20 VMs still carrying it")
+	}
+	// The rest: all but the last two being deleted already (STOPPING),
+	// one of those two suspended; deleting the other lets the rule go.
+	for _, s := range specs[10:28] {
+		if err := b.Delete(ctx, s.Ref); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if !fake.SetStatus(specs[28].Zone, specs[28].Name, "SUSPENDED", "") {
+		t.Fatal("no VM to suspend")
+	}
+	if err := b.Delete(ctx, specs[29].Ref); err != nil {
+		t.Fatal(err)
+	}
+	waitOps(fake)
+	if fake.Firewall(rule) != nil {
+		t.Error("the fleet's rule stayed with every other VM being deleted or suspended")
+	}
+}

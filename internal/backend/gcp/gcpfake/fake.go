@@ -81,6 +81,7 @@ type Server struct {
 	failures    map[string]*Failure
 	opFailures  map[string]*Failure
 	calls       map[string]int
+	listed      int // VMs the aggregated lists returned
 	seq         int
 	auth        *authority
 	quotas      map[string]int  // metric -> limit; regional metrics per region
@@ -303,6 +304,14 @@ func (s *Server) instanceQuota(zone string, vm *computepb.Instance) *Failure {
 		}
 	}
 	return nil
+}
+
+// Listed returns how many VMs the aggregated lists have returned, over
+// all their pages.
+func (s *Server) Listed() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.listed
 }
 
 // Calls returns how often a method was called.
@@ -846,6 +855,7 @@ func (s *Server) aggregatedList(w http.ResponseWriter, r *http.Request, project 
 	if !ok {
 		return
 	}
+	s.listed += len(page)
 	out := &computepb.InstanceAggregatedList{Id: ptr.To("projects/" + project + "/aggregated/instances"), Items: map[string]*computepb.InstancesScopedList{}}
 	for _, k := range page {
 		zone := "zones/" + strings.SplitN(k, "/", 2)[0]

@@ -235,6 +235,9 @@ func TestFakeFilters(t *testing.T) {
 		"Unterminated":      {filter: `name = "a-1`, want: "error"},
 		"MixedStyles":       {filter: `(name eq 'a-.*') (labels.egress-cluster = "one")`, want: "error"},
 		"NothingMatches":    {filter: `labels.egress-cluster = "three"`, want: ""},
+		"Status":            {filter: `(labels.egress-cluster:*) AND (name != "a-1") AND (status != "STOPPING")`, want: "b-1"},
+		"OtherField":        {filter: `(canIpForward = "false") AND (labels.egress-cluster = "one")`, want: ""},
+		"OtherFieldAbsent":  {filter: `(canIpForward != "true") AND (labels.egress-cluster = "one")`, want: "a-1"},
 		"EmptyMatchesEvery": {filter: ``, want: "a-1,b-1"},
 	}
 	for name, tc := range cases {

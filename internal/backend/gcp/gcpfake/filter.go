@@ -8,6 +8,7 @@ import (
 	"strings"
 	"unicode"
 
+	"cloud.google.com/go/compute/apiv1/computepb"
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
@@ -228,12 +229,60 @@ func (p *filterParser) value() (string, error) {
 
 // selects evaluates e on a resource, in the JSON form the API filters.
 func (e *filterExpr) selects(m proto.Message) bool {
+	if vm, ok := m.(*computepb.Instance); ok && e.onlyOf("name", "status", "labels.") {
+		return e.match(instanceFields(vm))
+	}
 	b, err := protojson.Marshal(m)
 	var obj map[string]any
 	if err == nil {
 		err = json.Unmarshal(b, &obj)
 	}
 	return err == nil && e.match(obj)
+}
+
+// onlyOf reports whether every field e compares is one of fields, or
+// starts with one ending in a dot.
+func (e *filterExpr) onlyOf(fields ...string) bool {
+	if e == nil {
+		return true
+	}
+	if e.terms != nil {
+		for _, t := range e.terms {
+			if !t.onlyOf(fields...) {
+				return false
+			}
+		}
+		return true
+	}
+	for _, f := range fields {
+		if e.field == f || strings.HasSuffix(f, ".") && strings.HasPrefix(e.field, f) {
+			return true
+		}
+	}
+	return false
+}
+
+// instanceFields is a VM's name, status and labels as its JSON form has
+// them (a field not set is absent), without encoding the rest: a listing
+// of a project of 10 000 VMs compares the labels of each, and encoding
+// each VM to JSON for it made the fake's list the cost of make scale's
+// deletes. TestFakeFilters checks both ways agree.
+func instanceFields(vm *computepb.Instance) map[string]any {
+	obj := map[string]any{}
+	if vm.Name != nil {
+		obj["name"] = vm.GetName()
+	}
+	if vm.Status != nil {
+		obj["status"] = vm.GetStatus()
+	}
+	if len(vm.GetLabels()) > 0 {
+		labels := make(map[string]any, len(vm.GetLabels()))
+		for k, v := range vm.GetLabels() {
+			labels[k] = v
+		}
+		obj["labels"] = labels
+	}
+	return obj
 }
 
 // match evaluates e on a resource in its JSON form.
