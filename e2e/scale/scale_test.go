@@ -240,12 +240,6 @@ func TestScale(t *testing.T) {
 		},
 		// The gateway dials the stand-in VMs on loopback (hidden flag).
 		DiscoveryArgs: discoveryArgs,
-		// Deleting a fleet is the garbage collector's work: a GET and a
-		// DELETE or two per Proxy through kube-controller-manager's client,
-		// which its default of 20 requests a second holds to about 8
-		// Proxies a second. Managed control planes raise it; so does
-		// this, so that deletion measures the product (docs/sizing.md).
-		ControllerManagerArgs: []string{"--kube-api-qps=200", "--kube-api-burst=400"},
 	})
 	if err != nil {
 		t.Fatalf("bring-up: %v (logs in %s)", err, filepath.Join(state, "logs"))

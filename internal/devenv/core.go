@@ -98,9 +98,6 @@ type Options struct {
 	DiscoveryArgs []string
 	// CrossplaneArgs are extra flags for `crossplane core start`.
 	CrossplaneArgs []string
-	// ControllerManagerArgs are extra flags for kube-controller-manager
-	// (make run's Stack only).
-	ControllerManagerArgs []string
 	// Packages is the folder of the packages the registry serves at
 	// PackageVersion (Root/_output, where make packages builds them).
 	Packages string

@@ -202,7 +202,7 @@ func (s *Stack) startControllerManager(ctx context.Context) error {
 		"--controllers=garbagecollector,namespace",
 		"--use-service-account-credentials=false",
 		fmt.Sprintf("--secure-port=%d", port),
-	}, append(append([]string{}, delegatedServing...), s.opts.ControllerManagerArgs...)...))
+	}, delegatedServing...))
 	if err != nil {
 		return err
 	}
