@@ -346,11 +346,10 @@ func TestListingPagedAndUnreachable(t *testing.T) {
 func s0Rule(b interface{ RuleFor(backend.Spec) string }) string { return b.RuleFor(fleetSpec(0)) }
 
 // TestReleaseRuleAsksForOne: deleting a VM asks whether another holds its
-// fleet's rule, and one is all the answer needs: the listing of each delete
-// returns at most one VM, not a page of the fleet's every VM (deleting a
-// fleet of N cost N², 170 ms a delete at 1 000). VMs being deleted or
-// suspended hold no rule, whether the API leaves them out or the backend
-// does.
+// fleet's rule, and one is all the answer needs: each delete makes one
+// listing, which returns at most a small page, not a page of the fleet's
+// every VM (deleting a fleet of N cost N², 170 ms a delete at 1 000). A VM
+// still being made holds the rule; VMs being deleted or suspended do not.
 func TestReleaseRuleAsksForOne(t *testing.T) {
 	fake := gcpfake.Start(t)
 	b := newBackend(t, fake, "c1")
@@ -364,30 +363,37 @@ func TestReleaseRuleAsksForOne(t *testing.T) {
 		specs = append(specs, s)
 	}
 	rule := fake.Instance(specs[0].Zone, specs[0].Name).GetLabels()["egress-rule"]
-	before := fake.Listed()
+	listed, calls := fake.Listed(), fake.Calls("instances.aggregatedList")
 	for _, s := range specs[:10] {
 		if err := b.Delete(ctx, s.Ref); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if n := fake.Listed() - before; n > 10 {
-		t.Errorf("10 deletes of a fleet of 30 listed %d VMs, want at most one each", n)
+	if n, c := fake.Listed()-listed, fake.Calls("instances.aggregatedList")-calls; n > 100 || c != 10 {
+		t.Errorf("10 deletes of a fleet of 30 made %d listings of %d VMs in all, want one each of at most 10", c, n)
 	}
 	waitOps(fake)
 	if fake.Firewall(rule) == nil {
 		t.Fatal("the fleet's rule went with 20 VMs still carrying it")
 	}
-	// The rest: all but the last two being deleted already (STOPPING),
-	// one of those two suspended; deleting the other lets the rule go.
-	for _, s := range specs[10:28] {
+	// The rest but three go; of those, one is being made again
+	// (PROVISIONING) and one suspended.
+	for _, s := range specs[10:27] {
 		if err := b.Delete(ctx, s.Ref); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if !fake.SetStatus(specs[28].Zone, specs[28].Name, "SUSPENDED", "") {
-		t.Fatal("no VM to suspend")
+	if !fake.SetStatus(specs[27].Zone, specs[27].Name, "PROVISIONING", "") || !fake.SetStatus(specs[28].Zone, specs[28].Name, "SUSPENDED", "") {
+		t.Fatal("no VM to set")
 	}
 	if err := b.Delete(ctx, specs[29].Ref); err != nil {
+		t.Fatal(err)
+	}
+	waitOps(fake)
+	if fake.Firewall(rule) == nil {
+		t.Fatal("the fleet's rule went while a VM of it was being made")
+	}
+	if err := b.Delete(ctx, specs[27].Ref); err != nil {
 		t.Fatal(err)
 	}
 	waitOps(fake)

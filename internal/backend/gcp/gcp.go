@@ -14,6 +14,7 @@ import (
 	"context"
 	"fmt"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -425,18 +426,19 @@ func (b *Backend) adoptVM(vm *computepb.Instance, s backend.Spec) (*backend.Inst
 // external IP is still provisioning: an empty address is never published.
 // A VM stopping, being deleted or repossessed is on its way out.
 func Phase(status, natIP string) v1alpha1.InstancePhase {
-	switch status {
-	case "RUNNING":
-		if natIP == "" {
-			return v1alpha1.InstancePhaseProvisioning
-		}
+	switch {
+	case status == "RUNNING" && natIP != "":
 		return v1alpha1.InstancePhaseRunning
-	case "STOPPING", "PENDING_STOP", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED", "DEPROVISIONING":
+	case slices.Contains(stoppedStatuses, status):
 		return v1alpha1.InstancePhaseTerminated
-	default: // PROVISIONING, STAGING, REPAIRING
+	default: // PROVISIONING, STAGING, REPAIRING, RUNNING without an address
 		return v1alpha1.InstancePhaseProvisioning
 	}
 }
+
+// stoppedStatuses are the VM statuses Phase calls Terminated: a VM
+// stopping, stopped, suspended or going away.
+var stoppedStatuses = []string{"STOPPING", "PENDING_STOP", "STOPPED", "SUSPENDING", "SUSPENDED", "TERMINATED", "DEPROVISIONING"}
 
 func natIP(vm *computepb.Instance) string {
 	for _, ni := range vm.GetNetworkInterfaces() {

@@ -266,7 +266,7 @@ func (e *filterExpr) onlyOf(fields ...string) bool {
 // them (a field not set is absent), without encoding the rest: a listing
 // of a project of 10 000 VMs compares the labels of each, and encoding
 // each VM to JSON for it made the fake's list the cost of make scale's
-// deletes. TestFakeFilters checks both ways agree.
+// deletes. TestInstanceFieldsAsJSON checks both ways agree.
 func instanceFields(vm *computepb.Instance) map[string]any {
 	obj := map[string]any{}
 	if vm.Name != nil {
