@@ -65,6 +65,7 @@ type CLI struct {
 	TenantPrivateNetworks   []string      `name:"tenant-private-networks" help:"Private networks (CIDRs, comma-separated; loopback too) the probe may dial a proxy in whose address its tenant chose: an External Proxy's endpoint, or the address a namespaced ProviderConfig's backend reports. Empty: public addresses only. Link-local and metadata addresses are never dialed." default:"" env:"TENANT_PRIVATE_NETWORKS"`
 	MetricsBindAddress      string        `help:"Address of the /metrics endpoint." default:":8080" env:"METRICS_BIND_ADDRESS"`
 	HealthProbeBindAddress  string        `help:"Address of the /healthz and /readyz endpoints." default:":8081" env:"HEALTH_PROBE_BIND_ADDRESS"`
+	PprofBindAddress        string        `help:"Address of Go's profiler (/debug/pprof/), to diagnose where time goes; empty (the default) turns it off. It asks for no credentials: bind it to loopback." default:"" env:"PPROF_BIND_ADDRESS"`
 	LeaderElectionNamespace string        `help:"Namespace of the leader election lease." default:"crossplane-system" env:"POD_NAMESPACE"`
 	// GCPTestEndpoint points every Compute API client at a fake of the
 	// API on this host, without credentials, for the fault tests that kill
@@ -144,6 +145,7 @@ func (c *CLI) Run() error {
 		LeaderElectionReleaseOnCancel: true,
 		Metrics:                       metricsserver.Options{BindAddress: c.MetricsBindAddress},
 		HealthProbeBindAddress:        c.HealthProbeBindAddress,
+		PprofBindAddress:              c.PprofBindAddress,
 	})
 	if err != nil {
 		return errors.Wrap(err, "cannot create manager")

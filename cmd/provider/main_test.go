@@ -33,6 +33,7 @@ func TestHelp(t *testing.T) {
 		{Flag: "tenant-private-networks", Env: "TENANT_PRIVATE_NETWORKS", Default: `""`},
 		{Flag: "metrics-bind-address", Env: "METRICS_BIND_ADDRESS", Default: `":8080"`},
 		{Flag: "health-probe-bind-address", Env: "HEALTH_PROBE_BIND_ADDRESS", Default: `":8081"`},
+		{Flag: "pprof-bind-address", Env: "PPROF_BIND_ADDRESS", Default: `""`},
 		{Flag: "leader-election-namespace", Env: "POD_NAMESPACE", Default: `"crossplane-system"`},
 	}
 	clitest.CheckSettings(t, k, want)

@@ -107,10 +107,7 @@ func (e *env) report(t *testing.T, rows []result, interval, steady time.Duration
 		}
 		fmt.Fprintf(&b, "- %d: %s\n", r.n, strings.Join(cells, ", "))
 	}
-	out := os.Getenv("SCALE_OUT")
-	if out == "" {
-		out = filepath.Join("..", "..", "_output", "scale.md")
-	}
+	out := outPath()
 	_ = os.MkdirAll(filepath.Dir(out), 0o755)
 	if err := os.WriteFile(out, []byte(b.String()), 0o644); err != nil { //nolint:gosec // A report.
 		t.Error(err)
@@ -133,4 +130,12 @@ func (e *env) report(t *testing.T, rows []result, interval, steady time.Duration
 		t.Logf("filling the fleet with its leases: p99 at %d is %.2fx that at %d (%d against %d acquisitions, each size's own load)",
 			last.n, float64(last.fillP99)/float64(first.fillP99), first.n, last.n, first.n)
 	}
+}
+
+// outPath is where the table goes: SCALE_OUT, or _output/scale.md.
+func outPath() string {
+	if out := os.Getenv("SCALE_OUT"); out != "" {
+		return out
+	}
+	return filepath.Join("..", "..", "_output", "scale.md")
 }

@@ -26,28 +26,39 @@ type sampled struct {
 	api metrics
 	xp  metrics
 	fn  metrics
-	cpu map[string]float64 // seconds
-	rss map[string]float64
+	// prov is the provider's.
+	prov metrics
+	cpu  map[string]float64 // seconds
+	rss  map[string]float64
 }
 
 var components = []string{"kube-apiserver", "etcd", "crossplane", "provider-egressproxy", "function-proxyfleet", "egress-discovery"}
 
 func (e *env) sample(t *testing.T) sampled {
 	t.Helper()
-	s := sampled{at: time.Now(), cpu: map[string]float64{}, rss: map[string]float64{}}
-	body, err := e.cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	s, err := e.read()
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s
+}
+
+// read samples every counter, or says why it cannot.
+func (e *env) read() (sampled, error) {
+	s := sampled{at: time.Now(), cpu: map[string]float64{}, rss: map[string]float64{}}
+	body, err := e.cs.Discovery().RESTClient().Get().AbsPath("/metrics").DoRaw(context.Background())
+	if err != nil {
+		return s, err
+	}
 	s.api = parseMetrics(string(body))
-	for comp, dst := range map[string]*metrics{"crossplane": &s.xp, "function-proxyfleet": &s.fn} {
+	for comp, dst := range map[string]*metrics{"crossplane": &s.xp, "function-proxyfleet": &s.fn, "provider-egressproxy": &s.prov} {
 		url, err := e.stack.MetricsURL(comp)
 		if err != nil {
-			t.Fatal(err)
+			return s, err
 		}
 		rsp, err := http.Get(url) //nolint:noctx // A test's scrape.
 		if err != nil {
-			t.Fatal(err)
+			return s, err
 		}
 		b := new(strings.Builder)
 		_, _ = bufio.NewReader(rsp.Body).WriteTo(b)
@@ -64,11 +75,12 @@ func (e *env) sample(t *testing.T) sampled {
 	for _, c := range components {
 		cpu, rss, err := procStat(procs[c])
 		if err != nil {
-			t.Fatalf("%s: %v", c, err)
+			return s, fmt.Errorf("%s: %w", c, err)
 		}
 		s.cpu[c], s.rss[c] = cpu, rss
 	}
-	return s
+	s.cpu["test"], _, _ = procStat(os.Getpid())
+	return s, nil
 }
 
 // childPID is the process ID of this process's child named name, or 0.

@@ -20,7 +20,10 @@
 // SCALE_READY_TIMEOUT (apply to Ready, default 10 minutes and 120 ms a
 // proxy), SCALE_ROLLOUT_MAX (the largest
 // size a template change is rolled over, default 1000), SCALE_OUT (where
-// the table goes, default _output/scale.md).
+// the table goes, default _output/scale.md), SCALE_CROSSPLANE_ARGS and
+// SCALE_PROVIDER_ARGS (flags added to Crossplane's and the provider's, to
+// try a setting). While a fleet comes up the test logs every minute what
+// it costs (bringup_test.go).
 package scale
 
 import (
@@ -230,14 +233,15 @@ func TestScale(t *testing.T) {
 	}
 	stack, err := devenv.Up(context.Background(), devenv.Options{
 		Root: root, StateDir: state, Progress: os.Stderr,
-		ProviderArgs: []string{
+		ProviderArgs: append([]string{
 			"--gcp-test-endpoint=" + fake.URL,
 			// Creates are API writes and Compute calls, probes run on
 			// workers of their own: 50 reconciles a second make 10 000
 			// proxies in minutes without queueing probes behind them.
 			"--max-reconcile-rate=50",
 			"--poll=" + max(interval, 5*time.Minute).String(),
-		},
+		}, strings.Fields(os.Getenv("SCALE_PROVIDER_ARGS"))...),
+		CrossplaneArgs: strings.Fields(os.Getenv("SCALE_CROSSPLANE_ARGS")),
 		// The gateway dials the stand-in VMs on loopback (hidden flag).
 		DiscoveryArgs: discoveryArgs,
 	})
@@ -307,9 +311,11 @@ func (e *env) measure(t *testing.T, n int, interval, steady time.Duration, rollo
 	if err := e.stack.Client.Create(ctx, u); err != nil {
 		t.Fatalf("kubectl apply of a fleet of %d: %v", n, err)
 	}
+	progress := e.bringUp(t, n, start)
 	e.waitReady(t, name, n, envDuration("SCALE_READY_TIMEOUT", 10*time.Minute+time.Duration(n)*120*time.Millisecond))
 	r.ready = time.Since(applied)
-	t.Logf("%d proxies in %d pools Ready in %.0fs", n, r.pools, r.ready.Seconds())
+	progress()
+	progressf(t, "%d proxies in %d pools Ready in %.0fs", n, r.pools, r.ready.Seconds())
 
 	held := e.acquire(t, name, n/leasesPerHot, &r)
 	// The first verdicts' writes and the leases' summaries settle: a
@@ -333,7 +339,7 @@ func (e *env) measure(t *testing.T, n int, interval, steady time.Duration, rollo
 	if r.opensSteady > 0 {
 		t.Errorf("Crossplane's circuit breaker opened %.0f times on a steady fleet", r.opensSteady)
 	}
-	t.Logf("steady %s: %.2f API requests per proxy per minute, %.2f Proxy status writes per proxy per hour, %.0f XR reconciles a minute",
+	progressf(t, "steady %s: %.2f API requests per proxy per minute, %.2f Proxy status writes per proxy per hour, %.0f XR reconciles a minute",
 		r.window.Round(time.Second), r.perProxyPerMinute(), r.proxyStatusWrites/float64(n)/r.window.Hours(), r.xrReconciles/r.window.Minutes())
 	if len(r.breakerOpen) > 0 {
 		t.Errorf("Crossplane's circuit breaker opened on a steady fleet: %v", r.breakerOpen)
@@ -359,7 +365,7 @@ func (e *env) measure(t *testing.T, n int, interval, steady time.Duration, rollo
 		return left == "", left
 	})
 	r.deleted = time.Since(deleted)
-	t.Logf("the fleet, its %d pools, Proxies, Leases and VMs gone %.0fs after its delete", r.pools, r.deleted.Seconds())
+	progressf(t, "the fleet, its %d pools, Proxies, Leases and VMs gone %.0fs after its delete", r.pools, r.deleted.Seconds())
 	return r
 }
 
@@ -432,7 +438,7 @@ func (e *env) acquire(t *testing.T, fleet string, hot int, r *result) []string {
 		}
 	})
 	r.fillP99 = testbed.P99(took)
-	t.Logf("%d leases on %d proxies through the API in %.0fs: p99 %s", len(ids), len(byProxy), time.Since(began).Seconds(), r.fillP99)
+	progressf(t, "%d leases on %d proxies through the API in %.0fs: p99 %s", len(ids), len(byProxy), time.Since(began).Seconds(), r.fillP99)
 	return ids
 }
 
