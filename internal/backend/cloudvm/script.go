@@ -97,7 +97,8 @@ func Script(s backend.Spec, ownAddresses string) (string, error) {
 		// (GCP) or user data (EC2), which anyone allowed to read the
 		// instance's configuration reads. Debian's and
 		// Ubuntu's basic_ncsa_auth verify it through crypt(3).
-		h, err := squid.HtpasswdSHA512(s.Credentials.Username, s.Credentials.Password, ownership.InstanceName(s.Owner.UID)[len("egress-"):])
+		// One hash per credentials, not per VM (lineCache says why).
+		h, err := htpasswdLines.get(s.Credentials.Username, s.Credentials.Password, ownership.InstanceName(s.Owner.UID)[len("egress-"):])
 		if err != nil {
 			return "", backend.Wrap(backend.ClassPermanent, err)
 		}
