@@ -2,12 +2,20 @@ package probe_test
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"io"
+	"math/big"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -377,4 +385,73 @@ func TestVerdict(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestProbesResumeTLS: a probe resumes an earlier probe's TLS session with
+// the target, through another proxy too, and key exchange is X25519, not
+// the post-quantum hybrid (both spare each probe's handshake CPU); a probe
+// still verifies the target when it cannot resume.
+func TestProbesResumeTLS(t *testing.T) {
+	type seen struct {
+		resumed bool
+		curve   tls.CurveID
+	}
+	var mu sync.Mutex
+	var got []seen
+	target := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, seen{r.TLS.DidResume, r.TLS.CurveID})
+		mu.Unlock()
+		_, _ = io.WriteString(w, "203.0.113.9\n")
+	}))
+	target.StartTLS()
+	t.Cleanup(target.Close)
+	roots := x509.NewCertPool()
+	roots.AddCert(target.Certificate())
+	for i, proxy := range []string{openTunnel(t), openTunnel(t), openTunnel(t)} {
+		res := probe.Prober{}.Probe(context.Background(), probe.Target{Proxy: proxy, URL: target.URL + "/ip", RootCAs: roots, Timeout: 5 * time.Second})
+		if !res.OK || res.EgressIP != "203.0.113.9" {
+			t.Fatalf("probe %d: %+v", i, res)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(got) != 3 {
+		t.Fatalf("the target saw %d probes, want 3", len(got))
+	}
+	if got[0].curve != tls.X25519 {
+		t.Errorf("the first probe's key exchange was %v, want X25519", got[0].curve)
+	}
+	for i, s := range got[1:] {
+		if !s.resumed {
+			t.Errorf("probe %d through another proxy did not resume the first probe's session", i+2)
+		}
+	}
+
+	// Another target answering with a certificate the probe does not trust
+	// gets no session of the first's: the probe fails verification.
+	other := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "203.0.113.9\n") }))
+	other.TLS = &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}, MinVersion: tls.VersionTLS12}
+	other.StartTLS()
+	t.Cleanup(other.Close)
+	res := probe.Prober{}.Probe(context.Background(), probe.Target{Proxy: openTunnel(t), URL: other.URL + "/ip", RootCAs: roots, Timeout: 5 * time.Second})
+	if res.OK || !strings.Contains(res.Error, "certificate") {
+		t.Errorf("a target whose certificate is not trusted passed the probe: %+v", res)
+	}
+}
+
+// selfSigned is a certificate for 127.0.0.1 that nothing trusts.
+func selfSigned(t *testing.T) tls.Certificate {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "untrusted"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), IPAddresses: []net.IP{net.IPv4(127, 0, 0, 1)}}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
 }
