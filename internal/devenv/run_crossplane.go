@@ -185,8 +185,14 @@ func (s *Stack) installConfiguration(ctx context.Context) error {
 	}); err != nil {
 		return err
 	}
-	for _, crd := range []string{fleetv1alpha1.ProxyFleetResource + "." + fleetv1alpha1.Group, "proxies.egress.crawl.example.com", "providerconfigs.egress.crawl.example.com"} {
-		if err := wait(ctx, 2*time.Minute, "CRD "+crd+" established", func() (bool, string, error) {
+	return s.waitEstablished(ctx, 2*time.Minute, fleetv1alpha1.ProxyFleetResource+"."+fleetv1alpha1.Group, "proxies.egress.crawl.example.com", "providerconfigs.egress.crawl.example.com")
+}
+
+// waitEstablished waits up to timeout for each CRD named to be established
+// (served): a package's revision may be healthy before its kinds are.
+func (s *Stack) waitEstablished(ctx context.Context, timeout time.Duration, crds ...string) error {
+	for _, crd := range crds {
+		if err := wait(ctx, timeout, "CRD "+crd+" established", func() (bool, string, error) {
 			c := &extv1.CustomResourceDefinition{}
 			if err := s.Client.Get(ctx, types.NamespacedName{Name: crd}, c); err != nil {
 				return false, err.Error(), nil
@@ -247,10 +253,18 @@ type functionRuntime struct {
 // functionPorts names the gRPC and metrics ports of the function serving
 // version: PackageVersion keeps the names make run has always saved.
 func functionPorts(version string) [2]string {
+	return [2]string{"function" + versionSuffix(version), "function-metrics" + versionSuffix(version)}
+}
+
+// versionSuffix tells apart what a function process of another release
+// than this checkout's has of its own (ports, certificates, log): "-" and
+// the version, or nothing for this checkout's, whose names stay as make
+// run has always had them.
+func versionSuffix(version string) string {
 	if version == PackageVersion || version == "" {
-		return [2]string{"function", "function-metrics"}
+		return ""
 	}
-	return [2]string{"function-" + version, "function-metrics-" + version}
+	return "-" + version
 }
 
 // functionVersion is the newest version a function process serves.
@@ -291,10 +305,7 @@ func (s *Stack) runFunction(ctx context.Context, bin, version string) error {
 	if err != nil {
 		return err
 	}
-	dir := s.path("function-tls")
-	if version != PackageVersion {
-		dir += "-" + version // the running release's stay as they are
-	}
+	dir := s.path("function-tls" + versionSuffix(version))
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return errors.Wrap(err, "cannot create the function's certificate folder")
 	}
@@ -310,11 +321,7 @@ func (s *Stack) runFunction(ctx context.Context, bin, version string) error {
 	}
 	grpcPort, metrics := ports[0], ports[1]
 	endpoint := fmt.Sprintf("127.0.0.1:%d", grpcPort)
-	logName := binFunction
-	if version != PackageVersion {
-		logName += "-" + version
-	}
-	p, err := s.start(logName, bin, []string{
+	p, err := s.start(binFunction+versionSuffix(version), bin, []string{
 		"--tls-certs-dir=" + dir, "--address=" + endpoint, fmt.Sprintf("--metrics-address=127.0.0.1:%d", metrics),
 	})
 	if err != nil {

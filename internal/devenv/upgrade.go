@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
-	extv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/types"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -143,21 +142,8 @@ func (s *Stack) Upgrade(ctx context.Context, dir, bin, version string) error {
 			return err
 		}
 	}
-	for _, crd := range []string{fleetv1alpha1.ProxyFleetResource + "." + fleetv1alpha1.Group, "proxypools." + fleetv1alpha1.Group} {
-		if err := wait(ctx, time.Minute, "CRD "+crd+" established", func() (bool, string, error) {
-			c := &extv1.CustomResourceDefinition{}
-			if err := s.Client.Get(ctx, types.NamespacedName{Name: crd}, c); err != nil {
-				return false, err.Error(), nil
-			}
-			for _, cond := range c.Status.Conditions {
-				if cond.Type == extv1.Established && cond.Status == extv1.ConditionTrue {
-					return true, "", nil
-				}
-			}
-			return false, "not established", nil
-		}); err != nil {
-			return err
-		}
+	if err := s.waitEstablished(ctx, time.Minute, fleetv1alpha1.ProxyFleetResource+"."+fleetv1alpha1.Group, "proxypools."+fleetv1alpha1.Group); err != nil {
+		return err
 	}
 	s.fnMu.Lock()
 	var old []*process
