@@ -17,9 +17,11 @@ import (
 	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/manager"
 	"sigs.k8s.io/controller-runtime/pkg/metrics"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
@@ -130,6 +132,7 @@ func (c *CLI) Run() error {
 	if err != nil {
 		return errors.Wrap(err, "cannot get kubeconfig")
 	}
+	cfg.WarningHandlerWithContext = warnOnce()
 	s := runtime.NewScheme()
 	if err := clientgoscheme.AddToScheme(s); err != nil {
 		return errors.Wrap(err, "cannot add client-go types")
@@ -236,6 +239,14 @@ func (c *CLI) Run() error {
 	}
 	log.Info("Starting provider-egressproxy", "cluster-id", clusterID, "state-dir", c.StateDir)
 	return errors.Wrap(mgr.Start(ctx), "cannot run manager")
+}
+
+// warnOnce logs each distinct warning of the API server once. Every write
+// of a Proxy draws the same warning about crossplane-runtime's finalizer
+// names: unchecked, 712 log lines in the first minute of bringing up
+// 10 000 proxies (make scale), and little else in the log.
+func warnOnce() rest.WarningHandlerWithContext {
+	return ctrllog.NewKubeAPIWarningLogger(ctrllog.KubeAPIWarningLoggerOptions{Deduplicate: true})
 }
 
 // defaultClusterID names the control plane by its kube-system namespace,

@@ -1,10 +1,14 @@
 package main
 
 import (
+	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/alecthomas/kong"
+	"github.com/go-logr/logr/funcr"
+	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli/clitest"
 )
@@ -90,4 +94,20 @@ func TestSettings(t *testing.T) {
 		},
 	}
 	clitest.CheckCases(t, parser, cases)
+}
+
+// TestWarnOnce: the API server's warnings reach the log once each, not on
+// every write that draws them.
+func TestWarnOnce(t *testing.T) {
+	var lines []string
+	ctx := ctrllog.IntoContext(context.Background(), funcr.New(func(_, args string) { lines = append(lines, args) }, funcr.Options{}))
+	h := warnOnce()
+	finalizer := `metadata.finalizers: "finalizer.managedresource.crossplane.io": prefer a domain-qualified finalizer name`
+	for range 3 {
+		h.HandleWarningHeaderWithContext(ctx, 299, "-", finalizer)
+	}
+	h.HandleWarningHeaderWithContext(ctx, 299, "-", "v1beta1 is deprecated")
+	if len(lines) != 2 || !strings.Contains(lines[0], "finalizer") || !strings.Contains(lines[1], "deprecated") {
+		t.Errorf("three of one warning and one of another logged %d lines, want one each: %q", len(lines), lines)
+	}
 }
