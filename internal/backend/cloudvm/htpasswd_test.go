@@ -3,10 +3,13 @@ package cloudvm
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"sync"
 	"sync/atomic"
 	"testing"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/squid"
 )
 
@@ -19,13 +22,14 @@ func TestLineCacheHashesOncePerCredentials(t *testing.T) {
 		calls.Add(1)
 		return squid.HtpasswdSHA512(u, p, salt)
 	})
+	const fleet = "cluster/team-a/fleet/crawlers"
 	lines := make([][]byte, 40)
 	var wg sync.WaitGroup
 	for i := range lines {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			l, err := c.get("crawler", "s3cret", fmt.Sprintf("salt%d", i))
+			l, err := c.get(fleet, "crawler", "s3cret")
 			if err != nil {
 				t.Error(err)
 			}
@@ -45,23 +49,78 @@ func TestLineCacheHashesOncePerCredentials(t *testing.T) {
 		t.Errorf("the shared line %q does not accept the password", lines[0])
 	}
 
-	rotated, err := c.get("crawler", "n3w", "saltx")
+	rotated, err := c.get(fleet, "crawler", "n3w")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if calls.Load() != 2 || !squid.HtpasswdMatches(rotated, "crawler", "n3w") || squid.HtpasswdMatches(rotated, "crawler", "s3cret") {
 		t.Errorf("a new password was not hashed afresh (%d hashes): %q", calls.Load(), rotated)
 	}
-	other, err := c.get("other", "s3cret", "salty")
+	other, err := c.get(fleet, "other", "s3cret")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if calls.Load() != 3 || !squid.HtpasswdMatches(other, "other", "s3cret") {
 		t.Errorf("another username with the same password was not hashed afresh (%d hashes): %q", calls.Load(), other)
 	}
+
+	// Another process (a restarted provider) makes the very same line: a
+	// VM's script does not depend on which VM came first.
+	again, err := newLineCache(squid.HtpasswdSHA512).get(fleet, "crawler", "s3cret")
+	if err != nil || string(again) != string(lines[0]) {
+		t.Errorf("after a restart the line is %q (%v), want %q as before", again, err, lines[0])
+	}
 }
 
-// TestLineCacheForgetsFailures: a failed hash is tried again next time, and
+// TestLinesStayInTheirScope: two tenants, or two fleets, with the same
+// credentials get different lines, each salted by its own scope, so that no
+// VM carries a line another tenant's VM could be compared with.
+func TestLinesStayInTheirScope(t *testing.T) {
+	spec := func(o ownership.Owner) backend.Spec {
+		return backend.Spec{Owner: o, Port: 3128, AllowedSourceRanges: []string{"203.0.113.0/24"},
+			Credentials: &backend.Credentials{Username: "crawler", Password: "same-everywhere"}}
+	}
+	owners := map[string]ownership.Owner{
+		"team-a fleet":        {ClusterID: "c1", Namespace: "team-a", Fleet: "crawlers", UID: "u1"},
+		"team-a fleet, again": {ClusterID: "c1", Namespace: "team-a", Fleet: "crawlers", UID: "u2"},
+		"team-b fleet":        {ClusterID: "c1", Namespace: "team-b", Fleet: "crawlers", UID: "u3"},
+		"team-a other fleet":  {ClusterID: "c1", Namespace: "team-a", Fleet: "spiders", UID: "u4"},
+		"team-a lone proxy":   {ClusterID: "c1", Namespace: "team-a", UID: "u5"},
+		"another cluster":     {ClusterID: "c2", Namespace: "team-a", Fleet: "crawlers", UID: "u6"},
+	}
+	line := regexp.MustCompile(`crawler:\$6\$rounds=\d+\$([^$]+)\$\S+`)
+	got := map[string]string{}
+	for name, o := range owners {
+		script, err := Script(spec(o), "own_addresses() { :; }")
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := line.FindStringSubmatch(script)
+		if m == nil {
+			t.Fatalf("%s: no htpasswd line in the script", name)
+		}
+		if m[1] != scopeSalt(htpasswdScope(o)) {
+			t.Errorf("%s: salted with %q, not its scope's %q", name, m[1], scopeSalt(htpasswdScope(o)))
+		}
+		got[name] = m[0]
+	}
+	if got["team-a fleet"] != got["team-a fleet, again"] {
+		t.Errorf("two VMs of one fleet got different lines: %q, %q", got["team-a fleet"], got["team-a fleet, again"])
+	}
+	seen := map[string]string{}
+	for name, l := range got {
+		if name == "team-a fleet, again" {
+			continue
+		}
+		if prev, dup := seen[l]; dup {
+			t.Errorf("%s and %s share a line", prev, name)
+		}
+		seen[l] = name
+	}
+}
+
+// TestLineCacheForgetsFailures: a failed hash is tried again next time,
+// credentials that differ only in where a NUL falls are not confused, and
 // the cache stays bounded.
 func TestLineCacheForgetsFailures(t *testing.T) {
 	fail := true
@@ -73,15 +132,20 @@ func TestLineCacheForgetsFailures(t *testing.T) {
 		}
 		return []byte(u + ":" + p + "\n"), nil
 	})
-	if _, err := c.get("u", "p", "s"); err == nil {
+	if _, err := c.get("s", "u", "p"); err == nil {
 		t.Fatal("the hash's error was lost")
 	}
 	fail = false
-	if l, err := c.get("u", "p", "s"); err != nil || string(l) != "u:p\n" || calls != 2 {
+	if l, err := c.get("s", "u", "p"); err != nil || string(l) != "u:p\n" || calls != 2 {
 		t.Errorf("after a failure: %q, %v, %d hashes; want the line from a second hash", l, err, calls)
 	}
+	a, _ := c.get("s", "a\x00b", "c")
+	b, _ := c.get("s", "a", "b\x00c")
+	if string(a) == string(b) {
+		t.Errorf("(a\\0b, c) and (a, b\\0c) got the same line %q", a)
+	}
 	for i := range 3 * maxLines {
-		if _, err := c.get("u", fmt.Sprint(i), "s"); err != nil {
+		if _, err := c.get("s", "u", fmt.Sprint(i)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -96,7 +160,7 @@ func TestLineCacheKeysHoldNoPassword(t *testing.T) {
 	hash := func(u, p, _ string) ([]byte, error) { return []byte(u + p), nil }
 	a, b := newLineCache(hash), newLineCache(hash)
 	for _, c := range []*lineCache{a, b} {
-		if _, err := c.get("crawler", "s3cret", "s"); err != nil {
+		if _, err := c.get("s", "crawler", "s3cret"); err != nil {
 			t.Fatal(err)
 		}
 	}

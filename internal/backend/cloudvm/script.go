@@ -7,7 +7,6 @@ import (
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
-	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/squid"
 )
 
@@ -97,8 +96,8 @@ func Script(s backend.Spec, ownAddresses string) (string, error) {
 		// (GCP) or user data (EC2), which anyone allowed to read the
 		// instance's configuration reads. Debian's and
 		// Ubuntu's basic_ncsa_auth verify it through crypt(3).
-		// One hash per credentials, not per VM (lineCache says why).
-		h, err := htpasswdLines.get(s.Credentials.Username, s.Credentials.Password, ownership.InstanceName(s.Owner.UID)[len("egress-"):])
+		// One hash per fleet's credentials, not per VM (lineCache says why).
+		h, err := htpasswdLines.get(htpasswdScope(s.Owner), s.Credentials.Username, s.Credentials.Password)
 		if err != nil {
 			return "", backend.Wrap(backend.ClassPermanent, err)
 		}
