@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -406,36 +407,49 @@ func TestProbesResumeTLS(t *testing.T) {
 	}))
 	target.StartTLS()
 	t.Cleanup(target.Close)
+	seenSoFar := func() []seen {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(got)
+	}
 	roots := x509.NewCertPool()
 	roots.AddCert(target.Certificate())
-	for i, proxy := range []string{openTunnel(t), openTunnel(t), openTunnel(t)} {
-		res := probe.Prober{}.Probe(context.Background(), probe.Target{Proxy: proxy, URL: target.URL + "/ip", RootCAs: roots, Timeout: 5 * time.Second})
-		if !res.OK || res.EgressIP != "203.0.113.9" {
+	probeWith := func(url string, pool *x509.CertPool) probe.Result {
+		return probe.Prober{}.Probe(context.Background(), probe.Target{Proxy: openTunnel(t), URL: url, RootCAs: pool, Timeout: 5 * time.Second})
+	}
+	for i := range 3 {
+		if res := probeWith(target.URL+"/ip", roots); !res.OK || res.EgressIP != "203.0.113.9" {
 			t.Fatalf("probe %d: %+v", i, res)
 		}
 	}
-	mu.Lock()
-	defer mu.Unlock()
-	if len(got) != 3 {
-		t.Fatalf("the target saw %d probes, want 3", len(got))
+	s := seenSoFar()
+	if len(s) != 3 {
+		t.Fatalf("the target saw %d probes, want 3", len(s))
 	}
-	if got[0].curve != tls.X25519 {
-		t.Errorf("the first probe's key exchange was %v, want X25519", got[0].curve)
+	if s[0].curve != tls.X25519 {
+		t.Errorf("the first probe's key exchange was %v, want X25519", s[0].curve)
 	}
-	for i, s := range got[1:] {
-		if !s.resumed {
+	for i, p := range s[1:] {
+		if !p.resumed {
 			t.Errorf("probe %d through another proxy did not resume the first probe's session", i+2)
 		}
 	}
 
-	// Another target answering with a certificate the probe does not trust
-	// gets no session of the first's: the probe fails verification.
+	// A session never stands in for trust: with a pool that no longer
+	// trusts the target's certificate the probe fails and the target
+	// answers nothing; a server with a certificate nobody trusts does not
+	// get through on the cached session either.
+	if res := probeWith(target.URL+"/ip", x509.NewCertPool()); res.OK || !strings.Contains(res.Error, "certificate") {
+		t.Errorf("with an empty pool the probe passed on the cached session: %+v", res)
+	}
+	if n := len(seenSoFar()); n != 3 {
+		t.Errorf("with an empty pool the target answered %d more requests", n-3)
+	}
 	other := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "203.0.113.9\n") }))
 	other.TLS = &tls.Config{Certificates: []tls.Certificate{selfSigned(t)}, MinVersion: tls.VersionTLS12}
 	other.StartTLS()
 	t.Cleanup(other.Close)
-	res := probe.Prober{}.Probe(context.Background(), probe.Target{Proxy: openTunnel(t), URL: other.URL + "/ip", RootCAs: roots, Timeout: 5 * time.Second})
-	if res.OK || !strings.Contains(res.Error, "certificate") {
+	if res := probeWith(other.URL+"/ip", roots); res.OK || !strings.Contains(res.Error, "certificate") {
 		t.Errorf("a target whose certificate is not trusted passed the probe: %+v", res)
 	}
 }
