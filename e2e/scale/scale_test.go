@@ -339,6 +339,7 @@ func (e *env) measure(t *testing.T, n int, interval, steady time.Duration, rollo
 	after := e.sample(t)
 	r.window = after.at.Sub(before.at)
 	e.diff(&r, before, after)
+	progressf(t, "steady window: cores %s", cores(before, after))
 	opens := func(a, b sampled) float64 {
 		return sum(a.xp, b.xp, "circuit_breaker_opens_total", func(map[string]string) (string, bool) { return "", true })[""]
 	}
@@ -479,7 +480,7 @@ func (e *env) probeAcquire(t *testing.T, fleet string, r *result) {
 		}
 	})
 	r.acquireP99 = testbed.P99(took)
-	t.Logf("200 acquisitions with the fleet's leases held: p99 %s", r.acquireP99)
+	progressf(t, "200 acquisitions with the fleet's leases held: p99 %s", r.acquireP99)
 }
 
 // fanOut calls do for 0 to n-1, eight callers at once (as many crawlers).
@@ -574,7 +575,7 @@ func (e *env) throughGateway(t *testing.T, fleet string, r *result) {
 		ips[strings.TrimSpace(string(b))]++
 	}
 	r.gatewayP99 = testbed.P99(took)
-	t.Logf("200 gateway CONNECTs: p99 %s, from %d egress IPs", r.gatewayP99, len(ips))
+	progressf(t, "200 gateway CONNECTs: p99 %s, from %d egress IPs", r.gatewayP99, len(ips))
 }
 
 // rollOut changes the template (the machine type) and waits until every
@@ -622,7 +623,7 @@ func (e *env) rollOut(t *testing.T, name string, n int, interval time.Duration, 
 	})
 	r.rollout = fmt.Sprintf("%.0f s, lowest Ready %d (floor %d) over %d samples, at most %d proxies (%d + maxSurge %d)",
 		time.Since(began).Seconds(), lowest, floor, samples, most, n, maxSurge)
-	t.Logf("rollout: %s", r.rollout)
+	progressf(t, "rollout: %s", r.rollout)
 	if lowest < floor {
 		t.Errorf("the rollout dropped to %d Ready proxies, below the floor of %d", lowest, floor)
 	}

@@ -1,12 +1,13 @@
 package cloudvm
 
 import (
-	"errors"
 	"fmt"
 	"regexp"
 	"sync"
 	"sync/atomic"
 	"testing"
+
+	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
