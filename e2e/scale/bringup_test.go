@@ -55,7 +55,7 @@ func (e *env) bringUp(t *testing.T, n int, start sampled) func() {
 				t.Logf("bring-up: %v", err)
 				return
 			}
-			progressf(t, "bring-up of %d: %s; CPU seconds a proxy %s", n, topRequests(start, end, 8, float64(n), "a proxy"), cpuPer(start, end, float64(n)))
+			progressf(t, "bring-up of %d: %s; CPU seconds a proxy %s", n, topRequests(start, end, 8, float64(n), "a proxy"), cpuPer(start, end, float64(n), 3))
 		})
 	}
 	// A bring-up that fails still says what it cost.
@@ -110,19 +110,14 @@ func topRequests(a, b sampled, k int, per float64, unit string) string {
 	return strings.Join(cells, ", ")
 }
 
-func cores(a, b sampled) string {
-	secs := b.at.Sub(a.at).Seconds()
-	var cells []string
-	for _, c := range append(components, "test") {
-		cells = append(cells, fmt.Sprintf("%s %.2f", c, (b.cpu[c]-a.cpu[c])/secs))
-	}
-	return strings.Join(cells, ", ")
-}
+// cores is each process's CPU between two samples, in cores.
+func cores(a, b sampled) string { return cpuPer(a, b, b.at.Sub(a.at).Seconds(), 2) }
 
-func cpuPer(a, b sampled, n float64) string {
+// cpuPer is each process's CPU seconds between two samples, divided by per.
+func cpuPer(a, b sampled, per float64, digits int) string {
 	var cells []string
 	for _, c := range append(components, "test") {
-		cells = append(cells, fmt.Sprintf("%s %.3f", c, (b.cpu[c]-a.cpu[c])/n))
+		cells = append(cells, fmt.Sprintf("%s %.*f", c, digits, (b.cpu[c]-a.cpu[c])/per))
 	}
 	return strings.Join(cells, ", ")
 }
