@@ -78,6 +78,12 @@ type Server struct {
 	removed     map[string]bool                // default networks removed
 	subnetworks map[string]string              // projects/P/regions/R/subnetworks/S -> its network
 	ops         map[string]*operation          // name
+	running     map[string]*operation          // name: the ops not done yet
+	// sorted are the keys of instances in order, and zoned the zones they
+	// are in, kept until instances change (nil then): a list at 10 000
+	// VMs neither sorts nor splits them all again.
+	sorted      []string
+	zoned       []string
 	failures    map[string]*Failure
 	opFailures  map[string]*Failure
 	calls       map[string]int
@@ -134,7 +140,7 @@ func Start(t testing.TB) *Server {
 		now: time.Now, opDuration: DefaultOperationDuration,
 		instances: map[string]*computepb.Instance{}, firewalls: map[string]*firewall{},
 		networks: map[string]bool{}, removed: map[string]bool{}, subnetworks: map[string]string{},
-		ops: map[string]*operation{}, failures: map[string]*Failure{}, opFailures: map[string]*Failure{}, calls: map[string]int{},
+		ops: map[string]*operation{}, running: map[string]*operation{}, failures: map[string]*Failure{}, opFailures: map[string]*Failure{}, calls: map[string]int{},
 		quotas: map[string]int{}, unreachable: map[string]bool{}, denied: map[string]bool{},
 	}
 	s.Server = httptest.NewServer(http.HandlerFunc(s.serve))
@@ -287,6 +293,9 @@ func region(zone string) string { return zone[:strings.LastIndexByte(zone, '-')]
 // instanceQuota is the quota failure an insert of vm in zone meets, if
 // any: counted over the VMs not stopped, as Compute Engine counts them.
 func (s *Server) instanceQuota(zone string, vm *computepb.Instance) *Failure {
+	if len(s.quotas) == 0 {
+		return nil // no limit set: nothing to count (at 10 000 VMs, a scan per insert)
+	}
 	addrs, cpus := 0, 0
 	for k, other := range s.instances {
 		if other == vm || region(strings.SplitN(k, "/", 2)[0]) != region(zone) || other.GetStatus() == "STOPPING" || other.GetStatus() == "TERMINATED" {
@@ -431,7 +440,7 @@ func (s *Server) PutFirewall(project string, fw *computepb.Firewall) {
 func (s *Server) RemoveInstance(zone, name string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	delete(s.instances, zone+"/"+name)
+	s.dropVM(zone + "/" + name)
 }
 
 // ChangeFirewall edits a rule in place, as somebody else might.
@@ -450,7 +459,7 @@ func (s *Server) PutInstance(zone string, vm *computepb.Instance) {
 	defer s.mu.Unlock()
 	vm.Zone = ptr.To(s.URL + "/compute/v1/projects/p/zones/" + zone)
 	vm.LabelFingerprint = ptr.To(fingerprint(vm.GetLabels()))
-	s.instances[zone+"/"+vm.GetName()] = vm
+	s.putVM(zone+"/"+vm.GetName(), vm)
 }
 
 // Method names of the Compute API calls the fake serves, as Calls and
@@ -604,11 +613,12 @@ func (s *Server) waitOperation(w http.ResponseWriter, r *http.Request, m []strin
 // tick ends the operations that are due.
 func (s *Server) tick() {
 	defer s.boot()
-	for _, n := range slices.Sorted(maps.Keys(s.ops)) {
-		op := s.ops[n]
-		if op.op.GetStatus() == computepb.Operation_DONE || s.now().Before(op.due) {
+	for _, n := range slices.Sorted(maps.Keys(s.running)) {
+		op := s.running[n]
+		if s.now().Before(op.due) {
 			continue
 		}
+		delete(s.running, n)
 		op.op.Status, op.op.Progress = ptr.To(computepb.Operation_DONE), ptr.To(int32(100))
 		op.op.EndTime = ptr.To(s.now().Format(time.RFC3339Nano))
 		if f := op.failure; f != nil {
@@ -667,7 +677,8 @@ func (s *Server) startOp(project, zone, kind, target string, failure *Failure, f
 		scope = "zones/" + zone
 	}
 	op.SelfLink = ptr.To(fmt.Sprintf("%s/compute/v1/projects/%s/%s/operations/%s", s.URL, project, scope, op.GetName()))
-	s.ops[op.GetName()] = &operation{op: op, project: project, scope: scope, due: now.Add(s.opDuration), failure: failure, finish: finish}
+	o := &operation{op: op, project: project, scope: scope, due: now.Add(s.opDuration), failure: failure, finish: finish}
+	s.ops[op.GetName()], s.running[op.GetName()] = o, o
 	s.tick()
 	return proto.Clone(op).(*computepb.Operation)
 }
@@ -719,7 +730,7 @@ func (s *Server) deleteInstance(w http.ResponseWriter, project, zone, name strin
 	vm.Status = ptr.To("STOPPING")
 	writeProto(w, s.startOp(project, zone, "delete", vm.GetSelfLink(), nil, func(bool) {
 		if s.instances[key] == vm {
-			delete(s.instances, key)
+			s.dropVM(key)
 			if s.OnRemove != nil {
 				s.OnRemove(vm)
 			}
@@ -729,8 +740,8 @@ func (s *Server) deleteInstance(w http.ResponseWriter, project, zone, name strin
 
 // pendingOn reports whether an operation on target is running.
 func (s *Server) pendingOn(target string) bool {
-	for _, op := range s.ops {
-		if op.op.GetTargetLink() == target && op.op.GetStatus() != computepb.Operation_DONE {
+	for _, op := range s.running {
+		if op.op.GetTargetLink() == target {
 			return true
 		}
 	}
@@ -768,7 +779,7 @@ func (s *Server) insertInstance(w http.ResponseWriter, r *http.Request, project,
 	if s.OnInsert != nil {
 		s.OnInsert(vm)
 	}
-	s.instances[key] = vm
+	s.putVM(key, vm)
 	failure := s.takeOpFailure(opInstancesInsert)
 	if failure == nil {
 		failure = s.instanceQuota(zone, vm)
@@ -782,7 +793,7 @@ func (s *Server) insertInstance(w http.ResponseWriter, r *http.Request, project,
 			s.booting[key] = s.now().Add(s.BootAfter)
 		}
 		if failed && s.instances[key] == vm {
-			delete(s.instances, key)
+			s.dropVM(key)
 			if s.OnRemove != nil {
 				s.OnRemove(vm)
 			}
@@ -845,20 +856,29 @@ func (s *Server) aggregatedList(w http.ResponseWriter, r *http.Request, project 
 	if !ok {
 		return
 	}
+	from, size, ok := pageBounds(w, r)
+	if !ok {
+		return
+	}
+	// Selecting stops one past the page: enough to know whether a next
+	// page exists.
 	var selected []string
-	for _, k := range slices.Sorted(maps.Keys(s.instances)) {
-		if !s.unreachable[strings.SplitN(k, "/", 2)[0]] && f.selects(s.instances[k]) {
+	for _, k := range s.sortedKeys() {
+		if len(selected) > from+size {
+			break
+		}
+		if !s.unreachable[k[:strings.IndexByte(k, '/')]] && f.selects(s.instances[k]) {
 			selected = append(selected, k)
 		}
 	}
-	page, next, ok := paginate(w, r, selected)
+	page, next, ok := cut(w, r, selected, from, size)
 	if !ok {
 		return
 	}
 	s.listed += len(page)
 	out := &computepb.InstanceAggregatedList{Id: ptr.To("projects/" + project + "/aggregated/instances"), Items: map[string]*computepb.InstancesScopedList{}}
 	for _, k := range page {
-		zone := "zones/" + strings.SplitN(k, "/", 2)[0]
+		zone := "zones/" + k[:strings.IndexByte(k, '/')]
 		if out.Items[zone] == nil {
 			out.Items[zone] = &computepb.InstancesScopedList{}
 		}
@@ -899,8 +919,9 @@ func (s *Server) zones() []string {
 	for _, z := range Zones {
 		set[z] = true
 	}
-	for k := range s.instances {
-		set[strings.SplitN(k, "/", 2)[0]] = true
+	s.sortedKeys()
+	for _, z := range s.zoned {
+		set[z] = true
 	}
 	for z := range s.unreachable {
 		set[z] = true
@@ -908,28 +929,77 @@ func (s *Server) zones() []string {
 	return slices.Sorted(maps.Keys(set))
 }
 
+// putVM stores vm under key (zone/name).
+func (s *Server) putVM(key string, vm *computepb.Instance) {
+	if _, ok := s.instances[key]; !ok {
+		s.sorted, s.zoned = nil, nil
+	}
+	s.instances[key] = vm
+}
+
+// dropVM forgets the VM under key.
+func (s *Server) dropVM(key string) {
+	if _, ok := s.instances[key]; ok {
+		s.sorted, s.zoned = nil, nil
+	}
+	delete(s.instances, key)
+}
+
+// sortedKeys are the keys of instances in order (s.sorted), made again
+// after a change, with the zones they are in (s.zoned).
+func (s *Server) sortedKeys() []string {
+	if s.sorted == nil {
+		s.sorted = slices.Sorted(maps.Keys(s.instances))
+		zones := map[string]bool{}
+		for _, k := range s.sorted {
+			zones[k[:strings.IndexByte(k, '/')]] = true
+		}
+		s.zoned = slices.Sorted(maps.Keys(zones))
+	}
+	return s.sorted
+}
+
 // paginate cuts keys into the page a list request asks for: maxResults
 // (at most 500, the API's limit and default) from where pageToken says.
 func paginate(w http.ResponseWriter, r *http.Request, keys []string) ([]string, string, bool) {
-	size := 500
+	from, size, ok := pageBounds(w, r)
+	if !ok {
+		return nil, "", false
+	}
+	return cut(w, r, keys, from, size)
+}
+
+// pageBounds are where a list request's page starts (pageToken) and how
+// long it is (maxResults: at most 500, the API's limit and default).
+func pageBounds(w http.ResponseWriter, r *http.Request) (from, size int, ok bool) {
+	size = 500
 	if v := r.URL.Query().Get("maxResults"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 0 || n > 500 {
 			writeError(w, http.StatusBadRequest, "invalid", "", fmt.Sprintf("Invalid value for field 'maxResults': '%s'. Must be in the range [0, 500].", v))
-			return nil, "", false
+			return 0, 0, false
 		}
 		if n > 0 {
 			size = n
 		}
 	}
-	from := 0
 	if tok := r.URL.Query().Get("pageToken"); tok != "" {
 		n, err := strconv.Atoi(strings.TrimPrefix(tok, "page-"))
-		if err != nil || !strings.HasPrefix(tok, "page-") || n < 0 || n > len(keys) {
+		if err != nil || !strings.HasPrefix(tok, "page-") || n < 0 {
 			writeError(w, http.StatusBadRequest, "invalid", "", "Invalid value for field 'pageToken': '"+tok+"'.")
-			return nil, "", false
+			return 0, 0, false
 		}
 		from = n
+	}
+	return from, size, true
+}
+
+// cut is the page of keys from from, size long, and the token of the
+// next page if keys go on; a token past the keys is refused.
+func cut(w http.ResponseWriter, r *http.Request, keys []string, from, size int) ([]string, string, bool) {
+	if from > len(keys) {
+		writeError(w, http.StatusBadRequest, "invalid", "", "Invalid value for field 'pageToken': '"+r.URL.Query().Get("pageToken")+"'.")
+		return nil, "", false
 	}
 	to := min(from+size, len(keys))
 	next := ""
