@@ -15,7 +15,6 @@ import (
 	"net/http"
 	"os"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/alecthomas/kong"
@@ -39,6 +38,8 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli/runner"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/allocator"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/gateway"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/egressip"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
@@ -46,32 +47,25 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/reach"
 )
 
-// description is what --help says discovery does.
-// gatewayDefaults are the gateway's defaults, which the gateway package
-// keeps, as its flags show and pass them.
-func gatewayDefaults() kong.Vars {
+// defaults are the defaults the packages keep (the gateway's, the token
+// reviewer's, the allocator's), as the flags show and pass them: each is
+// written once, in its package.
+func defaults() kong.Vars {
 	return kong.Vars{
-		"gateway_idle":                    shortDuration(gateway.DefaultIdle),
-		"gateway_tunnel_idle":             shortDuration(gateway.DefaultTunnelIdle),
+		"gateway_idle":                    cli.Duration(gateway.DefaultIdle),
+		"gateway_tunnel_idle":             cli.Duration(gateway.DefaultTunnelIdle),
 		"gateway_max_conns":               strconv.Itoa(gateway.DefaultMaxConns),
 		"gateway_max_conns_per_identity":  strconv.Itoa(gateway.DefaultMaxConnsPerIdentity),
 		"gateway_max_conns_per_namespace": strconv.Itoa(gateway.DefaultMaxConnsPerNamespace),
 		"gateway_max_seats":               strconv.Itoa(gateway.DefaultMaxSeats),
+		"token_audience":                  auth.DefaultAudience,
+		"auth_cache_size":                 strconv.Itoa(auth.DefaultAuthCacheSize),
+		"max_waiting":                     strconv.Itoa(allocator.DefaultMaxWaiting),
+		"max_waiting_per_identity":        strconv.Itoa(allocator.DefaultMaxWaitingPerIdentity),
 	}
 }
 
-// shortDuration writes d as a flag's default reads best: 1m, not 1m0s.
-func shortDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
-}
-
+// description is what --help says discovery does.
 const description = "egress-discovery serves the API crawlers use to list and lease the healthy proxies of ProxyFleets."
 
 // CLI is discovery's settings; each can also come from the environment.
@@ -83,15 +77,15 @@ type CLI struct {
 	PprofBindAddress           string        `help:"Address of Go's profiler (/debug/pprof/), to diagnose where time goes; empty (the default) turns it off. It asks for no credentials: bind it to loopback." default:"" env:"PPROF_BIND_ADDRESS"`
 	TokenFile                  string        `help:"Optional file of static tokens for crawlers outside the cluster: \"<token> <namespace>[,<namespace>...]\" per line." default:"" env:"TOKEN_FILE"`
 	SweepInterval              time.Duration `help:"How often expired leases and the leases of deleted proxies are deleted." default:"30s" env:"SWEEP_INTERVAL"`
-	TokenAudience              string        `help:"Audience a ServiceAccount token must be issued for (kubectl create token <sa> --audience egress-discovery, or a projected token volume with it); a token for the API server is refused. Empty accepts any." default:"egress-discovery" env:"TOKEN_AUDIENCE"`
-	AuthCacheSize              int           `help:"How many token reviews, and how many access reviews, are remembered (30s each); the least recently used go first." default:"10000" env:"AUTH_CACHE_SIZE"`
+	TokenAudience              string        `help:"Audience a ServiceAccount token must be issued for (kubectl create token <sa> --audience egress-discovery, or a projected token volume with it); a token for the API server is refused. Empty accepts any." default:"${token_audience}" env:"TOKEN_AUDIENCE"`
+	AuthCacheSize              int           `help:"How many token reviews, and how many access reviews, are remembered (30s each); the least recently used go first." default:"${auth_cache_size}" env:"AUTH_CACHE_SIZE"`
 	MaxInFlight                int           `help:"How many API requests are served at once; more are answered 503 with Retry-After." default:"256" env:"MAX_IN_FLIGHT"`
 	RatePerIdentity            float64       `help:"Requests a second each caller identity may make on average (a token bucket); more are answered 429 with Retry-After. 0 sets no limit." default:"100" env:"RATE_PER_IDENTITY"`
 	BurstPerIdentity           int           `help:"Requests each caller identity may make at once, above its rate." default:"200" env:"BURST_PER_IDENTITY"`
 	MaxBansPerFleet            int           `help:"Live domain bans crawlers may report in a fleet; a report over it is answered 429. Bans the gateway takes from origins' answers have a bound of their own, a quarter of this. 0 sets no bound." default:"5000" env:"MAX_BANS_PER_FLEET"`
 	MaxBansPerIdentity         int           `help:"Live domain bans one caller identity may hold in a fleet; a report over it is answered 429. 0 sets no bound." default:"1000" env:"MAX_BANS_PER_IDENTITY"`
-	MaxWaiting                 int           `help:"Acquisitions that may wait for a slot (spec.leases.admission.maxWait) on this replica at once; a waiting one gives its in-flight slot back. More are refused at once." default:"1024" env:"MAX_WAITING"`
-	MaxWaitingPerIdentity      int           `help:"Acquisitions one caller identity may have waiting on this replica at once; more are refused at once." default:"32" env:"MAX_WAITING_PER_IDENTITY"`
+	MaxWaiting                 int           `help:"Acquisitions that may wait for a slot (spec.leases.admission.maxWait) on this replica at once; a waiting one gives its in-flight slot back. More are refused at once." default:"${max_waiting}" env:"MAX_WAITING"`
+	MaxWaitingPerIdentity      int           `help:"Acquisitions one caller identity may have waiting on this replica at once; more are refused at once." default:"${max_waiting_per_identity}" env:"MAX_WAITING_PER_IDENTITY"`
 	GatewayAddress             string        `help:"Address of the rotating gateway, an HTTP forward proxy for crawlers: user <namespace>_<fleet>[_session_<key>][_zone_<zone>], password a discovery token. It serves TLS with --tls-cert-file. Empty turns it off." default:"" env:"GATEWAY_ADDRESS"`
 	GatewayPlainHTTP           bool          `name:"gateway-plain-http" help:"Serve the gateway over plain HTTP, tokens in the clear: for loopback and tests only." default:"false" env:"GATEWAY_PLAIN_HTTP"`
 	SOCKS5Address              string        `name:"socks5-address" help:"Address of the gateway's SOCKS5 listener (RFC 1928 CONNECT, RFC 1929 username and password: the gateway's username grammar and a discovery token; no BIND or UDP ASSOCIATE), over TLS with --tls-cert-file as the HTTP gateway, or in the clear with --socks5-plain or --gateway-plain-http. Empty turns it off." default:"" env:"SOCKS5_ADDRESS"`
@@ -185,7 +179,7 @@ func (c *CLI) validateGateway() error {
 }
 
 func main() {
-	ctx := cli.Parse("discovery", description, &CLI{}, gatewayDefaults())
+	ctx := cli.Parse("discovery", description, &CLI{}, defaults())
 	ctx.FatalIfErrorf(ctx.Run())
 }
 

@@ -9,11 +9,13 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli/clitest"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/allocator"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/auth"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/gateway"
 )
 
 func parser(t testing.TB, c *CLI) *kong.Kong {
-	return clitest.New(t, "discovery", description, c, gatewayDefaults())
+	return clitest.New(t, "discovery", description, c, defaults())
 }
 
 func TestHelp(t *testing.T) {
@@ -176,23 +178,21 @@ func TestPlatformLoopbackOutsideClustersOnly(t *testing.T) {
 	}
 }
 
-// TestGatewayDefaultsOnce: the gateway's flags default to what the gateway
-// package keeps, written as --help shows durations.
-func TestGatewayDefaultsOnce(t *testing.T) {
-	for d, want := range map[time.Duration]string{time.Minute: "1m", 5 * time.Minute: "5m", 90 * time.Second: "1m30s", 10 * time.Second: "10s", time.Hour: "1h", 2*time.Hour + 30*time.Minute: "2h30m"} {
-		if got := shortDuration(d); got != want {
-			t.Errorf("shortDuration(%s) = %q, want %q", d, got, want)
-		}
-	}
+// TestDefaultsOnce: the flags whose defaults a package keeps (the
+// gateway's, the token reviewer's, the allocator's) default to what it
+// keeps.
+func TestDefaultsOnce(t *testing.T) {
 	c := &CLI{}
 	k := parser(t, c)
 	clitest.Unsetenv(t, k)
 	if _, err := k.Parse(nil); err != nil {
 		t.Fatal(err)
 	}
-	got := []any{c.GatewayIdle, c.GatewayTunnelIdle, c.GatewayMaxConns, c.GatewayMaxConnsPerIdentity, c.GatewayMaxConnsPerNS, c.GatewayMaxSeats}
-	want := []any{gateway.DefaultIdle, gateway.DefaultTunnelIdle, gateway.DefaultMaxConns, gateway.DefaultMaxConnsPerIdentity, gateway.DefaultMaxConnsPerNamespace, gateway.DefaultMaxSeats}
+	got := []any{c.GatewayIdle, c.GatewayTunnelIdle, c.GatewayMaxConns, c.GatewayMaxConnsPerIdentity, c.GatewayMaxConnsPerNS, c.GatewayMaxSeats,
+		c.TokenAudience, c.AuthCacheSize, c.MaxWaiting, c.MaxWaitingPerIdentity}
+	want := []any{gateway.DefaultIdle, gateway.DefaultTunnelIdle, gateway.DefaultMaxConns, gateway.DefaultMaxConnsPerIdentity, gateway.DefaultMaxConnsPerNamespace, gateway.DefaultMaxSeats,
+		auth.DefaultAudience, auth.DefaultAuthCacheSize, allocator.DefaultMaxWaiting, allocator.DefaultMaxWaitingPerIdentity}
 	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("the flags' defaults are the gateway's: -want, +got:\n%s", diff)
+		t.Errorf("the flags' defaults are the packages': -want, +got:\n%s", diff)
 	}
 }

@@ -17,6 +17,12 @@ import (
 )
 
 // description is what --help says the function does.
+// defaults are the defaults the function package keeps, as the flags show
+// and pass them.
+func defaults() kong.Vars {
+	return kong.Vars{"discovery_service_account": proxyfleet.DefaultDiscoveryServiceAccount.String()}
+}
+
 const description = "function-proxyfleet composes ProxyFleets into Proxy managed resources."
 
 // CLI is the function's settings; each can also come from the environment.
@@ -29,7 +35,7 @@ type CLI struct {
 	MaxRecvMessageSize int     `help:"Largest gRPC request accepted, in MiB." default:"4" env:"MAX_RECV_MESSAGE_SIZE"`
 	FixedTime          instant `help:"Use this RFC 3339 time as the clock, for reproducible renders; empty means the real clock." default:"" env:"FIXED_TIME" placeholder:"TIME"`
 	ASNDatabase        string  `name:"asn-database" help:"An IP-to-ASN database in the MaxMind DB format (GeoLite2-ASN, an IPinfo ASN export), for spec.diversity.maxPerASN; none is shipped. Empty counts no ASN." default:"" env:"ASN_DATABASE" placeholder:"FILE"`
-	DiscoveryAccount   string  `name:"discovery-service-account" help:"egress-discovery's ServiceAccount (namespace/name), which each fleet grants get on its auth Secret and Lease writes in its namespace; none grants nothing." default:"egress-system/egress-discovery" env:"DISCOVERY_SERVICE_ACCOUNT"`
+	DiscoveryAccount   string  `name:"discovery-service-account" help:"egress-discovery's ServiceAccount (namespace/name), which each fleet grants get on its auth Secret and Lease writes in its namespace; none grants nothing." default:"${discovery_service_account}" env:"DISCOVERY_SERVICE_ACCOUNT"`
 }
 
 // Validate checks the settings that the grammar cannot.
@@ -72,7 +78,7 @@ func (i *instant) Decode(ctx *kong.DecodeContext) error {
 }
 
 func main() {
-	ctx := cli.Parse("function", description, &CLI{})
+	ctx := cli.Parse("function", description, &CLI{}, defaults())
 	ctx.FatalIfErrorf(ctx.Run())
 }
 

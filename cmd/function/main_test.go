@@ -7,9 +7,12 @@ import (
 	"github.com/alecthomas/kong"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli/clitest"
+	proxyfleet "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/function"
 )
 
-func parser(t testing.TB, c *CLI) *kong.Kong { return clitest.New(t, "function", description, c) }
+func parser(t testing.TB, c *CLI) *kong.Kong {
+	return clitest.New(t, "function", description, c, defaults())
+}
 
 func TestHelp(t *testing.T) {
 	k := parser(t, &CLI{})
@@ -68,4 +71,18 @@ func TestSettings(t *testing.T) {
 		},
 	}
 	clitest.CheckCases(t, parser, cases)
+}
+
+// TestDefaultsOnce: --discovery-service-account defaults to the function
+// package's default.
+func TestDefaultsOnce(t *testing.T) {
+	c := &CLI{}
+	k := parser(t, c)
+	clitest.Unsetenv(t, k)
+	if _, err := k.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if want := proxyfleet.DefaultDiscoveryServiceAccount.String(); c.DiscoveryAccount != want {
+		t.Errorf("--discovery-service-account defaults to %q; want the package's %q", c.DiscoveryAccount, want)
+	}
 }

@@ -9,7 +9,10 @@ import (
 	"net/netip"
 	"net/url"
 	"os"
+	"strconv"
 	"time"
+
+	"github.com/alecthomas/kong"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"google.golang.org/api/option"
@@ -35,17 +38,31 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis"
 	awsbackend "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/aws"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli/runner"
 	xcontroller "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller/proxy"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/gc"
 	pmetrics "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe/pool"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/reach"
 )
 
+// defaults are the defaults the packages keep, as the flags show and pass
+// them: each is written once, in its package.
+func defaults() kong.Vars {
+	return kong.Vars{
+		"gcp_operation_timeout": cli.Duration(gcp.DefaultOperationTimeout),
+		"refused_grace":         cli.Duration(proxy.DefaultRefusedGrace),
+		"local_restart_delay":   cli.Duration(local.DefaultRestartDelay),
+		"probe_concurrency":     strconv.Itoa(pool.DefaultConcurrency),
+	}
+}
+
 // description is what --help says the provider does.
-const description = `provider-egressproxy runs Proxy managed resources on local Squid processes, Squid pods or GCP VMs, and probes through each proxy to decide whether it is Ready.`
+const description = `provider-egressproxy runs Proxy managed resources on local Squid processes, Squid pods, or GCP and AWS VMs, and probes through each proxy to decide whether it is Ready.`
 
 // CLI is the provider's settings; each can also come from the environment.
 type CLI struct {
@@ -56,13 +73,13 @@ type CLI struct {
 	GCInterval              time.Duration `name:"gc-interval" help:"How often the orphan collector looks for instances whose Proxy is gone." default:"10m" env:"GC_INTERVAL"`
 	GCGracePeriod           time.Duration `name:"gc-grace-period" help:"How old an orphaned instance must be before it is deleted." default:"15m" env:"GC_GRACE_PERIOD"`
 	GCDryRun                bool          `name:"gc-dry-run" help:"Only log, count and record events for orphans; delete nothing." default:"false" env:"GC_DRY_RUN"`
-	GCPOperationTimeout     time.Duration `name:"gcp-operation-timeout" help:"How long a GCP create waits for its VM insert operation, where Compute Engine reports quota errors and stockouts it finds at once; never past the reconcile's deadline. An insert still running then is handed off: the next create checks how it ended. Longer waits hold reconcile workers during scale-ups." default:"5s" env:"GCP_OPERATION_TIMEOUT"`
-	RefusedGrace            time.Duration `name:"refused-grace" help:"How long an instance its ProviderConfig's policy no longer permits keeps running, not handed out, before it is deleted; 0 deletes it at once." default:"5m" env:"REFUSED_GRACE"`
+	GCPOperationTimeout     time.Duration `name:"gcp-operation-timeout" help:"How long a GCP create waits for its VM insert operation, where Compute Engine reports quota errors and stockouts it finds at once; never past the reconcile's deadline. An insert still running then is handed off: the next create checks how it ended. Longer waits hold reconcile workers during scale-ups." default:"${gcp_operation_timeout}" env:"GCP_OPERATION_TIMEOUT"`
+	RefusedGrace            time.Duration `name:"refused-grace" help:"How long an instance its ProviderConfig's policy no longer permits keeps running, not handed out, before it is deleted; 0 deletes it at once." default:"${refused_grace}" env:"REFUSED_GRACE"`
 	MaxReconcileRate        int           `help:"The most reconciles per second across all Proxies, and the number of concurrent reconciles." default:"10" env:"MAX_RECONCILE_RATE"`
 	StateDir                string        `help:"Where local-backend proxies keep their files when a ProviderConfig names no stateDir." default:"/var/lib/provider-egressproxy" env:"STATE_DIR"`
-	LocalRestartDelay       time.Duration `help:"How long a local-backend Squid that died stays down before it is restarted." default:"2s" env:"LOCAL_RESTART_DELAY"`
+	LocalRestartDelay       time.Duration `help:"How long a local-backend Squid that died stays down before it is restarted." default:"${local_restart_delay}" env:"LOCAL_RESTART_DELAY"`
 	ClusterID               string        `name:"cluster-id" help:"Names this control plane on every instance it creates; empty means the UID of the kube-system namespace." default:"" env:"CLUSTER_ID"`
-	ProbeConcurrency        int           `name:"probe-concurrency" help:"How many probes run at once, on workers of their own: a proxy that never answers holds one for its timeout, never a reconcile worker. The default suits 1000 proxies probed every 30s with a tenth of them black-holed." default:"128" env:"PROBE_CONCURRENCY"`
+	ProbeConcurrency        int           `name:"probe-concurrency" help:"How many probes run at once, on workers of their own: a proxy that never answers holds one for its timeout, never a reconcile worker. The default suits 1000 proxies probed every 30s with a tenth of them black-holed." default:"${probe_concurrency}" env:"PROBE_CONCURRENCY"`
 	ProbeCABundle           string        `name:"probe-ca-bundle" help:"PEM file of extra CAs trusted when probing https targets behind a private CA." default:"" env:"PROBE_CA_BUNDLE"`
 	TenantPrivateNetworks   []string      `name:"tenant-private-networks" help:"Private networks (CIDRs, comma-separated; loopback too) the probe may dial a proxy in whose address its tenant chose: an External Proxy's endpoint, or the address a namespaced ProviderConfig's backend reports. Empty: public addresses only. Link-local and metadata addresses are never dialed." default:"" env:"TENANT_PRIVATE_NETWORKS"`
 	MetricsBindAddress      string        `help:"Address of the /metrics endpoint." default:":8080" env:"METRICS_BIND_ADDRESS"`
@@ -120,7 +137,7 @@ func loopback(host string) bool {
 }
 
 func main() {
-	ctx := cli.Parse("provider", description, &CLI{})
+	ctx := cli.Parse("provider", description, &CLI{}, defaults())
 	ctx.FatalIfErrorf(ctx.Run())
 }
 

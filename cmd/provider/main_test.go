@@ -8,12 +8,19 @@ import (
 
 	"github.com/alecthomas/kong"
 	"github.com/go-logr/logr/funcr"
+	"github.com/google/go-cmp/cmp"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/local"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli/clitest"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/controller/proxy"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/probe/pool"
 )
 
-func parser(t testing.TB, c *CLI) *kong.Kong { return clitest.New(t, "provider", description, c) }
+func parser(t testing.TB, c *CLI) *kong.Kong {
+	return clitest.New(t, "provider", description, c, defaults())
+}
 
 func TestHelp(t *testing.T) {
 	k := parser(t, &CLI{})
@@ -109,5 +116,21 @@ func TestWarnOnce(t *testing.T) {
 	h.HandleWarningHeaderWithContext(ctx, 299, "-", "v1beta1 is deprecated")
 	if len(lines) != 2 || !strings.Contains(lines[0], "finalizer") || !strings.Contains(lines[1], "deprecated") {
 		t.Errorf("three of one warning and one of another logged %d lines, want one each: %q", len(lines), lines)
+	}
+}
+
+// TestDefaultsOnce: the flags whose defaults a package keeps default to
+// what it keeps.
+func TestDefaultsOnce(t *testing.T) {
+	c := &CLI{}
+	k := parser(t, c)
+	clitest.Unsetenv(t, k)
+	if _, err := k.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	got := []any{c.GCPOperationTimeout, c.RefusedGrace, c.LocalRestartDelay, c.ProbeConcurrency}
+	want := []any{gcp.DefaultOperationTimeout, proxy.DefaultRefusedGrace, local.DefaultRestartDelay, pool.DefaultConcurrency}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("the flags' defaults are the packages': -want, +got:\n%s", diff)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/alecthomas/kong"
 )
@@ -65,6 +66,19 @@ func ParseArgs(k *kong.Kong, args []string) (ctx *kong.Context, code int) {
 		return nil, exited
 	}
 	return ctx, 0
+}
+
+// Duration writes d as a flag's default reads best in --help: 1m, not
+// 1m0s; for kong.Vars that pass a package's default to a flag.
+func Duration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 // formatValue ends a flag's help with where else it can be set and what it

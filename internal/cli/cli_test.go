@@ -80,3 +80,13 @@ Flags:
 		})
 	}
 }
+
+// TestDuration: a package's duration is written as --help shows flags'
+// defaults, without zero units.
+func TestDuration(t *testing.T) {
+	for d, want := range map[time.Duration]string{time.Minute: "1m", 5 * time.Minute: "5m", 90 * time.Second: "1m30s", 10 * time.Second: "10s", time.Hour: "1h", 2*time.Hour + 30*time.Minute: "2h30m", 1500 * time.Millisecond: "1.5s"} {
+		if got := cli.Duration(d); got != want {
+			t.Errorf("Duration(%s) = %q, want %q", d, got, want)
+		}
+	}
+}

@@ -54,7 +54,7 @@ const (
 
 // Config configures a local backend.
 type Config struct {
-	// SquidPath is the Squid binary.
+	// SquidPath is the Squid binary; empty means DefaultSquidPath.
 	SquidPath string
 	// StateDir holds one directory per instance.
 	StateDir string
@@ -64,7 +64,7 @@ type Config struct {
 	// ClusterID is stamped on every instance.
 	ClusterID string
 	// RestartDelay is how long the supervisor waits before restarting a
-	// Squid that died; zero means 2s.
+	// Squid that died; zero means DefaultRestartDelay.
 	RestartDelay time.Duration
 	// Logger for supervision events.
 	Logger logging.Logger
@@ -103,14 +103,21 @@ type Backend struct {
 
 var _ backend.Backend = &Backend{}
 
+// DefaultSquidPath is where Debian's squid package puts the binary.
+const DefaultSquidPath = "/usr/sbin/squid"
+
+// DefaultRestartDelay is how long a Squid that died stays down before it is
+// restarted, the first time (Config.RestartDelay).
+const DefaultRestartDelay = 2 * time.Second
+
 // New returns a local backend and re-adopts, or restarts, the instances its
 // state dir already records.
 func New(cfg Config) (*Backend, error) {
 	if cfg.SquidPath == "" {
-		cfg.SquidPath = "/usr/sbin/squid"
+		cfg.SquidPath = DefaultSquidPath
 	}
 	if cfg.RestartDelay == 0 {
-		cfg.RestartDelay = 2 * time.Second
+		cfg.RestartDelay = DefaultRestartDelay
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = logging.NewNopLogger()
@@ -162,7 +169,7 @@ type liveSettings struct {
 // squidPath means the default.
 func (b *Backend) Reconfigure(squidPath string, pr *v1alpha1.PortRange) error {
 	if squidPath == "" {
-		squidPath = "/usr/sbin/squid"
+		squidPath = DefaultSquidPath
 	}
 	cur := b.live.Load()
 	if cur.squidPath == squidPath && equalRange(cur.portRange, pr) {
