@@ -8,39 +8,33 @@ import (
 
 	compute "cloud.google.com/go/compute/apiv1"
 	"cloud.google.com/go/compute/apiv1/computepb"
-	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
-	"google.golang.org/api/iterator"
 	"k8s.io/utils/ptr"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp/gcpfake"
 )
 
-// names lists what filter selects, maxResults a page, and counts the pages
-// (up to the first maxPages, when positive).
+// names lists what filter selects, maxResults VMs a page, and counts the
+// pages (up to the first maxPages, when positive): one list call each, as
+// a page's scopes are read before the next page is asked for.
 func names(t testing.TB, ic *compute.InstancesClient, filter string, maxResults uint32, maxPages int) ([]string, int) {
 	t.Helper()
 	it := ic.AggregatedList(context.Background(), &computepb.AggregatedListInstancesRequest{
 		Project: "crawl-proj", Filter: ptr.To(filter), MaxResults: ptr.To(maxResults),
 	})
 	var out []string
-	pages, token := 0, "start"
-	for {
+	for pages := 0; ; {
 		pair, err := it.Next()
-		if errors.Is(err, iterator.Done) {
-			return out, pages
-		}
 		if err != nil {
 			t.Fatal(err)
 		}
-		if it.PageInfo().Token != token {
-			if maxPages > 0 && pages == maxPages {
-				return out, pages
-			}
-			token = it.PageInfo().Token
-			pages++
-		}
 		for _, vm := range pair.Value.GetInstances() {
 			out = append(out, vm.GetName())
+		}
+		if it.PageInfo().Remaining() == 0 {
+			pages++
+			if it.PageInfo().Token == "" || pages == maxPages {
+				return out, pages
+			}
 		}
 	}
 }
@@ -58,13 +52,28 @@ func TestFakePagesAFilter(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A token past the selected VMs is refused, as GCP refuses a token it
+	// did not give, however many VMs the filter passes over.
+	for _, tok := range []string{"page-6", "page-99", "other"} {
+		_, err := ic.AggregatedList(context.Background(), &computepb.AggregatedListInstancesRequest{
+			Project: "crawl-proj", Filter: ptr.To(`labels.egress-cluster = "one"`), MaxResults: ptr.To(uint32(2)), PageToken: ptr.To(tok),
+		}).Next()
+		if c, msg := code(err); c != 400 || !strings.Contains(msg, "pageToken") {
+			t.Errorf("page token %q: %v; want a 400 naming pageToken", tok, err)
+		}
+	}
 	for _, tc := range []struct {
 		max   uint32
 		pages int
 	}{{1, 5}, {2, 3}, {4, 2}, {5, 1}, {500, 1}} {
+		before := fake.Calls("instances.aggregatedList")
 		got, pages := names(t, ic, `labels.egress-cluster = "one"`, tc.max, 0)
-		if strings.Join(got, ",") != "vm-0,vm-2,vm-4,vm-6,vm-8" || pages != tc.pages {
-			t.Errorf("pages of %d: %v in %d pages; want the 5 of cluster one in %d", tc.max, got, pages, tc.pages)
+		calls := fake.Calls("instances.aggregatedList") - before
+		if strings.Join(got, ",") != "vm-0,vm-2,vm-4,vm-6,vm-8" || pages != tc.pages || calls != pages {
+			t.Errorf("pages of %d: %v in %d pages, %d calls; want the 5 of cluster one in %d, a call each", tc.max, got, pages, calls, tc.pages)
+		}
+		if got, pages := names(t, ic, `labels.egress-cluster = "one"`, tc.max, 1); len(got) != min(5, int(tc.max)) || pages != 1 {
+			t.Errorf("the first page of %d: %v in %d pages", tc.max, got, pages)
 		}
 	}
 }
