@@ -253,7 +253,7 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 		return g, nil
 	}
 	if !kerrors.IsAlreadyExists(err) {
-		return nil, errors.Wrap(err, "cannot create lease")
+		return nil, errors.Wrap(err, errCreateLease)
 	}
 	s.noteTaken(key)
 	if !maybeExpired {
@@ -264,7 +264,7 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 		if kerrors.IsNotFound(err) {
 			return nil, nil // swept meanwhile; another try may create it
 		}
-		return nil, errors.Wrap(err, "cannot get lease")
+		return nil, errors.Wrap(err, errGetLease)
 	}
 	if !s.expired(cur) {
 		return nil, nil
@@ -282,14 +282,14 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 		if kerrors.IsConflict(err) {
 			return nil, nil
 		}
-		return nil, errors.Wrap(err, "cannot replace expired lease")
+		return nil, errors.Wrap(err, errReplaceExpired)
 	}
 	obj = want.DeepCopy()
 	if err := s.Client.Create(ctx, obj); err != nil {
 		if kerrors.IsAlreadyExists(err) {
 			return nil, nil
 		}
-		return nil, errors.Wrap(err, "cannot create lease")
+		return nil, errors.Wrap(err, errCreateLease)
 	}
 	s.wrote(obj)
 	s.noteTaken(key)

@@ -74,24 +74,24 @@ func (s *Store) ban(ctx context.Context, namespace, fleet, proxy, domain string,
 	s.own(ctx, &want.ObjectMeta, proxy)
 	err := s.Client.Create(ctx, want)
 	if !kerrors.IsAlreadyExists(err) {
-		return errors.Wrap(err, "cannot record ban")
+		return errors.Wrap(err, errRecordBan)
 	}
 	cur := &coordv1.Lease{}
 	if err := s.Client.Get(ctx, types.NamespacedName{Namespace: namespace, Name: want.Name}, cur); err != nil {
-		return errors.Wrap(err, "cannot get ban")
+		return errors.Wrap(err, errGetBan)
 	}
 	if Expired(cur, now) {
 		// A lapsed ban not swept yet: the new one is the new reporter's.
 		cur.Labels, cur.Annotations = want.Labels, want.Annotations
 	}
 	cur.Spec = want.Spec
-	return errors.Wrap(s.Client.Update(ctx, cur), "cannot extend ban")
+	return errors.Wrap(s.Client.Update(ctx, cur), errExtendBan)
 }
 
 // Unban lifts a proxy's ban for a domain (an "ok" report).
 func (s *Store) Unban(ctx context.Context, namespace, proxy, domain string) error {
 	err := s.Client.Delete(ctx, &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: BanName(proxy, strings.ToLower(domain))}})
-	return errors.Wrap(client.IgnoreNotFound(err), "cannot lift ban")
+	return errors.Wrap(client.IgnoreNotFound(err), errLiftBan)
 }
 
 // Ban is one live ban, and who reported it; FromAnswer when it was
@@ -106,7 +106,7 @@ type Ban struct {
 func (s *Store) ActiveBans(ctx context.Context, namespace, fleet string) ([]Ban, error) {
 	items, err := s.fleetLeases(ctx, namespace, fleet, fleetv1alpha1.LeaseKindBan)
 	if err != nil {
-		return nil, errors.Wrap(err, "cannot list bans")
+		return nil, errors.Wrap(err, errListBans)
 	}
 	var out []Ban
 	now := s.now()
@@ -123,7 +123,7 @@ func (s *Store) ActiveBans(ctx context.Context, namespace, fleet string) ([]Ban,
 func (s *Store) Bans(ctx context.Context, namespace, fleet string) (map[string][]string, error) {
 	items, err := s.fleetLeases(ctx, namespace, fleet, fleetv1alpha1.LeaseKindBan)
 	if err != nil {
-		return nil, errors.Wrap(err, "cannot list bans")
+		return nil, errors.Wrap(err, errListBans)
 	}
 	out := map[string][]string{}
 	now := s.now()
@@ -141,11 +141,11 @@ func (s *Store) BannedFor(ctx context.Context, namespace, fleet, domain string) 
 	domain = strings.ToLower(domain)
 	items, ok, err := s.listBy(ctx, namespace, indexBanDomain, fleet+"/"+domain)
 	if err != nil {
-		return nil, errors.Wrap(err, "cannot list bans")
+		return nil, errors.Wrap(err, errListBans)
 	}
 	if !ok {
 		if items, err = s.fleetLeases(ctx, namespace, fleet, fleetv1alpha1.LeaseKindBan); err != nil {
-			return nil, errors.Wrap(err, "cannot list bans")
+			return nil, errors.Wrap(err, errListBans)
 		}
 	}
 	out := map[string]bool{}

@@ -75,7 +75,7 @@ var leaseIndexes = map[string]client.IndexerFunc{
 func IndexCache(ctx context.Context, fi client.FieldIndexer) error {
 	for name, f := range leaseIndexes {
 		if err := fi.IndexField(ctx, &coordv1.Lease{}, name, f); err != nil {
-			return errors.Wrapf(err, "cannot index leases by %s", name)
+			return errors.Wrapf(err, errFmtIndexBy, name)
 		}
 	}
 	return nil

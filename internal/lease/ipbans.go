@@ -106,7 +106,7 @@ func (s *Store) recordIPBan(ctx context.Context, namespace, fleet, proxy, ip, do
 			}
 		}
 		return append(h, entry), true
-	}), "cannot record the ban in its IP's history")
+	}), errRecordIPBan)
 }
 
 // LiftIPBan ends the live bans of domain in the history of ip (an "ok"
@@ -123,7 +123,7 @@ func (s *Store) LiftIPBan(ctx context.Context, namespace, fleet, ip, domain stri
 			}
 		}
 		return h, changed
-	}), "cannot lift the ban in its IP's history")
+	}), errLiftIPBan)
 }
 
 // changeHistory applies change to the history of ip in fleet, made (owned
@@ -173,7 +173,7 @@ func (s *Store) changeHistory(ctx context.Context, namespace, fleet, proxy, ip s
 		}
 		if cur.Labels[fleetv1alpha1.LabelLeaseKind] != fleetv1alpha1.LeaseKindIPBans || cur.Annotations[fleetv1alpha1.AnnotationFleet] != fleet ||
 			CanonicalIP(cur.Annotations[AnnotationEgressIP]) != ip {
-			return errors.Errorf("Lease %s/%s is not the ban history of %s in fleet %s: delete or rename it", namespace, key.Name, ip, fleet)
+			return errors.Errorf(errFmtNotBanHistory, namespace, key.Name, ip, fleet)
 		}
 		hist, changed := change(HistoryOf(cur, now))
 		if len(cur.OwnerReferences) == 0 {
@@ -191,7 +191,7 @@ func (s *Store) changeHistory(ctx context.Context, namespace, fleet, proxy, ip s
 			return err
 		}
 	}
-	return errors.New("it changed under every try")
+	return errors.New(errChangedEveryTry)
 }
 
 // setHistory writes hist (pruned to what is kept) to l, renewing l for
@@ -270,7 +270,7 @@ func parseHistory(raw string) []IPBan {
 func (s *Store) IPHistories(ctx context.Context, namespace, fleet string) (map[string][]IPBan, error) {
 	items, err := s.fleetLeases(ctx, namespace, fleet, fleetv1alpha1.LeaseKindIPBans)
 	if err != nil {
-		return nil, errors.Wrap(err, "cannot list ban histories")
+		return nil, errors.Wrap(err, errListBanHistories)
 	}
 	out := map[string][]IPBan{}
 	now := s.now()

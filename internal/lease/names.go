@@ -129,7 +129,7 @@ func leaseID(l *coordv1.Lease) string {
 func ParseID(id string) (namespace, name, tok string, err error) {
 	parts := strings.Split(id, "/")
 	if len(parts) != 3 || parts[0] == "" || parts[1] == "" || parts[2] == "" {
-		return "", "", "", errors.Errorf("leaseID %q is not <namespace>/<name>/<token>", id)
+		return "", "", "", errors.Errorf(errFmtLeaseID, id)
 	}
 	return parts[0], parts[1], parts[2], nil
 }

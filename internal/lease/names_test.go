@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
+	"github.com/crossplane/crossplane-runtime/v2/pkg/test"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 	"github.com/google/go-cmp/cmp"
@@ -84,7 +85,7 @@ func TestSlotNameRoundTrip(t *testing.T) {
 func TestParseID(t *testing.T) {
 	type want struct {
 		namespace, name, tok string
-		err                  bool
+		err                  error
 	}
 	cases := map[string]struct {
 		reason string
@@ -92,18 +93,18 @@ func TestParseID(t *testing.T) {
 		want   want
 	}{
 		"Valid":          {reason: "An ID is namespace/name/token.", id: "ns/p-slot-0/uid-1", want: want{namespace: "ns", name: "p-slot-0", tok: "uid-1"}},
-		"TwoParts":       {reason: "The token is required.", id: "ns/p-slot-0", want: want{err: true}},
-		"FourParts":      {reason: "Nothing may follow the token.", id: "ns/p-slot-0/uid/x", want: want{err: true}},
-		"EmptyNamespace": {reason: "Every part is required.", id: "/p-slot-0/uid", want: want{err: true}},
-		"EmptyName":      {reason: "Every part is required.", id: "ns//uid", want: want{err: true}},
-		"EmptyToken":     {reason: "Every part is required.", id: "ns/p-slot-0/", want: want{err: true}},
-		"EmptyID":        {reason: "An empty ID is no lease.", want: want{err: true}},
+		"TwoParts":       {reason: "The token is required.", id: "ns/p-slot-0", want: want{err: errors.Errorf(errFmtLeaseID, "ns/p-slot-0")}},
+		"FourParts":      {reason: "Nothing may follow the token.", id: "ns/p-slot-0/uid/x", want: want{err: errors.Errorf(errFmtLeaseID, "ns/p-slot-0/uid/x")}},
+		"EmptyNamespace": {reason: "Every part is required.", id: "/p-slot-0/uid", want: want{err: errors.Errorf(errFmtLeaseID, "/p-slot-0/uid")}},
+		"EmptyName":      {reason: "Every part is required.", id: "ns//uid", want: want{err: errors.Errorf(errFmtLeaseID, "ns//uid")}},
+		"EmptyToken":     {reason: "Every part is required.", id: "ns/p-slot-0/", want: want{err: errors.Errorf(errFmtLeaseID, "ns/p-slot-0/")}},
+		"EmptyID":        {reason: "An empty ID is no lease.", want: want{err: errors.Errorf(errFmtLeaseID, "")}},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			ns, n, tok, err := ParseID(tc.id)
-			got := want{namespace: ns, name: n, tok: tok, err: err != nil}
-			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(want{})); diff != "" {
+			got := want{namespace: ns, name: n, tok: tok, err: err}
+			if diff := cmp.Diff(tc.want, got, cmp.AllowUnexported(want{}), test.EquateErrors()); diff != "" {
 				t.Errorf("%s\nParseID(%q): -want, +got:\n%s", tc.reason, tc.id, diff)
 			}
 			if err != nil && !strings.Contains(err.Error(), "<namespace>/<name>/<token>") {

@@ -35,7 +35,7 @@ func (s *Store) Get(ctx context.Context, id, identity string) (*coordv1.Lease, e
 		if kerrors.IsNotFound(err) {
 			return nil, ErrNotFound
 		}
-		return nil, errors.Wrap(err, "cannot get lease")
+		return nil, errors.Wrap(err, errGetLease)
 	}
 	if string(l.UID) != tok || l.Labels[fleetv1alpha1.LabelLeaseKind] != fleetv1alpha1.LeaseKindSlot || s.expired(l) {
 		return nil, ErrNotFound
@@ -73,7 +73,7 @@ func (s *Store) owned(ctx context.Context, id, identity string) error {
 			if kerrors.IsNotFound(err) {
 				return ErrNotFound
 			}
-			return errors.Wrap(err, "cannot get lease")
+			return errors.Wrap(err, errGetLease)
 		}
 	}
 	if string(l.UID) != tok {
@@ -134,7 +134,7 @@ func (s *Store) renew(ctx context.Context, id, identity string, ttl time.Duratio
 		if kerrors.IsNotFound(err) || kerrors.IsInvalid(err) || kerrors.IsConflict(err) || kerrors.IsBadRequest(err) {
 			return nil, ErrNotFound
 		}
-		return nil, errors.Wrap(err, "cannot renew lease")
+		return nil, errors.Wrap(err, errRenewLease)
 	}
 	s.wrote(l)
 	return s.toGrant(l, id), nil
@@ -164,7 +164,7 @@ func (s *Store) Release(ctx context.Context, id, identity string) error {
 	if err == nil {
 		s.released(ns, name, id)
 	}
-	return errors.Wrap(err, "cannot release lease")
+	return errors.Wrap(err, errReleaseLease)
 }
 
 // released forgets what this replica remembers of a grant it deleted.
@@ -188,7 +188,7 @@ func (s *Store) HeldBy(ctx context.Context, namespace, fleet, holder, identity s
 	l := &coordv1.LeaseList{}
 	if err := s.reader().List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet),
 		fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot, LabelHolder: ownership.LabelValue(holder)}); err != nil {
-		return nil, errors.Wrap(err, "cannot list leases")
+		return nil, errors.Wrap(err, errListLeases)
 	}
 	var best *coordv1.Lease
 	for i := range l.Items {

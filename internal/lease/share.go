@@ -110,7 +110,7 @@ func (s *Store) Leave(ctx context.Context, id, identity, replica string, granter
 		case kerrors.IsConflict(err) || kerrors.IsInvalid(err):
 			// Renewed or shared since it was read: read it again.
 		default:
-			return false, errors.Wrap(err, "cannot release lease")
+			return false, errors.Wrap(err, errReleaseLease)
 		}
 	}
 	return false, nil

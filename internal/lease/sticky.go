@@ -117,12 +117,12 @@ func (s *Store) Sticky(ctx context.Context, namespace, fleet, key string) (strin
 	}
 	items, ok, err := s.listBy(ctx, namespace, indexSticky, fleet+"/"+h)
 	if err != nil {
-		return "", errors.Wrap(err, "cannot list leases")
+		return "", errors.Wrap(err, errListLeases)
 	}
 	if !ok {
 		l := &coordv1.LeaseList{}
 		if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.UnsafeDisableDeepCopy, client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet), LabelSticky: h}); err != nil {
-			return "", errors.Wrap(err, "cannot list leases")
+			return "", errors.Wrap(err, errListLeases)
 		}
 		items = l.Items
 	}

@@ -21,7 +21,7 @@ import (
 func (s *Store) Sweep(ctx context.Context, proxyExists func(namespace, name string) bool, grace time.Duration) (int, error) {
 	l := &coordv1.LeaseList{}
 	if err := s.Client.List(ctx, l, client.HasLabels{fleetv1alpha1.LabelLeaseKind}); err != nil {
-		return 0, errors.Wrap(err, "cannot list leases")
+		return 0, errors.Wrap(err, errListLeases)
 	}
 	now := s.now()
 	n := 0
@@ -61,7 +61,7 @@ func (s *Store) Sweep(ctx context.Context, proxyExists func(namespace, name stri
 			// On to the others: one lease that cannot be deleted (a
 			// namespace's policy, say) must not keep the rest, nor
 			// stop the pass that keeps observations.
-			firstErr = errors.Wrapf(err, "cannot sweep lease %s/%s", le.Namespace, le.Name)
+			firstErr = errors.Wrapf(err, errFmtSweepLease, le.Namespace, le.Name)
 		}
 	}
 	return n, firstErr

@@ -20,9 +20,11 @@ type failingDeletes struct {
 	proxy string
 }
 
+var errDenied = errors.New("denied by policy")
+
 func (f failingDeletes) Delete(ctx context.Context, o client.Object, opts ...client.DeleteOption) error {
 	if strings.HasPrefix(o.GetName(), f.proxy+"-") {
-		return errors.New("denied by policy")
+		return errDenied
 	}
 	return f.Client.Delete(ctx, o, opts...)
 }
@@ -42,7 +44,7 @@ func TestSweepGoesOnPastErrors(t *testing.T) {
 	}
 	sw := &lease.Store{Client: failingDeletes{Client: bed.Client, proxy: "p0"}}
 	n, err := sw.Sweep(ctx, func(string, string) bool { return false }, 0)
-	if err == nil || !strings.Contains(err.Error(), "denied by policy") {
+	if !errors.Is(err, errDenied) {
 		t.Errorf("the lease that could not be deleted is reported: %v", err)
 	}
 	l := &coordv1.LeaseList{}

@@ -62,7 +62,7 @@ func (s *Store) ViewOf(ctx context.Context, namespace, fleet string, proxies []s
 	for _, p := range proxies {
 		items, ok, err := s.listBy(ctx, namespace, indexProxy, fleet+"/"+p)
 		if err != nil {
-			return nil, errors.Wrap(err, "cannot list leases")
+			return nil, errors.Wrap(err, errListLeases)
 		}
 		if !ok {
 			return s.View(ctx, namespace, fleet)
@@ -77,12 +77,12 @@ func (s *Store) ViewOf(ctx context.Context, namespace, fleet string, proxies []s
 func (s *Store) fleetLeases(ctx context.Context, namespace, fleet, kind string) ([]coordv1.Lease, error) {
 	items, ok, err := s.listBy(ctx, namespace, indexKind, fleet+"/"+kind)
 	if ok || err != nil {
-		return items, errors.Wrap(err, "cannot list leases")
+		return items, errors.Wrap(err, errListLeases)
 	}
 	l := &coordv1.LeaseList{}
 	if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.UnsafeDisableDeepCopy,
 		client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet), fleetv1alpha1.LabelLeaseKind: kind}); err != nil {
-		return nil, errors.Wrap(err, "cannot list leases")
+		return nil, errors.Wrap(err, errListLeases)
 	}
 	return l.Items, nil
 }
@@ -111,7 +111,7 @@ func (s *Store) viewOf(items []coordv1.Lease) *SlotView {
 func (s *Store) Held(ctx context.Context, namespace, fleet, identity string) (map[string]bool, error) {
 	items, ok, err := s.listBy(ctx, namespace, indexIdentity, fleet+"/"+identity)
 	if err != nil {
-		return nil, errors.Wrap(err, "cannot list leases")
+		return nil, errors.Wrap(err, errListLeases)
 	}
 	if !ok {
 		if items, err = s.fleetLeases(ctx, namespace, fleet, fleetv1alpha1.LeaseKindSlot); err != nil {
