@@ -9,7 +9,6 @@ package main
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/tls"
 	"net"
 	"net/http"
@@ -223,8 +222,7 @@ func (c *CLI) Run() error {
 	}
 	// One name for this replica in all it publishes, and in its own count
 	// of the replicas a fleet's pacing is shared by.
-	host, _ := os.Hostname()
-	replica := host + "-" + rand.Text()[:8]
+	replica := discovery.ReplicaName()
 	store := &lease.Store{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Cache: mgr.GetCache(), OwnerOf: discovery.ProxyOwner(mgr.GetCache()), FleetOwnerOf: discovery.ProxyController(mgr.GetCache(), fleets), Serving: discovery.ProxyServing(mgr.GetCache()), Now: now}
 	var asn egressip.ASNLookup
 	if c.ASNDatabase != "" {

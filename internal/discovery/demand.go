@@ -2,8 +2,6 @@ package discovery
 
 import (
 	"context"
-	"crypto/rand"
-	"os"
 	"time"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
@@ -56,8 +54,7 @@ func (p *DemandPublisher) NeedLeaderElection() bool { return false }
 // Leases: a replica that stops asks for nothing.
 func (p *DemandPublisher) Start(ctx context.Context) error {
 	if p.Replica == "" {
-		host, _ := os.Hostname()
-		p.Replica = host + "-" + rand.Text()[:8]
+		p.Replica = ReplicaName()
 	}
 	tick := p.Tick
 	if tick <= 0 {

@@ -25,9 +25,11 @@ package discovery
 
 import (
 	"context"
+	"crypto/rand"
 	_ "embed"
 	"fmt"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -49,6 +51,14 @@ const maxBody = 16 << 10
 
 //go:embed openapi.json
 var openAPI []byte
+
+// ReplicaName is a name for this replica in all it publishes (its demand
+// and lease summaries, its share of a fleet's pacing): the host name and 8
+// random characters, so that a restarted replica is another.
+func ReplicaName() string {
+	host, _ := os.Hostname()
+	return host + "-" + rand.Text()[:8]
+}
 
 // Server is the HTTP API.
 type Server struct {

@@ -2,9 +2,7 @@ package discovery
 
 import (
 	"context"
-	"crypto/rand"
 	"fmt"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -66,8 +64,7 @@ func (p *SummaryPublisher) NeedLeaderElection() bool { return false }
 // summaries: a replica that stops leaves no account that would go stale.
 func (p *SummaryPublisher) Start(ctx context.Context) error {
 	if p.Replica == "" {
-		host, _ := os.Hostname()
-		p.Replica = host + "-" + rand.Text()[:8]
+		p.Replica = ReplicaName()
 	}
 	tick := p.Tick
 	if tick <= 0 {
