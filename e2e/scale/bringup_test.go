@@ -89,13 +89,7 @@ func storedProxies(m metrics) float64 {
 // topRequests is the k most made requests between two samples, each
 // divided by per.
 func topRequests(a, b sampled, k int, per float64, unit string) string {
-	reqs := sum(a.api, b.api, "apiserver_request_total", func(l map[string]string) (string, bool) {
-		res := l["resource"]
-		if l["subresource"] != "" {
-			res += "/" + l["subresource"]
-		}
-		return l["verb"] + " " + res, true
-	})
+	reqs := requests(a, b)
 	keys := make([]string, 0, len(reqs))
 	var total float64
 	for key, v := range reqs {

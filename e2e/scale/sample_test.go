@@ -219,14 +219,20 @@ func quantile(before, after metrics, name string, match func(map[string]string) 
 	return lower
 }
 
-func (e *env) diff(r *result, before, after sampled) {
-	r.requests = sum(before.api, after.api, "apiserver_request_total", func(l map[string]string) (string, bool) {
+// requests are the apiserver's requests between two samples by verb and
+// resource ("PUT proxies/status").
+func requests(before, after sampled) map[string]float64 {
+	return sum(before.api, after.api, "apiserver_request_total", func(l map[string]string) (string, bool) {
 		res := l["resource"]
 		if l["subresource"] != "" {
 			res += "/" + l["subresource"]
 		}
 		return l["verb"] + " " + res, true
 	})
+}
+
+func (e *env) diff(r *result, before, after sampled) {
+	r.requests = requests(before, after)
 	r.proxyStatusWrites = 0
 	for k, v := range r.requests {
 		if k == "PUT proxies/status" || k == "PATCH proxies/status" || k == "APPLY proxies/status" {

@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -32,15 +31,6 @@ import (
 	dmetrics "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/metrics"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
-
-// cpuTime is the CPU this process used so far, user and system.
-func cpuTime(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 // leaseCreates reads the test bed's API server's own account of the Lease
 // creates it answered: how many, and the seconds they took in all
@@ -222,7 +212,7 @@ func BenchmarkAcquireBySize(b *testing.B) {
 			}
 			defer func() { pprof.StopCPUProfile(); _ = f.Close() }()
 		}
-		before := cpuTime(b)
+		before := testbed.ProcessCPU(b)
 		fan(crawlers, func(w int) error {
 			for i := range cycles {
 				id, d, err := acquire(fmt.Sprintf("c-%d-%d", w, i), "")
@@ -241,7 +231,7 @@ func BenchmarkAcquireBySize(b *testing.B) {
 		if len(took) == 0 {
 			b.Fatal("no acquisition went through")
 		}
-		cpu := (cpuTime(b) - before) / time.Duration(len(took))
+		cpu := (testbed.ProcessCPU(b) - before) / time.Duration(len(took))
 		n2, s2 := leaseCreates(b, cs)
 		create := time.Duration((s2 - createSeconds) / max(n2-creates, 1) * float64(time.Second))
 		return result{p50: testbed.Median(took), p99: testbed.P99(took), cpu: cpu, create: create}

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"syscall"
 	"testing"
 	"time"
 
@@ -38,7 +37,7 @@ func BenchmarkProbeTLS(b *testing.B) {
 		if res := (probe.Prober{}).Probe(context.Background(), t); !res.OK {
 			b.Fatal(res.Error)
 		}
-		cpu := processCPU()
+		cpu := testbed.ProcessCPU(b)
 		b.ResetTimer()
 		for range b.N {
 			if res := (probe.Prober{}).Probe(context.Background(), t); !res.OK {
@@ -46,15 +45,8 @@ func BenchmarkProbeTLS(b *testing.B) {
 			}
 		}
 		b.StopTimer()
-		b.ReportMetric(float64(processCPU()-cpu)/float64(time.Millisecond)/float64(b.N), "cpu-ms/op")
+		b.ReportMetric(float64(testbed.ProcessCPU(b)-cpu)/float64(time.Millisecond)/float64(b.N), "cpu-ms/op")
 	}
 	b.Run("resumed-x25519", func(b *testing.B) { run(b, tls.NewLRUClientSessionCache(8), probe.ProbeCurves()) })
 	b.Run("full-handshake-default-curves", func(b *testing.B) { run(b, nil, nil) })
-}
-
-// processCPU is this process's user and system CPU time so far.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -82,4 +83,14 @@ func Median[T float64 | time.Duration](vs []T) T {
 	s := slices.Clone(vs)
 	slices.Sort(s)
 	return s[len(s)/2]
+}
+
+// ProcessCPU is the CPU this process used so far, user and system: what
+// benchmarks divide by the work they did, as CPU per operation.
+func ProcessCPU(t testing.TB) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -7,7 +7,6 @@ import (
 	"slices"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -36,12 +35,6 @@ func (r *recorder) Probe(ctx context.Context, t probe.Target) probe.Result {
 	r.times[t.Proxy] = append(r.times[t.Proxy], time.Now())
 	r.mu.Unlock()
 	return r.Prober.Probe(ctx, t)
-}
-
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func envInt(name string, def int) int {
@@ -78,7 +71,7 @@ func BenchmarkProbeFleet(b *testing.B) {
 	pr := probe.Prober{}
 	var bareCPU time.Duration
 	for range 2 {
-		before := cpuTime()
+		before := testbed.ProcessCPU(b)
 		for _, a := range cp.Addrs {
 			t := probe.Target{Proxy: a, Username: "crawler", Password: password, URL: target.URL, RootCAs: target.RootCAs}
 			if r := pr.Probe(ctx, t); !r.OK {
@@ -88,7 +81,7 @@ func BenchmarkProbeFleet(b *testing.B) {
 				b.Fatalf("baseline closure check through %s: %s", a, detail)
 			}
 		}
-		bareCPU = (cpuTime() - before) / time.Duration(n)
+		bareCPU = (testbed.ProcessCPU(b) - before) / time.Duration(n)
 	}
 
 	bed := sharedBed.Env(b)
@@ -219,9 +212,9 @@ func measureWindow(b *testing.B, rec *recorder, ns string, target testbed.Target
 		probesBefore += len(ts)
 	}
 	rec.mu.Unlock()
-	cpuStart, startCPU := time.Now(), cpuTime()
+	cpuStart, startCPU := time.Now(), testbed.ProcessCPU(b)
 	time.Sleep(d)
-	cpuWall, cpu := time.Since(cpuStart), cpuTime()-startCPU
+	cpuWall, cpu := time.Since(cpuStart), testbed.ProcessCPU(b)-startCPU
 	wall := time.Since(start)
 
 	rec.mu.Lock()
