@@ -16,13 +16,13 @@ import (
 	proxyfleet "gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/function"
 )
 
-// description is what --help says the function does.
 // defaults are the defaults the function package keeps, as the flags show
 // and pass them.
 func defaults() kong.Vars {
 	return kong.Vars{"discovery_service_account": proxyfleet.DefaultDiscoveryServiceAccount.String()}
 }
 
+// description is what --help says the function does.
 const description = "function-proxyfleet composes ProxyFleets into Proxy managed resources."
 
 // CLI is the function's settings; each can also come from the environment.

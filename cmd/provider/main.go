@@ -1,6 +1,6 @@
 // Command provider runs provider-egressproxy: the Crossplane provider that
-// runs each Proxy on a backend (local Squid processes, Squid pods, GCP VMs)
-// and probes through it.
+// runs each Proxy on a backend (local Squid processes, Squid pods, GCP or
+// AWS VMs) and probes through it.
 package main
 
 import (
