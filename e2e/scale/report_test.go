@@ -56,19 +56,18 @@ func (e *env) report(t *testing.T, rows []result, interval, steady time.Duration
 	var b strings.Builder
 	fmt.Fprintf(&b, "make scale, %s: probe interval %s, steady window %s; Crossplane's circuit breaker at devenv's burst 1000, refill 10/s; p99s interpolated within histogram buckets; the largest messages are the largest since the function started (sizes run in ascending order)\n\n",
 		time.Now().UTC().Format("2006-01-02"), interval, steady)
-	fmt.Fprintln(&b, "| proxies | pools | apply -> Ready | API requests / proxy / min | Proxy status writes / proxy / h | XR reconciles / min | XR reconcile p99 fleet / pool | RunFunction p99 fleet / pool | largest request / response | circuit breaker | acquire p99 API steady (filling) / gateway | rollout | delete |")
+	fmt.Fprintln(&b, "| proxies | pools | apply -> Ready | API requests / proxy / min | Proxy status writes / proxy / h | XR reconciles / min | XR reconcile p99 fleet / pool | RunFunction p99 fleet / pool | largest request / response fleet; pool | circuit breaker | acquire p99 API steady (filling) / gateway | rollout | delete |")
 	fmt.Fprintln(&b, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 	for _, r := range rows {
 		breaker := fmt.Sprintf("opened %.0f times steady, %.0f bringing up", r.opensSteady, r.opensBringUp)
 		if len(r.breakerOpen) > 0 {
 			breaker += fmt.Sprintf("; %d XRs seen not Responsive", len(r.breakerOpen))
 		}
-		req := max(r.largest["ProxyFleet request"], r.largest[fleetv1alpha1.ProxyPoolKind+" request"])
-		rsp := max(r.largest["ProxyFleet response"], r.largest[fleetv1alpha1.ProxyPoolKind+" response"])
-		fmt.Fprintf(&b, "| %d | %d | %.0f s | %.2f | %.2f | %.0f | %.2g / %.2g s | %.2g / %.2g s | %.0f / %.0f KB | %s | %s (%s) / %s | %s | %.0f s |\n",
+		fleet, pool := "ProxyFleet ", fleetv1alpha1.ProxyPoolKind+" "
+		fmt.Fprintf(&b, "| %d | %d | %.0f s | %.2f | %.2f | %.0f | %.2g / %.2g s | %.2g / %.2g s | %.0f / %.0f; %.0f / %.0f KB | %s | %s (%s) / %s | %s | %.0f s |\n",
 			r.n, r.pools, r.ready.Seconds(), r.perProxyPerMinute(), r.proxyStatusWrites/float64(r.n)/r.window.Hours(),
 			r.xrReconciles/r.window.Minutes(), r.xrReconcileP99["fleet"], r.xrReconcileP99["pool"], r.runP99["ProxyFleet"], r.runP99[fleetv1alpha1.ProxyPoolKind],
-			req/1024, rsp/1024, breaker, r.acquireP99.Round(time.Millisecond), r.fillP99.Round(time.Millisecond), r.gatewayP99.Round(time.Millisecond), r.rollout, r.deleted.Seconds())
+			r.largest[fleet+"request"]/1024, r.largest[fleet+"response"]/1024, r.largest[pool+"request"]/1024, r.largest[pool+"response"]/1024, breaker, r.acquireP99.Round(time.Millisecond), r.fillP99.Round(time.Millisecond), r.gatewayP99.Round(time.Millisecond), r.rollout, r.deleted.Seconds())
 	}
 	fmt.Fprint(&b, "\nCPU (cores) and resident memory (MiB) over the steady window:\n\n")
 	fmt.Fprintf(&b, "| proxies | %s |\n|---|%s\n", strings.Join(components, " | "), strings.Repeat("---|", len(components)))
