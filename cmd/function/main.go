@@ -19,7 +19,10 @@ import (
 // defaults are the defaults the function package keeps, as the flags show
 // and pass them.
 func defaults() kong.Vars {
-	return kong.Vars{"discovery_service_account": proxyfleet.DefaultDiscoveryServiceAccount.String()}
+	return kong.Vars{
+		"discovery_service_account": proxyfleet.DefaultDiscoveryServiceAccount.String(),
+		"max_recv_message_size":     strconv.Itoa(proxyfleet.DefaultMaxRecvMessageMiB),
+	}
 }
 
 // description is what --help says the function does.
@@ -32,7 +35,7 @@ type CLI struct {
 	TLSCertsDir        string  `name:"tls-certs-dir" help:"Folder holding tls.crt, tls.key and ca.crt for mTLS with Crossplane." default:"" env:"TLS_SERVER_CERTS_DIR"`
 	Address            string  `help:"gRPC listen address." default:":9443" env:"ADDRESS"`
 	MetricsAddress     string  `help:"Address of the Prometheus /metrics endpoint." default:":8080" env:"METRICS_ADDRESS"`
-	MaxRecvMessageSize int     `help:"Largest gRPC request accepted, in MiB." default:"4" env:"MAX_RECV_MESSAGE_SIZE"`
+	MaxRecvMessageSize int     `help:"Largest gRPC request accepted, in MiB." default:"${max_recv_message_size}" env:"MAX_RECV_MESSAGE_SIZE"`
 	FixedTime          instant `help:"Use this RFC 3339 time as the clock, for reproducible renders; empty means the real clock." default:"" env:"FIXED_TIME" placeholder:"TIME"`
 	ASNDatabase        string  `name:"asn-database" help:"An IP-to-ASN database in the MaxMind DB format (GeoLite2-ASN, an IPinfo ASN export), for spec.diversity.maxPerASN; none is shipped. Empty counts no ASN." default:"" env:"ASN_DATABASE" placeholder:"FILE"`
 	DiscoveryAccount   string  `name:"discovery-service-account" help:"egress-discovery's ServiceAccount (namespace/name), which each fleet grants get on its auth Secret and Lease writes in its namespace; none grants nothing." default:"${discovery_service_account}" env:"DISCOVERY_SERVICE_ACCOUNT"`

@@ -24,7 +24,7 @@ func TestHelp(t *testing.T) {
 		{Flag: "tls-certs-dir", Env: "TLS_SERVER_CERTS_DIR", Default: `""`},
 		{Flag: "address", Env: "ADDRESS", Default: `":9443"`},
 		{Flag: "metrics-address", Env: "METRICS_ADDRESS", Default: `":8080"`},
-		{Flag: "max-recv-message-size", Env: "MAX_RECV_MESSAGE_SIZE", Default: "4"},
+		{Flag: "max-recv-message-size", Env: "MAX_RECV_MESSAGE_SIZE", Default: "16"},
 		{Flag: "fixed-time", Env: "FIXED_TIME", Default: `""`},
 		{Flag: "asn-database", Env: "ASN_DATABASE", Default: `""`},
 		{Flag: "discovery-service-account", Env: "DISCOVERY_SERVICE_ACCOUNT", Default: `"egress-system/egress-discovery"`},
@@ -47,7 +47,7 @@ func TestBadEnv(t *testing.T) {
 }
 
 func TestSettings(t *testing.T) {
-	defaults := CLI{Address: ":9443", MetricsAddress: ":8080", MaxRecvMessageSize: 4, DiscoveryAccount: "egress-system/egress-discovery"}
+	defaults := CLI{Address: ":9443", MetricsAddress: ":8080", MaxRecvMessageSize: 16, DiscoveryAccount: "egress-system/egress-discovery"}
 	fixed := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	cases := map[string]clitest.Case[CLI]{
 		"Defaults": {
@@ -73,8 +73,8 @@ func TestSettings(t *testing.T) {
 	clitest.CheckCases(t, parser, cases)
 }
 
-// TestDefaultsOnce: --discovery-service-account defaults to the function
-// package's default.
+// TestDefaultsOnce: --discovery-service-account and
+// --max-recv-message-size default to the function package's defaults.
 func TestDefaultsOnce(t *testing.T) {
 	c := &CLI{}
 	k := parser(t, c)
@@ -84,5 +84,8 @@ func TestDefaultsOnce(t *testing.T) {
 	}
 	if want := proxyfleet.DefaultDiscoveryServiceAccount.String(); c.DiscoveryAccount != want {
 		t.Errorf("--discovery-service-account defaults to %q; want the package's %q", c.DiscoveryAccount, want)
+	}
+	if c.MaxRecvMessageSize != proxyfleet.DefaultMaxRecvMessageMiB {
+		t.Errorf("--max-recv-message-size defaults to %d MiB; want the package's %d", c.MaxRecvMessageSize, proxyfleet.DefaultMaxRecvMessageMiB)
 	}
 }

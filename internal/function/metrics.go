@@ -9,12 +9,19 @@ import (
 	"google.golang.org/protobuf/proto"
 )
 
+// DefaultMaxRecvMessageMiB is the largest RunFunctionRequest the function
+// takes by default (--max-recv-message-size): four times a fleet's at
+// MaxReplicas, whose observed pools each carry a reference to every Proxy
+// they compose (about 2.9 MiB at most, TestPoolMessageSizesBounded).
+// Crossplane sends up to 2 GiB; it receives at most 4 MiB back.
+const DefaultMaxRecvMessageMiB = 16
+
 // Metrics of every RunFunction, by the kind of the composite it composes
 // (ProxyFleet, ProxyPool, XProxyFleet): how long it took and how large its
-// messages were, against the 4 MiB each may reach (the function's
-// --max-recv-message-size for the request, Crossplane's receive limit for
-// the response). The function-sdk serves the default registry on
-// --metrics-address.
+// messages were, against what each may reach (the function's
+// --max-recv-message-size for the request, 16 MiB by default, and
+// Crossplane's 4 MiB receive limit for the response). The function-sdk
+// serves the default registry on --metrics-address.
 var (
 	runSeconds = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "function_proxyfleet_run_seconds",
@@ -23,8 +30,8 @@ var (
 	}, []string{"kind"})
 	messageBytes = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "function_proxyfleet_message_bytes",
-		Help:    "Size of RunFunction requests and responses (direction request or response), by the kind of the composite resource; each may be at most 4 MiB.",
-		Buckets: prometheus.ExponentialBuckets(4096, 2, 11), // 4 KiB .. 4 MiB
+		Help:    "Size of RunFunction requests and responses (direction request or response), by the kind of the composite resource; a request may be at most --max-recv-message-size (16 MiB by default), a response 4 MiB.",
+		Buckets: prometheus.ExponentialBuckets(4096, 2, 13), // 4 KiB .. 16 MiB
 	}, []string{"kind", "direction"})
 	largestBytes = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "function_proxyfleet_largest_message_bytes",

@@ -280,7 +280,7 @@ func TestMessageSizesBounded(t *testing.T) {
 	}
 	warned := false
 	for _, r := range rsp.GetResults() {
-		warned = warned || r.GetSeverity() == fnv1.Severity_SEVERITY_WARNING && strings.Contains(r.GetMessage(), "more than half of gRPC's 4 MiB limit")
+		warned = warned || r.GetSeverity() == fnv1.Severity_SEVERITY_WARNING && strings.Contains(r.GetMessage(), "more than half of the 4 MiB the XRD's bounds keep it to")
 	}
 	if !warned {
 		t.Errorf("a request past the budget must bring a Warning: %v", rsp.GetResults())
@@ -351,10 +351,30 @@ func realPool(tb testing.TB) map[string]any {
 	if err := bed.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(composed), client.FieldOwner("apiextensions.crossplane.io/composed/9f2c1e7a0b"), client.ForceOwnership); err != nil {
 		tb.Fatal(err)
 	}
+	// Crossplane's reference to each Proxy the pool composes, the most a
+	// pool holds (MaxProxiesPerPool and a surge one) with the longest
+	// names, written by its composite controller: the fleet is sent them
+	// all, with their managedFields.
+	var refs []any
+	for i := range fleetv1alpha1.MaxProxiesPerPool + 1 {
+		refs = append(refs, map[string]any{"apiVersion": v1alpha1.SchemeGroupVersion.String(), "kind": v1alpha1.ProxyKind,
+			"name": fleet + "-" + strconv.Itoa(fleetv1alpha1.MaxPools*fleetv1alpha1.PoolOrdinalSpan+fleetv1alpha1.PoolOrdinalSpan-1-i)})
+	}
+	xpRefs := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": composed.GetAPIVersion(), "kind": composed.GetKind(),
+		"metadata": map[string]any{"name": composed.GetName(), "namespace": ns},
+		"spec":     map[string]any{"crossplane": map[string]any{"resourceRefs": refs}},
+	}}
+	if err := bed.Client.Apply(ctx, client.ApplyConfigurationFromUnstructured(xpRefs), client.FieldOwner("apiextensions.crossplane.io/composite"), client.ForceOwnership); err != nil {
+		tb.Fatalf("the pool's resourceRefs, as Crossplane writes them, do not apply: %v", err)
+	}
 	got := &unstructured.Unstructured{}
 	got.SetGroupVersionKind(fleetv1alpha1.SchemeGroupVersion.WithKind(fleetv1alpha1.ProxyPoolKind))
 	if err := bed.Client.Get(ctx, types.NamespacedName{Namespace: ns, Name: composed.GetName()}, got); err != nil {
 		tb.Fatal(err)
+	}
+	if n := len(field(mustStruct(tb, got.Object), "spec", "crossplane", "resourceRefs").GetListValue().GetValues()); n != fleetv1alpha1.MaxProxiesPerPool+1 {
+		tb.Fatalf("the pool kept %d resourceRefs, want %d", n, fleetv1alpha1.MaxProxiesPerPool+1)
 	}
 	// What the pool's composition writes: the function's own status of
 	// the pool, from three faulty proxies with the longest probe errors
@@ -437,10 +457,20 @@ func realPool(tb testing.TB) map[string]any {
 	return got.Object
 }
 
+func mustStruct(tb testing.TB, m map[string]any) *structpb.Struct {
+	tb.Helper()
+	s, err := structpb.NewStruct(m)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
+}
+
 // TestPoolMessageSizesBounded holds one real pool, as the fleet observes
-// it, to PoolMessageBytes, and checks that a fleet of MaxPools of them
-// stays within a quarter of the function's 4 MiB receive limit, and its
-// response too.
+// it (its Proxies' references included), to PoolMessageBytes, and checks
+// that a fleet of MaxPools of them stays within a quarter of the
+// function's default receive limit, and its response within a quarter of
+// Crossplane's 4 MiB.
 func TestPoolMessageSizesBounded(t *testing.T) {
 	obj := realPool(t)
 	s, err := structpb.NewStruct(obj)
@@ -452,8 +482,9 @@ func TestPoolMessageSizesBounded(t *testing.T) {
 	if one > fleetv1alpha1.PoolMessageBytes {
 		t.Fatalf("an observed pool adds %d bytes, above PoolMessageBytes %d: raise it and lower MaxPools", one, fleetv1alpha1.PoolMessageBytes)
 	}
-	if total := fleetv1alpha1.MaxPools * fleetv1alpha1.PoolMessageBytes; total > 1<<20 {
-		t.Errorf("%d pools of %d bytes make %d bytes, above a quarter of 4 MiB", fleetv1alpha1.MaxPools, fleetv1alpha1.PoolMessageBytes, total)
+	quarter := DefaultMaxRecvMessageMiB << 20 / 4
+	if total := fleetv1alpha1.MaxPools * fleetv1alpha1.PoolMessageBytes; total > quarter {
+		t.Errorf("%d pools of %d bytes make %d bytes, above a quarter of the function's %d MiB", fleetv1alpha1.MaxPools, fleetv1alpha1.PoolMessageBytes, total, DefaultMaxRecvMessageMiB)
 	}
 	// The fleet's request and response at MaxPools pools.
 	observed := map[string]*fnv1.Resource{}
@@ -483,9 +514,12 @@ func TestPoolMessageSizesBounded(t *testing.T) {
 		t.Fatalf("the fleet composed %d resources, want its %d pools", len(rsp.GetDesired().GetResources()), fleetv1alpha1.MaxPools)
 	}
 	t.Logf("a fleet of %d pools: request %d bytes, response %d bytes", fleetv1alpha1.MaxPools, proto.Size(req), proto.Size(rsp))
-	for what, n := range map[string]int{"request": proto.Size(req), "response": proto.Size(rsp)} {
-		if n > 1<<20 {
-			t.Errorf("the %s of a fleet of %d pools is %d bytes, above a quarter of 4 MiB", what, fleetv1alpha1.MaxPools, n)
-		}
+	// The request goes to the function, the response to Crossplane, which
+	// takes 4 MiB.
+	if n := proto.Size(req); n > quarter {
+		t.Errorf("the request of a fleet of %d pools is %d bytes, above a quarter of the function's %d MiB", fleetv1alpha1.MaxPools, n, DefaultMaxRecvMessageMiB)
+	}
+	if n := proto.Size(rsp); n > 1<<20 {
+		t.Errorf("the response of a fleet of %d pools is %d bytes, above a quarter of Crossplane's 4 MiB", fleetv1alpha1.MaxPools, n)
 	}
 }

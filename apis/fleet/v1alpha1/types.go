@@ -40,11 +40,14 @@ const (
 	// RunFunctionRequest (its Proxies and leased proxies, the rule below
 	// with PoolMessageBudget) stays within a quarter of the function's 4
 	// MiB receive limit; MaxPools bounds how many pools a fleet has: each
-	// observed pool adds up to PoolMessageBytes to the fleet's request, so
-	// MaxPools of them stay within a quarter too.
+	// observed pool adds up to PoolMessageBytes to the fleet's request
+	// (most of it Crossplane's reference to each of its Proxies, twice:
+	// in spec.crossplane.resourceRefs and in its managedFields), so MaxPools
+	// of them stay within a quarter of the function's default receive
+	// limit, 16 MiB (internal/function's DefaultMaxRecvMessageMiB).
 	MaxProxiesPerPool = 120
 	MaxPools          = 96
-	PoolMessageBytes  = 10600
+	PoolMessageBytes  = 30600
 	// PoolOrdinalSpan is how many ordinals each pool has: pool k names its
 	// Proxies <fleet>-<ordinal> with ordinals from k x PoolOrdinalSpan on,
 	// so that no two pools ever name one Proxy, a Proxy never moves between
