@@ -12,7 +12,7 @@ import (
 // DefaultMaxRecvMessageMiB is the largest RunFunctionRequest the function
 // takes by default (--max-recv-message-size): four times a fleet's at
 // MaxReplicas, whose observed pools each carry a reference to every Proxy
-// they compose (about 2.9 MiB at most, TestPoolMessageSizesBounded).
+// they compose (about 2.8 MiB at most, TestPoolMessageSizesBounded).
 // Crossplane sends up to 2 GiB; it receives at most 4 MiB back.
 const DefaultMaxRecvMessageMiB = 16
 

@@ -280,7 +280,7 @@ func TestMessageSizesBounded(t *testing.T) {
 	}
 	warned := false
 	for _, r := range rsp.GetResults() {
-		warned = warned || r.GetSeverity() == fnv1.Severity_SEVERITY_WARNING && strings.Contains(r.GetMessage(), "more than half of the 4 MiB the XRD's bounds keep it to")
+		warned = warned || r.GetSeverity() == fnv1.Severity_SEVERITY_WARNING && strings.Contains(r.GetMessage(), "more than the 2 MiB the XRD allows a fleet of one level")
 	}
 	if !warned {
 		t.Errorf("a request past the budget must bring a Warning: %v", rsp.GetResults())
@@ -354,7 +354,7 @@ func realPool(tb testing.TB) map[string]any {
 	// Crossplane's reference to each Proxy the pool composes, the most a
 	// pool holds (MaxProxiesPerPool and a surge one) with the longest
 	// names, written by its composite controller: the fleet is sent them
-	// all, with their managedFields.
+	// all (an atomic list: its managedFields name the list alone).
 	var refs []any
 	for i := range fleetv1alpha1.MaxProxiesPerPool + 1 {
 		refs = append(refs, map[string]any{"apiVersion": v1alpha1.SchemeGroupVersion.String(), "kind": v1alpha1.ProxyKind,
@@ -481,6 +481,9 @@ func TestPoolMessageSizesBounded(t *testing.T) {
 	t.Logf("one observed pool adds about %d bytes", one)
 	if one > fleetv1alpha1.PoolMessageBytes {
 		t.Fatalf("an observed pool adds %d bytes, above PoolMessageBytes %d: raise it and lower MaxPools", one, fleetv1alpha1.PoolMessageBytes)
+	}
+	if one < fleetv1alpha1.PoolMessageBytes*95/100 {
+		t.Errorf("an observed pool adds %d bytes, far below PoolMessageBytes %d: lower it, so that the bound says what a pool costs", one, fleetv1alpha1.PoolMessageBytes)
 	}
 	quarter := DefaultMaxRecvMessageMiB << 20 / 4
 	if total := fleetv1alpha1.MaxPools * fleetv1alpha1.PoolMessageBytes; total > quarter {

@@ -39,7 +39,7 @@ func finish(rsp *fnv1.RunFunctionResponse, req *fnv1.RunFunctionRequest, fleet *
 	if n := proto.Size(req); n > fleetv1alpha1.MessageBudget {
 		// What the XRD's bound cannot see (a stored fleet above it, long
 		// error messages, many bans): said before it breaks.
-		response.Warning(rsp, errors.Errorf("Crossplane sent this fleet's Proxies and leases in %.1f MiB, more than half of the 4 MiB the XRD's bounds keep it to: past the function's --max-recv-message-size (%d MiB by default) the fleet can no longer be composed; lower spec.replicas or spec.leases.maxLeasesPerProxy, or pool the fleet", float64(n)/(1<<20), DefaultMaxRecvMessageMiB)).TargetCompositeAndClaim()
+		response.Warning(rsp, errors.Errorf("Crossplane sent this fleet's Proxies and leases in %.1f MiB, more than the 2 MiB the XRD allows a fleet of one level: past the function's --max-recv-message-size (%d MiB unless set) it can no longer be composed; lower spec.replicas, spec.rotation.maxSurge or spec.placement.gcp.cloudInit.inline, or replace it with a fleet created with spec.pools", float64(n)/(1<<20), DefaultMaxRecvMessageMiB)).TargetCompositeAndClaim()
 	}
 	reportRollout(rsp, fleet, members, p, ro, now)
 	ttl := requeueAfter(fleet, members, p, now)
