@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/alecthomas/kong"
-	"github.com/google/go-cmp/cmp"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli/clitest"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery/allocator"
@@ -183,16 +182,9 @@ func TestPlatformLoopbackOutsideClustersOnly(t *testing.T) {
 // keeps.
 func TestDefaultsOnce(t *testing.T) {
 	c := &CLI{}
-	k := parser(t, c)
-	clitest.Unsetenv(t, k)
-	if _, err := k.Parse(nil); err != nil {
-		t.Fatal(err)
-	}
-	got := []any{c.GatewayIdle, c.GatewayTunnelIdle, c.GatewayMaxConns, c.GatewayMaxConnsPerIdentity, c.GatewayMaxConnsPerNS, c.GatewayMaxSeats,
-		c.TokenAudience, c.AuthCacheSize, c.MaxWaiting, c.MaxWaitingPerIdentity}
-	want := []any{gateway.DefaultIdle, gateway.DefaultTunnelIdle, gateway.DefaultMaxConns, gateway.DefaultMaxConnsPerIdentity, gateway.DefaultMaxConnsPerNamespace, gateway.DefaultMaxSeats,
-		auth.DefaultAudience, auth.DefaultAuthCacheSize, allocator.DefaultMaxWaiting, allocator.DefaultMaxWaitingPerIdentity}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("the flags' defaults are the packages': -want, +got:\n%s", diff)
-	}
+	clitest.CheckDefaults(t, parser(t, c), func() []any {
+		return []any{c.GatewayIdle, c.GatewayTunnelIdle, c.GatewayMaxConns, c.GatewayMaxConnsPerIdentity, c.GatewayMaxConnsPerNS, c.GatewayMaxSeats,
+			c.TokenAudience, c.AuthCacheSize, c.MaxWaiting, c.MaxWaitingPerIdentity}
+	}, gateway.DefaultIdle, gateway.DefaultTunnelIdle, gateway.DefaultMaxConns, gateway.DefaultMaxConnsPerIdentity, gateway.DefaultMaxConnsPerNamespace, gateway.DefaultMaxSeats,
+		auth.DefaultAudience, auth.DefaultAuthCacheSize, allocator.DefaultMaxWaiting, allocator.DefaultMaxWaitingPerIdentity)
 }

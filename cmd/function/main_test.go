@@ -77,15 +77,6 @@ func TestSettings(t *testing.T) {
 // --max-recv-message-size default to the function package's defaults.
 func TestDefaultsOnce(t *testing.T) {
 	c := &CLI{}
-	k := parser(t, c)
-	clitest.Unsetenv(t, k)
-	if _, err := k.Parse(nil); err != nil {
-		t.Fatal(err)
-	}
-	if want := proxyfleet.DefaultDiscoveryServiceAccount.String(); c.DiscoveryAccount != want {
-		t.Errorf("--discovery-service-account defaults to %q; want the package's %q", c.DiscoveryAccount, want)
-	}
-	if c.MaxRecvMessageSize != proxyfleet.DefaultMaxRecvMessageMiB {
-		t.Errorf("--max-recv-message-size defaults to %d MiB; want the package's %d", c.MaxRecvMessageSize, proxyfleet.DefaultMaxRecvMessageMiB)
-	}
+	clitest.CheckDefaults(t, parser(t, c), func() []any { return []any{c.DiscoveryAccount, c.MaxRecvMessageSize} },
+		proxyfleet.DefaultDiscoveryServiceAccount.String(), proxyfleet.DefaultMaxRecvMessageMiB)
 }

@@ -8,7 +8,6 @@ import (
 
 	"github.com/alecthomas/kong"
 	"github.com/go-logr/logr/funcr"
-	"github.com/google/go-cmp/cmp"
 	ctrllog "sigs.k8s.io/controller-runtime/pkg/log"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp"
@@ -123,14 +122,7 @@ func TestWarnOnce(t *testing.T) {
 // what it keeps.
 func TestDefaultsOnce(t *testing.T) {
 	c := &CLI{}
-	k := parser(t, c)
-	clitest.Unsetenv(t, k)
-	if _, err := k.Parse(nil); err != nil {
-		t.Fatal(err)
-	}
-	got := []any{c.GCPOperationTimeout, c.RefusedGrace, c.LocalRestartDelay, c.ProbeConcurrency}
-	want := []any{gcp.DefaultOperationTimeout, proxy.DefaultRefusedGrace, local.DefaultRestartDelay, pool.DefaultConcurrency}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("the flags' defaults are the packages': -want, +got:\n%s", diff)
-	}
+	clitest.CheckDefaults(t, parser(t, c), func() []any {
+		return []any{c.GCPOperationTimeout, c.RefusedGrace, c.LocalRestartDelay, c.ProbeConcurrency}
+	}, gcp.DefaultOperationTimeout, proxy.DefaultRefusedGrace, local.DefaultRestartDelay, pool.DefaultConcurrency)
 }

@@ -119,6 +119,20 @@ func Parse(t testing.TB, k *kong.Kong, env map[string]string, args ...string) {
 	}
 }
 
+// CheckDefaults parses no arguments with none of k's variables set, and
+// fails t unless got, read after the parse, is want: the flags whose
+// defaults a package keeps default to what it keeps.
+func CheckDefaults(t testing.TB, k *kong.Kong, got func() []any, want ...any) {
+	t.Helper()
+	Unsetenv(t, k)
+	if _, err := k.Parse(nil); err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(want, got()); diff != "" {
+		t.Errorf("the flags' defaults are the packages': -want, +got:\n%s", diff)
+	}
+}
+
 // Unsetenv clears every environment variable k reads, for the rest of the
 // test, so that the test's own environment cannot change what it sees.
 func Unsetenv(t testing.TB, k *kong.Kong) {
