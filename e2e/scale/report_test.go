@@ -16,14 +16,18 @@ import (
 
 // result is what one size measured.
 type result struct {
-	n                         int
-	pools                     int
-	ready                     time.Duration // apply -> every proxy Ready and the fleet Ready
-	window                    time.Duration
-	requests                  map[string]float64 // verb resource -> requests in the window
-	proxyStatusWrites         float64
-	xrReconciles              float64
-	xrReconcileP99            map[string]float64 // "fleet" or "pool" -> seconds
+	n                 int
+	pools             int
+	ready             time.Duration // apply -> every proxy Ready and the fleet Ready
+	window            time.Duration
+	requests          map[string]float64 // verb resource -> requests in the window
+	proxyStatusWrites float64
+	xrReconciles      float64
+	xrReconcileP99    map[string]float64 // "fleet" or "pool" -> seconds
+	// timing says where an XR reconcile's time goes: per level its
+	// reconciles in the window and their mean and p99, and the
+	// apiserver's own latency for the applies a reconcile makes.
+	timing                    map[string]timing
 	runP99                    map[string]float64
 	largest                   map[string]float64 // kind direction -> bytes
 	cpu                       map[string]float64 // component -> cores over the window
@@ -68,6 +72,19 @@ func (e *env) report(t *testing.T, rows []result, interval, steady time.Duration
 			r.n, r.pools, r.ready.Seconds(), r.perProxyPerMinute(), r.proxyStatusWrites/float64(r.n)/r.window.Hours(),
 			r.xrReconciles/r.window.Minutes(), r.xrReconcileP99["fleet"], r.xrReconcileP99["pool"], r.runP99["ProxyFleet"], r.runP99[fleetv1alpha1.ProxyPoolKind],
 			r.largest[fleet+"request"]/1024, r.largest[fleet+"response"]/1024, r.largest[pool+"request"]/1024, r.largest[pool+"response"]/1024, breaker, r.acquireP99.Round(time.Millisecond), r.fillP99.Round(time.Millisecond), r.gatewayP99.Round(time.Millisecond), r.rollout, r.deleted.Seconds())
+	}
+	fmt.Fprint(&b, "\nWhere an XR reconcile's time goes in the steady window: reconciles by level, then the apiserver's latency for each kind of apply (count, mean, p99):\n\n")
+	for _, r := range rows {
+		keys := make([]string, 0, len(r.timing))
+		for k := range r.timing {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		var cells []string
+		for _, k := range keys {
+			cells = append(cells, k+" "+r.timing[k].String())
+		}
+		fmt.Fprintf(&b, "- %d: %s\n", r.n, strings.Join(cells, "; "))
 	}
 	fmt.Fprint(&b, "\nCPU (cores) and resident memory (MiB) over the steady window:\n\n")
 	fmt.Fprintf(&b, "| proxies | %s |\n|---|%s\n", strings.Join(components, " | "), strings.Repeat("---|", len(components)))
@@ -129,6 +146,21 @@ func (e *env) report(t *testing.T, rows []result, interval, steady time.Duration
 		t.Logf("filling the fleet with its leases: p99 at %d is %.2fx that at %d (%d against %d acquisitions, each size's own load)",
 			last.n, float64(last.fillP99)/float64(first.fillP99), first.n, last.n, first.n)
 	}
+}
+
+// timing is how many of something ran in the window, their mean and p99.
+type timing struct{ count, mean, p99 float64 }
+
+func (t timing) String() string {
+	return fmt.Sprintf("%.0f, mean %s, p99 %s", t.count, seconds(t.mean), seconds(t.p99))
+}
+
+// seconds prints a duration in seconds the way the table does: ms below one.
+func seconds(s float64) string {
+	if s < 1 {
+		return fmt.Sprintf("%.0f ms", s*1000)
+	}
+	return fmt.Sprintf("%.2g s", s)
 }
 
 // outPath is where the table goes: SCALE_OUT, or _output/scale.md.

@@ -173,6 +173,22 @@ func sum(before, after metrics, name string, keep func(map[string]string) (strin
 	return out
 }
 
+// timed is a histogram's count, mean and p99 between two samples.
+func timed(before, after metrics, name string, match func(map[string]string) bool) timing {
+	total := func(suffix string) float64 {
+		var v float64
+		for _, x := range sum(before, after, name+suffix, func(l map[string]string) (string, bool) { return "", match(l) }) {
+			v += x
+		}
+		return v
+	}
+	t := timing{count: total("_count"), p99: quantile(before, after, name, match, 0.99)}
+	if t.count > 0 {
+		t.mean = total("_sum") / t.count
+	}
+	return t
+}
+
 // quantile estimates q of a histogram's deltas between two samples as
 // Prometheus' histogram_quantile does: linearly within the bucket it falls
 // in (the bucket's lower bound when that is +Inf).
@@ -247,6 +263,17 @@ func (e *env) diff(r *result, before, after sampled) {
 		r.xrReconcileP99[level] = quantile(before.xp, after.xp, "controller_runtime_reconcile_time_seconds", func(l map[string]string) bool {
 			return composite(l) && strings.Contains(l["controller"], plural)
 		}, 0.99)
+	}
+	r.timing = map[string]timing{}
+	for level, plural := range map[string]string{"fleet": "proxyfleets.", "pool": "proxypools."} {
+		match := func(l map[string]string) bool { return composite(l) && strings.Contains(l["controller"], plural) }
+		r.timing[level+" reconciles"] = timed(before.xp, after.xp, "controller_runtime_reconcile_time_seconds", match)
+	}
+	for _, res := range []string{"proxypools", "proxies", "proxyfleets"} {
+		match := func(l map[string]string) bool {
+			return l["verb"] == "APPLY" && l["resource"] == res && l["subresource"] == ""
+		}
+		r.timing["APPLY "+res] = timed(before.api, after.api, "apiserver_request_duration_seconds", match)
 	}
 	r.runP99 = map[string]float64{}
 	for _, kind := range []string{"ProxyFleet", fleetv1alpha1.ProxyPoolKind} {
