@@ -211,7 +211,7 @@ func (c *CLI) Run() error {
 		log.Info("Running with a skewed clock, for a test", "offset", off)
 		now = func() time.Time { return time.Now().Add(off) }
 	}
-	auth := &discovery.Kubernetes{Client: mgr.GetClient(), CacheSize: c.AuthCacheSize, Audience: c.TokenAudience, Now: now}
+	auth := discovery.NewKubernetes(discovery.KubernetesConfig{Client: mgr.GetClient(), CacheSize: c.AuthCacheSize, Audience: c.TokenAudience, Now: now})
 	if c.ReviewsPerAddress > 0 {
 		auth.Reviews = &discovery.IdentityLimits{Rate: rate.Limit(c.ReviewsPerAddress), Burst: c.ReviewBurstPerAddress, Size: c.AuthCacheSize}
 	}

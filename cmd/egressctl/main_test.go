@@ -82,7 +82,7 @@ func TestLeaseRunsCommand(t *testing.T) {
 	}
 	srv := httptest.NewServer((&discovery.Server{
 		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client}, Leases: &lease.Store{Client: bed.Client},
-		Auth: &discovery.Kubernetes{Client: bed.Client, Static: st}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
+		Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: bed.Client, Static: st}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 	}).Handler())
 	t.Cleanup(srv.Close)
 

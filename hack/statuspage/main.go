@@ -125,7 +125,7 @@ func run(out string) error {
 	}
 	srv := httptest.NewServer((&discovery.Server{
 		Catalog: &discovery.Catalog{Cache: c, Direct: c, Fleets: c}, Leases: &lease.Store{Client: c},
-		Auth: &discovery.Kubernetes{Client: c, Static: st}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
+		Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 	}).Handler())
 	defer srv.Close()
 	api := &apiv1.Client{BaseURL: srv.URL, Token: "demo"}

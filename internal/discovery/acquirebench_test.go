@@ -142,7 +142,7 @@ func BenchmarkAcquireBySize(b *testing.B) {
 		}
 		h := (&discovery.Server{
 			Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: &lease.Store{Client: c, Cache: ca},
-			Auth: &discovery.Kubernetes{Client: c, Static: staticTokens(b, "t "+ns+" crawler\n")}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Version: version,
+			Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: staticTokens(b, "t "+ns+" crawler\n")}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Version: version,
 		}).Handler()
 		serve := func(method, path, body string) *httptest.ResponseRecorder {
 			r := httptest.NewRequest(method, path, strings.NewReader(body))

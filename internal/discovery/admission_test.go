@@ -87,7 +87,7 @@ func replicaHandler(t *testing.T, ns, static string, mods ...func(*discovery.Ser
 	}
 	s := &discovery.Server{
 		Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: &lease.Store{Client: c, Cache: ca},
-		Auth: &discovery.Kubernetes{Client: c, Static: st}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Version: version,
+		Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Version: version,
 	}
 	for _, m := range mods {
 		m(s)

@@ -46,7 +46,7 @@ func BenchmarkListProxies(b *testing.B) {
 	srv := func(v func() uint64) http.Handler {
 		return (&discovery.Server{
 			Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: &lease.Store{Client: c, Cache: ca},
-			Auth: &discovery.Kubernetes{Client: c, Static: st}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
+			Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 			Version: v,
 		}).Handler()
 	}

@@ -20,6 +20,8 @@ type (
 	Authenticator = auth.Authenticator
 	// Kubernetes is auth.Kubernetes.
 	Kubernetes = auth.Kubernetes
+	// KubernetesConfig is auth.KubernetesConfig.
+	KubernetesConfig = auth.KubernetesConfig
 	// StaticTokens is auth.StaticTokens.
 	StaticTokens = auth.StaticTokens
 	// IdentityLimits is auth.IdentityLimits.
@@ -46,6 +48,8 @@ var (
 	GatewaySessionHolder = gateway.SessionHolder
 	// GatewaySeatHolder is gateway.SeatHolder.
 	GatewaySeatHolder = gateway.SeatHolder
+	// NewKubernetes is auth.NewKubernetes.
+	NewKubernetes = auth.NewKubernetes
 	// LoadStaticTokens is auth.LoadStaticTokens.
 	LoadStaticTokens = auth.LoadStaticTokens
 	// WithClientAddress is auth.WithClientAddress.

@@ -49,7 +49,7 @@ func TestServersConcurrency(t *testing.T) {
 		c, ca := bed.Replica(t, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
 		servers[i] = httptest.NewServer((&discovery.Server{
 			Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: &lease.Store{Client: c, Cache: ca},
-			Auth: &discovery.Kubernetes{Client: c, Static: st}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
+			Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 		}).Handler())
 		t.Cleanup(servers[i].Close)
 	}

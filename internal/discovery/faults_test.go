@@ -74,7 +74,7 @@ func TestFaultsCombined(t *testing.T) {
 		now := offsetClock(offsets[i])
 		return &faultReplica{cancel: cancel, srv: httptest.NewServer((&discovery.Server{
 			Catalog: &discovery.Catalog{Cache: ca, Direct: c, Now: now}, Leases: &lease.Store{Client: c, Cache: ca, Now: now},
-			Auth: &discovery.Kubernetes{Client: c, Static: st, Now: now}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Now: now, Version: version,
+			Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st, Now: now}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Now: now, Version: version,
 		}).Handler())}
 	}
 	var mu sync.RWMutex

@@ -129,7 +129,7 @@ func (b *gatewayBed) replica(t testing.TB, mods ...func(*discovery.Gateway)) (*d
 	st := staticTokens(t, b.token+" "+b.ns+"\n"+b.token2()+" "+b.ns+"\nother-token some-other-namespace\n")
 	srv := &discovery.Server{
 		Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: store,
-		Auth: &discovery.Kubernetes{Client: c, Static: st}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Version: version,
+		Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Version: version,
 	}
 	gw := &discovery.Gateway{Server: srv, Idle: 2 * time.Second, DialTimeout: 2 * time.Second}
 	for _, m := range mods {

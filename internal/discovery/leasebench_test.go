@@ -58,7 +58,7 @@ func BenchmarkLeaseAPI(b *testing.B) {
 	}
 	h := (&discovery.Server{
 		Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: &lease.Store{Client: c, Cache: ca},
-		Auth: &discovery.Kubernetes{Client: c, Static: st}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Version: version,
+		Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Version: version,
 	}).Handler()
 	serve := func(token, method, path, body string) *httptest.ResponseRecorder {
 		r := httptest.NewRequest(method, path, strings.NewReader(body))

@@ -443,7 +443,7 @@ func TestClaimUseAuthorizes(t *testing.T) {
 	// A fresh authoriser for each question: answers are cached by token,
 	// and these identities have none.
 	authorize := func(user, ns string) error {
-		return (&discovery.Kubernetes{Client: bed.Client}).Authorize(context.Background(), &discovery.Identity{User: user}, ns, "crawlers")
+		return (discovery.NewKubernetes(discovery.KubernetesConfig{Client: bed.Client})).Authorize(context.Background(), &discovery.Identity{User: user}, ns, "crawlers")
 	}
 	if err := authorize("legacy-crawler", team); err != nil {
 		t.Errorf("use on the claim must authorise its fleet: %v", err)

@@ -34,7 +34,7 @@ func cachedServer(t *testing.T, ns string) (*httptest.Server, client.Client, cac
 	srv := httptest.NewServer((&discovery.Server{
 		Catalog: &discovery.Catalog{Cache: ca, Direct: c},
 		Leases:  &lease.Store{Client: c, Cache: ca, Serving: discovery.ProxyServing(ca)},
-		Auth:    &discovery.Kubernetes{Client: c, Static: staticTokens(t, "t "+ns+" crawler\n")}, Metrics: m, Log: logging.NewNopLogger(),
+		Auth:    discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: staticTokens(t, "t "+ns+" crawler\n")}), Metrics: m, Log: logging.NewNopLogger(),
 	}).Handler())
 	t.Cleanup(srv.Close)
 	return srv, c, ca, m

@@ -105,7 +105,7 @@ func server(t *testing.T, static string, mods ...func(*discovery.Server)) *httpt
 	s := &discovery.Server{
 		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client},
 		Leases:  &lease.Store{Client: bed.Client, OwnerOf: discovery.ProxyOwner(bed.Client), FleetOwnerOf: discovery.ProxyController(bed.Client, bed.Client)},
-		Auth:    &discovery.Kubernetes{Client: bed.Client, Static: tokens},
+		Auth:    discovery.NewKubernetes(discovery.KubernetesConfig{Client: bed.Client, Static: tokens}),
 		Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 	}
 	for _, m := range mods {

@@ -57,7 +57,7 @@ func TestSkewedClocks(t *testing.T) {
 		now := offsetClock(off)
 		servers[i] = httptest.NewServer((&discovery.Server{
 			Catalog: &discovery.Catalog{Cache: ca, Direct: c, Now: now}, Leases: &lease.Store{Client: c, Cache: ca, Now: now},
-			Auth: &discovery.Kubernetes{Client: c, Static: st, Now: now}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Now: now,
+			Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st, Now: now}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Now: now,
 		}).Handler())
 		t.Cleanup(servers[i].Close)
 	}

@@ -98,13 +98,10 @@ func tokenKey(t string) string {
 	return hex.EncodeToString(s[:])
 }
 
-// Kubernetes authenticates ServiceAccount (or any) bearer tokens with a
-// TokenReview and authorises with a SubjectAccessReview of verb "use" on
-// proxyfleets.crawl.example.com in the fleet's namespace. Answers are
-// cached briefly, keyed by a hash of the token, never the token itself.
-type Kubernetes struct {
+// KubernetesConfig is what NewKubernetes builds a Kubernetes from.
+type KubernetesConfig struct {
 	Client client.Client
-	// TTL of cached answers; zero means 30s.
+	// TTL of cached answers; zero means DefaultAuthTTL.
 	TTL time.Duration
 	// CacheSize bounds the answers remembered, of each kind (token
 	// reviews, access reviews); zero means DefaultAuthCacheSize. Refused
@@ -123,7 +120,17 @@ type Kubernetes struct {
 	// Static, when set, is tried first: tokens for crawlers outside the
 	// cluster.
 	Static *StaticTokens
-	Now    func() time.Time
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Kubernetes authenticates ServiceAccount (or any) bearer tokens with a
+// TokenReview and authorises with a SubjectAccessReview of verb "use" on
+// proxyfleets.crawl.example.com in the fleet's namespace. Answers are
+// cached briefly, keyed by a hash of the token, never the token itself.
+// Build it with NewKubernetes.
+type Kubernetes struct {
+	KubernetesConfig
 
 	mu     sync.Mutex
 	authn  *ttlcache.Cache[reviewed]
@@ -138,6 +145,32 @@ const (
 	DefaultAuthCacheSize   = 10000
 	DefaultFailedCacheSize = 1024
 )
+
+// DefaultAuthTTL is how long a review's answer is remembered by default.
+const DefaultAuthTTL = 30 * time.Second
+
+// NewKubernetes builds a Kubernetes, its zero settings taking their
+// defaults.
+func NewKubernetes(cfg KubernetesConfig) *Kubernetes {
+	if cfg.TTL == 0 {
+		cfg.TTL = DefaultAuthTTL
+	}
+	if cfg.CacheSize <= 0 {
+		cfg.CacheSize = DefaultAuthCacheSize
+	}
+	if cfg.FailedCacheSize <= 0 {
+		cfg.FailedCacheSize = DefaultFailedCacheSize
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Kubernetes{
+		KubernetesConfig: cfg,
+		authn:            ttlcache.New[reviewed](cfg.CacheSize),
+		authz:            ttlcache.New[bool](cfg.CacheSize),
+		failed:           ttlcache.New[error](cfg.FailedCacheSize),
+	}
+}
 
 // clientAddressKey keys a request's client address in its context.
 type clientAddressKey struct{}
@@ -168,36 +201,6 @@ type reviewed struct {
 // crawlers behind it whose tokens passed lately.
 const staleGrace = 5 * time.Minute
 
-// caches makes the caches on first use; k.mu is held.
-func (k *Kubernetes) caches() {
-	if k.authn == nil {
-		size := k.CacheSize
-		if size <= 0 {
-			size = DefaultAuthCacheSize
-		}
-		k.authn, k.authz = ttlcache.New[reviewed](size), ttlcache.New[bool](size)
-		failed := k.FailedCacheSize
-		if failed <= 0 {
-			failed = DefaultFailedCacheSize
-		}
-		k.failed = ttlcache.New[error](failed)
-	}
-}
-
-func (k *Kubernetes) ttl() time.Duration {
-	if k.TTL == 0 {
-		return 30 * time.Second
-	}
-	return k.TTL
-}
-
-func (k *Kubernetes) now() time.Time {
-	if k.Now != nil {
-		return k.Now()
-	}
-	return time.Now()
-}
-
 // Authenticate reviews the request's bearer token.
 func (k *Kubernetes) Authenticate(ctx context.Context, r *http.Request) (*Identity, error) {
 	return k.AuthenticateToken(ctx, Bearer(r))
@@ -216,14 +219,13 @@ func (k *Kubernetes) AuthenticateToken(ctx context.Context, t string) (*Identity
 	}
 	key := tokenKey(t)
 	k.mu.Lock()
-	k.caches()
-	now := k.now()
-	last, seen := k.authn.Get(key, now, k.ttl()+staleGrace)
-	if seen && now.Sub(last.at) < k.ttl() {
+	now := k.Now()
+	last, seen := k.authn.Get(key, now, k.TTL+staleGrace)
+	if seen && now.Sub(last.at) < k.TTL {
 		k.mu.Unlock()
 		return last.id, nil
 	}
-	if err, ok := k.failed.Get(key, now, k.ttl()); ok {
+	if err, ok := k.failed.Get(key, now, k.TTL); ok {
 		k.mu.Unlock()
 		return nil, err
 	}
@@ -259,9 +261,9 @@ func (k *Kubernetes) AuthenticateToken(ctx context.Context, t string) (*Identity
 	}
 	k.mu.Lock()
 	if err != nil {
-		k.failed.Add(key, err, k.now())
+		k.failed.Add(key, err, k.Now())
 	} else {
-		k.authn.Add(key, reviewed{id: id, at: k.now()}, k.now())
+		k.authn.Add(key, reviewed{id: id, at: k.Now()}, k.Now())
 	}
 	k.mu.Unlock()
 	return id, err
@@ -275,7 +277,7 @@ func (k *Kubernetes) mayReview(ctx context.Context) error {
 		return nil
 	}
 	addr, _ := ctx.Value(clientAddressKey{}).(string)
-	ok, wait := k.Reviews.Allow(addr, k.now())
+	ok, wait := k.Reviews.Allow(addr, k.Now())
 	if ok {
 		return nil
 	}
@@ -330,8 +332,7 @@ func (k *Kubernetes) Authorize(ctx context.Context, id *Identity, namespace, fle
 	// Hashed: a key never grows with what the caller sends.
 	key := tokenKey(id.token + "\x00" + namespace + "\x00" + fleet)
 	k.mu.Lock()
-	k.caches()
-	if allowed, ok := k.authz.Get(key, k.now(), k.ttl()); ok {
+	if allowed, ok := k.authz.Get(key, k.Now(), k.TTL); ok {
 		k.mu.Unlock()
 		if !allowed {
 			return ErrForbidden
@@ -357,7 +358,7 @@ func (k *Kubernetes) Authorize(ctx context.Context, id *Identity, namespace, fle
 		}
 	}
 	k.mu.Lock()
-	k.authz.Add(key, allowed, k.now())
+	k.authz.Add(key, allowed, k.Now())
 	k.mu.Unlock()
 	if !allowed {
 		return ErrForbidden

@@ -54,7 +54,7 @@ func TestStaticTokens(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := &Kubernetes{Static: st} // no Client: static tokens never reach the API server
+	k := NewKubernetes(KubernetesConfig{Static: st}) // no Client: static tokens never reach the API server
 	ctx := context.Background()
 	authn := func(token string) (*Identity, error) {
 		r := httptest.NewRequest(http.MethodGet, "/v1/fleets", nil)

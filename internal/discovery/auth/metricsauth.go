@@ -48,8 +48,7 @@ func (k *Kubernetes) mayScrape(ctx context.Context, t string) (bool, error) {
 	}
 	key := tokenKey("metrics\x00" + t)
 	k.mu.Lock()
-	k.caches()
-	if allowed, ok := k.authz.Get(key, k.now(), k.ttl()); ok {
+	if allowed, ok := k.authz.Get(key, k.Now(), k.TTL); ok {
 		k.mu.Unlock()
 		return allowed, nil
 	}
@@ -72,7 +71,7 @@ func (k *Kubernetes) mayScrape(ctx context.Context, t string) (bool, error) {
 	}
 	allowed := sar.Status.Allowed
 	k.mu.Lock()
-	k.authz.Add(key, allowed, k.now())
+	k.authz.Add(key, allowed, k.Now())
 	k.mu.Unlock()
 	return allowed, nil
 }

@@ -47,7 +47,7 @@ func (r *reviewer) Create(_ context.Context, obj client.Object, _ ...client.Crea
 func TestAuthCachesBounded(t *testing.T) {
 	api := &reviewer{}
 	now := time.Unix(1000, 0)
-	k := &Kubernetes{Client: api, CacheSize: 100, Now: func() time.Time { return now }}
+	k := NewKubernetes(KubernetesConfig{Client: api, CacheSize: 100, Now: func() time.Time { return now }})
 	ctx := context.Background()
 	req := func(token string) *http.Request {
 		r, _ := http.NewRequestWithContext(ctx, http.MethodGet, "/", nil)
@@ -103,7 +103,7 @@ func TestAuthCachesBounded(t *testing.T) {
 func TestFailedReviewsKeptApart(t *testing.T) {
 	api := &reviewer{}
 	now := time.Unix(1000, 0)
-	k := &Kubernetes{Client: api, CacheSize: 100, FailedCacheSize: 10, Now: func() time.Time { return now }}
+	k := NewKubernetes(KubernetesConfig{Client: api, CacheSize: 100, FailedCacheSize: 10, Now: func() time.Time { return now }})
 	ctx := context.Background()
 	if _, err := k.AuthenticateToken(ctx, "crawler"); err != nil {
 		t.Fatal(err)
@@ -134,7 +134,7 @@ func TestFailedReviewsKeptApart(t *testing.T) {
 func TestReviewsBoundedPerAddress(t *testing.T) {
 	api := &reviewer{}
 	now := time.Unix(1000, 0)
-	k := &Kubernetes{Client: api, Now: func() time.Time { return now }, Reviews: &IdentityLimits{Rate: 1, Burst: 3, Size: 100}}
+	k := NewKubernetes(KubernetesConfig{Client: api, Now: func() time.Time { return now }, Reviews: &IdentityLimits{Rate: 1, Burst: 3, Size: 100}})
 	flood := WithClientAddress(context.Background(), "192.0.2.7:41000")
 	if _, err := k.AuthenticateToken(flood, "crawler"); err != nil {
 		t.Fatal(err)
@@ -185,7 +185,7 @@ func TestReviewsBoundedPerAddress(t *testing.T) {
 	}
 
 	// One IPv6 host is one bucket, whatever address of its /64 it takes.
-	v6 := &Kubernetes{Client: api, Now: func() time.Time { return now }, Reviews: &IdentityLimits{Rate: 1, Burst: 2, Size: 100}}
+	v6 := NewKubernetes(KubernetesConfig{Client: api, Now: func() time.Time { return now }, Reviews: &IdentityLimits{Rate: 1, Burst: 2, Size: 100}})
 	for i := range 3 {
 		_, err = v6.AuthenticateToken(WithClientAddress(context.Background(), fmt.Sprintf("[2001:db8:1:2::%x]:443", i+1)), fmt.Sprintf("bad-v6-%d", i))
 	}

@@ -69,7 +69,7 @@ func fuzzServer(f *testing.F) (http.Handler, string) {
 	s := &discovery.Server{
 		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client},
 		Leases:  &lease.Store{Client: bed.Client},
-		Auth:    &discovery.Kubernetes{Client: bed.Client, Static: st},
+		Auth:    discovery.NewKubernetes(discovery.KubernetesConfig{Client: bed.Client, Static: st}),
 		Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 		MaxBansPerFleet: 20,
 	}
