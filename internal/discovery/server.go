@@ -111,12 +111,12 @@ type Server struct {
 // at first use: the API's and the gateway's grants go through it.
 func (s *Server) Allocator() *allocator.Allocator {
 	s.allocOnce.Do(func() {
-		s.allocator = &allocator.Allocator{
+		s.allocator = allocator.New(allocator.Config{
 			Catalog: s.Catalog, Leases: s.Leases, Auth: s.Auth, Metrics: s.Metrics, Log: s.Log, Now: s.Now, Version: s.Version,
 			MaxBansPerFleet: s.MaxBansPerFleet, MaxBansPerIdentity: s.MaxBansPerIdentity,
 			MaxWaiting: s.MaxWaiting, MaxWaitingPerIdentity: s.MaxWaitingPerIdentity,
 			Replicas: s.Replicas, Replica: s.Replica,
-		}
+		})
 	})
 	return s.allocator
 }

@@ -60,7 +60,7 @@ func (s *Allocator) PacingOf(ctx context.Context, g *Granted, domain string) *ap
 	// The fleet's rule, which a crawler on leases keeps to itself; the
 	// next use as this replica's share of it paces the gateway's.
 	share := s.PacingFor(ctx, g.Grant.Namespace, g.Grant.Fleet, p, domain)
-	next := s.pace.next(PaceKey(g.Grant.Namespace+"/"+g.Grant.Fleet, share, IPOf(&g.Member)), share, s.now())
+	next := s.pace.next(PaceKey(g.Grant.Namespace+"/"+g.Grant.Fleet, share, IPOf(&g.Member)), share, s.Now())
 	return &apiv1.LeasePacing{IntervalSeconds: rule.Interval.Seconds(), Burst: rule.Burst, NextUseAt: next}
 }
 
@@ -106,7 +106,7 @@ func (s *Allocator) GrantFor(ctx context.Context, a *Acquisition) (*Granted, err
 			crawler = a.Caller
 		}
 		quota, _, _ := QuotaOf(a.Policy.Quotas, crawler)
-		s.refused.record(a.Namespace+"/"+a.Fleet, crawler.User, a.Req.Holder, quota, s.now())
+		s.refused.record(a.Namespace+"/"+a.Fleet, crawler.User, a.Req.Holder, quota, s.Now())
 	}
 	return g, err
 }
@@ -387,7 +387,7 @@ func (s *Allocator) retryAfter(slots map[string][]*coordLease) int {
 	soonest := math.MaxFloat64
 	for _, ls := range slots {
 		for _, l := range ls {
-			soonest = min(soonest, lease.ExpiresAt(l).Sub(s.now()).Seconds())
+			soonest = min(soonest, lease.ExpiresAt(l).Sub(s.Now()).Seconds())
 		}
 	}
 	if soonest == math.MaxFloat64 || soonest < 1 {
@@ -403,10 +403,10 @@ func (s *Allocator) retryAfter(slots map[string][]*coordLease) int {
 func (s *Allocator) DrainedTTL(proxy string, since time.Time, maxTTL, ttl time.Duration) (time.Duration, error) {
 	// A start in the future (a skewed clock, an edited label) counts as
 	// now: it never extends a lease past now plus maxTTL.
-	if now := s.now(); since.After(now) {
+	if now := s.Now(); since.After(now) {
 		since = now
 	}
-	left := since.Add(maxTTL).Sub(s.now()).Truncate(time.Second)
+	left := since.Add(maxTTL).Sub(s.Now()).Truncate(time.Second)
 	if left < time.Second {
 		return 0, &problem.Error{Code: problem.StatusConflict, Reason: apiv1.ReasonDraining,
 			Msg: fmt.Sprintf("proxy %s is being replaced since %s and its leases are no longer renewed: release this lease and take a new one", proxy, since.Format(time.RFC3339))}

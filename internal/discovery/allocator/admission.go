@@ -183,7 +183,7 @@ func Refusal(err error) bool {
 // MaxWaiting and MaxWaitingPerIdentity instead, and one over either is
 // answered its refusal at once.
 func (s *Allocator) wait(ctx context.Context, key, identity string, wait time.Duration, try func() (*Granted, error), first error) (*Granted, error) {
-	wt, ok := s.queues.join(key, identity, orDefault(s.MaxWaiting, DefaultMaxWaiting), orDefault(s.MaxWaitingPerIdentity, DefaultMaxWaitingPerIdentity))
+	wt, ok := s.queues.join(key, identity, s.MaxWaiting, s.MaxWaitingPerIdentity)
 	if !ok {
 		return nil, first
 	}
@@ -226,13 +226,6 @@ func (s *Allocator) wait(ctx context.Context, key, identity string, wait time.Du
 			return nil, last
 		}
 	}
-}
-
-func orDefault(v, def int) int {
-	if v > 0 {
-		return v
-	}
-	return def
 }
 
 // version is the watched objects' version; 0 when nothing is watched,

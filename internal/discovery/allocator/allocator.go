@@ -62,15 +62,15 @@ type Authorizer interface {
 	Authorize(ctx context.Context, id *auth.Identity, namespace, fleet string) error
 }
 
-// Allocator grants leases and seats. Set its fields before first use;
-// they are not changed after.
-type Allocator struct {
+// Config is what New builds an Allocator from.
+type Config struct {
 	Catalog *catalog.Catalog
 	Leases  Store
 	Auth    Authorizer
 	Metrics *metrics.Discovery
 	Log     logging.Logger
-	Now     func() time.Time
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
 	// Version, when set, changes whenever a watched Proxy or Lease does:
 	// waiting acquisitions try again when it changes.
 	Version func() uint64
@@ -92,13 +92,17 @@ type Allocator struct {
 	// Replica names this replica on the bans it records from origins'
 	// answers, of which it may hold its share of a fleet (BanFromAnswer).
 	Replica string
+}
+
+// Allocator grants leases and seats. Build it with New.
+type Allocator struct {
+	Config
 
 	// banRecord serialises the bound check and the write of a ban, per
 	// fleet (by a hash of its key: one fleet's slow writes hold up few
 	// others); bansMade are the bans this replica recorded lately, by
 	// fleet.
 	banRecord [banLocks]chan struct{}
-	banOnce   sync.Once
 	banMu     sync.Mutex
 	bansMade  map[string][]recentBan
 
@@ -121,12 +125,23 @@ type Allocator struct {
 	addresses addressBook
 }
 
-func (s *Allocator) now() time.Time {
-	if s.Now != nil {
-		return s.Now()
+// New builds an Allocator, its zero settings taking their defaults.
+func New(cfg Config) *Allocator {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
-	return time.Now()
+	if cfg.MaxWaiting <= 0 {
+		cfg.MaxWaiting = DefaultMaxWaiting
+	}
+	if cfg.MaxWaitingPerIdentity <= 0 {
+		cfg.MaxWaitingPerIdentity = DefaultMaxWaitingPerIdentity
+	}
+	s := &Allocator{Config: cfg, bansMade: map[string][]recentBan{}}
+	for i := range s.banRecord {
+		s.banRecord[i] = make(chan struct{}, 1)
+	}
+	return s
 }
 
 // Time is the allocator's clock (Now, else time.Now).
-func (s *Allocator) Time() time.Time { return s.now() }
+func (s *Allocator) Time() time.Time { return s.Now() }

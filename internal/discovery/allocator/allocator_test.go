@@ -103,10 +103,10 @@ func newBed(t *testing.T, ps []proxy, spec map[string]any) *bed {
 	t.Helper()
 	w := &world{proxies: ps, spec: spec}
 	s := &fake.Store{}
-	return &bed{w: w, store: s, a: &allocator.Allocator{
+	return &bed{w: w, store: s, a: allocator.New(allocator.Config{
 		Catalog: &catalog.Catalog{Cache: w, Direct: w},
 		Leases:  s, Auth: allowAll{}, Metrics: metrics.NewDiscovery(),
-	}}
+	})}
 }
 
 func (b *bed) acquire(t *testing.T, user string, req apiv1.AcquireRequest) (*allocator.Granted, error) {

@@ -38,7 +38,7 @@ func (s *Allocator) recentBans(key string, listed []lease.Ban) []lease.Ban {
 	var out []lease.Ban
 	kept := s.bansMade[key][:0]
 	for _, r := range s.bansMade[key] {
-		if s.now().Sub(r.at) >= recentBanTime {
+		if s.Now().Sub(r.at) >= recentBanTime {
 			continue
 		}
 		kept = append(kept, r)
@@ -62,11 +62,6 @@ const banLocks = 64
 // ctx ends first (a caller that hung up leaves the queue behind a slow
 // write); the function returned unlocks it.
 func (s *Allocator) lockBans(ctx context.Context, ns, fleet string) (func(), error) {
-	s.banOnce.Do(func() {
-		for i := range s.banRecord {
-			s.banRecord[i] = make(chan struct{}, 1)
-		}
-	})
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(ns + "/" + fleet))
 	lock := s.banRecord[h.Sum32()%banLocks]
@@ -141,9 +136,6 @@ func (s *Allocator) ban(ctx context.Context, ns, fleet, proxy, domain string, co
 	s.addresses.forget(ns + "/" + fleet)
 	s.banMu.Lock()
 	defer s.banMu.Unlock()
-	if s.bansMade == nil {
-		s.bansMade = map[string][]recentBan{}
-	}
 	key := ns + "/" + fleet
 	// An extended ban is one ban, not another, and stays whose it was (as
 	// the store keeps it): only its time moves on.
@@ -152,9 +144,9 @@ func (s *Allocator) ban(ctx context.Context, ns, fleet, proxy, domain string, co
 	})
 	switch {
 	case i >= 0:
-		s.bansMade[key][i].at = s.now()
+		s.bansMade[key][i].at = s.Now()
 	case !extends:
-		s.bansMade[key] = append(s.bansMade[key], recentBan{ban: lease.Ban{Proxy: proxy, Domain: domain, Identity: id.User, FromAnswer: status != 0, Replica: s.Replica}, at: s.now()})
+		s.bansMade[key] = append(s.bansMade[key], recentBan{ban: lease.Ban{Proxy: proxy, Domain: domain, Identity: id.User, FromAnswer: status != 0, Replica: s.Replica}, at: s.Now()})
 	}
 	return nil
 }
@@ -293,7 +285,7 @@ func (b *addressBook) forget(key string) {
 // addressesOf is the fleet's indexed IP histories, read at most every
 // addressMemory.
 func (s *Allocator) addressesOf(ctx context.Context, ns, fleet string) (*addresses, error) {
-	key, now := ns+"/"+fleet, s.now()
+	key, now := ns+"/"+fleet, s.Now()
 	s.addresses.mu.Lock()
 	a, ok := s.addresses.m[key]
 	s.addresses.mu.Unlock()

@@ -145,7 +145,7 @@ func TestBanFromAnswerReplicasRacing(t *testing.T) {
 	two := func(context.Context, string, string) (int, error) { return 2, nil }
 	// Each replica sees none of the bans written: only its own recent ones.
 	replica := func(name string) *allocator.Allocator {
-		return &allocator.Allocator{Catalog: b.a.Catalog, Leases: blind{lagging{b.store}}, Auth: allowAll{}, Metrics: metrics.NewDiscovery(), Replicas: two, Replica: name}
+		return allocator.New(allocator.Config{Catalog: b.a.Catalog, Leases: blind{lagging{b.store}}, Auth: allowAll{}, Metrics: metrics.NewDiscovery(), Replicas: two, Replica: name})
 	}
 	r1, r2 := replica("r1"), replica("r2")
 	var wg sync.WaitGroup

@@ -116,7 +116,7 @@ func (s *Allocator) DemandOf(ctx context.Context, ns, fleet string) (leasewire.D
 	if err != nil {
 		return leasewire.Demand{}, err
 	}
-	d := leasewire.Demand{Waiting: s.queues.fleetDepth(ns, fleet), Refused: s.refused.count(ns+"/"+fleet, s.now())}
+	d := leasewire.Demand{Waiting: s.queues.fleetDepth(ns, fleet), Refused: s.refused.count(ns+"/"+fleet, s.Now())}
 	for _, ls := range slots {
 		d.Held += len(ls)
 	}

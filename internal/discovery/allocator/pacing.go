@@ -321,7 +321,7 @@ func (s *Allocator) replicasOf(ctx context.Context, namespace, fleet string) int
 		return 1
 	}
 	key := namespace + "/" + fleet
-	now := s.now()
+	now := s.Now()
 	s.sharesMu.Lock()
 	c, ok := s.shares[key]
 	s.sharesMu.Unlock()

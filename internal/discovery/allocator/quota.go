@@ -93,7 +93,7 @@ func (s *Allocator) Usage(ctx context.Context, ns, fleet string, id *auth.Identi
 	}
 	s.quotas.mu.Lock()
 	defer s.quotas.mu.Unlock()
-	return s.quotas.count(quotaKey(ns, fleet, id.User), held, s.now()), nil
+	return s.quotas.count(quotaKey(ns, fleet, id.User), held, s.Now()), nil
 }
 
 // count adds to held what key has pending or was granted lately and held
@@ -135,7 +135,7 @@ func (s *Allocator) Reserve(ctx context.Context, ns, fleet string, id *auth.Iden
 	b := &s.quotas
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if n := b.count(key, held, s.now()); n >= quota {
+	if n := b.count(key, held, s.Now()); n >= quota {
 		return nil, &problem.Error{
 			Code: problem.StatusTooManyRequests, Reason: apiv1.ReasonQuotaExceeded, RetryAfter: 5,
 			Msg: fmt.Sprintf("%s holds %d leases of fleet %s/%s, its quota of %d (%s): release one first", id.User, n, ns, fleet, quota, from),
@@ -157,7 +157,7 @@ func (s *Allocator) Reserve(ctx context.Context, ns, fleet string, id *auth.Iden
 		if b.recent[key] == nil {
 			b.recent[key] = map[string]time.Time{}
 		}
-		b.recent[key][grantID] = s.now()
+		b.recent[key][grantID] = s.Now()
 	}, nil
 }
 
@@ -191,7 +191,7 @@ func (s *Allocator) HoldConn(ctx context.Context, ns, fleet string, id *auth.Ide
 	defer b.mu.Unlock()
 	var grace <-chan time.Time
 	for bounded {
-		n := b.count(key, held, s.now())
+		n := b.count(key, held, s.Now())
 		if n < quota {
 			break
 		}
@@ -223,7 +223,7 @@ func (s *Allocator) HoldConn(ctx context.Context, ns, fleet string, id *auth.Ide
 			b.mu.Lock()
 		case <-grace:
 			b.mu.Lock()
-			return nil, connQuotaError(id, b.count(key, held, s.now()), ns, fleet, quota, from)
+			return nil, connQuotaError(id, b.count(key, held, s.Now()), ns, fleet, quota, from)
 		case <-ctx.Done():
 			b.mu.Lock()
 			return nil, ctx.Err()
@@ -268,7 +268,7 @@ func (s *Allocator) Released(ns, fleet, identity, grantID string) {
 	if len(b.recent[key]) == 0 {
 		delete(b.recent, key)
 	}
-	now := s.now()
+	now := s.Now()
 	if b.gone == nil {
 		b.gone = map[string]time.Time{}
 	}

@@ -23,7 +23,7 @@ func (noLeases) Held(context.Context, string, string, string) (map[string]bool, 
 // each of a thousand closes elsewhere woke every waiter to count again
 // under the lock API grants share).
 func TestConnWaiterWokenByItsCallerOnly(t *testing.T) {
-	s := &Allocator{Leases: noLeases{}}
+	s := New(Config{Leases: noLeases{}})
 	one := int32(1)
 	p := &catalog.Policy{Quotas: &fleetv1alpha1.Quotas{MaxLeasesPerIdentity: &one}}
 	ctx := context.Background()

@@ -11,7 +11,7 @@ import (
 
 func TestRetryAfter(t *testing.T) {
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	s := &Allocator{Now: func() time.Time { return now }}
+	s := New(Config{Now: func() time.Time { return now }})
 	lease := func(expiresIn time.Duration) *coordLease {
 		return &coordLease{Spec: coordv1.LeaseSpec{
 			HolderIdentity: ptr.To("crawler"), LeaseDurationSeconds: ptr.To(int32(60)),
