@@ -223,7 +223,7 @@ func (c *CLI) Run() error {
 	// One name for this replica in all it publishes, and in its own count
 	// of the replicas a fleet's pacing is shared by.
 	replica := discovery.ReplicaName()
-	store := &lease.Store{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Cache: mgr.GetCache(), OwnerOf: discovery.ProxyOwner(mgr.GetCache()), FleetOwnerOf: discovery.ProxyController(mgr.GetCache(), fleets), Serving: discovery.ProxyServing(mgr.GetCache()), Now: now}
+	store := lease.NewStore(lease.StoreConfig{Client: mgr.GetClient(), Reader: mgr.GetAPIReader(), Cache: mgr.GetCache(), OwnerOf: discovery.ProxyOwner(mgr.GetCache()), FleetOwnerOf: discovery.ProxyController(mgr.GetCache(), fleets), Serving: discovery.ProxyServing(mgr.GetCache()), Now: now})
 	var asn egressip.ASNLookup
 	if c.ASNDatabase != "" {
 		db, err := egressip.OpenASNDB(c.ASNDatabase)
@@ -233,17 +233,18 @@ func (c *CLI) Run() error {
 		defer db.Close() //nolint:errcheck // Read only.
 		asn = db
 	}
-	srv := &discovery.Server{
-		ASN:     asn,
+	var limits *discovery.IdentityLimits
+	if c.RatePerIdentity > 0 {
+		limits = &discovery.IdentityLimits{Rate: rate.Limit(c.RatePerIdentity), Burst: c.BurstPerIdentity, Size: c.AuthCacheSize}
+	}
+	srv := discovery.NewServer(discovery.ServerConfig{
+		ASN: asn, Limits: limits,
 		Catalog: &discovery.Catalog{Cache: mgr.GetCache(), Direct: mgr.GetAPIReader(), Fleets: fleets, Now: now}, Now: now,
 		Leases: store, Auth: auth, Metrics: dmetrics.NewDiscovery(), Log: log,
 		Version: version, MaxBansPerFleet: c.MaxBansPerFleet, MaxBansPerIdentity: c.MaxBansPerIdentity,
 		MaxWaiting: c.MaxWaiting, MaxWaitingPerIdentity: c.MaxWaitingPerIdentity,
 		PlainHTTPCookie: c.StatusPagePlainHTTP, Replicas: discovery.Replicas(mgr.GetCache(), now, replica), Replica: replica,
-	}
-	if c.RatePerIdentity > 0 {
-		srv.Limits = &discovery.IdentityLimits{Rate: rate.Limit(c.RatePerIdentity), Burst: c.BurstPerIdentity, Size: c.AuthCacheSize}
-	}
+	})
 	metrics.Registry.MustRegister(srv.Metrics.Collectors()...)
 	metrics.Registry.MustRegister(discovery.CatalogGauges(mgr.GetCache())...)
 	metrics.Registry.MustRegister(discovery.FleetCollector{Server: srv})

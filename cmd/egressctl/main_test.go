@@ -80,10 +80,10 @@ func TestLeaseRunsCommand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer((&discovery.Server{
-		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client}, Leases: &lease.Store{Client: bed.Client},
+	srv := httptest.NewServer((discovery.NewServer(discovery.ServerConfig{
+		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client}, Leases: lease.NewStore(lease.StoreConfig{Client: bed.Client}),
 		Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: bed.Client, Static: st}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
-	}).Handler())
+	})).Handler())
 	t.Cleanup(srv.Close)
 
 	var out, errOut bytes.Buffer

@@ -123,10 +123,10 @@ func run(out string) error {
 	if err != nil {
 		return err
 	}
-	srv := httptest.NewServer((&discovery.Server{
-		Catalog: &discovery.Catalog{Cache: c, Direct: c, Fleets: c}, Leases: &lease.Store{Client: c},
+	srv := httptest.NewServer((discovery.NewServer(discovery.ServerConfig{
+		Catalog: &discovery.Catalog{Cache: c, Direct: c, Fleets: c}, Leases: lease.NewStore(lease.StoreConfig{Client: c}),
 		Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
-	}).Handler())
+	})).Handler())
 	defer srv.Close()
 	api := &apiv1.Client{BaseURL: srv.URL, Token: "demo"}
 	for _, h := range []string{"scrapy-1", "colly-7", "crawlee-2"} {

@@ -140,10 +140,10 @@ func BenchmarkAcquireBySize(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		h := (&discovery.Server{
-			Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: &lease.Store{Client: c, Cache: ca},
+		h := (discovery.NewServer(discovery.ServerConfig{
+			Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: lease.NewStore(lease.StoreConfig{Client: c, Cache: ca}),
 			Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: staticTokens(b, "t "+ns+" crawler\n")}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Version: version,
-		}).Handler()
+		})).Handler()
 		serve := func(method, path, body string) *httptest.ResponseRecorder {
 			r := httptest.NewRequest(method, path, strings.NewReader(body))
 			r.Header.Set("Authorization", "Bearer t")

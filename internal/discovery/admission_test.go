@@ -74,7 +74,7 @@ func replicaServer(t *testing.T, ns, static string) *httptest.Server {
 
 // replicaHandler is replicaServer's handler, with mods applied to the
 // server.
-func replicaHandler(t *testing.T, ns, static string, mods ...func(*discovery.Server)) http.Handler {
+func replicaHandler(t *testing.T, ns, static string, mods ...func(*discovery.ServerConfig)) http.Handler {
 	t.Helper()
 	bed := sharedBed.Env(t)
 	st := staticTokens(t, static)
@@ -85,14 +85,14 @@ func replicaHandler(t *testing.T, ns, static string, mods ...func(*discovery.Ser
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &discovery.Server{
-		Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: &lease.Store{Client: c, Cache: ca},
+	cfg := discovery.ServerConfig{
+		Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: lease.NewStore(lease.StoreConfig{Client: c, Cache: ca}),
 		Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Version: version,
 	}
 	for _, m := range mods {
-		m(s)
+		m(&cfg)
 	}
-	return s.Handler()
+	return discovery.NewServer(cfg).Handler()
 }
 
 func apiErr(err error) *apiv1.APIError {

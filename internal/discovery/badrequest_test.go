@@ -67,7 +67,7 @@ func TestBadRequests(t *testing.T) {
 	if err := kc.CoreV1().ServiceAccounts(ns).Delete(ctx, "gone", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	srv := server(t, fmt.Sprintf("team %[1]s team\nother %[1]s other\ncapped %[1]s capped\n", ns), func(s *discovery.Server) {
+	srv := server(t, fmt.Sprintf("team %[1]s team\nother %[1]s other\ncapped %[1]s capped\n", ns), func(s *discovery.ServerConfig) {
 		s.Auth.(*discovery.Kubernetes).Audience = discovery.DefaultAudience
 		s.MaxBansPerFleet = 1
 	})

@@ -47,7 +47,7 @@ func (s *Server) reportSession(w http.ResponseWriter, r *http.Request, id *auth.
 	for p, ls := range slots {
 		for _, l := range ls {
 			if l.Spec.HolderIdentity != nil && *l.Spec.HolderIdentity == gateway.SessionHolder(key) &&
-				l.Annotations[lease.AnnotationIdentity] == id.User && !lease.Expired(l, s.now()) {
+				l.Annotations[lease.AnnotationIdentity] == id.User && !lease.Expired(l, s.Now()) {
 				proxy = p
 			}
 		}

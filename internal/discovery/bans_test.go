@@ -25,7 +25,7 @@ func TestBanLimits(t *testing.T) {
 	fleet(t, ns, "banned", 1, 2, nil)
 	// The replica's cache shows no ban at all, as one that lags does: only
 	// what the replica remembers it recorded holds the bounds.
-	srv := server(t, "alice-token "+ns+"\nbob-token "+ns+"\n", func(s *discovery.Server) {
+	srv := server(t, "alice-token "+ns+"\nbob-token "+ns+"\n", func(s *discovery.ServerConfig) {
 		s.MaxBansPerFleet, s.MaxBansPerIdentity = 3, 2
 		s.Leases.Cache = blindToLeases{bed.Client}
 	})

@@ -44,11 +44,11 @@ func BenchmarkListProxies(b *testing.B) {
 	}
 	st := staticTokens(b, "t "+ns+"\n")
 	srv := func(v func() uint64) http.Handler {
-		return (&discovery.Server{
-			Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: &lease.Store{Client: c, Cache: ca},
+		return (discovery.NewServer(discovery.ServerConfig{
+			Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: lease.NewStore(lease.StoreConfig{Client: c, Cache: ca}),
 			Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 			Version: v,
-		}).Handler()
+		})).Handler()
 	}
 	h := srv(version.Load)
 	// Without snapshots every listing is rendered from the cache: the cost

@@ -47,10 +47,10 @@ func TestServersConcurrency(t *testing.T) {
 	servers := make([]*httptest.Server, replicas)
 	for i := range replicas {
 		c, ca := bed.Replica(t, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
-		servers[i] = httptest.NewServer((&discovery.Server{
-			Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: &lease.Store{Client: c, Cache: ca},
+		servers[i] = httptest.NewServer((discovery.NewServer(discovery.ServerConfig{
+			Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: lease.NewStore(lease.StoreConfig{Client: c, Cache: ca}),
 			Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
-		}).Handler())
+		})).Handler())
 		t.Cleanup(servers[i].Close)
 	}
 

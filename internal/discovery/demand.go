@@ -114,7 +114,7 @@ func (p *DemandPublisher) Publish(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	now := p.Server.now()
+	now := p.Server.Now()
 	var firstErr error
 	for key, nf := range auto {
 		d, err := p.Server.Allocator().DemandOf(ctx, nf[0], nf[1])

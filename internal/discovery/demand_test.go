@@ -64,8 +64,7 @@ func TestDemandPublished(t *testing.T) {
 	xr := autoscale(t, ns, "crawlers", map[string]any{"maxReplicas": int64(5)})
 
 	clk := &clock{t: time.Now()}
-	var s *discovery.Server
-	srv := server(t, "team-token "+ns+" crawler\n", func(x *discovery.Server) { s, x.Now = x, clk.now })
+	srv, s := serverOf(t, "team-token "+ns+" crawler\n", func(x *discovery.ServerConfig) { x.Now = clk.now })
 	pub := &discovery.DemandPublisher{Server: s, Client: bed.Client, Fleets: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()}
 	name := leasewire.DemandName("crawlers", "replica-1")
 	published := func() (leasewire.Demand, bool) {
@@ -237,8 +236,7 @@ func TestAutoscaledFleetWakesFromZero(t *testing.T) {
 	fleetXR(t, ns, "elastic", 1, map[string]any{"admission": map[string]any{"maxWait": "20s"}})
 	fleetXR(t, ns, "fixed", 1, nil)
 	autoscale(t, ns, "elastic", map[string]any{"minReplicas": int64(0), "maxReplicas": int64(3)})
-	var s *discovery.Server
-	srv := server(t, "team-token "+ns+" crawler\n", func(x *discovery.Server) { s = x })
+	srv, s := serverOf(t, "team-token "+ns+" crawler\n")
 	c := &apiv1.Client{BaseURL: srv.URL, Token: "team-token"}
 	if _, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/fixed", Holder: "a"}); apiErr(err) == nil || apiErr(err).Status != 404 {
 		t.Errorf("a fixed-size fleet without proxies: want 404, got %v", err)

@@ -198,11 +198,11 @@ func TestBeyondDiversityLimitLast(t *testing.T) {
 	}
 
 	bed := sharedBed.Env(t)
-	s := &discovery.Server{
+	s := discovery.NewServer(discovery.ServerConfig{
 		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client},
-		Leases:  &lease.Store{Client: bed.Client}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
+		Leases:  lease.NewStore(lease.StoreConfig{Client: bed.Client}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 		ASN: egressip.Table{netip.MustParsePrefix("198.51.100.0/25"): 64500, netip.MustParsePrefix("198.51.100.128/25"): 64501},
-	}
+	})
 	for name, want := range map[string]float64{"egress_fleet_beyond_diversity_limit_proxies": 1, "egress_fleet_egress_asns": 1} {
 		if got, ok := fleetGauge(t, discovery.FleetCollector{Server: s}, name, ns); !ok || got != want {
 			t.Errorf("%s of the fleet: %v (%v), want %v", name, got, ok, want)
@@ -284,10 +284,10 @@ func TestBanFollowsTheAddress(t *testing.T) {
 	setEgressIP(t, ns, heir, gone.Status.AtProvider.EgressIP, false)
 
 	// The fleet shows the banned address whichever proxy leaves from it.
-	if got, ok := fleetGauge(t, discovery.FleetCollector{Server: &discovery.Server{
+	if got, ok := fleetGauge(t, discovery.FleetCollector{Server: discovery.NewServer(discovery.ServerConfig{
 		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client},
-		Leases:  &lease.Store{Client: bed.Client}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
-	}}, "egress_fleet_banned_addresses", ns); !ok || got != 1 {
+		Leases:  lease.NewStore(lease.StoreConfig{Client: bed.Client}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
+	})}, "egress_fleet_banned_addresses", ns); !ok || got != 1 {
 		t.Errorf("egress_fleet_banned_addresses of the fleet: %v (%v), want 1 banned by one domain", got, ok)
 	}
 	if code, _, body := call(t, srv, "team", "GET", "/", ""); code != 200 || !strings.Contains(string(body), "1 banned now by some domain") {
@@ -433,10 +433,10 @@ func TestRecyclingVisible(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	s := &discovery.Server{
+	s := discovery.NewServer(discovery.ServerConfig{
 		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client},
-		Leases:  &lease.Store{Client: bed.Client}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
-	}
+		Leases:  lease.NewStore(lease.StoreConfig{Client: bed.Client}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
+	})
 	c := discovery.FleetCollector{Server: s}
 	for name, want := range map[string]float64{
 		"egress_fleet_recycles_last_hour": 2, "egress_fleet_recycles_max_per_hour": 3,

@@ -134,7 +134,7 @@ func TestFail(t *testing.T) {
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			rec := httptest.NewRecorder()
-			(&Server{Log: logging.NewNopLogger()}).fail(rec, tc.err)
+			(NewServer(ServerConfig{Log: logging.NewNopLogger()})).fail(rec, tc.err)
 			var body apiv1.Error
 			if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
 				t.Fatalf("%s\nerrors are JSON: %q", tc.reason, rec.Body)

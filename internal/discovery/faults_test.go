@@ -72,10 +72,10 @@ func TestFaultsCombined(t *testing.T) {
 			t.Fatal(err)
 		}
 		now := offsetClock(offsets[i])
-		return &faultReplica{cancel: cancel, srv: httptest.NewServer((&discovery.Server{
-			Catalog: &discovery.Catalog{Cache: ca, Direct: c, Now: now}, Leases: &lease.Store{Client: c, Cache: ca, Now: now},
+		return &faultReplica{cancel: cancel, srv: httptest.NewServer((discovery.NewServer(discovery.ServerConfig{
+			Catalog: &discovery.Catalog{Cache: ca, Direct: c, Now: now}, Leases: lease.NewStore(lease.StoreConfig{Client: c, Cache: ca, Now: now}),
 			Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st, Now: now}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Now: now, Version: version,
-		}).Handler())}
+		})).Handler())}
 	}
 	var mu sync.RWMutex
 	live := make([]*faultReplica, replicas)

@@ -99,7 +99,7 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 				beyond++
 			}
 		}
-		if sp := s.Allocator().SpreadOf(key, allocator.ServingNames(ms), s.now()); sp.Connections > 0 {
+		if sp := s.Allocator().SpreadOf(key, allocator.ServingNames(ms), s.Now()); sp.Connections > 0 {
 			gauge(descUsed, sp.Used)
 			for _, q := range []struct {
 				q string
@@ -133,7 +133,7 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(descBans, n)
 		}
 		if hist, err := s.Leases.IPHistories(ctx, ns, name); err == nil {
-			by := bannedAddresses(hist, s.now())
+			by := bannedAddresses(hist, s.Now())
 			for _, b := range banBuckets {
 				ch <- prometheus.MustNewConstMetric(descBannedIPs, prometheus.GaugeValue, float64(by[b]), ns, name, b)
 			}
@@ -147,7 +147,7 @@ func (c FleetCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 			gauge(descStalled, stalled)
 			if r := sz.Recycling; r != nil {
-				day, hour := recycleCounts(r.Recycles, s.now())
+				day, hour := recycleCounts(r.Recycles, s.Now())
 				for _, kind := range []string{egressip.ReasonDomains, egressip.ReasonTimes, egressip.ReasonDiversity, egressip.ReasonOther} {
 					ch <- prometheus.MustNewConstMetric(descRecyclesDay, prometheus.GaugeValue, float64(day[kind]), ns, name, kind)
 				}

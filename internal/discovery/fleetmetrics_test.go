@@ -41,10 +41,10 @@ func TestPoolSeries(t *testing.T) {
 	plain := bed.Namespace(t)
 	fleet(t, plain, "plain", 2, 1, nil)
 
-	s := &discovery.Server{
+	s := discovery.NewServer(discovery.ServerConfig{
 		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client},
-		Leases:  &lease.Store{Client: bed.Client}, Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
-	}
+		Leases:  lease.NewStore(lease.StoreConfig{Client: bed.Client}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
+	})
 	c := discovery.FleetCollector{Server: s}
 	want := map[string]map[string]float64{
 		"egress_pool_proxies":         {"crawlers-pool-1": 3, "crawlers-pool-2": 2},

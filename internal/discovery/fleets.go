@@ -91,7 +91,7 @@ func (s *Server) proxies(w http.ResponseWriter, r *http.Request, id *auth.Identi
 	if s.Version != nil {
 		version = s.Version()
 	}
-	second := s.now().Unix()
+	second := s.Now().Unix()
 	// Authorised above, before the snapshot: not reviewed twice.
 	ms, err := s.Allocator().Members(r.Context(), ns, name)
 	if err != nil {

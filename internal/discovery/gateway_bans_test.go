@@ -75,7 +75,7 @@ func TestGatewayBansOnStatus(t *testing.T) {
 		n := testutil.ToFloat64(b.gw.Metrics.Bans.WithLabelValues("refused"))
 		return n == 1, fmt.Sprint(n)
 	})
-	if bans, err := (&lease.Store{Client: sharedBed.Env(t).Client}).ActiveBans(ctx, b.ns, b.fleet); err != nil || len(bans) != 1 {
+	if bans, err := (lease.NewStore(lease.StoreConfig{Client: sharedBed.Env(t).Client})).ActiveBans(ctx, b.ns, b.fleet); err != nil || len(bans) != 1 {
 		t.Errorf("still one ban: %+v, %v", bans, err)
 	}
 	for i := range 4 {
@@ -104,7 +104,7 @@ func TestGatewayBansOnStatus(t *testing.T) {
 		t.Fatalf("the 429 reaches the crawler: %d", code)
 	}
 	// Read from the API server, not a cache that could lag behind a ban.
-	direct := &lease.Store{Client: sharedBed.Env(t).Client}
+	direct := lease.NewStore(lease.StoreConfig{Client: sharedBed.Env(t).Client})
 	if bans, err := direct.ActiveBans(ctx, quiet.ns, quiet.fleet); err != nil || len(bans) != 0 {
 		t.Errorf("spec.gateway.banStatusCodes: [] records no ban: %+v, %v", bans, err)
 	}
@@ -133,7 +133,7 @@ func TestGatewaySquidRefusalBansNothing(t *testing.T) {
 		n := testutil.ToFloat64(b.gw.Metrics.Bans.WithLabelValues("recorded"))
 		return n == 1, fmt.Sprint(n)
 	})
-	direct := &lease.Store{Client: sharedBed.Env(t).Client}
+	direct := lease.NewStore(lease.StoreConfig{Client: sharedBed.Env(t).Client})
 	if bans, err := direct.ActiveBans(context.Background(), b.ns, b.fleet); err != nil || len(bans) != 1 || bans[0].Domain != "127.0.0.1" {
 		t.Errorf("only the origin's ban, none of Squid's own 403s: %+v, %v", bans, err)
 	}

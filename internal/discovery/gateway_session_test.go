@@ -40,8 +40,13 @@ func TestGatewaySessionLifetime(t *testing.T) {
 	var skew atomic.Int64
 	clock := func() time.Time { return time.Now().Add(time.Duration(skew.Load())) }
 	// The replica's clock, its lease store's too (a lease's acquireTime
-	// times a lifetime), runs ahead when the test says.
-	b := newGatewayBed(t, 3, 2, func(gw *discovery.Gateway) { gw.Server.Now, gw.Server.Leases.Now = clock, clock })
+	// times a lifetime), runs ahead when the test says: the server is
+	// built again on it, as its allocator takes its clock when built.
+	b := newGatewayBed(t, 3, 2, func(gw *discovery.Gateway) {
+		cfg := gw.Server.ServerConfig
+		cfg.Now, cfg.Leases.Now = clock, clock
+		gw.Server = discovery.NewServer(cfg)
+	})
 	plain := testbed.StartPlainEchoTarget(t)
 	host := strings.TrimSuffix(strings.TrimPrefix(plain.URL, "http://"), "/ip")
 	start := func(opts string) (*http.Client, string) {

@@ -125,12 +125,12 @@ func (b *gatewayBed) replica(t testing.TB, mods ...func(*discovery.Gateway)) (*d
 	if err != nil {
 		t.Fatal(err)
 	}
-	store := &lease.Store{Client: c, Cache: ca}
+	store := lease.NewStore(lease.StoreConfig{Client: c, Cache: ca})
 	st := staticTokens(t, b.token+" "+b.ns+"\n"+b.token2()+" "+b.ns+"\nother-token some-other-namespace\n")
-	srv := &discovery.Server{
+	srv := discovery.NewServer(discovery.ServerConfig{
 		Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: store,
 		Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Version: version,
-	}
+	})
 	gw := &discovery.Gateway{Server: srv, Idle: 2 * time.Second, DialTimeout: 2 * time.Second}
 	for _, m := range mods {
 		m(gw)

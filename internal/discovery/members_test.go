@@ -69,7 +69,7 @@ func TestTakeRechecksFleetAndMaxLeases(t *testing.T) {
 	ns := bed.Namespace(t)
 	fleet(t, ns, "f", 1, 2, nil)
 	c, ca := bed.Replica(t, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
-	s := &lease.Store{Client: c, Cache: ca, Serving: discovery.ProxyServing(ca)}
+	s := lease.NewStore(lease.StoreConfig{Client: c, Cache: ca, Serving: discovery.ProxyServing(ca)})
 	testbed.Eventually(t, 10*time.Second, "the cache sees the proxy", func() (bool, string) {
 		return discovery.ProxyServing(ca)(ctx, ns, "f", "f-0", 0), "not serving yet"
 	})

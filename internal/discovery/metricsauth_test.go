@@ -57,8 +57,7 @@ func TestMetricsNeedAScraper(t *testing.T) {
 		}
 		return tr.Status.Token
 	}
-	var s *discovery.Server
-	_ = server(t, "team-token "+ns+"\n", func(x *discovery.Server) { s = x })
+	_, s := serverOf(t, "team-token "+ns+"\n")
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(discovery.FleetCollector{Server: s})
 	reg.MustRegister(dmetrics.NewDiscovery().Collectors()...)

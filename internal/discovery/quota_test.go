@@ -28,7 +28,7 @@ func TestQuotaNotBypassedByRenewingExpired(t *testing.T) {
 	var mu sync.Mutex
 	now := time.Now()
 	clk := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	srv := server(t, fmt.Sprintf("alice-token %s alice\n", ns), func(s *discovery.Server) { s.Now = clk; s.Leases.Now = clk })
+	srv := server(t, fmt.Sprintf("alice-token %s alice\n", ns), func(s *discovery.ServerConfig) { s.Now = clk; s.Leases.Now = clk })
 	ctx := context.Background()
 	alice := &apiv1.Client{BaseURL: srv.URL, Token: "alice-token"}
 	req := apiv1.AcquireRequest{Fleet: ns + "/crawlers", Holder: "h", TTL: "1s"}
@@ -77,7 +77,7 @@ func TestWaitersDoNotBlockOthers(t *testing.T) {
 	ns := bed.Namespace(t)
 	fleet(t, ns, "crawlers", 4, 3, nil)
 	fleetXR(t, ns, "crawlers", 4, map[string]any{"maxLeasesPerProxy": int64(3), "admission": map[string]any{"maxWait": "5s"}})
-	h := replicaHandler(t, ns, fmt.Sprintf("alice-token %[1]s alice\nbob-token %[1]s bob\n", ns), func(s *discovery.Server) { s.MaxWaitingPerIdentity = 4 })
+	h := replicaHandler(t, ns, fmt.Sprintf("alice-token %[1]s alice\nbob-token %[1]s bob\n", ns), func(s *discovery.ServerConfig) { s.MaxWaitingPerIdentity = 4 })
 	srv := httptest.NewServer(discovery.LimitInFlight(h, 4))
 	t.Cleanup(srv.Close)
 	ctx := context.Background()

@@ -6,4 +6,4 @@ import (
 
 // limit refuses a request of an identity over its limit (Limits): 429 with
 // Retry-After.
-func (s *Server) limit(id *auth.Identity) error { return s.Limits.Check(id, s.now()) }
+func (s *Server) limit(id *auth.Identity) error { return s.Limits.Check(id, s.Now()) }

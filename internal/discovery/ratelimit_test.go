@@ -26,7 +26,7 @@ func limited(s *Server, w *httptest.ResponseRecorder, id *auth.Identity) bool {
 // identity is not held up by it; and the buckets kept stay within Size.
 func TestIdentityLimits(t *testing.T) {
 	now := time.Unix(1000, 0)
-	s := &Server{Limits: &auth.IdentityLimits{Rate: 2, Burst: 3, Size: 10}, Now: func() time.Time { return now }}
+	s := NewServer(ServerConfig{Limits: &auth.IdentityLimits{Rate: 2, Burst: 3, Size: 10}, Now: func() time.Time { return now }})
 	alice, bob := &auth.Identity{User: "alice"}, &auth.Identity{User: "bob"}
 	for i := range 3 {
 		if limited(s, httptest.NewRecorder(), alice) {

@@ -31,11 +31,11 @@ func cachedServer(t *testing.T, ns string) (*httptest.Server, client.Client, cac
 	t.Helper()
 	c, ca := sharedBed.Env(t).Replica(t, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
 	m := dmetrics.NewDiscovery()
-	srv := httptest.NewServer((&discovery.Server{
+	srv := httptest.NewServer((discovery.NewServer(discovery.ServerConfig{
 		Catalog: &discovery.Catalog{Cache: ca, Direct: c},
-		Leases:  &lease.Store{Client: c, Cache: ca, Serving: discovery.ProxyServing(ca)},
+		Leases:  lease.NewStore(lease.StoreConfig{Client: c, Cache: ca, Serving: discovery.ProxyServing(ca)}),
 		Auth:    discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: staticTokens(t, "t "+ns+" crawler\n")}), Metrics: m, Log: logging.NewNopLogger(),
-	}).Handler())
+	})).Handler())
 	t.Cleanup(srv.Close)
 	return srv, c, ca, m
 }
@@ -175,7 +175,7 @@ func TestLargeFleetAcquisition(t *testing.T) {
 			open = append(open, p)
 		}
 	}
-	bans := &lease.Store{Client: bed.Client}
+	bans := lease.NewStore(lease.StoreConfig{Client: bed.Client})
 	for i := range n {
 		if p := fmt.Sprintf("g-%d", i); p != open[0] && p != open[1] {
 			if err := bans.Ban(ctx, ns, "g", p, "example.org", time.Hour, "crawler"); err != nil {
@@ -184,7 +184,7 @@ func TestLargeFleetAcquisition(t *testing.T) {
 		}
 	}
 	testbed.Eventually(t, 20*time.Second, "the cache sees the bans", func() (bool, string) {
-		b, err := (&lease.Store{Client: c, Cache: ca}).Bans(ctx, ns, "g")
+		b, err := (lease.NewStore(lease.StoreConfig{Client: c, Cache: ca})).Bans(ctx, ns, "g")
 		return err == nil && len(b) == n-2, fmt.Sprint(len(b), err)
 	})
 	for i := range 4 {
@@ -241,7 +241,7 @@ func TestLargeFleetOwnIPsFirst(t *testing.T) {
 			t.Fatalf("acquisition %d of 10 with 10 proxies of an IP of their own free: got %s, which shares its IP", i+1, l.Proxy)
 		}
 		testbed.Eventually(t, 10*time.Second, "the cache sees the lease", func() (bool, string) {
-			v, err := (&lease.Store{Client: c, Cache: ca}).Slots(ctx, ns, "h")
+			v, err := (lease.NewStore(lease.StoreConfig{Client: c, Cache: ca})).Slots(ctx, ns, "h")
 			return err == nil && len(v) == i+1, fmt.Sprint(len(v), err)
 		})
 	}

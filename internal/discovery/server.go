@@ -60,8 +60,8 @@ func ReplicaName() string {
 	return host + "-" + rand.Text()[:8]
 }
 
-// Server is the HTTP API.
-type Server struct {
+// ServerConfig is what NewServer builds a Server from.
+type ServerConfig struct {
 	// ASN, when set, says which autonomous system an egress IP belongs to:
 	// the fleet metrics and the status page count ASNs.
 	ASN     egressip.ASNLookup
@@ -70,7 +70,8 @@ type Server struct {
 	Auth    auth.Authenticator
 	Metrics *metrics.Discovery
 	Log     logging.Logger
-	Now     func() time.Time
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
 	// Version, when set, changes whenever a watched Proxy or Lease does.
 	// Listings are then answered from a snapshot rendered at the same
 	// version within the same second (leases also expire with time), so a
@@ -99,34 +100,35 @@ type Server struct {
 	Replicas func(ctx context.Context, namespace, fleet string) (int, error)
 	// Replica names this replica (allocator.Allocator.Replica).
 	Replica string
+}
+
+// Server is the HTTP API. Build it with NewServer.
+type Server struct {
+	ServerConfig
 
 	snapMu sync.Mutex
 	snaps  map[string]snapshot
 
-	allocOnce sync.Once
 	allocator *allocator.Allocator
 }
 
-// Allocator is the allocator of this server's leases, made from its fields
-// at first use: the API's and the gateway's grants go through it.
-func (s *Server) Allocator() *allocator.Allocator {
-	s.allocOnce.Do(func() {
-		s.allocator = allocator.New(allocator.Config{
-			Catalog: s.Catalog, Leases: s.Leases, Auth: s.Auth, Metrics: s.Metrics, Log: s.Log, Now: s.Now, Version: s.Version,
-			MaxBansPerFleet: s.MaxBansPerFleet, MaxBansPerIdentity: s.MaxBansPerIdentity,
-			MaxWaiting: s.MaxWaiting, MaxWaitingPerIdentity: s.MaxWaitingPerIdentity,
-			Replicas: s.Replicas, Replica: s.Replica,
-		})
-	})
-	return s.allocator
+// NewServer builds a Server, its zero settings taking their defaults,
+// and the allocator its API and gateway grant leases through.
+func NewServer(cfg ServerConfig) *Server {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Server{ServerConfig: cfg, allocator: allocator.New(allocator.Config{
+		Catalog: cfg.Catalog, Leases: cfg.Leases, Auth: cfg.Auth, Metrics: cfg.Metrics, Log: cfg.Log, Now: cfg.Now, Version: cfg.Version,
+		MaxBansPerFleet: cfg.MaxBansPerFleet, MaxBansPerIdentity: cfg.MaxBansPerIdentity,
+		MaxWaiting: cfg.MaxWaiting, MaxWaitingPerIdentity: cfg.MaxWaitingPerIdentity,
+		Replicas: cfg.Replicas, Replica: cfg.Replica,
+	})}
 }
 
-func (s *Server) now() time.Time {
-	if s.Now != nil {
-		return s.Now()
-	}
-	return time.Now()
-}
+// Allocator is the allocator of this server's leases: the API's and the
+// gateway's grants go through it.
+func (s *Server) Allocator() *allocator.Allocator { return s.allocator }
 
 // Handler routes every endpoint.
 func (s *Server) Handler() http.Handler {

@@ -88,7 +88,14 @@ func staticTokens(t testing.TB, content string) *discovery.StaticTokens {
 	return st
 }
 
-func server(t *testing.T, static string, mods ...func(*discovery.Server)) *httptest.Server {
+func server(t *testing.T, static string, mods ...func(*discovery.ServerConfig)) *httptest.Server {
+	t.Helper()
+	srv, _ := serverOf(t, static, mods...)
+	return srv
+}
+
+// serverOf is server, and the Server it serves.
+func serverOf(t *testing.T, static string, mods ...func(*discovery.ServerConfig)) (*httptest.Server, *discovery.Server) {
 	t.Helper()
 	bed := sharedBed.Env(t)
 	var tokens *discovery.StaticTokens
@@ -102,18 +109,19 @@ func server(t *testing.T, static string, mods ...func(*discovery.Server)) *httpt
 			t.Fatal(err)
 		}
 	}
-	s := &discovery.Server{
+	cfg := discovery.ServerConfig{
 		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client},
-		Leases:  &lease.Store{Client: bed.Client, OwnerOf: discovery.ProxyOwner(bed.Client), FleetOwnerOf: discovery.ProxyController(bed.Client, bed.Client)},
+		Leases:  lease.NewStore(lease.StoreConfig{Client: bed.Client, OwnerOf: discovery.ProxyOwner(bed.Client), FleetOwnerOf: discovery.ProxyController(bed.Client, bed.Client)}),
 		Auth:    discovery.NewKubernetes(discovery.KubernetesConfig{Client: bed.Client, Static: tokens}),
 		Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 	}
 	for _, m := range mods {
-		m(s)
+		m(&cfg)
 	}
+	s := discovery.NewServer(cfg)
 	srv := httptest.NewServer(s.Handler())
 	t.Cleanup(srv.Close)
-	return srv
+	return srv, s
 }
 
 func call(t *testing.T, srv *httptest.Server, token, method, path, body string) (int, http.Header, []byte) {
@@ -313,7 +321,7 @@ func TestServiceAccountTokens(t *testing.T) {
 		}
 		return tr.Status.Token
 	}
-	srv := server(t, "", func(s *discovery.Server) { s.Auth.(*discovery.Kubernetes).Audience = discovery.DefaultAudience })
+	srv := server(t, "", func(s *discovery.ServerConfig) { s.Auth.(*discovery.Kubernetes).Audience = discovery.DefaultAudience })
 	for _, tc := range []struct {
 		sa       string
 		audience []string

@@ -24,7 +24,7 @@ func TestStatusPageSignIn(t *testing.T) {
 	ns := bed.Namespace(t)
 	fleet(t, ns, "crawlers", 2, 1, nil)
 	static := "team-token " + ns + "\nbad,token " + ns + "\n"
-	plain := httptest.NewServer(replicaHandler(t, ns, static, func(s *discovery.Server) { s.PlainHTTPCookie = true }))
+	plain := httptest.NewServer(replicaHandler(t, ns, static, func(s *discovery.ServerConfig) { s.PlainHTTPCookie = true }))
 	t.Cleanup(plain.Close)
 	srv := plain
 	jar, _ := cookiejar.New(nil)

@@ -55,10 +55,10 @@ func TestSkewedClocks(t *testing.T) {
 	for i, off := range offsets {
 		c, ca := bed.Replica(t, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
 		now := offsetClock(off)
-		servers[i] = httptest.NewServer((&discovery.Server{
-			Catalog: &discovery.Catalog{Cache: ca, Direct: c, Now: now}, Leases: &lease.Store{Client: c, Cache: ca, Now: now},
+		servers[i] = httptest.NewServer((discovery.NewServer(discovery.ServerConfig{
+			Catalog: &discovery.Catalog{Cache: ca, Direct: c, Now: now}, Leases: lease.NewStore(lease.StoreConfig{Client: c, Cache: ca, Now: now}),
 			Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st, Now: now}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Now: now,
-		}).Handler())
+		})).Handler())
 		t.Cleanup(servers[i].Close)
 	}
 	var (

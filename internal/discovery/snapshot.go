@@ -19,7 +19,7 @@ func (s *Server) snapshot(key string) ([]byte, bool) {
 	s.snapMu.Lock()
 	defer s.snapMu.Unlock()
 	sn, ok := s.snaps[key]
-	if !ok || sn.version != s.Version() || sn.second != s.now().Unix() {
+	if !ok || sn.version != s.Version() || sn.second != s.Now().Unix() {
 		return nil, false
 	}
 	return sn.body, true

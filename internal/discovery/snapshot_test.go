@@ -9,7 +9,7 @@ import (
 func TestSnapshot(t *testing.T) {
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
 	var version uint64 = 7
-	s := &Server{Now: func() time.Time { return now }, Version: func() uint64 { return version }}
+	s := NewServer(ServerConfig{Now: func() time.Time { return now }, Version: func() uint64 { return version }})
 	const key = "ns/crawlers?zone=a"
 	hit := func() string {
 		b, ok := s.snapshot(key)
@@ -54,7 +54,7 @@ func TestSnapshot(t *testing.T) {
 		t.Errorf("snapshots are bounded by %d whatever callers ask, got %d", maxSnapshots, n)
 	}
 
-	unversioned := &Server{}
+	unversioned := NewServer(ServerConfig{})
 	unversioned.keep(key, 0, 0, []byte("body"))
 	if _, ok := unversioned.snapshot(key); ok || unversioned.snaps != nil {
 		t.Error("without a version source nothing is kept or served")

@@ -270,11 +270,11 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, id *auth.Identit
 		f := summarise(ns, name, ms, held, bans, s.ASN, q)
 		f.Sizing = s.Catalog.Sizing(r.Context(), ns, name)
 		if hist, err := s.Leases.IPHistories(r.Context(), ns, name); err == nil {
-			for _, n := range bannedAddresses(hist, s.now()) {
+			for _, n := range bannedAddresses(hist, s.Now()) {
 				f.BannedIPs += n
 			}
 		}
-		f.Spread = s.Allocator().SpreadOf(key, allocator.ServingNames(ms), s.now())
+		f.Spread = s.Allocator().SpreadOf(key, allocator.ServingNames(ms), s.Now())
 		fleets = append(fleets, f)
 	}
 	sort.Slice(fleets, func(i, j int) bool { return fleets[i].Namespace+fleets[i].Name < fleets[j].Namespace+fleets[j].Name })
@@ -290,7 +290,7 @@ func (s *Server) status(w http.ResponseWriter, r *http.Request, id *auth.Identit
 		Now      string
 		SignedIn bool
 		Filter   string
-	}{fleets, s.now().UTC().Format(time.RFC3339), auth.Bearer(r) == "" && cookieErr == nil, filter}); err != nil {
+	}{fleets, s.Now().UTC().Format(time.RFC3339), auth.Bearer(r) == "" && cookieErr == nil, filter}); err != nil {
 		s.Log.Info("Cannot render status page", "error", err)
 	}
 	return nil

@@ -100,7 +100,7 @@ func (p *SummaryPublisher) Publish(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	now := p.Server.now()
+	now := p.Server.Now()
 	var firstErr error
 	live := map[string]bool{}
 	for key, members := range fleets {

@@ -64,9 +64,8 @@ func TestLeaseSummaryPublished(t *testing.T) {
 
 	clk := &clock{t: time.Now().Truncate(time.Second)}
 	cache := &laggingCache{Reader: bed.Client, unseen: map[string]bool{}}
-	var s *discovery.Server
-	srv := server(t, "team-token "+ns+" crawler\n", func(x *discovery.Server) {
-		s, x.Now, x.Leases.Now, x.Leases.Cache = x, clk.now, clk.now, cache
+	srv, s := serverOf(t, "team-token "+ns+" crawler\n", func(x *discovery.ServerConfig) {
+		x.Now, x.Leases.Now, x.Leases.Cache = clk.now, clk.now, cache
 	})
 	pub := &discovery.SummaryPublisher{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()}
 	name := leasewire.SummaryName("crawlers", "replica-1")
@@ -255,8 +254,7 @@ func TestPoolSummaries(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var s *discovery.Server
-	srv := server(t, "team-token "+ns+" crawler\n", func(x *discovery.Server) { s = x })
+	srv, s := serverOf(t, "team-token "+ns+" crawler\n")
 	pub := &discovery.SummaryPublisher{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()}
 	c := &apiv1.Client{BaseURL: srv.URL, Token: "team-token"}
 	var leased []string
@@ -382,9 +380,8 @@ func TestSummariesStayWhenAFleetCannotBeRead(t *testing.T) {
 	fleet(t, ns, "crawlers", 2, 1, nil)
 	clk := &clock{t: time.Now().Truncate(time.Second)}
 	fleets := &failingReader{Reader: bed.Client}
-	var s *discovery.Server
-	srv := server(t, "team-token "+ns+" crawler\n", func(x *discovery.Server) {
-		s, x.Now, x.Leases.Now, x.Catalog.Now, x.Catalog.Fleets, x.Catalog.Direct = x, clk.now, clk.now, clk.now, fleets, fleets
+	srv, s := serverOf(t, "team-token "+ns+" crawler\n", func(x *discovery.ServerConfig) {
+		x.Now, x.Leases.Now, x.Catalog.Now, x.Catalog.Fleets, x.Catalog.Direct = clk.now, clk.now, clk.now, fleets, fleets
 	})
 	pub := &discovery.SummaryPublisher{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()}
 	c := &apiv1.Client{BaseURL: srv.URL, Token: "team-token"}
@@ -433,8 +430,7 @@ func TestLeaseSummaryWriteFailuresCounted(t *testing.T) {
 	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
 	fleet(t, ns, "crawlers", 1, 1, nil)
-	var s *discovery.Server
-	server(t, "", func(x *discovery.Server) { s = x })
+	_, s := serverOf(t, "")
 	writes := s.Metrics.SummaryWrites
 	failing := &discovery.SummaryPublisher{Server: s, Client: refusingWrites{bed.Client}, Replica: "replica-1", Log: logging.NewNopLogger()}
 	// Every fleet the shared API server holds is summarised, so the
@@ -465,8 +461,7 @@ func TestReplicasCountedFromSummaries(t *testing.T) {
 	ctx := context.Background()
 	fleet(t, ns, "paced", 2, 1, nil)
 	fleet(t, ns, "other", 1, 1, nil)
-	var s *discovery.Server
-	server(t, "team-token "+ns+" crawler\n", func(x *discovery.Server) { s = x })
+	_, s := serverOf(t, "team-token "+ns+" crawler\n")
 	count := discovery.Replicas(bed.Client, nil, "")
 	replicas := func(ctx context.Context, ns, fleet string) int { n, _ := count(ctx, ns, fleet); return n }
 	if n := replicas(ctx, ns, "paced"); n != 1 {
@@ -561,8 +556,7 @@ func testBurnedInSummary(t *testing.T, pooled bool) {
 			}
 		}
 	}
-	var s *discovery.Server
-	srv := server(t, "team-token "+ns+" crawler\n", func(x *discovery.Server) { s = x })
+	srv, s := serverOf(t, "team-token "+ns+" crawler\n")
 	pub := &discovery.SummaryPublisher{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()}
 	c := &apiv1.Client{BaseURL: srv.URL, Token: "team-token"}
 	g, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/crawlers", Holder: "a", TTL: "5m"})

@@ -24,7 +24,7 @@ func TestSweeper(t *testing.T) {
 	fleet(t, ns, "crawlers", 2, 1, nil)
 	ctx := context.Background()
 	c, ca := bed.Replica(t, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
-	store := &lease.Store{Client: c, Cache: ca}
+	store := lease.NewStore(lease.StoreConfig{Client: c, Cache: ca})
 	for _, p := range []string{"crawlers-0", "crawlers-1"} {
 		if _, err := store.Acquire(ctx, []lease.Candidate{{Namespace: ns, Fleet: "crawlers", Proxy: p, MaxLeases: 1}}, lease.Request{Holder: "h", TTL: time.Hour}); err != nil {
 			t.Fatal(err)

@@ -216,7 +216,7 @@ func (s *Store) take(ctx context.Context, c Candidate, slot int, r Request, mayb
 	if s.Serving != nil && !s.Serving(ctx, c.Namespace, c.Fleet, c.Proxy, slot) {
 		return nil, nil
 	}
-	now := s.now()
+	now := s.Now()
 	want := &coordv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: SlotName(c.Proxy, slot), Namespace: c.Namespace,

@@ -48,7 +48,7 @@ func (s *Store) ban(ctx context.Context, namespace, fleet, proxy, domain string,
 		return ErrInvalidTTL
 	}
 	domain = strings.ToLower(domain)
-	now := s.now()
+	now := s.Now()
 	want := &coordv1.Lease{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: BanName(proxy, domain), Namespace: namespace,
@@ -109,7 +109,7 @@ func (s *Store) ActiveBans(ctx context.Context, namespace, fleet string) ([]Ban,
 		return nil, errors.Wrap(err, errListBans)
 	}
 	var out []Ban
-	now := s.now()
+	now := s.Now()
 	for i := range items {
 		if b := &items[i]; !Expired(b, now) && fleetv1alpha1.FleetName(b) == fleet {
 			out = append(out, Ban{Proxy: fleetv1alpha1.ProxyName(b), Domain: b.Annotations[AnnotationDomain], Identity: b.Annotations[AnnotationIdentity],
@@ -126,7 +126,7 @@ func (s *Store) Bans(ctx context.Context, namespace, fleet string) (map[string][
 		return nil, errors.Wrap(err, errListBans)
 	}
 	out := map[string][]string{}
-	now := s.now()
+	now := s.Now()
 	for i := range items {
 		if b := &items[i]; !Expired(b, now) && fleetv1alpha1.FleetName(b) == fleet {
 			out[fleetv1alpha1.ProxyName(b)] = append(out[fleetv1alpha1.ProxyName(b)], b.Annotations[AnnotationDomain])
@@ -149,7 +149,7 @@ func (s *Store) BannedFor(ctx context.Context, namespace, fleet, domain string) 
 		}
 	}
 	out := map[string]bool{}
-	now := s.now()
+	now := s.Now()
 	for i := range items {
 		if b := &items[i]; !Expired(b, now) && fleetv1alpha1.FleetName(b) == fleet && strings.EqualFold(b.Annotations[AnnotationDomain], domain) {
 			out[fleetv1alpha1.ProxyName(b)] = true

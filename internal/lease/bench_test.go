@@ -38,7 +38,7 @@ func BenchmarkLeaseThroughput(b *testing.B) {
 	})
 
 	_, ca := bed.Replica(b, ns, &coordv1.Lease{})
-	s := &lease.Store{Client: c, Cache: ca}
+	s := lease.NewStore(lease.StoreConfig{Client: c, Cache: ca})
 	// As many proxies as clients, and maxLeases 2, so that free slots exist;
 	// each call tries them in random order, as the server spreads ties.
 	proxies := make([]string, clients)

@@ -81,7 +81,7 @@ func TestExpiry(t *testing.T) {
 
 func TestRecentlyTaken(t *testing.T) {
 	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
-	s := &Store{Now: func() time.Time { return now }}
+	s := NewStore(StoreConfig{Now: func() time.Time { return now }})
 	if s.seenTaken("ns/p-slot-0") {
 		t.Error("a slot never seen taken is not recently taken")
 	}

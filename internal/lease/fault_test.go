@@ -106,7 +106,7 @@ func replicas(t *testing.T, ns string, n int, mutate func(*lease.Store)) []*leas
 	out := make([]*lease.Store, n)
 	for i := range out {
 		c, ca := bed.Replica(t, ns, &coordv1.Lease{})
-		out[i] = &lease.Store{Client: c, Cache: ca}
+		out[i] = lease.NewStore(lease.StoreConfig{Client: c, Cache: ca})
 		lease.SetExpiryMargin(out[i], 100*time.Millisecond)
 		if mutate != nil {
 			mutate(out[i])

@@ -21,7 +21,7 @@ func TestIdentityBound(t *testing.T) {
 	bed := sharedBed.Env(t)
 	ctx := context.Background()
 	ns := bed.Namespace(t)
-	s := &lease.Store{Client: bed.Client}
+	s := lease.NewStore(lease.StoreConfig{Client: bed.Client})
 	g, err := s.Acquire(ctx, cands(ns, 2, "p0"), lease.Request{Identity: "system:serviceaccount:team-a:crawler", Holder: "a", TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
@@ -30,7 +30,7 @@ func TestIdentityBound(t *testing.T) {
 	// On the replica that granted it (which remembers the grant) and on
 	// another (which reads it), whose client reads a cache that has not
 	// seen the grant yet, as a manager's does: it reads the API server.
-	other := &lease.Store{Client: staleReads{bed.Client}, Reader: bed.Client}
+	other := lease.NewStore(lease.StoreConfig{Client: staleReads{bed.Client}, Reader: bed.Client})
 	for name, st := range map[string]*lease.Store{"granting replica": s, "another replica": other} {
 		if _, err := st.Renew(ctx, g.ID, mallory, time.Hour); !errors.Is(err, lease.ErrNotYours) {
 			t.Errorf("%s: renew by another identity: want ErrNotYours, got %v", name, err)
@@ -85,9 +85,9 @@ func TestSharedLease(t *testing.T) {
 	bed := sharedBed.Env(t)
 	ctx := context.Background()
 	ns := bed.Namespace(t)
-	granter := &lease.Store{Client: bed.Client}
+	granter := lease.NewStore(lease.StoreConfig{Client: bed.Client})
 	// Another replica, whose reads go to the API server.
-	other := &lease.Store{Client: staleReads{bed.Client}, Reader: bed.Client}
+	other := lease.NewStore(lease.StoreConfig{Client: staleReads{bed.Client}, Reader: bed.Client})
 	const me, mallory, holder = "system:serviceaccount:team-a:crawler", "system:serviceaccount:team-b:crawler", "gateway-session:k"
 	take := func() *lease.Grant {
 		g, err := granter.Acquire(ctx, cands(ns, 2, "p0"), lease.Request{Identity: me, Holder: holder, TTL: time.Minute})

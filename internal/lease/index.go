@@ -104,7 +104,7 @@ func (s *Store) indexed(ctx context.Context, namespace string) bool {
 	if st := s.idx.state.Load(); st != 0 {
 		return st == indexedYes
 	}
-	fi, ok := s.cache().(client.FieldIndexer)
+	fi, ok := s.Cache.(client.FieldIndexer)
 	if !ok {
 		s.idx.state.Store(indexedNo)
 		return false
@@ -112,7 +112,7 @@ func (s *Store) indexed(ctx context.Context, namespace string) bool {
 	// Asked in the read's namespace: a cache of some namespaces answers
 	// for no other.
 	has := func(name string) bool {
-		return s.cache().List(ctx, &coordv1.LeaseList{}, client.InNamespace(namespace), client.MatchingFields{name: "-"}) == nil
+		return s.Cache.List(ctx, &coordv1.LeaseList{}, client.InNamespace(namespace), client.MatchingFields{name: "-"}) == nil
 	}
 	for name, f := range leaseIndexes {
 		if has(name) {
@@ -136,7 +136,7 @@ func (s *Store) listBy(ctx context.Context, namespace, index, value string) (ite
 		return nil, false, nil
 	}
 	l := &coordv1.LeaseList{}
-	if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.UnsafeDisableDeepCopy, client.MatchingFields{index: value}); err != nil {
+	if err := s.Cache.List(ctx, l, client.InNamespace(namespace), client.UnsafeDisableDeepCopy, client.MatchingFields{index: value}); err != nil {
 		return nil, true, err
 	}
 	return l.Items, true, nil

@@ -29,7 +29,7 @@ func TestIndexedReadsAgree(t *testing.T) {
 	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
 	long := "crawlers-" + strings.Repeat("y", fleetv1alpha1.MaxNameLength-len("crawlers-"))
-	plain := &lease.Store{Client: bed.Client}
+	plain := lease.NewStore(lease.StoreConfig{Client: bed.Client})
 	for _, fleet := range []string{"crawlers", "other", long} {
 		for p := range 4 {
 			proxy := fmt.Sprintf("%s-%d", fleet, p)
@@ -51,7 +51,7 @@ func TestIndexedReadsAgree(t *testing.T) {
 	if err := lease.IndexCache(ctx, ca); err != nil {
 		t.Fatal(err)
 	}
-	indexed := &lease.Store{Client: c, Cache: ca}
+	indexed := lease.NewStore(lease.StoreConfig{Client: c, Cache: ca})
 	if !lease.Indexed(ctx, indexed, ns) {
 		t.Fatal("a store on an indexed cache reads by label")
 	}
@@ -136,7 +136,7 @@ func TestHeldSlotsTriedBounded(t *testing.T) {
 	ctx := context.Background()
 	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
-	plain := &lease.Store{Client: bed.Client}
+	plain := lease.NewStore(lease.StoreConfig{Client: bed.Client})
 	var all []lease.Candidate
 	for p := range 30 {
 		c := lease.Candidate{Namespace: ns, Fleet: "crawlers", Proxy: fmt.Sprintf("crawlers-%d", p), MaxLeases: 2}
@@ -157,7 +157,7 @@ func TestHeldSlotsTriedBounded(t *testing.T) {
 		creates++
 		return cl.Create(ctx, o, opts...)
 	}})
-	s := &lease.Store{Client: counting, Cache: ca}
+	s := lease.NewStore(lease.StoreConfig{Client: counting, Cache: ca})
 	testbed.Eventually(t, 10*time.Second, "the cache sees the full fleet", func() (bool, string) {
 		v, err := s.View(ctx, ns, "crawlers")
 		return err == nil && len(v.Live) == 30, fmt.Sprint(err)
@@ -219,7 +219,7 @@ func TestStickyRemembersOwnGrants(t *testing.T) {
 	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
 	_, ca := bed.Replica(t, ns, &coordv1.Lease{})
-	s := &lease.Store{Client: bed.Client, Cache: frozenLeases{Reader: ca}}
+	s := lease.NewStore(lease.StoreConfig{Client: bed.Client, Cache: frozenLeases{Reader: ca}})
 	g, err := s.Acquire(ctx, []lease.Candidate{{Namespace: ns, Fleet: "crawlers", Proxy: "crawlers-7", MaxLeases: 2}}, lease.Request{Holder: "a", TTL: time.Minute, StickyKey: "session"})
 	if err != nil {
 		t.Fatal(err)
@@ -241,7 +241,7 @@ func TestStickyRemembersOwnGrants(t *testing.T) {
 	// Another replica grants the key later, on another proxy. Once this
 	// replica's cache shows both grants, it follows the later one rather
 	// than its own memory: two replicas agree on the key's proxy.
-	other := &lease.Store{Client: bed.Client, Cache: frozenLeases{Reader: ca}}
+	other := lease.NewStore(lease.StoreConfig{Client: bed.Client, Cache: frozenLeases{Reader: ca}})
 	time.Sleep(10 * time.Millisecond) // acquire times apart
 	g2, err := other.Acquire(ctx, []lease.Candidate{{Namespace: ns, Fleet: "crawlers", Proxy: "crawlers-8", MaxLeases: 2}}, lease.Request{Holder: "b", TTL: time.Minute, StickyKey: "session"})
 	if err != nil {

@@ -95,7 +95,7 @@ func (s *Store) RecordAnswerIPBan(ctx context.Context, namespace, fleet, proxy, 
 }
 
 func (s *Store) recordIPBan(ctx context.Context, namespace, fleet, proxy, ip, domain string, cooldown time.Duration, answer bool) error {
-	now := s.now()
+	now := s.Now()
 	entry := IPBan{Domain: strings.ToLower(domain), At: now.Unix(), Until: now.Add(cooldown).Unix(), Answer: answer}
 	return errors.Wrap(s.changeHistory(ctx, namespace, fleet, proxy, ip, true, func(h []IPBan) ([]IPBan, bool) {
 		for i := len(h) - 1; i >= 0; i-- {
@@ -114,7 +114,7 @@ func (s *Store) recordIPBan(ctx context.Context, namespace, fleet, proxy, ip, do
 // now. Nothing live, nothing written; a lift never renews the history.
 func (s *Store) LiftIPBan(ctx context.Context, namespace, fleet, ip, domain string) error {
 	domain = strings.ToLower(domain)
-	now := s.now().Unix()
+	now := s.Now().Unix()
 	return errors.Wrap(s.changeHistory(ctx, namespace, fleet, "", ip, false, func(h []IPBan) ([]IPBan, bool) {
 		changed := false
 		for i := range h {
@@ -144,9 +144,9 @@ func (s *Store) changeHistory(ctx context.Context, namespace, fleet, proxy, ip s
 		return s.FleetOwnerOf(ctx, namespace, proxy)
 	}
 	for range 3 {
-		now := s.now()
+		now := s.Now()
 		cur := &coordv1.Lease{}
-		err := s.reader().Get(ctx, key, cur)
+		err := s.Reader.Get(ctx, key, cur)
 		switch {
 		case kerrors.IsNotFound(err) && !create:
 			return nil
@@ -273,7 +273,7 @@ func (s *Store) IPHistories(ctx context.Context, namespace, fleet string) (map[s
 		return nil, errors.Wrap(err, errListBanHistories)
 	}
 	out := map[string][]IPBan{}
-	now := s.now()
+	now := s.Now()
 	for i := range items {
 		l := &items[i]
 		if Expired(l, now) || l.Annotations[fleetv1alpha1.AnnotationFleet] != fleet {

@@ -27,7 +27,7 @@ func TestIPBanHistory(t *testing.T) {
 	ns := bed.Namespace(t)
 	c := &clock{t: time.Now()}
 	fleetRef := &metav1.OwnerReference{APIVersion: "crawl.example.com/v1alpha1", Kind: "ProxyFleet", Name: "crawlers", UID: "7f0c5a1e-0000-4000-8000-000000000001"}
-	s := &lease.Store{Client: bed.Client, Now: c.now, FleetOwnerOf: func(context.Context, string, string) *metav1.OwnerReference { return fleetRef }}
+	s := lease.NewStore(lease.StoreConfig{Client: bed.Client, Now: c.now, FleetOwnerOf: func(context.Context, string, string) *metav1.OwnerReference { return fleetRef }})
 
 	if err := s.RecordIPBan(ctx, ns, "crawlers", "crawlers-0", "::ffff:203.0.113.7", "Shop.Example", 30*time.Minute); err != nil {
 		t.Fatal(err)
@@ -122,7 +122,7 @@ func TestIPBanHistory(t *testing.T) {
 
 	// A replica whose clock runs ahead writes a ban from the future: the
 	// others keep it, and it counts once its time comes.
-	ahead := &lease.Store{Client: bed.Client, Now: func() time.Time { return c.now().Add(10 * time.Minute) }}
+	ahead := lease.NewStore(lease.StoreConfig{Client: bed.Client, Now: func() time.Time { return c.now().Add(10 * time.Minute) }})
 	if err := ahead.RecordIPBan(ctx, ns, "crawlers", "crawlers-1", "203.0.113.7", "future.example", time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +190,7 @@ func TestIPBanHistoryKeepsLiveBans(t *testing.T) {
 	ctx := context.Background()
 	ns := bed.Namespace(t)
 	c := &clock{t: time.Now()}
-	s := &lease.Store{Client: bed.Client, Now: c.now}
+	s := lease.NewStore(lease.StoreConfig{Client: bed.Client, Now: c.now})
 	if err := s.RecordIPBan(ctx, ns, "crawlers", "crawlers-0", "203.0.113.9", "victim.example", 2*time.Hour); err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +220,7 @@ func TestIPBanHistoryAnswersGoFirst(t *testing.T) {
 	ctx := context.Background()
 	ns := bed.Namespace(t)
 	c := &clock{t: time.Now()}
-	s := &lease.Store{Client: bed.Client, Now: c.now}
+	s := lease.NewStore(lease.StoreConfig{Client: bed.Client, Now: c.now})
 	for i := range lease.MaxIPHistory {
 		c.add(time.Second)
 		if err := s.RecordAnswerIPBan(ctx, ns, "crawlers", "crawlers-0", "203.0.113.10", fmt.Sprintf("a%d.evil.example", i), 24*time.Hour); err != nil {

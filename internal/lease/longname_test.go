@@ -42,7 +42,7 @@ func TestLongFleetNameLeasesAndRotates(t *testing.T) {
 	}
 	old := fleet + "-0"
 	now := time.Now().UTC().Truncate(time.Second)
-	s := &lease.Store{Client: bed.Client, Now: func() time.Time { return now }}
+	s := lease.NewStore(lease.StoreConfig{Client: bed.Client, Now: func() time.Time { return now }})
 
 	g, err := s.Acquire(ctx, []lease.Candidate{{Namespace: ns, Fleet: fleet, Proxy: old, MaxLeases: 1}}, lease.Request{Holder: "crawler-1", TTL: 10 * time.Minute})
 	if err != nil {

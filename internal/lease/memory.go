@@ -23,11 +23,11 @@ const grantRemembered = time.Minute
 // grantRemembered (or their expiry) are forgotten, so the map holds at most
 // a minute of grants.
 func (s *Store) remember(g *Grant, identity, stuck string) {
-	s.granted.Store(g.ID, grantedEntry{identity: identity, until: minTime(g.ExpiresAt, s.now().Add(grantRemembered)), stuck: stuck})
+	s.granted.Store(g.ID, grantedEntry{identity: identity, until: minTime(g.ExpiresAt, s.Now().Add(grantRemembered)), stuck: stuck})
 	if s.grantsSince.Add(1)%1024 != 0 {
 		return
 	}
-	now := s.now()
+	now := s.Now()
 	s.granted.Range(func(k, v any) bool {
 		if now.After(v.(grantedEntry).until) { //nolint:forcetypeassert // Only entries are stored.
 			s.granted.Delete(k)
@@ -53,7 +53,7 @@ const recentlyTaken = time.Second
 
 func (s *Store) noteTaken(key string) {
 	s.freed.Delete(key)
-	s.recent.Store(key, s.now().Add(recentlyTaken))
+	s.recent.Store(key, s.Now().Add(recentlyTaken))
 }
 
 // freedLately says whether this replica released the slot within
@@ -63,7 +63,7 @@ func (s *Store) freedLately(key string) bool {
 	if !ok {
 		return false
 	}
-	if s.now().After(v.(time.Time)) { //nolint:forcetypeassert // Only times are stored.
+	if s.Now().After(v.(time.Time)) { //nolint:forcetypeassert // Only times are stored.
 		s.freed.Delete(key)
 		return false
 	}
@@ -75,7 +75,7 @@ func (s *Store) seenTaken(key string) bool {
 	if !ok {
 		return false
 	}
-	if s.now().After(v.(time.Time)) {
+	if s.Now().After(v.(time.Time)) {
 		s.recent.Delete(key)
 		return false
 	}

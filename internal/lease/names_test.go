@@ -75,7 +75,7 @@ func TestSlotNameRoundTrip(t *testing.T) {
 			if !ok || got != proxy {
 				t.Errorf("ProxyOf(SlotName(%q, %d) = %q): want %q, got %q (ok %t)", proxy, slot, name, proxy, got, ok)
 			}
-			if g := (&Store{}).toGrant(slotLease(name), "id"); g.Slot != slot {
+			if g := (NewStore(StoreConfig{})).toGrant(slotLease(name), "id"); g.Slot != slot {
 				t.Errorf("the grant of %s: want slot %d, got %d", name, slot, g.Slot)
 			}
 		}
@@ -181,7 +181,7 @@ func TestBanName(t *testing.T) {
 
 func TestInvalidTTL(t *testing.T) {
 	// Checked before any API call: the store has no client.
-	s := &Store{}
+	s := NewStore(StoreConfig{})
 	cands := []Candidate{{Namespace: "ns", Fleet: "f", Proxy: "f-0", MaxLeases: 1}}
 	for _, ttl := range []time.Duration{0, 500 * time.Millisecond, -time.Minute, (math.MaxInt32 + 1) * time.Second} {
 		if _, err := s.Acquire(context.Background(), cands, Request{Holder: "c", TTL: ttl}); !errors.Is(err, ErrInvalidTTL) {

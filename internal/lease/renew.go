@@ -31,7 +31,7 @@ func (s *Store) Get(ctx context.Context, id, identity string) (*coordv1.Lease, e
 		return nil, err
 	}
 	l := &coordv1.Lease{}
-	if err := s.reader().Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, l); err != nil {
+	if err := s.Reader.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, l); err != nil {
 		if kerrors.IsNotFound(err) {
 			return nil, ErrNotFound
 		}
@@ -60,7 +60,7 @@ func (s *Store) owned(ctx context.Context, id, identity string) error {
 	if err != nil {
 		return err
 	}
-	if v, ok := s.granted.Load(id); ok && !s.now().After(v.(grantedEntry).until) { //nolint:forcetypeassert // Only entries are stored.
+	if v, ok := s.granted.Load(id); ok && !s.Now().After(v.(grantedEntry).until) { //nolint:forcetypeassert // Only entries are stored.
 		if e := v.(grantedEntry); e.identity != "" && e.identity != identity { //nolint:forcetypeassert // Only entries are stored.
 			return ErrNotYours
 		}
@@ -68,8 +68,8 @@ func (s *Store) owned(ctx context.Context, id, identity string) error {
 	}
 	l := &coordv1.Lease{}
 	key := types.NamespacedName{Namespace: ns, Name: name}
-	if err := s.cache().Get(ctx, key, l); err != nil || string(l.UID) != tok {
-		if err := s.reader().Get(ctx, key, l); err != nil {
+	if err := s.Cache.Get(ctx, key, l); err != nil || string(l.UID) != tok {
+		if err := s.Reader.Get(ctx, key, l); err != nil {
 			if kerrors.IsNotFound(err) {
 				return ErrNotFound
 			}
@@ -120,13 +120,13 @@ func (s *Store) renew(ctx context.Context, id, identity string, ttl time.Duratio
 	// taken its slot yet: renewing it would let its holder keep a lease it
 	// no longer counts (against a quota, say) once it lapsed.
 	cur := &coordv1.Lease{}
-	if err := s.cache().Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, cur); err == nil && string(cur.UID) == uid && s.expired(cur) {
+	if err := s.Cache.Get(ctx, types.NamespacedName{Namespace: ns, Name: name}, cur); err == nil && string(cur.UID) == uid && s.expired(cur) {
 		return nil, ErrNotFound
 	}
 	patch, _ := json.Marshal(append([]patchOp{
 		{opTest, "/metadata/uid", uid},
 		{opTest, "/metadata/labels/" + strings.ReplaceAll(fleetv1alpha1.LabelLeaseKind, "/", "~1"), fleetv1alpha1.LeaseKindSlot},
-		{opReplace, "/spec/renewTime", metav1.MicroTime{Time: s.now()}},
+		{opReplace, "/spec/renewTime", metav1.MicroTime{Time: s.Now()}},
 		{opReplace, "/spec/leaseDurationSeconds", int32(ttl / time.Second)},
 	}, extra...))
 	l := &coordv1.Lease{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name}}
@@ -175,7 +175,7 @@ func (s *Store) released(namespace, name, id string) {
 		}
 	}
 	s.recent.Delete(namespace + "/" + name)
-	s.freed.Store(namespace+"/"+name, s.now().Add(recentlyTaken))
+	s.freed.Store(namespace+"/"+name, s.Now().Add(recentlyTaken))
 	s.written.drop(namespace + "/" + name)
 	s.granted.Delete(id)
 }
@@ -186,7 +186,7 @@ func (s *Store) released(namespace, name, id string) {
 // lease another replica granted a moment ago is in no cache yet.
 func (s *Store) HeldBy(ctx context.Context, namespace, fleet, holder, identity string) (*Grant, error) {
 	l := &coordv1.LeaseList{}
-	if err := s.reader().List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet),
+	if err := s.Reader.List(ctx, l, client.InNamespace(namespace), client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet),
 		fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot, LabelHolder: ownership.LabelValue(holder)}); err != nil {
 		return nil, errors.Wrap(err, errListLeases)
 	}
@@ -195,7 +195,7 @@ func (s *Store) HeldBy(ctx context.Context, namespace, fleet, holder, identity s
 		le := &l.Items[i]
 		// Expired by this replica's observation or by the clock: a lease
 		// others count as lapsed is not brought back.
-		if s.expired(le) || Expired(le, s.now()) || fleetv1alpha1.FleetName(le) != fleet ||
+		if s.expired(le) || Expired(le, s.Now()) || fleetv1alpha1.FleetName(le) != fleet ||
 			ptr.Deref(le.Spec.HolderIdentity, "") != holder || le.Annotations[AnnotationIdentity] != identity {
 			continue
 		}

@@ -36,7 +36,7 @@ func (s *Store) stick(c Candidate, key string, l *coordv1.Lease) string {
 		return ""
 	}
 	k := c.Namespace + "/" + c.Fleet + "/" + h
-	s.stuck.Store(k, stuckEntry{proxy: c.Proxy, lease: l.Name, uid: l.UID, until: s.now().Add(stuckFor)})
+	s.stuck.Store(k, stuckEntry{proxy: c.Proxy, lease: l.Name, uid: l.UID, until: s.Now().Add(stuckFor)})
 	return k
 }
 
@@ -63,7 +63,7 @@ func (s *Store) stickyOf(items []coordv1.Lease, namespace, fleet, key string) st
 	}
 	v := &SlotView{items: items}
 	e, ok := s.stuck.Load(namespace + "/" + fleet + "/" + h)
-	if !ok || s.now().After(e.(stuckEntry).until) || v.shows(e.(stuckEntry).lease, e.(stuckEntry).uid) { //nolint:forcetypeassert // Only entries are stored.
+	if !ok || s.Now().After(e.(stuckEntry).until) || v.shows(e.(stuckEntry).lease, e.(stuckEntry).uid) { //nolint:forcetypeassert // Only entries are stored.
 		return v.Sticky(key)
 	}
 	return e.(stuckEntry).proxy //nolint:forcetypeassert // Only entries are stored.
@@ -121,7 +121,7 @@ func (s *Store) Sticky(ctx context.Context, namespace, fleet, key string) (strin
 	}
 	if !ok {
 		l := &coordv1.LeaseList{}
-		if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.UnsafeDisableDeepCopy, client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet), LabelSticky: h}); err != nil {
+		if err := s.Cache.List(ctx, l, client.InNamespace(namespace), client.UnsafeDisableDeepCopy, client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet), LabelSticky: h}); err != nil {
 			return "", errors.Wrap(err, errListLeases)
 		}
 		items = l.Items

@@ -110,8 +110,8 @@ type Grant struct {
 	AcquiredAt time.Time
 }
 
-// Store keeps leases and bans in the API server.
-type Store struct {
+// StoreConfig is what NewStore builds a Store from.
+type StoreConfig struct {
 	// Client writes to the API server (its reads may be a manager's
 	// cache).
 	Client client.Client
@@ -144,6 +144,11 @@ type Store struct {
 	// the proxy, even where nobody is left to sweep them. nil, or a nil
 	// answer, makes them unowned.
 	OwnerOf func(ctx context.Context, namespace, proxy string) *metav1.OwnerReference
+}
+
+// Store keeps leases and bans in the API server. Build it with NewStore.
+type Store struct {
+	StoreConfig
 
 	// inflight holds the slots this replica is trying to take right now, so
 	// that its concurrent callers spread over different slots instead of
@@ -193,6 +198,20 @@ type Store struct {
 	unguardedGap time.Duration
 }
 
+// NewStore builds a Store, its zero settings taking their defaults.
+func NewStore(cfg StoreConfig) *Store {
+	if cfg.Reader == nil {
+		cfg.Reader = cfg.Client
+	}
+	if cfg.Cache == nil {
+		cfg.Cache = cfg.Client
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Store{StoreConfig: cfg}
+}
+
 // observation is a slot's renewal as this replica saw it.
 type observation struct {
 	uid   types.UID
@@ -229,7 +248,7 @@ func (s *Store) stale(l *coordv1.Lease, extra time.Duration) bool {
 	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil || l.Spec.HolderIdentity == nil || *l.Spec.HolderIdentity == "" {
 		return true
 	}
-	now := s.now()
+	now := s.Now()
 	key := l.Namespace + "/" + l.Name
 	cur := observation{uid: l.UID, renew: l.Spec.RenewTime.Time, ttl: *l.Spec.LeaseDurationSeconds, seen: now}
 	if v, ok := s.observed.Load(key); ok {
@@ -248,8 +267,8 @@ func (s *Store) wrote(l *coordv1.Lease) {
 	if l.Spec.RenewTime == nil || l.Spec.LeaseDurationSeconds == nil {
 		return
 	}
-	s.written.note(l, s.now())
-	s.observed.Store(l.Namespace+"/"+l.Name, observation{uid: l.UID, renew: l.Spec.RenewTime.Time, ttl: *l.Spec.LeaseDurationSeconds, seen: s.now()})
+	s.written.note(l, s.Now())
+	s.observed.Store(l.Namespace+"/"+l.Name, observation{uid: l.UID, renew: l.Spec.RenewTime.Time, ttl: *l.Spec.LeaseDurationSeconds, seen: s.Now()})
 }
 
 // forget drops the observations of slots that no longer exist.
@@ -267,27 +286,6 @@ func minTime(a, b time.Time) time.Time {
 		return a
 	}
 	return b
-}
-
-func (s *Store) now() time.Time {
-	if s.Now != nil {
-		return s.Now()
-	}
-	return time.Now()
-}
-
-func (s *Store) reader() client.Reader {
-	if s.Reader != nil {
-		return s.Reader
-	}
-	return s.Client
-}
-
-func (s *Store) cache() client.Reader {
-	if s.Cache != nil {
-		return s.Cache
-	}
-	return s.Client
 }
 
 // validTTL says whether a Lease object can carry ttl as its duration.

@@ -44,7 +44,7 @@ func TestSemantics(t *testing.T) {
 	ctx := context.Background()
 	ns := bed.Namespace(t)
 	c := &clock{t: time.Now()}
-	s := &lease.Store{Client: bed.Client, Now: c.now}
+	s := lease.NewStore(lease.StoreConfig{Client: bed.Client, Now: c.now})
 	req := lease.Request{Holder: "crawler-a", TTL: time.Minute}
 
 	g1, err := s.Acquire(ctx, cands(ns, 2, "p0"), req)
@@ -197,7 +197,7 @@ func TestConcurrency(t *testing.T) {
 	stores := make([]*lease.Store, replicas)
 	for i := range replicas {
 		c, ca := bed.Replica(t, ns, &coordv1.Lease{})
-		stores[i] = &lease.Store{Client: c, Cache: ca}
+		stores[i] = lease.NewStore(lease.StoreConfig{Client: c, Cache: ca})
 	}
 
 	var (
@@ -283,7 +283,7 @@ func TestAcquireSkipsSlotItCannotCreate(t *testing.T) {
 	bed := sharedBed.Env(t)
 	ctx := context.Background()
 	ns := bed.Namespace(t)
-	s := &lease.Store{Client: bed.Client}
+	s := lease.NewStore(lease.StoreConfig{Client: bed.Client})
 	long := strings.Repeat("a", 250)
 	g, err := s.Acquire(ctx, cands(ns, 1, long, "p0"), lease.Request{Holder: "h", TTL: time.Minute})
 	if err != nil || g.Proxy != "p0" {

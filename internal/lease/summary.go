@@ -144,7 +144,7 @@ func (s *Store) Leased(ctx context.Context, namespace, fleet string, maxTTL time
 			add(proxy, l.Namespace+"/"+l.Name, l.Spec.RenewTime.Time, leaseTTL(l))
 		}
 	}
-	now := s.now()
+	now := s.Now()
 	for key, o := range s.written.of(namespace, fleet, now) {
 		add(o.proxy, key, o.renew, o.ttl)
 	}

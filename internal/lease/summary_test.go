@@ -20,10 +20,10 @@ func TestTakeInFlightIsListed(t *testing.T) {
 	ns := bed.Namespace(t)
 	ctx := context.Background()
 	asked, answer := make(chan struct{}), make(chan bool)
-	s := &lease.Store{Client: bed.Client, Serving: func(context.Context, string, string, string, int) bool {
+	s := lease.NewStore(lease.StoreConfig{Client: bed.Client, Serving: func(context.Context, string, string, string, int) bool {
 		asked <- struct{}{}
 		return <-answer
-	}}
+	}})
 	done := make(chan error, 1)
 	go func() {
 		_, err := s.Acquire(ctx, []lease.Candidate{{Namespace: ns, Fleet: "crawlers", Proxy: "crawlers-0", MaxLeases: 1}}, lease.Request{Holder: "a", TTL: time.Minute})

@@ -23,7 +23,7 @@ func (s *Store) Sweep(ctx context.Context, proxyExists func(namespace, name stri
 	if err := s.Client.List(ctx, l, client.HasLabels{fleetv1alpha1.LabelLeaseKind}); err != nil {
 		return 0, errors.Wrap(err, errListLeases)
 	}
-	now := s.now()
+	now := s.Now()
 	n := 0
 	var firstErr error
 	slots := map[string]bool{}

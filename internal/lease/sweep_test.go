@@ -36,13 +36,13 @@ func TestSweepGoesOnPastErrors(t *testing.T) {
 	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
 	ctx := context.Background()
-	s := &lease.Store{Client: bed.Client}
+	s := lease.NewStore(lease.StoreConfig{Client: bed.Client})
 	for _, p := range []string{"p0", "p1", "p2"} {
 		if _, err := s.Acquire(ctx, cands(ns, 1, p), lease.Request{Holder: "h", TTL: time.Hour}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	sw := &lease.Store{Client: failingDeletes{Client: bed.Client, proxy: "p0"}}
+	sw := lease.NewStore(lease.StoreConfig{Client: failingDeletes{Client: bed.Client, proxy: "p0"}})
 	n, err := sw.Sweep(ctx, func(string, string) bool { return false }, 0)
 	if !errors.Is(err, errDenied) {
 		t.Errorf("the lease that could not be deleted is reported: %v", err)

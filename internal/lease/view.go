@@ -80,7 +80,7 @@ func (s *Store) fleetLeases(ctx context.Context, namespace, fleet, kind string) 
 		return items, errors.Wrap(err, errListLeases)
 	}
 	l := &coordv1.LeaseList{}
-	if err := s.cache().List(ctx, l, client.InNamespace(namespace), client.UnsafeDisableDeepCopy,
+	if err := s.Cache.List(ctx, l, client.InNamespace(namespace), client.UnsafeDisableDeepCopy,
 		client.MatchingLabels{fleetv1alpha1.LabelFleet: ownership.LabelValue(fleet), fleetv1alpha1.LabelLeaseKind: kind}); err != nil {
 		return nil, errors.Wrap(err, errListLeases)
 	}

@@ -66,13 +66,13 @@ func fuzzServer(f *testing.F) (http.Handler, string) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	s := &discovery.Server{
+	s := discovery.NewServer(discovery.ServerConfig{
 		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client},
-		Leases:  &lease.Store{Client: bed.Client},
+		Leases:  lease.NewStore(lease.StoreConfig{Client: bed.Client}),
 		Auth:    discovery.NewKubernetes(discovery.KubernetesConfig{Client: bed.Client, Static: st}),
 		Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 		MaxBansPerFleet: 20,
-	}
+	})
 	return s.Handler(), ns
 }
 
