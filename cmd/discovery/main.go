@@ -239,7 +239,7 @@ func (c *CLI) Run() error {
 	}
 	srv := discovery.NewServer(discovery.ServerConfig{
 		ASN: asn, Limits: limits,
-		Catalog: &discovery.Catalog{Cache: mgr.GetCache(), Direct: mgr.GetAPIReader(), Fleets: fleets, Now: now}, Now: now,
+		Catalog: discovery.NewCatalog(discovery.CatalogConfig{Cache: mgr.GetCache(), Direct: mgr.GetAPIReader(), Fleets: fleets, Now: now}), Now: now,
 		Leases: store, Auth: auth, Metrics: dmetrics.NewDiscovery(), Log: log,
 		Version: version, MaxBansPerFleet: c.MaxBansPerFleet, MaxBansPerIdentity: c.MaxBansPerIdentity,
 		MaxWaiting: c.MaxWaiting, MaxWaitingPerIdentity: c.MaxWaitingPerIdentity,
@@ -258,11 +258,11 @@ func (c *CLI) Run() error {
 		return errors.Wrap(err, "cannot add the lease sweeper")
 	}
 	if fleets != nil {
-		if err := mgr.Add(&discovery.DemandPublisher{Server: srv, Client: mgr.GetClient(), Fleets: fleets, Replica: replica, Log: log}); err != nil {
+		if err := mgr.Add(discovery.NewDemandPublisher(discovery.DemandPublisherConfig{Server: srv, Client: mgr.GetClient(), Fleets: fleets, Replica: replica, Log: log})); err != nil {
 			return errors.Wrap(err, "cannot add the demand publisher")
 		}
 	}
-	if err := mgr.Add(&discovery.SummaryPublisher{Server: srv, Client: mgr.GetClient(), Replica: replica, Log: log}); err != nil {
+	if err := mgr.Add(discovery.NewSummaryPublisher(discovery.SummaryPublisherConfig{Server: srv, Client: mgr.GetClient(), Replica: replica, Log: log})); err != nil {
 		return errors.Wrap(err, "cannot add the lease summary publisher")
 	}
 	return errors.Wrap(mgr.Start(ctx), "cannot run manager")
@@ -358,9 +358,9 @@ func (c *CLI) addGateway(mgr manager.Manager, srv *discovery.Server, log logging
 	if err != nil {
 		return errors.Wrap(err, "--tenant-private-networks (TENANT_PRIVATE_NETWORKS)")
 	}
-	gw := &discovery.Gateway{Server: srv, Metrics: dmetrics.NewGateway(), Idle: c.GatewayIdle, TunnelIdle: c.GatewayTunnelIdle,
+	gw := discovery.NewGateway(discovery.GatewayConfig{Server: srv, Metrics: dmetrics.NewGateway(), Idle: c.GatewayIdle, TunnelIdle: c.GatewayTunnelIdle,
 		MaxConns: c.GatewayMaxConns, MaxConnsPerIdentity: c.GatewayMaxConnsPerIdentity, MaxConnsPerNamespace: c.GatewayMaxConnsPerNS,
-		MaxSeats: c.GatewayMaxSeats, TenantPrivateNetworks: private, PlatformLoopback: c.PlatformLoopback}
+		MaxSeats: c.GatewayMaxSeats, TenantPrivateNetworks: private, PlatformLoopback: c.PlatformLoopback})
 	metrics.Registry.MustRegister(gw.Metrics.Collectors()...)
 	if err := mgr.Add(manager.RunnableFunc(func(ctx context.Context) error { gw.Run(ctx); return nil })); err != nil {
 		return errors.Wrap(err, "cannot add the gateway")

@@ -81,7 +81,7 @@ func TestLeaseRunsCommand(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := httptest.NewServer((discovery.NewServer(discovery.ServerConfig{
-		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client}, Leases: lease.NewStore(lease.StoreConfig{Client: bed.Client}),
+		Catalog: discovery.NewCatalog(discovery.CatalogConfig{Cache: bed.Client, Direct: bed.Client}), Leases: lease.NewStore(lease.StoreConfig{Client: bed.Client}),
 		Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: bed.Client, Static: st}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 	})).Handler())
 	t.Cleanup(srv.Close)

@@ -52,7 +52,7 @@ func (c *CLI) Validate() error {
 
 func (c *CLI) discovery() (*types.NamespacedName, error) {
 	if c.DiscoveryAccount == "none" {
-		return nil, nil
+		return &types.NamespacedName{}, nil // grants none
 	}
 	sa, err := proxyfleet.ParseServiceAccount(c.DiscoveryAccount)
 	if err != nil {
@@ -100,15 +100,16 @@ func (c *CLI) Run() error {
 	if err != nil {
 		return err
 	}
-	fn := proxyfleet.New(log, now).WithDiscovery(sa)
+	cfg := proxyfleet.Config{Log: log, Now: now, Discovery: sa}
 	if c.ASNDatabase != "" {
 		db, err := egressip.OpenASNDB(c.ASNDatabase)
 		if err != nil {
 			return errors.Wrap(err, "--asn-database (ASN_DATABASE)")
 		}
 		defer db.Close() //nolint:errcheck // Read only.
-		fn = fn.WithASN(db)
+		cfg.ASN = db
 	}
+	fn := proxyfleet.New(cfg)
 	err = function.Serve(fn,
 		function.Listen("tcp", c.Address),
 		function.MTLSCertificates(c.TLSCertsDir),

@@ -203,8 +203,8 @@ func (c *CLI) Run() error {
 	metrics.Registry.MustRegister(mrMetrics, stateMetrics)
 	metrics.Registry.MustRegister(pm.Collectors()...)
 
-	backends := &proxy.Backends{Kube: mgr.GetClient(), Config: cfg, ClusterID: clusterID, StateDir: c.StateDir, RestartDelay: c.LocalRestartDelay, Logger: log,
-		GCPOperationTimeout: c.GCPOperationTimeout}
+	backends := proxy.NewBackends(proxy.BackendsConfig{Kube: mgr.GetClient(), Config: cfg, ClusterID: clusterID, StateDir: c.StateDir, RestartDelay: c.LocalRestartDelay, Logger: log,
+		GCPOperationTimeout: c.GCPOperationTimeout})
 	if c.GCPTestEndpoint != "" {
 		backends.GCPClientOptions = []option.ClientOption{option.WithEndpoint(c.GCPTestEndpoint), option.WithoutAuthentication()}
 	}

@@ -124,7 +124,7 @@ func run(out string) error {
 		return err
 	}
 	srv := httptest.NewServer((discovery.NewServer(discovery.ServerConfig{
-		Catalog: &discovery.Catalog{Cache: c, Direct: c, Fleets: c}, Leases: lease.NewStore(lease.StoreConfig{Client: c}),
+		Catalog: discovery.NewCatalog(discovery.CatalogConfig{Cache: c, Direct: c, Fleets: c}), Leases: lease.NewStore(lease.StoreConfig{Client: c}),
 		Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 	})).Handler())
 	defer srv.Close()

@@ -86,7 +86,7 @@ func replicaHandler(t *testing.T, ns, static string, mods ...func(*discovery.Ser
 		t.Fatal(err)
 	}
 	cfg := discovery.ServerConfig{
-		Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: lease.NewStore(lease.StoreConfig{Client: c, Cache: ca}),
+		Catalog: discovery.NewCatalog(discovery.CatalogConfig{Cache: ca, Direct: c}), Leases: lease.NewStore(lease.StoreConfig{Client: c, Cache: ca}),
 		Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Version: version,
 	}
 	for _, m := range mods {

@@ -45,7 +45,7 @@ func BenchmarkListProxies(b *testing.B) {
 	st := staticTokens(b, "t "+ns+"\n")
 	srv := func(v func() uint64) http.Handler {
 		return (discovery.NewServer(discovery.ServerConfig{
-			Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: lease.NewStore(lease.StoreConfig{Client: c, Cache: ca}),
+			Catalog: discovery.NewCatalog(discovery.CatalogConfig{Cache: ca, Direct: c}), Leases: lease.NewStore(lease.StoreConfig{Client: c, Cache: ca}),
 			Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 			Version: v,
 		})).Handler()

@@ -12,6 +12,8 @@ import (
 type (
 	// Gateway is the gateway of this REST server's fleets.
 	Gateway = gateway.Gateway[*Server]
+	// GatewayConfig is gateway.Config.
+	GatewayConfig = gateway.Config[*Server]
 	// GatewayUser is gateway.User.
 	GatewayUser = gateway.User
 	// Identity is auth.Identity.
@@ -28,6 +30,8 @@ type (
 	IdentityLimits = auth.IdentityLimits
 	// Catalog is catalog.Catalog.
 	Catalog = catalog.Catalog
+	// CatalogConfig is catalog.CatalogConfig.
+	CatalogConfig = catalog.CatalogConfig
 	// SecretError is catalog.SecretError.
 	SecretError = catalog.SecretError
 	// FleetSizing is catalog.FleetSizing.
@@ -50,6 +54,10 @@ var (
 	GatewaySeatHolder = gateway.SeatHolder
 	// NewKubernetes is auth.NewKubernetes.
 	NewKubernetes = auth.NewKubernetes
+	// NewGateway is gateway.New.
+	NewGateway = gateway.New[*Server]
+	// NewCatalog is catalog.NewCatalog.
+	NewCatalog = catalog.NewCatalog
 	// LoadStaticTokens is auth.LoadStaticTokens.
 	LoadStaticTokens = auth.LoadStaticTokens
 	// WithClientAddress is auth.WithClientAddress.

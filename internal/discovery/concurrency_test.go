@@ -48,7 +48,7 @@ func TestServersConcurrency(t *testing.T) {
 	for i := range replicas {
 		c, ca := bed.Replica(t, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
 		servers[i] = httptest.NewServer((discovery.NewServer(discovery.ServerConfig{
-			Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: lease.NewStore(lease.StoreConfig{Client: c, Cache: ca}),
+			Catalog: discovery.NewCatalog(discovery.CatalogConfig{Cache: ca, Direct: c}), Leases: lease.NewStore(lease.StoreConfig{Client: c, Cache: ca}),
 			Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 		})).Handler())
 		t.Cleanup(servers[i].Close)

@@ -16,6 +16,28 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/leasewire"
 )
 
+// DefaultPublishTick is how often the demand and summary publishers look
+// at the fleets by default.
+const DefaultPublishTick = time.Second
+
+// DemandPublisherConfig is what NewDemandPublisher builds a
+// DemandPublisher from.
+type DemandPublisherConfig struct {
+	Server *Server
+	// Client writes the demand Leases; Fleets lists the ProxyFleets
+	// (cached). Without Fleets nothing is published.
+	Client client.Client
+	Fleets client.Reader
+	// Replica names this replica in its Leases (when empty, ReplicaName:
+	// the host name and a random suffix, so that two processes on one host
+	// differ).
+	Replica string
+	Log     logging.Logger
+	// Tick is how often demand is looked at (DefaultPublishTick when
+	// zero): a fleet at zero learns of its first waiting crawler within it.
+	Tick time.Duration
+}
+
 // DemandPublisher writes this replica's share of each autoscaled fleet's
 // lease demand to a demand Lease in the fleet's namespace, which the
 // function sums to size the fleet: when it changes, at most every
@@ -24,21 +46,22 @@ import (
 // longer autoscaled, and those of any replica of fleets that are gone.
 // Every replica publishes; it is a manager Runnable.
 type DemandPublisher struct {
-	Server *Server
-	// Client writes the demand Leases; Fleets lists the ProxyFleets
-	// (cached). Without Fleets nothing is published.
-	Client client.Client
-	Fleets client.Reader
-	// Replica names this replica in its Leases (default the host name and
-	// a random suffix, so that two processes on one host differ).
-	Replica string
-	Log     logging.Logger
-	// Tick is how often demand is looked at (default a second): a fleet
-	// at zero learns of its first waiting crawler within it.
-	Tick time.Duration
+	DemandPublisherConfig
 
 	published map[string]publishedDemand
 	lastSweep time.Time
+}
+
+// NewDemandPublisher builds a DemandPublisher, its zero settings taking
+// their defaults.
+func NewDemandPublisher(cfg DemandPublisherConfig) *DemandPublisher {
+	if cfg.Replica == "" {
+		cfg.Replica = ReplicaName()
+	}
+	if cfg.Tick <= 0 {
+		cfg.Tick = DefaultPublishTick
+	}
+	return &DemandPublisher{DemandPublisherConfig: cfg, published: map[string]publishedDemand{}}
 }
 
 type publishedDemand struct {
@@ -53,14 +76,7 @@ func (p *DemandPublisher) NeedLeaderElection() bool { return false }
 // Start publishes until ctx is done, then deletes this replica's demand
 // Leases: a replica that stops asks for nothing.
 func (p *DemandPublisher) Start(ctx context.Context) error {
-	if p.Replica == "" {
-		p.Replica = ReplicaName()
-	}
-	tick := p.Tick
-	if tick <= 0 {
-		tick = time.Second
-	}
-	t := time.NewTicker(tick)
+	t := time.NewTicker(p.Tick)
 	defer t.Stop()
 	for {
 		select {
@@ -106,9 +122,6 @@ func (p *DemandPublisher) autoscaled(ctx context.Context) (map[string][2]string,
 func (p *DemandPublisher) Publish(ctx context.Context) error {
 	if p.Fleets == nil {
 		return nil
-	}
-	if p.published == nil {
-		p.published = map[string]publishedDemand{}
 	}
 	auto, all, err := p.autoscaled(ctx)
 	if err != nil {

@@ -65,7 +65,7 @@ func TestDemandPublished(t *testing.T) {
 
 	clk := &clock{t: time.Now()}
 	srv, s := serverOf(t, "team-token "+ns+" crawler\n", func(x *discovery.ServerConfig) { x.Now = clk.now })
-	pub := &discovery.DemandPublisher{Server: s, Client: bed.Client, Fleets: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()}
+	pub := discovery.NewDemandPublisher(discovery.DemandPublisherConfig{Server: s, Client: bed.Client, Fleets: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()})
 	name := leasewire.DemandName("crawlers", "replica-1")
 	published := func() (leasewire.Demand, bool) {
 		t.Helper()
@@ -241,7 +241,7 @@ func TestAutoscaledFleetWakesFromZero(t *testing.T) {
 	if _, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/fixed", Holder: "a"}); apiErr(err) == nil || apiErr(err).Status != 404 {
 		t.Errorf("a fixed-size fleet without proxies: want 404, got %v", err)
 	}
-	pub := &discovery.DemandPublisher{Server: s, Client: bed.Client, Fleets: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()}
+	pub := discovery.NewDemandPublisher(discovery.DemandPublisherConfig{Server: s, Client: bed.Client, Fleets: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()})
 	done := make(chan error, 1)
 	go func() {
 		_, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/elastic", Holder: "a", MaxWait: "15s"})

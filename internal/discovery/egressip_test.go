@@ -199,7 +199,7 @@ func TestBeyondDiversityLimitLast(t *testing.T) {
 
 	bed := sharedBed.Env(t)
 	s := discovery.NewServer(discovery.ServerConfig{
-		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client},
+		Catalog: discovery.NewCatalog(discovery.CatalogConfig{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client}),
 		Leases:  lease.NewStore(lease.StoreConfig{Client: bed.Client}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 		ASN: egressip.Table{netip.MustParsePrefix("198.51.100.0/25"): 64500, netip.MustParsePrefix("198.51.100.128/25"): 64501},
 	})
@@ -285,7 +285,7 @@ func TestBanFollowsTheAddress(t *testing.T) {
 
 	// The fleet shows the banned address whichever proxy leaves from it.
 	if got, ok := fleetGauge(t, discovery.FleetCollector{Server: discovery.NewServer(discovery.ServerConfig{
-		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client},
+		Catalog: discovery.NewCatalog(discovery.CatalogConfig{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client}),
 		Leases:  lease.NewStore(lease.StoreConfig{Client: bed.Client}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 	})}, "egress_fleet_banned_addresses", ns); !ok || got != 1 {
 		t.Errorf("egress_fleet_banned_addresses of the fleet: %v (%v), want 1 banned by one domain", got, ok)
@@ -434,7 +434,7 @@ func TestRecyclingVisible(t *testing.T) {
 	}
 
 	s := discovery.NewServer(discovery.ServerConfig{
-		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client},
+		Catalog: discovery.NewCatalog(discovery.CatalogConfig{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client}),
 		Leases:  lease.NewStore(lease.StoreConfig{Client: bed.Client}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 	})
 	c := discovery.FleetCollector{Server: s}

@@ -73,7 +73,7 @@ func TestFaultsCombined(t *testing.T) {
 		}
 		now := offsetClock(offsets[i])
 		return &faultReplica{cancel: cancel, srv: httptest.NewServer((discovery.NewServer(discovery.ServerConfig{
-			Catalog: &discovery.Catalog{Cache: ca, Direct: c, Now: now}, Leases: lease.NewStore(lease.StoreConfig{Client: c, Cache: ca, Now: now}),
+			Catalog: discovery.NewCatalog(discovery.CatalogConfig{Cache: ca, Direct: c, Now: now}), Leases: lease.NewStore(lease.StoreConfig{Client: c, Cache: ca, Now: now}),
 			Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st, Now: now}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Now: now, Version: version,
 		})).Handler())}
 	}

@@ -42,7 +42,7 @@ func TestPoolSeries(t *testing.T) {
 	fleet(t, plain, "plain", 2, 1, nil)
 
 	s := discovery.NewServer(discovery.ServerConfig{
-		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client},
+		Catalog: discovery.NewCatalog(discovery.CatalogConfig{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client}),
 		Leases:  lease.NewStore(lease.StoreConfig{Client: bed.Client}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),
 	})
 	c := discovery.FleetCollector{Server: s}

@@ -99,7 +99,7 @@ func TestGatewayDialsOnlyWhatTheKindJustifies(t *testing.T) {
 		t.Fatalf("the refused address was dialed %d times", n)
 	}
 
-	permitted, url, _ := b.replica(t, func(g *discovery.Gateway) {
+	permitted, url, _ := b.replica(t, func(g *discovery.GatewayConfig) {
 		g.TenantPrivateNetworks = &reach.Networks{netip.MustParsePrefix("127.0.0.0/8")}
 	})
 	waitCached(t, permitted, b.ns, "ext-0")
@@ -124,7 +124,7 @@ func TestGatewayDialsOnlyWhatTheKindJustifies(t *testing.T) {
 	publishedProxy(t, b.ns, "vmlo", gcp(), cp.Addrs[0])
 	publishedProxyOf(t, b.ns, "tenantvm", v1alpha1.ProviderConfigKind, gcp(), standIn)
 	dialed := cp.Connections(0)
-	scale, url, _ := b.replica(t, func(g *discovery.Gateway) { g.PlatformLoopback = true })
+	scale, url, _ := b.replica(t, func(g *discovery.GatewayConfig) { g.PlatformLoopback = true })
 	waitCached(t, scale, b.ns, "ext-0", "pod-0", "vm-0", "vmlo-0", "tenantvm-0")
 	if rsp := proxied(t, url, b.ns+"_vm", b.token, target); rsp.StatusCode != http.StatusOK {
 		t.Errorf("a platform VM at a stand-in VM's address with PlatformLoopback: %d, want 200", rsp.StatusCode)
@@ -252,7 +252,7 @@ func tunnelWith(t *testing.T, b *gatewayBed, user, token, target string) (net.Co
 // cannot fill the gateway; a caller of another namespace is not held up by
 // that bound, and a connection is admitted again once one closes.
 func TestGatewayNamespaceBound(t *testing.T) {
-	b := newGatewayBed(t, 1, 8, func(g *discovery.Gateway) { g.MaxConnsPerNamespace, g.MaxConnsPerIdentity = 2, 10 })
+	b := newGatewayBed(t, 1, 8, func(g *discovery.GatewayConfig) { g.MaxConnsPerNamespace, g.MaxConnsPerIdentity = 2, 10 })
 	echo := tcpEcho(t, 0)
 	mustTunnel(t, b, b.user(""), b.token, echo)
 	held := mustTunnel(t, b, b.user("_session_s1"), b.token2(), echo)
@@ -277,7 +277,7 @@ func TestGatewayNamespaceBound(t *testing.T) {
 // target streams slowly to a silent crawler, stays open however long.
 func TestGatewayTunnelIdle(t *testing.T) {
 	const idle = 600 * time.Millisecond
-	b := newGatewayBed(t, 1, 8, func(g *discovery.Gateway) { g.TunnelIdle = idle })
+	b := newGatewayBed(t, 1, 8, func(g *discovery.GatewayConfig) { g.TunnelIdle = idle })
 
 	echo := mustTunnel(t, b, b.user(""), b.token, tcpEcho(t, 0))
 	for i := range 12 {

@@ -289,7 +289,7 @@ func TestGatewayRotationOfTheFleet(t *testing.T) {
 // SeatTurnover / MaxSeats; and a proxy whose slots API crawlers hold is
 // passed over.
 func TestGatewaySeatBound(t *testing.T) {
-	b := newGatewayBed(t, 3, 2, func(gw *discovery.Gateway) { gw.MaxSeats, gw.SeatTurnover = 2, 400*time.Millisecond })
+	b := newGatewayBed(t, 3, 2, func(gw *discovery.GatewayConfig) { gw.MaxSeats, gw.SeatTurnover = 2, 400*time.Millisecond })
 	target := testbed.StartEchoTarget(t)
 	host := strings.TrimSuffix(strings.TrimPrefix(target.URL, "https://"), "/ip")
 	seats := func() int {

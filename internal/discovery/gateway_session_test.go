@@ -42,7 +42,7 @@ func TestGatewaySessionLifetime(t *testing.T) {
 	// The replica's clock, its lease store's too (a lease's acquireTime
 	// times a lifetime), runs ahead when the test says: the server is
 	// built again on it, as its allocator takes its clock when built.
-	b := newGatewayBed(t, 3, 2, func(gw *discovery.Gateway) {
+	b := newGatewayBed(t, 3, 2, func(gw *discovery.GatewayConfig) {
 		cfg := gw.Server.ServerConfig
 		cfg.Now, cfg.Leases.Now = clock, clock
 		gw.Server = discovery.NewServer(cfg)

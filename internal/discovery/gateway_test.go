@@ -233,7 +233,7 @@ func TestGatewayRefusals(t *testing.T) {
 // connections gets 429 for one more, and may connect again once one
 // closes.
 func TestGatewayConnectionBound(t *testing.T) {
-	b := newGatewayBed(t, 1, 4, func(g *discovery.Gateway) { g.MaxConnsPerIdentity = 1 })
+	b := newGatewayBed(t, 1, 4, func(g *discovery.GatewayConfig) { g.MaxConnsPerIdentity = 1 })
 	target := testbed.StartEchoTarget(t)
 	plain := testbed.StartPlainEchoTarget(t)
 	host := strings.TrimSuffix(strings.TrimPrefix(target.URL, "https://"), "/ip")
@@ -407,7 +407,7 @@ func TestGatewaySessionLeavesDrainingProxy(t *testing.T) {
 // second, idle in turn, the last, gives the lease back.
 func TestGatewaySessionAcrossReplicas(t *testing.T) {
 	b := newGatewayBed(t, 2, 1)
-	gw2, second, _ := b.replica(t, func(g *discovery.Gateway) { g.Replica = "second" })
+	gw2, second, _ := b.replica(t, func(g *discovery.GatewayConfig) { g.Replica = "second" })
 	target := testbed.StartEchoTarget(t)
 	_, first, proxy := b.session(t, "across", target)
 	c2 := clientAt(second, b.user("_session_across"), b.token, target)

@@ -42,7 +42,7 @@ type gatewayBed struct {
 	store     *lease.Store
 }
 
-func newGatewayBed(t testing.TB, n, maxLeases int, mods ...func(*discovery.Gateway)) *gatewayBed {
+func newGatewayBed(t testing.TB, n, maxLeases int, mods ...func(*discovery.GatewayConfig)) *gatewayBed {
 	t.Helper()
 	addrs := make([]string, n)
 	for i := range addrs {
@@ -54,7 +54,7 @@ func newGatewayBed(t testing.TB, n, maxLeases int, mods ...func(*discovery.Gatew
 // newGatewayBedAt is newGatewayBed with proxy i's Squid bound to, and
 // leaving from, addrs[i] (loopback addresses: 127.0.1.2 is in another
 // /24 than 127.0.0.2).
-func newGatewayBedAt(t testing.TB, addrs []string, maxLeases int, mods ...func(*discovery.Gateway)) *gatewayBed {
+func newGatewayBedAt(t testing.TB, addrs []string, maxLeases int, mods ...func(*discovery.GatewayConfig)) *gatewayBed {
 	t.Helper()
 	n := len(addrs)
 	bed := sharedBed.Env(t)
@@ -115,7 +115,7 @@ func newGatewayBedAt(t testing.TB, addrs []string, maxLeases int, mods ...func(*
 // replica starts one more egress-discovery replica's gateway on the bed's
 // fleet, with a cache and a lease store of its own: its gateway, address
 // and store.
-func (b *gatewayBed) replica(t testing.TB, mods ...func(*discovery.Gateway)) (*discovery.Gateway, string, *lease.Store) {
+func (b *gatewayBed) replica(t testing.TB, mods ...func(*discovery.GatewayConfig)) (*discovery.Gateway, string, *lease.Store) {
 	t.Helper()
 	bed := sharedBed.Env(t)
 	c, ca := bed.Replica(t, b.ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
@@ -128,13 +128,14 @@ func (b *gatewayBed) replica(t testing.TB, mods ...func(*discovery.Gateway)) (*d
 	store := lease.NewStore(lease.StoreConfig{Client: c, Cache: ca})
 	st := staticTokens(t, b.token+" "+b.ns+"\n"+b.token2()+" "+b.ns+"\nother-token some-other-namespace\n")
 	srv := discovery.NewServer(discovery.ServerConfig{
-		Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: store,
+		Catalog: discovery.NewCatalog(discovery.CatalogConfig{Cache: ca, Direct: c}), Leases: store,
 		Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Version: version,
 	})
-	gw := &discovery.Gateway{Server: srv, Idle: 2 * time.Second, DialTimeout: 2 * time.Second}
+	cfg := discovery.GatewayConfig{Server: srv, Idle: 2 * time.Second, DialTimeout: 2 * time.Second}
 	for _, m := range mods {
-		m(gw)
+		m(&cfg)
 	}
+	gw := discovery.NewGateway(cfg)
 	go gw.Run(rctx)
 	hs := httptest.NewServer(gw)
 	t.Cleanup(hs.Close)

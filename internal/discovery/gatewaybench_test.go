@@ -36,7 +36,7 @@ func BenchmarkGateway(b *testing.B) {
 }
 
 func benchGateway(b *testing.B) {
-	gb := newGatewayBed(b, 3, 4, func(g *discovery.Gateway) { g.MaxConnsPerIdentity, g.MaxConns = 5000, 5000 })
+	gb := newGatewayBed(b, 3, 4, func(g *discovery.GatewayConfig) { g.MaxConnsPerIdentity, g.MaxConns = 5000, 5000 })
 	target := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "ok") }))
 	defer target.Close()
 	host := strings.TrimPrefix(target.URL, "https://")

@@ -57,7 +57,7 @@ func BenchmarkLeaseAPI(b *testing.B) {
 		b.Fatal(err)
 	}
 	h := (discovery.NewServer(discovery.ServerConfig{
-		Catalog: &discovery.Catalog{Cache: ca, Direct: c}, Leases: lease.NewStore(lease.StoreConfig{Client: c, Cache: ca}),
+		Catalog: discovery.NewCatalog(discovery.CatalogConfig{Cache: ca, Direct: c}), Leases: lease.NewStore(lease.StoreConfig{Client: c, Cache: ca}),
 		Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Version: version,
 	})).Handler()
 	serve := func(token, method, path, body string) *httptest.ResponseRecorder {

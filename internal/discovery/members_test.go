@@ -25,7 +25,7 @@ func TestFleetMembersRemembered(t *testing.T) {
 	ns := bed.Namespace(t)
 	fleet(t, ns, "f", 3, 1, nil)
 	c, ca := bed.Replica(t, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
-	cat := &discovery.Catalog{Cache: ca, Direct: c}
+	cat := discovery.NewCatalog(discovery.CatalogConfig{Cache: ca, Direct: c})
 	healthy := func() (int, *string) {
 		ms, err := cat.Fleet(ctx, ns, "f")
 		if err != nil {

@@ -98,7 +98,7 @@ func composeAccess(t *testing.T, namespace, authSecret string) []*unstructured.U
 	xr := resource.MustStructJSON(fmt.Sprintf(`{"apiVersion": "crawl.example.com/v1alpha1", "kind": "ProxyFleet",
 		"metadata": {"name": "crawlers", "namespace": %q},
 		"spec": {"zones": ["a"], "placement": {"local": {}}, "proxy": {"authSecretRef": {"name": %q}}, "healthCheck": {"url": "https://example.com/ip"}}}`, namespace, authSecret))
-	rsp, err := function.New(logging.NewNopLogger(), func() time.Time { return time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC) }).
+	rsp, err := function.New(function.Config{Log: logging.NewNopLogger(), Now: func() time.Time { return time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC) }}).
 		RunFunction(context.Background(), &fnv1.RunFunctionRequest{
 			Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: xr}},
 			RequiredResources: map[string]*fnv1.Resources{"leases": {}},

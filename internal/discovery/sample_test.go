@@ -32,7 +32,7 @@ func cachedServer(t *testing.T, ns string) (*httptest.Server, client.Client, cac
 	c, ca := sharedBed.Env(t).Replica(t, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
 	m := dmetrics.NewDiscovery()
 	srv := httptest.NewServer((discovery.NewServer(discovery.ServerConfig{
-		Catalog: &discovery.Catalog{Cache: ca, Direct: c},
+		Catalog: discovery.NewCatalog(discovery.CatalogConfig{Cache: ca, Direct: c}),
 		Leases:  lease.NewStore(lease.StoreConfig{Client: c, Cache: ca, Serving: discovery.ProxyServing(ca)}),
 		Auth:    discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: staticTokens(t, "t "+ns+" crawler\n")}), Metrics: m, Log: logging.NewNopLogger(),
 	})).Handler())

@@ -110,7 +110,7 @@ func serverOf(t *testing.T, static string, mods ...func(*discovery.ServerConfig)
 		}
 	}
 	cfg := discovery.ServerConfig{
-		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client},
+		Catalog: discovery.NewCatalog(discovery.CatalogConfig{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client}),
 		Leases:  lease.NewStore(lease.StoreConfig{Client: bed.Client, OwnerOf: discovery.ProxyOwner(bed.Client), FleetOwnerOf: discovery.ProxyController(bed.Client, bed.Client)}),
 		Auth:    discovery.NewKubernetes(discovery.KubernetesConfig{Client: bed.Client, Static: tokens}),
 		Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),

@@ -56,7 +56,7 @@ func TestSkewedClocks(t *testing.T) {
 		c, ca := bed.Replica(t, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
 		now := offsetClock(off)
 		servers[i] = httptest.NewServer((discovery.NewServer(discovery.ServerConfig{
-			Catalog: &discovery.Catalog{Cache: ca, Direct: c, Now: now}, Leases: lease.NewStore(lease.StoreConfig{Client: c, Cache: ca, Now: now}),
+			Catalog: discovery.NewCatalog(discovery.CatalogConfig{Cache: ca, Direct: c, Now: now}), Leases: lease.NewStore(lease.StoreConfig{Client: c, Cache: ca, Now: now}),
 			Auth: discovery.NewKubernetes(discovery.KubernetesConfig{Client: c, Static: st, Now: now}), Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(), Now: now,
 		})).Handler())
 		t.Cleanup(servers[i].Close)

@@ -22,6 +22,20 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
 
+// SummaryPublisherConfig is what NewSummaryPublisher builds a
+// SummaryPublisher from.
+type SummaryPublisherConfig struct {
+	Server *Server
+	// Client writes the summaries.
+	Client client.Client
+	// Replica names this replica (when empty, ReplicaName: the host name
+	// and a random suffix, so that two processes on one host differ).
+	Replica string
+	Log     logging.Logger
+	// Tick is how often the fleets are looked at (DefaultPublishTick when zero).
+	Tick time.Duration
+}
+
 // SummaryPublisher writes, for every fleet, this replica's LeaseSummary:
 // the proxies crawlers hold leases on (from its cache, and the slots it
 // wrote itself lately, which its cache may not show yet), the proxies it
@@ -34,18 +48,22 @@ import (
 // for leasewire.SummarySweepAfter. Every replica publishes; it is a manager
 // Runnable.
 type SummaryPublisher struct {
-	Server *Server
-	// Client writes the summaries.
-	Client client.Client
-	// Replica names this replica (default the host name and a random
-	// suffix, so that two processes on one host differ).
-	Replica string
-	Log     logging.Logger
-	// Tick is how often the fleets are looked at (default a second).
-	Tick time.Duration
+	SummaryPublisherConfig
 
 	published map[string]publishedSummary
 	lastSweep time.Time
+}
+
+// NewSummaryPublisher builds a SummaryPublisher, its zero settings
+// taking their defaults.
+func NewSummaryPublisher(cfg SummaryPublisherConfig) *SummaryPublisher {
+	if cfg.Replica == "" {
+		cfg.Replica = ReplicaName()
+	}
+	if cfg.Tick <= 0 {
+		cfg.Tick = DefaultPublishTick
+	}
+	return &SummaryPublisher{SummaryPublisherConfig: cfg, published: map[string]publishedSummary{}}
 }
 
 // publishedSummary is what this replica last wrote for a fleet, or one of
@@ -63,14 +81,7 @@ func (p *SummaryPublisher) NeedLeaderElection() bool { return false }
 // Start publishes until ctx is done, then deletes this replica's
 // summaries: a replica that stops leaves no account that would go stale.
 func (p *SummaryPublisher) Start(ctx context.Context) error {
-	if p.Replica == "" {
-		p.Replica = ReplicaName()
-	}
-	tick := p.Tick
-	if tick <= 0 {
-		tick = time.Second
-	}
-	t := time.NewTicker(tick)
+	t := time.NewTicker(p.Tick)
 	defer t.Stop()
 	for {
 		select {
@@ -93,9 +104,6 @@ func (p *SummaryPublisher) Start(ctx context.Context) error {
 
 // Publish writes what changed, once.
 func (p *SummaryPublisher) Publish(ctx context.Context) error {
-	if p.published == nil {
-		p.published = map[string]publishedSummary{}
-	}
 	fleets, err := p.Server.Catalog.All(ctx)
 	if err != nil {
 		return err

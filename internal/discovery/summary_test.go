@@ -67,7 +67,7 @@ func TestLeaseSummaryPublished(t *testing.T) {
 	srv, s := serverOf(t, "team-token "+ns+" crawler\n", func(x *discovery.ServerConfig) {
 		x.Now, x.Leases.Now, x.Leases.Cache = clk.now, clk.now, cache
 	})
-	pub := &discovery.SummaryPublisher{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()}
+	pub := discovery.NewSummaryPublisher(discovery.SummaryPublisherConfig{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()})
 	name := leasewire.SummaryName("crawlers", "replica-1")
 	published := func(what string) v1alpha1.LeaseSummarySpec {
 		t.Helper()
@@ -255,7 +255,7 @@ func TestPoolSummaries(t *testing.T) {
 		}
 	}
 	srv, s := serverOf(t, "team-token "+ns+" crawler\n")
-	pub := &discovery.SummaryPublisher{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()}
+	pub := discovery.NewSummaryPublisher(discovery.SummaryPublisherConfig{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()})
 	c := &apiv1.Client{BaseURL: srv.URL, Token: "team-token"}
 	var leased []string
 	for _, h := range []string{"a", "b"} {
@@ -383,7 +383,7 @@ func TestSummariesStayWhenAFleetCannotBeRead(t *testing.T) {
 	srv, s := serverOf(t, "team-token "+ns+" crawler\n", func(x *discovery.ServerConfig) {
 		x.Now, x.Leases.Now, x.Catalog.Now, x.Catalog.Fleets, x.Catalog.Direct = clk.now, clk.now, clk.now, fleets, fleets
 	})
-	pub := &discovery.SummaryPublisher{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()}
+	pub := discovery.NewSummaryPublisher(discovery.SummaryPublisherConfig{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()})
 	c := &apiv1.Client{BaseURL: srv.URL, Token: "team-token"}
 	if _, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/crawlers", Holder: "a", TTL: "15m", MaxWait: "0s"}); err != nil {
 		t.Fatal(err)
@@ -432,7 +432,7 @@ func TestLeaseSummaryWriteFailuresCounted(t *testing.T) {
 	fleet(t, ns, "crawlers", 1, 1, nil)
 	_, s := serverOf(t, "")
 	writes := s.Metrics.SummaryWrites
-	failing := &discovery.SummaryPublisher{Server: s, Client: refusingWrites{bed.Client}, Replica: "replica-1", Log: logging.NewNopLogger()}
+	failing := discovery.NewSummaryPublisher(discovery.SummaryPublisherConfig{Server: s, Client: refusingWrites{bed.Client}, Replica: "replica-1", Log: logging.NewNopLogger()})
 	// Every fleet the shared API server holds is summarised, so the
 	// counts are compared, not fixed.
 	if err := failing.Publish(context.Background()); err == nil || !strings.Contains(err.Error(), "refused") {
@@ -442,7 +442,7 @@ func TestLeaseSummaryWriteFailuresCounted(t *testing.T) {
 	if failed < 1 || written != 0 {
 		t.Errorf("refused writes: want failed >= 1 and written 0, got %v and %v", failed, written)
 	}
-	ok := &discovery.SummaryPublisher{Server: s, Client: bed.Client, Replica: "replica-2", Log: logging.NewNopLogger()}
+	ok := discovery.NewSummaryPublisher(discovery.SummaryPublisherConfig{Server: s, Client: bed.Client, Replica: "replica-2", Log: logging.NewNopLogger()})
 	if err := ok.Publish(context.Background()); err != nil {
 		t.Fatal(err)
 	}
@@ -473,7 +473,7 @@ func TestReplicasCountedFromSummaries(t *testing.T) {
 	if n, _ := self(ctx, ns, "paced"); n != 1 {
 		t.Fatalf("replica-2 alone, no summaries yet: %d replicas, want 1", n)
 	}
-	first := &discovery.SummaryPublisher{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()}
+	first := discovery.NewSummaryPublisher(discovery.SummaryPublisherConfig{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()})
 	if err := first.Publish(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -482,7 +482,7 @@ func TestReplicasCountedFromSummaries(t *testing.T) {
 		return n == 2, fmt.Sprintf("%d replicas, %v", n, err)
 	})
 	for _, r := range []string{"replica-1", "replica-2"} {
-		pub := &discovery.SummaryPublisher{Server: s, Client: bed.Client, Replica: r, Log: logging.NewNopLogger()}
+		pub := discovery.NewSummaryPublisher(discovery.SummaryPublisherConfig{Server: s, Client: bed.Client, Replica: r, Log: logging.NewNopLogger()})
 		if err := pub.Publish(ctx); err != nil {
 			t.Fatal(err)
 		}
@@ -557,7 +557,7 @@ func testBurnedInSummary(t *testing.T, pooled bool) {
 		}
 	}
 	srv, s := serverOf(t, "team-token "+ns+" crawler\n")
-	pub := &discovery.SummaryPublisher{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()}
+	pub := discovery.NewSummaryPublisher(discovery.SummaryPublisherConfig{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()})
 	c := &apiv1.Client{BaseURL: srv.URL, Token: "team-token"}
 	g, err := c.Acquire(ctx, apiv1.AcquireRequest{Fleet: ns + "/crawlers", Holder: "a", TTL: "5m"})
 	if err != nil {

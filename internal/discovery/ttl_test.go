@@ -56,7 +56,7 @@ func TestTTLsFailClosed(t *testing.T) {
 		"KindNotInstalled": {r: reader{err: &meta.NoKindMatchError{GroupKind: gr.WithVersion("v1alpha1").GroupVersion().WithKind("ProxyFleet").GroupKind()}}, def: fleetv1alpha1.DefaultLeaseTTL, max: fleetv1alpha1.DefaultMaxLeaseTTL},
 	} {
 		t.Run(name, func(t *testing.T) {
-			c := &discovery.Catalog{Direct: tc.r}
+			c := discovery.NewCatalog(discovery.CatalogConfig{Direct: tc.r})
 			def, maxTTL, err := c.TTLs(context.Background(), "ns", "f")
 			if tc.fails {
 				if err == nil || tc.r.err != nil && !errors.Is(err, tc.r.err) || tc.r.err == nil && !strings.Contains(err.Error(), "forever") {
@@ -102,7 +102,7 @@ func TestProxyExists(t *testing.T) {
 func TestTTLsStandInBriefly(t *testing.T) {
 	now := time.Unix(1000, 0)
 	capped := map[string]any{"leases": map[string]any{"defaultTTL": "1m", "maxTTL": "5m"}}
-	c := &discovery.Catalog{Direct: reader{spec: capped}, Now: func() time.Time { return now }}
+	c := discovery.NewCatalog(discovery.CatalogConfig{Direct: reader{spec: capped}, Now: func() time.Time { return now }})
 	if _, _, err := c.TTLs(context.Background(), "ns", "f"); err != nil {
 		t.Fatal(err)
 	}

@@ -37,7 +37,7 @@ func fleetRequest(n int) *fnv1.RunFunctionRequest {
 }
 
 func benchmarkRun(b *testing.B, n int) {
-	f := New(logging.NewNopLogger(), func() time.Time { return t0 })
+	f := New(Config{Log: logging.NewNopLogger(), Now: func() time.Time { return t0 }})
 	req := fleetRequest(n)
 	b.ReportAllocs()
 	b.ResetTimer()
@@ -64,7 +64,7 @@ func BenchmarkRunFunction(b *testing.B) {
 func BenchmarkRunFunctionFromWire(b *testing.B) {
 	for _, n := range []int{1000, 10000} {
 		b.Run(fmt.Sprintf("replicas=%d", n), func(b *testing.B) {
-			f := New(logging.NewNopLogger(), func() time.Time { return t0 })
+			f := New(Config{Log: logging.NewNopLogger(), Now: func() time.Time { return t0 }})
 			wire, err := proto.Marshal(fleetRequest(n))
 			if err != nil {
 				b.Fatal(err)
@@ -91,7 +91,7 @@ func BenchmarkRunFunctionFromWire(b *testing.B) {
 // the gRPC server; "ratio" times RunFunction alone, "wire-ratio" decoding
 // included.
 func BenchmarkRunFunctionScaling(b *testing.B) {
-	f := New(logging.NewNopLogger(), func() time.Time { return t0 })
+	f := New(Config{Log: logging.NewNopLogger(), Now: func() time.Time { return t0 }})
 	fn, wire := map[int]time.Duration{}, map[int]time.Duration{}
 	for _, n := range []int{1000, 10000} {
 		raw, err := proto.Marshal(fleetRequest(n))
@@ -188,7 +188,7 @@ func poolRequest(tb testing.TB, n int) *fnv1.RunFunctionRequest {
 // own proxies only, so no composition of a fleet of any size costs more
 // than that of 96 pools or of one pool of 120.
 func BenchmarkPooledFleet(b *testing.B) {
-	f := New(logging.NewNopLogger(), func() time.Time { return t0 })
+	f := New(Config{Log: logging.NewNopLogger(), Now: func() time.Time { return t0 }})
 	fastest := func(req *fnv1.RunFunctionRequest, want int) time.Duration {
 		raw, err := proto.Marshal(req)
 		if err != nil {

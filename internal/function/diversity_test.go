@@ -99,7 +99,7 @@ func TestDiversity(t *testing.T) {
 	// An ASN cap, with the platform's database.
 	asn := egressip.Table{netip.MustParsePrefix("203.0.0.0/16"): 64500, netip.MustParsePrefix("198.51.0.0/16"): 64501, netip.MustParsePrefix("2001:db8::/32"): 64502}
 	spec = withSpecIn(t, withSpec(t, "replicas", "7"), "diversity", `{"maxPerASN": 3}`)
-	fn := New(logging.NewNopLogger(), func() time.Time { return t0 }).WithASN(asn)
+	fn := New(Config{Log: logging.NewNopLogger(), Now: func() time.Time { return t0 }, ASN: asn})
 	rsp, err := fn.RunFunction(context.Background(), &fnv1.RunFunctionRequest{Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: xr(spec)}, Resources: observed()}, RequiredResources: noLeases()})
 	if err != nil {
 		t.Fatal(err)

@@ -49,27 +49,37 @@ type Function struct {
 	asn egressip.ASNLookup
 }
 
-// New returns the function. now is its clock; nil means time.Now.
-func New(log logging.Logger, now func() time.Time) *Function {
-	if now == nil {
-		now = time.Now
+// Config is what New builds a Function from.
+type Config struct {
+	Log logging.Logger
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Discovery is egress-discovery's ServiceAccount, which each fleet
+	// grants access to its Leases and auth Secret; nil means
+	// DefaultDiscoveryServiceAccount, and one with no name grants none
+	// (installations without egress-discovery).
+	Discovery *types.NamespacedName
+	// ASN is the IP-to-ASN database spec.diversity.maxPerASN is counted
+	// with; nil counts no ASN.
+	ASN egressip.ASNLookup
+}
+
+// New returns the function, cfg's zero settings taking their defaults.
+func New(cfg Config) *Function {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
-	return &Function{log: log, now: now, discovery: &DefaultDiscoveryServiceAccount}
-}
-
-// WithDiscovery sets egress-discovery's ServiceAccount, which each fleet
-// grants access to its Leases and auth Secret; nil grants none, for
-// installations without egress-discovery.
-func (f *Function) WithDiscovery(sa *types.NamespacedName) *Function {
-	f.discovery = sa
-	return f
-}
-
-// WithASN sets the IP-to-ASN database spec.diversity.maxPerASN is counted
-// with; nil counts no ASN.
-func (f *Function) WithASN(asn egressip.ASNLookup) *Function {
-	f.asn = asn
-	return f
+	if cfg.Log == nil {
+		cfg.Log = logging.NewNopLogger()
+	}
+	switch {
+	case cfg.Discovery == nil:
+		sa := DefaultDiscoveryServiceAccount
+		cfg.Discovery = &sa
+	case cfg.Discovery.Name == "":
+		cfg.Discovery = nil
+	}
+	return &Function{log: cfg.Log, now: cfg.Now, discovery: cfg.Discovery, asn: cfg.ASN}
 }
 
 // RunFunction composes one ProxyFleet. Bad input gets a Fatal result that

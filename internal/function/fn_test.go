@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	fnv1 "github.com/crossplane/function-sdk-go/proto/v1"
 	"github.com/crossplane/function-sdk-go/resource"
 	"github.com/google/go-cmp/cmp"
@@ -69,7 +71,7 @@ func withSpec(t *testing.T, field, raw string) string {
 
 func run(t *testing.T, req *fnv1.RunFunctionRequest) *fnv1.RunFunctionResponse {
 	t.Helper()
-	f := New(logging.NewNopLogger(), func() time.Time { return t0 })
+	f := New(Config{Log: logging.NewNopLogger(), Now: func() time.Time { return t0 }})
 	rsp, err := f.RunFunction(context.Background(), req)
 	if err != nil {
 		t.Fatalf("RunFunction returned an error instead of a result: %v", err)
@@ -443,7 +445,7 @@ func TestDiscoveryAccess(t *testing.T) {
 		}
 		return out
 	}
-	fn := New(logging.NewNopLogger(), func() time.Time { return t0 })
+	fn := New(Config{Log: logging.NewNopLogger(), Now: func() time.Time { return t0 }})
 	got := grants(fn, validSpec)
 	role, binding := got[resourceAccessRole].GetResource().AsMap(), got[resourceAccessBinding].GetResource().AsMap()
 	wantRules := []any{
@@ -465,7 +467,7 @@ func TestDiscoveryAccess(t *testing.T) {
 	if rules := grants(fn, noAuth)[resourceAccessRole].GetResource().AsMap()["rules"].([]any); len(rules) != 1 {
 		t.Errorf("a fleet without credentials grants no Secret: %v", rules)
 	}
-	if g := grants(New(logging.NewNopLogger(), func() time.Time { return t0 }).WithDiscovery(nil), validSpec); len(g) != 0 {
+	if g := grants(New(Config{Log: logging.NewNopLogger(), Now: func() time.Time { return t0 }, Discovery: &types.NamespacedName{}}), validSpec); len(g) != 0 {
 		t.Errorf("without egress-discovery nothing is granted: %v", g)
 	}
 }

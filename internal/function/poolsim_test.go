@@ -75,8 +75,8 @@ type simCluster struct {
 
 func newSim(t *testing.T, spec string) *simCluster {
 	c := &simCluster{t: t, now: t0, spec: spec, pools: map[string]*simPool{}, boot: 20 * time.Second}
-	c.fn = New(logging.NewNopLogger(), func() time.Time { return c.now })
-	c.poolFn = New(logging.NewNopLogger(), func() time.Time { return c.now.Add(c.poolSkew) })
+	c.fn = New(Config{Log: logging.NewNopLogger(), Now: func() time.Time { return c.now }})
+	c.poolFn = New(Config{Log: logging.NewNopLogger(), Now: func() time.Time { return c.now.Add(c.poolSkew) }})
 	return c
 }
 

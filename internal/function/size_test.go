@@ -211,7 +211,7 @@ func sizedRequest(tb testing.TB, proxy, _ map[string]any, n, k int) *fnv1.RunFun
 // one leased proxy add, from which the XRD's bound on replicas is derived.
 func BenchmarkMessageSizes(b *testing.B) {
 	proxy, slot := realObjects(b)
-	f := New(logging.NewNopLogger(), func() time.Time { return t0 })
+	f := New(Config{Log: logging.NewNopLogger(), Now: func() time.Time { return t0 }})
 	size := func(n, k int) (int, int) {
 		req := sizedRequest(b, proxy, slot, n, k)
 		rsp, err := f.RunFunction(context.Background(), req)
@@ -274,7 +274,7 @@ func TestMessageSizesBounded(t *testing.T) {
 	}
 	// Past the budget (a fleet stored before the bound), the function says
 	// so before Crossplane can no longer send it.
-	rsp, err := New(logging.NewNopLogger(), func() time.Time { return t0 }).RunFunction(context.Background(), sizedRequest(t, proxy, slot, 420, 1))
+	rsp, err := New(Config{Log: logging.NewNopLogger(), Now: func() time.Time { return t0 }}).RunFunction(context.Background(), sizedRequest(t, proxy, slot, 420, 1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -400,7 +400,7 @@ func realPool(tb testing.TB) map[string]any {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	rsp, err := New(logging.NewNopLogger(), nil).RunFunction(ctx, &fnv1.RunFunctionRequest{
+	rsp, err := New(Config{Log: logging.NewNopLogger()}).RunFunction(ctx, &fnv1.RunFunctionRequest{
 		Observed: &fnv1.State{Composite: &fnv1.Resource{Resource: poolSpec}, Resources: observed}, RequiredResources: noLeases()})
 	if err != nil {
 		tb.Fatal(err)

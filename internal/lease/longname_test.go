@@ -65,7 +65,7 @@ func TestLongFleetNameLeasesAndRotates(t *testing.T) {
 
 	// The function composes again some time later: the old proxy is past
 	// maxAge and its replacement is ready.
-	fn := function.New(logging.NewNopLogger(), func() time.Time { return now })
+	fn := function.New(function.Config{Log: logging.NewNopLogger(), Now: func() time.Time { return now }})
 	compose := func() map[string]*fnv1.Resource {
 		t.Helper()
 		rsp, err := fn.RunFunction(ctx, &fnv1.RunFunctionRequest{

@@ -99,8 +99,11 @@ var (
 	_ backend.RuleNamer        = &Backend{}
 )
 
-// New returns a gcp backend.
+// New returns a gcp backend, cfg's zero settings taking their defaults.
 func New(ctx context.Context, cfg Config) (*Backend, error) {
+	if cfg.OperationTimeout <= 0 {
+		cfg.OperationTimeout = DefaultOperationTimeout
+	}
 	ic, err := compute.NewInstancesRESTClient(ctx, cfg.ClientOptions...)
 	if err != nil {
 		return nil, backend.Wrap(backend.ClassPermanent, errors.Wrap(err, "cannot create the Compute instances client"))
@@ -259,8 +262,8 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (*backend.Instance
 	// create holds its reconcile worker no longer than that: the rule's
 	// insert is waited for briefly (an error found at once is reported; a
 	// rule still being made is Repair's to look at), the VM's for the rest.
-	waitUntil := time.Now().Add(b.operationTimeout())
-	if _, err := b.ensureFirewall(ctx, fw, min(ruleWait, b.operationTimeout())); err != nil {
+	waitUntil := time.Now().Add(b.cfg.OperationTimeout)
+	if _, err := b.ensureFirewall(ctx, fw, min(ruleWait, b.cfg.OperationTimeout)); err != nil {
 		// A fleet's rule another VM's create is making (a scale-up
 		// creates many at once) is not this create's to wait for; if it
 		// was being deleted instead, Repair makes it again.
@@ -510,7 +513,7 @@ func (b *Backend) Delete(ctx context.Context, r backend.Ref) error {
 		}
 		// Wait for it, so that a rule being deleted is not mistaken by the
 		// next Create for one in place.
-		if _, err := b.wait(ctx, op, b.operationTimeout()); err != nil {
+		if _, err := b.wait(ctx, op, b.cfg.OperationTimeout); err != nil {
 			return errors.Wrapf(Classify(err), "deleting firewall rule %s failed", r.Name)
 		}
 	}
@@ -569,7 +572,7 @@ func (b *Backend) Adopt(ctx context.Context, r backend.Ref, from types.UID, to o
 		return errors.Wrapf(labelError(err), "cannot label VM %s for its new Proxy", r.Name)
 	}
 	// Wait, so that the import is recorded only once the VM says so.
-	done, err := b.wait(ctx, op, b.operationTimeout())
+	done, err := b.wait(ctx, op, b.cfg.OperationTimeout)
 	switch {
 	case err != nil:
 		return errors.Wrapf(Classify(err), "labelling VM %s for its new Proxy failed", r.Name)

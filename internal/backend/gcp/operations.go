@@ -78,13 +78,6 @@ func opScope(p *computepb.Operation, project string) (string, string) {
 	return project, zone
 }
 
-func (b *Backend) operationTimeout() time.Duration {
-	if b.cfg.OperationTimeout > 0 {
-		return b.cfg.OperationTimeout
-	}
-	return DefaultOperationTimeout
-}
-
 // opError is the error a finished operation reports, as the client
 // library would return it from Poll.
 func opError(op *compute.Operation) error { return protoError(op.Proto()) }

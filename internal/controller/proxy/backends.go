@@ -34,11 +34,8 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/squid"
 )
 
-// Backends builds, and keeps, the backend of each configuration. Local
-// backends supervise processes, so there is exactly one per state dir for
-// the life of the provider; clients of other clusters are reused until their
-// configuration changes.
-type Backends struct {
+// BackendsConfig is what NewBackends builds Backends from.
+type BackendsConfig struct {
 	// Kube reaches the cluster the provider runs in.
 	Kube client.Client
 	// Config is the provider's own rest config, for in-cluster identity.
@@ -67,10 +64,18 @@ type Backends struct {
 	// backend's default, 10 s).
 	AWSListingMaxAge time.Duration
 	// RetireAfter is how long a replaced backend is kept open for those
-	// still using it; zero means ten minutes.
+	// still using it; zero means DefaultRetireAfter.
 	RetireAfter time.Duration
 	// Logger for backends.
 	Logger logging.Logger
+}
+
+// Backends builds, and keeps, the backend of each configuration. Local
+// backends supervise processes, so there is exactly one per state dir for
+// the life of the provider; clients of other clusters are reused until their
+// configuration changes. Build them with NewBackends.
+type Backends struct {
+	BackendsConfig
 
 	mu    sync.Mutex
 	local map[string]*local.Backend
@@ -80,6 +85,14 @@ type Backends struct {
 	remote map[types.UID]remoteBackend
 	// retired counts replaced backends closed.
 	retired int
+}
+
+// NewBackends builds Backends, their zero settings taking their defaults.
+func NewBackends(cfg BackendsConfig) *Backends {
+	if cfg.RetireAfter <= 0 {
+		cfg.RetireAfter = DefaultRetireAfter
+	}
+	return &Backends{BackendsConfig: cfg, local: map[string]*local.Backend{}, remote: map[types.UID]remoteBackend{}}
 }
 
 type remoteBackend struct {
@@ -138,11 +151,7 @@ func (b *Backends) retire(old backend.Backend) {
 	if !ok {
 		return
 	}
-	delay := b.RetireAfter
-	if delay <= 0 {
-		delay = defaultRetireAfter
-	}
-	time.AfterFunc(delay, func() {
+	time.AfterFunc(b.RetireAfter, func() {
 		_ = c.Close()
 		b.mu.Lock()
 		b.retired++
@@ -150,9 +159,9 @@ func (b *Backends) retire(old backend.Backend) {
 	})
 }
 
-// defaultRetireAfter is well past the reconcile deadline (1 minute) and an
+// DefaultRetireAfter is well past the reconcile deadline (1 minute) and an
 // orphan collection pass.
-const defaultRetireAfter = 10 * time.Minute
+const DefaultRetireAfter = 10 * time.Minute
 
 // Retired returns how many replaced backends were closed.
 func (b *Backends) Retired() int {
@@ -180,9 +189,6 @@ func (b *Backends) For(ctx context.Context, pc *config) (backend.Backend, error)
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.local == nil {
-		b.local, b.remote = map[string]*local.Backend{}, map[types.UID]remoteBackend{}
-	}
 	switch pc.Spec.Backend {
 	case v1alpha1.BackendLocal:
 		cfg := local.Config{StateDir: b.StateDir, ClusterID: b.ClusterID, RestartDelay: b.RestartDelay, Logger: b.Logger}

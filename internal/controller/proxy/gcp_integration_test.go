@@ -313,7 +313,7 @@ func TestBackendClients(t *testing.T) {
 	pc := gcpConfig("clients-"+ns, keyFrom(ns, "gcp-sa"))
 	create(t, secret, pc)
 	defer func() { _ = bed.Client.Delete(ctx, pc) }()
-	backends := &proxy.Backends{Kube: bed.Client, Config: bed.Config, ClusterID: "it", GCPClientOptions: fake.EndpointOptions(), RetireAfter: 200 * time.Millisecond}
+	backends := proxy.NewBackends(proxy.BackendsConfig{Kube: bed.Client, Config: bed.Config, ClusterID: "it", GCPClientOptions: fake.EndpointOptions(), RetireAfter: 200 * time.Millisecond})
 	sources := proxy.CollectorSources{Kube: bed.Client, Backends: backends}
 	mine := func() backend.Backend {
 		t.Helper()

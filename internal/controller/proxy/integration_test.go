@@ -135,12 +135,12 @@ func startProvider(t testing.TB, stateDir string, logs *logBuffer, target testbe
 	if err != nil {
 		t.Fatal(err)
 	}
-	backends := &proxy.Backends{Kube: mgr.GetClient(), Config: bed.Config, ClusterID: "it", StateDir: stateDir, RestartDelay: 4 * time.Second, Logger: log,
+	backends := proxy.NewBackends(proxy.BackendsConfig{Kube: mgr.GetClient(), Config: bed.Config, ClusterID: "it", StateDir: stateDir, RestartDelay: 4 * time.Second, Logger: log,
 		// Cloud ProviderConfigs are cluster-wide and outlive the test that
 		// made them: a provider whose test brought no fake of a cloud
 		// (the orphan collector runs over every configuration) reaches a
 		// port on loopback that refuses, never the cloud.
-		AWSEndpoint: noCloud, GCPClientOptions: []option.ClientOption{option.WithEndpoint(noCloud), option.WithoutAuthentication()}}
+		AWSEndpoint: noCloud, GCPClientOptions: []option.ClientOption{option.WithEndpoint(noCloud), option.WithoutAuthentication()}})
 	o := proxy.Options{
 		Options: controller.Options{
 			Logger: log, GlobalRateLimiter: ratelimiter.NewGlobal(100), PollInterval: time.Minute,
@@ -425,7 +425,7 @@ func TestLocalProxyLifecycle(t *testing.T) {
 		if !get(t, openKey).Status.AtProvider.Healthy {
 			t.Error("the open proxy's probe should pass: only the closure check flags it")
 		}
-		cat := &discovery.Catalog{Cache: bed.Client, Direct: bed.Client}
+		cat := discovery.NewCatalog(discovery.CatalogConfig{Cache: bed.Client, Direct: bed.Client})
 		members, err := cat.Fleet(ctx, ns, "crawlers")
 		if err != nil || len(members) != 1 {
 			t.Fatalf("catalog: %v, %v", members, err)

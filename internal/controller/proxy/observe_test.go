@@ -105,7 +105,7 @@ func TestObserveStopsProbing(t *testing.T) {
 			b := fake.New()
 			b.Put(runningInstance())
 			e := newExternal(b, pr, c)
-			e.sched.pool = pool.New(pr, 1, time.Minute, c.now, metrics.NewProvider())
+			e.sched.pool = pool.New(pool.Config{Prober: pr, Workers: 1, Poll: time.Minute, Now: c.now, Metrics: metrics.NewProvider()})
 			p := unitProxy()
 			if _, err := e.Observe(context.Background(), p); err != nil {
 				t.Fatal(err)

@@ -166,7 +166,7 @@ func TestTenantConfig(t *testing.T) {
 		}
 	}
 	// The backend source refuses before it builds anything.
-	b := &Backends{StateDir: t.TempDir()}
+	b := NewBackends(BackendsConfig{StateDir: t.TempDir()})
 	if _, err := b.For(t.Context(), &config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal,
 		Local: &v1alpha1.LocalBackend{SquidPath: "/tmp/evil"}}}); err == nil || len(b.local) != 0 {
 		t.Errorf("Backends.For must refuse a tenant's squidPath before making a backend: %v, %d local backends", err, len(b.local))
@@ -250,7 +250,7 @@ func TestRefusedInstanceGrace(t *testing.T) {
 // whose port range changed gets that backend with the new range at once,
 // not after the provider restarts.
 func TestLocalBackendFollowsItsConfig(t *testing.T) {
-	b := &Backends{StateDir: testbed.SquidStateDir(t)}
+	b := NewBackends(BackendsConfig{StateDir: testbed.SquidStateDir(t)})
 	squid := testbed.SquidBinary(t)
 	pc := func(to int32) *config {
 		return &config{Kind: v1alpha1.ClusterProviderConfigKind, Name: "local", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal,

@@ -147,24 +147,24 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	if o.RefusedGrace == 0 {
 		o.RefusedGrace = DefaultRefusedGrace
 	}
-	if o.ProbeConcurrency <= 0 {
-		o.ProbeConcurrency = pool.DefaultConcurrency
-	}
 	// Each probe outcome requeues its Proxy through this channel, so
 	// Observe folds it in at once.
 	outcomes := make(chan ctrlevent.GenericEvent)
-	pp := pool.New(o.Prober, o.ProbeConcurrency, o.PollInterval, o.Now, o.Metrics)
-	pp.Requeue = func(ctx context.Context, key types.NamespacedName) {
-		select {
-		case outcomes <- ctrlevent.GenericEvent{Object: &v1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}}:
-		case <-ctx.Done():
-		}
-	}
+	var sched *scheduler
+	pp := pool.New(pool.Config{
+		Prober: o.Prober, Workers: o.ProbeConcurrency, Poll: o.PollInterval, Now: o.Now, Metrics: o.Metrics,
+		Requeue: func(ctx context.Context, key types.NamespacedName) {
+			select {
+			case outcomes <- ctrlevent.GenericEvent{Object: &v1alpha1.Proxy{ObjectMeta: metav1.ObjectMeta{Namespace: key.Namespace, Name: key.Name}}}:
+			case <-ctx.Done():
+			}
+		},
+		Forget: func(uid types.UID) { sched.forget(uid) },
+	})
 	if err := mgr.Add(pp); err != nil {
 		return errors.Wrap(err, "cannot add the probe pool")
 	}
-	sched := &scheduler{started: o.Now(), seen: map[types.UID]time.Time{}, now: o.Now, pool: pp}
-	pp.Forget = sched.forget
+	sched = &scheduler{started: o.Now(), seen: map[types.UID]time.Time{}, now: o.Now, pool: pp}
 	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(name)) //nolint:staticcheck // crossplane-runtime's recorder takes the old events API.
 	c := &connector{
 		kube: mgr.GetClient(), usage: newUsageTracker(mgr.GetClient()),

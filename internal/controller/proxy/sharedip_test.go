@@ -120,7 +120,7 @@ func composeOverRealProxies(t *testing.T, addresses []string, ports []int32, spe
 	if err != nil {
 		t.Fatal(err)
 	}
-	rsp, err := function.New(logging.NewNopLogger(), nil).RunFunction(context.Background(), &fnv1.RunFunctionRequest{
+	rsp, err := function.New(function.Config{Log: logging.NewNopLogger()}).RunFunction(context.Background(), &fnv1.RunFunctionRequest{
 		Observed:          &fnv1.State{Composite: &fnv1.Resource{Resource: xr}, Resources: observed},
 		RequiredResources: map[string]*fnv1.Resources{"leases": {}},
 	})

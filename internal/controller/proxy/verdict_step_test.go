@@ -97,7 +97,7 @@ func TestASlowProbeMovesNoLatency(t *testing.T) {
 		t.Fatal("the test's proxy is not steady: it would prove nothing")
 	}
 	pr := &spikyProber{}
-	pp := pool.New(pr, 1, time.Minute, time.Now, metrics.NewProvider())
+	pp := pool.New(pool.Config{Prober: pr, Workers: 1, Poll: time.Minute, Now: time.Now, Metrics: metrics.NewProvider()})
 	requeued := 0
 	pp.Requeue = func(context.Context, types.NamespacedName) { requeued++ }
 	key := types.NamespacedName{Namespace: p.Namespace, Name: p.Name}

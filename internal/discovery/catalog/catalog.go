@@ -139,9 +139,8 @@ func (m Member) Serving() bool {
 // Endpoint is host:port.
 func (m Member) Endpoint() string { return net.JoinHostPort(m.Host, strconv.Itoa(int(m.Port))) }
 
-// Catalog reads fleets and proxies from the cached watch of Proxy objects:
-// fleet -> proxies with health, latency, zone, egress IP and maxLeases.
-type Catalog struct {
+// CatalogConfig is what NewCatalog builds a Catalog from.
+type CatalogConfig struct {
 	// Cache is the manager's cached reader (Proxies, fleets).
 	Cache client.Reader
 	// Direct reads Secrets (and fleets, when Fleets is nil) without a cache.
@@ -152,6 +151,13 @@ type Catalog struct {
 	Fleets client.Reader
 	// Now is the clock of the lease TTLs remembered; nil means time.Now.
 	Now func() time.Time
+}
+
+// Catalog reads fleets and proxies from the cached watch of Proxy objects:
+// fleet -> proxies with health, latency, zone, egress IP and maxLeases.
+// Build it with NewCatalog.
+type Catalog struct {
+	CatalogConfig
 
 	// creds remembers proxy credentials briefly, so that granting a lease
 	// does not read a Secret every time. It is a convenience, not a record:
@@ -168,6 +174,14 @@ type Catalog struct {
 	watchOnce sync.Once
 	events    *proxyEvents
 	members   map[string]*Members
+}
+
+// NewCatalog builds a Catalog, its zero settings taking their defaults.
+func NewCatalog(cfg CatalogConfig) *Catalog {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	return &Catalog{CatalogConfig: cfg}
 }
 
 // maxRemembered bounds the fleets whose members are remembered.
@@ -583,10 +597,7 @@ func (c *Catalog) TTLs(ctx context.Context, namespace, fleet string) (time.Durat
 // than staleTTLs ago; and an error is not remembered.
 func (c *Catalog) Policy(ctx context.Context, namespace, fleet string) (*Policy, error) {
 	key := namespace + "/" + fleet
-	now := time.Now()
-	if c.Now != nil {
-		now = c.Now()
-	}
+	now := c.Now()
 	c.mu.Lock()
 	t, ok := c.ttls[key]
 	c.mu.Unlock()

@@ -67,7 +67,7 @@ func fuzzServer(f *testing.F) (http.Handler, string) {
 		f.Fatal(err)
 	}
 	s := discovery.NewServer(discovery.ServerConfig{
-		Catalog: &discovery.Catalog{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client},
+		Catalog: discovery.NewCatalog(discovery.CatalogConfig{Cache: bed.Client, Direct: bed.Client, Fleets: bed.Client}),
 		Leases:  lease.NewStore(lease.StoreConfig{Client: bed.Client}),
 		Auth:    discovery.NewKubernetes(discovery.KubernetesConfig{Client: bed.Client, Static: st}),
 		Metrics: dmetrics.NewDiscovery(), Log: logging.NewNopLogger(),

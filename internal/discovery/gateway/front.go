@@ -128,7 +128,6 @@ func proxyStatusError(code int) string {
 
 // ServeHTTP serves CONNECT and absolute-URI requests.
 func (gw *Gateway[S]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	gw.init()
 	start := time.Now()
 	caller, user, err := gw.authenticate(r)
 	if err != nil {

@@ -58,25 +58,8 @@ const (
 	DefaultSeatTurnover         = time.Minute
 )
 
-// Gateway is egress-discovery's rotating gateway: an HTTP forward proxy
-// that crawlers use as their only proxy URL. It authenticates them with
-// the password of Proxy-Authorization as a bearer token (the API's
-// authenticator and `use` authorisation), leases an upstream of the fleet
-// the username names through the API's own lease path (quotas, admission,
-// waiting, bans for the target's domain), and chains the connection to
-// that upstream with the fleet's credentials, which the crawler never sees.
-//
-// A session keeps its upstream until it has had no open connection for
-// Idle. Connections without a session run on seats: leases the replica
-// itself holds, one per proxy it uses, shared by every caller of the
-// fleet (and zone), each connection on the least loaded; a seat is added
-// on another proxy when every seat has a connection, and given back after
-// Idle without one. A caller's connections without a session count
-// against its lease quota, one each. Every lease in use is renewed at
-// half its TTL (no further than a draining proxy's deadline), and given
-// back only when no connection uses it any more: a session moved to
-// another proxy keeps its old lease while its old tunnels last.
-type Gateway[S Backend] struct {
+// Config is what New builds a Gateway from.
+type Config[S Backend] struct {
 	Server  S
 	Metrics *metrics.Gateway
 	// Idle is how long a session outlives its last connection (default
@@ -115,6 +98,29 @@ type Gateway[S Backend] struct {
 	// SeatTurnover/MaxSeats (default DefaultSeatTurnover).
 	MaxSeats     int
 	SeatTurnover time.Duration
+}
+
+// Gateway is egress-discovery's rotating gateway: an HTTP forward proxy
+// that crawlers use as their only proxy URL. It authenticates them with
+// the password of Proxy-Authorization as a bearer token (the API's
+// authenticator and `use` authorisation), leases an upstream of the fleet
+// the username names through the API's own lease path (quotas, admission,
+// waiting, bans for the target's domain), and chains the connection to
+// that upstream with the fleet's credentials, which the crawler never sees.
+//
+// A session keeps its upstream until it has had no open connection for
+// Idle. Connections without a session run on seats: leases the replica
+// itself holds, one per proxy it uses, shared by every caller of the
+// fleet (and zone), each connection on the least loaded; a seat is added
+// on another proxy when every seat has a connection, and given back after
+// Idle without one. A caller's connections without a session count
+// against its lease quota, one each. Every lease in use is renewed at
+// half its TTL (no further than a draining proxy's deadline), and given
+// back only when no connection uses it any more: a session moved to
+// another proxy keeps its old lease while its old tunnels last. Build it
+// with New.
+type Gateway[S Backend] struct {
+	Config[S]
 
 	// mu guards everything below, and every session's and upstream's
 	// fields but a session's busy.
@@ -153,7 +159,6 @@ type Gateway[S Backend] struct {
 	// transport forwards plain HTTP through the chosen upstream, which
 	// each request's context names.
 	transport *http.Transport
-	once      sync.Once
 }
 
 // gwSession is a session's current upstream.
@@ -238,51 +243,52 @@ func SeatHolder(replica string) string { return HolderPrefix + "seats:" + replic
 // which any replica finds the session's proxy.
 func SessionHolder(key string) string { return HolderPrefix + "session:" + key }
 
-func (gw *Gateway[S]) init() {
-	gw.once.Do(func() {
-		gw.sessions, gw.live, gw.byCaller, gw.byNS = map[string]*gwSession{}, map[*upstream]bool{}, map[string]int{}, map[string]int{}
-		gw.seats, gw.taking, gw.seatHold = map[string][]*upstream{}, map[string]*seatTake{}, map[string]time.Time{}
-		if gw.Replica == "" {
-			gw.Replica, _ = os.Hostname()
-		}
-		if gw.Replica == "" {
-			// Replicas sharing a session's lease tell themselves apart by it.
-			gw.Replica = "replica-" + rand.Text()
-		}
-		gw.seatID = &auth.Identity{User: auth.SeatIdentityPrefix + rand.Text()}
-		orDefault(&gw.Idle, DefaultIdle)
-		orDefault(&gw.DialTimeout, DefaultDialTimeout)
-		orDefault(&gw.TunnelIdle, DefaultTunnelIdle)
-		orDefault(&gw.MaxConns, DefaultMaxConns)
-		orDefault(&gw.MaxConnsPerIdentity, DefaultMaxConnsPerIdentity)
-		orDefault(&gw.MaxConnsPerNamespace, DefaultMaxConnsPerNamespace)
-		orDefault(&gw.MaxSeats, DefaultMaxSeats)
-		orDefault(&gw.SeatTurnover, DefaultSeatTurnover)
-		gw.turnover = map[string]time.Time{}
-		gw.transport = &http.Transport{
-			Proxy: func(r *http.Request) (*url.URL, error) {
-				if u, ok := r.Context().Value(upstreamKey{}).(*url.URL); ok {
-					return u, nil
-				}
+// New builds a Gateway, its zero settings taking their defaults.
+func New[S Backend](cfg Config[S]) *Gateway[S] {
+	gw := &Gateway[S]{Config: cfg}
+	gw.sessions, gw.live, gw.byCaller, gw.byNS = map[string]*gwSession{}, map[*upstream]bool{}, map[string]int{}, map[string]int{}
+	gw.seats, gw.taking, gw.seatHold = map[string][]*upstream{}, map[string]*seatTake{}, map[string]time.Time{}
+	if gw.Replica == "" {
+		gw.Replica, _ = os.Hostname()
+	}
+	if gw.Replica == "" {
+		// Replicas sharing a session's lease tell themselves apart by it.
+		gw.Replica = "replica-" + rand.Text()
+	}
+	gw.seatID = &auth.Identity{User: auth.SeatIdentityPrefix + rand.Text()}
+	orDefault(&gw.Idle, DefaultIdle)
+	orDefault(&gw.DialTimeout, DefaultDialTimeout)
+	orDefault(&gw.TunnelIdle, DefaultTunnelIdle)
+	orDefault(&gw.MaxConns, DefaultMaxConns)
+	orDefault(&gw.MaxConnsPerIdentity, DefaultMaxConnsPerIdentity)
+	orDefault(&gw.MaxConnsPerNamespace, DefaultMaxConnsPerNamespace)
+	orDefault(&gw.MaxSeats, DefaultMaxSeats)
+	orDefault(&gw.SeatTurnover, DefaultSeatTurnover)
+	gw.turnover = map[string]time.Time{}
+	gw.transport = &http.Transport{
+		Proxy: func(r *http.Request) (*url.URL, error) {
+			if u, ok := r.Context().Value(upstreamKey{}).(*url.URL); ok {
+				return u, nil
+			}
+			return nil, errors.New("no upstream chosen")
+		},
+		// Each upstream is dialed as its kind justifies, on the
+		// address its name resolves to at this dial.
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			r, ok := ctx.Value(reachKey{}).(reach.Rule)
+			if !ok {
 				return nil, errors.New("no upstream chosen")
-			},
-			// Each upstream is dialed as its kind justifies, on the
-			// address its name resolves to at this dial.
-			DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-				r, ok := ctx.Value(reachKey{}).(reach.Rule)
-				if !ok {
-					return nil, errors.New("no upstream chosen")
-				}
-				return r.Dial(ctx, network, addr, gw.DialTimeout)
-			},
-			MaxIdleConnsPerHost:   16,
-			IdleConnTimeout:       30 * time.Second,
-			ResponseHeaderTimeout: 60 * time.Second,
-		}
-		if gw.Metrics == nil {
-			gw.Metrics = metrics.NewGateway()
-		}
-	})
+			}
+			return r.Dial(ctx, network, addr, gw.DialTimeout)
+		},
+		MaxIdleConnsPerHost:   16,
+		IdleConnTimeout:       30 * time.Second,
+		ResponseHeaderTimeout: 60 * time.Second,
+	}
+	if gw.Metrics == nil {
+		gw.Metrics = metrics.NewGateway()
+	}
+	return gw
 }
 
 // orDefault sets *v to def when it is not positive: a Gateway's zero

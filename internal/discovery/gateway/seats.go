@@ -22,7 +22,6 @@ import (
 // Run renews the leases in use and releases idle sessions until ctx ends,
 // then releases every lease.
 func (gw *Gateway[S]) Run(ctx context.Context) {
-	gw.init()
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {

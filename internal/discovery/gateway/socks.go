@@ -41,7 +41,6 @@ const socksHandshakeTimeout = 10 * time.Second
 
 // ServeSOCKS5 serves SOCKS5 on l until ctx ends (l is then closed).
 func (gw *Gateway[S]) ServeSOCKS5(ctx context.Context, l net.Listener) error {
-	gw.init()
 	go func() {
 		<-ctx.Done()
 		_ = l.Close()

@@ -49,7 +49,7 @@ func FuzzFunction(f *testing.F) {
 	for _, s := range seeds(f, bed.Root) {
 		f.Add(s[0], s[1])
 	}
-	fn := function.New(logging.NewNopLogger(), func() time.Time { return seedTime })
+	fn := function.New(function.Config{Log: logging.NewNopLogger(), Now: func() time.Time { return seedTime }})
 	f.Fuzz(func(t *testing.T, xrJSON, observedJSON string) {
 		req, ok := request(xrJSON, observedJSON)
 		if !ok {
@@ -107,7 +107,7 @@ func check(bed *testbed.Env, ns string, rsp *fnv1.RunFunctionResponse) error {
 func TestSeedsCompose(t *testing.T) {
 	bed := sharedBed.Env(t)
 	ns := bed.Namespace(t)
-	fn := function.New(logging.NewNopLogger(), func() time.Time { return seedTime })
+	fn := function.New(function.Config{Log: logging.NewNopLogger(), Now: func() time.Time { return seedTime }})
 	for _, s := range seeds(t, bed.Root) {
 		req, ok := request(s[0], s[1])
 		if !ok {

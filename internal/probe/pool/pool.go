@@ -33,19 +33,10 @@ const maxOutcomes = 8
 // timeout and never a reconcile worker. Observe tells the pool what to probe
 // and when (Watch) and folds what the pool found since (Take). An Outcome
 // that changes the verdict requeues its Proxy, which is how Observe comes
-// back when one is due; a steady pass waits for the next poll.
+// back when one is due; a steady pass waits for the next poll. Build it
+// with New.
 type Pool struct {
-	prober  Prober
-	now     func() time.Time
-	workers int
-	// poll is the provider's --poll: a steady Proxy's Observe comes at
-	// least this often unless its own poll says otherwise.
-	poll time.Duration
-	// Forget is told of each Probing dropped for want of an Observe.
-	Forget  func(types.UID)
-	metrics *metrics.Provider
-	// Requeue asks the controller to reconcile a Proxy.
-	Requeue func(ctx context.Context, key types.NamespacedName)
+	Config
 
 	mu      sync.Mutex
 	entries map[types.UID]*entry
@@ -113,11 +104,45 @@ type Prober interface {
 	Closed(ctx context.Context, t probe.Target) (probe.Closure, string)
 }
 
-// New returns a pool of workers probing with pr; poll is the provider's
-// --poll, now its clock, m where it counts. Set Requeue (and Forget) before
-// Start.
-func New(pr Prober, workers int, poll time.Duration, now func() time.Time, m *metrics.Provider) *Pool {
-	return &Pool{prober: pr, workers: workers, poll: poll, now: now, metrics: m, entries: map[types.UID]*entry{}, wake: make(chan struct{}, 1)}
+// Config is what New builds a Pool from.
+type Config struct {
+	// Prober probes through a proxy.
+	Prober Prober
+	// Workers is how many probes run at once; zero means
+	// DefaultConcurrency.
+	Workers int
+	// Poll is the provider's --poll: a steady Proxy's Observe comes at
+	// least this often unless its own poll says otherwise.
+	Poll time.Duration
+	// Now is the clock; nil means time.Now.
+	Now func() time.Time
+	// Metrics is where probes are counted; nil means a registry of the
+	// pool's own.
+	Metrics *metrics.Provider
+	// Requeue asks the controller to reconcile a Proxy; Forget is told of
+	// each Probing dropped for want of an Observe. nil does nothing.
+	Requeue func(ctx context.Context, key types.NamespacedName)
+	Forget  func(types.UID)
+}
+
+// New returns a pool, cfg's zero settings taking their defaults.
+func New(cfg Config) *Pool {
+	if cfg.Workers <= 0 {
+		cfg.Workers = DefaultConcurrency
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = metrics.NewProvider()
+	}
+	if cfg.Requeue == nil {
+		cfg.Requeue = func(context.Context, types.NamespacedName) {}
+	}
+	if cfg.Forget == nil {
+		cfg.Forget = func(types.UID) {}
+	}
+	return &Pool{Config: cfg, entries: map[types.UID]*entry{}, wake: make(chan struct{}, 1)}
 }
 
 // Probing says what Observe wants probed.
@@ -163,7 +188,7 @@ func (pp *Pool) Take(uid types.UID, instance string, t probe.Target) []Outcome {
 // ahead, never puts a probe off for longer.
 func (pp *Pool) Watch(uid types.UID, w Probing, due time.Time) {
 	pp.mu.Lock()
-	now := pp.now()
+	now := pp.Now()
 	e, ok := pp.entries[uid]
 	if ok && e.Instance != w.Instance {
 		pp.dropLocked(e)
@@ -228,7 +253,7 @@ func (pp *Pool) poke() {
 // two missed polls (a steady proxy's Observe comes at each poll, its own
 // or the provider's, whether or not its status changes) and then some.
 func (pp *Pool) staleAfter(e *entry) time.Duration {
-	return 2*max(pp.poll, e.poll, e.Every) + 2*e.Target.Timeout + time.Minute
+	return 2*max(pp.Poll, e.poll, e.Every) + 2*e.Target.Timeout + time.Minute
 }
 
 // Start runs the pool until ctx ends. As a manager runnable it runs on the
@@ -236,7 +261,7 @@ func (pp *Pool) staleAfter(e *entry) time.Duration {
 func (pp *Pool) Start(ctx context.Context) error {
 	jobs := make(chan *entry)
 	var wg sync.WaitGroup
-	for range pp.workers {
+	for range pp.Workers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -285,7 +310,7 @@ func (pp *Pool) Step(ctx context.Context) (probe.Target, bool) {
 func (pp *Pool) next() (*entry, time.Duration) {
 	pp.mu.Lock()
 	defer pp.mu.Unlock()
-	now := pp.now()
+	now := pp.Now()
 	for pp.queue.Len() > 0 {
 		e := pp.queue[0]
 		if e.due.After(now) {
@@ -294,13 +319,11 @@ func (pp *Pool) next() (*entry, time.Duration) {
 		heap.Pop(&pp.queue)
 		if now.Sub(e.touched) > pp.staleAfter(e) {
 			delete(pp.entries, e.uid)
-			if pp.Forget != nil {
-				pp.Forget(e.uid)
-			}
+			pp.Forget(e.uid)
 			continue
 		}
 		e.running = true
-		pp.metrics.ProbeLateness.Observe(now.Sub(e.due).Seconds())
+		pp.Metrics.ProbeLateness.Observe(now.Sub(e.due).Seconds())
 		return e, 0
 	}
 	return nil, time.Hour
@@ -320,15 +343,15 @@ func (pp *Pool) run(ctx context.Context, e *entry) (probe.Target, bool) {
 	}
 	w := e.Probing
 	pp.mu.Unlock()
-	pp.metrics.ProbesInFlight.Inc()
-	o := Outcome{Target: w.Target, Started: pp.now(), Counted: true}
-	o.Res = pp.prober.Probe(ctx, w.Target)
+	pp.Metrics.ProbesInFlight.Inc()
+	o := Outcome{Target: w.Target, Started: pp.Now(), Counted: true}
+	o.Res = pp.Prober.Probe(ctx, w.Target)
 	if w.Closure {
 		o.Checked = true
-		o.Closure, o.Detail = pp.prober.Closed(ctx, w.Target)
+		o.Closure, o.Detail = pp.Prober.Closed(ctx, w.Target)
 	}
-	pp.metrics.ProbesInFlight.Dec()
-	CountProbe(pp.metrics, w.Backend, o.Res)
+	pp.Metrics.ProbesInFlight.Dec()
+	CountProbe(pp.Metrics, w.Backend, o.Res)
 
 	pp.mu.Lock()
 	if o.Res.OK {

@@ -49,7 +49,7 @@ func (g *gatedProber) count(addr string) int {
 func startPool(t *testing.T, pr Prober, workers int) (*Pool, chan types.NamespacedName) {
 	t.Helper()
 	requeued := make(chan types.NamespacedName, 100)
-	pp := New(pr, workers, time.Minute, time.Now, metrics.NewProvider())
+	pp := New(Config{Prober: pr, Workers: workers, Poll: time.Minute, Now: time.Now, Metrics: metrics.NewProvider()})
 	pp.Requeue = func(ctx context.Context, key types.NamespacedName) {
 		select {
 		case requeued <- key:
@@ -183,7 +183,7 @@ func TestProbePool(t *testing.T) {
 		// Handed to a worker, then stopped before the worker took it:
 		// its credentials are not sent.
 		now := time.Now()
-		pq := New(pr, 1, time.Minute, func() time.Time { return now }, metrics.NewProvider())
+		pq := New(Config{Prober: pr, Workers: 1, Poll: time.Minute, Now: func() time.Time { return now }, Metrics: metrics.NewProvider()})
 		pq.Requeue = func(context.Context, types.NamespacedName) {}
 		pq.Watch("q", Probing{Instance: "a", Target: probe.Target{Proxy: "q:1"}, Every: time.Minute}, now)
 		e, _ := pq.next()
@@ -198,7 +198,7 @@ func TestProbePool(t *testing.T) {
 		start := time.Now()
 		now := start
 		var forgotten []types.UID
-		pp := New(&gatedProber{started: map[string]int{}}, 1, time.Minute, func() time.Time { return now }, metrics.NewProvider())
+		pp := New(Config{Prober: &gatedProber{started: map[string]int{}}, Workers: 1, Poll: time.Minute, Now: func() time.Time { return now }, Metrics: metrics.NewProvider()})
 		pp.Requeue = func(context.Context, types.NamespacedName) {}
 		pp.Forget = func(uid types.UID) { forgotten = append(forgotten, uid) }
 		pp.Watch("p", Probing{Key: types.NamespacedName{Name: "p"}, Instance: "a", Target: probe.Target{Timeout: 5 * time.Second}, Every: 30 * time.Second}, now)
@@ -229,7 +229,7 @@ func TestProbePool(t *testing.T) {
 
 	t.Run("ClockSteppedBack", func(t *testing.T) {
 		now := time.Now()
-		pp := New(&gatedProber{started: map[string]int{}}, 1, time.Minute, func() time.Time { return now }, metrics.NewProvider())
+		pp := New(Config{Prober: &gatedProber{started: map[string]int{}}, Workers: 1, Poll: time.Minute, Now: func() time.Time { return now }, Metrics: metrics.NewProvider()})
 		// A due time an hour ahead, as after a wall-clock step back of
 		// an hour, or a status written by a replica an hour ahead.
 		pp.Watch("p", Probing{Instance: "a", Target: probe.Target{}, Every: 30 * time.Second}, now.Add(time.Hour))
@@ -240,7 +240,7 @@ func TestProbePool(t *testing.T) {
 
 	t.Run("OpenOutcomeOutlivesSteadyOnes", func(t *testing.T) {
 		now := time.Now()
-		pp := New(&gatedProber{started: map[string]int{}}, 1, time.Minute, func() time.Time { return now }, metrics.NewProvider())
+		pp := New(Config{Prober: &gatedProber{started: map[string]int{}}, Workers: 1, Poll: time.Minute, Now: func() time.Time { return now }, Metrics: metrics.NewProvider()})
 		pp.Requeue = func(context.Context, types.NamespacedName) {}
 		steadyPass := func(o Outcome) bool { return o.Res.OK }
 		tg := probe.Target{Proxy: "p:1"}
