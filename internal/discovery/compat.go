@@ -30,8 +30,8 @@ type (
 	IdentityLimits = auth.IdentityLimits
 	// Catalog is catalog.Catalog.
 	Catalog = catalog.Catalog
-	// CatalogConfig is catalog.CatalogConfig.
-	CatalogConfig = catalog.CatalogConfig
+	// CatalogConfig is catalog.Config.
+	CatalogConfig = catalog.Config
 	// SecretError is catalog.SecretError.
 	SecretError = catalog.SecretError
 	// FleetSizing is catalog.FleetSizing.
@@ -56,8 +56,8 @@ var (
 	NewKubernetes = auth.NewKubernetes
 	// NewGateway is gateway.New.
 	NewGateway = gateway.New[*Server]
-	// NewCatalog is catalog.NewCatalog.
-	NewCatalog = catalog.NewCatalog
+	// NewCatalog is catalog.New.
+	NewCatalog = catalog.New
 	// LoadStaticTokens is auth.LoadStaticTokens.
 	LoadStaticTokens = auth.LoadStaticTokens
 	// WithClientAddress is auth.WithClientAddress.

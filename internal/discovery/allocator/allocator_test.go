@@ -104,7 +104,7 @@ func newBed(t *testing.T, ps []proxy, spec map[string]any) *bed {
 	w := &world{proxies: ps, spec: spec}
 	s := &fake.Store{}
 	return &bed{w: w, store: s, a: allocator.New(allocator.Config{
-		Catalog: catalog.NewCatalog(catalog.CatalogConfig{Cache: w, Direct: w}),
+		Catalog: catalog.New(catalog.Config{Cache: w, Direct: w}),
 		Leases:  s, Auth: allowAll{}, Metrics: metrics.NewDiscovery(),
 	})}
 }

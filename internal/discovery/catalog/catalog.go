@@ -139,8 +139,8 @@ func (m Member) Serving() bool {
 // Endpoint is host:port.
 func (m Member) Endpoint() string { return net.JoinHostPort(m.Host, strconv.Itoa(int(m.Port))) }
 
-// CatalogConfig is what NewCatalog builds a Catalog from.
-type CatalogConfig struct {
+// Config is what New builds a Catalog from.
+type Config struct {
 	// Cache is the manager's cached reader (Proxies, fleets).
 	Cache client.Reader
 	// Direct reads Secrets (and fleets, when Fleets is nil) without a cache.
@@ -155,9 +155,9 @@ type CatalogConfig struct {
 
 // Catalog reads fleets and proxies from the cached watch of Proxy objects:
 // fleet -> proxies with health, latency, zone, egress IP and maxLeases.
-// Build it with NewCatalog.
+// Build it with New.
 type Catalog struct {
-	CatalogConfig
+	Config
 
 	// creds remembers proxy credentials briefly, so that granting a lease
 	// does not read a Secret every time. It is a convenience, not a record:
@@ -176,12 +176,12 @@ type Catalog struct {
 	members   map[string]*Members
 }
 
-// NewCatalog builds a Catalog, its zero settings taking their defaults.
-func NewCatalog(cfg CatalogConfig) *Catalog {
+// New builds a Catalog, its zero settings taking their defaults.
+func New(cfg Config) *Catalog {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Catalog{CatalogConfig: cfg}
+	return &Catalog{Config: cfg}
 }
 
 // maxRemembered bounds the fleets whose members are remembered.
