@@ -50,19 +50,26 @@ func newAuthority(name string) (*authority, error) {
 	return &authority{cert: cert, key: key, certPEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}, nil
 }
 
+// The errors loadAuthority wraps its causes in.
+const (
+	errParseCAKeyPair  = "cannot parse the CA key pair"
+	errParseCACert     = "cannot parse the CA certificate"
+	errCAKeyCannotSign = "the CA key cannot sign"
+)
+
 // loadAuthority reads a CA from PEM, as Crossplane keeps its own in a Secret.
 func loadAuthority(certPEM, keyPEM []byte) (*authority, error) {
 	pair, err := tls.X509KeyPair(certPEM, keyPEM)
 	if err != nil {
-		return nil, errors.Wrap(err, "cannot parse the CA key pair")
+		return nil, errors.Wrap(err, errParseCAKeyPair)
 	}
 	cert, err := x509.ParseCertificate(pair.Certificate[0])
 	if err != nil {
-		return nil, errors.Wrap(err, "cannot parse the CA certificate")
+		return nil, errors.Wrap(err, errParseCACert)
 	}
 	key, ok := pair.PrivateKey.(crypto.Signer)
 	if !ok {
-		return nil, errors.New("the CA key cannot sign")
+		return nil, errors.New(errCAKeyCannotSign)
 	}
 	return &authority{cert: cert, key: key, certPEM: certPEM}, nil
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/pem"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 )
 
@@ -76,7 +77,7 @@ func TestLoadAuthority(t *testing.T) {
 		reason  string
 		cert    []byte
 		key     []byte
-		wantErr bool
+		wantErr string // what the error begins with, when one is wanted
 	}{
 		"FromSecret": {
 			reason: "A CA read back from PEM, as from Crossplane's Secret, issues certificates that chain to it.",
@@ -84,14 +85,14 @@ func TestLoadAuthority(t *testing.T) {
 		},
 		"BrokenKey": {
 			reason: "A Secret with a broken key is an error, not a CA.",
-			cert:   ca.certPEM, key: []byte("not a key"), wantErr: true,
+			cert:   ca.certPEM, key: []byte("not a key"), wantErr: errParseCAKeyPair + ": ",
 		},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			loaded, err := loadAuthority(tc.cert, tc.key)
-			if (err != nil) != tc.wantErr {
-				t.Fatalf("%s\nerr: %v", tc.reason, err)
+			if (err != nil) != (tc.wantErr != "") || err != nil && !strings.HasPrefix(err.Error(), tc.wantErr) {
+				t.Fatalf("%s\nwant an error beginning %q, got %v", tc.reason, tc.wantErr, err)
 			}
 			if err != nil {
 				return
