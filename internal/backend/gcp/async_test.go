@@ -169,7 +169,7 @@ func TestNameReuse(t *testing.T) {
 	}
 
 	_, err = b.Create(ctx, s)
-	if backend.ClassOf(err) != backend.ClassTransient || !strings.Contains(err.Error(), "still being deleted") {
+	if backend.ClassOf(err) != backend.ClassTransient || err.Error() != fmt.Sprintf(gcp.ErrFmtStillDeleting, s.Name, "STOPPING") {
 		t.Fatalf("a 409 for a STOPPING VM is transient, not 'mine': %v", err)
 	}
 	clock.add(2 * time.Minute)
@@ -192,19 +192,19 @@ func TestNameReuse(t *testing.T) {
 	newer := s
 	newer.Hash = "def456"
 	_, err = b.Create(ctx, newer)
-	if backend.ClassOf(err) != backend.ClassTransient || !strings.Contains(err.Error(), "earlier spec") {
+	if backend.ClassOf(err) != backend.ClassTransient || err.Error() != fmt.Sprintf(gcp.ErrFmtEarlierSpec, s.Name, s.Hash) {
 		t.Errorf("a 409 for a VM of another spec hash is not this spec's VM: %v", err)
 	}
 	restored := spec("uid-reuse")
 	restored.Owner.ClusterID = "c2"
 	_, err = b.Create(ctx, restored)
-	if backend.ClassOf(err) != backend.ClassTransient || !strings.Contains(err.Error(), "does not own") {
+	if backend.ClassOf(err) != backend.ClassTransient || err.Error() != fmt.Sprintf(gcp.ErrFmtNameHeldByOther, s.Name, fake.Instance(s.Zone, s.Name).GetStatus()) {
 		t.Errorf("a VM of the same UID but another cluster (a restored etcd) is not adopted: %v", err)
 	}
 	other := spec("uid-reuse")
 	other.Owner.UID = "someone-else"
 	_, err = b.Create(ctx, other)
-	if backend.ClassOf(err) != backend.ClassTransient || !strings.Contains(err.Error(), "does not own") {
+	if backend.ClassOf(err) != backend.ClassTransient || err.Error() != fmt.Sprintf(gcp.ErrFmtNameHeldByOther, s.Name, fake.Instance(s.Zone, s.Name).GetStatus()) {
 		t.Errorf("a 409 for a VM of another owner is not adopted: %v", err)
 	}
 	inst, err := b.Create(ctx, s)

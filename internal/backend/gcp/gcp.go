@@ -408,19 +408,28 @@ func (b *Backend) adopt(ctx context.Context, s backend.Spec) (*backend.Instance,
 	return b.adoptVM(vm, s)
 }
 
+// What adoptVM answers for a VM under a Proxy's name that is not its own,
+// each with the VM's name first.
+const (
+	errFmtNameHeldByOther  = "VM name %s is held by a VM this Proxy does not own (status %s): retrying until it is gone"
+	errFmtStillDeleting    = "VM %s is still being deleted (status %s); its name is free once it is gone: retrying"
+	errFmtEarlierSpec      = "VM %s of an earlier spec (hash %s) still holds the name: retrying until it is gone"
+	errFmtEarlierPasswords = "VM %s of earlier credentials still holds the name: retrying until it is gone"
+)
+
 // adoptVM decides whether vm, found under s's name, is s's own.
 func (b *Backend) adoptVM(vm *computepb.Instance, s backend.Spec) (*backend.Instance, error) {
 	i := b.instance(vm, s.Zone)
 	want, _ := ownership.FromLabels(s.Owner.GCPLabels())
 	switch {
 	case i.Owner.UID != s.Owner.UID || i.Owner.ClusterID != want.ClusterID:
-		return nil, backend.Errorf(backend.ClassTransient, "VM name %s is held by a VM this Proxy does not own (status %s): retrying until it is gone", s.Name, vm.GetStatus())
+		return nil, backend.Errorf(backend.ClassTransient, errFmtNameHeldByOther, s.Name, vm.GetStatus())
 	case i.Phase == v1alpha1.InstancePhaseTerminated:
-		return nil, backend.Errorf(backend.ClassTransient, "VM %s is still being deleted (status %s); its name is free once it is gone: retrying", s.Name, vm.GetStatus())
+		return nil, backend.Errorf(backend.ClassTransient, errFmtStillDeleting, s.Name, vm.GetStatus())
 	case i.SpecHash != s.Hash:
-		return nil, backend.Errorf(backend.ClassTransient, "VM %s of an earlier spec (hash %s) still holds the name: retrying until it is gone", s.Name, i.SpecHash)
+		return nil, backend.Errorf(backend.ClassTransient, errFmtEarlierSpec, s.Name, i.SpecHash)
 	case i.CredentialsSum != s.CredentialsSum:
-		return nil, backend.Errorf(backend.ClassTransient, "VM %s of earlier credentials still holds the name: retrying until it is gone", s.Name)
+		return nil, backend.Errorf(backend.ClassTransient, errFmtEarlierPasswords, s.Name)
 	}
 	return i, nil
 }
