@@ -255,7 +255,8 @@ func TestPortClaims(t *testing.T) {
 	t.Cleanup(func() { _ = b.Delete(ctx, a.Ref) })
 	clash := spec("d", 32140)
 	_, err := b.Create(ctx, clash)
-	if backend.ClassOf(err) != backend.ClassPermanent || !strings.Contains(err.Error(), "port 32140 is taken") {
+	owner, _ := os.ReadFile(b.portFile(32140))
+	if backend.ClassOf(err) != backend.ClassPermanent || err.Error() != fmt.Sprintf(errFmtPortTaken, 32140, owner) {
 		t.Errorf("a second proxy on a taken port must fail permanently and say so, got %v", err)
 	}
 
@@ -280,7 +281,7 @@ func TestPortClaims(t *testing.T) {
 		t.Errorf("two proxies must get two ports, got %v", ports)
 	}
 	_, err = ranged.Create(ctx, spec("g", 0))
-	if backend.ClassOf(err) != backend.ClassQuota || !strings.Contains(err.Error(), "no free port") {
+	if backend.ClassOf(err) != backend.ClassQuota || err.Error() != fmt.Sprintf(errFmtNoFreePort, 32150, 32151) {
 		t.Errorf("an exhausted range is a quota error that says so, got %v", err)
 	}
 

@@ -11,6 +11,13 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 )
 
+// What a create is refused with when it finds no port: the range's bounds,
+// or the port and the local proxy holding it.
+const (
+	errFmtNoFreePort = "no free port in %d-%d: widen spec.local.portRange of the ProviderConfig"
+	errFmtPortTaken  = "port %d is taken by local proxy %s: choose another spec.forProvider.port or give the ProviderConfig a portRange"
+)
+
 // claimPort reserves a port with a file created O_EXCL under .ports, which
 // is atomic between concurrent creates in this and any other provider
 // process sharing the state dir, so two proxies never get the same port.
@@ -65,10 +72,10 @@ func (b *Backend) claimPort(s backend.Spec, staging string) (int32, bool, error)
 		return p, true, nil
 	}
 	if pr != nil {
-		return 0, false, backend.Errorf(backend.ClassQuota, "no free port in %d-%d: widen spec.local.portRange of the ProviderConfig", pr.From, pr.To)
+		return 0, false, backend.Errorf(backend.ClassQuota, errFmtNoFreePort, pr.From, pr.To)
 	}
 	owner, _ := os.ReadFile(b.portFile(s.Port))
-	return 0, false, backend.Errorf(backend.ClassPermanent, "port %d is taken by local proxy %s: choose another spec.forProvider.port or give the ProviderConfig a portRange", s.Port, owner)
+	return 0, false, backend.Errorf(backend.ClassPermanent, errFmtPortTaken, s.Port, owner)
 }
 
 func (b *Backend) portFile(p int32) string {
