@@ -211,15 +211,16 @@ func (c *CLI) Run() error {
 		log.Info("Running with a skewed clock, for a test", "offset", off)
 		now = func() time.Time { return time.Now().Add(off) }
 	}
-	auth := discovery.NewKubernetes(discovery.KubernetesConfig{Client: mgr.GetClient(), CacheSize: c.AuthCacheSize, Audience: c.TokenAudience, Now: now})
+	authCfg := discovery.KubernetesConfig{Client: mgr.GetClient(), CacheSize: c.AuthCacheSize, Audience: c.TokenAudience, Now: now}
 	if c.ReviewsPerAddress > 0 {
-		auth.Reviews = &discovery.IdentityLimits{Rate: rate.Limit(c.ReviewsPerAddress), Burst: c.ReviewBurstPerAddress, Size: c.AuthCacheSize}
+		authCfg.Reviews = &discovery.IdentityLimits{Rate: rate.Limit(c.ReviewsPerAddress), Burst: c.ReviewBurstPerAddress, Size: c.AuthCacheSize}
 	}
 	if c.TokenFile != "" {
-		if auth.Static, err = discovery.LoadStaticTokens(c.TokenFile); err != nil {
+		if authCfg.Static, err = discovery.LoadStaticTokens(c.TokenFile); err != nil {
 			return errors.Wrap(err, "cannot load static tokens")
 		}
 	}
+	auth := discovery.NewKubernetes(authCfg)
 	// One name for this replica in all it publishes, and in its own count
 	// of the replicas a fleet's pacing is shared by.
 	replica := discovery.ReplicaName()

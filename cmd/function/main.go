@@ -52,7 +52,7 @@ func (c *CLI) Validate() error {
 
 func (c *CLI) discovery() (*types.NamespacedName, error) {
 	if c.DiscoveryAccount == "none" {
-		return &types.NamespacedName{}, nil // grants none
+		return &types.NamespacedName{}, nil // grants none, as "" does
 	}
 	sa, err := proxyfleet.ParseServiceAccount(c.DiscoveryAccount)
 	if err != nil {

@@ -4,6 +4,8 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/types"
+
 	"github.com/alecthomas/kong"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/cli/clitest"
@@ -71,6 +73,22 @@ func TestSettings(t *testing.T) {
 		},
 	}
 	clitest.CheckCases(t, parser, cases)
+}
+
+// TestDiscoveryAccount: "none" and an empty setting grant egress-discovery
+// nothing (a ServiceAccount with no name, the function's none), and a
+// name is that ServiceAccount.
+func TestDiscoveryAccount(t *testing.T) {
+	for in, want := range map[string]types.NamespacedName{
+		"none": {}, "": {},
+		"egress-system/egress-discovery": proxyfleet.DefaultDiscoveryServiceAccount,
+		"team/crawler":                   {Namespace: "team", Name: "crawler"},
+	} {
+		got, err := (&CLI{DiscoveryAccount: in}).discovery()
+		if err != nil || got == nil || *got != want {
+			t.Errorf("--discovery-service-account=%q: got %v, %v; want %v", in, got, err, want)
+		}
+	}
 }
 
 // TestDefaultsOnce: --discovery-service-account and

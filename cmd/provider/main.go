@@ -203,15 +203,15 @@ func (c *CLI) Run() error {
 	metrics.Registry.MustRegister(mrMetrics, stateMetrics)
 	metrics.Registry.MustRegister(pm.Collectors()...)
 
-	backends := proxy.NewBackends(proxy.BackendsConfig{Kube: mgr.GetClient(), Config: cfg, ClusterID: clusterID, StateDir: c.StateDir, RestartDelay: c.LocalRestartDelay, Logger: log,
-		GCPOperationTimeout: c.GCPOperationTimeout})
+	bcfg := proxy.BackendsConfig{Kube: mgr.GetClient(), Config: cfg, ClusterID: clusterID, StateDir: c.StateDir, RestartDelay: c.LocalRestartDelay, Logger: log,
+		GCPOperationTimeout: c.GCPOperationTimeout, AWSEndpoint: c.AWSTestEndpoint,
+		// Observations share one listing of a region's instances, at
+		// most half a poll old (10 s at most).
+		AWSListingMaxAge: min(c.Poll/2, awsbackend.DefaultListingMaxAge)}
 	if c.GCPTestEndpoint != "" {
-		backends.GCPClientOptions = []option.ClientOption{option.WithEndpoint(c.GCPTestEndpoint), option.WithoutAuthentication()}
+		bcfg.GCPClientOptions = []option.ClientOption{option.WithEndpoint(c.GCPTestEndpoint), option.WithoutAuthentication()}
 	}
-	backends.AWSEndpoint = c.AWSTestEndpoint
-	// Observations share one listing of a region's instances, at most
-	// half a poll old (10 s at most).
-	backends.AWSListingMaxAge = min(c.Poll/2, awsbackend.DefaultListingMaxAge)
+	backends := proxy.NewBackends(bcfg)
 	// Leave local Squids running on exit: the next provider re-adopts them.
 	defer backends.Close()
 

@@ -118,6 +118,12 @@ func NewServer(cfg ServerConfig) *Server {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
+	if cfg.MaxWaiting <= 0 {
+		cfg.MaxWaiting = allocator.DefaultMaxWaiting
+	}
+	if cfg.MaxWaitingPerIdentity <= 0 {
+		cfg.MaxWaitingPerIdentity = allocator.DefaultMaxWaitingPerIdentity
+	}
 	return &Server{ServerConfig: cfg, allocator: allocator.New(allocator.Config{
 		Catalog: cfg.Catalog, Leases: cfg.Leases, Auth: cfg.Auth, Metrics: cfg.Metrics, Log: cfg.Log, Now: cfg.Now, Version: cfg.Version,
 		MaxBansPerFleet: cfg.MaxBansPerFleet, MaxBansPerIdentity: cfg.MaxBansPerIdentity,

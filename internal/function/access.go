@@ -26,10 +26,12 @@ const (
 // cluster/discovery installs it.
 var DefaultDiscoveryServiceAccount = types.NamespacedName{Namespace: "egress-system", Name: "egress-discovery"}
 
-// ParseServiceAccount reads "namespace/name"; "" means none.
+// ParseServiceAccount reads "namespace/name"; "" means none, which it
+// returns as a name with nothing in it (Config.Discovery's none: nil there
+// means the default).
 func ParseServiceAccount(s string) (*types.NamespacedName, error) {
 	if s == "" {
-		return nil, nil
+		return &types.NamespacedName{}, nil
 	}
 	ns, name, ok := strings.Cut(s, "/")
 	if !ok || len(validation.IsDNS1123Label(ns)) > 0 || len(validation.IsDNS1123Subdomain(name)) > 0 {

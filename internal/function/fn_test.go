@@ -470,6 +470,18 @@ func TestDiscoveryAccess(t *testing.T) {
 	if g := grants(New(Config{Log: logging.NewNopLogger(), Now: func() time.Time { return t0 }, Discovery: &types.NamespacedName{}}), validSpec); len(g) != 0 {
 		t.Errorf("without egress-discovery nothing is granted: %v", g)
 	}
+	// An empty setting is none too, as --discovery-service-account= says;
+	// a Config without one gets the default.
+	none, err := ParseServiceAccount("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if g := grants(New(Config{Log: logging.NewNopLogger(), Now: func() time.Time { return t0 }, Discovery: none}), validSpec); len(g) != 0 {
+		t.Errorf("an empty service account grants nothing: %v", g)
+	}
+	if g := grants(New(Config{Log: logging.NewNopLogger(), Now: func() time.Time { return t0 }}), validSpec); len(g) == 0 {
+		t.Error("a Config without Discovery grants the default service account")
+	}
 }
 
 // TestTemplateChangeKeepsOldSpecs: after a template change, a Proxy of the

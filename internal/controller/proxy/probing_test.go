@@ -22,7 +22,7 @@ import (
 
 func TestPollAfter(t *testing.T) {
 	now := time.Now()
-	pp := pool.New(pool.Config{Prober: &fakeProber{}, Workers: 1, Poll: 5*time.Minute, Now: func() time.Time { return now }, Metrics: metrics.NewProvider()})
+	pp := pool.New(pool.Config{Prober: &fakeProber{}, Workers: 1, Poll: 5 * time.Minute, Now: func() time.Time { return now }, Metrics: metrics.NewProvider()})
 	s := &scheduler{now: func() time.Time { return now }, seen: map[types.UID]time.Time{}, pool: pp}
 	p := unitProxy()
 	created := func(ago time.Duration) {
@@ -213,9 +213,8 @@ func TestObserveThroughThePool(t *testing.T) {
 	pr := &fakeProber{res: probe.Result{OK: true, EgressIP: "192.0.2.1"}}
 	e := newExternal(fake.New(), pr, c)
 	e.backend, e.pc = nil, nil
-	pp := pool.New(pool.Config{Prober: pr, Workers: 1, Poll: time.Minute, Now: c.now, Metrics: metrics.NewProvider()})
 	requeued := 0
-	pp.Requeue = func(context.Context, types.NamespacedName) { requeued++ }
+	pp := pool.New(pool.Config{Prober: pr, Workers: 1, Poll: time.Minute, Now: c.now, Metrics: metrics.NewProvider(), Requeue: func(context.Context, types.NamespacedName) { requeued++ }})
 	e.sched.pool = pp
 	p := unitProxy(func(p *v1alpha1.Proxy) {
 		p.Spec.ForProvider.Mode = v1alpha1.ProxyModeExternal

@@ -150,7 +150,7 @@ func Setup(mgr ctrl.Manager, o Options) error {
 	// Each probe outcome requeues its Proxy through this channel, so
 	// Observe folds it in at once.
 	outcomes := make(chan ctrlevent.GenericEvent)
-	var sched *scheduler
+	sched := &scheduler{started: o.Now(), seen: map[types.UID]time.Time{}, now: o.Now}
 	pp := pool.New(pool.Config{
 		Prober: o.Prober, Workers: o.ProbeConcurrency, Poll: o.PollInterval, Now: o.Now, Metrics: o.Metrics,
 		Requeue: func(ctx context.Context, key types.NamespacedName) {
@@ -159,12 +159,12 @@ func Setup(mgr ctrl.Manager, o Options) error {
 			case <-ctx.Done():
 			}
 		},
-		Forget: func(uid types.UID) { sched.forget(uid) },
+		Forget: sched.forget,
 	})
+	sched.pool = pp
 	if err := mgr.Add(pp); err != nil {
 		return errors.Wrap(err, "cannot add the probe pool")
 	}
-	sched = &scheduler{started: o.Now(), seen: map[types.UID]time.Time{}, now: o.Now, pool: pp}
 	recorder := event.NewAPIRecorder(mgr.GetEventRecorderFor(name)) //nolint:staticcheck // crossplane-runtime's recorder takes the old events API.
 	c := &connector{
 		kube: mgr.GetClient(), usage: newUsageTracker(mgr.GetClient()),

@@ -97,9 +97,8 @@ func TestASlowProbeMovesNoLatency(t *testing.T) {
 		t.Fatal("the test's proxy is not steady: it would prove nothing")
 	}
 	pr := &spikyProber{}
-	pp := pool.New(pool.Config{Prober: pr, Workers: 1, Poll: time.Minute, Now: time.Now, Metrics: metrics.NewProvider()})
 	requeued := 0
-	pp.Requeue = func(context.Context, types.NamespacedName) { requeued++ }
+	pp := pool.New(pool.Config{Prober: pr, Workers: 1, Poll: time.Minute, Now: time.Now, Metrics: metrics.NewProvider(), Requeue: func(context.Context, types.NamespacedName) { requeued++ }})
 	key := types.NamespacedName{Namespace: p.Namespace, Name: p.Name}
 	target := probe.Target{Proxy: "127.0.0.1:3128"}
 	pp.Watch(p.GetUID(), pool.Probing{Key: key, Instance: "a", Target: target, Every: 5 * time.Millisecond, Steady: steady(p)}, time.Now())

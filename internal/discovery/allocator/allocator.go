@@ -143,5 +143,5 @@ func New(cfg Config) *Allocator {
 	return s
 }
 
-// Time is the allocator's clock (Now, else time.Now).
+// Time is the allocator's clock.
 func (s *Allocator) Time() time.Time { return s.Now() }

@@ -99,14 +99,20 @@ type bed struct {
 	a     *allocator.Allocator
 }
 
-func newBed(t *testing.T, ps []proxy, spec map[string]any) *bed {
+// newBed is an allocator over ps, its configuration changed by mods
+// before it is built.
+func newBed(t *testing.T, ps []proxy, spec map[string]any, mods ...func(*allocator.Config)) *bed {
 	t.Helper()
 	w := &world{proxies: ps, spec: spec}
 	s := &fake.Store{}
-	return &bed{w: w, store: s, a: allocator.New(allocator.Config{
+	cfg := allocator.Config{
 		Catalog: catalog.New(catalog.Config{Cache: w, Direct: w}),
 		Leases:  s, Auth: allowAll{}, Metrics: metrics.NewDiscovery(),
-	})}
+	}
+	for _, m := range mods {
+		m(&cfg)
+	}
+	return &bed{w: w, store: s, a: allocator.New(cfg)}
 }
 
 func (b *bed) acquire(t *testing.T, user string, req apiv1.AcquireRequest) (*allocator.Granted, error) {
@@ -333,8 +339,7 @@ func TestStickyKeyKeepsItsProxy(t *testing.T) {
 // TestBanBounds: a fleet's live bans are bounded; extending a live ban is
 // always allowed.
 func TestBanBounds(t *testing.T) {
-	b := newBed(t, []proxy{{"a", "192.0.2.1", true, 5}, {"b", "192.0.2.2", true, 5}}, nil)
-	b.a.MaxBansPerFleet = 2
+	b := newBed(t, []proxy{{"a", "192.0.2.1", true, 5}, {"b", "192.0.2.2", true, 5}}, nil, func(c *allocator.Config) { c.MaxBansPerFleet = 2 })
 	id := &auth.Identity{User: "alice"}
 	for _, d := range []string{"one.example", "two.example"} {
 		if err := b.a.Ban(context.Background(), ns, fleet, "a", d, time.Minute, id); err != nil {
@@ -361,9 +366,9 @@ func TestPacingSharedByReplicas(t *testing.T) {
 		now := func() time.Time { return clock }
 		var as []*allocator.Allocator
 		for range 2 {
-			b := newBed(t, []proxy{{"a", "192.0.2.1", true, 10}}, spec)
-			b.a.Now = now
-			b.a.Replicas = func(context.Context, string, string) (int, error) { return replicas, nil }
+			b := newBed(t, []proxy{{"a", "192.0.2.1", true, 10}}, spec, func(c *allocator.Config) {
+				c.Now, c.Replicas = now, func(context.Context, string, string) (int, error) { return replicas, nil }
+			})
 			as = append(as, b.a)
 		}
 		p, err := as[0].Catalog.Policy(context.Background(), ns, fleet)
@@ -392,8 +397,9 @@ func TestPacingSharedByReplicas(t *testing.T) {
 	if n := taken(1); n <= 20+3+1 {
 		t.Errorf("the check cannot fail: two replicas each pacing alone let %d through, want over 24", n)
 	}
-	b := newBed(t, []proxy{{"a", "192.0.2.1", true, 10}}, spec)
-	b.a.Replicas = func(context.Context, string, string) (int, error) { return 2, nil }
+	b := newBed(t, []proxy{{"a", "192.0.2.1", true, 10}}, spec, func(c *allocator.Config) {
+		c.Replicas = func(context.Context, string, string) (int, error) { return 2, nil }
+	})
 	p, _ := b.a.Catalog.Policy(context.Background(), ns, fleet)
 	rule := b.a.PacingFor(context.Background(), ns, fleet, p, "shop.example")
 	if rule.Interval != 2*time.Second || rule.Burst != 2 {
@@ -442,17 +448,18 @@ func TestPaceReserveInTurn(t *testing.T) {
 // one could only pace faster), and without one the replica counts alone.
 func TestReplicaCountRemembered(t *testing.T) {
 	spec := map[string]any{"gateway": map[string]any{"pacing": []any{map[string]any{"domains": []any{"shop.example"}, "interval": "1s"}}}}
-	b := newBed(t, []proxy{{"a", "192.0.2.1", true, 10}}, spec)
 	clock := time.Unix(1000, 0)
-	b.a.Now = func() time.Time { return clock }
 	n, fail, calls := 3, false, 0
-	b.a.Replicas = func(context.Context, string, string) (int, error) {
-		calls++
-		if fail {
-			return 0, errors.New("the cache is away")
+	b := newBed(t, []proxy{{"a", "192.0.2.1", true, 10}}, spec, func(c *allocator.Config) {
+		c.Now = func() time.Time { return clock }
+		c.Replicas = func(context.Context, string, string) (int, error) {
+			calls++
+			if fail {
+				return 0, errors.New("the cache is away")
+			}
+			return n, nil
 		}
-		return n, nil
-	}
+	})
 	p, err := b.a.Catalog.Policy(context.Background(), ns, fleet)
 	if err != nil {
 		t.Fatal(err)
@@ -480,8 +487,9 @@ func TestReplicaCountRemembered(t *testing.T) {
 	if got := interval(); got != 2*time.Second {
 		t.Fatalf("readable again, 2 replicas: interval %v, want 2s", got)
 	}
-	fresh := newBed(t, []proxy{{"a", "192.0.2.1", true, 10}}, spec)
-	fresh.a.Replicas = func(context.Context, string, string) (int, error) { return 0, errors.New("away") }
+	fresh := newBed(t, []proxy{{"a", "192.0.2.1", true, 10}}, spec, func(c *allocator.Config) {
+		c.Replicas = func(context.Context, string, string) (int, error) { return 0, errors.New("away") }
+	})
 	if got := fresh.a.PacingFor(context.Background(), ns, fleet, p, "shop.example").Interval; got != time.Second {
 		t.Errorf("never counted: interval %v, want the rule's own 1s", got)
 	}

@@ -112,8 +112,9 @@ func TestBanFromAnswerRacing(t *testing.T) {
 // a hostile origin banning host after host cannot use up what the
 // crawler's own reports may record.
 func TestBanFromAnswerOwnBudget(t *testing.T) {
-	b := newBed(t, healthy(4, func(i int) string { return fmt.Sprintf("192.0.2.%d", i+1) }), nil)
-	b.a.MaxBansPerFleet, b.a.MaxBansPerIdentity = 8, 2
+	b := newBed(t, healthy(4, func(i int) string { return fmt.Sprintf("192.0.2.%d", i+1) }), nil, func(c *allocator.Config) {
+		c.MaxBansPerFleet, c.MaxBansPerIdentity = 8, 2
+	})
 	ctx := context.Background()
 	alice := &auth.Identity{User: "alice"}
 	for i := range 2 {
@@ -180,8 +181,7 @@ func TestBanFromAnswerNamesOnlyMembers(t *testing.T) {
 // most MaxAnswerHostsPerSite of its hosts (wildcard DNS names as many as
 // it likes); another site's answers are not held up by it.
 func TestBanFromAnswerHostsPerSite(t *testing.T) {
-	b := newBed(t, healthy(4, func(i int) string { return fmt.Sprintf("192.0.2.%d", i+1) }), nil)
-	b.a.MaxBansPerFleet = 5000
+	b := newBed(t, healthy(4, func(i int) string { return fmt.Sprintf("192.0.2.%d", i+1) }), nil, func(c *allocator.Config) { c.MaxBansPerFleet = 5000 })
 	ctx := context.Background()
 	alice := &auth.Identity{User: "alice"}
 	for i := range allocator.MaxAnswerHostsPerSite {
@@ -223,9 +223,9 @@ func (blind) IPHistories(context.Context, string, string) (map[string][]lease.IP
 // count too, while its cache lags: the crawler's next report still meets
 // its bound. (Counted as the answer's, it passed one report over.)
 func TestExtendedBanStaysWhoseItWas(t *testing.T) {
-	b := newBed(t, []proxy{{"p0", "192.0.2.1", true, 10}, {"p1", "192.0.2.2", true, 10}}, nil)
-	b.a.Leases = lagging{b.store}
-	b.a.MaxBansPerIdentity = 1
+	b := newBed(t, []proxy{{"p0", "192.0.2.1", true, 10}, {"p1", "192.0.2.2", true, 10}}, nil, func(c *allocator.Config) {
+		c.Leases, c.MaxBansPerIdentity = lagging{c.Leases.(*fake.Store)}, 1
+	})
 	ctx := context.Background()
 	alice := &auth.Identity{User: "alice"}
 	if err := b.a.Ban(ctx, ns, fleet, "p0", "shop.example", time.Hour, alice); err != nil {

@@ -116,8 +116,8 @@ type Config struct {
 	Poll time.Duration
 	// Now is the clock; nil means time.Now.
 	Now func() time.Time
-	// Metrics is where probes are counted; nil means a registry of the
-	// pool's own.
+	// Metrics is where probes are counted; nil means metrics of the pool's
+	// own, registered nowhere.
 	Metrics *metrics.Provider
 	// Requeue asks the controller to reconcile a Proxy; Forget is told of
 	// each Probing dropped for want of an Observe. nil does nothing.

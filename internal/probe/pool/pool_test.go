@@ -49,13 +49,13 @@ func (g *gatedProber) count(addr string) int {
 func startPool(t *testing.T, pr Prober, workers int) (*Pool, chan types.NamespacedName) {
 	t.Helper()
 	requeued := make(chan types.NamespacedName, 100)
-	pp := New(Config{Prober: pr, Workers: workers, Poll: time.Minute, Now: time.Now, Metrics: metrics.NewProvider()})
-	pp.Requeue = func(ctx context.Context, key types.NamespacedName) {
-		select {
-		case requeued <- key:
-		case <-ctx.Done():
-		}
-	}
+	pp := New(Config{Prober: pr, Workers: workers, Poll: time.Minute, Now: time.Now, Metrics: metrics.NewProvider(),
+		Requeue: func(ctx context.Context, key types.NamespacedName) {
+			select {
+			case requeued <- key:
+			case <-ctx.Done():
+			}
+		}})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
@@ -184,7 +184,6 @@ func TestProbePool(t *testing.T) {
 		// its credentials are not sent.
 		now := time.Now()
 		pq := New(Config{Prober: pr, Workers: 1, Poll: time.Minute, Now: func() time.Time { return now }, Metrics: metrics.NewProvider()})
-		pq.Requeue = func(context.Context, types.NamespacedName) {}
 		pq.Watch("q", Probing{Instance: "a", Target: probe.Target{Proxy: "q:1"}, Every: time.Minute}, now)
 		e, _ := pq.next()
 		pq.Stop("q")
@@ -198,9 +197,8 @@ func TestProbePool(t *testing.T) {
 		start := time.Now()
 		now := start
 		var forgotten []types.UID
-		pp := New(Config{Prober: &gatedProber{started: map[string]int{}}, Workers: 1, Poll: time.Minute, Now: func() time.Time { return now }, Metrics: metrics.NewProvider()})
-		pp.Requeue = func(context.Context, types.NamespacedName) {}
-		pp.Forget = func(uid types.UID) { forgotten = append(forgotten, uid) }
+		pp := New(Config{Prober: &gatedProber{started: map[string]int{}}, Workers: 1, Poll: time.Minute, Now: func() time.Time { return now }, Metrics: metrics.NewProvider(),
+			Forget: func(uid types.UID) { forgotten = append(forgotten, uid) }})
 		pp.Watch("p", Probing{Key: types.NamespacedName{Name: "p"}, Instance: "a", Target: probe.Target{Timeout: 5 * time.Second}, Every: 30 * time.Second}, now)
 		// This Proxy's own poll is 30 min (its poll-interval annotation):
 		// its Observe may stay away that long, and its probes go on.
@@ -241,7 +239,6 @@ func TestProbePool(t *testing.T) {
 	t.Run("OpenOutcomeOutlivesSteadyOnes", func(t *testing.T) {
 		now := time.Now()
 		pp := New(Config{Prober: &gatedProber{started: map[string]int{}}, Workers: 1, Poll: time.Minute, Now: func() time.Time { return now }, Metrics: metrics.NewProvider()})
-		pp.Requeue = func(context.Context, types.NamespacedName) {}
 		steadyPass := func(o Outcome) bool { return o.Res.OK }
 		tg := probe.Target{Proxy: "p:1"}
 		pp.Watch("p", Probing{Instance: "a", Target: tg, Every: time.Second, Steady: steadyPass}, now)
