@@ -20,6 +20,18 @@ import (
 // at the fleets by default.
 const DefaultPublishTick = time.Second
 
+// publisherDefaults are a publisher's replica name (ReplicaName when empty)
+// and tick (DefaultPublishTick when not positive).
+func publisherDefaults(replica string, tick time.Duration) (string, time.Duration) {
+	if replica == "" {
+		replica = ReplicaName()
+	}
+	if tick <= 0 {
+		tick = DefaultPublishTick
+	}
+	return replica, tick
+}
+
 // DemandPublisherConfig is what NewDemandPublisher builds a
 // DemandPublisher from.
 type DemandPublisherConfig struct {
@@ -55,12 +67,7 @@ type DemandPublisher struct {
 // NewDemandPublisher builds a DemandPublisher, its zero settings taking
 // their defaults.
 func NewDemandPublisher(cfg DemandPublisherConfig) *DemandPublisher {
-	if cfg.Replica == "" {
-		cfg.Replica = ReplicaName()
-	}
-	if cfg.Tick <= 0 {
-		cfg.Tick = DefaultPublishTick
-	}
+	cfg.Replica, cfg.Tick = publisherDefaults(cfg.Replica, cfg.Tick)
 	return &DemandPublisher{DemandPublisherConfig: cfg, published: map[string]publishedDemand{}}
 }
 

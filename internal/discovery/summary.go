@@ -57,12 +57,7 @@ type SummaryPublisher struct {
 // NewSummaryPublisher builds a SummaryPublisher, its zero settings
 // taking their defaults.
 func NewSummaryPublisher(cfg SummaryPublisherConfig) *SummaryPublisher {
-	if cfg.Replica == "" {
-		cfg.Replica = ReplicaName()
-	}
-	if cfg.Tick <= 0 {
-		cfg.Tick = DefaultPublishTick
-	}
+	cfg.Replica, cfg.Tick = publisherDefaults(cfg.Replica, cfg.Tick)
 	return &SummaryPublisher{SummaryPublisherConfig: cfg, published: map[string]publishedSummary{}}
 }
 
