@@ -68,7 +68,7 @@ func TestBadRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	srv := server(t, fmt.Sprintf("team %[1]s team\nother %[1]s other\ncapped %[1]s capped\n", ns), func(s *discovery.ServerConfig) {
-		s.Auth.(*discovery.Kubernetes).Audience = discovery.DefaultAudience
+		withAuth(s, func(k *discovery.KubernetesConfig) { k.Audience = discovery.DefaultAudience })
 		s.MaxBansPerFleet = 1
 	})
 	team := &apiv1.Client{BaseURL: srv.URL, Token: "team"}

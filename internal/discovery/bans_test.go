@@ -27,7 +27,7 @@ func TestBanLimits(t *testing.T) {
 	// what the replica remembers it recorded holds the bounds.
 	srv := server(t, "alice-token "+ns+"\nbob-token "+ns+"\n", func(s *discovery.ServerConfig) {
 		s.MaxBansPerFleet, s.MaxBansPerIdentity = 3, 2
-		s.Leases.Cache = blindToLeases{bed.Client}
+		withStore(s, func(l *lease.StoreConfig) { l.Cache = blindToLeases{bed.Client} })
 	})
 	ctx := context.Background()
 	alice := &apiv1.Client{BaseURL: srv.URL, Token: "alice-token"}

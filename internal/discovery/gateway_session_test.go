@@ -15,6 +15,7 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/discovery"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/lease"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
@@ -44,7 +45,8 @@ func TestGatewaySessionLifetime(t *testing.T) {
 	// built again on it, as its allocator takes its clock when built.
 	b := newGatewayBed(t, 3, 2, func(gw *discovery.GatewayConfig) {
 		cfg := gw.Server.ServerConfig
-		cfg.Now, cfg.Leases.Now = clock, clock
+		cfg.Now = clock
+		withStore(&cfg, func(l *lease.StoreConfig) { l.Now = clock })
 		gw.Server = discovery.NewServer(cfg)
 	})
 	plain := testbed.StartPlainEchoTarget(t)

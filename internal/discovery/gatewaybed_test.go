@@ -139,7 +139,8 @@ func (b *gatewayBed) replica(t testing.TB, mods ...func(*discovery.GatewayConfig
 	go gw.Run(rctx)
 	hs := httptest.NewServer(gw)
 	t.Cleanup(hs.Close)
-	return gw, hs.Listener.Addr().String(), store
+	// The server's own store: a mod may have built it again.
+	return gw, hs.Listener.Addr().String(), gw.Server.Leases
 }
 
 // client is a crawler whose only setting is the gateway URL; every request

@@ -28,7 +28,10 @@ func TestQuotaNotBypassedByRenewingExpired(t *testing.T) {
 	var mu sync.Mutex
 	now := time.Now()
 	clk := func() time.Time { mu.Lock(); defer mu.Unlock(); return now }
-	srv := server(t, fmt.Sprintf("alice-token %s alice\n", ns), func(s *discovery.ServerConfig) { s.Now = clk; s.Leases.Now = clk })
+	srv := server(t, fmt.Sprintf("alice-token %s alice\n", ns), func(s *discovery.ServerConfig) {
+		s.Now = clk
+		withStore(s, func(l *lease.StoreConfig) { l.Now = clk })
+	})
 	ctx := context.Background()
 	alice := &apiv1.Client{BaseURL: srv.URL, Token: "alice-token"}
 	req := apiv1.AcquireRequest{Fleet: ns + "/crawlers", Holder: "h", TTL: "1s"}

@@ -94,6 +94,27 @@ func server(t *testing.T, static string, mods ...func(*discovery.ServerConfig)) 
 	return srv
 }
 
+// withStore builds the server's lease store again, with mod applied to
+// its configuration; withCatalog and withAuth do so for its catalog and
+// its Kubernetes authenticator.
+func withStore(s *discovery.ServerConfig, mod func(*lease.StoreConfig)) {
+	cfg := s.Leases.StoreConfig
+	mod(&cfg)
+	s.Leases = lease.NewStore(cfg)
+}
+
+func withCatalog(s *discovery.ServerConfig, mod func(*discovery.CatalogConfig)) {
+	cfg := s.Catalog.Config
+	mod(&cfg)
+	s.Catalog = discovery.NewCatalog(cfg)
+}
+
+func withAuth(s *discovery.ServerConfig, mod func(*discovery.KubernetesConfig)) {
+	cfg := s.Auth.(*discovery.Kubernetes).KubernetesConfig
+	mod(&cfg)
+	s.Auth = discovery.NewKubernetes(cfg)
+}
+
 // serverOf is server, and the Server it serves.
 func serverOf(t *testing.T, static string, mods ...func(*discovery.ServerConfig)) (*httptest.Server, *discovery.Server) {
 	t.Helper()
@@ -321,7 +342,9 @@ func TestServiceAccountTokens(t *testing.T) {
 		}
 		return tr.Status.Token
 	}
-	srv := server(t, "", func(s *discovery.ServerConfig) { s.Auth.(*discovery.Kubernetes).Audience = discovery.DefaultAudience })
+	srv := server(t, "", func(s *discovery.ServerConfig) {
+		withAuth(s, func(k *discovery.KubernetesConfig) { k.Audience = discovery.DefaultAudience })
+	})
 	for _, tc := range []struct {
 		sa       string
 		audience []string

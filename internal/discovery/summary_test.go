@@ -65,7 +65,8 @@ func TestLeaseSummaryPublished(t *testing.T) {
 	clk := &clock{t: time.Now().Truncate(time.Second)}
 	cache := &laggingCache{Reader: bed.Client, unseen: map[string]bool{}}
 	srv, s := serverOf(t, "team-token "+ns+" crawler\n", func(x *discovery.ServerConfig) {
-		x.Now, x.Leases.Now, x.Leases.Cache = clk.now, clk.now, cache
+		x.Now = clk.now
+		withStore(x, func(l *lease.StoreConfig) { l.Now, l.Cache = clk.now, cache })
 	})
 	pub := discovery.NewSummaryPublisher(discovery.SummaryPublisherConfig{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()})
 	name := leasewire.SummaryName("crawlers", "replica-1")
@@ -381,7 +382,9 @@ func TestSummariesStayWhenAFleetCannotBeRead(t *testing.T) {
 	clk := &clock{t: time.Now().Truncate(time.Second)}
 	fleets := &failingReader{Reader: bed.Client}
 	srv, s := serverOf(t, "team-token "+ns+" crawler\n", func(x *discovery.ServerConfig) {
-		x.Now, x.Leases.Now, x.Catalog.Now, x.Catalog.Fleets, x.Catalog.Direct = clk.now, clk.now, clk.now, fleets, fleets
+		x.Now = clk.now
+		withStore(x, func(l *lease.StoreConfig) { l.Now = clk.now })
+		withCatalog(x, func(c *discovery.CatalogConfig) { c.Now, c.Fleets, c.Direct = clk.now, fleets, fleets })
 	})
 	pub := discovery.NewSummaryPublisher(discovery.SummaryPublisherConfig{Server: s, Client: bed.Client, Replica: "replica-1", Log: logging.NewNopLogger()})
 	c := &apiv1.Client{BaseURL: srv.URL, Token: "team-token"}
