@@ -115,21 +115,16 @@ type Server struct {
 // NewServer builds a Server, its zero settings taking their defaults,
 // and the allocator its API and gateway grant leases through.
 func NewServer(cfg ServerConfig) *Server {
-	if cfg.Now == nil {
-		cfg.Now = time.Now
-	}
-	if cfg.MaxWaiting <= 0 {
-		cfg.MaxWaiting = allocator.DefaultMaxWaiting
-	}
-	if cfg.MaxWaitingPerIdentity <= 0 {
-		cfg.MaxWaitingPerIdentity = allocator.DefaultMaxWaitingPerIdentity
-	}
-	return &Server{ServerConfig: cfg, allocator: allocator.New(allocator.Config{
+	a := allocator.New(allocator.Config{
 		Catalog: cfg.Catalog, Leases: cfg.Leases, Auth: cfg.Auth, Metrics: cfg.Metrics, Log: cfg.Log, Now: cfg.Now, Version: cfg.Version,
 		MaxBansPerFleet: cfg.MaxBansPerFleet, MaxBansPerIdentity: cfg.MaxBansPerIdentity,
 		MaxWaiting: cfg.MaxWaiting, MaxWaitingPerIdentity: cfg.MaxWaitingPerIdentity,
 		Replicas: cfg.Replicas, Replica: cfg.Replica,
-	})}
+	})
+	// The settings both share take the allocator's defaults, written there
+	// alone.
+	cfg.Now, cfg.MaxWaiting, cfg.MaxWaitingPerIdentity = a.Now, a.MaxWaiting, a.MaxWaitingPerIdentity
+	return &Server{ServerConfig: cfg, allocator: a}
 }
 
 // Allocator is the allocator of this server's leases: the API's and the
