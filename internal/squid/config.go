@@ -122,7 +122,7 @@ func (c Config) Validate() error {
 		return err
 	}
 	if len(public) > 0 && c.HtpasswdPath == "" {
-		return errors.Errorf("allowed source range %q is not private, loopback or CGNAT space: without credentials that is an open proxy; add credentials or narrow the range", public[0])
+		return errors.Errorf(ErrFmtPublicWithoutCredentials, public[0])
 	}
 	for _, r := range c.AllowedPrivateDestinations {
 		p, err := netip.ParsePrefix(r)
@@ -512,10 +512,17 @@ func (c Config) validLoopbackOutgoing() error {
 	return nil
 }
 
+// What Validate and Render refuse, for callers' tests to compare errors
+// with.
+const (
+	ErrInvalidConfig               = "invalid squid config"
+	ErrFmtPublicWithoutCredentials = "allowed source range %q is not private, loopback or CGNAT space: without credentials that is an open proxy; add credentials or narrow the range"
+)
+
 // Render returns squid.conf for c.
 func Render(c Config) ([]byte, error) {
 	if err := c.Validate(); err != nil {
-		return nil, errors.Wrap(err, "invalid squid config")
+		return nil, errors.Wrap(err, ErrInvalidConfig)
 	}
 	v := struct {
 		Config

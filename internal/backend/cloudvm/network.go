@@ -13,6 +13,19 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/squid"
 )
 
+// What SourceRanges and UnsupportedImage refuse, for the clouds' tests to
+// compare errors with.
+const (
+	ErrFmtUserDataWithoutRanges = "spec.forProvider.allowedSourceRanges is required with spec.forProvider.%s.%s: the provider does not write that proxy's Squid configuration, so %s opens its port only to the ranges listed"
+	ErrFmtPublicProbeRange      = "the ProviderConfig's spec.probe.sourceRanges %q is not private, loopback or CGNAT space: without spec.forProvider.authSecretRef the firewall would open the proxy to every client behind it; add credentials or probe from a private range"
+	ErrFmtOpenProxy             = "spec.forProvider.allowedSourceRanges %q is not private, loopback or CGNAT space: without spec.forProvider.authSecretRef the firewall would open an open proxy to the internet; add credentials or narrow the range"
+	ErrFmtPrivateOnly           = "spec.forProvider.allowedSourceRanges %q admit private networks only, but the proxy is published at its external IP, which clients inside a VPC reach only from their own external address (or their NAT's), never from a private one: %s"
+	ErrFmtIPv4Only              = "spec.forProvider.allowedSourceRanges %q: %s takes IPv4 ranges only"
+	// ErrFmtUnsupportedImage: the placement, the image, what it is, the
+	// placement again and its user data field.
+	ErrFmtUnsupportedImage = "spec.forProvider.%s.image %s is %s: the generated start-up script installs and runs Squid (apt, systemd, the distribution's squid package) on Debian and Ubuntu images only; use one, or bring your own start-up configuration in spec.forProvider.%s.%s"
+)
+
 // Cloud names what the shared core's errors speak of on one cloud: the
 // Proxy's placement field and its start-up configuration field, and the
 // kind of network opening (GCP: firewall rule; EC2: security group).
@@ -48,11 +61,11 @@ func SourceRanges(s backend.Spec, c Cloud, internal bool) ([]string, error) {
 	}
 	switch {
 	case s.UserData != "" && len(ranges) == 0:
-		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.allowedSourceRanges is required with spec.forProvider.%s.%s: the provider does not write that proxy's Squid configuration, so %s opens its port only to the ranges listed", c.Placement, c.UserDataField, c.OpeningKind)
+		return nil, backend.Errorf(backend.ClassPermanent, ErrFmtUserDataWithoutRanges, c.Placement, c.UserDataField, c.OpeningKind)
 	case s.Credentials == nil && len(public) > 0 && slices.Contains(s.ProbeSourceRanges, public[0]):
-		return nil, backend.Errorf(backend.ClassPermanent, "the ProviderConfig's spec.probe.sourceRanges %q is not private, loopback or CGNAT space: without spec.forProvider.authSecretRef the firewall would open the proxy to every client behind it; add credentials or probe from a private range", public[0])
+		return nil, backend.Errorf(backend.ClassPermanent, ErrFmtPublicProbeRange, public[0])
 	case s.Credentials == nil && len(public) > 0:
-		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.allowedSourceRanges %q is not private, loopback or CGNAT space: without spec.forProvider.authSecretRef the firewall would open an open proxy to the internet; add credentials or narrow the range", public[0])
+		return nil, backend.Errorf(backend.ClassPermanent, ErrFmtOpenProxy, public[0])
 	case len(ranges) == 0:
 		ranges = []string{"0.0.0.0/0"}
 	case s.UserData == "" && !internal && VPCOnly(s):
@@ -60,13 +73,13 @@ func SourceRanges(s backend.Spec, c Cloud, internal bool) ([]string, error) {
 		if c.Internal != "" {
 			fix = "set spec.forProvider." + c.Placement + "." + c.Internal + " for crawlers in the VPC, or " + fix
 		}
-		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.allowedSourceRanges %q admit private networks only, but the proxy is published at its external IP, which clients inside a VPC reach only from their own external address (or their NAT's), never from a private one: %s", OwnRanges(s), fix)
+		return nil, backend.Errorf(backend.ClassPermanent, ErrFmtPrivateOnly, OwnRanges(s), fix)
 	}
 	masked := make([]string, 0, len(ranges))
 	for _, r := range ranges {
 		p, err := netip.ParsePrefix(r)
 		if err != nil || !p.Addr().Is4() {
-			return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.allowedSourceRanges %q: %s takes IPv4 ranges only", r, c.OpeningKind)
+			return nil, backend.Errorf(backend.ClassPermanent, ErrFmtIPv4Only, r, c.OpeningKind)
 		}
 		masked = append(masked, p.Masked().String())
 	}
@@ -144,6 +157,5 @@ func SharedName(prefix, cluster, namespace, fleet, network, ports string, ranges
 // distribution's squid package, on Debian and Ubuntu only), saying what
 // the image is and the two ways out.
 func (c Cloud) UnsupportedImage(image, is string) error {
-	return backend.Errorf(backend.ClassPermanent, "spec.forProvider.%s.image %s is %s: the generated start-up script installs and runs Squid (apt, systemd, the distribution's squid package) on Debian and Ubuntu images only; use one, or bring your own start-up configuration in spec.forProvider.%s.%s",
-		c.Placement, image, is, c.Placement, c.UserDataField)
+	return backend.Errorf(backend.ClassPermanent, ErrFmtUnsupportedImage, c.Placement, image, is, c.Placement, c.UserDataField)
 }

@@ -1,6 +1,7 @@
 package cloudvm_test
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -21,20 +22,20 @@ func TestSourceRanges(t *testing.T) {
 	}{
 		"credentials only: every IPv4 address": {s: backend.Spec{Credentials: creds}, want: "0.0.0.0/0"},
 		"host bits masked":                     {s: backend.Spec{Credentials: creds, AllowedSourceRanges: []string{"203.0.113.7/24"}}, want: "203.0.113.0/24"},
-		"public without credentials":           {s: backend.Spec{AllowedSourceRanges: []string{"203.0.113.0/24"}}, refused: "open proxy"},
+		"public without credentials":           {s: backend.Spec{AllowedSourceRanges: []string{"203.0.113.0/24"}}, refused: fmt.Sprintf(cloudvm.ErrFmtOpenProxy, "203.0.113.0/24")},
 		"probe range public without credentials": {
-			s: backend.Spec{AllowedSourceRanges: []string{"10.0.0.0/8", "198.51.100.0/24"}, ProbeSourceRanges: []string{"198.51.100.0/24"}}, refused: "spec.probe.sourceRanges",
+			s: backend.Spec{AllowedSourceRanges: []string{"10.0.0.0/8", "198.51.100.0/24"}, ProbeSourceRanges: []string{"198.51.100.0/24"}}, refused: fmt.Sprintf(cloudvm.ErrFmtPublicProbeRange, "198.51.100.0/24"),
 		},
-		"own user data without ranges": {s: backend.Spec{Credentials: creds, UserData: "#!/bin/sh"}, refused: "spec.forProvider.aws.userData"},
+		"own user data without ranges": {s: backend.Spec{Credentials: creds, UserData: "#!/bin/sh"}, refused: fmt.Sprintf(cloudvm.ErrFmtUserDataWithoutRanges, "aws", "userData", "an EC2 security group")},
 		"private clients at an external IP": {
-			s: backend.Spec{Credentials: creds, AllowedSourceRanges: []string{"10.0.0.0/8"}}, refused: "admit private networks only",
+			s: backend.Spec{Credentials: creds, AllowedSourceRanges: []string{"10.0.0.0/8"}}, refused: fmt.Sprintf(cloudvm.ErrFmtPrivateOnly, []string{"10.0.0.0/8"}, "list the crawlers' external ranges (with authSecretRef)"),
 		},
-		"IPv6": {s: backend.Spec{Credentials: creds, AllowedSourceRanges: []string{"2001:db8::/32"}}, refused: "an EC2 security group takes IPv4 ranges only"},
+		"IPv6": {s: backend.Spec{Credentials: creds, AllowedSourceRanges: []string{"2001:db8::/32"}}, refused: fmt.Sprintf(cloudvm.ErrFmtIPv4Only, "2001:db8::/32", "an EC2 security group")},
 	} {
 		got, err := cloudvm.SourceRanges(c.s, ec2, false)
 		switch {
-		case c.refused != "" && (err == nil || backend.ClassOf(err) != backend.ClassPermanent || !strings.Contains(err.Error(), c.refused)):
-			t.Errorf("%s: %v, %v; want a permanent refusal naming %q", name, got, err, c.refused)
+		case c.refused != "" && (err == nil || backend.ClassOf(err) != backend.ClassPermanent || err.Error() != c.refused):
+			t.Errorf("%s: %v, %v; want the permanent refusal %q", name, got, err, c.refused)
 		case c.refused == "" && (err != nil || strings.Join(got, ",") != c.want):
 			t.Errorf("%s: %v, %v; want %s", name, got, err, c.want)
 		}

@@ -21,6 +21,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp/gcpfake"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/squid"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
 
@@ -164,11 +165,15 @@ func TestLifecycle(t *testing.T) {
 // a rule admitting public clients to a proxy without credentials, or a
 // default opening for a proxy whose Squid the provider did not configure,
 // is refused before anything is created.
+// fixPrivateOnly is what a refusal of private ranges at the external IP
+// tells a GCP user to do.
+const fixPrivateOnly = "set spec.forProvider.gcp.publishedAddress: Internal for crawlers in the VPC, or list the crawlers' external ranges (with authSecretRef)"
+
 func TestFirewallRefusesOpenProxies(t *testing.T) {
 	cases := map[string]struct {
 		reason string
 		change func(s *backend.Spec)
-		want   string   // an error containing this, or
+		want   string   // the error, or
 		ranges []string // the rule's source ranges
 	}{
 		"HalvesWithoutCredentials": {
@@ -176,14 +181,14 @@ func TestFirewallRefusesOpenProxies(t *testing.T) {
 			change: func(s *backend.Spec) {
 				s.Credentials, s.AllowedSourceRanges = nil, []string{"0.0.0.0/1", "128.0.0.0/1"}
 			},
-			want: `"0.0.0.0/1" is not private, loopback or CGNAT space`,
+			want: squid.ErrInvalidConfig + ": " + fmt.Sprintf(squid.ErrFmtPublicWithoutCredentials, "0.0.0.0/1"),
 		},
 		"CloudInitHalvesWithoutCredentials": {
 			reason: "The firewall builder refuses by itself when no generated config stands before it.",
 			change: func(s *backend.Spec) {
 				s.UserData, s.Credentials, s.AllowedSourceRanges = "#cloud-config\n", nil, []string{"0.0.0.0/1", "128.0.0.0/1"}
 			},
-			want: `spec.forProvider.allowedSourceRanges "0.0.0.0/1" is not private`,
+			want: fmt.Sprintf(cloudvm.ErrFmtOpenProxy, "0.0.0.0/1"),
 		},
 		"PrivateWithoutCredentials": {
 			reason: "Private client ranges need no credentials, with the internal address published.",
@@ -197,19 +202,19 @@ func TestFirewallRefusesOpenProxies(t *testing.T) {
 			change: func(s *backend.Spec) {
 				s.Credentials, s.AllowedSourceRanges = nil, []string{"10.0.0.0/8", "100.64.0.0/10"}
 			},
-			want: "spec.forProvider.gcp.publishedAddress: Internal",
+			want: fmt.Sprintf(cloudvm.ErrFmtPrivateOnly, []string{"10.0.0.0/8", "100.64.0.0/10"}, fixPrivateOnly),
 		},
 		"PrivateAtTheExternalIPWithCredentials": {
 			reason: "Credentials change nothing about where the clients come from.",
 			change: func(s *backend.Spec) { s.AllowedSourceRanges = []string{"192.168.0.0/16"} },
-			want:   "admit private networks only",
+			want:   fmt.Sprintf(cloudvm.ErrFmtPrivateOnly, []string{"192.168.0.0/16"}, fixPrivateOnly),
 		},
 		"PrivateAndProbeAtTheExternalIP": {
 			reason: "The probe's range admits the probe only: the crawlers' own ranges decide.",
 			change: func(s *backend.Spec) {
 				s.AllowedSourceRanges, s.ProbeSourceRanges = []string{"10.0.0.0/8", "198.51.100.10/32"}, []string{"198.51.100.10/32"}
 			},
-			want: "admit private networks only",
+			want: fmt.Sprintf(cloudvm.ErrFmtPrivateOnly, []string{"10.0.0.0/8"}, fixPrivateOnly),
 		},
 		"PrivateAndPublicAtTheExternalIP": {
 			reason: "A public range among the crawlers' reaches the external IP.",
@@ -224,7 +229,7 @@ func TestFirewallRefusesOpenProxies(t *testing.T) {
 		"CloudInitWithoutRanges": {
 			reason: "A proxy configured by the user's cloud-init gets no default opening.",
 			change: func(s *backend.Spec) { s.UserData, s.AllowedSourceRanges = "#cloud-config\n", nil },
-			want:   "spec.forProvider.allowedSourceRanges is required with spec.forProvider.gcp.cloudInit",
+			want:   fmt.Sprintf(cloudvm.ErrFmtUserDataWithoutRanges, "gcp", "cloudInit", "a GCP firewall rule"),
 		},
 		"HostBits": {
 			reason: "GCP refuses a range with host bits set; the rule gets the network.",
@@ -246,8 +251,8 @@ func TestFirewallRefusesOpenProxies(t *testing.T) {
 			_, err := b.Create(context.Background(), s)
 			fw := fake.Firewall(s.Name)
 			if tc.want != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.want) || backend.ClassOf(err) != backend.ClassPermanent {
-					t.Fatalf("%s\nwant a permanent error containing %q, got %v", tc.reason, tc.want, err)
+				if err == nil || err.Error() != tc.want || backend.ClassOf(err) != backend.ClassPermanent {
+					t.Fatalf("%s\nwant the permanent error %q, got %v", tc.reason, tc.want, err)
 				}
 				if fw != nil || fake.Instance("europe-west1-b", s.Name) != nil {
 					t.Errorf("%s\na refused proxy must leave no firewall rule and no VM", tc.reason)

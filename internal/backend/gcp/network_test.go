@@ -14,6 +14,7 @@ import (
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/cloudvm"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp/gcpfake"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
@@ -166,7 +167,7 @@ func TestNetworks(t *testing.T) {
 		s := spec("uid-v6")
 		s.AllowedSourceRanges = []string{"203.0.113.0/24", "2001:db8::/32"}
 		_, err := newBackend(t, fake, "c1").Create(ctx, s)
-		if backend.ClassOf(err) != backend.ClassPermanent || !strings.Contains(err.Error(), "IPv4 ranges only") {
+		if backend.ClassOf(err) != backend.ClassPermanent || err == nil || err.Error() != fmt.Sprintf(cloudvm.ErrFmtIPv4Only, "2001:db8::/32", "a GCP firewall rule") {
 			t.Errorf("IPv6 source ranges are refused before GCP sees them: %v", err)
 		}
 	})
