@@ -210,6 +210,19 @@ const maxUserData = 16 << 10
 // does.
 func ProviderID(zone, id string) string { return "aws:///" + zone + "/" + id }
 
+// What Create refuses, for the tests to compare errors with; the is*
+// say what an image is in a refusal of it (cloudvm.ErrFmtUnsupportedImage).
+const (
+	errFmtZoneOfOtherRegion = "spec.forProvider.aws.zone %q is not a zone of the ProviderConfig's region %s: use one of %sa, %sb, ..."
+	errFmtUserDataTooLarge  = "the instance's start-up configuration is %d bytes, over EC2's %d: shorten spec.forProvider.aws.userData"
+	errFmtUnknownParameter  = "spec.forProvider.aws.image %q: only Debian's (/aws/service/debian/release/...) and Canonical's (/aws/service/canonical/ubuntu/...) parameters are resolved; give another image by its AMI ID"
+	errFmtImageOwner        = "owned by account %s, not Debian's (%s) or Canonical's (%s)"
+	errReadSubnet           = "cannot read the instance's subnet (spec.forProvider.aws.subnet)"
+	errFmtSubnetZone        = "spec.forProvider.aws.subnet %s is in zone %s, not %s (spec.forProvider.aws.zone)"
+	isNotParameter          = "not a parameter of "
+	isNotImage              = "not an image of "
+)
+
 // Create starts an instance for s, after the fleet's security group; an
 // instance of s's name that runs already is returned instead.
 func (b *Backend) Create(ctx context.Context, s backend.Spec) (_ *backend.Instance, err error) {
@@ -218,7 +231,7 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (_ *backend.Instan
 		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.aws is required for a ProviderConfig of backend AWS")
 	}
 	if !strings.HasPrefix(s.AWS.Zone, b.cfg.Region) || len(s.AWS.Zone) != len(b.cfg.Region)+1 {
-		return nil, backend.Errorf(backend.ClassPermanent, "spec.forProvider.aws.zone %q is not a zone of the ProviderConfig's region %s: use one of %sa, %sb, ...", s.AWS.Zone, b.cfg.Region, b.cfg.Region, b.cfg.Region)
+		return nil, backend.Errorf(backend.ClassPermanent, errFmtZoneOfOtherRegion, s.AWS.Zone, b.cfg.Region, b.cfg.Region, b.cfg.Region)
 	}
 	ranges, err := cloudvm.SourceRanges(s, ec2Cloud, false)
 	if err != nil {
@@ -247,7 +260,7 @@ func (b *Backend) Create(ctx context.Context, s backend.Spec) (_ *backend.Instan
 		return nil, err
 	}
 	if len(script) > maxUserData {
-		return nil, backend.Errorf(backend.ClassPermanent, "the instance's start-up configuration is %d bytes, over EC2's %d: shorten spec.forProvider.aws.userData", len(script), maxUserData)
+		return nil, backend.Errorf(backend.ClassPermanent, errFmtUserDataTooLarge, len(script), maxUserData)
 	}
 	group, groupName, err := b.ensureGroup(ctx, s, vpc, ranges)
 	if err != nil {
@@ -420,9 +433,9 @@ func (b *Backend) rootDevice(ctx context.Context, s backend.Spec) (string, error
 		root, release := ssmImage(param)
 		switch {
 		case root == "":
-			return "", backend.Errorf(backend.ClassPermanent, "spec.forProvider.aws.image %q: only Debian's (/aws/service/debian/release/...) and Canonical's (/aws/service/canonical/ubuntu/...) parameters are resolved; give another image by its AMI ID", img)
+			return "", backend.Errorf(backend.ClassPermanent, errFmtUnknownParameter, img)
 		case s.UserData == "" && release == "":
-			return "", ec2Cloud.UnsupportedImage(strconv.Quote(img), "not a parameter of "+cloudvm.SupportedReleases())
+			return "", ec2Cloud.UnsupportedImage(strconv.Quote(img), isNotParameter+cloudvm.SupportedReleases())
 		}
 		return root, nil
 	}
@@ -438,9 +451,9 @@ func (b *Backend) rootDevice(ctx context.Context, s backend.Spec) (string, error
 	switch {
 	case s.UserData != "":
 	case owner != DebianOwner && owner != CanonicalOwner:
-		return "", ec2Cloud.UnsupportedImage(img+" ("+name+")", fmt.Sprintf("owned by account %s, not Debian's (%s) or Canonical's (%s)", owner, DebianOwner, CanonicalOwner))
+		return "", ec2Cloud.UnsupportedImage(img+" ("+name+")", fmt.Sprintf(errFmtImageOwner, owner, DebianOwner, CanonicalOwner))
 	case !amiSupported(owner, name):
-		return "", ec2Cloud.UnsupportedImage(img+" ("+name+")", "not an image of "+cloudvm.SupportedReleases())
+		return "", ec2Cloud.UnsupportedImage(img+" ("+name+")", isNotImage+cloudvm.SupportedReleases())
 	}
 	return aws.ToString(im.RootDeviceName), nil
 }
@@ -508,7 +521,7 @@ func (b *Backend) subnet(ctx context.Context, p *v1alpha1.AWSPlacement) (string,
 	}
 	out, err := b.ec2.DescribeSubnets(ctx, in)
 	if err != nil {
-		return "", "", errors.Wrap(Classify(err), "cannot read the instance's subnet (spec.forProvider.aws.subnet)")
+		return "", "", errors.Wrap(Classify(err), errReadSubnet)
 	}
 	switch {
 	case len(out.Subnets) == 0 && p.Subnet == "":
@@ -516,7 +529,7 @@ func (b *Backend) subnet(ctx context.Context, p *v1alpha1.AWSPlacement) (string,
 	case len(out.Subnets) == 0:
 		return "", "", backend.Errorf(backend.ClassPermanent, "spec.forProvider.aws.subnet %s does not exist", p.Subnet)
 	case aws.ToString(out.Subnets[0].AvailabilityZone) != p.Zone:
-		return "", "", backend.Errorf(backend.ClassPermanent, "spec.forProvider.aws.subnet %s is in zone %s, not %s (spec.forProvider.aws.zone)", p.Subnet, aws.ToString(out.Subnets[0].AvailabilityZone), p.Zone)
+		return "", "", backend.Errorf(backend.ClassPermanent, errFmtSubnetZone, p.Subnet, aws.ToString(out.Subnets[0].AvailabilityZone), p.Zone)
 	}
 	return aws.ToString(out.Subnets[0].SubnetId), aws.ToString(out.Subnets[0].VpcId), nil
 }

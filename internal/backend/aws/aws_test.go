@@ -353,6 +353,9 @@ func TestFleetSharesOneGroup(t *testing.T) {
 // or never running, is a permanent error naming the field, and makes
 // nothing.
 func TestRefusals(t *testing.T) {
+	unsupported := func(image, is string) string {
+		return fmt.Sprintf(cloudvm.ErrFmtUnsupportedImage, "aws", image, is, "aws", "userData")
+	}
 	fake := ec2fake.Start(t)
 	fake.AddSubnet("subnet-0aaaaaaaaaaaaaaa1", "vpc-0aaaaaaaaaaaaaaa1", "us-east-1c")
 	b := newBackend(t, fake, "c1")
@@ -360,30 +363,31 @@ func TestRefusals(t *testing.T) {
 		mod  func(*backend.Spec)
 		want string
 	}{
-		"zone of another region":             {func(s *backend.Spec) { s.AWS.Zone = "eu-west-1a" }, "spec.forProvider.aws.zone"},
-		"image the script does not support":  {func(s *backend.Spec) { s.AWS.Image = ec2fake.OtherAMI }, "not Debian's"},
-		"an SSM parameter of no known maker": {func(s *backend.Spec) { s.AWS.Image = "resolve:ssm:/my/ami" }, "spec.forProvider.aws.image"},
-		"Debian's AMI of an old release":     {func(s *backend.Spec) { s.AWS.Image = ec2fake.Debian10AMI }, "not an image of Debian 12, 13 or Ubuntu 22.04"},
-		"Canonical's AMI of an old release":  {func(s *backend.Spec) { s.AWS.Image = ec2fake.Ubuntu1804AMI }, "not an image of Debian 12, 13 or Ubuntu 22.04"},
+		"zone of another region":             {func(s *backend.Spec) { s.AWS.Zone = "eu-west-1a" }, fmt.Sprintf(aws.ErrFmtZoneOfOtherRegion, "eu-west-1a", "us-east-1", "us-east-1", "us-east-1")},
+		"image the script does not support":  {func(s *backend.Spec) { s.AWS.Image = ec2fake.OtherAMI }, unsupported(ec2fake.OtherAMI+" (someones-image)", fmt.Sprintf(aws.ErrFmtImageOwner, "123456789012", aws.DebianOwner, aws.CanonicalOwner))},
+		"an SSM parameter of no known maker": {func(s *backend.Spec) { s.AWS.Image = "resolve:ssm:/my/ami" }, fmt.Sprintf(aws.ErrFmtUnknownParameter, "resolve:ssm:/my/ami")},
+		"Debian's AMI of an old release":     {func(s *backend.Spec) { s.AWS.Image = ec2fake.Debian10AMI }, unsupported(ec2fake.Debian10AMI+" (debian-10-amd64-20240703-1797)", aws.IsNotImage+cloudvm.SupportedReleases())},
+		"Canonical's AMI of an old release":  {func(s *backend.Spec) { s.AWS.Image = ec2fake.Ubuntu1804AMI }, unsupported(ec2fake.Ubuntu1804AMI+" (ubuntu/images/hvm-ssd/ubuntu-bionic-18.04-amd64-server-20230607)", aws.IsNotImage+cloudvm.SupportedReleases())},
 		"Debian's parameter of an old release": {func(s *backend.Spec) {
 			s.AWS.Image = "resolve:ssm:/aws/service/debian/release/10/latest/amd64"
-		}, "not a parameter of Debian 12, 13"},
+		}, unsupported(`"resolve:ssm:/aws/service/debian/release/10/latest/amd64"`, aws.IsNotParameter+cloudvm.SupportedReleases())},
 		"Canonical's parameter of an old release": {func(s *backend.Spec) {
 			s.AWS.Image = "resolve:ssm:/aws/service/canonical/ubuntu/server/18.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
-		}, "not a parameter of Debian 12, 13"},
+		}, unsupported(`"resolve:ssm:/aws/service/canonical/ubuntu/server/18.04/stable/current/amd64/hvm/ebs-gp2/ami-id"`, aws.IsNotParameter+cloudvm.SupportedReleases())},
 		"Debian's daily parameter": {func(s *backend.Spec) {
 			s.AWS.Image = "resolve:ssm:/aws/service/debian/daily/12/latest/amd64"
-		}, "not a parameter of Debian 12, 13"},
-		"subnet in another zone": {func(s *backend.Spec) { s.AWS.Subnet = "subnet-0aaaaaaaaaaaaaaa1" }, "is in zone us-east-1c"},
-		"no such subnet":         {func(s *backend.Spec) { s.AWS.Subnet = "subnet-0bbbbbbbbbbbbbbb1" }, "spec.forProvider.aws.subnet"},
-		"open proxy":             {func(s *backend.Spec) { s.Credentials = nil }, "open proxy"},
-		"user data too large":    {func(s *backend.Spec) { s.UserData = strings.Repeat("#", 17<<10) }, "spec.forProvider.aws.userData"},
+		}, unsupported(`"resolve:ssm:/aws/service/debian/daily/12/latest/amd64"`, aws.IsNotParameter+cloudvm.SupportedReleases())},
+		"subnet in another zone": {func(s *backend.Spec) { s.AWS.Subnet = "subnet-0aaaaaaaaaaaaaaa1" }, fmt.Sprintf(aws.ErrFmtSubnetZone, "subnet-0aaaaaaaaaaaaaaa1", "us-east-1c", "us-east-1a")},
+		"no such subnet": {func(s *backend.Spec) { s.AWS.Subnet = "subnet-0bbbbbbbbbbbbbbb1" }, aws.ErrReadSubnet + ": operation error EC2: DescribeSubnets, https response error StatusCode: 400, RequestID: fake-request, " +
+			"api error InvalidSubnetID.NotFound: The subnet ID 'subnet-0bbbbbbbbbbbbbbb1' does not exist"},
+		"open proxy":          {func(s *backend.Spec) { s.Credentials = nil }, fmt.Sprintf(cloudvm.ErrFmtOpenProxy, "203.0.113.0/24")},
+		"user data too large": {func(s *backend.Spec) { s.UserData = strings.Repeat("#", 17<<10) }, fmt.Sprintf(aws.ErrFmtUserDataTooLarge, 17<<10, aws.MaxUserData)},
 	} {
 		s := spec("5c2d3e4f-0000-4222-8333-944455556666")
 		c.mod(&s)
 		_, err := b.Create(context.Background(), s)
-		if backend.ClassOf(err) != backend.ClassPermanent || !strings.Contains(err.Error(), c.want) {
-			t.Errorf("%s: %v (%s); want a permanent error naming %q", name, err, backend.ClassOf(err), c.want)
+		if backend.ClassOf(err) != backend.ClassPermanent || err == nil || err.Error() != c.want {
+			t.Errorf("%s: %v (%s); want the permanent error %q", name, err, backend.ClassOf(err), c.want)
 		}
 	}
 	if n := len(fake.Instances()); n != 0 || fake.Calls("RunInstances") != 0 {
