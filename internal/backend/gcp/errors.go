@@ -95,9 +95,7 @@ func insertError(err error, what string) error {
 	if p := deniedPermission(err); p == permUseExternalIP {
 		// Every proxy VM leaves through an external address of its own,
 		// whichever address it publishes: the grant is the only way.
-		return errors.Wrapf(c, "%s: the provider's service account may not give a VM an external address in this subnetwork, "+
-			"which every proxy VM needs as its egress address; grant %s on it (in a Shared VPC, in the host project: roles/compute.networkUser holds it)",
-			what, permUseExternalIP)
+		return errors.Wrapf(c, errFmtNoExternalIPGrant, what, permUseExternalIP)
 	}
 	return errors.Wrap(c, what)
 }
@@ -133,6 +131,11 @@ func errorInfo(err error) (string, map[string]string) {
 	}
 	return "", nil
 }
+
+// errFmtNoExternalIPGrant wraps an insert refused for want of
+// permUseExternalIP: what was inserted, the permission.
+const errFmtNoExternalIPGrant = "%s: the provider's service account may not give a VM an external address in this subnetwork, " +
+	"which every proxy VM needs as its egress address; grant %s on it (in a Shared VPC, in the host project: roles/compute.networkUser holds it)"
 
 // permUseExternalIP is the permission a VM with an external address needs
 // on its subnetwork, which a Shared VPC's host project grants separately.

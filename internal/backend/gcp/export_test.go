@@ -7,3 +7,10 @@ const (
 	ErrFmtStillDeleting   = errFmtStillDeleting
 	ErrFmtEarlierSpec     = errFmtEarlierSpec
 )
+
+// What Create refuses of a VM's network, for the external tests.
+const (
+	ErrFmtSubnetworkProject = errFmtSubnetworkProject
+	ErrFmtNoExternalIPGrant = errFmtNoExternalIPGrant
+	PermUseExternalIP       = permUseExternalIP
+)

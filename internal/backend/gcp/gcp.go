@@ -320,12 +320,16 @@ func (b *Backend) checkPlacement(s backend.Spec, vm *computepb.Instance, fw *com
 			snProject = firewallProject(sn)
 		}
 		if snProject != firewallProject(fw.GetNetwork()) {
-			return backend.Errorf(backend.ClassPermanent, "spec.forProvider.gcp.subnetwork %s is in project %s, but network %s is not: a subnetwork belongs to its network's project; with a Shared VPC subnetwork set network to the host project's network",
+			return backend.Errorf(backend.ClassPermanent, errFmtSubnetworkProject,
 				sn, snProject, fw.GetNetwork())
 		}
 	}
 	return nil
 }
+
+// errFmtSubnetworkProject refuses a subnetwork of another project than
+// its network's: the subnetwork, its project, the network.
+const errFmtSubnetworkProject = "spec.forProvider.gcp.subnetwork %s is in project %s, but network %s is not: a subnetwork belongs to its network's project; with a Shared VPC subnetwork set network to the host project's network"
 
 // vm is the instance resource of s.
 func (b *Backend) vm(s backend.Spec, script string, fw *computepb.Firewall) *computepb.Instance {

@@ -15,6 +15,7 @@ import (
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/apis/egress/v1alpha1"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/cloudvm"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/gcp/gcpfake"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/testbed"
 )
@@ -81,7 +82,7 @@ func TestNetworks(t *testing.T) {
 		s.GCP.Subnetwork = "projects/net-host/regions/europe-west1/subnetworks/crawl"
 		s.GCP.Network = "global/networks/default"
 		_, err := b.Create(ctx, s)
-		if backend.ClassOf(err) != backend.ClassPermanent || !strings.Contains(err.Error(), "host project's network") {
+		if want := fmt.Sprintf(gcp.ErrFmtSubnetworkProject, s.GCP.Subnetwork, "net-host", "projects/crawl-proj/global/networks/default"); backend.ClassOf(err) != backend.ClassPermanent || err == nil || err.Error() != want {
 			t.Errorf("a host subnetwork with the service project's network is refused before anything is made: %v", err)
 		}
 		s.GCP.Network = "projects/net-host/global/networks/shared"
@@ -115,7 +116,11 @@ func TestNetworks(t *testing.T) {
 		s.GCP.Subnetwork = subnet
 		s.GCP.Network = "projects/net-host/global/networks/shared"
 		_, err := b.Create(ctx, s)
-		if backend.ClassOf(err) != backend.ClassAccessDenied || !strings.Contains(err.Error(), "grant compute.subnetworks.useExternalIp") {
+		// The provider's own words whole (the VM's name as the error
+		// gives it), then GCP's refusal.
+		vm, _, _ := strings.Cut(fmt.Sprint(err), ":")
+		own := fmt.Sprintf(gcp.ErrFmtNoExternalIPGrant, vm, gcp.PermUseExternalIP) + ": googleapi: Error 403: Required 'compute.subnetworks.useExternalIp' permission for '" + subnet + "'"
+		if backend.ClassOf(err) != backend.ClassAccessDenied || err == nil || err.Error() != own || !strings.HasPrefix(vm, "cannot insert VM egress-") {
 			t.Errorf("a host subnetwork that does not grant useExternalIp is refused, naming the grant: %v", err)
 		}
 		// Publishing the internal address changes nothing: the VM still
@@ -143,7 +148,7 @@ func TestNetworks(t *testing.T) {
 		s.GCP.Network = "projects/net-host/global/networks/shared"
 		s.GCP.Subnetwork = "regions/europe-west1/subnetworks/crawl"
 		_, err := newBackend(t, fake, "c1").Create(ctx, s)
-		if backend.ClassOf(err) != backend.ClassPermanent || !strings.Contains(err.Error(), "is in project crawl-proj") {
+		if want := fmt.Sprintf(gcp.ErrFmtSubnetworkProject, s.GCP.Subnetwork, "crawl-proj", s.GCP.Network); backend.ClassOf(err) != backend.ClassPermanent || err == nil || err.Error() != want {
 			t.Errorf("a service-project subnetwork with a host network is refused: %v", err)
 		}
 		if fake.FirewallIn("net-host", s.Name) != nil {
