@@ -2,12 +2,13 @@ package aws_test
 
 import (
 	"context"
-	"strings"
+	"fmt"
 	"testing"
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend"
+	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/aws"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/backend/aws/ec2fake"
 	"gitea.home.hrajfrisbee.cz/kacerr/egress-proxies-operator/internal/ownership"
 )
@@ -90,7 +91,7 @@ func TestAdoptOvertaken(t *testing.T) {
 	}
 	ref := backend.Ref{Name: ownership.InstanceName(p2.UID), Zone: "us-east-1a", ID: id}
 	err := b.Adopt(ctx, ref, old.Owner.UID, p2)
-	if backend.ClassOf(err) != backend.ClassTransient || !strings.Contains(err.Error(), "retagged by another") {
+	if backend.ClassOf(err) != backend.ClassTransient || err == nil || err.Error() != fmt.Sprintf(aws.ErrFmtRetagged, id, p1.UID) {
 		t.Errorf("an import another overtook: %v", err)
 	}
 	if o, _ := ownership.FromLabels(only(t, fake).Tags); o.Holder() != p1.UID {

@@ -223,6 +223,10 @@ const (
 	isNotImage              = "not an image of "
 )
 
+// errFmtRetagged: an import another writer overtook (the instance, the
+// Proxy uid its tags name now).
+const errFmtRetagged = "instance %s was retagged by another meanwhile (its tags name Proxy uid %s): retrying"
+
 // Create starts an instance for s, after the fleet's security group; an
 // instance of s's name that runs already is returned instead.
 func (b *Backend) Create(ctx context.Context, s backend.Spec) (_ *backend.Instance, err error) {
@@ -878,7 +882,7 @@ func (b *Backend) retag(ctx context.Context, x *types.Instance, have, want map[s
 	}
 	got, _ := ownership.FromLabels(tagsOf(&now[0]))
 	if w, _ := ownership.FromLabels(want); got != w {
-		return backend.Errorf(backend.ClassTransient, "instance %s was retagged by another meanwhile (its tags name Proxy uid %s): retrying", id, got.Holder())
+		return backend.Errorf(backend.ClassTransient, errFmtRetagged, id, got.Holder())
 	}
 	return nil
 }

@@ -11,4 +11,5 @@ const (
 	IsNotParameter          = isNotParameter
 	IsNotImage              = isNotImage
 	MaxUserData             = maxUserData
+	ErrFmtRetagged          = errFmtRetagged
 )
