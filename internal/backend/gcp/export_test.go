@@ -13,4 +13,5 @@ const (
 	ErrFmtSubnetworkProject = errFmtSubnetworkProject
 	ErrFmtNoExternalIPGrant = errFmtNoExternalIPGrant
 	PermUseExternalIP       = permUseExternalIP
+	IsFmtNotImage           = isFmtNotImage
 )

@@ -312,7 +312,7 @@ func (b *Backend) checkPlacement(s backend.Spec, vm *computepb.Instance, fw *com
 	if image := normalImage(s.GCP.Image); s.UserData == "" && image != "" && !scriptImageRe.MatchString(image) {
 		// Checked at create only: a running VM of an image made before
 		// this check is left to serve.
-		return gcpCloud.UnsupportedImage(strconv.Quote(s.GCP.Image), "not an image of "+cloudvm.SupportedReleases()+" from projects/debian-cloud, ubuntu-os-cloud or ubuntu-os-pro-cloud")
+		return gcpCloud.UnsupportedImage(strconv.Quote(s.GCP.Image), fmt.Sprintf(isFmtNotImage, cloudvm.SupportedReleases()))
 	}
 	if sn := vm.GetNetworkInterfaces()[0].GetSubnetwork(); sn != "" {
 		snProject := b.cfg.Project
@@ -326,6 +326,10 @@ func (b *Backend) checkPlacement(s backend.Spec, vm *computepb.Instance, fw *com
 	}
 	return nil
 }
+
+// isFmtNotImage says what an image the script cannot run on is, in
+// cloudvm.ErrFmtUnsupportedImage: the releases it supports.
+const isFmtNotImage = "not an image of %s from projects/debian-cloud, ubuntu-os-cloud or ubuntu-os-pro-cloud"
 
 // errFmtSubnetworkProject refuses a subnetwork of another project than
 // its network's: the subnetwork, its project, the network.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -603,8 +604,9 @@ func TestScriptImages(t *testing.T) {
 		s := spec("6a3b2c1d-1111-4222-8333-944455556666")
 		s.GCP.Image = image
 		_, err := b.Create(context.Background(), s)
-		if refused := err != nil && strings.Contains(err.Error(), "on Debian and Ubuntu images only"); refused == ok {
-			t.Errorf("image %q: refused %v, want %v (%v)", image, refused, !ok, err)
+		want := fmt.Sprintf(cloudvm.ErrFmtUnsupportedImage, "gcp", strconv.Quote(image), fmt.Sprintf(gcp.IsFmtNotImage, cloudvm.SupportedReleases()), "gcp", "cloudInit")
+		if refused := err != nil && err.Error() == want; refused == ok {
+			t.Errorf("image %q: refused %v, want %v (%v; a refusal says %q)", image, refused, !ok, err, want)
 		}
 		if !ok && (fake.Instances() != 0 || len(fake.FirewallNames()) != 0) {
 			t.Errorf("image %q: a refused create makes nothing", image)
