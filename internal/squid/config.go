@@ -714,6 +714,9 @@ const (
 	errFmtOwnAbs = "own addresses file %q must be an absolute path"
 )
 
+// ErrFmtOwnAbs is errFmtOwnAbs, for callers' tests to compare errors with.
+const ErrFmtOwnAbs = errFmtOwnAbs
+
 // checkHtpasswd refuses what an htpasswd line cannot hold.
 func checkHtpasswd(username, password, salt string) error {
 	if username == "" || strings.ContainsAny(username, ":\n\r") {

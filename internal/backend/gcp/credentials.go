@@ -22,6 +22,10 @@ func ServiceAccountKey(key []byte, tenant bool) (option.ClientOption, error) {
 // googleTokenURI is where a service-account key's JWT is exchanged.
 const googleTokenURI = "https://oauth2.googleapis.com/token"
 
+// errFmtKeyType refuses credentials other than a service-account key:
+// their type, the key's.
+const errFmtKeyType = "the GCP credentials are of type %q: spec.gcp.credentials takes only a service-account key (type %q); for workload identity use source InjectedIdentity on a ClusterProviderConfig"
+
 // serviceAccountKey reads a GCP credentials file and returns its type and the key to
 // use. It must be a service-account key: the other kinds (external
 // accounts above all) make the provider read files, run programs or send
@@ -52,6 +56,6 @@ func serviceAccountKey(key []byte, tenant bool) (option.CredentialsType, []byte,
 	case t == option.ServiceAccount:
 		return t, key, nil
 	default:
-		return "", nil, errors.Errorf("the GCP credentials are of type %q: spec.gcp.credentials takes only a service-account key (type %q); for workload identity use source InjectedIdentity on a ClusterProviderConfig", f.Type, option.ServiceAccount)
+		return "", nil, errors.Errorf(errFmtKeyType, f.Type, option.ServiceAccount)
 	}
 }

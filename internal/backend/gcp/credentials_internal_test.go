@@ -2,8 +2,10 @@ package gcp
 
 import (
 	"encoding/json"
-	"strings"
+	"fmt"
 	"testing"
+
+	"google.golang.org/api/option"
 )
 
 // TestServiceAccountKey: a tenant's key must be a service-account key, and it goes to
@@ -30,7 +32,7 @@ func TestServiceAccountKey(t *testing.T) {
 			t.Errorf("a tenant's %s must be refused", k)
 		}
 	}
-	if _, _, err := serviceAccountKey([]byte(`{"type": "external_account", "credential_source": {"file": "/etc/hostname"}}`), false); err == nil || !strings.Contains(err.Error(), "takes only a service-account key") {
+	if _, _, err := serviceAccountKey([]byte(`{"type": "external_account", "credential_source": {"file": "/etc/hostname"}}`), false); err == nil || err.Error() != fmt.Sprintf(errFmtKeyType, "external_account", option.ServiceAccount) {
 		t.Errorf("an external-account file is refused for the platform too (workload identity is InjectedIdentity): %v", err)
 	}
 }

@@ -1,6 +1,7 @@
 package gcp
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -52,7 +53,7 @@ func TestStartupScriptDeniesOwnAddresses(t *testing.T) {
 	if !strings.Contains(script, `acl egress_self_started dst "`+file+`"`) || !strings.Contains(script, "http_access deny egress_self_started") {
 		t.Errorf("the config must deny the addresses in %s:\n%s", file, script)
 	}
-	if _, err := squid.Render(squid.Config{Port: 3128, HtpasswdPath: "/h", OwnAddressesFile: "relative"}); err == nil || !strings.Contains(err.Error(), `own addresses file "relative" must be an absolute path`) {
+	if _, err := squid.Render(squid.Config{Port: 3128, HtpasswdPath: "/h", OwnAddressesFile: "relative"}); err == nil || err.Error() != squid.ErrInvalidConfig+": "+fmt.Sprintf(squid.ErrFmtOwnAbs, "relative") {
 		t.Errorf("a relative own-addresses file must be refused, saying why: %v", err)
 	}
 }
