@@ -371,6 +371,15 @@ type StaticTokens struct {
 	byHash map[string]*Identity
 }
 
+// What LoadStaticTokens refuses of a token file's line: its number first.
+const (
+	errFmtTokenLine      = "token file line %d: want \"<token> <namespace>[,<namespace>...] [name]\""
+	errFmtTokenName      = "token file line %d: name %q: %s"
+	errFmtTokenReused    = "token file line %d: a token given on an earlier line: give each line its own token"
+	errFmtSameIdentity   = "token file line %d: the same identity %s as line %d: give each token its own name (and token)"
+	errFmtTokenNamespace = "token file line %d: %q is not a namespace (nor *, for all)"
+)
+
 // LoadStaticTokens reads a token file: one "token namespace[,namespace...]
 // [name]" per line ("*" for all), # comments allowed. A named token's
 // identity is static:<name>, which quota overrides (staticToken) and the
@@ -392,28 +401,28 @@ func LoadStaticTokens(path string) (*StaticTokens, error) {
 		}
 		fields := strings.Fields(line)
 		if len(fields) != 2 && len(fields) != 3 {
-			return nil, errors.Errorf("token file line %d: want \"<token> <namespace>[,<namespace>...] [name]\"", n)
+			return nil, errors.Errorf(errFmtTokenLine, n)
 		}
 		// 64 bits of the token's hash: distinct for any set of tokens,
 		// and no help in guessing one.
 		user := StaticPrefix + tokenKey(fields[0])[:16]
 		if len(fields) == 3 {
 			if errs := validation.IsDNS1123Label(fields[2]); len(errs) > 0 {
-				return nil, errors.Errorf("token file line %d: name %q: %s", n, fields[2], strings.Join(errs, "; "))
+				return nil, errors.Errorf(errFmtTokenName, n, fields[2], strings.Join(errs, "; "))
 			}
 			user = StaticPrefix + fields[2]
 		}
 		if _, dup := s.byHash[tokenKey(fields[0])]; dup {
-			return nil, errors.Errorf("token file line %d: a token given on an earlier line: give each line its own token", n)
+			return nil, errors.Errorf(errFmtTokenReused, n)
 		}
 		if prev, dup := users[user]; dup {
-			return nil, errors.Errorf("token file line %d: the same identity %s as line %d: give each token its own name (and token)", n, user, prev)
+			return nil, errors.Errorf(errFmtSameIdentity, n, user, prev)
 		}
 		users[user] = n
 		id := &Identity{User: user, Namespaces: map[string]bool{}}
 		for _, ns := range strings.Split(fields[1], ",") {
 			if ns != "*" && len(validation.IsDNS1123Label(ns)) > 0 {
-				return nil, errors.Errorf("token file line %d: %q is not a namespace (nor *, for all)", n, ns)
+				return nil, errors.Errorf(errFmtTokenNamespace, n, ns)
 			}
 			id.Namespaces[ns] = true
 		}

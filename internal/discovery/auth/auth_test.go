@@ -2,6 +2,7 @@ package auth
 
 import (
 	"context"
+	"fmt"
 	"io/fs"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/crossplane/crossplane-runtime/v2/pkg/errors"
 	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/util/validation"
 )
 
 func TestBearer(t *testing.T) {
@@ -108,16 +110,19 @@ func TestLoadStaticTokensErrors(t *testing.T) {
 		content string
 		want    string
 	}{
-		"TokenAlone": {reason: "A token needs its namespaces; the line is named.", content: "# header\nlonely\n", want: "line 2"},
-		"FourFields": {reason: "Namespaces are comma-separated, not spaced.", content: "t a b c\n", want: "line 1"},
-		"BadName":    {reason: "A token's name is a DNS label, as quota overrides name it.", content: "t a Team_A\n", want: "line 1: name"},
-		"SameName":   {reason: "Two tokens of one name would share their leases and quota.", content: "t a team-a\nu b team-a\n", want: "line 2: the same identity static:team-a as line 1"},
+		"TokenAlone": {reason: "A token needs its namespaces; the line is named.", content: "# header\nlonely\n", want: fmt.Sprintf(errFmtTokenLine, 2)},
+		"FourFields": {reason: "Namespaces are comma-separated, not spaced.", content: "t a b c\n", want: fmt.Sprintf(errFmtTokenLine, 1)},
+		"BadName": {reason: "A token's name is a DNS label, as quota overrides name it.", content: "t a Team_A\n",
+			want: fmt.Sprintf(errFmtTokenName, 1, "Team_A", strings.Join(validation.IsDNS1123Label("Team_A"), "; "))},
+		"SameName":     {reason: "Two tokens of one name would share their leases and quota.", content: "t a team-a\nu b team-a\n", want: fmt.Sprintf(errFmtSameIdentity, 2, "static:team-a", 1)},
+		"SameToken":    {reason: "One token on two lines would name two identities.", content: "t a\nt b\n", want: fmt.Sprintf(errFmtTokenReused, 2)},
+		"BadNamespace": {reason: "A namespace is a DNS label or *.", content: "t a,B_C\n", want: fmt.Sprintf(errFmtTokenNamespace, 1, "B_C")},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
 			_, err := LoadStaticTokens(writeTokens(t, tc.content))
-			if err == nil || !strings.Contains(err.Error(), tc.want) {
-				t.Errorf("%s\nwant an error naming %q, got %v", tc.reason, tc.want, err)
+			if err == nil || err.Error() != tc.want {
+				t.Errorf("%s\nwant the error %q, got %v", tc.reason, tc.want, err)
 			}
 			if err != nil && strings.Contains(err.Error(), "lonely") {
 				t.Errorf("%s\nthe error must not show the token: %v", tc.reason, err)
