@@ -372,6 +372,13 @@ func normalSubnetwork(s, project string) string {
 	return s
 }
 
+// What tenantConfig refuses: the ProviderConfig (kind namespace/name),
+// then the field, or the backend and what its Secret names.
+const (
+	errFmtTenantHostField = "%s sets spec.local.%s, which only a ClusterProviderConfig may set: it runs and writes files on the provider's host"
+	errFmtTenantIdentity  = "%s must set spec.%s.credentials.source to Secret, naming %s in its own namespace: only a ClusterProviderConfig may use the provider's own identity"
+)
+
 // tenantConfig refuses what only a ClusterProviderConfig, which the
 // platform team writes, may set: a namespaced ProviderConfig belongs to a
 // tenant, who must not run binaries or write directories on the provider's
@@ -387,18 +394,18 @@ func tenantConfig(pc *config) error {
 			set   bool
 		}{{"squidPath", l.SquidPath != ""}, {"stateDir", l.StateDir != ""}, {"portRange", l.PortRange != nil}} {
 			if f.set {
-				return errors.Errorf("%s sets spec.local.%s, which only a ClusterProviderConfig may set: it runs and writes files on the provider's host", name, f.field)
+				return errors.Errorf(errFmtTenantHostField, name, f.field)
 			}
 		}
 	}
 	if k := pc.Spec.Kubernetes; pc.Spec.Backend == v1alpha1.BackendKubernetes && (k == nil || k.Credentials == nil || k.Credentials.Source != xpv2.CredentialsSourceSecret) {
-		return errors.Errorf("%s must set spec.kubernetes.credentials.source to Secret, naming a kubeconfig in its own namespace: only a ClusterProviderConfig may use the provider's own identity", name)
+		return errors.Errorf(errFmtTenantIdentity, name, "kubernetes", "a kubeconfig")
 	}
 	if g := pc.Spec.GCP; pc.Spec.Backend == v1alpha1.BackendGCP && g != nil && g.Credentials.Source != xpv2.CredentialsSourceSecret {
-		return errors.Errorf("%s must set spec.gcp.credentials.source to Secret, naming a service-account key in its own namespace: only a ClusterProviderConfig may use the provider's own identity", name)
+		return errors.Errorf(errFmtTenantIdentity, name, "gcp", "a service-account key")
 	}
 	if a := pc.Spec.AWS; pc.Spec.Backend == v1alpha1.BackendAWS && a != nil && a.Credentials.Source != xpv2.CredentialsSourceSecret {
-		return errors.Errorf("%s must set spec.aws.credentials.source to Secret, naming an access key in its own namespace: only a ClusterProviderConfig may use the provider's own identity", name)
+		return errors.Errorf(errFmtTenantIdentity, name, "aws", "an access key")
 	}
 	return nil
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -140,18 +141,18 @@ func TestTenantConfig(t *testing.T) {
 			Local: &v1alpha1.LocalBackend{SquidPath: "/usr/sbin/squid", StateDir: "/var/lib/x"}}}, ""},
 		"TenantLocalDefaults": {&config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal}}, ""},
 		"TenantSquidPath": {&config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal,
-			Local: &v1alpha1.LocalBackend{SquidPath: "/tmp/evil"}}}, "spec.local.squidPath"},
+			Local: &v1alpha1.LocalBackend{SquidPath: "/tmp/evil"}}}, fmt.Sprintf(errFmtTenantHostField, "ProviderConfig team/p", "squidPath")},
 		"TenantStateDir": {&config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal,
-			Local: &v1alpha1.LocalBackend{StateDir: "/"}}}, "spec.local.stateDir"},
+			Local: &v1alpha1.LocalBackend{StateDir: "/"}}}, fmt.Sprintf(errFmtTenantHostField, "ProviderConfig team/p", "stateDir")},
 		"TenantPortRange": {&config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendLocal,
-			Local: &v1alpha1.LocalBackend{PortRange: &v1alpha1.PortRange{From: 2000, To: 2001}}}}, "spec.local.portRange"},
-		"TenantPodsWithoutCredentials": {&config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendKubernetes}}, "spec.kubernetes.credentials.source"},
+			Local: &v1alpha1.LocalBackend{PortRange: &v1alpha1.PortRange{From: 2000, To: 2001}}}}, fmt.Sprintf(errFmtTenantHostField, "ProviderConfig team/p", "portRange")},
+		"TenantPodsWithoutCredentials": {&config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendKubernetes}}, fmt.Sprintf(errFmtTenantIdentity, "ProviderConfig team/p", "kubernetes", "a kubeconfig")},
 		"TenantPodsWithSecret": {&config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendKubernetes,
 			Kubernetes: &v1alpha1.KubernetesBackend{Credentials: &v1alpha1.KubernetesCredentials{Source: secret}}}}, ""},
 		"TenantGCPInjected": {&config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendGCP,
-			GCP: &v1alpha1.GCPBackend{Project: "platform", Credentials: v1alpha1.GCPCredentials{Source: xpv2.CredentialsSourceInjectedIdentity}}}}, "spec.gcp.credentials.source"},
+			GCP: &v1alpha1.GCPBackend{Project: "platform", Credentials: v1alpha1.GCPCredentials{Source: xpv2.CredentialsSourceInjectedIdentity}}}}, fmt.Sprintf(errFmtTenantIdentity, "ProviderConfig team/p", "gcp", "a service-account key")},
 		"TenantAWSInjected": {&config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendAWS,
-			AWS: &v1alpha1.AWSBackend{Region: "us-east-1", Credentials: v1alpha1.AWSCredentials{Source: xpv2.CredentialsSourceInjectedIdentity}}}}, "spec.aws.credentials.source"},
+			AWS: &v1alpha1.AWSBackend{Region: "us-east-1", Credentials: v1alpha1.AWSCredentials{Source: xpv2.CredentialsSourceInjectedIdentity}}}}, fmt.Sprintf(errFmtTenantIdentity, "ProviderConfig team/p", "aws", "an access key")},
 		"TenantAWSWithSecret": {&config{Kind: v1alpha1.ProviderConfigKind, Name: "p", Namespace: "team", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendAWS,
 			AWS: &v1alpha1.AWSBackend{Region: "us-east-1", Credentials: v1alpha1.AWSCredentials{Source: secret}}}}, ""},
 		"ClusterAWSInjected": {&config{Kind: v1alpha1.ClusterProviderConfigKind, Name: "c", Spec: v1alpha1.ProviderConfigSpec{Backend: v1alpha1.BackendAWS,
@@ -161,8 +162,8 @@ func TestTenantConfig(t *testing.T) {
 		switch {
 		case tc.want == "" && err != nil:
 			t.Errorf("%s: want accepted, got %v", name, err)
-		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-			t.Errorf("%s: want refusal containing %q, got %v", name, tc.want, err)
+		case tc.want != "" && (err == nil || err.Error() != tc.want):
+			t.Errorf("%s: want the refusal %q, got %v", name, tc.want, err)
 		}
 	}
 	// The backend source refuses before it builds anything.
