@@ -73,7 +73,7 @@ func admitEC2(a *v1alpha1.AWSPlacement, pc *config, pol *v1alpha1.AWSPolicy) err
 		return err
 	}
 	if pc.Spec.AWS != nil && !strings.HasPrefix(a.Zone, pc.Spec.AWS.Region) {
-		return errors.Errorf("spec.forProvider.aws.zone %q is not in region %s of %s %s: use one of its zones (%sa, %sb, ...)", a.Zone, pc.Spec.AWS.Region, pc.Kind, pc.Name, pc.Spec.AWS.Region, pc.Spec.AWS.Region)
+		return errors.Errorf(errFmtZoneOutsideRegion, a.Zone, pc.Spec.AWS.Region, pc.Kind, pc.Name, pc.Spec.AWS.Region, pc.Spec.AWS.Region)
 	}
 	for _, c := range []choice{
 		{field: "aws.instanceType", value: a.InstanceType, def: v1alpha1.DefaultAWSInstanceType, list: "aws.allowedInstanceTypes", allowed: pol.AllowedInstanceTypes, defs: defaultInstanceTypes},
@@ -134,7 +134,7 @@ func admitEach(field string, values []string, list string, allowed []string, pc 
 // the generated Squid configuration.
 func ownStartup(set, allow bool, field, policy, what string, pc *config) error {
 	if set && !allow {
-		return errors.Errorf("spec.forProvider.%s is not permitted by %s %s: its spec.policy.%s is false, so %s run only the generated Squid configuration; ask the platform team to allow it or remove it",
+		return errors.Errorf(errFmtOwnStartup,
 			field, pc.Kind, pc.Name, policy, what)
 	}
 	return nil
@@ -164,18 +164,32 @@ func admitProbeSources(p *v1alpha1.Proxy, pc *config) error {
 	return nil
 }
 
+// What a policy refuses of a Proxy: a value not permitted (the field, the
+// value, the ProviderConfig's kind and name, and which of its policy's
+// lists, in one of the which* forms: the policy field and its list), a
+// start-up of the tenant's own (the field, the kind and name, the policy
+// field, what runs), an EC2 zone outside the region (the zone, the region,
+// the kind and name, the region twice).
+const (
+	errFmtNotPermitted      = "spec.forProvider.%s %q is not permitted by %s %s: %s; ask the platform team to permit it or remove it"
+	whichFmtAllows          = "its spec.policy.%s allows %q"
+	whichFmtUnset           = "its spec.policy.%s is unset, which allows %q"
+	whichFmtNone            = "its spec.policy.%s allows none"
+	errFmtOwnStartup        = "spec.forProvider.%s is not permitted by %s %s: its spec.policy.%s is false, so %s run only the generated Squid configuration; ask the platform team to allow it or remove it"
+	errFmtZoneOutsideRegion = "spec.forProvider.aws.zone %q is not in region %s of %s %s: use one of its zones (%sa, %sb, ...)"
+)
+
 // refusal says that the Proxy's field asks for value, which the policy
 // field of pc does not allow, and what it does allow.
 func refusal(field, value string, pc *config, policy string, allowed []string, defaulted bool) error {
-	which := fmt.Sprintf("its spec.policy.%s allows %q", policy, allowed)
+	which := fmt.Sprintf(whichFmtAllows, policy, allowed)
 	if defaulted {
-		which = fmt.Sprintf("its spec.policy.%s is unset, which allows %q", policy, allowed)
+		which = fmt.Sprintf(whichFmtUnset, policy, allowed)
 	}
 	if len(allowed) == 0 {
-		which = fmt.Sprintf("its spec.policy.%s allows none", policy)
+		which = fmt.Sprintf(whichFmtNone, policy)
 	}
-	return errors.Errorf("spec.forProvider.%s %q is not permitted by %s %s: %s; ask the platform team to permit it or remove it",
-		field, value, pc.Kind, pc.Name, which)
+	return errors.Errorf(errFmtNotPermitted, field, value, pc.Kind, pc.Name, which)
 }
 
 // defaultBindAddresses: loopback, so nobody off the host reaches the proxy.
