@@ -90,26 +90,41 @@ func RotationStrategy(s string) (string, bool) {
 // gatewayUsage is the grammar in one line, for errors.
 const gatewayUsage = "<namespace>_<fleet>[_session_<key>[_lifetime_<duration>][_strict]][_zone_<zone>][_rotate_<strategy>]"
 
+// What ParseGatewayUser refuses: the username first, then what is wrong.
+const (
+	errFmtUserShape       = "username %q must be %s"
+	errFmtUserNamespace   = "username %q: namespace %q is not a Kubernetes namespace name"
+	errFmtUserFleet       = "username %q: fleet %q is not a Kubernetes name"
+	errFmtUserTwice       = "username %q: option %q given twice"
+	errFmtUserOption      = "username %q: unknown option %q; the options are session, zone, rotate, lifetime and strict"
+	errFmtUserNoValue     = "username %q: option %q has no value (%s_<value>)"
+	errFmtUserSessionOnly = "username %q: lifetime and strict are a session's: add session_<key>"
+	errFmtUserSessionKey  = "username %q: session key %q must be 1 to 64 letters, digits, '-' or '.'"
+	errFmtUserZone        = "username %q: zone %q is not a zone name"
+	errFmtUserRotate      = "username %q: rotate_%s: the strategies are %s"
+	errFmtUserLifetime    = "username %q: lifetime_%s must be a duration of %s to %s, such as 30m or 2h"
+)
+
 // ParseGatewayUser reads a gateway username, saying what is wrong with a
 // malformed one.
 func ParseGatewayUser(u string) (GatewayUser, error) {
 	parts := strings.Split(u, "_")
 	if len(parts) < 2 {
-		return GatewayUser{}, errors.Errorf("username %q must be %s", u, gatewayUsage)
+		return GatewayUser{}, errors.Errorf(errFmtUserShape, u, gatewayUsage)
 	}
 	g := GatewayUser{Namespace: parts[0], Fleet: parts[1]}
 	if !gwNameRe.MatchString(g.Namespace) || len(g.Namespace) > 63 {
-		return GatewayUser{}, errors.Errorf("username %q: namespace %q is not a Kubernetes namespace name", u, g.Namespace)
+		return GatewayUser{}, errors.Errorf(errFmtUserNamespace, u, g.Namespace)
 	}
 	if !gwNameRe.MatchString(g.Fleet) || len(g.Fleet) > 253 {
-		return GatewayUser{}, errors.Errorf("username %q: fleet %q is not a Kubernetes name", u, g.Fleet)
+		return GatewayUser{}, errors.Errorf(errFmtUserFleet, u, g.Fleet)
 	}
 	opts := parts[2:]
 	seen := map[string]bool{}
 	for i := 0; i < len(opts); i++ {
 		k := opts[i]
 		if seen[k] {
-			return GatewayUser{}, errors.Errorf("username %q: option %q given twice", u, k)
+			return GatewayUser{}, errors.Errorf(errFmtUserTwice, u, k)
 		}
 		seen[k] = true
 		if k == "strict" {
@@ -119,10 +134,10 @@ func ParseGatewayUser(u string) (GatewayUser, error) {
 		switch k {
 		case "session", "zone", "rotate", "lifetime":
 		default:
-			return GatewayUser{}, errors.Errorf("username %q: unknown option %q; the options are session, zone, rotate, lifetime and strict", u, k)
+			return GatewayUser{}, errors.Errorf(errFmtUserOption, u, k)
 		}
 		if i+1 == len(opts) {
-			return GatewayUser{}, errors.Errorf("username %q: option %q has no value (%s_<value>)", u, k, k)
+			return GatewayUser{}, errors.Errorf(errFmtUserNoValue, u, k, k)
 		}
 		i++
 		if err := g.set(u, k, opts[i]); err != nil {
@@ -130,7 +145,7 @@ func ParseGatewayUser(u string) (GatewayUser, error) {
 		}
 	}
 	if g.Session == "" && (g.Lifetime != 0 || g.Strict) {
-		return GatewayUser{}, errors.Errorf("username %q: lifetime and strict are a session's: add session_<key>", u)
+		return GatewayUser{}, errors.Errorf(errFmtUserSessionOnly, u)
 	}
 	return g, nil
 }
@@ -156,24 +171,24 @@ func (g *GatewayUser) set(u, k, v string) error {
 	switch k {
 	case "session":
 		if !gwKeyRe.MatchString(v) {
-			return errors.Errorf("username %q: session key %q must be 1 to 64 letters, digits, '-' or '.'", u, v)
+			return errors.Errorf(errFmtUserSessionKey, u, v)
 		}
 		g.Session = v
 	case "zone":
 		if !gwZoneRe.MatchString(v) {
-			return errors.Errorf("username %q: zone %q is not a zone name", u, v)
+			return errors.Errorf(errFmtUserZone, u, v)
 		}
 		g.Zone = v
 	case "rotate":
 		r, ok := RotationStrategy(v)
 		if !ok {
-			return errors.Errorf("username %q: rotate_%s: the strategies are %s", u, v, strings.Join(RotationStrategies, ", "))
+			return errors.Errorf(errFmtUserRotate, u, v, strings.Join(RotationStrategies, ", "))
 		}
 		g.Rotate = r
 	case "lifetime":
 		d, err := time.ParseDuration(v)
 		if !gwDurationRe.MatchString(v) || err != nil || d < MinSessionLifetime || d > MaxSessionLifetime {
-			return errors.Errorf("username %q: lifetime_%s must be a duration of %s to %s, such as 30m or 2h", u, v, MinSessionLifetime, MaxSessionLifetime)
+			return errors.Errorf(errFmtUserLifetime, u, v, MinSessionLifetime, MaxSessionLifetime)
 		}
 		g.Lifetime = d
 	}
