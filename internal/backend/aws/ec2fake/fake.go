@@ -31,6 +31,7 @@ import (
 	"encoding/hex"
 	"encoding/xml"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -142,6 +143,7 @@ type Server struct {
 	subnets   map[string]subnet
 	failures  map[string]*Failure
 	calls     map[string]int
+	params    map[string][]map[string]string
 	seq       int
 	// PendingFor and TerminatingFor are how long an instance stays
 	// pending and shutting-down; TerminatedListed how long a terminated
@@ -200,7 +202,7 @@ func Start(t testing.TB) *Server {
 func New() *Server {
 	s := &Server{
 		instances: map[string]*Instance{}, tokens: map[string]*Instance{}, groups: map[string]*Group{},
-		subnets: map[string]subnet{}, failures: map[string]*Failure{}, calls: map[string]int{},
+		subnets: map[string]subnet{}, failures: map[string]*Failure{}, calls: map[string]int{}, params: map[string][]map[string]string{},
 		PendingFor: 200 * time.Millisecond, TerminatingFor: 200 * time.Millisecond, TerminatedListed: time.Hour,
 	}
 	for i, z := range []string{"a", "b", "c"} {
@@ -230,6 +232,19 @@ func (s *Server) Calls(action string) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.calls[action]
+}
+
+// Params returns the parameters of each call of action, in the order
+// they came: a test tells calls of one action apart by them (a listing
+// from one name's lookup).
+func (s *Server) Params(action string) []map[string]string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]map[string]string, len(s.params[action]))
+	for i, p := range s.params[action] {
+		out[i] = maps.Clone(p)
+	}
+	return out
 }
 
 // Instances returns copies of the instances the fake knows, terminated
@@ -402,6 +417,7 @@ func (s *Server) call(action string, p map[string]string) (any, *apiError, time.
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls[action]++
+	s.params[action] = append(s.params[action], maps.Clone(p))
 	s.advanceLocked()
 	if e := s.scriptedLocked(action); e != nil {
 		return nil, e, 0
