@@ -210,8 +210,10 @@ const maxUserData = 16 << 10
 // does.
 func ProviderID(zone, id string) string { return "aws:///" + zone + "/" + id }
 
-// What Create refuses, for the tests to compare errors with; the is*
-// say what an image is in a refusal of it (cloudvm.ErrFmtUnsupportedImage).
+// What Create refuses, for the tests to compare errors with (and an
+// import another writer overtook: the instance, the Proxy uid its tags
+// name now); the isFmt* say what an image is in a refusal of it
+// (cloudvm.ErrFmtUnsupportedImage), given the releases supported.
 const (
 	errFmtZoneOfOtherRegion = "spec.forProvider.aws.zone %q is not a zone of the ProviderConfig's region %s: use one of %sa, %sb, ..."
 	errFmtUserDataTooLarge  = "the instance's start-up configuration is %d bytes, over EC2's %d: shorten spec.forProvider.aws.userData"
@@ -219,13 +221,10 @@ const (
 	errFmtImageOwner        = "owned by account %s, not Debian's (%s) or Canonical's (%s)"
 	errReadSubnet           = "cannot read the instance's subnet (spec.forProvider.aws.subnet)"
 	errFmtSubnetZone        = "spec.forProvider.aws.subnet %s is in zone %s, not %s (spec.forProvider.aws.zone)"
-	isNotParameter          = "not a parameter of "
-	isNotImage              = "not an image of "
+	errFmtRetagged          = "instance %s was retagged by another meanwhile (its tags name Proxy uid %s): retrying"
+	isFmtNotParameter       = "not a parameter of %s"
+	isFmtNotImage           = "not an image of %s"
 )
-
-// errFmtRetagged: an import another writer overtook (the instance, the
-// Proxy uid its tags name now).
-const errFmtRetagged = "instance %s was retagged by another meanwhile (its tags name Proxy uid %s): retrying"
 
 // Create starts an instance for s, after the fleet's security group; an
 // instance of s's name that runs already is returned instead.
@@ -439,7 +438,7 @@ func (b *Backend) rootDevice(ctx context.Context, s backend.Spec) (string, error
 		case root == "":
 			return "", backend.Errorf(backend.ClassPermanent, errFmtUnknownParameter, img)
 		case s.UserData == "" && release == "":
-			return "", ec2Cloud.UnsupportedImage(strconv.Quote(img), isNotParameter+cloudvm.SupportedReleases())
+			return "", ec2Cloud.UnsupportedImage(strconv.Quote(img), fmt.Sprintf(isFmtNotParameter, cloudvm.SupportedReleases()))
 		}
 		return root, nil
 	}
@@ -457,7 +456,7 @@ func (b *Backend) rootDevice(ctx context.Context, s backend.Spec) (string, error
 	case owner != DebianOwner && owner != CanonicalOwner:
 		return "", ec2Cloud.UnsupportedImage(img+" ("+name+")", fmt.Sprintf(errFmtImageOwner, owner, DebianOwner, CanonicalOwner))
 	case !amiSupported(owner, name):
-		return "", ec2Cloud.UnsupportedImage(img+" ("+name+")", isNotImage+cloudvm.SupportedReleases())
+		return "", ec2Cloud.UnsupportedImage(img+" ("+name+")", fmt.Sprintf(isFmtNotImage, cloudvm.SupportedReleases()))
 	}
 	return aws.ToString(im.RootDeviceName), nil
 }

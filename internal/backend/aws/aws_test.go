@@ -366,17 +366,17 @@ func TestRefusals(t *testing.T) {
 		"zone of another region":             {func(s *backend.Spec) { s.AWS.Zone = "eu-west-1a" }, fmt.Sprintf(aws.ErrFmtZoneOfOtherRegion, "eu-west-1a", "us-east-1", "us-east-1", "us-east-1")},
 		"image the script does not support":  {func(s *backend.Spec) { s.AWS.Image = ec2fake.OtherAMI }, unsupported(ec2fake.OtherAMI+" (someones-image)", fmt.Sprintf(aws.ErrFmtImageOwner, "123456789012", aws.DebianOwner, aws.CanonicalOwner))},
 		"an SSM parameter of no known maker": {func(s *backend.Spec) { s.AWS.Image = "resolve:ssm:/my/ami" }, fmt.Sprintf(aws.ErrFmtUnknownParameter, "resolve:ssm:/my/ami")},
-		"Debian's AMI of an old release":     {func(s *backend.Spec) { s.AWS.Image = ec2fake.Debian10AMI }, unsupported(ec2fake.Debian10AMI+" (debian-10-amd64-20240703-1797)", aws.IsNotImage+cloudvm.SupportedReleases())},
-		"Canonical's AMI of an old release":  {func(s *backend.Spec) { s.AWS.Image = ec2fake.Ubuntu1804AMI }, unsupported(ec2fake.Ubuntu1804AMI+" (ubuntu/images/hvm-ssd/ubuntu-bionic-18.04-amd64-server-20230607)", aws.IsNotImage+cloudvm.SupportedReleases())},
+		"Debian's AMI of an old release":     {func(s *backend.Spec) { s.AWS.Image = ec2fake.Debian10AMI }, unsupported(ec2fake.Debian10AMI+" (debian-10-amd64-20240703-1797)", fmt.Sprintf(aws.IsFmtNotImage, cloudvm.SupportedReleases()))},
+		"Canonical's AMI of an old release":  {func(s *backend.Spec) { s.AWS.Image = ec2fake.Ubuntu1804AMI }, unsupported(ec2fake.Ubuntu1804AMI+" (ubuntu/images/hvm-ssd/ubuntu-bionic-18.04-amd64-server-20230607)", fmt.Sprintf(aws.IsFmtNotImage, cloudvm.SupportedReleases()))},
 		"Debian's parameter of an old release": {func(s *backend.Spec) {
 			s.AWS.Image = "resolve:ssm:/aws/service/debian/release/10/latest/amd64"
-		}, unsupported(`"resolve:ssm:/aws/service/debian/release/10/latest/amd64"`, aws.IsNotParameter+cloudvm.SupportedReleases())},
+		}, unsupported(`"resolve:ssm:/aws/service/debian/release/10/latest/amd64"`, fmt.Sprintf(aws.IsFmtNotParameter, cloudvm.SupportedReleases()))},
 		"Canonical's parameter of an old release": {func(s *backend.Spec) {
 			s.AWS.Image = "resolve:ssm:/aws/service/canonical/ubuntu/server/18.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
-		}, unsupported(`"resolve:ssm:/aws/service/canonical/ubuntu/server/18.04/stable/current/amd64/hvm/ebs-gp2/ami-id"`, aws.IsNotParameter+cloudvm.SupportedReleases())},
+		}, unsupported(`"resolve:ssm:/aws/service/canonical/ubuntu/server/18.04/stable/current/amd64/hvm/ebs-gp2/ami-id"`, fmt.Sprintf(aws.IsFmtNotParameter, cloudvm.SupportedReleases()))},
 		"Debian's daily parameter": {func(s *backend.Spec) {
 			s.AWS.Image = "resolve:ssm:/aws/service/debian/daily/12/latest/amd64"
-		}, unsupported(`"resolve:ssm:/aws/service/debian/daily/12/latest/amd64"`, aws.IsNotParameter+cloudvm.SupportedReleases())},
+		}, unsupported(`"resolve:ssm:/aws/service/debian/daily/12/latest/amd64"`, fmt.Sprintf(aws.IsFmtNotParameter, cloudvm.SupportedReleases()))},
 		"subnet in another zone": {func(s *backend.Spec) { s.AWS.Subnet = "subnet-0aaaaaaaaaaaaaaa1" }, fmt.Sprintf(aws.ErrFmtSubnetZone, "subnet-0aaaaaaaaaaaaaaa1", "us-east-1c", "us-east-1a")},
 		"no such subnet": {func(s *backend.Spec) { s.AWS.Subnet = "subnet-0bbbbbbbbbbbbbbb1" }, aws.ErrReadSubnet + ": operation error EC2: DescribeSubnets, https response error StatusCode: 400, RequestID: fake-request, " +
 			"api error InvalidSubnetID.NotFound: The subnet ID 'subnet-0bbbbbbbbbbbbbbb1' does not exist"},

@@ -8,8 +8,8 @@ const (
 	ErrFmtImageOwner        = errFmtImageOwner
 	ErrReadSubnet           = errReadSubnet
 	ErrFmtSubnetZone        = errFmtSubnetZone
-	IsNotParameter          = isNotParameter
-	IsNotImage              = isNotImage
+	IsFmtNotParameter       = isFmtNotParameter
+	IsFmtNotImage           = isFmtNotImage
 	MaxUserData             = maxUserData
 	ErrFmtRetagged          = errFmtRetagged
 )
