@@ -231,12 +231,13 @@ func bannedAddresses(hist map[string][]lease.IPBan, now time.Time) map[string]in
 	return out
 }
 
-// CatalogGauges count what the cache holds, read at each scrape.
+// CatalogGauges count what the cache holds, read at each scrape (the
+// cache's own objects, not copies of every one).
 func CatalogGauges(c client.Reader) []prometheus.Collector {
 	return []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "egress_discovery_active_leases", Help: "Unexpired leases held by crawlers."}, func() float64 {
 			l := &coordv1.LeaseList{}
-			if c.List(context.Background(), l, client.MatchingLabels{fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot}) != nil {
+			if c.List(context.Background(), l, client.UnsafeDisableDeepCopy, client.MatchingLabels{fleetv1alpha1.LabelLeaseKind: fleetv1alpha1.LeaseKindSlot}) != nil {
 				return 0
 			}
 			n := 0
@@ -249,7 +250,7 @@ func CatalogGauges(c client.Reader) []prometheus.Collector {
 		}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "egress_discovery_catalog_proxies", Help: "Proxies in the catalog."}, func() float64 {
 			l := &v1alpha1.ProxyList{}
-			if c.List(context.Background(), l, client.HasLabels{fleetv1alpha1.LabelFleet}) != nil {
+			if c.List(context.Background(), l, client.UnsafeDisableDeepCopy, client.HasLabels{fleetv1alpha1.LabelFleet}) != nil {
 				return 0
 			}
 			return float64(len(l.Items))

@@ -59,6 +59,58 @@ func TestFleetMembersRemembered(t *testing.T) {
 	})
 }
 
+// TestAllMembersRemembered: Catalog.All, which the summary publisher asks
+// each second, lists the proxies once while none changes, and shows a
+// change of any at the next call after the cache saw it: a proxy turned
+// unhealthy, a new fleet's proxies.
+func TestAllMembersRemembered(t *testing.T) {
+	ctx := context.Background()
+	bed := sharedBed.Env(t)
+	ns := bed.Namespace(t)
+	fleet(t, ns, "f", 3, 1, nil)
+	c, ca := bed.Replica(t, ns, &coordv1.Lease{}, &v1alpha1.Proxy{})
+	cat := discovery.NewCatalog(discovery.CatalogConfig{Cache: ca, Direct: c})
+	// healthy counts each fleet's healthy members, and names the first
+	// member of f as All keeps it.
+	healthy := func() (map[string]int, *string) {
+		all, err := cat.All(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := map[string]int{}
+		for key, ms := range all {
+			for _, m := range ms {
+				if m.Healthy {
+					n[key]++
+				}
+			}
+		}
+		if ms := all[ns+"/f"]; len(ms) > 0 {
+			return n, &ms[0].Name
+		}
+		return n, nil
+	}
+	testbed.Eventually(t, 10*time.Second, "the cache sees the fleet", func() (bool, string) {
+		n, _ := healthy()
+		return n[ns+"/f"] == 3, fmt.Sprint(n)
+	})
+	_, a := healthy()
+	_, b := healthy()
+	if a == nil || a != b {
+		t.Error("All listed unchanged proxies again: nothing is remembered")
+	}
+	setHealthy(t, ns, "f-1", false)
+	testbed.Eventually(t, 10*time.Second, "a proxy turned unhealthy is seen", func() (bool, string) {
+		n, _ := healthy()
+		return n[ns+"/f"] == 2, fmt.Sprint(n)
+	})
+	fleet(t, ns, "g", 2, 1, nil)
+	testbed.Eventually(t, 10*time.Second, "another fleet's new proxies are seen", func() (bool, string) {
+		n, _ := healthy()
+		return n[ns+"/f"] == 2 && n[ns+"/g"] == 2, fmt.Sprint(n)
+	})
+}
+
 // TestTakeRechecksFleetAndMaxLeases: a take asks the cache's Proxy, not the
 // ranked candidate, whether its slot is below maxLeases and the proxy still
 // the fleet's. Candidates ranked before maxLeasesPerProxy was lowered (the

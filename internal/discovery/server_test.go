@@ -42,6 +42,13 @@ func TestMain(m *testing.M) { sharedBed.Main(m) }
 // fleet creates a fleet's Proxies with the status the provider would write.
 func fleet(t testing.TB, ns, name string, n, maxLeases int, healthy func(i int) bool) {
 	t.Helper()
+	pooledFleet(t, ns, name, n, maxLeases, healthy, nil)
+}
+
+// pooledFleet is fleet, each Proxy labelled with the pool pool(i) names
+// (none when pool is nil or names none), as a pooled fleet's are.
+func pooledFleet(t testing.TB, ns, name string, n, maxLeases int, healthy func(i int) bool, pool func(i int) string) {
+	t.Helper()
 	bed := sharedBed.Env(t)
 	ctx := context.Background()
 	if err := bed.Client.Create(ctx, &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name + "-auth", Labels: map[string]string{v1alpha1.LabelProxySecret: "true"}},
@@ -57,6 +64,9 @@ func fleet(t testing.TB, ns, name string, n, maxLeases int, healthy func(i int) 
 				Local: &v1alpha1.LocalPlacement{}, AuthSecretRef: &v1alpha1.AuthSecretReference{Name: name + "-auth"},
 				HealthCheck: v1alpha1.HealthCheck{URL: "https://example.com/ip"}, MaxLeases: int32(maxLeases),
 			}},
+		}
+		if pool != nil && pool(i) != "" {
+			p.Labels[fleetv1alpha1.LabelPool] = pool(i)
 		}
 		if err := bed.Client.Create(ctx, p); err != nil {
 			t.Fatal(err)

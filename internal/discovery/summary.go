@@ -172,20 +172,18 @@ func (p *SummaryPublisher) publish(ctx context.Context, key, ns string, spec v1a
 // each of its pools, so that no summary grows with a pooled fleet and
 // each pool is sent only its own. A leased proxy this replica's cache
 // places in no pool (its cache lags its own grant) is listed in every
-// summary: no pool removes it then.
+// summary: no pool removes it then. members are sorted by name, as
+// Catalog.All gives them.
 func (p *SummaryPublisher) summarise(ctx context.Context, ns, fleet string, members []catalog.Member, now time.Time) ([]v1alpha1.LeaseSummarySpec, error) {
 	_, maxTTL, err := p.Server.Catalog.TTLs(ctx, ns, fleet)
 	if err != nil {
 		return nil, err
 	}
-	leased, err := p.Server.Leases.Leased(ctx, ns, fleet, maxTTL)
+	leased, held, err := p.Server.Leases.LeasedAndSlots(ctx, ns, fleet, maxTTL)
 	if err != nil {
 		return nil, err
 	}
-	d, err := p.Server.Allocator().DemandOf(ctx, ns, fleet)
-	if err != nil {
-		return nil, err
-	}
+	d := p.Server.Allocator().DemandWith(ns, fleet, held)
 	base := func(pool string) v1alpha1.LeaseSummarySpec {
 		return v1alpha1.LeaseSummarySpec{
 			Fleet: fleet, Pool: pool, Replica: p.Replica,
@@ -196,9 +194,7 @@ func (p *SummaryPublisher) summarise(ctx context.Context, ns, fleet string, memb
 	leasedProxies := clamp32(len(leased)) // one entry per proxy
 	whole.Demand = v1alpha1.LeaseDemand{Held: clamp32(d.Held), Waiting: clamp32(d.Waiting), Refused: clamp32(d.Refused), LeasedProxies: &leasedProxies}
 	pools := map[string]*v1alpha1.LeaseSummarySpec{}
-	poolOf := map[string]string{}
 	for _, m := range members {
-		poolOf[m.Name] = m.Pool
 		spec := &whole
 		if m.Pool != "" {
 			if pools[m.Pool] == nil {
@@ -212,7 +208,13 @@ func (p *SummaryPublisher) summarise(ctx context.Context, ns, fleet string, memb
 		}
 	}
 	for _, l := range leased {
-		pool, known := poolOf[l.Name]
+		// members are sorted by name (Catalog.All): a fleet at rest is
+		// not made into a map of its 10 000 names each second.
+		i, known := slices.BinarySearchFunc(members, l.Name, func(m catalog.Member, name string) int { return strings.Compare(m.Name, name) })
+		pool := ""
+		if known {
+			pool = members[i].Pool
+		}
 		switch {
 		case !known:
 			whole.Leased = append(whole.Leased, l)

@@ -114,6 +114,13 @@ func (t *takes) of(namespace, fleet string) []string {
 // itself lately, which its cache may not show yet, and the proxies it is
 // taking a slot of now. maxTTL is the fleet's.
 func (s *Store) Leased(ctx context.Context, namespace, fleet string, maxTTL time.Duration) ([]v1alpha1.LeasedProxy, error) {
+	leased, _, err := s.LeasedAndSlots(ctx, namespace, fleet, maxTTL)
+	return leased, err
+}
+
+// LeasedAndSlots is Leased, with how many live slots the cache shows (the
+// leases held, as Slots counts them), from the same read.
+func (s *Store) LeasedAndSlots(ctx context.Context, namespace, fleet string, maxTTL time.Duration) ([]v1alpha1.LeasedProxy, int, error) {
 	// Takes in flight first: one that ends before the cache and this
 	// replica's own writes are read is among the writes by then, and one
 	// that begins after re-checks the proxy against a cache at least as
@@ -121,41 +128,52 @@ func (s *Store) Leased(ctx context.Context, namespace, fleet string, maxTTL time
 	taking := s.taking.of(namespace, fleet)
 	slots, err := s.Slots(ctx, namespace, fleet)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
+	live := 0
+	// holders counts a proxy's holders: its slots the cache shows, the
+	// slots this replica wrote that are not among them, and one for takes
+	// in flight. No key is made of each of a fleet's 10 000 slots at
+	// every summary: only the few own writes are compared with them.
 	type held struct {
-		holders map[string]bool
+		holders int
 		until   time.Time
 	}
 	by := map[string]*held{}
-	add := func(proxy, key string, renew time.Time, ttl time.Duration) {
+	add := func(proxy string, holders int, renew time.Time, ttl time.Duration) {
 		h := by[proxy]
 		if h == nil {
-			h = &held{holders: map[string]bool{}}
+			h = &held{}
 			by[proxy] = h
 		}
-		h.holders[key] = true
+		h.holders += holders
 		if until := renew.Add(min(ttl, maxTTL)).Add(leasewire.HoldSkew); until.After(h.until) {
 			h.until = until
 		}
 	}
 	for proxy, ls := range slots {
+		live += len(ls)
 		for _, l := range ls {
-			add(proxy, l.Namespace+"/"+l.Name, l.Spec.RenewTime.Time, leaseTTL(l))
+			add(proxy, 1, l.Spec.RenewTime.Time, leaseTTL(l))
 		}
 	}
 	now := s.Now()
 	for key, o := range s.written.of(namespace, fleet, now) {
-		add(o.proxy, key, o.renew, o.ttl)
+		holders := 1
+		if slices.ContainsFunc(slots[o.proxy], func(l *coordv1.Lease) bool { return l.Namespace+"/"+l.Name == key }) {
+			holders = 0 // the cache shows it: counted once
+		}
+		add(o.proxy, holders, o.renew, o.ttl)
 	}
 	for _, proxy := range taking {
 		// Held, if the take succeeds, for at most maxTTL from now.
-		add(proxy, "taking/"+proxy, now, maxTTL)
+		add(proxy, 1, now, maxTTL)
 	}
 	out := make([]v1alpha1.LeasedProxy, 0, len(by))
 	for proxy, h := range by {
-		out = append(out, v1alpha1.LeasedProxy{Name: proxy, Holders: int32(min(len(h.holders), 1<<30)), HeldUntil: metav1.MicroTime{Time: h.until}}) //nolint:gosec // Bounded above.
+		out = append(out, v1alpha1.LeasedProxy{Name: proxy, Holders: int32(min(h.holders, 1<<30)), HeldUntil: metav1.MicroTime{Time: h.until}}) //nolint:gosec // Bounded above.
 	}
 	slices.SortFunc(out, func(a, b v1alpha1.LeasedProxy) int { return strings.Compare(a.Name, b.Name) })
-	return out, nil
+	return out, live, nil
 }
+

@@ -30,12 +30,12 @@ func TestTakeInFlightIsListed(t *testing.T) {
 		done <- err
 	}()
 	<-asked
-	got, err := s.Leased(ctx, ns, "crawlers", 10*time.Minute)
+	got, slots, err := s.LeasedAndSlots(ctx, ns, "crawlers", 10*time.Minute)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(got) != 1 || got[0].Name != "crawlers-0" || time.Until(got[0].HeldUntil.Time) < 10*time.Minute {
-		t.Fatalf("a take in flight: want crawlers-0 listed, held up to maxTTL + skew; got %+v", got)
+	if len(got) != 1 || got[0].Name != "crawlers-0" || time.Until(got[0].HeldUntil.Time) < 10*time.Minute || slots != 0 {
+		t.Fatalf("a take in flight: want crawlers-0 listed, held up to maxTTL + skew, and no slot yet; got %+v, %d slots", got, slots)
 	}
 	// It began to drain: the take gives up, and nothing is held.
 	answer <- false
@@ -59,7 +59,7 @@ func TestTakeInFlightIsListed(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}
-	if got, _ := s.Leased(ctx, ns, "crawlers", 10*time.Minute); len(got) != 1 || got[0].Holders != 1 {
-		t.Errorf("a granted lease: want crawlers-0 listed once, got %+v", got)
+	if got, slots, _ := s.LeasedAndSlots(ctx, ns, "crawlers", 10*time.Minute); len(got) != 1 || got[0].Holders != 1 || slots != 1 {
+		t.Errorf("a granted lease: want crawlers-0 listed once, its one slot counted; got %+v, %d slots", got, slots)
 	}
 }

@@ -20,7 +20,9 @@ import (
 // lease renewed or taken over meanwhile survives. Any replica may sweep.
 func (s *Store) Sweep(ctx context.Context, proxyExists func(namespace, name string) bool, grace time.Duration) (int, error) {
 	l := &coordv1.LeaseList{}
-	if err := s.Client.List(ctx, l, client.HasLabels{fleetv1alpha1.LabelLeaseKind}); err != nil {
+	// Read-only: the cache's own leases, not a copy of every one each
+	// sweep (a Delete does not write into what it is given).
+	if err := s.Client.List(ctx, l, client.UnsafeDisableDeepCopy, client.HasLabels{fleetv1alpha1.LabelLeaseKind}); err != nil {
 		return 0, errors.Wrap(err, errListLeases)
 	}
 	now := s.Now()

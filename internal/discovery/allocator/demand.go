@@ -116,9 +116,15 @@ func (s *Allocator) DemandOf(ctx context.Context, ns, fleet string) (leasewire.D
 	if err != nil {
 		return leasewire.Demand{}, err
 	}
-	d := leasewire.Demand{Waiting: s.queues.fleetDepth(ns, fleet), Refused: s.refused.count(ns+"/"+fleet, s.Now())}
+	held := 0
 	for _, ls := range slots {
-		d.Held += len(ls)
+		held += len(ls)
 	}
-	return d, nil
+	return s.DemandWith(ns, fleet, held), nil
+}
+
+// DemandWith is DemandOf for a caller that counted the fleet's live slots
+// already (held), so that they are not read twice.
+func (s *Allocator) DemandWith(ns, fleet string, held int) leasewire.Demand {
+	return leasewire.Demand{Held: held, Waiting: s.queues.fleetDepth(ns, fleet), Refused: s.refused.count(ns+"/"+fleet, s.Now())}
 }

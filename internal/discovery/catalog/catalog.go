@@ -174,6 +174,11 @@ type Catalog struct {
 	watchOnce sync.Once
 	events    *proxyEvents
 	members   map[string]*Members
+	// all remembers the members of every fleet as All groups them, as of
+	// allVersion of every Proxy: the summary publisher asks each second,
+	// and a fleet at rest is not listed, converted and sorted again.
+	all        map[string][]Member
+	allVersion uint64
 }
 
 // New builds a Catalog, its zero settings taking their defaults.
@@ -262,9 +267,12 @@ type proxyEvents struct {
 	// every fleet's version includes it.
 	unknown atomic.Uint64
 	byFleet sync.Map // namespace/fleet label -> *atomic.Uint64
+	// all counts every event, of any fleet's Proxy.
+	all atomic.Uint64
 }
 
 func (e *proxyEvents) bump(obj any) {
+	e.all.Add(1)
 	if d, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
 		obj = d.Obj
 	}
@@ -461,31 +469,69 @@ func DrainSince(p *v1alpha1.Proxy) time.Time {
 	return time.Unix(v, 0).UTC()
 }
 
-// All returns every proxy that belongs to a fleet, by fleet (namespace/name).
+// All returns every proxy that belongs to a fleet, by fleet (namespace/name),
+// each fleet's sorted by name, and every fleet without proxies too. The
+// slices are shared: read them, never change them. Until a Proxy changes
+// in the cache, the proxies are not listed again.
 func (c *Catalog) All(ctx context.Context) (map[string][]Member, error) {
-	l := &v1alpha1.ProxyList{}
-	if err := c.Cache.List(ctx, l, client.UnsafeDisableDeepCopy, client.HasLabels{fleetv1alpha1.LabelFleet}); err != nil {
-		return nil, errors.Wrap(err, "cannot list proxies")
+	c.watchOnce.Do(c.watchProxies)
+	byFleet, err := c.allMembers(ctx)
+	if err != nil {
+		return nil, err
 	}
-	out := map[string][]Member{}
+	out := make(map[string][]Member, len(byFleet))
+	for key, ms := range byFleet {
+		out[key] = ms
+	}
 	if c.Fleets != nil {
 		xrs := &unstructured.UnstructuredList{}
 		xrs.SetGroupVersionKind(fleetv1alpha1.SchemeGroupVersion.WithKind(fleetv1alpha1.ProxyFleetKind + "List"))
 		// Read-only: names only, no deep copy of every fleet per call.
 		if err := c.Fleets.List(ctx, xrs, client.UnsafeDisableDeepCopy); err == nil {
 			for _, xr := range xrs.Items {
-				out[xr.GetNamespace()+"/"+xr.GetName()] = nil
+				if key := xr.GetNamespace() + "/" + xr.GetName(); out[key] == nil {
+					out[key] = nil
+				}
 			}
 		}
 	}
+	return out, nil
+}
+
+// allMembers are the members of every fleet's proxies, by fleet, as of
+// the last Proxy event (remembered), or listed now when no informer is
+// watched.
+func (c *Catalog) allMembers(ctx context.Context) (map[string][]Member, error) {
+	var v uint64
+	if c.events != nil {
+		// The version is read before the list: a Proxy changed meanwhile
+		// bumps it past what is remembered, and the next call lists again.
+		v = c.events.all.Load()
+		c.mu.Lock()
+		all, ok := c.all, c.all != nil && c.allVersion == v
+		c.mu.Unlock()
+		if ok {
+			return all, nil
+		}
+	}
+	l := &v1alpha1.ProxyList{}
+	if err := c.Cache.List(ctx, l, client.UnsafeDisableDeepCopy, client.HasLabels{fleetv1alpha1.LabelFleet}); err != nil {
+		return nil, errors.Wrap(err, "cannot list proxies")
+	}
+	all := map[string][]Member{}
 	for i := range l.Items {
 		m := ToMember(&l.Items[i])
-		out[m.Namespace+"/"+m.Fleet] = append(out[m.Namespace+"/"+m.Fleet], m)
+		all[m.Namespace+"/"+m.Fleet] = append(all[m.Namespace+"/"+m.Fleet], m)
 	}
-	for _, ms := range out {
+	for _, ms := range all {
 		sort.Slice(ms, func(i, j int) bool { return ms[i].Name < ms[j].Name })
 	}
-	return out, nil
+	if c.events != nil {
+		c.mu.Lock()
+		c.all, c.allVersion = all, v
+		c.mu.Unlock()
+	}
+	return all, nil
 }
 
 // Fleet returns a fleet's proxies, healthy or not, sorted by name. The
@@ -707,10 +753,19 @@ func (e *SecretError) Error() string {
 // ProxyExists says, for the lease sweeper, whether a Proxy may still exist:
 // only one the cache knows to be gone does not. An error reading it (the
 // cache not synced, say) is no proof, and sweeping on it would delete the
-// leases of live proxies, so that their slots are granted twice.
+// leases of live proxies, so that their slots are granted twice. What
+// it read is remembered, for one sweep (one goroutine): a proxy's ten
+// leases read it once.
 func ProxyExists(ctx context.Context, cache client.Reader) func(namespace, name string) bool {
+	read := map[types.NamespacedName]bool{}
 	return func(namespace, name string) bool {
-		return !kerrors.IsNotFound(cache.Get(ctx, types.NamespacedName{Namespace: namespace, Name: name}, &v1alpha1.Proxy{}))
+		key := types.NamespacedName{Namespace: namespace, Name: name}
+		exists, ok := read[key]
+		if !ok {
+			exists = !kerrors.IsNotFound(cache.Get(ctx, key, &v1alpha1.Proxy{}))
+			read[key] = exists
+		}
+		return exists
 	}
 }
 
