@@ -12,8 +12,8 @@
 // test`. BENCHMARKS.md holds the figures.
 //
 // Settings (environment): SCALE_SIZES (default 100,1000,10000),
-// SCALE_PROFILE_DIR (egress-discovery's CPU profile of each acquisition
-// goes there),
+// SCALE_PROFILE_DIR (egress-discovery's CPU profile of each acquisition,
+// and its and kube-apiserver's of the steady window, go there),
 // SCALE_STEADY (the steady window, default 5m), SCALE_INTERVAL (each
 // proxy's probe interval, default 60s), SCALE_SETTLE (from the leases
 // taken to the window, default three intervals and 30 s),
@@ -333,7 +333,14 @@ func (e *env) measure(t *testing.T, n int, interval, steady time.Duration, rollo
 	before := e.sample(t)
 	stopWatch, breaker := e.watchBreaker(name)
 	changes := e.watchChanges(t, name)
+	profiled := []func(){
+		e.profile(t, fmt.Sprintf("discovery-steady-%s.pprof", name), steady-5*time.Second),
+		e.profileAPIServer(t, fmt.Sprintf("apiserver-steady-%s.pprof", name), steady-5*time.Second),
+	}
 	time.Sleep(steady)
+	for _, wait := range profiled {
+		wait()
+	}
 	r.changed = changes()
 	r.breakerOpen = breaker(stopWatch)
 	after := e.sample(t)
@@ -679,32 +686,57 @@ func freeAddress(t *testing.T) string {
 // the profile to be written.
 func (e *env) profile(t *testing.T, name string, d time.Duration) func() {
 	t.Helper()
-	dir := os.Getenv("SCALE_PROFILE_DIR")
-	if dir == "" || e.pprof == "" {
+	if e.pprof == "" {
 		return func() {}
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	return e.record(t, "egress-discovery", name, func() ([]byte, error) {
 		rsp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", e.pprof, int(d.Seconds()))) //nolint:gosec,noctx // The test's own loopback address.
 		if err != nil {
-			t.Logf("profile %s: %v", name, err)
-			return
+			return nil, err
 		}
 		defer rsp.Body.Close() //nolint:errcheck // Read to the end.
 		b, err := io.ReadAll(rsp.Body)
 		if err == nil && rsp.StatusCode != http.StatusOK {
 			err = fmt.Errorf("%s: %s", rsp.Status, b)
 		}
+		return b, err
+	})
+}
+
+// profileAPIServer records kube-apiserver's CPU for d (its own
+// /debug/pprof, which the admin's client may read) into
+// SCALE_PROFILE_DIR/name, when that is set.
+func (e *env) profileAPIServer(t *testing.T, name string, d time.Duration) func() {
+	t.Helper()
+	return e.record(t, "kube-apiserver", name, func() ([]byte, error) {
+		return e.cs.CoreV1().RESTClient().Get().AbsPath("/debug/pprof/profile").
+			Param("seconds", strconv.Itoa(int(d.Seconds()))).Timeout(d + time.Minute).DoRaw(context.Background())
+	})
+}
+
+// record writes what get returns into SCALE_PROFILE_DIR/name in the
+// background, when that is set; the returned func waits for it.
+func (e *env) record(t *testing.T, who, name string, get func() ([]byte, error)) func() {
+	t.Helper()
+	dir := os.Getenv("SCALE_PROFILE_DIR")
+	if dir == "" {
+		return func() {}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		b, err := get()
 		if err == nil {
-			_ = os.MkdirAll(dir, 0o755)
+			err = os.MkdirAll(dir, 0o755)
+		}
+		if err == nil {
 			err = os.WriteFile(filepath.Join(dir, name), b, 0o644) //nolint:gosec // A profile.
 		}
 		if err != nil {
 			t.Logf("profile %s: %v", name, err)
 			return
 		}
-		t.Logf("egress-discovery's CPU profile of %s: %s", strings.TrimSuffix(name, ".pprof"), filepath.Join(dir, name))
+		t.Logf("%s's CPU profile of %s: %s", who, strings.TrimSuffix(name, ".pprof"), filepath.Join(dir, name))
 	}()
 	return func() { <-done }
 }
