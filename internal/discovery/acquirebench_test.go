@@ -123,17 +123,8 @@ func BenchmarkAcquireBySize(b *testing.B) {
 		var mu sync.Mutex
 		var took []time.Duration
 		creates, createSeconds := leaseCreates(b, cs)
-		if dir := os.Getenv("BENCH_ACQUIRE_PROFILE"); dir != "" {
-			// The measured acquisitions alone, not the setup.
-			pf, err := os.Create(filepath.Join(dir, fmt.Sprintf("acquire-%d.prof", n)))
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := pprof.StartCPUProfile(pf); err != nil {
-				b.Fatal(err)
-			}
-			defer func() { pprof.StopCPUProfile(); _ = pf.Close() }()
-		}
+		// The measured acquisitions alone, not the setup.
+		defer profileCPU(b, "BENCH_ACQUIRE_PROFILE", fmt.Sprintf("acquire-%d.prof", n))()
 		before := testbed.ProcessCPU(b)
 		fan(b, crawlers, func(w int) error {
 			for i := range cycles {
@@ -330,4 +321,23 @@ func fan(b testing.TB, workers int, each func(w int) error) {
 		})
 	}
 	wg.Wait()
+}
+
+// profileCPU writes this process's CPU profile into the folder the
+// environment variable env names, as name, until the returned func is
+// called; it does nothing when env is unset.
+func profileCPU(b *testing.B, env, name string) func() {
+	b.Helper()
+	dir := os.Getenv(env)
+	if dir == "" {
+		return func() {}
+	}
+	f, err := os.Create(filepath.Join(dir, name))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		b.Fatal(err)
+	}
+	return func() { pprof.StopCPUProfile(); _ = f.Close() }
 }

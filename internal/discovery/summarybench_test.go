@@ -3,9 +3,6 @@ package discovery_test
 import (
 	"context"
 	"fmt"
-	"os"
-	"path/filepath"
-	"runtime/pprof"
 	"sort"
 	"testing"
 	"time"
@@ -67,17 +64,8 @@ func BenchmarkSummaryTickBySize(b *testing.B) {
 		// whatever its cache says (the held leases were taken just now).
 		time.Sleep(31 * time.Second)
 		at := written()
-		if dir := os.Getenv("BENCH_SUMMARY_PROFILE"); dir != "" {
-			// The ticks alone, not the setup.
-			pf, err := os.Create(filepath.Join(dir, fmt.Sprintf("summary-tick-%d.prof", n)))
-			if err != nil {
-				b.Fatal(err)
-			}
-			if err := pprof.StartCPUProfile(pf); err != nil {
-				b.Fatal(err)
-			}
-			defer func() { pprof.StopCPUProfile(); _ = pf.Close() }()
-		}
+		// The ticks alone, not the setup.
+		defer profileCPU(b, "BENCH_SUMMARY_PROFILE", fmt.Sprintf("summary-tick-%d.prof", n))()
 		before := testbed.ProcessCPU(b)
 		for range ticks {
 			if err := p.Publish(ctx); err != nil {
