@@ -523,8 +523,11 @@ func (c *Catalog) allMembers(ctx context.Context) (map[string][]Member, error) {
 		m := ToMember(&l.Items[i])
 		all[m.Namespace+"/"+m.Fleet] = append(all[m.Namespace+"/"+m.Fleet], m)
 	}
-	for _, ms := range all {
+	for key, ms := range all {
 		sort.Slice(ms, func(i, j int) bool { return ms[i].Name < ms[j].Name })
+		// Shared: a caller's append must make a copy, not write into
+		// spare room another caller's slice sees.
+		all[key] = slices.Clip(ms)
 	}
 	if c.events != nil {
 		c.mu.Lock()
@@ -591,7 +594,10 @@ func (c *Catalog) watchProxies() {
 	if !ok {
 		return
 	}
-	i, err := inf.GetInformer(context.Background(), &v1alpha1.Proxy{})
+	// Not waiting for the informer to sync: a handler added later is
+	// given every Proxy the informer holds, and a caller (a scrape, the
+	// status page) must not wait past its own deadline for the sync.
+	i, err := inf.GetInformer(context.Background(), &v1alpha1.Proxy{}, cache.BlockUntilSynced(false))
 	if err != nil {
 		return
 	}
