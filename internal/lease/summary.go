@@ -176,4 +176,3 @@ func (s *Store) LeasedAndSlots(ctx context.Context, namespace, fleet string, max
 	slices.SortFunc(out, func(a, b v1alpha1.LeasedProxy) int { return strings.Compare(a.Name, b.Name) })
 	return out, live, nil
 }
-
