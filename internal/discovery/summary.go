@@ -210,10 +210,10 @@ func (p *SummaryPublisher) summarise(ctx context.Context, ns, fleet string, memb
 	for _, l := range leased {
 		// members are sorted by name (Catalog.All): a fleet at rest is
 		// not made into a map of its 10 000 names each second.
-		i, known := slices.BinarySearchFunc(members, l.Name, func(m catalog.Member, name string) int { return strings.Compare(m.Name, name) })
-		pool := ""
+		m := catalog.MemberNamed(members, l.Name)
+		known, pool := m != nil, ""
 		if known {
-			pool = members[i].Pool
+			pool = m.Pool
 		}
 		switch {
 		case !known:
